@@ -1,0 +1,87 @@
+# ertrain / erinfer build.
+#   make                 build/ertrain, build/erinfer, build/liber.a (all non-CLI code)
+#   make test            Criterion suite (runs the PyTorch reference generator first)
+#   make bench           benchmarks (ratios against peers / physical limits)
+#   make SAN=1 test      the same under ASan + UBSan (objects in build/san/)
+#   make ARCH=           portable build (default ARCH=-march=native)
+#   make BLAS=0          no OpenBLAS: the built-in GEMM (the runtime library must build this way)
+
+ARCH ?= -march=native
+SAN ?= 0
+BLAS ?= 1
+PY ?= /usr/bin/python3
+
+BUILD := build
+ifeq ($(SAN),1)
+BUILD := build/san
+endif
+
+CC ?= gcc
+CFLAGS := -std=c11 -D_GNU_SOURCE -O2 $(ARCH) -g -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -MMD -MP
+LDLIBS := -lcjson -lpcre2-8 -lutf8proc -lm
+LDFLAGS := -fopenmp
+
+ifeq ($(BLAS),1)
+OPENBLAS_DIR := /usr/lib/x86_64-linux-gnu/openblas-openmp
+CFLAGS += -DER_BLAS -I/usr/include/x86_64-linux-gnu/openblas-openmp
+LDLIBS += -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas
+endif
+ifeq ($(SAN),1)
+CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+
+LIB_DIRS := core quant lora model data infer train rl switcher_train verifier_train
+ALL_SRC := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
+CLI_SRC := $(foreach f,$(ALL_SRC),$(if $(filter cli cli_%,$(basename $(notdir $(f)))),$(f)))
+LIB_SRC := $(filter-out $(CLI_SRC),$(ALL_SRC))
+ERINFER_SRC := $(filter infer/%,$(CLI_SRC))
+ERTRAIN_SRC := $(filter-out infer/%,$(CLI_SRC))
+TEST_SRC := $(wildcard tests/*/*.c)
+BENCH_SRC := $(wildcard bench/*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+LIB := $(BUILD)/liber.a
+
+.PHONY: all test bench demo clean ref
+all: $(BUILD)/ertrain $(BUILD)/erinfer $(LIB)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(call obj,$(LIB_SRC))
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/erinfer: $(call obj,$(ERINFER_SRC)) $(LIB)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/ertrain: $(call obj,$(ERTRAIN_SRC)) $(LIB)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/test_all: $(call obj,$(TEST_SRC)) $(LIB)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcriterion -o $@
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+# Reference checkpoints and expected outputs from the PyTorch reference (scripts/ref/). Tests
+# that need them skip loudly when torch is missing.
+REF_DIR := build/ref
+ref:
+	@if $(PY) -c 'import torch' 2>/dev/null; then \
+	  $(PY) scripts/ref/make_ref.py --out $(REF_DIR); \
+	else echo "WARNING: $(PY) has no torch: PyTorch reference tests will be SKIPPED (run scripts/deps.sh)"; fi
+
+test: all $(BUILD)/test_all ref
+	ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(BUILD)/test_all --jobs 2
+
+bench: all $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+	BUILD=$(BUILD) PY=$(PY) bash bench/run.sh
+
+clean:
+	rm -rf build
+
+-include $(shell find build -name '*.d' 2>/dev/null)

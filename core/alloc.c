@@ -1,0 +1,60 @@
+#include "core/alloc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+#define ER_ALIGN 64
+
+void *er_alloc(size_t bytes) {
+    if (bytes == 0)
+        bytes = 1;
+    size_t rounded;
+    if (er_add_size(bytes, ER_ALIGN - 1, &rounded) < 0) {
+        er_error(ER_ENOMEM, "allocation of %zu bytes overflows", bytes);
+        return NULL;
+    }
+    rounded &= ~(size_t)(ER_ALIGN - 1);
+    void *p = aligned_alloc(ER_ALIGN, rounded);
+    if (!p)
+        er_error(ER_ENOMEM, "out of memory allocating %.1f MiB", bytes / 1048576.0);
+    return p;
+}
+
+void *er_calloc(size_t n, size_t elem_size) {
+    size_t bytes;
+    if (er_mul_size(n, elem_size, &bytes) < 0) {
+        er_error(ER_ENOMEM, "allocation of %zu x %zu bytes overflows", n, elem_size);
+        return NULL;
+    }
+    void *p = er_alloc(bytes);
+    if (p)
+        memset(p, 0, bytes);
+    return p;
+}
+
+void *er_realloc_array(void *p, size_t n, size_t elem_size) {
+    size_t bytes;
+    if (er_mul_size(n, elem_size, &bytes) < 0) {
+        er_error(ER_ENOMEM, "allocation of %zu x %zu bytes overflows", n, elem_size);
+        return NULL;
+    }
+    void *q = realloc(p, bytes ? bytes : 1);
+    if (!q)
+        er_error(ER_ENOMEM, "out of memory allocating %.1f MiB", bytes / 1048576.0);
+    return q;
+}
+
+void er_free(void *p) { free(p); }
+
+char *er_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (!d) {
+        er_error(ER_ENOMEM, "out of memory copying a string");
+        return NULL;
+    }
+    memcpy(d, s, n);
+    return d;
+}

@@ -1,0 +1,23 @@
+// Allocation helpers: 64-byte aligned, overflow-checked, and failures recorded as ER_ENOMEM
+// (never abort). Everything from er_alloc* is released with er_free.
+#ifndef CORE_ALLOC_H
+#define CORE_ALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+void *er_alloc(size_t bytes);                // uninitialised
+void *er_calloc(size_t n, size_t elem_size); // zeroed, n*elem_size checked for overflow
+void *er_realloc_array(void *p, size_t n, size_t elem_size); // plain realloc, never aligned memory
+void er_free(void *p);
+char *er_strdup(const char *s);
+
+// a*b and a+b into *out; return 0, or -1 on size_t overflow.
+static inline int er_mul_size(size_t a, size_t b, size_t *out) {
+    return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+static inline int er_add_size(size_t a, size_t b, size_t *out) {
+    return __builtin_add_overflow(a, b, out) ? -1 : 0;
+}
+
+#endif

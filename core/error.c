@@ -1,0 +1,33 @@
+#include "core/error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static _Thread_local char last_msg[1024];
+static _Thread_local int last_status;
+
+int er_error(int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_msg, sizeof last_msg, fmt, ap);
+    va_end(ap);
+    last_status = status;
+    return status;
+}
+
+const char *er_last_error(void) { return last_msg[0] ? last_msg : "no error"; }
+int er_last_status(void) { return last_status; }
+void er_clear_error(void) { last_msg[0] = 0; last_status = ER_OK; }
+
+const char *er_status_name(int status) {
+    switch (status) {
+    case ER_OK: return "ok";
+    case ER_EINVAL: return "invalid argument";
+    case ER_EIO: return "I/O error";
+    case ER_ENOMEM: return "out of memory";
+    case ER_EFORMAT: return "bad format";
+    case ER_EUNSUPPORTED: return "unsupported";
+    case ER_ERANGE: return "out of range";
+    default: return "unknown status";
+    }
+}

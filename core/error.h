@@ -1,0 +1,33 @@
+// Status codes and the last-error message (stb style, but thread-local and never aborting).
+// Library code returns a negative ErStatus and records one line naming the file, the field and
+// what was expected; CLIs print er_last_error() and exit non-zero.
+#ifndef CORE_ERROR_H
+#define CORE_ERROR_H
+
+typedef enum {
+    ER_OK = 0,
+    ER_EINVAL = -1,       // bad argument or value
+    ER_EIO = -2,          // open/read/write failed
+    ER_ENOMEM = -3,       // allocation failed or would not fit
+    ER_EFORMAT = -4,      // malformed file contents
+    ER_EUNSUPPORTED = -5, // valid but not supported by this build
+    ER_ERANGE = -6,       // value out of range
+} ErStatus;
+
+// Records a printf-style message and returns `status` so callers can write
+// `return er_error(ER_EFORMAT, "%s: header is not JSON", path);`
+int er_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *er_last_error(void);
+int er_last_status(void);
+void er_clear_error(void);
+const char *er_status_name(int status);
+
+// Propagates a negative status from an expression.
+#define ER_TRY(expr)               \
+    do {                           \
+        int er_try_rc_ = (expr);   \
+        if (er_try_rc_ < 0)        \
+            return er_try_rc_;     \
+    } while (0)
+
+#endif

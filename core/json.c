@@ -1,0 +1,200 @@
+#include "core/json.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/fileio.h"
+
+// Offset of the first non-whitespace byte after `end` within text[0, len), or -1 if none.
+static long trailing_garbage(const char *text, size_t len, const char *end) {
+    if (!end)
+        return -1;
+    for (const char *c = end; c < text + len; c++)
+        if (*c != ' ' && *c != '\t' && *c != '\n' && *c != '\r')
+            return (long)(c - text);
+    return -1;
+}
+
+int json_parse_file(const char *path, size_t max_bytes, cJSON **out) {
+    *out = NULL;
+    char *text;
+    size_t len;
+    ER_TRY(file_read_all(path, max_bytes, &text, &len));
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!j) {
+        long off = end ? (long)(end - text) : 0;
+        er_free(text);
+        return er_error(ER_EFORMAT, "%s: not valid JSON (near byte %ld)", path, off);
+    }
+    // cJSON stops after the first value; anything but whitespace after it is malformed input.
+    long trail = trailing_garbage(text, len, end);
+    er_free(text);
+    if (trail >= 0) {
+        cJSON_Delete(j);
+        return er_error(ER_EFORMAT, "%s: not valid JSON: unexpected data after the value (near byte %ld)", path,
+                        trail);
+    }
+    *out = j;
+    return ER_OK;
+}
+
+static const cJSON *field(const cJSON *obj, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return (v && !cJSON_IsNull(v)) ? v : NULL;
+}
+
+static int get_number(const cJSON *v, const char *key, double *out, const char *ctx) {
+    if (!cJSON_IsNumber(v))
+        return er_error(ER_EFORMAT, "%s: field \"%s\" must be a number", ctx, key);
+    if (!isfinite(v->valuedouble))
+        return er_error(ER_EFORMAT, "%s: field \"%s\" is not finite", ctx, key);
+    *out = v->valuedouble;
+    return ER_OK;
+}
+
+static int get_int(const cJSON *v, const char *key, int64_t *out, const char *ctx) {
+    double d;
+    ER_TRY(get_number(v, key, &d, ctx));
+    if (d != floor(d) || fabs(d) > 9007199254740992.0)
+        return er_error(ER_EFORMAT, "%s: field \"%s\" must be an integer (got %g)", ctx, key, d);
+    *out = (int64_t)d;
+    return ER_OK;
+}
+
+int json_get_int(const cJSON *obj, const char *key, int64_t *out, const char *ctx) {
+    const cJSON *v = field(obj, key);
+    if (!v)
+        return er_error(ER_EFORMAT, "%s: missing field \"%s\"", ctx, key);
+    return get_int(v, key, out, ctx);
+}
+
+int json_get_double(const cJSON *obj, const char *key, double *out, const char *ctx) {
+    const cJSON *v = field(obj, key);
+    if (!v)
+        return er_error(ER_EFORMAT, "%s: missing field \"%s\"", ctx, key);
+    return get_number(v, key, out, ctx);
+}
+
+int json_get_string(const cJSON *obj, const char *key, const char **out, const char *ctx) {
+    const cJSON *v = field(obj, key);
+    if (!v)
+        return er_error(ER_EFORMAT, "%s: missing field \"%s\"", ctx, key);
+    if (!cJSON_IsString(v))
+        return er_error(ER_EFORMAT, "%s: field \"%s\" must be a string", ctx, key);
+    *out = v->valuestring;
+    return ER_OK;
+}
+
+int json_opt_int(const cJSON *obj, const char *key, int64_t *out, const char *ctx) {
+    const cJSON *v = field(obj, key);
+    return v ? get_int(v, key, out, ctx) : ER_OK;
+}
+
+int json_opt_double(const cJSON *obj, const char *key, double *out, const char *ctx) {
+    const cJSON *v = field(obj, key);
+    return v ? get_number(v, key, out, ctx) : ER_OK;
+}
+
+int json_opt_bool(const cJSON *obj, const char *key, int *out, const char *ctx) {
+    const cJSON *v = field(obj, key);
+    if (!v)
+        return ER_OK;
+    if (!cJSON_IsBool(v))
+        return er_error(ER_EFORMAT, "%s: field \"%s\" must be true or false", ctx, key);
+    *out = cJSON_IsTrue(v);
+    return ER_OK;
+}
+
+int json_opt_string(const cJSON *obj, const char *key, const char **out, const char *ctx) {
+    const cJSON *v = field(obj, key);
+    if (!v)
+        return ER_OK;
+    if (!cJSON_IsString(v))
+        return er_error(ER_EFORMAT, "%s: field \"%s\" must be a string", ctx, key);
+    *out = v->valuestring;
+    return ER_OK;
+}
+
+int jsonl_open(JsonlReader *r, const char *path) {
+    memset(r, 0, sizeof *r);
+    r->fp = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!r->fp)
+        return er_error(ER_EIO, "%s: cannot open: %s", path, strerror(errno));
+    r->path = er_strdup(path);
+    if (!r->path) {
+        jsonl_close(r);
+        return ER_ENOMEM;
+    }
+    return ER_OK;
+}
+
+int jsonl_next(JsonlReader *r, cJSON **obj) {
+    *obj = NULL;
+    for (;;) {
+        ssize_t n = getline(&r->line, &r->cap, r->fp);
+        if (n < 0) {
+            if (ferror(r->fp))
+                return er_error(ER_EIO, "%s:%ld: read failed", r->path, r->lineno + 1);
+            return 0;
+        }
+        r->lineno++;
+        size_t len = (size_t)n;
+        while (len && (r->line[len - 1] == '\n' || r->line[len - 1] == '\r' || r->line[len - 1] == ' ' ||
+                       r->line[len - 1] == '\t'))
+            len--;
+        if (len == 0)
+            continue;
+        if (memchr(r->line, 0, len))
+            return er_error(ER_EFORMAT, "%s:%ld: line contains a NUL byte", r->path, r->lineno);
+        const char *end = NULL;
+        cJSON *j = cJSON_ParseWithLengthOpts(r->line, len, &end, 0);
+        if (!j)
+            return er_error(ER_EFORMAT, "%s:%ld: not valid JSON (near column %ld)", r->path, r->lineno,
+                            end ? (long)(end - r->line) + 1 : 0L);
+        long trail = trailing_garbage(r->line, len, end);
+        if (trail >= 0) {
+            cJSON_Delete(j);
+            return er_error(ER_EFORMAT, "%s:%ld: not valid JSON: unexpected data after the value (column %ld)",
+                            r->path, r->lineno, trail + 1);
+        }
+        if (!cJSON_IsObject(j)) {
+            cJSON_Delete(j);
+            return er_error(ER_EFORMAT, "%s:%ld: each line must be a JSON object", r->path, r->lineno);
+        }
+        *obj = j;
+        return 1;
+    }
+}
+
+void jsonl_close(JsonlReader *r) {
+    if (r->fp && r->fp != stdin)
+        fclose(r->fp);
+    free(r->line);
+    free(r->path);
+    memset(r, 0, sizeof *r);
+}
+
+int json_write_file(const char *path, const cJSON *obj) {
+    char *s = cJSON_Print(obj);
+    if (!s)
+        return er_error(ER_ENOMEM, "%s: out of memory formatting JSON", path);
+    size_t n = strlen(s);
+    s[n] = 0;
+    AtomicFile af;
+    int rc = atomic_open(&af, path);
+    if (rc == ER_OK) {
+        if (fwrite(s, 1, n, af.fp) != n || fputc('\n', af.fp) == EOF) {
+            atomic_abort(&af);
+            rc = er_error(ER_EIO, "%s: write failed", path);
+        } else {
+            rc = atomic_commit(&af);
+        }
+    }
+    cJSON_free(s);
+    return rc;
+}

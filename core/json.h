@@ -1,0 +1,41 @@
+// JSON through cJSON: typed field access whose errors name the file and the field, JSONL
+// streaming with line numbers, and atomic JSON writes.
+#ifndef CORE_JSON_H
+#define CORE_JSON_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include <cjson/cJSON.h>
+
+// Parses a whole JSON file (up to max_bytes). `*out` is freed with cJSON_Delete.
+int json_parse_file(const char *path, size_t max_bytes, cJSON **out);
+
+// Typed getters. `ctx` names the file (or file:line) in error messages. A missing key is an
+// error for json_get_*; json_opt_* leave *out untouched when the key is absent or null.
+int json_get_int(const cJSON *obj, const char *key, int64_t *out, const char *ctx);
+int json_get_double(const cJSON *obj, const char *key, double *out, const char *ctx);
+int json_get_string(const cJSON *obj, const char *key, const char **out, const char *ctx);
+int json_opt_int(const cJSON *obj, const char *key, int64_t *out, const char *ctx);
+int json_opt_double(const cJSON *obj, const char *key, double *out, const char *ctx);
+int json_opt_bool(const cJSON *obj, const char *key, int *out, const char *ctx);
+int json_opt_string(const cJSON *obj, const char *key, const char **out, const char *ctx);
+
+// Streaming JSONL reader. jsonl_next returns 1 with an object, 0 at end of file, or a negative
+// status with "path:line: ..." recorded. Blank lines are skipped.
+typedef struct {
+    FILE *fp;
+    char *path;
+    char *line;
+    size_t cap;
+    long lineno;
+} JsonlReader;
+
+int jsonl_open(JsonlReader *r, const char *path); // "-" reads stdin
+int jsonl_next(JsonlReader *r, cJSON **obj);
+void jsonl_close(JsonlReader *r);
+
+// Writes `obj` formatted to `path` atomically.
+int json_write_file(const char *path, const cJSON *obj);
+
+#endif

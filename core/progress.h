@@ -1,0 +1,23 @@
+// Progress for long work: a redrawn bar with rate and ETA on a terminal, plain periodic lines
+// when stderr is not a terminal (logs, CI).
+#ifndef CORE_PROGRESS_H
+#define CORE_PROGRESS_H
+
+#include <stdint.h>
+
+typedef struct {
+    const char *label;
+    const char *unit;      // what `done` counts ("step", "item")
+    int64_t total;         // 0 when unknown
+    double t_start, t_last_print;
+    int tty;
+    int64_t done;
+} Progress;
+
+void progress_begin(Progress *p, const char *label, const char *unit, int64_t total);
+// `done` items finished so far; `extra` (may be NULL) is appended, e.g. "loss 2.31".
+void progress_update(Progress *p, int64_t done, const char *extra);
+void progress_end(Progress *p, const char *extra);
+double time_now(void); // monotonic seconds
+
+#endif

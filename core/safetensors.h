@@ -1,0 +1,66 @@
+// safetensors: mmap reader that enforces every rule of the reference implementation, and an
+// atomic writer. Format: 8-byte little-endian header length N, N bytes of UTF-8 JSON, then the
+// data buffer. The JSON maps tensor names to {"dtype","shape","data_offsets":[begin,end]}
+// (offsets relative to the buffer) plus an optional "__metadata__" string->string map.
+#ifndef CORE_SAFETENSORS_H
+#define CORE_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+
+#define ST_MAX_DIMS 8
+#define ST_MAX_HEADER (100u * 1000u * 1000u) // the reference limit: 100 MB
+
+typedef struct {
+    char *name;
+    ErDType dtype;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    size_t nbytes;
+    const void *data;   // into the mapping; not necessarily aligned
+} StTensor;
+
+typedef struct {
+    char *path;
+    void *map;          // whole file, read-only
+    size_t map_size;
+    StTensor *tensors;  // in file order (sorted by offset)
+    int n_tensors;
+    char **meta_keys;   // __metadata__
+    char **meta_vals;
+    int n_meta;
+} StFile;
+
+// Opens and validates. On error nothing is left open and a message naming the file and the
+// broken rule is recorded.
+// Rules (those of the Rust `safetensors` crate): file >= 8 bytes; N <= ST_MAX_HEADER; 8 + N <=
+// file size; header is valid UTF-8 and strict JSON (RFC 8259, as serde_json reads it) starting
+// with '{', trailing whitespace allowed; "__metadata__" is null or a string -> string object;
+// every other key is a tensor {"dtype","shape","data_offsets"} (other fields ignored) with a
+// known dtype, a shape of at most ST_MAX_DIMS non-negative integers and [begin, end] offsets,
+// begin <= end; numel * dtype size == end - begin without overflow; sorted by offset the
+// tensors cover the data buffer exactly, from 0 with no gap or overlap; no duplicate names.
+// Stricter than the reference, on purpose: strings holding \u0000, and dimensions above
+// INT64_MAX, are refused.
+int safetensors_open(StFile *f, const char *path);
+void safetensors_close(StFile *f);
+const StTensor *safetensors_find(const StFile *f, const char *name); // NULL if absent
+const char *safetensors_meta(const StFile *f, const char *key);      // NULL if absent
+int64_t st_numel(const StTensor *t);
+
+typedef struct {
+    const char *name;
+    ErDType dtype;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    const void *data;   // numel * dtype_size bytes
+} StWriteTensor;
+
+// Writes tensors in the given order, header padded with spaces to a multiple of 8, atomically.
+// meta_kv holds n_meta key/value pairs: {k0, v0, k1, v1, ...}.
+int safetensors_write(const char *path, const StWriteTensor *tensors, int n,
+                      const char *const *meta_kv, int n_meta);
+
+#endif
