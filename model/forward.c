@@ -1,0 +1,296 @@
+// THE forward (and its backward). One pass takes B sequences x T new positions, a per-position
+// adapter mask and a keeper: Activations that keep every layer (training) or one reused layer
+// (forward-only scoring).
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/gemm.h"
+#include "model/model.h"
+#include "model/ops.h"
+
+// ---- activations ----
+
+typedef struct {
+    size_t layer, global, backward;
+} ActsSize; // in floats
+
+static ActsSize acts_size(const ModelConfig *c, int B, int T) {
+    size_t N = (size_t)B * T, C = c->C, qd = (size_t)c->NH * c->HS, kvd = (size_t)c->NKV * c->HS, FF = c->FF;
+    ActsSize s;
+    // res ln1 rstd1 q k v lse atty res2 ln2 rstd2 gate up hmlp
+    s.layer = N * C * 4 + N * 2 + N * qd * 2 + N * kvd * 2 + N * c->NH + N * FF * 3;
+    // resf lnf rstdf logits tmp
+    s.global = N * C * 3 + N + N * (size_t)c->V;
+    // dres dln dq dk dv datty dgate dup dh
+    s.backward = N * C * 2 + N * qd * 2 + N * kvd * 2 + N * FF * 3;
+    return s;
+}
+
+size_t acts_bytes(const ModelConfig *cfg, int B, int T, int keep) {
+    ActsSize s = acts_size(cfg, B, T);
+    size_t floats = keep ? s.layer * cfg->L + s.global + s.backward : s.layer + s.global;
+    return floats * sizeof(float) + (size_t)B * T * sizeof(int);
+}
+
+static float *take(float **p, size_t n) {
+    float *r = *p;
+    *p += (n + 15) & ~(size_t)15; // keep every buffer 64-byte aligned
+    return r;
+}
+
+int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, int keep, size_t max_bytes) {
+    memset(a, 0, sizeof *a);
+    if (B <= 0 || T <= 0)
+        return er_error(ER_EINVAL, "activations: batch %d x %d positions is empty", B, T);
+    size_t bytes = acts_bytes(cfg, B, T, keep);
+    int nbuf = 14 * (keep ? cfg->L : 1) + 5 + 9 + 1;
+    bytes += (size_t)nbuf * 64;
+    if (max_bytes && bytes > max_bytes)
+        return er_error(ER_ENOMEM, "activations for %d x %d positions need %.1f MiB, more than the %.1f MiB allowed", B, T,
+                        bytes / 1048576.0, max_bytes / 1048576.0);
+    a->cfg = *cfg;
+    a->B = B;
+    a->T = T;
+    a->keep = keep;
+    a->bytes = bytes;
+    a->mem = er_alloc(bytes);
+    int nl = keep ? cfg->L : 1;
+    a->layer = er_calloc((size_t)nl, sizeof(LayerActs));
+    if (!a->mem || !a->layer) {
+        acts_free(a);
+        return er_error(ER_ENOMEM, "activations: cannot allocate %.1f MiB for %d x %d positions", bytes / 1048576.0, B, T);
+    }
+    size_t N = (size_t)B * T, C = cfg->C, qd = (size_t)cfg->NH * cfg->HS, kvd = (size_t)cfg->NKV * cfg->HS, FF = cfg->FF;
+    float *p = a->mem;
+    for (int l = 0; l < nl; l++) {
+        LayerActs *la = &a->layer[l];
+        la->res = take(&p, N * C);
+        la->ln1 = take(&p, N * C);
+        la->rstd1 = take(&p, N);
+        la->q = take(&p, N * qd);
+        la->k = take(&p, N * kvd);
+        la->v = take(&p, N * kvd);
+        la->lse = take(&p, N * cfg->NH);
+        la->atty = take(&p, N * qd);
+        la->res2 = keep ? take(&p, N * C) : la->res; // forward-only: the residual is updated in place
+        la->ln2 = take(&p, N * C);
+        la->rstd2 = take(&p, N);
+        la->gate = take(&p, N * FF);
+        la->up = take(&p, N * FF);
+        la->hmlp = take(&p, N * FF);
+    }
+    a->resf = keep ? take(&p, N * C) : a->layer[0].res;
+    a->lnf = take(&p, N * C);
+    a->rstdf = take(&p, N);
+    a->logits = take(&p, N * (size_t)cfg->V);
+    a->tmp = take(&p, N * C);
+    if (keep) {
+        a->dres = take(&p, N * C);
+        a->dln = take(&p, N * C);
+        a->dq = take(&p, N * qd);
+        a->dk = take(&p, N * kvd);
+        a->dv = take(&p, N * kvd);
+        a->datty = take(&p, N * qd);
+        a->dgate = take(&p, N * FF);
+        a->dup = take(&p, N * FF);
+        a->dh = take(&p, N * FF);
+    }
+    a->pos = (int *)take(&p, N);
+    return ER_OK;
+}
+
+void acts_free(Activations *a) {
+    er_free(a->mem);
+    er_free(a->layer);
+    er_free(a->cos_tab);
+    er_free(a->sin_tab);
+    memset(a, 0, sizeof *a);
+}
+
+static int ensure_rope(Activations *a, int P) {
+    if (P <= a->P)
+        return ER_OK;
+    int half = a->cfg.HS / 2;
+    er_free(a->cos_tab);
+    er_free(a->sin_tab);
+    a->cos_tab = er_alloc((size_t)P * half * sizeof(float));
+    a->sin_tab = er_alloc((size_t)P * half * sizeof(float));
+    if (!a->cos_tab || !a->sin_tab) {
+        a->P = 0;
+        return ER_ENOMEM;
+    }
+    rope_tables(a->cos_tab, a->sin_tab, P, a->cfg.HS, a->cfg.rope_theta);
+    a->P = P;
+    return ER_OK;
+}
+
+// ---- linear layers (the adapter hooks in here: lora/) ----
+
+static int linear_forward(float *out, const float *inp, const Weight *w, const float *bias, int N) {
+    return weight_matmul_forward(out, inp, w, bias, N);
+}
+
+// dinp (N,K) += dout · W; dW (R,K) += doutᵀ · inp and dbias (R) += Σ dout when given.
+static int linear_backward(float *dinp, float *dW, float *dbias, const float *dout, const float *inp, const Weight *w,
+                           int N) {
+    int R = w->rows, K = w->cols;
+    if (dW)
+        gemm_f32(1, 0, R, K, N, 1.0f, dout, R, inp, K, 1.0f, dW, K);
+    if (dbias) {
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < R; r++) {
+            float acc = 0.0f;
+            for (int n = 0; n < N; n++)
+                acc += dout[(size_t)n * R + r];
+            dbias[r] += acc;
+        }
+    }
+    return dinp ? weight_matmul_backward_input(dinp, dout, w, N) : ER_OK;
+}
+
+static void residual_forward(float *out, const float *a, const float *b, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
+
+// ---- forward ----
+
+static int check_input(const Model *m, const ModelInput *in, const Activations *a) {
+    const ModelConfig *c = &m->cfg;
+    if (in->B <= 0 || in->T <= 0 || in->B * in->T > a->B * a->T)
+        return er_error(ER_EINVAL, "forward: %d x %d positions do not fit activations sized for %d x %d", in->B, in->T,
+                        a->B, a->T);
+    if (in->adapter)
+        return er_error(ER_EUNSUPPORTED, "forward: adapters are not supported by this build yet");
+    for (int i = 0; i < in->B * in->T; i++)
+        if (in->tokens[i] < 0 || in->tokens[i] >= c->V)
+            return er_error(ER_ERANGE, "forward: token id %d at position %d is outside the vocabulary [0, %d)",
+                            in->tokens[i], i, c->V);
+    if (in->pos0)
+        for (int b = 0; b < in->B; b++)
+            if (in->pos0[b] != 0)
+                return er_error(ER_EUNSUPPORTED, "forward: a start position after 0 needs a KV cache");
+    return ER_OK;
+}
+
+int model_forward(Model *m, const ModelInput *in, Activations *a) {
+    ER_TRY(check_input(m, in, a));
+    const ModelConfig *c = &m->cfg;
+    int B = in->B, T = in->T, N = B * T, C = c->C;
+    a->nB = B;
+    a->nT = T;
+    int maxpos = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            int p = (in->pos0 ? in->pos0[b] : 0) + t;
+            a->pos[b * T + t] = p;
+            if (p > maxpos)
+                maxpos = p;
+        }
+    ER_TRY(ensure_rope(a, maxpos + 1));
+
+    float *x = a->layer[0].res; // (N, C) embedding output
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        weight_row_f32(x + (size_t)n * C, &m->embed, in->tokens[n]);
+
+    for (int l = 0; l < c->L; l++) {
+        const LayerWeights *w = &m->layers[l];
+        LayerActs *la = &a->layer[a->keep ? l : 0];
+        rmsnorm_forward(la->ln1, la->rstd1, la->res, w->ln1, N, C, c->eps);
+        ER_TRY(linear_forward(la->q, la->ln1, &w->wq, w->bq, N));
+        ER_TRY(linear_forward(la->k, la->ln1, &w->wk, w->bk, N));
+        ER_TRY(linear_forward(la->v, la->ln1, &w->wv, w->bv, N));
+        rope_forward(la->q, a->pos, a->cos_tab, a->sin_tab, N, c->NH, c->HS);
+        rope_forward(la->k, a->pos, a->cos_tab, a->sin_tab, N, c->NKV, c->HS);
+        ER_TRY(attention_forward(la->atty, la->lse, la->q, la->k, la->v, NULL, B, T, T, c->NH, c->NKV, c->HS));
+        ER_TRY(linear_forward(a->tmp, la->atty, &w->wo, NULL, N));
+        residual_forward(la->res2, la->res, a->tmp, (size_t)N * C);
+        rmsnorm_forward(la->ln2, la->rstd2, la->res2, w->ln2, N, C, c->eps);
+        ER_TRY(linear_forward(la->gate, la->ln2, &w->wgate, NULL, N));
+        ER_TRY(linear_forward(la->up, la->ln2, &w->wup, NULL, N));
+        swiglu_forward(la->hmlp, la->gate, la->up, N, c->FF);
+        ER_TRY(linear_forward(a->tmp, la->hmlp, &w->wdown, NULL, N));
+        float *next = (l + 1 < c->L && a->keep) ? a->layer[l + 1].res : a->resf;
+        residual_forward(next, la->res2, a->tmp, (size_t)N * C);
+    }
+    rmsnorm_forward(a->lnf, a->rstdf, a->resf, m->norm, N, C, c->eps);
+    return linear_forward(a->logits, a->lnf, &m->lm_head, NULL, N);
+}
+
+int model_loss(Activations *a, const int *targets, const float *mask, int grad, double *loss) {
+    int N = a->nB * a->nT, V = a->cfg.V;
+    for (int n = 0; n < N; n++) {
+        if (mask && !isfinite(mask[n]))
+            return er_error(ER_EINVAL, "loss: mask at position %d is not finite", n);
+        if ((!mask || mask[n] != 0.0f) && (targets[n] < 0 || targets[n] >= V))
+            return er_error(ER_ERANGE, "loss: target %d at position %d is outside the vocabulary [0, %d)", targets[n], n,
+                            V);
+    }
+    *loss = cross_entropy_forward_backward(a->logits, targets, mask, N, V, grad);
+    if (!isfinite(*loss))
+        return er_error(ER_ERANGE, "loss is not finite (%g)", *loss);
+    return ER_OK;
+}
+
+// ---- backward ----
+
+int model_backward(Model *m, const ModelInput *in, Activations *a) {
+    if (!a->keep)
+        return er_error(ER_EINVAL, "backward: the forward did not keep activations");
+    const ModelConfig *c = &m->cfg;
+    int B = a->nB, T = a->nT, N = B * T, C = c->C, qd = c->NH * c->HS;
+    int tr = m->trainable;
+
+    memset(a->dln, 0, sizeof(float) * N * C);
+    ER_TRY(linear_backward(a->dln, tr ? m->g_lm_head : NULL, NULL, a->logits, a->lnf, &m->lm_head, N));
+    memset(a->dres, 0, sizeof(float) * N * C);
+    rmsnorm_backward(a->dres, tr ? m->g_norm : NULL, a->dln, a->resf, m->norm, a->rstdf, N, C);
+
+    for (int l = c->L - 1; l >= 0; l--) {
+        const LayerWeights *w = &m->layers[l];
+        LayerGrads *g = tr ? &m->grads[l] : NULL;
+        LayerActs *la = &a->layer[l];
+        // MLP: dres holds d(res2 + mlp_out)
+        memset(a->dh, 0, sizeof(float) * N * c->FF);
+        ER_TRY(linear_backward(a->dh, g ? g->wdown : NULL, NULL, a->dres, la->hmlp, &w->wdown, N));
+        swiglu_backward(a->dgate, a->dup, a->dh, la->gate, la->up, N, c->FF);
+        memset(a->dln, 0, sizeof(float) * N * C);
+        ER_TRY(linear_backward(a->dln, g ? g->wgate : NULL, NULL, a->dgate, la->ln2, &w->wgate, N));
+        ER_TRY(linear_backward(a->dln, g ? g->wup : NULL, NULL, a->dup, la->ln2, &w->wup, N));
+        rmsnorm_backward(a->dres, g ? g->ln2 : NULL, a->dln, la->res2, w->ln2, la->rstd2, N, C);
+        // attention: dres holds d(res2) = d(res + attn_out)
+        memset(a->datty, 0, sizeof(float) * N * qd);
+        ER_TRY(linear_backward(a->datty, g ? g->wo : NULL, NULL, a->dres, la->atty, &w->wo, N));
+        ER_TRY(attention_backward(a->dq, a->dk, a->dv, a->datty, la->atty, la->lse, la->q, la->k, la->v, NULL, B, T, T,
+                                  c->NH, c->NKV, c->HS));
+        rope_backward(a->dq, a->pos, a->cos_tab, a->sin_tab, N, c->NH, c->HS);
+        rope_backward(a->dk, a->pos, a->cos_tab, a->sin_tab, N, c->NKV, c->HS);
+        memset(a->dln, 0, sizeof(float) * N * C);
+        ER_TRY(linear_backward(a->dln, g ? g->wq : NULL, g ? g->bq : NULL, a->dq, la->ln1, &w->wq, N));
+        ER_TRY(linear_backward(a->dln, g ? g->wk : NULL, g ? g->bk : NULL, a->dk, la->ln1, &w->wk, N));
+        ER_TRY(linear_backward(a->dln, g ? g->wv : NULL, g ? g->bv : NULL, a->dv, la->ln1, &w->wv, N));
+        rmsnorm_backward(a->dres, g ? g->ln1 : NULL, a->dln, la->res, w->ln1, la->rstd1, N, C);
+    }
+    if (tr) {
+        // Embedding rows: columns split across threads so repeated tokens never race.
+        const int *tok = in->tokens;
+#pragma omp parallel
+        {
+            int nt = omp_get_num_threads(), id = omp_get_thread_num();
+            int c0 = (int)((long)C * id / nt), c1 = (int)((long)C * (id + 1) / nt);
+            for (int n = 0; n < N; n++) {
+                float *ge = m->g_embed + (size_t)tok[n] * C;
+                const float *d = a->dres + (size_t)n * C;
+                for (int i = c0; i < c1; i++)
+                    ge[i] += d[i];
+            }
+        }
+    }
+    return ER_OK;
+}

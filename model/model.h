@@ -1,0 +1,118 @@
+// The transformer (Qwen2 family): weights from Hugging Face dirs, THE forward used by training and
+// inference, the backward, and saving back to an HF dir.
+#ifndef MODEL_MODEL_H
+#define MODEL_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/safetensors.h"
+#include "model/config.h"
+#include "quant/weight.h"
+
+typedef struct {
+    Weight wq, wk, wv, wo;     // (NH*HS, C), (NKV*HS, C), (NKV*HS, C), (C, NH*HS)
+    Weight wgate, wup, wdown;  // (FF, C), (FF, C), (C, FF)
+    float *bq, *bk, *bv;       // (NH*HS), (NKV*HS), (NKV*HS); NULL without q/k/v biases
+    float *ln1, *ln2;          // (C) input_layernorm, post_attention_layernorm
+} LayerWeights;
+
+// Gradient buffers of a trainable model, laid out like LayerWeights (fp32).
+typedef struct {
+    float *wq, *wk, *wv, *wo, *wgate, *wup, *wdown, *bq, *bk, *bv, *ln1, *ln2;
+} LayerGrads;
+
+// One named parameter tensor, in HF naming, for saving, optimizers and gradient checks.
+typedef struct {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    size_t numel;
+    Weight *w;    // matrices: the weight (any format); NULL for vectors
+    float *data;  // fp32 values: vectors always; matrices only when fp32
+    float *grad;  // same shape, when the model is trainable; else NULL
+} ParamTensor;
+
+typedef struct {
+    ModelConfig cfg;
+    Weight embed;         // (V, C)
+    Weight lm_head;       // (V, C); a copy of `embed` when tied
+    float *norm;          // (C)
+    LayerWeights *layers; // (L)
+    LayerGrads *grads;    // (L) when trainable
+    float *g_embed, *g_norm, *g_lm_head; // when trainable; g_lm_head == g_embed when tied
+    ParamTensor *params;  // every parameter once (a tied lm_head is not listed)
+    int n_params;
+    int trainable;        // all parameters fp32 in param_mem, gradients in grad_mem
+    float *param_mem;     // owned fp32 storage (all params when trainable; vectors otherwise)
+    float *grad_mem;      // same layout as param_mem when trainable
+    size_t n_param_floats;
+    void *owned_mats;     // matrices copied from files that could not be used in place
+    StFile *files;        // mmapped safetensors shards backing the weights
+    int n_files;
+} Model;
+
+enum { MODEL_LOAD_TRAINABLE = 1 }; // convert everything to fp32 and allocate gradients
+
+// Loads config.json and model.safetensors (or the shards of model.safetensors.index.json) from `dir`.
+// F32/BF16/F16 files; without MODEL_LOAD_TRAINABLE, matrices stay in the file's dtype, mmapped.
+int model_load(Model *m, const char *dir, int flags);
+// A trainable fp32 model with HF-style random init (normal(0, std) matrices, unit norms, zero biases).
+int model_build_random(Model *m, const ModelConfig *cfg, float std, uint64_t seed);
+// Writes config.json and model.safetensors (fp32, or bf16 when as_bf16) atomically into `dir`.
+int model_save(const Model *m, const char *dir, int as_bf16);
+void model_free(Model *m);
+void model_zero_grad(Model *m);
+const ParamTensor *model_find_param(const Model *m, const char *name);
+
+// ---- the forward ----
+
+struct LoraAdapter; // lora/ (masked LoRA); the forward's adapter argument
+
+typedef struct {
+    int B, T;                    // B sequences x T new positions (rows right-padded to T)
+    const int *tokens;           // (B, T)
+    const int *pos0;             // (B) absolute position of each row's first new token; NULL = 0
+    const uint8_t *adapter_mask; // (B, T) 1 where the adapter applies to that input position; NULL = nowhere
+    const struct LoraAdapter *adapter; // NULL = base model
+} ModelInput;
+
+// Activations: the "keeper" for training (every layer's intermediates kept for the backward) or a
+// single reused layer of buffers for a forward-only pass. Sized once for up to B x T positions.
+typedef struct {
+    float *res, *ln1, *rstd1, *q, *k, *v, *lse, *atty, *res2, *ln2, *rstd2, *gate, *up, *hmlp;
+} LayerActs;
+
+typedef struct {
+    int B, T, keep;        // capacity; keep = per-layer storage for the backward
+    int nB, nT;            // shape of the last forward pass
+    ModelConfig cfg;
+    LayerActs *layer;      // (L) when keep, else (1) reused by every layer
+    float *resf;           // (B,T,C) output of the last layer
+    float *lnf, *rstdf;    // (B,T,C), (B,T)
+    float *logits;         // (B,T,V); after the loss with grad, dloss/dlogits
+    float *tmp;            // (B,T,C) attention / MLP output before the residual add
+    // backward scratch
+    float *dres, *dln, *dq, *dk, *dv, *datty, *dgate, *dup, *dh; // dres (B,T,C) ends as d(embedding output)
+    float *cos_tab, *sin_tab; // (P, HS/2) for positions < P
+    int P;
+    int *pos;              // (B*T) absolute positions of this pass
+    size_t bytes;          // total allocated
+    void *mem;
+} Activations;
+
+// Computes the memory first and refuses with the estimate when it exceeds max_bytes (0 = no limit).
+int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, int keep, size_t max_bytes);
+size_t acts_bytes(const ModelConfig *cfg, int B, int T, int keep);
+void acts_free(Activations *a);
+
+// THE forward: logits (B,T,V) into a->logits.
+int model_forward(Model *m, const ModelInput *in, Activations *a);
+// Masked mean cross-entropy of a->logits against targets (B,T) with mask (B,T) (NULL = all ones);
+// with grad != 0 the logits become dloss/dlogits, ready for model_backward.
+int model_loss(Activations *a, const int *targets, const float *mask, int grad, double *loss);
+// Accumulates parameter gradients into m->grad_mem (trainable models) and leaves the gradient of
+// the loss w.r.t. the embedding output in a->dres (B,T,C). Needs a forward with keep = 1.
+int model_backward(Model *m, const ModelInput *in, Activations *a);
+
+#endif

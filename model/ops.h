@@ -1,0 +1,51 @@
+// The transformer's element-wise and attention ops, each a *_forward / *_backward pair (llm.c
+// style). N = B*T rows. The bodies live once in model/ops_impl.h and are compiled twice: for float
+// (used by the model) and for double (suffix _f64, used by the finite-difference tests, so the very
+// code the model runs is checked in double precision).
+#ifndef MODEL_OPS_H
+#define MODEL_OPS_H
+
+#include <stdint.h>
+
+#define ER_OPS_DECLARE(REAL, SFX)                                                                            \
+    /* out (N,C) = x * rstd * w; rstd (N) kept for the backward */                                             \
+    void rmsnorm_forward##SFX(REAL *out, REAL *rstd, const REAL *x, const REAL *w, int N, int C, REAL eps);    \
+    /* dx (N,C) += ..., dw (C) += ... */                                                                       \
+    void rmsnorm_backward##SFX(REAL *dx, REAL *dw, const REAL *dout, const REAL *x, const REAL *w,             \
+                               const REAL *rstd, int N, int C);                                                \
+    /* x (N, nh, HS) rotated in place by the NeoX rotate-half rule at position pos[n]; cos_tab/sin_tab         \
+       (P, HS/2) */                                                                                            \
+    void rope_forward##SFX(REAL *x, const int *pos, const REAL *cos_tab, const REAL *sin_tab, int N, int nh,   \
+                           int HS);                                                                            \
+    /* dx in place: the transpose rotation */                                                                  \
+    void rope_backward##SFX(REAL *dx, const int *pos, const REAL *cos_tab, const REAL *sin_tab, int N, int nh, \
+                            int HS);                                                                           \
+    /* out (N,F) = silu(gate) * up */                                                                          \
+    void swiglu_forward##SFX(REAL *out, const REAL *gate, const REAL *up, int N, int F);                       \
+    /* dgate, dup (N,F) = (overwritten) */                                                                     \
+    void swiglu_backward##SFX(REAL *dgate, REAL *dup, const REAL *dout, const REAL *gate, const REAL *up,      \
+                              int N, int F);                                                                   \
+    /* Causal grouped-query attention. q (B,T,NH,HS); k, v (B,Tk,NKV,HS); query t of row b sees keys            \
+       s <= qoff[b] + t (qoff NULL = 0). out (B,T,NH,HS); lse (B,NH,T) log-sum-exp of the scaled scores,       \
+       kept so the backward recomputes probabilities instead of storing (T, Tk) per head. */                   \
+    int attention_forward##SFX(REAL *out, REAL *lse, const REAL *q, const REAL *k, const REAL *v,              \
+                               const int *qoff, int B, int T, int Tk, int NH, int NKV, int HS);                \
+    /* dq (B,T,NH,HS) overwritten; dk, dv (B,Tk,NKV,HS) overwritten */                                         \
+    int attention_backward##SFX(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, const REAL *out,               \
+                                const REAL *lse, const REAL *q, const REAL *k, const REAL *v, const int *qoff, \
+                                int B, int T, int Tk, int NH, int NKV, int HS);                                \
+    /* Masked mean cross-entropy over N rows of V logits: returns sum(mask * nll) / sum(mask) (0 when the      \
+       mask is empty). With grad != 0, logits are overwritten by dloss/dlogits. */                             \
+    double cross_entropy_forward_backward##SFX(REAL *logits, const int *targets, const REAL *mask, int N,      \
+                                               int V, int grad);                                               \
+    /* logp (N) = log softmax(logits)[target] */                                                               \
+    void logprob_forward##SFX(REAL *logp, const REAL *logits, const int *targets, int N, int V);
+
+ER_OPS_DECLARE(float, )
+ER_OPS_DECLARE(double, _f64)
+
+// cos/sin tables (P, HS/2) for positions 0..P-1, angles computed in double.
+void rope_tables(float *cos_tab, float *sin_tab, int P, int HS, double theta);
+void rope_tables_f64(double *cos_tab, double *sin_tab, int P, int HS, double theta);
+
+#endif

@@ -1,0 +1,97 @@
+#include "quant/weight.h"
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/gemm.h"
+
+const char *weight_format_name(WeightFormat f) {
+    switch (f) {
+    case WF_F32: return "f32";
+    case WF_BF16: return "bf16";
+    case WF_F16: return "f16";
+    }
+    return "?";
+}
+
+size_t weight_bytes(const Weight *w) {
+    size_t n = (size_t)w->rows * (size_t)w->cols;
+    return n * (w->fmt == WF_F32 ? 4 : 2);
+}
+
+// Rows of a 16-bit weight are widened to fp32 in tiles of this many rows, then multiplied with sgemm:
+// the tile (TILE_ROWS x cols x 4 bytes) stays cache-friendly and memory stays O(tile).
+#define TILE_ROWS 256
+
+static void widen_rows(float *dst, const Weight *w, int r0, int nr) {
+    const uint16_t *src = (const uint16_t *)w->data + (size_t)r0 * w->cols;
+    size_t n = (size_t)nr * w->cols;
+    if (w->fmt == WF_BF16) {
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++)
+            dst[i] = bf16_to_f32(src[i]);
+    } else {
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++)
+            dst[i] = f16_to_f32(src[i]);
+    }
+}
+
+void weight_row_f32(float *dst, const Weight *w, int r) {
+    if (w->fmt == WF_F32) {
+        const float *src = (const float *)w->data + (size_t)r * w->cols;
+        for (int i = 0; i < w->cols; i++)
+            dst[i] = src[i];
+    } else {
+        dtype_to_f32(dst, (const uint16_t *)w->data + (size_t)r * w->cols, w->fmt == WF_BF16 ? DT_BF16 : DT_F16,
+                     (size_t)w->cols);
+    }
+}
+
+static void add_bias(float *out, const float *bias, int N, int rows) {
+    if (!bias)
+        return;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int r = 0; r < rows; r++)
+            out[(size_t)n * rows + r] += bias[r];
+}
+
+int weight_matmul_forward(float *out, const float *inp, const Weight *w, const float *bias, int N) {
+    int R = w->rows, K = w->cols;
+    if (w->fmt == WF_F32) {
+        gemm_f32(0, 1, N, R, K, 1.0f, inp, K, (const float *)w->data, K, 0.0f, out, R);
+    } else {
+        int tile = R < TILE_ROWS ? R : TILE_ROWS;
+        float *buf = er_alloc((size_t)tile * K * sizeof(float));
+        if (!buf)
+            return ER_ENOMEM;
+        for (int r0 = 0; r0 < R; r0 += tile) {
+            int nr = R - r0 < tile ? R - r0 : tile;
+            widen_rows(buf, w, r0, nr);
+            gemm_f32(0, 1, N, nr, K, 1.0f, inp, K, buf, K, 0.0f, out + r0, R);
+        }
+        er_free(buf);
+    }
+    add_bias(out, bias, N, R);
+    return ER_OK;
+}
+
+int weight_matmul_backward_input(float *dinp, const float *dout, const Weight *w, int N) {
+    int R = w->rows, K = w->cols;
+    if (w->fmt == WF_F32) {
+        gemm_f32(0, 0, N, K, R, 1.0f, dout, R, (const float *)w->data, K, 1.0f, dinp, K);
+        return ER_OK;
+    }
+    int tile = R < TILE_ROWS ? R : TILE_ROWS;
+    float *buf = er_alloc((size_t)tile * K * sizeof(float));
+    if (!buf)
+        return ER_ENOMEM;
+    for (int r0 = 0; r0 < R; r0 += tile) {
+        int nr = R - r0 < tile ? R - r0 : tile;
+        widen_rows(buf, w, r0, nr);
+        gemm_f32(0, 0, N, K, nr, 1.0f, dout + r0, R, buf, K, 1.0f, dinp, K);
+    }
+    er_free(buf);
+    return ER_OK;
+}

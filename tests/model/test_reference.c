@@ -1,0 +1,171 @@
+// The forward, loss and gradients against the independent PyTorch reference (scripts/ref/), on random
+// tiny checkpoints it wrote in HF layout: tied/untied, GQA, biases, F32/BF16 files, shards, llama with
+// an explicit head_dim. `make test` generates them into $ER_REF_DIR first; without torch these tests
+// are skipped with a loud message.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/json.h"
+#include "core/safetensors.h"
+#include "core/threads.h"
+#include "model/model.h"
+
+static const char *ref_dir(void) {
+    const char *d = getenv("ER_REF_DIR");
+    return d ? d : "build/ref";
+}
+
+static void case_dir(char *buf, size_t n, const char *name) {
+    snprintf(buf, n, "%s/%s", ref_dir(), name);
+    char probe[1100];
+    snprintf(probe, sizeof probe, "%s/expected.safetensors", buf);
+    FILE *f = fopen(probe, "rb");
+    if (!f) {
+        fprintf(stderr, "\n*** SKIPPED: PyTorch reference data %s is missing. Install python3-torch "
+                        "(scripts/deps.sh) and run `make test` (it runs `make ref`). ***\n\n", probe);
+        cr_skip_test("PyTorch reference data missing (%s)", probe);
+    }
+    fclose(f);
+}
+
+static const StTensor *need(const StFile *f, const char *name) {
+    const StTensor *t = safetensors_find(f, name);
+    cr_assert(t, "%s: missing %s", f->path, name);
+    return t;
+}
+
+// max |a - b| <= tol * max |b| over n values (b the reference)
+static void assert_close(const char *what, const float *a, const float *b, size_t n, double tol) {
+    double max_err = 0, max_ref = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]);
+        if (e > max_err) {
+            max_err = e;
+            worst = i;
+        }
+        if (fabs(b[i]) > max_ref)
+            max_ref = fabs(b[i]);
+    }
+    cr_assert(max_ref > 0, "%s: reference is all zeros", what);
+    cr_assert(max_err <= tol * max_ref, "%s: max error %.3g at %zu (ours %.7g, ref %.7g) > %g x max |ref| %.3g", what,
+              max_err, worst, a[worst], b[worst], tol, max_ref);
+}
+
+static void check_case(const char *name) {
+    threads_set(2);
+    char dir[1024], path[1100];
+    case_dir(dir, sizeof dir, name);
+    snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+    StFile ex;
+    cr_assert_eq(safetensors_open(&ex, path), 0, "%s", er_last_error());
+    const StTensor *tt = need(&ex, "tokens");
+    int B = (int)tt->shape[0], T = (int)tt->shape[1];
+    const int *tokens = tt->data, *lengths = need(&ex, "lengths")->data, *targets = need(&ex, "targets")->data;
+    const float *mask = need(&ex, "loss_mask")->data, *ref_logits = need(&ex, "logits")->data;
+    double ref_loss = *(const float *)need(&ex, "loss")->data;
+
+    Model m;
+    cr_assert_eq(model_load(&m, dir, MODEL_LOAD_TRAINABLE), 0, "%s", er_last_error());
+    Activations a;
+    cr_assert_eq(acts_alloc(&a, &m.cfg, B, T, 1, 0), 0);
+    ModelInput in = {.B = B, .T = T, .tokens = tokens};
+    cr_assert_eq(model_forward(&m, &in, &a), 0, "%s", er_last_error());
+
+    // Logits at valid positions (padding rows are not defined by the reference).
+    int V = m.cfg.V;
+    for (int b = 0; b < B; b++) {
+        char what[128];
+        snprintf(what, sizeof what, "%s logits row %d", name, b);
+        assert_close(what, a.logits + (size_t)b * T * V, ref_logits + (size_t)b * T * V, (size_t)lengths[b] * V, 1e-4);
+    }
+    double loss;
+    model_zero_grad(&m);
+    cr_assert_eq(model_loss(&a, targets, mask, 1, &loss), 0);
+    cr_assert(fabs(loss - ref_loss) <= 1e-4 * fabs(ref_loss), "%s loss %.8g vs reference %.8g", name, loss, ref_loss);
+    cr_assert_eq(model_backward(&m, &in, &a), 0, "%s", er_last_error());
+    for (int i = 0; i < m.n_params; i++) {
+        char gname[128];
+        snprintf(gname, sizeof gname, "grad.%s", m.params[i].name);
+        const StTensor *g = need(&ex, gname);
+        cr_assert_eq((size_t)st_numel(g), m.params[i].numel, "%s: shape", gname);
+        assert_close(gname, m.params[i].grad, g->data, m.params[i].numel, 1e-3);
+    }
+    // Input gradient at valid positions.
+    const float *ref_dx = need(&ex, "grad.inputs_embeds")->data;
+    int C = m.cfg.C;
+    for (int b = 0; b < B; b++)
+        assert_close("grad.inputs_embeds", a.dres + (size_t)b * T * C, ref_dx + (size_t)b * T * C,
+                     (size_t)lengths[b] * C, 1e-3);
+    acts_free(&a);
+    model_free(&m);
+
+    // The inference load keeps matrices in the file's dtype (mmapped; BF16 stays BF16) and a
+    // forward-only keeper: same logits.
+    cr_assert_eq(model_load(&m, dir, 0), 0, "%s", er_last_error());
+    cr_assert_eq(acts_alloc(&a, &m.cfg, B, T, 0, 0), 0);
+    cr_assert_eq(model_forward(&m, &in, &a), 0);
+    for (int b = 0; b < B; b++)
+        assert_close("logits (inference load)", a.logits + (size_t)b * T * V, ref_logits + (size_t)b * T * V,
+                     (size_t)lengths[b] * V, 1e-4);
+    acts_free(&a);
+    model_free(&m);
+    safetensors_close(&ex);
+}
+
+Test(reference, qwen2_tied_f32) { check_case("qwen2_tied_f32"); }
+Test(reference, qwen2_untied_f32) { check_case("qwen2_untied_f32"); }
+Test(reference, qwen2_bf16) { check_case("qwen2_bf16"); }
+Test(reference, qwen2_sharded) { check_case("qwen2_sharded"); }
+Test(reference, llama_headdim) { check_case("llama_headdim"); }
+
+// erinfer score on a checkpoint written by the reference: per-token log-probs match.
+Test(reference, erinfer_score, .timeout = 60) {
+    char dir[1024];
+    case_dir(dir, sizeof dir, "qwen2_untied_f32");
+    const char *build = getenv("ER_BUILD") ? getenv("ER_BUILD") : "build";
+    char out[] = "/tmp/er_score_XXXXXX";
+    int fd = mkstemp(out);
+    cr_assert(fd >= 0);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s/erinfer score --model %s --input %s/score_input.jsonl --output %s --threads 1", build,
+             dir, dir, out);
+    cr_assert_eq(system(cmd), 0, "%s failed", cmd);
+
+    char path[1100];
+    snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+    StFile ex;
+    cr_assert_eq(safetensors_open(&ex, path), 0);
+    const StTensor *lp = need(&ex, "logprobs");
+    const int *lengths = need(&ex, "lengths")->data;
+    int Tm1 = (int)lp->shape[1];
+    const float *ref = lp->data;
+    JsonlReader r;
+    cr_assert_eq(jsonl_open(&r, out), 0);
+    cJSON *rec;
+    int row = 0;
+    while (jsonl_next(&r, &rec) == 1) {
+        cJSON *arr = cJSON_GetObjectItem(rec, "logprobs");
+        int n = cJSON_GetArraySize(arr);
+        cr_assert_eq(n, lengths[row] - 1, "row %d: %d logprobs for %d tokens", row, n, lengths[row]);
+        cr_assert_eq((int)cJSON_GetObjectItem(rec, "n")->valuedouble, n);
+        double sum = 0;
+        for (int i = 0; i < n; i++) {
+            double got = cJSON_GetArrayItem(arr, i)->valuedouble, want = ref[(size_t)row * Tm1 + i];
+            cr_assert(fabs(got - want) <= 1e-4 * (1 + fabs(want)), "row %d logprob %d: %g vs %g", row, i, got, want);
+            sum += got;
+        }
+        cr_assert_float_eq(cJSON_GetObjectItem(rec, "nll")->valuedouble, -sum / n, 1e-5);
+        cJSON_Delete(rec);
+        row++;
+    }
+    cr_assert_eq(row, (int)lp->shape[0], "one output line per input line");
+    jsonl_close(&r);
+    safetensors_close(&ex);
+    unlink(out);
+}
