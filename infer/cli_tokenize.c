@@ -1,0 +1,186 @@
+// erinfer tokenize / detokenize: JSONL text <-> token ids with a Hugging Face tokenizer.json.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/args.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/json.h"
+#include "data/tokenizer.h"
+#include "infer/cli.h"
+
+// Output goes to stdout, or atomically to a file (a failed run leaves no partial output).
+typedef struct {
+    FILE *fp;
+    AtomicFile af;
+    int atomic;
+} Out;
+
+static int out_open(Out *o, const char *path) {
+    memset(o, 0, sizeof *o);
+    if (strcmp(path, "-") == 0) {
+        o->fp = stdout;
+        return ER_OK;
+    }
+    ER_TRY(atomic_open(&o->af, path));
+    o->fp = o->af.fp;
+    o->atomic = 1;
+    return ER_OK;
+}
+
+static int out_close(Out *o, int ok) {
+    if (!o->atomic) {
+        if (fflush(o->fp) != 0)
+            return er_error(ER_EIO, "stdout: write failed");
+        return ER_OK;
+    }
+    if (!ok) {
+        atomic_abort(&o->af);
+        return ER_OK;
+    }
+    return atomic_commit(&o->af);
+}
+
+static void write_json_string(FILE *fp, const char *s, size_t n) {
+    fputc('"', fp);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        switch (c) {
+        case '"': fputs("\\\"", fp); break;
+        case '\\': fputs("\\\\", fp); break;
+        case '\n': fputs("\\n", fp); break;
+        case '\r': fputs("\\r", fp); break;
+        case '\t': fputs("\\t", fp); break;
+        case '\b': fputs("\\b", fp); break;
+        case '\f': fputs("\\f", fp); break;
+        default:
+            if (c < 0x20 || c == 0x7F)
+                fprintf(fp, "\\u%04x", c);
+            else
+                fputc(c, fp);
+        }
+    }
+    fputc('"', fp);
+}
+
+typedef struct {
+    const char *tokenizer, *input, *output;
+    int special_as_text;
+} Opts;
+
+// Prefixes the recorded error with "file:line" (copied first: er_error formats into the
+// buffer er_last_error points at).
+static int error_at(int rc, const char *ctx) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", er_last_error());
+    return er_error(rc, "%s: %s", ctx, msg);
+}
+
+static int run_tokenize(const Opts *o, int detok) {
+    Tokenizer *tok = NULL;
+    JsonlReader r;
+    Out out;
+    ER_TRY(tok_load(&tok, o->tokenizer));
+    int rc = jsonl_open(&r, o->input);
+    if (rc < 0) {
+        tok_free(tok);
+        return rc;
+    }
+    rc = out_open(&out, o->output);
+    if (rc < 0) {
+        jsonl_close(&r);
+        tok_free(tok);
+        return rc;
+    }
+    int V = tok_vocab_size(tok), *ids = NULL, n = 0;
+    char *text = NULL;
+    size_t len = 0;
+    cJSON *rec;
+    while ((rc = jsonl_next(&r, &rec)) == 1) {
+        char ctx[600];
+        snprintf(ctx, sizeof ctx, "%s:%ld", r.path, r.lineno);
+        if (!detok) {
+            const char *s;
+            rc = json_get_string(rec, "text", &s, ctx);
+            if (rc == ER_OK && (rc = tok_encode_ex(tok, s, strlen(s), o->special_as_text, &ids, &n)) < 0)
+                rc = error_at(rc, ctx);
+            if (rc == ER_OK) {
+                fputs("{\"ids\":[", out.fp);
+                for (int i = 0; i < n; i++)
+                    fprintf(out.fp, i ? ",%d" : "%d", ids[i]);
+                fputs("]}\n", out.fp);
+            }
+            er_free(ids);
+            ids = NULL;
+        } else {
+            const cJSON *arr = cJSON_GetObjectItemCaseSensitive(rec, "ids");
+            if (!cJSON_IsArray(arr)) {
+                rc = er_error(ER_EFORMAT, "%s: expected {\"ids\": [token ids...]}", ctx);
+            } else {
+                n = cJSON_GetArraySize(arr);
+                ids = er_alloc(sizeof(int) * (size_t)(n ? n : 1));
+                rc = ids ? ER_OK : ER_ENOMEM;
+                int i = 0;
+                for (const cJSON *e = arr->child; e && rc == ER_OK; e = e->next, i++) {
+                    double d = e->valuedouble;
+                    if (!cJSON_IsNumber(e) || d != (double)(int)d || d < 0 || d >= V)
+                        rc = er_error(ER_EFORMAT, "%s: ids[%d] must be an integer token id in [0, %d)", ctx, i, V);
+                    else
+                        ids[i] = (int)d;
+                }
+                if (rc == ER_OK && (rc = tok_decode(tok, ids, n, &text, &len)) < 0)
+                    rc = error_at(rc, ctx);
+                if (rc == ER_OK) {
+                    fputs("{\"text\":", out.fp);
+                    write_json_string(out.fp, text, len);
+                    fputs("}\n", out.fp);
+                }
+                er_free(ids);
+                er_free(text);
+                ids = NULL;
+                text = NULL;
+            }
+        }
+        cJSON_Delete(rec);
+        if (rc < 0)
+            break;
+        if (ferror(out.fp)) {
+            rc = er_error(ER_EIO, "%s: write failed", o->output);
+            break;
+        }
+    }
+    jsonl_close(&r);
+    tok_free(tok);
+    int crc = out_close(&out, rc >= 0);
+    return rc < 0 ? rc : crc;
+}
+
+static int cmd_run(int argc, char **argv, int detok) {
+    const char *name = detok ? "detokenize" : "tokenize";
+    Opts o = {NULL, NULL, "-", 0};
+    ArgSpec specs[] = {
+        {"tokenizer", ARG_STR, &o.tokenizer, "tokenizer.json, or a model dir holding one", 1, 0, 0},
+        {"input", ARG_STR, &o.input,
+         detok ? "JSONL of {\"ids\": [...]} lines (- for stdin)" : "JSONL of {\"text\": \"...\"} lines (- for stdin)", 1, 0,
+         0},
+        {"output", ARG_STR, &o.output,
+         detok ? "JSONL of {\"text\": \"...\"} lines (- for stdout)" : "JSONL of {\"ids\": [...]} lines (- for stdout)", 0,
+         0, 0},
+        {"special-as-text", ARG_FLAG, &o.special_as_text,
+         "treat special tokens written in the text (<|im_end|>, ...) as plain text", 0, 0, 0},
+    };
+    int nspecs = detok ? 3 : 4;
+    int rc = args_parse(argc, argv, specs, nspecs,
+                        detok ? "erinfer detokenize --tokenizer FILE_OR_DIR --input IDS.jsonl [--output TEXT.jsonl]"
+                              : "erinfer tokenize --tokenizer FILE_OR_DIR --input TEXT.jsonl [--output IDS.jsonl]");
+    if (rc == ARGS_HELP)
+        return 0;
+    if (rc < 0 || run_tokenize(&o, detok) < 0)
+        return cli_fail(name);
+    return 0;
+}
+
+int cmd_tokenize(int argc, char **argv) { return cmd_run(argc, argv, 0); }
+int cmd_detokenize(int argc, char **argv) { return cmd_run(argc, argv, 1); }

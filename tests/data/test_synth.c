@@ -1,0 +1,307 @@
+// The "chains" benchmark: arithmetic recomputed from the problem text, ranges, determinism, the
+// three completion styles (they grade correct, verbose >= 2.5x concise in characters and in
+// tiny-tokenizer tokens), JSONL output read back by data/dataset, and the tiny tokenizer itself.
+#include <criterion/criterion.h>
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "data/chat.h"
+#include "data/dataset.h"
+#include "data/grade.h"
+#include "data/synth.h"
+#include "data/tokenizer.h"
+
+#define TINY_TOKENIZER "data/tiny_tokenizer/tokenizer.json"
+
+// Re-derives the chain from the problem text alone and checks every completion against it.
+static void check_example(const ChainsConfig *c, const ChainsExample *ex) {
+    const char *p = ex->problem;
+    int v, n;
+    cr_assert_eq(sscanf(p, "Start with %d.%n", &v, &n), 1, "problem: %s", p);
+    cr_assert(v >= 1 && v <= c->max_start, "start %d", v);
+    p += n;
+    char want_concise[1024] = "";
+    size_t wl = 0;
+    int steps = 0;
+    for (;;) {
+        char verb[16];
+        int b, r, a = v;
+        if (sscanf(p, " %15s %n", verb, &n) != 1 || strcmp(verb, "What") == 0)
+            break;
+        p += n;
+        char sym = 0;
+        if (strcmp(verb, "Add") == 0 || strcmp(verb, "Subtract") == 0) {
+            sym = verb[0] == 'A' ? '+' : '-';
+            cr_assert_eq(sscanf(p, "%d.%n", &b, &n), 1, "%s", ex->problem);
+            r = sym == '+' ? a + b : a - b;
+        } else if (strcmp(verb, "Multiply") == 0 || strcmp(verb, "Divide") == 0) {
+            sym = verb[0] == 'M' ? '*' : '/';
+            cr_assert_eq(sscanf(p, "by %d.%n", &b, &n), 1, "%s", ex->problem);
+            if (sym == '/')
+                cr_assert(b >= 2 && a % b == 0, "inexact division %d / %d in %s", a, b, ex->problem);
+            r = sym == '*' ? a * b : a / b;
+        } else {
+            cr_assert_fail("unknown operation \"%s\" in %s", verb, ex->problem);
+        }
+        p += n;
+        if (sym == '+' || sym == '-')
+            cr_assert(b >= 1 && b <= c->max_operand, "operand %d", b);
+        else
+            cr_assert(b >= 2 && b <= c->max_factor, "factor %d", b);
+        cr_assert(r >= 0 && r <= c->max_value, "intermediate %d out of 0..%d in %s", r, c->max_value, ex->problem);
+        wl += (size_t)snprintf(want_concise + wl, sizeof want_concise - wl, "%d %c %d = %d\n", a, sym, b, r);
+        v = r;
+        steps++;
+    }
+    cr_assert_str_eq(p, " What is the result?");
+    cr_assert_eq(steps, ex->steps);
+    cr_assert(steps >= c->min_steps && steps <= c->max_steps);
+    cr_assert_eq(v, ex->result);
+    char ans[16];
+    snprintf(ans, sizeof ans, "%d", v);
+    cr_assert_str_eq(ex->answer, ans);
+    snprintf(want_concise + wl, sizeof want_concise - wl, "Answer: %d", v);
+    cr_assert_str_eq(ex->concise, want_concise);
+    char direct[32];
+    snprintf(direct, sizeof direct, "Answer: %d", v);
+    cr_assert_str_eq(ex->direct, direct);
+
+    // Verbose holds every concise line as a line of its own, and ends with the same answer line.
+    char line[64];
+    const char *q = want_concise;
+    for (int i = 0; i < steps; i++) {
+        const char *e = strchr(q, '\n');
+        snprintf(line, sizeof line, "\n%.*s\n", (int)(e - q), q);
+        cr_assert_not_null(strstr(ex->verbose, line), "verbose lacks \"%.*s\":\n%s", (int)(e - q), q, ex->verbose);
+        q = e + 1;
+    }
+    size_t vl = strlen(ex->verbose), dl = strlen(direct);
+    cr_assert(vl > dl && strcmp(ex->verbose + vl - dl, direct) == 0 && ex->verbose[vl - dl - 1] == '\n');
+
+    // All three grade correct; a wrong gold does not; and nothing before the last line of the
+    // verbose trace looks like a final answer to the grader.
+    char wrong[16];
+    snprintf(wrong, sizeof wrong, "%d", v + 1);
+    for (int s = 0; s < CHAINS_NSTYLES; s++) {
+        const char *t = chains_completion(ex, (ChainsStyle)s);
+        cr_assert_eq(grade_response(t, ex->answer), 1, "style %d does not grade correct:\n%s", s, t);
+        cr_assert_eq(grade_response(t, wrong), 0);
+    }
+    char *body = er_strdup(ex->verbose), *got;
+    body[vl - dl] = 0;
+    cr_assert_eq(grade_extract(body, &got), ER_OK);
+    cr_assert_null(got, "verbose trace has an early final answer \"%s\":\n%s", got, ex->verbose);
+    er_free(body);
+}
+
+Test(synth, chains_arithmetic_and_completions) {
+    ChainsConfig c;
+    chains_config_default(&c);
+    int hist[CHAINS_MAX_STEPS + 1] = {0};
+    double chars[CHAINS_NSTYLES] = {0};
+    for (int i = 0; i < 3000; i++) {
+        ChainsExample ex;
+        cr_assert_eq(chains_generate(&c, 42, (uint64_t)i, &ex), ER_OK, "%s", er_last_error());
+        check_example(&c, &ex);
+        hist[ex.steps]++;
+        for (int s = 0; s < CHAINS_NSTYLES; s++)
+            chars[s] += (double)strlen(chains_completion(&ex, (ChainsStyle)s));
+        chains_example_free(&ex);
+    }
+    for (int k = 1; k <= CHAINS_MAX_STEPS; k++)
+        cr_assert_gt(hist[k], 250, "k = %d drawn %d times of 3000", k, hist[k]);
+    cr_assert_geq(chars[CHAINS_VERBOSE], 2.5 * chars[CHAINS_CONCISE], "verbose/concise = %.2f in characters",
+                  chars[CHAINS_VERBOSE] / chars[CHAINS_CONCISE]);
+    cr_assert_lt(chars[CHAINS_DIRECT], chars[CHAINS_CONCISE]);
+
+    // Other ranges are honoured too.
+    ChainsConfig d = {4, 4, 9, 9, 3, 50};
+    for (int i = 0; i < 500; i++) {
+        ChainsExample ex;
+        cr_assert_eq(chains_generate(&d, 7, (uint64_t)i, &ex), ER_OK, "%s", er_last_error());
+        check_example(&d, &ex);
+        chains_example_free(&ex);
+    }
+}
+
+Test(synth, deterministic_per_seed_and_index) {
+    ChainsConfig c;
+    chains_config_default(&c);
+    ChainsExample a, b, o;
+    int differ = 0;
+    for (int i = 0; i < 50; i++) {
+        cr_assert_eq(chains_generate(&c, 3, (uint64_t)i, &a), ER_OK);
+        cr_assert_eq(chains_generate(&c, 3, (uint64_t)i, &b), ER_OK);
+        cr_assert_eq(chains_generate(&c, 4, (uint64_t)i, &o), ER_OK);
+        cr_assert_str_eq(a.problem, b.problem);
+        cr_assert_str_eq(a.verbose, b.verbose);
+        differ += strcmp(a.problem, o.problem) != 0;
+        chains_example_free(&a);
+        chains_example_free(&b);
+        chains_example_free(&o);
+    }
+    cr_assert_gt(differ, 40, "another seed must give other problems");
+
+    // Example i does not depend on how many are written.
+    char p1[64], p2[64];
+    snprintf(p1, sizeof p1, "/tmp/er_test_synth_a_%d.jsonl", (int)getpid());
+    snprintf(p2, sizeof p2, "/tmp/er_test_synth_b_%d.jsonl", (int)getpid());
+    ChainsStats st;
+    cr_assert_eq(chains_write_jsonl(&c, 20, 9, p1, NULL, &st), ER_OK, "%s", er_last_error());
+    cr_assert_eq(st.n, 20);
+    cr_assert_eq(st.mean_tokens[CHAINS_VERBOSE], 0.0);
+    cr_assert_eq(chains_write_jsonl(&c, 40, 9, p2, NULL, NULL), ER_OK);
+    char *t1, *t2;
+    size_t n1, n2;
+    cr_assert_eq(file_read_all(p1, 1 << 24, &t1, &n1), ER_OK);
+    cr_assert_eq(file_read_all(p2, 1 << 24, &t2, &n2), ER_OK);
+    cr_assert(n2 > n1 && memcmp(t1, t2, n1) == 0, "the first 20 records must be identical");
+    er_free(t1);
+    er_free(t2);
+    unlink(p1);
+    unlink(p2);
+}
+
+Test(synth, jsonl_reads_back_through_dataset) {
+    ChainsConfig c;
+    chains_config_default(&c);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/er_test_synth_%d.jsonl", (int)getpid());
+    ChainsStats st;
+    cr_assert_eq(chains_write_jsonl(&c, 300, 1, path, NULL, &st), ER_OK, "%s", er_last_error());
+    cr_assert_geq(st.mean_chars[CHAINS_VERBOSE], 2.5 * st.mean_chars[CHAINS_CONCISE]);
+    cr_assert(st.mean_steps > 3.5 && st.mean_steps < 5.5, "mean steps %.2f", st.mean_steps);
+    const char *styles[] = {"direct", "concise", "verbose"};
+    for (int s = 0; s < 3; s++) {
+        DatasetOptions opt = {styles[s]};
+        Dataset d;
+        cr_assert_eq(dataset_load(path, &opt, 0, &d), ER_OK, "%s", er_last_error());
+        cr_assert_eq(d.n, 300);
+        for (int i = 0; i < d.n; i++) {
+            ChainsExample ex;
+            cr_assert_eq(chains_generate(&c, 1, (uint64_t)i, &ex), ER_OK);
+            cr_assert_str_eq(d.ex[i].prompt, ex.problem);
+            cr_assert_str_eq(d.ex[i].answer, ex.answer);
+            cr_assert_str_eq(d.ex[i].response, chains_completion(&ex, (ChainsStyle)s));
+            cr_assert_eq(d.ex[i].needs_reasoning, ex.steps > 1);
+            cr_assert_eq(grade_response(d.ex[i].response, d.ex[i].answer), 1);
+            chains_example_free(&ex);
+        }
+        dataset_free(&d);
+    }
+    unlink(path);
+}
+
+Test(synth, bad_configs_refused) {
+    ChainsConfig c;
+    ChainsExample ex;
+    chains_config_default(&c);
+    c.max_steps = 9;
+    cr_assert_eq(chains_generate(&c, 1, 0, &ex), ER_ERANGE);
+    cr_assert_not_null(strstr(er_last_error(), "steps"), "%s", er_last_error());
+    chains_config_default(&c);
+    c.min_steps = 5, c.max_steps = 4;
+    cr_assert_eq(chains_config_check(&c), ER_ERANGE);
+    chains_config_default(&c);
+    c.max_factor = 1;
+    cr_assert_eq(chains_config_check(&c), ER_ERANGE);
+    chains_config_default(&c);
+    c.max_start = 200;
+    cr_assert_eq(chains_config_check(&c), ER_ERANGE);
+    chains_config_default(&c);
+    cr_assert_eq(chains_write_jsonl(&c, 0, 1, "/tmp/never_written.jsonl", NULL, NULL), ER_ERANGE);
+    cr_assert_lt(chains_write_jsonl(&c, 5, 1, "/nonexistent/dir/x.jsonl", NULL, NULL), 0);
+    cr_assert_not_null(strstr(er_last_error(), "/nonexistent/dir/x.jsonl"), "%s", er_last_error());
+}
+
+static Tokenizer *load_tiny(void) {
+    if (!path_exists(TINY_TOKENIZER))
+        cr_skip_test("!!! SKIPPED: %s not found: run the tests from the repository root !!!", TINY_TOKENIZER);
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, TINY_TOKENIZER), ER_OK, "%s", er_last_error());
+    return tok;
+}
+
+static int count_tokens(const Tokenizer *tok, const char *text) {
+    int *ids, n;
+    cr_assert_eq(tok_encode(tok, text, strlen(text), &ids, &n), ER_OK, "%s", er_last_error());
+    er_free(ids);
+    return n;
+}
+
+Test(synth, tiny_tokenizer_round_trips_and_splits_digits) {
+    Tokenizer *tok = load_tiny();
+    cr_assert_eq(tok_vocab_size(tok), 512);
+    cr_assert_eq(tok_token_id(tok, "<|endoftext|>"), 507);
+    cr_assert_eq(tok_eos_id(tok), tok_token_id(tok, "<|im_end|>"));
+    cr_assert_eq(tok_pad_id(tok), 507);
+    cr_assert_geq(tok_token_id(tok, "<think>"), 0);
+    cr_assert_geq(tok_token_id(tok, "</think>"), 0);
+
+    ChainsConfig c;
+    chains_config_default(&c);
+    for (int i = 0; i < 200; i++) {
+        ChainsExample ex;
+        cr_assert_eq(chains_generate(&c, 77, (uint64_t)i, &ex), ER_OK);
+        ChatMessage m[] = {{"user", ex.problem}, {"assistant", ex.verbose}};
+        char *chat;
+        cr_assert_eq(chat_render(CHAT_CHATML, m, 2, 0, &chat, NULL), ER_OK);
+        const char *texts[] = {ex.problem, ex.concise, ex.verbose, chat};
+        for (int t = 0; t < 4; t++) {
+            int *ids, n;
+            cr_assert_eq(tok_encode(tok, texts[t], strlen(texts[t]), &ids, &n), ER_OK, "%s", er_last_error());
+            char *back;
+            size_t blen;
+            cr_assert_eq(tok_decode(tok, ids, n, &back, &blen), ER_OK, "%s", er_last_error());
+            cr_assert_str_eq(back, texts[t], "round trip");
+            // Every digit is a token of its own.
+            for (int k = 0; k < n; k++) {
+                size_t len;
+                const char *b = tok_token_bytes(tok, ids[k], &len);
+                int digits = 0;
+                for (size_t j = 0; j < len; j++)
+                    digits += isdigit((unsigned char)b[j]) != 0;
+                cr_assert(digits == 0 || (digits == 1 && len == 1), "token %d \"%.*s\" mixes a digit with other bytes",
+                          ids[k], (int)len, b);
+            }
+            if (t == 3) {
+                cr_assert_eq(ids[0], tok_token_id(tok, "<|im_start|>"));
+                cr_assert_eq(ids[n - 2], tok_token_id(tok, "<|im_end|>"));
+            }
+            er_free(ids);
+            er_free(back);
+        }
+        er_free(chat);
+        chains_example_free(&ex);
+    }
+    tok_free(tok);
+}
+
+Test(synth, verbose_longer_in_tokens) {
+    Tokenizer *tok = load_tiny();
+    ChainsConfig c;
+    chains_config_default(&c);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/er_test_synth_tok_%d.jsonl", (int)getpid());
+    ChainsStats st;
+    cr_assert_eq(chains_write_jsonl(&c, 1000, 2024, path, tok, &st), ER_OK, "%s", er_last_error());
+    unlink(path);
+    double r = st.mean_tokens[CHAINS_VERBOSE] / st.mean_tokens[CHAINS_CONCISE];
+    cr_log_info("chains tokens: direct %.1f concise %.1f verbose %.1f (x%.2f)", st.mean_tokens[CHAINS_DIRECT],
+                st.mean_tokens[CHAINS_CONCISE], st.mean_tokens[CHAINS_VERBOSE], r);
+    cr_assert_geq(r, 2.5, "verbose/concise = %.2f in tokens", r);
+    // The BPE learned the corpus: words merge, so the text is much shorter in tokens than bytes.
+    cr_assert_lt(st.mean_tokens[CHAINS_VERBOSE] * 1.6, st.mean_chars[CHAINS_VERBOSE]);
+    // Recount one example by hand against the stats' tokenizer path.
+    ChainsExample ex;
+    cr_assert_eq(chains_generate(&c, 2024, 0, &ex), ER_OK);
+    cr_assert_gt(count_tokens(tok, ex.verbose), count_tokens(tok, ex.concise));
+    chains_example_free(&ex);
+    tok_free(tok);
+}
