@@ -22,8 +22,9 @@
 // The header is parsed by cJSON. Where cJSON is looser than the reference (Rust `safetensors` +
 // serde_json) in ways that would change what a file means, this reader closes the gap itself:
 // duplicate keys (cJSON keeps them as siblings), numbers (cJSON keeps doubles, so only exact
-// integers below 2^53 pass) and NULs (cJSON cuts the string there). Spellings serde refuses but
-// that cJSON reads as the same value (01, 1.0, 1e2, raw control characters) are accepted.
+// integers below 2^53 pass), NUL bytes and \u0000 or malformed \u escapes (cJSON cuts the string
+// there), leading whitespace. Spellings serde refuses but that cJSON reads as the same value (01,
+// 1.0, 1e2, raw control characters) are accepted.
 
 #define ST_INT_LIMIT 9007199254740992.0 // 2^53: every integer below it is exact in a double
 

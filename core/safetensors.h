@@ -36,14 +36,14 @@ typedef struct {
 // Opens and validates. On error nothing is left open and a message naming the file and the
 // broken rule is recorded.
 // Rules (those of the Rust `safetensors` crate): file >= 8 bytes; N <= ST_MAX_HEADER; 8 + N <=
-// file size; header is valid UTF-8 and strict JSON (RFC 8259, as serde_json reads it) starting
-// with '{', trailing whitespace allowed; "__metadata__" is null or a string -> string object;
+// file size; header is valid UTF-8 and JSON (parsed by cJSON) starting with '{', trailing
+// whitespace allowed; "__metadata__" is null or a string -> string object;
 // every other key is a tensor {"dtype","shape","data_offsets"} (other fields ignored) with a
 // known dtype, a shape of at most ST_MAX_DIMS non-negative integers and [begin, end] offsets,
 // begin <= end; numel * dtype size == end - begin without overflow; sorted by offset the
 // tensors cover the data buffer exactly, from 0 with no gap or overlap; no duplicate names.
-// Stricter than the reference, on purpose: strings holding \u0000, and dimensions above
-// INT64_MAX, are refused.
+// Integers must be exact and below 2^53 (cJSON reads numbers as doubles; no real file comes
+// near). Refused on purpose: \u0000 and malformed \u escapes, and raw NUL bytes in the header.
 int safetensors_open(StFile *f, const char *path);
 void safetensors_close(StFile *f);
 const StTensor *safetensors_find(const StFile *f, const char *name); // NULL if absent
