@@ -84,7 +84,7 @@ int cmd_score(int argc, char **argv) {
             er_free(logp);
             cap = n;
             logp = er_alloc(sizeof(float) * (size_t)n);
-            rc = logp ? acts_alloc(&a, &m.cfg, 1, n, 0, 0) : ER_ENOMEM;
+            rc = logp ? acts_alloc(&a, &m.cfg, 1, n, ACTS_SCORE, 0) : ER_ENOMEM;
             if (rc < 0)
                 cap = 0;
         }

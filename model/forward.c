@@ -18,22 +18,22 @@ typedef struct {
     size_t layer, global, backward;
 } ActsSize; // in floats
 
-static ActsSize acts_size(const ModelConfig *c, int B, int T) {
+static ActsSize acts_size(const ModelConfig *c, int B, int T, ActsMode mode) {
     size_t N = (size_t)B * T, C = c->C, qd = (size_t)c->NH * c->HS, kvd = (size_t)c->NKV * c->HS, FF = c->FF;
     ActsSize s;
     // res ln1 rstd1 q k v lse atty res2 ln2 rstd2 gate up hmlp
     s.layer = N * C * 4 + N * 2 + N * qd * 2 + N * kvd * 2 + N * c->NH + N * FF * 3;
     // resf lnf rstdf logits tmp
-    s.global = N * C * 3 + N + N * (size_t)c->V;
+    s.global = N * C * 3 + N + (mode == ACTS_DECODE ? (size_t)B : N) * (size_t)c->V;
     // dres dln dq dk dv datty dgate dup dh
     s.backward = N * C * 2 + N * qd * 2 + N * kvd * 2 + N * FF * 3;
     return s;
 }
 
-size_t acts_bytes(const ModelConfig *cfg, int B, int T, int keep) {
-    ActsSize s = acts_size(cfg, B, T);
-    size_t floats = keep ? s.layer * cfg->L + s.global + s.backward : s.layer + s.global;
-    return floats * sizeof(float) + (size_t)B * T * sizeof(int);
+size_t acts_bytes(const ModelConfig *cfg, int B, int T, ActsMode mode) {
+    ActsSize s = acts_size(cfg, B, T, mode);
+    size_t floats = mode == ACTS_TRAIN ? s.layer * cfg->L + s.global + s.backward : s.layer + s.global;
+    return floats * sizeof(float) + ((size_t)B * T + B) * sizeof(int);
 }
 
 static float *take(float **p, size_t n) {
@@ -42,12 +42,13 @@ static float *take(float **p, size_t n) {
     return r;
 }
 
-int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, int keep, size_t max_bytes) {
+int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, ActsMode mode, size_t max_bytes) {
     memset(a, 0, sizeof *a);
     if (B <= 0 || T <= 0)
         return er_error(ER_EINVAL, "activations: batch %d x %d positions is empty", B, T);
-    size_t bytes = acts_bytes(cfg, B, T, keep);
-    int nbuf = 14 * (keep ? cfg->L : 1) + 5 + 9 + 1;
+    int keep = mode == ACTS_TRAIN;
+    size_t bytes = acts_bytes(cfg, B, T, mode);
+    int nbuf = 14 * (keep ? cfg->L : 1) + 5 + 9 + 2;
     bytes += (size_t)nbuf * 64;
     if (max_bytes && bytes > max_bytes)
         return er_error(ER_ENOMEM, "activations for %d x %d positions need %.1f MiB, more than the %.1f MiB allowed", B, T,
@@ -55,7 +56,7 @@ int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, int keep, s
     a->cfg = *cfg;
     a->B = B;
     a->T = T;
-    a->keep = keep;
+    a->mode = mode;
     a->bytes = bytes;
     a->mem = er_alloc(bytes);
     int nl = keep ? cfg->L : 1;
@@ -86,7 +87,7 @@ int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, int keep, s
     a->resf = keep ? take(&p, N * C) : a->layer[0].res;
     a->lnf = take(&p, N * C);
     a->rstdf = take(&p, N);
-    a->logits = take(&p, N * (size_t)cfg->V);
+    a->logits = take(&p, (mode == ACTS_DECODE ? (size_t)B : N) * (size_t)cfg->V);
     a->tmp = take(&p, N * C);
     if (keep) {
         a->dres = take(&p, N * C);
@@ -100,6 +101,7 @@ int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, int keep, s
         a->dh = take(&p, N * FF);
     }
     a->pos = (int *)take(&p, N);
+    a->pos0 = (int *)take(&p, (size_t)B);
     return ER_OK;
 }
 
@@ -167,32 +169,54 @@ static int check_input(const Model *m, const ModelInput *in, const Activations *
                         a->B, a->T);
     if (in->adapter)
         return er_error(ER_EUNSUPPORTED, "forward: adapters are not supported by this build yet");
-    for (int i = 0; i < in->B * in->T; i++)
-        if (in->tokens[i] < 0 || in->tokens[i] >= c->V)
-            return er_error(ER_ERANGE, "forward: token id %d at position %d is outside the vocabulary [0, %d)",
-                            in->tokens[i], i, c->V);
-    if (in->pos0)
-        for (int b = 0; b < in->B; b++)
-            if (in->pos0[b] != 0)
-                return er_error(ER_EUNSUPPORTED, "forward: a start position after 0 needs a KV cache");
+    for (int b = 0; b < in->B; b++) {
+        int n = in->len ? in->len[b] : in->T;
+        if (n < 1 || n > in->T)
+            return er_error(ER_EINVAL, "forward: row %d has %d valid positions (expected 1..%d)", b, n, in->T);
+        for (int t = 0; t < n; t++) {
+            int tok = in->tokens[b * in->T + t];
+            if (tok < 0 || tok >= c->V)
+                return er_error(ER_ERANGE, "forward: token id %d at position %d is outside the vocabulary [0, %d)", tok,
+                                b * in->T + t, c->V);
+        }
+    }
+    if (in->kv) {
+        if (a->mode == ACTS_TRAIN)
+            return er_error(ER_EINVAL, "forward: training keeps its own keys and values, not a KV cache");
+        if (in->kv->L != c->L || in->kv->NKV != c->NKV || in->kv->HS != c->HS)
+            return er_error(ER_EINVAL, "forward: the KV cache was sized for another model");
+        for (int b = 0; b < in->B; b++) {
+            int s = in->kv_slots[b];
+            if (s < 0 || s >= in->kv->max_seqs || !in->kv->seqs[s].active)
+                return er_error(ER_EINVAL, "forward: row %d names KV sequence %d, which is not open", b, s);
+            for (int r = 0; r < b; r++)
+                if (in->kv_slots[r] == s)
+                    return er_error(ER_EINVAL, "forward: rows %d and %d append to the same KV sequence", r, b);
+        }
+    }
     return ER_OK;
 }
 
-int model_forward(Model *m, const ModelInput *in, Activations *a) {
-    ER_TRY(check_input(m, in, a));
+static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
     const ModelConfig *c = &m->cfg;
-    int B = in->B, T = in->T, N = B * T, C = c->C;
+    int B = in->B, T = in->T, N = B * T, C = c->C, kvd = c->NKV * c->HS;
+    KVCache *kv = in->kv;
     a->nB = B;
     a->nT = T;
     int maxpos = 0;
-    for (int b = 0; b < B; b++)
+    for (int b = 0; b < B; b++) {
+        a->pos0[b] = kv ? kv->seqs[in->kv_slots[b]].len : 0;
         for (int t = 0; t < T; t++) {
-            int p = (in->pos0 ? in->pos0[b] : 0) + t;
+            int p = a->pos0[b] + t;
             a->pos[b * T + t] = p;
             if (p > maxpos)
                 maxpos = p;
         }
+    }
     ER_TRY(ensure_rope(a, maxpos + 1));
+    if (kv)
+        for (int b = 0; b < B; b++)
+            ER_TRY(kv_seq_extend(kv, in->kv_slots[b], a->pos0[b] + (in->len ? in->len[b] : T)));
 
     float *x = a->layer[0].res; // (N, C) embedding output
 #pragma omp parallel for schedule(static)
@@ -201,14 +225,24 @@ int model_forward(Model *m, const ModelInput *in, Activations *a) {
 
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *w = &m->layers[l];
-        LayerActs *la = &a->layer[a->keep ? l : 0];
+        LayerActs *la = &a->layer[a->mode == ACTS_TRAIN ? l : 0];
         rmsnorm_forward(la->ln1, la->rstd1, la->res, w->ln1, N, C, c->eps);
         ER_TRY(linear_forward(la->q, la->ln1, &w->wq, w->bq, N));
         ER_TRY(linear_forward(la->k, la->ln1, &w->wk, w->bk, N));
         ER_TRY(linear_forward(la->v, la->ln1, &w->wv, w->bv, N));
         rope_forward(la->q, a->pos, a->cos_tab, a->sin_tab, N, c->NH, c->HS);
         rope_forward(la->k, a->pos, a->cos_tab, a->sin_tab, N, c->NKV, c->HS);
-        ER_TRY(attention_forward(la->atty, la->lse, la->q, la->k, la->v, NULL, B, T, T, c->NH, c->NKV, c->HS));
+        if (kv) {
+            for (int b = 0; b < B; b++)
+                for (int t = 0; t < (in->len ? in->len[b] : T); t++) {
+                    size_t row = (size_t)b * T + t;
+                    kv_store(kv, l, in->kv_slots[b], a->pos0[b] + t, la->k + row * kvd, la->v + row * kvd);
+                }
+            ER_TRY(kv_attention_forward(la->atty, la->q, kv, l, in->kv_slots, a->pos0, in->len ? in->len : NULL, B, T,
+                                        c->NH));
+        } else {
+            ER_TRY(attention_forward(la->atty, la->lse, la->q, la->k, la->v, NULL, B, T, T, c->NH, c->NKV, c->HS));
+        }
         ER_TRY(linear_forward(a->tmp, la->atty, &w->wo, NULL, N));
         residual_forward(la->res2, la->res, a->tmp, (size_t)N * C);
         rmsnorm_forward(la->ln2, la->rstd2, la->res2, w->ln2, N, C, c->eps);
@@ -216,14 +250,35 @@ int model_forward(Model *m, const ModelInput *in, Activations *a) {
         ER_TRY(linear_forward(la->up, la->ln2, &w->wup, NULL, N));
         swiglu_forward(la->hmlp, la->gate, la->up, N, c->FF);
         ER_TRY(linear_forward(a->tmp, la->hmlp, &w->wdown, NULL, N));
-        float *next = (l + 1 < c->L && a->keep) ? a->layer[l + 1].res : a->resf;
+        float *next = (l + 1 < c->L && a->mode == ACTS_TRAIN) ? a->layer[l + 1].res : a->resf;
         residual_forward(next, la->res2, a->tmp, (size_t)N * C);
+    }
+    if (a->mode == ACTS_DECODE) {
+        // Only each row's last valid position predicts the next token: normalise and project B rows.
+        for (int b = 0; b < B; b++) {
+            int last = b * T + (in->len ? in->len[b] : T) - 1;
+            memcpy(a->tmp + (size_t)b * C, a->resf + (size_t)last * C, sizeof(float) * C);
+        }
+        rmsnorm_forward(a->lnf, a->rstdf, a->tmp, m->norm, B, C, c->eps);
+        return linear_forward(a->logits, a->lnf, &m->lm_head, NULL, B);
     }
     rmsnorm_forward(a->lnf, a->rstdf, a->resf, m->norm, N, C, c->eps);
     return linear_forward(a->logits, a->lnf, &m->lm_head, NULL, N);
 }
 
+int model_forward(Model *m, const ModelInput *in, Activations *a) {
+    ER_TRY(check_input(m, in, a));
+    int rc = forward_pass(m, in, a);
+    if (rc < 0 && in->kv) // a failed pass leaves every sequence as it was
+        for (int b = 0; b < in->B; b++)
+            if (in->kv->seqs[in->kv_slots[b]].len > a->pos0[b])
+                kv_seq_truncate(in->kv, in->kv_slots[b], a->pos0[b]);
+    return rc;
+}
+
 int model_loss(Activations *a, const int *targets, const float *mask, int grad, double *loss) {
+    if (a->mode == ACTS_DECODE)
+        return er_error(ER_EINVAL, "loss: a decode pass keeps only the last position's logits");
     int N = a->nB * a->nT, V = a->cfg.V;
     for (int n = 0; n < N; n++) {
         if (mask && !isfinite(mask[n]))
@@ -241,8 +296,8 @@ int model_loss(Activations *a, const int *targets, const float *mask, int grad, 
 // ---- backward ----
 
 int model_backward(Model *m, const ModelInput *in, Activations *a) {
-    if (!a->keep)
-        return er_error(ER_EINVAL, "backward: the forward did not keep activations");
+    if (a->mode != ACTS_TRAIN)
+        return er_error(ER_EINVAL, "backward: the forward did not keep activations (ACTS_TRAIN)");
     const ModelConfig *c = &m->cfg;
     int B = a->nB, T = a->nT, N = B * T, C = c->C, qd = c->NH * c->HS;
     int tr = m->trainable;

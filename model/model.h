@@ -8,6 +8,7 @@
 
 #include "core/safetensors.h"
 #include "model/config.h"
+#include "model/kvcache.h"
 #include "quant/weight.h"
 
 typedef struct {
@@ -72,47 +73,59 @@ struct LoraAdapter; // lora/ (masked LoRA); the forward's adapter argument
 typedef struct {
     int B, T;                    // B sequences x T new positions (rows right-padded to T)
     const int *tokens;           // (B, T)
-    const int *pos0;             // (B) absolute position of each row's first new token; NULL = 0
+    const int *len;              // (B) valid new positions per row; NULL = T
     const uint8_t *adapter_mask; // (B, T) 1 where the adapter applies to that input position; NULL = nowhere
     const struct LoraAdapter *adapter; // NULL = base model
+    // The keeper of keys and values. NULL: this pass's own (training, scoring; positions start at 0).
+    // Else row b appends its new positions to sequence kv_slots[b], after the positions it holds.
+    KVCache *kv;
+    const int *kv_slots;         // (B)
 } ModelInput;
 
-// Activations: the "keeper" for training (every layer's intermediates kept for the backward) or a
-// single reused layer of buffers for a forward-only pass. Sized once for up to B x T positions.
+// What a pass keeps, chosen when the activations are sized:
+typedef enum {
+    ACTS_SCORE,  // one reused layer of buffers; logits at every position
+    ACTS_TRAIN,  // every layer's intermediates for the backward; logits at every position
+    ACTS_DECODE, // one reused layer; logits only at each row's last valid position: (B, V)
+} ActsMode;
+
+// Activations: the keeper of intermediates, sized once for up to B x T positions.
 typedef struct {
     float *res, *ln1, *rstd1, *q, *k, *v, *lse, *atty, *res2, *ln2, *rstd2, *gate, *up, *hmlp;
 } LayerActs;
 
 typedef struct {
-    int B, T, keep;        // capacity; keep = per-layer storage for the backward
+    int B, T;              // capacity
+    ActsMode mode;
     int nB, nT;            // shape of the last forward pass
     ModelConfig cfg;
     LayerActs *layer;      // (L) when keep, else (1) reused by every layer
     float *resf;           // (B,T,C) output of the last layer
     float *lnf, *rstdf;    // (B,T,C), (B,T)
-    float *logits;         // (B,T,V); after the loss with grad, dloss/dlogits
+    float *logits;         // (B,T,V), or (B,V) for ACTS_DECODE; after the loss with grad, dloss/dlogits
     float *tmp;            // (B,T,C) attention / MLP output before the residual add
     // backward scratch
     float *dres, *dln, *dq, *dk, *dv, *datty, *dgate, *dup, *dh; // dres (B,T,C) ends as d(embedding output)
     float *cos_tab, *sin_tab; // (P, HS/2) for positions < P
     int P;
     int *pos;              // (B*T) absolute positions of this pass
+    int *pos0;             // (B) position of each row's first new token
     size_t bytes;          // total allocated
     void *mem;
 } Activations;
 
 // Computes the memory first and refuses with the estimate when it exceeds max_bytes (0 = no limit).
-int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, int keep, size_t max_bytes);
-size_t acts_bytes(const ModelConfig *cfg, int B, int T, int keep);
+int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, ActsMode mode, size_t max_bytes);
+size_t acts_bytes(const ModelConfig *cfg, int B, int T, ActsMode mode);
 void acts_free(Activations *a);
 
-// THE forward: logits (B,T,V) into a->logits.
+// THE forward: logits into a->logits (see ActsMode).
 int model_forward(Model *m, const ModelInput *in, Activations *a);
 // Masked mean cross-entropy of a->logits against targets (B,T) with mask (B,T) (NULL = all ones);
 // with grad != 0 the logits become dloss/dlogits, ready for model_backward.
 int model_loss(Activations *a, const int *targets, const float *mask, int grad, double *loss);
 // Accumulates parameter gradients into m->grad_mem (trainable models) and leaves the gradient of
-// the loss w.r.t. the embedding output in a->dres (B,T,C). Needs a forward with keep = 1.
+// the loss w.r.t. the embedding output in a->dres (B,T,C). Needs an ACTS_TRAIN forward.
 int model_backward(Model *m, const ModelInput *in, Activations *a);
 
 #endif

@@ -202,7 +202,7 @@ Test(model_io, forward_rejects_bad_tokens) {
     Model m;
     Activations a;
     cr_assert_eq(model_build_random(&m, &c, 0.5f, 5), 0);
-    cr_assert_eq(acts_alloc(&a, &c, 1, 4, 0, 0), 0);
+    cr_assert_eq(acts_alloc(&a, &c, 1, 4, ACTS_SCORE, 0), 0);
     int toks[4] = {1, 2, 10, 3};
     ModelInput in = {.B = 1, .T = 4, .tokens = toks};
     cr_assert_eq(model_forward(&m, &in, &a), ER_ERANGE);
@@ -211,7 +211,7 @@ Test(model_io, forward_rejects_bad_tokens) {
     in.T = 8; // more positions than the activations hold
     cr_assert_eq(model_forward(&m, &in, &a), ER_EINVAL);
     Activations big;
-    cr_assert(acts_alloc(&big, &c, 1, 1 << 20, 1, 1 << 20) < 0, "memory limit must be enforced up front");
+    cr_assert(acts_alloc(&big, &c, 1, 1 << 20, ACTS_TRAIN, 1 << 20) < 0, "memory limit must be enforced up front");
     cr_assert(strstr(er_last_error(), "MiB"));
     acts_free(&a);
     model_free(&m);

@@ -51,7 +51,7 @@ static void fixture_init(Fixture *f, int tied, uint64_t seed) {
         if (strstr(f->m.params[i].name, "bias") || strstr(f->m.params[i].name, "norm"))
             for (size_t j = 0; j < f->m.params[i].numel; j++)
                 f->m.params[i].data[j] += 0.2f * rng_normal(&r);
-    cr_assert_eq(acts_alloc(&f->a, &c, 2, 6, 1, 0), 0);
+    cr_assert_eq(acts_alloc(&f->a, &c, 2, 6, ACTS_TRAIN, 0), 0);
     // Token 12 appears exactly once (position 4 of row 1): its embedding gradient is the input
     // gradient at that position.
     int toks[12] = {1, 5, 3, 7, 2, 9, 4, 4, 0, 11, 12, 6};

@@ -73,7 +73,7 @@ static void check_case(const char *name) {
     Model m;
     cr_assert_eq(model_load(&m, dir, MODEL_LOAD_TRAINABLE), 0, "%s", er_last_error());
     Activations a;
-    cr_assert_eq(acts_alloc(&a, &m.cfg, B, T, 1, 0), 0);
+    cr_assert_eq(acts_alloc(&a, &m.cfg, B, T, ACTS_TRAIN, 0), 0);
     ModelInput in = {.B = B, .T = T, .tokens = tokens};
     cr_assert_eq(model_forward(&m, &in, &a), 0, "%s", er_last_error());
 
@@ -108,7 +108,7 @@ static void check_case(const char *name) {
     // The inference load keeps matrices in the file's dtype (mmapped; BF16 stays BF16) and a
     // forward-only keeper: same logits.
     cr_assert_eq(model_load(&m, dir, 0), 0, "%s", er_last_error());
-    cr_assert_eq(acts_alloc(&a, &m.cfg, B, T, 0, 0), 0);
+    cr_assert_eq(acts_alloc(&a, &m.cfg, B, T, ACTS_SCORE, 0), 0);
     cr_assert_eq(model_forward(&m, &in, &a), 0);
     for (int b = 0; b < B; b++)
         assert_close("logits (inference load)", a.logits + (size_t)b * T * V, ref_logits + (size_t)b * T * V,

@@ -1,0 +1,269 @@
+#include "model/kvcache.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "model/ops.h"
+
+static size_t entry_size(KvType t) { return t == KV_F32 ? sizeof(float) : 1; }
+
+size_t kv_bytes_per_position(const ModelConfig *c, KvType type) {
+    size_t row = (size_t)c->NKV * c->HS;
+    size_t per_layer = 2 * row * entry_size(type) + (type == KV_INT8 ? 2 * (size_t)c->NKV * sizeof(float) : 0);
+    return per_layer * (size_t)c->L;
+}
+
+int kv_cache_alloc(KVCache *kv, const ModelConfig *c, KvType type, int max_seqs, int max_seq_len, int max_positions,
+                   size_t max_bytes) {
+    memset(kv, 0, sizeof *kv);
+    if (max_seqs <= 0 || max_seq_len <= 0 || max_positions <= 0)
+        return er_error(ER_EINVAL, "KV cache: sizes must be positive");
+    kv->L = c->L;
+    kv->NKV = c->NKV;
+    kv->HS = c->HS;
+    kv->type = type;
+    kv->max_seqs = max_seqs;
+    kv->max_blocks_per_seq = (max_seq_len + KV_BLOCK - 1) / KV_BLOCK;
+    // Each sequence may hold one partly filled block of its own beyond the shared positions.
+    kv->n_blocks = (max_positions + KV_BLOCK - 1) / KV_BLOCK + max_seqs;
+    size_t per_block = kv_bytes_per_position(c, type) * KV_BLOCK;
+    kv->bytes = per_block * (size_t)kv->n_blocks;
+    if (max_bytes && kv->bytes > max_bytes)
+        return er_error(ER_ENOMEM, "KV cache for %d positions (%d sequences) needs %.1f MiB, more than the %.1f MiB allowed",
+                        max_positions, max_seqs, kv->bytes / 1048576.0, max_bytes / 1048576.0);
+    size_t entries = (size_t)c->L * kv->n_blocks * KV_BLOCK * c->NKV * c->HS;
+    kv->k = er_alloc(entries * entry_size(type));
+    kv->v = er_alloc(entries * entry_size(type));
+    if (type == KV_INT8) {
+        size_t scales = (size_t)c->L * kv->n_blocks * KV_BLOCK * c->NKV;
+        kv->ks = er_calloc(scales, sizeof(float));
+        kv->vs = er_calloc(scales, sizeof(float));
+    }
+    kv->ref = er_calloc((size_t)kv->n_blocks, sizeof(int));
+    kv->free_ids = er_calloc((size_t)kv->n_blocks, sizeof(int));
+    kv->seqs = er_calloc((size_t)max_seqs, sizeof(KvSeq));
+    int ok = kv->k && kv->v && kv->ref && kv->free_ids && kv->seqs && (type == KV_F32 || (kv->ks && kv->vs));
+    for (int s = 0; ok && s < max_seqs; s++)
+        ok = (kv->seqs[s].blocks = er_calloc((size_t)kv->max_blocks_per_seq, sizeof(int))) != NULL;
+    if (!ok) {
+        kv_cache_free(kv);
+        return er_error(ER_ENOMEM, "KV cache: cannot allocate %.1f MiB", (double)per_block * kv->n_blocks / 1048576.0);
+    }
+    for (int b = 0; b < kv->n_blocks; b++)
+        kv->free_ids[b] = kv->n_blocks - 1 - b;
+    kv->n_free = kv->n_blocks;
+    return ER_OK;
+}
+
+void kv_cache_free(KVCache *kv) {
+    if (kv->seqs)
+        for (int s = 0; s < kv->max_seqs; s++)
+            er_free(kv->seqs[s].blocks);
+    er_free(kv->seqs);
+    er_free(kv->k);
+    er_free(kv->v);
+    er_free(kv->ks);
+    er_free(kv->vs);
+    er_free(kv->ref);
+    er_free(kv->free_ids);
+    memset(kv, 0, sizeof *kv);
+}
+
+int kv_seq_open(KVCache *kv, int *slot) {
+    for (int s = 0; s < kv->max_seqs; s++)
+        if (!kv->seqs[s].active) {
+            kv->seqs[s].active = 1;
+            kv->seqs[s].len = 0;
+            kv->seqs[s].n_blocks = 0;
+            *slot = s;
+            return ER_OK;
+        }
+    return er_error(ER_ENOMEM, "KV cache: all %d sequence slots are in use", kv->max_seqs);
+}
+
+int kv_seq_fork(KVCache *kv, int src, int *slot) {
+    ER_TRY(kv_seq_open(kv, slot));
+    KvSeq *d = &kv->seqs[*slot], *s = &kv->seqs[src];
+    memcpy(d->blocks, s->blocks, sizeof(int) * (size_t)s->n_blocks);
+    d->n_blocks = s->n_blocks;
+    d->len = s->len;
+    for (int i = 0; i < s->n_blocks; i++)
+        kv->ref[s->blocks[i]]++;
+    return ER_OK;
+}
+
+static void release_block(KVCache *kv, int b) {
+    if (--kv->ref[b] == 0)
+        kv->free_ids[kv->n_free++] = b;
+}
+
+void kv_seq_close(KVCache *kv, int slot) {
+    KvSeq *s = &kv->seqs[slot];
+    if (!s->active)
+        return;
+    for (int i = 0; i < s->n_blocks; i++)
+        release_block(kv, s->blocks[i]);
+    s->active = 0;
+    s->n_blocks = s->len = 0;
+}
+
+int kv_seq_truncate(KVCache *kv, int slot, int len) {
+    KvSeq *s = &kv->seqs[slot];
+    if (len < 0 || len > s->len)
+        return er_error(ER_EINVAL, "KV cache: cannot truncate %d positions to %d", s->len, len);
+    int keep = (len + KV_BLOCK - 1) / KV_BLOCK;
+    while (s->n_blocks > keep)
+        release_block(kv, s->blocks[--s->n_blocks]);
+    s->len = len;
+    return ER_OK;
+}
+
+static size_t block_offset(const KVCache *kv, int l, int block) {
+    return ((size_t)l * kv->n_blocks + block) * KV_BLOCK;
+}
+
+static void copy_block(KVCache *kv, int dst, int src) {
+    size_t row = (size_t)kv->NKV * kv->HS, es = entry_size(kv->type);
+    for (int l = 0; l < kv->L; l++) {
+        size_t od = block_offset(kv, l, dst), os = block_offset(kv, l, src);
+        memcpy((char *)kv->k + od * row * es, (char *)kv->k + os * row * es, KV_BLOCK * row * es);
+        memcpy((char *)kv->v + od * row * es, (char *)kv->v + os * row * es, KV_BLOCK * row * es);
+        if (kv->type == KV_INT8) {
+            memcpy(kv->ks + od * kv->NKV, kv->ks + os * kv->NKV, KV_BLOCK * kv->NKV * sizeof(float));
+            memcpy(kv->vs + od * kv->NKV, kv->vs + os * kv->NKV, KV_BLOCK * kv->NKV * sizeof(float));
+        }
+    }
+    kv->copied_blocks++;
+}
+
+int kv_seq_extend(KVCache *kv, int slot, int new_len) {
+    KvSeq *s = &kv->seqs[slot];
+    if (new_len <= s->len)
+        return ER_OK;
+    int need = (new_len + KV_BLOCK - 1) / KV_BLOCK;
+    if (need > kv->max_blocks_per_seq)
+        return er_error(ER_ENOMEM, "KV cache: %d positions exceed the %d allowed per sequence", new_len,
+                        kv->max_blocks_per_seq * KV_BLOCK);
+    // The block holding position `len` may be shared (a forked prompt's last block): copy it first.
+    int first = s->len / KV_BLOCK;
+    if (first < s->n_blocks && kv->ref[s->blocks[first]] > 1) {
+        if (kv->n_free == 0)
+            return er_error(ER_ENOMEM, "KV cache is full (%d blocks of %d positions)", kv->n_blocks, KV_BLOCK);
+        int b = kv->free_ids[--kv->n_free];
+        kv->ref[b] = 1;
+        copy_block(kv, b, s->blocks[first]);
+        kv->ref[s->blocks[first]]--;
+        s->blocks[first] = b;
+    }
+    while (s->n_blocks < need) {
+        if (kv->n_free == 0)
+            return er_error(ER_ENOMEM, "KV cache is full (%d blocks of %d positions)", kv->n_blocks, KV_BLOCK);
+        int b = kv->free_ids[--kv->n_free];
+        kv->ref[b] = 1;
+        s->blocks[s->n_blocks++] = b;
+    }
+    s->len = new_len;
+    return ER_OK;
+}
+
+int kv_cache_blocks_in_use(const KVCache *kv) { return kv->n_blocks - kv->n_free; }
+
+size_t kv_cache_bytes_in_use(const KVCache *kv) {
+    return kv->n_blocks ? kv->bytes / (size_t)kv->n_blocks * (size_t)kv_cache_blocks_in_use(kv) : 0;
+}
+
+// Symmetric int8 with one scale per KV head: x ≈ q * scale, scale = max|x| / 127.
+static void quantize_row(int8_t *q, float *scale, const float *x, int HS) {
+    float mx = 0.0f;
+    for (int i = 0; i < HS; i++)
+        mx = fmaxf(mx, fabsf(x[i]));
+    float s = mx / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
+    for (int i = 0; i < HS; i++)
+        q[i] = (int8_t)lrintf(x[i] * inv);
+    *scale = s;
+}
+
+void kv_store(KVCache *kv, int l, int slot, int pos, const float *k, const float *v) {
+    const KvSeq *s = &kv->seqs[slot];
+    size_t p = block_offset(kv, l, s->blocks[pos / KV_BLOCK]) + pos % KV_BLOCK, row = (size_t)kv->NKV * kv->HS;
+    if (kv->type == KV_F32) {
+        memcpy((float *)kv->k + p * row, k, row * sizeof(float));
+        memcpy((float *)kv->v + p * row, v, row * sizeof(float));
+        return;
+    }
+    for (int h = 0; h < kv->NKV; h++) {
+        quantize_row((int8_t *)kv->k + p * row + (size_t)h * kv->HS, &kv->ks[p * kv->NKV + h], k + (size_t)h * kv->HS, kv->HS);
+        quantize_row((int8_t *)kv->v + p * row + (size_t)h * kv->HS, &kv->vs[p * kv->NKV + h], v + (size_t)h * kv->HS, kv->HS);
+    }
+}
+
+int kv_attention_forward(float *out, const float *q, const KVCache *kv, int l, const int *slots, const int *pos0,
+                         const int *len, int B, int T, int NH) {
+    int NKV = kv->NKV, HS = kv->HS, G = NH / NKV, maxk = kv->max_blocks_per_seq * KV_BLOCK;
+    size_t row = (size_t)NKV * HS;
+    float scale = 1.0f / sqrtf((float)HS);
+    float *scratch = malloc(sizeof(float) * (size_t)omp_get_max_threads() * maxk);
+    if (!scratch)
+        return er_error(ER_ENOMEM, "attention: out of memory for %d keys", maxk);
+    int i8 = kv->type == KV_INT8;
+#pragma omp parallel for collapse(3) schedule(dynamic, 4)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                if (t >= (len ? len[b] : T))
+                    continue;
+                float *sc = scratch + (size_t)omp_get_thread_num() * maxk;
+                const KvSeq *seq = &kv->seqs[slots[b]];
+                int kh = h / G, last = pos0[b] + t;
+                const float *qv = q + (((size_t)b * T + t) * NH + h) * HS;
+                float mx = -INFINITY;
+                for (int s = 0; s <= last; s++) {
+                    size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]) + s % KV_BLOCK;
+                    float d = 0.0f;
+                    if (i8) {
+                        const int8_t *kr = (const int8_t *)kv->k + p * row + (size_t)kh * HS;
+#pragma omp simd reduction(+ : d)
+                        for (int i = 0; i < HS; i++)
+                            d += qv[i] * (float)kr[i];
+                        d *= kv->ks[p * NKV + kh];
+                    } else {
+                        const float *kr = (const float *)kv->k + p * row + (size_t)kh * HS;
+#pragma omp simd reduction(+ : d)
+                        for (int i = 0; i < HS; i++)
+                            d += qv[i] * kr[i];
+                    }
+                    sc[s] = d * scale;
+                    mx = sc[s] > mx ? sc[s] : mx;
+                }
+                float sum = 0.0f;
+                for (int s = 0; s <= last; s++) {
+                    sc[s] = ops_expf(sc[s] - mx);
+                    sum += sc[s];
+                }
+                float *o = out + (((size_t)b * T + t) * NH + h) * HS, inv = 1.0f / sum;
+                for (int i = 0; i < HS; i++)
+                    o[i] = 0.0f;
+                for (int s = 0; s <= last; s++) {
+                    size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]) + s % KV_BLOCK;
+                    float w = sc[s] * inv;
+                    if (i8) {
+                        const int8_t *vr = (const int8_t *)kv->v + p * row + (size_t)kh * HS;
+                        w *= kv->vs[p * NKV + kh];
+#pragma omp simd
+                        for (int i = 0; i < HS; i++)
+                            o[i] += w * (float)vr[i];
+                    } else {
+                        const float *vr = (const float *)kv->v + p * row + (size_t)kh * HS;
+#pragma omp simd
+                        for (int i = 0; i < HS; i++)
+                            o[i] += w * vr[i];
+                    }
+                }
+            }
+    free(scratch);
+    return ER_OK;
+}

@@ -1,0 +1,243 @@
+// The KV cache as the forward's inference keeper: prefill + decode reproduce the training forward,
+// forks share the prompt's blocks, int8 KV stays close to fp32, and misuse is refused.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "model/model.h"
+
+static ModelConfig kv_config(void) {
+    ModelConfig c = {.arch = ARCH_QWEN2, .C = 32, .FF = 48, .L = 2, .NH = 4, .NKV = 2, .HS = 8, .V = 50,
+                     .max_pos = 256, .rope_theta = 10000.0f, .eps = 1e-6f, .tied = 0, .qkv_bias = 1,
+                     .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
+    return c;
+}
+
+static int tok_at(int seq, int i) { return (i * 7 + seq * 13 + 3) % 50; }
+
+// Logits of a single full forward over tokens[0..n) (the training-path attention, no cache).
+static float *full_logits(Model *m, const int *tokens, int n) {
+    Activations a;
+    cr_assert_eq(acts_alloc(&a, &m->cfg, 1, n, ACTS_SCORE, 0), 0);
+    ModelInput in = {.B = 1, .T = n, .tokens = tokens};
+    cr_assert_eq(model_forward(m, &in, &a), 0, "%s", er_last_error());
+    float *out = malloc(sizeof(float) * n * m->cfg.V);
+    memcpy(out, a.logits, sizeof(float) * n * m->cfg.V);
+    acts_free(&a);
+    return out;
+}
+
+static double max_rel(const float *a, const float *b, int n) {
+    double err = 0, ref = 0;
+    for (int i = 0; i < n; i++) {
+        err = fmax(err, fabs((double)a[i] - b[i]));
+        ref = fmax(ref, fabs((double)b[i]));
+    }
+    return err / ref;
+}
+
+Test(kvcache, prefill_chunks_and_decode_match_full_forward) {
+    threads_set(2);
+    ModelConfig c = kv_config();
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 1), 0);
+    int n = 45, prompt = 38, toks[45];
+    for (int i = 0; i < n; i++)
+        toks[i] = tok_at(0, i);
+    float *ref = full_logits(&m, toks, n);
+
+    KVCache kv;
+    cr_assert_eq(kv_cache_alloc(&kv, &c, KV_F32, 2, 64, 128, 0), 0);
+    int slot;
+    cr_assert_eq(kv_seq_open(&kv, &slot), 0);
+    // Prefill in chunks of 16 (ACTS_SCORE keeps every position's logits to compare).
+    Activations a, d;
+    cr_assert_eq(acts_alloc(&a, &c, 1, 16, ACTS_SCORE, 0), 0);
+    for (int p = 0; p < prompt; p += 16) {
+        int len = prompt - p < 16 ? prompt - p : 16;
+        ModelInput in = {.B = 1, .T = 16, .tokens = toks + p, .len = &len, .kv = &kv, .kv_slots = &slot};
+        int padded[16];
+        memcpy(padded, toks + p, sizeof(int) * len);
+        for (int t = len; t < 16; t++)
+            padded[t] = 0;
+        in.tokens = padded;
+        cr_assert_eq(model_forward(&m, &in, &a), 0, "%s", er_last_error());
+        double e = max_rel(a.logits, ref + (size_t)p * c.V, len * c.V);
+        cr_assert(e <= 1e-5, "prefill chunk at %d: relative error %g", p, e);
+    }
+    cr_assert_eq(kv.seqs[slot].len, prompt);
+    // Decode the rest one position at a time (ACTS_DECODE: last position's logits only).
+    cr_assert_eq(acts_alloc(&d, &c, 1, 1, ACTS_DECODE, 0), 0);
+    for (int p = prompt; p < n; p++) {
+        ModelInput in = {.B = 1, .T = 1, .tokens = toks + p, .kv = &kv, .kv_slots = &slot};
+        cr_assert_eq(model_forward(&m, &in, &d), 0, "%s", er_last_error());
+        double e = max_rel(d.logits, ref + (size_t)p * c.V, c.V);
+        cr_assert(e <= 1e-5, "decode at %d: relative error %g", p, e);
+    }
+    acts_free(&a);
+    acts_free(&d);
+    kv_cache_free(&kv);
+    free(ref);
+    model_free(&m);
+}
+
+// N samples forked from one prompt: the prompt's blocks are stored once, each sample's tail is its
+// own, batched decode of all N equals N separate full forwards.
+Test(kvcache, forked_samples_share_the_prefix) {
+    threads_set(2);
+    ModelConfig c = kv_config();
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 2), 0);
+    enum { P = 37, S = 4, STEPS = 6 }; // the prompt fills one block and part of a second
+    int seqs[S][P + STEPS];
+    for (int s = 0; s < S; s++)
+        for (int i = 0; i < P + STEPS; i++)
+            seqs[s][i] = i < P ? tok_at(0, i) : tok_at(s + 1, i);
+    KVCache kv;
+    cr_assert_eq(kv_cache_alloc(&kv, &c, KV_F32, S + 1, 64, P + S * STEPS, 0), 0);
+    int root, slots[S];
+    cr_assert_eq(kv_seq_open(&kv, &root), 0);
+    Activations a, d;
+    cr_assert_eq(acts_alloc(&a, &c, 1, P, ACTS_DECODE, 0), 0);
+    ModelInput pre = {.B = 1, .T = P, .tokens = seqs[0], .kv = &kv, .kv_slots = &root};
+    cr_assert_eq(model_forward(&m, &pre, &a), 0);
+    int prompt_blocks = kv_cache_blocks_in_use(&kv);
+    cr_assert_eq(prompt_blocks, 2);
+    for (int s = 0; s < S; s++)
+        cr_assert_eq(kv_seq_fork(&kv, root, &slots[s]), 0);
+    cr_assert_eq(kv_cache_blocks_in_use(&kv), prompt_blocks, "forking must not allocate");
+
+    cr_assert_eq(acts_alloc(&d, &c, S, 1, ACTS_DECODE, 0), 0);
+    float *dec = malloc(sizeof(float) * S * STEPS * c.V);
+    for (int t = 0; t < STEPS; t++) {
+        int step_tok[S];
+        for (int s = 0; s < S; s++)
+            step_tok[s] = seqs[s][P + t];
+        ModelInput in = {.B = S, .T = 1, .tokens = step_tok, .kv = &kv, .kv_slots = slots};
+        cr_assert_eq(model_forward(&m, &in, &d), 0, "%s", er_last_error());
+        for (int s = 0; s < S; s++)
+            memcpy(dec + ((size_t)s * STEPS + t) * c.V, d.logits + (size_t)s * c.V, sizeof(float) * c.V);
+    }
+    // Memory: the full first block once, the prompt's partial block kept by the root, one own copy per sample.
+    cr_assert_eq(kv.copied_blocks, S, "each sample copies only the shared partial block");
+    cr_assert_eq(kv_cache_blocks_in_use(&kv), prompt_blocks + S);
+    for (int s = 0; s < S; s++) {
+        float *ref = full_logits(&m, seqs[s], P + STEPS);
+        for (int t = 0; t < STEPS; t++) {
+            double e = max_rel(dec + ((size_t)s * STEPS + t) * c.V, ref + (size_t)(P + t) * c.V, c.V);
+            cr_assert(e <= 1e-5, "sample %d step %d: relative error %g", s, t, e);
+        }
+        free(ref);
+    }
+    // Closing everything returns every block.
+    for (int s = 0; s < S; s++)
+        kv_seq_close(&kv, slots[s]);
+    kv_seq_close(&kv, root);
+    cr_assert_eq(kv_cache_blocks_in_use(&kv), 0);
+    free(dec);
+    acts_free(&a);
+    acts_free(&d);
+    kv_cache_free(&kv);
+    model_free(&m);
+}
+
+// KV8: one scale per position per KV head. Logits stay close to fp32 KV; the KL divergence is printed.
+Test(kvcache, int8_close_to_fp32) {
+    threads_set(2);
+    ModelConfig c = kv_config();
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 3), 0);
+    int n = 40, toks[40];
+    for (int i = 0; i < n; i++)
+        toks[i] = tok_at(2, i);
+    double kl_sum = 0, max_err = 0;
+    KVCache k32, k8;
+    cr_assert_eq(kv_cache_alloc(&k32, &c, KV_F32, 1, 64, 64, 0), 0);
+    cr_assert_eq(kv_cache_alloc(&k8, &c, KV_INT8, 1, 64, 64, 0), 0);
+    // Per position and KV head: HS bytes + a 4-byte scale instead of 4 HS bytes.
+    cr_assert_eq(k8.bytes * 4 * c.HS, k32.bytes * (c.HS + 4), "int8 KV memory");
+    int s32, s8;
+    kv_seq_open(&k32, &s32);
+    kv_seq_open(&k8, &s8);
+    Activations a;
+    cr_assert_eq(acts_alloc(&a, &c, 1, 1, ACTS_DECODE, 0), 0);
+    float *l32 = malloc(sizeof(float) * c.V);
+    for (int p = 0; p < n; p++) {
+        ModelInput in = {.B = 1, .T = 1, .tokens = toks + p, .kv = &k32, .kv_slots = &s32};
+        cr_assert_eq(model_forward(&m, &in, &a), 0);
+        memcpy(l32, a.logits, sizeof(float) * c.V);
+        in.kv = &k8;
+        in.kv_slots = &s8;
+        cr_assert_eq(model_forward(&m, &in, &a), 0);
+        double z32 = 0, z8 = 0, mx32 = -1e30, mx8 = -1e30;
+        for (int v = 0; v < c.V; v++) {
+            mx32 = fmax(mx32, l32[v]);
+            mx8 = fmax(mx8, a.logits[v]);
+            max_err = fmax(max_err, fabs(l32[v] - a.logits[v]));
+        }
+        for (int v = 0; v < c.V; v++) {
+            z32 += exp(l32[v] - mx32);
+            z8 += exp(a.logits[v] - mx8);
+        }
+        for (int v = 0; v < c.V; v++) {
+            double p32 = exp(l32[v] - mx32) / z32, p8 = exp(a.logits[v] - mx8) / z8;
+            kl_sum += p32 * log(p32 / p8);
+        }
+    }
+    printf("int8 KV vs fp32 KV on the tiny model: mean KL %.3g nats/token, max logit error %.3g\n", kl_sum / n, max_err);
+    cr_assert(kl_sum / n < 1e-3, "mean KL %g", kl_sum / n);
+    cr_assert(max_err > 0, "int8 must actually quantise");
+    free(l32);
+    acts_free(&a);
+    kv_cache_free(&k32);
+    kv_cache_free(&k8);
+    model_free(&m);
+}
+
+Test(kvcache, refuses_misuse) {
+    ModelConfig c = kv_config();
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 4), 0);
+    KVCache kv;
+    cr_assert(kv_cache_alloc(&kv, &c, KV_F32, 2, 64, 1 << 20, 1 << 20) < 0, "too big for the limit");
+    cr_assert(strstr(er_last_error(), "MiB"));
+    // 3 sequences of up to 64 positions; room for 32 shared positions + one block each = 4 blocks.
+    cr_assert_eq(kv_cache_alloc(&kv, &c, KV_F32, 3, 64, 32, 0), 0);
+    cr_assert_eq(kv.n_blocks, 4);
+    int s0, s1, s2;
+    kv_seq_open(&kv, &s0);
+    Activations a;
+    cr_assert_eq(acts_alloc(&a, &c, 2, 40, ACTS_SCORE, 0), 0);
+    int toks[80] = {0};
+    int both[2] = {s0, s0};
+    ModelInput in = {.B = 2, .T = 1, .tokens = toks, .kv = &kv, .kv_slots = both};
+    cr_assert_eq(model_forward(&m, &in, &a), ER_EINVAL, "two rows into one sequence");
+    int closed = 1;
+    in = (ModelInput){.B = 1, .T = 1, .tokens = toks, .kv = &kv, .kv_slots = &closed};
+    cr_assert_eq(model_forward(&m, &in, &a), ER_EINVAL, "sequence not open");
+    // Over the per-sequence length: refused, and the sequence is left as it was.
+    in = (ModelInput){.B = 1, .T = 30, .tokens = toks, .kv = &kv, .kv_slots = &s0};
+    cr_assert_eq(model_forward(&m, &in, &a), 0);
+    cr_assert_eq(model_forward(&m, &in, &a), 0);
+    cr_assert(model_forward(&m, &in, &a) < 0, "90 positions > 64");
+    cr_assert(strstr(er_last_error(), "per sequence"), "%s", er_last_error());
+    cr_assert_eq(kv.seqs[s0].len, 60);
+    // Out of blocks: s0 holds 2, s1 takes 2, s2 finds none.
+    kv_seq_open(&kv, &s1);
+    in.kv_slots = &s1;
+    in.T = 40;
+    cr_assert_eq(model_forward(&m, &in, &a), 0);
+    kv_seq_open(&kv, &s2);
+    in.kv_slots = &s2;
+    in.T = 1;
+    cr_assert(model_forward(&m, &in, &a) < 0);
+    cr_assert(strstr(er_last_error(), "KV cache is full"), "%s", er_last_error());
+    cr_assert_eq(kv.seqs[s2].len, 0);
+    acts_free(&a);
+    kv_cache_free(&kv);
+    model_free(&m);
+}
