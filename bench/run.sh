@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# make bench: every benchmark, each printed as a ratio against a peer or a physical limit measured
+# in the same run on the same machine and thread count.
+set -euo pipefail
+BUILD=${BUILD:-build}
+PY=${PY:-/usr/bin/python3}
+THREADS=${THREADS:-$(nproc)}
+STEPS=${STEPS:-3}
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+
+echo "== training step: ertrain vs PyTorch (threads $THREADS, batch 1 x 256 positions, fp32) =="
+"$BUILD/bench/train_step" --sgemm-peak --threads "$THREADS" | tee -a "$out"
+run_shape() { # name hidden layers heads kv ff
+  "$BUILD/bench/train_step" --shape "$1" --batch 1 --seq 256 --steps "$STEPS" --threads "$THREADS" | tee -a "$out"
+  if "$PY" -c 'import torch' 2>/dev/null; then
+    "$PY" bench/train_step_torch.py --hidden "$2" --layers "$3" --heads "$4" --kv-heads "$5" --intermediate "$6" \
+      --vocab 151936 --batch 1 --seq 256 --threads "$THREADS" --steps "$STEPS" --warmup 1 |
+      sed "s/^{/{\"shape\": \"$1\", /" | tee -a "$out"
+  else
+    echo "WARNING: $PY has no torch: the PyTorch peer is SKIPPED (run scripts/deps.sh)"
+  fi
+}
+run_shape small 256 4 4 2 1024
+run_shape 0.5b 896 24 14 2 4864
+
+"$PY" - "$out" <<'PYEOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+peak = next(r["gflops"] for r in rows if r["impl"] == "sgemm")
+print()
+print(f"sgemm peak: {peak:.1f} GFLOP/s")
+for shape in ("small", "0.5b"):
+    ours = next((r for r in rows if r["impl"] == "ertrain" and r["shape"] == shape), None)
+    torch = next((r for r in rows if r["impl"] == "pytorch" and r.get("shape") == shape), None)
+    if not ours:
+        continue
+    line = f"{shape:6s} ertrain {ours['tokens_per_s']:8.1f} tok/s, {ours['gflops']:6.1f} GFLOP/s = {ours['gflops'] / peak:5.1%} of sgemm peak"
+    if torch:
+        line += f" | PyTorch {torch['tokens_per_s']:8.1f} tok/s | ours/PyTorch = {ours['tokens_per_s'] / torch['tokens_per_s']:.2f}x"
+    print(line)
+PYEOF
+
+for extra in bench/run_*.sh; do
+  [ -f "$extra" ] && BUILD="$BUILD" PY="$PY" bash "$extra"
+done
