@@ -106,6 +106,9 @@ int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, ActsMode mo
 }
 
 void acts_free(Activations *a) {
+    er_free(a->lora_h);
+    er_free(a->lora_x);
+    er_free(a->lora_keep);
     er_free(a->mem);
     er_free(a->layer);
     er_free(a->cos_tab);
@@ -130,15 +133,79 @@ static int ensure_rope(Activations *a, int P) {
     return ER_OK;
 }
 
-// ---- linear layers (the adapter hooks in here: lora/) ----
+// ---- linear layers, with the masked adapter ----
 
-static int linear_forward(float *out, const float *inp, const Weight *w, const float *bias, int N) {
-    return weight_matmul_forward(out, inp, w, bias, N);
+// Adapter buffers sized for this pass's adapter (rank r; inputs kept after dropout when training).
+static int ensure_lora_acts(Activations *a, const LoraAdapter *ad, int train) {
+    int nl = a->mode == ACTS_TRAIN ? a->cfg.L : 1;
+    size_t N = (size_t)a->B * a->T;
+    if (a->lora_r != ad->r) {
+        er_free(a->lora_h);
+        a->lora_h = er_alloc(sizeof(float) * (size_t)nl * LT_COUNT * N * ad->r);
+        a->lora_r = a->lora_h ? ad->r : 0;
+        if (!a->lora_h)
+            return ER_ENOMEM;
+    }
+    int xw = a->cfg.FF > a->cfg.NH * a->cfg.HS ? a->cfg.FF : a->cfg.NH * a->cfg.HS;
+    xw = xw > a->cfg.C ? xw : a->cfg.C;
+    if (train && ad->dropout > 0 && !a->lora_x) {
+        a->lora_x = er_alloc(sizeof(float) * (size_t)nl * LT_COUNT * N * xw);
+        a->lora_keep = er_alloc((size_t)nl * LT_COUNT * N * xw);
+        if (!a->lora_x || !a->lora_keep)
+            return ER_ENOMEM;
+        a->lora_xw = xw;
+    }
+    return ER_OK;
 }
 
-// dinp (N,K) += dout · W; dW (R,K) += doutᵀ · inp and dbias (R) += Σ dout when given.
-static int linear_backward(float *dinp, float *dW, float *dbias, const float *dout, const float *inp, const Weight *w,
-                           int N) {
+// Everything one linear layer needs to find its adapter and its kept adapter activations.
+typedef struct {
+    const ModelInput *in;
+    Activations *a;
+    int l;
+    int train; // dropout applies
+} LinCtx;
+
+static const LoraMat *lin_lora(const LinCtx *lc, LoraTarget t, float **h, float **xd, uint8_t **keep) {
+    const LoraAdapter *ad = lc->in->adapter;
+    if (!ad)
+        return NULL;
+    const LoraMat *m = lora_mat(ad, lc->l, t);
+    if (!m)
+        return NULL;
+    size_t N = (size_t)lc->in->B * lc->in->T, slot = (size_t)(lc->a->mode == ACTS_TRAIN ? lc->l : 0) * LT_COUNT + t;
+    *h = lc->a->lora_h + slot * N * ad->r;
+    *xd = lc->a->lora_x && lc->train ? lc->a->lora_x + slot * N * lc->a->lora_xw : NULL;
+    *keep = *xd ? lc->a->lora_keep + slot * N * lc->a->lora_xw : NULL;
+    return m;
+}
+
+// out (N, rows) = inp · Wᵀ + bias, plus the adapter on rows whose mask is on.
+static int linear_forward(const LinCtx *lc, LoraTarget t, float *out, const float *inp, const Weight *w,
+                          const float *bias, int N) {
+    ER_TRY(weight_matmul_forward(out, inp, w, bias, N));
+    float *h, *xd;
+    uint8_t *keep;
+    const LoraMat *m = lin_lora(lc, t, &h, &xd, &keep);
+    if (!m)
+        return ER_OK;
+    const LoraAdapter *ad = lc->in->adapter;
+    const float *x = inp;
+    if (xd) { // inverted dropout on the adapter's input, kept for the backward
+        float p_keep = 1.0f - ad->dropout, inv = 1.0f / p_keep;
+        for (size_t i = 0; i < (size_t)N * m->in; i++) {
+            keep[i] = rng_uniform(lc->in->dropout_rng) < p_keep;
+            xd[i] = keep[i] ? inp[i] * inv : 0.0f;
+        }
+        x = xd;
+    }
+    return lora_forward(out, h, x, m, ad->r, ad->scale, lc->in->adapter_mask, N);
+}
+
+// dinp (N,K) += dout · W (+ the adapter's share); dW (R,K) += doutᵀ · inp and dbias (R) += Σ dout
+// when given; adapter gradients accumulate in the adapter.
+static int linear_backward(const LinCtx *lc, LoraTarget t, float *dinp, float *dW, float *dbias, const float *dout,
+                           const float *inp, const Weight *w, int N) {
     int R = w->rows, K = w->cols;
     if (dW)
         gemm_f32(1, 0, R, K, N, 1.0f, dout, R, inp, K, 1.0f, dW, K);
@@ -151,7 +218,27 @@ static int linear_backward(float *dinp, float *dW, float *dbias, const float *do
             dbias[r] += acc;
         }
     }
-    return dinp ? weight_matmul_backward_input(dinp, dout, w, N) : ER_OK;
+    float *h, *xd;
+    uint8_t *keep;
+    const LoraMat *m = lin_lora(lc, t, &h, &xd, &keep);
+    if (m) {
+        const LoraAdapter *ad = lc->in->adapter;
+        if (xd) { // gradients of A against the dropped input; dx through the dropout mask
+            float *dxd = er_calloc((size_t)N * m->in, sizeof(float));
+            if (!dxd)
+                return ER_ENOMEM;
+            int rc = lora_backward(dxd, (LoraMat *)m, ad->r, ad->scale, dout, xd, h, lc->in->adapter_mask, N);
+            float inv = 1.0f / (1.0f - ad->dropout);
+            for (size_t i = 0; rc == ER_OK && i < (size_t)N * m->in; i++)
+                if (keep[i])
+                    dinp[i] += dxd[i] * inv;
+            er_free(dxd);
+            ER_TRY(rc);
+        } else {
+            ER_TRY(lora_backward(dinp, (LoraMat *)m, ad->r, ad->scale, dout, inp, h, lc->in->adapter_mask, N));
+        }
+    }
+    return weight_matmul_backward_input(dinp, dout, w, N);
 }
 
 static void residual_forward(float *out, const float *a, const float *b, size_t n) {
@@ -167,8 +254,10 @@ static int check_input(const Model *m, const ModelInput *in, const Activations *
     if (in->B <= 0 || in->T <= 0 || in->B * in->T > a->B * a->T)
         return er_error(ER_EINVAL, "forward: %d x %d positions do not fit activations sized for %d x %d", in->B, in->T,
                         a->B, a->T);
-    if (in->adapter)
-        return er_error(ER_EUNSUPPORTED, "forward: adapters are not supported by this build yet");
+    if (in->adapter && (in->adapter->L != c->L || !in->adapter->mats))
+        return er_error(ER_EINVAL, "forward: the adapter has %d layers, the model %d", in->adapter->L, c->L);
+    if (in->adapter && in->adapter->dropout > 0 && a->mode == ACTS_TRAIN && !in->dropout_rng)
+        return er_error(ER_EINVAL, "forward: adapter dropout needs a random stream (ModelInput.dropout_rng)");
     for (int b = 0; b < in->B; b++) {
         int n = in->len ? in->len[b] : in->T;
         if (n < 1 || n > in->T)
@@ -214,6 +303,9 @@ static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
         }
     }
     ER_TRY(ensure_rope(a, maxpos + 1));
+    int train = a->mode == ACTS_TRAIN && in->dropout_rng;
+    if (in->adapter)
+        ER_TRY(ensure_lora_acts(a, in->adapter, train));
     if (kv)
         for (int b = 0; b < B; b++)
             ER_TRY(kv_seq_extend(kv, in->kv_slots[b], a->pos0[b] + (in->len ? in->len[b] : T)));
@@ -226,10 +318,11 @@ static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *w = &m->layers[l];
         LayerActs *la = &a->layer[a->mode == ACTS_TRAIN ? l : 0];
+        LinCtx lc = {in, a, l, train};
         rmsnorm_forward(la->ln1, la->rstd1, la->res, w->ln1, N, C, c->eps);
-        ER_TRY(linear_forward(la->q, la->ln1, &w->wq, w->bq, N));
-        ER_TRY(linear_forward(la->k, la->ln1, &w->wk, w->bk, N));
-        ER_TRY(linear_forward(la->v, la->ln1, &w->wv, w->bv, N));
+        ER_TRY(linear_forward(&lc, LT_Q, la->q, la->ln1, &w->wq, w->bq, N));
+        ER_TRY(linear_forward(&lc, LT_K, la->k, la->ln1, &w->wk, w->bk, N));
+        ER_TRY(linear_forward(&lc, LT_V, la->v, la->ln1, &w->wv, w->bv, N));
         rope_forward(la->q, a->pos, a->cos_tab, a->sin_tab, N, c->NH, c->HS);
         rope_forward(la->k, a->pos, a->cos_tab, a->sin_tab, N, c->NKV, c->HS);
         if (kv) {
@@ -243,13 +336,13 @@ static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
         } else {
             ER_TRY(attention_forward(la->atty, la->lse, la->q, la->k, la->v, NULL, B, T, T, c->NH, c->NKV, c->HS));
         }
-        ER_TRY(linear_forward(a->tmp, la->atty, &w->wo, NULL, N));
+        ER_TRY(linear_forward(&lc, LT_O, a->tmp, la->atty, &w->wo, NULL, N));
         residual_forward(la->res2, la->res, a->tmp, (size_t)N * C);
         rmsnorm_forward(la->ln2, la->rstd2, la->res2, w->ln2, N, C, c->eps);
-        ER_TRY(linear_forward(la->gate, la->ln2, &w->wgate, NULL, N));
-        ER_TRY(linear_forward(la->up, la->ln2, &w->wup, NULL, N));
+        ER_TRY(linear_forward(&lc, LT_GATE, la->gate, la->ln2, &w->wgate, NULL, N));
+        ER_TRY(linear_forward(&lc, LT_UP, la->up, la->ln2, &w->wup, NULL, N));
         swiglu_forward(la->hmlp, la->gate, la->up, N, c->FF);
-        ER_TRY(linear_forward(a->tmp, la->hmlp, &w->wdown, NULL, N));
+        ER_TRY(linear_forward(&lc, LT_DOWN, a->tmp, la->hmlp, &w->wdown, NULL, N));
         float *next = (l + 1 < c->L && a->mode == ACTS_TRAIN) ? a->layer[l + 1].res : a->resf;
         residual_forward(next, la->res2, a->tmp, (size_t)N * C);
     }
@@ -260,10 +353,10 @@ static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
             memcpy(a->tmp + (size_t)b * C, a->resf + (size_t)last * C, sizeof(float) * C);
         }
         rmsnorm_forward(a->lnf, a->rstdf, a->tmp, m->norm, B, C, c->eps);
-        return linear_forward(a->logits, a->lnf, &m->lm_head, NULL, B);
+        return weight_matmul_forward(a->logits, a->lnf, &m->lm_head, NULL, B);
     }
     rmsnorm_forward(a->lnf, a->rstdf, a->resf, m->norm, N, C, c->eps);
-    return linear_forward(a->logits, a->lnf, &m->lm_head, NULL, N);
+    return weight_matmul_forward(a->logits, a->lnf, &m->lm_head, NULL, N);
 }
 
 int model_forward(Model *m, const ModelInput *in, Activations *a) {
@@ -303,7 +396,8 @@ int model_backward(Model *m, const ModelInput *in, Activations *a) {
     int tr = m->trainable;
 
     memset(a->dln, 0, sizeof(float) * N * C);
-    ER_TRY(linear_backward(a->dln, tr ? m->g_lm_head : NULL, NULL, a->logits, a->lnf, &m->lm_head, N));
+    LinCtx head = {&(ModelInput){0}, a, 0, 0}; // the lm_head has no adapter
+    ER_TRY(linear_backward(&head, LT_Q, a->dln, tr ? m->g_lm_head : NULL, NULL, a->logits, a->lnf, &m->lm_head, N));
     memset(a->dres, 0, sizeof(float) * N * C);
     rmsnorm_backward(a->dres, tr ? m->g_norm : NULL, a->dln, a->resf, m->norm, a->rstdf, N, C);
 
@@ -311,25 +405,26 @@ int model_backward(Model *m, const ModelInput *in, Activations *a) {
         const LayerWeights *w = &m->layers[l];
         LayerGrads *g = tr ? &m->grads[l] : NULL;
         LayerActs *la = &a->layer[l];
+        LinCtx lc = {in, a, l, a->lora_x != NULL && in->dropout_rng != NULL};
         // MLP: dres holds d(res2 + mlp_out)
         memset(a->dh, 0, sizeof(float) * N * c->FF);
-        ER_TRY(linear_backward(a->dh, g ? g->wdown : NULL, NULL, a->dres, la->hmlp, &w->wdown, N));
+        ER_TRY(linear_backward(&lc, LT_DOWN, a->dh, g ? g->wdown : NULL, NULL, a->dres, la->hmlp, &w->wdown, N));
         swiglu_backward(a->dgate, a->dup, a->dh, la->gate, la->up, N, c->FF);
         memset(a->dln, 0, sizeof(float) * N * C);
-        ER_TRY(linear_backward(a->dln, g ? g->wgate : NULL, NULL, a->dgate, la->ln2, &w->wgate, N));
-        ER_TRY(linear_backward(a->dln, g ? g->wup : NULL, NULL, a->dup, la->ln2, &w->wup, N));
+        ER_TRY(linear_backward(&lc, LT_GATE, a->dln, g ? g->wgate : NULL, NULL, a->dgate, la->ln2, &w->wgate, N));
+        ER_TRY(linear_backward(&lc, LT_UP, a->dln, g ? g->wup : NULL, NULL, a->dup, la->ln2, &w->wup, N));
         rmsnorm_backward(a->dres, g ? g->ln2 : NULL, a->dln, la->res2, w->ln2, la->rstd2, N, C);
         // attention: dres holds d(res2) = d(res + attn_out)
         memset(a->datty, 0, sizeof(float) * N * qd);
-        ER_TRY(linear_backward(a->datty, g ? g->wo : NULL, NULL, a->dres, la->atty, &w->wo, N));
+        ER_TRY(linear_backward(&lc, LT_O, a->datty, g ? g->wo : NULL, NULL, a->dres, la->atty, &w->wo, N));
         ER_TRY(attention_backward(a->dq, a->dk, a->dv, a->datty, la->atty, la->lse, la->q, la->k, la->v, NULL, B, T, T,
                                   c->NH, c->NKV, c->HS));
         rope_backward(a->dq, a->pos, a->cos_tab, a->sin_tab, N, c->NH, c->HS);
         rope_backward(a->dk, a->pos, a->cos_tab, a->sin_tab, N, c->NKV, c->HS);
         memset(a->dln, 0, sizeof(float) * N * C);
-        ER_TRY(linear_backward(a->dln, g ? g->wq : NULL, g ? g->bq : NULL, a->dq, la->ln1, &w->wq, N));
-        ER_TRY(linear_backward(a->dln, g ? g->wk : NULL, g ? g->bk : NULL, a->dk, la->ln1, &w->wk, N));
-        ER_TRY(linear_backward(a->dln, g ? g->wv : NULL, g ? g->bv : NULL, a->dv, la->ln1, &w->wv, N));
+        ER_TRY(linear_backward(&lc, LT_Q, a->dln, g ? g->wq : NULL, g ? g->bq : NULL, a->dq, la->ln1, &w->wq, N));
+        ER_TRY(linear_backward(&lc, LT_K, a->dln, g ? g->wk : NULL, g ? g->bk : NULL, a->dk, la->ln1, &w->wk, N));
+        ER_TRY(linear_backward(&lc, LT_V, a->dln, g ? g->wv : NULL, g ? g->bv : NULL, a->dv, la->ln1, &w->wv, N));
         rmsnorm_backward(a->dres, g ? g->ln1 : NULL, a->dln, la->res, w->ln1, la->rstd1, N, C);
     }
     if (tr) {

@@ -8,6 +8,7 @@
 
 #include "core/safetensors.h"
 #include "model/config.h"
+#include "lora/lora.h"
 #include "model/kvcache.h"
 #include "quant/weight.h"
 
@@ -68,14 +69,13 @@ const ParamTensor *model_find_param(const Model *m, const char *name);
 
 // ---- the forward ----
 
-struct LoraAdapter; // lora/ (masked LoRA); the forward's adapter argument
-
 typedef struct {
     int B, T;                    // B sequences x T new positions (rows right-padded to T)
     const int *tokens;           // (B, T)
     const int *len;              // (B) valid new positions per row; NULL = T
     const uint8_t *adapter_mask; // (B, T) 1 where the adapter applies to that input position; NULL = nowhere
-    const struct LoraAdapter *adapter; // NULL = base model
+    const LoraAdapter *adapter;  // NULL = base model
+    ErRng *dropout_rng;          // adapter dropout while training (ACTS_TRAIN); NULL = no dropout
     // The keeper of keys and values. NULL: this pass's own (training, scoring; positions start at 0).
     // Else row b appends its new positions to sequence kv_slots[b], after the positions it holds.
     KVCache *kv;
@@ -106,6 +106,10 @@ typedef struct {
     float *tmp;            // (B,T,C) attention / MLP output before the residual add
     // backward scratch
     float *dres, *dln, *dq, *dk, *dv, *datty, *dgate, *dup, *dh; // dres (B,T,C) ends as d(embedding output)
+    float *lora_h;         // (L or 1, LT_COUNT, B*T, r) adapter activations x·Aᵀ, sized on first use
+    float *lora_x;         // (L, LT_COUNT, B*T, max in) adapter inputs after dropout (training with dropout)
+    uint8_t *lora_keep;    // same shape: 1 where dropout kept the input
+    int lora_r, lora_xw;
     float *cos_tab, *sin_tab; // (P, HS/2) for positions < P
     int P;
     int *pos;              // (B*T) absolute positions of this pass
