@@ -10,6 +10,7 @@ ARCH ?= -march=native
 SAN ?= 0
 BLAS ?= 1
 PY ?= /usr/bin/python3
+QUICK ?= 0
 
 BUILD := build
 ifeq ($(SAN),1)
@@ -44,7 +45,7 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 LIB := $(BUILD)/liber.a
 
 .PHONY: all test bench demo clean ref
-all: $(BUILD)/ertrain $(BUILD)/erinfer $(LIB)
+all: $(BUILD)/ertrain $(BUILD)/erinfer $(LIB) $(BUILD)/example
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -60,6 +61,10 @@ $(BUILD)/erinfer: $(call obj,$(ERINFER_SRC)) $(LIB)
 $(BUILD)/ertrain: $(call obj,$(ERTRAIN_SRC)) $(LIB)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
+# The embedding example: uses only infer/erinfer.h and links the library like an application would.
+$(BUILD)/example: $(BUILD)/obj/infer/examples/example.o $(LIB)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
 $(BUILD)/test_all: $(call obj,$(TEST_SRC)) $(LIB)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcriterion -o $@
 
@@ -70,9 +75,11 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB)
 # Reference checkpoints and expected outputs from the PyTorch reference (scripts/ref/). Tests
 # that need them skip loudly when torch is missing.
 REF_DIR := build/ref
-ref:
+ref: $(REF_DIR)/.done
+$(REF_DIR)/.done: scripts/ref/make_ref.py scripts/ref/make_lora_ref.py scripts/ref/qwen2_ref.py
 	@if $(PY) -c 'import torch' 2>/dev/null; then \
-	  $(PY) scripts/ref/make_ref.py --out $(REF_DIR); \
+	  $(PY) scripts/ref/make_ref.py --out $(REF_DIR) && \
+	  $(PY) scripts/ref/make_lora_ref.py --out $(REF_DIR) && touch $@; \
 	else echo "WARNING: $(PY) has no torch: PyTorch reference tests will be SKIPPED (run scripts/deps.sh)"; fi
 
 test: all $(BUILD)/test_all ref
@@ -80,6 +87,12 @@ test: all $(BUILD)/test_all ref
 
 bench: all $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 	BUILD=$(BUILD) PY=$(PY) bash bench/run.sh
+
+# The whole pipeline on the built-in tiny default (QUICK=1: tiny sizes, for CI).
+demo:
+	bash scripts/deps.sh
+	$(MAKE) all
+	QUICK=$(QUICK) bash scripts/demo.sh
 
 clean:
 	rm -rf build

@@ -12,6 +12,10 @@ typedef struct {
 } Command;
 
 static const Command commands[] = {
+    {"generate", cmd_generate, "generate text: N samples sharing the prompt, hard budget, streaming"},
+    {"chat", cmd_chat, "interactive multi-turn chat"},
+    {"eval", cmd_eval, "accuracy on a JSONL dataset with gold answers"},
+    {"bench", cmd_bench, "TTFT, decode speed and KV memory for 1-8 samples, KV f32 vs int8"},
     {"score", cmd_score, "log-probabilities of token sequences under a model"},
     {"tokenize", cmd_tokenize, "text JSONL -> token ids JSONL with a tokenizer.json"},
     {"detokenize", cmd_detokenize, "token ids JSONL -> text JSONL"},

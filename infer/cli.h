@@ -4,8 +4,12 @@
 #define INFER_CLI_H
 
 int cmd_score(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 // Prints "erinfer <cmd>: <er_last_error()>" and returns 1.
 int cli_fail(const char *cmd);

@@ -119,6 +119,11 @@ void acts_free(Activations *a) {
 static int ensure_rope(Activations *a, int P) {
     if (P <= a->P)
         return ER_OK;
+    // Grow geometrically: decoding asks for one more position every step.
+    if (P < 2 * a->P)
+        P = 2 * a->P;
+    if (P < 256)
+        P = 256;
     int half = a->cfg.HS / 2;
     er_free(a->cos_tab);
     er_free(a->sin_tab);

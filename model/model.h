@@ -73,7 +73,7 @@ typedef struct {
     int B, T;                    // B sequences x T new positions (rows right-padded to T)
     const int *tokens;           // (B, T)
     const int *len;              // (B) valid new positions per row; NULL = T
-    const uint8_t *adapter_mask; // (B, T) 1 where the adapter applies to that input position; NULL = nowhere
+    const uint8_t *adapter_mask; // (B, T) 1 where the adapter applies to that input position; NULL = everywhere
     const LoraAdapter *adapter;  // NULL = base model
     ErRng *dropout_rng;          // adapter dropout while training (ACTS_TRAIN); NULL = no dropout
     // The keeper of keys and values. NULL: this pass's own (training, scoring; positions start at 0).

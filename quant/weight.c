@@ -1,5 +1,7 @@
 #include "quant/weight.h"
 
+#include <stdlib.h>
+
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -57,9 +59,49 @@ static void add_bias(float *out, const float *bias, int N, int rows) {
             out[(size_t)n * rows + r] += bias[r];
 }
 
+// Decode-sized products (a few input rows): memory-bound, so each weight row is read once and
+// dotted with every input row while it sits in L1, rows split across threads. sgemm's packing
+// costs more than the product at this size.
+#define SMALL_N 8
+
+static void matmul_small_n(float *out, const float *inp, const Weight *w, int N) {
+    int R = w->rows, K = w->cols;
+#pragma omp parallel
+    {
+        float *row = w->fmt == WF_F32 ? NULL : malloc(sizeof(float) * (size_t)K);
+#pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) {
+            const float *wr;
+            if (w->fmt == WF_F32) {
+                wr = (const float *)w->data + (size_t)r * K;
+            } else {
+                const uint16_t *src = (const uint16_t *)w->data + (size_t)r * K;
+                if (w->fmt == WF_BF16)
+                    for (int k = 0; k < K; k++)
+                        row[k] = bf16_to_f32(src[k]);
+                else
+                    for (int k = 0; k < K; k++)
+                        row[k] = f16_to_f32(src[k]);
+                wr = row;
+            }
+            for (int n = 0; n < N; n++) {
+                const float *x = inp + (size_t)n * K;
+                float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+                for (int k = 0; k < K; k++)
+                    acc += wr[k] * x[k];
+                out[(size_t)n * R + r] = acc;
+            }
+        }
+        free(row);
+    }
+}
+
 int weight_matmul_forward(float *out, const float *inp, const Weight *w, const float *bias, int N) {
     int R = w->rows, K = w->cols;
-    if (w->fmt == WF_F32) {
+    if (N <= SMALL_N) {
+        matmul_small_n(out, inp, w, N);
+    } else if (w->fmt == WF_F32) {
         gemm_f32(0, 1, N, R, K, 1.0f, inp, K, (const float *)w->data, K, 0.0f, out, R);
     } else {
         int tile = R < TILE_ROWS ? R : TILE_ROWS;

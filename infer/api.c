@@ -1,0 +1,172 @@
+// The public C API (infer/erinfer.h) over the engine.
+#include "infer/erinfer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "data/chat.h"
+#include "data/tokenizer.h"
+#include "infer/engine.h"
+#include "model/model.h"
+
+struct ErModel {
+    Model model;
+    Tokenizer *tok;
+    ChatStyle style;
+};
+
+struct ErSession {
+    ErModel *m;
+    Engine engine;
+    GenSample *samples; // (max_samples)
+    ErSample *pub;      // (max_samples)
+    int n;
+    ErStats stats;
+};
+
+void er_gen_params_init(ErGenParams *p) {
+    memset(p, 0, sizeof *p);
+    p->max_new_tokens = 256;
+    p->n_samples = 1;
+    p->temperature = 0.0f;
+    p->top_p = 1.0f;
+    p->answer_tokens = 32;
+}
+
+int er_model_load(ErModel **out, const char *dir) {
+    *out = NULL;
+    ErModel *m = er_calloc(1, sizeof *m);
+    if (!m)
+        return ER_ENOMEM;
+    int rc = model_load(&m->model, dir, 0);
+    if (rc == ER_OK)
+        rc = tok_load(&m->tok, dir);
+    if (rc == ER_OK)
+        rc = chat_style_from_config(dir, &m->style);
+    if (rc == ER_OK && tok_vocab_size(m->tok) > m->model.cfg.V)
+        rc = er_error(ER_EFORMAT, "%s: the tokenizer has %d ids but the model only %d", dir, tok_vocab_size(m->tok),
+                      m->model.cfg.V);
+    if (rc < 0) {
+        er_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return ER_OK;
+}
+
+void er_model_free(ErModel *m) {
+    if (!m)
+        return;
+    model_free(&m->model);
+    tok_free(m->tok);
+    er_free(m);
+}
+
+int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens, int kv_int8) {
+    *out = NULL;
+    ErSession *s = er_calloc(1, sizeof *s);
+    if (!s)
+        return ER_ENOMEM;
+    s->m = m;
+    int rc = engine_init(&s->engine, &m->model, m->tok, kv_int8 ? KV_INT8 : KV_F32, max_samples, max_tokens, 128, 0);
+    if (rc == ER_OK) {
+        s->samples = er_calloc((size_t)max_samples, sizeof(GenSample));
+        s->pub = er_calloc((size_t)max_samples, sizeof(ErSample));
+        if (!s->samples || !s->pub)
+            rc = ER_ENOMEM;
+    }
+    if (rc < 0) {
+        er_session_free(s);
+        return rc;
+    }
+    *out = s;
+    return ER_OK;
+}
+
+void er_session_free(ErSession *s) {
+    if (!s)
+        return;
+    if (s->samples)
+        gen_samples_free(s->samples, s->n);
+    engine_free(&s->engine);
+    er_free(s->samples);
+    er_free(s->pub);
+    er_free(s);
+}
+
+typedef struct {
+    ErTokenCallback cb;
+    void *user;
+} CbBridge;
+
+static int bridge(void *user, int sample, int token, const char *bytes, size_t n) {
+    (void)token;
+    CbBridge *b = user;
+    return b->cb(b->user, sample, bytes, n);
+}
+
+static int generate_ids(ErSession *s, const int *ids, int n, const ErGenParams *p, ErTokenCallback cb, void *user) {
+    double t0 = time_now();
+    GenConfig g;
+    gen_config_default(&g);
+    g.n_samples = p->n_samples;
+    g.max_new = p->max_new_tokens;
+    g.sampler.temperature = p->temperature;
+    g.sampler.top_k = p->top_k;
+    g.sampler.top_p = p->top_p;
+    g.sampler.min_p = p->min_p;
+    g.seed = p->seed;
+    g.budget = p->budget;
+    g.answer_tokens = p->answer_tokens;
+    if (p->budget_suffix)
+        g.budget_suffix = p->budget_suffix;
+    g.response_prefix = p->response_prefix;
+    g.stop = p->stop;
+    while (g.n_stop < 8 && p->stop[g.n_stop])
+        g.n_stop++;
+    gen_samples_free(s->samples, s->n);
+    s->n = 0;
+    CbBridge b = {cb, user};
+    GenStats st;
+    ER_TRY(engine_generate(&s->engine, ids, n, &g, cb ? bridge : NULL, &b, s->samples, &st));
+    s->n = g.n_samples;
+    for (int i = 0; i < s->n; i++) {
+        const GenSample *x = &s->samples[i];
+        s->pub[i] = (ErSample){x->text, x->text_len, x->tokens, x->n_tokens, (int)x->finish, x->budget_cut};
+    }
+    s->stats = (ErStats){st.prompt_tokens, st.prompt_reused, st.generated_tokens, st.ttft_s, st.decode_tokens_per_s,
+                         time_now() - t0, st.kv_bytes};
+    return ER_OK;
+}
+
+int er_generate_raw(ErSession *s, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user) {
+    int *ids, n;
+    ER_TRY(tok_encode(s->m->tok, text, strlen(text), &ids, &n));
+    int rc = generate_ids(s, ids, n, p, cb, user);
+    er_free(ids);
+    return rc;
+}
+
+int er_generate(ErSession *s, const ErMessage *msgs, int n_msgs, const ErGenParams *p, ErTokenCallback cb,
+                void *user) {
+    ChatMessage *cm = er_calloc((size_t)(n_msgs > 0 ? n_msgs : 1), sizeof(ChatMessage));
+    if (!cm)
+        return ER_ENOMEM;
+    for (int i = 0; i < n_msgs; i++)
+        cm[i] = (ChatMessage){msgs[i].role, msgs[i].content};
+    char *text;
+    int rc = chat_render(s->m->style, cm, n_msgs, CHAT_ADD_GENERATION_PROMPT, &text, NULL);
+    er_free(cm);
+    if (rc < 0)
+        return rc;
+    rc = er_generate_raw(s, text, p, cb, user);
+    er_free(text);
+    return rc;
+}
+
+int er_result_count(const ErSession *s) { return s->n; }
+const ErSample *er_result_sample(const ErSession *s, int i) { return i >= 0 && i < s->n ? &s->pub[i] : NULL; }
+const ErStats *er_result_stats(const ErSession *s) { return &s->stats; }

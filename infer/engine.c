@@ -1,0 +1,357 @@
+#include "infer/engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/rng.h"
+#include "model/ops.h"
+
+#define DEFAULT_BUDGET_SUFFIX "\n</think>\n\nFinal answer: "
+
+void gen_config_default(GenConfig *g) {
+    memset(g, 0, sizeof *g);
+    g->n_samples = 1;
+    g->max_new = 256;
+    g->sampler = sampler_params_default();
+    g->seed = 0;
+    g->answer_tokens = 32;
+    g->budget_suffix = DEFAULT_BUDGET_SUFFIX;
+}
+
+int engine_init(Engine *e, Model *m, const Tokenizer *tok, KvType kv_type, int max_samples, int max_len, int chunk,
+                size_t max_bytes) {
+    memset(e, 0, sizeof *e);
+    e->prompt_slot = -1;
+    if (max_samples < 1 || max_len < 2 || chunk < 1)
+        return er_error(ER_EINVAL, "engine: need at least 1 sample, 2 positions and a chunk of 1");
+    e->model = m;
+    e->tok = tok;
+    e->max_samples = max_samples;
+    e->max_len = max_len;
+    e->chunk = chunk;
+    // Distinct positions: prompt P once + N tails of at most max_len - P each <= N * max_len.
+    int rc = kv_cache_alloc(&e->kv, &m->cfg, kv_type, max_samples + 1, max_len, max_samples * max_len, max_bytes);
+    if (rc == ER_OK)
+        rc = acts_alloc(&e->prefill, &m->cfg, 1, chunk, ACTS_DECODE, 0);
+    if (rc == ER_OK)
+        rc = acts_alloc(&e->decode, &m->cfg, max_samples, 1, ACTS_DECODE, 0);
+    if (rc == ER_OK)
+        rc = sampler_init(&e->sampler, m->cfg.V);
+    if (rc == ER_OK) {
+        e->prompt_tokens = er_alloc(sizeof(int) * (size_t)max_len);
+        e->prompt_logits = er_alloc(sizeof(float) * (size_t)m->cfg.V);
+        if (!e->prompt_tokens || !e->prompt_logits)
+            rc = ER_ENOMEM;
+    }
+    if (rc < 0)
+        engine_free(e);
+    return rc;
+}
+
+void engine_free(Engine *e) {
+    kv_cache_free(&e->kv);
+    acts_free(&e->prefill);
+    acts_free(&e->decode);
+    sampler_free(&e->sampler);
+    er_free(e->prompt_tokens);
+    er_free(e->prompt_logits);
+    memset(e, 0, sizeof *e);
+    e->prompt_slot = -1;
+}
+
+void gen_samples_free(GenSample *s, int n) {
+    for (int i = 0; i < n; i++) {
+        er_free(s[i].tokens);
+        er_free(s[i].logprobs);
+        er_free(s[i].text);
+        memset(&s[i], 0, sizeof s[i]);
+    }
+}
+
+// Runs tokens through the forward into the prompt sequence in chunks; the logits after the last
+// one are kept. `adapter_on` marks them as response positions (the masked-LoRA rule).
+static int prefill(Engine *e, const int *tokens, int n, int adapter_on, const struct LoraAdapter *adapter) {
+    uint8_t mask[4096];
+    int C = e->chunk < 4096 ? e->chunk : 4096;
+    memset(mask, adapter_on, sizeof mask);
+    for (int p = 0; p < n; p += C) {
+        int len = n - p < C ? n - p : C;
+        ModelInput in = {.B = 1, .T = len, .tokens = tokens + p, .len = &len, .adapter_mask = mask,
+                         .adapter = adapter, .kv = &e->kv, .kv_slots = &e->prompt_slot};
+        ER_TRY(model_forward(e->model, &in, &e->prefill));
+        e->forward_positions += len;
+    }
+    memcpy(e->prompt_logits, e->prefill.logits, sizeof(float) * (size_t)e->model->cfg.V);
+    return ER_OK;
+}
+
+static int encode(const Tokenizer *tok, const char *text, int **ids, int *n, const char *what) {
+    *ids = NULL;
+    *n = 0;
+    if (!text || !text[0])
+        return ER_OK;
+    if (!tok)
+        return er_error(ER_EINVAL, "generate: the %s needs a tokenizer", what);
+    return tok_encode(tok, text, strlen(text), ids, n);
+}
+
+typedef struct {
+    ErRng rng;
+    StopMatcher stop;
+    int slot;
+    int live;
+    int pending;        // next token to emit
+    float pending_lp;
+    int n_forced_used;  // suffix tokens already forced
+    int forcing;        // the budget suffix is being forced
+    char *bytes;        // raw output bytes
+    size_t n_bytes, cap_bytes;
+    int stopped_at_bytes; // >= 0: cut here
+} SampleState;
+
+static int push_bytes(SampleState *s, const char *b, size_t n) {
+    if (s->n_bytes + n + 1 > s->cap_bytes) {
+        size_t cap = (s->cap_bytes + n + 1) * 2;
+        char *nb = er_realloc_array(s->bytes, cap, 1);
+        if (!nb)
+            return ER_ENOMEM;
+        s->bytes = nb;
+        s->cap_bytes = cap;
+    }
+    memcpy(s->bytes + s->n_bytes, b, n);
+    s->n_bytes += n;
+    return ER_OK;
+}
+
+static int is_eos(const Engine *e, int tok) {
+    return (e->tok && tok_is_eos(e->tok, tok)) || tok == e->model->cfg.eos_id;
+}
+
+// The next token of sample i from its logits row: a forced suffix token, or a sample.
+static int next_token(Engine *e, const GenConfig *g, SampleState *s, GenSample *o, const float *logits,
+                      const int *suffix, int n_suffix) {
+    int V = e->model->cfg.V;
+    if (g->budget > 0 && !s->forcing && o->n_tokens == g->budget && n_suffix > 0) {
+        s->forcing = 1;
+        o->budget_cut = 1;
+    }
+    if (s->forcing && s->n_forced_used < n_suffix) {
+        s->pending = suffix[s->n_forced_used++];
+        logprob_forward(&s->pending_lp, logits, &s->pending, 1, V);
+        return ER_OK;
+    }
+    return sampler_sample(&e->sampler, &g->sampler, logits, &s->rng, &s->pending, &s->pending_lp);
+}
+
+static int check_config(const Engine *e, const GenConfig *g, int n_prompt, int n_prefix, int n_suffix) {
+    if (g->n_samples < 1 || g->n_samples > e->max_samples)
+        return er_error(ER_EINVAL, "generate: %d samples requested, the engine holds 1..%d", g->n_samples,
+                        e->max_samples);
+    if (g->max_new < 1)
+        return er_error(ER_EINVAL, "generate: max new tokens must be at least 1");
+    if (n_prompt < 1)
+        return er_error(ER_EINVAL, "generate: the prompt is empty");
+    if (n_prompt + n_prefix + g->max_new > e->max_len)
+        return er_error(ER_ERANGE, "generate: prompt (%d) + prefix (%d) + max new tokens (%d) exceed the %d positions "
+                        "the engine was sized for", n_prompt, n_prefix, g->max_new, e->max_len);
+    if (g->budget < 0 || g->answer_tokens < 0)
+        return er_error(ER_EINVAL, "generate: budget and answer tokens must not be negative");
+    if (g->budget > 0 && g->answer_tokens <= n_suffix)
+        return er_error(ER_EINVAL, "generate: the answer allowance (%d tokens) must exceed the forced suffix (%d tokens)",
+                        g->answer_tokens, n_suffix);
+    if (g->n_stop < 0 || g->n_stop > STOP_MAX)
+        return er_error(ER_EINVAL, "generate: at most %d stop strings", STOP_MAX);
+    return sampler_params_validate(&g->sampler);
+}
+
+int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig *g, GenTokenFn cb, void *user,
+                    GenSample *out, GenStats *stats) {
+    double t0 = time_now();
+    memset(stats, 0, sizeof *stats);
+    int *prefix = NULL, *suffix = NULL, n_prefix = 0, n_suffix = 0, rc;
+    rc = encode(e->tok, g->response_prefix, &prefix, &n_prefix, "response prefix");
+    if (rc == ER_OK && g->budget > 0)
+        rc = encode(e->tok, g->budget_suffix ? g->budget_suffix : DEFAULT_BUDGET_SUFFIX, &suffix, &n_suffix,
+                    "budget suffix");
+    if (rc == ER_OK)
+        rc = check_config(e, g, n_prompt, n_prefix, n_suffix);
+    for (int i = 0; rc == ER_OK && i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->model->cfg.V)
+            rc = er_error(ER_ERANGE, "generate: prompt token %d is outside the vocabulary [0, %d)", prompt[i],
+                          e->model->cfg.V);
+    if (rc < 0) {
+        er_free(prefix);
+        er_free(suffix);
+        return rc;
+    }
+    memset(out, 0, sizeof(GenSample) * (size_t)g->n_samples);
+    long fp0 = e->forward_positions;
+
+    // 1. Prompt: reuse the longest cached prefix computed as prompt (adapter off), prefill the rest.
+    int reuse = 0;
+    if (e->prompt_slot >= 0) {
+        while (reuse < e->n_prompt && reuse < n_prompt - 1 && e->prompt_tokens[reuse] == prompt[reuse])
+            reuse++;
+        rc = kv_seq_truncate(&e->kv, e->prompt_slot, reuse);
+    } else {
+        rc = kv_seq_open(&e->kv, &e->prompt_slot);
+    }
+    e->n_prompt = 0;
+    if (rc == ER_OK)
+        rc = prefill(e, prompt + reuse, n_prompt - reuse, 0, g->adapter);
+    if (rc == ER_OK) {
+        memcpy(e->prompt_tokens, prompt, sizeof(int) * (size_t)n_prompt);
+        e->n_prompt = n_prompt;
+    }
+    // The response prefix is a response position (adapter on), shared by every sample.
+    if (rc == ER_OK && n_prefix > 0)
+        rc = prefill(e, prefix, n_prefix, 1, g->adapter);
+    stats->prompt_tokens = n_prompt;
+    stats->prompt_reused = reuse;
+    stats->prefill_s = time_now() - t0;
+
+    // 2. Samples fork the prompt sequence: its blocks are shared, not copied.
+    int N = g->n_samples, V = e->model->cfg.V;
+    SampleState *st = er_calloc((size_t)N, sizeof(SampleState));
+    int *rows_tok = er_alloc(sizeof(int) * (size_t)N), *rows_slot = er_alloc(sizeof(int) * (size_t)N);
+    int *rows_idx = er_alloc(sizeof(int) * (size_t)N);
+    uint8_t *mask = er_alloc((size_t)N);
+    if (!st || !rows_tok || !rows_slot || !rows_idx || !mask)
+        rc = ER_ENOMEM;
+    ErRng base;
+    rng_seed(&base, g->seed);
+    for (int i = 0; rc == ER_OK && i < N; i++) {
+        SampleState *s = &st[i];
+        s->slot = -1;
+        s->stopped_at_bytes = -1;
+        rng_fork(&s->rng, &base, (uint64_t)i);
+        rc = stop_init(&s->stop, g->stop, g->n_stop);
+        if (rc == ER_OK)
+            rc = kv_seq_fork(&e->kv, e->prompt_slot, &s->slot);
+        if (rc == ER_OK) {
+            out[i].tokens = er_alloc(sizeof(int) * (size_t)g->max_new);
+            out[i].logprobs = er_alloc(sizeof(float) * (size_t)g->max_new);
+            if (!out[i].tokens || !out[i].logprobs)
+                rc = ER_ENOMEM;
+        }
+        if (rc == ER_OK)
+            rc = next_token(e, g, s, &out[i], e->prompt_logits, suffix, n_suffix);
+        s->live = rc == ER_OK;
+    }
+    int max_total = g->max_new;
+    if (g->budget > 0 && g->budget + g->answer_tokens < max_total)
+        max_total = g->budget + g->answer_tokens;
+
+    // 3. Batched decode: emit each live sample's pending token, then one forward for all of them.
+    double t_decode = time_now();
+    int first = 1;
+    while (rc == ER_OK) {
+        int B = 0;
+        for (int i = 0; i < N && rc == ER_OK; i++) {
+            SampleState *s = &st[i];
+            GenSample *o = &out[i];
+            if (!s->live)
+                continue;
+            if (first) {
+                stats->ttft_s = time_now() - t0;
+                first = 0;
+            }
+            int tok = s->pending;
+            o->tokens[o->n_tokens] = tok;
+            o->logprobs[o->n_tokens] = s->pending_lp;
+            o->n_tokens++;
+            int done = 0;
+            size_t nb = 0;
+            const char *b = "";
+            if (is_eos(e, tok)) {
+                o->finish = FINISH_EOS;
+                done = 1;
+            } else if (e->tok) {
+                b = tok_token_bytes(e->tok, tok, &nb);
+                if (!b)
+                    b = "", nb = 0;
+                rc = push_bytes(s, b, nb);
+                size_t at;
+                if (rc == ER_OK && stop_feed(&s->stop, b, nb, &at) == 1) {
+                    s->stopped_at_bytes = (int)at;
+                    o->finish = FINISH_STOP;
+                    done = 1;
+                }
+            }
+            if (cb && cb(user, i, tok, b, nb) != 0 && !done) {
+                o->finish = FINISH_STOP;
+                done = 1;
+            }
+            if (!done && o->n_tokens >= max_total) {
+                o->finish = FINISH_LENGTH;
+                done = 1;
+            }
+            if (done) {
+                s->live = 0;
+                kv_seq_close(&e->kv, s->slot);
+                s->slot = -1;
+                continue;
+            }
+            rows_tok[B] = tok;
+            rows_slot[B] = s->slot;
+            rows_idx[B] = i;
+            mask[B] = 1;
+            B++;
+        }
+        if (rc < 0 || B == 0)
+            break;
+        ModelInput in = {.B = B, .T = 1, .tokens = rows_tok, .adapter_mask = mask, .adapter = g->adapter,
+                         .kv = &e->kv, .kv_slots = rows_slot};
+        rc = model_forward(e->model, &in, &e->decode);
+        if (rc < 0)
+            break;
+        e->forward_positions += B;
+        size_t used = kv_cache_bytes_in_use(&e->kv);
+        if (used > stats->kv_bytes)
+            stats->kv_bytes = used;
+        for (int r = 0; r < B && rc == ER_OK; r++) {
+            int i = rows_idx[r];
+            rc = next_token(e, g, &st[i], &out[i], e->decode.logits + (size_t)r * V, suffix, n_suffix);
+        }
+    }
+    stats->decode_s = time_now() - t_decode;
+
+    // 4. Texts: raw bytes cut at a stop string, made valid UTF-8.
+    for (int i = 0; i < N; i++) {
+        SampleState *s = &st[i];
+        if (rc == ER_OK) {
+            size_t n = s->stopped_at_bytes >= 0 ? (size_t)s->stopped_at_bytes : s->n_bytes;
+            rc = tok_text_from_bytes(s->bytes ? s->bytes : "", n, &out[i].text, &out[i].text_len);
+        }
+        stats->generated_tokens += out[i].n_tokens;
+        if (s->slot >= 0)
+            kv_seq_close(&e->kv, s->slot);
+        er_free(s->bytes);
+    }
+    stats->forward_positions = e->forward_positions - fp0;
+    // Each sample's first token comes from the prompt pass; the decode rate counts the others.
+    long decoded = stats->generated_tokens - N;
+    stats->decode_tokens_per_s = stats->decode_s > 0 && decoded > 0 ? decoded / stats->decode_s : 0;
+    if (stats->kv_bytes == 0)
+        stats->kv_bytes = kv_cache_bytes_in_use(&e->kv);
+    er_free(st);
+    er_free(rows_tok);
+    er_free(rows_slot);
+    er_free(rows_idx);
+    er_free(mask);
+    er_free(prefix);
+    er_free(suffix);
+    if (rc < 0) {
+        gen_samples_free(out, N);
+        // The prompt sequence may be half-written: forget it.
+        if (e->prompt_slot >= 0)
+            kv_seq_close(&e->kv, e->prompt_slot);
+        e->prompt_slot = -1;
+        e->n_prompt = 0;
+    }
+    return rc;
+}

@@ -1,0 +1,99 @@
+// erinfer: the on-device runtime as a small C library. Load a model dir, open a session, generate
+// with a per-token streaming callback, read the samples and stats, free. No global state beyond
+// the thread's last error message; no call exits or aborts: failures return a negative status and
+// er_last_error() says why in one line.
+//
+//     ErModel *m;  ErSession *s;
+//     if (er_model_load(&m, "qwen2.5-0.5b-instruct") < 0) puts(er_last_error());
+//     er_session_open(&s, m, 1, 2048, 0);
+//     ErGenParams p;  er_gen_params_init(&p);
+//     ErMessage msg = {"user", "What is 7 * 6?"};
+//     er_generate(s, &msg, 1, &p, print_token, NULL);
+//     printf("%s\n", er_result_sample(s, 0)->text);
+//     er_session_free(s);  er_model_free(m);
+#ifndef ERINFER_H
+#define ERINFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ErModel ErModel;     // weights, tokenizer and chat template of one model dir
+typedef struct ErSession ErSession; // KV cache and buffers for one conversation; reuses its prompt
+
+typedef struct {
+    const char *role;    // "system" | "user" | "assistant"
+    const char *content;
+} ErMessage;
+
+typedef struct {
+    int max_new_tokens;     // per sample [256]
+    int n_samples;          // parallel samples sharing the prompt [1]
+    float temperature;      // 0 = greedy [0]
+    int top_k;              // 0 = off [0]
+    float top_p;            // 1 = off [1]
+    float min_p;            // 0 = off [0]
+    uint64_t seed;          // sample i uses stream i of this seed [0]
+    int budget;             // hard budget: after this many tokens force the answer suffix; 0 = off [0]
+    int answer_tokens;      // tokens allowed after the budget, suffix included [32]
+    const char *budget_suffix; // NULL = "\n</think>\n\nFinal answer: "
+    const char *response_prefix; // forced at the start of every response; NULL = none
+    const char *stop[8];    // stop strings, NULL-terminated list [none]
+} ErGenParams;
+
+enum { ER_FINISH_EOS = 0, ER_FINISH_STOP = 1, ER_FINISH_LENGTH = 2 };
+
+typedef struct {
+    const char *text;   // UTF-8, cut at a stop string
+    size_t text_len;
+    const int *tokens;  // generated token ids (forced ones and a final EOS included)
+    int n_tokens;
+    int finish;         // ER_FINISH_*
+    int budget_cut;     // the hard budget forced the answer suffix
+} ErSample;
+
+typedef struct {
+    int prompt_tokens;
+    int prompt_reused;     // prompt tokens found in the session's cache (not recomputed)
+    long generated_tokens; // all samples
+    double ttft_s;         // time to the first generated token
+    double decode_tokens_per_s;
+    double total_s;
+    size_t kv_bytes;       // KV cache bytes in use at the peak
+} ErStats;
+
+// Streaming: called for each generated token with the bytes it adds to sample `sample`'s text.
+// Return non-zero to stop that sample.
+typedef int (*ErTokenCallback)(void *user, int sample, const char *text, size_t len);
+
+void er_gen_params_init(ErGenParams *p);
+
+int er_model_load(ErModel **out, const char *dir);
+void er_model_free(ErModel *m);
+
+// A session for up to max_samples parallel samples of up to max_tokens positions (prompt included),
+// KV cache in int8 when kv_int8 != 0. Memory is reserved here: a size that does not fit is refused.
+int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens, int kv_int8);
+void er_session_free(ErSession *s);
+
+// Renders the messages with the model's chat template (assistant turn opened) and generates.
+int er_generate(ErSession *s, const ErMessage *msgs, int n_msgs, const ErGenParams *p, ErTokenCallback cb,
+                void *user);
+// Generates from text fed as is (no chat template).
+int er_generate_raw(ErSession *s, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user);
+
+// Results of the last generate call, owned by the session until the next one.
+int er_result_count(const ErSession *s);
+const ErSample *er_result_sample(const ErSession *s, int i);
+const ErStats *er_result_stats(const ErSession *s);
+
+const char *er_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

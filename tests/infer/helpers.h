@@ -1,0 +1,120 @@
+// Shared by the tests that run the built programs (erinfer, example) as a user would: a tiny random
+// model dir in /tmp with the tiny tokenizer, and a command runner that captures stdout, stderr and
+// the exit status. The programs come from $ER_BUILD (default "build"), so `make SAN=1` tests run
+// the sanitizer builds.
+#ifndef TESTS_INFER_HELPERS_H
+#define TESTS_INFER_HELPERS_H
+
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "data/tokenizer.h"
+#include "model/model.h"
+
+static inline const char *helper_build_dir(void) {
+    const char *b = getenv("ER_BUILD");
+    return b && b[0] ? b : "build";
+}
+
+// Path of a built program, or NULL (with a loud skip message ready) when it is missing.
+static inline char *helper_program(const char *name) {
+    char *p = path_join(helper_build_dir(), name);
+    cr_assert(p);
+    if (access(p, X_OK) != 0) {
+        er_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+// A fresh directory /tmp/<tag>XXXXXX (free with er_free after helper_rmdir).
+static inline char *helper_tmpdir(const char *tag) {
+    char tmpl[256];
+    snprintf(tmpl, sizeof tmpl, "/tmp/%sXXXXXX", tag);
+    cr_assert(mkdtemp(tmpl), "mkdtemp failed");
+    return er_strdup(tmpl);
+}
+
+static inline void helper_rmdir(const char *dir) {
+    if (!dir || strncmp(dir, "/tmp/", 5) != 0)
+        return; // never anything outside /tmp
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0, "could not remove %s", dir);
+}
+
+static inline void helper_copy_file(const char *src, const char *dir, const char *name) {
+    char *data;
+    size_t n;
+    cr_assert_eq(file_read_all(src, 64u << 20, &data, &n), 0, "%s", er_last_error());
+    char *dst = path_join(dir, name);
+    cr_assert_eq(file_write_atomic(dst, data, n), 0, "%s", er_last_error());
+    er_free(dst);
+    er_free(data);
+}
+
+// A tiny random Qwen2-shaped model saved as an HF dir, with the tiny tokenizer next to it.
+static inline void helper_make_model(const char *dir) {
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), 0, "%s", er_last_error());
+    ModelConfig c = {.arch = ARCH_QWEN2, .C = 32, .FF = 64, .L = 2, .NH = 4, .NKV = 2, .HS = 8,
+                     .V = tok_vocab_size(tok), .max_pos = 4096, .rope_theta = 10000.0f, .eps = 1e-6f, .tied = 1,
+                     .qkv_bias = 1, .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
+    tok_free(tok);
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.5f, 3), 0, "%s", er_last_error());
+    cr_assert_eq(model_save(&m, dir, 0), 0, "%s", er_last_error());
+    model_free(&m);
+    helper_copy_file("data/tiny_tokenizer/tokenizer.json", dir, "tokenizer.json");
+    helper_copy_file("data/tiny_tokenizer/tokenizer_config.json", dir, "tokenizer_config.json");
+}
+
+typedef struct {
+    int status;  // exit status; 128 + signal when killed by one
+    char *out;   // stdout (free with helper_result_free)
+    char *err;   // stderr
+} CmdResult;
+
+static inline void helper_result_free(CmdResult *r) {
+    er_free(r->out);
+    er_free(r->err);
+    memset(r, 0, sizeof *r);
+}
+
+// Runs `sh -c "<cmd> >tmp/stdout 2>tmp/stderr"` where cmd is printf-formatted.
+static inline CmdResult helper_run(const char *tmp, const char *fmt, ...) {
+    char cmd[4096], full[4600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(full, sizeof full, "%s >'%s/stdout' 2>'%s/stderr' </dev/null", cmd, tmp, tmp);
+    CmdResult r = {0};
+    int st = system(full);
+    cr_assert_neq(st, -1, "system() failed");
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    char path[600];
+    size_t n;
+    snprintf(path, sizeof path, "%s/stdout", tmp);
+    cr_assert_eq(file_read_all(path, 64u << 20, &r.out, &n), 0, "%s", er_last_error());
+    snprintf(path, sizeof path, "%s/stderr", tmp);
+    cr_assert_eq(file_read_all(path, 64u << 20, &r.err, &n), 0, "%s", er_last_error());
+    return r;
+}
+
+static inline int helper_count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+#endif

@@ -1,0 +1,319 @@
+// The erinfer CLIs run as a user runs them ($ER_BUILD/erinfer on a tiny random model dir in /tmp):
+// generate --json (samples, tokens, stats; --samples; the hard budget; --kv int8), eval (accuracy,
+// grading through a forced answer, per-item JSONL), bench (the full table, exact token counts), and
+// bad input: one error line on stderr, exit 1, no crash, no partial output file.
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/json.h"
+#include "data/synth.h"
+#include "data/tokenizer.h"
+#include "tests/infer/helpers.h"
+
+static char *tmp;      // per-test temp dir holding the model dir and outputs
+static char *model;    // tmp/model
+static char *erinfer;  // $ER_BUILD/erinfer
+
+static void setup(void) {
+    erinfer = helper_program("erinfer");
+    tmp = helper_tmpdir("er_cli_");
+    model = path_join(tmp, "model");
+    cr_assert(model);
+    helper_make_model(model);
+}
+
+static void teardown(void) {
+    helper_rmdir(tmp);
+    er_free(model);
+    er_free(tmp);
+    er_free(erinfer);
+}
+
+TestSuite(cli, .init = setup, .fini = teardown);
+
+static void need_erinfer(void) {
+    if (!erinfer)
+        cr_skip_test("!!!!!! %s/erinfer is MISSING: run `make` (or set ER_BUILD) - erinfer CLI tests SKIPPED !!!!!!",
+                     helper_build_dir());
+}
+
+static const char *PROMPT = "Start with 7. Add 5. Multiply by 3. What is the result?";
+
+// Runs generate --json and parses stdout; asserts success.
+static cJSON *generate_json(const char *flags) {
+    CmdResult r = helper_run(tmp, "'%s' generate --model '%s' --prompt '%s' --json --threads 1 %s", erinfer, model,
+                             PROMPT, flags);
+    cr_assert_eq(r.status, 0, "generate %s failed (%d): %s", flags, r.status, r.err);
+    cJSON *j = cJSON_Parse(r.out);
+    cr_assert(j, "generate --json printed no JSON: %s", r.out);
+    helper_result_free(&r);
+    return j;
+}
+
+static int json_int(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    cr_assert(cJSON_IsNumber(v), "\"%s\" missing or not a number", key);
+    return v->valueint;
+}
+
+// Checks the shape of one generate --json result and returns its samples array.
+static const cJSON *check_result(const cJSON *j, int n_samples, int max_tokens) {
+    const cJSON *samples = cJSON_GetObjectItemCaseSensitive(j, "samples");
+    cr_assert(cJSON_IsArray(samples), "no \"samples\" array");
+    cr_assert_eq(cJSON_GetArraySize(samples), n_samples, "expected %d samples, got %d", n_samples,
+                 cJSON_GetArraySize(samples));
+    long total = 0;
+    for (const cJSON *s = samples->child; s; s = s->next) {
+        cr_assert(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(s, "text")), "sample without \"text\"");
+        cr_assert(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(s, "finish")), "sample without \"finish\"");
+        const cJSON *toks = cJSON_GetObjectItemCaseSensitive(s, "tokens");
+        cr_assert(cJSON_IsArray(toks), "sample without \"tokens\"");
+        int n = cJSON_GetArraySize(toks);
+        cr_assert(n >= 1 && n <= max_tokens, "a sample has %d tokens, expected 1..%d", n, max_tokens);
+        for (const cJSON *t = toks->child; t; t = t->next)
+            cr_assert(cJSON_IsNumber(t) && t->valueint >= 0 && t->valueint < 512, "bad token id");
+        total += n;
+    }
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "stats");
+    cr_assert(cJSON_IsObject(st), "no \"stats\" object");
+    cr_assert_gt(json_int(st, "prompt_tokens"), 5);
+    cr_assert_eq(json_int(st, "generated_tokens"), total, "stats.generated_tokens %d != %ld tokens in the samples",
+                 json_int(st, "generated_tokens"), total);
+    cr_assert_gt(json_int(st, "kv_bytes"), 0);
+    cr_assert(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(st, "ttft_s")));
+    cr_assert(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(st, "decode_tokens_per_s")));
+    return samples;
+}
+
+Test(cli, generate_json_samples_tokens_stats) {
+    need_erinfer();
+    cJSON *j = generate_json("--max-new 12");
+    check_result(j, 1, 12);
+    cJSON_Delete(j);
+    j = generate_json("--max-new 12 --samples 3 --temperature 1 --seed 4");
+    const cJSON *samples = check_result(j, 3, 12);
+    // Three samples from streams 0, 1, 2 of the seed: not all the same.
+    char *a = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(samples, 0), "tokens"));
+    int differ = 0;
+    for (int i = 1; i < 3; i++) {
+        char *b = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(samples, i), "tokens"));
+        differ |= strcmp(a, b) != 0;
+        cJSON_free(b);
+    }
+    cJSON_free(a);
+    cr_assert(differ, "--samples 3 at temperature 1 gave three identical samples");
+    cJSON_Delete(j);
+}
+
+Test(cli, generate_budget_respected) {
+    need_erinfer();
+    int budget = 6, answer = 16;
+    cJSON *j = generate_json("--max-new 80 --samples 4 --temperature 1 --seed 2 --budget 6 --answer-tokens 16");
+    const cJSON *samples = check_result(j, 4, budget + answer);
+    int cut = 0;
+    for (const cJSON *s = samples->child; s; s = s->next) {
+        int n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(s, "tokens"));
+        int was_cut = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "budget_cut"));
+        const char *text = cJSON_GetObjectItemCaseSensitive(s, "text")->valuestring;
+        if (n > budget) {
+            cr_assert(was_cut, "a sample ran past the budget (%d tokens) without being cut", n);
+            cr_assert(strstr(text, "Final answer: "), "a budget-cut sample lacks the forced suffix: \"%s\"", text);
+        }
+        cut += was_cut;
+    }
+    cr_assert_gt(cut, 0, "no sample reached the budget of %d tokens: the test proves nothing", budget);
+    cJSON_Delete(j);
+}
+
+Test(cli, generate_kv_int8) {
+    need_erinfer();
+    cJSON *f = generate_json("--max-new 8");
+    cJSON *q = generate_json("--max-new 8 --kv int8");
+    check_result(f, 1, 8);
+    check_result(q, 1, 8);
+    int bf = json_int(cJSON_GetObjectItemCaseSensitive(f, "stats"), "kv_bytes");
+    int bq = json_int(cJSON_GetObjectItemCaseSensitive(q, "stats"), "kv_bytes");
+    cr_assert_lt(bq, bf, "int8 KV uses %d bytes, fp32 %d: int8 must be smaller", bq, bf);
+    cJSON_Delete(f);
+    cJSON_Delete(q);
+}
+
+// Writes n chains records {problem, answer} to path; the first n_twelve get the gold answer 12, the
+// others keep theirs (changed to 13 when it happens to be 12).
+static void write_chains(const char *path, int n, int n_twelve) {
+    ChainsConfig cc;
+    chains_config_default(&cc);
+    FILE *fp = fopen(path, "w");
+    cr_assert(fp);
+    for (int i = 0; i < n; i++) {
+        ChainsExample ex;
+        cr_assert_eq(chains_generate(&cc, 9, (uint64_t)i, &ex), 0, "%s", er_last_error());
+        const char *gold = i < n_twelve ? "12" : strcmp(ex.answer, "12") == 0 ? "13" : ex.answer;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "problem", ex.problem);
+        cJSON_AddStringToObject(o, "answer", gold);
+        char *s = cJSON_PrintUnformatted(o);
+        fprintf(fp, "%s\n", s);
+        cJSON_free(s);
+        cJSON_Delete(o);
+        chains_example_free(&ex);
+    }
+    fclose(fp);
+}
+
+static long count_lines_in(const char *path) {
+    char *text;
+    size_t len;
+    cr_assert_eq(file_read_all(path, 64u << 20, &text, &len), 0, "%s", er_last_error());
+    long n = helper_count_lines(text);
+    er_free(text);
+    return n;
+}
+
+// Five synthetic records, three with the gold answer 12. The hard budget cuts every sample after one
+// free token and forces the suffix "\boxed{12}" (plus one token), so exactly those three are right:
+// accuracy 3/5, and the per-item file says which.
+Test(cli, eval_accuracy_and_output) {
+    need_erinfer();
+    char *data = path_join(tmp, "chains.jsonl"), *out = path_join(tmp, "out.jsonl");
+    write_chains(data, 5, 3);
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), 0);
+    const char *suffix = " \\boxed{12}";
+    int *ids, n_suffix;
+    cr_assert_eq(tok_encode(tok, suffix, strlen(suffix), &ids, &n_suffix), 0);
+    er_free(ids);
+    tok_free(tok);
+    CmdResult r = helper_run(tmp,
+                             "'%s' eval --model '%s' --data '%s' --output '%s' --max-new 40 --budget 1 "
+                             "--answer-tokens %d --budget-suffix '%s' --threads 1",
+                             erinfer, model, data, out, n_suffix + 1, suffix);
+    cr_assert_eq(r.status, 0, "eval failed (%d): %s", r.status, r.err);
+    cr_assert(strstr(r.out, "accuracy: 0.6000 (3/5)"), "expected accuracy 3/5, got:\n%s", r.out);
+    cr_assert(strstr(r.out, "mean generated tokens: "), "no mean length line:\n%s", r.out);
+    cr_assert(strstr(r.out, "tokens/s: "), "no tokens/s line:\n%s", r.out);
+    helper_result_free(&r);
+
+    cr_assert_eq(count_lines_in(out), 5);
+    JsonlReader jr;
+    cr_assert_eq(jsonl_open(&jr, out), 0);
+    cJSON *o;
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(jsonl_next(&jr, &o), 1, "%s", er_last_error());
+        cr_assert_eq(json_int(o, "line"), i + 1);
+        cr_assert(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, "prompt")));
+        const cJSON *gold = cJSON_GetObjectItemCaseSensitive(o, "gold");
+        cr_assert(cJSON_IsString(gold));
+        cr_assert_eq(strcmp(gold->valuestring, "12") == 0, i < 3);
+        const cJSON *s0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "samples"), 0);
+        cr_assert(cJSON_IsObject(s0), "record %d has no samples", i);
+        cr_assert_eq(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s0, "correct")), i < 3, "record %d graded wrong", i);
+        const cJSON *ans = cJSON_GetObjectItemCaseSensitive(s0, "answer");
+        cr_assert(cJSON_IsString(ans) && strcmp(ans->valuestring, "12") == 0, "record %d: extracted answer", i);
+        int n = json_int(s0, "n_tokens");
+        cr_assert(n >= 1 && n <= 1 + n_suffix + 1, "record %d: %d tokens", i, n);
+        cr_assert(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(s0, "text")));
+        cr_assert(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(s0, "finish")));
+        cJSON_Delete(o);
+    }
+    cr_assert_eq(jsonl_next(&jr, &o), 0);
+    jsonl_close(&jr);
+
+    // --limit and --samples: two records, two samples each, pass@2 printed.
+    r = helper_run(tmp, "'%s' eval --model '%s' --data '%s' --output '%s' --max-new 6 --limit 2 --samples 2 "
+                   "--temperature 1 --kv int8 --threads 1", erinfer, model, data, out);
+    cr_assert_eq(r.status, 0, "eval failed (%d): %s", r.status, r.err);
+    cr_assert(strstr(r.out, "accuracy: ") && strstr(r.out, "/2)"), "%s", r.out);
+    cr_assert(strstr(r.out, "pass@2: "), "%s", r.out);
+    helper_result_free(&r);
+    cr_assert_eq(count_lines_in(out), 2);
+    er_free(data);
+    er_free(out);
+}
+
+// Every row of the table (f32 and int8 x N = 1, 2, 4, 8) with exactly N x new-tokens tokens, and
+// int8 rows using less KV memory than fp32 ones.
+Test(cli, bench_table) {
+    need_erinfer();
+    CmdResult r = helper_run(tmp, "'%s' bench --model '%s' --prompt-tokens 40 --new-tokens 5 --threads 1", erinfer,
+                             model);
+    cr_assert_eq(r.status, 0, "bench failed (%d): %s", r.status, r.err);
+    double kv[2][4] = {{0}};
+    int rows = 0;
+    for (char *line = r.out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        char type[8];
+        int N;
+        double ttft, step, tps, tps_all, kib;
+        long tokens;
+        if (sscanf(line, "%7s %d %lf %lf %lf %lf %ld %lf", type, &N, &ttft, &step, &tps, &tps_all, &tokens, &kib) != 8)
+            continue;
+        int k = strcmp(type, "int8") == 0;
+        cr_assert(k || strcmp(type, "f32") == 0, "unknown KV type in \"%.40s\"", line);
+        int j = N == 1 ? 0 : N == 2 ? 1 : N == 4 ? 2 : N == 8 ? 3 : -1;
+        cr_assert_geq(j, 0, "unexpected N %d", N);
+        cr_assert_eq(tokens, 5L * N, "N = %d generated %ld tokens, expected %d", N, tokens, 5 * N);
+        cr_assert(ttft > 0 && step > 0 && tps > 0 && kib > 0, "non-positive number in \"%.60s\"", line);
+        kv[k][j] = kib;
+        rows++;
+    }
+    cr_assert_eq(rows, 8, "expected 8 table rows, got %d:\n%s", rows, r.out);
+    for (int j = 0; j < 4; j++)
+        cr_assert_lt(kv[1][j], kv[0][j], "int8 KV not smaller than fp32 for row %d", j);
+    helper_result_free(&r);
+}
+
+// A bad invocation: exit status 1 (not a crash), exactly one line on stderr naming the problem.
+static void expect_error(const char *args, const char *needle) {
+    CmdResult r = helper_run(tmp, "'%s' %s", erinfer, args);
+    cr_assert_eq(r.status, 1, "`erinfer %s` exited %d (expected 1); stderr:\n%s", args, r.status, r.err);
+    cr_assert_eq(helper_count_lines(r.err), 1, "`erinfer %s`: expected one line on stderr, got:\n%s", args, r.err);
+    cr_assert(strncmp(r.err, "erinfer ", 8) == 0, "stderr does not start with \"erinfer \": %s", r.err);
+    cr_assert(strstr(r.err, needle), "`erinfer %s`: stderr \"%s\" does not mention \"%s\"", args, r.err, needle);
+    helper_result_free(&r);
+}
+
+Test(cli, bad_inputs_fail_cleanly) {
+    need_erinfer();
+    char args[2048];
+    expect_error("generate --prompt hi", "--model");
+    snprintf(args, sizeof args, "generate --model '%s' --prompt hi --kv fp16", model);
+    expect_error(args, "--kv");
+    snprintf(args, sizeof args, "generate --model '%s' --prompt hi --temperature -1", model);
+    expect_error(args, "--temperature");
+    snprintf(args, sizeof args, "generate --model '%s/nonexistent' --prompt hi", tmp);
+    expect_error(args, "nonexistent");
+    snprintf(args, sizeof args, "bench --model '%s/nonexistent'", tmp);
+    expect_error(args, "nonexistent");
+    snprintf(args, sizeof args, "eval --data x.jsonl --max-new 4");
+    expect_error(args, "--model");
+    snprintf(args, sizeof args, "eval --model '%s' --data '%s/none.jsonl'", model, tmp);
+    expect_error(args, "none.jsonl");
+    snprintf(args, sizeof args, "eval --model '%s' --data x.jsonl --kv q4", model);
+    expect_error(args, "--kv");
+
+    // Malformed third line: the error names file:3 and no output file is left behind.
+    char *bad = path_join(tmp, "bad.jsonl"), *out = path_join(tmp, "bad_out.jsonl");
+    const char *text = "{\"problem\": \"Start with 1. Add 2. What is the result?\", \"answer\": \"3\"}\n"
+                       "{\"problem\": \"Start with 2. Add 2. What is the result?\", \"answer\": \"4\"}\n"
+                       "{\"problem\": \"Start with 3. Add 2.\", \n";
+    cr_assert_eq(file_write_atomic(bad, text, strlen(text)), 0);
+    snprintf(args, sizeof args, "eval --model '%s' --data '%s' --output '%s'", model, bad, out);
+    expect_error(args, "bad.jsonl:3");
+    cr_assert(!path_exists(out), "a failed eval left %s behind", out);
+
+    // A record without a gold answer is an error too, named by its line.
+    text = "{\"problem\": \"Start with 1. Add 2. What is the result?\", \"answer\": \"3\"}\n"
+           "{\"prompt\": \"Say hi\"}\n";
+    cr_assert_eq(file_write_atomic(bad, text, strlen(text)), 0);
+    expect_error(args, "bad.jsonl:2");
+    cr_assert(!path_exists(out), "a failed eval left %s behind", out);
+    er_free(bad);
+    er_free(out);
+}

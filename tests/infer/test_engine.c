@@ -1,0 +1,205 @@
+// The generation engine on a tiny random model with the tiny tokenizer: what it samples agrees with
+// the training forward, samples are reproducible and independent of the batch, the prompt is
+// computed once and stored once, and the hard budget and stop strings hold.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "data/tokenizer.h"
+#include "infer/engine.h"
+#include "model/model.h"
+
+static Model model;
+static Tokenizer *tok;
+
+static void setup(void) {
+    threads_set(2);
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), 0, "%s", er_last_error());
+    ModelConfig c = {.arch = ARCH_QWEN2, .C = 32, .FF = 64, .L = 2, .NH = 4, .NKV = 2, .HS = 8,
+                     .V = tok_vocab_size(tok), .max_pos = 1024, .rope_theta = 10000.0f, .eps = 1e-6f, .tied = 1,
+                     .qkv_bias = 1, .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
+    cr_assert_eq(model_build_random(&model, &c, 0.5f, 7), 0);
+}
+static void teardown(void) {
+    model_free(&model);
+    tok_free(tok);
+}
+TestSuite(engine, .init = setup, .fini = teardown);
+
+static int prompt_ids(const char *text, int **ids) {
+    int n;
+    cr_assert_eq(tok_encode(tok, text, strlen(text), ids, &n), 0);
+    return n;
+}
+
+static const char *PROMPT = "Start with 7. Add 5. Multiply by 3. Subtract 4. What is the result?";
+
+Test(engine, sampled_logprobs_equal_training_forward) {
+    Engine e;
+    cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 3, 200, 16, 0), 0);
+    int *p, n = prompt_ids(PROMPT, &p);
+    GenConfig g;
+    gen_config_default(&g);
+    g.n_samples = 3;
+    g.max_new = 24;
+    g.sampler.temperature = 1.0f;
+    g.seed = 11;
+    GenSample out[3];
+    GenStats st;
+    cr_assert_eq(engine_generate(&e, p, n, &g, NULL, NULL, out, &st), 0, "%s", er_last_error());
+    for (int i = 0; i < 3; i++) {
+        int L = n + out[i].n_tokens, V = model.cfg.V;
+        int *all = malloc(sizeof(int) * L);
+        memcpy(all, p, sizeof(int) * n);
+        memcpy(all + n, out[i].tokens, sizeof(int) * out[i].n_tokens);
+        Activations a;
+        cr_assert_eq(acts_alloc(&a, &model.cfg, 1, L, ACTS_SCORE, 0), 0);
+        ModelInput in = {.B = 1, .T = L, .tokens = all};
+        cr_assert_eq(model_forward(&model, &in, &a), 0);
+        for (int j = 0; j < out[i].n_tokens; j++) {
+            const float *row = a.logits + (size_t)(n + j - 1) * V;
+            double mx = -1e30, z = 0;
+            for (int v = 0; v < V; v++)
+                mx = fmax(mx, row[v]);
+            for (int v = 0; v < V; v++)
+                z += exp(row[v] - mx);
+            double ref = row[out[i].tokens[j]] - mx - log(z);
+            cr_assert(fabs(out[i].logprobs[j] - ref) <= 1e-4 * (1 + fabs(ref)), "sample %d token %d: %g vs %g", i, j,
+                      out[i].logprobs[j], ref);
+        }
+        acts_free(&a);
+        free(all);
+    }
+    gen_samples_free(out, 3);
+    free(p);
+    engine_free(&e);
+}
+
+// Sample i draws from stream i of the seed: the same tokens run to run, and whether it is decoded
+// alone or in a batch of four.
+Test(engine, samples_reproducible_and_batch_independent) {
+    Engine e;
+    cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 4, 200, 16, 0), 0);
+    int *p, n = prompt_ids(PROMPT, &p);
+    GenConfig g;
+    gen_config_default(&g);
+    g.max_new = 20;
+    g.sampler.temperature = 0.9f;
+    g.sampler.top_p = 0.95f;
+    g.seed = 5;
+    GenSample a[4], b[4], one[1];
+    GenStats st;
+    g.n_samples = 4;
+    cr_assert_eq(engine_generate(&e, p, n, &g, NULL, NULL, a, &st), 0);
+    cr_assert_eq(engine_generate(&e, p, n, &g, NULL, NULL, b, &st), 0);
+    g.n_samples = 1;
+    cr_assert_eq(engine_generate(&e, p, n, &g, NULL, NULL, one, &st), 0);
+    int differ = 0;
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(a[i].n_tokens, b[i].n_tokens);
+        cr_assert_arr_eq(a[i].tokens, b[i].tokens, sizeof(int) * a[i].n_tokens, "sample %d not reproducible", i);
+        if (i > 0 && (a[i].n_tokens != a[0].n_tokens || memcmp(a[i].tokens, a[0].tokens, sizeof(int) * a[0].n_tokens)))
+            differ = 1;
+    }
+    cr_assert(differ, "different samples must draw different streams");
+    cr_assert_eq(one[0].n_tokens, a[0].n_tokens);
+    cr_assert_arr_eq(one[0].tokens, a[0].tokens, sizeof(int) * one[0].n_tokens, "sample 0 alone vs in a batch of 4");
+    gen_samples_free(a, 4);
+    gen_samples_free(b, 4);
+    gen_samples_free(one, 1);
+    free(p);
+    engine_free(&e);
+}
+
+// The prompt runs through the forward once and is stored once; a longer follow-up prompt reuses it.
+Test(engine, prefix_computed_and_stored_once) {
+    Engine e;
+    cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 4, 400, 32, 0), 0);
+    char text[2048] = "";
+    for (int i = 0; i < 6; i++)
+        strcat(text, PROMPT);
+    int *p, n = prompt_ids(text, &p);
+    cr_assert(n > 3 * KV_BLOCK, "the prompt must span several blocks (%d tokens)", n);
+    GenConfig g;
+    gen_config_default(&g);
+    g.n_samples = 4;
+    g.max_new = 10;
+    g.sampler.temperature = 1.0f;
+    GenSample out[4];
+    GenStats st;
+    cr_assert_eq(engine_generate(&e, p, n, &g, NULL, NULL, out, &st), 0);
+    long decoded = 0;
+    for (int i = 0; i < 4; i++)
+        decoded += out[i].n_tokens - 1; // the last token of a finished sample is not run
+    cr_assert_eq(st.forward_positions, n + decoded, "forward positions %ld: the prompt must run once", st.forward_positions);
+    size_t block = kv_bytes_per_position(&model.cfg, KV_F32) * KV_BLOCK;
+    int prompt_blocks = (n + KV_BLOCK - 1) / KV_BLOCK;
+    // Prompt blocks once, plus per sample its copy of the prompt's last block and at most one more.
+    cr_assert(st.kv_bytes <= (size_t)(prompt_blocks + 2 * 4) * block, "KV bytes %zu for %d prompt blocks", st.kv_bytes,
+              prompt_blocks);
+    cr_assert(st.kv_bytes < (size_t)(4 * prompt_blocks) * block, "the prefix must not be stored per sample");
+    gen_samples_free(out, 4);
+
+    // Follow-up: the old prompt is a prefix of the new one and is not recomputed.
+    strcat(text, " And then add 1.");
+    int *p2, n2 = prompt_ids(text, &p2);
+    g.n_samples = 1;
+    cr_assert_eq(engine_generate(&e, p2, n2, &g, NULL, NULL, out, &st), 0);
+    cr_assert(st.prompt_reused >= n - 1 && st.prompt_reused < n2, "reused %d of %d", st.prompt_reused, n2);
+    cr_assert_eq(st.forward_positions, n2 - st.prompt_reused + out[0].n_tokens - 1);
+    gen_samples_free(out, 1);
+    free(p);
+    free(p2);
+    engine_free(&e);
+}
+
+Test(engine, hard_budget_and_stop_strings) {
+    Engine e;
+    cr_assert_eq(engine_init(&e, &model, tok, KV_INT8, 3, 300, 16, 0), 0);
+    int *p, n = prompt_ids(PROMPT, &p);
+    int *suf, ns;
+    const char *suffix = "\n</think>\n\nFinal answer: ";
+    cr_assert_eq(tok_encode(tok, suffix, strlen(suffix), &suf, &ns), 0);
+    GenConfig g;
+    gen_config_default(&g);
+    g.n_samples = 3;
+    g.max_new = 200;
+    g.sampler.temperature = 1.0f;
+    g.budget = 8;
+    g.answer_tokens = ns + 6;
+    GenSample out[3];
+    GenStats st;
+    cr_assert_eq(engine_generate(&e, p, n, &g, NULL, NULL, out, &st), 0, "%s", er_last_error());
+    int cut = 0;
+    for (int i = 0; i < 3; i++) {
+        cr_assert(out[i].n_tokens <= g.budget + g.answer_tokens, "sample %d: %d tokens", i, out[i].n_tokens);
+        if (out[i].budget_cut) {
+            cut++;
+            cr_assert_arr_eq(out[i].tokens + g.budget, suf, sizeof(int) * ns, "the suffix follows the budget");
+            cr_assert(strstr(out[i].text, "Final answer: "), "text: %s", out[i].text);
+        }
+    }
+    cr_assert(cut > 0, "a random model should run into the budget");
+    gen_samples_free(out, 3);
+    // A stop string inside the forced suffix: the text is cut where it starts.
+    const char *stops[] = {"Final answer"};
+    g.stop = stops;
+    g.n_stop = 1;
+    cr_assert_eq(engine_generate(&e, p, n, &g, NULL, NULL, out, &st), 0);
+    for (int i = 0; i < 3; i++)
+        if (out[i].budget_cut) {
+            cr_assert_eq(out[i].finish, FINISH_STOP);
+            cr_assert(!strstr(out[i].text, "Final"), "text must be cut before the stop string: %s", out[i].text);
+        }
+    gen_samples_free(out, 3);
+    // An answer allowance shorter than the suffix is refused.
+    g.answer_tokens = ns;
+    cr_assert(engine_generate(&e, p, n, &g, NULL, NULL, out, &st) < 0);
+    cr_assert(strstr(er_last_error(), "answer allowance"), "%s", er_last_error());
+    free(suf);
+    free(p);
+    engine_free(&e);
+}
