@@ -388,3 +388,75 @@ def load_hf_dir(path, dtype=torch.float64):
     if extra:
         raise ValueError("%s: unexpected tensors %s" % (path, sorted(extra)))
     return cfg, w
+
+
+# ---------------------------------------------------------------------------------------------------
+# LoRA adapters (PEFT layout) with the masked rule
+
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora_key(layer, target, ab):
+    """PEFT's saved name: base_model.model.model.layers.{l}.{self_attn|mlp}.{target}.lora_{A|B}.weight"""
+    sub = "self_attn" if target in LORA_TARGETS[:4] else "mlp"
+    return "base_model.model.model.layers.%d.%s.%s.lora_%s.weight" % (layer, sub, target, ab)
+
+
+def lora_shapes(cfg, targets, r):
+    """[(key, shape)]: A (r, in), B (out, r) for each layer and targeted module, in layer/target order."""
+    q, kv = cfg.NH * cfg.HS, cfg.NKV * cfg.HS
+    io = {"q_proj": (cfg.C, q), "k_proj": (cfg.C, kv), "v_proj": (cfg.C, kv), "o_proj": (q, cfg.C),
+          "gate_proj": (cfg.C, cfg.FF), "up_proj": (cfg.C, cfg.FF), "down_proj": (cfg.FF, cfg.C)}
+    out = []
+    for l in range(cfg.L):
+        for t in LORA_TARGETS:
+            if t in targets:
+                fan_in, fan_out = io[t]
+                out.append((lora_key(l, t, "A"), (r, fan_in)))
+                out.append((lora_key(l, t, "B"), (fan_out, r)))
+    return out
+
+
+def forward_lora(cfg, w, lora, scale, adapter_mask, tokens=None, inputs_embeds=None):
+    """forward() with a LoRA adapter under the masked rule: each adapted linear layer computes
+        y = x W^T + b + adapter_mask[..., None] * scale * (x A^T) B^T
+    so the adapter changes nothing at input positions whose mask is 0 (and no position that only
+    sees such positions). lora: lora_key -> tensor (untargeted modules absent); adapter_mask (B, T)
+    0/1 in the weights' dtype. The same ops in the same order as forward(), so a mask of zeros gives
+    forward()'s logits exactly."""
+    m = adapter_mask[..., None]
+
+    def lin(x, l, sub, target):
+        p = "model.layers.%d.%s.%s." % (l, sub, target)
+        y = linear(x, w[p + "weight"], w.get(p + "bias"))
+        a = lora.get(lora_key(l, target, "A"))
+        if a is not None:
+            y = y + m * (scale * ((x @ a.t()) @ lora[lora_key(l, target, "B")].t()))
+        return y
+
+    x = inputs_embeds if inputs_embeds is not None else embed(w, tokens)   # (B, T, C)
+    B, T, _ = x.shape
+    NH, NKV, HS = cfg.NH, cfg.NKV, cfg.HS
+    cos, sin = rope_cos_sin(cfg, T, x.dtype, x.device)
+    for l in range(cfg.L):
+        p = "model.layers.%d." % l
+        h = rms_norm(x, w[p + "input_layernorm.weight"], cfg.eps)
+        q = lin(h, l, "self_attn", "q_proj").view(B, T, NH, HS).transpose(1, 2)
+        k = lin(h, l, "self_attn", "k_proj").view(B, T, NKV, HS).transpose(1, 2)
+        v = lin(h, l, "self_attn", "v_proj").view(B, T, NKV, HS).transpose(1, 2)
+        q = apply_rope(q, cos, sin)
+        k = repeat_kv(apply_rope(k, cos, sin), NH // NKV)
+        v = repeat_kv(v, NH // NKV)
+        att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(HS))
+        causal = torch.ones(T, T, dtype=torch.bool, device=h.device).triu(1)
+        att = torch.softmax(_at_least_f32(att.masked_fill(causal, float("-inf"))), dim=-1).to(q.dtype)
+        y = (att @ v).transpose(1, 2).reshape(B, T, NH * HS)
+        x = x + lin(y, l, "self_attn", "o_proj")
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.eps)
+        g = lin(h, l, "mlp", "gate_proj")
+        u = lin(h, l, "mlp", "up_proj")
+        x = x + lin(torch.nn.functional.silu(g) * u, l, "mlp", "down_proj")
+    h = rms_norm(x, w["model.norm.weight"], cfg.eps)
+    head = w["model.embed_tokens.weight"] if cfg.tied else w["lm_head.weight"]
+    return h @ head.t()                                                    # (B, T, V)
