@@ -10,12 +10,15 @@
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "infer/engine.h"
+#include "lora/peft.h"
 #include "model/model.h"
 
 struct ErModel {
     Model model;
     Tokenizer *tok;
     ChatStyle style;
+    LoraAdapter adapter;
+    int has_adapter;
 };
 
 struct ErSession {
@@ -57,9 +60,23 @@ int er_model_load(ErModel **out, const char *dir) {
     return ER_OK;
 }
 
+int er_model_load_adapter(ErModel *m, const char *dir) {
+    const ModelConfig *c = &m->model.cfg;
+    LoraShape shape = {c->L, c->C, c->NH * c->HS, c->NKV * c->HS, c->FF};
+    LoraAdapter a;
+    ER_TRY(peft_load(&a, dir, &shape, 0));
+    if (m->has_adapter)
+        lora_free(&m->adapter);
+    m->adapter = a;
+    m->has_adapter = 1;
+    return ER_OK;
+}
+
 void er_model_free(ErModel *m) {
     if (!m)
         return;
+    if (m->has_adapter)
+        lora_free(&m->adapter);
     model_free(&m->model);
     tok_free(m->tok);
     er_free(m);
@@ -123,7 +140,9 @@ static int generate_ids(ErSession *s, const int *ids, int n, const ErGenParams *
     g.answer_tokens = p->answer_tokens;
     if (p->budget_suffix)
         g.budget_suffix = p->budget_suffix;
-    g.response_prefix = p->response_prefix;
+    const LoraAdapter *ad = s->m->has_adapter ? &s->m->adapter : NULL;
+    g.adapter = ad;
+    g.response_prefix = p->response_prefix ? p->response_prefix : ad ? ad->reasoning_prefix : NULL;
     g.stop = p->stop;
     while (g.n_stop < 8 && p->stop[g.n_stop])
         g.n_stop++;

@@ -3,6 +3,9 @@
 #ifndef INFER_CLI_H
 #define INFER_CLI_H
 
+#include "core/args.h"
+#include "infer/erinfer.h"
+
 int cmd_score(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
@@ -13,5 +16,21 @@ int cmd_bench(int argc, char **argv);
 
 // Prints "erinfer <cmd>: <er_last_error()>" and returns 1.
 int cli_fail(const char *cmd);
+
+// Generation flags shared by generate, chat and eval (infer/cli_flags.c).
+typedef struct {
+    const char *model, *adapter, *system, *kv, *stop, *prefix, *suffix;
+    int max_new, top_k, samples, budget, answer_tokens, seed, threads, context;
+    double temperature, top_p, min_p;
+} GenFlags;
+
+#define GEN_FLAGS_MAX 24
+void gen_flags_default(GenFlags *f);
+// Writes the shared flag specs into s (room for GEN_FLAGS_MAX); returns how many.
+int gen_flags_specs(GenFlags *f, ArgSpec *s);
+int gen_flags_params(const GenFlags *f, ErGenParams *p, int *kv_int8);
+// Loads the model (and adapter) and opens a session for max_samples samples.
+int gen_flags_open(const GenFlags *f, int max_samples, ErModel **m, ErSession **s);
+const char *finish_name(int finish);
 
 #endif

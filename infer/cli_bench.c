@@ -14,6 +14,7 @@
 #include "data/tokenizer.h"
 #include "infer/cli.h"
 #include "infer/engine.h"
+#include "lora/peft.h"
 #include "model/model.h"
 
 // A prompt of exactly n tokens: ordinary text repeated when the dir has a tokenizer, else a fixed
@@ -44,7 +45,8 @@ typedef struct {
     size_t kv_bytes;
 } BenchRow;
 
-static int bench_run(Model *m, KvType kv, int N, const int *prompt, int P, int T, BenchRow *row) {
+static int bench_run(Model *m, const LoraAdapter *ad, KvType kv, int N, const int *prompt, int P, int T,
+                     BenchRow *row) {
     Engine e;
     ER_TRY(engine_init(&e, m, NULL, kv, N, P + T, 128, 0));
     GenConfig g;
@@ -53,6 +55,7 @@ static int bench_run(Model *m, KvType kv, int N, const int *prompt, int P, int T
     g.max_new = T;
     g.sampler.temperature = 1.0f; // fixed-seed sampling: the samples differ, as they do in use
     g.seed = 1234;
+    g.adapter = ad;
     GenSample *out = er_calloc((size_t)N, sizeof *out);
     GenStats st;
     int rc = out ? engine_generate(&e, prompt, P, &g, NULL, NULL, out, &st) : ER_ENOMEM;
@@ -76,10 +79,11 @@ static int bench_run(Model *m, KvType kv, int N, const int *prompt, int P, int T
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *dir = NULL;
+    const char *dir = NULL, *adapter_dir = NULL;
     int P = 128, T = 32, threads = 0;
     ArgSpec specs[] = {
         {"model", ARG_STR, &dir, "model dir (config.json, safetensors; tokenizer.json optional)", 1, 0, 0},
+        {"adapter", ARG_STR, &adapter_dir, "LoRA adapter dir (PEFT layout), on while decoding", 0, 0, 0},
         {"prompt-tokens", ARG_INT, &P, "synthetic prompt length", 0, 1, 1 << 20},
         {"new-tokens", ARG_INT, &T, "tokens generated per sample (EOS does not stop them)", 0, 2, 1 << 20},
         {"threads", ARG_INT, &threads, "threads (0 = all cores)", 0, 0, 4096},
@@ -96,12 +100,21 @@ int cmd_bench(int argc, char **argv) {
     if (model_load(&m, dir, 0) < 0)
         return cli_fail("bench");
     m.cfg.eos_id = -1; // no EOS stop: every run decodes the same number of tokens
+    LoraAdapter ad, *adp = NULL;
+    if (adapter_dir) {
+        LoraShape shape = {m.cfg.L, m.cfg.C, m.cfg.NH * m.cfg.HS, m.cfg.NKV * m.cfg.HS, m.cfg.FF};
+        if (peft_load(&ad, adapter_dir, &shape, 0) < 0) {
+            model_free(&m);
+            return cli_fail("bench");
+        }
+        adp = &ad;
+    }
     int *prompt = NULL;
     rc = bench_prompt(dir, m.cfg.V, P, &prompt);
     // Warm-up: brings the mmapped weights into memory so the first row does not pay for it.
     BenchRow warm;
     if (rc == ER_OK)
-        rc = bench_run(&m, KV_F32, 1, prompt, P < 8 ? P : 8, 2, &warm);
+        rc = bench_run(&m, adp, KV_F32, 1, prompt, P < 8 ? P : 8, 2, &warm);
     if (rc == ER_OK) {
         printf("erinfer bench: %s, %d layers, hidden %d, vocab %d, prompt %d tokens, %d new tokens per sample, "
                "%d threads\n", dir, m.cfg.L, m.cfg.C, m.cfg.V, P, T, nthreads);
@@ -114,7 +127,7 @@ int cmd_bench(int argc, char **argv) {
         double step1 = 0;
         for (int j = 0; j < 4 && rc == ER_OK; j++) {
             BenchRow r;
-            rc = bench_run(&m, kvs[k], Ns[j], prompt, P, T, &r);
+            rc = bench_run(&m, adp, kvs[k], Ns[j], prompt, P, T, &r);
             if (rc < 0)
                 break;
             if (Ns[j] == 1)
@@ -126,6 +139,8 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     er_free(prompt);
+    if (adp)
+        lora_free(adp);
     model_free(&m);
     return rc < 0 ? cli_fail("bench") : 0;
 }

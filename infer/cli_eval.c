@@ -17,39 +17,6 @@
 #include "infer/cli.h"
 #include "infer/erinfer.h"
 
-typedef struct {
-    const char *model, *data, *output, *system, *kv, *stop, *prefix, *suffix;
-    int max_new, top_k, samples, budget, answer_tokens, seed, threads, limit, context;
-    double temperature, top_p, min_p;
-} EvalFlags;
-
-static const char *finish_name(int f) {
-    return f == ER_FINISH_EOS ? "eos" : f == ER_FINISH_STOP ? "stop" : "length";
-}
-
-static int eval_params(const EvalFlags *f, ErGenParams *p, int *kv_int8) {
-    er_gen_params_init(p);
-    p->max_new_tokens = f->max_new;
-    p->n_samples = f->samples;
-    p->temperature = (float)f->temperature;
-    p->top_k = f->top_k;
-    p->top_p = (float)f->top_p;
-    p->min_p = (float)f->min_p;
-    p->seed = (uint64_t)f->seed;
-    p->budget = f->budget;
-    p->answer_tokens = f->answer_tokens;
-    p->budget_suffix = f->suffix;
-    p->response_prefix = f->prefix;
-    p->stop[0] = f->stop;
-    if (strcmp(f->kv, "f32") == 0)
-        *kv_int8 = 0;
-    else if (strcmp(f->kv, "int8") == 0)
-        *kv_int8 = 1;
-    else
-        return er_error(ER_EINVAL, "--kv must be f32 or int8, got \"%s\"", f->kv);
-    return ER_OK;
-}
-
 // The example's conversation with --system in front (replacing the record's own system message).
 static int eval_messages(const Example *ex, const char *system, ErMessage **out, int *n) {
     int has_sys = ex->n_messages > 0 && strcmp(ex->messages[0].role, "system") == 0;
@@ -138,68 +105,47 @@ static int eval_error_at(int rc, const char *path, long line) {
 }
 
 int cmd_eval(int argc, char **argv) {
-    EvalFlags f;
-    memset(&f, 0, sizeof f);
-    f.max_new = 256;
-    f.top_p = 1;
-    f.samples = 1;
-    f.answer_tokens = 32;
-    f.kv = "f32";
-    ArgSpec specs[] = {
-        {"model", ARG_STR, &f.model, "model dir (config.json, safetensors, tokenizer.json)", 1, 0, 0},
-        {"data", ARG_STR, &f.data, "JSONL dataset with gold answers (see data/dataset.h)", 1, 0, 0},
-        {"output", ARG_STR, &f.output, "per-item JSONL results (written atomically)", 0, 0, 0},
-        {"limit", ARG_INT, &f.limit, "evaluate only the first N records (0 = all)", 0, 0, 1 << 30},
-        {"max-new", ARG_INT, &f.max_new, "new tokens per sample", 0, 1, 1 << 20},
-        {"temperature", ARG_FLOAT, &f.temperature, "sampling temperature (0 = greedy)", 0, 0, 100},
-        {"top-k", ARG_INT, &f.top_k, "keep the k most likely tokens (0 = off)", 0, 0, 1 << 24},
-        {"top-p", ARG_FLOAT, &f.top_p, "nucleus sampling mass (1 = off)", 0, 1e-9, 1},
-        {"min-p", ARG_FLOAT, &f.min_p, "drop tokens below min-p x the top probability (0 = off)", 0, 0, 0.999999},
-        {"seed", ARG_INT, &f.seed, "sampling seed (sample i uses stream i)", 0, 0, 2147483647},
-        {"samples", ARG_INT, &f.samples, "parallel samples per item (sample 0 is graded for accuracy)", 0, 1, 256},
-        {"kv", ARG_STR, &f.kv, "KV cache type: f32 or int8", 0, 0, 0},
-        {"budget", ARG_INT, &f.budget, "hard budget: force the answer suffix after this many tokens (0 = off)", 0, 0,
-         1 << 20},
-        {"answer-tokens", ARG_INT, &f.answer_tokens, "tokens allowed after the budget, suffix included", 0, 1, 1 << 20},
-        {"budget-suffix", ARG_STR, &f.suffix, "forced-answer text [\\n</think>\\n\\nFinal answer: ]", 0, 0, 0},
-        {"prefix", ARG_STR, &f.prefix, "text forced at the start of the response (e.g. \"<think>\\n\")", 0, 0, 0},
-        {"stop", ARG_STR, &f.stop, "stop string (cut from the output)", 0, 0, 0},
-        {"system", ARG_STR, &f.system, "system message put in front of every prompt", 0, 0, 0},
-        {"context", ARG_INT, &f.context, "positions per sample, prompt included (0 = 4096 + --max-new)", 0, 0, 1 << 22},
-        {"threads", ARG_INT, &f.threads, "threads (0 = all cores)", 0, 0, 4096},
-    };
-    int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0],
+    GenFlags f;
+    gen_flags_default(&f);
+    const char *data = NULL, *output = NULL;
+    int limit = 0;
+    ArgSpec specs[GEN_FLAGS_MAX + 4];
+    int ns = gen_flags_specs(&f, specs);
+    specs[ns++] = (ArgSpec){"data", ARG_STR, &data, "JSONL dataset with gold answers (see data/dataset.h)", 1, 0, 0};
+    specs[ns++] = (ArgSpec){"output", ARG_STR, &output, "per-item JSONL results (written atomically)", 0, 0, 0};
+    specs[ns++] = (ArgSpec){"limit", ARG_INT, &limit, "evaluate only the first N records (0 = all)", 0, 0, 1 << 30};
+    specs[ns++] = (ArgSpec){"samples", ARG_INT, &f.samples, "parallel samples per item (sample 0 is graded for accuracy)",
+                            0, 1, 256};
+    int rc = args_parse(argc, argv, specs, ns,
                         "erinfer eval --model DIR --data FILE.jsonl [--output FILE.jsonl] [--limit N] [flags]");
     if (rc == ARGS_HELP)
         return 0;
     ErGenParams p;
     int kv_int8 = 0;
     if (rc == ER_OK)
-        rc = eval_params(&f, &p, &kv_int8);
+        rc = gen_flags_params(&f, &p, &kv_int8);
     if (rc < 0)
         return cli_fail("eval");
     threads_set(f.threads);
 
     // The whole file is read and checked before any generation: a bad record fails in seconds.
     Dataset d;
-    if (dataset_load(f.data, NULL, f.limit, &d) < 0)
+    if (dataset_load(data, NULL, limit, &d) < 0)
         return cli_fail("eval");
     if (d.n == 0)
-        rc = er_error(ER_EFORMAT, "%s: no records", f.data);
+        rc = er_error(ER_EFORMAT, "%s: no records", data);
     for (int i = 0; rc == ER_OK && i < d.n; i++)
         if (!d.ex[i].answer)
             rc = er_error(ER_EFORMAT, "%s:%ld: record has no gold answer (\"answer\", a \\boxed{} solution or a "
-                          "\"#### X\" line)", f.data, d.ex[i].line);
+                          "\"#### X\" line)", data, d.ex[i].line);
     ErModel *m = NULL;
     ErSession *s = NULL;
     if (rc == ER_OK)
-        rc = er_model_load(&m, f.model);
-    if (rc == ER_OK)
-        rc = er_session_open(&s, m, f.samples, f.context ? f.context : 4096 + f.max_new, kv_int8);
+        rc = gen_flags_open(&f, f.samples, &m, &s);
     AtomicFile af = {0};
     int have_out = 0;
-    if (rc == ER_OK && f.output) {
-        rc = atomic_open(&af, f.output);
+    if (rc == ER_OK && output) {
+        rc = atomic_open(&af, output);
         have_out = rc == ER_OK;
     }
 
@@ -231,7 +177,7 @@ int cmd_eval(int argc, char **argv) {
         if (rc == ER_OK && rec)
             rc = eval_write(&af, rec);
         if (rc < 0)
-            rc = eval_error_at(rc, f.data, ex->line);
+            rc = eval_error_at(rc, data, ex->line);
         cJSON_Delete(rec);
         er_free(msgs);
         char extra[64];
@@ -260,8 +206,8 @@ int cmd_eval(int argc, char **argv) {
         printf("mean generated tokens: %.1f per sample\n", (double)t.tokens / (double)t.samples);
         printf("tokens/s: %.1f (%ld tokens in %.2f s)\n", t.gen_s > 0 ? (double)t.tokens / t.gen_s : 0.0, t.tokens,
                t.gen_s);
-        if (f.output)
-            printf("wrote %ld records to %s\n", t.items, f.output);
+        if (output)
+            printf("wrote %ld records to %s\n", t.items, output);
     }
     er_session_free(s);
     er_model_free(m);

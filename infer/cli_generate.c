@@ -12,75 +12,12 @@
 #include "infer/cli.h"
 #include "infer/erinfer.h"
 
-// Flags shared by generate and chat.
-typedef struct {
-    const char *model, *prompt, *messages, *system, *kv, *stop, *prefix, *suffix;
-    int max_new, top_k, samples, budget, answer_tokens, seed, threads, raw, json;
-    double temperature, top_p, min_p;
-} GenFlags;
-
-#define GEN_FLAG_SPECS(f)                                                                                       \
-    {"model", ARG_STR, &(f).model, "model dir (config.json, safetensors, tokenizer.json)", 1, 0, 0},            \
-    {"max-new", ARG_INT, &(f).max_new, "new tokens per sample", 0, 1, 1 << 20},                                \
-    {"temperature", ARG_FLOAT, &(f).temperature, "sampling temperature (0 = greedy)", 0, 0, 100},               \
-    {"top-k", ARG_INT, &(f).top_k, "keep the k most likely tokens (0 = off)", 0, 0, 1 << 24},                   \
-    {"top-p", ARG_FLOAT, &(f).top_p, "nucleus sampling mass (1 = off)", 0, 1e-9, 1},                            \
-    {"min-p", ARG_FLOAT, &(f).min_p, "drop tokens below min-p x the top probability (0 = off)", 0, 0, 0.999999}, \
-    {"seed", ARG_INT, &(f).seed, "sampling seed (sample i uses stream i)", 0, 0, 2147483647},                   \
-    {"kv", ARG_STR, &(f).kv, "KV cache type: f32 or int8", 0, 0, 0},                                            \
-    {"budget", ARG_INT, &(f).budget, "hard budget: force the answer suffix after this many tokens (0 = off)", 0, \
-     0, 1 << 20},                                                                                               \
-    {"answer-tokens", ARG_INT, &(f).answer_tokens, "tokens allowed after the budget, suffix included", 0, 1,     \
-     1 << 20},                                                                                                  \
-    {"budget-suffix", ARG_STR, &(f).suffix, "forced-answer text [\\n</think>\\n\\nFinal answer: ]", 0, 0, 0},   \
-    {"prefix", ARG_STR, &(f).prefix, "text forced at the start of the response (e.g. \"<think>\\n\")", 0, 0, 0}, \
-    {"stop", ARG_STR, &(f).stop, "stop string (cut from the output)", 0, 0, 0},                                 \
-    {"system", ARG_STR, &(f).system, "system message", 0, 0, 0},                                                \
-    {"threads", ARG_INT, &(f).threads, "threads (0 = all cores)", 0, 0, 4096}
-
-static void gen_flags_default(GenFlags *f) {
-    memset(f, 0, sizeof *f);
-    f->max_new = 256;
-    f->temperature = 0;
-    f->top_p = 1;
-    f->samples = 1;
-    f->answer_tokens = 32;
-    f->kv = "f32";
-}
-
-static int params_from_flags(const GenFlags *f, ErGenParams *p, int *kv_int8) {
-    er_gen_params_init(p);
-    p->max_new_tokens = f->max_new;
-    p->n_samples = f->samples;
-    p->temperature = (float)f->temperature;
-    p->top_k = f->top_k;
-    p->top_p = (float)f->top_p;
-    p->min_p = (float)f->min_p;
-    p->seed = (uint64_t)f->seed;
-    p->budget = f->budget;
-    p->answer_tokens = f->answer_tokens;
-    p->budget_suffix = f->suffix;
-    p->response_prefix = f->prefix;
-    p->stop[0] = f->stop;
-    if (strcmp(f->kv, "f32") == 0)
-        *kv_int8 = 0;
-    else if (strcmp(f->kv, "int8") == 0)
-        *kv_int8 = 1;
-    else
-        return er_error(ER_EINVAL, "--kv must be f32 or int8, got \"%s\"", f->kv);
-    return ER_OK;
-}
-
 static int stream_token(void *user, int sample, const char *text, size_t len) {
     (void)user;
     (void)sample;
     fwrite(text, 1, len, stdout);
     fflush(stdout);
     return 0;
-}
-
-static const char *finish_name(int f) {
-    return f == ER_FINISH_EOS ? "eos" : f == ER_FINISH_STOP ? "stop" : "length";
 }
 
 static void print_json_result(const ErSession *s) {
@@ -133,28 +70,28 @@ static int load_messages(const char *path, cJSON **doc, ErMessage **msgs, int *n
 int cmd_generate(int argc, char **argv) {
     GenFlags f;
     gen_flags_default(&f);
-    int max_tokens = 0;
-    ArgSpec specs[] = {
-        GEN_FLAG_SPECS(f),
-        {"prompt", ARG_STR, &f.prompt, "user message (or raw text with --raw)", 0, 0, 0},
-        {"messages", ARG_STR, &f.messages, "JSON file: [{\"role\", \"content\"}, ...]", 0, 0, 0},
-        {"samples", ARG_INT, &f.samples, "parallel samples sharing the prompt", 0, 1, 256},
-        {"raw", ARG_FLAG, &f.raw, "feed --prompt as is, without the chat template", 0, 0, 0},
-        {"json", ARG_FLAG, &f.json, "print one JSON object with every sample and the stats", 0, 0, 0},
-        {"context", ARG_INT, &max_tokens, "positions per sample, prompt included (0 = 4096 + --max-new)", 0, 0, 1 << 22},
-    };
-    int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0],
-                        "erinfer generate --model DIR (--prompt TEXT | --messages FILE.json) [flags]");
+    const char *prompt = NULL, *messages = NULL;
+    int raw = 0, json = 0;
+    ArgSpec specs[GEN_FLAGS_MAX + 5];
+    int ns = gen_flags_specs(&f, specs);
+    specs[ns++] = (ArgSpec){"prompt", ARG_STR, &prompt, "user message (or raw text with --raw)", 0, 0, 0};
+    specs[ns++] = (ArgSpec){"messages", ARG_STR, &messages, "JSON file: [{\"role\", \"content\"}, ...]", 0, 0, 0};
+    specs[ns++] = (ArgSpec){"samples", ARG_INT, &f.samples, "parallel samples sharing the prompt", 0, 1, 256};
+    specs[ns++] = (ArgSpec){"raw", ARG_FLAG, &raw, "feed --prompt as is, without the chat template", 0, 0, 0};
+    specs[ns++] = (ArgSpec){"json", ARG_FLAG, &json, "print one JSON object with every sample and the stats", 0, 0, 0};
+    int rc = args_parse(argc, argv, specs, ns, "erinfer generate --model DIR (--prompt TEXT | --messages FILE.json) [flags]");
     if (rc == ARGS_HELP)
         return 0;
-    if (rc == ER_OK && !!f.prompt == !!f.messages)
+    if (rc == ER_OK && !!prompt == !!messages)
         rc = er_error(ER_EINVAL, "give exactly one of --prompt and --messages");
-    if (rc == ER_OK && f.raw && !f.prompt)
+    if (rc == ER_OK && raw && !prompt)
         rc = er_error(ER_EINVAL, "--raw needs --prompt");
+    if (rc == ER_OK && f.system && messages)
+        rc = er_error(ER_EINVAL, "--system goes with --prompt; put the system message in the --messages file");
     ErGenParams p;
     int kv_int8 = 0;
     if (rc == ER_OK)
-        rc = params_from_flags(&f, &p, &kv_int8);
+        rc = gen_flags_params(&f, &p, &kv_int8);
     if (rc < 0)
         return cli_fail("generate");
     threads_set(f.threads);
@@ -164,29 +101,21 @@ int cmd_generate(int argc, char **argv) {
     cJSON *doc = NULL;
     ErMessage *msgs = NULL, one[2];
     int n = 0;
-    rc = er_model_load(&m, f.model);
-    if (rc == ER_OK && f.messages) {
-        rc = load_messages(f.messages, &doc, &msgs, &n);
+    rc = gen_flags_open(&f, f.samples, &m, &s);
+    if (rc == ER_OK && messages) {
+        rc = load_messages(messages, &doc, &msgs, &n);
     } else if (rc == ER_OK) {
         msgs = one;
         if (f.system)
             one[n++] = (ErMessage){"system", f.system};
-        one[n++] = (ErMessage){"user", f.prompt};
+        one[n++] = (ErMessage){"user", prompt};
     }
-    if (rc == ER_OK && f.system && f.messages)
-        rc = er_error(ER_EINVAL, "--system goes with --prompt; put the system message in the --messages file");
-    if (rc == ER_OK) {
-        // The prompt length is known only after rendering: size for a generous prompt plus the output.
-        if (max_tokens == 0)
-            max_tokens = 4096 + f.max_new;
-        rc = er_session_open(&s, m, f.samples, max_tokens, kv_int8);
-    }
-    int stream = rc == ER_OK && !f.json && f.samples == 1 && isatty(fileno(stdout));
+    int stream = rc == ER_OK && !json && f.samples == 1 && isatty(fileno(stdout));
     if (rc == ER_OK)
-        rc = f.raw ? er_generate_raw(s, f.prompt, &p, stream ? stream_token : NULL, NULL)
-                   : er_generate(s, msgs, n, &p, stream ? stream_token : NULL, NULL);
+        rc = raw ? er_generate_raw(s, prompt, &p, stream ? stream_token : NULL, NULL)
+                 : er_generate(s, msgs, n, &p, stream ? stream_token : NULL, NULL);
     if (rc == ER_OK) {
-        if (f.json) {
+        if (json) {
             print_json_result(s);
         } else if (stream) {
             putchar('\n');
@@ -216,30 +145,23 @@ int cmd_chat(int argc, char **argv) {
     GenFlags f;
     gen_flags_default(&f);
     f.max_new = 512;
-    int max_tokens = 8192;
-    ArgSpec specs[] = {
-        GEN_FLAG_SPECS(f),
-        {"context", ARG_INT, &max_tokens, "positions the conversation may use", 0, 16, 1 << 20},
-    };
-    int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0], "erinfer chat --model DIR [flags]");
+    f.context = 8192;
+    ArgSpec specs[GEN_FLAGS_MAX];
+    int ns = gen_flags_specs(&f, specs);
+    int rc = args_parse(argc, argv, specs, ns, "erinfer chat --model DIR [flags]");
     if (rc == ARGS_HELP)
         return 0;
     ErGenParams p;
     int kv_int8 = 0;
     if (rc == ER_OK)
-        rc = params_from_flags(&f, &p, &kv_int8);
+        rc = gen_flags_params(&f, &p, &kv_int8);
     if (rc < 0)
         return cli_fail("chat");
     threads_set(f.threads);
     ErModel *m = NULL;
     ErSession *s = NULL;
-    rc = er_model_load(&m, f.model);
-    if (rc == ER_OK)
-        rc = er_session_open(&s, m, 1, max_tokens, kv_int8);
-    if (rc < 0) {
-        er_model_free(m);
+    if (gen_flags_open(&f, 1, &m, &s) < 0)
         return cli_fail("chat");
-    }
     int tty = isatty(fileno(stdin));
     ErMessage *msgs = NULL;
     char **owned = NULL;

@@ -74,7 +74,7 @@ void gen_samples_free(GenSample *s, int n) {
 
 // Runs tokens through the forward into the prompt sequence in chunks; the logits after the last
 // one are kept. `adapter_on` marks them as response positions (the masked-LoRA rule).
-static int prefill(Engine *e, const int *tokens, int n, int adapter_on, const struct LoraAdapter *adapter) {
+static int prefill(Engine *e, const int *tokens, int n, int adapter_on, const LoraAdapter *adapter) {
     uint8_t mask[4096];
     int C = e->chunk < 4096 ? e->chunk : 4096;
     memset(mask, adapter_on, sizeof mask);
@@ -191,8 +191,12 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
     memset(out, 0, sizeof(GenSample) * (size_t)g->n_samples);
     long fp0 = e->forward_positions;
 
-    // 1. Prompt: reuse the longest cached prefix computed as prompt (adapter off), prefill the rest.
+    // 1. Prompt: reuse the longest cached prefix computed the same way, prefill the rest. Under the
+    //    masked rule the prompt is the base model's, whichever adapter decodes.
+    const LoraAdapter *prompt_ad = g->adapter && !g->adapter->masked ? g->adapter : NULL;
     int reuse = 0;
+    if (e->prompt_slot >= 0 && e->prompt_adapter != prompt_ad)
+        e->n_prompt = 0;
     if (e->prompt_slot >= 0) {
         while (reuse < e->n_prompt && reuse < n_prompt - 1 && e->prompt_tokens[reuse] == prompt[reuse])
             reuse++;
@@ -202,10 +206,11 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
     }
     e->n_prompt = 0;
     if (rc == ER_OK)
-        rc = prefill(e, prompt + reuse, n_prompt - reuse, 0, g->adapter);
+        rc = prefill(e, prompt + reuse, n_prompt - reuse, prompt_ad != NULL, prompt_ad);
     if (rc == ER_OK) {
         memcpy(e->prompt_tokens, prompt, sizeof(int) * (size_t)n_prompt);
         e->n_prompt = n_prompt;
+        e->prompt_adapter = prompt_ad;
     }
     // The response prefix is a response position (adapter on), shared by every sample.
     if (rc == ER_OK && n_prefix > 0)

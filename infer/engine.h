@@ -26,7 +26,8 @@ typedef struct {
     const char *response_prefix; // forced at the start of every response (e.g. "<think>\n"); NULL = none
     const char *const *stop; // stop strings (cut from the text); NULL/0 = none
     int n_stop;
-    const struct LoraAdapter *adapter; // applied to response positions only (masked LoRA); NULL = base
+    const LoraAdapter *adapter; // masked (adapter->masked): response positions only, so the prompt's KV
+                                // cache is the base model's; unmasked: every position. NULL = base
 } GenConfig;
 
 void gen_config_default(GenConfig *g);
@@ -67,6 +68,7 @@ typedef struct {
     int prompt_slot;       // the last prompt, kept for prefix reuse (-1 = none)
     int *prompt_tokens;
     int n_prompt;
+    const LoraAdapter *prompt_adapter; // what computed the cached prompt (NULL = the base model)
     float *prompt_logits;  // (V) logits after the last prompt (and prefix) position
     long forward_positions;
 } Engine;

@@ -40,7 +40,7 @@ typedef struct {
     int budget;             // hard budget: after this many tokens force the answer suffix; 0 = off [0]
     int answer_tokens;      // tokens allowed after the budget, suffix included [32]
     const char *budget_suffix; // NULL = "\n</think>\n\nFinal answer: "
-    const char *response_prefix; // forced at the start of every response; NULL = none
+    const char *response_prefix; // forced at the start of every response; NULL = the adapter's (if any)
     const char *stop[8];    // stop strings, NULL-terminated list [none]
 } ErGenParams;
 
@@ -72,6 +72,10 @@ typedef int (*ErTokenCallback)(void *user, int sample, const char *text, size_t 
 void er_gen_params_init(ErGenParams *p);
 
 int er_model_load(ErModel **out, const char *dir);
+// Attaches a LoRA adapter (PEFT dir) to the model. With the masked rule it is off on the prompt (whose
+// KV cache is the base model's) and on in the response, which starts with the adapter's reasoning
+// prefix unless ErGenParams.response_prefix says otherwise.
+int er_model_load_adapter(ErModel *m, const char *dir);
 void er_model_free(ErModel *m);
 
 // A session for up to max_samples parallel samples of up to max_tokens positions (prompt included),

@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "core/safetensors.h"
 #include "core/threads.h"
 #include "lora/peft.h"
@@ -319,3 +321,60 @@ static void check_kv_sharing(const char *name) {
 
 Test(lora_reference, kv_sharing_masked_all_targets) { check_kv_sharing("masked_all_targets"); }
 Test(lora_reference, kv_sharing_masked_qv_rslora) { check_kv_sharing("masked_qv_rslora"); }
+
+// erinfer score --adapter on prompt/completion records: the adapter is on at completion positions
+// only, and each completion token's log-prob matches the PyTorch reference's masked logits.
+Test(lora_reference, erinfer_score_with_adapter, .timeout = 60) {
+    Case c;
+    case_open(&c, "masked_all_targets", 0);
+    char in_path[] = "/tmp/er_lscore_in_XXXXXX", out_path[] = "/tmp/er_lscore_out_XXXXXX";
+    int fi = mkstemp(in_path), fo = mkstemp(out_path);
+    cr_assert(fi >= 0 && fo >= 0);
+    FILE *f = fdopen(fi, "w");
+    for (int b = 0; b < c.B; b++) {
+        const int *tk = c.tokens + (size_t)b * c.T;
+        fprintf(f, "{\"prompt_tokens\": [");
+        for (int i = 0; i < c.prompt_len[b]; i++)
+            fprintf(f, "%s%d", i ? ", " : "", tk[i]);
+        fprintf(f, "], \"completion_tokens\": [");
+        for (int i = c.prompt_len[b]; i < c.lengths[b]; i++)
+            fprintf(f, "%s%d", i > c.prompt_len[b] ? ", " : "", tk[i]);
+        fprintf(f, "]}\n");
+    }
+    fclose(f);
+    close(fo);
+    const char *build = getenv("ER_BUILD") ? getenv("ER_BUILD") : "build";
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s/erinfer score --model %s/base --adapter %s/adapter --input %s --output %s --threads 1",
+             build, c.dir, c.dir, in_path, out_path);
+    cr_assert_eq(system(cmd), 0, "%s failed", cmd);
+    JsonlReader r;
+    cr_assert_eq(jsonl_open(&r, out_path), 0);
+    cJSON *rec;
+    int b = 0;
+    while (jsonl_next(&r, &rec) == 1) {
+        const int *tk = c.tokens + (size_t)b * c.T;
+        int P = c.prompt_len[b], n = c.lengths[b] - P;
+        cJSON *lp = cJSON_GetObjectItem(rec, "logprobs");
+        cr_assert_eq(cJSON_GetArraySize(lp), n, "row %d: one log-prob per completion token", b);
+        for (int j = 0; j < n; j++) {
+            // log p(c[j] | prompt, c[<j]) from the reference logits at position P - 1 + j
+            const float *row = c.logits + ((size_t)b * c.T + P - 1 + j) * c.V;
+            double mx = -1e30, z = 0;
+            for (int v = 0; v < c.V; v++)
+                mx = fmax(mx, row[v]);
+            for (int v = 0; v < c.V; v++)
+                z += exp(row[v] - mx);
+            double want = row[tk[P + j]] - mx - log(z), got = cJSON_GetArrayItem(lp, j)->valuedouble;
+            cr_assert(fabs(got - want) <= 1e-4 * (1 + fabs(want)), "row %d token %d: %.7g vs reference %.7g", b, j, got,
+                      want);
+        }
+        cJSON_Delete(rec);
+        b++;
+    }
+    cr_assert_eq(b, c.B);
+    jsonl_close(&r);
+    unlink(in_path);
+    unlink(out_path);
+    case_close(&c);
+}

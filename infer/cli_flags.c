@@ -1,0 +1,83 @@
+// Generation flags shared by erinfer generate, chat and eval.
+#include <string.h>
+
+#include "core/error.h"
+#include "infer/cli.h"
+
+void gen_flags_default(GenFlags *f) {
+    memset(f, 0, sizeof *f);
+    f->max_new = 256;
+    f->top_p = 1;
+    f->samples = 1;
+    f->answer_tokens = 32;
+    f->kv = "f32";
+}
+
+int gen_flags_specs(GenFlags *f, ArgSpec *s) {
+    ArgSpec all[] = {
+        {"model", ARG_STR, &f->model, "model dir (config.json, safetensors, tokenizer.json)", 1, 0, 0},
+        {"adapter", ARG_STR, &f->adapter, "LoRA adapter dir (PEFT layout): off on the prompt, on in the response", 0, 0, 0},
+        {"max-new", ARG_INT, &f->max_new, "new tokens per sample", 0, 1, 1 << 20},
+        {"temperature", ARG_FLOAT, &f->temperature, "sampling temperature (0 = greedy)", 0, 0, 100},
+        {"top-k", ARG_INT, &f->top_k, "keep the k most likely tokens (0 = off)", 0, 0, 1 << 24},
+        {"top-p", ARG_FLOAT, &f->top_p, "nucleus sampling mass (1 = off)", 0, 1e-9, 1},
+        {"min-p", ARG_FLOAT, &f->min_p, "drop tokens below min-p x the top probability (0 = off)", 0, 0, 0.999999},
+        {"seed", ARG_INT, &f->seed, "sampling seed (sample i uses stream i)", 0, 0, 2147483647},
+        {"kv", ARG_STR, &f->kv, "KV cache type: f32 or int8", 0, 0, 0},
+        {"budget", ARG_INT, &f->budget, "hard budget: force the answer suffix after this many tokens (0 = off)", 0, 0,
+         1 << 20},
+        {"answer-tokens", ARG_INT, &f->answer_tokens, "tokens allowed after the budget, suffix included", 0, 1, 1 << 20},
+        {"budget-suffix", ARG_STR, &f->suffix, "forced-answer text [\\n</think>\\n\\nFinal answer: ]", 0, 0, 0},
+        {"prefix", ARG_STR, &f->prefix, "text forced at the start of the response [the adapter's reasoning prefix]", 0,
+         0, 0},
+        {"stop", ARG_STR, &f->stop, "stop string (cut from the output)", 0, 0, 0},
+        {"system", ARG_STR, &f->system, "system message", 0, 0, 0},
+        {"context", ARG_INT, &f->context, "positions per sample, prompt included (0 = 4096 + --max-new)", 0, 0, 1 << 22},
+        {"threads", ARG_INT, &f->threads, "threads (0 = all cores)", 0, 0, 4096},
+    };
+    memcpy(s, all, sizeof all);
+    return (int)(sizeof all / sizeof all[0]);
+}
+
+int gen_flags_params(const GenFlags *f, ErGenParams *p, int *kv_int8) {
+    er_gen_params_init(p);
+    p->max_new_tokens = f->max_new;
+    p->n_samples = f->samples;
+    p->temperature = (float)f->temperature;
+    p->top_k = f->top_k;
+    p->top_p = (float)f->top_p;
+    p->min_p = (float)f->min_p;
+    p->seed = (uint64_t)f->seed;
+    p->budget = f->budget;
+    p->answer_tokens = f->answer_tokens;
+    p->budget_suffix = f->suffix;
+    p->response_prefix = f->prefix;
+    p->stop[0] = f->stop;
+    if (strcmp(f->kv, "f32") == 0)
+        *kv_int8 = 0;
+    else if (strcmp(f->kv, "int8") == 0)
+        *kv_int8 = 1;
+    else
+        return er_error(ER_EINVAL, "--kv must be f32 or int8, got \"%s\"", f->kv);
+    return ER_OK;
+}
+
+int gen_flags_open(const GenFlags *f, int max_samples, ErModel **m, ErSession **s) {
+    *m = NULL;
+    *s = NULL;
+    int kv_int8;
+    ErGenParams unused;
+    ER_TRY(gen_flags_params(f, &unused, &kv_int8));
+    int rc = er_model_load(m, f->model);
+    if (rc == ER_OK && f->adapter)
+        rc = er_model_load_adapter(*m, f->adapter);
+    if (rc == ER_OK)
+        rc = er_session_open(s, *m, max_samples, f->context ? f->context : 4096 + f->max_new, kv_int8);
+    if (rc < 0) {
+        er_model_free(*m);
+        *m = NULL;
+    }
+    return rc;
+}
+
+const char *finish_name(int f) { return f == ER_FINISH_EOS ? "eos" : f == ER_FINISH_STOP ? "stop" : "length"; }
