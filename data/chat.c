@@ -5,43 +5,15 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/strbuf.h"
 #include "core/json.h"
 
-// Growable output string; the first failed allocation sticks so callers check once at the end.
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} Buf;
-
-static void buf_put(Buf *b, const char *s, size_t n) {
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *q = er_realloc_array(b->p, cap, 1);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void buf_puts(Buf *b, const char *s) { buf_put(b, s, strlen(s)); }
-
-static void put_turn(Buf *b, const char *role, const char *content) {
-    buf_puts(b, "<|im_start|>");
-    buf_puts(b, role);
-    buf_puts(b, "\n");
-    buf_puts(b, content);
-    buf_puts(b, "<|im_end|>\n");
+static void put_turn(StrBuf *b, const char *role, const char *content) {
+    strbuf_puts(b, "<|im_start|>");
+    strbuf_puts(b, role);
+    strbuf_puts(b, "\n");
+    strbuf_puts(b, content);
+    strbuf_puts(b, "<|im_end|>\n");
 }
 
 static int starts_with(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
@@ -63,20 +35,20 @@ static const char *find_last(const char *s, size_t n, const char *needle) {
 }
 
 // The Qwen templates wrap consecutive tool messages into one user turn of <tool_response> blocks.
-static void put_tool(Buf *b, const ChatMessage *msgs, int n, int i) {
+static void put_tool(StrBuf *b, const ChatMessage *msgs, int n, int i) {
     if (i == 0 || strcmp(msgs[i - 1].role, "tool") != 0)
-        buf_puts(b, "<|im_start|>user");
-    buf_puts(b, "\n<tool_response>\n");
-    buf_puts(b, msgs[i].content);
-    buf_puts(b, "\n</tool_response>");
+        strbuf_puts(b, "<|im_start|>user");
+    strbuf_puts(b, "\n<tool_response>\n");
+    strbuf_puts(b, msgs[i].content);
+    strbuf_puts(b, "\n</tool_response>");
     if (i == n - 1 || strcmp(msgs[i + 1].role, "tool") != 0)
-        buf_puts(b, "<|im_end|>\n");
+        strbuf_puts(b, "<|im_end|>\n");
 }
 
 // Qwen3 assistant turn. Mirrors the Jinja template: content is what follows the last </think>
 // (leading newlines dropped); reasoning is what precedes the first </think>, after the last <think>,
 // with newlines trimmed.
-static void put_qwen3_assistant(Buf *b, const char *content, int after_last_query, int is_last) {
+static void put_qwen3_assistant(StrBuf *b, const char *content, int after_last_query, int is_last) {
     const char *c = content, *r = "";
     size_t clen = strlen(content), rlen = 0;
     const char *close = strstr(content, "</think>");
@@ -100,7 +72,7 @@ static void put_qwen3_assistant(Buf *b, const char *content, int after_last_quer
             rlen--;
         }
     }
-    buf_puts(b, "<|im_start|>assistant\n");
+    strbuf_puts(b, "<|im_start|>assistant\n");
     if (after_last_query && (is_last || rlen > 0)) {
         while (rlen && *r == '\n') {
             r++;
@@ -112,12 +84,12 @@ static void put_qwen3_assistant(Buf *b, const char *content, int after_last_quer
             c++;
             clen--;
         }
-        buf_puts(b, "<think>\n");
-        buf_put(b, r, rlen);
-        buf_puts(b, "\n</think>\n\n");
+        strbuf_puts(b, "<think>\n");
+        strbuf_put(b, r, rlen);
+        strbuf_puts(b, "\n</think>\n\n");
     }
-    buf_put(b, c, clen);
-    buf_puts(b, "<|im_end|>\n");
+    strbuf_put(b, c, clen);
+    strbuf_puts(b, "<|im_end|>\n");
 }
 
 static int known_role(const char *role) {
@@ -140,22 +112,22 @@ int chat_render(ChatStyle style, const ChatMessage *msgs, int n, int flags, char
             return er_error(ER_EUNSUPPORTED, "chat: message %d has role \"%s\" (expected system, user, "
                             "assistant or tool)", i, msgs[i].role);
     }
-    Buf b = {0};
-    buf_puts(&b, ""); // an empty conversation still yields a valid empty string
+    StrBuf b = {0};
+    strbuf_puts(&b, ""); // an empty conversation still yields a valid empty string
     if (style == CHAT_PLAIN) {
         for (int i = 0; i < n; i++) {
-            buf_puts(&b, msgs[i].role);
-            buf_puts(&b, ": ");
-            buf_puts(&b, msgs[i].content);
-            buf_puts(&b, "\n");
+            strbuf_puts(&b, msgs[i].role);
+            strbuf_puts(&b, ": ");
+            strbuf_puts(&b, msgs[i].content);
+            strbuf_puts(&b, "\n");
         }
         if (flags & CHAT_ADD_GENERATION_PROMPT)
-            buf_puts(&b, "assistant: ");
+            strbuf_puts(&b, "assistant: ");
     } else if (style == CHAT_CHATML) {
         for (int i = 0; i < n; i++)
             put_turn(&b, msgs[i].role, msgs[i].content);
         if (flags & CHAT_ADD_GENERATION_PROMPT)
-            buf_puts(&b, "<|im_start|>assistant\n");
+            strbuf_puts(&b, "<|im_start|>assistant\n");
     } else {
         int first_system = n > 0 && strcmp(msgs[0].role, "system") == 0;
         if (first_system)
@@ -184,9 +156,9 @@ int chat_render(ChatStyle style, const ChatMessage *msgs, int n, int flags, char
                 put_turn(&b, role, msgs[i].content);
         }
         if (flags & CHAT_ADD_GENERATION_PROMPT) {
-            buf_puts(&b, "<|im_start|>assistant\n");
+            strbuf_puts(&b, "<|im_start|>assistant\n");
             if (style == CHAT_QWEN3 && (flags & CHAT_NO_THINKING))
-                buf_puts(&b, "<think>\n\n</think>\n\n");
+                strbuf_puts(&b, "<think>\n\n</think>\n\n");
         }
     }
     if (b.oom) {

@@ -8,41 +8,8 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/strbuf.h"
 #include "core/rng.h"
-
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} Buf;
-
-static void buf_put(Buf *b, const char *s, size_t n) {
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *q = er_realloc_array(b->p, cap, 1);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void buf_puts(Buf *b, const char *s) { buf_put(b, s, strlen(s)); }
-
-static void buf_int(Buf *b, int v) {
-    char t[16];
-    snprintf(t, sizeof t, "%d", v);
-    buf_puts(b, t);
-}
 
 typedef enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV } Op;
 
@@ -104,48 +71,48 @@ static const char *const phr_final[] = {
 
 #define NPHR(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
 
-static void put_phrase(Buf *b, const char *t, const Step *s, int step_no, int wrong) {
+static void put_phrase(StrBuf *b, const char *t, const Step *s, int step_no, int wrong) {
     while (*t) {
         if (*t != '{') {
             const char *e = strchr(t, '{');
             size_t n = e ? (size_t)(e - t) : strlen(t);
-            buf_put(b, t, n);
+            strbuf_put(b, t, n);
             t += n;
             continue;
         }
         const char *e = strchr(t, '}');
         size_t n = (size_t)(e - t + 1);
         if (strncmp(t, "{a}", n) == 0)
-            buf_int(b, s->a);
+            strbuf_int(b, s->a);
         else if (strncmp(t, "{b}", n) == 0)
-            buf_int(b, s->b);
+            strbuf_int(b, s->b);
         else if (strncmp(t, "{r}", n) == 0)
-            buf_int(b, s->r);
+            strbuf_int(b, s->r);
         else if (strncmp(t, "{w}", n) == 0)
-            buf_int(b, wrong);
+            strbuf_int(b, wrong);
         else if (strncmp(t, "{i}", n) == 0)
-            buf_int(b, step_no);
+            strbuf_int(b, step_no);
         else if (strncmp(t, "{sym}", n) == 0)
-            buf_put(b, &op_sym[s->op], 1);
+            strbuf_put(b, &op_sym[s->op], 1);
         else if (strncmp(t, "{inv}", n) == 0)
-            buf_put(b, &op_inv[s->op], 1);
+            strbuf_put(b, &op_inv[s->op], 1);
         else if (strncmp(t, "{op}", n) == 0) {
-            buf_puts(b, op_verb[s->op]);
-            buf_puts(b, " ");
-            buf_int(b, s->b);
+            strbuf_puts(b, op_verb[s->op]);
+            strbuf_puts(b, " ");
+            strbuf_int(b, s->b);
         }
         t += n;
     }
 }
 
-static void put_step_line(Buf *b, const Step *s) {
-    buf_int(b, s->a);
-    buf_puts(b, " ");
-    buf_put(b, &op_sym[s->op], 1);
-    buf_puts(b, " ");
-    buf_int(b, s->b);
-    buf_puts(b, " = ");
-    buf_int(b, s->r);
+static void put_step_line(StrBuf *b, const Step *s) {
+    strbuf_int(b, s->a);
+    strbuf_puts(b, " ");
+    strbuf_put(b, &op_sym[s->op], 1);
+    strbuf_puts(b, " ");
+    strbuf_int(b, s->b);
+    strbuf_puts(b, " = ");
+    strbuf_int(b, s->r);
 }
 
 void chains_config_default(ChainsConfig *c) {
@@ -241,39 +208,39 @@ int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, Chains
     rng_fork(&rng, &base, index);
 
     int k = c->min_steps + (int)rng_below(&rng, (uint32_t)(c->max_steps - c->min_steps + 1));
-    int v = 1 + (int)rng_below(&rng, (uint32_t)c->max_start);
+    int v0 = 1 + (int)rng_below(&rng, (uint32_t)c->max_start), v = v0;
     Step steps[CHAINS_MAX_STEPS];
     for (int i = 0; i < k; i++) {
         steps[i] = draw_step(c, &rng, v);
         v = steps[i].r;
     }
 
-    Buf prob = {0}, ans = {0}, direct = {0}, concise = {0}, verbose = {0};
-    buf_puts(&prob, "Start with ");
-    buf_int(&prob, steps[0].a);
-    buf_puts(&prob, ".");
+    StrBuf prob = {0}, ans = {0}, direct = {0}, concise = {0}, verbose = {0};
+    strbuf_puts(&prob, "Start with ");
+    strbuf_int(&prob, v0);
+    strbuf_puts(&prob, ".");
     for (int i = 0; i < k; i++) {
-        buf_puts(&prob, " ");
-        buf_puts(&prob, op_title[steps[i].op]);
-        buf_puts(&prob, " ");
-        buf_int(&prob, steps[i].b);
-        buf_puts(&prob, ".");
+        strbuf_puts(&prob, " ");
+        strbuf_puts(&prob, op_title[steps[i].op]);
+        strbuf_puts(&prob, " ");
+        strbuf_int(&prob, steps[i].b);
+        strbuf_puts(&prob, ".");
     }
-    buf_puts(&prob, " What is the result?");
-    buf_int(&ans, v);
-    buf_puts(&direct, "Answer: ");
-    buf_int(&direct, v);
+    strbuf_puts(&prob, " What is the result?");
+    strbuf_int(&ans, v);
+    strbuf_puts(&direct, "Answer: ");
+    strbuf_int(&direct, v);
     for (int i = 0; i < k; i++) {
         put_step_line(&concise, &steps[i]);
-        buf_puts(&concise, "\n");
+        strbuf_puts(&concise, "\n");
     }
-    buf_puts(&concise, "Answer: ");
-    buf_int(&concise, v);
+    strbuf_puts(&concise, "Answer: ");
+    strbuf_int(&concise, v);
 
     // Verbose: every concise line appears verbatim, wrapped in redundant talk.
-    Step start = {OP_ADD, steps[0].a, 0, steps[0].a};
+    Step start = {OP_ADD, v0, 0, v0};
     put_phrase(&verbose, phr_open[rng_below(&rng, NPHR(phr_open))], &start, 0, 0);
-    buf_puts(&verbose, "\n");
+    strbuf_puts(&verbose, "\n");
     // Per step: an optional restatement of the instruction, the concise line, often one re-check
     // or second guess, sometimes the running value again; then sometimes a recap of the
     // whole chain. Tuned to ~3.5x the concise length in tiny-tokenizer tokens (~5.5x in characters).
@@ -281,31 +248,31 @@ int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, Chains
         const Step *s = &steps[i];
         if (rng_uniform(&rng) < 0.5f) {
             put_phrase(&verbose, phr_intro[rng_below(&rng, NPHR(phr_intro))], s, i + 1, 0);
-            buf_puts(&verbose, "\n");
+            strbuf_puts(&verbose, "\n");
         }
         put_step_line(&verbose, s);
-        buf_puts(&verbose, "\n");
+        strbuf_puts(&verbose, "\n");
         if (rng_uniform(&rng) < 0.6f) {
             put_phrase(&verbose, phr_check[rng_below(&rng, NPHR(phr_check))], s, i + 1, draw_wrong(&rng, s->r));
-            buf_puts(&verbose, "\n");
+            strbuf_puts(&verbose, "\n");
         }
         if (rng_uniform(&rng) < 0.3f) {
             put_phrase(&verbose, phr_restate[rng_below(&rng, NPHR(phr_restate))], s, i + 1, 0);
-            buf_puts(&verbose, "\n");
+            strbuf_puts(&verbose, "\n");
         }
     }
     if (k > 1 && rng_uniform(&rng) < 0.4f) {
-        buf_puts(&verbose, phr_recap[rng_below(&rng, NPHR(phr_recap))]);
+        strbuf_puts(&verbose, phr_recap[rng_below(&rng, NPHR(phr_recap))]);
         for (int i = 0; i < k; i++) {
             if (i)
-                buf_puts(&verbose, ", ");
+                strbuf_puts(&verbose, ", ");
             put_step_line(&verbose, &steps[i]);
         }
-        buf_puts(&verbose, ".\n");
+        strbuf_puts(&verbose, ".\n");
     }
     put_phrase(&verbose, phr_final[rng_below(&rng, NPHR(phr_final))], &steps[k - 1], k, 0);
-    buf_puts(&verbose, "\nAnswer: ");
-    buf_int(&verbose, v);
+    strbuf_puts(&verbose, "\nAnswer: ");
+    strbuf_int(&verbose, v);
 
     ex->problem = prob.p;
     ex->answer = ans.p;
