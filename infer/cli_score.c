@@ -182,7 +182,7 @@ int cmd_score(int argc, char **argv) {
         }
         // Plain: logp[i] = log p(x[i+1] | x[..i]). Split: from the last prompt position on.
         int first = it.split ? it.n_prompt - 1 : 0, count = it.n - 1 - first;
-        logprob_forward(logp, a.logits + (size_t)first * m.cfg.V, it.ids + first + 1, count, m.cfg.V);
+        logprob_forward(logp, a.logits + (size_t)first * m.cfg.V, it.ids + first + 1, count, m.cfg.V, 1.0f);
         double sum = 0.0;
         fputs("{\"logprobs\": [", out);
         for (int i = 0; i < count; i++) {

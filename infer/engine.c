@@ -141,7 +141,7 @@ static int next_token(Engine *e, const GenConfig *g, SampleState *s, GenSample *
     }
     if (s->forcing && s->n_forced_used < n_suffix) {
         s->pending = suffix[s->n_forced_used++];
-        logprob_forward(&s->pending_lp, logits, &s->pending, 1, V);
+        logprob_forward(&s->pending_lp, logits, &s->pending, 1, V, 1.0f);
         return ER_OK;
     }
     return sampler_sample(&e->sampler, &g->sampler, logits, &s->rng, &s->pending, &s->pending_lp);

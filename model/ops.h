@@ -59,8 +59,12 @@ static inline float ops_expf(float x) {
        mask is empty). With grad != 0, logits are overwritten by dloss/dlogits. */                             \
     double cross_entropy_forward_backward##SFX(REAL *logits, const int *targets, const REAL *mask, int N,      \
                                                int V, int grad);                                               \
-    /* logp (N) = log softmax(logits)[target] */                                                               \
-    void logprob_forward##SFX(REAL *logp, const REAL *logits, const int *targets, int N, int V);
+    /* logp (N) = log softmax(logits * inv_temp)[target] */                                                    \
+    void logprob_forward##SFX(REAL *logp, const REAL *logits, const int *targets, int N, int V, REAL inv_temp);   \
+    /* dlogits (N,V) = coef[n] * d logp[n] / d logits = coef[n] * inv_temp * (onehot - softmax(logits*inv_temp)) \
+       (overwritten; may alias logits): the backward of a weighted sum of token log-probs */                    \
+    void logprob_backward##SFX(REAL *dlogits, const REAL *logits, const int *targets, const REAL *coef, int N,   \
+                               int V, REAL inv_temp);
 
 ER_OPS_DECLARE(float, )
 ER_OPS_DECLARE(double, _f64)

@@ -271,7 +271,7 @@ double OP(cross_entropy_forward_backward)(REAL *logits, const int *targets, cons
     return wsum > 0 ? total / wsum : 0.0;
 }
 
-void OP(logprob_forward)(REAL *logp, const REAL *logits, const int *targets, int N, int V) {
+void OP(logprob_forward)(REAL *logp, const REAL *logits, const int *targets, int N, int V, REAL inv_temp) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const REAL *l = logits + (size_t)n * V;
@@ -282,8 +282,37 @@ void OP(logprob_forward)(REAL *logp, const REAL *logits, const int *targets, int
         double sum = 0.0;
 #pragma omp simd reduction(+ : sum)
         for (int i = 0; i < V; i++)
-            sum += VEXP(l[i] - mx);
-        logp[n] = (REAL)((double)l[targets[n]] - mx - log(sum));
+            sum += VEXP((l[i] - mx) * inv_temp);
+        logp[n] = (REAL)((double)(l[targets[n]] - mx) * inv_temp - log(sum));
+    }
+}
+
+void OP(logprob_backward)(REAL *dlogits, const REAL *logits, const int *targets, const REAL *coef, int N, int V,
+                          REAL inv_temp) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const REAL *l = logits + (size_t)n * V;
+        REAL *d = dlogits + (size_t)n * V;
+        if (coef[n] == 0) {
+            for (int i = 0; i < V; i++)
+                d[i] = 0;
+            continue;
+        }
+        REAL mx = l[0];
+#pragma omp simd reduction(max : mx)
+        for (int i = 1; i < V; i++)
+            mx = l[i] > mx ? l[i] : mx;
+        double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+        for (int i = 0; i < V; i++) {
+            d[i] = VEXP((l[i] - mx) * inv_temp);
+            sum += d[i];
+        }
+        REAL k = (REAL)(-coef[n] * inv_temp / sum);
+#pragma omp simd
+        for (int i = 0; i < V; i++)
+            d[i] *= k;
+        d[targets[n]] += coef[n] * inv_temp;
     }
 }
 

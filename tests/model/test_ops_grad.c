@@ -216,7 +216,7 @@ Test(ops_grad, logprob_matches_cross_entropy) {
     rng_seed(&rng, 8);
     int N = 3, V = 5, tgt[3] = {4, 0, 2};
     double *x = randv(N * V, 1), lp[3];
-    logprob_forward_f64(lp, x, tgt, N, V);
+    logprob_forward_f64(lp, x, tgt, N, V, 1.0);
     double *l = talloc(N * V * 8);
     memcpy(l, x, N * V * 8);
     double L = cross_entropy_forward_backward_f64(l, tgt, NULL, N, V, 0);
@@ -234,8 +234,8 @@ Test(ops_grad, float_ops_match_double) {
     double lpd[4];
     for (int i = 0; i < N * V; i++)
         xf[i] = (float)x[i];
-    logprob_forward(lpf, xf, tgt, N, V);
-    logprob_forward_f64(lpd, x, tgt, N, V);
+    logprob_forward(lpf, xf, tgt, N, V, 1.0f);
+    logprob_forward_f64(lpd, x, tgt, N, V, 1.0);
     for (int n = 0; n < N; n++)
         cr_assert(fabs(lpf[n] - lpd[n]) <= 2e-6 * (1 + fabs(lpd[n])), "logprob %d: %.9g vs %.9g", n, lpf[n], lpd[n]);
     double lf = cross_entropy_forward_backward(xf, tgt, NULL, N, V, 1);
@@ -253,4 +253,24 @@ Test(ops_grad, float_ops_match_double) {
     swiglu_forward_f64(yd, gd, ud, 1, 5);
     for (int i = 0; i < 5; i++)
         cr_assert(fabs(yf[i] - yd[i]) <= 1e-6 * (1e-30 + fabs(yd[i])) + 1e-30, "swiglu %d: %.9g vs %.9g", i, yf[i], yd[i]);
+}
+
+// The backward of a weighted sum of tempered token log-probs (the policy-gradient losses).
+typedef struct { int N, V; int *tgt; double *coef; double inv_t; } LpCtx;
+static double lp_loss(double *p, void *vc) {
+    LpCtx *c = vc;
+    double lp[4], L = 0;
+    logprob_forward_f64(lp, p, c->tgt, c->N, c->V, c->inv_t);
+    for (int n = 0; n < c->N; n++)
+        L += c->coef[n] * lp[n];
+    return L;
+}
+Test(ops_grad, logprob_backward_tempered) {
+    rng_seed(&rng, 10);
+    int N = 4, V = 9, tgt[4] = {0, 8, 3, 3};
+    double coef[4] = {0.7, -1.3, 0.0, 2.1};
+    LpCtx c = {N, V, tgt, coef, 1.0 / 0.8};
+    double *x = randv(N * V, 2), *g = talloc(N * V * 8);
+    logprob_backward_f64(g, x, tgt, coef, N, V, c.inv_t);
+    check_grad("logprob backward (temperature 0.8)", x, g, N * V, lp_loss, &c);
 }
