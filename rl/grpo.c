@@ -104,7 +104,7 @@ int grpo_policy_loss(const float *logp, const float *old, const float *ref, cons
         }
         double A = adv[i];
         for (int j = off[i]; j < off[i] + len[i]; j++) {
-            double rho = exp((double)logp[j] - old[j]);
+            double rho = old ? exp((double)logp[j] - old[j]) : 1.0; // no old: the current policy, detached
             double lo = 1.0 - c->eps, hi = 1.0 + c->eps_high;
             double rc = rho < lo ? lo : rho > hi ? hi : rho;
             // min(rho A, clip(rho) A): the clipped term wins (and stops the gradient) only outside the range.

@@ -36,9 +36,11 @@ typedef struct {
     double kl;          // mean k3 KL per token
     double clip_frac;   // share of tokens whose ratio was clipped (in the direction that stops the gradient)
     long tokens;
+    double entropy;     // filled by policy_step
 } PolicyLossStats;
 
-// Sequence i owns tokens [off[i], off[i] + len[i]) of logp (current policy), old (at rollout) and
+// Sequence i owns tokens [off[i], off[i] + len[i]) of logp (current policy), old (at rollout; NULL =
+// the current policy detached, rho = 1, as with one update per rollout batch) and
 // ref (adapter off; may be NULL when beta = 0); adv (n_seq). Per token:
 //   l = -min(rho A, clip(rho, 1-eps, 1+eps_high) A) + beta (exp(ref - logp) - (ref - logp) - 1),
 //   rho = exp(logp - old)

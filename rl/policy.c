@@ -1,5 +1,6 @@
 #include "rl/policy.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -71,6 +72,24 @@ int policy_step(Model *m, LoraAdapter *ad, Activations *a, const RolloutBatch *r
     if (rc == ER_OK) {
         rollout_offsets(rb, off);
         rc = grpo_policy_loss(logp, old, ref, adv, off, rb->comp_len, rb->B, c, dlogp, st);
+    }
+    if (rc == ER_OK && n > 0) {
+        double ent = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : ent)
+        for (int i = 0; i < n; i++) {
+            const float *l = a->logits + (size_t)pos[i] * V;
+            float mx = l[0];
+            for (int v = 1; v < V; v++)
+                mx = l[v] > mx ? l[v] : mx;
+            double z = 0.0, zl = 0.0;
+            for (int v = 0; v < V; v++) {
+                double x = (double)(l[v] - mx) * inv_temp, e = exp(x);
+                z += e;
+                zl += e * x;
+            }
+            ent += log(z) - zl / z;
+        }
+        st->entropy = ent / n;
     }
     if (rc == ER_OK && grad) {
         // d loss / d logits: non-zero only at the gathered positions, each row a tempered softmax backward.

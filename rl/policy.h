@@ -25,6 +25,7 @@ int policy_logprobs(Model *m, const LoraAdapter *ad, Activations *a, const Rollo
 
 // Forward + policy loss (+ backward into ad->grads when grad != 0; a must be ACTS_TRAIN). old, ref, adv
 // as in grpo_policy_loss. logp (flat) receives the current log-probs.
+// st->entropy: mean entropy (nats) of the tempered distributions at the completion positions.
 int policy_step(Model *m, LoraAdapter *ad, Activations *a, const RolloutBatch *rb, float inv_temp, const float *old,
                 const float *ref, const float *adv, const PolicyLossConfig *c, int grad, float *logp,
                 PolicyLossStats *st);

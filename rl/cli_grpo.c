@@ -1,0 +1,66 @@
+// ertrain grpo: GRPO with budget forcing on a masked-LoRA adapter (rl/grpo_train.h).
+#include <stdio.h>
+#include <string.h>
+
+#include "core/args.h"
+#include "core/error.h"
+#include "core/threads.h"
+#include "rl/grpo_train.h"
+#include "train/cli.h"
+
+int cmd_grpo(int argc, char **argv) {
+    GrpoConfig c;
+    grpo_config_default(&c);
+    const char *scale = "group", *loss = "dapo";
+    double eps_high = -1;
+    ArgSpec specs[] = {
+        {"model", ARG_STR, &c.model_dir, "base model dir (frozen)", 1, 0, 0},
+        {"adapter", ARG_STR, &c.adapter_dir, "masked LoRA adapter to start from (PEFT dir, e.g. from ertrain sft)", 1, 0, 0},
+        {"data", ARG_STR, &c.data_path, "JSONL prompts with gold answers (\"budget\" per record optional)", 1, 0, 0},
+        {"out", ARG_STR, &c.out_dir, "output dir: adapter, run.json, metrics.jsonl, checkpoint/", 1, 0, 0},
+        {"budgets", ARG_STR, &c.budgets, "token budgets, one drawn per prompt", 0, 0, 0},
+        {"budget-template", ARG_STR, &c.budget_template, "system line stating the budget ({budget} = the number)", 0, 0, 0},
+        {"group", ARG_INT, &c.group, "samples per prompt (G)", 0, 2, 256},
+        {"prompts", ARG_INT, &c.prompts, "prompts per step", 0, 1, 256},
+        {"steps", ARG_INT, &c.steps, "optimizer steps", 0, 1, 1 << 24},
+        {"temperature", ARG_FLOAT, &c.temperature, "rollout temperature", 0, 1e-3, 10},
+        {"top-p", ARG_FLOAT, &c.top_p, "rollout nucleus mass", 0, 1e-6, 1},
+        {"barrier-m", ARG_FLOAT, &c.barrier_m, "soft barrier half-width m: full reward up to (1-m)B, p from (1+m)B", 0, 0, 0.99},
+        {"barrier-p", ARG_FLOAT, &c.barrier_p, "reward of a correct answer beyond (1+m)B", 0, 0, 1},
+        {"answer-tokens", ARG_INT, &c.answer_tokens, "tokens allowed beyond (1+m)B for the final answer", 0, 0, 1 << 20},
+        {"scale-rewards", ARG_STR, &scale, "advantage scaling: group, batch or none", 0, 0, 0},
+        {"drop-flat", ARG_FLAG, &c.drop_flat, "leave groups with equal rewards out of the loss", 0, 0, 0},
+        {"epsilon", ARG_FLOAT, &c.eps, "clip range below 1", 0, 0, 1},
+        {"epsilon-high", ARG_FLOAT, &eps_high, "clip range above 1 (default: --epsilon)", 0, 0, 10},
+        {"beta", ARG_FLOAT, &c.beta, "k3 KL weight against the base (adapter off)", 0, 0, 100},
+        {"loss-type", ARG_STR, &loss, "normalisation: grpo, bnpo, dr_grpo or dapo", 0, 0, 0},
+        {"iterations", ARG_INT, &c.iterations, "policy updates per rollout batch", 0, 1, 64},
+        {"lr", ARG_FLOAT, &c.lr, "peak learning rate", 0, 0, 1},
+        {"warmup", ARG_FLOAT, &c.warmup, "warmup: fraction of the steps (< 1) or steps", 0, 0, 1e9},
+        {"clip", ARG_FLOAT, &c.clip, "global gradient-norm limit (0 = off)", 0, 0, 1e9},
+        {"weight-decay", ARG_FLOAT, &c.weight_decay, "AdamW weight decay", 0, 0, 10},
+        {"seq-len", ARG_INT, &c.seq_len, "positions per sequence: prompt + prefix + completion", 0, 16, 1 << 20},
+        {"save-every", ARG_INT, &c.save_every, "steps between checkpoints (0 = at the end)", 0, 0, 1 << 24},
+        {"seed", ARG_INT, &c.seed, "seed of prompt draws and rollouts", 0, 0, 2147483647},
+        {"threads", ARG_INT, &c.threads, "threads (0 = all cores)", 0, 0, 4096},
+        {"resume", ARG_FLAG, &c.resume, "continue the run in --out from its checkpoint", 0, 0, 0},
+    };
+    int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0],
+                        "ertrain grpo --model DIR --adapter DIR --data FILE.jsonl --out DIR [flags]");
+    if (rc == ARGS_HELP)
+        return 0;
+    if (rc == ER_OK)
+        rc = reward_scale_parse(scale, &c.scale);
+    if (rc == ER_OK)
+        rc = loss_type_parse(loss, &c.loss_type);
+    if (rc < 0)
+        return cli_fail("grpo");
+    c.eps_high = eps_high >= 0 ? eps_high : c.eps;
+    threads_set(c.threads);
+    GrpoResult res;
+    if (grpo_train(&c, &res) < 0)
+        return cli_fail("grpo");
+    printf("grpo: %ld steps, mean reward %.3f -> %.3f, mean length %.1f -> %.1f tokens; adapter in %s\n", res.steps,
+           res.first_reward, res.last_reward, res.first_length, res.last_length, c.out_dir);
+    return 0;
+}

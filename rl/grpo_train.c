@@ -1,0 +1,510 @@
+#include "rl/grpo_train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/progress.h"
+#include "core/rng.h"
+#include "core/threads.h"
+#include "data/chat.h"
+#include "data/dataset.h"
+#include "data/grade.h"
+#include "data/tokenizer.h"
+#include "infer/engine.h"
+#include "lora/peft.h"
+#include "rl/policy.h"
+#include "train/checkpoint.h"
+#include "train/optim.h"
+#include "train/run.h"
+#include "train/trainer.h"
+
+#define MAX_BUDGETS 16
+
+void grpo_config_default(GrpoConfig *c) {
+    memset(c, 0, sizeof *c);
+    c->budgets = "64,128,256";
+    c->budget_template = "Think for at most {budget} tokens.";
+    c->group = 8;
+    c->prompts = 4;
+    c->steps = 100;
+    c->temperature = 0.8;
+    c->top_p = 1.0;
+    c->barrier_m = 0.2;
+    c->barrier_p = 0.0;
+    c->answer_tokens = 16;
+    c->scale = SCALE_GROUP;
+    c->eps = 0.2;
+    c->eps_high = 0.2;
+    c->beta = 1e-3;
+    c->loss_type = LOSS_DAPO;
+    c->iterations = 1;
+    c->lr = 2e-5;
+    c->warmup = 0;
+    c->clip = 1.0;
+    c->seq_len = 1024;
+}
+
+static int parse_budgets(const char *s, int *out, int *n) {
+    *n = 0;
+    for (const char *p = s; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > (1 << 20) || (*end && *end != ','))
+            return er_error(ER_EINVAL, "--budgets: expected positive integers separated by commas, got \"%s\"", s);
+        if (*n == MAX_BUDGETS)
+            return er_error(ER_EINVAL, "--budgets: at most %d budgets", MAX_BUDGETS);
+        out[(*n)++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (*n == 0)
+        return er_error(ER_EINVAL, "--budgets is empty");
+    return ER_OK;
+}
+
+// The budget line with {budget} replaced.
+static void budget_line(char *buf, size_t n, const char *tmpl, int budget) {
+    const char *at = strstr(tmpl, "{budget}");
+    if (!at)
+        snprintf(buf, n, "%s", tmpl);
+    else
+        snprintf(buf, n, "%.*s%d%s", (int)(at - tmpl), tmpl, budget, at + 8);
+}
+
+// One prompt's group of rollouts.
+typedef struct {
+    int *prompt;       // prompt tokens then the forced reasoning prefix
+    int n_prompt;      // prompt + prefix
+    int budget;
+    GenSample *s;      // (G)
+    float *reward;     // (G)
+    int correct;       // samples graded right
+    float *ref, *old;  // per completion token, rollout_offsets order (NULL when not needed)
+} Group;
+
+typedef struct {
+    const GrpoConfig *c;
+    Model m;
+    LoraAdapter ad;
+    Tokenizer *tok;
+    ChatStyle style;
+    Dataset d;
+    int budgets[MAX_BUDGETS], n_budgets;
+    int *prefix, n_prefix;
+    Engine eng;
+    Activations acts;
+    AdamW opt;
+    MetricsLog ml;
+    TrainState st;
+    int max_new;
+    Group *groups;
+    // batch buffers (G rows x seq_len)
+    int *tokens, *plen, *clen;
+    uint8_t *mask;
+    float *logp, *rewards, *adv;
+} Grpo;
+
+static void grpo_free(Grpo *g) {
+    if (g->groups)
+        for (int i = 0; i < g->c->prompts; i++) {
+            er_free(g->groups[i].prompt);
+            if (g->groups[i].s)
+                gen_samples_free(g->groups[i].s, g->c->group);
+            er_free(g->groups[i].s);
+            er_free(g->groups[i].reward);
+            er_free(g->groups[i].ref);
+            er_free(g->groups[i].old);
+        }
+    er_free(g->groups);
+    er_free(g->tokens);
+    er_free(g->plen);
+    er_free(g->clen);
+    er_free(g->mask);
+    er_free(g->logp);
+    er_free(g->rewards);
+    er_free(g->adv);
+    er_free(g->prefix);
+    metrics_close(&g->ml);
+    train_state_free(&g->st);
+    adamw_free(&g->opt);
+    acts_free(&g->acts);
+    engine_free(&g->eng);
+    for (int i = 0; i < g->d.n; i++)
+        example_free(&g->d.ex[i]);
+    er_free(g->d.ex);
+    tok_free(g->tok);
+    lora_free(&g->ad);
+    model_free(&g->m);
+}
+
+static int grpo_setup(Grpo *g) {
+    const GrpoConfig *c = g->c;
+    ER_TRY(parse_budgets(c->budgets, g->budgets, &g->n_budgets));
+    if (c->group < 2)
+        return er_error(ER_EINVAL, "--group must be at least 2 (advantages compare samples of one prompt)");
+    if (c->prompts < 1 || c->prompts > 256)
+        return er_error(ER_EINVAL, "--prompts must be in 1..256");
+    ER_TRY(run_dir_check(c->out_dir, c->resume));
+    ER_TRY(model_load(&g->m, c->model_dir, 0));
+    const ModelConfig *mc = &g->m.cfg;
+    LoraShape shape = {mc->L, mc->C, mc->NH * mc->HS, mc->NKV * mc->HS, mc->FF};
+    ER_TRY(peft_load(&g->ad, c->adapter_dir, &shape, 1));
+    if (!g->ad.masked)
+        return er_error(ER_EINVAL, "%s: GRPO here trains masked adapters (er_mask \"response\")", c->adapter_dir);
+    ER_TRY(tok_load(&g->tok, c->model_dir));
+    ER_TRY(train_chat_style(c->model_dir, &g->style));
+    ER_TRY(dataset_load(c->data_path, NULL, 0, &g->d));
+    if (g->d.n == 0)
+        return er_error(ER_EFORMAT, "%s: no records", c->data_path);
+    for (int i = 0; i < g->d.n; i++)
+        if (!g->d.ex[i].answer)
+            return er_error(ER_EFORMAT, "%s:%ld: record has no gold answer", c->data_path, g->d.ex[i].line);
+    const char *pre = g->ad.reasoning_prefix ? g->ad.reasoning_prefix : "";
+    if (pre[0])
+        ER_TRY(tok_encode(g->tok, pre, strlen(pre), &g->prefix, &g->n_prefix));
+    int max_budget = 0;
+    for (int i = 0; i < g->n_budgets; i++)
+        max_budget = g->budgets[i] > max_budget ? g->budgets[i] : max_budget;
+    for (int i = 0; i < g->d.n; i++)
+        max_budget = g->d.ex[i].budget > max_budget ? g->d.ex[i].budget : max_budget;
+    g->max_new = (int)ceil((1.0 + c->barrier_m) * max_budget) + c->answer_tokens;
+    if (g->max_new + g->n_prefix + 8 > c->seq_len)
+        return er_error(ER_EINVAL, "--seq-len %d cannot hold (1+m) x budget %d + %d answer tokens and a prompt",
+                        c->seq_len, max_budget, c->answer_tokens);
+    ER_TRY(engine_init(&g->eng, &g->m, g->tok, KV_F32, c->group, c->seq_len, 128, 0));
+    ER_TRY(acts_alloc(&g->acts, mc, c->group, c->seq_len, ACTS_TRAIN, 0));
+    ER_TRY(adamw_init(&g->opt, g->ad.n_params, c->lr, 0.9, 0.999, 1e-8, c->weight_decay));
+    size_t cells = (size_t)c->group * c->seq_len;
+    g->groups = er_calloc((size_t)c->prompts, sizeof(Group));
+    g->tokens = er_alloc(sizeof(int) * cells);
+    g->mask = er_alloc(cells);
+    g->plen = er_alloc(sizeof(int) * (size_t)c->group);
+    g->clen = er_alloc(sizeof(int) * (size_t)c->group);
+    g->logp = er_alloc(sizeof(float) * cells);
+    g->rewards = er_alloc(sizeof(float) * (size_t)c->prompts * c->group);
+    g->adv = er_alloc(sizeof(float) * (size_t)c->prompts * c->group);
+    if (!g->groups || !g->tokens || !g->mask || !g->plen || !g->clen || !g->logp || !g->rewards || !g->adv)
+        return ER_ENOMEM;
+    for (int i = 0; i < c->prompts; i++) {
+        g->groups[i].s = er_calloc((size_t)c->group, sizeof(GenSample));
+        g->groups[i].reward = er_alloc(sizeof(float) * (size_t)c->group);
+        g->groups[i].ref = er_alloc(sizeof(float) * cells);
+        g->groups[i].old = er_alloc(sizeof(float) * cells);
+        if (!g->groups[i].s || !g->groups[i].reward || !g->groups[i].ref || !g->groups[i].old)
+            return ER_ENOMEM;
+    }
+    return ER_OK;
+}
+
+// Draws prompt p of step `step`, renders it with its budget line and rolls out G samples.
+static int rollout(Grpo *g, long step, int p, long *gen_tokens) {
+    const GrpoConfig *c = g->c;
+    Group *gr = &g->groups[p];
+    ErRng r;
+    rng_fork(&r, &g->st.rng, ((uint64_t)step << 16) | (uint64_t)p);
+    const Example *ex = &g->d.ex[rng_below(&r, (uint32_t)g->d.n)];
+    gr->budget = ex->budget > 0 ? ex->budget : g->budgets[rng_below(&r, (uint32_t)g->n_budgets)];
+    char line[512];
+    budget_line(line, sizeof line, c->budget_template, gr->budget);
+    // The budget line is the system message (replacing the record's own).
+    int has_sys = ex->n_messages > 0 && strcmp(ex->messages[0].role, "system") == 0;
+    ChatMessage msgs[64];
+    int n = 0;
+    msgs[n++] = (ChatMessage){"system", line};
+    for (int i = has_sys; i < ex->n_messages && n < 64; i++)
+        msgs[n++] = ex->messages[i];
+    char *text;
+    ER_TRY(chat_render(g->style, msgs, n, CHAT_ADD_GENERATION_PROMPT, &text, NULL));
+    int *ids, nid;
+    int rc = tok_encode(g->tok, text, strlen(text), &ids, &nid);
+    er_free(text);
+    if (rc < 0)
+        return rc;
+    if (nid + g->n_prefix + g->max_new > c->seq_len) {
+        er_free(ids);
+        return er_error(ER_ERANGE, "%s:%ld: the prompt (%d tokens) does not fit --seq-len %d with %d new tokens",
+                        c->data_path, ex->line, nid, c->seq_len, g->max_new);
+    }
+    er_free(gr->prompt);
+    gr->prompt = er_alloc(sizeof(int) * (size_t)(nid + g->n_prefix));
+    if (!gr->prompt) {
+        er_free(ids);
+        return ER_ENOMEM;
+    }
+    memcpy(gr->prompt, ids, sizeof(int) * (size_t)nid);
+    memcpy(gr->prompt + nid, g->prefix, sizeof(int) * (size_t)g->n_prefix);
+    gr->n_prompt = nid + g->n_prefix;
+
+    GenConfig gc;
+    gen_config_default(&gc);
+    gc.n_samples = c->group;
+    gc.max_new = (int)ceil((1.0 + c->barrier_m) * gr->budget) + c->answer_tokens;
+    gc.sampler.temperature = (float)c->temperature;
+    gc.sampler.top_p = (float)c->top_p;
+    gc.seed = rng_u64(&r);
+    gc.adapter = &g->ad;
+    gc.response_prefix = g->ad.reasoning_prefix;
+    gen_samples_free(gr->s, c->group);
+    GenStats gs;
+    rc = engine_generate(&g->eng, ids, nid, &gc, NULL, NULL, gr->s, &gs);
+    er_free(ids);
+    ER_TRY(rc);
+    *gen_tokens += gs.generated_tokens;
+    gr->correct = 0;
+    for (int i = 0; i < c->group; i++) {
+        int ok = grade_response(gr->s[i].text, ex->answer);
+        if (ok < 0)
+            return ok;
+        gr->correct += ok;
+        gr->reward[i] = (float)reward_total(ok, gr->s[i].n_tokens, gr->budget, c->barrier_m, c->barrier_p);
+    }
+    return ER_OK;
+}
+
+// Rows of group p as a RolloutBatch: prompt + prefix, then the sample's tokens (adapter on from the prefix).
+static RolloutBatch group_batch(Grpo *g, int p) {
+    const Group *gr = &g->groups[p];
+    int G = g->c->group, T = 0;
+    for (int i = 0; i < G; i++)
+        T = gr->n_prompt + gr->s[i].n_tokens > T ? gr->n_prompt + gr->s[i].n_tokens : T;
+    for (int i = 0; i < G; i++) {
+        int *row = g->tokens + (size_t)i * T;
+        uint8_t *mrow = g->mask + (size_t)i * T;
+        memcpy(row, gr->prompt, sizeof(int) * (size_t)gr->n_prompt);
+        memcpy(row + gr->n_prompt, gr->s[i].tokens, sizeof(int) * (size_t)gr->s[i].n_tokens);
+        int used = gr->n_prompt + gr->s[i].n_tokens;
+        for (int t = used; t < T; t++)
+            row[t] = 0;
+        for (int t = 0; t < T; t++)
+            mrow[t] = t >= gr->n_prompt - g->n_prefix && t < used;
+        g->plen[i] = gr->n_prompt;
+        g->clen[i] = gr->s[i].n_tokens;
+    }
+    return (RolloutBatch){G, T, g->tokens, g->mask, g->plen, g->clen};
+}
+
+typedef struct {
+    double reward, acc, len, over, clip, kl, entropy, flat, loss, gnorm, lr;
+    double len_by_budget[MAX_BUDGETS];
+    int n_by_budget[MAX_BUDGETS];
+    double rollout_tps, train_tps;
+} StepMetrics;
+
+static int grpo_step(Grpo *g, long step, StepMetrics *sm) {
+    const GrpoConfig *c = g->c;
+    int P = c->prompts, G = c->group;
+    memset(sm, 0, sizeof *sm);
+    double t0 = time_now();
+    long gen_tokens = 0;
+    for (int p = 0; p < P; p++)
+        ER_TRY(rollout(g, step, p, &gen_tokens));
+    double t1 = time_now();
+    sm->rollout_tps = gen_tokens / (t1 - t0 + 1e-9);
+
+    // Rewards, advantages, metrics of the rollouts.
+    float *rewards = g->rewards;
+    unsigned char flat[256];
+    long over = 0, n = (long)P * G;
+    for (int p = 0; p < P; p++) {
+        Group *gr = &g->groups[p];
+        int b = 0;
+        while (b < g->n_budgets && g->budgets[b] != gr->budget)
+            b++;
+        for (int i = 0; i < G; i++) {
+            rewards[p * G + i] = gr->reward[i];
+            sm->reward += gr->reward[i];
+            sm->len += gr->s[i].n_tokens;
+            over += gr->s[i].n_tokens > gr->budget;
+            if (b < g->n_budgets) {
+                sm->len_by_budget[b] += gr->s[i].n_tokens;
+                sm->n_by_budget[b]++;
+            }
+        }
+        sm->acc += gr->correct;
+    }
+    sm->reward /= n;
+    sm->len /= n;
+    sm->acc /= n;
+    sm->over = (double)over / n;
+    int n_flat = grpo_advantages(rewards, P, G, c->scale, g->adv, flat);
+    sm->flat = (double)n_flat / P;
+
+    // Global completion-token count (dapo) and the groups that take part.
+    long tokens = 0;
+    int used = 0;
+    for (int p = 0; p < P; p++)
+        if (!(c->drop_flat && flat[p])) {
+            used++;
+            for (int i = 0; i < G; i++)
+                tokens += g->groups[p].s[i].n_tokens;
+        }
+    PolicyLossConfig lc = {c->eps, c->eps_high, c->beta, c->loss_type, g->max_new, (double)(tokens > 0 ? tokens : 1)};
+    float inv_t = (float)(1.0 / c->temperature);
+    long train_positions = 0;
+    double t2 = time_now();
+    for (int it = 0; it < c->iterations && used > 0; it++) {
+        lora_zero_grad(&g->ad);
+        double loss = 0, clip = 0, kl = 0, ent = 0;
+        for (int p = 0; p < P; p++) {
+            if (c->drop_flat && flat[p])
+                continue;
+            Group *gr = &g->groups[p];
+            RolloutBatch rb = group_batch(g, p);
+            if (it == 0 && c->beta > 0)
+                ER_TRY(policy_logprobs(&g->m, NULL, &g->acts, &rb, inv_t, gr->ref));
+            if (it == 0 && c->iterations > 1)
+                ER_TRY(policy_logprobs(&g->m, &g->ad, &g->acts, &rb, inv_t, gr->old));
+            PolicyLossStats ps;
+            ER_TRY(policy_step(&g->m, &g->ad, &g->acts, &rb, inv_t, c->iterations > 1 ? gr->old : NULL,
+                               c->beta > 0 ? gr->ref : NULL, g->adv + (size_t)p * G, &lc, 1, g->logp, &ps));
+            loss += ps.loss;
+            clip += ps.clip_frac * ps.tokens;
+            kl += ps.kl * ps.tokens;
+            ent += ps.entropy * ps.tokens;
+            train_positions += (long)rb.B * rb.T;
+        }
+        // grpo, bnpo and dr_grpo normalise within a group: average the groups. dapo used the global count.
+        if (c->loss_type != LOSS_DAPO) {
+            float s = 1.0f / (float)used;
+            for (size_t i = 0; i < g->ad.n_params; i++)
+                g->ad.grads[i] *= s;
+            loss /= used;
+        }
+        sm->gnorm = clip_grad_norm(g->ad.grads, g->ad.n_params, c->clip);
+        if (!isfinite(sm->gnorm))
+            return er_error(ER_ERANGE, "grpo step %ld: the gradient is not finite", step + 1);
+        long warm = c->warmup < 1 ? (long)(c->warmup * c->steps) : (long)c->warmup;
+        sm->lr = lr_schedule(step, warm, c->steps, c->lr, 0.0);
+        adamw_step(&g->opt, g->ad.params, g->ad.grads, NULL, sm->lr);
+        sm->loss = loss;
+        sm->clip = tokens > 0 ? clip / tokens : 0;
+        sm->kl = tokens > 0 ? kl / tokens : 0;
+        sm->entropy = tokens > 0 ? ent / tokens : 0;
+    }
+    sm->train_tps = train_positions / (time_now() - t2 + 1e-9);
+    return ER_OK;
+}
+
+static int write_metrics(Grpo *g, long step, const StepMetrics *sm) {
+    cJSON *j = cJSON_CreateObject();
+    if (!j)
+        return ER_ENOMEM;
+    cJSON_AddNumberToObject(j, "step", (double)step);
+    cJSON_AddNumberToObject(j, "reward", sm->reward);
+    cJSON_AddNumberToObject(j, "accuracy", sm->acc);
+    cJSON_AddNumberToObject(j, "length", sm->len);
+    cJSON *lb = cJSON_AddObjectToObject(j, "length_by_budget");
+    for (int b = 0; b < g->n_budgets; b++)
+        if (sm->n_by_budget[b]) {
+            char k[16];
+            snprintf(k, sizeof k, "%d", g->budgets[b]);
+            cJSON_AddNumberToObject(lb, k, sm->len_by_budget[b] / sm->n_by_budget[b]);
+        }
+    cJSON_AddNumberToObject(j, "over_budget", sm->over);
+    cJSON_AddNumberToObject(j, "loss", sm->loss);
+    cJSON_AddNumberToObject(j, "clip_fraction", sm->clip);
+    cJSON_AddNumberToObject(j, "kl", sm->kl);
+    cJSON_AddNumberToObject(j, "entropy", sm->entropy);
+    cJSON_AddNumberToObject(j, "flat_groups", sm->flat);
+    cJSON_AddNumberToObject(j, "grad_norm", sm->gnorm);
+    cJSON_AddNumberToObject(j, "lr", sm->lr);
+    cJSON_AddNumberToObject(j, "rollout_tokens_per_s", sm->rollout_tps);
+    cJSON_AddNumberToObject(j, "train_tokens_per_s", sm->train_tps);
+    int rc = metrics_write(&g->ml, j);
+    cJSON_Delete(j);
+    return rc;
+}
+
+static cJSON *config_json(const GrpoConfig *c) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "command", "grpo");
+    cJSON_AddStringToObject(j, "version", ERTRAIN_VERSION);
+    cJSON_AddStringToObject(j, "model", c->model_dir);
+    cJSON_AddStringToObject(j, "adapter", c->adapter_dir);
+    cJSON_AddStringToObject(j, "data", c->data_path);
+    cJSON_AddStringToObject(j, "budgets", c->budgets);
+    cJSON_AddStringToObject(j, "budget_template", c->budget_template);
+    cJSON_AddNumberToObject(j, "group", c->group);
+    cJSON_AddNumberToObject(j, "prompts", c->prompts);
+    cJSON_AddNumberToObject(j, "steps", c->steps);
+    cJSON_AddNumberToObject(j, "temperature", c->temperature);
+    cJSON_AddNumberToObject(j, "top_p", c->top_p);
+    cJSON_AddNumberToObject(j, "barrier_m", c->barrier_m);
+    cJSON_AddNumberToObject(j, "barrier_p", c->barrier_p);
+    cJSON_AddNumberToObject(j, "answer_tokens", c->answer_tokens);
+    cJSON_AddNumberToObject(j, "scale_rewards", c->scale);
+    cJSON_AddBoolToObject(j, "drop_flat", c->drop_flat);
+    cJSON_AddNumberToObject(j, "epsilon", c->eps);
+    cJSON_AddNumberToObject(j, "epsilon_high", c->eps_high);
+    cJSON_AddNumberToObject(j, "beta", c->beta);
+    cJSON_AddNumberToObject(j, "loss_type", c->loss_type);
+    cJSON_AddNumberToObject(j, "iterations", c->iterations);
+    cJSON_AddNumberToObject(j, "lr", c->lr);
+    cJSON_AddNumberToObject(j, "warmup", c->warmup);
+    cJSON_AddNumberToObject(j, "clip", c->clip);
+    cJSON_AddNumberToObject(j, "weight_decay", c->weight_decay);
+    cJSON_AddNumberToObject(j, "seq_len", c->seq_len);
+    cJSON_AddNumberToObject(j, "seed", c->seed);
+    cJSON_AddNumberToObject(j, "threads", threads_get());
+    return j;
+}
+
+int grpo_train(const GrpoConfig *c, GrpoResult *res) {
+    memset(res, 0, sizeof *res);
+    Grpo g;
+    memset(&g, 0, sizeof g);
+    g.c = c;
+    int rc = grpo_setup(&g);
+    char *ckpt = path_join(c->out_dir, "checkpoint");
+    if (!ckpt)
+        rc = ER_ENOMEM;
+    long start = 0;
+    if (rc == ER_OK && c->resume && checkpoint_exists(ckpt)) {
+        rc = checkpoint_load(ckpt, &g.st, g.ad.params, g.ad.n_params, &g.opt);
+        start = g.st.step;
+    } else if (rc == ER_OK) {
+        rng_seed(&g.st.rng, (uint64_t)c->seed);
+        g.st.config = config_json(c);
+    }
+    if (rc == ER_OK)
+        rc = dir_make(c->out_dir);
+    if (rc == ER_OK)
+        rc = run_write_json(c->out_dir, g.st.config);
+    if (rc == ER_OK)
+        rc = metrics_open(&g.ml, c->out_dir, c->resume, start);
+    Progress prog;
+    progress_begin(&prog, "grpo", "step", c->steps);
+    for (long s = start; rc == ER_OK && s < c->steps; s++) {
+        StepMetrics sm;
+        rc = grpo_step(&g, s, &sm);
+        if (rc == ER_OK)
+            rc = write_metrics(&g, s + 1, &sm);
+        if (rc < 0)
+            break;
+        if (s == start) {
+            res->first_reward = sm.reward;
+            res->first_length = sm.len;
+        }
+        res->last_reward = sm.reward;
+        res->last_length = sm.len;
+        res->steps = s + 1;
+        g.st.step = s + 1;
+        if ((c->save_every > 0 && (s + 1) % c->save_every == 0) || s + 1 == c->steps)
+            rc = checkpoint_save(ckpt, &g.st, g.ad.params, g.ad.n_params, &g.opt);
+        char extra[160];
+        snprintf(extra, sizeof extra, "reward %.3f acc %.2f len %.1f kl %.4f", sm.reward, sm.acc, sm.len, sm.kl);
+        if (!c->quiet)
+            progress_update(&prog, s + 1 - start, extra);
+    }
+    if (!c->quiet && rc == ER_OK)
+        progress_end(&prog, NULL);
+    if (rc == ER_OK)
+        rc = peft_save(&g.ad, c->out_dir);
+    er_free(ckpt);
+    grpo_free(&g);
+    return rc;
+}

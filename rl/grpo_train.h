@@ -1,0 +1,41 @@
+// ertrain grpo: GRPO with the budget-forcing reward on a masked-LoRA adapter. Each step draws prompts,
+// states a token budget in each (a system line), rolls out G samples per prompt with the runtime
+// (shared prompt prefix, batched decode, adapter on after the prefill), rewards correct x
+// soft_barrier(length, budget), and takes clipped policy-gradient steps with a k3 KL penalty against
+// the same base with the adapter off.
+#ifndef RL_GRPO_TRAIN_H
+#define RL_GRPO_TRAIN_H
+
+#include "rl/grpo.h"
+
+typedef struct {
+    const char *model_dir, *adapter_dir, *data_path, *out_dir;
+    const char *budgets;          // "64,128,256": one drawn per prompt unless the record has "budget"
+    const char *budget_template;  // system line; {budget} is replaced by the number
+    int group;                    // G samples per prompt
+    int prompts;                  // prompts per step
+    int steps;
+    double temperature, top_p;
+    double barrier_m, barrier_p;
+    int answer_tokens;            // allowance after (1+m)·budget for the final answer
+    RewardScale scale;
+    int drop_flat;                // leave groups with equal rewards out of the loss
+    double eps, eps_high, beta;
+    LossType loss_type;
+    int iterations;               // policy updates per rollout batch (old log-probs stored)
+    double lr, warmup, clip, weight_decay;
+    int seq_len;                  // positions per sequence (prompt + prefix + completion)
+    int seed, threads, save_every, resume, quiet;
+} GrpoConfig;
+
+void grpo_config_default(GrpoConfig *c);
+
+typedef struct {
+    long steps;
+    double first_reward, last_reward;   // mean reward of the first and last step run
+    double first_length, last_length;   // mean completion length
+} GrpoResult;
+
+int grpo_train(const GrpoConfig *c, GrpoResult *res);
+
+#endif
