@@ -2,6 +2,7 @@
 // prompt KV from the base) equal the training forward's, and GRPO raises a reward it can learn.
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
