@@ -88,3 +88,26 @@ int args_parse(int argc, char **argv, const ArgSpec *specs, int nspecs, const ch
             return er_error(ER_EINVAL, "missing required flag --%s (see --help)", specs[j].name);
     return ER_OK;
 }
+
+static void list_commands(FILE *out, const char *prog, const ArgCommand *cmds, int n) {
+    fprintf(out, "usage: %s <command> [flags]   (%s <command> --help for its flags)\n\ncommands:\n", prog, prog);
+    for (int i = 0; i < n; i++)
+        fprintf(out, "  %-12s %s\n", cmds[i].name, cmds[i].help);
+}
+
+int args_dispatch(const char *prog, const ArgCommand *cmds, int n, int argc, char **argv) {
+    if (argc < 2) {
+        list_commands(stderr, prog, cmds, n);
+        return 1;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        list_commands(stdout, prog, cmds, n);
+        return 0;
+    }
+    for (int i = 0; i < n; i++)
+        if (strcmp(argv[1], cmds[i].name) == 0)
+            return cmds[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "%s: unknown command \"%s\"\n", prog, argv[1]);
+    list_commands(stderr, prog, cmds, n);
+    return 1;
+}

@@ -21,4 +21,15 @@ typedef struct {
 int args_parse(int argc, char **argv, const ArgSpec *specs, int nspecs, const char *usage);
 void args_print_help(const ArgSpec *specs, int nspecs, const char *usage);
 
+// A program of subcommands (erinfer, ertrain): argv[1] names the command, which gets argv from there.
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv); // returns the exit status
+    const char *help;
+} ArgCommand;
+
+// Runs the named command; lists the commands for --help (stdout, status 0) or when the command is
+// missing or unknown (stderr, status 1).
+int args_dispatch(const char *prog, const ArgCommand *cmds, int n, int argc, char **argv);
+
 #endif
