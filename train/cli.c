@@ -1,28 +1,10 @@
 // ertrain: the training stack's command-line front end.
 #include <stdio.h>
-#include <string.h>
 
+#include "core/args.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "train/cli.h"
-
-static int cmd_version(int argc, char **argv);
-
-typedef struct {
-    const char *name;
-    int (*run)(int argc, char **argv);
-    const char *help;
-} Command;
-
-static const Command commands[] = {
-    {"version", cmd_version, "print the build configuration"},
-    {"synth", cmd_synth, "generate synthetic datasets (chains)"},
-};
-
-int cli_fail(const char *cmd) {
-    fprintf(stderr, "ertrain %s: %s\n", cmd, er_last_error());
-    return 1;
-}
 
 static int cmd_version(int argc, char **argv) {
     (void)argc;
@@ -37,25 +19,20 @@ static int cmd_version(int argc, char **argv) {
     return 0;
 }
 
-static void usage(FILE *out) {
-    fprintf(out, "usage: ertrain <command> [flags]   (ertrain <command> --help for its flags)\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].help);
+static const ArgCommand commands[] = {
+    {"synth", cmd_synth, "generate synthetic datasets (chains)"},
+    {"init", cmd_init, "write a randomly initialised model dir from a config.json"},
+    {"pretrain", cmd_pretrain, "train a model from random init on rendered conversations"},
+    {"sft", cmd_sft, "train a masked LoRA adapter on a frozen base (PEFT output)"},
+    {"grpo", cmd_grpo, "GRPO with the budget reward on a masked LoRA adapter"},
+    {"version", cmd_version, "print the build configuration"},
+};
+
+int cli_fail(const char *cmd) {
+    fprintf(stderr, "ertrain %s: %s\n", cmd, er_last_error());
+    return 1;
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) {
-        usage(stderr);
-        return 1;
-    }
-    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
-        usage(stdout);
-        return 0;
-    }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (strcmp(argv[1], commands[i].name) == 0)
-            return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "ertrain: unknown command \"%s\"\n", argv[1]);
-    usage(stderr);
-    return 1;
+    return args_dispatch("ertrain", commands, sizeof commands / sizeof commands[0], argc, argv);
 }

@@ -1,52 +1,13 @@
 // ertrain init: a randomly initialised model dir from a config.json (the starting point of
 // pretraining, and of tests and benchmarks that need a model of a given shape).
 #include <stdio.h>
-#include <string.h>
 
-#include "core/alloc.h"
 #include "core/args.h"
 #include "core/error.h"
-#include "core/fileio.h"
 #include "core/threads.h"
 #include "model/model.h"
 #include "train/cli.h"
-
-// Copies the tokenizer files found in `src` (a dir, or a tokenizer.json whose dir is used) into `dst`.
-static int copy_tokenizer(const char *src, const char *dst) {
-    static const char *files[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json"};
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", src);
-    if (!path_is_dir(dir)) {
-        char *slash = strrchr(dir, '/');
-        if (slash)
-            *slash = 0;
-        else
-            snprintf(dir, sizeof dir, ".");
-    }
-    int copied = 0;
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char *from = path_join(dir, files[i]), *to = path_join(dst, files[i]);
-        int rc = ER_OK;
-        if (!from || !to) {
-            rc = ER_ENOMEM;
-        } else if (path_exists(from)) {
-            char *buf;
-            size_t n;
-            rc = file_read_all(from, (size_t)1 << 30, &buf, &n);
-            if (rc == ER_OK) {
-                rc = file_write_atomic(to, buf, n);
-                er_free(buf);
-                copied += rc == ER_OK;
-            }
-        }
-        er_free(from);
-        er_free(to);
-        ER_TRY(rc);
-    }
-    if (!copied)
-        return er_error(ER_EIO, "%s: no tokenizer.json found", src);
-    return ER_OK;
-}
+#include "train/run.h"
 
 int cmd_init(int argc, char **argv) {
     const char *config = NULL, *out = NULL, *tokenizer = NULL;
@@ -74,7 +35,7 @@ int cmd_init(int argc, char **argv) {
         return cli_fail("init");
     rc = model_save(&m, out, bf16);
     if (rc == ER_OK && tokenizer)
-        rc = copy_tokenizer(tokenizer, out);
+        rc = run_copy_tokenizer(tokenizer, out);
     if (rc == ER_OK)
         printf("wrote %s: %zu parameters (%s)\n", out, model_config_num_params(&c), bf16 ? "bf16" : "fp32");
     model_free(&m);

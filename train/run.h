@@ -1,0 +1,36 @@
+// The run directory every ertrain command writes: run.json (resolved configuration, version, seed,
+// data, counts) and metrics.jsonl (one JSON object per optimizer step).
+#ifndef TRAIN_RUN_H
+#define TRAIN_RUN_H
+
+#include <stdio.h>
+
+#include <cjson/cJSON.h>
+
+#define ERTRAIN_VERSION "0.1.0"
+
+// A new run needs `dir` absent or empty; an existing run is only continued with --resume.
+// Checks only (the trainer creates the dir once its inputs have loaded).
+int run_dir_check(const char *dir, int resume);
+
+// Writes dir/run.json atomically.
+int run_write_json(const char *dir, const cJSON *run);
+
+typedef struct {
+    FILE *fp;
+    char *path;
+} MetricsLog;
+
+// Opens dir/metrics.jsonl. A resumed run keeps the lines of steps <= keep_step (those a run killed
+// after its checkpoint wrote past it are dropped, so the file reads as if never interrupted);
+// a new run starts it empty.
+int metrics_open(MetricsLog *ml, const char *dir, int resume, long keep_step);
+// Appends `line` (one JSON object, printed unformatted) and flushes.
+int metrics_write(MetricsLog *ml, const cJSON *line);
+void metrics_close(MetricsLog *ml);
+
+// Copies tokenizer.json, tokenizer_config.json and generation_config.json found at `src` (a dir, or a
+// tokenizer.json whose dir is used) into `dst`; tokenizer.json is required.
+int run_copy_tokenizer(const char *src, const char *dst);
+
+#endif

@@ -1,0 +1,112 @@
+// The training loops of `ertrain sft` (masked LoRA on a frozen base) and `ertrain pretrain`
+// (every parameter of a randomly initialised model), sharing one loop: length-bucketed batches,
+// gradient accumulation, global-norm clipping, AdamW with linear warmup + cosine decay, held-out
+// loss, metrics.jsonl + run.json, and checkpoints a run resumes from bit for bit.
+//
+// Determinism: every random choice is a function of --seed and of where the run is. The root RNG is
+// seeded from --seed; the eval split, the adapter init, the order of epoch e and the dropout masks of
+// micro-batch k of step s each fork their own stream from it (rng_fork with a purpose tag and e or
+// s, k), so a resumed run draws exactly what the uninterrupted one would.
+#ifndef TRAIN_TRAINER_H
+#define TRAIN_TRAINER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "data/chat.h"
+#include "data/tokenizer.h"
+#include "lora/lora.h"
+#include "model/model.h"
+
+typedef enum { TRAIN_SFT, TRAIN_PRETRAIN } TrainKind;
+
+typedef struct {
+    TrainKind kind;
+    const char *model_dir;      // sft: the base model dir (loaded frozen; holds the tokenizer)
+    const char *config_path;    // pretrain: model config.json
+    const char *tokenizer_path; // pretrain: tokenizer.json or a dir holding it
+    const char *data_path;
+    const char *out_dir;
+    const char *response_key;   // NULL: the record type's own response field
+    // adapter (sft)
+    int rank;
+    double alpha;
+    const char *targets;        // "all" | "q_proj,v_proj" | ...
+    int rslora;
+    double dropout;
+    int no_mask;                // standard LoRA: the adapter on at every position
+    const char *prefix;         // reasoning prefix forced at the start of responses ("" = none)
+    // optimisation
+    double lr, min_lr;          // peak and final learning rate of the cosine schedule
+    double warmup;              // < 1: fraction of the steps; >= 1: steps
+    double clip;                // global gradient-norm limit (0 = off)
+    double weight_decay;
+    double beta1, beta2, eps;
+    int epochs;                 // used when steps == 0
+    int steps;                  // optimizer steps (0 = from epochs)
+    int batch, seq_len, grad_accum;
+    double init_std;            // pretrain: std of the random matrices
+    // evaluation, logging, checkpoints
+    double eval_split;          // fraction of the records held out
+    int eval_max;               // at most this many held out (0 = no limit)
+    int eval_every;             // steps between held-out evaluations (0 = only at the end)
+    int save_every;             // steps between checkpoints (0 = only at the end)
+    int seed, threads, resume;
+    int stop_after;             // stop after this step as if interrupted (testing resume); 0 = off
+    int quiet;                  // no progress bar or summary on stdout/stderr
+} TrainConfig;
+
+// What a run ended with (optional output of the train_* functions).
+typedef struct {
+    long steps;            // optimizer steps done (total, including resumed ones)
+    double first_loss;     // training loss of the first step run by this call
+    double last_loss;      // training loss of the last step
+    double eval_loss;      // last held-out loss (NAN when none)
+    long n_train, n_eval;  // sequences
+    long n_skipped;        // records whose prompt does not fit --seq-len
+    long n_truncated;      // sequences cut to --seq-len
+    double tokens_per_s;
+} TrainResult;
+
+void train_config_default(TrainConfig *c, TrainKind kind);
+int train_sft(const TrainConfig *c, TrainResult *res);     // train/sft.c
+int train_pretrain(const TrainConfig *c, TrainResult *res); // train/pretrain.c
+
+// ---- shared by sft.c and pretrain.c (train/trainer.c) ----
+
+// Purposes of the RNG streams forked from the root RNG.
+enum { TRAIN_STREAM_SPLIT = 1, TRAIN_STREAM_INIT = 2 };
+// A seed for purpose `stream`, derived from --seed.
+uint64_t train_derived_seed(int seed, uint64_t stream);
+
+// The chat style of the tokenizer_config.json next to a tokenizer (a model dir, a tokenizer dir or a
+// tokenizer.json); plain ChatML when there is none.
+int train_chat_style(const char *tokenizer_path_or_dir, ChatStyle *out);
+
+// Checks the settings both commands share (one-line errors naming the flag).
+int train_config_check(const TrainConfig *c);
+
+// What one run trains; set up by sft.c / pretrain.c, run by trainer_run.
+typedef struct {
+    const TrainConfig *cfg;
+    const char *label;                 // "sft" | "pretrain"
+    Model *model;
+    LoraAdapter *adapter;              // sft: the trained adapter; NULL trains the model itself
+    float *params, *grads;             // (n) what the optimizer updates
+    size_t n;
+    const unsigned char *decay_mask;   // (n) weight decay where non-zero; NULL = everywhere
+    const Tokenizer *tok;
+    ChatStyle style;
+    const char *prefix;                // reasoning prefix of the sequences ("" = none)
+    cJSON *model_info;                 // run.json "model" (owned by the caller)
+    // Writes the result into the output dir at the end (adapter or model dir).
+    int (*save_final)(void *ctx, const char *out_dir);
+    void *save_ctx;
+} TrainJob;
+
+// Loads the data, creates or resumes the run dir, trains, checkpoints, and saves the result.
+int trainer_run(TrainJob *job, TrainResult *res);
+
+#endif
