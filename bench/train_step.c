@@ -3,8 +3,10 @@
 // bench/run.sh pairs them with the PyTorch peer and prints the ratios.
 //
 //   train_step --shape 0.5b|small --batch B --seq T --steps S --threads N
+//   train_step --shape 0.5b --lora 16 ...   LoRA SFT step: frozen base, rank-16 adapter on all seven linears
 //   train_step --sgemm-peak --threads N
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +16,9 @@
 #include "core/error.h"
 #include "core/gemm.h"
 #include "core/progress.h"
+#include "core/rng.h"
 #include "core/threads.h"
+#include "lora/lora.h"
 #include "model/model.h"
 
 static double sgemm_peak(void) {
@@ -54,15 +58,34 @@ static double step_flops(const ModelConfig *c, int B, int T) {
     return 3 * fwd;
 }
 
+// Model FLOPs of one LoRA step on a frozen base: the forward, the backward to the inputs only (one
+// more forward's matmuls; attention's backward twice its forward), and the adapter: x·Aᵀ and h·Bᵀ
+// forward, then dh, gB, gA, dx backward (twice its forward).
+static double lora_step_flops(const ModelConfig *c, int B, int T, int r) {
+    double N = (double)B * T, C = c->C, qd = (double)c->NH * c->HS, kvd = (double)c->NKV * c->HS, FF = c->FF;
+    double mat = C * qd + 2 * C * kvd + qd * C + 3 * C * FF;
+    double lora = r * ((C + qd) + 2 * (C + kvd) + (qd + C) + 2 * (C + FF) + (FF + C));
+    double att = 0;
+    for (int t = 0; t < T; t++)
+        att += 2.0 * 2.0 * (t + 1) * qd;
+    return 2 * (2 * N * (c->L * mat + (double)c->V * C)) + 3 * (double)B * c->L * att + 3 * 2 * N * c->L * lora;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
 int main(int argc, char **argv) {
     const char *shape = "small";
-    int batch = 1, seq = 256, steps = 3, threads = 0, peak = 0;
+    int batch = 1, seq = 256, steps = 3, threads = 0, peak = 0, rank = 0;
     ArgSpec specs[] = {
         {"shape", ARG_STR, &shape, "0.5b (hidden 896, 24 layers, 14/2 heads, ff 4864) or small (hidden 256, 4 layers)", 0, 0, 0},
         {"batch", ARG_INT, &batch, "sequences per step", 0, 1, 1024},
         {"seq", ARG_INT, &seq, "positions per sequence", 0, 1, 32768},
-        {"steps", ARG_INT, &steps, "timed steps (after one warm-up step)", 0, 1, 1000},
+        {"steps", ARG_INT, &steps, "timed steps (after one warm-up step); the median is reported", 0, 1, 1000},
         {"threads", ARG_INT, &threads, "threads (0 = all cores)", 0, 0, 4096},
+        {"lora", ARG_INT, &rank, "LoRA SFT step: frozen base + adapter of this rank (alpha 2R, all targets); 0 = full step", 0, 0, 4096},
         {"sgemm-peak", ARG_FLAG, &peak, "measure the sgemm peak instead", 0, 0, 0},
     };
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0], "train_step [flags]");
@@ -94,30 +117,68 @@ int main(int argc, char **argv) {
         fprintf(stderr, "train_step: %s\n", er_last_error());
         return 1;
     }
+    LoraAdapter ad = {0};
+    if (rank > 0) {
+        // The base is frozen: the backward computes only input gradients and the adapter's.
+        m.trainable = 0;
+        LoraShape ls = {c.L, c.C, c.NH * c.HS, c.NKV * c.HS, c.FF};
+        if (lora_init(&ad, &ls, rank, 2.0f * rank, 0, 0.0f, LORA_ALL_TARGETS, 1, 7) < 0) {
+            fprintf(stderr, "train_step: %s\n", er_last_error());
+            return 1;
+        }
+        // PEFT starts B at zero; small random values make the adapter change the loss (same work).
+        ErRng rng;
+        rng_seed(&rng, 11);
+        for (int i = 0; i < ad.L * LT_COUNT; i++)
+            if (ad.mats[i].A)
+                for (size_t j = 0; j < (size_t)ad.mats[i].out * rank; j++)
+                    ad.mats[i].B[j] = 0.01f * rng_normal(&rng);
+    }
     int N = batch * seq;
     int *tokens = malloc(sizeof(int) * N), *targets = malloc(sizeof(int) * N);
+    uint8_t *amask = malloc(N);
+    float *lmask = malloc(sizeof(float) * N);
     for (int i = 0; i < N; i++) {
         tokens[i] = (int)((i * 2654435761u) % (unsigned)c.V);
         targets[i] = (int)(((i + 1) * 2654435761u) % (unsigned)c.V);
+        amask[i] = 1; // every position a response position: the adapter's full cost
+        lmask[i] = 1.0f;
     }
     ModelInput in = {.B = batch, .T = seq, .tokens = tokens};
-    double total = 0, loss = 0;
+    if (rank > 0) {
+        in.adapter = &ad;
+        in.adapter_mask = amask;
+    }
+    double *times = malloc(sizeof(double) * steps), loss = 0;
     for (int s = 0; s <= steps; s++) {
         double t0 = time_now();
-        model_zero_grad(&m);
-        if (model_forward(&m, &in, &a) < 0 || model_loss(&a, targets, NULL, 1, &loss) < 0 ||
+        if (rank > 0)
+            lora_zero_grad(&ad);
+        else
+            model_zero_grad(&m);
+        if (model_forward(&m, &in, &a) < 0 || model_loss(&a, targets, rank > 0 ? lmask : NULL, 1, &loss) < 0 ||
             model_backward(&m, &in, &a) < 0) {
             fprintf(stderr, "train_step: %s\n", er_last_error());
             return 1;
         }
         if (s > 0)
-            total += time_now() - t0;
+            times[s - 1] = time_now() - t0;
     }
-    double step_s = total / steps;
-    printf("{\"impl\": \"ertrain\", \"shape\": \"%s\", \"params\": %zu, \"batch\": %d, \"seq\": %d, \"threads\": %d, "
-           "\"step_s\": %.4f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"loss\": %.4f}\n",
-           shape, model_config_num_params(&c), batch, seq, threads, step_s, N / step_s,
-           step_flops(&c, batch, seq) / step_s / 1e9, loss);
+    // median, like the PyTorch peer: robust to the odd step that shares the cores with something else
+    qsort(times, steps, sizeof(double), cmp_double);
+    double step_s = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]), step_min = times[0];
+    free(times);
+    double flops = rank > 0 ? lora_step_flops(&c, batch, seq, rank) : step_flops(&c, batch, seq);
+    printf("{\"impl\": \"ertrain\", \"mode\": \"%s\", \"shape\": \"%s\", \"params\": %zu, \"trainable\": %zu, "
+           "\"lora_r\": %d, \"batch\": %d, \"seq\": %d, \"threads\": %d, \"step_s\": %.4f, \"step_s_min\": %.4f, \"tokens_per_s\": %.1f, "
+           "\"gflops\": %.2f, \"loss\": %.4f}\n",
+           rank > 0 ? "lora" : "full", shape, model_config_num_params(&c),
+           rank > 0 ? ad.n_params : model_config_num_params(&c), rank, batch, seq, threads, step_s, step_min, N / step_s,
+           flops / step_s / 1e9, loss);
+    if (rank > 0)
+        lora_free(&ad);
+    free(amask);
+    free(lmask);
     free(tokens);
     free(targets);
     acts_free(&a);

@@ -3,9 +3,10 @@
 
     /usr/bin/python3 bench/train_step_torch.py --hidden 896 --layers 24 --heads 14 --kv-heads 2 \
         --intermediate 4864 --vocab 151936 --batch 1 --seq 256 --threads 2 --steps 3 --warmup 1
+    ... --lora 16     LoRA SFT step: frozen base, rank-16 adapter (alpha 32) on all seven linears
 
-Prints one line of JSON: {"impl": "pytorch", "tokens_per_s", "step_s" (median of --steps timed steps),
-"torch", "threads", ...}.
+Prints one line of JSON: {"impl": "pytorch", "mode": "full"|"lora", "tokens_per_s", "step_s" (median of
+--steps timed steps), "torch", "threads", ...}.
 
 The math is the one in scripts/ref/qwen2_ref.py (RMSNorm, q/k/v bias, NeoX RoPE, GQA causal attention,
 SwiGLU, final norm, lm_head tied by default like Qwen2-0.5B), in fp32, written to be as fast as plain
@@ -17,6 +18,15 @@ eager torch reasonably gets so the comparison is fair to PyTorch:
 - the embedding lookup's gradient is sparse (only the B*T rows used), added into the dense lm_head
   gradient when tied;
 - grads are dropped between steps (zero_grad(set_to_none=True)); no optimizer step is timed.
+
+With --lora R the base is frozen (requires_grad False everywhere, so autograd computes input gradients
+only and never a base weight's gradient) and each of q/k/v/o/gate/up/down_proj gets PEFT's LoRA:
+y = base(x) + (alpha/r) * B(A(dropout(x))), dropout 0 (PEFT's nn.Identity), alpha 2R, one A (r, in) and
+one B (out, r) per module. PEFT starts B at zero; here B is small random so the adapter changes the loss
+(the autograd work is the same). To stay a fast peer on the fused q/k/v and gate/up Linears, the
+per-module A's of a fused Linear are concatenated into one GEMM (same math, same per-module
+parameters), and each module's scaled B-product is added to its slice of the fused output by one addmm.
+--no-fuse gives the plain PEFT layout: separate Linears, each with its own A and B.
 """
 
 import argparse
@@ -70,10 +80,21 @@ def rotate_half(x):
     return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
 
 
+class LoRA(nn.Module):
+    """PEFT's lora_A / lora_B of one target module: kaiming-uniform A, small random B."""
+
+    def __init__(self, fan_in, fan_out, r):
+        super().__init__()
+        bound = 1.0 / math.sqrt(fan_in)   # kaiming_uniform_(a=sqrt(5)), PEFT's init of A
+        self.A = nn.Parameter(torch.empty(r, fan_in).uniform_(-bound, bound))   # (r, in)
+        self.B = nn.Parameter(torch.randn(fan_out, r) * 0.01)                    # (out, r)
+
+
 class Block(nn.Module):
-    def __init__(self, C, NH, NKV, HS, FF, eps, fuse):
+    def __init__(self, C, NH, NKV, HS, FF, eps, fuse, lora_r=0, lora_scale=0.0):
         super().__init__()
         self.NH, self.NKV, self.HS, self.FF, self.fuse = NH, NKV, HS, FF, fuse
+        self.r, self.scale = lora_r, lora_scale
         self.input_layernorm = RMSNorm(C, eps)
         self.post_attention_layernorm = RMSNorm(C, eps)
         if fuse:
@@ -87,15 +108,40 @@ class Block(nn.Module):
             self.up_proj = nn.Linear(C, FF, bias=False)
         self.o_proj = nn.Linear(NH * HS, C, bias=False)
         self.down_proj = nn.Linear(FF, C, bias=False)
+        if lora_r:
+            qd, kvd = NH * HS, NKV * HS
+            shapes = {"q_proj": (C, qd), "k_proj": (C, kvd), "v_proj": (C, kvd), "o_proj": (qd, C),
+                      "gate_proj": (C, FF), "up_proj": (C, FF), "down_proj": (FF, C)}
+            self.lora = nn.ModuleDict({n: LoRA(i, o, lora_r) for n, (i, o) in shapes.items()})
+
+    def proj(self, x, linear, names, widths):
+        """linear(x) split into the modules `names` of widths `widths` (one Linear holds them fused),
+        each plus its LoRA."""
+        y = linear(x)                                            # (B, T, sum of widths)
+        if not self.r:
+            return y.split(widths, dim=-1)
+        B, T, _ = x.shape
+        x2, y2 = x.reshape(B * T, -1), y.view(B * T, -1)
+        mods = [self.lora[n] for n in names]
+        A = mods[0].A if len(mods) == 1 else torch.cat([m.A for m in mods])   # (k*r, in): one GEMM
+        h = F.linear(x2, A)                                                     # (N, k*r)
+        out, o, r = [], 0, self.r
+        for i, (m, w) in enumerate(zip(mods, widths)):
+            # y + scale * h_i @ B^T in one GEMM, into a fresh contiguous (N, w)
+            out.append(torch.addmm(y2[:, o:o + w], h[:, i * r:(i + 1) * r], m.B.t(), alpha=self.scale).view(B, T, w))
+            o += w
+        return out
 
     def attn(self, x, cos, sin, mask):
         B, T, _ = x.shape
         NH, NKV, HS = self.NH, self.NKV, self.HS
         G = NH // NKV
         if self.fuse:
-            q, k, v = self.qkv_proj(x).split([NH * HS, NKV * HS, NKV * HS], dim=-1)
+            q, k, v = self.proj(x, self.qkv_proj, ("q_proj", "k_proj", "v_proj"), [NH * HS, NKV * HS, NKV * HS])
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            (q,), (k,), (v,) = (self.proj(x, self.q_proj, ("q_proj",), [NH * HS]),
+                                self.proj(x, self.k_proj, ("k_proj",), [NKV * HS]),
+                                self.proj(x, self.v_proj, ("v_proj",), [NKV * HS]))
         q = q.view(B, T, NH, HS).transpose(1, 2)     # (B, NH, T, HS)
         k = k.view(B, T, NKV, HS).transpose(1, 2)    # (B, NKV, T, HS)
         v = v.view(B, T, NKV, HS).transpose(1, 2)    # (B, NKV, T, HS)
@@ -114,14 +160,16 @@ class Block(nn.Module):
             att = torch.softmax(att, dim=-1)
             y = torch.bmm(att, v.reshape(B * NKV, T, HS)).view(B, NH, T, HS)
         y = y.transpose(1, 2).reshape(B, T, NH * HS)
-        return self.o_proj(y)
+        return self.proj(y, self.o_proj, ("o_proj",), [x.shape[-1]])[0]
 
     def mlp(self, x):
+        FF = self.FF
         if self.fuse:
-            gate, up = self.gate_up_proj(x).split([self.FF, self.FF], dim=-1)
+            gate, up = self.proj(x, self.gate_up_proj, ("gate_proj", "up_proj"), [FF, FF])
         else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+            (gate,), (up,) = (self.proj(x, self.gate_proj, ("gate_proj",), [FF]),
+                              self.proj(x, self.up_proj, ("up_proj",), [FF]))
+        return self.proj(F.silu(gate) * up, self.down_proj, ("down_proj",), [x.shape[-1]])[0]
 
     def forward(self, x, cos, sin, mask):
         x = x + self.attn(self.input_layernorm(x), cos, sin, mask)
@@ -136,7 +184,8 @@ class Model(nn.Module):
         # zero (V, C) tensor and adding it (what a hand-written kernel does too)
         self.embed_tokens = nn.Embedding(a.vocab, a.hidden, sparse=not a.dense_embed_grad)
         self.layers = nn.ModuleList([Block(a.hidden, a.heads, a.kv_heads, HS, a.intermediate, 1e-6,
-                                           not a.no_fuse) for _ in range(a.layers)])
+                                           not a.no_fuse, a.lora, a.lora_alpha / max(a.lora, 1))
+                                     for _ in range(a.layers)])
         self.norm = RMSNorm(a.hidden, 1e-6)
         self.lm_head = None if not a.untied else nn.Linear(a.hidden, a.vocab, bias=False)
         G, T = a.heads // a.kv_heads, a.seq
@@ -178,12 +227,21 @@ def main():
     ap.add_argument("--dense-embed-grad", action="store_true",
                     help="dense embedding gradient (default: sparse rows, accumulated into the dense "
                          "lm_head gradient when tied)")
+    ap.add_argument("--lora", type=int, default=0, metavar="R",
+                    help="LoRA step: frozen base + rank-R adapter on all seven linears (0 = full step)")
+    ap.add_argument("--lora-alpha", type=float, default=0.0, help="default 2R")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    if a.lora and not a.lora_alpha:
+        a.lora_alpha = 2.0 * a.lora
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     model = Model(a)
+    lora_params = [p for n, p in model.named_parameters() if ".lora." in n]
+    if a.lora:
+        for n, p in model.named_parameters():
+            p.requires_grad_(".lora." in n)
     tokens = torch.randint(0, a.vocab, (a.batch, a.seq))
     targets = torch.randint(0, a.vocab, (a.batch, a.seq))
 
@@ -193,18 +251,25 @@ def main():
         loss.backward()
         return loss.item()
 
+    loss = None
     for _ in range(a.warmup):
-        step()
+        loss = step()
+    if a.lora:
+        # the frozen base must not have been differentiated, and every adapter matrix must have been
+        assert all(p.grad is None for n, p in model.named_parameters() if ".lora." not in n)
+        assert all(p.grad is not None for p in lora_params)
     times = []
     for _ in range(a.steps):
         t0 = time.perf_counter()
-        step()
+        loss = step()
         times.append(time.perf_counter() - t0)
     # median: robust to the odd step that shares the cores with something else
     step_s = sorted(times)[len(times) // 2] if len(times) % 2 else \
         0.5 * (sorted(times)[len(times) // 2 - 1] + sorted(times)[len(times) // 2])
     print(json.dumps({
         "impl": "pytorch",
+        "mode": "lora" if a.lora else "full",
+        "lora_r": a.lora,
         "tokens_per_s": round(a.batch * a.seq / step_s, 2),
         "step_s": round(step_s, 5),
         "step_s_min": round(min(times), 5),
@@ -217,7 +282,9 @@ def main():
         "sparse_embed_grad": not a.dense_embed_grad,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "tied": not a.untied,
-        "params": sum(p.numel() for p in model.parameters()),
+        "params": sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in lora_params),
+        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "loss": round(loss, 4),
     }))
 
 

@@ -110,8 +110,8 @@ void lora_free(LoraAdapter *a) {
     er_free(a->mats);
     er_free(a->params);
     er_free(a->grads);
-    free(a->reasoning_prefix);
-    free(a->base_model);
+    er_free(a->reasoning_prefix);
+    er_free(a->base_model);
     memset(a, 0, sizeof *a);
 }
 

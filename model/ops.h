@@ -56,7 +56,7 @@ static inline float ops_expf(float x) {
                                 const REAL *lse, const REAL *q, const REAL *k, const REAL *v, const int *qoff, \
                                 int B, int T, int Tk, int NH, int NKV, int HS);                                \
     /* Masked mean cross-entropy over N rows of V logits: returns sum(mask * nll) / sum(mask) (0 when the      \
-       mask is empty). With grad != 0, logits are overwritten by dloss/dlogits. */                             \
+       mask is empty; NaN when out of memory). With grad != 0, logits are overwritten by dloss/dlogits. */                             \
     double cross_entropy_forward_backward##SFX(REAL *logits, const int *targets, const REAL *mask, int N,      \
                                                int V, int grad);                                               \
     /* logp (N) = log softmax(logits * inv_temp)[target] */                                                    \

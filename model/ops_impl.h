@@ -230,8 +230,13 @@ double OP(cross_entropy_forward_backward)(REAL *logits, const int *targets, cons
     double wsum = 0.0;
     for (int n = 0; n < N; n++)
         wsum += mask ? mask[n] : 1.0;
-    double total = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
+    // Row losses are summed in row order afterwards, so the loss is the same bits for any thread count.
+    if (N <= 0)
+        return 0.0;
+    double *row_loss = calloc((size_t)N, sizeof(double));
+    if (!row_loss)
+        return NAN;
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         REAL *l = logits + (size_t)n * V;
         double w = mask ? mask[n] : 1.0;
@@ -259,7 +264,7 @@ double OP(cross_entropy_forward_backward)(REAL *logits, const int *targets, cons
                 sum += VEXP(l[i] - mx);
         }
         double lse = mx + log(sum);
-        total += w * (lse - lt);
+        row_loss[n] = w * (lse - lt);
         if (grad) {
             REAL k = (REAL)(w / wsum / sum);
 #pragma omp simd
@@ -268,6 +273,10 @@ double OP(cross_entropy_forward_backward)(REAL *logits, const int *targets, cons
             l[targets[n]] -= (REAL)(w / wsum);
         }
     }
+    double total = 0.0;
+    for (int n = 0; n < N; n++)
+        total += row_loss[n];
+    free(row_loss);
     return wsum > 0 ? total / wsum : 0.0;
 }
 

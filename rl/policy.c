@@ -74,8 +74,9 @@ int policy_step(Model *m, LoraAdapter *ad, Activations *a, const RolloutBatch *r
         rc = grpo_policy_loss(logp, old, ref, adv, off, rb->comp_len, rb->B, c, dlogp, st);
     }
     if (rc == ER_OK && n > 0) {
-        double ent = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : ent)
+        // Per-position entropies (in dlogp's place once the loss is done), summed in order.
+        float *ent_at = coef;
+#pragma omp parallel for schedule(static)
         for (int i = 0; i < n; i++) {
             const float *l = a->logits + (size_t)pos[i] * V;
             float mx = l[0];
@@ -87,9 +88,13 @@ int policy_step(Model *m, LoraAdapter *ad, Activations *a, const RolloutBatch *r
                 z += e;
                 zl += e * x;
             }
-            ent += log(z) - zl / z;
+            ent_at[i] = (float)(log(z) - zl / z);
         }
+        double ent = 0.0;
+        for (int i = 0; i < n; i++)
+            ent += ent_at[i];
         st->entropy = ent / n;
+        memset(coef, 0, sizeof(float) * (size_t)N);
     }
     if (rc == ER_OK && grad) {
         // d loss / d logits: non-zero only at the gathered positions, each row a tempered softmax backward.

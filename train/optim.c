@@ -46,11 +46,28 @@ void adamw_step(AdamW *opt, float *params, const float *grads, const unsigned ch
     }
 }
 
+// Sums of squares over fixed chunks, added in chunk order: the norm is the same bits for any thread
+// count, which bitwise-reproducible runs and resumes rely on.
+#define NORM_CHUNK 65536
+#define NORM_MAX_CHUNKS 4096
+
 double clip_grad_norm(float *grads, size_t n, double max_norm) {
+    size_t chunk = NORM_CHUNK;
+    while ((n + chunk - 1) / chunk > NORM_MAX_CHUNKS)
+        chunk *= 2;
+    long nchunks = (long)((n + chunk - 1) / chunk);
+    double part[NORM_MAX_CHUNKS];
+#pragma omp parallel for schedule(static)
+    for (long c = 0; c < nchunks; c++) {
+        size_t end = (size_t)(c + 1) * chunk < n ? (size_t)(c + 1) * chunk : n;
+        double ss = 0.0;
+        for (size_t i = (size_t)c * chunk; i < end; i++)
+            ss += (double)grads[i] * grads[i];
+        part[c] = ss;
+    }
     double ss = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : ss)
-    for (size_t i = 0; i < n; i++)
-        ss += (double)grads[i] * grads[i];
+    for (long c = 0; c < nchunks; c++)
+        ss += part[c];
     double norm = sqrt(ss);
     if (!isfinite(norm) || max_norm <= 0 || norm <= max_norm)
         return norm;
