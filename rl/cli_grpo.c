@@ -44,6 +44,7 @@ int cmd_grpo(int argc, char **argv) {
         {"seed", ARG_INT, &c.seed, "seed of prompt draws and rollouts", 0, 0, 2147483647},
         {"threads", ARG_INT, &c.threads, "threads (0 = all cores)", 0, 0, 4096},
         {"resume", ARG_FLAG, &c.resume, "continue the run in --out from its checkpoint", 0, 0, 0},
+        {"stop-after", ARG_INT, &c.stop_after, "stop after this step as if interrupted (testing --resume)", 0, 0, 1 << 24},
     };
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0],
                         "ertrain grpo --model DIR --adapter DIR --data FILE.jsonl --out DIR [flags]");

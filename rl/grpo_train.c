@@ -465,7 +465,13 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
     long start = 0;
     if (rc == ER_OK && c->resume && checkpoint_exists(ckpt)) {
         rc = checkpoint_load(ckpt, &g.st, g.ad.params, g.ad.n_params, &g.opt);
+        cJSON *now = rc == ER_OK ? config_json(c) : NULL;
+        if (rc == ER_OK)
+            rc = now ? train_config_check_resume(g.st.config, now, ckpt) : ER_ENOMEM;
+        cJSON_Delete(now);
         start = g.st.step;
+    } else if (rc == ER_OK && c->resume) {
+        rc = er_error(ER_EINVAL, "%s: nothing to resume (no checkpoint)", c->out_dir);
     } else if (rc == ER_OK) {
         rng_seed(&g.st.rng, (uint64_t)c->seed);
         g.st.config = config_json(c);
@@ -495,6 +501,8 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
         g.st.step = s + 1;
         if ((c->save_every > 0 && (s + 1) % c->save_every == 0) || s + 1 == c->steps)
             rc = checkpoint_save(ckpt, &g.st, g.ad.params, g.ad.n_params, &g.opt);
+        if (c->stop_after > 0 && s + 1 == c->stop_after)
+            break;
         char extra[160];
         snprintf(extra, sizeof extra, "reward %.3f acc %.2f len %.1f kl %.4f", sm.reward, sm.acc, sm.len, sm.kl);
         if (!c->quiet)
@@ -502,7 +510,7 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
     }
     if (!c->quiet && rc == ER_OK)
         progress_end(&prog, NULL);
-    if (rc == ER_OK)
+    if (rc == ER_OK && g.st.step == c->steps)
         rc = peft_save(&g.ad, c->out_dir);
     er_free(ckpt);
     grpo_free(&g);

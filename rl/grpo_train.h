@@ -26,6 +26,7 @@ typedef struct {
     double lr, warmup, clip, weight_decay;
     int seq_len;                  // positions per sequence (prompt + prefix + completion)
     int seed, threads, save_every, resume, quiet;
+    int stop_after;               // stop after this step as if interrupted (testing --resume); 0 = off
 } GrpoConfig;
 
 void grpo_config_default(GrpoConfig *c);

@@ -285,7 +285,7 @@ static cJSON *config_to_json(const Trainer *t) {
 }
 
 // Settings that do not change the trajectory may differ on resume; everything else must match.
-static int config_check_resume(const cJSON *saved, const cJSON *now, const char *ckpt_dir) {
+int train_config_check_resume(const cJSON *saved, const cJSON *now, const char *ckpt_dir) {
     static const char *free_keys[] = {"threads", "eval_every", "save_every"};
     if (!saved)
         return er_error(ER_EFORMAT, "%s/state.json: no \"config\" to check the resumed run against", ckpt_dir);
@@ -444,7 +444,7 @@ static int save_checkpoint(Trainer *t) {
 static int resume_from_checkpoint(Trainer *t) {
     TrainState st;
     ER_TRY(checkpoint_load(t->ckpt_dir, &st, t->job->params, t->job->n, &t->opt));
-    int rc = config_check_resume(st.config, t->config, t->ckpt_dir);
+    int rc = train_config_check_resume(st.config, t->config, t->ckpt_dir);
     if (rc == ER_OK && (st.rng.s[0] != t->root.s[0] || st.rng.s[1] != t->root.s[1] || st.rng.s[2] != t->root.s[2] ||
                         st.rng.s[3] != t->root.s[3]))
         rc = er_error(ER_EINVAL, "%s: RNG state does not come from --seed %d", t->ckpt_dir, t->cfg->seed);

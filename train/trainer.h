@@ -85,6 +85,10 @@ uint64_t train_derived_seed(int seed, uint64_t stream);
 // tokenizer.json); plain ChatML when there is none.
 int train_chat_style(const char *tokenizer_path_or_dir, ChatStyle *out);
 
+// A resumed run must have the settings the checkpoint was made with, except threads, eval_every and
+// save_every (they do not change the trajectory). `saved` and `now` are resolved-config objects.
+int train_config_check_resume(const cJSON *saved, const cJSON *now, const char *ckpt_dir);
+
 // Checks the settings both commands share (one-line errors naming the flag).
 int train_config_check(const TrainConfig *c);
 
