@@ -18,6 +18,7 @@ void example_free(Example *ex) {
     er_free(ex->messages);
     er_free(ex->prompt);
     er_free(ex->response);
+    er_free(ex->text);
     er_free(ex->answer);
     memset(ex, 0, sizeof *ex);
     ex->budget = -1;
@@ -144,8 +145,15 @@ static int parse_record(const cJSON *obj, const DatasetOptions *opt, const char 
             return er_error(ER_ENOMEM, "%s: out of memory", ctx);
         memcpy(ex->answer, a, (size_t)(e - a));
         ex->answer[e - a] = 0;
+    } else if (cJSON_GetObjectItemCaseSensitive(obj, "text")) {
+        // Raw text has nothing to pick a response from or grade against: the other fields are ignored.
+        ER_TRY(json_get_string(obj, "text", &s, ctx));
+        if (!s[0])
+            return er_error(ER_EFORMAT, "%s: field \"text\" is empty", ctx);
+        return set_str(&ex->text, s, ctx);
     } else {
-        return er_error(ER_EFORMAT, "%s: expected a \"messages\", \"prompt\", \"problem\" or \"question\" field", ctx);
+        return er_error(ER_EFORMAT, "%s: expected a \"messages\", \"prompt\", \"problem\", \"question\" or \"text\" field",
+                        ctx);
     }
     if (opt && opt->response_key)
         ER_TRY(json_get_string(obj, opt->response_key, &resp, ctx));

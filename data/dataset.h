@@ -6,7 +6,10 @@
 //                                                         last \boxed{} (also the synthetic "chains")
 //   {"question": ..., "answer": "... #### 72"}            GSM8K; the gold answer follows "#### ",
 //                                                         the whole answer text is the response
-// plus, in any of them, "budget" (int tokens > 0), "needs_reasoning" (bool) and "answer" (string or
+//   {"text": ...}                                         raw text for pretraining: no chat template,
+//                                                         no prompt, response or answer (so eval and
+//                                                         GRPO refuse it); response_key does not apply
+// plus, in any but "text", "budget" (int tokens > 0), "needs_reasoning" (bool) and "answer" (string or
 // number; the gold answer). DatasetOptions.response_key picks a different string field as the
 // response (e.g. "concise" or "verbose" for chains records). Errors name "file:line" and the field.
 #ifndef DATA_DATASET_H
@@ -23,6 +26,7 @@ typedef struct {
     int n_messages;
     char *prompt;          // the text of the last user turn (problem / question / prompt)
     char *response;        // target completion, NULL when the record has none
+    char *text;            // raw text of a {"text"} record (then messages, prompt, response are NULL)
     char *answer;          // gold final answer, NULL when unknown
     int budget;            // token budget, -1 when absent
     int needs_reasoning;   // 0 / 1, -1 when absent

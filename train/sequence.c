@@ -18,6 +18,7 @@ int seq_builder_init(SeqBuilder *sb, const Tokenizer *tok, ChatStyle style, cons
     sb->end_id = tok_token_id(tok, "<|im_end|>");
     if (sb->end_id < 0)
         return er_error(ER_EINVAL, "tokenizer has no <|im_end|> token to end responses with");
+    sb->eot_id = tok_token_id(tok, "<|endoftext|>");
     if (prefix && prefix[0]) {
         int rc = tok_encode(tok, prefix, strlen(prefix), &sb->prefix, &sb->n_prefix);
         if (rc < 0)
@@ -36,8 +37,39 @@ void sequence_free(Sequence *s) {
     memset(s, 0, sizeof *s);
 }
 
+// Raw text: its tokens, then <|endoftext|> so the model learns where a document ends.
+static int seq_build_text(const SeqBuilder *sb, const Example *ex, const char *ctx, Sequence *out) {
+    if (!sb->loss_all)
+        return er_error(ER_EFORMAT, "%s: a raw-text {\"text\"} record has no prompt or response; only pretraining "
+                        "uses it (remove it from SFT data)", ctx);
+    int *t = NULL, nt = 0;
+    int rc = tok_encode(sb->tok, ex->text, strlen(ex->text), &t, &nt);
+    if (rc < 0)
+        return er_error(rc, "%s: %s", ctx, er_last_error());
+    long full = (long)nt + (sb->eot_id >= 0);
+    if (full < 2) {
+        er_free(t);
+        return er_error(ER_EFORMAT, "%s: the text renders to %ld token(s); a row needs at least 2", ctx, full);
+    }
+    int n = full > sb->seq_len + 1 ? sb->seq_len + 1 : (int)full;
+    int *grown = er_realloc_array(t, (size_t)n, sizeof *t);
+    if (!grown) {
+        er_free(t);
+        return ER_ENOMEM;
+    }
+    t = grown;
+    if (nt < n)
+        t[nt] = sb->eot_id;
+    out->tokens = t;
+    out->n = n;
+    out->truncated = full > n;
+    return ER_OK;
+}
+
 int seq_build(const SeqBuilder *sb, const Example *ex, const char *ctx, Sequence *out) {
     memset(out, 0, sizeof *out);
+    if (ex->text)
+        return seq_build_text(sb, ex, ctx, out);
     if (!ex->response)
         return er_error(ER_EFORMAT, "%s: record has no response to train on (choose its field with --response-key)",
                         ctx);

@@ -5,6 +5,9 @@
 //                (pretraining: every token of the conversation);
 //   adapter mask 0 on prompt input positions, 1 from the first prefix token on (the masked-LoRA
 //                rule, shared/DESIGN.md), or 1 everywhere for standard LoRA (--no-mask).
+// A raw-text Example ({"text"} record) is [text tokens] [<|endoftext|>] with no chat template: loss on
+// every position, n_prompt = n_prefix = 0. Only pretraining (loss_all) takes it; SFT refuses it, since
+// it has no response to train an adapter on.
 // A row has at most seq_len input positions (seq_len + 1 tokens); longer sequences are cut, and an
 // example whose prompt and prefix alone leave no response target inside seq_len is refused.
 #ifndef TRAIN_SEQUENCE_H
@@ -22,6 +25,7 @@ typedef struct {
     int *prefix;        // (n_prefix) reasoning prefix ids; NULL when empty
     int n_prefix;
     int end_id;         // <|im_end|>
+    int eot_id;         // <|endoftext|> ending raw text; -1 when the tokenizer has none
     int seq_len;        // most input positions per row
     int loss_all;       // pretraining: loss on every position
     int no_mask;        // adapter on at every position
@@ -43,7 +47,8 @@ void seq_builder_free(SeqBuilder *sb);
 #define SEQ_TOO_LONG 1 // seq_build: the prompt (and prefix) alone leaves no response target
 
 // Returns ER_OK, SEQ_TOO_LONG (nothing allocated), or a negative status. `ctx` names the example in
-// errors ("train.jsonl:12"). An example without a response is an error.
+// errors ("train.jsonl:12"). An example without a response is an error, and so is a raw-text example
+// when the builder is not pretraining.
 int seq_build(const SeqBuilder *sb, const Example *ex, const char *ctx, Sequence *out);
 void sequence_free(Sequence *s);
 

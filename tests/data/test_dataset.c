@@ -82,6 +82,29 @@ Test(dataset, record_shapes_normalised) {
     unlink(p);
 }
 
+// Raw text for pretraining: the text only, no conversation, and nothing eval or GRPO could grade
+// (they refuse records without an answer); a response key does not apply to it.
+Test(dataset, raw_text_records) {
+    const char *p = write_jsonl("{\"text\": \"Start with 3.\\n3 + 4 = 7\", \"answer\": \"7\", \"direct\": \"Answer: 7\"}\n"
+                                "{\"problem\": \"Start with 3. Add 4. What is the result?\", \"answer\": \"7\", "
+                                "\"direct\": \"Answer: 7\"}\n");
+    DatasetOptions opt = {"direct"};
+    Dataset d;
+    cr_assert_eq(dataset_load(p, &opt, 0, &d), ER_OK, "%s", er_last_error());
+    cr_assert_eq(d.n, 2);
+    cr_assert_str_eq(d.ex[0].text, "Start with 3.\n3 + 4 = 7");
+    cr_assert_null(d.ex[0].prompt);
+    cr_assert_null(d.ex[0].response, "the response key does not apply to raw text");
+    cr_assert_null(d.ex[0].answer, "raw text is never graded");
+    cr_assert_null(d.ex[0].messages);
+    cr_assert_eq(d.ex[0].n_messages, 0);
+    cr_assert_eq(d.ex[0].line, 1);
+    cr_assert_null(d.ex[1].text, "other records carry no raw text");
+    cr_assert_str_eq(d.ex[1].response, "Answer: 7");
+    dataset_free(&d);
+    unlink(p);
+}
+
 Test(dataset, response_key_selects_completion) {
     const char *p = write_jsonl("{\"problem\": \"Start with 3. Add 4. What is the result?\", \"answer\": \"7\", \"steps\": 1, "
                                 "\"needs_reasoning\": false, \"direct\": \"Answer: 7\", \"concise\": \"3 + 4 = 7\\nAnswer: 7\"}\n");
@@ -106,7 +129,9 @@ Test(dataset, malformed_lines_report_file_and_line) {
     static const BadLine bad[] = {
         {"{\"prompt\": \"x\"", "not valid JSON"},
         {"[1, 2]", "must be a JSON object"},
-        {"{\"text\": \"hello\"}", "expected a \"messages\", \"prompt\", \"problem\" or \"question\" field"},
+        {"{\"txt\": \"hello\"}", "expected a \"messages\", \"prompt\", \"problem\", \"question\" or \"text\" field"},
+        {"{\"text\": 5}", "field \"text\" must be a string"},
+        {"{\"text\": \"\"}", "field \"text\" is empty"},
         {"{\"prompt\": 5}", "field \"prompt\" must be a string"},
         {"{\"prompt\": \"p\", \"completion\": [1]}", "field \"completion\" must be a string"},
         {"{\"messages\": \"hi\"}", "field \"messages\" must be a non-empty list"},

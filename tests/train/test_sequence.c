@@ -202,6 +202,67 @@ static void write_tokenizer_without_end(const char *dir) {
     cJSON_Delete(j);
 }
 
+// Raw text: its tokens and <|endoftext|> (507), no chat template, loss everywhere; only pretraining
+// takes it, SFT refuses it naming the record.
+Test(sequence, raw_text_records, .init = setup, .fini = teardown) {
+    Example ex, chat;
+    example(&ex, "{\"text\": \"5 ok\"}");
+    example(&chat, "{\"prompt\": \"2+3?\", \"completion\": \"5 ok\"}");
+    SeqBuilder sb;
+    Sequence s[2];
+    cr_assert_eq(seq_builder_init(&sb, tok, CHAT_CHATML, "", 64, 1, 0), ER_OK);
+    cr_assert_eq(sb.eot_id, 507);
+    cr_assert_eq(seq_build(&sb, &ex, "t:1", &s[0]), ER_OK, "%s", er_last_error());
+    static const int want[] = {20, 394, 74, 507};
+    cr_assert_eq(s[0].n, 4);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(s[0].tokens[i], want[i], "token %d: %d, expected %d", i, s[0].tokens[i], want[i]);
+    cr_assert_eq(s[0].n_prompt, 0);
+    cr_assert_eq(s[0].n_prefix, 0);
+    cr_assert_eq(s[0].truncated, 0);
+    for (int t = 0; t < 3; t++)
+        cr_assert_eq(seq_loss_at(&sb, &s[0], t), 1.0f, "loss at %d", t);
+
+    // Mixed with a chat record in one pretraining batch: the raw row is padded, its targets shifted.
+    cr_assert_eq(seq_build(&sb, &chat, "t:2", &s[1]), ER_OK);
+    Batch bt;
+    cr_assert_eq(batch_alloc(&bt, 2, 32), ER_OK);
+    int idx[2] = {0, 1};
+    cr_assert_eq(batch_fill(&bt, &sb, s, idx, 2), ER_OK, "%s", er_last_error());
+    cr_assert_eq(bt.T, N_EXPECT - 3, "chat row without prefix: prompt 12 + response 3 + end - 1");
+    cr_assert_eq(bt.len[0], 3);
+    cr_assert_eq(bt.targets[0], 394);
+    cr_assert_eq(bt.targets[2], 507);
+    cr_assert_eq(bt.loss_mask[3], 0.0f, "padding");
+    cr_assert_eq(bt.n_loss, 3 + N_EXPECT - 3);
+    batch_free(&bt);
+    sequence_free(&s[1]);
+    sequence_free(&s[0]);
+    seq_builder_free(&sb);
+
+    // Cut to seq_len + 1 tokens like any row.
+    cr_assert_eq(seq_builder_init(&sb, tok, CHAT_CHATML, "", 2, 1, 0), ER_OK);
+    cr_assert_eq(seq_build(&sb, &ex, "t:1", &s[0]), ER_OK);
+    cr_assert_eq(s[0].n, 3);
+    cr_assert_eq(s[0].truncated, 1);
+    cr_assert_eq(s[0].tokens[2], 74);
+    sequence_free(&s[0]);
+    seq_builder_free(&sb);
+
+    // SFT (no loss on prompts) has no response to take from raw text: refused, masked or not.
+    for (int no_mask = 0; no_mask < 2; no_mask++) {
+        cr_assert_eq(seq_builder_init(&sb, tok, CHAT_CHATML, "<think>\n", 64, 0, no_mask), ER_OK);
+        int rc = seq_build(&sb, &ex, "sft.jsonl:3", &s[0]);
+        cr_assert_lt(rc, 0);
+        cr_assert_null(s[0].tokens);
+        cr_assert(strstr(er_last_error(), "sft.jsonl:3"), "%s", er_last_error());
+        cr_assert(strstr(er_last_error(), "raw-text"), "%s", er_last_error());
+        seq_builder_free(&sb);
+    }
+    example_free(&ex);
+    example_free(&chat);
+}
+
 Test(sequence, needs_end_token, .init = setup, .fini = teardown) {
     SeqBuilder sb;
     cr_assert_eq(seq_builder_init(&sb, tok, CHAT_CHATML, NULL, 1, 0, 0), ER_EINVAL, "seq_len 1 is refused");

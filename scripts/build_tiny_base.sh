@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Builds the project's tiny default base model: a random configs/tiny.json model pretrained on the
+# synthetic "chains" task (data/synth.h), deterministically, into a cache dir.
+#
+# The pretraining data is a mixture made from one chains file:
+#   - every record as a chat conversation with its "direct" completion ("Answer: 37"), so the base
+#     answers directly in the chat format (and so fails long chains: k >= 4 steps in one go);
+#   - as many one-step records again as chat with direct answers: single steps are what the base
+#     should answer directly near-perfectly, and they are short, so cheap to add;
+#   - every record again as raw text {"text": problem + "\n" + verbose trace} (no chat template), so
+#     the base has seen the trace vocabulary and the step arithmetic ("19 * 5 = 95"). A base that
+#     never sees those tokens leaves their tied embeddings at random, and masked-LoRA SFT on verbose
+#     traces (adapter off on the prompt, embeddings frozen) stalls.
+#
+# Usage: scripts/build_tiny_base.sh            full base (~15 min on one core)
+#        QUICK=1 scripts/build_tiny_base.sh    tiny variant for CI (seconds); cache runs/tiny-base-quick
+# Env:   OUT (cache dir), THREADS (default 1: faster than 2 on a shared 2-core machine), B (binaries).
+# The cache is reused when OUT/model holds a finished model whose recorded inputs (OUT/inputs.txt:
+# every setting below and the hashes of the config, the tokenizer and the generated data) match.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+QUICK=${QUICK:-0}
+B=${B:-build}
+THREADS=${THREADS:-1}
+CONFIG=configs/tiny.json
+TOKENIZER=data/tiny_tokenizer
+DATA_SEED=1
+TRAIN_SEED=1
+if [ "$QUICK" = 1 ]; then
+  OUT=${OUT:-runs/tiny-base-quick}
+  N=200 STEPS=20 BATCH=8 LR=2e-3
+else
+  OUT=${OUT:-runs/tiny-base}
+  N=12000 STEPS=900 BATCH=16 LR=2e-3
+fi
+SEQ_LEN=640 # the longest raw trace (k = 8 with a recap) is ~560 tokens
+
+for bin in "$B/ertrain"; do
+  [ -x "$bin" ] || { echo "build_tiny_base: $bin not found; run make first" >&2; exit 1; }
+done
+mkdir -p "$OUT"
+t_start=$(date +%s)
+
+hash_of() { cat "$@" | sha256sum | cut -c1-16; }
+
+# 1. Data: deterministic in (seed, n, ranges); cheap, so always regenerated and hashed.
+chains="$OUT/chains.jsonl" one="$OUT/chains_k1.jsonl" mix="$OUT/pretrain_mix.jsonl"
+$B/ertrain synth chains --n "$N" --seed "$DATA_SEED" --out "$chains" --tokenizer "$TOKENIZER" | sed 's/^/synth: /'
+$B/ertrain synth chains --n "$N" --seed "$((DATA_SEED + 100))" --min-steps 1 --max-steps 1 --out "$one" \
+  | sed 's/^/synth k=1: /'
+python3 - "$chains" "$one" "$mix.tmp" <<'PY'
+import json, sys
+n_chat = n_one = n_text = 0
+with open(sys.argv[1]) as f, open(sys.argv[2]) as one, open(sys.argv[3], "w") as g:
+    for line, line1 in zip(f, one):
+        r = json.loads(line)
+        g.write(line)  # chat record; pretrain --response-key direct renders it with its direct answer
+        g.write(line1)
+        g.write(json.dumps({"text": r["problem"] + "\n" + r["verbose"]}) + "\n")
+        n_chat += 1
+        n_one += 1
+        n_text += 1
+print(f"mix: {n_chat} chat records (direct answers, k = 1..8) + {n_one} chat records (direct, k = 1) + "
+      f"{n_text} raw-text records (problem + verbose trace)")
+PY
+mv "$mix.tmp" "$mix"
+
+inputs="config=$CONFIG:$(hash_of $CONFIG) tokenizer=$TOKENIZER:$(hash_of $TOKENIZER/tokenizer.json)
+data=chains n=$N seed=$DATA_SEED mix=direct-chat+verbose-text:$(hash_of "$mix")
+pretrain steps=$STEPS batch=$BATCH lr=$LR seq_len=$SEQ_LEN seed=$TRAIN_SEED"
+
+# 2. The base: skipped when the cached model was built from the same inputs.
+model="$OUT/model"
+if [ -f "$model/model.safetensors" ] && [ -f "$OUT/inputs.txt" ] && [ "$(cat "$OUT/inputs.txt")" = "$inputs" ]; then
+  echo "base: cached in $model (inputs match $OUT/inputs.txt); nothing to do"
+  exit 0
+fi
+if [ -e "$model" ]; then
+  echo "base: $model is stale or unfinished (inputs differ); rebuilding it"
+  rm -rf "$model"
+fi
+rm -f "$OUT/inputs.txt"
+echo "base: pretraining $CONFIG on $mix ($STEPS steps x $BATCH, lr $LR, $THREADS thread(s))"
+cmd=($B/ertrain pretrain --config "$CONFIG" --tokenizer "$TOKENIZER" --data "$mix" --response-key direct
+     --steps "$STEPS" --batch "$BATCH" --lr "$LR" --seq-len "$SEQ_LEN" --seed "$TRAIN_SEED" --threads "$THREADS"
+     --eval-every $((STEPS / 4)) --out "$model")
+echo "+ ${cmd[*]}"
+"${cmd[@]}"
+printf '%s\n' "$inputs" > "$OUT/inputs.txt"
+echo "base: wrote $model in $(( $(date +%s) - t_start )) s; inputs recorded in $OUT/inputs.txt"
