@@ -31,7 +31,7 @@ if [ "$QUICK" = 1 ]; then
   N=200 STEPS=20 BATCH=8 LR=2e-3
 else
   OUT=${OUT:-runs/tiny-base}
-  N=12000 STEPS=900 BATCH=16 LR=2e-3
+  N=12000 STEPS=${STEPS:-900} BATCH=16 LR=2e-3
 fi
 SEQ_LEN=640 # the longest raw trace (k = 8 with a recap) is ~560 tokens
 
