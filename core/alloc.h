@@ -11,6 +11,8 @@ void *er_calloc(size_t n, size_t elem_size); // zeroed, n*elem_size checked for 
 void *er_realloc_array(void *p, size_t n, size_t elem_size); // plain realloc, never aligned memory
 void er_free(void *p);
 char *er_strdup(const char *s);
+// Physical memory of the machine in bytes (0 when unknown): the default limit for buffers sized up front.
+size_t er_physical_memory(void);
 
 // a*b and a+b into *out; return 0, or -1 on size_t overflow.
 static inline int er_mul_size(size_t a, size_t b, size_t *out) {

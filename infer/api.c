@@ -88,7 +88,9 @@ int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens
     if (!s)
         return ER_ENOMEM;
     s->m = m;
-    int rc = engine_init(&s->engine, &m->model, m->tok, kv_int8 ? KV_INT8 : KV_F32, max_samples, max_tokens, 128, 0);
+    // The KV cache and buffers are reserved now; a session that would not fit in memory is refused here.
+    int rc = engine_init(&s->engine, &m->model, m->tok, kv_int8 ? KV_INT8 : KV_F32, max_samples, max_tokens, 128,
+                         er_physical_memory());
     if (rc == ER_OK) {
         s->samples = er_calloc((size_t)max_samples, sizeof(GenSample));
         s->pub = er_calloc((size_t)max_samples, sizeof(ErSample));

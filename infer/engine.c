@@ -34,7 +34,14 @@ int engine_init(Engine *e, Model *m, const Tokenizer *tok, KvType kv_type, int m
     e->max_len = max_len;
     e->chunk = chunk;
     // Distinct positions: prompt P once + N tails of at most max_len - P each <= N * max_len.
-    int rc = kv_cache_alloc(&e->kv, &m->cfg, kv_type, max_samples + 1, max_len, max_samples * max_len, max_bytes);
+    size_t kv_bytes = kv_cache_bytes(&m->cfg, kv_type, max_samples + 1, max_samples * max_len);
+    size_t need = kv_bytes + acts_bytes(&m->cfg, 1, chunk, ACTS_DECODE) +
+                  acts_bytes(&m->cfg, max_samples, 1, ACTS_DECODE);
+    if (max_bytes && need > max_bytes)
+        return er_error(ER_ENOMEM, "a session of %d samples x %d positions needs %.1f MiB (KV cache %.1f MiB), more than "
+                        "the %.1f MiB available", max_samples, max_len, need / 1048576.0, kv_bytes / 1048576.0,
+                        max_bytes / 1048576.0);
+    int rc = kv_cache_alloc(&e->kv, &m->cfg, kv_type, max_samples + 1, max_len, max_samples * max_len, 0);
     if (rc == ER_OK)
         rc = acts_alloc(&e->prefill, &m->cfg, 1, chunk, ACTS_DECODE, 0);
     if (rc == ER_OK)

@@ -17,6 +17,12 @@ size_t kv_bytes_per_position(const ModelConfig *c, KvType type) {
     return per_layer * (size_t)c->L;
 }
 
+size_t kv_cache_bytes(const ModelConfig *c, KvType type, int max_seqs, int max_positions) {
+    // Each sequence may hold one partly filled block of its own beyond the shared positions.
+    size_t blocks = (size_t)(max_positions + KV_BLOCK - 1) / KV_BLOCK + (size_t)max_seqs;
+    return kv_bytes_per_position(c, type) * KV_BLOCK * blocks;
+}
+
 int kv_cache_alloc(KVCache *kv, const ModelConfig *c, KvType type, int max_seqs, int max_seq_len, int max_positions,
                    size_t max_bytes) {
     memset(kv, 0, sizeof *kv);
@@ -28,10 +34,9 @@ int kv_cache_alloc(KVCache *kv, const ModelConfig *c, KvType type, int max_seqs,
     kv->type = type;
     kv->max_seqs = max_seqs;
     kv->max_blocks_per_seq = (max_seq_len + KV_BLOCK - 1) / KV_BLOCK;
-    // Each sequence may hold one partly filled block of its own beyond the shared positions.
     kv->n_blocks = (max_positions + KV_BLOCK - 1) / KV_BLOCK + max_seqs;
     size_t per_block = kv_bytes_per_position(c, type) * KV_BLOCK;
-    kv->bytes = per_block * (size_t)kv->n_blocks;
+    kv->bytes = kv_cache_bytes(c, type, max_seqs, max_positions);
     if (max_bytes && kv->bytes > max_bytes)
         return er_error(ER_ENOMEM, "KV cache for %d positions (%d sequences) needs %.1f MiB, more than the %.1f MiB allowed",
                         max_positions, max_seqs, kv->bytes / 1048576.0, max_bytes / 1048576.0);
