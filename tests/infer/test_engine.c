@@ -203,3 +203,12 @@ Test(engine, hard_budget_and_stop_strings) {
     free(p);
     engine_free(&e);
 }
+
+// A session that does not fit is refused before anything is allocated, with the estimate.
+Test(engine, refuses_sessions_that_do_not_fit) {
+    Engine e;
+    cr_assert(engine_init(&e, &model, tok, KV_F32, 8, 100000, 128, 64u << 20) < 0);
+    cr_assert(strstr(er_last_error(), "MiB"), "%s", er_last_error());
+    cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 2, 200, 16, 64u << 20), 0, "%s", er_last_error());
+    engine_free(&e);
+}
