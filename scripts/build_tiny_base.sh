@@ -12,7 +12,7 @@
 #     never sees those tokens leaves their tied embeddings at random, and masked-LoRA SFT on verbose
 #     traces (adapter off on the prompt, embeddings frozen) stalls.
 #
-# Usage: scripts/build_tiny_base.sh            full base (~15 min on one core)
+# Usage: scripts/build_tiny_base.sh            full base (~27 min on one core)
 #        QUICK=1 scripts/build_tiny_base.sh    tiny variant for CI (seconds); cache runs/tiny-base-quick
 # Env:   OUT (cache dir), THREADS (default 1: faster than 2 on a shared 2-core machine), B (binaries).
 # The cache is reused when OUT/model holds a finished model whose recorded inputs (OUT/inputs.txt:
@@ -31,7 +31,7 @@ if [ "$QUICK" = 1 ]; then
   N=200 STEPS=20 BATCH=8 LR=2e-3
 else
   OUT=${OUT:-runs/tiny-base}
-  N=12000 STEPS=${STEPS:-900} BATCH=16 LR=2e-3
+  N=12000 STEPS=${STEPS:-3600} BATCH=16 LR=2e-3
 fi
 SEQ_LEN=640 # the longest raw trace (k = 8 with a recap) is ~560 tokens
 
