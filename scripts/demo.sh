@@ -68,4 +68,4 @@ print(f"prompt {st['prompt_tokens']} tokens, TTFT {st['ttft_s']*1e3:.1f} ms, {st
       f"KV {st['kv_bytes']/1024:.1f} KiB")
 PY
 echo
-echo "Still to come (README, Status): pretraining the tiny base, masked-LoRA SFT, GRPO, heads, quantization."
+echo "Not in the demo yet (README, Status): the tiny base and SFT (scripts/build_tiny_base.sh), GRPO runs, heads, quantization."
