@@ -41,7 +41,8 @@ peak = next(r["gflops"] for r in rows if r["impl"] == "sgemm")
 print()
 print(f"sgemm peak: {peak:.1f} GFLOP/s")
 def find(impl, shape, mode):
-    return next((r for r in rows if r["impl"] == impl and r.get("shape") == shape and r.get("mode", "full") == mode), None)
+    return next((r for r in rows
+                 if r["impl"] == impl and r.get("shape") == shape and r.get("mode", "full") == mode), None)
 for mode, label in (("full", ""), ("lora", "LoRA step ")):
     for shape in ("small", "0.5b"):
         ours, torch = find("ertrain", shape, mode), find("pytorch", shape, mode)

@@ -85,7 +85,8 @@ int main(int argc, char **argv) {
         {"seq", ARG_INT, &seq, "positions per sequence", 0, 1, 32768},
         {"steps", ARG_INT, &steps, "timed steps (after one warm-up step); the median is reported", 0, 1, 1000},
         {"threads", ARG_INT, &threads, "threads (0 = all cores)", 0, 0, 4096},
-        {"lora", ARG_INT, &rank, "LoRA SFT step: frozen base + adapter of this rank (alpha 2R, all targets); 0 = full step", 0, 0, 4096},
+        {"lora", ARG_INT, &rank, "LoRA SFT step: frozen base + rank-R adapter (alpha 2R, all 7 targets); 0 = full",
+         0, 0, 4096},
         {"sgemm-peak", ARG_FLAG, &peak, "measure the sgemm peak instead", 0, 0, 0},
     };
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0], "train_step [flags]");
@@ -166,15 +167,16 @@ int main(int argc, char **argv) {
     }
     // median, like the PyTorch peer: robust to the odd step that shares the cores with something else
     qsort(times, steps, sizeof(double), cmp_double);
-    double step_s = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]), step_min = times[0];
+    double step_s = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
+    double step_min = times[0];
     free(times);
     double flops = rank > 0 ? lora_step_flops(&c, batch, seq, rank) : step_flops(&c, batch, seq);
     printf("{\"impl\": \"ertrain\", \"mode\": \"%s\", \"shape\": \"%s\", \"params\": %zu, \"trainable\": %zu, "
-           "\"lora_r\": %d, \"batch\": %d, \"seq\": %d, \"threads\": %d, \"step_s\": %.4f, \"step_s_min\": %.4f, \"tokens_per_s\": %.1f, "
-           "\"gflops\": %.2f, \"loss\": %.4f}\n",
+           "\"lora_r\": %d, \"batch\": %d, \"seq\": %d, \"threads\": %d, \"step_s\": %.4f, \"step_s_min\": %.4f, "
+           "\"tokens_per_s\": %.1f, \"gflops\": %.2f, \"loss\": %.4f}\n",
            rank > 0 ? "lora" : "full", shape, model_config_num_params(&c),
-           rank > 0 ? ad.n_params : model_config_num_params(&c), rank, batch, seq, threads, step_s, step_min, N / step_s,
-           flops / step_s / 1e9, loss);
+           rank > 0 ? ad.n_params : model_config_num_params(&c), rank, batch, seq, threads, step_s, step_min,
+           N / step_s, flops / step_s / 1e9, loss);
     if (rank > 0)
         lora_free(&ad);
     free(amask);
