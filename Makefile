@@ -12,9 +12,13 @@ BLAS ?= 1
 PY ?= /usr/bin/python3
 QUICK ?= 0
 
+# Each configuration builds into its own dir so objects never mix.
 BUILD := build
 ifeq ($(SAN),1)
 BUILD := build/san
+endif
+ifeq ($(BLAS),0)
+BUILD := $(BUILD)/noblas
 endif
 
 CC ?= gcc
