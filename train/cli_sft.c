@@ -29,7 +29,9 @@ int cmd_sft(int argc, char **argv) {
     TrainConfig c;
     train_config_default(&c, TRAIN_SFT);
     const char *prefix = "<think>\\n";
-    ArgSpec specs[] = {
+    ArgSpec specs[TRAIN_FLAGS_MAX + 16];
+    int ns = train_flags_specs(&c, specs);
+    ArgSpec own[] = {
         {"model", ARG_STR, &c.model_dir, "base model dir (HF layout, with its tokenizer); loaded frozen", 1, 0, 0},
         {"data", ARG_STR, &c.data_path, "training records (JSONL)", 1, 0, 0},
         {"out", ARG_STR, &c.out_dir, "run dir: PEFT adapter, run.json, metrics.jsonl, checkpoint/", 1, 0, 0},
@@ -39,29 +41,15 @@ int cmd_sft(int argc, char **argv) {
         {"targets", ARG_STR, &c.targets, "adapted layers: all | q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", 0, 0, 0},
         {"rslora", ARG_FLAG, &c.rslora, "rank-stabilised scale alpha / sqrt(rank)", 0, 0, 0},
         {"dropout", ARG_FLOAT, &c.dropout, "dropout on the adapter's input", 0, 0, 0},
-        {"lr", ARG_FLOAT, &c.lr, "peak learning rate", 0, 0, 0},
-        {"min-lr", ARG_FLOAT, &c.min_lr, "learning rate at the end of the cosine decay", 0, 0, 0},
-        {"epochs", ARG_INT, &c.epochs, "passes over the data (when --steps is not given)", 0, 0, 100000},
-        {"steps", ARG_INT, &c.steps, "optimizer steps (overrides --epochs)", 0, 0, 2000000000},
-        {"batch", ARG_INT, &c.batch, "sequences per micro-batch", 0, 1, 65536},
-        {"seq-len", ARG_INT, &c.seq_len, "most input positions per sequence (longer ones are cut)", 0, 2, 1 << 20},
-        {"grad-accum", ARG_INT, &c.grad_accum, "micro-batches per optimizer step", 0, 1, 65536},
-        {"warmup", ARG_FLOAT, &c.warmup, "warmup: fraction of the steps (< 1) or steps (>= 1)", 0, 0, 0},
-        {"clip", ARG_FLOAT, &c.clip, "global gradient-norm limit (0 = off)", 0, 0, 0},
         {"weight-decay", ARG_FLOAT, &c.weight_decay, "AdamW weight decay", 0, 0, 0},
-        {"eval-split", ARG_FLOAT, &c.eval_split, "fraction of the records held out for the eval loss", 0, 0, 0},
-        {"eval-max", ARG_INT, &c.eval_max, "at most this many held-out records (0 = no limit)", 0, 0, 2000000000},
-        {"eval-every", ARG_INT, &c.eval_every, "steps between held-out evaluations (0 = at the end only)", 0, 0, 2000000000},
-        {"save-every", ARG_INT, &c.save_every, "steps between checkpoints (0 = at the end only)", 0, 0, 2000000000},
         {"seed", ARG_INT, &c.seed, "seed of every random choice (split, init, data order, dropout)", 0, 0, 2147483647},
-        {"threads", ARG_INT, &c.threads, "threads (0 = all cores)", 0, 0, 4096},
-        {"resume", ARG_FLAG, &c.resume, "continue the run in --out from its checkpoint", 0, 0, 0},
         {"no-mask", ARG_FLAG, &c.no_mask, "standard LoRA: adapter on prompt positions too", 0, 0, 0},
         {"prefix", ARG_STR, &prefix, "reasoning prefix opening every response, left out of the loss (\"\" = none; \\n "
                                      "is a newline)", 0, 0, 0},
-        {"stop-after", ARG_INT, &c.stop_after, "stop after this step as if interrupted (testing --resume)", 0, 0, 2000000000},
     };
-    int rc = args_parse(argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
+    memcpy(specs + ns, own, sizeof own);
+    ns += (int)(sizeof own / sizeof own[0]);
+    int rc = args_parse(argc, argv, specs, ns,
                         "ertrain sft --model DIR --data FILE.jsonl --out DIR [--response-key KEY] [--rank 16 --alpha 32 "
                         "--lr 2e-4 --steps N | --epochs 1 ...] [--resume]");
     if (rc == ARGS_HELP)

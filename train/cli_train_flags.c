@@ -1,0 +1,28 @@
+#include <string.h>
+
+#include "train/cli.h"
+
+// Optimisation, evaluation and checkpoint flags shared by ertrain pretrain and sft: written into s (room for
+// TRAIN_FLAGS_MAX); returns how many.
+int train_flags_specs(TrainConfig *c, ArgSpec *s) {
+    ArgSpec all[] = {
+        {"lr", ARG_FLOAT, &c->lr, "peak learning rate", 0, 0, 0},
+        {"min-lr", ARG_FLOAT, &c->min_lr, "learning rate at the end of the cosine decay", 0, 0, 0},
+        {"epochs", ARG_INT, &c->epochs, "passes over the data (when --steps is not given)", 0, 0, 100000},
+        {"steps", ARG_INT, &c->steps, "optimizer steps (overrides --epochs)", 0, 0, 2000000000},
+        {"batch", ARG_INT, &c->batch, "sequences per micro-batch", 0, 1, 65536},
+        {"seq-len", ARG_INT, &c->seq_len, "most input positions per sequence (longer ones are cut)", 0, 2, 1 << 20},
+        {"grad-accum", ARG_INT, &c->grad_accum, "micro-batches per optimizer step", 0, 1, 65536},
+        {"warmup", ARG_FLOAT, &c->warmup, "warmup: fraction of the steps (< 1) or steps (>= 1)", 0, 0, 0},
+        {"clip", ARG_FLOAT, &c->clip, "global gradient-norm limit (0 = off)", 0, 0, 0},
+        {"eval-split", ARG_FLOAT, &c->eval_split, "fraction of the records held out for the eval loss", 0, 0, 0},
+        {"eval-max", ARG_INT, &c->eval_max, "at most this many held-out records (0 = no limit)", 0, 0, 2000000000},
+        {"eval-every", ARG_INT, &c->eval_every, "steps between held-out evaluations (0 = at the end only)", 0, 0, 2000000000},
+        {"save-every", ARG_INT, &c->save_every, "steps between checkpoints (0 = at the end only)", 0, 0, 2000000000},
+        {"threads", ARG_INT, &c->threads, "threads (0 = all cores)", 0, 0, 4096},
+        {"resume", ARG_FLAG, &c->resume, "continue the run in --out from its checkpoint", 0, 0, 0},
+        {"stop-after", ARG_INT, &c->stop_after, "stop after this step as if interrupted (testing --resume)", 0, 0, 2000000000},
+    };
+    memcpy(s, all, sizeof all);
+    return (int)(sizeof all / sizeof all[0]);
+}
