@@ -119,9 +119,9 @@ void chains_config_default(ChainsConfig *c) {
     c->min_steps = 1;
     c->max_steps = CHAINS_MAX_STEPS;
     c->max_start = 20;
-    c->max_operand = 20;
-    c->max_factor = 5;
-    c->max_value = 99;
+    c->max_operand = 9;
+    c->max_factor = 3;
+    c->max_value = 49;
 }
 
 int chains_config_check(const ChainsConfig *c) {

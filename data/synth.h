@@ -45,7 +45,7 @@ typedef struct {
 
 #define CHAINS_MAX_STEPS 8
 
-void chains_config_default(ChainsConfig *c); // steps 1..8, start 1..20, operand 1..20, factor 2..5, 0..99
+void chains_config_default(ChainsConfig *c); // steps 1..8, start 1..20, operand 1..9, factor 2..3, 0..49
 int chains_config_check(const ChainsConfig *c);
 int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, ChainsExample *ex);
 void chains_example_free(ChainsExample *ex);
