@@ -1,0 +1,327 @@
+// Quantizers: RTN with an Lp scale search, and weighted 1-D k-means for the 2-bit codebook format.
+#include "quant/quantizer.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "quant/quant.h"
+
+void quant_options_default(QuantOptions *o, WeightFormat fmt, int group) {
+    memset(o, 0, sizeof *o);
+    o->fmt = fmt;
+    o->group = group;
+    o->search = QSEARCH_LP;
+    o->p = 2.0;
+    o->grid = 20;
+    o->kmeans_iters = 25;
+}
+
+static inline double err_p(double d, double p) {
+    d = fabs(d);
+    return p == 2.0 ? d * d : pow(d, p);
+}
+
+static inline float clampf(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+static double sym_error(const float *x, const float *imp, int n, int qmax, float s, double p) {
+    double e = 0;
+    float inv = 1.0f / s;
+    for (int i = 0; i < n; i++) {
+        float q = clampf(rintf(x[i] * inv), (float)-qmax, (float)qmax);
+        e += (imp ? imp[i] : 1.0) * err_p((double)x[i] - (double)(q * s), p);
+    }
+    return e;
+}
+
+double quant_rtn_sym(const float *x, const float *imp, int n, int qmax, QuantSearch s, double p, int grid, float *scale,
+                     int8_t *q) {
+    *scale = 0;
+    if (n <= 0)
+        return 0;
+    float amax = 0;
+    for (int i = 0; i < n; i++)
+        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    if (!(amax > 0)) {
+        *scale = 0;
+        memset(q, 0, (size_t)n);
+        double e = 0;
+        for (int i = 0; i < n; i++)
+            e += (imp ? imp[i] : 1.0) * err_p(x[i], p);
+        return e;
+    }
+    int steps = s == QSEARCH_MINMAX ? 0 : grid;
+    float best_s = amax / (float)qmax;
+    double best = sym_error(x, imp, n, qmax, best_s, p);
+    for (int i = 1; i <= steps; i++) {
+        float c = 1.0f - 0.5f * (float)i / (float)steps;
+        float sc = c * amax / (float)qmax;
+        double e = sym_error(x, imp, n, qmax, sc, p);
+        if (e < best) {
+            best = e;
+            best_s = sc;
+        }
+    }
+    *scale = best_s;
+    float inv = 1.0f / best_s;
+    for (int i = 0; i < n; i++)
+        q[i] = (int8_t)clampf(rintf(x[i] * inv), (float)-qmax, (float)qmax);
+    return best;
+}
+
+// Codes of x for W = u * sf + zf (sf, zf as stored); sf == 0 gives u = 0.
+static inline uint8_t asym_code(float x, float sf, float zf) {
+    return sf > 0 ? (uint8_t)clampf(rintf((x - zf) / sf), 0.0f, 15.0f) : 0;
+}
+
+static double asym_error(const float *x, const float *imp, int n, float sf, float zf, double p) {
+    double e = 0;
+    for (int i = 0; i < n; i++)
+        e += (imp ? imp[i] : 1.0) * err_p((double)x[i] - (double)((float)asym_code(x[i], sf, zf) * sf + zf), p);
+    return e;
+}
+
+double quant_rtn_asym4(const float *x, const float *imp, int n, QuantSearch s, double p, int grid, uint16_t *scale16,
+                       uint16_t *zero16, uint8_t *u) {
+    *scale16 = *zero16 = 0;
+    if (n <= 0)
+        return 0;
+    float mn = x[0], mx = x[0];
+    for (int i = 1; i < n; i++) {
+        mn = x[i] < mn ? x[i] : mn;
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    int steps = s == QSEARCH_MINMAX || !(mx > mn) ? 0 : grid;
+    double best = INFINITY;
+    uint16_t bs = 0, bz = 0;
+    for (int i = 0; i <= steps; i++) {
+        float c = i == 0 ? 1.0f : 1.0f - 0.5f * (float)i / (float)steps;
+        float center = 0.5f * (mx + mn), half = 0.5f * c * (mx - mn);
+        uint16_t s16 = f32_to_f16((2.0f * half) / 15.0f), z16 = f32_to_f16(center - half);
+        double e = asym_error(x, imp, n, f16_to_f32(s16), f16_to_f32(z16), p);
+        if (e < best) {
+            best = e;
+            bs = s16;
+            bz = z16;
+        }
+    }
+    *scale16 = bs;
+    *zero16 = bz;
+    float sf = f16_to_f32(bs), zf = f16_to_f32(bz);
+    for (int i = 0; i < n; i++)
+        u[i] = asym_code(x[i], sf, zf);
+    return best;
+}
+
+// ---- k-means ----
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static inline int nearest(float v, const float *c, int k) {
+    int best = 0;
+    float bd = fabsf(v - c[0]);
+    for (int j = 1; j < k; j++) {
+        float d = fabsf(v - c[j]);
+        if (d < bd) {
+            bd = d;
+            best = j;
+        }
+    }
+    return best;
+}
+
+static double assign_all(const float *x, const float *imp, int n, const float *c, int k, uint8_t *a, int *changed) {
+    double obj = 0;
+    int ch = 0;
+    for (int i = 0; i < n; i++) {
+        int j = nearest(x[i], c, k);
+        ch |= a[i] != j;
+        a[i] = (uint8_t)j;
+        double d = (double)x[i] - (double)c[j];
+        obj += (imp ? imp[i] : 1.0) * d * d;
+    }
+    if (changed)
+        *changed = ch;
+    return obj;
+}
+
+// Deterministic init: the distinct values when there are at most k, else the quantiles (2j+1)/(2k)
+// of the sorted values, moved forward past duplicates.
+static void kmeans_init(const float *x, int n, int k, float *c, float *sorted) {
+    memcpy(sorted, x, sizeof(float) * (size_t)n);
+    qsort(sorted, (size_t)n, sizeof(float), cmp_float);
+    int distinct = n > 0;
+    for (int i = 1; i < n && distinct <= k; i++)
+        distinct += sorted[i] != sorted[i - 1];
+    if (distinct <= k) {
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (i == 0 || sorted[i] != sorted[i - 1])
+                c[m++] = sorted[i];
+        for (; m < k; m++)
+            c[m] = n > 0 ? sorted[n - 1] : 0.0f;
+        return;
+    }
+    for (int j = 0; j < k; j++) {
+        int i = (int)(((2 * (long)j + 1) * n) / (2 * k));
+        while (j > 0 && i < n - 1 && sorted[i] <= c[j - 1])
+            i++;
+        c[j] = sorted[i];
+    }
+}
+
+static double kmeans_run(const float *x, const float *imp, int n, int k, int iters, float *c, uint8_t *a, double *hist,
+                         float *sorted) {
+    kmeans_init(x, n, k, c, sorted);
+    memset(a, 0xff, (size_t)n);
+    double obj = assign_all(x, imp, n, c, k, a, NULL);
+    if (hist)
+        hist[0] = obj;
+    int it = 0;
+    for (; it < iters; it++) {
+        double sw[16] = {0}, swx[16] = {0};
+        float prev[16];
+        memcpy(prev, c, sizeof(float) * (size_t)k);
+        for (int i = 0; i < n; i++) {
+            double wi = imp ? imp[i] : 1.0;
+            sw[a[i]] += wi;
+            swx[a[i]] += wi * x[i];
+        }
+        for (int j = 0; j < k; j++)
+            if (sw[j] > 0)
+                c[j] = (float)(swx[j] / sw[j]);
+        int changed;
+        double o = assign_all(x, imp, n, c, k, a, &changed);
+        // Rounding a mean to float can nudge the objective up by an ulp: then go back to the centroids
+        // that gave obj (the assignment is a function of the centroids) and stop.
+        if (o > obj) {
+            memcpy(c, prev, sizeof(float) * (size_t)k);
+            assign_all(x, imp, n, c, k, a, NULL);
+            break;
+        }
+        obj = o;
+        if (hist)
+            hist[it + 1] = obj;
+        if (!changed)
+            break;
+    }
+    if (hist)
+        for (int j = it + 1; j <= iters; j++)
+            hist[j] = obj;
+    return obj;
+}
+
+double quant_kmeans_1d(const float *x, const float *imp, int n, int k, int iters, float *centroids, uint8_t *assign,
+                       double *hist) {
+    if (k < 1 || k > 16 || n < 1)
+        return er_error(ER_EINVAL, "quant_kmeans_1d: k = %d (1..16), n = %d", k, n);
+    float *sorted = malloc(sizeof(float) * (size_t)n);
+    if (!sorted)
+        return er_error(ER_ENOMEM, "quant_kmeans_1d: out of memory");
+    double obj = kmeans_run(x, imp, n, k, iters, centroids, assign, hist, sorted);
+    free(sorted);
+    return obj;
+}
+
+// ---- matrices ----
+
+typedef struct {
+    float *sorted;
+    uint8_t *codes;
+    int8_t *sq;
+} Scratch;
+
+static void quantize_row(Weight *w, int r, const float *x, const float *imp, const QuantOptions *o, Scratch *s) {
+    int K = w->cols;
+    uint8_t *row = (uint8_t *)w->data + (size_t)r * quant_row_bytes(w->fmt, K);
+    switch (w->fmt) {
+    case WF_Q8:
+        quant_rtn_sym(x, imp, K, 127, o->search, o->p, o->grid, (float *)&w->scale[r], (int8_t *)row);
+        break;
+    case WF_Q4:
+        quant_rtn_sym(x, imp, K, 7, o->search, o->p, o->grid, (float *)&w->scale[r], s->sq);
+        for (int k = 0; k < K; k++)
+            s->codes[k] = (uint8_t)(s->sq[k] + 8);
+        quant_pack4(row, s->codes, K);
+        break;
+    case WF_Q4G: {
+        int G = w->group, ng = K / G;
+        for (int g = 0; g < ng; g++)
+            quant_rtn_asym4(x + g * G, imp ? imp + g * G : NULL, G, o->search, o->p, o->grid,
+                            (uint16_t *)&w->gscale[(size_t)r * ng + g], (uint16_t *)&w->gzero[(size_t)r * ng + g],
+                            s->codes + g * G);
+        quant_pack4(row, s->codes, K);
+        break;
+    }
+    case WF_Q2LUT: {
+        float c[16];
+        kmeans_run(x, imp, K, 4, o->kmeans_iters, c, s->codes, NULL, s->sorted);
+        uint16_t *lut = (uint16_t *)&w->lut[(size_t)r * 4];
+        float cr[4];
+        for (int j = 0; j < 4; j++) {
+            lut[j] = f32_to_f16(c[j]);
+            cr[j] = f16_to_f32(lut[j]);
+        }
+        for (int k = 0; k < K; k++)
+            s->codes[k] = (uint8_t)nearest(x[k], cr, 4);
+        quant_pack2(row, s->codes, K);
+        break;
+    }
+    default: break;
+    }
+}
+
+int quantize_matrix(Weight *w, const float *src, int rows, int cols, const float *importance, const QuantOptions *o) {
+    if (!weight_is_quantized(o->fmt))
+        return er_error(ER_EINVAL, "quantize_matrix: %s is not a quantized format", weight_format_name(o->fmt));
+    ER_TRY(quant_weight_alloc(w, o->fmt, rows, cols, o->group));
+    int fail = 0;
+#pragma omp parallel
+    {
+        Scratch s = {malloc(sizeof(float) * (size_t)cols), malloc((size_t)cols), malloc((size_t)cols)};
+        if (!s.sorted || !s.codes || !s.sq) {
+#pragma omp atomic write
+            fail = 1;
+        }
+#pragma omp for schedule(dynamic, 16)
+        for (int r = 0; r < rows; r++)
+            if (s.sorted && s.codes && s.sq)
+                quantize_row(w, r, src + (size_t)r * cols, importance ? importance + (size_t)r * cols : NULL, o, &s);
+        free(s.sorted);
+        free(s.codes);
+        free(s.sq);
+    }
+    if (fail) {
+        weight_free(w);
+        return er_error(ER_ENOMEM, "quantize_matrix: out of memory for row scratch");
+    }
+    return ER_OK;
+}
+
+double quant_rel_error(const Weight *q, const float *src) {
+    double num = 0, den = 0;
+#pragma omp parallel reduction(+ : num, den)
+    {
+        float *row = malloc(sizeof(float) * (size_t)q->cols);
+#pragma omp for schedule(static)
+        for (int r = 0; r < q->rows; r++) {
+            if (!row)
+                continue;
+            quant_dequant_row(row, q, r);
+            const float *x = src + (size_t)r * q->cols;
+            for (int k = 0; k < q->cols; k++) {
+                double d = (double)x[k] - row[k];
+                num += d * d;
+                den += (double)x[k] * x[k];
+            }
+        }
+        free(row);
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}

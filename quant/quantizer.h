@@ -1,0 +1,55 @@
+// Quantizers: fp32 matrix -> a packed Weight (formats in quant/weight.h).
+//   - RTN (q8, q4, q4g): round to nearest with a scale per row (or per group). The scale comes from a
+//     grid search over clipping ratios c in {1, 1 - 0.5/grid, ..., 0.5} minimising the (importance-
+//     weighted) Lp error sum_k imp_k |w_k - Q(w_k)|^p; min-max is the baseline (c = 1 only), so the
+//     search is never worse than min-max. The error is measured with the scales as stored (fp16 for
+//     q4g), so what is chosen is what the file holds.
+//   - Non-uniform (q2lut): 1-D k-means per row (4 centroids), weighted by an optional per-weight
+//     importance (diagonal Fisher = squared gradients, SqueezeLLM style); init at the quantiles of the
+//     sorted row (the row's distinct values when it has at most k), then Lloyd iterations, each of
+//     which can only lower the weighted objective. Centroids are rounded to fp16 and the codes
+//     re-assigned to the nearest rounded centroid.
+#ifndef QUANT_QUANTIZER_H
+#define QUANT_QUANTIZER_H
+
+#include <stdint.h>
+
+#include "quant/weight.h"
+
+typedef enum { QSEARCH_LP, QSEARCH_MINMAX } QuantSearch;
+
+typedef struct {
+    WeightFormat fmt;   // WF_Q8, WF_Q4, WF_Q4G, WF_Q2LUT
+    int group;          // WF_Q4G: inputs per group
+    QuantSearch search; // RTN formats
+    double p;           // Lp exponent of the search (default 2)
+    int grid;           // clipping ratios after c = 1 (default 20)
+    int kmeans_iters;   // WF_Q2LUT Lloyd iterations (default 25)
+} QuantOptions;
+
+void quant_options_default(QuantOptions *o, WeightFormat fmt, int group);
+
+// *w = a new weight owning its buffers (free with weight_free). src (rows, cols) fp32; importance
+// (rows, cols) >= 0 weights the error of each weight, NULL = all ones. Rows run in parallel.
+int quantize_matrix(Weight *w, const float *src, int rows, int cols, const float *importance, const QuantOptions *o);
+
+// ---- the pieces, exposed for tests ----
+
+// Symmetric RTN of n values with codes in [-qmax, qmax]: the chosen scale, codes q (n), and the weighted
+// Lp error of that choice.
+double quant_rtn_sym(const float *x, const float *imp, int n, int qmax, QuantSearch s, double p, int grid, float *scale,
+                     int8_t *q);
+// Asymmetric RTN of n values with codes in [0, 15]: W = u * scale + zero with scale and zero in fp16.
+double quant_rtn_asym4(const float *x, const float *imp, int n, QuantSearch s, double p, int grid, uint16_t *scale16,
+                       uint16_t *zero16, uint8_t *u);
+
+// Weighted 1-D k-means (1 <= k <= 16) of n values: centroids (k), assignments (n); hist (iters + 1),
+// when not NULL, gets the objective sum imp_i (x_i - c_{a_i})^2 after the init and after each
+// iteration. Returns the final objective. Deterministic.
+double quant_kmeans_1d(const float *x, const float *imp, int n, int k, int iters, float *centroids, uint8_t *assign,
+                       double *hist);
+
+// ||W - Q(W)||_F / ||W||_F of a quantized weight against its fp32 source (rows, cols).
+double quant_rel_error(const Weight *q, const float *src);
+
+#endif

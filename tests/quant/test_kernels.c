@@ -1,0 +1,248 @@
+// Every matmul path of every format against dequantize-then-multiply in double: the decode kernels
+// (N = 1..8; SIMD and portable), the tile + GEMM path (N = 33, more rows than one tile), the
+// backward through a frozen quantized weight, and that backward against finite differences.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "core/threads.h"
+#include "quant/quant.h"
+
+// A weight with random codes, scales, zeros and codebooks (every code value shows up).
+static void random_weight(Weight *w, WeightFormat f, int R, int K, int group, uint64_t seed) {
+    cr_assert_eq(quant_weight_alloc(w, f, R, K, group), 0);
+    ErRng r;
+    rng_seed(&r, seed);
+    size_t nb = (size_t)R * quant_row_bytes(f, K);
+    uint8_t *d = (uint8_t *)w->data;
+    for (size_t i = 0; i < nb; i++)
+        d[i] = (uint8_t)rng_below(&r, 256);
+    if (f == WF_Q8)
+        for (size_t i = 0; i < nb; i++)
+            if (d[i] == 0x80)
+                d[i] = 0x81; // -128 is not a code
+    if (f == WF_Q8 || f == WF_Q4)
+        for (int i = 0; i < R; i++)
+            ((float *)w->scale)[i] = 0.01f + 0.05f * rng_uniform(&r);
+    if (f == WF_Q4G)
+        for (int i = 0; i < R * (K / group); i++) {
+            ((uint16_t *)w->gscale)[i] = f32_to_f16(0.01f + 0.05f * rng_uniform(&r));
+            ((uint16_t *)w->gzero)[i] = f32_to_f16(-0.4f + 0.1f * rng_uniform(&r));
+        }
+    if (f == WF_Q2LUT)
+        for (int i = 0; i < R * 4; i++)
+            ((uint16_t *)w->lut)[i] = f32_to_f16(rng_normal(&r) * 0.3f);
+    // Zero the padding of packed rows so dequantization is the only reader of real codes.
+    if (f == WF_Q4 || f == WF_Q4G || f == WF_Q2LUT) {
+        int per = f == WF_Q2LUT ? 4 : 2, bits = 8 / per;
+        if (K % per)
+            for (int i = 0; i < R; i++) {
+                uint8_t *last = d + (size_t)i * quant_row_bytes(f, K) + quant_row_bytes(f, K) - 1;
+                *last &= (uint8_t)((1u << (bits * (K % per))) - 1);
+            }
+    }
+}
+
+static float *random_vec(size_t n, uint64_t seed) {
+    float *v = malloc(n * sizeof(float));
+    ErRng r;
+    rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++)
+        v[i] = rng_normal(&r);
+    return v;
+}
+
+static float *dequant_all(const Weight *w) {
+    float *d = malloc(sizeof(float) * (size_t)w->rows * w->cols);
+    quant_dequant_rows(d, w, 0, w->rows);
+    return d;
+}
+
+// out (N, R) against inp · Wᵀ + bias in double; tolerance relative to Σ|w x|.
+static void check_forward(const float *out, const float *inp, const float *W, const float *bias, int N, int R, int K,
+                          const char *what) {
+    for (int n = 0; n < N; n++)
+        for (int r = 0; r < R; r++) {
+            double s = bias ? bias[r] : 0, a = fabs(s);
+            for (int k = 0; k < K; k++) {
+                s += (double)inp[(size_t)n * K + k] * W[(size_t)r * K + k];
+                a += fabs((double)inp[(size_t)n * K + k] * W[(size_t)r * K + k]);
+            }
+            cr_assert(fabs(out[(size_t)n * R + r] - s) <= 1e-5 * a + 1e-6, "%s: out[%d,%d] = %.8g, want %.8g", what, n,
+                      r, out[(size_t)n * R + r], s);
+        }
+}
+
+typedef struct {
+    WeightFormat f;
+    int K, group;
+} Case;
+
+// Odd widths exercise the scalar tails; group 6 exercises the portable fallback of q4g.
+static const Case cases[] = {
+    {WF_Q8, 40, 0},  {WF_Q8, 37, 0},  {WF_Q4, 48, 0},     {WF_Q4, 37, 0},     {WF_Q4G, 64, 32},
+    {WF_Q4G, 96, 8}, {WF_Q4G, 36, 6}, {WF_Q2LUT, 40, 0},  {WF_Q2LUT, 39, 0},  {WF_BF16, 24, 0},
+    {WF_F16, 21, 0}, {WF_F32, 19, 0},
+};
+#define N_CASES (int)(sizeof cases / sizeof cases[0])
+
+// Float formats for the same harness (random bits would make NaNs: fill from floats instead).
+static void make_weight(Weight *w, const Case *c, int R, uint64_t seed, void **own) {
+    *own = NULL;
+    if (weight_is_quantized(c->f)) {
+        random_weight(w, c->f, R, c->K, c->group, seed);
+        return;
+    }
+    float *v = random_vec((size_t)R * c->K, seed);
+    memset(w, 0, sizeof *w);
+    w->fmt = c->f;
+    w->rows = R;
+    w->cols = c->K;
+    if (c->f == WF_F32) {
+        w->data = *own = v;
+        return;
+    }
+    uint16_t *h = malloc((size_t)R * c->K * 2);
+    dtype_from_f32(h, c->f == WF_BF16 ? DT_BF16 : DT_F16, v, (size_t)R * c->K);
+    free(v);
+    w->data = *own = h;
+}
+
+static void free_weight(Weight *w, void *own) {
+    weight_free(w);
+    free(own);
+}
+
+Test(quant_kernels, decode_n1_to_8_simd_and_portable) {
+    threads_set(2);
+    for (int ci = 0; ci < N_CASES; ci++) {
+        const Case *c = &cases[ci];
+        const int R = 19;
+        Weight w;
+        void *own;
+        make_weight(&w, c, R, 100 + ci, &own);
+        float *W = dequant_all(&w), *inp = random_vec((size_t)8 * c->K, 7 + ci), *bias = random_vec(R, 3);
+        float out[8 * 19];
+        for (int portable = 0; portable < 2; portable++) {
+            int old = quant_force_portable(portable);
+            for (int N = 1; N <= 8; N++) {
+                char what[64];
+                snprintf(what, sizeof what, "%s K=%d g=%d N=%d %s", weight_format_name(c->f), c->K, c->group, N,
+                         portable ? "portable" : "simd");
+                memset(out, 0, sizeof out);
+                cr_assert_eq(weight_matmul_forward(out, inp, &w, bias, N), 0);
+                check_forward(out, inp, W, bias, N, R, c->K, what);
+            }
+            quant_force_portable(old);
+        }
+        free(W);
+        free(inp);
+        free(bias);
+        free_weight(&w, own);
+    }
+}
+
+Test(quant_kernels, tile_path_n33) {
+    threads_set(2);
+    for (int ci = 0; ci < N_CASES; ci++) {
+        const Case *c = &cases[ci];
+        const int R = ci == 4 ? 300 : 21, N = 33; // one case larger than a 256-row tile
+        Weight w;
+        void *own;
+        make_weight(&w, c, R, 200 + ci, &own);
+        float *W = dequant_all(&w), *inp = random_vec((size_t)N * c->K, 11 + ci);
+        float *out = calloc((size_t)N * R, sizeof(float));
+        cr_assert_eq(weight_matmul_forward(out, inp, &w, NULL, N), 0);
+        check_forward(out, inp, W, NULL, N, R, c->K, weight_format_name(c->f));
+        free(out);
+        free(W);
+        free(inp);
+        free_weight(&w, own);
+    }
+}
+
+Test(quant_kernels, backward_input_accumulates) {
+    threads_set(2);
+    for (int ci = 0; ci < N_CASES; ci++) {
+        const Case *c = &cases[ci];
+        const int R = ci == 7 ? 270 : 17;
+        int Ns[] = {3, 33};
+        Weight w;
+        void *own;
+        make_weight(&w, c, R, 300 + ci, &own);
+        float *W = dequant_all(&w);
+        for (int t = 0; t < 2; t++) {
+            int N = Ns[t];
+            float *dout = random_vec((size_t)N * R, 5 + ci), *dinp = random_vec((size_t)N * c->K, 9 + ci);
+            float *d0 = malloc(sizeof(float) * (size_t)N * c->K);
+            memcpy(d0, dinp, sizeof(float) * (size_t)N * c->K);
+            cr_assert_eq(weight_matmul_backward_input(dinp, dout, &w, N), 0);
+            for (int n = 0; n < N; n++)
+                for (int k = 0; k < c->K; k++) {
+                    double s = d0[(size_t)n * c->K + k], a = fabs(s);
+                    for (int r = 0; r < R; r++) {
+                        s += (double)dout[(size_t)n * R + r] * W[(size_t)r * c->K + k];
+                        a += fabs((double)dout[(size_t)n * R + r] * W[(size_t)r * c->K + k]);
+                    }
+                    cr_assert(fabs(dinp[(size_t)n * c->K + k] - s) <= 1e-5 * a + 1e-6, "%s N=%d dinp[%d,%d]",
+                              weight_format_name(c->f), N, n, k);
+                }
+            free(dout);
+            free(dinp);
+            free(d0);
+        }
+        free(W);
+        free_weight(&w, own);
+    }
+}
+
+// L(x) = Σ g ⊙ (x · Wᵀ): dL/dx from backward_input against central differences of the forward
+// (decode kernel for N = 2, tile path for N = 9) of the packed weight.
+Test(quant_kernels, backward_matches_finite_differences) {
+    threads_set(1);
+    WeightFormat fs[] = {WF_Q8, WF_Q4, WF_Q4G, WF_Q2LUT};
+    int Ns[] = {2, 9};
+    for (int fi = 0; fi < 4; fi++)
+        for (int t = 0; t < 2; t++) {
+            const int R = 11, K = 32, N = Ns[t];
+            Weight w;
+            random_weight(&w, fs[fi], R, K, 16, 40 + fi);
+            float *x = random_vec((size_t)N * K, 1), *g = random_vec((size_t)N * R, 2);
+            float *dx = calloc((size_t)N * K, sizeof(float)), *out = malloc(sizeof(float) * (size_t)N * R);
+            cr_assert_eq(weight_matmul_backward_input(dx, g, &w, N), 0);
+            for (int i = 0; i < N * K; i += 5) {
+                double L[2];
+                float x0 = x[i];
+                const float h = 0.125f;
+                for (int s = 0; s < 2; s++) {
+                    x[i] = x0 + (s ? -h : h);
+                    cr_assert_eq(weight_matmul_forward(out, x, &w, NULL, N), 0);
+                    L[s] = 0;
+                    for (int j = 0; j < N * R; j++)
+                        L[s] += (double)g[j] * out[j];
+                }
+                x[i] = x0;
+                double fd = (L[0] - L[1]) / (2.0 * h);
+                cr_assert(fabs(fd - dx[i]) <= 1e-3 * (1 + fabs(fd)), "%s N=%d dx[%d]: fd %.7g vs %.7g",
+                          weight_format_name(fs[fi]), N, i, fd, dx[i]);
+            }
+            free(x);
+            free(g);
+            free(dx);
+            free(out);
+            weight_free(&w);
+        }
+}
+
+Test(quant_kernels, decode_rejects_bad_n) {
+    Weight w;
+    random_weight(&w, WF_Q8, 2, 8, 0, 1);
+    float x[9 * 8] = {0}, out[18];
+    cr_assert_lt(quant_matmul_decode(out, x, &w, 9), 0);
+    cr_assert_lt(quant_matmul_decode(out, x, &w, 0), 0);
+    weight_free(&w);
+}

@@ -1,0 +1,208 @@
+// Quantizer properties: the Lp scale search is never worse than min-max, the weighted k-means
+// objective never goes up, q2lut represents rows of <= 4 distinct values exactly, q8 and q4 round
+// trips stay within half a step, and importance weights steer the error.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "core/threads.h"
+#include "quant/quant.h"
+#include "quant/quantizer.h"
+
+// Heavy-tailed rows (a few outliers), where clipping helps.
+static float *heavy(int n, uint64_t seed) {
+    float *v = malloc(sizeof(float) * (size_t)n);
+    ErRng r;
+    rng_seed(&r, seed);
+    for (int i = 0; i < n; i++) {
+        float z = rng_normal(&r);
+        v[i] = rng_uniform(&r) < 0.02f ? 8.0f * z : z;
+    }
+    return v;
+}
+
+static double weighted_sq_error(const Weight *w, const float *src, const float *imp) {
+    double e = 0;
+    float *row = malloc(sizeof(float) * (size_t)w->cols);
+    for (int r = 0; r < w->rows; r++) {
+        quant_dequant_row(row, w, r);
+        for (int k = 0; k < w->cols; k++) {
+            double d = (double)src[(size_t)r * w->cols + k] - row[k];
+            e += (imp ? imp[(size_t)r * w->cols + k] : 1.0) * d * d;
+        }
+    }
+    free(row);
+    return e;
+}
+
+Test(quantizer, lp_search_never_worse_than_minmax) {
+    threads_set(2);
+    const int R = 24, K = 128;
+    float *x = heavy(R * K, 3);
+    WeightFormat fs[] = {WF_Q8, WF_Q4, WF_Q4G, WF_Q4G};
+    int gs[] = {0, 0, 32, 128};
+    for (int i = 0; i < 4; i++) {
+        QuantOptions o;
+        quant_options_default(&o, fs[i], gs[i]);
+        Weight lp, mm;
+        cr_assert_eq(quantize_matrix(&lp, x, R, K, NULL, &o), 0);
+        o.search = QSEARCH_MINMAX;
+        cr_assert_eq(quantize_matrix(&mm, x, R, K, NULL, &o), 0);
+        double elp = weighted_sq_error(&lp, x, NULL), emm = weighted_sq_error(&mm, x, NULL);
+        cr_assert(elp <= emm * (1 + 1e-12), "%s g%d: lp %g > minmax %g", weight_format_name(fs[i]), gs[i], elp, emm);
+        if (fs[i] != WF_Q8) // with outliers, clipping must actually win at 4 bits
+            cr_assert(elp < 0.95 * emm, "%s g%d: lp %g not better than minmax %g", weight_format_name(fs[i]), gs[i], elp,
+                      emm);
+        weight_free(&lp);
+        weight_free(&mm);
+    }
+    // per row too, through the exposed pieces
+    for (int r = 0; r < R; r++) {
+        float s1, s2;
+        int8_t q[128];
+        double a = quant_rtn_sym(x + r * K, NULL, K, 7, QSEARCH_LP, 2.0, 20, &s1, q);
+        double b = quant_rtn_sym(x + r * K, NULL, K, 7, QSEARCH_MINMAX, 2.0, 20, &s2, q);
+        cr_assert(a <= b);
+        uint16_t sc, z;
+        uint8_t u[128];
+        a = quant_rtn_asym4(x + r * K, NULL, K, QSEARCH_LP, 3.0, 20, &sc, &z, u);
+        b = quant_rtn_asym4(x + r * K, NULL, K, QSEARCH_MINMAX, 3.0, 20, &sc, &z, u);
+        cr_assert(a <= b, "p = 3");
+    }
+    free(x);
+}
+
+Test(quantizer, rtn_within_half_step) {
+    const int R = 5, K = 64;
+    float *x = heavy(R * K, 9);
+    QuantOptions o;
+    quant_options_default(&o, WF_Q8, 0);
+    o.search = QSEARCH_MINMAX;
+    Weight w;
+    cr_assert_eq(quantize_matrix(&w, x, R, K, NULL, &o), 0);
+    float row[64];
+    for (int r = 0; r < R; r++) {
+        quant_dequant_row(row, &w, r);
+        for (int k = 0; k < K; k++)
+            cr_assert(fabsf(row[k] - x[r * K + k]) <= 0.5f * w.scale[r] * (1 + 1e-5f), "q8 [%d,%d]", r, k);
+    }
+    weight_free(&w);
+    quant_options_default(&o, WF_Q4G, 16);
+    o.search = QSEARCH_MINMAX;
+    cr_assert_eq(quantize_matrix(&w, x, R, K, NULL, &o), 0);
+    for (int r = 0; r < R; r++) {
+        quant_dequant_row(row, &w, r);
+        for (int k = 0; k < K; k++) {
+            float s = f16_to_f32(w.gscale[r * 4 + k / 16]);
+            cr_assert(fabsf(row[k] - x[r * K + k]) <= 0.5f * s + 2e-3f * fabsf(x[r * K + k]) + 1e-3f, "q4g [%d,%d]", r,
+                      k);
+        }
+    }
+    weight_free(&w);
+    free(x);
+}
+
+Test(quantizer, kmeans_objective_monotone) {
+    const int n = 500, iters = 30;
+    float *x = heavy(n, 21);
+    float *imp = malloc(sizeof(float) * n);
+    ErRng r;
+    rng_seed(&r, 5);
+    for (int i = 0; i < n; i++) {
+        float g = rng_normal(&r);
+        imp[i] = g * g; // squared gradients
+    }
+    int ks[] = {4, 16};
+    for (int t = 0; t < 2; t++)
+        for (int weighted = 0; weighted < 2; weighted++) {
+            float c[16];
+            uint8_t a[500];
+            double hist[31];
+            double obj = quant_kmeans_1d(x, weighted ? imp : NULL, n, ks[t], iters, c, a, hist);
+            for (int i = 1; i <= iters; i++)
+                cr_assert(hist[i] <= hist[i - 1], "k=%d weighted=%d: objective rose at iteration %d: %.17g -> %.17g",
+                          ks[t], weighted, i, hist[i - 1], hist[i]);
+            cr_assert(hist[iters] < hist[0], "k=%d: Lloyd did not improve on the init", ks[t]);
+            cr_assert_eq(obj, hist[iters]);
+            // the reported objective is the objective of the returned centroids and assignments
+            double check = 0;
+            for (int i = 0; i < n; i++) {
+                cr_assert_lt(a[i], ks[t]);
+                double d = (double)x[i] - c[a[i]];
+                check += (weighted ? imp[i] : 1.0) * d * d;
+            }
+            cr_assert_float_eq(check, obj, 1e-9 * (1 + obj));
+        }
+    free(x);
+    free(imp);
+}
+
+Test(quantizer, q2lut_exact_for_four_values) {
+    const int R = 3, K = 37;
+    const float vals[3][4] = {{-1.25f, 0.0f, 0.5f, 2.0f}, {3.0f, 3.0f, -0.75f, -0.75f}, {0.125f, 0.125f, 0.125f, 0.125f}};
+    float x[3 * 37];
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < K; k++)
+            x[r * K + k] = vals[r][(k * 7 + r) % 4];
+    QuantOptions o;
+    quant_options_default(&o, WF_Q2LUT, 0);
+    Weight w;
+    cr_assert_eq(quantize_matrix(&w, x, R, K, NULL, &o), 0);
+    float row[37];
+    for (int r = 0; r < R; r++) {
+        quant_dequant_row(row, &w, r);
+        for (int k = 0; k < K; k++)
+            cr_assert_eq(row[k], x[r * K + k], "row %d col %d: %g vs %g", r, k, row[k], x[r * K + k]);
+    }
+    cr_assert_eq(quant_rel_error(&w, x), 0.0);
+    weight_free(&w);
+}
+
+Test(quantizer, importance_steers_the_error) {
+    // Fisher-weighted k-means puts its error where the importance is small.
+    const int K = 256;
+    float *x = heavy(K, 77), *imp = malloc(sizeof(float) * K);
+    for (int k = 0; k < K; k++)
+        imp[k] = k < K / 4 ? 100.0f : 0.01f;
+    QuantOptions o;
+    quant_options_default(&o, WF_Q2LUT, 0);
+    Weight plain, fisher;
+    cr_assert_eq(quantize_matrix(&plain, x, 1, K, NULL, &o), 0);
+    cr_assert_eq(quantize_matrix(&fisher, x, 1, K, imp, &o), 0);
+    double ep = weighted_sq_error(&plain, x, imp), ef = weighted_sq_error(&fisher, x, imp);
+    cr_assert(ef < ep, "weighted error with importance %g should beat plain %g", ef, ep);
+    weight_free(&plain);
+    weight_free(&fisher);
+    free(x);
+    free(imp);
+}
+
+Test(quantizer, zero_rows_and_bad_options) {
+    float x[2 * 16] = {0};
+    for (int k = 0; k < 16; k++)
+        x[16 + k] = 0.5f; // a constant row
+    WeightFormat fs[] = {WF_Q8, WF_Q4, WF_Q4G, WF_Q2LUT};
+    for (int i = 0; i < 4; i++) {
+        QuantOptions o;
+        quant_options_default(&o, fs[i], 8);
+        Weight w;
+        cr_assert_eq(quantize_matrix(&w, x, 2, 16, NULL, &o), 0);
+        float row[16];
+        quant_dequant_row(row, &w, 0);
+        for (int k = 0; k < 16; k++)
+            cr_assert_eq(row[k], 0.0f, "%s zero row", weight_format_name(fs[i]));
+        quant_dequant_row(row, &w, 1);
+        for (int k = 0; k < 16; k++)
+            cr_assert(fabsf(row[k] - 0.5f) < 0.5f / 14, "%s constant row: %g", weight_format_name(fs[i]), row[k]);
+        weight_free(&w);
+    }
+    QuantOptions o;
+    quant_options_default(&o, WF_F32, 0);
+    Weight w;
+    cr_assert_lt(quantize_matrix(&w, x, 2, 16, NULL, &o), 0);
+    quant_options_default(&o, WF_Q4G, 32);
+    cr_assert_lt(quantize_matrix(&w, x, 2, 16, NULL, &o), 0);
+}
