@@ -51,7 +51,10 @@ int engine_init(Engine *e, Model *m, const Tokenizer *tok, KvType kv_type, int m
     if (rc == ER_OK) {
         e->prompt_tokens = er_alloc(sizeof(int) * (size_t)max_len);
         e->prompt_logits = er_alloc(sizeof(float) * (size_t)m->cfg.V);
-        if (!e->prompt_tokens || !e->prompt_logits)
+        e->feat_sum = er_alloc(sizeof(double) * (size_t)m->cfg.C);
+        e->kept_slot = er_alloc(sizeof(int) * (size_t)max_samples);
+        e->kept_tail = er_alloc(sizeof(int) * (size_t)max_samples);
+        if (!e->prompt_tokens || !e->prompt_logits || !e->feat_sum || !e->kept_slot || !e->kept_tail)
             rc = ER_ENOMEM;
     }
     if (rc < 0)
@@ -66,6 +69,9 @@ void engine_free(Engine *e) {
     sampler_free(&e->sampler);
     er_free(e->prompt_tokens);
     er_free(e->prompt_logits);
+    er_free(e->feat_sum);
+    er_free(e->kept_slot);
+    er_free(e->kept_tail);
     memset(e, 0, sizeof *e);
     e->prompt_slot = -1;
 }
@@ -79,9 +85,47 @@ void gen_samples_free(GenSample *s, int n) {
     }
 }
 
+// The switcher's EMA over prompt chunks (PromptFeatureSpec), fed position by position.
+typedef struct {
+    const PromptFeatureSpec *spec;
+    float *h;   // (C) the EMA
+    int in_chunk, folds;
+} FeatureAcc;
+
+// Folds the positions of the current chunk (e->feat_sum) into the EMA.
+static void feature_fold(Engine *e, FeatureAcc *f) {
+    int C = e->model->cfg.C;
+    if (f->in_chunk == 0)
+        return;
+    float a = f->folds == 0 ? 1.0f : f->spec->alpha;
+    for (int c = 0; c < C; c++)
+        f->h[c] = a * (float)(e->feat_sum[c] / f->in_chunk) + (1 - a) * f->h[c];
+    memset(e->feat_sum, 0, sizeof(double) * (size_t)C);
+    f->in_chunk = 0;
+    f->folds++;
+}
+
+// After a prefill pass of `len` positions: the decode keeper normalises only the last position for
+// the logits, but resf still holds the last layer's output at every position of the pass, so the
+// final norm (the same op as the forward's) gives every position's final hidden state; lnf has
+// room for them (B*T rows) and its last row is recomputed identically.
+static void feature_accumulate(Engine *e, FeatureAcc *f, int len) {
+    const ModelConfig *c = &e->model->cfg;
+    int C = c->C;
+    Activations *a = &e->prefill;
+    rmsnorm_forward(a->lnf, a->rstdf, a->resf, e->model->norm, len, C, c->eps);
+    for (int t = 0; t < len; t++) {
+        const float *row = a->lnf + (size_t)t * C;
+        for (int i = 0; i < C; i++)
+            e->feat_sum[i] += row[i];
+        if (++f->in_chunk == f->spec->chunk)
+            feature_fold(e, f);
+    }
+}
+
 // Runs tokens through the forward into the prompt sequence in chunks; the logits after the last
 // one are kept. `adapter_on` marks them as response positions (the masked-LoRA rule).
-static int prefill(Engine *e, const int *tokens, int n, int adapter_on, const LoraAdapter *adapter) {
+static int prefill(Engine *e, const int *tokens, int n, int adapter_on, const LoraAdapter *adapter, FeatureAcc *f) {
     uint8_t mask[4096];
     int C = e->chunk < 4096 ? e->chunk : 4096;
     memset(mask, adapter_on, sizeof mask);
@@ -91,9 +135,127 @@ static int prefill(Engine *e, const int *tokens, int n, int adapter_on, const Lo
                          .adapter = adapter, .kv = &e->kv, .kv_slots = &e->prompt_slot};
         ER_TRY(model_forward(e->model, &in, &e->prefill));
         e->forward_positions += len;
+        if (f)
+            feature_accumulate(e, f, len);
     }
     memcpy(e->prompt_logits, e->prefill.logits, sizeof(float) * (size_t)e->model->cfg.V);
     return ER_OK;
+}
+
+void engine_release_samples(Engine *e) {
+    for (int i = 0; i < e->n_kept; i++)
+        if (e->kept_slot[i] >= 0)
+            kv_seq_close(&e->kv, e->kept_slot[i]);
+    e->n_kept = 0;
+    e->kept_adapter = NULL;
+}
+
+// The prompt: reuse the longest cached prefix computed the same way, prefill the rest (the whole
+// prompt when features are asked for). Under the masked rule the prompt is the base model's,
+// whichever adapter decodes.
+static int prompt_prefill(Engine *e, const int *prompt, int n_prompt, const LoraAdapter *prompt_ad,
+                          const PromptFeatureSpec *spec, float *feat, int *reused) {
+    int reuse = 0, rc;
+    *reused = 0;
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->model->cfg.V)
+            return er_error(ER_ERANGE, "generate: prompt token %d is outside the vocabulary [0, %d)", prompt[i],
+                            e->model->cfg.V);
+    if (spec && (spec->chunk < 1 || !(spec->alpha > 0 && spec->alpha <= 1)))
+        return er_error(ER_EINVAL, "prefill: features need a chunk >= 1 and alpha in (0, 1]");
+    if (e->prompt_slot >= 0 && e->prompt_adapter != prompt_ad)
+        e->n_prompt = 0;
+    if (!spec && e->prompt_slot >= 0 && e->prompt_logits_valid && e->n_prompt == n_prompt &&
+        memcmp(e->prompt_tokens, prompt, sizeof(int) * (size_t)n_prompt) == 0) {
+        *reused = n_prompt; // exactly this prompt, its logits still at hand: nothing to compute
+        return ER_OK;
+    }
+    e->prompt_logits_valid = 0;
+    if (e->prompt_slot >= 0) {
+        while (!spec && reuse < e->n_prompt && reuse < n_prompt - 1 && e->prompt_tokens[reuse] == prompt[reuse])
+            reuse++;
+        rc = kv_seq_truncate(&e->kv, e->prompt_slot, reuse);
+    } else {
+        rc = kv_seq_open(&e->kv, &e->prompt_slot);
+    }
+    e->n_prompt = 0;
+    FeatureAcc f = {spec, feat, 0, 0};
+    if (spec)
+        memset(e->feat_sum, 0, sizeof(double) * (size_t)e->model->cfg.C);
+    if (rc == ER_OK)
+        rc = prefill(e, prompt + reuse, n_prompt - reuse, prompt_ad != NULL, prompt_ad, spec ? &f : NULL);
+    if (rc == ER_OK && spec)
+        feature_fold(e, &f); // the last, possibly shorter, chunk
+    if (rc == ER_OK) {
+        memcpy(e->prompt_tokens, prompt, sizeof(int) * (size_t)n_prompt);
+        e->n_prompt = n_prompt;
+        e->prompt_adapter = prompt_ad;
+        e->prompt_logits_valid = 1;
+        *reused = reuse;
+    }
+    return rc;
+}
+
+int engine_prefill(Engine *e, const int *prompt, int n_prompt, const LoraAdapter *adapter,
+                   const PromptFeatureSpec *spec, float *feat, GenStats *stats) {
+    double t0 = time_now();
+    long fp0 = e->forward_positions;
+    if (stats)
+        memset(stats, 0, sizeof *stats);
+    engine_release_samples(e);
+    if (n_prompt < 1 || n_prompt > e->max_len)
+        return er_error(ER_ERANGE, "prefill: the prompt has %d tokens, the engine holds 1..%d", n_prompt, e->max_len);
+    const LoraAdapter *prompt_ad = adapter && !adapter->masked ? adapter : NULL;
+    int reused;
+    int rc = prompt_prefill(e, prompt, n_prompt, prompt_ad, spec, feat, &reused);
+    if (rc < 0 && e->prompt_slot >= 0) {
+        kv_seq_close(&e->kv, e->prompt_slot);
+        e->prompt_slot = -1;
+        e->n_prompt = 0;
+        e->prompt_logits_valid = 0;
+    }
+    if (stats) {
+        stats->prompt_tokens = n_prompt;
+        stats->prompt_reused = reused;
+        stats->prefill_s = time_now() - t0;
+        stats->forward_positions = e->forward_positions - fp0;
+        stats->kv_bytes = kv_cache_bytes_in_use(&e->kv);
+    }
+    return rc;
+}
+
+int engine_verify_features(Engine *e, int sample, const int *tokens, int n, int adapter_on, float *out) {
+    if (sample < 0 || sample >= e->n_kept || e->kept_slot[sample] < 0)
+        return er_error(ER_EINVAL, "verify: sample %d has no KV sequence (generate with keep_kv first)", sample);
+    if (n < 1)
+        return er_error(ER_EINVAL, "verify: no verification tokens");
+    int slot = e->kept_slot[sample], tail = e->kept_tail[sample], len0 = e->kv.seqs[slot].len;
+    int total = n + (tail >= 0);
+    if (len0 + total > e->max_len)
+        return er_error(ER_ERANGE, "verify: the sample holds %d positions, %d more exceed the %d the engine was sized "
+                        "for", len0, total, e->max_len);
+    const LoraAdapter *ad = e->kept_adapter;
+    int C = e->chunk < 4096 ? e->chunk : 4096, rc = ER_OK;
+    uint8_t mask[4096];
+    int buf[4096];
+    for (int p = 0; rc == ER_OK && p < total; p += C) {
+        int len = total - p < C ? total - p : C;
+        for (int t = 0; t < len; t++) {
+            int q = p + t, is_tail = tail >= 0 && q == 0;
+            buf[t] = is_tail ? tail : tokens[q - (tail >= 0)];
+            // The sample's own last token is a response position like the rest of its response.
+            mask[t] = is_tail ? (ad != NULL) : (adapter_on && ad != NULL);
+        }
+        ModelInput in = {.B = 1, .T = len, .tokens = buf, .len = &len, .adapter_mask = mask, .adapter = ad,
+                         .kv = &e->kv, .kv_slots = &slot};
+        rc = model_forward(e->model, &in, &e->prefill);
+        if (rc == ER_OK)
+            e->forward_positions += len;
+    }
+    if (rc == ER_OK)
+        memcpy(out, e->prefill.lnf, sizeof(float) * (size_t)e->model->cfg.C);
+    int rc2 = kv_seq_truncate(&e->kv, slot, len0);
+    return rc < 0 ? rc : rc2;
 }
 
 static int encode(const Tokenizer *tok, const char *text, int **ids, int *n, const char *what) {
@@ -186,10 +348,6 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
                     "budget suffix");
     if (rc == ER_OK)
         rc = check_config(e, g, n_prompt, n_prefix, n_suffix);
-    for (int i = 0; rc == ER_OK && i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= e->model->cfg.V)
-            rc = er_error(ER_ERANGE, "generate: prompt token %d is outside the vocabulary [0, %d)", prompt[i],
-                          e->model->cfg.V);
     if (rc < 0) {
         er_free(prefix);
         er_free(suffix);
@@ -197,31 +355,17 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
     }
     memset(out, 0, sizeof(GenSample) * (size_t)g->n_samples);
     long fp0 = e->forward_positions;
+    engine_release_samples(e);
 
-    // 1. Prompt: reuse the longest cached prefix computed the same way, prefill the rest. Under the
-    //    masked rule the prompt is the base model's, whichever adapter decodes.
+    // 1. Prompt (see prompt_prefill).
     const LoraAdapter *prompt_ad = g->adapter && !g->adapter->masked ? g->adapter : NULL;
     int reuse = 0;
-    if (e->prompt_slot >= 0 && e->prompt_adapter != prompt_ad)
-        e->n_prompt = 0;
-    if (e->prompt_slot >= 0) {
-        while (reuse < e->n_prompt && reuse < n_prompt - 1 && e->prompt_tokens[reuse] == prompt[reuse])
-            reuse++;
-        rc = kv_seq_truncate(&e->kv, e->prompt_slot, reuse);
-    } else {
-        rc = kv_seq_open(&e->kv, &e->prompt_slot);
-    }
-    e->n_prompt = 0;
-    if (rc == ER_OK)
-        rc = prefill(e, prompt + reuse, n_prompt - reuse, prompt_ad != NULL, prompt_ad);
-    if (rc == ER_OK) {
-        memcpy(e->prompt_tokens, prompt, sizeof(int) * (size_t)n_prompt);
-        e->n_prompt = n_prompt;
-        e->prompt_adapter = prompt_ad;
-    }
+    rc = prompt_prefill(e, prompt, n_prompt, prompt_ad, NULL, NULL, &reuse);
     // The response prefix is a response position (adapter on), shared by every sample.
-    if (rc == ER_OK && n_prefix > 0)
-        rc = prefill(e, prefix, n_prefix, 1, g->adapter);
+    if (rc == ER_OK && n_prefix > 0) {
+        e->prompt_logits_valid = 0;
+        rc = prefill(e, prefix, n_prefix, 1, g->adapter, NULL);
+    }
     stats->prompt_tokens = n_prompt;
     stats->prompt_reused = reuse;
     stats->prefill_s = time_now() - t0;
@@ -236,6 +380,12 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
         rc = ER_ENOMEM;
     ErRng base;
     rng_seed(&base, g->seed);
+    if (rc == ER_OK && g->keep_kv) {
+        for (int i = 0; i < N; i++)
+            e->kept_slot[i] = -1;
+        e->n_kept = N;
+        e->kept_adapter = g->adapter;
+    }
     for (int i = 0; rc == ER_OK && i < N; i++) {
         SampleState *s = &st[i];
         s->slot = -1;
@@ -304,7 +454,12 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
             }
             if (done) {
                 s->live = 0;
-                kv_seq_close(&e->kv, s->slot);
+                if (g->keep_kv) { // the final token is not in the cache yet (an EOS never will be)
+                    e->kept_slot[i] = s->slot;
+                    e->kept_tail[i] = is_eos(e, tok) ? -1 : tok;
+                } else {
+                    kv_seq_close(&e->kv, s->slot);
+                }
                 s->slot = -1;
                 continue;
             }
@@ -358,12 +513,14 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
     er_free(prefix);
     er_free(suffix);
     if (rc < 0) {
+        engine_release_samples(e);
         gen_samples_free(out, N);
         // The prompt sequence may be half-written: forget it.
         if (e->prompt_slot >= 0)
             kv_seq_close(&e->kv, e->prompt_slot);
         e->prompt_slot = -1;
         e->n_prompt = 0;
+        e->prompt_logits_valid = 0;
     }
     return rc;
 }

@@ -1,6 +1,8 @@
 // The generation engine: chunked prefill of a prompt into the KV cache (adapter off), N samples
 // forked from it without copying or recomputing the prefix, batched decode of all live samples
-// (one weight pass per step for N rows), sampling, stop conditions and the hard budget.
+// (one weight pass per step for N rows), sampling, stop conditions and the hard budget. For the
+// switcher and verifier heads (model/head.h) it also computes their features without extra passes:
+// the prompt EMA during the prefill, and a sample's verification features from its KV cache.
 #ifndef INFER_ENGINE_H
 #define INFER_ENGINE_H
 
@@ -28,6 +30,8 @@ typedef struct {
     int n_stop;
     const LoraAdapter *adapter; // masked (adapter->masked): response positions only, so the prompt's KV
                                 // cache is the base model's; unmasked: every position. NULL = base
+    int keep_kv;             // keep each sample's KV sequence open for engine_verify_features, until the
+                             // next engine_generate or engine_release_samples
 } GenConfig;
 
 void gen_config_default(GenConfig *g);
@@ -70,7 +74,13 @@ typedef struct {
     int n_prompt;
     const LoraAdapter *prompt_adapter; // what computed the cached prompt (NULL = the base model)
     float *prompt_logits;  // (V) logits after the last prompt (and prefix) position
+    int prompt_logits_valid; // the prompt sequence holds exactly prompt_tokens and prompt_logits follow them
     long forward_positions;
+    double *feat_sum;      // (C) sum of the current feature chunk's final hidden states
+    int *kept_slot;        // (max_samples) KV sequence of sample i kept by GenConfig.keep_kv (-1 = none)
+    int *kept_tail;        // (max_samples) its final token, not yet in the cache (-1 = none, e.g. EOS)
+    int n_kept;
+    const LoraAdapter *kept_adapter; // the adapter that generated the kept samples
 } Engine;
 
 // Room for max_samples samples of up to max_len positions each (prompt included), KV as `kv_type`;
@@ -80,9 +90,40 @@ int engine_init(Engine *e, Model *m, const Tokenizer *tok, KvType kv_type, int m
 void engine_free(Engine *e);
 
 // Generates g->n_samples continuations of `prompt` (token ids). `out` holds g->n_samples entries,
-// released with gen_samples_free.
+// released with gen_samples_free. Sample i draws from stream i of g->seed (rng_fork), and the rows
+// of a batched decode do not interact, so the first N samples of an 8-sample call are the samples
+// of an N-sample call with the same seed (tests/infer/test_engine.c checks it).
 int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig *g, GenTokenFn cb, void *user,
                     GenSample *out, GenStats *stats);
 void gen_samples_free(GenSample *s, int n);
+
+// Switcher features: the final layer's hidden states after the final norm (what HF returns as the
+// last hidden_states, and what the LM head reads) averaged over each chunk of `chunk` prompt
+// positions (positions 0..chunk-1, chunk..2chunk-1, ...; the last chunk may be shorter) and folded
+// into an EMA h <- alpha * mean(chunk) + (1 - alpha) * h, the first chunk initialising h. Computed
+// during the prefill, chunk by chunk: memory O(C) whatever the prompt length, the chunking of the
+// forward (Engine.chunk) does not change the result.
+typedef struct {
+    int chunk;
+    float alpha;
+} PromptFeatureSpec;
+
+// Prefills `prompt` into the prompt sequence exactly as engine_generate does (the adapter only when
+// it is unmasked; a masked adapter leaves the prompt to the base model). With spec != NULL the
+// whole prompt is computed (no prefix reuse, so the EMA sees every position) and feat (C) receives
+// its features. A following engine_generate with the same prompt and the same prompt adapter
+// reuses it whole, without a forward position.
+int engine_prefill(Engine *e, const int *prompt, int n_prompt, const LoraAdapter *adapter,
+                   const PromptFeatureSpec *spec, float *feat, GenStats *stats);
+
+// Verifier features of sample `sample` of the last engine_generate with keep_kv: the n tokens are
+// appended to that sample's KV sequence (after its response; a final EOS is not part of it) and
+// out (C) receives the final-norm hidden state at the last one. Only these positions (and the
+// sample's final token when the cache does not hold it yet) go through the forward; the
+// verification tokens see the adapter when adapter_on. The sequence is cut back afterwards, so
+// any number of verification prompts can be asked.
+int engine_verify_features(Engine *e, int sample, const int *tokens, int n, int adapter_on, float *out);
+// Closes the KV sequences kept by GenConfig.keep_kv.
+void engine_release_samples(Engine *e);
 
 #endif
