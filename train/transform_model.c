@@ -1,0 +1,308 @@
+// Function-preserving transforms wired into a Model: which weights pair up, in which order, with which
+// scales. The math on arrays is in quant/transform.c; the choices are documented in transform_model.h.
+#include "train/transform_model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "quant/transform.h"
+
+// Trainable matrices are fp32 in the model's own param_mem, so writing through them is legitimate.
+static float *mat(const Weight *w) { return (float *)w->data; }
+
+static int in_param_mem(const Model *m, const void *p) {
+    const float *f = p;
+    return f && f >= m->param_mem && f < m->param_mem + m->n_param_floats;
+}
+
+static int check_model(const Model *m, unsigned flags) {
+    const ModelConfig *c = &m->cfg;
+    if (!m->trainable || !m->param_mem)
+        return er_error(ER_EINVAL, "transform: the model is not trainable fp32 (load it with MODEL_LOAD_TRAINABLE)");
+    for (int i = 0; i < m->n_params; i++) {
+        const ParamTensor *p = &m->params[i];
+        if (!in_param_mem(m, p->data))
+            return er_error(ER_EINVAL, "transform: parameter \"%s\" is not fp32 in the model's own memory", p->name);
+        if (p->w && (p->w->fmt != WF_F32 || p->w->data != p->data))
+            return er_error(ER_EINVAL, "transform: matrix \"%s\" has format %s (expected f32)", p->name,
+                            weight_format_name(p->w->fmt));
+    }
+    if (m->lm_head.fmt != WF_F32 || !in_param_mem(m, m->lm_head.data))
+        return er_error(ER_EINVAL, "transform: lm_head is not fp32 in the model's own memory");
+    if (c->NKV <= 0 || c->NH % c->NKV != 0)
+        return er_error(ER_EINVAL, "transform: %d query heads do not split into %d KV groups", c->NH, c->NKV);
+    if ((flags & TRANSFORM_K) && c->HS % 2 != 0)
+        return er_error(ER_EINVAL, "transform: T_k needs an even head_dim for RoPE pairs (got %d)", c->HS);
+    return ER_OK;
+}
+
+static int all_ones(const float *g, int n) {
+    for (int i = 0; i < n; i++)
+        if (g[i] != 1.0f)
+            return 0;
+    return 1;
+}
+
+// A new model with its own lm_head (a copy of the embedding) and tie_word_embeddings = false,
+// replacing *m. The final norm can then be folded into lm_head without touching the embedding.
+static int untie(Model *m) {
+    ModelConfig c = m->cfg;
+    c.tied = 0;
+    Model n;
+    ER_TRY(model_build_random(&n, &c, 0.0f, 0));
+    const ParamTensor *emb = model_find_param(m, "model.embed_tokens.weight");
+    for (int i = 0; i < n.n_params; i++) {
+        ParamTensor *p = &n.params[i];
+        const ParamTensor *src = strcmp(p->name, "lm_head.weight") == 0 ? emb : model_find_param(m, p->name);
+        if (!src || src->numel != p->numel) {
+            model_free(&n);
+            return er_error(ER_EINVAL, "transform: untying: no tensor \"%s\" of %zu values in the tied model", p->name,
+                            p->numel);
+        }
+        memcpy(p->data, src->data, sizeof(float) * p->numel);
+    }
+    model_free(m);
+    *m = n;
+    // The parameter table points at the Weight fields inside the Model struct: follow the move.
+    for (int i = 0; i < m->n_params; i++) {
+        if (m->params[i].w == &n.embed)
+            m->params[i].w = &m->embed;
+        else if (m->params[i].w == &n.lm_head)
+            m->params[i].w = &m->lm_head;
+    }
+    return ER_OK;
+}
+
+// RMSNorm scales into the matrices that read the normalised stream; the norms become 1.
+static void fold_norms(Model *m) {
+    const ModelConfig *c = &m->cfg;
+    int C = c->C, qd = c->NH * c->HS, kvd = c->NKV * c->HS;
+    for (int l = 0; l < c->L; l++) {
+        LayerWeights *w = &m->layers[l];
+        transform_scale_cols(mat(&w->wq), qd, C, C, w->ln1, 0);
+        transform_scale_cols(mat(&w->wk), kvd, C, C, w->ln1, 0);
+        transform_scale_cols(mat(&w->wv), kvd, C, C, w->ln1, 0);
+        transform_scale_cols(mat(&w->wgate), c->FF, C, C, w->ln2, 0);
+        transform_scale_cols(mat(&w->wup), c->FF, C, C, w->ln2, 0);
+        for (int i = 0; i < C; i++)
+            w->ln1[i] = w->ln2[i] = 1.0f;
+    }
+    if (m->lm_head.data != m->embed.data) // tied models reach here only with a unit final norm
+        transform_scale_cols(mat(&m->lm_head), c->V, C, C, m->norm, 0);
+    for (int i = 0; i < C; i++)
+        m->norm[i] = 1.0f;
+}
+
+// T_r: x -> x·Q on the residual stream.
+static int rotate_residual(Model *m, uint64_t seed) {
+    const ModelConfig *c = &m->cfg;
+    int C = c->C, qd = c->NH * c->HS, kvd = c->NKV * c->HS;
+    float *Q = er_alloc(sizeof(float) * (size_t)C * C); // (C, C)
+    if (!Q)
+        return er_error(ER_ENOMEM, "transform: no memory for a %d x %d rotation", C, C);
+    int rc = transform_rotation(Q, C, seed);
+    if (rc == ER_OK)
+        rc = transform_matmul_right(mat(&m->embed), c->V, C, C, Q);
+    if (rc == ER_OK && m->lm_head.data != m->embed.data)
+        rc = transform_matmul_right(mat(&m->lm_head), c->V, C, C, Q);
+    for (int l = 0; l < c->L && rc == ER_OK; l++) {
+        LayerWeights *w = &m->layers[l];
+        rc = transform_matmul_right(mat(&w->wq), qd, C, C, Q);
+        if (rc == ER_OK)
+            rc = transform_matmul_right(mat(&w->wk), kvd, C, C, Q);
+        if (rc == ER_OK)
+            rc = transform_matmul_right(mat(&w->wv), kvd, C, C, Q);
+        if (rc == ER_OK)
+            rc = transform_matmul_right(mat(&w->wgate), c->FF, C, C, Q);
+        if (rc == ER_OK)
+            rc = transform_matmul_right(mat(&w->wup), c->FF, C, C, Q);
+        if (rc == ER_OK)
+            rc = transform_matmul_left_t(mat(&w->wo), C, qd, qd, Q);
+        if (rc == ER_OK)
+            rc = transform_matmul_left_t(mat(&w->wdown), C, c->FF, c->FF, Q);
+    }
+    er_free(Q);
+    return rc;
+}
+
+// T_u: up rows *= s, down columns /= s.
+static int scale_up_down(Model *m) {
+    const ModelConfig *c = &m->cfg;
+    int C = c->C, FF = c->FF;
+    float *mu = er_alloc(sizeof(float) * FF), *md = er_calloc((size_t)FF, sizeof(float)); // (FF), (FF)
+    if (!mu || !md) {
+        er_free(mu);
+        er_free(md);
+        return ER_ENOMEM;
+    }
+    for (int l = 0; l < c->L; l++) {
+        LayerWeights *w = &m->layers[l];
+        transform_row_absmax(mu, mat(&w->wup), FF, C, C);
+        memset(md, 0, sizeof(float) * FF);
+        transform_col_absmax_acc(md, mat(&w->wdown), C, FF, FF);
+        for (int j = 0; j < FF; j++)
+            mu[j] = transform_balance_scale(mu[j], md[j], 0.5f); // mu now holds s
+        transform_scale_rows(mat(&w->wup), FF, C, C, mu, 0);
+        transform_scale_cols(mat(&w->wdown), C, FF, FF, mu, 1);
+    }
+    er_free(mu);
+    er_free(md);
+    return ER_OK;
+}
+
+// T_v: per KV head, v_h -> D·Qᵀ·v_h and the group's o columns -> o·Q·D⁻¹.
+static int transform_values(Model *m, uint64_t seed) {
+    const ModelConfig *c = &m->cfg;
+    int C = c->C, HS = c->HS, qd = c->NH * HS, G = c->NH / c->NKV;
+    float *Q = er_alloc(sizeof(float) * (size_t)HS * HS); // (HS, HS)
+    float *mv = er_alloc(sizeof(float) * HS), *mo = er_alloc(sizeof(float) * HS); // (HS), (HS)
+    int rc = Q && mv && mo ? ER_OK : ER_ENOMEM;
+    ErRng base;
+    rng_seed(&base, seed);
+    for (int l = 0; l < c->L && rc == ER_OK; l++) {
+        LayerWeights *w = &m->layers[l];
+        for (int h = 0; h < c->NKV && rc == ER_OK; h++) {
+            float *wv = mat(&w->wv) + (size_t)h * HS * C, *bv = w->bv ? w->bv + (size_t)h * HS : NULL;
+            ErRng r;
+            rng_fork(&r, &base, (uint64_t)l * c->NKV + h);
+            rc = transform_rotation(Q, HS, rng_u64(&r));
+            if (rc == ER_OK)
+                rc = transform_matmul_left_t(wv, HS, C, C, Q);
+            if (rc == ER_OK && bv)
+                rc = transform_matmul_left_t(bv, HS, 1, 1, Q);
+            for (int g = 0; g < G && rc == ER_OK; g++)
+                rc = transform_matmul_right(mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd, Q);
+            if (rc < 0)
+                break;
+            transform_row_absmax(mv, wv, HS, C, C);
+            memset(mo, 0, sizeof(float) * HS);
+            for (int g = 0; g < G; g++)
+                transform_col_absmax_acc(mo, mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd);
+            for (int d = 0; d < HS; d++)
+                mv[d] = transform_balance_scale(mv[d], mo[d], 0.5f); // mv now holds D
+            transform_scale_rows(wv, HS, C, C, mv, 0);
+            if (bv)
+                transform_scale_rows(bv, HS, 1, 1, mv, 0);
+            for (int g = 0; g < G; g++)
+                transform_scale_cols(mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd, mv, 1);
+        }
+    }
+    er_free(Q);
+    er_free(mv);
+    er_free(mo);
+    return rc;
+}
+
+// T_k: per KV head and RoPE pair, k <- a·R(θ)·k and the group's q <- (1/a)·R(θ)·q.
+static void transform_keys(Model *m) {
+    const ModelConfig *c = &m->cfg;
+    int C = c->C, HS = c->HS, half = HS / 2, G = c->NH / c->NKV;
+    for (int l = 0; l < c->L; l++) {
+        LayerWeights *w = &m->layers[l];
+        float *wk = mat(&w->wk), *wq = mat(&w->wq);
+        for (int h = 0; h < c->NKV; h++)
+            for (int i = 0; i < half; i++) {
+                int k0 = h * HS + i, k1 = k0 + half;
+                const float *u = wk + (size_t)k0 * C, *v = wk + (size_t)k1 * C;
+                double uu = 0, vv = 0, uv = 0;
+                for (int j = 0; j < C; j++) {
+                    uu += (double)u[j] * u[j];
+                    vv += (double)v[j] * v[j];
+                    uv += (double)u[j] * v[j];
+                }
+                double th = 0.5 * atan2(uu - vv, 2 * uv), cs = cos(th), sn = sin(th);
+                transform_rotate_rows(wk, C, C, k0, k1, cs, sn, 1.0);
+                if (w->bk)
+                    transform_rotate_rows(w->bk, 1, 1, k0, k1, cs, sn, 1.0);
+                float mk = fmaxf(transform_absmax(u, C), transform_absmax(v, C)), mq = 0;
+                for (int g = 0; g < G; g++) {
+                    int q0 = (h * G + g) * HS + i, q1 = q0 + half;
+                    transform_rotate_rows(wq, C, C, q0, q1, cs, sn, 1.0);
+                    if (w->bq)
+                        transform_rotate_rows(w->bq, 1, 1, q0, q1, cs, sn, 1.0);
+                    mq = fmaxf(mq, fmaxf(transform_absmax(wq + (size_t)q0 * C, C), transform_absmax(wq + (size_t)q1 * C, C)));
+                }
+                double a = transform_balance_scale(mk, mq, 0.5f);
+                transform_rotate_rows(wk, C, C, k0, k1, 1.0, 0.0, a);
+                if (w->bk)
+                    transform_rotate_rows(w->bk, 1, 1, k0, k1, 1.0, 0.0, a);
+                for (int g = 0; g < G; g++) {
+                    int q0 = (h * G + g) * HS + i, q1 = q0 + half;
+                    transform_rotate_rows(wq, C, C, q0, q1, 1.0, 0.0, 1.0 / a);
+                    if (w->bq)
+                        transform_rotate_rows(w->bq, 1, 1, q0, q1, 1.0, 0.0, 1.0 / a);
+                }
+            }
+    }
+}
+
+int transform_model_parse_mode(const char *mode, unsigned *flags) {
+    *flags = 0;
+    if (!mode || !*mode)
+        return er_error(ER_EINVAL, "transform: no mode (expected none, rotate or fpt)");
+    const char *p = mode;
+    while (*p) {
+        size_t n = strcspn(p, ",+");
+        char part[16];
+        if (n == 0 || n >= sizeof part)
+            return er_error(ER_EINVAL, "transform: mode \"%s\": expected none, rotate, fpt or a list of rotate,u,v,k",
+                            mode);
+        memcpy(part, p, n);
+        part[n] = 0;
+        if (strcmp(part, "none") == 0)
+            ;
+        else if (strcmp(part, "rotate") == 0 || strcmp(part, "r") == 0)
+            *flags |= TRANSFORM_ROTATE;
+        else if (strcmp(part, "u") == 0)
+            *flags |= TRANSFORM_UP;
+        else if (strcmp(part, "v") == 0)
+            *flags |= TRANSFORM_V;
+        else if (strcmp(part, "k") == 0)
+            *flags |= TRANSFORM_K;
+        else if (strcmp(part, "fpt") == 0)
+            *flags |= TRANSFORM_ALL;
+        else
+            return er_error(ER_EINVAL, "transform: unknown mode \"%s\" in \"%s\" (expected none, rotate, fpt, u, v or k)",
+                            part, mode);
+        p += n;
+        if (*p)
+            p++;
+    }
+    return ER_OK;
+}
+
+int transform_model_apply(Model *m, unsigned flags, uint64_t seed) {
+    if (flags & ~(unsigned)TRANSFORM_ALL)
+        return er_error(ER_EINVAL, "transform: unknown flags 0x%x", flags);
+    if (!flags)
+        return ER_OK;
+    ER_TRY(check_model(m, flags));
+    // Each transform draws from its own stream of the seed.
+    ErRng base, r_rot, r_v;
+    rng_seed(&base, seed);
+    rng_fork(&r_rot, &base, 0);
+    rng_fork(&r_v, &base, 1);
+    if (flags & TRANSFORM_ROTATE) {
+        if (m->cfg.tied && !all_ones(m->norm, m->cfg.C))
+            ER_TRY(untie(m));
+        fold_norms(m);
+        ER_TRY(rotate_residual(m, rng_u64(&r_rot)));
+    }
+    if (flags & TRANSFORM_UP)
+        ER_TRY(scale_up_down(m));
+    if (flags & TRANSFORM_V)
+        ER_TRY(transform_values(m, rng_u64(&r_v)));
+    if (flags & TRANSFORM_K)
+        transform_keys(m);
+    return ER_OK;
+}
+
+int transform_model(Model *m, const char *mode, uint64_t seed) {
+    unsigned flags;
+    ER_TRY(transform_model_parse_mode(mode, &flags));
+    return transform_model_apply(m, flags, seed);
+}
