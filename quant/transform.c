@@ -234,16 +234,25 @@ int transform_rotation(float *Q, int n, uint64_t seed) {
 }
 
 double transform_orthogonality_error(const float *Q, int n) {
+    double *G = er_calloc((size_t)n * n, sizeof(double)); // (n, n) upper triangle of QᵀQ
+    if (!G)
+        return INFINITY;
+    for (int k = 0; k < n; k++) { // row by row, so every access is contiguous
+        const float *q = Q + (size_t)k * n;
+        for (int i = 0; i < n; i++) {
+            double qi = q[i], *g = G + (size_t)i * n;
+            for (int j = i; j < n; j++)
+                g[j] += qi * q[j];
+        }
+    }
     double worst = 0;
     for (int i = 0; i < n; i++)
         for (int j = i; j < n; j++) {
-            double d = 0;
-            for (int k = 0; k < n; k++)
-                d += (double)Q[(size_t)k * n + i] * Q[(size_t)k * n + j];
-            d = fabs(d - (i == j));
+            double d = fabs(G[(size_t)i * n + j] - (i == j));
             if (d > worst)
                 worst = d;
         }
+    er_free(G);
     return worst;
 }
 

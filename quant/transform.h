@@ -31,7 +31,7 @@ int transform_hadamard(float *H, int n);
 int transform_random_orthogonal(float *Q, int n, ErRng *rng);
 // Q (n, n): the seeded randomized Hadamard rotation described above (orthogonal: QᵀQ = I).
 int transform_rotation(float *Q, int n, uint64_t seed);
-// max |QᵀQ - I| over all entries (in double): how far Q is from orthogonal.
+// max |QᵀQ - I| over all entries (in double): how far Q is from orthogonal (INFINITY without memory).
 double transform_orthogonality_error(const float *Q, int n);
 
 // W (rows, cols; stride ld) <- W · Q, Q (cols, cols). For matrices that read a rotated input.

@@ -49,11 +49,24 @@ static int all_ones(const float *g, int n) {
 
 // A new model with its own lm_head (a copy of the embedding) and tie_word_embeddings = false,
 // replacing *m. The final norm can then be folded into lm_head without touching the embedding.
+// The old gradients go first (the new model brings zeroed ones), so the peak is the old parameters
+// plus one new trainable model. Should that allocation fail, *m is left as a valid model that is
+// no longer trainable (its weights intact, no gradients).
 static int untie(Model *m) {
     ModelConfig c = m->cfg;
     c.tied = 0;
+    er_free(m->grad_mem);
+    m->grad_mem = NULL;
+    memset(m->grads, 0, sizeof(LayerGrads) * (size_t)m->cfg.L);
+    m->g_embed = m->g_norm = m->g_lm_head = NULL;
+    for (int i = 0; i < m->n_params; i++)
+        m->params[i].grad = NULL;
     Model n;
-    ER_TRY(model_build_random(&n, &c, 0.0f, 0));
+    int rc = model_build_random(&n, &c, 0.0f, 0);
+    if (rc < 0) {
+        m->trainable = 0;
+        return rc;
+    }
     const ParamTensor *emb = model_find_param(m, "model.embed_tokens.weight");
     for (int i = 0; i < n.n_params; i++) {
         ParamTensor *p = &n.params[i];

@@ -11,7 +11,9 @@
 //        norm of all ones the tie survives (embed and lm_head take the same W·Q); otherwise the model is
 //        UNTIED: it is rebuilt with a separate lm_head (a copy of embed) and cfg.tied = 0, so model_save
 //        writes "lm_head.weight" and tie_word_embeddings false, and model_load reads it back. The
-//        rebuild replaces every buffer of the Model (pointers into the old param_mem go stale).
+//        rebuild replaces every buffer of the Model (pointers into the old param_mem go stale, the
+//        gradients restart at zero) and needs memory for one more trainable model (less the old
+//        gradients, freed first). The saved model is V·C values larger (its own lm_head).
 //   T_u  (up/down) per-channel scale s (FF): up rows *= s, down columns /= s (exact: silu(gate)·up is
 //        linear in up). s_j = sqrt(max|down[:, j]| / max|up[j, :]|), so both sides end with range
 //        sqrt(max|up_j|·max|down_j|): no channel of down is left with an outsized column.

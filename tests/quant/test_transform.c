@@ -225,6 +225,7 @@ static double check_preserved(int C, int tied, int unit_final_norm, const char *
 Test(quant_transform, rotate_preserves_logits) {
     check_preserved(96, 0, 0, "rotate", 1);
     check_preserved(48, 0, 0, "rotate", 2);
+    check_preserved(86, 0, 0, "rotate", 5); // no Hadamard of order 86: the Kronecker fallback
 }
 Test(quant_transform, rotate_tied_unties) {
     Model m;
@@ -234,6 +235,10 @@ Test(quant_transform, rotate_tied_unties) {
     cr_assert_neq(m.lm_head.data, m.embed.data);
     cr_assert(model_find_param(&m, "lm_head.weight"));
     cr_assert_eq(model_find_param(&m, "model.embed_tokens.weight")->w, &m.embed);
+    // Still a trainable model: its own lm_head gradient, every gradient in place.
+    cr_assert(m.trainable && m.grad_mem && m.g_lm_head && m.g_lm_head != m.g_embed);
+    for (int i = 0; i < m.n_params; i++)
+        cr_assert(m.params[i].grad, "%s has no gradient", m.params[i].name);
     model_free(&m);
     check_preserved(48, 1, 0, "rotate", 3);
     check_preserved(96, 1, 0, "rotate", 4);
