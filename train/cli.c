@@ -25,6 +25,7 @@ static const ArgCommand commands[] = {
     {"pretrain", cmd_pretrain, "train a model from random init on rendered conversations"},
     {"sft", cmd_sft, "train a masked LoRA adapter on a frozen base (PEFT output)"},
     {"grpo", cmd_grpo, "GRPO with the budget reward on a masked LoRA adapter"},
+    {"heads", cmd_heads, "train the switcher and verifier heads on a base model + reasoning adapter"},
     {"version", cmd_version, "print the build configuration"},
 };
 

@@ -1,0 +1,49 @@
+// Training a small head (model/head.h) on fixed feature vectors, shared by the switcher and the
+// verifier: binary cross-entropy, AdamW (train/optim.h), mini-batches in a seeded order, optional
+// Gaussian feature noise, and the held-out metrics (ROC-AUC, accuracy at a threshold) with the
+// threshold calibration that is stored with the head.
+//
+// Features are standardised with the training split's per-dimension mean and standard deviation
+// while training (so the noise sigma is in units of each feature's spread and one learning rate
+// suits any model's hidden-state scale); at the end the standardisation is folded into the first
+// layer (w1' = w1 / sd, b1' = b1 - w1' . mean), so the saved head reads raw hidden states.
+#ifndef SWITCHER_TRAIN_HEAD_FIT_H
+#define SWITCHER_TRAIN_HEAD_FIT_H
+
+#include <stdint.h>
+
+#include "model/head.h"
+#include "train/run.h"
+
+typedef struct {
+    int epochs;          // passes over the training rows
+    int batch;           // rows per AdamW step
+    double lr, weight_decay;
+    float noise;         // sigma of the Gaussian noise added to standardised features (0 = off)
+    uint64_t seed;       // data order, dropout, noise
+    const char *label;   // "switcher" | "verifier": metrics lines and progress
+    MetricsLog *metrics; // one line per epoch when not NULL
+} HeadFitConfig;
+
+void head_fit_config_default(HeadFitConfig *c);
+
+typedef struct {
+    double first_loss, last_loss; // training BCE of the first and the last epoch (with noise/dropout)
+    double val_loss;              // held-out BCE (NaN without held-out rows)
+} HeadFitResult;
+
+// Trains h (initialised, with gradients) on x (n, h->in) and labels y (n) in {0, 1}; with n_val > 0
+// the held-out rows xv, yv are scored after every epoch for the metrics lines.
+int head_fit(Head *h, const float *x, const float *y, int n, const float *xv, const float *yv, int n_val,
+             const HeadFitConfig *c, HeadFitResult *res);
+
+// Area under the ROC curve of scores against labels (ties count half); NaN when one class is absent.
+double roc_auc(const float *score, const float *y, int n);
+// Share of rows where (score >= t) == (y == 1).
+double accuracy_at(const float *score, const float *y, int n, float t);
+// The threshold: with 0 < target_recall <= 1 the largest t whose recall (positives with
+// score >= t) reaches target_recall; otherwise the t with the best accuracy (ties: the lowest).
+// 0.5 when n == 0 (or no positive for a target recall).
+float threshold_choose(const float *score, const float *y, int n, double target_recall);
+
+#endif
