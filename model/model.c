@@ -141,6 +141,9 @@ const ParamTensor *model_find_param(const Model *m, const char *name) {
 }
 
 void model_free(Model *m) {
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].w)
+            weight_free(m->params[i].w); // quantized matrices made in memory own their buffers
     er_free(m->layers);
     er_free(m->grads);
     er_free(m->params);
@@ -276,6 +279,108 @@ static const StTensor *find_tensor(const Model *m, const char *name, const StFil
     return NULL;
 }
 
+// t's data, or a copy in owned_mats when it is misaligned for its dtype (headers are padded to 8, but
+// a U8 tensor of odd length shifts everything after it).
+static const void *aligned_data(Model *m, const StTensor *t, size_t *owned_off) {
+    size_t esz = dtype_size(t->dtype);
+    if (esz <= 1 || (uintptr_t)t->data % esz == 0)
+        return t->data;
+    char *dst = (char *)m->owned_mats + *owned_off;
+    memcpy(dst, t->data, t->nbytes);
+    *owned_off += (t->nbytes + 63) & ~(size_t)63;
+    return dst;
+}
+
+static void shape_str(char *buf, size_t n, const StTensor *t) {
+    buf[0] = 0;
+    for (int d = 0; d < t->ndim && d < 4; d++)
+        snprintf(buf + strlen(buf), n - strlen(buf), "%s%lld", d ? "," : "", (long long)t->shape[d]);
+}
+
+WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group) {
+    *group = 0;
+    if (!m->quant.enabled || !p->w)
+        return WF_F32;
+    WeightFormat f = p->w == &m->embed     ? (m->quant.embed_int8 ? WF_Q8 : WF_F32)
+                     : p->w == &m->lm_head ? m->quant.lm_head
+                                           : m->quant.linear;
+    if (f == WF_Q4G)
+        *group = m->quant.group;
+    return f;
+}
+
+// A companion tensor of a quantized matrix (name + suffix) with the given dtype and shape.
+static int find_companion(Model *m, const char *dir, const ParamTensor *p, const char *suffix, const char *what,
+                          ErDType dt, int64_t d0, int64_t d1, const void **out, size_t *owned_off) {
+    char name[128];
+    snprintf(name, sizeof name, "%s%s", p->name, suffix);
+    const StFile *f;
+    const StTensor *t = find_tensor(m, name, &f);
+    if (!t)
+        return er_error(ER_EFORMAT, "%s: tensor \"%s\" (the %s of quantized \"%s\") is missing from the model files", dir,
+                        name, what, p->name);
+    int ok = t->dtype == dt && t->ndim == (d1 ? 2 : 1) && t->shape[0] == d0 && (!d1 || t->shape[1] == d1);
+    if (!ok) {
+        char got[64];
+        shape_str(got, sizeof got, t);
+        return er_error(ER_EFORMAT, "%s: tensor \"%s\" is %s [%s], expected %s [%lld%s%lld] for the %s of \"%s\"", f->path,
+                        name, dtype_name(t->dtype), got, dtype_name(dt), (long long)d0, d1 ? "," : "",
+                        d1 ? (long long)d1 : 0LL, what, p->name);
+    }
+    *out = aligned_data(m, t, owned_off);
+    return ER_OK;
+}
+
+// A packed matrix: the data tensor and its companions, checked against quantization_config.
+static int place_quantized(Model *m, const char *dir, ParamTensor *p, const StTensor *t, const StFile *f,
+                           WeightFormat fmt, int group, size_t *owned_off) {
+    int rows = (int)p->shape[0], cols = (int)p->shape[1];
+    if (fmt == WF_Q4G && cols % group)
+        return er_error(ER_EFORMAT, "%s/config.json: quantization_config group_size %d does not divide the %d columns of \"%s\"",
+                        dir, group, cols, p->name);
+    ErDType want = fmt == WF_Q8 ? DT_I8 : DT_U8;
+    int64_t rb = (int64_t)quant_row_bytes(fmt, cols);
+    char spec[16];
+    quant_spec_name(fmt, group, spec);
+    if (t->dtype != want || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != rb) {
+        char got[64];
+        shape_str(got, sizeof got, t);
+        return er_error(ER_EFORMAT,
+                        "%s: tensor \"%s\" is %s [%s], expected %s [%d,%lld] (%s packing of a [%d,%d] matrix, as "
+                        "quantization_config says)",
+                        f->path, p->name, dtype_name(t->dtype), got, dtype_name(want), rows, (long long)rb, spec, rows,
+                        cols);
+    }
+    Weight *w = p->w;
+    memset(w, 0, sizeof *w);
+    w->fmt = fmt;
+    w->rows = rows;
+    w->cols = cols;
+    w->data = t->data;
+    const void *a = NULL, *b = NULL;
+    switch (fmt) {
+    case WF_Q8:
+    case WF_Q4:
+        ER_TRY(find_companion(m, dir, p, "_scale", "scales", DT_F32, rows, 0, &a, owned_off));
+        w->scale = a;
+        break;
+    case WF_Q4G:
+        ER_TRY(find_companion(m, dir, p, "_scale", "group scales", DT_F16, rows, cols / group, &a, owned_off));
+        ER_TRY(find_companion(m, dir, p, "_zero", "group zeros", DT_F16, rows, cols / group, &b, owned_off));
+        w->gscale = a;
+        w->gzero = b;
+        w->group = group;
+        break;
+    case WF_Q2LUT:
+        ER_TRY(find_companion(m, dir, p, "_codebook", "codebooks", DT_F16, rows, 4, &a, owned_off));
+        w->lut = a;
+        break;
+    default: break;
+    }
+    p->data = NULL;
+    return ER_OK;
+}
+
 static int place_param(Model *m, ParamTensor *p, const StTensor *t, const StFile *f, size_t *owned_off) {
     if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)
         return er_error(ER_EUNSUPPORTED, "%s: tensor \"%s\" has dtype %s (expected F32, BF16 or F16)", f->path, p->name,
@@ -294,15 +399,7 @@ static int place_param(Model *m, ParamTensor *p, const StTensor *t, const StFile
     // A matrix kept in the file's dtype: in place when aligned, else copied once.
     Weight *w = p->w;
     w->fmt = t->dtype == DT_F32 ? WF_F32 : t->dtype == DT_BF16 ? WF_BF16 : WF_F16;
-    size_t esz = dtype_size(t->dtype);
-    if ((uintptr_t)t->data % esz == 0) {
-        w->data = t->data;
-    } else {
-        char *dst = (char *)m->owned_mats + *owned_off;
-        memcpy(dst, t->data, t->nbytes);
-        w->data = dst;
-        *owned_off += (t->nbytes + 63) & ~(size_t)63;
-    }
+    w->data = aligned_data(m, t, owned_off);
     if (w->fmt == WF_F32)
         p->data = (float *)w->data;
     return ER_OK;
@@ -314,22 +411,43 @@ int model_load(Model *m, const char *dir, int flags) {
     if (!cfg_path)
         return ER_ENOMEM;
     int rc = model_config_load(&m->cfg, cfg_path);
+    cJSON *cj = NULL;
+    if (rc == ER_OK)
+        rc = json_parse_file(cfg_path, 64u << 20, &cj);
+    if (rc == ER_OK) {
+        const cJSON *qc = cJSON_GetObjectItemCaseSensitive(cj, "quantization_config");
+        if (qc && !cJSON_IsNull(qc))
+            rc = quant_config_from_json(&m->quant, qc, cfg_path);
+    }
+    cJSON_Delete(cj);
+    if (rc == ER_OK && m->quant.enabled && (flags & MODEL_LOAD_TRAINABLE)) {
+        char spec[16];
+        rc = er_error(ER_EUNSUPPORTED,
+                      "%s: a quantized model (quantization_config weights %s) cannot be loaded for full-parameter "
+                      "training; train a LoRA adapter on it (ertrain sft) or start from the float model",
+                      cfg_path, quant_spec_name(m->quant.linear, m->quant.group, spec));
+    }
     free(cfg_path);
-    if (rc < 0)
+    if (rc < 0) {
+        memset(m, 0, sizeof *m);
         return rc;
+    }
+    QuantConfig quant = m->quant;
     cJSON *weight_map = NULL;
     rc = model_setup(m, flags & MODEL_LOAD_TRAINABLE);
+    m->quant = quant;
     if (rc == ER_OK)
         rc = open_shards(m, dir, &weight_map);
     if (rc == ER_OK && !m->trainable) {
         // Space for matrices that are misaligned in their file (rare: headers are padded to 8).
         size_t need = 0;
-        for (int i = 0; i < m->n_params; i++) {
-            const StFile *f;
-            const StTensor *t = find_tensor(m, m->params[i].name, &f);
-            if (t && m->params[i].w && (uintptr_t)t->data % dtype_size(t->dtype) != 0)
-                need += (t->nbytes + 63) & ~(size_t)63;
-        }
+        for (int i = 0; i < m->n_files; i++)
+            for (int j = 0; j < m->files[i].n_tensors; j++) {
+                const StTensor *t = &m->files[i].tensors[j];
+                size_t esz = dtype_size(t->dtype);
+                if (esz > 1 && (uintptr_t)t->data % esz != 0)
+                    need += (t->nbytes + 63) & ~(size_t)63;
+            }
         if (need && !(m->owned_mats = er_alloc(need)))
             rc = ER_ENOMEM;
     }
@@ -351,7 +469,10 @@ int model_load(Model *m, const char *dir, int flags) {
                 break;
             }
         }
-        rc = place_param(m, p, t, f, &owned_off);
+        int group;
+        WeightFormat qf = model_quant_format(m, p, &group);
+        rc = weight_is_quantized(qf) ? place_quantized(m, dir, p, t, f, qf, group, &owned_off)
+                                     : place_param(m, p, t, f, &owned_off);
     }
     cJSON_Delete(weight_map);
     if (rc == ER_OK && m->cfg.tied)
@@ -369,24 +490,64 @@ int model_load(Model *m, const char *dir, int flags) {
 
 // ---- saving ----
 
+// The packed tensors of quantized matrix p: data, then its companions (names into `names`, 2 x 128).
+static int packed_tensors(const ParamTensor *p, StWriteTensor *ts, char (*names)[128]) {
+    const Weight *w = p->w;
+    int rows = w->rows, n = 0;
+    ts[n++] = (StWriteTensor){p->name, w->fmt == WF_Q8 ? DT_I8 : DT_U8, 2, {rows, (int64_t)quant_row_bytes(w->fmt, w->cols)},
+                              w->data};
+    snprintf(names[0], 128, "%s%s", p->name, w->fmt == WF_Q2LUT ? "_codebook" : "_scale");
+    if (w->fmt == WF_Q8 || w->fmt == WF_Q4)
+        ts[n++] = (StWriteTensor){names[0], DT_F32, 1, {rows}, w->scale};
+    else if (w->fmt == WF_Q2LUT)
+        ts[n++] = (StWriteTensor){names[0], DT_F16, 2, {rows, 4}, w->lut};
+    else {
+        snprintf(names[1], 128, "%s_zero", p->name);
+        ts[n++] = (StWriteTensor){names[0], DT_F16, 2, {rows, w->cols / w->group}, w->gscale};
+        ts[n++] = (StWriteTensor){names[1], DT_F16, 2, {rows, w->cols / w->group}, w->gzero};
+    }
+    return n;
+}
+
 int model_save(const Model *m, const char *dir, int as_bf16) {
+    // Every matrix must be in the format quantization_config will claim, or the dir would not load.
+    for (int i = 0; i < m->n_params; i++) {
+        const ParamTensor *p = &m->params[i];
+        int group;
+        WeightFormat want = model_quant_format(m, p, &group);
+        int ok = !p->w ? 1
+                 : weight_is_quantized(want) ? p->w->fmt == want && (want != WF_Q4G || p->w->group == group)
+                                             : !weight_is_quantized(p->w->fmt);
+        if (ok)
+            continue;
+        char spec[16];
+        return er_error(ER_EINVAL, "model_save %s: \"%s\" is %s but the model's quantization_config says %s", dir,
+                        p->name, weight_format_name(p->w->fmt), quant_spec_name(want, group, spec));
+    }
     ER_TRY(dir_make(dir));
-    int n = m->n_params, rc = ER_OK;
-    StWriteTensor *ts = er_calloc((size_t)n, sizeof(StWriteTensor));
+    int n = m->n_params, nt = 0, rc = ER_OK;
+    StWriteTensor *ts = er_calloc((size_t)n * 3, sizeof(StWriteTensor));
     void **bufs = er_calloc((size_t)n, sizeof(void *));
-    if (!ts || !bufs) {
+    char(*names)[128] = er_calloc((size_t)n * 2, 128);
+    if (!ts || !bufs || !names) {
         er_free(ts);
         er_free(bufs);
+        er_free(names);
         return ER_ENOMEM;
     }
     for (int i = 0; i < n && rc == ER_OK; i++) {
         const ParamTensor *p = &m->params[i];
+        if (p->w && weight_is_quantized(p->w->fmt)) {
+            nt += packed_tensors(p, ts + nt, names + 2 * i);
+            continue;
+        }
         ErDType out = as_bf16 ? DT_BF16 : DT_F32;
-        ts[i].name = p->name;
-        ts[i].dtype = out;
-        ts[i].ndim = p->ndim;
-        ts[i].shape[0] = p->shape[0];
-        ts[i].shape[1] = p->shape[1];
+        StWriteTensor *t = &ts[nt++];
+        t->name = p->name;
+        t->dtype = out;
+        t->ndim = p->ndim;
+        t->shape[0] = p->shape[0];
+        t->shape[1] = p->shape[1];
         // Widen to fp32 where needed, then narrow to the output dtype.
         float *f32 = p->data;
         float *tmp = NULL;
@@ -401,9 +562,9 @@ int model_save(const Model *m, const char *dir, int as_bf16) {
             f32 = tmp;
         }
         if (out == DT_F32 && !tmp) {
-            ts[i].data = f32;
+            t->data = f32;
         } else if (out == DT_F32) {
-            ts[i].data = bufs[i] = tmp;
+            t->data = bufs[i] = tmp;
             tmp = NULL;
         } else {
             bufs[i] = er_alloc(p->numel * 2);
@@ -411,28 +572,62 @@ int model_save(const Model *m, const char *dir, int as_bf16) {
                 rc = ER_ENOMEM;
             else
                 rc = dtype_from_f32(bufs[i], DT_BF16, f32, p->numel);
-            ts[i].data = bufs[i];
+            t->data = bufs[i];
         }
         er_free(tmp);
     }
     if (rc == ER_OK) {
         char *path = path_join(dir, "model.safetensors");
         const char *meta[] = {"format", "pt"};
-        rc = path ? safetensors_write(path, ts, n, meta, 1) : ER_ENOMEM;
+        rc = path ? safetensors_write(path, ts, nt, meta, 1) : ER_ENOMEM;
         free(path);
     }
     for (int i = 0; i < n; i++)
         er_free(bufs[i]);
     er_free(bufs);
     er_free(ts);
+    er_free(names);
     if (rc == ER_OK) {
         ModelConfig c = m->cfg;
         c.dtype = as_bf16 ? DT_BF16 : DT_F32;
         cJSON *j = model_config_to_json(&c);
+        if (j && m->quant.enabled) {
+            cJSON *q = quant_config_to_json(&m->quant);
+            if (!q || !cJSON_AddItemToObject(j, "quantization_config", q)) {
+                cJSON_Delete(q);
+                cJSON_Delete(j);
+                j = NULL;
+            }
+        }
         char *path = path_join(dir, "config.json");
         rc = (j && path) ? json_write_file(path, j) : ER_ENOMEM;
         free(path);
         cJSON_Delete(j);
     }
     return rc;
+}
+
+int model_set_weight(Model *m, ParamTensor *p, Weight *w) {
+    if (!p->w)
+        return er_error(ER_EINVAL, "model_set_weight: \"%s\" is not a matrix", p->name);
+    if (w->rows != p->shape[0] || w->cols != p->shape[1])
+        return er_error(ER_EINVAL, "model_set_weight: \"%s\" is [%lld, %lld], the new weight [%d, %d]", p->name,
+                        (long long)p->shape[0], (long long)p->shape[1], w->rows, w->cols);
+    if (m->trainable && weight_is_quantized(w->fmt)) {
+        // Frozen from here on: no gradients (the fp32 values stay in param_mem, unused by quantized matrices).
+        er_free(m->grad_mem);
+        m->grad_mem = NULL;
+        for (int i = 0; i < m->n_params; i++)
+            m->params[i].grad = NULL;
+        memset(m->grads, 0, sizeof(LayerGrads) * (size_t)m->cfg.L);
+        m->g_embed = m->g_norm = m->g_lm_head = NULL;
+        m->trainable = 0;
+    }
+    weight_free(p->w);
+    *p->w = *w;
+    p->data = w->fmt == WF_F32 ? (float *)w->data : NULL;
+    memset(w, 0, sizeof *w);
+    if (m->cfg.tied && p->w == &m->embed)
+        m->lm_head = m->embed;
+    return ER_OK;
 }

@@ -10,6 +10,7 @@
 #include "model/config.h"
 #include "lora/lora.h"
 #include "model/kvcache.h"
+#include "quant/quant.h"
 #include "quant/weight.h"
 
 typedef struct {
@@ -52,17 +53,28 @@ typedef struct {
     void *owned_mats;     // matrices copied from files that could not be used in place
     StFile *files;        // mmapped safetensors shards backing the weights
     int n_files;
+    QuantConfig quant;    // config.json's quantization_config (enabled = 0 for a float model)
 } Model;
 
 enum { MODEL_LOAD_TRAINABLE = 1 }; // convert everything to fp32 and allocate gradients
 
 // Loads config.json and model.safetensors (or the shards of model.safetensors.index.json) from `dir`.
 // F32/BF16/F16 files; without MODEL_LOAD_TRAINABLE, matrices stay in the file's dtype, mmapped.
+// A quantized dir (config.json has a quantization_config, layout in quant/quant.h) keeps its packed
+// matrices packed and mmapped; it is refused with MODEL_LOAD_TRAINABLE (a quantized base is frozen:
+// train a LoRA adapter on it instead).
 int model_load(Model *m, const char *dir, int flags);
 // A trainable fp32 model with HF-style random init (normal(0, std) matrices, unit norms, zero biases).
 int model_build_random(Model *m, const ModelConfig *cfg, float std, uint64_t seed);
 // Writes config.json and model.safetensors (fp32, or bf16 when as_bf16) atomically into `dir`.
+// Quantized matrices are written packed with their scales / zeros / codebooks, and m->quant as
+// config.json's quantization_config; every matrix must have the format m->quant says it has.
 int model_save(const Model *m, const char *dir, int as_bf16);
+// Replaces the matrix of parameter p with *w, taking ownership of w->owned (*w is cleared). A model
+// holding a quantized matrix is frozen: a trainable model loses its gradients (trainable = 0).
+int model_set_weight(Model *m, ParamTensor *p, Weight *w);
+// The format m->quant gives parameter p (WF_F32 meaning "float, as stored"); group into *group.
+WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group);
 void model_free(Model *m);
 void model_zero_grad(Model *m);
 const ParamTensor *model_find_param(const Model *m, const char *name);

@@ -26,6 +26,7 @@ static const ArgCommand commands[] = {
     {"sft", cmd_sft, "train a masked LoRA adapter on a frozen base (PEFT output)"},
     {"grpo", cmd_grpo, "GRPO with the budget reward on a masked LoRA adapter"},
     {"heads", cmd_heads, "train the switcher and verifier heads on a base model + reasoning adapter"},
+    {"quantize", cmd_quantize, "quantize a model dir (q8, q4, q4g, q2lut; int8 embeddings; Fisher-weighted)"},
     {"version", cmd_version, "print the build configuration"},
 };
 

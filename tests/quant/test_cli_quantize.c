@@ -1,0 +1,182 @@
+// ertrain quantize run as a user runs it ($ER_BUILD/ertrain on a tiny random model dir in /tmp): the
+// output dir (packed tensors, quantization_config, tokenizer, run.json) loads, erinfer generates from
+// it, ertrain sft trains an adapter on it; Fisher sensitivity with --calib reports NLL before/after;
+// bad flags give one error line and exit 1 without writing anything.
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/json.h"
+#include "tests/infer/helpers.h"
+
+static char *tmp, *model, *ertrain, *erinfer, *calib;
+
+static void setup(void) {
+    ertrain = helper_program("ertrain");
+    erinfer = helper_program("erinfer");
+    tmp = helper_tmpdir("er_qcli_");
+    model = path_join(tmp, "model");
+    helper_make_model(model);
+    calib = path_join(tmp, "calib.jsonl");
+    FILE *f = fopen(calib, "w");
+    cr_assert(f);
+    for (int i = 0; i < 6; i++)
+        fprintf(f, "{\"prompt\": \"Start with %d. Add 5. What is the result?\", \"completion\": \"%d + 5 = %d\\nAnswer: %d\"}\n",
+                i, i, i + 5, i + 5);
+    fclose(f);
+}
+
+static void teardown(void) {
+    helper_rmdir(tmp);
+    er_free(model);
+    er_free(calib);
+    er_free(tmp);
+    er_free(ertrain);
+    er_free(erinfer);
+}
+
+TestSuite(quant_cli, .init = setup, .fini = teardown);
+
+static void need_programs(void) {
+    if (!ertrain || !erinfer)
+        cr_skip_test("!!!!!! %s/ertrain or erinfer is MISSING: run `make` (or set ER_BUILD) - quantize CLI tests SKIPPED !!!!!!",
+                     helper_build_dir());
+}
+
+static cJSON *read_json(const char *dir, const char *name) {
+    char *p = path_join(dir, name);
+    cJSON *j;
+    cr_assert_eq(json_parse_file(p, 1 << 20, &j), 0, "%s", er_last_error());
+    er_free(p);
+    return j;
+}
+
+Test(quant_cli, quantize_generate_and_sft) {
+    need_programs();
+    char out[600];
+    snprintf(out, sizeof out, "%s/q4g32", tmp);
+    CmdResult r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q4g32 --threads 1", ertrain, model, out);
+    cr_assert_eq(r.status, 0, "quantize failed: %s", r.err);
+    cr_assert(strstr(r.out, "bits per weight: 5.000"), "%s", r.out);
+    cr_assert(strstr(r.out, "layer   1"), "per-layer errors expected: %s", r.out);
+    helper_result_free(&r);
+    cJSON *cfg = read_json(out, "config.json");
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
+    cr_assert(cJSON_IsObject(q));
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "weights")->valuestring, "q4g32");
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(q, "group_size")->valueint, 32);
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "embeddings")->valuestring, "int8");
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "transforms")->valuestring, "none");
+    cr_assert_float_eq(cJSON_GetObjectItemCaseSensitive(q, "bits_per_weight")->valuedouble, 5.0, 1e-9);
+    cJSON_Delete(cfg);
+    cJSON_Delete(read_json(out, "run.json"));
+    char *tj = path_join(out, "tokenizer.json");
+    cr_assert(path_exists(tj));
+    er_free(tj);
+
+    Model m;
+    cr_assert_eq(model_load(&m, out, 0), 0, "%s", er_last_error());
+    cr_assert_eq(m.layers[0].wgate.fmt, WF_Q4G);
+    cr_assert_eq(m.embed.fmt, WF_Q8);
+    model_free(&m);
+
+    r = helper_run(tmp, "'%s' generate --model '%s' --prompt 'Start with 7. Add 5.' --max-new 6 --samples 2 --json --threads 1",
+                   erinfer, out);
+    cr_assert_eq(r.status, 0, "erinfer on the quantized dir failed: %s", r.err);
+    cJSON *g = cJSON_Parse(r.out);
+    cr_assert(g, "no JSON: %s", r.out);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(g, "samples")), 2);
+    cJSON_Delete(g);
+    helper_result_free(&r);
+
+    r = helper_run(tmp, "'%s' sft --model '%s' --data '%s' --out '%s/sft' --steps 2 --batch 2 --seq-len 64 --threads 1",
+                   ertrain, out, calib, tmp);
+    cr_assert_eq(r.status, 0, "sft on the quantized base failed: %s", r.err);
+    helper_result_free(&r);
+    char *ad = path_join(tmp, "sft/adapter_model.safetensors");
+    cr_assert(path_exists(ad), "no adapter written");
+    er_free(ad);
+}
+
+Test(quant_cli, fisher_calibration_and_nll) {
+    need_programs();
+    const char *ws[] = {"q2lut", "q8"};
+    for (int i = 0; i < 2; i++) {
+        char out[600];
+        snprintf(out, sizeof out, "%s/%s", tmp, ws[i]);
+        CmdResult r = helper_run(tmp,
+                                 "'%s' quantize --model '%s' --out '%s' --weights %s --embeddings fp --calib '%s' "
+                                 "--calib-n 3 --seq-len 64 --threads 1",
+                                 ertrain, model, out, ws[i], calib);
+        cr_assert_eq(r.status, 0, "quantize %s failed: %s", ws[i], r.err);
+        cr_assert(strstr(r.out, "fisher: squared gradients over 3"), "%s", r.out);
+        cr_assert(strstr(r.out, "NLL on 3 held-out calibration sequences"), "%s", r.out);
+        helper_result_free(&r);
+        cJSON *cfg = read_json(out, "config.json");
+        const cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
+        cr_assert(strstr(cJSON_GetObjectItemCaseSensitive(q, "method")->valuestring, "fisher"));
+        cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "embeddings")->valuestring, "fp");
+        cJSON_Delete(cfg);
+        cJSON *run = read_json(out, "run.json");
+        double before = cJSON_GetObjectItemCaseSensitive(run, "nll_before")->valuedouble;
+        double after = cJSON_GetObjectItemCaseSensitive(run, "nll_after")->valuedouble;
+        cr_assert(before > 0 && after > 0, "NLL %g -> %g", before, after);
+        cJSON_Delete(run);
+        Model m;
+        cr_assert_eq(model_load(&m, out, 0), 0, "%s", er_last_error());
+        cr_assert_eq(m.embed.fmt, WF_F32);
+        model_free(&m);
+    }
+}
+
+Test(quant_cli, bad_flags_are_one_line_errors) {
+    need_programs();
+    struct {
+        const char *flags, *expect;
+    } cases[] = {
+        {"--weights q3", "--weights \"q3\""},
+        {"--weights q4 --embeddings int4", "--embeddings"},
+        {"--weights q4 --transforms rotate", "--transforms"},
+        {"--weights q4 --sensitivity fisher", "--calib"},
+        {"--weights q4 --sensitivity magic --calib x.jsonl", "--sensitivity"},
+        {"--weights q4 --scale-search best", "--scale-search"},
+        {"--weights q4g128", "does not divide"},
+        {"--weights q4 --lm-head q9", "--lm-head"},
+        {"", "--weights"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[600];
+        snprintf(out, sizeof out, "%s/bad%zu", tmp, i);
+        CmdResult r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' %s --threads 1", ertrain, model, out,
+                                 cases[i].flags);
+        cr_assert_eq(r.status, 1, "%s: status %d", cases[i].flags, r.status);
+        cr_assert(strstr(r.err, cases[i].expect), "%s: stderr \"%s\" should mention %s", cases[i].flags, r.err,
+                  cases[i].expect);
+        cr_assert_eq(helper_count_lines(r.err), 1, "%s: one error line expected: %s", cases[i].flags, r.err);
+        char *cfg = path_join(out, "config.json");
+        cr_assert(!path_exists(cfg), "%s: output written despite the error", cases[i].flags);
+        er_free(cfg);
+        helper_result_free(&r);
+    }
+    // an already quantized model is refused as input
+    char q[600], again[600];
+    snprintf(q, sizeof q, "%s/q8", tmp);
+    snprintf(again, sizeof again, "%s/again", tmp);
+    CmdResult r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q8 --threads 1", ertrain, model, q);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    helper_result_free(&r);
+    r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q4 --threads 1", ertrain, q, again);
+    cr_assert_eq(r.status, 1);
+    cr_assert(strstr(r.err, "already quantized"), "%s", r.err);
+    helper_result_free(&r);
+    r = helper_run(tmp, "'%s' quantize --help", ertrain);
+    cr_assert_eq(r.status, 0);
+    cr_assert(strstr(r.out, "--weights") && strstr(r.out, "--calib") && strstr(r.out, "--sensitivity"), "%s", r.out);
+    helper_result_free(&r);
+}

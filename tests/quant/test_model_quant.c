@@ -1,0 +1,358 @@
+// Quantized models: quantize -> save -> load gives the same logits as the in-memory quantized model
+// for every format (tied and untied, int8 or fp embeddings); the loaded dir keeps its packed
+// matrices mmapped; bad quantized dirs (missing scales, wrong packed size, unknown format, a group
+// size that does not divide) get one clear error naming the file and tensor; trainable loads are
+// refused; LoRA gradients through a quantized base match finite differences.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/json.h"
+#include "core/rng.h"
+#include "core/safetensors.h"
+#include "core/threads.h"
+#include "lora/lora.h"
+#include "model/model.h"
+#include "train/quantize.h"
+
+static ModelConfig tiny(int tied) {
+    ModelConfig c = {.arch = ARCH_QWEN2, .C = 64, .FF = 128, .L = 2, .NH = 4, .NKV = 2, .HS = 16, .V = 40, .max_pos = 64,
+                     .rope_theta = 10000.0f, .eps = 1e-6f, .tied = tied, .qkv_bias = 1, .dtype = DT_F32,
+                     .bos_id = -1, .eos_id = 3};
+    return c;
+}
+
+static char tmp[64];
+static void mk_tmp(void) {
+    strcpy(tmp, "/tmp/er_qmodel_XXXXXX");
+    cr_assert(mkdtemp(tmp));
+}
+static void rm_tmp(void) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", tmp);
+}
+TestSuite(quant_model, .init = mk_tmp, .fini = rm_tmp);
+
+static const int TOK[10] = {1, 5, 9, 3, 22, 17, 39, 0, 8, 30};
+
+// Logits of a 2 x 5 pass (ACTS_SCORE) into a new buffer.
+static float *logits_of(Model *m) {
+    Activations a;
+    cr_assert_eq(acts_alloc(&a, &m->cfg, 2, 5, ACTS_SCORE, 0), 0);
+    ModelInput in = {.B = 2, .T = 5, .tokens = TOK};
+    cr_assert_eq(model_forward(m, &in, &a), 0, "%s", er_last_error());
+    size_t n = (size_t)10 * m->cfg.V;
+    float *out = malloc(n * sizeof(float));
+    memcpy(out, a.logits, n * sizeof(float));
+    acts_free(&a);
+    return out;
+}
+
+static void quantized_model(Model *m, int tied, const char *weights, const char *emb) {
+    ModelConfig c = tiny(tied);
+    cr_assert_eq(model_build_random(m, &c, 0.3f, 11), 0);
+    QuantizeOptions o = {.weights = weights, .embeddings = emb};
+    QuantizeReport rep;
+    cr_assert_eq(quantize_model(m, &o, NULL, NULL, &rep), 0, "%s", er_last_error());
+    cr_assert_eq(m->trainable, 0);
+    cr_assert(rep.bits_per_weight > 0);
+}
+
+static void roundtrip(int tied, const char *weights, const char *emb) {
+    threads_set(1);
+    Model a, b;
+    quantized_model(&a, tied, weights, emb);
+    float *la = logits_of(&a);
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/%s_%d_%s", tmp, weights, tied, emb);
+    cr_assert_eq(model_save(&a, dir, 0), 0, "%s", er_last_error());
+    cr_assert_eq(model_load(&b, dir, 0), 0, "%s", er_last_error());
+    cr_assert(b.quant.enabled);
+    cr_assert_eq(b.layers[1].wup.fmt, a.layers[1].wup.fmt);
+    cr_assert_eq(b.layers[1].wup.owned, NULL, "packed matrices are used in place (mmapped)");
+    cr_assert_eq(b.embed.fmt, strcmp(emb, "int8") == 0 ? WF_Q8 : WF_F32);
+    if (!tied)
+        cr_assert_eq(b.lm_head.fmt, a.lm_head.fmt);
+    cr_assert_eq(weight_bytes(&b.layers[0].wq), weight_bytes(&a.layers[0].wq));
+    float *lb = logits_of(&b);
+    for (int i = 0; i < 10 * a.cfg.V; i++)
+        cr_assert_eq(la[i], lb[i], "%s tied=%d emb=%s: logit %d %.9g vs %.9g", weights, tied, emb, i, la[i], lb[i]);
+    // saving the loaded model again gives a dir that loads to the same logits
+    char dir2[160];
+    snprintf(dir2, sizeof dir2, "%s/again", dir);
+    cr_assert_eq(model_save(&b, dir2, 0), 0, "%s", er_last_error());
+    Model c;
+    cr_assert_eq(model_load(&c, dir2, 0), 0, "%s", er_last_error());
+    float *lc = logits_of(&c);
+    cr_assert_eq(memcmp(lb, lc, sizeof(float) * 10 * a.cfg.V), 0);
+    free(la);
+    free(lb);
+    free(lc);
+    model_free(&a);
+    model_free(&b);
+    model_free(&c);
+}
+
+Test(quant_model, roundtrip_every_format) {
+    const char *ws[] = {"q8", "q4", "q4g32", "q4g64", "q2lut"};
+    for (int i = 0; i < 5; i++)
+        roundtrip(0, ws[i], "int8");
+}
+Test(quant_model, roundtrip_tied_and_fp_embeddings) {
+    roundtrip(1, "q4", "int8");
+    roundtrip(1, "q4g32", "fp");
+    roundtrip(0, "q2lut", "fp");
+}
+
+Test(quant_model, quantized_logits_close_to_float) {
+    threads_set(1);
+    ModelConfig c = tiny(0);
+    Model f;
+    cr_assert_eq(model_build_random(&f, &c, 0.3f, 11), 0);
+    float *lf = logits_of(&f);
+    model_free(&f);
+    const char *ws[] = {"q8", "q4g32"};
+    const double tol[] = {0.1, 0.5}; // random nets amplify weight noise layer by layer
+    for (int k = 0; k < 2; k++) {
+        Model q;
+        quantized_model(&q, 0, ws[k], "int8");
+        float *lq = logits_of(&q);
+        double num = 0, den = 0;
+        for (int i = 0; i < 10 * c.V; i++) {
+            num += (lq[i] - lf[i]) * (double)(lq[i] - lf[i]);
+            den += (double)lf[i] * lf[i];
+        }
+        cr_assert(sqrt(num / den) < tol[k], "%s: relative logit error %g", ws[k], sqrt(num / den));
+        free(lq);
+        model_free(&q);
+    }
+    free(lf);
+}
+
+Test(quant_model, trainable_load_refused) {
+    Model a, b;
+    quantized_model(&a, 1, "q4", "int8");
+    cr_assert_eq(model_save(&a, tmp, 0), 0, "%s", er_last_error());
+    model_free(&a);
+    cr_assert_lt(model_load(&b, tmp, MODEL_LOAD_TRAINABLE), 0);
+    cr_assert(strstr(er_last_error(), "config.json") && strstr(er_last_error(), "quantized") &&
+                  strstr(er_last_error(), "LoRA"),
+              "%s", er_last_error());
+}
+
+Test(quant_model, save_refuses_mismatched_formats) {
+    Model a;
+    quantized_model(&a, 0, "q4", "int8");
+    a.quant.linear = WF_Q8; // the config now lies about the matrices
+    cr_assert_lt(model_save(&a, tmp, 0), 0);
+    cr_assert(strstr(er_last_error(), "q_proj"), "%s", er_last_error());
+    model_free(&a);
+    QuantizeOptions o = {.weights = "q4g128"};
+    QuantizeReport rep;
+    ModelConfig c = tiny(0);
+    cr_assert_eq(model_build_random(&a, &c, 0.3f, 1), 0);
+    cr_assert_lt(quantize_model(&a, &o, NULL, NULL, &rep), 0); // 128 does not divide C = 64
+    cr_assert(strstr(er_last_error(), "does not divide"), "%s", er_last_error());
+    o.weights = "q5";
+    cr_assert_lt(quantize_model(&a, &o, NULL, NULL, &rep), 0);
+    cr_assert(strstr(er_last_error(), "--weights"), "%s", er_last_error());
+    model_free(&a);
+}
+
+// ---- corrupt dirs ----
+
+// Rewrites dir/model.safetensors: drops tensor `drop`, and gives tensor `reshape` one more column.
+static void rewrite(const char *dir, const char *drop, const char *reshape) {
+    char *path = path_join(dir, "model.safetensors");
+    StFile f;
+    cr_assert_eq(safetensors_open(&f, path), 0, "%s", er_last_error());
+    StWriteTensor *ts = calloc((size_t)f.n_tensors, sizeof *ts);
+    void *extra = NULL;
+    int n = 0;
+    for (int i = 0; i < f.n_tensors; i++) {
+        const StTensor *t = &f.tensors[i];
+        if (drop && strcmp(t->name, drop) == 0)
+            continue;
+        StWriteTensor *w = &ts[n++];
+        w->name = t->name;
+        w->dtype = t->dtype;
+        w->ndim = t->ndim;
+        memcpy(w->shape, t->shape, sizeof w->shape);
+        w->data = t->data;
+        if (reshape && strcmp(t->name, reshape) == 0) {
+            w->shape[1] += 1;
+            extra = calloc((size_t)(w->shape[0] * w->shape[1]), dtype_size(t->dtype));
+            w->data = extra;
+        }
+    }
+    char *out = path_join(dir, "new.safetensors");
+    cr_assert_eq(safetensors_write(out, ts, n, NULL, 0), 0, "%s", er_last_error());
+    safetensors_close(&f);
+    cr_assert_eq(rename(out, path), 0);
+    free(ts);
+    free(extra);
+    free(path);
+    free(out);
+}
+
+static void set_config(const char *dir, const char *key, const char *value, int number) {
+    char *path = path_join(dir, "config.json");
+    cJSON *j;
+    cr_assert_eq(json_parse_file(path, 1 << 20, &j), 0);
+    cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
+    cJSON_DeleteItemFromObject(q, key);
+    if (number)
+        cJSON_AddNumberToObject(q, key, atof(value));
+    else
+        cJSON_AddStringToObject(q, key, value);
+    cr_assert_eq(json_write_file(path, j), 0);
+    cJSON_Delete(j);
+    free(path);
+}
+
+static void expect_refused(const char *dir, const char *a, const char *b) {
+    Model m;
+    cr_assert_lt(model_load(&m, dir, 0), 0, "a bad dir loaded");
+    const char *e = er_last_error();
+    cr_assert(strstr(e, a) && (!b || strstr(e, b)), "error \"%s\" should mention \"%s\" and \"%s\"", e, a, b ? b : "");
+}
+
+static char *fresh(const char *name, const char *weights) {
+    Model a;
+    quantized_model(&a, 0, weights, "int8");
+    char *dir = path_join(tmp, name);
+    cr_assert_eq(model_save(&a, dir, 0), 0, "%s", er_last_error());
+    model_free(&a);
+    return dir;
+}
+
+Test(quant_model, missing_scale_tensor) {
+    char *d = fresh("a", "q4");
+    rewrite(d, "model.layers.1.mlp.up_proj.weight_scale", NULL);
+    expect_refused(d, "model.layers.1.mlp.up_proj.weight_scale", "missing");
+    free(d);
+    d = fresh("b", "q4g32");
+    rewrite(d, "model.layers.0.self_attn.k_proj.weight_zero", NULL);
+    expect_refused(d, "model.layers.0.self_attn.k_proj.weight_zero", "missing");
+    free(d);
+    d = fresh("c", "q2lut");
+    rewrite(d, "model.layers.0.mlp.gate_proj.weight_codebook", NULL);
+    expect_refused(d, "model.layers.0.mlp.gate_proj.weight_codebook", "missing");
+    free(d);
+    d = fresh("c2", "q2lut");
+    rewrite(d, "lm_head.weight_scale", NULL); // the lm_head of a q2lut model is q4
+    expect_refused(d, "lm_head.weight_scale", "missing");
+    free(d);
+    d = fresh("d", "q8");
+    rewrite(d, "model.embed_tokens.weight_scale", NULL);
+    expect_refused(d, "model.embed_tokens.weight_scale", "missing");
+    free(d);
+}
+
+Test(quant_model, wrong_packed_size) {
+    char *d = fresh("a", "q4");
+    rewrite(d, NULL, "model.layers.0.mlp.down_proj.weight");
+    expect_refused(d, "model.layers.0.mlp.down_proj.weight", "U8 [64,64]");
+    free(d);
+    d = fresh("b", "q4g32");
+    rewrite(d, NULL, "model.layers.1.mlp.gate_proj.weight_scale");
+    expect_refused(d, "model.layers.1.mlp.gate_proj.weight_scale", "F16 [128,2]");
+    free(d);
+}
+
+Test(quant_model, bad_quantization_config) {
+    char *d = fresh("a", "q4");
+    set_config(d, "weights", "q3", 0);
+    expect_refused(d, "config.json", "\"q3\"");
+    free(d);
+    d = fresh("b", "q4g32");
+    set_config(d, "weights", "q4g128", 0);
+    set_config(d, "group_size", "128", 1);
+    set_config(d, "lm_head", "q4g128", 0);
+    expect_refused(d, "group_size 128 does not divide", "model.layers.0.self_attn.q_proj.weight");
+    free(d);
+    d = fresh("c", "q4g32");
+    set_config(d, "group_size", "64", 1);
+    expect_refused(d, "config.json", "group_size");
+    free(d);
+    d = fresh("e", "q4");
+    set_config(d, "embeddings", "int4", 0);
+    expect_refused(d, "config.json", "embeddings");
+    free(d);
+    d = fresh("f", "q4");
+    set_config(d, "weights", "q8", 0); // the packed tensors are q4
+    set_config(d, "lm_head", "q8", 0);
+    expect_refused(d, "model.safetensors", "I8");
+    free(d);
+}
+
+// ---- LoRA on a quantized base ----
+
+static double loss_of(Model *m, const ModelInput *in, Activations *a, const int *targets, int grad) {
+    double L;
+    cr_assert_eq(model_forward(m, in, a), 0);
+    cr_assert_eq(model_loss(a, targets, NULL, grad, &L), 0);
+    return L;
+}
+
+Test(quant_model, lora_gradients_through_quantized_base) {
+    threads_set(1);
+    const char *ws[] = {"q4g32", "q2lut"};
+    for (int wi = 0; wi < 2; wi++) {
+        Model m;
+        quantized_model(&m, 1, ws[wi], "int8");
+        ModelConfig c = m.cfg;
+        LoraShape s = {c.L, c.C, c.NH * c.HS, c.NKV * c.HS, c.FF};
+        LoraAdapter ad;
+        cr_assert_eq(lora_init(&ad, &s, 2, 4.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 9), 0);
+        ErRng r;
+        rng_seed(&r, 4);
+        for (size_t i = 0; i < ad.n_params; i++)
+            ad.params[i] += 0.05f * rng_normal(&r);
+        Activations a;
+        cr_assert_eq(acts_alloc(&a, &c, 2, 5, ACTS_TRAIN, 0), 0);
+        int targets[10];
+        uint8_t amask[10];
+        for (int i = 0; i < 10; i++) {
+            targets[i] = (i * 7 + 2) % c.V;
+            amask[i] = i % 5 >= 2;
+        }
+        ModelInput in = {.B = 2, .T = 5, .tokens = TOK, .adapter = &ad, .adapter_mask = amask};
+        lora_zero_grad(&ad);
+        loss_of(&m, &in, &a, targets, 1);
+        cr_assert_eq(model_backward(&m, &in, &a), 0, "%s", er_last_error());
+        // the largest-gradient entry of A and of B in the first layer's q and down, and the last layer's v
+        int checks[3][2] = {{0, LT_Q}, {0, LT_DOWN}, {1, LT_V}};
+        for (int ci = 0; ci < 3; ci++) {
+            LoraMat *lm = &ad.mats[checks[ci][0] * LT_COUNT + checks[ci][1]];
+            float *ps[2] = {lm->A, lm->B}, *gs[2] = {lm->gA, lm->gB};
+            size_t ns[2] = {(size_t)ad.r * lm->in, (size_t)lm->out * ad.r};
+            for (int k = 0; k < 2; k++) {
+                size_t best = 0;
+                for (size_t j = 1; j < ns[k]; j++)
+                    if (fabsf(gs[k][j]) > fabsf(gs[k][best]))
+                        best = j;
+                float w0 = ps[k][best];
+                const double h = 1e-3;
+                ps[k][best] = w0 + (float)h;
+                double lp = loss_of(&m, &in, &a, targets, 0);
+                ps[k][best] = w0 - (float)h;
+                double lm_ = loss_of(&m, &in, &a, targets, 0);
+                ps[k][best] = w0;
+                double fd = (lp - lm_) / (2 * h), an = gs[k][best];
+                cr_assert(fabs(an) > 1e-6, "%s: zero gradient", ws[wi]);
+                cr_assert(fabs(fd - an) <= 1e-2 * fabs(an) + 2e-5, "%s check %d %s: fd %.7g vs analytic %.7g", ws[wi],
+                          ci, k ? "B" : "A", fd, an);
+            }
+        }
+        acts_free(&a);
+        lora_free(&ad);
+        model_free(&m);
+    }
+}

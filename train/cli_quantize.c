@@ -1,0 +1,57 @@
+// ertrain quantize: flags -> QuantizeConfig -> quantize_run (train/quantize.c).
+#include <stdio.h>
+
+#include "core/args.h"
+#include "core/error.h"
+#include "train/cli.h"
+#include "train/quantize.h"
+
+int cmd_quantize(int argc, char **argv) {
+    QuantizeConfig c = {0};
+    c.calib_n = 16;
+    c.seq_len = 512;
+    c.transforms = "none";
+    c.q.embeddings = "int8";
+    c.q.scale_search = "lp";
+    c.q.p = 2.0;
+    c.q.kmeans_iters = 25;
+    int seed = 0;
+    ArgSpec specs[] = {
+        {"model", ARG_STR, &c.model_dir, "float model dir (HF layout: config.json, *.safetensors, tokenizer)", 1, 0, 0},
+        {"out", ARG_STR, &c.out_dir, "output model dir (absent or empty)", 1, 0, 0},
+        {"weights", ARG_STR, &c.q.weights,
+         "format of the layer projections: q8 | q4 (per row) | q4g32 | q4g64 | q4g128 (per group) | q2lut (2-bit "
+         "k-means codebook)", 1, 0, 0},
+        {"embeddings", ARG_STR, &c.q.embeddings, "embedding matrix: int8 | fp (a tied lm_head follows it)", 0, 0, 0},
+        {"lm-head", ARG_STR, &c.q.lm_head,
+         "untied lm_head: fp or a --weights format (default: as --weights; q4 for q2lut)", 0, 0, 0},
+        {"transforms", ARG_STR, &c.transforms,
+         "function-preserving transforms before quantizing: none (rotate | fpt are not wired in yet)", 0, 0, 0},
+        {"calib", ARG_STR, &c.calib, "calibration records (JSONL, any dataset record type) for Fisher and NLL", 0, 0, 0},
+        {"response-key", ARG_STR, &c.response_key, "calibration record field holding the response (e.g. verbose "
+         "for chains)", 0, 0, 0},
+        {"calib-n", ARG_INT, &c.calib_n, "calibration sequences for the Fisher pass (the next N measure held-out NLL)",
+         0, 1, 1000000},
+        {"seq-len", ARG_INT, &c.seq_len, "most positions per calibration sequence", 0, 2, 1 << 20},
+        {"sensitivity", ARG_STR, &c.sensitivity,
+         "per-weight importance: fisher (squared gradients on --calib) | none (default: fisher with --calib)", 0, 0, 0},
+        {"scale-search", ARG_STR, &c.q.scale_search,
+         "RTN scales: lp (grid search over clipping ratios minimising the Lp error) | minmax", 0, 0, 0},
+        {"p", ARG_FLOAT, &c.q.p, "exponent of the Lp error the scale search minimises", 0, 1, 8},
+        {"kmeans-iters", ARG_INT, &c.q.kmeans_iters, "Lloyd iterations of the q2lut k-means", 0, 1, 1000},
+        {"seed", ARG_INT, &seed, "seed (transforms)", 0, 0, 2147483647},
+        {"threads", ARG_INT, &c.threads, "threads (0 = all cores)", 0, 0, 4096},
+    };
+    int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0],
+                        "ertrain quantize --model DIR --out DIR --weights q8|q4|q4g32|q4g64|q4g128|q2lut "
+                        "[--embeddings int8|fp] [--transforms none] [--calib FILE.jsonl --calib-n N] "
+                        "[--sensitivity fisher|none] [--scale-search lp|minmax] [--seed S]");
+    if (rc == ARGS_HELP)
+        return 0;
+    if (rc < 0)
+        return cli_fail("quantize");
+    c.seed = (uint64_t)seed;
+    if (quantize_run(&c, NULL) < 0)
+        return cli_fail("quantize");
+    return 0;
+}

@@ -1,0 +1,63 @@
+// ertrain quantize: a float HF model dir -> a quantized HF model dir (layout and naming in
+// quant/quant.h) that model_load, erinfer and ertrain sft/grpo take like any model dir.
+//
+// Steps: load; optional function-preserving transforms; optional Fisher sensitivity (squared
+// gradients of the LM loss on calibration sequences, accumulated per weight) used as the importance
+// of every weight by the quantizers (quant/quantizer.h); quantize every projection (and the
+// embedding / lm_head as asked); report bits per weight, bytes, per-layer relative error and, with
+// calibration data, NLL before/after; save with the tokenizer files and run.json.
+#ifndef TRAIN_QUANTIZE_H
+#define TRAIN_QUANTIZE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model/model.h"
+
+typedef struct {
+    const char *weights;      // q8 | q4 | q4g32 | q4g64 | q4g128 | q2lut (the seven projections)
+    const char *embeddings;   // int8 | fp (NULL = int8)
+    const char *lm_head;      // a weights spec | fp (NULL = the weights' format; q4 for q2lut); untied models
+    const char *scale_search; // lp | minmax (NULL = lp)
+    double p;                 // Lp exponent of the scale search (0 = 2)
+    int kmeans_iters;         // q2lut Lloyd iterations (0 = 25)
+    const char *method_note;  // recorded in quantization_config.method after the base method (e.g. "fisher")
+    const char *transforms;   // recorded in quantization_config.transforms (NULL = none)
+} QuantizeOptions;
+
+typedef struct {
+    double bits_per_weight;   // the seven projections of every layer, scales included
+    double model_bits_per_weight; // every parameter
+    size_t bytes_before, bytes_after; // every parameter, as stored
+    double max_rel_error;     // worst matrix ||W - Q||/||W||
+    double mean_rel_error;    // mean over the layers' projections
+} QuantizeReport;
+
+// Quantizes the float matrices of m in place (m->quant set; m becomes frozen). importance, when not
+// NULL, has n_params entries: per-weight importances (rows, cols) for matrices, NULL entries allowed.
+// Per-layer errors go to `log` (NULL = quiet).
+int quantize_model(Model *m, const QuantizeOptions *o, const float *const *importance, FILE *log, QuantizeReport *rep);
+
+typedef struct {
+    const char *model_dir, *out_dir;
+    QuantizeOptions q;
+    const char *transforms;   // none (the only value until function-preserving transforms are wired)
+    const char *calib;        // JSONL (any dataset record type), NULL = none
+    const char *response_key; // record field holding the response (NULL = the record type's own)
+    int calib_n;              // sequences for the Fisher pass (the next calib_n are held out for NLL)
+    int seq_len;
+    const char *sensitivity;  // fisher | none (NULL = fisher with --calib, else none)
+    uint64_t seed;
+    int threads;
+} QuantizeConfig;
+
+typedef struct {
+    QuantizeReport rep;
+    double nll_before, nll_after; // NAN without --calib
+    int nll_sequences, nll_held_out;
+} QuantizeResult;
+
+// The whole command.
+int quantize_run(const QuantizeConfig *c, QuantizeResult *res);
+
+#endif
