@@ -29,8 +29,12 @@
 //        halves a lone outlier key channel across the pair; then a = sqrt(max|q pair| / max|k pair|)
 //        balances the ranges of q and k.
 //
-// The model must be trainable fp32 (model_build_random, or model_load with MODEL_LOAD_TRAINABLE).
-// LoRA adapters trained on the untransformed model do not fit the transformed one: transform first.
+// The model must be trainable fp32 (model_build_random, or model_load with MODEL_LOAD_TRAINABLE; an
+// inference load keeps read-only mmapped matrices and is refused). Transform before anything else
+// is attached to the model: untying rebuilds the Model struct from model_build_random, so fields
+// beyond the weights and the config (a quantization config) start from its defaults. LoRA adapters
+// trained on the untransformed model do not fit the transformed one. Cost: two (V, C)·(C, C)
+// products for embed and lm_head dominate; untying adds a model_build_random of the untied size.
 #ifndef TRAIN_TRANSFORM_MODEL_H
 #define TRAIN_TRANSFORM_MODEL_H
 
