@@ -10,7 +10,9 @@
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "infer/engine.h"
+#include "infer/pipeline.h"
 #include "lora/peft.h"
+#include "model/head.h"
 #include "model/model.h"
 
 struct ErModel {
@@ -19,6 +21,8 @@ struct ErModel {
     ChatStyle style;
     LoraAdapter adapter;
     int has_adapter;
+    TrainedHead switcher, verifier;
+    int has_switcher, has_verifier;
 };
 
 struct ErSession {
@@ -28,6 +32,12 @@ struct ErSession {
     ErSample *pub;      // (max_samples)
     int n;
     ErStats stats;
+    PipelineResult pr;  // of the last pipeline call
+    ErRoute route;
+    int has_route;
+    const char **vote_answers; // (max_samples) views into pr.votes
+    double *vote_weights;
+    int *vote_counts;
 };
 
 void er_gen_params_init(ErGenParams *p) {
@@ -72,9 +82,28 @@ int er_model_load_adapter(ErModel *m, const char *dir) {
     return ER_OK;
 }
 
+static int load_head(ErModel *m, const char *path, HeadRole role) {
+    TrainedHead *t = role == HEAD_SWITCHER ? &m->switcher : &m->verifier;
+    int *has = role == HEAD_SWITCHER ? &m->has_switcher : &m->has_verifier;
+    TrainedHead h;
+    ER_TRY(trained_head_load(&h, path, role, &m->model));
+    if (*has)
+        trained_head_free(t);
+    *t = h;
+    *has = 1;
+    return ER_OK;
+}
+
+int er_model_load_switcher(ErModel *m, const char *path) { return load_head(m, path, HEAD_SWITCHER); }
+int er_model_load_verifier(ErModel *m, const char *path) { return load_head(m, path, HEAD_VERIFIER); }
+
 void er_model_free(ErModel *m) {
     if (!m)
         return;
+    if (m->has_switcher)
+        trained_head_free(&m->switcher);
+    if (m->has_verifier)
+        trained_head_free(&m->verifier);
     if (m->has_adapter)
         lora_free(&m->adapter);
     model_free(&m->model);
@@ -94,7 +123,10 @@ int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens
     if (rc == ER_OK) {
         s->samples = er_calloc((size_t)max_samples, sizeof(GenSample));
         s->pub = er_calloc((size_t)max_samples, sizeof(ErSample));
-        if (!s->samples || !s->pub)
+        s->vote_answers = er_calloc((size_t)max_samples, sizeof(char *));
+        s->vote_weights = er_calloc((size_t)max_samples, sizeof(double));
+        s->vote_counts = er_calloc((size_t)max_samples, sizeof(int));
+        if (!s->samples || !s->pub || !s->vote_answers || !s->vote_weights || !s->vote_counts)
             rc = ER_ENOMEM;
     }
     if (rc < 0) {
@@ -110,9 +142,13 @@ void er_session_free(ErSession *s) {
         return;
     if (s->samples)
         gen_samples_free(s->samples, s->n);
+    pipeline_result_free(&s->pr);
     engine_free(&s->engine);
     er_free(s->samples);
     er_free(s->pub);
+    er_free(s->vote_answers);
+    er_free(s->vote_weights);
+    er_free(s->vote_counts);
     er_free(s);
 }
 
@@ -150,10 +186,36 @@ static int generate_ids(ErSession *s, const int *ids, int n, const ErGenParams *
         g.n_stop++;
     gen_samples_free(s->samples, s->n);
     s->n = 0;
+    pipeline_result_free(&s->pr);
+    s->has_route = 0;
     CbBridge b = {cb, user};
     GenStats st;
-    ER_TRY(engine_generate(&s->engine, ids, n, &g, cb ? bridge : NULL, &b, s->samples, &st));
-    s->n = g.n_samples;
+    ErModel *m = s->m;
+    if (m->has_switcher || m->has_verifier) {
+        PipelineConfig pc = {m->has_switcher ? &m->switcher : NULL, m->has_verifier ? &m->verifier : NULL, g, g};
+        pc.direct.sampler.temperature = 0; // the base's direct answer is greedy, without a budget
+        pc.direct.budget = 0;
+        ER_TRY(pipeline_run(&s->engine, ids, n, &pc, cb ? bridge : NULL, &b, s->samples, &s->pr));
+        st = s->pr.gen;
+        // The pipeline prefilled the whole prompt itself (the switcher reads every position).
+        st.prompt_reused = 0;
+        st.ttft_s += s->pr.prefill_s + s->pr.switcher_s;
+        s->n = s->pr.n;
+        s->route = (ErRoute){s->pr.route, s->pr.switcher_score, m->has_switcher ? m->switcher.threshold : -1.0f,
+                             s->pr.verifier_scores, (const char *const *)s->pr.answers, s->pr.n_votes,
+                             s->vote_answers, s->vote_weights, s->vote_counts,
+                             s->pr.winner >= 0 ? s->pr.votes[s->pr.winner].answer : NULL, s->pr.prefill_s,
+                             s->pr.switcher_s, s->pr.generate_s, s->pr.verify_s};
+        for (int k = 0; k < s->pr.n_votes; k++) {
+            s->vote_answers[k] = s->pr.votes[k].answer;
+            s->vote_weights[k] = s->pr.votes[k].weight;
+            s->vote_counts[k] = s->pr.votes[k].count;
+        }
+        s->has_route = 1;
+    } else {
+        ER_TRY(engine_generate(&s->engine, ids, n, &g, cb ? bridge : NULL, &b, s->samples, &st));
+        s->n = g.n_samples;
+    }
     for (int i = 0; i < s->n; i++) {
         const GenSample *x = &s->samples[i];
         s->pub[i] = (ErSample){x->text, x->text_len, x->tokens, x->n_tokens, (int)x->finish, x->budget_cut};
@@ -191,3 +253,4 @@ int er_generate(ErSession *s, const ErMessage *msgs, int n_msgs, const ErGenPara
 int er_result_count(const ErSession *s) { return s->n; }
 const ErSample *er_result_sample(const ErSession *s, int i) { return i >= 0 && i < s->n ? &s->pub[i] : NULL; }
 const ErStats *er_result_stats(const ErSession *s) { return &s->stats; }
+const ErRoute *er_result_route(const ErSession *s) { return s->has_route ? &s->route : NULL; }

@@ -3,6 +3,8 @@
 #ifndef INFER_CLI_H
 #define INFER_CLI_H
 
+#include <cjson/cJSON.h>
+
 #include "core/args.h"
 #include "infer/erinfer.h"
 
@@ -19,7 +21,7 @@ int cli_fail(const char *cmd);
 
 // Generation flags shared by generate, chat and eval (infer/cli_flags.c).
 typedef struct {
-    const char *model, *adapter, *system, *kv, *stop, *prefix, *suffix;
+    const char *model, *adapter, *system, *kv, *stop, *prefix, *suffix, *switcher, *verifier;
     int max_new, top_k, samples, budget, answer_tokens, seed, threads, context;
     double temperature, top_p, min_p;
 } GenFlags;
@@ -32,5 +34,8 @@ int gen_flags_params(const GenFlags *f, ErGenParams *p, int *kv_int8);
 // Loads the model (and adapter) and opens a session for max_samples samples.
 int gen_flags_open(const GenFlags *f, int max_samples, ErModel **m, ErSession **s);
 const char *finish_name(int finish);
+// The pipeline's part of a result (route, switcher score, per-sample answers and verifier scores,
+// votes, timings) as a new JSON object; NULL when the call ran without heads.
+cJSON *route_json(const ErSession *s);
 
 #endif

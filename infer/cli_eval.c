@@ -1,6 +1,12 @@
 // erinfer eval: accuracy of a model on a JSONL dataset with gold answers, generated through the
 // public API (infer/erinfer.h) and graded with data/grade.h. Sample 0 decides accuracy; with
 // --samples N > 1 pass@N (any sample right) is printed too.
+// With --switcher and/or --verifier the routed pipeline answers (see er_model_load_switcher), and a
+// table compares, for each N of --vote-n (default 1,2,4,8): the greedy answer (the direct answer,
+// or one greedy reasoning sample), the majority vote and the verifier-weighted vote over the first
+// N samples, tokens per query and the share routed to reasoning. The largest N is generated once
+// and smaller N take its first samples: sample i draws from stream i of the seed whatever the
+// sample count (infer/engine.h), so these are exactly the N-sample runs.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +22,7 @@
 #include "data/grade.h"
 #include "infer/cli.h"
 #include "infer/erinfer.h"
+#include "infer/pipeline.h"
 
 // The example's conversation with --system in front (replacing the record's own system message).
 static int eval_messages(const Example *ex, const char *system, ErMessage **out, int *n) {
@@ -97,6 +104,66 @@ static int eval_write(AtomicFile *af, cJSON *rec) {
     return bad ? er_error(ER_EIO, "%s: write failed", af->path) : ER_OK;
 }
 
+#define VOTE_N_MAX 16
+
+static int parse_vote_n(const char *s, int *out, int *n) {
+    *n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 256 || *n >= VOTE_N_MAX || (*end && *end != ','))
+            return er_error(ER_EINVAL, "--vote-n: expected up to %d sample counts in 1..256 separated by commas, got "
+                            "\"%s\"", VOTE_N_MAX, s);
+        out[(*n)++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (*n == 0)
+        return er_error(ER_EINVAL, "--vote-n is empty");
+    for (int i = 1; i < *n; i++) // ascending: the last row is the largest N, the pipeline's own answer
+        for (int j = i; j > 0 && out[j - 1] > out[j]; j--) {
+            int x = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = x;
+        }
+    return ER_OK;
+}
+
+typedef struct {
+    long majority, weighted, tokens;
+} VoteTotals;
+
+// The votes over the first n samples of a pipeline result: majority and weighted correct, tokens.
+static int vote_prefix(const ErSession *s, const ErRoute *r, int n, const char *gold, VoteTotals *t) {
+    if (n > er_result_count(s))
+        n = er_result_count(s);
+    for (int i = 0; i < n; i++)
+        t->tokens += er_result_sample(s, i)->n_tokens;
+    for (int weighted = 0; weighted <= 1; weighted++) {
+        if (weighted && !r->verifier_scores && r->route == ER_ROUTE_DIRECT) {
+            int ok = pipeline_answer_correct(r->answer, gold); // the direct route: its one answer
+            if (ok < 0)
+                return ok;
+            t->weighted += ok;
+            continue;
+        }
+        Vote *v;
+        int nv, w;
+        // Without a verifier the weighted vote is the plain majority vote.
+        ER_TRY(pipeline_vote((char *const *)r->answers, weighted ? r->verifier_scores : NULL, r->verifier_scores, n,
+                             &v, &nv, &w));
+        int ok = pipeline_answer_correct(w >= 0 ? v[w].answer : NULL, gold);
+        votes_free(v, nv);
+        if (ok < 0)
+            return ok;
+        if (weighted)
+            t->weighted += ok;
+        else
+            t->majority += ok;
+    }
+    return ER_OK;
+}
+
 // Puts "file:line: " in front of the current error message.
 static int eval_error_at(int rc, const char *path, long line) {
     char msg[1024];
@@ -107,19 +174,28 @@ static int eval_error_at(int rc, const char *path, long line) {
 int cmd_eval(int argc, char **argv) {
     GenFlags f;
     gen_flags_default(&f);
-    const char *data = NULL, *output = NULL;
+    const char *data = NULL, *output = NULL, *vote_n = "1,2,4,8";
     int limit = 0;
-    ArgSpec specs[GEN_FLAGS_MAX + 4];
+    ArgSpec specs[GEN_FLAGS_MAX + 5];
     int ns = gen_flags_specs(&f, specs);
     specs[ns++] = (ArgSpec){"data", ARG_STR, &data, "JSONL dataset with gold answers (see data/dataset.h)", 1, 0, 0};
     specs[ns++] = (ArgSpec){"output", ARG_STR, &output, "per-item JSONL results (written atomically)", 0, 0, 0};
     specs[ns++] = (ArgSpec){"limit", ARG_INT, &limit, "evaluate only the first N records (0 = all)", 0, 0, 1 << 30};
     specs[ns++] = (ArgSpec){"samples", ARG_INT, &f.samples, "parallel samples per item (sample 0 is graded for accuracy)",
                             0, 1, 256};
+    specs[ns++] = (ArgSpec){"vote-n", ARG_STR, &vote_n, "with --switcher/--verifier: sample counts compared in the "
+                            "table (the largest is generated)", 0, 0, 0};
     int rc = args_parse(argc, argv, specs, ns,
                         "erinfer eval --model DIR --data FILE.jsonl [--output FILE.jsonl] [--limit N] [flags]");
     if (rc == ARGS_HELP)
         return 0;
+    int pipe = f.switcher || f.verifier, ns_list[VOTE_N_MAX], n_list = 0, max_n = 0;
+    if (rc == ER_OK && pipe) {
+        rc = parse_vote_n(vote_n, ns_list, &n_list);
+        for (int i = 0; i < n_list; i++)
+            max_n = ns_list[i] > max_n ? ns_list[i] : max_n;
+        f.samples = max_n;
+    }
     ErGenParams p;
     int kv_int8 = 0;
     if (rc == ER_OK)
@@ -150,6 +226,8 @@ int cmd_eval(int argc, char **argv) {
     }
 
     EvalTotals t = {0};
+    VoteTotals vt[VOTE_N_MAX] = {{0}};
+    long routed = 0, greedy_ok = 0;
     Progress prog;
     progress_begin(&prog, "eval", "item", d.n);
     for (int i = 0; rc == ER_OK && i < d.n; i++) {
@@ -172,8 +250,45 @@ int cmd_eval(int argc, char **argv) {
                 cJSON_AddStringToObject(rec, "gold", ex->answer);
             }
         }
-        if (rc == ER_OK)
+        const ErRoute *route = rc == ER_OK && pipe ? er_result_route(s) : NULL;
+        if (route) {
+            int ok = pipeline_answer_correct(route->answer, ex->answer), reasoning = route->route == ER_ROUTE_REASONING;
+            routed += reasoning;
+            if (ok < 0)
+                rc = ok;
+            for (int k = 0; rc == ER_OK && k < n_list; k++)
+                rc = vote_prefix(s, route, ns_list[k], ex->answer, &vt[k]);
+            if (rc == ER_OK && rec) {
+                cJSON *rj = route_json(s);
+                if (!rj)
+                    rc = ER_ENOMEM;
+                else
+                    cJSON_AddItemToObject(rec, "pipeline", rj);
+                cJSON_AddBoolToObject(rec, "answer_correct", ok);
+            }
+            if (rc == ER_OK)
+                rc = eval_grade(s, ex, &t, rec);
+            // Greedy: the direct answer, or one greedy reasoning sample (a second call, after the
+            // first call's results have been used).
+            int gok = ok;
+            if (rc == ER_OK && reasoning) {
+                ErGenParams pg = p;
+                pg.n_samples = 1;
+                pg.temperature = 0;
+                rc = er_generate(s, msgs, n, &pg, NULL, NULL);
+                const ErRoute *r2 = rc == ER_OK ? er_result_route(s) : NULL;
+                gok = r2 ? pipeline_answer_correct(r2->answer, ex->answer) : 0;
+                if (gok < 0)
+                    rc = gok;
+            }
+            if (rc == ER_OK) {
+                greedy_ok += gok;
+                if (rec)
+                    cJSON_AddBoolToObject(rec, "greedy_correct", gok);
+            }
+        } else if (rc == ER_OK) {
             rc = eval_grade(s, ex, &t, rec);
+        }
         if (rc == ER_OK && rec)
             rc = eval_write(&af, rec);
         if (rc < 0)
@@ -181,13 +296,15 @@ int cmd_eval(int argc, char **argv) {
         cJSON_Delete(rec);
         er_free(msgs);
         char extra[64];
-        snprintf(extra, sizeof extra, "accuracy %.3f", t.items ? (double)t.correct / (double)t.items : 0.0);
+        long right = pipe ? vt[n_list - 1].weighted : t.correct;
+        snprintf(extra, sizeof extra, "accuracy %.3f", t.items ? (double)right / (double)t.items : 0.0);
         if (rc == ER_OK)
             progress_update(&prog, i + 1, extra);
     }
     if (rc == ER_OK) {
         char extra[64];
-        snprintf(extra, sizeof extra, "accuracy %.3f", (double)t.correct / (double)t.items);
+        snprintf(extra, sizeof extra, "accuracy %.3f",
+                 (double)(pipe ? vt[n_list - 1].weighted : t.correct) / (double)t.items);
         progress_end(&prog, extra);
     } else if (prog.tty && prog.t_last_print > prog.t_start) {
         fputc('\n', stderr); // leave the bar's line before the error line
@@ -198,7 +315,24 @@ int cmd_eval(int argc, char **argv) {
         else
             atomic_abort(&af);
     }
-    if (rc == ER_OK) {
+    if (rc == ER_OK && pipe) {
+        double items = (double)t.items;
+        int has_v = f.verifier != NULL;
+        printf("pipeline: %ld/%ld queries routed to reasoning (%.1f%%)%s%s\n", routed, t.items, 100.0 * routed / items,
+               f.switcher ? "" : " (no switcher: every query reasons when there is an adapter)",
+               has_v ? "" : "; no verifier: the weighted column is the plain majority vote");
+        printf("%5s %9s %9s %9s %13s %10s\n", "N", "greedy", "majority", "weighted", "tokens/query", "reasoning");
+        for (int k = 0; k < n_list; k++)
+            printf("%5d %9.4f %9.4f %9.4f %13.1f %10.3f\n", ns_list[k], greedy_ok / items, vt[k].majority / items,
+                   (has_v ? vt[k].weighted : vt[k].majority) / items, vt[k].tokens / items, routed / items);
+        long right = has_v ? vt[n_list - 1].weighted : vt[n_list - 1].majority;
+        // The table's last row is the pipeline's own answer when N is the largest and last.
+        printf("accuracy: %.4f (%ld/%ld) at N = %d\n", right / items, right, t.items, ns_list[n_list - 1]);
+        printf("tokens/s: %.1f (%ld tokens in %.2f s)\n", t.gen_s > 0 ? (double)t.tokens / t.gen_s : 0.0, t.tokens,
+               t.gen_s);
+        if (output)
+            printf("wrote %ld records to %s\n", t.items, output);
+    } else if (rc == ER_OK) {
         printf("accuracy: %.4f (%ld/%ld)\n", (double)t.correct / (double)t.items, t.correct, t.items);
         if (f.samples > 1)
             printf("pass@%d: %.4f (%ld/%ld)\n", f.samples, (double)t.any_correct / (double)t.items, t.any_correct,

@@ -34,6 +34,10 @@ int gen_flags_specs(GenFlags *f, ArgSpec *s) {
         {"system", ARG_STR, &f->system, "system message", 0, 0, 0},
         {"context", ARG_INT, &f->context, "positions per sample, prompt included (0 = 4096 + --max-new)", 0, 0, 1 << 22},
         {"threads", ARG_INT, &f->threads, "threads (0 = all cores)", 0, 0, 4096},
+        {"switcher", ARG_STR, &f->switcher, "switcher head (ertrain heads): route each query to the base's direct "
+                                            "answer or to reasoning with the adapter", 0, 0, 0},
+        {"verifier", ARG_STR, &f->verifier, "verifier head (ertrain heads): score each sample, weighted majority vote",
+         0, 0, 0},
     };
     memcpy(s, all, sizeof all);
     return (int)(sizeof all / sizeof all[0]);
@@ -71,6 +75,10 @@ int gen_flags_open(const GenFlags *f, int max_samples, ErModel **m, ErSession **
     int rc = er_model_load(m, f->model);
     if (rc == ER_OK && f->adapter)
         rc = er_model_load_adapter(*m, f->adapter);
+    if (rc == ER_OK && f->switcher)
+        rc = er_model_load_switcher(*m, f->switcher);
+    if (rc == ER_OK && f->verifier)
+        rc = er_model_load_verifier(*m, f->verifier);
     if (rc == ER_OK)
         rc = er_session_open(s, *m, max_samples, f->context ? f->context : 4096 + f->max_new, kv_int8);
     if (rc < 0) {
@@ -81,3 +89,55 @@ int gen_flags_open(const GenFlags *f, int max_samples, ErModel **m, ErSession **
 }
 
 const char *finish_name(int f) { return f == ER_FINISH_EOS ? "eos" : f == ER_FINISH_STOP ? "stop" : "length"; }
+
+cJSON *route_json(const ErSession *s) {
+    const ErRoute *r = er_result_route(s);
+    if (!r)
+        return NULL;
+    cJSON *j = cJSON_CreateObject();
+    if (!j)
+        return NULL;
+    cJSON_AddStringToObject(j, "route", r->route == ER_ROUTE_REASONING ? "reasoning" : "direct");
+    if (r->switcher_score >= 0) {
+        cJSON_AddNumberToObject(j, "switcher_score", r->switcher_score);
+        cJSON_AddNumberToObject(j, "switcher_threshold", r->switcher_threshold);
+    } else {
+        cJSON_AddNullToObject(j, "switcher_score");
+    }
+    cJSON *arr = cJSON_AddArrayToObject(j, "samples");
+    for (int i = 0; arr && i < er_result_count(s); i++) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o)
+            break;
+        cJSON_AddNumberToObject(o, "n_tokens", er_result_sample(s, i)->n_tokens);
+        if (r->answers[i])
+            cJSON_AddStringToObject(o, "answer", r->answers[i]);
+        else
+            cJSON_AddNullToObject(o, "answer");
+        if (r->verifier_scores)
+            cJSON_AddNumberToObject(o, "verifier_score", r->verifier_scores[i]);
+        cJSON_AddItemToArray(arr, o);
+    }
+    cJSON *votes = cJSON_AddArrayToObject(j, "votes");
+    for (int k = 0; votes && k < r->n_votes; k++) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o)
+            break;
+        cJSON_AddStringToObject(o, "answer", r->vote_answers[k]);
+        cJSON_AddNumberToObject(o, "weight", r->vote_weights[k]);
+        cJSON_AddNumberToObject(o, "count", r->vote_counts[k]);
+        cJSON_AddItemToArray(votes, o);
+    }
+    if (r->answer)
+        cJSON_AddStringToObject(j, "answer", r->answer);
+    else
+        cJSON_AddNullToObject(j, "answer");
+    cJSON *t = cJSON_AddObjectToObject(j, "timings");
+    if (t) {
+        cJSON_AddNumberToObject(t, "prefill_s", r->prefill_s);
+        cJSON_AddNumberToObject(t, "switcher_s", r->switcher_s);
+        cJSON_AddNumberToObject(t, "generate_s", r->generate_s);
+        cJSON_AddNumberToObject(t, "verify_s", r->verify_s);
+    }
+    return j;
+}

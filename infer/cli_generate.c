@@ -32,6 +32,9 @@ static void print_json_result(const ErSession *s) {
         cJSON_AddBoolToObject(o, "budget_cut", x->budget_cut);
         cJSON_AddItemToArray(arr, o);
     }
+    cJSON *route = route_json(s);
+    if (route)
+        cJSON_AddItemToObject(j, "pipeline", route);
     const ErStats *st = er_result_stats(s);
     cJSON *o = cJSON_AddObjectToObject(j, "stats");
     cJSON_AddNumberToObject(o, "prompt_tokens", st->prompt_tokens);
@@ -126,6 +129,17 @@ int cmd_generate(int argc, char **argv) {
                            er_result_sample(s, i)->n_tokens);
                 printf("%s\n", er_result_sample(s, i)->text);
             }
+        }
+        const ErRoute *r = er_result_route(s);
+        if (r && !json) {
+            fprintf(stderr, "[route %s", r->route == ER_ROUTE_REASONING ? "reasoning" : "direct");
+            if (r->switcher_score >= 0)
+                fprintf(stderr, " (switcher %.3f vs threshold %.3f)", r->switcher_score, r->switcher_threshold);
+            fprintf(stderr, ", answer %s", r->answer ? r->answer : "(none)");
+            for (int k = 0; k < r->n_votes; k++)
+                fprintf(stderr, "%s%s: %.3f (%d)", k ? ", " : "; votes ", r->vote_answers[k], r->vote_weights[k],
+                        r->vote_counts[k]);
+            fprintf(stderr, "]\n");
         }
         const ErStats *st = er_result_stats(s);
         fprintf(stderr, "[%d prompt tokens, %ld generated, TTFT %.3f s, %.1f tokens/s, KV %.1f KiB]\n",

@@ -94,6 +94,38 @@ int er_result_count(const ErSession *s);
 const ErSample *er_result_sample(const ErSession *s, int i);
 const ErStats *er_result_stats(const ErSession *s);
 
+// ---- the routed pipeline: switcher and verifier heads (written by `ertrain heads`) ----
+// With a switcher and/or a verifier loaded, er_generate runs the pipeline: the base prefills the
+// prompt and the switcher scores it; below its threshold the base answers directly (greedy, one
+// sample, no budget); otherwise the adapter's reasoning prefix is forced and n_samples samples
+// decode with the adapter (ErGenParams as usual), sharing the prompt's KV cache; the verifier scores
+// each sample from its own cache, and the answer is the extracted final answer with the largest sum
+// of verifier scores (ties: the highest single score). No switcher: every query reasons (when an
+// adapter is loaded); no verifier: a plain majority vote. A head is tied to the model it was
+// trained on: loading it for another model is refused.
+int er_model_load_switcher(ErModel *m, const char *path);
+int er_model_load_verifier(ErModel *m, const char *path);
+
+enum { ER_ROUTE_DIRECT = 0, ER_ROUTE_REASONING = 1 };
+
+typedef struct {
+    int route;                   // ER_ROUTE_*
+    float switcher_score;        // P(needs reasoning); -1 without a switcher
+    float switcher_threshold;    // the switcher's threshold; -1 without one
+    const float *verifier_scores;  // (er_result_count) P(correct) per sample; NULL without a verifier
+                                   // or on the direct route
+    const char *const *answers;    // (er_result_count) each sample's extracted answer; NULL where none
+    int n_votes;                   // distinct answers, in order of first appearance
+    const char *const *vote_answers; // (n_votes)
+    const double *vote_weights;      // (n_votes) summed verifier scores (sample counts without a verifier)
+    const int *vote_counts;          // (n_votes) samples voting for each
+    const char *answer;            // the winner; NULL when no sample has an answer
+    double prefill_s, switcher_s, generate_s, verify_s;
+} ErRoute;
+
+// The pipeline's side of the last generate call, owned by the session; NULL when it ran without heads.
+const ErRoute *er_result_route(const ErSession *s);
+
 const char *er_last_error(void);
 
 #ifdef __cplusplus

@@ -1,0 +1,61 @@
+// The routed pipeline of erinfer: base prefill (adapter off) -> switcher score on the prefill's
+// hidden states -> below the threshold, the base answers directly (greedy, one sample); at or
+// above it, the reasoning prefix is forced and N samples decode with the adapter, reusing the
+// prompt's KV cache, under the hard budget -> verifier score per sample from its KV cache ->
+// answer = argmax over extracted answers of the summed verifier scores (weighted majority vote;
+// ties go to the answer with the highest single score, then to the earliest sample).
+#ifndef INFER_PIPELINE_H
+#define INFER_PIPELINE_H
+
+#include "infer/engine.h"
+#include "model/head.h"
+
+enum { ROUTE_DIRECT = 0, ROUTE_REASONING = 1 };
+
+typedef struct {
+    const TrainedHead *switcher; // NULL: every query takes the reasoning route (when there is an adapter)
+    const TrainedHead *verifier; // NULL: every sample weighs 1 (plain majority vote)
+    GenConfig direct;            // the base's direct answer: used with n_samples 1, no adapter, no prefix
+    GenConfig reasoning;         // the reasoning samples: adapter (NULL: no reasoning route), prefix,
+                                 // n_samples, temperature, budget; keep_kv is set by the pipeline
+} PipelineConfig;
+
+typedef struct {
+    char *answer;  // the first voter's extracted answer (the group's representative)
+    double weight; // sum of the voters' weights
+    int count;     // voters
+    float best;    // highest single tie-break score among them
+    int first;     // first voter's sample index
+} Vote;
+
+typedef struct {
+    int route;               // ROUTE_*
+    float switcher_score;    // P(needs reasoning); -1 without a switcher
+    int n;                   // samples written to `out`
+    char **answers;          // (n) extracted final answers, NULL where none was found
+    float *verifier_scores;  // (n) P(correct); NULL without a verifier or on the direct route
+    Vote *votes;             // (n_votes) in order of first appearance
+    int n_votes;
+    int winner;              // index into votes; -1 when no sample has an answer
+    double prefill_s, switcher_s, generate_s, verify_s, total_s;
+    GenStats gen;            // of the generate call
+    long forward_positions;  // all passes of this query
+} PipelineResult;
+
+// Runs one query. `out` holds room for max(1, c->reasoning.n_samples) samples (gen_samples_free).
+int pipeline_run(Engine *e, const int *prompt, int n_prompt, const PipelineConfig *c, GenTokenFn cb, void *user,
+                 GenSample *out, PipelineResult *r);
+void pipeline_result_free(PipelineResult *r);
+
+// Groups the n answers (NULL = no vote) by grade_equal and sums their weights; the winner has the
+// largest sum, then the highest single tiebreak score, then the earliest first voter. *votes
+// (free with votes_free) gets the groups in order of first appearance; *winner = -1 when no answer.
+int pipeline_vote(char *const *answers, const float *weights, const float *tiebreak, int n, Vote **votes,
+                  int *n_votes, int *winner);
+void votes_free(Vote *v, int n);
+
+// 1 when an extracted answer equals the gold answer (a gold holding \boxed{} or "#### X" is
+// reduced to that first, as grade_response does), 0 when not or answer is NULL, < 0 on ER_ENOMEM.
+int pipeline_answer_correct(const char *answer, const char *gold);
+
+#endif

@@ -1,0 +1,169 @@
+// erinfer with --switcher and --verifier as a user runs it: generate --json reports the route, the
+// switcher score, each sample's length, answer and verifier score, the votes and the timings; eval
+// prints the N = 1, 2, 4, 8 table; heads for another model and bad --vote-n fail with one line.
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "model/head.h"
+#include "tests/switcher_train/heads_helpers.h"
+
+static char *tmp, *erinfer;
+
+// tmp/sw and tmp/vf for the model in tmp/model; the switcher's threshold as given.
+static void write_heads(float threshold) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/model", tmp);
+    Model m;
+    cr_assert_eq(model_load(&m, p, 0), 0);
+    TrainedHead s = {0}, v = {0};
+    cr_assert_eq(head_init(&s.net, HEAD_MLP, m.cfg.C, 8, 0.2f, 0, 1), 0);
+    s.role = HEAD_SWITCHER;
+    s.chunk = 16;
+    s.alpha = 0.5f;
+    s.threshold = threshold;
+    model_fingerprint(&m, s.fingerprint);
+    cr_assert_eq(head_init(&v.net, HEAD_LINEAR, m.cfg.C, 1, 0, 0, 2), 0);
+    v.role = HEAD_VERIFIER;
+    v.verify_prompt = er_strdup("\nIs this solution correct?");
+    model_fingerprint(&m, v.fingerprint);
+    snprintf(p, sizeof p, "%s/sw", tmp);
+    cr_assert_eq(trained_head_save(&s, p), 0);
+    snprintf(p, sizeof p, "%s/vf", tmp);
+    cr_assert_eq(trained_head_save(&v, p), 0);
+    trained_head_free(&s);
+    trained_head_free(&v);
+    model_free(&m);
+}
+
+static void setup(void) {
+    erinfer = helper_program("erinfer");
+    tmp = helper_tmpdir("er_pipe_cli_");
+    heads_make_model_and_adapter(tmp);
+    write_heads(0.0f);
+}
+static void teardown(void) {
+    helper_rmdir(tmp);
+    er_free(tmp);
+    er_free(erinfer);
+}
+TestSuite(pipeline_cli, .init = setup, .fini = teardown);
+
+static void need_erinfer(void) {
+    if (!erinfer)
+        cr_skip_test("!!!!!! %s/erinfer is MISSING: run `make` (or set ER_BUILD) - pipeline CLI tests SKIPPED !!!!!!",
+                     helper_build_dir());
+}
+
+Test(pipeline_cli, generate_json_reports_route_scores_votes) {
+    need_erinfer();
+    CmdResult r = helper_run(tmp,
+                             "'%s' generate --model '%s/model' --adapter '%s/adapter' --switcher '%s/sw' --verifier "
+                             "'%s/vf.safetensors' --prompt 'What is 2 + 3?' --samples 3 --max-new 30 --temperature 0.8 "
+                             "--budget 6 --answer-tokens 12 --kv int8 --json --threads 1",
+                             erinfer, tmp, tmp, tmp, tmp);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cJSON *j = cJSON_Parse(r.out);
+    cr_assert(j, "%s", r.out);
+    cJSON *p = cJSON_GetObjectItem(j, "pipeline");
+    cr_assert(p, "no pipeline object: %s", r.out);
+    cr_assert_str_eq(cJSON_GetObjectItem(p, "route")->valuestring, "reasoning");
+    cr_assert(cJSON_IsNumber(cJSON_GetObjectItem(p, "switcher_score")));
+    cJSON *samples = cJSON_GetObjectItem(p, "samples");
+    cr_assert_eq(cJSON_GetArraySize(samples), 3);
+    for (cJSON *s = samples->child; s; s = s->next) {
+        cr_assert(cJSON_IsNumber(cJSON_GetObjectItem(s, "n_tokens")));
+        cr_assert_leq(cJSON_GetObjectItem(s, "n_tokens")->valueint, 6 + 12, "the hard budget holds");
+        cr_assert(cJSON_GetObjectItem(s, "answer"));
+        double v = cJSON_GetObjectItem(s, "verifier_score")->valuedouble;
+        cr_assert(v > 0 && v < 1);
+    }
+    cr_assert(cJSON_IsArray(cJSON_GetObjectItem(p, "votes")));
+    cr_assert(cJSON_GetObjectItem(p, "answer"));
+    cJSON *t = cJSON_GetObjectItem(p, "timings");
+    cr_assert(t && cJSON_GetObjectItem(t, "prefill_s") && cJSON_GetObjectItem(t, "verify_s"));
+    cJSON_Delete(j);
+    helper_result_free(&r);
+    // A switcher threshold above every score sends the query to the base's direct answer.
+    write_heads(1.0f);
+    r = helper_run(tmp,
+                   "'%s' generate --model '%s/model' --adapter '%s/adapter' --switcher '%s/sw' --verifier '%s/vf' "
+                   "--prompt 'What is 2 + 3?' --samples 3 --max-new 10 --json --threads 1",
+                   erinfer, tmp, tmp, tmp, tmp);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    j = cJSON_Parse(r.out);
+    p = cJSON_GetObjectItem(j, "pipeline");
+    cr_assert_str_eq(cJSON_GetObjectItem(p, "route")->valuestring, "direct");
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "samples")), 1);
+    cJSON_Delete(j);
+    helper_result_free(&r);
+}
+
+Test(pipeline_cli, eval_prints_the_table) {
+    need_erinfer();
+    char *data = heads_make_data(tmp, "eval.jsonl", 3, 4);
+    CmdResult r = helper_run(tmp,
+                             "'%s' eval --model '%s/model' --adapter '%s/adapter' --switcher '%s/sw' --verifier '%s/vf' "
+                             "--data '%s' --max-new 8 --temperature 0.8 --threads 1 --output '%s/out.jsonl'",
+                             erinfer, tmp, tmp, tmp, tmp, data, tmp);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "greedy") && strstr(r.out, "majority") && strstr(r.out, "weighted") &&
+                  strstr(r.out, "tokens/query") && strstr(r.out, "reasoning"),
+              "%s", r.out);
+    cr_assert(strstr(r.out, "3/3 queries routed to reasoning"), "%s", r.out);
+    int rows = 0;
+    for (const char *l = r.out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        int n;
+        double g, mj, w, tok, share;
+        if (sscanf(l, "%d %lf %lf %lf %lf %lf", &n, &g, &mj, &w, &tok, &share) == 6) {
+            cr_assert_eq(n, rows == 0 ? 1 : rows == 1 ? 2 : rows == 2 ? 4 : 8);
+            cr_assert_float_eq(share, 1.0, 1e-9);
+            cr_assert_leq(tok, 8.0 * n + 1e-9);
+            rows++;
+        }
+    }
+    cr_assert_eq(rows, 4, "rows for N = 1, 2, 4, 8: %s", r.out);
+    char p[512];
+    snprintf(p, sizeof p, "%s/out.jsonl", tmp);
+    char *text;
+    size_t len;
+    cr_assert_eq(file_read_all(p, 1 << 22, &text, &len), 0);
+    cr_assert_eq(helper_count_lines(text), 3);
+    cr_assert(strstr(text, "\"pipeline\"") && strstr(text, "\"greedy_correct\""));
+    er_free(text);
+    helper_result_free(&r);
+    // --vote-n chooses the rows.
+    r = helper_run(tmp,
+                   "'%s' eval --model '%s/model' --adapter '%s/adapter' --verifier '%s/vf' --data '%s' --max-new 6 "
+                   "--vote-n 3,1 --threads 1",
+                   erinfer, tmp, tmp, tmp, data);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "at N = 3"), "%s", r.out);
+    helper_result_free(&r);
+    er_free(data);
+}
+
+Test(pipeline_cli, bad_heads_and_flags_fail_cleanly) {
+    need_erinfer();
+    char *data = heads_make_data(tmp, "eval.jsonl", 2, 4);
+    struct {
+        const char *flags, *expect;
+    } cases[] = {
+        {"--switcher '%s/vf'", "verifier head, expected a switcher"},
+        {"--verifier '%s/missing'", "missing.json"},
+        {"--verifier '%s/vf' --vote-n 0", "--vote-n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char flags[600];
+        snprintf(flags, sizeof flags, cases[i].flags, tmp);
+        CmdResult r = helper_run(tmp, "'%s' eval --model '%s/model' --adapter '%s/adapter' --data '%s' %s", erinfer,
+                                 tmp, tmp, data, flags);
+        cr_assert_eq(r.status, 1, "%s: %d", flags, r.status);
+        cr_assert(strstr(r.err, cases[i].expect), "%s: %s", flags, r.err);
+        cr_assert_eq(helper_count_lines(r.err), 1, "%s", r.err);
+        helper_result_free(&r);
+    }
+    er_free(data);
+}

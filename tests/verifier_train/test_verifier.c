@@ -1,0 +1,112 @@
+// Verifier and switcher data collection on a tiny random model: the verifier's rows are the engine's
+// verification features of the adapter's samples with graded labels; the switcher's derived label
+// runs both routes; missing gold answers or adapters are refused.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/threads.h"
+#include "data/grade.h"
+#include "data/tokenizer.h"
+#include "switcher_train/switcher.h"
+#include "verifier_train/verifier.h"
+
+static Model model;
+static Tokenizer *tok;
+static LoraAdapter ad;
+
+static void setup(void) {
+    threads_set(2);
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), 0, "%s", er_last_error());
+    ModelConfig c = {.arch = ARCH_QWEN2, .C = 32, .FF = 64, .L = 2, .NH = 4, .NKV = 2, .HS = 8,
+                     .V = tok_vocab_size(tok), .max_pos = 1024, .rope_theta = 10000.0f, .eps = 1e-6f, .tied = 1,
+                     .qkv_bias = 1, .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
+    cr_assert_eq(model_build_random(&model, &c, 0.5f, 7), 0);
+    LoraShape s = {c.L, c.C, c.NH * c.HS, c.NKV * c.HS, c.FF};
+    cr_assert_eq(lora_init(&ad, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 0, 2), 0);
+    ErRng r;
+    rng_seed(&r, 3);
+    for (size_t i = 0; i < ad.n_params; i++)
+        ad.params[i] += 0.1f * rng_normal(&r);
+    ad.masked = 1;
+}
+static void teardown(void) {
+    lora_free(&ad);
+    model_free(&model);
+    tok_free(tok);
+}
+TestSuite(verifier_data, .init = setup, .fini = teardown);
+
+static const char *PROMPT = "Start with 7. Add 5. What is the result?";
+
+Test(verifier_data, rows_are_engine_features_with_graded_labels) {
+    int *p, n, *vq, nv;
+    cr_assert_eq(tok_encode(tok, PROMPT, strlen(PROMPT), &p, &n), 0);
+    cr_assert_eq(tok_encode(tok, "\nCorrect?", 9, &vq, &nv), 0);
+    Engine e;
+    cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 4, 128, 16, 0), 0);
+    GenConfig g;
+    gen_config_default(&g);
+    g.n_samples = 4;
+    g.max_new = 10;
+    g.sampler.temperature = 0.8f;
+    g.seed = 9;
+    g.adapter = &ad;
+    g.response_prefix = "<think>\n";
+    int C = model.cfg.C;
+    float feats[4 * 32], labels[4];
+    long tokens = 0;
+    cr_assert_eq(verifier_collect(&e, p, n, &g, vq, nv, 0, "12", feats, labels, &tokens), 0, "%s", er_last_error());
+    cr_assert_gt(tokens, 0);
+    cr_assert_eq(e.n_kept, 0, "the samples' KV sequences are released");
+    GenSample s[4];
+    GenStats st;
+    g.keep_kv = 1;
+    cr_assert_eq(engine_generate(&e, p, n, &g, NULL, NULL, s, &st), 0);
+    for (int i = 0; i < 4; i++) {
+        cr_assert(labels[i] == 0 || labels[i] == 1);
+        cr_assert_eq(labels[i], (float)grade_response(s[i].text, "12"));
+        float f[32];
+        cr_assert_eq(engine_verify_features(&e, i, vq, nv, 0, f), 0);
+        for (int c = 0; c < C; c++) // the prompt's last position is recomputed here: equal up to rounding
+            cr_assert(fabsf(f[c] - feats[i * C + c]) <= 1e-5f * (1 + fabsf(f[c])), "sample %d [%d]: %g vs %g", i, c,
+                      f[c], feats[i * C + c]);
+    }
+    engine_release_samples(&e);
+    gen_samples_free(s, 4);
+    cr_assert_lt(verifier_collect(&e, p, n, &g, vq, nv, 0, NULL, feats, labels, NULL), 0);
+    cr_assert(strstr(er_last_error(), "gold"), "%s", er_last_error());
+    engine_free(&e);
+    free(vq);
+    free(p);
+}
+
+Test(verifier_data, switcher_label_runs_both_routes) {
+    int *p, n;
+    cr_assert_eq(tok_encode(tok, PROMPT, strlen(PROMPT), &p, &n), 0);
+    Engine e;
+    cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 1, 128, 16, 0), 0);
+    GenConfig d, r;
+    gen_config_default(&d);
+    d.max_new = 6;
+    gen_config_default(&r);
+    r.max_new = 10;
+    r.adapter = &ad;
+    r.response_prefix = "<think>\n";
+    int label = -1, b = -1, a = -1;
+    long tokens = 0;
+    // A random model gets neither right: no reasoning needed by this rule.
+    cr_assert_eq(switcher_derive_label(&e, p, n, &d, &r, "12", &label, &b, &a, &tokens), 0, "%s", er_last_error());
+    cr_assert_eq(b, 0);
+    cr_assert_eq(label, !b && a);
+    cr_assert_gt(tokens, 0);
+    cr_assert_lt(switcher_derive_label(&e, p, n, &d, &r, NULL, &label, NULL, NULL, NULL), 0);
+    r.adapter = NULL;
+    cr_assert_lt(switcher_derive_label(&e, p, n, &d, &r, "12", &label, NULL, NULL, NULL), 0);
+    cr_assert(strstr(er_last_error(), "adapter"), "%s", er_last_error());
+    engine_free(&e);
+    free(p);
+}
