@@ -184,7 +184,7 @@ int cmd_eval(int argc, char **argv) {
     specs[ns++] = (ArgSpec){"samples", ARG_INT, &f.samples, "parallel samples per item (sample 0 is graded for accuracy)",
                             0, 1, 256};
     specs[ns++] = (ArgSpec){"vote-n", ARG_STR, &vote_n, "with --switcher/--verifier: sample counts compared in the "
-                            "table (the largest is generated)", 0, 0, 0};
+                            "table (the largest is generated, in place of --samples)", 0, 0, 0};
     int rc = args_parse(argc, argv, specs, ns,
                         "erinfer eval --model DIR --data FILE.jsonl [--output FILE.jsonl] [--limit N] [flags]");
     if (rc == ARGS_HELP)
@@ -225,6 +225,9 @@ int cmd_eval(int argc, char **argv) {
         have_out = rc == ER_OK;
     }
 
+    if (rc == ER_OK && pipe && f.temperature == 0 && max_n > 1)
+        fprintf(stderr, "eval: warning: with --temperature 0 the %d reasoning samples are identical (the paper samples "
+                        "at 0.8)\n", max_n);
     EvalTotals t = {0};
     VoteTotals vt[VOTE_N_MAX] = {{0}};
     long routed = 0, greedy_ok = 0;

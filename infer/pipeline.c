@@ -125,6 +125,7 @@ int pipeline_run(Engine *e, const int *prompt, int n_prompt, const PipelineConfi
     GenConfig g = r->route == ROUTE_REASONING ? c->reasoning : c->direct;
     if (r->route == ROUTE_DIRECT) {
         g.n_samples = 1;
+        g.sampler.temperature = 0;
         g.adapter = NULL;
         g.response_prefix = NULL;
     }

@@ -15,7 +15,7 @@ enum { ROUTE_DIRECT = 0, ROUTE_REASONING = 1 };
 typedef struct {
     const TrainedHead *switcher; // NULL: every query takes the reasoning route (when there is an adapter)
     const TrainedHead *verifier; // NULL: every sample weighs 1 (plain majority vote)
-    GenConfig direct;            // the base's direct answer: used with n_samples 1, no adapter, no prefix
+    GenConfig direct;            // the base's direct answer: used greedy, n_samples 1, no adapter, no prefix
     GenConfig reasoning;         // the reasoning samples: adapter (NULL: no reasoning route), prefix,
                                  // n_samples, temperature, budget; keep_kv is set by the pipeline
 } PipelineConfig;

@@ -13,6 +13,7 @@ static int route_correct(Engine *e, const int *prompt, int n_prompt, const GenCo
                          long *tokens) {
     GenConfig one = *g;
     one.n_samples = 1;
+    one.sampler.temperature = 0;
     one.keep_kv = 0;
     GenSample s;
     GenStats st;

@@ -12,9 +12,9 @@
 int switcher_features(Engine *e, const int *prompt, int n_prompt, const LoraAdapter *adapter,
                       const PromptFeatureSpec *spec, float *feat);
 
-// Runs the direct route (base, `direct` with one sample) and the reasoning route (`reasoning`, one
-// sample, its adapter and prefix) on the prompt and grades both against gold: *label = !base_ok &&
-// adapter_ok. base_ok, adapter_ok may be NULL. Tokens generated go to *tokens (may be NULL).
+// Runs the direct route (base, `direct`) and the reasoning route (`reasoning`: its adapter, prefix
+// and budget) on the prompt, one greedy sample each, and grades both against gold: *label =
+// !base_ok && adapter_ok. base_ok, adapter_ok may be NULL. Tokens generated go to *tokens (may be NULL).
 int switcher_derive_label(Engine *e, const int *prompt, int n_prompt, const GenConfig *direct,
                           const GenConfig *reasoning, const char *gold, int *label, int *base_ok, int *adapter_ok,
                           long *tokens);
