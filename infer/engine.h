@@ -92,7 +92,7 @@ void engine_free(Engine *e);
 // Generates g->n_samples continuations of `prompt` (token ids). `out` holds g->n_samples entries,
 // released with gen_samples_free. Sample i draws from stream i of g->seed (rng_fork), and the rows
 // of a batched decode do not interact, so the first N samples of an 8-sample call are the samples
-// of an N-sample call with the same seed (tests/infer/test_engine.c checks it).
+// of an N-sample call with the same seed (tests/infer/test_features.c checks it).
 int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig *g, GenTokenFn cb, void *user,
                     GenSample *out, GenStats *stats);
 void gen_samples_free(GenSample *s, int n);
