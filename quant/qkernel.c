@@ -103,98 +103,155 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-// Weights k..k+7 of a packed row as fp32 codes (before scale / offset / codebook).
+// Codes of weights k..k+7 of an int8 row as fp32.
 static inline __m256 codes8_i8(const int8_t *q, int k) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + k))));
 }
 
-static inline __m256i nib8(const uint8_t *p, int k) {
-    uint32_t u;
-    memcpy(&u, p + k / 2, 4);
-    __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32((int)u), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-    return _mm256_and_si256(v, _mm256_set1_epi32(15));
-}
+// The 8 bytes of the block starting at element k, one per 32-bit lane: lane i holds elements
+// k+i, k+8+i (4-bit) or k+i, k+8+i, k+16+i, k+24+i (2-bit) (layout in quant/weight.h).
+static inline __m256i block8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
 
-static inline __m256i idx2_8(const uint8_t *p, int k) {
-    uint16_t u;
-    memcpy(&u, p + k / 4, 2);
-    __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32((int)u), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
-    return _mm256_and_si256(v, _mm256_set1_epi32(3));
-}
+// Independent accumulators per input row: an FMA's latency is several cycles, so with one or two
+// input rows a single accumulator chain, not the loads, would set the pace.
+#define CHAINS(N) ((N) <= 2 ? 4 : (N) <= 4 ? 2 : 1)
 
-// One row r of a quantized weight against N inputs; the format is a compile-time constant after inlining.
-static inline __attribute__((always_inline)) void qrow_simd(float *out, int R, int r, const Weight *w,
-                                                            const float *inp, int K, const int N,
-                                                            const WeightFormat fmt) {
-    __m256 acc[QUANT_DECODE_MAX_N];
+static inline __attribute__((always_inline)) void fma_rows(__m256 *acc, __m256 wv, const float *inp, int K, int k,
+                                                           const int N, int chain) {
+    const int A = CHAINS(N);
 #pragma GCC unroll 8
     for (int n = 0; n < N; n++)
-        acc[n] = _mm256_setzero_ps();
+        acc[n * A + chain] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(inp + (size_t)n * K + k), acc[n * A + chain]);
+}
+
+static inline float half_to_f32(uint16_t h) {
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    return f16_to_f32(h);
+#endif
+}
+
+// One row r of a quantized weight against N inputs; the format is a compile-time constant after
+// inlining. 32 weights per step, then a scalar tail. xsum (N): the sums of the input rows (q4 adds
+// -8 * xsum once instead of subtracting 8 from every code).
+static inline __attribute__((always_inline)) void qrow_simd(float *out, int R, int r, const Weight *w,
+                                                            const float *inp, const float *xsum, int K, const int N,
+                                                            const WeightFormat fmt) {
+    const int A = CHAINS(N);
+    __m256 acc[QUANT_DECODE_MAX_N * 4];
+#pragma GCC unroll 16
+    for (int i = 0; i < N * A; i++)
+        acc[i] = _mm256_setzero_ps();
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * quant_row_bytes(fmt, K);
     int k = 0;
     float tail[QUANT_DECODE_MAX_N] = {0};
     float post = 1.0f; // Q8 / Q4: the row scale, applied once at the end
-    if (fmt == WF_Q8 || fmt == WF_Q4) {
+    const __m256i m15 = _mm256_set1_epi32(15);
+    if (fmt == WF_Q8) {
         post = w->scale[r];
-        const __m256i eight = _mm256_set1_epi32(8);
-        for (; k + 8 <= K; k += 8) {
-            __m256 wv = fmt == WF_Q8 ? codes8_i8((const int8_t *)row, k)
-                                     : _mm256_cvtepi32_ps(_mm256_sub_epi32(nib8(row, k), eight));
-#pragma GCC unroll 8
+        const int8_t *q = (const int8_t *)row;
+        for (; k + 32 <= K; k += 32)
+#pragma GCC unroll 4
+            for (int s = 0; s < 4; s++)
+                fma_rows(acc, codes8_i8(q, k + 8 * s), inp, K, k + 8 * s, N, s % A);
+        for (; k + 8 <= K; k += 8)
+            fma_rows(acc, codes8_i8(q, k), inp, K, k, N, 0);
+        for (int j = k; j < K; j++)
             for (int n = 0; n < N; n++)
-                acc[n] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(inp + (size_t)n * K + k), acc[n]);
+                tail[n] += (float)q[j] * inp[(size_t)n * K + j];
+    } else if (fmt == WF_Q4) {
+        post = w->scale[r];
+        int full = K & ~15;
+        for (; k + 32 <= full; k += 32) {
+            __m256i v0 = block8(row + k / 2), v1 = block8(row + k / 2 + 8);
+            fma_rows(acc, _mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), inp, K, k, N, 0 % A);
+            fma_rows(acc, _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), inp, K, k + 8, N, 1 % A);
+            fma_rows(acc, _mm256_cvtepi32_ps(_mm256_and_si256(v1, m15)), inp, K, k + 16, N, 2 % A);
+            fma_rows(acc, _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)), inp, K, k + 24, N, 3 % A);
+        }
+        for (; k < full; k += 16) {
+            __m256i v0 = block8(row + k / 2);
+            fma_rows(acc, _mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), inp, K, k, N, 0);
+            fma_rows(acc, _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), inp, K, k + 8, N, 0);
         }
         for (int j = k; j < K; j++) {
-            float c = fmt == WF_Q8 ? (float)((const int8_t *)row)[j] : (float)((int)((row[j >> 1] >> ((j & 1) * 4)) & 15) - 8);
+            float c = (float)quant_code4(row, K, j);
             for (int n = 0; n < N; n++)
                 tail[n] += c * inp[(size_t)n * K + j];
         }
+        for (int n = 0; n < N; n++)
+            tail[n] -= 8.0f * xsum[n];
     } else if (fmt == WF_Q4G) {
-        int G = w->group, ng = K / G;
+        int G = w->group, ng = K / G; // G % 16 == 0 here
         for (int g = 0; g < ng; g++) {
-            float sf = f16_to_f32(w->gscale[(size_t)r * ng + g]), zf = f16_to_f32(w->gzero[(size_t)r * ng + g]);
-            __m256 s = _mm256_set1_ps(sf), z = _mm256_set1_ps(zf);
-            for (k = g * G; k < (g + 1) * G; k += 8) {
-                __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(nib8(row, k)), s, z);
-#pragma GCC unroll 8
-                for (int n = 0; n < N; n++)
-                    acc[n] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(inp + (size_t)n * K + k), acc[n]);
+            __m256 s = _mm256_set1_ps(half_to_f32(w->gscale[(size_t)r * ng + g]));
+            __m256 z = _mm256_set1_ps(half_to_f32(w->gzero[(size_t)r * ng + g]));
+            int end = (g + 1) * G;
+            for (k = g * G; k + 32 <= end; k += 32) {
+                __m256i v0 = block8(row + k / 2), v1 = block8(row + k / 2 + 8);
+                fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), s, z), inp, K, k, N, 0 % A);
+                fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), s, z), inp, K, k + 8, N,
+                         1 % A);
+                fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v1, m15)), s, z), inp, K, k + 16, N,
+                         2 % A);
+                fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)), s, z), inp, K, k + 24, N,
+                         3 % A);
+            }
+            for (; k < end; k += 16) {
+                __m256i v0 = block8(row + k / 2);
+                fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), s, z), inp, K, k, N, 0);
+                fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), s, z), inp, K, k + 8, N, 0);
             }
         }
-    } else { // WF_Q2LUT
+    } else { // WF_Q2LUT: vpermilps picks from [c0 c1 c2 c3] in each 128-bit lane by bits 0-1 of the index
         float c[4];
         for (int i = 0; i < 4; i++)
-            c[i] = f16_to_f32(w->lut[(size_t)r * 4 + i]);
+            c[i] = half_to_f32(w->lut[(size_t)r * 4 + i]);
         __m256 lut = _mm256_setr_ps(c[0], c[1], c[2], c[3], c[0], c[1], c[2], c[3]);
-        for (; k + 8 <= K; k += 8) {
-            __m256 wv = _mm256_permutevar8x32_ps(lut, idx2_8(row, k));
-#pragma GCC unroll 8
-            for (int n = 0; n < N; n++)
-                acc[n] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(inp + (size_t)n * K + k), acc[n]);
+        int full = K & ~31;
+        for (; k < full; k += 32) {
+            __m256i v = block8(row + k / 4);
+            fma_rows(acc, _mm256_permutevar_ps(lut, v), inp, K, k, N, 0 % A);
+            fma_rows(acc, _mm256_permutevar_ps(lut, _mm256_srli_epi32(v, 2)), inp, K, k + 8, N, 1 % A);
+            fma_rows(acc, _mm256_permutevar_ps(lut, _mm256_srli_epi32(v, 4)), inp, K, k + 16, N, 2 % A);
+            fma_rows(acc, _mm256_permutevar_ps(lut, _mm256_srli_epi32(v, 6)), inp, K, k + 24, N, 3 % A);
         }
         for (int j = k; j < K; j++) {
-            float v = c[(row[j >> 2] >> (2 * (j & 3))) & 3];
+            float v = c[quant_code2(row, K, j)];
             for (int n = 0; n < N; n++)
                 tail[n] += v * inp[(size_t)n * K + j];
         }
     }
-    for (int n = 0; n < N; n++)
-        out[(size_t)n * R + r] = (hsum256(acc[n]) + tail[n]) * post;
+    for (int n = 0; n < N; n++) {
+        __m256 a = acc[n * A];
+        for (int i = 1; i < A; i++)
+            a = _mm256_add_ps(a, acc[n * A + i]);
+        out[(size_t)n * R + r] = (hsum256(a) + tail[n]) * post;
+    }
 }
 
 #define QK_ROWS(FMT)                                                                                        \
     static void decode_simd_##FMT(float *out, const float *inp, const Weight *w, int N) {                 \
         int R = w->rows, K = w->cols;                                                                      \
+        float xsum[QUANT_DECODE_MAX_N] = {0};                                                              \
+        if (FMT == WF_Q4)                                                                                  \
+            for (int n = 0; n < N; n++) {                                                                  \
+                double t = 0;                                                                              \
+                for (int k = 0; k < K; k++)                                                                \
+                    t += inp[(size_t)n * K + k];                                                           \
+                xsum[n] = (float)t;                                                                        \
+            }                                                                                              \
         _Pragma("omp parallel for schedule(static)") for (int r = 0; r < R; r++) {                         \
             switch (N) {                                                                                   \
-            case 1: qrow_simd(out, R, r, w, inp, K, 1, FMT); break;                                        \
-            case 2: qrow_simd(out, R, r, w, inp, K, 2, FMT); break;                                        \
-            case 3: qrow_simd(out, R, r, w, inp, K, 3, FMT); break;                                        \
-            case 4: qrow_simd(out, R, r, w, inp, K, 4, FMT); break;                                        \
-            case 5: qrow_simd(out, R, r, w, inp, K, 5, FMT); break;                                        \
-            case 6: qrow_simd(out, R, r, w, inp, K, 6, FMT); break;                                        \
-            case 7: qrow_simd(out, R, r, w, inp, K, 7, FMT); break;                                        \
-            default: qrow_simd(out, R, r, w, inp, K, 8, FMT); break;                                       \
+            case 1: qrow_simd(out, R, r, w, inp, xsum, K, 1, FMT); break;                                  \
+            case 2: qrow_simd(out, R, r, w, inp, xsum, K, 2, FMT); break;                                  \
+            case 3: qrow_simd(out, R, r, w, inp, xsum, K, 3, FMT); break;                                  \
+            case 4: qrow_simd(out, R, r, w, inp, xsum, K, 4, FMT); break;                                  \
+            case 5: qrow_simd(out, R, r, w, inp, xsum, K, 5, FMT); break;                                  \
+            case 6: qrow_simd(out, R, r, w, inp, xsum, K, 6, FMT); break;                                  \
+            case 7: qrow_simd(out, R, r, w, inp, xsum, K, 7, FMT); break;                                  \
+            default: qrow_simd(out, R, r, w, inp, xsum, K, 8, FMT); break;                                 \
             }                                                                                              \
         }                                                                                                  \
     }
@@ -215,7 +272,7 @@ int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N) {
         case WF_Q8: decode_simd_WF_Q8(out, inp, w, N); return ER_OK;
         case WF_Q4: decode_simd_WF_Q4(out, inp, w, N); return ER_OK;
         case WF_Q4G:
-            if (w->group % 8 == 0) {
+            if (w->group % 16 == 0) {
                 decode_simd_WF_Q4G(out, inp, w, N);
                 return ER_OK;
             }

@@ -71,27 +71,45 @@ int quant_weight_alloc(Weight *w, WeightFormat f, int rows, int cols, int group)
 }
 
 void quant_pack4(uint8_t *dst, const uint8_t *codes, int n) {
-    for (int i = 0; i < n; i += 2)
-        dst[i / 2] = (uint8_t)((codes[i] & 15) | (i + 1 < n ? (codes[i + 1] & 15) << 4 : 0));
+    memset(dst, 0, (size_t)(n + 1) / 2);
+    int full = n & ~15;
+    for (int k = 0; k < full; k++)
+        dst[(k >> 4) * 8 + (k & 7)] |= (uint8_t)((codes[k] & 15) << ((k & 8) >> 1));
+    for (int t = 0; t < n - full; t++)
+        dst[full / 2 + (t >> 1)] |= (uint8_t)((codes[full + t] & 15) << ((t & 1) * 4));
 }
 
 void quant_unpack4(uint8_t *codes, const uint8_t *src, int n) {
-    for (int i = 0; i < n; i++)
-        codes[i] = (src[i >> 1] >> ((i & 1) * 4)) & 15;
+    for (int k = 0; k < n; k++)
+        codes[k] = (uint8_t)quant_code4(src, n, k);
 }
 
 void quant_pack2(uint8_t *dst, const uint8_t *codes, int n) {
-    for (int i = 0; i < n; i += 4) {
-        uint8_t b = 0;
-        for (int j = 0; j < 4 && i + j < n; j++)
-            b |= (uint8_t)((codes[i + j] & 3) << (2 * j));
-        dst[i / 4] = b;
-    }
+    memset(dst, 0, (size_t)(n + 3) / 4);
+    int full = n & ~31;
+    for (int k = 0; k < full; k++)
+        dst[(k >> 5) * 8 + (k & 7)] |= (uint8_t)((codes[k] & 3) << (((k >> 3) & 3) * 2));
+    for (int t = 0; t < n - full; t++)
+        dst[full / 4 + (t >> 2)] |= (uint8_t)((codes[full + t] & 3) << ((t & 3) * 2));
 }
 
 void quant_unpack2(uint8_t *codes, const uint8_t *src, int n) {
-    for (int i = 0; i < n; i++)
-        codes[i] = (src[i >> 2] >> (2 * (i & 3))) & 3;
+    for (int k = 0; k < n; k++)
+        codes[k] = (uint8_t)quant_code2(src, n, k);
+}
+
+// 4-bit codes of a row as floats (block by block, then the tail).
+static void codes4_f32(float *dst, const uint8_t *row, int K) {
+    int full = K & ~15;
+    for (int b = 0; b < full; b += 16) {
+        const uint8_t *p = row + b / 2;
+        for (int i = 0; i < 8; i++) {
+            dst[b + i] = (float)(p[i] & 15);
+            dst[b + 8 + i] = (float)(p[i] >> 4);
+        }
+    }
+    for (int k = full; k < K; k++)
+        dst[k] = (float)quant_code4(row, K, k);
 }
 
 void quant_dequant_row(float *dst, const Weight *w, int r) {
@@ -110,16 +128,18 @@ void quant_dequant_row(float *dst, const Weight *w, int r) {
     }
     case WF_Q4: {
         float s = w->scale[r];
+        codes4_f32(dst, row, K);
         for (int k = 0; k < K; k++)
-            dst[k] = (float)((int)((row[k >> 1] >> ((k & 1) * 4)) & 15) - 8) * s;
+            dst[k] = (dst[k] - 8.0f) * s;
         break;
     }
     case WF_Q4G: {
         int G = w->group, ng = K / G;
+        codes4_f32(dst, row, K);
         for (int g = 0; g < ng; g++) {
             float s = f16_to_f32(w->gscale[(size_t)r * ng + g]), z = f16_to_f32(w->gzero[(size_t)r * ng + g]);
             for (int k = g * G; k < (g + 1) * G; k++)
-                dst[k] = (float)((row[k >> 1] >> ((k & 1) * 4)) & 15) * s + z;
+                dst[k] = dst[k] * s + z;
         }
         break;
     }
@@ -127,8 +147,15 @@ void quant_dequant_row(float *dst, const Weight *w, int r) {
         float c[4];
         for (int i = 0; i < 4; i++)
             c[i] = f16_to_f32(w->lut[(size_t)r * 4 + i]);
-        for (int k = 0; k < K; k++)
-            dst[k] = c[(row[k >> 2] >> (2 * (k & 3))) & 3];
+        int full = K & ~31;
+        for (int b = 0; b < full; b += 32) {
+            const uint8_t *p = row + b / 4;
+            for (int j = 0; j < 4; j++)
+                for (int i = 0; i < 8; i++)
+                    dst[b + 8 * j + i] = c[(p[i] >> (2 * j)) & 3];
+        }
+        for (int k = full; k < K; k++)
+            dst[k] = c[quant_code2(row, K, k)];
         break;
     }
     }

@@ -30,6 +30,22 @@ int quant_check_shape(WeightFormat f, int rows, int cols, int group, const char 
 // A new weight owning zeroed buffers for the format (free with weight_free).
 int quant_weight_alloc(Weight *w, WeightFormat f, int rows, int cols, int group);
 
+// The code of element k of a packed row of n elements (layout in quant/weight.h).
+static inline unsigned quant_code4(const uint8_t *row, int n, int k) {
+    int full = n & ~15;
+    if (k < full)
+        return (row[(k >> 4) * 8 + (k & 7)] >> ((k & 8) >> 1)) & 15;
+    int t = k - full;
+    return (row[full / 2 + (t >> 1)] >> ((t & 1) * 4)) & 15;
+}
+static inline unsigned quant_code2(const uint8_t *row, int n, int k) {
+    int full = n & ~31;
+    if (k < full)
+        return (row[(k >> 5) * 8 + (k & 7)] >> (((k >> 3) & 3) * 2)) & 3;
+    int t = k - full;
+    return (row[full / 4 + (t >> 2)] >> ((t & 3) * 2)) & 3;
+}
+
 // Packing n codes (4-bit: 0..15, 2-bit: 0..3) into ceil(n/2) or ceil(n/4) bytes (padding bits zero).
 void quant_pack4(uint8_t *dst, const uint8_t *codes, int n);
 void quant_unpack4(uint8_t *codes, const uint8_t *src, int n);

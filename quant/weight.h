@@ -1,14 +1,17 @@
 // A linear layer's weight: a small struct with a format tag. Model code calls weight_matmul_* and
 // never looks inside, so quantized formats plug in here without touching model/.
 //
-// Quantized layouts (row r, column k; packed rows are padded to whole bytes):
+// Quantized layouts (row r, column k; each row packed on its own, padded to whole bytes):
 //   WF_Q8    data int8 (rows, cols), W[r,k] = q * scale[r]            q in [-127, 127]
-//   WF_Q4    data u8 (rows, (cols+1)/2), nibble u: W[r,k] = (u - 8) * scale[r]   (per output row)
-//   WF_Q4G   data u8 (rows, (cols+1)/2), nibble u: W[r,k] = u * gscale[r,g] + gzero[r,g], g = k / group
-//   WF_Q2LUT data u8 (rows, (cols+3)/4), 2-bit index i: W[r,k] = lut[r,i]  (a 4-entry codebook per row)
-// Nibbles: element k sits in byte k/2, low nibble for even k. 2-bit indices: element k sits in byte
-// k/4 at bits 2*(k%4). So a little-endian 32-bit load at element k (k % 8 == 0) holds elements k..k+7
-// of a 4-bit row at bits 4j, and a 16-bit load holds elements k..k+7 of a 2-bit row at bits 2j.
+//   WF_Q4    data u8 (rows, (cols+1)/2), code u: W[r,k] = (u - 8) * scale[r]   (per output row)
+//   WF_Q4G   data u8 (rows, (cols+1)/2), code u: W[r,k] = u * gscale[r,g] + gzero[r,g], g = k / group
+//   WF_Q2LUT data u8 (rows, (cols+3)/4), code i: W[r,k] = lut[r,i]  (a 4-entry codebook per row)
+// Codes are laid out for 8-wide SIMD: a row is cut into blocks of 8 bytes, and byte i of a block holds
+// the elements i, i+8 (4-bit: low nibble, high nibble; a block is 16 elements) or i, i+8, i+16, i+24
+// (2-bit: bits 0-1, 2-3, 4-5, 6-7; a block is 32 elements). So widening the 8 bytes to 8 lanes and
+// shifting gives 8 consecutive elements per shift. The last cols % 16 (4-bit) or cols % 32 (2-bit)
+// elements are packed in order after the blocks: element t of the tail at byte t/2 (low nibble for
+// even t) or t/4 (bits 2*(t%4)). quant_code4 / quant_code2 (quant/quant.h) read one code.
 // Scales of Q8/Q4 are fp32; Q4G scales/zeros and Q2LUT codebooks are fp16 (the file's bytes, used in place).
 #ifndef QUANT_WEIGHT_H
 #define QUANT_WEIGHT_H

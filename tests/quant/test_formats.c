@@ -9,41 +9,69 @@
 #include "core/rng.h"
 #include "quant/quant.h"
 
+// The documented layout (quant/weight.h), written out independently: blocks of 8 bytes, byte i of a
+// block holds elements i, i+8 (4-bit) or i, i+8, i+16, i+24 (2-bit); the tail in order.
+static unsigned ref_code4(const uint8_t *p, int n, int k) {
+    int nb = n / 16;
+    if (k < 16 * nb) {
+        int b = k / 16, e = k % 16;
+        return (p[8 * b + e % 8] >> (4 * (e / 8))) & 15;
+    }
+    int t = k - 16 * nb;
+    return (p[8 * nb + t / 2] >> (4 * (t % 2))) & 15;
+}
+
+static unsigned ref_code2(const uint8_t *p, int n, int k) {
+    int nb = n / 32;
+    if (k < 32 * nb) {
+        int b = k / 32, e = k % 32;
+        return (p[8 * b + e % 8] >> (2 * (e / 8))) & 3;
+    }
+    int t = k - 32 * nb;
+    return (p[8 * nb + t / 4] >> (2 * (t % 4))) & 3;
+}
+
 Test(quant_formats, pack4_roundtrip) {
-    for (int n = 1; n <= 19; n++) {
-        uint8_t codes[19], back[19], packed[10];
+    for (int n = 1; n <= 70; n++) {
+        uint8_t codes[70], back[70], packed[40];
         for (int i = 0; i < n; i++)
             codes[i] = (uint8_t)((i * 7 + 3) % 16);
         memset(packed, 0xAA, sizeof packed);
         quant_pack4(packed, codes, n);
         quant_unpack4(back, packed, n);
         cr_assert_eq(memcmp(codes, back, (size_t)n), 0, "n = %d", n);
-        cr_assert_eq(packed[0] & 15, codes[0]);
-        if (n > 1)
-            cr_assert_eq(packed[0] >> 4, codes[1]);
+        for (int k = 0; k < n; k++) {
+            cr_assert_eq(ref_code4(packed, n, k), codes[k], "n = %d, element %d not where the layout puts it", n, k);
+            cr_assert_eq(quant_code4(packed, n, k), codes[k]);
+        }
         if (n % 2)
-            cr_assert_eq(packed[n / 2] >> 4, 0, "padding nibble must be zero");
+            cr_assert_eq(packed[n / 2] >> 4, 0, "padding nibble must be zero (n = %d)", n);
+        cr_assert_eq(packed[(n + 1) / 2], 0xAA, "wrote past ceil(n/2) bytes (n = %d)", n);
     }
 }
 
 Test(quant_formats, pack2_roundtrip) {
-    for (int n = 1; n <= 23; n++) {
-        uint8_t codes[23], back[23], packed[6];
+    for (int n = 1; n <= 100; n++) {
+        uint8_t codes[100], back[100], packed[30];
         for (int i = 0; i < n; i++)
             codes[i] = (uint8_t)((i * 5 + 1) % 4);
         memset(packed, 0xAA, sizeof packed);
         quant_pack2(packed, codes, n);
         quant_unpack2(back, packed, n);
         cr_assert_eq(memcmp(codes, back, (size_t)n), 0, "n = %d", n);
-        cr_assert_eq(packed[0] & 3, codes[0]);
+        for (int k = 0; k < n; k++) {
+            cr_assert_eq(ref_code2(packed, n, k), codes[k], "n = %d, element %d not where the layout puts it", n, k);
+            cr_assert_eq(quant_code2(packed, n, k), codes[k]);
+        }
         if (n % 4)
-            cr_assert_eq(packed[n / 4] >> (2 * (n % 4)), 0, "padding bits must be zero");
+            cr_assert_eq(packed[n / 4] >> (2 * (n % 4)), 0, "padding bits must be zero (n = %d)", n);
+        cr_assert_eq(packed[(n + 3) / 4], 0xAA, "wrote past ceil(n/4) bytes (n = %d)", n);
     }
 }
 
 // Every format's dequantization against the layout written out by hand.
 Test(quant_formats, dequant_matches_layout) {
-    const int R = 3, K = 12;
+    const int R = 3, K = 44; // one full block and a tail in both packings
     ErRng rng;
     rng_seed(&rng, 1);
     // q8
@@ -53,7 +81,7 @@ Test(quant_formats, dequant_matches_layout) {
         ((int8_t *)w.data)[i] = (int8_t)(rng_below(&rng, 255) - 127);
     for (int r = 0; r < R; r++)
         ((float *)w.scale)[r] = 0.1f * (r + 1);
-    float row[12];
+    float row[44];
     for (int r = 0; r < R; r++) {
         quant_dequant_row(row, &w, r);
         for (int k = 0; k < K; k++)
@@ -63,7 +91,7 @@ Test(quant_formats, dequant_matches_layout) {
     // q4 and q4g
     for (int g = 0; g < 2; g++) {
         cr_assert_eq(quant_weight_alloc(&w, g ? WF_Q4G : WF_Q4, R, K, g ? 4 : 0), 0);
-        uint8_t codes[36];
+        uint8_t codes[3 * 44];
         for (int i = 0; i < R * K; i++)
             codes[i] = (uint8_t)rng_below(&rng, 16);
         for (int r = 0; r < R; r++)
@@ -81,7 +109,7 @@ Test(quant_formats, dequant_matches_layout) {
             quant_dequant_row(row, &w, r);
             for (int k = 0; k < K; k++) {
                 float u = codes[r * K + k];
-                float want = g ? u * f16_to_f32(w.gscale[r * 3 + k / 4]) + f16_to_f32(w.gzero[r * 3 + k / 4])
+                float want = g ? u * f16_to_f32(w.gscale[r * (K / 4) + k / 4]) + f16_to_f32(w.gzero[r * (K / 4) + k / 4])
                                : (u - 8) * w.scale[r];
                 cr_assert_eq(row[k], want, "%s [%d,%d]", g ? "q4g" : "q4", r, k);
             }
@@ -90,7 +118,7 @@ Test(quant_formats, dequant_matches_layout) {
     }
     // q2lut
     cr_assert_eq(quant_weight_alloc(&w, WF_Q2LUT, R, K, 0), 0);
-    uint8_t idx[36];
+    uint8_t idx[3 * 44];
     for (int i = 0; i < R * K; i++)
         idx[i] = (uint8_t)rng_below(&rng, 4);
     for (int r = 0; r < R; r++) {

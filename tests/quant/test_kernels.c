@@ -36,14 +36,20 @@ static void random_weight(Weight *w, WeightFormat f, int R, int K, int group, ui
     if (f == WF_Q2LUT)
         for (int i = 0; i < R * 4; i++)
             ((uint16_t *)w->lut)[i] = f32_to_f16(rng_normal(&r) * 0.3f);
-    // Zero the padding of packed rows so dequantization is the only reader of real codes.
+    // Zero the padding of packed rows (unpack, pack) so dequantization is the only reader of real codes.
     if (f == WF_Q4 || f == WF_Q4G || f == WF_Q2LUT) {
-        int per = f == WF_Q2LUT ? 4 : 2, bits = 8 / per;
-        if (K % per)
-            for (int i = 0; i < R; i++) {
-                uint8_t *last = d + (size_t)i * quant_row_bytes(f, K) + quant_row_bytes(f, K) - 1;
-                *last &= (uint8_t)((1u << (bits * (K % per))) - 1);
+        uint8_t *codes = malloc((size_t)K);
+        for (int i = 0; i < R; i++) {
+            uint8_t *row = d + (size_t)i * quant_row_bytes(f, K);
+            if (f == WF_Q2LUT) {
+                quant_unpack2(codes, row, K);
+                quant_pack2(row, codes, K);
+            } else {
+                quant_unpack4(codes, row, K);
+                quant_pack4(row, codes, K);
             }
+        }
+        free(codes);
     }
 }
 
@@ -85,8 +91,9 @@ typedef struct {
 // Odd widths exercise the scalar tails; group 6 exercises the portable fallback of q4g.
 static const Case cases[] = {
     {WF_Q8, 40, 0},  {WF_Q8, 37, 0},  {WF_Q4, 48, 0},     {WF_Q4, 37, 0},     {WF_Q4G, 64, 32},
-    {WF_Q4G, 96, 8}, {WF_Q4G, 36, 6}, {WF_Q2LUT, 40, 0},  {WF_Q2LUT, 39, 0},  {WF_BF16, 24, 0},
-    {WF_F16, 21, 0}, {WF_F32, 19, 0},
+    {WF_Q4G, 96, 8}, {WF_Q4G, 36, 6}, {WF_Q4G, 48, 16}, {WF_Q2LUT, 40, 0},  {WF_Q2LUT, 39, 0},  {WF_BF16, 24, 0},
+    {WF_F16, 21, 0}, {WF_F32, 19, 0},  {WF_Q4, 200, 0},    {WF_Q2LUT, 203, 0}, {WF_Q4G, 256, 128},
+    {WF_Q8, 100, 0},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 

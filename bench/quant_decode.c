@@ -1,0 +1,240 @@
+// Quantized decode speed: the per-token weight pass of a Qwen2.5-0.5B-shaped model (24 layers of
+// q 896x896, k/v 128x896, o 896x896, gate/up 4864x896, down 896x4864, plus the 151936x896 lm_head)
+// through weight_matmul_forward, with N = 1 and N = 8 input rows, for fp32, q8, q4, q4g64 and q2lut.
+// Weights are random codes (speed does not depend on the values), so nothing is quantized here and
+// the ~2 GB fp32 set is the only big allocation. Prints per format the time per token, tokens/s,
+// the effective weight bandwidth against the machine's read bandwidth, and the ratio against fp32;
+// ends with the summary ratios (target: q4 decode >= 2.5x fp32).
+//
+//   quant_decode [--threads N] [--layers 24] [--no-lm-head] [--reps 5] [--bw-mib 512] [--portable]
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/args.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/threads.h"
+#include "quant/quant.h"
+
+enum { C = 896, FF = 4864, KV = 128, V = 151936, PER_LAYER = 7 };
+
+static double read_bandwidth(size_t mib, int reps) {
+    size_t n = mib * 1024 * 1024 / sizeof(float);
+    float *buf = er_alloc(n * sizeof(float));
+    if (!buf)
+        return 0;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (float)(i & 7);
+    double best = 0;
+    volatile float sink = 0;
+    for (int r = 0; r < reps; r++) {
+        float s = 0;
+        double t0 = time_now();
+#pragma omp parallel for simd schedule(static) reduction(+ : s)
+        for (size_t i = 0; i < n; i++)
+            s += buf[i];
+        double dt = time_now() - t0;
+        sink += s;
+        double gbs = (double)(n * sizeof(float)) / dt / 1e9;
+        best = gbs > best ? gbs : best;
+    }
+    (void)sink;
+    er_free(buf);
+    return best;
+}
+
+static inline uint64_t mix(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+
+// A weight of format f with pseudo-random contents (codes, scales ~0.02, codebooks).
+static int make_weight(Weight *w, WeightFormat f, int rows, int cols, int group, uint64_t seed) {
+    if (f == WF_F32) {
+        memset(w, 0, sizeof *w);
+        float *d = er_alloc(sizeof(float) * (size_t)rows * cols);
+        if (!d)
+            return ER_ENOMEM;
+        size_t n = (size_t)rows * cols;
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++)
+            d[i] = ((float)(mix(seed + i) >> 40) / (float)(1 << 24) - 0.5f) * 0.04f;
+        w->fmt = WF_F32;
+        w->rows = rows;
+        w->cols = cols;
+        w->data = d;
+        w->owned = d;
+        return ER_OK;
+    }
+    ER_TRY(quant_weight_alloc(w, f, rows, cols, group));
+    size_t nb = (size_t)rows * quant_row_bytes(f, cols);
+    uint8_t *d = (uint8_t *)w->data;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < nb; i++)
+        d[i] = (uint8_t)(mix(seed + i) & (f == WF_Q8 ? 0x7f : 0xff));
+    for (int r = 0; r < rows; r++) {
+        if (f == WF_Q8 || f == WF_Q4)
+            ((float *)w->scale)[r] = 0.02f / (f == WF_Q8 ? 127 : 7);
+        if (f == WF_Q2LUT)
+            for (int j = 0; j < 4; j++)
+                ((uint16_t *)w->lut)[r * 4 + j] = f32_to_f16(0.01f * (j - 1.5f));
+    }
+    if (f == WF_Q4G) {
+        size_t ng = (size_t)rows * (cols / group);
+        for (size_t i = 0; i < ng; i++) {
+            ((uint16_t *)w->gscale)[i] = f32_to_f16(0.003f);
+            ((uint16_t *)w->gzero)[i] = f32_to_f16(-0.02f);
+        }
+    }
+    return ER_OK;
+}
+
+typedef struct {
+    const char *name;
+    WeightFormat f;
+    int group;
+    double s1, s8; // seconds per token pass, N = 1 and N = 8
+    double c1, c8; // CPU seconds of the same
+    double bytes;
+} Fmt;
+
+static void shape_of(int i, int *rows, int *cols) {
+    static const int R[PER_LAYER] = {C, KV, KV, C, FF, FF, C}, K[PER_LAYER] = {C, C, C, C, C, C, FF};
+    if (i < 0) { // the lm_head
+        *rows = V;
+        *cols = C;
+    } else {
+        *rows = R[i % PER_LAYER];
+        *cols = K[i % PER_LAYER];
+    }
+}
+
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// One weight pass per token: every matrix times N input rows. Best of reps, wall clock and CPU time
+// of the process (on a machine shared with other work the CPU time shows what the kernels cost when
+// they run; with more than one thread it includes OpenMP's spinning).
+static int time_pass(Weight *ws, int nw, const float *x, float *out, int N, int reps, double *best, double *best_cpu) {
+    *best = *best_cpu = 1e30;
+    for (int r = 0; r <= reps; r++) { // r = 0 warms up
+        double t0 = time_now(), c0 = cpu_now();
+        for (int i = 0; i < nw; i++)
+            ER_TRY(weight_matmul_forward(out, x, &ws[i], NULL, N));
+        double dt = time_now() - t0, dc = cpu_now() - c0;
+        if (r > 0 && dt < *best)
+            *best = dt;
+        if (r > 0 && dc < *best_cpu)
+            *best_cpu = dc;
+    }
+    return ER_OK;
+}
+
+int main(int argc, char **argv) {
+    int threads = 0, layers = 24, no_head = 0, reps = 5, bw_mib = 512, portable = 0;
+    ArgSpec specs[] = {
+        {"threads", ARG_INT, &threads, "threads (0 = all cores)", 0, 0, 4096},
+        {"layers", ARG_INT, &layers, "transformer layers (Qwen2.5-0.5B: 24)", 0, 1, 1000},
+        {"no-lm-head", ARG_FLAG, &no_head, "leave the 151936 x 896 lm_head out of the pass", 0, 0, 0},
+        {"reps", ARG_INT, &reps, "timed passes per format and N (best is kept)", 0, 1, 1000},
+        {"bw-mib", ARG_INT, &bw_mib, "bandwidth buffer size in MiB", 0, 64, 1 << 16},
+        {"portable", ARG_FLAG, &portable, "use the portable kernels even where SIMD ones exist", 0, 0, 0},
+    };
+    int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0], "quant_decode [flags]");
+    if (rc == ARGS_HELP)
+        return 0;
+    if (rc < 0) {
+        fprintf(stderr, "quant_decode: %s\n", er_last_error());
+        return 1;
+    }
+    threads = threads_set(threads);
+    quant_force_portable(portable);
+    char load[128] = "?";
+    FILE *fp = fopen("/proc/loadavg", "r");
+    if (fp) {
+        if (!fgets(load, sizeof load, fp))
+            snprintf(load, sizeof load, "?");
+        char *sp = load;
+        for (int k = 0; k < 3 && sp; k++)
+            sp = strchr(sp + 1, ' ');
+        if (sp)
+            *sp = 0;
+        fclose(fp);
+    }
+    printf("== quantized decode: weight pass of a Qwen2.5-0.5B-shaped model (%d layers%s), threads %d, %s kernels, "
+           "load average %s ==\n",
+           layers, no_head ? "" : " + lm_head", threads, quant_has_simd() && !portable ? "AVX2" : "portable", load);
+    double bw = read_bandwidth((size_t)bw_mib, 5);
+    printf("memory read bandwidth: %.2f GB/s (best of 5 passes over %d MiB)\n", bw, bw_mib);
+    fflush(stdout);
+
+    int nw = layers * PER_LAYER + (no_head ? 0 : 1);
+    Fmt fmts[] = {{.name = "f32", .f = WF_F32},
+                  {.name = "q8", .f = WF_Q8},
+                  {.name = "q4", .f = WF_Q4},
+                  {.name = "q4g64", .f = WF_Q4G, .group = 64},
+                  {.name = "q2lut", .f = WF_Q2LUT}};
+    int nf = (int)(sizeof fmts / sizeof fmts[0]);
+    Weight *ws = er_calloc((size_t)nw, sizeof(Weight));
+    float *x = er_alloc(sizeof(float) * 8 * FF), *out = er_alloc(sizeof(float) * 8 * (size_t)V);
+    if (!ws || !x || !out) {
+        fprintf(stderr, "quant_decode: out of memory\n");
+        return 1;
+    }
+    for (int i = 0; i < 8 * FF; i++)
+        x[i] = (float)(mix((uint64_t)i) >> 40) / (float)(1 << 24) - 0.5f;
+    printf("%-6s %7s %9s %8s %9s %14s %8s %9s %10s\n", "format", "bits/w", "MB/token", "N=1 ms", "tokens/s",
+           "GB/s (of bw)", "N=8 ms", "vs f32", "cpu ms N=1");
+    for (int fi = 0; fi < nf && rc == ER_OK; fi++) {
+        Fmt *f = &fmts[fi];
+        f->bytes = 0;
+        double n_weights = 0;
+        for (int i = 0; i < nw && rc == ER_OK; i++) {
+            int rows, cols;
+            shape_of(i == layers * PER_LAYER ? -1 : i, &rows, &cols);
+            rc = make_weight(&ws[i], f->f, rows, cols, f->group, (uint64_t)i << 32);
+            if (rc == ER_OK) {
+                f->bytes += (double)weight_bytes(&ws[i]);
+                n_weights += (double)rows * cols;
+            }
+        }
+        if (rc == ER_OK)
+            rc = time_pass(ws, nw, x, out, 1, reps, &f->s1, &f->c1);
+        if (rc == ER_OK)
+            rc = time_pass(ws, nw, x, out, 8, reps, &f->s8, &f->c8);
+        for (int i = 0; i < nw; i++)
+            weight_free(&ws[i]);
+        if (rc == ER_OK) {
+            double gbs = f->bytes / f->s1 / 1e9;
+            printf("%-6s %7.3f %9.1f %8.2f %9.2f %7.2f (%3.0f%%) %8.2f %8.2fx %10.2f\n", f->name, f->bytes * 8 / n_weights,
+                   f->bytes / 1e6, 1e3 * f->s1, 1 / f->s1, gbs, 100 * gbs / bw, 1e3 * f->s8, fmts[0].s1 / f->s1,
+                   1e3 * f->c1);
+            fflush(stdout);
+        }
+    }
+    er_free(ws);
+    er_free(x);
+    er_free(out);
+    if (rc < 0) {
+        fprintf(stderr, "quant_decode: %s\n", er_last_error());
+        return 1;
+    }
+    printf("\nsummary (N = 1 weight pass per token; N = 8 in parentheses):\n");
+    for (int fi = 1; fi < nf; fi++)
+        printf("  %-6s decode = %5.2fx fp32 (%5.2fx)%s\n", fmts[fi].name, fmts[0].s1 / fmts[fi].s1,
+               fmts[0].s8 / fmts[fi].s8,
+               fmts[fi].f == WF_Q4 ? (fmts[0].s1 / fmts[fi].s1 >= 2.5 ? "   target >= 2.5x: met" : "   target >= 2.5x: NOT MET")
+                                   : "");
+    return 0;
+}
