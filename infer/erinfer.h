@@ -101,8 +101,9 @@ const ErStats *er_result_stats(const ErSession *s);
 // decode with the adapter (ErGenParams as usual), sharing the prompt's KV cache; the verifier scores
 // each sample from its own cache, and the answer is the extracted final answer with the largest sum
 // of verifier scores (ties: the highest single score). No switcher: every query reasons (when an
-// adapter is loaded); no verifier: a plain majority vote. A head is tied to the model it was
-// trained on: loading it for another model is refused.
+// adapter is loaded); no verifier: a plain majority vote. The switcher reads every prompt position,
+// so with one loaded each call prefills its whole prompt (no reuse across chat turns). A head is
+// tied to the model it was trained on: loading it for another model is refused.
 int er_model_load_switcher(ErModel *m, const char *path);
 int er_model_load_verifier(ErModel *m, const char *path);
 
