@@ -66,6 +66,7 @@ void engine_free(Engine *e) {
     kv_cache_free(&e->kv);
     acts_free(&e->prefill);
     acts_free(&e->decode);
+    acts_free(&e->verify);
     sampler_free(&e->sampler);
     er_free(e->prompt_tokens);
     er_free(e->prompt_logits);
@@ -256,6 +257,72 @@ int engine_verify_features(Engine *e, int sample, const int *tokens, int n, int 
         memcpy(out, e->prefill.lnf, sizeof(float) * (size_t)e->model->cfg.C);
     int rc2 = kv_seq_truncate(&e->kv, slot, len0);
     return rc < 0 ? rc : rc2;
+}
+
+int engine_verify_features_all(Engine *e, const int *tokens, int n, int adapter_on, float *out) {
+    int N = e->n_kept, T = n + 1, C = e->model->cfg.C, rc = ER_OK;
+    if (N < 1)
+        return er_error(ER_EINVAL, "verify: no kept samples (generate with keep_kv first)");
+    if (n < 1)
+        return er_error(ER_EINVAL, "verify: no verification tokens");
+    for (int i = 0; i < N; i++) {
+        if (e->kept_slot[i] < 0)
+            return er_error(ER_EINVAL, "verify: sample %d has no KV sequence", i);
+        int len0 = e->kv.seqs[e->kept_slot[i]].len, total = n + (e->kept_tail[i] >= 0);
+        if (len0 + total > e->max_len)
+            return er_error(ER_ERANGE, "verify: sample %d holds %d positions, %d more exceed the %d the engine was sized "
+                            "for", i, len0, total, e->max_len);
+    }
+    // Sized on first use (and when longer verification prompts come): (max_samples, n + 1).
+    if (!e->verify.mem || e->verify.T < T) {
+        acts_free(&e->verify);
+        ER_TRY(acts_alloc(&e->verify, &e->model->cfg, e->max_samples, T, ACTS_DECODE, 0));
+    }
+    int *buf = er_alloc(sizeof(int) * (size_t)N * T), *lens = er_alloc(sizeof(int) * (size_t)N);
+    int *len0 = er_alloc(sizeof(int) * (size_t)N);
+    uint8_t *mask = er_alloc((size_t)N * T);
+    if (!buf || !lens || !len0 || !mask)
+        rc = ER_ENOMEM;
+    const LoraAdapter *ad = e->kept_adapter;
+    long positions = 0;
+    for (int i = 0; rc == ER_OK && i < N; i++) {
+        int tail = e->kept_tail[i], k = 0;
+        len0[i] = e->kv.seqs[e->kept_slot[i]].len;
+        if (tail >= 0) { // the sample's own last token: a response position like the rest of its response
+            buf[i * T] = tail;
+            mask[i * T] = ad != NULL;
+            k = 1;
+        }
+        for (int t = 0; t < n; t++, k++) {
+            buf[i * T + k] = tokens[t];
+            mask[i * T + k] = adapter_on && ad != NULL;
+        }
+        for (int t = k; t < T; t++) { // right padding, not computed
+            buf[i * T + t] = tokens[0];
+            mask[i * T + t] = 0;
+        }
+        lens[i] = k;
+        positions += k;
+    }
+    if (rc == ER_OK) {
+        ModelInput in = {.B = N, .T = T, .tokens = buf, .len = lens, .adapter_mask = mask, .adapter = ad,
+                         .kv = &e->kv, .kv_slots = e->kept_slot};
+        rc = model_forward(e->model, &in, &e->verify);
+    }
+    if (rc == ER_OK) {
+        e->forward_positions += positions;
+        memcpy(out, e->verify.lnf, sizeof(float) * (size_t)N * C); // each row's last valid position
+    }
+    for (int i = 0; len0 && i < N && rc != ER_ENOMEM; i++) {
+        int rc2 = kv_seq_truncate(&e->kv, e->kept_slot[i], len0[i]);
+        if (rc == ER_OK)
+            rc = rc2;
+    }
+    er_free(buf);
+    er_free(lens);
+    er_free(len0);
+    er_free(mask);
+    return rc;
 }
 
 static int encode(const Tokenizer *tok, const char *text, int **ids, int *n, const char *what) {

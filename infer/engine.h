@@ -67,6 +67,7 @@ typedef struct {
     KVCache kv;
     Activations prefill;   // (1, chunk), ACTS_DECODE
     Activations decode;    // (max_samples, 1), ACTS_DECODE
+    Activations verify;    // (max_samples, verification tokens + 1), ACTS_DECODE, sized on first use
     Sampler sampler;
     int max_samples, max_len, chunk;
     int prompt_slot;       // the last prompt, kept for prefix reuse (-1 = none)
@@ -123,6 +124,9 @@ int engine_prefill(Engine *e, const int *prompt, int n_prompt, const LoraAdapter
 // verification tokens see the adapter when adapter_on. The sequence is cut back afterwards, so
 // any number of verification prompts can be asked.
 int engine_verify_features(Engine *e, int sample, const int *tokens, int n, int adapter_on, float *out);
+// The same for every kept sample at once, in one batched pass (one read of the weights for all):
+// out (n_kept, C), row i equal to engine_verify_features for sample i up to rounding.
+int engine_verify_features_all(Engine *e, const int *tokens, int n, int adapter_on, float *out);
 // Closes the KV sequences kept by GenConfig.keep_kv.
 void engine_release_samples(Engine *e);
 

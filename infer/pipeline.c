@@ -149,11 +149,14 @@ int pipeline_run(Engine *e, const int *prompt, int n_prompt, const PipelineConfi
         r->verifier_scores = er_alloc(sizeof(float) * (size_t)r->n);
         if (!r->verifier_scores)
             rc = ER_ENOMEM;
-        for (int i = 0; rc == ER_OK && i < r->n; i++) {
-            rc = engine_verify_features(e, i, vq, nvq, c->verifier->adapter_on, feat);
-            if (rc == ER_OK)
-                rc = head_predict(&c->verifier->net, feat, 1, &r->verifier_scores[i]);
-        }
+        float *feats = rc == ER_OK ? er_alloc(sizeof(float) * (size_t)r->n * C) : NULL;
+        if (rc == ER_OK && !feats)
+            rc = ER_ENOMEM;
+        if (rc == ER_OK)
+            rc = engine_verify_features_all(e, vq, nvq, c->verifier->adapter_on, feats);
+        if (rc == ER_OK)
+            rc = head_predict(&c->verifier->net, feats, r->n, r->verifier_scores);
+        er_free(feats);
     }
     engine_release_samples(e);
     r->verify_s = time_now() - t3;

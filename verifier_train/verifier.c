@@ -10,7 +10,7 @@ int verifier_collect(Engine *e, const int *prompt, int n_prompt, const GenConfig
         return er_error(ER_EINVAL, "verifier labels: the record has no gold answer");
     GenConfig k = *g;
     k.keep_kv = 1;
-    int N = k.n_samples, C = e->model->cfg.C;
+    int N = k.n_samples;
     GenSample *s = er_calloc((size_t)N, sizeof(GenSample));
     if (!s)
         return ER_ENOMEM;
@@ -29,8 +29,9 @@ int verifier_collect(Engine *e, const int *prompt, int n_prompt, const GenConfig
         labels[i] = (float)ok;
         if (tokens)
             *tokens += s[i].n_tokens;
-        rc = engine_verify_features(e, i, vq, nvq, adapter_on, feats + (size_t)i * C);
     }
+    if (rc == ER_OK)
+        rc = engine_verify_features_all(e, vq, nvq, adapter_on, feats);
     engine_release_samples(e);
     gen_samples_free(s, N);
     er_free(s);

@@ -162,6 +162,19 @@ Test(features, verification_from_the_cache_equals_full_forward) {
             free(all);
             free(feat);
         }
+    // All samples in one batched pass: the same features, the same positions computed.
+    float *all = malloc(sizeof(float) * 3 * C), *one = malloc(sizeof(float) * C);
+    long fp0 = e.forward_positions, expect = 0;
+    cr_assert_eq(engine_verify_features_all(&e, vq, nv, 1, all), 0, "%s", er_last_error());
+    for (int i = 0; i < 3; i++)
+        expect += nv + !tok_is_eos(tok, out[i].tokens[out[i].n_tokens - 1]);
+    cr_assert_eq(e.forward_positions - fp0, expect);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(engine_verify_features(&e, i, vq, nv, 1, one), 0);
+        assert_close(all + (size_t)i * C, one, C, 1e-5, "batched verification feature");
+    }
+    free(all);
+    free(one);
     // The sequences were cut back: asking twice gives the same features.
     float *f1 = malloc(sizeof(float) * C), *f2 = malloc(sizeof(float) * C);
     cr_assert_eq(engine_verify_features(&e, 1, vq, nv, 0, f1), 0);
