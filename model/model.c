@@ -577,6 +577,14 @@ int model_save(const Model *m, const char *dir, int as_bf16) {
         er_free(tmp);
     }
     if (rc == ER_OK) {
+        // Widest element types first (stable otherwise): every tensor then starts aligned for its dtype,
+        // so a loader can use all of them in place, scales and codebooks included.
+        for (int i = 1; i < nt; i++)
+            for (int j = i; j > 0 && dtype_size(ts[j].dtype) > dtype_size(ts[j - 1].dtype); j--) {
+                StWriteTensor t = ts[j];
+                ts[j] = ts[j - 1];
+                ts[j - 1] = t;
+            }
         char *path = path_join(dir, "model.safetensors");
         const char *meta[] = {"format", "pt"};
         rc = path ? safetensors_write(path, ts, nt, meta, 1) : ER_ENOMEM;

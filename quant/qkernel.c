@@ -35,13 +35,13 @@ int quant_has_simd(void) { return QK_SIMD; }
 
 typedef float v8f __attribute__((vector_size(32)));
 
-static inline v8f load8(const float *p) {
-    v8f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+// Loads and sums through pointers: passing or returning a 32-byte vector by value changes the ABI
+// on targets without AVX (a portable build), which GCC warns about.
+#define LOAD8(dst, p) memcpy(&(dst), (p), sizeof(v8f))
 
-static inline float hsum8(v8f v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+static inline float hsum8(const v8f *v) {
+    return (((*v)[0] + (*v)[1]) + ((*v)[2] + (*v)[3])) + (((*v)[4] + (*v)[5]) + ((*v)[6] + (*v)[7]));
+}
 
 // out[n * R + r] = dot(w, x_n) for n < N (N a compile-time constant after inlining).
 static inline __attribute__((always_inline)) void dot_rows(float *out, int R, int r, const float *w, const float *inp,
@@ -52,13 +52,16 @@ static inline __attribute__((always_inline)) void dot_rows(float *out, int R, in
         acc[n] = (v8f){0};
     int k = 0;
     for (; k + 8 <= K; k += 8) {
-        v8f wv = load8(w + k);
+        v8f wv, xv;
+        LOAD8(wv, w + k);
 #pragma GCC unroll 8
-        for (int n = 0; n < N; n++)
-            acc[n] += wv * load8(inp + (size_t)n * K + k);
+        for (int n = 0; n < N; n++) {
+            LOAD8(xv, inp + (size_t)n * K + k);
+            acc[n] += wv * xv;
+        }
     }
     for (int n = 0; n < N; n++) {
-        float s = hsum8(acc[n]);
+        float s = hsum8(&acc[n]);
         for (int j = k; j < K; j++)
             s += w[j] * inp[(size_t)n * K + j];
         out[(size_t)n * R + r] = s;

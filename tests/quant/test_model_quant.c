@@ -76,6 +76,7 @@ static void roundtrip(int tied, const char *weights, const char *emb) {
     cr_assert(b.quant.enabled);
     cr_assert_eq(b.layers[1].wup.fmt, a.layers[1].wup.fmt);
     cr_assert_eq(b.layers[1].wup.owned, NULL, "packed matrices are used in place (mmapped)");
+    cr_assert_eq(b.owned_mats, NULL, "every tensor is aligned in the file: nothing copied");
     cr_assert_eq(b.embed.fmt, strcmp(emb, "int8") == 0 ? WF_Q8 : WF_F32);
     if (!tied)
         cr_assert_eq(b.lm_head.fmt, a.lm_head.fmt);
