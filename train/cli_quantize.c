@@ -26,7 +26,8 @@ int cmd_quantize(int argc, char **argv) {
         {"lm-head", ARG_STR, &c.q.lm_head,
          "untied lm_head: fp or a --weights format (default: as --weights; q4 for q2lut)", 0, 0, 0},
         {"transforms", ARG_STR, &c.transforms,
-         "function-preserving transforms before quantizing: none (rotate | fpt are not wired in yet)", 0, 0, 0},
+         "function-preserving transforms before quantizing: none | rotate (Hadamard, norms folded) | fpt (rotate + "
+         "up/down, value/output, query/key) | a list of r,u,v,k", 0, 0, 0},
         {"calib", ARG_STR, &c.calib, "calibration records (JSONL, any dataset record type) for Fisher and NLL", 0, 0, 0},
         {"response-key", ARG_STR, &c.response_key, "calibration record field holding the response (e.g. verbose "
          "for chains)", 0, 0, 0},
@@ -39,12 +40,12 @@ int cmd_quantize(int argc, char **argv) {
          "RTN scales: lp (grid search over clipping ratios minimising the Lp error) | minmax", 0, 0, 0},
         {"p", ARG_FLOAT, &c.q.p, "exponent of the Lp error the scale search minimises", 0, 1, 8},
         {"kmeans-iters", ARG_INT, &c.q.kmeans_iters, "Lloyd iterations of the q2lut k-means", 0, 1, 1000},
-        {"seed", ARG_INT, &seed, "seed (transforms)", 0, 0, 2147483647},
+        {"seed", ARG_INT, &seed, "seed of the transforms' random rotations", 0, 0, 2147483647},
         {"threads", ARG_INT, &c.threads, "threads (0 = all cores)", 0, 0, 4096},
     };
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0],
                         "ertrain quantize --model DIR --out DIR --weights q8|q4|q4g32|q4g64|q4g128|q2lut "
-                        "[--embeddings int8|fp] [--transforms none] [--calib FILE.jsonl --calib-n N] "
+                        "[--embeddings int8|fp] [--transforms none|rotate|fpt] [--calib FILE.jsonl --calib-n N] "
                         "[--sensitivity fisher|none] [--scale-search lp|minmax] [--seed S]");
     if (rc == ARGS_HELP)
         return 0;

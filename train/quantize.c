@@ -18,6 +18,7 @@
 #include "train/run.h"
 #include "train/sequence.h"
 #include "train/trainer.h"
+#include "train/transform_model.h"
 
 #define SPECS "q8, q4, q4g32, q4g64, q4g128 or q2lut"
 
@@ -306,11 +307,12 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
     if (!c->model_dir || !c->out_dir)
         return er_error(ER_EINVAL, "--model and --out are required");
     const char *tr = c->transforms ? c->transforms : "none";
-    if (strcmp(tr, "none") != 0)
-        return er_error(ER_EUNSUPPORTED,
-                        "--transforms \"%s\": only \"none\" is available in this build (function-preserving transforms "
-                        "are not wired into ertrain quantize yet)",
-                        tr);
+    unsigned tflags;
+    if (transform_model_parse_mode(tr, &tflags) < 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", er_last_error());
+        return er_error(ER_EINVAL, "--transforms \"%s\" (none, rotate, fpt, or a list of r, u, v, k): %s", tr, why);
+    }
     const char *sens = c->sensitivity ? c->sensitivity : c->calib ? "fisher" : "none";
     if (strcmp(sens, "fisher") != 0 && strcmp(sens, "none") != 0)
         return er_error(ER_EINVAL, "--sensitivity \"%s\" must be fisher or none", sens);
@@ -337,7 +339,8 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
     const float **imp = NULL;
     int have_model = 0;
     double t0 = time_now();
-    int rc = model_load(&m, c->model_dir, fisher ? MODEL_LOAD_TRAINABLE : 0);
+    // Fisher needs gradients and the transforms rewrite the weights: both need a trainable fp32 model.
+    int rc = model_load(&m, c->model_dir, fisher || tflags ? MODEL_LOAD_TRAINABLE : 0);
     if (rc == ER_OK) {
         have_model = 1;
         if (m.quant.enabled)
@@ -348,6 +351,13 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
     if (rc == ER_OK)
         printf("loaded %s: %zu parameters (%s), %.1fs\n", c->model_dir, model_config_num_params(&m.cfg),
                dtype_name(m.cfg.dtype), time_now() - t0);
+    if (rc == ER_OK && tflags) {
+        t0 = time_now();
+        rc = transform_model(&m, tr, c->seed);
+        if (rc == ER_OK)
+            printf("transforms %s applied (function-preserving%s), %.1fs\n", tr,
+                   m.cfg.tied ? "" : ", lm_head untied", time_now() - t0);
+    }
     if (rc == ER_OK && c->calib)
         rc = calib_load(&cal, c->model_dir, c->calib, c->response_key, 2 * c->calib_n, c->seq_len, m.cfg.V);
     int n_fit = cal.n < c->calib_n ? cal.n : c->calib_n;

@@ -41,7 +41,7 @@ int quantize_model(Model *m, const QuantizeOptions *o, const float *const *impor
 typedef struct {
     const char *model_dir, *out_dir;
     QuantizeOptions q;
-    const char *transforms;   // none (the only value until function-preserving transforms are wired)
+    const char *transforms;   // none | rotate | fpt | a list (train/transform_model.h), applied before quantizing
     const char *calib;        // JSONL (any dataset record type), NULL = none
     const char *response_key; // record field holding the response (NULL = the record type's own)
     int calib_n;              // sequences for the Fisher pass (the next calib_n are held out for NLL)

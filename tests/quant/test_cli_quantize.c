@@ -3,6 +3,7 @@
 // it, ertrain sft trains an adapter on it; Fisher sensitivity with --calib reports NLL before/after;
 // bad flags give one error line and exit 1 without writing anything.
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,6 +136,44 @@ Test(quant_cli, fisher_calibration_and_nll) {
     }
 }
 
+// Function-preserving transforms before quantizing: recorded in quantization_config, the float NLL is
+// unchanged by them, and the result loads and runs.
+Test(quant_cli, transforms_then_quantize) {
+    need_programs();
+    const char *modes[] = {"none", "rotate", "fpt"};
+    double nll_none = 0;
+    for (int i = 0; i < 3; i++) {
+        char out[600];
+        snprintf(out, sizeof out, "%s/t_%s", tmp, modes[i]);
+        CmdResult r = helper_run(tmp,
+                                 "'%s' quantize --model '%s' --out '%s' --weights q4 --transforms %s --seed 3 --calib '%s' "
+                                 "--calib-n 3 --sensitivity none --seq-len 64 --threads 1",
+                                 ertrain, model, out, modes[i], calib);
+        cr_assert_eq(r.status, 0, "quantize --transforms %s failed: %s", modes[i], r.err);
+        if (i > 0)
+            cr_assert(strstr(r.out, "transforms"), "%s", r.out);
+        helper_result_free(&r);
+        cJSON *cfg = read_json(out, "config.json");
+        const cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
+        cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "transforms")->valuestring, modes[i]);
+        cJSON_Delete(cfg);
+        cJSON *run = read_json(out, "run.json");
+        double nll = cJSON_GetObjectItemCaseSensitive(run, "nll_before")->valuedouble;
+        cJSON_Delete(run);
+        if (i == 0)
+            nll_none = nll;
+        cr_assert(fabs(nll - nll_none) < 1e-4 * (1 + nll_none), "%s changed the float model's NLL: %.7g vs %.7g",
+                  modes[i], nll, nll_none);
+        Model m;
+        cr_assert_eq(model_load(&m, out, 0), 0, "%s", er_last_error());
+        cr_assert_eq(m.layers[0].wq.fmt, WF_Q4);
+        model_free(&m);
+        r = helper_run(tmp, "'%s' generate --model '%s' --prompt 'Start with 7.' --max-new 4 --threads 1", erinfer, out);
+        cr_assert_eq(r.status, 0, "%s", r.err);
+        helper_result_free(&r);
+    }
+}
+
 Test(quant_cli, bad_flags_are_one_line_errors) {
     need_programs();
     struct {
@@ -142,7 +181,7 @@ Test(quant_cli, bad_flags_are_one_line_errors) {
     } cases[] = {
         {"--weights q3", "--weights \"q3\""},
         {"--weights q4 --embeddings int4", "--embeddings"},
-        {"--weights q4 --transforms rotate", "--transforms"},
+        {"--weights q4 --transforms spin", "--transforms"},
         {"--weights q4 --sensitivity fisher", "--calib"},
         {"--weights q4 --sensitivity magic --calib x.jsonl", "--sensitivity"},
         {"--weights q4 --scale-search best", "--scale-search"},
