@@ -98,9 +98,11 @@ static void feature_fold(Engine *e, FeatureAcc *f) {
     int C = e->model->cfg.C;
     if (f->in_chunk == 0)
         return;
-    float a = f->folds == 0 ? 1.0f : f->spec->alpha;
-    for (int c = 0; c < C; c++)
-        f->h[c] = a * (float)(e->feat_sum[c] / f->in_chunk) + (1 - a) * f->h[c];
+    float a = f->spec->alpha;
+    for (int c = 0; c < C; c++) { // the first chunk initialises h (whatever the caller's buffer held)
+        float m = (float)(e->feat_sum[c] / f->in_chunk);
+        f->h[c] = f->folds == 0 ? m : a * m + (1 - a) * f->h[c];
+    }
     memset(e->feat_sum, 0, sizeof(double) * (size_t)C);
     f->in_chunk = 0;
     f->folds++;

@@ -54,6 +54,12 @@ int head_fit(Head *h, const float *x, const float *y, int n, const float *xv, co
     if (c->epochs < 1 || c->batch < 1 || !(c->lr > 0) || c->noise < 0)
         return er_error(ER_EINVAL, "%s: need epochs >= 1, batch >= 1, lr > 0 and noise >= 0", c->label);
     int C = h->in, B = c->batch < n ? c->batch : n;
+    for (size_t i = 0; i < (size_t)n * C; i++)
+        if (!isfinite(x[i]))
+            return er_error(ER_ERANGE, "%s: training row %zu, feature %zu is not finite", c->label, i / C, i % C);
+    for (size_t i = 0; i < (size_t)n_val * C; i++)
+        if (!isfinite(xv[i]))
+            return er_error(ER_ERANGE, "%s: held-out row %zu, feature %zu is not finite", c->label, i / C, i % C);
     float *mean = er_calloc((size_t)C, sizeof(float)), *sd = er_calloc((size_t)C, sizeof(float));
     float *xs = er_alloc(sizeof(float) * (size_t)n * C), *xvs = NULL;
     float *xb = er_alloc(sizeof(float) * (size_t)B * C), *yb = er_alloc(sizeof(float) * (size_t)B);

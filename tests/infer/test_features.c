@@ -84,6 +84,8 @@ static void check_ema(int engine_chunk, int feat_chunk, float alpha) {
     }
     float *reff = malloc(sizeof(float) * C), *feat = malloc(sizeof(float) * C);
     for (int c = 0; c < C; c++)
+        feat[c] = NAN; // whatever the buffer held must not leak into the features
+    for (int c = 0; c < C; c++)
         reff[c] = (float)ref[c];
     Engine e;
     cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 2, 256, engine_chunk, 0), 0);
@@ -94,6 +96,8 @@ static void check_ema(int engine_chunk, int feat_chunk, float alpha) {
     cr_assert_eq(st.forward_positions, n);
     // Again with the prompt cached: features still see every position, and agree.
     float *again = malloc(sizeof(float) * C);
+    for (int c = 0; c < C; c++)
+        again[c] = INFINITY;
     cr_assert_eq(engine_prefill(&e, p, n, NULL, &spec, again, &st), 0);
     cr_assert_arr_eq(again, feat, sizeof(float) * C);
     // The prompt computed by engine_prefill is reused whole by the next generate.
