@@ -183,7 +183,9 @@ int main(int argc, char **argv) {
     Fmt fmts[] = {{.name = "f32", .f = WF_F32},
                   {.name = "q8", .f = WF_Q8},
                   {.name = "q4", .f = WF_Q4},
+                  {.name = "q4g32", .f = WF_Q4G, .group = 32},
                   {.name = "q4g64", .f = WF_Q4G, .group = 64},
+                  {.name = "q4g128", .f = WF_Q4G, .group = 128},
                   {.name = "q2lut", .f = WF_Q2LUT}};
     int nf = (int)(sizeof fmts / sizeof fmts[0]);
     Weight *ws = er_calloc((size_t)nw, sizeof(Weight));
