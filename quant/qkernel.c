@@ -1,14 +1,18 @@
-// Decode kernels (N <= 8 input rows): memory-bound, so each weight row is read once and multiplied
-// into all N input rows at once, with one vector accumulator per input row held in registers; rows
-// are split across threads. sgemm's packing costs more than the product at this size.
+// Decode kernels (N <= 8 input rows): each weight row is read once and multiplied into all N input
+// rows at once, with vector accumulators per input row held in registers; rows are split across
+// threads. sgemm's packing costs more than the product at this size. fp32 weights are memory-bound
+// here; packed ones move 4-16x fewer bytes and are bound by the unpacking instead.
 //
 // Two paths:
 //   - portable (the reference): a row in a float format is used in place, any other row is widened
 //     to fp32 into a per-thread buffer (quant_dequant_row), then dotted 8 columns at a time with GCC's
 //     generic vector type (AVX2 here, whatever the target offers elsewhere);
-//   - AVX2 + FMA + F16C (built with -march=native on such a machine): the packed row is expanded 8 weights
-//     at a time straight into a register (int8 sign-extend; nibbles / 2-bit codes by a variable shift
-//     of a broadcast 32/16-bit load; the 2-bit codebook through a permute), never touching memory.
+//   - AVX2 + FMA + F16C (built with -march=native on such a machine): the packed row is expanded 8
+//     weights at a time straight into a register, never touching memory: int8 sign-extended; an
+//     8-byte block widened to 8 lanes, then a mask / shift gives 8 consecutive 4-bit codes (the
+//     layout in quant/weight.h is made for this) or the 2-bit codes index the row's codebook with
+//     vpermilps, which reads only the low 2 bits of each lane. 32 weights per step feed independent
+//     accumulator chains so that FMA latency does not set the pace at N = 1.
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,13 +72,20 @@ static inline __attribute__((always_inline)) void dot_rows(float *out, int R, in
     }
 }
 
-static void decode_portable(float *out, const float *inp, const Weight *w, int N) {
+static int decode_portable(float *out, const float *inp, const Weight *w, int N) {
     int R = w->rows, K = w->cols;
+    int fail = 0;
 #pragma omp parallel
     {
         float *row = w->fmt == WF_F32 ? NULL : malloc(sizeof(float) * (size_t)K);
+        if (w->fmt != WF_F32 && !row) {
+#pragma omp atomic write
+            fail = 1;
+        }
 #pragma omp for schedule(static)
         for (int r = 0; r < R; r++) {
+            if (w->fmt != WF_F32 && !row)
+                continue;
             const float *wr;
             if (w->fmt == WF_F32) {
                 wr = (const float *)w->data + (size_t)r * K;
@@ -95,6 +106,7 @@ static void decode_portable(float *out, const float *inp, const Weight *w, int N
         }
         free(row);
     }
+    return fail ? er_error(ER_ENOMEM, "quant decode: cannot allocate a %d-column row buffer", K) : ER_OK;
 }
 
 #if QK_SIMD
@@ -251,7 +263,7 @@ static float *input_sums(const float *inp, int N, int K, int span) {
         int R = w->rows, K = w->cols;                                                                      \
         float *xsum = input_sums(inp, N, K, FMT == WF_Q4 ? K : 0);                                          \
         if (!xsum)                                                                                         \
-            return ER_ENOMEM;                                                                              \
+            return er_error(ER_ENOMEM, "quant decode: out of memory");                                     \
         _Pragma("omp parallel for schedule(static)") for (int r = 0; r < R; r++) {                         \
             switch (N) {                                                                                   \
             case 1: qrow_simd(out, R, r, w, inp, xsum, K, 1, FMT); break;                                  \
@@ -292,6 +304,5 @@ int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N) {
         }
     }
 #endif
-    decode_portable(out, inp, w, N);
-    return ER_OK;
+    return decode_portable(out, inp, w, N);
 }
