@@ -24,7 +24,8 @@ int cmd_quantize(int argc, char **argv) {
          "k-means codebook)", 1, 0, 0},
         {"embeddings", ARG_STR, &c.q.embeddings, "embedding matrix: int8 | fp (a tied lm_head follows it)", 0, 0, 0},
         {"lm-head", ARG_STR, &c.q.lm_head,
-         "untied lm_head: fp or a --weights format (default: as --weights; q4 for q2lut)", 0, 0, 0},
+         "lm_head: fp or a --weights format (default: as --weights, q4 for q2lut; a tied model follows "
+         "--embeddings unless this is given, then it is untied)", 0, 0, 0},
         {"transforms", ARG_STR, &c.transforms,
          "function-preserving transforms before quantizing: none | rotate (Hadamard, norms folded) | fpt (rotate + "
          "up/down, value/output, query/key) | a list of r,u,v,k", 0, 0, 0},

@@ -47,6 +47,11 @@ int quantize_model(Model *m, const QuantizeOptions *o, const float *const *impor
         q.lm_head = WF_F32;
     else if (quant_parse_spec(head, &q.lm_head, &hg) < 0)
         return er_error(ER_EINVAL, "--lm-head \"%s\" is not one of fp, " SPECS, head);
+    if (m->cfg.tied && o->lm_head && q.lm_head != (q.embed_int8 ? WF_Q8 : WF_F32))
+        return er_error(ER_EINVAL,
+                        "--lm-head %s: the model ties its lm_head to the embedding (--embeddings %s); untie it first "
+                        "(quantize_untie)",
+                        head, emb);
     if (q.lm_head == WF_Q4G && q.linear == WF_Q4G && hg != q.group)
         return er_error(ER_EINVAL, "--lm-head %s must use the group size of --weights %s", head, o->weights);
     if (q.lm_head == WF_Q4G)
@@ -155,6 +160,40 @@ int quantize_model(Model *m, const QuantizeOptions *o, const float *const *impor
     rep->model_bits_per_weight = total_numel ? (double)rep->bytes_after * 8.0 / (double)total_numel : 0;
     rep->mean_rel_error = err_n ? err_sum / err_n : 0;
     m->quant.bits_per_weight = round(rep->bits_per_weight * 1e4) / 1e4;
+    return ER_OK;
+}
+
+int quantize_untie(Model *m) {
+    if (!m->cfg.tied)
+        return ER_OK;
+    if (m->quant.enabled)
+        return er_error(ER_EINVAL, "untie: the model is already quantized");
+    ModelConfig c = m->cfg;
+    c.tied = 0;
+    Model u;
+    ER_TRY(model_build_random(&u, &c, 0.0f, 0));
+    for (int i = 0; i < u.n_params; i++) {
+        ParamTensor *d = &u.params[i];
+        const char *name = strcmp(d->name, "lm_head.weight") == 0 ? "model.embed_tokens.weight" : d->name;
+        const ParamTensor *s = model_find_param(m, name);
+        if (!s || s->numel != d->numel) {
+            model_free(&u);
+            return er_error(ER_EINVAL, "untie: no parameter \"%s\" of %zu values in the tied model", name, d->numel);
+        }
+        if (s->w)
+            quant_dequant_rows(d->data, s->w, 0, s->w->rows);
+        else
+            memcpy(d->data, s->data, s->numel * sizeof(float));
+    }
+    model_free(m);
+    *m = u;
+    // The parameter table points at the Weight fields of the struct it was built in.
+    for (int i = 0; i < m->n_params; i++) {
+        if (m->params[i].w == &u.embed)
+            m->params[i].w = &m->embed;
+        else if (m->params[i].w == &u.lm_head)
+            m->params[i].w = &m->lm_head;
+    }
     return ER_OK;
 }
 
@@ -348,6 +387,9 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
                           m.quant.method);
     }
     int as_bf16 = have_model && m.cfg.dtype == DT_BF16;
+    // The source as stored (before any untying), for the size report.
+    size_t src_params = have_model ? model_config_num_params(&m.cfg) : 0;
+    size_t src_bytes = have_model ? src_params * dtype_size(m.cfg.dtype) : 0;
     if (rc == ER_OK)
         printf("loaded %s: %zu parameters (%s), %.1fs\n", c->model_dir, model_config_num_params(&m.cfg),
                dtype_name(m.cfg.dtype), time_now() - t0);
@@ -357,6 +399,20 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
         if (rc == ER_OK)
             printf("transforms %s applied (function-preserving%s), %.1fs\n", tr,
                    m.cfg.tied ? "" : ", lm_head untied", time_now() - t0);
+    }
+    if (rc == ER_OK && m.cfg.tied && c->q.lm_head) {
+        WeightFormat hf, ef = !c->q.embeddings || strcmp(c->q.embeddings, "int8") == 0 ? WF_Q8 : WF_F32;
+        int hg;
+        if (strcmp(c->q.lm_head, "fp") == 0)
+            hf = WF_F32;
+        else if (quant_parse_spec(c->q.lm_head, &hf, &hg) < 0)
+            rc = er_error(ER_EINVAL, "--lm-head \"%s\" is not one of fp, " SPECS, c->q.lm_head);
+        if (rc == ER_OK && hf != ef) {
+            rc = quantize_untie(&m);
+            if (rc == ER_OK)
+                printf("lm_head untied from the embedding so it can be %s (the dir gets its own lm_head.weight)\n",
+                       c->q.lm_head);
+        }
     }
     if (rc == ER_OK && c->calib)
         rc = calib_load(&cal, c->model_dir, c->calib, c->response_key, 2 * c->calib_n, c->seq_len, m.cfg.V);
@@ -391,8 +447,11 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
         qo.transforms = tr;
         printf("quantizing to %s:\n", c->q.weights);
         rc = quantize_model(&m, &qo, (const float *const *)imp, stdout, &res->rep);
-        if (rc == ER_OK)
+        if (rc == ER_OK) {
+            res->rep.bytes_before = src_bytes;
+            res->rep.model_bits_per_weight = (double)res->rep.bytes_after * 8.0 / (double)src_params;
             printf("quantized in %.1fs\n", time_now() - t0);
+        }
     }
     er_free(fmem);
     er_free(imp);

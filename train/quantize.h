@@ -17,7 +17,8 @@
 typedef struct {
     const char *weights;      // q8 | q4 | q4g32 | q4g64 | q4g128 | q2lut (the seven projections)
     const char *embeddings;   // int8 | fp (NULL = int8)
-    const char *lm_head;      // a weights spec | fp (NULL = the weights' format; q4 for q2lut); untied models
+    const char *lm_head;      // a weights spec | fp (NULL = the weights' format; q4 for q2lut); for a tied model
+                              // only its embedding format (quantize_run unties it for another)
     const char *scale_search; // lp | minmax (NULL = lp)
     double p;                 // Lp exponent of the scale search (0 = 2)
     int kmeans_iters;         // q2lut Lloyd iterations (0 = 25)
@@ -37,6 +38,11 @@ typedef struct {
 // NULL, has n_params entries: per-weight importances (rows, cols) for matrices, NULL entries allowed.
 // Per-layer errors go to `log` (NULL = quiet).
 int quantize_model(Model *m, const QuantizeOptions *o, const float *const *importance, FILE *log, QuantizeReport *rep);
+
+// A tied model rebuilt untied (trainable fp32, lm_head a copy of the embedding), so that the lm_head
+// can get another format than the embedding (e.g. int8 embeddings and a W4 lm_head, which decode reads
+// in full every token). Exact: the logits do not change. A no-op on untied models.
+int quantize_untie(Model *m);
 
 typedef struct {
     const char *model_dir, *out_dir;

@@ -136,6 +136,29 @@ Test(quant_cli, fisher_calibration_and_nll) {
     }
 }
 
+// A tied model with --lm-head q4 next to int8 embeddings is untied: its own packed lm_head.
+Test(quant_cli, tied_model_w4_lm_head) {
+    need_programs();
+    char out[600];
+    snprintf(out, sizeof out, "%s/w4head", tmp);
+    CmdResult r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q4 --lm-head q4 --threads 1", ertrain,
+                             model, out);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "untied"), "%s", r.out);
+    helper_result_free(&r);
+    cJSON *cfg = read_json(out, "config.json");
+    cr_assert(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(cfg, "tie_word_embeddings")));
+    cJSON_Delete(cfg);
+    Model m;
+    cr_assert_eq(model_load(&m, out, 0), 0, "%s", er_last_error());
+    cr_assert_eq(m.embed.fmt, WF_Q8);
+    cr_assert_eq(m.lm_head.fmt, WF_Q4);
+    model_free(&m);
+    r = helper_run(tmp, "'%s' generate --model '%s' --prompt 'Start with 7.' --max-new 4 --threads 1", erinfer, out);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    helper_result_free(&r);
+}
+
 // Function-preserving transforms before quantizing: recorded in quantization_config, the float NLL is
 // unchanged by them, and the result loads and runs.
 Test(quant_cli, transforms_then_quantize) {

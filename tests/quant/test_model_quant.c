@@ -111,6 +111,46 @@ Test(quant_model, roundtrip_tied_and_fp_embeddings) {
     roundtrip(0, "q2lut", "fp");
 }
 
+// A tied model untied (so its lm_head can be W4 while the embedding is int8) computes the same
+// logits, and the untied quantized model round-trips through a dir.
+Test(quant_model, untie_then_w4_lm_head) {
+    threads_set(1);
+    ModelConfig c = tiny(1);
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 11), 0);
+    float *l0 = logits_of(&m);
+    cr_assert_eq(quantize_untie(&m), 0, "%s", er_last_error());
+    cr_assert_eq(m.cfg.tied, 0);
+    cr_assert(model_find_param(&m, "lm_head.weight"));
+    float *l1 = logits_of(&m);
+    cr_assert_eq(memcmp(l0, l1, sizeof(float) * 10 * c.V), 0, "untying changed the logits");
+    QuantizeOptions o = {.weights = "q4g32", .embeddings = "int8", .lm_head = "q4"};
+    QuantizeReport rep;
+    cr_assert_eq(quantize_model(&m, &o, NULL, NULL, &rep), 0, "%s", er_last_error());
+    cr_assert_eq(m.embed.fmt, WF_Q8);
+    cr_assert_eq(m.lm_head.fmt, WF_Q4);
+    float *lq = logits_of(&m);
+    cr_assert_eq(model_save(&m, tmp, 0), 0, "%s", er_last_error());
+    Model b;
+    cr_assert_eq(model_load(&b, tmp, 0), 0, "%s", er_last_error());
+    cr_assert_eq(b.cfg.tied, 0);
+    cr_assert_eq(b.lm_head.fmt, WF_Q4);
+    float *lb = logits_of(&b);
+    cr_assert_eq(memcmp(lq, lb, sizeof(float) * 10 * c.V), 0);
+    // a tied model refuses an lm_head format other than its embedding's
+    Model t;
+    cr_assert_eq(model_build_random(&t, &c, 0.3f, 1), 0);
+    cr_assert_lt(quantize_model(&t, &o, NULL, NULL, &rep), 0);
+    cr_assert(strstr(er_last_error(), "untie"), "%s", er_last_error());
+    model_free(&t);
+    free(l0);
+    free(l1);
+    free(lq);
+    free(lb);
+    model_free(&m);
+    model_free(&b);
+}
+
 Test(quant_model, quantized_logits_close_to_float) {
     threads_set(1);
     ModelConfig c = tiny(0);
