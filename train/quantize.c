@@ -41,7 +41,11 @@ int quantize_model(Model *m, const QuantizeOptions *o, const float *const *impor
     if (strcmp(emb, "int8") != 0 && strcmp(emb, "fp") != 0)
         return er_error(ER_EINVAL, "--embeddings \"%s\" must be int8 or fp", emb);
     q.embed_int8 = strcmp(emb, "int8") == 0;
-    const char *head = o->lm_head ? o->lm_head : q.linear == WF_Q2LUT ? "q4" : o->weights;
+    // A tied lm_head is the embedding: the config then names the embedding's format for it.
+    const char *head = o->lm_head                  ? o->lm_head
+                       : m->cfg.tied               ? (q.embed_int8 ? "q8" : "fp")
+                       : q.linear == WF_Q2LUT      ? "q4"
+                                                   : o->weights;
     int hg = 0;
     if (strcmp(head, "fp") == 0)
         q.lm_head = WF_F32;

@@ -73,6 +73,7 @@ Test(quant_cli, quantize_generate_and_sft) {
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "weights")->valuestring, "q4g32");
     cr_assert_eq(cJSON_GetObjectItemCaseSensitive(q, "group_size")->valueint, 32);
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "embeddings")->valuestring, "int8");
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "lm_head")->valuestring, "q8"); // tied: the embedding
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "transforms")->valuestring, "none");
     cr_assert_float_eq(cJSON_GetObjectItemCaseSensitive(q, "bits_per_weight")->valuedouble, 5.0, 1e-9);
     cJSON_Delete(cfg);
