@@ -12,7 +12,10 @@
 //       "group_size": 0 | 32 | 64 | 128, "embeddings": "int8" | "fp", "lm_head": <weights spec> | "fp",
 //       "transforms": "none" | ..., "bits_per_weight": 4.5}
 // "weights" applies to the seven projections of every layer; "embeddings" int8 is q8 on the embedding
-// matrix (and on the lm_head of a tied model); "lm_head" applies to an untied lm_head.
+// matrix (and on the lm_head of a tied model); "lm_head" applies to an untied lm_head (a tied model's
+// config names the embedding's format there). bits_per_weight is that of the layer projections, scales
+// included. The packed codes are in the 8-byte block layout of quant/weight.h. Tensors are written
+// widest dtype first, so every one of them is aligned in the file and used in place (mmapped).
 #ifndef QUANT_QUANT_H
 #define QUANT_QUANT_H
 
