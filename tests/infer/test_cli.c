@@ -15,6 +15,7 @@
 #include "core/json.h"
 #include "data/synth.h"
 #include "data/tokenizer.h"
+#include "lora/peft.h"
 #include "tests/infer/helpers.h"
 
 static char *tmp;      // per-test temp dir holding the model dir and outputs
@@ -267,6 +268,41 @@ Test(cli, bench_table) {
     for (int j = 0; j < 4; j++)
         cr_assert_lt(kv[1][j], kv[0][j], "int8 KV not smaller than fp32 for row %d", j);
     helper_result_free(&r);
+}
+
+// The adapter-after-base-prefill row: a masked adapter reuses every prompt position the base
+// prefilled, an unmasked one recomputes them all; --json carries the same rows as the table.
+Test(cli, bench_adapter_after_base_prefill_json) {
+    need_erinfer();
+    Model m;
+    cr_assert_eq(model_load(&m, model, 0), 0, "%s", er_last_error());
+    LoraShape s = {m.cfg.L, m.cfg.C, m.cfg.NH * m.cfg.HS, m.cfg.NKV * m.cfg.HS, m.cfg.FF};
+    model_free(&m);
+    for (int masked = 0; masked <= 1; masked++) {
+        LoraAdapter a;
+        cr_assert_eq(lora_init(&a, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 0, 3), 0);
+        for (size_t i = 0; i < a.n_params; i++)
+            a.params[i] = 0.01f * (float)((i * 7919) % 13) - 0.06f;
+        a.masked = masked;
+        char *dir = path_join(tmp, masked ? "masked" : "unmasked");
+        cr_assert_eq(peft_save(&a, dir), 0, "%s", er_last_error());
+        lora_free(&a);
+        CmdResult r = helper_run(tmp, "'%s' bench --model '%s' --adapter '%s' --prompt-tokens 24 --new-tokens 3 "
+                                 "--threads 1 --json", erinfer, model, dir);
+        cr_assert_eq(r.status, 0, "bench failed (%d): %s", r.status, r.err);
+        cJSON *j = cJSON_Parse(r.out);
+        cr_assert(j, "bench --json printed no JSON object:\n%s", r.out);
+        cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "rows")), 8);
+        cr_assert_gt(cJSON_GetObjectItem(j, "weight_bytes")->valuedouble, 0);
+        const cJSON *row = cJSON_GetObjectItem(j, "adapter_after_base_prefill");
+        cr_assert(row, "no adapter_after_base_prefill object");
+        cr_assert_eq(json_int(row, "prompt_reused"), masked ? 24 : 0, "%s adapter reused %d prompt positions",
+                     masked ? "masked" : "unmasked", json_int(row, "prompt_reused"));
+        cr_assert_str_eq(cJSON_GetObjectItem(row, "adapter_mask")->valuestring, masked ? "response" : "all");
+        cJSON_Delete(j);
+        helper_result_free(&r);
+        er_free(dir);
+    }
 }
 
 // A bad invocation: exit status 1 (not a crash), exactly one line on stderr naming the problem.

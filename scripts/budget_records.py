@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Chains records to SFT conversations whose system line states a token budget, as GRPO's prompts do.
+
+usage: scripts/budget_records.py IN.jsonl OUT.jsonl [--key verbose] [--budgets 32,64,128] [--seed 1]
+                                 [--template "Think for at most {budget} tokens."]
+Each output record is {"messages": [system, user, assistant], "answer", "steps", "budget"}; the
+budget is drawn per record from --budgets with a seeded RNG. The response is the record's --key
+completion whatever the budget: the SFT adapter learns the trace format, GRPO then learns the budget.
+"""
+import argparse
+import json
+import os
+import random
+import sys
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("src")
+    ap.add_argument("dst")
+    ap.add_argument("--key", default="verbose")
+    ap.add_argument("--budgets", default="32,64,128")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--template", default="Think for at most {budget} tokens.")
+    a = ap.parse_args()
+    budgets = [int(x) for x in a.budgets.split(",")]
+    rng = random.Random(a.seed)
+    n = 0
+    with open(a.src) as f, open(a.dst + ".tmp", "w") as g:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+                problem, response = r["problem"], r[a.key]
+            except (ValueError, KeyError) as e:
+                sys.exit(f"budget_records: {a.src}:{i}: {e}")
+            b = rng.choice(budgets)
+            msgs = [{"role": "system", "content": a.template.format(budget=b)}, {"role": "user", "content": problem},
+                    {"role": "assistant", "content": response}]
+            g.write(json.dumps({"messages": msgs, "answer": r.get("answer"), "steps": r.get("steps"), "budget": b})
+                    + "\n")
+            n += 1
+    os.replace(a.dst + ".tmp", a.dst)
+    print(f"budget_records: {n} conversations ({a.key} responses, budgets {a.budgets}) to {a.dst}")
+
+
+if __name__ == "__main__":
+    main()
