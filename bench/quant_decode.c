@@ -1,6 +1,7 @@
 // Quantized decode speed: the per-token weight pass of a Qwen2.5-0.5B-shaped model (24 layers of
 // q 896x896, k/v 128x896, o 896x896, gate/up 4864x896, down 896x4864, plus the 151936x896 lm_head)
-// through weight_matmul_forward, with N = 1 and N = 8 input rows, for fp32, q8, q4, q4g64 and q2lut.
+// through weight_matmul_forward, with N = 1 and N = 8 input rows, for fp32, q8, q4, q4g32/64/128,
+// q4lut and q2lut.
 // Weights are random codes (speed does not depend on the values), so nothing is quantized here and
 // the ~2 GB fp32 set is the only big allocation. Prints per format the time per token, tokens/s,
 // the effective weight bandwidth against the machine's read bandwidth, and the ratio against fp32;
@@ -83,9 +84,11 @@ static int make_weight(Weight *w, WeightFormat f, int rows, int cols, int group,
     for (int r = 0; r < rows; r++) {
         if (f == WF_Q8 || f == WF_Q4)
             ((float *)w->scale)[r] = 0.02f / (f == WF_Q8 ? 127 : 7);
-        if (f == WF_Q2LUT)
-            for (int j = 0; j < 4; j++)
-                ((uint16_t *)w->lut)[r * 4 + j] = f32_to_f16(0.01f * (j - 1.5f));
+        if (f == WF_Q2LUT || f == WF_Q4LUT) {
+            int nc = f == WF_Q2LUT ? 4 : 16;
+            for (int j = 0; j < nc; j++)
+                ((uint16_t *)w->lut)[r * nc + j] = f32_to_f16(0.01f * (j - 0.5f * (nc - 1)));
+        }
     }
     if (f == WF_Q4G) {
         size_t ng = (size_t)rows * (cols / group);
@@ -186,6 +189,7 @@ int main(int argc, char **argv) {
                   {.name = "q4g32", .f = WF_Q4G, .group = 32},
                   {.name = "q4g64", .f = WF_Q4G, .group = 64},
                   {.name = "q4g128", .f = WF_Q4G, .group = 128},
+                  {.name = "q4lut", .f = WF_Q4LUT},
                   {.name = "q2lut", .f = WF_Q2LUT}};
     int nf = (int)(sizeof fmts / sizeof fmts[0]);
     Weight *ws = er_calloc((size_t)nw, sizeof(Weight));

@@ -372,7 +372,9 @@ static int place_quantized(Model *m, const char *dir, ParamTensor *p, const StTe
         w->group = group;
         break;
     case WF_Q2LUT:
-        ER_TRY(find_companion(m, dir, p, "_codebook", "codebooks", DT_F16, rows, 4, &a, owned_off));
+    case WF_Q4LUT:
+        ER_TRY(find_companion(m, dir, p, "_codebook", "codebooks", DT_F16, rows, fmt == WF_Q2LUT ? 4 : 16, &a,
+                              owned_off));
         w->lut = a;
         break;
     default: break;
@@ -496,11 +498,12 @@ static int packed_tensors(const ParamTensor *p, StWriteTensor *ts, char (*names)
     int rows = w->rows, n = 0;
     ts[n++] = (StWriteTensor){p->name, w->fmt == WF_Q8 ? DT_I8 : DT_U8, 2, {rows, (int64_t)quant_row_bytes(w->fmt, w->cols)},
                               w->data};
-    snprintf(names[0], 128, "%s%s", p->name, w->fmt == WF_Q2LUT ? "_codebook" : "_scale");
+    int lut = w->fmt == WF_Q2LUT || w->fmt == WF_Q4LUT;
+    snprintf(names[0], 128, "%s%s", p->name, lut ? "_codebook" : "_scale");
     if (w->fmt == WF_Q8 || w->fmt == WF_Q4)
         ts[n++] = (StWriteTensor){names[0], DT_F32, 1, {rows}, w->scale};
-    else if (w->fmt == WF_Q2LUT)
-        ts[n++] = (StWriteTensor){names[0], DT_F16, 2, {rows, 4}, w->lut};
+    else if (lut)
+        ts[n++] = (StWriteTensor){names[0], DT_F16, 2, {rows, w->fmt == WF_Q2LUT ? 4 : 16}, w->lut};
     else {
         snprintf(names[1], 128, "%s_zero", p->name);
         ts[n++] = (StWriteTensor){names[0], DT_F16, 2, {rows, w->cols / w->group}, w->gscale};

@@ -215,6 +215,27 @@ static inline __attribute__((always_inline)) void qrow_simd(float *out, int R, i
                 fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), s, z), inp, K, k + 8, N, 0);
             }
         }
+    } else if (fmt == WF_Q4LUT) {
+        // The 16-entry codebook as two 8-entry tables: vpermps picks by bits 0-2 of the code, then a
+        // blend on bit 3 (moved to the sign bit) chooses the table.
+        const uint16_t *cb = w->lut + (size_t)r * 16;
+        __m256 t0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)cb));
+        __m256 t1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cb + 8)));
+        int full = K & ~15;
+        for (; k + 16 <= full; k += 16) {
+            __m256i v = block8(row + k / 2), h = _mm256_srli_epi32(v, 4);
+            __m256 wl = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, v), _mm256_permutevar8x32_ps(t1, v),
+                                         _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)));
+            __m256 wh = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, h), _mm256_permutevar8x32_ps(t1, h),
+                                         _mm256_castsi256_ps(_mm256_slli_epi32(v, 24)));
+            fma_rows(acc, wl, inp, K, k, N, 0);
+            fma_rows(acc, wh, inp, K, k + 8, N, 1 % A);
+        }
+        for (int j = k; j < K; j++) {
+            float v = half_to_f32(cb[quant_code4(row, K, j)]);
+            for (int n = 0; n < N; n++)
+                tail[n] += v * inp[(size_t)n * K + j];
+        }
     } else { // WF_Q2LUT: vpermilps picks from [c0 c1 c2 c3] in each 128-bit lane by bits 0-1 of the index
         float c[4];
         for (int i = 0; i < 4; i++)
@@ -284,6 +305,7 @@ QK_ROWS(WF_Q8)
 QK_ROWS(WF_Q4)
 QK_ROWS(WF_Q4G)
 QK_ROWS(WF_Q2LUT)
+QK_ROWS(WF_Q4LUT)
 
 #endif
 
@@ -300,6 +322,7 @@ int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N) {
                 return decode_simd_WF_Q4G(out, inp, w, N);
             break;
         case WF_Q2LUT: return decode_simd_WF_Q2LUT(out, inp, w, N);
+        case WF_Q4LUT: return decode_simd_WF_Q4LUT(out, inp, w, N);
         default: break;
         }
     }

@@ -17,7 +17,8 @@ size_t quant_row_bytes(WeightFormat f, int cols) {
     case WF_F16: return c * 2;
     case WF_Q8: return c;
     case WF_Q4:
-    case WF_Q4G: return (c + 1) / 2;
+    case WF_Q4G:
+    case WF_Q4LUT: return (c + 1) / 2;
     case WF_Q2LUT: return (c + 3) / 4;
     }
     return 0;
@@ -47,8 +48,8 @@ int quant_weight_alloc(Weight *w, WeightFormat f, int rows, int cols, int group)
         aux = align64(R * sizeof(float));
     else if (f == WF_Q4G)
         aux = 2 * align64(R * ng * 2);
-    else if (f == WF_Q2LUT)
-        aux = align64(R * 4 * 2);
+    else if (f == WF_Q2LUT || f == WF_Q4LUT)
+        aux = align64(R * (f == WF_Q2LUT ? 4 : 16) * 2);
     uint8_t *mem = er_calloc(data + aux, 1);
     if (!mem)
         return er_error(ER_ENOMEM, "quant: cannot allocate %zu bytes for a %s [%d, %d] matrix", data + aux,
@@ -65,7 +66,7 @@ int quant_weight_alloc(Weight *w, WeightFormat f, int rows, int cols, int group)
         w->gscale = (const uint16_t *)(mem + data);
         w->gzero = (const uint16_t *)(mem + data + aux / 2);
     }
-    if (f == WF_Q2LUT)
+    if (f == WF_Q2LUT || f == WF_Q4LUT)
         w->lut = (const uint16_t *)(mem + data);
     return ER_OK;
 }
@@ -143,6 +144,15 @@ void quant_dequant_row(float *dst, const Weight *w, int r) {
         }
         break;
     }
+    case WF_Q4LUT: {
+        float c[16];
+        for (int i = 0; i < 16; i++)
+            c[i] = f16_to_f32(w->lut[(size_t)r * 16 + i]);
+        codes4_f32(dst, row, K);
+        for (int k = 0; k < K; k++)
+            dst[k] = c[(int)dst[k]];
+        break;
+    }
     case WF_Q2LUT: {
         float c[4];
         for (int i = 0; i < 4; i++)
@@ -179,6 +189,8 @@ int quant_parse_spec(const char *s, WeightFormat *f, int *group) {
         *f = WF_Q4;
     else if (strcmp(s, "q2lut") == 0)
         *f = WF_Q2LUT;
+    else if (strcmp(s, "q4lut") == 0)
+        *f = WF_Q4LUT;
     else if (strcmp(s, "q4g32") == 0 || strcmp(s, "q4g64") == 0 || strcmp(s, "q4g128") == 0) {
         *f = WF_Q4G;
         *group = s[3] == '3' ? 32 : s[3] == '6' ? 64 : 128;
@@ -195,7 +207,7 @@ const char *quant_spec_name(WeightFormat f, int group, char *buf) {
     return buf;
 }
 
-#define SPECS "q8, q4, q4g32, q4g64, q4g128 or q2lut"
+#define SPECS "q8, q4, q4g32, q4g64, q4g128, q4lut or q2lut"
 
 int quant_config_from_json(QuantConfig *q, const cJSON *j, const char *ctx) {
     memset(q, 0, sizeof *q);

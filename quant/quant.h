@@ -2,13 +2,13 @@
 // kernels, and the quantization_config a quantized model dir carries in its config.json.
 //
 // On disk (safetensors, HF naming): a quantized matrix "X.weight" of shape [rows, cols] is stored as
-//   X.weight             q8: I8 [rows, cols]; q4, q4g: U8 [rows, (cols+1)/2]; q2lut: U8 [rows, (cols+3)/4]
+//   X.weight             q8: I8 [rows, cols]; q4, q4g, q4lut: U8 [rows, (cols+1)/2]; q2lut: U8 [rows, (cols+3)/4]
 //   X.weight_scale       q8, q4: F32 [rows]; q4g: F16 [rows, cols/group]
 //   X.weight_zero        q4g: F16 [rows, cols/group] (W = u * scale + zero)
-//   X.weight_codebook    q2lut: F16 [rows, 4]
+//   X.weight_codebook    q2lut: F16 [rows, 4]; q4lut: F16 [rows, 16]
 // and config.json holds
 //   "quantization_config": {"quant_method": "ertrain", "method": "rtn-lp" | "rtn-minmax" | "kmeans" |
-//       "kmeans-fisher" | ..., "weights": "q8" | "q4" | "q4g32" | "q4g64" | "q4g128" | "q2lut",
+//       "kmeans-fisher" | ..., "weights": "q8" | "q4" | "q4g32" | "q4g64" | "q4g128" | "q4lut" | "q2lut",
 //       "group_size": 0 | 32 | 64 | 128, "embeddings": "int8" | "fp", "lm_head": <weights spec> | "fp",
 //       "transforms": "none" | ..., "bits_per_weight": 4.5}
 // "weights" applies to the seven projections of every layer; "embeddings" int8 is q8 on the embedding
@@ -73,7 +73,7 @@ int quant_has_simd(void);
 
 // ---- quantization_config ----
 
-// "q8", "q4", "q4g32", "q4g64", "q4g128", "q2lut" -> format and group (0 unless Q4G).
+// "q8", "q4", "q4g32", "q4g64", "q4g128", "q4lut", "q2lut" -> format and group (0 unless Q4G).
 int quant_parse_spec(const char *s, WeightFormat *f, int *group);
 // The spec string of a format ("fp" for the float formats); buf of at least 16 bytes.
 const char *quant_spec_name(WeightFormat f, int group, char *buf);

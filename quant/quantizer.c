@@ -259,18 +259,22 @@ static void quantize_row(Weight *w, int r, const float *x, const float *imp, con
         quant_pack4(row, s->codes, K);
         break;
     }
-    case WF_Q2LUT: {
-        float c[16];
-        kmeans_run(x, imp, K, 4, o->kmeans_iters, c, s->codes, NULL, s->sorted);
-        uint16_t *lut = (uint16_t *)&w->lut[(size_t)r * 4];
-        float cr[4];
-        for (int j = 0; j < 4; j++) {
+    case WF_Q2LUT:
+    case WF_Q4LUT: {
+        int nc = w->fmt == WF_Q2LUT ? 4 : 16;
+        float c[16], cr[16];
+        kmeans_run(x, imp, K, nc, o->kmeans_iters, c, s->codes, NULL, s->sorted);
+        uint16_t *lut = (uint16_t *)&w->lut[(size_t)r * nc];
+        for (int j = 0; j < nc; j++) {
             lut[j] = f32_to_f16(c[j]);
             cr[j] = f16_to_f32(lut[j]);
         }
         for (int k = 0; k < K; k++)
-            s->codes[k] = (uint8_t)nearest(x[k], cr, 4);
-        quant_pack2(row, s->codes, K);
+            s->codes[k] = (uint8_t)nearest(x[k], cr, nc);
+        if (nc == 4)
+            quant_pack2(row, s->codes, K);
+        else
+            quant_pack4(row, s->codes, K);
         break;
     }
     default: break;

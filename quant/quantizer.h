@@ -4,7 +4,7 @@
 //     weighted) Lp error sum_k imp_k |w_k - Q(w_k)|^p; min-max is the baseline (c = 1 only), so the
 //     search is never worse than min-max. The error is measured with the scales as stored (fp16 for
 //     q4g), so what is chosen is what the file holds.
-//   - Non-uniform (q2lut): 1-D k-means per row (4 centroids), weighted by an optional per-weight
+//   - Non-uniform (q2lut, q4lut): 1-D k-means per row (4 or 16 centroids), weighted by an optional per-weight
 //     importance (diagonal Fisher = squared gradients, SqueezeLLM style); init at the quantiles of the
 //     sorted row (the row's distinct values when it has at most k), then Lloyd iterations, each of
 //     which can only lower the weighted objective. Centroids are rounded to fp16 and the codes
@@ -19,12 +19,12 @@
 typedef enum { QSEARCH_LP, QSEARCH_MINMAX } QuantSearch;
 
 typedef struct {
-    WeightFormat fmt;   // WF_Q8, WF_Q4, WF_Q4G, WF_Q2LUT
+    WeightFormat fmt;   // WF_Q8, WF_Q4, WF_Q4G, WF_Q2LUT, WF_Q4LUT
     int group;          // WF_Q4G: inputs per group
     QuantSearch search; // RTN formats
     double p;           // Lp exponent of the search (default 2)
     int grid;           // clipping ratios after c = 1 (default 20)
-    int kmeans_iters;   // WF_Q2LUT Lloyd iterations (default 25)
+    int kmeans_iters;   // WF_Q2LUT / WF_Q4LUT Lloyd iterations (default 25)
 } QuantOptions;
 
 void quant_options_default(QuantOptions *o, WeightFormat fmt, int group);

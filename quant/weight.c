@@ -17,11 +17,14 @@ const char *weight_format_name(WeightFormat f) {
     case WF_Q4: return "q4";
     case WF_Q4G: return "q4g";
     case WF_Q2LUT: return "q2lut";
+    case WF_Q4LUT: return "q4lut";
     }
     return "?";
 }
 
-int weight_is_quantized(WeightFormat f) { return f == WF_Q8 || f == WF_Q4 || f == WF_Q4G || f == WF_Q2LUT; }
+int weight_is_quantized(WeightFormat f) {
+    return f == WF_Q8 || f == WF_Q4 || f == WF_Q4G || f == WF_Q2LUT || f == WF_Q4LUT;
+}
 
 size_t weight_bytes(const Weight *w) {
     size_t R = (size_t)w->rows, n = R * quant_row_bytes(w->fmt, w->cols);
@@ -30,6 +33,7 @@ size_t weight_bytes(const Weight *w) {
     case WF_Q4: n += R * sizeof(float); break;
     case WF_Q4G: n += 2 * R * (size_t)(w->cols / w->group) * 2; break;
     case WF_Q2LUT: n += R * 4 * 2; break;
+    case WF_Q4LUT: n += R * 16 * 2; break;
     default: break;
     }
     return n;

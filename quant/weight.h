@@ -6,7 +6,8 @@
 //   WF_Q4    data u8 (rows, (cols+1)/2), code u: W[r,k] = (u - 8) * scale[r]   (per output row)
 //   WF_Q4G   data u8 (rows, (cols+1)/2), code u: W[r,k] = u * gscale[r,g] + gzero[r,g], g = k / group
 //   WF_Q2LUT data u8 (rows, (cols+3)/4), code i: W[r,k] = lut[r,i]  (a 4-entry codebook per row)
-// Codes are laid out for 8-wide SIMD: a row is cut into blocks of 8 bytes, and byte i of a block holds
+//   WF_Q4LUT data u8 (rows, (cols+1)/2), code i: W[r,k] = lut[r,i]  (a 16-entry codebook per row)
+// Codes are laid out for 8-wide SIMD (Q4LUT codes like Q4's): a row is cut into blocks of 8 bytes, and byte i of a block holds
 // the elements i, i+8 (4-bit: low nibble, high nibble; a block is 16 elements) or i, i+8, i+16, i+24
 // (2-bit: bits 0-1, 2-3, 4-5, 6-7; a block is 32 elements). So widening the 8 bytes to 8 lanes and
 // shifting gives 8 consecutive elements per shift. The last cols % 16 (4-bit) or cols % 32 (2-bit)
@@ -27,6 +28,7 @@ typedef enum {
     WF_Q4,    // int4 per output row, symmetric
     WF_Q4G,   // int4 per group of `group` inputs, asymmetric (scale + zero)
     WF_Q2LUT, // 2-bit indices into a per-row 4-entry fp16 codebook
+    WF_Q4LUT, // 4-bit indices into a per-row 16-entry fp16 codebook (non-uniform, SqueezeLLM style)
 } WeightFormat;
 
 typedef struct {
@@ -36,12 +38,12 @@ typedef struct {
     const float *scale;       // Q8, Q4: (rows)
     const uint16_t *gscale;   // Q4G: fp16 (rows, cols / group)
     const uint16_t *gzero;    // Q4G: fp16 (rows, cols / group)
-    const uint16_t *lut;      // Q2LUT: fp16 (rows, 4)
+    const uint16_t *lut;      // Q2LUT: fp16 (rows, 4); Q4LUT: fp16 (rows, 16)
     int group;                // Q4G: inputs per group (divides cols)
     void *owned;              // one er_alloc block holding the buffers above, when this Weight owns them
 } Weight;
 
-const char *weight_format_name(WeightFormat f); // "f32", "bf16", "f16", "q8", "q4", "q4g", "q2lut"
+const char *weight_format_name(WeightFormat f); // "f32", "bf16", "f16", "q8", "q4", "q4g", "q2lut", "q4lut"
 int weight_is_quantized(WeightFormat f);
 // Bytes of the whole weight: data plus scales, zeros and codebooks.
 size_t weight_bytes(const Weight *w);

@@ -20,7 +20,7 @@ int cmd_quantize(int argc, char **argv) {
         {"model", ARG_STR, &c.model_dir, "float model dir (HF layout: config.json, *.safetensors, tokenizer)", 1, 0, 0},
         {"out", ARG_STR, &c.out_dir, "output model dir (absent or empty)", 1, 0, 0},
         {"weights", ARG_STR, &c.q.weights,
-         "format of the layer projections: q8 | q4 (per row) | q4g32 | q4g64 | q4g128 (per group) | q2lut (2-bit "
+         "format of the layer projections: q8 | q4 (per row) | q4g32 | q4g64 | q4g128 (per group) | q4lut | q2lut (4 / 2-bit "
          "k-means codebook)", 1, 0, 0},
         {"embeddings", ARG_STR, &c.q.embeddings, "embedding matrix: int8 | fp (a tied lm_head follows it)", 0, 0, 0},
         {"lm-head", ARG_STR, &c.q.lm_head,
@@ -40,12 +40,12 @@ int cmd_quantize(int argc, char **argv) {
         {"scale-search", ARG_STR, &c.q.scale_search,
          "RTN scales: lp (grid search over clipping ratios minimising the Lp error) | minmax", 0, 0, 0},
         {"p", ARG_FLOAT, &c.q.p, "exponent of the Lp error the scale search minimises", 0, 1, 8},
-        {"kmeans-iters", ARG_INT, &c.q.kmeans_iters, "Lloyd iterations of the q2lut k-means", 0, 1, 1000},
+        {"kmeans-iters", ARG_INT, &c.q.kmeans_iters, "Lloyd iterations of the q4lut / q2lut k-means", 0, 1, 1000},
         {"seed", ARG_INT, &seed, "seed of the transforms' random rotations", 0, 0, 2147483647},
         {"threads", ARG_INT, &c.threads, "threads (0 = all cores)", 0, 0, 4096},
     };
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0],
-                        "ertrain quantize --model DIR --out DIR --weights q8|q4|q4g32|q4g64|q4g128|q2lut "
+                        "ertrain quantize --model DIR --out DIR --weights q8|q4|q4g32|q4g64|q4g128|q4lut|q2lut "
                         "[--embeddings int8|fp] [--transforms none|rotate|fpt] [--calib FILE.jsonl --calib-n N] "
                         "[--sensitivity fisher|none] [--scale-search lp|minmax] [--seed S]");
     if (rc == ARGS_HELP)

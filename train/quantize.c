@@ -20,7 +20,7 @@
 #include "train/trainer.h"
 #include "train/transform_model.h"
 
-#define SPECS "q8, q4, q4g32, q4g64, q4g128 or q2lut"
+#define SPECS "q8, q4, q4g32, q4g64, q4g128, q4lut or q2lut"
 
 // ---- the model ----
 
@@ -76,7 +76,7 @@ int quantize_model(Model *m, const QuantizeOptions *o, const float *const *impor
             ER_TRY(quant_check_shape(f, p->w->rows, p->w->cols, q.group, p->name));
     }
     snprintf(q.method, sizeof q.method, "%s%s%s",
-             q.linear == WF_Q2LUT ? "kmeans" : minmax ? "rtn-minmax" : "rtn-lp",
+             q.linear == WF_Q2LUT || q.linear == WF_Q4LUT ? "kmeans" : minmax ? "rtn-minmax" : "rtn-lp",
              o->method_note && o->method_note[0] ? "-" : "", o->method_note ? o->method_note : "");
     snprintf(q.transforms, sizeof q.transforms, "%s", o->transforms ? o->transforms : "none");
 

@@ -116,6 +116,22 @@ Test(quant_formats, dequant_matches_layout) {
         }
         weight_free(&w);
     }
+    // q4lut
+    cr_assert_eq(quant_weight_alloc(&w, WF_Q4LUT, R, K, 0), 0);
+    uint8_t c16[3 * 44];
+    for (int i = 0; i < R * K; i++)
+        c16[i] = (uint8_t)rng_below(&rng, 16);
+    for (int r = 0; r < R; r++) {
+        quant_pack4((uint8_t *)w.data + r * quant_row_bytes(WF_Q4LUT, K), c16 + r * K, K);
+        for (int j = 0; j < 16; j++)
+            ((uint16_t *)w.lut)[r * 16 + j] = f32_to_f16((float)(j - 7.5) * 0.25f * (r + 1));
+    }
+    for (int r = 0; r < R; r++) {
+        quant_dequant_row(row, &w, r);
+        for (int k = 0; k < K; k++)
+            cr_assert_eq(row[k], f16_to_f32(w.lut[r * 16 + c16[r * K + k]]), "q4lut [%d,%d]", r, k);
+    }
+    weight_free(&w);
     // q2lut
     cr_assert_eq(quant_weight_alloc(&w, WF_Q2LUT, R, K, 0), 0);
     uint8_t idx[3 * 44];
@@ -149,6 +165,9 @@ Test(quant_formats, bytes_and_bits_per_weight) {
     cr_assert_eq(quant_weight_alloc(&w, WF_Q2LUT, 10, 896, 0), 0);
     cr_assert_float_eq(weight_bits_per_weight(&w), 2.0 + 64.0 / 896, 1e-9);
     weight_free(&w);
+    cr_assert_eq(quant_weight_alloc(&w, WF_Q4LUT, 10, 896, 0), 0);
+    cr_assert_float_eq(weight_bits_per_weight(&w), 4.0 + 256.0 / 896, 1e-9);
+    weight_free(&w);
     cr_assert_eq(quant_weight_alloc(&w, WF_Q8, 10, 896, 0), 0);
     cr_assert_float_eq(weight_bits_per_weight(&w), 8.0 + 32.0 / 896, 1e-9);
     weight_free(&w);
@@ -167,8 +186,8 @@ Test(quant_formats, shape_checks) {
 }
 
 Test(quant_formats, specs) {
-    const char *good[] = {"q8", "q4", "q4g32", "q4g64", "q4g128", "q2lut"};
-    for (int i = 0; i < 6; i++) {
+    const char *good[] = {"q8", "q4", "q4g32", "q4g64", "q4g128", "q2lut", "q4lut"};
+    for (int i = 0; i < 7; i++) {
         WeightFormat f;
         int g;
         char buf[16];

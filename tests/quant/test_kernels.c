@@ -33,11 +33,11 @@ static void random_weight(Weight *w, WeightFormat f, int R, int K, int group, ui
             ((uint16_t *)w->gscale)[i] = f32_to_f16(0.01f + 0.05f * rng_uniform(&r));
             ((uint16_t *)w->gzero)[i] = f32_to_f16(-0.4f + 0.1f * rng_uniform(&r));
         }
-    if (f == WF_Q2LUT)
-        for (int i = 0; i < R * 4; i++)
+    if (f == WF_Q2LUT || f == WF_Q4LUT)
+        for (int i = 0; i < R * (f == WF_Q2LUT ? 4 : 16); i++)
             ((uint16_t *)w->lut)[i] = f32_to_f16(rng_normal(&r) * 0.3f);
     // Zero the padding of packed rows (unpack, pack) so dequantization is the only reader of real codes.
-    if (f == WF_Q4 || f == WF_Q4G || f == WF_Q2LUT) {
+    if (f == WF_Q4 || f == WF_Q4G || f == WF_Q2LUT || f == WF_Q4LUT) {
         uint8_t *codes = malloc((size_t)K);
         for (int i = 0; i < R; i++) {
             uint8_t *row = d + (size_t)i * quant_row_bytes(f, K);
@@ -93,7 +93,7 @@ static const Case cases[] = {
     {WF_Q8, 40, 0},  {WF_Q8, 37, 0},  {WF_Q4, 48, 0},     {WF_Q4, 37, 0},     {WF_Q4G, 64, 32},
     {WF_Q4G, 96, 8}, {WF_Q4G, 36, 6}, {WF_Q4G, 48, 16}, {WF_Q2LUT, 40, 0},  {WF_Q2LUT, 39, 0},  {WF_BF16, 24, 0},
     {WF_F16, 21, 0}, {WF_F32, 19, 0},  {WF_Q4, 200, 0},    {WF_Q2LUT, 203, 0}, {WF_Q4G, 256, 128},
-    {WF_Q8, 100, 0},
+    {WF_Q8, 100, 0},  {WF_Q4LUT, 48, 0}, {WF_Q4LUT, 37, 0}, {WF_Q4LUT, 200, 0},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
@@ -211,9 +211,9 @@ Test(quant_kernels, backward_input_accumulates) {
 // (decode kernel for N = 2, tile path for N = 9) of the packed weight.
 Test(quant_kernels, backward_matches_finite_differences) {
     threads_set(1);
-    WeightFormat fs[] = {WF_Q8, WF_Q4, WF_Q4G, WF_Q2LUT};
+    WeightFormat fs[] = {WF_Q8, WF_Q4, WF_Q4G, WF_Q2LUT, WF_Q4LUT};
     int Ns[] = {2, 9};
-    for (int fi = 0; fi < 4; fi++)
+    for (int fi = 0; fi < 5; fi++)
         for (int t = 0; t < 2; t++) {
             const int R = 11, K = 32, N = Ns[t];
             Weight w;

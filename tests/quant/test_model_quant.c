@@ -101,8 +101,8 @@ static void roundtrip(int tied, const char *weights, const char *emb) {
 }
 
 Test(quant_model, roundtrip_every_format) {
-    const char *ws[] = {"q8", "q4", "q4g32", "q4g64", "q2lut"};
-    for (int i = 0; i < 5; i++)
+    const char *ws[] = {"q8", "q4", "q4g32", "q4g64", "q2lut", "q4lut"};
+    for (int i = 0; i < 6; i++)
         roundtrip(0, ws[i], "int8");
 }
 Test(quant_model, roundtrip_tied_and_fp_embeddings) {
@@ -344,8 +344,8 @@ static double loss_of(Model *m, const ModelInput *in, Activations *a, const int 
 
 Test(quant_model, lora_gradients_through_quantized_base) {
     threads_set(1);
-    const char *ws[] = {"q4g32", "q2lut"};
-    for (int wi = 0; wi < 2; wi++) {
+    const char *ws[] = {"q4g32", "q2lut", "q4lut"};
+    for (int wi = 0; wi < 3; wi++) {
         Model m;
         quantized_model(&m, 1, ws[wi], "int8");
         ModelConfig c = m.cfg;

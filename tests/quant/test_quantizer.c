@@ -161,6 +161,31 @@ Test(quantizer, q2lut_exact_for_four_values) {
     weight_free(&w);
 }
 
+Test(quantizer, q4lut_exact_for_sixteen_values) {
+    const int R = 2, K = 70;
+    float x[2 * 70];
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < K; k++)
+            x[r * K + k] = (float)((k * 5 + r) % (r ? 9 : 16)) * 0.375f - 2.0f; // 16 and 9 distinct values
+    QuantOptions o;
+    quant_options_default(&o, WF_Q4LUT, 0);
+    Weight w;
+    cr_assert_eq(quantize_matrix(&w, x, R, K, NULL, &o), 0);
+    cr_assert_eq(quant_rel_error(&w, x), 0.0);
+    weight_free(&w);
+    // on a smooth row 16 non-uniform levels beat 16 uniform ones (q4, Lp search)
+    float *y = heavy(4 * 256, 8);
+    Weight a, b;
+    cr_assert_eq(quantize_matrix(&a, y, 4, 256, NULL, &o), 0);
+    quant_options_default(&o, WF_Q4, 0);
+    cr_assert_eq(quantize_matrix(&b, y, 4, 256, NULL, &o), 0);
+    cr_assert(quant_rel_error(&a, y) < quant_rel_error(&b, y), "q4lut %g vs q4 %g", quant_rel_error(&a, y),
+              quant_rel_error(&b, y));
+    weight_free(&a);
+    weight_free(&b);
+    free(y);
+}
+
 Test(quantizer, importance_steers_the_error) {
     // Fisher-weighted k-means puts its error where the importance is small.
     const int K = 256;
@@ -184,8 +209,8 @@ Test(quantizer, zero_rows_and_bad_options) {
     float x[2 * 16] = {0};
     for (int k = 0; k < 16; k++)
         x[16 + k] = 0.5f; // a constant row
-    WeightFormat fs[] = {WF_Q8, WF_Q4, WF_Q4G, WF_Q2LUT};
-    for (int i = 0; i < 4; i++) {
+    WeightFormat fs[] = {WF_Q8, WF_Q4, WF_Q4G, WF_Q2LUT, WF_Q4LUT};
+    for (int i = 0; i < 5; i++) {
         QuantOptions o;
         quant_options_default(&o, fs[i], 8);
         Weight w;
