@@ -222,15 +222,28 @@ static inline __attribute__((always_inline)) void qrow_simd(float *out, int R, i
         __m256 t0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)cb));
         __m256 t1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cb + 8)));
         int full = K & ~15;
-        for (; k + 16 <= full; k += 16) {
-            __m256i v = block8(row + k / 2), h = _mm256_srli_epi32(v, 4);
-            __m256 wl = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, v), _mm256_permutevar8x32_ps(t1, v),
-                                         _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)));
-            __m256 wh = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, h), _mm256_permutevar8x32_ps(t1, h),
-                                         _mm256_castsi256_ps(_mm256_slli_epi32(v, 24)));
-            fma_rows(acc, wl, inp, K, k, N, 0);
-            fma_rows(acc, wh, inp, K, k + 8, N, 1 % A);
+#define LUT16(v, h, wl, wh)                                                                                      \
+    __m256 wl = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, v), _mm256_permutevar8x32_ps(t1, v),             \
+                                 _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)));                                \
+    __m256 wh = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, h), _mm256_permutevar8x32_ps(t1, h),             \
+                                 _mm256_castsi256_ps(_mm256_slli_epi32(v, 24)))
+        for (; k + 32 <= full; k += 32) {
+            __m256i v0 = block8(row + k / 2), h0 = _mm256_srli_epi32(v0, 4);
+            __m256i v1 = block8(row + k / 2 + 8), h1 = _mm256_srli_epi32(v1, 4);
+            LUT16(v0, h0, w0, w1);
+            LUT16(v1, h1, w2, w3);
+            fma_rows(acc, w0, inp, K, k, N, 0);
+            fma_rows(acc, w1, inp, K, k + 8, N, 1 % A);
+            fma_rows(acc, w2, inp, K, k + 16, N, 2 % A);
+            fma_rows(acc, w3, inp, K, k + 24, N, 3 % A);
         }
+        for (; k + 16 <= full; k += 16) {
+            __m256i v0 = block8(row + k / 2), h0 = _mm256_srli_epi32(v0, 4);
+            LUT16(v0, h0, w0, w1);
+            fma_rows(acc, w0, inp, K, k, N, 0);
+            fma_rows(acc, w1, inp, K, k + 8, N, 1 % A);
+        }
+#undef LUT16
         for (int j = k; j < K; j++) {
             float v = half_to_f32(cb[quant_code4(row, K, j)]);
             for (int n = 0; n < N; n++)
