@@ -4,7 +4,10 @@
 #
 # The pretraining data is a mixture made from one chains file:
 #   - every record as a chat conversation with its "direct" completion ("Answer: 37"), so the base
-#     answers directly in the chat format (and so fails long chains: k >= 4 steps in one go);
+#     answers directly in the chat format (and so fails long chains: k >= 4 steps in one go); half
+#     of them with a system line stating a token budget ("Think for at most 64 tokens.", as GRPO and
+#     the demo prompt). Masked LoRA cannot change how the base reads a prompt, so the base must have
+#     seen every prompt form the adapter will be used with;
 #   - as many one-step records again as chat with direct answers: single steps are what the base
 #     should answer directly near-perfectly, and they are short, so cheap to add;
 #   - every record again as raw text {"text": problem + "\n" + verbose trace} (no chat template), so
@@ -49,24 +52,33 @@ $B/ertrain synth chains --n "$N" --seed "$DATA_SEED" --out "$chains" --tokenizer
 $B/ertrain synth chains --n "$N" --seed "$((DATA_SEED + 100))" --min-steps 1 --max-steps 1 --out "$one" \
   | sed 's/^/synth k=1: /'
 python3 - "$chains" "$one" "$mix.tmp" <<'PY'
-import json, sys
+import json, random, sys
 n_chat = n_one = n_text = 0
+rng = random.Random(1)
+def chat(line):
+    """A chat record; half of them state a budget in a system line (pretrain renders the direct answer)."""
+    r = json.loads(line)
+    msgs = [{"role": "user", "content": r["problem"]}, {"role": "assistant", "content": r["direct"]}]
+    if rng.random() < 0.5:
+        msgs.insert(0, {"role": "system", "content": f"Think for at most {rng.choice([32, 64, 128, 256])} tokens."})
+    return json.dumps({"messages": msgs, "answer": r["answer"]}) + "\n"
 with open(sys.argv[1]) as f, open(sys.argv[2]) as one, open(sys.argv[3], "w") as g:
     for line, line1 in zip(f, one):
         r = json.loads(line)
-        g.write(line)  # chat record; pretrain --response-key direct renders it with its direct answer
-        g.write(line1)
+        g.write(chat(line))
+        g.write(chat(line1))
         g.write(json.dumps({"text": r["problem"] + "\n" + r["verbose"]}) + "\n")
         n_chat += 1
         n_one += 1
         n_text += 1
-print(f"mix: {n_chat} chat records (direct answers, k = 1..8) + {n_one} chat records (direct, k = 1) + "
+print(f"mix: {n_chat} chat records (direct answers, k = 1..8, half with a budget system line) + "
+      f"{n_one} chat records (direct, k = 1) + "
       f"{n_text} raw-text records (problem + verbose trace)")
 PY
 mv "$mix.tmp" "$mix"
 
 inputs="config=$CONFIG:$(hash_of $CONFIG) tokenizer=$TOKENIZER:$(hash_of $TOKENIZER/tokenizer.json)
-data=chains n=$N seed=$DATA_SEED mix=direct-chat+verbose-text:$(hash_of "$mix")
+data=chains n=$N seed=$DATA_SEED mix=direct-chat+budget-system+verbose-text:$(hash_of "$mix")
 pretrain steps=$STEPS batch=$BATCH lr=$LR seq_len=$SEQ_LEN seed=$TRAIN_SEED"
 
 # 2. The base: skipped when the cached model was built from the same inputs.
@@ -81,7 +93,7 @@ if [ -e "$model" ]; then
 fi
 rm -f "$OUT/inputs.txt"
 echo "base: pretraining $CONFIG on $mix ($STEPS steps x $BATCH, lr $LR, $THREADS thread(s))"
-cmd=($B/ertrain pretrain --config "$CONFIG" --tokenizer "$TOKENIZER" --data "$mix" --response-key direct
+cmd=($B/ertrain pretrain --config "$CONFIG" --tokenizer "$TOKENIZER" --data "$mix"
      --steps "$STEPS" --batch "$BATCH" --lr "$LR" --seq-len "$SEQ_LEN" --seed "$TRAIN_SEED" --threads "$THREADS"
      --eval-every $((STEPS / 4)) --out "$model")
 echo "+ ${cmd[*]}"
