@@ -1,5 +1,6 @@
 #include "core/safetensors.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -448,6 +449,26 @@ int64_t st_numel(const StTensor *t) {
     for (int d = 0; d < t->ndim; d++)
         n *= t->shape[d];
     return n;
+}
+
+int safetensors_read_tensor(const StFile *f, const char *name, ErDType dt, int ndim, const int64_t *shape,
+                            void *dst) {
+    assert(ndim >= 0 && ndim <= ST_MAX_DIMS);
+    const StTensor *t = safetensors_find(f, name);
+    if (!t)
+        return st_fail(f->path, "tensor \"%s\" is missing", name);
+    int same = t->dtype == dt && t->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++)
+        same = t->shape[d] == shape[d];
+    if (!same) {
+        char got[ST_SHAPE_CHARS], want[ST_SHAPE_CHARS];
+        format_shape(got, sizeof got, t->shape, t->ndim);
+        format_shape(want, sizeof want, shape, ndim);
+        return st_fail(f->path, "tensor \"%s\" is %s of shape %s, expected %s of shape %s", name,
+                       dtype_name(t->dtype), got, dtype_name(dt), want);
+    }
+    memcpy(dst, t->data, t->nbytes);
+    return ER_OK;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -50,6 +50,12 @@ const StTensor *safetensors_find(const StFile *f, const char *name); // NULL if 
 const char *safetensors_meta(const StFile *f, const char *key);      // NULL if absent
 int64_t st_numel(const StTensor *t);
 
+// Copies tensor `name` into dst (numel * dtype size bytes) after checking that it is there with dtype dt
+// and exactly the shape shape[0..ndim-1]; otherwise records a message naming the file, the tensor,
+// what it holds and what was expected. For fixed-layout files (heads, checkpoints) read into owned buffers.
+int safetensors_read_tensor(const StFile *f, const char *name, ErDType dt, int ndim, const int64_t *shape,
+                            void *dst);
+
 typedef struct {
     const char *name;
     ErDType dtype;

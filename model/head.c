@@ -274,18 +274,6 @@ int trained_head_save(const TrainedHead *t, const char *path) {
     return rc;
 }
 
-static int load_tensor(const StFile *f, const char *name, int64_t d0, int64_t d1, float *dst) {
-    const StTensor *t = safetensors_find(f, name);
-    if (!t)
-        return er_error(ER_EFORMAT, "%s: no tensor \"%s\"", f->path, name);
-    int64_t n = d0 * (d1 > 0 ? d1 : 1);
-    if (t->dtype != DT_F32 || st_numel(t) != n || t->shape[0] != d0 || (d1 > 0 && (t->ndim != 2 || t->shape[1] != d1)))
-        return er_error(ER_EFORMAT, "%s: tensor \"%s\" should be F32 of shape (%lld%s%lld)", f->path, name,
-                        (long long)d0, d1 > 0 ? ", " : "", d1 > 0 ? (long long)d1 : 0LL);
-    memcpy(dst, t->data, sizeof(float) * (size_t)n);
-    return ER_OK;
-}
-
 static int parse_json(TrainedHead *t, const cJSON *j, const char *js, HeadRole role, HeadKind *kind, int *in, int *hidden,
                       double *dropout) {
     const char *s;
@@ -379,13 +367,13 @@ int trained_head_load(TrainedHead *t, const char *path, HeadRole role, const Mod
     }
     const Head *h = &t->net;
     if (rc == ER_OK)
-        rc = load_tensor(&f, "w1", h->hidden, h->in, h->w1);
+        rc = safetensors_read_tensor(&f, "w1", DT_F32, 2, (int64_t[]){h->hidden, h->in}, h->w1);
     if (rc == ER_OK)
-        rc = load_tensor(&f, "b1", h->hidden, 0, h->b1);
+        rc = safetensors_read_tensor(&f, "b1", DT_F32, 1, (int64_t[]){h->hidden}, h->b1);
     if (rc == ER_OK && kind == HEAD_MLP)
-        rc = load_tensor(&f, "w2", 1, h->hidden, h->w2);
+        rc = safetensors_read_tensor(&f, "w2", DT_F32, 2, (int64_t[]){1, h->hidden}, h->w2);
     if (rc == ER_OK && kind == HEAD_MLP)
-        rc = load_tensor(&f, "b2", 1, 0, h->b2);
+        rc = safetensors_read_tensor(&f, "b2", DT_F32, 1, (int64_t[]){1}, h->b2);
     for (size_t i = 0; rc == ER_OK && i < h->n_params; i++)
         if (!isfinite(h->params[i]))
             rc = er_error(ER_EFORMAT, "%s: parameter %zu is not finite", st, i);

@@ -104,15 +104,9 @@ done:
     return rc;
 }
 
+// A 1-D tensor of n entries of dtype dt, copied into dst.
 static int load_tensor(const StFile *f, const char *name, ErDType dt, size_t n, void *dst) {
-    const StTensor *t = safetensors_find(f, name);
-    if (!t)
-        return er_error(ER_EFORMAT, "%s: tensor \"%s\" is missing", f->path, name);
-    if (t->dtype != dt || t->ndim != 1 || (size_t)t->shape[0] != n)
-        return er_error(ER_EFORMAT, "%s: tensor \"%s\" is %s with %lld entries (expected %s with %zu)", f->path, name,
-                        dtype_name(t->dtype), (long long)st_numel(t), dtype_name(dt), n);
-    memcpy(dst, t->data, n * dtype_size(dt));
-    return ER_OK;
+    return safetensors_read_tensor(f, name, dt, 1, (const int64_t[]){(int64_t)n}, dst);
 }
 
 static int get_long(const cJSON *j, const char *key, long *out, const char *ctx) {

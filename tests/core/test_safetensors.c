@@ -607,6 +607,50 @@ Test(safetensors, round_trip_all_dtypes) {
     free(dir);
 }
 
+// safetensors_read_tensor: the right dtype and shape is copied; a missing name, another dtype or
+// another shape (same element count, other rank) is refused naming the file, the tensor and both sides.
+Test(safetensors, read_tensor_checks_dtype_and_shape) {
+    char *dir = tmp_dir();
+    char path[256];
+    snprintf(path, sizeof path, "%s/t.safetensors", dir);
+    float w[6] = {1, 2, 3, 4, 5, 6};
+    int32_t ids[3] = {7, -8, 9};
+    StWriteTensor t[2] = {{.name = "w", .dtype = DT_F32, .ndim = 2, .shape = {2, 3}, .data = w},
+                          {.name = "ids", .dtype = DT_I32, .ndim = 1, .shape = {3}, .data = ids}};
+    cr_assert_eq(safetensors_write(path, t, 2, NULL, 0), ER_OK, "%s", er_last_error());
+    StFile f;
+    cr_assert_eq(safetensors_open(&f, path), ER_OK, "%s", er_last_error());
+    float wo[6] = {0};
+    int32_t io[3] = {0};
+    cr_assert_eq(safetensors_read_tensor(&f, "w", DT_F32, 2, (int64_t[]){2, 3}, wo), ER_OK, "%s", er_last_error());
+    cr_assert_eq(memcmp(wo, w, sizeof w), 0);
+    cr_assert_eq(safetensors_read_tensor(&f, "ids", DT_I32, 1, (int64_t[]){3}, io), ER_OK, "%s", er_last_error());
+    cr_assert_eq(memcmp(io, ids, sizeof ids), 0);
+    struct {
+        const char *name;
+        ErDType dt;
+        int ndim;
+        int64_t shape[2];
+        const char *expect;
+    } bad[] = {
+        {"nope", DT_F32, 1, {3}, "tensor \"nope\" is missing"},
+        {"ids", DT_F32, 1, {3}, "tensor \"ids\" is I32 of shape [3], expected F32 of shape [3]"},
+        {"w", DT_F32, 1, {6}, "tensor \"w\" is F32 of shape [2,3], expected F32 of shape [6]"},
+        {"w", DT_F32, 2, {3, 2}, "expected F32 of shape [3,2]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        float out[6] = {0};
+        cr_assert_eq(safetensors_read_tensor(&f, bad[i].name, bad[i].dt, bad[i].ndim, bad[i].shape, out), ER_EFORMAT);
+        cr_assert_not_null(strstr(er_last_error(), bad[i].expect), "case %zu: %s", i, er_last_error());
+        cr_assert_not_null(strstr(er_last_error(), path), "case %zu lacks the path: %s", i, er_last_error());
+        cr_assert_eq(out[0], 0, "case %zu: nothing copied on refusal", i);
+    }
+    safetensors_close(&f);
+    unlink(path);
+    rmdir(dir);
+    free(dir);
+}
+
 static void expect_write_error(const char *dir, const StWriteTensor *t, int n, const char *const *kv, int nm,
                                const char *keyword) {
     char path[256];
