@@ -1,7 +1,8 @@
-// Shared by the tests that run the built programs (erinfer, example) as a user would: a tiny random
-// model dir in /tmp with the tiny tokenizer, and a command runner that captures stdout, stderr and
-// the exit status. The programs come from $ER_BUILD (default "build"), so `make SAN=1` tests run
-// the sanitizer builds.
+// Shared by the tests on a tiny random model: the model and a random adapter in memory, and,
+// for the tests that run the built programs (erinfer, example) as a user would, a tiny random model
+// dir in /tmp with the tiny tokenizer and a command runner that captures stdout, stderr and the exit
+// status. The programs come from $ER_BUILD (default "build"), so `make SAN=1` tests run the
+// sanitizer builds.
 #ifndef TESTS_INFER_HELPERS_H
 #define TESTS_INFER_HELPERS_H
 
@@ -16,6 +17,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/rng.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
 
@@ -33,6 +35,13 @@ static inline char *helper_program(const char *name) {
         return NULL;
     }
     return p;
+}
+
+// Skips the calling test, loudly, when the program was not built (prog is helper_program's NULL).
+static inline void helper_need_program(const char *prog, const char *name, const char *tests) {
+    if (!prog)
+        cr_skip_test("!!!!!! %s/%s is MISSING: run `make` (or set ER_BUILD) - %s SKIPPED !!!!!!", helper_build_dir(),
+                     name, tests);
 }
 
 // A fresh directory /tmp/<tag>XXXXXX (free with er_free after helper_rmdir).
@@ -61,13 +70,40 @@ static inline void helper_copy_file(const char *src, const char *dir, const char
     er_free(data);
 }
 
+// The tiny model's shape over a vocabulary of V (the tiny tokenizer's): Qwen2, two layers, C = 32, GQA.
+static inline ModelConfig helper_tiny_config(int V, int max_pos) {
+    return (ModelConfig){.arch = ARCH_QWEN2, .C = 32, .FF = 64, .L = 2, .NH = 4, .NKV = 2, .HS = 8, .V = V,
+                         .max_pos = max_pos, .rope_theta = 10000.0f, .eps = 1e-6f, .tied = 1, .qkv_bias = 1,
+                         .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
+}
+
+// The tiny tokenizer and a tiny random model over it (init scale 0.5, seed 7), in memory.
+static inline void helper_tiny_model(Model *m, Tokenizer **tok) {
+    cr_assert_eq(tok_load(tok, "data/tiny_tokenizer"), 0, "%s", er_last_error());
+    ModelConfig c = helper_tiny_config(tok_vocab_size(*tok), 1024);
+    cr_assert_eq(model_build_random(m, &c, 0.5f, 7), 0, "%s", er_last_error());
+}
+
+// Adds scale * N(0, 1) to every parameter: B = 0 at init, so a fresh adapter would change nothing.
+static inline void helper_perturb_adapter(LoraAdapter *a, float scale, uint64_t seed) {
+    ErRng r;
+    rng_seed(&r, seed);
+    for (size_t i = 0; i < a->n_params; i++)
+        a->params[i] += scale * rng_normal(&r);
+}
+
+// A random rank-4 adapter (alpha 8, every target, init seed 2) for a model of shape c, perturbed as above.
+static inline void helper_random_adapter(LoraAdapter *a, const ModelConfig *c, float scale, uint64_t seed) {
+    LoraShape s = {c->L, c->C, c->NH * c->HS, c->NKV * c->HS, c->FF};
+    cr_assert_eq(lora_init(a, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 0, 2), 0, "%s", er_last_error());
+    helper_perturb_adapter(a, scale, seed);
+}
+
 // A tiny random Qwen2-shaped model saved as an HF dir, with the tiny tokenizer next to it.
 static inline void helper_make_model(const char *dir) {
     Tokenizer *tok;
     cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), 0, "%s", er_last_error());
-    ModelConfig c = {.arch = ARCH_QWEN2, .C = 32, .FF = 64, .L = 2, .NH = 4, .NKV = 2, .HS = 8,
-                     .V = tok_vocab_size(tok), .max_pos = 4096, .rope_theta = 10000.0f, .eps = 1e-6f, .tied = 1,
-                     .qkv_bias = 1, .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
+    ModelConfig c = helper_tiny_config(tok_vocab_size(tok), 4096);
     tok_free(tok);
     Model m;
     cr_assert_eq(model_build_random(&m, &c, 0.5f, 3), 0, "%s", er_last_error());

@@ -11,17 +11,14 @@
 #include "data/tokenizer.h"
 #include "infer/engine.h"
 #include "model/model.h"
+#include "tests/infer/helpers.h"
 
 static Model model;
 static Tokenizer *tok;
 
 static void setup(void) {
     threads_set(2);
-    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), 0, "%s", er_last_error());
-    ModelConfig c = {.arch = ARCH_QWEN2, .C = 32, .FF = 64, .L = 2, .NH = 4, .NKV = 2, .HS = 8,
-                     .V = tok_vocab_size(tok), .max_pos = 1024, .rope_theta = 10000.0f, .eps = 1e-6f, .tied = 1,
-                     .qkv_bias = 1, .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
-    cr_assert_eq(model_build_random(&model, &c, 0.5f, 7), 0);
+    helper_tiny_model(&model, &tok);
 }
 static void teardown(void) {
     model_free(&model);

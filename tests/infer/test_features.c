@@ -8,11 +8,11 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "core/rng.h"
 #include "core/threads.h"
 #include "data/tokenizer.h"
 #include "infer/engine.h"
 #include "model/model.h"
+#include "tests/infer/helpers.h"
 
 static Model model;
 static Tokenizer *tok;
@@ -20,17 +20,8 @@ static LoraAdapter ad;
 
 static void setup(void) {
     threads_set(2);
-    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), 0, "%s", er_last_error());
-    ModelConfig c = {.arch = ARCH_QWEN2, .C = 32, .FF = 64, .L = 2, .NH = 4, .NKV = 2, .HS = 8,
-                     .V = tok_vocab_size(tok), .max_pos = 1024, .rope_theta = 10000.0f, .eps = 1e-6f, .tied = 1,
-                     .qkv_bias = 1, .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
-    cr_assert_eq(model_build_random(&model, &c, 0.5f, 7), 0);
-    LoraShape s = {c.L, c.C, c.NH * c.HS, c.NKV * c.HS, c.FF};
-    cr_assert_eq(lora_init(&ad, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 0, 2), 0);
-    ErRng r;
-    rng_seed(&r, 3);
-    for (size_t i = 0; i < ad.n_params; i++)
-        ad.params[i] += 0.1f * rng_normal(&r); // B = 0 at init: make the adapter change something
+    helper_tiny_model(&model, &tok);
+    helper_random_adapter(&ad, &model.cfg, 0.1f, 3);
     ad.masked = 1;
 }
 static void teardown(void) {

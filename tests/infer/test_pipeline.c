@@ -92,25 +92,17 @@ static TrainedHead sw, vf;
 
 static void setup(void) {
     threads_set(2);
-    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), 0, "%s", er_last_error());
-    ModelConfig c = {.arch = ARCH_QWEN2, .C = 32, .FF = 64, .L = 2, .NH = 4, .NKV = 2, .HS = 8,
-                     .V = tok_vocab_size(tok), .max_pos = 1024, .rope_theta = 10000.0f, .eps = 1e-6f, .tied = 1,
-                     .qkv_bias = 1, .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
-    cr_assert_eq(model_build_random(&model, &c, 0.5f, 7), 0);
-    LoraShape s = {c.L, c.C, c.NH * c.HS, c.NKV * c.HS, c.FF};
-    cr_assert_eq(lora_init(&ad, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 0, 2), 0);
-    ErRng r;
-    rng_seed(&r, 3);
-    for (size_t i = 0; i < ad.n_params; i++)
-        ad.params[i] += 0.1f * rng_normal(&r);
+    helper_tiny_model(&model, &tok);
+    const ModelConfig *c = &model.cfg;
+    helper_random_adapter(&ad, c, 0.1f, 3);
     ad.masked = 1;
     memset(&sw, 0, sizeof sw);
     memset(&vf, 0, sizeof vf);
-    cr_assert_eq(head_init(&sw.net, HEAD_MLP, c.C, 8, 0.2f, 0, 1), 0);
+    cr_assert_eq(head_init(&sw.net, HEAD_MLP, c->C, 8, 0.2f, 0, 1), 0);
     sw.role = HEAD_SWITCHER;
     sw.chunk = 8;
     sw.alpha = 0.5f;
-    cr_assert_eq(head_init(&vf.net, HEAD_LINEAR, c.C, 1, 0, 0, 2), 0);
+    cr_assert_eq(head_init(&vf.net, HEAD_LINEAR, c->C, 1, 0, 0, 2), 0);
     vf.role = HEAD_VERIFIER;
     vf.verify_prompt = er_strdup("\nIs this solution correct?");
 }
@@ -223,22 +215,7 @@ Test(pipeline, c_api_loads_heads_and_reports_the_route) {
     snprintf(adapter_dir, sizeof adapter_dir, "%s/adapter", tmp);
     snprintf(swp, sizeof swp, "%s/sw.safetensors", tmp);
     snprintf(vfp, sizeof vfp, "%s/vf.safetensors", tmp);
-    Model dm;
-    cr_assert_eq(model_load(&dm, model_dir, 0), 0);
-    TrainedHead s2 = {0}, v2 = {0};
-    cr_assert_eq(head_init(&s2.net, HEAD_MLP, dm.cfg.C, 8, 0.2f, 0, 1), 0);
-    s2.role = HEAD_SWITCHER;
-    s2.chunk = 16;
-    s2.alpha = 0.5f;
-    s2.threshold = 0; // every query reasons
-    model_fingerprint(&dm, s2.fingerprint);
-    cr_assert_eq(head_init(&v2.net, HEAD_LINEAR, dm.cfg.C, 1, 0, 0, 2), 0);
-    v2.role = HEAD_VERIFIER;
-    v2.verify_prompt = er_strdup("\nCorrect?");
-    model_fingerprint(&dm, v2.fingerprint);
-    cr_assert_eq(trained_head_save(&s2, swp), 0);
-    cr_assert_eq(trained_head_save(&v2, vfp), 0);
-    model_free(&dm);
+    heads_write_random_heads(tmp, "sw.safetensors", "vf.safetensors", 0, "\nCorrect?"); // 0: every query reasons
 
     ErModel *m;
     ErSession *s;
@@ -286,8 +263,6 @@ Test(pipeline, c_api_loads_heads_and_reports_the_route) {
     cr_assert_lt(er_model_load_verifier(m, vfp), 0);
     cr_assert(strstr(er_last_error(), "another model"), "%s", er_last_error());
     er_model_free(m);
-    trained_head_free(&s2);
-    trained_head_free(&v2);
     helper_rmdir(tmp);
     er_free(tmp);
 }

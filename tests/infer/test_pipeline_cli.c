@@ -7,35 +7,13 @@
 
 #include <cjson/cJSON.h>
 
-#include "model/head.h"
 #include "tests/switcher_train/heads_helpers.h"
 
 static char *tmp, *erinfer;
 
 // tmp/sw and tmp/vf for the model in tmp/model; the switcher's threshold as given.
 static void write_heads(float threshold) {
-    char p[512];
-    snprintf(p, sizeof p, "%s/model", tmp);
-    Model m;
-    cr_assert_eq(model_load(&m, p, 0), 0);
-    TrainedHead s = {0}, v = {0};
-    cr_assert_eq(head_init(&s.net, HEAD_MLP, m.cfg.C, 8, 0.2f, 0, 1), 0);
-    s.role = HEAD_SWITCHER;
-    s.chunk = 16;
-    s.alpha = 0.5f;
-    s.threshold = threshold;
-    model_fingerprint(&m, s.fingerprint);
-    cr_assert_eq(head_init(&v.net, HEAD_LINEAR, m.cfg.C, 1, 0, 0, 2), 0);
-    v.role = HEAD_VERIFIER;
-    v.verify_prompt = er_strdup("\nIs this solution correct?");
-    model_fingerprint(&m, v.fingerprint);
-    snprintf(p, sizeof p, "%s/sw", tmp);
-    cr_assert_eq(trained_head_save(&s, p), 0);
-    snprintf(p, sizeof p, "%s/vf", tmp);
-    cr_assert_eq(trained_head_save(&v, p), 0);
-    trained_head_free(&s);
-    trained_head_free(&v);
-    model_free(&m);
+    heads_write_random_heads(tmp, "sw", "vf", threshold, "\nIs this solution correct?");
 }
 
 static void setup(void) {
@@ -51,11 +29,7 @@ static void teardown(void) {
 }
 TestSuite(pipeline_cli, .init = setup, .fini = teardown);
 
-static void need_erinfer(void) {
-    if (!erinfer)
-        cr_skip_test("!!!!!! %s/erinfer is MISSING: run `make` (or set ER_BUILD) - pipeline CLI tests SKIPPED !!!!!!",
-                     helper_build_dir());
-}
+static void need_erinfer(void) { helper_need_program(erinfer, "erinfer", "pipeline CLI tests"); }
 
 Test(pipeline_cli, generate_json_reports_route_scores_votes) {
     need_erinfer();

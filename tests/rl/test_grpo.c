@@ -9,6 +9,7 @@
 #include "core/threads.h"
 #include "rl/grpo.h"
 #include "rl/policy.h"
+#include "tests/infer/helpers.h"
 
 Test(grpo, soft_barrier_reward_table) {
     // B = 100, m = 0.2: L_low = 80, L_high = 120.
@@ -135,10 +136,7 @@ Test(grpo, policy_gradient_into_adapter) {
     LoraShape s = {mc.L, mc.C, mc.NH * mc.HS, mc.NKV * mc.HS, mc.FF};
     LoraAdapter ad;
     cr_assert_eq(lora_init(&ad, &s, 2, 4.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 7), 0);
-    ErRng r;
-    rng_seed(&r, 8);
-    for (size_t i = 0; i < ad.n_params; i++)
-        ad.params[i] += 0.05f * rng_normal(&r);
+    helper_perturb_adapter(&ad, 0.05f, 8);
     enum { B = 2, T = 7 };
     int tokens[B * T], prompt_len[B] = {3, 2}, comp_len[B] = {4, 3};
     uint8_t mask[B * T];

@@ -7,13 +7,13 @@
 
 #include "core/error.h"
 #include "core/fileio.h"
-#include "core/rng.h"
 #include "core/threads.h"
 #include "data/synth.h"
 #include "data/tokenizer.h"
 #include "lora/peft.h"
 #include "model/model.h"
 #include "rl/grpo_train.h"
+#include "tests/infer/helpers.h"
 #include "train/run.h"
 
 static char root[] = "/tmp/er_grpo_XXXXXX";
@@ -26,20 +26,13 @@ static void make_inputs(void) {
     snprintf(data, sizeof data, "%s/data.jsonl", root);
     Tokenizer *tok;
     cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), 0);
-    ModelConfig c = {.arch = ARCH_QWEN2, .C = 32, .FF = 64, .L = 2, .NH = 4, .NKV = 2, .HS = 8,
-                     .V = tok_vocab_size(tok), .max_pos = 512, .rope_theta = 10000.0f, .eps = 1e-6f, .tied = 1,
-                     .qkv_bias = 1, .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
+    ModelConfig c = helper_tiny_config(tok_vocab_size(tok), 512);
     Model m;
     cr_assert_eq(model_build_random(&m, &c, 0.3f, 1), 0);
     cr_assert_eq(model_save(&m, dir, 0), 0);
     cr_assert_eq(run_copy_tokenizer("data/tiny_tokenizer", dir), 0, "%s", er_last_error());
-    LoraShape s = {c.L, c.C, c.NH * c.HS, c.NKV * c.HS, c.FF};
     LoraAdapter a;
-    cr_assert_eq(lora_init(&a, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 0, 2), 0);
-    ErRng r;
-    rng_seed(&r, 3);
-    for (size_t i = 0; i < a.n_params; i++)
-        a.params[i] += 0.05f * rng_normal(&r);
+    helper_random_adapter(&a, &c, 0.05f, 3);
     a.reasoning_prefix = strdup("<think>\n");
     cr_assert_eq(peft_save(&a, adir), 0, "%s", er_last_error());
     ChainsConfig cc;

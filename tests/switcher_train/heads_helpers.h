@@ -1,11 +1,11 @@
 // Shared by the heads tests: a tiny random model dir (tests/infer/helpers.h) plus a masked reasoning
-// adapter in PEFT layout and a small chains dataset, all under one /tmp dir.
+// adapter in PEFT layout, random heads for that model and a small chains dataset, all under one /tmp dir.
 #ifndef TESTS_SWITCHER_TRAIN_HEADS_HELPERS_H
 #define TESTS_SWITCHER_TRAIN_HEADS_HELPERS_H
 
-#include "core/rng.h"
 #include "data/synth.h"
 #include "lora/peft.h"
+#include "model/head.h"
 #include "tests/infer/helpers.h"
 
 // dir/model (tiny random model + tokenizer), dir/adapter (masked, prefix "<think>\n", non-zero B).
@@ -14,14 +14,8 @@ static inline void heads_make_model_and_adapter(const char *dir) {
     helper_make_model(model);
     Model m;
     cr_assert_eq(model_load(&m, model, 0), 0, "%s", er_last_error());
-    const ModelConfig *c = &m.cfg;
-    LoraShape s = {c->L, c->C, c->NH * c->HS, c->NKV * c->HS, c->FF};
     LoraAdapter a;
-    cr_assert_eq(lora_init(&a, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 0, 2), 0);
-    ErRng r;
-    rng_seed(&r, 5);
-    for (size_t i = 0; i < a.n_params; i++)
-        a.params[i] += 0.05f * rng_normal(&r);
+    helper_random_adapter(&a, &m.cfg, 0.05f, 5);
     a.masked = 1;
     a.reasoning_prefix = er_strdup("<think>\n");
     cr_assert_eq(peft_save(&a, adapter), 0, "%s", er_last_error());
@@ -29,6 +23,37 @@ static inline void heads_make_model_and_adapter(const char *dir) {
     model_free(&m);
     er_free(model);
     er_free(adapter);
+}
+
+// dir/<sw> and dir/<vf> (paths as trained_head_save takes them) for the model in dir/model, fingerprinted
+// to it: a random switcher (MLP, hidden 8, EMA over 16-token chunks, alpha 0.5) with the given
+// threshold, and a random linear verifier scoring the state after verify_prompt.
+static inline void heads_write_random_heads(const char *dir, const char *sw, const char *vf, float threshold,
+                                            const char *verify_prompt) {
+    char *p = path_join(dir, "model");
+    Model m;
+    cr_assert_eq(model_load(&m, p, 0), 0, "%s", er_last_error());
+    er_free(p);
+    TrainedHead s = {0}, v = {0};
+    cr_assert_eq(head_init(&s.net, HEAD_MLP, m.cfg.C, 8, 0.2f, 0, 1), 0);
+    s.role = HEAD_SWITCHER;
+    s.chunk = 16;
+    s.alpha = 0.5f;
+    s.threshold = threshold;
+    model_fingerprint(&m, s.fingerprint);
+    cr_assert_eq(head_init(&v.net, HEAD_LINEAR, m.cfg.C, 1, 0, 0, 2), 0);
+    v.role = HEAD_VERIFIER;
+    v.verify_prompt = er_strdup(verify_prompt);
+    model_fingerprint(&m, v.fingerprint);
+    p = path_join(dir, sw);
+    cr_assert_eq(trained_head_save(&s, p), 0, "%s", er_last_error());
+    er_free(p);
+    p = path_join(dir, vf);
+    cr_assert_eq(trained_head_save(&v, p), 0, "%s", er_last_error());
+    er_free(p);
+    trained_head_free(&s);
+    trained_head_free(&v);
+    model_free(&m);
 }
 
 // dir/<name>: n chains records (problem, answer, steps, needs_reasoning, ...).

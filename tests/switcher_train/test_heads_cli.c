@@ -26,11 +26,7 @@ static void teardown(void) {
 }
 TestSuite(heads_cli, .init = setup, .fini = teardown);
 
-static void need_ertrain(void) {
-    if (!ertrain)
-        cr_skip_test("!!!!!! %s/ertrain is MISSING: run `make` (or set ER_BUILD) - ertrain heads tests SKIPPED !!!!!!",
-                     helper_build_dir());
-}
+static void need_ertrain(void) { helper_need_program(ertrain, "ertrain", "ertrain heads tests"); }
 
 static const char *FAST = "--samples 3 --max-new 12 --direct-max-new 6 --switcher-epochs 5 --verifier-epochs 5 "
                           "--threads 1 --seed 3";
