@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/bench_util.h"
 #include "core/alloc.h"
 #include "core/args.h"
 #include "core/error.h"
@@ -22,35 +23,6 @@
 #include "core/threads.h"
 #include "infer/engine.h"
 #include "model/model.h"
-
-// Best-of-`reps` read bandwidth in GB/s over `mib` MiB, all threads streaming.
-static double read_bandwidth(size_t mib, int reps) {
-    size_t n = mib * 1024 * 1024 / sizeof(float);
-    float *buf = er_alloc(n * sizeof(float));
-    if (!buf)
-        return 0;
-    // First touch by the threads that read it later (pages land near them).
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++)
-        buf[i] = (float)(i & 7);
-    double best = 0;
-    volatile float sink = 0;
-    for (int r = 0; r < reps; r++) {
-        float s = 0;
-        double t0 = time_now();
-#pragma omp parallel for simd schedule(static) reduction(+ : s)
-        for (size_t i = 0; i < n; i++)
-            s += buf[i];
-        double dt = time_now() - t0;
-        sink += s;
-        double gbs = (double)(n * sizeof(float)) / dt / 1e9;
-        if (gbs > best)
-            best = gbs;
-    }
-    (void)sink;
-    er_free(buf);
-    return best;
-}
 
 // Bytes of weights one decode step reads for one token: every layer's matrices and vectors, the
 // final norm, the lm_head, and one embedding row.
@@ -210,21 +182,10 @@ int main(int argc, char **argv) {
         return 1;
     }
     threads = threads_set(threads);
-    char load[128] = "?";
-    FILE *fp = fopen("/proc/loadavg", "r");
-    if (fp) {
-        if (!fgets(load, sizeof load, fp))
-            snprintf(load, sizeof load, "?");
-        // the three load averages only
-        char *sp = load;
-        for (int k = 0; k < 3 && sp; k++)
-            sp = strchr(sp + 1, ' ');
-        if (sp)
-            *sp = 0;
-        fclose(fp);
-    }
+    char load[128];
+    bench_load_average(load, sizeof load);
     printf("== decode vs memory bandwidth (threads %d, load average %s) ==\n", threads, load);
-    double bw = read_bandwidth((size_t)bw_mib, 5);
+    double bw = bench_read_bandwidth((size_t)bw_mib, 5);
     printf("memory read bandwidth: %.2f GB/s (best of 5 passes over %d MiB, %d threads)\n", bw, bw_mib, threads);
     fflush(stdout);
 

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "core/alloc.h"
 #include "core/args.h"
 #include "core/dtype.h"
@@ -22,32 +23,6 @@
 #include "quant/quant.h"
 
 enum { C = 896, FF = 4864, KV = 128, V = 151936, PER_LAYER = 7 };
-
-static double read_bandwidth(size_t mib, int reps) {
-    size_t n = mib * 1024 * 1024 / sizeof(float);
-    float *buf = er_alloc(n * sizeof(float));
-    if (!buf)
-        return 0;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++)
-        buf[i] = (float)(i & 7);
-    double best = 0;
-    volatile float sink = 0;
-    for (int r = 0; r < reps; r++) {
-        float s = 0;
-        double t0 = time_now();
-#pragma omp parallel for simd schedule(static) reduction(+ : s)
-        for (size_t i = 0; i < n; i++)
-            s += buf[i];
-        double dt = time_now() - t0;
-        sink += s;
-        double gbs = (double)(n * sizeof(float)) / dt / 1e9;
-        best = gbs > best ? gbs : best;
-    }
-    (void)sink;
-    er_free(buf);
-    return best;
-}
 
 static inline uint64_t mix(uint64_t x) {
     x ^= x >> 33;
@@ -163,22 +138,12 @@ int main(int argc, char **argv) {
     }
     threads = threads_set(threads);
     quant_force_portable(portable);
-    char load[128] = "?";
-    FILE *fp = fopen("/proc/loadavg", "r");
-    if (fp) {
-        if (!fgets(load, sizeof load, fp))
-            snprintf(load, sizeof load, "?");
-        char *sp = load;
-        for (int k = 0; k < 3 && sp; k++)
-            sp = strchr(sp + 1, ' ');
-        if (sp)
-            *sp = 0;
-        fclose(fp);
-    }
+    char load[128];
+    bench_load_average(load, sizeof load);
     printf("== quantized decode: weight pass of a Qwen2.5-0.5B-shaped model (%d layers%s), threads %d, %s kernels, "
            "load average %s ==\n",
            layers, no_head ? "" : " + lm_head", threads, quant_has_simd() && !portable ? "AVX2" : "portable", load);
-    double bw = read_bandwidth((size_t)bw_mib, 5);
+    double bw = bench_read_bandwidth((size_t)bw_mib, 5);
     printf("memory read bandwidth: %.2f GB/s (best of 5 passes over %d MiB)\n", bw, bw_mib);
     fflush(stdout);
 

@@ -1,0 +1,57 @@
+// Shared by the decode benchmarks: the machine's read bandwidth (the bound a weight pass is measured
+// against) and the load average printed next to every result, since a busy machine explains a slow one.
+#ifndef BENCH_BENCH_UTIL_H
+#define BENCH_BENCH_UTIL_H
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/progress.h"
+
+// Best-of-`reps` read bandwidth in GB/s over `mib` MiB, all threads streaming; 0 when out of memory.
+static inline double bench_read_bandwidth(size_t mib, int reps) {
+    size_t n = mib * 1024 * 1024 / sizeof(float);
+    float *buf = er_alloc(n * sizeof(float));
+    if (!buf)
+        return 0;
+    // First touch by the threads that read it later (pages land near them).
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (float)(i & 7);
+    double best = 0;
+    volatile float sink = 0;
+    for (int r = 0; r < reps; r++) {
+        float s = 0;
+        double t0 = time_now();
+#pragma omp parallel for simd schedule(static) reduction(+ : s)
+        for (size_t i = 0; i < n; i++)
+            s += buf[i];
+        double dt = time_now() - t0;
+        sink += s;
+        double gbs = (double)(n * sizeof(float)) / dt / 1e9;
+        if (gbs > best)
+            best = gbs;
+    }
+    (void)sink;
+    er_free(buf);
+    return best;
+}
+
+// The three load averages from /proc/loadavg into buf ("?" where it cannot be read).
+static inline void bench_load_average(char *buf, size_t n) {
+    snprintf(buf, n, "?");
+    FILE *fp = fopen("/proc/loadavg", "r");
+    if (!fp)
+        return;
+    if (!fgets(buf, (int)n, fp))
+        snprintf(buf, n, "?");
+    char *sp = buf;
+    for (int k = 0; k < 3 && sp; k++)
+        sp = strchr(sp + 1, ' ');
+    if (sp)
+        *sp = 0;
+    fclose(fp);
+}
+
+#endif
