@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/rng.h"
+#include "core/threads.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
 
@@ -77,13 +78,6 @@ static inline ModelConfig helper_tiny_config(int V, int max_pos) {
                          .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
 }
 
-// The tiny tokenizer and a tiny random model over it (init scale 0.5, seed 7), in memory.
-static inline void helper_tiny_model(Model *m, Tokenizer **tok) {
-    cr_assert_eq(tok_load(tok, "data/tiny_tokenizer"), 0, "%s", er_last_error());
-    ModelConfig c = helper_tiny_config(tok_vocab_size(*tok), 1024);
-    cr_assert_eq(model_build_random(m, &c, 0.5f, 7), 0, "%s", er_last_error());
-}
-
 // Adds scale * N(0, 1) to every parameter: B = 0 at init, so a fresh adapter would change nothing.
 static inline void helper_perturb_adapter(LoraAdapter *a, float scale, uint64_t seed) {
     ErRng r;
@@ -97,6 +91,26 @@ static inline void helper_random_adapter(LoraAdapter *a, const ModelConfig *c, f
     LoraShape s = {c->L, c->C, c->NH * c->HS, c->NKV * c->HS, c->FF};
     cr_assert_eq(lora_init(a, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 0, 2), 0, "%s", er_last_error());
     helper_perturb_adapter(a, scale, seed);
+}
+
+// The in-memory fixture of the engine-level suites: 2 threads, the tiny tokenizer, a tiny random model
+// over it (init scale 0.5, seed 7) and, when ad is not NULL, a random masked adapter (scale 0.1, seed 3).
+static inline void helper_tiny_setup(Model *m, Tokenizer **tok, LoraAdapter *ad) {
+    threads_set(2);
+    cr_assert_eq(tok_load(tok, "data/tiny_tokenizer"), 0, "%s", er_last_error());
+    ModelConfig c = helper_tiny_config(tok_vocab_size(*tok), 1024);
+    cr_assert_eq(model_build_random(m, &c, 0.5f, 7), 0, "%s", er_last_error());
+    if (ad) {
+        helper_random_adapter(ad, &c, 0.1f, 3);
+        ad->masked = 1;
+    }
+}
+
+static inline void helper_tiny_teardown(Model *m, Tokenizer *tok, LoraAdapter *ad) {
+    if (ad)
+        lora_free(ad);
+    model_free(m);
+    tok_free(tok);
 }
 
 // A tiny random Qwen2-shaped model saved as an HF dir, with the tiny tokenizer next to it.
@@ -151,6 +165,15 @@ static inline int helper_count_lines(const char *s) {
     for (; *s; s++)
         n += *s == '\n';
     return n;
+}
+
+// A bad invocation: exit status 1 (not a crash) and exactly one line on stderr, mentioning needle.
+// `what` names the invocation in failure messages. Frees r.
+static inline void helper_expect_error(CmdResult *r, const char *what, const char *needle) {
+    cr_assert_eq(r->status, 1, "%s: exited %d (expected 1); stderr:\n%s", what, r->status, r->err);
+    cr_assert(strstr(r->err, needle), "%s: stderr \"%s\" does not mention \"%s\"", what, r->err, needle);
+    cr_assert_eq(helper_count_lines(r->err), 1, "%s: expected one line on stderr, got:\n%s", what, r->err);
+    helper_result_free(r);
 }
 
 #endif

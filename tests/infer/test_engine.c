@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "core/threads.h"
 #include "data/tokenizer.h"
 #include "infer/engine.h"
 #include "model/model.h"
@@ -16,14 +15,8 @@
 static Model model;
 static Tokenizer *tok;
 
-static void setup(void) {
-    threads_set(2);
-    helper_tiny_model(&model, &tok);
-}
-static void teardown(void) {
-    model_free(&model);
-    tok_free(tok);
-}
+static void setup(void) { helper_tiny_setup(&model, &tok, NULL); }
+static void teardown(void) { helper_tiny_teardown(&model, tok, NULL); }
 TestSuite(engine, .init = setup, .fini = teardown);
 
 static int prompt_ids(const char *text, int **ids) {

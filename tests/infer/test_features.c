@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "core/threads.h"
 #include "data/tokenizer.h"
 #include "infer/engine.h"
 #include "model/model.h"
@@ -18,17 +17,8 @@ static Model model;
 static Tokenizer *tok;
 static LoraAdapter ad;
 
-static void setup(void) {
-    threads_set(2);
-    helper_tiny_model(&model, &tok);
-    helper_random_adapter(&ad, &model.cfg, 0.1f, 3);
-    ad.masked = 1;
-}
-static void teardown(void) {
-    lora_free(&ad);
-    model_free(&model);
-    tok_free(tok);
-}
+static void setup(void) { helper_tiny_setup(&model, &tok, &ad); }
+static void teardown(void) { helper_tiny_teardown(&model, tok, &ad); }
 TestSuite(features, .init = setup, .fini = teardown);
 
 static const char *PROMPT = "Start with 7. Add 5. Multiply by 3. Subtract 4. Divide by 2. Add 9. Multiply by 2. "

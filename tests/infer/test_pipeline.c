@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "core/threads.h"
 #include "infer/erinfer.h"
 #include "infer/pipeline.h"
 #include "tests/switcher_train/heads_helpers.h"
@@ -91,11 +90,8 @@ static LoraAdapter ad;
 static TrainedHead sw, vf;
 
 static void setup(void) {
-    threads_set(2);
-    helper_tiny_model(&model, &tok);
+    helper_tiny_setup(&model, &tok, &ad);
     const ModelConfig *c = &model.cfg;
-    helper_random_adapter(&ad, c, 0.1f, 3);
-    ad.masked = 1;
     memset(&sw, 0, sizeof sw);
     memset(&vf, 0, sizeof vf);
     cr_assert_eq(head_init(&sw.net, HEAD_MLP, c->C, 8, 0.2f, 0, 1), 0);
@@ -109,9 +105,7 @@ static void setup(void) {
 static void teardown(void) {
     trained_head_free(&sw);
     trained_head_free(&vf);
-    lora_free(&ad);
-    model_free(&model);
-    tok_free(tok);
+    helper_tiny_teardown(&model, tok, &ad);
 }
 TestSuite(pipeline, .init = setup, .fini = teardown);
 

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "core/threads.h"
 #include "data/grade.h"
 #include "data/tokenizer.h"
 #include "switcher_train/switcher.h"
@@ -18,17 +17,8 @@ static Model model;
 static Tokenizer *tok;
 static LoraAdapter ad;
 
-static void setup(void) {
-    threads_set(2);
-    helper_tiny_model(&model, &tok);
-    helper_random_adapter(&ad, &model.cfg, 0.1f, 3);
-    ad.masked = 1;
-}
-static void teardown(void) {
-    lora_free(&ad);
-    model_free(&model);
-    tok_free(tok);
-}
+static void setup(void) { helper_tiny_setup(&model, &tok, &ad); }
+static void teardown(void) { helper_tiny_teardown(&model, tok, &ad); }
 TestSuite(verifier_data, .init = setup, .fini = teardown);
 
 static const char *PROMPT = "Start with 7. Add 5. What is the result?";
