@@ -176,9 +176,10 @@ static void kmeans_init(const float *x, int n, int k, float *c, float *sorted) {
     }
 }
 
-static double kmeans_run(const float *x, const float *imp, int n, int k, int iters, float *c, uint8_t *a, double *hist,
-                         float *sorted) {
-    kmeans_init(x, n, k, c, sorted);
+
+// Lloyd iterations from the centroids in c.
+static double kmeans_lloyd(const float *x, const float *imp, int n, int k, int iters, float *c, uint8_t *a,
+                           double *hist) {
     memset(a, 0xff, (size_t)n);
     double obj = assign_all(x, imp, n, c, k, a, NULL);
     if (hist)
@@ -217,6 +218,12 @@ static double kmeans_run(const float *x, const float *imp, int n, int k, int ite
     return obj;
 }
 
+static double kmeans_run(const float *x, const float *imp, int n, int k, int iters, float *c, uint8_t *a, double *hist,
+                         float *sorted) {
+    kmeans_init(x, n, k, c, sorted);
+    return kmeans_lloyd(x, imp, n, k, iters, c, a, hist);
+}
+
 double quant_kmeans_1d(const float *x, const float *imp, int n, int k, int iters, float *centroids, uint8_t *assign,
                        double *hist) {
     if (k < 1 || k > 16 || n < 1)
@@ -227,6 +234,48 @@ double quant_kmeans_1d(const float *x, const float *imp, int n, int k, int iters
     double obj = kmeans_run(x, imp, n, k, iters, centroids, assign, hist, sorted);
     free(sorted);
     return obj;
+}
+
+// ---- uniform codebooks (q2rtn) ----
+
+double quant_rtn_uniform_lut(const float *x, const float *imp, int n, int nlev, QuantSearch s, double p, int grid,
+                             uint16_t *lut, uint8_t *codes) {
+    if (nlev < 2 || nlev > 16)
+        return er_error(ER_EINVAL, "quant_rtn_uniform_lut: %d levels (2..16)", nlev);
+    memset(lut, 0, sizeof(uint16_t) * (size_t)nlev);
+    if (n <= 0)
+        return 0;
+    float mn = x[0], mx = x[0];
+    for (int i = 1; i < n; i++) {
+        mn = x[i] < mn ? x[i] : mn;
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    int steps = s == QSEARCH_MINMAX || !(mx > mn) ? 0 : grid;
+    double best = INFINITY;
+    for (int i = 0; i <= steps; i++) {
+        // The same clipping ratios as quant_rtn_asym4: [min, max] shrunk about its centre.
+        float c = i == 0 ? 1.0f : 1.0f - 0.5f * (float)i / (float)steps;
+        float center = 0.5f * (mx + mn), half = 0.5f * c * (mx - mn);
+        float scale = 2.0f * half / (float)(nlev - 1), zero = center - half, lv[16];
+        uint16_t l16[16];
+        for (int j = 0; j < nlev; j++) {
+            l16[j] = f32_to_f16(zero + (float)j * scale);
+            lv[j] = f16_to_f32(l16[j]);
+        }
+        double e = 0;
+        for (int k = 0; k < n; k++)
+            e += (imp ? imp[k] : 1.0) * err_p((double)x[k] - (double)lv[nearest(x[k], lv, nlev)], p);
+        if (e < best) {
+            best = e;
+            memcpy(lut, l16, sizeof(uint16_t) * (size_t)nlev);
+        }
+    }
+    float lv[16];
+    for (int j = 0; j < nlev; j++)
+        lv[j] = f16_to_f32(lut[j]);
+    for (int k = 0; k < n; k++)
+        codes[k] = (uint8_t)nearest(x[k], lv, nlev);
+    return best;
 }
 
 // ---- matrices ----
@@ -263,7 +312,26 @@ static void quantize_row(Weight *w, int r, const float *x, const float *imp, con
     case WF_Q4LUT: {
         int nc = w->fmt == WF_Q2LUT ? 4 : 16;
         float c[16], cr[16];
-        kmeans_run(x, imp, K, nc, o->kmeans_iters, c, s->codes, NULL, s->sorted);
+        if (o->uniform) {
+            quant_rtn_uniform_lut(x, imp, K, nc, o->search, o->p, o->grid, (uint16_t *)&w->lut[(size_t)r * nc],
+                                  s->codes);
+            if (nc == 4)
+                quant_pack2(row, s->codes, K);
+            else
+                quant_pack4(row, s->codes, K);
+            break;
+        }
+        double obj = kmeans_run(x, imp, K, nc, o->kmeans_iters, c, s->codes, NULL, s->sorted);
+        // A second start at the uniform RTN levels (L2, weighted like k-means): Lloyd never raises the
+        // objective, so the codebook kept is never worse than q2rtn's / the uniform one (up to fp16 rounding).
+        float c2[16];
+        uint16_t u16[16];
+        uint8_t *a2 = (uint8_t *)s->sq;
+        quant_rtn_uniform_lut(x, imp, K, nc, o->search, 2.0, o->grid, u16, a2);
+        for (int j = 0; j < nc; j++)
+            c2[j] = f16_to_f32(u16[j]);
+        if (kmeans_lloyd(x, imp, K, nc, o->kmeans_iters, c2, a2, NULL) < obj)
+            memcpy(c, c2, sizeof(float) * (size_t)nc);
         uint16_t *lut = (uint16_t *)&w->lut[(size_t)r * nc];
         for (int j = 0; j < nc; j++) {
             lut[j] = f32_to_f16(c[j]);
@@ -306,6 +374,30 @@ int quantize_matrix(Weight *w, const float *src, int rows, int cols, const float
         return er_error(ER_ENOMEM, "quantize_matrix: out of memory for row scratch");
     }
     return ER_OK;
+}
+
+// ---- fake quantization ----
+
+int quant_fake_quant_rows(float *dst, const float *src, int rows, int cols, const float *importance,
+                          const QuantOptions *o) {
+    Weight w;
+    ER_TRY(quantize_matrix(&w, src, rows, cols, importance, o));
+    quant_dequant_rows(dst, &w, 0, rows);
+    weight_free(&w);
+    return ER_OK;
+}
+
+void quant_fake_quant_lut(float *dst, const float *src, int rows, int cols, const uint16_t *lut, int nlev) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float c[16];
+        for (int j = 0; j < nlev; j++)
+            c[j] = f16_to_f32(lut[(size_t)r * nlev + j]);
+        const float *x = src + (size_t)r * cols;
+        float *y = dst + (size_t)r * cols;
+        for (int k = 0; k < cols; k++)
+            y[k] = c[nearest(x[k], c, nlev)];
+    }
 }
 
 double quant_rel_error(const Weight *q, const float *src) {

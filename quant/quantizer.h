@@ -9,6 +9,10 @@
 //     sorted row (the row's distinct values when it has at most k), then Lloyd iterations, each of
 //     which can only lower the weighted objective. Centroids are rounded to fp16 and the codes
 //     re-assigned to the nearest rounded centroid.
+//   - Uniform codebooks (q2rtn): the q2lut file format with evenly spaced levels, zero + scale * {0, 1, 2, 3}
+//     (asymmetric RTN at 2 bits), chosen by the same Lp grid search over clipping ratios as the RTN
+//     formats. The baseline the k-means codebook is measured against; the same kernels run it.
+//   - Fake quantization (QAT): quantize then dequantize, in fp32, so a training forward sees Q(W).
 #ifndef QUANT_QUANTIZER_H
 #define QUANT_QUANTIZER_H
 
@@ -25,6 +29,7 @@ typedef struct {
     double p;           // Lp exponent of the search (default 2)
     int grid;           // clipping ratios after c = 1 (default 20)
     int kmeans_iters;   // WF_Q2LUT / WF_Q4LUT Lloyd iterations (default 25)
+    int uniform;        // WF_Q2LUT / WF_Q4LUT: evenly spaced levels by RTN (q2rtn) instead of k-means (default 0)
 } QuantOptions;
 
 void quant_options_default(QuantOptions *o, WeightFormat fmt, int group);
@@ -43,11 +48,28 @@ double quant_rtn_sym(const float *x, const float *imp, int n, int qmax, QuantSea
 double quant_rtn_asym4(const float *x, const float *imp, int n, QuantSearch s, double p, int grid, uint16_t *scale16,
                        uint16_t *zero16, uint8_t *u);
 
+// Evenly spaced codebook of nlev (2..16) levels for n values: lut[j] = fp16(zero + j * scale), zero and
+// scale from the Lp search over clipping ratios c of [min, max] (shrunk about its centre); codes (n) the
+// nearest stored level. Returns the weighted Lp error of the levels as stored.
+double quant_rtn_uniform_lut(const float *x, const float *imp, int n, int nlev, QuantSearch s, double p, int grid,
+                             uint16_t *lut, uint8_t *codes);
+
 // Weighted 1-D k-means (1 <= k <= 16) of n values: centroids (k), assignments (n); hist (iters + 1),
 // when not NULL, gets the objective sum imp_i (x_i - c_{a_i})^2 after the init and after each
 // iteration. Returns the final objective. Deterministic.
 double quant_kmeans_1d(const float *x, const float *imp, int n, int k, int iters, float *centroids, uint8_t *assign,
                        double *hist);
+
+// ---- fake quantization (QAT) ----
+
+// dst (rows, cols) = dequantize(quantize(src)) with options o (any quantized format); dst may be src.
+// Exactly what quantize_matrix + quant_dequant_rows give.
+int quant_fake_quant_rows(float *dst, const float *src, int rows, int cols, const float *importance,
+                          const QuantOptions *o);
+// dst (rows, cols) = each value of src replaced by the nearest level of its row's fp16 codebook lut
+// (rows, nlev), ties to the lower index: the assignment step of a fixed codebook (quantize_matrix's
+// q2lut / q4lut codes are the nearest levels of the codebook it stores). dst may be src.
+void quant_fake_quant_lut(float *dst, const float *src, int rows, int cols, const uint16_t *lut, int nlev);
 
 // ||W - Q(W)||_F / ||W||_F of a quantized weight against its fp32 source (rows, cols).
 double quant_rel_error(const Weight *q, const float *src);
