@@ -21,7 +21,7 @@ int cmd_quantize(int argc, char **argv) {
         {"out", ARG_STR, &c.out_dir, "output model dir (absent or empty)", 1, 0, 0},
         {"weights", ARG_STR, &c.q.weights,
          "format of the layer projections: q8 | q4 (per row) | q4g32 | q4g64 | q4g128 (per group) | q4lut | q2lut (4 / 2-bit "
-         "k-means codebook)", 1, 0, 0},
+         "k-means codebook) | q2rtn (2-bit uniform RTN levels, stored as q2lut) | bf16 (the float model as bf16)", 1, 0, 0},
         {"embeddings", ARG_STR, &c.q.embeddings, "embedding matrix: int8 | fp (a tied lm_head follows it)", 0, 0, 0},
         {"lm-head", ARG_STR, &c.q.lm_head,
          "lm_head: fp or a --weights format (default: as --weights, q4 for q2lut; a tied model follows "
@@ -45,7 +45,7 @@ int cmd_quantize(int argc, char **argv) {
         {"threads", ARG_INT, &c.threads, "threads (0 = all cores)", 0, 0, 4096},
     };
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0],
-                        "ertrain quantize --model DIR --out DIR --weights q8|q4|q4g32|q4g64|q4g128|q4lut|q2lut "
+                        "ertrain quantize --model DIR --out DIR --weights q8|q4|q4g32|q4g64|q4g128|q4lut|q2lut|q2rtn|bf16 "
                         "[--embeddings int8|fp] [--transforms none|rotate|fpt] [--calib FILE.jsonl --calib-n N] "
                         "[--sensitivity fisher|none] [--scale-search lp|minmax] [--seed S]");
     if (rc == ARGS_HELP)

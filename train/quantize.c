@@ -20,7 +20,7 @@
 #include "train/trainer.h"
 #include "train/transform_model.h"
 
-#define SPECS "q8, q4, q4g32, q4g64, q4g128, q4lut or q2lut"
+#define SPECS "q8, q4, q4g32, q4g64, q4g128, q4lut, q2lut or q2rtn"
 
 // ---- the model ----
 
@@ -30,63 +30,97 @@ static size_t param_bytes(const ParamTensor *p, size_t float_size) {
     return p->numel * float_size;
 }
 
-int quantize_model(Model *m, const QuantizeOptions *o, const float *const *importance, FILE *log, QuantizeReport *rep) {
-    memset(rep, 0, sizeof *rep);
+int quantize_parse_weights(const char *spec, WeightFormat *f, int *group, int *uniform) {
+    *uniform = 0;
+    if (spec && strcmp(spec, "q2rtn") == 0) {
+        *f = WF_Q2LUT;
+        *group = 0;
+        *uniform = 1;
+        return ER_OK;
+    }
+    return quant_parse_spec(spec, f, group);
+}
+
+int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) {
+    memset(plan, 0, sizeof *plan);
+    QuantConfig *q = &plan->q;
     if (m->quant.enabled)
         return er_error(ER_EINVAL, "quantize: the model is already quantized (%s)", m->quant.method);
-    QuantConfig q = {0};
-    if (!o->weights || quant_parse_spec(o->weights, &q.linear, &q.group) < 0)
+    if (!o->weights || quantize_parse_weights(o->weights, &q->linear, &q->group, &plan->linear_uniform) < 0)
         return er_error(ER_EINVAL, "--weights \"%s\" is not one of " SPECS, o->weights ? o->weights : "");
     const char *emb = o->embeddings ? o->embeddings : "int8";
     if (strcmp(emb, "int8") != 0 && strcmp(emb, "fp") != 0)
         return er_error(ER_EINVAL, "--embeddings \"%s\" must be int8 or fp", emb);
-    q.embed_int8 = strcmp(emb, "int8") == 0;
+    q->embed_int8 = strcmp(emb, "int8") == 0;
     // A tied lm_head is the embedding: the config then names the embedding's format for it.
     const char *head = o->lm_head                  ? o->lm_head
-                       : m->cfg.tied               ? (q.embed_int8 ? "q8" : "fp")
-                       : q.linear == WF_Q2LUT      ? "q4"
+                       : m->cfg.tied               ? (q->embed_int8 ? "q8" : "fp")
+                       : q->linear == WF_Q2LUT     ? "q4"
                                                    : o->weights;
     int hg = 0;
     if (strcmp(head, "fp") == 0)
-        q.lm_head = WF_F32;
-    else if (quant_parse_spec(head, &q.lm_head, &hg) < 0)
+        q->lm_head = WF_F32;
+    else if (quantize_parse_weights(head, &q->lm_head, &hg, &plan->head_uniform) < 0)
         return er_error(ER_EINVAL, "--lm-head \"%s\" is not one of fp, " SPECS, head);
-    if (m->cfg.tied && o->lm_head && q.lm_head != (q.embed_int8 ? WF_Q8 : WF_F32))
+    if (m->cfg.tied && o->lm_head && q->lm_head != (q->embed_int8 ? WF_Q8 : WF_F32))
         return er_error(ER_EINVAL,
                         "--lm-head %s: the model ties its lm_head to the embedding (--embeddings %s); untie it first "
                         "(quantize_untie)",
                         head, emb);
-    if (q.lm_head == WF_Q4G && q.linear == WF_Q4G && hg != q.group)
+    if (q->lm_head == WF_Q4G && q->linear == WF_Q4G && hg != q->group)
         return er_error(ER_EINVAL, "--lm-head %s must use the group size of --weights %s", head, o->weights);
-    if (q.lm_head == WF_Q4G)
-        q.group = hg;
+    if (q->lm_head == WF_Q4G)
+        q->group = hg;
     const char *ss = o->scale_search ? o->scale_search : "lp";
     if (strcmp(ss, "lp") != 0 && strcmp(ss, "minmax") != 0)
         return er_error(ER_EINVAL, "--scale-search \"%s\" must be lp or minmax", ss);
-    int minmax = strcmp(ss, "minmax") == 0;
+    plan->minmax = strcmp(ss, "minmax") == 0;
     // Check every matrix fits its format before any work.
     for (int i = 0; i < m->n_params; i++) {
         const ParamTensor *p = &m->params[i];
         if (!p->w)
             continue;
-        WeightFormat f = p->w == &m->embed ? (q.embed_int8 ? WF_Q8 : WF_F32)
-                         : p->w == &m->lm_head ? q.lm_head
-                                               : q.linear;
+        WeightFormat f = p->w == &m->embed ? (q->embed_int8 ? WF_Q8 : WF_F32)
+                         : p->w == &m->lm_head ? q->lm_head
+                                               : q->linear;
         if (weight_is_quantized(f))
-            ER_TRY(quant_check_shape(f, p->w->rows, p->w->cols, q.group, p->name));
+            ER_TRY(quant_check_shape(f, p->w->rows, p->w->cols, q->group, p->name));
     }
-    snprintf(q.method, sizeof q.method, "%s%s%s",
-             q.linear == WF_Q2LUT || q.linear == WF_Q4LUT ? "kmeans" : minmax ? "rtn-minmax" : "rtn-lp",
+    // q2rtn is stored as q2lut (a codebook of 4 evenly spaced levels): the method says how it was made.
+    int kmeans = (q->linear == WF_Q2LUT || q->linear == WF_Q4LUT) && !plan->linear_uniform;
+    snprintf(q->method, sizeof q->method, "%s%s%s", kmeans ? "kmeans" : plan->minmax ? "rtn-minmax" : "rtn-lp",
              o->method_note && o->method_note[0] ? "-" : "", o->method_note ? o->method_note : "");
-    snprintf(q.transforms, sizeof q.transforms, "%s", o->transforms ? o->transforms : "none");
+    snprintf(q->transforms, sizeof q->transforms, "%s", o->transforms ? o->transforms : "none");
+    q->enabled = 1;
+    return ER_OK;
+}
 
+void quantize_plan_options(const Model *m, const QuantizePlan *plan, const QuantizeOptions *o, const ParamTensor *p,
+                           QuantOptions *qo) {
+    const QuantConfig *q = &plan->q;
+    WeightFormat f = !p->w                 ? WF_F32
+                     : p->w == &m->embed   ? (q->embed_int8 ? WF_Q8 : WF_F32)
+                     : p->w == &m->lm_head ? q->lm_head
+                                           : q->linear;
+    quant_options_default(qo, f, f == WF_Q4G ? q->group : 0);
+    qo->search = plan->minmax ? QSEARCH_MINMAX : QSEARCH_LP;
+    if (o->p > 0)
+        qo->p = o->p;
+    if (o->kmeans_iters > 0)
+        qo->kmeans_iters = o->kmeans_iters;
+    qo->uniform = !p->w || p->w == &m->embed ? 0 : p->w == &m->lm_head ? plan->head_uniform : plan->linear_uniform;
+}
+
+int quantize_model(Model *m, const QuantizeOptions *o, const float *const *importance, FILE *log, QuantizeReport *rep) {
+    memset(rep, 0, sizeof *rep);
+    QuantizePlan plan;
+    ER_TRY(quantize_plan(m, o, &plan));
     size_t fsz = m->cfg.dtype == DT_F32 ? 4 : 2, lin_bytes = 0, lin_numel = 0, total_numel = 0;
     for (int i = 0; i < m->n_params; i++) {
         rep->bytes_before += m->params[i].numel * fsz;
         total_numel += m->params[i].numel;
     }
-    q.enabled = 1;
-    m->quant = q; // model_quant_format now gives each matrix its target
+    m->quant = plan.q; // model_quant_format now gives each matrix its target
     float *tmp = NULL;
     size_t tmp_n = 0;
     double err_sum = 0;
@@ -97,8 +131,10 @@ int quantize_model(Model *m, const QuantizeOptions *o, const float *const *impor
         ParamTensor *p = &m->params[i];
         if (!p->w)
             continue;
-        int group;
-        WeightFormat f = model_quant_format(m, p, &group);
+        QuantOptions qo;
+        quantize_plan_options(m, &plan, o, p, &qo);
+        WeightFormat f = qo.fmt;
+        int group = qo.group;
         if (!weight_is_quantized(f))
             continue;
         const float *src = p->data;
@@ -115,13 +151,6 @@ int quantize_model(Model *m, const QuantizeOptions *o, const float *const *impor
             quant_dequant_rows(tmp, p->w, 0, p->w->rows);
             src = tmp;
         }
-        QuantOptions qo;
-        quant_options_default(&qo, f, group);
-        qo.search = minmax ? QSEARCH_MINMAX : QSEARCH_LP;
-        if (o->p > 0)
-            qo.p = o->p;
-        if (o->kmeans_iters > 0)
-            qo.kmeans_iters = o->kmeans_iters;
         Weight qw;
         rc = quantize_matrix(&qw, src, p->w->rows, p->w->cols, importance ? importance[i] : NULL, &qo);
         if (rc < 0)
@@ -316,7 +345,8 @@ static cJSON *run_json(const QuantizeConfig *c, const Model *m, const QuantizeRe
     cJSON_AddStringToObject(j, "command", "quantize");
     cJSON_AddStringToObject(j, "version", ERTRAIN_VERSION);
     cJSON_AddStringToObject(j, "model", c->model_dir);
-    cJSON *q = quant_config_to_json(&m->quant);
+    cJSON_AddStringToObject(j, "weights", c->q.weights); // as asked: q2rtn is stored as q2lut
+    cJSON *q = m->quant.enabled ? quant_config_to_json(&m->quant) : NULL;
     if (q)
         cJSON_AddItemToObject(j, "quantization_config", q);
     cJSON_AddStringToObject(j, "sensitivity", sens);
@@ -341,6 +371,80 @@ static cJSON *run_json(const QuantizeConfig *c, const Model *m, const QuantizeRe
     return j;
 }
 
+int quantize_load(Model *m, const char *model_dir, const char *transforms, uint64_t seed, const QuantizeOptions *o,
+                  int trainable, QuantizeSource *src) {
+    memset(src, 0, sizeof *src);
+    const char *tr = transforms ? transforms : "none";
+    unsigned tflags;
+    if (transform_model_parse_mode(tr, &tflags) < 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", er_last_error());
+        return er_error(ER_EINVAL, "--transforms \"%s\" (none, rotate, fpt, or a list of r, u, v, k): %s", tr, why);
+    }
+    double t0 = time_now();
+    // The transforms rewrite the weights: they need a trainable fp32 model.
+    ER_TRY(model_load(m, model_dir, trainable || tflags ? MODEL_LOAD_TRAINABLE : 0));
+    int rc = ER_OK;
+    if (m->quant.enabled)
+        rc = er_error(ER_EINVAL, "%s is already quantized (%s): quantize the float model", model_dir, m->quant.method);
+    src->bf16 = m->cfg.dtype == DT_BF16;
+    src->params = model_config_num_params(&m->cfg);
+    src->bytes = src->params * dtype_size(m->cfg.dtype);
+    if (rc == ER_OK)
+        printf("loaded %s: %zu parameters (%s), %.1fs\n", model_dir, src->params, dtype_name(m->cfg.dtype),
+               time_now() - t0);
+    if (rc == ER_OK && tflags) {
+        t0 = time_now();
+        rc = transform_model(m, tr, seed);
+        if (rc == ER_OK)
+            printf("transforms %s applied (function-preserving%s), %.1fs\n", tr, m->cfg.tied ? "" : ", lm_head untied",
+                   time_now() - t0);
+    }
+    if (rc == ER_OK && m->cfg.tied && o && o->lm_head) {
+        WeightFormat hf, ef = !o->embeddings || strcmp(o->embeddings, "int8") == 0 ? WF_Q8 : WF_F32;
+        int hg, hu;
+        if (strcmp(o->lm_head, "fp") == 0)
+            hf = WF_F32;
+        else if (quantize_parse_weights(o->lm_head, &hf, &hg, &hu) < 0)
+            rc = er_error(ER_EINVAL, "--lm-head \"%s\" is not one of fp, " SPECS, o->lm_head);
+        if (rc == ER_OK && hf != ef) {
+            rc = quantize_untie(m);
+            if (rc == ER_OK)
+                printf("lm_head untied from the embedding so it can be %s (the dir gets its own lm_head.weight)\n",
+                       o->lm_head);
+        }
+    }
+    if (rc < 0)
+        model_free(m);
+    return rc;
+}
+
+int quantize_write_dir(const Model *m, const char *src_dir, const char *out_dir, int as_bf16) {
+    ER_TRY(model_save(m, out_dir, as_bf16));
+    char *tj = path_join(src_dir, "tokenizer.json");
+    if (!tj)
+        return ER_ENOMEM;
+    int rc = ER_OK;
+    if (path_exists(tj))
+        rc = run_copy_tokenizer(src_dir, out_dir);
+    else
+        printf("note: %s has no tokenizer.json; none copied\n", src_dir);
+    er_free(tj);
+    return rc;
+}
+
+int quantize_data_nll(Model *m, const char *tokenizer_dir, const char *path, const char *response_key, int n,
+                      int seq_len, double *nll, int *n_seq) {
+    Calib cal;
+    int rc = calib_load(&cal, tokenizer_dir, path, response_key, n, seq_len, m->cfg.V);
+    if (rc == ER_OK)
+        rc = calib_pass(m, &cal, 0, cal.n, NULL, nll);
+    if (n_seq)
+        *n_seq = cal.n;
+    calib_free(&cal);
+    return rc;
+}
+
 int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
     QuantizeResult local;
     if (!res)
@@ -356,12 +460,18 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
         snprintf(why, sizeof why, "%s", er_last_error());
         return er_error(ER_EINVAL, "--transforms \"%s\" (none, rotate, fpt, or a list of r, u, v, k): %s", tr, why);
     }
-    const char *sens = c->sensitivity ? c->sensitivity : c->calib ? "fisher" : "none";
+    // --weights bf16: the float model stored as bf16 (no quantization_config), the bf16 row of a size table.
+    int to_bf16 = c->q.weights && strcmp(c->q.weights, "bf16") == 0;
+    const char *sens = c->sensitivity ? c->sensitivity : c->calib && !to_bf16 ? "fisher" : "none";
     if (strcmp(sens, "fisher") != 0 && strcmp(sens, "none") != 0)
         return er_error(ER_EINVAL, "--sensitivity \"%s\" must be fisher or none", sens);
     int fisher = strcmp(sens, "fisher") == 0;
     if (fisher && !c->calib)
         return er_error(ER_EINVAL, "--sensitivity fisher needs calibration data (--calib FILE.jsonl)");
+    if (fisher && to_bf16)
+        return er_error(ER_EINVAL, "--sensitivity fisher has nothing to weight with --weights bf16");
+    if (to_bf16 && c->q.lm_head)
+        return er_error(ER_EINVAL, "--lm-head is for quantized formats; --weights bf16 stores every tensor as bf16");
     if (c->calib_n < 1)
         return er_error(ER_EINVAL, "--calib-n must be >= 1 (got %d)", c->calib_n);
     if (c->seq_len < 2)
@@ -369,9 +479,9 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
     // Options are checked on a throwaway run of the parser before the (slow) load.
     {
         WeightFormat f;
-        int g;
-        if (!c->q.weights || quant_parse_spec(c->q.weights, &f, &g) < 0)
-            return er_error(ER_EINVAL, "--weights \"%s\" is not one of " SPECS, c->q.weights ? c->q.weights : "");
+        int g, u;
+        if (!c->q.weights || (!to_bf16 && quantize_parse_weights(c->q.weights, &f, &g, &u) < 0))
+            return er_error(ER_EINVAL, "--weights \"%s\" is not one of bf16, " SPECS, c->q.weights ? c->q.weights : "");
     }
     ER_TRY(run_dir_check(c->out_dir, 0));
     threads_set(c->threads);
@@ -380,44 +490,11 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
     Calib cal = {0};
     float *fmem = NULL;
     const float **imp = NULL;
-    int have_model = 0;
-    double t0 = time_now();
-    // Fisher needs gradients and the transforms rewrite the weights: both need a trainable fp32 model.
-    int rc = model_load(&m, c->model_dir, fisher || tflags ? MODEL_LOAD_TRAINABLE : 0);
-    if (rc == ER_OK) {
-        have_model = 1;
-        if (m.quant.enabled)
-            rc = er_error(ER_EINVAL, "%s is already quantized (%s): quantize the float model", c->model_dir,
-                          m.quant.method);
-    }
-    int as_bf16 = have_model && m.cfg.dtype == DT_BF16;
-    // The source as stored (before any untying), for the size report.
-    size_t src_params = have_model ? model_config_num_params(&m.cfg) : 0;
-    size_t src_bytes = have_model ? src_params * dtype_size(m.cfg.dtype) : 0;
-    if (rc == ER_OK)
-        printf("loaded %s: %zu parameters (%s), %.1fs\n", c->model_dir, model_config_num_params(&m.cfg),
-               dtype_name(m.cfg.dtype), time_now() - t0);
-    if (rc == ER_OK && tflags) {
-        t0 = time_now();
-        rc = transform_model(&m, tr, c->seed);
-        if (rc == ER_OK)
-            printf("transforms %s applied (function-preserving%s), %.1fs\n", tr,
-                   m.cfg.tied ? "" : ", lm_head untied", time_now() - t0);
-    }
-    if (rc == ER_OK && m.cfg.tied && c->q.lm_head) {
-        WeightFormat hf, ef = !c->q.embeddings || strcmp(c->q.embeddings, "int8") == 0 ? WF_Q8 : WF_F32;
-        int hg;
-        if (strcmp(c->q.lm_head, "fp") == 0)
-            hf = WF_F32;
-        else if (quant_parse_spec(c->q.lm_head, &hf, &hg) < 0)
-            rc = er_error(ER_EINVAL, "--lm-head \"%s\" is not one of fp, " SPECS, c->q.lm_head);
-        if (rc == ER_OK && hf != ef) {
-            rc = quantize_untie(&m);
-            if (rc == ER_OK)
-                printf("lm_head untied from the embedding so it can be %s (the dir gets its own lm_head.weight)\n",
-                       c->q.lm_head);
-        }
-    }
+    QuantizeSource src;
+    double t0;
+    // Fisher needs gradients: a trainable fp32 model.
+    int rc = quantize_load(&m, c->model_dir, tr, c->seed, to_bf16 ? NULL : &c->q, fisher, &src);
+    int have_model = rc == ER_OK;
     if (rc == ER_OK && c->calib)
         rc = calib_load(&cal, c->model_dir, c->calib, c->response_key, 2 * c->calib_n, c->seq_len, m.cfg.V);
     int n_fit = cal.n < c->calib_n ? cal.n : c->calib_n;
@@ -444,7 +521,7 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
         res->nll_sequences = h1 - h0;
         res->nll_held_out = h0 > 0;
     }
-    if (rc == ER_OK) {
+    if (rc == ER_OK && !to_bf16) {
         t0 = time_now();
         QuantizeOptions qo = c->q;
         qo.method_note = fisher ? "fisher" : NULL;
@@ -452,24 +529,30 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
         printf("quantizing to %s:\n", c->q.weights);
         rc = quantize_model(&m, &qo, (const float *const *)imp, stdout, &res->rep);
         if (rc == ER_OK) {
-            res->rep.bytes_before = src_bytes;
-            res->rep.model_bits_per_weight = (double)res->rep.bytes_after * 8.0 / (double)src_params;
+            res->rep.bytes_before = src.bytes;
+            res->rep.model_bits_per_weight = (double)res->rep.bytes_after * 8.0 / (double)src.params;
             printf("quantized in %.1fs\n", time_now() - t0);
         }
     }
     er_free(fmem);
     er_free(imp);
-    if (rc == ER_OK && c->calib)
+    if (rc == ER_OK && c->calib && !to_bf16)
         rc = calib_pass(&m, &cal, h0, h1, NULL, &res->nll_after);
     if (rc == ER_OK)
-        rc = model_save(&m, c->out_dir, as_bf16);
-    if (rc == ER_OK) {
-        char *tj = path_join(c->model_dir, "tokenizer.json");
-        if (tj && path_exists(tj))
-            rc = run_copy_tokenizer(c->model_dir, c->out_dir);
-        else if (tj)
-            printf("note: %s has no tokenizer.json; none copied\n", c->model_dir);
-        er_free(tj);
+        rc = quantize_write_dir(&m, c->model_dir, c->out_dir, src.bf16 || to_bf16);
+    if (rc == ER_OK && to_bf16) {
+        // The report of the dir as written; its NLL from the bf16 weights as they load.
+        res->rep.bytes_before = src.bytes;
+        res->rep.bytes_after = src.params * 2;
+        res->rep.bits_per_weight = res->rep.model_bits_per_weight = 16.0;
+        if (c->calib) {
+            Model b;
+            rc = model_load(&b, c->out_dir, 0);
+            if (rc == ER_OK) {
+                rc = calib_pass(&b, &cal, h0, h1, NULL, &res->nll_after);
+                model_free(&b);
+            }
+        }
     }
     if (rc == ER_OK) {
         cJSON *j = run_json(c, &m, res, sens);
@@ -482,7 +565,8 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
                r->model_bits_per_weight);
         printf("bytes: %.2f MiB -> %.2f MiB (%.2fx smaller)\n", r->bytes_before / 1048576.0, r->bytes_after / 1048576.0,
                r->bytes_after ? (double)r->bytes_before / (double)r->bytes_after : 0.0);
-        printf("relative error: mean %.4f, worst %.4f\n", r->mean_rel_error, r->max_rel_error);
+        if (!to_bf16)
+            printf("relative error: mean %.4f, worst %.4f\n", r->mean_rel_error, r->max_rel_error);
         if (c->calib)
             printf("NLL on %d %s calibration sequences: %.4f (float) -> %.4f (%s), %+.4f\n", res->nll_sequences,
                    res->nll_held_out ? "held-out" : "(in-sample)", res->nll_before, res->nll_after, c->q.weights,

@@ -13,9 +13,11 @@
 #include <stdio.h>
 
 #include "model/model.h"
+#include "quant/quantizer.h"
 
 typedef struct {
-    const char *weights;      // q8 | q4 | q4g32 | q4g64 | q4g128 | q2lut (the seven projections)
+    const char *weights;      // q8 | q4 | q4g32 | q4g64 | q4g128 | q4lut | q2lut | q2rtn (the seven projections);
+                              // quantize_run also takes bf16 (the float model stored as bf16, nothing quantized)
     const char *embeddings;   // int8 | fp (NULL = int8)
     const char *lm_head;      // a weights spec | fp (NULL = the weights' format; q4 for q2lut); for a tied model
                               // only its embedding format (quantize_run unties it for another)
@@ -34,6 +36,23 @@ typedef struct {
     double mean_rel_error;    // mean over the layers' projections
 } QuantizeReport;
 
+// "q2rtn" is q2lut with a uniform codebook (4 evenly spaced levels, RTN with the Lp clipping search,
+// quant/quantizer.h): stored as weights "q2lut", method "rtn-lp" (or "rtn-minmax"), so the q2lut kernels
+// run it. Every other spec as quant_parse_spec; *uniform = 1 for q2rtn.
+int quantize_parse_weights(const char *spec, WeightFormat *f, int *group, int *uniform);
+
+// What quantize_model will give each matrix of m under o, checked against m's shapes (one-line errors
+// naming the flag) before any work: q is the quantization_config the output gets.
+typedef struct {
+    QuantConfig q;
+    int linear_uniform, head_uniform; // q2rtn for the projections / the untied lm_head
+    int minmax;                       // --scale-search minmax
+} QuantizePlan;
+int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan);
+// The quantizer options of parameter p under the plan (qo->fmt WF_F32: p stays float).
+void quantize_plan_options(const Model *m, const QuantizePlan *plan, const QuantizeOptions *o, const ParamTensor *p,
+                           QuantOptions *qo);
+
 // Quantizes the float matrices of m in place (m->quant set; m becomes frozen). importance, when not
 // NULL, has n_params entries: per-weight importances (rows, cols) for matrices, NULL entries allowed.
 // Per-layer errors go to `log` (NULL = quiet).
@@ -43,6 +62,27 @@ int quantize_model(Model *m, const QuantizeOptions *o, const float *const *impor
 // can get another format than the embedding (e.g. int8 embeddings and a W4 lm_head, which decode reads
 // in full every token). Exact: the logits do not change. A no-op on untied models.
 int quantize_untie(Model *m);
+
+// The source as stored, for the size report.
+typedef struct {
+    size_t params, bytes;
+    int bf16; // stored as bf16: a quantized dir keeps that float dtype for what it does not quantize
+} QuantizeSource;
+
+// Loads a float model dir to quantize (MODEL_LOAD_TRAINABLE when `trainable` or when transforms are
+// asked), refusing a quantized one; applies the transforms (none | rotate | fpt | a list, seeded) and,
+// when o asks a tied model for an lm_head format other than the embedding's, unties it. On error
+// nothing stays loaded. Prints one line per step.
+int quantize_load(Model *m, const char *model_dir, const char *transforms, uint64_t seed, const QuantizeOptions *o,
+                  int trainable, QuantizeSource *src);
+// Writes the model dir as `ertrain quantize` does: model_save (packed tensors, quantization_config)
+// and the tokenizer files of src_dir (a note when it has none).
+int quantize_write_dir(const Model *m, const char *src_dir, const char *out_dir, int as_bf16);
+// Token-weighted mean NLL (loss on every position, like the calibration pass) of m on the first n
+// records of a JSONL file, with the tokenizer and chat style of tokenizer_dir; *n_seq (may be NULL)
+// gets the sequences used.
+int quantize_data_nll(Model *m, const char *tokenizer_dir, const char *path, const char *response_key, int n,
+                      int seq_len, double *nll, int *n_seq);
 
 typedef struct {
     const char *model_dir, *out_dir;
