@@ -26,7 +26,8 @@ static const ArgCommand commands[] = {
     {"sft", cmd_sft, "train a masked LoRA adapter on a frozen base (PEFT output)"},
     {"grpo", cmd_grpo, "GRPO with the budget reward on a masked LoRA adapter"},
     {"heads", cmd_heads, "train the switcher and verifier heads on a base model + reasoning adapter"},
-    {"quantize", cmd_quantize, "quantize a model dir (q8, q4, q4g, q2lut; int8 embeddings; Fisher-weighted)"},
+    {"quantize", cmd_quantize, "quantize a model dir (q8, q4, q4g, q4lut, q2lut, q2rtn, bf16; int8 embeddings; Fisher-weighted)"},
+    {"qat", cmd_qat, "quantization-aware training: fine-tune with fake-quantized weights, write the quantized dir"},
     {"version", cmd_version, "print the build configuration"},
 };
 

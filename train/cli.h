@@ -13,6 +13,7 @@ int cmd_sft(int argc, char **argv);      // train/cli_sft.c
 int cmd_grpo(int argc, char **argv);     // rl/cli_grpo.c
 int cmd_heads(int argc, char **argv);    // switcher_train/cli_heads.c
 int cmd_quantize(int argc, char **argv); // train/cli_quantize.c
+int cmd_qat(int argc, char **argv);      // train/cli_qat.c
 
 #define TRAIN_FLAGS_MAX 20
 int train_flags_specs(TrainConfig *c, ArgSpec *s); // train/cli_train_flags.c

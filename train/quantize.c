@@ -372,7 +372,7 @@ static cJSON *run_json(const QuantizeConfig *c, const Model *m, const QuantizeRe
 }
 
 int quantize_load(Model *m, const char *model_dir, const char *transforms, uint64_t seed, const QuantizeOptions *o,
-                  int trainable, QuantizeSource *src) {
+                  int trainable, FILE *log, QuantizeSource *src) {
     memset(src, 0, sizeof *src);
     const char *tr = transforms ? transforms : "none";
     unsigned tflags;
@@ -390,15 +390,15 @@ int quantize_load(Model *m, const char *model_dir, const char *transforms, uint6
     src->bf16 = m->cfg.dtype == DT_BF16;
     src->params = model_config_num_params(&m->cfg);
     src->bytes = src->params * dtype_size(m->cfg.dtype);
-    if (rc == ER_OK)
-        printf("loaded %s: %zu parameters (%s), %.1fs\n", model_dir, src->params, dtype_name(m->cfg.dtype),
-               time_now() - t0);
+    if (rc == ER_OK && log)
+        fprintf(log, "loaded %s: %zu parameters (%s), %.1fs\n", model_dir, src->params, dtype_name(m->cfg.dtype),
+                time_now() - t0);
     if (rc == ER_OK && tflags) {
         t0 = time_now();
         rc = transform_model(m, tr, seed);
-        if (rc == ER_OK)
-            printf("transforms %s applied (function-preserving%s), %.1fs\n", tr, m->cfg.tied ? "" : ", lm_head untied",
-                   time_now() - t0);
+        if (rc == ER_OK && log)
+            fprintf(log, "transforms %s applied (function-preserving%s), %.1fs\n", tr,
+                    m->cfg.tied ? "" : ", lm_head untied", time_now() - t0);
     }
     if (rc == ER_OK && m->cfg.tied && o && o->lm_head) {
         WeightFormat hf, ef = !o->embeddings || strcmp(o->embeddings, "int8") == 0 ? WF_Q8 : WF_F32;
@@ -409,9 +409,9 @@ int quantize_load(Model *m, const char *model_dir, const char *transforms, uint6
             rc = er_error(ER_EINVAL, "--lm-head \"%s\" is not one of fp, " SPECS, o->lm_head);
         if (rc == ER_OK && hf != ef) {
             rc = quantize_untie(m);
-            if (rc == ER_OK)
-                printf("lm_head untied from the embedding so it can be %s (the dir gets its own lm_head.weight)\n",
-                       o->lm_head);
+            if (rc == ER_OK && log)
+                fprintf(log, "lm_head untied from the embedding so it can be %s (the dir gets its own lm_head.weight)\n",
+                        o->lm_head);
         }
     }
     if (rc < 0)
@@ -493,7 +493,7 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
     QuantizeSource src;
     double t0;
     // Fisher needs gradients: a trainable fp32 model.
-    int rc = quantize_load(&m, c->model_dir, tr, c->seed, to_bf16 ? NULL : &c->q, fisher, &src);
+    int rc = quantize_load(&m, c->model_dir, tr, c->seed, to_bf16 ? NULL : &c->q, fisher, stdout, &src);
     int have_model = rc == ER_OK;
     if (rc == ER_OK && c->calib)
         rc = calib_load(&cal, c->model_dir, c->calib, c->response_key, 2 * c->calib_n, c->seq_len, m.cfg.V);

@@ -72,9 +72,9 @@ typedef struct {
 // Loads a float model dir to quantize (MODEL_LOAD_TRAINABLE when `trainable` or when transforms are
 // asked), refusing a quantized one; applies the transforms (none | rotate | fpt | a list, seeded) and,
 // when o asks a tied model for an lm_head format other than the embedding's, unties it. On error
-// nothing stays loaded. Prints one line per step.
+// nothing stays loaded. Reports one line per step to log (NULL = quiet).
 int quantize_load(Model *m, const char *model_dir, const char *transforms, uint64_t seed, const QuantizeOptions *o,
-                  int trainable, QuantizeSource *src);
+                  int trainable, FILE *log, QuantizeSource *src);
 // Writes the model dir as `ertrain quantize` does: model_save (packed tensors, quantization_config)
 // and the tokenizer files of src_dir (a note when it has none).
 int quantize_write_dir(const Model *m, const char *src_dir, const char *out_dir, int as_bf16);

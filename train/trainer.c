@@ -1,4 +1,4 @@
-// The loop shared by `ertrain sft` and `ertrain pretrain`.
+// The loop shared by `ertrain sft`, `ertrain pretrain` and `ertrain qat`.
 #include "train/trainer.h"
 
 #include <math.h>
@@ -46,6 +46,11 @@ void train_config_default(TrainConfig *c, TrainKind kind) {
     c->init_std = 0.02;
     c->eval_split = 0.05;
     c->eval_max = 256;
+    if (kind == TRAIN_QAT) {
+        // Fine-tuning a trained model, not training one: a small step, no decay towards zero.
+        c->lr = 1e-4;
+        c->weight_decay = 0.0;
+    }
 }
 
 uint64_t train_derived_seed(int seed, uint64_t stream) {
@@ -239,7 +244,7 @@ static cJSON *config_to_json(const Trainer *t) {
     if (!j)
         return NULL;
     cJSON_AddStringToObject(j, "command", t->job->label);
-    if (c->kind == TRAIN_SFT) {
+    if (c->kind == TRAIN_SFT || c->kind == TRAIN_QAT) {
         cJSON_AddStringToObject(j, "model", c->model_dir);
     } else {
         cJSON_AddStringToObject(j, "config", c->config_path);
@@ -281,6 +286,9 @@ static cJSON *config_to_json(const Trainer *t) {
     cJSON_AddNumberToObject(j, "save_every", c->save_every);
     cJSON_AddNumberToObject(j, "seed", c->seed);
     cJSON_AddNumberToObject(j, "threads", threads_get());
+    const cJSON *item;
+    if (t->job->extra_config)
+        cJSON_ArrayForEach(item, t->job->extra_config) cJSON_AddItemToObject(j, item->string, cJSON_Duplicate(item, 1));
     return j;
 }
 
@@ -354,6 +362,8 @@ static int evaluate(Trainer *t, double *out) {
     int B = t->cfg->batch;
     if (!t->eval_acts.mem)
         ER_TRY(acts_alloc(&t->eval_acts, &job->model->cfg, B, t->max_len_eval, ACTS_SCORE, 0));
+    if (job->before_forward)
+        ER_TRY(job->before_forward(job->hook_ctx, t->st.step));
     double sum = 0, w = 0;
     for (int i = 0; i < t->n_eval; i += B) {
         int n = t->n_eval - i < B ? t->n_eval - i : B;
@@ -386,6 +396,8 @@ static int train_step(Trainer *t, double lr, double *loss, double *gnorm, long *
     TrainJob *job = t->job;
     const TrainConfig *c = t->cfg;
     zero_grads(job);
+    if (job->before_forward)
+        ER_TRY(job->before_forward(job->hook_ctx, t->st.step));
     double sum = 0;
     *tokens = 0;
     for (int k = 0; k < c->grad_accum; k++) {
@@ -505,7 +517,7 @@ int trainer_run(TrainJob *job, TrainResult *res) {
     if (tok_vocab_size(job->tok) > job->model->cfg.V)
         CHECK(er_error(ER_EINVAL, "the tokenizer has %d ids but the model's vocabulary only %d", tok_vocab_size(job->tok),
                        job->model->cfg.V));
-    CHECK(seq_builder_init(&t.sb, job->tok, job->style, job->prefix, c->seq_len, c->kind == TRAIN_PRETRAIN,
+    CHECK(seq_builder_init(&t.sb, job->tok, job->style, job->prefix, c->seq_len, c->kind != TRAIN_SFT,
                            c->no_mask));
     CHECK(load_data(&t));
     CHECK(make_epoch(&t, 0));

@@ -1,5 +1,6 @@
-// The training loops of `ertrain sft` (masked LoRA on a frozen base) and `ertrain pretrain`
-// (every parameter of a randomly initialised model), sharing one loop: length-bucketed batches,
+// The training loops of `ertrain sft` (masked LoRA on a frozen base), `ertrain pretrain` (every
+// parameter of a randomly initialised model) and `ertrain qat` (every parameter of a float model, seen
+// through fake quantization: train/qat.h), sharing one loop: length-bucketed batches,
 // gradient accumulation, global-norm clipping, AdamW with linear warmup + cosine decay, held-out
 // loss, metrics.jsonl + run.json, and checkpoints a run resumes from bit for bit.
 //
@@ -20,11 +21,11 @@
 #include "lora/lora.h"
 #include "model/model.h"
 
-typedef enum { TRAIN_SFT, TRAIN_PRETRAIN } TrainKind;
+typedef enum { TRAIN_SFT, TRAIN_PRETRAIN, TRAIN_QAT } TrainKind;
 
 typedef struct {
     TrainKind kind;
-    const char *model_dir;      // sft: the base model dir (loaded frozen; holds the tokenizer)
+    const char *model_dir;      // sft: the base model dir (loaded frozen; holds the tokenizer); qat: the float model
     const char *config_path;    // pretrain: model config.json
     const char *tokenizer_path; // pretrain: tokenizer.json or a dir holding it
     const char *data_path;
@@ -108,6 +109,12 @@ typedef struct {
     // Writes the result into the output dir at the end (adapter or model dir).
     int (*save_final)(void *ctx, const char *out_dir);
     void *save_ctx;
+    // Optional (QAT): called before the forward passes of each optimizer step and of each held-out
+    // evaluation, with the optimizer steps done so far; it may rewrite the weights the forward reads
+    // (params then hold master weights the optimizer updates with the gradients at those weights).
+    int (*before_forward)(void *ctx, long step);
+    void *hook_ctx;
+    const cJSON *extra_config;         // more resolved settings for run.json "config" (checked on resume)
 } TrainJob;
 
 // Loads the data, creates or resumes the run dir, trains, checkpoints, and saves the result.
