@@ -8,9 +8,12 @@
 //   X.weight_codebook    q2lut: F16 [rows, 4]; q4lut: F16 [rows, 16]
 // and config.json holds
 //   "quantization_config": {"quant_method": "ertrain", "method": "rtn-lp" | "rtn-minmax" | "kmeans" |
-//       "kmeans-fisher" | ..., "weights": "q8" | "q4" | "q4g32" | "q4g64" | "q4g128" | "q4lut" | "q2lut",
+//       "kmeans-fisher" | "kmeans-qat" | ..., "weights": "q8" | "q4" | "q4g32" | "q4g64" | "q4g128" | "q4lut" | "q2lut",
 //       "group_size": 0 | 32 | 64 | 128, "embeddings": "int8" | "fp", "lm_head": <weights spec> | "fp",
 //       "transforms": "none" | ..., "bits_per_weight": 4.5}
+// A q2lut whose codebooks are 4 evenly spaced levels (ertrain quantize --weights q2rtn, the 2-bit RTN
+// baseline) is stored as "q2lut" with method "rtn-lp" / "rtn-minmax"; "-qat" ends the method of a model
+// written by ertrain qat (train/qat.h). Readers need only "weights".
 // "weights" applies to the seven projections of every layer; "embeddings" int8 is q8 on the embedding
 // matrix (and on the lm_head of a tied model); "lm_head" applies to an untied lm_head (a tied model's
 // config names the embedding's format there). bits_per_weight is that of the layer projections, scales

@@ -7,7 +7,9 @@
 //   - Non-uniform (q2lut, q4lut): 1-D k-means per row (4 or 16 centroids), weighted by an optional per-weight
 //     importance (diagonal Fisher = squared gradients, SqueezeLLM style); init at the quantiles of the
 //     sorted row (the row's distinct values when it has at most k), then Lloyd iterations, each of
-//     which can only lower the weighted objective. Centroids are rounded to fp16 and the codes
+//     which can only lower the weighted objective. quantize_matrix runs Lloyd from a second start, the
+//     uniform RTN levels below, and keeps the lower objective: the codebook is never worse (in weighted
+//     L2, fp16 rounding aside) than the evenly spaced one. Centroids are rounded to fp16 and the codes
 //     re-assigned to the nearest rounded centroid.
 //   - Uniform codebooks (q2rtn): the q2lut file format with evenly spaced levels, zero + scale * {0, 1, 2, 3}
 //     (asymmetric RTN at 2 bits), chosen by the same Lp grid search over clipping ratios as the RTN
