@@ -1,0 +1,381 @@
+#!/usr/bin/env bash
+# The measured quantization table: every weight format of ertrain quantize / ertrain qat on one float
+# base, with bits per weight, bytes, held-out NLL, reasoning accuracy with an adapter and decode speed;
+# then a speed/NLL-only part on a larger random model of 0.5B layer shapes (few layers).
+#
+#   scripts/quant_table.sh --model models/tiny-base --adapter-data SFT.jsonl --eval EVAL.jsonl --out DIR
+#                          [--heldout-nll FILE.jsonl] [--steps N] [--eval-n N] [--threads T] [...]
+#
+# Inputs
+#   --model DIR           the float base (fp32 HF dir with tokenizer), e.g. models/tiny-base
+#   --adapter-data FILE   SFT conversations for the reasoning adapters (python3 scripts/budget_records.py
+#                         CHAINS.jsonl OUT.jsonl); also QAT's training data unless --qat-data
+#   --eval FILE           chains records (ertrain synth chains) graded by erinfer eval
+#   --heldout-nll FILE    records erinfer score takes ({"text"} or {"prompt", "completion"}) whose NLL is
+#                         measured; default: the --eval records as {"prompt": problem, "completion": verbose}
+#   --out DIR             work dir; OUT/quant_table.md and OUT/quant_table.json are the results
+# Options
+#   --steps N             QAMR (SFT adapter) and QAT steps [40]
+#   --eval-n N            eval records graded [100]      --heldout-n N   held-out records scored [200]
+#   --sft-batch N [8]     --sft-lr X [2e-3]              --qat-lr X [5e-4]   --qat-batch N [8]
+#   --qat-data FILE       QAT training records (loss on every position) [--adapter-data]
+#   --recluster-every K   QAT codebook refresh [5]
+#   --qamr-all            also train an adapter on every base (a column "acc, own adapter")
+#   --large-config FILE   config of the larger random model [configs/qwen05b-2l.json]; --no-large skips it
+#   --large-heldout-n N   held-out records scored on the larger model [40]
+#   --threads T           threads of every command [1]
+# Env: B (binaries, default build), PY (python3).
+#
+# Rows and adapters. The accuracy column uses the reasoning adapter named in the "adapter" column:
+#   fp32                         an SFT adapter trained on the fp32 base (--steps steps)
+#   bf16 .. q2 LUT               that same fp32 adapter on the quantized base (no re-training): what a
+#                                format costs an adapter trained in float
+#   q2 LUT + QAMR                an adapter trained on the q2 LUT base itself (quantization-aware
+#                                multi-rank SFT: same recipe, frozen quantized base)
+#   q2 QAT + QAMR                ertrain qat (--steps, fake-quantized q2lut), then the same SFT recipe on it
+# Eval: greedy, --system "Think for at most 64 tokens.", --max-new 400. NLL: erinfer score, token-weighted
+# mean over the held-out records. Speed: erinfer bench --json --new-tokens 128, first row (KV f32, N = 1)
+# tokens_per_s_seq.
+# bits/weight: the layer projections, scales and codebooks included (quantization_config.bits_per_weight);
+# bytes: the weights as loaded (erinfer bench weight_bytes). Quantizers run without calibration data
+# (plain RTN / k-means), embeddings int8 for the quantized rows.
+#
+# Idempotent-ish: a step whose output is complete is skipped on a rerun (delete its dir to redo it); a
+# half-written output dir is removed and redone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${B:-build}
+PY=${PY:-python3}
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+
+MODEL="" ADAPTER_DATA="" EVAL="" HELDOUT="" OUT=""
+STEPS=40 EVAL_N=100 HELDOUT_N=200 SFT_BATCH=8 SFT_LR=2e-3 QAT_LR=5e-4 QAT_BATCH=8 QAT_DATA="" RECLUSTER=5
+QAMR_ALL=0 LARGE=1 LARGE_CONFIG=configs/qwen05b-2l.json LARGE_HELDOUT_N=40 THREADS=1
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+die() { echo "quant_table: $*" >&2; exit 1; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --model) MODEL=$2; shift 2 ;;
+    --adapter-data) ADAPTER_DATA=$2; shift 2 ;;
+    --eval) EVAL=$2; shift 2 ;;
+    --heldout-nll) HELDOUT=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;
+    --eval-n) EVAL_N=$2; shift 2 ;;
+    --heldout-n) HELDOUT_N=$2; shift 2 ;;
+    --sft-batch) SFT_BATCH=$2; shift 2 ;;
+    --sft-lr) SFT_LR=$2; shift 2 ;;
+    --qat-lr) QAT_LR=$2; shift 2 ;;
+    --qat-batch) QAT_BATCH=$2; shift 2 ;;
+    --qat-data) QAT_DATA=$2; shift 2 ;;
+    --recluster-every) RECLUSTER=$2; shift 2 ;;
+    --qamr-all) QAMR_ALL=1; shift ;;
+    --large-config) LARGE_CONFIG=$2; shift 2 ;;
+    --no-large) LARGE=0; shift ;;
+    --large-heldout-n) LARGE_HELDOUT_N=$2; shift 2 ;;
+    --threads) THREADS=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument \"$1\" (see --help)" ;;
+  esac
+done
+[ -n "$MODEL" ] && [ -n "$ADAPTER_DATA" ] && [ -n "$EVAL" ] && [ -n "$OUT" ] \
+  || die "--model, --adapter-data, --eval and --out are required (see --help)"
+[ -f "$MODEL/config.json" ] || die "--model $MODEL: no config.json"
+[ -f "$ADAPTER_DATA" ] || die "--adapter-data $ADAPTER_DATA: no such file"
+[ -f "$EVAL" ] || die "--eval $EVAL: no such file"
+[ -z "$HELDOUT" ] || [ -f "$HELDOUT" ] || die "--heldout-nll $HELDOUT: no such file"
+[ "$LARGE" = 0 ] || [ -f "$LARGE_CONFIG" ] || die "--large-config $LARGE_CONFIG: no such file"
+for n in "$STEPS" "$EVAL_N" "$HELDOUT_N" "$LARGE_HELDOUT_N" "$SFT_BATCH" "$QAT_BATCH" "$RECLUSTER" "$THREADS"; do
+  [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] || die "counts must be whole numbers >= 1 (got \"$n\")"
+done
+for bin in "$B/ertrain" "$B/erinfer"; do [ -x "$bin" ] || die "$bin not found: run make (or set B)"; done
+QAT_DATA=${QAT_DATA:-$ADAPTER_DATA}
+mkdir -p "$OUT"/{bases,adapters,nll,eval,bench,logs,large}
+T="--threads $THREADS"
+SYSTEM="Think for at most 64 tokens."
+t0=$(date +%s)
+say() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+# Runs a command into a log; on failure shows the log's tail and stops.
+run() {
+  local log=$1; shift
+  if ! "$@" > "$log" 2>&1; then
+    echo "quant_table: failed: $*" >&2; tail -5 "$log" >&2; exit 1
+  fi
+}
+# done_or_clear DIR FILE: 0 when DIR/FILE exists (the step is done); else removes a half-written DIR.
+done_or_clear() {
+  if [ -f "$1/$2" ]; then return 0; fi
+  rm -rf "$1"
+  return 1
+}
+
+# ---- inputs ----
+heldout=$OUT/heldout.jsonl
+if [ -n "$HELDOUT" ]; then
+  head -n "$HELDOUT_N" "$HELDOUT" > "$heldout.tmp" && mv "$heldout.tmp" "$heldout"
+else
+  $PY - "$EVAL" "$heldout" "$HELDOUT_N" <<'PY'
+import json, sys
+src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out = []
+for line in open(src):
+    if line.strip() and len(out) < n:
+        r = json.loads(line)
+        out.append(json.dumps({"prompt": r["problem"] + "\n", "completion": r["verbose"]}))
+open(dst + ".tmp", "w").write("\n".join(out) + "\n")
+import os; os.replace(dst + ".tmp", dst)
+PY
+fi
+
+# ---- bases ----
+# name|label|how: "fp" (the model itself), "quantize ARGS...", or "qat"
+SMALL_ROWS=(
+  "fp32|fp32|fp"
+  "bf16|bf16|quantize --weights bf16"
+  "q8|q8 per-channel|quantize --weights q8"
+  "q4|q4 per-channel|quantize --weights q4"
+  "q4fpt|q4 per-channel + fpt|quantize --weights q4 --transforms fpt"
+  "q4g64|q4g64|quantize --weights q4g64"
+  "q2rtn|q2 RTN|quantize --weights q2rtn"
+  "q2lut|q2 k-means LUT|quantize --weights q2lut"
+  "q2qat|q2 QAT|qat"
+)
+base_dir() { if [ "$1" = fp32 ]; then echo "$2"; else echo "$3/bases/$1"; fi; }
+
+make_base() { # name how src out_root
+  local name=$1 how=$2 src=$3 root=$4 dir
+  dir=$(base_dir "$name" "$src" "$root")
+  [ "$how" = fp ] && return 0
+  if done_or_clear "$dir" config.json && [ -f "$dir/run.json" ] && grep -q '"result"\|"bits_per_weight"' "$dir/run.json"; then
+    return 0
+  fi
+  rm -rf "$dir"
+  if [ "$how" = qat ]; then
+    say "qat: $name ($STEPS steps)"
+    run "$root/logs/base-$name.log" "$B/ertrain" qat --model "$src" --data "$QAT_DATA" --out "$dir" --weights q2lut \
+      --steps "$STEPS" --batch "$QAT_BATCH" --lr "$QAT_LR" --recluster-every "$RECLUSTER" --seq-len 512 --seed 1 $T
+  else
+    say "quantize: $name"
+    # shellcheck disable=SC2086
+    run "$root/logs/base-$name.log" "$B/ertrain" ${how} --model "$src" --out "$dir" --seed 1 $T
+  fi
+}
+
+for row in "${SMALL_ROWS[@]}"; do
+  IFS='|' read -r name label how <<< "$row"
+  make_base "$name" "$how" "$MODEL" "$OUT"
+done
+
+# ---- adapters ----
+train_adapter() { # base_name
+  local name=$1 base dir
+  base=$(base_dir "$name" "$MODEL" "$OUT")
+  dir=$OUT/adapters/$name
+  done_or_clear "$dir" adapter_model.safetensors && return 0
+  say "sft adapter on $name ($STEPS steps)"
+  run "$OUT/logs/sft-$name.log" "$B/ertrain" sft --model "$base" --data "$ADAPTER_DATA" --out "$dir" --steps "$STEPS" \
+    --batch "$SFT_BATCH" --lr "$SFT_LR" --rank 16 --alpha 32 --seed 1 $T
+}
+OWN=(fp32 q2lut q2qat)
+if [ "$QAMR_ALL" = 1 ]; then OWN=(fp32 bf16 q8 q4 q4fpt q4g64 q2rtn q2lut q2qat); fi
+for name in "${OWN[@]}"; do train_adapter "$name"; done
+
+# ---- measurements ----
+measure_nll() { # key base out_root
+  local f=$3/nll/$1.jsonl
+  [ -f "$f" ] && return 0
+  say "nll: $1"
+  run "$3/logs/nll-$1.log" "$B/erinfer" score --model "$2" --input "$3/heldout.jsonl" --output "$f.tmp" $T
+  mv "$f.tmp" "$f"
+}
+measure_bench() { # key base out_root extra...
+  local key=$1 base=$2 root=$3 f
+  shift 3
+  f=$root/bench/$key.json
+  [ -f "$f" ] && return 0
+  say "bench: $key"
+  "$B/erinfer" bench --model "$base" --json $T "$@" > "$f.tmp" 2> "$root/logs/bench-$key.log" \
+    || { tail -3 "$root/logs/bench-$key.log" >&2; die "bench of $base failed"; }
+  mv "$f.tmp" "$f"
+}
+measure_eval() { # key base adapter
+  local f=$OUT/eval/$1.jsonl
+  [ -f "$f" ] && return 0
+  say "eval: $1"
+  run "$OUT/logs/eval-$1.log" "$B/erinfer" eval --model "$2" --adapter "$3" --data "$EVAL" --limit "$EVAL_N" \
+    --system "$SYSTEM" --max-new 400 --output "$f.tmp" $T
+  mv "$f.tmp" "$f"
+}
+
+# Table rows: key|label|base name|adapter name
+TABLE_ROWS=(
+  "fp32|fp32|fp32|fp32"
+  "bf16|bf16|bf16|fp32"
+  "q8|q8 per-channel|q8|fp32"
+  "q4|q4 per-channel|q4|fp32"
+  "q4fpt|q4 per-channel + fpt|q4fpt|fp32"
+  "q4g64|q4g64|q4g64|fp32"
+  "q2rtn|q2 RTN|q2rtn|fp32"
+  "q2lut|q2 k-means LUT|q2lut|fp32"
+  "q2lut_qamr|q2 LUT + QAMR|q2lut|q2lut"
+  "q2qat_qamr|q2 QAT + QAMR|q2qat|q2qat"
+)
+for row in "${TABLE_ROWS[@]}"; do
+  IFS='|' read -r key label bname aname <<< "$row"
+  base=$(base_dir "$bname" "$MODEL" "$OUT")
+  measure_nll "$bname" "$base" "$OUT"
+  measure_bench "$bname" "$base" "$OUT" --new-tokens 128
+  measure_eval "$key" "$base" "$OUT/adapters/$aname"
+  if [ "$QAMR_ALL" = 1 ]; then measure_eval "own-$bname" "$base" "$OUT/adapters/$bname"; fi
+done
+
+# ---- the larger random model ----
+LARGE_ROWS=(
+  "fp32|fp32|fp"
+  "bf16|bf16|quantize --weights bf16"
+  "q8|q8 per-channel|quantize --weights q8"
+  "q4|q4 per-channel|quantize --weights q4"
+  "q4g64|q4g64|quantize --weights q4g64"
+  "q2rtn|q2 RTN|quantize --weights q2rtn"
+  "q2lut|q2 k-means LUT|quantize --weights q2lut"
+)
+LOUT=$OUT/large
+if [ "$LARGE" = 1 ]; then
+  mkdir -p "$LOUT"/{bases,nll,bench,logs}
+  head -n "$LARGE_HELDOUT_N" "$OUT/heldout.jsonl" > "$LOUT/heldout.jsonl"
+  lfp=$LOUT/fp32
+  if ! done_or_clear "$lfp" model.safetensors; then
+    say "init: a random model of $LARGE_CONFIG"
+    run "$LOUT/logs/init.log" "$B/ertrain" init --config "$LARGE_CONFIG" --out "$lfp" --tokenizer "$MODEL" --seed 1 $T
+  fi
+  for row in "${LARGE_ROWS[@]}"; do
+    IFS='|' read -r name label how <<< "$row"
+    make_base "$name" "$how" "$lfp" "$LOUT"
+    base=$(base_dir "$name" "$lfp" "$LOUT")
+    measure_nll "$name" "$base" "$LOUT"
+    measure_bench "$name" "$base" "$LOUT" --prompt-tokens 32 --new-tokens 32
+  done
+fi
+
+# ---- the table ----
+say "table"
+$PY - "$OUT" "$MODEL" "$LARGE" "$LARGE_CONFIG" "$QAMR_ALL" "$STEPS" "$EVAL_N" "$EVAL" "$ADAPTER_DATA" "$QAT_DATA" \
+  "${TABLE_ROWS[@]}" -- "${LARGE_ROWS[@]}" <<'PY'
+import json, os, sys
+out, model, large, large_cfg, qamr_all, steps, eval_n, eval_path, adapter_data, qat_data = sys.argv[1:11]
+rest = sys.argv[11:]
+cut = rest.index("--")
+rows, lrows = [r.split("|") for r in rest[:cut]], [r.split("|") for r in rest[cut + 1:]]
+
+def base_dir(root, name, fp):
+    return fp if name == "fp32" else os.path.join(root, "bases", name)
+
+def nll(root, name):
+    s = n = 0.0
+    for line in open(os.path.join(root, "nll", name + ".jsonl")):
+        r = json.loads(line)
+        if r.get("n"):
+            s += r["nll"] * r["n"]; n += r["n"]
+    return s / n if n else float("nan")
+
+def bench(root, name):
+    b = json.load(open(os.path.join(root, "bench", name + ".json")))
+    first = b["rows"][0]
+    assert first["kv"] == "f32" and first["n"] == 1, first
+    return first["tokens_per_s_seq"], b["weight_bytes"]
+
+def bits(dirpath, name):
+    if name == "fp32":
+        return 32.0
+    run = json.load(open(os.path.join(dirpath, "run.json")))
+    if name == "bf16":
+        return 16.0
+    if "bits_per_weight" in run:
+        return run["bits_per_weight"]
+    return run["model"]["quantization"]["bits_per_weight"]  # ertrain qat
+
+def acc(key):
+    c = t = 0
+    for line in open(os.path.join(out, "eval", key + ".jsonl")):
+        r = json.loads(line); t += 1; c += bool(r["correct"])
+    return c / t if t else float("nan"), t
+
+def human(b):
+    return "%.2f MiB" % (b / 1048576) if b >= 1048576 else "%.1f KiB" % (b / 1024)
+
+adapter_label = {"fp32": "fp32 SFT", "q2lut": "QAMR on q2 LUT", "q2qat": "QAMR on q2 QAT"}
+small = []
+for key, label, bname, aname in rows:
+    d = base_dir(out, bname, model)
+    tps, wb = bench(out, bname)
+    a, n_eval = acc(key)
+    r = {"key": key, "format": label, "base": d, "bits_per_weight": round(bits(d, bname), 4), "model_bytes": wb,
+         "heldout_nll": round(nll(out, bname), 4), "accuracy": a, "eval_n": n_eval,
+         "adapter": os.path.join(out, "adapters", aname), "adapter_kind": adapter_label.get(aname, aname),
+         "decode_tokens_per_s": round(tps, 1)}
+    if qamr_all == "1":
+        r["accuracy_own_adapter"], _ = acc("own-" + bname)
+    small.append(r)
+fp = small[0]
+for r in small:
+    r["decode_speedup_vs_fp32"] = round(r["decode_tokens_per_s"] / fp["decode_tokens_per_s"], 2)
+
+large_rows = []
+if large == "1":
+    lroot = os.path.join(out, "large")
+    lfp = os.path.join(lroot, "fp32")
+    cfg = json.load(open(os.path.join(lfp, "config.json")))
+    for name, label, how in lrows:
+        d = base_dir(lroot, name, lfp)
+        tps, wb = bench(lroot, name)
+        large_rows.append({"key": name, "format": label, "bits_per_weight": round(bits(d, name), 4), "model_bytes": wb,
+                           "heldout_nll": round(nll(lroot, name), 4), "decode_tokens_per_s": round(tps, 1)})
+    for r in large_rows:
+        r["nll_minus_fp32"] = round(r["heldout_nll"] - large_rows[0]["heldout_nll"], 4)
+        r["decode_speedup_vs_fp32"] = round(r["decode_tokens_per_s"] / large_rows[0]["decode_tokens_per_s"], 2)
+
+doc = {"model": model, "steps": int(steps), "eval": eval_path, "eval_n": int(eval_n), "adapter_data": adapter_data,
+       "qat_data": qat_data, "system": "Think for at most 64 tokens.", "max_new": 400, "rows": small}
+if large == "1":
+    doc["large"] = {"config": large_cfg, "parameters_note": "random init (std 0.02), tokenizer of --model",
+                    "hidden_size": cfg["hidden_size"], "intermediate_size": cfg["intermediate_size"],
+                    "num_hidden_layers": cfg["num_hidden_layers"], "vocab_size": cfg["vocab_size"],
+                    "heldout_n": sum(1 for _ in open(os.path.join(out, "large", "heldout.jsonl"))), "rows": large_rows}
+tmp = os.path.join(out, "quant_table.json.tmp")
+json.dump(doc, open(tmp, "w"), indent=1)
+os.replace(tmp, os.path.join(out, "quant_table.json"))
+
+L = []
+L.append("# Quantization table\n")
+L.append("Base `%s`; adapters: masked-LoRA SFT, %s steps on `%s`; QAT: %s steps on `%s`. Accuracy: `erinfer eval`, "
+         "greedy, system \"Think for at most 64 tokens.\", --max-new 400, first %d records of `%s`. NLL: `erinfer "
+         "score`, token-weighted mean over `%s`. Speed: `erinfer bench --new-tokens 128`, KV f32, N = 1, one decode "
+         "stream.\n"
+         % (model, steps, adapter_data, steps, qat_data, small[0]["eval_n"], eval_path, os.path.join(out, "heldout.jsonl")))
+own = qamr_all == "1"
+L.append("| format | bits/weight | model bytes | held-out NLL | accuracy | adapter | %sdecode tok/s | vs fp32 |" %
+         ("acc, own adapter | " if own else ""))
+L.append("|---|---:|---:|---:|---:|---|%s---:|---:|" % ("---:|" if own else ""))
+for r in small:
+    L.append("| %s | %.3f | %s | %.4f | %.1f%% | %s | %s%.0f | %.2fx |" % (
+        r["format"], r["bits_per_weight"], human(r["model_bytes"]), r["heldout_nll"], 100 * r["accuracy"],
+        r["adapter_kind"], ("%.1f%% | " % (100 * r["accuracy_own_adapter"])) if own else "", r["decode_tokens_per_s"],
+        r["decode_speedup_vs_fp32"]))
+if large_rows:
+    lc = doc["large"]
+    L.append("\n## Larger random model: speed and NLL only\n")
+    L.append("`%s`: hidden %d, MLP %d, %d layers, vocab %d, random init (so NLL is near ln V for every row; what "
+             "matters is the change against fp32). Speed: `erinfer bench --prompt-tokens 32 --new-tokens 32`, KV f32, "
+             "N = 1. NLL over the first %d held-out records.\n" % (large_cfg, lc["hidden_size"], lc["intermediate_size"], lc["num_hidden_layers"], lc["vocab_size"], lc["heldout_n"]))
+    L.append("| format | bits/weight | model bytes | held-out NLL | NLL - fp32 | decode tok/s | vs fp32 |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|")
+    for r in large_rows:
+        L.append("| %s | %.3f | %s | %.4f | %+.4f | %.1f | %.2fx |" % (
+            r["format"], r["bits_per_weight"], human(r["model_bytes"]), r["heldout_nll"], r["nll_minus_fp32"],
+            r["decode_tokens_per_s"], r["decode_speedup_vs_fp32"]))
+tmp = os.path.join(out, "quant_table.md.tmp")
+open(tmp, "w").write("\n".join(L) + "\n")
+os.replace(tmp, os.path.join(out, "quant_table.md"))
+print("\n".join(L))
+PY
+say "wrote $OUT/quant_table.md and $OUT/quant_table.json"
