@@ -286,9 +286,12 @@ static cJSON *config_to_json(const Trainer *t) {
     cJSON_AddNumberToObject(j, "save_every", c->save_every);
     cJSON_AddNumberToObject(j, "seed", c->seed);
     cJSON_AddNumberToObject(j, "threads", threads_get());
-    const cJSON *item;
-    if (t->job->extra_config)
-        cJSON_ArrayForEach(item, t->job->extra_config) cJSON_AddItemToObject(j, item->string, cJSON_Duplicate(item, 1));
+    if (t->job->extra_config) {
+        const cJSON *item;
+        cJSON_ArrayForEach(item, t->job->extra_config) {
+            cJSON_AddItemToObject(j, item->string, cJSON_Duplicate(item, 1));
+        }
+    }
     return j;
 }
 
