@@ -361,6 +361,9 @@ for r in small:
         r["format"], r["bits_per_weight"], human(r["model_bytes"]), r["heldout_nll"], 100 * r["accuracy"],
         r["adapter_kind"], ("%.1f%% | " % (100 * r["accuracy_own_adapter"])) if own else "", r["decode_tokens_per_s"],
         r["decode_speedup_vs_fp32"]))
+L.append("\nq2 QAT: its base was fine-tuned (every parameter, through fake quantization) on the adapter data before "
+         "its adapter was trained on the same data, so it has seen more of the traces than the other rows; the fp32 "
+         "and q2 LUT + QAMR rows are the controls for that. The other quantized rows reuse the fp32 adapter as is.")
 if large_rows:
     lc = doc["large"]
     L.append("\n## Larger random model: speed and NLL only\n")
