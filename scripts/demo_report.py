@@ -108,7 +108,8 @@ class Report:
 
         routed = vote_table(f"{out}/pipeline.log")
         always = vote_table(f"{out}/pipeline-always.log")
-        self.p("### 2. Greedy vs majority vs verifier-weighted vote (GRPO adapter, temperature 0.8, switcher on)")
+        self.p(f"### 2. Greedy vs majority vs verifier-weighted vote ({len(jsonl(f'{out}/eval_mix.jsonl'))} problems, "
+               "half k = 1, half k = 2..8; GRPO adapter, temperature 0.8, switcher on)")
         self.p()
         self.p("| N | greedy | majority | verifier-weighted | tokens / query |")
         self.p("|---|---|---|---|---|")
@@ -124,12 +125,12 @@ class Report:
                 j = json.load(f)
             heads[h] = (find(j, "val_roc_auc"), find(j, "val_accuracy"))
         items = jsonl(f"{out}/pipeline.jsonl")
-        evald = jsonl(f"{out}/eval.jsonl")
+        evald = jsonl(f"{out}/eval_mix.jsonl")
         sc = [find(r, "switcher_score") for r in items]
         lab = [bool(evald[r["line"] - 1]["needs_reasoning"]) for r in items]
         auc = roc_auc(sc, lab) if all(s is not None for s in sc) else None
         nr, na = routed[-1], always[-1]
-        self.p("### 3. Switcher: route to reasoning only when needed")
+        self.p("### 3. Switcher: route to reasoning only when needed (the same problems)")
         self.p()
         self.p("| | share routed to reasoning | tokens / query | weighted-vote accuracy (N = %d) |" % nr[0])
         self.p("|---|---|---|---|")
@@ -139,7 +140,7 @@ class Report:
         saved = 1 - nr[4] / na[4] if na[4] > 0 else float("nan")
         fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
         self.p(f"Tokens saved by routing: {100 * saved:.1f}%. Switcher ROC-AUC on the evaluation problems "
-               f"(label: needs reasoning, k > 1): {fmt(auc)}; on its own held-out split: {fmt(heads['switcher'][0])}. "
+               f"(label: the record's needs_reasoning, k > 1): {fmt(auc)}; on its own held-out split: {fmt(heads['switcher'][0])}. "
                f"Verifier held-out ROC-AUC: {fmt(heads['verifier'][0])}.")
         self.p()
 
