@@ -4,7 +4,7 @@
 # table (same machine, same thread counts).
 #
 #   scripts/demo.sh            full run (about 15 minutes on 2 cores)
-#   QUICK=1 scripts/demo.sh    the same wiring on tiny sizes (a few minutes; CI checks the table's rows)
+#   QUICK=1 scripts/demo.sh    the same wiring on tiny sizes (under a minute; CI checks the table's rows)
 # Env: OUT (work dir, default runs/demo or runs/demo-quick), B (binaries dir, default build),
 #      RESULTS (report, default docs/results.md; QUICK writes OUT/results.md).
 #
@@ -44,11 +44,14 @@ run() {
     echo "demo: failed: $*" >&2; tail -5 "$log" >&2; exit 1
   fi
 }
-# Two stages side by side; both must succeed.
+# Two stages side by side; both must succeed (the second is waited for even when the first fails).
 both() {
   "$1" & local a=$!
   "$2" & local b=$!
-  wait $a && wait $b
+  local ra=0 rb=0
+  wait $a || ra=$?
+  wait $b || rb=$?
+  [ "$ra" = 0 ] && [ "$rb" = 0 ]
 }
 
 [ -f "$BASE/model.safetensors" ] || { echo "demo: $BASE is missing (see $BASE/README.md)" >&2; exit 1; }
