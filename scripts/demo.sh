@@ -3,7 +3,7 @@
 # at small scale. Every number printed comes from this run; seeds are fixed, so reruns give the same
 # table (same machine, same thread counts).
 #
-#   scripts/demo.sh            full run (about 15 minutes on 2 cores)
+#   scripts/demo.sh            full run (about 10 minutes on 2 cores)
 #   QUICK=1 scripts/demo.sh    the same wiring on tiny sizes (under a minute; CI checks the table's rows)
 # Env: OUT (work dir, default runs/demo or runs/demo-quick), B (binaries dir, default build),
 #      RESULTS (report, default docs/results.md; QUICK writes OUT/results.md).
