@@ -10,6 +10,7 @@
 #include "core/rng.h"
 #include "core/threads.h"
 #include "model/model.h"
+#include "tests/model/fd.h"
 #include "train/optim.h"
 
 static ModelConfig tiny_config(int tied) {
@@ -70,6 +71,8 @@ static double loss_of(Fixture *f) {
     return L;
 }
 
+static double loss_cb(void *f) { return loss_of(f); }
+
 static void check_model_grads(int tied) {
     Fixture f;
     fixture_init(&f, tied, 42 + tied);
@@ -81,28 +84,8 @@ static void check_model_grads(int tied) {
 
     // 1. Directional derivative along a random direction over all parameters at once.
     size_t n = f.m.n_param_floats;
-    float *dir = malloc(n * sizeof(float)), *theta = malloc(n * sizeof(float));
-    ErRng r;
-    rng_seed(&r, 7);
-    double gd = 0, dn = 0;
-    for (size_t i = 0; i < n; i++) {
-        dir[i] = rng_normal(&r);
-        dn += (double)dir[i] * dir[i];
-    }
-    for (size_t i = 0; i < n; i++) {
-        dir[i] /= (float)sqrt(dn);
-        gd += (double)dir[i] * f.m.grad_mem[i];
-    }
-    memcpy(theta, f.m.param_mem, n * sizeof(float));
-    const double h = 1e-2;
-    for (size_t i = 0; i < n; i++)
-        f.m.param_mem[i] = theta[i] + (float)h * dir[i];
-    double lp = loss_of(&f);
-    for (size_t i = 0; i < n; i++)
-        f.m.param_mem[i] = theta[i] - (float)h * dir[i];
-    double lm = loss_of(&f);
-    memcpy(f.m.param_mem, theta, n * sizeof(float));
-    double fd = (lp - lm) / (2 * h);
+    double fd, gd;
+    fd_directional(f.m.param_mem, f.m.grad_mem, n, 7, 1e-2, loss_cb, &f, &fd, &gd);
     cr_assert(fabs(gd) > 1e-2, "directional derivative is trivially small (%g)", gd);
     cr_assert(fabs(fd - gd) <= 2e-3 * fabs(gd), "directional derivative: fd %.7g vs analytic %.7g", fd, gd);
 
@@ -144,8 +127,6 @@ static void check_model_grads(int tied) {
                       dx[i]);
         }
     }
-    free(dir);
-    free(theta);
     acts_free(&f.a);
     model_free(&f.m);
 }

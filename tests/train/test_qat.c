@@ -17,6 +17,7 @@
 #include "data/synth.h"
 #include "quant/quantizer.h"
 #include "tests/infer/helpers.h"
+#include "tests/model/fd.h"
 #include "train/qat.h"
 #include "train/quantize.h"
 
@@ -78,6 +79,8 @@ static double loss_of(Fix *f) {
     return L;
 }
 
+static double loss_cb(void *f) { return loss_of(f); }
+
 static void grad_of(Fix *f) {
     double L;
     model_zero_grad(&f->m);
@@ -131,28 +134,8 @@ Test(qat, ste_gradient_is_the_gradient_at_the_dequantized_weights) {
     cr_assert(sqrt(dd / gg) > 0.05, "the gradient at Q(W) is barely that at W (%g): the test would not tell", sqrt(dd / gg));
 
     // Finite differences through the dequantized model (the weights the forward read).
-    float *dir = malloc(n * sizeof(float)), *theta = malloc(n * sizeof(float));
-    ErRng r;
-    rng_seed(&r, 3);
-    double gd = 0, dn = 0;
-    for (size_t i = 0; i < n; i++) {
-        dir[i] = rng_normal(&r);
-        dn += (double)dir[i] * dir[i];
-    }
-    for (size_t i = 0; i < n; i++) {
-        dir[i] /= (float)sqrt(dn);
-        gd += (double)dir[i] * f.m.grad_mem[i];
-    }
-    memcpy(theta, f.m.param_mem, n * sizeof(float));
-    const double h = 1e-2;
-    for (size_t i = 0; i < n; i++)
-        f.m.param_mem[i] = theta[i] + (float)h * dir[i];
-    double lp = loss_of(&f);
-    for (size_t i = 0; i < n; i++)
-        f.m.param_mem[i] = theta[i] - (float)h * dir[i];
-    double lm = loss_of(&f);
-    memcpy(f.m.param_mem, theta, n * sizeof(float));
-    double fd = (lp - lm) / (2 * h);
+    double fd, gd;
+    fd_directional(f.m.param_mem, f.m.grad_mem, n, 3, 1e-2, loss_cb, &f, &fd, &gd);
     cr_assert(fabs(gd) > 1e-2, "directional derivative trivially small (%g)", gd);
     cr_assert(fabs(fd - gd) <= 2e-3 * fabs(gd), "directional: fd %.7g vs STE gradient %.7g", fd, gd);
     for (int p = 0; p < f.m.n_params; p++) {
@@ -170,8 +153,6 @@ Test(qat, ste_gradient_is_the_gradient_at_the_dequantized_weights) {
         double fde = (a - b) / 2e-2, an = pt->grad[best];
         cr_assert(fabs(fde - an) <= 1e-2 * fabs(an) + 2e-5, "%s[%zu]: fd %.7g vs STE %.7g", pt->name, best, fde, an);
     }
-    free(dir);
-    free(theta);
     free(g_fp);
     fix_free(&f);
 }
