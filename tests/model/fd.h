@@ -39,4 +39,24 @@ static inline void fd_directional(float *params, const float *grad, size_t n, ui
     free(theta);
 }
 
+// Index of the entry of g (n) with the largest magnitude: where a single-entry check is most telling.
+static inline size_t fd_argmax_abs(const float *g, size_t n) {
+    size_t best = 0;
+    for (size_t j = 1; j < n; j++)
+        if (fabsf(g[j]) > fabsf(g[best]))
+            best = j;
+    return best;
+}
+
+// Central difference of loss(ctx) in the one parameter *w with step h; *w is restored.
+static inline double fd_entry(float *w, float h, double (*loss)(void *ctx), void *ctx) {
+    float w0 = *w;
+    *w = w0 + h;
+    double a = loss(ctx);
+    *w = w0 - h;
+    double b = loss(ctx);
+    *w = w0;
+    return (a - b) / (2.0 * h);
+}
+
 #endif

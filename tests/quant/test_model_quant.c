@@ -17,6 +17,7 @@
 #include "core/threads.h"
 #include "lora/lora.h"
 #include "model/model.h"
+#include "tests/model/fd.h"
 #include "train/quantize.h"
 
 static ModelConfig tiny(int tied) {
@@ -375,10 +376,7 @@ Test(quant_model, lora_gradients_through_quantized_base) {
             float *ps[2] = {lm->A, lm->B}, *gs[2] = {lm->gA, lm->gB};
             size_t ns[2] = {(size_t)ad.r * lm->in, (size_t)lm->out * ad.r};
             for (int k = 0; k < 2; k++) {
-                size_t best = 0;
-                for (size_t j = 1; j < ns[k]; j++)
-                    if (fabsf(gs[k][j]) > fabsf(gs[k][best]))
-                        best = j;
+                size_t best = fd_argmax_abs(gs[k], ns[k]);
                 float w0 = ps[k][best];
                 const double h = 1e-3;
                 ps[k][best] = w0 + (float)h;

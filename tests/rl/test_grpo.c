@@ -10,6 +10,7 @@
 #include "rl/grpo.h"
 #include "rl/policy.h"
 #include "tests/infer/helpers.h"
+#include "tests/model/fd.h"
 
 Test(grpo, soft_barrier_reward_table) {
     // B = 100, m = 0.2: L_low = 80, L_high = 120.
@@ -165,10 +166,7 @@ Test(grpo, policy_gradient_into_adapter) {
             float *ps[2] = {mt->A, mt->B}, *gs[2] = {mt->gA, mt->gB};
             size_t ns[2] = {(size_t)ad.r * mt->in, (size_t)mt->out * ad.r};
             for (int k = 0; k < 2; k++) {
-                size_t best = 0;
-                for (size_t j = 1; j < ns[k]; j++)
-                    if (fabsf(gs[k][j]) > fabsf(gs[k][best]))
-                        best = j;
+                size_t best = fd_argmax_abs(gs[k], ns[k]);
                 float w0 = ps[k][best];
                 const float h = 1e-2f;
                 PolicyLossStats s1, s2;
