@@ -99,7 +99,7 @@ class Report:
         out = self.out
 
         def vote_table(log):
-            rows, routed = [], None
+            rows = []
             for line in open(log):
                 parts = line.split()
                 if len(parts) == 6 and parts[0].isdigit():
