@@ -11,7 +11,7 @@
 int cmd_grpo(int argc, char **argv) {
     GrpoConfig c;
     grpo_config_default(&c);
-    const char *scale = "group", *loss = "dapo";
+    const char *scale = "group", *loss = "dapo", *budget_in = "system";
     double eps_high = -1;
     ArgSpec specs[] = {
         {"model", ARG_STR, &c.model_dir, "base model dir (frozen)", 1, 0, 0},
@@ -19,7 +19,8 @@ int cmd_grpo(int argc, char **argv) {
         {"data", ARG_STR, &c.data_path, "JSONL prompts with gold answers (\"budget\" per record optional)", 1, 0, 0},
         {"out", ARG_STR, &c.out_dir, "output dir: adapter, run.json, metrics.jsonl, checkpoint/", 1, 0, 0},
         {"budgets", ARG_STR, &c.budgets, "token budgets, one drawn per prompt", 0, 0, 0},
-        {"budget-template", ARG_STR, &c.budget_template, "system line stating the budget ({budget} = the number)", 0, 0, 0},
+        {"budget-template", ARG_STR, &c.budget_template, "sentence stating the budget ({budget} = the number)", 0, 0, 0},
+        {"budget-in", ARG_STR, &budget_in, "where it goes: system (its own system message) or user (ends the user turn)", 0, 0, 0},
         {"group", ARG_INT, &c.group, "samples per prompt (G)", 0, 2, 256},
         {"prompts", ARG_INT, &c.prompts, "prompts per step", 0, 1, 256},
         {"steps", ARG_INT, &c.steps, "optimizer steps", 0, 1, 1 << 24},
@@ -50,6 +51,9 @@ int cmd_grpo(int argc, char **argv) {
                         "ertrain grpo --model DIR --adapter DIR --data FILE.jsonl --out DIR [flags]");
     if (rc == ARGS_HELP)
         return 0;
+    if (rc == ER_OK && strcmp(budget_in, "system") && strcmp(budget_in, "user"))
+        rc = er_error(ER_EINVAL, "--budget-in: expected system or user, got \"%s\"", budget_in);
+    c.budget_in = strcmp(budget_in, "user") == 0 ? BUDGET_IN_USER : BUDGET_IN_SYSTEM;
     if (rc == ER_OK)
         rc = reward_scale_parse(scale, &c.scale);
     if (rc == ER_OK)

@@ -29,6 +29,7 @@ void grpo_config_default(GrpoConfig *c) {
     memset(c, 0, sizeof *c);
     c->budgets = "64,128,256";
     c->budget_template = "Think for at most {budget} tokens.";
+    c->budget_in = BUDGET_IN_SYSTEM;
     c->group = 8;
     c->prompts = 4;
     c->steps = 100;
@@ -73,6 +74,34 @@ static void budget_line(char *buf, size_t n, const char *tmpl, int budget) {
         snprintf(buf, n, "%s", tmpl);
     else
         snprintf(buf, n, "%.*s%d%s", (int)(at - tmpl), tmpl, budget, at + 8);
+}
+
+int grpo_prompt_text(const GrpoConfig *c, ChatStyle style, const Example *ex, int budget, char **text) {
+    char line[512];
+    budget_line(line, sizeof line, c->budget_template, budget);
+    int has_sys = ex->n_messages > 0 && strcmp(ex->messages[0].role, "system") == 0;
+    ChatMessage msgs[64];
+    int n = 0, last_user = -1;
+    if (c->budget_in == BUDGET_IN_SYSTEM)
+        msgs[n++] = (ChatMessage){"system", line};
+    for (int i = c->budget_in == BUDGET_IN_SYSTEM ? has_sys : 0; i < ex->n_messages && n < 64; i++) {
+        if (strcmp(ex->messages[i].role, "user") == 0)
+            last_user = n;
+        msgs[n++] = ex->messages[i];
+    }
+    char *user = NULL;
+    if (c->budget_in == BUDGET_IN_USER) {
+        if (last_user < 0)
+            return er_error(ER_EINVAL, "%s:%ld: no user message to state the budget in", c->data_path, ex->line);
+        size_t len = strlen(msgs[last_user].content) + strlen(line) + 2;
+        if (!(user = er_alloc(len)))
+            return ER_ENOMEM;
+        snprintf(user, len, "%s %s", msgs[last_user].content, line);
+        msgs[last_user].content = user;
+    }
+    int rc = chat_render(style, msgs, n, CHAT_ADD_GENERATION_PROMPT, text, NULL);
+    er_free(user);
+    return rc;
 }
 
 // One prompt's group of rollouts.
@@ -208,17 +237,8 @@ static int rollout(Grpo *g, long step, int p, long *gen_tokens) {
     rng_fork(&r, &g->st.rng, ((uint64_t)step << 16) | (uint64_t)p);
     const Example *ex = &g->d.ex[rng_below(&r, (uint32_t)g->d.n)];
     gr->budget = ex->budget > 0 ? ex->budget : g->budgets[rng_below(&r, (uint32_t)g->n_budgets)];
-    char line[512];
-    budget_line(line, sizeof line, c->budget_template, gr->budget);
-    // The budget line is the system message (replacing the record's own).
-    int has_sys = ex->n_messages > 0 && strcmp(ex->messages[0].role, "system") == 0;
-    ChatMessage msgs[64];
-    int n = 0;
-    msgs[n++] = (ChatMessage){"system", line};
-    for (int i = has_sys; i < ex->n_messages && n < 64; i++)
-        msgs[n++] = ex->messages[i];
     char *text;
-    ER_TRY(chat_render(g->style, msgs, n, CHAT_ADD_GENERATION_PROMPT, &text, NULL));
+    ER_TRY(grpo_prompt_text(c, g->style, ex, gr->budget, &text));
     int *ids, nid;
     int rc = tok_encode(g->tok, text, strlen(text), &ids, &nid);
     er_free(text);
@@ -428,6 +448,7 @@ static cJSON *config_json(const GrpoConfig *c) {
     cJSON_AddStringToObject(j, "data", c->data_path);
     cJSON_AddStringToObject(j, "budgets", c->budgets);
     cJSON_AddStringToObject(j, "budget_template", c->budget_template);
+    cJSON_AddStringToObject(j, "budget_in", c->budget_in == BUDGET_IN_USER ? "user" : "system");
     cJSON_AddNumberToObject(j, "group", c->group);
     cJSON_AddNumberToObject(j, "prompts", c->prompts);
     cJSON_AddNumberToObject(j, "steps", c->steps);

@@ -1,17 +1,24 @@
 // ertrain grpo: GRPO with the budget-forcing reward on a masked-LoRA adapter. Each step draws prompts,
-// states a token budget in each (a system line), rolls out G samples per prompt with the runtime
+// states a token budget in each (a system line, or the end of the user turn), rolls out G samples per prompt with the runtime
 // (shared prompt prefix, batched decode, adapter on after the prefill), rewards correct x
 // soft_barrier(length, budget), and takes clipped policy-gradient steps with a k3 KL penalty against
 // the same base with the adapter off.
 #ifndef RL_GRPO_TRAIN_H
 #define RL_GRPO_TRAIN_H
 
+#include "data/chat.h"
+#include "data/dataset.h"
 #include "rl/grpo.h"
+
+// Where the budget statement goes: its own system message, or appended to the last user message
+// (closer to the response: a masked adapter reads it from the base's prompt states more easily).
+typedef enum { BUDGET_IN_SYSTEM, BUDGET_IN_USER } BudgetIn;
 
 typedef struct {
     const char *model_dir, *adapter_dir, *data_path, *out_dir;
     const char *budgets;          // "64,128,256": one drawn per prompt unless the record has "budget"
-    const char *budget_template;  // system line; {budget} is replaced by the number
+    const char *budget_template;  // the statement; {budget} is replaced by the number
+    BudgetIn budget_in;
     int group;                    // G samples per prompt
     int prompts;                  // prompts per step
     int steps;
@@ -38,5 +45,9 @@ typedef struct {
 } GrpoResult;
 
 int grpo_train(const GrpoConfig *c, GrpoResult *res);
+
+// The chat text of one GRPO prompt (generation prompt added): the record's conversation with the
+// budget statement in its own system message (replacing the record's) or ending the last user message.
+int grpo_prompt_text(const GrpoConfig *c, ChatStyle style, const Example *ex, int budget, char **text);
 
 #endif

@@ -4,12 +4,12 @@
 # accuracy vs mean length (one point per run: the Pareto view) and reward / length over the steps.
 #
 #   scripts/ablate_budgets.sh --model DIR --adapter DIR --data TRAIN.jsonl --eval EVAL.jsonl --out DIR
-#       [--budgets "32 64 128"] [--m "0.2"] [--steps 50] [--flags "extra ertrain grpo flags"]
+#       [--budgets "32 64 128"] [--m "0.2"] [--steps 50] [--budget-in system|user] [--flags "extra ertrain grpo flags"]
 # THREADS=N sets the threads of every run (default: all cores; 1 is faster for tiny models on a busy machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-budgets="32 64 128"; ms="0.2"; steps=50; extra=""
+budgets="32 64 128"; ms="0.2"; steps=50; extra=""; where=system
 model=""; adapter=""; data=""; evaldata=""; out=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -21,11 +21,13 @@ while [ $# -gt 0 ]; do
     --budgets) budgets=$2; shift 2 ;;
     --m) ms=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
+    --budget-in) where=$2; shift 2 ;;
     --flags) extra=$2; shift 2 ;;
     -h|--help) sed -n 2,9p "$0"; exit 0 ;;
     *) echo "ablate_budgets: unknown argument $1 (see --help)" >&2; exit 1 ;;
   esac
 done
+case "$where" in system|user) ;; *) echo "ablate_budgets: --budget-in is system or user, got $where" >&2; exit 1 ;; esac
 for v in model adapter data evaldata out; do
   [ -n "${!v}" ] || { echo "ablate_budgets: --${v/evaldata/eval} is required" >&2; exit 1; }
 done
@@ -38,11 +40,13 @@ for b in $budgets; do
       rm -rf "$run"
       # shellcheck disable=SC2086
       $BUILD/ertrain grpo --model "$model" --adapter "$adapter" --data "$data" --out "$run" --budgets "$b" \
-        --barrier-m "$m" --steps "$steps" --threads "${THREADS:-0}" $extra
+        --barrier-m "$m" --steps "$steps" --budget-in "$where" --threads "${THREADS:-0}" $extra
     fi
-    $BUILD/erinfer eval --model "$model" --adapter "$run" --data "$evaldata" \
-      --system "Think for at most $b tokens." --max-new $((b * 2 + 32)) --threads "${THREADS:-0}" \
-      --output "$run/eval.jsonl" > "$run/eval.txt"
+    # The held-out prompts state the run's budget the way its training prompts did.
+    /usr/bin/python3 scripts/budget_records.py "$evaldata" "$run/eval-prompts.jsonl" --key none --budgets "$b" \
+      --where "$where" > /dev/null
+    $BUILD/erinfer eval --model "$model" --adapter "$run" --data "$run/eval-prompts.jsonl" \
+      --max-new $((b * 2 + 32)) --threads "${THREADS:-0}" --output "$run/eval.jsonl" > "$run/eval.txt"
     runs+=("$b $m $run")
   done
 done

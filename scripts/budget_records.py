@@ -2,9 +2,11 @@
 """Chains records to SFT conversations whose system line states a token budget, as GRPO's prompts do.
 
 usage: scripts/budget_records.py IN.jsonl OUT.jsonl [--key verbose] [--budgets 32,64,128] [--seed 1]
-                                 [--template "Think for at most {budget} tokens."]
+                                 [--template "Think for at most {budget} tokens."] [--where system|user]
 Each output record is {"messages": [system, user, assistant], "answer", "steps", "budget"}; the
-budget is drawn per record from --budgets with a seeded RNG. The response is the record's --key
+budget is drawn per record from --budgets with a seeded RNG and stated by --template, in its own
+system message or (--where user) at the end of the user message, as `ertrain grpo --budget-in`.
+--key none writes prompts only (evaluation records). The response is the record's --key
 completion whatever the budget: the SFT adapter learns the trace format, GRPO then learns the budget.
 """
 import argparse
@@ -22,6 +24,7 @@ def main():
     ap.add_argument("--budgets", default="32,64,128")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--template", default="Think for at most {budget} tokens.")
+    ap.add_argument("--where", choices=("system", "user"), default="system")
     a = ap.parse_args()
     budgets = [int(x) for x in a.budgets.split(",")]
     rng = random.Random(a.seed)
@@ -32,17 +35,23 @@ def main():
                 continue
             try:
                 r = json.loads(line)
-                problem, response = r["problem"], r[a.key]
+                problem, response = r["problem"], None if a.key == "none" else r[a.key]
             except (ValueError, KeyError) as e:
                 sys.exit(f"budget_records: {a.src}:{i}: {e}")
             b = rng.choice(budgets)
-            msgs = [{"role": "system", "content": a.template.format(budget=b)}, {"role": "user", "content": problem},
-                    {"role": "assistant", "content": response}]
+            line = a.template.format(budget=b)
+            if a.where == "system":
+                msgs = [{"role": "system", "content": line}, {"role": "user", "content": problem}]
+            else:
+                msgs = [{"role": "user", "content": f"{problem} {line}"}]
+            if response is not None:
+                msgs.append({"role": "assistant", "content": response})
             g.write(json.dumps({"messages": msgs, "answer": r.get("answer"), "steps": r.get("steps"), "budget": b})
                     + "\n")
             n += 1
     os.replace(a.dst + ".tmp", a.dst)
-    print(f"budget_records: {n} conversations ({a.key} responses, budgets {a.budgets}) to {a.dst}")
+    what = "prompts only" if a.key == "none" else f"{a.key} responses"
+    print(f"budget_records: {n} conversations ({what}, budgets {a.budgets}, stated in the {a.where} turn) to {a.dst}")
 
 
 if __name__ == "__main__":

@@ -5,9 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "core/threads.h"
 #include "rl/grpo.h"
+#include "rl/grpo_train.h"
 #include "rl/policy.h"
 #include "tests/infer/helpers.h"
 #include "tests/model/fd.h"
@@ -186,4 +189,31 @@ Test(grpo, policy_gradient_into_adapter) {
     acts_free(&a);
     lora_free(&ad);
     model_free(&m);
+}
+
+// The budget statement goes into its own system message (replacing the record's) or ends the last
+// user message; a record with no user message to carry it is refused.
+Test(grpo, budget_statement_placement) {
+    GrpoConfig c;
+    grpo_config_default(&c);
+    c.data_path = "prompts.jsonl";
+    ChatMessage with_sys[] = {{"system", "Be brief."}, {"user", "Start with 4. Add 2."}};
+    Example ex = {.messages = with_sys, .n_messages = 2, .line = 3};
+    char *text;
+    cr_assert_eq(grpo_prompt_text(&c, CHAT_CHATML, &ex, 64, &text), ER_OK);
+    cr_expect_str_eq(text, "<|im_start|>system\nThink for at most 64 tokens.<|im_end|>\n"
+                           "<|im_start|>user\nStart with 4. Add 2.<|im_end|>\n<|im_start|>assistant\n");
+    er_free(text);
+
+    c.budget_in = BUDGET_IN_USER;
+    c.budget_template = "Budget: {budget}.";
+    cr_assert_eq(grpo_prompt_text(&c, CHAT_CHATML, &ex, 32, &text), ER_OK);
+    cr_expect_str_eq(text, "<|im_start|>system\nBe brief.<|im_end|>\n"
+                           "<|im_start|>user\nStart with 4. Add 2. Budget: 32.<|im_end|>\n<|im_start|>assistant\n");
+    er_free(text);
+
+    ChatMessage sys_only[] = {{"system", "Be brief."}};
+    Example bad = {.messages = sys_only, .n_messages = 1, .line = 7};
+    cr_expect_eq(grpo_prompt_text(&c, CHAT_CHATML, &bad, 32, &text), ER_EINVAL);
+    cr_expect(strstr(er_last_error(), "prompts.jsonl:7") != NULL, "%s", er_last_error());
 }
