@@ -3,7 +3,8 @@
 
 usage: scripts/budget_records.py IN.jsonl OUT.jsonl [--key verbose] [--budgets 32,64,128] [--seed 1]
                                  [--template "Think for at most {budget} tokens."] [--where system|user]
-Each output record is {"messages": [system, user, assistant], "answer", "steps", "budget"}; the
+Each output record is {"messages": [system, user, assistant], "budget"} plus the record's other fields
+(answer, steps, needs_reasoning); the
 budget is drawn per record from --budgets with a seeded RNG and stated by --template, in its own
 system message or (--where user) at the end of the user message, as `ertrain grpo --budget-in`.
 --key none writes prompts only (evaluation records). The response is the record's --key
@@ -46,8 +47,9 @@ def main():
                 msgs = [{"role": "user", "content": f"{problem} {line}"}]
             if response is not None:
                 msgs.append({"role": "assistant", "content": response})
-            g.write(json.dumps({"messages": msgs, "answer": r.get("answer"), "steps": r.get("steps"), "budget": b})
-                    + "\n")
+            # The record's other fields (answer, steps, needs_reasoning, ...) travel with it.
+            rest = {k: v for k, v in r.items() if k not in ("problem", "direct", "concise", "verbose")}
+            g.write(json.dumps({"messages": msgs, **rest, "budget": b}) + "\n")
             n += 1
     os.replace(a.dst + ".tmp", a.dst)
     what = "prompts only" if a.key == "none" else f"{a.key} responses"
