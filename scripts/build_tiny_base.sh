@@ -14,6 +14,9 @@
 #     the base has seen the trace vocabulary and the step arithmetic ("19 * 5 = 95"). A base that
 #     never sees those tokens leaves their tied embeddings at random, and masked-LoRA SFT on verbose
 #     traces (adapter off on the prompt, embeddings frozen) stalls.
+# MIX=budget (an experiment, README "Budget tracking"): half of the raw texts state a budget after the
+# problem and follow it (concise trace up to 64 tokens, verbose above), so the base passes the number
+# on to its prompt states, where a masked adapter can read it.
 #
 # Usage: scripts/build_tiny_base.sh            full base (~27 min on one core)
 #        QUICK=1 scripts/build_tiny_base.sh    tiny variant for CI (seconds); cache runs/tiny-base-quick
@@ -25,6 +28,7 @@ cd "$(dirname "$0")/.."
 QUICK=${QUICK:-0}
 B=${B:-build}
 THREADS=${THREADS:-1}
+MIX=${MIX:-direct}
 CONFIG=configs/tiny.json
 TOKENIZER=data/tiny_tokenizer
 DATA_SEED=1
@@ -51,10 +55,11 @@ chains="$OUT/chains.jsonl" one="$OUT/chains_k1.jsonl" mix="$OUT/pretrain_mix.jso
 $B/ertrain synth chains --n "$N" --seed "$DATA_SEED" --out "$chains" --tokenizer "$TOKENIZER" | sed 's/^/synth: /'
 $B/ertrain synth chains --n "$N" --seed "$((DATA_SEED + 100))" --min-steps 1 --max-steps 1 --out "$one" \
   | sed 's/^/synth k=1: /'
-python3 - "$chains" "$one" "$mix.tmp" <<'PY'
+python3 - "$chains" "$one" "$mix.tmp" "$MIX" <<'PY'
 import json, random, sys
 n_chat = n_one = n_text = 0
 rng = random.Random(1)
+budget_mix = sys.argv[4] == "budget"
 def chat(line):
     """A chat record; half of them state a budget in a system line (pretrain renders the direct answer)."""
     r = json.loads(line)
@@ -62,12 +67,18 @@ def chat(line):
     if rng.random() < 0.5:
         msgs.insert(0, {"role": "system", "content": f"Think for at most {rng.choice([32, 64, 128, 256])} tokens."})
     return json.dumps({"messages": msgs, "answer": r["answer"]}) + "\n"
+def text(r):
+    """Problem and verbose trace; with MIX=budget half of them state a budget and follow it."""
+    if budget_mix and rng.random() < 0.5:
+        b = rng.choice([32, 64, 128, 256])
+        return r["problem"] + f" Think for at most {b} tokens.\n" + (r["concise"] if b <= 64 else r["verbose"])
+    return r["problem"] + "\n" + r["verbose"]
 with open(sys.argv[1]) as f, open(sys.argv[2]) as one, open(sys.argv[3], "w") as g:
     for line, line1 in zip(f, one):
         r = json.loads(line)
         g.write(chat(line))
         g.write(chat(line1))
-        g.write(json.dumps({"text": r["problem"] + "\n" + r["verbose"]}) + "\n")
+        g.write(json.dumps({"text": text(r)}) + "\n")
         n_chat += 1
         n_one += 1
         n_text += 1
@@ -78,7 +89,7 @@ PY
 mv "$mix.tmp" "$mix"
 
 inputs="config=$CONFIG:$(hash_of $CONFIG) tokenizer=$TOKENIZER:$(hash_of $TOKENIZER/tokenizer.json)
-data=chains n=$N seed=$DATA_SEED mix=direct-chat+budget-system+verbose-text:$(hash_of "$mix")
+data=chains n=$N seed=$DATA_SEED mix=$(if [ "$MIX" = budget ]; then echo direct-chat+budget-system+budget-text; else echo direct-chat+budget-system+verbose-text; fi):$(hash_of "$mix")
 pretrain steps=$STEPS batch=$BATCH lr=$LR seq_len=$SEQ_LEN seed=$TRAIN_SEED"
 
 # 2. The base: skipped when the cached model was built from the same inputs.
