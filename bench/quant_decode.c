@@ -56,6 +56,13 @@ static int make_weight(Weight *w, WeightFormat f, int rows, int cols, int group,
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < nb; i++)
         d[i] = (uint8_t)(mix(seed + i) & (f == WF_Q8 ? 0x7f : 0xff));
+    if (f == WF_BF16) { // random bits would make NaNs and denormals: small values as the f32 weight has
+        uint16_t *h = (uint16_t *)d;
+        size_t n = (size_t)rows * cols;
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++)
+            h[i] = f32_to_bf16(((float)(mix(seed + i) >> 40) / (float)(1 << 24) - 0.5f) * 0.04f);
+    }
     for (int r = 0; r < rows; r++) {
         if (f == WF_Q8 || f == WF_Q4)
             ((float *)w->scale)[r] = 0.02f / (f == WF_Q8 ? 127 : 7);
@@ -149,6 +156,7 @@ int main(int argc, char **argv) {
 
     int nw = layers * PER_LAYER + (no_head ? 0 : 1);
     Fmt fmts[] = {{.name = "f32", .f = WF_F32},
+                  {.name = "bf16", .f = WF_BF16},
                   {.name = "q8", .f = WF_Q8},
                   {.name = "q4", .f = WF_Q4},
                   {.name = "q4g32", .f = WF_Q4G, .group = 32},

@@ -8,7 +8,8 @@
 //     to fp32 into a per-thread buffer (quant_dequant_row), then dotted 8 columns at a time with GCC's
 //     generic vector type (AVX2 here, whatever the target offers elsewhere);
 //   - AVX2 + FMA + F16C (built with -march=native on such a machine): the packed row is expanded 8
-//     weights at a time straight into a register, never touching memory: int8 sign-extended; an
+//     weights at a time straight into a register, never touching memory: bf16 shifted into the top
+//     half of an fp32 lane, f16 converted by F16C (half the bytes of fp32); int8 sign-extended; an
 //     8-byte block widened to 8 lanes, then a mask / shift gives 8 consecutive 4-bit codes (the
 //     layout in quant/weight.h is made for this) or the 2-bit codes index the row's codebook with
 //     vpermilps, which reads only the low 2 bits of each lane. 32 weights per step feed independent
@@ -141,6 +142,14 @@ static inline __attribute__((always_inline)) void fma_rows(__m256 *acc, __m256 w
 
 static inline float half_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 
+// 8 bf16 or f16 weights as floats: a bf16 is the top half of an fp32.
+static inline __m256 halves8(const uint16_t *p, WeightFormat fmt) {
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    if (fmt == WF_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+    return _mm256_cvtph_ps(v);
+}
+
 // One row r of a quantized weight against N inputs; the format is a compile-time constant after
 // inlining. 32 weights per step, then a scalar tail. xsum (N): the sums of the input rows (q4 adds
 // -8 * xsum once instead of subtracting 8 from every code).
@@ -249,6 +258,19 @@ static inline __attribute__((always_inline)) void qrow_simd(float *out, int R, i
             for (int n = 0; n < N; n++)
                 tail[n] += v * inp[(size_t)n * K + j];
         }
+    } else if (fmt == WF_BF16 || fmt == WF_F16) {
+        const uint16_t *h = (const uint16_t *)row;
+        for (; k + 32 <= K; k += 32)
+#pragma GCC unroll 4
+            for (int s = 0; s < 4; s++)
+                fma_rows(acc, halves8(h + k + 8 * s, fmt), inp, K, k + 8 * s, N, s % A);
+        for (; k + 8 <= K; k += 8)
+            fma_rows(acc, halves8(h + k, fmt), inp, K, k, N, 0);
+        for (int j = k; j < K; j++) {
+            float v = fmt == WF_BF16 ? bf16_to_f32(h[j]) : half_to_f32(h[j]);
+            for (int n = 0; n < N; n++)
+                tail[n] += v * inp[(size_t)n * K + j];
+        }
     } else { // WF_Q2LUT: vpermilps picks from [c0 c1 c2 c3] in each 128-bit lane by bits 0-1 of the index
         float c[4];
         for (int i = 0; i < 4; i++)
@@ -319,6 +341,8 @@ QK_ROWS(WF_Q4)
 QK_ROWS(WF_Q4G)
 QK_ROWS(WF_Q2LUT)
 QK_ROWS(WF_Q4LUT)
+QK_ROWS(WF_BF16)
+QK_ROWS(WF_F16)
 
 #endif
 
@@ -336,6 +360,8 @@ int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N) {
             break;
         case WF_Q2LUT: return decode_simd_WF_Q2LUT(out, inp, w, N);
         case WF_Q4LUT: return decode_simd_WF_Q4LUT(out, inp, w, N);
+        case WF_BF16: return decode_simd_WF_BF16(out, inp, w, N);
+        case WF_F16: return decode_simd_WF_F16(out, inp, w, N);
         default: break;
         }
     }
