@@ -13,9 +13,7 @@
 //     8-byte block widened to 8 lanes, then a mask / shift gives 8 consecutive 4-bit codes (the
 //     layout in quant/weight.h is made for this) or the 2-bit codes index the row's codebook with
 //     vpermilps, which reads only the low 2 bits of each lane. 32 weights per step feed independent
-//     accumulator chains so that FMA latency does not set the pace at N = 1. fp32 rows with N >= 2
-//     go in pairs, so that one input load feeds two FMAs (N = 1 stays on the portable path, which
-//     already runs at the memory bound).
+//     accumulator chains so that FMA latency does not set the pace at N = 1.
 #include <stdlib.h>
 #include <string.h>
 
@@ -300,69 +298,6 @@ static inline __attribute__((always_inline)) void qrow_simd(float *out, int R, i
     }
 }
 
-// fp32 rows r and r+1 against N >= 2 inputs, four inputs at a time: each input load feeds both rows
-// (6 loads per 8 FMAs instead of 9 for one row against 8 inputs), and the 2 x 4 accumulators stay in
-// registers. The pair is re-read from cache for the second group of inputs; memory sees it once.
-static inline __attribute__((always_inline)) void f32_rows2(float *out, int R, int r, const float *w, const float *inp,
-                                                            int K, const int N) {
-    const float *w0 = w + (size_t)r * K, *w1 = w0 + K;
-#pragma GCC unroll 2
-    for (int n0 = 0; n0 < N; n0 += 4) {
-        const int nn = N - n0 < 4 ? N - n0 : 4;
-        __m256 a0[4], a1[4];
-#pragma GCC unroll 4
-        for (int n = 0; n < nn; n++)
-            a0[n] = a1[n] = _mm256_setzero_ps();
-        int k = 0;
-        for (; k + 8 <= K; k += 8) {
-            __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
-#pragma GCC unroll 4
-            for (int n = 0; n < nn; n++) {
-                __m256 x = _mm256_loadu_ps(inp + (size_t)(n0 + n) * K + k);
-                a0[n] = _mm256_fmadd_ps(v0, x, a0[n]);
-                a1[n] = _mm256_fmadd_ps(v1, x, a1[n]);
-            }
-        }
-        for (int n = 0; n < nn; n++) {
-            const float *x = inp + (size_t)(n0 + n) * K;
-            float s0 = hsum256(a0[n]), s1 = hsum256(a1[n]);
-            for (int j = k; j < K; j++) {
-                s0 += w0[j] * x[j];
-                s1 += w1[j] * x[j];
-            }
-            out[(size_t)(n0 + n) * R + r] = s0;
-            out[(size_t)(n0 + n) * R + r + 1] = s1;
-        }
-    }
-}
-
-static int decode_simd_f32(float *out, const float *inp, const Weight *w, int N) {
-    int R = w->rows, K = w->cols;
-    const float *W = (const float *)w->data;
-#pragma omp parallel for schedule(static)
-    for (int p = 0; p < R / 2; p++) {
-        switch (N) {
-        case 2: f32_rows2(out, R, 2 * p, W, inp, K, 2); break;
-        case 3: f32_rows2(out, R, 2 * p, W, inp, K, 3); break;
-        case 4: f32_rows2(out, R, 2 * p, W, inp, K, 4); break;
-        case 5: f32_rows2(out, R, 2 * p, W, inp, K, 5); break;
-        case 6: f32_rows2(out, R, 2 * p, W, inp, K, 6); break;
-        case 7: f32_rows2(out, R, 2 * p, W, inp, K, 7); break;
-        default: f32_rows2(out, R, 2 * p, W, inp, K, 8); break;
-        }
-    }
-    if (R % 2) { // the last row on its own
-        const float *wr = W + (size_t)(R - 1) * K;
-        for (int n = 0; n < N; n++) {
-            float s = 0;
-            for (int j = 0; j < K; j++)
-                s += wr[j] * inp[(size_t)n * K + j];
-            out[(size_t)n * R + R - 1] = s;
-        }
-    }
-    return ER_OK;
-}
-
 // Sums of the input rows over spans of `span` columns: (N, K / span) floats (span 0: a dummy buffer).
 static float *input_sums(const float *inp, int N, int K, int span) {
     int ns = span ? K / span : 1;
@@ -417,10 +352,6 @@ int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N) {
 #if QK_SIMD
     if (!force_portable) {
         switch (w->fmt) {
-        case WF_F32:
-            if (N >= 2)
-                return decode_simd_f32(out, inp, w, N);
-            break;
         case WF_Q8: return decode_simd_WF_Q8(out, inp, w, N);
         case WF_Q4: return decode_simd_WF_Q4(out, inp, w, N);
         case WF_Q4G:

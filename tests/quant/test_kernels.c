@@ -94,7 +94,6 @@ static const Case cases[] = {
     {WF_Q4G, 96, 8}, {WF_Q4G, 36, 6}, {WF_Q4G, 48, 16}, {WF_Q2LUT, 40, 0},  {WF_Q2LUT, 39, 0},  {WF_BF16, 24, 0},
     {WF_F16, 21, 0}, {WF_F32, 19, 0},  {WF_Q4, 200, 0},    {WF_Q2LUT, 203, 0}, {WF_Q4G, 256, 128},
     {WF_Q8, 100, 0},  {WF_Q4LUT, 48, 0}, {WF_Q4LUT, 37, 0}, {WF_Q4LUT, 200, 0}, {WF_BF16, 203, 0}, {WF_F16, 200, 0},
-    {WF_F32, 203, 0},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
