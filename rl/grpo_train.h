@@ -1,8 +1,8 @@
 // ertrain grpo: GRPO with the budget-forcing reward on a masked-LoRA adapter. Each step draws prompts,
-// states a token budget in each (a system line, or the end of the user turn), rolls out G samples per prompt with the runtime
-// (shared prompt prefix, batched decode, adapter on after the prefill), rewards correct x
-// soft_barrier(length, budget), and takes clipped policy-gradient steps with a k3 KL penalty against
-// the same base with the adapter off.
+// states a token budget in each (a system line, or the end of the user turn), rolls out G samples per
+// prompt with the runtime (shared prompt prefix, batched decode, adapter on after the prefill),
+// rewards correct x soft_barrier(length, budget), and takes clipped policy-gradient steps with a k3 KL
+// penalty against the same base with the adapter off.
 #ifndef RL_GRPO_TRAIN_H
 #define RL_GRPO_TRAIN_H
 
