@@ -84,23 +84,41 @@ static double asym_error(const float *x, const float *imp, int n, float sf, floa
     return e;
 }
 
+// The clipping search of the uniform quantizers: the row's [min, max] into *mn, *mx and the number of
+// shrunk candidates to try after the full range (0 for min-max, or when the row is constant).
+static int clip_steps(const float *x, int n, QuantSearch s, int grid, float *mn, float *mx) {
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < n; i++) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+    }
+    *mn = lo;
+    *mx = hi;
+    return s == QSEARCH_MINMAX || !(hi > lo) ? 0 : grid;
+}
+
+// Candidate i of `steps`: [min, max] shrunk about its centre, by up to half (i = 0: the full range);
+// its lower end and width.
+static void clip_candidate(float mn, float mx, int i, int steps, float *lo, float *width) {
+    float c = i == 0 ? 1.0f : 1.0f - 0.5f * (float)i / (float)steps;
+    float center = 0.5f * (mx + mn), half = 0.5f * c * (mx - mn);
+    *lo = center - half;
+    *width = 2.0f * half;
+}
+
 double quant_rtn_asym4(const float *x, const float *imp, int n, QuantSearch s, double p, int grid, uint16_t *scale16,
                        uint16_t *zero16, uint8_t *u) {
     *scale16 = *zero16 = 0;
     if (n <= 0)
         return 0;
-    float mn = x[0], mx = x[0];
-    for (int i = 1; i < n; i++) {
-        mn = x[i] < mn ? x[i] : mn;
-        mx = x[i] > mx ? x[i] : mx;
-    }
-    int steps = s == QSEARCH_MINMAX || !(mx > mn) ? 0 : grid;
+    float mn, mx;
+    int steps = clip_steps(x, n, s, grid, &mn, &mx);
     double best = INFINITY;
     uint16_t bs = 0, bz = 0;
     for (int i = 0; i <= steps; i++) {
-        float c = i == 0 ? 1.0f : 1.0f - 0.5f * (float)i / (float)steps;
-        float center = 0.5f * (mx + mn), half = 0.5f * c * (mx - mn);
-        uint16_t s16 = f32_to_f16((2.0f * half) / 15.0f), z16 = f32_to_f16(center - half);
+        float lo, width;
+        clip_candidate(mn, mx, i, steps, &lo, &width);
+        uint16_t s16 = f32_to_f16(width / 15.0f), z16 = f32_to_f16(lo);
         double e = asym_error(x, imp, n, f16_to_f32(s16), f16_to_f32(z16), p);
         if (e < best) {
             best = e;
@@ -245,18 +263,13 @@ double quant_rtn_uniform_lut(const float *x, const float *imp, int n, int nlev, 
     memset(lut, 0, sizeof(uint16_t) * (size_t)nlev);
     if (n <= 0)
         return 0;
-    float mn = x[0], mx = x[0];
-    for (int i = 1; i < n; i++) {
-        mn = x[i] < mn ? x[i] : mn;
-        mx = x[i] > mx ? x[i] : mx;
-    }
-    int steps = s == QSEARCH_MINMAX || !(mx > mn) ? 0 : grid;
+    float mn, mx;
+    int steps = clip_steps(x, n, s, grid, &mn, &mx);
     double best = INFINITY;
     for (int i = 0; i <= steps; i++) {
-        // The same clipping ratios as quant_rtn_asym4: [min, max] shrunk about its centre.
-        float c = i == 0 ? 1.0f : 1.0f - 0.5f * (float)i / (float)steps;
-        float center = 0.5f * (mx + mn), half = 0.5f * c * (mx - mn);
-        float scale = 2.0f * half / (float)(nlev - 1), zero = center - half, lv[16];
+        float zero, width;
+        clip_candidate(mn, mx, i, steps, &zero, &width);
+        float scale = width / (float)(nlev - 1), lv[16];
         uint16_t l16[16];
         for (int j = 0; j < nlev; j++) {
             l16[j] = f32_to_f16(zero + (float)j * scale);
