@@ -17,6 +17,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/json.h"
 #include "core/rng.h"
 #include "core/threads.h"
 #include "data/tokenizer.h"
@@ -72,6 +73,15 @@ static inline void helper_copy_file(const char *src, const char *dir, const char
 }
 
 // The tiny model's shape over a vocabulary of V (the tiny tokenizer's): Qwen2, two layers, C = 32, GQA.
+// DIR/NAME parsed as JSON (a run.json, an adapter or quantization config); the test fails if it is not.
+static inline cJSON *helper_read_json(const char *dir, const char *name) {
+    char *p = path_join(dir, name);
+    cJSON *j;
+    cr_assert_eq(json_parse_file(p, 1 << 20, &j), 0, "%s", er_last_error());
+    er_free(p);
+    return j;
+}
+
 static inline ModelConfig helper_tiny_config(int V, int max_pos) {
     return (ModelConfig){.arch = ARCH_QWEN2, .C = 32, .FF = 64, .L = 2, .NH = 4, .NKV = 2, .HS = 8, .V = V,
                          .max_pos = max_pos, .rope_theta = 10000.0f, .eps = 1e-6f, .tied = 1, .qkv_bias = 1,

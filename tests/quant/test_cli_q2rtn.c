@@ -29,14 +29,6 @@ static void teardown(void) {
 
 TestSuite(quant_cli_q2rtn, .init = setup, .fini = teardown);
 
-static cJSON *read_json(const char *dir, const char *name) {
-    char *p = path_join(dir, name);
-    cJSON *j;
-    cr_assert_eq(json_parse_file(p, 1 << 20, &j), 0, "%s", er_last_error());
-    er_free(p);
-    return j;
-}
-
 static const char *str_of(const cJSON *o, const char *k) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     cr_assert(cJSON_IsString(v), "no string \"%s\"", k);
@@ -50,12 +42,12 @@ Test(quant_cli_q2rtn, q2rtn_is_q2lut_with_uniform_levels) {
     CmdResult r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q2rtn --threads 1", ertrain, model, out);
     cr_assert_eq(r.status, 0, "quantize failed: %s", r.err);
     helper_result_free(&r);
-    cJSON *cfg = read_json(out, "config.json");
+    cJSON *cfg = helper_read_json(out, "config.json");
     const cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
     cr_assert_str_eq(str_of(q, "weights"), "q2lut");
     cr_assert_str_eq(str_of(q, "method"), "rtn-lp");
     cJSON_Delete(cfg);
-    cJSON *run = read_json(out, "run.json");
+    cJSON *run = helper_read_json(out, "run.json");
     cr_assert_str_eq(str_of(run, "weights"), "q2rtn");
     cJSON_Delete(run);
     Model m;
@@ -75,9 +67,9 @@ Test(quant_cli_q2rtn, q2rtn_is_q2lut_with_uniform_levels) {
     r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q2lut --threads 1", ertrain, model, out);
     cr_assert_eq(r.status, 0, "quantize failed: %s", r.err);
     helper_result_free(&r);
-    cJSON *a = read_json(out, "run.json");
+    cJSON *a = helper_read_json(out, "run.json");
     snprintf(out, sizeof out, "%s/q2rtn", tmp);
-    cJSON *b = read_json(out, "run.json");
+    cJSON *b = helper_read_json(out, "run.json");
     double ea = cJSON_GetObjectItemCaseSensitive(a, "mean_rel_error")->valuedouble,
            eb = cJSON_GetObjectItemCaseSensitive(b, "mean_rel_error")->valuedouble;
     cr_assert(ea < eb, "q2lut error %g not below q2rtn %g", ea, eb);
@@ -100,7 +92,7 @@ Test(quant_cli_q2rtn, bf16_dir) {
     cr_assert_eq(r.status, 0, "bf16 failed: %s", r.err);
     cr_assert(strstr(r.out, "NLL on 2 held-out"), "%s", r.out);
     helper_result_free(&r);
-    cJSON *cfg = read_json(out, "config.json");
+    cJSON *cfg = helper_read_json(out, "config.json");
     cr_assert_null(cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config"));
     cJSON_Delete(cfg);
     Model m, fp;

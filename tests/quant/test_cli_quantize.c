@@ -50,14 +50,6 @@ static void need_programs(void) {
                      helper_build_dir());
 }
 
-static cJSON *read_json(const char *dir, const char *name) {
-    char *p = path_join(dir, name);
-    cJSON *j;
-    cr_assert_eq(json_parse_file(p, 1 << 20, &j), 0, "%s", er_last_error());
-    er_free(p);
-    return j;
-}
-
 Test(quant_cli, quantize_generate_and_sft) {
     need_programs();
     char out[600];
@@ -67,7 +59,7 @@ Test(quant_cli, quantize_generate_and_sft) {
     cr_assert(strstr(r.out, "bits per weight: 5.000"), "%s", r.out);
     cr_assert(strstr(r.out, "layer   1"), "per-layer errors expected: %s", r.out);
     helper_result_free(&r);
-    cJSON *cfg = read_json(out, "config.json");
+    cJSON *cfg = helper_read_json(out, "config.json");
     const cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
     cr_assert(cJSON_IsObject(q));
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "weights")->valuestring, "q4g32");
@@ -77,7 +69,7 @@ Test(quant_cli, quantize_generate_and_sft) {
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "transforms")->valuestring, "none");
     cr_assert_float_eq(cJSON_GetObjectItemCaseSensitive(q, "bits_per_weight")->valuedouble, 5.0, 1e-9);
     cJSON_Delete(cfg);
-    cJSON_Delete(read_json(out, "run.json"));
+    cJSON_Delete(helper_read_json(out, "run.json"));
     char *tj = path_join(out, "tokenizer.json");
     cr_assert(path_exists(tj));
     er_free(tj);
@@ -120,12 +112,12 @@ Test(quant_cli, fisher_calibration_and_nll) {
         cr_assert(strstr(r.out, "fisher: squared gradients over 3"), "%s", r.out);
         cr_assert(strstr(r.out, "NLL on 3 held-out calibration sequences"), "%s", r.out);
         helper_result_free(&r);
-        cJSON *cfg = read_json(out, "config.json");
+        cJSON *cfg = helper_read_json(out, "config.json");
         const cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
         cr_assert(strstr(cJSON_GetObjectItemCaseSensitive(q, "method")->valuestring, "fisher"));
         cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "embeddings")->valuestring, "fp");
         cJSON_Delete(cfg);
-        cJSON *run = read_json(out, "run.json");
+        cJSON *run = helper_read_json(out, "run.json");
         double before = cJSON_GetObjectItemCaseSensitive(run, "nll_before")->valuedouble;
         double after = cJSON_GetObjectItemCaseSensitive(run, "nll_after")->valuedouble;
         cr_assert(before > 0 && after > 0, "NLL %g -> %g", before, after);
@@ -147,7 +139,7 @@ Test(quant_cli, tied_model_w4_lm_head) {
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.out, "untied"), "%s", r.out);
     helper_result_free(&r);
-    cJSON *cfg = read_json(out, "config.json");
+    cJSON *cfg = helper_read_json(out, "config.json");
     cr_assert(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(cfg, "tie_word_embeddings")));
     cJSON_Delete(cfg);
     Model m;
@@ -177,11 +169,11 @@ Test(quant_cli, transforms_then_quantize) {
         if (i > 0)
             cr_assert(strstr(r.out, "transforms"), "%s", r.out);
         helper_result_free(&r);
-        cJSON *cfg = read_json(out, "config.json");
+        cJSON *cfg = helper_read_json(out, "config.json");
         const cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
         cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "transforms")->valuestring, modes[i]);
         cJSON_Delete(cfg);
-        cJSON *run = read_json(out, "run.json");
+        cJSON *run = helper_read_json(out, "run.json");
         double nll = cJSON_GetObjectItemCaseSensitive(run, "nll_before")->valuedouble;
         cJSON_Delete(run);
         if (i == 0)
