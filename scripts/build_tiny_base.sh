@@ -84,7 +84,7 @@ with open(sys.argv[1]) as f, open(sys.argv[2]) as one, open(sys.argv[3], "w") as
         n_text += 1
 print(f"mix: {n_chat} chat records (direct answers, k = 1..8, half with a budget system line) + "
       f"{n_one} chat records (direct, k = 1) + "
-      f"{n_text} raw-text records (problem + verbose trace)")
+      f"{n_text} raw-text records (problem + {'trace, half following a stated budget' if budget_mix else 'verbose trace'})")
 PY
 mv "$mix.tmp" "$mix"
 
