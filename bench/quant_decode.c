@@ -32,6 +32,9 @@ static inline uint64_t mix(uint64_t x) {
     return x ^ (x >> 33);
 }
 
+// A pseudo-random float weight in [-0.02, 0.02).
+static float small_value(uint64_t key) { return ((float)(mix(key) >> 40) / (float)(1 << 24) - 0.5f) * 0.04f; }
+
 // A weight of format f with pseudo-random contents (codes, scales ~0.02, codebooks).
 static int make_weight(Weight *w, WeightFormat f, int rows, int cols, int group, uint64_t seed) {
     if (f == WF_F32) {
@@ -42,7 +45,7 @@ static int make_weight(Weight *w, WeightFormat f, int rows, int cols, int group,
         size_t n = (size_t)rows * cols;
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < n; i++)
-            d[i] = ((float)(mix(seed + i) >> 40) / (float)(1 << 24) - 0.5f) * 0.04f;
+            d[i] = small_value(seed + i);
         w->fmt = WF_F32;
         w->rows = rows;
         w->cols = cols;
@@ -53,15 +56,16 @@ static int make_weight(Weight *w, WeightFormat f, int rows, int cols, int group,
     ER_TRY(quant_weight_alloc(w, f, rows, cols, group));
     size_t nb = (size_t)rows * quant_row_bytes(f, cols);
     uint8_t *d = (uint8_t *)w->data;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < nb; i++)
-        d[i] = (uint8_t)(mix(seed + i) & (f == WF_Q8 ? 0x7f : 0xff));
     if (f == WF_BF16) { // random bits would make NaNs and denormals: small values as the f32 weight has
         uint16_t *h = (uint16_t *)d;
         size_t n = (size_t)rows * cols;
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < n; i++)
-            h[i] = f32_to_bf16(((float)(mix(seed + i) >> 40) / (float)(1 << 24) - 0.5f) * 0.04f);
+            h[i] = f32_to_bf16(small_value(seed + i));
+    } else {
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < nb; i++)
+            d[i] = (uint8_t)(mix(seed + i) & (f == WF_Q8 ? 0x7f : 0xff));
     }
     for (int r = 0; r < rows; r++) {
         if (f == WF_Q8 || f == WF_Q4)
