@@ -17,6 +17,9 @@ typedef enum {
 // Records a printf-style message and returns `status` so callers can write
 // `return er_error(ER_EFORMAT, "%s: header is not JSON", path);`
 int er_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// Puts a printf-style context and ": " in front of the last message (or of status's name when there
+// is none) and returns `status`: `return er_error_prefix(rc, "%s:%ld", path, line);`
+int er_error_prefix(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const char *er_last_error(void);
 int er_last_status(void);
 void er_clear_error(void);

@@ -164,13 +164,6 @@ static int vote_prefix(const ErSession *s, const ErRoute *r, int n, const char *
     return ER_OK;
 }
 
-// Puts "file:line: " in front of the current error message.
-static int eval_error_at(int rc, const char *path, long line) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", er_last_error());
-    return er_error(rc, "%s:%ld: %s", path, line, msg);
-}
-
 int cmd_eval(int argc, char **argv) {
     GenFlags f;
     gen_flags_default(&f);
@@ -295,7 +288,7 @@ int cmd_eval(int argc, char **argv) {
         if (rc == ER_OK && rec)
             rc = eval_write(&af, rec);
         if (rc < 0)
-            rc = eval_error_at(rc, data, ex->line);
+            rc = er_error_prefix(rc, "%s:%ld", data, ex->line);
         cJSON_Delete(rec);
         er_free(msgs);
         char extra[64];

@@ -70,14 +70,6 @@ typedef struct {
     int special_as_text;
 } Opts;
 
-// Prefixes the recorded error with "file:line" (copied first: er_error formats into the
-// buffer er_last_error points at).
-static int error_at(int rc, const char *ctx) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", er_last_error());
-    return er_error(rc, "%s: %s", ctx, msg);
-}
-
 static int run_tokenize(const Opts *o, int detok) {
     Tokenizer *tok = NULL;
     JsonlReader r;
@@ -105,7 +97,7 @@ static int run_tokenize(const Opts *o, int detok) {
             const char *s;
             rc = json_get_string(rec, "text", &s, ctx);
             if (rc == ER_OK && (rc = tok_encode_ex(tok, s, strlen(s), o->special_as_text, &ids, &n)) < 0)
-                rc = error_at(rc, ctx);
+                rc = er_error_prefix(rc, "%s", ctx);
             if (rc == ER_OK) {
                 fputs("{\"ids\":[", out.fp);
                 for (int i = 0; i < n; i++)
@@ -131,7 +123,7 @@ static int run_tokenize(const Opts *o, int detok) {
                         ids[i] = (int)d;
                 }
                 if (rc == ER_OK && (rc = tok_decode(tok, ids, n, &text, &len)) < 0)
-                    rc = error_at(rc, ctx);
+                    rc = er_error_prefix(rc, "%s", ctx);
                 if (rc == ER_OK) {
                     fputs("{\"text\":", out.fp);
                     write_json_string(out.fp, text, len);

@@ -389,11 +389,8 @@ int cmd_heads(int argc, char **argv) {
     int max_prompt = 0, n_vq = 0, n_pre = 0, *vq = NULL, *pre = NULL;
     for (int i = 0; rc == ER_OK && i < d.n; i++) {
         rc = render_prompt(tok, style, &d.ex[i], f.system, &ids[i], &nids[i]);
-        if (rc < 0) {
-            char msg[1024];
-            snprintf(msg, sizeof msg, "%s", er_last_error());
-            rc = er_error(rc, "%s:%ld: %s", f.data, d.ex[i].line, msg);
-        }
+        if (rc < 0)
+            rc = er_error_prefix(rc, "%s:%ld", f.data, d.ex[i].line);
         max_prompt = nids[i] > max_prompt ? nids[i] : max_prompt;
     }
     const char *reason_prefix = prefix ? prefix : have_ad ? ad.reasoning_prefix : NULL;
@@ -493,9 +490,7 @@ int cmd_heads(int argc, char **argv) {
             }
         }
         if (rc < 0) {
-            char msg[1024];
-            snprintf(msg, sizeof msg, "%s", er_last_error());
-            rc = er_error(rc, "%s:%ld: %s", f.data, ex->line, msg);
+            rc = er_error_prefix(rc, "%s:%ld", f.data, ex->line);
             break;
         }
         char extra[96];

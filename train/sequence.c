@@ -22,7 +22,7 @@ int seq_builder_init(SeqBuilder *sb, const Tokenizer *tok, ChatStyle style, cons
     if (prefix && prefix[0]) {
         int rc = tok_encode(tok, prefix, strlen(prefix), &sb->prefix, &sb->n_prefix);
         if (rc < 0)
-            return er_error(rc, "reasoning prefix: %s", er_last_error());
+            return er_error_prefix(rc, "reasoning prefix");
     }
     return ER_OK;
 }
@@ -45,7 +45,7 @@ static int seq_build_text(const SeqBuilder *sb, const Example *ex, const char *c
     int *t = NULL, nt = 0;
     int rc = tok_encode(sb->tok, ex->text, strlen(ex->text), &t, &nt);
     if (rc < 0)
-        return er_error(rc, "%s: %s", ctx, er_last_error());
+        return er_error_prefix(rc, "%s", ctx);
     long full = (long)nt + (sb->eot_id >= 0);
     if (full < 2) {
         er_free(t);
@@ -77,7 +77,7 @@ int seq_build(const SeqBuilder *sb, const Example *ex, const char *ctx, Sequence
     size_t text_len = 0;
     int rc = chat_render(sb->style, ex->messages, ex->n_messages, CHAT_ADD_GENERATION_PROMPT, &text, &text_len);
     if (rc < 0)
-        return er_error(rc, "%s: %s", ctx, er_last_error());
+        return er_error_prefix(rc, "%s", ctx);
     int *prompt = NULL, *resp = NULL, np = 0, nr = 0;
     rc = tok_encode(sb->tok, text, text_len, &prompt, &np);
     er_free(text);
@@ -88,7 +88,7 @@ int seq_build(const SeqBuilder *sb, const Example *ex, const char *ctx, Sequence
     if (rc < 0) {
         er_free(prompt);
         er_free(resp);
-        return er_error(rc, "%s: %s", ctx, er_last_error());
+        return er_error_prefix(rc, "%s", ctx);
     }
     // The first response token must be a target inside the row: prompt + prefix <= seq_len positions.
     if (np + sb->n_prefix > sb->seq_len || np == 0) {

@@ -424,7 +424,7 @@ static int train_step(Trainer *t, double lr, double *loss, double *gnorm, long *
         ER_TRY(model_forward(job->model, &in, &t->acts));
         int rc = model_loss(&t->acts, b->targets, b->loss_mask, 1, &l);
         if (rc < 0)
-            return er_error(rc, "step %ld: %s", t->st.step + 1, er_last_error());
+            return er_error_prefix(rc, "step %ld", t->st.step + 1);
         // Accumulation averages the micro-batch means: scale d(loss)/d(logits) by 1/grad_accum.
         if (c->grad_accum > 1) {
             float s = 1.0f / (float)c->grad_accum;

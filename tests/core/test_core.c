@@ -616,3 +616,17 @@ Test(error, record_and_clear) {
     er_error(ER_EIO, "%s", big);
     cr_assert_lt(strlen(er_last_error()), sizeof big - 1);
 }
+
+// Adding context to the message being replaced: the arguments point into the error buffer itself.
+Test(error, context_from_the_last_message) {
+    er_error(ER_ERANGE, "not finite (nan)");
+    cr_assert_eq(er_error(er_last_status(), "step %d: %s", 1, er_last_error()), ER_ERANGE);
+    cr_assert_str_eq(er_last_error(), "step 1: not finite (nan)");
+    er_error(ER_EINVAL, "text is not valid UTF-8");
+    cr_assert_eq(er_error_prefix(ER_EINVAL, "%s:%d", "data.jsonl", 7), ER_EINVAL);
+    cr_assert_str_eq(er_last_error(), "data.jsonl:7: text is not valid UTF-8");
+    cr_assert_eq(er_last_status(), ER_EINVAL);
+    er_clear_error();
+    er_error_prefix(ER_ENOMEM, "loading");
+    cr_assert_str_eq(er_last_error(), "loading: out of memory");
+}
