@@ -2,6 +2,7 @@
 #   make                 build/ertrain, build/erinfer, build/liber.a (all non-CLI code)
 #   make test            Criterion suite (runs the PyTorch reference generator first)
 #   make bench           benchmarks (ratios against peers / physical limits)
+#   (test, bench and demo first install missing Debian packages with scripts/deps.sh)
 #   make SAN=1 test      the same under ASan + UBSan (objects in build/san/)
 #   make ARCH=           portable build (default ARCH=-march=native)
 #   make BLAS=0          no OpenBLAS: the built-in GEMM (the runtime library must build this way)
@@ -48,7 +49,7 @@ BENCH_SRC := $(wildcard bench/*.c)
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 LIB := $(BUILD)/liber.a
 
-.PHONY: all test bench demo clean ref
+.PHONY: all test test-run bench bench-run demo clean ref
 all: $(BUILD)/ertrain $(BUILD)/erinfer $(LIB) $(BUILD)/example
 
 $(BUILD)/obj/%.o: %.c
@@ -86,10 +87,20 @@ $(REF_DIR)/.done: scripts/ref/make_ref.py scripts/ref/make_lora_ref.py scripts/r
 	  $(PY) scripts/ref/make_lora_ref.py --out $(REF_DIR) && touch $@; \
 	else echo "WARNING: $(PY) has no torch: PyTorch reference tests will be SKIPPED (run scripts/deps.sh)"; fi
 
-test: all $(BUILD)/test_all ref
+# test, bench and demo install what is missing first (scripts/deps.sh: a quick check when all is
+# there), then build in a second make so that nothing compiles before the headers are installed.
+test:
+	bash scripts/deps.sh
+	$(MAKE) --no-print-directory test-run
+
+test-run: all $(BUILD)/test_all ref
 	ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(BUILD)/test_all --jobs 2
 
-bench: all $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+bench:
+	bash scripts/deps.sh
+	$(MAKE) --no-print-directory bench-run
+
+bench-run: all $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 	BUILD=$(BUILD) PY=$(PY) bash bench/run.sh
 
 # The whole pipeline on the built-in tiny default (QUICK=1: tiny sizes, for CI).
