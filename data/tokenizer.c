@@ -547,6 +547,8 @@ static int load_vocab(Tokenizer *t, const char *path, const cJSON *model) {
         bytes += strlen(e->string) + 1; // each string NUL-terminated for tok_token_str
         count++;
     }
+    if (count == 0)
+        return er_error(ER_EFORMAT, "%s: field \"model.vocab\" is empty", path);
     if (max_id + 1 > t->n_ids)
         t->n_ids = max_id + 1; // added tokens were read first and may reach further
     if (bytes > UINT32_MAX)
@@ -780,9 +782,10 @@ static int load_added(Tokenizer *t, const char *path, const cJSON *root) {
 static int added_finish(Tokenizer *t) {
     for (int i = 0; i < t->n_added; i++) {
         AddedToken *a = &t->added[i];
-        if (a->normalized && t->n_norm) {
+        a->match = NULL;
+        if (a->normalized && t->n_norm) // norm_apply leaves match NULL when normalizing changes nothing
             ER_TRY(norm_apply(t, a->content, a->len, &a->match, &a->match_len));
-        } else {
+        if (!a->match) {
             a->match = a->content;
             a->match_len = a->len;
         }
@@ -1135,7 +1138,12 @@ static int load_finish(Tokenizer *t) {
     byte_level_table(byte_cp);
     for (int b = 0; b < 256; b++) {
         char u[4];
-        t->byte_id[b] = vocab_find(t, u, (size_t)utf8_encode(byte_cp[b], u));
+        int n = utf8_encode(byte_cp[b], u);
+        t->byte_id[b] = vocab_find(t, u, (size_t)n);
+        // `tokenizers` silently drops a byte with no symbol when there is no unk token: refuse instead.
+        if (t->byte_id[b] < 0 && t->unk_id < 0)
+            return er_error(ER_EFORMAT, "%s: field \"model.vocab\" has no symbol \"%.*s\" for byte 0x%02X and "
+                            "there is no unk_token: text holding that byte would be dropped", t->path, n, u, b);
     }
     return build_decode(t, byte_cp);
 }

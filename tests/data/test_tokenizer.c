@@ -465,6 +465,26 @@ Test(tokenizer, added_token_flags) {
     tok_free(t);
 }
 
+// Normalized added tokens whose content NFC leaves unchanged (plain ASCII, the common case in Hugging
+// Face files), with "normalized": true or no "normalized" field (then it is !special, as `tokenizers`
+// does): they load and are matched in the normalized text.
+Test(tokenizer, normalized_added_tokens_unchanged_by_nfc) {
+    cJSON *doc = small_doc(0);
+    cJSON *arr = cJSON_GetObjectItem(doc, "added_tokens");
+    cJSON_AddItemToArray(arr, added(300, "<tool>", 0, 1, 0, 0, 0));
+    cJSON *implicit = added(301, "dog", 0, 0, 0, 0, 0);
+    cJSON_DeleteItemFromObject(implicit, "normalized");
+    cJSON_AddItemToArray(arr, implicit);
+    cJSON_AddItemToArray(arr, added(302, "\xC3\xA9t\xC3\xA9", 0, 1, 0, 0, 0)); // already NFC
+    Tokenizer *t = load_doc(doc);
+    cJSON_Delete(doc);
+    EXPECT_IDS(t, "a<tool>b", 'a', 300, 'b');
+    EXPECT_IDS(t, "hotdog", 'h', 'o', 't', 301);
+    EXPECT_IDS(t, "e\xCC\x81te\xCC\x81!", 302, '!'); // the text's NFC form holds the token
+    DECODE_EXPECT(t, "<tool>dog", 300, 301);
+    tok_free(t);
+}
+
 Test(tokenizer, gpt2_byte_level_regex) {
     cJSON *doc = small_doc(1);
     cJSON_ReplaceItemInObject(doc, "pre_tokenizer",
@@ -619,6 +639,15 @@ Test(tokenizer, malformed_files) {
     doc = small_doc(0);
     cJSON_ReplaceItemInObject(doc, "decoder", cJSON_Parse("{\"type\": \"WordPiece\"}"));
     expect_doc_refused(dir, doc, "decoder.type");
+
+    // Text would be silently dropped: an empty vocabulary, a byte with no symbol and no unk_token.
+    doc = small_doc(0);
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(doc, "model"), "vocab", cJSON_CreateObject());
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(doc, "model"), "merges", cJSON_CreateArray());
+    expect_doc_refused(dir, doc, "is empty");
+    doc = small_doc(0);
+    cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "model"), "vocab"), "z");
+    expect_doc_refused(dir, doc, "no symbol \"z\" for byte 0x7A");
 
     // The real file cut short must fail cleanly, not crash.
     char *qdir = qwen_dir();
