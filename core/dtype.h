@@ -30,4 +30,8 @@ int dtype_to_f32(float *dst, const void *src, ErDType t, size_t n);
 // NaN becomes 0). `dst` and `src` need no alignment; data is little-endian as in safetensors.
 int dtype_from_f32(void *dst, ErDType t, const float *src, size_t n);
 
+// Index of the first NaN or infinity among n elements of a floating-point type (F32, F16, BF16; the
+// exponent bits all set), or n when every element is finite or the type holds no such values.
+size_t dtype_find_nonfinite(const void *src, ErDType t, size_t n);
+
 #endif

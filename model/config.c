@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -108,6 +109,10 @@ int model_config_validate(const ModelConfig *c, const char *ctx) {
     if (c->NH % c->NKV != 0)
         return er_error(ER_EFORMAT, "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
                         ctx, c->NH, c->NKV);
+    // Widths are ints in the kernels: their products must stay in range (each dimension is <= 2^24).
+    if ((int64_t)c->NH * c->HS > (1 << 24) || (int64_t)c->NKV * c->HS > (1 << 24))
+        return er_error(ER_EFORMAT, "%s: num_attention_heads x head_dim = %lld is out of range (at most %d)", ctx,
+                        (long long)c->NH * c->HS, 1 << 24);
     if (c->HS % 2 != 0)
         return er_error(ER_EFORMAT, "%s: head_dim (%d) must be even for RoPE", ctx, c->HS);
     return ER_OK;

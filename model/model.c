@@ -309,6 +309,35 @@ WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group
     return f;
 }
 
+// Non-finite values are refused at load, naming the tensor and the first bad index: a NaN would reach
+// every output (and quantizing would hide it in a packed model that still runs). Scales of packed
+// matrices must also not be negative (the quantizers write >= 0; 0 is an all-zero row).
+static int check_values(const char *path, const char *name, const void *data, ErDType dt, size_t n, int scales) {
+    const size_t CHUNK = (size_t)1 << 20;
+    long nchunks = (long)((n + CHUNK - 1) / CHUNK);
+    size_t first = n;
+#pragma omp parallel for schedule(dynamic) reduction(min : first)
+    for (long c = 0; c < nchunks; c++) {
+        size_t b = (size_t)c * CHUNK, len = n - b < CHUNK ? n - b : CHUNK;
+        size_t k = dtype_find_nonfinite((const char *)data + b * dtype_size(dt), dt, len);
+        if (k < len && b + k < first)
+            first = b + k;
+    }
+    if (first < n) {
+        float v;
+        dtype_to_f32(&v, (const char *)data + first * dtype_size(dt), dt, 1);
+        return er_error(ER_EFORMAT, "%s: tensor \"%s\" holds %g at index %zu (weights must be finite)", path, name, v,
+                        first);
+    }
+    for (size_t i = 0; scales && i < n; i++) {
+        float v;
+        dtype_to_f32(&v, (const char *)data + i * dtype_size(dt), dt, 1);
+        if (v < 0)
+            return er_error(ER_EFORMAT, "%s: tensor \"%s\" holds the negative scale %g at index %zu", path, name, v, i);
+    }
+    return ER_OK;
+}
+
 // A companion tensor of a quantized matrix (name + suffix) with the given dtype and shape.
 static int find_companion(Model *m, const char *dir, const ParamTensor *p, const char *suffix, const char *what,
                           ErDType dt, int64_t d0, int64_t d1, const void **out, size_t *owned_off) {
@@ -323,10 +352,15 @@ static int find_companion(Model *m, const char *dir, const ParamTensor *p, const
     if (!ok) {
         char got[64];
         shape_str(got, sizeof got, t);
-        return er_error(ER_EFORMAT, "%s: tensor \"%s\" is %s [%s], expected %s [%lld%s%lld] for the %s of \"%s\"", f->path,
-                        name, dtype_name(t->dtype), got, dtype_name(dt), (long long)d0, d1 ? "," : "",
-                        d1 ? (long long)d1 : 0LL, what, p->name);
+        char want[64];
+        if (d1)
+            snprintf(want, sizeof want, "%lld,%lld", (long long)d0, (long long)d1);
+        else
+            snprintf(want, sizeof want, "%lld", (long long)d0);
+        return er_error(ER_EFORMAT, "%s: tensor \"%s\" is %s [%s], expected %s [%s] for the %s of \"%s\"", f->path,
+                        name, dtype_name(t->dtype), got, dtype_name(dt), want, what, p->name);
     }
+    ER_TRY(check_values(f->path, name, t->data, t->dtype, (size_t)st_numel(t), strcmp(suffix, "_scale") == 0));
     *out = aligned_data(m, t, owned_off);
     return ER_OK;
 }
@@ -389,13 +423,16 @@ static int place_param(Model *m, ParamTensor *p, const StTensor *t, const StFile
                         dtype_name(t->dtype));
     int shape_ok = t->ndim == p->ndim && t->shape[0] == p->shape[0] && (p->ndim == 1 || t->shape[1] == p->shape[1]);
     if (!shape_ok) {
-        char got[64] = "";
-        for (int d = 0; d < t->ndim && d < 4; d++)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "," : "", (long long)t->shape[d]);
-        return er_error(ER_EFORMAT, "%s: tensor \"%s\" has shape [%s], expected [%lld%s%lld] from config.json", f->path,
-                        p->name, got, (long long)p->shape[0], p->ndim == 2 ? "," : "",
-                        p->ndim == 2 ? (long long)p->shape[1] : 0LL);
+        char got[64], want[64];
+        shape_str(got, sizeof got, t);
+        if (p->ndim == 2)
+            snprintf(want, sizeof want, "%lld,%lld", (long long)p->shape[0], (long long)p->shape[1]);
+        else
+            snprintf(want, sizeof want, "%lld", (long long)p->shape[0]);
+        return er_error(ER_EFORMAT, "%s: tensor \"%s\" has shape [%s], expected [%s] from config.json", f->path,
+                        p->name, got, want);
     }
+    ER_TRY(check_values(f->path, p->name, t->data, t->dtype, p->numel, 0));
     if (p->data) // fp32 destination (vectors, or everything when trainable)
         return dtype_to_f32(p->data, t->data, t->dtype, p->numel);
     // A matrix kept in the file's dtype: in place when aligned, else copied once.
@@ -404,6 +441,46 @@ static int place_param(Model *m, ParamTensor *p, const StTensor *t, const StFile
     w->data = aligned_data(m, t, owned_off);
     if (w->fmt == WF_F32)
         p->data = (float *)w->data;
+    return ER_OK;
+}
+
+// config.json against the weight files, before anything is sized from it: a config that lies (say
+// num_hidden_layers = 16777216 over a 4-layer file) is refused naming the mismatch instead of
+// allocating for it. Row counts do not depend on the weight format (packed rows stay rows).
+static int check_config_files(const Model *m, const char *dir) {
+    const ModelConfig *c = &m->cfg;
+    long layers = 0;
+    for (int i = 0; i < m->n_files; i++)
+        for (int j = 0; j < m->files[i].n_tensors; j++) {
+            const char *name = m->files[i].tensors[j].name;
+            if (strncmp(name, "model.layers.", 13) != 0)
+                continue;
+            char *end;
+            long l = strtol(name + 13, &end, 10);
+            if (end != name + 13 && *end == '.' && l >= 0 && l < (1L << 24) && l + 1 > layers)
+                layers = l + 1;
+        }
+    if (layers != c->L)
+        return er_error(ER_EFORMAT, "%s/config.json: num_hidden_layers is %d but the weight files hold %ld layers", dir,
+                        c->L, layers);
+    const struct {
+        const char *tensor, *field;
+        int64_t rows;
+    } dims[] = {
+        {"model.embed_tokens.weight", "vocab_size", c->V},
+        {"model.norm.weight", "hidden_size", c->C},
+        {"model.layers.0.self_attn.q_proj.weight", "num_attention_heads x head_dim", (int64_t)c->NH * c->HS},
+        {"model.layers.0.self_attn.k_proj.weight", "num_key_value_heads x head_dim", (int64_t)c->NKV * c->HS},
+        {"model.layers.0.mlp.gate_proj.weight", "intermediate_size", c->FF},
+    };
+    for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++) {
+        const StFile *f;
+        const StTensor *t = find_tensor(m, dims[k].tensor, &f);
+        if (t && (t->ndim < 1 || t->shape[0] != dims[k].rows))
+            return er_error(ER_EFORMAT, "%s/config.json: %s gives %lld but \"%s\" in %s has %lld rows", dir,
+                            dims[k].field, (long long)dims[k].rows, dims[k].tensor, f->path,
+                            t->ndim < 1 ? 0LL : (long long)t->shape[0]);
+    }
     return ER_OK;
 }
 
@@ -434,12 +511,12 @@ int model_load(Model *m, const char *dir, int flags) {
         memset(m, 0, sizeof *m);
         return rc;
     }
-    QuantConfig quant = m->quant;
     cJSON *weight_map = NULL;
-    rc = model_setup(m, flags & MODEL_LOAD_TRAINABLE);
-    m->quant = quant;
+    rc = open_shards(m, dir, &weight_map);
     if (rc == ER_OK)
-        rc = open_shards(m, dir, &weight_map);
+        rc = check_config_files(m, dir);
+    if (rc == ER_OK)
+        rc = model_setup(m, flags & MODEL_LOAD_TRAINABLE);
     if (rc == ER_OK && !m->trainable) {
         // Space for matrices that are misaligned in their file (rare: headers are padded to 8).
         size_t need = 0;

@@ -137,7 +137,45 @@ Test(model_io, config_does_not_match_weights) {
     memcpy(v, "\"vocab_size\": 12", 16);
     write_text(dir, "config.json", cfg);
     expect_load_error(dir, "model.embed_tokens.weight");
-    expect_load_error(dir, "shape");
+    expect_load_error(dir, "vocab_size gives 12");
+    // Checked against the files before anything is sized from the config: 2^24 layers over 2 would
+    // otherwise reserve gigabytes before failing.
+    snprintf(cfg, sizeof cfg, "%s", good_config);
+    char big[1200];
+    char *at = strstr(cfg, "\"num_hidden_layers\": 2");
+    snprintf(big, sizeof big, "%.*s\"num_hidden_layers\": 16777216%s", (int)(at - cfg), cfg, at + 22);
+    write_text(dir, "config.json", big);
+    expect_load_error(dir, "num_hidden_layers is 16777216 but the weight files hold 2 layers");
+    snprintf(cfg, sizeof cfg, "%s", good_config);
+    memcpy(strstr(cfg, "\"intermediate_size\": 12"), "\"intermediate_size\": 24", 23);
+    write_text(dir, "config.json", cfg);
+    expect_load_error(dir, "intermediate_size gives 24");
+    // Products of dimensions are checked too: heads x head_dim = 2^48 would overflow an int.
+    write_text(dir, "config.json",
+               "{\"model_type\": \"qwen2\", \"hidden_size\": 8, \"intermediate_size\": 12, \"num_hidden_layers\": 2,"
+               " \"num_attention_heads\": 16777216, \"num_key_value_heads\": 1, \"head_dim\": 16777216,"
+               " \"vocab_size\": 10}");
+    expect_load_error(dir, "num_attention_heads x head_dim");
+}
+
+// A NaN or an infinity in the weights is refused at load, naming the tensor and the index.
+Test(model_io, non_finite_weights) {
+    ModelConfig c = small_config(0);
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int inf = 0; inf < 2; inf++) {
+            Model a;
+            cr_assert_eq(model_build_random(&a, &c, 0.5f, 5), 0);
+            ParamTensor *p = (ParamTensor *)model_find_param(&a, "model.layers.1.mlp.up_proj.weight");
+            cr_assert(p);
+            p->data[7] = inf ? -INFINITY : NAN;
+            char *dir = tmpdir();
+            cr_assert_eq(model_save(&a, dir, bf16), 0, "%s", er_last_error());
+            model_free(&a);
+            expect_load_error(dir, "\"model.layers.1.mlp.up_proj.weight\"");
+            expect_load_error(dir, "at index 7");
+            Model m;
+            cr_assert(model_load(&m, dir, MODEL_LOAD_TRAINABLE) < 0, "a trainable load must refuse it too");
+        }
 }
 
 Test(model_io, missing_tensor_and_files) {
