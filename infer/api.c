@@ -16,6 +16,8 @@
 #include "model/model.h"
 
 struct ErModel {
+    int sessions;  // open sessions: they keep the model alive (er_model_free waits for the last one)
+    int freed;     // er_model_free was called
     Model model;
     Tokenizer *tok;
     ChatStyle style;
@@ -27,6 +29,7 @@ struct ErModel {
 
 struct ErSession {
     ErModel *m;
+    int counted;        // holds one of m->sessions
     Engine engine;
     GenSample *samples; // (max_samples)
     ErSample *pub;      // (max_samples)
@@ -40,7 +43,16 @@ struct ErSession {
     int *vote_counts;
 };
 
+// Public functions check their pointers first: a NULL is an error status, never a crash.
+#define NEED(ptr, fn, what)                                                \
+    do {                                                                   \
+        if (!(ptr))                                                        \
+            return er_error(ER_EINVAL, "%s: %s is NULL", fn, what);        \
+    } while (0)
+
 void er_gen_params_init(ErGenParams *p) {
+    if (!p)
+        return;
     memset(p, 0, sizeof *p);
     p->max_new_tokens = 256;
     p->n_samples = 1;
@@ -50,7 +62,9 @@ void er_gen_params_init(ErGenParams *p) {
 }
 
 int er_model_load(ErModel **out, const char *dir) {
+    NEED(out, "er_model_load", "the output pointer");
     *out = NULL;
+    NEED(dir, "er_model_load", "the model dir");
     ErModel *m = er_calloc(1, sizeof *m);
     if (!m)
         return ER_ENOMEM;
@@ -71,6 +85,8 @@ int er_model_load(ErModel **out, const char *dir) {
 }
 
 int er_model_load_adapter(ErModel *m, const char *dir) {
+    NEED(m, "er_model_load_adapter", "the model");
+    NEED(dir, "er_model_load_adapter", "the adapter dir");
     const ModelConfig *c = &m->model.cfg;
     LoraShape shape = {c->L, c->C, c->NH * c->HS, c->NKV * c->HS, c->FF};
     LoraAdapter a;
@@ -83,6 +99,9 @@ int er_model_load_adapter(ErModel *m, const char *dir) {
 }
 
 static int load_head(ErModel *m, const char *path, HeadRole role) {
+    const char *fn = role == HEAD_SWITCHER ? "er_model_load_switcher" : "er_model_load_verifier";
+    NEED(m, fn, "the model");
+    NEED(path, fn, "the head path");
     TrainedHead *t = role == HEAD_SWITCHER ? &m->switcher : &m->verifier;
     int *has = role == HEAD_SWITCHER ? &m->has_switcher : &m->has_verifier;
     TrainedHead h;
@@ -97,9 +116,7 @@ static int load_head(ErModel *m, const char *path, HeadRole role) {
 int er_model_load_switcher(ErModel *m, const char *path) { return load_head(m, path, HEAD_SWITCHER); }
 int er_model_load_verifier(ErModel *m, const char *path) { return load_head(m, path, HEAD_VERIFIER); }
 
-void er_model_free(ErModel *m) {
-    if (!m)
-        return;
+static void model_release(ErModel *m) {
     if (m->has_switcher)
         trained_head_free(&m->switcher);
     if (m->has_verifier)
@@ -111,8 +128,25 @@ void er_model_free(ErModel *m) {
     er_free(m);
 }
 
+void er_model_free(ErModel *m) {
+    if (!m)
+        return;
+    m->freed = 1;
+    if (m->sessions == 0)
+        model_release(m);
+}
+
+int er_model_max_positions(const ErModel *m) { return m ? m->model.cfg.max_pos : ER_EINVAL; }
+
 int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens, int kv_int8) {
+    NEED(out, "er_session_open", "the output pointer");
     *out = NULL;
+    NEED(m, "er_session_open", "the model");
+    if (m->freed)
+        return er_error(ER_EINVAL, "er_session_open: the model was freed");
+    if (max_samples < 1 || max_tokens < 2)
+        return er_error(ER_EINVAL, "er_session_open: need at least 1 sample and 2 positions (got %d, %d)", max_samples,
+                        max_tokens);
     ErSession *s = er_calloc(1, sizeof *s);
     if (!s)
         return ER_ENOMEM;
@@ -133,6 +167,8 @@ int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens
         er_session_free(s);
         return rc;
     }
+    m->sessions++;
+    s->counted = 1;
     *out = s;
     return ER_OK;
 }
@@ -149,7 +185,11 @@ void er_session_free(ErSession *s) {
     er_free(s->vote_answers);
     er_free(s->vote_weights);
     er_free(s->vote_counts);
+    ErModel *m = s->m;
+    int counted = s->counted;
     er_free(s);
+    if (counted && --m->sessions == 0 && m->freed)
+        model_release(m);
 }
 
 typedef struct {
@@ -226,6 +266,9 @@ static int generate_ids(ErSession *s, const int *ids, int n, const ErGenParams *
 }
 
 int er_generate_raw(ErSession *s, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user) {
+    NEED(s, "er_generate_raw", "the session");
+    NEED(text, "er_generate_raw", "the text");
+    NEED(p, "er_generate_raw", "the parameters (er_gen_params_init fills the defaults)");
     int *ids, n;
     ER_TRY(tok_encode(s->m->tok, text, strlen(text), &ids, &n));
     int rc = generate_ids(s, ids, n, p, cb, user);
@@ -235,6 +278,14 @@ int er_generate_raw(ErSession *s, const char *text, const ErGenParams *p, ErToke
 
 int er_generate(ErSession *s, const ErMessage *msgs, int n_msgs, const ErGenParams *p, ErTokenCallback cb,
                 void *user) {
+    NEED(s, "er_generate", "the session");
+    NEED(msgs, "er_generate", "the messages");
+    NEED(p, "er_generate", "the parameters (er_gen_params_init fills the defaults)");
+    if (n_msgs < 1)
+        return er_error(ER_EINVAL, "er_generate: no messages (n_msgs = %d)", n_msgs);
+    for (int i = 0; i < n_msgs; i++)
+        if (!msgs[i].role || !msgs[i].content)
+            return er_error(ER_EINVAL, "er_generate: message %d has a NULL %s", i, msgs[i].role ? "content" : "role");
     ChatMessage *cm = er_calloc((size_t)(n_msgs > 0 ? n_msgs : 1), sizeof(ChatMessage));
     if (!cm)
         return ER_ENOMEM;
@@ -250,7 +301,10 @@ int er_generate(ErSession *s, const ErMessage *msgs, int n_msgs, const ErGenPara
     return rc;
 }
 
-int er_result_count(const ErSession *s) { return s->n; }
-const ErSample *er_result_sample(const ErSession *s, int i) { return i >= 0 && i < s->n ? &s->pub[i] : NULL; }
-const ErStats *er_result_stats(const ErSession *s) { return &s->stats; }
-const ErRoute *er_result_route(const ErSession *s) { return s->has_route ? &s->route : NULL; }
+int er_result_count(const ErSession *s) {
+    NEED(s, "er_result_count", "the session");
+    return s->n;
+}
+const ErSample *er_result_sample(const ErSession *s, int i) { return s && i >= 0 && i < s->n ? &s->pub[i] : NULL; }
+const ErStats *er_result_stats(const ErSession *s) { return s ? &s->stats : NULL; }
+const ErRoute *er_result_route(const ErSession *s) { return s && s->has_route ? &s->route : NULL; }

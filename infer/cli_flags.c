@@ -32,7 +32,8 @@ int gen_flags_specs(GenFlags *f, ArgSpec *s) {
          0, 0},
         {"stop", ARG_STR, &f->stop, "stop string (cut from the output)", 0, 0, 0},
         {"system", ARG_STR, &f->system, "system message", 0, 0, 0},
-        {"context", ARG_INT, &f->context, "positions per sample, prompt included (0 = 4096 + --max-new)", 0, 0, 1 << 22},
+        {"context", ARG_INT, &f->context, "positions per sample, prompt included (0 = 4096 + --max-new, at most the model's "
+                                            "max_position_embeddings)", 0, 0, 1 << 22},
         {"threads", ARG_INT, &f->threads, "threads (0 = all cores)", 0, 0, 4096},
         {"switcher", ARG_STR, &f->switcher, "switcher head (ertrain heads): route each query to the base's direct "
                                             "answer or to reasoning with the adapter", 0, 0, 0},
@@ -79,8 +80,12 @@ int gen_flags_open(const GenFlags *f, int max_samples, ErModel **m, ErSession **
         rc = er_model_load_switcher(*m, f->switcher);
     if (rc == ER_OK && f->verifier)
         rc = er_model_load_verifier(*m, f->verifier);
-    if (rc == ER_OK)
-        rc = er_session_open(s, *m, max_samples, f->context ? f->context : 4096 + f->max_new, kv_int8);
+    if (rc == ER_OK) {
+        int ctx = f->context, max_pos = er_model_max_positions(*m);
+        if (!ctx)
+            ctx = 4096 + f->max_new < max_pos ? 4096 + f->max_new : max_pos;
+        rc = er_session_open(s, *m, max_samples, ctx, kv_int8);
+    }
     if (rc < 0) {
         er_model_free(*m);
         *m = NULL;

@@ -28,20 +28,27 @@ int engine_init(Engine *e, Model *m, const Tokenizer *tok, KvType kv_type, int m
     e->prompt_slot = -1;
     if (max_samples < 1 || max_len < 2 || chunk < 1)
         return er_error(ER_EINVAL, "engine: need at least 1 sample, 2 positions and a chunk of 1");
+    if (max_len > m->cfg.max_pos) // RoPE past the trained positions is not supported: refused, not extrapolated
+        return er_error(ER_ERANGE, "%d positions per sequence exceed the model's %d (max_position_embeddings)", max_len,
+                        m->cfg.max_pos);
     e->model = m;
     e->tok = tok;
     e->max_samples = max_samples;
     e->max_len = max_len;
     e->chunk = chunk;
     // Distinct positions: prompt P once + N tails of at most max_len - P each <= N * max_len.
-    size_t kv_bytes = kv_cache_bytes(&m->cfg, kv_type, max_samples + 1, max_samples * max_len);
-    size_t need = kv_bytes + acts_bytes(&m->cfg, 1, chunk, ACTS_DECODE) +
-                  acts_bytes(&m->cfg, max_samples, 1, ACTS_DECODE);
+    size_t positions = (size_t)max_samples * (size_t)max_len;
+    size_t kv_bytes = kv_cache_bytes(&m->cfg, kv_type, max_samples + 1, positions);
+    size_t need;
+    if (kv_bytes == SIZE_MAX || er_add_size(kv_bytes, acts_bytes(&m->cfg, 1, chunk, ACTS_DECODE), &need) ||
+        er_add_size(need, acts_bytes(&m->cfg, max_samples, 1, ACTS_DECODE), &need))
+        return er_error(ER_ENOMEM, "a session of %d samples x %d positions needs more memory than can be addressed",
+                        max_samples, max_len);
     if (max_bytes && need > max_bytes)
         return er_error(ER_ENOMEM, "a session of %d samples x %d positions needs %.1f MiB (KV cache %.1f MiB), more than "
                         "the %.1f MiB available", max_samples, max_len, need / 1048576.0, kv_bytes / 1048576.0,
                         max_bytes / 1048576.0);
-    int rc = kv_cache_alloc(&e->kv, &m->cfg, kv_type, max_samples + 1, max_len, max_samples * max_len, 0);
+    int rc = kv_cache_alloc(&e->kv, &m->cfg, kv_type, max_samples + 1, max_len, positions, 0);
     if (rc == ER_OK)
         rc = acts_alloc(&e->prefill, &m->cfg, 1, chunk, ACTS_DECODE, 0);
     if (rc == ER_OK)
@@ -166,7 +173,8 @@ static int prompt_prefill(Engine *e, const int *prompt, int n_prompt, const Lora
                             e->model->cfg.V);
     if (spec && (spec->chunk < 1 || !(spec->alpha > 0 && spec->alpha <= 1)))
         return er_error(ER_EINVAL, "prefill: features need a chunk >= 1 and alpha in (0, 1]");
-    if (e->prompt_slot >= 0 && e->prompt_adapter != prompt_ad)
+    uint64_t prompt_gen = prompt_ad ? prompt_ad->generation : 0;
+    if (e->prompt_slot >= 0 && e->prompt_adapter != prompt_gen)
         e->n_prompt = 0;
     if (!spec && e->prompt_slot >= 0 && e->prompt_logits_valid && e->n_prompt == n_prompt &&
         memcmp(e->prompt_tokens, prompt, sizeof(int) * (size_t)n_prompt) == 0) {
@@ -192,7 +200,7 @@ static int prompt_prefill(Engine *e, const int *prompt, int n_prompt, const Lora
     if (rc == ER_OK) {
         memcpy(e->prompt_tokens, prompt, sizeof(int) * (size_t)n_prompt);
         e->n_prompt = n_prompt;
-        e->prompt_adapter = prompt_ad;
+        e->prompt_adapter = prompt_gen;
         e->prompt_logits_valid = 1;
         *reused = reuse;
     }

@@ -73,7 +73,7 @@ typedef struct {
     int prompt_slot;       // the last prompt, kept for prefix reuse (-1 = none)
     int *prompt_tokens;
     int n_prompt;
-    const LoraAdapter *prompt_adapter; // what computed the cached prompt (NULL = the base model)
+    uint64_t prompt_adapter; // LoraAdapter.generation of what computed the cached prompt (0 = the base model)
     float *prompt_logits;  // (V) logits after the last prompt (and prefix) position
     int prompt_logits_valid; // the prompt sequence holds exactly prompt_tokens and prompt_logits follow them
     long forward_positions;

@@ -1,7 +1,15 @@
 // erinfer: the on-device runtime as a small C library. Load a model dir, open a session, generate
 // with a per-token streaming callback, read the samples and stats, free. No global state beyond
 // the thread's last error message; no call exits or aborts: failures return a negative status and
-// er_last_error() says why in one line.
+// er_last_error() says why in one line. Every function checks its pointers: a NULL is an error
+// status (or a NULL result), never a crash.
+//
+// Lifetimes (as llama.h documents its own): an ErModel owns its weights, tokenizer, adapter and
+// heads; an ErSession owns its KV cache and the results of its last call, which stay valid until
+// the next generate call or er_session_free. Free sessions before their model. A session keeps its
+// model alive: er_model_free with sessions still open only marks the model, which is released with
+// the last session (and refuses new sessions). A model and its sessions are used from one thread
+// at a time; different models may run on different threads.
 //
 //     ErModel *m;  ErSession *s;
 //     if (er_model_load(&m, "qwen2.5-0.5b-instruct") < 0) puts(er_last_error());
@@ -72,14 +80,19 @@ typedef int (*ErTokenCallback)(void *user, int sample, const char *text, size_t 
 void er_gen_params_init(ErGenParams *p);
 
 int er_model_load(ErModel **out, const char *dir);
-// Attaches a LoRA adapter (PEFT dir) to the model. With the masked rule it is off on the prompt (whose
-// KV cache is the base model's) and on in the response, which starts with the adapter's reasoning
-// prefix unless ErGenParams.response_prefix says otherwise.
+// The positions the model was trained for (config.json max_position_embeddings): the most a session
+// may hold per sample (prompt included). ER_EINVAL for NULL.
+int er_model_max_positions(const ErModel *m);
+// Attaches a LoRA adapter (PEFT dir) to the model, replacing the one loaded before. With the masked
+// rule it is off on the prompt (whose KV cache is the base model's) and on in the response, which
+// starts with the adapter's reasoning prefix unless ErGenParams.response_prefix says otherwise.
+// Sessions notice the change: a prompt cached under another unmasked adapter is computed again.
 int er_model_load_adapter(ErModel *m, const char *dir);
 void er_model_free(ErModel *m);
 
-// A session for up to max_samples parallel samples of up to max_tokens positions (prompt included),
-// KV cache in int8 when kv_int8 != 0. Memory is reserved here: a size that does not fit is refused.
+// A session for up to max_samples parallel samples of up to max_tokens positions (prompt included, at
+// most er_model_max_positions), KV cache in int8 when kv_int8 != 0. Memory is reserved here: a size
+// that does not fit is refused.
 int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens, int kv_int8);
 void er_session_free(ErSession *s);
 
@@ -89,7 +102,8 @@ int er_generate(ErSession *s, const ErMessage *msgs, int n_msgs, const ErGenPara
 // Generates from text fed as is (no chat template).
 int er_generate_raw(ErSession *s, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user);
 
-// Results of the last generate call, owned by the session until the next one.
+// Results of the last generate call, owned by the session until the next one. er_result_count is
+// negative (ER_EINVAL) for NULL; the others return NULL for NULL or an index out of range.
 int er_result_count(const ErSession *s);
 const ErSample *er_result_sample(const ErSession *s, int i);
 const ErStats *er_result_stats(const ErSession *s);

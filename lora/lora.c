@@ -65,6 +65,8 @@ int lora_init(LoraAdapter *a, const LoraShape *s, int r, float alpha, int rslora
     a->dropout = dropout;
     a->targets = targets;
     a->masked = 1;
+    static _Atomic uint64_t next_generation = 1;
+    a->generation = next_generation++;
     a->mats = er_calloc((size_t)s->L * LT_COUNT, sizeof(LoraMat));
     if (!a->mats)
         return ER_ENOMEM;

@@ -38,6 +38,8 @@ typedef struct LoraAdapter {
     int masked;          // trained with the masked rule (PEFT key "er_mask": "response")
     char *reasoning_prefix; // forced at the start of responses ("er_reasoning_prefix"), may be NULL
     char *base_model;    // base_model_name_or_path
+    uint64_t generation; // unique per lora_init in this process: caches keyed by an adapter (the engine's
+                         // prompt K/V) compare it, not the address, which a replaced adapter may reuse
 } LoraAdapter;
 
 // Shapes of the base model a LoRA attaches to: hidden C, q width NH*HS, kv width NKV*HS, FF.

@@ -1,6 +1,8 @@
 #include "model/kvcache.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,28 +19,34 @@ size_t kv_bytes_per_position(const ModelConfig *c, KvType type) {
     return per_layer * (size_t)c->L;
 }
 
-size_t kv_cache_bytes(const ModelConfig *c, KvType type, int max_seqs, int max_positions) {
+size_t kv_cache_bytes(const ModelConfig *c, KvType type, int max_seqs, size_t max_positions) {
     // Each sequence may hold one partly filled block of its own beyond the shared positions.
-    size_t blocks = (size_t)(max_positions + KV_BLOCK - 1) / KV_BLOCK + (size_t)max_seqs;
-    return kv_bytes_per_position(c, type) * KV_BLOCK * blocks;
+    size_t blocks = max_positions / KV_BLOCK + (max_positions % KV_BLOCK != 0) + (size_t)max_seqs;
+    size_t per_block = kv_bytes_per_position(c, type) * KV_BLOCK;
+    return blocks > SIZE_MAX / per_block ? SIZE_MAX : per_block * blocks;
 }
 
-int kv_cache_alloc(KVCache *kv, const ModelConfig *c, KvType type, int max_seqs, int max_seq_len, int max_positions,
+int kv_cache_alloc(KVCache *kv, const ModelConfig *c, KvType type, int max_seqs, int max_seq_len, size_t max_positions,
                    size_t max_bytes) {
     memset(kv, 0, sizeof *kv);
-    if (max_seqs <= 0 || max_seq_len <= 0 || max_positions <= 0)
+    if (max_seqs <= 0 || max_seq_len <= 0 || max_positions == 0)
         return er_error(ER_EINVAL, "KV cache: sizes must be positive");
+    // Block ids are ints: refuse what they cannot number (far beyond any memory).
+    size_t n_blocks = max_positions / KV_BLOCK + (max_positions % KV_BLOCK != 0) + (size_t)max_seqs;
+    if (max_positions > (size_t)INT_MAX || n_blocks > (size_t)INT_MAX)
+        return er_error(ER_ERANGE, "KV cache: %zu positions in %d sequences is more than this cache can address",
+                        max_positions, max_seqs);
     kv->L = c->L;
     kv->NKV = c->NKV;
     kv->HS = c->HS;
     kv->type = type;
     kv->max_seqs = max_seqs;
     kv->max_blocks_per_seq = (max_seq_len + KV_BLOCK - 1) / KV_BLOCK;
-    kv->n_blocks = (max_positions + KV_BLOCK - 1) / KV_BLOCK + max_seqs;
+    kv->n_blocks = (int)n_blocks;
     size_t per_block = kv_bytes_per_position(c, type) * KV_BLOCK;
     kv->bytes = kv_cache_bytes(c, type, max_seqs, max_positions);
     if (max_bytes && kv->bytes > max_bytes)
-        return er_error(ER_ENOMEM, "KV cache for %d positions (%d sequences) needs %.1f MiB, more than the %.1f MiB allowed",
+        return er_error(ER_ENOMEM, "KV cache for %zu positions (%d sequences) needs %.1f MiB, more than the %.1f MiB allowed",
                         max_positions, max_seqs, kv->bytes / 1048576.0, max_bytes / 1048576.0);
     size_t entries = (size_t)c->L * kv->n_blocks * KV_BLOCK * c->NKV * c->HS;
     kv->k = er_alloc(entries * entry_size(type));

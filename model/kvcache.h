@@ -38,12 +38,12 @@ typedef struct {
 
 // Bytes of entries (and scales) for `positions` positions of one sequence.
 size_t kv_bytes_per_position(const ModelConfig *c, KvType type);
-// Bytes kv_cache_alloc reserves for these sizes.
-size_t kv_cache_bytes(const ModelConfig *c, KvType type, int max_seqs, int max_positions);
+// Bytes kv_cache_alloc reserves for these sizes (SIZE_MAX when that does not fit in a size_t).
+size_t kv_cache_bytes(const ModelConfig *c, KvType type, int max_seqs, size_t max_positions);
 // Room for `max_positions` positions in all (shared blocks count once), `max_seqs` sequences of at
 // most `max_seq_len` positions. Refused up front, with the estimate, above max_bytes (0 = no limit).
 int kv_cache_alloc(KVCache *kv, const ModelConfig *c, KvType type, int max_seqs, int max_seq_len,
-                   int max_positions, size_t max_bytes);
+                   size_t max_positions, size_t max_bytes);
 void kv_cache_free(KVCache *kv);
 
 int kv_seq_open(KVCache *kv, int *slot);

@@ -194,11 +194,54 @@ Test(engine, hard_budget_and_stop_strings) {
     engine_free(&e);
 }
 
-// A session that does not fit is refused before anything is allocated, with the estimate.
+// A session that does not fit is refused before anything is allocated, with the estimate; so is one
+// longer than the model's positions, and one whose size overflows an int (4 x 2^30 positions).
 Test(engine, refuses_sessions_that_do_not_fit) {
     Engine e;
-    cr_assert(engine_init(&e, &model, tok, KV_F32, 8, 100000, 128, 64u << 20) < 0);
+    cr_assert(engine_init(&e, &model, tok, KV_F32, 8, 1000, 128, 1u << 20) < 0);
     cr_assert(strstr(er_last_error(), "MiB"), "%s", er_last_error());
+    cr_assert(engine_init(&e, &model, tok, KV_F32, 1, model.cfg.max_pos + 1, 128, 0) < 0);
+    cr_assert(strstr(er_last_error(), "max_position_embeddings"), "%s", er_last_error());
+    Model wide = model;
+    wide.cfg.max_pos = 2147483647;
+    cr_assert(engine_init(&e, &wide, tok, KV_F32, 4, 1073741825, 128, er_physical_memory()) < 0);
+    cr_assert(strstr(er_last_error(), "MiB") || strstr(er_last_error(), "address"), "%s", er_last_error());
     cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 2, 200, 16, 64u << 20), 0, "%s", er_last_error());
     engine_free(&e);
+}
+
+// An adapter replaced in place (same struct, new contents, as er_model_load_adapter does) is told
+// apart from the old one: the prompt K/V cached under the old unmasked adapter are not reused, so
+// the first token's log-prob is the new adapter's (a fresh engine's) and not the old one's.
+Test(engine, replaced_adapter_recomputes_the_prompt) {
+    LoraAdapter ad;
+    helper_random_adapter(&ad, &model.cfg, 0.5f, 21);
+    ad.masked = 0;
+    Engine e, f;
+    cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 1, 200, 16, 0), 0);
+    cr_assert_eq(engine_init(&f, &model, tok, KV_F32, 1, 200, 16, 0), 0);
+    int *p, n = prompt_ids(PROMPT, &p);
+    GenConfig g;
+    gen_config_default(&g);
+    g.max_new = 4;
+    g.adapter = &ad;
+    GenSample old_out, new_out, fresh_out;
+    GenStats st;
+    cr_assert_eq(engine_generate(&e, p, n, &g, NULL, NULL, &old_out, &st), 0, "%s", er_last_error());
+    lora_free(&ad);
+    helper_random_adapter(&ad, &model.cfg, 0.5f, 22);
+    ad.masked = 0;
+    cr_assert_eq(engine_generate(&e, p, n, &g, NULL, NULL, &new_out, &st), 0, "%s", er_last_error());
+    cr_assert_eq(st.prompt_reused, 0);
+    cr_assert_eq(engine_generate(&f, p, n, &g, NULL, NULL, &fresh_out, &st), 0, "%s", er_last_error());
+    cr_assert_eq(new_out.logprobs[0], fresh_out.logprobs[0], "new %g vs fresh %g", new_out.logprobs[0],
+                 fresh_out.logprobs[0]);
+    cr_assert_neq(new_out.logprobs[0], old_out.logprobs[0], "the two adapters give the same log-prob");
+    gen_samples_free(&old_out, 1);
+    gen_samples_free(&new_out, 1);
+    gen_samples_free(&fresh_out, 1);
+    free(p);
+    engine_free(&e);
+    engine_free(&f);
+    lora_free(&ad);
 }

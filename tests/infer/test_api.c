@@ -1,0 +1,174 @@
+// The public C API (infer/erinfer.h) misused as a new user or a fuzzer would: NULL for every pointer
+// (an error status or a NULL result, never a crash), the model freed before its session (the session
+// keeps it alive), a session size whose product overflows an int, and an unmasked adapter replaced in
+// place (the prompt cached under the old one must not be reused).
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/fileio.h"
+#include "infer/erinfer.h"
+#include "lora/peft.h"
+#include "tests/infer/helpers.h"
+
+static char *tmp, *model_dir;
+
+static void setup(void) {
+    threads_set(2);
+    tmp = helper_tmpdir("er_api_");
+    model_dir = path_join(tmp, "model");
+    cr_assert(model_dir);
+    helper_make_model(model_dir);
+}
+
+static void teardown(void) {
+    helper_rmdir(tmp);
+    er_free(model_dir);
+    er_free(tmp);
+}
+
+TestSuite(api, .init = setup, .fini = teardown);
+
+// A failed call: negative status and a message naming the function and saying what was NULL.
+static void expect_null_error(int rc, const char *fn) {
+    cr_assert_lt(rc, 0, "%s accepted a NULL argument", fn);
+    cr_assert(strstr(er_last_error(), fn) && strstr(er_last_error(), "NULL"), "%s: message \"%s\"", fn,
+              er_last_error());
+}
+
+Test(api, null_arguments_are_errors) {
+    ErModel *m = (ErModel *)0x1;
+    ErSession *s = (ErSession *)0x1;
+    expect_null_error(er_model_load(&m, NULL), "er_model_load");
+    cr_assert_null(m);
+    expect_null_error(er_model_load(NULL, model_dir), "er_model_load");
+    cr_assert_eq(er_model_load(&m, model_dir), 0, "%s", er_last_error());
+    expect_null_error(er_model_load_adapter(m, NULL), "er_model_load_adapter");
+    expect_null_error(er_model_load_adapter(NULL, model_dir), "er_model_load_adapter");
+    expect_null_error(er_model_load_switcher(m, NULL), "er_model_load_switcher");
+    expect_null_error(er_model_load_verifier(NULL, "x"), "er_model_load_verifier");
+    cr_assert_lt(er_model_max_positions(NULL), 0);
+    expect_null_error(er_session_open(NULL, m, 1, 64, 0), "er_session_open");
+    expect_null_error(er_session_open(&s, NULL, 1, 64, 0), "er_session_open");
+    cr_assert_null(s);
+    cr_assert_eq(er_session_open(&s, m, 1, 64, 0), 0, "%s", er_last_error());
+
+    ErGenParams p;
+    er_gen_params_init(&p);
+    er_gen_params_init(NULL);
+    p.max_new_tokens = 4;
+    ErMessage msg = {"user", "Start with 2. What is the result?"}, no_content = {"user", NULL};
+    expect_null_error(er_generate(NULL, &msg, 1, &p, NULL, NULL), "er_generate");
+    expect_null_error(er_generate(s, NULL, 1, &p, NULL, NULL), "er_generate");
+    expect_null_error(er_generate(s, &msg, 1, NULL, NULL, NULL), "er_generate");
+    expect_null_error(er_generate(s, &no_content, 1, &p, NULL, NULL), "er_generate");
+    cr_assert_lt(er_generate(s, &msg, 0, &p, NULL, NULL), 0, "no messages accepted");
+    expect_null_error(er_generate_raw(NULL, "x", &p, NULL, NULL), "er_generate_raw");
+    expect_null_error(er_generate_raw(s, NULL, &p, NULL, NULL), "er_generate_raw");
+    expect_null_error(er_generate_raw(s, "x", NULL, NULL, NULL), "er_generate_raw");
+    cr_assert_lt(er_result_count(NULL), 0);
+    cr_assert_null(er_result_sample(NULL, 0));
+    cr_assert_null(er_result_route(NULL));
+    cr_assert_null(er_result_stats(NULL));
+    // The session still works after all that.
+    cr_assert_eq(er_generate(s, &msg, 1, &p, NULL, NULL), 0, "%s", er_last_error());
+    cr_assert_eq(er_result_count(s), 1);
+    cr_assert_null(er_result_sample(s, 1));
+    er_session_free(NULL);
+    er_model_free(NULL);
+    er_session_free(s);
+    er_model_free(m);
+}
+
+// Freeing the model first is not a use-after-free: the session keeps the model until it closes
+// (ASan, in `make SAN=1 test`, checks that nothing is touched after it is released or leaked).
+Test(api, session_keeps_its_model_alive) {
+    ErModel *m;
+    ErSession *s, *s2;
+    cr_assert_eq(er_model_load(&m, model_dir), 0, "%s", er_last_error());
+    cr_assert_eq(er_session_open(&s, m, 2, 128, 0), 0, "%s", er_last_error());
+    er_model_free(m);
+    ErGenParams p;
+    er_gen_params_init(&p);
+    p.max_new_tokens = 8;
+    p.n_samples = 2;
+    ErMessage msg = {"user", "Start with 2. Add 3. What is the result?"};
+    cr_assert_eq(er_generate(s, &msg, 1, &p, NULL, NULL), 0, "%s", er_last_error());
+    cr_assert_eq(er_result_count(s), 2);
+    cr_assert(er_session_open(&s2, m, 1, 64, 0) < 0, "a new session on a freed model was opened");
+    cr_assert(strstr(er_last_error(), "freed"), "%s", er_last_error());
+    er_session_free(s);
+}
+
+// 4 x 1073741825 positions overflowed an int in the memory check, which then passed.
+Test(api, session_sizes_are_checked) {
+    ErModel *m;
+    ErSession *s;
+    cr_assert_eq(er_model_load(&m, model_dir), 0, "%s", er_last_error());
+    cr_assert_lt(er_session_open(&s, m, 4, 1073741825, 0), 0);
+    cr_assert(strstr(er_last_error(), "max_position_embeddings"), "%s", er_last_error());
+    cr_assert_lt(er_session_open(&s, m, 0, 64, 0), 0);
+    cr_assert_lt(er_session_open(&s, m, 1, er_model_max_positions(m) + 1, 0), 0);
+    cr_assert_eq(er_session_open(&s, m, 1, er_model_max_positions(m), 0), 0, "%s", er_last_error());
+    er_session_free(s);
+    er_model_free(m);
+}
+
+static void save_unmasked_adapter(const char *dir, uint64_t seed) {
+    Model m;
+    cr_assert_eq(model_load(&m, model_dir, 0), 0, "%s", er_last_error());
+    LoraAdapter a;
+    helper_random_adapter(&a, &m.cfg, 0.5f, seed);
+    a.masked = 0;
+    cr_assert_eq(peft_save(&a, dir), 0, "%s", er_last_error());
+    lora_free(&a);
+    model_free(&m);
+}
+
+static char *generate_text(ErSession *s, int *reused) {
+    ErGenParams p;
+    er_gen_params_init(&p);
+    p.max_new_tokens = 24;
+    ErMessage msg = {"user", "Start with 7. Add 5. Multiply by 3. What is the result?"};
+    cr_assert_eq(er_generate(s, &msg, 1, &p, NULL, NULL), 0, "%s", er_last_error());
+    *reused = er_result_stats(s)->prompt_reused;
+    const ErSample *x = er_result_sample(s, 0);
+    char *t = er_alloc(x->text_len + 1);
+    memcpy(t, x->text, x->text_len + 1);
+    return t;
+}
+
+// er_model_load_adapter replaces the adapter in place (the same address): a session must notice.
+Test(api, replaced_unmasked_adapter_is_not_served_from_the_old_cache) {
+    char *a_dir = path_join(tmp, "a"), *b_dir = path_join(tmp, "b");
+    save_unmasked_adapter(a_dir, 11);
+    save_unmasked_adapter(b_dir, 12);
+    ErModel *m, *fresh;
+    ErSession *s, *fs;
+    int reused;
+    cr_assert_eq(er_model_load(&m, model_dir), 0, "%s", er_last_error());
+    cr_assert_eq(er_model_load_adapter(m, a_dir), 0, "%s", er_last_error());
+    cr_assert_eq(er_session_open(&s, m, 1, 256, 0), 0, "%s", er_last_error());
+    char *with_a = generate_text(s, &reused);
+    char *again_a = generate_text(s, &reused);
+    cr_assert_gt(reused, 0, "the same prompt under the same adapter should be reused");
+    cr_assert_str_eq(with_a, again_a);
+    cr_assert_eq(er_model_load_adapter(m, b_dir), 0, "%s", er_last_error());
+    char *with_b = generate_text(s, &reused);
+    cr_assert_eq(reused, 0, "the prompt computed under adapter a was reused for adapter b");
+    cr_assert_eq(er_model_load(&fresh, model_dir), 0, "%s", er_last_error());
+    cr_assert_eq(er_model_load_adapter(fresh, b_dir), 0, "%s", er_last_error());
+    cr_assert_eq(er_session_open(&fs, fresh, 1, 256, 0), 0, "%s", er_last_error());
+    char *fresh_b = generate_text(fs, &reused);
+    cr_assert_str_eq(with_b, fresh_b, "after replacing the adapter the session answers as a fresh one would");
+    er_free(with_a);
+    er_free(again_a);
+    er_free(with_b);
+    er_free(fresh_b);
+    er_session_free(fs);
+    er_model_free(fresh);
+    er_session_free(s);
+    er_model_free(m);
+    er_free(a_dir);
+    er_free(b_dir);
+}
