@@ -3,6 +3,7 @@
 //   {"prompt": "...", "completion": "..."} or {"prompt_tokens": [...], "completion_tokens": [...]}:
 //   one log-prob per completion token, log p(c[j] | prompt, c[<j]); the adapter is on at completion
 //   positions only (the masked rule), so prompt positions are the base model's.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,13 +46,16 @@ static int append_text(const Tokenizer *tok, const char *text, const char *ctx, 
     if (!tok)
         return er_error(ER_EINVAL, "%s: text input needs a tokenizer.json in the model dir", ctx);
     int *t, k;
-    ER_TRY(tok_encode(tok, text, strlen(text), &t, &k));
+    int rc = tok_encode(tok, text, strlen(text), &t, &k);
+    if (rc < 0)
+        return er_error_prefix(rc, "%s", ctx);
     int *grown = er_realloc_array(*ids, (size_t)(*n + k + 1), sizeof(int));
     if (!grown) {
         er_free(t);
         return ER_ENOMEM;
     }
-    memcpy(grown + *n, t, sizeof(int) * (size_t)k);
+    if (k > 0) // empty text: no ids (t is NULL)
+        memcpy(grown + *n, t, sizeof(int) * (size_t)k);
     *ids = grown;
     *n += k;
     er_free(t);
@@ -159,6 +163,9 @@ int cmd_score(int argc, char **argv) {
         ScoreItem it;
         rc = parse_item(rec, ctx, tok, m.cfg.V, &it);
         cJSON_Delete(rec);
+        if (rc == ER_OK && it.n > m.cfg.max_pos)
+            rc = er_error(ER_ERANGE, "%s: %d tokens exceed the model's %d positions (max_position_embeddings)", ctx, it.n,
+                          m.cfg.max_pos);
         if (rc == ER_OK && it.n > cap) {
             acts_free(&a);
             er_free(logp);
@@ -183,6 +190,16 @@ int cmd_score(int argc, char **argv) {
         // Plain: logp[i] = log p(x[i+1] | x[..i]). Split: from the last prompt position on.
         int first = it.split ? it.n_prompt - 1 : 0, count = it.n - 1 - first;
         logprob_forward(logp, a.logits + (size_t)first * m.cfg.V, it.ids + first + 1, count, m.cfg.V, 1.0f);
+        for (int i = 0; i < count; i++)
+            if (!isfinite(logp[i])) { // JSON has no NaN: say so instead of writing an invalid line
+                rc = er_error(ER_ERANGE, "%s: the log-prob of token %d is %g (the forward overflowed)", ctx,
+                              first + 1 + i, logp[i]);
+                break;
+            }
+        if (rc < 0) {
+            er_free(it.ids);
+            break;
+        }
         double sum = 0.0;
         fputs("{\"logprobs\": [", out);
         for (int i = 0; i < count; i++) {
