@@ -1783,6 +1783,19 @@ int tok_text_from_bytes(const char *bytes, size_t n, char **text, size_t *len) {
     return ER_OK;
 }
 
+size_t tok_utf8_complete(const char *bytes, size_t n) {
+    const unsigned char *raw = (const unsigned char *)bytes;
+    size_t i = 0;
+    while (i < n) {
+        int k = utf8_next(raw + i, n - i);
+        // Ill-formed only because the buffer ends: a valid lead byte whose failure reaches the end.
+        if (k < 0 && raw[i] >= 0xC2 && raw[i] <= 0xF4 && (size_t)-k == n - i)
+            return i;
+        i += (size_t)(k > 0 ? k : -k);
+    }
+    return n;
+}
+
 int tok_decode(const Tokenizer *tok, const int *ids, int n, char **text, size_t *len) {
     *text = NULL;
     if (len)

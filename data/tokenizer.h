@@ -40,6 +40,10 @@ int tok_decode(const Tokenizer *tok, const int *ids, int n, char **text, size_t 
 // n raw bytes -> valid UTF-8 in a new NUL-terminated buffer (free with er_free), with the same
 // U+FFFD rule as tok_decode. Streaming callers collect token bytes and convert once at the end.
 int tok_text_from_bytes(const char *bytes, size_t n, char **text, size_t *len);
+// How many of n raw bytes more bytes cannot change under tok_text_from_bytes: all but a trailing
+// UTF-8 sequence that is incomplete yet well-formed so far. Converting a stream in pieces cut there
+// gives exactly the conversion of the whole.
+size_t tok_utf8_complete(const char *bytes, size_t n);
 
 // Raw bytes of one token (before UTF-8 repair): what it contributes to a decode. NULL for an
 // id with no token. Useful for streaming output token by token.

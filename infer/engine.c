@@ -356,8 +356,32 @@ typedef struct {
     int forcing;        // the budget suffix is being forced
     char *bytes;        // raw output bytes
     size_t n_bytes, cap_bytes;
-    int stopped_at_bytes; // >= 0: cut here
+    long stopped_at_bytes; // >= 0: cut here
+    size_t streamed;    // raw bytes already passed to the callback
 } SampleState;
+
+// What sample i's latest token releases to the callback: the text after what it already has, up to
+// where it is final. Bytes that may still become a stop string, and an incomplete UTF-8 character,
+// wait; the sample's last call (done) flushes the rest. The chunks are converted as the final text
+// is, so together they are exactly GenSample.text. Returns the callback's verdict (non-zero: stop).
+static int stream_release(SampleState *s, int i, int tok, int done, GenTokenFn cb, void *user, int *stop) {
+    size_t end;
+    if (done) {
+        end = s->stopped_at_bytes >= 0 ? (size_t)s->stopped_at_bytes : s->n_bytes;
+    } else {
+        size_t limit = s->n_bytes - stop_pending(&s->stop);
+        end = limit > s->streamed ? s->streamed + tok_utf8_complete(s->bytes + s->streamed, limit - s->streamed)
+                                  : s->streamed;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    if (end > s->streamed)
+        ER_TRY(tok_text_from_bytes(s->bytes + s->streamed, end - s->streamed, &text, &len));
+    s->streamed = end > s->streamed ? end : s->streamed;
+    *stop = cb(user, i, tok, text ? text : "", len) != 0;
+    er_free(text);
+    return ER_OK;
+}
 
 static int push_bytes(SampleState *s, const char *b, size_t n) {
     if (s->n_bytes + n + 1 > s->cap_bytes) {
@@ -516,17 +540,21 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
                 rc = push_bytes(s, b, nb);
                 size_t at;
                 if (rc == ER_OK && stop_feed(&s->stop, b, nb, &at) == 1) {
-                    s->stopped_at_bytes = (int)at;
+                    s->stopped_at_bytes = (long)at;
                     o->finish = FINISH_STOP;
                     done = 1;
                 }
             }
-            if (cb && cb(user, i, tok, b, nb) != 0 && !done) {
-                o->finish = FINISH_STOP;
-                done = 1;
-            }
             if (!done && o->n_tokens >= max_total) {
                 o->finish = FINISH_LENGTH;
+                done = 1;
+            }
+            int user_stop = 0;
+            if (rc == ER_OK && cb)
+                rc = stream_release(s, i, tok, done, cb, user, &user_stop);
+            if (user_stop && !done) { // the text ends where the caller stopped reading
+                o->finish = FINISH_STOP;
+                s->stopped_at_bytes = (long)s->streamed;
                 done = 1;
             }
             if (done) {

@@ -57,8 +57,10 @@ typedef struct {
     long forward_positions;  // positions run through the forward (the prefix once)
 } GenStats;
 
-// Called for every generated token of every sample: the token's bytes as they add to the text
-// (empty for EOS). Return non-zero to stop that sample.
+// Called for every generated token of every sample with the text it releases: bytes that may still
+// turn into a stop string, and an incomplete UTF-8 character, wait for later tokens (the chunk may be
+// empty), and the sample's last call flushes the rest, so a sample's chunks concatenate to exactly
+// GenSample.text. Return non-zero to stop that sample: its text then ends with what was released.
 typedef int (*GenTokenFn)(void *user, int sample, int token, const char *bytes, size_t n);
 
 typedef struct {

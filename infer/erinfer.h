@@ -73,8 +73,11 @@ typedef struct {
     size_t kv_bytes;       // KV cache bytes in use at the peak
 } ErStats;
 
-// Streaming: called for each generated token with the bytes it adds to sample `sample`'s text.
-// Return non-zero to stop that sample.
+// Streaming: called for each generated token of sample `sample` with the text it releases. Bytes
+// that may still become a stop string (and an incomplete UTF-8 character) are held back until they
+// are known (the chunk may be empty), and the sample's last call flushes the rest, so the chunks
+// concatenate to exactly ErSample.text. Return non-zero to stop that sample; its text then ends
+// with what was streamed.
 typedef int (*ErTokenCallback)(void *user, int sample, const char *text, size_t len);
 
 void er_gen_params_init(ErGenParams *p);

@@ -245,3 +245,89 @@ Test(engine, replaced_adapter_recomputes_the_prompt) {
     engine_free(&f);
     lora_free(&ad);
 }
+
+// What the streaming callback receives, per sample.
+typedef struct {
+    char buf[3][4096];
+    size_t len[3];
+    int calls[3];
+    int stop_after; // > 0: the callback stops sample 0 after this many calls
+} Streamed;
+
+static int collect(void *user, int sample, int token, const char *bytes, size_t n) {
+    (void)token;
+    Streamed *s = user;
+    cr_assert(s->len[sample] + n < sizeof s->buf[sample]);
+    memcpy(s->buf[sample] + s->len[sample], bytes, n);
+    s->len[sample] += n;
+    s->calls[sample]++;
+    return sample == 0 && s->stop_after > 0 && s->calls[0] >= s->stop_after;
+}
+
+// The streamed bytes equal the final text exactly: with stop strings that straddle token boundaries
+// (their first bytes must not be streamed before the match is known), with the hard budget, and
+// when the callback itself stops a sample. The random model emits byte tokens, so invalid UTF-8
+// (repaired to U+FFFD the same way in both) occurs too.
+Test(engine, streamed_text_equals_final_text) {
+    Engine e;
+    cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 3, 300, 16, 0), 0);
+    int *p, n = prompt_ids(PROMPT, &p);
+    GenConfig g;
+    gen_config_default(&g);
+    g.n_samples = 3;
+    g.max_new = 60;
+    g.sampler.temperature = 1.0f;
+    g.seed = 5;
+    GenSample out[3];
+    GenStats st;
+    cr_assert_eq(engine_generate(&e, p, n, &g, NULL, NULL, out, &st), 0, "%s", er_last_error());
+    // Stop strings made of the last 2 bytes of one token and the first 2 of the next, in each sample.
+    char stops[3][8];
+    const char *stop_ptrs[3];
+    int n_stops = 0;
+    for (int i = 0; i < 3 && n_stops < 3; i++) {
+        size_t at = 0;
+        for (int k = 0; k + 1 < out[i].n_tokens; k++) {
+            size_t a, b;
+            const char *x = tok_token_bytes(tok, out[i].tokens[k], &a);
+            const char *y = tok_token_bytes(tok, out[i].tokens[k + 1], &b);
+            at += x ? a : 0;
+            if (k >= 6 && x && y && a >= 2 && b >= 2 && memchr(x, 0, a) == NULL && memchr(y, 0, 2) == NULL) {
+                memcpy(stops[n_stops], x + a - 2, 2);
+                memcpy(stops[n_stops] + 2, y, 2);
+                stops[n_stops][4] = 0;
+                stop_ptrs[n_stops] = stops[n_stops];
+                n_stops++;
+                break;
+            }
+        }
+    }
+    gen_samples_free(out, 3);
+    cr_assert_gt(n_stops, 0, "no token pair to build a stop string from");
+    for (int mode = 0; mode < 3; mode++) {
+        g.stop = mode == 0 ? stop_ptrs : NULL;
+        g.n_stop = mode == 0 ? n_stops : 0;
+        g.budget = mode == 1 ? 10 : 0;
+        g.answer_tokens = 16;
+        Streamed s;
+        memset(&s, 0, sizeof s);
+        s.stop_after = mode == 2 ? 7 : 0;
+        cr_assert_eq(engine_generate(&e, p, n, &g, collect, &s, out, &st), 0, "%s", er_last_error());
+        int stopped = 0;
+        for (int i = 0; i < 3; i++) {
+            cr_assert_eq(s.calls[i], out[i].n_tokens, "mode %d sample %d: one call per token", mode, i);
+            cr_assert(s.len[i] == out[i].text_len && memcmp(s.buf[i], out[i].text, s.len[i]) == 0,
+                      "mode %d sample %d: streamed \"%.*s\" but the text is \"%s\"", mode, i, (int)s.len[i], s.buf[i],
+                      out[i].text);
+            stopped += out[i].finish == FINISH_STOP;
+        }
+        if (mode == 0)
+            cr_assert_gt(stopped, 0, "no sample hit its stop string");
+        if (mode == 2)
+            cr_assert(out[0].finish == FINISH_STOP && out[0].n_tokens == 7, "the callback's stop: %d tokens",
+                      out[0].n_tokens);
+        gen_samples_free(out, 3);
+    }
+    free(p);
+    engine_free(&e);
+}
