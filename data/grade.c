@@ -420,6 +420,52 @@ static int rest_of_line(const char *text, size_t at, int next_line, char **out) 
     return 0;
 }
 
+// The leading-number rule (lm-eval's strict GSM8K match takes the number after "####" and nothing
+// else): "36, 36 + 5 = 43, 43 + 5 =" -> "36". Kept whole: an answer that is a number as a whole
+// ("1,000", "x = 5", "3/4", "50%"), and one that does not start with a number or whose number runs
+// on into more of the answer ("2\sqrt{3}", "(1, 2)", "3x+1").
+static int leading_number(char **ans) {
+    char *norm;
+    ER_TRY(grade_normalize(*ans, &norm));
+    double v;
+    int whole = grade_parse_number(norm, &v);
+    er_free(norm);
+    if (whole)
+        return ER_OK;
+    const unsigned char *s = (const unsigned char *)*ans;
+    size_t i = s[0] == '-' || s[0] == '+';
+    i += s[i] == '$';
+    if (!isdigit(s[i]))
+        return ER_OK;
+    while (isdigit(s[i]))
+        i++;
+    while (s[i] == ',' && isdigit(s[i + 1]) && isdigit(s[i + 2]) && isdigit(s[i + 3]) && !isdigit(s[i + 4]))
+        i += 4;
+    if (s[i] == '.' && isdigit(s[i + 1]))
+        for (i++; isdigit(s[i]); i++) {
+        }
+    i += s[i] == '%';
+    int sep = s[i] == ' ' || s[i] == '\t' || s[i] == ',' || s[i] == ';' || (s[i] == '.' && (!s[i + 1] || isspace(s[i + 1])));
+    if (!sep)
+        return ER_OK;
+    char *d = dup_range(*ans, i);
+    if (!d)
+        return ER_ENOMEM;
+    er_free(*ans);
+    *ans = d;
+    return ER_OK;
+}
+
+// An answer found by rest_of_line (rc 1), with the leading-number rule applied.
+static int line_answer(int rc, char **out) {
+    if (rc < 0 || (rc == 1 && leading_number(out) < 0)) {
+        er_free(*out);
+        *out = NULL;
+        return er_error(ER_ENOMEM, "grade: out of memory extracting an answer");
+    }
+    return ER_OK;
+}
+
 int grade_extract(const char *text, char **out) {
     *out = NULL;
     int rc = extract_boxed(text, out);
@@ -430,7 +476,7 @@ int grade_extract(const char *text, char **out) {
         if (strncmp(text + i, "####", 4) == 0) {
             rc = rest_of_line(text, i + 4, 0, out);
             if (rc != 0)
-                return rc < 0 ? er_error(ER_ENOMEM, "grade: out of memory extracting an answer") : ER_OK;
+                return line_answer(rc, out);
             break;
         }
     }
@@ -445,25 +491,68 @@ int grade_extract(const char *text, char **out) {
             continue;
         rc = rest_of_line(text, j + 1, 1, out);
         if (rc != 0)
-            return rc < 0 ? er_error(ER_ENOMEM, "grade: out of memory extracting an answer") : ER_OK;
+            return line_answer(rc, out);
     }
     return ER_OK;
 }
 
-int grade_response(const char *response, const char *gold) {
-    char *ans, *g = NULL;
-    ER_TRY(grade_extract(response, &ans));
-    if (!ans)
-        return 0;
-    if (strstr(gold, "\\boxed") || strstr(gold, "\\fbox") || strstr(gold, "####")) {
-        int rc = grade_extract(gold, &g);
-        if (rc < 0) {
-            er_free(ans);
-            return rc;
-        }
+int grade_answer(const char *response, long answer_at, char **out) {
+    if (answer_at < 0)
+        return grade_extract(response, out);
+    *out = NULL;
+    size_t n = strlen(response), at = (size_t)answer_at;
+    if (at > n)
+        return ER_OK; // the forced suffix itself was cut (a stop string inside it)
+    // The suffix's last line and what the model wrote after it: to the end of that line, or the next
+    // non-empty line when the rest of it is blank.
+    size_t ls = at;
+    while (ls > 0 && response[ls - 1] != '\n')
+        ls--;
+    size_t le = at + strcspn(response + at, "\n"), ts = at, te = le;
+    int blank = 1;
+    for (size_t i = at; i < le; i++)
+        blank &= isspace((unsigned char)response[i]) != 0;
+    if (blank && le < n) {
+        ts = le + 1;
+        while (ts < n && isspace((unsigned char)response[ts]))
+            ts++;
+        te = ts + strcspn(response + ts, "\n");
     }
-    int eq = grade_equal(ans, g ? g : gold);
-    er_free(ans);
+    size_t hl = at - ls, tl = te > ts ? te - ts : 0;
+    char *line = er_alloc(hl + tl + 2);
+    if (!line)
+        return er_error(ER_ENOMEM, "grade: out of memory extracting an answer");
+    size_t k = hl;
+    memcpy(line, response + ls, hl);
+    if (ts != at)
+        line[k++] = '\n';
+    memcpy(line + k, response + ts, tl);
+    line[k + tl] = 0;
+    // A \boxed{}, "####" or "answer:" there ("Final answer: 36, ..."); else all the model wrote.
+    int rc = grade_extract(line, out);
+    if (rc == ER_OK && !*out)
+        rc = line_answer(rest_of_line(line + hl, 0, 1, out), out);
+    er_free(line);
+    return rc;
+}
+
+int grade_answer_correct(const char *answer, const char *gold) {
+    if (!answer || !gold)
+        return 0;
+    // The gold answer read by the same rule: its \boxed{} or "#### X", and the leading number.
+    char *g = NULL;
+    int rc = strstr(gold, "\\boxed") || strstr(gold, "\\fbox") || strstr(gold, "####") ? grade_extract(gold, &g) : ER_OK;
+    if (rc == ER_OK && !g)
+        rc = (g = er_strdup(gold)) ? leading_number(&g) : er_error(ER_ENOMEM, "grade: out of memory");
+    int eq = rc < 0 ? rc : grade_equal(answer, g);
     er_free(g);
+    return eq;
+}
+
+int grade_response(const char *response, long answer_at, const char *gold) {
+    char *ans;
+    ER_TRY(grade_answer(response, answer_at, &ans));
+    int eq = grade_answer_correct(ans, gold);
+    er_free(ans);
     return eq;
 }

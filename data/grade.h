@@ -1,7 +1,18 @@
-// Answer extraction and grading for GSM8K / MATH style problems and the synthetic tasks.
-// Extraction takes, in this order of preference, the last \boxed{...} (nested braces; also \fbox and
-// "\boxed 5"), the last "#### X", the last "Answer: X" / "Final answer: X" (case-insensitive; the rest
-// of that line, or the next non-empty line when it is empty).
+// Answer extraction and grading for GSM8K / MATH style problems and the synthetic tasks. One rule,
+// used alike by erinfer eval, the pipeline's vote, GRPO's reward and the heads' labels:
+// - After a forced answer suffix (the hard budget forced "...Final answer: "), the answer is read
+//   from the suffix's last line and what the model wrote after it up to the end of that line (the
+//   next non-empty line when the rest of it is blank): a \boxed{}, "#### X" or "answer: X" there as
+//   below, else all the model wrote there. Whatever follows that line is ignored: a model that runs
+//   on ("Final answer: 36\nFinal answer: 41") is graded on what it answered when asked.
+// - Otherwise, in this order of preference: the last \boxed{...} (nested braces; also \fbox and
+//   "\boxed 5"), the last "#### X", the last "Answer: X" / "Final answer: X" (case-insensitive; the
+//   rest of that line, or the next non-empty line when it is empty).
+// - The leading-number rule, on every answer but a \boxed{} one: a number followed by other text
+//   ("36, 36 + 5 = 43, 43 + 5 =", "18 apples", "7. Because ...") is that number, as lm-eval's strict
+//   GSM8K regex reads "#### 36 ..."; an answer that is a number as a whole ("1,000", "x = 5", "3/4")
+//   or does not start with one ("\frac{1}{2}", "(1, 2)", "2\sqrt{3}") stays whole. A list answer
+//   "1, 2" therefore reads as 1.
 // Normalisation (Hendrycks-MATH style, extended): surrounding $ and whitespace, trailing '.',
 // \left / \right, units written "5\text{ cm}" (dropped), \dfrac / \tfrac -> \frac,
 // \frac12 -> \frac{1}{2}, \sqrt2 -> \sqrt{2}, \text{} / \textbf{} / \mathrm{} / \mbox{} unwrapped,
@@ -14,8 +25,8 @@
 #ifndef DATA_GRADE_H
 #define DATA_GRADE_H
 
-// The final answer in text as a new string (free with er_free); *out = NULL when the text has none.
-// Returns ER_OK or ER_ENOMEM.
+// The final answer in text (no forced suffix) as a new string (free with er_free); *out = NULL when the
+// text has none. Returns ER_OK or ER_ENOMEM.
 int grade_extract(const char *text, char **out);
 
 // The normal form of an answer as a new string (free with er_free). Returns ER_OK or ER_ENOMEM.
@@ -24,9 +35,18 @@ int grade_normalize(const char *answer, char **out);
 // 1 when the two answers are equivalent, 0 when not, negative on ER_ENOMEM.
 int grade_equal(const char *a, const char *b);
 
-// Grades a model response against a gold answer: 1 correct, 0 wrong or no answer found, negative
-// on ER_ENOMEM. A gold string that itself holds a \boxed{} or "#### X" is reduced to that first.
-int grade_response(const char *response, const char *gold);
+// The final answer of a generated response (free with er_free; NULL when none). answer_at >= 0: the
+// byte offset in response where a forced answer suffix ended (GenSample.answer_at); < 0: none was
+// forced. Returns ER_OK or ER_ENOMEM.
+int grade_answer(const char *response, long answer_at, char **out);
+
+// 1 when an extracted answer equals the gold answer, read by the same rule (its \boxed{} or "#### X"
+// when it holds one, and the leading-number rule), 0 when not or answer is NULL, < 0 on ER_ENOMEM.
+int grade_answer_correct(const char *answer, const char *gold);
+
+// Grades a model response (answer_at as in grade_answer) against a gold answer: 1 correct, 0 wrong or
+// no answer found, negative on ER_ENOMEM (grade_answer, then grade_answer_correct).
+int grade_response(const char *response, long answer_at, const char *gold);
 
 // Parses a normalised numeric answer (decimal, a/b, \frac{a}{b}, optional sign); 1 on success.
 int grade_parse_number(const char *normalized, double *out);

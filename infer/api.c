@@ -258,7 +258,8 @@ static int generate_ids(ErSession *s, const int *ids, int n, const ErGenParams *
     }
     for (int i = 0; i < s->n; i++) {
         const GenSample *x = &s->samples[i];
-        s->pub[i] = (ErSample){x->text, x->text_len, x->tokens, x->n_tokens, (int)x->finish, x->budget_cut};
+        s->pub[i] = (ErSample){x->text, x->text_len, x->tokens, x->n_tokens, (int)x->finish, x->budget_cut,
+                               x->answer_at};
     }
     s->stats = (ErStats){st.prompt_tokens, st.prompt_reused, st.generated_tokens, st.ttft_s, st.decode_tokens_per_s,
                          time_now() - t0, st.kv_bytes};

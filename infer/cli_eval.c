@@ -49,7 +49,7 @@ typedef struct {
 // JSONL record.
 static int eval_grade(const ErSession *s, const Example *ex, EvalTotals *t, cJSON *rec) {
     if (rec && er_result_count(s) > 0) {
-        int ok0 = grade_response(er_result_sample(s, 0)->text, ex->answer);
+        int ok0 = grade_response(er_result_sample(s, 0)->text, er_result_sample(s, 0)->answer_at, ex->answer);
         if (ok0 < 0)
             return ok0;
         cJSON_AddBoolToObject(rec, "correct", ok0);
@@ -60,7 +60,7 @@ static int eval_grade(const ErSession *s, const Example *ex, EvalTotals *t, cJSO
     int any = 0;
     for (int i = 0; i < er_result_count(s); i++) {
         const ErSample *x = er_result_sample(s, i);
-        int ok = grade_response(x->text, ex->answer);
+        int ok = grade_response(x->text, x->answer_at, ex->answer);
         if (ok < 0)
             return ok;
         if (i == 0)
@@ -71,7 +71,7 @@ static int eval_grade(const ErSession *s, const Example *ex, EvalTotals *t, cJSO
         if (!rec)
             continue;
         char *answer = NULL;
-        ER_TRY(grade_extract(x->text, &answer));
+        ER_TRY(grade_answer(x->text, x->answer_at, &answer));
         cJSON *o = cJSON_CreateObject();
         if (!o) {
             er_free(answer);
@@ -88,6 +88,10 @@ static int eval_grade(const ErSession *s, const Example *ex, EvalTotals *t, cJSO
         cJSON_AddNumberToObject(o, "n_tokens", x->n_tokens);
         cJSON_AddStringToObject(o, "finish", finish_name(x->finish));
         cJSON_AddBoolToObject(o, "budget_cut", x->budget_cut);
+        if (x->answer_at >= 0) // where the forced answer starts: what a grader reads (data/grade.h)
+            cJSON_AddNumberToObject(o, "answer_at", (double)x->answer_at);
+        else
+            cJSON_AddNullToObject(o, "answer_at");
     }
     t->any_correct += any;
     t->items++;
@@ -141,7 +145,7 @@ static int vote_prefix(const ErSession *s, const ErRoute *r, int n, const char *
         t->tokens += er_result_sample(s, i)->n_tokens;
     for (int weighted = 0; weighted <= 1; weighted++) {
         if (weighted && !r->verifier_scores && r->route == ER_ROUTE_DIRECT) {
-            int ok = pipeline_answer_correct(r->answer, gold); // the direct route: its one answer
+            int ok = grade_answer_correct(r->answer, gold); // the direct route: its one answer
             if (ok < 0)
                 return ok;
             t->weighted += ok;
@@ -152,7 +156,7 @@ static int vote_prefix(const ErSession *s, const ErRoute *r, int n, const char *
         // Without a verifier the weighted vote is the plain majority vote.
         ER_TRY(pipeline_vote((char *const *)r->answers, weighted ? r->verifier_scores : NULL, r->verifier_scores, n,
                              &v, &nv, &w));
-        int ok = pipeline_answer_correct(w >= 0 ? v[w].answer : NULL, gold);
+        int ok = grade_answer_correct(w >= 0 ? v[w].answer : NULL, gold);
         votes_free(v, nv);
         if (ok < 0)
             return ok;
@@ -248,7 +252,7 @@ int cmd_eval(int argc, char **argv) {
         }
         const ErRoute *route = rc == ER_OK && pipe ? er_result_route(s) : NULL;
         if (route) {
-            int ok = pipeline_answer_correct(route->answer, ex->answer), reasoning = route->route == ER_ROUTE_REASONING;
+            int ok = grade_answer_correct(route->answer, ex->answer), reasoning = route->route == ER_ROUTE_REASONING;
             routed += reasoning;
             if (ok < 0)
                 rc = ok;
@@ -273,7 +277,7 @@ int cmd_eval(int argc, char **argv) {
                 pg.temperature = 0;
                 rc = er_generate(s, msgs, n, &pg, NULL, NULL);
                 const ErRoute *r2 = rc == ER_OK ? er_result_route(s) : NULL;
-                gok = r2 ? pipeline_answer_correct(r2->answer, ex->answer) : 0;
+                gok = r2 ? grade_answer_correct(r2->answer, ex->answer) : 0;
                 if (gok < 0)
                     rc = gok;
             }

@@ -354,6 +354,8 @@ typedef struct {
     float pending_lp;
     int n_forced_used;  // suffix tokens already forced
     int forcing;        // the budget suffix is being forced
+    int pending_ends_suffix; // the pending token is the suffix's last
+    long answer_raw;    // raw byte offset where the forced suffix ended (-1 = not yet)
     char *bytes;        // raw output bytes
     size_t n_bytes, cap_bytes;
     long stopped_at_bytes; // >= 0: cut here
@@ -411,6 +413,7 @@ static int next_token(Engine *e, const GenConfig *g, SampleState *s, GenSample *
     }
     if (s->forcing && s->n_forced_used < n_suffix) {
         s->pending = suffix[s->n_forced_used++];
+        s->pending_ends_suffix = s->n_forced_used == n_suffix;
         logprob_forward(&s->pending_lp, logits, &s->pending, 1, V, 1.0f);
         return ER_OK;
     }
@@ -491,6 +494,7 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
         SampleState *s = &st[i];
         s->slot = -1;
         s->stopped_at_bytes = -1;
+        s->answer_raw = -1;
         rng_fork(&s->rng, &base, (uint64_t)i);
         rc = stop_init(&s->stop, g->stop, g->n_stop);
         if (rc == ER_OK)
@@ -538,6 +542,10 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
                 if (!b)
                     b = "", nb = 0;
                 rc = push_bytes(s, b, nb);
+                if (s->pending_ends_suffix) {
+                    s->answer_raw = (long)s->n_bytes;
+                    s->pending_ends_suffix = 0;
+                }
                 size_t at;
                 if (rc == ER_OK && stop_feed(&s->stop, b, nb, &at) == 1) {
                     s->stopped_at_bytes = (long)at;
@@ -592,12 +600,21 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
     }
     stats->decode_s = time_now() - t_decode;
 
-    // 4. Texts: raw bytes cut at a stop string, made valid UTF-8.
+    // 4. Texts: raw bytes cut at a stop string, made valid UTF-8; where the forced answer starts in it.
     for (int i = 0; i < N; i++) {
         SampleState *s = &st[i];
+        out[i].answer_at = -1;
         if (rc == ER_OK) {
             size_t n = s->stopped_at_bytes >= 0 ? (size_t)s->stopped_at_bytes : s->n_bytes;
             rc = tok_text_from_bytes(s->bytes ? s->bytes : "", n, &out[i].text, &out[i].text_len);
+            if (rc == ER_OK && s->answer_raw >= 0 && (size_t)s->answer_raw <= n) {
+                // The suffix is valid UTF-8 (tok_encode accepted it): its end is a boundary of the repaired text.
+                char *head;
+                size_t len;
+                rc = tok_text_from_bytes(s->bytes, (size_t)s->answer_raw, &head, &len);
+                er_free(head);
+                out[i].answer_at = rc == ER_OK ? (long)len : -1;
+            }
         }
         stats->generated_tokens += out[i].n_tokens;
         if (s->slot >= 0)

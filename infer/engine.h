@@ -44,6 +44,8 @@ typedef struct {
     size_t text_len;
     FinishReason finish;
     int budget_cut;     // the hard budget forced the answer suffix
+    long answer_at;     // byte offset in text where the forced suffix ends (the answer starts; see
+                        // data/grade.h); -1 when none was forced or a stop string cut it
 } GenSample;
 
 typedef struct {

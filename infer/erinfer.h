@@ -61,6 +61,7 @@ typedef struct {
     int n_tokens;
     int finish;         // ER_FINISH_*
     int budget_cut;     // the hard budget forced the answer suffix
+    long answer_at;     // byte offset in text where that suffix ends and the answer starts; -1 when none
 } ErSample;
 
 typedef struct {

@@ -65,17 +65,6 @@ int pipeline_vote(char *const *answers, const float *weights, const float *tiebr
     return ER_OK;
 }
 
-int pipeline_answer_correct(const char *answer, const char *gold) {
-    if (!answer || !gold)
-        return 0;
-    char *g = NULL;
-    if (strstr(gold, "\\boxed") || strstr(gold, "\\fbox") || strstr(gold, "####"))
-        ER_TRY(grade_extract(gold, &g));
-    int eq = grade_equal(answer, g ? g : gold);
-    er_free(g);
-    return eq;
-}
-
 void pipeline_result_free(PipelineResult *r) {
     for (int i = 0; r->answers && i < r->n; i++)
         er_free(r->answers[i]);
@@ -144,7 +133,7 @@ int pipeline_run(Engine *e, const int *prompt, int n_prompt, const PipelineConfi
             rc = ER_ENOMEM;
     }
     for (int i = 0; rc == ER_OK && i < r->n; i++)
-        rc = grade_extract(out[i].text, &r->answers[i]);
+        rc = grade_answer(out[i].text, out[i].answer_at, &r->answers[i]);
     if (rc == ER_OK && g.keep_kv) {
         r->verifier_scores = er_alloc(sizeof(float) * (size_t)r->n);
         if (!r->verifier_scores)

@@ -54,8 +54,4 @@ int pipeline_vote(char *const *answers, const float *weights, const float *tiebr
                   int *n_votes, int *winner);
 void votes_free(Vote *v, int n);
 
-// 1 when an extracted answer equals the gold answer (a gold holding \boxed{} or "#### X" is
-// reduced to that first, as grade_response does), 0 when not or answer is NULL, < 0 on ER_ENOMEM.
-int pipeline_answer_correct(const char *answer, const char *gold);
-
 #endif

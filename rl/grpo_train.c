@@ -276,7 +276,7 @@ static int rollout(Grpo *g, long step, int p, long *gen_tokens) {
     *gen_tokens += gs.generated_tokens;
     gr->correct = 0;
     for (int i = 0; i < c->group; i++) {
-        int ok = grade_response(gr->s[i].text, ex->answer);
+        int ok = grade_response(gr->s[i].text, gr->s[i].answer_at, ex->answer);
         if (ok < 0)
             return ok;
         gr->correct += ok;

@@ -21,7 +21,7 @@ int verifier_collect(Engine *e, const int *prompt, int n_prompt, const GenConfig
         return rc;
     }
     for (int i = 0; rc == ER_OK && i < N; i++) {
-        int ok = grade_response(s[i].text, gold);
+        int ok = grade_response(s[i].text, s[i].answer_at, gold);
         if (ok < 0) {
             rc = ok;
             break;

@@ -8,6 +8,9 @@
 #include "core/rng.h"
 #include "data/grade.h"
 
+#include <cjson/cJSON.h>
+#include <stdio.h>
+
 typedef struct {
     const char *solution, *gold, *wrong;
 } Case;
@@ -95,12 +98,12 @@ Test(grade, real_solutions_grade_correct_and_perturbations_wrong) {
     int n = (int)(sizeof cases / sizeof cases[0]);
     cr_assert_geq(n, 30);
     for (int i = 0; i < n; i++) {
-        int ok = grade_response(cases[i].solution, cases[i].gold);
+        int ok = grade_response(cases[i].solution, -1, cases[i].gold);
         char *got = NULL;
         grade_extract(cases[i].solution, &got);
         cr_assert_eq(ok, 1, "case %d: gold \"%s\" vs extracted \"%s\"", i, cases[i].gold, got ? got : "(none)");
         er_free(got);
-        cr_assert_eq(grade_response(cases[i].wrong, cases[i].gold), 0, "case %d: perturbed \"%s\" graded correct", i,
+        cr_assert_eq(grade_response(cases[i].wrong, -1, cases[i].gold), 0, "case %d: perturbed \"%s\" graded correct", i,
                      cases[i].wrong);
         // The gold answer against the other cases' answers: nothing is equal by accident.
         int j = (i + 1) % n;
@@ -184,7 +187,7 @@ Test(grade, garbage_never_crashes) {
         char *s;
         cr_assert_eq(grade_normalize(odd[i], &s), ER_OK);
         er_free(s);
-        cr_assert_geq(grade_response(odd[i], odd[i]), 0);
+        cr_assert_geq(grade_response(odd[i], -1, odd[i]), 0);
         cr_assert_geq(grade_equal(odd[i], "1"), 0);
     }
     ErRng rng;
@@ -196,7 +199,83 @@ Test(grade, garbage_never_crashes) {
         for (int i = 0; i < n; i++)
             buf[i] = alphabet[rng_below(&rng, sizeof alphabet - 1)];
         buf[n] = 0;
-        int r = grade_response(buf, buf);
+        int r = grade_response(buf, -1, buf);
         cr_assert(r == 0 || r == 1, "\"%s\" -> %d", buf, r);
     }
+}
+
+static void expect_answer(const char *text, long answer_at, const char *want) {
+    char *got;
+    cr_assert_eq(grade_answer(text, answer_at, &got), ER_OK);
+    if (!want) {
+        cr_assert_null(got, "read \"%s\" from \"%s\" (at %ld)", got, text, answer_at);
+        return;
+    }
+    cr_assert_not_null(got, "nothing read from \"%s\" (at %ld)", text, answer_at);
+    cr_assert_str_eq(got, want, "from \"%s\" (at %ld)", text, answer_at);
+    er_free(got);
+}
+
+#define FORCED "reasoning 4 + 5 =\n</think>\n\nFinal answer: "
+
+// After a forced suffix the answer is on the suffix's line; a leading number followed by other
+// text is that number; answers that are numbers as a whole, or are not numbers, stay whole.
+Test(grade, forced_answer_and_leading_number_rules) {
+    long at = (long)strlen(FORCED);
+    expect_answer(FORCED "36, 36 + 5 = 43, 43 + 5 =", at, "36");
+    expect_answer(FORCED "36\nFinal answer: 41", at, "36");         // what it answered when asked
+    expect_answer(FORCED "36\nFinal answer: 41", -1, "41");         // no suffix forced: the last one
+    expect_answer(FORCED "\n\n  7 apples\nAnswer: 8", at, "7");     // blank rest of line: the next line
+    expect_answer(FORCED "\\boxed{12} and more", at, "12");
+    expect_answer(FORCED "the result", at, "the result");
+    expect_answer(FORCED, at, NULL);
+    expect_answer("reasoning \\boxed{12}x", (long)strlen("reasoning \\boxed{12}"), "12"); // suffix holding it
+    expect_answer("cut before the suffix ended", 999, NULL);
+    // The leading-number rule in the unforced forms too.
+    expect_answer("Answer: 18 apples", -1, "18");
+    expect_answer("Answer: 7. Because 3 + 4 = 7.", -1, "7");
+    expect_answer("#### 1,000 dollars", -1, "1,000");
+    expect_answer("Answer: -5 degrees", -1, "-5");
+    expect_answer("Answer: $18 in total", -1, "$18");
+    expect_answer("Answer: 50% of them", -1, "50%");
+    expect_answer("Answer: 1,000", -1, "1,000");
+    expect_answer("Answer: x = 5", -1, "x = 5");
+    expect_answer("Answer: 3/4", -1, "3/4");
+    expect_answer("Answer: 2\\sqrt{3}", -1, "2\\sqrt{3}");
+    expect_answer("Answer: (1, 2)", -1, "(1, 2)");
+    expect_answer("Answer: 3x + 1", -1, "3x + 1");
+    // The gold answer is read by the same rule.
+    cr_assert_eq(grade_answer_correct("17", "17 apples"), 1);
+    cr_assert_eq(grade_answer_correct("17", "#### 17 apples"), 1);
+    cr_assert_eq(grade_response(FORCED "36, 36 + 5 = 41", at, "36"), 1);
+    cr_assert_eq(grade_response(FORCED "36, 36 + 5 = 41", at, "41"), 0);
+}
+
+// Outputs sampled from models/tiny-base with a masked SFT adapter (verbose traces, 150 steps, T = 0.8,
+// hard budgets of 16, 24 and 40 tokens; erinfer eval --output, which records answer_at): run-on
+// answers after the forced suffix ("Final answer: 9 / 2 = 3, 3 - 2 ="), later restatements, and
+// samples that finished on their own. Each reads as the answer recorded beside it.
+Test(grade, real_sampled_outputs) {
+    FILE *fp = fopen("tests/data/golden/sampled_answers.jsonl", "rb");
+    cr_assert(fp, "tests/data/golden/sampled_answers.jsonl is missing");
+    char line[8192];
+    int n = 0, runon = 0;
+    while (fgets(line, sizeof line, fp)) {
+        cJSON *j = cJSON_Parse(line);
+        cr_assert(j, "line %d is not JSON", n + 1);
+        const cJSON *t = cJSON_GetObjectItem(j, "text"), *a = cJSON_GetObjectItem(j, "answer_at");
+        const cJSON *want = cJSON_GetObjectItem(j, "answer");
+        long at = cJSON_IsNumber(a) ? (long)a->valuedouble : -1;
+        char *got;
+        cr_assert_eq(grade_answer(t->valuestring, at, &got), ER_OK);
+        cr_assert(got && grade_equal(got, want->valuestring) == 1, "line %d: read \"%s\", want \"%s\" from \"%s\"",
+                  n + 1, got ? got : "(none)", want->valuestring, t->valuestring);
+        runon += at >= 0 && strchr(t->valuestring + at, ',') != NULL;
+        er_free(got);
+        cJSON_Delete(j);
+        n++;
+    }
+    fclose(fp);
+    cr_assert_geq(n, 15);
+    cr_assert_gt(runon, 0, "no sample shows a run-on answer");
 }

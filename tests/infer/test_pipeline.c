@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "data/grade.h"
 #include "infer/erinfer.h"
 #include "infer/pipeline.h"
 #include "tests/switcher_train/heads_helpers.h"
@@ -75,11 +76,33 @@ Test(vote, no_answers_single_sample_and_equivalent_spellings) {
     // All wrong: the vote still picks one; grading says it is wrong.
     char *wrong[] = {"1", "2", "2"};
     win = vote(wrong, w, 3, &v, &nv);
-    cr_assert_eq(pipeline_answer_correct(v[win].answer, "9"), 0);
+    cr_assert_eq(grade_answer_correct(v[win].answer, "9"), 0);
     votes_free(v, nv);
-    cr_assert_eq(pipeline_answer_correct("18", "\\boxed{18}"), 1);
-    cr_assert_eq(pipeline_answer_correct("18", "so #### 18"), 1);
-    cr_assert_eq(pipeline_answer_correct(NULL, "18"), 0);
+    cr_assert_eq(grade_answer_correct("18", "\\boxed{18}"), 1);
+    cr_assert_eq(grade_answer_correct("18", "so #### 18"), 1);
+    cr_assert_eq(grade_answer_correct(NULL, "18"), 0);
+}
+
+// Samples cut by the budget that run on after the forced answer vote for the answer they gave:
+// "36, 36 + 5 = 43, 43 + 5 =" is 36 (it was a vote of its own, matching nothing).
+Test(vote, run_on_answers_after_the_forced_suffix) {
+    const char *texts[] = {"6 * 6 = 36\n</think>\n\nFinal answer: 36, 36 + 5 = 43, 43 + 5 =",
+                           "6 * 6 = 36\n</think>\n\nFinal answer: 36.\nAnswer: 41",
+                           "6 * 6 = 36\n</think>\n\nFinal answer: 41"};
+    char *answers[3];
+    for (int i = 0; i < 3; i++) {
+        long at = (long)(strstr(texts[i], "Final answer: ") - texts[i]) + 14;
+        cr_assert_eq(grade_answer(texts[i], at, &answers[i]), ER_OK);
+    }
+    float w[] = {0.5f, 0.5f, 0.6f};
+    Vote *v;
+    int nv, win = vote(answers, w, 3, &v, &nv);
+    cr_assert_eq(nv, 2, "36 and 41: %d groups", nv);
+    cr_assert_eq(grade_answer_correct(v[win].answer, "36"), 1, "winner %s", v[win].answer);
+    cr_assert_eq(v[win].count, 2);
+    votes_free(v, nv);
+    for (int i = 0; i < 3; i++)
+        er_free(answers[i]);
 }
 
 // ---- the pipeline on a tiny model ----
