@@ -8,17 +8,31 @@
 
 #include "core/error.h"
 
+// A default text value as it would be typed: newlines and tabs escaped.
+static void print_escaped(const char *t) {
+    for (; *t; t++)
+        if (*t == '\n' || *t == '\t' || *t == '\r' || *t == '\\')
+            printf("\\%c", *t == '\n' ? 'n' : *t == '\t' ? 't' : *t == '\r' ? 'r' : '\\');
+        else
+            putchar(*t);
+}
+
 void args_print_help(const ArgSpec *specs, int nspecs, const char *usage) {
     printf("usage: %s\n\n", usage);
     for (int i = 0; i < nspecs; i++) {
         const ArgSpec *s = &specs[i];
-        const char *meta = s->type == ARG_STR ? " S" : s->type == ARG_INT ? " N" : s->type == ARG_FLOAT ? " X" : "";
+        const char *meta = s->type == ARG_STR ? " S" : s->type == ARG_TEXT ? " TEXT" : s->type == ARG_INT ? " N"
+                           : s->type == ARG_FLOAT ? " X" : "";
         char lhs[64];
         snprintf(lhs, sizeof lhs, "--%s%s", s->name, meta);
         printf("  %-24s %s", lhs, s->help);
-        if (s->required)
+        if (s->required) {
             printf(" (required)");
-        else if (s->type == ARG_STR && *(const char **)s->dst)
+        } else if (s->type == ARG_TEXT && *(const char **)s->dst) {
+            printf(" [");
+            print_escaped(*(const char **)s->dst);
+            printf("]");
+        } else if (s->type == ARG_STR && *(const char **)s->dst)
             printf(" [%s]", *(const char **)s->dst);
         else if (s->type == ARG_INT)
             printf(" [%d]", *(int *)s->dst);
@@ -27,11 +41,33 @@ void args_print_help(const ArgSpec *specs, int nspecs, const char *usage) {
         printf("\n");
     }
     printf("  %-24s %s\n", "--help", "show this help");
+    for (int i = 0; i < nspecs; i++)
+        if (specs[i].type == ARG_TEXT) {
+            printf("\nTEXT values: \\n, \\t, \\r and \\\\ stand for a newline, a tab, a carriage return and a "
+                   "backslash.\n");
+            break;
+        }
 }
 
-static int set_value(const ArgSpec *s, const char *v) {
+// \n \t \r \\ -> the characters, in place (the text only shrinks); other backslashes stay.
+static void unescape(char *s) {
+    char *o = s;
+    for (; *s; s++) {
+        if (s[0] == '\\' && (s[1] == 'n' || s[1] == 't' || s[1] == 'r' || s[1] == '\\')) {
+            *o++ = s[1] == 'n' ? '\n' : s[1] == 't' ? '\t' : s[1] == 'r' ? '\r' : '\\';
+            s++;
+        } else {
+            *o++ = *s;
+        }
+    }
+    *o = 0;
+}
+
+static int set_value(const ArgSpec *s, char *v) {
     char *end;
-    if (s->type == ARG_STR) {
+    if (s->type == ARG_STR || s->type == ARG_TEXT) {
+        if (s->type == ARG_TEXT)
+            unescape(v);
         *(const char **)s->dst = v;
         return ER_OK;
     }
@@ -76,7 +112,7 @@ int args_parse(int argc, char **argv, const ArgSpec *specs, int nspecs, const ch
                 return er_error(ER_EINVAL, "--%s takes no value", s->name);
             *(int *)s->dst = 1;
         } else {
-            const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+            char *v = eq ? argv[i] + (eq - a) + 1 : (i + 1 < argc ? argv[++i] : NULL);
             if (!v)
                 return er_error(ER_EINVAL, "--%s needs a value", s->name);
             ER_TRY(set_value(s, v));

@@ -4,12 +4,15 @@
 #ifndef CORE_ARGS_H
 #define CORE_ARGS_H
 
-typedef enum { ARG_STR, ARG_INT, ARG_FLOAT, ARG_FLAG } ArgType;
+// ARG_TEXT is a string whose escapes \n, \t, \r and \\ become the characters (shells pass them
+// literally): every flag that holds text for the model (prefixes, suffixes, templates, stop strings)
+// takes it, so all CLIs read "<think>\n" alike. Decoded in place in argv.
+typedef enum { ARG_STR, ARG_INT, ARG_FLOAT, ARG_FLAG, ARG_TEXT } ArgType;
 
 typedef struct {
     const char *name;  // without the leading "--"
     ArgType type;
-    void *dst;         // const char ** | int * | double * | int * (flag: set to 1)
+    void *dst;         // const char ** (STR, TEXT) | int * | double * | int * (flag: set to 1)
     const char *help;
     int required;
     double min, max;   // inclusive range for ARG_INT/ARG_FLOAT when min < max

@@ -47,6 +47,9 @@ int file_read_all(const char *path, size_t max_bytes, char **out, size_t *out_le
 
 int atomic_open(AtomicFile *af, const char *path) {
     memset(af, 0, sizeof *af);
+    // Refused now, not at the rename after all the work: a directory in the way.
+    if (path_is_dir(path))
+        return er_error(ER_EIO, "%s: is a directory (expected a file path to write)", path);
     size_t n = strlen(path) + 32;
     af->path = er_strdup(path);
     af->tmp_path = malloc(n);
@@ -58,7 +61,7 @@ int atomic_open(AtomicFile *af, const char *path) {
     snprintf(af->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
     af->fp = fopen(af->tmp_path, "wb");
     if (!af->fp) {
-        int rc = er_error(ER_EIO, "%s: cannot create: %s", af->tmp_path, strerror(errno));
+        int rc = er_error(ER_EIO, "%s: cannot create: %s", path, strerror(errno));
         free(af->path);
         free(af->tmp_path);
         af->path = af->tmp_path = NULL;

@@ -8,8 +8,14 @@
 
 #include <cjson/cJSON.h>
 
-// Parses a whole JSON file (up to max_bytes). `*out` is freed with cJSON_Delete.
+// Parses a whole JSON file (up to max_bytes). `*out` is freed with cJSON_Delete. JSON text must be
+// UTF-8 (RFC 8259): other bytes are refused here, naming the offset, not later by whoever reads a
+// string from it.
 int json_parse_file(const char *path, size_t max_bytes, cJSON **out);
+
+// Offset of the first byte that is not part of a valid UTF-8 sequence, or len if all are valid
+// (the rules of Rust's str::from_utf8: no overlong forms, no surrogates, nothing above U+10FFFF).
+size_t json_utf8_invalid_at(const void *s, size_t len);
 
 // Typed getters. `ctx` names the file (or file:line) in error messages. A missing key is an
 // error for json_get_*; json_opt_* leave *out untouched when the key is absent or null.

@@ -14,11 +14,11 @@
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
-#include <utf8proc.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/json.h"
 
 // The header is parsed by cJSON. Where cJSON is looser than the reference (Rust `safetensors` +
 // serde_json) in ways that would change what a file means, this reader closes the gap itself:
@@ -46,21 +46,6 @@ static int st_error(int status, const char *fmt, ...) {
 
 #define st_fail(path, fmt, ...) st_error(ER_EFORMAT, "%s: " fmt, path, ##__VA_ARGS__)
 #define st_oom(path) st_error(ER_ENOMEM, "%s: out of memory reading the header", path)
-
-// Offset of the first byte that is not part of a valid UTF-8 sequence, or len if all are valid.
-// utf8proc_iterate has the rules of Rust's str::from_utf8: no overlong forms, no surrogates,
-// nothing above U+10FFFF.
-static size_t utf8_invalid_at(const unsigned char *s, size_t len) {
-    size_t i = 0;
-    while (i < len) {
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t k = s[i] < 0x80 ? 1 : utf8proc_iterate(s + i, (utf8proc_ssize_t)(len - i), &cp);
-        if (k <= 0)
-            return i;
-        i += (size_t)k;
-    }
-    return len;
-}
 
 static int is_hex(unsigned c) { return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f'); }
 
@@ -352,7 +337,7 @@ static int read_header(const char *path, const unsigned char *bytes, uint64_t si
         return st_fail(path, "header length %llu runs past the end of the file (%llu bytes)", (unsigned long long)n,
                        (unsigned long long)size);
     const unsigned char *h = bytes + 8;
-    size_t bad = utf8_invalid_at(h, (size_t)n);
+    size_t bad = json_utf8_invalid_at(h, (size_t)n);
     if (bad != n)
         return st_fail(path, "header is not valid UTF-8 (bad byte 0x%02x at header byte %zu)", h[bad], bad);
     if (n == 0 || h[0] != '{') // cJSON would skip leading whitespace and a BOM; serde does not
@@ -505,7 +490,7 @@ static cJSON *header_build(const StWriteTensor *t, int n, const size_t *nbytes, 
 static int write_check_name(const char *path, const char *what, const char *s) {
     if (!s)
         return st_error(ER_EINVAL, "%s: %s is NULL", path, what);
-    if (utf8_invalid_at((const unsigned char *)s, strlen(s)) != strlen(s))
+    if (json_utf8_invalid_at((const unsigned char *)s, strlen(s)) != strlen(s))
         return st_error(ER_EINVAL, "%s: %s \"%.200s\" is not valid UTF-8", path, what, s);
     return ER_OK;
 }

@@ -23,6 +23,7 @@ int cli_fail(const char *cmd);
 typedef struct {
     const char *model, *adapter, *system, *kv, *stop, *prefix, *suffix, *switcher, *verifier;
     int max_new, top_k, samples, budget, answer_tokens, seed, threads, context;
+    int default_max_new; // --max-new 0: this, or budget + answer tokens when that is more
     double temperature, top_p, min_p;
 } GenFlags;
 
@@ -31,6 +32,8 @@ void gen_flags_default(GenFlags *f);
 // Writes the shared flag specs into s (room for GEN_FLAGS_MAX); returns how many.
 int gen_flags_specs(GenFlags *f, ArgSpec *s);
 int gen_flags_params(const GenFlags *f, ErGenParams *p, int *kv_int8);
+// New tokens per sample: --max-new, or its default (see GenFlags.default_max_new).
+int gen_flags_max_new(const GenFlags *f);
 // Loads the model (and adapter) and opens a session for max_samples samples.
 int gen_flags_open(const GenFlags *f, int max_samples, ErModel **m, ErSession **s);
 const char *finish_name(int finish);

@@ -6,7 +6,8 @@
 
 void gen_flags_default(GenFlags *f) {
     memset(f, 0, sizeof *f);
-    f->max_new = 256;
+    f->max_new = 0;
+    f->default_max_new = 256;
     f->top_p = 1;
     f->samples = 1;
     f->answer_tokens = 32;
@@ -17,7 +18,8 @@ int gen_flags_specs(GenFlags *f, ArgSpec *s) {
     ArgSpec all[] = {
         {"model", ARG_STR, &f->model, "model dir (config.json, safetensors, tokenizer.json)", 1, 0, 0},
         {"adapter", ARG_STR, &f->adapter, "LoRA adapter dir (PEFT layout): off on the prompt, on in the response", 0, 0, 0},
-        {"max-new", ARG_INT, &f->max_new, "new tokens per sample", 0, 1, 1 << 20},
+        {"max-new", ARG_INT, &f->max_new, "new tokens per sample (0 = 256, or budget + answer tokens with --budget; "
+                                          "chat: 512)", 0, 0, 1 << 20},
         {"temperature", ARG_FLOAT, &f->temperature, "sampling temperature (0 = greedy)", 0, 0, 100},
         {"top-k", ARG_INT, &f->top_k, "keep the k most likely tokens (0 = off)", 0, 0, 1 << 24},
         {"top-p", ARG_FLOAT, &f->top_p, "nucleus sampling mass (1 = off)", 0, 1e-9, 1},
@@ -27,10 +29,10 @@ int gen_flags_specs(GenFlags *f, ArgSpec *s) {
         {"budget", ARG_INT, &f->budget, "hard budget: force the answer suffix after this many tokens (0 = off)", 0, 0,
          1 << 20},
         {"answer-tokens", ARG_INT, &f->answer_tokens, "tokens allowed after the budget, suffix included", 0, 1, 1 << 20},
-        {"budget-suffix", ARG_STR, &f->suffix, "forced-answer text [\\n</think>\\n\\nFinal answer: ]", 0, 0, 0},
-        {"prefix", ARG_STR, &f->prefix, "text forced at the start of the response [the adapter's reasoning prefix]", 0,
+        {"budget-suffix", ARG_TEXT, &f->suffix, "forced-answer text [\\n</think>\\n\\nFinal answer: ]", 0, 0, 0},
+        {"prefix", ARG_TEXT, &f->prefix, "text forced at the start of the response [the adapter's reasoning prefix]", 0,
          0, 0},
-        {"stop", ARG_STR, &f->stop, "stop string (cut from the output)", 0, 0, 0},
+        {"stop", ARG_TEXT, &f->stop, "stop string (cut from the output)", 0, 0, 0},
         {"system", ARG_STR, &f->system, "system message", 0, 0, 0},
         {"context", ARG_INT, &f->context, "positions per sample, prompt included (0 = 4096 + --max-new, at most the model's "
                                             "max_position_embeddings)", 0, 0, 1 << 22},
@@ -44,9 +46,16 @@ int gen_flags_specs(GenFlags *f, ArgSpec *s) {
     return (int)(sizeof all / sizeof all[0]);
 }
 
+int gen_flags_max_new(const GenFlags *f) {
+    if (f->max_new)
+        return f->max_new;
+    int with_budget = f->budget + f->answer_tokens;
+    return f->budget > 0 && with_budget > f->default_max_new ? with_budget : f->default_max_new;
+}
+
 int gen_flags_params(const GenFlags *f, ErGenParams *p, int *kv_int8) {
     er_gen_params_init(p);
-    p->max_new_tokens = f->max_new;
+    p->max_new_tokens = gen_flags_max_new(f);
     p->n_samples = f->samples;
     p->temperature = (float)f->temperature;
     p->top_k = f->top_k;
@@ -81,9 +90,9 @@ int gen_flags_open(const GenFlags *f, int max_samples, ErModel **m, ErSession **
     if (rc == ER_OK && f->verifier)
         rc = er_model_load_verifier(*m, f->verifier);
     if (rc == ER_OK) {
-        int ctx = f->context, max_pos = er_model_max_positions(*m);
+        int ctx = f->context, max_pos = er_model_max_positions(*m), max_new = gen_flags_max_new(f);
         if (!ctx)
-            ctx = 4096 + f->max_new < max_pos ? 4096 + f->max_new : max_pos;
+            ctx = 4096 + max_new < max_pos ? 4096 + max_new : max_pos;
         rc = er_session_open(s, *m, max_samples, ctx, kv_int8);
     }
     if (rc < 0) {

@@ -158,7 +158,7 @@ int cmd_generate(int argc, char **argv) {
 int cmd_chat(int argc, char **argv) {
     GenFlags f;
     gen_flags_default(&f);
-    f.max_new = 512;
+    f.default_max_new = 512;
     ArgSpec specs[GEN_FLAGS_MAX];
     int ns = gen_flags_specs(&f, specs);
     int rc = args_parse(argc, argv, specs, ns, "erinfer chat --model DIR [flags]");

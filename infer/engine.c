@@ -433,6 +433,10 @@ static int check_config(const Engine *e, const GenConfig *g, int n_prompt, int n
                         "the engine was sized for", n_prompt, n_prefix, g->max_new, e->max_len);
     if (g->budget < 0 || g->answer_tokens < 0)
         return er_error(ER_EINVAL, "generate: budget and answer tokens must not be negative");
+    if (g->budget > 0 && (long)g->max_new < (long)g->budget + g->answer_tokens)
+        return er_error(ER_EINVAL, "generate: the budget of %d tokens and its %d answer tokens need %ld new tokens, "
+                        "more than the %d allowed (raise max new tokens or lower the budget)", g->budget,
+                        g->answer_tokens, (long)g->budget + g->answer_tokens, g->max_new);
     if (g->budget > 0 && g->answer_tokens <= n_suffix)
         return er_error(ER_EINVAL, "generate: the answer allowance (%d tokens) must exceed the forced suffix (%d tokens)",
                         g->answer_tokens, n_suffix);

@@ -19,7 +19,7 @@ int cmd_grpo(int argc, char **argv) {
         {"data", ARG_STR, &c.data_path, "JSONL prompts with gold answers (\"budget\" per record optional)", 1, 0, 0},
         {"out", ARG_STR, &c.out_dir, "output dir: adapter, run.json, metrics.jsonl, checkpoint/", 1, 0, 0},
         {"budgets", ARG_STR, &c.budgets, "token budgets, one drawn per prompt", 0, 0, 0},
-        {"budget-template", ARG_STR, &c.budget_template, "sentence stating the budget ({budget} = the number)", 0, 0, 0},
+        {"budget-template", ARG_TEXT, &c.budget_template, "sentence stating the budget ({budget} = the number)", 0, 0, 0},
         {"budget-in", ARG_STR, &budget_in, "where it goes: system (its own system message) or user (ends the user turn)", 0, 0, 0},
         {"group", ARG_INT, &c.group, "samples per prompt (G)", 0, 2, 256},
         {"prompts", ARG_INT, &c.prompts, "prompts per step", 0, 1, 256},

@@ -36,23 +36,6 @@ typedef struct {
     double val_split, alpha, dropout, noise, target_recall, temperature, lr, weight_decay;
 } HeadsFlags;
 
-// "\n", "\t" and "\\" in a flag value become the characters (shells pass them literally).
-static char *unescape(const char *s) {
-    char *out = er_alloc(strlen(s) + 1), *o = out;
-    if (!out)
-        return NULL;
-    for (; *s; s++) {
-        if (s[0] == '\\' && (s[1] == 'n' || s[1] == 't' || s[1] == '\\')) {
-            *o++ = s[1] == 'n' ? '\n' : s[1] == 't' ? '\t' : '\\';
-            s++;
-        } else {
-            *o++ = *s;
-        }
-    }
-    *o = 0;
-    return out;
-}
-
 // The record's prompt rendered as erinfer eval renders it: chat template, --system in front.
 static int render_prompt(const Tokenizer *tok, ChatStyle style, const Example *ex, const char *system, int **ids,
                          int *n) {
@@ -123,7 +106,7 @@ static int train_head(const HeadsFlags *f, HeadRole role, const Rows *tr, const 
                        (uint64_t)f->seed + (role == HEAD_SWITCHER ? 101 : 202));
     if (rc < 0)
         return rc;
-    if (role == HEAD_VERIFIER && !(t.verify_prompt = unescape(f->verify_prompt)))
+    if (role == HEAD_VERIFIER && !(t.verify_prompt = er_strdup(f->verify_prompt)))
         rc = ER_ENOMEM;
     HeadFitConfig c;
     head_fit_config_default(&c);
@@ -266,7 +249,7 @@ static cJSON *flags_json(const HeadsFlags *f) {
 int cmd_heads(int argc, char **argv) {
     HeadsFlags f = {0};
     f.kv = "f32";
-    f.verify_prompt = "\\nIs this solution correct?";
+    f.verify_prompt = "\nIs this solution correct?";
     f.val_split = 0.2;
     f.chunk = HEAD_DEFAULT_CHUNK;
     f.alpha = HEAD_DEFAULT_ALPHA;
@@ -308,7 +291,7 @@ int cmd_heads(int argc, char **argv) {
         {"target-recall", ARG_FLOAT, &f.target_recall, "switcher: threshold reaching this held-out recall of "
                                                        "reasoning-needed prompts (0 = best accuracy)", 0, 0, 1},
         {"switcher-epochs", ARG_INT, &f.switcher_epochs, "switcher: training epochs", 0, 1, 1000000},
-        {"verify-prompt", ARG_STR, &f.verify_prompt, "verifier: text appended to each response (\\n is a newline)", 0, 0,
+        {"verify-prompt", ARG_TEXT, &f.verify_prompt, "verifier: text appended to each response", 0, 0,
          0},
         {"verifier-adapter-on", ARG_FLAG, &f.verifier_adapter_on, "verifier: adapter on for the verification tokens "
                                                                   "(default off: base features, as in the paper)", 0, 0, 0},
@@ -319,7 +302,7 @@ int cmd_heads(int argc, char **argv) {
         {"direct-max-new", ARG_INT, &f.direct_max_new, "tokens of the base's direct answer (--derive-labels)", 0, 1, 1 << 20},
         {"budget", ARG_INT, &f.budget, "hard budget on reasoning responses (0 = off), as erinfer --budget", 0, 0, 1 << 20},
         {"answer-tokens", ARG_INT, &f.answer_tokens, "tokens allowed after the budget, suffix included", 0, 1, 1 << 20},
-        {"prefix", ARG_STR, &f.prefix, "reasoning prefix forced in reasoning responses [the adapter's]", 0, 0, 0},
+        {"prefix", ARG_TEXT, &f.prefix, "reasoning prefix forced in reasoning responses [the adapter's]", 0, 0, 0},
         {"batch", ARG_INT, &f.batch, "rows per AdamW step", 0, 1, 1 << 20},
         {"lr", ARG_FLOAT, &f.lr, "AdamW learning rate", 0, 1e-12, 10},
         {"weight-decay", ARG_FLOAT, &f.weight_decay, "AdamW weight decay (weights only)", 0, 0, 10},
@@ -346,8 +329,8 @@ int cmd_heads(int argc, char **argv) {
     int have_model = 0, have_ad = 0;
     ChatStyle style = CHAT_CHATML;
     char *out_dir = f.out ? er_strdup(f.out) : dir_of(f.switcher_out ? f.switcher_out : f.verifier_out);
-    char *vprompt = unescape(f.verify_prompt), *prefix = f.prefix ? unescape(f.prefix) : NULL;
-    if (!out_dir || !vprompt || (f.prefix && !prefix))
+    const char *vprompt = f.verify_prompt, *prefix = f.prefix;
+    if (!out_dir)
         rc = ER_ENOMEM;
     if (rc == ER_OK)
         rc = dataset_load(f.data, NULL, f.limit, &d);
@@ -573,7 +556,5 @@ int cmd_heads(int argc, char **argv) {
         model_free(&m);
     dataset_free(&d);
     er_free(out_dir);
-    er_free(vprompt);
-    er_free(prefix);
     return rc < 0 ? cli_fail("heads") : 0;
 }

@@ -8,27 +8,10 @@
 #include "train/cli.h"
 #include "train/trainer.h"
 
-// "\n", "\t", "\r" and "\\" in a flag value become the characters (shells pass them literally).
-static char *unescape(const char *s) {
-    char *out = er_alloc(strlen(s) + 1), *o = out;
-    if (!out)
-        return NULL;
-    for (; *s; s++) {
-        if (s[0] == '\\' && (s[1] == 'n' || s[1] == 't' || s[1] == 'r' || s[1] == '\\')) {
-            *o++ = s[1] == 'n' ? '\n' : s[1] == 't' ? '\t' : s[1] == 'r' ? '\r' : '\\';
-            s++;
-        } else {
-            *o++ = *s;
-        }
-    }
-    *o = 0;
-    return out;
-}
-
 int cmd_sft(int argc, char **argv) {
     TrainConfig c;
     train_config_default(&c, TRAIN_SFT);
-    const char *prefix = "<think>\\n";
+    const char *prefix = "<think>\n";
     ArgSpec specs[TRAIN_FLAGS_MAX + 16];
     int ns = train_flags_specs(&c, specs);
     ArgSpec own[] = {
@@ -44,8 +27,8 @@ int cmd_sft(int argc, char **argv) {
         {"weight-decay", ARG_FLOAT, &c.weight_decay, "AdamW weight decay", 0, 0, 0},
         {"seed", ARG_INT, &c.seed, "seed of every random choice (split, init, data order, dropout)", 0, 0, 2147483647},
         {"no-mask", ARG_FLAG, &c.no_mask, "standard LoRA: adapter on prompt positions too", 0, 0, 0},
-        {"prefix", ARG_STR, &prefix, "reasoning prefix opening every response, left out of the loss (\"\" = none; \\n "
-                                     "is a newline)", 0, 0, 0},
+        {"prefix", ARG_TEXT, &prefix, "reasoning prefix opening every response, left out of the loss (\"\" = none)", 0,
+         0, 0},
     };
     memcpy(specs + ns, own, sizeof own);
     ns += (int)(sizeof own / sizeof own[0]);
@@ -56,11 +39,7 @@ int cmd_sft(int argc, char **argv) {
         return 0;
     if (rc < 0)
         return cli_fail("sft");
-    char *p = unescape(prefix);
-    if (!p)
-        return cli_fail("sft");
-    c.prefix = p;
+    c.prefix = prefix;
     rc = train_sft(&c, NULL);
-    er_free(p);
     return rc < 0 ? cli_fail("sft") : 0;
 }

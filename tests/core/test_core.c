@@ -261,6 +261,25 @@ Test(args, types_and_forms) {
     cr_assert_eq(o.verbose, 0);
 }
 
+// Text flags decode \n \t \r \\ (shells pass them literally); other backslashes and plain string
+// flags stay as typed.
+Test(args, text_flags_decode_escapes) {
+    const char *text = NULL, *plain = NULL;
+    ArgSpec specs[] = {
+        {"prefix", ARG_TEXT, &text, "text", 0, 0, 0},
+        {"path", ARG_STR, &plain, "path", 0, 0, 0},
+    };
+    char a1[] = "--prefix", a2[] = "<think>\\n\\tx\\\\y\\q\\r", a3[] = "--path=a\\nb";
+    char *argv[] = {"prog", a1, a2, a3};
+    cr_assert_eq(args_parse(4, argv, specs, 2, "prog"), ER_OK, "%s", er_last_error());
+    cr_assert_str_eq(text, "<think>\n\tx\\y\\q\r");
+    cr_assert_str_eq(plain, "a\\nb");
+    char b1[] = "--prefix=end\\n";
+    char *argv2[] = {"prog", b1};
+    cr_assert_eq(args_parse(2, argv2, specs, 2, "prog"), ER_OK, "%s", er_last_error());
+    cr_assert_str_eq(text, "end\n");
+}
+
 Test(args, errors) {
     struct {
         int argc;

@@ -3,6 +3,7 @@
 // grading through a forced answer, per-item JSONL), bench (the full table, exact token counts), and
 // bad input: one error line on stderr, exit 1, no crash, no partial output file.
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -352,4 +353,85 @@ Test(cli, bad_inputs_fail_cleanly) {
     cr_assert(!path_exists(out), "a failed eval left %s behind", out);
     er_free(bad);
     er_free(out);
+}
+
+// What a new user and a fuzzer ran into: a budget above the default --max-new that never applied, a
+// budget --max-new cannot hold, an --output that is a directory (found after the whole eval), score
+// past the model's positions, text that is not UTF-8 reported without its file, non-finite weights,
+// and text flags (\n in --budget-suffix, --prefix, --stop) read literally.
+Test(cli, budgets_outputs_positions_and_text_flags) {
+    need_erinfer();
+    // --budget 300 with the default --max-new: the limit follows the budget, so the budget applies.
+    cJSON *j = generate_json("--budget 300 --samples 4 --temperature 1 --seed 3");
+    int cut = 0;
+    for (const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "samples")->child; s; s = s->next)
+        cut += cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(s, "budget_cut"));
+    cr_assert_gt(cut, 0, "--budget 300 never cut a sample: the default --max-new still applied");
+    cJSON_Delete(j);
+    char args[2048];
+    snprintf(args, sizeof args, "generate --model '%s' --prompt hi --budget 300 --max-new 100", model);
+    expect_error(args, "budget of 300 tokens");
+
+    // Text flags: "\n" typed in a shell is a newline.
+    j = generate_json("--budget 2 --answer-tokens 12 --budget-suffix 'X\\nY: ' --temperature 1 --seed 4");
+    const cJSON *s0 = cJSON_GetObjectItemCaseSensitive(j, "samples")->child;
+    const char *text = cJSON_GetObjectItemCaseSensitive(s0, "text")->valuestring;
+    cr_assert(strstr(text, "X\nY: "), "the suffix was not decoded: \"%s\"", text);
+    cJSON_Delete(j);
+    CmdResult r = helper_run(tmp, "'%s' generate --help", erinfer);
+    cr_assert(strstr(r.out, "--prefix TEXT") && strstr(r.out, "--budget-suffix TEXT") && strstr(r.out, "--stop TEXT"),
+              "text flags are not TEXT:\n%s", r.out);
+    helper_result_free(&r);
+
+    // --output that is a directory: refused before any generation.
+    char *data = path_join(tmp, "chains.jsonl");
+    write_chains(data, 3, 1);
+    snprintf(args, sizeof args, "eval --model '%s' --data '%s' --output '%s'", model, data, tmp);
+    expect_error(args, "is a directory");
+
+    // Past max_position_embeddings (the tiny model has 4096): score refuses instead of extrapolating.
+    char *longf = path_join(tmp, "long.jsonl");
+    FILE *fp = fopen(longf, "w");
+    cr_assert(fp);
+    fputs("{\"tokens\": [", fp);
+    for (int i = 0; i < 5000; i++)
+        fprintf(fp, "%s%d", i ? ", " : "", 40 + i % 50);
+    fputs("]}\n", fp);
+    fclose(fp);
+    snprintf(args, sizeof args, "score --model '%s' --input '%s'", model, longf);
+    expect_error(args, "max_position_embeddings");
+    snprintf(args, sizeof args, "generate --model '%s' --prompt hi --context 5000", model);
+    expect_error(args, "max_position_embeddings");
+
+    // Not UTF-8: the message names the file.
+    char *msgs = path_join(tmp, "msgs.json");
+    const char *bad = "[{\"role\": \"user\", \"content\": \"a\xff b\"}]";
+    cr_assert_eq(file_write_atomic(msgs, bad, strlen(bad)), 0);
+    snprintf(args, sizeof args, "generate --model '%s' --messages '%s'", model, msgs);
+    expect_error(args, "msgs.json");
+    er_free(data);
+    er_free(longf);
+    er_free(msgs);
+}
+
+// A NaN in the weights is refused by name at load: score printed "nan" (not JSON) and exited 0.
+Test(cli, non_finite_weights_refused) {
+    need_erinfer();
+    Model m;
+    cr_assert_eq(model_load(&m, model, MODEL_LOAD_TRAINABLE), 0, "%s", er_last_error());
+    ParamTensor *p = (ParamTensor *)model_find_param(&m, "model.layers.0.self_attn.v_proj.weight");
+    p->data[3] = NAN;
+    char *bad = path_join(tmp, "nan_model");
+    cr_assert_eq(model_save(&m, bad, 0), 0, "%s", er_last_error());
+    model_free(&m);
+    helper_copy_file("data/tiny_tokenizer/tokenizer.json", bad, "tokenizer.json");
+    char *in = path_join(tmp, "in.jsonl");
+    cr_assert_eq(file_write_atomic(in, "{\"text\": \"Start with 2.\"}\n", 26), 0);
+    char args[2048];
+    snprintf(args, sizeof args, "score --model '%s' --input '%s'", bad, in);
+    expect_error(args, "model.layers.0.self_attn.v_proj.weight");
+    snprintf(args, sizeof args, "generate --model '%s' --prompt hi", bad);
+    expect_error(args, "at index 3");
+    er_free(bad);
+    er_free(in);
 }
