@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/json.h"
+#include "quant/transform.h"
 
 size_t quant_row_bytes(WeightFormat f, int cols) {
     size_t c = (size_t)cols;
@@ -213,6 +214,12 @@ int quant_config_from_json(QuantConfig *q, const cJSON *j, const char *ctx) {
     memset(q, 0, sizeof *q);
     if (!cJSON_IsObject(j))
         return er_error(ER_EFORMAT, "%s: \"quantization_config\" must be an object", ctx);
+    // Another tool's quantized model (GPTQ, AWQ, bitsandbytes, ...) packs its weights its own way.
+    const char *qm = NULL;
+    ER_TRY(json_opt_string(j, "quant_method", &qm, ctx));
+    if (!qm || strcmp(qm, "ertrain") != 0)
+        return er_error(ER_EUNSUPPORTED, "%s: quantization_config.quant_method \"%.64s\" is not supported (only models "
+                        "packed by ertrain quantize, \"ertrain\"; load the float model instead)", ctx, qm ? qm : "");
     const char *s = NULL;
     ER_TRY(json_get_string(j, "weights", &s, ctx));
     if (quant_parse_spec(s, &q->linear, &q->group) < 0)
@@ -243,6 +250,12 @@ int quant_config_from_json(QuantConfig *q, const cJSON *j, const char *ctx) {
     const char *m = "", *t = "none";
     ER_TRY(json_opt_string(j, "method", &m, ctx));
     ER_TRY(json_opt_string(j, "transforms", &t, ctx));
+    // The transforms are baked into the weights, but one this runtime does not know might need work
+    // at run time that it would not do.
+    unsigned tflags;
+    if (transform_parse_mode(t, &tflags) < 0 || strlen(t) >= sizeof q->transforms)
+        return er_error(ER_EUNSUPPORTED, "%s: quantization_config.transforms \"%.64s\" is not known (none, rotate, fpt or "
+                        "a list of r, u, v, k)", ctx, t);
     snprintf(q->method, sizeof q->method, "%s", m);
     snprintf(q->transforms, sizeof q->transforms, "%s", t);
     ER_TRY(json_opt_double(j, "bits_per_weight", &q->bits_per_weight, ctx));

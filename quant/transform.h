@@ -23,6 +23,20 @@
 
 #include "core/rng.h"
 
+// The transforms of a model (train/transform_model.h applies them; a quantized model's
+// quantization_config names the ones baked into its weights).
+enum {
+    TRANSFORM_ROTATE = 1, // T_r (with the norm fold)
+    TRANSFORM_UP = 2,     // T_u
+    TRANSFORM_V = 4,      // T_v
+    TRANSFORM_K = 8,      // T_k
+    TRANSFORM_ALL = 15,
+};
+
+// A mode string ("none", "rotate", "fpt", or a list joined by ',' or '+' of "rotate" ("r"), "u",
+// "v", "k", "fpt") as TRANSFORM_* flags (0 for "none"); ER_EINVAL names the unknown part.
+int transform_parse_mode(const char *mode, unsigned *flags);
+
 // 1 when transform_hadamard can build an order-n Hadamard matrix, else 0.
 int transform_hadamard_exists(int n);
 // H (n, n) = a ±1 matrix with HᵀH = n·I; ER_EUNSUPPORTED when transform_hadamard_exists(n) is 0.

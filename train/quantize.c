@@ -376,7 +376,7 @@ int quantize_load(Model *m, const char *model_dir, const char *transforms, uint6
     memset(src, 0, sizeof *src);
     const char *tr = transforms ? transforms : "none";
     unsigned tflags;
-    if (transform_model_parse_mode(tr, &tflags) < 0) {
+    if (transform_parse_mode(tr, &tflags) < 0) {
         char why[512];
         snprintf(why, sizeof why, "%s", er_last_error());
         return er_error(ER_EINVAL, "--transforms \"%s\" (none, rotate, fpt, or a list of r, u, v, k): %s", tr, why);
@@ -455,7 +455,7 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
         return er_error(ER_EINVAL, "--model and --out are required");
     const char *tr = c->transforms ? c->transforms : "none";
     unsigned tflags;
-    if (transform_model_parse_mode(tr, &tflags) < 0) {
+    if (transform_parse_mode(tr, &tflags) < 0) {
         char why[512];
         snprintf(why, sizeof why, "%s", er_last_error());
         return er_error(ER_EINVAL, "--transforms \"%s\" (none, rotate, fpt, or a list of r, u, v, k): %s", tr, why);

@@ -253,41 +253,6 @@ static void transform_keys(Model *m) {
     }
 }
 
-int transform_model_parse_mode(const char *mode, unsigned *flags) {
-    *flags = 0;
-    if (!mode || !*mode)
-        return er_error(ER_EINVAL, "transform: no mode (expected none, rotate or fpt)");
-    const char *p = mode;
-    while (*p) {
-        size_t n = strcspn(p, ",+");
-        char part[16];
-        if (n == 0 || n >= sizeof part)
-            return er_error(ER_EINVAL, "transform: mode \"%s\": expected none, rotate, fpt or a list of rotate,u,v,k",
-                            mode);
-        memcpy(part, p, n);
-        part[n] = 0;
-        if (strcmp(part, "none") == 0)
-            ;
-        else if (strcmp(part, "rotate") == 0 || strcmp(part, "r") == 0)
-            *flags |= TRANSFORM_ROTATE;
-        else if (strcmp(part, "u") == 0)
-            *flags |= TRANSFORM_UP;
-        else if (strcmp(part, "v") == 0)
-            *flags |= TRANSFORM_V;
-        else if (strcmp(part, "k") == 0)
-            *flags |= TRANSFORM_K;
-        else if (strcmp(part, "fpt") == 0)
-            *flags |= TRANSFORM_ALL;
-        else
-            return er_error(ER_EINVAL, "transform: unknown mode \"%s\" in \"%s\" (expected none, rotate, fpt, u, v or k)",
-                            part, mode);
-        p += n;
-        if (*p)
-            p++;
-    }
-    return ER_OK;
-}
-
 int transform_model_apply(Model *m, unsigned flags, uint64_t seed) {
     if (flags & ~(unsigned)TRANSFORM_ALL)
         return er_error(ER_EINVAL, "transform: unknown flags 0x%x", flags);
@@ -316,6 +281,6 @@ int transform_model_apply(Model *m, unsigned flags, uint64_t seed) {
 
 int transform_model(Model *m, const char *mode, uint64_t seed) {
     unsigned flags;
-    ER_TRY(transform_model_parse_mode(mode, &flags));
+    ER_TRY(transform_parse_mode(mode, &flags));
     return transform_model_apply(m, flags, seed);
 }

@@ -41,21 +41,12 @@
 #include <stdint.h>
 
 #include "model/model.h"
-
-enum {
-    TRANSFORM_ROTATE = 1, // T_r (with the norm fold)
-    TRANSFORM_UP = 2,     // T_u
-    TRANSFORM_V = 4,      // T_v
-    TRANSFORM_K = 8,      // T_k
-    TRANSFORM_ALL = 15,
-};
+#include "quant/transform.h"
 
 // Applies function-preserving transforms to a trainable fp32 model in place. mode: "none", "rotate"
 // (T_r only), "fpt" (all: T_r, T_u, T_v, T_k); also a list joined by ',' or '+' of "rotate" ("r"),
 // "u", "v", "k", "fpt". seed picks the random signs of the rotations. "none" accepts any model.
 int transform_model(Model *m, const char *mode, uint64_t seed);
-// The mode string as TRANSFORM_* flags (0 for "none"); ER_EINVAL names the unknown part.
-int transform_model_parse_mode(const char *mode, unsigned *flags);
 // transform_model with flags; refuses (ER_EINVAL / ER_EUNSUPPORTED) a model it cannot transform
 // exactly, before changing anything.
 int transform_model_apply(Model *m, unsigned flags, uint64_t seed);

@@ -332,6 +332,37 @@ Test(quant_model, bad_quantization_config) {
     set_config(d, "lm_head", "q8", 0);
     expect_refused(d, "model.safetensors", "I8");
     free(d);
+    // Another tool's packing, and transforms this runtime does not know, were accepted silently.
+    d = fresh("g", "q4");
+    set_config(d, "quant_method", "gptq", 0);
+    expect_refused(d, "quant_method \"gptq\"", "not supported");
+    free(d);
+    d = fresh("h", "q4");
+    set_config(d, "transforms", "quarot", 0);
+    expect_refused(d, "transforms \"quarot\"", "not known");
+    free(d);
+}
+
+// Scales that are negative or not finite are refused at load, naming the tensor and the row.
+Test(quant_model, bad_scales) {
+    const char *fmts[] = {"q4", "q8", "q4g32"};
+    for (int k = 0; k < 3; k++)
+        for (int nan = 0; nan < 2; nan++) {
+            Model a;
+            quantized_model(&a, 0, fmts[k], "int8");
+            Weight *w = &a.layers[1].wdown;
+            if (w->fmt == WF_Q4G)
+                ((uint16_t *)w->gscale)[5] = nan ? 0x7E00 : 0xBC00; // NaN, -1.0 in fp16
+            else
+                ((float *)w->scale)[5] = nan ? NAN : -0.5f;
+            char name[32];
+            snprintf(name, sizeof name, "s%d%d", k, nan);
+            char *dir = path_join(tmp, name);
+            cr_assert_eq(model_save(&a, dir, 0), 0, "%s", er_last_error());
+            model_free(&a);
+            expect_refused(dir, "model.layers.1.mlp.down_proj.weight_scale", nan ? "nan at index 5" : "negative scale");
+            free(dir);
+        }
 }
 
 // ---- LoRA on a quantized base ----

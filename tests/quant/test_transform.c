@@ -338,9 +338,9 @@ Test(quant_transform, refuses_what_it_cannot_transform) {
     cr_assert(strstr(er_last_error(), "bogus"));
     cr_assert_eq(transform_model(&m, "", 1), ER_EINVAL);
     cr_assert_eq(transform_model(&m, NULL, 1), ER_EINVAL);
-    cr_assert_eq(transform_model_parse_mode("r+u,v", &flags), 0);
+    cr_assert_eq(transform_parse_mode("r+u,v", &flags), 0);
     cr_assert_eq(flags, TRANSFORM_ROTATE | TRANSFORM_UP | TRANSFORM_V);
-    cr_assert_eq(transform_model_parse_mode("fpt", &flags), 0);
+    cr_assert_eq(transform_parse_mode("fpt", &flags), 0);
     cr_assert_eq(flags, TRANSFORM_ALL);
     cr_assert_eq(transform_model_apply(&m, 64, 1), ER_EINVAL);
     // An inference (mmapped, not trainable) model is refused, except for "none".
