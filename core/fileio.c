@@ -171,3 +171,8 @@ char *path_join(const char *dir, const char *name) {
     memcpy(s + k, name, b + 1);
     return s;
 }
+
+char *path_resolve(const char *path) {
+    char *r = realpath(path, NULL);
+    return r ? r : er_strdup(path);
+}

@@ -26,5 +26,8 @@ int path_is_dir(const char *path);
 int path_exists(const char *path);
 // dir + "/" + name into a new string (free with er_free); NULL on ENOMEM.
 char *path_join(const char *dir, const char *name);
+// The absolute path with symlinks resolved (realpath), or a copy of path when it does not resolve
+// (free with er_free); NULL on ENOMEM. Two spellings of one file ("../m", "m", "/abs/m") agree.
+char *path_resolve(const char *path);
 
 #endif

@@ -10,13 +10,14 @@ double time_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-void progress_begin(Progress *p, const char *label, const char *unit, int64_t total) {
+void progress_begin(Progress *p, const char *label, const char *unit, int64_t start, int64_t total) {
     p->label = label;
     p->unit = unit;
     p->total = total;
+    p->start = start;
     p->t_start = p->t_last_print = time_now();
     p->tty = isatty(fileno(stderr));
-    p->done = 0;
+    p->done = start;
 }
 
 static void fmt_duration(char *buf, size_t n, double s) {
@@ -32,7 +33,7 @@ static void fmt_duration(char *buf, size_t n, double s) {
 
 static void print_line(Progress *p, const char *extra, int final) {
     double now = time_now(), el = now - p->t_start;
-    double rate = el > 0 ? (double)p->done / el : 0;
+    double rate = el > 0 ? (double)(p->done - p->start) / el : 0;
     char eta[32] = "", elapsed[32];
     fmt_duration(elapsed, sizeof elapsed, el);
     if (p->total > 0 && rate > 0 && !final)

@@ -177,7 +177,7 @@ int qat_run(const QatConfig *c, TrainResult *res) {
                         "--save-every %d must be a multiple of --recluster-every %d (a resumed run re-clusters at its "
                         "checkpoint)",
                         tc->save_every, c->recluster_every);
-    ER_TRY(run_dir_check(tc->out_dir, tc->resume));
+    ER_TRY(run_dir_check(tc->out_dir, tc->resume ? RUN_RESUME : RUN_NEW));
     threads_set(tc->threads);
 
     Model m;

@@ -483,7 +483,7 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
         if (!c->q.weights || (!to_bf16 && quantize_parse_weights(c->q.weights, &f, &g, &u) < 0))
             return er_error(ER_EINVAL, "--weights \"%s\" is not one of bf16, " SPECS, c->q.weights ? c->q.weights : "");
     }
-    ER_TRY(run_dir_check(c->out_dir, 0));
+    ER_TRY(run_dir_check(c->out_dir, RUN_ONCE));
     threads_set(c->threads);
 
     Model m;

@@ -23,8 +23,8 @@ static int dir_is_empty(const char *dir) {
     return empty;
 }
 
-int run_dir_check(const char *dir, int resume) {
-    if (resume) {
+int run_dir_check(const char *dir, RunMode mode) {
+    if (mode == RUN_RESUME) {
         if (!path_is_dir(dir))
             return er_error(ER_EINVAL, "%s: no run to resume (the directory does not exist)", dir);
         return ER_OK;
@@ -32,9 +32,19 @@ int run_dir_check(const char *dir, int resume) {
     if (path_exists(dir) && !path_is_dir(dir))
         return er_error(ER_EINVAL, "%s exists and is not a directory", dir);
     if (path_is_dir(dir) && !dir_is_empty(dir))
-        return er_error(ER_EINVAL, "%s already exists and is not empty: pass --resume to continue that run, or choose "
-                                   "another --out", dir);
+        return er_error(ER_EINVAL, mode == RUN_ONCE ? "%s already exists and is not empty: choose another --out (or "
+                                                      "remove it)"
+                                                    : "%s already exists and is not empty: pass --resume to continue "
+                                                      "that run, or choose another --out",
+                        dir);
     return ER_OK;
+}
+
+void run_add_path(cJSON *j, const char *key, const char *path) {
+    char *r = path ? path_resolve(path) : NULL;
+    if (r || !path)
+        cJSON_AddStringToObject(j, key, r ? r : "");
+    er_free(r);
 }
 
 int run_write_json(const char *dir, const cJSON *run) {

@@ -9,12 +9,20 @@
 
 #define ERTRAIN_VERSION "0.1.0"
 
+// What a command does with its output dir: start a run (and say --resume continues one), continue
+// one (--resume), or write it once (ertrain quantize, which has no --resume).
+typedef enum { RUN_NEW, RUN_RESUME, RUN_ONCE } RunMode;
+
 // A new run needs `dir` absent or empty; an existing run is only continued with --resume.
 // Checks only (the trainer creates the dir once its inputs have loaded).
-int run_dir_check(const char *dir, int resume);
+int run_dir_check(const char *dir, RunMode mode);
 
 // Writes dir/run.json atomically.
 int run_write_json(const char *dir, const cJSON *run);
+
+// Adds j[key] = path resolved to an absolute path (path_resolve): the configuration a resumed run
+// is checked against then names the same files however the path was spelled.
+void run_add_path(cJSON *j, const char *key, const char *path);
 
 typedef struct {
     FILE *fp;

@@ -245,13 +245,13 @@ static cJSON *config_to_json(const Trainer *t) {
         return NULL;
     cJSON_AddStringToObject(j, "command", t->job->label);
     if (c->kind == TRAIN_SFT || c->kind == TRAIN_QAT) {
-        cJSON_AddStringToObject(j, "model", c->model_dir);
+        run_add_path(j, "model", c->model_dir);
     } else {
-        cJSON_AddStringToObject(j, "config", c->config_path);
-        cJSON_AddStringToObject(j, "tokenizer", c->tokenizer_path);
+        run_add_path(j, "config", c->config_path);
+        run_add_path(j, "tokenizer", c->tokenizer_path);
         cJSON_AddNumberToObject(j, "init_std", c->init_std);
     }
-    cJSON_AddStringToObject(j, "data", c->data_path);
+    run_add_path(j, "data", c->data_path);
     if (c->response_key)
         cJSON_AddStringToObject(j, "response_key", c->response_key);
     else
@@ -295,9 +295,10 @@ static cJSON *config_to_json(const Trainer *t) {
     return j;
 }
 
-// Settings that do not change the trajectory may differ on resume; everything else must match.
+// Settings that do not change the trajectory may differ on resume, and so may the run's length (an
+// extended run); everything else must match.
 int train_config_check_resume(const cJSON *saved, const cJSON *now, const char *ckpt_dir) {
-    static const char *free_keys[] = {"threads", "eval_every", "save_every"};
+    static const char *free_keys[] = {"threads", "eval_every", "save_every", "steps", "epochs", "warmup_steps"};
     if (!saved)
         return er_error(ER_EFORMAT, "%s/state.json: no \"config\" to check the resumed run against", ckpt_dir);
     const cJSON *item;
@@ -464,8 +465,8 @@ static int resume_from_checkpoint(Trainer *t) {
                         st.rng.s[3] != t->root.s[3]))
         rc = er_error(ER_EINVAL, "%s: RNG state does not come from --seed %d", t->ckpt_dir, t->cfg->seed);
     if (rc == ER_OK && st.step > t->total_steps)
-        rc = er_error(ER_EINVAL, "%s: checkpoint at step %ld is past the run's %ld steps", t->ckpt_dir, st.step,
-                      t->total_steps);
+        rc = er_error(ER_EINVAL, "%s: checkpoint at step %ld is past the %ld steps asked for (a run can be extended, "
+                      "not shortened)", t->ckpt_dir, st.step, t->total_steps);
     if (rc == ER_OK && (st.n_order != t->n_train || st.n_batches < 1 || st.cursor > st.n_batches))
         rc = er_error(ER_EFORMAT, "%s: the saved data order covers %d sequences in %d batches (cursor %ld), this run has %d",
                       t->ckpt_dir, st.n_order, st.n_batches, st.cursor, t->n_train);
@@ -573,8 +574,8 @@ int trainer_run(TrainJob *job, TrainResult *res) {
         fflush(stdout);
     }
     if (!c->quiet && !complete) {
-        // Counted from where this call starts, so a resumed run's rate and ETA are its own.
-        progress_begin(&prog, job->label, "step", t.total_steps - t.st.step);
+        // Steps are counted as the run counts them; rate and ETA from where this call starts.
+        progress_begin(&prog, job->label, "step", t.st.step, t.total_steps);
         prog_on = 1;
     }
 
@@ -625,7 +626,7 @@ int trainer_run(TrainJob *job, TrainResult *res) {
                 snprintf(extra + k, sizeof extra - (size_t)k, " eval %.4f", r.eval_loss);
             if (do_eval && !isatty(fileno(stderr))) // an eval result is worth a line of its own in a log
                 prog.t_last_print = 0;
-            progress_update(&prog, t.st.step - step0, extra);
+            progress_update(&prog, t.st.step, extra);
         }
         if ((c->save_every > 0 && t.st.step % c->save_every == 0) || t.st.step == t.total_steps)
             CHECK(save_checkpoint(&t));

@@ -87,7 +87,11 @@ uint64_t train_derived_seed(int seed, uint64_t stream);
 int train_chat_style(const char *tokenizer_path_or_dir, ChatStyle *out);
 
 // A resumed run must have the settings the checkpoint was made with, except threads, eval_every and
-// save_every (they do not change the trajectory). `saved` and `now` are resolved-config objects.
+// save_every (they do not change the trajectory) and its length: --steps (or --epochs) may extend a
+// run, finished or not. The learning-rate schedule is a function of the step and the total, so the
+// steps after the resume follow the schedule of the new total (warmup included when it is a
+// fraction); a run resumed with its own length continues bit for bit. Paths compare resolved
+// (run_add_path). `saved` and `now` are resolved-config objects.
 int train_config_check_resume(const cJSON *saved, const cJSON *now, const char *ckpt_dir);
 
 // Checks the settings both commands share (one-line errors naming the flag).

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "core/progress.h"
 #include "core/rng.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -648,4 +649,29 @@ Test(error, context_from_the_last_message) {
     er_clear_error();
     er_error_prefix(ER_ENOMEM, "loading");
     cr_assert_str_eq(er_last_error(), "loading: out of memory");
+}
+
+// A resumed run's progress counts the run's own steps (41/60, not 1/20), its rate from where it began.
+Test(progress, resumed_run_counts_the_runs_steps) {
+    char path[] = "/tmp/er_progress_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    cr_assert_eq(dup2(fd, 2), 2);
+    Progress p;
+    progress_begin(&p, "sft", "step", 40, 60);
+    cr_assert_eq(p.done, 40);
+    progress_update(&p, 45, NULL);
+    progress_end(&p, NULL);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    char *text;
+    size_t n;
+    cr_assert_eq(file_read_all(path, 1 << 16, &text, &n), ER_OK);
+    unlink(path);
+    cr_assert(strstr(text, "sft: 45/60 step"), "progress line: %s", text);
+    er_free(text);
 }

@@ -235,3 +235,32 @@ Test(quant_cli, bad_flags_are_one_line_errors) {
     cr_assert(strstr(r.out, "--weights") && strstr(r.out, "--calib") && strstr(r.out, "--sensitivity"), "%s", r.out);
     helper_result_free(&r);
 }
+
+// An output dir that is in the way is refused without pointing at a --resume quantize does not have;
+// a NaN in the float model is refused by name before anything is written (it hid in a q4 model that
+// then generated).
+Test(quant_cli, nonempty_out_and_nan_weights) {
+    need_programs();
+    char out[600];
+    snprintf(out, sizeof out, "%s/busy", tmp);
+    cr_assert_eq(dir_make(out), 0);
+    char *f = path_join(out, "keep.txt");
+    cr_assert_eq(file_write_atomic(f, "x", 1), 0);
+    er_free(f);
+    CmdResult r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q4", ertrain, model, out);
+    cr_assert(!strstr(r.err, "--resume"), "quantize has no --resume: %s", r.err);
+    helper_expect_error(&r, "quantize, non-empty out", "not empty");
+
+    Model m;
+    cr_assert_eq(model_load(&m, model, MODEL_LOAD_TRAINABLE), 0, "%s", er_last_error());
+    ((ParamTensor *)model_find_param(&m, "model.layers.1.mlp.gate_proj.weight"))->data[11] = NAN;
+    char *nan_dir = path_join(tmp, "nan");
+    cr_assert_eq(model_save(&m, nan_dir, 0), 0, "%s", er_last_error());
+    model_free(&m);
+    helper_copy_file("data/tiny_tokenizer/tokenizer.json", nan_dir, "tokenizer.json");
+    snprintf(out, sizeof out, "%s/q4nan", tmp);
+    r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q4", ertrain, nan_dir, out);
+    helper_expect_error(&r, "quantize of a NaN model", "model.layers.1.mlp.gate_proj.weight");
+    cr_assert(!path_exists(out), "a refused quantize wrote %s", out);
+    er_free(nan_dir);
+}

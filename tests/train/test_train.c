@@ -548,3 +548,35 @@ Test(train, cli_errors_are_one_line, .init = setup, .fini = teardown, .timeout =
     er_free(marker);
     er_free(out);
 }
+
+// --resume of an SFT run with the model dir spelled differently (was refused: the paths were compared
+// as strings), then extending the finished run with a larger --steps (was refused as a warmup_steps
+// change): it continues from the checkpoint and logs the new steps only.
+Test(train, sft_resume_same_dir_other_spelling_and_extension, .init = setup, .fini = teardown, .timeout = 60) {
+    char *out = join(fx.root, "ext");
+    TrainConfig c = sft_config(out);
+    c.steps = 6;
+    c.save_every = 2;
+    c.stop_after = 3;
+    TrainResult r;
+    cr_assert_eq(train_sft(&c, &r), ER_OK, "%s", er_last_error());
+    char other[512];
+    snprintf(other, sizeof other, "%s/../%s/./base", fx.root, strrchr(fx.root, '/') + 1);
+    c.model_dir = other;
+    c.stop_after = 0;
+    c.resume = 1;
+    cr_assert_eq(train_sft(&c, &r), ER_OK, "resume with %s: %s", other, er_last_error());
+    cr_assert_eq(r.steps, 6);
+    c.steps = 10;
+    cr_assert_eq(train_sft(&c, &r), ER_OK, "extending to 10 steps: %s", er_last_error());
+    cr_assert_eq(r.steps, 10);
+    char **lines;
+    int n = read_metrics(out, &lines);
+    cr_assert_eq(n, 10, "%d metrics lines", n);
+    cr_assert_eq(metrics_field(lines[9], "step"), 10);
+    free_lines(lines, n);
+    c.steps = 8;
+    cr_assert_neq(train_sft(&c, &r), ER_OK, "shortening a run must be refused");
+    assert_one_line_error("extended, not shortened");
+    er_free(out);
+}
