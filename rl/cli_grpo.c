@@ -40,7 +40,8 @@ int cmd_grpo(int argc, char **argv) {
         {"warmup", ARG_FLOAT, &c.warmup, "warmup: fraction of the steps (< 1) or steps", 0, 0, 1e9},
         {"clip", ARG_FLOAT, &c.clip, "global gradient-norm limit (0 = off)", 0, 0, 1e9},
         {"weight-decay", ARG_FLOAT, &c.weight_decay, "AdamW weight decay", 0, 0, 10},
-        {"seq-len", ARG_INT, &c.seq_len, "positions per sequence: prompt + prefix + completion", 0, 16, 1 << 20},
+        {"seq-len", ARG_INT, &c.seq_len, "positions per sequence: prompt + prefix + completion (0 = what the longest "
+                                         "prompt at the largest budget needs)", 0, 0, 1 << 20},
         {"save-every", ARG_INT, &c.save_every, "steps between checkpoints (0 = at the end)", 0, 0, 1 << 24},
         {"seed", ARG_INT, &c.seed, "seed of prompt draws and rollouts", 0, 0, 2147483647},
         {"threads", ARG_INT, &c.threads, "threads (0 = all cores)", 0, 0, 4096},

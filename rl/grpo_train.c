@@ -47,7 +47,7 @@ void grpo_config_default(GrpoConfig *c) {
     c->lr = 2e-5;
     c->warmup = 0;
     c->clip = 1.0;
-    c->seq_len = 1024;
+    c->seq_len = 0;
 }
 
 static int parse_budgets(const char *s, int *out, int *n) {
@@ -129,7 +129,9 @@ typedef struct {
     AdamW opt;
     MetricsLog ml;
     TrainState st;
-    int max_new;
+    int max_new;                  // new tokens of the largest budget
+    int seq_len;                  // positions per sequence: --seq-len, or what the longest prompt needs
+    double dropout;               // the starting adapter's lora_dropout (kept in the saved adapter)
     Group *groups;
     // batch buffers (G rows x seq_len)
     int *tokens, *plen, *clen;
@@ -170,6 +172,55 @@ static void grpo_free(Grpo *g) {
     model_free(&g->m);
 }
 
+// New tokens a rollout at budget b may take: up to (1 + m) b, then the answer allowance.
+static int rollout_max_new(const GrpoConfig *c, int budget) {
+    return (int)ceil((1.0 + c->barrier_m) * budget) + c->answer_tokens;
+}
+
+// Every record with every budget it can be drawn with, rendered and encoded before step 1: a record
+// that does not encode or fit fails now, naming its line, not at the step that draws it. Sizes the
+// sequences (--seq-len 0: what the longest prompt and budget need) within the model's positions.
+static int check_prompts(Grpo *g) {
+    const GrpoConfig *c = g->c;
+    long need = 0, need_line = 0;
+    int need_budget = 0;
+    g->max_new = 0;
+    for (int i = 0; i < g->d.n; i++) {
+        const Example *ex = &g->d.ex[i];
+        int nb = ex->budget > 0 ? 1 : g->n_budgets;
+        for (int k = 0; k < nb; k++) {
+            int budget = ex->budget > 0 ? ex->budget : g->budgets[k], *ids, nid;
+            char *text;
+            int rc = grpo_prompt_text(c, g->style, ex, budget, &text);
+            if (rc == ER_OK) {
+                rc = tok_encode(g->tok, text, strlen(text), &ids, &nid);
+                er_free(text);
+            }
+            if (rc < 0)
+                return er_error_prefix(rc, "%s:%ld", c->data_path, ex->line);
+            er_free(ids);
+            int max_new = rollout_max_new(c, budget);
+            long n = (long)nid + g->n_prefix + max_new;
+            if (c->seq_len > 0 && n > c->seq_len)
+                return er_error(ER_ERANGE, "%s:%ld: the prompt (%d tokens) at budget %d needs %ld positions with the "
+                                "prefix and (1+m) x budget + %d answer tokens, more than --seq-len %d", c->data_path,
+                                ex->line, nid, budget, n, c->answer_tokens, c->seq_len);
+            if (n > need)
+                need = n, need_line = ex->line, need_budget = budget;
+            g->max_new = max_new > g->max_new ? max_new : g->max_new;
+        }
+    }
+    g->seq_len = c->seq_len > 0 ? c->seq_len : (int)need;
+    if (g->seq_len > g->m.cfg.max_pos)
+        return c->seq_len > 0
+                   ? er_error(ER_ERANGE, "--seq-len %d exceeds the model's %d positions (max_position_embeddings)",
+                              c->seq_len, g->m.cfg.max_pos)
+                   : er_error(ER_ERANGE, "%s:%ld: the prompt at budget %d needs %ld positions, more than the model's %d "
+                              "(max_position_embeddings): use smaller --budgets", c->data_path, need_line, need_budget,
+                              need, g->m.cfg.max_pos);
+    return ER_OK;
+}
+
 static int grpo_setup(Grpo *g) {
     const GrpoConfig *c = g->c;
     ER_TRY(parse_budgets(c->budgets, g->budgets, &g->n_budgets));
@@ -177,13 +228,21 @@ static int grpo_setup(Grpo *g) {
         return er_error(ER_EINVAL, "--group must be at least 2 (advantages compare samples of one prompt)");
     if (c->prompts < 1 || c->prompts > 256)
         return er_error(ER_EINVAL, "--prompts must be in 1..256");
-    ER_TRY(run_dir_check(c->out_dir, c->resume));
+    if (!strstr(c->budget_template, "{budget}"))
+        return er_error(ER_EINVAL, "--budget-template \"%s\" has no {budget}: the prompts would not state the budget",
+                        c->budget_template);
+    ER_TRY(run_dir_check(c->out_dir, c->resume ? RUN_RESUME : RUN_NEW));
     ER_TRY(model_load(&g->m, c->model_dir, 0));
     const ModelConfig *mc = &g->m.cfg;
     LoraShape shape = {mc->L, mc->C, mc->NH * mc->HS, mc->NKV * mc->HS, mc->FF};
     ER_TRY(peft_load(&g->ad, c->adapter_dir, &shape, 1));
     if (!g->ad.masked)
         return er_error(ER_EINVAL, "%s: GRPO here trains masked adapters (er_mask \"response\")", c->adapter_dir);
+    // Dropout is off in GRPO (TRL's disable_dropout): the rollouts come from the runtime, which has
+    // none, and the ratio to the old policy and the KL to the base need the update's log-probs to be
+    // those of the same function that sampled. The adapter is saved with its lora_dropout unchanged.
+    g->dropout = g->ad.dropout;
+    g->ad.dropout = 0;
     ER_TRY(tok_load(&g->tok, c->model_dir));
     ER_TRY(train_chat_style(c->model_dir, &g->style));
     ER_TRY(dataset_load(c->data_path, NULL, 0, &g->d));
@@ -195,19 +254,11 @@ static int grpo_setup(Grpo *g) {
     const char *pre = g->ad.reasoning_prefix ? g->ad.reasoning_prefix : "";
     if (pre[0])
         ER_TRY(tok_encode(g->tok, pre, strlen(pre), &g->prefix, &g->n_prefix));
-    int max_budget = 0;
-    for (int i = 0; i < g->n_budgets; i++)
-        max_budget = g->budgets[i] > max_budget ? g->budgets[i] : max_budget;
-    for (int i = 0; i < g->d.n; i++)
-        max_budget = g->d.ex[i].budget > max_budget ? g->d.ex[i].budget : max_budget;
-    g->max_new = (int)ceil((1.0 + c->barrier_m) * max_budget) + c->answer_tokens;
-    if (g->max_new + g->n_prefix + 8 > c->seq_len)
-        return er_error(ER_EINVAL, "--seq-len %d cannot hold (1+m) x budget %d + %d answer tokens and a prompt",
-                        c->seq_len, max_budget, c->answer_tokens);
-    ER_TRY(engine_init(&g->eng, &g->m, g->tok, KV_F32, c->group, c->seq_len, 128, 0));
-    ER_TRY(acts_alloc(&g->acts, mc, c->group, c->seq_len, ACTS_TRAIN, 0));
+    ER_TRY(check_prompts(g));
+    ER_TRY(engine_init(&g->eng, &g->m, g->tok, KV_F32, c->group, g->seq_len, 128, 0));
+    ER_TRY(acts_alloc(&g->acts, mc, c->group, g->seq_len, ACTS_TRAIN, er_physical_memory()));
     ER_TRY(adamw_init(&g->opt, g->ad.n_params, c->lr, 0.9, 0.999, 1e-8, c->weight_decay));
-    size_t cells = (size_t)c->group * c->seq_len;
+    size_t cells = (size_t)c->group * g->seq_len;
     g->groups = er_calloc((size_t)c->prompts, sizeof(Group));
     g->tokens = er_alloc(sizeof(int) * cells);
     g->mask = er_alloc(cells);
@@ -244,10 +295,10 @@ static int rollout(Grpo *g, long step, int p, long *gen_tokens) {
     er_free(text);
     if (rc < 0)
         return rc;
-    if (nid + g->n_prefix + g->max_new > c->seq_len) {
+    if (nid + g->n_prefix + rollout_max_new(c, gr->budget) > g->seq_len) { // check_prompts saw to it
         er_free(ids);
-        return er_error(ER_ERANGE, "%s:%ld: the prompt (%d tokens) does not fit --seq-len %d with %d new tokens",
-                        c->data_path, ex->line, nid, c->seq_len, g->max_new);
+        return er_error(ER_ERANGE, "%s:%ld: the prompt (%d tokens) does not fit %d positions", c->data_path, ex->line,
+                        nid, g->seq_len);
     }
     er_free(gr->prompt);
     gr->prompt = er_alloc(sizeof(int) * (size_t)(nid + g->n_prefix));
@@ -262,7 +313,7 @@ static int rollout(Grpo *g, long step, int p, long *gen_tokens) {
     GenConfig gc;
     gen_config_default(&gc);
     gc.n_samples = c->group;
-    gc.max_new = (int)ceil((1.0 + c->barrier_m) * gr->budget) + c->answer_tokens;
+    gc.max_new = rollout_max_new(c, gr->budget);
     gc.sampler.temperature = (float)c->temperature;
     gc.sampler.top_p = (float)c->top_p;
     gc.seed = rng_u64(&r);
@@ -439,13 +490,14 @@ static int write_metrics(Grpo *g, long step, const StepMetrics *sm) {
     return rc;
 }
 
-static cJSON *config_json(const GrpoConfig *c) {
+static cJSON *config_json(const Grpo *g) {
+    const GrpoConfig *c = g->c;
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "command", "grpo");
     cJSON_AddStringToObject(j, "version", ERTRAIN_VERSION);
-    cJSON_AddStringToObject(j, "model", c->model_dir);
-    cJSON_AddStringToObject(j, "adapter", c->adapter_dir);
-    cJSON_AddStringToObject(j, "data", c->data_path);
+    run_add_path(j, "model", c->model_dir);
+    run_add_path(j, "adapter", c->adapter_dir);
+    run_add_path(j, "data", c->data_path);
     cJSON_AddStringToObject(j, "budgets", c->budgets);
     cJSON_AddStringToObject(j, "budget_template", c->budget_template);
     cJSON_AddStringToObject(j, "budget_in", c->budget_in == BUDGET_IN_USER ? "user" : "system");
@@ -468,7 +520,8 @@ static cJSON *config_json(const GrpoConfig *c) {
     cJSON_AddNumberToObject(j, "warmup", c->warmup);
     cJSON_AddNumberToObject(j, "clip", c->clip);
     cJSON_AddNumberToObject(j, "weight_decay", c->weight_decay);
-    cJSON_AddNumberToObject(j, "seq_len", c->seq_len);
+    cJSON_AddNumberToObject(j, "seq_len", g->seq_len);
+    cJSON_AddNumberToObject(j, "adapter_dropout", g->dropout);
     cJSON_AddNumberToObject(j, "seed", c->seed);
     cJSON_AddNumberToObject(j, "threads", threads_get());
     return j;
@@ -486,16 +539,21 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
     long start = 0;
     if (rc == ER_OK && c->resume && checkpoint_exists(ckpt)) {
         rc = checkpoint_load(ckpt, &g.st, g.ad.params, g.ad.n_params, &g.opt);
-        cJSON *now = rc == ER_OK ? config_json(c) : NULL;
+        cJSON *now = rc == ER_OK ? config_json(&g) : NULL;
         if (rc == ER_OK)
             rc = now ? train_config_check_resume(g.st.config, now, ckpt) : ER_ENOMEM;
-        cJSON_Delete(now);
+        if (rc == ER_OK && g.st.step > c->steps)
+            rc = er_error(ER_EINVAL, "%s: checkpoint at step %ld is past the %d steps asked for (a run can be "
+                          "extended, not shortened)", ckpt, g.st.step, c->steps);
+        // The run goes on with this configuration: an extended run records its new length.
+        cJSON_Delete(g.st.config);
+        g.st.config = now;
         start = g.st.step;
     } else if (rc == ER_OK && c->resume) {
         rc = er_error(ER_EINVAL, "%s: nothing to resume (no checkpoint)", c->out_dir);
     } else if (rc == ER_OK) {
         rng_seed(&g.st.rng, (uint64_t)c->seed);
-        g.st.config = config_json(c);
+        g.st.config = config_json(&g);
     }
     if (rc == ER_OK)
         rc = dir_make(c->out_dir);
@@ -504,7 +562,7 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
     if (rc == ER_OK)
         rc = metrics_open(&g.ml, c->out_dir, c->resume, start);
     Progress prog;
-    progress_begin(&prog, "grpo", "step", c->steps);
+    progress_begin(&prog, "grpo", "step", start, c->steps);
     for (long s = start; rc == ER_OK && s < c->steps; s++) {
         StepMetrics sm;
         rc = grpo_step(&g, s, &sm);
@@ -527,10 +585,11 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
         char extra[160];
         snprintf(extra, sizeof extra, "reward %.3f acc %.2f len %.1f kl %.4f", sm.reward, sm.acc, sm.len, sm.kl);
         if (!c->quiet)
-            progress_update(&prog, s + 1 - start, extra);
+            progress_update(&prog, s + 1, extra);
     }
     if (!c->quiet && rc == ER_OK)
         progress_end(&prog, NULL);
+    g.ad.dropout = (float)g.dropout; // saved as it came
     if (rc == ER_OK && g.st.step == c->steps)
         rc = peft_save(&g.ad, c->out_dir);
     er_free(ckpt);

@@ -2,7 +2,9 @@
 // states a token budget in each (a system line, or the end of the user turn), rolls out G samples per
 // prompt with the runtime (shared prompt prefix, batched decode, adapter on after the prefill),
 // rewards correct x soft_barrier(length, budget), and takes clipped policy-gradient steps with a k3 KL
-// penalty against the same base with the adapter off.
+// penalty against the same base with the adapter off. Adapter dropout is off (lora_dropout > 0 adapters,
+// e.g. from `sft --dropout` or PEFT's usual 0.05, train as if it were 0 and are saved with it unchanged):
+// the rollouts, the update's log-probs and the ratio between them must come from one function.
 #ifndef RL_GRPO_TRAIN_H
 #define RL_GRPO_TRAIN_H
 
@@ -31,7 +33,8 @@ typedef struct {
     LossType loss_type;
     int iterations;               // policy updates per rollout batch (old log-probs stored)
     double lr, warmup, clip, weight_decay;
-    int seq_len;                  // positions per sequence (prompt + prefix + completion)
+    int seq_len;                  // positions per sequence (prompt + prefix + completion); 0 = what the
+                                  // longest prompt at its largest budget needs
     int seed, threads, save_every, resume, quiet;
     int stop_after;               // stop after this step as if interrupted (testing --resume); 0 = off
 } GrpoConfig;
