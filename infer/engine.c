@@ -404,7 +404,7 @@ static int is_eos(const Engine *e, int tok) {
 }
 
 // The next token of sample i from its logits row: a forced suffix token, or a sample.
-static int next_token(Engine *e, const GenConfig *g, SampleState *s, GenSample *o, const float *logits,
+static int next_token(Engine *e, const GenConfig *g, SampleState *s, GenSample *o, int i, const float *logits,
                       const int *suffix, int n_suffix) {
     int V = e->model->cfg.V;
     if (g->budget > 0 && !s->forcing && o->n_tokens == g->budget && n_suffix > 0) {
@@ -417,7 +417,9 @@ static int next_token(Engine *e, const GenConfig *g, SampleState *s, GenSample *
         logprob_forward(&s->pending_lp, logits, &s->pending, 1, V, 1.0f);
         return ER_OK;
     }
-    return sampler_sample(&e->sampler, &g->sampler, logits, &s->rng, &s->pending, &s->pending_lp);
+    int rc = sampler_sample(&e->sampler, &g->sampler, logits, &s->rng, &s->pending, &s->pending_lp);
+    // "logits contain NaN (token 7)" names a vocabulary entry: say which sample and position too.
+    return rc < 0 ? er_error_prefix(rc, "generate: sample %d, new token %d", i, o->n_tokens + 1) : ER_OK;
 }
 
 static int check_config(const Engine *e, const GenConfig *g, int n_prompt, int n_prefix, int n_suffix) {
@@ -510,7 +512,7 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
                 rc = ER_ENOMEM;
         }
         if (rc == ER_OK)
-            rc = next_token(e, g, s, &out[i], e->prompt_logits, suffix, n_suffix);
+            rc = next_token(e, g, s, &out[i], i, e->prompt_logits, suffix, n_suffix);
         s->live = rc == ER_OK;
     }
     int max_total = g->max_new;
@@ -599,7 +601,7 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
             stats->kv_bytes = used;
         for (int r = 0; r < B && rc == ER_OK; r++) {
             int i = rows_idx[r];
-            rc = next_token(e, g, &st[i], &out[i], e->decode.logits + (size_t)r * V, suffix, n_suffix);
+            rc = next_token(e, g, &st[i], &out[i], i, e->decode.logits + (size_t)r * V, suffix, n_suffix);
         }
     }
     stats->decode_s = time_now() - t_decode;

@@ -200,9 +200,9 @@ static int logits_scan(const float *l, int V, float *max, int *argmax) {
     if (bad) {
         for (i = 0; i < V; i++) {
             if (isnan(l[i]))
-                return er_error(ER_EINVAL, "sampler: logits contain NaN (token %d)", i);
+                return er_error(ER_EINVAL, "the logits hold NaN (at vocabulary id %d)", i);
             if (l[i] == INFINITY)
-                return er_error(ER_EINVAL, "sampler: logits contain +inf (token %d)", i);
+                return er_error(ER_EINVAL, "the logits hold +inf (at vocabulary id %d)", i);
         }
     }
     uint32_t kb = (uint32_t)kmax;

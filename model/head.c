@@ -304,6 +304,9 @@ static int parse_json(TrainedHead *t, const cJSON *j, const char *js, HeadRole r
     ER_TRY(json_get_double(j, "threshold", &th, js));
     if (!(th >= 0 && th <= 1))
         return er_error(ER_EFORMAT, "%s: \"threshold\" must be in [0, 1]", js);
+    if (role == HEAD_SWITCHER && th >= 1)
+        return er_error(ER_EFORMAT, "%s: a switcher with threshold 1 sends no prompt to reasoning (retrain it with "
+                        "ertrain heads --target-recall R)", js);
     t->threshold = (float)th;
     ER_TRY(json_get_string(j, "model_fingerprint", &s, js));
     snprintf(t->fingerprint, sizeof t->fingerprint, "%s", s);

@@ -21,10 +21,13 @@ static inline float ops_expf(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
+    // NaN passes the clamps: its exponent comes from 0 (p is NaN already), so the int conversion and the
+    // shift stay defined; otherwise n + 127 is in [1, 255].
+    n = n == n ? n : 0.0f;
     union {
         int32_t i;
         float f;
-    } scale = {.i = ((int32_t)n + 127) << 23};
+    } scale = {.i = (int32_t)((uint32_t)((int32_t)n + 127) << 23)};
     return p * scale.f;
 }
 

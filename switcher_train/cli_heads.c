@@ -140,6 +140,10 @@ static int train_head(const HeadsFlags *f, HeadRole role, const Rows *tr, const 
         int cn = va->n > 0 ? va->n : tr->n;
         double target = role == HEAD_SWITCHER ? f->target_recall : 0;
         t.threshold = threshold_choose(cs, cy, cn, target);
+        if (role == HEAD_SWITCHER && t.threshold >= 1.0f)
+            rc = er_error(ER_EINVAL, "switcher: the best-accuracy threshold on the held-out records is 1, which sends "
+                          "no prompt to reasoning; pass --target-recall R (e.g. 0.9) or give more records that need "
+                          "reasoning");
         double auc_t = roc_auc(pt, tr->y, tr->n), auc_v = roc_auc(pv, va->y, va->n);
         double acc_t = accuracy_at(pt, tr->y, tr->n, t.threshold), acc_v = accuracy_at(pv, va->y, va->n, t.threshold);
         int vpos = 0, tp = 0;
@@ -203,6 +207,18 @@ static char *dir_of(const char *path) {
         d[slash - path] = 0;
     }
     return d;
+}
+
+// Whether two output paths name one file (however spelled; the files need not exist yet).
+static int same_file(const char *a, const char *b) {
+    char *da = dir_of(a), *db = dir_of(b), *ra = da ? path_resolve(da) : NULL, *rb = db ? path_resolve(db) : NULL;
+    const char *ba = strrchr(a, '/'), *bb = strrchr(b, '/');
+    int same = ra && rb && strcmp(ra, rb) == 0 && strcmp(ba ? ba + 1 : a, bb ? bb + 1 : b) == 0;
+    er_free(da);
+    er_free(db);
+    er_free(ra);
+    er_free(rb);
+    return same;
 }
 
 static cJSON *flags_json(const HeadsFlags *f) {
@@ -316,6 +332,11 @@ int cmd_heads(int argc, char **argv) {
         rc = er_error(ER_EINVAL, "nothing to train: give --switcher-out FILE and/or --verifier-out FILE");
     if (rc == ER_OK && strcmp(f.kv, "f32") != 0 && strcmp(f.kv, "int8") != 0)
         rc = er_error(ER_EINVAL, "--kv must be f32 or int8, got \"%s\"", f.kv);
+    if (rc == ER_OK && !(f.val_split > 0))
+        rc = er_error(ER_EINVAL, "--val-split must be above 0: the thresholds are calibrated on held-out records");
+    if (rc == ER_OK && f.switcher_out && f.verifier_out && same_file(f.switcher_out, f.verifier_out))
+        rc = er_error(ER_EINVAL, "--switcher-out and --verifier-out are both \"%s\": the second head would overwrite "
+                      "the first", f.switcher_out);
     if (rc < 0)
         return cli_fail("heads");
     threads_set(f.threads);

@@ -5,6 +5,7 @@
 #include "core/args.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "data/tokenizer.h"
 #include "model/model.h"
 #include "train/cli.h"
 #include "train/run.h"
@@ -31,7 +32,22 @@ int cmd_init(int argc, char **argv) {
     threads_set(threads);
     ModelConfig c;
     Model m;
-    if (model_config_load(&c, config) < 0 || model_build_random(&m, &c, (float)std, (uint64_t)seed) < 0)
+    if (model_config_load(&c, config) < 0)
+        return cli_fail("init");
+    // A vocabulary smaller than the tokenizer's would give ids with no embedding row: checked first.
+    if (tokenizer) {
+        Tokenizer *tok;
+        if (tok_load(&tok, tokenizer) < 0)
+            return cli_fail("init");
+        int tv = tok_vocab_size(tok);
+        tok_free(tok);
+        if (tv > c.V) {
+            er_error(ER_EINVAL, "%s: vocab_size %d is smaller than the %d ids of the tokenizer %s", config, c.V, tv,
+                     tokenizer);
+            return cli_fail("init");
+        }
+    }
+    if (model_build_random(&m, &c, (float)std, (uint64_t)seed) < 0)
         return cli_fail("init");
     rc = model_save(&m, out, bf16);
     if (rc == ER_OK && tokenizer)

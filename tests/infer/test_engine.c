@@ -331,3 +331,23 @@ Test(engine, streamed_text_equals_final_text) {
     free(p);
     engine_free(&e);
 }
+
+// Logits that turn NaN mid-generation (an in-memory model; files with NaN weights are refused at
+// load) are an error naming the sample and the position, not "token 0" of the vocabulary alone.
+Test(engine, nan_logits_name_the_sample) {
+    Engine e;
+    cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 2, 200, 16, 0), 0);
+    int *p, n = prompt_ids(PROMPT, &p);
+    model.norm[0] = NAN;
+    GenConfig g;
+    gen_config_default(&g);
+    g.n_samples = 2;
+    g.max_new = 4;
+    GenSample out[2];
+    GenStats st;
+    cr_assert(engine_generate(&e, p, n, &g, NULL, NULL, out, &st) < 0);
+    cr_assert(strstr(er_last_error(), "sample 0, new token 1") && strstr(er_last_error(), "NaN"), "%s",
+              er_last_error());
+    free(p);
+    engine_free(&e);
+}

@@ -222,3 +222,16 @@ Test(head_io, broken_files_fail_cleanly) {
     trained_head_free(&small);
     trained_head_free(&t);
 }
+
+// A switcher whose threshold is 1 sends nothing to reasoning: it was loaded and silently never routed.
+Test(head_io, switcher_that_never_routes_is_refused) {
+    TrainedHead t, u;
+    make_head(&t, HEAD_SWITCHER, &model_a);
+    t.threshold = 1.0f;
+    char path[128];
+    snprintf(path, sizeof path, "%s/never.safetensors", tmp);
+    cr_assert_eq(trained_head_save(&t, path), 0, "%s", er_last_error());
+    cr_assert_lt(trained_head_load(&u, path, HEAD_SWITCHER, &model_a), 0);
+    cr_assert(strstr(er_last_error(), "threshold 1") && strstr(er_last_error(), "never.json"), "%s", er_last_error());
+    trained_head_free(&t);
+}

@@ -274,3 +274,15 @@ Test(ops_grad, logprob_backward_tempered) {
     logprob_backward_f64(g, x, tgt, coef, N, V, c.inv_t);
     check_grad("logprob backward (temperature 0.8)", x, g, N * V, lp_loss, &c);
 }
+
+// The float exp on non-finite input: NaN stays NaN (it shifted a negative int, undefined behaviour
+// that UBSan reports in `make SAN=1 test`), infinities clamp; ordinary values match libm.
+Test(ops_grad, expf_on_non_finite_input) {
+    volatile float nan = NAN, inf = INFINITY;
+    cr_assert(isnan(ops_expf(nan)));
+    cr_assert(isnan(ops_expf(-nan)));
+    cr_assert(ops_expf(inf) > 1e38f); // +inf or the largest floats, never NaN
+    cr_assert(ops_expf(-inf) >= 0 && ops_expf(-inf) < 1e-37f);
+    for (float x = -80; x <= 80; x += 7.5f)
+        cr_assert_float_eq(ops_expf(x), expf(x), 4e-7f * expf(x), "exp(%g)", x);
+}

@@ -534,6 +534,21 @@ Test(train, cli_errors_are_one_line, .init = setup, .fini = teardown, .timeout =
         cr_assert_eq(lines, 1, "`%s` wrote %d lines on stderr: %s", cmd, lines, first);
         cr_assert(strstr(first, cases[i].expect), "`%s`: \"%s\" does not mention %s", cmd, first, cases[i].expect);
     }
+    // A vocabulary smaller than the tokenizer's (512 ids) was written without a word.
+    char *cfg = join(fx.root, "small-vocab.json"), *small = join(fx.root, "small-vocab");
+    const char *js = "{\"model_type\": \"qwen2\", \"hidden_size\": 32, \"intermediate_size\": 64, "
+                     "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"vocab_size\": 300}";
+    cr_assert_eq(file_write_atomic(cfg, js, strlen(js)), ER_OK);
+    {
+        char cmd[3072], first[1024];
+        snprintf(cmd, sizeof cmd, "%s init --config %s --tokenizer data/tiny_tokenizer --out %s", prog, cfg, small);
+        int lines, rc = run_cli(cmd, &lines, first, sizeof first);
+        cr_assert_eq(rc, 1, "`%s` exited with %d", cmd, rc);
+        cr_assert(lines == 1 && strstr(first, "smaller than the 512 ids"), "%s", first);
+        cr_assert(!path_exists(small), "init wrote %s anyway", small);
+    }
+    er_free(cfg);
+    er_free(small);
     // An existing run dir without --resume.
     cr_assert_eq(dir_make(out), ER_OK);
     char *marker = join(out, "run.json");
