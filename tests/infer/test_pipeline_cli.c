@@ -60,8 +60,9 @@ Test(pipeline_cli, generate_json_reports_route_scores_votes) {
     cr_assert(t && cJSON_GetObjectItem(t, "prefill_s") && cJSON_GetObjectItem(t, "verify_s"));
     cJSON_Delete(j);
     helper_result_free(&r);
-    // A switcher threshold above every score sends the query to the base's direct answer.
-    write_heads(1.0f);
+    // A switcher threshold above every score sends the query to the base's direct answer (1 itself is
+    // refused: such a switcher would never route).
+    write_heads(0.9999f);
     r = helper_run(tmp,
                    "'%s' generate --model '%s/model' --adapter '%s/adapter' --switcher '%s/sw' --verifier '%s/vf' "
                    "--prompt 'What is 2 + 3?' --samples 3 --max-new 10 --json --threads 1",
