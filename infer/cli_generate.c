@@ -153,8 +153,12 @@ int cmd_generate(int argc, char **argv) {
     return rc < 0 ? cli_fail("generate") : 0;
 }
 
+static const char CHAT_HELP[] = "commands: /help this list, /reset start a new conversation (the --system message "
+                                "stays), /exit leave (so does end of input); a line starting with // sends the rest "
+                                "after one /";
+
 // Interactive multi-turn chat on stdin/stdout. The session keeps the conversation's prompt in its
-// KV cache, so each turn computes only its new tokens.
+// KV cache, so each turn computes only its new tokens. Lines starting with '/' are commands.
 int cmd_chat(int argc, char **argv) {
     GenFlags f;
     gen_flags_default(&f);
@@ -188,6 +192,9 @@ int cmd_chat(int argc, char **argv) {
     char *line = NULL;
     size_t lcap = 0;
     ssize_t len;
+    int keep = n; // the --system message survives /reset
+    fprintf(stderr, "erinfer chat: %s%s%s, up to %d new tokens a turn; /help for commands\n", f.model,
+            f.adapter ? " + " : "", f.adapter ? f.adapter : "", p.max_new_tokens);
     while (rc == ER_OK) {
         if (tty) {
             fputs("> ", stdout);
@@ -199,6 +206,25 @@ int cmd_chat(int argc, char **argv) {
             line[--len] = 0;
         if (len == 0)
             continue;
+        char *text = line;
+        if (line[0] == '/' && line[1] == '/') {
+            text = line + 1;
+        } else if (line[0] == '/') {
+            if (strcmp(line, "/exit") == 0 || strcmp(line, "/quit") == 0)
+                break;
+            if (strcmp(line, "/help") == 0) {
+                printf("%s\n", CHAT_HELP);
+            } else if (strcmp(line, "/reset") == 0) {
+                for (int i = keep; i < n; i++)
+                    er_free(owned[i]), owned[i] = NULL;
+                n = keep;
+                printf("(new conversation)\n");
+            } else {
+                printf("unknown command %s (/help lists them)\n", line);
+            }
+            fflush(stdout);
+            continue;
+        }
         if (n + 2 > cap) {
             cap = cap ? cap * 2 : 8;
             msgs = er_realloc_array(msgs, (size_t)cap, sizeof(ErMessage));
@@ -208,7 +234,7 @@ int cmd_chat(int argc, char **argv) {
                 break;
             }
         }
-        owned[n] = er_strdup(line);
+        owned[n] = er_strdup(text);
         msgs[n] = (ErMessage){"user", owned[n]};
         n++;
         rc = er_generate(s, msgs, n, &p, stream_token, NULL);

@@ -435,3 +435,18 @@ Test(cli, non_finite_weights_refused) {
     er_free(bad);
     er_free(in);
 }
+
+// erinfer chat as a user types it: a banner, /help, an unknown /command said so (not sent to the
+// model), /reset, // to send a line starting with '/', and /exit.
+Test(cli, chat_commands) {
+    need_erinfer();
+    CmdResult r = helper_run(tmp, "(printf 'hello\\n/help\\n/bogus\\n/reset\\n//slash\\n/exit\\nnever\\n' | '%s' chat "
+                                  "--model '%s' --max-new 4 --threads 1)", erinfer, model);
+    cr_assert_eq(r.status, 0, "chat exited %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "erinfer chat: ") && strstr(r.err, "/help"), "no banner: %s", r.err);
+    cr_assert_eq(helper_count_lines(r.err), 1, "stderr: %s", r.err);
+    cr_assert(strstr(r.out, "commands: /help"), "no /help text:\n%s", r.out);
+    cr_assert(strstr(r.out, "unknown command /bogus"), "unknown command not reported:\n%s", r.out);
+    cr_assert(strstr(r.out, "(new conversation)"), "/reset not acknowledged:\n%s", r.out);
+    helper_result_free(&r);
+}
