@@ -11,7 +11,8 @@ int train_flags_specs(TrainConfig *c, ArgSpec *s) {
         {"epochs", ARG_INT, &c->epochs, "passes over the data (when --steps is not given)", 0, 0, 100000},
         {"steps", ARG_INT, &c->steps, "optimizer steps (overrides --epochs)", 0, 0, 2000000000},
         {"batch", ARG_INT, &c->batch, "sequences per micro-batch", 0, 1, 65536},
-        {"seq-len", ARG_INT, &c->seq_len, "most input positions per sequence (longer ones are cut)", 0, 2, 1 << 20},
+        {"seq-len", ARG_INT, &c->seq_len, "most input positions per sequence, longer ones are cut (0 = the model's "
+                                         "max_position_embeddings)", 0, 0, 1 << 20},
         {"grad-accum", ARG_INT, &c->grad_accum, "micro-batches per optimizer step", 0, 1, 65536},
         {"warmup", ARG_FLOAT, &c->warmup, "warmup: fraction of the steps (< 1) or steps (>= 1)", 0, 0, 0},
         {"clip", ARG_FLOAT, &c->clip, "global gradient-norm limit (0 = off)", 0, 0, 0},

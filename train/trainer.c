@@ -41,7 +41,7 @@ void train_config_default(TrainConfig *c, TrainKind kind) {
     c->eps = 1e-8;
     c->epochs = 1;
     c->batch = 8;
-    c->seq_len = 512;
+    c->seq_len = 0; // the model's max_position_embeddings
     c->grad_accum = 1;
     c->init_std = 0.02;
     c->eval_split = 0.05;
@@ -67,8 +67,8 @@ int train_config_check(const TrainConfig *c) {
         return er_error(ER_EINVAL, "--lr must be > 0 and --min-lr in [0, lr] (got %g, %g)", c->lr, c->min_lr);
     if (c->batch < 1 || c->grad_accum < 1)
         return er_error(ER_EINVAL, "--batch and --grad-accum must be >= 1 (got %d, %d)", c->batch, c->grad_accum);
-    if (c->seq_len < 2)
-        return er_error(ER_EINVAL, "--seq-len must be >= 2 (got %d)", c->seq_len);
+    if (c->seq_len != 0 && c->seq_len < 2)
+        return er_error(ER_EINVAL, "--seq-len must be 0 (the model's positions) or >= 2 (got %d)", c->seq_len);
     if (c->steps < 0 || c->epochs < 0 || (c->steps == 0 && c->epochs == 0))
         return er_error(ER_EINVAL, "give --steps N or --epochs E (both >= 1)");
     if (!(c->warmup >= 0))
@@ -116,6 +116,7 @@ typedef struct {
     int n_train, n_eval;
     long n_records, n_skipped, n_truncated;
     int max_len_train, max_len_eval;
+    int seq_len;            // --seq-len, or the model's max_position_embeddings
     long total_steps, warmup_steps;
     Batches ep;             // the current epoch's batch order
     TrainState st;
@@ -202,7 +203,7 @@ static int load_data(Trainer *t) {
     ER_TRY(rc);
     if (t->n_train == 0)
         return er_error(ER_EINVAL, "%s: no training record fits --seq-len %d (%ld refused as too long)", c->data_path,
-                        c->seq_len, t->n_skipped);
+                        t->seq_len, t->n_skipped);
     return ER_OK;
 }
 
@@ -278,7 +279,7 @@ static cJSON *config_to_json(const Trainer *t) {
     cJSON_AddNumberToObject(j, "epochs", c->steps > 0 ? 0 : c->epochs);
     cJSON_AddNumberToObject(j, "steps", (double)t->total_steps);
     cJSON_AddNumberToObject(j, "batch", c->batch);
-    cJSON_AddNumberToObject(j, "seq_len", c->seq_len);
+    cJSON_AddNumberToObject(j, "seq_len", t->seq_len);
     cJSON_AddNumberToObject(j, "grad_accum", c->grad_accum);
     cJSON_AddNumberToObject(j, "eval_split", c->eval_split);
     cJSON_AddNumberToObject(j, "eval_max", c->eval_max);
@@ -515,13 +516,14 @@ int trainer_run(TrainJob *job, TrainResult *res) {
             goto done;         \
     } while (0)
 
-    if (c->seq_len > job->model->cfg.max_pos)
+    t.seq_len = c->seq_len ? c->seq_len : job->model->cfg.max_pos;
+    if (t.seq_len > job->model->cfg.max_pos)
         CHECK(er_error(ER_EINVAL, "--seq-len %d is longer than the model's max_position_embeddings %d", c->seq_len,
                        job->model->cfg.max_pos));
     if (tok_vocab_size(job->tok) > job->model->cfg.V)
         CHECK(er_error(ER_EINVAL, "the tokenizer has %d ids but the model's vocabulary only %d", tok_vocab_size(job->tok),
                        job->model->cfg.V));
-    CHECK(seq_builder_init(&t.sb, job->tok, job->style, job->prefix, c->seq_len, c->kind != TRAIN_SFT,
+    CHECK(seq_builder_init(&t.sb, job->tok, job->style, job->prefix, t.seq_len, c->kind != TRAIN_SFT,
                            c->no_mask));
     CHECK(load_data(&t));
     CHECK(make_epoch(&t, 0));
@@ -540,7 +542,7 @@ int trainer_run(TrainJob *job, TrainResult *res) {
     CHECK(adamw_init(&t.opt, job->n, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay));
     int maxT = t.max_len_train > t.max_len_eval ? t.max_len_train : t.max_len_eval;
     CHECK(batch_alloc(&t.batch, c->batch, maxT));
-    CHECK(acts_alloc(&t.acts, &job->model->cfg, c->batch, t.max_len_train, ACTS_TRAIN, 0));
+    CHECK(acts_alloc(&t.acts, &job->model->cfg, c->batch, t.max_len_train, ACTS_TRAIN, er_physical_memory()));
     t.eval_idx = er_calloc((size_t)t.n_eval + 1, sizeof(int));
     if (!t.eval_idx)
         CHECK(ER_ENOMEM);

@@ -47,7 +47,9 @@ typedef struct {
     double beta1, beta2, eps;
     int epochs;                 // used when steps == 0
     int steps;                  // optimizer steps (0 = from epochs)
-    int batch, seq_len, grad_accum;
+    int batch, grad_accum;
+    int seq_len;                // most input positions per sequence (longer ones are cut); 0 = the model's
+                                // max_position_embeddings. Activations are sized from the longest sequence
     double init_std;            // pretrain: std of the random matrices
     // evaluation, logging, checkpoints
     double eval_split;          // fraction of the records held out
