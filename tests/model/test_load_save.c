@@ -254,3 +254,28 @@ Test(model_io, forward_rejects_bad_tokens) {
     acts_free(&a);
     model_free(&m);
 }
+
+// A vector of the wrong length is named with both shapes as written: "[8]" was printed "[80]".
+Test(model_io, shape_message_of_a_vector) {
+    char *dir = dir_with_model();
+    char *path = path_join(dir, "model.safetensors"), *other = path_join(dir, "other.safetensors");
+    StFile f;
+    cr_assert_eq(safetensors_open(&f, path), 0);
+    StWriteTensor ts[64];
+    float nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+    int n = 0;
+    for (int i = 0; i < f.n_tensors; i++, n++) {
+        ts[n] = (StWriteTensor){f.tensors[i].name, f.tensors[i].dtype, f.tensors[i].ndim, {0}, f.tensors[i].data};
+        memcpy(ts[n].shape, f.tensors[i].shape, sizeof ts[n].shape);
+        if (strcmp(f.tensors[i].name, "model.layers.1.post_attention_layernorm.weight") == 0) {
+            ts[n].shape[0] = 9;
+            ts[n].data = nine;
+        }
+    }
+    cr_assert_eq(safetensors_write(other, ts, n, NULL, 0), 0);
+    safetensors_close(&f);
+    cr_assert_eq(rename(other, path), 0);
+    expect_load_error(dir, "\"model.layers.1.post_attention_layernorm.weight\" has shape [9], expected [8] ");
+    free(path);
+    free(other);
+}
