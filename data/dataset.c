@@ -155,6 +155,15 @@ static int parse_record(const cJSON *obj, const DatasetOptions *opt, const char 
         return er_error(ER_EFORMAT, "%s: expected a \"messages\", \"prompt\", \"problem\", \"question\" or \"text\" field",
                         ctx);
     }
+    // A gold answer with nothing in it ("", "$ $", "\\boxed{}") equals no response: refused, not graded wrong.
+    if (ex->answer) {
+        char *norm;
+        ER_TRY(grade_normalize(ex->answer, &norm));
+        int empty = !norm[0];
+        er_free(norm);
+        if (empty)
+            return er_error(ER_EFORMAT, "%s: the gold answer \"%.60s\" is empty", ctx, ex->answer);
+    }
     if (opt && opt->response_key)
         ER_TRY(json_get_string(obj, opt->response_key, &resp, ctx));
     if (resp)

@@ -42,7 +42,7 @@ int lora_targets_parse(const char *list, unsigned *mask) {
     return ER_OK;
 }
 
-static void target_shape(const LoraShape *s, LoraTarget t, int *in, int *out) {
+void lora_target_shape(const LoraShape *s, LoraTarget t, int *in, int *out) {
     switch (t) {
     case LT_Q: *in = s->C; *out = s->q_dim; break;
     case LT_K: case LT_V: *in = s->C; *out = s->kv_dim; break;
@@ -75,7 +75,7 @@ int lora_init(LoraAdapter *a, const LoraShape *s, int r, float alpha, int rslora
         for (int t = 0; t < LT_COUNT; t++)
             if (targets & (1u << t)) {
                 LoraMat *m = &a->mats[l * LT_COUNT + t];
-                target_shape(s, (LoraTarget)t, &m->in, &m->out);
+                lora_target_shape(s, (LoraTarget)t, &m->in, &m->out);
                 total += (size_t)r * (m->in + m->out);
             }
     a->n_params = total;

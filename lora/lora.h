@@ -47,6 +47,9 @@ typedef struct {
     int L, C, q_dim, kv_dim, FF;
 } LoraShape;
 
+// The (in, out) features of target t's base linear.
+void lora_target_shape(const LoraShape *s, LoraTarget t, int *in, int *out);
+
 // PEFT init: A ~ Kaiming-uniform(a = sqrt(5)) i.e. U(-1/sqrt(in), 1/sqrt(in)), B = 0.
 int lora_init(LoraAdapter *a, const LoraShape *s, int r, float alpha, int rslora, float dropout, unsigned targets,
               int with_grads, uint64_t seed);

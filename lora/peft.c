@@ -316,15 +316,18 @@ static int parse_tensor_name(const char *name, int *layer, LoraTarget *t, int *i
     return -1;
 }
 
-static int load_tensors(LoraAdapter *a, const StFile *f, const char *path) {
-    int L = a->L;
+// The file against the config, before anything is sized from "r" and "target_modules": every tensor is
+// a targeted matrix of the right shape and every targeted A [r, in] and B [out, r] is there, so an adapter
+// never takes more memory than its file holds (a 60-byte config with r = 65536 asked for 2.5 GB).
+static int check_tensors(const StFile *f, const char *path, const PeftConfig *pc, const LoraShape *s) {
+    int L = s->L;
     uint8_t *seen = er_calloc((size_t)L * LT_COUNT * 2, 1);
     if (!seen)
         return ER_ENOMEM;
     int rc = ER_OK;
     for (int i = 0; i < f->n_tensors && rc == ER_OK; i++) {
         const StTensor *st = &f->tensors[i];
-        int l, is_b;
+        int l, is_b, in, out;
         LoraTarget t;
         if (parse_tensor_name(st->name, &l, &t, &is_b) < 0) {
             rc = er_error(ER_EFORMAT, "%s: unexpected tensor \"%s\": expected names like "
@@ -336,21 +339,20 @@ static int load_tensors(LoraAdapter *a, const StFile *f, const char *path) {
                           st->name, l, L, L == 1 ? "" : "s");
             break;
         }
-        LoraMat *m = &a->mats[l * LT_COUNT + t];
-        if (!m->A) {
+        if (!(pc->targets & (1u << t))) {
             rc = er_error(ER_EFORMAT, "%s: tensor \"%s\" is for %s, which \"target_modules\" does not list", path,
                           st->name, lora_target_name(t));
             break;
         }
-        int64_t want0 = is_b ? m->out : a->r, want1 = is_b ? a->r : m->in;
+        lora_target_shape(s, t, &in, &out);
+        int64_t want0 = is_b ? out : pc->r, want1 = is_b ? pc->r : in;
         if (st->ndim != 2 || st->shape[0] != want0 || st->shape[1] != want1) {
             char got[96] = "[";
             for (int d = 0; d < st->ndim; d++)
                 snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)st->shape[d]);
             strncat(got, "]", sizeof got - strlen(got) - 1);
             rc = er_error(ER_EFORMAT, "%s: tensor \"%s\" has shape %s, expected [%lld, %lld] (r = %d, base %s %d -> %d)",
-                          path, st->name, got, (long long)want0, (long long)want1, a->r, lora_target_name(t), m->in,
-                          m->out);
+                          path, st->name, got, (long long)want0, (long long)want1, pc->r, lora_target_name(t), in, out);
             break;
         }
         if (st->dtype != DT_F32 && st->dtype != DT_BF16 && st->dtype != DT_F16) {
@@ -358,23 +360,36 @@ static int load_tensors(LoraAdapter *a, const StFile *f, const char *path) {
                           dtype_name(st->dtype));
             break;
         }
-        float *dst = is_b ? m->B : m->A;
-        size_t n = (size_t)want0 * want1;
-        rc = dtype_to_f32(dst, st->data, st->dtype, n);
-        for (size_t k = 0; rc == ER_OK && k < n; k++)
-            if (!isfinite(dst[k]))
-                rc = er_error(ER_EFORMAT, "%s: tensor \"%s\" holds a non-finite value at index %zu", path, st->name, k);
         seen[(l * LT_COUNT + t) * 2 + is_b] = 1;
     }
     for (int l = 0; l < L && rc == ER_OK; l++)
         for (int t = 0; t < LT_COUNT && rc == ER_OK; t++)
             for (int b = 0; b < 2 && rc == ER_OK; b++)
-                if ((a->targets & (1u << t)) && !seen[(l * LT_COUNT + t) * 2 + b]) {
+                if ((pc->targets & (1u << t)) && !seen[(l * LT_COUNT + t) * 2 + b]) {
                     char want[PEFT_NAME_MAX];
                     tensor_name(want, sizeof want, l, (LoraTarget)t, b);
                     rc = er_error(ER_EFORMAT, "%s: missing tensor \"%s\"", path, want);
                 }
     er_free(seen);
+    return rc;
+}
+
+// The checked tensors into the adapter's fp32 matrices; non-finite values are refused by index.
+static int copy_tensors(LoraAdapter *a, const StFile *f, const char *path) {
+    int rc = ER_OK;
+    for (int i = 0; i < f->n_tensors && rc == ER_OK; i++) {
+        const StTensor *st = &f->tensors[i];
+        int l, is_b;
+        LoraTarget t;
+        parse_tensor_name(st->name, &l, &t, &is_b); // check_tensors accepted it
+        LoraMat *m = &a->mats[l * LT_COUNT + t];
+        float *dst = is_b ? m->B : m->A;
+        size_t n = (size_t)st_numel(st);
+        rc = dtype_to_f32(dst, st->data, st->dtype, n);
+        for (size_t k = 0; rc == ER_OK && k < n; k++)
+            if (!isfinite(dst[k]))
+                rc = er_error(ER_EFORMAT, "%s: tensor \"%s\" holds a non-finite value at index %zu", path, st->name, k);
+    }
     return rc;
 }
 
@@ -408,6 +423,9 @@ int peft_load(LoraAdapter *a, const char *dir, const LoraShape *s, int with_grad
     if (rc < 0)
         goto done;
     f_open = 1;
+    rc = check_tensors(&f, st_path, &pc, s);
+    if (rc < 0)
+        goto done;
     rc = lora_init(a, s, pc.r, pc.alpha, pc.rslora, pc.dropout, pc.targets, with_grads, 0);
     if (rc < 0)
         goto done;
@@ -417,7 +435,7 @@ int peft_load(LoraAdapter *a, const char *dir, const LoraShape *s, int with_grad
         rc = ER_ENOMEM;
         goto done;
     }
-    rc = load_tensors(a, &f, st_path);
+    rc = copy_tensors(a, &f, st_path);
 done:
     if (rc < 0 && a->mats)
         lora_free(a);

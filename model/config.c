@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -59,13 +60,14 @@ int model_config_from_json(ModelConfig *c, const cJSON *j, const char *ctx) {
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
     if (rs && !cJSON_IsNull(rs))
         return er_error(ER_EUNSUPPORTED, "%s: rope_scaling is not supported", ctx);
-    if (!(theta > 0))
-        return er_error(ER_EFORMAT, "%s: rope_theta must be positive", ctx);
-    ER_TRY(json_opt_double(j, "rms_norm_eps", &eps, ctx));
-    if (!(eps > 0 && eps < 1))
-        return er_error(ER_EFORMAT, "%s: rms_norm_eps must be in (0, 1)", ctx);
+    // Checked as the floats the model uses: 1e300 would become inf, 1e-50 zero and 0.999999999 one.
     c->rope_theta = (float)theta;
+    if (!(theta > 0) || !isfinite(c->rope_theta) || !(c->rope_theta > 1))
+        return er_error(ER_EFORMAT, "%s: rope_theta %g must be a float above 1", ctx, theta);
+    ER_TRY(json_opt_double(j, "rms_norm_eps", &eps, ctx));
     c->eps = (float)eps;
+    if (!(c->eps >= 1e-30f && c->eps < 1))
+        return er_error(ER_EFORMAT, "%s: rms_norm_eps %g must be in [1e-30, 1) as a float", ctx, eps);
 
     c->tied = 0;
     ER_TRY(json_opt_bool(j, "tie_word_embeddings", &c->tied, ctx));

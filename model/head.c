@@ -362,12 +362,20 @@ int trained_head_load(TrainedHead *t, const char *path, HeadRole role, const Mod
                           "are tied to the exact weights (a quantized copy counts as another model): retrain it with "
                           "ertrain heads on this model", js, t->fingerprint, fp);
     }
-    if (rc == ER_OK)
-        rc = head_init(&t->net, kind, in, hidden, dropout < 1 && dropout >= 0 ? (float)dropout : 0, 0, 0);
     if (rc == ER_OK) {
         rc = safetensors_open(&f, st);
         have_st = rc == ER_OK;
     }
+    // The sizes in the JSON are checked against the file before anything is allocated from them.
+    if (rc == ER_OK) {
+        const StTensor *w1 = safetensors_find(&f, "w1");
+        int64_t rows = kind == HEAD_MLP ? hidden : 1;
+        if (!w1 || w1->ndim != 2 || w1->shape[0] != rows || w1->shape[1] != in)
+            rc = er_error(ER_EFORMAT, "%s: tensor \"w1\" is %s, but %s says [%lld, %d]", st, w1 ? "of another shape" : "missing",
+                          js, (long long)rows, in);
+    }
+    if (rc == ER_OK)
+        rc = head_init(&t->net, kind, in, hidden, dropout < 1 && dropout >= 0 ? (float)dropout : 0, 0, 0);
     const Head *h = &t->net;
     if (rc == ER_OK)
         rc = safetensors_read_tensor(&f, "w1", DT_F32, 2, (int64_t[]){h->hidden, h->in}, h->w1);

@@ -152,6 +152,10 @@ Test(dataset, malformed_lines_report_file_and_line) {
         {"{\"prompt\": \"p\", \"budget\": 0}", "field \"budget\" must be a positive number of tokens"},
         {"{\"prompt\": \"p\", \"budget\": -1}", "field \"budget\" must be a positive number of tokens"},
         {"{\"prompt\": \"p\", \"needs_reasoning\": 1}", "field \"needs_reasoning\" must be true or false"},
+        // gold answers no response can equal (found by fuzzing): refused instead of graded wrong forever
+        {"{\"prompt\": \"p\", \"answer\": \"\"}", "the gold answer \"\" is empty"},
+        {"{\"question\": \"q\", \"answer\": \"x\\n#### $ $\"}", "is empty"},
+        {"{\"problem\": \"p\", \"solution\": \"so \\\\boxed{}\"}", "is empty"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char text[512];

@@ -451,6 +451,19 @@ Test(peft, refuses_bad_configs) {
     }
 }
 
+// A config whose "r" disagrees with the file is refused from the file's shapes before anything is sized
+// from it (r = 65536 made a 60-byte config allocate 2.5 GB; the fuzz corpus replays that under a malloc
+// limit).
+Test(peft, rank_checked_against_the_file_first) {
+    LoraAdapter a;
+    char dir[64];
+    valid_dir(dir, &a);
+    edit_config(dir, "r", "65536");
+    expect_refused(dir, &SHAPE, "adapter_model.safetensors", "expected [65536, ");
+    lora_free(&a);
+    remove_dir(dir);
+}
+
 Test(peft, neutral_values_are_accepted) {
     static const ConfigCase cases[] = {
         {"rank_pattern", "null", NULL},      {"alpha_pattern", "{}", NULL},        {"modules_to_save", "[]", NULL},

@@ -10,6 +10,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/json.h"
 #include "core/rng.h"
 #include "model/head.h"
 #include "model/model.h"
@@ -233,5 +234,26 @@ Test(head_io, switcher_that_never_routes_is_refused) {
     cr_assert_eq(trained_head_save(&t, path), 0, "%s", er_last_error());
     cr_assert_lt(trained_head_load(&u, path, HEAD_SWITCHER, &model_a), 0);
     cr_assert(strstr(er_last_error(), "threshold 1") && strstr(er_last_error(), "never.json"), "%s", er_last_error());
+    trained_head_free(&t);
+}
+
+// "in" and "hidden" are checked against the file before anything is sized from them: with no model
+// to pin "in", a 200-byte JSON asked for 4 TiB (found by fuzzing).
+Test(head_io, sizes_checked_against_the_file_first) {
+    TrainedHead t, u;
+    make_head(&t, HEAD_SWITCHER, &model_a);
+    char path[128], js[128];
+    snprintf(path, sizeof path, "%s/big.safetensors", tmp);
+    snprintf(js, sizeof js, "%s/big.json", tmp);
+    cr_assert_eq(trained_head_save(&t, path), 0, "%s", er_last_error());
+    cJSON *j;
+    cr_assert_eq(json_parse_file(js, 1 << 20, &j), 0);
+    cJSON_ReplaceItemInObject(j, "in", cJSON_CreateNumber(1 << 20));
+    cJSON_ReplaceItemInObject(j, "hidden", cJSON_CreateNumber(1 << 20));
+    cr_assert_eq(json_write_file(js, j), 0);
+    cJSON_Delete(j);
+    cr_assert_lt(trained_head_load(&u, path, HEAD_SWITCHER, NULL), 0);
+    cr_assert(strstr(er_last_error(), "\"w1\"") && strstr(er_last_error(), "[1048576, 1048576]"), "%s",
+              er_last_error());
     trained_head_free(&t);
 }

@@ -112,6 +112,19 @@ Test(model_io, bad_configs) {
         {"{\"model_type\": \"qwen2\", \"hidden_size\": \"8\", \"intermediate_size\": 12}", "hidden_size"},
         {"{\"model_type\": \"qwen2\", \"hidden_size\": -8, \"intermediate_size\": 12}", "out of range"},
     };
+    // Values checked as the floats the model uses (found by fuzzing): inf, zero, one.
+    const char *floats[][3] = {{"\"rope_theta\": 10000.0", "\"rope_theta\": 1e300", "rope_theta"},
+                               {"\"rms_norm_eps\": 1e-6", "\"rms_norm_eps\": 1e-50", "rms_norm_eps"},
+                               {"\"rms_norm_eps\": 1e-6", "\"rms_norm_eps\": 0.99999999999", "rms_norm_eps"}};
+    for (size_t i = 0; i < 3; i++) {
+        const char *at = strstr(good_config, floats[i][0]);
+        cr_assert(at);
+        char cfg[1200];
+        snprintf(cfg, sizeof cfg, "%.*s%s%s", (int)(at - good_config), good_config, floats[i][1],
+                 at + strlen(floats[i][0]));
+        write_text(dir, "config.json", cfg);
+        expect_load_error(dir, floats[i][2]);
+    }
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         write_text(dir, "config.json", cases[i].json);
         expect_load_error(dir, cases[i].needle);
