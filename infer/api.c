@@ -49,6 +49,12 @@ struct ErSession {
         if (!(ptr))                                                        \
             return er_error(ER_EINVAL, "%s: %s is NULL", fn, what);        \
     } while (0)
+// A model given to er_model_free lives on for its sessions but takes nothing new.
+#define NOT_FREED(m, fn)                                                   \
+    do {                                                                   \
+        if ((m)->freed)                                                    \
+            return er_error(ER_EINVAL, "%s: the model was freed", fn);     \
+    } while (0)
 
 void er_gen_params_init(ErGenParams *p) {
     if (!p)
@@ -87,6 +93,7 @@ int er_model_load(ErModel **out, const char *dir) {
 int er_model_load_adapter(ErModel *m, const char *dir) {
     NEED(m, "er_model_load_adapter", "the model");
     NEED(dir, "er_model_load_adapter", "the adapter dir");
+    NOT_FREED(m, "er_model_load_adapter");
     const ModelConfig *c = &m->model.cfg;
     LoraShape shape = {c->L, c->C, c->NH * c->HS, c->NKV * c->HS, c->FF};
     LoraAdapter a;
@@ -102,6 +109,7 @@ static int load_head(ErModel *m, const char *path, HeadRole role) {
     const char *fn = role == HEAD_SWITCHER ? "er_model_load_switcher" : "er_model_load_verifier";
     NEED(m, fn, "the model");
     NEED(path, fn, "the head path");
+    NOT_FREED(m, fn);
     TrainedHead *t = role == HEAD_SWITCHER ? &m->switcher : &m->verifier;
     int *has = role == HEAD_SWITCHER ? &m->has_switcher : &m->has_verifier;
     TrainedHead h;
@@ -142,8 +150,7 @@ int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens
     NEED(out, "er_session_open", "the output pointer");
     *out = NULL;
     NEED(m, "er_session_open", "the model");
-    if (m->freed)
-        return er_error(ER_EINVAL, "er_session_open: the model was freed");
+    NOT_FREED(m, "er_session_open");
     if (max_samples < 1 || max_tokens < 2)
         return er_error(ER_EINVAL, "er_session_open: need at least 1 sample and 2 positions (got %d, %d)", max_samples,
                         max_tokens);
@@ -287,7 +294,7 @@ int er_generate(ErSession *s, const ErMessage *msgs, int n_msgs, const ErGenPara
     for (int i = 0; i < n_msgs; i++)
         if (!msgs[i].role || !msgs[i].content)
             return er_error(ER_EINVAL, "er_generate: message %d has a NULL %s", i, msgs[i].role ? "content" : "role");
-    ChatMessage *cm = er_calloc((size_t)(n_msgs > 0 ? n_msgs : 1), sizeof(ChatMessage));
+    ChatMessage *cm = er_calloc((size_t)n_msgs, sizeof(ChatMessage));
     if (!cm)
         return ER_ENOMEM;
     for (int i = 0; i < n_msgs; i++)

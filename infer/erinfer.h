@@ -8,7 +8,7 @@
 // heads; an ErSession owns its KV cache and the results of its last call, which stay valid until
 // the next generate call or er_session_free. Free sessions before their model. A session keeps its
 // model alive: er_model_free with sessions still open only marks the model, which is released with
-// the last session (and refuses new sessions). A model and its sessions are used from one thread
+// the last session (and refuses new sessions, adapters and heads). A model and its sessions are used from one thread
 // at a time; different models may run on different threads.
 //
 //     ErModel *m;  ErSession *s;
