@@ -441,11 +441,14 @@ static int leading_number(char **ans) {
         i++;
     while (s[i] == ',' && isdigit(s[i + 1]) && isdigit(s[i + 2]) && isdigit(s[i + 3]) && !isdigit(s[i + 4]))
         i += 4;
-    if (s[i] == '.' && isdigit(s[i + 1]))
-        for (i++; isdigit(s[i]); i++) {
-        }
+    if (s[i] == '.' && isdigit(s[i + 1])) {
+        i++;
+        while (isdigit(s[i]))
+            i++;
+    }
     i += s[i] == '%';
-    int sep = s[i] == ' ' || s[i] == '\t' || s[i] == ',' || s[i] == ';' || (s[i] == '.' && (!s[i + 1] || isspace(s[i + 1])));
+    int sep = s[i] == ' ' || s[i] == '\t' || s[i] == ',' || s[i] == ';' ||
+              (s[i] == '.' && (!s[i + 1] || isspace(s[i + 1])));
     if (!sep)
         return ER_OK;
     char *d = dup_range(*ans, i);
@@ -541,7 +544,8 @@ int grade_answer_correct(const char *answer, const char *gold) {
         return 0;
     // The gold answer read by the same rule: its \boxed{} or "#### X", and the leading number.
     char *g = NULL;
-    int rc = strstr(gold, "\\boxed") || strstr(gold, "\\fbox") || strstr(gold, "####") ? grade_extract(gold, &g) : ER_OK;
+    int marked = strstr(gold, "\\boxed") || strstr(gold, "\\fbox") || strstr(gold, "####");
+    int rc = marked ? grade_extract(gold, &g) : ER_OK;
     if (rc == ER_OK && !g)
         rc = (g = er_strdup(gold)) ? leading_number(&g) : er_error(ER_ENOMEM, "grade: out of memory");
     int eq = rc < 0 ? rc : grade_equal(answer, g);

@@ -34,8 +34,9 @@ int gen_flags_specs(GenFlags *f, ArgSpec *s) {
          0, 0},
         {"stop", ARG_TEXT, &f->stop, "stop string (cut from the output)", 0, 0, 0},
         {"system", ARG_STR, &f->system, "system message", 0, 0, 0},
-        {"context", ARG_INT, &f->context, "positions per sample, prompt included (0 = 4096 + --max-new, at most the model's "
-                                            "max_position_embeddings)", 0, 0, 1 << 22},
+        {"context", ARG_INT, &f->context,
+         "positions per sample, prompt included (0 = 4096 + --max-new, at most the model's max_position_embeddings)", 0,
+         0, 1 << 22},
         {"threads", ARG_INT, &f->threads, "threads (0 = all cores)", 0, 0, 4096},
         {"switcher", ARG_STR, &f->switcher, "switcher head (ertrain heads): route each query to the base's direct "
                                             "answer or to reasoning with the adapter", 0, 0, 0},

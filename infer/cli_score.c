@@ -164,8 +164,8 @@ int cmd_score(int argc, char **argv) {
         rc = parse_item(rec, ctx, tok, m.cfg.V, &it);
         cJSON_Delete(rec);
         if (rc == ER_OK && it.n > m.cfg.max_pos)
-            rc = er_error(ER_ERANGE, "%s: %d tokens exceed the model's %d positions (max_position_embeddings)", ctx, it.n,
-                          m.cfg.max_pos);
+            rc = er_error(ER_ERANGE, "%s: %d tokens exceed the model's %d positions (max_position_embeddings)", ctx,
+                          it.n, m.cfg.max_pos);
         if (rc == ER_OK && it.n > cap) {
             acts_free(&a);
             er_free(logp);

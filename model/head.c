@@ -371,8 +371,8 @@ int trained_head_load(TrainedHead *t, const char *path, HeadRole role, const Mod
         const StTensor *w1 = safetensors_find(&f, "w1");
         int64_t rows = kind == HEAD_MLP ? hidden : 1;
         if (!w1 || w1->ndim != 2 || w1->shape[0] != rows || w1->shape[1] != in)
-            rc = er_error(ER_EFORMAT, "%s: tensor \"w1\" is %s, but %s says [%lld, %d]", st, w1 ? "of another shape" : "missing",
-                          js, (long long)rows, in);
+            rc = er_error(ER_EFORMAT, "%s: tensor \"w1\" is %s, but %s says [%lld, %d]", st,
+                          w1 ? "of another shape" : "missing", js, (long long)rows, in);
     }
     if (rc == ER_OK)
         rc = head_init(&t->net, kind, in, hidden, dropout < 1 && dropout >= 0 ? (float)dropout : 0, 0, 0);

@@ -46,8 +46,8 @@ int kv_cache_alloc(KVCache *kv, const ModelConfig *c, KvType type, int max_seqs,
     size_t per_block = kv_bytes_per_position(c, type) * KV_BLOCK;
     kv->bytes = kv_cache_bytes(c, type, max_seqs, max_positions);
     if (max_bytes && kv->bytes > max_bytes)
-        return er_error(ER_ENOMEM, "KV cache for %zu positions (%d sequences) needs %.1f MiB, more than the %.1f MiB allowed",
-                        max_positions, max_seqs, kv->bytes / 1048576.0, max_bytes / 1048576.0);
+        return er_error(ER_ENOMEM, "KV cache for %zu positions (%d sequences) needs %.1f MiB, more than the %.1f MiB "
+                        "allowed", max_positions, max_seqs, kv->bytes / 1048576.0, max_bytes / 1048576.0);
     size_t entries = (size_t)c->L * kv->n_blocks * KV_BLOCK * c->NKV * c->HS;
     kv->k = er_alloc(entries * entry_size(type));
     kv->v = er_alloc(entries * entry_size(type));

@@ -254,8 +254,8 @@ int quant_config_from_json(QuantConfig *q, const cJSON *j, const char *ctx) {
     // at run time that it would not do.
     unsigned tflags;
     if (transform_parse_mode(t, &tflags) < 0 || strlen(t) >= sizeof q->transforms)
-        return er_error(ER_EUNSUPPORTED, "%s: quantization_config.transforms \"%.64s\" is not known (none, rotate, fpt or "
-                        "a list of r, u, v, k)", ctx, t);
+        return er_error(ER_EUNSUPPORTED, "%s: quantization_config.transforms \"%.64s\" is not known (none, rotate, "
+                        "fpt or a list of r, u, v, k)", ctx, t);
     snprintf(q->method, sizeof q->method, "%s", m);
     snprintf(q->transforms, sizeof q->transforms, "%s", t);
     ER_TRY(json_opt_double(j, "bits_per_weight", &q->bits_per_weight, ctx));

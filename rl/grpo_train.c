@@ -215,9 +215,9 @@ static int check_prompts(Grpo *g) {
         return c->seq_len > 0
                    ? er_error(ER_ERANGE, "--seq-len %d exceeds the model's %d positions (max_position_embeddings)",
                               c->seq_len, g->m.cfg.max_pos)
-                   : er_error(ER_ERANGE, "%s:%ld: the prompt at budget %d needs %ld positions, more than the model's %d "
-                              "(max_position_embeddings): use smaller --budgets", c->data_path, need_line, need_budget,
-                              need, g->m.cfg.max_pos);
+                   : er_error(ER_ERANGE, "%s:%ld: the prompt at budget %d needs %ld positions, more than the "
+                              "model's %d (max_position_embeddings): use smaller --budgets", c->data_path, need_line,
+                              need_budget, need, g->m.cfg.max_pos);
     return ER_OK;
 }
 
