@@ -2,10 +2,12 @@
 #   make                 build/ertrain, build/erinfer, build/liber.a (all non-CLI code)
 #   make test            Criterion suite (runs the PyTorch reference generator first)
 #   make bench           benchmarks (ratios against peers / physical limits)
-#   (test, bench and demo first install missing Debian packages with scripts/deps.sh)
+#   (test, bench, demo and fuzz first install missing Debian packages with scripts/deps.sh)
 #   make SAN=1 test      the same under ASan + UBSan (objects in build/san/)
 #   make ARCH=           portable build (default ARCH=-march=native)
 #   make BLAS=0          no OpenBLAS: the built-in GEMM (the runtime library must build this way)
+#   make fuzz            libFuzzer targets (tests/fuzz/, clang, ASan + UBSan), FUZZ_TIME s each (default 30)
+#   make fuzz FUZZ_TARGETS=fuzz_config   one target (or a list); make fuzz-build only builds them (build/fuzz/)
 
 ARCH ?= -march=native
 SAN ?= 0
@@ -43,7 +45,7 @@ CLI_SRC := $(foreach f,$(ALL_SRC),$(if $(filter cli cli_%,$(basename $(notdir $(
 LIB_SRC := $(filter-out $(CLI_SRC),$(ALL_SRC))
 ERINFER_SRC := $(filter infer/%,$(CLI_SRC))
 ERTRAIN_SRC := $(filter-out infer/%,$(CLI_SRC))
-TEST_SRC := $(wildcard tests/*/*.c)
+TEST_SRC := $(filter-out tests/fuzz/%,$(wildcard tests/*/*.c))
 BENCH_SRC := $(wildcard bench/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
@@ -113,3 +115,41 @@ clean:
 	rm -rf build
 
 -include $(shell find build -name '*.d' 2>/dev/null)
+
+# ---------------------------------------------------------------------------------------------
+# Fuzzing: one libFuzzer binary per tests/fuzz/fuzz_*.c, linked against the runtime library's sources
+# (core quant lora model data infer) compiled with clang, ASan + UBSan and no BLAS into build/fuzz/.
+# tests/fuzz/run.sh runs each for FUZZ_TIME seconds on a scratch copy of its corpus and fails on any
+# crash, leak, timeout or sanitizer report; reproducers land in build/fuzz/crashes/<target>/.
+FUZZ_CC ?= clang
+FUZZ_TIME ?= 30
+FUZZ_OUT := build/fuzz
+FUZZ_ALL := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_TARGETS ?= $(FUZZ_ALL)
+FUZZ_LIB_SRC := $(filter $(addsuffix /%,core quant lora model data infer),$(LIB_SRC))
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 $(ARCH) -Wall -Wextra -Wno-unused-parameter -Wno-pass-failed -fopenmp \
+               -I. -MMD -MP $(FUZZ_SAN)
+FUZZ_LDLIBS := -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
+
+.PHONY: fuzz fuzz-run fuzz-build
+fuzz-build: $(addprefix $(FUZZ_OUT)/,$(FUZZ_TARGETS))
+
+# As test and bench: clang and its runtimes are installed first when missing.
+fuzz:
+	bash scripts/deps.sh
+	$(MAKE) --no-print-directory fuzz-run
+
+fuzz-run: fuzz-build
+	bash tests/fuzz/run.sh $(FUZZ_OUT) $(FUZZ_TIME) $(FUZZ_TARGETS)
+
+# Library objects get coverage instrumentation without libFuzzer's main; each target links it.
+$(FUZZ_OUT)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_OUT)/liber.a: $(patsubst %.c,$(FUZZ_OUT)/obj/%.o,$(FUZZ_LIB_SRC))
+	rm -f $@ && ar rcs $@ $^
+
+$(FUZZ_OUT)/fuzz_%: $(FUZZ_OUT)/obj/tests/fuzz/fuzz_%.o $(FUZZ_OUT)/liber.a
+	$(FUZZ_CC) -fsanitize=fuzzer $(FUZZ_SAN) -fopenmp $^ $(FUZZ_LDLIBS) -o $@

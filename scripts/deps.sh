@@ -13,6 +13,7 @@ PKGS=(
   python3 python3-torch python3-numpy   # PyTorch reference (tests only)
   gnuplot-nox            # plots in the demo
   python3-jinja2         # golden chat-template renderings (scripts/make_chat_golden.py)
+  clang libclang-rt-14-dev libomp-14-dev   # fuzz targets (make fuzz: libFuzzer, ASan/UBSan runtimes, OpenMP)
 )
 
 missing=()
