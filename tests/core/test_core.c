@@ -192,6 +192,20 @@ Test(json, jsonl_lines_blank_and_errors) {
     jsonl_close(&r);
     free(path);
 
+    // text that is not UTF-8 is refused by the reader, with its line and column (it reached the
+    // tokenizer, whose message named no file)
+    path = tmp_text(dir, "utf8.jsonl", "{\"t\":\"ok\"}\n{\"t\":\"a\xff b\"}\n");
+    cr_assert_eq(jsonl_open(&r, path), ER_OK);
+    cr_assert_eq(jsonl_next(&r, &o), 1);
+    cJSON_Delete(o);
+    snprintf(want, sizeof want, "%s:2: not valid UTF-8 (column 8)", path);
+    ASSERT_ERR(jsonl_next(&r, &o), ER_EFORMAT, want);
+    jsonl_close(&r);
+    free(path);
+    path = tmp_text(dir, "utf8.json", "{\"t\": \"\xc3\x28\"}");
+    ASSERT_ERR(json_parse_file(path, 1 << 10, &o), ER_EFORMAT, "not valid UTF-8 (byte 7)");
+    free(path);
+
     // a valid JSON value that is not an object is refused, with its line
     path = tmp_text(dir, "arr.jsonl", "{\"i\":1}\n[1,2]\n");
     cr_assert_eq(jsonl_open(&r, path), ER_OK);
