@@ -689,3 +689,21 @@ Test(progress, resumed_run_counts_the_runs_steps) {
     cr_assert(strstr(text, "sft: 45/60 step"), "progress line: %s", text);
     er_free(text);
 }
+
+// `make test` on a fresh machine failed at once (cjson/cJSON.h missing): test, bench, demo and fuzz
+// must run scripts/deps.sh before anything else (a dry run shows what each would run first).
+Test(build, make_targets_install_their_packages_first) {
+    const char *targets[] = {"test", "bench", "demo", "fuzz"};
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
+        char cmd[128], line[512] = "";
+        snprintf(cmd, sizeof cmd, "make -n --no-print-directory %s 2>&1", targets[i]);
+        FILE *p = popen(cmd, "r");
+        cr_assert(p, "popen failed");
+        if (!fgets(line, sizeof line, p))
+            line[0] = 0;
+        while (fgetc(p) != EOF) {
+        }
+        pclose(p);
+        cr_assert(strncmp(line, "bash scripts/deps.sh", 20) == 0, "`make %s` first runs: %s", targets[i], line);
+    }
+}
