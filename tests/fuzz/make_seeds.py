@@ -17,6 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 OUT = os.path.join(ROOT, "tests", "fuzz", "corpus")
 SEP = b"\n--ST--\n"
 TINY = os.path.join(ROOT, "models", "tiny-base")
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from make_tiny_tokenizer import QWEN_SPLIT  # noqa: E402  (the tiny tokenizer's own split regex)
 
 
 def put(target, name, data):
@@ -139,23 +141,6 @@ def seeds_quant_config():
 
 
 # ---- tokenizer.json ----
-
-def byte_alphabet():
-    """GPT-2's bytes_to_unicode: byte b -> the character standing for it in byte-level vocabularies."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
-QWEN_SPLIT = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
-              "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
-
 
 def tokenizer(n_merges=40, merges_as_strings=False, byte_level_regex=False, normalizer=None, extra_added=()):
     """A small byte-level BPE from tiny-base: its 256 byte tokens, its first merges, its added tokens."""
