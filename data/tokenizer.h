@@ -38,7 +38,7 @@ int tok_encode_ex(const Tokenizer *tok, const char *text, size_t len, int specia
 int tok_decode(const Tokenizer *tok, const int *ids, int n, char **text, size_t *len);
 
 // n raw bytes -> valid UTF-8 in a new NUL-terminated buffer (free with er_free), with the same
-// U+FFFD rule as tok_decode. Streaming callers collect token bytes and convert once at the end.
+// U+FFFD rule as tok_decode. Streaming callers convert pieces cut at tok_utf8_complete.
 int tok_text_from_bytes(const char *bytes, size_t n, char **text, size_t *len);
 // How many of n raw bytes more bytes cannot change under tok_text_from_bytes: all but a trailing
 // UTF-8 sequence that is incomplete yet well-formed so far. Converting a stream in pieces cut there

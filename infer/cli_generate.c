@@ -215,8 +215,10 @@ int cmd_chat(int argc, char **argv) {
             if (strcmp(line, "/help") == 0) {
                 printf("%s\n", CHAT_HELP);
             } else if (strcmp(line, "/reset") == 0) {
-                for (int i = keep; i < n; i++)
-                    er_free(owned[i]), owned[i] = NULL;
+                for (int i = keep; i < n; i++) {
+                    er_free(owned[i]);
+                    owned[i] = NULL;
+                }
                 n = keep;
                 printf("(new conversation)\n");
             } else {

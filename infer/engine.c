@@ -379,7 +379,7 @@ static int stream_release(SampleState *s, int i, int tok, int done, GenTokenFn c
     size_t len = 0;
     if (end > s->streamed)
         ER_TRY(tok_text_from_bytes(s->bytes + s->streamed, end - s->streamed, &text, &len));
-    s->streamed = end > s->streamed ? end : s->streamed;
+    s->streamed = end;
     *stop = cb(user, i, tok, text ? text : "", len) != 0;
     er_free(text);
     return ER_OK;

@@ -19,9 +19,13 @@ size_t kv_bytes_per_position(const ModelConfig *c, KvType type) {
     return per_layer * (size_t)c->L;
 }
 
+// Blocks for max_positions shared positions, plus one partly filled block of its own per sequence.
+static size_t kv_blocks(size_t max_positions, int max_seqs) {
+    return max_positions / KV_BLOCK + (max_positions % KV_BLOCK != 0) + (size_t)max_seqs;
+}
+
 size_t kv_cache_bytes(const ModelConfig *c, KvType type, int max_seqs, size_t max_positions) {
-    // Each sequence may hold one partly filled block of its own beyond the shared positions.
-    size_t blocks = max_positions / KV_BLOCK + (max_positions % KV_BLOCK != 0) + (size_t)max_seqs;
+    size_t blocks = kv_blocks(max_positions, max_seqs);
     size_t per_block = kv_bytes_per_position(c, type) * KV_BLOCK;
     return blocks > SIZE_MAX / per_block ? SIZE_MAX : per_block * blocks;
 }
@@ -32,7 +36,7 @@ int kv_cache_alloc(KVCache *kv, const ModelConfig *c, KvType type, int max_seqs,
     if (max_seqs <= 0 || max_seq_len <= 0 || max_positions == 0)
         return er_error(ER_EINVAL, "KV cache: sizes must be positive");
     // Block ids are ints: refuse what they cannot number (far beyond any memory).
-    size_t n_blocks = max_positions / KV_BLOCK + (max_positions % KV_BLOCK != 0) + (size_t)max_seqs;
+    size_t n_blocks = kv_blocks(max_positions, max_seqs);
     if (max_positions > (size_t)INT_MAX || n_blocks > (size_t)INT_MAX)
         return er_error(ER_ERANGE, "KV cache: %zu positions in %d sequences is more than this cache can address",
                         max_positions, max_seqs);

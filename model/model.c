@@ -297,6 +297,14 @@ static void shape_str(char *buf, size_t n, const StTensor *t) {
         snprintf(buf + strlen(buf), n - strlen(buf), "%s%lld", d ? "," : "", (long long)t->shape[d]);
 }
 
+// "d0" for a vector (d1 = 0), "d0,d1" for a matrix, as shape_str writes a tensor's shape.
+static void dims_str(char *buf, size_t n, int64_t d0, int64_t d1) {
+    if (d1)
+        snprintf(buf, n, "%lld,%lld", (long long)d0, (long long)d1);
+    else
+        snprintf(buf, n, "%lld", (long long)d0);
+}
+
 WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group) {
     *group = 0;
     if (!m->quant.enabled || !p->w)
@@ -353,10 +361,7 @@ static int find_companion(Model *m, const char *dir, const ParamTensor *p, const
         char got[64];
         shape_str(got, sizeof got, t);
         char want[64];
-        if (d1)
-            snprintf(want, sizeof want, "%lld,%lld", (long long)d0, (long long)d1);
-        else
-            snprintf(want, sizeof want, "%lld", (long long)d0);
+        dims_str(want, sizeof want, d0, d1);
         return er_error(ER_EFORMAT, "%s: tensor \"%s\" is %s [%s], expected %s [%s] for the %s of \"%s\"", f->path,
                         name, dtype_name(t->dtype), got, dtype_name(dt), want, what, p->name);
     }
@@ -425,10 +430,7 @@ static int place_param(Model *m, ParamTensor *p, const StTensor *t, const StFile
     if (!shape_ok) {
         char got[64], want[64];
         shape_str(got, sizeof got, t);
-        if (p->ndim == 2)
-            snprintf(want, sizeof want, "%lld,%lld", (long long)p->shape[0], (long long)p->shape[1]);
-        else
-            snprintf(want, sizeof want, "%lld", (long long)p->shape[0]);
+        dims_str(want, sizeof want, p->shape[0], p->ndim == 2 ? p->shape[1] : 0);
         return er_error(ER_EFORMAT, "%s: tensor \"%s\" has shape [%s], expected [%s] from config.json", f->path,
                         p->name, got, want);
     }

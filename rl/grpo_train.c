@@ -131,7 +131,7 @@ typedef struct {
     TrainState st;
     int max_new;                  // new tokens of the largest budget
     int seq_len;                  // positions per sequence: --seq-len, or what the longest prompt needs
-    double dropout;               // the starting adapter's lora_dropout (kept in the saved adapter)
+    float dropout;                // the starting adapter's lora_dropout (kept in the saved adapter)
     Group *groups;
     // batch buffers (G rows x seq_len)
     int *tokens, *plen, *clen;
@@ -295,11 +295,6 @@ static int rollout(Grpo *g, long step, int p, long *gen_tokens) {
     er_free(text);
     if (rc < 0)
         return rc;
-    if (nid + g->n_prefix + rollout_max_new(c, gr->budget) > g->seq_len) { // check_prompts saw to it
-        er_free(ids);
-        return er_error(ER_ERANGE, "%s:%ld: the prompt (%d tokens) does not fit %d positions", c->data_path, ex->line,
-                        nid, g->seq_len);
-    }
     er_free(gr->prompt);
     gr->prompt = er_alloc(sizeof(int) * (size_t)(nid + g->n_prefix));
     if (!gr->prompt) {
@@ -589,7 +584,7 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
     }
     if (!c->quiet && rc == ER_OK)
         progress_end(&prog, NULL);
-    g.ad.dropout = (float)g.dropout; // saved as it came
+    g.ad.dropout = g.dropout; // saved as it came
     if (rc == ER_OK && g.st.step == c->steps)
         rc = peft_save(&g.ad, c->out_dir);
     er_free(ckpt);

@@ -42,8 +42,7 @@ int run_dir_check(const char *dir, RunMode mode) {
 
 void run_add_path(cJSON *j, const char *key, const char *path) {
     char *r = path ? path_resolve(path) : NULL;
-    if (r || !path)
-        cJSON_AddStringToObject(j, key, r ? r : "");
+    cJSON_AddStringToObject(j, key, r ? r : path ? path : "");
     er_free(r);
 }
 
