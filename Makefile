@@ -1,5 +1,6 @@
 # ertrain / erinfer build.
-#   make                 build/ertrain, build/erinfer, build/liber.a (all non-CLI code)
+#   make                 build/erinfer + build/liberinfer.a (the runtime, links alone), build/ertrain +
+#                        build/libertrain.a (the training tier), build/example
 #   make test            Criterion suite (runs the PyTorch reference generator first)
 #   make bench           benchmarks (ratios against peers / physical limits)
 #   (test, bench, demo and fuzz first install missing Debian packages with scripts/deps.sh)
@@ -39,43 +40,63 @@ CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-rec
 LDFLAGS += -fsanitize=address,undefined
 endif
 
-LIB_DIRS := core quant lora model data infer train rl switcher_train verifier_train
-ALL_SRC := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
-CLI_SRC := $(foreach f,$(ALL_SRC),$(if $(filter cli cli_%,$(basename $(notdir $(f)))),$(f)))
-LIB_SRC := $(filter-out $(CLI_SRC),$(ALL_SRC))
-ERINFER_SRC := $(filter infer/%,$(CLI_SRC))
-ERTRAIN_SRC := $(filter-out infer/%,$(CLI_SRC))
+# Two libraries, one way up (DESIGN.md): liberinfer is the on-device runtime and links alone (no
+# training object, no BLAS needed: `make BLAS=0`); libertrain is the training tier above it. The
+# entry points sit on top: infer/cli*.c is erinfer, ertrain/ is ertrain.
+RUNTIME_DIRS := core quant lora model data infer
+TRAIN_DIRS := train rl switcher_train verifier_train
+is_cli = $(filter cli cli_%,$(basename $(notdir $(1))))
+RUNTIME_SRC := $(foreach f,$(foreach d,$(RUNTIME_DIRS),$(wildcard $(d)/*.c)),$(if $(call is_cli,$(f)),,$(f)))
+TRAIN_SRC := $(foreach d,$(TRAIN_DIRS),$(wildcard $(d)/*.c))
+ERINFER_SRC := $(wildcard infer/cli*.c)
+ERTRAIN_SRC := $(wildcard ertrain/*.c)
 TEST_SRC := $(filter-out tests/fuzz/%,$(wildcard tests/*/*.c))
 BENCH_SRC := $(wildcard bench/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
-LIB := $(BUILD)/liber.a
+RUNTIME_LIB := $(BUILD)/liberinfer.a
+TRAIN_LIB := $(BUILD)/libertrain.a
 
-.PHONY: all test test-run bench bench-run demo clean ref
-all: $(BUILD)/ertrain $(BUILD)/erinfer $(LIB) $(BUILD)/example
+.PHONY: all test test-run bench bench-run demo clean ref check-runtime
+all: $(BUILD)/ertrain $(BUILD)/erinfer $(BUILD)/example check-runtime
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(LIB): $(call obj,$(LIB_SRC))
+$(RUNTIME_LIB): $(call obj,$(RUNTIME_SRC))
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/erinfer: $(call obj,$(ERINFER_SRC)) $(LIB)
+$(TRAIN_LIB): $(call obj,$(TRAIN_SRC))
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/erinfer: $(call obj,$(ERINFER_SRC)) $(RUNTIME_LIB)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-$(BUILD)/ertrain: $(call obj,$(ERTRAIN_SRC)) $(LIB)
+$(BUILD)/ertrain: $(call obj,$(ERTRAIN_SRC)) $(TRAIN_LIB) $(RUNTIME_LIB)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-# The embedding example: uses only infer/erinfer.h and links the library like an application would.
-$(BUILD)/example: $(BUILD)/obj/infer/examples/example.o $(LIB)
+# The embedding example: uses only infer/erinfer.h and links the runtime library like an application would.
+$(BUILD)/example: $(BUILD)/obj/infer/examples/example.o $(RUNTIME_LIB)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-$(BUILD)/test_all: $(call obj,$(TEST_SRC)) $(LIB)
+# The runtime library stands alone: linking every object of it (whole archive) into a program with an
+# empty main leaves no undefined symbol but those of libc, libm, OpenMP, OpenBLAS (BLAS=1) and the Debian
+# libraries it names (cJSON, PCRE2, utf8proc). Any reference into a training folder fails this link.
+$(BUILD)/liberinfer.ok: $(RUNTIME_LIB)
+	printf 'int main(void) { return 0; }\n' > $(BUILD)/liberinfer-check.c
+	$(CC) $(LDFLAGS) $(BUILD)/liberinfer-check.c -Wl,--whole-archive $< -Wl,--no-whole-archive $(LDLIBS) \
+	  -o $(BUILD)/liberinfer-check 2>$(BUILD)/liberinfer-check.log || \
+	  { cat $(BUILD)/liberinfer-check.log; echo "$<: does not link alone (see above)"; exit 1; }
+	rm -f $(BUILD)/liberinfer-check $(BUILD)/liberinfer-check.c && touch $@
+check-runtime: $(BUILD)/liberinfer.ok
+
+$(BUILD)/test_all: $(call obj,$(TEST_SRC)) $(TRAIN_LIB) $(RUNTIME_LIB)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcriterion -o $@
 
-$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB)
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TRAIN_LIB) $(RUNTIME_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
@@ -126,7 +147,7 @@ FUZZ_TIME ?= 30
 FUZZ_OUT := build/fuzz
 FUZZ_ALL := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_TARGETS ?= $(FUZZ_ALL)
-FUZZ_LIB_SRC := $(filter $(addsuffix /%,core quant lora model data infer),$(LIB_SRC))
+FUZZ_LIB_SRC := $(RUNTIME_SRC)
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -g -O1 $(ARCH) -Wall -Wextra -Wno-unused-parameter -Wno-pass-failed -fopenmp \
                -I. -MMD -MP $(FUZZ_SAN)
@@ -148,8 +169,8 @@ $(FUZZ_OUT)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 
-$(FUZZ_OUT)/liber.a: $(patsubst %.c,$(FUZZ_OUT)/obj/%.o,$(FUZZ_LIB_SRC))
+$(FUZZ_OUT)/liberinfer.a: $(patsubst %.c,$(FUZZ_OUT)/obj/%.o,$(FUZZ_LIB_SRC))
 	rm -f $@ && ar rcs $@ $^
 
-$(FUZZ_OUT)/fuzz_%: $(FUZZ_OUT)/obj/tests/fuzz/fuzz_%.o $(FUZZ_OUT)/liber.a
+$(FUZZ_OUT)/fuzz_%: $(FUZZ_OUT)/obj/tests/fuzz/fuzz_%.o $(FUZZ_OUT)/liberinfer.a
 	$(FUZZ_CC) -fsanitize=fuzzer $(FUZZ_SAN) -fopenmp $^ $(FUZZ_LDLIBS) -o $@

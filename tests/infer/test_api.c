@@ -9,7 +9,7 @@
 #include "core/fileio.h"
 #include "infer/erinfer.h"
 #include "lora/peft.h"
-#include "tests/infer/helpers.h"
+#include "tests/common/helpers.h"
 
 static char *tmp, *model_dir;
 

@@ -17,7 +17,7 @@
 #include "data/synth.h"
 #include "data/tokenizer.h"
 #include "lora/peft.h"
-#include "tests/infer/helpers.h"
+#include "tests/common/helpers.h"
 
 static char *tmp;      // per-test temp dir holding the model dir and outputs
 static char *model;    // tmp/model

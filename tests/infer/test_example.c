@@ -7,7 +7,7 @@
 
 #include "core/alloc.h"
 #include "core/fileio.h"
-#include "tests/infer/helpers.h"
+#include "tests/common/helpers.h"
 
 static char *tmp, *model, *example;
 

@@ -11,7 +11,7 @@
 #include "data/tokenizer.h"
 #include "infer/engine.h"
 #include "model/model.h"
-#include "tests/infer/helpers.h"
+#include "tests/common/helpers.h"
 
 static Model model;
 static Tokenizer *tok;

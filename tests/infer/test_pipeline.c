@@ -11,7 +11,7 @@
 #include "data/grade.h"
 #include "infer/erinfer.h"
 #include "infer/pipeline.h"
-#include "tests/switcher_train/heads_helpers.h"
+#include "tests/common/heads_helpers.h"
 
 // ---- voting ----
 

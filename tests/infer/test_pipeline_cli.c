@@ -7,7 +7,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "tests/switcher_train/heads_helpers.h"
+#include "tests/common/heads_helpers.h"
 
 static char *tmp, *erinfer;
 

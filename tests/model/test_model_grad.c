@@ -10,7 +10,7 @@
 #include "core/rng.h"
 #include "core/threads.h"
 #include "model/model.h"
-#include "tests/model/fd.h"
+#include "tests/common/fd.h"
 #include "train/optim.h"
 
 static ModelConfig tiny_config(int tied) {

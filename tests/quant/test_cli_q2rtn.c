@@ -9,7 +9,7 @@
 
 #include "core/dtype.h"
 #include "core/json.h"
-#include "tests/infer/helpers.h"
+#include "tests/common/helpers.h"
 
 static char *tmp, *model, *ertrain;
 

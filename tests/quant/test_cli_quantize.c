@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/json.h"
-#include "tests/infer/helpers.h"
+#include "tests/common/helpers.h"
 
 static char *tmp, *model, *ertrain, *erinfer, *calib;
 

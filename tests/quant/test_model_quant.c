@@ -17,7 +17,7 @@
 #include "core/threads.h"
 #include "lora/lora.h"
 #include "model/model.h"
-#include "tests/model/fd.h"
+#include "tests/common/fd.h"
 #include "train/quantize.h"
 
 static ModelConfig tiny(int tied) {

@@ -12,8 +12,8 @@
 #include "rl/grpo.h"
 #include "rl/grpo_train.h"
 #include "rl/policy.h"
-#include "tests/infer/helpers.h"
-#include "tests/model/fd.h"
+#include "tests/common/helpers.h"
+#include "tests/common/fd.h"
 
 Test(grpo, soft_barrier_reward_table) {
     // B = 100, m = 0.2: L_low = 80, L_high = 120.

@@ -13,7 +13,7 @@
 #include "lora/peft.h"
 #include "model/model.h"
 #include "rl/grpo_train.h"
-#include "tests/infer/helpers.h"
+#include "tests/common/helpers.h"
 #include "train/run.h"
 
 static char root[] = "/tmp/er_grpo_XXXXXX";

@@ -10,7 +10,7 @@
 
 #include "core/json.h"
 #include "model/head.h"
-#include "tests/switcher_train/heads_helpers.h"
+#include "tests/common/heads_helpers.h"
 
 static char *tmp, *ertrain;
 

@@ -16,8 +16,8 @@
 #include "core/threads.h"
 #include "data/synth.h"
 #include "quant/quantizer.h"
-#include "tests/infer/helpers.h"
-#include "tests/model/fd.h"
+#include "tests/common/helpers.h"
+#include "tests/common/fd.h"
 #include "train/qat.h"
 #include "train/quantize.h"
 

@@ -10,7 +10,7 @@
 #include "data/grade.h"
 #include "data/tokenizer.h"
 #include "switcher_train/switcher.h"
-#include "tests/infer/helpers.h"
+#include "tests/common/helpers.h"
 #include "verifier_train/verifier.h"
 
 static Model model;

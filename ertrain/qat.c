@@ -4,7 +4,7 @@
 
 #include "core/args.h"
 #include "core/error.h"
-#include "train/cli.h"
+#include "ertrain/cli.h"
 #include "train/qat.h"
 
 int cmd_qat(int argc, char **argv) {

@@ -5,7 +5,7 @@
 #include "core/alloc.h"
 #include "core/args.h"
 #include "core/error.h"
-#include "train/cli.h"
+#include "ertrain/cli.h"
 #include "train/trainer.h"
 
 int cmd_sft(int argc, char **argv) {

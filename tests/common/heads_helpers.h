@@ -6,7 +6,7 @@
 #include "data/synth.h"
 #include "lora/peft.h"
 #include "model/head.h"
-#include "tests/infer/helpers.h"
+#include "tests/common/helpers.h"
 
 // dir/model (tiny random model + tokenizer), dir/adapter (masked, prefix "<think>\n", non-zero B).
 static inline void heads_make_model_and_adapter(const char *dir) {

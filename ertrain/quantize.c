@@ -3,7 +3,7 @@
 
 #include "core/args.h"
 #include "core/error.h"
-#include "train/cli.h"
+#include "ertrain/cli.h"
 #include "train/quantize.h"
 
 int cmd_quantize(int argc, char **argv) {

@@ -6,7 +6,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "rl/grpo_train.h"
-#include "train/cli.h"
+#include "ertrain/cli.h"
 
 int cmd_grpo(int argc, char **argv) {
     GrpoConfig c;

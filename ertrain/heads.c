@@ -25,7 +25,7 @@
 #include "model/head.h"
 #include "switcher_train/head_fit.h"
 #include "switcher_train/switcher.h"
-#include "train/cli.h"
+#include "ertrain/cli.h"
 #include "train/run.h"
 #include "verifier_train/verifier.h"
 

@@ -4,7 +4,7 @@
 #include "core/args.h"
 #include "core/error.h"
 #include "core/threads.h"
-#include "train/cli.h"
+#include "ertrain/cli.h"
 
 static int cmd_version(int argc, char **argv) {
     (void)argc;

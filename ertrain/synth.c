@@ -6,7 +6,7 @@
 #include "core/args.h"
 #include "core/error.h"
 #include "data/synth.h"
-#include "train/cli.h"
+#include "ertrain/cli.h"
 
 static int synth_chains(int argc, char **argv) {
     ChainsConfig c;

@@ -1,6 +1,6 @@
 #include <string.h>
 
-#include "train/cli.h"
+#include "ertrain/cli.h"
 
 // Optimisation, evaluation and checkpoint flags shared by ertrain pretrain and sft: written into s (room for
 // TRAIN_FLAGS_MAX); returns how many.

@@ -4,7 +4,7 @@
 
 #include "core/args.h"
 #include "core/error.h"
-#include "train/cli.h"
+#include "ertrain/cli.h"
 #include "train/trainer.h"
 
 int cmd_pretrain(int argc, char **argv) {

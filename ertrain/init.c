@@ -7,7 +7,7 @@
 #include "core/threads.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
-#include "train/cli.h"
+#include "ertrain/cli.h"
 #include "train/run.h"
 
 int cmd_init(int argc, char **argv) {

@@ -1,0 +1,25 @@
+// ertrain subcommands. This folder is the entry point and sits above every training folder: no header
+// below it declares a command. Each command takes argv with argv[0] = the subcommand name, prints its own
+// --help, and returns the process exit status (0 ok, 1 error with one line on stderr).
+#ifndef ERTRAIN_CLI_H
+#define ERTRAIN_CLI_H
+
+#include "core/args.h"
+#include "train/trainer.h"
+
+int cmd_synth(int argc, char **argv);    // ertrain/synth.c
+int cmd_init(int argc, char **argv);     // ertrain/init.c
+int cmd_pretrain(int argc, char **argv); // ertrain/pretrain.c
+int cmd_sft(int argc, char **argv);      // ertrain/sft.c
+int cmd_grpo(int argc, char **argv);     // ertrain/grpo.c
+int cmd_heads(int argc, char **argv);    // ertrain/heads.c
+int cmd_quantize(int argc, char **argv); // ertrain/quantize.c
+int cmd_qat(int argc, char **argv);      // ertrain/qat.c
+
+#define TRAIN_FLAGS_MAX 20
+int train_flags_specs(TrainConfig *c, ArgSpec *s); // ertrain/train_flags.c
+
+// Prints "ertrain <cmd>: <er_last_error()>" and returns 1.
+int cli_fail(const char *cmd);
+
+#endif
