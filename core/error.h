@@ -25,12 +25,28 @@ int er_last_status(void);
 void er_clear_error(void);
 const char *er_status_name(int status);
 
-// Propagates a negative status from an expression.
+// One error style (DESIGN.md, Conventions):
+// - straight-line code that owns nothing propagates a negative status with ER_TRY;
+// - a function that owns resources has one `int rc = ER_OK;`, one `done:` label that frees them all
+//   (every *_free is safe on a zeroed struct, so cleanup needs no flags) and ER_CHECK in between.
+
+// Returns a negative status from an expression.
 #define ER_TRY(expr)               \
     do {                           \
         int er_try_rc_ = (expr);   \
         if (er_try_rc_ < 0)        \
             return er_try_rc_;     \
+    } while (0)
+
+// Stores a negative status from an expression in the caller's `rc` and jumps to its `done:` label;
+// a non-negative result leaves rc as it was.
+#define ER_CHECK(expr)               \
+    do {                             \
+        int er_check_rc_ = (expr);   \
+        if (er_check_rc_ < 0) {      \
+            rc = er_check_rc_;       \
+            goto done;               \
+        }                            \
     } while (0)
 
 #endif
