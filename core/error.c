@@ -39,13 +39,9 @@ void er_clear_error(void) { last_msg[0] = 0; last_status = ER_OK; }
 
 const char *er_status_name(int status) {
     switch (status) {
-    case ER_OK: return "ok";
-    case ER_EINVAL: return "invalid argument";
-    case ER_EIO: return "I/O error";
-    case ER_ENOMEM: return "out of memory";
-    case ER_EFORMAT: return "bad format";
-    case ER_EUNSUPPORTED: return "unsupported";
-    case ER_ERANGE: return "out of range";
+#define ER_STATUS_CASE_(name, value, text) case name: return text;
+    ER_STATUS_LIST(ER_STATUS_CASE_)
+#undef ER_STATUS_CASE_
     default: return "unknown status";
     }
 }

@@ -4,15 +4,24 @@
 #ifndef CORE_ERROR_H
 #define CORE_ERROR_H
 
-typedef enum {
-    ER_OK = 0,
-    ER_EINVAL = -1,       // bad argument or value
-    ER_EIO = -2,          // open/read/write failed
-    ER_ENOMEM = -3,       // allocation failed or would not fit
-    ER_EFORMAT = -4,      // malformed file contents
-    ER_EUNSUPPORTED = -5, // valid but not supported by this build
-    ER_ERANGE = -6,       // value out of range
-} ErStatus;
+// Every status: enumerator, value, er_status_name's text. infer/erinfer.h repeats the enum for users of
+// the public header alone (whichever header comes first defines it); infer/api.c asserts at compile
+// time that its values are these.
+#define ER_STATUS_LIST(X)                                                               \
+    X(ER_OK, 0, "ok")                                                                   \
+    X(ER_EINVAL, -1, "invalid argument")    /* bad argument or value */                 \
+    X(ER_EIO, -2, "I/O error")              /* open/read/write failed */                \
+    X(ER_ENOMEM, -3, "out of memory")       /* allocation failed or would not fit */    \
+    X(ER_EFORMAT, -4, "bad format")         /* malformed file contents */               \
+    X(ER_EUNSUPPORTED, -5, "unsupported")   /* valid but not supported by this build */ \
+    X(ER_ERANGE, -6, "out of range")        /* value out of range */
+
+#ifndef ER_STATUS_DEFINED
+#define ER_STATUS_DEFINED
+#define ER_STATUS_ENUM_(name, value, text) name = value,
+typedef enum { ER_STATUS_LIST(ER_STATUS_ENUM_) } ErStatus;
+#undef ER_STATUS_ENUM_
+#endif
 
 // Records a printf-style message and returns `status` so callers can write
 // `return er_error(ER_EFORMAT, "%s: header is not JSON", path);`
@@ -20,10 +29,12 @@ int er_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 
 // Puts a printf-style context and ": " in front of the last message (or of status's name when there
 // is none) and returns `status`: `return er_error_prefix(rc, "%s:%ld", path, line);`
 int er_error_prefix(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-const char *er_last_error(void);
 int er_last_status(void);
 void er_clear_error(void);
-const char *er_status_name(int status);
+// Also public (infer/erinfer.h declares them with ER_API): exported from a shared build with
+// -fvisibility=hidden too.
+__attribute__((visibility("default"))) const char *er_last_error(void);
+__attribute__((visibility("default"))) const char *er_status_name(int status);
 
 // One error style (DESIGN.md, Conventions):
 // - straight-line code that owns nothing propagates a negative status with ER_TRY;

@@ -5,11 +5,12 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "ertrain/cli.h"
+#include "infer/erinfer.h"
 
 static int cmd_version(int argc, char **argv) {
     (void)argc;
     (void)argv;
-    printf("ertrain 0.1.0\n");
+    printf("ertrain %s\n", er_version());
 #ifdef ER_BLAS
     printf("blas: OpenBLAS\n");
 #else

@@ -15,21 +15,34 @@
 #include "model/head.h"
 #include "model/model.h"
 
+// The public enums are the internal ones: a change on either side fails to compile here. This file
+// includes infer/erinfer.h first, so the status enum in force is the public one.
+#define ER_STATUS_SAME_(name, value, text) \
+    _Static_assert(name == value, #name " in infer/erinfer.h differs from core/error.h's ER_STATUS_LIST");
+ER_STATUS_LIST(ER_STATUS_SAME_)
+#undef ER_STATUS_SAME_
+#define ER_SAME_(pub, internal, where) _Static_assert((int)(pub) == (int)(internal), #pub " differs from " where);
+ER_SAME_(ER_FINISH_EOS, FINISH_EOS, "infer/engine.h")
+ER_SAME_(ER_FINISH_STOP, FINISH_STOP, "infer/engine.h")
+ER_SAME_(ER_FINISH_LENGTH, FINISH_LENGTH, "infer/engine.h")
+ER_SAME_(ER_ROUTE_DIRECT, ROUTE_DIRECT, "infer/pipeline.h")
+ER_SAME_(ER_ROUTE_REASONING, ROUTE_REASONING, "infer/pipeline.h")
+ER_SAME_(ER_STOP_MAX, STOP_MAX, "infer/stop.h")
+ER_SAME_(ER_STOP_MAX_LEN, STOP_MAX_LEN, "infer/stop.h")
+#undef ER_SAME_
+
 struct ErModel {
     int sessions;  // open sessions: they keep the model alive (er_model_free waits for the last one)
     int freed;     // er_model_free was called
     Model model;
     Tokenizer *tok;
     ChatStyle style;
-    LoraAdapter adapter;
-    int has_adapter;
-    TrainedHead switcher, verifier;
-    int has_switcher, has_verifier;
+    LoraAdapter adapter;     // zeroed when none is loaded (mats NULL)
+    TrainedHead switcher, verifier; // likewise (net.params NULL)
 };
 
 struct ErSession {
-    ErModel *m;
-    int counted;        // holds one of m->sessions
+    ErModel *m;         // holds one of m->sessions from er_session_open on
     Engine engine;
     GenSample *samples; // (max_samples)
     ErSample *pub;      // (max_samples)
@@ -42,6 +55,11 @@ struct ErSession {
     double *vote_weights;
     int *vote_counts;
 };
+
+// What is loaded: an adapter or a head always has its buffers.
+static const LoraAdapter *model_adapter(const ErModel *m) { return m->adapter.mats ? &m->adapter : NULL; }
+static const TrainedHead *model_switcher(const ErModel *m) { return m->switcher.net.params ? &m->switcher : NULL; }
+static const TrainedHead *model_verifier(const ErModel *m) { return m->verifier.net.params ? &m->verifier : NULL; }
 
 // Public functions check their pointers first: a NULL is an error status, never a crash.
 #define NEED(ptr, fn, what)                                                \
@@ -56,38 +74,42 @@ struct ErSession {
             return er_error(ER_EINVAL, "%s: the model was freed", fn);     \
     } while (0)
 
+const char *er_version(void) { return ER_VERSION_STRING; }
+
 void er_gen_params_init(ErGenParams *p) {
     if (!p)
         return;
-    memset(p, 0, sizeof *p);
-    p->max_new_tokens = 256;
-    p->n_samples = 1;
-    p->temperature = 0.0f;
-    p->top_p = 1.0f;
-    p->answer_tokens = 32;
+    *p = (ErGenParams){.max_new_tokens = 256, .n_samples = 1, .top_p = 1.0f, .answer_tokens = 32};
+}
+
+static void model_release(ErModel *m) {
+    trained_head_free(&m->switcher);
+    trained_head_free(&m->verifier);
+    lora_free(&m->adapter);
+    model_free(&m->model);
+    tok_free(m->tok);
+    er_free(m);
 }
 
 int er_model_load(ErModel **out, const char *dir) {
     NEED(out, "er_model_load", "the output pointer");
     *out = NULL;
     NEED(dir, "er_model_load", "the model dir");
+    int rc = ER_OK;
     ErModel *m = er_calloc(1, sizeof *m);
     if (!m)
         return ER_ENOMEM;
-    int rc = model_load(&m->model, dir, 0);
-    if (rc == ER_OK)
-        rc = tok_load(&m->tok, dir);
-    if (rc == ER_OK)
-        rc = chat_style_from_config(dir, &m->style);
-    if (rc == ER_OK && tok_vocab_size(m->tok) > m->model.cfg.V)
-        rc = er_error(ER_EFORMAT, "%s: the tokenizer has %d ids but the model only %d", dir, tok_vocab_size(m->tok),
-                      m->model.cfg.V);
-    if (rc < 0) {
-        er_model_free(m);
-        return rc;
-    }
+    ER_CHECK(model_load(&m->model, dir, 0));
+    ER_CHECK(tok_load(&m->tok, dir));
+    ER_CHECK(chat_style_from_config(dir, &m->style));
+    if (tok_vocab_size(m->tok) > m->model.cfg.V)
+        ER_CHECK(er_error(ER_EFORMAT, "%s: the tokenizer has %d ids but the model only %d", dir,
+                          tok_vocab_size(m->tok), m->model.cfg.V));
     *out = m;
-    return ER_OK;
+    m = NULL;
+done:
+    er_model_free(m);
+    return rc;
 }
 
 int er_model_load_adapter(ErModel *m, const char *dir) {
@@ -98,10 +120,8 @@ int er_model_load_adapter(ErModel *m, const char *dir) {
     LoraShape shape = {c->L, c->C, c->NH * c->HS, c->NKV * c->HS, c->FF};
     LoraAdapter a;
     ER_TRY(peft_load(&a, dir, &shape, 0));
-    if (m->has_adapter)
-        lora_free(&m->adapter);
+    lora_free(&m->adapter);
     m->adapter = a;
-    m->has_adapter = 1;
     return ER_OK;
 }
 
@@ -111,30 +131,15 @@ static int load_head(ErModel *m, const char *path, HeadRole role) {
     NEED(path, fn, "the head path");
     NOT_FREED(m, fn);
     TrainedHead *t = role == HEAD_SWITCHER ? &m->switcher : &m->verifier;
-    int *has = role == HEAD_SWITCHER ? &m->has_switcher : &m->has_verifier;
     TrainedHead h;
     ER_TRY(trained_head_load(&h, path, role, &m->model));
-    if (*has)
-        trained_head_free(t);
+    trained_head_free(t);
     *t = h;
-    *has = 1;
     return ER_OK;
 }
 
 int er_model_load_switcher(ErModel *m, const char *path) { return load_head(m, path, HEAD_SWITCHER); }
 int er_model_load_verifier(ErModel *m, const char *path) { return load_head(m, path, HEAD_VERIFIER); }
-
-static void model_release(ErModel *m) {
-    if (m->has_switcher)
-        trained_head_free(&m->switcher);
-    if (m->has_verifier)
-        trained_head_free(&m->verifier);
-    if (m->has_adapter)
-        lora_free(&m->adapter);
-    model_free(&m->model);
-    tok_free(m->tok);
-    er_free(m);
-}
 
 void er_model_free(ErModel *m) {
     if (!m)
@@ -154,37 +159,33 @@ int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens
     if (max_samples < 1 || max_tokens < 2)
         return er_error(ER_EINVAL, "er_session_open: need at least 1 sample and 2 positions (got %d, %d)", max_samples,
                         max_tokens);
+    int rc = ER_OK;
     ErSession *s = er_calloc(1, sizeof *s);
     if (!s)
         return ER_ENOMEM;
     s->m = m;
+    m->sessions++; // er_session_free gives it back, on this function's failure too
     // The KV cache and buffers are reserved now; a session that would not fit in memory is refused here.
-    int rc = engine_init(&s->engine, &m->model, m->tok, kv_int8 ? KV_INT8 : KV_F32, max_samples, max_tokens, 128,
-                         er_physical_memory());
-    if (rc == ER_OK) {
-        s->samples = er_calloc((size_t)max_samples, sizeof(GenSample));
-        s->pub = er_calloc((size_t)max_samples, sizeof(ErSample));
-        s->vote_answers = er_calloc((size_t)max_samples, sizeof(char *));
-        s->vote_weights = er_calloc((size_t)max_samples, sizeof(double));
-        s->vote_counts = er_calloc((size_t)max_samples, sizeof(int));
-        if (!s->samples || !s->pub || !s->vote_answers || !s->vote_weights || !s->vote_counts)
-            rc = ER_ENOMEM;
-    }
-    if (rc < 0) {
-        er_session_free(s);
-        return rc;
-    }
-    m->sessions++;
-    s->counted = 1;
+    ER_CHECK(engine_init(&s->engine, &m->model, m->tok, kv_int8 ? KV_INT8 : KV_F32, max_samples, max_tokens, 128,
+                         er_physical_memory()));
+    s->samples = er_calloc((size_t)max_samples, sizeof(GenSample));
+    s->pub = er_calloc((size_t)max_samples, sizeof(ErSample));
+    s->vote_answers = er_calloc((size_t)max_samples, sizeof(char *));
+    s->vote_weights = er_calloc((size_t)max_samples, sizeof(double));
+    s->vote_counts = er_calloc((size_t)max_samples, sizeof(int));
+    if (!s->samples || !s->pub || !s->vote_answers || !s->vote_weights || !s->vote_counts)
+        ER_CHECK(ER_ENOMEM);
     *out = s;
-    return ER_OK;
+    s = NULL;
+done:
+    er_session_free(s);
+    return rc;
 }
 
 void er_session_free(ErSession *s) {
     if (!s)
         return;
-    if (s->samples)
-        gen_samples_free(s->samples, s->n);
+    gen_samples_free(s->samples, s->n);
     pipeline_result_free(&s->pr);
     engine_free(&s->engine);
     er_free(s->samples);
@@ -193,9 +194,8 @@ void er_session_free(ErSession *s) {
     er_free(s->vote_weights);
     er_free(s->vote_counts);
     ErModel *m = s->m;
-    int counted = s->counted;
     er_free(s);
-    if (counted && --m->sessions == 0 && m->freed)
+    if (--m->sessions == 0 && m->freed)
         model_release(m);
 }
 
@@ -210,55 +210,74 @@ static int bridge(void *user, int sample, int token, const char *bytes, size_t n
     return b->cb(b->user, sample, bytes, n);
 }
 
+// The engine's configuration from the public parameters. The stop strings are checked here (the
+// engine copies them per sample): a count outside 0..ER_STOP_MAX or a NULL entry is refused.
+static int gen_config_from_params(const ErModel *m, const ErGenParams *p, GenConfig *g) {
+    if (p->n_stop < 0 || p->n_stop > ER_STOP_MAX)
+        return er_error(ER_EINVAL, "ErGenParams.n_stop is %d, expected 0..%d (ER_STOP_MAX)", p->n_stop, ER_STOP_MAX);
+    if (p->n_stop > 0 && !p->stop)
+        return er_error(ER_EINVAL, "ErGenParams.stop is NULL but n_stop is %d", p->n_stop);
+    for (int i = 0; i < p->n_stop; i++)
+        if (!p->stop[i])
+            return er_error(ER_EINVAL, "ErGenParams.stop[%d] is NULL (n_stop %d)", i, p->n_stop);
+    gen_config_default(g);
+    g->n_samples = p->n_samples;
+    g->max_new = p->max_new_tokens;
+    g->sampler.temperature = p->temperature;
+    g->sampler.top_k = p->top_k;
+    g->sampler.top_p = p->top_p;
+    g->sampler.min_p = p->min_p;
+    g->seed = p->seed;
+    g->budget = p->budget;
+    g->answer_tokens = p->answer_tokens;
+    if (p->budget_suffix)
+        g->budget_suffix = p->budget_suffix;
+    g->adapter = model_adapter(m);
+    g->response_prefix = p->response_prefix ? p->response_prefix : g->adapter ? g->adapter->reasoning_prefix : NULL;
+    g->stop = p->stop;
+    g->n_stop = p->n_stop;
+    return ER_OK;
+}
+
+// The routed pipeline (a head is loaded): its result becomes the session's ErRoute and stats.
+static int generate_routed(ErSession *s, const int *ids, int n, const GenConfig *g, CbBridge *b, GenStats *st) {
+    const ErModel *m = s->m;
+    const TrainedHead *sw = model_switcher(m);
+    PipelineConfig pc = {sw, model_verifier(m), *g, *g};
+    pc.direct.sampler.temperature = 0; // the base's direct answer is greedy, without a budget
+    pc.direct.budget = 0;
+    ER_TRY(pipeline_run(&s->engine, ids, n, &pc, b->cb ? bridge : NULL, b, s->samples, &s->pr));
+    *st = s->pr.gen;
+    // The pipeline prefilled the whole prompt itself (the switcher reads every position).
+    st->prompt_reused = 0;
+    st->ttft_s += s->pr.prefill_s + s->pr.switcher_s;
+    s->n = s->pr.n;
+    s->route = (ErRoute){s->pr.route, s->pr.switcher_score, sw ? sw->threshold : -1.0f, s->pr.verifier_scores,
+                         (const char *const *)s->pr.answers, s->pr.n_votes, s->vote_answers, s->vote_weights,
+                         s->vote_counts, s->pr.winner >= 0 ? s->pr.votes[s->pr.winner].answer : NULL,
+                         s->pr.prefill_s, s->pr.switcher_s, s->pr.generate_s, s->pr.verify_s};
+    for (int k = 0; k < s->pr.n_votes; k++) {
+        s->vote_answers[k] = s->pr.votes[k].answer;
+        s->vote_weights[k] = s->pr.votes[k].weight;
+        s->vote_counts[k] = s->pr.votes[k].count;
+    }
+    s->has_route = 1;
+    return ER_OK;
+}
+
 static int generate_ids(ErSession *s, const int *ids, int n, const ErGenParams *p, ErTokenCallback cb, void *user) {
     double t0 = time_now();
-    GenConfig g;
-    gen_config_default(&g);
-    g.n_samples = p->n_samples;
-    g.max_new = p->max_new_tokens;
-    g.sampler.temperature = p->temperature;
-    g.sampler.top_k = p->top_k;
-    g.sampler.top_p = p->top_p;
-    g.sampler.min_p = p->min_p;
-    g.seed = p->seed;
-    g.budget = p->budget;
-    g.answer_tokens = p->answer_tokens;
-    if (p->budget_suffix)
-        g.budget_suffix = p->budget_suffix;
-    const LoraAdapter *ad = s->m->has_adapter ? &s->m->adapter : NULL;
-    g.adapter = ad;
-    g.response_prefix = p->response_prefix ? p->response_prefix : ad ? ad->reasoning_prefix : NULL;
-    g.stop = p->stop;
-    while (g.n_stop < 8 && p->stop[g.n_stop])
-        g.n_stop++;
+    // The last call's results go first: a failed call leaves none.
     gen_samples_free(s->samples, s->n);
     s->n = 0;
     pipeline_result_free(&s->pr);
     s->has_route = 0;
+    GenConfig g;
+    ER_TRY(gen_config_from_params(s->m, p, &g));
     CbBridge b = {cb, user};
     GenStats st;
-    ErModel *m = s->m;
-    if (m->has_switcher || m->has_verifier) {
-        PipelineConfig pc = {m->has_switcher ? &m->switcher : NULL, m->has_verifier ? &m->verifier : NULL, g, g};
-        pc.direct.sampler.temperature = 0; // the base's direct answer is greedy, without a budget
-        pc.direct.budget = 0;
-        ER_TRY(pipeline_run(&s->engine, ids, n, &pc, cb ? bridge : NULL, &b, s->samples, &s->pr));
-        st = s->pr.gen;
-        // The pipeline prefilled the whole prompt itself (the switcher reads every position).
-        st.prompt_reused = 0;
-        st.ttft_s += s->pr.prefill_s + s->pr.switcher_s;
-        s->n = s->pr.n;
-        s->route = (ErRoute){s->pr.route, s->pr.switcher_score, m->has_switcher ? m->switcher.threshold : -1.0f,
-                             s->pr.verifier_scores, (const char *const *)s->pr.answers, s->pr.n_votes,
-                             s->vote_answers, s->vote_weights, s->vote_counts,
-                             s->pr.winner >= 0 ? s->pr.votes[s->pr.winner].answer : NULL, s->pr.prefill_s,
-                             s->pr.switcher_s, s->pr.generate_s, s->pr.verify_s};
-        for (int k = 0; k < s->pr.n_votes; k++) {
-            s->vote_answers[k] = s->pr.votes[k].answer;
-            s->vote_weights[k] = s->pr.votes[k].weight;
-            s->vote_counts[k] = s->pr.votes[k].count;
-        }
-        s->has_route = 1;
+    if (model_switcher(s->m) || model_verifier(s->m)) {
+        ER_TRY(generate_routed(s, ids, n, &g, &b, &st));
     } else {
         ER_TRY(engine_generate(&s->engine, ids, n, &g, cb ? bridge : NULL, &b, s->samples, &st));
         s->n = g.n_samples;
@@ -294,17 +313,17 @@ int er_generate(ErSession *s, const ErMessage *msgs, int n_msgs, const ErGenPara
     for (int i = 0; i < n_msgs; i++)
         if (!msgs[i].role || !msgs[i].content)
             return er_error(ER_EINVAL, "er_generate: message %d has a NULL %s", i, msgs[i].role ? "content" : "role");
+    int rc = ER_OK;
+    char *text = NULL;
     ChatMessage *cm = er_calloc((size_t)n_msgs, sizeof(ChatMessage));
     if (!cm)
         return ER_ENOMEM;
     for (int i = 0; i < n_msgs; i++)
         cm[i] = (ChatMessage){msgs[i].role, msgs[i].content};
-    char *text;
-    int rc = chat_render(s->m->style, cm, n_msgs, CHAT_ADD_GENERATION_PROMPT, &text, NULL);
+    ER_CHECK(chat_render(s->m->style, cm, n_msgs, CHAT_ADD_GENERATION_PROMPT, &text, NULL));
+    ER_CHECK(er_generate_raw(s, text, p, cb, user));
+done:
     er_free(cm);
-    if (rc < 0)
-        return rc;
-    rc = er_generate_raw(s, text, p, cb, user);
     er_free(text);
     return rc;
 }

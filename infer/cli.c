@@ -5,6 +5,13 @@
 #include "core/error.h"
 #include "infer/cli.h"
 
+static int cmd_version(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    printf("erinfer %s\n", er_version());
+    return 0;
+}
+
 static const ArgCommand commands[] = {
     {"generate", cmd_generate, "generate text: N samples sharing the prompt, hard budget, streaming"},
     {"chat", cmd_chat, "interactive multi-turn chat"},
@@ -13,6 +20,7 @@ static const ArgCommand commands[] = {
     {"score", cmd_score, "log-probabilities of token sequences under a model (and adapter)"},
     {"tokenize", cmd_tokenize, "text JSONL -> token ids JSONL with a tokenizer.json"},
     {"detokenize", cmd_detokenize, "token ids JSONL -> text JSONL"},
+    {"version", cmd_version, "print the version"},
 };
 
 int cli_fail(const char *cmd) {

@@ -4,14 +4,12 @@
 #include "core/error.h"
 #include "infer/cli.h"
 
+// The library's defaults are the flags' defaults.
 void gen_flags_default(GenFlags *f) {
-    memset(f, 0, sizeof *f);
-    f->max_new = 0;
-    f->default_max_new = 256;
-    f->top_p = 1;
-    f->samples = 1;
-    f->answer_tokens = 32;
-    f->kv = "f32";
+    ErGenParams p;
+    er_gen_params_init(&p);
+    *f = (GenFlags){.default_max_new = p.max_new_tokens, .samples = p.n_samples, .answer_tokens = p.answer_tokens,
+                    .temperature = p.temperature, .top_p = p.top_p, .kv = "f32"};
 }
 
 int gen_flags_specs(GenFlags *f, ArgSpec *s) {
@@ -67,7 +65,8 @@ int gen_flags_params(const GenFlags *f, ErGenParams *p, int *kv_int8) {
     p->answer_tokens = f->answer_tokens;
     p->budget_suffix = f->suffix;
     p->response_prefix = f->prefix;
-    p->stop[0] = f->stop;
+    p->stop = &f->stop; // one --stop string, alive as long as the flags
+    p->n_stop = f->stop ? 1 : 0;
     if (strcmp(f->kv, "f32") == 0)
         *kv_int8 = 0;
     else if (strcmp(f->kv, "int8") == 0)

@@ -1,15 +1,26 @@
 // erinfer: the on-device runtime as a small C library. Load a model dir, open a session, generate
 // with a per-token streaming callback, read the samples and stats, free. No global state beyond
-// the thread's last error message; no call exits or aborts: failures return a negative status and
+// the thread's last error message; no call exits or aborts: failures return a negative ErStatus and
 // er_last_error() says why in one line. Every function checks its pointers: a NULL is an error
 // status (or a NULL result), never a crash.
 //
-// Lifetimes (as llama.h documents its own): an ErModel owns its weights, tokenizer, adapter and
-// heads; an ErSession owns its KV cache and the results of its last call, which stay valid until
-// the next generate call or er_session_free. Free sessions before their model. A session keeps its
-// model alive: er_model_free with sessions still open only marks the model, which is released with
-// the last session (and refuses new sessions, adapters and heads). A model and its sessions are used from one thread
-// at a time; different models may run on different threads.
+// Ownership: each object is freed once, by its own *_free (NULL is a no-op). An ErModel owns its
+// weights, tokenizer, adapter and heads; an ErSession owns its KV cache and the results of its last
+// call. A session holds a reference on its model: er_model_free with sessions still open only marks
+// the model (it takes no new sessions, adapters or heads) and the last er_session_free releases it,
+// so either free order is safe. Whatever you pass in (paths, messages, ErGenParams and the strings
+// it points to) is read during the call only: the library keeps its own copy.
+//
+// Lifetimes of returned pointers: er_result_sample, er_result_stats, er_result_route and everything
+// they point to (text, tokens, answers, votes) belong to the session and stay valid until its next
+// generate call (whatever its outcome) or er_session_free. er_last_error points to a buffer of the
+// calling thread, rewritten by its next failing call. er_version and er_status_name return static
+// strings.
+//
+// Threads: a session is used by one thread at a time. Several sessions of one model may generate on
+// different threads at once (they read the model only); calls that change a model (er_model_load_*,
+// er_model_free, er_session_open, er_session_free) must not overlap any other call on that model or
+// its sessions. er_last_error is per thread.
 //
 //     ErModel *m;  ErSession *s;
 //     if (er_model_load(&m, "qwen2.5-0.5b-instruct") < 0) puts(er_last_error());
@@ -29,6 +40,46 @@
 extern "C" {
 #endif
 
+// Every public function carries ER_API. A static liberinfer.a needs nothing; a DLL build defines
+// ER_SHARED (and ER_BUILD while compiling the library); elsewhere the symbols stay visible in a shared
+// library built with -fvisibility=hidden.
+#if defined(_WIN32) && defined(ER_SHARED)
+#ifdef ER_BUILD
+#define ER_API __declspec(dllexport)
+#else
+#define ER_API __declspec(dllimport)
+#endif
+#elif defined(__GNUC__)
+#define ER_API __attribute__((visibility("default")))
+#else
+#define ER_API
+#endif
+
+#define ER_VERSION_MAJOR 0
+#define ER_VERSION_MINOR 1
+#define ER_VERSION_PATCH 0
+#define ER_VERSION_STRING "0.1.0"
+// The library's version, "MAJOR.MINOR.PATCH": compare with ER_VERSION_STRING, the header's.
+ER_API const char *er_version(void);
+
+// Statuses: every call that can fail returns ER_OK (0) or one of these negative codes.
+#ifndef ER_STATUS_DEFINED // core/error.h, inside the library, defines the same codes
+#define ER_STATUS_DEFINED
+typedef enum {
+    ER_OK = 0,
+    ER_EINVAL = -1,       // bad argument or value
+    ER_EIO = -2,          // open/read/write failed
+    ER_ENOMEM = -3,       // allocation failed or would not fit
+    ER_EFORMAT = -4,      // malformed file contents
+    ER_EUNSUPPORTED = -5, // valid but not supported by this build
+    ER_ERANGE = -6,       // value out of range
+} ErStatus;
+#endif
+// A status's name ("invalid argument"); "unknown status" for any other value.
+ER_API const char *er_status_name(int status);
+// The calling thread's last failure in one line, naming the file, field or argument; "no error" before any.
+ER_API const char *er_last_error(void);
+
 typedef struct ErModel ErModel;     // weights, tokenizer and chat template of one model dir
 typedef struct ErSession ErSession; // KV cache and buffers for one conversation; reuses its prompt
 
@@ -36,6 +87,8 @@ typedef struct {
     const char *role;    // "system" | "user" | "assistant"
     const char *content;
 } ErMessage;
+
+enum { ER_STOP_MAX = 8, ER_STOP_MAX_LEN = 256 }; // stop strings per call; bytes per stop string
 
 typedef struct {
     int max_new_tokens;     // per sample [256]
@@ -49,7 +102,8 @@ typedef struct {
     int answer_tokens;      // tokens allowed after the budget, suffix included [32]
     const char *budget_suffix; // NULL = "\n</think>\n\nFinal answer: "
     const char *response_prefix; // forced at the start of every response; NULL = the adapter's (if any)
-    const char *stop[8];    // stop strings, NULL-terminated list [none]
+    const char *const *stop; // (n_stop) stop strings, cut from the text: non-empty, at most ER_STOP_MAX_LEN bytes
+    int n_stop;             // 0..ER_STOP_MAX [0]
 } ErGenParams;
 
 enum { ER_FINISH_EOS = 0, ER_FINISH_STOP = 1, ER_FINISH_LENGTH = 2 };
@@ -81,36 +135,37 @@ typedef struct {
 // with what was streamed.
 typedef int (*ErTokenCallback)(void *user, int sample, const char *text, size_t len);
 
-void er_gen_params_init(ErGenParams *p);
+// Fills the defaults shown in [brackets] above.
+ER_API void er_gen_params_init(ErGenParams *p);
 
-int er_model_load(ErModel **out, const char *dir);
+ER_API int er_model_load(ErModel **out, const char *dir);
 // The positions the model was trained for (config.json max_position_embeddings): the most a session
 // may hold per sample (prompt included). ER_EINVAL for NULL.
-int er_model_max_positions(const ErModel *m);
+ER_API int er_model_max_positions(const ErModel *m);
 // Attaches a LoRA adapter (PEFT dir) to the model, replacing the one loaded before. With the masked
 // rule it is off on the prompt (whose KV cache is the base model's) and on in the response, which
 // starts with the adapter's reasoning prefix unless ErGenParams.response_prefix says otherwise.
 // Sessions notice the change: a prompt cached under another unmasked adapter is computed again.
-int er_model_load_adapter(ErModel *m, const char *dir);
-void er_model_free(ErModel *m);
+ER_API int er_model_load_adapter(ErModel *m, const char *dir);
+ER_API void er_model_free(ErModel *m);
 
 // A session for up to max_samples parallel samples of up to max_tokens positions (prompt included, at
 // most er_model_max_positions), KV cache in int8 when kv_int8 != 0. Memory is reserved here: a size
 // that does not fit is refused.
-int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens, int kv_int8);
-void er_session_free(ErSession *s);
+ER_API int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens, int kv_int8);
+ER_API void er_session_free(ErSession *s);
 
 // Renders the messages with the model's chat template (assistant turn opened) and generates.
-int er_generate(ErSession *s, const ErMessage *msgs, int n_msgs, const ErGenParams *p, ErTokenCallback cb,
-                void *user);
+ER_API int er_generate(ErSession *s, const ErMessage *msgs, int n_msgs, const ErGenParams *p, ErTokenCallback cb,
+                       void *user);
 // Generates from text fed as is (no chat template).
-int er_generate_raw(ErSession *s, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user);
+ER_API int er_generate_raw(ErSession *s, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user);
 
 // Results of the last generate call, owned by the session until the next one. er_result_count is
 // negative (ER_EINVAL) for NULL; the others return NULL for NULL or an index out of range.
-int er_result_count(const ErSession *s);
-const ErSample *er_result_sample(const ErSession *s, int i);
-const ErStats *er_result_stats(const ErSession *s);
+ER_API int er_result_count(const ErSession *s);
+ER_API const ErSample *er_result_sample(const ErSession *s, int i);
+ER_API const ErStats *er_result_stats(const ErSession *s);
 
 // ---- the routed pipeline: switcher and verifier heads (written by `ertrain heads`) ----
 // With a switcher and/or a verifier loaded, er_generate runs the pipeline: the base prefills the
@@ -122,8 +177,8 @@ const ErStats *er_result_stats(const ErSession *s);
 // adapter is loaded); no verifier: a plain majority vote. The switcher reads every prompt position,
 // so with one loaded each call prefills its whole prompt (no reuse across chat turns). A head is
 // tied to the model it was trained on: loading it for another model is refused.
-int er_model_load_switcher(ErModel *m, const char *path);
-int er_model_load_verifier(ErModel *m, const char *path);
+ER_API int er_model_load_switcher(ErModel *m, const char *path);
+ER_API int er_model_load_verifier(ErModel *m, const char *path);
 
 enum { ER_ROUTE_DIRECT = 0, ER_ROUTE_REASONING = 1 };
 
@@ -143,9 +198,8 @@ typedef struct {
 } ErRoute;
 
 // The pipeline's side of the last generate call, owned by the session; NULL when it ran without heads.
-const ErRoute *er_result_route(const ErSession *s);
+ER_API const ErRoute *er_result_route(const ErSession *s);
 
-const char *er_last_error(void);
 
 #ifdef __cplusplus
 }

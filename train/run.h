@@ -7,7 +7,9 @@
 
 #include <cjson/cJSON.h>
 
-#define ERTRAIN_VERSION "0.1.0"
+#include "infer/erinfer.h"
+
+#define ERTRAIN_VERSION ER_VERSION_STRING // one version for the runtime and the training tier
 
 // What a command does with its output dir: start a run (and say --resume continues one), continue
 // one (--resume), or write it once (ertrain quantize, which has no --resume).

@@ -5,6 +5,7 @@
 // Loads the model dir, opens a session, generates a reply with tokens streamed to stdout as they
 // come, prints the stats and frees everything. Exits 1 with one line on stderr when anything fails.
 #include <stdio.h>
+#include <string.h>
 
 #include "infer/erinfer.h"
 
@@ -34,6 +35,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     const char *prompt = argc == 3 ? argv[2] : "Start with 7. Add 5. Multiply by 3. What is the result?";
+    if (strcmp(er_version(), ER_VERSION_STRING) != 0) // a shared library may be newer than this header
+        fprintf(stderr, "example: built against erinfer %s, running %s\n", ER_VERSION_STRING, er_version());
 
     ErModel *model;
     if (er_model_load(&model, argv[1]) < 0)
@@ -50,6 +53,9 @@ int main(int argc, char **argv) {
     params.temperature = 0.7f;
     params.top_p = 0.95f;
     params.seed = 42;
+    static const char *const stops[] = {"\nUser:", "\nQuestion:"}; // read during the call only
+    params.stop = stops;
+    params.n_stop = 2;
     ErMessage msgs[] = {{"user", prompt}};
     Stream stream = {0, 0};
     printf("prompt: %s\nreply: ", prompt);

@@ -1,8 +1,13 @@
 // The public C API (infer/erinfer.h) misused as a new user or a fuzzer would: NULL for every pointer
 // (an error status or a NULL result, never a crash), the model freed before its session (the session
 // keeps it alive), a session size whose product overflows an int, and an unmasked adapter replaced in
-// place (the prompt cached under the old one must not be reused).
+// place (the prompt cached under the old one must not be reused). Also the header's promises: the
+// version, a name for every status, stop strings as pointer + count, and sessions of one model
+// generating on two threads at once. Compiling infer/api.c checks the public enums against the
+// internal ones.
 #include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -171,4 +176,124 @@ Test(api, replaced_unmasked_adapter_is_not_served_from_the_old_cache) {
     er_model_free(m);
     er_free(a_dir);
     er_free(b_dir);
+}
+
+Test(api, version_is_the_headers) {
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", ER_VERSION_MAJOR, ER_VERSION_MINOR, ER_VERSION_PATCH);
+    cr_assert_str_eq(ER_VERSION_STRING, want);
+    cr_assert_str_eq(er_version(), ER_VERSION_STRING);
+}
+
+Test(api, every_status_has_its_name) {
+    const struct {
+        int status;
+        const char *name;
+    } all[] = {{ER_OK, "ok"},          {ER_EINVAL, "invalid argument"}, {ER_EIO, "I/O error"},
+               {ER_ENOMEM, "out of memory"}, {ER_EFORMAT, "bad format"},   {ER_EUNSUPPORTED, "unsupported"},
+               {ER_ERANGE, "out of range"}};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        cr_assert_eq(all[i].status, -(int)i, "the statuses are 0, -1, -2, ...");
+        cr_assert_str_eq(er_status_name(all[i].status), all[i].name);
+    }
+    cr_assert_str_eq(er_status_name(1), "unknown status");
+    cr_assert_str_eq(er_status_name(-7), "unknown status");
+}
+
+// Greedy text of a fixed prompt with the given stop strings; the status of the call.
+static int generate_stopped(ErSession *s, const char *const *stop, int n_stop) {
+    ErGenParams p;
+    er_gen_params_init(&p);
+    p.max_new_tokens = 24;
+    p.stop = stop;
+    p.n_stop = n_stop;
+    return er_generate_raw(s, "Start with 7. Add 5. What is the result?", &p, NULL, NULL);
+}
+
+Test(api, stop_strings_are_pointer_and_count) {
+    ErModel *m;
+    ErSession *s;
+    cr_assert_eq(er_model_load(&m, model_dir), 0, "%s", er_last_error());
+    cr_assert_eq(er_session_open(&s, m, 1, 256, 0), 0, "%s", er_last_error());
+    ErGenParams p;
+    er_gen_params_init(&p);
+    cr_assert_null(p.stop);
+    cr_assert_eq(p.n_stop, 0);
+
+    // No stop strings: the whole text.
+    cr_assert_eq(generate_stopped(s, NULL, 0), 0, "%s", er_last_error());
+    const ErSample *x = er_result_sample(s, 0);
+    cr_assert_geq(x->text_len, 6, "too little text to cut: \"%s\"", x->text);
+    size_t n_full = x->text_len;
+    char *full = er_alloc(n_full + 1);
+    memcpy(full, x->text, n_full + 1);
+
+    // Several: the text ends where the first of them first appears (here a piece of the full text).
+    char piece[4] = {full[n_full / 2], full[n_full / 2 + 1], full[n_full / 2 + 2], 0};
+    size_t cut = (size_t)(strstr(full, piece) - full);
+    char never[ER_STOP_MAX_LEN + 1];
+    memset(never, 'q', ER_STOP_MAX_LEN);
+    never[ER_STOP_MAX_LEN] = 0;
+    const char *stops[ER_STOP_MAX + 1] = {"\x01\x02", piece, never};
+    for (int i = 3; i <= ER_STOP_MAX; i++)
+        stops[i] = "\x03";
+    cr_assert_eq(generate_stopped(s, stops, ER_STOP_MAX), 0, "%s", er_last_error());
+    x = er_result_sample(s, 0);
+    cr_assert_eq(x->finish, ER_FINISH_STOP);
+    cr_assert_eq(x->text_len, cut, "cut at %zu, expected %zu", x->text_len, cut);
+    cr_assert(memcmp(x->text, full, cut) == 0);
+
+    // Refused before anything runs, with a message naming the field.
+    const char *with_null[] = {"a", NULL, "b"};
+    cr_assert_eq(generate_stopped(s, with_null, 3), ER_EINVAL);
+    cr_assert(strstr(er_last_error(), "stop[1]") && strstr(er_last_error(), "NULL"), "%s", er_last_error());
+    cr_assert_eq(generate_stopped(s, stops, ER_STOP_MAX + 1), ER_EINVAL);
+    cr_assert(strstr(er_last_error(), "n_stop"), "%s", er_last_error());
+    cr_assert_eq(generate_stopped(s, stops, -1), ER_EINVAL);
+    cr_assert_eq(generate_stopped(s, NULL, 1), ER_EINVAL);
+    cr_assert(strstr(er_last_error(), "NULL"), "%s", er_last_error());
+    cr_assert_eq(er_result_count(s), 0, "a refused call leaves no results");
+
+    er_free(full);
+    er_session_free(s);
+    er_model_free(m);
+}
+
+typedef struct {
+    ErSession *s;
+    int rc;
+    char text[4096];
+} Worker;
+
+static void *worker_run(void *arg) {
+    Worker *w = arg;
+    w->rc = generate_stopped(w->s, NULL, 0);
+    if (w->rc == 0)
+        snprintf(w->text, sizeof w->text, "%s", er_result_sample(w->s, 0)->text);
+    return NULL;
+}
+
+// One model, two sessions, two threads generating at once: each answers as it does alone.
+Test(api, sessions_of_one_model_run_on_two_threads) {
+    ErModel *m;
+    Worker w[2];
+    cr_assert_eq(er_model_load(&m, model_dir), 0, "%s", er_last_error());
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(er_session_open(&w[i].s, m, 1, 256, i), 0, "%s", er_last_error());
+    Worker alone[2] = {{w[0].s, 0, ""}, {w[1].s, 0, ""}};
+    for (int i = 0; i < 2; i++) {
+        worker_run(&alone[i]);
+        cr_assert_eq(alone[i].rc, 0, "%s", er_last_error());
+    }
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, worker_run, &w[i]), 0);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(t[i], NULL);
+        cr_assert_eq(w[i].rc, 0, "session %d failed on its thread", i);
+        cr_assert_str_eq(w[i].text, alone[i].text, "session %d", i);
+    }
+    er_model_free(m);
+    for (int i = 0; i < 2; i++)
+        er_session_free(w[i].s);
 }

@@ -1,9 +1,12 @@
 // The embedding example ($ER_BUILD/example, built by `make` from infer/examples/example.c, which uses
 // only infer/erinfer.h): it streams a reply from a tiny model dir, its streamed token count agrees
-// with the sample and the stats, and a bad model path is one clear error line with exit 1.
+// with the sample and the stats, and a bad model path is one clear error line with exit 1. The
+// Makefile links it from example.o and liberinfer.a alone, so its running proves the runtime library
+// needs nothing of the training tier; here the header also compiles alone, as C99 and as C++.
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/fileio.h"
@@ -80,4 +83,42 @@ Test(example, bad_model_path_is_one_error_line) {
     cr_assert_eq(r.status, 1, "no arguments: exit status %d, expected 1", r.status);
     cr_assert(strstr(r.err, "usage:"), "no arguments: no usage line: %s", r.err);
     helper_result_free(&r);
+}
+
+// A copy of infer/erinfer.h alone on the include path: the example compiles as strict C99, and a
+// C++ file using the header compiles too (extern "C", no C-only constructs).
+Test(example, header_compiles_alone_as_c_and_cpp) {
+    if (access("infer/examples/example.c", R_OK) != 0)
+        cr_skip_test("not run from the repository root");
+    CmdResult r = helper_run(tmp, "command -v c++");
+    if (r.status != 0)
+        cr_skip_test("!!!!!! no c++ compiler - header test SKIPPED !!!!!!");
+    helper_result_free(&r);
+    r = helper_run(tmp, "mkdir -p '%s/inc/infer' && cp infer/erinfer.h '%s/inc/infer/'", tmp, tmp);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    helper_result_free(&r);
+
+    r = helper_run(tmp, "${CC:-cc} -std=c99 -pedantic -Wall -Wextra -Werror -fsyntax-only -I'%s/inc' "
+                        "infer/examples/example.c", tmp);
+    cr_assert_eq(r.status, 0, "the example does not compile with erinfer.h alone:\n%s", r.err);
+    helper_result_free(&r);
+
+    char *cpp = path_join(tmp, "use.cpp");
+    FILE *f = fopen(cpp, "w");
+    cr_assert(f);
+    fputs("#include \"infer/erinfer.h\"\n"
+          "int main() {\n"
+          "    ErGenParams p;\n"
+          "    er_gen_params_init(&p);\n"
+          "    static const char *const stops[] = {\"\\n\"};\n"
+          "    p.stop = stops;\n"
+          "    p.n_stop = 1;\n"
+          "    return er_status_name(ER_EINVAL)[0] == 0 || er_version()[0] == 0;\n"
+          "}\n",
+          f);
+    cr_assert_eq(fclose(f), 0);
+    r = helper_run(tmp, "c++ -std=c++11 -pedantic -Wall -Wextra -Werror -fsyntax-only -I'%s/inc' '%s'", tmp, cpp);
+    cr_assert_eq(r.status, 0, "erinfer.h does not compile as C++:\n%s", r.err);
+    helper_result_free(&r);
+    er_free(cpp);
 }
