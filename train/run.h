@@ -24,6 +24,17 @@ int run_write_json(const char *dir, const cJSON *run);
 // is checked against then names the same files however the path was spelled.
 void run_add_path(cJSON *j, const char *key, const char *path);
 
+// Adds j[key] = value for each entry, in order (run.json and metrics lines read as tables).
+typedef struct {
+    const char *key;
+    double value;
+} RunNumber;
+void run_add_numbers(cJSON *j, const RunNumber *n, size_t count);
+
+// The dir a tokenizer path names: the path itself when it is a dir, else the dir of the file (a
+// tokenizer.json) in it; "." for a bare file name.
+void run_tokenizer_dir(const char *path, char *dir, size_t cap);
+
 typedef struct {
     FILE *fp;
     char *path;
