@@ -9,8 +9,8 @@ int cmd_merge(int argc, char **argv) {
     MergeConfig c = {0};
     ArgSpec specs[] = {
         {"model", ARG_STR, &c.model_dir, "fp32 base model dir (HF layout; its tokenizer is copied)", 1, 0, 0},
-        {"adapter", ARG_STR, &c.adapter_dir, "LoRA adapter dir (PEFT) for that base, merged as if on at every "
-         "position: a masked adapter's prompt positions then differ from the masked runtime's", 1, 0, 0},
+        {"adapter", ARG_STR, &c.adapter_dir, "LoRA adapter dir (PEFT) for that base, merged as on at every position: "
+         "a masked adapter (off on the prompt at run time) then changes the prompt positions too", 1, 0, 0},
         {"out", ARG_STR, &c.out_dir, "output model dir (absent or empty)", 1, 0, 0},
         {"threads", ARG_INT, &c.threads, "threads (0 = all cores)", 0, 0, 4096},
     };

@@ -47,10 +47,8 @@ int train_pretrain(const TrainConfig *c, TrainResult *res) {
         ER_CHECK(ER_ENOMEM);
     SaveCtx sc = {&m, c->tokenizer_path};
     TrainJob job;
-    train_job_init(&job, c, "pretrain", &m, tok, style, info);
+    train_job_init(&job, c, "pretrain", &m, tok, style, info, save_model, &sc);
     job.decay_mask = decay;
-    job.save_final = save_model;
-    job.save_ctx = &sc;
     ER_CHECK(trainer_run(&job, res));
 done:
     cJSON_Delete(info);

@@ -1,5 +1,5 @@
-// The run directory every ertrain command writes: run.json (resolved configuration, version, seed,
-// data, counts) and metrics.jsonl (one JSON object per optimizer step).
+// The run directory the ertrain commands write: run.json (resolved configuration, version, seed,
+// data, counts) and, for the commands that take steps, metrics.jsonl (one JSON object per step).
 #ifndef TRAIN_RUN_H
 #define TRAIN_RUN_H
 
@@ -10,7 +10,7 @@
 #define ERTRAIN_VERSION "0.1.0"
 
 // What a command does with its output dir: start a run (and say --resume continues one), continue
-// one (--resume), or write it once (ertrain quantize, which has no --resume).
+// one (--resume), or write it once (ertrain quantize and merge, which have no --resume).
 typedef enum { RUN_NEW, RUN_RESUME, RUN_ONCE } RunMode;
 
 // A new run needs `dir` absent or empty; an existing run is only continued with --resume.

@@ -41,29 +41,28 @@ void sequence_free(Sequence *s) {
 static int seq_build_text(const SeqBuilder *sb, const Example *ex, const char *ctx, Sequence *out) {
     if (!sb->loss_all)
         return er_error(ER_EFORMAT, "%s: a raw-text {\"text\"} record has no prompt or response; only pretraining "
-                        "uses it (remove it from SFT data)", ctx);
+                        "and QAT use it (remove it from SFT data)", ctx);
     int *t = NULL, nt = 0;
     int rc = tok_encode(sb->tok, ex->text, strlen(ex->text), &t, &nt);
     if (rc < 0)
         return er_error_prefix(rc, "%s", ctx);
     long full = (long)nt + (sb->eot_id >= 0);
-    if (full < 2) {
-        er_free(t);
-        return er_error(ER_EFORMAT, "%s: the text renders to %ld token(s); a row needs at least 2", ctx, full);
-    }
+    if (full < 2)
+        ER_CHECK(er_error(ER_EFORMAT, "%s: the text renders to %ld token(s); a row needs at least 2", ctx, full));
     int n = full > sb->seq_len + 1 ? sb->seq_len + 1 : (int)full;
     int *grown = er_realloc_array(t, (size_t)n, sizeof *t);
-    if (!grown) {
-        er_free(t);
-        return ER_ENOMEM;
-    }
+    if (!grown)
+        ER_CHECK(ER_ENOMEM);
     t = grown;
     if (nt < n)
         t[nt] = sb->eot_id;
     out->tokens = t;
     out->n = n;
     out->truncated = full > n;
-    return ER_OK;
+    t = NULL; // out owns it
+done:
+    er_free(t);
+    return rc;
 }
 
 // The rendered prompt's tokens, then the response's.

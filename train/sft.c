@@ -48,14 +48,12 @@ int train_sft(const TrainConfig *c, TrainResult *res) {
     if ((prefix[0] && !a.reasoning_prefix) || !a.base_model || !info)
         ER_CHECK(ER_ENOMEM);
     TrainJob job;
-    train_job_init(&job, c, "sft", &m, tok, style, info);
+    train_job_init(&job, c, "sft", &m, tok, style, info, save_adapter, &a);
     job.adapter = &a;
     job.params = a.params;
     job.grads = a.grads;
     job.n = a.n_params;
     job.prefix = prefix;
-    job.save_final = save_adapter;
-    job.save_ctx = &a;
     ER_CHECK(trainer_run(&job, res));
 done:
     cJSON_Delete(info);

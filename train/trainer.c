@@ -125,7 +125,8 @@ unsigned char *train_decay_mask(const Model *m) {
 }
 
 void train_job_init(TrainJob *job, const TrainConfig *c, const char *label, Model *m, const Tokenizer *tok,
-                    ChatStyle style, cJSON *model_info) {
+                    ChatStyle style, cJSON *model_info, int (*save_final)(void *ctx, const char *out_dir),
+                    void *save_ctx) {
     memset(job, 0, sizeof *job);
     job->cfg = c;
     job->label = label;
@@ -137,6 +138,8 @@ void train_job_init(TrainJob *job, const TrainConfig *c, const char *label, Mode
     job->style = style;
     job->prefix = "";
     job->model_info = model_info;
+    job->save_final = save_final;
+    job->save_ctx = save_ctx;
 }
 
 // ---- the run ----

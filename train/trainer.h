@@ -134,7 +134,8 @@ typedef struct {
 // The fields every job has, the rest zero; params, grads and n are all of m's parameters (pretraining:
 // SFT points them at the adapter, QAT params at its master weights).
 void train_job_init(TrainJob *job, const TrainConfig *c, const char *label, Model *m, const Tokenizer *tok,
-                    ChatStyle style, cJSON *model_info);
+                    ChatStyle style, cJSON *model_info, int (*save_final)(void *ctx, const char *out_dir),
+                    void *save_ctx);
 
 // Loads the data, creates or resumes the run dir, trains, checkpoints, and saves the result.
 int trainer_run(TrainJob *job, TrainResult *res);
