@@ -97,16 +97,15 @@ static int write_run_json(const MergeConfig *c, const LoraAdapter *a, const Merg
 }
 
 int merge_run(const MergeConfig *c, MergeResult *res) {
-    MergeResult local;
-    if (!res)
-        res = &local;
-    memset(res, 0, sizeof *res);
+    if (res)
+        memset(res, 0, sizeof *res);
     if (!c->model_dir || !c->adapter_dir || !c->out_dir)
         return er_error(ER_EINVAL, "--model, --adapter and --out are required");
     ER_TRY(run_dir_check(c->out_dir, RUN_ONCE));
     threads_set(c->threads);
     Model m = {0};
     LoraAdapter a = {0};
+    MergeResult r = {0};
     char *tok = path_join(c->model_dir, "tokenizer.json");
     int rc = ER_OK;
     if (!tok)
@@ -115,13 +114,15 @@ int merge_run(const MergeConfig *c, MergeResult *res) {
     ER_CHECK(check_fp32(&m, c->model_dir));
     LoraShape s = {m.cfg.L, m.cfg.C, m.cfg.NH * m.cfg.HS, m.cfg.NKV * m.cfg.HS, m.cfg.FF};
     ER_CHECK(peft_load(&a, c->adapter_dir, &s, 0));
-    ER_CHECK(merge_adapter(&m, &a, &res->merged));
-    res->masked = a.masked;
-    res->parameters = model_config_num_params(&m.cfg);
+    ER_CHECK(merge_adapter(&m, &a, &r.merged));
+    r.masked = a.masked;
+    r.parameters = model_config_num_params(&m.cfg);
     ER_CHECK(model_save(&m, c->out_dir, 0));
     if (path_exists(tok))
         ER_CHECK(run_copy_tokenizer(c->model_dir, c->out_dir));
-    ER_CHECK(write_run_json(c, &a, res));
+    ER_CHECK(write_run_json(c, &a, &r));
+    if (res)
+        *res = r;
 done:
     er_free(tok);
     lora_free(&a);

@@ -6,6 +6,7 @@
 
 #include "lora/peft.h"
 #include "tests/common/helpers.h"
+#include "tests/train/train_helpers.h"
 #include "train/merge.h"
 
 typedef struct {
@@ -14,12 +15,6 @@ typedef struct {
 } MergeFixture;
 
 static MergeFixture fx;
-
-static char *join(const char *dir, const char *name) {
-    char *p = path_join(dir, name);
-    cr_assert(p);
-    return p;
-}
 
 // A tiny fp32 base dir and a random masked adapter for it (B perturbed away from 0, so it changes the logits).
 static void setup(void) {
@@ -107,13 +102,6 @@ Test(merge, merged_logits_equal_the_adapter_on_every_position, .init = setup, .f
     er_free(merged);
     er_free(plain);
     er_free(out);
-}
-
-static void assert_one_line_error(const char *must_contain) {
-    const char *e = er_last_error();
-    cr_assert(e && e[0], "no error message recorded");
-    cr_assert_null(strchr(e, '\n'), "error is not one line: %s", e);
-    cr_assert(strstr(e, must_contain), "error \"%s\" does not mention \"%s\"", e, must_contain);
 }
 
 Test(merge, bad_inputs_give_one_line_errors, .init = setup, .fini = teardown, .timeout = 60) {
