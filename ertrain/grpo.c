@@ -8,6 +8,15 @@
 #include "rl/grpo_train.h"
 #include "ertrain/cli.h"
 
+// The flags that name a choice, into c.
+static int parse_choices(const char *budget_in, const char *scale, const char *loss, GrpoConfig *c) {
+    if (strcmp(budget_in, "system") && strcmp(budget_in, "user"))
+        return er_error(ER_EINVAL, "--budget-in: expected system or user, got \"%s\"", budget_in);
+    c->budget_in = strcmp(budget_in, "user") == 0 ? BUDGET_IN_USER : BUDGET_IN_SYSTEM;
+    ER_TRY(reward_scale_parse(scale, &c->scale));
+    return loss_type_parse(loss, &c->loss_type);
+}
+
 int cmd_grpo(int argc, char **argv) {
     GrpoConfig c;
     grpo_config_default(&c);
@@ -47,20 +56,12 @@ int cmd_grpo(int argc, char **argv) {
         {"seed", ARG_INT, &c.seed, "seed of prompt draws and rollouts", 0, 0, 2147483647},
         {"threads", ARG_INT, &c.threads, "threads (0 = all cores)", 0, 0, 4096},
         {"resume", ARG_FLAG, &c.resume, "continue the run in --out from its checkpoint", 0, 0, 0},
-        {"stop-after", ARG_INT, &c.stop_after, "stop after this step as if interrupted (testing --resume)", 0, 0, 1 << 24},
     };
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0],
                         "ertrain grpo --model DIR --adapter DIR --data FILE.jsonl --out DIR [flags]");
     if (rc == ARGS_HELP)
         return 0;
-    if (rc == ER_OK && strcmp(budget_in, "system") && strcmp(budget_in, "user"))
-        rc = er_error(ER_EINVAL, "--budget-in: expected system or user, got \"%s\"", budget_in);
-    c.budget_in = strcmp(budget_in, "user") == 0 ? BUDGET_IN_USER : BUDGET_IN_SYSTEM;
-    if (rc == ER_OK)
-        rc = reward_scale_parse(scale, &c.scale);
-    if (rc == ER_OK)
-        rc = loss_type_parse(loss, &c.loss_type);
-    if (rc < 0)
+    if (rc < 0 || parse_choices(budget_in, scale, loss, &c) < 0)
         return cli_fail("grpo");
     c.eps_high = eps_high >= 0 ? eps_high : c.eps;
     threads_set(c.threads);

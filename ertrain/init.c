@@ -10,6 +10,25 @@
 #include "ertrain/cli.h"
 #include "train/run.h"
 
+// A vocabulary smaller than the tokenizer's would give ids with no embedding row: checked first.
+static int check_vocab(const char *config, const ModelConfig *c, const char *tokenizer) {
+    if (!tokenizer)
+        return ER_OK;
+    Tokenizer *tok;
+    ER_TRY(tok_load(&tok, tokenizer));
+    int tv = tok_vocab_size(tok);
+    tok_free(tok);
+    if (tv > c->V)
+        return er_error(ER_EINVAL, "%s: vocab_size %d is smaller than the %d ids of the tokenizer %s", config, c->V, tv,
+                        tokenizer);
+    return ER_OK;
+}
+
+static int write_model(const Model *m, const char *out, int bf16, const char *tokenizer) {
+    ER_TRY(model_save(m, out, bf16));
+    return tokenizer ? run_copy_tokenizer(tokenizer, out) : ER_OK;
+}
+
 int cmd_init(int argc, char **argv) {
     const char *config = NULL, *out = NULL, *tokenizer = NULL;
     int seed = 0, bf16 = 0, threads = 0;
@@ -32,28 +51,13 @@ int cmd_init(int argc, char **argv) {
     threads_set(threads);
     ModelConfig c;
     Model m;
-    if (model_config_load(&c, config) < 0)
+    if (model_config_load(&c, config) < 0 || check_vocab(config, &c, tokenizer) < 0 ||
+        model_build_random(&m, &c, (float)std, (uint64_t)seed) < 0)
         return cli_fail("init");
-    // A vocabulary smaller than the tokenizer's would give ids with no embedding row: checked first.
-    if (tokenizer) {
-        Tokenizer *tok;
-        if (tok_load(&tok, tokenizer) < 0)
-            return cli_fail("init");
-        int tv = tok_vocab_size(tok);
-        tok_free(tok);
-        if (tv > c.V) {
-            er_error(ER_EINVAL, "%s: vocab_size %d is smaller than the %d ids of the tokenizer %s", config, c.V, tv,
-                     tokenizer);
-            return cli_fail("init");
-        }
-    }
-    if (model_build_random(&m, &c, (float)std, (uint64_t)seed) < 0)
-        return cli_fail("init");
-    rc = model_save(&m, out, bf16);
-    if (rc == ER_OK && tokenizer)
-        rc = run_copy_tokenizer(tokenizer, out);
-    if (rc == ER_OK)
-        printf("wrote %s: %zu parameters (%s)\n", out, model_config_num_params(&c), bf16 ? "bf16" : "fp32");
+    rc = write_model(&m, out, bf16, tokenizer);
     model_free(&m);
-    return rc < 0 ? cli_fail("init") : 0;
+    if (rc < 0)
+        return cli_fail("init");
+    printf("wrote %s: %zu parameters (%s)\n", out, model_config_num_params(&c), bf16 ? "bf16" : "fp32");
+    return 0;
 }

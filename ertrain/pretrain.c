@@ -1,17 +1,11 @@
 // ertrain pretrain: flags -> TrainConfig -> train_pretrain (train/pretrain.c).
-#include <stdio.h>
-#include <string.h>
-
 #include "core/args.h"
-#include "core/error.h"
 #include "ertrain/cli.h"
 #include "train/trainer.h"
 
 int cmd_pretrain(int argc, char **argv) {
     TrainConfig c;
     train_config_default(&c, TRAIN_PRETRAIN);
-    ArgSpec specs[TRAIN_FLAGS_MAX + 16];
-    int ns = train_flags_specs(&c, specs);
     ArgSpec own[] = {
         {"config", ARG_STR, &c.config_path, "model config.json (qwen2 or llama)", 1, 0, 0},
         {"tokenizer", ARG_STR, &c.tokenizer_path, "tokenizer.json or a dir holding it (copied into --out)", 1, 0, 0},
@@ -22,11 +16,9 @@ int cmd_pretrain(int argc, char **argv) {
         {"init-std", ARG_FLOAT, &c.init_std, "std of the random initial matrices", 0, 0, 0},
         {"seed", ARG_INT, &c.seed, "seed of every random choice (init, split, data order)", 0, 0, 2147483647},
     };
-    memcpy(specs + ns, own, sizeof own);
-    ns += (int)(sizeof own / sizeof own[0]);
-    int rc = args_parse(argc, argv, specs, ns,
-                        "ertrain pretrain --config CONFIG.json --tokenizer FILE_OR_DIR --data FILE.jsonl --out DIR "
-                        "[--response-key KEY] [--steps N | --epochs E] [--resume]");
+    int rc = train_flags_parse(&c, own, (int)(sizeof own / sizeof own[0]), argc, argv,
+                               "ertrain pretrain --config CONFIG.json --tokenizer FILE_OR_DIR --data FILE.jsonl "
+                               "--out DIR [--response-key KEY] [--steps N | --epochs E] [--resume]");
     if (rc == ARGS_HELP)
         return 0;
     if (rc < 0)

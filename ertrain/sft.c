@@ -1,10 +1,5 @@
 // ertrain sft: flags -> TrainConfig -> train_sft (train/sft.c).
-#include <stdio.h>
-#include <string.h>
-
-#include "core/alloc.h"
 #include "core/args.h"
-#include "core/error.h"
 #include "ertrain/cli.h"
 #include "train/trainer.h"
 
@@ -12,8 +7,6 @@ int cmd_sft(int argc, char **argv) {
     TrainConfig c;
     train_config_default(&c, TRAIN_SFT);
     const char *prefix = "<think>\n";
-    ArgSpec specs[TRAIN_FLAGS_MAX + 16];
-    int ns = train_flags_specs(&c, specs);
     ArgSpec own[] = {
         {"model", ARG_STR, &c.model_dir, "base model dir (HF layout, with its tokenizer); loaded frozen", 1, 0, 0},
         {"data", ARG_STR, &c.data_path, "training records (JSONL)", 1, 0, 0},
@@ -30,11 +23,9 @@ int cmd_sft(int argc, char **argv) {
         {"prefix", ARG_TEXT, &prefix, "reasoning prefix opening every response, left out of the loss (\"\" = none)", 0,
          0, 0},
     };
-    memcpy(specs + ns, own, sizeof own);
-    ns += (int)(sizeof own / sizeof own[0]);
-    int rc = args_parse(argc, argv, specs, ns,
-                        "ertrain sft --model DIR --data FILE.jsonl --out DIR [--response-key KEY] [--rank 16 --alpha 32 "
-                        "--lr 2e-4 --steps N | --epochs 1 ...] [--resume]");
+    int rc = train_flags_parse(&c, own, (int)(sizeof own / sizeof own[0]), argc, argv,
+                               "ertrain sft --model DIR --data FILE.jsonl --out DIR [--response-key KEY] "
+                               "[--rank 16 --alpha 32 --lr 2e-4 --steps N | --epochs 1 ...] [--resume]");
     if (rc == ARGS_HELP)
         return 0;
     if (rc < 0)

@@ -1,9 +1,10 @@
+// The flags every training job takes (optimisation, evaluation, checkpoints) and the parse that puts a
+// command's own flags after them: ertrain pretrain, sft and qat.
 #include <string.h>
 
+#include "core/error.h"
 #include "ertrain/cli.h"
 
-// Optimisation, evaluation and checkpoint flags shared by ertrain pretrain and sft: written into s (room for
-// TRAIN_FLAGS_MAX); returns how many.
 int train_flags_specs(TrainConfig *c, ArgSpec *s) {
     ArgSpec all[] = {
         {"lr", ARG_FLOAT, &c->lr, "peak learning rate", 0, 0, 0},
@@ -22,8 +23,17 @@ int train_flags_specs(TrainConfig *c, ArgSpec *s) {
         {"save-every", ARG_INT, &c->save_every, "steps between checkpoints (0 = at the end only)", 0, 0, 2000000000},
         {"threads", ARG_INT, &c->threads, "threads (0 = all cores)", 0, 0, 4096},
         {"resume", ARG_FLAG, &c->resume, "continue the run in --out from its checkpoint", 0, 0, 0},
-        {"stop-after", ARG_INT, &c->stop_after, "stop after this step as if interrupted (testing --resume)", 0, 0, 2000000000},
     };
+    _Static_assert(sizeof all / sizeof all[0] <= TRAIN_FLAGS_MAX, "TRAIN_FLAGS_MAX is too small");
     memcpy(s, all, sizeof all);
     return (int)(sizeof all / sizeof all[0]);
+}
+
+int train_flags_parse(TrainConfig *c, const ArgSpec *own, int n_own, int argc, char **argv, const char *usage) {
+    ArgSpec specs[TRAIN_FLAGS_MAX + TRAIN_OWN_FLAGS_MAX];
+    if (n_own > TRAIN_OWN_FLAGS_MAX)
+        return er_error(ER_EINVAL, "train_flags_parse: %d own flags, room for %d", n_own, TRAIN_OWN_FLAGS_MAX);
+    int ns = train_flags_specs(c, specs);
+    memcpy(specs + ns, own, sizeof *own * (size_t)n_own);
+    return args_parse(argc, argv, specs, ns + n_own, usage);
 }

@@ -164,9 +164,7 @@ static void grpo_free(Grpo *g) {
     adamw_free(&g->opt);
     acts_free(&g->acts);
     engine_free(&g->eng);
-    for (int i = 0; i < g->d.n; i++)
-        example_free(&g->d.ex[i]);
-    er_free(g->d.ex);
+    dataset_free(&g->d);
     tok_free(g->tok);
     lora_free(&g->ad);
     model_free(&g->m);
@@ -175,6 +173,15 @@ static void grpo_free(Grpo *g) {
 // New tokens a rollout at budget b may take: up to (1 + m) b, then the answer allowance.
 static int rollout_max_new(const GrpoConfig *c, int budget) {
     return (int)ceil((1.0 + c->barrier_m) * budget) + c->answer_tokens;
+}
+
+// The tokens of ex's prompt stating `budget`.
+static int encode_prompt(const Grpo *g, const Example *ex, int budget, int **ids, int *n) {
+    char *text;
+    ER_TRY(grpo_prompt_text(g->c, g->style, ex, budget, &text));
+    int rc = tok_encode(g->tok, text, strlen(text), ids, n);
+    er_free(text);
+    return rc;
 }
 
 // Every record with every budget it can be drawn with, rendered and encoded before step 1: a record
@@ -190,12 +197,7 @@ static int check_prompts(Grpo *g) {
         int nb = ex->budget > 0 ? 1 : g->n_budgets;
         for (int k = 0; k < nb; k++) {
             int budget = ex->budget > 0 ? ex->budget : g->budgets[k], *ids, nid;
-            char *text;
-            int rc = grpo_prompt_text(c, g->style, ex, budget, &text);
-            if (rc == ER_OK) {
-                rc = tok_encode(g->tok, text, strlen(text), &ids, &nid);
-                er_free(text);
-            }
+            int rc = encode_prompt(g, ex, budget, &ids, &nid);
             if (rc < 0)
                 return er_error_prefix(rc, "%s:%ld", c->data_path, ex->line);
             er_free(ids);
@@ -288,19 +290,13 @@ static int rollout(Grpo *g, long step, int p, long *gen_tokens) {
     rng_fork(&r, &g->st.rng, ((uint64_t)step << 16) | (uint64_t)p);
     const Example *ex = &g->d.ex[rng_below(&r, (uint32_t)g->d.n)];
     gr->budget = ex->budget > 0 ? ex->budget : g->budgets[rng_below(&r, (uint32_t)g->n_budgets)];
-    char *text;
-    ER_TRY(grpo_prompt_text(c, g->style, ex, gr->budget, &text));
-    int *ids, nid;
-    int rc = tok_encode(g->tok, text, strlen(text), &ids, &nid);
-    er_free(text);
-    if (rc < 0)
-        return rc;
+    int *ids = NULL, nid;
+    int rc = ER_OK;
+    ER_CHECK(encode_prompt(g, ex, gr->budget, &ids, &nid));
     er_free(gr->prompt);
     gr->prompt = er_alloc(sizeof(int) * (size_t)(nid + g->n_prefix));
-    if (!gr->prompt) {
-        er_free(ids);
-        return ER_ENOMEM;
-    }
+    if (!gr->prompt)
+        ER_CHECK(ER_ENOMEM);
     memcpy(gr->prompt, ids, sizeof(int) * (size_t)nid);
     memcpy(gr->prompt + nid, g->prefix, sizeof(int) * (size_t)g->n_prefix);
     gr->n_prompt = nid + g->n_prefix;
@@ -316,19 +312,18 @@ static int rollout(Grpo *g, long step, int p, long *gen_tokens) {
     gc.response_prefix = g->ad.reasoning_prefix;
     gen_samples_free(gr->s, c->group);
     GenStats gs;
-    rc = engine_generate(&g->eng, ids, nid, &gc, NULL, NULL, gr->s, &gs);
-    er_free(ids);
-    ER_TRY(rc);
+    ER_CHECK(engine_generate(&g->eng, ids, nid, &gc, NULL, NULL, gr->s, &gs));
     *gen_tokens += gs.generated_tokens;
     gr->correct = 0;
     for (int i = 0; i < c->group; i++) {
         int ok = grade_response(gr->s[i].text, gr->s[i].answer_at, ex->answer);
-        if (ok < 0)
-            return ok;
+        ER_CHECK(ok);
         gr->correct += ok;
         gr->reward[i] = (float)reward_total(ok, gr->s[i].n_tokens, gr->budget, c->barrier_m, c->barrier_p);
     }
-    return ER_OK;
+done:
+    er_free(ids);
+    return rc;
 }
 
 // Rows of group p as a RolloutBatch: prompt + prefix, then the sample's tokens (adapter on from the prefix).
@@ -488,6 +483,8 @@ static int write_metrics(Grpo *g, long step, const StepMetrics *sm) {
 static cJSON *config_json(const Grpo *g) {
     const GrpoConfig *c = g->c;
     cJSON *j = cJSON_CreateObject();
+    if (!j)
+        return NULL;
     cJSON_AddStringToObject(j, "command", "grpo");
     cJSON_AddStringToObject(j, "version", ERTRAIN_VERSION);
     run_add_path(j, "model", c->model_dir);
@@ -522,49 +519,55 @@ static cJSON *config_json(const Grpo *g) {
     return j;
 }
 
+// Continues the run in --out from its checkpoint (*start: the step it was at), or starts one there;
+// writes run.json and opens metrics.jsonl.
+static int grpo_start(Grpo *g, const char *ckpt, long *start) {
+    const GrpoConfig *c = g->c;
+    *start = 0;
+    if (c->resume && !checkpoint_exists(ckpt))
+        return er_error(ER_EINVAL, "%s: nothing to resume (no checkpoint)", c->out_dir);
+    if (c->resume) {
+        ER_TRY(checkpoint_load(ckpt, &g->st, g->ad.params, g->ad.n_params, &g->opt));
+        cJSON *now = config_json(g);
+        if (!now)
+            return ER_ENOMEM;
+        int rc = train_config_check_resume(g->st.config, now, ckpt);
+        // The run goes on with this configuration: an extended run records its new length.
+        cJSON_Delete(g->st.config);
+        g->st.config = now;
+        ER_TRY(rc);
+        if (g->st.step > c->steps)
+            return er_error(ER_EINVAL, "%s: checkpoint at step %ld is past the %d steps asked for (a run can be "
+                            "extended, not shortened)", ckpt, g->st.step, c->steps);
+        *start = g->st.step;
+    } else {
+        rng_seed(&g->st.rng, (uint64_t)c->seed);
+        if (!(g->st.config = config_json(g)))
+            return ER_ENOMEM;
+    }
+    ER_TRY(dir_make(c->out_dir));
+    ER_TRY(run_write_json(c->out_dir, g->st.config));
+    return metrics_open(&g->ml, c->out_dir, c->resume, *start);
+}
+
 int grpo_train(const GrpoConfig *c, GrpoResult *res) {
     memset(res, 0, sizeof *res);
     Grpo g;
     memset(&g, 0, sizeof g);
     g.c = c;
-    int rc = grpo_setup(&g);
-    char *ckpt = path_join(c->out_dir, "checkpoint");
-    if (!ckpt)
-        rc = ER_ENOMEM;
+    char *ckpt = NULL;
     long start = 0;
-    if (rc == ER_OK && c->resume && checkpoint_exists(ckpt)) {
-        rc = checkpoint_load(ckpt, &g.st, g.ad.params, g.ad.n_params, &g.opt);
-        cJSON *now = rc == ER_OK ? config_json(&g) : NULL;
-        if (rc == ER_OK)
-            rc = now ? train_config_check_resume(g.st.config, now, ckpt) : ER_ENOMEM;
-        if (rc == ER_OK && g.st.step > c->steps)
-            rc = er_error(ER_EINVAL, "%s: checkpoint at step %ld is past the %d steps asked for (a run can be "
-                          "extended, not shortened)", ckpt, g.st.step, c->steps);
-        // The run goes on with this configuration: an extended run records its new length.
-        cJSON_Delete(g.st.config);
-        g.st.config = now;
-        start = g.st.step;
-    } else if (rc == ER_OK && c->resume) {
-        rc = er_error(ER_EINVAL, "%s: nothing to resume (no checkpoint)", c->out_dir);
-    } else if (rc == ER_OK) {
-        rng_seed(&g.st.rng, (uint64_t)c->seed);
-        g.st.config = config_json(&g);
-    }
-    if (rc == ER_OK)
-        rc = dir_make(c->out_dir);
-    if (rc == ER_OK)
-        rc = run_write_json(c->out_dir, g.st.config);
-    if (rc == ER_OK)
-        rc = metrics_open(&g.ml, c->out_dir, c->resume, start);
+    int rc = ER_OK;
+    ER_CHECK(grpo_setup(&g));
+    if (!(ckpt = path_join(c->out_dir, "checkpoint")))
+        ER_CHECK(ER_ENOMEM);
+    ER_CHECK(grpo_start(&g, ckpt, &start));
     Progress prog;
     progress_begin(&prog, "grpo", "step", start, c->steps);
-    for (long s = start; rc == ER_OK && s < c->steps; s++) {
+    for (long s = start; s < c->steps; s++) {
         StepMetrics sm;
-        rc = grpo_step(&g, s, &sm);
-        if (rc == ER_OK)
-            rc = write_metrics(&g, s + 1, &sm);
-        if (rc < 0)
-            break;
+        ER_CHECK(grpo_step(&g, s, &sm));
+        ER_CHECK(write_metrics(&g, s + 1, &sm));
         if (s == start) {
             res->first_reward = sm.reward;
             res->first_length = sm.len;
@@ -574,19 +577,20 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
         res->steps = s + 1;
         g.st.step = s + 1;
         if ((c->save_every > 0 && (s + 1) % c->save_every == 0) || s + 1 == c->steps)
-            rc = checkpoint_save(ckpt, &g.st, g.ad.params, g.ad.n_params, &g.opt);
-        if (c->stop_after > 0 && s + 1 == c->stop_after)
+            ER_CHECK(checkpoint_save(ckpt, &g.st, g.ad.params, g.ad.n_params, &g.opt));
+        if (c->stop_after > 0 && s + 1 == c->stop_after) // the test hook: as if killed here
             break;
         char extra[160];
         snprintf(extra, sizeof extra, "reward %.3f acc %.2f len %.1f kl %.4f", sm.reward, sm.acc, sm.len, sm.kl);
         if (!c->quiet)
             progress_update(&prog, s + 1, extra);
     }
-    if (!c->quiet && rc == ER_OK)
+    if (!c->quiet)
         progress_end(&prog, NULL);
     g.ad.dropout = g.dropout; // saved as it came
-    if (rc == ER_OK && g.st.step == c->steps)
-        rc = peft_save(&g.ad, c->out_dir);
+    if (g.st.step == c->steps)
+        ER_CHECK(peft_save(&g.ad, c->out_dir));
+done:
     er_free(ckpt);
     grpo_free(&g);
     return rc;

@@ -36,7 +36,7 @@ typedef struct {
     int seq_len;                  // positions per sequence (prompt + prefix + completion); 0 = what the
                                   // longest prompt at its largest budget needs
     int seed, threads, save_every, resume, quiet;
-    int stop_after;               // stop after this step as if interrupted (testing --resume); 0 = off
+    int stop_after;               // test hook, no flag: stop after this step as if killed (resume tests); 0 = off
 } GrpoConfig;
 
 void grpo_config_default(GrpoConfig *c);

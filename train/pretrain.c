@@ -32,61 +32,28 @@ int train_pretrain(const TrainConfig *c, TrainResult *res) {
 
     ModelConfig mc;
     Tokenizer *tok = NULL;
-    Model m;
-    int have_model = 0;
+    Model m = {0};
     unsigned char *decay = NULL;
     cJSON *info = NULL;
     ChatStyle style;
-    int rc = model_config_load(&mc, c->config_path);
-    if (rc == ER_OK)
-        rc = tok_load(&tok, c->tokenizer_path);
-    if (rc == ER_OK)
-        rc = train_chat_style(c->tokenizer_path, &style);
-    if (rc == ER_OK && (rc = model_build_random(&m, &mc, (float)c->init_std,
-                                                train_derived_seed(c->seed, TRAIN_STREAM_INIT))) == ER_OK)
-        have_model = 1;
-    if (rc == ER_OK) {
-        // Weight decay on matrices only: norms and biases are left alone.
-        decay = er_calloc(m.n_param_floats, 1);
-        info = cJSON_CreateObject();
-        if (!decay || !info) {
-            rc = ER_ENOMEM;
-        } else {
-            for (int i = 0; i < m.n_params; i++) {
-                const ParamTensor *p = &m.params[i];
-                memset(decay + (p->data - m.param_mem), p->ndim == 2, p->numel);
-            }
-            cJSON_AddStringToObject(info, "config", c->config_path);
-            cJSON_AddNumberToObject(info, "hidden_size", mc.C);
-            cJSON_AddNumberToObject(info, "num_hidden_layers", mc.L);
-            cJSON_AddNumberToObject(info, "vocab_size", mc.V);
-            cJSON_AddNumberToObject(info, "parameters", (double)model_config_num_params(&mc));
-        }
-    }
-    if (rc == ER_OK) {
-        SaveCtx sc = {&m, c->tokenizer_path};
-        TrainJob job = {
-            .cfg = c,
-            .label = "pretrain",
-            .model = &m,
-            .adapter = NULL,
-            .params = m.param_mem,
-            .grads = m.grad_mem,
-            .n = m.n_param_floats,
-            .decay_mask = decay,
-            .tok = tok,
-            .style = style,
-            .prefix = "",
-            .model_info = info,
-            .save_final = save_model,
-            .save_ctx = &sc,
-        };
-        rc = trainer_run(&job, res);
-    }
+    int rc = ER_OK;
+    ER_CHECK(model_config_load(&mc, c->config_path));
+    ER_CHECK(tok_load(&tok, c->tokenizer_path));
+    ER_CHECK(train_chat_style(c->tokenizer_path, &style));
+    ER_CHECK(model_build_random(&m, &mc, (float)c->init_std, train_derived_seed(c->seed, TRAIN_STREAM_INIT)));
+    decay = train_decay_mask(&m);
+    info = train_model_info("config", c->config_path, &mc, model_config_num_params(&mc));
+    if (!decay || !info)
+        ER_CHECK(ER_ENOMEM);
+    SaveCtx sc = {&m, c->tokenizer_path};
+    TrainJob job;
+    train_job_init(&job, c, "pretrain", &m, tok, style, info, save_model, &sc);
+    job.decay_mask = decay;
+    ER_CHECK(trainer_run(&job, res));
+done:
     cJSON_Delete(info);
     er_free(decay);
-    if (have_model)
-        model_free(&m);
+    model_free(&m);
     tok_free(tok);
     return rc;
 }

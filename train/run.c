@@ -46,6 +46,22 @@ void run_add_path(cJSON *j, const char *key, const char *path) {
     er_free(r);
 }
 
+void run_add_numbers(cJSON *j, const RunNumber *n, size_t count) {
+    for (size_t i = 0; i < count; i++)
+        cJSON_AddNumberToObject(j, n[i].key, n[i].value);
+}
+
+void run_tokenizer_dir(const char *path, char *dir, size_t cap) {
+    snprintf(dir, cap, "%s", path);
+    if (path_is_dir(dir))
+        return;
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
+    else
+        snprintf(dir, cap, ".");
+}
+
 int run_write_json(const char *dir, const cJSON *run) {
     char *p = path_join(dir, "run.json");
     if (!p)
@@ -57,37 +73,35 @@ int run_write_json(const char *dir, const cJSON *run) {
 
 // Keeps the lines of `path` whose "step" is <= keep_step (rewritten atomically).
 static int metrics_keep(const char *path, long keep_step) {
-    char *text;
-    size_t n;
-    ER_TRY(file_read_all(path, (size_t)1 << 34, &text, &n));
-    char *out = er_alloc(n + 1);
-    if (!out) {
-        er_free(text);
-        return ER_ENOMEM;
-    }
-    size_t k = 0;
+    char *text = NULL, *out = NULL;
+    size_t n, k = 0;
     long lineno = 0;
     int rc = ER_OK;
-    for (char *line = text; rc == ER_OK && *line;) {
+    ER_CHECK(file_read_all(path, (size_t)1 << 34, &text, &n));
+    out = er_alloc(n + 1);
+    if (!out)
+        ER_CHECK(ER_ENOMEM);
+    for (char *line = text; *line;) {
         char *end = strchr(line, '\n');
         size_t len = end ? (size_t)(end - line) : strlen(line);
         lineno++;
         if (len > 0) {
             cJSON *j = cJSON_ParseWithLength(line, len);
             const cJSON *s = j ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
-            if (!cJSON_IsNumber(s)) {
-                rc = er_error(ER_EFORMAT, "%s:%ld: not a metrics line with a \"step\"", path, lineno);
-            } else if ((long)s->valuedouble <= keep_step) {
+            int ok = cJSON_IsNumber(s), keep = ok && (long)s->valuedouble <= keep_step;
+            cJSON_Delete(j);
+            if (!ok)
+                ER_CHECK(er_error(ER_EFORMAT, "%s:%ld: not a metrics line with a \"step\"", path, lineno));
+            if (keep) {
                 memcpy(out + k, line, len);
                 k += len;
                 out[k++] = '\n';
             }
-            cJSON_Delete(j);
         }
         line += len + (end != NULL);
     }
-    if (rc == ER_OK)
-        rc = file_write_atomic(path, out, k);
+    ER_CHECK(file_write_atomic(path, out, k));
+done:
     er_free(out);
     er_free(text);
     return rc;
@@ -96,20 +110,17 @@ static int metrics_keep(const char *path, long keep_step) {
 int metrics_open(MetricsLog *ml, const char *dir, int resume, long keep_step) {
     memset(ml, 0, sizeof *ml);
     ml->path = path_join(dir, "metrics.jsonl");
-    if (!ml->path)
-        return ER_ENOMEM;
     int rc = ER_OK;
+    if (!ml->path)
+        ER_CHECK(ER_ENOMEM);
     if (resume && path_exists(ml->path))
-        rc = metrics_keep(ml->path, keep_step);
-    if (rc == ER_OK) {
-        ml->fp = fopen(ml->path, resume ? "a" : "w");
-        if (!ml->fp)
-            rc = er_error(ER_EIO, "%s: cannot open for writing", ml->path);
-    }
-    if (rc < 0) {
-        er_free(ml->path);
-        ml->path = NULL;
-    }
+        ER_CHECK(metrics_keep(ml->path, keep_step));
+    ml->fp = fopen(ml->path, resume ? "a" : "w");
+    if (!ml->fp)
+        ER_CHECK(er_error(ER_EIO, "%s: cannot open for writing", ml->path));
+done:
+    if (rc < 0)
+        metrics_close(ml);
     return rc;
 }
 
@@ -129,36 +140,32 @@ void metrics_close(MetricsLog *ml) {
     memset(ml, 0, sizeof *ml);
 }
 
+// Copies dir/name to dst/name (atomically) when it exists; a missing required file is an error naming src.
+static int copy_tokenizer_file(const char *dir, const char *name, const char *dst, int required, const char *src) {
+    char *from = path_join(dir, name), *to = path_join(dst, name), *buf = NULL;
+    size_t n;
+    int rc = ER_OK;
+    if (!from || !to)
+        ER_CHECK(ER_ENOMEM);
+    if (!path_exists(from)) {
+        if (required)
+            ER_CHECK(er_error(ER_EIO, "%s: no %s found", src, name));
+        goto done;
+    }
+    ER_CHECK(file_read_all(from, (size_t)1 << 30, &buf, &n));
+    ER_CHECK(file_write_atomic(to, buf, n));
+done:
+    er_free(buf);
+    er_free(from);
+    er_free(to);
+    return rc;
+}
+
 int run_copy_tokenizer(const char *src, const char *dst) {
     static const char *files[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json"};
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", src);
-    if (!path_is_dir(dir)) {
-        char *slash = strrchr(dir, '/');
-        if (slash)
-            *slash = 0;
-        else
-            snprintf(dir, sizeof dir, ".");
-    }
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char *from = path_join(dir, files[i]), *to = path_join(dst, files[i]);
-        int rc = ER_OK;
-        if (!from || !to) {
-            rc = ER_ENOMEM;
-        } else if (path_exists(from)) {
-            char *buf;
-            size_t n;
-            rc = file_read_all(from, (size_t)1 << 30, &buf, &n);
-            if (rc == ER_OK) {
-                rc = file_write_atomic(to, buf, n);
-                er_free(buf);
-            }
-        } else if (i == 0) {
-            rc = er_error(ER_EIO, "%s: no tokenizer.json found", src);
-        }
-        er_free(from);
-        er_free(to);
-        ER_TRY(rc);
-    }
+    run_tokenizer_dir(src, dir, sizeof dir);
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+        ER_TRY(copy_tokenizer_file(dir, files[i], dst, i == 0, src));
     return ER_OK;
 }

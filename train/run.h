@@ -1,5 +1,5 @@
-// The run directory every ertrain command writes: run.json (resolved configuration, version, seed,
-// data, counts) and metrics.jsonl (one JSON object per optimizer step).
+// The run directory the ertrain commands write: run.json (resolved configuration, version, seed,
+// data, counts) and, for the commands that take steps, metrics.jsonl (one JSON object per step).
 #ifndef TRAIN_RUN_H
 #define TRAIN_RUN_H
 
@@ -12,7 +12,7 @@
 #define ERTRAIN_VERSION ER_VERSION_STRING // one version for the runtime and the training tier
 
 // What a command does with its output dir: start a run (and say --resume continues one), continue
-// one (--resume), or write it once (ertrain quantize, which has no --resume).
+// one (--resume), or write it once (ertrain quantize and merge, which have no --resume).
 typedef enum { RUN_NEW, RUN_RESUME, RUN_ONCE } RunMode;
 
 // A new run needs `dir` absent or empty; an existing run is only continued with --resume.
@@ -25,6 +25,17 @@ int run_write_json(const char *dir, const cJSON *run);
 // Adds j[key] = path resolved to an absolute path (path_resolve): the configuration a resumed run
 // is checked against then names the same files however the path was spelled.
 void run_add_path(cJSON *j, const char *key, const char *path);
+
+// Adds j[key] = value for each entry, in order (run.json and metrics lines read as tables).
+typedef struct {
+    const char *key;
+    double value;
+} RunNumber;
+void run_add_numbers(cJSON *j, const RunNumber *n, size_t count);
+
+// The dir a tokenizer path names: the path itself when it is a dir, else the dir of the file (a
+// tokenizer.json) in it; "." for a bare file name.
+void run_tokenizer_dir(const char *path, char *dir, size_t cap);
 
 typedef struct {
     FILE *fp;

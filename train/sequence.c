@@ -41,29 +41,41 @@ void sequence_free(Sequence *s) {
 static int seq_build_text(const SeqBuilder *sb, const Example *ex, const char *ctx, Sequence *out) {
     if (!sb->loss_all)
         return er_error(ER_EFORMAT, "%s: a raw-text {\"text\"} record has no prompt or response; only pretraining "
-                        "uses it (remove it from SFT data)", ctx);
+                        "and QAT use it (remove it from SFT data)", ctx);
     int *t = NULL, nt = 0;
     int rc = tok_encode(sb->tok, ex->text, strlen(ex->text), &t, &nt);
     if (rc < 0)
         return er_error_prefix(rc, "%s", ctx);
     long full = (long)nt + (sb->eot_id >= 0);
-    if (full < 2) {
-        er_free(t);
-        return er_error(ER_EFORMAT, "%s: the text renders to %ld token(s); a row needs at least 2", ctx, full);
-    }
+    if (full < 2)
+        ER_CHECK(er_error(ER_EFORMAT, "%s: the text renders to %ld token(s); a row needs at least 2", ctx, full));
     int n = full > sb->seq_len + 1 ? sb->seq_len + 1 : (int)full;
     int *grown = er_realloc_array(t, (size_t)n, sizeof *t);
-    if (!grown) {
-        er_free(t);
-        return ER_ENOMEM;
-    }
+    if (!grown)
+        ER_CHECK(ER_ENOMEM);
     t = grown;
     if (nt < n)
         t[nt] = sb->eot_id;
     out->tokens = t;
     out->n = n;
     out->truncated = full > n;
-    return ER_OK;
+    t = NULL; // out owns it
+done:
+    er_free(t);
+    return rc;
+}
+
+// The rendered prompt's tokens, then the response's.
+static int encode_parts(const SeqBuilder *sb, const Example *ex, int **prompt, int *np, int **resp, int *nr) {
+    char *text = NULL;
+    size_t text_len = 0;
+    ER_TRY(chat_render(sb->style, ex->messages, ex->n_messages, CHAT_ADD_GENERATION_PROMPT, &text, &text_len));
+    int rc = tok_encode(sb->tok, text, text_len, prompt, np);
+    er_free(text);
+    ER_TRY(rc);
+    // The response is tokenized on its own, after the prefix, exactly as the runtime sees it: the prefix
+    // is forced token by token and the model continues from there.
+    return tok_encode(sb->tok, ex->response, strlen(ex->response), resp, nr);
 }
 
 int seq_build(const SeqBuilder *sb, const Example *ex, const char *ctx, Sequence *out) {
@@ -73,39 +85,22 @@ int seq_build(const SeqBuilder *sb, const Example *ex, const char *ctx, Sequence
     if (!ex->response)
         return er_error(ER_EFORMAT, "%s: record has no response to train on (choose its field with --response-key)",
                         ctx);
-    char *text = NULL;
-    size_t text_len = 0;
-    int rc = chat_render(sb->style, ex->messages, ex->n_messages, CHAT_ADD_GENERATION_PROMPT, &text, &text_len);
-    if (rc < 0)
-        return er_error_prefix(rc, "%s", ctx);
     int *prompt = NULL, *resp = NULL, np = 0, nr = 0;
-    rc = tok_encode(sb->tok, text, text_len, &prompt, &np);
-    er_free(text);
-    // The response is tokenized on its own, after the prefix, exactly as the runtime sees it: the prefix
-    // is forced token by token and the model continues from there.
-    if (rc == ER_OK)
-        rc = tok_encode(sb->tok, ex->response, strlen(ex->response), &resp, &nr);
-    if (rc < 0) {
-        er_free(prompt);
-        er_free(resp);
-        return er_error_prefix(rc, "%s", ctx);
-    }
+    int rc = encode_parts(sb, ex, &prompt, &np, &resp, &nr);
+    if (rc < 0)
+        ER_CHECK(er_error_prefix(rc, "%s", ctx));
+    if (np == 0)
+        ER_CHECK(er_error(ER_EFORMAT, "%s: the prompt renders to no tokens", ctx));
     // The first response token must be a target inside the row: prompt + prefix <= seq_len positions.
-    if (np + sb->n_prefix > sb->seq_len || np == 0) {
-        er_free(prompt);
-        er_free(resp);
-        if (np == 0)
-            return er_error(ER_EFORMAT, "%s: the prompt renders to no tokens", ctx);
-        return SEQ_TOO_LONG;
+    if (np + sb->n_prefix > sb->seq_len) {
+        rc = SEQ_TOO_LONG;
+        goto done;
     }
     long full = (long)np + sb->n_prefix + nr + 1;
     int n = full > sb->seq_len + 1 ? sb->seq_len + 1 : (int)full;
     int *t = er_alloc(sizeof(int) * (size_t)n);
-    if (!t) {
-        er_free(prompt);
-        er_free(resp);
-        return ER_ENOMEM;
-    }
+    if (!t)
+        ER_CHECK(ER_ENOMEM);
     int k = 0;
     for (int i = 0; i < np; i++)
         t[k++] = prompt[i];
@@ -115,14 +110,15 @@ int seq_build(const SeqBuilder *sb, const Example *ex, const char *ctx, Sequence
         t[k++] = resp[i];
     if (k < n)
         t[k++] = sb->end_id;
-    er_free(prompt);
-    er_free(resp);
     out->tokens = t;
     out->n = n;
     out->n_prompt = np;
     out->n_prefix = sb->n_prefix;
     out->truncated = full > n;
-    return ER_OK;
+done:
+    er_free(prompt);
+    er_free(resp);
+    return rc;
 }
 
 float seq_loss_at(const SeqBuilder *sb, const Sequence *s, int t) {

@@ -2,12 +2,12 @@
 //   [prompt (chat template + generation prompt)] [reasoning prefix] [response] [<|im_end|>]
 // with, per input position t (target = tokens[t+1]):
 //   loss mask    1 where the target is a response token or the end token (SFT), or everywhere
-//                (pretraining: every token of the conversation);
+//                (pretraining and QAT: every token of the conversation);
 //   adapter mask 0 on prompt input positions, 1 from the first prefix token on (the masked-LoRA
 //                rule, shared/DESIGN.md), or 1 everywhere for standard LoRA (--no-mask).
 // A raw-text Example ({"text"} record) is [text tokens] [<|endoftext|>] with no chat template: loss on
-// every position, n_prompt = n_prefix = 0. Only pretraining (loss_all) takes it; SFT refuses it, since
-// it has no response to train an adapter on.
+// every position, n_prompt = n_prefix = 0. Only pretraining and QAT (loss_all) take it; SFT refuses it,
+// since it has no response to train an adapter on.
 // A row has at most seq_len input positions (seq_len + 1 tokens); longer sequences are cut, and an
 // example whose prompt and prefix alone leave no response target inside seq_len is refused.
 #ifndef TRAIN_SEQUENCE_H

@@ -11,18 +11,6 @@
 
 static int save_adapter(void *ctx, const char *out_dir) { return peft_save((const LoraAdapter *)ctx, out_dir); }
 
-static cJSON *model_info(const char *dir, const ModelConfig *mc) {
-    cJSON *j = cJSON_CreateObject();
-    if (!j)
-        return NULL;
-    cJSON_AddStringToObject(j, "base", dir);
-    cJSON_AddNumberToObject(j, "hidden_size", mc->C);
-    cJSON_AddNumberToObject(j, "num_hidden_layers", mc->L);
-    cJSON_AddNumberToObject(j, "vocab_size", mc->V);
-    cJSON_AddNumberToObject(j, "parameters", (double)model_config_num_params(mc));
-    return j;
-}
-
 int train_sft(const TrainConfig *c, TrainResult *res) {
     if (res)
         memset(res, 0, sizeof *res);
@@ -41,55 +29,36 @@ int train_sft(const TrainConfig *c, TrainResult *res) {
     threads_set(c->threads);
 
     Tokenizer *tok = NULL;
-    Model m;
-    LoraAdapter a;
-    int have_model = 0, have_adapter = 0;
+    Model m = {0};
+    LoraAdapter a = {0};
     cJSON *info = NULL;
     ChatStyle style;
-    int rc = tok_load(&tok, c->model_dir);
-    if (rc == ER_OK)
-        rc = train_chat_style(c->model_dir, &style);
-    if (rc == ER_OK && (rc = model_load(&m, c->model_dir, 0)) == ER_OK)
-        have_model = 1;
-    if (rc == ER_OK) {
-        LoraShape s = {m.cfg.L, m.cfg.C, m.cfg.NH * m.cfg.HS, m.cfg.NKV * m.cfg.HS, m.cfg.FF};
-        rc = lora_init(&a, &s, c->rank, (float)c->alpha, c->rslora, (float)c->dropout, targets, 1,
-                       train_derived_seed(c->seed, TRAIN_STREAM_INIT));
-        have_adapter = rc == ER_OK;
-    }
+    int rc = ER_OK;
+    ER_CHECK(tok_load(&tok, c->model_dir));
+    ER_CHECK(train_chat_style(c->model_dir, &style));
+    ER_CHECK(model_load(&m, c->model_dir, 0));
+    LoraShape s = {m.cfg.L, m.cfg.C, m.cfg.NH * m.cfg.HS, m.cfg.NKV * m.cfg.HS, m.cfg.FF};
+    ER_CHECK(lora_init(&a, &s, c->rank, (float)c->alpha, c->rslora, (float)c->dropout, targets, 1,
+                       train_derived_seed(c->seed, TRAIN_STREAM_INIT)));
     const char *prefix = c->prefix ? c->prefix : "";
-    if (rc == ER_OK) {
-        a.masked = !c->no_mask;
-        a.reasoning_prefix = prefix[0] ? er_strdup(prefix) : NULL;
-        a.base_model = er_strdup(c->model_dir);
-        info = model_info(c->model_dir, &m.cfg);
-        if ((prefix[0] && !a.reasoning_prefix) || !a.base_model || !info)
-            rc = ER_ENOMEM;
-    }
-    if (rc == ER_OK) {
-        TrainJob job = {
-            .cfg = c,
-            .label = "sft",
-            .model = &m,
-            .adapter = &a,
-            .params = a.params,
-            .grads = a.grads,
-            .n = a.n_params,
-            .decay_mask = NULL,
-            .tok = tok,
-            .style = style,
-            .prefix = prefix,
-            .model_info = info,
-            .save_final = save_adapter,
-            .save_ctx = &a,
-        };
-        rc = trainer_run(&job, res);
-    }
+    a.masked = !c->no_mask;
+    a.reasoning_prefix = prefix[0] ? er_strdup(prefix) : NULL;
+    a.base_model = er_strdup(c->model_dir);
+    info = train_model_info("base", c->model_dir, &m.cfg, model_config_num_params(&m.cfg));
+    if ((prefix[0] && !a.reasoning_prefix) || !a.base_model || !info)
+        ER_CHECK(ER_ENOMEM);
+    TrainJob job;
+    train_job_init(&job, c, "sft", &m, tok, style, info, save_adapter, &a);
+    job.adapter = &a;
+    job.params = a.params;
+    job.grads = a.grads;
+    job.n = a.n_params;
+    job.prefix = prefix;
+    ER_CHECK(trainer_run(&job, res));
+done:
     cJSON_Delete(info);
-    if (have_adapter)
-        lora_free(&a);
-    if (have_model)
-        model_free(&m);
+    lora_free(&a);
+    model_free(&m);
     tok_free(tok);
     return rc;
 }

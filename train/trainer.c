@@ -82,20 +82,13 @@ int train_config_check(const TrainConfig *c) {
     if (!(c->eval_split >= 0 && c->eval_split < 1) || c->eval_max < 0 || c->eval_every < 0 || c->save_every < 0)
         return er_error(ER_EINVAL, "--eval-split must be in [0, 1) and --eval-max, --eval-every, --save-every >= 0");
     if (c->stop_after < 0)
-        return er_error(ER_EINVAL, "--stop-after must be >= 0");
+        return er_error(ER_EINVAL, "stop_after must be >= 0 (got %d)", c->stop_after);
     return ER_OK;
 }
 
 int train_chat_style(const char *path, ChatStyle *out) {
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    if (!path_is_dir(dir)) {
-        char *slash = strrchr(dir, '/');
-        if (slash)
-            *slash = 0;
-        else
-            snprintf(dir, sizeof dir, ".");
-    }
+    run_tokenizer_dir(path, dir, sizeof dir);
     char *cfg = path_join(dir, "tokenizer_config.json");
     if (!cfg)
         return ER_ENOMEM;
@@ -103,6 +96,50 @@ int train_chat_style(const char *path, ChatStyle *out) {
     int rc = path_exists(cfg) ? chat_style_from_config(cfg, out) : ER_OK;
     er_free(cfg);
     return rc;
+}
+
+cJSON *train_model_info(const char *key, const char *path, const ModelConfig *mc, size_t params) {
+    cJSON *j = cJSON_CreateObject();
+    if (!j)
+        return NULL;
+    cJSON_AddStringToObject(j, key, path);
+    const RunNumber nums[] = {
+        {"hidden_size", mc->C},
+        {"num_hidden_layers", mc->L},
+        {"vocab_size", mc->V},
+        {"parameters", (double)params},
+    };
+    run_add_numbers(j, nums, sizeof nums / sizeof nums[0]);
+    return j;
+}
+
+unsigned char *train_decay_mask(const Model *m) {
+    unsigned char *decay = er_calloc(m->n_param_floats, 1);
+    if (!decay)
+        return NULL;
+    for (int i = 0; i < m->n_params; i++) {
+        const ParamTensor *p = &m->params[i];
+        memset(decay + (p->data - m->param_mem), p->ndim == 2, p->numel);
+    }
+    return decay;
+}
+
+void train_job_init(TrainJob *job, const TrainConfig *c, const char *label, Model *m, const Tokenizer *tok,
+                    ChatStyle style, cJSON *model_info, int (*save_final)(void *ctx, const char *out_dir),
+                    void *save_ctx) {
+    memset(job, 0, sizeof *job);
+    job->cfg = c;
+    job->label = label;
+    job->model = m;
+    job->params = m->param_mem;
+    job->grads = m->grad_mem;
+    job->n = m->n_param_floats;
+    job->tok = tok;
+    job->style = style;
+    job->prefix = "";
+    job->model_info = model_info;
+    job->save_final = save_final;
+    job->save_ctx = save_ctx;
 }
 
 // ---- the run ----
@@ -127,6 +164,10 @@ typedef struct {
     cJSON *config;          // resolved configuration
     MetricsLog ml;
     char *ckpt_dir;
+    long resumed_from;      // the checkpoint's step, or -1 for a new run
+    int complete;           // resumed a finished run: outputs rewritten, run.json kept
+    Progress prog;
+    int prog_on;
 } Trainer;
 
 static void trainer_free(Trainer *t) {
@@ -177,13 +218,12 @@ static int build_sequences(Trainer *t, const Dataset *d, Sequence **out, int *n_
 static int load_data(Trainer *t) {
     const TrainConfig *c = t->cfg;
     DatasetOptions dopt = {c->response_key};
-    Dataset d, ev;
-    ER_TRY(dataset_load(c->data_path, &dopt, 0, &d));
+    Dataset d = {0}, ev = {0};
+    int rc = ER_OK;
+    ER_CHECK(dataset_load(c->data_path, &dopt, 0, &d));
     t->n_records = d.n;
-    if (d.n == 0) {
-        dataset_free(&d);
-        return er_error(ER_EFORMAT, "%s: no records", c->data_path);
-    }
+    if (d.n == 0)
+        ER_CHECK(er_error(ER_EFORMAT, "%s: no records", c->data_path));
     long n_eval = c->eval_split > 0 ? lround(c->eval_split * d.n) : 0;
     if (c->eval_split > 0 && n_eval == 0 && d.n > 1)
         n_eval = 1;
@@ -193,18 +233,16 @@ static int load_data(Trainer *t) {
         n_eval = d.n - 1;
     ErRng r;
     rng_fork(&r, &t->root, TRAIN_STREAM_SPLIT);
-    int rc = dataset_split(&d, (int)n_eval, &r, &ev);
-    if (rc == ER_OK)
-        rc = build_sequences(t, &d, &t->train, &t->n_train, &t->max_len_train);
-    if (rc == ER_OK)
-        rc = build_sequences(t, &ev, &t->eval, &t->n_eval, &t->max_len_eval);
+    ER_CHECK(dataset_split(&d, (int)n_eval, &r, &ev));
+    ER_CHECK(build_sequences(t, &d, &t->train, &t->n_train, &t->max_len_train));
+    ER_CHECK(build_sequences(t, &ev, &t->eval, &t->n_eval, &t->max_len_eval));
+    if (t->n_train == 0)
+        ER_CHECK(er_error(ER_EINVAL, "%s: no training record fits --seq-len %d (%ld refused as too long)", c->data_path,
+                          t->seq_len, t->n_skipped));
+done:
     dataset_free(&d);
     dataset_free(&ev);
-    ER_TRY(rc);
-    if (t->n_train == 0)
-        return er_error(ER_EINVAL, "%s: no training record fits --seq-len %d (%ld refused as too long)", c->data_path,
-                        t->seq_len, t->n_skipped);
-    return ER_OK;
+    return rc;
 }
 
 // Batch order of epoch e: a function of the seed and e only.
@@ -267,26 +305,29 @@ static cJSON *config_to_json(const Trainer *t) {
         cJSON_AddBoolToObject(j, "masked", !c->no_mask);
         cJSON_AddStringToObject(j, "prefix", t->job->prefix);
     }
-    cJSON_AddNumberToObject(j, "lr", c->lr);
-    cJSON_AddNumberToObject(j, "min_lr", c->min_lr);
-    cJSON_AddNumberToObject(j, "warmup", c->warmup);
-    cJSON_AddNumberToObject(j, "warmup_steps", (double)t->warmup_steps);
-    cJSON_AddNumberToObject(j, "clip", c->clip);
-    cJSON_AddNumberToObject(j, "weight_decay", c->weight_decay);
-    cJSON_AddNumberToObject(j, "beta1", c->beta1);
-    cJSON_AddNumberToObject(j, "beta2", c->beta2);
-    cJSON_AddNumberToObject(j, "eps", c->eps);
-    cJSON_AddNumberToObject(j, "epochs", c->steps > 0 ? 0 : c->epochs);
-    cJSON_AddNumberToObject(j, "steps", (double)t->total_steps);
-    cJSON_AddNumberToObject(j, "batch", c->batch);
-    cJSON_AddNumberToObject(j, "seq_len", t->seq_len);
-    cJSON_AddNumberToObject(j, "grad_accum", c->grad_accum);
-    cJSON_AddNumberToObject(j, "eval_split", c->eval_split);
-    cJSON_AddNumberToObject(j, "eval_max", c->eval_max);
-    cJSON_AddNumberToObject(j, "eval_every", c->eval_every);
-    cJSON_AddNumberToObject(j, "save_every", c->save_every);
-    cJSON_AddNumberToObject(j, "seed", c->seed);
-    cJSON_AddNumberToObject(j, "threads", threads_get());
+    const RunNumber nums[] = {
+        {"lr", c->lr},
+        {"min_lr", c->min_lr},
+        {"warmup", c->warmup},
+        {"warmup_steps", (double)t->warmup_steps},
+        {"clip", c->clip},
+        {"weight_decay", c->weight_decay},
+        {"beta1", c->beta1},
+        {"beta2", c->beta2},
+        {"eps", c->eps},
+        {"epochs", c->steps > 0 ? 0 : c->epochs},
+        {"steps", (double)t->total_steps},
+        {"batch", c->batch},
+        {"seq_len", t->seq_len},
+        {"grad_accum", c->grad_accum},
+        {"eval_split", c->eval_split},
+        {"eval_max", c->eval_max},
+        {"eval_every", c->eval_every},
+        {"save_every", c->save_every},
+        {"seed", c->seed},
+        {"threads", threads_get()},
+    };
+    run_add_numbers(j, nums, sizeof nums / sizeof nums[0]);
     if (t->job->extra_config) {
         const cJSON *item;
         cJSON_ArrayForEach(item, t->job->extra_config) {
@@ -322,7 +363,8 @@ int train_config_check_resume(const cJSON *saved, const cJSON *now, const char *
     return ER_OK;
 }
 
-static int write_run_json(Trainer *t, const TrainResult *res, long resumed_from, int finished) {
+// run.json: the resolved configuration and the counts; with `res` (a finished run) its result too.
+static int write_run_json(Trainer *t, const TrainResult *res) {
     cJSON *j = cJSON_CreateObject();
     if (!j)
         return ER_ENOMEM;
@@ -333,28 +375,28 @@ static int write_run_json(Trainer *t, const TrainResult *res, long resumed_from,
     cJSON_AddItemToObject(j, "config", cJSON_Duplicate(t->config, 1));
     if (t->job->model_info)
         cJSON_AddItemToObject(j, "model", cJSON_Duplicate(t->job->model_info, 1));
+    const RunNumber counts[] = {
+        {"records", (double)t->n_records},
+        {"train", t->n_train},
+        {"eval", t->n_eval},
+        {"refused_too_long", (double)t->n_skipped},
+        {"truncated", (double)t->n_truncated},
+        {"batches_per_epoch", t->ep.n_batches},
+        {"trained_parameters", (double)t->job->n},
+    };
     cJSON *n = cJSON_AddObjectToObject(j, "counts");
-    if (n) {
-        cJSON_AddNumberToObject(n, "records", (double)t->n_records);
-        cJSON_AddNumberToObject(n, "train", t->n_train);
-        cJSON_AddNumberToObject(n, "eval", t->n_eval);
-        cJSON_AddNumberToObject(n, "refused_too_long", (double)t->n_skipped);
-        cJSON_AddNumberToObject(n, "truncated", (double)t->n_truncated);
-        cJSON_AddNumberToObject(n, "batches_per_epoch", t->ep.n_batches);
-        cJSON_AddNumberToObject(n, "trained_parameters", (double)t->job->n);
-    }
-    if (resumed_from >= 0)
-        cJSON_AddNumberToObject(j, "resumed_from_step", (double)resumed_from);
-    if (finished && res) {
-        cJSON *r = cJSON_AddObjectToObject(j, "result");
-        if (r) {
-            cJSON_AddNumberToObject(r, "steps", (double)res->steps);
-            cJSON_AddNumberToObject(r, "train_loss", res->last_loss);
-            if (isfinite(res->eval_loss))
-                cJSON_AddNumberToObject(r, "eval_loss", res->eval_loss);
-            cJSON_AddNumberToObject(r, "tokens", (double)t->st.tokens);
-            cJSON_AddNumberToObject(r, "tokens_per_s", res->tokens_per_s);
-        }
+    if (n)
+        run_add_numbers(n, counts, sizeof counts / sizeof counts[0]);
+    if (t->resumed_from >= 0)
+        cJSON_AddNumberToObject(j, "resumed_from_step", (double)t->resumed_from);
+    cJSON *r = res ? cJSON_AddObjectToObject(j, "result") : NULL;
+    if (r) {
+        cJSON_AddNumberToObject(r, "steps", (double)res->steps);
+        cJSON_AddNumberToObject(r, "train_loss", res->last_loss);
+        if (isfinite(res->eval_loss))
+            cJSON_AddNumberToObject(r, "eval_loss", res->eval_loss);
+        cJSON_AddNumberToObject(r, "tokens", (double)t->st.tokens);
+        cJSON_AddNumberToObject(r, "tokens_per_s", res->tokens_per_s);
     }
     int rc = run_write_json(t->cfg->out_dir, j);
     cJSON_Delete(j);
@@ -457,28 +499,31 @@ static int save_checkpoint(Trainer *t) {
     return rc;
 }
 
+// Whether a checkpoint's state fits this run: the same seed, not past its length, a data order over
+// this run's sequences.
+static int check_saved_state(const Trainer *t, const TrainState *st) {
+    ER_TRY(train_config_check_resume(st->config, t->config, t->ckpt_dir));
+    if (memcmp(st->rng.s, t->root.s, sizeof st->rng.s) != 0)
+        return er_error(ER_EINVAL, "%s: RNG state does not come from --seed %d", t->ckpt_dir, t->cfg->seed);
+    if (st->step > t->total_steps)
+        return er_error(ER_EINVAL, "%s: checkpoint at step %ld is past the %ld steps asked for (a run can be extended, "
+                        "not shortened)", t->ckpt_dir, st->step, t->total_steps);
+    if (st->n_order != t->n_train || st->n_batches < 1 || st->cursor > st->n_batches)
+        return er_error(ER_EFORMAT, "%s: the saved data order covers %d sequences in %d batches (cursor %ld), this run "
+                        "has %d", t->ckpt_dir, st->n_order, st->n_batches, st->cursor, t->n_train);
+    for (int i = 0; i < st->n_order; i++)
+        if (st->order[i] < 0 || st->order[i] >= t->n_train)
+            return er_error(ER_EFORMAT, "%s: saved data order has index %d outside [0, %d)", t->ckpt_dir, st->order[i],
+                            t->n_train);
+    return ER_OK;
+}
+
 // Restores the run's state from its checkpoint (data order, optimizer, parameters).
 static int resume_from_checkpoint(Trainer *t) {
     TrainState st;
     ER_TRY(checkpoint_load(t->ckpt_dir, &st, t->job->params, t->job->n, &t->opt));
-    int rc = train_config_check_resume(st.config, t->config, t->ckpt_dir);
-    if (rc == ER_OK && (st.rng.s[0] != t->root.s[0] || st.rng.s[1] != t->root.s[1] || st.rng.s[2] != t->root.s[2] ||
-                        st.rng.s[3] != t->root.s[3]))
-        rc = er_error(ER_EINVAL, "%s: RNG state does not come from --seed %d", t->ckpt_dir, t->cfg->seed);
-    if (rc == ER_OK && st.step > t->total_steps)
-        rc = er_error(ER_EINVAL, "%s: checkpoint at step %ld is past the %ld steps asked for (a run can be extended, "
-                      "not shortened)", t->ckpt_dir, st.step, t->total_steps);
-    if (rc == ER_OK && (st.n_order != t->n_train || st.n_batches < 1 || st.cursor > st.n_batches))
-        rc = er_error(ER_EFORMAT, "%s: the saved data order covers %d sequences in %d batches (cursor %ld), this run has %d",
-                      t->ckpt_dir, st.n_order, st.n_batches, st.cursor, t->n_train);
-    for (int i = 0; rc == ER_OK && i < st.n_order; i++)
-        if (st.order[i] < 0 || st.order[i] >= t->n_train)
-            rc = er_error(ER_EFORMAT, "%s: saved data order has index %d outside [0, %d)", t->ckpt_dir, st.order[i],
-                          t->n_train);
-    if (rc < 0) {
-        train_state_free(&st);
-        return rc;
-    }
+    int rc = ER_OK;
+    ER_CHECK(check_saved_state(t, &st));
     batches_free(&t->ep);
     t->ep.index = st.order;
     t->ep.start = st.batch_start;
@@ -486,13 +531,188 @@ static int resume_from_checkpoint(Trainer *t) {
     t->ep.n_batches = st.n_batches;
     st.order = NULL;
     st.batch_start = NULL;
-    cJSON_Delete(st.config);
-    st.config = NULL;
     t->st.step = st.step;
     t->st.epoch = st.epoch;
     t->st.cursor = st.cursor;
     t->st.tokens = st.tokens;
     state_point_at_epoch(t);
+done:
+    train_state_free(&st);
+    return rc;
+}
+
+// Checks the job against its model, builds the sequences and sizes the run and its buffers.
+static int trainer_setup(Trainer *t) {
+    TrainJob *job = t->job;
+    const TrainConfig *c = t->cfg;
+    const ModelConfig *mc = &job->model->cfg;
+    rng_seed(&t->root, (uint64_t)(uint32_t)c->seed);
+    t->st.rng = t->root;
+    t->resumed_from = -1;
+    t->seq_len = c->seq_len ? c->seq_len : mc->max_pos;
+    if (t->seq_len > mc->max_pos)
+        return er_error(ER_EINVAL, "--seq-len %d is longer than the model's max_position_embeddings %d", c->seq_len,
+                        mc->max_pos);
+    if (tok_vocab_size(job->tok) > mc->V)
+        return er_error(ER_EINVAL, "the tokenizer has %d ids but the model's vocabulary only %d",
+                        tok_vocab_size(job->tok), mc->V);
+    ER_TRY(seq_builder_init(&t->sb, job->tok, job->style, job->prefix, t->seq_len, c->kind != TRAIN_SFT, c->no_mask));
+    ER_TRY(load_data(t));
+    ER_TRY(make_epoch(t, 0));
+    state_point_at_epoch(t);
+    if (c->steps > 0) {
+        t->total_steps = c->steps;
+    } else {
+        long micro = (long)c->epochs * t->ep.n_batches;
+        t->total_steps = (micro + c->grad_accum - 1) / c->grad_accum;
+    }
+    t->warmup_steps = c->warmup < 1 ? lround(c->warmup * (double)t->total_steps) : (long)c->warmup;
+    t->config = config_to_json(t);
+    t->ckpt_dir = path_join(c->out_dir, "checkpoint");
+    if (!t->config || !t->ckpt_dir)
+        return ER_ENOMEM;
+    ER_TRY(adamw_init(&t->opt, job->n, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay));
+    int maxT = t->max_len_train > t->max_len_eval ? t->max_len_train : t->max_len_eval;
+    ER_TRY(batch_alloc(&t->batch, c->batch, maxT));
+    ER_TRY(acts_alloc(&t->acts, mc, c->batch, t->max_len_train, ACTS_TRAIN, er_physical_memory()));
+    t->eval_idx = er_calloc((size_t)t->n_eval + 1, sizeof(int));
+    if (!t->eval_idx)
+        return ER_ENOMEM;
+    for (int i = 0; i < t->n_eval; i++)
+        t->eval_idx[i] = i;
+    return ER_OK;
+}
+
+// Continues the run in --out from its checkpoint, or starts it there; opens metrics.jsonl.
+static int trainer_start(Trainer *t) {
+    const TrainConfig *c = t->cfg;
+    if (c->resume) {
+        if (!checkpoint_exists(t->ckpt_dir))
+            return er_error(ER_EINVAL, "%s: no checkpoint to resume from", t->ckpt_dir);
+        ER_TRY(resume_from_checkpoint(t));
+        t->resumed_from = t->st.step;
+    } else {
+        ER_TRY(dir_make(c->out_dir));
+    }
+    ER_TRY(metrics_open(&t->ml, c->out_dir, c->resume, t->st.step));
+    t->complete = t->st.step >= t->total_steps;
+    if (!t->complete)
+        ER_TRY(write_run_json(t, NULL));
+    return ER_OK;
+}
+
+static void print_plan(const Trainer *t) {
+    const TrainJob *job = t->job;
+    const TrainConfig *c = t->cfg;
+    printf("%s: %d training / %d held-out sequences from %ld records of %s (%ld refused: prompt longer than "
+           "--seq-len; %ld truncated)\n",
+           job->label, t->n_train, t->n_eval, t->n_records, c->data_path, t->n_skipped, t->n_truncated);
+    printf("%s: %zu trained parameters, %ld steps of %d x %d sequences (%d batches per epoch), warmup %ld, "
+           "activations %.1f MiB, %d threads\n",
+           job->label, job->n, t->total_steps, c->grad_accum, c->batch, t->ep.n_batches, t->warmup_steps,
+           t->acts.bytes / 1048576.0, threads_get());
+    if (t->resumed_from >= 0)
+        printf("%s: resumed from %s at step %ld\n", job->label, t->ckpt_dir, t->resumed_from);
+    fflush(stdout);
+}
+
+// What one optimizer step logs.
+typedef struct {
+    double loss, lr, gnorm;
+    int evaluated;    // eval_loss holds the held-out loss
+    double eval_loss;
+    double tokens_per_s;
+} StepLog;
+
+// Appends the step's line to metrics.jsonl. Deterministic fields first; tokens_per_s (wall clock) last,
+// so lines of a resumed run and an uninterrupted one agree byte for byte up to it.
+static int log_step(Trainer *t, const StepLog *s) {
+    cJSON *line = cJSON_CreateObject();
+    if (!line)
+        return ER_ENOMEM;
+    cJSON_AddNumberToObject(line, "step", (double)t->st.step);
+    cJSON_AddNumberToObject(line, "epoch",
+                            (double)t->st.epoch + (double)t->st.cursor / (double)(t->ep.n_batches ? t->ep.n_batches : 1));
+    cJSON_AddNumberToObject(line, "loss", s->loss);
+    cJSON_AddNumberToObject(line, "lr", s->lr);
+    cJSON_AddNumberToObject(line, "grad_norm", s->gnorm);
+    cJSON_AddNumberToObject(line, "tokens", (double)t->st.tokens);
+    if (s->evaluated)
+        cJSON_AddNumberToObject(line, "eval_loss", s->eval_loss);
+    cJSON_AddNumberToObject(line, "tokens_per_s", round(s->tokens_per_s * 10) / 10);
+    int rc = metrics_write(&t->ml, line);
+    cJSON_Delete(line);
+    return rc;
+}
+
+static void show_step(Trainer *t, const StepLog *s, double eval_loss) {
+    char extra[160];
+    int k = snprintf(extra, sizeof extra, "loss %.4f lr %.2e %.0f tok/s", s->loss, s->lr, s->tokens_per_s);
+    if (isfinite(eval_loss) && k > 0 && (size_t)k < sizeof extra)
+        snprintf(extra + k, sizeof extra - (size_t)k, " eval %.4f", eval_loss);
+    if (s->evaluated && !isatty(fileno(stderr))) // an eval result is worth a line of its own in a log
+        t->prog.t_last_print = 0;
+    progress_update(&t->prog, t->st.step, extra);
+}
+
+// The steps from where the run is to its end, or to cfg->stop_after (*stopped: as if killed there).
+static int trainer_loop(Trainer *t, TrainResult *r, int *stopped) {
+    const TrainConfig *c = t->cfg;
+    double t0 = time_now();
+    long tokens0 = t->st.tokens, step0 = t->st.step;
+    *stopped = 0;
+    while (t->st.step < t->total_steps) {
+        StepLog s = {.lr = lr_schedule(t->st.step, t->warmup_steps, t->total_steps, c->lr, c->min_lr)};
+        long tokens = 0;
+        ER_TRY(train_step(t, s.lr, &s.loss, &s.gnorm, &tokens));
+        t->st.step++;
+        t->st.tokens += tokens;
+        if (t->st.step == step0 + 1)
+            r->first_loss = s.loss;
+        r->last_loss = s.loss;
+        s.evaluated = t->n_eval > 0 &&
+                      ((c->eval_every > 0 && t->st.step % c->eval_every == 0) || t->st.step == t->total_steps);
+        if (s.evaluated) {
+            ER_TRY(evaluate(t, &s.eval_loss));
+            r->eval_loss = s.eval_loss;
+        }
+        double el = time_now() - t0;
+        s.tokens_per_s = r->tokens_per_s = el > 0 ? (double)(t->st.tokens - tokens0) / el : 0;
+        ER_TRY(log_step(t, &s));
+        if (t->prog_on)
+            show_step(t, &s, r->eval_loss);
+        if ((c->save_every > 0 && t->st.step % c->save_every == 0) || t->st.step == t->total_steps)
+            ER_TRY(save_checkpoint(t));
+        if (c->stop_after > 0 && t->st.step >= c->stop_after && t->st.step < t->total_steps) {
+            *stopped = 1;
+            return ER_OK;
+        }
+    }
+    return ER_OK;
+}
+
+// Writes the outputs of a run that reached its end: the result, and run.json with it.
+static int trainer_finish(Trainer *t, TrainResult *r) {
+    TrainJob *job = t->job;
+    const TrainConfig *c = t->cfg;
+    if (t->complete) {
+        r->first_loss = r->last_loss = NAN;
+        if (t->n_eval > 0)
+            ER_TRY(evaluate(t, &r->eval_loss));
+        ER_TRY(job->save_final(job->save_ctx, c->out_dir));
+        if (!c->quiet)
+            printf("%s: the run in %s was already complete (%ld steps); its outputs were written again\n", job->label,
+                   c->out_dir, r->steps);
+        return ER_OK;
+    }
+    ER_TRY(job->save_final(job->save_ctx, c->out_dir));
+    ER_TRY(write_run_json(t, r));
+    if (!c->quiet) {
+        printf("%s: %ld steps, final train loss %.4f", job->label, r->steps, r->last_loss);
+        if (isfinite(r->eval_loss))
+            printf(", held-out loss %.4f", r->eval_loss);
+        printf(", %.0f tokens/s; wrote %s\n", r->tokens_per_s, c->out_dir);
+    }
     return ER_OK;
 }
 
@@ -505,171 +725,29 @@ int trainer_run(TrainJob *job, TrainResult *res) {
     TrainResult r;
     memset(&r, 0, sizeof r);
     r.eval_loss = NAN;
-    rng_seed(&t.root, (uint64_t)(uint32_t)c->seed);
-    t.st.rng = t.root;
-    int rc = ER_OK;
-    Progress prog;
-    int prog_on = 0;
-#define CHECK(expr)            \
-    do {                       \
-        if ((rc = (expr)) < 0) \
-            goto done;         \
-    } while (0)
-
-    t.seq_len = c->seq_len ? c->seq_len : job->model->cfg.max_pos;
-    if (t.seq_len > job->model->cfg.max_pos)
-        CHECK(er_error(ER_EINVAL, "--seq-len %d is longer than the model's max_position_embeddings %d", c->seq_len,
-                       job->model->cfg.max_pos));
-    if (tok_vocab_size(job->tok) > job->model->cfg.V)
-        CHECK(er_error(ER_EINVAL, "the tokenizer has %d ids but the model's vocabulary only %d", tok_vocab_size(job->tok),
-                       job->model->cfg.V));
-    CHECK(seq_builder_init(&t.sb, job->tok, job->style, job->prefix, t.seq_len, c->kind != TRAIN_SFT,
-                           c->no_mask));
-    CHECK(load_data(&t));
-    CHECK(make_epoch(&t, 0));
-    state_point_at_epoch(&t);
-    if (c->steps > 0) {
-        t.total_steps = c->steps;
-    } else {
-        long micro = (long)c->epochs * t.ep.n_batches;
-        t.total_steps = (micro + c->grad_accum - 1) / c->grad_accum;
-    }
-    t.warmup_steps = c->warmup < 1 ? lround(c->warmup * (double)t.total_steps) : (long)c->warmup;
-    t.config = config_to_json(&t);
-    t.ckpt_dir = path_join(c->out_dir, "checkpoint");
-    if (!t.config || !t.ckpt_dir)
-        CHECK(ER_ENOMEM);
-    CHECK(adamw_init(&t.opt, job->n, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay));
-    int maxT = t.max_len_train > t.max_len_eval ? t.max_len_train : t.max_len_eval;
-    CHECK(batch_alloc(&t.batch, c->batch, maxT));
-    CHECK(acts_alloc(&t.acts, &job->model->cfg, c->batch, t.max_len_train, ACTS_TRAIN, er_physical_memory()));
-    t.eval_idx = er_calloc((size_t)t.n_eval + 1, sizeof(int));
-    if (!t.eval_idx)
-        CHECK(ER_ENOMEM);
-    for (int i = 0; i < t.n_eval; i++)
-        t.eval_idx[i] = i;
-
-    long resumed_from = -1;
-    if (c->resume) {
-        if (!checkpoint_exists(t.ckpt_dir))
-            CHECK(er_error(ER_EINVAL, "%s: no checkpoint to resume from", t.ckpt_dir));
-        CHECK(resume_from_checkpoint(&t));
-        resumed_from = t.st.step;
-    } else {
-        CHECK(dir_make(c->out_dir));
-    }
-    CHECK(metrics_open(&t.ml, c->out_dir, c->resume, t.st.step));
-    int complete = t.st.step >= t.total_steps; // resuming a finished run: outputs rewritten, run.json kept
-    if (!complete)
-        CHECK(write_run_json(&t, NULL, resumed_from, 0));
-
-    if (!c->quiet) {
-        printf("%s: %d training / %d held-out sequences from %ld records of %s (%ld refused: prompt longer than "
-               "--seq-len; %ld truncated)\n",
-               job->label, t.n_train, t.n_eval, t.n_records, c->data_path, t.n_skipped, t.n_truncated);
-        printf("%s: %zu trained parameters, %ld steps of %d x %d sequences (%d batches per epoch), warmup %ld, "
-               "activations %.1f MiB, %d threads\n",
-               job->label, job->n, t.total_steps, c->grad_accum, c->batch, t.ep.n_batches, t.warmup_steps,
-               t.acts.bytes / 1048576.0, threads_get());
-        if (resumed_from >= 0)
-            printf("%s: resumed from %s at step %ld\n", job->label, t.ckpt_dir, resumed_from);
-        fflush(stdout);
-    }
-    if (!c->quiet && !complete) {
+    int rc = ER_OK, stopped = 0;
+    ER_CHECK(trainer_setup(&t));
+    ER_CHECK(trainer_start(&t));
+    if (!c->quiet)
+        print_plan(&t);
+    if (!c->quiet && !t.complete) {
         // Steps are counted as the run counts them; rate and ETA from where this call starts.
-        progress_begin(&prog, job->label, "step", t.st.step, t.total_steps);
-        prog_on = 1;
+        progress_begin(&t.prog, job->label, "step", t.st.step, t.total_steps);
+        t.prog_on = 1;
     }
-
-    double t0 = time_now();
-    long tokens0 = t.st.tokens, step0 = t.st.step;
-    while (t.st.step < t.total_steps) {
-        double lr = lr_schedule(t.st.step, t.warmup_steps, t.total_steps, c->lr, c->min_lr);
-        double loss = 0, gnorm = 0;
-        long tokens = 0;
-        CHECK(train_step(&t, lr, &loss, &gnorm, &tokens));
-        t.st.step++;
-        t.st.tokens += tokens;
-        if (t.st.step == step0 + 1)
-            r.first_loss = loss;
-        r.last_loss = loss;
-        int do_eval = t.n_eval > 0 &&
-                      ((c->eval_every > 0 && t.st.step % c->eval_every == 0) || t.st.step == t.total_steps);
-        double eval_loss = NAN;
-        if (do_eval) {
-            CHECK(evaluate(&t, &eval_loss));
-            r.eval_loss = eval_loss;
-        }
-        double el = time_now() - t0;
-        double tps = el > 0 ? (double)(t.st.tokens - tokens0) / el : 0;
-        r.tokens_per_s = tps;
-        // Deterministic fields first; tokens_per_s (wall clock) last, so lines of a resumed run and an
-        // uninterrupted one agree byte for byte up to it.
-        cJSON *line = cJSON_CreateObject();
-        if (!line)
-            CHECK(ER_ENOMEM);
-        cJSON_AddNumberToObject(line, "step", (double)t.st.step);
-        cJSON_AddNumberToObject(line, "epoch",
-                                (double)t.st.epoch + (double)t.st.cursor / (double)(t.ep.n_batches ? t.ep.n_batches : 1));
-        cJSON_AddNumberToObject(line, "loss", loss);
-        cJSON_AddNumberToObject(line, "lr", lr);
-        cJSON_AddNumberToObject(line, "grad_norm", gnorm);
-        cJSON_AddNumberToObject(line, "tokens", (double)t.st.tokens);
-        if (do_eval)
-            cJSON_AddNumberToObject(line, "eval_loss", eval_loss);
-        cJSON_AddNumberToObject(line, "tokens_per_s", round(tps * 10) / 10);
-        rc = metrics_write(&t.ml, line);
-        cJSON_Delete(line);
-        CHECK(rc);
-        if (prog_on) {
-            char extra[160];
-            int k = snprintf(extra, sizeof extra, "loss %.4f lr %.2e %.0f tok/s", loss, lr, tps);
-            if (isfinite(r.eval_loss) && k > 0 && (size_t)k < sizeof extra)
-                snprintf(extra + k, sizeof extra - (size_t)k, " eval %.4f", r.eval_loss);
-            if (do_eval && !isatty(fileno(stderr))) // an eval result is worth a line of its own in a log
-                prog.t_last_print = 0;
-            progress_update(&prog, t.st.step, extra);
-        }
-        if ((c->save_every > 0 && t.st.step % c->save_every == 0) || t.st.step == t.total_steps)
-            CHECK(save_checkpoint(&t));
-        if (c->stop_after > 0 && t.st.step >= c->stop_after && t.st.step < t.total_steps) {
-            if (!c->quiet) {
-                progress_end(&prog, "stopped (--stop-after)");
-                prog_on = 0;
-            }
-            r.steps = t.st.step;
-            goto done; // as if killed: no final outputs
-        }
-    }
-    if (prog_on) {
+    ER_CHECK(trainer_loop(&t, &r, &stopped));
+    r.steps = t.st.step;
+    if (t.prog_on) {
         char extra[96];
         snprintf(extra, sizeof extra, "loss %.4f", r.last_loss);
-        progress_end(&prog, extra);
-        prog_on = 0;
+        progress_end(&t.prog, stopped ? "stopped (stop_after)" : extra);
+        t.prog_on = 0;
     }
-    r.steps = t.st.step;
-    if (complete) {
-        r.first_loss = r.last_loss = NAN;
-        if (t.n_eval > 0)
-            CHECK(evaluate(&t, &r.eval_loss));
-        CHECK(job->save_final(job->save_ctx, c->out_dir));
-        if (!c->quiet)
-            printf("%s: the run in %s was already complete (%ld steps); its outputs were written again\n", job->label,
-                   c->out_dir, r.steps);
-        goto done;
-    }
-    CHECK(job->save_final(job->save_ctx, c->out_dir));
-    CHECK(write_run_json(&t, &r, resumed_from, 1));
-    if (!c->quiet) {
-        printf("%s: %ld steps, final train loss %.4f", job->label, r.steps, r.last_loss);
-        if (isfinite(r.eval_loss))
-            printf(", held-out loss %.4f", r.eval_loss);
-        printf(", %.0f tokens/s; wrote %s\n", r.tokens_per_s, c->out_dir);
-    }
+    if (!stopped) // stopped: as if killed, no final outputs
+        ER_CHECK(trainer_finish(&t, &r));
 done:
-#undef CHECK
-    if (prog_on)
-        progress_end(&prog, "failed");
+    if (t.prog_on)
+        progress_end(&t.prog, "failed");
     r.n_train = t.n_train;
     r.n_eval = t.n_eval;
     r.n_skipped = t.n_skipped;

@@ -57,7 +57,7 @@ typedef struct {
     int eval_every;             // steps between held-out evaluations (0 = only at the end)
     int save_every;             // steps between checkpoints (0 = only at the end)
     int seed, threads, resume;
-    int stop_after;             // stop after this step as if interrupted (testing resume); 0 = off
+    int stop_after;             // test hook, no flag: stop after this step as if killed (resume tests); 0 = off
     int quiet;                  // no progress bar or summary on stdout/stderr
 } TrainConfig;
 
@@ -77,7 +77,7 @@ void train_config_default(TrainConfig *c, TrainKind kind);
 int train_sft(const TrainConfig *c, TrainResult *res);     // train/sft.c
 int train_pretrain(const TrainConfig *c, TrainResult *res); // train/pretrain.c
 
-// ---- shared by sft.c and pretrain.c (train/trainer.c) ----
+// ---- shared by the jobs: sft.c, pretrain.c, qat.c (train/trainer.c) ----
 
 // Purposes of the RNG streams forked from the root RNG.
 enum { TRAIN_STREAM_SPLIT = 1, TRAIN_STREAM_INIT = 2 };
@@ -96,13 +96,21 @@ int train_chat_style(const char *tokenizer_path_or_dir, ChatStyle *out);
 // (run_add_path). `saved` and `now` are resolved-config objects.
 int train_config_check_resume(const cJSON *saved, const cJSON *now, const char *ckpt_dir);
 
-// Checks the settings both commands share (one-line errors naming the flag).
+// Checks the settings every job shares (one-line errors naming the flag).
 int train_config_check(const TrainConfig *c);
 
-// What one run trains; set up by sft.c / pretrain.c, run by trainer_run.
+// run.json "model": {key: path, hidden_size, num_hidden_layers, vocab_size, parameters}. NULL when out
+// of memory.
+cJSON *train_model_info(const char *key, const char *path, const ModelConfig *mc, size_t params);
+
+// Weight decay on matrices only, norms and biases left alone: (m->n_param_floats) flags laid out like
+// m->param_mem. NULL when out of memory.
+unsigned char *train_decay_mask(const Model *m);
+
+// What one run trains; set up by sft.c / pretrain.c / qat.c, run by trainer_run.
 typedef struct {
     const TrainConfig *cfg;
-    const char *label;                 // "sft" | "pretrain"
+    const char *label;                 // "sft" | "pretrain" | "qat"
     Model *model;
     LoraAdapter *adapter;              // sft: the trained adapter; NULL trains the model itself
     float *params, *grads;             // (n) what the optimizer updates
@@ -122,6 +130,12 @@ typedef struct {
     void *hook_ctx;
     const cJSON *extra_config;         // more resolved settings for run.json "config" (checked on resume)
 } TrainJob;
+
+// The fields every job has, the rest zero; params, grads and n are all of m's parameters (pretraining:
+// SFT points them at the adapter, QAT params at its master weights).
+void train_job_init(TrainJob *job, const TrainConfig *c, const char *label, Model *m, const Tokenizer *tok,
+                    ChatStyle style, cJSON *model_info, int (*save_final)(void *ctx, const char *out_dir),
+                    void *save_ctx);
 
 // Loads the data, creates or resumes the run dir, trains, checkpoints, and saves the result.
 int trainer_run(TrainJob *job, TrainResult *res);

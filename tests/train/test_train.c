@@ -18,6 +18,7 @@
 #include "data/tokenizer.h"
 #include "lora/peft.h"
 #include "model/model.h"
+#include "tests/train/train_helpers.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -36,12 +37,6 @@ static void rmtree(const char *dir) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     cr_assert_eq(system(cmd), 0);
-}
-
-static char *join(const char *dir, const char *name) {
-    char *p = path_join(dir, name);
-    cr_assert(p);
-    return p;
 }
 
 static void copy_file(const char *src, const char *dir, const char *name) {
@@ -167,13 +162,6 @@ static void assert_files_equal(const char *a_dir, const char *b_dir, const char 
     er_free(b);
     er_free(pa);
     er_free(pb);
-}
-
-static void assert_one_line_error(const char *must_contain) {
-    const char *e = er_last_error();
-    cr_assert(e && e[0], "no error message recorded");
-    cr_assert_null(strchr(e, '\n'), "error is not one line: %s", e);
-    cr_assert(strstr(e, must_contain), "error \"%s\" does not mention \"%s\"", e, must_contain);
 }
 
 // ---- SFT ----
