@@ -25,7 +25,7 @@ typedef struct {
     VerifierConfig vf;
     const char *kv;
     int threads, batch;
-    double lr, weight_decay;
+    double noise, lr, weight_decay;
 } HeadsFlags;
 
 static char *dir_of(const char *path) {
@@ -77,7 +77,7 @@ static cJSON *flags_json(const HeadsFlags *f) {
                 {"alpha", s->alpha},
                 {"hidden", s->hidden},
                 {"dropout", s->dropout},
-                {"noise", s->noise},
+                {"noise", f->noise},
                 {"target_recall", s->target_recall},
                 {"samples", v->samples},
                 {"temperature", v->temperature},
@@ -86,8 +86,8 @@ static cJSON *flags_json(const HeadsFlags *f) {
                 {"budget", h->budget},
                 {"answer_tokens", h->answer_tokens},
                 {"verifier_adapter_on", v->adapter_on},
-                {"switcher_epochs", s->epochs},
-                {"verifier_epochs", v->epochs},
+                {"switcher_epochs", s->fit.epochs},
+                {"verifier_epochs", v->fit.epochs},
                 {"batch", f->batch},
                 {"lr", f->lr},
                 {"weight_decay", f->weight_decay},
@@ -123,18 +123,18 @@ static int parse_flags(int argc, char **argv, HeadsFlags *f) {
         {"alpha", ARG_FLOAT, &s->alpha, "switcher: EMA weight of each new chunk's mean", 0, 1e-6, 1},
         {"hidden", ARG_INT, &s->hidden, "switcher: hidden units of the MLP", 0, 1, 4096},
         {"dropout", ARG_FLOAT, &s->dropout, "switcher: dropout on the hidden units", 0, 0, 0.95},
-        {"noise", ARG_FLOAT, &s->noise, "switcher: Gaussian noise sigma on standardised features (0 = off)", 0, 0, 10},
+        {"noise", ARG_FLOAT, &f->noise, "switcher: Gaussian noise sigma on standardised features (0 = off)", 0, 0, 10},
         {"derive-labels", ARG_FLAG, &s->derive_labels, "switcher: label = base direct answer wrong and adapter's right "
                                                        "(instead of the records' \"needs_reasoning\")", 0, 0, 0},
         {"target-recall", ARG_FLOAT, &s->target_recall, "switcher: threshold reaching this held-out recall of "
                                                         "reasoning-needed prompts (0 = best accuracy)", 0, 0, 1},
-        {"switcher-epochs", ARG_INT, &s->epochs, "switcher: training epochs", 0, 1, 1000000},
+        {"switcher-epochs", ARG_INT, &s->fit.epochs, "switcher: training epochs", 0, 1, 1000000},
         {"verify-prompt", ARG_TEXT, &v->verify_prompt, "verifier: text appended to each response", 0, 0, 0},
         {"verifier-adapter-on", ARG_FLAG, &v->adapter_on, "verifier: adapter on for the verification tokens "
                                                           "(default off: base features, as in the paper)", 0, 0, 0},
         {"samples", ARG_INT, &v->samples, "verifier: responses sampled from the adapter per training prompt", 0, 1, 256},
         {"temperature", ARG_FLOAT, &v->temperature, "verifier: sampling temperature", 0, 0, 100},
-        {"verifier-epochs", ARG_INT, &v->epochs, "verifier: training epochs", 0, 1, 1000000},
+        {"verifier-epochs", ARG_INT, &v->fit.epochs, "verifier: training epochs", 0, 1, 1000000},
         {"max-new", ARG_INT, &h->max_new, "tokens per reasoning response", 0, 1, 1 << 20},
         {"direct-max-new", ARG_INT, &s->direct_max_new, "tokens of the base's direct answer (--derive-labels)", 0, 1,
          1 << 20},
@@ -164,42 +164,54 @@ static int check_flags(HeadsFlags *f) {
         return er_error(ER_EINVAL, "--switcher-out and --verifier-out are both \"%s\": the second head would "
                         "overwrite the first", sw);
     f->h.kv = strcmp(f->kv, "int8") == 0 ? KV_INT8 : KV_F32;
-    f->sw.batch = f->vf.batch = f->batch;
-    f->sw.lr = f->vf.lr = f->lr;
-    f->sw.weight_decay = f->vf.weight_decay = f->weight_decay;
+    f->sw.fit.noise = (float)f->noise;
+    f->sw.fit.batch = f->vf.fit.batch = f->batch;
+    f->sw.fit.lr = f->vf.fit.lr = f->lr;
+    f->sw.fit.weight_decay = f->vf.fit.weight_decay = f->weight_decay;
     return ER_OK;
 }
 
+// The run of the parsed flags: one job per head asked for, report on stdout, notes on stderr.
+static int run_heads(HeadsFlags *f) {
+    int rc = ER_OK;
+    HeadJob jobs[2] = {0};
+    int n_jobs = 0;
+    char *out_dir = f->h.out_dir ? er_strdup(f->h.out_dir) : dir_of(f->sw.out ? f->sw.out : f->vf.out);
+    cJSON *settings = flags_json(f);
+    if (!out_dir || !settings)
+        ER_CHECK(ER_ENOMEM);
+    if (f->sw.out)
+        ER_CHECK(switcher_job(&f->sw, &jobs[n_jobs++]));
+    if (f->vf.out)
+        ER_CHECK(verifier_job(&f->vf, &jobs[n_jobs++]));
+    f->h.out_dir = out_dir;
+    f->h.settings = settings;
+    f->h.out = stdout;
+    f->h.log = stderr;
+    HeadsResult res;
+    ER_CHECK(heads_run(&f->h, jobs, n_jobs, &res));
+done:
+    for (int j = 0; j < n_jobs; j++)
+        head_job_free(&jobs[j]);
+    cJSON_Delete(settings);
+    er_free(out_dir);
+    return rc;
+}
+
 int cmd_heads(int argc, char **argv) {
-    HeadsFlags f = {.kv = "f32", .batch = 32, .lr = 1e-3, .weight_decay = 0.01};
+    HeadsFlags f = {.kv = "f32"};
     heads_config_default(&f.h);
     switcher_config_default(&f.sw);
     verifier_config_default(&f.vf);
+    f.batch = f.sw.fit.batch;
+    f.noise = f.sw.fit.noise;
+    f.lr = f.sw.fit.lr;
+    f.weight_decay = f.sw.fit.weight_decay;
     int rc = parse_flags(argc, argv, &f);
     if (rc == ARGS_HELP)
         return 0;
     if (rc < 0 || check_flags(&f) < 0)
         return cli_fail("heads");
     threads_set(f.threads);
-    Switcher sw = {0};
-    Verifier vf = {0};
-    HeadJob jobs[2];
-    int n_jobs = 0;
-    if (f.sw.out)
-        jobs[n_jobs++] = switcher_job(&sw, &f.sw);
-    if (f.vf.out)
-        jobs[n_jobs++] = verifier_job(&vf, &f.vf);
-    char *out_dir = f.h.out_dir ? er_strdup(f.h.out_dir) : dir_of(f.sw.out ? f.sw.out : f.vf.out);
-    cJSON *settings = flags_json(&f);
-    f.h.out_dir = out_dir;
-    f.h.settings = settings;
-    f.h.out = stdout;
-    f.h.log = stderr;
-    HeadsResult res;
-    rc = out_dir && settings ? heads_run(&f.h, jobs, n_jobs, &res) : ER_ENOMEM;
-    switcher_free(&sw);
-    verifier_free(&vf);
-    cJSON_Delete(settings);
-    er_free(out_dir);
-    return rc < 0 ? cli_fail("heads") : 0;
+    return run_heads(&f) < 0 ? cli_fail("heads") : 0;
 }

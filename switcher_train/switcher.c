@@ -2,6 +2,7 @@
 
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/error.h"
 #include "data/grade.h"
 #include "model/head.h"
@@ -57,18 +58,25 @@ void switcher_config_default(SwitcherConfig *c) {
     c->alpha = HEAD_DEFAULT_ALPHA;
     c->hidden = 8;
     c->dropout = 0.2;
-    c->noise = 0.5;
     c->direct_max_new = 64;
-    c->epochs = 100;
-    c->batch = 32;
-    c->lr = 1e-3;
-    c->weight_decay = 0.01;
+    head_fit_config_default(&c->fit);
+    c->fit.noise = 0.5f;
 }
 
-void switcher_free(Switcher *s) {
+// A switcher being trained: its rows and label counts.
+typedef struct {
+    const SwitcherConfig *c;
+    HeadRows tr, va;
+    GenConfig direct;
+    PromptFeatureSpec spec;
+    int base_right, adapter_right, positive;
+} Switcher;
+
+static void switcher_free(void *self) {
+    Switcher *s = self;
     head_rows_free(&s->tr);
     head_rows_free(&s->va);
-    memset(s, 0, sizeof *s);
+    er_free(s);
 }
 
 static int check_record(void *self, const HeadsData *d, const Example *ex) {
@@ -123,43 +131,32 @@ static int train(void *self, const HeadsData *d, MetricsLog *ml, cJSON *results)
     t.chunk = c->chunk;
     t.alpha = (float)c->alpha;
     model_fingerprint(&d->m, t.fingerprint);
-    HeadTrainSpec spec = {.target_recall = c->target_recall, .out = d->c->out, .log = d->c->log};
-    head_fit_config_default(&spec.fit);
-    spec.fit.epochs = c->epochs;
-    spec.fit.batch = c->batch;
-    spec.fit.lr = c->lr;
-    spec.fit.weight_decay = c->weight_decay;
-    spec.fit.noise = (float)c->noise;
+    HeadTrainSpec spec = {.fit = c->fit, .target_recall = c->target_recall, .out = d->c->out, .log = d->c->log};
     spec.fit.seed = (uint64_t)d->c->seed + 1;
     spec.fit.label = "switcher";
     spec.fit.metrics = ml;
     ER_CHECK(head_init(&t.net, HEAD_MLP, s->tr.C, c->hidden, (float)c->dropout, 1, (uint64_t)d->c->seed + 101));
     ER_CHECK(head_train(&t, &s->tr, &s->va, &spec, results));
-    if (t.threshold >= 1.0f) {
+    if (t.threshold < 1.0f)
+        ER_CHECK(head_save(&t, "switcher", c->out, d->c->out));
+    else
         rc = er_error(ER_EINVAL, "switcher: the best-accuracy threshold on the held-out records is 1, which sends no "
                       "prompt to reasoning; pass --target-recall R (e.g. 0.9) or give more records that need "
                       "reasoning");
-        goto done;
-    }
-    ER_CHECK(head_save(&t, "switcher", c->out, d->c->out));
 done:
     trained_head_free(&t);
     return rc;
 }
 
-HeadJob switcher_job(Switcher *s, const SwitcherConfig *c) {
-    memset(s, 0, sizeof *s);
+int switcher_job(const SwitcherConfig *c, HeadJob *job) {
+    Switcher *s = er_calloc(1, sizeof *s);
+    if (!s)
+        return ER_ENOMEM;
     s->c = c;
-    return (HeadJob){
-        .what = c->derive_labels ? "switcher (derived labels)" : "switcher",
-        .need_gold = c->derive_labels,
-        .n_seqs = 1,
-        .max_new = c->derive_labels ? c->direct_max_new : 0,
-        .self = s,
-        .check = check_record,
-        .prepare = prepare,
-        .collect = collect,
-        .report = report,
-        .train = train,
-    };
+    // Derived labels grade the base's direct answer too: gold answers, and room for that answer.
+    *job = (HeadJob){.what = c->derive_labels ? "switcher (derived labels)" : "switcher",
+                     .need_gold = c->derive_labels, .n_seqs = 1, .max_new = c->derive_labels ? c->direct_max_new : 0,
+                     .self = s, .check = check_record, .prepare = prepare, .collect = collect, .report = report,
+                     .train = train, .free = switcher_free};
+    return ER_OK;
 }

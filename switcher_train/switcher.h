@@ -29,28 +29,15 @@ typedef struct {
     double alpha;          // EMA weight of each new chunk's mean
     int hidden;            // hidden units of the MLP
     double dropout;        // on the hidden units
-    double noise;          // Gaussian noise sigma on standardised features (0 = off)
     int derive_labels;     // label = base direct answer wrong and adapter's right
     int direct_max_new;    // tokens of the base's direct answer (derive_labels)
     double target_recall;  // threshold reaching this held-out recall (0 = best accuracy)
-    int epochs, batch;
-    double lr, weight_decay;
+    HeadFitConfig fit;     // epochs, batch, lr, weight_decay, noise (0.5); seed, label, metrics: the run's
 } SwitcherConfig;
 
 void switcher_config_default(SwitcherConfig *c);
 
-// One switcher being trained: its rows and label counts. Zeroed before switcher_job; switcher_free is
-// safe on a zeroed one.
-typedef struct {
-    const SwitcherConfig *c;
-    HeadRows tr, va;
-    GenConfig direct;
-    PromptFeatureSpec spec;
-    int base_right, adapter_right, positive;
-} Switcher;
-
-// s as a job of heads_run; s and c must outlive the run.
-HeadJob switcher_job(Switcher *s, const SwitcherConfig *c);
-void switcher_free(Switcher *s);
+// *job: a switcher trained by heads_run as c says (c must outlive the job); head_job_free frees it.
+int switcher_job(const SwitcherConfig *c, HeadJob *job);
 
 #endif

@@ -19,6 +19,12 @@ void heads_config_default(HeadsConfig *c) {
     c->answer_tokens = 32;
 }
 
+void head_job_free(HeadJob *j) {
+    if (j->free)
+        j->free(j->self);
+    memset(j, 0, sizeof *j);
+}
+
 // The record's prompt rendered as erinfer eval renders it: chat template, the system message in front.
 static int render_prompt(const Tokenizer *tok, ChatStyle style, const Example *ex, const char *system, int **ids,
                          int *n) {

@@ -56,7 +56,8 @@ typedef struct {
     long gen_tokens;     // tokens generated so far (the heads add theirs)
 } HeadsData;
 
-// One head in heads_run. Every callback gets `self`; check, prepare and report may be NULL.
+// One head in heads_run, made by the head's folder (switcher_job, verifier_job) with its state in
+// `self`. Every callback gets `self`; check, prepare and report may be NULL.
 typedef struct {
     const char *what;   // how the start line names it: "switcher (derived labels)"
     int need_gold;      // every record must have a gold answer
@@ -70,7 +71,11 @@ typedef struct {
     int (*collect)(void *self, HeadsData *d, int i);                 // record i's rows
     void (*report)(void *self, const HeadsData *d, FILE *out);       // after the pass (out may be NULL)
     int (*train)(void *self, const HeadsData *d, MetricsLog *ml, cJSON *results); // fit, calibrate, save
+    void (*free)(void *self);
 } HeadJob;
+
+// Frees the job's state; safe on a zeroed job.
+void head_job_free(HeadJob *j);
 
 typedef struct {
     int records, held_out;

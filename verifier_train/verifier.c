@@ -40,18 +40,25 @@ void verifier_config_default(VerifierConfig *c) {
     c->verify_prompt = HEAD_DEFAULT_VERIFY_PROMPT;
     c->samples = 16;
     c->temperature = 0.8;
-    c->epochs = 100;
-    c->batch = 32;
-    c->lr = 1e-3;
-    c->weight_decay = 0.01;
+    head_fit_config_default(&c->fit);
 }
 
-void verifier_free(Verifier *v) {
+// A verifier being trained: its rows and the tokens of its verification prompt.
+typedef struct {
+    const VerifierConfig *c;
+    HeadRows tr, va;
+    int *vq, n_vq;
+    float *labels; // (samples): one record's
+    double right;  // sampled responses graded correct
+} Verifier;
+
+static void verifier_free(void *self) {
+    Verifier *v = self;
     head_rows_free(&v->tr);
     head_rows_free(&v->va);
     er_free(v->vq);
     er_free(v->labels);
-    memset(v, 0, sizeof *v);
+    er_free(v);
 }
 
 // The verification prompt's tokens (appended after each response) and room for one record's labels.
@@ -101,12 +108,7 @@ static int train(void *self, const HeadsData *d, MetricsLog *ml, cJSON *results)
     t.role = HEAD_VERIFIER;
     t.adapter_on = c->adapter_on;
     model_fingerprint(&d->m, t.fingerprint);
-    HeadTrainSpec spec = {.out = d->c->out, .log = d->c->log};
-    head_fit_config_default(&spec.fit);
-    spec.fit.epochs = c->epochs;
-    spec.fit.batch = c->batch;
-    spec.fit.lr = c->lr;
-    spec.fit.weight_decay = c->weight_decay;
+    HeadTrainSpec spec = {.fit = c->fit, .out = d->c->out, .log = d->c->log};
     spec.fit.seed = (uint64_t)d->c->seed + 2;
     spec.fit.label = "verifier";
     spec.fit.metrics = ml;
@@ -120,17 +122,13 @@ done:
     return rc;
 }
 
-HeadJob verifier_job(Verifier *v, const VerifierConfig *c) {
-    memset(v, 0, sizeof *v);
+int verifier_job(const VerifierConfig *c, HeadJob *job) {
+    Verifier *v = er_calloc(1, sizeof *v);
+    if (!v)
+        return ER_ENOMEM;
     v->c = c;
-    return (HeadJob){
-        .what = "verifier",
-        .need_gold = 1,
-        .n_seqs = c->samples,
-        .self = v,
-        .prepare = prepare,
-        .collect = collect,
-        .report = report,
-        .train = train,
-    };
+    // The samples of one record decode together; every record needs its gold answer to grade them.
+    *job = (HeadJob){.what = "verifier", .need_gold = 1, .n_seqs = c->samples, .self = v, .prepare = prepare,
+                     .collect = collect, .report = report, .train = train, .free = verifier_free};
+    return ER_OK;
 }

@@ -24,24 +24,12 @@ typedef struct {
     int adapter_on;            // adapter on for the verification tokens (default off: base features)
     int samples;               // responses sampled from the adapter per training prompt
     double temperature;        // their sampling temperature
-    int epochs, batch;
-    double lr, weight_decay;
+    HeadFitConfig fit;         // epochs, batch, lr, weight_decay, noise (0); seed, label, metrics: the run's
 } VerifierConfig;
 
 void verifier_config_default(VerifierConfig *c);
 
-// One verifier being trained: its rows and the tokens of its verification prompt. Zeroed before
-// verifier_job; verifier_free is safe on a zeroed one.
-typedef struct {
-    const VerifierConfig *c;
-    HeadRows tr, va;
-    int *vq, n_vq;
-    float *labels; // (samples): one record's
-    double right;  // sampled responses graded correct
-} Verifier;
-
-// v as a job of heads_run; v and c must outlive the run.
-HeadJob verifier_job(Verifier *v, const VerifierConfig *c);
-void verifier_free(Verifier *v);
+// *job: a verifier trained by heads_run as c says (c must outlive the job); head_job_free frees it.
+int verifier_job(const VerifierConfig *c, HeadJob *job);
 
 #endif

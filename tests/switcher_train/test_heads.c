@@ -55,26 +55,24 @@ static int run(const char *data, const char *sw_out, const char *vf_out, int der
     sc.derive_labels = derive;
     sc.target_recall = target_recall;
     sc.direct_max_new = 6;
-    sc.epochs = 5;
+    sc.fit.epochs = 5;
     VerifierConfig vc;
     verifier_config_default(&vc);
     vc.out = vf_out;
     vc.samples = 3;
-    vc.epochs = 5;
-    Switcher sw = {0};
-    Verifier vf = {0};
-    HeadJob jobs[2];
+    vc.fit.epochs = 5;
+    HeadJob jobs[2] = {0};
     int n_jobs = 0;
     if (sw_out)
-        jobs[n_jobs++] = switcher_job(&sw, &sc);
+        cr_assert_eq(switcher_job(&sc, &jobs[n_jobs++]), 0);
     if (vf_out)
-        jobs[n_jobs++] = verifier_job(&vf, &vc);
+        cr_assert_eq(verifier_job(&vc, &jobs[n_jobs++]), 0);
     HeadsResult res;
     int rc = heads_run(&c, jobs, n_jobs, &res);
     fclose(c.out);
     cJSON_Delete(settings);
-    switcher_free(&sw);
-    verifier_free(&vf);
+    for (int j = 0; j < n_jobs; j++)
+        head_job_free(&jobs[j]);
     er_free(model);
     er_free(adapter);
     return rc;
