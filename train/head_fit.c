@@ -371,7 +371,8 @@ int head_train(TrainedHead *t, const HeadRows *tr, const HeadRows *va, const Hea
         fprintf(s->log, "%s: training on %d rows (%.1f%% positive), %d held out\n", name, tr->n,
                 100.0 * sc.pos / tr->n, va->n);
     int rc = ER_OK;
-    float *pt = er_alloc(sizeof(float) * (size_t)tr->n), *pv = er_alloc(sizeof(float) * (size_t)(va->n > 0 ? va->n : 1));
+    float *pt = er_alloc(sizeof(float) * (size_t)tr->n);
+    float *pv = er_alloc(sizeof(float) * (size_t)(va->n > 0 ? va->n : 1));
     HeadFitResult fr;
     ER_CHECK(head_fit(&t->net, tr->x, tr->y, tr->n, va->x, va->y, va->n, &s->fit, &fr));
     if (!pt || !pv)

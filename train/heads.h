@@ -30,7 +30,8 @@ typedef struct {
     KvType kv;               // KV cache while collecting
     int limit;               // only the first N records (0 = all)
     int seed;                // the split (and, through the heads, sampling, init, order, dropout, noise)
-    double val_split;        // share of the records held out (at least one, leaving two to train on)
+    double val_split;        // share of the records held out: at least one when > 0, leaving two to train on
+                             // (0: none, and the thresholds are calibrated on the training rows)
     int max_new;             // tokens per reasoning response
     int budget;              // hard budget on reasoning responses (0 = off)
     int answer_tokens;       // tokens allowed after the budget, suffix included

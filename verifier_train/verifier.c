@@ -96,7 +96,8 @@ static void report(void *self, const HeadsData *d, FILE *out) {
     const Verifier *v = self;
     int n = d->d.n * v->c->samples;
     if (out)
-        fprintf(out, "verifier labels: %.0f/%d sampled responses correct (%.1f%%)\n", v->right, n, 100.0 * v->right / n);
+        fprintf(out, "verifier labels: %.0f/%d sampled responses correct (%.1f%%)\n", v->right, n,
+                100.0 * v->right / n);
 }
 
 // The linear head, fitted, calibrated for the best accuracy and saved.

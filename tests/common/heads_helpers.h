@@ -1,7 +1,7 @@
-// Shared by the heads tests: a tiny random model dir (tests/infer/helpers.h) plus a masked reasoning
+// Shared by the heads tests: a tiny random model dir (tests/common/helpers.h) plus a masked reasoning
 // adapter in PEFT layout, random heads for that model and a small chains dataset, all under one /tmp dir.
-#ifndef TESTS_SWITCHER_TRAIN_HEADS_HELPERS_H
-#define TESTS_SWITCHER_TRAIN_HEADS_HELPERS_H
+#ifndef TESTS_COMMON_HEADS_HELPERS_H
+#define TESTS_COMMON_HEADS_HELPERS_H
 
 #include "data/synth.h"
 #include "infer/engine.h"
