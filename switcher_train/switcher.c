@@ -1,7 +1,11 @@
 #include "switcher_train/switcher.h"
 
+#include <string.h>
+
+#include "core/alloc.h"
 #include "core/error.h"
 #include "data/grade.h"
+#include "model/head.h"
 
 int switcher_features(Engine *e, const int *prompt, int n_prompt, const LoraAdapter *adapter,
                       const PromptFeatureSpec *spec, float *feat) {
@@ -22,8 +26,7 @@ static int route_correct(Engine *e, const int *prompt, int n_prompt, const GenCo
     if (tokens)
         *tokens += s.n_tokens;
     gen_samples_free(&s, 1);
-    if (rc < 0)
-        return rc;
+    ER_TRY(rc);
     *ok = rc;
     return ER_OK;
 }
@@ -46,5 +49,114 @@ int switcher_derive_label(Engine *e, const int *prompt, int n_prompt, const GenC
         *base_ok = b;
     if (adapter_ok)
         *adapter_ok = a;
+    return ER_OK;
+}
+
+void switcher_config_default(SwitcherConfig *c) {
+    memset(c, 0, sizeof *c);
+    c->chunk = HEAD_DEFAULT_CHUNK;
+    c->alpha = HEAD_DEFAULT_ALPHA;
+    c->hidden = 8;
+    c->dropout = 0.2;
+    c->direct_max_new = 64;
+    head_fit_config_default(&c->fit);
+    c->fit.noise = 0.5f;
+}
+
+// A switcher being trained: its rows and label counts.
+typedef struct {
+    const SwitcherConfig *c;
+    HeadRows tr, va;
+    GenConfig direct;
+    PromptFeatureSpec spec;
+    int base_right, adapter_right, positive;
+} Switcher;
+
+static void switcher_free(void *self) {
+    Switcher *s = self;
+    head_rows_free(&s->tr);
+    head_rows_free(&s->va);
+    er_free(s);
+}
+
+static int check_record(void *self, const HeadsData *d, const Example *ex) {
+    const Switcher *s = self;
+    if (!s->c->derive_labels && ex->needs_reasoning < 0)
+        return er_error(ER_EFORMAT, "%s:%ld: record has no \"needs_reasoning\": add it or pass --derive-labels to "
+                        "derive the switcher's labels by running both routes", d->c->data_path, ex->line);
+    return ER_OK;
+}
+
+static int prepare(void *self, HeadsData *d) {
+    Switcher *s = self;
+    s->tr.C = s->va.C = d->m.cfg.C;
+    gen_config_default(&s->direct);
+    s->direct.max_new = s->c->direct_max_new;
+    s->spec = (PromptFeatureSpec){s->c->chunk, (float)s->c->alpha};
+    return 0; // nothing appended after a response
+}
+
+// Record i: its features and its label (the record's, or derived by running both routes).
+static int collect(void *self, HeadsData *d, int i) {
+    Switcher *s = self;
+    const Example *ex = &d->d.ex[i];
+    HeadRows *r = d->is_val[i] ? &s->va : &s->tr;
+    ER_TRY(head_rows_reserve(r, 1));
+    ER_TRY(switcher_features(&d->e, d->ids[i], d->nids[i], &d->ad, &s->spec, r->x + (size_t)r->n * r->C));
+    int label = ex->needs_reasoning, b = 0, a = 0;
+    if (s->c->derive_labels)
+        ER_TRY(switcher_derive_label(&d->e, d->ids[i], d->nids[i], &s->direct, &d->reasoning, ex->answer, &label, &b,
+                                     &a, &d->gen_tokens));
+    r->y[r->n++] = (float)label;
+    s->base_right += b;
+    s->adapter_right += a;
+    s->positive += label;
+    return ER_OK;
+}
+
+static void report(void *self, const HeadsData *d, FILE *out) {
+    const Switcher *s = self;
+    if (out && s->c->derive_labels)
+        fprintf(out, "switcher labels: base direct right %d/%d, adapter right %d/%d, reasoning needed %d/%d\n",
+                s->base_right, d->d.n, s->adapter_right, d->d.n, s->positive, d->d.n);
+}
+
+// The MLP, fitted, calibrated and saved; a threshold of 1 (no prompt ever reasons) is refused.
+static int train(void *self, const HeadsData *d, MetricsLog *ml, cJSON *results) {
+    Switcher *s = self;
+    const SwitcherConfig *c = s->c;
+    int rc = ER_OK;
+    TrainedHead t = {0};
+    t.role = HEAD_SWITCHER;
+    t.chunk = c->chunk;
+    t.alpha = (float)c->alpha;
+    model_fingerprint(&d->m, t.fingerprint);
+    HeadTrainSpec spec = {.fit = c->fit, .target_recall = c->target_recall, .out = d->c->out, .log = d->c->log};
+    spec.fit.seed = (uint64_t)d->c->seed + 1;
+    spec.fit.label = "switcher";
+    spec.fit.metrics = ml;
+    ER_CHECK(head_init(&t.net, HEAD_MLP, s->tr.C, c->hidden, (float)c->dropout, 1, (uint64_t)d->c->seed + 101));
+    ER_CHECK(head_train(&t, &s->tr, &s->va, &spec, results));
+    if (t.threshold < 1.0f)
+        ER_CHECK(head_save(&t, "switcher", c->out, d->c->out));
+    else
+        rc = er_error(ER_EINVAL, "switcher: the best-accuracy threshold on the held-out records is 1, which sends no "
+                      "prompt to reasoning; pass --target-recall R (e.g. 0.9) or give more records that need "
+                      "reasoning");
+done:
+    trained_head_free(&t);
+    return rc;
+}
+
+int switcher_job(const SwitcherConfig *c, HeadJob *job) {
+    Switcher *s = er_calloc(1, sizeof *s);
+    if (!s)
+        return ER_ENOMEM;
+    s->c = c;
+    // Derived labels grade the base's direct answer too: gold answers, and room for that answer.
+    *job = (HeadJob){.what = c->derive_labels ? "switcher (derived labels)" : "switcher",
+                     .need_gold = c->derive_labels, .n_seqs = 1, .max_new = c->derive_labels ? c->direct_max_new : 0,
+                     .self = s, .check = check_record, .prepare = prepare, .collect = collect, .report = report,
+                     .train = train, .free = switcher_free};
     return ER_OK;
 }

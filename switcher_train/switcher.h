@@ -1,11 +1,15 @@
-// Switcher data: the features of a prompt (the engine's EMA over the base prefill's final hidden
-// states, see engine_prefill) and, when the dataset has no "needs_reasoning", a label derived by
-// running both routes: reasoning is needed where the base's direct answer is wrong and the
-// adapter's is right.
+// The switcher: does this prompt need reasoning? An MLP on the prompt's features (the engine's EMA
+// over prompt chunks of the base prefill's final hidden states, see engine_prefill), labelled by the
+// records' "needs_reasoning" or, with derive_labels, by running both routes (reasoning is needed where
+// the base's direct answer is wrong and the adapter's is right). Its threshold is calibrated on the
+// held-out records for the best accuracy or for a target recall of reasoning-needed prompts. It trains
+// as a job of heads_run (train/heads.h) on the head fitting of train/head_fit.h.
 #ifndef SWITCHER_TRAIN_SWITCHER_H
 #define SWITCHER_TRAIN_SWITCHER_H
 
 #include "infer/engine.h"
+#include "train/head_fit.h"
+#include "train/heads.h"
 
 // feat (C): the prompt's switcher features, computed as the runtime computes them (prompt adapter:
 // `adapter` when unmasked, else the base).
@@ -18,5 +22,22 @@ int switcher_features(Engine *e, const int *prompt, int n_prompt, const LoraAdap
 int switcher_derive_label(Engine *e, const int *prompt, int n_prompt, const GenConfig *direct,
                           const GenConfig *reasoning, const char *gold, int *label, int *base_ok, int *adapter_ok,
                           long *tokens);
+
+typedef struct {
+    const char *out;       // FILE.safetensors (+ FILE.json)
+    int chunk;             // prompt positions per chunk of the EMA
+    double alpha;          // EMA weight of each new chunk's mean
+    int hidden;            // hidden units of the MLP
+    double dropout;        // on the hidden units
+    int derive_labels;     // label = base direct answer wrong and adapter's right
+    int direct_max_new;    // tokens of the base's direct answer (derive_labels)
+    double target_recall;  // threshold reaching this held-out recall (0 = best accuracy)
+    HeadFitConfig fit;     // epochs, batch, lr, weight_decay, noise (0.5); seed, label, metrics: the run's
+} SwitcherConfig;
+
+void switcher_config_default(SwitcherConfig *c);
+
+// *job: a switcher trained by heads_run as c says (c must outlive the job); head_job_free frees it.
+int switcher_job(const SwitcherConfig *c, HeadJob *job);
 
 #endif

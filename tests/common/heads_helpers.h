@@ -1,9 +1,10 @@
-// Shared by the heads tests: a tiny random model dir (tests/infer/helpers.h) plus a masked reasoning
+// Shared by the heads tests: a tiny random model dir (tests/common/helpers.h) plus a masked reasoning
 // adapter in PEFT layout, random heads for that model and a small chains dataset, all under one /tmp dir.
-#ifndef TESTS_SWITCHER_TRAIN_HEADS_HELPERS_H
-#define TESTS_SWITCHER_TRAIN_HEADS_HELPERS_H
+#ifndef TESTS_COMMON_HEADS_HELPERS_H
+#define TESTS_COMMON_HEADS_HELPERS_H
 
 #include "data/synth.h"
+#include "infer/engine.h"
 #include "lora/peft.h"
 #include "model/head.h"
 #include "tests/common/helpers.h"
@@ -63,6 +64,21 @@ static inline char *heads_make_data(const char *dir, const char *name, long n, u
     chains_config_default(&c);
     cr_assert_eq(chains_write_jsonl(&c, n, seed, path, NULL, NULL), 0, "%s", er_last_error());
     return path;
+}
+
+// The reasoning route as the heads sample it: n_samples responses from adapter `ad` after the prefix
+// "<think>\n", at most max_new tokens each, at `temperature` from `seed`.
+static inline GenConfig heads_sample_config(int n_samples, int max_new, float temperature, uint64_t seed,
+                                            const LoraAdapter *ad) {
+    GenConfig g;
+    gen_config_default(&g);
+    g.n_samples = n_samples;
+    g.max_new = max_new;
+    g.sampler.temperature = temperature;
+    g.seed = seed;
+    g.adapter = ad;
+    g.response_prefix = "<think>\n";
+    return g;
 }
 
 #endif

@@ -11,7 +11,7 @@
 #include "data/tokenizer.h"
 #include "infer/engine.h"
 #include "model/model.h"
-#include "tests/common/helpers.h"
+#include "tests/common/heads_helpers.h"
 
 static Model model;
 static Tokenizer *tok;
@@ -109,14 +109,7 @@ Test(features, verification_from_the_cache_equals_full_forward) {
     int *pre, npre = prompt_ids("<think>\n", &pre);
     Engine e;
     cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 3, 256, 16, 0), 0);
-    GenConfig g;
-    gen_config_default(&g);
-    g.n_samples = 3;
-    g.max_new = 12;
-    g.sampler.temperature = 1.0f;
-    g.seed = 3;
-    g.adapter = &ad;
-    g.response_prefix = "<think>\n";
+    GenConfig g = heads_sample_config(3, 12, 1.0f, 3, &ad);
     g.keep_kv = 1;
     GenSample out[3];
     GenStats st;

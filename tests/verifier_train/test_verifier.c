@@ -1,6 +1,5 @@
-// Verifier and switcher data collection on a tiny random model: the verifier's rows are the engine's
-// verification features of the adapter's samples with graded labels; the switcher's derived label
-// runs both routes; missing gold answers or adapters are refused.
+// Verifier data collection on a tiny random model: the verifier's rows are the engine's verification
+// features of the adapter's samples with graded labels; a missing gold answer is refused.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -9,8 +8,7 @@
 #include "core/error.h"
 #include "data/grade.h"
 #include "data/tokenizer.h"
-#include "switcher_train/switcher.h"
-#include "tests/common/helpers.h"
+#include "tests/common/heads_helpers.h"
 #include "verifier_train/verifier.h"
 
 static Model model;
@@ -29,14 +27,7 @@ Test(verifier_data, rows_are_engine_features_with_graded_labels) {
     cr_assert_eq(tok_encode(tok, "\nCorrect?", 9, &vq, &nv), 0);
     Engine e;
     cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 4, 128, 16, 0), 0);
-    GenConfig g;
-    gen_config_default(&g);
-    g.n_samples = 4;
-    g.max_new = 10;
-    g.sampler.temperature = 0.8f;
-    g.seed = 9;
-    g.adapter = &ad;
-    g.response_prefix = "<think>\n";
+    GenConfig g = heads_sample_config(4, 10, 0.8f, 9, &ad);
     int C = model.cfg.C;
     float feats[4 * 32], labels[4];
     long tokens = 0;
@@ -62,32 +53,5 @@ Test(verifier_data, rows_are_engine_features_with_graded_labels) {
     cr_assert(strstr(er_last_error(), "gold"), "%s", er_last_error());
     engine_free(&e);
     free(vq);
-    free(p);
-}
-
-Test(verifier_data, switcher_label_runs_both_routes) {
-    int *p, n;
-    cr_assert_eq(tok_encode(tok, PROMPT, strlen(PROMPT), &p, &n), 0);
-    Engine e;
-    cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 1, 128, 16, 0), 0);
-    GenConfig d, r;
-    gen_config_default(&d);
-    d.max_new = 6;
-    gen_config_default(&r);
-    r.max_new = 10;
-    r.adapter = &ad;
-    r.response_prefix = "<think>\n";
-    int label = -1, b = -1, a = -1;
-    long tokens = 0;
-    // A random model gets neither right: no reasoning needed by this rule.
-    cr_assert_eq(switcher_derive_label(&e, p, n, &d, &r, "12", &label, &b, &a, &tokens), 0, "%s", er_last_error());
-    cr_assert_eq(b, 0);
-    cr_assert_eq(label, !b && a);
-    cr_assert_gt(tokens, 0);
-    cr_assert_lt(switcher_derive_label(&e, p, n, &d, &r, NULL, &label, NULL, NULL, NULL), 0);
-    r.adapter = NULL;
-    cr_assert_lt(switcher_derive_label(&e, p, n, &d, &r, "12", &label, NULL, NULL, NULL), 0);
-    cr_assert(strstr(er_last_error(), "adapter"), "%s", er_last_error());
-    engine_free(&e);
     free(p);
 }

@@ -1,17 +1,21 @@
-// Training a small head (model/head.h) on fixed feature vectors, shared by the switcher and the
-// verifier: binary cross-entropy, AdamW (train/optim.h), mini-batches in a seeded order, optional
-// Gaussian feature noise, and the held-out metrics (ROC-AUC, accuracy at a threshold) with the
-// threshold calibration that is stored with the head.
+// Training a small head (model/head.h) on fixed feature vectors, the part the switcher
+// (switcher_train/) and the verifier (verifier_train/) share: rows of features and labels, binary
+// cross-entropy, AdamW (train/optim.h), mini-batches in a seeded order, optional Gaussian feature
+// noise, the held-out metrics (ROC-AUC, accuracy at a threshold) and the threshold calibration that
+// is stored with the head. Which features, which labels and which head each one trains stay in
+// their own folders.
 //
 // Features are standardised with the training split's per-dimension mean and standard deviation
 // while training (so the noise sigma is in units of each feature's spread and one learning rate
 // suits any model's hidden-state scale); at the end the standardisation is folded into the first
 // layer (w1' = w1 / sd, b1' = b1 - w1' . mean), so the saved head reads raw hidden states.
-#ifndef SWITCHER_TRAIN_HEAD_FIT_H
-#define SWITCHER_TRAIN_HEAD_FIT_H
+#ifndef TRAIN_HEAD_FIT_H
+#define TRAIN_HEAD_FIT_H
 
 #include <stdint.h>
+#include <stdio.h>
 
+#include "core/json.h"
 #include "model/head.h"
 #include "train/run.h"
 
@@ -45,5 +49,32 @@ double accuracy_at(const float *score, const float *y, int n, float t);
 // score >= t) reaches target_recall; otherwise the t with the best accuracy (ties: the lowest).
 // 0.5 when n == 0 (or no positive for a target recall).
 float threshold_choose(const float *score, const float *y, int n, double target_recall);
+
+// Feature rows and their labels, grown as examples are collected. A zeroed HeadRows with C set is empty.
+typedef struct {
+    float *x, *y; // (n, C), (n)
+    int n, cap, C;
+} HeadRows;
+
+// Room for `more` rows past n.
+int head_rows_reserve(HeadRows *r, int more);
+void head_rows_free(HeadRows *r);
+
+// How head_train fits and calibrates one head.
+typedef struct {
+    HeadFitConfig fit;    // fit.label names the head in errors, metrics and the report
+    double target_recall; // 0: the best-accuracy threshold
+    FILE *out;            // the result line (NULL = silent)
+    FILE *log;            // the "training on" line (NULL = silent)
+} HeadTrainSpec;
+
+// Fits t->net (initialised, with gradients) on the training rows, calibrates t->threshold on the
+// held-out rows (on the training rows when none is held out), fills t->metrics, adds a copy of
+// them to results under the head's name and writes one result line (ROC-AUC, accuracy, threshold,
+// losses) to s->out. Saving is the caller's: a head may refuse its threshold first.
+int head_train(TrainedHead *t, const HeadRows *tr, const HeadRows *va, const HeadTrainSpec *s, cJSON *results);
+
+// trained_head_save, and "<name>: wrote <path>" to out (NULL = silent).
+int head_save(const TrainedHead *t, const char *name, const char *path, FILE *out);
 
 #endif

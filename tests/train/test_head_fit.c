@@ -1,4 +1,4 @@
-// Head training (switcher_train/head_fit.h): the loss falls and the held-out AUC is high on
+// Head training (train/head_fit.h): the loss falls and the held-out AUC is high on
 // separable synthetic features (with noise and dropout, and with features on a large scale, which
 // the standardisation folded into the saved head handles); ROC-AUC and thresholds on hand-made
 // scores.
@@ -8,7 +8,7 @@
 
 #include "core/rng.h"
 #include "model/head.h"
-#include "switcher_train/head_fit.h"
+#include "train/head_fit.h"
 
 // n rows of C features: label = 1 when feature 0 + feature 1 > 0, features scaled by `scale` and
 // shifted by `shift`.

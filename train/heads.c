@@ -1,0 +1,264 @@
+#include "train/heads.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/progress.h"
+#include "core/rng.h"
+#include "lora/peft.h"
+#include "model/head.h"
+
+void heads_config_default(HeadsConfig *c) {
+    memset(c, 0, sizeof *c);
+    c->kv = KV_F32;
+    c->val_split = 0.2;
+    c->max_new = 512;
+    c->answer_tokens = 32;
+}
+
+void head_job_free(HeadJob *j) {
+    if (j->free)
+        j->free(j->self);
+    memset(j, 0, sizeof *j);
+}
+
+// The record's prompt rendered as erinfer eval renders it: chat template, the system message in front.
+static int render_prompt(const Tokenizer *tok, ChatStyle style, const Example *ex, const char *system, int **ids,
+                         int *n) {
+    ChatMessage *m = er_calloc((size_t)ex->n_messages + 1, sizeof *m);
+    if (!m)
+        return ER_ENOMEM;
+    int k = 0, has_sys = ex->n_messages > 0 && strcmp(ex->messages[0].role, "system") == 0;
+    if (system)
+        m[k++] = (ChatMessage){"system", system};
+    for (int i = (system && has_sys) ? 1 : 0; i < ex->n_messages; i++)
+        m[k++] = ex->messages[i];
+    char *text;
+    int rc = chat_render(style, m, k, CHAT_ADD_GENERATION_PROMPT, &text, NULL);
+    er_free(m);
+    ER_TRY(rc);
+    rc = tok_encode(tok, text, strlen(text), ids, n);
+    er_free(text);
+    return rc;
+}
+
+// Every record is checked before the model loads: a bad record fails in seconds.
+static int check_records(const HeadsData *hd, const HeadJob *jobs, int n_jobs) {
+    const HeadsConfig *c = hd->c;
+    int need_gold = 0;
+    for (int j = 0; j < n_jobs; j++)
+        need_gold |= jobs[j].need_gold;
+    if (hd->d.n < 2)
+        return er_error(ER_EFORMAT, "%s: %d records; need at least 2", c->data_path, hd->d.n);
+    for (int i = 0; i < hd->d.n; i++) {
+        const Example *ex = &hd->d.ex[i];
+        if (!ex->messages)
+            return er_error(ER_EFORMAT, "%s:%ld: a {\"text\"} record has no prompt", c->data_path, ex->line);
+        if (!ex->answer && need_gold)
+            return er_error(ER_EFORMAT, "%s:%ld: record has no gold answer (\"answer\", a \\boxed{} solution or a "
+                            "\"#### X\" line): the verifier and --derive-labels grade against it", c->data_path,
+                            ex->line);
+        for (int j = 0; j < n_jobs; j++)
+            if (jobs[j].check)
+                ER_TRY(jobs[j].check(jobs[j].self, hd, ex));
+    }
+    return ER_OK;
+}
+
+// The split: the last n_val records of a seeded shuffle are held out, at least one, leaving two to train on.
+static int split_records(HeadsData *hd) {
+    int n = hd->d.n, n_val = (int)floor(hd->c->val_split * n + 0.5);
+    if (hd->c->val_split > 0 && n_val < 1)
+        n_val = 1;
+    if (n_val > n - 2)
+        n_val = n - 2 > 0 ? n - 2 : 0;
+    int *order = er_alloc(sizeof(int) * (size_t)n);
+    hd->is_val = er_calloc((size_t)n, 1);
+    if (!order || !hd->is_val) {
+        er_free(order);
+        return ER_ENOMEM;
+    }
+    ErRng split;
+    rng_seed(&split, (uint64_t)hd->c->seed);
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    shuffle_indices(order, n, &split);
+    for (int i = 0; i < n_val; i++)
+        hd->is_val[order[n - 1 - i]] = 1;
+    hd->n_val = n_val;
+    er_free(order);
+    return ER_OK;
+}
+
+// Each record's prompt tokens; *max_prompt = the longest.
+static int render_prompts(HeadsData *hd, ChatStyle style, int *max_prompt) {
+    const HeadsConfig *c = hd->c;
+    hd->ids = er_calloc((size_t)hd->d.n, sizeof(int *));
+    hd->nids = er_calloc((size_t)hd->d.n, sizeof(int));
+    if (!hd->ids || !hd->nids)
+        return ER_ENOMEM;
+    *max_prompt = 0;
+    for (int i = 0; i < hd->d.n; i++) {
+        int rc = render_prompt(hd->tok, style, &hd->d.ex[i], c->system, &hd->ids[i], &hd->nids[i]);
+        if (rc < 0)
+            return er_error_prefix(rc, "%s:%ld", c->data_path, hd->d.ex[i].line);
+        *max_prompt = hd->nids[i] > *max_prompt ? hd->nids[i] : *max_prompt;
+    }
+    return ER_OK;
+}
+
+// The engine, sized for the longest prompt, prefix, generation and tail any job asks for.
+static int engine_for_jobs(HeadsData *hd, const HeadJob *jobs, int n_jobs, int max_prompt, int tail) {
+    const char *prefix = hd->reasoning.response_prefix;
+    int n_pre = 0, *pre = NULL;
+    if (prefix)
+        ER_TRY(tok_encode(hd->tok, prefix, strlen(prefix), &pre, &n_pre));
+    er_free(pre);
+    int n_seqs = 1, gen_max = hd->c->max_new;
+    for (int j = 0; j < n_jobs; j++) {
+        n_seqs = jobs[j].n_seqs > n_seqs ? jobs[j].n_seqs : n_seqs;
+        gen_max = jobs[j].max_new > gen_max ? jobs[j].max_new : gen_max;
+    }
+    int max_len = max_prompt + n_pre + gen_max + tail + 2;
+    return engine_init(&hd->e, &hd->m, hd->tok, hd->c->kv, n_seqs, max_len, 128, er_physical_memory());
+}
+
+static int heads_data_load(HeadsData *hd, HeadJob *jobs, int n_jobs) {
+    const HeadsConfig *c = hd->c;
+    ER_TRY(dataset_load(c->data_path, NULL, c->limit, &hd->d));
+    ER_TRY(check_records(hd, jobs, n_jobs));
+    ER_TRY(model_load(&hd->m, c->model_dir, 0));
+    ER_TRY(tok_load(&hd->tok, c->model_dir));
+    ChatStyle style = CHAT_CHATML;
+    ER_TRY(chat_style_from_config(c->model_dir, &style));
+    const ModelConfig *mc = &hd->m.cfg;
+    LoraShape s = {mc->L, mc->C, mc->NH * mc->HS, mc->NKV * mc->HS, mc->FF};
+    ER_TRY(peft_load(&hd->ad, c->adapter_dir, &s, 0));
+    if (!hd->ad.masked && c->log)
+        fprintf(c->log, "heads: warning: %s is a standard (unmasked) LoRA: the prompt's hidden states include it\n",
+                c->adapter_dir);
+    int max_prompt;
+    ER_TRY(render_prompts(hd, style, &max_prompt));
+    gen_config_default(&hd->reasoning);
+    hd->reasoning.max_new = c->max_new;
+    hd->reasoning.adapter = &hd->ad;
+    hd->reasoning.response_prefix = c->prefix ? c->prefix : hd->ad.reasoning_prefix;
+    hd->reasoning.budget = c->budget;
+    hd->reasoning.answer_tokens = c->answer_tokens;
+    int tail = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        int t = jobs[j].prepare ? jobs[j].prepare(jobs[j].self, hd) : 0;
+        ER_TRY(t);
+        tail = t > tail ? t : tail;
+    }
+    ER_TRY(engine_for_jobs(hd, jobs, n_jobs, max_prompt, tail));
+    return split_records(hd);
+}
+
+static void heads_data_free(HeadsData *hd) {
+    engine_free(&hd->e);
+    for (int i = 0; hd->ids && i < hd->d.n; i++)
+        er_free(hd->ids[i]);
+    er_free(hd->ids);
+    er_free(hd->nids);
+    er_free(hd->is_val);
+    lora_free(&hd->ad);
+    tok_free(hd->tok);
+    model_free(&hd->m);
+    dataset_free(&hd->d);
+    memset(hd, 0, sizeof *hd);
+}
+
+// The one pass: every job collects each record's rows; errors name the record.
+static int collect_pass(HeadsData *hd, HeadJob *jobs, int n_jobs) {
+    FILE *log = hd->c->log;
+    if (log) {
+        fprintf(log, "heads: %d records (%d held out), hidden size %d, ", hd->d.n, hd->n_val, hd->m.cfg.C);
+        for (int j = 0; j < n_jobs; j++)
+            fprintf(log, "%s%s", j ? " + " : "", jobs[j].what);
+        fputc('\n', log);
+    }
+    Progress prog;
+    if (log)
+        progress_begin(&prog, "heads: collect", "record", 0, hd->d.n);
+    for (int i = 0; i < hd->d.n; i++) {
+        for (int j = 0; j < n_jobs; j++) {
+            int rc = jobs[j].collect(jobs[j].self, hd, i);
+            if (rc < 0) {
+                if (log && prog.tty && prog.t_last_print > prog.t_start)
+                    fputc('\n', log);
+                return er_error_prefix(rc, "%s:%ld", hd->c->data_path, hd->d.ex[i].line);
+            }
+        }
+        if (log) {
+            char extra[96];
+            snprintf(extra, sizeof extra, "%ld tokens generated", hd->gen_tokens);
+            progress_update(&prog, i + 1, extra);
+        }
+    }
+    if (log)
+        progress_end(&prog, NULL);
+    for (int j = 0; j < n_jobs; j++)
+        if (jobs[j].report)
+            jobs[j].report(jobs[j].self, hd, hd->c->out);
+    return ER_OK;
+}
+
+// run.json: the settings, the model's fingerprint, the counts and each head's results (taken over).
+static int write_run(const HeadsData *hd, cJSON **results, double seconds) {
+    const HeadsConfig *c = hd->c;
+    cJSON *run = cJSON_CreateObject();
+    if (!run)
+        return ER_ENOMEM;
+    char fp[17];
+    model_fingerprint(&hd->m, fp);
+    cJSON_AddStringToObject(run, "command", "heads");
+    cJSON_AddStringToObject(run, "version", ERTRAIN_VERSION);
+    cJSON_AddNumberToObject(run, "seed", c->seed);
+    cJSON_AddItemToObject(run, "config", c->settings ? cJSON_Duplicate(c->settings, 1) : cJSON_CreateObject());
+    cJSON_AddStringToObject(run, "model_fingerprint", fp);
+    cJSON *n = cJSON_AddObjectToObject(run, "counts");
+    cJSON_AddNumberToObject(n, "records", hd->d.n);
+    cJSON_AddNumberToObject(n, "held_out", hd->n_val);
+    cJSON_AddNumberToObject(n, "generated_tokens", (double)hd->gen_tokens);
+    cJSON_AddItemToObject(run, "result", *results);
+    *results = NULL;
+    cJSON_AddNumberToObject(run, "seconds", seconds);
+    int rc = run_write_json(c->out_dir, run);
+    cJSON_Delete(run);
+    return rc;
+}
+
+int heads_run(const HeadsConfig *c, HeadJob *jobs, int n_jobs, HeadsResult *res) {
+    memset(res, 0, sizeof *res);
+    if (n_jobs < 1)
+        return er_error(ER_EINVAL, "heads: no head to train");
+    if (!c->out_dir)
+        return er_error(ER_EINVAL, "heads: no output directory for run.json and metrics.jsonl");
+    double t_start = time_now();
+    int rc = ER_OK;
+    HeadsData hd = {.c = c};
+    MetricsLog ml = {0};
+    cJSON *results = NULL;
+    ER_CHECK(heads_data_load(&hd, jobs, n_jobs));
+    ER_CHECK(collect_pass(&hd, jobs, n_jobs));
+    ER_CHECK(dir_make(c->out_dir));
+    ER_CHECK(metrics_open(&ml, c->out_dir, 0, 0));
+    if (!(results = cJSON_CreateObject()))
+        ER_CHECK(ER_ENOMEM);
+    for (int j = 0; j < n_jobs; j++)
+        ER_CHECK(jobs[j].train(jobs[j].self, &hd, &ml, results));
+    res->records = hd.d.n;
+    res->held_out = hd.n_val;
+    res->generated_tokens = hd.gen_tokens;
+    res->seconds = time_now() - t_start;
+    ER_CHECK(write_run(&hd, &results, res->seconds));
+done:
+    cJSON_Delete(results);
+    metrics_close(&ml);
+    heads_data_free(&hd);
+    return rc;
+}
