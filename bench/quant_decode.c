@@ -54,7 +54,7 @@ static int make_weight(Weight *w, WeightFormat f, int rows, int cols, int group,
         return ER_OK;
     }
     ER_TRY(quant_weight_alloc(w, f, rows, cols, group));
-    size_t nb = (size_t)rows * quant_row_bytes(f, cols);
+    size_t nb = (size_t)rows * weight_row_bytes(f, cols);
     uint8_t *d = (uint8_t *)w->data;
     if (f == WF_BF16) { // random bits would make NaNs and denormals: small values as the f32 weight has
         uint16_t *h = (uint16_t *)d;
@@ -115,12 +115,15 @@ static double cpu_now(void) {
 // One weight pass per token: every matrix times N input rows. Best of reps, wall clock and CPU time
 // of the process (on a machine shared with other work the CPU time shows what the kernels cost when
 // they run; with more than one thread it includes OpenMP's spinning).
-static int time_pass(Weight *ws, int nw, const float *x, float *out, int N, int reps, double *best, double *best_cpu) {
+// portable: the reference kernels even where SIMD ones exist.
+static int time_pass(Weight *ws, int nw, const float *x, float *out, int N, int portable, float *scratch, int reps,
+                     double *best, double *best_cpu) {
     *best = *best_cpu = 1e30;
     for (int r = 0; r <= reps; r++) { // r = 0 warms up
         double t0 = time_now(), c0 = cpu_now();
         for (int i = 0; i < nw; i++)
-            ER_TRY(weight_matmul_forward(out, x, &ws[i], NULL, N));
+            ER_TRY(portable ? quant_matmul_decode_portable(out, x, &ws[i], N, scratch)
+                            : weight_matmul_forward(out, x, &ws[i], NULL, N, scratch));
         double dt = time_now() - t0, dc = cpu_now() - c0;
         if (r > 0 && dt < *best)
             *best = dt;
@@ -148,7 +151,6 @@ int main(int argc, char **argv) {
         return 1;
     }
     threads = threads_set(threads);
-    quant_force_portable(portable);
     char load[128];
     bench_load_average(load, sizeof load);
     printf("== quantized decode: weight pass of a Qwen2.5-0.5B-shaped model (%d layers%s), threads %d, %s kernels, "
@@ -171,7 +173,8 @@ int main(int argc, char **argv) {
     int nf = (int)(sizeof fmts / sizeof fmts[0]);
     Weight *ws = er_calloc((size_t)nw, sizeof(Weight));
     float *x = er_alloc(sizeof(float) * 8 * FF), *out = er_alloc(sizeof(float) * 8 * (size_t)V);
-    if (!ws || !x || !out) {
+    float *scratch = er_alloc(sizeof(float) * quant_scratch_floats(FF)); // FF: the widest input
+    if (!ws || !x || !out || !scratch) {
         fprintf(stderr, "quant_decode: out of memory\n");
         return 1;
     }
@@ -193,9 +196,9 @@ int main(int argc, char **argv) {
             }
         }
         if (rc == ER_OK)
-            rc = time_pass(ws, nw, x, out, 1, reps, &f->s1, &f->c1);
+            rc = time_pass(ws, nw, x, out, 1, portable, scratch, reps, &f->s1, &f->c1);
         if (rc == ER_OK)
-            rc = time_pass(ws, nw, x, out, 8, reps, &f->s8, &f->c8);
+            rc = time_pass(ws, nw, x, out, 8, portable, scratch, reps, &f->s8, &f->c8);
         for (int i = 0; i < nw; i++)
             weight_free(&ws[i]);
         if (rc == ER_OK) {
@@ -209,6 +212,7 @@ int main(int argc, char **argv) {
     er_free(ws);
     er_free(x);
     er_free(out);
+    er_free(scratch);
     if (rc < 0) {
         fprintf(stderr, "quant_decode: %s\n", er_last_error());
         return 1;

@@ -116,11 +116,13 @@ typedef struct {
     float *lnf, *rstdf;    // (B,T,C), (B,T)
     float *logits;         // (B,T,V), or (B,V) for ACTS_DECODE; after the loss with grad, dloss/dlogits
     float *tmp;            // (B,T,C) attention / MLP output before the residual add
+    float *wscratch;       // (QUANT_TILE_ROWS, max in) rows of non-fp32 weights widened by the products
     // backward scratch
     float *dres, *dln, *dq, *dk, *dv, *datty, *dgate, *dup, *dh; // dres (B,T,C) ends as d(embedding output)
     float *lora_h;         // (L or 1, LT_COUNT, B*T, r) adapter activations x·Aᵀ, sized on first use
     float *lora_x;         // (L, LT_COUNT, B*T, max in) adapter inputs after dropout (training with dropout)
     uint8_t *lora_keep;    // same shape: 1 where dropout kept the input
+    float *lora_dx;        // (B*T, max in) an adapter's input gradient before the dropout mask
     int lora_r, lora_xw;
     float *cos_tab, *sin_tab; // (P, HS/2) for positions < P
     int P;

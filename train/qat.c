@@ -31,7 +31,8 @@ struct QatState {
     long clustered_at, written_at; // -1: never
 };
 
-static int is_kmeans(const QuantOptions *o) { return (o->fmt == WF_Q2LUT || o->fmt == WF_Q4LUT) && !o->uniform; }
+// Codebook formats fit their levels by k-means (q2rtn's uniform levels are re-quantized every step).
+static int is_kmeans(const QuantOptions *o) { return weight_format_info(o->fmt)->levels && !o->uniform; }
 
 void qat_state_free(QatState *s) {
     if (!s)
@@ -90,7 +91,7 @@ int qat_state_apply(QatState *s, long step) {
                 weight_free(&q->cb);
                 ER_TRY(quantize_matrix(&q->cb, src, R, C, NULL, &q->qo));
             }
-            quant_fake_quant_lut(dst, src, R, C, q->cb.lut, q->qo.fmt == WF_Q2LUT ? 4 : 16);
+            quant_fake_quant_lut(dst, src, R, C, q->cb.lut, weight_format_info(q->qo.fmt)->levels);
         } else {
             ER_TRY(quant_fake_quant_rows(dst, src, R, C, NULL, &q->qo));
         }

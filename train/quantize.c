@@ -25,7 +25,7 @@
 // ---- the model ----
 
 static size_t param_bytes(const ParamTensor *p, size_t float_size) {
-    if (p->w && (weight_is_quantized(p->w->fmt) || p->w->fmt != WF_F32))
+    if (p->w && p->w->fmt != WF_F32) // packed, or a float format narrower than the fp32 count
         return weight_bytes(p->w);
     return p->numel * float_size;
 }
@@ -67,9 +67,9 @@ int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) 
                         "--lm-head %s: the model ties its lm_head to the embedding (--embeddings %s); untie it first "
                         "(quantize_untie)",
                         head, emb);
-    if (q->lm_head == WF_Q4G && q->linear == WF_Q4G && hg != q->group)
+    if (weight_format_grouped(q->lm_head) && weight_format_grouped(q->linear) && hg != q->group)
         return er_error(ER_EINVAL, "--lm-head %s must use the group size of --weights %s", head, o->weights);
-    if (q->lm_head == WF_Q4G)
+    if (weight_format_grouped(q->lm_head))
         q->group = hg;
     const char *ss = o->scale_search ? o->scale_search : "lp";
     if (strcmp(ss, "lp") != 0 && strcmp(ss, "minmax") != 0)
@@ -87,7 +87,7 @@ int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) 
             ER_TRY(quant_check_shape(f, p->w->rows, p->w->cols, q->group, p->name));
     }
     // q2rtn is stored as q2lut (a codebook of 4 evenly spaced levels): the method says how it was made.
-    int kmeans = (q->linear == WF_Q2LUT || q->linear == WF_Q4LUT) && !plan->linear_uniform;
+    int kmeans = weight_format_info(q->linear)->levels && !plan->linear_uniform; // codebook formats
     snprintf(q->method, sizeof q->method, "%s%s%s", kmeans ? "kmeans" : plan->minmax ? "rtn-minmax" : "rtn-lp",
              o->method_note && o->method_note[0] ? "-" : "", o->method_note ? o->method_note : "");
     snprintf(q->transforms, sizeof q->transforms, "%s", o->transforms ? o->transforms : "none");
@@ -102,7 +102,7 @@ void quantize_plan_options(const Model *m, const QuantizePlan *plan, const Quant
                      : p->w == &m->embed   ? (q->embed_int8 ? WF_Q8 : WF_F32)
                      : p->w == &m->lm_head ? q->lm_head
                                            : q->linear;
-    quant_options_default(qo, f, f == WF_Q4G ? q->group : 0);
+    quant_options_default(qo, f, weight_format_grouped(f) ? q->group : 0);
     qo->search = plan->minmax ? QSEARCH_MINMAX : QSEARCH_LP;
     if (o->p > 0)
         qo->p = o->p;
