@@ -634,3 +634,43 @@ int model_set_weight(Model *m, ParamTensor *p, Weight *w) {
         m->lm_head = m->embed;
     return ER_OK;
 }
+
+int model_untie(Model *m) {
+    if (!m->cfg.tied)
+        return ER_OK;
+    ModelConfig c = m->cfg;
+    c.tied = 0;
+    // The old gradients go first: the new model brings zeroed ones.
+    er_free(m->grad_mem);
+    m->grad_mem = NULL;
+    memset(m->grads, 0, sizeof(LayerGrads) * (size_t)m->cfg.L);
+    m->g_embed = m->g_norm = m->g_lm_head = NULL;
+    for (int i = 0; i < m->n_params; i++)
+        m->params[i].grad = NULL;
+    m->trainable = 0;
+    Model u;
+    ER_TRY(model_build_random(&u, &c, 0.0f, 0));
+    for (int i = 0; i < u.n_params; i++) {
+        ParamTensor *d = &u.params[i];
+        const char *name = strcmp(d->name, "lm_head.weight") == 0 ? "model.embed_tokens.weight" : d->name;
+        const ParamTensor *s = model_find_param(m, name);
+        if (!s || s->numel != d->numel) {
+            model_free(&u);
+            return er_error(ER_EINVAL, "untie: no parameter \"%s\" of %zu values in the tied model", name, d->numel);
+        }
+        if (s->w)
+            quant_dequant_rows(d->data, s->w, 0, s->w->rows);
+        else
+            memcpy(d->data, s->data, s->numel * sizeof(float));
+    }
+    model_free(m);
+    *m = u;
+    // The parameter table points at the Weight fields of the struct it was built in.
+    for (int i = 0; i < m->n_params; i++) {
+        if (m->params[i].w == &u.embed)
+            m->params[i].w = &m->embed;
+        else if (m->params[i].w == &u.lm_head)
+            m->params[i].w = &m->lm_head;
+    }
+    return ER_OK;
+}

@@ -75,6 +75,12 @@ int model_save(const Model *m, const char *dir, int as_bf16);
 int model_set_weight(Model *m, ParamTensor *p, Weight *w);
 // The format m->quant gives parameter p (WF_F32 meaning "float, as stored"); group into *group.
 WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group);
+// A tied model rebuilt untied: trainable fp32, lm_head a copy of the embedding, tie_word_embeddings
+// false, the logits unchanged. Every buffer of the Model is replaced (pointers into the old ones go
+// stale). The old gradients go first, so the peak is the old parameters plus one new trainable model;
+// should that allocation fail, *m stays a valid model without gradients (trainable = 0). A no-op on
+// untied models.
+int model_untie(Model *m);
 void model_free(Model *m);
 void model_zero_grad(Model *m);
 const ParamTensor *model_find_param(const Model *m, const char *name);

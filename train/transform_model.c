@@ -47,49 +47,6 @@ static int all_ones(const float *g, int n) {
     return 1;
 }
 
-// A new model with its own lm_head (a copy of the embedding) and tie_word_embeddings = false,
-// replacing *m. The final norm can then be folded into lm_head without touching the embedding.
-// The old gradients go first (the new model brings zeroed ones), so the peak is the old parameters
-// plus one new trainable model. Should that allocation fail, *m is left as a valid model that is
-// no longer trainable (its weights intact, no gradients).
-static int untie(Model *m) {
-    ModelConfig c = m->cfg;
-    c.tied = 0;
-    er_free(m->grad_mem);
-    m->grad_mem = NULL;
-    memset(m->grads, 0, sizeof(LayerGrads) * (size_t)m->cfg.L);
-    m->g_embed = m->g_norm = m->g_lm_head = NULL;
-    for (int i = 0; i < m->n_params; i++)
-        m->params[i].grad = NULL;
-    Model n;
-    int rc = model_build_random(&n, &c, 0.0f, 0);
-    if (rc < 0) {
-        m->trainable = 0;
-        return rc;
-    }
-    const ParamTensor *emb = model_find_param(m, "model.embed_tokens.weight");
-    for (int i = 0; i < n.n_params; i++) {
-        ParamTensor *p = &n.params[i];
-        const ParamTensor *src = strcmp(p->name, "lm_head.weight") == 0 ? emb : model_find_param(m, p->name);
-        if (!src || src->numel != p->numel) {
-            model_free(&n);
-            return er_error(ER_EINVAL, "transform: untying: no tensor \"%s\" of %zu values in the tied model", p->name,
-                            p->numel);
-        }
-        memcpy(p->data, src->data, sizeof(float) * p->numel);
-    }
-    model_free(m);
-    *m = n;
-    // The parameter table points at the Weight fields inside the Model struct: follow the move.
-    for (int i = 0; i < m->n_params; i++) {
-        if (m->params[i].w == &n.embed)
-            m->params[i].w = &m->embed;
-        else if (m->params[i].w == &n.lm_head)
-            m->params[i].w = &m->lm_head;
-    }
-    return ER_OK;
-}
-
 // RMSNorm scales into the matrices that read the normalised stream; the norms become 1.
 static void fold_norms(Model *m) {
     const ModelConfig *c = &m->cfg;
@@ -266,7 +223,7 @@ int transform_model_apply(Model *m, unsigned flags, uint64_t seed) {
     rng_fork(&r_v, &base, 1);
     if (flags & TRANSFORM_ROTATE) {
         if (m->cfg.tied && !all_ones(m->norm, m->cfg.C))
-            ER_TRY(untie(m));
+            ER_TRY(model_untie(m)); // the final norm can then be folded into lm_head alone
         fold_norms(m);
         ER_TRY(rotate_residual(m, rng_u64(&r_rot)));
     }
