@@ -133,6 +133,33 @@ static int time_pass(Weight *ws, int nw, const float *x, float *out, int N, int 
     return ER_OK;
 }
 
+// One row of the table: the weight pass of every matrix in format f, N = 1 and N = 8, against the fp32
+// row f32 (measured first; f itself for that row).
+static int bench_format(Fmt *f, const Fmt *f32, Weight *ws, int nw, int layers, const float *x, float *out, int portable,
+                        float *scratch, int reps, double bw) {
+    int rc = ER_OK;
+    double n_weights = 0;
+    f->bytes = 0;
+    for (int i = 0; i < nw; i++) {
+        int rows, cols;
+        shape_of(i == layers * PER_LAYER ? -1 : i, &rows, &cols);
+        ER_CHECK(make_weight(&ws[i], f->f, rows, cols, f->group, (uint64_t)i << 32));
+        f->bytes += (double)weight_bytes(&ws[i]);
+        n_weights += (double)rows * cols;
+    }
+    ER_CHECK(time_pass(ws, nw, x, out, 1, portable, scratch, reps, &f->s1, &f->c1));
+    ER_CHECK(time_pass(ws, nw, x, out, 8, portable, scratch, reps, &f->s8, &f->c8));
+    double gbs = f->bytes / f->s1 / 1e9;
+    printf("%-6s %7.3f %9.1f %8.2f %9.2f %7.2f (%3.0f%%) %8.2f %8.2fx %10.2f\n", f->name, f->bytes * 8 / n_weights,
+           f->bytes / 1e6, 1e3 * f->s1, 1 / f->s1, gbs, 100 * gbs / bw, 1e3 * f->s8, f32->s1 / f->s1,
+           1e3 * f->c1);
+    fflush(stdout);
+done:
+    for (int i = 0; i < nw; i++)
+        weight_free(&ws[i]);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     int threads = 0, layers = 24, no_head = 0, reps = 5, bw_mib = 512, portable = 0;
     ArgSpec specs[] = {
@@ -182,33 +209,8 @@ int main(int argc, char **argv) {
         x[i] = (float)(mix((uint64_t)i) >> 40) / (float)(1 << 24) - 0.5f;
     printf("%-6s %7s %9s %8s %9s %14s %8s %9s %10s\n", "format", "bits/w", "MB/token", "N=1 ms", "tokens/s",
            "GB/s (of bw)", "N=8 ms", "vs f32", "cpu ms N=1");
-    for (int fi = 0; fi < nf && rc == ER_OK; fi++) {
-        Fmt *f = &fmts[fi];
-        f->bytes = 0;
-        double n_weights = 0;
-        for (int i = 0; i < nw && rc == ER_OK; i++) {
-            int rows, cols;
-            shape_of(i == layers * PER_LAYER ? -1 : i, &rows, &cols);
-            rc = make_weight(&ws[i], f->f, rows, cols, f->group, (uint64_t)i << 32);
-            if (rc == ER_OK) {
-                f->bytes += (double)weight_bytes(&ws[i]);
-                n_weights += (double)rows * cols;
-            }
-        }
-        if (rc == ER_OK)
-            rc = time_pass(ws, nw, x, out, 1, portable, scratch, reps, &f->s1, &f->c1);
-        if (rc == ER_OK)
-            rc = time_pass(ws, nw, x, out, 8, portable, scratch, reps, &f->s8, &f->c8);
-        for (int i = 0; i < nw; i++)
-            weight_free(&ws[i]);
-        if (rc == ER_OK) {
-            double gbs = f->bytes / f->s1 / 1e9;
-            printf("%-6s %7.3f %9.1f %8.2f %9.2f %7.2f (%3.0f%%) %8.2f %8.2fx %10.2f\n", f->name, f->bytes * 8 / n_weights,
-                   f->bytes / 1e6, 1e3 * f->s1, 1 / f->s1, gbs, 100 * gbs / bw, 1e3 * f->s8, fmts[0].s1 / f->s1,
-                   1e3 * f->c1);
-            fflush(stdout);
-        }
-    }
+    for (int fi = 0; fi < nf && rc == ER_OK; fi++)
+        rc = bench_format(&fmts[fi], &fmts[0], ws, nw, layers, x, out, portable, scratch, reps, bw);
     er_free(ws);
     er_free(x);
     er_free(out);

@@ -70,31 +70,26 @@ static void fold_norms(Model *m) {
 // T_r: x -> x·Q on the residual stream.
 static int rotate_residual(Model *m, uint64_t seed) {
     const ModelConfig *c = &m->cfg;
-    int C = c->C, qd = c->NH * c->HS, kvd = c->NKV * c->HS;
+    int C = c->C, qd = c->NH * c->HS, kvd = c->NKV * c->HS, rc = ER_OK;
     float *Q = er_alloc(sizeof(float) * (size_t)C * C); // (C, C)
     if (!Q)
         return er_error(ER_ENOMEM, "transform: no memory for a %d x %d rotation", C, C);
-    int rc = transform_rotation(Q, C, seed);
-    if (rc == ER_OK)
-        rc = transform_matmul_right(mat(&m->embed), c->V, C, C, Q);
-    if (rc == ER_OK && m->lm_head.data != m->embed.data)
-        rc = transform_matmul_right(mat(&m->lm_head), c->V, C, C, Q);
-    for (int l = 0; l < c->L && rc == ER_OK; l++) {
+    ER_CHECK(transform_rotation(Q, C, seed));
+    ER_CHECK(transform_matmul_right(mat(&m->embed), c->V, C, C, Q));
+    if (m->lm_head.data != m->embed.data)
+        ER_CHECK(transform_matmul_right(mat(&m->lm_head), c->V, C, C, Q));
+    for (int l = 0; l < c->L; l++) {
         LayerWeights *w = &m->layers[l];
-        rc = transform_matmul_right(mat(&w->wq), qd, C, C, Q);
-        if (rc == ER_OK)
-            rc = transform_matmul_right(mat(&w->wk), kvd, C, C, Q);
-        if (rc == ER_OK)
-            rc = transform_matmul_right(mat(&w->wv), kvd, C, C, Q);
-        if (rc == ER_OK)
-            rc = transform_matmul_right(mat(&w->wgate), c->FF, C, C, Q);
-        if (rc == ER_OK)
-            rc = transform_matmul_right(mat(&w->wup), c->FF, C, C, Q);
-        if (rc == ER_OK)
-            rc = transform_matmul_left_t(mat(&w->wo), C, qd, qd, Q);
-        if (rc == ER_OK)
-            rc = transform_matmul_left_t(mat(&w->wdown), C, c->FF, c->FF, Q);
+        // readers W <- W·Q, writers W <- Qᵀ·W
+        ER_CHECK(transform_matmul_right(mat(&w->wq), qd, C, C, Q));
+        ER_CHECK(transform_matmul_right(mat(&w->wk), kvd, C, C, Q));
+        ER_CHECK(transform_matmul_right(mat(&w->wv), kvd, C, C, Q));
+        ER_CHECK(transform_matmul_right(mat(&w->wgate), c->FF, C, C, Q));
+        ER_CHECK(transform_matmul_right(mat(&w->wup), c->FF, C, C, Q));
+        ER_CHECK(transform_matmul_left_t(mat(&w->wo), C, qd, qd, Q));
+        ER_CHECK(transform_matmul_left_t(mat(&w->wdown), C, c->FF, c->FF, Q));
     }
+done:
     er_free(Q);
     return rc;
 }
@@ -102,13 +97,10 @@ static int rotate_residual(Model *m, uint64_t seed) {
 // T_u: up rows *= s, down columns /= s.
 static int scale_up_down(Model *m) {
     const ModelConfig *c = &m->cfg;
-    int C = c->C, FF = c->FF;
+    int C = c->C, FF = c->FF, rc = ER_OK;
     float *mu = er_alloc(sizeof(float) * FF), *md = er_calloc((size_t)FF, sizeof(float)); // (FF), (FF)
-    if (!mu || !md) {
-        er_free(mu);
-        er_free(md);
-        return ER_ENOMEM;
-    }
+    if (!mu || !md)
+        ER_CHECK(ER_ENOMEM);
     for (int l = 0; l < c->L; l++) {
         LayerWeights *w = &m->layers[l];
         transform_row_absmax(mu, mat(&w->wup), FF, C, C);
@@ -119,48 +111,55 @@ static int scale_up_down(Model *m) {
         transform_scale_rows(mat(&w->wup), FF, C, C, mu, 0);
         transform_scale_cols(mat(&w->wdown), C, FF, FF, mu, 1);
     }
+done:
     er_free(mu);
     er_free(md);
+    return rc;
+}
+
+// T_v for KV head h of layer w: v_h -> D·Qᵀ·v_h and the group's o columns -> o·Q·D⁻¹, with the
+// rotation Q (HS, HS) and mv, mo (HS) as scratch.
+static int transform_value_head(const ModelConfig *c, LayerWeights *w, int h, uint64_t seed, float *Q, float *mv,
+                                float *mo) {
+    int C = c->C, HS = c->HS, qd = c->NH * HS, G = c->NH / c->NKV;
+    float *wv = mat(&w->wv) + (size_t)h * HS * C, *bv = w->bv ? w->bv + (size_t)h * HS : NULL;
+    ER_TRY(transform_rotation(Q, HS, seed));
+    ER_TRY(transform_matmul_left_t(wv, HS, C, C, Q));
+    if (bv)
+        ER_TRY(transform_matmul_left_t(bv, HS, 1, 1, Q));
+    for (int g = 0; g < G; g++)
+        ER_TRY(transform_matmul_right(mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd, Q));
+    transform_row_absmax(mv, wv, HS, C, C);
+    memset(mo, 0, sizeof(float) * HS);
+    for (int g = 0; g < G; g++)
+        transform_col_absmax_acc(mo, mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd);
+    for (int d = 0; d < HS; d++)
+        mv[d] = transform_balance_scale(mv[d], mo[d], 0.5f); // mv now holds D
+    transform_scale_rows(wv, HS, C, C, mv, 0);
+    if (bv)
+        transform_scale_rows(bv, HS, 1, 1, mv, 0);
+    for (int g = 0; g < G; g++)
+        transform_scale_cols(mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd, mv, 1);
     return ER_OK;
 }
 
-// T_v: per KV head, v_h -> D·Qᵀ·v_h and the group's o columns -> o·Q·D⁻¹.
+// T_v: every KV head of every layer, each with its own stream of the seed.
 static int transform_values(Model *m, uint64_t seed) {
     const ModelConfig *c = &m->cfg;
-    int C = c->C, HS = c->HS, qd = c->NH * HS, G = c->NH / c->NKV;
+    int HS = c->HS, rc = ER_OK;
     float *Q = er_alloc(sizeof(float) * (size_t)HS * HS); // (HS, HS)
     float *mv = er_alloc(sizeof(float) * HS), *mo = er_alloc(sizeof(float) * HS); // (HS), (HS)
-    int rc = Q && mv && mo ? ER_OK : ER_ENOMEM;
+    if (!Q || !mv || !mo)
+        ER_CHECK(ER_ENOMEM);
     ErRng base;
     rng_seed(&base, seed);
-    for (int l = 0; l < c->L && rc == ER_OK; l++) {
-        LayerWeights *w = &m->layers[l];
-        for (int h = 0; h < c->NKV && rc == ER_OK; h++) {
-            float *wv = mat(&w->wv) + (size_t)h * HS * C, *bv = w->bv ? w->bv + (size_t)h * HS : NULL;
+    for (int l = 0; l < c->L; l++)
+        for (int h = 0; h < c->NKV; h++) {
             ErRng r;
             rng_fork(&r, &base, (uint64_t)l * c->NKV + h);
-            rc = transform_rotation(Q, HS, rng_u64(&r));
-            if (rc == ER_OK)
-                rc = transform_matmul_left_t(wv, HS, C, C, Q);
-            if (rc == ER_OK && bv)
-                rc = transform_matmul_left_t(bv, HS, 1, 1, Q);
-            for (int g = 0; g < G && rc == ER_OK; g++)
-                rc = transform_matmul_right(mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd, Q);
-            if (rc < 0)
-                break;
-            transform_row_absmax(mv, wv, HS, C, C);
-            memset(mo, 0, sizeof(float) * HS);
-            for (int g = 0; g < G; g++)
-                transform_col_absmax_acc(mo, mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd);
-            for (int d = 0; d < HS; d++)
-                mv[d] = transform_balance_scale(mv[d], mo[d], 0.5f); // mv now holds D
-            transform_scale_rows(wv, HS, C, C, mv, 0);
-            if (bv)
-                transform_scale_rows(bv, HS, 1, 1, mv, 0);
-            for (int g = 0; g < G; g++)
-                transform_scale_cols(mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd, mv, 1);
+            ER_CHECK(transform_value_head(c, &m->layers[l], h, rng_u64(&r), Q, mv, mo));
         }
-    }
+done:
     er_free(Q);
     er_free(mv);
     er_free(mo);
