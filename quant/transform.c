@@ -122,18 +122,25 @@ done:
 
 // ---- orthogonal matrices ----
 
+// M (n, n) <- (I - 2 v vᵀ) · M on columns j0..n-1, for a reflector v that is zero above row k.
+static void reflect(double *M, const double *v, int n, int k, int j0) {
+    for (int j = j0; j < n; j++) {
+        double d = 0;
+        for (int i = k; i < n; i++)
+            d += v[i] * M[(size_t)i * n + j];
+        for (int i = k; i < n; i++)
+            M[(size_t)i * n + j] -= 2 * d * v[i];
+    }
+}
+
 int transform_random_orthogonal(float *Q, int n, ErRng *rng) {
     if (n <= 0)
         return er_error(ER_EINVAL, "transform: orthogonal matrix of order %d", n);
     double *A = er_alloc(sizeof(double) * (size_t)n * n), *V = er_alloc(sizeof(double) * (size_t)n * n);
     double *Qd = er_alloc(sizeof(double) * (size_t)n * n), *sign = er_alloc(sizeof(double) * (size_t)n);
-    if (!A || !V || !Qd || !sign) {
-        er_free(A);
-        er_free(V);
-        er_free(Qd);
-        er_free(sign);
-        return ER_ENOMEM;
-    }
+    int rc = ER_OK;
+    if (!A || !V || !Qd || !sign)
+        ER_CHECK(ER_ENOMEM);
     for (size_t i = 0; i < (size_t)n * n; i++)
         A[i] = rng_normal(rng);
     // Householder QR: A = H_0 ... H_{n-1} R; V[k] holds the unit reflector of step k (entries k..n-1).
@@ -156,36 +163,23 @@ int transform_random_orthogonal(float *Q, int n, ErRng *rng) {
             continue;
         for (int i = k; i < n; i++)
             v[i] /= vn;
-        for (int j = k; j < n; j++) {
-            double d = 0;
-            for (int i = k; i < n; i++)
-                d += v[i] * A[(size_t)i * n + j];
-            for (int i = k; i < n; i++)
-                A[(size_t)i * n + j] -= 2 * d * v[i];
-        }
+        reflect(A, v, n, k, k);
     }
     // Q = H_0 ... H_{n-1} applied to I, then Q · diag(sign R) so that Q is Haar-distributed.
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++)
             Qd[(size_t)i * n + j] = i == j;
-    for (int k = n - 1; k >= 0; k--) {
-        const double *v = V + (size_t)k * n;
-        for (int j = 0; j < n; j++) {
-            double d = 0;
-            for (int i = k; i < n; i++)
-                d += v[i] * Qd[(size_t)i * n + j];
-            for (int i = k; i < n; i++)
-                Qd[(size_t)i * n + j] -= 2 * d * v[i];
-        }
-    }
+    for (int k = n - 1; k >= 0; k--)
+        reflect(Qd, V + (size_t)k * n, n, k, 0);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++)
             Q[(size_t)i * n + j] = (float)(Qd[(size_t)i * n + j] * sign[j]);
+done:
     er_free(A);
     er_free(V);
     er_free(Qd);
     er_free(sign);
-    return ER_OK;
+    return rc;
 }
 
 int transform_rotation(float *Q, int n, uint64_t seed) {
