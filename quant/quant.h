@@ -1,5 +1,7 @@
-// Quantized weight formats (layouts in quant/weight.h): sizes, packing, dequantization, the decode
-// kernels, and the quantization_config a quantized model dir carries in its config.json.
+// Quantized weight formats beyond the table (quant/weight.h, which also has the layouts): shapes and
+// allocation, packing, the products (decode kernels, GEMM path) with their caller-owned scratch, packed
+// tensors in model files, and the quantization_config a quantized model dir carries in its config.json.
+// The tensor names, dtypes and shapes below are the format table's companion columns.
 //
 // On disk (safetensors, HF naming): a quantized matrix "X.weight" of shape [rows, cols] is stored as
 //   X.weight             q8: I8 [rows, cols]; q4, q4g, q4lut: U8 [rows, (cols+1)/2]; q2lut: U8 [rows, (cols+3)/4]
