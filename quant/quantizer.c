@@ -323,7 +323,7 @@ static void quantize_row(Weight *w, int r, const float *x, const float *imp, con
     }
     case WF_Q2LUT:
     case WF_Q4LUT: {
-        int nc = w->fmt == WF_Q2LUT ? 4 : 16;
+        int nc = weight_format_info(w->fmt)->levels;
         float c[16], cr[16];
         if (o->uniform) {
             quant_rtn_uniform_lut(x, imp, K, nc, o->search, o->p, o->grid, (uint16_t *)&w->lut[(size_t)r * nc],
