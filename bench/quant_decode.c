@@ -209,8 +209,9 @@ int main(int argc, char **argv) {
         x[i] = (float)(mix((uint64_t)i) >> 40) / (float)(1 << 24) - 0.5f;
     printf("%-6s %7s %9s %8s %9s %14s %8s %9s %10s\n", "format", "bits/w", "MB/token", "N=1 ms", "tokens/s",
            "GB/s (of bw)", "N=8 ms", "vs f32", "cpu ms N=1");
-    for (int fi = 0; fi < nf && rc == ER_OK; fi++)
-        rc = bench_format(&fmts[fi], &fmts[0], ws, nw, layers, x, out, portable, scratch, reps, bw);
+    for (int fi = 0; fi < nf; fi++)
+        ER_CHECK(bench_format(&fmts[fi], &fmts[0], ws, nw, layers, x, out, portable, scratch, reps, bw));
+done:
     er_free(ws);
     er_free(x);
     er_free(out);
