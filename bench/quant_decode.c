@@ -54,7 +54,7 @@ static int make_weight(Weight *w, WeightFormat f, int rows, int cols, int group,
         return ER_OK;
     }
     ER_TRY(quant_weight_alloc(w, f, rows, cols, group));
-    size_t nb = (size_t)rows * quant_row_bytes(f, cols);
+    size_t nb = (size_t)rows * weight_row_bytes(f, cols);
     uint8_t *d = (uint8_t *)w->data;
     if (f == WF_BF16) { // random bits would make NaNs and denormals: small values as the f32 weight has
         uint16_t *h = (uint16_t *)d;
@@ -115,12 +115,15 @@ static double cpu_now(void) {
 // One weight pass per token: every matrix times N input rows. Best of reps, wall clock and CPU time
 // of the process (on a machine shared with other work the CPU time shows what the kernels cost when
 // they run; with more than one thread it includes OpenMP's spinning).
-static int time_pass(Weight *ws, int nw, const float *x, float *out, int N, int reps, double *best, double *best_cpu) {
+// portable: the reference kernels even where SIMD ones exist.
+static int time_pass(Weight *ws, int nw, const float *x, float *out, int N, int portable, float *scratch, int reps,
+                     double *best, double *best_cpu) {
     *best = *best_cpu = 1e30;
     for (int r = 0; r <= reps; r++) { // r = 0 warms up
         double t0 = time_now(), c0 = cpu_now();
         for (int i = 0; i < nw; i++)
-            ER_TRY(weight_matmul_forward(out, x, &ws[i], NULL, N));
+            ER_TRY(portable ? quant_matmul_decode_portable(out, x, &ws[i], N, scratch)
+                            : weight_matmul_forward(out, x, &ws[i], NULL, N, scratch));
         double dt = time_now() - t0, dc = cpu_now() - c0;
         if (r > 0 && dt < *best)
             *best = dt;
@@ -128,6 +131,33 @@ static int time_pass(Weight *ws, int nw, const float *x, float *out, int N, int 
             *best_cpu = dc;
     }
     return ER_OK;
+}
+
+// One row of the table: the weight pass of every matrix in format f, N = 1 and N = 8, against the fp32
+// row f32 (measured first; f itself for that row).
+static int bench_format(Fmt *f, const Fmt *f32, Weight *ws, int nw, int layers, const float *x, float *out, int portable,
+                        float *scratch, int reps, double bw) {
+    int rc = ER_OK;
+    double n_weights = 0;
+    f->bytes = 0;
+    for (int i = 0; i < nw; i++) {
+        int rows, cols;
+        shape_of(i == layers * PER_LAYER ? -1 : i, &rows, &cols);
+        ER_CHECK(make_weight(&ws[i], f->f, rows, cols, f->group, (uint64_t)i << 32));
+        f->bytes += (double)weight_bytes(&ws[i]);
+        n_weights += (double)rows * cols;
+    }
+    ER_CHECK(time_pass(ws, nw, x, out, 1, portable, scratch, reps, &f->s1, &f->c1));
+    ER_CHECK(time_pass(ws, nw, x, out, 8, portable, scratch, reps, &f->s8, &f->c8));
+    double gbs = f->bytes / f->s1 / 1e9;
+    printf("%-6s %7.3f %9.1f %8.2f %9.2f %7.2f (%3.0f%%) %8.2f %8.2fx %10.2f\n", f->name, f->bytes * 8 / n_weights,
+           f->bytes / 1e6, 1e3 * f->s1, 1 / f->s1, gbs, 100 * gbs / bw, 1e3 * f->s8, f32->s1 / f->s1,
+           1e3 * f->c1);
+    fflush(stdout);
+done:
+    for (int i = 0; i < nw; i++)
+        weight_free(&ws[i]);
+    return rc;
 }
 
 int main(int argc, char **argv) {
@@ -148,7 +178,6 @@ int main(int argc, char **argv) {
         return 1;
     }
     threads = threads_set(threads);
-    quant_force_portable(portable);
     char load[128];
     bench_load_average(load, sizeof load);
     printf("== quantized decode: weight pass of a Qwen2.5-0.5B-shaped model (%d layers%s), threads %d, %s kernels, "
@@ -171,7 +200,8 @@ int main(int argc, char **argv) {
     int nf = (int)(sizeof fmts / sizeof fmts[0]);
     Weight *ws = er_calloc((size_t)nw, sizeof(Weight));
     float *x = er_alloc(sizeof(float) * 8 * FF), *out = er_alloc(sizeof(float) * 8 * (size_t)V);
-    if (!ws || !x || !out) {
+    float *scratch = er_alloc(sizeof(float) * quant_scratch_floats(FF)); // FF: the widest input
+    if (!ws || !x || !out || !scratch) {
         fprintf(stderr, "quant_decode: out of memory\n");
         return 1;
     }
@@ -179,36 +209,13 @@ int main(int argc, char **argv) {
         x[i] = (float)(mix((uint64_t)i) >> 40) / (float)(1 << 24) - 0.5f;
     printf("%-6s %7s %9s %8s %9s %14s %8s %9s %10s\n", "format", "bits/w", "MB/token", "N=1 ms", "tokens/s",
            "GB/s (of bw)", "N=8 ms", "vs f32", "cpu ms N=1");
-    for (int fi = 0; fi < nf && rc == ER_OK; fi++) {
-        Fmt *f = &fmts[fi];
-        f->bytes = 0;
-        double n_weights = 0;
-        for (int i = 0; i < nw && rc == ER_OK; i++) {
-            int rows, cols;
-            shape_of(i == layers * PER_LAYER ? -1 : i, &rows, &cols);
-            rc = make_weight(&ws[i], f->f, rows, cols, f->group, (uint64_t)i << 32);
-            if (rc == ER_OK) {
-                f->bytes += (double)weight_bytes(&ws[i]);
-                n_weights += (double)rows * cols;
-            }
-        }
-        if (rc == ER_OK)
-            rc = time_pass(ws, nw, x, out, 1, reps, &f->s1, &f->c1);
-        if (rc == ER_OK)
-            rc = time_pass(ws, nw, x, out, 8, reps, &f->s8, &f->c8);
-        for (int i = 0; i < nw; i++)
-            weight_free(&ws[i]);
-        if (rc == ER_OK) {
-            double gbs = f->bytes / f->s1 / 1e9;
-            printf("%-6s %7.3f %9.1f %8.2f %9.2f %7.2f (%3.0f%%) %8.2f %8.2fx %10.2f\n", f->name, f->bytes * 8 / n_weights,
-                   f->bytes / 1e6, 1e3 * f->s1, 1 / f->s1, gbs, 100 * gbs / bw, 1e3 * f->s8, fmts[0].s1 / f->s1,
-                   1e3 * f->c1);
-            fflush(stdout);
-        }
-    }
+    for (int fi = 0; fi < nf; fi++)
+        ER_CHECK(bench_format(&fmts[fi], &fmts[0], ws, nw, layers, x, out, portable, scratch, reps, bw));
+done:
     er_free(ws);
     er_free(x);
     er_free(out);
+    er_free(scratch);
     if (rc < 0) {
         fprintf(stderr, "quant_decode: %s\n", er_last_error());
         return 1;

@@ -16,6 +16,7 @@ int cmd_qat(int argc, char **argv) {
     c.q.kmeans_iters = 25;
     c.transforms = "none";
     c.recluster_every = 10;
+    c.log = stdout;
     ArgSpec specs[TRAIN_FLAGS_MAX + 16];
     int ns = train_flags_specs(&c.train, specs);
     ArgSpec own[] = {

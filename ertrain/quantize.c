@@ -15,6 +15,7 @@ int cmd_quantize(int argc, char **argv) {
     c.q.scale_search = "lp";
     c.q.p = 2.0;
     c.q.kmeans_iters = 25;
+    c.log = stdout;
     int seed = 0;
     ArgSpec specs[] = {
         {"model", ARG_STR, &c.model_dir, "float model dir (HF layout: config.json, *.safetensors, tokenizer)", 1, 0, 0},

@@ -96,20 +96,18 @@ int peft_save(const LoraAdapter *a, const char *dir) {
     StWriteTensor *ts = er_calloc((size_t)n, sizeof *ts);
     char(*names)[PEFT_NAME_MAX] = er_calloc((size_t)n, PEFT_NAME_MAX);
     cJSON *j = NULL;
-    int rc = ER_ENOMEM;
+    int rc = ER_OK;
     if (!cfg_path || !st_path || !ts || !names)
-        goto done;
+        ER_CHECK(ER_ENOMEM);
     int k = 0;
     for (int l = 0; l < a->L; l++)
         for (int t = 0; t < LT_COUNT; t++) {
             const LoraMat *m = lora_mat(a, l, (LoraTarget)t);
             if (!(a->targets & (1u << t)))
                 continue;
-            if (!m) {
-                rc = er_error(ER_EINVAL, "%s: peft_save: layer %d %s is targeted but has no matrices", dir, l,
-                              lora_target_name((LoraTarget)t));
-                goto done;
-            }
+            if (!m)
+                ER_CHECK(er_error(ER_EINVAL, "%s: peft_save: layer %d %s is targeted but has no matrices", dir, l,
+                                  lora_target_name((LoraTarget)t)));
             for (int is_b = 0; is_b < 2; is_b++, k++) {
                 tensor_name(names[k], PEFT_NAME_MAX, l, (LoraTarget)t, is_b);
                 ts[k].name = names[k];
@@ -122,15 +120,10 @@ int peft_save(const LoraAdapter *a, const char *dir) {
         }
     // The weights first: adapter_config.json appearing last marks a complete adapter.
     static const char *const meta[] = {"format", "pt"};
-    rc = safetensors_write(st_path, ts, n, meta, 1);
-    if (rc < 0)
-        goto done;
-    j = config_to_json(a);
-    if (!j) {
-        rc = er_error(ER_ENOMEM, "%s: out of memory building the config", cfg_path);
-        goto done;
-    }
-    rc = json_write_file(cfg_path, j);
+    ER_CHECK(safetensors_write(st_path, ts, n, meta, 1));
+    if (!(j = config_to_json(a)))
+        ER_CHECK(er_error(ER_ENOMEM, "%s: out of memory building the config", cfg_path));
+    ER_CHECK(json_write_file(cfg_path, j));
 done:
     cJSON_Delete(j);
     er_free(names);
@@ -316,68 +309,63 @@ static int parse_tensor_name(const char *name, int *layer, LoraTarget *t, int *i
     return -1;
 }
 
+// One tensor of the file: a targeted matrix of a layer the base has, of the right shape and a float
+// dtype; marked in seen (L, LT_COUNT, 2).
+static int check_tensor(const StTensor *st, const char *path, const PeftConfig *pc, const LoraShape *s, uint8_t *seen) {
+    int l, is_b, in, out, L = s->L;
+    LoraTarget t;
+    if (parse_tensor_name(st->name, &l, &t, &is_b) < 0)
+        return er_error(ER_EFORMAT, "%s: unexpected tensor \"%s\": expected names like "
+                                    PEFT_PREFIX "0.self_attn.q_proj.lora_A.weight", path, st->name);
+    if (l >= L)
+        return er_error(ER_EFORMAT, "%s: tensor \"%s\" is for layer %d but the base model has %d layer%s", path,
+                        st->name, l, L, L == 1 ? "" : "s");
+    if (!(pc->targets & (1u << t)))
+        return er_error(ER_EFORMAT, "%s: tensor \"%s\" is for %s, which \"target_modules\" does not list", path,
+                        st->name, lora_target_name(t));
+    lora_target_shape(s, t, &in, &out);
+    int64_t want0 = is_b ? out : pc->r, want1 = is_b ? pc->r : in;
+    if (st->ndim != 2 || st->shape[0] != want0 || st->shape[1] != want1) {
+        char got[96] = "[";
+        for (int d = 0; d < st->ndim; d++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)st->shape[d]);
+        strncat(got, "]", sizeof got - strlen(got) - 1);
+        return er_error(ER_EFORMAT, "%s: tensor \"%s\" has shape %s, expected [%lld, %lld] (r = %d, base %s %d -> %d)",
+                        path, st->name, got, (long long)want0, (long long)want1, pc->r, lora_target_name(t), in, out);
+    }
+    if (st->dtype != DT_F32 && st->dtype != DT_BF16 && st->dtype != DT_F16)
+        return er_error(ER_EFORMAT, "%s: tensor \"%s\" has dtype %s, expected F32, BF16 or F16", path, st->name,
+                        dtype_name(st->dtype));
+    seen[(l * LT_COUNT + t) * 2 + is_b] = 1;
+    return ER_OK;
+}
+
 // The file against the config, before anything is sized from "r" and "target_modules": every tensor is
 // a targeted matrix of the right shape and every targeted A [r, in] and B [out, r] is there, so an adapter
 // never takes more memory than its file holds (a 60-byte config with r = 65536 asked for 2.5 GB).
 static int check_tensors(const StFile *f, const char *path, const PeftConfig *pc, const LoraShape *s) {
-    int L = s->L;
-    uint8_t *seen = er_calloc((size_t)L * LT_COUNT * 2, 1);
+    int L = s->L, rc = ER_OK;
+    uint8_t *seen = er_calloc((size_t)L * LT_COUNT * 2, 1); // (L, LT_COUNT, 2)
     if (!seen)
         return ER_ENOMEM;
-    int rc = ER_OK;
-    for (int i = 0; i < f->n_tensors && rc == ER_OK; i++) {
-        const StTensor *st = &f->tensors[i];
-        int l, is_b, in, out;
-        LoraTarget t;
-        if (parse_tensor_name(st->name, &l, &t, &is_b) < 0) {
-            rc = er_error(ER_EFORMAT, "%s: unexpected tensor \"%s\": expected names like "
-                                      PEFT_PREFIX "0.self_attn.q_proj.lora_A.weight", path, st->name);
-            break;
-        }
-        if (l >= L) {
-            rc = er_error(ER_EFORMAT, "%s: tensor \"%s\" is for layer %d but the base model has %d layer%s", path,
-                          st->name, l, L, L == 1 ? "" : "s");
-            break;
-        }
-        if (!(pc->targets & (1u << t))) {
-            rc = er_error(ER_EFORMAT, "%s: tensor \"%s\" is for %s, which \"target_modules\" does not list", path,
-                          st->name, lora_target_name(t));
-            break;
-        }
-        lora_target_shape(s, t, &in, &out);
-        int64_t want0 = is_b ? out : pc->r, want1 = is_b ? pc->r : in;
-        if (st->ndim != 2 || st->shape[0] != want0 || st->shape[1] != want1) {
-            char got[96] = "[";
-            for (int d = 0; d < st->ndim; d++)
-                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)st->shape[d]);
-            strncat(got, "]", sizeof got - strlen(got) - 1);
-            rc = er_error(ER_EFORMAT, "%s: tensor \"%s\" has shape %s, expected [%lld, %lld] (r = %d, base %s %d -> %d)",
-                          path, st->name, got, (long long)want0, (long long)want1, pc->r, lora_target_name(t), in, out);
-            break;
-        }
-        if (st->dtype != DT_F32 && st->dtype != DT_BF16 && st->dtype != DT_F16) {
-            rc = er_error(ER_EFORMAT, "%s: tensor \"%s\" has dtype %s, expected F32, BF16 or F16", path, st->name,
-                          dtype_name(st->dtype));
-            break;
-        }
-        seen[(l * LT_COUNT + t) * 2 + is_b] = 1;
-    }
-    for (int l = 0; l < L && rc == ER_OK; l++)
-        for (int t = 0; t < LT_COUNT && rc == ER_OK; t++)
-            for (int b = 0; b < 2 && rc == ER_OK; b++)
+    for (int i = 0; i < f->n_tensors; i++)
+        ER_CHECK(check_tensor(&f->tensors[i], path, pc, s, seen));
+    for (int l = 0; l < L; l++)
+        for (int t = 0; t < LT_COUNT; t++)
+            for (int b = 0; b < 2; b++)
                 if ((pc->targets & (1u << t)) && !seen[(l * LT_COUNT + t) * 2 + b]) {
                     char want[PEFT_NAME_MAX];
                     tensor_name(want, sizeof want, l, (LoraTarget)t, b);
-                    rc = er_error(ER_EFORMAT, "%s: missing tensor \"%s\"", path, want);
+                    ER_CHECK(er_error(ER_EFORMAT, "%s: missing tensor \"%s\"", path, want));
                 }
+done:
     er_free(seen);
     return rc;
 }
 
 // The checked tensors into the adapter's fp32 matrices; non-finite values are refused by index.
 static int copy_tensors(LoraAdapter *a, const StFile *f, const char *path) {
-    int rc = ER_OK;
-    for (int i = 0; i < f->n_tensors && rc == ER_OK; i++) {
+    for (int i = 0; i < f->n_tensors; i++) {
         const StTensor *st = &f->tensors[i];
         int l, is_b;
         LoraTarget t;
@@ -385,12 +373,13 @@ static int copy_tensors(LoraAdapter *a, const StFile *f, const char *path) {
         LoraMat *m = &a->mats[l * LT_COUNT + t];
         float *dst = is_b ? m->B : m->A;
         size_t n = (size_t)st_numel(st);
-        rc = dtype_to_f32(dst, st->data, st->dtype, n);
-        for (size_t k = 0; rc == ER_OK && k < n; k++)
+        ER_TRY(dtype_to_f32(dst, st->data, st->dtype, n));
+        for (size_t k = 0; k < n; k++)
             if (!isfinite(dst[k]))
-                rc = er_error(ER_EFORMAT, "%s: tensor \"%s\" holds a non-finite value at index %zu", path, st->name, k);
+                return er_error(ER_EFORMAT, "%s: tensor \"%s\" holds a non-finite value at index %zu", path, st->name,
+                                k);
     }
-    return rc;
+    return ER_OK;
 }
 
 int peft_load(LoraAdapter *a, const char *dir, const LoraShape *s, int with_grads) {
@@ -400,47 +389,29 @@ int peft_load(LoraAdapter *a, const char *dir, const LoraShape *s, int with_grad
                         s->q_dim, s->kv_dim, s->FF);
     char *cfg_path = path_join(dir, PEFT_CONFIG), *st_path = path_join(dir, PEFT_WEIGHTS);
     cJSON *j = NULL;
-    StFile f;
-    int f_open = 0, rc = ER_ENOMEM;
-    if (!cfg_path || !st_path)
-        goto done;
-    if (!path_exists(cfg_path)) {
-        rc = er_error(ER_EIO, "%s: missing: %s is not a PEFT adapter dir", cfg_path, dir);
-        goto done;
-    }
-    if (!path_exists(st_path)) {
-        rc = er_error(ER_EIO, "%s: missing (adapter weights; only the safetensors format is supported)", st_path);
-        goto done;
-    }
-    rc = json_parse_file(cfg_path, 1u << 20, &j);
-    if (rc < 0)
-        goto done;
+    StFile f = {0};
     PeftConfig pc;
-    rc = parse_config(j, cfg_path, &pc);
-    if (rc < 0)
-        goto done;
-    rc = safetensors_open(&f, st_path);
-    if (rc < 0)
-        goto done;
-    f_open = 1;
-    rc = check_tensors(&f, st_path, &pc, s);
-    if (rc < 0)
-        goto done;
-    rc = lora_init(a, s, pc.r, pc.alpha, pc.rslora, pc.dropout, pc.targets, with_grads, 0);
-    if (rc < 0)
-        goto done;
+    int rc = ER_OK;
+    if (!cfg_path || !st_path)
+        ER_CHECK(ER_ENOMEM);
+    if (!path_exists(cfg_path))
+        ER_CHECK(er_error(ER_EIO, "%s: missing: %s is not a PEFT adapter dir", cfg_path, dir));
+    if (!path_exists(st_path))
+        ER_CHECK(er_error(ER_EIO, "%s: missing (adapter weights; only the safetensors format is supported)", st_path));
+    ER_CHECK(json_parse_file(cfg_path, 1u << 20, &j));
+    ER_CHECK(parse_config(j, cfg_path, &pc));
+    ER_CHECK(safetensors_open(&f, st_path));
+    ER_CHECK(check_tensors(&f, st_path, &pc, s));
+    ER_CHECK(lora_init(a, s, pc.r, pc.alpha, pc.rslora, pc.dropout, pc.targets, with_grads, 0));
     a->masked = pc.masked;
     if ((pc.prefix && !(a->reasoning_prefix = er_strdup(pc.prefix))) ||
-        (pc.base_model && !(a->base_model = er_strdup(pc.base_model)))) {
-        rc = ER_ENOMEM;
-        goto done;
-    }
-    rc = copy_tensors(a, &f, st_path);
+        (pc.base_model && !(a->base_model = er_strdup(pc.base_model))))
+        ER_CHECK(ER_ENOMEM);
+    ER_CHECK(copy_tensors(a, &f, st_path));
 done:
-    if (rc < 0 && a->mats)
+    if (rc < 0)
         lora_free(a);
-    if (f_open)
-        safetensors_close(&f);
+    safetensors_close(&f);
     cJSON_Delete(j);
     er_free(cfg_path);
     er_free(st_path);

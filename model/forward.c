@@ -18,13 +18,19 @@ typedef struct {
     size_t layer, global, backward;
 } ActsSize; // in floats
 
+// The widest input of any matrix: C, NH*HS (o_proj) or FF (down_proj).
+static int max_in(const ModelConfig *c) {
+    int w = c->FF > c->NH * c->HS ? c->FF : c->NH * c->HS;
+    return w > c->C ? w : c->C;
+}
+
 static ActsSize acts_size(const ModelConfig *c, int B, int T, ActsMode mode) {
     size_t N = (size_t)B * T, C = c->C, qd = (size_t)c->NH * c->HS, kvd = (size_t)c->NKV * c->HS, FF = c->FF;
     ActsSize s;
     // res ln1 rstd1 q k v lse atty res2 ln2 rstd2 gate up hmlp
     s.layer = N * C * 4 + N * 2 + N * qd * 2 + N * kvd * 2 + N * c->NH + N * FF * 3;
-    // resf lnf rstdf logits tmp
-    s.global = N * C * 3 + N + (mode == ACTS_DECODE ? (size_t)B : N) * (size_t)c->V;
+    // resf lnf rstdf logits tmp wscratch
+    s.global = N * C * 3 + N + (mode == ACTS_DECODE ? (size_t)B : N) * (size_t)c->V + quant_scratch_floats(max_in(c));
     // dres dln dq dk dv datty dgate dup dh
     s.backward = N * C * 2 + N * qd * 2 + N * kvd * 2 + N * FF * 3;
     return s;
@@ -48,7 +54,7 @@ int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, ActsMode mo
         return er_error(ER_EINVAL, "activations: batch %d x %d positions is empty", B, T);
     int keep = mode == ACTS_TRAIN;
     size_t bytes = acts_bytes(cfg, B, T, mode);
-    int nbuf = 14 * (keep ? cfg->L : 1) + 5 + 9 + 2;
+    int nbuf = 14 * (keep ? cfg->L : 1) + 6 + 9 + 2;
     bytes += (size_t)nbuf * 64;
     if (max_bytes && bytes > max_bytes)
         return er_error(ER_ENOMEM, "activations for %d x %d positions need %.1f MiB, more than the %.1f MiB allowed", B, T,
@@ -89,6 +95,7 @@ int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, ActsMode mo
     a->rstdf = take(&p, N);
     a->logits = take(&p, (mode == ACTS_DECODE ? (size_t)B : N) * (size_t)cfg->V);
     a->tmp = take(&p, N * C);
+    a->wscratch = take(&p, quant_scratch_floats(max_in(cfg)));
     if (keep) {
         a->dres = take(&p, N * C);
         a->dln = take(&p, N * C);
@@ -109,6 +116,7 @@ void acts_free(Activations *a) {
     er_free(a->lora_h);
     er_free(a->lora_x);
     er_free(a->lora_keep);
+    er_free(a->lora_dx);
     er_free(a->mem);
     er_free(a->layer);
     er_free(a->cos_tab);
@@ -151,12 +159,12 @@ static int ensure_lora_acts(Activations *a, const LoraAdapter *ad, int train) {
         if (!a->lora_h)
             return ER_ENOMEM;
     }
-    int xw = a->cfg.FF > a->cfg.NH * a->cfg.HS ? a->cfg.FF : a->cfg.NH * a->cfg.HS;
-    xw = xw > a->cfg.C ? xw : a->cfg.C;
+    int xw = max_in(&a->cfg);
     if (train && ad->dropout > 0 && !a->lora_x) {
         a->lora_x = er_alloc(sizeof(float) * (size_t)nl * LT_COUNT * N * xw);
         a->lora_keep = er_alloc((size_t)nl * LT_COUNT * N * xw);
-        if (!a->lora_x || !a->lora_keep)
+        a->lora_dx = er_alloc(sizeof(float) * N * xw);
+        if (!a->lora_x || !a->lora_keep || !a->lora_dx)
             return ER_ENOMEM;
         a->lora_xw = xw;
     }
@@ -188,7 +196,7 @@ static const LoraMat *lin_lora(const LinCtx *lc, LoraTarget t, float **h, float 
 // out (N, rows) = inp · Wᵀ + bias, plus the adapter on rows whose mask is on.
 static int linear_forward(const LinCtx *lc, LoraTarget t, float *out, const float *inp, const Weight *w,
                           const float *bias, int N) {
-    ER_TRY(weight_matmul_forward(out, inp, w, bias, N));
+    ER_TRY(weight_matmul_forward(out, inp, w, bias, N, lc->a->wscratch));
     float *h, *xd;
     uint8_t *keep;
     const LoraMat *m = lin_lora(lc, t, &h, &xd, &keep);
@@ -229,21 +237,18 @@ static int linear_backward(const LinCtx *lc, LoraTarget t, float *dinp, float *d
     if (m) {
         const LoraAdapter *ad = lc->in->adapter;
         if (xd) { // gradients of A against the dropped input; dx through the dropout mask
-            float *dxd = er_calloc((size_t)N * m->in, sizeof(float));
-            if (!dxd)
-                return ER_ENOMEM;
-            int rc = lora_backward(dxd, (LoraMat *)m, ad->r, ad->scale, dout, xd, h, lc->in->adapter_mask, N);
+            float *dxd = lc->a->lora_dx; // (N, in)
+            memset(dxd, 0, sizeof(float) * (size_t)N * m->in);
+            ER_TRY(lora_backward(dxd, (LoraMat *)m, ad->r, ad->scale, dout, xd, h, lc->in->adapter_mask, N));
             float inv = 1.0f / (1.0f - ad->dropout);
-            for (size_t i = 0; rc == ER_OK && i < (size_t)N * m->in; i++)
+            for (size_t i = 0; i < (size_t)N * m->in; i++)
                 if (keep[i])
                     dinp[i] += dxd[i] * inv;
-            er_free(dxd);
-            ER_TRY(rc);
         } else {
             ER_TRY(lora_backward(dinp, (LoraMat *)m, ad->r, ad->scale, dout, inp, h, lc->in->adapter_mask, N));
         }
     }
-    return weight_matmul_backward_input(dinp, dout, w, N);
+    return weight_matmul_backward_input(dinp, dout, w, N, lc->a->wscratch);
 }
 
 static void residual_forward(float *out, const float *a, const float *b, size_t n) {
@@ -358,10 +363,10 @@ static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
             memcpy(a->tmp + (size_t)b * C, a->resf + (size_t)last * C, sizeof(float) * C);
         }
         rmsnorm_forward(a->lnf, a->rstdf, a->tmp, m->norm, B, C, c->eps);
-        return weight_matmul_forward(a->logits, a->lnf, &m->lm_head, NULL, B);
+        return weight_matmul_forward(a->logits, a->lnf, &m->lm_head, NULL, B, a->wscratch);
     }
     rmsnorm_forward(a->lnf, a->rstdf, a->resf, m->norm, N, C, c->eps);
-    return weight_matmul_forward(a->logits, a->lnf, &m->lm_head, NULL, N);
+    return weight_matmul_forward(a->logits, a->lnf, &m->lm_head, NULL, N, a->wscratch);
 }
 
 int model_forward(Model *m, const ModelInput *in, Activations *a) {

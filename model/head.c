@@ -227,6 +227,38 @@ static int head_paths(const char *path, char **st, char **js) {
 
 static const char *role_name(HeadRole r) { return r == HEAD_SWITCHER ? "switcher" : "verifier"; }
 
+// The head's JSON beside its tensors; NULL on ENOMEM.
+static cJSON *head_json(const TrainedHead *t) {
+    const Head *h = &t->net;
+    cJSON *j = cJSON_CreateObject();
+    if (!j)
+        return NULL;
+    cJSON_AddStringToObject(j, "format", "er_head");
+    cJSON_AddNumberToObject(j, "version", 1);
+    cJSON_AddStringToObject(j, "role", role_name(t->role));
+    cJSON_AddStringToObject(j, "kind", h->kind == HEAD_MLP ? "mlp" : "linear");
+    cJSON_AddNumberToObject(j, "in", h->in);
+    cJSON_AddNumberToObject(j, "hidden", h->kind == HEAD_MLP ? h->hidden : 0);
+    cJSON_AddNumberToObject(j, "dropout", h->dropout);
+    cJSON_AddNumberToObject(j, "threshold", t->threshold);
+    cJSON *f = cJSON_AddObjectToObject(j, "features");
+    if (f && t->role == HEAD_SWITCHER) {
+        cJSON_AddStringToObject(f, "kind", "prompt_ema");
+        cJSON_AddStringToObject(f, "hidden_state", "final_norm_output");
+        cJSON_AddNumberToObject(f, "chunk", t->chunk);
+        cJSON_AddNumberToObject(f, "alpha", t->alpha);
+    } else if (f) {
+        cJSON_AddStringToObject(f, "kind", "verify_last");
+        cJSON_AddStringToObject(f, "hidden_state", "final_norm_output");
+        cJSON_AddStringToObject(f, "prompt", t->verify_prompt ? t->verify_prompt : "");
+        cJSON_AddBoolToObject(f, "adapter_on", t->adapter_on);
+    }
+    cJSON_AddStringToObject(j, "model_fingerprint", t->fingerprint);
+    if (t->metrics)
+        cJSON_AddItemToObject(j, "metrics", cJSON_Duplicate(t->metrics, 1));
+    return j;
+}
+
 int trained_head_save(const TrainedHead *t, const char *path) {
     const Head *h = &t->net;
     char *st, *js;
@@ -238,36 +270,13 @@ int trained_head_save(const TrainedHead *t, const char *path) {
         {"b2", DT_F32, 1, {1}, h->b2},
     };
     const char *meta[] = {"format", "er_head", "role", role_name(t->role)};
-    int rc = safetensors_write(st, ts, h->kind == HEAD_MLP ? 4 : 2, meta, 2);
-    cJSON *j = rc == ER_OK ? cJSON_CreateObject() : NULL;
-    if (rc == ER_OK && !j)
-        rc = ER_ENOMEM;
-    if (rc == ER_OK) {
-        cJSON_AddStringToObject(j, "format", "er_head");
-        cJSON_AddNumberToObject(j, "version", 1);
-        cJSON_AddStringToObject(j, "role", role_name(t->role));
-        cJSON_AddStringToObject(j, "kind", h->kind == HEAD_MLP ? "mlp" : "linear");
-        cJSON_AddNumberToObject(j, "in", h->in);
-        cJSON_AddNumberToObject(j, "hidden", h->kind == HEAD_MLP ? h->hidden : 0);
-        cJSON_AddNumberToObject(j, "dropout", h->dropout);
-        cJSON_AddNumberToObject(j, "threshold", t->threshold);
-        cJSON *f = cJSON_AddObjectToObject(j, "features");
-        if (f && t->role == HEAD_SWITCHER) {
-            cJSON_AddStringToObject(f, "kind", "prompt_ema");
-            cJSON_AddStringToObject(f, "hidden_state", "final_norm_output");
-            cJSON_AddNumberToObject(f, "chunk", t->chunk);
-            cJSON_AddNumberToObject(f, "alpha", t->alpha);
-        } else if (f) {
-            cJSON_AddStringToObject(f, "kind", "verify_last");
-            cJSON_AddStringToObject(f, "hidden_state", "final_norm_output");
-            cJSON_AddStringToObject(f, "prompt", t->verify_prompt ? t->verify_prompt : "");
-            cJSON_AddBoolToObject(f, "adapter_on", t->adapter_on);
-        }
-        cJSON_AddStringToObject(j, "model_fingerprint", t->fingerprint);
-        if (t->metrics)
-            cJSON_AddItemToObject(j, "metrics", cJSON_Duplicate(t->metrics, 1));
-        rc = json_write_file(js, j);
-    }
+    cJSON *j = NULL;
+    int rc = ER_OK;
+    ER_CHECK(safetensors_write(st, ts, h->kind == HEAD_MLP ? 4 : 2, meta, 2));
+    if (!(j = head_json(t)))
+        ER_CHECK(ER_ENOMEM);
+    ER_CHECK(json_write_file(js, j));
+done:
     cJSON_Delete(j);
     er_free(st);
     er_free(js);
@@ -338,58 +347,53 @@ static int parse_json(TrainedHead *t, const cJSON *j, const char *js, HeadRole r
     return ER_OK;
 }
 
+// A head trained for m: its input size and the fingerprint of the weights it saw (js names the file).
+static int check_head_model(const TrainedHead *t, int in, const Model *m, const char *js) {
+    char fp[17];
+    model_fingerprint(m, fp);
+    if (in != m->cfg.C)
+        return er_error(ER_EINVAL, "%s: the head reads hidden states of size %d, the model's are %d: it was trained "
+                        "for another model", js, in, m->cfg.C);
+    if (strcmp(fp, t->fingerprint) != 0)
+        return er_error(ER_EINVAL, "%s: the head was trained on another model (fingerprint %s, this model %s); heads "
+                        "are tied to the exact weights (a quantized copy counts as another model): retrain it with "
+                        "ertrain heads on this model", js, t->fingerprint, fp);
+    return ER_OK;
+}
+
 int trained_head_load(TrainedHead *t, const char *path, HeadRole role, const Model *m) {
     memset(t, 0, sizeof *t);
     char *st, *js;
     ER_TRY(head_paths(path, &st, &js));
     cJSON *j = NULL;
-    StFile f;
-    int have_st = 0;
+    StFile f = {0};
     HeadKind kind = HEAD_LINEAR;
-    int in = 0, hidden = 0;
+    int in = 0, hidden = 0, rc = ER_OK;
     double dropout = 0;
-    int rc = json_parse_file(js, 1u << 24, &j);
-    if (rc == ER_OK)
-        rc = parse_json(t, j, js, role, &kind, &in, &hidden, &dropout);
-    if (rc == ER_OK && m) {
-        char fp[17];
-        model_fingerprint(m, fp);
-        if (in != m->cfg.C)
-            rc = er_error(ER_EINVAL, "%s: the head reads hidden states of size %d, the model's are %d: it was trained "
-                          "for another model", js, in, m->cfg.C);
-        else if (strcmp(fp, t->fingerprint) != 0)
-            rc = er_error(ER_EINVAL, "%s: the head was trained on another model (fingerprint %s, this model %s); heads "
-                          "are tied to the exact weights (a quantized copy counts as another model): retrain it with "
-                          "ertrain heads on this model", js, t->fingerprint, fp);
-    }
-    if (rc == ER_OK) {
-        rc = safetensors_open(&f, st);
-        have_st = rc == ER_OK;
-    }
+    ER_CHECK(json_parse_file(js, 1u << 24, &j));
+    ER_CHECK(parse_json(t, j, js, role, &kind, &in, &hidden, &dropout));
+    if (m)
+        ER_CHECK(check_head_model(t, in, m, js));
+    ER_CHECK(safetensors_open(&f, st));
     // The sizes in the JSON are checked against the file before anything is allocated from them.
-    if (rc == ER_OK) {
-        const StTensor *w1 = safetensors_find(&f, "w1");
-        int64_t rows = kind == HEAD_MLP ? hidden : 1;
-        if (!w1 || w1->ndim != 2 || w1->shape[0] != rows || w1->shape[1] != in)
-            rc = er_error(ER_EFORMAT, "%s: tensor \"w1\" is %s, but %s says [%lld, %d]", st,
-                          w1 ? "of another shape" : "missing", js, (long long)rows, in);
-    }
-    if (rc == ER_OK)
-        rc = head_init(&t->net, kind, in, hidden, dropout < 1 && dropout >= 0 ? (float)dropout : 0, 0, 0);
+    const StTensor *w1 = safetensors_find(&f, "w1");
+    int64_t rows = kind == HEAD_MLP ? hidden : 1;
+    if (!w1 || w1->ndim != 2 || w1->shape[0] != rows || w1->shape[1] != in)
+        ER_CHECK(er_error(ER_EFORMAT, "%s: tensor \"w1\" is %s, but %s says [%lld, %d]", st,
+                          w1 ? "of another shape" : "missing", js, (long long)rows, in));
+    ER_CHECK(head_init(&t->net, kind, in, hidden, dropout < 1 && dropout >= 0 ? (float)dropout : 0, 0, 0));
     const Head *h = &t->net;
-    if (rc == ER_OK)
-        rc = safetensors_read_tensor(&f, "w1", DT_F32, 2, (int64_t[]){h->hidden, h->in}, h->w1);
-    if (rc == ER_OK)
-        rc = safetensors_read_tensor(&f, "b1", DT_F32, 1, (int64_t[]){h->hidden}, h->b1);
-    if (rc == ER_OK && kind == HEAD_MLP)
-        rc = safetensors_read_tensor(&f, "w2", DT_F32, 2, (int64_t[]){1, h->hidden}, h->w2);
-    if (rc == ER_OK && kind == HEAD_MLP)
-        rc = safetensors_read_tensor(&f, "b2", DT_F32, 1, (int64_t[]){1}, h->b2);
-    for (size_t i = 0; rc == ER_OK && i < h->n_params; i++)
+    ER_CHECK(safetensors_read_tensor(&f, "w1", DT_F32, 2, (int64_t[]){h->hidden, h->in}, h->w1));
+    ER_CHECK(safetensors_read_tensor(&f, "b1", DT_F32, 1, (int64_t[]){h->hidden}, h->b1));
+    if (kind == HEAD_MLP) {
+        ER_CHECK(safetensors_read_tensor(&f, "w2", DT_F32, 2, (int64_t[]){1, h->hidden}, h->w2));
+        ER_CHECK(safetensors_read_tensor(&f, "b2", DT_F32, 1, (int64_t[]){1}, h->b2));
+    }
+    for (size_t i = 0; i < h->n_params; i++)
         if (!isfinite(h->params[i]))
-            rc = er_error(ER_EFORMAT, "%s: parameter %zu is not finite", st, i);
-    if (have_st)
-        safetensors_close(&f);
+            ER_CHECK(er_error(ER_EFORMAT, "%s: parameter %zu is not finite", st, i));
+done:
+    safetensors_close(&f);
     cJSON_Delete(j);
     er_free(st);
     er_free(js);

@@ -75,20 +75,17 @@ static size_t slot_numel(const Slot *s) { return (size_t)s->shape[0] * (size_t)(
 // grad_mem. Otherwise only vectors live in param_mem; matrices are placed by the caller.
 static int model_setup(Model *m, int trainable) {
     const ModelConfig *c = &m->cfg;
+    int rc = ER_OK;
     m->trainable = trainable;
     m->layers = er_calloc((size_t)c->L, sizeof(LayerWeights));
     m->grads = er_calloc((size_t)c->L, sizeof(LayerGrads));
     Slot *slots = er_calloc(4 + 12 * (size_t)c->L, sizeof(Slot));
-    if (!m->layers || !m->grads || !slots) {
-        er_free(slots);
-        return ER_ENOMEM;
-    }
+    if (!m->layers || !m->grads || !slots)
+        ER_CHECK(ER_ENOMEM);
     int n = list_slots(m, slots);
     m->params = er_calloc((size_t)n, sizeof(ParamTensor));
-    if (!m->params) {
-        er_free(slots);
-        return ER_ENOMEM;
-    }
+    if (!m->params)
+        ER_CHECK(ER_ENOMEM);
     m->n_params = n;
     size_t total = 0;
     for (int i = 0; i < n; i++)
@@ -97,10 +94,9 @@ static int model_setup(Model *m, int trainable) {
     m->n_param_floats = total;
     m->param_mem = er_calloc(total, sizeof(float));
     m->grad_mem = trainable ? er_calloc(total, sizeof(float)) : NULL;
-    if (!m->param_mem || (trainable && !m->grad_mem)) {
-        er_free(slots);
-        return er_error(ER_ENOMEM, "model: cannot allocate %.1f MiB for %zu parameters", total * 4.0 * (trainable ? 2 : 1) / 1048576.0, total);
-    }
+    if (!m->param_mem || (trainable && !m->grad_mem))
+        ER_CHECK(er_error(ER_ENOMEM, "model: cannot allocate %.1f MiB for %zu parameters",
+                          total * 4.0 * (trainable ? 2 : 1) / 1048576.0, total));
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         ParamTensor *p = &m->params[i];
@@ -111,26 +107,27 @@ static int model_setup(Model *m, int trainable) {
         p->shape[1] = s->ndim == 2 ? s->shape[1] : 0;
         p->numel = slot_numel(s);
         p->w = s->w;
-        if (trainable || s->ndim == 1) {
-            p->data = m->param_mem + off;
-            p->grad = trainable ? m->grad_mem + off : NULL;
-            off += p->numel;
-            if (trainable)
-                *s->grad = p->grad;
-            if (s->vec)
-                *s->vec = p->data;
-            if (s->w) {
-                s->w->fmt = WF_F32;
-                s->w->data = p->data;
-            }
+        if (!trainable && s->ndim != 1)
+            continue; // a matrix the loader places
+        p->data = m->param_mem + off;
+        p->grad = trainable ? m->grad_mem + off : NULL;
+        off += p->numel;
+        if (trainable)
+            *s->grad = p->grad;
+        if (s->vec)
+            *s->vec = p->data;
+        if (s->w) {
+            s->w->fmt = WF_F32;
+            s->w->data = p->data;
         }
     }
     if (c->tied) {
         m->lm_head = m->embed;
         m->g_lm_head = m->g_embed;
     }
+done:
     er_free(slots);
-    return ER_OK;
+    return rc;
 }
 
 const ParamTensor *model_find_param(const Model *m, const char *name) {
@@ -164,13 +161,9 @@ void model_zero_grad(Model *m) {
 int model_build_random(Model *m, const ModelConfig *cfg, float std, uint64_t seed) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
-    int rc = model_config_validate(cfg, "model config");
-    if (rc == ER_OK)
-        rc = model_setup(m, 1);
-    if (rc < 0) {
-        model_free(m);
-        return rc;
-    }
+    int rc = ER_OK;
+    ER_CHECK(model_config_validate(cfg, "model config"));
+    ER_CHECK(model_setup(m, 1));
     // Each chunk of each tensor draws from its own stream, so init runs in parallel and gives the
     // same weights for any thread count.
     ErRng base;
@@ -189,80 +182,70 @@ int model_build_random(Model *m, const ModelConfig *cfg, float std, uint64_t see
                 p->data[j] = is_norm ? 1.0f : is_bias ? 0.0f : std * rng_normal(&r);
         }
     }
-    return ER_OK;
+done:
+    if (rc < 0)
+        model_free(m);
+    return rc;
 }
 
 // ---- loading ----
 
-static int open_shards(Model *m, const char *dir, cJSON **weight_map) {
-    *weight_map = NULL;
-    char *single = path_join(dir, "model.safetensors");
-    char *index = path_join(dir, "model.safetensors.index.json");
-    int rc = ER_OK;
-    if (!single || !index) {
-        rc = ER_ENOMEM;
-        goto done;
-    }
-    if (path_exists(single)) {
-        m->files = er_calloc(1, sizeof(StFile));
-        if (!m->files) {
-            rc = ER_ENOMEM;
-            goto done;
-        }
-        rc = safetensors_open(&m->files[0], single);
-        if (rc == ER_OK)
-            m->n_files = 1;
-        goto done;
-    }
-    if (!path_exists(index)) {
-        rc = er_error(ER_EIO, "%s: no model.safetensors or model.safetensors.index.json", dir);
-        goto done;
-    }
-    cJSON *j;
-    rc = json_parse_file(index, 64u << 20, &j);
-    if (rc < 0)
-        goto done;
-    cJSON *wm = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
-    if (!cJSON_IsObject(wm)) {
-        cJSON_Delete(j);
-        rc = er_error(ER_EFORMAT, "%s: missing object \"weight_map\"", index);
-        goto done;
-    }
-    // Distinct shard names, in first-seen order.
-    int cap = cJSON_GetArraySize(wm);
+// The shards of an index: distinct file names of weight_map, in first-seen order, opened into m->files.
+static int open_index(Model *m, const char *dir, const char *index, const cJSON *wm) {
+    int rc = ER_OK, cap = cJSON_GetArraySize(wm);
     m->files = er_calloc((size_t)(cap > 0 ? cap : 1), sizeof(StFile));
     const char **names = er_calloc((size_t)(cap > 0 ? cap : 1), sizeof(char *));
-    if (!m->files || !names) {
-        er_free(names);
-        cJSON_Delete(j);
-        rc = ER_ENOMEM;
-        goto done;
-    }
+    if (!m->files || !names)
+        ER_CHECK(ER_ENOMEM);
     int nn = 0;
     for (cJSON *e = wm->child; e; e = e->next) {
-        if (!cJSON_IsString(e) || strchr(e->valuestring, '/')) {
-            rc = er_error(ER_EFORMAT, "%s: weight_map[\"%s\"] must be a file name in the model dir", index, e->string);
-            break;
-        }
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/'))
+            ER_CHECK(er_error(ER_EFORMAT, "%s: weight_map[\"%s\"] must be a file name in the model dir", index, e->string));
         int k = 0;
         while (k < nn && strcmp(names[k], e->valuestring) != 0)
             k++;
         if (k == nn)
             names[nn++] = e->valuestring;
     }
-    for (int k = 0; k < nn && rc == ER_OK; k++) {
+    for (int k = 0; k < nn; k++) {
         char *p = path_join(dir, names[k]);
         rc = p ? safetensors_open(&m->files[k], p) : ER_ENOMEM;
         free(p);
-        if (rc == ER_OK)
-            m->n_files++;
+        ER_CHECK(rc);
+        m->n_files++;
     }
-    er_free(names);
-    if (rc == ER_OK)
-        *weight_map = j;
-    else
-        cJSON_Delete(j);
 done:
+    er_free(names);
+    return rc;
+}
+
+// model.safetensors, or the shards of model.safetensors.index.json (its JSON into *weight_map).
+static int open_shards(Model *m, const char *dir, cJSON **weight_map) {
+    *weight_map = NULL;
+    char *single = path_join(dir, "model.safetensors");
+    char *index = path_join(dir, "model.safetensors.index.json");
+    cJSON *j = NULL;
+    int rc = ER_OK;
+    if (!single || !index)
+        ER_CHECK(ER_ENOMEM);
+    if (path_exists(single)) {
+        if (!(m->files = er_calloc(1, sizeof(StFile))))
+            ER_CHECK(ER_ENOMEM);
+        ER_CHECK(safetensors_open(&m->files[0], single));
+        m->n_files = 1;
+        goto done;
+    }
+    if (!path_exists(index))
+        ER_CHECK(er_error(ER_EIO, "%s: no model.safetensors or model.safetensors.index.json", dir));
+    ER_CHECK(json_parse_file(index, 64u << 20, &j));
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
+    if (!cJSON_IsObject(wm))
+        ER_CHECK(er_error(ER_EFORMAT, "%s: missing object \"weight_map\"", index));
+    ER_CHECK(open_index(m, dir, index, wm));
+    *weight_map = j;
+    j = NULL;
+done:
+    cJSON_Delete(j);
     free(single);
     free(index);
     return rc;
@@ -291,20 +274,6 @@ static const void *aligned_data(Model *m, const StTensor *t, size_t *owned_off) 
     return dst;
 }
 
-static void shape_str(char *buf, size_t n, const StTensor *t) {
-    buf[0] = 0;
-    for (int d = 0; d < t->ndim && d < 4; d++)
-        snprintf(buf + strlen(buf), n - strlen(buf), "%s%lld", d ? "," : "", (long long)t->shape[d]);
-}
-
-// "d0" for a vector (d1 = 0), "d0,d1" for a matrix, as shape_str writes a tensor's shape.
-static void dims_str(char *buf, size_t n, int64_t d0, int64_t d1) {
-    if (d1)
-        snprintf(buf, n, "%lld,%lld", (long long)d0, (long long)d1);
-    else
-        snprintf(buf, n, "%lld", (long long)d0);
-}
-
 WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group) {
     *group = 0;
     if (!m->quant.enabled || !p->w)
@@ -312,7 +281,7 @@ WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group
     WeightFormat f = p->w == &m->embed     ? (m->quant.embed_int8 ? WF_Q8 : WF_F32)
                      : p->w == &m->lm_head ? m->quant.lm_head
                                            : m->quant.linear;
-    if (f == WF_Q4G)
+    if (weight_format_grouped(f))
         *group = m->quant.group;
     return f;
 }
@@ -346,91 +315,40 @@ static int check_values(const char *path, const char *name, const void *data, Er
     return ER_OK;
 }
 
-// A companion tensor of a quantized matrix (name + suffix) with the given dtype and shape.
-static int find_companion(Model *m, const char *dir, const ParamTensor *p, const char *suffix, const char *what,
-                          ErDType dt, int64_t d0, int64_t d1, const void **out, size_t *owned_off) {
-    char name[128];
-    snprintf(name, sizeof name, "%s%s", p->name, suffix);
-    const StFile *f;
-    const StTensor *t = find_tensor(m, name, &f);
-    if (!t)
-        return er_error(ER_EFORMAT, "%s: tensor \"%s\" (the %s of quantized \"%s\") is missing from the model files", dir,
-                        name, what, p->name);
-    int ok = t->dtype == dt && t->ndim == (d1 ? 2 : 1) && t->shape[0] == d0 && (!d1 || t->shape[1] == d1);
-    if (!ok) {
-        char got[64];
-        shape_str(got, sizeof got, t);
-        char want[64];
-        dims_str(want, sizeof want, d0, d1);
-        return er_error(ER_EFORMAT, "%s: tensor \"%s\" is %s [%s], expected %s [%s] for the %s of \"%s\"", f->path,
-                        name, dtype_name(t->dtype), got, dtype_name(dt), want, what, p->name);
-    }
-    ER_TRY(check_values(f->path, name, t->data, t->dtype, (size_t)st_numel(t), strcmp(suffix, "_scale") == 0));
-    *out = aligned_data(m, t, owned_off);
-    return ER_OK;
+// The model files as quant_packed_load reads them: tensors found across the shards, values checked,
+// misaligned ones copied into owned_mats.
+typedef struct {
+    Model *m;
+    size_t *owned_off;
+} LoadCtx;
+
+static const StTensor *load_find(void *ctx, const char *name, const char **path) {
+    const StFile *f = NULL;
+    const StTensor *t = find_tensor(((LoadCtx *)ctx)->m, name, &f);
+    *path = f ? f->path : NULL;
+    return t;
 }
 
-// A packed matrix: the data tensor and its companions, checked against quantization_config.
-static int place_quantized(Model *m, const char *dir, ParamTensor *p, const StTensor *t, const StFile *f,
-                           WeightFormat fmt, int group, size_t *owned_off) {
-    int rows = (int)p->shape[0], cols = (int)p->shape[1];
-    if (fmt == WF_Q4G && cols % group)
-        return er_error(ER_EFORMAT, "%s/config.json: quantization_config group_size %d does not divide the %d columns of \"%s\"",
-                        dir, group, cols, p->name);
-    ErDType want = fmt == WF_Q8 ? DT_I8 : DT_U8;
-    int64_t rb = (int64_t)quant_row_bytes(fmt, cols);
-    char spec[16];
-    quant_spec_name(fmt, group, spec);
-    if (t->dtype != want || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != rb) {
-        char got[64];
-        shape_str(got, sizeof got, t);
-        return er_error(ER_EFORMAT,
-                        "%s: tensor \"%s\" is %s [%s], expected %s [%d,%lld] (%s packing of a [%d,%d] matrix, as "
-                        "quantization_config says)",
-                        f->path, p->name, dtype_name(t->dtype), got, dtype_name(want), rows, (long long)rb, spec, rows,
-                        cols);
-    }
-    Weight *w = p->w;
-    memset(w, 0, sizeof *w);
-    w->fmt = fmt;
-    w->rows = rows;
-    w->cols = cols;
-    w->data = t->data;
-    const void *a = NULL, *b = NULL;
-    switch (fmt) {
-    case WF_Q8:
-    case WF_Q4:
-        ER_TRY(find_companion(m, dir, p, "_scale", "scales", DT_F32, rows, 0, &a, owned_off));
-        w->scale = a;
-        break;
-    case WF_Q4G:
-        ER_TRY(find_companion(m, dir, p, "_scale", "group scales", DT_F16, rows, cols / group, &a, owned_off));
-        ER_TRY(find_companion(m, dir, p, "_zero", "group zeros", DT_F16, rows, cols / group, &b, owned_off));
-        w->gscale = a;
-        w->gzero = b;
-        w->group = group;
-        break;
-    case WF_Q2LUT:
-    case WF_Q4LUT:
-        ER_TRY(find_companion(m, dir, p, "_codebook", "codebooks", DT_F16, rows, fmt == WF_Q2LUT ? 4 : 16, &a,
-                              owned_off));
-        w->lut = a;
-        break;
-    default: break;
-    }
-    p->data = NULL;
+static int load_use(void *ctx, const StTensor *t, const char *path, const char *name, int nonneg, const void **data) {
+    LoadCtx *lc = ctx;
+    ER_TRY(check_values(path, name, t->data, t->dtype, (size_t)st_numel(t), nonneg));
+    *data = aligned_data(lc->m, t, lc->owned_off);
     return ER_OK;
 }
 
 static int place_param(Model *m, ParamTensor *p, const StTensor *t, const StFile *f, size_t *owned_off) {
-    if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)
+    WeightFormat wf = WF_COUNT; // the float format stored in t's dtype
+    for (int i = 0; i < WF_COUNT; i++)
+        if (!weight_is_quantized((WeightFormat)i) && weight_format_info((WeightFormat)i)->dtype == t->dtype)
+            wf = (WeightFormat)i;
+    if (wf == WF_COUNT)
         return er_error(ER_EUNSUPPORTED, "%s: tensor \"%s\" has dtype %s (expected F32, BF16 or F16)", f->path, p->name,
                         dtype_name(t->dtype));
     int shape_ok = t->ndim == p->ndim && t->shape[0] == p->shape[0] && (p->ndim == 1 || t->shape[1] == p->shape[1]);
     if (!shape_ok) {
         char got[64], want[64];
-        shape_str(got, sizeof got, t);
-        dims_str(want, sizeof want, p->shape[0], p->ndim == 2 ? p->shape[1] : 0);
+        quant_shape_str(got, sizeof got, t);
+        quant_dims_str(want, sizeof want, p->shape[0], p->ndim == 2 ? p->shape[1] : 0);
         return er_error(ER_EFORMAT, "%s: tensor \"%s\" has shape [%s], expected [%s] from config.json", f->path,
                         p->name, got, want);
     }
@@ -439,7 +357,7 @@ static int place_param(Model *m, ParamTensor *p, const StTensor *t, const StFile
         return dtype_to_f32(p->data, t->data, t->dtype, p->numel);
     // A matrix kept in the file's dtype: in place when aligned, else copied once.
     Weight *w = p->w;
-    w->fmt = t->dtype == DT_F32 ? WF_F32 : t->dtype == DT_BF16 ? WF_BF16 : WF_F16;
+    w->fmt = wf;
     w->data = aligned_data(m, t, owned_off);
     if (w->fmt == WF_F32)
         p->data = (float *)w->data;
@@ -486,84 +404,93 @@ static int check_config_files(const Model *m, const char *dir) {
     return ER_OK;
 }
 
-int model_load(Model *m, const char *dir, int flags) {
-    memset(m, 0, sizeof *m);
+// config.json: the model config and its quantization_config, refused for training when quantized.
+static int load_config(Model *m, const char *dir, int flags) {
     char *cfg_path = path_join(dir, "config.json");
+    cJSON *cj = NULL;
+    int rc = ER_OK;
     if (!cfg_path)
         return ER_ENOMEM;
-    int rc = model_config_load(&m->cfg, cfg_path);
-    cJSON *cj = NULL;
-    if (rc == ER_OK)
-        rc = json_parse_file(cfg_path, 64u << 20, &cj);
-    if (rc == ER_OK) {
-        const cJSON *qc = cJSON_GetObjectItemCaseSensitive(cj, "quantization_config");
-        if (qc && !cJSON_IsNull(qc))
-            rc = quant_config_from_json(&m->quant, qc, cfg_path);
-    }
-    cJSON_Delete(cj);
-    if (rc == ER_OK && m->quant.enabled && (flags & MODEL_LOAD_TRAINABLE)) {
+    ER_CHECK(model_config_load(&m->cfg, cfg_path));
+    ER_CHECK(json_parse_file(cfg_path, 64u << 20, &cj));
+    const cJSON *qc = cJSON_GetObjectItemCaseSensitive(cj, "quantization_config");
+    if (qc && !cJSON_IsNull(qc))
+        ER_CHECK(quant_config_from_json(&m->quant, qc, cfg_path));
+    if (m->quant.enabled && (flags & MODEL_LOAD_TRAINABLE)) {
         char spec[16];
-        rc = er_error(ER_EUNSUPPORTED,
-                      "%s: a quantized model (quantization_config weights %s) cannot be loaded for full-parameter "
-                      "training; train a LoRA adapter on it (ertrain sft) or start from the float model",
-                      cfg_path, quant_spec_name(m->quant.linear, m->quant.group, spec));
+        ER_CHECK(er_error(ER_EUNSUPPORTED,
+                          "%s: a quantized model (quantization_config weights %s) cannot be loaded for full-parameter "
+                          "training; train a LoRA adapter on it (ertrain sft) or start from the float model",
+                          cfg_path, quant_spec_name(m->quant.linear, m->quant.group, spec)));
     }
+done:
+    cJSON_Delete(cj);
     free(cfg_path);
-    if (rc < 0) {
-        memset(m, 0, sizeof *m);
-        return rc;
+    return rc;
+}
+
+// Space for matrices that are misaligned in their file (rare: headers are padded to 8).
+static int alloc_misaligned(Model *m) {
+    size_t need = 0;
+    for (int i = 0; i < m->n_files; i++)
+        for (int j = 0; j < m->files[i].n_tensors; j++) {
+            const StTensor *t = &m->files[i].tensors[j];
+            size_t esz = dtype_size(t->dtype);
+            if (esz > 1 && (uintptr_t)t->data % esz != 0)
+                need += (t->nbytes + 63) & ~(size_t)63;
+        }
+    if (need && !(m->owned_mats = er_alloc(need)))
+        return ER_ENOMEM;
+    return ER_OK;
+}
+
+// Parameter p from the files: where the index says it is, packed as quantization_config says or float.
+static int load_param(Model *m, const char *dir, const cJSON *weight_map, ParamTensor *p, size_t *owned_off) {
+    const StFile *f = NULL;
+    const StTensor *t = find_tensor(m, p->name, &f);
+    if (!t)
+        return er_error(ER_EFORMAT, "%s: tensor \"%s\" is missing from the model files", dir, p->name);
+    if (weight_map) {
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(weight_map, "weight_map");
+        const cJSON *where = cJSON_GetObjectItemCaseSensitive(e, p->name);
+        const char *base = strrchr(f->path, '/');
+        if (!cJSON_IsString(where) || strcmp(where->valuestring, base ? base + 1 : f->path) != 0)
+            return er_error(ER_EFORMAT, "%s: tensor \"%s\" is in %s but the index says otherwise", dir, p->name, f->path);
     }
+    int group;
+    WeightFormat qf = model_quant_format(m, p, &group);
+    if (!weight_is_quantized(qf))
+        return place_param(m, p, t, f, owned_off);
+    LoadCtx lc = {m, owned_off};
+    QuantTensorSource src = {load_find, load_use, &lc};
+    ER_TRY(quant_packed_load(p->w, qf, group, (int)p->shape[0], (int)p->shape[1], p->name, dir, &src));
+    p->data = NULL;
+    return ER_OK;
+}
+
+int model_load(Model *m, const char *dir, int flags) {
+    memset(m, 0, sizeof *m);
     cJSON *weight_map = NULL;
-    rc = open_shards(m, dir, &weight_map);
-    if (rc == ER_OK)
-        rc = check_config_files(m, dir);
-    if (rc == ER_OK)
-        rc = model_setup(m, flags & MODEL_LOAD_TRAINABLE);
-    if (rc == ER_OK && !m->trainable) {
-        // Space for matrices that are misaligned in their file (rare: headers are padded to 8).
-        size_t need = 0;
-        for (int i = 0; i < m->n_files; i++)
-            for (int j = 0; j < m->files[i].n_tensors; j++) {
-                const StTensor *t = &m->files[i].tensors[j];
-                size_t esz = dtype_size(t->dtype);
-                if (esz > 1 && (uintptr_t)t->data % esz != 0)
-                    need += (t->nbytes + 63) & ~(size_t)63;
-            }
-        if (need && !(m->owned_mats = er_alloc(need)))
-            rc = ER_ENOMEM;
-    }
+    int rc = ER_OK;
+    ER_CHECK(load_config(m, dir, flags));
+    ER_CHECK(open_shards(m, dir, &weight_map));
+    ER_CHECK(check_config_files(m, dir));
+    ER_CHECK(model_setup(m, flags & MODEL_LOAD_TRAINABLE));
+    if (!m->trainable)
+        ER_CHECK(alloc_misaligned(m));
     size_t owned_off = 0;
-    for (int i = 0; rc == ER_OK && i < m->n_params; i++) {
-        ParamTensor *p = &m->params[i];
-        const StFile *f = NULL;
-        const StTensor *t = find_tensor(m, p->name, &f);
-        if (!t) {
-            rc = er_error(ER_EFORMAT, "%s: tensor \"%s\" is missing from the model files", dir, p->name);
-            break;
-        }
-        if (weight_map) {
-            const cJSON *e = cJSON_GetObjectItemCaseSensitive(weight_map, "weight_map");
-            const cJSON *where = cJSON_GetObjectItemCaseSensitive(e, p->name);
-            const char *base = strrchr(f->path, '/');
-            if (!cJSON_IsString(where) || strcmp(where->valuestring, base ? base + 1 : f->path) != 0) {
-                rc = er_error(ER_EFORMAT, "%s: tensor \"%s\" is in %s but the index says otherwise", dir, p->name, f->path);
-                break;
-            }
-        }
-        int group;
-        WeightFormat qf = model_quant_format(m, p, &group);
-        rc = weight_is_quantized(qf) ? place_quantized(m, dir, p, t, f, qf, group, &owned_off)
-                                     : place_param(m, p, t, f, &owned_off);
-    }
-    cJSON_Delete(weight_map);
-    if (rc == ER_OK && m->cfg.tied)
+    for (int i = 0; i < m->n_params; i++)
+        ER_CHECK(load_param(m, dir, weight_map, &m->params[i], &owned_off));
+    if (m->cfg.tied)
         m->lm_head = m->embed;
-    if (rc == ER_OK && m->trainable) {
+    if (m->trainable) {
         // fp32 copies made: the files are no longer needed.
         for (int i = 0; i < m->n_files; i++)
             safetensors_close(&m->files[i]);
         m->n_files = 0;
     }
+done:
+    cJSON_Delete(weight_map);
     if (rc < 0)
         model_free(m);
     return rc;
@@ -571,129 +498,115 @@ int model_load(Model *m, const char *dir, int flags) {
 
 // ---- saving ----
 
-// The packed tensors of quantized matrix p: data, then its companions (names into `names`, 2 x 128).
-static int packed_tensors(const ParamTensor *p, StWriteTensor *ts, char (*names)[128]) {
-    const Weight *w = p->w;
-    int rows = w->rows, n = 0;
-    ts[n++] = (StWriteTensor){p->name, w->fmt == WF_Q8 ? DT_I8 : DT_U8, 2, {rows, (int64_t)quant_row_bytes(w->fmt, w->cols)},
-                              w->data};
-    int lut = w->fmt == WF_Q2LUT || w->fmt == WF_Q4LUT;
-    snprintf(names[0], 128, "%s%s", p->name, lut ? "_codebook" : "_scale");
-    if (w->fmt == WF_Q8 || w->fmt == WF_Q4)
-        ts[n++] = (StWriteTensor){names[0], DT_F32, 1, {rows}, w->scale};
-    else if (lut)
-        ts[n++] = (StWriteTensor){names[0], DT_F16, 2, {rows, w->fmt == WF_Q2LUT ? 4 : 16}, w->lut};
-    else {
-        snprintf(names[1], 128, "%s_zero", p->name);
-        ts[n++] = (StWriteTensor){names[0], DT_F16, 2, {rows, w->cols / w->group}, w->gscale};
-        ts[n++] = (StWriteTensor){names[1], DT_F16, 2, {rows, w->cols / w->group}, w->gzero};
-    }
-    return n;
-}
-
-int model_save(const Model *m, const char *dir, int as_bf16) {
-    // Every matrix must be in the format quantization_config will claim, or the dir would not load.
+// Every matrix must be in the format quantization_config will claim, or the dir would not load.
+static int check_save_formats(const Model *m, const char *dir) {
     for (int i = 0; i < m->n_params; i++) {
         const ParamTensor *p = &m->params[i];
         int group;
         WeightFormat want = model_quant_format(m, p, &group);
         int ok = !p->w ? 1
-                 : weight_is_quantized(want) ? p->w->fmt == want && (want != WF_Q4G || p->w->group == group)
-                                             : !weight_is_quantized(p->w->fmt);
+                 : weight_is_quantized(want)
+                     ? p->w->fmt == want && (!weight_format_grouped(want) || p->w->group == group)
+                     : !weight_is_quantized(p->w->fmt);
         if (ok)
             continue;
         char spec[16];
         return er_error(ER_EINVAL, "model_save %s: \"%s\" is %s but the model's quantization_config says %s", dir,
                         p->name, weight_format_name(p->w->fmt), quant_spec_name(want, group, spec));
     }
+    return ER_OK;
+}
+
+// The float tensor of p as written, fp32 or bf16: a matrix in another float format is widened first.
+// *buf gets what was allocated for it (the caller frees it after the write).
+static int float_tensor(const ParamTensor *p, int as_bf16, StWriteTensor *t, void **buf) {
+    t->name = p->name;
+    t->dtype = as_bf16 ? DT_BF16 : DT_F32;
+    t->ndim = p->ndim;
+    t->shape[0] = p->shape[0];
+    t->shape[1] = p->shape[1];
+    const float *f32 = p->data;
+    float *tmp = NULL;
+    if (!f32) {
+        if (!(tmp = er_alloc(p->numel * sizeof(float))))
+            return ER_ENOMEM;
+        for (int r = 0; r < p->w->rows; r++)
+            weight_row_f32(tmp + (size_t)r * p->w->cols, p->w, r);
+        f32 = tmp;
+    }
+    if (!as_bf16) {
+        t->data = f32;
+        *buf = tmp;
+        return ER_OK;
+    }
+    *buf = er_alloc(p->numel * 2);
+    int rc = *buf ? dtype_from_f32(*buf, DT_BF16, f32, p->numel) : ER_ENOMEM;
+    t->data = *buf;
+    er_free(tmp);
+    return rc;
+}
+
+static int write_config(const Model *m, const char *dir, int as_bf16) {
+    ModelConfig c = m->cfg;
+    c.dtype = as_bf16 ? DT_BF16 : DT_F32;
+    char *path = NULL;
+    int rc = ER_OK;
+    cJSON *j = model_config_to_json(&c);
+    if (!j)
+        ER_CHECK(ER_ENOMEM);
+    if (m->quant.enabled) {
+        cJSON *q = quant_config_to_json(&m->quant);
+        if (!q || !cJSON_AddItemToObject(j, "quantization_config", q)) {
+            cJSON_Delete(q);
+            ER_CHECK(ER_ENOMEM);
+        }
+    }
+    if (!(path = path_join(dir, "config.json")))
+        ER_CHECK(ER_ENOMEM);
+    ER_CHECK(json_write_file(path, j));
+done:
+    free(path);
+    cJSON_Delete(j);
+    return rc;
+}
+
+int model_save(const Model *m, const char *dir, int as_bf16) {
+    ER_TRY(check_save_formats(m, dir));
     ER_TRY(dir_make(dir));
     int n = m->n_params, nt = 0, rc = ER_OK;
-    StWriteTensor *ts = er_calloc((size_t)n * 3, sizeof(StWriteTensor));
+    char *path = NULL;
+    StWriteTensor *ts = er_calloc((size_t)n * (1 + WEIGHT_MAX_COMPANIONS), sizeof(StWriteTensor));
     void **bufs = er_calloc((size_t)n, sizeof(void *));
-    char(*names)[128] = er_calloc((size_t)n * 2, 128);
-    if (!ts || !bufs || !names) {
-        er_free(ts);
-        er_free(bufs);
-        er_free(names);
-        return ER_ENOMEM;
-    }
-    for (int i = 0; i < n && rc == ER_OK; i++) {
+    char(*names)[128] = er_calloc((size_t)n * WEIGHT_MAX_COMPANIONS, 128);
+    if (!ts || !bufs || !names)
+        ER_CHECK(ER_ENOMEM);
+    for (int i = 0; i < n; i++) {
         const ParamTensor *p = &m->params[i];
-        if (p->w && weight_is_quantized(p->w->fmt)) {
-            nt += packed_tensors(p, ts + nt, names + 2 * i);
-            continue;
-        }
-        ErDType out = as_bf16 ? DT_BF16 : DT_F32;
-        StWriteTensor *t = &ts[nt++];
-        t->name = p->name;
-        t->dtype = out;
-        t->ndim = p->ndim;
-        t->shape[0] = p->shape[0];
-        t->shape[1] = p->shape[1];
-        // Widen to fp32 where needed, then narrow to the output dtype.
-        float *f32 = p->data;
-        float *tmp = NULL;
-        if (!f32) {
-            tmp = er_alloc(p->numel * sizeof(float));
-            if (!tmp) {
-                rc = ER_ENOMEM;
-                break;
-            }
-            for (int r = 0; r < p->w->rows; r++)
-                weight_row_f32(tmp + (size_t)r * p->w->cols, p->w, r);
-            f32 = tmp;
-        }
-        if (out == DT_F32 && !tmp) {
-            t->data = f32;
-        } else if (out == DT_F32) {
-            t->data = bufs[i] = tmp;
-            tmp = NULL;
-        } else {
-            bufs[i] = er_alloc(p->numel * 2);
-            if (!bufs[i])
-                rc = ER_ENOMEM;
-            else
-                rc = dtype_from_f32(bufs[i], DT_BF16, f32, p->numel);
-            t->data = bufs[i];
-        }
-        er_free(tmp);
+        if (p->w && weight_is_quantized(p->w->fmt))
+            nt += quant_packed_tensors(p->w, p->name, ts + nt, names + WEIGHT_MAX_COMPANIONS * i);
+        else
+            ER_CHECK(float_tensor(p, as_bf16, &ts[nt++], &bufs[i]));
     }
-    if (rc == ER_OK) {
-        // Widest element types first (stable otherwise): every tensor then starts aligned for its dtype,
-        // so a loader can use all of them in place, scales and codebooks included.
-        for (int i = 1; i < nt; i++)
-            for (int j = i; j > 0 && dtype_size(ts[j].dtype) > dtype_size(ts[j - 1].dtype); j--) {
-                StWriteTensor t = ts[j];
-                ts[j] = ts[j - 1];
-                ts[j - 1] = t;
-            }
-        char *path = path_join(dir, "model.safetensors");
-        const char *meta[] = {"format", "pt"};
-        rc = path ? safetensors_write(path, ts, nt, meta, 1) : ER_ENOMEM;
-        free(path);
-    }
-    for (int i = 0; i < n; i++)
+    // Widest element types first (stable otherwise): every tensor then starts aligned for its dtype,
+    // so a loader can use all of them in place, scales and codebooks included.
+    for (int i = 1; i < nt; i++)
+        for (int j = i; j > 0 && dtype_size(ts[j].dtype) > dtype_size(ts[j - 1].dtype); j--) {
+            StWriteTensor t = ts[j];
+            ts[j] = ts[j - 1];
+            ts[j - 1] = t;
+        }
+    if (!(path = path_join(dir, "model.safetensors")))
+        ER_CHECK(ER_ENOMEM);
+    const char *meta[] = {"format", "pt"};
+    ER_CHECK(safetensors_write(path, ts, nt, meta, 1));
+    ER_CHECK(write_config(m, dir, as_bf16));
+done:
+    for (int i = 0; bufs && i < n; i++)
         er_free(bufs[i]);
+    free(path);
     er_free(bufs);
     er_free(ts);
     er_free(names);
-    if (rc == ER_OK) {
-        ModelConfig c = m->cfg;
-        c.dtype = as_bf16 ? DT_BF16 : DT_F32;
-        cJSON *j = model_config_to_json(&c);
-        if (j && m->quant.enabled) {
-            cJSON *q = quant_config_to_json(&m->quant);
-            if (!q || !cJSON_AddItemToObject(j, "quantization_config", q)) {
-                cJSON_Delete(q);
-                cJSON_Delete(j);
-                j = NULL;
-            }
-        }
-        char *path = path_join(dir, "config.json");
-        rc = (j && path) ? json_write_file(path, j) : ER_ENOMEM;
-        free(path);
-        cJSON_Delete(j);
-    }
     return rc;
 }
 
@@ -719,5 +632,45 @@ int model_set_weight(Model *m, ParamTensor *p, Weight *w) {
     memset(w, 0, sizeof *w);
     if (m->cfg.tied && p->w == &m->embed)
         m->lm_head = m->embed;
+    return ER_OK;
+}
+
+int model_untie(Model *m) {
+    if (!m->cfg.tied)
+        return ER_OK;
+    ModelConfig c = m->cfg;
+    c.tied = 0;
+    // The old gradients go first: the new model brings zeroed ones.
+    er_free(m->grad_mem);
+    m->grad_mem = NULL;
+    memset(m->grads, 0, sizeof(LayerGrads) * (size_t)m->cfg.L);
+    m->g_embed = m->g_norm = m->g_lm_head = NULL;
+    for (int i = 0; i < m->n_params; i++)
+        m->params[i].grad = NULL;
+    m->trainable = 0;
+    Model u;
+    ER_TRY(model_build_random(&u, &c, 0.0f, 0));
+    for (int i = 0; i < u.n_params; i++) {
+        ParamTensor *d = &u.params[i];
+        const char *name = strcmp(d->name, "lm_head.weight") == 0 ? "model.embed_tokens.weight" : d->name;
+        const ParamTensor *s = model_find_param(m, name);
+        if (!s || s->numel != d->numel) {
+            model_free(&u);
+            return er_error(ER_EINVAL, "untie: no parameter \"%s\" of %zu values in the tied model", name, d->numel);
+        }
+        if (s->w)
+            quant_dequant_rows(d->data, s->w, 0, s->w->rows);
+        else
+            memcpy(d->data, s->data, s->numel * sizeof(float));
+    }
+    model_free(m);
+    *m = u;
+    // The parameter table points at the Weight fields of the struct it was built in.
+    for (int i = 0; i < m->n_params; i++) {
+        if (m->params[i].w == &u.embed)
+            m->params[i].w = &m->embed;
+        else if (m->params[i].w == &u.lm_head)
+            m->params[i].w = &m->lm_head;
+    }
     return ER_OK;
 }

@@ -75,6 +75,12 @@ int model_save(const Model *m, const char *dir, int as_bf16);
 int model_set_weight(Model *m, ParamTensor *p, Weight *w);
 // The format m->quant gives parameter p (WF_F32 meaning "float, as stored"); group into *group.
 WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group);
+// A tied model rebuilt untied: trainable fp32, lm_head a copy of the embedding, tie_word_embeddings
+// false, the logits unchanged. Every buffer of the Model is replaced (pointers into the old ones go
+// stale). The old gradients go first, so the peak is the old parameters plus one new trainable model;
+// should that allocation fail, *m stays a valid model without gradients (trainable = 0). A no-op on
+// untied models.
+int model_untie(Model *m);
 void model_free(Model *m);
 void model_zero_grad(Model *m);
 const ParamTensor *model_find_param(const Model *m, const char *name);
@@ -116,11 +122,13 @@ typedef struct {
     float *lnf, *rstdf;    // (B,T,C), (B,T)
     float *logits;         // (B,T,V), or (B,V) for ACTS_DECODE; after the loss with grad, dloss/dlogits
     float *tmp;            // (B,T,C) attention / MLP output before the residual add
+    float *wscratch;       // (QUANT_TILE_ROWS, max in) rows of non-fp32 weights widened by the products
     // backward scratch
     float *dres, *dln, *dq, *dk, *dv, *datty, *dgate, *dup, *dh; // dres (B,T,C) ends as d(embedding output)
     float *lora_h;         // (L or 1, LT_COUNT, B*T, r) adapter activations x·Aᵀ, sized on first use
     float *lora_x;         // (L, LT_COUNT, B*T, max in) adapter inputs after dropout (training with dropout)
     uint8_t *lora_keep;    // same shape: 1 where dropout kept the input
+    float *lora_dx;        // (B*T, max in) an adapter's input gradient before the dropout mask
     int lora_r, lora_xw;
     float *cos_tab, *sin_tab; // (P, HS/2) for positions < P
     int P;

@@ -47,7 +47,12 @@ void OP(rmsnorm_backward)(REAL *dx, REAL *dw, const REAL *dout, const REAL *x, c
     }
 }
 
-void OP(rope_forward)(REAL *x, const int *pos, const REAL *cos_tab, const REAL *sin_tab, int N, int nh, int HS) {
+// x (N, nh, HS) rotated in place by each position's angles (HF rotate_half pairs i, i + HS/2); inverse:
+// by minus the angles, the transpose, which is the backward. Inlined with a constant `inverse`, so each
+// direction keeps its own plain expressions.
+static inline __attribute__((always_inline)) void OP(rope_rotate)(REAL *x, const int *pos, const REAL *cos_tab,
+                                                                  const REAL *sin_tab, int N, int nh, int HS,
+                                                                  const int inverse) {
     int half = HS / 2;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -56,27 +61,19 @@ void OP(rope_forward)(REAL *x, const int *pos, const REAL *cos_tab, const REAL *
             REAL *v = x + ((size_t)n * nh + h) * HS;
             for (int i = 0; i < half; i++) {
                 REAL x1 = v[i], x2 = v[i + half];
-                v[i] = x1 * c[i] - x2 * s[i];
-                v[i + half] = x2 * c[i] + x1 * s[i];
+                v[i] = inverse ? x1 * c[i] + x2 * s[i] : x1 * c[i] - x2 * s[i];
+                v[i + half] = inverse ? x2 * c[i] - x1 * s[i] : x2 * c[i] + x1 * s[i];
             }
         }
     }
 }
 
+void OP(rope_forward)(REAL *x, const int *pos, const REAL *cos_tab, const REAL *sin_tab, int N, int nh, int HS) {
+    OP(rope_rotate)(x, pos, cos_tab, sin_tab, N, nh, HS, 0);
+}
+
 void OP(rope_backward)(REAL *dx, const int *pos, const REAL *cos_tab, const REAL *sin_tab, int N, int nh, int HS) {
-    int half = HS / 2;
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const REAL *c = cos_tab + (size_t)pos[n] * half, *s = sin_tab + (size_t)pos[n] * half;
-        for (int h = 0; h < nh; h++) {
-            REAL *v = dx + ((size_t)n * nh + h) * HS;
-            for (int i = 0; i < half; i++) {
-                REAL d1 = v[i], d2 = v[i + half];
-                v[i] = d1 * c[i] + d2 * s[i];
-                v[i + half] = d2 * c[i] - d1 * s[i];
-            }
-        }
-    }
+    OP(rope_rotate)(dx, pos, cos_tab, sin_tab, N, nh, HS, 1);
 }
 
 void OP(swiglu_forward)(REAL *out, const REAL *gate, const REAL *up, int N, int F) {
@@ -225,6 +222,15 @@ int OP(attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, const
     return ER_OK;
 }
 
+// The largest of l[0..V-1] (V >= 1): the shift that keeps the exponentials of a softmax finite.
+static inline REAL OP(row_max)(const REAL *l, int V) {
+    REAL mx = l[0];
+#pragma omp simd reduction(max : mx)
+    for (int i = 1; i < V; i++)
+        mx = l[i] > mx ? l[i] : mx;
+    return mx;
+}
+
 double OP(cross_entropy_forward_backward)(REAL *logits, const int *targets, const REAL *mask, int N, int V,
                                           int grad) {
     double wsum = 0.0;
@@ -246,10 +252,7 @@ double OP(cross_entropy_forward_backward)(REAL *logits, const int *targets, cons
                     l[i] = 0;
             continue;
         }
-        REAL mx = l[0];
-#pragma omp simd reduction(max : mx)
-        for (int i = 1; i < V; i++)
-            mx = l[i] > mx ? l[i] : mx;
+        REAL mx = OP(row_max)(l, V);
         REAL lt = l[targets[n]];
         double sum = 0.0;
         if (grad) { // exponentials stored in place, then scaled into the gradient
@@ -284,10 +287,7 @@ void OP(logprob_forward)(REAL *logp, const REAL *logits, const int *targets, int
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const REAL *l = logits + (size_t)n * V;
-        REAL mx = l[0];
-#pragma omp simd reduction(max : mx)
-        for (int i = 1; i < V; i++)
-            mx = l[i] > mx ? l[i] : mx;
+        REAL mx = OP(row_max)(l, V);
         double sum = 0.0;
 #pragma omp simd reduction(+ : sum)
         for (int i = 0; i < V; i++)
@@ -307,10 +307,7 @@ void OP(logprob_backward)(REAL *dlogits, const REAL *logits, const int *targets,
                 d[i] = 0;
             continue;
         }
-        REAL mx = l[0];
-#pragma omp simd reduction(max : mx)
-        for (int i = 1; i < V; i++)
-            mx = l[i] > mx ? l[i] : mx;
+        REAL mx = OP(row_max)(l, V);
         double sum = 0.0;
 #pragma omp simd reduction(+ : sum)
         for (int i = 0; i < V; i++) {

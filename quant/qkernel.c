@@ -4,9 +4,9 @@
 // here; packed ones move 4-16x fewer bytes and are bound by the unpacking instead.
 //
 // Two paths:
-//   - portable (the reference): a row in a float format is used in place, any other row is widened
-//     to fp32 into a per-thread buffer (quant_dequant_row), then dotted 8 columns at a time with GCC's
-//     generic vector type (AVX2 here, whatever the target offers elsewhere);
+//   - portable (the reference): a row in a float format is used in place, other rows are widened to
+//     fp32 a tile at a time into the caller's scratch (the format's dequant_row), then dotted 8 columns
+//     at a time with GCC's generic vector type (AVX2 here, whatever the target offers elsewhere);
 //   - AVX2 + FMA + F16C (built with -march=native on such a machine): the packed row is expanded 8
 //     weights at a time straight into a register, never touching memory: bf16 shifted into the top
 //     half of an fp32 lane, f16 converted by F16C (half the bytes of fp32); int8 sign-extended; an
@@ -14,29 +14,23 @@
 //     layout in quant/weight.h is made for this) or the 2-bit codes index the row's codebook with
 //     vpermilps, which reads only the low 2 bits of each lane. 32 weights per step feed independent
 //     accumulator chains so that FMA latency does not set the pace at N = 1.
-#include <stdlib.h>
+// The SIMD kernels are the `decode` column of the format table (quant/weight.c); this file also holds
+// the products that choose between the decode and GEMM paths.
 #include <string.h>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/gemm.h"
+#include "quant/qkernel.h"
 #include "quant/quant.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if QK_SIMD
 #include <immintrin.h>
-#define QK_SIMD 1
-#else
-#define QK_SIMD 0
 #endif
 
-static int force_portable;
-
-int quant_force_portable(int on) {
-    int old = force_portable;
-    force_portable = on;
-    return old;
-}
-
 int quant_has_simd(void) { return QK_SIMD; }
+
+size_t quant_scratch_floats(int max_cols) { return (size_t)QUANT_TILE_ROWS * (size_t)(max_cols > 0 ? max_cols : 0); }
 
 typedef float v8f __attribute__((vector_size(32)));
 
@@ -73,41 +67,47 @@ static inline __attribute__((always_inline)) void dot_rows(float *out, int R, in
     }
 }
 
-static int decode_portable(float *out, const float *inp, const Weight *w, int N) {
-    int R = w->rows, K = w->cols;
-    int fail = 0;
-#pragma omp parallel
-    {
-        float *row = w->fmt == WF_F32 ? NULL : malloc(sizeof(float) * (size_t)K);
-        if (w->fmt != WF_F32 && !row) {
-#pragma omp atomic write
-            fail = 1;
-        }
-#pragma omp for schedule(static)
-        for (int r = 0; r < R; r++) {
-            if (w->fmt != WF_F32 && !row)
-                continue;
-            const float *wr;
-            if (w->fmt == WF_F32) {
-                wr = (const float *)w->data + (size_t)r * K;
-            } else {
-                quant_dequant_row(row, w, r);
-                wr = row;
-            }
-            switch (N) {
-            case 1: dot_rows(out, R, r, wr, inp, K, 1); break;
-            case 2: dot_rows(out, R, r, wr, inp, K, 2); break;
-            case 3: dot_rows(out, R, r, wr, inp, K, 3); break;
-            case 4: dot_rows(out, R, r, wr, inp, K, 4); break;
-            case 5: dot_rows(out, R, r, wr, inp, K, 5); break;
-            case 6: dot_rows(out, R, r, wr, inp, K, 6); break;
-            case 7: dot_rows(out, R, r, wr, inp, K, 7); break;
-            default: dot_rows(out, R, r, wr, inp, K, 8); break;
-            }
-        }
-        free(row);
+static void dot_rows_n(float *out, int R, int r, const float *w, const float *inp, int K, int N) {
+    switch (N) {
+    case 1: dot_rows(out, R, r, w, inp, K, 1); break;
+    case 2: dot_rows(out, R, r, w, inp, K, 2); break;
+    case 3: dot_rows(out, R, r, w, inp, K, 3); break;
+    case 4: dot_rows(out, R, r, w, inp, K, 4); break;
+    case 5: dot_rows(out, R, r, w, inp, K, 5); break;
+    case 6: dot_rows(out, R, r, w, inp, K, 6); break;
+    case 7: dot_rows(out, R, r, w, inp, K, 7); break;
+    default: dot_rows(out, R, r, w, inp, K, 8); break;
     }
-    return fail ? er_error(ER_ENOMEM, "quant decode: cannot allocate a %d-column row buffer", K) : ER_OK;
+}
+
+static int check_decode(const Weight *w, int N, const float *scratch) {
+    if (N < 1 || N > QUANT_DECODE_MAX_N)
+        return er_error(ER_EINVAL, "quant_matmul_decode: N = %d outside 1..%d", N, QUANT_DECODE_MAX_N);
+    if (!scratch && w->fmt != WF_F32)
+        return er_error(ER_EINVAL, "quant_matmul_decode: a %s weight needs a scratch of quant_scratch_floats(%d) floats",
+                        weight_format_name(w->fmt), w->cols);
+    return ER_OK;
+}
+
+int quant_matmul_decode_portable(float *out, const float *inp, const Weight *w, int N, float *scratch) {
+    ER_TRY(check_decode(w, N, scratch));
+    int R = w->rows, K = w->cols;
+    if (w->fmt == WF_F32) {
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < R; r++)
+            dot_rows_n(out, R, r, (const float *)w->data + (size_t)r * K, inp, K, N);
+        return ER_OK;
+    }
+    for (int r0 = 0; r0 < R; r0 += QUANT_TILE_ROWS) {
+        int nr = R - r0 < QUANT_TILE_ROWS ? R - r0 : QUANT_TILE_ROWS;
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < nr; i++) {
+            float *row = scratch + (size_t)i * K;
+            weight_row_f32(row, w, r0 + i);
+            dot_rows_n(out, R, r0 + i, row, inp, K, N);
+        }
+    }
+    return ER_OK;
 }
 
 #if QK_SIMD
@@ -161,7 +161,7 @@ static inline __attribute__((always_inline)) void qrow_simd(float *out, int R, i
 #pragma GCC unroll 16
     for (int i = 0; i < N * A; i++)
         acc[i] = _mm256_setzero_ps();
-    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * quant_row_bytes(fmt, K);
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(fmt, K);
     int k = 0;
     float tail[QUANT_DECODE_MAX_N] = {0};
     float post = 1.0f; // Q8 / Q4: the row scale, applied once at the end
@@ -298,28 +298,19 @@ static inline __attribute__((always_inline)) void qrow_simd(float *out, int R, i
     }
 }
 
-// Sums of the input rows over spans of `span` columns: (N, K / span) floats (span 0: a dummy buffer).
-static float *input_sums(const float *inp, int N, int K, int span) {
-    int ns = span ? K / span : 1;
-    float *s = calloc((size_t)N * ns, sizeof(float));
-    if (!s || !span)
-        return s;
-    for (int n = 0; n < N; n++)
-        for (int j = 0; j < ns; j++) {
-            double t = 0;
-            for (int k = j * span; k < (j + 1) * span; k++)
-                t += inp[(size_t)n * K + k];
-            s[(size_t)n * ns + j] = (float)t;
-        }
-    return s;
-}
-
-#define QK_ROWS(FMT)                                                                                        \
-    static int decode_simd_##FMT(float *out, const float *inp, const Weight *w, int N) {                  \
+// q4 subtracts 8 * the sum of each input row once per output (xsum) instead of 8 from every code.
+#define QK_ROWS(FMT, name)                                                                                  \
+    int qk_decode_simd_##name(float *out, const float *inp, const Weight *w, int N) {                     \
         int R = w->rows, K = w->cols;                                                                      \
-        float *xsum = input_sums(inp, N, K, FMT == WF_Q4 ? K : 0);                                          \
-        if (!xsum)                                                                                         \
-            return er_error(ER_ENOMEM, "quant decode: out of memory");                                     \
+        if (FMT == WF_Q4G && w->group % 16)                                                                \
+            return WEIGHT_DECODE_DECLINED;                                                                 \
+        float xsum[QUANT_DECODE_MAX_N] = {0};                                                              \
+        for (int n = 0; FMT == WF_Q4 && n < N; n++) {                                                      \
+            double t = 0;                                                                                  \
+            for (int k = 0; k < K; k++)                                                                    \
+                t += inp[(size_t)n * K + k];                                                               \
+            xsum[n] = (float)t;                                                                            \
+        }                                                                                                  \
         _Pragma("omp parallel for schedule(static)") for (int r = 0; r < R; r++) {                         \
             switch (N) {                                                                                   \
             case 1: qrow_simd(out, R, r, w, inp, xsum, K, 1, FMT); break;                                  \
@@ -332,39 +323,72 @@ static float *input_sums(const float *inp, int N, int K, int span) {
             default: qrow_simd(out, R, r, w, inp, xsum, K, 8, FMT); break;                                 \
             }                                                                                              \
         }                                                                                                  \
-        free(xsum);                                                                                        \
         return ER_OK;                                                                                      \
     }
 
-QK_ROWS(WF_Q8)
-QK_ROWS(WF_Q4)
-QK_ROWS(WF_Q4G)
-QK_ROWS(WF_Q2LUT)
-QK_ROWS(WF_Q4LUT)
-QK_ROWS(WF_BF16)
-QK_ROWS(WF_F16)
+QK_ROWS(WF_Q8, q8)
+QK_ROWS(WF_Q4, q4)
+QK_ROWS(WF_Q4G, q4g)
+QK_ROWS(WF_Q2LUT, q2lut)
+QK_ROWS(WF_Q4LUT, q4lut)
+QK_ROWS(WF_BF16, bf16)
+QK_ROWS(WF_F16, f16)
 
 #endif
 
-int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N) {
-    if (N < 1 || N > QUANT_DECODE_MAX_N)
-        return er_error(ER_EINVAL, "quant_matmul_decode: N = %d outside 1..%d", N, QUANT_DECODE_MAX_N);
-#if QK_SIMD
-    if (!force_portable) {
-        switch (w->fmt) {
-        case WF_Q8: return decode_simd_WF_Q8(out, inp, w, N);
-        case WF_Q4: return decode_simd_WF_Q4(out, inp, w, N);
-        case WF_Q4G:
-            if (w->group % 16 == 0)
-                return decode_simd_WF_Q4G(out, inp, w, N);
-            break;
-        case WF_Q2LUT: return decode_simd_WF_Q2LUT(out, inp, w, N);
-        case WF_Q4LUT: return decode_simd_WF_Q4LUT(out, inp, w, N);
-        case WF_BF16: return decode_simd_WF_BF16(out, inp, w, N);
-        case WF_F16: return decode_simd_WF_F16(out, inp, w, N);
-        default: break;
+int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, float *scratch) {
+    ER_TRY(check_decode(w, N, scratch));
+    const WeightFormatInfo *fi = weight_format_info(w->fmt);
+    if (fi->decode) {
+        int rc = fi->decode(out, inp, w, N);
+        if (rc != WEIGHT_DECODE_DECLINED)
+            return rc;
+    }
+    return quant_matmul_decode_portable(out, inp, w, N, scratch);
+}
+
+// ---- the products ----
+
+static void add_bias(float *out, const float *bias, int N, int rows) {
+    if (!bias)
+        return;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int r = 0; r < rows; r++)
+            out[(size_t)n * rows + r] += bias[r];
+}
+
+int weight_matmul_forward(float *out, const float *inp, const Weight *w, const float *bias, int N, float *scratch) {
+    int R = w->rows, K = w->cols;
+    if (N <= QUANT_DECODE_MAX_N) {
+        ER_TRY(quant_matmul_decode(out, inp, w, N, scratch));
+    } else if (weight_format_info(w->fmt)->gemm_in_place) {
+        gemm_f32(0, 1, N, R, K, 1.0f, inp, K, (const float *)w->data, K, 0.0f, out, R);
+    } else {
+        if (!scratch)
+            return er_error(ER_EINVAL, "weight_matmul_forward: a %s weight needs a scratch", weight_format_name(w->fmt));
+        for (int r0 = 0; r0 < R; r0 += QUANT_TILE_ROWS) {
+            int nr = R - r0 < QUANT_TILE_ROWS ? R - r0 : QUANT_TILE_ROWS;
+            quant_dequant_rows(scratch, w, r0, nr);
+            gemm_f32(0, 1, N, nr, K, 1.0f, inp, K, scratch, K, 0.0f, out + r0, R);
         }
     }
-#endif
-    return decode_portable(out, inp, w, N);
+    add_bias(out, bias, N, R);
+    return ER_OK;
+}
+
+int weight_matmul_backward_input(float *dinp, const float *dout, const Weight *w, int N, float *scratch) {
+    int R = w->rows, K = w->cols;
+    if (weight_format_info(w->fmt)->gemm_in_place) {
+        gemm_f32(0, 0, N, K, R, 1.0f, dout, R, (const float *)w->data, K, 1.0f, dinp, K);
+        return ER_OK;
+    }
+    if (!scratch)
+        return er_error(ER_EINVAL, "weight_matmul_backward_input: a %s weight needs a scratch", weight_format_name(w->fmt));
+    for (int r0 = 0; r0 < R; r0 += QUANT_TILE_ROWS) {
+        int nr = R - r0 < QUANT_TILE_ROWS ? R - r0 : QUANT_TILE_ROWS;
+        quant_dequant_rows(scratch, w, r0, nr);
+        gemm_f32(0, 0, N, K, nr, 1.0f, dout + r0, R, scratch, K, 1.0f, dinp, K);
+    }
+    return ER_OK;
 }

@@ -1,4 +1,5 @@
-// Quantized formats: sizes, packing, dequantization and quantization_config (layouts in weight.h).
+// Quantized formats: shapes, allocation, packing, dequantization and quantization_config (the format
+// table and layouts in weight.h).
 #include "quant/quant.h"
 
 #include <stdio.h>
@@ -10,26 +11,11 @@
 #include "core/json.h"
 #include "quant/transform.h"
 
-size_t quant_row_bytes(WeightFormat f, int cols) {
-    size_t c = (size_t)cols;
-    switch (f) {
-    case WF_F32: return c * 4;
-    case WF_BF16:
-    case WF_F16: return c * 2;
-    case WF_Q8: return c;
-    case WF_Q4:
-    case WF_Q4G:
-    case WF_Q4LUT: return (c + 1) / 2;
-    case WF_Q2LUT: return (c + 3) / 4;
-    }
-    return 0;
-}
-
 int quant_check_shape(WeightFormat f, int rows, int cols, int group, const char *ctx) {
     if (rows <= 0 || cols <= 0)
         return er_error(ER_EINVAL, "%s: %s matrix must have positive dimensions (got [%d, %d])", ctx,
                         weight_format_name(f), rows, cols);
-    if (f == WF_Q4G) {
+    if (weight_format_grouped(f)) {
         if (group < 2 || group % 2)
             return er_error(ER_EINVAL, "%s: q4g group size must be even and >= 2 (got %d)", ctx, group);
         if (cols % group)
@@ -43,32 +29,25 @@ static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 int quant_weight_alloc(Weight *w, WeightFormat f, int rows, int cols, int group) {
     memset(w, 0, sizeof *w);
     ER_TRY(quant_check_shape(f, rows, cols, group, "quant_weight_alloc"));
-    size_t R = (size_t)rows, data = align64(R * quant_row_bytes(f, cols)), aux = 0;
-    size_t ng = f == WF_Q4G ? (size_t)(cols / group) : 0;
-    if (f == WF_Q8 || f == WF_Q4)
-        aux = align64(R * sizeof(float));
-    else if (f == WF_Q4G)
-        aux = 2 * align64(R * ng * 2);
-    else if (f == WF_Q2LUT || f == WF_Q4LUT)
-        aux = align64(R * (f == WF_Q2LUT ? 4 : 16) * 2);
-    uint8_t *mem = er_calloc(data + aux, 1);
+    const WeightFormatInfo *fi = weight_format_info(f);
+    // data, then each companion, every one 64-byte aligned
+    size_t off[1 + WEIGHT_MAX_COMPANIONS], total = align64((size_t)rows * weight_row_bytes(f, cols));
+    for (int i = 0; i < fi->n_comp; i++) {
+        off[1 + i] = total;
+        total += align64(weight_companion_numel(fi, &fi->comp[i], rows, cols, group) * dtype_size(fi->comp[i].dtype));
+    }
+    uint8_t *mem = er_calloc(total, 1);
     if (!mem)
-        return er_error(ER_ENOMEM, "quant: cannot allocate %zu bytes for a %s [%d, %d] matrix", data + aux,
-                        weight_format_name(f), rows, cols);
+        return er_error(ER_ENOMEM, "quant: cannot allocate %zu bytes for a %s [%d, %d] matrix", total, fi->name, rows,
+                        cols);
     w->fmt = f;
     w->rows = rows;
     w->cols = cols;
+    w->group = weight_format_grouped(f) ? group : 0;
     w->data = mem;
     w->owned = mem;
-    if (f == WF_Q8 || f == WF_Q4)
-        w->scale = (const float *)(mem + data);
-    if (f == WF_Q4G) {
-        w->group = group;
-        w->gscale = (const uint16_t *)(mem + data);
-        w->gzero = (const uint16_t *)(mem + data + aux / 2);
-    }
-    if (f == WF_Q2LUT || f == WF_Q4LUT)
-        w->lut = (const uint16_t *)(mem + data);
+    for (int i = 0; i < fi->n_comp; i++)
+        *(const void **)((char *)w + fi->comp[i].field) = mem + off[1 + i];
     return ER_OK;
 }
 
@@ -100,82 +79,10 @@ void quant_unpack2(uint8_t *codes, const uint8_t *src, int n) {
         codes[k] = (uint8_t)quant_code2(src, n, k);
 }
 
-// 4-bit codes of a row as floats (block by block, then the tail).
-static void codes4_f32(float *dst, const uint8_t *row, int K) {
-    int full = K & ~15;
-    for (int b = 0; b < full; b += 16) {
-        const uint8_t *p = row + b / 2;
-        for (int i = 0; i < 8; i++) {
-            dst[b + i] = (float)(p[i] & 15);
-            dst[b + 8 + i] = (float)(p[i] >> 4);
-        }
-    }
-    for (int k = full; k < K; k++)
-        dst[k] = (float)quant_code4(row, K, k);
-}
-
-void quant_dequant_row(float *dst, const Weight *w, int r) {
-    int K = w->cols;
-    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * quant_row_bytes(w->fmt, K);
-    switch (w->fmt) {
-    case WF_F32: memcpy(dst, row, sizeof(float) * (size_t)K); break;
-    case WF_BF16: dtype_to_f32(dst, row, DT_BF16, (size_t)K); break;
-    case WF_F16: dtype_to_f32(dst, row, DT_F16, (size_t)K); break;
-    case WF_Q8: {
-        const int8_t *q = (const int8_t *)row;
-        float s = w->scale[r];
-        for (int k = 0; k < K; k++)
-            dst[k] = (float)q[k] * s;
-        break;
-    }
-    case WF_Q4: {
-        float s = w->scale[r];
-        codes4_f32(dst, row, K);
-        for (int k = 0; k < K; k++)
-            dst[k] = (dst[k] - 8.0f) * s;
-        break;
-    }
-    case WF_Q4G: {
-        int G = w->group, ng = K / G;
-        codes4_f32(dst, row, K);
-        for (int g = 0; g < ng; g++) {
-            float s = f16_to_f32(w->gscale[(size_t)r * ng + g]), z = f16_to_f32(w->gzero[(size_t)r * ng + g]);
-            for (int k = g * G; k < (g + 1) * G; k++)
-                dst[k] = dst[k] * s + z;
-        }
-        break;
-    }
-    case WF_Q4LUT: {
-        float c[16];
-        for (int i = 0; i < 16; i++)
-            c[i] = f16_to_f32(w->lut[(size_t)r * 16 + i]);
-        codes4_f32(dst, row, K);
-        for (int k = 0; k < K; k++)
-            dst[k] = c[(int)dst[k]];
-        break;
-    }
-    case WF_Q2LUT: {
-        float c[4];
-        for (int i = 0; i < 4; i++)
-            c[i] = f16_to_f32(w->lut[(size_t)r * 4 + i]);
-        int full = K & ~31;
-        for (int b = 0; b < full; b += 32) {
-            const uint8_t *p = row + b / 4;
-            for (int j = 0; j < 4; j++)
-                for (int i = 0; i < 8; i++)
-                    dst[b + 8 * j + i] = c[(p[i] >> (2 * j)) & 3];
-        }
-        for (int k = full; k < K; k++)
-            dst[k] = c[quant_code2(row, K, k)];
-        break;
-    }
-    }
-}
-
 void quant_dequant_rows(float *dst, const Weight *w, int r0, int nr) {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < nr; i++)
-        quant_dequant_row(dst + (size_t)i * w->cols, w, r0 + i);
+        weight_row_f32(dst + (size_t)i * w->cols, w, r0 + i);
 }
 
 // ---- quantization_config ----

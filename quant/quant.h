@@ -1,5 +1,7 @@
-// Quantized weight formats (layouts in quant/weight.h): sizes, packing, dequantization, the decode
-// kernels, and the quantization_config a quantized model dir carries in its config.json.
+// Quantized weight formats beyond the table (quant/weight.h, which also has the layouts): shapes and
+// allocation, packing, the products (decode kernels, GEMM path) with their caller-owned scratch, packed
+// tensors in model files, and the quantization_config a quantized model dir carries in its config.json.
+// The tensor names, dtypes and shapes below are the format table's companion columns.
 //
 // On disk (safetensors, HF naming): a quantized matrix "X.weight" of shape [rows, cols] is stored as
 //   X.weight             q8: I8 [rows, cols]; q4, q4g, q4lut: U8 [rows, (cols+1)/2]; q2lut: U8 [rows, (cols+3)/4]
@@ -27,30 +29,13 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/safetensors.h"
 #include "quant/weight.h"
 
-// Bytes of one packed row of `data` (elements * size for the float formats).
-size_t quant_row_bytes(WeightFormat f, int cols);
 // Checks the dimensions suit the format (Q4G: group >= 2, even, dividing cols); ctx names the tensor.
 int quant_check_shape(WeightFormat f, int rows, int cols, int group, const char *ctx);
 // A new weight owning zeroed buffers for the format (free with weight_free).
 int quant_weight_alloc(Weight *w, WeightFormat f, int rows, int cols, int group);
-
-// The code of element k of a packed row of n elements (layout in quant/weight.h).
-static inline unsigned quant_code4(const uint8_t *row, int n, int k) {
-    int full = n & ~15;
-    if (k < full)
-        return (row[(k >> 4) * 8 + (k & 7)] >> ((k & 8) >> 1)) & 15;
-    int t = k - full;
-    return (row[full / 2 + (t >> 1)] >> ((t & 1) * 4)) & 15;
-}
-static inline unsigned quant_code2(const uint8_t *row, int n, int k) {
-    int full = n & ~31;
-    if (k < full)
-        return (row[(k >> 5) * 8 + (k & 7)] >> (((k >> 3) & 3) * 2)) & 3;
-    int t = k - full;
-    return (row[full / 4 + (t >> 2)] >> ((t & 3) * 2)) & 3;
-}
 
 // Packing n codes (4-bit: 0..15, 2-bit: 0..3) into ceil(n/2) or ceil(n/4) bytes (padding bits zero).
 void quant_pack4(uint8_t *dst, const uint8_t *codes, int n);
@@ -58,21 +43,57 @@ void quant_unpack4(uint8_t *codes, const uint8_t *src, int n);
 void quant_pack2(uint8_t *dst, const uint8_t *codes, int n);
 void quant_unpack2(uint8_t *codes, const uint8_t *src, int n);
 
-// Row r of any format as fp32 (cols) (single thread).
-void quant_dequant_row(float *dst, const Weight *w, int r);
 // Rows [r0, r0 + nr) as fp32 (nr, cols), rows split across threads.
 void quant_dequant_rows(float *dst, const Weight *w, int r0, int nr);
 
+// ---- products ----
+//
+// Every product takes a scratch of quant_scratch_floats(cols) floats that the caller owns (the
+// activations, sized once from the config), so no call allocates: non-fp32 rows are widened to fp32
+// there, QUANT_TILE_ROWS at a time, a tile that stays cache-friendly.
+#define QUANT_TILE_ROWS 256
+size_t quant_scratch_floats(int max_cols);
+
+// out (N, rows) = inp (N, cols) · Wᵀ + bias (rows, may be NULL): the decode kernels for N <= 8, else the
+// format's GEMM path.
+int weight_matmul_forward(float *out, const float *inp, const Weight *w, const float *bias, int N, float *scratch);
+// dinp (N, cols) += dout (N, rows) · W: through a frozen weight of any format (a LoRA adapter training on
+// a quantized base), tiles of rows dequantized and their share dout[:, tile] · W[tile, :] accumulated.
+int weight_matmul_backward_input(float *dinp, const float *dout, const Weight *w, int N, float *scratch);
+
 // Decode-sized products: out (N, rows) = inp (N, cols) · Wᵀ for 1 <= N <= QUANT_DECODE_MAX_N, any
 // format, reading the packed weights once for all N rows; rows split across threads. Call outside
-// OpenMP regions. Uses AVX2+FMA kernels where the build has them, else the portable path (dequantize a
-// row, then plain dot products), which is the reference.
+// OpenMP regions. Uses the format's SIMD kernel where the build has one (quant/qkernel.h), else the
+// portable path (dequantize rows, then plain dot products), which is the reference and which
+// quant_matmul_decode_portable runs always (tests compare the two).
 #define QUANT_DECODE_MAX_N 8
-int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N);
-// 1: always use the portable path (tests compare the two). Returns the previous setting.
-int quant_force_portable(int on);
+int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, float *scratch);
+int quant_matmul_decode_portable(float *out, const float *inp, const Weight *w, int N, float *scratch);
 // 1 when this build has the SIMD decode kernels.
 int quant_has_simd(void);
+
+// ---- packed tensors in a model file (naming at the top of this file) ----
+
+// Where quant_packed_load finds a matrix's tensors: find gives the tensor called name (NULL when
+// absent) and the path of its file; use checks its values (finite, and >= 0 when nonneg) and gives the
+// bytes to point at (in place, or an aligned copy the source keeps).
+typedef struct {
+    const StTensor *(*find)(void *ctx, const char *name, const char **path);
+    int (*use)(void *ctx, const StTensor *t, const char *path, const char *name, int nonneg, const void **data);
+    void *ctx;
+} QuantTensorSource;
+
+// *w = the (rows, cols) matrix `name` packed as f (group: Q4G's): its data tensor and every companion
+// the format table lists, each checked for dtype and shape (errors name the tensor, the file and what
+// quantization_config implies; dir names the model dir).
+int quant_packed_load(Weight *w, WeightFormat f, int group, int rows, int cols, const char *name, const char *dir,
+                      const QuantTensorSource *src);
+// The tensors that store packed w under `name`: the data, then its companions (their names go to
+// names, WEIGHT_MAX_COMPANIONS x 128 bytes that the caller keeps). Returns the count written to ts.
+int quant_packed_tensors(const Weight *w, const char *name, StWriteTensor *ts, char (*names)[128]);
+// For messages: t's shape ("3,4"), and expected dims ("d0" for a vector, d1 = 0; else "d0,d1").
+void quant_shape_str(char *buf, size_t n, const StTensor *t);
+void quant_dims_str(char *buf, size_t n, int64_t d0, int64_t d1);
 
 // ---- quantization_config ----
 

@@ -301,7 +301,7 @@ typedef struct {
 
 static void quantize_row(Weight *w, int r, const float *x, const float *imp, const QuantOptions *o, Scratch *s) {
     int K = w->cols;
-    uint8_t *row = (uint8_t *)w->data + (size_t)r * quant_row_bytes(w->fmt, K);
+    uint8_t *row = (uint8_t *)w->data + (size_t)r * weight_row_bytes(w->fmt, K);
     switch (w->fmt) {
     case WF_Q8:
         quant_rtn_sym(x, imp, K, 127, o->search, o->p, o->grid, (float *)&w->scale[r], (int8_t *)row);
@@ -323,7 +323,7 @@ static void quantize_row(Weight *w, int r, const float *x, const float *imp, con
     }
     case WF_Q2LUT:
     case WF_Q4LUT: {
-        int nc = w->fmt == WF_Q2LUT ? 4 : 16;
+        int nc = weight_format_info(w->fmt)->levels;
         float c[16], cr[16];
         if (o->uniform) {
             quant_rtn_uniform_lut(x, imp, K, nc, o->search, o->p, o->grid, (uint16_t *)&w->lut[(size_t)r * nc],
@@ -422,7 +422,7 @@ double quant_rel_error(const Weight *q, const float *src) {
         for (int r = 0; r < q->rows; r++) {
             if (!row)
                 continue;
-            quant_dequant_row(row, q, r);
+            weight_row_f32(row, q, r);
             const float *x = src + (size_t)r * q->cols;
             for (int k = 0; k < q->cols; k++) {
                 double d = (double)x[k] - row[k];

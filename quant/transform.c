@@ -58,20 +58,15 @@ static int sylvester(int i, int j) { return __builtin_popcount((unsigned)(i & j)
 
 // The Paley block P (b, b), ±1 entries. chi: the quadratic character of GF(p) (1 square, -1 not, 0 zero).
 static int paley_block(int *P, int b, int kind, int p) {
-    int *chi = er_calloc((size_t)p, sizeof(int));
-    if (!chi)
-        return ER_ENOMEM;
+    // The conference-style core S (p+1, p+1): [[0, 1ᵀ], [±1, Q]] with Q[a][c] = chi(a - c).
+    int q1 = p + 1, rc = ER_OK;
+    int *chi = er_calloc((size_t)p, sizeof(int)), *S = er_calloc((size_t)q1 * q1, sizeof(int)); // (p), (q1, q1)
+    if (!chi || !S)
+        ER_CHECK(ER_ENOMEM);
     for (int x = 1; x < p; x++)
         chi[x] = -1;
     for (long x = 1; x < p; x++)
         chi[(x * x) % p] = 1;
-    // The conference-style core S (p+1, p+1): [[0, 1ᵀ], [±1, Q]] with Q[a][c] = chi(a - c).
-    int q1 = p + 1;
-    int *S = er_calloc((size_t)q1 * q1, sizeof(int));
-    if (!S) {
-        er_free(chi);
-        return ER_ENOMEM;
-    }
     for (int i = 0; i < q1; i++)
         for (int j = 0; j < q1; j++) {
             int v;
@@ -99,9 +94,10 @@ static int paley_block(int *P, int b, int kind, int p) {
                         P[(size_t)(2 * i + u) * b + 2 * j + v] = e;
                     }
     }
+done:
     er_free(S);
     er_free(chi);
-    return ER_OK;
+    return rc;
 }
 
 int transform_hadamard(float *H, int n) {
@@ -109,32 +105,42 @@ int transform_hadamard(float *H, int n) {
     int b = hadamard_plan(n, &kind, &p);
     if (b == 0)
         return er_error(ER_EUNSUPPORTED, "transform: no Hadamard matrix of order %d from Sylvester x Paley", n);
-    int *P = er_alloc(sizeof(int) * (size_t)b * b);
+    int *P = er_alloc(sizeof(int) * (size_t)b * b), rc = ER_OK;
     if (!P)
         return ER_ENOMEM;
-    int rc = kind == 0 ? (P[0] = 1, ER_OK) : paley_block(P, b, kind, p);
-    if (rc == ER_OK)
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < n; j++)
-                H[(size_t)i * n + j] = (float)(sylvester(i / b, j / b) * P[(size_t)(i % b) * b + j % b]);
+    if (kind == 0)
+        P[0] = 1;
+    else
+        ER_CHECK(paley_block(P, b, kind, p));
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            H[(size_t)i * n + j] = (float)(sylvester(i / b, j / b) * P[(size_t)(i % b) * b + j % b]);
+done:
     er_free(P);
     return rc;
 }
 
 // ---- orthogonal matrices ----
 
+// M (n, n) <- (I - 2 v vᵀ) · M on columns j0..n-1, for a reflector v that is zero above row k.
+static void reflect(double *M, const double *v, int n, int k, int j0) {
+    for (int j = j0; j < n; j++) {
+        double d = 0;
+        for (int i = k; i < n; i++)
+            d += v[i] * M[(size_t)i * n + j];
+        for (int i = k; i < n; i++)
+            M[(size_t)i * n + j] -= 2 * d * v[i];
+    }
+}
+
 int transform_random_orthogonal(float *Q, int n, ErRng *rng) {
     if (n <= 0)
         return er_error(ER_EINVAL, "transform: orthogonal matrix of order %d", n);
     double *A = er_alloc(sizeof(double) * (size_t)n * n), *V = er_alloc(sizeof(double) * (size_t)n * n);
     double *Qd = er_alloc(sizeof(double) * (size_t)n * n), *sign = er_alloc(sizeof(double) * (size_t)n);
-    if (!A || !V || !Qd || !sign) {
-        er_free(A);
-        er_free(V);
-        er_free(Qd);
-        er_free(sign);
-        return ER_ENOMEM;
-    }
+    int rc = ER_OK;
+    if (!A || !V || !Qd || !sign)
+        ER_CHECK(ER_ENOMEM);
     for (size_t i = 0; i < (size_t)n * n; i++)
         A[i] = rng_normal(rng);
     // Householder QR: A = H_0 ... H_{n-1} R; V[k] holds the unit reflector of step k (entries k..n-1).
@@ -157,36 +163,23 @@ int transform_random_orthogonal(float *Q, int n, ErRng *rng) {
             continue;
         for (int i = k; i < n; i++)
             v[i] /= vn;
-        for (int j = k; j < n; j++) {
-            double d = 0;
-            for (int i = k; i < n; i++)
-                d += v[i] * A[(size_t)i * n + j];
-            for (int i = k; i < n; i++)
-                A[(size_t)i * n + j] -= 2 * d * v[i];
-        }
+        reflect(A, v, n, k, k);
     }
     // Q = H_0 ... H_{n-1} applied to I, then Q · diag(sign R) so that Q is Haar-distributed.
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++)
             Qd[(size_t)i * n + j] = i == j;
-    for (int k = n - 1; k >= 0; k--) {
-        const double *v = V + (size_t)k * n;
-        for (int j = 0; j < n; j++) {
-            double d = 0;
-            for (int i = k; i < n; i++)
-                d += v[i] * Qd[(size_t)i * n + j];
-            for (int i = k; i < n; i++)
-                Qd[(size_t)i * n + j] -= 2 * d * v[i];
-        }
-    }
+    for (int k = n - 1; k >= 0; k--)
+        reflect(Qd, V + (size_t)k * n, n, k, 0);
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++)
             Q[(size_t)i * n + j] = (float)(Qd[(size_t)i * n + j] * sign[j]);
+done:
     er_free(A);
     er_free(V);
     er_free(Qd);
     er_free(sign);
-    return ER_OK;
+    return rc;
 }
 
 int transform_rotation(float *Q, int n, uint64_t seed) {
@@ -215,19 +208,17 @@ int transform_rotation(float *Q, int n, uint64_t seed) {
         m /= 2;
     }
     float *R = er_alloc(sizeof(float) * (size_t)m * m), *d = er_alloc(sizeof(float) * (size_t)a);
-    if (!R || !d) {
-        er_free(R);
-        er_free(d);
-        return ER_ENOMEM;
-    }
+    int rc = ER_OK;
+    if (!R || !d)
+        ER_CHECK(ER_ENOMEM);
     float inv = (float)(1.0 / sqrt((double)a));
     for (int j = 0; j < a; j++)
         d[j] = (rng_u64(&r) >> 63) ? -inv : inv;
-    int rc = transform_random_orthogonal(R, m, &r);
-    if (rc == ER_OK)
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < n; j++)
-                Q[(size_t)i * n + j] = (float)sylvester(i / m, j / m) * d[j / m] * R[(size_t)(i % m) * m + j % m];
+    ER_CHECK(transform_random_orthogonal(R, m, &r));
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            Q[(size_t)i * n + j] = (float)sylvester(i / m, j / m) * d[j / m] * R[(size_t)(i % m) * m + j % m];
+done:
     er_free(R);
     er_free(d);
     return rc;

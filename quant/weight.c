@@ -1,41 +1,143 @@
+// THE format table and what follows from it alone: names, sizes, companions, the reference dequantizers.
 #include "quant/weight.h"
 
-#include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "core/alloc.h"
-#include "core/error.h"
-#include "core/gemm.h"
-#include "quant/quant.h"
+#include "core/dtype.h"
+#include "quant/qkernel.h"
 
-const char *weight_format_name(WeightFormat f) {
-    switch (f) {
-    case WF_F32: return "f32";
-    case WF_BF16: return "bf16";
-    case WF_F16: return "f16";
-    case WF_Q8: return "q8";
-    case WF_Q4: return "q4";
-    case WF_Q4G: return "q4g";
-    case WF_Q2LUT: return "q2lut";
-    case WF_Q4LUT: return "q4lut";
-    }
-    return "?";
+// ---- the reference dequantizers (layouts in weight.h) ----
+
+static void row_f32(float *dst, const Weight *w, int r) {
+    memcpy(dst, (const float *)w->data + (size_t)r * w->cols, sizeof(float) * (size_t)w->cols);
 }
 
-int weight_is_quantized(WeightFormat f) {
-    return f == WF_Q8 || f == WF_Q4 || f == WF_Q4G || f == WF_Q2LUT || f == WF_Q4LUT;
+static void row_bf16(float *dst, const Weight *w, int r) {
+    dtype_to_f32(dst, (const uint16_t *)w->data + (size_t)r * w->cols, DT_BF16, (size_t)w->cols);
+}
+
+static void row_f16(float *dst, const Weight *w, int r) {
+    dtype_to_f32(dst, (const uint16_t *)w->data + (size_t)r * w->cols, DT_F16, (size_t)w->cols);
+}
+
+static const uint8_t *packed_row(const Weight *w, int r) {
+    return (const uint8_t *)w->data + (size_t)r * weight_row_bytes(w->fmt, w->cols);
+}
+
+static void row_q8(float *dst, const Weight *w, int r) {
+    const int8_t *q = (const int8_t *)packed_row(w, r);
+    float s = w->scale[r];
+    for (int k = 0; k < w->cols; k++)
+        dst[k] = (float)q[k] * s;
+}
+
+// 4-bit codes of a row as floats (block by block, then the tail).
+static void codes4_f32(float *dst, const uint8_t *row, int K) {
+    int full = K & ~15;
+    for (int b = 0; b < full; b += 16) {
+        const uint8_t *p = row + b / 2;
+        for (int i = 0; i < 8; i++) {
+            dst[b + i] = (float)(p[i] & 15);
+            dst[b + 8 + i] = (float)(p[i] >> 4);
+        }
+    }
+    for (int k = full; k < K; k++)
+        dst[k] = (float)quant_code4(row, K, k);
+}
+
+static void row_q4(float *dst, const Weight *w, int r) {
+    float s = w->scale[r];
+    codes4_f32(dst, packed_row(w, r), w->cols);
+    for (int k = 0; k < w->cols; k++)
+        dst[k] = (dst[k] - 8.0f) * s;
+}
+
+static void row_q4g(float *dst, const Weight *w, int r) {
+    int G = w->group, ng = w->cols / G;
+    codes4_f32(dst, packed_row(w, r), w->cols);
+    for (int g = 0; g < ng; g++) {
+        float s = f16_to_f32(w->gscale[(size_t)r * ng + g]), z = f16_to_f32(w->gzero[(size_t)r * ng + g]);
+        for (int k = g * G; k < (g + 1) * G; k++)
+            dst[k] = dst[k] * s + z;
+    }
+}
+
+static void row_q4lut(float *dst, const Weight *w, int r) {
+    float c[16];
+    for (int i = 0; i < 16; i++)
+        c[i] = f16_to_f32(w->lut[(size_t)r * 16 + i]);
+    codes4_f32(dst, packed_row(w, r), w->cols);
+    for (int k = 0; k < w->cols; k++)
+        dst[k] = c[(int)dst[k]];
+}
+
+static void row_q2lut(float *dst, const Weight *w, int r) {
+    const uint8_t *row = packed_row(w, r);
+    int K = w->cols;
+    float c[4];
+    for (int i = 0; i < 4; i++)
+        c[i] = f16_to_f32(w->lut[(size_t)r * 4 + i]);
+    int full = K & ~31;
+    for (int b = 0; b < full; b += 32) {
+        const uint8_t *p = row + b / 4;
+        for (int j = 0; j < 4; j++)
+            for (int i = 0; i < 8; i++)
+                dst[b + 8 * j + i] = c[(p[i] >> (2 * j)) & 3];
+    }
+    for (int k = full; k < K; k++)
+        dst[k] = c[quant_code2(row, K, k)];
+}
+
+// ---- the table ----
+
+#define ROW_SCALE {"_scale", "scales", DT_F32, WC_ROWS, offsetof(Weight, scale), 1}
+#define CODEBOOK {"_codebook", "codebooks", DT_F16, WC_LEVELS, offsetof(Weight, lut), 0}
+
+static const WeightFormatInfo FORMATS[WF_COUNT] = {
+    [WF_F32] = {"f32", 32, 0, 0, DT_F32, 0, {{0}}, row_f32, NULL, 1},
+    [WF_BF16] = {"bf16", 16, 0, 0, DT_BF16, 0, {{0}}, row_bf16, QK_DECODE(bf16), 0},
+    [WF_F16] = {"f16", 16, 0, 0, DT_F16, 0, {{0}}, row_f16, QK_DECODE(f16), 0},
+    [WF_Q8] = {"q8", 8, 1, 0, DT_I8, 1, {ROW_SCALE}, row_q8, QK_DECODE(q8), 0},
+    [WF_Q4] = {"q4", 4, 1, 0, DT_U8, 1, {ROW_SCALE}, row_q4, QK_DECODE(q4), 0},
+    [WF_Q4G] = {"q4g", 4, 1, 0, DT_U8, 2,
+                {{"_scale", "group scales", DT_F16, WC_GROUPS, offsetof(Weight, gscale), 1},
+                 {"_zero", "group zeros", DT_F16, WC_GROUPS, offsetof(Weight, gzero), 0}},
+                row_q4g, QK_DECODE(q4g), 0},
+    [WF_Q2LUT] = {"q2lut", 2, 1, 4, DT_U8, 1, {CODEBOOK}, row_q2lut, QK_DECODE(q2lut), 0},
+    [WF_Q4LUT] = {"q4lut", 4, 1, 16, DT_U8, 1, {CODEBOOK}, row_q4lut, QK_DECODE(q4lut), 0},
+};
+
+const WeightFormatInfo *weight_format_info(WeightFormat f) {
+    return (unsigned)f < WF_COUNT ? &FORMATS[f] : NULL;
+}
+
+const char *weight_format_name(WeightFormat f) { return (unsigned)f < WF_COUNT ? FORMATS[f].name : "?"; }
+
+int weight_is_quantized(WeightFormat f) { return (unsigned)f < WF_COUNT && FORMATS[f].quantized; }
+
+int weight_format_grouped(WeightFormat f) {
+    for (int i = 0; (unsigned)f < WF_COUNT && i < FORMATS[f].n_comp; i++)
+        if (FORMATS[f].comp[i].shape == WC_GROUPS)
+            return 1;
+    return 0;
+}
+
+size_t weight_row_bytes(WeightFormat f, int cols) {
+    return (unsigned)f < WF_COUNT ? ((size_t)cols * (size_t)FORMATS[f].bits + 7) / 8 : 0;
+}
+
+size_t weight_companion_numel(const WeightFormatInfo *fi, const WeightCompanion *c, int rows, int cols, int group) {
+    size_t per_row = c->shape == WC_ROWS ? 1 : c->shape == WC_LEVELS ? (size_t)fi->levels : (size_t)(cols / group);
+    return (size_t)rows * per_row;
 }
 
 size_t weight_bytes(const Weight *w) {
-    size_t R = (size_t)w->rows, n = R * quant_row_bytes(w->fmt, w->cols);
-    switch (w->fmt) {
-    case WF_Q8:
-    case WF_Q4: n += R * sizeof(float); break;
-    case WF_Q4G: n += 2 * R * (size_t)(w->cols / w->group) * 2; break;
-    case WF_Q2LUT: n += R * 4 * 2; break;
-    case WF_Q4LUT: n += R * 16 * 2; break;
-    default: break;
-    }
+    const WeightFormatInfo *fi = weight_format_info(w->fmt);
+    size_t n = (size_t)w->rows * weight_row_bytes(w->fmt, w->cols);
+    for (int i = 0; fi && i < fi->n_comp; i++)
+        n += weight_companion_numel(fi, &fi->comp[i], w->rows, w->cols, w->group) * dtype_size(fi->comp[i].dtype);
     return n;
 }
 
@@ -43,6 +145,8 @@ double weight_bits_per_weight(const Weight *w) {
     double n = (double)w->rows * (double)w->cols;
     return n > 0 ? (double)weight_bytes(w) * 8.0 / n : 0.0;
 }
+
+void weight_row_f32(float *dst, const Weight *w, int r) { FORMATS[w->fmt].dequant_row(dst, w, r); }
 
 void weight_free(Weight *w) {
     if (!w->owned)
@@ -52,62 +156,4 @@ void weight_free(Weight *w) {
     w->data = NULL;
     w->scale = NULL;
     w->gscale = w->gzero = w->lut = NULL;
-}
-
-// Rows of a non-fp32 weight are widened to fp32 in tiles of this many rows, then multiplied with sgemm:
-// the tile (TILE_ROWS x cols x 4 bytes) stays cache-friendly and memory stays O(tile).
-#define TILE_ROWS 256
-
-void weight_row_f32(float *dst, const Weight *w, int r) { quant_dequant_row(dst, w, r); }
-
-static void add_bias(float *out, const float *bias, int N, int rows) {
-    if (!bias)
-        return;
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int r = 0; r < rows; r++)
-            out[(size_t)n * rows + r] += bias[r];
-}
-
-int weight_matmul_forward(float *out, const float *inp, const Weight *w, const float *bias, int N) {
-    int R = w->rows, K = w->cols;
-    if (N <= QUANT_DECODE_MAX_N) {
-        ER_TRY(quant_matmul_decode(out, inp, w, N));
-    } else if (w->fmt == WF_F32) {
-        gemm_f32(0, 1, N, R, K, 1.0f, inp, K, (const float *)w->data, K, 0.0f, out, R);
-    } else {
-        int tile = R < TILE_ROWS ? R : TILE_ROWS;
-        float *buf = er_alloc((size_t)tile * K * sizeof(float));
-        if (!buf)
-            return ER_ENOMEM;
-        for (int r0 = 0; r0 < R; r0 += tile) {
-            int nr = R - r0 < tile ? R - r0 : tile;
-            quant_dequant_rows(buf, w, r0, nr);
-            gemm_f32(0, 1, N, nr, K, 1.0f, inp, K, buf, K, 0.0f, out + r0, R);
-        }
-        er_free(buf);
-    }
-    add_bias(out, bias, N, R);
-    return ER_OK;
-}
-
-// Through a frozen weight of any format (a LoRA adapter training on a quantized base): tiles of rows
-// are dequantized and their share dout[:, tile] · W[tile, :] accumulated.
-int weight_matmul_backward_input(float *dinp, const float *dout, const Weight *w, int N) {
-    int R = w->rows, K = w->cols;
-    if (w->fmt == WF_F32) {
-        gemm_f32(0, 0, N, K, R, 1.0f, dout, R, (const float *)w->data, K, 1.0f, dinp, K);
-        return ER_OK;
-    }
-    int tile = R < TILE_ROWS ? R : TILE_ROWS;
-    float *buf = er_alloc((size_t)tile * K * sizeof(float));
-    if (!buf)
-        return ER_ENOMEM;
-    for (int r0 = 0; r0 < R; r0 += tile) {
-        int nr = R - r0 < tile ? R - r0 : tile;
-        quant_dequant_rows(buf, w, r0, nr);
-        gemm_f32(0, 0, N, K, nr, 1.0f, dout + r0, R, buf, K, 1.0f, dinp, K);
-    }
-    er_free(buf);
-    return ER_OK;
 }

@@ -1,5 +1,6 @@
-// A linear layer's weight: a small struct with a format tag. Model code calls weight_matmul_* and
-// never looks inside, so quantized formats plug in here without touching model/.
+// A linear layer's weight: a small struct with a format tag, and THE format table. Model code calls
+// weight_* and the products of quant/quant.h and never looks inside, so a new format is one entry of
+// the table (quant/weight.c) plus its kernels, all in quant/.
 //
 // Quantized layouts (row r, column k; each row packed on its own, padded to whole bytes):
 //   WF_Q8    data int8 (rows, cols), W[r,k] = q * scale[r]            q in [-127, 127]
@@ -12,13 +13,15 @@
 // (2-bit: bits 0-1, 2-3, 4-5, 6-7; a block is 32 elements). So widening the 8 bytes to 8 lanes and
 // shifting gives 8 consecutive elements per shift. The last cols % 16 (4-bit) or cols % 32 (2-bit)
 // elements are packed in order after the blocks: element t of the tail at byte t/2 (low nibble for
-// even t) or t/4 (bits 2*(t%4)). quant_code4 / quant_code2 (quant/quant.h) read one code.
+// even t) or t/4 (bits 2*(t%4)). quant_code4 / quant_code2 read one code.
 // Scales of Q8/Q4 are fp32; Q4G scales/zeros and Q2LUT codebooks are fp16 (the file's bytes, used in place).
 #ifndef QUANT_WEIGHT_H
 #define QUANT_WEIGHT_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "core/dtype.h"
 
 typedef enum {
     WF_F32,   // fp32, trainable
@@ -29,6 +32,7 @@ typedef enum {
     WF_Q4G,   // int4 per group of `group` inputs, asymmetric (scale + zero)
     WF_Q2LUT, // 2-bit indices into a per-row 4-entry fp16 codebook
     WF_Q4LUT, // 4-bit indices into a per-row 16-entry fp16 codebook (non-uniform, SqueezeLLM style)
+    WF_COUNT
 } WeightFormat;
 
 typedef struct {
@@ -43,20 +47,79 @@ typedef struct {
     void *owned;              // one er_alloc block holding the buffers above, when this Weight owns them
 } Weight;
 
-const char *weight_format_name(WeightFormat f); // "f32", "bf16", "f16", "q8", "q4", "q4g", "q2lut", "q4lut"
+// ---- the format table ----
+
+// The shape of a companion tensor of a (rows, cols) matrix.
+typedef enum {
+    WC_ROWS,   // [rows]
+    WC_GROUPS, // [rows, cols / group]
+    WC_LEVELS, // [rows, levels]: a codebook per row
+} WeightCompanionShape;
+
+// A tensor stored beside the packed data "X.weight", named "X.weight" + suffix.
+typedef struct {
+    const char *suffix;         // "_scale", "_zero", "_codebook"
+    const char *what;           // for messages: "scales", "group scales", "group zeros", "codebooks"
+    ErDType dtype;              // DT_F32 or DT_F16
+    WeightCompanionShape shape;
+    size_t field;               // offsetof(Weight, ...): the pointer it fills
+    int nonneg;                 // values must be >= 0 (scales; 0 is an all-zero row)
+} WeightCompanion;
+
+#define WEIGHT_MAX_COMPANIONS 2
+#define WEIGHT_DECODE_DECLINED 1
+
+typedef struct {
+    const char *name;           // "f32", "bf16", "f16", "q8", "q4", "q4g", "q2lut", "q4lut"
+    int bits;                   // per element of `data` (row bytes: ceil(cols * bits / 8))
+    int quantized;              // packed codes (frozen: no gradients, no in-place training)
+    int levels;                 // codebook formats: entries per row (WC_LEVELS); else 0
+    ErDType dtype;              // of the data tensor in a file: the float type, or I8 / U8 for packed rows
+    int n_comp;
+    WeightCompanion comp[WEIGHT_MAX_COMPANIONS];
+    // Row r as fp32 (cols), single thread: the reference every kernel is tested against.
+    void (*dequant_row)(float *dst, const Weight *w, int r);
+    // Decode kernel (1 <= N <= 8 input rows, quant/qkernel.h): out (N, rows) = inp (N, cols) · Wᵀ. NULL, or
+    // a return of WEIGHT_DECODE_DECLINED for a weight it does not take: the portable path (dequant_row + dot).
+    int (*decode)(float *out, const float *inp, const Weight *w, int N);
+    // GEMM path for more rows: 1: sgemm reads `data` in place (fp32); 0: rows are widened to fp32 tile by
+    // tile into the caller's scratch, then sgemm.
+    int gemm_in_place;
+} WeightFormatInfo;
+
+// The entry of f; NULL outside the enum.
+const WeightFormatInfo *weight_format_info(WeightFormat f);
+const char *weight_format_name(WeightFormat f); // the entry's name; "?" outside the enum
 int weight_is_quantized(WeightFormat f);
+// 1 when the format has per-group companions (Weight.group matters: q4g).
+int weight_format_grouped(WeightFormat f);
+// Bytes of one packed row of `data` (elements * size for the float formats).
+size_t weight_row_bytes(WeightFormat f, int cols);
+// Elements of companion c of a (rows, cols) matrix (group: Q4G's).
+size_t weight_companion_numel(const WeightFormatInfo *fi, const WeightCompanion *c, int rows, int cols, int group);
 // Bytes of the whole weight: data plus scales, zeros and codebooks.
 size_t weight_bytes(const Weight *w);
 // weight_bytes * 8 / (rows * cols).
 double weight_bits_per_weight(const Weight *w);
-// Frees w->owned (and clears the pointers into it).
+// Row r of W as fp32 into dst (cols): embedding lookups, saving, the portable kernels.
+void weight_row_f32(float *dst, const Weight *w, int r);
+// Frees w->owned (and clears the pointers into it). Safe on a zeroed Weight.
 void weight_free(Weight *w);
 
-// out (N, rows) = inp (N, cols) · Wᵀ + bias (rows, may be NULL)
-int weight_matmul_forward(float *out, const float *inp, const Weight *w, const float *bias, int N);
-// dinp (N, cols) += dout (N, rows) · W
-int weight_matmul_backward_input(float *dinp, const float *dout, const Weight *w, int N);
-// Row r of W as fp32 into dst (cols): embedding lookups.
-void weight_row_f32(float *dst, const Weight *w, int r);
+// The code of element k of a packed row of n elements (layout above).
+static inline unsigned quant_code4(const uint8_t *row, int n, int k) {
+    int full = n & ~15;
+    if (k < full)
+        return (row[(k >> 4) * 8 + (k & 7)] >> ((k & 8) >> 1)) & 15;
+    int t = k - full;
+    return (row[full / 2 + (t >> 1)] >> ((t & 1) * 4)) & 15;
+}
+static inline unsigned quant_code2(const uint8_t *row, int n, int k) {
+    int full = n & ~31;
+    if (k < full)
+        return (row[(k >> 5) * 8 + (k & 7)] >> (((k >> 3) & 3) * 2)) & 3;
+    int t = k - full;
+    return (row[full / 4 + (t >> 2)] >> ((t & 3) * 2)) & 3;
+}
 
 #endif

@@ -31,7 +31,8 @@ struct QatState {
     long clustered_at, written_at; // -1: never
 };
 
-static int is_kmeans(const QuantOptions *o) { return (o->fmt == WF_Q2LUT || o->fmt == WF_Q4LUT) && !o->uniform; }
+// Codebook formats fit their levels by k-means (q2rtn's uniform levels are re-quantized every step).
+static int is_kmeans(const QuantOptions *o) { return weight_format_info(o->fmt)->levels && !o->uniform; }
 
 void qat_state_free(QatState *s) {
     if (!s)
@@ -90,7 +91,7 @@ int qat_state_apply(QatState *s, long step) {
                 weight_free(&q->cb);
                 ER_TRY(quantize_matrix(&q->cb, src, R, C, NULL, &q->qo));
             }
-            quant_fake_quant_lut(dst, src, R, C, q->cb.lut, q->qo.fmt == WF_Q2LUT ? 4 : 16);
+            quant_fake_quant_lut(dst, src, R, C, q->cb.lut, weight_format_info(q->qo.fmt)->levels);
         } else {
             ER_TRY(quant_fake_quant_rows(dst, src, R, C, NULL, &q->qo));
         }
@@ -117,6 +118,7 @@ static int qat_hook(void *ctx, long step) { return qat_state_apply(ctx, step); }
 static int qat_save(void *ctx, const char *out_dir) {
     QatSave *q = ctx;
     const QatConfig *c = q->c;
+    FILE *log = c->train.quiet ? NULL : c->log;
     Model *m = q->m;
     memcpy(m->param_mem, q->master, m->n_param_floats * sizeof(float));
     QuantizeOptions qo = c->q;
@@ -124,12 +126,12 @@ static int qat_save(void *ctx, const char *out_dir) {
     qo.transforms = c->transforms ? c->transforms : "none";
     QuantizeReport rep;
     double t0 = time_now();
-    if (!c->train.quiet)
-        printf("qat: quantizing the trained weights to %s:\n", c->q.weights);
-    ER_TRY(quantize_model(m, &qo, NULL, c->train.quiet ? NULL : stdout, &rep));
+    if (log)
+        fprintf(log, "qat: quantizing the trained weights to %s:\n", c->q.weights);
+    ER_TRY(quantize_model(m, &qo, NULL, log, &rep));
     rep.bytes_before = q->src->bytes;
     rep.model_bits_per_weight = (double)rep.bytes_after * 8.0 / (double)q->src->params;
-    ER_TRY(quantize_write_dir(m, c->train.model_dir, out_dir, q->src->bf16));
+    ER_TRY(quantize_write_dir(m, c->train.model_dir, out_dir, q->src->bf16, log));
     cJSON *qc = quant_config_to_json(&m->quant);
     if (!qc)
         return ER_ENOMEM;
@@ -145,31 +147,27 @@ static int qat_save(void *ctx, const char *out_dir) {
     cJSON_AddNumberToObject(r, "bytes_after", (double)rep.bytes_after);
     cJSON_AddNumberToObject(r, "mean_rel_error", rep.mean_rel_error);
     cJSON_AddNumberToObject(r, "max_rel_error", rep.max_rel_error);
-    if (!c->train.quiet) {
-        printf("qat: bits per weight %.3f (layer projections), %.3f (whole model); %.2f MiB -> %.2f MiB; relative "
-               "error of the final quantization: mean %.4f, worst %.4f; %.1fs\n",
-               rep.bits_per_weight, rep.model_bits_per_weight, rep.bytes_before / 1048576.0,
-               rep.bytes_after / 1048576.0, rep.mean_rel_error, rep.max_rel_error, time_now() - t0);
-        fflush(stdout);
+    if (log) {
+        fprintf(log, "qat: bits per weight %.3f (layer projections), %.3f (whole model); %.2f MiB -> %.2f MiB; relative "
+                "error of the final quantization: mean %.4f, worst %.4f; %.1fs\n",
+                rep.bits_per_weight, rep.model_bits_per_weight, rep.bytes_before / 1048576.0,
+                rep.bytes_after / 1048576.0, rep.mean_rel_error, rep.max_rel_error, time_now() - t0);
+        fflush(log);
     }
     return ER_OK;
 }
 
-int qat_run(const QatConfig *c, TrainResult *res) {
-    if (res)
-        memset(res, 0, sizeof *res);
+// The flags, checked before the (slow) load.
+static int qat_check(const QatConfig *c) {
     const TrainConfig *tc = &c->train;
     if (!tc->model_dir || !tc->data_path || !tc->out_dir)
         return er_error(ER_EINVAL, "--model, --data and --out are required");
     ER_TRY(train_config_check(tc));
-    {
-        WeightFormat f;
-        int g, u;
-        if (!c->q.weights || quantize_parse_weights(c->q.weights, &f, &g, &u) < 0)
-            return er_error(ER_EINVAL,
-                            "--weights \"%s\" is not one of q8, q4, q4g32, q4g64, q4g128, q4lut, q2lut or q2rtn",
-                            c->q.weights ? c->q.weights : "");
-    }
+    WeightFormat f;
+    int g, u;
+    if (!c->q.weights || quantize_parse_weights(c->q.weights, &f, &g, &u) < 0)
+        return er_error(ER_EINVAL, "--weights \"%s\" is not one of q8, q4, q4g32, q4g64, q4g128, q4lut, q2lut or q2rtn",
+                        c->q.weights ? c->q.weights : "");
     if (c->recluster_every < 1)
         return er_error(ER_EINVAL, "--recluster-every must be >= 1 (got %d)", c->recluster_every);
     if (tc->save_every > 0 && tc->save_every % c->recluster_every != 0)
@@ -177,76 +175,81 @@ int qat_run(const QatConfig *c, TrainResult *res) {
                         "--save-every %d must be a multiple of --recluster-every %d (a resumed run re-clusters at its "
                         "checkpoint)",
                         tc->save_every, c->recluster_every);
+    return ER_OK;
+}
+
+// run.json: the model ("model") and qat's own settings ("extra").
+static void qat_describe(const QatConfig *c, const Model *m, const QuantizeSource *src, cJSON *info, cJSON *extra) {
+    cJSON_AddStringToObject(info, "dir", c->train.model_dir);
+    cJSON_AddNumberToObject(info, "hidden_size", m->cfg.C);
+    cJSON_AddNumberToObject(info, "num_hidden_layers", m->cfg.L);
+    cJSON_AddNumberToObject(info, "vocab_size", m->cfg.V);
+    cJSON_AddNumberToObject(info, "parameters", (double)src->params);
+    cJSON_AddStringToObject(extra, "weights", c->q.weights);
+    cJSON_AddStringToObject(extra, "embeddings", c->q.embeddings ? c->q.embeddings : "int8");
+    if (c->q.lm_head)
+        cJSON_AddStringToObject(extra, "lm_head", c->q.lm_head);
+    cJSON_AddStringToObject(extra, "transforms", c->transforms ? c->transforms : "none");
+    cJSON_AddNumberToObject(extra, "recluster_every", c->recluster_every);
+    cJSON_AddNumberToObject(extra, "kmeans_iters", c->q.kmeans_iters > 0 ? c->q.kmeans_iters : 25);
+    cJSON_AddStringToObject(extra, "scale_search", c->q.scale_search ? c->q.scale_search : "lp");
+    cJSON_AddStringToObject(extra, "ste", "straight-through: dL/dQ(W) applied to the fp32 master weights");
+}
+
+int qat_run(const QatConfig *c, TrainResult *res) {
+    if (res)
+        memset(res, 0, sizeof *res);
+    const TrainConfig *tc = &c->train;
+    ER_TRY(qat_check(c));
     ER_TRY(run_dir_check(tc->out_dir, tc->resume ? RUN_RESUME : RUN_NEW));
     threads_set(tc->threads);
-
-    Model m;
+    Model m = {0};
     QuantizeSource src;
-    ER_TRY(quantize_load(&m, tc->model_dir, c->transforms, (uint64_t)(uint32_t)tc->seed, &c->q, 1, tc->quiet ? NULL : stdout, &src));
     Tokenizer *tok = NULL;
     ChatStyle style;
     float *master = NULL;
     unsigned char *decay = NULL;
     QatState *st = NULL;
     cJSON *info = cJSON_CreateObject(), *extra = cJSON_CreateObject();
-    int rc = info && extra ? ER_OK : ER_ENOMEM;
-    if (rc == ER_OK)
-        rc = tok_load(&tok, tc->model_dir);
-    if (rc == ER_OK)
-        rc = train_chat_style(tc->model_dir, &style);
-    if (rc == ER_OK) {
-        master = er_alloc(m.n_param_floats * sizeof(float));
-        decay = er_calloc(m.n_param_floats, 1);
-        if (!master || !decay)
-            rc = er_error(ER_ENOMEM, "qat: cannot allocate %.1f MiB for the master weights",
-                          m.n_param_floats * 5.0 / 1048576.0);
-    }
-    if (rc == ER_OK) {
-        memcpy(master, m.param_mem, m.n_param_floats * sizeof(float));
-        // Weight decay (when asked) on matrices only, as in pretraining.
-        for (int i = 0; i < m.n_params; i++)
-            memset(decay + (m.params[i].data - m.param_mem), m.params[i].ndim == 2, m.params[i].numel);
-        rc = qat_state_init(&st, &m, master, &c->q, c->recluster_every);
-    }
-    if (rc == ER_OK) {
-        cJSON_AddStringToObject(info, "dir", tc->model_dir);
-        cJSON_AddNumberToObject(info, "hidden_size", m.cfg.C);
-        cJSON_AddNumberToObject(info, "num_hidden_layers", m.cfg.L);
-        cJSON_AddNumberToObject(info, "vocab_size", m.cfg.V);
-        cJSON_AddNumberToObject(info, "parameters", (double)src.params);
-        cJSON_AddStringToObject(extra, "weights", c->q.weights);
-        cJSON_AddStringToObject(extra, "embeddings", c->q.embeddings ? c->q.embeddings : "int8");
-        if (c->q.lm_head)
-            cJSON_AddStringToObject(extra, "lm_head", c->q.lm_head);
-        cJSON_AddStringToObject(extra, "transforms", c->transforms ? c->transforms : "none");
-        cJSON_AddNumberToObject(extra, "recluster_every", c->recluster_every);
-        cJSON_AddNumberToObject(extra, "kmeans_iters", c->q.kmeans_iters > 0 ? c->q.kmeans_iters : 25);
-        cJSON_AddStringToObject(extra, "scale_search", c->q.scale_search ? c->q.scale_search : "lp");
-        cJSON_AddStringToObject(extra, "ste", "straight-through: dL/dQ(W) applied to the fp32 master weights");
-    }
-    if (rc == ER_OK) {
-        QatSave sv = {c, &m, master, &src, info};
-        TrainJob job = {
-            .cfg = tc,
-            .label = "qat",
-            .model = &m,
-            .adapter = NULL,
-            .params = master,
-            .grads = m.grad_mem,
-            .n = m.n_param_floats,
-            .decay_mask = decay,
-            .tok = tok,
-            .style = style,
-            .prefix = "",
-            .model_info = info,
-            .save_final = qat_save,
-            .save_ctx = &sv,
-            .before_forward = qat_hook,
-            .hook_ctx = st,
-            .extra_config = extra,
-        };
-        rc = trainer_run(&job, res);
-    }
+    int rc = ER_OK;
+    if (!info || !extra)
+        ER_CHECK(ER_ENOMEM);
+    ER_CHECK(quantize_load(&m, tc->model_dir, c->transforms, (uint64_t)(uint32_t)tc->seed, &c->q, 1,
+                           tc->quiet ? NULL : c->log, &src));
+    ER_CHECK(tok_load(&tok, tc->model_dir));
+    ER_CHECK(train_chat_style(tc->model_dir, &style));
+    master = er_alloc(m.n_param_floats * sizeof(float));
+    decay = er_calloc(m.n_param_floats, 1);
+    if (!master || !decay)
+        ER_CHECK(er_error(ER_ENOMEM, "qat: cannot allocate %.1f MiB for the master weights",
+                          m.n_param_floats * 5.0 / 1048576.0));
+    memcpy(master, m.param_mem, m.n_param_floats * sizeof(float));
+    // Weight decay (when asked) on matrices only, as in pretraining.
+    for (int i = 0; i < m.n_params; i++)
+        memset(decay + (m.params[i].data - m.param_mem), m.params[i].ndim == 2, m.params[i].numel);
+    ER_CHECK(qat_state_init(&st, &m, master, &c->q, c->recluster_every));
+    qat_describe(c, &m, &src, info, extra);
+    QatSave sv = {c, &m, master, &src, info};
+    TrainJob job = {
+        .cfg = tc,
+        .label = "qat",
+        .model = &m,
+        .params = master,
+        .grads = m.grad_mem,
+        .n = m.n_param_floats,
+        .decay_mask = decay,
+        .tok = tok,
+        .style = style,
+        .prefix = "",
+        .model_info = info,
+        .save_final = qat_save,
+        .save_ctx = &sv,
+        .before_forward = qat_hook,
+        .hook_ctx = st,
+        .extra_config = extra,
+    };
+    rc = trainer_run(&job, res);
+done:
     qat_state_free(st);
     cJSON_Delete(info);
     cJSON_Delete(extra);

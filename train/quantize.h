@@ -58,7 +58,7 @@ void quantize_plan_options(const Model *m, const QuantizePlan *plan, const Quant
 // Per-layer errors go to `log` (NULL = quiet).
 int quantize_model(Model *m, const QuantizeOptions *o, const float *const *importance, FILE *log, QuantizeReport *rep);
 
-// A tied model rebuilt untied (trainable fp32, lm_head a copy of the embedding), so that the lm_head
+// model_untie (model/model.h), refused on a quantized model: a tied model rebuilt untied, so that the lm_head
 // can get another format than the embedding (e.g. int8 embeddings and a W4 lm_head, which decode reads
 // in full every token). Exact: the logits do not change. A no-op on untied models.
 int quantize_untie(Model *m);
@@ -76,8 +76,8 @@ typedef struct {
 int quantize_load(Model *m, const char *model_dir, const char *transforms, uint64_t seed, const QuantizeOptions *o,
                   int trainable, FILE *log, QuantizeSource *src);
 // Writes the model dir as `ertrain quantize` does: model_save (packed tensors, quantization_config)
-// and the tokenizer files of src_dir (a note when it has none).
-int quantize_write_dir(const Model *m, const char *src_dir, const char *out_dir, int as_bf16);
+// and the tokenizer files of src_dir (a note to log when it has none; NULL = quiet).
+int quantize_write_dir(const Model *m, const char *src_dir, const char *out_dir, int as_bf16, FILE *log);
 // Token-weighted mean NLL (loss on every position, like the calibration pass) of m on the first n
 // records of a JSONL file, with the tokenizer and chat style of tokenizer_dir; *n_seq (may be NULL)
 // gets the sequences used.
@@ -95,6 +95,7 @@ typedef struct {
     const char *sensitivity;  // fisher | none (NULL = fisher with --calib, else none)
     uint64_t seed;
     int threads;
+    FILE *log;                // progress, notes and the report (NULL = silent; ertrain quantize: stdout)
 } QuantizeConfig;
 
 typedef struct {

@@ -47,49 +47,6 @@ static int all_ones(const float *g, int n) {
     return 1;
 }
 
-// A new model with its own lm_head (a copy of the embedding) and tie_word_embeddings = false,
-// replacing *m. The final norm can then be folded into lm_head without touching the embedding.
-// The old gradients go first (the new model brings zeroed ones), so the peak is the old parameters
-// plus one new trainable model. Should that allocation fail, *m is left as a valid model that is
-// no longer trainable (its weights intact, no gradients).
-static int untie(Model *m) {
-    ModelConfig c = m->cfg;
-    c.tied = 0;
-    er_free(m->grad_mem);
-    m->grad_mem = NULL;
-    memset(m->grads, 0, sizeof(LayerGrads) * (size_t)m->cfg.L);
-    m->g_embed = m->g_norm = m->g_lm_head = NULL;
-    for (int i = 0; i < m->n_params; i++)
-        m->params[i].grad = NULL;
-    Model n;
-    int rc = model_build_random(&n, &c, 0.0f, 0);
-    if (rc < 0) {
-        m->trainable = 0;
-        return rc;
-    }
-    const ParamTensor *emb = model_find_param(m, "model.embed_tokens.weight");
-    for (int i = 0; i < n.n_params; i++) {
-        ParamTensor *p = &n.params[i];
-        const ParamTensor *src = strcmp(p->name, "lm_head.weight") == 0 ? emb : model_find_param(m, p->name);
-        if (!src || src->numel != p->numel) {
-            model_free(&n);
-            return er_error(ER_EINVAL, "transform: untying: no tensor \"%s\" of %zu values in the tied model", p->name,
-                            p->numel);
-        }
-        memcpy(p->data, src->data, sizeof(float) * p->numel);
-    }
-    model_free(m);
-    *m = n;
-    // The parameter table points at the Weight fields inside the Model struct: follow the move.
-    for (int i = 0; i < m->n_params; i++) {
-        if (m->params[i].w == &n.embed)
-            m->params[i].w = &m->embed;
-        else if (m->params[i].w == &n.lm_head)
-            m->params[i].w = &m->lm_head;
-    }
-    return ER_OK;
-}
-
 // RMSNorm scales into the matrices that read the normalised stream; the norms become 1.
 static void fold_norms(Model *m) {
     const ModelConfig *c = &m->cfg;
@@ -113,31 +70,26 @@ static void fold_norms(Model *m) {
 // T_r: x -> x·Q on the residual stream.
 static int rotate_residual(Model *m, uint64_t seed) {
     const ModelConfig *c = &m->cfg;
-    int C = c->C, qd = c->NH * c->HS, kvd = c->NKV * c->HS;
+    int C = c->C, qd = c->NH * c->HS, kvd = c->NKV * c->HS, rc = ER_OK;
     float *Q = er_alloc(sizeof(float) * (size_t)C * C); // (C, C)
     if (!Q)
         return er_error(ER_ENOMEM, "transform: no memory for a %d x %d rotation", C, C);
-    int rc = transform_rotation(Q, C, seed);
-    if (rc == ER_OK)
-        rc = transform_matmul_right(mat(&m->embed), c->V, C, C, Q);
-    if (rc == ER_OK && m->lm_head.data != m->embed.data)
-        rc = transform_matmul_right(mat(&m->lm_head), c->V, C, C, Q);
-    for (int l = 0; l < c->L && rc == ER_OK; l++) {
+    ER_CHECK(transform_rotation(Q, C, seed));
+    ER_CHECK(transform_matmul_right(mat(&m->embed), c->V, C, C, Q));
+    if (m->lm_head.data != m->embed.data)
+        ER_CHECK(transform_matmul_right(mat(&m->lm_head), c->V, C, C, Q));
+    for (int l = 0; l < c->L; l++) {
         LayerWeights *w = &m->layers[l];
-        rc = transform_matmul_right(mat(&w->wq), qd, C, C, Q);
-        if (rc == ER_OK)
-            rc = transform_matmul_right(mat(&w->wk), kvd, C, C, Q);
-        if (rc == ER_OK)
-            rc = transform_matmul_right(mat(&w->wv), kvd, C, C, Q);
-        if (rc == ER_OK)
-            rc = transform_matmul_right(mat(&w->wgate), c->FF, C, C, Q);
-        if (rc == ER_OK)
-            rc = transform_matmul_right(mat(&w->wup), c->FF, C, C, Q);
-        if (rc == ER_OK)
-            rc = transform_matmul_left_t(mat(&w->wo), C, qd, qd, Q);
-        if (rc == ER_OK)
-            rc = transform_matmul_left_t(mat(&w->wdown), C, c->FF, c->FF, Q);
+        // readers W <- W·Q, writers W <- Qᵀ·W
+        ER_CHECK(transform_matmul_right(mat(&w->wq), qd, C, C, Q));
+        ER_CHECK(transform_matmul_right(mat(&w->wk), kvd, C, C, Q));
+        ER_CHECK(transform_matmul_right(mat(&w->wv), kvd, C, C, Q));
+        ER_CHECK(transform_matmul_right(mat(&w->wgate), c->FF, C, C, Q));
+        ER_CHECK(transform_matmul_right(mat(&w->wup), c->FF, C, C, Q));
+        ER_CHECK(transform_matmul_left_t(mat(&w->wo), C, qd, qd, Q));
+        ER_CHECK(transform_matmul_left_t(mat(&w->wdown), C, c->FF, c->FF, Q));
     }
+done:
     er_free(Q);
     return rc;
 }
@@ -145,13 +97,10 @@ static int rotate_residual(Model *m, uint64_t seed) {
 // T_u: up rows *= s, down columns /= s.
 static int scale_up_down(Model *m) {
     const ModelConfig *c = &m->cfg;
-    int C = c->C, FF = c->FF;
+    int C = c->C, FF = c->FF, rc = ER_OK;
     float *mu = er_alloc(sizeof(float) * FF), *md = er_calloc((size_t)FF, sizeof(float)); // (FF), (FF)
-    if (!mu || !md) {
-        er_free(mu);
-        er_free(md);
-        return ER_ENOMEM;
-    }
+    if (!mu || !md)
+        ER_CHECK(ER_ENOMEM);
     for (int l = 0; l < c->L; l++) {
         LayerWeights *w = &m->layers[l];
         transform_row_absmax(mu, mat(&w->wup), FF, C, C);
@@ -162,48 +111,55 @@ static int scale_up_down(Model *m) {
         transform_scale_rows(mat(&w->wup), FF, C, C, mu, 0);
         transform_scale_cols(mat(&w->wdown), C, FF, FF, mu, 1);
     }
+done:
     er_free(mu);
     er_free(md);
+    return rc;
+}
+
+// T_v for KV head h of layer w: v_h -> D·Qᵀ·v_h and the group's o columns -> o·Q·D⁻¹, with the
+// rotation Q (HS, HS) and mv, mo (HS) as scratch.
+static int transform_value_head(const ModelConfig *c, LayerWeights *w, int h, uint64_t seed, float *Q, float *mv,
+                                float *mo) {
+    int C = c->C, HS = c->HS, qd = c->NH * HS, G = c->NH / c->NKV;
+    float *wv = mat(&w->wv) + (size_t)h * HS * C, *bv = w->bv ? w->bv + (size_t)h * HS : NULL;
+    ER_TRY(transform_rotation(Q, HS, seed));
+    ER_TRY(transform_matmul_left_t(wv, HS, C, C, Q));
+    if (bv)
+        ER_TRY(transform_matmul_left_t(bv, HS, 1, 1, Q));
+    for (int g = 0; g < G; g++)
+        ER_TRY(transform_matmul_right(mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd, Q));
+    transform_row_absmax(mv, wv, HS, C, C);
+    memset(mo, 0, sizeof(float) * HS);
+    for (int g = 0; g < G; g++)
+        transform_col_absmax_acc(mo, mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd);
+    for (int d = 0; d < HS; d++)
+        mv[d] = transform_balance_scale(mv[d], mo[d], 0.5f); // mv now holds D
+    transform_scale_rows(wv, HS, C, C, mv, 0);
+    if (bv)
+        transform_scale_rows(bv, HS, 1, 1, mv, 0);
+    for (int g = 0; g < G; g++)
+        transform_scale_cols(mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd, mv, 1);
     return ER_OK;
 }
 
-// T_v: per KV head, v_h -> D·Qᵀ·v_h and the group's o columns -> o·Q·D⁻¹.
+// T_v: every KV head of every layer, each with its own stream of the seed.
 static int transform_values(Model *m, uint64_t seed) {
     const ModelConfig *c = &m->cfg;
-    int C = c->C, HS = c->HS, qd = c->NH * HS, G = c->NH / c->NKV;
+    int HS = c->HS, rc = ER_OK;
     float *Q = er_alloc(sizeof(float) * (size_t)HS * HS); // (HS, HS)
     float *mv = er_alloc(sizeof(float) * HS), *mo = er_alloc(sizeof(float) * HS); // (HS), (HS)
-    int rc = Q && mv && mo ? ER_OK : ER_ENOMEM;
+    if (!Q || !mv || !mo)
+        ER_CHECK(ER_ENOMEM);
     ErRng base;
     rng_seed(&base, seed);
-    for (int l = 0; l < c->L && rc == ER_OK; l++) {
-        LayerWeights *w = &m->layers[l];
-        for (int h = 0; h < c->NKV && rc == ER_OK; h++) {
-            float *wv = mat(&w->wv) + (size_t)h * HS * C, *bv = w->bv ? w->bv + (size_t)h * HS : NULL;
+    for (int l = 0; l < c->L; l++)
+        for (int h = 0; h < c->NKV; h++) {
             ErRng r;
             rng_fork(&r, &base, (uint64_t)l * c->NKV + h);
-            rc = transform_rotation(Q, HS, rng_u64(&r));
-            if (rc == ER_OK)
-                rc = transform_matmul_left_t(wv, HS, C, C, Q);
-            if (rc == ER_OK && bv)
-                rc = transform_matmul_left_t(bv, HS, 1, 1, Q);
-            for (int g = 0; g < G && rc == ER_OK; g++)
-                rc = transform_matmul_right(mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd, Q);
-            if (rc < 0)
-                break;
-            transform_row_absmax(mv, wv, HS, C, C);
-            memset(mo, 0, sizeof(float) * HS);
-            for (int g = 0; g < G; g++)
-                transform_col_absmax_acc(mo, mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd);
-            for (int d = 0; d < HS; d++)
-                mv[d] = transform_balance_scale(mv[d], mo[d], 0.5f); // mv now holds D
-            transform_scale_rows(wv, HS, C, C, mv, 0);
-            if (bv)
-                transform_scale_rows(bv, HS, 1, 1, mv, 0);
-            for (int g = 0; g < G; g++)
-                transform_scale_cols(mat(&w->wo) + (size_t)(h * G + g) * HS, C, HS, qd, mv, 1);
+            ER_CHECK(transform_value_head(c, &m->layers[l], h, rng_u64(&r), Q, mv, mo));
         }
-    }
+done:
     er_free(Q);
     er_free(mv);
     er_free(mo);
@@ -266,7 +222,7 @@ int transform_model_apply(Model *m, unsigned flags, uint64_t seed) {
     rng_fork(&r_v, &base, 1);
     if (flags & TRANSFORM_ROTATE) {
         if (m->cfg.tied && !all_ones(m->norm, m->cfg.C))
-            ER_TRY(untie(m));
+            ER_TRY(model_untie(m)); // the final norm can then be folded into lm_head alone
         fold_norms(m);
         ER_TRY(rotate_residual(m, rng_u64(&r_rot)));
     }

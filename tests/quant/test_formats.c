@@ -83,7 +83,7 @@ Test(quant_formats, dequant_matches_layout) {
         ((float *)w.scale)[r] = 0.1f * (r + 1);
     float row[44];
     for (int r = 0; r < R; r++) {
-        quant_dequant_row(row, &w, r);
+        weight_row_f32(row, &w, r);
         for (int k = 0; k < K; k++)
             cr_assert_eq(row[k], ((int8_t *)w.data)[r * K + k] * w.scale[r]);
     }
@@ -95,7 +95,7 @@ Test(quant_formats, dequant_matches_layout) {
         for (int i = 0; i < R * K; i++)
             codes[i] = (uint8_t)rng_below(&rng, 16);
         for (int r = 0; r < R; r++)
-            quant_pack4((uint8_t *)w.data + r * quant_row_bytes(w.fmt, K), codes + r * K, K);
+            quant_pack4((uint8_t *)w.data + r * weight_row_bytes(w.fmt, K), codes + r * K, K);
         if (g) {
             for (int i = 0; i < R * K / 4; i++) {
                 ((uint16_t *)w.gscale)[i] = f32_to_f16(0.25f + 0.125f * i);
@@ -106,7 +106,7 @@ Test(quant_formats, dequant_matches_layout) {
                 ((float *)w.scale)[r] = 0.5f + r;
         }
         for (int r = 0; r < R; r++) {
-            quant_dequant_row(row, &w, r);
+            weight_row_f32(row, &w, r);
             for (int k = 0; k < K; k++) {
                 float u = codes[r * K + k];
                 float want = g ? u * f16_to_f32(w.gscale[r * (K / 4) + k / 4]) + f16_to_f32(w.gzero[r * (K / 4) + k / 4])
@@ -122,12 +122,12 @@ Test(quant_formats, dequant_matches_layout) {
     for (int i = 0; i < R * K; i++)
         c16[i] = (uint8_t)rng_below(&rng, 16);
     for (int r = 0; r < R; r++) {
-        quant_pack4((uint8_t *)w.data + r * quant_row_bytes(WF_Q4LUT, K), c16 + r * K, K);
+        quant_pack4((uint8_t *)w.data + r * weight_row_bytes(WF_Q4LUT, K), c16 + r * K, K);
         for (int j = 0; j < 16; j++)
             ((uint16_t *)w.lut)[r * 16 + j] = f32_to_f16((float)(j - 7.5) * 0.25f * (r + 1));
     }
     for (int r = 0; r < R; r++) {
-        quant_dequant_row(row, &w, r);
+        weight_row_f32(row, &w, r);
         for (int k = 0; k < K; k++)
             cr_assert_eq(row[k], f16_to_f32(w.lut[r * 16 + c16[r * K + k]]), "q4lut [%d,%d]", r, k);
     }
@@ -138,12 +138,12 @@ Test(quant_formats, dequant_matches_layout) {
     for (int i = 0; i < R * K; i++)
         idx[i] = (uint8_t)rng_below(&rng, 4);
     for (int r = 0; r < R; r++) {
-        quant_pack2((uint8_t *)w.data + r * quant_row_bytes(WF_Q2LUT, K), idx + r * K, K);
+        quant_pack2((uint8_t *)w.data + r * weight_row_bytes(WF_Q2LUT, K), idx + r * K, K);
         for (int j = 0; j < 4; j++)
             ((uint16_t *)w.lut)[r * 4 + j] = f32_to_f16((float)(j - 1.5) * (r + 1));
     }
     for (int r = 0; r < R; r++) {
-        quant_dequant_row(row, &w, r);
+        weight_row_f32(row, &w, r);
         for (int k = 0; k < K; k++)
             cr_assert_eq(row[k], f16_to_f32(w.lut[r * 4 + idx[r * K + k]]));
     }
@@ -171,8 +171,8 @@ Test(quant_formats, bytes_and_bits_per_weight) {
     cr_assert_eq(quant_weight_alloc(&w, WF_Q8, 10, 896, 0), 0);
     cr_assert_float_eq(weight_bits_per_weight(&w), 8.0 + 32.0 / 896, 1e-9);
     weight_free(&w);
-    cr_assert_eq(quant_row_bytes(WF_Q4, 7), 4u);
-    cr_assert_eq(quant_row_bytes(WF_Q2LUT, 7), 2u);
+    cr_assert_eq(weight_row_bytes(WF_Q4, 7), 4u);
+    cr_assert_eq(weight_row_bytes(WF_Q2LUT, 7), 2u);
     Weight f = {.fmt = WF_BF16, .rows = 4, .cols = 8};
     cr_assert_float_eq(weight_bits_per_weight(&f), 16.0, 1e-12);
 }

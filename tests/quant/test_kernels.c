@@ -17,7 +17,7 @@ static void random_weight(Weight *w, WeightFormat f, int R, int K, int group, ui
     cr_assert_eq(quant_weight_alloc(w, f, R, K, group), 0);
     ErRng r;
     rng_seed(&r, seed);
-    size_t nb = (size_t)R * quant_row_bytes(f, K);
+    size_t nb = (size_t)R * weight_row_bytes(f, K);
     uint8_t *d = (uint8_t *)w->data;
     for (size_t i = 0; i < nb; i++)
         d[i] = (uint8_t)rng_below(&r, 256);
@@ -40,7 +40,7 @@ static void random_weight(Weight *w, WeightFormat f, int R, int K, int group, ui
     if (f == WF_Q4 || f == WF_Q4G || f == WF_Q2LUT || f == WF_Q4LUT) {
         uint8_t *codes = malloc((size_t)K);
         for (int i = 0; i < R; i++) {
-            uint8_t *row = d + (size_t)i * quant_row_bytes(f, K);
+            uint8_t *row = d + (size_t)i * weight_row_bytes(f, K);
             if (f == WF_Q2LUT) {
                 quant_unpack2(codes, row, K);
                 quant_pack2(row, codes, K);
@@ -119,6 +119,9 @@ static void make_weight(Weight *w, const Case *c, int R, uint64_t seed, void **o
     w->data = *own = h;
 }
 
+// The products' scratch, sized for every case here (K <= 256).
+static float scratch[QUANT_TILE_ROWS * 256];
+
 static void free_weight(Weight *w, void *own) {
     weight_free(w);
     free(own);
@@ -135,16 +138,21 @@ Test(quant_kernels, decode_n1_to_8_simd_and_portable) {
         float *W = dequant_all(&w), *inp = random_vec((size_t)8 * c->K, 7 + ci), *bias = random_vec(R, 3);
         float out[8 * 19];
         for (int portable = 0; portable < 2; portable++) {
-            int old = quant_force_portable(portable);
             for (int N = 1; N <= 8; N++) {
                 char what[64];
                 snprintf(what, sizeof what, "%s K=%d g=%d N=%d %s", weight_format_name(c->f), c->K, c->group, N,
                          portable ? "portable" : "simd");
                 memset(out, 0, sizeof out);
-                cr_assert_eq(weight_matmul_forward(out, inp, &w, bias, N), 0);
+                if (portable) { // the reference path, called by name; the bias as weight_matmul_forward adds it
+                    cr_assert_eq(quant_matmul_decode_portable(out, inp, &w, N, scratch), 0);
+                    for (int n = 0; n < N; n++)
+                        for (int r = 0; r < R; r++)
+                            out[n * R + r] += bias[r];
+                } else {
+                    cr_assert_eq(weight_matmul_forward(out, inp, &w, bias, N, scratch), 0);
+                }
                 check_forward(out, inp, W, bias, N, R, c->K, what);
             }
-            quant_force_portable(old);
         }
         free(W);
         free(inp);
@@ -163,7 +171,7 @@ Test(quant_kernels, tile_path_n33) {
         make_weight(&w, c, R, 200 + ci, &own);
         float *W = dequant_all(&w), *inp = random_vec((size_t)N * c->K, 11 + ci);
         float *out = calloc((size_t)N * R, sizeof(float));
-        cr_assert_eq(weight_matmul_forward(out, inp, &w, NULL, N), 0);
+        cr_assert_eq(weight_matmul_forward(out, inp, &w, NULL, N, scratch), 0);
         check_forward(out, inp, W, NULL, N, R, c->K, weight_format_name(c->f));
         free(out);
         free(W);
@@ -187,7 +195,7 @@ Test(quant_kernels, backward_input_accumulates) {
             float *dout = random_vec((size_t)N * R, 5 + ci), *dinp = random_vec((size_t)N * c->K, 9 + ci);
             float *d0 = malloc(sizeof(float) * (size_t)N * c->K);
             memcpy(d0, dinp, sizeof(float) * (size_t)N * c->K);
-            cr_assert_eq(weight_matmul_backward_input(dinp, dout, &w, N), 0);
+            cr_assert_eq(weight_matmul_backward_input(dinp, dout, &w, N, scratch), 0);
             for (int n = 0; n < N; n++)
                 for (int k = 0; k < c->K; k++) {
                     double s = d0[(size_t)n * c->K + k], a = fabs(s);
@@ -220,14 +228,14 @@ Test(quant_kernels, backward_matches_finite_differences) {
             random_weight(&w, fs[fi], R, K, 16, 40 + fi);
             float *x = random_vec((size_t)N * K, 1), *g = random_vec((size_t)N * R, 2);
             float *dx = calloc((size_t)N * K, sizeof(float)), *out = malloc(sizeof(float) * (size_t)N * R);
-            cr_assert_eq(weight_matmul_backward_input(dx, g, &w, N), 0);
+            cr_assert_eq(weight_matmul_backward_input(dx, g, &w, N, scratch), 0);
             for (int i = 0; i < N * K; i += 5) {
                 double L[2];
                 float x0 = x[i];
                 const float h = 0.125f;
                 for (int s = 0; s < 2; s++) {
                     x[i] = x0 + (s ? -h : h);
-                    cr_assert_eq(weight_matmul_forward(out, x, &w, NULL, N), 0);
+                    cr_assert_eq(weight_matmul_forward(out, x, &w, NULL, N, scratch), 0);
                     L[s] = 0;
                     for (int j = 0; j < N * R; j++)
                         L[s] += (double)g[j] * out[j];
@@ -249,7 +257,7 @@ Test(quant_kernels, decode_rejects_bad_n) {
     Weight w;
     random_weight(&w, WF_Q8, 2, 8, 0, 1);
     float x[9 * 8] = {0}, out[18];
-    cr_assert_lt(quant_matmul_decode(out, x, &w, 9), 0);
-    cr_assert_lt(quant_matmul_decode(out, x, &w, 0), 0);
+    cr_assert_lt(quant_matmul_decode(out, x, &w, 9, scratch), 0);
+    cr_assert_lt(quant_matmul_decode(out, x, &w, 0, scratch), 0);
     weight_free(&w);
 }

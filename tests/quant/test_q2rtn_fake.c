@@ -26,7 +26,7 @@ static float *rows_of(int n, uint64_t seed, int heavy) {
 static double row_sq_error(const Weight *w, const float *src, int r) {
     float row[512];
     cr_assert(w->cols <= 512);
-    quant_dequant_row(row, w, r);
+    weight_row_f32(row, w, r);
     double e = 0;
     for (int k = 0; k < w->cols; k++) {
         double d = (double)src[(size_t)r * w->cols + k] - row[k];
@@ -72,7 +72,7 @@ Test(q2rtn, levels_evenly_spaced_and_codes_nearest) {
             for (int j = 1; j < 4; j++) // equal steps up to the fp16 rounding of each level
                 cr_assert(fabsf((l[j] - l[j - 1]) - step) <= 2e-3f * (fabsf(l[0]) + fabsf(l[3])),
                           "row %d: steps %g and %g", r, step, l[j] - l[j - 1]);
-            quant_dequant_row(row, &w, r);
+            weight_row_f32(row, &w, r);
             cr_assert_leq(distinct(row, K), 4);
             for (int k = 0; k < K; k++) {
                 float v = x[r * K + k], d = fabsf(row[k] - v);

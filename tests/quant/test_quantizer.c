@@ -28,7 +28,7 @@ static double weighted_sq_error(const Weight *w, const float *src, const float *
     double e = 0;
     float *row = malloc(sizeof(float) * (size_t)w->cols);
     for (int r = 0; r < w->rows; r++) {
-        quant_dequant_row(row, w, r);
+        weight_row_f32(row, w, r);
         for (int k = 0; k < w->cols; k++) {
             double d = (double)src[(size_t)r * w->cols + k] - row[k];
             e += (imp ? imp[(size_t)r * w->cols + k] : 1.0) * d * d;
@@ -85,7 +85,7 @@ Test(quantizer, rtn_within_half_step) {
     cr_assert_eq(quantize_matrix(&w, x, R, K, NULL, &o), 0);
     float row[64];
     for (int r = 0; r < R; r++) {
-        quant_dequant_row(row, &w, r);
+        weight_row_f32(row, &w, r);
         for (int k = 0; k < K; k++)
             cr_assert(fabsf(row[k] - x[r * K + k]) <= 0.5f * w.scale[r] * (1 + 1e-5f), "q8 [%d,%d]", r, k);
     }
@@ -94,7 +94,7 @@ Test(quantizer, rtn_within_half_step) {
     o.search = QSEARCH_MINMAX;
     cr_assert_eq(quantize_matrix(&w, x, R, K, NULL, &o), 0);
     for (int r = 0; r < R; r++) {
-        quant_dequant_row(row, &w, r);
+        weight_row_f32(row, &w, r);
         for (int k = 0; k < K; k++) {
             float s = f16_to_f32(w.gscale[r * 4 + k / 16]);
             cr_assert(fabsf(row[k] - x[r * K + k]) <= 0.5f * s + 2e-3f * fabsf(x[r * K + k]) + 1e-3f, "q4g [%d,%d]", r,
@@ -153,7 +153,7 @@ Test(quantizer, q2lut_exact_for_four_values) {
     cr_assert_eq(quantize_matrix(&w, x, R, K, NULL, &o), 0);
     float row[37];
     for (int r = 0; r < R; r++) {
-        quant_dequant_row(row, &w, r);
+        weight_row_f32(row, &w, r);
         for (int k = 0; k < K; k++)
             cr_assert_eq(row[k], x[r * K + k], "row %d col %d: %g vs %g", r, k, row[k], x[r * K + k]);
     }
@@ -216,10 +216,10 @@ Test(quantizer, zero_rows_and_bad_options) {
         Weight w;
         cr_assert_eq(quantize_matrix(&w, x, 2, 16, NULL, &o), 0);
         float row[16];
-        quant_dequant_row(row, &w, 0);
+        weight_row_f32(row, &w, 0);
         for (int k = 0; k < 16; k++)
             cr_assert_eq(row[k], 0.0f, "%s zero row", weight_format_name(fs[i]));
-        quant_dequant_row(row, &w, 1);
+        weight_row_f32(row, &w, 1);
         for (int k = 0; k < 16; k++)
             cr_assert(fabsf(row[k] - 0.5f) < 0.5f / 14, "%s constant row: %g", weight_format_name(fs[i]), row[k]);
         weight_free(&w);
