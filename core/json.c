@@ -5,11 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <utf8proc.h>
-
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/utf8.h"
 
 // Offset of the first non-whitespace byte after `end` within text[0, len), or -1 if none.
 static long trailing_garbage(const char *text, size_t len, const char *end) {
@@ -21,25 +20,12 @@ static long trailing_garbage(const char *text, size_t len, const char *end) {
     return -1;
 }
 
-size_t json_utf8_invalid_at(const void *p, size_t len) {
-    const unsigned char *s = p;
-    size_t i = 0;
-    while (i < len) {
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t k = s[i] < 0x80 ? 1 : utf8proc_iterate(s + i, (utf8proc_ssize_t)(len - i), &cp);
-        if (k <= 0)
-            return i;
-        i += (size_t)k;
-    }
-    return len;
-}
-
 int json_parse_file(const char *path, size_t max_bytes, cJSON **out) {
     *out = NULL;
     char *text;
     size_t len;
     ER_TRY(file_read_all(path, max_bytes, &text, &len));
-    size_t bad = json_utf8_invalid_at(text, len);
+    size_t bad = utf8_invalid_at(text, len);
     if (bad < len) {
         er_free(text);
         return er_error(ER_EFORMAT, "%s: not valid UTF-8 (byte %zu)", path, bad);
@@ -171,7 +157,7 @@ int jsonl_next(JsonlReader *r, cJSON **obj) {
             continue;
         if (memchr(r->line, 0, len))
             return er_error(ER_EFORMAT, "%s:%ld: line contains a NUL byte", r->path, r->lineno);
-        size_t bad = json_utf8_invalid_at(r->line, len);
+        size_t bad = utf8_invalid_at(r->line, len);
         if (bad < len)
             return er_error(ER_EFORMAT, "%s:%ld: not valid UTF-8 (column %zu)", r->path, r->lineno, bad + 1);
         const char *end = NULL;

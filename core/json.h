@@ -13,10 +13,6 @@
 // string from it.
 int json_parse_file(const char *path, size_t max_bytes, cJSON **out);
 
-// Offset of the first byte that is not part of a valid UTF-8 sequence, or len if all are valid
-// (the rules of Rust's str::from_utf8: no overlong forms, no surrogates, nothing above U+10FFFF).
-size_t json_utf8_invalid_at(const void *s, size_t len);
-
 // Typed getters. `ctx` names the file (or file:line) in error messages. A missing key is an
 // error for json_get_*; json_opt_* leave *out untouched when the key is absent or null.
 int json_get_int(const cJSON *obj, const char *key, int64_t *out, const char *ctx);

@@ -18,7 +18,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
-#include "core/json.h"
+#include "core/utf8.h"
 
 // The header is parsed by cJSON. Where cJSON is looser than the reference (Rust `safetensors` +
 // serde_json) in ways that would change what a file means, this reader closes the gap itself:
@@ -337,7 +337,7 @@ static int read_header(const char *path, const unsigned char *bytes, uint64_t si
         return st_fail(path, "header length %llu runs past the end of the file (%llu bytes)", (unsigned long long)n,
                        (unsigned long long)size);
     const unsigned char *h = bytes + 8;
-    size_t bad = json_utf8_invalid_at(h, (size_t)n);
+    size_t bad = utf8_invalid_at(h, (size_t)n);
     if (bad != n)
         return st_fail(path, "header is not valid UTF-8 (bad byte 0x%02x at header byte %zu)", h[bad], bad);
     if (n == 0 || h[0] != '{') // cJSON would skip leading whitespace and a BOM; serde does not
@@ -490,7 +490,7 @@ static cJSON *header_build(const StWriteTensor *t, int n, const size_t *nbytes, 
 static int write_check_name(const char *path, const char *what, const char *s) {
     if (!s)
         return st_error(ER_EINVAL, "%s: %s is NULL", path, what);
-    if (json_utf8_invalid_at((const unsigned char *)s, strlen(s)) != strlen(s))
+    if (utf8_invalid_at((const unsigned char *)s, strlen(s)) != strlen(s))
         return st_error(ER_EINVAL, "%s: %s \"%.200s\" is not valid UTF-8", path, what, s);
     return ER_OK;
 }

@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "core/utf8.h"
 
 #define TOK_MAX_FILE ((size_t)1 << 30)
 #define TOK_MAX_ID (1 << 24)   // ids are array indices: a lying file must not make us allocate GBs
@@ -105,54 +106,6 @@ struct Tokenizer {
 
 // ---------------------------------------------------------------------------------------------
 // UTF-8 and character classes
-
-// >0: length of the well-formed sequence at s; <0: minus the length of the maximal ill-formed
-// subpart (what Rust's from_utf8_lossy replaces with one U+FFFD).
-static int utf8_next(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    if (c < 0x80)
-        return 1;
-    unsigned lo = 0x80, hi = 0xBF;
-    int w;
-    if (c >= 0xC2 && c <= 0xDF)
-        w = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        w = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        w = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else
-        return -1;
-    if (n < 2 || s[1] < lo || s[1] > hi)
-        return -1;
-    for (int k = 2; k < w; k++)
-        if ((size_t)k >= n || (s[k] & 0xC0) != 0x80)
-            return -k;
-    return w;
-}
-
-// Offset of the first ill-formed byte, or n when all of s is valid UTF-8.
-static size_t utf8_check(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        if (i + 8 <= n) {
-            uint64_t w;
-            memcpy(&w, s + i, 8);
-            if (!(w & 0x8080808080808080ull)) {
-                i += 8;
-                continue;
-            }
-        }
-        int k = utf8_next(s + i, n - i);
-        if (k < 0)
-            return i;
-        i += (size_t)k;
-    }
-    return n;
-}
 
 static uint32_t utf8_decode(const unsigned char *s, int w) {
     switch (w) {
@@ -397,7 +350,7 @@ static size_t ctrl_find(const unsigned char *s, size_t len) {
 // file and the byte.
 static int tok_json_parse(const char *path, const char *buf, size_t len, cJSON **out) {
     *out = NULL;
-    size_t bad = utf8_check((const unsigned char *)buf, len);
+    size_t bad = utf8_invalid_at(buf, len);
     if (bad < len)
         return er_error(ER_EFORMAT, "%s: not valid UTF-8 at byte %zu", path, bad);
     if ((bad = ctrl_find((const unsigned char *)buf, len)) < len)
@@ -1726,7 +1679,7 @@ int tok_encode_ex(const Tokenizer *tok, const char *text, size_t len, int specia
     *n = 0;
     if (!tok || (!text && len))
         return er_error(ER_EINVAL, "tok_encode: no tokenizer or no text");
-    size_t bad = utf8_check((const unsigned char *)text, len);
+    size_t bad = utf8_invalid_at(text, len);
     if (bad < len)
         return er_error(ER_EINVAL, "tok_encode: text is not valid UTF-8 (byte %zu)", bad);
     EncodeCtx c = {.t = tok, .special_as_text = special_as_text};
