@@ -49,14 +49,33 @@ int json_parse_file(const char *path, size_t max_bytes, cJSON **out) {
     return ER_OK;
 }
 
-static const cJSON *field(const cJSON *obj, const char *key) {
+const char *json_type_name(const cJSON *v) {
+    if (!v)
+        return "nothing";
+    switch (v->type & 0xFF) {
+    case cJSON_NULL: return "null";
+    case cJSON_False: case cJSON_True: return "a boolean";
+    case cJSON_Number: return "a number";
+    case cJSON_String: return "a string";
+    case cJSON_Array: return "an array";
+    case cJSON_Object: return "an object";
+    default: return "not a value";
+    }
+}
+
+int json_field_error(const char *ctx, const char *field, const char *want, const cJSON *got) {
+    return er_error(ER_EFORMAT, "%s: field \"%s\" must be %s (got %s)", ctx, field, want, json_type_name(got));
+}
+
+// Member `key` of obj; NULL when absent or null.
+static const cJSON *member(const cJSON *obj, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     return (v && !cJSON_IsNull(v)) ? v : NULL;
 }
 
 static int get_number(const cJSON *v, const char *key, double *out, const char *ctx) {
     if (!cJSON_IsNumber(v))
-        return er_error(ER_EFORMAT, "%s: field \"%s\" must be a number", ctx, key);
+        return json_field_error(ctx, key, "a number", v);
     if (!isfinite(v->valuedouble))
         return er_error(ER_EFORMAT, "%s: field \"%s\" is not finite", ctx, key);
     *out = v->valuedouble;
@@ -72,58 +91,60 @@ static int get_int(const cJSON *v, const char *key, int64_t *out, const char *ct
     return ER_OK;
 }
 
+static int missing(const char *key, const char *ctx) {
+    return er_error(ER_EFORMAT, "%s: missing field \"%s\"", ctx, key);
+}
+
 int json_get_int(const cJSON *obj, const char *key, int64_t *out, const char *ctx) {
-    const cJSON *v = field(obj, key);
-    if (!v)
-        return er_error(ER_EFORMAT, "%s: missing field \"%s\"", ctx, key);
-    return get_int(v, key, out, ctx);
+    const cJSON *v = member(obj, key);
+    return v ? get_int(v, key, out, ctx) : missing(key, ctx);
 }
 
 int json_get_double(const cJSON *obj, const char *key, double *out, const char *ctx) {
-    const cJSON *v = field(obj, key);
-    if (!v)
-        return er_error(ER_EFORMAT, "%s: missing field \"%s\"", ctx, key);
-    return get_number(v, key, out, ctx);
+    const cJSON *v = member(obj, key);
+    return v ? get_number(v, key, out, ctx) : missing(key, ctx);
 }
 
 int json_get_string(const cJSON *obj, const char *key, const char **out, const char *ctx) {
-    const cJSON *v = field(obj, key);
-    if (!v)
-        return er_error(ER_EFORMAT, "%s: missing field \"%s\"", ctx, key);
-    if (!cJSON_IsString(v))
-        return er_error(ER_EFORMAT, "%s: field \"%s\" must be a string", ctx, key);
-    *out = v->valuestring;
-    return ER_OK;
+    if (!member(obj, key))
+        return missing(key, ctx);
+    return json_opt_string(obj, key, out, ctx);
 }
 
 int json_opt_int(const cJSON *obj, const char *key, int64_t *out, const char *ctx) {
-    const cJSON *v = field(obj, key);
+    const cJSON *v = member(obj, key);
     return v ? get_int(v, key, out, ctx) : ER_OK;
 }
 
 int json_opt_double(const cJSON *obj, const char *key, double *out, const char *ctx) {
-    const cJSON *v = field(obj, key);
+    const cJSON *v = member(obj, key);
     return v ? get_number(v, key, out, ctx) : ER_OK;
 }
 
-int json_opt_bool(const cJSON *obj, const char *key, int *out, const char *ctx) {
-    const cJSON *v = field(obj, key);
-    if (!v)
-        return ER_OK;
-    if (!cJSON_IsBool(v))
-        return er_error(ER_EFORMAT, "%s: field \"%s\" must be true or false", ctx, key);
-    *out = cJSON_IsTrue(v);
+int json_opt_bool_named(const cJSON *obj, const char *key, const char *field, int *out, const char *ctx) {
+    const cJSON *v = member(obj, key);
+    if (v && !cJSON_IsBool(v))
+        return json_field_error(ctx, field, "true or false", v);
+    if (v)
+        *out = cJSON_IsTrue(v);
     return ER_OK;
 }
 
-int json_opt_string(const cJSON *obj, const char *key, const char **out, const char *ctx) {
-    const cJSON *v = field(obj, key);
-    if (!v)
-        return ER_OK;
-    if (!cJSON_IsString(v))
-        return er_error(ER_EFORMAT, "%s: field \"%s\" must be a string", ctx, key);
-    *out = v->valuestring;
+int json_opt_string_named(const cJSON *obj, const char *key, const char *field, const char **out, const char *ctx) {
+    const cJSON *v = member(obj, key);
+    if (v && !cJSON_IsString(v))
+        return json_field_error(ctx, field, "a string", v);
+    if (v)
+        *out = v->valuestring;
     return ER_OK;
+}
+
+int json_opt_bool(const cJSON *obj, const char *key, int *out, const char *ctx) {
+    return json_opt_bool_named(obj, key, key, out, ctx);
+}
+
+int json_opt_string(const cJSON *obj, const char *key, const char **out, const char *ctx) {
+    return json_opt_string_named(obj, key, key, out, ctx);
 }
 
 int jsonl_open(JsonlReader *r, const char *path) {

@@ -412,59 +412,6 @@ static int tok_json_parse(const char *path, const char *buf, size_t len, cJSON *
     return ER_OK;
 }
 
-static const char *jtype_name(const cJSON *v) {
-    if (!v)
-        return "nothing";
-    switch (v->type & 0xFF) {
-    case cJSON_NULL: return "null";
-    case cJSON_False: case cJSON_True: return "a boolean";
-    case cJSON_Number: return "a number";
-    case cJSON_String: return "a string";
-    case cJSON_Array: return "an array";
-    case cJSON_Object: return "an object";
-    default: return "not a value";
-    }
-}
-
-static int field_err(const char *path, const char *field, const char *want, const cJSON *got) {
-    return er_error(ER_EFORMAT, "%s: field \"%s\" must be %s (got %s)", path, field, want, jtype_name(got));
-}
-
-// Member `key` of obj; NULL when obj is not an object or has no such member.
-static const cJSON *jget(const cJSON *obj, const char *key) {
-    return cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, key) : NULL;
-}
-
-static int jcount(const cJSON *v) {
-    int n = 0;
-    for (const cJSON *e = v ? v->child : NULL; e; e = e->next)
-        n++;
-    return n;
-}
-
-// Optional boolean member; absent or null leaves *out.
-static int opt_bool(const char *path, const cJSON *obj, const char *key, const char *field, int *out) {
-    const cJSON *v = jget(obj, key);
-    if (!v || cJSON_IsNull(v))
-        return ER_OK;
-    if (!cJSON_IsBool(v))
-        return field_err(path, field, "true or false", v);
-    *out = cJSON_IsTrue(v);
-    return ER_OK;
-}
-
-// Optional string member: *out NULL when absent or null.
-static int opt_str(const char *path, const cJSON *obj, const char *key, const char *field, const char **out) {
-    const cJSON *v = jget(obj, key);
-    *out = NULL;
-    if (!v || cJSON_IsNull(v))
-        return ER_OK;
-    if (!cJSON_IsString(v))
-        return field_err(path, field, "a string", v);
-    *out = v->valuestring;
-    return ER_OK;
-}
-
 // cJSON keeps numbers as doubles: an id must be one exactly, and small enough to index arrays.
 static int is_id(const cJSON *v) {
     return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < TOK_MAX_ID &&
@@ -473,7 +420,7 @@ static int is_id(const cJSON *v) {
 
 static int get_id(const char *path, const cJSON *v, const char *field, int *out) {
     if (!cJSON_IsNumber(v))
-        return field_err(path, field, "a token id", v);
+        return json_field_error(path, field, "a token id", v);
     if (!is_id(v))
         return er_error(ER_EFORMAT, "%s: field \"%s\": %g is not a token id (an integer in [0, %d))", path, field,
                         v->valuedouble, TOK_MAX_ID);
@@ -482,9 +429,9 @@ static int get_id(const char *path, const cJSON *v, const char *field, int *out)
 }
 
 static int load_vocab(Tokenizer *t, const char *path, const cJSON *model) {
-    const cJSON *vocab = jget(model, "vocab");
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     if (!cJSON_IsObject(vocab))
-        return field_err(path, "model.vocab", "an object of token -> id", vocab);
+        return json_field_error(path, "model.vocab", "an object of token -> id", vocab);
     int max_id = -1;
     size_t bytes = 0, count = 0;
     for (const cJSON *e = vocab->child; e; e = e->next) {
@@ -556,12 +503,12 @@ static int merge_token(Tokenizer *t, const char *path, const char *s, size_t n, 
 }
 
 static int load_merges(Tokenizer *t, const char *path, const cJSON *model) {
-    const cJSON *merges = jget(model, "merges");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     if (cJSON_IsNull(merges))
         merges = NULL;
     else if (merges && !cJSON_IsArray(merges))
-        return field_err(path, "model.merges", "an array", merges);
-    uint32_t cap = pow2_at_least((size_t)jcount(merges) * 2 + 1);
+        return json_field_error(path, "model.merges", "an array", merges);
+    uint32_t cap = pow2_at_least((size_t)cJSON_GetArraySize(merges) * 2 + 1);
     t->merges = er_alloc((size_t)cap * sizeof *t->merges);
     if (!t->merges)
         return ER_ENOMEM;
@@ -591,7 +538,7 @@ static int load_merges(Tokenizer *t, const char *path, const cJSON *model) {
         } else {
             char field[48];
             snprintf(field, sizeof field, "model.merges[%ld]", rank);
-            rc = field_err(path, field, "\"a b\" or [\"a\", \"b\"]", m);
+            rc = json_field_error(path, field, "\"a b\" or [\"a\", \"b\"]", m);
             break;
         }
         int ia, ib, im;
@@ -617,15 +564,15 @@ static int load_merges(Tokenizer *t, const char *path, const cJSON *model) {
 }
 
 static int load_model(Tokenizer *t, const char *path, const cJSON *root) {
-    const cJSON *model = jget(root, "model");
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!cJSON_IsObject(model))
-        return field_err(path, "model", "an object", model);
-    const char *type, *s;
-    ER_TRY(opt_str(path, model, "type", "model.type", &type));
+        return json_field_error(path, "model", "an object", model);
+    const char *type = NULL;
+    ER_TRY(json_opt_string_named(model, "type", "model.type", &type, path));
     if (type && strcmp(type, "BPE") != 0)
         return er_error(ER_EUNSUPPORTED, "%s: field \"model.type\": \"%.40s\" is not supported (only \"BPE\")", path,
                         type);
-    const cJSON *v = jget(model, "dropout");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (v && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
         return er_error(ER_EUNSUPPORTED, "%s: field \"model.dropout\": BPE dropout is not supported (must be null)",
                         path);
@@ -633,22 +580,24 @@ static int load_model(Tokenizer *t, const char *path, const cJSON *root) {
     for (int i = 0; i < 2; i++) {
         char field[64];
         snprintf(field, sizeof field, "model.%s", affix[i]);
-        ER_TRY(opt_str(path, model, affix[i], field, &s));
+        const char *s = NULL;
+        ER_TRY(json_opt_string_named(model, affix[i], field, &s, path));
         if (s && *s)
             return er_error(ER_EUNSUPPORTED, "%s: field \"%s\": \"%.20s\" is not supported (must be empty)", path,
                             field, s);
     }
     int byte_fallback = 0;
-    ER_TRY(opt_bool(path, model, "byte_fallback", "model.byte_fallback", &byte_fallback));
+    ER_TRY(json_opt_bool_named(model, "byte_fallback", "model.byte_fallback", &byte_fallback, path));
     if (byte_fallback)
         return er_error(ER_EUNSUPPORTED, "%s: field \"model.byte_fallback\": true is not supported", path);
-    ER_TRY(opt_bool(path, model, "fuse_unk", "model.fuse_unk", &t->fuse_unk));
-    ER_TRY(opt_bool(path, model, "ignore_merges", "model.ignore_merges", &t->ignore_merges));
+    ER_TRY(json_opt_bool_named(model, "fuse_unk", "model.fuse_unk", &t->fuse_unk, path));
+    ER_TRY(json_opt_bool_named(model, "ignore_merges", "model.ignore_merges", &t->ignore_merges, path));
     ER_TRY(load_vocab(t, path, model));
-    ER_TRY(opt_str(path, model, "unk_token", "model.unk_token", &s));
+    const char *unk = NULL;
+    ER_TRY(json_opt_string_named(model, "unk_token", "model.unk_token", &unk, path));
     t->unk_id = -1;
-    if (s && (t->unk_id = vocab_find(t, s, strlen(s))) < 0)
-        return er_error(ER_EFORMAT, "%s: field \"model.unk_token\": \"%.40s\" is not in model.vocab", path, s);
+    if (unk && (t->unk_id = vocab_find(t, unk, strlen(unk))) < 0)
+        return er_error(ER_EFORMAT, "%s: field \"model.unk_token\": \"%.40s\" is not in model.vocab", path, unk);
     return load_merges(t, path, model);
 }
 
@@ -687,10 +636,10 @@ static int added_set_build(AddedSet *set, const AddedToken *added, int n_added, 
 }
 
 static int load_added(Tokenizer *t, const char *path, const cJSON *root) {
-    const cJSON *arr = jget(root, "added_tokens");
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     if (arr && !cJSON_IsNull(arr) && !cJSON_IsArray(arr))
-        return field_err(path, "added_tokens", "an array", arr);
-    int n = cJSON_IsArray(arr) ? jcount(arr) : 0;
+        return json_field_error(path, "added_tokens", "an array", arr);
+    int n = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : 0;
     t->added = er_calloc((size_t)(n ? n : 1), sizeof *t->added);
     if (!t->added)
         return ER_ENOMEM;
@@ -699,19 +648,19 @@ static int load_added(Tokenizer *t, const char *path, const cJSON *root) {
         char field[64];
         snprintf(field, sizeof field, "added_tokens[%d]", i);
         if (!cJSON_IsObject(e))
-            return field_err(path, field, "an object", e);
+            return json_field_error(path, field, "an object", e);
         AddedToken *a = &t->added[t->n_added];
         snprintf(field, sizeof field, "added_tokens[%d].id", i);
-        ER_TRY(get_id(path, jget(e, "id"), field, &a->id));
+        ER_TRY(get_id(path, cJSON_GetObjectItemCaseSensitive(e, "id"), field, &a->id));
         snprintf(field, sizeof field, "added_tokens[%d].content", i);
-        const cJSON *content = jget(e, "content");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
         if (!cJSON_IsString(content))
-            return field_err(path, field, "a string", content);
+            return json_field_error(path, field, "a string", content);
         int flags[5] = {0, 0, 0, -1, 0}; // single_word lstrip rstrip normalized special
         const char *names[5] = {"single_word", "lstrip", "rstrip", "normalized", "special"};
         for (int k = 0; k < 5; k++) {
             snprintf(field, sizeof field, "added_tokens[%d].%s", i, names[k]);
-            ER_TRY(opt_bool(path, e, names[k], field, &flags[k]));
+            ER_TRY(json_opt_bool_named(e, names[k], field, &flags[k], path));
         }
         if (flags[3] < 0)
             flags[3] = !flags[4]; // AddedToken::from(content, special) in `tokenizers`
@@ -747,17 +696,44 @@ static int added_finish(Tokenizer *t) {
     return added_set_build(&t->norm_set, t->added, t->n_added, 1);
 }
 
-static int load_normalizer(Tokenizer *t, const char *path, const cJSON *n, const char *field, int depth) {
-    if (!n || cJSON_IsNull(n))
+// Normalizers and pre-tokenizers are objects {"type": ..., ...}; a "Sequence" holds a list of them.
+typedef int (*LoadPartFn)(Tokenizer *t, const char *path, const cJSON *v, const char *field, int depth, void *arg);
+
+// The "type" of the part v named `field`; *type stays NULL when v is absent or null.
+static int part_type(const char *path, const cJSON *v, const char *field, const char **type) {
+    *type = NULL;
+    if (!v || cJSON_IsNull(v))
         return ER_OK;
-    if (!cJSON_IsObject(n))
-        return field_err(path, field, "an object or null", n);
-    char tf[160];
+    if (!cJSON_IsObject(v))
+        return json_field_error(path, field, "an object or null", v);
+    char tf[256];
     snprintf(tf, sizeof tf, "%s.type", field);
+    ER_TRY(json_opt_string_named(v, "type", tf, type, path));
+    return *type ? ER_OK : json_field_error(path, tf, "a string", NULL);
+}
+
+// The parts listed in the Sequence v's array `key`, each loaded by fn as "<field>.<key>[i]".
+static int load_sequence(Tokenizer *t, const char *path, const cJSON *v, const char *field, const char *key, int depth,
+                         LoadPartFn fn, void *arg) {
+    char lf[256];
+    snprintf(lf, sizeof lf, "%s.%s", field, key);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(v, key);
+    if (!cJSON_IsArray(list))
+        return json_field_error(path, lf, "an array", list);
+    int i = 0;
+    for (const cJSON *e = list->child; e; e = e->next, i++) {
+        char ef[288];
+        snprintf(ef, sizeof ef, "%s[%d]", lf, i);
+        ER_TRY(fn(t, path, e, ef, depth + 1, arg));
+    }
+    return ER_OK;
+}
+
+static int load_normalizer(Tokenizer *t, const char *path, const cJSON *n, const char *field, int depth, void *arg) {
     const char *type;
-    ER_TRY(opt_str(path, n, "type", tf, &type));
+    ER_TRY(part_type(path, n, field, &type));
     if (!type)
-        return field_err(path, tf, "a string", NULL);
+        return ER_OK;
     static const struct { const char *name; int opts; } forms[] = {
         {"NFC", UTF8PROC_STABLE | UTF8PROC_COMPOSE},
         {"NFD", UTF8PROC_STABLE | UTF8PROC_DECOMPOSE},
@@ -771,22 +747,10 @@ static int load_normalizer(Tokenizer *t, const char *path, const cJSON *n, const
             t->norm[t->n_norm++] = forms[k].opts;
             return ER_OK;
         }
-    if (strcmp(type, "Sequence") == 0 && depth < 4) {
-        char sf[160];
-        snprintf(sf, sizeof sf, "%s.normalizers", field);
-        const cJSON *list = jget(n, "normalizers");
-        if (!cJSON_IsArray(list))
-            return field_err(path, sf, "an array", list);
-        int i = 0;
-        for (const cJSON *e = list->child; e; e = e->next, i++) {
-            char ef[192];
-            snprintf(ef, sizeof ef, "%s[%d]", sf, i);
-            ER_TRY(load_normalizer(t, path, e, ef, depth + 1));
-        }
-        return ER_OK;
-    }
-    return er_error(ER_EUNSUPPORTED, "%s: field \"%s\": normalizer \"%.40s\" is not supported (NFC, NFD, NFKC, NFKD, Sequence)",
-                    path, tf, type);
+    if (strcmp(type, "Sequence") == 0 && depth < 4)
+        return load_sequence(t, path, n, field, "normalizers", depth, load_normalizer, NULL);
+    return er_error(ER_EUNSUPPORTED, "%s: field \"%s.type\": normalizer \"%.40s\" is not supported (NFC, NFD, NFKC, NFKD, Sequence)",
+                    path, field, type);
 }
 
 static int stage_add_regex(Tokenizer *t, const char *path, const char *field, const char *pat, size_t len, int literal) {
@@ -813,37 +777,22 @@ static int stage_add_regex(Tokenizer *t, const char *path, const char *field, co
 // The GPT-2 split that ByteLevel applies itself when use_regex is true.
 static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-static int load_pre_tokenizer(Tokenizer *t, const char *path, const cJSON *p, const char *field, int depth,
-                              int *byte_level) {
-    if (!p || cJSON_IsNull(p))
-        return ER_OK;
-    if (!cJSON_IsObject(p))
-        return field_err(path, field, "an object or null", p);
-    char f[320];
-    snprintf(f, sizeof f, "%s.type", field);
+// `arg` is an int * set once a ByteLevel stage is seen.
+static int load_pre_tokenizer(Tokenizer *t, const char *path, const cJSON *p, const char *field, int depth, void *arg) {
+    int *byte_level = arg;
     const char *type;
-    ER_TRY(opt_str(path, p, "type", f, &type));
+    ER_TRY(part_type(path, p, field, &type));
     if (!type)
-        return field_err(path, f, "a string", NULL);
-    if (strcmp(type, "Sequence") == 0 && depth < 4) {
-        snprintf(f, sizeof f, "%s.pretokenizers", field);
-        const cJSON *list = jget(p, "pretokenizers");
-        if (!cJSON_IsArray(list))
-            return field_err(path, f, "an array", list);
-        int i = 0;
-        for (const cJSON *e = list->child; e; e = e->next, i++) {
-            char ef[256];
-            snprintf(ef, sizeof ef, "%s.pretokenizers[%d]", field, i);
-            ER_TRY(load_pre_tokenizer(t, path, e, ef, depth + 1, byte_level));
-        }
         return ER_OK;
-    }
+    if (strcmp(type, "Sequence") == 0 && depth < 4)
+        return load_sequence(t, path, p, field, "pretokenizers", depth, load_pre_tokenizer, byte_level);
+    char f[320];
     if (strcmp(type, "ByteLevel") == 0) {
         int prefix = 1, use_regex = 1; // serde defaults of ByteLevel in `tokenizers`
         snprintf(f, sizeof f, "%s.add_prefix_space", field);
-        ER_TRY(opt_bool(path, p, "add_prefix_space", f, &prefix));
+        ER_TRY(json_opt_bool_named(p, "add_prefix_space", f, &prefix, path));
         snprintf(f, sizeof f, "%s.use_regex", field);
-        ER_TRY(opt_bool(path, p, "use_regex", f, &use_regex));
+        ER_TRY(json_opt_bool_named(p, "use_regex", f, &use_regex, path));
         if (*byte_level)
             return er_error(ER_EUNSUPPORTED, "%s: field \"%s\": a second ByteLevel pre-tokenizer is not supported", path,
                             field);
@@ -860,43 +809,43 @@ static int load_pre_tokenizer(Tokenizer *t, const char *path, const cJSON *p, co
     if (strcmp(type, "Split") == 0) {
         if (*byte_level)
             return er_error(ER_EUNSUPPORTED, "%s: field \"%s\": a Split after ByteLevel is not supported", path, field);
-        const char *behavior, *pat;
+        const char *behavior = NULL, *pat = NULL;
         snprintf(f, sizeof f, "%s.behavior", field);
-        ER_TRY(opt_str(path, p, "behavior", f, &behavior));
+        ER_TRY(json_opt_string_named(p, "behavior", f, &behavior, path));
         if (!behavior || strcmp(behavior, "Isolated") != 0)
             return er_error(ER_EUNSUPPORTED, "%s: field \"%s\": only \"Isolated\" is supported (got \"%.40s\")", path,
                             f, behavior ? behavior : "nothing");
         int invert = 0;
         snprintf(f, sizeof f, "%s.invert", field);
-        ER_TRY(opt_bool(path, p, "invert", f, &invert));
+        ER_TRY(json_opt_bool_named(p, "invert", f, &invert, path));
         if (invert)
             return er_error(ER_EUNSUPPORTED, "%s: field \"%s\": true is not supported", path, f);
         snprintf(f, sizeof f, "%s.pattern", field);
-        const cJSON *pattern = jget(p, "pattern");
+        const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(p, "pattern");
         if (!cJSON_IsObject(pattern))
-            return field_err(path, f, "an object {\"Regex\": ...} or {\"String\": ...}", pattern);
+            return json_field_error(path, f, "an object {\"Regex\": ...} or {\"String\": ...}", pattern);
         snprintf(f, sizeof f, "%s.pattern.Regex", field);
-        ER_TRY(opt_str(path, pattern, "Regex", f, &pat));
+        ER_TRY(json_opt_string_named(pattern, "Regex", f, &pat, path));
         if (pat)
             return stage_add_regex(t, path, f, pat, strlen(pat), 0);
         snprintf(f, sizeof f, "%s.pattern.String", field);
-        ER_TRY(opt_str(path, pattern, "String", f, &pat));
+        ER_TRY(json_opt_string_named(pattern, "String", f, &pat, path));
         if (pat && *pat)
             return stage_add_regex(t, path, f, pat, strlen(pat), 1);
         return er_error(ER_EFORMAT, "%s: field \"%s.pattern\" must hold a non-empty \"Regex\" or \"String\"", path,
                         field);
     }
-    return er_error(ER_EUNSUPPORTED, "%s: field \"%s\": pre-tokenizer \"%.40s\" is not supported (Split, ByteLevel, Sequence)",
-                    path, f, type);
+    return er_error(ER_EUNSUPPORTED, "%s: field \"%s.type\": pre-tokenizer \"%.40s\" is not supported (Split, ByteLevel, Sequence)",
+                    path, field, type);
 }
 
 static int load_decoder(const char *path, const cJSON *root) {
-    const cJSON *d = jget(root, "decoder");
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(root, "decoder");
     if (!cJSON_IsObject(d))
         return er_error(ER_EUNSUPPORTED, "%s: field \"decoder\" must be a ByteLevel decoder (got %s)", path,
-                        jtype_name(d));
-    const char *type;
-    ER_TRY(opt_str(path, d, "type", "decoder.type", &type));
+                        json_type_name(d));
+    const char *type = NULL;
+    ER_TRY(json_opt_string_named(d, "type", "decoder.type", &type, path));
     if (!type || strcmp(type, "ByteLevel") != 0)
         return er_error(ER_EUNSUPPORTED, "%s: field \"decoder.type\": \"%.40s\" is not supported (only \"ByteLevel\")",
                         path, type ? type : "nothing");
@@ -1072,11 +1021,11 @@ static int load_config_ids(Tokenizer *t, const char *dir) {
 static int load_doc(Tokenizer *t, const cJSON *root) {
     int byte_level = 0;
     if (!cJSON_IsObject(root))
-        return er_error(ER_EFORMAT, "%s: must be a JSON object (got %s)", t->path, jtype_name(root));
+        return er_error(ER_EFORMAT, "%s: must be a JSON object (got %s)", t->path, json_type_name(root));
     ER_TRY(load_added(t, t->path, root));
     ER_TRY(load_model(t, t->path, root));
-    ER_TRY(load_normalizer(t, t->path, jget(root, "normalizer"), "normalizer", 0));
-    ER_TRY(load_pre_tokenizer(t, t->path, jget(root, "pre_tokenizer"), "pre_tokenizer", 0, &byte_level));
+    ER_TRY(load_normalizer(t, t->path, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), "normalizer", 0, NULL));
+    ER_TRY(load_pre_tokenizer(t, t->path, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), "pre_tokenizer", 0, &byte_level));
     if (!byte_level)
         return er_error(ER_EUNSUPPORTED,
                         "%s: field \"pre_tokenizer\": no ByteLevel pre-tokenizer (only byte-level BPE is supported)",
