@@ -84,17 +84,25 @@ static void fsync_parent_dir(const char *path) {
 
 int atomic_commit(AtomicFile *af) {
     int rc = ER_OK;
-    if (fflush(af->fp) != 0 || ferror(af->fp) || fsync(fileno(af->fp)) != 0)
-        rc = er_error(ER_EIO, "%s: write failed: %s", af->path, strerror(errno));
-    if (fclose(af->fp) != 0 && rc == ER_OK)
-        rc = er_error(ER_EIO, "%s: close failed: %s", af->path, strerror(errno));
+    FILE *fp = af->fp; // closed in all cases
     af->fp = NULL;
-    if (rc == ER_OK && rename(af->tmp_path, af->path) != 0)
+    if (fflush(fp) != 0 || ferror(fp) || fsync(fileno(fp)) != 0) {
+        rc = er_error(ER_EIO, "%s: write failed: %s", af->path, strerror(errno));
+        fclose(fp);
+        goto done;
+    }
+    if (fclose(fp) != 0) {
+        rc = er_error(ER_EIO, "%s: close failed: %s", af->path, strerror(errno));
+        goto done;
+    }
+    if (rename(af->tmp_path, af->path) != 0) {
         rc = er_error(ER_EIO, "%s: rename failed: %s", af->path, strerror(errno));
-    if (rc != ER_OK)
+        goto done;
+    }
+    fsync_parent_dir(af->path);
+done:
+    if (rc < 0)
         unlink(af->tmp_path);
-    else
-        fsync_parent_dir(af->path);
     free(af->path);
     free(af->tmp_path);
     af->path = af->tmp_path = NULL;

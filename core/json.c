@@ -214,17 +214,16 @@ int json_write_file(const char *path, const cJSON *obj) {
     if (!s)
         return er_error(ER_ENOMEM, "%s: out of memory formatting JSON", path);
     size_t n = strlen(s);
-    s[n] = 0;
     AtomicFile af;
-    int rc = atomic_open(&af, path);
-    if (rc == ER_OK) {
-        if (fwrite(s, 1, n, af.fp) != n || fputc('\n', af.fp) == EOF) {
-            atomic_abort(&af);
-            rc = er_error(ER_EIO, "%s: write failed", path);
-        } else {
-            rc = atomic_commit(&af);
-        }
+    int rc = ER_OK;
+    ER_CHECK(atomic_open(&af, path));
+    if (fwrite(s, 1, n, af.fp) != n || fputc('\n', af.fp) == EOF) {
+        atomic_abort(&af);
+        rc = er_error(ER_EIO, "%s: write failed", path);
+        goto done;
     }
+    rc = atomic_commit(&af);
+done:
     cJSON_free(s);
     return rc;
 }
