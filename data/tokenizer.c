@@ -502,6 +502,28 @@ static int merge_token(Tokenizer *t, const char *path, const char *s, size_t n, 
     return ER_OK;
 }
 
+// The two tokens of merge `rank`: the legacy "a b" form (exactly one space, as `tokenizers`
+// requires) or ["a", "b"].
+static int merge_pair(const char *path, const cJSON *m, long rank, const char **a, size_t *na, const char **b,
+                      size_t *nb) {
+    if (cJSON_IsString(m)) {
+        const char *s = m->valuestring, *sp = strchr(s, ' ');
+        if (!sp || strchr(sp + 1, ' '))
+            return er_error(ER_EFORMAT, "%s: field \"model.merges[%ld]\": \"%.40s\" is not two tokens separated by one space",
+                            path, rank, s);
+        *a = s, *na = (size_t)(sp - s), *b = sp + 1, *nb = strlen(sp + 1);
+        return ER_OK;
+    }
+    const cJSON *x = m->child, *y = x ? x->next : NULL;
+    if (cJSON_IsArray(m) && cJSON_IsString(x) && cJSON_IsString(y) && !y->next) {
+        *a = x->valuestring, *na = strlen(*a), *b = y->valuestring, *nb = strlen(*b);
+        return ER_OK;
+    }
+    char field[48];
+    snprintf(field, sizeof field, "model.merges[%ld]", rank);
+    return json_field_error(path, field, "\"a b\" or [\"a\", \"b\"]", m);
+}
+
 static int load_merges(Tokenizer *t, const char *path, const cJSON *model) {
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     if (cJSON_IsNull(merges))
@@ -516,49 +538,32 @@ static int load_merges(Tokenizer *t, const char *path, const cJSON *model) {
     memset(t->merges, 0xff, (size_t)cap * sizeof *t->merges);
     if (!merges)
         return ER_OK;
-    char *cat = NULL;
+    char *cat = NULL; // a and b joined: the merged token
     size_t cat_cap = 0;
     long rank = 0;
     int rc = ER_OK;
-    for (const cJSON *m = merges->child; m && rc == ER_OK; m = m->next, rank++) {
-        const char *a, *b;
-        size_t na, nb;
-        const cJSON *x = m->child, *y = x ? x->next : NULL;
-        if (cJSON_IsString(m)) {
-            // Legacy "a b" form: exactly one space, as `tokenizers` requires.
-            const char *s = m->valuestring, *sp = strchr(s, ' ');
-            if (!sp || strchr(sp + 1, ' ')) {
-                rc = er_error(ER_EFORMAT, "%s: field \"model.merges[%ld]\": \"%.40s\" is not two tokens separated by one space",
-                              path, rank, s);
-                break;
-            }
-            a = s, na = (size_t)(sp - s), b = sp + 1, nb = strlen(sp + 1);
-        } else if (cJSON_IsArray(m) && cJSON_IsString(x) && cJSON_IsString(y) && !y->next) {
-            a = x->valuestring, na = strlen(a), b = y->valuestring, nb = strlen(b);
-        } else {
-            char field[48];
-            snprintf(field, sizeof field, "model.merges[%ld]", rank);
-            rc = json_field_error(path, field, "\"a b\" or [\"a\", \"b\"]", m);
-            break;
-        }
+    for (const cJSON *m = merges->child; m; m = m->next, rank++) {
+        const char *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
         int ia, ib, im;
-        if ((rc = merge_token(t, path, a, na, rank, &ia)) < 0 || (rc = merge_token(t, path, b, nb, rank, &ib)) < 0)
-            break;
+        ER_CHECK(merge_pair(path, m, rank, &a, &na, &b, &nb));
+        ER_CHECK(merge_token(t, path, a, na, rank, &ia));
+        ER_CHECK(merge_token(t, path, b, nb, rank, &ib));
         if (na + nb > cat_cap) {
             cat_cap = (na + nb) * 2;
             char *p = er_realloc_array(cat, cat_cap, 1);
             if (!p) {
                 rc = ER_ENOMEM;
-                break;
+                goto done;
             }
             cat = p;
         }
         memcpy(cat, a, na);
         memcpy(cat + na, b, nb);
-        if ((rc = merge_token(t, path, cat, na + nb, rank, &im)) < 0)
-            break;
+        ER_CHECK(merge_token(t, path, cat, na + nb, rank, &im));
         merge_put(t, ia, ib, (uint32_t)rank, im);
     }
+done:
     free(cat);
     return rc;
 }
@@ -962,56 +967,76 @@ static int gen_id(const Tokenizer *t, const char *path, const char *key, const c
     return ER_OK;
 }
 
+// eos_token, pad_token and bos_token of tokenizer_config.json.
+static int load_tokenizer_config(Tokenizer *t, const char *path) {
+    cJSON *cfg = NULL;
+    int rc = ER_OK;
+    ER_CHECK(json_parse_file(path, (size_t)64 << 20, &cfg));
+    if (!cJSON_IsObject(cfg)) {
+        rc = er_error(ER_EFORMAT, "%s: must be a JSON object", path);
+        goto done;
+    }
+    ER_CHECK(config_token(t, path, cfg, "eos_token", &t->eos_id));
+    ER_CHECK(config_token(t, path, cfg, "pad_token", &t->pad_id));
+    ER_CHECK(config_token(t, path, cfg, "bos_token", &t->bos_id));
+    if (t->eos_id >= 0)
+        rc = add_eos(t, t->eos_id);
+done:
+    cJSON_Delete(cfg);
+    return rc;
+}
+
+// generation_config.json: every eos_token_id (one id or a list) ends a sequence; pad_token_id and
+// bos_token_id count where tokenizer_config.json named none.
+static int load_generation_config(Tokenizer *t, const char *path) {
+    cJSON *gen = NULL;
+    int rc = ER_OK, id;
+    ER_CHECK(json_parse_file(path, (size_t)16 << 20, &gen));
+    if (!cJSON_IsObject(gen)) {
+        rc = er_error(ER_EFORMAT, "%s: must be a JSON object", path);
+        goto done;
+    }
+    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(gen, "eos_token_id"), *e;
+    if (cJSON_IsArray(eos)) {
+        cJSON_ArrayForEach(e, eos) {
+            ER_CHECK(gen_id(t, path, "eos_token_id", e, &id));
+            ER_CHECK(add_eos(t, id));
+        }
+    } else if (eos && !cJSON_IsNull(eos)) {
+        ER_CHECK(gen_id(t, path, "eos_token_id", eos, &id));
+        ER_CHECK(add_eos(t, id));
+    }
+    const char *keys[2] = {"pad_token_id", "bos_token_id"};
+    int *dst[2] = {&t->pad_id, &t->bos_id};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(gen, keys[k]);
+        if (!v || cJSON_IsNull(v))
+            continue;
+        ER_CHECK(gen_id(t, path, keys[k], v, &id));
+        if (*dst[k] < 0)
+            *dst[k] = id;
+    }
+done:
+    cJSON_Delete(gen);
+    return rc;
+}
+
 static int load_config_ids(Tokenizer *t, const char *dir) {
     t->eos_id = t->pad_id = t->bos_id = -1;
     char *cfg_path = path_join(dir, "tokenizer_config.json");
     char *gen_path = path_join(dir, "generation_config.json");
-    int rc = (!cfg_path || !gen_path) ? ER_ENOMEM : ER_OK;
-    cJSON *cfg = NULL, *gen = NULL;
-    if (rc == ER_OK && path_exists(cfg_path)) {
-        rc = json_parse_file(cfg_path, (size_t)64 << 20, &cfg);
-        if (rc == ER_OK && !cJSON_IsObject(cfg))
-            rc = er_error(ER_EFORMAT, "%s: must be a JSON object", cfg_path);
-        if (rc == ER_OK)
-            rc = config_token(t, cfg_path, cfg, "eos_token", &t->eos_id);
-        if (rc == ER_OK)
-            rc = config_token(t, cfg_path, cfg, "pad_token", &t->pad_id);
-        if (rc == ER_OK)
-            rc = config_token(t, cfg_path, cfg, "bos_token", &t->bos_id);
-        if (rc == ER_OK && t->eos_id >= 0)
-            rc = add_eos(t, t->eos_id);
+    int rc = ER_OK;
+    if (!cfg_path || !gen_path) {
+        rc = ER_ENOMEM;
+        goto done;
     }
-    if (rc == ER_OK && path_exists(gen_path)) {
-        rc = json_parse_file(gen_path, (size_t)16 << 20, &gen);
-        if (rc == ER_OK && !cJSON_IsObject(gen))
-            rc = er_error(ER_EFORMAT, "%s: must be a JSON object", gen_path);
-        const cJSON *eos = rc == ER_OK ? cJSON_GetObjectItemCaseSensitive(gen, "eos_token_id") : NULL;
-        if (eos && cJSON_IsArray(eos)) {
-            const cJSON *e;
-            cJSON_ArrayForEach(e, eos) {
-                int id;
-                if ((rc = gen_id(t, gen_path, "eos_token_id", e, &id)) < 0 || (rc = add_eos(t, id)) < 0)
-                    break;
-            }
-        } else if (eos && !cJSON_IsNull(eos)) {
-            int id;
-            rc = gen_id(t, gen_path, "eos_token_id", eos, &id);
-            if (rc == ER_OK)
-                rc = add_eos(t, id);
-        }
-        const char *keys[2] = {"pad_token_id", "bos_token_id"};
-        int *dst[2] = {&t->pad_id, &t->bos_id};
-        for (int k = 0; k < 2 && rc == ER_OK; k++) {
-            const cJSON *v = cJSON_GetObjectItemCaseSensitive(gen, keys[k]);
-            int id;
-            if (v && !cJSON_IsNull(v) && (rc = gen_id(t, gen_path, keys[k], v, &id)) == ER_OK && *dst[k] < 0)
-                *dst[k] = id;
-        }
-    }
-    if (rc == ER_OK && t->eos_id < 0 && t->n_eos)
+    if (path_exists(cfg_path))
+        ER_CHECK(load_tokenizer_config(t, cfg_path));
+    if (path_exists(gen_path))
+        ER_CHECK(load_generation_config(t, gen_path));
+    if (t->eos_id < 0 && t->n_eos)
         t->eos_id = t->eos_ids[0];
-    cJSON_Delete(cfg);
-    cJSON_Delete(gen);
+done:
     free(cfg_path);
     free(gen_path);
     return rc;
@@ -1059,6 +1084,7 @@ int tok_load(Tokenizer **out, const char *path_or_dir) {
         return ER_ENOMEM;
     char *dir = NULL, *buf = NULL;
     size_t len = 0;
+    cJSON *root = NULL;
     int rc = ER_OK;
     if (path_is_dir(path_or_dir)) {
         t->path = path_join(path_or_dir, "tokenizer.json");
@@ -1068,23 +1094,24 @@ int tok_load(Tokenizer **out, const char *path_or_dir) {
         const char *slash = strrchr(path_or_dir, '/');
         dir = slash ? strndup(path_or_dir, (size_t)(slash - path_or_dir) + (slash == path_or_dir)) : er_strdup(".");
     }
-    if (!t->path || !dir)
+    if (!t->path || !dir) {
         rc = er_error(ER_ENOMEM, "tok_load: out of memory");
-    if (rc == ER_OK)
-        rc = file_read_all(t->path, TOK_MAX_FILE, &buf, &len);
-    cJSON *root = NULL;
-    if (rc == ER_OK)
-        rc = tok_json_parse(t->path, buf, len, &root);
+        goto done;
+    }
+    ER_CHECK(file_read_all(t->path, TOK_MAX_FILE, &buf, &len));
+    ER_CHECK(tok_json_parse(t->path, buf, len, &root));
     er_free(buf); // cJSON holds its own copies
-    if (rc == ER_OK)
-        rc = load_doc(t, root);
-    cJSON_Delete(root);
-    if (rc == ER_OK)
-        rc = load_finish(t);
-    if (rc == ER_OK)
-        rc = load_config_ids(t, dir);
-    if (rc == ER_OK && !(t->cache = er_calloc(CACHE_SLOTS, sizeof *t->cache)))
+    buf = NULL;
+    ER_CHECK(load_doc(t, root));
+    cJSON_Delete(root); // everything needed is copied out
+    root = NULL;
+    ER_CHECK(load_finish(t));
+    ER_CHECK(load_config_ids(t, dir));
+    if (!(t->cache = er_calloc(CACHE_SLOTS, sizeof *t->cache)))
         rc = ER_ENOMEM;
+done:
+    er_free(buf);
+    cJSON_Delete(root);
     free(dir);
     if (rc < 0) {
         // Messages quote strings from the file: keep them on one line.
