@@ -532,9 +532,11 @@ int grade_answer(const char *response, long answer_at, char **out) {
     memcpy(line + k, response + ts, tl);
     line[k + tl] = 0;
     // A \boxed{}, "####" or "answer:" there ("Final answer: 36, ..."); else all the model wrote.
-    int rc = grade_extract(line, out);
-    if (rc == ER_OK && !*out)
+    int rc = ER_OK;
+    ER_CHECK(grade_extract(line, out));
+    if (!*out)
         rc = line_answer(rest_of_line(line + hl, 0, 1, out), out);
+done:
     er_free(line);
     return rc;
 }
@@ -544,13 +546,20 @@ int grade_answer_correct(const char *answer, const char *gold) {
         return 0;
     // The gold answer read by the same rule: its \boxed{} or "#### X", and the leading number.
     char *g = NULL;
-    int marked = strstr(gold, "\\boxed") || strstr(gold, "\\fbox") || strstr(gold, "####");
-    int rc = marked ? grade_extract(gold, &g) : ER_OK;
-    if (rc == ER_OK && !g)
-        rc = (g = er_strdup(gold)) ? leading_number(&g) : er_error(ER_ENOMEM, "grade: out of memory");
-    int eq = rc < 0 ? rc : grade_equal(answer, g);
+    int rc = ER_OK;
+    if (strstr(gold, "\\boxed") || strstr(gold, "\\fbox") || strstr(gold, "####"))
+        ER_CHECK(grade_extract(gold, &g));
+    if (!g) {
+        if (!(g = er_strdup(gold))) {
+            rc = er_error(ER_ENOMEM, "grade: out of memory");
+            goto done;
+        }
+        ER_CHECK(leading_number(&g));
+    }
+    rc = grade_equal(answer, g);
+done:
     er_free(g);
-    return eq;
+    return rc;
 }
 
 int grade_response(const char *response, long answer_at, const char *gold) {
