@@ -96,13 +96,18 @@ uint16_t f32_to_bf16(float f) {
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
 }
 
+// F32 to or from F32 is a copy (in place allowed; the pointers may be NULL when n is 0).
+static int copy_f32(void *dst, const void *src, size_t n) {
+    if (n)
+        memmove(dst, src, n * 4);
+    return ER_OK;
+}
+
 int dtype_to_f32(float *dst, const void *src, ErDType t, size_t n) {
     const unsigned char *s = src;
     switch (t) {
     case DT_F32:
-        if (n)
-            memmove(dst, src, n * 4);
-        return ER_OK;
+        return copy_f32(dst, src, n);
     case DT_F16:
     case DT_BF16:
         for (size_t i = 0; i < n; i++) {
@@ -143,9 +148,7 @@ int dtype_from_f32(void *dst, ErDType t, const float *src, size_t n) {
     unsigned char *d = dst;
     switch (t) {
     case DT_F32:
-        if (n)
-            memmove(dst, src, n * 4);
-        return ER_OK;
+        return copy_f32(dst, src, n);
     case DT_F16:
     case DT_BF16:
         for (size_t i = 0; i < n; i++) {

@@ -3,7 +3,6 @@
 // allocation and error recording.
 #include <criterion/criterion.h>
 
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +17,7 @@
 #include "core/json.h"
 #include "core/progress.h"
 #include "core/rng.h"
+#include "tests/core/helpers.h"
 
 // ---------------------------------------------------------------------------------------------
 // helpers
@@ -36,18 +36,6 @@ static char *tmp_text(const char *dir, const char *name, const char *text) {
     fputs(text, fp);
     fclose(fp);
     return path;
-}
-
-static int dir_entries(const char *dir) {
-    DIR *d = opendir(dir);
-    cr_assert_not_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            n++;
-    closedir(d);
-    return n;
 }
 
 static void rm_rf(const char *path) {

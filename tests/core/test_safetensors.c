@@ -5,7 +5,6 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +19,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/safetensors.h"
+#include "tests/core/helpers.h"
 
 // ---------------------------------------------------------------------------------------------
 // helpers
@@ -36,18 +36,6 @@ static char *tmp_dir(void) {
     char tmpl[] = "/tmp/er_std_XXXXXX";
     cr_assert_not_null(mkdtemp(tmpl), "mkdtemp failed");
     return strdup(tmpl);
-}
-
-static int dir_entries(const char *dir) {
-    DIR *d = opendir(dir);
-    cr_assert_not_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            n++;
-    closedir(d);
-    return n;
 }
 
 static void write_bytes(const char *path, const void *b, size_t n) {
