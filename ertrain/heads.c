@@ -459,7 +459,7 @@ int cmd_heads(int argc, char **argv) {
                 f.switcher_out ? (f.derive_labels ? "switcher (derived labels)" : "switcher") : "",
                 f.verifier_out ? (f.switcher_out ? " + verifier" : "verifier") : "");
     Progress prog;
-    progress_begin(&prog, "heads: collect", "record", 0, d.n);
+    progress_begin(&prog, stderr, "heads: collect", "record", 0, d.n);
     for (int i = 0; rc == ER_OK && i < d.n; i++) {
         const Example *ex = &d.ex[i];
         if (f.switcher_out) {

@@ -557,7 +557,7 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
     if (rc == ER_OK)
         rc = metrics_open(&g.ml, c->out_dir, c->resume, start);
     Progress prog;
-    progress_begin(&prog, "grpo", "step", start, c->steps);
+    progress_begin(&prog, stderr, "grpo", "step", start, c->steps);
     for (long s = start; rc == ER_OK && s < c->steps; s++) {
         StepMetrics sm;
         rc = grpo_step(&g, s, &sm);

@@ -577,7 +577,7 @@ int trainer_run(TrainJob *job, TrainResult *res) {
     }
     if (!c->quiet && !complete) {
         // Steps are counted as the run counts them; rate and ETA from where this call starts.
-        progress_begin(&prog, job->label, "step", t.st.step, t.total_steps);
+        progress_begin(&prog, stderr, job->label, "step", t.st.step, t.total_steps);
         prog_on = 1;
     }
 

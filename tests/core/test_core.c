@@ -662,7 +662,7 @@ Test(progress, resumed_run_counts_the_runs_steps) {
     int saved = dup(2);
     cr_assert_eq(dup2(fd, 2), 2);
     Progress p;
-    progress_begin(&p, "sft", "step", 40, 60);
+    progress_begin(&p, stderr, "sft", "step", 40, 60);
     cr_assert_eq(p.done, 40);
     progress_update(&p, 45, NULL);
     progress_end(&p, NULL);
