@@ -65,43 +65,43 @@ static long brace_end(const char *s, size_t open) {
     return -1;
 }
 
+// Offset of the first "\cmd" at or after `at` that is not the prefix of a longer command name, or -1.
+static long find_cmd(const char *s, size_t at, const char *cmd) {
+    size_t cl = strlen(cmd);
+    for (const char *p; (p = strstr(s + at, cmd)) != NULL; at = (size_t)(p - s) + 1)
+        if (!isalpha((unsigned char)p[cl]))
+            return (long)(p - s);
+    return -1;
+}
+
 // Replaces every "\cmd{X}" (cmd not followed by another letter) with X.
 static char *unwrap_cmd(char *s, const char *cmd) {
     size_t cl = strlen(cmd), at = 0;
-    while (s) {
-        char *p = strstr(s + at, cmd);
-        if (!p)
-            break;
-        size_t i = (size_t)(p - s), j = i + cl;
+    long i;
+    while (s && (i = find_cmd(s, at, cmd)) >= 0) {
+        size_t j = (size_t)i + cl;
         while (s[j] == ' ')
             j++;
         long e = s[j] == '{' ? brace_end(s, j) : -1;
-        if (isalpha((unsigned char)s[i + cl]) || e < 0) {
-            at = i + 1;
+        if (e < 0) {
+            at = (size_t)i + 1;
             continue;
         }
         s = splice(s, (size_t)e, 1, "");
         if (s)
-            s = splice(s, i, j + 1 - i, "");
-        at = i;
+            s = splice(s, (size_t)i, j + 1 - (size_t)i, "");
+        at = (size_t)i;
     }
     return s;
 }
 
 // Removes "\cmd" wherever it is not the prefix of a longer command name.
 static char *remove_cmd(char *s, const char *cmd) {
-    size_t cl = strlen(cmd), at = 0;
-    while (s) {
-        char *p = strstr(s + at, cmd);
-        if (!p)
-            break;
-        size_t i = (size_t)(p - s);
-        if (isalpha((unsigned char)s[i + cl])) {
-            at = i + 1;
-            continue;
-        }
-        s = splice(s, i, cl, "");
-        at = i;
+    size_t at = 0;
+    long i;
+    while (s && (i = find_cmd(s, at, cmd)) >= 0) {
+        s = splice(s, (size_t)i, strlen(cmd), "");
+        at = (size_t)i;
     }
     return s;
 }
