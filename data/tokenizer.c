@@ -1049,8 +1049,10 @@ static int load_doc(Tokenizer *t, const cJSON *root) {
         return er_error(ER_EFORMAT, "%s: must be a JSON object (got %s)", t->path, json_type_name(root));
     ER_TRY(load_added(t, t->path, root));
     ER_TRY(load_model(t, t->path, root));
-    ER_TRY(load_normalizer(t, t->path, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), "normalizer", 0, NULL));
-    ER_TRY(load_pre_tokenizer(t, t->path, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), "pre_tokenizer", 0, &byte_level));
+    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
+    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+    ER_TRY(load_normalizer(t, t->path, norm, "normalizer", 0, NULL));
+    ER_TRY(load_pre_tokenizer(t, t->path, pre, "pre_tokenizer", 0, &byte_level));
     if (!byte_level)
         return er_error(ER_EUNSUPPORTED,
                         "%s: field \"pre_tokenizer\": no ByteLevel pre-tokenizer (only byte-level BPE is supported)",
