@@ -16,33 +16,37 @@ int file_read_all(const char *path, size_t max_bytes, char **out, size_t *out_le
     FILE *fp = fopen(path, "rb");
     if (!fp)
         return er_error(ER_EIO, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t n = 0;
+    int rc = ER_OK;
     struct stat st;
     if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(fp);
-        return er_error(ER_EIO, "%s: not a regular file", path);
+        rc = er_error(ER_EIO, "%s: not a regular file", path);
+        goto done;
     }
     if ((size_t)st.st_size > max_bytes) {
-        fclose(fp);
-        return er_error(ER_ERANGE, "%s: file is %lld bytes, more than the %zu allowed", path,
-                        (long long)st.st_size, max_bytes);
+        rc = er_error(ER_ERANGE, "%s: file is %lld bytes, more than the %zu allowed", path, (long long)st.st_size,
+                      max_bytes);
+        goto done;
     }
-    size_t n = (size_t)st.st_size;
-    char *buf = er_alloc(n + 1);
-    if (!buf) {
-        fclose(fp);
-        return ER_ENOMEM;
+    n = (size_t)st.st_size;
+    if (!(buf = er_alloc(n + 1))) {
+        rc = ER_ENOMEM;
+        goto done;
     }
     if (n && fread(buf, 1, n, fp) != n) {
-        er_free(buf);
-        fclose(fp);
-        return er_error(ER_EIO, "%s: read failed", path);
+        rc = er_error(ER_EIO, "%s: read failed", path);
+        goto done;
     }
-    fclose(fp);
     buf[n] = 0;
     *out = buf;
+    buf = NULL;
     if (out_len)
         *out_len = n;
-    return ER_OK;
+done:
+    er_free(buf);
+    fclose(fp);
+    return rc;
 }
 
 int atomic_open(AtomicFile *af, const char *path) {

@@ -25,28 +25,31 @@ int json_parse_file(const char *path, size_t max_bytes, cJSON **out) {
     char *text;
     size_t len;
     ER_TRY(file_read_all(path, max_bytes, &text, &len));
+    cJSON *j = NULL;
+    const char *end = NULL;
+    long trail;
+    int rc = ER_OK;
     size_t bad = utf8_invalid_at(text, len);
     if (bad < len) {
-        er_free(text);
-        return er_error(ER_EFORMAT, "%s: not valid UTF-8 (byte %zu)", path, bad);
+        rc = er_error(ER_EFORMAT, "%s: not valid UTF-8 (byte %zu)", path, bad);
+        goto done;
     }
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!j) {
-        long off = end ? (long)(end - text) : 0;
-        er_free(text);
-        return er_error(ER_EFORMAT, "%s: not valid JSON (near byte %ld)", path, off);
+    if (!(j = cJSON_ParseWithLengthOpts(text, len, &end, 0))) {
+        rc = er_error(ER_EFORMAT, "%s: not valid JSON (near byte %ld)", path, end ? (long)(end - text) : 0L);
+        goto done;
     }
     // cJSON stops after the first value; anything but whitespace after it is malformed input.
-    long trail = trailing_garbage(text, len, end);
-    er_free(text);
-    if (trail >= 0) {
-        cJSON_Delete(j);
-        return er_error(ER_EFORMAT, "%s: not valid JSON: unexpected data after the value (near byte %ld)", path,
-                        trail);
+    if ((trail = trailing_garbage(text, len, end)) >= 0) {
+        rc = er_error(ER_EFORMAT, "%s: not valid JSON: unexpected data after the value (near byte %ld)", path,
+                      trail);
+        goto done;
     }
     *out = j;
-    return ER_OK;
+    j = NULL;
+done:
+    cJSON_Delete(j);
+    er_free(text);
+    return rc;
 }
 
 const char *json_type_name(const cJSON *v) {
@@ -187,13 +190,11 @@ int jsonl_next(JsonlReader *r, cJSON **obj) {
             return er_error(ER_EFORMAT, "%s:%ld: not valid JSON (near column %ld)", r->path, r->lineno,
                             end ? (long)(end - r->line) + 1 : 0L);
         long trail = trailing_garbage(r->line, len, end);
-        if (trail >= 0) {
+        if (trail >= 0 || !cJSON_IsObject(j)) {
             cJSON_Delete(j);
-            return er_error(ER_EFORMAT, "%s:%ld: not valid JSON: unexpected data after the value (column %ld)",
-                            r->path, r->lineno, trail + 1);
-        }
-        if (!cJSON_IsObject(j)) {
-            cJSON_Delete(j);
+            if (trail >= 0)
+                return er_error(ER_EFORMAT, "%s:%ld: not valid JSON: unexpected data after the value (column %ld)",
+                                r->path, r->lineno, trail + 1);
             return er_error(ER_EFORMAT, "%s:%ld: each line must be a JSON object", r->path, r->lineno);
         }
         *obj = j;

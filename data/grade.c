@@ -341,14 +341,11 @@ int grade_parse_number(const char *s, double *out) {
 }
 
 int grade_equal(const char *a, const char *b) {
-    char *na, *nb;
-    ER_TRY(grade_normalize(a, &na));
-    int rc = grade_normalize(b, &nb);
-    if (rc < 0) {
-        er_free(na);
-        return rc;
-    }
-    int eq = strcmp(na, nb) == 0 && na[0] != 0;
+    char *na = NULL, *nb = NULL;
+    int rc = ER_OK, eq;
+    ER_CHECK(grade_normalize(a, &na));
+    ER_CHECK(grade_normalize(b, &nb));
+    eq = strcmp(na, nb) == 0 && na[0] != 0;
     double x, y;
     if (!eq && grade_parse_number(na, &x) && grade_parse_number(nb, &y)) {
         // Integers compare exactly (1000000 is not 1000001); anything with a fraction to 1e-6.
@@ -358,9 +355,11 @@ int grade_equal(const char *a, const char *b) {
         else
             eq = x == y || fabs(x - y) <= 1e-6 * fmax(fabs(x), fabs(y));
     }
+    rc = eq;
+done:
     er_free(na);
     er_free(nb);
-    return eq;
+    return rc;
 }
 
 static int starts_with_cmd(const char *s, const char *cmd) {

@@ -346,6 +346,41 @@ static size_t ctrl_find(const unsigned char *s, size_t len) {
     return len;
 }
 
+// cJSON reads a \u escape without 4 hex digits as \u0000, and \u0000 would cut a string short.
+// Runs on text cJSON parsed, so every backslash found from the start on begins an escape.
+static int check_u_escapes(const char *path, const char *buf, size_t len) {
+    for (size_t i = 0; i < len;) {
+        const char *p = memchr(buf + i, '\\', len - i);
+        if (!p)
+            break;
+        size_t at = (size_t)(p - buf);
+        unsigned cp;
+        i = at + 2;
+        if (p[1] != 'u')
+            continue;
+        if (hex4(p + 2, len - at - 2, &cp) < 0)
+            return er_error(ER_EFORMAT, "%s: not valid JSON at byte %zu: bad \\u escape", path, at);
+        if (cp != 0)
+            continue;
+        // Quote the start of the string: back to its opening quote, the first one not escaped.
+        size_t q = at;
+        while (q > 0) {
+            q--;
+            size_t nb = 0;
+            while (nb < q && buf[q - nb - 1] == '\\')
+                nb++;
+            if (buf[q] == '"' && nb % 2 == 0)
+                break;
+        }
+        int n = (int)(at + 6 - q > 40 ? 40 : at + 6 - q);
+        while (n > 0 && q + (size_t)n < len && ((unsigned char)buf[q + (size_t)n] & 0xC0) == 0x80)
+            n--; // whole characters only
+        return er_error(ER_EUNSUPPORTED, "%s: byte %zu: U+0000 (\\u0000) inside a string is not supported: %.*s...",
+                        path, at, n, buf + q);
+    }
+    return ER_OK;
+}
+
 // Parses tokenizer.json text; buf[len] must be 0 (file_read_all puts it there). Errors name the
 // file and the byte.
 static int tok_json_parse(const char *path, const char *buf, size_t len, cJSON **out) {
@@ -368,48 +403,19 @@ static int tok_json_parse(const char *path, const char *buf, size_t len, cJSON *
         return er_error(ER_EFORMAT, "%s: not valid JSON at byte %zu: %s", path, off,
                         json_why(buf, len, off, tmp, sizeof tmp));
     }
+    int rc = ER_OK;
     for (const char *p = end; p && p < buf + len; p++)
         if (!is_json_ws(*p)) {
-            cJSON_Delete(root);
-            return er_error(ER_EFORMAT, "%s: not valid JSON at byte %zu: unexpected text after the value", path,
-                            (size_t)(p - buf));
+            rc = er_error(ER_EFORMAT, "%s: not valid JSON at byte %zu: unexpected text after the value", path,
+                          (size_t)(p - buf));
+            goto done;
         }
-    // cJSON reads a \u escape without 4 hex digits as \u0000. The text is valid JSON otherwise,
-    // so every backslash found from the start on begins an escape.
-    for (size_t i = 0; i < len;) {
-        const char *p = memchr(buf + i, '\\', len - i);
-        if (!p)
-            break;
-        size_t at = (size_t)(p - buf);
-        unsigned cp;
-        i = at + 2;
-        if (p[1] != 'u')
-            continue;
-        if (hex4(p + 2, len - at - 2, &cp) < 0) {
-            cJSON_Delete(root);
-            return er_error(ER_EFORMAT, "%s: not valid JSON at byte %zu: bad \\u escape", path, at);
-        }
-        if (cp != 0)
-            continue;
-        // Quote the start of the string: back to its opening quote, the first one not escaped.
-        size_t q = at;
-        while (q > 0) {
-            q--;
-            size_t nb = 0;
-            while (nb < q && buf[q - nb - 1] == '\\')
-                nb++;
-            if (buf[q] == '"' && nb % 2 == 0)
-                break;
-        }
-        int n = (int)(at + 6 - q > 40 ? 40 : at + 6 - q);
-        while (n > 0 && q + (size_t)n < len && ((unsigned char)buf[q + (size_t)n] & 0xC0) == 0x80)
-            n--; // whole characters only
-        cJSON_Delete(root);
-        return er_error(ER_EUNSUPPORTED, "%s: byte %zu: U+0000 (\\u0000) inside a string is not supported: %.*s...",
-                        path, at, n, buf + q);
-    }
+    ER_CHECK(check_u_escapes(path, buf, len));
     *out = root;
-    return ER_OK;
+    root = NULL;
+done:
+    cJSON_Delete(root);
+    return rc;
 }
 
 // cJSON keeps numbers as doubles: an id must be one exactly, and small enough to index arrays.
