@@ -877,10 +877,12 @@ static int build_decode(Tokenizer *t, const uint32_t byte_cp[256]) {
     t->dec_off = er_alloc((size_t)V * sizeof *t->dec_off);
     t->dec_len = er_alloc((size_t)V * sizeof *t->dec_len);
     t->special = er_calloc((size_t)V, 1);
-    int rc = ER_ENOMEM;
-    if (!src || !srclen || !t->dec_off || !t->dec_len || !t->special)
+    int rc = ER_OK;
+    size_t total = 0, off = 0;
+    if (!src || !srclen || !t->dec_off || !t->dec_len || !t->special) {
+        rc = ER_ENOMEM;
         goto done;
-    size_t total = 0;
+    }
     for (int id = 0; id < t->n_ids; id++)
         if (t->str_len[id] != UINT32_MAX) {
             src[id] = t->strs + t->str_off[id];
@@ -894,10 +896,10 @@ static int build_decode(Tokenizer *t, const uint32_t byte_cp[256]) {
     }
     for (int id = 0; id < t->n_ids; id++)
         total += src[id] ? srclen[id] : 0;
-    t->dec = er_alloc(total + 1);
-    if (!t->dec)
+    if (!(t->dec = er_alloc(total + 1))) {
+        rc = ER_ENOMEM;
         goto done;
-    size_t off = 0;
+    }
     for (int id = 0; id < V; id++) {
         t->dec_off[id] = (uint32_t)off;
         t->dec_len[id] = UINT32_MAX;
@@ -924,7 +926,6 @@ static int build_decode(Tokenizer *t, const uint32_t byte_cp[256]) {
         off = o;
     }
     t->dec[off] = 0;
-    rc = ER_OK;
 done:
     er_free(src);
     er_free(srclen);
