@@ -17,7 +17,7 @@ static void print_escaped(const char *t) {
             putchar(*t);
 }
 
-void args_print_help(const ArgSpec *specs, int nspecs, const char *usage) {
+static void print_help(const ArgSpec *specs, int nspecs, const char *usage) {
     printf("usage: %s\n\n", usage);
     for (int i = 0; i < nspecs; i++) {
         const ArgSpec *s = &specs[i];
@@ -93,7 +93,7 @@ int args_parse(int argc, char **argv, const ArgSpec *specs, int nspecs, const ch
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            args_print_help(specs, nspecs, usage);
+            print_help(specs, nspecs, usage);
             return ARGS_HELP;
         }
         if (strncmp(a, "--", 2) != 0)

@@ -22,7 +22,6 @@ typedef struct {
 
 // `usage` is the one-line synopsis printed first by --help.
 int args_parse(int argc, char **argv, const ArgSpec *specs, int nspecs, const char *usage);
-void args_print_help(const ArgSpec *specs, int nspecs, const char *usage);
 
 // A program of subcommands (erinfer, ertrain): argv[1] names the command, which gets argv from there.
 typedef struct {

@@ -37,32 +37,20 @@ int dtype_from_name(const char *name, ErDType *out) {
     return er_error(ER_EFORMAT, "unknown dtype \"%.64s\"", name);
 }
 
-static inline uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1f;
     uint32_t man = h & 0x3ff;
     if (exp == 0x1f) // inf, or NaN with its payload moved to the top of the fp32 mantissa
-        return bits_f32(sign | 0x7f800000u | (man << 13));
+        return f32_from_bits(sign | 0x7f800000u | (man << 13));
     if (exp == 0) {
         if (man == 0)
-            return bits_f32(sign);
+            return f32_from_bits(sign);
         // subnormal: man * 2^-24, exact in fp32
         float v = (float)man * (1.0f / 16777216.0f);
         return sign ? -v : v;
     }
-    return bits_f32(sign | ((exp + 112) << 23) | (man << 13)); // rebias 15 -> 127
+    return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13)); // rebias 15 -> 127
 }
 
 uint16_t f32_to_f16(float f) {
@@ -96,7 +84,7 @@ uint16_t f32_to_f16(float f) {
     return (uint16_t)(sign | r);
 }
 
-float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
 
 uint16_t f32_to_bf16(float f) {
     uint32_t x = f32_bits(f);
@@ -108,25 +96,24 @@ uint16_t f32_to_bf16(float f) {
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
 }
 
+// F32 to or from F32 is a copy (in place allowed; the pointers may be NULL when n is 0).
+static int copy_f32(void *dst, const void *src, size_t n) {
+    if (n)
+        memmove(dst, src, n * 4);
+    return ER_OK;
+}
+
 int dtype_to_f32(float *dst, const void *src, ErDType t, size_t n) {
     const unsigned char *s = src;
     switch (t) {
     case DT_F32:
-        if (n)
-            memmove(dst, src, n * 4);
-        return ER_OK;
+        return copy_f32(dst, src, n);
     case DT_F16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, s + 2 * i, 2);
-            dst[i] = f16_to_f32(h);
-        }
-        return ER_OK;
     case DT_BF16:
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, s + 2 * i, 2);
-            dst[i] = bf16_to_f32(h);
+            dst[i] = t == DT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
         }
         return ER_OK;
     case DT_I8:
@@ -161,18 +148,11 @@ int dtype_from_f32(void *dst, ErDType t, const float *src, size_t n) {
     unsigned char *d = dst;
     switch (t) {
     case DT_F32:
-        if (n)
-            memmove(dst, src, n * 4);
-        return ER_OK;
+        return copy_f32(dst, src, n);
     case DT_F16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h = f32_to_f16(src[i]);
-            memcpy(d + 2 * i, &h, 2);
-        }
-        return ER_OK;
     case DT_BF16:
         for (size_t i = 0; i < n; i++) {
-            uint16_t h = f32_to_bf16(src[i]);
+            uint16_t h = t == DT_F16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
             memcpy(d + 2 * i, &h, 2);
         }
         return ER_OK;

@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef enum {
     DT_F32, DT_F16, DT_BF16, DT_I8, DT_U8, DT_I32,
@@ -16,6 +17,19 @@ typedef enum {
 size_t dtype_size(ErDType t);               // bytes per element; 0 for an invalid value
 const char *dtype_name(ErDType t);          // "F32", "BF16", ...; "?" for an invalid value
 int dtype_from_name(const char *name, ErDType *out); // ER_EFORMAT on unknown names
+
+// The bits of an fp32 value and back (memcpy: no aliasing trouble, compiles to a move).
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float f32_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 float f16_to_f32(uint16_t h);
 // NaN kept: sign and top payload bits survive (a NaN never turns into inf), so 16 -> 32 -> 16

@@ -16,33 +16,37 @@ int file_read_all(const char *path, size_t max_bytes, char **out, size_t *out_le
     FILE *fp = fopen(path, "rb");
     if (!fp)
         return er_error(ER_EIO, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t n = 0;
+    int rc = ER_OK;
     struct stat st;
     if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(fp);
-        return er_error(ER_EIO, "%s: not a regular file", path);
+        rc = er_error(ER_EIO, "%s: not a regular file", path);
+        goto done;
     }
     if ((size_t)st.st_size > max_bytes) {
-        fclose(fp);
-        return er_error(ER_ERANGE, "%s: file is %lld bytes, more than the %zu allowed", path,
-                        (long long)st.st_size, max_bytes);
+        rc = er_error(ER_ERANGE, "%s: file is %lld bytes, more than the %zu allowed", path, (long long)st.st_size,
+                      max_bytes);
+        goto done;
     }
-    size_t n = (size_t)st.st_size;
-    char *buf = er_alloc(n + 1);
-    if (!buf) {
-        fclose(fp);
-        return ER_ENOMEM;
+    n = (size_t)st.st_size;
+    if (!(buf = er_alloc(n + 1))) {
+        rc = ER_ENOMEM;
+        goto done;
     }
     if (n && fread(buf, 1, n, fp) != n) {
-        er_free(buf);
-        fclose(fp);
-        return er_error(ER_EIO, "%s: read failed", path);
+        rc = er_error(ER_EIO, "%s: read failed", path);
+        goto done;
     }
-    fclose(fp);
     buf[n] = 0;
     *out = buf;
+    buf = NULL;
     if (out_len)
         *out_len = n;
-    return ER_OK;
+done:
+    er_free(buf);
+    fclose(fp);
+    return rc;
 }
 
 int atomic_open(AtomicFile *af, const char *path) {
@@ -84,17 +88,25 @@ static void fsync_parent_dir(const char *path) {
 
 int atomic_commit(AtomicFile *af) {
     int rc = ER_OK;
-    if (fflush(af->fp) != 0 || ferror(af->fp) || fsync(fileno(af->fp)) != 0)
-        rc = er_error(ER_EIO, "%s: write failed: %s", af->path, strerror(errno));
-    if (fclose(af->fp) != 0 && rc == ER_OK)
-        rc = er_error(ER_EIO, "%s: close failed: %s", af->path, strerror(errno));
+    FILE *fp = af->fp; // closed in all cases
     af->fp = NULL;
-    if (rc == ER_OK && rename(af->tmp_path, af->path) != 0)
+    if (fflush(fp) != 0 || ferror(fp) || fsync(fileno(fp)) != 0) {
+        rc = er_error(ER_EIO, "%s: write failed: %s", af->path, strerror(errno));
+        fclose(fp);
+        goto done;
+    }
+    if (fclose(fp) != 0) {
+        rc = er_error(ER_EIO, "%s: close failed: %s", af->path, strerror(errno));
+        goto done;
+    }
+    if (rename(af->tmp_path, af->path) != 0) {
         rc = er_error(ER_EIO, "%s: rename failed: %s", af->path, strerror(errno));
-    if (rc != ER_OK)
+        goto done;
+    }
+    fsync_parent_dir(af->path);
+done:
+    if (rc < 0)
         unlink(af->tmp_path);
-    else
-        fsync_parent_dir(af->path);
     free(af->path);
     free(af->tmp_path);
     af->path = af->tmp_path = NULL;

@@ -5,11 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <utf8proc.h>
-
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/utf8.h"
 
 // Offset of the first non-whitespace byte after `end` within text[0, len), or -1 if none.
 static long trailing_garbage(const char *text, size_t len, const char *end) {
@@ -21,56 +20,65 @@ static long trailing_garbage(const char *text, size_t len, const char *end) {
     return -1;
 }
 
-size_t json_utf8_invalid_at(const void *p, size_t len) {
-    const unsigned char *s = p;
-    size_t i = 0;
-    while (i < len) {
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t k = s[i] < 0x80 ? 1 : utf8proc_iterate(s + i, (utf8proc_ssize_t)(len - i), &cp);
-        if (k <= 0)
-            return i;
-        i += (size_t)k;
-    }
-    return len;
-}
-
 int json_parse_file(const char *path, size_t max_bytes, cJSON **out) {
     *out = NULL;
     char *text;
     size_t len;
     ER_TRY(file_read_all(path, max_bytes, &text, &len));
-    size_t bad = json_utf8_invalid_at(text, len);
-    if (bad < len) {
-        er_free(text);
-        return er_error(ER_EFORMAT, "%s: not valid UTF-8 (byte %zu)", path, bad);
-    }
+    cJSON *j = NULL;
     const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!j) {
-        long off = end ? (long)(end - text) : 0;
-        er_free(text);
-        return er_error(ER_EFORMAT, "%s: not valid JSON (near byte %ld)", path, off);
+    long trail;
+    int rc = ER_OK;
+    size_t bad = utf8_invalid_at(text, len);
+    if (bad < len) {
+        rc = er_error(ER_EFORMAT, "%s: not valid UTF-8 (byte %zu)", path, bad);
+        goto done;
+    }
+    if (!(j = cJSON_ParseWithLengthOpts(text, len, &end, 0))) {
+        rc = er_error(ER_EFORMAT, "%s: not valid JSON (near byte %ld)", path, end ? (long)(end - text) : 0L);
+        goto done;
     }
     // cJSON stops after the first value; anything but whitespace after it is malformed input.
-    long trail = trailing_garbage(text, len, end);
-    er_free(text);
-    if (trail >= 0) {
-        cJSON_Delete(j);
-        return er_error(ER_EFORMAT, "%s: not valid JSON: unexpected data after the value (near byte %ld)", path,
-                        trail);
+    if ((trail = trailing_garbage(text, len, end)) >= 0) {
+        rc = er_error(ER_EFORMAT, "%s: not valid JSON: unexpected data after the value (near byte %ld)", path,
+                      trail);
+        goto done;
     }
     *out = j;
-    return ER_OK;
+    j = NULL;
+done:
+    cJSON_Delete(j);
+    er_free(text);
+    return rc;
 }
 
-static const cJSON *field(const cJSON *obj, const char *key) {
+const char *json_type_name(const cJSON *v) {
+    if (!v)
+        return "nothing";
+    switch (v->type & 0xFF) {
+    case cJSON_NULL: return "null";
+    case cJSON_False: case cJSON_True: return "a boolean";
+    case cJSON_Number: return "a number";
+    case cJSON_String: return "a string";
+    case cJSON_Array: return "an array";
+    case cJSON_Object: return "an object";
+    default: return "not a value";
+    }
+}
+
+int json_field_error(const char *ctx, const char *field, const char *want, const cJSON *got) {
+    return er_error(ER_EFORMAT, "%s: field \"%s\" must be %s (got %s)", ctx, field, want, json_type_name(got));
+}
+
+// Member `key` of obj; NULL when absent or null.
+static const cJSON *member(const cJSON *obj, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     return (v && !cJSON_IsNull(v)) ? v : NULL;
 }
 
 static int get_number(const cJSON *v, const char *key, double *out, const char *ctx) {
     if (!cJSON_IsNumber(v))
-        return er_error(ER_EFORMAT, "%s: field \"%s\" must be a number", ctx, key);
+        return json_field_error(ctx, key, "a number", v);
     if (!isfinite(v->valuedouble))
         return er_error(ER_EFORMAT, "%s: field \"%s\" is not finite", ctx, key);
     *out = v->valuedouble;
@@ -86,58 +94,60 @@ static int get_int(const cJSON *v, const char *key, int64_t *out, const char *ct
     return ER_OK;
 }
 
+static int missing(const char *key, const char *ctx) {
+    return er_error(ER_EFORMAT, "%s: missing field \"%s\"", ctx, key);
+}
+
 int json_get_int(const cJSON *obj, const char *key, int64_t *out, const char *ctx) {
-    const cJSON *v = field(obj, key);
-    if (!v)
-        return er_error(ER_EFORMAT, "%s: missing field \"%s\"", ctx, key);
-    return get_int(v, key, out, ctx);
+    const cJSON *v = member(obj, key);
+    return v ? get_int(v, key, out, ctx) : missing(key, ctx);
 }
 
 int json_get_double(const cJSON *obj, const char *key, double *out, const char *ctx) {
-    const cJSON *v = field(obj, key);
-    if (!v)
-        return er_error(ER_EFORMAT, "%s: missing field \"%s\"", ctx, key);
-    return get_number(v, key, out, ctx);
+    const cJSON *v = member(obj, key);
+    return v ? get_number(v, key, out, ctx) : missing(key, ctx);
 }
 
 int json_get_string(const cJSON *obj, const char *key, const char **out, const char *ctx) {
-    const cJSON *v = field(obj, key);
-    if (!v)
-        return er_error(ER_EFORMAT, "%s: missing field \"%s\"", ctx, key);
-    if (!cJSON_IsString(v))
-        return er_error(ER_EFORMAT, "%s: field \"%s\" must be a string", ctx, key);
-    *out = v->valuestring;
-    return ER_OK;
+    if (!member(obj, key))
+        return missing(key, ctx);
+    return json_opt_string(obj, key, out, ctx);
 }
 
 int json_opt_int(const cJSON *obj, const char *key, int64_t *out, const char *ctx) {
-    const cJSON *v = field(obj, key);
+    const cJSON *v = member(obj, key);
     return v ? get_int(v, key, out, ctx) : ER_OK;
 }
 
 int json_opt_double(const cJSON *obj, const char *key, double *out, const char *ctx) {
-    const cJSON *v = field(obj, key);
+    const cJSON *v = member(obj, key);
     return v ? get_number(v, key, out, ctx) : ER_OK;
 }
 
-int json_opt_bool(const cJSON *obj, const char *key, int *out, const char *ctx) {
-    const cJSON *v = field(obj, key);
-    if (!v)
-        return ER_OK;
-    if (!cJSON_IsBool(v))
-        return er_error(ER_EFORMAT, "%s: field \"%s\" must be true or false", ctx, key);
-    *out = cJSON_IsTrue(v);
+int json_opt_bool_named(const cJSON *obj, const char *key, const char *field, int *out, const char *ctx) {
+    const cJSON *v = member(obj, key);
+    if (v && !cJSON_IsBool(v))
+        return json_field_error(ctx, field, "true or false", v);
+    if (v)
+        *out = cJSON_IsTrue(v);
     return ER_OK;
 }
 
-int json_opt_string(const cJSON *obj, const char *key, const char **out, const char *ctx) {
-    const cJSON *v = field(obj, key);
-    if (!v)
-        return ER_OK;
-    if (!cJSON_IsString(v))
-        return er_error(ER_EFORMAT, "%s: field \"%s\" must be a string", ctx, key);
-    *out = v->valuestring;
+int json_opt_string_named(const cJSON *obj, const char *key, const char *field, const char **out, const char *ctx) {
+    const cJSON *v = member(obj, key);
+    if (v && !cJSON_IsString(v))
+        return json_field_error(ctx, field, "a string", v);
+    if (v)
+        *out = v->valuestring;
     return ER_OK;
+}
+
+int json_opt_bool(const cJSON *obj, const char *key, int *out, const char *ctx) {
+    return json_opt_bool_named(obj, key, key, out, ctx);
+}
+
+int json_opt_string(const cJSON *obj, const char *key, const char **out, const char *ctx) {
+    return json_opt_string_named(obj, key, key, out, ctx);
 }
 
 int jsonl_open(JsonlReader *r, const char *path) {
@@ -171,7 +181,7 @@ int jsonl_next(JsonlReader *r, cJSON **obj) {
             continue;
         if (memchr(r->line, 0, len))
             return er_error(ER_EFORMAT, "%s:%ld: line contains a NUL byte", r->path, r->lineno);
-        size_t bad = json_utf8_invalid_at(r->line, len);
+        size_t bad = utf8_invalid_at(r->line, len);
         if (bad < len)
             return er_error(ER_EFORMAT, "%s:%ld: not valid UTF-8 (column %zu)", r->path, r->lineno, bad + 1);
         const char *end = NULL;
@@ -180,13 +190,11 @@ int jsonl_next(JsonlReader *r, cJSON **obj) {
             return er_error(ER_EFORMAT, "%s:%ld: not valid JSON (near column %ld)", r->path, r->lineno,
                             end ? (long)(end - r->line) + 1 : 0L);
         long trail = trailing_garbage(r->line, len, end);
-        if (trail >= 0) {
+        if (trail >= 0 || !cJSON_IsObject(j)) {
             cJSON_Delete(j);
-            return er_error(ER_EFORMAT, "%s:%ld: not valid JSON: unexpected data after the value (column %ld)",
-                            r->path, r->lineno, trail + 1);
-        }
-        if (!cJSON_IsObject(j)) {
-            cJSON_Delete(j);
+            if (trail >= 0)
+                return er_error(ER_EFORMAT, "%s:%ld: not valid JSON: unexpected data after the value (column %ld)",
+                                r->path, r->lineno, trail + 1);
             return er_error(ER_EFORMAT, "%s:%ld: each line must be a JSON object", r->path, r->lineno);
         }
         *obj = j;
@@ -207,17 +215,16 @@ int json_write_file(const char *path, const cJSON *obj) {
     if (!s)
         return er_error(ER_ENOMEM, "%s: out of memory formatting JSON", path);
     size_t n = strlen(s);
-    s[n] = 0;
     AtomicFile af;
-    int rc = atomic_open(&af, path);
-    if (rc == ER_OK) {
-        if (fwrite(s, 1, n, af.fp) != n || fputc('\n', af.fp) == EOF) {
-            atomic_abort(&af);
-            rc = er_error(ER_EIO, "%s: write failed", path);
-        } else {
-            rc = atomic_commit(&af);
-        }
+    int rc = ER_OK;
+    ER_CHECK(atomic_open(&af, path));
+    if (fwrite(s, 1, n, af.fp) != n || fputc('\n', af.fp) == EOF) {
+        atomic_abort(&af);
+        rc = er_error(ER_EIO, "%s: write failed", path);
+        goto done;
     }
+    rc = atomic_commit(&af);
+done:
     cJSON_free(s);
     return rc;
 }

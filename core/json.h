@@ -13,10 +13,6 @@
 // string from it.
 int json_parse_file(const char *path, size_t max_bytes, cJSON **out);
 
-// Offset of the first byte that is not part of a valid UTF-8 sequence, or len if all are valid
-// (the rules of Rust's str::from_utf8: no overlong forms, no surrogates, nothing above U+10FFFF).
-size_t json_utf8_invalid_at(const void *s, size_t len);
-
 // Typed getters. `ctx` names the file (or file:line) in error messages. A missing key is an
 // error for json_get_*; json_opt_* leave *out untouched when the key is absent or null.
 int json_get_int(const cJSON *obj, const char *key, int64_t *out, const char *ctx);
@@ -26,6 +22,15 @@ int json_opt_int(const cJSON *obj, const char *key, int64_t *out, const char *ct
 int json_opt_double(const cJSON *obj, const char *key, double *out, const char *ctx);
 int json_opt_bool(const cJSON *obj, const char *key, int *out, const char *ctx);
 int json_opt_string(const cJSON *obj, const char *key, const char **out, const char *ctx);
+// The same for a member of a nested object: messages call it `field` (a path such as
+// "model.byte_fallback") instead of `key`.
+int json_opt_bool_named(const cJSON *obj, const char *key, const char *field, int *out, const char *ctx);
+int json_opt_string_named(const cJSON *obj, const char *key, const char *field, const char **out, const char *ctx);
+
+// What v is, for messages: "a string", "an object", ... ("nothing" for NULL).
+const char *json_type_name(const cJSON *v);
+// Records "<ctx>: field \"<field>\" must be <want> (got <what v is>)" and returns ER_EFORMAT.
+int json_field_error(const char *ctx, const char *field, const char *want, const cJSON *got);
 
 // Streaming JSONL reader. jsonl_next returns 1 with an object, 0 at end of file, or a negative
 // status with "path:line: ..." recorded. Blank lines are skipped.

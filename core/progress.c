@@ -10,13 +10,14 @@ double time_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-void progress_begin(Progress *p, const char *label, const char *unit, int64_t start, int64_t total) {
+void progress_begin(Progress *p, FILE *out, const char *label, const char *unit, int64_t start, int64_t total) {
+    p->out = out;
     p->label = label;
     p->unit = unit;
     p->total = total;
     p->start = start;
     p->t_start = p->t_last_print = time_now();
-    p->tty = isatty(fileno(stderr));
+    p->tty = out && isatty(fileno(out));
     p->done = start;
 }
 
@@ -32,6 +33,8 @@ static void fmt_duration(char *buf, size_t n, double s) {
 }
 
 static void print_line(Progress *p, const char *extra, int final) {
+    if (!p->out)
+        return;
     double now = time_now(), el = now - p->t_start;
     double rate = el > 0 ? (double)(p->done - p->start) / el : 0;
     char eta[32] = "", elapsed[32];
@@ -44,20 +47,20 @@ static void print_line(Progress *p, const char *extra, int final) {
         for (int i = 0; i < width; i++)
             bar[i] = i < fill ? '#' : '.';
         bar[width] = 0;
-        fprintf(stderr, "\r\033[K%s [%s] %lld", p->label, bar, (long long)p->done);
+        fprintf(p->out, "\r\033[K%s [%s] %lld", p->label, bar, (long long)p->done);
     } else {
-        fprintf(stderr, "%s: %lld", p->label, (long long)p->done);
+        fprintf(p->out, "%s: %lld", p->label, (long long)p->done);
     }
     if (p->total > 0)
-        fprintf(stderr, "/%lld", (long long)p->total);
-    fprintf(stderr, " %s, %.2f %s/s, %s elapsed", p->unit, rate, p->unit, elapsed);
+        fprintf(p->out, "/%lld", (long long)p->total);
+    fprintf(p->out, " %s, %.2f %s/s, %s elapsed", p->unit, rate, p->unit, elapsed);
     if (eta[0])
-        fprintf(stderr, ", ETA %s", eta);
+        fprintf(p->out, ", ETA %s", eta);
     if (extra && extra[0])
-        fprintf(stderr, ", %s", extra);
+        fprintf(p->out, ", %s", extra);
     if (!p->tty || final)
-        fputc('\n', stderr);
-    fflush(stderr);
+        fputc('\n', p->out);
+    fflush(p->out);
     p->t_last_print = now;
 }
 

@@ -18,7 +18,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
-#include "core/json.h"
+#include "core/utf8.h"
 
 // The header is parsed by cJSON. Where cJSON is looser than the reference (Rust `safetensors` +
 // serde_json) in ways that would change what a file means, this reader closes the gap itself:
@@ -302,25 +302,29 @@ static int read_table(const char *path, const cJSON *root, StFile *f, const unsi
     int n = cJSON_GetArraySize(root);
     f->tensors = calloc(n ? (size_t)n : 1, sizeof *f->tensors);
     OffsetKey *keys = calloc(n ? (size_t)n : 1, sizeof *keys);
-    int rc = (f->tensors && keys) ? ER_OK : st_oom(path);
-    for (const cJSON *c = root->child; c && rc == ER_OK; c = c->next) {
+    int rc = ER_OK;
+    if (!f->tensors || !keys) {
+        rc = st_oom(path);
+        goto done;
+    }
+    for (const cJSON *c = root->child; c; c = c->next) {
         if (strcmp(c->string, "__metadata__") == 0) {
-            rc = read_metadata(path, c, f);
+            ER_CHECK(read_metadata(path, c, f));
             continue;
         }
         int i = f->n_tensors;
         StTensor *t = &f->tensors[i];
         if (!(t->name = strdup(c->string))) {
             rc = st_oom(path);
-            break;
+            goto done;
         }
         f->n_tensors++;
         uint64_t off[2] = {0, 0};
-        rc = read_entry(path, c, t, off);
+        ER_CHECK(read_entry(path, c, t, off));
         keys[i] = (OffsetKey){off[0], off[1], i};
     }
-    if (rc == ER_OK)
-        rc = check_layout(path, f, keys, buffer, buffer_size);
+    rc = check_layout(path, f, keys, buffer, buffer_size);
+done:
     free(keys);
     return rc;
 }
@@ -337,7 +341,7 @@ static int read_header(const char *path, const unsigned char *bytes, uint64_t si
         return st_fail(path, "header length %llu runs past the end of the file (%llu bytes)", (unsigned long long)n,
                        (unsigned long long)size);
     const unsigned char *h = bytes + 8;
-    size_t bad = json_utf8_invalid_at(h, (size_t)n);
+    size_t bad = utf8_invalid_at(h, (size_t)n);
     if (bad != n)
         return st_fail(path, "header is not valid UTF-8 (bad byte 0x%02x at header byte %zu)", h[bad], bad);
     if (n == 0 || h[0] != '{') // cJSON would skip leading whitespace and a BOM; serde does not
@@ -349,17 +353,21 @@ static int read_header(const char *path, const unsigned char *bytes, uint64_t si
     if (!root)
         return st_fail(path, "header is not valid JSON (error near header byte %zu)", end ? (size_t)(end - text) : 0);
     int rc = ER_OK;
+    const char *nul;
     // cJSON stops after the object; serde allows only whitespace after it (writers pad with spaces).
-    for (const char *c = end; c < text + n && rc == ER_OK; c++)
-        if (*c != ' ' && *c != '\t' && *c != '\n' && *c != '\r')
+    for (const char *c = end; c < text + n; c++)
+        if (*c != ' ' && *c != '\t' && *c != '\n' && *c != '\r') {
             rc = st_fail(path, "header is not valid JSON: unexpected data after the closing '}' at header byte %zu",
                          (size_t)(c - text));
+            goto done;
+        }
     // cJSON takes a NUL byte for whitespace between tokens and copies it into strings (cutting them).
-    const char *nul = rc == ER_OK ? memchr(text, 0, (size_t)(end - text)) : NULL;
-    if (nul)
+    if ((nul = memchr(text, 0, (size_t)(end - text))) != NULL) {
         rc = st_fail(path, "header is not valid JSON: NUL byte at header byte %zu", (size_t)(nul - text));
-    if (rc == ER_OK)
-        rc = read_table(path, root, f, h + n, size - 8 - n);
+        goto done;
+    }
+    rc = read_table(path, root, f, h + n, size - 8 - n);
+done:
     cJSON_Delete(root);
     return rc;
 }
@@ -389,9 +397,11 @@ int safetensors_open(StFile *f, const char *path) {
         return st_error(ER_EIO, "%s: cannot map: %s", path, strerror(map_errno));
     f->map = map;
     f->map_size = (size_t)size;
-    int rc = read_header(path, map, size, f);
-    if (rc == ER_OK && !(f->path = strdup(path)))
+    int rc = ER_OK;
+    ER_CHECK(read_header(path, map, size, f));
+    if (!(f->path = strdup(path)))
         rc = st_error(ER_ENOMEM, "%s: out of memory", path);
+done:
     if (rc < 0)
         safetensors_close(f); // unmaps and frees; the recorded message stays
     return rc;
@@ -490,9 +500,84 @@ static cJSON *header_build(const StWriteTensor *t, int n, const size_t *nbytes, 
 static int write_check_name(const char *path, const char *what, const char *s) {
     if (!s)
         return st_error(ER_EINVAL, "%s: %s is NULL", path, what);
-    if (json_utf8_invalid_at((const unsigned char *)s, strlen(s)) != strlen(s))
+    if (utf8_invalid_at((const unsigned char *)s, strlen(s)) != strlen(s))
         return st_error(ER_EINVAL, "%s: %s \"%.200s\" is not valid UTF-8", path, what, s);
     return ER_OK;
+}
+
+// One tensor to write: name, dtype, shape and data checked; *bytes its size, added to *total.
+static int write_check_tensor(const char *path, const StWriteTensor *t, size_t *bytes, size_t *total) {
+    ER_TRY(write_check_name(path, "tensor name", t->name));
+    if (strcmp(t->name, "__metadata__") == 0)
+        return st_error(ER_EINVAL, "%s: \"__metadata__\" cannot name a tensor", path);
+    if ((unsigned)t->dtype >= DT_COUNT)
+        return st_error(ER_EINVAL, "%s: tensor \"%.200s\": invalid dtype %d", path, t->name, (int)t->dtype);
+    if (t->ndim < 0 || t->ndim > ST_MAX_DIMS)
+        return st_error(ER_EINVAL, "%s: tensor \"%.200s\": ndim %d is outside [0, %d]", path, t->name, t->ndim,
+                        ST_MAX_DIMS);
+    *bytes = dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 0)
+            return st_error(ER_EINVAL, "%s: tensor \"%.200s\": negative dimension %lld", path, t->name,
+                            (long long)t->shape[d]);
+        if ((uint64_t)t->shape[d] > SIZE_MAX || er_mul_size(*bytes, (size_t)t->shape[d], bytes) < 0)
+            return st_error(ER_EINVAL, "%s: tensor \"%.200s\": size overflows", path, t->name);
+        if ((double)t->shape[d] >= ST_INT_LIMIT) // an empty tensor: the reader would refuse it
+            return st_error(ER_EINVAL, "%s: tensor \"%.200s\": dimension %lld is out of range (must be "
+                            "below 2^53)", path, t->name, (long long)t->shape[d]);
+    }
+    if (er_add_size(*total, *bytes, total) < 0)
+        return st_error(ER_EINVAL, "%s: total size overflows", path);
+    if (*bytes && !t->data)
+        return st_error(ER_EINVAL, "%s: tensor \"%.200s\": data is NULL", path, t->name);
+    return ER_OK;
+}
+
+// The header text of checked tensors and metadata (*out for cJSON_free); refuses duplicate names.
+static int write_header_text(const char *path, const StWriteTensor *tensors, int n, const size_t *nbytes,
+                             const char *const *meta_kv, int n_meta, char **out) {
+    *out = NULL;
+    cJSON *root = header_build(tensors, n, nbytes, meta_kv, n_meta);
+    int rc = ER_OK, oom = !root;
+    const char *dup;
+    if (!oom && (dup = duplicate_key(root, &oom)) != NULL) {
+        rc = st_error(ER_EINVAL, "%s: duplicate tensor name \"%.200s\"", path, dup);
+        goto done;
+    }
+    if (!oom && n_meta > 1 &&
+        (dup = duplicate_key(cJSON_GetObjectItemCaseSensitive(root, "__metadata__"), &oom)) != NULL) {
+        rc = st_error(ER_EINVAL, "%s: duplicate metadata key \"%.200s\"", path, dup);
+        goto done;
+    }
+    if (!oom)
+        *out = cJSON_PrintUnformatted(root);
+    if (!*out)
+        rc = st_error(ER_ENOMEM, "%s: out of memory building the header", path);
+done:
+    cJSON_Delete(root);
+    return rc;
+}
+
+// The file: the header length (8 bytes, little-endian), the header padded with spaces to
+// `padded` bytes, then the tensors' data.
+static int write_file(const char *path, const char *h, size_t len, size_t padded, const StWriteTensor *tensors,
+                      int n, const size_t *nbytes) {
+    AtomicFile af;
+    ER_TRY(atomic_open(&af, path));
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    int ok = fwrite(len8, 1, 8, af.fp) == 8 && fwrite(h, 1, len, af.fp) == len;
+    for (size_t i = len; i < padded && ok; i++)
+        ok = fputc(' ', af.fp) != EOF;
+    for (int i = 0; i < n && ok; i++)
+        ok = nbytes[i] == 0 || fwrite(tensors[i].data, 1, nbytes[i], af.fp) == nbytes[i];
+    if (!ok) {
+        int rc = st_error(ER_EIO, "%s: write failed: %s", path, strerror(errno));
+        atomic_abort(&af);
+        return rc;
+    }
+    return atomic_commit(&af);
 }
 
 int safetensors_write(const char *path, const StWriteTensor *tensors, int n, const char *const *meta_kv,
@@ -504,80 +589,29 @@ int safetensors_write(const char *path, const StWriteTensor *tensors, int n, con
     if (n_meta < 0 || n_meta > INT_MAX / 2 || (n_meta > 0 && !meta_kv))
         return st_error(ER_EINVAL, "%s: bad metadata list (n_meta = %d)", path, n_meta);
 
-    // Validate everything before anything touches the disk.
     size_t *nbytes = er_realloc_array(NULL, n ? (size_t)n : 1, sizeof *nbytes);
     if (!nbytes)
         return st_error(ER_ENOMEM, "%s: out of memory", path);
+    char *h = NULL;
+    size_t total = 0, len, padded;
     int rc = ER_OK;
-    size_t total = 0;
-    for (int i = 0; i < n && rc == ER_OK; i++) {
-        const StWriteTensor *t = &tensors[i];
-        if ((rc = write_check_name(path, "tensor name", t->name)) < 0)
-            break;
-        if (strcmp(t->name, "__metadata__") == 0) {
-            rc = st_error(ER_EINVAL, "%s: \"__metadata__\" cannot name a tensor", path);
-        } else if ((unsigned)t->dtype >= DT_COUNT) {
-            rc = st_error(ER_EINVAL, "%s: tensor \"%.200s\": invalid dtype %d", path, t->name, (int)t->dtype);
-        } else if (t->ndim < 0 || t->ndim > ST_MAX_DIMS) {
-            rc = st_error(ER_EINVAL, "%s: tensor \"%.200s\": ndim %d is outside [0, %d]", path, t->name, t->ndim,
-                          ST_MAX_DIMS);
-        } else {
-            size_t bytes = dtype_size(t->dtype);
-            for (int d = 0; d < t->ndim && rc == ER_OK; d++) {
-                if (t->shape[d] < 0)
-                    rc = st_error(ER_EINVAL, "%s: tensor \"%.200s\": negative dimension %lld", path, t->name,
-                                  (long long)t->shape[d]);
-                else if ((uint64_t)t->shape[d] > SIZE_MAX || er_mul_size(bytes, (size_t)t->shape[d], &bytes) < 0)
-                    rc = st_error(ER_EINVAL, "%s: tensor \"%.200s\": size overflows", path, t->name);
-                else if ((double)t->shape[d] >= ST_INT_LIMIT) // an empty tensor: the reader would refuse it
-                    rc = st_error(ER_EINVAL, "%s: tensor \"%.200s\": dimension %lld is out of range (must be "
-                                  "below 2^53)", path, t->name, (long long)t->shape[d]);
-            }
-            if (rc == ER_OK && er_add_size(total, bytes, &total) < 0)
-                rc = st_error(ER_EINVAL, "%s: total size overflows", path);
-            if (rc == ER_OK && bytes && !t->data)
-                rc = st_error(ER_EINVAL, "%s: tensor \"%.200s\": data is NULL", path, t->name);
-            nbytes[i] = bytes;
-        }
+    // Validate everything before anything touches the disk.
+    for (int i = 0; i < n; i++)
+        ER_CHECK(write_check_tensor(path, &tensors[i], &nbytes[i], &total));
+    for (int i = 0; i < n_meta; i++) {
+        ER_CHECK(write_check_name(path, "metadata key", meta_kv[2 * i]));
+        ER_CHECK(write_check_name(path, "metadata value", meta_kv[2 * i + 1]));
     }
-    for (int i = 0; i < n_meta && rc == ER_OK; i++) {
-        if ((rc = write_check_name(path, "metadata key", meta_kv[2 * i])) == ER_OK)
-            rc = write_check_name(path, "metadata value", meta_kv[2 * i + 1]);
-    }
-    cJSON *root = rc == ER_OK ? header_build(tensors, n, nbytes, meta_kv, n_meta) : NULL;
-    const char *dup = NULL;
-    int oom = rc == ER_OK && !root;
-    if (rc == ER_OK && !oom && (dup = duplicate_key(root, &oom)) != NULL)
-        rc = st_error(ER_EINVAL, "%s: duplicate tensor name \"%.200s\"", path, dup);
-    if (rc == ER_OK && !oom && n_meta > 1 &&
-        (dup = duplicate_key(cJSON_GetObjectItemCaseSensitive(root, "__metadata__"), &oom)) != NULL)
-        rc = st_error(ER_EINVAL, "%s: duplicate metadata key \"%.200s\"", path, dup);
-    char *h = rc == ER_OK && !oom ? cJSON_PrintUnformatted(root) : NULL;
-    cJSON_Delete(root);
-    if (rc == ER_OK && !h)
-        rc = st_error(ER_ENOMEM, "%s: out of memory building the header", path);
-    size_t len = h ? strlen(h) : 0, padded = (len + 7) / 8 * 8; // the data buffer then starts 8-aligned
-    if (rc == ER_OK && padded > ST_MAX_HEADER)
+    ER_CHECK(write_header_text(path, tensors, n, nbytes, meta_kv, n_meta, &h));
+    len = strlen(h);
+    padded = (len + 7) / 8 * 8; // the data buffer then starts 8-aligned
+    if (padded > ST_MAX_HEADER) {
         rc = st_error(ER_ERANGE, "%s: header would be %zu bytes, more than the %u-byte limit", path, padded,
                       ST_MAX_HEADER);
-
-    AtomicFile af;
-    if (rc == ER_OK && (rc = atomic_open(&af, path)) == ER_OK) {
-        unsigned char len8[8];
-        for (int i = 0; i < 8; i++)
-            len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-        int ok = fwrite(len8, 1, 8, af.fp) == 8 && fwrite(h, 1, len, af.fp) == len;
-        for (size_t i = len; i < padded && ok; i++)
-            ok = fputc(' ', af.fp) != EOF;
-        for (int i = 0; i < n && ok; i++)
-            ok = nbytes[i] == 0 || fwrite(tensors[i].data, 1, nbytes[i], af.fp) == nbytes[i];
-        if (!ok) {
-            rc = st_error(ER_EIO, "%s: write failed: %s", path, strerror(errno));
-            atomic_abort(&af);
-        } else {
-            rc = atomic_commit(&af);
-        }
+        goto done;
     }
+    rc = write_file(path, h, len, padded, tensors, n, nbytes);
+done:
     cJSON_free(h);
     free(nbytes);
     return rc;

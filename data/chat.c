@@ -186,13 +186,9 @@ int chat_style_from_config(const char *config_path, ChatStyle *out) {
     if (path_is_dir(config_path) && !(joined = path_join(config_path, "tokenizer_config.json")))
         return er_error(ER_ENOMEM, "%s: out of memory", config_path);
     const char *path = joined ? joined : config_path;
-    cJSON *cfg;
-    int prc = json_parse_file(path, (size_t)64 << 20, &cfg);
-    if (prc < 0) {
-        er_free(joined);
-        return prc;
-    }
+    cJSON *cfg = NULL;
     int rc = ER_OK;
+    ER_CHECK(json_parse_file(path, (size_t)64 << 20, &cfg));
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
     const char *text = NULL;
     if (cJSON_IsString(t)) {
@@ -206,13 +202,16 @@ int chat_style_from_config(const char *config_path, ChatStyle *out) {
             if (cJSON_IsString(name) && strcmp(name->valuestring, "default") == 0 && cJSON_IsString(tmpl))
                 text = tmpl->valuestring;
         }
-        if (!text)
+        if (!text) {
             rc = er_error(ER_EFORMAT, "%s: field \"chat_template\" is a list without a \"default\" template", path);
+            goto done;
+        }
     } else if (t && !cJSON_IsNull(t)) {
         rc = er_error(ER_EFORMAT, "%s: field \"chat_template\" must be a string or a list of templates", path);
+        goto done;
     }
-    if (rc == ER_OK)
-        *out = chat_style_detect(text);
+    *out = chat_style_detect(text);
+done:
     cJSON_Delete(cfg);
     er_free(joined);
     return rc;

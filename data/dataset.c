@@ -245,21 +245,23 @@ int dataset_load(const char *path, const DatasetOptions *opt, int max_examples, 
     memset(d, 0, sizeof *d);
     DatasetReader r;
     ER_TRY(dataset_open(&r, path, opt));
-    int rc = 0;
     Example ex;
-    while ((max_examples <= 0 || d->n < max_examples) && (rc = dataset_next(&r, &ex)) == 1) {
-        rc = dataset_push(d, &ex);
-        if (rc < 0) {
-            example_free(&ex);
+    int rc = ER_OK;
+    while (max_examples <= 0 || d->n < max_examples) {
+        int got = dataset_next(&r, &ex);
+        ER_CHECK(got);
+        if (got == 0)
             break;
+        if ((rc = dataset_push(d, &ex)) < 0) {
+            example_free(&ex);
+            goto done;
         }
     }
+done:
     dataset_close(&r);
-    if (rc < 0) {
+    if (rc < 0)
         dataset_free(d);
-        return rc;
-    }
-    return ER_OK;
+    return rc;
 }
 
 void shuffle_indices(int *idx, int n, ErRng *rng) {

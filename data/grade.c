@@ -65,43 +65,43 @@ static long brace_end(const char *s, size_t open) {
     return -1;
 }
 
+// Offset of the first "\cmd" at or after `at` that is not the prefix of a longer command name, or -1.
+static long find_cmd(const char *s, size_t at, const char *cmd) {
+    size_t cl = strlen(cmd);
+    for (const char *p; (p = strstr(s + at, cmd)) != NULL; at = (size_t)(p - s) + 1)
+        if (!isalpha((unsigned char)p[cl]))
+            return (long)(p - s);
+    return -1;
+}
+
 // Replaces every "\cmd{X}" (cmd not followed by another letter) with X.
 static char *unwrap_cmd(char *s, const char *cmd) {
     size_t cl = strlen(cmd), at = 0;
-    while (s) {
-        char *p = strstr(s + at, cmd);
-        if (!p)
-            break;
-        size_t i = (size_t)(p - s), j = i + cl;
+    long i;
+    while (s && (i = find_cmd(s, at, cmd)) >= 0) {
+        size_t j = (size_t)i + cl;
         while (s[j] == ' ')
             j++;
         long e = s[j] == '{' ? brace_end(s, j) : -1;
-        if (isalpha((unsigned char)s[i + cl]) || e < 0) {
-            at = i + 1;
+        if (e < 0) {
+            at = (size_t)i + 1;
             continue;
         }
         s = splice(s, (size_t)e, 1, "");
         if (s)
-            s = splice(s, i, j + 1 - i, "");
-        at = i;
+            s = splice(s, (size_t)i, j + 1 - (size_t)i, "");
+        at = (size_t)i;
     }
     return s;
 }
 
 // Removes "\cmd" wherever it is not the prefix of a longer command name.
 static char *remove_cmd(char *s, const char *cmd) {
-    size_t cl = strlen(cmd), at = 0;
-    while (s) {
-        char *p = strstr(s + at, cmd);
-        if (!p)
-            break;
-        size_t i = (size_t)(p - s);
-        if (isalpha((unsigned char)s[i + cl])) {
-            at = i + 1;
-            continue;
-        }
-        s = splice(s, i, cl, "");
-        at = i;
+    size_t at = 0;
+    long i;
+    while (s && (i = find_cmd(s, at, cmd)) >= 0) {
+        s = splice(s, (size_t)i, strlen(cmd), "");
+        at = (size_t)i;
     }
     return s;
 }
@@ -341,14 +341,11 @@ int grade_parse_number(const char *s, double *out) {
 }
 
 int grade_equal(const char *a, const char *b) {
-    char *na, *nb;
-    ER_TRY(grade_normalize(a, &na));
-    int rc = grade_normalize(b, &nb);
-    if (rc < 0) {
-        er_free(na);
-        return rc;
-    }
-    int eq = strcmp(na, nb) == 0 && na[0] != 0;
+    char *na = NULL, *nb = NULL;
+    int rc = ER_OK, eq;
+    ER_CHECK(grade_normalize(a, &na));
+    ER_CHECK(grade_normalize(b, &nb));
+    eq = strcmp(na, nb) == 0 && na[0] != 0;
     double x, y;
     if (!eq && grade_parse_number(na, &x) && grade_parse_number(nb, &y)) {
         // Integers compare exactly (1000000 is not 1000001); anything with a fraction to 1e-6.
@@ -358,9 +355,11 @@ int grade_equal(const char *a, const char *b) {
         else
             eq = x == y || fabs(x - y) <= 1e-6 * fmax(fabs(x), fabs(y));
     }
+    rc = eq;
+done:
     er_free(na);
     er_free(nb);
-    return eq;
+    return rc;
 }
 
 static int starts_with_cmd(const char *s, const char *cmd) {
@@ -532,9 +531,11 @@ int grade_answer(const char *response, long answer_at, char **out) {
     memcpy(line + k, response + ts, tl);
     line[k + tl] = 0;
     // A \boxed{}, "####" or "answer:" there ("Final answer: 36, ..."); else all the model wrote.
-    int rc = grade_extract(line, out);
-    if (rc == ER_OK && !*out)
+    int rc = ER_OK;
+    ER_CHECK(grade_extract(line, out));
+    if (!*out)
         rc = line_answer(rest_of_line(line + hl, 0, 1, out), out);
+done:
     er_free(line);
     return rc;
 }
@@ -544,13 +545,20 @@ int grade_answer_correct(const char *answer, const char *gold) {
         return 0;
     // The gold answer read by the same rule: its \boxed{} or "#### X", and the leading number.
     char *g = NULL;
-    int marked = strstr(gold, "\\boxed") || strstr(gold, "\\fbox") || strstr(gold, "####");
-    int rc = marked ? grade_extract(gold, &g) : ER_OK;
-    if (rc == ER_OK && !g)
-        rc = (g = er_strdup(gold)) ? leading_number(&g) : er_error(ER_ENOMEM, "grade: out of memory");
-    int eq = rc < 0 ? rc : grade_equal(answer, g);
+    int rc = ER_OK;
+    if (strstr(gold, "\\boxed") || strstr(gold, "\\fbox") || strstr(gold, "####"))
+        ER_CHECK(grade_extract(gold, &g));
+    if (!g) {
+        if (!(g = er_strdup(gold))) {
+            rc = er_error(ER_ENOMEM, "grade: out of memory");
+            goto done;
+        }
+        ER_CHECK(leading_number(&g));
+    }
+    rc = grade_equal(answer, g);
+done:
     er_free(g);
-    return eq;
+    return rc;
 }
 
 int grade_response(const char *response, long answer_at, const char *gold) {

@@ -311,6 +311,35 @@ static char *example_json(const ChainsExample *ex) {
     return s;
 }
 
+// Example i as one JSONL line of af; its completions' characters and tokens, and its steps, added to the sums.
+static int write_example(const ChainsConfig *c, uint64_t seed, long i, const Tokenizer *tok, AtomicFile *af,
+                         const char *path, double *sum, double *sum_tok, double *sum_steps) {
+    ChainsExample ex; // zeroed by chains_generate first thing
+    char *line = NULL;
+    int rc = ER_OK;
+    ER_CHECK(chains_generate(c, seed, (uint64_t)i, &ex));
+    for (int s = 0; s < CHAINS_NSTYLES; s++) {
+        const char *text = chains_completion(&ex, (ChainsStyle)s);
+        sum[s] += (double)strlen(text);
+        int *ids = NULL, nids = 0;
+        if (tok)
+            ER_CHECK(tok_encode(tok, text, strlen(text), &ids, &nids));
+        sum_tok[s] += nids;
+        er_free(ids);
+    }
+    *sum_steps += ex.steps;
+    if (!(line = example_json(&ex))) {
+        rc = er_error(ER_ENOMEM, "%s: out of memory formatting example %ld", path, i);
+        goto done;
+    }
+    if (fputs(line, af->fp) == EOF || fputc('\n', af->fp) == EOF)
+        rc = er_error(ER_EIO, "%s: write failed", path);
+done:
+    cJSON_free(line);
+    chains_example_free(&ex);
+    return rc;
+}
+
 int chains_write_jsonl(const ChainsConfig *c, long n, uint64_t seed, const char *path, const Tokenizer *tok,
                        ChainsStats *stats) {
     ER_TRY(chains_config_check(c));
@@ -320,28 +349,9 @@ int chains_write_jsonl(const ChainsConfig *c, long n, uint64_t seed, const char 
     ER_TRY(atomic_open(&af, path));
     double sum[CHAINS_NSTYLES] = {0}, sum_tok[CHAINS_NSTYLES] = {0}, sum_steps = 0;
     int rc = ER_OK;
-    for (long i = 0; i < n && rc == ER_OK; i++) {
-        ChainsExample ex;
-        rc = chains_generate(c, seed, (uint64_t)i, &ex);
-        if (rc < 0)
-            break;
-        for (int s = 0; s < CHAINS_NSTYLES && rc == ER_OK; s++) {
-            const char *text = chains_completion(&ex, (ChainsStyle)s);
-            sum[s] += (double)strlen(text);
-            int *ids = NULL, nids = 0;
-            if (tok && (rc = tok_encode(tok, text, strlen(text), &ids, &nids)) == ER_OK)
-                sum_tok[s] += nids;
-            er_free(ids);
-        }
-        sum_steps += ex.steps;
-        char *line = rc == ER_OK ? example_json(&ex) : NULL;
-        if (rc == ER_OK && !line)
-            rc = er_error(ER_ENOMEM, "%s: out of memory formatting example %ld", path, i);
-        else if (rc == ER_OK && (fputs(line, af.fp) == EOF || fputc('\n', af.fp) == EOF))
-            rc = er_error(ER_EIO, "%s: write failed", path);
-        cJSON_free(line);
-        chains_example_free(&ex);
-    }
+    for (long i = 0; i < n; i++)
+        ER_CHECK(write_example(c, seed, i, tok, &af, path, sum, sum_tok, &sum_steps));
+done:
     if (rc < 0) {
         atomic_abort(&af);
         return rc;

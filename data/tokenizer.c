@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "core/utf8.h"
 
 #define TOK_MAX_FILE ((size_t)1 << 30)
 #define TOK_MAX_ID (1 << 24)   // ids are array indices: a lying file must not make us allocate GBs
@@ -105,54 +106,6 @@ struct Tokenizer {
 
 // ---------------------------------------------------------------------------------------------
 // UTF-8 and character classes
-
-// >0: length of the well-formed sequence at s; <0: minus the length of the maximal ill-formed
-// subpart (what Rust's from_utf8_lossy replaces with one U+FFFD).
-static int utf8_next(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    if (c < 0x80)
-        return 1;
-    unsigned lo = 0x80, hi = 0xBF;
-    int w;
-    if (c >= 0xC2 && c <= 0xDF)
-        w = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        w = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        w = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else
-        return -1;
-    if (n < 2 || s[1] < lo || s[1] > hi)
-        return -1;
-    for (int k = 2; k < w; k++)
-        if ((size_t)k >= n || (s[k] & 0xC0) != 0x80)
-            return -k;
-    return w;
-}
-
-// Offset of the first ill-formed byte, or n when all of s is valid UTF-8.
-static size_t utf8_check(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        if (i + 8 <= n) {
-            uint64_t w;
-            memcpy(&w, s + i, 8);
-            if (!(w & 0x8080808080808080ull)) {
-                i += 8;
-                continue;
-            }
-        }
-        int k = utf8_next(s + i, n - i);
-        if (k < 0)
-            return i;
-        i += (size_t)k;
-    }
-    return n;
-}
 
 static uint32_t utf8_decode(const unsigned char *s, int w) {
     switch (w) {
@@ -393,11 +346,46 @@ static size_t ctrl_find(const unsigned char *s, size_t len) {
     return len;
 }
 
+// cJSON reads a \u escape without 4 hex digits as \u0000, and \u0000 would cut a string short.
+// Runs on text cJSON parsed, so every backslash found from the start on begins an escape.
+static int check_u_escapes(const char *path, const char *buf, size_t len) {
+    for (size_t i = 0; i < len;) {
+        const char *p = memchr(buf + i, '\\', len - i);
+        if (!p)
+            break;
+        size_t at = (size_t)(p - buf);
+        unsigned cp;
+        i = at + 2;
+        if (p[1] != 'u')
+            continue;
+        if (hex4(p + 2, len - at - 2, &cp) < 0)
+            return er_error(ER_EFORMAT, "%s: not valid JSON at byte %zu: bad \\u escape", path, at);
+        if (cp != 0)
+            continue;
+        // Quote the start of the string: back to its opening quote, the first one not escaped.
+        size_t q = at;
+        while (q > 0) {
+            q--;
+            size_t nb = 0;
+            while (nb < q && buf[q - nb - 1] == '\\')
+                nb++;
+            if (buf[q] == '"' && nb % 2 == 0)
+                break;
+        }
+        int n = (int)(at + 6 - q > 40 ? 40 : at + 6 - q);
+        while (n > 0 && q + (size_t)n < len && ((unsigned char)buf[q + (size_t)n] & 0xC0) == 0x80)
+            n--; // whole characters only
+        return er_error(ER_EUNSUPPORTED, "%s: byte %zu: U+0000 (\\u0000) inside a string is not supported: %.*s...",
+                        path, at, n, buf + q);
+    }
+    return ER_OK;
+}
+
 // Parses tokenizer.json text; buf[len] must be 0 (file_read_all puts it there). Errors name the
 // file and the byte.
 static int tok_json_parse(const char *path, const char *buf, size_t len, cJSON **out) {
     *out = NULL;
-    size_t bad = utf8_check((const unsigned char *)buf, len);
+    size_t bad = utf8_invalid_at(buf, len);
     if (bad < len)
         return er_error(ER_EFORMAT, "%s: not valid UTF-8 at byte %zu", path, bad);
     if ((bad = ctrl_find((const unsigned char *)buf, len)) < len)
@@ -415,101 +403,19 @@ static int tok_json_parse(const char *path, const char *buf, size_t len, cJSON *
         return er_error(ER_EFORMAT, "%s: not valid JSON at byte %zu: %s", path, off,
                         json_why(buf, len, off, tmp, sizeof tmp));
     }
+    int rc = ER_OK;
     for (const char *p = end; p && p < buf + len; p++)
         if (!is_json_ws(*p)) {
-            cJSON_Delete(root);
-            return er_error(ER_EFORMAT, "%s: not valid JSON at byte %zu: unexpected text after the value", path,
-                            (size_t)(p - buf));
+            rc = er_error(ER_EFORMAT, "%s: not valid JSON at byte %zu: unexpected text after the value", path,
+                          (size_t)(p - buf));
+            goto done;
         }
-    // cJSON reads a \u escape without 4 hex digits as \u0000. The text is valid JSON otherwise,
-    // so every backslash found from the start on begins an escape.
-    for (size_t i = 0; i < len;) {
-        const char *p = memchr(buf + i, '\\', len - i);
-        if (!p)
-            break;
-        size_t at = (size_t)(p - buf);
-        unsigned cp;
-        i = at + 2;
-        if (p[1] != 'u')
-            continue;
-        if (hex4(p + 2, len - at - 2, &cp) < 0) {
-            cJSON_Delete(root);
-            return er_error(ER_EFORMAT, "%s: not valid JSON at byte %zu: bad \\u escape", path, at);
-        }
-        if (cp != 0)
-            continue;
-        // Quote the start of the string: back to its opening quote, the first one not escaped.
-        size_t q = at;
-        while (q > 0) {
-            q--;
-            size_t nb = 0;
-            while (nb < q && buf[q - nb - 1] == '\\')
-                nb++;
-            if (buf[q] == '"' && nb % 2 == 0)
-                break;
-        }
-        int n = (int)(at + 6 - q > 40 ? 40 : at + 6 - q);
-        while (n > 0 && q + (size_t)n < len && ((unsigned char)buf[q + (size_t)n] & 0xC0) == 0x80)
-            n--; // whole characters only
-        cJSON_Delete(root);
-        return er_error(ER_EUNSUPPORTED, "%s: byte %zu: U+0000 (\\u0000) inside a string is not supported: %.*s...",
-                        path, at, n, buf + q);
-    }
+    ER_CHECK(check_u_escapes(path, buf, len));
     *out = root;
-    return ER_OK;
-}
-
-static const char *jtype_name(const cJSON *v) {
-    if (!v)
-        return "nothing";
-    switch (v->type & 0xFF) {
-    case cJSON_NULL: return "null";
-    case cJSON_False: case cJSON_True: return "a boolean";
-    case cJSON_Number: return "a number";
-    case cJSON_String: return "a string";
-    case cJSON_Array: return "an array";
-    case cJSON_Object: return "an object";
-    default: return "not a value";
-    }
-}
-
-static int field_err(const char *path, const char *field, const char *want, const cJSON *got) {
-    return er_error(ER_EFORMAT, "%s: field \"%s\" must be %s (got %s)", path, field, want, jtype_name(got));
-}
-
-// Member `key` of obj; NULL when obj is not an object or has no such member.
-static const cJSON *jget(const cJSON *obj, const char *key) {
-    return cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, key) : NULL;
-}
-
-static int jcount(const cJSON *v) {
-    int n = 0;
-    for (const cJSON *e = v ? v->child : NULL; e; e = e->next)
-        n++;
-    return n;
-}
-
-// Optional boolean member; absent or null leaves *out.
-static int opt_bool(const char *path, const cJSON *obj, const char *key, const char *field, int *out) {
-    const cJSON *v = jget(obj, key);
-    if (!v || cJSON_IsNull(v))
-        return ER_OK;
-    if (!cJSON_IsBool(v))
-        return field_err(path, field, "true or false", v);
-    *out = cJSON_IsTrue(v);
-    return ER_OK;
-}
-
-// Optional string member: *out NULL when absent or null.
-static int opt_str(const char *path, const cJSON *obj, const char *key, const char *field, const char **out) {
-    const cJSON *v = jget(obj, key);
-    *out = NULL;
-    if (!v || cJSON_IsNull(v))
-        return ER_OK;
-    if (!cJSON_IsString(v))
-        return field_err(path, field, "a string", v);
-    *out = v->valuestring;
-    return ER_OK;
+    root = NULL;
+done:
+    cJSON_Delete(root);
+    return rc;
 }
 
 // cJSON keeps numbers as doubles: an id must be one exactly, and small enough to index arrays.
@@ -520,7 +426,7 @@ static int is_id(const cJSON *v) {
 
 static int get_id(const char *path, const cJSON *v, const char *field, int *out) {
     if (!cJSON_IsNumber(v))
-        return field_err(path, field, "a token id", v);
+        return json_field_error(path, field, "a token id", v);
     if (!is_id(v))
         return er_error(ER_EFORMAT, "%s: field \"%s\": %g is not a token id (an integer in [0, %d))", path, field,
                         v->valuedouble, TOK_MAX_ID);
@@ -529,9 +435,9 @@ static int get_id(const char *path, const cJSON *v, const char *field, int *out)
 }
 
 static int load_vocab(Tokenizer *t, const char *path, const cJSON *model) {
-    const cJSON *vocab = jget(model, "vocab");
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     if (!cJSON_IsObject(vocab))
-        return field_err(path, "model.vocab", "an object of token -> id", vocab);
+        return json_field_error(path, "model.vocab", "an object of token -> id", vocab);
     int max_id = -1;
     size_t bytes = 0, count = 0;
     for (const cJSON *e = vocab->child; e; e = e->next) {
@@ -602,13 +508,35 @@ static int merge_token(Tokenizer *t, const char *path, const char *s, size_t n, 
     return ER_OK;
 }
 
+// The two tokens of merge `rank`: the legacy "a b" form (exactly one space, as `tokenizers`
+// requires) or ["a", "b"].
+static int merge_pair(const char *path, const cJSON *m, long rank, const char **a, size_t *na, const char **b,
+                      size_t *nb) {
+    if (cJSON_IsString(m)) {
+        const char *s = m->valuestring, *sp = strchr(s, ' ');
+        if (!sp || strchr(sp + 1, ' '))
+            return er_error(ER_EFORMAT, "%s: field \"model.merges[%ld]\": \"%.40s\" is not two tokens separated by one space",
+                            path, rank, s);
+        *a = s, *na = (size_t)(sp - s), *b = sp + 1, *nb = strlen(sp + 1);
+        return ER_OK;
+    }
+    const cJSON *x = m->child, *y = x ? x->next : NULL;
+    if (cJSON_IsArray(m) && cJSON_IsString(x) && cJSON_IsString(y) && !y->next) {
+        *a = x->valuestring, *na = strlen(*a), *b = y->valuestring, *nb = strlen(*b);
+        return ER_OK;
+    }
+    char field[48];
+    snprintf(field, sizeof field, "model.merges[%ld]", rank);
+    return json_field_error(path, field, "\"a b\" or [\"a\", \"b\"]", m);
+}
+
 static int load_merges(Tokenizer *t, const char *path, const cJSON *model) {
-    const cJSON *merges = jget(model, "merges");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     if (cJSON_IsNull(merges))
         merges = NULL;
     else if (merges && !cJSON_IsArray(merges))
-        return field_err(path, "model.merges", "an array", merges);
-    uint32_t cap = pow2_at_least((size_t)jcount(merges) * 2 + 1);
+        return json_field_error(path, "model.merges", "an array", merges);
+    uint32_t cap = pow2_at_least((size_t)cJSON_GetArraySize(merges) * 2 + 1);
     t->merges = er_alloc((size_t)cap * sizeof *t->merges);
     if (!t->merges)
         return ER_ENOMEM;
@@ -616,63 +544,46 @@ static int load_merges(Tokenizer *t, const char *path, const cJSON *model) {
     memset(t->merges, 0xff, (size_t)cap * sizeof *t->merges);
     if (!merges)
         return ER_OK;
-    char *cat = NULL;
+    char *cat = NULL; // a and b joined: the merged token
     size_t cat_cap = 0;
     long rank = 0;
     int rc = ER_OK;
-    for (const cJSON *m = merges->child; m && rc == ER_OK; m = m->next, rank++) {
-        const char *a, *b;
-        size_t na, nb;
-        const cJSON *x = m->child, *y = x ? x->next : NULL;
-        if (cJSON_IsString(m)) {
-            // Legacy "a b" form: exactly one space, as `tokenizers` requires.
-            const char *s = m->valuestring, *sp = strchr(s, ' ');
-            if (!sp || strchr(sp + 1, ' ')) {
-                rc = er_error(ER_EFORMAT, "%s: field \"model.merges[%ld]\": \"%.40s\" is not two tokens separated by one space",
-                              path, rank, s);
-                break;
-            }
-            a = s, na = (size_t)(sp - s), b = sp + 1, nb = strlen(sp + 1);
-        } else if (cJSON_IsArray(m) && cJSON_IsString(x) && cJSON_IsString(y) && !y->next) {
-            a = x->valuestring, na = strlen(a), b = y->valuestring, nb = strlen(b);
-        } else {
-            char field[48];
-            snprintf(field, sizeof field, "model.merges[%ld]", rank);
-            rc = field_err(path, field, "\"a b\" or [\"a\", \"b\"]", m);
-            break;
-        }
+    for (const cJSON *m = merges->child; m; m = m->next, rank++) {
+        const char *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
         int ia, ib, im;
-        if ((rc = merge_token(t, path, a, na, rank, &ia)) < 0 || (rc = merge_token(t, path, b, nb, rank, &ib)) < 0)
-            break;
+        ER_CHECK(merge_pair(path, m, rank, &a, &na, &b, &nb));
+        ER_CHECK(merge_token(t, path, a, na, rank, &ia));
+        ER_CHECK(merge_token(t, path, b, nb, rank, &ib));
         if (na + nb > cat_cap) {
             cat_cap = (na + nb) * 2;
             char *p = er_realloc_array(cat, cat_cap, 1);
             if (!p) {
                 rc = ER_ENOMEM;
-                break;
+                goto done;
             }
             cat = p;
         }
         memcpy(cat, a, na);
         memcpy(cat + na, b, nb);
-        if ((rc = merge_token(t, path, cat, na + nb, rank, &im)) < 0)
-            break;
+        ER_CHECK(merge_token(t, path, cat, na + nb, rank, &im));
         merge_put(t, ia, ib, (uint32_t)rank, im);
     }
+done:
     free(cat);
     return rc;
 }
 
 static int load_model(Tokenizer *t, const char *path, const cJSON *root) {
-    const cJSON *model = jget(root, "model");
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!cJSON_IsObject(model))
-        return field_err(path, "model", "an object", model);
-    const char *type, *s;
-    ER_TRY(opt_str(path, model, "type", "model.type", &type));
+        return json_field_error(path, "model", "an object", model);
+    const char *type = NULL;
+    ER_TRY(json_opt_string_named(model, "type", "model.type", &type, path));
     if (type && strcmp(type, "BPE") != 0)
         return er_error(ER_EUNSUPPORTED, "%s: field \"model.type\": \"%.40s\" is not supported (only \"BPE\")", path,
                         type);
-    const cJSON *v = jget(model, "dropout");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (v && !cJSON_IsNull(v) && !(cJSON_IsNumber(v) && v->valuedouble == 0))
         return er_error(ER_EUNSUPPORTED, "%s: field \"model.dropout\": BPE dropout is not supported (must be null)",
                         path);
@@ -680,22 +591,24 @@ static int load_model(Tokenizer *t, const char *path, const cJSON *root) {
     for (int i = 0; i < 2; i++) {
         char field[64];
         snprintf(field, sizeof field, "model.%s", affix[i]);
-        ER_TRY(opt_str(path, model, affix[i], field, &s));
+        const char *s = NULL;
+        ER_TRY(json_opt_string_named(model, affix[i], field, &s, path));
         if (s && *s)
             return er_error(ER_EUNSUPPORTED, "%s: field \"%s\": \"%.20s\" is not supported (must be empty)", path,
                             field, s);
     }
     int byte_fallback = 0;
-    ER_TRY(opt_bool(path, model, "byte_fallback", "model.byte_fallback", &byte_fallback));
+    ER_TRY(json_opt_bool_named(model, "byte_fallback", "model.byte_fallback", &byte_fallback, path));
     if (byte_fallback)
         return er_error(ER_EUNSUPPORTED, "%s: field \"model.byte_fallback\": true is not supported", path);
-    ER_TRY(opt_bool(path, model, "fuse_unk", "model.fuse_unk", &t->fuse_unk));
-    ER_TRY(opt_bool(path, model, "ignore_merges", "model.ignore_merges", &t->ignore_merges));
+    ER_TRY(json_opt_bool_named(model, "fuse_unk", "model.fuse_unk", &t->fuse_unk, path));
+    ER_TRY(json_opt_bool_named(model, "ignore_merges", "model.ignore_merges", &t->ignore_merges, path));
     ER_TRY(load_vocab(t, path, model));
-    ER_TRY(opt_str(path, model, "unk_token", "model.unk_token", &s));
+    const char *unk = NULL;
+    ER_TRY(json_opt_string_named(model, "unk_token", "model.unk_token", &unk, path));
     t->unk_id = -1;
-    if (s && (t->unk_id = vocab_find(t, s, strlen(s))) < 0)
-        return er_error(ER_EFORMAT, "%s: field \"model.unk_token\": \"%.40s\" is not in model.vocab", path, s);
+    if (unk && (t->unk_id = vocab_find(t, unk, strlen(unk))) < 0)
+        return er_error(ER_EFORMAT, "%s: field \"model.unk_token\": \"%.40s\" is not in model.vocab", path, unk);
     return load_merges(t, path, model);
 }
 
@@ -734,10 +647,10 @@ static int added_set_build(AddedSet *set, const AddedToken *added, int n_added, 
 }
 
 static int load_added(Tokenizer *t, const char *path, const cJSON *root) {
-    const cJSON *arr = jget(root, "added_tokens");
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     if (arr && !cJSON_IsNull(arr) && !cJSON_IsArray(arr))
-        return field_err(path, "added_tokens", "an array", arr);
-    int n = cJSON_IsArray(arr) ? jcount(arr) : 0;
+        return json_field_error(path, "added_tokens", "an array", arr);
+    int n = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : 0;
     t->added = er_calloc((size_t)(n ? n : 1), sizeof *t->added);
     if (!t->added)
         return ER_ENOMEM;
@@ -746,19 +659,19 @@ static int load_added(Tokenizer *t, const char *path, const cJSON *root) {
         char field[64];
         snprintf(field, sizeof field, "added_tokens[%d]", i);
         if (!cJSON_IsObject(e))
-            return field_err(path, field, "an object", e);
+            return json_field_error(path, field, "an object", e);
         AddedToken *a = &t->added[t->n_added];
         snprintf(field, sizeof field, "added_tokens[%d].id", i);
-        ER_TRY(get_id(path, jget(e, "id"), field, &a->id));
+        ER_TRY(get_id(path, cJSON_GetObjectItemCaseSensitive(e, "id"), field, &a->id));
         snprintf(field, sizeof field, "added_tokens[%d].content", i);
-        const cJSON *content = jget(e, "content");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
         if (!cJSON_IsString(content))
-            return field_err(path, field, "a string", content);
+            return json_field_error(path, field, "a string", content);
         int flags[5] = {0, 0, 0, -1, 0}; // single_word lstrip rstrip normalized special
         const char *names[5] = {"single_word", "lstrip", "rstrip", "normalized", "special"};
         for (int k = 0; k < 5; k++) {
             snprintf(field, sizeof field, "added_tokens[%d].%s", i, names[k]);
-            ER_TRY(opt_bool(path, e, names[k], field, &flags[k]));
+            ER_TRY(json_opt_bool_named(e, names[k], field, &flags[k], path));
         }
         if (flags[3] < 0)
             flags[3] = !flags[4]; // AddedToken::from(content, special) in `tokenizers`
@@ -794,17 +707,44 @@ static int added_finish(Tokenizer *t) {
     return added_set_build(&t->norm_set, t->added, t->n_added, 1);
 }
 
-static int load_normalizer(Tokenizer *t, const char *path, const cJSON *n, const char *field, int depth) {
-    if (!n || cJSON_IsNull(n))
+// Normalizers and pre-tokenizers are objects {"type": ..., ...}; a "Sequence" holds a list of them.
+typedef int (*LoadPartFn)(Tokenizer *t, const char *path, const cJSON *v, const char *field, int depth, void *arg);
+
+// The "type" of the part v named `field`; *type stays NULL when v is absent or null.
+static int part_type(const char *path, const cJSON *v, const char *field, const char **type) {
+    *type = NULL;
+    if (!v || cJSON_IsNull(v))
         return ER_OK;
-    if (!cJSON_IsObject(n))
-        return field_err(path, field, "an object or null", n);
-    char tf[160];
+    if (!cJSON_IsObject(v))
+        return json_field_error(path, field, "an object or null", v);
+    char tf[256];
     snprintf(tf, sizeof tf, "%s.type", field);
+    ER_TRY(json_opt_string_named(v, "type", tf, type, path));
+    return *type ? ER_OK : json_field_error(path, tf, "a string", NULL);
+}
+
+// The parts listed in the Sequence v's array `key`, each loaded by fn as "<field>.<key>[i]".
+static int load_sequence(Tokenizer *t, const char *path, const cJSON *v, const char *field, const char *key, int depth,
+                         LoadPartFn fn, void *arg) {
+    char lf[256];
+    snprintf(lf, sizeof lf, "%s.%s", field, key);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(v, key);
+    if (!cJSON_IsArray(list))
+        return json_field_error(path, lf, "an array", list);
+    int i = 0;
+    for (const cJSON *e = list->child; e; e = e->next, i++) {
+        char ef[288];
+        snprintf(ef, sizeof ef, "%s[%d]", lf, i);
+        ER_TRY(fn(t, path, e, ef, depth + 1, arg));
+    }
+    return ER_OK;
+}
+
+static int load_normalizer(Tokenizer *t, const char *path, const cJSON *n, const char *field, int depth, void *arg) {
     const char *type;
-    ER_TRY(opt_str(path, n, "type", tf, &type));
+    ER_TRY(part_type(path, n, field, &type));
     if (!type)
-        return field_err(path, tf, "a string", NULL);
+        return ER_OK;
     static const struct { const char *name; int opts; } forms[] = {
         {"NFC", UTF8PROC_STABLE | UTF8PROC_COMPOSE},
         {"NFD", UTF8PROC_STABLE | UTF8PROC_DECOMPOSE},
@@ -818,22 +758,10 @@ static int load_normalizer(Tokenizer *t, const char *path, const cJSON *n, const
             t->norm[t->n_norm++] = forms[k].opts;
             return ER_OK;
         }
-    if (strcmp(type, "Sequence") == 0 && depth < 4) {
-        char sf[160];
-        snprintf(sf, sizeof sf, "%s.normalizers", field);
-        const cJSON *list = jget(n, "normalizers");
-        if (!cJSON_IsArray(list))
-            return field_err(path, sf, "an array", list);
-        int i = 0;
-        for (const cJSON *e = list->child; e; e = e->next, i++) {
-            char ef[192];
-            snprintf(ef, sizeof ef, "%s[%d]", sf, i);
-            ER_TRY(load_normalizer(t, path, e, ef, depth + 1));
-        }
-        return ER_OK;
-    }
-    return er_error(ER_EUNSUPPORTED, "%s: field \"%s\": normalizer \"%.40s\" is not supported (NFC, NFD, NFKC, NFKD, Sequence)",
-                    path, tf, type);
+    if (strcmp(type, "Sequence") == 0 && depth < 4)
+        return load_sequence(t, path, n, field, "normalizers", depth, load_normalizer, NULL);
+    return er_error(ER_EUNSUPPORTED, "%s: field \"%s.type\": normalizer \"%.40s\" is not supported (NFC, NFD, NFKC, NFKD, Sequence)",
+                    path, field, type);
 }
 
 static int stage_add_regex(Tokenizer *t, const char *path, const char *field, const char *pat, size_t len, int literal) {
@@ -860,37 +788,22 @@ static int stage_add_regex(Tokenizer *t, const char *path, const char *field, co
 // The GPT-2 split that ByteLevel applies itself when use_regex is true.
 static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-static int load_pre_tokenizer(Tokenizer *t, const char *path, const cJSON *p, const char *field, int depth,
-                              int *byte_level) {
-    if (!p || cJSON_IsNull(p))
-        return ER_OK;
-    if (!cJSON_IsObject(p))
-        return field_err(path, field, "an object or null", p);
-    char f[320];
-    snprintf(f, sizeof f, "%s.type", field);
+// `arg` is an int * set once a ByteLevel stage is seen.
+static int load_pre_tokenizer(Tokenizer *t, const char *path, const cJSON *p, const char *field, int depth, void *arg) {
+    int *byte_level = arg;
     const char *type;
-    ER_TRY(opt_str(path, p, "type", f, &type));
+    ER_TRY(part_type(path, p, field, &type));
     if (!type)
-        return field_err(path, f, "a string", NULL);
-    if (strcmp(type, "Sequence") == 0 && depth < 4) {
-        snprintf(f, sizeof f, "%s.pretokenizers", field);
-        const cJSON *list = jget(p, "pretokenizers");
-        if (!cJSON_IsArray(list))
-            return field_err(path, f, "an array", list);
-        int i = 0;
-        for (const cJSON *e = list->child; e; e = e->next, i++) {
-            char ef[256];
-            snprintf(ef, sizeof ef, "%s.pretokenizers[%d]", field, i);
-            ER_TRY(load_pre_tokenizer(t, path, e, ef, depth + 1, byte_level));
-        }
         return ER_OK;
-    }
+    if (strcmp(type, "Sequence") == 0 && depth < 4)
+        return load_sequence(t, path, p, field, "pretokenizers", depth, load_pre_tokenizer, byte_level);
+    char f[320];
     if (strcmp(type, "ByteLevel") == 0) {
         int prefix = 1, use_regex = 1; // serde defaults of ByteLevel in `tokenizers`
         snprintf(f, sizeof f, "%s.add_prefix_space", field);
-        ER_TRY(opt_bool(path, p, "add_prefix_space", f, &prefix));
+        ER_TRY(json_opt_bool_named(p, "add_prefix_space", f, &prefix, path));
         snprintf(f, sizeof f, "%s.use_regex", field);
-        ER_TRY(opt_bool(path, p, "use_regex", f, &use_regex));
+        ER_TRY(json_opt_bool_named(p, "use_regex", f, &use_regex, path));
         if (*byte_level)
             return er_error(ER_EUNSUPPORTED, "%s: field \"%s\": a second ByteLevel pre-tokenizer is not supported", path,
                             field);
@@ -907,43 +820,43 @@ static int load_pre_tokenizer(Tokenizer *t, const char *path, const cJSON *p, co
     if (strcmp(type, "Split") == 0) {
         if (*byte_level)
             return er_error(ER_EUNSUPPORTED, "%s: field \"%s\": a Split after ByteLevel is not supported", path, field);
-        const char *behavior, *pat;
+        const char *behavior = NULL, *pat = NULL;
         snprintf(f, sizeof f, "%s.behavior", field);
-        ER_TRY(opt_str(path, p, "behavior", f, &behavior));
+        ER_TRY(json_opt_string_named(p, "behavior", f, &behavior, path));
         if (!behavior || strcmp(behavior, "Isolated") != 0)
             return er_error(ER_EUNSUPPORTED, "%s: field \"%s\": only \"Isolated\" is supported (got \"%.40s\")", path,
                             f, behavior ? behavior : "nothing");
         int invert = 0;
         snprintf(f, sizeof f, "%s.invert", field);
-        ER_TRY(opt_bool(path, p, "invert", f, &invert));
+        ER_TRY(json_opt_bool_named(p, "invert", f, &invert, path));
         if (invert)
             return er_error(ER_EUNSUPPORTED, "%s: field \"%s\": true is not supported", path, f);
         snprintf(f, sizeof f, "%s.pattern", field);
-        const cJSON *pattern = jget(p, "pattern");
+        const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(p, "pattern");
         if (!cJSON_IsObject(pattern))
-            return field_err(path, f, "an object {\"Regex\": ...} or {\"String\": ...}", pattern);
+            return json_field_error(path, f, "an object {\"Regex\": ...} or {\"String\": ...}", pattern);
         snprintf(f, sizeof f, "%s.pattern.Regex", field);
-        ER_TRY(opt_str(path, pattern, "Regex", f, &pat));
+        ER_TRY(json_opt_string_named(pattern, "Regex", f, &pat, path));
         if (pat)
             return stage_add_regex(t, path, f, pat, strlen(pat), 0);
         snprintf(f, sizeof f, "%s.pattern.String", field);
-        ER_TRY(opt_str(path, pattern, "String", f, &pat));
+        ER_TRY(json_opt_string_named(pattern, "String", f, &pat, path));
         if (pat && *pat)
             return stage_add_regex(t, path, f, pat, strlen(pat), 1);
         return er_error(ER_EFORMAT, "%s: field \"%s.pattern\" must hold a non-empty \"Regex\" or \"String\"", path,
                         field);
     }
-    return er_error(ER_EUNSUPPORTED, "%s: field \"%s\": pre-tokenizer \"%.40s\" is not supported (Split, ByteLevel, Sequence)",
-                    path, f, type);
+    return er_error(ER_EUNSUPPORTED, "%s: field \"%s.type\": pre-tokenizer \"%.40s\" is not supported (Split, ByteLevel, Sequence)",
+                    path, field, type);
 }
 
 static int load_decoder(const char *path, const cJSON *root) {
-    const cJSON *d = jget(root, "decoder");
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(root, "decoder");
     if (!cJSON_IsObject(d))
         return er_error(ER_EUNSUPPORTED, "%s: field \"decoder\" must be a ByteLevel decoder (got %s)", path,
-                        jtype_name(d));
-    const char *type;
-    ER_TRY(opt_str(path, d, "type", "decoder.type", &type));
+                        json_type_name(d));
+    const char *type = NULL;
+    ER_TRY(json_opt_string_named(d, "type", "decoder.type", &type, path));
     if (!type || strcmp(type, "ByteLevel") != 0)
         return er_error(ER_EUNSUPPORTED, "%s: field \"decoder.type\": \"%.40s\" is not supported (only \"ByteLevel\")",
                         path, type ? type : "nothing");
@@ -964,10 +877,12 @@ static int build_decode(Tokenizer *t, const uint32_t byte_cp[256]) {
     t->dec_off = er_alloc((size_t)V * sizeof *t->dec_off);
     t->dec_len = er_alloc((size_t)V * sizeof *t->dec_len);
     t->special = er_calloc((size_t)V, 1);
-    int rc = ER_ENOMEM;
-    if (!src || !srclen || !t->dec_off || !t->dec_len || !t->special)
+    int rc = ER_OK;
+    size_t total = 0, off = 0;
+    if (!src || !srclen || !t->dec_off || !t->dec_len || !t->special) {
+        rc = ER_ENOMEM;
         goto done;
-    size_t total = 0;
+    }
     for (int id = 0; id < t->n_ids; id++)
         if (t->str_len[id] != UINT32_MAX) {
             src[id] = t->strs + t->str_off[id];
@@ -981,10 +896,10 @@ static int build_decode(Tokenizer *t, const uint32_t byte_cp[256]) {
     }
     for (int id = 0; id < t->n_ids; id++)
         total += src[id] ? srclen[id] : 0;
-    t->dec = er_alloc(total + 1);
-    if (!t->dec)
+    if (!(t->dec = er_alloc(total + 1))) {
+        rc = ER_ENOMEM;
         goto done;
-    size_t off = 0;
+    }
     for (int id = 0; id < V; id++) {
         t->dec_off[id] = (uint32_t)off;
         t->dec_len[id] = UINT32_MAX;
@@ -1011,7 +926,6 @@ static int build_decode(Tokenizer *t, const uint32_t byte_cp[256]) {
         off = o;
     }
     t->dec[off] = 0;
-    rc = ER_OK;
 done:
     er_free(src);
     er_free(srclen);
@@ -1060,56 +974,76 @@ static int gen_id(const Tokenizer *t, const char *path, const char *key, const c
     return ER_OK;
 }
 
+// eos_token, pad_token and bos_token of tokenizer_config.json.
+static int load_tokenizer_config(Tokenizer *t, const char *path) {
+    cJSON *cfg = NULL;
+    int rc = ER_OK;
+    ER_CHECK(json_parse_file(path, (size_t)64 << 20, &cfg));
+    if (!cJSON_IsObject(cfg)) {
+        rc = er_error(ER_EFORMAT, "%s: must be a JSON object", path);
+        goto done;
+    }
+    ER_CHECK(config_token(t, path, cfg, "eos_token", &t->eos_id));
+    ER_CHECK(config_token(t, path, cfg, "pad_token", &t->pad_id));
+    ER_CHECK(config_token(t, path, cfg, "bos_token", &t->bos_id));
+    if (t->eos_id >= 0)
+        rc = add_eos(t, t->eos_id);
+done:
+    cJSON_Delete(cfg);
+    return rc;
+}
+
+// generation_config.json: every eos_token_id (one id or a list) ends a sequence; pad_token_id and
+// bos_token_id count where tokenizer_config.json named none.
+static int load_generation_config(Tokenizer *t, const char *path) {
+    cJSON *gen = NULL;
+    int rc = ER_OK, id;
+    ER_CHECK(json_parse_file(path, (size_t)16 << 20, &gen));
+    if (!cJSON_IsObject(gen)) {
+        rc = er_error(ER_EFORMAT, "%s: must be a JSON object", path);
+        goto done;
+    }
+    const cJSON *eos = cJSON_GetObjectItemCaseSensitive(gen, "eos_token_id"), *e;
+    if (cJSON_IsArray(eos)) {
+        cJSON_ArrayForEach(e, eos) {
+            ER_CHECK(gen_id(t, path, "eos_token_id", e, &id));
+            ER_CHECK(add_eos(t, id));
+        }
+    } else if (eos && !cJSON_IsNull(eos)) {
+        ER_CHECK(gen_id(t, path, "eos_token_id", eos, &id));
+        ER_CHECK(add_eos(t, id));
+    }
+    const char *keys[2] = {"pad_token_id", "bos_token_id"};
+    int *dst[2] = {&t->pad_id, &t->bos_id};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(gen, keys[k]);
+        if (!v || cJSON_IsNull(v))
+            continue;
+        ER_CHECK(gen_id(t, path, keys[k], v, &id));
+        if (*dst[k] < 0)
+            *dst[k] = id;
+    }
+done:
+    cJSON_Delete(gen);
+    return rc;
+}
+
 static int load_config_ids(Tokenizer *t, const char *dir) {
     t->eos_id = t->pad_id = t->bos_id = -1;
     char *cfg_path = path_join(dir, "tokenizer_config.json");
     char *gen_path = path_join(dir, "generation_config.json");
-    int rc = (!cfg_path || !gen_path) ? ER_ENOMEM : ER_OK;
-    cJSON *cfg = NULL, *gen = NULL;
-    if (rc == ER_OK && path_exists(cfg_path)) {
-        rc = json_parse_file(cfg_path, (size_t)64 << 20, &cfg);
-        if (rc == ER_OK && !cJSON_IsObject(cfg))
-            rc = er_error(ER_EFORMAT, "%s: must be a JSON object", cfg_path);
-        if (rc == ER_OK)
-            rc = config_token(t, cfg_path, cfg, "eos_token", &t->eos_id);
-        if (rc == ER_OK)
-            rc = config_token(t, cfg_path, cfg, "pad_token", &t->pad_id);
-        if (rc == ER_OK)
-            rc = config_token(t, cfg_path, cfg, "bos_token", &t->bos_id);
-        if (rc == ER_OK && t->eos_id >= 0)
-            rc = add_eos(t, t->eos_id);
+    int rc = ER_OK;
+    if (!cfg_path || !gen_path) {
+        rc = ER_ENOMEM;
+        goto done;
     }
-    if (rc == ER_OK && path_exists(gen_path)) {
-        rc = json_parse_file(gen_path, (size_t)16 << 20, &gen);
-        if (rc == ER_OK && !cJSON_IsObject(gen))
-            rc = er_error(ER_EFORMAT, "%s: must be a JSON object", gen_path);
-        const cJSON *eos = rc == ER_OK ? cJSON_GetObjectItemCaseSensitive(gen, "eos_token_id") : NULL;
-        if (eos && cJSON_IsArray(eos)) {
-            const cJSON *e;
-            cJSON_ArrayForEach(e, eos) {
-                int id;
-                if ((rc = gen_id(t, gen_path, "eos_token_id", e, &id)) < 0 || (rc = add_eos(t, id)) < 0)
-                    break;
-            }
-        } else if (eos && !cJSON_IsNull(eos)) {
-            int id;
-            rc = gen_id(t, gen_path, "eos_token_id", eos, &id);
-            if (rc == ER_OK)
-                rc = add_eos(t, id);
-        }
-        const char *keys[2] = {"pad_token_id", "bos_token_id"};
-        int *dst[2] = {&t->pad_id, &t->bos_id};
-        for (int k = 0; k < 2 && rc == ER_OK; k++) {
-            const cJSON *v = cJSON_GetObjectItemCaseSensitive(gen, keys[k]);
-            int id;
-            if (v && !cJSON_IsNull(v) && (rc = gen_id(t, gen_path, keys[k], v, &id)) == ER_OK && *dst[k] < 0)
-                *dst[k] = id;
-        }
-    }
-    if (rc == ER_OK && t->eos_id < 0 && t->n_eos)
+    if (path_exists(cfg_path))
+        ER_CHECK(load_tokenizer_config(t, cfg_path));
+    if (path_exists(gen_path))
+        ER_CHECK(load_generation_config(t, gen_path));
+    if (t->eos_id < 0 && t->n_eos)
         t->eos_id = t->eos_ids[0];
-    cJSON_Delete(cfg);
-    cJSON_Delete(gen);
+done:
     free(cfg_path);
     free(gen_path);
     return rc;
@@ -1119,11 +1053,13 @@ static int load_config_ids(Tokenizer *t, const char *dir) {
 static int load_doc(Tokenizer *t, const cJSON *root) {
     int byte_level = 0;
     if (!cJSON_IsObject(root))
-        return er_error(ER_EFORMAT, "%s: must be a JSON object (got %s)", t->path, jtype_name(root));
+        return er_error(ER_EFORMAT, "%s: must be a JSON object (got %s)", t->path, json_type_name(root));
     ER_TRY(load_added(t, t->path, root));
     ER_TRY(load_model(t, t->path, root));
-    ER_TRY(load_normalizer(t, t->path, jget(root, "normalizer"), "normalizer", 0));
-    ER_TRY(load_pre_tokenizer(t, t->path, jget(root, "pre_tokenizer"), "pre_tokenizer", 0, &byte_level));
+    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
+    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+    ER_TRY(load_normalizer(t, t->path, norm, "normalizer", 0, NULL));
+    ER_TRY(load_pre_tokenizer(t, t->path, pre, "pre_tokenizer", 0, &byte_level));
     if (!byte_level)
         return er_error(ER_EUNSUPPORTED,
                         "%s: field \"pre_tokenizer\": no ByteLevel pre-tokenizer (only byte-level BPE is supported)",
@@ -1157,6 +1093,7 @@ int tok_load(Tokenizer **out, const char *path_or_dir) {
         return ER_ENOMEM;
     char *dir = NULL, *buf = NULL;
     size_t len = 0;
+    cJSON *root = NULL;
     int rc = ER_OK;
     if (path_is_dir(path_or_dir)) {
         t->path = path_join(path_or_dir, "tokenizer.json");
@@ -1166,23 +1103,24 @@ int tok_load(Tokenizer **out, const char *path_or_dir) {
         const char *slash = strrchr(path_or_dir, '/');
         dir = slash ? strndup(path_or_dir, (size_t)(slash - path_or_dir) + (slash == path_or_dir)) : er_strdup(".");
     }
-    if (!t->path || !dir)
+    if (!t->path || !dir) {
         rc = er_error(ER_ENOMEM, "tok_load: out of memory");
-    if (rc == ER_OK)
-        rc = file_read_all(t->path, TOK_MAX_FILE, &buf, &len);
-    cJSON *root = NULL;
-    if (rc == ER_OK)
-        rc = tok_json_parse(t->path, buf, len, &root);
+        goto done;
+    }
+    ER_CHECK(file_read_all(t->path, TOK_MAX_FILE, &buf, &len));
+    ER_CHECK(tok_json_parse(t->path, buf, len, &root));
     er_free(buf); // cJSON holds its own copies
-    if (rc == ER_OK)
-        rc = load_doc(t, root);
-    cJSON_Delete(root);
-    if (rc == ER_OK)
-        rc = load_finish(t);
-    if (rc == ER_OK)
-        rc = load_config_ids(t, dir);
-    if (rc == ER_OK && !(t->cache = er_calloc(CACHE_SLOTS, sizeof *t->cache)))
+    buf = NULL;
+    ER_CHECK(load_doc(t, root));
+    cJSON_Delete(root); // everything needed is copied out
+    root = NULL;
+    ER_CHECK(load_finish(t));
+    ER_CHECK(load_config_ids(t, dir));
+    if (!(t->cache = er_calloc(CACHE_SLOTS, sizeof *t->cache)))
         rc = ER_ENOMEM;
+done:
+    er_free(buf);
+    cJSON_Delete(root);
     free(dir);
     if (rc < 0) {
         // Messages quote strings from the file: keep them on one line.
@@ -1726,7 +1664,7 @@ int tok_encode_ex(const Tokenizer *tok, const char *text, size_t len, int specia
     *n = 0;
     if (!tok || (!text && len))
         return er_error(ER_EINVAL, "tok_encode: no tokenizer or no text");
-    size_t bad = utf8_check((const unsigned char *)text, len);
+    size_t bad = utf8_invalid_at(text, len);
     if (bad < len)
         return er_error(ER_EINVAL, "tok_encode: text is not valid UTF-8 (byte %zu)", bad);
     EncodeCtx c = {.t = tok, .special_as_text = special_as_text};

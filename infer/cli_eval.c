@@ -229,7 +229,7 @@ int cmd_eval(int argc, char **argv) {
     VoteTotals vt[VOTE_N_MAX] = {{0}};
     long routed = 0, greedy_ok = 0;
     Progress prog;
-    progress_begin(&prog, "eval", "item", 0, d.n);
+    progress_begin(&prog, stderr, "eval", "item", 0, d.n);
     for (int i = 0; rc == ER_OK && i < d.n; i++) {
         const Example *ex = &d.ex[i];
         ErMessage *msgs = NULL;

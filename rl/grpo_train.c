@@ -563,7 +563,7 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
         ER_CHECK(ER_ENOMEM);
     ER_CHECK(grpo_start(&g, ckpt, &start));
     Progress prog;
-    progress_begin(&prog, "grpo", "step", start, c->steps);
+    progress_begin(&prog, c->quiet ? NULL : stderr, "grpo", "step", start, c->steps);
     for (long s = start; s < c->steps; s++) {
         StepMetrics sm;
         ER_CHECK(grpo_step(&g, s, &sm));

@@ -183,7 +183,7 @@ static int collect_pass(HeadsData *hd, HeadJob *jobs, int n_jobs) {
     }
     Progress prog;
     if (log)
-        progress_begin(&prog, "heads: collect", "record", 0, hd->d.n);
+        progress_begin(&prog, log, "heads: collect", "record", 0, hd->d.n);
     for (int i = 0; i < hd->d.n; i++) {
         for (int j = 0; j < n_jobs; j++) {
             int rc = jobs[j].collect(jobs[j].self, hd, i);

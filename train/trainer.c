@@ -732,7 +732,7 @@ int trainer_run(TrainJob *job, TrainResult *res) {
         print_plan(&t);
     if (!c->quiet && !t.complete) {
         // Steps are counted as the run counts them; rate and ETA from where this call starts.
-        progress_begin(&t.prog, job->label, "step", t.st.step, t.total_steps);
+        progress_begin(&t.prog, stderr, job->label, "step", t.st.step, t.total_steps);
         t.prog_on = 1;
     }
     ER_CHECK(trainer_loop(&t, &r, &stopped));

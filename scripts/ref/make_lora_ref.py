@@ -22,11 +22,9 @@ zeros gives the base model's logits exactly, the prompt positions of a masked ca
 the adapter changes the response positions by a visible amount, and padding does not reach valid positions.
 """
 
-import argparse
 import json
 import math
 import os
-import shutil
 import sys
 import time
 
@@ -160,45 +158,28 @@ def check_grads(cfg, w, lora, scale, amask, grads, emb, emb_grad, tokens, target
     inputs_embeds entries, against fourth-order float64 central differences. Returns the worst relative
     error; raises if an entry is off."""
     rng = np.random.default_rng(seed)
-    worst = 0.0
-
-    def fd(flat, i, f, h=1e-4):
-        old = flat[i].item()
-        vals = []
-        for k in (-2, -1, 1, 2):
-            flat[i] = old + k * h
-            vals.append(f())
-        flat[i] = old
-        return (vals[0] - 8 * vals[1] + 8 * vals[2] - vals[3]) / (12 * h)
-
-    def compare(what, an, num):
-        nonlocal worst
-        err = abs(num - an)
-        worst = max(worst, err / max(abs(an), 1e-12))
-        if err > 1e-8 * abs(an) + 1e-11:
-            raise AssertionError("gradient check %s: analytic %.12g, finite difference %.12g" % (what, an, num))
+    chk = R.GradCheck()
 
     names = sorted(lora)
     for name in [names[i] for i in rng.choice(len(names), size=min(6, len(names)), replace=False)]:
         g = grads[name].view(-1)
         t = lora[name].view(-1)
         for i in (int(g.abs().argmax()), int(rng.integers(0, g.numel()))):
-            compare("%s[%d]" % (name, i), g[i].item(),
-                    fd(t, i, lambda: loss_of(cfg, w, lora, scale, amask, tokens, targets, mask)))
+            chk.compare("%s[%d]" % (name, i), g[i].item(),
+                        R.central_difference(t, i, lambda: loss_of(cfg, w, lora, scale, amask, tokens, targets, mask)))
     e = emb.detach().clone()
     ev = e.view(-1)
     for i in (int(emb_grad.abs().argmax()), int(rng.integers(0, ev.numel()))):
-        compare("inputs_embeds[%d]" % i, emb_grad.view(-1)[i].item(),
-                fd(ev, i, lambda: loss_of(cfg, w, lora, scale, amask, tokens, targets, mask, inputs_embeds=e)))
-    return worst
+        chk.compare("inputs_embeds[%d]" % i, emb_grad.view(-1)[i].item(),
+                    R.central_difference(ev, i, lambda: loss_of(cfg, w, lora, scale, amask, tokens, targets, mask,
+                                                                inputs_embeds=e)))
+    return chk.worst
 
 
 def run_case(case, out_root):
     t_start = time.time()
     name = case["name"]
-    tmp = os.path.join(out_root, "." + name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    tmp = R.case_tmp_dir(out_root, name)
     base_dir, ad_dir = os.path.join(tmp, "base"), os.path.join(tmp, "adapter")
 
     cfg = R.Config(case["cfg"])
@@ -277,9 +258,7 @@ def run_case(case, out_root):
         exp.append(("grad." + n, R.encode_tensor(grads[n].numpy(), "F32")))
     R.write_safetensors(os.path.join(tmp, "expected.safetensors"), exp)
 
-    final = os.path.join(out_root, name)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    R.case_commit(out_root, name, tmp)
     print("%-19s L=%d C=%d NH=%d NKV=%d %s r=%d alpha=%g %s %s targets=%s %s B=%d T=%d loss=%.6f "
           "adapter_change=%.2f fd_maxrel=%.1e (%.2fs)"
           % (name, cfg.L, cfg.C, cfg.NH, cfg.NKV, "tied" if cfg.tied else "untied", r, acfg["lora_alpha"],
@@ -289,21 +268,5 @@ def run_case(case, out_root):
     sys.stdout.flush()
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="output directory")
-    ap.add_argument("--only", help="one case: " + ", ".join(c["name"] for c in CASES))
-    args = ap.parse_args()
-    cases = CASES
-    if args.only:
-        cases = [c for c in CASES if c["name"] == args.only]
-        if not cases:
-            sys.exit("make_lora_ref.py: unknown case %r (have %s)"
-                     % (args.only, ", ".join(c["name"] for c in CASES)))
-    os.makedirs(args.out, exist_ok=True)
-    for c in cases:
-        run_case(c, args.out)
-
-
 if __name__ == "__main__":
-    main()
+    R.cases_main(__doc__, "make_lora_ref.py", CASES, run_case)

@@ -21,10 +21,8 @@ against float64 central differences, padding invariance of the valid positions, 
 loss; a failed check raises, so `make test` stops instead of comparing C code to a wrong reference.
 """
 
-import argparse
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -146,33 +144,13 @@ def check_grads(cfg, w, grads, emb, emb_grad, tokens, targets, mask, seed):
         names += ["model.layers.0.self_attn.q_proj.bias", "model.layers.1.self_attn.k_proj.bias"]
     if not cfg.tied:
         names.append("lm_head.weight")
-    worst = 0.0
-
-    def fd(flat, i, f, h=1e-4):
-        # fourth-order central difference: truncation O(h^4) ~ 1e-16, rounding ~ 1e-16 / h
-        old = flat[i].item()
-        vals = []
-        for k in (-2, -1, 1, 2):
-            flat[i] = old + k * h
-            vals.append(f())
-        flat[i] = old
-        return (vals[0] - 8 * vals[1] + 8 * vals[2] - vals[3]) / (12 * h)
-
-    def compare(what, an, fd):
-        nonlocal worst
-        err = abs(fd - an)
-        rel = err / max(abs(an), 1e-12)
-        worst = max(worst, rel)
-        if err > 1e-8 * abs(an) + 1e-11:
-            raise AssertionError("gradient check %s: analytic %.12g, finite difference %.12g"
-                                 % (what, an, fd))
-
+    chk = R.GradCheck()
     for name in names:
         g = grads[name]
         i = int(g.abs().argmax())
         t = w[name].view(-1)
-        compare("%s[%d]" % (name, i), g.view(-1)[i].item(),
-                fd(t, i, lambda: loss_of(cfg, w, tokens, targets, mask)))
+        chk.compare("%s[%d]" % (name, i), g.view(-1)[i].item(),
+                    R.central_difference(t, i, lambda: loss_of(cfg, w, tokens, targets, mask)))
     rng = np.random.default_rng(seed)
     e = emb.detach().clone()
     ev = e.view(-1)
@@ -180,17 +158,15 @@ def check_grads(cfg, w, grads, emb, emb_grad, tokens, targets, mask, seed):
     b = int(rng.integers(0, B))
     t0 = int(rng.integers(0, max(1, int(mask[b].nonzero()[-1]))))   # a position before the last loss
     for i in [int(emb_grad.abs().argmax()), (b * T + t0) * C + int(rng.integers(0, C))]:
-        compare("inputs_embeds[%d]" % i, emb_grad.view(-1)[i].item(),
-                fd(ev, i, lambda: loss_of(cfg, w, tokens, targets, mask, inputs_embeds=e)))
-    return worst
+        chk.compare("inputs_embeds[%d]" % i, emb_grad.view(-1)[i].item(),
+                    R.central_difference(ev, i, lambda: loss_of(cfg, w, tokens, targets, mask, inputs_embeds=e)))
+    return chk.worst
 
 
 def run_case(case, out_root):
     t_start = time.time()
     name = case["name"]
-    tmp = os.path.join(out_root, "." + name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    tmp = R.case_tmp_dir(out_root, name)
 
     cfg = R.Config(case["cfg"])
     w0 = R.init_weights(cfg, case["seed"])
@@ -258,9 +234,7 @@ def run_case(case, out_root):
         for b, n in enumerate(case["lengths"]):
             f.write(json.dumps({"tokens": [int(x) for x in tokens_np[b, :n]]}) + "\n")
 
-    final = os.path.join(out_root, name)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    R.case_commit(out_root, name, tmp)
     print("%-17s %s V=%d C=%d L=%d NH=%d NKV=%d HS=%d FF=%d %s %s%s B=%d T=%d lens=%s loss=%.6f "
           "|logits|max=%.2f fd_maxrel=%.1e pad_maxdiff=%.1e fp32_vs_f64=%.1e (%.2fs)"
           % (name, cfg.model_type, cfg.V, cfg.C, cfg.L, cfg.NH, cfg.NKV, cfg.HS, cfg.FF,
@@ -271,21 +245,5 @@ def run_case(case, out_root):
     sys.stdout.flush()
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="output directory")
-    ap.add_argument("--only", help="one case: " + ", ".join(c["name"] for c in CASES))
-    args = ap.parse_args()
-    cases = CASES
-    if args.only:
-        cases = [c for c in CASES if c["name"] == args.only]
-        if not cases:
-            sys.exit("make_ref.py: unknown case %r (have %s)"
-                     % (args.only, ", ".join(c["name"] for c in CASES)))
-    os.makedirs(args.out, exist_ok=True)
-    for c in cases:
-        run_case(c, args.out)
-
-
 if __name__ == "__main__":
-    main()
+    R.cases_main(__doc__, "make_ref.py", CASES, run_case)

@@ -21,13 +21,18 @@ exact than the fp32 C code it checks). Sequences in a batch are right-padded; ca
 padding never reaches a valid position, so no attention mask beyond the causal one is needed.
 
 The module also holds a tiny safetensors reader/writer (struct + json) and HF model-dir save/load,
-so the reference does not depend on the `safetensors` package either.
+so the reference does not depend on the `safetensors` package either, and what the two generators
+(make_ref.py, make_lora_ref.py) share: finite-difference gradient checks, one output dir per case, the
+command line.
 """
 
+import argparse
 import json
 import math
 import os
+import shutil
 import struct
+import sys
 
 import numpy as np
 import torch
@@ -460,3 +465,63 @@ def forward_lora(cfg, w, lora, scale, adapter_mask, tokens=None, inputs_embeds=N
     h = rms_norm(x, w["model.norm.weight"], cfg.eps)
     head = w["model.embed_tokens.weight"] if cfg.tied else w["lm_head.weight"]
     return h @ head.t()                                                    # (B, T, V)
+
+
+# ---------------------------------------------------------------------------------------------------
+# what make_ref.py and make_lora_ref.py share
+
+def central_difference(flat, i, f, h=1e-4):
+    """d f / d flat[i], fourth-order central difference: truncation O(h^4) ~ 1e-16, rounding ~ 1e-16 / h.
+    flat[i] is restored afterwards."""
+    old = flat[i].item()
+    vals = []
+    for k in (-2, -1, 1, 2):
+        flat[i] = old + k * h
+        vals.append(f())
+    flat[i] = old
+    return (vals[0] - 8 * vals[1] + 8 * vals[2] - vals[3]) / (12 * h)
+
+
+class GradCheck:
+    """Analytic gradient entries against finite differences; raises on the first that is off. worst is the
+    largest relative error seen."""
+
+    def __init__(self):
+        self.worst = 0.0
+
+    def compare(self, what, an, num):
+        err = abs(num - an)
+        self.worst = max(self.worst, err / max(abs(an), 1e-12))
+        if err > 1e-8 * abs(an) + 1e-11:
+            raise AssertionError("gradient check %s: analytic %.12g, finite difference %.12g" % (what, an, num))
+
+
+def case_tmp_dir(out_root, name):
+    """A fresh OUT/.<name>.tmp to write a case into; case_commit then puts it at OUT/<name>, so a failed
+    self-check never leaves a half-written case behind."""
+    tmp = os.path.join(out_root, "." + name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    return tmp
+
+
+def case_commit(out_root, name, tmp):
+    final = os.path.join(out_root, name)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+
+
+def cases_main(doc, prog, cases, run_case):
+    """A generator's command line: --out DIR [--only CASE]; run_case(case, out_dir) writes one case."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--only", help="one case: " + ", ".join(c["name"] for c in cases))
+    args = ap.parse_args()
+    todo = cases
+    if args.only:
+        todo = [c for c in cases if c["name"] == args.only]
+        if not todo:
+            sys.exit("%s: unknown case %r (have %s)" % (prog, args.only, ", ".join(c["name"] for c in cases)))
+    os.makedirs(args.out, exist_ok=True)
+    for c in todo:
+        run_case(c, args.out)

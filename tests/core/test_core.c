@@ -3,7 +3,6 @@
 // allocation and error recording.
 #include <criterion/criterion.h>
 
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +17,7 @@
 #include "core/json.h"
 #include "core/progress.h"
 #include "core/rng.h"
+#include "tests/core/helpers.h"
 
 // ---------------------------------------------------------------------------------------------
 // helpers
@@ -36,18 +36,6 @@ static char *tmp_text(const char *dir, const char *name, const char *text) {
     fputs(text, fp);
     fclose(fp);
     return path;
-}
-
-static int dir_entries(const char *dir) {
-    DIR *d = opendir(dir);
-    cr_assert_not_null(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            n++;
-    closedir(d);
-    return n;
 }
 
 static void rm_rf(const char *path) {
@@ -155,6 +143,25 @@ Test(json, parse_and_write_files) {
     free(dir);
 }
 
+// JSONL text whose first `good` lines read and whose next one fails with "<file>:<where>" in the
+// message; returns what jsonl_next left in its object.
+static cJSON *expect_jsonl_error(const char *dir, const char *name, const char *text, int good, const char *where) {
+    char *path = tmp_text(dir, name, text);
+    JsonlReader r;
+    cJSON *o;
+    cr_assert_eq(jsonl_open(&r, path), ER_OK);
+    for (int i = 0; i < good; i++) {
+        cr_assert_eq(jsonl_next(&r, &o), 1);
+        cJSON_Delete(o);
+    }
+    char want[512];
+    snprintf(want, sizeof want, "%s:%s", path, where);
+    ASSERT_ERR(jsonl_next(&r, &o), ER_EFORMAT, want);
+    jsonl_close(&r);
+    free(path);
+    return o;
+}
+
 Test(json, jsonl_lines_blank_and_errors) {
     char *dir = tmp_dir();
     char *path = tmp_text(dir, "d.jsonl",
@@ -181,48 +188,20 @@ Test(json, jsonl_lines_blank_and_errors) {
     free(path);
 
     // malformed line 3 (after a blank line): the error names file:3
-    path = tmp_text(dir, "bad.jsonl", "{\"i\":1}\n\n{\"i\":\n{\"i\":4}\n");
-    cr_assert_eq(jsonl_open(&r, path), ER_OK);
-    cr_assert_eq(jsonl_next(&r, &o), 1);
-    cJSON_Delete(o);
-    char want[512];
-    snprintf(want, sizeof want, "%s:3: not valid JSON", path);
-    ASSERT_ERR(jsonl_next(&r, &o), ER_EFORMAT, want);
-    cr_assert_null(o);
-    jsonl_close(&r);
-    free(path);
+    cr_assert_null(expect_jsonl_error(dir, "bad.jsonl", "{\"i\":1}\n\n{\"i\":\n{\"i\":4}\n", 1, "3: not valid JSON"));
 
     // text that is not UTF-8 is refused by the reader, with its line and column (it reached the
     // tokenizer, whose message named no file)
-    path = tmp_text(dir, "utf8.jsonl", "{\"t\":\"ok\"}\n{\"t\":\"a\xff b\"}\n");
-    cr_assert_eq(jsonl_open(&r, path), ER_OK);
-    cr_assert_eq(jsonl_next(&r, &o), 1);
-    cJSON_Delete(o);
-    snprintf(want, sizeof want, "%s:2: not valid UTF-8 (column 8)", path);
-    ASSERT_ERR(jsonl_next(&r, &o), ER_EFORMAT, want);
-    jsonl_close(&r);
-    free(path);
+    expect_jsonl_error(dir, "utf8.jsonl", "{\"t\":\"ok\"}\n{\"t\":\"a\xff b\"}\n", 1, "2: not valid UTF-8 (column 8)");
     path = tmp_text(dir, "utf8.json", "{\"t\": \"\xc3\x28\"}");
     ASSERT_ERR(json_parse_file(path, 1 << 10, &o), ER_EFORMAT, "not valid UTF-8 (byte 7)");
     free(path);
 
     // a valid JSON value that is not an object is refused, with its line
-    path = tmp_text(dir, "arr.jsonl", "{\"i\":1}\n[1,2]\n");
-    cr_assert_eq(jsonl_open(&r, path), ER_OK);
-    cr_assert_eq(jsonl_next(&r, &o), 1);
-    cJSON_Delete(o);
-    snprintf(want, sizeof want, "%s:2: each line must be a JSON object", path);
-    ASSERT_ERR(jsonl_next(&r, &o), ER_EFORMAT, want);
-    jsonl_close(&r);
-    free(path);
+    expect_jsonl_error(dir, "arr.jsonl", "{\"i\":1}\n[1,2]\n", 1, "2: each line must be a JSON object");
 
     // trailing garbage after an object on the same line
-    path = tmp_text(dir, "trail.jsonl", "{\"i\":1} x\n");
-    cr_assert_eq(jsonl_open(&r, path), ER_OK);
-    snprintf(want, sizeof want, "%s:1:", path);
-    ASSERT_ERR(jsonl_next(&r, &o), ER_EFORMAT, want);
-    jsonl_close(&r);
-    free(path);
+    expect_jsonl_error(dir, "trail.jsonl", "{\"i\":1} x\n", 0, "1:");
 
     char *missing = path_join(dir, "none.jsonl");
     ASSERT_ERR(jsonl_open(&r, missing), ER_EIO, missing);
@@ -674,7 +653,7 @@ Test(progress, resumed_run_counts_the_runs_steps) {
     int saved = dup(2);
     cr_assert_eq(dup2(fd, 2), 2);
     Progress p;
-    progress_begin(&p, "sft", "step", 40, 60);
+    progress_begin(&p, stderr, "sft", "step", 40, 60);
     cr_assert_eq(p.done, 40);
     progress_update(&p, 45, NULL);
     progress_end(&p, NULL);

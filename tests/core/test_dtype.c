@@ -12,18 +12,6 @@
 #include "core/error.h"
 #include "core/rng.h"
 
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float from_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static int f16_is_nan(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff); }
 static int bf16_is_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
 
@@ -93,7 +81,7 @@ Test(dtype, f16_known_values) {
     cr_assert_eq(f16_to_f32(0x3555), 1365.0f / 4096.0f); // (1024 + 0x155) * 2^(13-25)
     cr_assert(isinf(f16_to_f32(0x7c00)) && f16_to_f32(0x7c00) > 0);
     cr_assert(isinf(f16_to_f32(0xfc00)) && f16_to_f32(0xfc00) < 0);
-    cr_assert_eq(bits(f16_to_f32(0x8000)), 0x80000000u);
+    cr_assert_eq(f32_bits(f16_to_f32(0x8000)), 0x80000000u);
     cr_assert_eq(f32_to_f16(1.0f), 0x3c00);
     cr_assert_eq(f32_to_f16(-2.0f), 0xc000);
     cr_assert_eq(f32_to_f16(65504.0f), 0x7bff);
@@ -163,10 +151,10 @@ Test(dtype, f16_overflow_underflow_nan) {
     cr_assert_eq(f32_to_f16(FLT_TRUE_MIN), 0x0000);
     cr_assert_eq(f32_to_f16(-FLT_MIN), 0x8000);
     cr_assert(f16_is_nan(f32_to_f16(NAN)));
-    cr_assert(f16_is_nan(f32_to_f16(from_bits(0x7f800001u))), "low-payload NaN must not become inf");
-    cr_assert(f16_is_nan(f32_to_f16(from_bits(0xff800001u))));
-    cr_assert_eq(f32_to_f16(from_bits(0xff800001u)) & 0x8000, 0x8000, "NaN sign lost");
-    cr_assert_eq(f32_to_f16(from_bits(0x7fc00000u)), 0x7e00);
+    cr_assert(f16_is_nan(f32_to_f16(f32_from_bits(0x7f800001u))), "low-payload NaN must not become inf");
+    cr_assert(f16_is_nan(f32_to_f16(f32_from_bits(0xff800001u))));
+    cr_assert_eq(f32_to_f16(f32_from_bits(0xff800001u)) & 0x8000, 0x8000, "NaN sign lost");
+    cr_assert_eq(f32_to_f16(f32_from_bits(0x7fc00000u)), 0x7e00);
 }
 
 Test(dtype, f16_random_against_reference) {
@@ -176,7 +164,7 @@ Test(dtype, f16_random_against_reference) {
         uint32_t u = (uint32_t)rng_u64(&r);
         if (i & 1) // half the draws near the fp16 range, where the interesting cases are
             u = (u & 0x807fffffu) | ((uint32_t)(100 + rng_below(&r, 45)) << 23);
-        float f = from_bits(u);
+        float f = f32_from_bits(u);
         if (isnan(f))
             continue;
         uint16_t h = f32_to_f16(f);
@@ -197,7 +185,7 @@ Test(dtype, bf16_all_bit_patterns) {
     for (uint32_t i = 0; i < 65536; i++) {
         uint16_t h = (uint16_t)i;
         float f = bf16_to_f32(h);
-        cr_assert_eq(bits(f), (uint32_t)h << 16, "0x%04x", h);
+        cr_assert_eq(f32_bits(f), (uint32_t)h << 16, "0x%04x", h);
         cr_assert_eq(f32_to_bf16(f), h, "round trip 0x%04x -> 0x%04x", h, f32_to_bf16(f));
         cr_assert_eq(isnan(f) != 0, bf16_is_nan(h), "0x%04x NaN-ness", h);
     }
@@ -209,18 +197,18 @@ Test(dtype, bf16_ties_to_even) {
             continue; // inf/NaN upper halves
         uint32_t tie = (hi << 16) | 0x8000;
         uint16_t even = (hi & 1) ? (uint16_t)(hi + 1) : (uint16_t)hi; // 0x7f7f + 1 = inf
-        cr_assert_eq(f32_to_bf16(from_bits(tie)), even, "tie 0x%08x", tie);
-        cr_assert_eq(f32_to_bf16(from_bits(tie - 1)), hi, "below tie 0x%08x", tie - 1);
-        cr_assert_eq(f32_to_bf16(from_bits(tie + 1)), (uint16_t)(hi + 1), "above tie 0x%08x", tie + 1);
-        cr_assert_eq(f32_to_bf16(from_bits(hi << 16 | 0x7fff)), hi);
+        cr_assert_eq(f32_to_bf16(f32_from_bits(tie)), even, "tie 0x%08x", tie);
+        cr_assert_eq(f32_to_bf16(f32_from_bits(tie - 1)), hi, "below tie 0x%08x", tie - 1);
+        cr_assert_eq(f32_to_bf16(f32_from_bits(tie + 1)), (uint16_t)(hi + 1), "above tie 0x%08x", tie + 1);
+        cr_assert_eq(f32_to_bf16(f32_from_bits(hi << 16 | 0x7fff)), hi);
     }
     cr_assert_eq(f32_to_bf16(FLT_MAX), 0x7f80, "FLT_MAX rounds to inf");
     cr_assert_eq(f32_to_bf16(1.0f), 0x3f80);
     cr_assert_eq(f32_to_bf16(INFINITY), 0x7f80);
     cr_assert_eq(f32_to_bf16(-INFINITY), 0xff80);
     cr_assert(bf16_is_nan(f32_to_bf16(NAN)));
-    cr_assert(bf16_is_nan(f32_to_bf16(from_bits(0x7f800001u))), "low-payload NaN must not become inf");
-    cr_assert_eq(f32_to_bf16(from_bits(0xffc00000u)), 0xffc0);
+    cr_assert(bf16_is_nan(f32_to_bf16(f32_from_bits(0x7f800001u))), "low-payload NaN must not become inf");
+    cr_assert_eq(f32_to_bf16(f32_from_bits(0xffc00000u)), 0xffc0);
 }
 
 Test(dtype, to_f32_all_types_unaligned) {
