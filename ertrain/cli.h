@@ -17,12 +17,10 @@ int cmd_quantize(int argc, char **argv); // ertrain/quantize.c
 int cmd_qat(int argc, char **argv);      // ertrain/qat.c
 int cmd_merge(int argc, char **argv);    // ertrain/merge.c
 
-// ertrain/train_flags.c: the flags every training job takes, written into s (room for TRAIN_FLAGS_MAX);
-// returns how many.
+// ertrain/train_flags.c: args_parse over the flags every training job takes (optimisation, evaluation,
+// checkpoints) followed by the command's own (at most TRAIN_OWN_FLAGS_MAX); points c->out at stdout and
+// c->log at stderr. ER_OK, ARGS_HELP after printing --help, or a negative status.
 #define TRAIN_FLAGS_MAX 20
-int train_flags_specs(TrainConfig *c, ArgSpec *s);
-// args_parse over those flags followed by the command's own (at most TRAIN_OWN_FLAGS_MAX): ER_OK,
-// ARGS_HELP after printing --help, or a negative status.
 #define TRAIN_OWN_FLAGS_MAX 24
 int train_flags_parse(TrainConfig *c, const ArgSpec *own, int n_own, int argc, char **argv, const char *usage);
 

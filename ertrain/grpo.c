@@ -20,6 +20,7 @@ static int parse_choices(const char *budget_in, const char *scale, const char *l
 int cmd_grpo(int argc, char **argv) {
     GrpoConfig c;
     grpo_config_default(&c);
+    c.log = stderr;
     const char *scale = "group", *loss = "dapo", *budget_in = "system";
     double eps_high = -1;
     ArgSpec specs[] = {

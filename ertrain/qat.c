@@ -17,8 +17,6 @@ int cmd_qat(int argc, char **argv) {
     c.transforms = "none";
     c.recluster_every = 10;
     c.log = stdout;
-    ArgSpec specs[TRAIN_FLAGS_MAX + 16];
-    int ns = train_flags_specs(&c.train, specs);
     ArgSpec own[] = {
         {"model", ARG_STR, &c.train.model_dir, "float model dir (HF layout, with its tokenizer)", 1, 0, 0},
         {"data", ARG_STR, &c.train.data_path, "training records (JSONL), rendered with the chat template; loss on every "
@@ -41,11 +39,9 @@ int cmd_qat(int argc, char **argv) {
         {"seed", ARG_INT, &c.train.seed, "seed of every random choice (split, data order, transforms)", 0, 0,
          2147483647},
     };
-    memcpy(specs + ns, own, sizeof own);
-    ns += (int)(sizeof own / sizeof own[0]);
-    int rc = args_parse(argc, argv, specs, ns,
-                        "ertrain qat --model FLOAT_DIR --data FILE.jsonl --out QUANT_DIR --weights q2lut "
-                        "[--response-key KEY] [--steps N] [--recluster-every K] [--transforms none|rotate|fpt]");
+    int rc = train_flags_parse(&c.train, own, (int)(sizeof own / sizeof own[0]), argc, argv,
+                               "ertrain qat --model FLOAT_DIR --data FILE.jsonl --out QUANT_DIR --weights q2lut "
+                               "[--response-key KEY] [--steps N] [--recluster-every K] [--transforms none|rotate|fpt]");
     if (rc == ARGS_HELP)
         return 0;
     if (rc < 0)

@@ -1,11 +1,12 @@
 // The flags every training job takes (optimisation, evaluation, checkpoints) and the parse that puts a
 // command's own flags after them: ertrain pretrain, sft and qat.
+#include <stdio.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "ertrain/cli.h"
 
-int train_flags_specs(TrainConfig *c, ArgSpec *s) {
+static int train_flags_specs(TrainConfig *c, ArgSpec *s) {
     ArgSpec all[] = {
         {"lr", ARG_FLOAT, &c->lr, "peak learning rate", 0, 0, 0},
         {"min-lr", ARG_FLOAT, &c->min_lr, "learning rate at the end of the cosine decay", 0, 0, 0},
@@ -35,5 +36,7 @@ int train_flags_parse(TrainConfig *c, const ArgSpec *own, int n_own, int argc, c
         return er_error(ER_EINVAL, "train_flags_parse: %d own flags, room for %d", n_own, TRAIN_OWN_FLAGS_MAX);
     int ns = train_flags_specs(c, specs);
     memcpy(specs + ns, own, sizeof *own * (size_t)n_own);
+    c->out = stdout; // the plan and the summary
+    c->log = stderr; // the progress bar
     return args_parse(argc, argv, specs, ns + n_own, usage);
 }

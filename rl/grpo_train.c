@@ -563,7 +563,7 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
         ER_CHECK(ER_ENOMEM);
     ER_CHECK(grpo_start(&g, ckpt, &start));
     Progress prog;
-    progress_begin(&prog, c->quiet ? NULL : stderr, "grpo", "step", start, c->steps);
+    progress_begin(&prog, c->log, "grpo", "step", start, c->steps);
     for (long s = start; s < c->steps; s++) {
         StepMetrics sm;
         ER_CHECK(grpo_step(&g, s, &sm));
@@ -582,11 +582,9 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
             break;
         char extra[160];
         snprintf(extra, sizeof extra, "reward %.3f acc %.2f len %.1f kl %.4f", sm.reward, sm.acc, sm.len, sm.kl);
-        if (!c->quiet)
-            progress_update(&prog, s + 1, extra);
+        progress_update(&prog, s + 1, extra);
     }
-    if (!c->quiet)
-        progress_end(&prog, NULL);
+    progress_end(&prog, NULL);
     g.ad.dropout = g.dropout; // saved as it came
     if (g.st.step == c->steps)
         ER_CHECK(peft_save(&g.ad, c->out_dir));

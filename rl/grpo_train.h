@@ -8,6 +8,8 @@
 #ifndef RL_GRPO_TRAIN_H
 #define RL_GRPO_TRAIN_H
 
+#include <stdio.h>
+
 #include "data/chat.h"
 #include "data/dataset.h"
 #include "rl/grpo.h"
@@ -35,7 +37,8 @@ typedef struct {
     double lr, warmup, clip, weight_decay;
     int seq_len;                  // positions per sequence (prompt + prefix + completion); 0 = what the
                                   // longest prompt at its largest budget needs
-    int seed, threads, save_every, resume, quiet;
+    int seed, threads, save_every, resume;
+    FILE *log;                    // the progress bar (NULL = silent; ertrain grpo: stderr)
     int stop_after;               // test hook, no flag: stop after this step as if killed (resume tests); 0 = off
 } GrpoConfig;
 

@@ -118,7 +118,7 @@ static int qat_hook(void *ctx, long step) { return qat_state_apply(ctx, step); }
 static int qat_save(void *ctx, const char *out_dir) {
     QatSave *q = ctx;
     const QatConfig *c = q->c;
-    FILE *log = c->train.quiet ? NULL : c->log;
+    FILE *log = c->log;
     Model *m = q->m;
     memcpy(m->param_mem, q->master, m->n_param_floats * sizeof(float));
     QuantizeOptions qo = c->q;
@@ -215,39 +215,25 @@ int qat_run(const QatConfig *c, TrainResult *res) {
     if (!info || !extra)
         ER_CHECK(ER_ENOMEM);
     ER_CHECK(quantize_load(&m, tc->model_dir, c->transforms, (uint64_t)(uint32_t)tc->seed, &c->q, 1,
-                           tc->quiet ? NULL : c->log, &src));
+                           c->log, &src));
     ER_CHECK(tok_load(&tok, tc->model_dir));
     ER_CHECK(train_chat_style(tc->model_dir, &style));
     master = er_alloc(m.n_param_floats * sizeof(float));
-    decay = er_calloc(m.n_param_floats, 1);
+    decay = train_decay_mask(&m); // weight decay (when asked) on matrices only, as in pretraining
     if (!master || !decay)
         ER_CHECK(er_error(ER_ENOMEM, "qat: cannot allocate %.1f MiB for the master weights",
                           m.n_param_floats * 5.0 / 1048576.0));
     memcpy(master, m.param_mem, m.n_param_floats * sizeof(float));
-    // Weight decay (when asked) on matrices only, as in pretraining.
-    for (int i = 0; i < m.n_params; i++)
-        memset(decay + (m.params[i].data - m.param_mem), m.params[i].ndim == 2, m.params[i].numel);
     ER_CHECK(qat_state_init(&st, &m, master, &c->q, c->recluster_every));
     qat_describe(c, &m, &src, info, extra);
     QatSave sv = {c, &m, master, &src, info};
-    TrainJob job = {
-        .cfg = tc,
-        .label = "qat",
-        .model = &m,
-        .params = master,
-        .grads = m.grad_mem,
-        .n = m.n_param_floats,
-        .decay_mask = decay,
-        .tok = tok,
-        .style = style,
-        .prefix = "",
-        .model_info = info,
-        .save_final = qat_save,
-        .save_ctx = &sv,
-        .before_forward = qat_hook,
-        .hook_ctx = st,
-        .extra_config = extra,
-    };
+    TrainJob job;
+    train_job_init(&job, tc, "qat", &m, tok, style, info, qat_save, &sv);
+    job.params = master; // the optimizer updates the fp32 master weights; qat_hook quantizes them
+    job.decay_mask = decay;
+    job.before_forward = qat_hook;
+    job.hook_ctx = st;
+    job.extra_config = extra;
     rc = trainer_run(&job, res);
 done:
     qat_state_free(st);

@@ -31,7 +31,7 @@ typedef struct {
     QuantizeOptions q;      // the target, as ertrain quantize takes it (weights, embeddings, lm_head, kmeans_iters)
     const char *transforms; // none | rotate | fpt | a list, applied before training (NULL = none)
     int recluster_every;    // K >= 1
-    FILE *log;              // qat's notes and quantization report unless train.quiet (NULL = silent; ertrain qat: stdout)
+    FILE *log;              // qat's notes and quantization report (NULL = silent; ertrain qat: stdout)
 } QatConfig;
 
 int qat_run(const QatConfig *c, TrainResult *res);

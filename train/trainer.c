@@ -601,19 +601,19 @@ static int trainer_start(Trainer *t) {
     return ER_OK;
 }
 
-static void print_plan(const Trainer *t) {
+static void print_plan(const Trainer *t, FILE *out) {
     const TrainJob *job = t->job;
     const TrainConfig *c = t->cfg;
-    printf("%s: %d training / %d held-out sequences from %ld records of %s (%ld refused: prompt longer than "
+    fprintf(out, "%s: %d training / %d held-out sequences from %ld records of %s (%ld refused: prompt longer than "
            "--seq-len; %ld truncated)\n",
            job->label, t->n_train, t->n_eval, t->n_records, c->data_path, t->n_skipped, t->n_truncated);
-    printf("%s: %zu trained parameters, %ld steps of %d x %d sequences (%d batches per epoch), warmup %ld, "
+    fprintf(out, "%s: %zu trained parameters, %ld steps of %d x %d sequences (%d batches per epoch), warmup %ld, "
            "activations %.1f MiB, %d threads\n",
            job->label, job->n, t->total_steps, c->grad_accum, c->batch, t->ep.n_batches, t->warmup_steps,
            t->acts.bytes / 1048576.0, threads_get());
     if (t->resumed_from >= 0)
-        printf("%s: resumed from %s at step %ld\n", job->label, t->ckpt_dir, t->resumed_from);
-    fflush(stdout);
+        fprintf(out, "%s: resumed from %s at step %ld\n", job->label, t->ckpt_dir, t->resumed_from);
+    fflush(out);
 }
 
 // What one optimizer step logs.
@@ -650,7 +650,7 @@ static void show_step(Trainer *t, const StepLog *s, double eval_loss) {
     int k = snprintf(extra, sizeof extra, "loss %.4f lr %.2e %.0f tok/s", s->loss, s->lr, s->tokens_per_s);
     if (isfinite(eval_loss) && k > 0 && (size_t)k < sizeof extra)
         snprintf(extra + k, sizeof extra - (size_t)k, " eval %.4f", eval_loss);
-    if (s->evaluated && !isatty(fileno(stderr))) // an eval result is worth a line of its own in a log
+    if (s->evaluated && !t->prog.tty) // an eval result is worth a line of its own in a log
         t->prog.t_last_print = 0;
     progress_update(&t->prog, t->st.step, extra);
 }
@@ -700,18 +700,18 @@ static int trainer_finish(Trainer *t, TrainResult *r) {
         if (t->n_eval > 0)
             ER_TRY(evaluate(t, &r->eval_loss));
         ER_TRY(job->save_final(job->save_ctx, c->out_dir));
-        if (!c->quiet)
-            printf("%s: the run in %s was already complete (%ld steps); its outputs were written again\n", job->label,
+        if (c->out)
+            fprintf(c->out, "%s: the run in %s was already complete (%ld steps); its outputs were written again\n", job->label,
                    c->out_dir, r->steps);
         return ER_OK;
     }
     ER_TRY(job->save_final(job->save_ctx, c->out_dir));
     ER_TRY(write_run_json(t, r));
-    if (!c->quiet) {
-        printf("%s: %ld steps, final train loss %.4f", job->label, r->steps, r->last_loss);
+    if (c->out) {
+        fprintf(c->out, "%s: %ld steps, final train loss %.4f", job->label, r->steps, r->last_loss);
         if (isfinite(r->eval_loss))
-            printf(", held-out loss %.4f", r->eval_loss);
-        printf(", %.0f tokens/s; wrote %s\n", r->tokens_per_s, c->out_dir);
+            fprintf(c->out, ", held-out loss %.4f", r->eval_loss);
+        fprintf(c->out, ", %.0f tokens/s; wrote %s\n", r->tokens_per_s, c->out_dir);
     }
     return ER_OK;
 }
@@ -728,11 +728,11 @@ int trainer_run(TrainJob *job, TrainResult *res) {
     int rc = ER_OK, stopped = 0;
     ER_CHECK(trainer_setup(&t));
     ER_CHECK(trainer_start(&t));
-    if (!c->quiet)
-        print_plan(&t);
-    if (!c->quiet && !t.complete) {
+    if (c->out)
+        print_plan(&t, c->out);
+    if (c->log && !t.complete) {
         // Steps are counted as the run counts them; rate and ETA from where this call starts.
-        progress_begin(&t.prog, stderr, job->label, "step", t.st.step, t.total_steps);
+        progress_begin(&t.prog, c->log, job->label, "step", t.st.step, t.total_steps);
         t.prog_on = 1;
     }
     ER_CHECK(trainer_loop(&t, &r, &stopped));

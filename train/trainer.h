@@ -12,6 +12,7 @@
 #define TRAIN_TRAINER_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
@@ -58,7 +59,8 @@ typedef struct {
     int save_every;             // steps between checkpoints (0 = only at the end)
     int seed, threads, resume;
     int stop_after;             // test hook, no flag: stop after this step as if killed (resume tests); 0 = off
-    int quiet;                  // no progress bar or summary on stdout/stderr
+    FILE *out;                  // the plan and the summary lines (NULL = silent; ertrain: stdout)
+    FILE *log;                  // the progress bar (NULL = silent; ertrain: stderr)
 } TrainConfig;
 
 // What a run ended with (optional output of the train_* functions).

@@ -69,7 +69,6 @@ static void config(GrpoConfig *c, char *out, size_t n, const char *name, char *p
     c->beta = 0.01;
     c->iterations = 2;
     c->loss_type = LOSS_GRPO;
-    c->quiet = 1;
 }
 
 // metrics.jsonl without the timing fields (everything from "rollout_tokens_per_s" on).

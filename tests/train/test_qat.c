@@ -234,7 +234,6 @@ static void runs_setup_steps(int steps) {
     c.eval_split = 0;
     c.seq_len = 128;
     c.threads = 1;
-    c.quiet = 1;
     cr_assert_eq(train_pretrain(&c, NULL), 0, "%s", er_last_error());
     er_free(cfg);
 }
@@ -266,7 +265,6 @@ static QatConfig qat_config(const char *out, int steps) {
     q.train.eval_split = 0;
     q.train.seq_len = 128;
     q.train.threads = 1;
-    q.train.quiet = 1;
     q.q.weights = "q2lut";
     q.q.embeddings = "int8";
     q.recluster_every = 2;

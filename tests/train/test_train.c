@@ -108,7 +108,6 @@ static TrainConfig sft_config(const char *out) {
     c.batch = 8;
     c.eval_split = 0.1;
     c.threads = 1;
-    c.quiet = 1;
     return c;
 }
 
@@ -365,7 +364,6 @@ Test(train, pretrain_overfits_and_resumes, .init = setup, .fini = teardown, .tim
     c.eval_split = 0;
     c.seq_len = 128;
     c.threads = 1;
-    c.quiet = 1;
     TrainResult r;
     cr_assert_eq(train_pretrain(&c, &r), ER_OK, "%s", er_last_error());
     cr_assert_gt(r.first_loss, 5.0, "random init starts near ln(512) = 6.2, got %.3f", r.first_loss);
@@ -464,7 +462,6 @@ Test(train, bad_inputs_give_one_line_errors, .init = setup, .fini = teardown, .t
     char *pout = join(fx.root, "bad_pre");
     p.out_dir = pout;
     p.steps = 1;
-    p.quiet = 1;
     cr_assert_lt(train_pretrain(&p, NULL), 0);
     assert_one_line_error("no_such_config");
     er_free(pout);
