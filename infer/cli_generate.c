@@ -11,6 +11,7 @@
 #include "core/threads.h"
 #include "infer/cli.h"
 #include "infer/erinfer.h"
+#include "infer/runner.h"
 
 static int stream_token(void *user, int sample, const char *text, size_t len) {
     (void)user;
@@ -28,11 +29,11 @@ static void print_json_result(const ErSession *s) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "text", x->text);
         cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(x->tokens, x->n_tokens));
-        cJSON_AddStringToObject(o, "finish", finish_name(x->finish));
+        cJSON_AddStringToObject(o, "finish", runner_finish_name(x->finish));
         cJSON_AddBoolToObject(o, "budget_cut", x->budget_cut);
         cJSON_AddItemToArray(arr, o);
     }
-    cJSON *route = route_json(s);
+    cJSON *route = runner_route_json(s);
     if (route)
         cJSON_AddItemToObject(j, "pipeline", route);
     const ErStats *st = er_result_stats(s);
@@ -125,7 +126,7 @@ int cmd_generate(int argc, char **argv) {
         } else {
             for (int i = 0; i < er_result_count(s); i++) {
                 if (f.samples > 1)
-                    printf("--- sample %d (%s, %d tokens)\n", i, finish_name(er_result_sample(s, i)->finish),
+                    printf("--- sample %d (%s, %d tokens)\n", i, runner_finish_name(er_result_sample(s, i)->finish),
                            er_result_sample(s, i)->n_tokens);
                 printf("%s\n", er_result_sample(s, i)->text);
             }
