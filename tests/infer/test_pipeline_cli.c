@@ -115,8 +115,8 @@ Test(pipeline_cli, eval_prints_the_table) {
     // The command prints the table; --vote-n chooses the rows.
     need_erinfer();
     CmdResult r = helper_run(tmp,
-                             "'%s' eval --model '%s/model' --adapter '%s/adapter' --verifier '%s/vf' --data '%s' --max-new 6 "
-                             "--vote-n 3,1 --threads 1",
+                             "'%s' eval --model '%s/model' --adapter '%s/adapter' --verifier '%s/vf' --data '%s' "
+                             "--max-new 6 --vote-n 3,1 --threads 1",
                              erinfer, tmp, tmp, tmp, data);
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.out, "greedy") && strstr(r.out, "majority") && strstr(r.out, "weighted") &&
