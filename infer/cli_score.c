@@ -36,9 +36,10 @@ int cmd_score(int argc, char **argv) {
         c.out = af.fp;
     }
     ScoreResult res;
-    rc = score_run(&c, &res);
-    if (rc == ER_OK && af.fp)
-        rc = atomic_commit(&af);
+    ER_CHECK(score_run(&c, &res));
+    if (af.fp)
+        ER_CHECK(atomic_commit(&af));
+done:
     atomic_abort(&af); // nothing left to remove after a commit
     return rc < 0 ? cli_fail("score") : 0;
 }
