@@ -20,7 +20,7 @@
 #include "core/args.h"
 #include "core/error.h"
 #include "core/progress.h"
-#include "core/threads.h"
+#include "infer/bench.h"
 #include "infer/engine.h"
 #include "model/model.h"
 
@@ -68,10 +68,7 @@ static int decode_best(Engine *e, const int *prompt, int P, int N, int T, int re
     for (int r = 0; r < reps; r++) {
         GenStats st;
         ER_CHECK(engine_generate(e, prompt, P, &g, NULL, NULL, s, &st));
-        int steps = 0;
-        for (int i = 0; i < N; i++)
-            if (s[i].n_tokens - 1 > steps)
-                steps = s[i].n_tokens - 1;
+        int steps = bench_decode_steps(s, N);
         double step = steps > 0 ? st.decode_s / steps : 0;
         if (step < out->step_s)
             out->step_s = step;

@@ -40,6 +40,14 @@ static size_t model_weight_bytes(const Model *m) {
     return n;
 }
 
+int bench_decode_steps(const GenSample *s, int n) {
+    int steps = 0;
+    for (int i = 0; i < n; i++)
+        if (s[i].n_tokens - 1 > steps)
+            steps = s[i].n_tokens - 1;
+    return steps;
+}
+
 // One row: N samples of T tokens after a P-token prompt. base_first: prefill the prompt with the
 // base model first (as the pipeline does for the switcher), untimed; the row then times what the
 // adapter's generation adds.
@@ -65,10 +73,7 @@ static int bench_row(Model *m, const LoraAdapter *ad, KvType kv, int N, const in
     }
     GenStats st;
     ER_CHECK(engine_generate(&e, prompt, P, &g, NULL, NULL, out, &st));
-    int steps = 0; // forward passes after the first token: the longest sample's tokens - 1
-    for (int i = 0; i < N; i++)
-        if (out[i].n_tokens - 1 > steps)
-            steps = out[i].n_tokens - 1;
+    int steps = bench_decode_steps(out, N);
     long decoded = st.generated_tokens - N; // the first token of each sample comes from the prefill
     *row = (BenchRow){.kv = kv == KV_F32 ? "f32" : "int8", .n = N, .ttft_s = st.ttft_s};
     row->step_s = steps > 0 ? st.decode_s / steps : 0;

@@ -10,6 +10,8 @@
 
 #include <stddef.h>
 
+#include "infer/engine.h"
+
 #define BENCH_ROWS 8 // f32 then int8 KV, N = 1, 2, 4, 8 each
 
 typedef struct {
@@ -42,5 +44,9 @@ typedef struct {
 } BenchConfig;
 
 int bench_run(const BenchConfig *c, BenchResult *res);
+
+// Forward passes an engine_generate call made after the first token (which comes from the prefill):
+// the longest of the n samples' tokens, minus one.
+int bench_decode_steps(const GenSample *s, int n);
 
 #endif

@@ -5,13 +5,15 @@
 #include "infer/cli.h"
 #include "infer/runner.h"
 
+// The library's defaults (er_gen_params_init), as flags.
 void gen_flags_default(GenFlags *f) {
+    ErGenParams p;
+    er_gen_params_init(&p);
     memset(f, 0, sizeof *f);
-    f->max_new = 0;
-    f->default_max_new = 256;
-    f->top_p = 1;
-    f->samples = 1;
-    f->answer_tokens = 32;
+    f->default_max_new = p.max_new_tokens;
+    f->top_p = p.top_p;
+    f->samples = p.n_samples;
+    f->answer_tokens = p.answer_tokens;
     f->kv = "f32";
 }
 
