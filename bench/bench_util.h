@@ -1,5 +1,6 @@
-// Shared by the decode benchmarks: the machine's read bandwidth (the bound a weight pass is measured
-// against) and the load average printed next to every result, since a busy machine explains a slow one.
+// Shared by the benchmarks: the command line (flags, threads, the one-line error), the machine's read
+// bandwidth (the bound a weight pass is measured against) and the load average printed next to every
+// result, since a busy machine explains a slow one.
 #ifndef BENCH_BENCH_UTIL_H
 #define BENCH_BENCH_UTIL_H
 
@@ -7,7 +8,30 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/args.h"
+#include "core/error.h"
 #include "core/progress.h"
+#include "core/threads.h"
+
+// Prints "<prog>: <er_last_error()>" on stderr and returns the exit status 1.
+static inline int bench_fail(const char *prog) {
+    fprintf(stderr, "%s: %s\n", prog, er_last_error());
+    return 1;
+}
+
+// Parses a benchmark's flags ("<prog> [flags]") and sets *threads to the threads now in use (0 asks for
+// all cores). Returns -1 to go on, else the exit status: 0 after --help, 1 after the error line.
+static inline int bench_args(const char *prog, int argc, char **argv, const ArgSpec *specs, int n, int *threads) {
+    char usage[128];
+    snprintf(usage, sizeof usage, "%s [flags]", prog);
+    int rc = args_parse(argc, argv, specs, n, usage);
+    if (rc == ARGS_HELP)
+        return 0;
+    if (rc < 0)
+        return bench_fail(prog);
+    *threads = threads_set(*threads);
+    return -1;
+}
 
 // Best-of-`reps` read bandwidth in GB/s over `mib` MiB, all threads streaming; 0 when out of memory.
 static inline double bench_read_bandwidth(size_t mib, int reps) {

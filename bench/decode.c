@@ -20,7 +20,7 @@
 #include "core/args.h"
 #include "core/error.h"
 #include "core/progress.h"
-#include "core/threads.h"
+#include "infer/bench.h"
 #include "infer/engine.h"
 #include "model/model.h"
 
@@ -65,15 +65,10 @@ static int decode_best(Engine *e, const int *prompt, int P, int N, int T, int re
     memset(out, 0, sizeof *out);
     out->step_s = 1e30;
     int rc = ER_OK;
-    for (int r = 0; r < reps && rc == ER_OK; r++) {
+    for (int r = 0; r < reps; r++) {
         GenStats st;
-        rc = engine_generate(e, prompt, P, &g, NULL, NULL, s, &st);
-        if (rc < 0)
-            break;
-        int steps = 0;
-        for (int i = 0; i < N; i++)
-            if (s[i].n_tokens - 1 > steps)
-                steps = s[i].n_tokens - 1;
+        ER_CHECK(engine_generate(e, prompt, P, &g, NULL, NULL, s, &st));
+        int steps = bench_decode_steps(s, N);
         double step = steps > 0 ? st.decode_s / steps : 0;
         if (step < out->step_s)
             out->step_s = step;
@@ -83,6 +78,7 @@ static int decode_best(Engine *e, const int *prompt, int P, int N, int T, int re
         out->tokens = st.generated_tokens;
         gen_samples_free(s, N);
     }
+done:
     er_free(s);
     return rc;
 }
@@ -94,9 +90,12 @@ typedef struct {
 
 static int bench_shape(const char *name, const ModelConfig *cfg, double bw_gbs, int ctx, int T, int reps,
                        ShapeResult *res) {
-    Model m;
+    int rc = ER_OK, P = 32;
+    Model m = {0};
+    Engine e = {0};
+    int *prompt = NULL;
     double t0 = time_now();
-    ER_TRY(model_build_random(&m, cfg, 0.02f, 1));
+    ER_CHECK(model_build_random(&m, cfg, 0.02f, 1));
     m.cfg.eos_id = -1; // no tokenizer and no eos id: nothing stops a sample early
     double bytes = weight_bytes_per_token(&m);
     printf("\n== %s: hidden %d, %d layers, %d/%d heads, ff %d, vocab %d (built in %.1f s) ==\n", name, cfg->C, cfg->L,
@@ -104,53 +103,42 @@ static int bench_shape(const char *name, const ModelConfig *cfg, double bw_gbs, 
     printf("weights read per token: %.1f MB -> bound %.1f tokens/s at %.1f GB/s\n", bytes / 1e6, bw_gbs * 1e9 / bytes,
            bw_gbs);
     fflush(stdout);
-    int P = 32;
-    int *prompt = er_alloc(sizeof(int) * (size_t)(ctx > P ? ctx : P));
+    prompt = er_alloc(sizeof(int) * (size_t)(ctx > P ? ctx : P));
     if (!prompt) {
-        model_free(&m);
-        return ER_ENOMEM;
+        rc = ER_ENOMEM;
+        goto done;
     }
     for (int i = 0; i < (ctx > P ? ctx : P); i++)
         prompt[i] = (int)((17 + 7919L * i) % cfg->V);
 
-    Engine e;
     DecodeRun one, eight, warm, f32, i8;
-    int rc = engine_init(&e, &m, NULL, KV_F32, 8, P + T, 128, 0);
-    if (rc == ER_OK)
-        rc = decode_best(&e, prompt, P, 1, 3, 1, &warm); // threads, pages, caches
-    if (rc == ER_OK)
-        rc = decode_best(&e, prompt, P, 1, T, reps, &one);
-    if (rc == ER_OK)
-        rc = decode_best(&e, prompt, P, 8, T, reps, &eight);
+    ER_CHECK(engine_init(&e, &m, NULL, KV_F32, 8, P + T, 128, 0));
+    ER_CHECK(decode_best(&e, prompt, P, 1, 3, 1, &warm)); // threads, pages, caches
+    ER_CHECK(decode_best(&e, prompt, P, 1, T, reps, &one));
+    ER_CHECK(decode_best(&e, prompt, P, 8, T, reps, &eight));
     engine_free(&e);
-    if (rc == ER_OK) {
-        res->tps1 = 1.0 / one.step_s;
-        res->bound_tps = bw_gbs * 1e9 / bytes;
-        res->ratio_n8 = eight.step_s / one.step_s;
-        printf("N=1: %.2f ms/step = %.2f tokens/s (%.0f%% of the bound); N=8: %.2f ms/step = %.1f tokens/s total\n",
-               1e3 * one.step_s, res->tps1, 100 * res->tps1 / res->bound_tps, 1e3 * eight.step_s, 8 / eight.step_s);
+    res->tps1 = 1.0 / one.step_s;
+    res->bound_tps = bw_gbs * 1e9 / bytes;
+    res->ratio_n8 = eight.step_s / one.step_s;
+    printf("N=1: %.2f ms/step = %.2f tokens/s (%.0f%% of the bound); N=8: %.2f ms/step = %.1f tokens/s total\n",
+           1e3 * one.step_s, res->tps1, 100 * res->tps1 / res->bound_tps, 1e3 * eight.step_s, 8 / eight.step_s);
+    fflush(stdout);
+    for (int k = 0; k < 2; k++) {
+        DecodeRun *d = k == 0 ? &f32 : &i8;
+        ER_CHECK(engine_init(&e, &m, NULL, k == 0 ? KV_F32 : KV_INT8, 1, ctx + T, 128, 0));
+        ER_CHECK(decode_best(&e, prompt, ctx, 1, T, reps, d));
+        engine_free(&e);
+        printf("context %d, KV %-4s: prefill %.2f s (%.0f tokens/s), decode %.2f ms/step, KV %.2f MiB\n", ctx,
+               k == 0 ? "f32" : "int8", d->prefill_s, ctx / d->prefill_s, 1e3 * d->step_s, d->kv_bytes / 1048576.0);
         fflush(stdout);
     }
-    for (int k = 0; k < 2 && rc == ER_OK; k++) {
-        DecodeRun *d = k == 0 ? &f32 : &i8;
-        rc = engine_init(&e, &m, NULL, k == 0 ? KV_F32 : KV_INT8, 1, ctx + T, 128, 0);
-        if (rc == ER_OK)
-            rc = decode_best(&e, prompt, ctx, 1, T, reps, d);
-        engine_free(&e);
-        if (rc == ER_OK) {
-            printf("context %d, KV %-4s: prefill %.2f s (%.0f tokens/s), decode %.2f ms/step, KV %.2f MiB\n", ctx,
-                   k == 0 ? "f32" : "int8", d->prefill_s, ctx / d->prefill_s, 1e3 * d->step_s,
-                   d->kv_bytes / 1048576.0);
-            fflush(stdout);
-        }
-    }
-    if (rc == ER_OK) {
-        res->kv_speed_ratio = f32.step_s / i8.step_s;
-        res->kv_bytes_ratio = (double)i8.kv_bytes / (double)f32.kv_bytes;
-        res->prefill_tps = ctx / f32.prefill_s;
-        res->kv_f32 = f32.kv_bytes;
-        res->kv_i8 = i8.kv_bytes;
-    }
+    res->kv_speed_ratio = f32.step_s / i8.step_s;
+    res->kv_bytes_ratio = (double)i8.kv_bytes / (double)f32.kv_bytes;
+    res->prefill_tps = ctx / f32.prefill_s;
+    res->kv_f32 = f32.kv_bytes;
+    res->kv_i8 = i8.kv_bytes;
+done:
+    engine_free(&e);
     er_free(prompt);
     model_free(&m);
     return rc;
@@ -174,14 +162,9 @@ int main(int argc, char **argv) {
         {"bw-mib", ARG_INT, &bw_mib, "bandwidth buffer size in MiB", 0, 64, 1 << 16},
         {"skip-big", ARG_FLAG, &skip_big, "only the tiny model", 0, 0, 0},
     };
-    int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0], "decode [flags]");
-    if (rc == ARGS_HELP)
-        return 0;
-    if (rc < 0) {
-        fprintf(stderr, "decode: %s\n", er_last_error());
-        return 1;
-    }
-    threads = threads_set(threads);
+    int exit_status = bench_args("decode", argc, argv, specs, sizeof specs / sizeof specs[0], &threads);
+    if (exit_status >= 0)
+        return exit_status;
     char load[128];
     bench_load_average(load, sizeof load);
     printf("== decode vs memory bandwidth (threads %d, load average %s) ==\n", threads, load);
@@ -196,13 +179,9 @@ int main(int argc, char **argv) {
                        .max_pos = 32768, .rope_theta = 1e6f, .eps = 1e-6f, .tied = 1, .qkv_bias = 1,
                        .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
     ShapeResult rt = {0}, rb = {0};
-    rc = bench_shape("tiny", &tiny, bw, ctx, 8 * T, 5, &rt);
-    if (rc == ER_OK && !skip_big)
-        rc = bench_shape("0.5b", &big, bw, ctx, T, 3, &rb);
-    if (rc < 0) {
-        fprintf(stderr, "decode: %s\n", er_last_error());
-        return 1;
-    }
+    if (bench_shape("tiny", &tiny, bw, ctx, 8 * T, 5, &rt) < 0 ||
+        (!skip_big && bench_shape("0.5b", &big, bw, ctx, T, 3, &rb) < 0))
+        return bench_fail("decode");
     printf("\n== decode summary (threads %d, load average %s, bandwidth %.2f GB/s) ==\n", threads, load, bw);
     if (!skip_big)
         print_summary("0.5b", &rb, ctx);

@@ -11,13 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/bench_util.h"
 #include "core/alloc.h"
 #include "core/args.h"
 #include "core/error.h"
 #include "core/gemm.h"
 #include "core/progress.h"
 #include "core/rng.h"
-#include "core/threads.h"
 #include "lora/lora.h"
 #include "model/model.h"
 
@@ -89,14 +89,9 @@ int main(int argc, char **argv) {
          0, 0, 4096},
         {"sgemm-peak", ARG_FLAG, &peak, "measure the sgemm peak instead", 0, 0, 0},
     };
-    int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0], "train_step [flags]");
-    if (rc == ARGS_HELP)
-        return 0;
-    if (rc < 0) {
-        fprintf(stderr, "train_step: %s\n", er_last_error());
-        return 1;
-    }
-    threads = threads_set(threads);
+    int exit_status = bench_args("train_step", argc, argv, specs, sizeof specs / sizeof specs[0], &threads);
+    if (exit_status >= 0)
+        return exit_status;
     if (peak) {
         printf("{\"impl\": \"sgemm\", \"threads\": %d, \"gflops\": %.2f}\n", threads, sgemm_peak());
         return 0;
@@ -114,19 +109,15 @@ int main(int argc, char **argv) {
     c.HS = c.C / c.NH;
     Model m;
     Activations a;
-    if (model_build_random(&m, &c, 0.02f, 1) < 0 || acts_alloc(&a, &c, batch, seq, ACTS_TRAIN, 0) < 0) {
-        fprintf(stderr, "train_step: %s\n", er_last_error());
-        return 1;
-    }
+    if (model_build_random(&m, &c, 0.02f, 1) < 0 || acts_alloc(&a, &c, batch, seq, ACTS_TRAIN, 0) < 0) 
+        return bench_fail("train_step");
     LoraAdapter ad = {0};
     if (rank > 0) {
         // The base is frozen: the backward computes only input gradients and the adapter's.
         m.trainable = 0;
         LoraShape ls = {c.L, c.C, c.NH * c.HS, c.NKV * c.HS, c.FF};
-        if (lora_init(&ad, &ls, rank, 2.0f * rank, 0, 0.0f, LORA_ALL_TARGETS, 1, 7) < 0) {
-            fprintf(stderr, "train_step: %s\n", er_last_error());
-            return 1;
-        }
+        if (lora_init(&ad, &ls, rank, 2.0f * rank, 0, 0.0f, LORA_ALL_TARGETS, 1, 7) < 0) 
+            return bench_fail("train_step");
         // PEFT starts B at zero; small random values make the adapter change the loss (same work).
         ErRng rng;
         rng_seed(&rng, 11);
@@ -158,10 +149,8 @@ int main(int argc, char **argv) {
         else
             model_zero_grad(&m);
         if (model_forward(&m, &in, &a) < 0 || model_loss(&a, targets, rank > 0 ? lmask : NULL, 1, &loss) < 0 ||
-            model_backward(&m, &in, &a) < 0) {
-            fprintf(stderr, "train_step: %s\n", er_last_error());
-            return 1;
-        }
+            model_backward(&m, &in, &a) < 0) 
+            return bench_fail("train_step");
         if (s > 0)
             times[s - 1] = time_now() - t0;
     }

@@ -3,8 +3,6 @@
 #ifndef INFER_CLI_H
 #define INFER_CLI_H
 
-#include <cjson/cJSON.h>
-
 #include "core/args.h"
 #include "infer/erinfer.h"
 
@@ -36,9 +34,5 @@ int gen_flags_params(const GenFlags *f, ErGenParams *p, int *kv_int8);
 int gen_flags_max_new(const GenFlags *f);
 // Loads the model (and adapter) and opens a session for max_samples samples.
 int gen_flags_open(const GenFlags *f, int max_samples, ErModel **m, ErSession **s);
-const char *finish_name(int finish);
-// The pipeline's part of a result (route, switcher score, per-sample answers and verifier scores,
-// votes, timings) as a new JSON object; NULL when the call ran without heads.
-cJSON *route_json(const ErSession *s);
 
 #endif

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "infer/cli.h"
+#include "infer/runner.h"
 
 // The library's defaults are the flags' defaults.
 void gen_flags_default(GenFlags *f) {
@@ -79,79 +80,8 @@ int gen_flags_params(const GenFlags *f, ErGenParams *p, int *kv_int8) {
 int gen_flags_open(const GenFlags *f, int max_samples, ErModel **m, ErSession **s) {
     *m = NULL;
     *s = NULL;
-    int kv_int8;
     ErGenParams unused;
-    ER_TRY(gen_flags_params(f, &unused, &kv_int8));
-    int rc = er_model_load(m, f->model);
-    if (rc == ER_OK && f->adapter)
-        rc = er_model_load_adapter(*m, f->adapter);
-    if (rc == ER_OK && f->switcher)
-        rc = er_model_load_switcher(*m, f->switcher);
-    if (rc == ER_OK && f->verifier)
-        rc = er_model_load_verifier(*m, f->verifier);
-    if (rc == ER_OK) {
-        int ctx = f->context, max_pos = er_model_max_positions(*m), max_new = gen_flags_max_new(f);
-        if (!ctx)
-            ctx = 4096 + max_new < max_pos ? 4096 + max_new : max_pos;
-        rc = er_session_open(s, *m, max_samples, ctx, kv_int8);
-    }
-    if (rc < 0) {
-        er_model_free(*m);
-        *m = NULL;
-    }
-    return rc;
-}
-
-const char *finish_name(int f) { return f == ER_FINISH_EOS ? "eos" : f == ER_FINISH_STOP ? "stop" : "length"; }
-
-cJSON *route_json(const ErSession *s) {
-    const ErRoute *r = er_result_route(s);
-    if (!r)
-        return NULL;
-    cJSON *j = cJSON_CreateObject();
-    if (!j)
-        return NULL;
-    cJSON_AddStringToObject(j, "route", r->route == ER_ROUTE_REASONING ? "reasoning" : "direct");
-    if (r->switcher_score >= 0) {
-        cJSON_AddNumberToObject(j, "switcher_score", r->switcher_score);
-        cJSON_AddNumberToObject(j, "switcher_threshold", r->switcher_threshold);
-    } else {
-        cJSON_AddNullToObject(j, "switcher_score");
-    }
-    cJSON *arr = cJSON_AddArrayToObject(j, "samples");
-    for (int i = 0; arr && i < er_result_count(s); i++) {
-        cJSON *o = cJSON_CreateObject();
-        if (!o)
-            break;
-        cJSON_AddNumberToObject(o, "n_tokens", er_result_sample(s, i)->n_tokens);
-        if (r->answers[i])
-            cJSON_AddStringToObject(o, "answer", r->answers[i]);
-        else
-            cJSON_AddNullToObject(o, "answer");
-        if (r->verifier_scores)
-            cJSON_AddNumberToObject(o, "verifier_score", r->verifier_scores[i]);
-        cJSON_AddItemToArray(arr, o);
-    }
-    cJSON *votes = cJSON_AddArrayToObject(j, "votes");
-    for (int k = 0; votes && k < r->n_votes; k++) {
-        cJSON *o = cJSON_CreateObject();
-        if (!o)
-            break;
-        cJSON_AddStringToObject(o, "answer", r->vote_answers[k]);
-        cJSON_AddNumberToObject(o, "weight", r->vote_weights[k]);
-        cJSON_AddNumberToObject(o, "count", r->vote_counts[k]);
-        cJSON_AddItemToArray(votes, o);
-    }
-    if (r->answer)
-        cJSON_AddStringToObject(j, "answer", r->answer);
-    else
-        cJSON_AddNullToObject(j, "answer");
-    cJSON *t = cJSON_AddObjectToObject(j, "timings");
-    if (t) {
-        cJSON_AddNumberToObject(t, "prefill_s", r->prefill_s);
-        cJSON_AddNumberToObject(t, "switcher_s", r->switcher_s);
-        cJSON_AddNumberToObject(t, "generate_s", r->generate_s);
-        cJSON_AddNumberToObject(t, "verify_s", r->verify_s);
-    }
-    return j;
+    SessionSpec spec = {f->model, f->adapter, f->switcher, f->verifier, 0, f->context};
+    ER_TRY(gen_flags_params(f, &unused, &spec.kv_int8));
+    return runner_open_session(&spec, max_samples, gen_flags_max_new(f), m, s);
 }

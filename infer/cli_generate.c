@@ -11,6 +11,7 @@
 #include "core/threads.h"
 #include "infer/cli.h"
 #include "infer/erinfer.h"
+#include "infer/runner.h"
 
 static int stream_token(void *user, int sample, const char *text, size_t len) {
     (void)user;
@@ -28,11 +29,11 @@ static void print_json_result(const ErSession *s) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "text", x->text);
         cJSON_AddItemToObject(o, "tokens", cJSON_CreateIntArray(x->tokens, x->n_tokens));
-        cJSON_AddStringToObject(o, "finish", finish_name(x->finish));
+        cJSON_AddStringToObject(o, "finish", runner_finish_name(x->finish));
         cJSON_AddBoolToObject(o, "budget_cut", x->budget_cut);
         cJSON_AddItemToArray(arr, o);
     }
-    cJSON *route = route_json(s);
+    cJSON *route = runner_route_json(s);
     if (route)
         cJSON_AddItemToObject(j, "pipeline", route);
     const ErStats *st = er_result_stats(s);
@@ -70,6 +71,35 @@ static int load_messages(const char *path, cJSON **doc, ErMessage **msgs, int *n
     return ER_OK;
 }
 
+// The route and the stats on stderr, after the text.
+static void print_route_stats(const ErSession *s, int json) {
+    const ErRoute *r = er_result_route(s);
+    if (r && !json) {
+        fprintf(stderr, "[route %s", r->route == ER_ROUTE_REASONING ? "reasoning" : "direct");
+        if (r->switcher_score >= 0)
+            fprintf(stderr, " (switcher %.3f vs threshold %.3f)", r->switcher_score, r->switcher_threshold);
+        fprintf(stderr, ", answer %s", r->answer ? r->answer : "(none)");
+        for (int k = 0; k < r->n_votes; k++)
+            fprintf(stderr, "%s%s: %.3f (%d)", k ? ", " : "; votes ", r->vote_answers[k], r->vote_weights[k],
+                    r->vote_counts[k]);
+        fprintf(stderr, "]\n");
+    }
+    const ErStats *st = er_result_stats(s);
+    fprintf(stderr, "[%d prompt tokens, %ld generated, TTFT %.3f s, %.1f tokens/s, KV %.1f KiB]\n", st->prompt_tokens,
+            st->generated_tokens, st->ttft_s, st->decode_tokens_per_s, st->kv_bytes / 1024.0);
+}
+
+// The flags generate adds to the shared ones, checked together.
+static int generate_check(const GenFlags *f, const char *prompt, const char *messages, int raw) {
+    if (!!prompt == !!messages)
+        return er_error(ER_EINVAL, "give exactly one of --prompt and --messages");
+    if (raw && !prompt)
+        return er_error(ER_EINVAL, "--raw needs --prompt");
+    if (f->system && messages)
+        return er_error(ER_EINVAL, "--system goes with --prompt; put the system message in the --messages file");
+    return ER_OK;
+}
+
 int cmd_generate(int argc, char **argv) {
     GenFlags f;
     gen_flags_default(&f);
@@ -85,17 +115,9 @@ int cmd_generate(int argc, char **argv) {
     int rc = args_parse(argc, argv, specs, ns, "erinfer generate --model DIR (--prompt TEXT | --messages FILE.json) [flags]");
     if (rc == ARGS_HELP)
         return 0;
-    if (rc == ER_OK && !!prompt == !!messages)
-        rc = er_error(ER_EINVAL, "give exactly one of --prompt and --messages");
-    if (rc == ER_OK && raw && !prompt)
-        rc = er_error(ER_EINVAL, "--raw needs --prompt");
-    if (rc == ER_OK && f.system && messages)
-        rc = er_error(ER_EINVAL, "--system goes with --prompt; put the system message in the --messages file");
     ErGenParams p;
     int kv_int8 = 0;
-    if (rc == ER_OK)
-        rc = gen_flags_params(&f, &p, &kv_int8);
-    if (rc < 0)
+    if (rc < 0 || generate_check(&f, prompt, messages, raw) < 0 || gen_flags_params(&f, &p, &kv_int8) < 0)
         return cli_fail("generate");
     threads_set(f.threads);
 
@@ -104,47 +126,32 @@ int cmd_generate(int argc, char **argv) {
     cJSON *doc = NULL;
     ErMessage *msgs = NULL, one[2];
     int n = 0;
-    rc = gen_flags_open(&f, f.samples, &m, &s);
-    if (rc == ER_OK && messages) {
-        rc = load_messages(messages, &doc, &msgs, &n);
-    } else if (rc == ER_OK) {
+    ER_CHECK(gen_flags_open(&f, f.samples, &m, &s));
+    if (messages) {
+        ER_CHECK(load_messages(messages, &doc, &msgs, &n));
+    } else {
         msgs = one;
         if (f.system)
             one[n++] = (ErMessage){"system", f.system};
         one[n++] = (ErMessage){"user", prompt};
     }
-    int stream = rc == ER_OK && !json && f.samples == 1 && isatty(fileno(stdout));
-    if (rc == ER_OK)
-        rc = raw ? er_generate_raw(s, prompt, &p, stream ? stream_token : NULL, NULL)
-                 : er_generate(s, msgs, n, &p, stream ? stream_token : NULL, NULL);
-    if (rc == ER_OK) {
-        if (json) {
-            print_json_result(s);
-        } else if (stream) {
-            putchar('\n');
-        } else {
-            for (int i = 0; i < er_result_count(s); i++) {
-                if (f.samples > 1)
-                    printf("--- sample %d (%s, %d tokens)\n", i, finish_name(er_result_sample(s, i)->finish),
-                           er_result_sample(s, i)->n_tokens);
-                printf("%s\n", er_result_sample(s, i)->text);
-            }
+    int stream = !json && f.samples == 1 && isatty(fileno(stdout));
+    ER_CHECK(raw ? er_generate_raw(s, prompt, &p, stream ? stream_token : NULL, NULL)
+                 : er_generate(s, msgs, n, &p, stream ? stream_token : NULL, NULL));
+    if (json) {
+        print_json_result(s);
+    } else if (stream) {
+        putchar('\n');
+    } else {
+        for (int i = 0; i < er_result_count(s); i++) {
+            if (f.samples > 1)
+                printf("--- sample %d (%s, %d tokens)\n", i, runner_finish_name(er_result_sample(s, i)->finish),
+                       er_result_sample(s, i)->n_tokens);
+            printf("%s\n", er_result_sample(s, i)->text);
         }
-        const ErRoute *r = er_result_route(s);
-        if (r && !json) {
-            fprintf(stderr, "[route %s", r->route == ER_ROUTE_REASONING ? "reasoning" : "direct");
-            if (r->switcher_score >= 0)
-                fprintf(stderr, " (switcher %.3f vs threshold %.3f)", r->switcher_score, r->switcher_threshold);
-            fprintf(stderr, ", answer %s", r->answer ? r->answer : "(none)");
-            for (int k = 0; k < r->n_votes; k++)
-                fprintf(stderr, "%s%s: %.3f (%d)", k ? ", " : "; votes ", r->vote_answers[k], r->vote_weights[k],
-                        r->vote_counts[k]);
-            fprintf(stderr, "]\n");
-        }
-        const ErStats *st = er_result_stats(s);
-        fprintf(stderr, "[%d prompt tokens, %ld generated, TTFT %.3f s, %.1f tokens/s, KV %.1f KiB]\n",
-                st->prompt_tokens, st->generated_tokens, st->ttft_s, st->decode_tokens_per_s, st->kv_bytes / 1024.0);
     }
+    print_route_stats(s, json);
+done:
     if (msgs != one)
         er_free(msgs);
     cJSON_Delete(doc);
@@ -170,9 +177,7 @@ int cmd_chat(int argc, char **argv) {
         return 0;
     ErGenParams p;
     int kv_int8 = 0;
-    if (rc == ER_OK)
-        rc = gen_flags_params(&f, &p, &kv_int8);
-    if (rc < 0)
+    if (rc < 0 || gen_flags_params(&f, &p, &kv_int8) < 0)
         return cli_fail("chat");
     threads_set(f.threads);
     ErModel *m = NULL;
@@ -183,19 +188,23 @@ int cmd_chat(int argc, char **argv) {
     ErMessage *msgs = NULL;
     char **owned = NULL;
     int n = 0, cap = 0;
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t len;
     if (f.system) {
         cap = 8;
         msgs = er_calloc((size_t)cap, sizeof(ErMessage));
         owned = er_calloc((size_t)cap, sizeof(char *));
+        if (!msgs || !owned) {
+            rc = ER_ENOMEM;
+            goto done;
+        }
         msgs[n++] = (ErMessage){"system", f.system};
     }
-    char *line = NULL;
-    size_t lcap = 0;
-    ssize_t len;
     int keep = n; // the --system message survives /reset
     fprintf(stderr, "erinfer chat: %s%s%s, up to %d new tokens a turn; /help for commands\n", f.model,
             f.adapter ? " + " : "", f.adapter ? f.adapter : "", p.max_new_tokens);
-    while (rc == ER_OK) {
+    for (;;) {
         if (tty) {
             fputs("> ", stdout);
             fflush(stdout);
@@ -228,20 +237,22 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         if (n + 2 > cap) {
-            cap = cap ? cap * 2 : 8;
-            msgs = er_realloc_array(msgs, (size_t)cap, sizeof(ErMessage));
-            owned = er_realloc_array(owned, (size_t)cap, sizeof(char *));
-            if (!msgs || !owned) {
+            int grown = cap ? cap * 2 : 8;
+            ErMessage *gm = er_realloc_array(msgs, (size_t)grown, sizeof(ErMessage));
+            if (gm)
+                msgs = gm;
+            char **go = gm ? er_realloc_array(owned, (size_t)grown, sizeof(char *)) : NULL;
+            if (!go) {
                 rc = ER_ENOMEM;
-                break;
+                goto done;
             }
+            owned = go;
+            cap = grown;
         }
         owned[n] = er_strdup(text);
         msgs[n] = (ErMessage){"user", owned[n]};
         n++;
-        rc = er_generate(s, msgs, n, &p, stream_token, NULL);
-        if (rc < 0)
-            break;
+        ER_CHECK(er_generate(s, msgs, n, &p, stream_token, NULL));
         putchar('\n');
         const ErSample *x = er_result_sample(s, 0);
         owned[n] = er_strdup(x->text);
@@ -252,6 +263,7 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "[%d prompt tokens (%d reused), %ld generated, %.1f tokens/s]\n", st->prompt_tokens,
                     st->prompt_reused, st->generated_tokens, st->decode_tokens_per_s);
     }
+done:
     for (int i = 0; i < n; i++)
         if (owned && owned[i])
             er_free(owned[i]);

@@ -30,7 +30,10 @@ static int out_open(Out *o, const char *path) {
     return ER_OK;
 }
 
+// Safe on a zeroed Out (nothing opened).
 static int out_close(Out *o, int ok) {
+    if (!o->fp)
+        return ER_OK;
     if (!o->atomic) {
         if (fflush(o->fp) != 0)
             return er_error(ER_EIO, "stdout: write failed");
@@ -70,79 +73,77 @@ typedef struct {
     int special_as_text;
 } Opts;
 
-static int run_tokenize(const Opts *o, int detok) {
-    Tokenizer *tok = NULL;
-    JsonlReader r;
-    Out out;
-    ER_TRY(tok_load(&tok, o->tokenizer));
-    int rc = jsonl_open(&r, o->input);
-    if (rc < 0) {
-        tok_free(tok);
-        return rc;
-    }
-    rc = out_open(&out, o->output);
-    if (rc < 0) {
-        jsonl_close(&r);
-        tok_free(tok);
-        return rc;
-    }
-    int V = tok_vocab_size(tok), *ids = NULL, n = 0;
+// One {"text"} record as an {"ids"} line.
+static int tokenize_record(const Tokenizer *tok, const cJSON *rec, const char *ctx, int special_as_text, FILE *fp) {
+    const char *s;
+    int *ids, n;
+    ER_TRY(json_get_string(rec, "text", &s, ctx));
+    int rc = tok_encode_ex(tok, s, strlen(s), special_as_text, &ids, &n);
+    if (rc < 0)
+        return er_error_prefix(rc, "%s", ctx);
+    fputs("{\"ids\":[", fp);
+    for (int i = 0; i < n; i++)
+        fprintf(fp, i ? ",%d" : "%d", ids[i]);
+    fputs("]}\n", fp);
+    er_free(ids);
+    return ER_OK;
+}
+
+// One {"ids"} record as a {"text"} line.
+static int detokenize_record(const Tokenizer *tok, const cJSON *rec, const char *ctx, FILE *fp) {
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(rec, "ids");
+    if (!cJSON_IsArray(arr))
+        return er_error(ER_EFORMAT, "%s: expected {\"ids\": [token ids...]}", ctx);
+    int V = tok_vocab_size(tok), n = cJSON_GetArraySize(arr), i = 0, rc = ER_OK;
     char *text = NULL;
     size_t len = 0;
+    int *ids = er_alloc(sizeof(int) * (size_t)(n ? n : 1));
+    if (!ids)
+        return ER_ENOMEM;
+    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+        double d = e->valuedouble;
+        if (!cJSON_IsNumber(e) || d != (double)(int)d || d < 0 || d >= V) {
+            rc = er_error(ER_EFORMAT, "%s: ids[%d] must be an integer token id in [0, %d)", ctx, i, V);
+            goto done;
+        }
+        ids[i] = (int)d;
+    }
+    rc = tok_decode(tok, ids, n, &text, &len);
+    if (rc < 0) {
+        rc = er_error_prefix(rc, "%s", ctx);
+        goto done;
+    }
+    fputs("{\"text\":", fp);
+    write_json_string(fp, text, len);
+    fputs("}\n", fp);
+done:
+    er_free(ids);
+    er_free(text);
+    return rc;
+}
+
+static int run_tokenize(const Opts *o, int detok) {
+    int rc = ER_OK;
+    Tokenizer *tok = NULL;
+    JsonlReader r = {0};
+    Out out = {0};
     cJSON *rec;
+    ER_CHECK(tok_load(&tok, o->tokenizer));
+    ER_CHECK(jsonl_open(&r, o->input));
+    ER_CHECK(out_open(&out, o->output));
     while ((rc = jsonl_next(&r, &rec)) == 1) {
         char ctx[600];
         snprintf(ctx, sizeof ctx, "%s:%ld", r.path, r.lineno);
-        if (!detok) {
-            const char *s;
-            rc = json_get_string(rec, "text", &s, ctx);
-            if (rc == ER_OK && (rc = tok_encode_ex(tok, s, strlen(s), o->special_as_text, &ids, &n)) < 0)
-                rc = er_error_prefix(rc, "%s", ctx);
-            if (rc == ER_OK) {
-                fputs("{\"ids\":[", out.fp);
-                for (int i = 0; i < n; i++)
-                    fprintf(out.fp, i ? ",%d" : "%d", ids[i]);
-                fputs("]}\n", out.fp);
-            }
-            er_free(ids);
-            ids = NULL;
-        } else {
-            const cJSON *arr = cJSON_GetObjectItemCaseSensitive(rec, "ids");
-            if (!cJSON_IsArray(arr)) {
-                rc = er_error(ER_EFORMAT, "%s: expected {\"ids\": [token ids...]}", ctx);
-            } else {
-                n = cJSON_GetArraySize(arr);
-                ids = er_alloc(sizeof(int) * (size_t)(n ? n : 1));
-                rc = ids ? ER_OK : ER_ENOMEM;
-                int i = 0;
-                for (const cJSON *e = arr->child; e && rc == ER_OK; e = e->next, i++) {
-                    double d = e->valuedouble;
-                    if (!cJSON_IsNumber(e) || d != (double)(int)d || d < 0 || d >= V)
-                        rc = er_error(ER_EFORMAT, "%s: ids[%d] must be an integer token id in [0, %d)", ctx, i, V);
-                    else
-                        ids[i] = (int)d;
-                }
-                if (rc == ER_OK && (rc = tok_decode(tok, ids, n, &text, &len)) < 0)
-                    rc = er_error_prefix(rc, "%s", ctx);
-                if (rc == ER_OK) {
-                    fputs("{\"text\":", out.fp);
-                    write_json_string(out.fp, text, len);
-                    fputs("}\n", out.fp);
-                }
-                er_free(ids);
-                er_free(text);
-                ids = NULL;
-                text = NULL;
-            }
-        }
+        rc = detok ? detokenize_record(tok, rec, ctx, out.fp)
+                   : tokenize_record(tok, rec, ctx, o->special_as_text, out.fp);
         cJSON_Delete(rec);
-        if (rc < 0)
-            break;
+        ER_CHECK(rc);
         if (ferror(out.fp)) {
             rc = er_error(ER_EIO, "%s: write failed", o->output);
-            break;
+            goto done;
         }
     }
+done:
     jsonl_close(&r);
     tok_free(tok);
     int crc = out_close(&out, rc >= 0);

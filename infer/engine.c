@@ -48,22 +48,19 @@ int engine_init(Engine *e, Model *m, const Tokenizer *tok, KvType kv_type, int m
         return er_error(ER_ENOMEM, "a session of %d samples x %d positions needs %.1f MiB (KV cache %.1f MiB), more than "
                         "the %.1f MiB available", max_samples, max_len, need / 1048576.0, kv_bytes / 1048576.0,
                         max_bytes / 1048576.0);
-    int rc = kv_cache_alloc(&e->kv, &m->cfg, kv_type, max_samples + 1, max_len, positions, 0);
-    if (rc == ER_OK)
-        rc = acts_alloc(&e->prefill, &m->cfg, 1, chunk, ACTS_DECODE, 0);
-    if (rc == ER_OK)
-        rc = acts_alloc(&e->decode, &m->cfg, max_samples, 1, ACTS_DECODE, 0);
-    if (rc == ER_OK)
-        rc = sampler_init(&e->sampler, m->cfg.V);
-    if (rc == ER_OK) {
-        e->prompt_tokens = er_alloc(sizeof(int) * (size_t)max_len);
-        e->prompt_logits = er_alloc(sizeof(float) * (size_t)m->cfg.V);
-        e->feat_sum = er_alloc(sizeof(double) * (size_t)m->cfg.C);
-        e->kept_slot = er_alloc(sizeof(int) * (size_t)max_samples);
-        e->kept_tail = er_alloc(sizeof(int) * (size_t)max_samples);
-        if (!e->prompt_tokens || !e->prompt_logits || !e->feat_sum || !e->kept_slot || !e->kept_tail)
-            rc = ER_ENOMEM;
-    }
+    int rc = ER_OK;
+    ER_CHECK(kv_cache_alloc(&e->kv, &m->cfg, kv_type, max_samples + 1, max_len, positions, 0));
+    ER_CHECK(acts_alloc(&e->prefill, &m->cfg, 1, chunk, ACTS_DECODE, 0));
+    ER_CHECK(acts_alloc(&e->decode, &m->cfg, max_samples, 1, ACTS_DECODE, 0));
+    ER_CHECK(sampler_init(&e->sampler, m->cfg.V));
+    e->prompt_tokens = er_alloc(sizeof(int) * (size_t)max_len);
+    e->prompt_logits = er_alloc(sizeof(float) * (size_t)m->cfg.V);
+    e->feat_sum = er_alloc(sizeof(double) * (size_t)m->cfg.C);
+    e->kept_slot = er_alloc(sizeof(int) * (size_t)max_samples);
+    e->kept_tail = er_alloc(sizeof(int) * (size_t)max_samples);
+    if (!e->prompt_tokens || !e->prompt_logits || !e->feat_sum || !e->kept_slot || !e->kept_tail)
+        rc = ER_ENOMEM;
+done:
     if (rc < 0)
         engine_free(e);
     return rc;
@@ -165,7 +162,7 @@ void engine_release_samples(Engine *e) {
 // whichever adapter decodes.
 static int prompt_prefill(Engine *e, const int *prompt, int n_prompt, const LoraAdapter *prompt_ad,
                           const PromptFeatureSpec *spec, float *feat, int *reused) {
-    int reuse = 0, rc;
+    int reuse = 0;
     *reused = 0;
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= e->model->cfg.V)
@@ -182,29 +179,23 @@ static int prompt_prefill(Engine *e, const int *prompt, int n_prompt, const Lora
         return ER_OK;
     }
     e->prompt_logits_valid = 0;
-    if (e->prompt_slot >= 0) {
-        while (!spec && reuse < e->n_prompt && reuse < n_prompt - 1 && e->prompt_tokens[reuse] == prompt[reuse])
-            reuse++;
-        rc = kv_seq_truncate(&e->kv, e->prompt_slot, reuse);
-    } else {
-        rc = kv_seq_open(&e->kv, &e->prompt_slot);
-    }
+    while (e->prompt_slot >= 0 && !spec && reuse < e->n_prompt && reuse < n_prompt - 1 &&
+           e->prompt_tokens[reuse] == prompt[reuse])
+        reuse++;
     e->n_prompt = 0;
+    ER_TRY(e->prompt_slot >= 0 ? kv_seq_truncate(&e->kv, e->prompt_slot, reuse) : kv_seq_open(&e->kv, &e->prompt_slot));
     FeatureAcc f = {spec, feat, 0, 0};
     if (spec)
         memset(e->feat_sum, 0, sizeof(double) * (size_t)e->model->cfg.C);
-    if (rc == ER_OK)
-        rc = prefill(e, prompt + reuse, n_prompt - reuse, prompt_ad != NULL, prompt_ad, spec ? &f : NULL);
-    if (rc == ER_OK && spec)
+    ER_TRY(prefill(e, prompt + reuse, n_prompt - reuse, prompt_ad != NULL, prompt_ad, spec ? &f : NULL));
+    if (spec)
         feature_fold(e, &f); // the last, possibly shorter, chunk
-    if (rc == ER_OK) {
-        memcpy(e->prompt_tokens, prompt, sizeof(int) * (size_t)n_prompt);
-        e->n_prompt = n_prompt;
-        e->prompt_adapter = prompt_gen;
-        e->prompt_logits_valid = 1;
-        *reused = reuse;
-    }
-    return rc;
+    memcpy(e->prompt_tokens, prompt, sizeof(int) * (size_t)n_prompt);
+    e->n_prompt = n_prompt;
+    e->prompt_adapter = prompt_gen;
+    e->prompt_logits_valid = 1;
+    *reused = reuse;
+    return ER_OK;
 }
 
 int engine_prefill(Engine *e, const int *prompt, int n_prompt, const LoraAdapter *adapter,
@@ -246,10 +237,10 @@ int engine_verify_features(Engine *e, int sample, const int *tokens, int n, int 
         return er_error(ER_ERANGE, "verify: the sample holds %d positions, %d more exceed the %d the engine was sized "
                         "for", len0, total, e->max_len);
     const LoraAdapter *ad = e->kept_adapter;
-    int C = e->chunk < 4096 ? e->chunk : 4096, rc = ER_OK;
+    int C = e->chunk < 4096 ? e->chunk : 4096, rc = ER_OK, rc2;
     uint8_t mask[4096];
     int buf[4096];
-    for (int p = 0; rc == ER_OK && p < total; p += C) {
+    for (int p = 0; p < total; p += C) {
         int len = total - p < C ? total - p : C;
         for (int t = 0; t < len; t++) {
             int q = p + t, is_tail = tail >= 0 && q == 0;
@@ -259,13 +250,12 @@ int engine_verify_features(Engine *e, int sample, const int *tokens, int n, int 
         }
         ModelInput in = {.B = 1, .T = len, .tokens = buf, .len = &len, .adapter_mask = mask, .adapter = ad,
                          .kv = &e->kv, .kv_slots = &slot};
-        rc = model_forward(e->model, &in, &e->prefill);
-        if (rc == ER_OK)
-            e->forward_positions += len;
+        ER_CHECK(model_forward(e->model, &in, &e->prefill));
+        e->forward_positions += len;
     }
-    if (rc == ER_OK)
-        memcpy(out, e->prefill.lnf, sizeof(float) * (size_t)e->model->cfg.C);
-    int rc2 = kv_seq_truncate(&e->kv, slot, len0);
+    memcpy(out, e->prefill.lnf, sizeof(float) * (size_t)e->model->cfg.C);
+done: // the sample's cache back to its own length, whether or not the forward ran
+    rc2 = kv_seq_truncate(&e->kv, slot, len0);
     return rc < 0 ? rc : rc2;
 }
 
@@ -291,11 +281,13 @@ int engine_verify_features_all(Engine *e, const int *tokens, int n, int adapter_
     int *buf = er_alloc(sizeof(int) * (size_t)N * T), *lens = er_alloc(sizeof(int) * (size_t)N);
     int *len0 = er_alloc(sizeof(int) * (size_t)N);
     uint8_t *mask = er_alloc((size_t)N * T);
-    if (!buf || !lens || !len0 || !mask)
+    if (!buf || !lens || !len0 || !mask) {
         rc = ER_ENOMEM;
+        goto done;
+    }
     const LoraAdapter *ad = e->kept_adapter;
     long positions = 0;
-    for (int i = 0; rc == ER_OK && i < N; i++) {
+    for (int i = 0; i < N; i++) {
         int tail = e->kept_tail[i], k = 0;
         len0[i] = e->kv.seqs[e->kept_slot[i]].len;
         if (tail >= 0) { // the sample's own last token: a response position like the rest of its response
@@ -314,20 +306,18 @@ int engine_verify_features_all(Engine *e, const int *tokens, int n, int adapter_
         lens[i] = k;
         positions += k;
     }
-    if (rc == ER_OK) {
-        ModelInput in = {.B = N, .T = T, .tokens = buf, .len = lens, .adapter_mask = mask, .adapter = ad,
-                         .kv = &e->kv, .kv_slots = e->kept_slot};
-        rc = model_forward(e->model, &in, &e->verify);
-    }
-    if (rc == ER_OK) {
-        e->forward_positions += positions;
-        memcpy(out, e->verify.lnf, sizeof(float) * (size_t)N * C); // each row's last valid position
-    }
-    for (int i = 0; len0 && i < N && rc != ER_ENOMEM; i++) {
+    ModelInput in = {.B = N, .T = T, .tokens = buf, .len = lens, .adapter_mask = mask, .adapter = ad,
+                     .kv = &e->kv, .kv_slots = e->kept_slot};
+    rc = model_forward(e->model, &in, &e->verify);
+    for (int i = 0; i < N; i++) { // every sample's cache back to its own length, whether or not the forward ran
         int rc2 = kv_seq_truncate(&e->kv, e->kept_slot[i], len0[i]);
-        if (rc == ER_OK)
-            rc = rc2;
+        rc = rc < 0 ? rc : rc2;
     }
+    if (rc < 0)
+        goto done;
+    e->forward_positions += positions;
+    memcpy(out, e->verify.lnf, sizeof(float) * (size_t)N * C); // each row's last valid position
+done:
     er_free(buf);
     er_free(lens);
     er_free(len0);
@@ -447,185 +437,222 @@ static int check_config(const Engine *e, const GenConfig *g, int n_prompt, int n
     return sampler_params_validate(&g->sampler);
 }
 
-int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig *g, GenTokenFn cb, void *user,
-                    GenSample *out, GenStats *stats) {
-    double t0 = time_now();
-    memset(stats, 0, sizeof *stats);
-    int *prefix = NULL, *suffix = NULL, n_prefix = 0, n_suffix = 0, rc;
-    rc = encode(e->tok, g->response_prefix, &prefix, &n_prefix, "response prefix");
-    if (rc == ER_OK && g->budget > 0)
-        rc = encode(e->tok, g->budget_suffix ? g->budget_suffix : DEFAULT_BUDGET_SUFFIX, &suffix, &n_suffix,
-                    "budget suffix");
-    if (rc == ER_OK)
-        rc = check_config(e, g, n_prompt, n_prefix, n_suffix);
+// Encodes the response prefix and budget suffix and checks the request; on failure nothing is held.
+static int gen_prepare(const Engine *e, const GenConfig *g, int n_prompt, int **prefix, int *n_prefix, int **suffix,
+                       int *n_suffix) {
+    int rc = ER_OK;
+    *suffix = NULL;
+    *n_suffix = 0;
+    ER_CHECK(encode(e->tok, g->response_prefix, prefix, n_prefix, "response prefix"));
+    if (g->budget > 0)
+        ER_CHECK(encode(e->tok, g->budget_suffix ? g->budget_suffix : DEFAULT_BUDGET_SUFFIX, suffix, n_suffix,
+                        "budget suffix"));
+    ER_CHECK(check_config(e, g, n_prompt, *n_prefix, *n_suffix));
+done:
     if (rc < 0) {
-        er_free(prefix);
-        er_free(suffix);
-        return rc;
+        er_free(*prefix);
+        er_free(*suffix);
+        *prefix = *suffix = NULL;
     }
-    memset(out, 0, sizeof(GenSample) * (size_t)g->n_samples);
-    long fp0 = e->forward_positions;
-    engine_release_samples(e);
+    return rc;
+}
 
-    // 1. Prompt (see prompt_prefill).
-    const LoraAdapter *prompt_ad = g->adapter && !g->adapter->masked ? g->adapter : NULL;
-    int reuse = 0;
-    rc = prompt_prefill(e, prompt, n_prompt, prompt_ad, NULL, NULL, &reuse);
-    // The response prefix is a response position (adapter on), shared by every sample.
-    if (rc == ER_OK && n_prefix > 0) {
-        e->prompt_logits_valid = 0;
-        rc = prefill(e, prefix, n_prefix, 1, g->adapter, NULL);
-    }
-    stats->prompt_tokens = n_prompt;
-    stats->prompt_reused = reuse;
-    stats->prefill_s = time_now() - t0;
+// engine_generate's per-call buffers.
+typedef struct {
+    SampleState *st;                      // (N)
+    int *rows_tok, *rows_slot, *rows_idx; // (N) one decode step's batch: token, KV slot, sample
+    uint8_t *mask;                        // (N)
+} GenBatch;
 
-    // 2. Samples fork the prompt sequence: its blocks are shared, not copied.
-    int N = g->n_samples, V = e->model->cfg.V;
-    SampleState *st = er_calloc((size_t)N, sizeof(SampleState));
-    int *rows_tok = er_alloc(sizeof(int) * (size_t)N), *rows_slot = er_alloc(sizeof(int) * (size_t)N);
-    int *rows_idx = er_alloc(sizeof(int) * (size_t)N);
-    uint8_t *mask = er_alloc((size_t)N);
-    if (!st || !rows_tok || !rows_slot || !rows_idx || !mask)
-        rc = ER_ENOMEM;
+// 2. Samples fork the prompt sequence: its blocks are shared, not copied. Each gets its RNG stream,
+// its stop matcher, its output buffers and its first token, from the prompt's logits.
+static int samples_start(Engine *e, const GenConfig *g, SampleState *st, GenSample *out, const int *suffix,
+                         int n_suffix) {
     ErRng base;
     rng_seed(&base, g->seed);
-    if (rc == ER_OK && g->keep_kv) {
-        for (int i = 0; i < N; i++)
+    if (g->keep_kv) {
+        for (int i = 0; i < g->n_samples; i++)
             e->kept_slot[i] = -1;
-        e->n_kept = N;
+        e->n_kept = g->n_samples;
         e->kept_adapter = g->adapter;
     }
-    for (int i = 0; rc == ER_OK && i < N; i++) {
+    for (int i = 0; i < g->n_samples; i++) {
         SampleState *s = &st[i];
-        s->slot = -1;
         s->stopped_at_bytes = -1;
         s->answer_raw = -1;
         rng_fork(&s->rng, &base, (uint64_t)i);
-        rc = stop_init(&s->stop, g->stop, g->n_stop);
-        if (rc == ER_OK)
-            rc = kv_seq_fork(&e->kv, e->prompt_slot, &s->slot);
-        if (rc == ER_OK) {
-            out[i].tokens = er_alloc(sizeof(int) * (size_t)g->max_new);
-            out[i].logprobs = er_alloc(sizeof(float) * (size_t)g->max_new);
-            if (!out[i].tokens || !out[i].logprobs)
-                rc = ER_ENOMEM;
-        }
-        if (rc == ER_OK)
-            rc = next_token(e, g, s, &out[i], i, e->prompt_logits, suffix, n_suffix);
-        s->live = rc == ER_OK;
+        ER_TRY(stop_init(&s->stop, g->stop, g->n_stop));
+        ER_TRY(kv_seq_fork(&e->kv, e->prompt_slot, &s->slot));
+        out[i].tokens = er_alloc(sizeof(int) * (size_t)g->max_new);
+        out[i].logprobs = er_alloc(sizeof(float) * (size_t)g->max_new);
+        if (!out[i].tokens || !out[i].logprobs)
+            return ER_ENOMEM;
+        ER_TRY(next_token(e, g, s, &out[i], i, e->prompt_logits, suffix, n_suffix));
+        s->live = 1;
     }
+    return ER_OK;
+}
+
+// Emits sample i's pending token: appends it, checks EOS, the stop strings and the length limit, and
+// streams it. *done when the sample has finished: its KV sequence is then kept or closed.
+static int sample_emit(Engine *e, const GenConfig *g, SampleState *s, GenSample *o, int i, int max_total,
+                       GenTokenFn cb, void *user, int *done) {
+    int tok = s->pending;
+    o->tokens[o->n_tokens] = tok;
+    o->logprobs[o->n_tokens] = s->pending_lp;
+    o->n_tokens++;
+    *done = 0;
+    if (is_eos(e, tok)) {
+        o->finish = FINISH_EOS;
+        *done = 1;
+    } else if (e->tok) {
+        size_t nb = 0;
+        const char *b = tok_token_bytes(e->tok, tok, &nb);
+        if (!b)
+            b = "", nb = 0;
+        ER_TRY(push_bytes(s, b, nb));
+        if (s->pending_ends_suffix) {
+            s->answer_raw = (long)s->n_bytes;
+            s->pending_ends_suffix = 0;
+        }
+        size_t at;
+        if (stop_feed(&s->stop, b, nb, &at) == 1) {
+            s->stopped_at_bytes = (long)at;
+            o->finish = FINISH_STOP;
+            *done = 1;
+        }
+    }
+    if (!*done && o->n_tokens >= max_total) {
+        o->finish = FINISH_LENGTH;
+        *done = 1;
+    }
+    int user_stop = 0;
+    if (cb)
+        ER_TRY(stream_release(s, i, tok, *done, cb, user, &user_stop));
+    if (user_stop && !*done) { // the text ends where the caller stopped reading
+        o->finish = FINISH_STOP;
+        s->stopped_at_bytes = (long)s->streamed;
+        *done = 1;
+    }
+    if (*done) {
+        s->live = 0;
+        if (g->keep_kv) { // the final token is not in the cache yet (an EOS never will be)
+            e->kept_slot[i] = s->slot;
+            e->kept_tail[i] = is_eos(e, tok) ? -1 : tok;
+        } else {
+            kv_seq_close(&e->kv, s->slot);
+        }
+        s->slot = -1;
+    }
+    return ER_OK;
+}
+
+// 3. Batched decode: emit each live sample's pending token, then one forward for all of them.
+static int samples_decode(Engine *e, const GenConfig *g, GenBatch *b, GenSample *out, const int *suffix,
+                          int n_suffix, GenTokenFn cb, void *user, double t0, GenStats *stats) {
+    int N = g->n_samples, V = e->model->cfg.V, first = 1;
     int max_total = g->max_new;
     if (g->budget > 0 && g->budget + g->answer_tokens < max_total)
         max_total = g->budget + g->answer_tokens;
-
-    // 3. Batched decode: emit each live sample's pending token, then one forward for all of them.
-    double t_decode = time_now();
-    int first = 1;
-    while (rc == ER_OK) {
+    for (;;) {
         int B = 0;
-        for (int i = 0; i < N && rc == ER_OK; i++) {
-            SampleState *s = &st[i];
-            GenSample *o = &out[i];
+        for (int i = 0; i < N; i++) {
+            SampleState *s = &b->st[i];
             if (!s->live)
                 continue;
             if (first) {
                 stats->ttft_s = time_now() - t0;
                 first = 0;
             }
-            int tok = s->pending;
-            o->tokens[o->n_tokens] = tok;
-            o->logprobs[o->n_tokens] = s->pending_lp;
-            o->n_tokens++;
-            int done = 0;
-            size_t nb = 0;
-            const char *b = "";
-            if (is_eos(e, tok)) {
-                o->finish = FINISH_EOS;
-                done = 1;
-            } else if (e->tok) {
-                b = tok_token_bytes(e->tok, tok, &nb);
-                if (!b)
-                    b = "", nb = 0;
-                rc = push_bytes(s, b, nb);
-                if (s->pending_ends_suffix) {
-                    s->answer_raw = (long)s->n_bytes;
-                    s->pending_ends_suffix = 0;
-                }
-                size_t at;
-                if (rc == ER_OK && stop_feed(&s->stop, b, nb, &at) == 1) {
-                    s->stopped_at_bytes = (long)at;
-                    o->finish = FINISH_STOP;
-                    done = 1;
-                }
-            }
-            if (!done && o->n_tokens >= max_total) {
-                o->finish = FINISH_LENGTH;
-                done = 1;
-            }
-            int user_stop = 0;
-            if (rc == ER_OK && cb)
-                rc = stream_release(s, i, tok, done, cb, user, &user_stop);
-            if (user_stop && !done) { // the text ends where the caller stopped reading
-                o->finish = FINISH_STOP;
-                s->stopped_at_bytes = (long)s->streamed;
-                done = 1;
-            }
-            if (done) {
-                s->live = 0;
-                if (g->keep_kv) { // the final token is not in the cache yet (an EOS never will be)
-                    e->kept_slot[i] = s->slot;
-                    e->kept_tail[i] = is_eos(e, tok) ? -1 : tok;
-                } else {
-                    kv_seq_close(&e->kv, s->slot);
-                }
-                s->slot = -1;
+            int tok = s->pending, done;
+            ER_TRY(sample_emit(e, g, s, &out[i], i, max_total, cb, user, &done));
+            if (done)
                 continue;
-            }
-            rows_tok[B] = tok;
-            rows_slot[B] = s->slot;
-            rows_idx[B] = i;
-            mask[B] = 1;
+            b->rows_tok[B] = tok;
+            b->rows_slot[B] = s->slot;
+            b->rows_idx[B] = i;
+            b->mask[B] = 1;
             B++;
         }
-        if (rc < 0 || B == 0)
-            break;
-        ModelInput in = {.B = B, .T = 1, .tokens = rows_tok, .adapter_mask = mask, .adapter = g->adapter,
-                         .kv = &e->kv, .kv_slots = rows_slot};
-        rc = model_forward(e->model, &in, &e->decode);
-        if (rc < 0)
-            break;
+        if (B == 0)
+            return ER_OK;
+        ModelInput in = {.B = B, .T = 1, .tokens = b->rows_tok, .adapter_mask = b->mask, .adapter = g->adapter,
+                         .kv = &e->kv, .kv_slots = b->rows_slot};
+        ER_TRY(model_forward(e->model, &in, &e->decode));
         e->forward_positions += B;
         size_t used = kv_cache_bytes_in_use(&e->kv);
         if (used > stats->kv_bytes)
             stats->kv_bytes = used;
-        for (int r = 0; r < B && rc == ER_OK; r++) {
-            int i = rows_idx[r];
-            rc = next_token(e, g, &st[i], &out[i], i, e->decode.logits + (size_t)r * V, suffix, n_suffix);
+        for (int r = 0; r < B; r++) {
+            int i = b->rows_idx[r];
+            ER_TRY(next_token(e, g, &b->st[i], &out[i], i, e->decode.logits + (size_t)r * V, suffix, n_suffix));
         }
     }
-    stats->decode_s = time_now() - t_decode;
+}
 
-    // 4. Texts: raw bytes cut at a stop string, made valid UTF-8; where the forced answer starts in it.
+// 4. Texts: raw bytes cut at a stop string, made valid UTF-8; where the forced answer starts in it.
+static int samples_text(const SampleState *st, GenSample *out, int N) {
     for (int i = 0; i < N; i++) {
-        SampleState *s = &st[i];
+        const SampleState *s = &st[i];
         out[i].answer_at = -1;
-        if (rc == ER_OK) {
-            size_t n = s->stopped_at_bytes >= 0 ? (size_t)s->stopped_at_bytes : s->n_bytes;
-            rc = tok_text_from_bytes(s->bytes ? s->bytes : "", n, &out[i].text, &out[i].text_len);
-            if (rc == ER_OK && s->answer_raw >= 0 && (size_t)s->answer_raw <= n) {
-                // The suffix is valid UTF-8 (tok_encode accepted it): its end is a boundary of the repaired text.
-                char *head;
-                size_t len;
-                rc = tok_text_from_bytes(s->bytes, (size_t)s->answer_raw, &head, &len);
-                er_free(head);
-                out[i].answer_at = rc == ER_OK ? (long)len : -1;
-            }
+        size_t n = s->stopped_at_bytes >= 0 ? (size_t)s->stopped_at_bytes : s->n_bytes;
+        ER_TRY(tok_text_from_bytes(s->bytes ? s->bytes : "", n, &out[i].text, &out[i].text_len));
+        if (s->answer_raw >= 0 && (size_t)s->answer_raw <= n) {
+            // The suffix is valid UTF-8 (tok_encode accepted it): its end is a boundary of the repaired text.
+            char *head;
+            size_t len;
+            ER_TRY(tok_text_from_bytes(s->bytes, (size_t)s->answer_raw, &head, &len));
+            er_free(head);
+            out[i].answer_at = (long)len;
         }
+    }
+    return ER_OK;
+}
+
+int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig *g, GenTokenFn cb, void *user,
+                    GenSample *out, GenStats *stats) {
+    double t0 = time_now();
+    memset(stats, 0, sizeof *stats);
+    int *prefix, *suffix, n_prefix, n_suffix;
+    ER_TRY(gen_prepare(e, g, n_prompt, &prefix, &n_prefix, &suffix, &n_suffix));
+    int rc = ER_OK, N = g->n_samples;
+    memset(out, 0, sizeof(GenSample) * (size_t)N);
+    long fp0 = e->forward_positions;
+    engine_release_samples(e);
+    GenBatch b = {er_calloc((size_t)N, sizeof(SampleState)), er_alloc(sizeof(int) * (size_t)N),
+                  er_alloc(sizeof(int) * (size_t)N), er_alloc(sizeof(int) * (size_t)N), er_alloc((size_t)N)};
+    for (int i = 0; b.st && i < N; i++)
+        b.st[i].slot = -1; // no KV sequence yet
+    if (!b.st || !b.rows_tok || !b.rows_slot || !b.rows_idx || !b.mask) {
+        rc = ER_ENOMEM;
+        goto done;
+    }
+
+    // 1. Prompt (see prompt_prefill).
+    const LoraAdapter *prompt_ad = g->adapter && !g->adapter->masked ? g->adapter : NULL;
+    int reuse = 0;
+    ER_CHECK(prompt_prefill(e, prompt, n_prompt, prompt_ad, NULL, NULL, &reuse));
+    // The response prefix is a response position (adapter on), shared by every sample.
+    if (n_prefix > 0) {
+        e->prompt_logits_valid = 0;
+        ER_CHECK(prefill(e, prefix, n_prefix, 1, g->adapter, NULL));
+    }
+    stats->prompt_tokens = n_prompt;
+    stats->prompt_reused = reuse;
+    stats->prefill_s = time_now() - t0;
+
+    ER_CHECK(samples_start(e, g, b.st, out, suffix, n_suffix));
+    double t_decode = time_now();
+    rc = samples_decode(e, g, &b, out, suffix, n_suffix, cb, user, t0, stats);
+    stats->decode_s = time_now() - t_decode;
+    ER_CHECK(rc);
+    ER_CHECK(samples_text(b.st, out, N));
+done:
+    for (int i = 0; b.st && i < N; i++) {
         stats->generated_tokens += out[i].n_tokens;
-        if (s->slot >= 0)
-            kv_seq_close(&e->kv, s->slot);
-        er_free(s->bytes);
+        if (b.st[i].slot >= 0)
+            kv_seq_close(&e->kv, b.st[i].slot);
+        er_free(b.st[i].bytes);
     }
     stats->forward_positions = e->forward_positions - fp0;
     // Each sample's first token comes from the prompt pass; the decode rate counts the others.
@@ -633,11 +660,11 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
     stats->decode_tokens_per_s = stats->decode_s > 0 && decoded > 0 ? decoded / stats->decode_s : 0;
     if (stats->kv_bytes == 0)
         stats->kv_bytes = kv_cache_bytes_in_use(&e->kv);
-    er_free(st);
-    er_free(rows_tok);
-    er_free(rows_slot);
-    er_free(rows_idx);
-    er_free(mask);
+    er_free(b.st);
+    er_free(b.rows_tok);
+    er_free(b.rows_slot);
+    er_free(b.rows_idx);
+    er_free(b.mask);
     er_free(prefix);
     er_free(suffix);
     if (rc < 0) {

@@ -1,7 +1,7 @@
-// The erinfer CLIs run as a user runs them ($ER_BUILD/erinfer on a tiny random model dir in /tmp):
-// generate --json (samples, tokens, stats; --samples; the hard budget; --kv int8), eval (accuracy,
-// grading through a forced answer, per-item JSONL), bench (the full table, exact token counts), and
-// bad input: one error line on stderr, exit 1, no crash, no partial output file.
+// The erinfer commands on a tiny random model dir in /tmp: generate --json as a user runs it ($ER_BUILD/erinfer:
+// samples, tokens, stats; --samples; the hard budget; --kv int8), the eval and bench runners called directly
+// (accuracy, grading through a forced answer, per-item JSONL; the full bench table, exact token counts) and
+// erinfer eval's flags, and bad input: one error line on stderr, exit 1, no crash, no partial output file.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +16,9 @@
 #include "core/json.h"
 #include "data/synth.h"
 #include "data/tokenizer.h"
+#include "core/threads.h"
+#include "infer/bench.h"
+#include "infer/eval.h"
 #include "lora/peft.h"
 #include "tests/common/helpers.h"
 
@@ -183,7 +186,6 @@ static long count_lines_in(const char *path) {
 // free token and forces the suffix "\boxed{12}" (plus one token), so exactly those three are right:
 // accuracy 3/5, and the per-item file says which.
 Test(cli, eval_accuracy_and_output) {
-    need_erinfer();
     char *data = path_join(tmp, "chains.jsonl"), *out = path_join(tmp, "out.jsonl");
     write_chains(data, 5, 3);
     Tokenizer *tok;
@@ -193,15 +195,21 @@ Test(cli, eval_accuracy_and_output) {
     cr_assert_eq(tok_encode(tok, suffix, strlen(suffix), &ids, &n_suffix), 0);
     er_free(ids);
     tok_free(tok);
-    CmdResult r = helper_run(tmp,
-                             "'%s' eval --model '%s' --data '%s' --output '%s' --max-new 40 --budget 1 "
-                             "--answer-tokens %d --budget-suffix '%s' --threads 1",
-                             erinfer, model, data, out, n_suffix + 1, suffix);
-    cr_assert_eq(r.status, 0, "eval failed (%d): %s", r.status, r.err);
-    cr_assert(strstr(r.out, "accuracy: 0.6000 (3/5)"), "expected accuracy 3/5, got:\n%s", r.out);
-    cr_assert(strstr(r.out, "mean generated tokens: "), "no mean length line:\n%s", r.out);
-    cr_assert(strstr(r.out, "tokens/s: "), "no tokens/s line:\n%s", r.out);
-    helper_result_free(&r);
+    threads_set(1);
+    EvalConfig c;
+    eval_config_default(&c);
+    c.session.model = model;
+    c.data = data;
+    c.output = out;
+    c.params.max_new_tokens = 40;
+    c.params.budget = 1;
+    c.params.answer_tokens = n_suffix + 1;
+    c.params.budget_suffix = suffix;
+    EvalResult res;
+    cr_assert_eq(eval_run(&c, &res), 0, "eval failed: %s", er_last_error());
+    cr_assert(res.correct == 3 && res.items == 5, "expected accuracy 3/5, got %ld/%ld", res.correct, res.items);
+    cr_assert_eq(res.samples, 5, "no mean length: %ld samples", res.samples);
+    cr_assert_gt(res.gen_s, 0, "no tokens/s: %g s generating", res.gen_s);
 
     cr_assert_eq(count_lines_in(out), 5);
     JsonlReader jr;
@@ -228,9 +236,10 @@ Test(cli, eval_accuracy_and_output) {
     cr_assert_eq(jsonl_next(&jr, &o), 0);
     jsonl_close(&jr);
 
-    // --limit and --samples: two records, two samples each, pass@2 printed.
-    r = helper_run(tmp, "'%s' eval --model '%s' --data '%s' --output '%s' --max-new 6 --limit 2 --samples 2 "
-                   "--temperature 1 --kv int8 --threads 1", erinfer, model, data, out);
+    // The command's flags: --limit and --samples, two records, two samples each, pass@2 printed.
+    need_erinfer();
+    CmdResult r = helper_run(tmp, "'%s' eval --model '%s' --data '%s' --output '%s' --max-new 6 --limit 2 --samples 2 "
+                             "--temperature 1 --kv int8 --threads 1", erinfer, model, data, out);
     cr_assert_eq(r.status, 0, "eval failed (%d): %s", r.status, r.err);
     cr_assert(strstr(r.out, "accuracy: ") && strstr(r.out, "/2)"), "%s", r.out);
     cr_assert(strstr(r.out, "pass@2: "), "%s", r.out);
@@ -243,42 +252,35 @@ Test(cli, eval_accuracy_and_output) {
 // Every row of the table (f32 and int8 x N = 1, 2, 4, 8) with exactly N x new-tokens tokens, and
 // int8 rows using less KV memory than fp32 ones.
 Test(cli, bench_table) {
-    need_erinfer();
-    CmdResult r = helper_run(tmp, "'%s' bench --model '%s' --prompt-tokens 40 --new-tokens 5 --threads 1", erinfer,
-                             model);
-    cr_assert_eq(r.status, 0, "bench failed (%d): %s", r.status, r.err);
+    threads_set(1);
+    BenchConfig c = {.model = model, .prompt_tokens = 40, .new_tokens = 5};
+    BenchResult res;
+    cr_assert_eq(bench_run(&c, &res), 0, "bench failed: %s", er_last_error());
     double kv[2][4] = {{0}};
-    int rows = 0;
-    for (char *line = r.out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-        char type[8];
-        int N;
-        double ttft, step, tps, tps_all, kib;
-        long tokens;
-        if (sscanf(line, "%7s %d %lf %lf %lf %lf %ld %lf", type, &N, &ttft, &step, &tps, &tps_all, &tokens, &kib) != 8)
-            continue;
-        int k = strcmp(type, "int8") == 0;
-        cr_assert(k || strcmp(type, "f32") == 0, "unknown KV type in \"%.40s\"", line);
+    for (int i = 0; i < res.n_rows; i++) {
+        const BenchRow *r = &res.rows[i];
+        int k = strcmp(r->kv, "int8") == 0, N = r->n;
+        cr_assert(k || strcmp(r->kv, "f32") == 0, "unknown KV type \"%s\"", r->kv);
         int j = N == 1 ? 0 : N == 2 ? 1 : N == 4 ? 2 : N == 8 ? 3 : -1;
         cr_assert_geq(j, 0, "unexpected N %d", N);
-        cr_assert_eq(tokens, 5L * N, "N = %d generated %ld tokens, expected %d", N, tokens, 5 * N);
-        cr_assert(ttft > 0 && step > 0 && tps > 0 && kib > 0, "non-positive number in \"%.60s\"", line);
-        kv[k][j] = kib;
-        rows++;
+        cr_assert_eq(r->tokens, 5L * N, "N = %d generated %ld tokens, expected %d", N, r->tokens, 5 * N);
+        cr_assert(r->ttft_s > 0 && r->step_s > 0 && r->stream_tps > 0 && r->kv_bytes > 0, "non-positive number in row %d",
+                  i);
+        kv[k][j] = (double)r->kv_bytes;
     }
-    cr_assert_eq(rows, 8, "expected 8 table rows, got %d:\n%s", rows, r.out);
+    cr_assert_eq(res.n_rows, 8, "expected 8 table rows, got %d", res.n_rows);
     for (int j = 0; j < 4; j++)
         cr_assert_lt(kv[1][j], kv[0][j], "int8 KV not smaller than fp32 for row %d", j);
-    helper_result_free(&r);
 }
 
 // The adapter-after-base-prefill row: a masked adapter reuses every prompt position the base
-// prefilled, an unmasked one recomputes them all; --json carries the same rows as the table.
-Test(cli, bench_adapter_after_base_prefill_json) {
-    need_erinfer();
+// prefilled, an unmasked one recomputes them all; the result carries the table's rows too.
+Test(cli, bench_adapter_after_base_prefill) {
     Model m;
     cr_assert_eq(model_load(&m, model, 0), 0, "%s", er_last_error());
     LoraShape s = {m.cfg.L, m.cfg.C, m.cfg.NH * m.cfg.HS, m.cfg.NKV * m.cfg.HS, m.cfg.FF};
     model_free(&m);
+    threads_set(1);
     for (int masked = 0; masked <= 1; masked++) {
         LoraAdapter a;
         cr_assert_eq(lora_init(&a, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 0, 3), 0);
@@ -288,20 +290,15 @@ Test(cli, bench_adapter_after_base_prefill_json) {
         char *dir = path_join(tmp, masked ? "masked" : "unmasked");
         cr_assert_eq(peft_save(&a, dir), 0, "%s", er_last_error());
         lora_free(&a);
-        CmdResult r = helper_run(tmp, "'%s' bench --model '%s' --adapter '%s' --prompt-tokens 24 --new-tokens 3 "
-                                 "--threads 1 --json", erinfer, model, dir);
-        cr_assert_eq(r.status, 0, "bench failed (%d): %s", r.status, r.err);
-        cJSON *j = cJSON_Parse(r.out);
-        cr_assert(j, "bench --json printed no JSON object:\n%s", r.out);
-        cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "rows")), 8);
-        cr_assert_gt(cJSON_GetObjectItem(j, "weight_bytes")->valuedouble, 0);
-        const cJSON *row = cJSON_GetObjectItem(j, "adapter_after_base_prefill");
-        cr_assert(row, "no adapter_after_base_prefill object");
-        cr_assert_eq(json_int(row, "prompt_reused"), masked ? 24 : 0, "%s adapter reused %d prompt positions",
-                     masked ? "masked" : "unmasked", json_int(row, "prompt_reused"));
-        cr_assert_str_eq(cJSON_GetObjectItem(row, "adapter_mask")->valuestring, masked ? "response" : "all");
-        cJSON_Delete(j);
-        helper_result_free(&r);
+        BenchConfig c = {.model = model, .adapter = dir, .prompt_tokens = 24, .new_tokens = 3};
+        BenchResult res;
+        cr_assert_eq(bench_run(&c, &res), 0, "bench failed: %s", er_last_error());
+        cr_assert_eq(res.n_rows, 8);
+        cr_assert_gt(res.weight_bytes, 0);
+        cr_assert(res.has_adapter, "no adapter-after-base-prefill row");
+        cr_assert_eq(res.adapter_row.prompt_reused, masked ? 24 : 0, "%s adapter reused %d prompt positions",
+                     masked ? "masked" : "unmasked", res.adapter_row.prompt_reused);
+        cr_assert_eq(res.adapter_masked, masked);
         er_free(dir);
     }
 }

@@ -1,11 +1,15 @@
-// erinfer with --switcher and --verifier as a user runs it: generate --json reports the route, the
-// switcher score, each sample's length, answer and verifier score, the votes and the timings; eval
-// prints the N = 1, 2, 4, 8 table; heads for another model and bad --vote-n fail with one line.
+// The routed pipeline from the top: erinfer generate --json with --switcher and --verifier reports the
+// route, the switcher score, each sample's length, answer and verifier score, the votes and the timings;
+// the eval runner counts the N = 1, 2, 4, 8 rows and erinfer eval prints them (--vote-n chooses them);
+// heads for another model and bad --vote-n fail with one line.
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
+
+#include "core/threads.h"
+#include "infer/eval.h"
 
 #include "tests/common/heads_helpers.h"
 
@@ -77,44 +81,47 @@ Test(pipeline_cli, generate_json_reports_route_scores_votes) {
 }
 
 Test(pipeline_cli, eval_prints_the_table) {
-    need_erinfer();
     char *data = heads_make_data(tmp, "eval.jsonl", 3, 4);
+    char model[512], adapter[512], sw[512], vf[512], out[512];
+    snprintf(model, sizeof model, "%s/model", tmp);
+    snprintf(adapter, sizeof adapter, "%s/adapter", tmp);
+    snprintf(sw, sizeof sw, "%s/sw", tmp);
+    snprintf(vf, sizeof vf, "%s/vf", tmp);
+    snprintf(out, sizeof out, "%s/out.jsonl", tmp);
+    threads_set(1);
+    EvalConfig c;
+    eval_config_default(&c);
+    c.session = (SessionSpec){.model = model, .adapter = adapter, .switcher = sw, .verifier = vf};
+    c.data = data;
+    c.output = out;
+    c.params.max_new_tokens = 8;
+    c.params.temperature = 0.8f;
+    EvalResult res;
+    cr_assert_eq(eval_run(&c, &res), 0, "%s", er_last_error());
+    cr_assert(res.routed == 3 && res.items == 3, "%ld/%ld queries routed to reasoning", res.routed, res.items);
+    cr_assert_eq(res.n_rows, 4, "rows for N = 1, 2, 4, 8: %d", res.n_rows);
+    for (int k = 0; k < res.n_rows; k++) {
+        int n = res.rows[k].n;
+        cr_assert_eq(n, k == 0 ? 1 : k == 1 ? 2 : k == 2 ? 4 : 8);
+        cr_assert_float_eq((double)res.routed / (double)res.items, 1.0, 1e-9);
+        cr_assert_leq((double)res.rows[k].tokens / (double)res.items, 8.0 * n + 1e-9);
+    }
+    char *text;
+    size_t len;
+    cr_assert_eq(file_read_all(out, 1 << 22, &text, &len), 0);
+    cr_assert_eq(helper_count_lines(text), 3);
+    cr_assert(strstr(text, "\"pipeline\"") && strstr(text, "\"greedy_correct\""));
+    er_free(text);
+    // The command prints the table; --vote-n chooses the rows.
+    need_erinfer();
     CmdResult r = helper_run(tmp,
-                             "'%s' eval --model '%s/model' --adapter '%s/adapter' --switcher '%s/sw' --verifier '%s/vf' "
-                             "--data '%s' --max-new 8 --temperature 0.8 --threads 1 --output '%s/out.jsonl'",
-                             erinfer, tmp, tmp, tmp, tmp, data, tmp);
+                             "'%s' eval --model '%s/model' --adapter '%s/adapter' --verifier '%s/vf' --data '%s' "
+                             "--max-new 6 --vote-n 3,1 --threads 1",
+                             erinfer, tmp, tmp, tmp, data);
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.out, "greedy") && strstr(r.out, "majority") && strstr(r.out, "weighted") &&
                   strstr(r.out, "tokens/query") && strstr(r.out, "reasoning"),
               "%s", r.out);
-    cr_assert(strstr(r.out, "3/3 queries routed to reasoning"), "%s", r.out);
-    int rows = 0;
-    for (const char *l = r.out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
-        int n;
-        double g, mj, w, tok, share;
-        if (sscanf(l, "%d %lf %lf %lf %lf %lf", &n, &g, &mj, &w, &tok, &share) == 6) {
-            cr_assert_eq(n, rows == 0 ? 1 : rows == 1 ? 2 : rows == 2 ? 4 : 8);
-            cr_assert_float_eq(share, 1.0, 1e-9);
-            cr_assert_leq(tok, 8.0 * n + 1e-9);
-            rows++;
-        }
-    }
-    cr_assert_eq(rows, 4, "rows for N = 1, 2, 4, 8: %s", r.out);
-    char p[512];
-    snprintf(p, sizeof p, "%s/out.jsonl", tmp);
-    char *text;
-    size_t len;
-    cr_assert_eq(file_read_all(p, 1 << 22, &text, &len), 0);
-    cr_assert_eq(helper_count_lines(text), 3);
-    cr_assert(strstr(text, "\"pipeline\"") && strstr(text, "\"greedy_correct\""));
-    er_free(text);
-    helper_result_free(&r);
-    // --vote-n chooses the rows.
-    r = helper_run(tmp,
-                   "'%s' eval --model '%s/model' --adapter '%s/adapter' --verifier '%s/vf' --data '%s' --max-new 6 "
-                   "--vote-n 3,1 --threads 1",
-                   erinfer, tmp, tmp, tmp, data);
-    cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.out, "at N = 3"), "%s", r.out);
     helper_result_free(&r);
     er_free(data);

@@ -1,0 +1,83 @@
+// Opening a session from a model spec, and a pipeline result as JSON (infer/runner.h).
+#include "infer/runner.h"
+
+#include "core/error.h"
+
+int runner_open_session(const SessionSpec *spec, int max_samples, int max_new, ErModel **m, ErSession **s) {
+    *m = NULL;
+    *s = NULL;
+    int rc = ER_OK;
+    ER_CHECK(er_model_load(m, spec->model));
+    if (spec->adapter)
+        ER_CHECK(er_model_load_adapter(*m, spec->adapter));
+    if (spec->switcher)
+        ER_CHECK(er_model_load_switcher(*m, spec->switcher));
+    if (spec->verifier)
+        ER_CHECK(er_model_load_verifier(*m, spec->verifier));
+    int ctx = spec->context, max_pos = er_model_max_positions(*m);
+    if (!ctx)
+        ctx = 4096 + max_new < max_pos ? 4096 + max_new : max_pos;
+    ER_CHECK(er_session_open(s, *m, max_samples, ctx, spec->kv_int8));
+done:
+    if (rc < 0) {
+        er_model_free(*m);
+        *m = NULL;
+    }
+    return rc;
+}
+
+const char *runner_finish_name(int f) {
+    return f == ER_FINISH_EOS ? "eos" : f == ER_FINISH_STOP ? "stop" : "length";
+}
+
+cJSON *runner_route_json(const ErSession *s) {
+    const ErRoute *r = er_result_route(s);
+    if (!r)
+        return NULL;
+    cJSON *j = cJSON_CreateObject();
+    if (!j)
+        return NULL;
+    cJSON_AddStringToObject(j, "route", r->route == ER_ROUTE_REASONING ? "reasoning" : "direct");
+    if (r->switcher_score >= 0) {
+        cJSON_AddNumberToObject(j, "switcher_score", r->switcher_score);
+        cJSON_AddNumberToObject(j, "switcher_threshold", r->switcher_threshold);
+    } else {
+        cJSON_AddNullToObject(j, "switcher_score");
+    }
+    cJSON *arr = cJSON_AddArrayToObject(j, "samples");
+    for (int i = 0; arr && i < er_result_count(s); i++) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o)
+            break;
+        cJSON_AddNumberToObject(o, "n_tokens", er_result_sample(s, i)->n_tokens);
+        if (r->answers[i])
+            cJSON_AddStringToObject(o, "answer", r->answers[i]);
+        else
+            cJSON_AddNullToObject(o, "answer");
+        if (r->verifier_scores)
+            cJSON_AddNumberToObject(o, "verifier_score", r->verifier_scores[i]);
+        cJSON_AddItemToArray(arr, o);
+    }
+    cJSON *votes = cJSON_AddArrayToObject(j, "votes");
+    for (int k = 0; votes && k < r->n_votes; k++) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o)
+            break;
+        cJSON_AddStringToObject(o, "answer", r->vote_answers[k]);
+        cJSON_AddNumberToObject(o, "weight", r->vote_weights[k]);
+        cJSON_AddNumberToObject(o, "count", r->vote_counts[k]);
+        cJSON_AddItemToArray(votes, o);
+    }
+    if (r->answer)
+        cJSON_AddStringToObject(j, "answer", r->answer);
+    else
+        cJSON_AddNullToObject(j, "answer");
+    cJSON *t = cJSON_AddObjectToObject(j, "timings");
+    if (t) {
+        cJSON_AddNumberToObject(t, "prefill_s", r->prefill_s);
+        cJSON_AddNumberToObject(t, "switcher_s", r->switcher_s);
+        cJSON_AddNumberToObject(t, "generate_s", r->generate_s);
+        cJSON_AddNumberToObject(t, "verify_s", r->verify_s);
+    }
+    return j;
+}

@@ -1,0 +1,26 @@
+// What the runners (infer/eval.h) and the erinfer commands share: opening a model dir with its
+// adapter and heads into one session, and the JSON of a pipeline result.
+#ifndef INFER_RUNNER_H
+#define INFER_RUNNER_H
+
+#include <cjson/cJSON.h>
+
+#include "infer/erinfer.h"
+
+// A model dir, its optional LoRA adapter (PEFT dir) and heads (ertrain heads), and the session's KV.
+typedef struct {
+    const char *model, *adapter, *switcher, *verifier;
+    int kv_int8;
+    int context; // positions per sample, prompt included; 0 = 4096 + max_new, at most max_position_embeddings
+} SessionSpec;
+
+// Loads the model (adapter, heads) and opens a session for max_samples samples of max_new new tokens.
+// On failure *m and *s are NULL.
+int runner_open_session(const SessionSpec *spec, int max_samples, int max_new, ErModel **m, ErSession **s);
+
+const char *runner_finish_name(int finish); // ER_FINISH_* -> "eos" | "stop" | "length"
+// The pipeline's part of a result (route, switcher score, per-sample answers and verifier scores,
+// votes, timings) as a new JSON object; NULL when the call ran without heads.
+cJSON *runner_route_json(const ErSession *s);
+
+#endif
