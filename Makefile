@@ -57,7 +57,7 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 RUNTIME_LIB := $(BUILD)/liberinfer.a
 TRAIN_LIB := $(BUILD)/libertrain.a
 
-.PHONY: all test test-run bench bench-run demo clean ref check-runtime
+.PHONY: all test test-run bench bench-run demo clean ref check-runtime check-source
 all: $(BUILD)/ertrain $(BUILD)/erinfer $(BUILD)/example check-runtime
 
 $(BUILD)/obj/%.o: %.c
@@ -93,6 +93,11 @@ $(BUILD)/liberinfer.ok: $(RUNTIME_LIB)
 	rm -f $(BUILD)/liberinfer-check $(BUILD)/liberinfer-check.c && touch $@
 check-runtime: $(BUILD)/liberinfer.ok
 
+# The layering (includes, declarations, test helpers) and function length, read from the sources.
+check-source:
+	$(PY) scripts/check_layers.py
+	$(PY) scripts/check_functions.py
+
 $(BUILD)/test_all: $(call obj,$(TEST_SRC)) $(TRAIN_LIB) $(RUNTIME_LIB)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcriterion -o $@
 
@@ -116,7 +121,7 @@ test:
 	bash scripts/deps.sh
 	$(MAKE) --no-print-directory test-run
 
-test-run: all $(BUILD)/test_all ref
+test-run: all $(BUILD)/test_all ref check-source
 	ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(BUILD)/test_all --jobs 2
 
 bench:

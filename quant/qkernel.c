@@ -150,6 +150,161 @@ static inline __m256 halves8(const uint16_t *p, WeightFormat fmt) {
     return _mm256_cvtph_ps(v);
 }
 
+// The per-format halves of qrow_simd: each adds row r's products with the N input rows into acc
+// (N * CHAINS(N) vectors) and the scalar tail's into tail (N). Inlined, so the format stays a constant.
+static inline __attribute__((always_inline)) void qrow_q8(__m256 *acc, float *tail, const uint8_t *row,
+                                                          const float *inp, int K, const int N) {
+    const int A = CHAINS(N);
+    const int8_t *q = (const int8_t *)row;
+    int k = 0;
+    for (; k + 32 <= K; k += 32)
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++)
+            fma_rows(acc, codes8_i8(q, k + 8 * s), inp, K, k + 8 * s, N, s % A);
+    for (; k + 8 <= K; k += 8)
+        fma_rows(acc, codes8_i8(q, k), inp, K, k, N, 0);
+    for (int j = k; j < K; j++)
+        for (int n = 0; n < N; n++)
+            tail[n] += (float)q[j] * inp[(size_t)n * K + j];
+}
+
+static inline __attribute__((always_inline)) void qrow_q4(__m256 *acc, float *tail, const uint8_t *row,
+                                                          const float *inp, int K, const int N, const float *xsum) {
+    const int A = CHAINS(N);
+    const __m256i m15 = _mm256_set1_epi32(15);
+    int k = 0;
+    int full = K & ~15;
+    for (; k + 32 <= full; k += 32) {
+        __m256i v0 = block8(row + k / 2), v1 = block8(row + k / 2 + 8);
+        fma_rows(acc, _mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), inp, K, k, N, 0 % A);
+        fma_rows(acc, _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), inp, K, k + 8, N, 1 % A);
+        fma_rows(acc, _mm256_cvtepi32_ps(_mm256_and_si256(v1, m15)), inp, K, k + 16, N, 2 % A);
+        fma_rows(acc, _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)), inp, K, k + 24, N, 3 % A);
+    }
+    for (; k < full; k += 16) {
+        __m256i v0 = block8(row + k / 2);
+        fma_rows(acc, _mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), inp, K, k, N, 0);
+        fma_rows(acc, _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), inp, K, k + 8, N, 0);
+    }
+    for (int j = k; j < K; j++) {
+        float c = (float)quant_code4(row, K, j);
+        for (int n = 0; n < N; n++)
+            tail[n] += c * inp[(size_t)n * K + j];
+    }
+    for (int n = 0; n < N; n++)
+        tail[n] -= 8.0f * xsum[n];
+}
+
+static inline __attribute__((always_inline)) void qrow_q4g(__m256 *acc, float *tail, const uint8_t *row,
+                                                           const float *inp, int K, const int N, const Weight *w, int r) {
+    const int A = CHAINS(N);
+    const __m256i m15 = _mm256_set1_epi32(15);
+    int k;
+    // Dequantize 8 codes with one FMA (u * s + z), then into the accumulators. (Summing u·x per group
+    // and scaling once per group measured no faster at N = 1 and slower at N = 8.)
+    int G = w->group, ng = K / G; // G % 16 == 0 here
+    const uint16_t *gs = w->gscale + (size_t)r * ng, *gz = w->gzero + (size_t)r * ng;
+    for (int g = 0; g < ng; g++) {
+        __m256 s = _mm256_set1_ps(half_to_f32(gs[g])), z = _mm256_set1_ps(half_to_f32(gz[g]));
+        int end = (g + 1) * G;
+        for (k = g * G; k + 32 <= end; k += 32) {
+            __m256i v0 = block8(row + k / 2), v1 = block8(row + k / 2 + 8);
+            fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), s, z), inp, K, k, N, 0 % A);
+            fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), s, z), inp, K, k + 8, N,
+                     1 % A);
+            fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v1, m15)), s, z), inp, K, k + 16, N,
+                     2 % A);
+            fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)), s, z), inp, K, k + 24, N,
+                     3 % A);
+        }
+        for (; k < end; k += 16) {
+            __m256i v0 = block8(row + k / 2);
+            fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), s, z), inp, K, k, N, 0);
+            fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), s, z), inp, K, k + 8, N, 0);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void qrow_q4lut(__m256 *acc, float *tail, const uint8_t *row,
+                                                             const float *inp, int K, const int N, const Weight *w, int r) {
+    const int A = CHAINS(N);
+    int k = 0;
+    // The 16-entry codebook as two 8-entry tables: vpermps picks by bits 0-2 of the code, then a
+    // blend on bit 3 (moved to the sign bit) chooses the table.
+    const uint16_t *cb = w->lut + (size_t)r * 16;
+    __m256 t0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)cb));
+    __m256 t1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cb + 8)));
+    int full = K & ~15;
+#define LUT16(v, h, wl, wh)                                                                                      \
+__m256 wl = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, v), _mm256_permutevar8x32_ps(t1, v),             \
+                             _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)));                                \
+__m256 wh = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, h), _mm256_permutevar8x32_ps(t1, h),             \
+                             _mm256_castsi256_ps(_mm256_slli_epi32(v, 24)))
+    for (; k + 32 <= full; k += 32) {
+        __m256i v0 = block8(row + k / 2), h0 = _mm256_srli_epi32(v0, 4);
+        __m256i v1 = block8(row + k / 2 + 8), h1 = _mm256_srli_epi32(v1, 4);
+        LUT16(v0, h0, w0, w1);
+        LUT16(v1, h1, w2, w3);
+        fma_rows(acc, w0, inp, K, k, N, 0);
+        fma_rows(acc, w1, inp, K, k + 8, N, 1 % A);
+        fma_rows(acc, w2, inp, K, k + 16, N, 2 % A);
+        fma_rows(acc, w3, inp, K, k + 24, N, 3 % A);
+    }
+    for (; k + 16 <= full; k += 16) {
+        __m256i v0 = block8(row + k / 2), h0 = _mm256_srli_epi32(v0, 4);
+        LUT16(v0, h0, w0, w1);
+        fma_rows(acc, w0, inp, K, k, N, 0);
+        fma_rows(acc, w1, inp, K, k + 8, N, 1 % A);
+    }
+#undef LUT16
+    for (int j = k; j < K; j++) {
+        float v = half_to_f32(cb[quant_code4(row, K, j)]);
+        for (int n = 0; n < N; n++)
+            tail[n] += v * inp[(size_t)n * K + j];
+    }
+}
+
+static inline __attribute__((always_inline)) void qrow_half(__m256 *acc, float *tail, const uint8_t *row,
+                                                            const float *inp, int K, const int N, const WeightFormat fmt) {
+    const int A = CHAINS(N);
+    int k = 0;
+    const uint16_t *h = (const uint16_t *)row;
+    for (; k + 32 <= K; k += 32)
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++)
+            fma_rows(acc, halves8(h + k + 8 * s, fmt), inp, K, k + 8 * s, N, s % A);
+    for (; k + 8 <= K; k += 8)
+        fma_rows(acc, halves8(h + k, fmt), inp, K, k, N, 0);
+    for (int j = k; j < K; j++) {
+        float v = fmt == WF_BF16 ? bf16_to_f32(h[j]) : half_to_f32(h[j]);
+        for (int n = 0; n < N; n++)
+            tail[n] += v * inp[(size_t)n * K + j];
+    }
+}
+
+static inline __attribute__((always_inline)) void qrow_q2lut(__m256 *acc, float *tail, const uint8_t *row,
+                                                             const float *inp, int K, const int N, const Weight *w, int r) {
+    const int A = CHAINS(N);
+    int k = 0;
+    float c[4];
+    for (int i = 0; i < 4; i++)
+        c[i] = half_to_f32(w->lut[(size_t)r * 4 + i]);
+    __m256 lut = _mm256_setr_ps(c[0], c[1], c[2], c[3], c[0], c[1], c[2], c[3]);
+    int full = K & ~31;
+    for (; k < full; k += 32) {
+        __m256i v = block8(row + k / 4);
+        fma_rows(acc, _mm256_permutevar_ps(lut, v), inp, K, k, N, 0 % A);
+        fma_rows(acc, _mm256_permutevar_ps(lut, _mm256_srli_epi32(v, 2)), inp, K, k + 8, N, 1 % A);
+        fma_rows(acc, _mm256_permutevar_ps(lut, _mm256_srli_epi32(v, 4)), inp, K, k + 16, N, 2 % A);
+        fma_rows(acc, _mm256_permutevar_ps(lut, _mm256_srli_epi32(v, 6)), inp, K, k + 24, N, 3 % A);
+    }
+    for (int j = k; j < K; j++) {
+        float v = c[quant_code2(row, K, j)];
+        for (int n = 0; n < N; n++)
+            tail[n] += v * inp[(size_t)n * K + j];
+    }
+}
+
 // One row r of a quantized weight against N inputs; the format is a compile-time constant after
 // inlining. 32 weights per step, then a scalar tail. xsum (N): the sums of the input rows (q4 adds
 // -8 * xsum once instead of subtracting 8 from every code).
@@ -162,134 +317,20 @@ static inline __attribute__((always_inline)) void qrow_simd(float *out, int R, i
     for (int i = 0; i < N * A; i++)
         acc[i] = _mm256_setzero_ps();
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(fmt, K);
-    int k = 0;
     float tail[QUANT_DECODE_MAX_N] = {0};
-    float post = 1.0f; // Q8 / Q4: the row scale, applied once at the end
-    const __m256i m15 = _mm256_set1_epi32(15);
-    if (fmt == WF_Q8) {
-        post = w->scale[r];
-        const int8_t *q = (const int8_t *)row;
-        for (; k + 32 <= K; k += 32)
-#pragma GCC unroll 4
-            for (int s = 0; s < 4; s++)
-                fma_rows(acc, codes8_i8(q, k + 8 * s), inp, K, k + 8 * s, N, s % A);
-        for (; k + 8 <= K; k += 8)
-            fma_rows(acc, codes8_i8(q, k), inp, K, k, N, 0);
-        for (int j = k; j < K; j++)
-            for (int n = 0; n < N; n++)
-                tail[n] += (float)q[j] * inp[(size_t)n * K + j];
-    } else if (fmt == WF_Q4) {
-        post = w->scale[r];
-        int full = K & ~15;
-        for (; k + 32 <= full; k += 32) {
-            __m256i v0 = block8(row + k / 2), v1 = block8(row + k / 2 + 8);
-            fma_rows(acc, _mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), inp, K, k, N, 0 % A);
-            fma_rows(acc, _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), inp, K, k + 8, N, 1 % A);
-            fma_rows(acc, _mm256_cvtepi32_ps(_mm256_and_si256(v1, m15)), inp, K, k + 16, N, 2 % A);
-            fma_rows(acc, _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)), inp, K, k + 24, N, 3 % A);
-        }
-        for (; k < full; k += 16) {
-            __m256i v0 = block8(row + k / 2);
-            fma_rows(acc, _mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), inp, K, k, N, 0);
-            fma_rows(acc, _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), inp, K, k + 8, N, 0);
-        }
-        for (int j = k; j < K; j++) {
-            float c = (float)quant_code4(row, K, j);
-            for (int n = 0; n < N; n++)
-                tail[n] += c * inp[(size_t)n * K + j];
-        }
-        for (int n = 0; n < N; n++)
-            tail[n] -= 8.0f * xsum[n];
-    } else if (fmt == WF_Q4G) {
-        // Dequantize 8 codes with one FMA (u * s + z), then into the accumulators. (Summing u·x per group
-        // and scaling once per group measured no faster at N = 1 and slower at N = 8.)
-        int G = w->group, ng = K / G; // G % 16 == 0 here
-        const uint16_t *gs = w->gscale + (size_t)r * ng, *gz = w->gzero + (size_t)r * ng;
-        for (int g = 0; g < ng; g++) {
-            __m256 s = _mm256_set1_ps(half_to_f32(gs[g])), z = _mm256_set1_ps(half_to_f32(gz[g]));
-            int end = (g + 1) * G;
-            for (k = g * G; k + 32 <= end; k += 32) {
-                __m256i v0 = block8(row + k / 2), v1 = block8(row + k / 2 + 8);
-                fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), s, z), inp, K, k, N, 0 % A);
-                fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), s, z), inp, K, k + 8, N,
-                         1 % A);
-                fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v1, m15)), s, z), inp, K, k + 16, N,
-                         2 % A);
-                fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)), s, z), inp, K, k + 24, N,
-                         3 % A);
-            }
-            for (; k < end; k += 16) {
-                __m256i v0 = block8(row + k / 2);
-                fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), s, z), inp, K, k, N, 0);
-                fma_rows(acc, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), s, z), inp, K, k + 8, N, 0);
-            }
-        }
-    } else if (fmt == WF_Q4LUT) {
-        // The 16-entry codebook as two 8-entry tables: vpermps picks by bits 0-2 of the code, then a
-        // blend on bit 3 (moved to the sign bit) chooses the table.
-        const uint16_t *cb = w->lut + (size_t)r * 16;
-        __m256 t0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)cb));
-        __m256 t1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(cb + 8)));
-        int full = K & ~15;
-#define LUT16(v, h, wl, wh)                                                                                      \
-    __m256 wl = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, v), _mm256_permutevar8x32_ps(t1, v),             \
-                                 _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)));                                \
-    __m256 wh = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t0, h), _mm256_permutevar8x32_ps(t1, h),             \
-                                 _mm256_castsi256_ps(_mm256_slli_epi32(v, 24)))
-        for (; k + 32 <= full; k += 32) {
-            __m256i v0 = block8(row + k / 2), h0 = _mm256_srli_epi32(v0, 4);
-            __m256i v1 = block8(row + k / 2 + 8), h1 = _mm256_srli_epi32(v1, 4);
-            LUT16(v0, h0, w0, w1);
-            LUT16(v1, h1, w2, w3);
-            fma_rows(acc, w0, inp, K, k, N, 0);
-            fma_rows(acc, w1, inp, K, k + 8, N, 1 % A);
-            fma_rows(acc, w2, inp, K, k + 16, N, 2 % A);
-            fma_rows(acc, w3, inp, K, k + 24, N, 3 % A);
-        }
-        for (; k + 16 <= full; k += 16) {
-            __m256i v0 = block8(row + k / 2), h0 = _mm256_srli_epi32(v0, 4);
-            LUT16(v0, h0, w0, w1);
-            fma_rows(acc, w0, inp, K, k, N, 0);
-            fma_rows(acc, w1, inp, K, k + 8, N, 1 % A);
-        }
-#undef LUT16
-        for (int j = k; j < K; j++) {
-            float v = half_to_f32(cb[quant_code4(row, K, j)]);
-            for (int n = 0; n < N; n++)
-                tail[n] += v * inp[(size_t)n * K + j];
-        }
-    } else if (fmt == WF_BF16 || fmt == WF_F16) {
-        const uint16_t *h = (const uint16_t *)row;
-        for (; k + 32 <= K; k += 32)
-#pragma GCC unroll 4
-            for (int s = 0; s < 4; s++)
-                fma_rows(acc, halves8(h + k + 8 * s, fmt), inp, K, k + 8 * s, N, s % A);
-        for (; k + 8 <= K; k += 8)
-            fma_rows(acc, halves8(h + k, fmt), inp, K, k, N, 0);
-        for (int j = k; j < K; j++) {
-            float v = fmt == WF_BF16 ? bf16_to_f32(h[j]) : half_to_f32(h[j]);
-            for (int n = 0; n < N; n++)
-                tail[n] += v * inp[(size_t)n * K + j];
-        }
-    } else { // WF_Q2LUT: vpermilps picks from [c0 c1 c2 c3] in each 128-bit lane by bits 0-1 of the index
-        float c[4];
-        for (int i = 0; i < 4; i++)
-            c[i] = half_to_f32(w->lut[(size_t)r * 4 + i]);
-        __m256 lut = _mm256_setr_ps(c[0], c[1], c[2], c[3], c[0], c[1], c[2], c[3]);
-        int full = K & ~31;
-        for (; k < full; k += 32) {
-            __m256i v = block8(row + k / 4);
-            fma_rows(acc, _mm256_permutevar_ps(lut, v), inp, K, k, N, 0 % A);
-            fma_rows(acc, _mm256_permutevar_ps(lut, _mm256_srli_epi32(v, 2)), inp, K, k + 8, N, 1 % A);
-            fma_rows(acc, _mm256_permutevar_ps(lut, _mm256_srli_epi32(v, 4)), inp, K, k + 16, N, 2 % A);
-            fma_rows(acc, _mm256_permutevar_ps(lut, _mm256_srli_epi32(v, 6)), inp, K, k + 24, N, 3 % A);
-        }
-        for (int j = k; j < K; j++) {
-            float v = c[quant_code2(row, K, j)];
-            for (int n = 0; n < N; n++)
-                tail[n] += v * inp[(size_t)n * K + j];
-        }
-    }
+    float post = fmt == WF_Q8 || fmt == WF_Q4 ? w->scale[r] : 1.0f; // the row scale, applied once at the end
+    if (fmt == WF_Q8)
+        qrow_q8(acc, tail, row, inp, K, N);
+    else if (fmt == WF_Q4)
+        qrow_q4(acc, tail, row, inp, K, N, xsum);
+    else if (fmt == WF_Q4G)
+        qrow_q4g(acc, tail, row, inp, K, N, w, r);
+    else if (fmt == WF_Q4LUT)
+        qrow_q4lut(acc, tail, row, inp, K, N, w, r);
+    else if (fmt == WF_BF16 || fmt == WF_F16)
+        qrow_half(acc, tail, row, inp, K, N, fmt);
+    else // WF_Q2LUT
+        qrow_q2lut(acc, tail, row, inp, K, N, w, r);
     for (int n = 0; n < N; n++) {
         __m256 a = acc[n * A];
         for (int i = 1; i < A; i++)
