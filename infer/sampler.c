@@ -6,65 +6,50 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/dtype.h"
 #include "core/error.h"
+#include "model/ops.h"
 
 // The loops over the vocabulary (V = 151936, every token of every sequence) are written to
 // vectorise at -O2: chunks of 8 with a fixed inner trip count (GCC's -O2 cost model rejects loops
 // that need a scalar epilogue), and float compares done on bit patterns (under the default
 // -ftrapping-math a float compare blocks if-conversion).
 
-static inline uint32_t f2u(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return u;
-}
-
-static inline float u2f(uint32_t u) {
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 // exp(x) for x <= 0 (including -inf): Cephes' expf polynomial (max error ~1.5 ulp), flushed to 0
-// below -86 so that no intermediate is subnormal. Branch-free.
+// below -86 so that no intermediate is subnormal. Branch-free, its clamps on bit patterns, so the
+// vocabulary loops vectorise (ops_expf's float compares would not under -ftrapping-math).
 static inline float exp_nonpos(float x) {
-    uint32_t xb = f2u(x);
+    uint32_t xb = f32_bits(x);
     uint32_t keep = -(uint32_t)((xb & 0x7fffffffu) <= 0x42ac0000u); // |x| <= 86
-    float xc = u2f((xb & keep) | (0xc2ac0000u & ~keep));            // else -86
+    float xc = f32_from_bits((xb & keep) | (0xc2ac0000u & ~keep));            // else -86
     float t = xc * 1.44269504088896341f + 12582912.0f;              // round(x log2 e) in t's low bits
     float n = t - 12582912.0f;
     float r = xc - n * 0.693359375f;
     r = r - n * -2.12194440e-4f;
-    float q = 1.9875691500e-4f;
-    q = q * r + 1.3981999507e-3f;
-    q = q * r + 8.3334519073e-3f;
-    q = q * r + 4.1665795894e-2f;
-    q = q * r + 1.6666665459e-1f;
-    q = q * r + 5.0000001201e-1f;
-    float y = q * r * r + r + 1.0f;
-    float scale = u2f((f2u(t) - 0x4b400000u + 127u) << 23); // 2^n
-    return u2f(f2u(y * scale) & keep);
+    float y = ops_exp_reduced(r);
+    float scale = f32_from_bits((f32_bits(t) - 0x4b400000u + 127u) << 23); // 2^n
+    return f32_from_bits(f32_bits(y * scale) & keep);
 }
 
 // w = exp(z) where z = (l - m) / T >= thr, else 0   w, l (V); thr <= 0 or -inf (keep all).
 // Returns how many were kept.
 static int weights_compute(float *restrict w, const float *restrict l, int V, float m, float T, float thr) {
     // z and thr are <= 0 (or -inf), so z >= thr exactly when |z| <= |thr| as bit patterns.
-    uint32_t tb = f2u(thr) & 0x7fffffffu;
+    uint32_t tb = f32_bits(thr) & 0x7fffffffu;
     int kept8[8] = {0};
     int i = 0;
     for (; i + 8 <= V; i += 8) {
         for (int j = 0; j < 8; j++) {
             float z = (l[i + j] - m) / T;
-            uint32_t keep = -(uint32_t)((f2u(z) & 0x7fffffffu) <= tb);
-            w[i + j] = u2f(f2u(exp_nonpos(z)) & keep);
+            uint32_t keep = -(uint32_t)((f32_bits(z) & 0x7fffffffu) <= tb);
+            w[i + j] = f32_from_bits(f32_bits(exp_nonpos(z)) & keep);
             kept8[j] += (int)(keep & 1u);
         }
     }
     for (; i < V; i++) {
         float z = (l[i] - m) / T;
-        uint32_t keep = -(uint32_t)((f2u(z) & 0x7fffffffu) <= tb);
-        w[i] = u2f(f2u(exp_nonpos(z)) & keep);
+        uint32_t keep = -(uint32_t)((f32_bits(z) & 0x7fffffffu) <= tb);
+        w[i] = f32_from_bits(f32_bits(exp_nonpos(z)) & keep);
         kept8[0] += (int)(keep & 1u);
     }
     int kept = 0;
@@ -179,14 +164,14 @@ static int logits_scan(const float *l, int V, float *max, int *argmax) {
     int i = 0;
     for (; i + 8 <= V; i += 8) {
         for (int j = 0; j < 8; j++) {
-            uint32_t b = f2u(l[i + j]);
+            uint32_t b = f32_bits(l[i + j]);
             bad8[j] |= ((b & 0x7fffffffu) > 0x7f800000u) | (b == 0x7f800000u);
             int32_t key = (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) & 0x7fffffffu));
             kmax8[j] = key > kmax8[j] ? key : kmax8[j];
         }
     }
     for (; i < V; i++) {
-        uint32_t b = f2u(l[i]);
+        uint32_t b = f32_bits(l[i]);
         bad8[0] |= ((b & 0x7fffffffu) > 0x7f800000u) | (b == 0x7f800000u);
         int32_t key = (int32_t)(b ^ ((uint32_t)((int32_t)b >> 31) & 0x7fffffffu));
         kmax8[0] = key > kmax8[0] ? key : kmax8[0];
@@ -206,7 +191,7 @@ static int logits_scan(const float *l, int V, float *max, int *argmax) {
         }
     }
     uint32_t kb = (uint32_t)kmax;
-    float m = u2f(kb ^ ((uint32_t)((int32_t)kb >> 31) & 0x7fffffffu));
+    float m = f32_from_bits(kb ^ ((uint32_t)((int32_t)kb >> 31) & 0x7fffffffu));
     if (m == -INFINITY)
         return er_error(ER_EINVAL, "sampler: all %d logits are -inf", V);
     int a = 0;
@@ -323,23 +308,23 @@ static void topp_filter(Sampler *s, float top_p, int alive, int argmax) {
     // HF removes t (llama2.c's bound). The cut is loosened slightly so rounding can only keep
     // extra candidates for the exact selection to decide on.
     float cutoff = (float)((1.0 - (double)top_p) / (double)(alive - 1) * S * (1.0 - 1e-6));
-    uint32_t cb = f2u(cutoff); // w >= 0: bit order is value order
+    uint32_t cb = f32_bits(cutoff); // w >= 0: bit order is value order
     SamplerCand *c = s->cand;
     int n = 0, i = 0;
     for (; i + 8 <= V; i += 8) {
         uint32_t any = 0; // most chunks hold no candidate: test all 8 at once
         for (int j = 0; j < 8; j++)
-            any |= f2u(w[i + j]) >= cb;
+            any |= f32_bits(w[i + j]) >= cb;
         if (!any)
             continue;
         for (int j = i; j < i + 8; j++)
-            if (f2u(w[j]) >= cb)
+            if (f32_bits(w[j]) >= cb)
                 c[n++] = (SamplerCand){w[j], j};
     }
     for (; i < V; i++)
-        if (f2u(w[i]) >= cb)
+        if (f32_bits(w[i]) >= cb)
             c[n++] = (SamplerCand){w[i], i};
-    if (f2u(w[argmax]) < cb) // the top is always kept, even if the cut (for tiny top_p) exceeds it
+    if (f32_bits(w[argmax]) < cb) // the top is always kept, even if the cut (for tiny top_p) exceeds it
         c[n++] = (SamplerCand){w[argmax], argmax};
     int keep = nucleus_select(c, n, (double)top_p * S);
     memset(w, 0, sizeof(float) * (size_t)V);
@@ -367,13 +352,13 @@ static int sampler_filter(Sampler *s, const SamplerParams *p, const float *logit
     // Min-p: w is prob / max prob whatever the normalisation, and the max survives every filter
     // above, so this is HF's prob >= min_p * max_prob on the filtered distribution.
     if (p->min_p > 0.0f) {
-        uint32_t mb = f2u(p->min_p); // w >= 0: bit order is value order
+        uint32_t mb = f32_bits(p->min_p); // w >= 0: bit order is value order
         int i = 0;
         for (; i + 8 <= V; i += 8)
             for (int j = 0; j < 8; j++)
-                w[i + j] = u2f(f2u(w[i + j]) & -(uint32_t)(f2u(w[i + j]) >= mb));
+                w[i + j] = f32_from_bits(f32_bits(w[i + j]) & -(uint32_t)(f32_bits(w[i + j]) >= mb));
         for (; i < V; i++)
-            w[i] = u2f(f2u(w[i]) & -(uint32_t)(f2u(w[i]) >= mb));
+            w[i] = f32_from_bits(f32_bits(w[i]) & -(uint32_t)(f32_bits(w[i]) >= mb));
     }
     return ER_OK;
 }

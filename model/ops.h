@@ -7,6 +7,18 @@
 
 #include <stdint.h>
 
+// exp(r) for |r| <= ln(2)/2, the reduced argument: Cephes' degree-6 polynomial. The one polynomial of
+// ops_expf and of the sampler's exp over the vocabulary (infer/sampler.c), which reduce differently.
+static inline float ops_exp_reduced(float r) {
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    return p * r * r + r + 1.0f;
+}
+
 // exp for the float ops: Cody-Waite range reduction and a degree-6 polynomial (about 1 ulp over the
 // range that matters), branch-free so `omp simd` loops vectorise it; libm's expf does not.
 // Arguments below -87.3 give about 1e-38 instead of a denormal or 0; NaN propagates.
@@ -14,13 +26,7 @@ static inline float ops_expf(float x) {
     x = x > 88.7f ? 88.7f : (x < -87.3f ? -87.3f : x);
     float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    float p = ops_exp_reduced(r);
     // NaN passes the clamps: its exponent comes from 0 (p is NaN already), so the int conversion and the
     // shift stay defined; otherwise n + 127 is in [1, 255].
     n = n == n ? n : 0.0f;
