@@ -170,14 +170,9 @@ int main(int argc, char **argv) {
         {"bw-mib", ARG_INT, &bw_mib, "bandwidth buffer size in MiB", 0, 64, 1 << 16},
         {"portable", ARG_FLAG, &portable, "use the portable kernels even where SIMD ones exist", 0, 0, 0},
     };
-    int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0], "quant_decode [flags]");
-    if (rc == ARGS_HELP)
-        return 0;
-    if (rc < 0) {
-        fprintf(stderr, "quant_decode: %s\n", er_last_error());
-        return 1;
-    }
-    threads = threads_set(threads);
+    int exit_status = bench_args("quant_decode", argc, argv, specs, (int)(sizeof specs / sizeof specs[0]), &threads);
+    if (exit_status >= 0)
+        return exit_status;
     char load[128];
     bench_load_average(load, sizeof load);
     printf("== quantized decode: weight pass of a Qwen2.5-0.5B-shaped model (%d layers%s), threads %d, %s kernels, "
@@ -201,10 +196,9 @@ int main(int argc, char **argv) {
     Weight *ws = er_calloc((size_t)nw, sizeof(Weight));
     float *x = er_alloc(sizeof(float) * 8 * FF), *out = er_alloc(sizeof(float) * 8 * (size_t)V);
     float *scratch = er_alloc(sizeof(float) * quant_scratch_floats(FF)); // FF: the widest input
-    if (!ws || !x || !out || !scratch) {
-        fprintf(stderr, "quant_decode: out of memory\n");
-        return 1;
-    }
+    int rc = ER_OK;
+    if (!ws || !x || !out || !scratch)
+        ER_CHECK(er_error(ER_ENOMEM, "out of memory"));
     for (int i = 0; i < 8 * FF; i++)
         x[i] = (float)(mix((uint64_t)i) >> 40) / (float)(1 << 24) - 0.5f;
     printf("%-6s %7s %9s %8s %9s %14s %8s %9s %10s\n", "format", "bits/w", "MB/token", "N=1 ms", "tokens/s",
@@ -216,10 +210,8 @@ done:
     er_free(x);
     er_free(out);
     er_free(scratch);
-    if (rc < 0) {
-        fprintf(stderr, "quant_decode: %s\n", er_last_error());
-        return 1;
-    }
+    if (rc < 0)
+        return bench_fail("quant_decode");
     printf("\nsummary (N = 1 weight pass per token; N = 8 in parentheses):\n");
     for (int fi = 1; fi < nf; fi++)
         printf("  %-6s decode = %5.2fx fp32 (%5.2fx)%s\n", fmts[fi].name, fmts[0].s1 / fmts[fi].s1,
