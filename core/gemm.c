@@ -16,18 +16,20 @@ void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const 
 void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc) {
     if (trans_b) {
-        // C[i, j] = sum_k A[i, k] B[j, k]: dot products over contiguous rows of B.
+        // C[i, j] = sum_k A[i, k] B[j, k]: dot products over contiguous rows of B, summed as the
+        // decode kernels sum (gemm_dot_f32).
 #pragma omp parallel for schedule(static)
         for (int i = 0; i < M; i++) {
             float *c = C + (long)i * ldc;
             for (int j = 0; j < N; j++) {
                 const float *b = B + (long)j * ldb;
                 float acc = 0.0f;
-                for (int k = 0; k < K; k++) {
-                    float a = trans_a ? A[(long)k * lda + i] : A[(long)i * lda + k];
-                    acc += a * b[k];
-                }
-                c[j] = alpha * acc + (beta == 0.0f ? 0.0f : beta * c[j]);
+                if (trans_a)
+                    for (int k = 0; k < K; k++)
+                        acc += A[(long)k * lda + i] * b[k];
+                else
+                    acc = gemm_dot_f32(A + (long)i * lda, b, K);
+                c[j] = beta == 0.0f ? (alpha == 1.0f ? acc : alpha * acc) : alpha * acc + beta * c[j];
             }
         }
         return;

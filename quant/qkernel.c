@@ -32,17 +32,12 @@ int quant_has_simd(void) { return QK_SIMD; }
 
 size_t quant_scratch_floats(int max_cols) { return (size_t)QUANT_TILE_ROWS * (size_t)(max_cols > 0 ? max_cols : 0); }
 
-typedef float v8f __attribute__((vector_size(32)));
+typedef gemm_v8f v8f;
+#define LOAD8 GEMM_LOAD8
 
-// Loads and sums through pointers: passing or returning a 32-byte vector by value changes the ABI
-// on targets without AVX (a portable build), which GCC warns about.
-#define LOAD8(dst, p) memcpy(&(dst), (p), sizeof(v8f))
 
-static inline float hsum8(const v8f *v) {
-    return (((*v)[0] + (*v)[1]) + ((*v)[2] + (*v)[3])) + (((*v)[4] + (*v)[5]) + ((*v)[6] + (*v)[7]));
-}
-
-// out[n * R + r] = dot(w, x_n) for n < N (N a compile-time constant after inlining).
+// out[n * R + r] = dot(w, x_n) for n < N (N a compile-time constant after inlining), each summed
+// exactly as gemm_dot_f32 sums (core/gemm.h), one weight load serving the N rows.
 static inline __attribute__((always_inline)) void dot_rows(float *out, int R, int r, const float *w, const float *inp,
                                                            int K, const int N) {
     v8f acc[QUANT_DECODE_MAX_N];
@@ -60,7 +55,7 @@ static inline __attribute__((always_inline)) void dot_rows(float *out, int R, in
         }
     }
     for (int n = 0; n < N; n++) {
-        float s = hsum8(&acc[n]);
+        float s = gemm_lanes_sum(&acc[n]);
         for (int j = k; j < K; j++)
             s += w[j] * inp[(size_t)n * K + j];
         out[(size_t)n * R + r] = s;
