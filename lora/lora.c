@@ -140,12 +140,9 @@ int lora_forward(float *out, float *h, const float *x, const LoraMat *m, int r, 
     return ER_OK;
 }
 
-int lora_backward(float *dx, LoraMat *m, int r, float scale, const float *dout, const float *x, const float *h,
-                  const uint8_t *mask, int N) {
+void lora_backward(float *dx, LoraMat *m, int r, float scale, const float *dout, const float *x, const float *h,
+                   const uint8_t *mask, int N, float *dh) {
     // dh = scale · dout·B (N, r), zero on masked-off rows
-    float *dh = er_alloc(sizeof(float) * (size_t)N * r);
-    if (!dh)
-        return ER_ENOMEM;
     gemm_f32(0, 0, N, r, m->out, scale, dout, m->out, m->B, r, 0.0f, dh, r);
     if (mask)
         for (int n = 0; n < N; n++)
@@ -157,8 +154,6 @@ int lora_backward(float *dx, LoraMat *m, int r, float scale, const float *dout, 
         gemm_f32(1, 0, r, m->in, N, 1.0f, dh, r, x, m->in, 1.0f, m->gA, m->in);
     if (dx) // dx (N, in) += dh·A
         gemm_f32(0, 0, N, m->in, r, 1.0f, dh, r, m->A, m->in, 1.0f, dx, m->in);
-    er_free(dh);
-    return ER_OK;
 }
 
 void lora_merge_into(float *W, const LoraMat *m, int r, float scale, float sign) {

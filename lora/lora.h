@@ -61,9 +61,10 @@ void lora_zero_grad(LoraAdapter *a);
 // backward); rows with mask 0 are skipped. mask NULL = on everywhere.
 int lora_forward(float *out, float *h, const float *x, const LoraMat *m, int r, float scale, const uint8_t *mask,
                  int N);
-// Accumulates gA, gB and dx (N, in) += ... from dout (N, out), with x and h from the forward.
-int lora_backward(float *dx, LoraMat *m, int r, float scale, const float *dout, const float *x, const float *h,
-                  const uint8_t *mask, int N);
+// Accumulates gA, gB and dx (N, in) += ... from dout (N, out), with x and h from the forward;
+// dh (N, r) is the caller's scratch.
+void lora_backward(float *dx, LoraMat *m, int r, float scale, const float *dout, const float *x, const float *h,
+                   const uint8_t *mask, int N, float *dh);
 
 // W (out, in) += sign * scale * B·A in fp32 (sign -1 unmerges).
 void lora_merge_into(float *W, const LoraMat *m, int r, float scale, float sign);

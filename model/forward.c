@@ -9,6 +9,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/gemm.h"
+#include "core/threads.h"
 #include "model/model.h"
 #include "model/ops.h"
 
@@ -24,15 +25,19 @@ static int max_in(const ModelConfig *c) {
     return w > c->C ? w : c->C;
 }
 
+// Keys one query may see: the pass's own T, or any cached position below max_position_embeddings.
+static int attn_keys(const ModelConfig *c, int T) { return T > c->max_pos ? T : c->max_pos; }
+
 static ActsSize acts_size(const ModelConfig *c, int B, int T, ActsMode mode) {
     size_t N = (size_t)B * T, C = c->C, qd = (size_t)c->NH * c->HS, kvd = (size_t)c->NKV * c->HS, FF = c->FF;
     ActsSize s;
     // res ln1 rstd1 q k v lse atty res2 ln2 rstd2 gate up hmlp
     s.layer = N * C * 4 + N * 2 + N * qd * 2 + N * kvd * 2 + N * c->NH + N * FF * 3;
-    // resf lnf rstdf logits tmp wscratch
-    s.global = N * C * 3 + N + (mode == ACTS_DECODE ? (size_t)B : N) * (size_t)c->V + quant_scratch_floats(max_in(c));
-    // dres dln dq dk dv datty dgate dup dh
-    s.backward = N * C * 2 + N * qd * 2 + N * kvd * 2 + N * FF * 3;
+    // resf lnf rstdf logits tmp wscratch scores row_loss (N doubles)
+    s.global = N * C * 3 + N + (mode == ACTS_DECODE ? (size_t)B : N) * (size_t)c->V + quant_scratch_floats(max_in(c)) +
+               (size_t)threads_get() * attn_keys(c, T) + 2 * N;
+    // dres dln dq dk dv datty dgate dup dh dkh dvh
+    s.backward = N * C * 2 + N * qd * 4 + N * kvd * 2 + N * FF * 3;
     return s;
 }
 
@@ -54,7 +59,7 @@ int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, ActsMode mo
         return er_error(ER_EINVAL, "activations: batch %d x %d positions is empty", B, T);
     int keep = mode == ACTS_TRAIN;
     size_t bytes = acts_bytes(cfg, B, T, mode);
-    int nbuf = 14 * (keep ? cfg->L : 1) + 6 + 9 + 2;
+    int nbuf = 14 * (keep ? cfg->L : 1) + 8 + 11 + 2;
     bytes += (size_t)nbuf * 64;
     if (max_bytes && bytes > max_bytes)
         return er_error(ER_ENOMEM, "activations for %d x %d positions need %.1f MiB, more than the %.1f MiB allowed", B, T,
@@ -96,6 +101,10 @@ int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, ActsMode mo
     a->logits = take(&p, (mode == ACTS_DECODE ? (size_t)B : N) * (size_t)cfg->V);
     a->tmp = take(&p, N * C);
     a->wscratch = take(&p, quant_scratch_floats(max_in(cfg)));
+    a->attn_threads = threads_get();
+    a->attn_keys = attn_keys(cfg, T);
+    a->scores = take(&p, (size_t)a->attn_threads * a->attn_keys);
+    a->row_loss = (double *)take(&p, 2 * N);
     if (keep) {
         a->dres = take(&p, N * C);
         a->dln = take(&p, N * C);
@@ -106,6 +115,8 @@ int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, ActsMode mo
         a->dgate = take(&p, N * FF);
         a->dup = take(&p, N * FF);
         a->dh = take(&p, N * FF);
+        a->dkh = take(&p, N * qd);
+        a->dvh = take(&p, N * qd);
     }
     a->pos = (int *)take(&p, N);
     a->pos0 = (int *)take(&p, (size_t)B);
@@ -114,6 +125,7 @@ int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, ActsMode mo
 
 void acts_free(Activations *a) {
     er_free(a->lora_h);
+    er_free(a->lora_dh);
     er_free(a->lora_x);
     er_free(a->lora_keep);
     er_free(a->lora_dx);
@@ -154,9 +166,11 @@ static int ensure_lora_acts(Activations *a, const LoraAdapter *ad, int train) {
     size_t N = (size_t)a->B * a->T;
     if (a->lora_r != ad->r) {
         er_free(a->lora_h);
+        er_free(a->lora_dh);
         a->lora_h = er_alloc(sizeof(float) * (size_t)nl * LT_COUNT * N * ad->r);
-        a->lora_r = a->lora_h ? ad->r : 0;
-        if (!a->lora_h)
+        a->lora_dh = er_alloc(sizeof(float) * N * ad->r);
+        a->lora_r = a->lora_h && a->lora_dh ? ad->r : 0;
+        if (!a->lora_r)
             return ER_ENOMEM;
     }
     int xw = max_in(&a->cfg);
@@ -239,13 +253,13 @@ static int linear_backward(const LinCtx *lc, LoraTarget t, float *dinp, float *d
         if (xd) { // gradients of A against the dropped input; dx through the dropout mask
             float *dxd = lc->a->lora_dx; // (N, in)
             memset(dxd, 0, sizeof(float) * (size_t)N * m->in);
-            ER_TRY(lora_backward(dxd, (LoraMat *)m, ad->r, ad->scale, dout, xd, h, lc->in->adapter_mask, N));
+            lora_backward(dxd, (LoraMat *)m, ad->r, ad->scale, dout, xd, h, lc->in->adapter_mask, N, lc->a->lora_dh);
             float inv = 1.0f / (1.0f - ad->dropout);
             for (size_t i = 0; i < (size_t)N * m->in; i++)
                 if (keep[i])
                     dinp[i] += dxd[i] * inv;
         } else {
-            ER_TRY(lora_backward(dinp, (LoraMat *)m, ad->r, ad->scale, dout, inp, h, lc->in->adapter_mask, N));
+            lora_backward(dinp, (LoraMat *)m, ad->r, ad->scale, dout, inp, h, lc->in->adapter_mask, N, lc->a->lora_dh);
         }
     }
     return weight_matmul_backward_input(dinp, dout, w, N, lc->a->wscratch);
@@ -342,9 +356,10 @@ static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
                     kv_store(kv, l, in->kv_slots[b], a->pos0[b] + t, la->k + row * kvd, la->v + row * kvd);
                 }
             ER_TRY(kv_attention_forward(la->atty, la->q, kv, l, in->kv_slots, a->pos0, in->len ? in->len : NULL, B, T,
-                                        c->NH));
+                                        c->NH, a->scores, a->attn_threads, a->attn_keys));
         } else {
-            ER_TRY(attention_forward(la->atty, la->lse, la->q, la->k, la->v, NULL, B, T, T, c->NH, c->NKV, c->HS));
+            ER_TRY(attention_forward(la->atty, la->lse, la->q, la->k, la->v, NULL, B, T, T, c->NH, c->NKV, c->HS,
+                                     a->scores, a->attn_threads));
         }
         ER_TRY(linear_forward(&lc, LT_O, a->tmp, la->atty, &w->wo, NULL, N));
         residual_forward(la->res2, la->res, a->tmp, (size_t)N * C);
@@ -390,7 +405,7 @@ int model_loss(Activations *a, const int *targets, const float *mask, int grad, 
             return er_error(ER_ERANGE, "loss: target %d at position %d is outside the vocabulary [0, %d)", targets[n], n,
                             V);
     }
-    *loss = cross_entropy_forward_backward(a->logits, targets, mask, N, V, grad);
+    *loss = cross_entropy_forward_backward(a->logits, targets, mask, N, V, grad, a->row_loss);
     if (!isfinite(*loss))
         return er_error(ER_ERANGE, "loss is not finite (%g)", *loss);
     return ER_OK;
@@ -428,7 +443,7 @@ int model_backward(Model *m, const ModelInput *in, Activations *a) {
         memset(a->datty, 0, sizeof(float) * N * qd);
         ER_TRY(linear_backward(&lc, LT_O, a->datty, g ? g->wo : NULL, NULL, a->dres, la->atty, &w->wo, N));
         ER_TRY(attention_backward(a->dq, a->dk, a->dv, a->datty, la->atty, la->lse, la->q, la->k, la->v, NULL, B, T, T,
-                                  c->NH, c->NKV, c->HS));
+                                  c->NH, c->NKV, c->HS, a->dkh, a->dvh));
         rope_backward(a->dq, a->pos, a->cos_tab, a->sin_tab, N, c->NH, c->HS);
         rope_backward(a->dk, a->pos, a->cos_tab, a->sin_tab, N, c->NKV, c->HS);
         memset(a->dln, 0, sizeof(float) * N * C);

@@ -219,21 +219,24 @@ void kv_store(KVCache *kv, int l, int slot, int pos, const float *k, const float
 }
 
 int kv_attention_forward(float *out, const float *q, const KVCache *kv, int l, const int *slots, const int *pos0,
-                         const int *len, int B, int T, int NH) {
-    int NKV = kv->NKV, HS = kv->HS, G = NH / NKV, maxk = kv->max_blocks_per_seq * KV_BLOCK;
+                         const int *len, int B, int T, int NH, float *scores, int nthreads, int keys) {
+    int NKV = kv->NKV, HS = kv->HS, G = NH / NKV;
+    for (int b = 0; b < B; b++)
+        if (pos0[b] + (len ? len[b] : T) > keys)
+            return er_error(ER_EINVAL, "attention: row %d reaches position %d, the scratch holds %d keys", b,
+                            pos0[b] + (len ? len[b] : T), keys);
+    if (!scores || nthreads < 1)
+        return er_error(ER_EINVAL, "attention: no scratch for the scores (%d threads)", nthreads);
     size_t row = (size_t)NKV * HS;
     float scale = 1.0f / sqrtf((float)HS);
-    float *scratch = malloc(sizeof(float) * (size_t)omp_get_max_threads() * maxk);
-    if (!scratch)
-        return er_error(ER_ENOMEM, "attention: out of memory for %d keys", maxk);
     int i8 = kv->type == KV_INT8;
-#pragma omp parallel for collapse(3) schedule(dynamic, 4)
+#pragma omp parallel for collapse(3) schedule(dynamic, 4) num_threads(nthreads)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {
                 if (t >= (len ? len[b] : T))
                     continue;
-                float *sc = scratch + (size_t)omp_get_thread_num() * maxk;
+                float *sc = scores + (size_t)omp_get_thread_num() * keys;
                 const KvSeq *seq = &kv->seqs[slots[b]];
                 int kh = h / G, last = pos0[b] + t;
                 const float *qv = q + (((size_t)b * T + t) * NH + h) * HS;
@@ -281,6 +284,5 @@ int kv_attention_forward(float *out, const float *q, const KVCache *kv, int l, c
                     }
                 }
             }
-    free(scratch);
     return ER_OK;
 }

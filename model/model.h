@@ -123,9 +123,15 @@ typedef struct {
     float *logits;         // (B,T,V), or (B,V) for ACTS_DECODE; after the loss with grad, dloss/dlogits
     float *tmp;            // (B,T,C) attention / MLP output before the residual add
     float *wscratch;       // (QUANT_TILE_ROWS, max in) rows of non-fp32 weights widened by the products
+    float *scores;         // (attn_threads, attn_keys) attention scores of one query per thread
+    int attn_threads;      // threads the attention runs on (those of the allocation)
+    int attn_keys;         // keys one query may see: max(T, max_position_embeddings)
+    double *row_loss;      // (B*T) the loss's per-row terms, summed in row order
     // backward scratch
     float *dres, *dln, *dq, *dk, *dv, *datty, *dgate, *dup, *dh; // dres (B,T,C) ends as d(embedding output)
+    float *dkh, *dvh;      // (B,NH,T,HS) each query head's dK / dV before a KV group's heads are summed
     float *lora_h;         // (L or 1, LT_COUNT, B*T, r) adapter activations x·Aᵀ, sized on first use
+    float *lora_dh;        // (B*T, r) the adapter backward's d(x·Aᵀ)
     float *lora_x;         // (L, LT_COUNT, B*T, max in) adapter inputs after dropout (training with dropout)
     uint8_t *lora_keep;    // same shape: 1 where dropout kept the input
     float *lora_dx;        // (B*T, max in) an adapter's input gradient before the dropout mask

@@ -3,7 +3,7 @@
 #include <tgmath.h>
 #include <omp.h>
 #include <stdint.h>
-#include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 

@@ -57,17 +57,20 @@ static inline float ops_expf(float x) {
                               int N, int F);                                                                   \
     /* Causal grouped-query attention. q (B,T,NH,HS); k, v (B,Tk,NKV,HS); query t of row b sees keys            \
        s <= qoff[b] + t (qoff NULL = 0). out (B,T,NH,HS); lse (B,NH,T) log-sum-exp of the scaled scores,       \
-       kept so the backward recomputes probabilities instead of storing (T, Tk) per head. */                   \
+       kept so the backward recomputes probabilities instead of storing (T, Tk) per head. scores            \
+       (nthreads, Tk): the caller's scratch, one row of scores per thread; the op runs on nthreads threads. */ \
     int attention_forward##SFX(REAL *out, REAL *lse, const REAL *q, const REAL *k, const REAL *v,              \
-                               const int *qoff, int B, int T, int Tk, int NH, int NKV, int HS);                \
-    /* dq (B,T,NH,HS) overwritten; dk, dv (B,Tk,NKV,HS) overwritten */                                         \
+                               const int *qoff, int B, int T, int Tk, int NH, int NKV, int HS, REAL *scores,   \
+                               int nthreads);                                                                  \
+    /* dq (B,T,NH,HS) overwritten; dk, dv (B,Tk,NKV,HS) overwritten; dkh, dvh (B,NH,Tk,HS): the caller's       \
+       scratch for each query head's share before the heads of a KV group are summed */                       \
     int attention_backward##SFX(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, const REAL *out,               \
                                 const REAL *lse, const REAL *q, const REAL *k, const REAL *v, const int *qoff, \
-                                int B, int T, int Tk, int NH, int NKV, int HS);                                \
+                                int B, int T, int Tk, int NH, int NKV, int HS, REAL *dkh, REAL *dvh);          \
     /* Masked mean cross-entropy over N rows of V logits: returns sum(mask * nll) / sum(mask) (0 when the      \
-       mask is empty; NaN when out of memory). With grad != 0, logits are overwritten by dloss/dlogits. */                             \
+       mask is empty). With grad != 0, logits are overwritten by dloss/dlogits. row_loss (N): scratch. */     \
     double cross_entropy_forward_backward##SFX(REAL *logits, const int *targets, const REAL *mask, int N,      \
-                                               int V, int grad);                                               \
+                                               int V, int grad, double *row_loss);                             \
     /* logp (N) = log softmax(logits * inv_temp)[target] */                                                    \
     void logprob_forward##SFX(REAL *logp, const REAL *logits, const int *targets, int N, int V, REAL inv_temp);   \
     /* dlogits (N,V) = coef[n] * d logp[n] / d logits = coef[n] * inv_temp * (onehot - softmax(logits*inv_temp)) \

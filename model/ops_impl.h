@@ -96,18 +96,16 @@ void OP(swiglu_backward)(REAL *dgate, REAL *dup, const REAL *dout, const REAL *g
 }
 
 int OP(attention_forward)(REAL *out, REAL *lse, const REAL *q, const REAL *k, const REAL *v, const int *qoff,
-                          int B, int T, int Tk, int NH, int NKV, int HS) {
+                          int B, int T, int Tk, int NH, int NKV, int HS, REAL *scores, int nthreads) {
+    if (!scores || nthreads < 1)
+        return er_error(ER_EINVAL, "attention: no scratch for the scores (%d threads)", nthreads);
     int G = NH / NKV;
     REAL scale = (REAL)(1.0 / sqrt((double)HS));
-    int nthreads = omp_get_max_threads();
-    REAL *scratch = malloc(sizeof(REAL) * (size_t)nthreads * (Tk > 0 ? Tk : 1));
-    if (!scratch)
-        return er_error(ER_ENOMEM, "attention: out of memory for %d keys", Tk);
-#pragma omp parallel for collapse(3) schedule(static)
+#pragma omp parallel for collapse(3) schedule(static) num_threads(nthreads)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {
-                REAL *sc = scratch + (size_t)omp_get_thread_num() * Tk;
+                REAL *sc = scores + (size_t)omp_get_thread_num() * Tk;
                 int last = (qoff ? qoff[b] : 0) + t; // last visible key
                 if (last > Tk - 1)
                     last = Tk - 1;
@@ -143,25 +141,21 @@ int OP(attention_forward)(REAL *out, REAL *lse, const REAL *q, const REAL *k, co
                 }
                 lse[((size_t)b * NH + h) * T + t] = mx + log(sum);
             }
-    free(scratch);
     return ER_OK;
 }
 
 int OP(attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, const REAL *out, const REAL *lse,
                            const REAL *q, const REAL *k, const REAL *v, const int *qoff, int B, int T, int Tk,
-                           int NH, int NKV, int HS) {
+                           int NH, int NKV, int HS, REAL *dkh, REAL *dvh) {
     // Heads run in parallel, each accumulating its own dK/dV (Tk, HS); the query heads sharing a KV
     // head are summed afterwards. This keeps the loop race-free with NH-way parallelism even for B = 1.
     int G = NH / NKV;
     REAL scale = (REAL)(1.0 / sqrt((double)HS));
     size_t per_head = (size_t)Tk * HS;
-    REAL *dkh = calloc((size_t)B * NH * per_head, sizeof(REAL));
-    REAL *dvh = calloc((size_t)B * NH * per_head, sizeof(REAL));
-    if (!dkh || !dvh) {
-        free(dkh);
-        free(dvh);
-        return er_error(ER_ENOMEM, "attention backward: out of memory");
-    }
+    if (!dkh || !dvh)
+        return er_error(ER_EINVAL, "attention backward: no scratch for the per-head gradients");
+    memset(dkh, 0, sizeof(REAL) * (size_t)B * NH * per_head);
+    memset(dvh, 0, sizeof(REAL) * (size_t)B * NH * per_head);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
@@ -217,8 +211,6 @@ int OP(attention_backward)(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, const
                     }
                 }
             }
-    free(dkh);
-    free(dvh);
     return ER_OK;
 }
 
@@ -232,21 +224,19 @@ static inline REAL OP(row_max)(const REAL *l, int V) {
 }
 
 double OP(cross_entropy_forward_backward)(REAL *logits, const int *targets, const REAL *mask, int N, int V,
-                                          int grad) {
+                                          int grad, double *row_loss) {
     double wsum = 0.0;
     for (int n = 0; n < N; n++)
         wsum += mask ? mask[n] : 1.0;
     // Row losses are summed in row order afterwards, so the loss is the same bits for any thread count.
     if (N <= 0)
         return 0.0;
-    double *row_loss = calloc((size_t)N, sizeof(double));
-    if (!row_loss)
-        return NAN;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         REAL *l = logits + (size_t)n * V;
         double w = mask ? mask[n] : 1.0;
         if (w == 0.0 || wsum == 0.0) {
+            row_loss[n] = 0;
             if (grad)
                 for (int i = 0; i < V; i++)
                     l[i] = 0;
@@ -279,7 +269,6 @@ double OP(cross_entropy_forward_backward)(REAL *logits, const int *targets, cons
     double total = 0.0;
     for (int n = 0; n < N; n++)
         total += row_loss[n];
-    free(row_loss);
     return wsum > 0 ? total / wsum : 0.0;
 }
 

@@ -134,8 +134,9 @@ static double att_loss(double *p, void *vc) {
     AttCtx *c = vc;
     size_t no = (size_t)c->B * c->T * c->NH * c->HS;
     double *o = malloc(no * 8), *lse = malloc(sizeof(double) * c->B * c->NH * c->T);
+    double scores[64]; // one thread's row of Tk scores
     attention_forward_f64(o, lse, c->wrt == 0 ? p : c->q, c->wrt == 1 ? p : c->k, c->wrt == 2 ? p : c->v, c->qoff, c->B,
-                          c->T, c->Tk, c->NH, c->NKV, c->HS);
+                          c->T, c->Tk, c->NH, c->NKV, c->HS, scores, 1);
     double L = dot(o, c->r, no);
     free(o);
     free(lse);
@@ -146,8 +147,10 @@ static void attention_case(int B, int T, int Tk, int NH, int NKV, int HS, int *q
     AttCtx c = {B, T, Tk, NH, NKV, HS, qoff, randv(nq, 1), randv(nk, 1), randv(nk, 1), randv(nq, 1), 0};
     double *o = talloc(nq * 8), *lse = talloc(sizeof(double) * B * NH * T);
     double *dq = talloc(nq * 8), *dk = talloc(nk * 8), *dv = talloc(nk * 8);
-    cr_assert_eq(attention_forward_f64(o, lse, c.q, c.k, c.v, qoff, B, T, Tk, NH, NKV, HS), 0);
-    cr_assert_eq(attention_backward_f64(dq, dk, dv, c.r, o, lse, c.q, c.k, c.v, qoff, B, T, Tk, NH, NKV, HS), 0);
+    double *scores = talloc(sizeof(double) * 2 * Tk); // two threads' rows
+    double *dkh = talloc(sizeof(double) * B * NH * Tk * HS), *dvh = talloc(sizeof(double) * B * NH * Tk * HS);
+    cr_assert_eq(attention_forward_f64(o, lse, c.q, c.k, c.v, qoff, B, T, Tk, NH, NKV, HS, scores, 2), 0);
+    cr_assert_eq(attention_backward_f64(dq, dk, dv, c.r, o, lse, c.q, c.k, c.v, qoff, B, T, Tk, NH, NKV, HS, dkh, dvh), 0);
     check_grad("attention dq", c.q, dq, nq, att_loss, &c);
     c.wrt = 1;
     check_grad("attention dk", c.k, dk, nk, att_loss, &c);
@@ -169,8 +172,8 @@ Test(ops_grad, attention_is_causal) {
     rng_seed(&rng, 6);
     int T = 4, HS = 4;
     double *q = randv(T * HS, 1), *k = randv(T * HS, 1), *v = randv(T * HS, 1);
-    double o[16], lse[4];
-    attention_forward_f64(o, lse, q, k, v, NULL, 1, T, T, 1, 1, HS);
+    double o[16], lse[4], scores[4];
+    attention_forward_f64(o, lse, q, k, v, NULL, 1, T, T, 1, 1, HS, scores, 1);
     for (int t = 0; t < T; t++) {
         double w[4], mx = -1e300, sum = 0;
         for (int s = 0; s <= t; s++) {
@@ -194,7 +197,8 @@ static double ce_loss(double *p, void *vc) {
     CeCtx *c = vc;
     double *l = malloc(sizeof(double) * c->N * c->V);
     memcpy(l, p, sizeof(double) * c->N * c->V);
-    double L = cross_entropy_forward_backward_f64(l, c->tgt, c->mask, c->N, c->V, 0);
+    double row_loss[8];
+    double L = cross_entropy_forward_backward_f64(l, c->tgt, c->mask, c->N, c->V, 0, row_loss);
     free(l);
     return L;
 }
@@ -205,7 +209,8 @@ Test(ops_grad, cross_entropy_masked) {
     CeCtx c = {N, V, tgt, mask};
     double *x = randv(N * V, 2), *g = talloc(N * V * 8);
     memcpy(g, x, N * V * 8);
-    double L = cross_entropy_forward_backward_f64(g, tgt, mask, N, V, 1);
+    double row_loss[4];
+    double L = cross_entropy_forward_backward_f64(g, tgt, mask, N, V, 1, row_loss);
     cr_assert_float_eq(L, ce_loss(x, &c), 1e-12);
     check_grad("cross-entropy dlogits", x, g, N * V, ce_loss, &c);
     for (int i = 0; i < V; i++)
@@ -219,7 +224,8 @@ Test(ops_grad, logprob_matches_cross_entropy) {
     logprob_forward_f64(lp, x, tgt, N, V, 1.0);
     double *l = talloc(N * V * 8);
     memcpy(l, x, N * V * 8);
-    double L = cross_entropy_forward_backward_f64(l, tgt, NULL, N, V, 0);
+    double row_loss[3];
+    double L = cross_entropy_forward_backward_f64(l, tgt, NULL, N, V, 0, row_loss);
     cr_assert_float_eq(-(lp[0] + lp[1] + lp[2]) / 3, L, 1e-12);
 }
 
@@ -238,8 +244,9 @@ Test(ops_grad, float_ops_match_double) {
     logprob_forward_f64(lpd, x, tgt, N, V, 1.0);
     for (int n = 0; n < N; n++)
         cr_assert(fabs(lpf[n] - lpd[n]) <= 2e-6 * (1 + fabs(lpd[n])), "logprob %d: %.9g vs %.9g", n, lpf[n], lpd[n]);
-    double lf = cross_entropy_forward_backward(xf, tgt, NULL, N, V, 1);
-    double ld = cross_entropy_forward_backward_f64(x, tgt, NULL, N, V, 1);
+    double row_loss[4];
+    double lf = cross_entropy_forward_backward(xf, tgt, NULL, N, V, 1, row_loss);
+    double ld = cross_entropy_forward_backward_f64(x, tgt, NULL, N, V, 1, row_loss);
     cr_assert(fabs(lf - ld) <= 2e-6 * fabs(ld), "loss %.9g vs %.9g", lf, ld);
     for (int i = 0; i < N * V; i++)
         cr_assert(fabs(xf[i] - x[i]) <= 1e-7 + 1e-5 * fabs(x[i]), "dlogits[%d]: %.9g vs %.9g", i, xf[i], x[i]);
