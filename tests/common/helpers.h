@@ -137,6 +137,31 @@ static inline void helper_make_model(const char *dir) {
     helper_copy_file("data/tiny_tokenizer/tokenizer_config.json", dir, "tokenizer_config.json");
 }
 
+// The per-test fixture of the suites that run on a tiny model dir in /tmp: a fresh /tmp/<tag>XXXXXX, the
+// tiny random model in tmp/model and, when prog is not NULL, that built program's path (NULL when it was
+// not built: its tests call helper_need_program first).
+typedef struct {
+    char *tmp;    // the temp dir, removed by helper_fixture_close
+    char *model;  // tmp/model
+    char *prog;   // $ER_BUILD/<prog>, or NULL
+} HelperFixture;
+
+static inline void helper_fixture_open(HelperFixture *fx, const char *tag, const char *prog) {
+    fx->prog = prog ? helper_program(prog) : NULL;
+    fx->tmp = helper_tmpdir(tag);
+    fx->model = path_join(fx->tmp, "model");
+    cr_assert(fx->model);
+    helper_make_model(fx->model);
+}
+
+static inline void helper_fixture_close(HelperFixture *fx) {
+    helper_rmdir(fx->tmp);
+    er_free(fx->model);
+    er_free(fx->tmp);
+    er_free(fx->prog);
+    memset(fx, 0, sizeof *fx);
+}
+
 typedef struct {
     int status;  // exit status; 128 + signal when killed by one
     char *out;   // stdout (free with helper_result_free)
