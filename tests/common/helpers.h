@@ -7,6 +7,7 @@
 #define TESTS_INFER_HELPERS_H
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,6 +122,30 @@ static inline void helper_tiny_teardown(Model *m, Tokenizer *tok, LoraAdapter *a
         lora_free(ad);
     model_free(m);
     tok_free(tok);
+}
+
+// The logits (B, T, V) of one scoring forward of m over tokens (B, T), the training-path attention with
+// no cache, copied out (free with free).
+static inline float *helper_forward_logits(Model *m, const int *tokens, int B, int T) {
+    Activations a;
+    cr_assert_eq(acts_alloc(&a, &m->cfg, B, T, ACTS_SCORE, 0), 0);
+    ModelInput in = {.B = B, .T = T, .tokens = tokens};
+    cr_assert_eq(model_forward(m, &in, &a), 0, "%s", er_last_error());
+    size_t n = (size_t)B * T * m->cfg.V;
+    float *out = malloc(sizeof(float) * n);
+    memcpy(out, a.logits, sizeof(float) * n);
+    acts_free(&a);
+    return out;
+}
+
+// max |a - b| / max |b| over n values (b the reference)
+static inline double helper_rel_err(const float *a, const float *b, size_t n) {
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        err = fmax(err, fabs((double)a[i] - b[i]));
+        ref = fmax(ref, fabs((double)b[i]));
+    }
+    return err / ref;
 }
 
 // A tiny random Qwen2-shaped model saved as an HF dir, with the tiny tokenizer next to it.

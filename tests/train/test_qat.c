@@ -134,16 +134,7 @@ Test(qat, ste_gradient_is_the_gradient_at_the_dequantized_weights) {
     cr_assert(sqrt(dd / gg) > 0.05, "the gradient at Q(W) is barely that at W (%g): the test would not tell", sqrt(dd / gg));
 
     // Finite differences through the dequantized model (the weights the forward read).
-    double fd, gd;
-    fd_directional(f.m.param_mem, f.m.grad_mem, n, 3, 1e-2, loss_cb, &f, &fd, &gd);
-    cr_assert(fabs(gd) > 1e-2, "directional derivative trivially small (%g)", gd);
-    cr_assert(fabs(fd - gd) <= 2e-3 * fabs(gd), "directional: fd %.7g vs STE gradient %.7g", fd, gd);
-    for (int p = 0; p < f.m.n_params; p++) {
-        ParamTensor *pt = &f.m.params[p];
-        size_t best = fd_argmax_abs(pt->grad, pt->numel);
-        double fde = fd_entry(&pt->data[best], 1e-2f, loss_cb, &f), an = pt->grad[best];
-        cr_assert(fabs(fde - an) <= 1e-2 * fabs(an) + 2e-5, "%s[%zu]: fd %.7g vs STE %.7g", pt->name, best, fde, an);
-    }
+    fd_check_model(&f.m, 3, loss_cb, &f, "STE");
     free(g_fp);
     fix_free(&f);
 }
