@@ -73,6 +73,23 @@ static inline void helper_copy_file(const char *src, const char *dir, const char
     er_free(data);
 }
 
+// How many distinct values x (n) holds, each written once into levels (cap of them at most): cap + 1 as
+// soon as there are more, so a check "at most k levels" (k <= cap) fails.
+static inline int helper_distinct(const float *x, int n, float *levels, int cap) {
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        int j = 0;
+        while (j < m && levels[j] != x[i])
+            j++;
+        if (j == m) {
+            if (m == cap)
+                return cap + 1;
+            levels[m++] = x[i];
+        }
+    }
+    return m;
+}
+
 // The tiny model's shape over a vocabulary of V (the tiny tokenizer's): Qwen2, two layers, C = 32, GQA.
 // DIR/NAME parsed as JSON (a run.json, an adapter or quantization config); the test fails if it is not.
 static inline cJSON *helper_read_json(const char *dir, const char *name) {

@@ -21,21 +21,6 @@
 #include "train/qat.h"
 #include "train/quantize.h"
 
-static int distinct(const float *x, int n, float *levels) {
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        int j = 0;
-        while (j < m && levels[j] != x[i])
-            j++;
-        if (j == m) {
-            if (m == 16)
-                return 17;
-            levels[m++] = x[i];
-        }
-    }
-    return m;
-}
-
 // ---- the fake-quantization step and its gradient ----
 
 typedef struct {
@@ -109,7 +94,7 @@ Test(qat, forward_sees_fake_quantized_weights) {
         cr_assert_eq(memcmp(p->data, want, p->numel * sizeof(float)), 0, "%s: not quantize-then-dequantize", p->name);
         if (is_layer)
             for (int r = 0; r < R; r++)
-                cr_assert_leq(distinct(p->data + (size_t)r * C, C, lv), 4, "%s row %d", p->name, r);
+                cr_assert_leq(helper_distinct(p->data + (size_t)r * C, C, lv, 16), 4, "%s row %d", p->name, r);
         cr_assert_neq(memcmp(p->data, f.master + off, p->numel * sizeof(float)), 0, "%s unchanged", p->name);
     }
     free(want);
@@ -149,7 +134,7 @@ Test(qat, codebooks_every_k_steps_assignments_every_step) {
     cr_assert_eq(qat_state_apply(f.s, 0), 0);
     float *lv0 = malloc(sizeof(float) * 17 * R), lv[17];
     for (int r = 0; r < R; r++)
-        cr_assert_leq(distinct(p->data + (size_t)r * C, C, lv0 + 17 * r), 4);
+        cr_assert_leq(helper_distinct(p->data + (size_t)r * C, C, lv0 + 17 * r, 16), 4);
     // Move the masters: steps 1 and 2 keep the step-0 codebooks, with new assignments.
     ErRng rng;
     rng_seed(&rng, 9);
@@ -160,7 +145,7 @@ Test(qat, codebooks_every_k_steps_assignments_every_step) {
     cr_assert_eq(qat_state_apply(f.s, 1), 0);
     cr_assert_neq(memcmp(before, p->data, p->numel * sizeof(float)), 0, "assignments did not follow the masters");
     for (int r = 0; r < R; r++) {
-        int m = distinct(p->data + (size_t)r * C, C, lv);
+        int m = helper_distinct(p->data + (size_t)r * C, C, lv, 16);
         for (int j = 0; j < m; j++) {
             int found = 0;
             for (int i = 0; i < 4; i++)
