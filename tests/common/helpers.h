@@ -63,6 +63,14 @@ static inline void helper_rmdir(const char *dir) {
     cr_assert_eq(system(cmd), 0, "could not remove %s", dir);
 }
 
+// Writes text to path = /tmp/<stem>_<pid><ext> (the pid keeps parallel test processes apart); returns path.
+static inline const char *helper_write_tmp(char *path, size_t cap, const char *stem, const char *ext,
+                                           const char *text) {
+    snprintf(path, cap, "/tmp/%s_%d%s", stem, (int)getpid(), ext);
+    cr_assert_eq(file_write_atomic(path, text, strlen(text)), ER_OK, "%s", er_last_error());
+    return path;
+}
+
 static inline void helper_copy_file(const char *src, const char *dir, const char *name) {
     char *data;
     size_t n;
