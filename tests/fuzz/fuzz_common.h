@@ -183,4 +183,9 @@ static inline int fuzz_refused(const char *what) {
         }                                                                      \
     } while (0)
 
+// Saving what was just loaded may fail only for want of memory or disk; what names the save.
+static inline void fuzz_check_save_failure(const char *what) {
+    FUZZ_CHECK(er_last_status() == ER_ENOMEM || er_last_status() == ER_EIO, "%s: %s", what, er_last_error());
+}
+
 #endif
