@@ -2,11 +2,13 @@
 #ifndef TESTS_MODEL_FD_H
 #define TESTS_MODEL_FD_H
 
+#include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/rng.h"
+#include "model/model.h"
 
 // The directional derivative of loss(ctx) along a random unit direction over all n parameters
 // (seeded), by central differences with step h, into *fd; the analytic one (direction · grad) into
@@ -57,6 +59,23 @@ static inline double fd_entry(float *w, float h, double (*loss)(void *ctx), void
     double b = loss(ctx);
     *w = w0;
     return (a - b) / (2.0 * h);
+}
+
+// The gradient m->grad_mem (filled by a backward at the current parameters) against central differences
+// of loss(ctx) with step 1e-2: first the directional derivative along a random direction over all the
+// parameters at once (seeded), then every parameter tensor at its largest-gradient entry, one at a time.
+// grad names the gradient under test in failure messages ("analytic", "STE").
+static inline void fd_check_model(Model *m, uint64_t seed, double (*loss)(void *ctx), void *ctx, const char *grad) {
+    double fd, gd;
+    fd_directional(m->param_mem, m->grad_mem, m->n_param_floats, seed, 1e-2, loss, ctx, &fd, &gd);
+    cr_assert(fabs(gd) > 1e-2, "directional derivative is trivially small (%g)", gd);
+    cr_assert(fabs(fd - gd) <= 2e-3 * fabs(gd), "directional derivative: fd %.7g vs %s %.7g", fd, grad, gd);
+    for (int p = 0; p < m->n_params; p++) {
+        ParamTensor *pt = &m->params[p];
+        size_t best = fd_argmax_abs(pt->grad, pt->numel);
+        double fde = fd_entry(&pt->data[best], 1e-2f, loss, ctx), an = pt->grad[best];
+        cr_assert(fabs(fde - an) <= 1e-2 * fabs(an) + 2e-5, "%s[%zu]: fd %.7g vs %s %.7g", pt->name, best, fde, grad, an);
+    }
 }
 
 #endif

@@ -9,10 +9,9 @@
 #include "model/head.h"
 #include "tests/common/helpers.h"
 
-// dir/model (tiny random model + tokenizer), dir/adapter (masked, prefix "<think>\n", non-zero B).
-static inline void heads_make_model_and_adapter(const char *dir) {
+// dir/adapter (masked, prefix "<think>\n", non-zero B) for the model in dir/model.
+static inline void heads_add_adapter(const char *dir) {
     char *model = path_join(dir, "model"), *adapter = path_join(dir, "adapter");
-    helper_make_model(model);
     Model m;
     cr_assert_eq(model_load(&m, model, 0), 0, "%s", er_last_error());
     LoraAdapter a;
@@ -24,6 +23,14 @@ static inline void heads_make_model_and_adapter(const char *dir) {
     model_free(&m);
     er_free(model);
     er_free(adapter);
+}
+
+// dir/model (tiny random model + tokenizer) and its dir/adapter as above.
+static inline void heads_make_model_and_adapter(const char *dir) {
+    char *model = path_join(dir, "model");
+    helper_make_model(model);
+    er_free(model);
+    heads_add_adapter(dir);
 }
 
 // dir/<sw> and dir/<vf> (paths as trained_head_save takes them) for the model in dir/model, fingerprinted

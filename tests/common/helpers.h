@@ -7,6 +7,7 @@
 #define TESTS_INFER_HELPERS_H
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,6 +63,14 @@ static inline void helper_rmdir(const char *dir) {
     cr_assert_eq(system(cmd), 0, "could not remove %s", dir);
 }
 
+// Writes text to path = /tmp/<stem>_<pid><ext> (the pid keeps parallel test processes apart); returns path.
+static inline const char *helper_write_tmp(char *path, size_t cap, const char *stem, const char *ext,
+                                           const char *text) {
+    snprintf(path, cap, "/tmp/%s_%d%s", stem, (int)getpid(), ext);
+    cr_assert_eq(file_write_atomic(path, text, strlen(text)), ER_OK, "%s", er_last_error());
+    return path;
+}
+
 static inline void helper_copy_file(const char *src, const char *dir, const char *name) {
     char *data;
     size_t n;
@@ -70,6 +79,23 @@ static inline void helper_copy_file(const char *src, const char *dir, const char
     cr_assert_eq(file_write_atomic(dst, data, n), 0, "%s", er_last_error());
     er_free(dst);
     er_free(data);
+}
+
+// How many distinct values x (n) holds, each written once into levels (cap of them at most): cap + 1 as
+// soon as there are more, so a check "at most k levels" (k <= cap) fails.
+static inline int helper_distinct(const float *x, int n, float *levels, int cap) {
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        int j = 0;
+        while (j < m && levels[j] != x[i])
+            j++;
+        if (j == m) {
+            if (m == cap)
+                return cap + 1;
+            levels[m++] = x[i];
+        }
+    }
+    return m;
 }
 
 // The tiny model's shape over a vocabulary of V (the tiny tokenizer's): Qwen2, two layers, C = 32, GQA.
@@ -123,6 +149,30 @@ static inline void helper_tiny_teardown(Model *m, Tokenizer *tok, LoraAdapter *a
     tok_free(tok);
 }
 
+// The logits (B, T, V) of one scoring forward of m over tokens (B, T), the training-path attention with
+// no cache, copied out (free with free).
+static inline float *helper_forward_logits(Model *m, const int *tokens, int B, int T) {
+    Activations a;
+    cr_assert_eq(acts_alloc(&a, &m->cfg, B, T, ACTS_SCORE, 0), 0);
+    ModelInput in = {.B = B, .T = T, .tokens = tokens};
+    cr_assert_eq(model_forward(m, &in, &a), 0, "%s", er_last_error());
+    size_t n = (size_t)B * T * m->cfg.V;
+    float *out = malloc(sizeof(float) * n);
+    memcpy(out, a.logits, sizeof(float) * n);
+    acts_free(&a);
+    return out;
+}
+
+// max |a - b| / max |b| over n values (b the reference)
+static inline double helper_rel_err(const float *a, const float *b, size_t n) {
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        err = fmax(err, fabs((double)a[i] - b[i]));
+        ref = fmax(ref, fabs((double)b[i]));
+    }
+    return err / ref;
+}
+
 // A tiny random Qwen2-shaped model saved as an HF dir, with the tiny tokenizer next to it.
 static inline void helper_make_model(const char *dir) {
     Tokenizer *tok;
@@ -135,6 +185,31 @@ static inline void helper_make_model(const char *dir) {
     model_free(&m);
     helper_copy_file("data/tiny_tokenizer/tokenizer.json", dir, "tokenizer.json");
     helper_copy_file("data/tiny_tokenizer/tokenizer_config.json", dir, "tokenizer_config.json");
+}
+
+// The per-test fixture of the suites that run on a tiny model dir in /tmp: a fresh /tmp/<tag>XXXXXX, the
+// tiny random model in tmp/model and, when prog is not NULL, that built program's path (NULL when it was
+// not built: its tests call helper_need_program first).
+typedef struct {
+    char *tmp;    // the temp dir, removed by helper_fixture_close
+    char *model;  // tmp/model
+    char *prog;   // $ER_BUILD/<prog>, or NULL
+} HelperFixture;
+
+static inline void helper_fixture_open(HelperFixture *fx, const char *tag, const char *prog) {
+    fx->prog = prog ? helper_program(prog) : NULL;
+    fx->tmp = helper_tmpdir(tag);
+    fx->model = path_join(fx->tmp, "model");
+    cr_assert(fx->model);
+    helper_make_model(fx->model);
+}
+
+static inline void helper_fixture_close(HelperFixture *fx) {
+    helper_rmdir(fx->tmp);
+    er_free(fx->model);
+    er_free(fx->tmp);
+    er_free(fx->prog);
+    memset(fx, 0, sizeof *fx);
 }
 
 typedef struct {

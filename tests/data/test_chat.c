@@ -10,6 +10,7 @@
 #include "core/fileio.h"
 #include "core/json.h"
 #include "data/chat.h"
+#include "tests/common/helpers.h"
 
 #define GOLDEN "tests/data/golden/"
 #define QWEN3_CONFIG "../shared/fixtures/qwen-tokenizer/tokenizer_config.json"
@@ -146,9 +147,7 @@ Test(chat, detect_from_config_files) {
 static char tmp_path[64];
 
 static const char *write_tmp(const char *text) {
-    snprintf(tmp_path, sizeof tmp_path, "/tmp/er_test_chat_%d.json", (int)getpid());
-    cr_assert_eq(file_write_atomic(tmp_path, text, strlen(text)), ER_OK, "%s", er_last_error());
-    return tmp_path;
+    return helper_write_tmp(tmp_path, sizeof tmp_path, "er_test_chat", ".json", text);
 }
 
 Test(chat, config_variants_and_errors) {

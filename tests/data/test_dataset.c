@@ -10,13 +10,12 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "data/dataset.h"
+#include "tests/common/helpers.h"
 
 static char path[64];
 
 static const char *write_jsonl(const char *text) {
-    snprintf(path, sizeof path, "/tmp/er_test_dataset_%d.jsonl", (int)getpid());
-    cr_assert_eq(file_write_atomic(path, text, strlen(text)), ER_OK, "%s", er_last_error());
-    return path;
+    return helper_write_tmp(path, sizeof path, "er_test_dataset", ".jsonl", text);
 }
 
 Test(dataset, record_shapes_normalised) {

@@ -44,8 +44,7 @@ static void check_save_load(const LoraAdapter *a, int with_grads) {
     char path[FUZZ_PATH_MAX];
     fuzz_path(path, "saved");
     if (peft_save(a, path) < 0) {
-        FUZZ_CHECK(er_last_status() == ER_ENOMEM || er_last_status() == ER_EIO, "peft_save of a loaded adapter: %s",
-                   er_last_error());
+        fuzz_check_save_failure("peft_save of a loaded adapter");
         return;
     }
     LoraAdapter b;
@@ -63,21 +62,15 @@ static void check_save_load(const LoraAdapter *a, int with_grads) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *part[2];
     size_t len[2];
-    int n = fuzz_split(data, size, part, len, 2);
-    fuzz_write("adapter/adapter_config.json", part[0], len[0]);
-    if (n > 1)
-        fuzz_write("adapter/adapter_model.safetensors", part[1], len[1]);
-    else
-        fuzz_unlink("adapter/adapter_model.safetensors");
+    static const char *const names[2] = {"adapter/adapter_config.json", "adapter/adapter_model.safetensors"};
+    fuzz_write_parts(data, size, names, 2, part, len);
     char path[FUZZ_PATH_MAX];
     int with_grads = (int)(size & 1);
     LoraAdapter a;
     int rc = peft_load(&a, fuzz_path(path, "adapter"), &tiny, with_grads);
     if (rc < 0) {
         FUZZ_CHECK(a.mats == NULL, "failed load left matrices");
-        if (fuzz_verbose())
-            fprintf(stderr, "refused: %s\n", er_last_error());
-        return 0;
+        return fuzz_refused("refused");
     }
     FUZZ_CHECK(a.L == tiny.L && a.r >= 1 && a.targets && !(a.targets & ~LORA_ALL_TARGETS), "loaded adapter shape");
     FUZZ_CHECK(!with_grads || a.grads, "no gradients");

@@ -20,6 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/error.h"
+
 // Separates the files packed into one input ("a.json" FUZZ_SEP "b.safetensors" ...): 8 bytes that
 // neither JSON nor a safetensors header of the seeds contain, and that the dictionaries name so
 // mutations can insert it.
@@ -130,6 +132,19 @@ static inline int fuzz_split(const uint8_t *data, size_t size, const uint8_t **p
     return n;
 }
 
+// fuzz_split into n parts, part k written to fuzz_root/names[k]; the files of the parts the input lacks
+// are removed, so files of the previous input do not leak into this one. Returns the number of parts found.
+static inline int fuzz_write_parts(const uint8_t *data, size_t size, const char *const *names, int n,
+                                   const uint8_t **parts, size_t *lens) {
+    int found = fuzz_split(data, size, parts, lens, n);
+    for (int k = 0; k < n; k++)
+        if (k < found)
+            fuzz_write(names[k], parts[k], lens[k]);
+        else
+            fuzz_unlink(names[k]);
+    return found;
+}
+
 // A NUL-terminated copy (inputs are not NUL-terminated); free with free().
 static inline char *fuzz_strndup(const uint8_t *data, size_t n) {
     char *s = malloc(n + 1);
@@ -149,6 +164,14 @@ static inline int fuzz_verbose(void) {
     return v;
 }
 
+// An input the library refused: says why under FUZZ_VERBOSE=1 ("<what>: <error>"). Returns 0, the
+// fuzz target's return for an input it is done with.
+static inline int fuzz_refused(const char *what) {
+    if (fuzz_verbose())
+        fprintf(stderr, "%s: %s\n", what, er_last_error());
+    return 0;
+}
+
 // A property the library promises did not hold: print and abort so libFuzzer keeps the input.
 #define FUZZ_CHECK(cond, ...)                                                  \
     do {                                                                       \
@@ -159,5 +182,10 @@ static inline int fuzz_verbose(void) {
             abort();                                                           \
         }                                                                      \
     } while (0)
+
+// Saving what was just loaded may fail only for want of memory or disk; what names the save.
+static inline void fuzz_check_save_failure(const char *what) {
+    FUZZ_CHECK(er_last_status() == ER_ENOMEM || er_last_status() == ER_EIO, "%s: %s", what, er_last_error());
+}
 
 #endif

@@ -56,11 +56,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_write("model/config.json", data, size);
     ModelConfig c;
     int rc = model_config_load(&c, fuzz_path(path, "model/config.json"));
-    if (rc < 0) {
-        if (fuzz_verbose())
-            fprintf(stderr, "config refused: %s\n", er_last_error());
-        return 0;
-    }
+    if (rc < 0)
+        return fuzz_refused("config refused");
     FUZZ_CHECK(model_config_validate(&c, "loaded") == ER_OK, "a loaded config does not validate");
     (void)model_config_num_params(&c);
     check_round_trip(&c);
@@ -69,11 +66,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int flags = (size & 1) ? MODEL_LOAD_TRAINABLE : 0;
     Model m;
     rc = model_load(&m, fuzz_path(path, "model"), flags);
-    if (rc < 0) {
-        if (fuzz_verbose())
-            fprintf(stderr, "model refused: %s\n", er_last_error());
-        return 0;
-    }
+    if (rc < 0)
+        return fuzz_refused("model refused");
     FUZZ_CHECK(m.n_params > 0 && m.cfg.C == c.C && m.cfg.L == c.L, "loaded model disagrees with its config");
     for (int i = 0; i < m.n_params; i++)
         FUZZ_CHECK(m.params[i].numel > 0, "parameter %s is empty", m.params[i].name);

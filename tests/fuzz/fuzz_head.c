@@ -44,8 +44,7 @@ static void check_save_load(const TrainedHead *t, const Model *m) {
     char path[FUZZ_PATH_MAX];
     fuzz_path(path, "saved/h");
     if (trained_head_save(t, path) < 0) {
-        FUZZ_CHECK(er_last_status() == ER_ENOMEM || er_last_status() == ER_EIO, "saving a loaded head: %s",
-                   er_last_error());
+        fuzz_check_save_failure("saving a loaded head");
         return;
     }
     TrainedHead u;
@@ -67,12 +66,8 @@ static void check_save_load(const TrainedHead *t, const Model *m) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *part[2];
     size_t len[2];
-    int n = fuzz_split(data, size, part, len, 2);
-    fuzz_write("h.json", part[0], len[0]);
-    if (n > 1)
-        fuzz_write("h.safetensors", part[1], len[1]);
-    else
-        fuzz_unlink("h.safetensors");
+    static const char *const names[2] = {"h.json", "h.safetensors"};
+    fuzz_write_parts(data, size, names, 2, part, len);
     // The caller knows which role it wants; take the one the file claims so most inputs get past that check.
     HeadRole role = memmem(part[0], len[0], "\"verifier\"", 10) ? HEAD_VERIFIER : HEAD_SWITCHER;
     const Model *m = size % 4 == 3 ? NULL : &tiny;
@@ -80,11 +75,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     TrainedHead t;
     // Both spellings of the path: NAME and NAME.safetensors.
     int rc = trained_head_load(&t, fuzz_path(path, (size & 2) ? "h.safetensors" : "h"), role, m);
-    if (rc < 0) {
-        if (fuzz_verbose())
-            fprintf(stderr, "refused: %s\n", er_last_error());
-        return 0;
-    }
+    if (rc < 0)
+        return fuzz_refused("refused");
     FUZZ_CHECK(t.role == role && t.net.in >= 1 && t.net.params, "loaded head");
     if (m)
         FUZZ_CHECK(t.net.in == m->cfg.C, "head for %d inputs accepted for hidden size %d", t.net.in, m->cfg.C);

@@ -170,11 +170,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     snprintf(rel, sizeof rel, "q%d", k);
     Model m;
     int rc = model_load(&m, fuzz_path(path, rel), 0);
-    if (rc < 0) {
-        if (fuzz_verbose())
-            fprintf(stderr, "model refused: %s\n", er_last_error());
-        return 0;
-    }
+    if (rc < 0)
+        return fuzz_refused("model refused");
     run_forward(&m);
     model_free(&m);
     return 0;

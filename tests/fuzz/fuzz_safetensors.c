@@ -60,11 +60,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_write("in.safetensors", data, size);
     StFile f;
     int rc = safetensors_open(&f, fuzz_path(path, "in.safetensors"));
-    if (rc < 0) {
-        if (fuzz_verbose())
-            fprintf(stderr, "refused: %s\n", er_last_error());
-        return 0;
-    }
+    if (rc < 0)
+        return fuzz_refused("refused");
     check_open_file(&f);
     safetensors_close(&f);
     return 0;

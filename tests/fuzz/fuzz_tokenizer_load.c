@@ -62,26 +62,16 @@ static void exercise(const Tokenizer *t) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *part[3];
     size_t len[3];
-    int n = fuzz_split(data, size, part, len, 3);
-    fuzz_write("tok/tokenizer.json", part[0], len[0]);
-    // Files of the previous input must not leak into this one.
-    if (n > 1)
-        fuzz_write("tok/tokenizer_config.json", part[1], len[1]);
-    else
-        fuzz_unlink("tok/tokenizer_config.json");
-    if (n > 2)
-        fuzz_write("tok/generation_config.json", part[2], len[2]);
-    else
-        fuzz_unlink("tok/generation_config.json");
+    static const char *const names[3] = {"tok/tokenizer.json", "tok/tokenizer_config.json",
+                                         "tok/generation_config.json"};
+    fuzz_write_parts(data, size, names, 3, part, len);
     char path[FUZZ_PATH_MAX];
     Tokenizer *t = NULL;
     // Odd sizes name the dir, even ones the file: both ways of finding the config files.
     int rc = tok_load(&t, fuzz_path(path, (size & 1) ? "tok" : "tok/tokenizer.json"));
     if (rc < 0) {
         FUZZ_CHECK(t == NULL, "failed load left a tokenizer");
-        if (fuzz_verbose())
-            fprintf(stderr, "refused: %s\n", er_last_error());
-        return 0;
+        return fuzz_refused("refused");
     }
     exercise(t);
     tok_free(t);

@@ -16,21 +16,14 @@
 #include "lora/peft.h"
 #include "tests/common/helpers.h"
 
-static char *tmp, *model_dir;
+static HelperFixture fx; // per test: the temp dir and tmp/model
 
 static void setup(void) {
     threads_set(2);
-    tmp = helper_tmpdir("er_api_");
-    model_dir = path_join(tmp, "model");
-    cr_assert(model_dir);
-    helper_make_model(model_dir);
+    helper_fixture_open(&fx, "er_api_", NULL);
 }
 
-static void teardown(void) {
-    helper_rmdir(tmp);
-    er_free(model_dir);
-    er_free(tmp);
-}
+static void teardown(void) { helper_fixture_close(&fx); }
 
 TestSuite(api, .init = setup, .fini = teardown);
 
@@ -46,10 +39,10 @@ Test(api, null_arguments_are_errors) {
     ErSession *s = (ErSession *)0x1;
     expect_null_error(er_model_load(&m, NULL), "er_model_load");
     cr_assert_null(m);
-    expect_null_error(er_model_load(NULL, model_dir), "er_model_load");
-    cr_assert_eq(er_model_load(&m, model_dir), 0, "%s", er_last_error());
+    expect_null_error(er_model_load(NULL, fx.model), "er_model_load");
+    cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
     expect_null_error(er_model_load_adapter(m, NULL), "er_model_load_adapter");
-    expect_null_error(er_model_load_adapter(NULL, model_dir), "er_model_load_adapter");
+    expect_null_error(er_model_load_adapter(NULL, fx.model), "er_model_load_adapter");
     expect_null_error(er_model_load_switcher(m, NULL), "er_model_load_switcher");
     expect_null_error(er_model_load_verifier(NULL, "x"), "er_model_load_verifier");
     cr_assert_lt(er_model_max_positions(NULL), 0);
@@ -90,7 +83,7 @@ Test(api, null_arguments_are_errors) {
 Test(api, session_keeps_its_model_alive) {
     ErModel *m;
     ErSession *s, *s2;
-    cr_assert_eq(er_model_load(&m, model_dir), 0, "%s", er_last_error());
+    cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
     cr_assert_eq(er_session_open(&s, m, 2, 128, 0), 0, "%s", er_last_error());
     er_model_free(m);
     ErGenParams p;
@@ -109,7 +102,7 @@ Test(api, session_keeps_its_model_alive) {
 Test(api, session_sizes_are_checked) {
     ErModel *m;
     ErSession *s;
-    cr_assert_eq(er_model_load(&m, model_dir), 0, "%s", er_last_error());
+    cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
     cr_assert_lt(er_session_open(&s, m, 4, 1073741825, 0), 0);
     cr_assert(strstr(er_last_error(), "max_position_embeddings"), "%s", er_last_error());
     cr_assert_lt(er_session_open(&s, m, 0, 64, 0), 0);
@@ -121,7 +114,7 @@ Test(api, session_sizes_are_checked) {
 
 static void save_unmasked_adapter(const char *dir, uint64_t seed) {
     Model m;
-    cr_assert_eq(model_load(&m, model_dir, 0), 0, "%s", er_last_error());
+    cr_assert_eq(model_load(&m, fx.model, 0), 0, "%s", er_last_error());
     LoraAdapter a;
     helper_random_adapter(&a, &m.cfg, 0.5f, seed);
     a.masked = 0;
@@ -145,13 +138,13 @@ static char *generate_text(ErSession *s, int *reused) {
 
 // er_model_load_adapter replaces the adapter in place (the same address): a session must notice.
 Test(api, replaced_unmasked_adapter_is_not_served_from_the_old_cache) {
-    char *a_dir = path_join(tmp, "a"), *b_dir = path_join(tmp, "b");
+    char *a_dir = path_join(fx.tmp, "a"), *b_dir = path_join(fx.tmp, "b");
     save_unmasked_adapter(a_dir, 11);
     save_unmasked_adapter(b_dir, 12);
     ErModel *m, *fresh;
     ErSession *s, *fs;
     int reused;
-    cr_assert_eq(er_model_load(&m, model_dir), 0, "%s", er_last_error());
+    cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
     cr_assert_eq(er_model_load_adapter(m, a_dir), 0, "%s", er_last_error());
     cr_assert_eq(er_session_open(&s, m, 1, 256, 0), 0, "%s", er_last_error());
     char *with_a = generate_text(s, &reused);
@@ -161,7 +154,7 @@ Test(api, replaced_unmasked_adapter_is_not_served_from_the_old_cache) {
     cr_assert_eq(er_model_load_adapter(m, b_dir), 0, "%s", er_last_error());
     char *with_b = generate_text(s, &reused);
     cr_assert_eq(reused, 0, "the prompt computed under adapter a was reused for adapter b");
-    cr_assert_eq(er_model_load(&fresh, model_dir), 0, "%s", er_last_error());
+    cr_assert_eq(er_model_load(&fresh, fx.model), 0, "%s", er_last_error());
     cr_assert_eq(er_model_load_adapter(fresh, b_dir), 0, "%s", er_last_error());
     cr_assert_eq(er_session_open(&fs, fresh, 1, 256, 0), 0, "%s", er_last_error());
     char *fresh_b = generate_text(fs, &reused);
@@ -213,7 +206,7 @@ static int generate_stopped(ErSession *s, const char *const *stop, int n_stop) {
 Test(api, stop_strings_are_pointer_and_count) {
     ErModel *m;
     ErSession *s;
-    cr_assert_eq(er_model_load(&m, model_dir), 0, "%s", er_last_error());
+    cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
     cr_assert_eq(er_session_open(&s, m, 1, 256, 0), 0, "%s", er_last_error());
     ErGenParams p;
     er_gen_params_init(&p);
@@ -277,7 +270,7 @@ static void *worker_run(void *arg) {
 Test(api, sessions_of_one_model_run_on_two_threads) {
     ErModel *m;
     Worker w[2];
-    cr_assert_eq(er_model_load(&m, model_dir), 0, "%s", er_last_error());
+    cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
     for (int i = 0; i < 2; i++)
         cr_assert_eq(er_session_open(&w[i].s, m, 1, 256, i), 0, "%s", er_last_error());
     Worker alone[2] = {{w[0].s, 0, ""}, {w[1].s, 0, ""}};

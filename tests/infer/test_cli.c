@@ -22,39 +22,20 @@
 #include "lora/peft.h"
 #include "tests/common/helpers.h"
 
-static char *tmp;      // per-test temp dir holding the model dir and outputs
-static char *model;    // tmp/model
-static char *erinfer;  // $ER_BUILD/erinfer
+static HelperFixture fx; // per test: the temp dir holding the model dir and outputs, tmp/model, $ER_BUILD/erinfer
 
-static void setup(void) {
-    erinfer = helper_program("erinfer");
-    tmp = helper_tmpdir("er_cli_");
-    model = path_join(tmp, "model");
-    cr_assert(model);
-    helper_make_model(model);
-}
-
-static void teardown(void) {
-    helper_rmdir(tmp);
-    er_free(model);
-    er_free(tmp);
-    er_free(erinfer);
-}
-
+static void setup(void) { helper_fixture_open(&fx, "er_cli_", "erinfer"); }
+static void teardown(void) { helper_fixture_close(&fx); }
 TestSuite(cli, .init = setup, .fini = teardown);
 
-static void need_erinfer(void) {
-    if (!erinfer)
-        cr_skip_test("!!!!!! %s/erinfer is MISSING: run `make` (or set ER_BUILD) - erinfer CLI tests SKIPPED !!!!!!",
-                     helper_build_dir());
-}
+static void need_erinfer(void) { helper_need_program(fx.prog, "erinfer", "erinfer CLI tests"); }
 
 static const char *PROMPT = "Start with 7. Add 5. Multiply by 3. What is the result?";
 
 // Runs generate --json and parses stdout; asserts success.
 static cJSON *generate_json(const char *flags) {
-    CmdResult r = helper_run(tmp, "'%s' generate --model '%s' --prompt '%s' --json --threads 1 %s", erinfer, model,
-                             PROMPT, flags);
+    CmdResult r = helper_run(fx.tmp, "'%s' generate --model '%s' --prompt '%s' --json --threads 1 %s", fx.prog,
+                             fx.model, PROMPT, flags);
     cr_assert_eq(r.status, 0, "generate %s failed (%d): %s", flags, r.status, r.err);
     cJSON *j = cJSON_Parse(r.out);
     cr_assert(j, "generate --json printed no JSON: %s", r.out);
@@ -186,7 +167,7 @@ static long count_lines_in(const char *path) {
 // free token and forces the suffix "\boxed{12}" (plus one token), so exactly those three are right:
 // accuracy 3/5, and the per-item file says which.
 Test(cli, eval_accuracy_and_output) {
-    char *data = path_join(tmp, "chains.jsonl"), *out = path_join(tmp, "out.jsonl");
+    char *data = path_join(fx.tmp, "chains.jsonl"), *out = path_join(fx.tmp, "out.jsonl");
     write_chains(data, 5, 3);
     Tokenizer *tok;
     cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), 0);
@@ -198,7 +179,7 @@ Test(cli, eval_accuracy_and_output) {
     threads_set(1);
     EvalConfig c;
     eval_config_default(&c);
-    c.session.model = model;
+    c.session.model = fx.model;
     c.data = data;
     c.output = out;
     c.params.max_new_tokens = 40;
@@ -238,8 +219,9 @@ Test(cli, eval_accuracy_and_output) {
 
     // The command's flags: --limit and --samples, two records, two samples each, pass@2 printed.
     need_erinfer();
-    CmdResult r = helper_run(tmp, "'%s' eval --model '%s' --data '%s' --output '%s' --max-new 6 --limit 2 --samples 2 "
-                             "--temperature 1 --kv int8 --threads 1", erinfer, model, data, out);
+    CmdResult r = helper_run(fx.tmp,
+                             "'%s' eval --model '%s' --data '%s' --output '%s' --max-new 6 --limit 2 --samples 2 "
+                             "--temperature 1 --kv int8 --threads 1", fx.prog, fx.model, data, out);
     cr_assert_eq(r.status, 0, "eval failed (%d): %s", r.status, r.err);
     cr_assert(strstr(r.out, "accuracy: ") && strstr(r.out, "/2)"), "%s", r.out);
     cr_assert(strstr(r.out, "pass@2: "), "%s", r.out);
@@ -253,7 +235,7 @@ Test(cli, eval_accuracy_and_output) {
 // int8 rows using less KV memory than fp32 ones.
 Test(cli, bench_table) {
     threads_set(1);
-    BenchConfig c = {.model = model, .prompt_tokens = 40, .new_tokens = 5};
+    BenchConfig c = {.model = fx.model, .prompt_tokens = 40, .new_tokens = 5};
     BenchResult res;
     cr_assert_eq(bench_run(&c, &res), 0, "bench failed: %s", er_last_error());
     double kv[2][4] = {{0}};
@@ -277,7 +259,7 @@ Test(cli, bench_table) {
 // prefilled, an unmasked one recomputes them all; the result carries the table's rows too.
 Test(cli, bench_adapter_after_base_prefill) {
     Model m;
-    cr_assert_eq(model_load(&m, model, 0), 0, "%s", er_last_error());
+    cr_assert_eq(model_load(&m, fx.model, 0), 0, "%s", er_last_error());
     LoraShape s = {m.cfg.L, m.cfg.C, m.cfg.NH * m.cfg.HS, m.cfg.NKV * m.cfg.HS, m.cfg.FF};
     model_free(&m);
     threads_set(1);
@@ -287,10 +269,10 @@ Test(cli, bench_adapter_after_base_prefill) {
         for (size_t i = 0; i < a.n_params; i++)
             a.params[i] = 0.01f * (float)((i * 7919) % 13) - 0.06f;
         a.masked = masked;
-        char *dir = path_join(tmp, masked ? "masked" : "unmasked");
+        char *dir = path_join(fx.tmp, masked ? "masked" : "unmasked");
         cr_assert_eq(peft_save(&a, dir), 0, "%s", er_last_error());
         lora_free(&a);
-        BenchConfig c = {.model = model, .adapter = dir, .prompt_tokens = 24, .new_tokens = 3};
+        BenchConfig c = {.model = fx.model, .adapter = dir, .prompt_tokens = 24, .new_tokens = 3};
         BenchResult res;
         cr_assert_eq(bench_run(&c, &res), 0, "bench failed: %s", er_last_error());
         cr_assert_eq(res.n_rows, 8);
@@ -305,7 +287,7 @@ Test(cli, bench_adapter_after_base_prefill) {
 
 // A bad invocation: exit status 1 (not a crash), exactly one line on stderr naming the problem.
 static void expect_error(const char *args, const char *needle) {
-    CmdResult r = helper_run(tmp, "'%s' %s", erinfer, args);
+    CmdResult r = helper_run(fx.tmp, "'%s' %s", fx.prog, args);
     cr_assert_eq(r.status, 1, "`erinfer %s` exited %d (expected 1); stderr:\n%s", args, r.status, r.err);
     cr_assert_eq(helper_count_lines(r.err), 1, "`erinfer %s`: expected one line on stderr, got:\n%s", args, r.err);
     cr_assert(strncmp(r.err, "erinfer ", 8) == 0, "stderr does not start with \"erinfer \": %s", r.err);
@@ -317,28 +299,28 @@ Test(cli, bad_inputs_fail_cleanly) {
     need_erinfer();
     char args[2048];
     expect_error("generate --prompt hi", "--model");
-    snprintf(args, sizeof args, "generate --model '%s' --prompt hi --kv fp16", model);
+    snprintf(args, sizeof args, "generate --model '%s' --prompt hi --kv fp16", fx.model);
     expect_error(args, "--kv");
-    snprintf(args, sizeof args, "generate --model '%s' --prompt hi --temperature -1", model);
+    snprintf(args, sizeof args, "generate --model '%s' --prompt hi --temperature -1", fx.model);
     expect_error(args, "--temperature");
-    snprintf(args, sizeof args, "generate --model '%s/nonexistent' --prompt hi", tmp);
+    snprintf(args, sizeof args, "generate --model '%s/nonexistent' --prompt hi", fx.tmp);
     expect_error(args, "nonexistent");
-    snprintf(args, sizeof args, "bench --model '%s/nonexistent'", tmp);
+    snprintf(args, sizeof args, "bench --model '%s/nonexistent'", fx.tmp);
     expect_error(args, "nonexistent");
     snprintf(args, sizeof args, "eval --data x.jsonl --max-new 4");
     expect_error(args, "--model");
-    snprintf(args, sizeof args, "eval --model '%s' --data '%s/none.jsonl'", model, tmp);
+    snprintf(args, sizeof args, "eval --model '%s' --data '%s/none.jsonl'", fx.model, fx.tmp);
     expect_error(args, "none.jsonl");
-    snprintf(args, sizeof args, "eval --model '%s' --data x.jsonl --kv q4", model);
+    snprintf(args, sizeof args, "eval --model '%s' --data x.jsonl --kv q4", fx.model);
     expect_error(args, "--kv");
 
     // Malformed third line: the error names file:3 and no output file is left behind.
-    char *bad = path_join(tmp, "bad.jsonl"), *out = path_join(tmp, "bad_out.jsonl");
+    char *bad = path_join(fx.tmp, "bad.jsonl"), *out = path_join(fx.tmp, "bad_out.jsonl");
     const char *text = "{\"problem\": \"Start with 1. Add 2. What is the result?\", \"answer\": \"3\"}\n"
                        "{\"problem\": \"Start with 2. Add 2. What is the result?\", \"answer\": \"4\"}\n"
                        "{\"problem\": \"Start with 3. Add 2.\", \n";
     cr_assert_eq(file_write_atomic(bad, text, strlen(text)), 0);
-    snprintf(args, sizeof args, "eval --model '%s' --data '%s' --output '%s'", model, bad, out);
+    snprintf(args, sizeof args, "eval --model '%s' --data '%s' --output '%s'", fx.model, bad, out);
     expect_error(args, "bad.jsonl:3");
     cr_assert(!path_exists(out), "a failed eval left %s behind", out);
 
@@ -366,7 +348,7 @@ Test(cli, budgets_outputs_positions_and_text_flags) {
     cr_assert_gt(cut, 0, "--budget 300 never cut a sample: the default --max-new still applied");
     cJSON_Delete(j);
     char args[2048];
-    snprintf(args, sizeof args, "generate --model '%s' --prompt hi --budget 300 --max-new 100", model);
+    snprintf(args, sizeof args, "generate --model '%s' --prompt hi --budget 300 --max-new 100", fx.model);
     expect_error(args, "budget of 300 tokens");
 
     // Text flags: "\n" typed in a shell is a newline.
@@ -375,19 +357,19 @@ Test(cli, budgets_outputs_positions_and_text_flags) {
     const char *text = cJSON_GetObjectItemCaseSensitive(s0, "text")->valuestring;
     cr_assert(strstr(text, "X\nY: "), "the suffix was not decoded: \"%s\"", text);
     cJSON_Delete(j);
-    CmdResult r = helper_run(tmp, "'%s' generate --help", erinfer);
+    CmdResult r = helper_run(fx.tmp, "'%s' generate --help", fx.prog);
     cr_assert(strstr(r.out, "--prefix TEXT") && strstr(r.out, "--budget-suffix TEXT") && strstr(r.out, "--stop TEXT"),
               "text flags are not TEXT:\n%s", r.out);
     helper_result_free(&r);
 
     // --output that is a directory: refused before any generation.
-    char *data = path_join(tmp, "chains.jsonl");
+    char *data = path_join(fx.tmp, "chains.jsonl");
     write_chains(data, 3, 1);
-    snprintf(args, sizeof args, "eval --model '%s' --data '%s' --output '%s'", model, data, tmp);
+    snprintf(args, sizeof args, "eval --model '%s' --data '%s' --output '%s'", fx.model, data, fx.tmp);
     expect_error(args, "is a directory");
 
     // Past max_position_embeddings (the tiny model has 4096): score refuses instead of extrapolating.
-    char *longf = path_join(tmp, "long.jsonl");
+    char *longf = path_join(fx.tmp, "long.jsonl");
     FILE *fp = fopen(longf, "w");
     cr_assert(fp);
     fputs("{\"tokens\": [", fp);
@@ -395,16 +377,16 @@ Test(cli, budgets_outputs_positions_and_text_flags) {
         fprintf(fp, "%s%d", i ? ", " : "", 40 + i % 50);
     fputs("]}\n", fp);
     fclose(fp);
-    snprintf(args, sizeof args, "score --model '%s' --input '%s'", model, longf);
+    snprintf(args, sizeof args, "score --model '%s' --input '%s'", fx.model, longf);
     expect_error(args, "max_position_embeddings");
-    snprintf(args, sizeof args, "generate --model '%s' --prompt hi --context 5000", model);
+    snprintf(args, sizeof args, "generate --model '%s' --prompt hi --context 5000", fx.model);
     expect_error(args, "max_position_embeddings");
 
     // Not UTF-8: the message names the file.
-    char *msgs = path_join(tmp, "msgs.json");
+    char *msgs = path_join(fx.tmp, "msgs.json");
     const char *bad = "[{\"role\": \"user\", \"content\": \"a\xff b\"}]";
     cr_assert_eq(file_write_atomic(msgs, bad, strlen(bad)), 0);
-    snprintf(args, sizeof args, "generate --model '%s' --messages '%s'", model, msgs);
+    snprintf(args, sizeof args, "generate --model '%s' --messages '%s'", fx.model, msgs);
     expect_error(args, "msgs.json");
     er_free(data);
     er_free(longf);
@@ -415,14 +397,14 @@ Test(cli, budgets_outputs_positions_and_text_flags) {
 Test(cli, non_finite_weights_refused) {
     need_erinfer();
     Model m;
-    cr_assert_eq(model_load(&m, model, MODEL_LOAD_TRAINABLE), 0, "%s", er_last_error());
+    cr_assert_eq(model_load(&m, fx.model, MODEL_LOAD_TRAINABLE), 0, "%s", er_last_error());
     ParamTensor *p = (ParamTensor *)model_find_param(&m, "model.layers.0.self_attn.v_proj.weight");
     p->data[3] = NAN;
-    char *bad = path_join(tmp, "nan_model");
+    char *bad = path_join(fx.tmp, "nan_model");
     cr_assert_eq(model_save(&m, bad, 0), 0, "%s", er_last_error());
     model_free(&m);
     helper_copy_file("data/tiny_tokenizer/tokenizer.json", bad, "tokenizer.json");
-    char *in = path_join(tmp, "in.jsonl");
+    char *in = path_join(fx.tmp, "in.jsonl");
     cr_assert_eq(file_write_atomic(in, "{\"text\": \"Start with 2.\"}\n", 26), 0);
     char args[2048];
     snprintf(args, sizeof args, "score --model '%s' --input '%s'", bad, in);
@@ -437,8 +419,9 @@ Test(cli, non_finite_weights_refused) {
 // model), /reset, // to send a line starting with '/', and /exit.
 Test(cli, chat_commands) {
     need_erinfer();
-    CmdResult r = helper_run(tmp, "(printf 'hello\\n/help\\n/bogus\\n/reset\\n//slash\\n/exit\\nnever\\n' | '%s' chat "
-                                  "--model '%s' --max-new 4 --threads 1)", erinfer, model);
+    CmdResult r = helper_run(fx.tmp,
+                             "(printf 'hello\\n/help\\n/bogus\\n/reset\\n//slash\\n/exit\\nnever\\n' | '%s' chat "
+                             "--model '%s' --max-new 4 --threads 1)", fx.prog, fx.model);
     cr_assert_eq(r.status, 0, "chat exited %d: %s", r.status, r.err);
     cr_assert(strstr(r.err, "erinfer chat: ") && strstr(r.err, "/help"), "no banner: %s", r.err);
     cr_assert_eq(helper_count_lines(r.err), 1, "stderr: %s", r.err);

@@ -12,34 +12,17 @@
 #include "core/fileio.h"
 #include "tests/common/helpers.h"
 
-static char *tmp, *model, *example;
+static HelperFixture fx; // per test: the temp dir, tmp/model, $ER_BUILD/example
 
-static void setup(void) {
-    example = helper_program("example");
-    tmp = helper_tmpdir("er_example_");
-    model = path_join(tmp, "model");
-    cr_assert(model);
-    helper_make_model(model);
-}
-
-static void teardown(void) {
-    helper_rmdir(tmp);
-    er_free(model);
-    er_free(tmp);
-    er_free(example);
-}
-
+static void setup(void) { helper_fixture_open(&fx, "er_example_", "example"); }
+static void teardown(void) { helper_fixture_close(&fx); }
 TestSuite(example, .init = setup, .fini = teardown);
 
-static void need_example(void) {
-    if (!example)
-        cr_skip_test("!!!!!! %s/example is MISSING: run `make` (or set ER_BUILD) - example tests SKIPPED !!!!!!",
-                     helper_build_dir());
-}
+static void need_example(void) { helper_need_program(fx.prog, "example", "example tests"); }
 
 Test(example, streams_and_reports_stats) {
     need_example();
-    CmdResult r = helper_run(tmp, "'%s' '%s' 'Start with 2. Add 3. What is the result?'", example, model);
+    CmdResult r = helper_run(fx.tmp, "'%s' '%s' 'Start with 2. Add 3. What is the result?'", fx.prog, fx.model);
     cr_assert_eq(r.status, 0, "example exited %d: %s", r.status, r.err);
     cr_assert_str_empty(r.err, "example wrote to stderr: %s", r.err);
     cr_assert(strncmp(r.out, "prompt: Start with 2. Add 3. What is the result?\nreply: ", 56) == 0,
@@ -72,14 +55,14 @@ Test(example, streams_and_reports_stats) {
 
 Test(example, bad_model_path_is_one_error_line) {
     need_example();
-    CmdResult r = helper_run(tmp, "'%s' '%s/no_such_model'", example, tmp);
+    CmdResult r = helper_run(fx.tmp, "'%s' '%s/no_such_model'", fx.prog, fx.tmp);
     cr_assert_eq(r.status, 1, "exit status %d, expected 1; stderr: %s", r.status, r.err);
     cr_assert_eq(helper_count_lines(r.err), 1, "expected one line on stderr, got:\n%s", r.err);
     cr_assert(strncmp(r.err, "example: loading the model: ", 28) == 0, "%s", r.err);
     cr_assert(strstr(r.err, "no_such_model"), "the error does not name the path: %s", r.err);
     helper_result_free(&r);
 
-    r = helper_run(tmp, "'%s'", example);
+    r = helper_run(fx.tmp, "'%s'", fx.prog);
     cr_assert_eq(r.status, 1, "no arguments: exit status %d, expected 1", r.status);
     cr_assert(strstr(r.err, "usage:"), "no arguments: no usage line: %s", r.err);
     helper_result_free(&r);
@@ -90,20 +73,20 @@ Test(example, bad_model_path_is_one_error_line) {
 Test(example, header_compiles_alone_as_c_and_cpp) {
     if (access("infer/examples/example.c", R_OK) != 0)
         cr_skip_test("not run from the repository root");
-    CmdResult r = helper_run(tmp, "command -v c++");
+    CmdResult r = helper_run(fx.tmp, "command -v c++");
     if (r.status != 0)
         cr_skip_test("!!!!!! no c++ compiler - header test SKIPPED !!!!!!");
     helper_result_free(&r);
-    r = helper_run(tmp, "mkdir -p '%s/inc/infer' && cp infer/erinfer.h '%s/inc/infer/'", tmp, tmp);
+    r = helper_run(fx.tmp, "mkdir -p '%s/inc/infer' && cp infer/erinfer.h '%s/inc/infer/'", fx.tmp, fx.tmp);
     cr_assert_eq(r.status, 0, "%s", r.err);
     helper_result_free(&r);
 
-    r = helper_run(tmp, "${CC:-cc} -std=c99 -pedantic -Wall -Wextra -Werror -fsyntax-only -I'%s/inc' "
-                        "infer/examples/example.c", tmp);
+    r = helper_run(fx.tmp, "${CC:-cc} -std=c99 -pedantic -Wall -Wextra -Werror -fsyntax-only -I'%s/inc' "
+                        "infer/examples/example.c", fx.tmp);
     cr_assert_eq(r.status, 0, "the example does not compile with erinfer.h alone:\n%s", r.err);
     helper_result_free(&r);
 
-    char *cpp = path_join(tmp, "use.cpp");
+    char *cpp = path_join(fx.tmp, "use.cpp");
     FILE *f = fopen(cpp, "w");
     cr_assert(f);
     fputs("#include \"infer/erinfer.h\"\n"
@@ -117,7 +100,7 @@ Test(example, header_compiles_alone_as_c_and_cpp) {
           "}\n",
           f);
     cr_assert_eq(fclose(f), 0);
-    r = helper_run(tmp, "c++ -std=c++11 -pedantic -Wall -Wextra -Werror -fsyntax-only -I'%s/inc' '%s'", tmp, cpp);
+    r = helper_run(fx.tmp, "c++ -std=c++11 -pedantic -Wall -Wextra -Werror -fsyntax-only -I'%s/inc' '%s'", fx.tmp, cpp);
     cr_assert_eq(r.status, 0, "erinfer.h does not compile as C++:\n%s", r.err);
     helper_result_free(&r);
     er_free(cpp);

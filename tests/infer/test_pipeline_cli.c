@@ -13,35 +13,30 @@
 
 #include "tests/common/heads_helpers.h"
 
-static char *tmp, *erinfer;
+static HelperFixture fx; // per test: the temp dir, tmp/model with tmp/adapter, $ER_BUILD/erinfer
 
 // tmp/sw and tmp/vf for the model in tmp/model; the switcher's threshold as given.
 static void write_heads(float threshold) {
-    heads_write_random_heads(tmp, "sw", "vf", threshold, "\nIs this solution correct?");
+    heads_write_random_heads(fx.tmp, "sw", "vf", threshold, "\nIs this solution correct?");
 }
 
 static void setup(void) {
-    erinfer = helper_program("erinfer");
-    tmp = helper_tmpdir("er_pipe_cli_");
-    heads_make_model_and_adapter(tmp);
+    helper_fixture_open(&fx, "er_pipe_cli_", "erinfer");
+    heads_add_adapter(fx.tmp);
     write_heads(0.0f);
 }
-static void teardown(void) {
-    helper_rmdir(tmp);
-    er_free(tmp);
-    er_free(erinfer);
-}
+static void teardown(void) { helper_fixture_close(&fx); }
 TestSuite(pipeline_cli, .init = setup, .fini = teardown);
 
-static void need_erinfer(void) { helper_need_program(erinfer, "erinfer", "pipeline CLI tests"); }
+static void need_erinfer(void) { helper_need_program(fx.prog, "erinfer", "pipeline CLI tests"); }
 
 Test(pipeline_cli, generate_json_reports_route_scores_votes) {
     need_erinfer();
-    CmdResult r = helper_run(tmp,
+    CmdResult r = helper_run(fx.tmp,
                              "'%s' generate --model '%s/model' --adapter '%s/adapter' --switcher '%s/sw' --verifier "
                              "'%s/vf.safetensors' --prompt 'What is 2 + 3?' --samples 3 --max-new 30 --temperature 0.8 "
                              "--budget 6 --answer-tokens 12 --kv int8 --json --threads 1",
-                             erinfer, tmp, tmp, tmp, tmp);
+                             fx.prog, fx.tmp, fx.tmp, fx.tmp, fx.tmp);
     cr_assert_eq(r.status, 0, "%s", r.err);
     cJSON *j = cJSON_Parse(r.out);
     cr_assert(j, "%s", r.out);
@@ -67,10 +62,10 @@ Test(pipeline_cli, generate_json_reports_route_scores_votes) {
     // A switcher threshold above every score sends the query to the base's direct answer (1 itself is
     // refused: such a switcher would never route).
     write_heads(0.9999f);
-    r = helper_run(tmp,
+    r = helper_run(fx.tmp,
                    "'%s' generate --model '%s/model' --adapter '%s/adapter' --switcher '%s/sw' --verifier '%s/vf' "
                    "--prompt 'What is 2 + 3?' --samples 3 --max-new 10 --json --threads 1",
-                   erinfer, tmp, tmp, tmp, tmp);
+                   fx.prog, fx.tmp, fx.tmp, fx.tmp, fx.tmp);
     cr_assert_eq(r.status, 0, "%s", r.err);
     j = cJSON_Parse(r.out);
     p = cJSON_GetObjectItem(j, "pipeline");
@@ -81,13 +76,13 @@ Test(pipeline_cli, generate_json_reports_route_scores_votes) {
 }
 
 Test(pipeline_cli, eval_prints_the_table) {
-    char *data = heads_make_data(tmp, "eval.jsonl", 3, 4);
+    char *data = heads_make_data(fx.tmp, "eval.jsonl", 3, 4);
     char model[512], adapter[512], sw[512], vf[512], out[512];
-    snprintf(model, sizeof model, "%s/model", tmp);
-    snprintf(adapter, sizeof adapter, "%s/adapter", tmp);
-    snprintf(sw, sizeof sw, "%s/sw", tmp);
-    snprintf(vf, sizeof vf, "%s/vf", tmp);
-    snprintf(out, sizeof out, "%s/out.jsonl", tmp);
+    snprintf(model, sizeof model, "%s/model", fx.tmp);
+    snprintf(adapter, sizeof adapter, "%s/adapter", fx.tmp);
+    snprintf(sw, sizeof sw, "%s/sw", fx.tmp);
+    snprintf(vf, sizeof vf, "%s/vf", fx.tmp);
+    snprintf(out, sizeof out, "%s/out.jsonl", fx.tmp);
     threads_set(1);
     EvalConfig c;
     eval_config_default(&c);
@@ -114,10 +109,10 @@ Test(pipeline_cli, eval_prints_the_table) {
     er_free(text);
     // The command prints the table; --vote-n chooses the rows.
     need_erinfer();
-    CmdResult r = helper_run(tmp,
+    CmdResult r = helper_run(fx.tmp,
                              "'%s' eval --model '%s/model' --adapter '%s/adapter' --verifier '%s/vf' --data '%s' "
                              "--max-new 6 --vote-n 3,1 --threads 1",
-                             erinfer, tmp, tmp, tmp, data);
+                             fx.prog, fx.tmp, fx.tmp, fx.tmp, data);
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.out, "greedy") && strstr(r.out, "majority") && strstr(r.out, "weighted") &&
                   strstr(r.out, "tokens/query") && strstr(r.out, "reasoning"),
@@ -129,7 +124,7 @@ Test(pipeline_cli, eval_prints_the_table) {
 
 Test(pipeline_cli, bad_heads_and_flags_fail_cleanly) {
     need_erinfer();
-    char *data = heads_make_data(tmp, "eval.jsonl", 2, 4);
+    char *data = heads_make_data(fx.tmp, "eval.jsonl", 2, 4);
     struct {
         const char *flags, *expect;
     } cases[] = {
@@ -139,9 +134,9 @@ Test(pipeline_cli, bad_heads_and_flags_fail_cleanly) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char flags[600];
-        snprintf(flags, sizeof flags, cases[i].flags, tmp);
-        CmdResult r = helper_run(tmp, "'%s' eval --model '%s/model' --adapter '%s/adapter' --data '%s' %s", erinfer,
-                                 tmp, tmp, data, flags);
+        snprintf(flags, sizeof flags, cases[i].flags, fx.tmp);
+        CmdResult r = helper_run(fx.tmp, "'%s' eval --model '%s/model' --adapter '%s/adapter' --data '%s' %s", fx.prog,
+                                 fx.tmp, fx.tmp, data, flags);
         helper_expect_error(&r, flags, cases[i].expect);
     }
     er_free(data);

@@ -18,51 +18,9 @@
 #include "core/threads.h"
 #include "lora/peft.h"
 #include "model/model.h"
+#include "tests/common/ref.h"
 
 static const char *const NAMES[LT_COUNT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-
-static const char *ref_dir(void) {
-    const char *d = getenv("ER_REF_DIR");
-    return d ? d : "build/ref";
-}
-
-static void case_dir(char *buf, size_t n, const char *name) {
-    snprintf(buf, n, "%s/%s", ref_dir(), name);
-    char probe[1100];
-    snprintf(probe, sizeof probe, "%s/expected.safetensors", buf);
-    FILE *f = fopen(probe, "rb");
-    if (!f) {
-        fprintf(stderr, "\n*** SKIPPED: PyTorch LoRA reference data %s is missing. Install python3-torch "
-                        "(scripts/deps.sh) and run `make ref` (make test runs it). ***\n\n", probe);
-        cr_skip_test("PyTorch LoRA reference data missing (%s)", probe);
-    }
-    fclose(f);
-}
-
-static const StTensor *need(const StFile *f, const char *name, ErDType dt) {
-    const StTensor *t = safetensors_find(f, name);
-    cr_assert(t, "%s: missing %s", f->path, name);
-    cr_assert_eq(t->dtype, dt, "%s: %s has dtype %s", f->path, name, dtype_name(t->dtype));
-    return t;
-}
-
-// max |a - b| <= tol * max |b| over n values (b the reference)
-static void assert_close(const char *what, const float *a, const float *b, size_t n, double tol) {
-    double max_err = 0, max_ref = 0;
-    size_t worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)a[i] - b[i]);
-        if (!(e <= max_err)) { // NaN counts as the worst
-            max_err = e;
-            worst = i;
-        }
-        if (fabs(b[i]) > max_ref)
-            max_ref = fabs(b[i]);
-    }
-    cr_assert(max_ref > 0, "%s: reference is all zeros", what);
-    cr_assert(max_err <= tol * max_ref, "%s: max error %.3g at %zu (ours %.7g, ref %.7g) > %g x max |ref| %.3g", what,
-              max_err, worst, a[worst], b[worst], tol, max_ref);
-}
 
 // Everything a case holds, loaded.
 typedef struct {
@@ -79,21 +37,21 @@ typedef struct {
 
 static void case_open(Case *c, const char *name, int with_grads) {
     threads_set(2);
-    case_dir(c->dir, sizeof c->dir, name);
+    ref_case_dir(c->dir, sizeof c->dir, name, "PyTorch LoRA reference data");
     char path[1100];
     snprintf(path, sizeof path, "%s/expected.safetensors", c->dir);
     cr_assert_eq(safetensors_open(&c->ex, path), 0, "%s", er_last_error());
-    const StTensor *tt = need(&c->ex, "tokens", DT_I32);
+    const StTensor *tt = ref_need_dtype(&c->ex, "tokens", DT_I32);
     c->B = (int)tt->shape[0];
     c->T = (int)tt->shape[1];
     c->tokens = tt->data;
-    c->lengths = need(&c->ex, "lengths", DT_I32)->data;
-    c->prompt_len = need(&c->ex, "prompt_len", DT_I32)->data;
-    c->targets = need(&c->ex, "targets", DT_I32)->data;
-    c->amask = need(&c->ex, "adapter_mask", DT_U8)->data;
-    c->loss_mask = need(&c->ex, "loss_mask", DT_F32)->data;
-    c->logits = need(&c->ex, "logits", DT_F32)->data;
-    c->loss = *(const float *)need(&c->ex, "loss", DT_F32)->data;
+    c->lengths = ref_need_dtype(&c->ex, "lengths", DT_I32)->data;
+    c->prompt_len = ref_need_dtype(&c->ex, "prompt_len", DT_I32)->data;
+    c->targets = ref_need_dtype(&c->ex, "targets", DT_I32)->data;
+    c->amask = ref_need_dtype(&c->ex, "adapter_mask", DT_U8)->data;
+    c->loss_mask = ref_need_dtype(&c->ex, "loss_mask", DT_F32)->data;
+    c->logits = ref_need_dtype(&c->ex, "logits", DT_F32)->data;
+    c->loss = *(const float *)ref_need_dtype(&c->ex, "loss", DT_F32)->data;
 
     snprintf(path, sizeof path, "%s/base", c->dir);
     cr_assert_eq(model_load(&c->m, path, 0), 0, "%s", er_last_error()); // a frozen base, as in SFT
@@ -124,7 +82,8 @@ static void check_train(const char *name, int masked, unsigned targets) {
     for (int b = 0; b < B; b++) {
         char what[128];
         snprintf(what, sizeof what, "%s logits row %d", name, b);
-        assert_close(what, a.logits + (size_t)b * T * V, c.logits + (size_t)b * T * V, (size_t)c.lengths[b] * V, 1e-4);
+        ref_assert_close(what, a.logits + (size_t)b * T * V, c.logits + (size_t)b * T * V, (size_t)c.lengths[b] * V,
+                         1e-4);
     }
     double loss;
     lora_zero_grad(&c.ad);
@@ -142,17 +101,17 @@ static void check_train(const char *name, int masked, unsigned targets) {
                 char key[160];
                 snprintf(key, sizeof key, "grad.base_model.model.model.layers.%d.%s.%s.lora_%c.weight", l,
                          t < 4 ? "self_attn" : "mlp", NAMES[t], ab ? 'B' : 'A');
-                const StTensor *g = need(&c.ex, key, DT_F32);
+                const StTensor *g = ref_need_dtype(&c.ex, key, DT_F32);
                 size_t n = (size_t)c.ad.r * (ab ? mat->out : mat->in);
                 cr_assert_eq((size_t)st_numel(g), n, "%s: shape", key);
-                assert_close(key, ab ? mat->gB : mat->gA, g->data, n, 1e-3);
+                ref_assert_close(key, ab ? mat->gB : mat->gA, g->data, n, 1e-3);
                 n_checked++;
             }
         }
     cr_assert_gt(n_checked, 0);
-    const float *ref_dx = need(&c.ex, "grad.inputs_embeds", DT_F32)->data;
+    const float *ref_dx = ref_need_dtype(&c.ex, "grad.inputs_embeds", DT_F32)->data;
     for (int b = 0; b < B; b++)
-        assert_close("grad.inputs_embeds", a.dres + (size_t)b * T * C, ref_dx + (size_t)b * T * C,
+        ref_assert_close("grad.inputs_embeds", a.dres + (size_t)b * T * C, ref_dx + (size_t)b * T * C,
                      (size_t)c.lengths[b] * C, 1e-3);
     acts_free(&a);
     case_close(&c);
@@ -237,7 +196,7 @@ static void assert_kv_equal(const char *what, const KVCache *x, int sx, const KV
                     cr_assert_eq(memcmp(a, b, sizeof(float) * row), 0, "%s: layer %d position %d %s differ", what, l, p,
                                  v ? "values" : "keys");
                 else
-                    assert_close(what, a, b, row, 1e-5);
+                    ref_assert_close(what, a, b, row, 1e-5);
             }
 }
 
@@ -280,7 +239,7 @@ static void check_kv_sharing(const char *name) {
         ModelInput in = {.B = 1, .T = n, .tokens = tok, .adapter = &c.ad, .adapter_mask = am, .kv = &kv_ad,
                          .kv_slots = &s_ad};
         cr_assert_eq(model_forward(&c.m, &in, &a), 0, "%s", er_last_error());
-        assert_close("logits (adapter through the KV cache)", a.logits, c.logits + (size_t)b * T * V, (size_t)n * V,
+        ref_assert_close("logits (adapter through the KV cache)", a.logits, c.logits + (size_t)b * T * V, (size_t)n * V,
                      1e-4);
         // (1) a base pass of the same shape
         ModelInput full = {.B = 1, .T = n, .tokens = tok, .kv = &kv_full, .kv_slots = &s_full};
@@ -306,7 +265,7 @@ static void check_kv_sharing(const char *name) {
         ModelInput dec = {.B = 1, .T = m, .tokens = tok + P, .adapter = &c.ad, .adapter_mask = ones, .kv = &kv_pre,
                           .kv_slots = &s_pre};
         cr_assert_eq(model_forward(&c.m, &dec, &a), 0, "%s", er_last_error());
-        assert_close("logits (response on top of a base prefill)", a.logits, c.logits + ((size_t)b * T + P) * V,
+        ref_assert_close("logits (response on top of a base prefill)", a.logits, c.logits + ((size_t)b * T + P) * V,
                      (size_t)m * V, 1e-4);
         kv_seq_close(&kv_ad, s_ad);
         kv_seq_close(&kv_full, s_full);

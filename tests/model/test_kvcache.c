@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "model/model.h"
+#include "tests/common/helpers.h"
 
 static ModelConfig kv_config(void) {
     ModelConfig c = {.arch = ARCH_QWEN2, .C = 32, .FF = 48, .L = 2, .NH = 4, .NKV = 2, .HS = 8, .V = 50,
@@ -19,27 +20,6 @@ static ModelConfig kv_config(void) {
 
 static int tok_at(int seq, int i) { return (i * 7 + seq * 13 + 3) % 50; }
 
-// Logits of a single full forward over tokens[0..n) (the training-path attention, no cache).
-static float *full_logits(Model *m, const int *tokens, int n) {
-    Activations a;
-    cr_assert_eq(acts_alloc(&a, &m->cfg, 1, n, ACTS_SCORE, 0), 0);
-    ModelInput in = {.B = 1, .T = n, .tokens = tokens};
-    cr_assert_eq(model_forward(m, &in, &a), 0, "%s", er_last_error());
-    float *out = malloc(sizeof(float) * n * m->cfg.V);
-    memcpy(out, a.logits, sizeof(float) * n * m->cfg.V);
-    acts_free(&a);
-    return out;
-}
-
-static double max_rel(const float *a, const float *b, int n) {
-    double err = 0, ref = 0;
-    for (int i = 0; i < n; i++) {
-        err = fmax(err, fabs((double)a[i] - b[i]));
-        ref = fmax(ref, fabs((double)b[i]));
-    }
-    return err / ref;
-}
-
 Test(kvcache, prefill_chunks_and_decode_match_full_forward) {
     threads_set(2);
     ModelConfig c = kv_config();
@@ -48,7 +28,7 @@ Test(kvcache, prefill_chunks_and_decode_match_full_forward) {
     int n = 45, prompt = 38, toks[45];
     for (int i = 0; i < n; i++)
         toks[i] = tok_at(0, i);
-    float *ref = full_logits(&m, toks, n);
+    float *ref = helper_forward_logits(&m, toks, 1, n);
 
     KVCache kv;
     cr_assert_eq(kv_cache_alloc(&kv, &c, KV_F32, 2, 64, 128, 0), 0);
@@ -66,7 +46,7 @@ Test(kvcache, prefill_chunks_and_decode_match_full_forward) {
             padded[t] = 0;
         in.tokens = padded;
         cr_assert_eq(model_forward(&m, &in, &a), 0, "%s", er_last_error());
-        double e = max_rel(a.logits, ref + (size_t)p * c.V, len * c.V);
+        double e = helper_rel_err(a.logits, ref + (size_t)p * c.V, len * c.V);
         cr_assert(e <= 1e-5, "prefill chunk at %d: relative error %g", p, e);
     }
     cr_assert_eq(kv.seqs[slot].len, prompt);
@@ -75,7 +55,7 @@ Test(kvcache, prefill_chunks_and_decode_match_full_forward) {
     for (int p = prompt; p < n; p++) {
         ModelInput in = {.B = 1, .T = 1, .tokens = toks + p, .kv = &kv, .kv_slots = &slot};
         cr_assert_eq(model_forward(&m, &in, &d), 0, "%s", er_last_error());
-        double e = max_rel(d.logits, ref + (size_t)p * c.V, c.V);
+        double e = helper_rel_err(d.logits, ref + (size_t)p * c.V, c.V);
         cr_assert(e <= 1e-5, "decode at %d: relative error %g", p, e);
     }
     acts_free(&a);
@@ -126,9 +106,9 @@ Test(kvcache, forked_samples_share_the_prefix) {
     cr_assert_eq(kv.copied_blocks, S, "each sample copies only the shared partial block");
     cr_assert_eq(kv_cache_blocks_in_use(&kv), prompt_blocks + S);
     for (int s = 0; s < S; s++) {
-        float *ref = full_logits(&m, seqs[s], P + STEPS);
+        float *ref = helper_forward_logits(&m, seqs[s], 1, P + STEPS);
         for (int t = 0; t < STEPS; t++) {
-            double e = max_rel(dec + ((size_t)s * STEPS + t) * c.V, ref + (size_t)(P + t) * c.V, c.V);
+            double e = helper_rel_err(dec + ((size_t)s * STEPS + t) * c.V, ref + (size_t)(P + t) * c.V, c.V);
             cr_assert(e <= 1e-5, "sample %d step %d: relative error %g", s, t, e);
         }
         free(ref);

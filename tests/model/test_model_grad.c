@@ -82,20 +82,9 @@ static void check_model_grads(int tied) {
     cr_assert_eq(model_loss(&f.a, f.targets, f.mask, 1, &L), 0);
     cr_assert_eq(model_backward(&f.m, &f.in, &f.a), 0);
 
-    // 1. Directional derivative along a random direction over all parameters at once.
-    size_t n = f.m.n_param_floats;
-    double fd, gd;
-    fd_directional(f.m.param_mem, f.m.grad_mem, n, 7, 1e-2, loss_cb, &f, &fd, &gd);
-    cr_assert(fabs(gd) > 1e-2, "directional derivative is trivially small (%g)", gd);
-    cr_assert(fabs(fd - gd) <= 2e-3 * fabs(gd), "directional derivative: fd %.7g vs analytic %.7g", fd, gd);
-
-    // 2. Every parameter tensor: its largest-gradient entries, one at a time.
-    for (int p = 0; p < f.m.n_params; p++) {
-        ParamTensor *pt = &f.m.params[p];
-        size_t best = fd_argmax_abs(pt->grad, pt->numel);
-        double fde = fd_entry(&pt->data[best], 1e-2f, loss_cb, &f), an = pt->grad[best];
-        cr_assert(fabs(fde - an) <= 1e-2 * fabs(an) + 2e-5, "%s[%zu]: fd %.7g vs analytic %.7g", pt->name, best, fde, an);
-    }
+    // 1. Directional derivative along a random direction over all parameters at once; 2. every parameter
+    // tensor: its largest-gradient entries, one at a time.
+    fd_check_model(&f.m, 7, loss_cb, &f, "analytic");
 
     // 3. Input gradient: token 12 appears once, at row 1 position 4, so d loss / d embed[12] (through
     //    the input path; untied) is the gradient w.r.t. the embedding output there.

@@ -14,61 +14,20 @@
 #include "core/safetensors.h"
 #include "core/threads.h"
 #include "model/model.h"
-
-static const char *ref_dir(void) {
-    const char *d = getenv("ER_REF_DIR");
-    return d ? d : "build/ref";
-}
-
-static void case_dir(char *buf, size_t n, const char *name) {
-    snprintf(buf, n, "%s/%s", ref_dir(), name);
-    char probe[1100];
-    snprintf(probe, sizeof probe, "%s/expected.safetensors", buf);
-    FILE *f = fopen(probe, "rb");
-    if (!f) {
-        fprintf(stderr, "\n*** SKIPPED: PyTorch reference data %s is missing. Install python3-torch "
-                        "(scripts/deps.sh) and run `make test` (it runs `make ref`). ***\n\n", probe);
-        cr_skip_test("PyTorch reference data missing (%s)", probe);
-    }
-    fclose(f);
-}
-
-static const StTensor *need(const StFile *f, const char *name) {
-    const StTensor *t = safetensors_find(f, name);
-    cr_assert(t, "%s: missing %s", f->path, name);
-    return t;
-}
-
-// max |a - b| <= tol * max |b| over n values (b the reference)
-static void assert_close(const char *what, const float *a, const float *b, size_t n, double tol) {
-    double max_err = 0, max_ref = 0;
-    size_t worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)a[i] - b[i]);
-        if (e > max_err) {
-            max_err = e;
-            worst = i;
-        }
-        if (fabs(b[i]) > max_ref)
-            max_ref = fabs(b[i]);
-    }
-    cr_assert(max_ref > 0, "%s: reference is all zeros", what);
-    cr_assert(max_err <= tol * max_ref, "%s: max error %.3g at %zu (ours %.7g, ref %.7g) > %g x max |ref| %.3g", what,
-              max_err, worst, a[worst], b[worst], tol, max_ref);
-}
+#include "tests/common/ref.h"
 
 static void check_case(const char *name) {
     threads_set(2);
     char dir[1024], path[1100];
-    case_dir(dir, sizeof dir, name);
+    ref_case_dir(dir, sizeof dir, name, "PyTorch reference data");
     snprintf(path, sizeof path, "%s/expected.safetensors", dir);
     StFile ex;
     cr_assert_eq(safetensors_open(&ex, path), 0, "%s", er_last_error());
-    const StTensor *tt = need(&ex, "tokens");
+    const StTensor *tt = ref_need(&ex, "tokens");
     int B = (int)tt->shape[0], T = (int)tt->shape[1];
-    const int *tokens = tt->data, *lengths = need(&ex, "lengths")->data, *targets = need(&ex, "targets")->data;
-    const float *mask = need(&ex, "loss_mask")->data, *ref_logits = need(&ex, "logits")->data;
-    double ref_loss = *(const float *)need(&ex, "loss")->data;
+    const int *tokens = tt->data, *lengths = ref_need(&ex, "lengths")->data, *targets = ref_need(&ex, "targets")->data;
+    const float *mask = ref_need(&ex, "loss_mask")->data, *ref_logits = ref_need(&ex, "logits")->data;
+    double ref_loss = *(const float *)ref_need(&ex, "loss")->data;
 
     Model m;
     cr_assert_eq(model_load(&m, dir, MODEL_LOAD_TRAINABLE), 0, "%s", er_last_error());
@@ -82,7 +41,8 @@ static void check_case(const char *name) {
     for (int b = 0; b < B; b++) {
         char what[128];
         snprintf(what, sizeof what, "%s logits row %d", name, b);
-        assert_close(what, a.logits + (size_t)b * T * V, ref_logits + (size_t)b * T * V, (size_t)lengths[b] * V, 1e-4);
+        ref_assert_close(what, a.logits + (size_t)b * T * V, ref_logits + (size_t)b * T * V, (size_t)lengths[b] * V,
+                         1e-4);
     }
     double loss;
     model_zero_grad(&m);
@@ -92,15 +52,15 @@ static void check_case(const char *name) {
     for (int i = 0; i < m.n_params; i++) {
         char gname[128];
         snprintf(gname, sizeof gname, "grad.%s", m.params[i].name);
-        const StTensor *g = need(&ex, gname);
+        const StTensor *g = ref_need(&ex, gname);
         cr_assert_eq((size_t)st_numel(g), m.params[i].numel, "%s: shape", gname);
-        assert_close(gname, m.params[i].grad, g->data, m.params[i].numel, 1e-3);
+        ref_assert_close(gname, m.params[i].grad, g->data, m.params[i].numel, 1e-3);
     }
     // Input gradient at valid positions.
-    const float *ref_dx = need(&ex, "grad.inputs_embeds")->data;
+    const float *ref_dx = ref_need(&ex, "grad.inputs_embeds")->data;
     int C = m.cfg.C;
     for (int b = 0; b < B; b++)
-        assert_close("grad.inputs_embeds", a.dres + (size_t)b * T * C, ref_dx + (size_t)b * T * C,
+        ref_assert_close("grad.inputs_embeds", a.dres + (size_t)b * T * C, ref_dx + (size_t)b * T * C,
                      (size_t)lengths[b] * C, 1e-3);
     acts_free(&a);
     model_free(&m);
@@ -111,7 +71,7 @@ static void check_case(const char *name) {
     cr_assert_eq(acts_alloc(&a, &m.cfg, B, T, ACTS_SCORE, 0), 0);
     cr_assert_eq(model_forward(&m, &in, &a), 0);
     for (int b = 0; b < B; b++)
-        assert_close("logits (inference load)", a.logits + (size_t)b * T * V, ref_logits + (size_t)b * T * V,
+        ref_assert_close("logits (inference load)", a.logits + (size_t)b * T * V, ref_logits + (size_t)b * T * V,
                      (size_t)lengths[b] * V, 1e-4);
     acts_free(&a);
     model_free(&m);
@@ -127,7 +87,7 @@ Test(reference, llama_headdim) { check_case("llama_headdim"); }
 // erinfer score on a checkpoint written by the reference: per-token log-probs match.
 Test(reference, erinfer_score, .timeout = 60) {
     char dir[1024];
-    case_dir(dir, sizeof dir, "qwen2_untied_f32");
+    ref_case_dir(dir, sizeof dir, "qwen2_untied_f32", "PyTorch reference data");
     const char *build = getenv("ER_BUILD") ? getenv("ER_BUILD") : "build";
     char out[] = "/tmp/er_score_XXXXXX";
     int fd = mkstemp(out);
@@ -141,8 +101,8 @@ Test(reference, erinfer_score, .timeout = 60) {
     snprintf(path, sizeof path, "%s/expected.safetensors", dir);
     StFile ex;
     cr_assert_eq(safetensors_open(&ex, path), 0);
-    const StTensor *lp = need(&ex, "logprobs");
-    const int *lengths = need(&ex, "lengths")->data;
+    const StTensor *lp = ref_need(&ex, "logprobs");
+    const int *lengths = ref_need(&ex, "lengths")->data;
     int Tm1 = (int)lp->shape[1];
     const float *ref = lp->data;
     JsonlReader r;

@@ -11,22 +11,10 @@
 #include "core/json.h"
 #include "tests/common/helpers.h"
 
-static char *tmp, *model, *ertrain;
+static HelperFixture fx; // per test: the temp dir, tmp/model, $ER_BUILD/ertrain
 
-static void setup(void) {
-    ertrain = helper_program("ertrain");
-    tmp = helper_tmpdir("er_q2rtn_");
-    model = path_join(tmp, "model");
-    helper_make_model(model);
-}
-
-static void teardown(void) {
-    helper_rmdir(tmp);
-    er_free(model);
-    er_free(tmp);
-    er_free(ertrain);
-}
-
+static void setup(void) { helper_fixture_open(&fx, "er_q2rtn_", "ertrain"); }
+static void teardown(void) { helper_fixture_close(&fx); }
 TestSuite(quant_cli_q2rtn, .init = setup, .fini = teardown);
 
 static const char *str_of(const cJSON *o, const char *k) {
@@ -36,10 +24,11 @@ static const char *str_of(const cJSON *o, const char *k) {
 }
 
 Test(quant_cli_q2rtn, q2rtn_is_q2lut_with_uniform_levels) {
-    helper_need_program(ertrain, "ertrain", "q2rtn CLI tests");
+    helper_need_program(fx.prog, "ertrain", "q2rtn CLI tests");
     char out[600];
-    snprintf(out, sizeof out, "%s/q2rtn", tmp);
-    CmdResult r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q2rtn --threads 1", ertrain, model, out);
+    snprintf(out, sizeof out, "%s/q2rtn", fx.tmp);
+    CmdResult r = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' --weights q2rtn --threads 1", fx.prog,
+                             fx.model, out);
     cr_assert_eq(r.status, 0, "quantize failed: %s", r.err);
     helper_result_free(&r);
     cJSON *cfg = helper_read_json(out, "config.json");
@@ -63,12 +52,12 @@ Test(quant_cli_q2rtn, q2rtn_is_q2lut_with_uniform_levels) {
     }
     model_free(&m);
     // The q2lut (k-means) dir of the same model: lower error.
-    snprintf(out, sizeof out, "%s/q2lut", tmp);
-    r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q2lut --threads 1", ertrain, model, out);
+    snprintf(out, sizeof out, "%s/q2lut", fx.tmp);
+    r = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' --weights q2lut --threads 1", fx.prog, fx.model, out);
     cr_assert_eq(r.status, 0, "quantize failed: %s", r.err);
     helper_result_free(&r);
     cJSON *a = helper_read_json(out, "run.json");
-    snprintf(out, sizeof out, "%s/q2rtn", tmp);
+    snprintf(out, sizeof out, "%s/q2rtn", fx.tmp);
     cJSON *b = helper_read_json(out, "run.json");
     double ea = cJSON_GetObjectItemCaseSensitive(a, "mean_rel_error")->valuedouble,
            eb = cJSON_GetObjectItemCaseSensitive(b, "mean_rel_error")->valuedouble;
@@ -78,17 +67,18 @@ Test(quant_cli_q2rtn, q2rtn_is_q2lut_with_uniform_levels) {
 }
 
 Test(quant_cli_q2rtn, bf16_dir) {
-    helper_need_program(ertrain, "ertrain", "q2rtn CLI tests");
+    helper_need_program(fx.prog, "ertrain", "q2rtn CLI tests");
     char out[600], calib[600];
-    snprintf(out, sizeof out, "%s/bf16", tmp);
-    snprintf(calib, sizeof calib, "%s/calib.jsonl", tmp);
+    snprintf(out, sizeof out, "%s/bf16", fx.tmp);
+    snprintf(calib, sizeof calib, "%s/calib.jsonl", fx.tmp);
     FILE *f = fopen(calib, "w");
     cr_assert(f);
     for (int i = 0; i < 4; i++)
         fprintf(f, "{\"prompt\": \"Start with %d. Add 5.\", \"completion\": \"Answer: %d\"}\n", i, i + 5);
     fclose(f);
-    CmdResult r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights bf16 --calib '%s' --calib-n 2 --threads 1",
-                             ertrain, model, out, calib);
+    CmdResult r = helper_run(fx.tmp,
+                             "'%s' quantize --model '%s' --out '%s' --weights bf16 --calib '%s' --calib-n 2 "
+                             "--threads 1", fx.prog, fx.model, out, calib);
     cr_assert_eq(r.status, 0, "bf16 failed: %s", r.err);
     cr_assert(strstr(r.out, "NLL on 2 held-out"), "%s", r.out);
     helper_result_free(&r);
@@ -99,7 +89,7 @@ Test(quant_cli_q2rtn, bf16_dir) {
     cr_assert_eq(model_load(&m, out, 0), 0, "%s", er_last_error());
     cr_assert_eq(m.cfg.dtype, DT_BF16);
     cr_assert_eq(m.layers[1].wq.fmt, WF_BF16);
-    cr_assert_eq(model_load(&fp, model, 0), 0, "%s", er_last_error());
+    cr_assert_eq(model_load(&fp, fx.model, 0), 0, "%s", er_last_error());
     float a[32], b[32];
     weight_row_f32(a, &m.layers[1].wq, 3);
     weight_row_f32(b, &fp.layers[1].wq, 3);
@@ -108,12 +98,12 @@ Test(quant_cli_q2rtn, bf16_dir) {
     model_free(&m);
     model_free(&fp);
     // Refused: Fisher has nothing to weight; --lm-head is for quantized formats.
-    snprintf(out, sizeof out, "%s/bad", tmp);
-    r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights bf16 --lm-head q4", ertrain, model, out);
+    snprintf(out, sizeof out, "%s/bad", fx.tmp);
+    r = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' --weights bf16 --lm-head q4", fx.prog, fx.model, out);
     cr_assert_eq(r.status, 1);
     cr_assert(strstr(r.err, "--lm-head") && helper_count_lines(r.err) == 1, "%s", r.err);
     helper_result_free(&r);
-    r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q3", ertrain, model, out);
+    r = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' --weights q3", fx.prog, fx.model, out);
     cr_assert_eq(r.status, 1);
     cr_assert(strstr(r.err, "q2rtn") && strstr(r.err, "bf16") && helper_count_lines(r.err) == 1, "%s", r.err);
     helper_result_free(&r);

@@ -16,15 +16,13 @@
 #include "core/json.h"
 #include "tests/common/helpers.h"
 
-static char *tmp, *model, *ertrain, *erinfer, *calib;
+static HelperFixture fx; // per test: the temp dir, tmp/model, $ER_BUILD/ertrain
+static char *erinfer, *calib;
 
 static void setup(void) {
-    ertrain = helper_program("ertrain");
+    helper_fixture_open(&fx, "er_qcli_", "ertrain");
     erinfer = helper_program("erinfer");
-    tmp = helper_tmpdir("er_qcli_");
-    model = path_join(tmp, "model");
-    helper_make_model(model);
-    calib = path_join(tmp, "calib.jsonl");
+    calib = path_join(fx.tmp, "calib.jsonl");
     FILE *f = fopen(calib, "w");
     cr_assert(f);
     for (int i = 0; i < 6; i++)
@@ -34,18 +32,15 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-    helper_rmdir(tmp);
-    er_free(model);
+    helper_fixture_close(&fx);
     er_free(calib);
-    er_free(tmp);
-    er_free(ertrain);
     er_free(erinfer);
 }
 
 TestSuite(quant_cli, .init = setup, .fini = teardown);
 
 static void need_programs(void) {
-    if (!ertrain || !erinfer)
+    if (!fx.prog || !erinfer)
         cr_skip_test("!!!!!! %s/ertrain or erinfer is MISSING: run `make` (or set ER_BUILD) - quantize CLI tests SKIPPED !!!!!!",
                      helper_build_dir());
 }
@@ -53,8 +48,9 @@ static void need_programs(void) {
 Test(quant_cli, quantize_generate_and_sft) {
     need_programs();
     char out[600];
-    snprintf(out, sizeof out, "%s/q4g32", tmp);
-    CmdResult r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q4g32 --threads 1", ertrain, model, out);
+    snprintf(out, sizeof out, "%s/q4g32", fx.tmp);
+    CmdResult r = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' --weights q4g32 --threads 1", fx.prog,
+                             fx.model, out);
     cr_assert_eq(r.status, 0, "quantize failed: %s", r.err);
     cr_assert(strstr(r.out, "bits per weight: 5.000"), "%s", r.out);
     cr_assert(strstr(r.out, "layer   1"), "per-layer errors expected: %s", r.out);
@@ -80,8 +76,9 @@ Test(quant_cli, quantize_generate_and_sft) {
     cr_assert_eq(m.embed.fmt, WF_Q8);
     model_free(&m);
 
-    r = helper_run(tmp, "'%s' generate --model '%s' --prompt 'Start with 7. Add 5.' --max-new 6 --samples 2 --json --threads 1",
-                   erinfer, out);
+    r = helper_run(fx.tmp,
+                   "'%s' generate --model '%s' --prompt 'Start with 7. Add 5.' --max-new 6 --samples 2 --json "
+                   "--threads 1", erinfer, out);
     cr_assert_eq(r.status, 0, "erinfer on the quantized dir failed: %s", r.err);
     cJSON *g = cJSON_Parse(r.out);
     cr_assert(g, "no JSON: %s", r.out);
@@ -89,11 +86,12 @@ Test(quant_cli, quantize_generate_and_sft) {
     cJSON_Delete(g);
     helper_result_free(&r);
 
-    r = helper_run(tmp, "'%s' sft --model '%s' --data '%s' --out '%s/sft' --steps 2 --batch 2 --seq-len 64 --threads 1",
-                   ertrain, out, calib, tmp);
+    r = helper_run(fx.tmp,
+                   "'%s' sft --model '%s' --data '%s' --out '%s/sft' --steps 2 --batch 2 --seq-len 64 --threads 1",
+                   fx.prog, out, calib, fx.tmp);
     cr_assert_eq(r.status, 0, "sft on the quantized base failed: %s", r.err);
     helper_result_free(&r);
-    char *ad = path_join(tmp, "sft/adapter_model.safetensors");
+    char *ad = path_join(fx.tmp, "sft/adapter_model.safetensors");
     cr_assert(path_exists(ad), "no adapter written");
     er_free(ad);
 }
@@ -103,11 +101,11 @@ Test(quant_cli, fisher_calibration_and_nll) {
     const char *ws[] = {"q2lut", "q8"};
     for (int i = 0; i < 2; i++) {
         char out[600];
-        snprintf(out, sizeof out, "%s/%s", tmp, ws[i]);
-        CmdResult r = helper_run(tmp,
+        snprintf(out, sizeof out, "%s/%s", fx.tmp, ws[i]);
+        CmdResult r = helper_run(fx.tmp,
                                  "'%s' quantize --model '%s' --out '%s' --weights %s --embeddings fp --calib '%s' "
                                  "--calib-n 3 --seq-len 64 --threads 1",
-                                 ertrain, model, out, ws[i], calib);
+                                 fx.prog, fx.model, out, ws[i], calib);
         cr_assert_eq(r.status, 0, "quantize %s failed: %s", ws[i], r.err);
         cr_assert(strstr(r.out, "fisher: squared gradients over 3"), "%s", r.out);
         cr_assert(strstr(r.out, "NLL on 3 held-out calibration sequences"), "%s", r.out);
@@ -133,9 +131,9 @@ Test(quant_cli, fisher_calibration_and_nll) {
 Test(quant_cli, tied_model_w4_lm_head) {
     need_programs();
     char out[600];
-    snprintf(out, sizeof out, "%s/w4head", tmp);
-    CmdResult r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q4 --lm-head q4 --threads 1", ertrain,
-                             model, out);
+    snprintf(out, sizeof out, "%s/w4head", fx.tmp);
+    CmdResult r = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' --weights q4 --lm-head q4 --threads 1",
+                             fx.prog, fx.model, out);
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.out, "untied"), "%s", r.out);
     helper_result_free(&r);
@@ -147,7 +145,7 @@ Test(quant_cli, tied_model_w4_lm_head) {
     cr_assert_eq(m.embed.fmt, WF_Q8);
     cr_assert_eq(m.lm_head.fmt, WF_Q4);
     model_free(&m);
-    r = helper_run(tmp, "'%s' generate --model '%s' --prompt 'Start with 7.' --max-new 4 --threads 1", erinfer, out);
+    r = helper_run(fx.tmp, "'%s' generate --model '%s' --prompt 'Start with 7.' --max-new 4 --threads 1", erinfer, out);
     cr_assert_eq(r.status, 0, "%s", r.err);
     helper_result_free(&r);
 }
@@ -160,11 +158,11 @@ Test(quant_cli, transforms_then_quantize) {
     double nll_none = 0;
     for (int i = 0; i < 3; i++) {
         char out[600];
-        snprintf(out, sizeof out, "%s/t_%s", tmp, modes[i]);
-        CmdResult r = helper_run(tmp,
+        snprintf(out, sizeof out, "%s/t_%s", fx.tmp, modes[i]);
+        CmdResult r = helper_run(fx.tmp,
                                  "'%s' quantize --model '%s' --out '%s' --weights q4 --transforms %s --seed 3 --calib '%s' "
                                  "--calib-n 3 --sensitivity none --seq-len 64 --threads 1",
-                                 ertrain, model, out, modes[i], calib);
+                                 fx.prog, fx.model, out, modes[i], calib);
         cr_assert_eq(r.status, 0, "quantize --transforms %s failed: %s", modes[i], r.err);
         if (i > 0)
             cr_assert(strstr(r.out, "transforms"), "%s", r.out);
@@ -184,7 +182,8 @@ Test(quant_cli, transforms_then_quantize) {
         cr_assert_eq(model_load(&m, out, 0), 0, "%s", er_last_error());
         cr_assert_eq(m.layers[0].wq.fmt, WF_Q4);
         model_free(&m);
-        r = helper_run(tmp, "'%s' generate --model '%s' --prompt 'Start with 7.' --max-new 4 --threads 1", erinfer, out);
+        r = helper_run(fx.tmp, "'%s' generate --model '%s' --prompt 'Start with 7.' --max-new 4 --threads 1", erinfer,
+                       out);
         cr_assert_eq(r.status, 0, "%s", r.err);
         helper_result_free(&r);
     }
@@ -207,8 +206,8 @@ Test(quant_cli, bad_flags_are_one_line_errors) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char out[600];
-        snprintf(out, sizeof out, "%s/bad%zu", tmp, i);
-        CmdResult r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' %s --threads 1", ertrain, model, out,
+        snprintf(out, sizeof out, "%s/bad%zu", fx.tmp, i);
+        CmdResult r = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' %s --threads 1", fx.prog, fx.model, out,
                                  cases[i].flags);
         cr_assert_eq(r.status, 1, "%s: status %d", cases[i].flags, r.status);
         cr_assert(strstr(r.err, cases[i].expect), "%s: stderr \"%s\" should mention %s", cases[i].flags, r.err,
@@ -221,16 +220,17 @@ Test(quant_cli, bad_flags_are_one_line_errors) {
     }
     // an already quantized model is refused as input
     char q[600], again[600];
-    snprintf(q, sizeof q, "%s/q8", tmp);
-    snprintf(again, sizeof again, "%s/again", tmp);
-    CmdResult r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q8 --threads 1", ertrain, model, q);
+    snprintf(q, sizeof q, "%s/q8", fx.tmp);
+    snprintf(again, sizeof again, "%s/again", fx.tmp);
+    CmdResult r = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' --weights q8 --threads 1", fx.prog,
+                             fx.model, q);
     cr_assert_eq(r.status, 0, "%s", r.err);
     helper_result_free(&r);
-    r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q4 --threads 1", ertrain, q, again);
+    r = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' --weights q4 --threads 1", fx.prog, q, again);
     cr_assert_eq(r.status, 1);
     cr_assert(strstr(r.err, "already quantized"), "%s", r.err);
     helper_result_free(&r);
-    r = helper_run(tmp, "'%s' quantize --help", ertrain);
+    r = helper_run(fx.tmp, "'%s' quantize --help", fx.prog);
     cr_assert_eq(r.status, 0);
     cr_assert(strstr(r.out, "--weights") && strstr(r.out, "--calib") && strstr(r.out, "--sensitivity"), "%s", r.out);
     helper_result_free(&r);
@@ -242,24 +242,24 @@ Test(quant_cli, bad_flags_are_one_line_errors) {
 Test(quant_cli, nonempty_out_and_nan_weights) {
     need_programs();
     char out[600];
-    snprintf(out, sizeof out, "%s/busy", tmp);
+    snprintf(out, sizeof out, "%s/busy", fx.tmp);
     cr_assert_eq(dir_make(out), 0);
     char *f = path_join(out, "keep.txt");
     cr_assert_eq(file_write_atomic(f, "x", 1), 0);
     er_free(f);
-    CmdResult r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q4", ertrain, model, out);
+    CmdResult r = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' --weights q4", fx.prog, fx.model, out);
     cr_assert(!strstr(r.err, "--resume"), "quantize has no --resume: %s", r.err);
     helper_expect_error(&r, "quantize, non-empty out", "not empty");
 
     Model m;
-    cr_assert_eq(model_load(&m, model, MODEL_LOAD_TRAINABLE), 0, "%s", er_last_error());
+    cr_assert_eq(model_load(&m, fx.model, MODEL_LOAD_TRAINABLE), 0, "%s", er_last_error());
     ((ParamTensor *)model_find_param(&m, "model.layers.1.mlp.gate_proj.weight"))->data[11] = NAN;
-    char *nan_dir = path_join(tmp, "nan");
+    char *nan_dir = path_join(fx.tmp, "nan");
     cr_assert_eq(model_save(&m, nan_dir, 0), 0, "%s", er_last_error());
     model_free(&m);
     helper_copy_file("data/tiny_tokenizer/tokenizer.json", nan_dir, "tokenizer.json");
-    snprintf(out, sizeof out, "%s/q4nan", tmp);
-    r = helper_run(tmp, "'%s' quantize --model '%s' --out '%s' --weights q4", ertrain, nan_dir, out);
+    snprintf(out, sizeof out, "%s/q4nan", fx.tmp);
+    r = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' --weights q4", fx.prog, nan_dir, out);
     helper_expect_error(&r, "quantize of a NaN model", "model.layers.1.mlp.gate_proj.weight");
     cr_assert(!path_exists(out), "a refused quantize wrote %s", out);
     er_free(nan_dir);

@@ -10,6 +10,7 @@
 #include "core/threads.h"
 #include "quant/quant.h"
 #include "quant/quantizer.h"
+#include "tests/common/helpers.h"
 
 // Gaussian rows, or with 2% outliers (8x) when heavy.
 static float *rows_of(int n, uint64_t seed, int heavy) {
@@ -37,18 +38,7 @@ static double row_sq_error(const Weight *w, const float *src, int r) {
 
 static int distinct(const float *x, int n) {
     float seen[64];
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        int j = 0;
-        while (j < m && seen[j] != x[i])
-            j++;
-        if (j == m) {
-            if (m == 64)
-                return 65;
-            seen[m++] = x[i];
-        }
-    }
-    return m;
+    return helper_distinct(x, n, seen, 64);
 }
 
 Test(q2rtn, levels_evenly_spaced_and_codes_nearest) {

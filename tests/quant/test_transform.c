@@ -13,6 +13,7 @@
 #include "core/threads.h"
 #include "model/model.h"
 #include "quant/transform.h"
+#include "tests/common/helpers.h"
 #include "train/transform_model.h"
 
 // ---- rotations ----
@@ -168,25 +169,7 @@ enum { TB = 2, TT = 7 };
 // Logits (TB, TT, V) of a fixed batch.
 static float *logits_of(Model *m) {
     static const int tokens[TB * TT] = {1, 5, 3, 7, 2, 9, 4, 28, 0, 11, 12, 6, 20, 17};
-    Activations a;
-    cr_assert_eq(acts_alloc(&a, &m->cfg, TB, TT, ACTS_SCORE, 0), 0);
-    ModelInput in = {.B = TB, .T = TT, .tokens = tokens};
-    cr_assert_eq(model_forward(m, &in, &a), 0, "%s", er_last_error());
-    size_t n = (size_t)TB * TT * m->cfg.V;
-    float *out = malloc(sizeof(float) * n);
-    memcpy(out, a.logits, sizeof(float) * n);
-    acts_free(&a);
-    return out;
-}
-
-// max |a - b| / max |a|
-static double rel_diff(const float *a, const float *b, size_t n) {
-    double d = 0, s = 0;
-    for (size_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        s = fmax(s, fabs((double)a[i]));
-    }
-    return d / s;
+    return helper_forward_logits(m, tokens, TB, TT);
 }
 
 static double max_param_change(const Model *a, const Model *b, const char *name) {
@@ -206,7 +189,7 @@ static double check_preserved(int C, int tied, int unit_final_norm, const char *
     float *before = logits_of(&m);
     cr_assert_eq(transform_model(&m, mode, seed * 31 + 1), 0, "%s: %s", mode, er_last_error());
     float *after = logits_of(&m);
-    double rel = rel_diff(before, after, (size_t)TB * TT * m.cfg.V);
+    double rel = helper_rel_err(after, before, (size_t)TB * TT * m.cfg.V);
     fprintf(stderr, "transform: mode %-8s C=%d tied=%d: max |dlogit| / max |logit| = %.3g\n", mode, C, tied, rel);
     cr_assert(rel <= 1e-4, "%s (C=%d, tied=%d): logits moved by %g relative", mode, C, tied, rel);
     // Not a no-op: the transformed weights differ.
@@ -318,7 +301,7 @@ Test(quant_transform, transformed_model_saves_and_reloads) {
         cr_assert_eq(b.cfg.tied, 0);
         cr_assert(model_find_param(&b, "lm_head.weight"));
         float *got = logits_of(&b);
-        double rel = rel_diff(want, got, (size_t)TB * TT * m.cfg.V);
+        double rel = helper_rel_err(got, want, (size_t)TB * TT * m.cfg.V);
         cr_assert(rel <= 1e-6, "reloaded (flags %d) logits differ by %g relative", flags, rel);
         free(got);
         model_free(&b);
@@ -407,7 +390,7 @@ static double quantized_error(const char *mode, uint64_t seed) {
     cr_assert_eq(transform_model(&m, mode, 3), 0, "%s", er_last_error());
     quantize_rows_rtn(&m, 4);
     float *got = logits_of(&m);
-    double rel = rel_diff(ref, got, (size_t)TB * TT * m.cfg.V);
+    double rel = helper_rel_err(got, ref, (size_t)TB * TT * m.cfg.V);
     free(ref);
     free(got);
     model_free(&m);

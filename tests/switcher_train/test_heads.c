@@ -17,16 +17,13 @@
 #include "train/heads.h"
 #include "verifier_train/verifier.h"
 
-static char *tmp;
+static HelperFixture fx; // per test: the temp dir, tmp/model with tmp/adapter
 
 static void setup(void) {
-    tmp = helper_tmpdir("er_heads_run_");
-    heads_make_model_and_adapter(tmp);
+    helper_fixture_open(&fx, "er_heads_run_", NULL);
+    heads_add_adapter(fx.tmp);
 }
-static void teardown(void) {
-    helper_rmdir(tmp);
-    er_free(tmp);
-}
+static void teardown(void) { helper_fixture_close(&fx); }
 TestSuite(heads_run, .init = setup, .fini = teardown);
 
 // One run on tmp/model and tmp/adapter, small and quick (samples 3, max_new 12, direct_max_new 6,
@@ -35,7 +32,7 @@ TestSuite(heads_run, .init = setup, .fini = teardown);
 static int run(const char *data, const char *sw_out, const char *vf_out, int derive, double target_recall,
                const char *out_dir, char **report) {
     threads_set(1);
-    char *model = path_join(tmp, "model"), *adapter = path_join(tmp, "adapter");
+    char *model = path_join(fx.tmp, "model"), *adapter = path_join(fx.tmp, "adapter");
     HeadsConfig c;
     heads_config_default(&c);
     c.model_dir = model;
@@ -79,10 +76,10 @@ static int run(const char *data, const char *sw_out, const char *vf_out, int der
 }
 
 Test(heads_run, trains_both_heads_end_to_end) {
-    char *data = heads_make_data(tmp, "train.jsonl", 10, 1), *report, sw_p[512], vf_p[512], out[512];
-    snprintf(sw_p, sizeof sw_p, "%s/h/switcher.safetensors", tmp);
-    snprintf(vf_p, sizeof vf_p, "%s/h/verifier.safetensors", tmp);
-    snprintf(out, sizeof out, "%s/h", tmp);
+    char *data = heads_make_data(fx.tmp, "train.jsonl", 10, 1), *report, sw_p[512], vf_p[512], out[512];
+    snprintf(sw_p, sizeof sw_p, "%s/h/switcher.safetensors", fx.tmp);
+    snprintf(vf_p, sizeof vf_p, "%s/h/verifier.safetensors", fx.tmp);
+    snprintf(out, sizeof out, "%s/h", fx.tmp);
     cr_assert_eq(run(data, sw_p, vf_p, 0, 0, out, &report), 0, "heads failed: %s", er_last_error());
     cr_assert(strstr(report, "switcher: held-out ROC-AUC"), "%s", report);
     cr_assert(strstr(report, "verifier: held-out ROC-AUC"), "%s", report);
@@ -91,25 +88,25 @@ Test(heads_run, trains_both_heads_end_to_end) {
                            "run.json", "metrics.jsonl"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char p[512];
-        snprintf(p, sizeof p, "%s/h/%s", tmp, files[i]);
+        snprintf(p, sizeof p, "%s/h/%s", fx.tmp, files[i]);
         cr_assert(path_exists(p), "%s missing", files[i]);
     }
     char p[512];
-    snprintf(p, sizeof p, "%s/h/metrics.jsonl", tmp);
+    snprintf(p, sizeof p, "%s/h/metrics.jsonl", fx.tmp);
     char *text;
     size_t n;
     cr_assert_eq(file_read_all(p, 1 << 20, &text, &n), 0);
     cr_assert_eq(helper_count_lines(text), 10, "5 epochs per head: %s", text);
     cr_assert(strstr(text, "\"head\":\"switcher\"") && strstr(text, "\"head\":\"verifier\""));
     er_free(text);
-    snprintf(p, sizeof p, "%s/h/run.json", tmp);
+    snprintf(p, sizeof p, "%s/h/run.json", fx.tmp);
     cJSON *runj;
     cr_assert_eq(json_parse_file(p, 1 << 20, &runj), 0);
     cr_assert(cJSON_GetObjectItem(runj, "config") && cJSON_GetObjectItem(runj, "result"));
     cJSON_Delete(runj);
     // The heads load for this model, with their feature specs; another model is refused.
     Model m, other;
-    snprintf(p, sizeof p, "%s/model", tmp);
+    snprintf(p, sizeof p, "%s/model", fx.tmp);
     cr_assert_eq(model_load(&m, p, 0), 0);
     TrainedHead sw, vf;
     cr_assert_eq(trained_head_load(&sw, sw_p, HEAD_SWITCHER, &m), 0, "%s", er_last_error());
@@ -136,15 +133,15 @@ Test(heads_run, trains_both_heads_end_to_end) {
 }
 
 Test(heads_run, derived_labels_and_target_recall) {
-    char *data = heads_make_data(tmp, "train.jsonl", 8, 2), *report, sw_p[512], out[512];
-    snprintf(sw_p, sizeof sw_p, "%s/sw", tmp);
-    snprintf(out, sizeof out, "%s/run", tmp);
+    char *data = heads_make_data(fx.tmp, "train.jsonl", 8, 2), *report, sw_p[512], out[512];
+    snprintf(sw_p, sizeof sw_p, "%s/sw", fx.tmp);
+    snprintf(out, sizeof out, "%s/run", fx.tmp);
     cr_assert_eq(run(data, sw_p, NULL, 1, 0.9, out, &report), 0, "heads failed: %s", er_last_error());
     cr_assert(strstr(report, "switcher labels: base direct right"), "%s", report);
     char p[512];
-    snprintf(p, sizeof p, "%s/sw.json", tmp);
+    snprintf(p, sizeof p, "%s/sw.json", fx.tmp);
     cr_assert(path_exists(p));
-    snprintf(p, sizeof p, "%s/run/run.json", tmp);
+    snprintf(p, sizeof p, "%s/run/run.json", fx.tmp);
     cr_assert(path_exists(p));
     free(report);
     er_free(data);

@@ -6,28 +6,23 @@
 
 #include "tests/common/heads_helpers.h"
 
-static char *tmp, *ertrain;
+static HelperFixture fx; // per test: the temp dir, tmp/model with tmp/adapter, $ER_BUILD/ertrain
 
 static void setup(void) {
-    ertrain = helper_program("ertrain");
-    tmp = helper_tmpdir("er_heads_");
-    heads_make_model_and_adapter(tmp);
+    helper_fixture_open(&fx, "er_heads_", "ertrain");
+    heads_add_adapter(fx.tmp);
 }
-static void teardown(void) {
-    helper_rmdir(tmp);
-    er_free(tmp);
-    er_free(ertrain);
-}
+static void teardown(void) { helper_fixture_close(&fx); }
 TestSuite(heads_cli, .init = setup, .fini = teardown);
 
-static void need_ertrain(void) { helper_need_program(ertrain, "ertrain", "ertrain heads tests"); }
+static void need_ertrain(void) { helper_need_program(fx.prog, "ertrain", "ertrain heads tests"); }
 
 Test(heads_cli, bad_inputs_fail_cleanly) {
     need_ertrain();
-    char *data = heads_make_data(tmp, "train.jsonl", 4, 3);
+    char *data = heads_make_data(fx.tmp, "train.jsonl", 4, 3);
     const char *bad_json = "{\"prompt\": \"What is 1 + 1?\", \"answer\": \"2\"}\n{\"prompt\": \"2 + 2?\", \"answer\": 4}\n";
     char bad[512];
-    snprintf(bad, sizeof bad, "%s/no_label.jsonl", tmp);
+    snprintf(bad, sizeof bad, "%s/no_label.jsonl", fx.tmp);
     cr_assert_eq(file_write_atomic(bad, bad_json, strlen(bad_json)), 0);
     struct {
         const char *args, *expect;
@@ -41,16 +36,16 @@ Test(heads_cli, bad_inputs_fail_cleanly) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[1024];
-        snprintf(args, sizeof args, cases[i].args, i == 2 ? tmp : data);
-        CmdResult r = helper_run(tmp, "'%s' heads --model '%s/model' --adapter '%s/adapter' %s", ertrain, tmp, tmp,
-                                 args);
+        snprintf(args, sizeof args, cases[i].args, i == 2 ? fx.tmp : data);
+        CmdResult r = helper_run(fx.tmp, "'%s' heads --model '%s/model' --adapter '%s/adapter' %s", fx.prog, fx.tmp,
+                                 fx.tmp, args);
         helper_expect_error(&r, args, cases[i].expect);
     }
-    CmdResult r = helper_run(tmp, "'%s' heads --model '%s/model' --adapter '%s/adapter' --data '%s' --switcher-out "
-                                  "'%s/sw'", ertrain, tmp, tmp, bad, tmp);
+    CmdResult r = helper_run(fx.tmp, "'%s' heads --model '%s/model' --adapter '%s/adapter' --data '%s' --switcher-out "
+                             "'%s/sw'", fx.prog, fx.tmp, fx.tmp, bad, fx.tmp);
     cr_assert_eq(r.status, 1);
     cr_assert(strstr(r.err, "needs_reasoning") && strstr(r.err, "no_label.jsonl:1"), "%s", r.err);
-    snprintf(bad, sizeof bad, "%s/sw.json", tmp);
+    snprintf(bad, sizeof bad, "%s/sw.json", fx.tmp);
     cr_assert(!path_exists(bad), "no head written on failure");
     helper_result_free(&r);
     er_free(data);

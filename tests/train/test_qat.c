@@ -21,21 +21,6 @@
 #include "train/qat.h"
 #include "train/quantize.h"
 
-static int distinct(const float *x, int n, float *levels) {
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        int j = 0;
-        while (j < m && levels[j] != x[i])
-            j++;
-        if (j == m) {
-            if (m == 16)
-                return 17;
-            levels[m++] = x[i];
-        }
-    }
-    return m;
-}
-
 // ---- the fake-quantization step and its gradient ----
 
 typedef struct {
@@ -109,7 +94,7 @@ Test(qat, forward_sees_fake_quantized_weights) {
         cr_assert_eq(memcmp(p->data, want, p->numel * sizeof(float)), 0, "%s: not quantize-then-dequantize", p->name);
         if (is_layer)
             for (int r = 0; r < R; r++)
-                cr_assert_leq(distinct(p->data + (size_t)r * C, C, lv), 4, "%s row %d", p->name, r);
+                cr_assert_leq(helper_distinct(p->data + (size_t)r * C, C, lv, 16), 4, "%s row %d", p->name, r);
         cr_assert_neq(memcmp(p->data, f.master + off, p->numel * sizeof(float)), 0, "%s unchanged", p->name);
     }
     free(want);
@@ -134,16 +119,7 @@ Test(qat, ste_gradient_is_the_gradient_at_the_dequantized_weights) {
     cr_assert(sqrt(dd / gg) > 0.05, "the gradient at Q(W) is barely that at W (%g): the test would not tell", sqrt(dd / gg));
 
     // Finite differences through the dequantized model (the weights the forward read).
-    double fd, gd;
-    fd_directional(f.m.param_mem, f.m.grad_mem, n, 3, 1e-2, loss_cb, &f, &fd, &gd);
-    cr_assert(fabs(gd) > 1e-2, "directional derivative trivially small (%g)", gd);
-    cr_assert(fabs(fd - gd) <= 2e-3 * fabs(gd), "directional: fd %.7g vs STE gradient %.7g", fd, gd);
-    for (int p = 0; p < f.m.n_params; p++) {
-        ParamTensor *pt = &f.m.params[p];
-        size_t best = fd_argmax_abs(pt->grad, pt->numel);
-        double fde = fd_entry(&pt->data[best], 1e-2f, loss_cb, &f), an = pt->grad[best];
-        cr_assert(fabs(fde - an) <= 1e-2 * fabs(an) + 2e-5, "%s[%zu]: fd %.7g vs STE %.7g", pt->name, best, fde, an);
-    }
+    fd_check_model(&f.m, 3, loss_cb, &f, "STE");
     free(g_fp);
     fix_free(&f);
 }
@@ -158,7 +134,7 @@ Test(qat, codebooks_every_k_steps_assignments_every_step) {
     cr_assert_eq(qat_state_apply(f.s, 0), 0);
     float *lv0 = malloc(sizeof(float) * 17 * R), lv[17];
     for (int r = 0; r < R; r++)
-        cr_assert_leq(distinct(p->data + (size_t)r * C, C, lv0 + 17 * r), 4);
+        cr_assert_leq(helper_distinct(p->data + (size_t)r * C, C, lv0 + 17 * r, 16), 4);
     // Move the masters: steps 1 and 2 keep the step-0 codebooks, with new assignments.
     ErRng rng;
     rng_seed(&rng, 9);
@@ -169,7 +145,7 @@ Test(qat, codebooks_every_k_steps_assignments_every_step) {
     cr_assert_eq(qat_state_apply(f.s, 1), 0);
     cr_assert_neq(memcmp(before, p->data, p->numel * sizeof(float)), 0, "assignments did not follow the masters");
     for (int r = 0; r < R; r++) {
-        int m = distinct(p->data + (size_t)r * C, C, lv);
+        int m = helper_distinct(p->data + (size_t)r * C, C, lv, 16);
         for (int j = 0; j < m; j++) {
             int found = 0;
             for (int i = 0; i < 4; i++)

@@ -18,52 +18,22 @@
 #include "data/tokenizer.h"
 #include "lora/peft.h"
 #include "model/model.h"
+#include "tests/common/helpers.h"
 #include "tests/train/train_helpers.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
 // ---- fixtures ----
 
-static char *tmpdir(const char *tag) {
-    char tmpl[256];
-    snprintf(tmpl, sizeof tmpl, "/tmp/er_test_%sXXXXXX", tag);
-    cr_assert(mkdtemp(tmpl), "mkdtemp failed");
-    return er_strdup(tmpl);
-}
-
-static void rmtree(const char *dir) {
-    if (!dir || strncmp(dir, "/tmp/er_test_", 13) != 0)
-        return; // never anything else
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
-}
-
-static void copy_file(const char *src, const char *dir, const char *name) {
-    char *data, *dst = join(dir, name);
-    size_t n;
-    cr_assert_eq(file_read_all(src, 64u << 20, &data, &n), ER_OK, "%s", er_last_error());
-    cr_assert_eq(file_write_atomic(dst, data, n), ER_OK, "%s", er_last_error());
-    er_free(data);
-    er_free(dst);
-}
-
-static ModelConfig tiny_config(void) {
-    ModelConfig c = {.arch = ARCH_QWEN2, .C = 32, .FF = 64, .L = 2, .NH = 4, .NKV = 2, .HS = 8, .V = 512,
-                     .max_pos = 1024, .rope_theta = 10000.0f, .eps = 1e-6f, .tied = 1, .qkv_bias = 1,
-                     .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
-    return c;
-}
-
 // A random tiny base model dir with the tiny tokenizer next to it.
 static void make_model(const char *dir) {
-    ModelConfig c = tiny_config();
+    ModelConfig c = helper_tiny_config(512, 1024);
     Model m;
     cr_assert_eq(model_build_random(&m, &c, 0.3f, 7), ER_OK, "%s", er_last_error());
     cr_assert_eq(model_save(&m, dir, 0), ER_OK, "%s", er_last_error());
     model_free(&m);
-    copy_file("data/tiny_tokenizer/tokenizer.json", dir, "tokenizer.json");
-    copy_file("data/tiny_tokenizer/tokenizer_config.json", dir, "tokenizer_config.json");
+    helper_copy_file("data/tiny_tokenizer/tokenizer.json", dir, "tokenizer.json");
+    helper_copy_file("data/tiny_tokenizer/tokenizer_config.json", dir, "tokenizer_config.json");
 }
 
 static void make_chains(const char *path, long n) {
@@ -81,7 +51,7 @@ typedef struct {
 static Fixture fx;
 
 static void setup(void) {
-    fx.root = tmpdir("train");
+    fx.root = helper_tmpdir("er_test_train");
     fx.model = join(fx.root, "base");
     fx.data = join(fx.root, "chains.jsonl");
     make_model(fx.model);
@@ -89,7 +59,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-    rmtree(fx.root);
+    helper_rmdir(fx.root);
     er_free(fx.root);
     er_free(fx.model);
     er_free(fx.data);
@@ -200,7 +170,7 @@ Test(train, sft_reduces_loss_and_writes_peft_adapter, .init = setup, .fini = tea
     free_lines(lines, n);
 
     // The PEFT adapter loads, says it is masked with the reasoning prefix, and holds the trained weights.
-    ModelConfig mc = tiny_config();
+    ModelConfig mc = helper_tiny_config(512, 1024);
     LoraShape s = {mc.L, mc.C, mc.NH * mc.HS, mc.NKV * mc.HS, mc.FF};
     LoraAdapter a;
     cr_assert_eq(peft_load(&a, out, &s, 0), ER_OK, "%s", er_last_error());
@@ -344,7 +314,7 @@ Test(train, pretrain_overfits_and_resumes, .init = setup, .fini = teardown, .tim
     char *small = join(fx.root, "four.jsonl");
     make_chains(small, 4);
     char *cfg_path = join(fx.root, "config.json");
-    ModelConfig mc = tiny_config();
+    ModelConfig mc = helper_tiny_config(512, 1024);
     cJSON *cj = model_config_to_json(&mc);
     cr_assert_eq(json_write_file(cfg_path, cj), ER_OK);
     cJSON_Delete(cj);
@@ -491,12 +461,8 @@ static int run_cli(const char *cmd, int *stderr_lines, char *first_line, size_t 
 }
 
 Test(train, cli_errors_are_one_line, .init = setup, .fini = teardown, .timeout = 60) {
-    const char *b = getenv("ER_BUILD");
-    char prog[512];
-    snprintf(prog, sizeof prog, "%s/ertrain", b && b[0] ? b : "build");
-    if (access(prog, X_OK) != 0)
-        cr_skip_test("!!!!!! %s is MISSING: run `make` (or set ER_BUILD) - ertrain sft/pretrain CLI tests SKIPPED !!!!!!",
-                     prog);
+    char *prog = helper_program("ertrain");
+    helper_need_program(prog, "ertrain", "ertrain sft/pretrain CLI tests");
     char *out = join(fx.root, "cli");
     struct {
         const char *args, *expect;
@@ -547,6 +513,7 @@ Test(train, cli_errors_are_one_line, .init = setup, .fini = teardown, .timeout =
     cr_assert(strstr(first, "--resume"), "%s", first);
     er_free(marker);
     er_free(out);
+    er_free(prog);
 }
 
 // --resume of an SFT run with the model dir spelled differently (was refused: the paths were compared
