@@ -45,11 +45,14 @@ endif
 # entry points sit on top: infer/cli*.c is erinfer, ertrain/ is ertrain.
 RUNTIME_DIRS := core quant lora model data infer
 TRAIN_DIRS := train rl switcher_train verifier_train
+# core/args.c, the flag parser, prints --help and the command list: the programs link it, the
+# library (which never prints) does not.
 is_cli = $(filter cli cli_%,$(basename $(notdir $(1))))
-RUNTIME_SRC := $(foreach f,$(foreach d,$(RUNTIME_DIRS),$(wildcard $(d)/*.c)),$(if $(call is_cli,$(f)),,$(f)))
+ARGS_SRC := core/args.c
+RUNTIME_SRC := $(filter-out $(ARGS_SRC),$(foreach f,$(foreach d,$(RUNTIME_DIRS),$(wildcard $(d)/*.c)),$(if $(call is_cli,$(f)),,$(f))))
 TRAIN_SRC := $(foreach d,$(TRAIN_DIRS),$(wildcard $(d)/*.c))
-ERINFER_SRC := $(wildcard infer/cli*.c)
-ERTRAIN_SRC := $(wildcard ertrain/*.c)
+ERINFER_SRC := $(wildcard infer/cli*.c) $(ARGS_SRC)
+ERTRAIN_SRC := $(wildcard ertrain/*.c) $(ARGS_SRC)
 TEST_SRC := $(filter-out tests/fuzz/%,$(wildcard tests/*/*.c))
 BENCH_SRC := $(wildcard bench/*.c)
 
@@ -91,17 +94,26 @@ $(BUILD)/liberinfer.ok: $(RUNTIME_LIB)
 	  -o $(BUILD)/liberinfer-check 2>$(BUILD)/liberinfer-check.log || \
 	  { cat $(BUILD)/liberinfer-check.log; echo "$<: does not link alone (see above)"; exit 1; }
 	rm -f $(BUILD)/liberinfer-check $(BUILD)/liberinfer-check.c && touch $@
-check-runtime: $(BUILD)/liberinfer.ok
+
+# Library code never prints, exits or aborts (DESIGN.md): no object of either library refers to
+# stdout, stderr, printf, puts, exit or abort (streams come from the caller).
+LIB_FORBIDDEN := stdout stderr printf puts putchar perror vprintf exit abort
+$(BUILD)/libs-quiet.ok: $(RUNTIME_LIB) $(TRAIN_LIB)
+	@bad=$$(nm -A -u $^ | grep -wE '$(subst $(space),|,$(LIB_FORBIDDEN))'); \
+	if [ -n "$$bad" ]; then echo "$$bad"; echo "library objects above print, exit or abort"; exit 1; fi
+	touch $@
+space := $(subst ,, )
+check-runtime: $(BUILD)/liberinfer.ok $(BUILD)/libs-quiet.ok
 
 # The layering (includes, declarations, test helpers) and function length, read from the sources.
 check-source:
 	$(PY) scripts/check_layers.py
 	$(PY) scripts/check_functions.py
 
-$(BUILD)/test_all: $(call obj,$(TEST_SRC)) $(TRAIN_LIB) $(RUNTIME_LIB)
+$(BUILD)/test_all: $(call obj,$(TEST_SRC) $(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_LIB)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcriterion -o $@
 
-$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(TRAIN_LIB) $(RUNTIME_LIB)
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(call obj,$(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 

@@ -1,6 +1,7 @@
 // Command-line flags for the CLIs: `--name value` or `--name=value`, typed, range-checked, with a
 // generated --help. Parsing never exits: it returns ARGS_HELP after printing help, or a negative
-// status with the problem recorded in er_last_error().
+// status with the problem recorded in er_last_error(). The programs' own code (it prints --help and the
+// command list): linked into erinfer, ertrain, the benchmarks and the tests, not into liberinfer.
 #ifndef CORE_ARGS_H
 #define CORE_ARGS_H
 

@@ -55,23 +55,22 @@ int atomic_open(AtomicFile *af, const char *path) {
     if (path_is_dir(path))
         return er_error(ER_EIO, "%s: is a directory (expected a file path to write)", path);
     size_t n = strlen(path) + 32;
+    int rc = ER_OK;
     af->path = er_strdup(path);
     af->tmp_path = malloc(n);
-    if (!af->path || !af->tmp_path) {
-        free(af->path);
-        free(af->tmp_path);
-        return er_error(ER_ENOMEM, "out of memory");
-    }
+    if (!af->path || !af->tmp_path)
+        ER_CHECK(er_error(ER_ENOMEM, "out of memory"));
     snprintf(af->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
     af->fp = fopen(af->tmp_path, "wb");
-    if (!af->fp) {
-        int rc = er_error(ER_EIO, "%s: cannot create: %s", path, strerror(errno));
+    if (!af->fp)
+        ER_CHECK(er_error(ER_EIO, "%s: cannot create: %s", path, strerror(errno)));
+done:
+    if (rc < 0) { // nothing was created: the caller's atomic_abort has nothing left to free
         free(af->path);
         free(af->tmp_path);
         af->path = af->tmp_path = NULL;
-        return rc;
     }
-    return ER_OK;
+    return rc;
 }
 
 static void fsync_parent_dir(const char *path) {

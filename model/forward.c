@@ -174,12 +174,18 @@ static int ensure_lora_acts(Activations *a, const LoraAdapter *ad, int train) {
             return ER_ENOMEM;
     }
     int xw = max_in(&a->cfg);
-    if (train && ad->dropout > 0 && !a->lora_x) {
+    if (train && ad->dropout > 0 && !a->lora_xw) {
         a->lora_x = er_alloc(sizeof(float) * (size_t)nl * LT_COUNT * N * xw);
         a->lora_keep = er_alloc((size_t)nl * LT_COUNT * N * xw);
         a->lora_dx = er_alloc(sizeof(float) * N * xw);
-        if (!a->lora_x || !a->lora_keep || !a->lora_dx)
+        if (!a->lora_x || !a->lora_keep || !a->lora_dx) { // all or none, so a later call tries again
+            er_free(a->lora_x);
+            er_free(a->lora_keep);
+            er_free(a->lora_dx);
+            a->lora_x = a->lora_dx = NULL;
+            a->lora_keep = NULL;
             return ER_ENOMEM;
+        }
         a->lora_xw = xw;
     }
     return ER_OK;
