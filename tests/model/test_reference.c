@@ -13,6 +13,7 @@
 #include "core/json.h"
 #include "core/safetensors.h"
 #include "core/threads.h"
+#include "infer/score.h"
 #include "model/model.h"
 #include "tests/common/ref.h"
 
@@ -84,18 +85,23 @@ Test(reference, qwen2_bf16) { check_case("qwen2_bf16"); }
 Test(reference, qwen2_sharded) { check_case("qwen2_sharded"); }
 Test(reference, llama_headdim) { check_case("llama_headdim"); }
 
-// erinfer score on a checkpoint written by the reference: per-token log-probs match.
-Test(reference, erinfer_score, .timeout = 60) {
+// The score runner (erinfer score) on a checkpoint written by the reference: per-token log-probs match.
+// (tests/lora/test_lora_reference.c runs the erinfer score command itself, with an adapter.)
+Test(reference, score_run, .timeout = 60) {
     char dir[1024];
     ref_case_dir(dir, sizeof dir, "qwen2_untied_f32", "PyTorch reference data");
-    const char *build = getenv("ER_BUILD") ? getenv("ER_BUILD") : "build";
     char out[] = "/tmp/er_score_XXXXXX";
     int fd = mkstemp(out);
     cr_assert(fd >= 0);
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s/erinfer score --model %s --input %s/score_input.jsonl --output %s --threads 1", build,
-             dir, dir, out);
-    cr_assert_eq(system(cmd), 0, "%s failed", cmd);
+    FILE *fp = fdopen(fd, "w");
+    cr_assert(fp);
+    char input[1100];
+    snprintf(input, sizeof input, "%s/score_input.jsonl", dir);
+    threads_set(1);
+    ScoreConfig sc = {.model = dir, .input = input, .out = fp};
+    ScoreResult res;
+    cr_assert_eq(score_run(&sc, &res), 0, "%s", er_last_error());
+    cr_assert_eq(fclose(fp), 0);
 
     char path[1100];
     snprintf(path, sizeof path, "%s/expected.safetensors", dir);
@@ -125,6 +131,7 @@ Test(reference, erinfer_score, .timeout = 60) {
         row++;
     }
     cr_assert_eq(row, (int)lp->shape[0], "one output line per input line");
+    cr_assert_eq(res.records, row);
     jsonl_close(&r);
     safetensors_close(&ex);
     unlink(out);
