@@ -348,13 +348,12 @@ int chains_write_jsonl(const ChainsConfig *c, long n, uint64_t seed, const char 
     AtomicFile af;
     ER_TRY(atomic_open(&af, path));
     double sum[CHAINS_NSTYLES] = {0}, sum_tok[CHAINS_NSTYLES] = {0}, sum_steps = 0;
-    int rc = ER_OK;
-    for (long i = 0; i < n; i++)
-        ER_CHECK(write_example(c, seed, i, tok, &af, path, sum, sum_tok, &sum_steps));
-done:
-    if (rc < 0) {
-        atomic_abort(&af);
-        return rc;
+    for (long i = 0; i < n; i++) {
+        int rc = write_example(c, seed, i, tok, &af, path, sum, sum_tok, &sum_steps);
+        if (rc < 0) {
+            atomic_abort(&af);
+            return rc;
+        }
     }
     ER_TRY(atomic_commit(&af));
     if (stats) {

@@ -13,9 +13,8 @@
 
 // Output goes to stdout, or atomically to a file (a failed run leaves no partial output).
 typedef struct {
-    FILE *fp;
-    AtomicFile af;
-    int atomic;
+    FILE *fp;      // stdout, or af.fp
+    AtomicFile af; // af.fp NULL: stdout
 } Out;
 
 static int out_open(Out *o, const char *path) {
@@ -26,7 +25,6 @@ static int out_open(Out *o, const char *path) {
     }
     ER_TRY(atomic_open(&o->af, path));
     o->fp = o->af.fp;
-    o->atomic = 1;
     return ER_OK;
 }
 
@@ -34,7 +32,7 @@ static int out_open(Out *o, const char *path) {
 static int out_close(Out *o, int ok) {
     if (!o->fp)
         return ER_OK;
-    if (!o->atomic) {
+    if (!o->af.fp) {
         if (fflush(o->fp) != 0)
             return er_error(ER_EIO, "stdout: write failed");
         return ER_OK;

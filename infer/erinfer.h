@@ -58,7 +58,10 @@ extern "C" {
 #define ER_VERSION_MAJOR 0
 #define ER_VERSION_MINOR 1
 #define ER_VERSION_PATCH 0
-#define ER_VERSION_STRING "0.1.0"
+#define ER_VERSION_STR_(x) #x
+#define ER_VERSION_STR(x) ER_VERSION_STR_(x)
+#define ER_VERSION_STRING \
+    ER_VERSION_STR(ER_VERSION_MAJOR) "." ER_VERSION_STR(ER_VERSION_MINOR) "." ER_VERSION_STR(ER_VERSION_PATCH)
 // The library's version, "MAJOR.MINOR.PATCH": compare with ER_VERSION_STRING, the header's.
 ER_API const char *er_version(void);
 
@@ -88,7 +91,9 @@ typedef struct {
     const char *content;
 } ErMessage;
 
-enum { ER_STOP_MAX = 8, ER_STOP_MAX_LEN = 256 }; // stop strings per call; bytes per stop string
+// Stop strings per call and bytes per stop string: each sample matches them incrementally (KMP) in a
+// fixed-size table it owns, so a stream never allocates.
+enum { ER_STOP_MAX = 8, ER_STOP_MAX_LEN = 256 };
 
 typedef struct {
     int max_new_tokens;     // per sample [256]
@@ -199,7 +204,6 @@ typedef struct {
 
 // The pipeline's side of the last generate call, owned by the session; NULL when it ran without heads.
 ER_API const ErRoute *er_result_route(const ErSession *s);
-
 
 #ifdef __cplusplus
 }

@@ -374,9 +374,9 @@ int head_train(TrainedHead *t, const HeadRows *tr, const HeadRows *va, const Hea
     float *pt = er_alloc(sizeof(float) * (size_t)tr->n);
     float *pv = er_alloc(sizeof(float) * (size_t)(va->n > 0 ? va->n : 1));
     HeadFitResult fr;
-    ER_CHECK(head_fit(&t->net, tr->x, tr->y, tr->n, va->x, va->y, va->n, &s->fit, &fr));
     if (!pt || !pv)
-        ER_CHECK(ER_ENOMEM);
+        ER_CHECK(er_error(ER_ENOMEM, "%s: out of memory for %d scores", name, tr->n + va->n));
+    ER_CHECK(head_fit(&t->net, tr->x, tr->y, tr->n, va->x, va->y, va->n, &s->fit, &fr));
     ER_CHECK(head_predict(&t->net, tr->x, tr->n, pt));
     if (va->n > 0)
         ER_CHECK(head_predict(&t->net, va->x, va->n, pv));

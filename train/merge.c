@@ -100,7 +100,7 @@ int merge_run(const MergeConfig *c, MergeResult *res) {
     if (res)
         memset(res, 0, sizeof *res);
     if (!c->model_dir || !c->adapter_dir || !c->out_dir)
-        return er_error(ER_EINVAL, "--model, --adapter and --out are required");
+        return er_error(ER_EINVAL, "merge: the base model dir, the adapter dir and the output dir are required");
     ER_TRY(run_dir_check(c->out_dir, RUN_ONCE));
     threads_set(c->threads);
     Model m = {0};
