@@ -11,7 +11,7 @@
 #include "core/utf8.h"
 
 // Offset of the first non-whitespace byte after `end` within text[0, len), or -1 if none.
-static long trailing_garbage(const char *text, size_t len, const char *end) {
+long json_trailing_at(const char *text, size_t len, const char *end) {
     if (!end)
         return -1;
     for (const char *c = end; c < text + len; c++)
@@ -39,7 +39,7 @@ int json_parse_file(const char *path, size_t max_bytes, cJSON **out) {
         goto done;
     }
     // cJSON stops after the first value; anything but whitespace after it is malformed input.
-    if ((trail = trailing_garbage(text, len, end)) >= 0) {
+    if ((trail = json_trailing_at(text, len, end)) >= 0) {
         rc = er_error(ER_EFORMAT, "%s: not valid JSON: unexpected data after the value (near byte %ld)", path,
                       trail);
         goto done;
@@ -189,7 +189,7 @@ int jsonl_next(JsonlReader *r, cJSON **obj) {
         if (!j)
             return er_error(ER_EFORMAT, "%s:%ld: not valid JSON (near column %ld)", r->path, r->lineno,
                             end ? (long)(end - r->line) + 1 : 0L);
-        long trail = trailing_garbage(r->line, len, end);
+        long trail = json_trailing_at(r->line, len, end);
         if (trail >= 0 || !cJSON_IsObject(j)) {
             cJSON_Delete(j);
             if (trail >= 0)

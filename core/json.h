@@ -12,6 +12,10 @@
 // UTF-8 (RFC 8259): other bytes are refused here, naming the offset, not later by whoever reads a
 // string from it.
 int json_parse_file(const char *path, size_t max_bytes, cJSON **out);
+// After cJSON stopped at `end` in text (len bytes): the offset of the first byte that is not JSON
+// whitespace, or -1 when only whitespace follows (or end is NULL). cJSON accepts anything after the
+// first value; every strict parser of the project refuses it.
+long json_trailing_at(const char *text, size_t len, const char *end);
 
 // Typed getters. `ctx` names the file (or file:line) in error messages. A missing key is an
 // error for json_get_*; json_opt_* leave *out untouched when the key is absent or null.

@@ -18,6 +18,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/json.h"
 #include "core/utf8.h"
 
 // The header is parsed by cJSON. Where cJSON is looser than the reference (Rust `safetensors` +
@@ -355,12 +356,10 @@ static int read_header(const char *path, const unsigned char *bytes, uint64_t si
     int rc = ER_OK;
     const char *nul;
     // cJSON stops after the object; serde allows only whitespace after it (writers pad with spaces).
-    for (const char *c = end; c < text + n; c++)
-        if (*c != ' ' && *c != '\t' && *c != '\n' && *c != '\r') {
-            rc = st_fail(path, "header is not valid JSON: unexpected data after the closing '}' at header byte %zu",
-                         (size_t)(c - text));
-            goto done;
-        }
+    long trail = json_trailing_at(text, (size_t)n, end);
+    if (trail >= 0)
+        ER_CHECK(st_fail(path, "header is not valid JSON: unexpected data after the closing '}' at header byte %ld",
+                         trail));
     // cJSON takes a NUL byte for whitespace between tokens and copies it into strings (cutting them).
     if ((nul = memchr(text, 0, (size_t)(end - text))) != NULL) {
         rc = st_fail(path, "header is not valid JSON: NUL byte at header byte %zu", (size_t)(nul - text));

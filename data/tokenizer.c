@@ -253,8 +253,6 @@ static void merge_put(Tokenizer *t, int a, int b, uint32_t rank, int id) {
 // (cJSON keeps them verbatim; refusing them needs a string-aware pass over the whole file, about
 // 13 ms for Qwen's 11 MB) and numbers with leading zeros.
 
-static int is_json_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
 static int hex4(const char *s, size_t n, unsigned *out) {
     if (n < 4)
         return -1;
@@ -404,12 +402,9 @@ static int tok_json_parse(const char *path, const char *buf, size_t len, cJSON *
                         json_why(buf, len, off, tmp, sizeof tmp));
     }
     int rc = ER_OK;
-    for (const char *p = end; p && p < buf + len; p++)
-        if (!is_json_ws(*p)) {
-            rc = er_error(ER_EFORMAT, "%s: not valid JSON at byte %zu: unexpected text after the value", path,
-                          (size_t)(p - buf));
-            goto done;
-        }
+    long trail = json_trailing_at(buf, len, end);
+    if (trail >= 0)
+        ER_CHECK(er_error(ER_EFORMAT, "%s: not valid JSON at byte %ld: unexpected text after the value", path, trail));
     ER_CHECK(check_u_escapes(path, buf, len));
     *out = root;
     root = NULL;
