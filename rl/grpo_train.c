@@ -236,7 +236,7 @@ static int grpo_setup(Grpo *g) {
     ER_TRY(run_dir_check(c->out_dir, c->resume ? RUN_RESUME : RUN_NEW));
     ER_TRY(model_load(&g->m, c->model_dir, 0));
     const ModelConfig *mc = &g->m.cfg;
-    LoraShape shape = {mc->L, mc->C, mc->NH * mc->HS, mc->NKV * mc->HS, mc->FF};
+    LoraShape shape = model_config_lora_shape(mc);
     ER_TRY(peft_load(&g->ad, c->adapter_dir, &shape, 1));
     if (!g->ad.masked)
         return er_error(ER_EINVAL, "%s: GRPO here trains masked adapters (er_mask \"response\")", c->adapter_dir);

@@ -135,7 +135,7 @@ static int heads_data_load(HeadsData *hd, HeadJob *jobs, int n_jobs) {
     ChatStyle style = CHAT_CHATML;
     ER_TRY(chat_style_from_config(c->model_dir, &style));
     const ModelConfig *mc = &hd->m.cfg;
-    LoraShape s = {mc->L, mc->C, mc->NH * mc->HS, mc->NKV * mc->HS, mc->FF};
+    LoraShape s = model_config_lora_shape(mc);
     ER_TRY(peft_load(&hd->ad, c->adapter_dir, &s, 0));
     if (!hd->ad.masked && c->log)
         fprintf(c->log, "heads: warning: %s is a standard (unmasked) LoRA: the prompt's hidden states include it\n",
