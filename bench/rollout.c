@@ -80,7 +80,7 @@ int main(int argc, char **argv) {
     int rc = ER_OK;
     Model m = {0};
     LoraAdapter ad = {0};
-    LoraShape s = {c.L, c.C, c.NH * c.HS, c.NKV * c.HS, c.FF};
+    LoraShape s = model_config_lora_shape(&c);
     Engine e = {0};
     Activations a = {0};
     GenSample out[G];

@@ -115,7 +115,7 @@ int main(int argc, char **argv) {
     if (rank > 0) {
         // The base is frozen: the backward computes only input gradients and the adapter's.
         m.trainable = 0;
-        LoraShape ls = {c.L, c.C, c.NH * c.HS, c.NKV * c.HS, c.FF};
+        LoraShape ls = model_config_lora_shape(&c);
         if (lora_init(&ad, &ls, rank, 2.0f * rank, 0, 0.0f, LORA_ALL_TARGETS, 1, 7) < 0) 
             return bench_fail("train_step");
         // PEFT starts B at zero; small random values make the adapter change the loss (same work).

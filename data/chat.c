@@ -231,3 +231,12 @@ int chat_style_parse(const char *name, ChatStyle *out) {
 const char *chat_style_name(ChatStyle style) {
     return (unsigned)style < 4 ? style_names[style] : "unknown";
 }
+
+int chat_set_system(ChatMessage *out, int cap, const ChatMessage *in, int n, const char *system) {
+    int k = 0, has_sys = n > 0 && strcmp(in[0].role, "system") == 0;
+    if (system && k < cap)
+        out[k++] = (ChatMessage){"system", system};
+    for (int i = (system && has_sys) ? 1 : 0; i < n && k < cap; i++)
+        out[k++] = in[i];
+    return k;
+}

@@ -49,6 +49,11 @@ int chat_style_from_config(const char *config_path_or_dir, ChatStyle *out);
 int chat_style_parse(const char *name, ChatStyle *out);
 const char *chat_style_name(ChatStyle style);
 
+// out (room for cap) = `system` (NULL: none) in front of the n messages of in: the system message
+// replaces the conversation's own (a leading "system" message of in is dropped when system is given).
+// Messages past cap are left off. Returns the count written; the strings stay in's and system's.
+int chat_set_system(ChatMessage *out, int cap, const ChatMessage *in, int n, const char *system);
+
 // Renders n messages into a new NUL-terminated string (*out, free with er_free; *out_len if not
 // NULL). flags: CHAT_ADD_GENERATION_PROMPT | CHAT_NO_THINKING.
 int chat_render(ChatStyle style, const ChatMessage *msgs, int n, int flags, char **out, size_t *out_len);

@@ -17,15 +17,16 @@ int cmd_qat(int argc, char **argv) {
     c.transforms = "none";
     c.recluster_every = 10;
     c.log = stdout;
+    char list[256], weights_help[320];
+    snprintf(weights_help, sizeof weights_help, "target format of the layer projections: %s",
+             quantize_weights_list(list, sizeof list, " | ", " | "));
     ArgSpec own[] = {
         {"model", ARG_STR, &c.train.model_dir, "float model dir (HF layout, with its tokenizer)", 1, 0, 0},
         {"data", ARG_STR, &c.train.data_path, "training records (JSONL), rendered with the chat template; loss on every "
          "position", 1, 0, 0},
         {"out", ARG_STR, &c.train.out_dir, "run dir: the quantized model dir (as ertrain quantize writes it), run.json, "
          "metrics.jsonl, checkpoint/", 1, 0, 0},
-        {"weights", ARG_STR, &c.q.weights,
-         "target format of the layer projections: q2lut (k-means codebook) | q2rtn | q4lut | q4 | q4g32 | q4g64 | "
-         "q4g128 | q8", 1, 0, 0},
+        {"weights", ARG_STR, &c.q.weights, weights_help, 1, 0, 0},
         {"response-key", ARG_STR, &c.train.response_key, "record field holding the response (e.g. verbose for chains)",
          0, 0, 0},
         {"embeddings", ARG_STR, &c.q.embeddings, "embedding matrix: int8 (fake-quantized too) | fp", 0, 0, 0},

@@ -4,6 +4,7 @@
 #include "core/args.h"
 #include "core/error.h"
 #include "ertrain/cli.h"
+#include "quant/quant.h"
 #include "train/quantize.h"
 
 int cmd_quantize(int argc, char **argv) {
@@ -17,12 +18,18 @@ int cmd_quantize(int argc, char **argv) {
     c.q.kmeans_iters = 25;
     c.log = stdout;
     int seed = 0;
+    // The formats come from quant/'s table; q2rtn and bf16 are quantize's policies (train/quantize.h).
+    char list[256], weights_help[512], usage[768];
+    quant_spec_list(list, sizeof list, " | ", " | ");
+    snprintf(weights_help, sizeof weights_help, "format of the layer projections: %s | q2rtn (2-bit uniform RTN levels, "
+             "stored as q2lut) | bf16 (the float model as bf16)", list);
+    snprintf(usage, sizeof usage, "ertrain quantize --model DIR --out DIR --weights %s|bf16 [--embeddings int8|fp] "
+             "[--transforms none|rotate|fpt] [--calib FILE.jsonl --calib-n N] [--sensitivity fisher|none] "
+             "[--scale-search lp|minmax] [--seed S]", quantize_weights_list(list, sizeof list, "|", "|"));
     ArgSpec specs[] = {
         {"model", ARG_STR, &c.model_dir, "float model dir (HF layout: config.json, *.safetensors, tokenizer)", 1, 0, 0},
         {"out", ARG_STR, &c.out_dir, "output model dir (absent or empty)", 1, 0, 0},
-        {"weights", ARG_STR, &c.q.weights,
-         "format of the layer projections: q8 | q4 (per row) | q4g32 | q4g64 | q4g128 (per group) | q4lut | q2lut (4 / 2-bit "
-         "k-means codebook) | q2rtn (2-bit uniform RTN levels, stored as q2lut) | bf16 (the float model as bf16)", 1, 0, 0},
+        {"weights", ARG_STR, &c.q.weights, weights_help, 1, 0, 0},
         {"embeddings", ARG_STR, &c.q.embeddings, "embedding matrix: int8 | fp (a tied lm_head follows it)", 0, 0, 0},
         {"lm-head", ARG_STR, &c.q.lm_head,
          "lm_head: fp or a --weights format (default: as --weights, q4 for q2lut; a tied model follows "
@@ -45,10 +52,7 @@ int cmd_quantize(int argc, char **argv) {
         {"seed", ARG_INT, &seed, "seed of the transforms' random rotations", 0, 0, 2147483647},
         {"threads", ARG_INT, &c.threads, "threads (0 = all cores)", 0, 0, 4096},
     };
-    int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0],
-                        "ertrain quantize --model DIR --out DIR --weights q8|q4|q4g32|q4g64|q4g128|q4lut|q2lut|q2rtn|bf16 "
-                        "[--embeddings int8|fp] [--transforms none|rotate|fpt] [--calib FILE.jsonl --calib-n N] "
-                        "[--sensitivity fisher|none] [--scale-search lp|minmax] [--seed S]");
+    int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0], usage);
     if (rc == ARGS_HELP)
         return 0;
     if (rc < 0)

@@ -117,7 +117,7 @@ int er_model_load_adapter(ErModel *m, const char *dir) {
     NEED(dir, "er_model_load_adapter", "the adapter dir");
     NOT_FREED(m, "er_model_load_adapter");
     const ModelConfig *c = &m->model.cfg;
-    LoraShape shape = {c->L, c->C, c->NH * c->HS, c->NKV * c->HS, c->FF};
+    LoraShape shape = model_config_lora_shape(c);
     LoraAdapter a;
     ER_TRY(peft_load(&a, dir, &shape, 0));
     lora_free(&m->adapter);

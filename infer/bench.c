@@ -103,7 +103,7 @@ int bench_run(const BenchConfig *c, BenchResult *res) {
     ER_CHECK(model_load(&m, c->model, 0));
     m.cfg.eos_id = -1; // no EOS stop: every run decodes the same number of tokens
     if (c->adapter) {
-        LoraShape shape = {m.cfg.L, m.cfg.C, m.cfg.NH * m.cfg.HS, m.cfg.NKV * m.cfg.HS, m.cfg.FF};
+        LoraShape shape = model_config_lora_shape(&m.cfg);
         ER_CHECK(peft_load(&ad, c->adapter, &shape, 0));
     }
     const LoraAdapter *adp = c->adapter ? &ad : NULL;

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/progress.h"
+#include "data/chat.h"
 #include "data/dataset.h"
 #include "data/grade.h"
 #include "infer/pipeline.h"
@@ -28,15 +29,18 @@ double eval_accuracy(const EvalResult *res) {
 
 // The example's conversation with `system` in front (replacing the record's own system message).
 static int eval_messages(const Example *ex, const char *system, ErMessage **out, int *n) {
-    int has_sys = ex->n_messages > 0 && strcmp(ex->messages[0].role, "system") == 0;
-    ErMessage *m = er_calloc((size_t)ex->n_messages + 1, sizeof *m);
-    if (!m)
+    int cap = ex->n_messages + 1;
+    ChatMessage *cm = er_calloc((size_t)cap, sizeof *cm);
+    ErMessage *m = er_calloc((size_t)cap, sizeof *m);
+    if (!cm || !m) {
+        er_free(cm);
+        er_free(m);
         return ER_ENOMEM;
-    int k = 0;
-    if (system)
-        m[k++] = (ErMessage){"system", system};
-    for (int i = (system && has_sys) ? 1 : 0; i < ex->n_messages; i++)
-        m[k++] = (ErMessage){ex->messages[i].role, ex->messages[i].content};
+    }
+    int k = chat_set_system(cm, cap, ex->messages, ex->n_messages, system);
+    for (int i = 0; i < k; i++)
+        m[i] = (ErMessage){cm[i].role, cm[i].content};
+    er_free(cm);
     *out = m;
     *n = k;
     return ER_OK;

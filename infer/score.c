@@ -189,7 +189,7 @@ int score_run(const ScoreConfig *c, ScoreResult *res) {
     if (has_tok)
         ER_CHECK(tok_load(&tok, c->model));
     if (c->adapter) {
-        LoraShape shape = {m.cfg.L, m.cfg.C, m.cfg.NH * m.cfg.HS, m.cfg.NKV * m.cfg.HS, m.cfg.FF};
+        LoraShape shape = model_config_lora_shape(&m.cfg);
         ER_CHECK(peft_load(&ad, c->adapter, &shape, 0));
     }
     ER_CHECK(jsonl_open(&r, c->input));

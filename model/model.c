@@ -137,6 +137,10 @@ const ParamTensor *model_find_param(const Model *m, const char *name) {
     return NULL;
 }
 
+LoraShape model_config_lora_shape(const ModelConfig *c) {
+    return (LoraShape){c->L, c->C, c->NH * c->HS, c->NKV * c->HS, c->FF};
+}
+
 void model_free(Model *m) {
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i].w)

@@ -84,6 +84,8 @@ int model_untie(Model *m);
 void model_free(Model *m);
 void model_zero_grad(Model *m);
 const ParamTensor *model_find_param(const Model *m, const char *name);
+// The shapes a LoRA adapter for a model of config c has (lora/ sits below model/, so it is built here).
+LoraShape model_config_lora_shape(const ModelConfig *c);
 
 // ---- the forward ----
 

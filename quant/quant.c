@@ -87,35 +87,66 @@ void quant_dequant_rows(float *dst, const Weight *w, int r0, int nr) {
 
 // ---- quantization_config ----
 
+// Spec i of the format table (the quantized formats in table order, a grouped one once per group size):
+// its format, group and name (16 bytes). 0 when i is past the last.
+static int spec_at(int i, WeightFormat *f, int *group, char *name) {
+    for (int k = 0; k < WF_COUNT; k++) {
+        const WeightFormatInfo *fi = weight_format_info((WeightFormat)k);
+        int grouped = weight_format_grouped((WeightFormat)k), n = grouped ? 0 : 1;
+        if (!fi->quantized)
+            continue;
+        while (grouped && n < WEIGHT_MAX_GROUPS && fi->groups[n])
+            n++;
+        if (i < n) {
+            *f = (WeightFormat)k;
+            *group = grouped ? fi->groups[i] : 0;
+            quant_spec_name(*f, *group, name);
+            return 1;
+        }
+        i -= n;
+    }
+    return 0;
+}
+
 int quant_parse_spec(const char *s, WeightFormat *f, int *group) {
     *group = 0;
     if (!s)
         return ER_EINVAL;
-    if (strcmp(s, "q8") == 0)
-        *f = WF_Q8;
-    else if (strcmp(s, "q4") == 0)
-        *f = WF_Q4;
-    else if (strcmp(s, "q2lut") == 0)
-        *f = WF_Q2LUT;
-    else if (strcmp(s, "q4lut") == 0)
-        *f = WF_Q4LUT;
-    else if (strcmp(s, "q4g32") == 0 || strcmp(s, "q4g64") == 0 || strcmp(s, "q4g128") == 0) {
-        *f = WF_Q4G;
-        *group = s[3] == '3' ? 32 : s[3] == '6' ? 64 : 128;
-    } else
-        return ER_EINVAL;
-    return ER_OK;
+    char name[16];
+    WeightFormat sf;
+    int sg;
+    for (int i = 0; spec_at(i, &sf, &sg, name); i++)
+        if (strcmp(s, name) == 0) {
+            *f = sf;
+            *group = sg;
+            return ER_OK;
+        }
+    return ER_EINVAL;
 }
 
 const char *quant_spec_name(WeightFormat f, int group, char *buf) {
-    if (f == WF_Q4G)
-        snprintf(buf, 16, "q4g%d", group);
+    if (weight_format_grouped(f))
+        snprintf(buf, 16, "%s%d", weight_format_name(f), group);
     else
         snprintf(buf, 16, "%s", weight_is_quantized(f) ? weight_format_name(f) : "fp");
     return buf;
 }
 
-#define SPECS "q8, q4, q4g32, q4g64, q4g128, q4lut or q2lut"
+const char *quant_spec_list(char *buf, size_t n, const char *sep, const char *last) {
+    char name[16];
+    WeightFormat f;
+    int g, count = 0;
+    size_t len = 0;
+    while (spec_at(count, &f, &g, name))
+        count++;
+    buf[0] = 0;
+    for (int i = 0; i < count && len < n; i++) {
+        spec_at(i, &f, &g, name);
+        int w = snprintf(buf + len, n - len, "%s%s", i == 0 ? "" : i == count - 1 ? last : sep, name);
+        len += w > 0 ? (size_t)w : 0;
+    }
+    return buf;
+}
 
 int quant_config_from_json(QuantConfig *q, const cJSON *j, const char *ctx) {
     memset(q, 0, sizeof *q);
@@ -129,8 +160,10 @@ int quant_config_from_json(QuantConfig *q, const cJSON *j, const char *ctx) {
                         "packed by ertrain quantize, \"ertrain\"; load the float model instead)", ctx, qm ? qm : "");
     const char *s = NULL;
     ER_TRY(json_get_string(j, "weights", &s, ctx));
+    char specs[256];
+    quant_spec_list(specs, sizeof specs, ", ", " or ");
     if (quant_parse_spec(s, &q->linear, &q->group) < 0)
-        return er_error(ER_EFORMAT, "%s: quantization_config.weights \"%s\" is not a known format (" SPECS ")", ctx, s);
+        return er_error(ER_EFORMAT, "%s: quantization_config.weights \"%s\" is not a known format (%s)", ctx, s, specs);
     int64_t g = q->group;
     ER_TRY(json_opt_int(j, "group_size", &g, ctx));
     if (q->linear == WF_Q4G && g != q->group)
@@ -147,8 +180,8 @@ int quant_config_from_json(QuantConfig *q, const cJSON *j, const char *ctx) {
     if (strcmp(h, "fp") == 0)
         q->lm_head = WF_F32;
     else if (quant_parse_spec(h, &q->lm_head, &hg) < 0)
-        return er_error(ER_EFORMAT, "%s: quantization_config.lm_head \"%s\" is not a known format (fp, " SPECS ")", ctx,
-                        h);
+        return er_error(ER_EFORMAT, "%s: quantization_config.lm_head \"%s\" is not a known format (fp, %s)", ctx, h,
+                        specs);
     if (q->lm_head == WF_Q4G && hg != q->group && q->linear == WF_Q4G)
         return er_error(ER_EFORMAT, "%s: quantization_config.lm_head \"%s\" must use the weights' group size %d", ctx, h,
                         q->group);

@@ -97,10 +97,15 @@ void quant_dims_str(char *buf, size_t n, int64_t d0, int64_t d1);
 
 // ---- quantization_config ----
 
-// "q8", "q4", "q4g32", "q4g64", "q4g128", "q4lut", "q2lut" -> format and group (0 unless Q4G).
+// The specs are the format table's (quant/weight.c): a quantized format's name, a grouped one's name and group
+// size ("q4g32"); today "q8", "q4", "q4g32", "q4g64", "q4g128", "q4lut", "q2lut".
+// A spec -> format and group (0 unless grouped).
 int quant_parse_spec(const char *s, WeightFormat *f, int *group);
 // The spec string of a format ("fp" for the float formats); buf of at least 16 bytes.
 const char *quant_spec_name(WeightFormat f, int group, char *buf);
+// Every spec, in table order, into buf (n bytes, truncated): joined by sep, the last two by last
+// (", " and " or ": "q8, q4, ..., q4lut or q2lut"), for messages and help texts.
+const char *quant_spec_list(char *buf, size_t n, const char *sep, const char *last);
 
 typedef struct {
     int enabled;            // config.json had a quantization_config

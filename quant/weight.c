@@ -104,9 +104,9 @@ static const WeightFormatInfo FORMATS[WF_COUNT] = {
     [WF_Q4G] = {"q4g", 4, 1, 0, DT_U8, 2,
                 {{"_scale", "group scales", DT_F16, WC_GROUPS, offsetof(Weight, gscale), 1},
                  {"_zero", "group zeros", DT_F16, WC_GROUPS, offsetof(Weight, gzero), 0}},
-                row_q4g, QK_DECODE(q4g), 0},
-    [WF_Q2LUT] = {"q2lut", 2, 1, 4, DT_U8, 1, {CODEBOOK}, row_q2lut, QK_DECODE(q2lut), 0},
+                row_q4g, QK_DECODE(q4g), 0, {32, 64, 128}},
     [WF_Q4LUT] = {"q4lut", 4, 1, 16, DT_U8, 1, {CODEBOOK}, row_q4lut, QK_DECODE(q4lut), 0},
+    [WF_Q2LUT] = {"q2lut", 2, 1, 4, DT_U8, 1, {CODEBOOK}, row_q2lut, QK_DECODE(q2lut), 0},
 };
 
 const WeightFormatInfo *weight_format_info(WeightFormat f) {

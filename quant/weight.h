@@ -30,9 +30,9 @@ typedef enum {
     WF_Q8,    // int8 per output row, symmetric
     WF_Q4,    // int4 per output row, symmetric
     WF_Q4G,   // int4 per group of `group` inputs, asymmetric (scale + zero)
-    WF_Q2LUT, // 2-bit indices into a per-row 4-entry fp16 codebook
     WF_Q4LUT, // 4-bit indices into a per-row 16-entry fp16 codebook (non-uniform, SqueezeLLM style)
-    WF_COUNT
+    WF_Q2LUT, // 2-bit indices into a per-row 4-entry fp16 codebook
+    WF_COUNT  // (the order is that of the spec lists in messages, quant_spec_list)
 } WeightFormat;
 
 typedef struct {
@@ -67,10 +67,11 @@ typedef struct {
 } WeightCompanion;
 
 #define WEIGHT_MAX_COMPANIONS 2
+#define WEIGHT_MAX_GROUPS 3
 #define WEIGHT_DECODE_DECLINED 1
 
 typedef struct {
-    const char *name;           // "f32", "bf16", "f16", "q8", "q4", "q4g", "q2lut", "q4lut"
+    const char *name;           // "f32", "bf16", "f16", "q8", "q4", "q4g", "q4lut", "q2lut"
     int bits;                   // per element of `data` (row bytes: ceil(cols * bits / 8))
     int quantized;              // packed codes (frozen: no gradients, no in-place training)
     int levels;                 // codebook formats: entries per row (WC_LEVELS); else 0
@@ -85,6 +86,8 @@ typedef struct {
     // GEMM path for more rows: 1: sgemm reads `data` in place (fp32); 0: rows are widened to fp32 tile by
     // tile into the caller's scratch, then sgemm.
     int gemm_in_place;
+    // Grouped formats: the group sizes a spec may name ("q4g32", quant_parse_spec), 0 ends the list.
+    int groups[WEIGHT_MAX_GROUPS];
 } WeightFormatInfo;
 
 // The entry of f; NULL outside the enum.

@@ -79,16 +79,12 @@ static void budget_line(char *buf, size_t n, const char *tmpl, int budget) {
 int grpo_prompt_text(const GrpoConfig *c, ChatStyle style, const Example *ex, int budget, char **text) {
     char line[512];
     budget_line(line, sizeof line, c->budget_template, budget);
-    int has_sys = ex->n_messages > 0 && strcmp(ex->messages[0].role, "system") == 0;
     ChatMessage msgs[64];
-    int n = 0, last_user = -1;
-    if (c->budget_in == BUDGET_IN_SYSTEM)
-        msgs[n++] = (ChatMessage){"system", line};
-    for (int i = c->budget_in == BUDGET_IN_SYSTEM ? has_sys : 0; i < ex->n_messages && n < 64; i++) {
-        if (strcmp(ex->messages[i].role, "user") == 0)
-            last_user = n;
-        msgs[n++] = ex->messages[i];
-    }
+    int n = chat_set_system(msgs, 64, ex->messages, ex->n_messages, c->budget_in == BUDGET_IN_SYSTEM ? line : NULL);
+    int last_user = -1;
+    for (int i = 0; i < n; i++)
+        if (strcmp(msgs[i].role, "user") == 0)
+            last_user = i;
     char *user = NULL;
     if (c->budget_in == BUDGET_IN_USER) {
         if (last_user < 0)
@@ -236,7 +232,7 @@ static int grpo_setup(Grpo *g) {
     ER_TRY(run_dir_check(c->out_dir, c->resume ? RUN_RESUME : RUN_NEW));
     ER_TRY(model_load(&g->m, c->model_dir, 0));
     const ModelConfig *mc = &g->m.cfg;
-    LoraShape shape = {mc->L, mc->C, mc->NH * mc->HS, mc->NKV * mc->HS, mc->FF};
+    LoraShape shape = model_config_lora_shape(mc);
     ER_TRY(peft_load(&g->ad, c->adapter_dir, &shape, 1));
     if (!g->ad.masked)
         return er_error(ER_EINVAL, "%s: GRPO here trains masked adapters (er_mask \"response\")", c->adapter_dir);

@@ -8,6 +8,7 @@
 #include "core/fileio.h"
 #include "core/progress.h"
 #include "core/rng.h"
+#include "data/chat.h"
 #include "lora/peft.h"
 #include "model/head.h"
 
@@ -31,11 +32,7 @@ static int render_prompt(const Tokenizer *tok, ChatStyle style, const Example *e
     ChatMessage *m = er_calloc((size_t)ex->n_messages + 1, sizeof *m);
     if (!m)
         return ER_ENOMEM;
-    int k = 0, has_sys = ex->n_messages > 0 && strcmp(ex->messages[0].role, "system") == 0;
-    if (system)
-        m[k++] = (ChatMessage){"system", system};
-    for (int i = (system && has_sys) ? 1 : 0; i < ex->n_messages; i++)
-        m[k++] = ex->messages[i];
+    int k = chat_set_system(m, ex->n_messages + 1, ex->messages, ex->n_messages, system);
     char *text;
     int rc = chat_render(style, m, k, CHAT_ADD_GENERATION_PROMPT, &text, NULL);
     er_free(m);
@@ -135,7 +132,7 @@ static int heads_data_load(HeadsData *hd, HeadJob *jobs, int n_jobs) {
     ChatStyle style = CHAT_CHATML;
     ER_TRY(chat_style_from_config(c->model_dir, &style));
     const ModelConfig *mc = &hd->m.cfg;
-    LoraShape s = {mc->L, mc->C, mc->NH * mc->HS, mc->NKV * mc->HS, mc->FF};
+    LoraShape s = model_config_lora_shape(mc);
     ER_TRY(peft_load(&hd->ad, c->adapter_dir, &s, 0));
     if (!hd->ad.masked && c->log)
         fprintf(c->log, "heads: warning: %s is a standard (unmasked) LoRA: the prompt's hidden states include it\n",

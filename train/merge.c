@@ -112,7 +112,7 @@ int merge_run(const MergeConfig *c, MergeResult *res) {
         ER_CHECK(ER_ENOMEM);
     ER_CHECK(model_load(&m, c->model_dir, 0));
     ER_CHECK(check_fp32(&m, c->model_dir));
-    LoraShape s = {m.cfg.L, m.cfg.C, m.cfg.NH * m.cfg.HS, m.cfg.NKV * m.cfg.HS, m.cfg.FF};
+    LoraShape s = model_config_lora_shape(&m.cfg);
     ER_CHECK(peft_load(&a, c->adapter_dir, &s, 0));
     ER_CHECK(merge_adapter(&m, &a, &r.merged));
     r.masked = a.masked;

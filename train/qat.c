@@ -165,9 +165,10 @@ static int qat_check(const QatConfig *c) {
     ER_TRY(train_config_check(tc));
     WeightFormat f;
     int g, u;
+    char specs[256];
     if (!c->q.weights || quantize_parse_weights(c->q.weights, &f, &g, &u) < 0)
-        return er_error(ER_EINVAL, "--weights \"%s\" is not one of q8, q4, q4g32, q4g64, q4g128, q4lut, q2lut or q2rtn",
-                        c->q.weights ? c->q.weights : "");
+        return er_error(ER_EINVAL, "--weights \"%s\" is not one of %s", c->q.weights ? c->q.weights : "",
+                        quantize_weights_list(specs, sizeof specs, ", ", " or "));
     if (c->recluster_every < 1)
         return er_error(ER_EINVAL, "--recluster-every must be >= 1 (got %d)", c->recluster_every);
     if (tc->save_every > 0 && tc->save_every % c->recluster_every != 0)

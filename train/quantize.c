@@ -20,8 +20,6 @@
 #include "train/trainer.h"
 #include "train/transform_model.h"
 
-#define SPECS "q8, q4, q4g32, q4g64, q4g128, q4lut, q2lut or q2rtn"
-
 // ---- the model ----
 
 static size_t param_bytes(const ParamTensor *p, size_t float_size) {
@@ -41,13 +39,22 @@ int quantize_parse_weights(const char *spec, WeightFormat *f, int *group, int *u
     return quant_parse_spec(spec, f, group);
 }
 
+// q2rtn is not a format of the table (quant/weight.c) but this file's policy: q2lut with RTN codebooks.
+const char *quantize_weights_list(char *buf, size_t n, const char *sep, const char *last) {
+    char specs[256];
+    snprintf(buf, n, "%s%sq2rtn", quant_spec_list(specs, sizeof specs, sep, sep), last);
+    return buf;
+}
+
 int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) {
     memset(plan, 0, sizeof *plan);
     QuantConfig *q = &plan->q;
     if (m->quant.enabled)
         return er_error(ER_EINVAL, "quantize: the model is already quantized (%s)", m->quant.method);
+    char specs[256];
+    quantize_weights_list(specs, sizeof specs, ", ", " or ");
     if (!o->weights || quantize_parse_weights(o->weights, &q->linear, &q->group, &plan->linear_uniform) < 0)
-        return er_error(ER_EINVAL, "--weights \"%s\" is not one of " SPECS, o->weights ? o->weights : "");
+        return er_error(ER_EINVAL, "--weights \"%s\" is not one of %s", o->weights ? o->weights : "", specs);
     const char *emb = o->embeddings ? o->embeddings : "int8";
     if (strcmp(emb, "int8") != 0 && strcmp(emb, "fp") != 0)
         return er_error(ER_EINVAL, "--embeddings \"%s\" must be int8 or fp", emb);
@@ -61,7 +68,7 @@ int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) 
     if (strcmp(head, "fp") == 0)
         q->lm_head = WF_F32;
     else if (quantize_parse_weights(head, &q->lm_head, &hg, &plan->head_uniform) < 0)
-        return er_error(ER_EINVAL, "--lm-head \"%s\" is not one of fp, " SPECS, head);
+        return er_error(ER_EINVAL, "--lm-head \"%s\" is not one of fp, %s", head, specs);
     if (m->cfg.tied && o->lm_head && q->lm_head != (q->embed_int8 ? WF_Q8 : WF_F32))
         return er_error(ER_EINVAL,
                         "--lm-head %s: the model ties its lm_head to the embedding (--embeddings %s); untie it first "
@@ -356,8 +363,11 @@ static int untie_for_head(Model *m, const QuantizeOptions *o, FILE *log) {
     int hg, hu;
     if (strcmp(o->lm_head, "fp") == 0)
         hf = WF_F32;
-    else if (quantize_parse_weights(o->lm_head, &hf, &hg, &hu) < 0)
-        return er_error(ER_EINVAL, "--lm-head \"%s\" is not one of fp, " SPECS, o->lm_head);
+    else if (quantize_parse_weights(o->lm_head, &hf, &hg, &hu) < 0) {
+        char specs[256];
+        return er_error(ER_EINVAL, "--lm-head \"%s\" is not one of fp, %s", o->lm_head,
+                        quantize_weights_list(specs, sizeof specs, ", ", " or "));
+    }
     if (hf == ef)
         return ER_OK;
     ER_TRY(quantize_untie(m));
@@ -453,8 +463,10 @@ static int quantize_check(const QuantizeConfig *c, int *to_bf16, const char **se
         return er_error(ER_EINVAL, "--seq-len must be >= 2 (got %d)", c->seq_len);
     WeightFormat f;
     int g, u;
+    char specs[256];
     if (!c->q.weights || (!*to_bf16 && quantize_parse_weights(c->q.weights, &f, &g, &u) < 0))
-        return er_error(ER_EINVAL, "--weights \"%s\" is not one of bf16, " SPECS, c->q.weights ? c->q.weights : "");
+        return er_error(ER_EINVAL, "--weights \"%s\" is not one of bf16, %s", c->q.weights ? c->q.weights : "",
+                        quantize_weights_list(specs, sizeof specs, ", ", " or "));
     return ER_OK;
 }
 

@@ -16,7 +16,7 @@
 #include "quant/quantizer.h"
 
 typedef struct {
-    const char *weights;      // q8 | q4 | q4g32 | q4g64 | q4g128 | q4lut | q2lut | q2rtn (the seven projections);
+    const char *weights;      // a quantize_parse_weights spec (quantize_weights_list) for the seven projections;
                               // quantize_run also takes bf16 (the float model stored as bf16, nothing quantized)
     const char *embeddings;   // int8 | fp (NULL = int8)
     const char *lm_head;      // a weights spec | fp (NULL = the weights' format; q4 for q2lut); for a tied model
@@ -40,6 +40,9 @@ typedef struct {
 // quant/quantizer.h): stored as weights "q2lut", method "rtn-lp" (or "rtn-minmax"), so the q2lut kernels
 // run it. Every other spec as quant_parse_spec; *uniform = 1 for q2rtn.
 int quantize_parse_weights(const char *spec, WeightFormat *f, int *group, int *uniform);
+// The specs quantize_parse_weights takes, for messages and help texts: quant_spec_list's, then q2rtn
+// (joined by sep, the last by last: "q8, q4, ..., q2lut or q2rtn"); buf of n bytes, truncated.
+const char *quantize_weights_list(char *buf, size_t n, const char *sep, const char *last);
 
 // What quantize_model will give each matrix of m under o, checked against m's shapes (one-line errors
 // naming the flag) before any work: q is the quantization_config the output gets.

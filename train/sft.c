@@ -37,7 +37,7 @@ int train_sft(const TrainConfig *c, TrainResult *res) {
     ER_CHECK(tok_load(&tok, c->model_dir));
     ER_CHECK(train_chat_style(c->model_dir, &style));
     ER_CHECK(model_load(&m, c->model_dir, 0));
-    LoraShape s = {m.cfg.L, m.cfg.C, m.cfg.NH * m.cfg.HS, m.cfg.NKV * m.cfg.HS, m.cfg.FF};
+    LoraShape s = model_config_lora_shape(&m.cfg);
     ER_CHECK(lora_init(&a, &s, c->rank, (float)c->alpha, c->rslora, (float)c->dropout, targets, 1,
                        train_derived_seed(c->seed, TRAIN_STREAM_INIT)));
     const char *prefix = c->prefix ? c->prefix : "";

@@ -124,7 +124,7 @@ static inline void helper_perturb_adapter(LoraAdapter *a, float scale, uint64_t 
 
 // A random rank-4 adapter (alpha 8, every target, init seed 2) for a model of shape c, perturbed as above.
 static inline void helper_random_adapter(LoraAdapter *a, const ModelConfig *c, float scale, uint64_t seed) {
-    LoraShape s = {c->L, c->C, c->NH * c->HS, c->NKV * c->HS, c->FF};
+    LoraShape s = model_config_lora_shape(c);
     cr_assert_eq(lora_init(a, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 0, 2), 0, "%s", er_last_error());
     helper_perturb_adapter(a, scale, seed);
 }

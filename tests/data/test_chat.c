@@ -111,6 +111,20 @@ Test(chat, default_system_only_for_qwen25) {
     er_free(s);
 }
 
+// A given system message goes in front and replaces the record's own; none given keeps the record as it is.
+Test(chat, set_system_replaces_the_records_own) {
+    ChatMessage sys_user[] = {{"system", "Be terse."}, {"user", "Hi"}};
+    ChatMessage out[3];
+    cr_assert_eq(chat_set_system(out, 3, sys_user, 2, "Think."), 2);
+    cr_assert_str_eq(out[0].content, "Think.");
+    cr_assert_str_eq(out[1].role, "user");
+    cr_assert_eq(chat_set_system(out, 3, sys_user + 1, 1, "Think."), 2);
+    cr_assert_str_eq(out[0].role, "system");
+    cr_assert_eq(chat_set_system(out, 3, sys_user, 2, NULL), 2);
+    cr_assert_str_eq(out[0].content, "Be terse.");
+    cr_assert_eq(chat_set_system(out, 1, sys_user + 1, 1, "Think."), 1, "messages past cap are left off");
+}
+
 Test(chat, qwen3_strips_reasoning_from_earlier_turns) {
     ChatMessage m[] = {{"user", "q1"}, {"assistant", "<think>\nsecret\n</think>\n\nA1"}, {"user", "q2"}};
     char *s;

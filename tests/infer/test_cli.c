@@ -260,7 +260,7 @@ Test(cli, bench_table) {
 Test(cli, bench_adapter_after_base_prefill) {
     Model m;
     cr_assert_eq(model_load(&m, fx.model, 0), 0, "%s", er_last_error());
-    LoraShape s = {m.cfg.L, m.cfg.C, m.cfg.NH * m.cfg.HS, m.cfg.NKV * m.cfg.HS, m.cfg.FF};
+    LoraShape s = model_config_lora_shape(&m.cfg);
     model_free(&m);
     threads_set(1);
     for (int masked = 0; masked <= 1; masked++) {

@@ -17,10 +17,6 @@ static ModelConfig cfg(void) {
     return c;
 }
 
-static LoraShape shape_of(const ModelConfig *c) {
-    return (LoraShape){c->L, c->C, c->NH * c->HS, c->NKV * c->HS, c->FF};
-}
-
 typedef struct {
     Model m;
     LoraAdapter ad;
@@ -37,7 +33,7 @@ static void fx_init(Fx *f, int masked, float dropout) {
     ModelConfig c = cfg();
     cr_assert_eq(model_build_random(&f->m, &c, 0.3f, 3), 0);
     f->m.trainable = 0; // a frozen base: only the adapter and the inputs get gradients
-    LoraShape s = shape_of(&c);
+    LoraShape s = model_config_lora_shape(&c);
     cr_assert_eq(lora_init(&f->ad, &s, 3, 6.0f, 0, dropout, LORA_ALL_TARGETS, 1, 9), 0);
     ErRng r;
     rng_seed(&r, 4);

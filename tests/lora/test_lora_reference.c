@@ -58,7 +58,7 @@ static void case_open(Case *c, const char *name, int with_grads) {
     const ModelConfig *mc = &c->m.cfg;
     c->V = mc->V;
     c->C = mc->C;
-    LoraShape s = {mc->L, mc->C, mc->NH * mc->HS, mc->NKV * mc->HS, mc->FF};
+    LoraShape s = model_config_lora_shape(mc);
     snprintf(path, sizeof path, "%s/adapter", c->dir);
     cr_assert_eq(peft_load(&c->ad, path, &s, with_grads), 0, "%s", er_last_error());
 }

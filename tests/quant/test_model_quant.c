@@ -381,7 +381,7 @@ Test(quant_model, lora_gradients_through_quantized_base) {
         Model m;
         quantized_model(&m, 1, ws[wi], "int8");
         ModelConfig c = m.cfg;
-        LoraShape s = {c.L, c.C, c.NH * c.HS, c.NKV * c.HS, c.FF};
+        LoraShape s = model_config_lora_shape(&c);
         LoraAdapter ad;
         cr_assert_eq(lora_init(&ad, &s, 2, 4.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 9), 0);
         ErRng r;

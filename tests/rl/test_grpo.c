@@ -137,7 +137,7 @@ Test(grpo, policy_gradient_into_adapter) {
     Model m;
     cr_assert_eq(model_build_random(&m, &mc, 0.3f, 5), 0);
     m.trainable = 0;
-    LoraShape s = {mc.L, mc.C, mc.NH * mc.HS, mc.NKV * mc.HS, mc.FF};
+    LoraShape s = model_config_lora_shape(&mc);
     LoraAdapter ad;
     cr_assert_eq(lora_init(&ad, &s, 2, 4.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 7), 0);
     helper_perturb_adapter(&ad, 0.05f, 8);

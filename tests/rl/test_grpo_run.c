@@ -127,7 +127,7 @@ Test(grpo_run, resume_equals_uninterrupted, .init = make_inputs, .fini = remove_
     LoraAdapter x, y;
     Model m;
     cr_assert_eq(model_load(&m, base, 0), 0);
-    LoraShape s = {m.cfg.L, m.cfg.C, m.cfg.NH * m.cfg.HS, m.cfg.NKV * m.cfg.HS, m.cfg.FF};
+    LoraShape s = model_config_lora_shape(&m.cfg);
     cr_assert_eq(peft_load(&x, out_a, &s, 0), 0, "%s", er_last_error());
     cr_assert_eq(peft_load(&y, out_b, &s, 0), 0, "%s", er_last_error());
     cr_assert_arr_eq(x.params, y.params, sizeof(float) * x.n_params, "final adapters differ");
@@ -152,7 +152,7 @@ Test(grpo_run, adapter_with_dropout_trains, .init = make_inputs, .fini = remove_
     snprintf(drop, sizeof drop, "%s/adapter-dropout", root);
     Model m;
     cr_assert_eq(model_load(&m, base, 0), 0);
-    LoraShape s = {m.cfg.L, m.cfg.C, m.cfg.NH * m.cfg.HS, m.cfg.NKV * m.cfg.HS, m.cfg.FF};
+    LoraShape s = model_config_lora_shape(&m.cfg);
     LoraAdapter a;
     cr_assert_eq(peft_load(&a, adir, &s, 0), 0, "%s", er_last_error());
     a.dropout = 0.05f;

@@ -25,7 +25,7 @@ static void setup_model(Model *m, LoraAdapter *ad, float b_noise) {
     ModelConfig c = cfg();
     cr_assert_eq(model_build_random(m, &c, 0.4f, 1), 0);
     m->trainable = 0;
-    LoraShape s = {c.L, c.C, c.NH * c.HS, c.NKV * c.HS, c.FF};
+    LoraShape s = model_config_lora_shape(&c);
     cr_assert_eq(lora_init(ad, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 2), 0);
     ErRng r;
     rng_seed(&r, 3);

@@ -68,7 +68,7 @@ Test(merge, merged_logits_equal_the_adapter_on_every_position, .init = setup, .f
     size_t n = (size_t)B * T * fx.cfg.V;
     float *with = er_alloc(n * sizeof(float)), *merged = er_alloc(n * sizeof(float)), *plain = er_alloc(n * sizeof(float));
     Model base, mm;
-    LoraShape s = {fx.cfg.L, fx.cfg.C, fx.cfg.NH * fx.cfg.HS, fx.cfg.NKV * fx.cfg.HS, fx.cfg.FF};
+    LoraShape s = model_config_lora_shape(&fx.cfg);
     LoraAdapter a;
     cr_assert_eq(model_load(&base, fx.base, 0), ER_OK, "%s", er_last_error());
     cr_assert_eq(peft_load(&a, fx.adapter, &s, 0), ER_OK, "%s", er_last_error());

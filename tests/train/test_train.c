@@ -171,7 +171,7 @@ Test(train, sft_reduces_loss_and_writes_peft_adapter, .init = setup, .fini = tea
 
     // The PEFT adapter loads, says it is masked with the reasoning prefix, and holds the trained weights.
     ModelConfig mc = helper_tiny_config(512, 1024);
-    LoraShape s = {mc.L, mc.C, mc.NH * mc.HS, mc.NKV * mc.HS, mc.FF};
+    LoraShape s = model_config_lora_shape(&mc);
     LoraAdapter a;
     cr_assert_eq(peft_load(&a, out, &s, 0), ER_OK, "%s", er_last_error());
     cr_assert_eq(a.r, 8);
