@@ -1,3 +1,4 @@
+// heads_run (train/heads.h): the shared part of `ertrain heads`; each head plugs in as a HeadJob.
 #include "train/heads.h"
 
 #include <math.h>
