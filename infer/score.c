@@ -184,7 +184,9 @@ int score_run(const ScoreConfig *c, ScoreResult *res) {
     ER_CHECK(model_load(&m, c->model, 0));
     // The tokenizer is needed for text lines only; a dir without one scores token lines.
     char *tj = path_join(c->model, "tokenizer.json");
-    int has_tok = tj && path_exists(tj);
+    if (!tj)
+        ER_CHECK(ER_ENOMEM);
+    int has_tok = path_exists(tj);
     er_free(tj);
     if (has_tok)
         ER_CHECK(tok_load(&tok, c->model));
