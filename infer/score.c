@@ -185,7 +185,7 @@ int score_run(const ScoreConfig *c, ScoreResult *res) {
     // The tokenizer is needed for text lines only; a dir without one scores token lines.
     char *tj = path_join(c->model, "tokenizer.json");
     if (!tj)
-        ER_CHECK(ER_ENOMEM);
+        ER_CHECK(er_error(ER_ENOMEM, "%s: out of memory", c->model));
     int has_tok = path_exists(tj);
     er_free(tj);
     if (has_tok)
