@@ -285,6 +285,29 @@ Test(cli, bench_adapter_after_base_prefill) {
     }
 }
 
+// The command's own output: --json prints one object with the table's rows (make demo reads it), and
+// the table prints a line per row.
+Test(cli, bench_prints_json_and_table) {
+    need_erinfer();
+    CmdResult r = helper_run(fx.tmp, "'%s' bench --model '%s' --prompt-tokens 16 --new-tokens 2 --threads 1 --json",
+                             fx.prog, fx.model);
+    cr_assert_eq(r.status, 0, "bench --json failed (%d): %s", r.status, r.err);
+    cJSON *j = cJSON_Parse(r.out);
+    cr_assert(j, "bench --json printed no JSON object:\n%s", r.out);
+    const cJSON *rows = cJSON_GetObjectItem(j, "rows");
+    cr_assert_eq(cJSON_GetArraySize(rows), 8);
+    cr_assert_gt(cJSON_GetObjectItem(j, "weight_bytes")->valuedouble, 0);
+    const cJSON *row = cJSON_GetArrayItem(rows, 7);
+    cr_assert_eq((int)cJSON_GetObjectItem(row, "n")->valuedouble * 2, (int)cJSON_GetObjectItem(row, "tokens")->valuedouble);
+    cJSON_Delete(j);
+    helper_result_free(&r);
+    r = helper_run(fx.tmp, "'%s' bench --model '%s' --prompt-tokens 16 --new-tokens 2 --threads 1", fx.prog, fx.model);
+    cr_assert_eq(r.status, 0, "bench failed (%d): %s", r.status, r.err);
+    cr_assert(strstr(r.out, "int8"), "no int8 row in the table:\n%s", r.out);
+    cr_assert_geq(helper_count_lines(r.out), 9, "expected a header and 8 rows:\n%s", r.out);
+    helper_result_free(&r);
+}
+
 // A bad invocation: exit status 1 (not a crash), exactly one line on stderr naming the problem.
 static void expect_error(const char *args, const char *needle) {
     CmdResult r = helper_run(fx.tmp, "'%s' %s", fx.prog, args);
