@@ -149,7 +149,10 @@ void er_model_free(ErModel *m) {
         model_release(m);
 }
 
-int er_model_max_positions(const ErModel *m) { return m ? m->model.cfg.max_pos : ER_EINVAL; }
+int er_model_max_positions(const ErModel *m) {
+    NEED(m, "er_model_max_positions", "the model");
+    return m->model.cfg.max_pos;
+}
 
 int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens, int kv_int8) {
     NEED(out, "er_session_open", "the output pointer");

@@ -5,6 +5,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/fileio.h"
 #include "data/tokenizer.h"
 #include "infer/engine.h"
 #include "lora/peft.h"
@@ -13,23 +14,30 @@
 // A prompt of exactly n tokens: ordinary text repeated when the dir has a tokenizer, else a fixed
 // pattern of ids.
 static int bench_prompt(const char *dir, int V, int n, int **out) {
-    int *ids = er_alloc(sizeof(int) * (size_t)n);
-    if (!ids)
-        return ER_ENOMEM;
-    Tokenizer *tok = NULL;
-    int *text_ids = NULL, n_text = 0;
     static const char text[] = "The quick brown fox jumps over the lazy dog while seven ducks swim in the pond. ";
-    if (tok_load(&tok, dir) == ER_OK)
-        tok_encode(tok, text, strlen(text), &text_ids, &n_text);
-    er_clear_error();
+    int *ids = er_alloc(sizeof(int) * (size_t)n), *text_ids = NULL, n_text = 0;
+    Tokenizer *tok = NULL;
+    char *tj = path_join(dir, "tokenizer.json");
+    int rc = ER_OK;
+    if (!ids || !tj)
+        ER_CHECK(er_error(ER_ENOMEM, "%s: out of memory", dir));
+    // A dir without tokenizer.json gets a fixed id pattern; a tokenizer that fails to load is an error.
+    if (path_exists(tj)) {
+        ER_CHECK(tok_load(&tok, dir));
+        ER_CHECK(tok_encode(tok, text, strlen(text), &text_ids, &n_text));
+    }
     for (int i = 0; i < n; i++) {
         int id = n_text > 0 ? text_ids[i % n_text] : (int)((13 + 7919L * i) % V);
         ids[i] = id < V ? id : id % V;
     }
+    *out = ids;
+    ids = NULL;
+done:
+    er_free(ids);
+    er_free(tj);
     er_free(text_ids);
     tok_free(tok);
-    *out = ids;
-    return ER_OK;
+    return rc;
 }
 
 // Bytes of the weights as held in memory (packed formats at their size; vectors fp32).

@@ -23,7 +23,7 @@ void eval_config_default(EvalConfig *c) {
 }
 
 double eval_accuracy(const EvalResult *res) {
-    long right = res->pipeline ? res->rows[res->n_rows - 1].weighted : res->correct;
+    long right = res->pipeline && res->n_rows > 0 ? res->rows[res->n_rows - 1].weighted : res->correct;
     return res->items ? (double)right / (double)res->items : 0.0;
 }
 

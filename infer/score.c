@@ -56,7 +56,7 @@ static int read_ids(const cJSON *arr, const char *ctx, const char *key, int V, i
     int i = 0;
     for (const cJSON *e = arr->child; e; e = e->next, i++) {
         double d = e->valuedouble;
-        if (!cJSON_IsNumber(e) || d != (double)(int)d || d < 0 || d >= V)
+        if (!cJSON_IsNumber(e) || !(d >= 0 && d < V) || d != (double)(int)d) // range first: (int)d is defined
             return er_error(ER_EFORMAT, "%s: %s[%d] must be an integer id in [0, %d)", ctx, key, i, V);
         if (*n + 1 > cap)
             return er_error(ER_ERANGE, "%s: too many tokens", ctx);

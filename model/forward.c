@@ -281,7 +281,7 @@ static void residual_forward(float *out, const float *a, const float *b, size_t 
 
 static int check_input(const Model *m, const ModelInput *in, const Activations *a) {
     const ModelConfig *c = &m->cfg;
-    if (in->B <= 0 || in->T <= 0 || in->B * in->T > a->B * a->T)
+    if (in->B <= 0 || in->T <= 0 || in->B > a->B || in->T > a->T) // buffers are sized per row and per position
         return er_error(ER_EINVAL, "forward: %d x %d positions do not fit activations sized for %d x %d", in->B, in->T,
                         a->B, a->T);
     if (in->adapter && (in->adapter->L != c->L || !in->adapter->mats))

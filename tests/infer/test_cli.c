@@ -404,6 +404,13 @@ Test(cli, budgets_outputs_positions_and_text_flags) {
     expect_error(args, "max_position_embeddings");
     snprintf(args, sizeof args, "generate --model '%s' --prompt hi --context 5000", fx.model);
     expect_error(args, "max_position_embeddings");
+    // A token id far outside int: refused by its range (converting it to int first is undefined).
+    char *huge = path_join(fx.tmp, "huge.jsonl");
+    const char *huge_line = "{\"tokens\": [1, 1e300]}\n";
+    cr_assert_eq(file_write_atomic(huge, huge_line, strlen(huge_line)), 0);
+    snprintf(args, sizeof args, "score --model '%s' --input '%s'", fx.model, huge);
+    expect_error(args, "integer id");
+    er_free(huge);
 
     // Not UTF-8: the message names the file.
     char *msgs = path_join(fx.tmp, "msgs.json");

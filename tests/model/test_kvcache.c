@@ -221,3 +221,22 @@ Test(kvcache, refuses_misuse) {
     kv_cache_free(&kv);
     model_free(&m);
 }
+
+// Activations hold buffers per row (pos0, decode logits) and per position (attention scores): a pass
+// with more rows or more positions than they were sized for is refused even when B x T would fit.
+Test(kvcache, forward_refuses_a_shape_the_activations_do_not_hold) {
+    ModelConfig c = helper_tiny_config(64, 64);
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.02f, 1), 0, "%s", er_last_error());
+    Activations a;
+    cr_assert_eq(acts_alloc(&a, &c, 4, 16, ACTS_SCORE, 0), 0, "%s", er_last_error());
+    int tokens[64] = {0};
+    ModelInput wide = {.B = 8, .T = 8, .tokens = tokens}, tall = {.B = 1, .T = 64, .tokens = tokens};
+    cr_assert_lt(model_forward(&m, &wide, &a), 0, "8 rows into activations for 4");
+    cr_assert(strstr(er_last_error(), "do not fit"), "%s", er_last_error());
+    cr_assert_lt(model_forward(&m, &tall, &a), 0, "64 positions into activations for 16");
+    ModelInput fits = {.B = 4, .T = 16, .tokens = tokens};
+    cr_assert_eq(model_forward(&m, &fits, &a), 0, "%s", er_last_error());
+    acts_free(&a);
+    model_free(&m);
+}
