@@ -1,7 +1,9 @@
 # ertrain / erinfer build.
 #   make                 build/erinfer + build/liberinfer.a (the runtime, links alone), build/ertrain +
-#                        build/libertrain.a (the training tier), build/example
-#   make test            Criterion suite (runs the PyTorch reference generator first)
+#                        build/libertrain.a (the training tier), build/example; checks that liberinfer.a
+#                        links alone and that neither library prints, exits or aborts (check-runtime)
+#   make test            Criterion suite (runs the PyTorch reference generator first) and check-source
+#                        (layering and function length: scripts/check_layers.py, scripts/check_functions.py)
 #   make bench           benchmarks (ratios against peers / physical limits)
 #   (test, bench, demo and fuzz first install missing Debian packages with scripts/deps.sh)
 #   make SAN=1 test      the same under ASan + UBSan (objects in build/san/)
