@@ -1,5 +1,5 @@
 // ertrain heads, the command: bad flags and bad records fail with one line and write no head. (The run
-// itself, called directly: test_heads.c.)
+// itself, called directly: tests/train/test_heads_run.c.)
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>

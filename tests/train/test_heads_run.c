@@ -2,7 +2,7 @@
 // random model, a tiny masked adapter and a few chains records: both heads written (safetensors +
 // JSON with threshold, feature spec, fingerprint, metrics), ROC-AUC and accuracy reported, run.json
 // and metrics.jsonl written; derived labels; the heads load for that model and are refused for
-// another. (The flags and their one-line errors: test_heads_cli.c.)
+// another. (The flags and their one-line errors: tests/switcher_train/test_heads_cli.c.)
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
