@@ -1,0 +1,128 @@
+// The backend seam: where the forward's and backward's buffers live and who runs each of their ops.
+// THE forward (model/forward.c) is written once against this table; the CPU backend (model/backend_cpu.c)
+// is the reference, the CUDA one (model/cuda/, `make CUDA=1`) is tested against it op by op and as a whole
+// (tests/model/test_backend.c). No backend keeps a copy of the model code: a model, an adapter and
+// activations are *placed* on a backend (model_to_backend, lora_to_backend, acts_alloc with a backend),
+// which gives them the same structs with every buffer pointer on that backend.
+//
+// Pointers given to ops are the backend's (device pointers for CUDA); shapes are those of the CPU ops
+// they stand for (model/ops.h, quant/quant.h, lora/lora.h). Every op returns ER_OK or a negative ErStatus
+// with er_error set (a kernel launch or library failure on a device). Ops run in order on one stream;
+// `download` waits for the work before it. A Backend is used from one thread at a time.
+#ifndef MODEL_BACKEND_H
+#define MODEL_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lora/lora.h"
+#include "quant/weight.h"
+
+typedef enum { BACKEND_CPU, BACKEND_CUDA } BackendKind;
+
+typedef struct Backend Backend;
+
+typedef struct {
+    // ---- memory (bytes) ----
+    void *(*alloc)(Backend *be, size_t bytes); // NULL when it does not fit (er_error says so); 64-byte aligned
+    void (*free)(Backend *be, void *p);        // NULL is a no-op
+    int (*upload)(Backend *be, void *dst, const void *host, size_t bytes);   // host -> backend
+    int (*download)(Backend *be, void *host, const void *src, size_t bytes); // backend -> host, synchronous
+    int (*copy)(Backend *be, void *dst, const void *src, size_t bytes);      // within the backend
+    int (*zero)(Backend *be, void *p, size_t bytes);
+    // A matrix for this backend's products from a host one: *dst gets buffers of its own (dst->owned; free
+    // with backend_weight_free). The CPU backend keeps every format as it is; CUDA keeps fp32 matrices
+    // fp32 (trainable) and widens every other format to bf16 (the frozen base of LoRA training).
+    int (*weight_upload)(Backend *be, Weight *dst, const Weight *src);
+
+    // ---- the forward's ops ----
+    // out (N, C) = rows tokens[n] of the embedding (V, C); tokens on the backend.
+    int (*embed_forward)(Backend *be, float *out, const Weight *embed, const int *tokens, int N);
+    // out (N, rows) = inp (N, cols) · Wᵀ + bias (rows; NULL = none). scratch: quant_scratch_floats(cols).
+    int (*matmul_forward)(Backend *be, float *out, const float *inp, const Weight *w, const float *bias, int N,
+                          float *scratch);
+    int (*rmsnorm_forward)(Backend *be, float *out, float *rstd, const float *x, const float *w, int N, int C,
+                           float eps);
+    // x (N, nh, HS) rotated in place at positions pos (N); tables (P, HS/2) on the backend.
+    int (*rope_forward)(Backend *be, float *x, const int *pos, const float *cos_tab, const float *sin_tab, int N,
+                        int nh, int HS);
+    int (*swiglu_forward)(Backend *be, float *out, const float *gate, const float *up, int N, int F);
+    int (*residual_forward)(Backend *be, float *out, const float *a, const float *b, size_t n);
+    // Causal GQA over the pass's own keys (positions 0..T-1 of each row). scores (nthreads, T): CPU scratch.
+    int (*attention_forward)(Backend *be, float *out, float *lse, const float *q, const float *k, const float *v,
+                             int B, int T, int NH, int NKV, int HS, float *scores, int nthreads);
+    // out (N, out) += scale * mask[n] * (x·Aᵀ)·Bᵀ, h (N, r) = x·Aᵀ; mask (N) on the backend, NULL = all on.
+    int (*lora_forward)(Backend *be, float *out, float *h, const float *x, const LoraMat *m, int r, float scale,
+                        const uint8_t *mask, int N);
+    // Masked mean cross-entropy; *loss = sum(mask * nll) / sum(mask). With grad, logits := dloss/dlogits.
+    // targets, mask (N) on the backend (mask NULL = all ones); row_loss (N doubles): backend scratch.
+    int (*cross_entropy)(Backend *be, double *loss, float *logits, const int *targets, const float *mask, int N,
+                         int V, int grad, double *row_loss);
+    // logp (N) = log softmax(logits * inv_temp)[target]; the backward overwrites dlogits (may alias logits).
+    int (*logprob_forward)(Backend *be, float *logp, const float *logits, const int *targets, int N, int V,
+                           float inv_temp);
+    int (*logprob_backward)(Backend *be, float *dlogits, const float *logits, const int *targets, const float *coef,
+                            int N, int V, float inv_temp);
+
+    // ---- the backward's ops (accumulating where the CPU ops accumulate) ----
+    // dinp (N, cols) += dout (N, rows) · W, any format the backend holds.
+    int (*matmul_backward_input)(Backend *be, float *dinp, const float *dout, const Weight *w, int N, float *scratch);
+    // dW (R, K) += doutᵀ (R, N) · inp (N, K) and dbias (R) += Σ_n dout when not NULL (fp32).
+    int (*matmul_backward_weight)(Backend *be, float *dW, float *dbias, const float *dout, const float *inp, int N,
+                                  int R, int K);
+    int (*rmsnorm_backward)(Backend *be, float *dx, float *dw, const float *dout, const float *x, const float *w,
+                            const float *rstd, int N, int C);
+    int (*rope_backward)(Backend *be, float *dx, const int *pos, const float *cos_tab, const float *sin_tab, int N,
+                         int nh, int HS);
+    int (*swiglu_backward)(Backend *be, float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                           int N, int F);
+    // dq overwritten, dk dv overwritten; dkh, dvh (B, NH, T, HS) scratch.
+    int (*attention_backward)(Backend *be, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                              const float *lse, const float *q, const float *k, const float *v, int B, int T, int NH,
+                              int NKV, int HS, float *dkh, float *dvh);
+    // gA, gB accumulate; dx (N, in) += ...; dh (N, r) scratch.
+    int (*lora_backward)(Backend *be, float *dx, LoraMat *m, int r, float scale, const float *dout, const float *x,
+                         const float *h, const uint8_t *mask, int N, float *dh);
+    // dembed (V, C) rows tokens[n] += dres (N, C) rows n.
+    int (*embed_backward)(Backend *be, float *dembed, const float *dres, const int *tokens, int N, int C);
+
+    // ---- the optimizer's ----
+    // AdamW on n parameters (train/optim.h has the rule): moments m, v; bc1, bc2 the bias corrections.
+    int (*adamw_update)(Backend *be, float *params, const float *grads, float *m, float *v,
+                        const unsigned char *decay_mask, size_t n, float lr, float b1, float b2, float eps, float wd,
+                        float bc1, float bc2);
+    // *out = Σ x², summed over fixed chunks in chunk order (the same bits at any thread count).
+    int (*sumsq)(Backend *be, double *out, const float *x, size_t n);
+    int (*scale)(Backend *be, float *x, size_t n, float s);
+} BackendOps;
+
+struct Backend {
+    BackendKind kind;
+    const BackendOps *ops;
+    void *ctx;          // the backend's own state (CUDA: stream, cuBLAS handle, scratch)
+    char name[16];      // "cpu", "cuda"
+    char device[128];   // "x86-64, 2 threads", "NVIDIA H200"
+    size_t mem_total;   // bytes of backend memory (CPU: 0 = not tracked)
+    size_t mem_free;    // at open
+};
+
+// The CPU backend: a process-wide table, always there; its buffers are host memory.
+Backend *backend_cpu(void);
+// Opens the backend a `--device` flag names: "cpu", "cuda" (device 0) or "cuda:N". "cuda" fails with a
+// clear message in a build without CUDA=1 or on a machine without a usable device.
+int backend_open(Backend **be, const char *name);
+// Releases a backend backend_open gave (the CPU one is never released).
+void backend_close(Backend *be);
+// The device a command runs on when --device is not given: "cuda" when built with CUDA=1 and a device
+// answers, else "cpu".
+const char *backend_default(void);
+// A Weight that weight_upload filled.
+void backend_weight_free(Backend *be, Weight *w);
+
+#ifdef ER_CUDA
+// model/cuda/backend.cu: opens CUDA device `device` (stream, cuBLAS); ER_EUNSUPPORTED when none answers.
+int backend_cuda_open(Backend *be, int device);
+void backend_cuda_close(Backend *be);
+#endif
+
+#endif
