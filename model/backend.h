@@ -1,5 +1,5 @@
 // The backend seam: where the forward's and backward's buffers live and who runs each of their ops.
-// THE forward (model/forward.c) is written once against this table; the CPU backend (model/backend_cpu.c)
+// THE forward (model/forward.c) is written once against this table; the CPU backend (model/backend.c)
 // is the reference, the CUDA one (model/cuda/, `make CUDA=1`) is tested against it op by op and as a whole
 // (tests/model/test_backend.c). No backend keeps a copy of the model code: a model, an adapter and
 // activations are *placed* on a backend (model_to_backend, lora_to_backend, acts_alloc with a backend),

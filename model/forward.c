@@ -2,14 +2,13 @@
 // adapter mask and a keeper: Activations that keep every layer (training) or one reused layer
 // (forward-only scoring).
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
-#include "core/gemm.h"
 #include "core/threads.h"
+#include "model/backend.h"
 #include "model/model.h"
 #include "model/ops.h"
 
@@ -33,9 +32,10 @@ static ActsSize acts_size(const ModelConfig *c, int B, int T, ActsMode mode) {
     ActsSize s;
     // res ln1 rstd1 q k v lse atty res2 ln2 rstd2 gate up hmlp
     s.layer = N * C * 4 + N * 2 + N * qd * 2 + N * kvd * 2 + N * c->NH + N * FF * 3;
-    // resf lnf rstdf logits tmp wscratch scores row_loss (N doubles)
+    // resf lnf rstdf logits tmp wscratch scores row_loss (N doubles); the pass's inputs on the backend:
+    // tokens targets mask adapter-mask (N bytes, counted as floats) positions
     s.global = N * C * 3 + N + (mode == ACTS_DECODE ? (size_t)B : N) * (size_t)c->V + quant_scratch_floats(max_in(c)) +
-               (size_t)threads_get() * attn_keys(c, T) + 2 * N;
+               (size_t)threads_get() * attn_keys(c, T) + 2 * N + 5 * N;
     // dres dln dq dk dv datty dgate dup dh dkh dvh
     s.backward = N * C * 2 + N * qd * 4 + N * kvd * 2 + N * FF * 3;
     return s;
@@ -44,7 +44,7 @@ static ActsSize acts_size(const ModelConfig *c, int B, int T, ActsMode mode) {
 size_t acts_bytes(const ModelConfig *cfg, int B, int T, ActsMode mode) {
     ActsSize s = acts_size(cfg, B, T, mode);
     size_t floats = mode == ACTS_TRAIN ? s.layer * cfg->L + s.global + s.backward : s.layer + s.global;
-    return floats * sizeof(float) + ((size_t)B * T + B) * sizeof(int);
+    return floats * sizeof(float);
 }
 
 static float *take(float **p, size_t n) {
@@ -54,25 +54,33 @@ static float *take(float **p, size_t n) {
 }
 
 int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, ActsMode mode, size_t max_bytes) {
+    return acts_alloc_on(a, backend_cpu(), cfg, B, T, mode, max_bytes);
+}
+
+int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, int T, ActsMode mode,
+                  size_t max_bytes) {
     memset(a, 0, sizeof *a);
     if (B <= 0 || T <= 0)
         return er_error(ER_EINVAL, "activations: batch %d x %d positions is empty", B, T);
     int keep = mode == ACTS_TRAIN;
     size_t bytes = acts_bytes(cfg, B, T, mode);
-    int nbuf = 14 * (keep ? cfg->L : 1) + 8 + 11 + 2;
+    int nbuf = 14 * (keep ? cfg->L : 1) + 8 + 11 + 5;
     bytes += (size_t)nbuf * 64;
     if (max_bytes && bytes > max_bytes)
         return er_error(ER_ENOMEM, "activations for %d x %d positions need %.1f MiB, more than the %.1f MiB allowed", B, T,
                         bytes / 1048576.0, max_bytes / 1048576.0);
+    a->be = be;
     a->cfg = *cfg;
     a->B = B;
     a->T = T;
     a->mode = mode;
     a->bytes = bytes;
-    a->mem = er_alloc(bytes);
+    a->mem = be->ops->alloc(be, bytes);
     int nl = keep ? cfg->L : 1;
     a->layer = er_calloc((size_t)nl, sizeof(LayerActs));
-    if (!a->mem || !a->layer) {
+    a->pos = er_alloc(((size_t)B * T + B) * sizeof(int));
+    a->pos0 = a->pos ? a->pos + (size_t)B * T : NULL;
+    if (!a->mem || !a->layer || !a->pos) {
         acts_free(a);
         return er_error(ER_ENOMEM, "activations: cannot allocate %.1f MiB for %d x %d positions", bytes / 1048576.0, B, T);
     }
@@ -118,22 +126,49 @@ int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, ActsMode mo
         a->dkh = take(&p, N * qd);
         a->dvh = take(&p, N * qd);
     }
-    a->pos = (int *)take(&p, N);
-    a->pos0 = (int *)take(&p, (size_t)B);
+    a->tokens_buf = (int *)take(&p, N);
+    a->targets_buf = (int *)take(&p, N);
+    a->mask_buf = take(&p, N);
+    a->amask_buf = (uint8_t *)take(&p, N);
+    a->pos_buf = (int *)take(&p, N);
     return ER_OK;
 }
 
 void acts_free(Activations *a) {
-    er_free(a->lora_h);
-    er_free(a->lora_dh);
-    er_free(a->lora_x);
-    er_free(a->lora_keep);
-    er_free(a->lora_dx);
-    er_free(a->mem);
+    if (a->be) {
+        Backend *be = a->be;
+        be->ops->free(be, a->lora_h);
+        be->ops->free(be, a->lora_dh);
+        be->ops->free(be, a->lora_x);
+        be->ops->free(be, a->lora_keep);
+        be->ops->free(be, a->lora_dx);
+        be->ops->free(be, a->mem);
+        be->ops->free(be, a->cos_tab);
+        be->ops->free(be, a->sin_tab);
+    }
     er_free(a->layer);
-    er_free(a->cos_tab);
-    er_free(a->sin_tab);
+    er_free(a->pos);
     memset(a, 0, sizeof *a);
+}
+
+// Copies n bytes of a host input into the pass's buffer for it on the backend.
+static int acts_put(const Activations *a, void *dst, const void *host, size_t n) {
+    return a->be->ops->upload(a->be, dst, host, n);
+}
+
+// Another backend's tables: computed on the host (in double, as the CPU's are), then placed.
+static int rope_tables_put(Activations *a, int P, size_t bytes) {
+    int rc = ER_OK;
+    float *cos_host = er_alloc(2 * bytes);
+    if (!cos_host)
+        return ER_ENOMEM;
+    float *sin_host = cos_host + bytes / sizeof(float);
+    rope_tables(cos_host, sin_host, P, a->cfg.HS, a->cfg.rope_theta);
+    ER_CHECK(acts_put(a, a->cos_tab, cos_host, bytes));
+    ER_CHECK(acts_put(a, a->sin_tab, sin_host, bytes));
+done:
+    er_free(cos_host);
+    return rc;
 }
 
 static int ensure_rope(Activations *a, int P) {
@@ -144,16 +179,19 @@ static int ensure_rope(Activations *a, int P) {
         P = 2 * a->P;
     if (P < 256)
         P = 256;
-    int half = a->cfg.HS / 2;
-    er_free(a->cos_tab);
-    er_free(a->sin_tab);
-    a->cos_tab = er_alloc((size_t)P * half * sizeof(float));
-    a->sin_tab = er_alloc((size_t)P * half * sizeof(float));
-    if (!a->cos_tab || !a->sin_tab) {
-        a->P = 0;
+    Backend *be = a->be;
+    size_t bytes = (size_t)P * (a->cfg.HS / 2) * sizeof(float);
+    be->ops->free(be, a->cos_tab);
+    be->ops->free(be, a->sin_tab);
+    a->P = 0;
+    a->cos_tab = be->ops->alloc(be, bytes);
+    a->sin_tab = be->ops->alloc(be, bytes);
+    if (!a->cos_tab || !a->sin_tab)
         return ER_ENOMEM;
-    }
-    rope_tables(a->cos_tab, a->sin_tab, P, a->cfg.HS, a->cfg.rope_theta);
+    if (be->kind == BACKEND_CPU)
+        rope_tables(a->cos_tab, a->sin_tab, P, a->cfg.HS, a->cfg.rope_theta);
+    else
+        ER_TRY(rope_tables_put(a, P, bytes));
     a->P = P;
     return ER_OK;
 }
@@ -162,19 +200,23 @@ static int ensure_rope(Activations *a, int P) {
 
 // Adapter buffers sized for this pass's adapter (rank r; inputs kept after dropout when training).
 static int ensure_lora_acts(Activations *a, const LoraAdapter *ad, int train) {
+    Backend *be = a->be;
     int nl = a->mode == ACTS_TRAIN ? a->cfg.L : 1;
     size_t N = (size_t)a->B * a->T;
     if (a->lora_r != ad->r) {
-        er_free(a->lora_h);
-        er_free(a->lora_dh);
-        a->lora_h = er_alloc(sizeof(float) * (size_t)nl * LT_COUNT * N * ad->r);
-        a->lora_dh = er_alloc(sizeof(float) * N * ad->r);
+        be->ops->free(be, a->lora_h);
+        be->ops->free(be, a->lora_dh);
+        a->lora_h = be->ops->alloc(be, sizeof(float) * (size_t)nl * LT_COUNT * N * ad->r);
+        a->lora_dh = be->ops->alloc(be, sizeof(float) * N * ad->r);
         a->lora_r = a->lora_h && a->lora_dh ? ad->r : 0;
         if (!a->lora_r)
             return ER_ENOMEM;
     }
     int xw = max_in(&a->cfg);
     if (train && ad->dropout > 0 && !a->lora_xw) {
+        if (be->kind != BACKEND_CPU) // the keep masks are drawn on the host, from the pass's stream
+            return er_error(ER_EUNSUPPORTED, "forward: adapter dropout runs on the CPU backend only, not on %s",
+                            be->name);
         a->lora_x = er_alloc(sizeof(float) * (size_t)nl * LT_COUNT * N * xw);
         a->lora_keep = er_alloc((size_t)nl * LT_COUNT * N * xw);
         a->lora_dx = er_alloc(sizeof(float) * N * xw);
@@ -216,7 +258,8 @@ static const LoraMat *lin_lora(const LinCtx *lc, LoraTarget t, float **h, float 
 // out (N, rows) = inp · Wᵀ + bias, plus the adapter on rows whose mask is on.
 static int linear_forward(const LinCtx *lc, LoraTarget t, float *out, const float *inp, const Weight *w,
                           const float *bias, int N) {
-    ER_TRY(weight_matmul_forward(out, inp, w, bias, N, lc->a->wscratch));
+    Backend *be = lc->a->be;
+    ER_TRY(be->ops->matmul_forward(be, out, inp, w, bias, N, lc->a->wscratch));
     float *h, *xd;
     uint8_t *keep;
     const LoraMat *m = lin_lora(lc, t, &h, &xd, &keep);
@@ -232,25 +275,16 @@ static int linear_forward(const LinCtx *lc, LoraTarget t, float *out, const floa
         }
         x = xd;
     }
-    return lora_forward(out, h, x, m, ad->r, ad->scale, lc->in->adapter_mask, N);
+    return be->ops->lora_forward(be, out, h, x, m, ad->r, ad->scale, lc->a->amask, N);
 }
 
 // dinp (N,K) += dout · W (+ the adapter's share); dW (R,K) += doutᵀ · inp and dbias (R) += Σ dout
 // when given; adapter gradients accumulate in the adapter.
 static int linear_backward(const LinCtx *lc, LoraTarget t, float *dinp, float *dW, float *dbias, const float *dout,
                            const float *inp, const Weight *w, int N) {
-    int R = w->rows, K = w->cols;
-    if (dW)
-        gemm_f32(1, 0, R, K, N, 1.0f, dout, R, inp, K, 1.0f, dW, K);
-    if (dbias) {
-#pragma omp parallel for schedule(static)
-        for (int r = 0; r < R; r++) {
-            float acc = 0.0f;
-            for (int n = 0; n < N; n++)
-                acc += dout[(size_t)n * R + r];
-            dbias[r] += acc;
-        }
-    }
+    Backend *be = lc->a->be;
+    if (dW || dbias)
+        ER_TRY(be->ops->matmul_backward_weight(be, dW, dbias, dout, inp, N, w->rows, w->cols));
     float *h, *xd;
     uint8_t *keep;
     const LoraMat *m = lin_lora(lc, t, &h, &xd, &keep);
@@ -259,22 +293,17 @@ static int linear_backward(const LinCtx *lc, LoraTarget t, float *dinp, float *d
         if (xd) { // gradients of A against the dropped input; dx through the dropout mask
             float *dxd = lc->a->lora_dx; // (N, in)
             memset(dxd, 0, sizeof(float) * (size_t)N * m->in);
-            lora_backward(dxd, (LoraMat *)m, ad->r, ad->scale, dout, xd, h, lc->in->adapter_mask, N, lc->a->lora_dh);
+            lora_backward(dxd, (LoraMat *)m, ad->r, ad->scale, dout, xd, h, lc->a->amask, N, lc->a->lora_dh);
             float inv = 1.0f / (1.0f - ad->dropout);
             for (size_t i = 0; i < (size_t)N * m->in; i++)
                 if (keep[i])
                     dinp[i] += dxd[i] * inv;
         } else {
-            lora_backward(dinp, (LoraMat *)m, ad->r, ad->scale, dout, inp, h, lc->in->adapter_mask, N, lc->a->lora_dh);
+            ER_TRY(be->ops->lora_backward(be, dinp, (LoraMat *)m, ad->r, ad->scale, dout, inp, h, lc->a->amask, N,
+                                          lc->a->lora_dh));
         }
     }
-    return weight_matmul_backward_input(dinp, dout, w, N, lc->a->wscratch);
-}
-
-static void residual_forward(float *out, const float *a, const float *b, size_t n) {
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++)
-        out[i] = a[i] + b[i];
+    return be->ops->matmul_backward_input(be, dinp, dout, w, N, lc->a->wscratch);
 }
 
 // ---- forward ----
@@ -299,7 +328,12 @@ static int check_input(const Model *m, const ModelInput *in, const Activations *
                                 b * in->T + t, c->V);
         }
     }
+    Backend *mbe = m->be ? m->be : backend_cpu();
+    if (mbe != a->be)
+        return er_error(ER_EINVAL, "forward: the model is on %s, the activations on %s", mbe->name, a->be->name);
     if (in->kv) {
+        if (a->be->kind != BACKEND_CPU)
+            return er_error(ER_EUNSUPPORTED, "forward: the KV cache lives on the CPU backend only, not on %s", a->be->name);
         if (a->mode == ACTS_TRAIN)
             return er_error(ER_EINVAL, "forward: training keeps its own keys and values, not a KV cache");
         if (in->kv->L != c->L || in->kv->NKV != c->NKV || in->kv->HS != c->HS)
@@ -339,22 +373,28 @@ static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
     if (kv)
         for (int b = 0; b < B; b++)
             ER_TRY(kv_seq_extend(kv, in->kv_slots[b], a->pos0[b] + (in->len ? in->len[b] : T)));
+    ER_TRY(acts_put(a, a->tokens_buf, in->tokens, sizeof(int) * N));
+    ER_TRY(acts_put(a, a->pos_buf, a->pos, sizeof(int) * N));
+    a->amask = NULL;
+    if (in->adapter_mask) {
+        ER_TRY(acts_put(a, a->amask_buf, in->adapter_mask, (size_t)N));
+        a->amask = a->amask_buf;
+    }
 
+    Backend *be = a->be;
     float *x = a->layer[0].res; // (N, C) embedding output
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        weight_row_f32(x + (size_t)n * C, &m->embed, in->tokens[n]);
+    ER_TRY(be->ops->embed_forward(be, x, &m->embed, a->tokens_buf, N));
 
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *w = &m->layers[l];
         LayerActs *la = &a->layer[a->mode == ACTS_TRAIN ? l : 0];
         LinCtx lc = {in, a, l, train};
-        rmsnorm_forward(la->ln1, la->rstd1, la->res, w->ln1, N, C, c->eps);
+        ER_TRY(be->ops->rmsnorm_forward(be, la->ln1, la->rstd1, la->res, w->ln1, N, C, c->eps));
         ER_TRY(linear_forward(&lc, LT_Q, la->q, la->ln1, &w->wq, w->bq, N));
         ER_TRY(linear_forward(&lc, LT_K, la->k, la->ln1, &w->wk, w->bk, N));
         ER_TRY(linear_forward(&lc, LT_V, la->v, la->ln1, &w->wv, w->bv, N));
-        rope_forward(la->q, a->pos, a->cos_tab, a->sin_tab, N, c->NH, c->HS);
-        rope_forward(la->k, a->pos, a->cos_tab, a->sin_tab, N, c->NKV, c->HS);
+        ER_TRY(be->ops->rope_forward(be, la->q, a->pos_buf, a->cos_tab, a->sin_tab, N, c->NH, c->HS));
+        ER_TRY(be->ops->rope_forward(be, la->k, a->pos_buf, a->cos_tab, a->sin_tab, N, c->NKV, c->HS));
         if (kv) {
             for (int b = 0; b < B; b++)
                 for (int t = 0; t < (in->len ? in->len[b] : T); t++) {
@@ -364,30 +404,30 @@ static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
             ER_TRY(kv_attention_forward(la->atty, la->q, kv, l, in->kv_slots, a->pos0, in->len ? in->len : NULL, B, T,
                                         c->NH, a->scores, a->attn_threads, a->attn_keys));
         } else {
-            ER_TRY(attention_forward(la->atty, la->lse, la->q, la->k, la->v, NULL, B, T, T, c->NH, c->NKV, c->HS,
-                                     a->scores, a->attn_threads));
+            ER_TRY(be->ops->attention_forward(be, la->atty, la->lse, la->q, la->k, la->v, B, T, c->NH, c->NKV, c->HS,
+                                              a->scores, a->attn_threads));
         }
         ER_TRY(linear_forward(&lc, LT_O, a->tmp, la->atty, &w->wo, NULL, N));
-        residual_forward(la->res2, la->res, a->tmp, (size_t)N * C);
-        rmsnorm_forward(la->ln2, la->rstd2, la->res2, w->ln2, N, C, c->eps);
+        ER_TRY(be->ops->residual_forward(be, la->res2, la->res, a->tmp, (size_t)N * C));
+        ER_TRY(be->ops->rmsnorm_forward(be, la->ln2, la->rstd2, la->res2, w->ln2, N, C, c->eps));
         ER_TRY(linear_forward(&lc, LT_GATE, la->gate, la->ln2, &w->wgate, NULL, N));
         ER_TRY(linear_forward(&lc, LT_UP, la->up, la->ln2, &w->wup, NULL, N));
-        swiglu_forward(la->hmlp, la->gate, la->up, N, c->FF);
+        ER_TRY(be->ops->swiglu_forward(be, la->hmlp, la->gate, la->up, N, c->FF));
         ER_TRY(linear_forward(&lc, LT_DOWN, a->tmp, la->hmlp, &w->wdown, NULL, N));
         float *next = (l + 1 < c->L && a->mode == ACTS_TRAIN) ? a->layer[l + 1].res : a->resf;
-        residual_forward(next, la->res2, a->tmp, (size_t)N * C);
+        ER_TRY(be->ops->residual_forward(be, next, la->res2, a->tmp, (size_t)N * C));
     }
     if (a->mode == ACTS_DECODE) {
         // Only each row's last valid position predicts the next token: normalise and project B rows.
         for (int b = 0; b < B; b++) {
             int last = b * T + (in->len ? in->len[b] : T) - 1;
-            memcpy(a->tmp + (size_t)b * C, a->resf + (size_t)last * C, sizeof(float) * C);
+            ER_TRY(be->ops->copy(be, a->tmp + (size_t)b * C, a->resf + (size_t)last * C, sizeof(float) * C));
         }
-        rmsnorm_forward(a->lnf, a->rstdf, a->tmp, m->norm, B, C, c->eps);
-        return weight_matmul_forward(a->logits, a->lnf, &m->lm_head, NULL, B, a->wscratch);
+        ER_TRY(be->ops->rmsnorm_forward(be, a->lnf, a->rstdf, a->tmp, m->norm, B, C, c->eps));
+        return be->ops->matmul_forward(be, a->logits, a->lnf, &m->lm_head, NULL, B, a->wscratch);
     }
-    rmsnorm_forward(a->lnf, a->rstdf, a->resf, m->norm, N, C, c->eps);
-    return weight_matmul_forward(a->logits, a->lnf, &m->lm_head, NULL, N, a->wscratch);
+    ER_TRY(be->ops->rmsnorm_forward(be, a->lnf, a->rstdf, a->resf, m->norm, N, C, c->eps));
+    return be->ops->matmul_forward(be, a->logits, a->lnf, &m->lm_head, NULL, N, a->wscratch);
 }
 
 int model_forward(Model *m, const ModelInput *in, Activations *a) {
@@ -411,7 +451,11 @@ int model_loss(Activations *a, const int *targets, const float *mask, int grad, 
             return er_error(ER_ERANGE, "loss: target %d at position %d is outside the vocabulary [0, %d)", targets[n], n,
                             V);
     }
-    *loss = cross_entropy_forward_backward(a->logits, targets, mask, N, V, grad, a->row_loss);
+    ER_TRY(acts_put(a, a->targets_buf, targets, sizeof(int) * N));
+    if (mask)
+        ER_TRY(acts_put(a, a->mask_buf, mask, sizeof(float) * N));
+    ER_TRY(a->be->ops->cross_entropy(a->be, loss, a->logits, a->targets_buf, mask ? a->mask_buf : NULL, N, V, grad,
+                                     a->row_loss));
     if (!isfinite(*loss))
         return er_error(ER_ERANGE, "loss is not finite (%g)", *loss);
     return ER_OK;
@@ -425,12 +469,14 @@ int model_backward(Model *m, const ModelInput *in, Activations *a) {
     const ModelConfig *c = &m->cfg;
     int B = a->nB, T = a->nT, N = B * T, C = c->C, qd = c->NH * c->HS;
     int tr = m->trainable;
+    Backend *be = a->be;
+    const BackendOps *op = be->ops;
 
-    memset(a->dln, 0, sizeof(float) * N * C);
+    ER_TRY(op->zero(be, a->dln, sizeof(float) * N * C));
     LinCtx head = {&(ModelInput){0}, a, 0, 0}; // the lm_head has no adapter
     ER_TRY(linear_backward(&head, LT_Q, a->dln, tr ? m->g_lm_head : NULL, NULL, a->logits, a->lnf, &m->lm_head, N));
-    memset(a->dres, 0, sizeof(float) * N * C);
-    rmsnorm_backward(a->dres, tr ? m->g_norm : NULL, a->dln, a->resf, m->norm, a->rstdf, N, C);
+    ER_TRY(op->zero(be, a->dres, sizeof(float) * N * C));
+    ER_TRY(op->rmsnorm_backward(be, a->dres, tr ? m->g_norm : NULL, a->dln, a->resf, m->norm, a->rstdf, N, C));
 
     for (int l = c->L - 1; l >= 0; l--) {
         const LayerWeights *w = &m->layers[l];
@@ -438,40 +484,27 @@ int model_backward(Model *m, const ModelInput *in, Activations *a) {
         LayerActs *la = &a->layer[l];
         LinCtx lc = {in, a, l, a->lora_x != NULL && in->dropout_rng != NULL};
         // MLP: dres holds d(res2 + mlp_out)
-        memset(a->dh, 0, sizeof(float) * N * c->FF);
+        ER_TRY(op->zero(be, a->dh, sizeof(float) * N * c->FF));
         ER_TRY(linear_backward(&lc, LT_DOWN, a->dh, g ? g->wdown : NULL, NULL, a->dres, la->hmlp, &w->wdown, N));
-        swiglu_backward(a->dgate, a->dup, a->dh, la->gate, la->up, N, c->FF);
-        memset(a->dln, 0, sizeof(float) * N * C);
+        ER_TRY(op->swiglu_backward(be, a->dgate, a->dup, a->dh, la->gate, la->up, N, c->FF));
+        ER_TRY(op->zero(be, a->dln, sizeof(float) * N * C));
         ER_TRY(linear_backward(&lc, LT_GATE, a->dln, g ? g->wgate : NULL, NULL, a->dgate, la->ln2, &w->wgate, N));
         ER_TRY(linear_backward(&lc, LT_UP, a->dln, g ? g->wup : NULL, NULL, a->dup, la->ln2, &w->wup, N));
-        rmsnorm_backward(a->dres, g ? g->ln2 : NULL, a->dln, la->res2, w->ln2, la->rstd2, N, C);
+        ER_TRY(op->rmsnorm_backward(be, a->dres, g ? g->ln2 : NULL, a->dln, la->res2, w->ln2, la->rstd2, N, C));
         // attention: dres holds d(res2) = d(res + attn_out)
-        memset(a->datty, 0, sizeof(float) * N * qd);
+        ER_TRY(op->zero(be, a->datty, sizeof(float) * N * qd));
         ER_TRY(linear_backward(&lc, LT_O, a->datty, g ? g->wo : NULL, NULL, a->dres, la->atty, &w->wo, N));
-        ER_TRY(attention_backward(a->dq, a->dk, a->dv, a->datty, la->atty, la->lse, la->q, la->k, la->v, NULL, B, T, T,
-                                  c->NH, c->NKV, c->HS, a->dkh, a->dvh));
-        rope_backward(a->dq, a->pos, a->cos_tab, a->sin_tab, N, c->NH, c->HS);
-        rope_backward(a->dk, a->pos, a->cos_tab, a->sin_tab, N, c->NKV, c->HS);
-        memset(a->dln, 0, sizeof(float) * N * C);
+        ER_TRY(op->attention_backward(be, a->dq, a->dk, a->dv, a->datty, la->atty, la->lse, la->q, la->k, la->v, B, T,
+                                      c->NH, c->NKV, c->HS, a->dkh, a->dvh));
+        ER_TRY(op->rope_backward(be, a->dq, a->pos_buf, a->cos_tab, a->sin_tab, N, c->NH, c->HS));
+        ER_TRY(op->rope_backward(be, a->dk, a->pos_buf, a->cos_tab, a->sin_tab, N, c->NKV, c->HS));
+        ER_TRY(op->zero(be, a->dln, sizeof(float) * N * C));
         ER_TRY(linear_backward(&lc, LT_Q, a->dln, g ? g->wq : NULL, g ? g->bq : NULL, a->dq, la->ln1, &w->wq, N));
         ER_TRY(linear_backward(&lc, LT_K, a->dln, g ? g->wk : NULL, g ? g->bk : NULL, a->dk, la->ln1, &w->wk, N));
         ER_TRY(linear_backward(&lc, LT_V, a->dln, g ? g->wv : NULL, g ? g->bv : NULL, a->dv, la->ln1, &w->wv, N));
-        rmsnorm_backward(a->dres, g ? g->ln1 : NULL, a->dln, la->res, w->ln1, la->rstd1, N, C);
+        ER_TRY(op->rmsnorm_backward(be, a->dres, g ? g->ln1 : NULL, a->dln, la->res, w->ln1, la->rstd1, N, C));
     }
-    if (tr) {
-        // Embedding rows: columns split across threads so repeated tokens never race.
-        const int *tok = in->tokens;
-#pragma omp parallel
-        {
-            int nt = omp_get_num_threads(), id = omp_get_thread_num();
-            int c0 = (int)((long)C * id / nt), c1 = (int)((long)C * (id + 1) / nt);
-            for (int n = 0; n < N; n++) {
-                float *ge = m->g_embed + (size_t)tok[n] * C;
-                const float *d = a->dres + (size_t)n * C;
-                for (int i = c0; i < c1; i++)
-                    ge[i] += d[i];
-            }
-        }
-    }
+    if (tr) // the embedding rows of this pass's tokens (staged by the forward)
+        ER_TRY(op->embed_backward(be, m->g_embed, a->dres, a->tokens_buf, N, C));
     return ER_OK;
 }

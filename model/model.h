@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "core/safetensors.h"
+#include "model/backend.h"
 #include "model/config.h"
 #include "lora/lora.h"
 #include "model/kvcache.h"
@@ -54,6 +55,7 @@ typedef struct {
     StFile *files;        // mmapped safetensors shards backing the weights
     int n_files;
     QuantConfig quant;    // config.json's quantization_config (enabled = 0 for a float model)
+    Backend *be;          // where every buffer above lives; NULL = the CPU (model_to_backend places a copy)
 } Model;
 
 enum { MODEL_LOAD_TRAINABLE = 1 }; // convert everything to fp32 and allocate gradients
@@ -115,6 +117,7 @@ typedef struct {
 } LayerActs;
 
 typedef struct {
+    Backend *be;           // where every buffer lives but `layer`, `pos` and `pos0` (host)
     int B, T;              // capacity
     ActsMode mode;
     int nB, nT;            // shape of the last forward pass
@@ -140,14 +143,23 @@ typedef struct {
     int lora_r, lora_xw;
     float *cos_tab, *sin_tab; // (P, HS/2) for positions < P
     int P;
-    int *pos;              // (B*T) absolute positions of this pass
-    int *pos0;             // (B) position of each row's first new token
+    int *pos;              // (B*T) absolute positions of this pass (host)
+    int *pos0;             // (B) position of each row's first new token (host)
+    // this pass's inputs placed on the backend (B*T each)
+    int *tokens_buf, *targets_buf, *pos_buf;
+    float *mask_buf;
+    uint8_t *amask_buf;
+    const uint8_t *amask;  // the adapter mask of this pass: amask_buf, or NULL = everywhere
     size_t bytes;          // total allocated
     void *mem;
 } Activations;
 
 // Computes the memory first and refuses with the estimate when it exceeds max_bytes (0 = no limit).
+// acts_alloc_on places them on backend be (a model placed there runs its passes with them); acts_alloc
+// on the CPU.
 int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, ActsMode mode, size_t max_bytes);
+int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, int T, ActsMode mode,
+                  size_t max_bytes);
 size_t acts_bytes(const ModelConfig *cfg, int B, int T, ActsMode mode);
 void acts_free(Activations *a);
 

@@ -255,7 +255,7 @@ static int grpo_setup(Grpo *g) {
     ER_TRY(check_prompts(g));
     ER_TRY(engine_init(&g->eng, &g->m, g->tok, KV_F32, c->group, g->seq_len, 128, 0));
     ER_TRY(acts_alloc(&g->acts, mc, c->group, g->seq_len, ACTS_TRAIN, er_physical_memory()));
-    ER_TRY(adamw_init(&g->opt, g->ad.n_params, c->lr, 0.9, 0.999, 1e-8, c->weight_decay));
+    ER_TRY(adamw_init(&g->opt, backend_cpu(), g->ad.n_params, c->lr, 0.9, 0.999, 1e-8, c->weight_decay));
     size_t cells = (size_t)c->group * g->seq_len;
     g->groups = er_calloc((size_t)c->prompts, sizeof(Group));
     g->tokens = er_alloc(sizeof(int) * cells);
@@ -431,12 +431,12 @@ static int grpo_step(Grpo *g, long step, StepMetrics *sm) {
                 g->ad.grads[i] *= s;
             loss /= used;
         }
-        sm->gnorm = clip_grad_norm(g->ad.grads, g->ad.n_params, c->clip);
+        ER_TRY(clip_grad_norm(g->opt.be, g->ad.grads, g->ad.n_params, c->clip, &sm->gnorm));
         if (!isfinite(sm->gnorm))
             return er_error(ER_ERANGE, "grpo step %ld: the gradient is not finite", step + 1);
         long warm = c->warmup < 1 ? (long)(c->warmup * c->steps) : (long)c->warmup;
         sm->lr = lr_schedule(step, warm, c->steps, c->lr, 0.0);
-        adamw_step(&g->opt, g->ad.params, g->ad.grads, NULL, sm->lr);
+        ER_TRY(adamw_step(&g->opt, g->ad.params, g->ad.grads, NULL, sm->lr));
         sm->loss = loss;
         sm->clip = tokens > 0 ? clip / tokens : 0;
         sm->kl = tokens > 0 ? kl / tokens : 0;

@@ -118,7 +118,7 @@ static int fit_state_init(FitState *f, const Head *h, int n, int n_val, int B, c
     if (h->w2)
         memset(f->decay + (h->w2 - h->params), 1, (size_t)h->hidden);
     ER_TRY(head_acts_alloc(&f->acts, h, B));
-    return adamw_init(&f->opt, h->n_params, c->lr, 0.9, 0.999, 1e-8, c->weight_decay);
+    return adamw_init(&f->opt, backend_cpu(), h->n_params, c->lr, 0.9, 0.999, 1e-8, c->weight_decay);
 }
 
 // One pass over the training rows in a fresh order; *loss = their mean BCE.
@@ -140,7 +140,7 @@ static int fit_epoch(Head *h, FitState *f, const float *y, int n, int B, const H
         ER_TRY(head_forward(h, f->xb, nb, f->logit, &f->acts, rng));
         sum += head_bce(f->logit, f->yb, nb, f->dlogit) * nb;
         ER_TRY(head_backward(h, f->xb, f->dlogit, nb, &f->acts));
-        adamw_step(&f->opt, h->params, h->grads, f->decay, c->lr);
+        ER_TRY(adamw_step(&f->opt, h->params, h->grads, f->decay, c->lr));
     }
     *loss = sum / n;
     return ER_OK;

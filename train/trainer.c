@@ -470,26 +470,20 @@ static int train_step(Trainer *t, double lr, double *loss, double *gnorm, long *
         if (rc < 0)
             return er_error_prefix(rc, "step %ld", t->st.step + 1);
         // Accumulation averages the micro-batch means: scale d(loss)/d(logits) by 1/grad_accum.
-        if (c->grad_accum > 1) {
-            float s = 1.0f / (float)c->grad_accum;
-            size_t nl = (size_t)b->B * b->T * job->model->cfg.V;
-            float *g = t->acts.logits;
-#pragma omp parallel for schedule(static)
-            for (size_t i = 0; i < nl; i++)
-                g[i] *= s;
-        }
+        if (c->grad_accum > 1)
+            ER_TRY(t->acts.be->ops->scale(t->acts.be, t->acts.logits, (size_t)b->B * b->T * job->model->cfg.V,
+                                          1.0f / (float)c->grad_accum));
         ER_TRY(model_backward(job->model, &in, &t->acts));
         sum += l;
         *tokens += b->n_tokens;
         t->st.cursor++;
     }
     *loss = sum / c->grad_accum;
-    *gnorm = clip_grad_norm(job->grads, job->n, c->clip);
+    ER_TRY(clip_grad_norm(t->opt.be, job->grads, job->n, c->clip, gnorm));
     if (!isfinite(*gnorm))
         return er_error(ER_ERANGE, "step %ld: the gradient norm is not finite (%g); lower --lr or check the data",
                         t->st.step + 1, *gnorm);
-    adamw_step(&t->opt, job->params, job->grads, job->decay_mask, lr);
-    return ER_OK;
+    return adamw_step(&t->opt, job->params, job->grads, job->decay_mask, lr);
 }
 
 static int save_checkpoint(Trainer *t) {
@@ -571,7 +565,7 @@ static int trainer_setup(Trainer *t) {
     t->ckpt_dir = path_join(c->out_dir, "checkpoint");
     if (!t->config || !t->ckpt_dir)
         return ER_ENOMEM;
-    ER_TRY(adamw_init(&t->opt, job->n, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay));
+    ER_TRY(adamw_init(&t->opt, backend_cpu(), job->n, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay));
     int maxT = t->max_len_train > t->max_len_eval ? t->max_len_train : t->max_len_eval;
     ER_TRY(batch_alloc(&t->batch, c->batch, maxT));
     ER_TRY(acts_alloc(&t->acts, mc, c->batch, t->max_len_train, ACTS_TRAIN, er_physical_memory()));

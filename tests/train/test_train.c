@@ -183,7 +183,7 @@ Test(train, sft_reduces_loss_and_writes_peft_adapter, .init = setup, .fini = tea
     AdamW opt;
     float *params = er_alloc(sizeof(float) * a.n_params);
     char *ck = join(out, "checkpoint");
-    cr_assert_eq(adamw_init(&opt, a.n_params, 0, 0.9, 0.999, 1e-8, 0), ER_OK);
+    cr_assert_eq(adamw_init(&opt, backend_cpu(), a.n_params, 0, 0.9, 0.999, 1e-8, 0), ER_OK);
     cr_assert_eq(checkpoint_load(ck, &st, params, a.n_params, &opt), ER_OK, "%s", er_last_error());
     cr_assert_eq(st.step, SFT_STEPS);
     cr_assert_eq(opt.step, SFT_STEPS);
