@@ -324,3 +324,44 @@ void backend_weight_free(Backend *be, Weight *w) {
         be->ops->free(be, w->owned);
     memset(w, 0, sizeof *w);
 }
+
+int lora_to_backend(LoraAdapter *dst, const LoraAdapter *src, Backend *be) {
+    *dst = *src;
+    dst->reasoning_prefix = dst->base_model = NULL;
+    dst->mats = NULL;
+    dst->params = dst->grads = NULL;
+    int rc = ER_OK;
+    size_t bytes = src->n_params * sizeof(float), n = (size_t)src->L * LT_COUNT;
+    dst->mats = er_calloc(n, sizeof(LoraMat));
+    dst->params = be->ops->alloc(be, bytes);
+    dst->grads = src->grads ? be->ops->alloc(be, bytes) : NULL;
+    if (!dst->mats || !dst->params || (src->grads && !dst->grads))
+        ER_CHECK(ER_ENOMEM);
+    ER_CHECK(be->ops->upload(be, dst->params, src->params, bytes));
+    if (dst->grads)
+        ER_CHECK(be->ops->zero(be, dst->grads, bytes));
+    for (size_t i = 0; i < n; i++) {
+        const LoraMat *s = &src->mats[i];
+        LoraMat *d = &dst->mats[i];
+        *d = (LoraMat){.in = s->in, .out = s->out};
+        if (!s->A)
+            continue;
+        d->A = dst->params + (s->A - src->params);
+        d->B = dst->params + (s->B - src->params);
+        if (dst->grads) {
+            d->gA = dst->grads + (s->A - src->params);
+            d->gB = dst->grads + (s->B - src->params);
+        }
+    }
+    return ER_OK;
+done:
+    lora_backend_free(dst, be);
+    return er_error_prefix(rc, "placing the adapter on %s", be->name);
+}
+
+void lora_backend_free(LoraAdapter *a, Backend *be) {
+    er_free(a->mats);
+    be->ops->free(be, a->params);
+    be->ops->free(be, a->grads);
+    memset(a, 0, sizeof *a);
+}

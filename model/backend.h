@@ -119,6 +119,12 @@ const char *backend_default(void);
 // A Weight that weight_upload filled.
 void backend_weight_free(Backend *be, Weight *w);
 
+// A copy of adapter src placed on be: the same fields, params and grads (when src has them; zeroed)
+// the backend's, mats pointing into them at src's offsets, no reasoning prefix or base model name.
+// Free it with lora_backend_free, never lora_free.
+int lora_to_backend(LoraAdapter *dst, const LoraAdapter *src, Backend *be);
+void lora_backend_free(LoraAdapter *a, Backend *be);
+
 #ifdef ER_CUDA
 // model/cuda/backend.cu: opens CUDA device `device` (stream, cuBLAS); ER_EUNSUPPORTED when none answers.
 int backend_cuda_open(Backend *be, int device);

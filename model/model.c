@@ -71,6 +71,19 @@ static int list_slots(Model *m, Slot *slots) {
 
 static size_t slot_numel(const Slot *s) { return (size_t)s->shape[0] * (size_t)(s->ndim == 2 ? s->shape[1] : 1); }
 
+static Backend *model_be(const Model *m) { return m->be ? m->be : backend_cpu(); }
+
+// Zeroed fp32 storage for n floats where the model lives.
+static float *model_arena(const Model *m, size_t n) {
+    Backend *be = model_be(m);
+    float *p = be->ops->alloc(be, n * sizeof(float));
+    if (p && be->ops->zero(be, p, n * sizeof(float)) < 0) {
+        be->ops->free(be, p);
+        return NULL;
+    }
+    return p;
+}
+
 // Builds the parameter table and the fp32 arenas. Trainable: every tensor in param_mem, gradients in
 // grad_mem. Otherwise only vectors live in param_mem; matrices are placed by the caller.
 static int model_setup(Model *m, int trainable) {
@@ -92,8 +105,8 @@ static int model_setup(Model *m, int trainable) {
         if (trainable || slots[i].ndim == 1)
             total += slot_numel(&slots[i]);
     m->n_param_floats = total;
-    m->param_mem = er_calloc(total, sizeof(float));
-    m->grad_mem = trainable ? er_calloc(total, sizeof(float)) : NULL;
+    m->param_mem = model_arena(m, total);
+    m->grad_mem = trainable ? model_arena(m, total) : NULL;
     if (!m->param_mem || (trainable && !m->grad_mem))
         ER_CHECK(er_error(ER_ENOMEM, "model: cannot allocate %.1f MiB for %zu parameters",
                           total * 4.0 * (trainable ? 2 : 1) / 1048576.0, total));
@@ -142,14 +155,19 @@ LoraShape model_config_lora_shape(const ModelConfig *c) {
 }
 
 void model_free(Model *m) {
+    Backend *be = model_be(m);
     for (int i = 0; i < m->n_params; i++)
-        if (m->params[i].w)
-            weight_free(m->params[i].w); // quantized matrices made in memory own their buffers
+        if (m->params[i].w) { // quantized matrices made in memory own their buffers, as placed ones do
+            if (m->be)
+                backend_weight_free(be, m->params[i].w);
+            else
+                weight_free(m->params[i].w);
+        }
     er_free(m->layers);
     er_free(m->grads);
     er_free(m->params);
-    er_free(m->param_mem);
-    er_free(m->grad_mem);
+    be->ops->free(be, m->param_mem);
+    be->ops->free(be, m->grad_mem);
     er_free(m->owned_mats);
     for (int i = 0; i < m->n_files; i++)
         safetensors_close(&m->files[i]);
@@ -159,7 +177,30 @@ void model_free(Model *m) {
 
 void model_zero_grad(Model *m) {
     if (m->grad_mem)
-        memset(m->grad_mem, 0, m->n_param_floats * sizeof(float));
+        model_be(m)->ops->zero(model_be(m), m->grad_mem, m->n_param_floats * sizeof(float));
+}
+
+int model_to_backend(Model *dst, const Model *src, Backend *be) {
+    memset(dst, 0, sizeof *dst);
+    dst->cfg = src->cfg;
+    dst->quant = src->quant;
+    dst->be = be;
+    int rc = ER_OK;
+    ER_CHECK(model_setup(dst, src->trainable));
+    for (int i = 0; i < dst->n_params; i++) {
+        const ParamTensor *s = &src->params[i];
+        ParamTensor *d = &dst->params[i];
+        if (d->data)
+            ER_CHECK(be->ops->upload(be, d->data, s->data, d->numel * sizeof(float)));
+        else
+            ER_CHECK(be->ops->weight_upload(be, d->w, s->w));
+    }
+    if (dst->cfg.tied)
+        dst->lm_head = dst->embed;
+    return ER_OK;
+done:
+    model_free(dst);
+    return er_error_prefix(rc, "placing the model on %s", be->name);
 }
 
 int model_build_random(Model *m, const ModelConfig *cfg, float std, uint64_t seed) {

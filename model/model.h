@@ -85,6 +85,11 @@ WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group
 int model_untie(Model *m);
 void model_free(Model *m);
 void model_zero_grad(Model *m);
+// A copy of src placed on backend be (dst->be = be): the same parameter table and layout, every buffer
+// the backend's (param_mem and grad_mem offsets as in src, so a download of param_mem gives src's
+// layout back; the CPU backend shares src's frozen matrices, which src must then outlive). Frozen
+// matrices take the backend's format (model/backend.h, weight_upload). model_free releases it.
+int model_to_backend(Model *dst, const Model *src, Backend *be);
 const ParamTensor *model_find_param(const Model *m, const char *name);
 // The shapes a LoRA adapter for a model of config c has (lora/ sits below model/, so it is built here).
 LoraShape model_config_lora_shape(const ModelConfig *c);

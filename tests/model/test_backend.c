@@ -1,0 +1,562 @@
+// The backend seam, op by op and as a whole: every op of a device backend against the CPU backend (the
+// reference) on random inputs, then the whole model (logits, loss, parameter and LoRA gradients) placed
+// on the device against the same model on the CPU. The device is ER_TEST_DEVICE (default "cuda"); where
+// it cannot be opened (a build without CUDA=1, or no GPU) those tests are SKIPPED, loudly.
+// ER_TEST_DEVICE=cpu runs them against a copy placed on the CPU backend: that checks this harness and the
+// placement code, not a GPU. The placement tests at the end always run on the CPU.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/threads.h"
+#include "model/backend.h"
+#include "model/model.h"
+#include "model/ops.h"
+#include "quant/quant.h"
+#include "quant/quantizer.h"
+#include "tests/common/helpers.h"
+
+// fp32 ops agree to 1e-5 of the largest reference value; products with bf16 operands to 1e-2.
+#define TOL_F32 1e-5
+#define TOL_BF16 1e-2
+
+static Backend *dev_open(void) {
+    const char *name = getenv("ER_TEST_DEVICE") ? getenv("ER_TEST_DEVICE") : "cuda";
+    Backend *be = NULL;
+    if (backend_open(&be, name) < 0) {
+        fprintf(stderr, "\n!!!!!! backend tests: device '%s' cannot be opened (%s): SKIPPED, nothing was checked on it "
+                        "!!!!!!\n", name, er_last_error());
+        cr_skip_test("device %s absent: %s", name, er_last_error());
+    }
+    return be;
+}
+
+// n bytes of host data placed on the device.
+static void *put(Backend *be, const void *host, size_t bytes) {
+    void *d = be->ops->alloc(be, bytes);
+    cr_assert(d, "%s", er_last_error());
+    cr_assert_eq(be->ops->upload(be, d, host, bytes), ER_OK, "%s", er_last_error());
+    return d;
+}
+
+static float *putf(Backend *be, const float *host, size_t n) { return put(be, host, n * sizeof(float)); }
+
+// n floats of device data copied to a new host buffer (free with free).
+static float *getf(Backend *be, const float *dev, size_t n) {
+    float *h = malloc(n * sizeof(float));
+    cr_assert_eq(be->ops->download(be, h, dev, n * sizeof(float)), ER_OK, "%s", er_last_error());
+    return h;
+}
+
+static float *randn(size_t n, float scale, uint64_t seed) {
+    ErRng r;
+    rng_seed(&r, seed);
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        x[i] = scale * rng_normal(&r);
+    return x;
+}
+
+static float *copyf(const float *x, size_t n) {
+    float *y = malloc(n * sizeof(float));
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+// The device's dev (n) against the reference ref (n, host): max |d - r| <= tol * max |r|.
+static void expect_close(Backend *be, const float *dev, const float *ref, size_t n, double tol, const char *what) {
+    float *got = getf(be, dev, n);
+    double err = helper_rel_err(got, ref, n);
+    cr_expect(err <= tol, "%s on %s: relative error %.3g > %.1g", what, be->name, err, tol);
+    free(got);
+}
+
+static void release(Backend *be, void *p) { be->ops->free(be, p); }
+
+// ---- products ----
+
+static void check_matmul(WeightFormat fmt, double tol) {
+    Backend *be = dev_open(), *cpu = backend_cpu();
+    int N = 37, R = 29, K = 67;
+    float *wf = randn((size_t)R * K, 0.1f, 1), *x = randn((size_t)N * K, 1.0f, 2), *bias = randn(R, 0.5f, 3);
+    float *dout = randn((size_t)N * R, 1.0f, 4), *dinp = randn((size_t)N * K, 1.0f, 5);
+    float *dW = randn((size_t)R * K, 1.0f, 6), *dbias = randn(R, 1.0f, 7);
+    uint16_t *wb = malloc(sizeof(uint16_t) * R * K);
+    for (int i = 0; i < R * K; i++)
+        wb[i] = f32_to_bf16(wf[i]);
+    Weight w = {.fmt = fmt, .rows = R, .cols = K, .data = fmt == WF_BF16 ? (const void *)wb : (const void *)wf};
+    Weight dw;
+    cr_assert_eq(be->ops->weight_upload(be, &dw, &w), ER_OK, "%s", er_last_error());
+    float *scratch = malloc(quant_scratch_floats(K) * sizeof(float));
+
+    float *out = malloc(sizeof(float) * N * R), *ref_dinp = copyf(dinp, (size_t)N * K);
+    float *ref_dW = copyf(dW, (size_t)R * K), *ref_dbias = copyf(dbias, R);
+    cr_assert_eq(cpu->ops->matmul_forward(cpu, out, x, &w, bias, N, scratch), ER_OK);
+    cr_assert_eq(cpu->ops->matmul_backward_input(cpu, ref_dinp, dout, &w, N, scratch), ER_OK);
+    cr_assert_eq(cpu->ops->matmul_backward_weight(cpu, ref_dW, ref_dbias, dout, x, N, R, K), ER_OK);
+
+    float *d_x = putf(be, x, (size_t)N * K), *d_bias = putf(be, bias, R), *d_dout = putf(be, dout, (size_t)N * R);
+    float *d_out = putf(be, out, (size_t)N * R), *d_dinp = putf(be, dinp, (size_t)N * K);
+    float *d_dW = putf(be, dW, (size_t)R * K), *d_dbias = putf(be, dbias, R);
+    float *d_scratch = be->ops->alloc(be, quant_scratch_floats(K) * sizeof(float)); // as the activations hold
+    cr_assert_eq(be->ops->matmul_forward(be, d_out, d_x, &dw, d_bias, N, d_scratch), ER_OK, "%s", er_last_error());
+    cr_assert_eq(be->ops->matmul_backward_input(be, d_dinp, d_dout, &dw, N, d_scratch), ER_OK, "%s", er_last_error());
+    cr_assert_eq(be->ops->matmul_backward_weight(be, d_dW, d_dbias, d_dout, d_x, N, R, K), ER_OK, "%s",
+                 er_last_error());
+    expect_close(be, d_out, out, (size_t)N * R, tol, "matmul forward");
+    expect_close(be, d_dinp, ref_dinp, (size_t)N * K, tol, "matmul backward (input)");
+    expect_close(be, d_dW, ref_dW, (size_t)R * K, TOL_F32, "matmul backward (weight)");
+    expect_close(be, d_dbias, ref_dbias, R, TOL_F32, "matmul backward (bias)");
+
+    void *dev[] = {d_x, d_bias, d_dout, d_out, d_dinp, d_dW, d_dbias, d_scratch};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        release(be, dev[i]);
+    backend_weight_free(be, &dw);
+    void *host[] = {wf, x, bias, dout, dinp, dW, dbias, wb, scratch, out, ref_dinp, ref_dW, ref_dbias};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        free(host[i]);
+    backend_close(be);
+}
+
+Test(backend, matmul_f32) { check_matmul(WF_F32, TOL_F32); }
+Test(backend, matmul_bf16) { check_matmul(WF_BF16, TOL_BF16); }
+
+// ---- element-wise ops ----
+
+Test(backend, rmsnorm_rope_swiglu_residual) {
+    Backend *be = dev_open(), *cpu = backend_cpu();
+    int N = 19, nh = 3, HS = 16, C = nh * HS, P = 64;
+    float *x = randn((size_t)N * C, 1.0f, 1), *w = randn(C, 1.0f, 2), *dout = randn((size_t)N * C, 1.0f, 3);
+    float *dx = randn((size_t)N * C, 1.0f, 4), *dw = randn(C, 1.0f, 5);
+    float *cs = malloc(sizeof(float) * P * HS / 2), *sn = malloc(sizeof(float) * P * HS / 2);
+    rope_tables(cs, sn, P, HS, 10000.0);
+    int pos[19];
+    for (int n = 0; n < N; n++)
+        pos[n] = (n * 7) % P; // not in order: each row reads its own angles
+    float *out = malloc(sizeof(float) * N * C), *rstd = malloc(sizeof(float) * N);
+    float *ref_dx = copyf(dx, (size_t)N * C), *ref_dw = copyf(dw, C), *rot = copyf(x, (size_t)N * C);
+    float *drot = copyf(dout, (size_t)N * C), *sw = malloc(sizeof(float) * N * C), *res = malloc(sizeof(float) * N * C);
+    float *dg = malloc(sizeof(float) * N * C), *du = malloc(sizeof(float) * N * C);
+    cr_assert_eq(cpu->ops->rmsnorm_forward(cpu, out, rstd, x, w, N, C, 1e-6f), ER_OK);
+    cr_assert_eq(cpu->ops->rmsnorm_backward(cpu, ref_dx, ref_dw, dout, x, w, rstd, N, C), ER_OK);
+    cr_assert_eq(cpu->ops->rope_forward(cpu, rot, pos, cs, sn, N, nh, HS), ER_OK);
+    cr_assert_eq(cpu->ops->rope_backward(cpu, drot, pos, cs, sn, N, nh, HS), ER_OK);
+    cr_assert_eq(cpu->ops->swiglu_forward(cpu, sw, x, dout, N, C), ER_OK);
+    cr_assert_eq(cpu->ops->swiglu_backward(cpu, dg, du, dx, x, dout, N, C), ER_OK);
+    cr_assert_eq(cpu->ops->residual_forward(cpu, res, x, dout, (size_t)N * C), ER_OK);
+
+    size_t NC = (size_t)N * C;
+    float *d_x = putf(be, x, NC), *d_w = putf(be, w, C), *d_dout = putf(be, dout, NC), *d_dx = putf(be, dx, NC);
+    float *d_dw = putf(be, dw, C), *d_out = putf(be, out, NC), *d_rstd = putf(be, rstd, N);
+    float *d_cs = putf(be, cs, (size_t)P * HS / 2), *d_sn = putf(be, sn, (size_t)P * HS / 2);
+    float *d_rot = putf(be, x, NC), *d_drot = putf(be, dout, NC), *d_sw = putf(be, out, NC);
+    float *d_res = putf(be, out, NC), *d_dg = putf(be, out, NC), *d_du = putf(be, out, NC);
+    float *d_sdout = putf(be, dx, NC); // swiglu's dout: dx before the rmsnorm backward added to it
+    int *d_pos = put(be, pos, sizeof pos);
+    cr_assert_eq(be->ops->rmsnorm_forward(be, d_out, d_rstd, d_x, d_w, N, C, 1e-6f), ER_OK, "%s", er_last_error());
+    cr_assert_eq(be->ops->rmsnorm_backward(be, d_dx, d_dw, d_dout, d_x, d_w, d_rstd, N, C), ER_OK);
+    cr_assert_eq(be->ops->rope_forward(be, d_rot, d_pos, d_cs, d_sn, N, nh, HS), ER_OK);
+    cr_assert_eq(be->ops->rope_backward(be, d_drot, d_pos, d_cs, d_sn, N, nh, HS), ER_OK);
+    cr_assert_eq(be->ops->swiglu_forward(be, d_sw, d_x, d_dout, N, C), ER_OK);
+    cr_assert_eq(be->ops->swiglu_backward(be, d_dg, d_du, d_sdout, d_x, d_dout, N, C), ER_OK);
+    cr_assert_eq(be->ops->residual_forward(be, d_res, d_x, d_dout, NC), ER_OK);
+    expect_close(be, d_out, out, NC, TOL_F32, "rmsnorm forward");
+    expect_close(be, d_rstd, rstd, N, TOL_F32, "rmsnorm rstd");
+    expect_close(be, d_dw, ref_dw, C, TOL_F32, "rmsnorm backward (weight)");
+    expect_close(be, d_rot, rot, NC, TOL_F32, "rope forward");
+    expect_close(be, d_drot, drot, NC, TOL_F32, "rope backward");
+    expect_close(be, d_sw, sw, NC, TOL_F32, "swiglu forward");
+    expect_close(be, d_dg, dg, NC, TOL_F32, "swiglu backward (gate)");
+    expect_close(be, d_du, du, NC, TOL_F32, "swiglu backward (up)");
+    expect_close(be, d_res, res, NC, TOL_F32, "residual");
+    expect_close(be, d_dx, ref_dx, NC, TOL_F32, "rmsnorm backward (input)");
+
+    void *dev[] = {d_x, d_w, d_dout, d_dx, d_dw, d_out, d_rstd, d_cs, d_sn, d_rot, d_drot, d_sw, d_res, d_dg, d_du, d_pos,
+                   d_sdout};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        release(be, dev[i]);
+    void *host[] = {x, w, dout, dx, dw, cs, sn, out, rstd, ref_dx, ref_dw, rot, drot, sw, res, dg, du};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        free(host[i]);
+    backend_close(be);
+}
+
+// ---- attention ----
+
+static void check_attention(int B, int T, int NH, int NKV, int HS) {
+    Backend *be = dev_open(), *cpu = backend_cpu();
+    size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS, nl = (size_t)B * NH * T;
+    float *q = randn(nq, 1.0f, 1), *k = randn(nk, 1.0f, 2), *v = randn(nk, 1.0f, 3), *dout = randn(nq, 1.0f, 4);
+    float *out = malloc(sizeof(float) * nq), *lse = malloc(sizeof(float) * nl);
+    float *dq = malloc(sizeof(float) * nq), *dk = malloc(sizeof(float) * nk), *dv = malloc(sizeof(float) * nk);
+    float *dkh = malloc(sizeof(float) * nq), *dvh = malloc(sizeof(float) * nq);
+    int nt = threads_get();
+    float *scores = malloc(sizeof(float) * (size_t)nt * T);
+    cr_assert_eq(cpu->ops->attention_forward(cpu, out, lse, q, k, v, B, T, NH, NKV, HS, scores, nt), ER_OK);
+    cr_assert_eq(cpu->ops->attention_backward(cpu, dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, dkh, dvh),
+                 ER_OK);
+
+    float *d_q = putf(be, q, nq), *d_k = putf(be, k, nk), *d_v = putf(be, v, nk), *d_dout = putf(be, dout, nq);
+    float *d_out = putf(be, dout, nq), *d_lse = putf(be, lse, nl), *d_dq = putf(be, dout, nq);
+    float *d_dk = putf(be, k, nk), *d_dv = putf(be, v, nk), *d_dkh = putf(be, dout, nq), *d_dvh = putf(be, dout, nq);
+    float *d_scores = putf(be, scores, (size_t)nt * T);
+    cr_assert_eq(be->ops->attention_forward(be, d_out, d_lse, d_q, d_k, d_v, B, T, NH, NKV, HS, d_scores, nt), ER_OK,
+                 "%s", er_last_error());
+    cr_assert_eq(be->ops->attention_backward(be, d_dq, d_dk, d_dv, d_dout, d_out, d_lse, d_q, d_k, d_v, B, T, NH, NKV,
+                                             HS, d_dkh, d_dvh),
+                 ER_OK, "%s", er_last_error());
+    expect_close(be, d_out, out, nq, TOL_F32, "attention forward");
+    expect_close(be, d_lse, lse, nl, TOL_F32, "attention log-sum-exp");
+    expect_close(be, d_dq, dq, nq, TOL_F32, "attention backward (q)");
+    expect_close(be, d_dk, dk, nk, TOL_F32, "attention backward (k)");
+    expect_close(be, d_dv, dv, nk, TOL_F32, "attention backward (v)");
+
+    void *dev[] = {d_q, d_k, d_v, d_dout, d_out, d_lse, d_dq, d_dk, d_dv, d_dkh, d_dvh, d_scores};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        release(be, dev[i]);
+    void *host[] = {q, k, v, dout, out, lse, dq, dk, dv, dkh, dvh, scores};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        free(host[i]);
+    backend_close(be);
+}
+
+Test(backend, attention_gqa_small) { check_attention(2, 37, 4, 2, 16); }
+Test(backend, attention_gqa_long) { check_attention(1, 300, 14, 2, 64); }
+
+// ---- masked LoRA ----
+
+Test(backend, lora_masked) {
+    Backend *be = dev_open(), *cpu = backend_cpu();
+    int N = 23, in = 40, out = 24, r = 4;
+    float scale = 2.0f;
+    float *A = randn((size_t)r * in, 0.3f, 1), *Bm = randn((size_t)out * r, 0.3f, 2), *x = randn((size_t)N * in, 1.0f, 3);
+    float *y = randn((size_t)N * out, 1.0f, 4), *dout = randn((size_t)N * out, 1.0f, 5), *dx = randn((size_t)N * in, 1.0f, 6);
+    float *gA = randn((size_t)r * in, 1.0f, 7), *gB = randn((size_t)out * r, 1.0f, 8);
+    uint8_t mask[23];
+    for (int n = 0; n < N; n++)
+        mask[n] = n >= 9 && n % 5 != 0; // a prompt, then a response with a few positions off
+    float *h = malloc(sizeof(float) * N * r), *dh = malloc(sizeof(float) * N * r);
+    float *ref_y = copyf(y, (size_t)N * out), *ref_dx = copyf(dx, (size_t)N * in);
+    LoraMat m = {.in = in, .out = out, .A = A, .B = Bm, .gA = copyf(gA, (size_t)r * in), .gB = copyf(gB, (size_t)out * r)};
+    cr_assert_eq(cpu->ops->lora_forward(cpu, ref_y, h, x, &m, r, scale, mask, N), ER_OK);
+    cr_assert_eq(cpu->ops->lora_backward(cpu, ref_dx, &m, r, scale, dout, x, h, mask, N, dh), ER_OK);
+
+    LoraMat dm = {.in = in, .out = out, .A = putf(be, A, (size_t)r * in), .B = putf(be, Bm, (size_t)out * r),
+                  .gA = putf(be, gA, (size_t)r * in), .gB = putf(be, gB, (size_t)out * r)};
+    float *d_x = putf(be, x, (size_t)N * in), *d_y = putf(be, y, (size_t)N * out), *d_dout = putf(be, dout, (size_t)N * out);
+    float *d_dx = putf(be, dx, (size_t)N * in), *d_h = putf(be, h, (size_t)N * r), *d_dh = putf(be, dh, (size_t)N * r);
+    uint8_t *d_mask = put(be, mask, sizeof mask);
+    cr_assert_eq(be->ops->lora_forward(be, d_y, d_h, d_x, &dm, r, scale, d_mask, N), ER_OK, "%s", er_last_error());
+    cr_assert_eq(be->ops->lora_backward(be, d_dx, &dm, r, scale, d_dout, d_x, d_h, d_mask, N, d_dh), ER_OK, "%s",
+                 er_last_error());
+    expect_close(be, d_y, ref_y, (size_t)N * out, TOL_F32, "lora forward");
+    expect_close(be, d_h, h, (size_t)N * r, TOL_F32, "lora x·Aᵀ (masked rows zero)");
+    expect_close(be, d_dx, ref_dx, (size_t)N * in, TOL_F32, "lora backward (input)");
+    expect_close(be, dm.gA, m.gA, (size_t)r * in, TOL_F32, "lora backward (A)");
+    expect_close(be, dm.gB, m.gB, (size_t)out * r, TOL_F32, "lora backward (B)");
+
+    void *dev[] = {dm.A, dm.B, dm.gA, dm.gB, d_x, d_y, d_dout, d_dx, d_h, d_dh, d_mask};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        release(be, dev[i]);
+    void *host[] = {A, Bm, x, y, dout, dx, gA, gB, h, dh, ref_y, ref_dx, m.gA, m.gB};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        free(host[i]);
+    backend_close(be);
+}
+
+// ---- losses ----
+
+Test(backend, cross_entropy_and_logprob) {
+    Backend *be = dev_open(), *cpu = backend_cpu();
+    int N = 13, V = 517;
+    float *logits = randn((size_t)N * V, 3.0f, 1), *coef = randn(N, 1.0f, 2), mask[13];
+    int tgt[13];
+    for (int n = 0; n < N; n++) {
+        tgt[n] = (n * 97) % V;
+        mask[n] = n % 4 == 0 ? 0.0f : 1.0f;
+    }
+    double loss, d_loss, row[13];
+    float *grad = copyf(logits, (size_t)N * V), *logp = malloc(sizeof(float) * N), *dl = copyf(logits, (size_t)N * V);
+    cr_assert_eq(cpu->ops->cross_entropy(cpu, &loss, grad, tgt, mask, N, V, 1, row), ER_OK);
+    cr_assert_eq(cpu->ops->logprob_forward(cpu, logp, logits, tgt, N, V, 1.0f / 0.7f), ER_OK);
+    cr_assert_eq(cpu->ops->logprob_backward(cpu, dl, dl, tgt, coef, N, V, 1.0f / 0.7f), ER_OK);
+
+    float *d_grad = putf(be, logits, (size_t)N * V), *d_logits = putf(be, logits, (size_t)N * V);
+    float *d_mask = putf(be, mask, N), *d_coef = putf(be, coef, N), *d_logp = putf(be, coef, N);
+    float *d_dl = putf(be, logits, (size_t)N * V);
+    int *d_tgt = put(be, tgt, sizeof tgt);
+    double *d_row = put(be, row, sizeof row);
+    cr_assert_eq(be->ops->cross_entropy(be, &d_loss, d_grad, d_tgt, d_mask, N, V, 1, d_row), ER_OK, "%s",
+                 er_last_error());
+    cr_assert_eq(be->ops->logprob_forward(be, d_logp, d_logits, d_tgt, N, V, 1.0f / 0.7f), ER_OK);
+    cr_assert_eq(be->ops->logprob_backward(be, d_dl, d_dl, d_tgt, d_coef, N, V, 1.0f / 0.7f), ER_OK);
+    cr_expect(fabs(d_loss - loss) <= TOL_F32 * fabs(loss), "cross-entropy %.9g on %s, %.9g on the CPU", d_loss,
+              be->name, loss);
+    expect_close(be, d_grad, grad, (size_t)N * V, TOL_F32, "cross-entropy gradient");
+    expect_close(be, d_logp, logp, N, TOL_F32, "log-probs");
+    expect_close(be, d_dl, dl, (size_t)N * V, TOL_F32, "log-prob backward");
+
+    void *dev[] = {d_grad, d_logits, d_mask, d_coef, d_logp, d_dl, d_tgt, d_row};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        release(be, dev[i]);
+    void *host[] = {logits, coef, grad, logp, dl};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        free(host[i]);
+    backend_close(be);
+}
+
+// ---- embedding and optimizer ----
+
+Test(backend, embedding_and_adamw) {
+    Backend *be = dev_open(), *cpu = backend_cpu();
+    int V = 50, C = 24, N = 31;
+    size_t n = (size_t)V * C;
+    float *e = randn(n, 1.0f, 1), *dres = randn((size_t)N * C, 1.0f, 2), *de = randn(n, 1.0f, 3);
+    float *mom = randn(n, 0.1f, 4), *vel = randn(n, 0.1f, 5);
+    int tok[31];
+    unsigned char decay[1200];
+    for (int i = 0; i < N; i++)
+        tok[i] = (i * i) % 7; // repeated rows accumulate
+    for (size_t i = 0; i < n; i++) {
+        vel[i] = vel[i] * vel[i];
+        decay[i] = i % 3 != 0;
+    }
+    Weight w = {.fmt = WF_F32, .rows = V, .cols = C, .data = e}, dw;
+    cr_assert_eq(be->ops->weight_upload(be, &dw, &w), ER_OK, "%s", er_last_error());
+    float *out = malloc(sizeof(float) * N * C), *ref_de = copyf(de, n), *p = copyf(e, n), *m = copyf(mom, n), *v = copyf(vel, n);
+    double ss, d_ss;
+    cr_assert_eq(cpu->ops->embed_forward(cpu, out, &w, tok, N), ER_OK);
+    cr_assert_eq(cpu->ops->embed_backward(cpu, ref_de, dres, tok, N, C), ER_OK);
+    cr_assert_eq(cpu->ops->adamw_update(cpu, p, de, m, v, decay, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f),
+                 ER_OK);
+    cr_assert_eq(cpu->ops->sumsq(cpu, &ss, de, n), ER_OK);
+    cr_assert_eq(cpu->ops->scale(cpu, ref_de, n, 0.37f), ER_OK);
+
+    int *d_tok = put(be, tok, sizeof tok);
+    unsigned char *d_decay = put(be, decay, n);
+    float *d_out = putf(be, out, (size_t)N * C), *d_dres = putf(be, dres, (size_t)N * C), *d_de = putf(be, de, n);
+    float *d_p = putf(be, e, n), *d_m = putf(be, mom, n), *d_v = putf(be, vel, n), *d_g = putf(be, de, n);
+    cr_assert_eq(be->ops->embed_forward(be, d_out, &dw, d_tok, N), ER_OK, "%s", er_last_error());
+    cr_assert_eq(be->ops->embed_backward(be, d_de, d_dres, d_tok, N, C), ER_OK);
+    cr_assert_eq(be->ops->adamw_update(be, d_p, d_g, d_m, d_v, d_decay, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f,
+                                       0.0975f),
+                 ER_OK);
+    cr_assert_eq(be->ops->sumsq(be, &d_ss, d_g, n), ER_OK);
+    cr_assert_eq(be->ops->scale(be, d_de, n, 0.37f), ER_OK);
+    expect_close(be, d_out, out, (size_t)N * C, 0.0, "embedding rows");
+    expect_close(be, d_de, ref_de, n, TOL_F32, "embedding backward, then scale");
+    expect_close(be, d_p, p, n, TOL_F32, "AdamW parameters");
+    expect_close(be, d_m, m, n, TOL_F32, "AdamW first moment");
+    expect_close(be, d_v, v, n, TOL_F32, "AdamW second moment");
+    cr_expect(fabs(d_ss - ss) <= 1e-12 * ss, "sum of squares %.17g on %s, %.17g on the CPU", d_ss, be->name, ss);
+
+    void *dev[] = {d_tok, d_decay, d_out, d_dres, d_de, d_p, d_m, d_v, d_g};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        release(be, dev[i]);
+    backend_weight_free(be, &dw);
+    void *host[] = {e, dres, de, mom, vel, out, ref_de, p, m, v};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+        free(host[i]);
+    backend_close(be);
+}
+
+// ---- the whole model ----
+
+typedef struct {
+    float *logits;  // (B, T, V)
+    double loss;
+    float *grads;   // model gradients (n_param_floats) or NULL
+    float *lgrads;  // adapter gradients (n_params) or NULL
+} PassOut;
+
+// One training pass (forward, masked loss, backward) of model m (placed on m->be, or the CPU) with
+// adapter ad (placed likewise, may be NULL), everything it computed copied to the host.
+static PassOut run_pass(Model *m, LoraAdapter *ad, const int *tokens, const int *targets, const float *mask,
+                        const uint8_t *amask, int B, int T) {
+    Backend *be = m->be ? m->be : backend_cpu();
+    Activations a;
+    cr_assert_eq(acts_alloc_on(&a, be, &m->cfg, B, T, ACTS_TRAIN, 0), ER_OK, "%s", er_last_error());
+    ModelInput in = {.B = B, .T = T, .tokens = tokens, .adapter = ad, .adapter_mask = amask};
+    PassOut o = {0};
+    cr_assert_eq(model_forward(m, &in, &a), ER_OK, "%s", er_last_error());
+    o.logits = getf(be, a.logits, (size_t)B * T * m->cfg.V);
+    cr_assert_eq(model_loss(&a, targets, mask, 1, &o.loss), ER_OK, "%s", er_last_error());
+    cr_assert_eq(model_backward(m, &in, &a), ER_OK, "%s", er_last_error());
+    if (m->grad_mem)
+        o.grads = getf(be, m->grad_mem, m->n_param_floats);
+    if (ad && ad->grads)
+        o.lgrads = getf(be, ad->grads, ad->n_params);
+    acts_free(&a);
+    return o;
+}
+
+static void pass_free(PassOut *o) {
+    free(o->logits);
+    free(o->grads);
+    free(o->lgrads);
+}
+
+// The model (and adapter) on the device against the same on the CPU, over a batch whose rows have a
+// prompt (adapter off) and a response (adapter on, loss on).
+static void check_model(Model *cpu_m, LoraAdapter *cpu_ad, int B, int T, double tol) {
+    Backend *be = dev_open();
+    int N = B * T, V = cpu_m->cfg.V;
+    int *tok = malloc(sizeof(int) * N), *tgt = malloc(sizeof(int) * N);
+    float *mask = malloc(sizeof(float) * N);
+    uint8_t *amask = malloc(N);
+    for (int i = 0; i < N; i++) {
+        tok[i] = (i * 31 + 7) % V;
+        tgt[i] = (i * 17 + 3) % V;
+        amask[i] = i % T >= T / 3;
+        mask[i] = amask[i];
+    }
+    if (cpu_m->grad_mem)
+        model_zero_grad(cpu_m);
+    if (cpu_ad && cpu_ad->grads)
+        lora_zero_grad(cpu_ad);
+    Model dm;
+    LoraAdapter dad = {0};
+    cr_assert_eq(model_to_backend(&dm, cpu_m, be), ER_OK, "%s", er_last_error());
+    if (cpu_ad)
+        cr_assert_eq(lora_to_backend(&dad, cpu_ad, be), ER_OK, "%s", er_last_error());
+    PassOut ref = run_pass(cpu_m, cpu_ad, tok, tgt, mask, amask, B, T);
+    PassOut got = run_pass(&dm, cpu_ad ? &dad : NULL, tok, tgt, mask, amask, B, T);
+    double e_logits = helper_rel_err(got.logits, ref.logits, (size_t)N * V);
+    cr_expect(e_logits <= tol, "logits on %s: relative error %.3g > %.1g", be->name, e_logits, tol);
+    cr_expect(fabs(got.loss - ref.loss) <= tol * fabs(ref.loss), "loss %.9g on %s, %.9g on the CPU", got.loss,
+              be->name, ref.loss);
+    if (ref.grads) {
+        double e = helper_rel_err(got.grads, ref.grads, cpu_m->n_param_floats);
+        cr_expect(e <= tol, "model gradients on %s: relative error %.3g > %.1g", be->name, e, tol);
+    }
+    if (ref.lgrads) {
+        double e = helper_rel_err(got.lgrads, ref.lgrads, cpu_ad->n_params);
+        cr_expect(e <= tol, "LoRA gradients on %s: relative error %.3g > %.1g", be->name, e, tol);
+    }
+    fprintf(stderr, "backend %s vs cpu: logits %.2e, loss %.2e relative\n", be->name, e_logits,
+            fabs(got.loss - ref.loss) / fabs(ref.loss));
+    pass_free(&ref);
+    pass_free(&got);
+    if (cpu_ad)
+        lora_backend_free(&dad, be);
+    model_free(&dm);
+    free(tok);
+    free(tgt);
+    free(mask);
+    free(amask);
+    backend_close(be);
+}
+
+Test(backend, tiny_model_full_training) {
+    ModelConfig c = helper_tiny_config(96, 64);
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 11), ER_OK, "%s", er_last_error());
+    check_model(&m, NULL, 3, 17, 1e-4); // sums over whole layers: a few ops' rounding
+    model_free(&m);
+}
+
+// A frozen bf16 base (saved as bf16 and loaded as it is: the device keeps it bf16, the CPU widens it)
+// with a trainable masked adapter.
+Test(backend, tiny_model_masked_lora_bf16_base) {
+    ModelConfig c = helper_tiny_config(96, 64);
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 12), ER_OK, "%s", er_last_error());
+    char *dir = helper_tmpdir("er_backend_bf16");
+    cr_assert_eq(model_save(&m, dir, 1), ER_OK, "%s", er_last_error());
+    model_free(&m);
+    cr_assert_eq(model_load(&m, dir, 0), ER_OK, "%s", er_last_error());
+    cr_assert_eq(m.layers[0].wq.fmt, WF_BF16);
+    LoraShape s = model_config_lora_shape(&c);
+    LoraAdapter ad;
+    cr_assert_eq(lora_init(&ad, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 5), ER_OK);
+    helper_perturb_adapter(&ad, 0.1f, 6);
+    check_model(&m, &ad, 2, 21, TOL_BF16);
+    lora_free(&ad);
+    model_free(&m);
+    helper_rmdir(dir);
+    er_free(dir);
+}
+
+// The 0.5B shape (configs/qwen05b-2l.json: two layers, the real vocabulary and widths), masked LoRA.
+Test(backend, qwen05b_shape_masked_lora, .timeout = 600) {
+    Backend *probe = dev_open(); // skip before building a 0.5B-wide model on the CPU
+    backend_close(probe);
+    ModelConfig c;
+    cr_assert_eq(model_config_load(&c, "configs/qwen05b-2l.json"), ER_OK, "%s", er_last_error());
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.02f, 13), ER_OK, "%s", er_last_error());
+    LoraShape s = model_config_lora_shape(&c);
+    LoraAdapter ad;
+    cr_assert_eq(lora_init(&ad, &s, 16, 32.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 7), ER_OK);
+    helper_perturb_adapter(&ad, 0.01f, 8);
+    check_model(&m, &ad, 2, 64, 1e-3);
+    lora_free(&ad);
+    model_free(&m);
+}
+
+// ---- placement on the CPU (always runs): the placed copy computes exactly what the original does ----
+
+Test(backend_place, cpu_copy_is_bitwise_the_same) {
+    ModelConfig c = helper_tiny_config(96, 64);
+    Model m, pm;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 14), ER_OK, "%s", er_last_error());
+    LoraShape s = model_config_lora_shape(&c);
+    LoraAdapter ad, pad;
+    cr_assert_eq(lora_init(&ad, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 9), ER_OK);
+    helper_perturb_adapter(&ad, 0.1f, 10);
+    cr_assert_eq(model_to_backend(&pm, &m, backend_cpu()), ER_OK, "%s", er_last_error());
+    cr_assert_eq(lora_to_backend(&pad, &ad, backend_cpu()), ER_OK, "%s", er_last_error());
+    cr_assert_neq(pm.param_mem, m.param_mem, "the placed model has buffers of its own");
+    int B = 2, T = 11, N = B * T, tok[22], tgt[22];
+    float mask[22];
+    uint8_t amask[22];
+    for (int i = 0; i < N; i++) {
+        tok[i] = (i * 13) % c.V;
+        tgt[i] = (i * 5 + 1) % c.V;
+        amask[i] = i % T > 3;
+        mask[i] = amask[i];
+    }
+    PassOut a = run_pass(&m, &ad, tok, tgt, mask, amask, B, T);
+    PassOut b = run_pass(&pm, &pad, tok, tgt, mask, amask, B, T);
+    cr_expect_eq(memcmp(a.logits, b.logits, sizeof(float) * N * c.V), 0, "logits");
+    cr_expect_eq(a.loss, b.loss, "loss");
+    cr_expect_eq(memcmp(a.grads, b.grads, sizeof(float) * m.n_param_floats), 0, "model gradients");
+    cr_expect_eq(memcmp(a.lgrads, b.lgrads, sizeof(float) * ad.n_params), 0, "adapter gradients");
+    pass_free(&a);
+    pass_free(&b);
+    lora_backend_free(&pad, backend_cpu());
+    lora_free(&ad);
+    model_free(&pm);
+    model_free(&m);
+}
+
+Test(backend_place, refuses_mixed_backends_and_unknown_devices) {
+    ModelConfig c = helper_tiny_config(96, 64);
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 15), ER_OK);
+    Backend *be = NULL;
+    cr_expect_lt(backend_open(&be, "tpu"), 0);
+    cr_expect(strstr(er_last_error(), "expected cpu, cuda or cuda:N"), "%s", er_last_error());
+    cr_expect_lt(backend_open(&be, "cuda:x"), 0);
+#ifndef ER_CUDA
+    cr_expect_eq(backend_open(&be, "cuda"), ER_EUNSUPPORTED);
+    cr_expect(strstr(er_last_error(), "make CUDA=1"), "%s", er_last_error());
+    cr_expect_str_eq(backend_default(), "cpu");
+#endif
+    // activations of another backend than the model's are refused, not read
+    Backend other = *backend_cpu();
+    strcpy(other.name, "another");
+    Activations a;
+    cr_assert_eq(acts_alloc_on(&a, &other, &c, 1, 4, ACTS_SCORE, 0), ER_OK);
+    int tok[4] = {1, 2, 3, 4};
+    ModelInput in = {.B = 1, .T = 4, .tokens = tok};
+    cr_expect_eq(model_forward(&m, &in, &a), ER_EINVAL);
+    cr_expect(strstr(er_last_error(), "the model is on cpu, the activations on another"), "%s", er_last_error());
+    acts_free(&a);
+    model_free(&m);
+}
