@@ -6,6 +6,7 @@
 #include "core/threads.h"
 #include "ertrain/cli.h"
 #include "infer/erinfer.h"
+#include "model/backend.h"
 
 static int cmd_version(int argc, char **argv) {
     (void)argc;
@@ -17,6 +18,19 @@ static int cmd_version(int argc, char **argv) {
     printf("blas: built-in GEMM\n");
 #endif
     printf("threads: %d\n", threads_get());
+#ifdef ER_CUDA
+    printf("backends: cpu cuda\n");
+#else
+    printf("backends: cpu (make CUDA=1 adds cuda)\n");
+#endif
+    Backend *be = NULL;
+    if (backend_open(&be, backend_default()) == ER_OK) {
+        printf("device: %s, %s", be->name, be->device);
+        if (be->mem_total)
+            printf(", %.1f GiB (%.1f GiB free)", be->mem_total / 1073741824.0, be->mem_free / 1073741824.0);
+        printf("\n");
+        backend_close(be);
+    }
     return 0;
 }
 

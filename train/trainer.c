@@ -15,6 +15,7 @@
 #include "core/threads.h"
 #include "data/dataset.h"
 #include "train/checkpoint.h"
+#include "train/device.h"
 #include "train/optim.h"
 #include "train/run.h"
 #include "train/sequence.h"
@@ -157,6 +158,7 @@ typedef struct {
     long total_steps, warmup_steps;
     Batches ep;             // the current epoch's batch order
     TrainState st;
+    TrainDevice dev;        // where the passes and the optimizer run
     AdamW opt;
     Activations acts, eval_acts;
     Batch batch;
@@ -183,6 +185,7 @@ static void trainer_free(Trainer *t) {
     adamw_free(&t->opt);
     acts_free(&t->acts);
     acts_free(&t->eval_acts);
+    train_device_close(&t->dev);
     batch_free(&t->batch);
     er_free(t->eval_idx);
     cJSON_Delete(t->config);
@@ -408,7 +411,7 @@ static int evaluate(Trainer *t, double *out) {
     TrainJob *job = t->job;
     int B = t->cfg->batch;
     if (!t->eval_acts.mem)
-        ER_TRY(acts_alloc(&t->eval_acts, &job->model->cfg, B, t->max_len_eval, ACTS_SCORE, 0));
+        ER_TRY(acts_alloc_on(&t->eval_acts, t->dev.be, &job->model->cfg, B, t->max_len_eval, ACTS_SCORE, 0));
     if (job->before_forward)
         ER_TRY(job->before_forward(job->hook_ctx, t->st.step));
     double sum = 0, w = 0;
@@ -417,12 +420,12 @@ static int evaluate(Trainer *t, double *out) {
         Batch *b = &t->batch;
         ER_TRY(batch_fill(b, &t->sb, t->eval, t->eval_idx + i, n));
         ModelInput in = {.B = b->B, .T = b->T, .tokens = b->tokens, .len = b->len};
-        if (job->adapter) {
-            in.adapter = job->adapter;
+        if (t->dev.adapter) {
+            in.adapter = t->dev.adapter;
             in.adapter_mask = b->adapter_mask;
         }
         double loss;
-        ER_TRY(model_forward(job->model, &in, &t->eval_acts));
+        ER_TRY(model_forward(t->dev.model, &in, &t->eval_acts));
         ER_TRY(model_loss(&t->eval_acts, b->targets, b->loss_mask, 0, &loss));
         sum += loss * (double)b->n_loss;
         w += (double)b->n_loss;
@@ -431,18 +434,12 @@ static int evaluate(Trainer *t, double *out) {
     return ER_OK;
 }
 
-static void zero_grads(TrainJob *job) {
-    if (job->adapter)
-        lora_zero_grad(job->adapter);
-    else
-        model_zero_grad(job->model);
-}
 
 // One optimizer step: grad_accum micro-batches, clip, AdamW. *loss is the mean micro-batch loss.
 static int train_step(Trainer *t, double lr, double *loss, double *gnorm, long *tokens) {
     TrainJob *job = t->job;
     const TrainConfig *c = t->cfg;
-    zero_grads(job);
+    ER_TRY(t->dev.be->ops->zero(t->dev.be, t->dev.grads, job->n * sizeof(float)));
     if (job->before_forward)
         ER_TRY(job->before_forward(job->hook_ctx, t->st.step));
     double sum = 0;
@@ -459,13 +456,13 @@ static int train_step(Trainer *t, double lr, double *loss, double *gnorm, long *
         ErRng drop;
         rng_fork(&drop, &t->root, STREAM_DROPOUT(t->st.step * (uint64_t)c->grad_accum + (uint64_t)k));
         ModelInput in = {.B = b->B, .T = b->T, .tokens = b->tokens, .len = b->len};
-        if (job->adapter) {
-            in.adapter = job->adapter;
+        if (t->dev.adapter) {
+            in.adapter = t->dev.adapter;
             in.adapter_mask = b->adapter_mask;
             in.dropout_rng = job->adapter->dropout > 0 ? &drop : NULL;
         }
         double l;
-        ER_TRY(model_forward(job->model, &in, &t->acts));
+        ER_TRY(model_forward(t->dev.model, &in, &t->acts));
         int rc = model_loss(&t->acts, b->targets, b->loss_mask, 1, &l);
         if (rc < 0)
             return er_error_prefix(rc, "step %ld", t->st.step + 1);
@@ -473,22 +470,24 @@ static int train_step(Trainer *t, double lr, double *loss, double *gnorm, long *
         if (c->grad_accum > 1)
             ER_TRY(t->acts.be->ops->scale(t->acts.be, t->acts.logits, (size_t)b->B * b->T * job->model->cfg.V,
                                           1.0f / (float)c->grad_accum));
-        ER_TRY(model_backward(job->model, &in, &t->acts));
+        ER_TRY(model_backward(t->dev.model, &in, &t->acts));
         sum += l;
         *tokens += b->n_tokens;
         t->st.cursor++;
     }
     *loss = sum / c->grad_accum;
-    ER_TRY(clip_grad_norm(t->opt.be, job->grads, job->n, c->clip, gnorm));
+    ER_TRY(clip_grad_norm(t->opt.be, t->dev.grads, job->n, c->clip, gnorm));
     if (!isfinite(*gnorm))
         return er_error(ER_ERANGE, "step %ld: the gradient norm is not finite (%g); lower --lr or check the data",
                         t->st.step + 1, *gnorm);
-    return adamw_step(&t->opt, job->params, job->grads, job->decay_mask, lr);
+    return adamw_step(&t->opt, t->dev.params, t->dev.grads, t->dev.decay_mask, lr);
 }
 
 static int save_checkpoint(Trainer *t) {
+    AdamW *opt;
+    ER_TRY(train_device_to_host(&t->dev, t->job, &t->opt, &opt));
     t->st.config = t->config; // borrowed for the save
-    int rc = checkpoint_save(t->ckpt_dir, &t->st, t->job->params, t->job->n, &t->opt);
+    int rc = checkpoint_save(t->ckpt_dir, &t->st, t->job->params, t->job->n, opt);
     t->st.config = NULL;
     return rc;
 }
@@ -515,8 +514,10 @@ static int check_saved_state(const Trainer *t, const TrainState *st) {
 // Restores the run's state from its checkpoint (data order, optimizer, parameters).
 static int resume_from_checkpoint(Trainer *t) {
     TrainState st;
-    ER_TRY(checkpoint_load(t->ckpt_dir, &st, t->job->params, t->job->n, &t->opt));
+    AdamW *opt = t->dev.placed ? &t->dev.host_opt : &t->opt;
+    ER_TRY(checkpoint_load(t->ckpt_dir, &st, t->job->params, t->job->n, opt));
     int rc = ER_OK;
+    ER_CHECK(train_device_from_host(&t->dev, t->job, &t->opt, opt));
     ER_CHECK(check_saved_state(t, &st));
     batches_free(&t->ep);
     t->ep.index = st.order;
@@ -565,10 +566,13 @@ static int trainer_setup(Trainer *t) {
     t->ckpt_dir = path_join(c->out_dir, "checkpoint");
     if (!t->config || !t->ckpt_dir)
         return ER_ENOMEM;
-    ER_TRY(adamw_init(&t->opt, backend_cpu(), job->n, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay));
+    ER_TRY(train_device_open(&t->dev, job, c->device, c->place_on_cpu));
+    ER_TRY(adamw_init(&t->opt, t->dev.be, job->n, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay));
     int maxT = t->max_len_train > t->max_len_eval ? t->max_len_train : t->max_len_eval;
     ER_TRY(batch_alloc(&t->batch, c->batch, maxT));
-    ER_TRY(acts_alloc(&t->acts, mc, c->batch, t->max_len_train, ACTS_TRAIN, er_physical_memory()));
+    Backend *be = t->dev.be;
+    size_t limit = be->kind == BACKEND_CPU ? er_physical_memory() : be->mem_free; // what the device had when opened
+    ER_TRY(acts_alloc_on(&t->acts, be, mc, c->batch, t->max_len_train, ACTS_TRAIN, limit));
     t->eval_idx = er_calloc((size_t)t->n_eval + 1, sizeof(int));
     if (!t->eval_idx)
         return ER_ENOMEM;
@@ -605,6 +609,7 @@ static void print_plan(const Trainer *t, FILE *out) {
            "activations %.1f MiB, %d threads\n",
            job->label, job->n, t->total_steps, c->grad_accum, c->batch, t->ep.n_batches, t->warmup_steps,
            t->acts.bytes / 1048576.0, threads_get());
+    fprintf(out, "%s: running on %s (%s)\n", job->label, t->dev.be->name, t->dev.be->device);
     if (t->resumed_from >= 0)
         fprintf(out, "%s: resumed from %s at step %ld\n", job->label, t->ckpt_dir, t->resumed_from);
     fflush(out);
@@ -699,6 +704,8 @@ static int trainer_finish(Trainer *t, TrainResult *r) {
                    c->out_dir, r->steps);
         return ER_OK;
     }
+    AdamW *opt;
+    ER_TRY(train_device_to_host(&t->dev, job, &t->opt, &opt)); // the outputs are written from the host
     ER_TRY(job->save_final(job->save_ctx, c->out_dir));
     ER_TRY(write_run_json(t, r));
     if (c->out) {

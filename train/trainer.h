@@ -58,7 +58,11 @@ typedef struct {
     int eval_every;             // steps between held-out evaluations (0 = only at the end)
     int save_every;             // steps between checkpoints (0 = only at the end)
     int seed, threads, resume;
+    const char *device;         // where the passes run: "cpu", "cuda", "cuda:N"; NULL = cuda when built with
+                                // CUDA=1 and a device answers, else cpu
     int stop_after;             // test hook, no flag: stop after this step as if killed (resume tests); 0 = off
+    int place_on_cpu;           // test hook, no flag: run on copies placed on the CPU backend, as on a device
+                                // (checks the device path of the trainer where there is no device)
     FILE *out;                  // the plan and the summary lines (NULL = silent; ertrain: stdout)
     FILE *log;                  // the progress bar (NULL = silent; ertrain: stderr)
 } TrainConfig;

@@ -307,6 +307,33 @@ Test(train, sft_resume_is_bit_exact, .init = setup, .fini = teardown, .timeout =
     check_resume(c, train_sft, 5, 7, "adapter_model.safetensors");
 }
 
+// The trainer's device path (the job placed on a backend, checkpoints and outputs copied back to the
+// host) on copies placed on the CPU: the same metrics and adapter bit for bit as the plain run, through
+// an interruption and a resume.
+Test(train, sft_placed_copy_matches_and_resumes, .init = setup, .fini = teardown, .timeout = 60) {
+    TrainConfig c = sft_config(NULL);
+    c.steps = 6;
+    c.lr = 5e-3;
+    c.save_every = 2;
+    c.eval_every = 3;
+    char *plain = join(fx.root, "plain");
+    c.out_dir = plain;
+    cr_assert_eq(train_sft(&c, NULL), ER_OK, "%s", er_last_error());
+    c.place_on_cpu = 1;
+    check_resume(c, train_sft, 3, 0, "adapter_model.safetensors");
+    char *full = join(fx.root, "full");
+    assert_files_equal(plain, full, "adapter_model.safetensors");
+    char **a, **b;
+    int na = read_metrics(plain, &a), nb = read_metrics(full, &b);
+    cr_assert_eq(na, nb);
+    for (int i = 0; i < na; i++)
+        cr_assert_str_eq(b[i], a[i], "metrics line %d: placed copy vs plain run", i + 1);
+    free_lines(a, na);
+    free_lines(b, nb);
+    er_free(full);
+    er_free(plain);
+}
+
 // ---- pretraining ----
 
 Test(train, pretrain_overfits_and_resumes, .init = setup, .fini = teardown, .timeout = 60) {
@@ -365,6 +392,14 @@ Test(train, pretrain_overfits_and_resumes, .init = setup, .fini = teardown, .tim
     c.weight_decay = 0.1;
     c.threads = 2;
     check_resume(c, train_pretrain, 3, 0, "model.safetensors");
+    // The same run on a copy placed on the CPU (the trainer's device path, every parameter trained there).
+    char *placed = join(fx.root, "placed"), *full = join(fx.root, "full");
+    c.out_dir = placed;
+    c.place_on_cpu = 1;
+    cr_assert_eq(train_pretrain(&c, NULL), ER_OK, "%s", er_last_error());
+    assert_files_equal(full, placed, "model.safetensors");
+    er_free(placed);
+    er_free(full);
     er_free(sft_out);
     er_free(out);
     er_free(cfg_path);
