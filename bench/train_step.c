@@ -4,6 +4,7 @@
 //
 //   train_step --shape 0.5b|small --batch B --seq T --steps S --threads N
 //   train_step --shape 0.5b --lora 16 ...   LoRA SFT step: frozen base, rank-16 adapter on all seven linears
+//   train_step --shape 7b --lora 16 --bf16 --seq 2048 --device cuda   the same on a GPU, bf16 base
 //   train_step --sgemm-peak --threads N
 #include <math.h>
 #include <stdint.h>
@@ -19,6 +20,7 @@
 #include "core/progress.h"
 #include "core/rng.h"
 #include "lora/lora.h"
+#include "model/backend.h"
 #include "model/model.h"
 
 static double sgemm_peak(void) {
@@ -76,17 +78,128 @@ static int cmp_double(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
+// The Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate; 0.5B ties its embedding).
+static int shape_config(const char *shape, ModelConfig *c) {
+    *c = (ModelConfig){.arch = ARCH_QWEN2, .V = 151936, .max_pos = 32768, .rope_theta = 1e6f, .eps = 1e-6f,
+                       .tied = 1, .qkv_bias = 1, .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
+    static const struct {
+        const char *name;
+        int C, L, NH, NKV, FF, tied;
+    } shapes[] = {
+        {"small", 256, 4, 4, 2, 1024, 1}, {"0.5b", 896, 24, 14, 2, 4864, 1},
+        {"1.5b", 1536, 28, 12, 2, 8960, 1}, {"7b", 3584, 28, 28, 4, 18944, 0},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (strcmp(shape, shapes[i].name) == 0) {
+            c->C = shapes[i].C;
+            c->L = shapes[i].L;
+            c->NH = shapes[i].NH;
+            c->NKV = shapes[i].NKV;
+            c->FF = shapes[i].FF;
+            c->tied = shapes[i].tied;
+            c->HS = c->C / c->NH;
+            return ER_OK;
+        }
+    return er_error(ER_EINVAL, "--shape must be small, 0.5b, 1.5b or 7b, not '%s'", shape);
+}
+
+// What one benchmark run holds: the model and adapter (on the host, and placed on the device when one
+// is used), the activations and the batch.
+typedef struct {
+    Backend *be;
+    Model host, placed, *m;
+    LoraAdapter host_ad, placed_ad, *ad;
+    Activations a;
+    int *tokens, *targets;
+    uint8_t *amask;
+    float *lmask;
+} Bench;
+
+static int bench_setup(Bench *b, const ModelConfig *c, int rank, int bf16, const char *device, int batch, int seq) {
+    ER_TRY(backend_open(&b->be, device));
+    ER_TRY(bf16 ? model_build_random_bf16(&b->host, c, 0.02f, 1) : model_build_random(&b->host, c, 0.02f, 1));
+    if (rank > 0) {
+        // The base is frozen: the backward computes only input gradients and the adapter's.
+        b->host.trainable = 0;
+        LoraShape ls = model_config_lora_shape(c);
+        ER_TRY(lora_init(&b->host_ad, &ls, rank, 2.0f * rank, 0, 0.0f, LORA_ALL_TARGETS, 1, 7));
+        // PEFT starts B at zero; small random values make the adapter change the loss (same work).
+        ErRng rng;
+        rng_seed(&rng, 11);
+        for (int i = 0; i < b->host_ad.L * LT_COUNT; i++)
+            if (b->host_ad.mats[i].A)
+                for (size_t j = 0; j < (size_t)b->host_ad.mats[i].out * rank; j++)
+                    b->host_ad.mats[i].B[j] = 0.01f * rng_normal(&rng);
+        b->ad = &b->host_ad;
+    }
+    b->m = &b->host;
+    if (b->be->kind != BACKEND_CPU) {
+        ER_TRY(model_to_backend(&b->placed, &b->host, b->be));
+        b->m = &b->placed;
+        if (rank > 0) {
+            ER_TRY(lora_to_backend(&b->placed_ad, &b->host_ad, b->be));
+            b->ad = &b->placed_ad;
+        }
+    }
+    ER_TRY(acts_alloc_on(&b->a, b->be, c, batch, seq, ACTS_TRAIN, b->be->mem_free));
+    int N = batch * seq;
+    b->tokens = malloc(sizeof(int) * N);
+    b->targets = malloc(sizeof(int) * N);
+    b->amask = malloc(N);
+    b->lmask = malloc(sizeof(float) * N);
+    if (!b->tokens || !b->targets || !b->amask || !b->lmask)
+        return er_error(ER_ENOMEM, "batch of %d positions", N);
+    for (int i = 0; i < N; i++) {
+        b->tokens[i] = (int)((i * 2654435761u) % (unsigned)c->V);
+        b->targets[i] = (int)(((i + 1) * 2654435761u) % (unsigned)c->V);
+        b->amask[i] = 1; // every position a response position: the adapter's full cost
+        b->lmask[i] = 1.0f;
+    }
+    return ER_OK;
+}
+
+static void bench_free(Bench *b) {
+    if (b->placed_ad.mats)
+        lora_backend_free(&b->placed_ad, b->be);
+    lora_free(&b->host_ad);
+    acts_free(&b->a);
+    model_free(&b->placed);
+    model_free(&b->host);
+    free(b->tokens);
+    free(b->targets);
+    free(b->amask);
+    free(b->lmask);
+    backend_close(b->be);
+}
+
+// One training step (forward, loss, backward), finished: the device's queue is drained by a download.
+static int bench_step(Bench *b, int batch, int seq, double *loss) {
+    Backend *be = b->be;
+    if (b->ad)
+        ER_TRY(be->ops->zero(be, b->ad->grads, b->ad->n_params * sizeof(float)));
+    else
+        model_zero_grad(b->m);
+    ModelInput in = {.B = batch, .T = seq, .tokens = b->tokens, .adapter = b->ad, .adapter_mask = b->ad ? b->amask : NULL};
+    ER_TRY(model_forward(b->m, &in, &b->a));
+    ER_TRY(model_loss(&b->a, b->targets, b->ad ? b->lmask : NULL, 1, loss));
+    ER_TRY(model_backward(b->m, &in, &b->a));
+    float sink;
+    return be->ops->download(be, &sink, b->a.dres, sizeof sink);
+}
+
 int main(int argc, char **argv) {
-    const char *shape = "small";
-    int batch = 1, seq = 256, steps = 3, threads = 0, peak = 0, rank = 0;
+    const char *shape = "small", *device = "cpu";
+    int batch = 1, seq = 256, steps = 3, threads = 0, peak = 0, rank = 0, bf16 = 0;
     ArgSpec specs[] = {
-        {"shape", ARG_STR, &shape, "0.5b (hidden 896, 24 layers, 14/2 heads, ff 4864) or small (hidden 256, 4 layers)", 0, 0, 0},
+        {"shape", ARG_STR, &shape, "small (hidden 256, 4 layers), 0.5b, 1.5b or 7b (the Qwen2.5 shapes)", 0, 0, 0},
         {"batch", ARG_INT, &batch, "sequences per step", 0, 1, 1024},
         {"seq", ARG_INT, &seq, "positions per sequence", 0, 1, 32768},
         {"steps", ARG_INT, &steps, "timed steps (after one warm-up step); the median is reported", 0, 1, 1000},
         {"threads", ARG_INT, &threads, "threads (0 = all cores)", 0, 0, 4096},
         {"lora", ARG_INT, &rank, "LoRA SFT step: frozen base + rank-R adapter (alpha 2R, all 7 targets); 0 = full",
          0, 0, 4096},
+        {"bf16", ARG_FLAG, &bf16, "the frozen base in bf16 (with --lora)", 0, 0, 0},
+        {"device", ARG_STR, &device, "cpu, cuda or cuda:N", 0, 0, 0},
         {"sgemm-peak", ARG_FLAG, &peak, "measure the sgemm peak instead", 0, 0, 0},
     };
     int exit_status = bench_args("train_step", argc, argv, specs, sizeof specs / sizeof specs[0], &threads);
@@ -96,83 +209,36 @@ int main(int argc, char **argv) {
         printf("{\"impl\": \"sgemm\", \"threads\": %d, \"gflops\": %.2f}\n", threads, sgemm_peak());
         return 0;
     }
-    ModelConfig c = {.arch = ARCH_QWEN2, .V = 151936, .max_pos = 32768, .rope_theta = 1e6f, .eps = 1e-6f, .tied = 1,
-                     .qkv_bias = 1, .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
-    if (strcmp(shape, "0.5b") == 0) {
-        c.C = 896; c.L = 24; c.NH = 14; c.NKV = 2; c.FF = 4864;
-    } else if (strcmp(shape, "small") == 0) {
-        c.C = 256; c.L = 4; c.NH = 4; c.NKV = 2; c.FF = 1024;
-    } else {
-        fprintf(stderr, "train_step: --shape must be 0.5b or small\n");
-        return 1;
-    }
-    c.HS = c.C / c.NH;
-    Model m;
-    Activations a;
-    if (model_build_random(&m, &c, 0.02f, 1) < 0 || acts_alloc(&a, &c, batch, seq, ACTS_TRAIN, 0) < 0) 
+    ModelConfig c;
+    if (shape_config(shape, &c) < 0 || (bf16 && rank == 0 && er_error(ER_EINVAL, "--bf16 needs --lora") < 0))
         return bench_fail("train_step");
-    LoraAdapter ad = {0};
-    if (rank > 0) {
-        // The base is frozen: the backward computes only input gradients and the adapter's.
-        m.trainable = 0;
-        LoraShape ls = model_config_lora_shape(&c);
-        if (lora_init(&ad, &ls, rank, 2.0f * rank, 0, 0.0f, LORA_ALL_TARGETS, 1, 7) < 0) 
-            return bench_fail("train_step");
-        // PEFT starts B at zero; small random values make the adapter change the loss (same work).
-        ErRng rng;
-        rng_seed(&rng, 11);
-        for (int i = 0; i < ad.L * LT_COUNT; i++)
-            if (ad.mats[i].A)
-                for (size_t j = 0; j < (size_t)ad.mats[i].out * rank; j++)
-                    ad.mats[i].B[j] = 0.01f * rng_normal(&rng);
-    }
-    int N = batch * seq;
-    int *tokens = malloc(sizeof(int) * N), *targets = malloc(sizeof(int) * N);
-    uint8_t *amask = malloc(N);
-    float *lmask = malloc(sizeof(float) * N);
-    for (int i = 0; i < N; i++) {
-        tokens[i] = (int)((i * 2654435761u) % (unsigned)c.V);
-        targets[i] = (int)(((i + 1) * 2654435761u) % (unsigned)c.V);
-        amask[i] = 1; // every position a response position: the adapter's full cost
-        lmask[i] = 1.0f;
-    }
-    ModelInput in = {.B = batch, .T = seq, .tokens = tokens};
-    if (rank > 0) {
-        in.adapter = &ad;
-        in.adapter_mask = amask;
-    }
+    Bench b = {0};
     double *times = malloc(sizeof(double) * steps), loss = 0;
-    for (int s = 0; s <= steps; s++) {
+    int rc = bench_setup(&b, &c, rank, bf16, device, batch, seq);
+    for (int s = 0; rc == ER_OK && s <= steps; s++) {
         double t0 = time_now();
-        if (rank > 0)
-            lora_zero_grad(&ad);
-        else
-            model_zero_grad(&m);
-        if (model_forward(&m, &in, &a) < 0 || model_loss(&a, targets, rank > 0 ? lmask : NULL, 1, &loss) < 0 ||
-            model_backward(&m, &in, &a) < 0) 
-            return bench_fail("train_step");
+        rc = bench_step(&b, batch, seq, &loss);
         if (s > 0)
             times[s - 1] = time_now() - t0;
+    }
+    if (rc < 0) {
+        bench_free(&b);
+        free(times);
+        return bench_fail("train_step");
     }
     // median, like the PyTorch peer: robust to the odd step that shares the cores with something else
     qsort(times, steps, sizeof(double), cmp_double);
     double step_s = steps % 2 ? times[steps / 2] : 0.5 * (times[steps / 2 - 1] + times[steps / 2]);
     double step_min = times[0];
     free(times);
+    int N = batch * seq;
     double flops = rank > 0 ? lora_step_flops(&c, batch, seq, rank) : step_flops(&c, batch, seq);
-    printf("{\"impl\": \"ertrain\", \"mode\": \"%s\", \"shape\": \"%s\", \"params\": %zu, \"trainable\": %zu, "
-           "\"lora_r\": %d, \"batch\": %d, \"seq\": %d, \"threads\": %d, \"step_s\": %.4f, \"step_s_min\": %.4f, "
-           "\"tokens_per_s\": %.1f, \"gflops\": %.2f, \"loss\": %.4f}\n",
-           rank > 0 ? "lora" : "full", shape, model_config_num_params(&c),
-           rank > 0 ? ad.n_params : model_config_num_params(&c), rank, batch, seq, threads, step_s, step_min,
+    printf("{\"impl\": \"ertrain\", \"mode\": \"%s\", \"shape\": \"%s\", \"device\": \"%s\", \"base\": \"%s\", "
+           "\"params\": %zu, \"trainable\": %zu, \"lora_r\": %d, \"batch\": %d, \"seq\": %d, \"threads\": %d, "
+           "\"step_s\": %.4f, \"step_s_min\": %.4f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"loss\": %.4f}\n",
+           rank > 0 ? "lora" : "full", shape, b.be->device, bf16 ? "bf16" : "f32", model_config_num_params(&c),
+           rank > 0 ? b.host_ad.n_params : model_config_num_params(&c), rank, batch, seq, threads, step_s, step_min,
            N / step_s, flops / step_s / 1e9, loss);
-    if (rank > 0)
-        lora_free(&ad);
-    free(amask);
-    free(lmask);
-    free(tokens);
-    free(targets);
-    acts_free(&a);
-    model_free(&m);
+    bench_free(&b);
     return 0;
 }

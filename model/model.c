@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/json.h"
@@ -203,30 +204,60 @@ done:
     return er_error_prefix(rc, "placing the model on %s", be->name);
 }
 
+// Parameter i's values: norms 1, biases 0, the rest std * N(0, 1). Each chunk of each tensor draws from
+// its own stream, so init runs in parallel and gives the same values for any thread count. Into
+// p->data, or as bf16 into bf16 (a frozen matrix) when given.
+static void init_param(const ParamTensor *p, int i, uint16_t *bf16, float std, const ErRng *base) {
+    const size_t CHUNK = 1 << 16;
+    int is_norm = strstr(p->name, "norm") != NULL, is_bias = strstr(p->name, ".bias") != NULL;
+    long nchunks = (long)((p->numel + CHUNK - 1) / CHUNK);
+#pragma omp parallel for schedule(static)
+    for (long ch = 0; ch < nchunks; ch++) {
+        ErRng r;
+        rng_fork(&r, base, ((uint64_t)i << 32) | (uint64_t)ch);
+        size_t end = (size_t)(ch + 1) * CHUNK < p->numel ? (size_t)(ch + 1) * CHUNK : p->numel;
+        for (size_t j = (size_t)ch * CHUNK; j < end; j++) {
+            float v = is_norm ? 1.0f : is_bias ? 0.0f : std * rng_normal(&r);
+            if (bf16)
+                bf16[j] = f32_to_bf16(v);
+            else
+                p->data[j] = v;
+        }
+    }
+}
+
 int model_build_random(Model *m, const ModelConfig *cfg, float std, uint64_t seed) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     int rc = ER_OK;
     ER_CHECK(model_config_validate(cfg, "model config"));
     ER_CHECK(model_setup(m, 1));
-    // Each chunk of each tensor draws from its own stream, so init runs in parallel and gives the
-    // same weights for any thread count.
     ErRng base;
     rng_seed(&base, seed);
-    const size_t CHUNK = 1 << 16;
+    for (int i = 0; i < m->n_params; i++)
+        init_param(&m->params[i], i, NULL, std, &base);
+done:
+    if (rc < 0)
+        model_free(m);
+    return rc;
+}
+
+int model_build_random_bf16(Model *m, const ModelConfig *cfg, float std, uint64_t seed) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    int rc = ER_OK;
+    ER_CHECK(model_config_validate(cfg, "model config"));
+    ER_CHECK(model_setup(m, 0));
+    ErRng base;
+    rng_seed(&base, seed);
     for (int i = 0; i < m->n_params; i++) {
         ParamTensor *p = &m->params[i];
-        int is_norm = strstr(p->name, "norm") != NULL, is_bias = strstr(p->name, ".bias") != NULL;
-        long nchunks = (long)((p->numel + CHUNK - 1) / CHUNK);
-#pragma omp parallel for schedule(static)
-        for (long ch = 0; ch < nchunks; ch++) {
-            ErRng r;
-            rng_fork(&r, &base, ((uint64_t)i << 32) | (uint64_t)ch);
-            size_t end = (size_t)(ch + 1) * CHUNK < p->numel ? (size_t)(ch + 1) * CHUNK : p->numel;
-            for (size_t j = (size_t)ch * CHUNK; j < end; j++)
-                p->data[j] = is_norm ? 1.0f : is_bias ? 0.0f : std * rng_normal(&r);
-        }
+        if (p->w)
+            ER_CHECK(quant_weight_alloc(p->w, WF_BF16, (int)p->shape[0], (int)p->shape[1], 0));
+        init_param(p, i, p->w ? (uint16_t *)p->w->owned : NULL, std, &base);
     }
+    if (cfg->tied)
+        m->lm_head = m->embed;
 done:
     if (rc < 0)
         model_free(m);

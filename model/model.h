@@ -68,6 +68,8 @@ enum { MODEL_LOAD_TRAINABLE = 1 }; // convert everything to fp32 and allocate gr
 int model_load(Model *m, const char *dir, int flags);
 // A trainable fp32 model with HF-style random init (normal(0, std) matrices, unit norms, zero biases).
 int model_build_random(Model *m, const ModelConfig *cfg, float std, uint64_t seed);
+// The same values, frozen: matrices bf16 (the base of LoRA training at the scale of a GPU), vectors fp32.
+int model_build_random_bf16(Model *m, const ModelConfig *cfg, float std, uint64_t seed);
 // Writes config.json and model.safetensors (fp32, or bf16 when as_bf16) atomically into `dir`.
 // Quantized matrices are written packed with their scales / zeros / codebooks, and m->quant as
 // config.json's quantization_config; every matrix must have the format m->quant says it has.
