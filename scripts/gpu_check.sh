@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The GPU check: everything the CUDA backend is checked by, in one call on a GPU machine that has nvcc,
+# PyTorch, transformers and peft but no package manager and no network.
+#
+#   scripts/gpu_check.sh --prepare     here (Debian, network): downloads the .debs of the libraries the
+#                                      build and the tests link (cJSON, PCRE2, utf8proc, Criterion and
+#                                      what they need) into build/gpu/debs and builds the CUDA binaries
+#                                      into build/gpu/bin (make CUDA=1 BLAS=0), so either way works there
+#   scripts/gpu_check.sh OUT           there (carry build/gpu): unpacks the .debs into a prefix (not into
+#                                      /), builds with the machine's nvcc (or falls back to the carried
+#                                      binaries), runs the backend test suite on the GPU, 30 steps of SFT on
+#                                      the GPU against the CPU and a resume, the PEFT cross-check, and the
+#                                      LoRA-step benchmark against PyTorch + PEFT; full logs go to OUT and
+#                                      a summary table is printed last. Under 8 minutes on one H200.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+GPU=build/gpu
+
+prepare() {
+  set -e
+  make CUDA=1 BLAS=0 -j"$(nproc)" all build/noblas/cuda/test_all build/noblas/cuda/bench/train_step >/dev/null
+  mkdir -p "$GPU/debs" "$GPU/bin/bench"
+  cp build/noblas/cuda/ertrain build/noblas/cuda/erinfer build/noblas/cuda/test_all "$GPU/bin/"
+  cp build/noblas/cuda/bench/train_step "$GPU/bin/bench/"
+  # The packages of every shared library the binaries load, but the C runtime and the CUDA libraries
+  # (the GPU machine has its own), and the headers for building there.
+  pkgs="libcjson-dev libpcre2-dev libutf8proc-dev libcriterion-dev libboxfort-dev"
+  for lib in $(ldd "$GPU/bin/test_all" | awk '$3 ~ /^\// {print $3}'); do
+    p=$(dpkg -S "$(readlink -f "$lib")" 2>/dev/null | head -1 | cut -d: -f1) || true
+    case "$p" in "" | libc6 | libgcc-s1 | libgomp1 | libstdc++6) ;; *) pkgs="$pkgs $p" ;; esac
+  done
+  (cd "$GPU/debs" && rm -f ./*.deb && apt-get download $(echo "$pkgs" | tr ' ' '\n' | sort -u) >/dev/null)
+  du -sh "$GPU" | sed 's/^/gpu_check: prepared (carry it): /'
+}
+
+if [ "${1:-}" = --prepare ]; then
+  prepare
+  exit $?
+fi
+OUT=${1:?usage: scripts/gpu_check.sh --prepare | scripts/gpu_check.sh OUT}
+mkdir -p "$OUT"
+t_start=$(date +%s)
+summary=()
+row() { summary+=("$(printf '%-34s %s' "$1" "$2")"); }
+
+# ---- the libraries, unpacked into a prefix ----
+prefix=/tmp/er_prefix
+mkdir -p "$prefix"
+# A .deb is an ar archive holding data.tar.*: unpacked by Python, which is there (dpkg may not be).
+python3 - "$prefix" "$GPU"/debs/*.deb <<'PY'
+import io, sys, tarfile
+for deb in sys.argv[2:]:
+    data = open(deb, "rb").read()
+    i = 8  # after "!<arch>\n"
+    while i + 60 <= len(data):
+        name, size = data[i:i + 16].decode().strip().rstrip("/"), int(data[i + 48:i + 58])
+        if name.startswith("data.tar"):
+            with tarfile.open(fileobj=io.BytesIO(data[i + 60:i + 60 + size])) as t:
+                t.extractall(sys.argv[1], filter="fully_trusted")
+        i += 60 + size + (size & 1)
+PY
+libdir=$prefix/usr/lib/x86_64-linux-gnu
+export CPATH=$prefix/usr/include:$prefix/usr/include/x86_64-linux-gnu
+export LIBRARY_PATH=$libdir:$prefix/lib/x86_64-linux-gnu
+nvcc_path=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+CUDA_HOME=$(dirname "$(dirname "$nvcc_path")")
+export LD_LIBRARY_PATH=$libdir:$prefix/lib/x86_64-linux-gnu:$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}
+{ nvidia-smi; "$nvcc_path" --version; uname -a; } >"$OUT/machine.txt" 2>&1
+row "gpu" "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+
+# ---- build here with nvcc, else the carried binaries ----
+bin=build/noblas/cuda
+if make CUDA=1 BLAS=0 CUDA_HOME="$CUDA_HOME" -j"$(nproc)" all $bin/test_all $bin/bench/train_step >"$OUT/build.log" 2>&1; then
+  row "build" "built here with $nvcc_path"
+else
+  bin=$GPU/bin
+  row "build" "FAILED here (build.log); using the carried binaries"
+fi
+"$bin/ertrain" version >"$OUT/version.txt" 2>&1
+row "ertrain version" "$(grep '^device' "$OUT/version.txt" | head -1)"
+
+# ---- the backend suite: every op and the whole model on the GPU against the CPU ----
+export OMP_WAIT_POLICY=passive ER_TEST_DEVICE=cuda ER_BUILD=$bin
+"$bin/test_all" --jobs 1 --filter 'backend*/*' >"$OUT/backend_tests.log" 2>&1
+row "backend tests (cuda vs cpu)" "$(grep -a 'Synthesis' "$OUT/backend_tests.log" | tail -1 | sed 's/.*Synthesis: //')"
+grep -a 'backend cuda vs cpu' "$OUT/backend_tests.log" >"$OUT/summary_detail.txt"
+
+# ---- 30 SFT steps on the GPU and on the CPU; a GPU run killed mid-way and resumed ----
+w=/tmp/er_gpu_sft
+rm -rf "$w" && mkdir -p "$w"
+"$bin/ertrain" synth chains --n 400 --out "$w/chains.jsonl" >/dev/null 2>&1
+sft() { # device out [flags]
+  "$bin/ertrain" sft --model models/tiny-base --data "$w/chains.jsonl" --response-key concise --steps 30 \
+    --batch 8 --lr 5e-3 --save-every 5 --eval-every 10 --seed 1 --device "$1" --out "$2" "${@:3}" >>"$OUT/sft.log" 2>&1
+}
+sft cuda "$w/gpu"
+sft cpu "$w/cpu"
+sft cuda "$w/gpu_r" &
+pid=$!
+while kill -0 $pid 2>/dev/null && [ "$(cat "$w/gpu_r/metrics.jsonl" 2>/dev/null | wc -l)" -lt 12 ]; do sleep 0.05; done
+kill -9 $pid 2>/dev/null
+wait $pid 2>/dev/null
+killed_at=$(cat "$w/gpu_r/metrics.jsonl" 2>/dev/null | wc -l)
+sft cuda "$w/gpu_r" --resume
+row "sft 30 steps cuda vs cpu" "$(python3 - "$w" "$killed_at" <<'PY' 2>&1
+import json, sys
+w, killed = sys.argv[1], sys.argv[2]
+def losses(d):
+    rows = {}
+    for line in open(f"{w}/{d}/metrics.jsonl"):
+        r = json.loads(line)
+        rows[r["step"]] = r["loss"]  # a resumed run logs the steps after its checkpoint again
+    return [rows[k] for k in sorted(rows)]
+g, c, r = losses("gpu"), losses("cpu"), losses("gpu_r")
+rel = max(abs(a - b) / abs(b) for a, b in zip(g, c))
+res = max(abs(a - b) for a, b in zip(r, g))
+print(f"loss max rel diff {rel:.2e} over {len(g)} steps ({c[0]:.4f} -> {c[-1]:.4f} on the cpu); "
+      f"killed after {killed} steps and resumed: max |diff| {res:.1e} over {len(r)} steps")
+PY
+)"
+
+# ---- PEFT cross-check (independent: Hugging Face peft loads our adapter and we load its) ----
+python3 scripts/peft_check.py --build "$bin" --work /tmp/er_peft >"$OUT/peft_check.log" 2>&1
+row "peft cross-check" "$(python3 - "$OUT/peft_check.log" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1], errors="replace") if l.startswith('{"check"')]
+print("; ".join("%s: %.1e (tol %.0e)" % (r["check"], r["rel_err"], r["tol"]) for r in rows) or "FAILED (peft_check.log)")
+PY
+)"
+
+# ---- LoRA SFT step, rank 16, bf16 base, 2048 tokens: ours vs PyTorch + PEFT ----
+for shape in 0.5b 1.5b 7b; do
+  ours=$("$bin/bench/train_step" --device cuda --shape $shape --lora 16 --bf16 --seq 2048 --steps 3 2>>"$OUT/bench.log")
+  peer=$(python3 bench/train_step_peft.py --shape $shape --seq 2048 --rank 16 --steps 3 2>>"$OUT/bench.log")
+  printf '%s\n%s\n' "$ours" "$peer" >>"$OUT/bench.jsonl"
+  row "lora step $shape (2048 tok)" "$(python3 - "$ours" "$peer" <<'PY'
+import json, sys
+try:
+    o, p = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    mfu = o["gflops"] / 1e3 / p["bf16_peak_tflops"]
+    print("ours %.0f tok/s, peft %.0f tok/s: %.2fx; MFU ours %.1f%% peft %.1f%% (bf16 peak %.0f TFLOP/s measured)"
+          % (o["tokens_per_s"], p["tokens_per_s"], o["tokens_per_s"] / p["tokens_per_s"], 100 * mfu,
+             100 * p["mfu"], p["bf16_peak_tflops"]))
+except Exception as e:
+    print("FAILED (bench.log):", e)
+PY
+)"
+done
+
+row "not built yet" "GRPO rollouts and decode on the GPU (the KV cache is on the CPU backend only)"
+row "wall time" "$(( $(date +%s) - t_start )) s"
+printf '%s\n' "== gpu_check summary ==" "${summary[@]}" | tee "$OUT/summary.txt"
+cat "$OUT/summary_detail.txt" 2>/dev/null
