@@ -23,6 +23,8 @@ static int train_flags_specs(TrainConfig *c, ArgSpec *s) {
         {"eval-every", ARG_INT, &c->eval_every, "steps between held-out evaluations (0 = at the end only)", 0, 0, 2000000000},
         {"save-every", ARG_INT, &c->save_every, "steps between checkpoints (0 = at the end only)", 0, 0, 2000000000},
         {"threads", ARG_INT, &c->threads, "threads (0 = all cores)", 0, 0, 4096},
+        {"recompute", ARG_FLAG, &c->recompute, "keep only each layer's input for the backward, which recomputes the "
+                                               "rest (activation memory about 1/layers, one more forward)", 0, 0, 0},
         {"device", ARG_STR, &c->device, "where the passes run: cpu, cuda or cuda:N (default: cuda when built with "
                                         "CUDA=1 and a GPU answers, else cpu)", 0, 0, 0},
         {"resume", ARG_FLAG, &c->resume, "continue the run in --out from its checkpoint", 0, 0, 0},

@@ -43,7 +43,11 @@ static ActsSize acts_size(const ModelConfig *c, int B, int T, ActsMode mode) {
 
 size_t acts_bytes(const ModelConfig *cfg, int B, int T, ActsMode mode) {
     ActsSize s = acts_size(cfg, B, T, mode);
-    size_t floats = mode == ACTS_TRAIN ? s.layer * cfg->L + s.global + s.backward : s.layer + s.global;
+    size_t floats = s.layer + s.global;
+    if (mode == ACTS_TRAIN) // every layer's intermediates
+        floats += s.layer * (cfg->L - 1) + s.backward;
+    if (mode == ACTS_TRAIN_RECOMPUTE) // one layer's, and each layer's input
+        floats += (size_t)B * T * cfg->C * cfg->L + s.backward;
     return floats * sizeof(float);
 }
 
@@ -57,14 +61,34 @@ int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, ActsMode mo
     return acts_alloc_on(a, backend_cpu(), cfg, B, T, mode, max_bytes);
 }
 
+// One layer's buffers for N positions; train: the residual after attention kept apart from the input.
+static void take_layer(LayerActs *la, float **p, size_t N, const ModelConfig *cfg, int train) {
+    size_t C = cfg->C, qd = (size_t)cfg->NH * cfg->HS, kvd = (size_t)cfg->NKV * cfg->HS, FF = cfg->FF;
+    la->res = take(p, N * C);
+    la->ln1 = take(p, N * C);
+    la->rstd1 = take(p, N);
+    la->q = take(p, N * qd);
+    la->k = take(p, N * kvd);
+    la->v = take(p, N * kvd);
+    la->lse = take(p, N * cfg->NH);
+    la->atty = take(p, N * qd);
+    la->res2 = train ? take(p, N * C) : la->res; // forward-only: the residual is updated in place
+    la->ln2 = take(p, N * C);
+    la->rstd2 = take(p, N);
+    la->gate = take(p, N * FF);
+    la->up = take(p, N * FF);
+    la->hmlp = take(p, N * FF);
+}
+
 int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, int T, ActsMode mode,
                   size_t max_bytes) {
     memset(a, 0, sizeof *a);
     if (B <= 0 || T <= 0)
         return er_error(ER_EINVAL, "activations: batch %d x %d positions is empty", B, T);
-    int keep = mode == ACTS_TRAIN;
+    int recompute = mode == ACTS_TRAIN_RECOMPUTE, train = mode == ACTS_TRAIN || recompute;
+    int keep = train && !recompute;
     size_t bytes = acts_bytes(cfg, B, T, mode);
-    int nbuf = 14 * (keep ? cfg->L : 1) + 8 + 11 + 5;
+    int nbuf = 14 * (keep ? cfg->L : 1) + 8 + 11 + 5 + 1;
     bytes += (size_t)nbuf * 64;
     if (max_bytes && bytes > max_bytes)
         return er_error(ER_ENOMEM, "activations for %d x %d positions need %.1f MiB, more than the %.1f MiB allowed", B, T,
@@ -73,7 +97,8 @@ int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, in
     a->cfg = *cfg;
     a->B = B;
     a->T = T;
-    a->mode = mode;
+    a->mode = train ? ACTS_TRAIN : mode;
+    a->recompute = recompute;
     a->bytes = bytes;
     a->mem = be->ops->alloc(be, bytes);
     int nl = keep ? cfg->L : 1;
@@ -86,24 +111,11 @@ int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, in
     }
     size_t N = (size_t)B * T, C = cfg->C, qd = (size_t)cfg->NH * cfg->HS, kvd = (size_t)cfg->NKV * cfg->HS, FF = cfg->FF;
     float *p = a->mem;
-    for (int l = 0; l < nl; l++) {
-        LayerActs *la = &a->layer[l];
-        la->res = take(&p, N * C);
-        la->ln1 = take(&p, N * C);
-        la->rstd1 = take(&p, N);
-        la->q = take(&p, N * qd);
-        la->k = take(&p, N * kvd);
-        la->v = take(&p, N * kvd);
-        la->lse = take(&p, N * cfg->NH);
-        la->atty = take(&p, N * qd);
-        la->res2 = keep ? take(&p, N * C) : la->res; // forward-only: the residual is updated in place
-        la->ln2 = take(&p, N * C);
-        la->rstd2 = take(&p, N);
-        la->gate = take(&p, N * FF);
-        la->up = take(&p, N * FF);
-        la->hmlp = take(&p, N * FF);
-    }
-    a->resf = keep ? take(&p, N * C) : a->layer[0].res;
+    for (int l = 0; l < nl; l++)
+        take_layer(&a->layer[l], &p, N, cfg, train);
+    if (recompute)
+        a->layer_in = take(&p, N * C * cfg->L);
+    a->resf = train ? take(&p, N * C) : a->layer[0].res;
     a->lnf = take(&p, N * C);
     a->rstdf = take(&p, N);
     a->logits = take(&p, (mode == ACTS_DECODE ? (size_t)B : N) * (size_t)cfg->V);
@@ -113,7 +125,7 @@ int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, in
     a->attn_keys = attn_keys(cfg, T);
     a->scores = take(&p, (size_t)a->attn_threads * a->attn_keys);
     a->row_loss = (double *)take(&p, 2 * N);
-    if (keep) {
+    if (train) {
         a->dres = take(&p, N * C);
         a->dln = take(&p, N * C);
         a->dq = take(&p, N * qd);
@@ -201,7 +213,7 @@ static int ensure_rope(Activations *a, int P) {
 // Adapter buffers sized for this pass's adapter (rank r; inputs kept after dropout when training).
 static int ensure_lora_acts(Activations *a, const LoraAdapter *ad, int train) {
     Backend *be = a->be;
-    int nl = a->mode == ACTS_TRAIN ? a->cfg.L : 1;
+    int nl = a->mode == ACTS_TRAIN && !a->recompute ? a->cfg.L : 1;
     size_t N = (size_t)a->B * a->T;
     if (a->lora_r != ad->r) {
         be->ops->free(be, a->lora_h);
@@ -248,7 +260,7 @@ static const LoraMat *lin_lora(const LinCtx *lc, LoraTarget t, float **h, float 
     const LoraMat *m = lora_mat(ad, lc->l, t);
     if (!m)
         return NULL;
-    size_t N = (size_t)lc->in->B * lc->in->T, slot = (size_t)(lc->a->mode == ACTS_TRAIN ? lc->l : 0) * LT_COUNT + t;
+    size_t N = (size_t)lc->in->B * lc->in->T, slot = (size_t)(lc->a->mode == ACTS_TRAIN && !lc->a->recompute ? lc->l : 0) * LT_COUNT + t;
     *h = lc->a->lora_h + slot * N * ad->r;
     *xd = lc->a->lora_x && lc->train ? lc->a->lora_x + slot * N * lc->a->lora_xw : NULL;
     *keep = *xd ? lc->a->lora_keep + slot * N * lc->a->lora_xw : NULL;
@@ -317,6 +329,9 @@ static int check_input(const Model *m, const ModelInput *in, const Activations *
         return er_error(ER_EINVAL, "forward: the adapter has %d layers, the model %d", in->adapter->L, c->L);
     if (in->adapter && in->adapter->dropout > 0 && a->mode == ACTS_TRAIN && !in->dropout_rng)
         return er_error(ER_EINVAL, "forward: adapter dropout needs a random stream (ModelInput.dropout_rng)");
+    if (a->recompute && in->dropout_rng && in->adapter && in->adapter->dropout > 0) // the backward would draw again
+        return er_error(ER_EUNSUPPORTED, "forward: recomputing activations needs adapter dropout 0, not %g",
+                        in->adapter->dropout);
     for (int b = 0; b < in->B; b++) {
         int n = in->len ? in->len[b] : in->T;
         if (n < 1 || n > in->T)
@@ -350,9 +365,62 @@ static int check_input(const Model *m, const ModelInput *in, const Activations *
     return ER_OK;
 }
 
-static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
+// Where layer l's input lives: in its own buffers (training keeps every layer's), in the kept inputs
+// (recomputation), or in the one reused layer of a forward-only pass.
+static float *layer_input(const Activations *a, int l) {
+    if (a->recompute)
+        return a->layer_in + (size_t)l * a->B * a->T * a->cfg.C;
+    return a->layer[a->mode == ACTS_TRAIN ? l : 0].res;
+}
+
+// The buffers layer l's intermediates go to (recomputation: the one scratch layer, reading l's input).
+static LayerActs *layer_acts(Activations *a, int l) {
+    LayerActs *la = &a->layer[a->mode == ACTS_TRAIN && !a->recompute ? l : 0];
+    if (a->recompute)
+        la->res = layer_input(a, l);
+    return la;
+}
+
+// Layer l of the pass: from la->res (its input) through every intermediate into la, the output into
+// next (which may be la->res in a forward-only pass, or any scratch when recomputing).
+static int layer_forward(const Model *m, const ModelInput *in, Activations *a, int l, LayerActs *la, float *next) {
     const ModelConfig *c = &m->cfg;
     int B = in->B, T = in->T, N = B * T, C = c->C, kvd = c->NKV * c->HS;
+    KVCache *kv = in->kv;
+    Backend *be = a->be;
+    const LayerWeights *w = &m->layers[l];
+    LinCtx lc = {in, a, l, a->mode == ACTS_TRAIN && in->dropout_rng};
+    ER_TRY(be->ops->rmsnorm_forward(be, la->ln1, la->rstd1, la->res, w->ln1, N, C, c->eps));
+    ER_TRY(linear_forward(&lc, LT_Q, la->q, la->ln1, &w->wq, w->bq, N));
+    ER_TRY(linear_forward(&lc, LT_K, la->k, la->ln1, &w->wk, w->bk, N));
+    ER_TRY(linear_forward(&lc, LT_V, la->v, la->ln1, &w->wv, w->bv, N));
+    ER_TRY(be->ops->rope_forward(be, la->q, a->pos_buf, a->cos_tab, a->sin_tab, N, c->NH, c->HS));
+    ER_TRY(be->ops->rope_forward(be, la->k, a->pos_buf, a->cos_tab, a->sin_tab, N, c->NKV, c->HS));
+    if (kv) {
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < (in->len ? in->len[b] : T); t++) {
+                size_t row = (size_t)b * T + t;
+                kv_store(kv, l, in->kv_slots[b], a->pos0[b] + t, la->k + row * kvd, la->v + row * kvd);
+            }
+        ER_TRY(kv_attention_forward(la->atty, la->q, kv, l, in->kv_slots, a->pos0, in->len ? in->len : NULL, B, T,
+                                    c->NH, a->scores, a->attn_threads, a->attn_keys));
+    } else {
+        ER_TRY(be->ops->attention_forward(be, la->atty, la->lse, la->q, la->k, la->v, B, T, c->NH, c->NKV, c->HS,
+                                          a->scores, a->attn_threads));
+    }
+    ER_TRY(linear_forward(&lc, LT_O, a->tmp, la->atty, &w->wo, NULL, N));
+    ER_TRY(be->ops->residual_forward(be, la->res2, la->res, a->tmp, (size_t)N * C));
+    ER_TRY(be->ops->rmsnorm_forward(be, la->ln2, la->rstd2, la->res2, w->ln2, N, C, c->eps));
+    ER_TRY(linear_forward(&lc, LT_GATE, la->gate, la->ln2, &w->wgate, NULL, N));
+    ER_TRY(linear_forward(&lc, LT_UP, la->up, la->ln2, &w->wup, NULL, N));
+    ER_TRY(be->ops->swiglu_forward(be, la->hmlp, la->gate, la->up, N, c->FF));
+    ER_TRY(linear_forward(&lc, LT_DOWN, a->tmp, la->hmlp, &w->wdown, NULL, N));
+    return be->ops->residual_forward(be, next, la->res2, a->tmp, (size_t)N * C);
+}
+
+static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
+    const ModelConfig *c = &m->cfg;
+    int B = in->B, T = in->T, N = B * T, C = c->C;
     KVCache *kv = in->kv;
     a->nB = B;
     a->nT = T;
@@ -382,40 +450,11 @@ static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
     }
 
     Backend *be = a->be;
-    float *x = a->layer[0].res; // (N, C) embedding output
-    ER_TRY(be->ops->embed_forward(be, x, &m->embed, a->tokens_buf, N));
+    ER_TRY(be->ops->embed_forward(be, layer_input(a, 0), &m->embed, a->tokens_buf, N)); // (N, C)
 
     for (int l = 0; l < c->L; l++) {
-        const LayerWeights *w = &m->layers[l];
-        LayerActs *la = &a->layer[a->mode == ACTS_TRAIN ? l : 0];
-        LinCtx lc = {in, a, l, train};
-        ER_TRY(be->ops->rmsnorm_forward(be, la->ln1, la->rstd1, la->res, w->ln1, N, C, c->eps));
-        ER_TRY(linear_forward(&lc, LT_Q, la->q, la->ln1, &w->wq, w->bq, N));
-        ER_TRY(linear_forward(&lc, LT_K, la->k, la->ln1, &w->wk, w->bk, N));
-        ER_TRY(linear_forward(&lc, LT_V, la->v, la->ln1, &w->wv, w->bv, N));
-        ER_TRY(be->ops->rope_forward(be, la->q, a->pos_buf, a->cos_tab, a->sin_tab, N, c->NH, c->HS));
-        ER_TRY(be->ops->rope_forward(be, la->k, a->pos_buf, a->cos_tab, a->sin_tab, N, c->NKV, c->HS));
-        if (kv) {
-            for (int b = 0; b < B; b++)
-                for (int t = 0; t < (in->len ? in->len[b] : T); t++) {
-                    size_t row = (size_t)b * T + t;
-                    kv_store(kv, l, in->kv_slots[b], a->pos0[b] + t, la->k + row * kvd, la->v + row * kvd);
-                }
-            ER_TRY(kv_attention_forward(la->atty, la->q, kv, l, in->kv_slots, a->pos0, in->len ? in->len : NULL, B, T,
-                                        c->NH, a->scores, a->attn_threads, a->attn_keys));
-        } else {
-            ER_TRY(be->ops->attention_forward(be, la->atty, la->lse, la->q, la->k, la->v, B, T, c->NH, c->NKV, c->HS,
-                                              a->scores, a->attn_threads));
-        }
-        ER_TRY(linear_forward(&lc, LT_O, a->tmp, la->atty, &w->wo, NULL, N));
-        ER_TRY(be->ops->residual_forward(be, la->res2, la->res, a->tmp, (size_t)N * C));
-        ER_TRY(be->ops->rmsnorm_forward(be, la->ln2, la->rstd2, la->res2, w->ln2, N, C, c->eps));
-        ER_TRY(linear_forward(&lc, LT_GATE, la->gate, la->ln2, &w->wgate, NULL, N));
-        ER_TRY(linear_forward(&lc, LT_UP, la->up, la->ln2, &w->wup, NULL, N));
-        ER_TRY(be->ops->swiglu_forward(be, la->hmlp, la->gate, la->up, N, c->FF));
-        ER_TRY(linear_forward(&lc, LT_DOWN, a->tmp, la->hmlp, &w->wdown, NULL, N));
-        float *next = (l + 1 < c->L && a->mode == ACTS_TRAIN) ? a->layer[l + 1].res : a->resf;
-        ER_TRY(be->ops->residual_forward(be, next, la->res2, a->tmp, (size_t)N * C));
+        float *next = l + 1 < c->L && a->mode == ACTS_TRAIN ? layer_input(a, l + 1) : a->resf;
+        ER_TRY(layer_forward(m, in, a, l, layer_acts(a, l), next));
     }
     if (a->mode == ACTS_DECODE) {
         // Only each row's last valid position predicts the next token: normalise and project B rows.
@@ -481,7 +520,9 @@ int model_backward(Model *m, const ModelInput *in, Activations *a) {
     for (int l = c->L - 1; l >= 0; l--) {
         const LayerWeights *w = &m->layers[l];
         LayerGrads *g = tr ? &m->grads[l] : NULL;
-        LayerActs *la = &a->layer[l];
+        LayerActs *la = layer_acts(a, l);
+        if (a->recompute) // this layer's intermediates again, from its kept input (its output is not needed)
+            ER_TRY(layer_forward(m, in, a, l, la, a->tmp));
         LinCtx lc = {in, a, l, a->lora_x != NULL && in->dropout_rng != NULL};
         // MLP: dres holds d(res2 + mlp_out)
         ER_TRY(op->zero(be, a->dh, sizeof(float) * N * c->FF));

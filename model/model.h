@@ -116,6 +116,10 @@ typedef enum {
     ACTS_SCORE,  // one reused layer of buffers; logits at every position
     ACTS_TRAIN,  // every layer's intermediates for the backward; logits at every position
     ACTS_DECODE, // one reused layer; logits only at each row's last valid position: (B, V)
+    // What ACTS_TRAIN gives the backward, keeping only each layer's input: the backward recomputes a
+    // layer's intermediates first (one more forward, about L times less activation memory; the same
+    // gradients bit for bit). Activations sized so report mode ACTS_TRAIN and recompute 1.
+    ACTS_TRAIN_RECOMPUTE,
 } ActsMode;
 
 // Activations: the keeper of intermediates, sized once for up to B x T positions.
@@ -129,7 +133,9 @@ typedef struct {
     ActsMode mode;
     int nB, nT;            // shape of the last forward pass
     ModelConfig cfg;
-    LayerActs *layer;      // (L) when keep, else (1) reused by every layer
+    int recompute;         // ACTS_TRAIN_RECOMPUTE: layer is (1), layer_in keeps each layer's input
+    LayerActs *layer;      // (L) when training keeps every layer, else (1) reused by every layer
+    float *layer_in;       // (L, B,T,C) recomputation: each layer's input
     float *resf;           // (B,T,C) output of the last layer
     float *lnf, *rstdf;    // (B,T,C), (B,T)
     float *logits;         // (B,T,V), or (B,V) for ACTS_DECODE; after the loss with grad, dloss/dlogits

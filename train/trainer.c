@@ -70,6 +70,8 @@ int train_config_check(const TrainConfig *c) {
         return er_error(ER_EINVAL, "--batch and --grad-accum must be >= 1 (got %d, %d)", c->batch, c->grad_accum);
     if (c->seq_len != 0 && c->seq_len < 2)
         return er_error(ER_EINVAL, "--seq-len must be 0 (the model's positions) or >= 2 (got %d)", c->seq_len);
+    if (c->recompute && c->dropout > 0) // the backward's recomputed forward would draw other dropout masks
+        return er_error(ER_EINVAL, "--recompute needs --dropout 0 (got %g)", c->dropout);
     if (c->steps < 0 || c->epochs < 0 || (c->steps == 0 && c->epochs == 0))
         return er_error(ER_EINVAL, "give --steps N or --epochs E (both >= 1)");
     if (!(c->warmup >= 0))
@@ -572,7 +574,8 @@ static int trainer_setup(Trainer *t) {
     ER_TRY(batch_alloc(&t->batch, c->batch, maxT));
     Backend *be = t->dev.be;
     size_t limit = be->kind == BACKEND_CPU ? er_physical_memory() : be->mem_free; // what the device had when opened
-    ER_TRY(acts_alloc_on(&t->acts, be, mc, c->batch, t->max_len_train, ACTS_TRAIN, limit));
+    ER_TRY(acts_alloc_on(&t->acts, be, mc, c->batch, t->max_len_train, c->recompute ? ACTS_TRAIN_RECOMPUTE : ACTS_TRAIN,
+                         limit));
     t->eval_idx = er_calloc((size_t)t->n_eval + 1, sizeof(int));
     if (!t->eval_idx)
         return ER_ENOMEM;

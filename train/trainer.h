@@ -58,6 +58,7 @@ typedef struct {
     int eval_every;             // steps between held-out evaluations (0 = only at the end)
     int save_every;             // steps between checkpoints (0 = only at the end)
     int seed, threads, resume;
+    int recompute;              // keep only each layer's input; the backward recomputes the rest
     const char *device;         // where the passes run: "cpu", "cuda", "cuda:N"; NULL = cuda when built with
                                 // CUDA=1 and a device answers, else cpu
     int stop_after;             // test hook, no flag: stop after this step as if killed (resume tests); 0 = off
