@@ -115,7 +115,8 @@ typedef struct {
     float *lmask;
 } Bench;
 
-static int bench_setup(Bench *b, const ModelConfig *c, int rank, int bf16, const char *device, int batch, int seq) {
+static int bench_setup(Bench *b, const ModelConfig *c, int rank, int bf16, int recompute, const char *device, int batch,
+                       int seq) {
     ER_TRY(backend_open(&b->be, device));
     ER_TRY(bf16 ? model_build_random_bf16(&b->host, c, 0.02f, 1) : model_build_random(&b->host, c, 0.02f, 1));
     if (rank > 0) {
@@ -141,7 +142,7 @@ static int bench_setup(Bench *b, const ModelConfig *c, int rank, int bf16, const
             b->ad = &b->placed_ad;
         }
     }
-    ER_TRY(acts_alloc_on(&b->a, b->be, c, batch, seq, ACTS_TRAIN, b->be->mem_free));
+    ER_TRY(acts_alloc_on(&b->a, b->be, c, batch, seq, recompute ? ACTS_TRAIN_RECOMPUTE : ACTS_TRAIN, b->be->mem_free));
     int N = batch * seq;
     b->tokens = malloc(sizeof(int) * N);
     b->targets = malloc(sizeof(int) * N);
@@ -189,7 +190,7 @@ static int bench_step(Bench *b, int batch, int seq, double *loss) {
 
 int main(int argc, char **argv) {
     const char *shape = "small", *device = "cpu";
-    int batch = 1, seq = 256, steps = 3, threads = 0, peak = 0, rank = 0, bf16 = 0;
+    int batch = 1, seq = 256, steps = 3, threads = 0, peak = 0, rank = 0, bf16 = 0, recompute = 0;
     ArgSpec specs[] = {
         {"shape", ARG_STR, &shape, "small (hidden 256, 4 layers), 0.5b, 1.5b or 7b (the Qwen2.5 shapes)", 0, 0, 0},
         {"batch", ARG_INT, &batch, "sequences per step", 0, 1, 1024},
@@ -199,6 +200,7 @@ int main(int argc, char **argv) {
         {"lora", ARG_INT, &rank, "LoRA SFT step: frozen base + rank-R adapter (alpha 2R, all 7 targets); 0 = full",
          0, 0, 4096},
         {"bf16", ARG_FLAG, &bf16, "the frozen base in bf16 (with --lora)", 0, 0, 0},
+        {"recompute", ARG_FLAG, &recompute, "keep only each layer's input; the backward recomputes the rest", 0, 0, 0},
         {"device", ARG_STR, &device, "cpu, cuda or cuda:N", 0, 0, 0},
         {"sgemm-peak", ARG_FLAG, &peak, "measure the sgemm peak instead", 0, 0, 0},
     };
@@ -214,7 +216,7 @@ int main(int argc, char **argv) {
         return bench_fail("train_step");
     Bench b = {0};
     double *times = malloc(sizeof(double) * steps), loss = 0;
-    int rc = bench_setup(&b, &c, rank, bf16, device, batch, seq);
+    int rc = bench_setup(&b, &c, rank, bf16, recompute, device, batch, seq);
     for (int s = 0; rc == ER_OK && s <= steps; s++) {
         double t0 = time_now();
         rc = bench_step(&b, batch, seq, &loss);
@@ -235,9 +237,11 @@ int main(int argc, char **argv) {
     double flops = rank > 0 ? lora_step_flops(&c, batch, seq, rank) : step_flops(&c, batch, seq);
     printf("{\"impl\": \"ertrain\", \"mode\": \"%s\", \"shape\": \"%s\", \"device\": \"%s\", \"base\": \"%s\", "
            "\"params\": %zu, \"trainable\": %zu, \"lora_r\": %d, \"batch\": %d, \"seq\": %d, \"threads\": %d, "
-           "\"step_s\": %.4f, \"step_s_min\": %.4f, \"tokens_per_s\": %.1f, \"gflops\": %.2f, \"loss\": %.4f}\n",
+           "\"recompute\": %d, \"acts_mib\": %.0f, \"step_s\": %.4f, \"step_s_min\": %.4f, \"tokens_per_s\": %.1f, "
+           "\"gflops\": %.2f, \"loss\": %.4f}\n",
            rank > 0 ? "lora" : "full", shape, b.be->device, bf16 ? "bf16" : "f32", model_config_num_params(&c),
-           rank > 0 ? b.host_ad.n_params : model_config_num_params(&c), rank, batch, seq, threads, step_s, step_min,
+           rank > 0 ? b.host_ad.n_params : model_config_num_params(&c), rank, batch, seq, threads, recompute,
+           b.a.bytes / 1048576.0, step_s, step_min,
            N / step_s, flops / step_s / 1e9, loss);
     bench_free(&b);
     return 0;

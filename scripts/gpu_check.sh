@@ -148,6 +148,21 @@ PY
 )"
 done
 
+# 7B at 4096 positions with recomputation: does it fit a 24 GB card (bf16 base ~15.2 GB + activations)?
+rc7=$("$bin/bench/train_step" --device cuda --shape 7b --lora 16 --bf16 --recompute --seq 4096 --steps 2 2>>"$OUT/bench.log")
+echo "$rc7" >>"$OUT/bench.jsonl"
+row "7b, 4096 tok, --recompute" "$(python3 - "$rc7" <<'PY'
+import json, sys
+try:
+    o = json.loads(sys.argv[1])
+    need = 7.07e9 * 2 / 2**30 + o["acts_mib"] / 1024  # bf16 matrices (embedding and lm_head included) + activations
+    print("%.0f tok/s, activations %.1f GiB, about %.1f GiB with the base: %s a 24 GB card"
+          % (o["tokens_per_s"], o["acts_mib"] / 1024, need, "fits" if need < 22.3 else "does NOT fit"))
+except Exception as e:
+    print("FAILED (bench.log):", e)
+PY
+)"
+
 row "not built yet" "GRPO rollouts and decode on the GPU (the KV cache is on the CPU backend only)"
 row "wall time" "$(( $(date +%s) - t_start )) s"
 printf '%s\n' "== gpu_check summary ==" "${summary[@]}" | tee "$OUT/summary.txt"
