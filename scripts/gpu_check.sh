@@ -155,7 +155,7 @@ row "7b, 4096 tok, --recompute" "$(python3 - "$rc7" <<'PY'
 import json, sys
 try:
     o = json.loads(sys.argv[1])
-    need = 7.07e9 * 2 / 2**30 + o["acts_mib"] / 1024  # bf16 matrices (embedding and lm_head included) + activations
+    need = o["params"] * 2 / 2**30 + o["acts_mib"] / 1024  # the bf16 base + activations
     print("%.0f tok/s, activations %.1f GiB, about %.1f GiB with the base: %s a 24 GB card"
           % (o["tokens_per_s"], o["acts_mib"] / 1024, need, "fits" if need < 22.3 else "does NOT fit"))
 except Exception as e:
