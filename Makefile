@@ -42,6 +42,24 @@ CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-rec
 LDFLAGS += -fsanitize=address,undefined
 endif
 
+# CUDA=1: the CUDA backend (model/cuda/: kernels by nvcc, host code by $(CC)) joins liberinfer, with
+# cudart and cuBLAS from CUDA_HOME; -DER_CUDA lets backend_open offer "cuda". The whole configuration
+# builds into its own dir (ER_CUDA changes C objects too). Rules: the CUDA section at the end.
+CUDA ?= 0
+ifeq ($(CUDA),1)
+CUDA_HOME ?= /usr/local/cuda
+NVCC := $(CUDA_HOME)/bin/nvcc
+ifeq ($(wildcard $(NVCC)),)
+$(error make CUDA=1: no nvcc at $(NVCC) (install the CUDA toolkit or set CUDA_HOME))
+endif
+BUILD := $(BUILD)/cuda
+# sm_90 code (H100/H200) plus its PTX, which newer GPUs compile at load time.
+NVCCFLAGS := -O3 -lineinfo -std=c++17 -gencode arch=compute_90,code=[sm_90,compute_90] -Xcompiler -Wall,-Wextra -I. -MMD -MP
+CFLAGS += -DER_CUDA -I$(CUDA_HOME)/include
+# nvcc's kernel launch stubs need the C++ runtime (static-local guards).
+LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+endif
+
 # Two libraries, one way up (DESIGN.md): liberinfer is the on-device runtime and links alone (no
 # training object, no BLAS needed: `make BLAS=0`); libertrain is the training tier above it. The
 # entry points sit on top: infer/cli*.c is erinfer, ertrain/ is ertrain.
@@ -195,3 +213,19 @@ $(FUZZ_OUT)/liberinfer.a: $(patsubst %.c,$(FUZZ_OUT)/obj/%.o,$(FUZZ_LIB_SRC))
 
 $(FUZZ_OUT)/fuzz_%: $(FUZZ_OUT)/obj/tests/fuzz/fuzz_%.o $(FUZZ_OUT)/liberinfer.a
 	$(FUZZ_CC) -fsanitize=fuzzer $(FUZZ_SAN) -fopenmp $^ $(FUZZ_LDLIBS) -o $@
+
+# ---------------------------------------------------------------------------------------------
+# CUDA (make CUDA=1, configured at the top): model/cuda/*.cu by nvcc and model/cuda/*.c by $(CC), into
+# liberinfer. `make CUDA=1 cuda-check` builds everything that way: the compile and link check CI runs
+# (no GPU there; scripts/gpu_check.sh runs the CUDA tests on one).
+ifeq ($(CUDA),1)
+CUDA_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard model/cuda/*.cu)) $(call obj,$(wildcard model/cuda/*.c))
+$(RUNTIME_LIB): $(CUDA_OBJ)
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+.PHONY: cuda-check
+cuda-check: all $(BUILD)/test_all
+endif
