@@ -27,13 +27,15 @@
 #define SUMSQ_CHUNK 65536
 // weight_upload widens a quantized matrix on the host this many elements at a time.
 #define UPLOAD_TILE_ELEMS ((size_t)1 << 22)
+// The bf16 copy of an activation for a bf16 product: this many elements (64 MiB), allocated at open; a
+// larger activation goes through in chunks of rows.
+#define CAST_ELEMS ((size_t)1 << 25)
 
 typedef struct {
     int device;
     cudaStream_t stream;
     cublasHandle_t blas;
-    uint16_t *cast;     // bf16 copy of an activation for the bf16 products, grown on demand
-    size_t cast_elems;
+    uint16_t *cast;     // CAST_ELEMS: bf16 copy of an activation for the bf16 products
     double *red;        // reductions: red[0], red[1] results, then CUDA_SUMSQ_MAX_CHUNKS partial sums
 } CudaCtx;
 
@@ -177,18 +179,23 @@ static int gemm(CudaCtx *c, cublasOperation_t ta, cublasOperation_t tb, int m, i
     return ER_OK;
 }
 
-// The activation x (n) as bf16 in the backend's scratch (grown when too small; cudaFree waits for the
-// work still reading the old one).
-static int cast_bf16(CudaCtx *c, const float *x, size_t n, const void **out) {
-    if (c->cast_elems < n) {
-        CUDA_TRY(cudaFree(c->cast));
-        c->cast = NULL;
-        c->cast_elems = 0;
-        CUDA_TRY(cudaMalloc((void **)&c->cast, n * sizeof(uint16_t)));
-        c->cast_elems = n;
+// A product with an activation: C (N, m) = alpha · x (N, k) · op(W)ᵀ + beta · C, i.e. column-major
+// Cᵀ (m, N) = alpha · op(W) (m, k) · xᵀ (k, N) + beta · Cᵀ, W of type t with leading dimension lda.
+// A bf16 W multiplies a bf16 copy of x, made in the cast buffer a chunk of rows at a time: rows of x
+// are columns of the column-major product, so each chunk is a product of its own. The stream orders
+// a chunk's cast after the previous chunk's product.
+static int gemm_act(CudaCtx *c, cublasOperation_t ta, const void *W, cudaDataType t, int lda, const float *x, int N,
+                    int k, float *C, int m, float alpha, float beta) {
+    if (t == CUDA_R_32F)
+        return gemm(c, ta, CUBLAS_OP_N, m, N, k, alpha, W, lda, x, k, t, beta, C, m);
+    if ((size_t)k > CAST_ELEMS)
+        return er_error(ER_EINVAL, "cuda: a bf16 product over %d inputs (the cast buffer holds %zu)", k, CAST_ELEMS);
+    int chunk = CAST_ELEMS / (size_t)k < (size_t)N ? (int)(CAST_ELEMS / (size_t)k) : N;
+    for (int n0 = 0; n0 < N; n0 += chunk) {
+        int nc = N - n0 < chunk ? N - n0 : chunk;
+        CUDA_TRY(cuda_to_bf16(c->stream, c->cast, x + (size_t)n0 * k, (size_t)nc * k));
+        ER_TRY(gemm(c, ta, CUBLAS_OP_N, m, nc, k, alpha, W, lda, c->cast, k, t, beta, C + (size_t)n0 * m, m));
     }
-    CUDA_TRY(cuda_to_bf16(c->stream, c->cast, x, n));
-    *out = c->cast;
     return ER_OK;
 }
 
@@ -204,19 +211,13 @@ static int weight_type(const Weight *w, cudaDataType *t) {
 // out (N, rows) = alpha · inp (N, cols) · Wᵀ + beta · out; W (rows, cols) of type t.
 static int rm_forward(CudaCtx *c, float *out, const float *inp, const void *W, cudaDataType t, int N, int rows,
                       int cols, float alpha, float beta) {
-    const void *x = inp;
-    if (t == CUDA_R_16BF)
-        ER_TRY(cast_bf16(c, inp, (size_t)N * cols, &x));
-    return gemm(c, CUBLAS_OP_T, CUBLAS_OP_N, rows, N, cols, alpha, W, cols, x, cols, t, beta, out, rows);
+    return gemm_act(c, CUBLAS_OP_T, W, t, cols, inp, N, cols, out, rows, alpha, beta);
 }
 
 // dinp (N, cols) = alpha · dout (N, rows) · W + beta · dinp; W (rows, cols) of type t.
 static int rm_backward_input(CudaCtx *c, float *dinp, const float *dout, const void *W, cudaDataType t, int N,
                              int rows, int cols, float alpha, float beta) {
-    const void *d = dout;
-    if (t == CUDA_R_16BF)
-        ER_TRY(cast_bf16(c, dout, (size_t)N * rows, &d));
-    return gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, cols, N, rows, alpha, W, cols, d, rows, t, beta, dinp, cols);
+    return gemm_act(c, CUBLAS_OP_N, W, t, cols, dout, N, rows, dinp, cols, alpha, beta);
 }
 
 // dW (R, K) = alpha · doutᵀ (R, N) · inp (N, K) + beta · dW, all fp32.
@@ -484,6 +485,7 @@ int backend_cuda_open(Backend *be, int device) {
     BLAS_CHECK(cublasCreate(&c->blas));
     BLAS_CHECK(cublasSetStream(c->blas, c->stream));
     CUDA_CHECK(cudaMalloc((void **)&c->red, (2 + CUDA_SUMSQ_MAX_CHUNKS) * sizeof(double)));
+    CUDA_CHECK(cudaMalloc((void **)&c->cast, CAST_ELEMS * sizeof(uint16_t)));
     CUDA_CHECK(cudaMemGetInfo(&mem_free, &mem_total));
     memset(be, 0, sizeof *be);
     be->kind = BACKEND_CUDA;
