@@ -35,8 +35,8 @@ typedef struct {
     int device;
     cudaStream_t stream;
     cublasHandle_t blas;
-    uint16_t *cast;     // CAST_ELEMS: bf16 copy of an activation for the bf16 products
-    double *red;        // reductions: red[0], red[1] results, then CUDA_SUMSQ_MAX_CHUNKS partial sums
+    uint16_t *cast; // CAST_ELEMS: bf16 copy of an activation for the bf16 products
+    double *red;    // reductions: red[0], red[1] results, then CUDA_SUMSQ_MAX_CHUNKS partial sums
 } CudaCtx;
 
 static int cuda_check(cudaError_t e, const char *call) {
@@ -114,8 +114,8 @@ static int upload_as_bf16(Backend *be, uint16_t *dst, const Weight *src) {
     float *f32 = er_alloc(tile * sizeof(float));
     uint16_t *b16 = er_alloc(tile * sizeof(uint16_t));
     if (!f32 || !b16) {
-        rc = er_error(ER_ENOMEM, "cuda: weight upload: no host memory for a tile of %d rows x %d", tile_rows,
-                      src->cols);
+        rc =
+            er_error(ER_ENOMEM, "cuda: weight upload: no host memory for a tile of %d rows x %d", tile_rows, src->cols);
         goto done;
     }
     for (int r0 = 0; r0 < src->rows; r0 += tile_rows) {
@@ -170,8 +170,8 @@ static int op_weight_upload(Backend *be, Weight *dst, const Weight *src) {
 //     -> GemmEx(OP_N, OP_T, m = K, n = R, k = N, inp, K, dout, R, dW, K)
 
 // C (m, n) = alpha · op(A) · op(B) + beta · C, column-major; A and B of type ab, C fp32, fp32 accumulation.
-static int gemm(CudaCtx *c, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-                const void *A, int lda, const void *B, int ldb, cudaDataType ab, float beta, float *C, int ldc) {
+static int gemm(CudaCtx *c, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const void *A,
+                int lda, const void *B, int ldb, cudaDataType ab, float beta, float *C, int ldc) {
     if (m <= 0 || n <= 0)
         return ER_OK;
     BLAS_TRY(cublasGemmEx(c->blas, ta, tb, m, n, k, &alpha, A, ab, lda, B, ab, ldb, &beta, C, CUDA_R_32F, ldc,
@@ -215,8 +215,8 @@ static int rm_forward(CudaCtx *c, float *out, const float *inp, const void *W, c
 }
 
 // dinp (N, cols) = alpha · dout (N, rows) · W + beta · dinp; W (rows, cols) of type t.
-static int rm_backward_input(CudaCtx *c, float *dinp, const float *dout, const void *W, cudaDataType t, int N,
-                             int rows, int cols, float alpha, float beta) {
+static int rm_backward_input(CudaCtx *c, float *dinp, const float *dout, const void *W, cudaDataType t, int N, int rows,
+                             int cols, float alpha, float beta) {
     return gemm_act(c, CUBLAS_OP_N, W, t, cols, dout, N, rows, dinp, cols, alpha, beta);
 }
 
@@ -343,9 +343,10 @@ static int op_residual_forward(Backend *be, float *out, const float *a, const fl
 
 static int attention_check(int NH, int NKV, int HS) {
     if (HS < 1 || HS > CUDA_ATTENTION_MAX_HS || NKV < 1 || NH % NKV != 0)
-        return er_error(ER_EINVAL, "cuda: attention: %d query heads over %d KV heads of size %d (the kernels take "
-                                   "head sizes up to %d and NH a multiple of NKV)", NH, NKV, HS,
-                        CUDA_ATTENTION_MAX_HS);
+        return er_error(ER_EINVAL,
+                        "cuda: attention: %d query heads over %d KV heads of size %d (the kernels take "
+                        "head sizes up to %d and NH a multiple of NKV)",
+                        NH, NKV, HS, CUDA_ATTENTION_MAX_HS);
     return ER_OK;
 }
 
@@ -361,8 +362,8 @@ static int op_attention_forward(Backend *be, float *out, float *lse, const float
 // dkh (B, NH, T, HS floats) holds the rows' D = Σ dO·O (B, NH, T); no per-head dK/dV is needed (a warp
 // sums a KV head's whole group), so dvh is unused.
 static int op_attention_backward(Backend *be, float *dq, float *dk, float *dv, const float *dout, const float *out,
-                                 const float *lse, const float *q, const float *k, const float *v, int B, int T,
-                                 int NH, int NKV, int HS, float *dkh, float *dvh) {
+                                 const float *lse, const float *q, const float *k, const float *v, int B, int T, int NH,
+                                 int NKV, int HS, float *dkh, float *dvh) {
     (void)dvh;
     ER_TRY(attention_check(NH, NKV, HS));
     CUDA_TRY(cuda_attention_backward(ctx_of(be)->stream, dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, dkh));

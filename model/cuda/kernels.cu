@@ -23,7 +23,8 @@ static unsigned ew_blocks(size_t n) {
     return (unsigned)(b < EW_MAX_BLOCKS ? b : EW_MAX_BLOCKS);
 }
 
-#define GRID_STRIDE(i, n) for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+#define GRID_STRIDE(i, n)                                                                                              \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 // ---- reductions (blockDim.x a multiple of 32, at most 1024; every thread gets the result) ----
 
@@ -73,7 +74,8 @@ static __device__ float block_max(float v) {
 static __global__ void embed_forward_kernel(float *out, const void *embed, int bf16, const int *tokens, int C) {
     size_t src = (size_t)tokens[blockIdx.x] * C, dst = (size_t)blockIdx.x * C;
     for (int i = threadIdx.x; i < C; i += blockDim.x)
-        out[dst + i] = bf16 ? __bfloat162float(((const __nv_bfloat16 *)embed)[src + i]) : ((const float *)embed)[src + i];
+        out[dst + i] =
+            bf16 ? __bfloat162float(((const __nv_bfloat16 *)embed)[src + i]) : ((const float *)embed)[src + i];
 }
 
 cudaError_t cuda_embed_forward(cudaStream_t s, float *out, const void *embed, int bf16, const int *tokens, int N,
@@ -124,7 +126,8 @@ cudaError_t cuda_bias_forward(cudaStream_t s, float *out, const float *bias, int
 
 // block (32, COLSUM_ROWS): 32 columns; row lane j sums rows j, j + COLSUM_ROWS, ... in double, and the
 // lanes' partial sums are added in lane order (fixed, so the same bits every run).
-static __global__ void column_sum_kernel(float *acc, const float *a, const float *b, const float *row_scale, int N, int C) {
+static __global__ void __launch_bounds__(32 * COLSUM_ROWS)
+    column_sum_kernel(float *acc, const float *a, const float *b, const float *row_scale, int N, int C) {
     __shared__ double part[COLSUM_ROWS][32];
     int c = blockIdx.x * 32 + threadIdx.x;
     double sum = 0.0;
@@ -158,7 +161,8 @@ cudaError_t cuda_column_sum(cudaStream_t s, float *acc, const float *a, const fl
 // ---- RMSNorm ----
 
 // grid N: block n normalises row n; the sum of squares in double as on the CPU.
-static __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *x, const float *w, int C, float eps) {
+static __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *x, const float *w, int C,
+                                              float eps) {
     const float *xn = x + (size_t)blockIdx.x * C;
     float *o = out + (size_t)blockIdx.x * C;
     double ss = 0.0;
@@ -181,7 +185,7 @@ cudaError_t cuda_rmsnorm_forward(cudaStream_t s, float *out, float *rstd, const 
 
 // grid N: dx += r * (dy*w) - x * r^3 / C * sum(dy*w*x), the sum in double.
 static __global__ void rmsnorm_backward_kernel(float *dx, const float *dout, const float *x, const float *w,
-                                        const float *rstd, int C) {
+                                               const float *rstd, int C) {
     size_t row = (size_t)blockIdx.x * C;
     const float *xn = x + row, *dy = dout + row;
     float *d = dx + row;
@@ -206,7 +210,7 @@ cudaError_t cuda_rmsnorm_backward(cudaStream_t s, float *dx, const float *dout, 
 
 // One thread per pair (n, h, i < HS/2): HF's rotate_half pairs i and i + HS/2 of each head.
 static __global__ void rope_kernel(float *x, const int *pos, const float *cos_tab, const float *sin_tab, int nh, int HS,
-                            size_t pairs, int inverse) {
+                                   size_t pairs, int inverse) {
     int half = HS / 2;
     GRID_STRIDE(idx, pairs) {
         int i = (int)(idx % half);
@@ -241,8 +245,8 @@ cudaError_t cuda_swiglu_forward(cudaStream_t s, float *out, const float *gate, c
     return cudaGetLastError();
 }
 
-static __global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
-                                       size_t n) {
+static __global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout, const float *gate,
+                                              const float *up, size_t n) {
     GRID_STRIDE(i, n) {
         float g = gate[i], u = up[i], d = dout[i], sg = 1.0f / (1.0f + expf(-g));
         dup[i] = d * g * sg;
@@ -282,56 +286,71 @@ cudaError_t cuda_scale(cudaStream_t s, float *x, size_t n, float scale) {
 // ---- attention (flash-attention style: online softmax, no (T, T) scores) ----
 //
 // A warp owns one row vector of a head: lane l holds dims l, l + 32, l + 64, l + 96 (those below HS) in
-// registers, a dot product is the lanes' partial sums added by warp_sum. Keys and values are read from
-// global memory (the warps of a block walk the same keys, so they share them through L1).
-// Layouts: q, out, dout (B, T, NH, HS); k, v (B, T, NKV, HS); lse, drow (B, NH, T). Query head h reads
-// KV head h / (NH / NKV).
+// registers (ATT_PER_LANE of them), and a dot product is the lanes' partial sums added by warp_sum. Keys
+// and values are read from global memory (the warps of a block walk the same keys, so they share them
+// through L1). Layouts: q, out, dout (B, T, NH, HS); k, v (B, T, NKV, HS); lse, drow (B, NH, T). Query
+// head h reads KV head h / (NH / NKV).
+
+// r = the lane's dims of the row p (0 past HS).
+static __device__ __forceinline__ void lane_load(float *r, const float *p, int lane, int HS) {
+#pragma unroll
+    for (int j = 0; j < ATT_PER_LANE; j++)
+        r[j] = lane + 32 * j < HS ? p[lane + 32 * j] : 0.0f;
+}
+
+static __device__ __forceinline__ void lane_store(float *p, const float *r, int lane, int HS) {
+#pragma unroll
+    for (int j = 0; j < ATT_PER_LANE; j++)
+        if (lane + 32 * j < HS)
+            p[lane + 32 * j] = r[j];
+}
+
+// Σ_i r_i p_i over the whole row (every lane gets it).
+static __device__ __forceinline__ float warp_dot(const float *r, const float *p, int lane, int HS) {
+    float d = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ATT_PER_LANE; j++)
+        if (lane + 32 * j < HS)
+            d += r[j] * p[lane + 32 * j];
+    return warp_sum(d);
+}
+
+// r += a * p.
+static __device__ __forceinline__ void lane_axpy(float *r, float a, const float *p, int lane, int HS) {
+#pragma unroll
+    for (int j = 0; j < ATT_PER_LANE; j++)
+        if (lane + 32 * j < HS)
+            r[j] += a * p[lane + 32 * j];
+}
 
 // grid (ceil(T / ATT_WARPS), NH, B): warp -> query t of head h, row b. Keys s = 0..t in order, with a
 // running max m and sum l of exp(score - m); out = Σ p_s v_s / l, lse = m + log l (kept for the backward).
 static __global__ void attention_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
-                                         int T, int NH, int NKV, int HS, float scale) {
+                                                int T, int NH, int NKV, int HS, float scale) {
     int lane = threadIdx.x % 32, t = blockIdx.x * ATT_WARPS + threadIdx.x / 32, h = blockIdx.y, b = blockIdx.z;
     if (t >= T) // the whole warp leaves together
         return;
     size_t row = ((size_t)b * T + t) * NH + h;
     const float *kb = k + ((size_t)b * T * NKV + h / (NH / NKV)) * HS; // key s at kb + s * NKV * HS
     const float *vb = v + ((size_t)b * T * NKV + h / (NH / NKV)) * HS;
-    float qr[ATT_PER_LANE], o[ATT_PER_LANE];
-#pragma unroll
-    for (int j = 0; j < ATT_PER_LANE; j++) {
-        int i = lane + 32 * j;
-        qr[j] = i < HS ? q[row * HS + i] : 0.0f;
-        o[j] = 0.0f;
-    }
+    float qr[ATT_PER_LANE], o[ATT_PER_LANE] = {0.0f};
+    lane_load(qr, q + row * HS, lane, HS);
     float m = -INFINITY, l = 0.0f;
     for (int s = 0; s <= t; s++) {
-        const float *ks = kb + (size_t)s * NKV * HS, *vs = vb + (size_t)s * NKV * HS;
-        float d = 0.0f;
-#pragma unroll
-        for (int j = 0; j < ATT_PER_LANE; j++) {
-            int i = lane + 32 * j;
-            if (i < HS)
-                d += qr[j] * ks[i];
-        }
-        float sc = warp_sum(d) * scale;
+        float sc = warp_dot(qr, kb + (size_t)s * NKV * HS, lane, HS) * scale;
         float mnew = fmaxf(m, sc);
         float corr = expf(m - mnew), p = expf(sc - mnew); // corr = 0 at the first key (m = -inf)
         l = l * corr + p;
 #pragma unroll
-        for (int j = 0; j < ATT_PER_LANE; j++) {
-            int i = lane + 32 * j;
-            if (i < HS)
-                o[j] = o[j] * corr + p * vs[i];
-        }
+        for (int j = 0; j < ATT_PER_LANE; j++)
+            o[j] *= corr;
+        lane_axpy(o, p, vb + (size_t)s * NKV * HS, lane, HS);
         m = mnew;
     }
 #pragma unroll
-    for (int j = 0; j < ATT_PER_LANE; j++) {
-        int i = lane + 32 * j;
-        if (i < HS)
-            out[row * HS + i] = o[j] / l;
-    }
+    for (int j = 0; j < ATT_PER_LANE; j++)
+        o[j] /= l;
+    lane_store(out + row * HS, o, lane, HS);
     if (lane == 0)
         lse[((size_t)b * NH + h) * T + t] = m + logf(l);
 }
@@ -354,123 +373,68 @@ cudaError_t cuda_attention_forward(cudaStream_t s, float *out, float *lse, const
 
 // grid (ceil(T / ATT_WARPS), NH, B): warp -> query t of head h, row b.
 static __global__ void attention_backward_dq_kernel(float *dq, float *drow, const float *dout, const float *out,
-                                             const float *lse, const float *q, const float *k, const float *v, int T,
-                                             int NH, int NKV, int HS, float scale) {
+                                                    const float *lse, const float *q, const float *k, const float *v,
+                                                    int T, int NH, int NKV, int HS, float scale) {
     int lane = threadIdx.x % 32, t = blockIdx.x * ATT_WARPS + threadIdx.x / 32, h = blockIdx.y, b = blockIdx.z;
     if (t >= T)
         return;
     size_t row = ((size_t)b * T + t) * NH + h, hrow = ((size_t)b * NH + h) * T + t;
     const float *kb = k + ((size_t)b * T * NKV + h / (NH / NKV)) * HS;
     const float *vb = v + ((size_t)b * T * NKV + h / (NH / NKV)) * HS;
-    float qr[ATT_PER_LANE], dor[ATT_PER_LANE], acc[ATT_PER_LANE], dpart = 0.0f;
-#pragma unroll
-    for (int j = 0; j < ATT_PER_LANE; j++) {
-        int i = lane + 32 * j;
-        qr[j] = i < HS ? q[row * HS + i] : 0.0f;
-        dor[j] = i < HS ? dout[row * HS + i] : 0.0f;
-        dpart += i < HS ? dor[j] * out[row * HS + i] : 0.0f;
-        acc[j] = 0.0f;
-    }
-    float D = warp_sum(dpart), lt = lse[hrow];
+    float qr[ATT_PER_LANE], dor[ATT_PER_LANE], acc[ATT_PER_LANE] = {0.0f};
+    lane_load(qr, q + row * HS, lane, HS);
+    lane_load(dor, dout + row * HS, lane, HS);
+    float D = warp_dot(dor, out + row * HS, lane, HS), lt = lse[hrow];
     if (lane == 0)
         drow[hrow] = D;
     for (int s = 0; s <= t; s++) {
         const float *ks = kb + (size_t)s * NKV * HS, *vs = vb + (size_t)s * NKV * HS;
-        float sc = 0.0f, dp = 0.0f;
-#pragma unroll
-        for (int j = 0; j < ATT_PER_LANE; j++) {
-            int i = lane + 32 * j;
-            if (i < HS) {
-                sc += qr[j] * ks[i];
-                dp += dor[j] * vs[i];
-            }
-        }
-        sc = warp_sum(sc);
-        dp = warp_sum(dp);
-        float p = expf(sc * scale - lt);
-        float ds = p * (dp - D) * scale;
-#pragma unroll
-        for (int j = 0; j < ATT_PER_LANE; j++) {
-            int i = lane + 32 * j;
-            if (i < HS)
-                acc[j] += ds * ks[i];
-        }
+        float p = expf(warp_dot(qr, ks, lane, HS) * scale - lt);
+        float ds = p * (warp_dot(dor, vs, lane, HS) - D) * scale;
+        lane_axpy(acc, ds, ks, lane, HS);
     }
-#pragma unroll
-    for (int j = 0; j < ATT_PER_LANE; j++) {
-        int i = lane + 32 * j;
-        if (i < HS)
-            dq[row * HS + i] = acc[j];
-    }
+    lane_store(dq + row * HS, acc, lane, HS);
 }
 
 // grid (ceil(T / ATT_WARPS), NKV, B): warp -> key s of KV head kh, row b; reads drow from the dq kernel.
 static __global__ void attention_backward_dkv_kernel(float *dk, float *dv, const float *dout, const float *lse,
-                                              const float *drow, const float *q, const float *k, const float *v,
-                                              int T, int NH, int NKV, int HS, float scale) {
+                                                     const float *drow, const float *q, const float *k, const float *v,
+                                                     int T, int NH, int NKV, int HS, float scale) {
     int lane = threadIdx.x % 32, s = blockIdx.x * ATT_WARPS + threadIdx.x / 32, kh = blockIdx.y, b = blockIdx.z;
     if (s >= T)
         return;
     int G = NH / NKV;
     size_t krow = ((size_t)b * T + s) * NKV + kh;
-    float kr[ATT_PER_LANE], vr[ATT_PER_LANE], dka[ATT_PER_LANE], dva[ATT_PER_LANE];
-#pragma unroll
-    for (int j = 0; j < ATT_PER_LANE; j++) {
-        int i = lane + 32 * j;
-        kr[j] = i < HS ? k[krow * HS + i] : 0.0f;
-        vr[j] = i < HS ? v[krow * HS + i] : 0.0f;
-        dka[j] = dva[j] = 0.0f;
-    }
+    float kr[ATT_PER_LANE], vr[ATT_PER_LANE], dka[ATT_PER_LANE] = {0.0f}, dva[ATT_PER_LANE] = {0.0f};
+    lane_load(kr, k + krow * HS, lane, HS);
+    lane_load(vr, v + krow * HS, lane, HS);
     for (int h = kh * G; h < (kh + 1) * G; h++) {
         const float *lh = lse + ((size_t)b * NH + h) * T, *dh = drow + ((size_t)b * NH + h) * T;
         for (int t = s; t < T; t++) {
             size_t row = ((size_t)b * T + t) * NH + h;
             const float *qt = q + row * HS, *dot = dout + row * HS;
-            float sc = 0.0f, dp = 0.0f;
-#pragma unroll
-            for (int j = 0; j < ATT_PER_LANE; j++) {
-                int i = lane + 32 * j;
-                if (i < HS) {
-                    sc += qt[i] * kr[j];
-                    dp += dot[i] * vr[j];
-                }
-            }
-            sc = warp_sum(sc);
-            dp = warp_sum(dp);
-            float p = expf(sc * scale - lh[t]);
-            float ds = p * (dp - dh[t]) * scale;
-#pragma unroll
-            for (int j = 0; j < ATT_PER_LANE; j++) {
-                int i = lane + 32 * j;
-                if (i < HS) {
-                    dka[j] += ds * qt[i];
-                    dva[j] += p * dot[i];
-                }
-            }
+            float p = expf(warp_dot(kr, qt, lane, HS) * scale - lh[t]);
+            float ds = p * (warp_dot(vr, dot, lane, HS) - dh[t]) * scale;
+            lane_axpy(dka, ds, qt, lane, HS);
+            lane_axpy(dva, p, dot, lane, HS);
         }
     }
-#pragma unroll
-    for (int j = 0; j < ATT_PER_LANE; j++) {
-        int i = lane + 32 * j;
-        if (i < HS) {
-            dk[krow * HS + i] = dka[j];
-            dv[krow * HS + i] = dva[j];
-        }
-    }
+    lane_store(dk + krow * HS, dka, lane, HS);
+    lane_store(dv + krow * HS, dva, lane, HS);
 }
 
 cudaError_t cuda_attention_backward(cudaStream_t s, float *dq, float *dk, float *dv, const float *dout,
-                                    const float *out, const float *lse, const float *q, const float *k,
-                                    const float *v, int B, int T, int NH, int NKV, int HS, float *drow) {
+                                    const float *out, const float *lse, const float *q, const float *k, const float *v,
+                                    int B, int T, int NH, int NKV, int HS, float *drow) {
     if (B <= 0 || T <= 0)
         return cudaGetLastError();
     float scale = (float)(1.0 / sqrt((double)HS));
     dim3 gq((T + ATT_WARPS - 1) / ATT_WARPS, NH, B), gkv((T + ATT_WARPS - 1) / ATT_WARPS, NKV, B);
     attention_backward_dq_kernel<<<gq, 32 * ATT_WARPS, 0, s>>>(dq, drow, dout, out, lse, q, k, v, T, NH, NKV, HS,
-                                                                scale);
+                                                               scale);
     // (a failed launch stays the last error until read, so one check after both covers both)
     attention_backward_dkv_kernel<<<gkv, 32 * ATT_WARPS, 0, s>>>(dk, dv, dout, lse, drow, q, k, v, T, NH, NKV, HS,
-                                                                  scale);
+                                                                 scale);
     return cudaGetLastError();
 }
 
@@ -502,7 +466,7 @@ static __global__ void mask_sum_kernel(double *result, const float *mask, int N)
 // grid N. row_loss[n] = w (lse - l[target]); with grad, l := w / wsum * (softmax - onehot). Rows with
 // w = 0 (or an empty mask) get 0 and, with grad, a zero gradient.
 static __global__ void cross_entropy_rows_kernel(float *logits, const int *targets, const float *mask, int V, int grad,
-                                          double *row_loss, const double *result) {
+                                                 double *row_loss, const double *result) {
     int n = blockIdx.x;
     float *l = logits + (size_t)n * V;
     double wsum = result[0], w = mask ? mask[n] : 1.0;
@@ -557,7 +521,8 @@ cudaError_t cuda_cross_entropy(cudaStream_t s, double *result, float *logits, co
 }
 
 // grid N: logp[n] = (l[target] - max) * inv_temp - log Σ exp((l - max) * inv_temp), the sum in double.
-static __global__ void logprob_forward_kernel(float *logp, const float *logits, const int *targets, int V, float inv_temp) {
+static __global__ void logprob_forward_kernel(float *logp, const float *logits, const int *targets, int V,
+                                              float inv_temp) {
     const float *l = logits + (size_t)blockIdx.x * V;
     float mx = -INFINITY;
     for (int i = threadIdx.x; i < V; i += blockDim.x)
@@ -580,8 +545,8 @@ cudaError_t cuda_logprob_forward(cudaStream_t s, float *logp, const float *logit
 
 // grid N: d = coef * inv_temp * (onehot - softmax(l * inv_temp)), overwritten; d may alias l (each
 // thread rewrites only the entries it read, after block_max's barrier ends every read of the max pass).
-static __global__ void logprob_backward_kernel(float *dlogits, const float *logits, const int *targets, const float *coef,
-                                        int V, float inv_temp) {
+static __global__ void logprob_backward_kernel(float *dlogits, const float *logits, const int *targets,
+                                               const float *coef, int V, float inv_temp) {
     const float *l = logits + (size_t)blockIdx.x * V;
     float *d = dlogits + (size_t)blockIdx.x * V;
     float cf = coef[blockIdx.x];
@@ -619,8 +584,9 @@ cudaError_t cuda_logprob_backward(cudaStream_t s, float *dlogits, const float *l
 // ---- optimizer ----
 
 // train/optim.c's adamw_step, element by element.
-static __global__ void adamw_kernel(float *params, const float *grads, float *m, float *v, const unsigned char *decay_mask,
-                             size_t n, float lr, float b1, float b2, float eps, float wd, float bc1, float bc2) {
+static __global__ void adamw_kernel(float *params, const float *grads, float *m, float *v,
+                                    const unsigned char *decay_mask, size_t n, float lr, float b1, float b2, float eps,
+                                    float wd, float bc1, float bc2) {
     GRID_STRIDE(i, n) {
         float g = grads[i];
         float mi = m[i] = b1 * m[i] + (1 - b1) * g;

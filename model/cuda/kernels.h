@@ -22,7 +22,8 @@ extern "C" {
 #define CUDA_SUMSQ_MAX_CHUNKS 4096
 
 // out (N, C) = rows tokens[n] of embed (V, C), fp32 or bf16 (bf16 != 0).
-cudaError_t cuda_embed_forward(cudaStream_t s, float *out, const void *embed, int bf16, const int *tokens, int N, int C);
+cudaError_t cuda_embed_forward(cudaStream_t s, float *out, const void *embed, int bf16, const int *tokens, int N,
+                               int C);
 // dembed (V, C) rows tokens[n] += dres (N, C) rows n, tokens in order (repeats add up, no atomics).
 cudaError_t cuda_embed_backward(cudaStream_t s, float *dembed, const float *dres, const int *tokens, int N, int C);
 // dst (n) = src rounded to bf16 (nearest even).
@@ -52,8 +53,8 @@ cudaError_t cuda_attention_forward(cudaStream_t s, float *out, float *lse, const
                                    const float *v, int B, int T, int NH, int NKV, int HS);
 // dq overwritten (B, T, NH, HS); dk, dv overwritten (B, T, NKV, HS); drow (B, NH, T): scratch.
 cudaError_t cuda_attention_backward(cudaStream_t s, float *dq, float *dk, float *dv, const float *dout,
-                                    const float *out, const float *lse, const float *q, const float *k,
-                                    const float *v, int B, int T, int NH, int NKV, int HS, float *drow);
+                                    const float *out, const float *lse, const float *q, const float *k, const float *v,
+                                    int B, int T, int NH, int NKV, int HS, float *drow);
 // Rows n of x (N, C) with mask[n] == 0 set to 0.
 cudaError_t cuda_zero_masked_rows(cudaStream_t s, float *x, const uint8_t *mask, int N, int C);
 // Masked mean cross-entropy: result[0] = sum(mask), result[1] = the loss (0 when the mask is empty);
