@@ -102,8 +102,7 @@ cudaError_t cuda_embed_backward(cudaStream_t s, float *dembed, const float *dres
 }
 
 static __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n) {
-    GRID_STRIDE(i, n)
-    dst[i] = __float2bfloat16_rn(src[i]);
+    GRID_STRIDE(i, n) { dst[i] = __float2bfloat16_rn(src[i]); }
 }
 
 cudaError_t cuda_to_bf16(cudaStream_t s, uint16_t *dst, const float *src, size_t n) {
@@ -113,8 +112,7 @@ cudaError_t cuda_to_bf16(cudaStream_t s, uint16_t *dst, const float *src, size_t
 }
 
 static __global__ void bias_forward_kernel(float *out, const float *bias, size_t n, int C) {
-    GRID_STRIDE(i, n)
-    out[i] += bias[i % C];
+    GRID_STRIDE(i, n) { out[i] += bias[i % C]; }
 }
 
 cudaError_t cuda_bias_forward(cudaStream_t s, float *out, const float *bias, int N, int C) {
@@ -262,8 +260,7 @@ cudaError_t cuda_swiglu_backward(cudaStream_t s, float *dgate, float *dup, const
 }
 
 static __global__ void residual_forward_kernel(float *out, const float *a, const float *b, size_t n) {
-    GRID_STRIDE(i, n)
-    out[i] = a[i] + b[i];
+    GRID_STRIDE(i, n) { out[i] = a[i] + b[i]; }
 }
 
 cudaError_t cuda_residual_forward(cudaStream_t s, float *out, const float *a, const float *b, size_t n) {
@@ -273,8 +270,7 @@ cudaError_t cuda_residual_forward(cudaStream_t s, float *out, const float *a, co
 }
 
 static __global__ void scale_kernel(float *x, size_t n, float scale) {
-    GRID_STRIDE(i, n)
-    x[i] *= scale;
+    GRID_STRIDE(i, n) { x[i] *= scale; }
 }
 
 cudaError_t cuda_scale(cudaStream_t s, float *x, size_t n, float scale) {
@@ -441,9 +437,10 @@ cudaError_t cuda_attention_backward(cudaStream_t s, float *dq, float *dk, float 
 // ---- masked LoRA rows ----
 
 static __global__ void zero_masked_rows_kernel(float *x, const uint8_t *mask, size_t n, int C) {
-    GRID_STRIDE(i, n)
-    if (!mask[i / C])
-        x[i] = 0.0f;
+    GRID_STRIDE(i, n) {
+        if (!mask[i / C])
+            x[i] = 0.0f;
+    }
 }
 
 cudaError_t cuda_zero_masked_rows(cudaStream_t s, float *x, const uint8_t *mask, int N, int C) {
