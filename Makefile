@@ -9,6 +9,8 @@
 #   make SAN=1 test      the same under ASan + UBSan (objects in build/san/)
 #   make ARCH=           portable build (default ARCH=-march=native)
 #   make BLAS=0          no OpenBLAS: the built-in GEMM (the runtime library must build this way)
+#   make CUDA=1          with the CUDA backend (model/cuda/: nvcc, cuBLAS from CUDA_HOME, default /usr/local/cuda)
+#                        in build/cuda/; make CUDA=1 cuda-check builds everything so (CI's compile and link check)
 #   make fuzz            libFuzzer targets (tests/fuzz/, clang, ASan + UBSan), FUZZ_TIME s each (default 30)
 #   make fuzz FUZZ_TARGETS=fuzz_config   one target (or a list); make fuzz-build only builds them (build/fuzz/)
 
@@ -40,6 +42,25 @@ endif
 ifeq ($(SAN),1)
 CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
+endif
+
+# CUDA=1: the CUDA backend (model/cuda/: kernels by nvcc, host code by $(CC)) joins liberinfer, with
+# cudart and cuBLAS from CUDA_HOME; -DER_CUDA lets backend_open offer "cuda". The whole configuration
+# builds into its own dir (ER_CUDA changes C objects too). Rules: the CUDA section at the end.
+CUDA ?= 0
+ifeq ($(CUDA),1)
+CUDA_HOME ?= /usr/local/cuda
+NVCC := $(CUDA_HOME)/bin/nvcc
+ifeq ($(wildcard $(NVCC)),)
+$(error make CUDA=1: no nvcc at $(NVCC) (install the CUDA toolkit or set CUDA_HOME))
+endif
+BUILD := $(BUILD)/cuda
+# sm_90 code (H100/H200) plus its PTX, which newer GPUs compile at load time.
+NVCCFLAGS := -O3 -lineinfo -std=c++17 -gencode arch=compute_90,code=[sm_90,compute_90] -Xcompiler -Wall,-Wextra \
+             -I. -MMD -MP
+CFLAGS += -DER_CUDA -I$(CUDA_HOME)/include
+# nvcc's kernel launch stubs need the C++ runtime (static-local guards).
+LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 endif
 
 # Two libraries, one way up (DESIGN.md): liberinfer is the on-device runtime and links alone (no
@@ -195,3 +216,19 @@ $(FUZZ_OUT)/liberinfer.a: $(patsubst %.c,$(FUZZ_OUT)/obj/%.o,$(FUZZ_LIB_SRC))
 
 $(FUZZ_OUT)/fuzz_%: $(FUZZ_OUT)/obj/tests/fuzz/fuzz_%.o $(FUZZ_OUT)/liberinfer.a
 	$(FUZZ_CC) -fsanitize=fuzzer $(FUZZ_SAN) -fopenmp $^ $(FUZZ_LDLIBS) -o $@
+
+# ---------------------------------------------------------------------------------------------
+# CUDA (make CUDA=1, configured at the top): model/cuda/*.cu by nvcc and model/cuda/*.c by $(CC), into
+# liberinfer. `make CUDA=1 cuda-check` builds everything that way: the compile and link check CI runs
+# (no GPU there; scripts/gpu_check.sh runs the CUDA tests on one).
+ifeq ($(CUDA),1)
+CUDA_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard model/cuda/*.cu)) $(call obj,$(wildcard model/cuda/*.c))
+$(RUNTIME_LIB): $(CUDA_OBJ)
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+.PHONY: cuda-check
+cuda-check: all $(BUILD)/test_all
+endif
