@@ -17,6 +17,14 @@ SAN ?= 0
 BLAS ?= 1
 PY ?= /usr/bin/python3
 QUICK ?= 0
+# aarch64 (phones), cross-built here: make CROSS=aarch64-linux-gnu- (the aarch64 section below has the
+# rest). ARMv8.0 is the baseline (NEON is always there); dotprod and i8mm are chosen at run time.
+CROSS ?=
+ifneq ($(CROSS),)
+CC := $(CROSS)gcc
+ARCH := -march=armv8-a
+override BLAS := 0
+endif
 
 # Each configuration builds into its own dir so objects never mix.
 BUILD := build
@@ -40,6 +48,31 @@ endif
 ifeq ($(SAN),1)
 CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
+endif
+
+# ---- aarch64: make CROSS=aarch64-linux-gnu- [all | test-aarch64] (ARM64=1 scripts/deps.sh installs the
+# cross compiler, qemu-user and the arm64 -dev packages). Objects in build/aarch64/, no BLAS. erinfer and
+# example are static (copied to a phone alone); Debian has no static libcjson, so every aarch64 program
+# links cJSON compiled from Debian's source package (deps.sh unpacks it into CJSON_SRC).
+ifneq ($(CROSS),)
+BUILD := build/aarch64
+CJSON_SRC ?= /usr/local/src/cjson
+CJSON_OBJ := $(BUILD)/obj/cjson/cJSON.o
+LDLIBS := $(CJSON_OBJ) $(filter-out -lcjson,$(LDLIBS))
+# The one link warning -w hides: libgomp's offload-plugin loader calls dlopen, which a static binary can
+# only serve with this glibc's shared objects; erinfer never offloads, so the call never runs.
+$(BUILD)/erinfer $(BUILD)/example: LDFLAGS += -static -Wl,--no-warnings
+# GCC 12.2's aarch64 vectorizer stops with an internal error (vect_transform_reduction) on some tests'
+# double reductions (test_sampler.c, test_merge.c); the library's own code compiles with the full flags.
+$(BUILD)/obj/tests/%.o: CFLAGS += -fno-tree-loop-vectorize
+$(BUILD)/erinfer $(BUILD)/example $(BUILD)/ertrain $(BUILD)/test_all $(BUILD)/liberinfer.ok: | $(CJSON_OBJ)
+# Criterion for arm64 sits outside dpkg's database (scripts/deps.sh says why); an RPATH, unlike a RUNPATH,
+# also serves libcriterion's own libnanomsg.
+CRITERION_ARM64 ?= /usr/local/lib/aarch64-criterion
+$(BUILD)/test_all: LDFLAGS += -L$(CRITERION_ARM64) -Wl,--disable-new-dtags,-rpath,$(CRITERION_ARM64)
+$(CJSON_OBJ): $(CJSON_SRC)/cJSON.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c89 -O2 $(ARCH) -g -c $< -o $@
 endif
 
 # Two libraries, one way up (DESIGN.md): liberinfer is the on-device runtime and links alone (no
