@@ -9,14 +9,21 @@
 //     split into a table of low bytes and one of high bytes, one lookup each gives 16 halves' bytes,
 //     ZIP1/ZIP2 put them back together and FCVTL widens them to fp32; no code ever goes through memory;
 //   - bf16: a shift left by 16 (SHLL) is the fp32; f16: FCVTL.
-// The dot-product extensions (SDOT: dotprod, SMMLA: i8mm) multiply int8 by int8; the activations here
-// are fp32 and the runtime keeps them so (the same numbers as on x86, up to the order of sums), so the
-// kernels use fp32 FMLA on every core. qk_neon_features reports what the CPU has (getauxval), for the
-// record in erinfer bench.
+// Where the CPU has the dot-product extension (dotprod, SDOT; getauxval HWCAP_ASIMDDP), q8 and q4 run on
+// SDOT instead: SDOT multiplies int8 by int8, and the runtime's activations are fp32, so each input row
+// is split exactly into four int8 limbs first, x = S * (a + b/2^7 + c/2^14 + d/2^21) with S = max|x| / 127
+// (each limb is what the previous one left, times 2^7, rounded), which leaves at most 2^-22 * S of each
+// element out: the products match the fp32 kernels to about the last bit of max|x|, not to int8
+// precision. The integer sums are exact; the limbs are combined in double. The q4 groups and the
+// codebook formats have per-group or per-code floats, and stay on fp32 FMLA. i8mm (SMMLA, a 2x8 by 8x2
+// int8 tile) is detected and reported but has no kernel: it pays only for N >= 2 input rows, each
+// needing the same limb split. qk_neon_features says what the CPU has and what runs.
 #if defined(__aarch64__)
 #include <arm_neon.h>
+#include <math.h>
 #include <sys/auxv.h>
 
+#include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "quant/qkernel.h"
@@ -29,10 +36,12 @@
 #define HWCAP2_I8MM (1 << 13)
 #endif
 
+static int has_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+
 const char *qk_neon_features(void) {
-    unsigned long h = getauxval(AT_HWCAP), h2 = getauxval(AT_HWCAP2);
-    int dp = (h & HWCAP_ASIMDDP) != 0, mm = (h2 & HWCAP2_I8MM) != 0;
-    return dp && mm ? "NEON (CPU: dotprod, i8mm)" : dp ? "NEON (CPU: dotprod)" : mm ? "NEON (CPU: i8mm)" : "NEON";
+    int dp = has_dotprod(), mm = (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
+    return dp && mm ? "NEON + dotprod for q8, q4 (CPU: dotprod, i8mm)" : dp ? "NEON + dotprod for q8, q4 (CPU: dotprod)"
+           : mm ? "NEON (CPU: i8mm)" : "NEON";
 }
 
 // Eight consecutive weights of a row as fp32.
@@ -181,28 +190,34 @@ static inline __attribute__((always_inline)) void row_q4(float32x4_t *acc, float
     }
 }
 
-// 2-bit codes, 32 elements per 8-byte block, looked up in the row's 4-entry codebook.
+// 2-bit codes, 32 elements per 8-byte block: one or two blocks from k on, looked up in the row's
+// 4-entry codebook; the codes at bits 2j of byte i are elements k + 8j + i (block 2: k + 32 + 8j + i).
+static inline __attribute__((always_inline)) void blocks_q2(float32x4_t *acc, const uint8_t *row, const float *inp,
+                                                            int K, int k, const int two, const int N, Lut16 t) {
+    const int A = NCH(N);
+    uint8x16_t v = load_blocks(row + k / 4, two), m3 = vdupq_n_u8(3);
+    uint8x16_t c[4] = {vandq_u8(v, m3), vandq_u8(vshrq_n_u8(v, 2), m3), vandq_u8(vshrq_n_u8(v, 4), m3), vshrq_n_u8(v, 6)};
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        W8 a, b;
+        lut_lookup(&a, &b, t, c[j]);
+        fma8(acc, a, inp, K, k + 8 * j, N, j % A);
+        if (two)
+            fma8(acc, b, inp, K, k + 32 + 8 * j, N, j % A);
+    }
+}
+
 static inline __attribute__((always_inline)) void row_q2lut(float32x4_t *acc, float *tail, const uint8_t *row,
                                                             const float *inp, int K, const int N, const Weight *w,
                                                             int r) {
-    const int A = NCH(N);
     const uint16_t *cbh = w->lut + (size_t)r * 4;
     Lut16 t = lut_load(cbh, 4);
-    int full = K & ~31;
-    for (int k = 0; k < full; k += 64) {
-        int two = k + 64 <= full;
-        uint8x16_t v = load_blocks(row + k / 4, two);
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) { // codes at bits 2j: elements k + 8j (block 1: k + 32 + 8j)
-            W8 a, b;
-            uint8x16_t c = vandq_u8(j ? vshlq_u8(v, vdupq_n_s8((int8_t)(-2 * j))) : v, vdupq_n_u8(3));
-            lut_lookup(&a, &b, t, c);
-            fma8(acc, a, inp, K, k + 8 * j, N, j % A);
-            if (two)
-                fma8(acc, b, inp, K, k + 32 + 8 * j, N, j % A);
-        }
-    }
-    for (int k = full; k < K; k++) {
+    int full = K & ~31, k = 0;
+    for (; k + 64 <= full; k += 64)
+        blocks_q2(acc, row, inp, K, k, 1, N, t);
+    if (k < full)
+        blocks_q2(acc, row, inp, K, k, 0, N, t);
+    for (k = full; k < K; k++) {
         float v = f16_to_f32(cbh[quant_code2(row, K, k)]);
         for (int n = 0; n < N; n++)
             tail[n] += v * inp[(size_t)n * K + k];
@@ -262,19 +277,148 @@ static inline __attribute__((always_inline)) void neon_row(float *out, int R, in
 
 typedef void (*NeonRowFn)(float *out, int R, int r, const Weight *w, const float *inp, const float *xsum);
 
+// ---- dotprod: q8 and q4 on SDOT against the input rows split into int8 limbs ----
+
+#define QK_LIMBS 4
+typedef struct {
+    int8_t *limb; // (N, QK_LIMBS, K): limb j of input row n at limb + (n * QK_LIMBS + j) * K
+    float *scale; // (N): S of each row (0 for an all-zero row)
+} Limbs;
+
+// inp (N, K) -> limbs: t = x / S, then a = rint(t), b = rint((t - a) * 2^7), ... Each subtraction and
+// each scaling by 2^7 is exact in fp32, so the limbs carry t to 2^-22 (t itself is x / S rounded once).
+static int limbs_make(Limbs *L, const float *inp, int N, int K) {
+    L->limb = er_alloc((size_t)N * QK_LIMBS * (size_t)K);
+    L->scale = er_alloc(sizeof(float) * (size_t)N);
+    if (!L->limb || !L->scale) {
+        er_free(L->limb);
+        er_free(L->scale);
+        return er_error(ER_ENOMEM, "quant_matmul_decode: no memory for %d x %d input limbs", N, K);
+    }
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * K;
+        float mx = 0.0f;
+        for (int k = 0; k < K; k++)
+            mx = fmaxf(mx, fabsf(x[k]));
+        float S = mx / 127.0f;
+        L->scale[n] = S;
+        int8_t *lb = L->limb + (size_t)n * QK_LIMBS * K;
+        for (int k = 0; k < K; k++) {
+            float t = S > 0 ? x[k] / S : 0.0f;
+            for (int j = 0; j < QK_LIMBS; j++) {
+                float a = rintf(t);
+                lb[(size_t)j * K + k] = (int8_t)a;
+                t = (t - a) * 128.0f;
+            }
+        }
+    }
+    return ER_OK;
+}
+
+#pragma GCC push_options
+#pragma GCC target("arch=armv8.2-a+dotprod")
+
+// 16 consecutive weights from k as int8: q8's bytes, or q4's codes - 8 (a 16-element block is 8 bytes:
+// low nibbles k..k+7, high nibbles k+8..k+15).
+static inline int8x16_t sdot_w16(const uint8_t *row, int k, const WeightFormat fmt) {
+    if (fmt == WF_Q8)
+        return vld1q_s8((const int8_t *)row + k);
+    uint8x8_t v = vld1_u8(row + k / 2);
+    uint8x16_t c = vcombine_u8(vand_u8(v, vdup_n_u8(15)), vshr_n_u8(v, 4));
+    return vsubq_s8(vreinterpretq_s8_u8(c), vdupq_n_s8(8));
+}
+
+// Limbs j0 .. j0+J-1 of the N input rows against row r: their exact integer dot products into d (N, J).
+static inline __attribute__((always_inline)) void sdot_pass(int32_t *d, const uint8_t *row, const Limbs *L, int K,
+                                                            int full, const int N, const int J, int j0,
+                                                            const WeightFormat fmt) {
+    int32x4_t acc[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < N * J; i++)
+        acc[i] = vdupq_n_s32(0);
+    for (int k = 0; k < full; k += 16) {
+        int8x16_t w = sdot_w16(row, k, fmt);
+#pragma GCC unroll 8
+        for (int n = 0; n < N; n++)
+#pragma GCC unroll 4
+            for (int j = 0; j < J; j++)
+                acc[n * J + j] = vdotq_s32(acc[n * J + j], w, vld1q_s8(L->limb + ((size_t)n * QK_LIMBS + j0 + j) * K + k));
+    }
+    for (int i = 0; i < N * J; i++)
+        d[i] = vaddvq_s32(acc[i]);
+}
+
+// out[n, r]: the limbs' sums combined in double, the last K % 16 elements against the fp32 inputs.
+static inline __attribute__((always_inline)) void sdot_row(float *out, int R, int r, const Weight *w,
+                                                           const float *inp, const Limbs *L, const int N,
+                                                           const WeightFormat fmt) {
+    const int K = w->cols, full = K & ~15, J = N <= 4 ? 4 : 2; // N * J <= 16 accumulators
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(fmt, K);
+    double dot[QUANT_DECODE_MAX_N] = {0};
+    for (int j0 = 0; j0 < QK_LIMBS; j0 += J) {
+        int32_t d[16];
+        sdot_pass(d, row, L, K, full, N, J, j0, fmt);
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < J; j++)
+                dot[n] += (double)d[n * J + j] * ldexp(1.0, -7 * (j0 + j));
+    }
+    for (int n = 0; n < N; n++) {
+        double t = 0;
+        for (int k = full; k < K; k++) {
+            float c = fmt == WF_Q8 ? (float)((const int8_t *)row)[k] : (float)quant_code4(row, K, k) - 8.0f;
+            t += c * inp[(size_t)n * K + k];
+        }
+        out[(size_t)n * R + r] = (float)(w->scale[r] * ((double)L->scale[n] * dot[n] + t));
+    }
+}
+
+typedef void (*SdotRowFn)(float *out, int R, int r, const Weight *w, const float *inp, const Limbs *L);
+
+#define QK_SDOT_ROW(FMT, name, N)                                                                                 \
+    static void sdot_##name##_##N(float *out, int R, int r, const Weight *w, const float *inp, const Limbs *L) {    \
+        sdot_row(out, R, r, w, inp, L, N, FMT);                                                                   \
+    }
+#define QK_SDOT_FORMAT(FMT, name)                                                                                 \
+    QK_SDOT_ROW(FMT, name, 1) QK_SDOT_ROW(FMT, name, 2) QK_SDOT_ROW(FMT, name, 3) QK_SDOT_ROW(FMT, name, 4)      \
+    QK_SDOT_ROW(FMT, name, 5) QK_SDOT_ROW(FMT, name, 6) QK_SDOT_ROW(FMT, name, 7) QK_SDOT_ROW(FMT, name, 8)      \
+    static const SdotRowFn sdot_##name[QUANT_DECODE_MAX_N] = {sdot_##name##_1, sdot_##name##_2, sdot_##name##_3,  \
+                                                              sdot_##name##_4, sdot_##name##_5, sdot_##name##_6,  \
+                                                              sdot_##name##_7, sdot_##name##_8};
+
+QK_SDOT_FORMAT(WF_Q8, q8)
+QK_SDOT_FORMAT(WF_Q4, q4)
+
+#pragma GCC pop_options
+
+static int sdot_decode(float *out, const float *inp, const Weight *w, int N, const SdotRowFn *rows) {
+    Limbs L;
+    ER_TRY(limbs_make(&L, inp, N, w->cols));
+    SdotRowFn fn = rows[N - 1];
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < w->rows; r++)
+        fn(out, w->rows, r, w, inp, &L);
+    er_free(L.limb);
+    er_free(L.scale);
+    return ER_OK;
+}
+
 // One function per (format, N), so that both are constants inside; QK_NEON_FORMAT makes the eight of a
-// format, a table indexed by N - 1, and the table entry qk_decode_neon_<name>.
+// format, a table indexed by N - 1, and the table entry qk_decode_neon_<name> (q8 and q4: on SDOT where
+// the CPU has it).
 #define QK_NEON_ROW(FMT, name, N)                                                                                 \
     static void rows_##name##_##N(float *out, int R, int r, const Weight *w, const float *inp, const float *xsum) { \
         neon_row(out, R, r, w, inp, xsum, N, FMT);                                                                \
     }
-#define QK_NEON_FORMAT(FMT, name)                                                                                 \
+#define QK_NEON_FORMAT(FMT, name, SDOT)                                                                           \
     QK_NEON_ROW(FMT, name, 1) QK_NEON_ROW(FMT, name, 2) QK_NEON_ROW(FMT, name, 3) QK_NEON_ROW(FMT, name, 4)      \
     QK_NEON_ROW(FMT, name, 5) QK_NEON_ROW(FMT, name, 6) QK_NEON_ROW(FMT, name, 7) QK_NEON_ROW(FMT, name, 8)      \
     static const NeonRowFn rows_##name[QUANT_DECODE_MAX_N] = {rows_##name##_1, rows_##name##_2, rows_##name##_3,  \
                                                               rows_##name##_4, rows_##name##_5, rows_##name##_6,  \
                                                               rows_##name##_7, rows_##name##_8};                 \
     int qk_decode_neon_##name(float *out, const float *inp, const Weight *w, int N) {                            \
+        const SdotRowFn *sdot = SDOT;                                                                             \
+        if (sdot && has_dotprod())                                                                                \
+            return sdot_decode(out, inp, w, N, sdot);                                                             \
         return neon_decode(out, inp, w, N, rows_##name);                                                          \
     }
 
@@ -297,12 +441,12 @@ static int neon_decode(float *out, const float *inp, const Weight *w, int N, con
     return ER_OK;
 }
 
-QK_NEON_FORMAT(WF_Q8, q8)
-QK_NEON_FORMAT(WF_Q4, q4)
-QK_NEON_FORMAT(WF_Q4G, q4g)
-QK_NEON_FORMAT(WF_Q4LUT, q4lut)
-QK_NEON_FORMAT(WF_Q2LUT, q2lut)
-QK_NEON_FORMAT(WF_BF16, bf16)
-QK_NEON_FORMAT(WF_F16, f16)
+QK_NEON_FORMAT(WF_Q8, q8, sdot_q8)
+QK_NEON_FORMAT(WF_Q4, q4, sdot_q4)
+QK_NEON_FORMAT(WF_Q4G, q4g, NULL)
+QK_NEON_FORMAT(WF_Q4LUT, q4lut, NULL)
+QK_NEON_FORMAT(WF_Q2LUT, q2lut, NULL)
+QK_NEON_FORMAT(WF_BF16, bf16, NULL)
+QK_NEON_FORMAT(WF_F16, f16, NULL)
 
 #endif
