@@ -9,6 +9,8 @@
 #   make SAN=1 test      the same under ASan + UBSan (objects in build/san/)
 #   make ARCH=           portable build (default ARCH=-march=native)
 #   make BLAS=0          no OpenBLAS: the built-in GEMM (the runtime library must build this way)
+#   make test-aarch64    the runtime cross-built for aarch64 and its suites under qemu (make CROSS=aarch64-linux-gnu-
+#                        builds it alone into build/aarch64/; section "aarch64" below)
 #   make fuzz            libFuzzer targets (tests/fuzz/, clang, ASan + UBSan), FUZZ_TIME s each (default 30)
 #   make fuzz FUZZ_TARGETS=fuzz_config   one target (or a list); make fuzz-build only builds them (build/fuzz/)
 
@@ -74,6 +76,29 @@ $(CJSON_OBJ): $(CJSON_SRC)/cJSON.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c89 -O2 $(ARCH) -g -c $< -o $@
 endif
+
+# make test-aarch64 (CI runs it after make test): the x86 build (the token comparison's reference), then
+# the aarch64 build and, under qemu (the kernel runs aarch64 programs through it, scripts/deps.sh):
+#   - every suite of the runtime's test folders (core quant lora model data infer) on `-cpu max` (a core
+#     with dotprod and i8mm); the training tier's suites (train rl switcher_train verifier_train) are left
+#     out: they are not on the device, and two of them pass 60 s per test under emulation;
+#   - the kernel and forward suites on `-cpu cortex-a53` (ARMv8.0, no dot-product extensions): any
+#     instruction beyond the baseline would stop them with SIGILL;
+#   - the tiny base's greedy tokens against x86's on both CPU models (scripts/aarch64_tokens.sh).
+lparen := (
+AARCH64_SUITES = $(sort $(shell sed -n 's/^Test$(lparen)\([a-z_0-9]*\),.*/\1/p' $(wildcard $(RUNTIME_DIRS:%=tests/%/*.c))))
+AARCH64_A53_SUITES := quant_kernels quant_formats quant_model reference kvcache engine api example
+AARCH64_RUN = OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(BUILD)/test_all --jobs 2
+.PHONY: test-aarch64 test-aarch64-run
+test-aarch64:
+	ARM64=1 bash scripts/deps.sh
+	$(MAKE) --no-print-directory all
+	$(MAKE) --no-print-directory CROSS=aarch64-linux-gnu- test-aarch64-run
+
+test-aarch64-run: all $(BUILD)/test_all ref
+	QEMU_CPU=max $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_SUITES)))/*'
+	QEMU_CPU=cortex-a53 $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_A53_SUITES)))/*'
+	bash scripts/aarch64_tokens.sh build $(BUILD)
 
 # Two libraries, one way up (DESIGN.md): liberinfer is the on-device runtime and links alone (no
 # training object, no BLAS needed: `make BLAS=0`); libertrain is the training tier above it. The
