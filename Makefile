@@ -20,7 +20,7 @@ BLAS ?= 1
 PY ?= /usr/bin/python3
 QUICK ?= 0
 # aarch64 (phones), cross-built here: make CROSS=aarch64-linux-gnu- (the aarch64 section below has the
-# rest). ARMv8.0 is the baseline (NEON is always there); dotprod and i8mm are chosen at run time.
+# rest). ARMv8.0 is the baseline (NEON is always there); dotprod is chosen at run time (quant/qkernel_neon.c).
 CROSS ?=
 ifneq ($(CROSS),)
 CC := $(CROSS)gcc
@@ -81,7 +81,7 @@ endif
 # the aarch64 build and, under qemu (the kernel runs aarch64 programs through it, scripts/deps.sh):
 #   - every suite of the runtime's test folders (core quant lora model data infer) on `-cpu max` (a core
 #     with dotprod and i8mm); the training tier's suites (train rl switcher_train verifier_train) are left
-#     out: they are not on the device, and two of them pass 60 s per test under emulation;
+#     out: they are not on the device, and two of them exceed Criterion's 60 s per test under emulation;
 #   - the kernel and forward suites on `-cpu cortex-a53` (ARMv8.0, no dot-product extensions): any
 #     instruction beyond the baseline would stop them with SIGILL;
 #   - the tiny base's greedy tokens against x86's on both CPU models (scripts/aarch64_tokens.sh).

@@ -32,6 +32,12 @@ if [ "${ARM64:-0}" = 1 ]; then
     dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO_ARM dpkg --add-architecture arm64
     echo "deps.sh: installing ${arm_missing[*]}" >&2
     $SUDO_ARM apt-get update -qq
+    # An arm64 package that is not co-installable would replace its amd64 twin (the x86 build's): refuse.
+    removes=$(apt-get -s install --no-install-recommends "${arm_missing[@]}" | sed -n 's/^Remv //p')
+    if [ -n "$removes" ]; then
+      echo "deps.sh: installing ${arm_missing[*]} would remove: $removes; not installing" >&2
+      exit 1
+    fi
     DEBIAN_FRONTEND=noninteractive $SUDO_ARM apt-get install -y -qq --no-install-recommends "${arm_missing[@]}" >&2
   fi
   # Debian ships no static libcjson, so the static aarch64 erinfer compiles cJSON.c from Debian's own
@@ -58,7 +64,7 @@ if [ "${ARM64:-0}" = 1 ]; then
   CRITERION_ARM64=${CRITERION_ARM64:-/usr/local/lib/aarch64-criterion}
   if [ ! -f "$CRITERION_ARM64/libcriterion.so" ]; then
     tmp=$(mktemp -d)
-    (cd "$tmp" && apt-get download -qq libcriterion3:arm64 libnanomsg5:arm64 >/dev/null 2>&1)
+    (cd "$tmp" && apt-get download -qq libcriterion3:arm64 libnanomsg5:arm64 >/dev/null)
     for d in "$tmp"/*.deb; do dpkg-deb -x "$d" "$tmp/root"; done
     $SUDO_ARM mkdir -p "$CRITERION_ARM64"
     $SUDO_ARM cp -a "$tmp"/root/usr/lib/aarch64-linux-gnu/lib{criterion,nanomsg}.so.* "$CRITERION_ARM64"/
