@@ -11,6 +11,8 @@
 #   make BLAS=0          no OpenBLAS: the built-in GEMM (the runtime library must build this way)
 #   make CUDA=1          with the CUDA backend (model/cuda/: nvcc, cuBLAS from CUDA_HOME, default /usr/local/cuda)
 #                        in build/cuda/; make CUDA=1 cuda-check builds everything so (CI's compile and link check)
+#   make test-aarch64    the runtime cross-built for aarch64 and its suites under qemu (make CROSS=aarch64-linux-gnu-
+#                        builds it alone into build/aarch64/; section "aarch64" below)
 #   make fuzz            libFuzzer targets (tests/fuzz/, clang, ASan + UBSan), FUZZ_TIME s each (default 30)
 #   make fuzz FUZZ_TARGETS=fuzz_config   one target (or a list); make fuzz-build only builds them (build/fuzz/)
 
@@ -19,6 +21,14 @@ SAN ?= 0
 BLAS ?= 1
 PY ?= /usr/bin/python3
 QUICK ?= 0
+# aarch64 (phones), cross-built here: make CROSS=aarch64-linux-gnu- (the aarch64 section below has the
+# rest). ARMv8.0 is the baseline (NEON is always there); dotprod is chosen at run time (quant/qkernel_neon.c).
+CROSS ?=
+ifneq ($(CROSS),)
+CC := $(CROSS)gcc
+ARCH := -march=armv8-a
+override BLAS := 0
+endif
 
 # Each configuration builds into its own dir so objects never mix.
 BUILD := build
@@ -62,6 +72,54 @@ CFLAGS += -DER_CUDA -I$(CUDA_HOME)/include
 # nvcc's kernel launch stubs need the C++ runtime (static-local guards).
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 endif
+
+# ---- aarch64: make CROSS=aarch64-linux-gnu- [all | test-aarch64] (ARM64=1 scripts/deps.sh installs the
+# cross compiler, qemu-user and the arm64 -dev packages). Objects in build/aarch64/, no BLAS. erinfer and
+# example are static (copied to a phone alone); Debian has no static libcjson, so every aarch64 program
+# links cJSON compiled from Debian's source package (deps.sh unpacks it into CJSON_SRC).
+ifneq ($(CROSS),)
+BUILD := build/aarch64
+CJSON_SRC ?= /usr/local/src/cjson
+CJSON_OBJ := $(BUILD)/obj/cjson/cJSON.o
+LDLIBS := $(CJSON_OBJ) $(filter-out -lcjson,$(LDLIBS))
+# The one link warning -w hides: libgomp's offload-plugin loader calls dlopen, which a static binary can
+# only serve with this glibc's shared objects; erinfer never offloads, so the call never runs.
+$(BUILD)/erinfer $(BUILD)/example: LDFLAGS += -static -Wl,--no-warnings
+# GCC 12.2's aarch64 vectorizer stops with an internal error (vect_transform_reduction) on some tests'
+# double reductions (test_sampler.c, test_merge.c); the library's own code compiles with the full flags.
+$(BUILD)/obj/tests/%.o: CFLAGS += -fno-tree-loop-vectorize
+$(BUILD)/erinfer $(BUILD)/example $(BUILD)/ertrain $(BUILD)/test_all $(BUILD)/liberinfer.ok: | $(CJSON_OBJ)
+# Criterion for arm64 sits outside dpkg's database (scripts/deps.sh says why); an RPATH, unlike a RUNPATH,
+# also serves libcriterion's own libnanomsg.
+CRITERION_ARM64 ?= /usr/local/lib/aarch64-criterion
+$(BUILD)/test_all: LDFLAGS += -L$(CRITERION_ARM64) -Wl,--disable-new-dtags,-rpath,$(CRITERION_ARM64)
+$(CJSON_OBJ): $(CJSON_SRC)/cJSON.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c89 -O2 $(ARCH) -g -c $< -o $@
+endif
+
+# make test-aarch64 (CI runs it after make test): the x86 build (the token comparison's reference), then
+# the aarch64 build and, under qemu (the kernel runs aarch64 programs through it, scripts/deps.sh):
+#   - every suite of the runtime's test folders (core quant lora model data infer) on `-cpu max` (a core
+#     with dotprod and i8mm); the training tier's suites (train rl switcher_train verifier_train) are left
+#     out: they are not on the device, and two of them exceed Criterion's 60 s per test under emulation;
+#   - the kernel and forward suites on `-cpu cortex-a53` (ARMv8.0, no dot-product extensions): any
+#     instruction beyond the baseline would stop them with SIGILL;
+#   - the tiny base's greedy tokens against x86's on both CPU models (scripts/aarch64_tokens.sh).
+lparen := (
+AARCH64_SUITES = $(sort $(shell sed -n 's/^Test$(lparen)\([a-z_0-9]*\),.*/\1/p' $(wildcard $(RUNTIME_DIRS:%=tests/%/*.c))))
+AARCH64_A53_SUITES := quant_kernels quant_formats quant_model reference kvcache engine api example
+AARCH64_RUN = OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(BUILD)/test_all --jobs 2
+.PHONY: test-aarch64 test-aarch64-run
+test-aarch64:
+	ARM64=1 bash scripts/deps.sh
+	$(MAKE) --no-print-directory all
+	$(MAKE) --no-print-directory CROSS=aarch64-linux-gnu- test-aarch64-run
+
+test-aarch64-run: all $(BUILD)/test_all ref
+	QEMU_CPU=max $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_SUITES)))/*'
+	QEMU_CPU=cortex-a53 $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_A53_SUITES)))/*'
+	bash scripts/aarch64_tokens.sh build $(BUILD)
 
 # Two libraries, one way up (DESIGN.md): liberinfer is the on-device runtime and links alone (no
 # training object, no BLAS needed: `make BLAS=0`); libertrain is the training tier above it. The

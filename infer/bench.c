@@ -10,6 +10,7 @@
 #include "infer/engine.h"
 #include "lora/peft.h"
 #include "model/model.h"
+#include "quant/quant.h"
 
 // A prompt of exactly n tokens: ordinary text repeated when the dir has a tokenizer, else a fixed
 // pattern of ids.
@@ -48,6 +49,22 @@ static size_t model_weight_bytes(const Model *m) {
     return n;
 }
 
+// Weight bytes the model holds outside its file mappings: the fp32 vectors, and matrices whose data
+// had to be copied (dtype or alignment).
+static size_t model_copied_bytes(const Model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const Weight *w = m->params[i].w;
+        int mapped = 0;
+        for (int f = 0; w && f < m->n_files; f++) {
+            const char *p = w->data, *base = m->files[f].map;
+            mapped |= p >= base && p < base + m->files[f].map_size;
+        }
+        n += !w ? m->params[i].numel * sizeof(float) : mapped ? 0 : weight_bytes(w);
+    }
+    return n;
+}
+
 int bench_decode_steps(const GenSample *s, int n) {
     int steps = 0;
     for (int i = 0; i < n; i++)
@@ -65,6 +82,8 @@ static int bench_row(Model *m, const LoraAdapter *ad, KvType kv, int N, const in
     Engine e = {0};
     GenSample *out = NULL;
     ER_CHECK(engine_init(&e, m, NULL, kv, N, P + T, 128, 0));
+    size_t kv_alloc = e.kv.bytes, V = (size_t)m->cfg.V;
+    size_t scratch = e.prefill.bytes + e.decode.bytes + V * (3 * sizeof(float) + sizeof(SamplerCand));
     if (base_first)
         ER_CHECK(engine_prefill(&e, prompt, P, NULL, NULL, NULL, NULL));
     GenConfig g;
@@ -90,6 +109,8 @@ static int bench_row(Model *m, const LoraAdapter *ad, KvType kv, int N, const in
     row->tokens = st.generated_tokens;
     row->kv_bytes = st.kv_bytes;
     row->prompt_reused = st.prompt_reused;
+    row->kv_alloc_bytes = kv_alloc;
+    row->scratch_bytes = scratch + e.verify.bytes;
     gen_samples_free(out, N);
 done:
     er_free(out);
@@ -123,6 +144,10 @@ int bench_run(const BenchConfig *c, BenchResult *res) {
     res->C = m.cfg.C;
     res->V = m.cfg.V;
     res->weight_bytes = model_weight_bytes(&m);
+    for (int i = 0; i < m.n_files; i++)
+        res->mapped_bytes += m.files[i].map_size;
+    res->copied_bytes = model_copied_bytes(&m);
+    res->kernels = quant_simd_name();
     static const int Ns[] = {1, 2, 4, 8};
     static const KvType kvs[] = {KV_F32, KV_INT8};
     for (int k = 0; k < 2; k++)

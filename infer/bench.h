@@ -1,4 +1,4 @@
-// The bench runner: time to first token, decode speed and KV memory of a model dir for N = 1, 2, 4, 8
+// The bench runner: time to first token, decode speed and memory (weights, KV, scratch) of a model dir for N = 1, 2, 4, 8
 // parallel samples sharing one prompt, with the KV cache in fp32 and in int8. The engine runs with
 // EOS stopping off (no tokenizer, no eos id), so every sample decodes exactly new_tokens tokens; the
 // rows still report the tokens actually generated. With an adapter, one more row times the
@@ -21,11 +21,18 @@ typedef struct {
     long tokens;         // generated, all samples
     size_t kv_bytes;
     int prompt_reused;   // prompt positions found in the cache
+    // The row's memory beside the weights, as sized up front for N samples of prompt + new tokens: the
+    // KV cache allocated, and the scratch (activations of a prefill chunk and of N decode rows, the
+    // sampler's and the last prompt's (V) buffers).
+    size_t kv_alloc_bytes, scratch_bytes;
 } BenchRow;
 
 typedef struct BenchResult {
     int L, C, V;             // the model's layers, hidden size and vocabulary
     size_t weight_bytes;     // weights as held in memory (packed formats at their size; vectors fp32)
+    size_t mapped_bytes;     // the safetensors files mmapped (read-only, paged in as the weights are read)
+    size_t copied_bytes;     // weights held outside the mapping (fp32 vectors, matrices not usable in place)
+    const char *kernels;     // the decode kernels' instruction set (quant_simd_name)
     BenchRow rows[BENCH_ROWS];
     int n_rows;
     int has_adapter;         // adapter_row is set

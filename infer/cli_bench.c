@@ -1,5 +1,5 @@
 // erinfer bench: TTFT, decode speed and KV memory at N = 1, 2, 4, 8 samples, fp32 vs int8 KV (the
-// runner: infer/bench.h); a table, or one JSON object with --json.
+// runner: infer/bench.h), then the memory a device must hold; a table, or one JSON object with --json.
 #include <stdio.h>
 
 #include <cjson/cJSON.h>
@@ -33,6 +33,18 @@ static void table_row(void *user, const BenchResult *res, int i) {
     fflush(stdout);
 }
 
+// What a device must hold at the table's largest N (its last row of each KV type), to size a phone:
+// the weights (mapped from the files, and as held), the KV cache and the scratch.
+static void print_memory(const BenchConfig *c, const BenchResult *res) {
+    const BenchRow *f = &res->rows[res->n_rows / 2 - 1], *q = &res->rows[res->n_rows - 1];
+    const double MiB = 1048576.0;
+    printf("memory at N = %d, %d + %d positions per sample: weights %.2f MiB mapped from the files + %.2f MiB "
+           "copied, KV %.2f MiB f32 / %.2f MiB int8, scratch %.2f MiB; total %.2f MiB with int8 KV; kernels %s\n",
+           q->n, c->prompt_tokens, c->new_tokens, res->mapped_bytes / MiB, res->copied_bytes / MiB,
+           f->kv_alloc_bytes / MiB, q->kv_alloc_bytes / MiB, q->scratch_bytes / MiB,
+           (res->mapped_bytes + res->copied_bytes + q->kv_alloc_bytes + q->scratch_bytes) / MiB, res->kernels);
+}
+
 static int print_json(const BenchConfig *c, int threads, const BenchResult *res) {
     cJSON *root = cJSON_CreateObject(), *rows = root ? cJSON_AddArrayToObject(root, "rows") : NULL;
     if (!rows) {
@@ -41,6 +53,9 @@ static int print_json(const BenchConfig *c, int threads, const BenchResult *res)
     }
     cJSON_AddStringToObject(root, "model", c->model);
     cJSON_AddNumberToObject(root, "weight_bytes", (double)res->weight_bytes);
+    cJSON_AddNumberToObject(root, "weights_mapped_bytes", (double)res->mapped_bytes);
+    cJSON_AddNumberToObject(root, "weights_copied_bytes", (double)res->copied_bytes);
+    cJSON_AddStringToObject(root, "kernels", res->kernels);
     cJSON_AddNumberToObject(root, "prompt_tokens", c->prompt_tokens);
     cJSON_AddNumberToObject(root, "new_tokens", c->new_tokens);
     cJSON_AddNumberToObject(root, "threads", threads);
@@ -56,6 +71,8 @@ static int print_json(const BenchConfig *c, int threads, const BenchResult *res)
         cJSON_AddNumberToObject(o, "tokens", (double)r->tokens);
         cJSON_AddNumberToObject(o, "kv_bytes", (double)r->kv_bytes);
         cJSON_AddNumberToObject(o, "prompt_reused", r->prompt_reused);
+        cJSON_AddNumberToObject(o, "kv_alloc_bytes", (double)r->kv_alloc_bytes);
+        cJSON_AddNumberToObject(o, "scratch_bytes", (double)r->scratch_bytes);
         cJSON_AddItemToArray(rows, o);
     }
     if (res->has_adapter) {
@@ -99,6 +116,8 @@ int cmd_bench(int argc, char **argv) {
     BenchResult res;
     if (bench_run(&c, &res) < 0 || (json && print_json(&c, table.threads, &res) < 0))
         return cli_fail("bench");
+    if (!json)
+        print_memory(&c, &res);
     if (!json && res.has_adapter)
         printf("after a base prefill of the prompt, the %s adapter's first token: TTFT %.2f ms, %d of %d prompt "
                "positions reused\n", res.adapter_masked ? "masked" : "unmasked", 1e3 * res.adapter_row.ttft_s,

@@ -24,11 +24,21 @@
 #include "quant/qkernel.h"
 #include "quant/quant.h"
 
-#if QK_SIMD
+#if QK_AVX2
 #include <immintrin.h>
 #endif
 
 int quant_has_simd(void) { return QK_SIMD; }
+
+const char *quant_simd_name(void) {
+#if QK_AVX2
+    return "AVX2";
+#elif QK_SIMD
+    return qk_neon_features();
+#else
+    return "portable";
+#endif
+}
 
 size_t quant_scratch_floats(int max_cols) { return (size_t)QUANT_TILE_ROWS * (size_t)(max_cols > 0 ? max_cols : 0); }
 
@@ -105,7 +115,7 @@ int quant_matmul_decode_portable(float *out, const float *inp, const Weight *w, 
     return ER_OK;
 }
 
-#if QK_SIMD
+#if QK_AVX2
 
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -1,6 +1,6 @@
 // The SIMD decode kernels the format table (quant/weight.c) points at, one per format that has one,
-// built where the compiler targets AVX2 + FMA + F16C; elsewhere the table holds NULL and the portable
-// path runs. Only quant/ includes this; everyone else goes through quant_matmul_decode.
+// built where the compiler targets AVX2 + FMA + F16C (quant/qkernel.c) or aarch64 (NEON,
+// quant/qkernel_neon.c); elsewhere the table holds NULL and the portable path runs. Only quant/ includes this; everyone else goes through quant_matmul_decode.
 #ifndef QUANT_QKERNEL_H
 #define QUANT_QKERNEL_H
 
@@ -18,6 +18,20 @@ int qk_decode_simd_q4lut(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_bf16(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_f16(float *out, const float *inp, const Weight *w, int N);
 #define QK_DECODE(name) qk_decode_simd_##name
+#define QK_AVX2 1
+#elif defined(__aarch64__)
+#define QK_SIMD 1
+// The same contract as the AVX2 kernels above (q4g declines a group that is not a multiple of 16).
+int qk_decode_neon_q8(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_neon_q4(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_neon_q4g(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_neon_q2lut(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_neon_q4lut(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_neon_bf16(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_neon_f16(float *out, const float *inp, const Weight *w, int N);
+// "NEON", plus the dot-product extensions the CPU reports (getauxval), for quant_simd_name.
+const char *qk_neon_features(void);
+#define QK_DECODE(name) qk_decode_neon_##name
 #else
 #define QK_SIMD 0
 #define QK_DECODE(name) NULL

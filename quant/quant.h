@@ -71,6 +71,8 @@ int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, fl
 int quant_matmul_decode_portable(float *out, const float *inp, const Weight *w, int N, float *scratch);
 // 1 when this build has the SIMD decode kernels.
 int quant_has_simd(void);
+// The decode kernels' instruction set: "AVX2", "NEON" (with the dot-product extensions the CPU reports), "portable".
+const char *quant_simd_name(void);
 
 // ---- packed tensors in a model file (naming at the top of this file) ----
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -253,6 +254,27 @@ Test(cli, bench_table) {
     cr_assert_eq(res.n_rows, 8, "expected 8 table rows, got %d", res.n_rows);
     for (int j = 0; j < 4; j++)
         cr_assert_lt(kv[1][j], kv[0][j], "int8 KV not smaller than fp32 for row %d", j);
+    // The footprint: the mapping is the weights file (an fp32 model, used in place: only its vectors are
+    // copied), and a row's KV allocation holds at least keys and values of every position of N samples.
+    struct stat st;
+    char *file = path_join(fx.model, "model.safetensors");
+    cr_assert_eq(stat(file, &st), 0);
+    cr_assert_eq(res.mapped_bytes, (size_t)st.st_size, "mapped %zu bytes, the file has %lld", res.mapped_bytes,
+                 (long long)st.st_size);
+    cr_assert(res.copied_bytes > 0 && res.copied_bytes < res.weight_bytes / 4, "copied %zu of %zu weight bytes",
+              res.copied_bytes, res.weight_bytes);
+    cr_assert(res.kernels && res.kernels[0]);
+    Model m;
+    cr_assert_eq(model_load(&m, fx.model, 0), 0, "%s", er_last_error());
+    for (int i = 0; i < res.n_rows; i++) {
+        const BenchRow *r = &res.rows[i];
+        size_t per_pos = 2 * (size_t)m.cfg.L * m.cfg.NKV * m.cfg.HS * (strcmp(r->kv, "f32") ? 1 : sizeof(float));
+        cr_assert_geq(r->kv_alloc_bytes, per_pos * r->n * (c.prompt_tokens + c.new_tokens), "row %d: KV allocated %zu bytes", i, r->kv_alloc_bytes);
+        cr_assert_geq(r->kv_alloc_bytes, r->kv_bytes, "row %d: KV in use beyond the allocation", i);
+        cr_assert_gt(r->scratch_bytes, (size_t)m.cfg.V * sizeof(float), "row %d: scratch %zu bytes", i, r->scratch_bytes);
+    }
+    model_free(&m);
+    er_free(file);
 }
 
 // The adapter-after-base-prefill row: a masked adapter reuses every prompt position the base

@@ -1,0 +1,452 @@
+// NEON decode kernels (aarch64, ARMv8.0: every AArch64 core has Advanced SIMD): the `decode` column of
+// the format table on ARM, the same entries quant/qkernel.c fills with AVX2 on x86, tested against the
+// same portable reference. A weight row is read once and multiplied into all N <= 8 input rows, with
+// two q registers (8 lanes) per accumulator chain and input row; packed codes are widened in registers:
+//   - q8: int8 -> int16 -> int32 (SXTL) -> fp32 (SCVTF);
+//   - q4, q4g: a 16-byte load is two 16-element blocks (quant/weight.h); AND 15 / USHR 4 give 8
+//     consecutive codes each, then UXTL, UCVTF (q4g adds one FMLA for u * scale + zero);
+//   - q4lut, q2lut: the codes index the row's fp16 codebook with TBL (vqtbl1q_u8): the codebook is
+//     split into a table of low bytes and one of high bytes, one lookup each gives 16 halves' bytes,
+//     ZIP1/ZIP2 put them back together and FCVTL widens them to fp32; no code ever goes through memory;
+//   - bf16: a shift left by 16 (SHLL) is the fp32; f16: FCVTL.
+// Where the CPU has the dot-product extension (dotprod, SDOT; getauxval HWCAP_ASIMDDP), q8 and q4 run on
+// SDOT instead: SDOT multiplies int8 by int8, and the runtime's activations are fp32, so each input row
+// is split exactly into four int8 limbs first, x = S * (a + b/2^7 + c/2^14 + d/2^21) with S = max|x| / 127
+// (each limb is what the previous one left, times 2^7, rounded), which leaves at most 2^-22 * S of each
+// element out: the products match the fp32 kernels to about the last bit of max|x|, not to int8
+// precision. The integer sums are exact; the limbs are combined in double. The q4 groups and the
+// codebook formats have per-group or per-code floats, and stay on fp32 FMLA. i8mm (SMMLA, a 2x8 by 8x2
+// int8 tile) is detected and reported but has no kernel: it pays only for N >= 2 input rows, each
+// needing the same limb split. qk_neon_features says what the CPU has and what runs.
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#include <math.h>
+#include <sys/auxv.h>
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "quant/qkernel.h"
+#include "quant/quant.h"
+
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
+
+static int has_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+
+const char *qk_neon_features(void) {
+    int dp = has_dotprod(), mm = (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
+    return dp && mm ? "NEON + dotprod for q8, q4 (CPU: dotprod, i8mm)" : dp ? "NEON + dotprod for q8, q4 (CPU: dotprod)"
+           : mm ? "NEON (CPU: i8mm)" : "NEON";
+}
+
+// Eight consecutive weights of a row as fp32.
+typedef struct {
+    float32x4_t lo, hi;
+} W8;
+
+// Independent chains per input row: an FMLA takes 4 cycles on two pipes of a Cortex-A7x, so with one or
+// two input rows a single chain, not the loads, would set the pace.
+#define NCH(N) ((N) <= 2 ? 4 : (N) <= 4 ? 2 : 1)
+
+// acc (N * NCH(N) * 2): chain `chain` of each input row n += w * inp[n, k..k+7].
+static inline __attribute__((always_inline)) void fma8(float32x4_t *acc, W8 w, const float *inp, int K, int k,
+                                                       const int N, int chain) {
+    const int A = NCH(N);
+#pragma GCC unroll 8
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * K + k;
+        float32x4_t *a = acc + 2 * (n * A + chain);
+        a[0] = vfmaq_f32(a[0], w.lo, vld1q_f32(x));
+        a[1] = vfmaq_f32(a[1], w.hi, vld1q_f32(x + 4));
+    }
+}
+
+static inline W8 w8_u8(uint8x8_t c) {
+    uint16x8_t h = vmovl_u8(c);
+    return (W8){vcvtq_f32_u32(vmovl_u16(vget_low_u16(h))), vcvtq_f32_u32(vmovl_high_u16(h))};
+}
+
+static inline W8 w8_i8(const int8_t *q) {
+    int16x8_t h = vmovl_s8(vld1_s8(q));
+    return (W8){vcvtq_f32_s32(vmovl_s16(vget_low_s16(h))), vcvtq_f32_s32(vmovl_high_s16(h))};
+}
+
+static inline W8 w8_f16(uint16x8_t h) {
+    float16x8_t f = vreinterpretq_f16_u16(h);
+    return (W8){vcvt_f32_f16(vget_low_f16(f)), vcvt_high_f32_f16(f)};
+}
+
+static inline W8 w8_bf16(uint16x8_t h) {
+    return (W8){vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16)), vreinterpretq_f32_u32(vshll_high_n_u16(h, 16))};
+}
+
+static inline W8 w8_affine(W8 u, float32x4_t s, float32x4_t z) {
+    return (W8){vfmaq_f32(z, u.lo, s), vfmaq_f32(z, u.hi, s)};
+}
+
+// A row's fp16 codebook (levels <= 16 entries) as two byte tables for TBL: low bytes, high bytes.
+typedef struct {
+    uint8x16_t lo, hi;
+} Lut16;
+
+static inline Lut16 lut_load(const uint16_t *cb, int levels) {
+    uint16_t t[16] = {0};
+    for (int i = 0; i < levels; i++)
+        t[i] = cb[i];
+    uint8x16x2_t b = vld2q_u8((const uint8_t *)t); // little-endian: even bytes low, odd bytes high
+    return (Lut16){b.val[0], b.val[1]};
+}
+
+// 16 codes (each < 16) -> their 16 codebook entries as fp32: the first 8 codes' in a, the last 8's in b.
+static inline void lut_lookup(W8 *a, W8 *b, Lut16 t, uint8x16_t idx) {
+    uint8x16_t lo = vqtbl1q_u8(t.lo, idx), hi = vqtbl1q_u8(t.hi, idx);
+    *a = w8_f16(vreinterpretq_u16_u8(vzip1q_u8(lo, hi)));
+    *b = w8_f16(vreinterpretq_u16_u8(vzip2q_u8(lo, hi)));
+}
+
+// The 16 bytes at p, or the 8 at p with 8 zero bytes after them (the last block of a row).
+static inline uint8x16_t load_blocks(const uint8_t *p, int two) {
+    return two ? vld1q_u8(p) : vcombine_u8(vld1_u8(p), vdup_n_u8(0));
+}
+
+// ---- one row of each format against N inputs: vector part into acc, scalar tail into tail (N) ----
+
+static inline __attribute__((always_inline)) void row_q8(float32x4_t *acc, float *tail, const uint8_t *row,
+                                                         const float *inp, int K, const int N) {
+    const int A = NCH(N);
+    const int8_t *q = (const int8_t *)row;
+    int k = 0;
+    for (; k + 32 <= K; k += 32)
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++)
+            fma8(acc, w8_i8(q + k + 8 * s), inp, K, k + 8 * s, N, s % A);
+    for (; k + 8 <= K; k += 8)
+        fma8(acc, w8_i8(q + k), inp, K, k, N, 0);
+    for (; k < K; k++)
+        for (int n = 0; n < N; n++)
+            tail[n] += (float)q[k] * inp[(size_t)n * K + k];
+}
+
+// 4-bit codes, 16 elements per 8-byte block: one or two blocks from k on (32 elements per step). With
+// a group (q4g) each 8 codes become u * s + z first; q4lut looks them up in t instead.
+static inline __attribute__((always_inline)) void blocks_q4(float32x4_t *acc, const uint8_t *row, const float *inp,
+                                                            int K, int k, int two, const int N, WeightFormat fmt,
+                                                            float32x4_t s, float32x4_t z, Lut16 t) {
+    const int A = NCH(N);
+    uint8x16_t v = load_blocks(row + k / 2, two), lo = vandq_u8(v, vdupq_n_u8(15)), hi = vshrq_n_u8(v, 4);
+    W8 w0, w1, w2, w3; // elements k, k+8, k+16, k+24
+    if (fmt == WF_Q4LUT) {
+        lut_lookup(&w0, &w2, t, lo);
+        lut_lookup(&w1, &w3, t, hi);
+    } else {
+        w0 = w8_u8(vget_low_u8(lo)), w1 = w8_u8(vget_low_u8(hi));
+        w2 = w8_u8(vget_high_u8(lo)), w3 = w8_u8(vget_high_u8(hi));
+        if (fmt == WF_Q4G)
+            w0 = w8_affine(w0, s, z), w1 = w8_affine(w1, s, z), w2 = w8_affine(w2, s, z), w3 = w8_affine(w3, s, z);
+    }
+    fma8(acc, w0, inp, K, k, N, 0);
+    fma8(acc, w1, inp, K, k + 8, N, 1 % A);
+    if (two) {
+        fma8(acc, w2, inp, K, k + 16, N, 2 % A);
+        fma8(acc, w3, inp, K, k + 24, N, 3 % A);
+    }
+}
+
+// q4 (codes u; the caller subtracts 8 * xsum and scales), q4g (group by group, G % 16 == 0) and q4lut.
+static inline __attribute__((always_inline)) void row_q4(float32x4_t *acc, float *tail, const uint8_t *row,
+                                                         const float *inp, int K, const int N, const Weight *w, int r,
+                                                         WeightFormat fmt) {
+    float32x4_t s = vdupq_n_f32(1.0f), z = vdupq_n_f32(0.0f);
+    Lut16 t = {vdupq_n_u8(0), vdupq_n_u8(0)};
+    float cb[16] = {0};
+    if (fmt == WF_Q4LUT) {
+        t = lut_load(w->lut + (size_t)r * 16, 16);
+        for (int i = 0; i < 16; i++)
+            cb[i] = f16_to_f32(w->lut[(size_t)r * 16 + i]);
+    }
+    int G = fmt == WF_Q4G ? w->group : K & ~15, full = K & ~15;
+    for (int g0 = 0; g0 < full; g0 += G) {
+        if (fmt == WF_Q4G) {
+            size_t gi = (size_t)r * (K / G) + g0 / G;
+            s = vdupq_n_f32(f16_to_f32(w->gscale[gi]));
+            z = vdupq_n_f32(f16_to_f32(w->gzero[gi]));
+        }
+        int end = g0 + G, k = g0;
+        for (; k + 32 <= end; k += 32)
+            blocks_q4(acc, row, inp, K, k, 1, N, fmt, s, z, t);
+        if (k < end)
+            blocks_q4(acc, row, inp, K, k, 0, N, fmt, s, z, t);
+    }
+    for (int k = full; k < K; k++) { // q4 and q4lut only: a q4g group is a multiple of 16
+        unsigned u = quant_code4(row, K, k);
+        float v = fmt == WF_Q4LUT ? cb[u] : (float)u;
+        for (int n = 0; n < N; n++)
+            tail[n] += v * inp[(size_t)n * K + k];
+    }
+}
+
+// 2-bit codes, 32 elements per 8-byte block: one or two blocks from k on, looked up in the row's
+// 4-entry codebook; the codes at bits 2j of byte i are elements k + 8j + i (block 2: k + 32 + 8j + i).
+static inline __attribute__((always_inline)) void blocks_q2(float32x4_t *acc, const uint8_t *row, const float *inp,
+                                                            int K, int k, const int two, const int N, Lut16 t) {
+    const int A = NCH(N);
+    uint8x16_t v = load_blocks(row + k / 4, two), m3 = vdupq_n_u8(3);
+    uint8x16_t c[4] = {vandq_u8(v, m3), vandq_u8(vshrq_n_u8(v, 2), m3), vandq_u8(vshrq_n_u8(v, 4), m3), vshrq_n_u8(v, 6)};
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        W8 a, b;
+        lut_lookup(&a, &b, t, c[j]);
+        fma8(acc, a, inp, K, k + 8 * j, N, j % A);
+        if (two)
+            fma8(acc, b, inp, K, k + 32 + 8 * j, N, j % A);
+    }
+}
+
+static inline __attribute__((always_inline)) void row_q2lut(float32x4_t *acc, float *tail, const uint8_t *row,
+                                                            const float *inp, int K, const int N, const Weight *w,
+                                                            int r) {
+    const uint16_t *cbh = w->lut + (size_t)r * 4;
+    Lut16 t = lut_load(cbh, 4);
+    int full = K & ~31, k = 0;
+    for (; k + 64 <= full; k += 64)
+        blocks_q2(acc, row, inp, K, k, 1, N, t);
+    if (k < full)
+        blocks_q2(acc, row, inp, K, k, 0, N, t);
+    for (k = full; k < K; k++) {
+        float v = f16_to_f32(cbh[quant_code2(row, K, k)]);
+        for (int n = 0; n < N; n++)
+            tail[n] += v * inp[(size_t)n * K + k];
+    }
+}
+
+static inline __attribute__((always_inline)) void row_half(float32x4_t *acc, float *tail, const uint8_t *row,
+                                                           const float *inp, int K, const int N, WeightFormat fmt) {
+    const int A = NCH(N);
+    const uint16_t *h = (const uint16_t *)row;
+    int k = 0;
+    for (; k + 32 <= K; k += 32)
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) {
+            uint16x8_t v = vld1q_u16(h + k + 8 * s);
+            fma8(acc, fmt == WF_BF16 ? w8_bf16(v) : w8_f16(v), inp, K, k + 8 * s, N, s % A);
+        }
+    for (; k + 8 <= K; k += 8) {
+        uint16x8_t v = vld1q_u16(h + k);
+        fma8(acc, fmt == WF_BF16 ? w8_bf16(v) : w8_f16(v), inp, K, k, N, 0);
+    }
+    for (; k < K; k++) {
+        float v = fmt == WF_BF16 ? bf16_to_f32(h[k]) : f16_to_f32(h[k]);
+        for (int n = 0; n < N; n++)
+            tail[n] += v * inp[(size_t)n * K + k];
+    }
+}
+
+// out[n, r] for n < N: row r of w against the N input rows (format and N constants after inlining).
+static inline __attribute__((always_inline)) void neon_row(float *out, int R, int r, const Weight *w,
+                                                           const float *inp, const float *xsum, const int N,
+                                                           const WeightFormat fmt) {
+    const int A = NCH(N), K = w->cols;
+    float32x4_t acc[QUANT_DECODE_MAX_N * 2];
+#pragma GCC unroll 16
+    for (int i = 0; i < 2 * N * A; i++)
+        acc[i] = vdupq_n_f32(0.0f);
+    float tail[QUANT_DECODE_MAX_N] = {0};
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(fmt, K);
+    if (fmt == WF_Q8)
+        row_q8(acc, tail, row, inp, K, N);
+    else if (fmt == WF_Q4 || fmt == WF_Q4G || fmt == WF_Q4LUT)
+        row_q4(acc, tail, row, inp, K, N, w, r, fmt);
+    else if (fmt == WF_Q2LUT)
+        row_q2lut(acc, tail, row, inp, K, N, w, r);
+    else
+        row_half(acc, tail, row, inp, K, N, fmt);
+    float post = fmt == WF_Q8 || fmt == WF_Q4 ? w->scale[r] : 1.0f; // the row scale, once at the end
+    for (int n = 0; n < N; n++) {
+        float32x4_t a = vaddq_f32(acc[2 * n * A], acc[2 * n * A + 1]);
+        for (int i = 1; i < A; i++)
+            a = vaddq_f32(a, vaddq_f32(acc[2 * (n * A + i)], acc[2 * (n * A + i) + 1]));
+        float t = fmt == WF_Q4 ? tail[n] - 8.0f * xsum[n] : tail[n];
+        out[(size_t)n * R + r] = (vaddvq_f32(a) + t) * post;
+    }
+}
+
+typedef void (*NeonRowFn)(float *out, int R, int r, const Weight *w, const float *inp, const float *xsum);
+
+// ---- dotprod: q8 and q4 on SDOT against the input rows split into int8 limbs ----
+
+#define QK_LIMBS 4
+typedef struct {
+    int8_t *limb; // (N, QK_LIMBS, K): limb j of input row n at limb + (n * QK_LIMBS + j) * K
+    float *scale; // (N): S of each row (0 for an all-zero row)
+} Limbs;
+
+// inp (N, K) -> limbs: t = x / S, then a = rint(t), b = rint((t - a) * 2^7), ... Each subtraction and
+// each scaling by 2^7 is exact in fp32, so the limbs carry t to 2^-22 (t itself is x / S rounded once).
+static int limbs_make(Limbs *L, const float *inp, int N, int K) {
+    L->limb = er_alloc((size_t)N * QK_LIMBS * (size_t)K);
+    L->scale = er_alloc(sizeof(float) * (size_t)N);
+    if (!L->limb || !L->scale) {
+        er_free(L->limb);
+        er_free(L->scale);
+        return er_error(ER_ENOMEM, "quant_matmul_decode: no memory for %d x %d input limbs", N, K);
+    }
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * K;
+        float mx = 0.0f;
+        for (int k = 0; k < K; k++)
+            mx = fmaxf(mx, fabsf(x[k]));
+        float S = mx / 127.0f;
+        L->scale[n] = S;
+        int8_t *lb = L->limb + (size_t)n * QK_LIMBS * K;
+        for (int k = 0; k < K; k++) {
+            float t = S > 0 ? x[k] / S : 0.0f;
+            for (int j = 0; j < QK_LIMBS; j++) {
+                float a = rintf(t);
+                lb[(size_t)j * K + k] = (int8_t)a;
+                t = (t - a) * 128.0f;
+            }
+        }
+    }
+    return ER_OK;
+}
+
+#pragma GCC push_options
+#pragma GCC target("arch=armv8.2-a+dotprod")
+
+// 16 consecutive weights from k as int8: q8's bytes, or q4's codes - 8 (a 16-element block is 8 bytes:
+// low nibbles k..k+7, high nibbles k+8..k+15).
+static inline int8x16_t sdot_w16(const uint8_t *row, int k, const WeightFormat fmt) {
+    if (fmt == WF_Q8)
+        return vld1q_s8((const int8_t *)row + k);
+    uint8x8_t v = vld1_u8(row + k / 2);
+    uint8x16_t c = vcombine_u8(vand_u8(v, vdup_n_u8(15)), vshr_n_u8(v, 4));
+    return vsubq_s8(vreinterpretq_s8_u8(c), vdupq_n_s8(8));
+}
+
+// Limbs j0 .. j0+J-1 of the N input rows against row r: their exact integer dot products into d (N, J).
+static inline __attribute__((always_inline)) void sdot_pass(int32_t *d, const uint8_t *row, const Limbs *L, int K,
+                                                            int full, const int N, const int J, int j0,
+                                                            const WeightFormat fmt) {
+    int32x4_t acc[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < N * J; i++)
+        acc[i] = vdupq_n_s32(0);
+    for (int k = 0; k < full; k += 16) {
+        int8x16_t w = sdot_w16(row, k, fmt);
+#pragma GCC unroll 8
+        for (int n = 0; n < N; n++)
+#pragma GCC unroll 4
+            for (int j = 0; j < J; j++)
+                acc[n * J + j] = vdotq_s32(acc[n * J + j], w, vld1q_s8(L->limb + ((size_t)n * QK_LIMBS + j0 + j) * K + k));
+    }
+    for (int i = 0; i < N * J; i++)
+        d[i] = vaddvq_s32(acc[i]);
+}
+
+// out[n, r]: the limbs' sums combined in double, the last K % 16 elements against the fp32 inputs.
+static inline __attribute__((always_inline)) void sdot_row(float *out, int R, int r, const Weight *w,
+                                                           const float *inp, const Limbs *L, const int N,
+                                                           const WeightFormat fmt) {
+    const int K = w->cols, full = K & ~15, J = N <= 4 ? 4 : 2; // N * J <= 16 accumulators
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(fmt, K);
+    double dot[QUANT_DECODE_MAX_N] = {0};
+    for (int j0 = 0; j0 < QK_LIMBS; j0 += J) {
+        int32_t d[16];
+        sdot_pass(d, row, L, K, full, N, J, j0, fmt);
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < J; j++)
+                dot[n] += (double)d[n * J + j] * ldexp(1.0, -7 * (j0 + j));
+    }
+    for (int n = 0; n < N; n++) {
+        double t = 0;
+        for (int k = full; k < K; k++) {
+            float c = fmt == WF_Q8 ? (float)((const int8_t *)row)[k] : (float)quant_code4(row, K, k) - 8.0f;
+            t += c * inp[(size_t)n * K + k];
+        }
+        out[(size_t)n * R + r] = (float)(w->scale[r] * ((double)L->scale[n] * dot[n] + t));
+    }
+}
+
+typedef void (*SdotRowFn)(float *out, int R, int r, const Weight *w, const float *inp, const Limbs *L);
+
+#define QK_SDOT_ROW(FMT, name, N)                                                                                 \
+    static void sdot_##name##_##N(float *out, int R, int r, const Weight *w, const float *inp, const Limbs *L) {    \
+        sdot_row(out, R, r, w, inp, L, N, FMT);                                                                   \
+    }
+#define QK_SDOT_FORMAT(FMT, name)                                                                                 \
+    QK_SDOT_ROW(FMT, name, 1) QK_SDOT_ROW(FMT, name, 2) QK_SDOT_ROW(FMT, name, 3) QK_SDOT_ROW(FMT, name, 4)      \
+    QK_SDOT_ROW(FMT, name, 5) QK_SDOT_ROW(FMT, name, 6) QK_SDOT_ROW(FMT, name, 7) QK_SDOT_ROW(FMT, name, 8)      \
+    static const SdotRowFn sdot_##name[QUANT_DECODE_MAX_N] = {sdot_##name##_1, sdot_##name##_2, sdot_##name##_3,  \
+                                                              sdot_##name##_4, sdot_##name##_5, sdot_##name##_6,  \
+                                                              sdot_##name##_7, sdot_##name##_8};
+
+QK_SDOT_FORMAT(WF_Q8, q8)
+QK_SDOT_FORMAT(WF_Q4, q4)
+
+#pragma GCC pop_options
+
+static int sdot_decode(float *out, const float *inp, const Weight *w, int N, const SdotRowFn *rows) {
+    Limbs L;
+    ER_TRY(limbs_make(&L, inp, N, w->cols));
+    SdotRowFn fn = rows[N - 1];
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < w->rows; r++)
+        fn(out, w->rows, r, w, inp, &L);
+    er_free(L.limb);
+    er_free(L.scale);
+    return ER_OK;
+}
+
+// One function per (format, N), so that both are constants inside; QK_NEON_FORMAT makes the eight of a
+// format, a table indexed by N - 1, and the table entry qk_decode_neon_<name> (q8 and q4: on SDOT where
+// the CPU has it).
+#define QK_NEON_ROW(FMT, name, N)                                                                                 \
+    static void rows_##name##_##N(float *out, int R, int r, const Weight *w, const float *inp, const float *xsum) { \
+        neon_row(out, R, r, w, inp, xsum, N, FMT);                                                                \
+    }
+#define QK_NEON_FORMAT(FMT, name, SDOT)                                                                           \
+    QK_NEON_ROW(FMT, name, 1) QK_NEON_ROW(FMT, name, 2) QK_NEON_ROW(FMT, name, 3) QK_NEON_ROW(FMT, name, 4)      \
+    QK_NEON_ROW(FMT, name, 5) QK_NEON_ROW(FMT, name, 6) QK_NEON_ROW(FMT, name, 7) QK_NEON_ROW(FMT, name, 8)      \
+    static const NeonRowFn rows_##name[QUANT_DECODE_MAX_N] = {rows_##name##_1, rows_##name##_2, rows_##name##_3,  \
+                                                              rows_##name##_4, rows_##name##_5, rows_##name##_6,  \
+                                                              rows_##name##_7, rows_##name##_8};                 \
+    int qk_decode_neon_##name(float *out, const float *inp, const Weight *w, int N) {                            \
+        const SdotRowFn *sdot = SDOT;                                                                             \
+        if (sdot && has_dotprod())                                                                                \
+            return sdot_decode(out, inp, w, N, sdot);                                                             \
+        return neon_decode(out, inp, w, N, rows_##name);                                                          \
+    }
+
+// q4 subtracts 8 * the sum of each input row once per output (xsum) instead of 8 from every code.
+static int neon_decode(float *out, const float *inp, const Weight *w, int N, const NeonRowFn *rows) {
+    int R = w->rows, K = w->cols;
+    if (w->fmt == WF_Q4G && w->group % 16)
+        return WEIGHT_DECODE_DECLINED;
+    float xsum[QUANT_DECODE_MAX_N] = {0};
+    for (int n = 0; w->fmt == WF_Q4 && n < N; n++) {
+        double t = 0;
+        for (int k = 0; k < K; k++)
+            t += inp[(size_t)n * K + k];
+        xsum[n] = (float)t;
+    }
+    NeonRowFn fn = rows[N - 1];
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++)
+        fn(out, R, r, w, inp, xsum);
+    return ER_OK;
+}
+
+QK_NEON_FORMAT(WF_Q8, q8, sdot_q8)
+QK_NEON_FORMAT(WF_Q4, q4, sdot_q4)
+QK_NEON_FORMAT(WF_Q4G, q4g, NULL)
+QK_NEON_FORMAT(WF_Q4LUT, q4lut, NULL)
+QK_NEON_FORMAT(WF_Q2LUT, q2lut, NULL)
+QK_NEON_FORMAT(WF_BF16, bf16, NULL)
+QK_NEON_FORMAT(WF_F16, f16, NULL)
+
+#endif
