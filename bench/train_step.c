@@ -142,7 +142,9 @@ static int bench_setup(Bench *b, const ModelConfig *c, int rank, int bf16, int r
             b->ad = &b->placed_ad;
         }
     }
-    ER_TRY(acts_alloc_on(&b->a, b->be, c, batch, seq, recompute ? ACTS_TRAIN_RECOMPUTE : ACTS_TRAIN, b->be->mem_free));
+    size_t limit;
+    ER_TRY(b->be->ops->mem_available(b->be, &limit));
+    ER_TRY(acts_alloc_on(&b->a, b->be, c, batch, seq, recompute ? ACTS_TRAIN_RECOMPUTE : ACTS_TRAIN, limit));
     int N = batch * seq;
     b->tokens = malloc(sizeof(int) * N);
     b->targets = malloc(sizeof(int) * N);

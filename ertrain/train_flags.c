@@ -42,5 +42,6 @@ int train_flags_parse(TrainConfig *c, const ArgSpec *own, int n_own, int argc, c
     memcpy(specs + ns, own, sizeof *own * (size_t)n_own);
     c->out = stdout; // the plan and the summary
     c->log = stderr; // the progress bar
+    c->device = NULL; // not given: the GPU when there is one and the job can run there
     return args_parse(argc, argv, specs, ns + n_own, usage);
 }

@@ -37,9 +37,14 @@ static int cpu_zero(Backend *be, void *p, size_t bytes) {
 }
 
 // The CPU products read every format in place: the placed matrix shares the host one's buffers.
-static int cpu_weight_upload(Backend *be, Weight *dst, const Weight *src) {
+static int cpu_weight_upload(Backend *be, Weight *dst, const Weight *src, int frozen) {
     *dst = *src;
     dst->owned = NULL;
+    return ER_OK;
+}
+
+static int cpu_mem_available(Backend *be, size_t *bytes) {
+    *bytes = er_physical_memory();
     return ER_OK;
 }
 
@@ -231,6 +236,7 @@ static const BackendOps cpu_ops = {
     .copy = cpu_copy,
     .zero = cpu_zero,
     .weight_upload = cpu_weight_upload,
+    .mem_available = cpu_mem_available,
     .embed_forward = cpu_embed_forward,
     .matmul_forward = cpu_matmul_forward,
     .rmsnorm_forward = cpu_rmsnorm_forward,

@@ -31,9 +31,12 @@ typedef struct {
     int (*copy)(Backend *be, void *dst, const void *src, size_t bytes);      // within the backend
     int (*zero)(Backend *be, void *p, size_t bytes);
     // A matrix for this backend's products from a host one: *dst gets buffers of its own (dst->owned; free
-    // with backend_weight_free). The CPU backend keeps every format as it is; CUDA keeps fp32 matrices
-    // fp32 (trainable) and widens every other format to bf16 (the frozen base of LoRA training).
-    int (*weight_upload)(Backend *be, Weight *dst, const Weight *src);
+    // with backend_weight_free). frozen: no gradient reaches it. The CPU backend keeps every format as it
+    // is (sharing the host buffers); CUDA keeps a trainable fp32 matrix fp32 and stores every frozen one
+    // (the base of LoRA training, any format) in bf16.
+    int (*weight_upload)(Backend *be, Weight *dst, const Weight *src, int frozen);
+    // The bytes the backend could still allocate now (CPU: the machine's physical memory; 0 = unknown).
+    int (*mem_available)(Backend *be, size_t *bytes);
 
     // ---- the forward's ops ----
     // out (N, C) = rows tokens[n] of the embedding (V, C); tokens on the backend.
@@ -126,7 +129,7 @@ int lora_to_backend(LoraAdapter *dst, const LoraAdapter *src, Backend *be);
 void lora_backend_free(LoraAdapter *a, Backend *be);
 
 #ifdef ER_CUDA
-// model/cuda/backend.cu: opens CUDA device `device` (stream, cuBLAS); ER_EUNSUPPORTED when none answers.
+// model/cuda/backend.c: opens CUDA device `device` (stream, cuBLAS); ER_EUNSUPPORTED when none answers.
 int backend_cuda_open(Backend *be, int device);
 void backend_cuda_close(Backend *be);
 #endif

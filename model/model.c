@@ -194,7 +194,7 @@ int model_to_backend(Model *dst, const Model *src, Backend *be) {
         if (d->data)
             ER_CHECK(be->ops->upload(be, d->data, s->data, d->numel * sizeof(float)));
         else
-            ER_CHECK(be->ops->weight_upload(be, d->w, s->w));
+            ER_CHECK(be->ops->weight_upload(be, d->w, s->w, 1)); // a model's matrix outside param_mem is frozen
     }
     if (dst->cfg.tied)
         dst->lm_head = dst->embed;

@@ -27,8 +27,13 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def run(cmd):
+    # Our programs may need libraries of their own (scripts/gpu_check.sh unpacks them into a prefix and
+    # names it in ER_LD_LIBRARY_PATH); this Python keeps the machine's.
+    env = dict(os.environ)
+    if "ER_LD_LIBRARY_PATH" in env:
+        env["LD_LIBRARY_PATH"] = env["ER_LD_LIBRARY_PATH"]
     print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, env=env)
 
 
 def sequences(vocab, n, length, seed):
@@ -59,6 +64,7 @@ def peft_logprobs(model, seqs):
 
 
 def compare(a, b):
+    assert len(a) == len(b) and all(len(x) == len(y) for x, y in zip(a, b)), "different numbers of log-probs"
     err = max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
     ref = max(abs(y) for rb in b for y in rb)
     return err / ref

@@ -35,9 +35,26 @@ static int device_place(TrainDevice *d, const TrainJob *job) {
     return adamw_init(&d->host_opt, backend_cpu(), job->n, 0, 0, 0, 0, 0);
 }
 
+// Why the job cannot run on a device (NULL: it can).
+static const char *host_only(const TrainJob *job) {
+    if (job->before_forward)
+        return "it rewrites its weights on the host before every pass";
+    if (job->adapter && job->adapter->dropout > 0)
+        return "adapter dropout draws its masks on the host";
+    return NULL;
+}
+
 int train_device_open(TrainDevice *d, const TrainJob *job, const char *device, int place) {
     memset(d, 0, sizeof *d);
-    ER_TRY(backend_open(&d->be, device ? device : backend_default()));
+    const char *why = host_only(job);
+    if (!device) {
+        device = backend_default();
+        if (why && strcmp(device, "cpu") != 0) {
+            d->why_cpu = why;
+            device = "cpu";
+        }
+    }
+    ER_TRY(backend_open(&d->be, device));
     d->model = job->model;
     d->adapter = job->adapter;
     d->params = job->params;
@@ -45,9 +62,8 @@ int train_device_open(TrainDevice *d, const TrainJob *job, const char *device, i
     d->decay_mask = (unsigned char *)job->decay_mask;
     if (d->be->kind == BACKEND_CPU && !place)
         return ER_OK;
-    if (job->before_forward)
-        return er_error(ER_EUNSUPPORTED, "%s runs on the CPU only (it rewrites its weights before every pass), not on %s",
-                        job->label, d->be->name);
+    if (why && d->be->kind != BACKEND_CPU)
+        return er_error(ER_EUNSUPPORTED, "%s runs on the CPU only here (%s), not on %s", job->label, why, d->be->name);
     return device_place(d, job);
 }
 

@@ -19,11 +19,14 @@ typedef struct {
     unsigned char *dev_decay;
     AdamW host_opt;             // the moments' host copy for checkpoints (be is a device)
     int placed;
+    const char *why_cpu;        // the job runs on the CPU although a device was the default: why
 } TrainDevice;
 
-// Opens `device` ("cpu", "cuda", "cuda:N"; NULL = backend_default()) and places the job there (on the
-// CPU only with `place`: the trainer's device path without a device). Jobs that rewrite their weights
-// before each pass (QAT) run on the CPU only.
+// Opens `device` ("cpu", "cuda", "cuda:N") and places the job there (on the CPU only with `place`: the
+// trainer's device path without a device). Jobs that rewrite their weights before each pass (QAT) and
+// adapter dropout (its masks are drawn on the host) run on the CPU only: asked for a device they are
+// refused; with device NULL (backend_default(), the GPU when there is one) they stay on the CPU and
+// why_cpu says why.
 int train_device_open(TrainDevice *d, const TrainJob *job, const char *device, int place);
 // The trained parameters into job->params; *host gets the optimizer with host moments (opt itself
 // when nothing is placed).

@@ -32,6 +32,7 @@ void train_config_default(TrainConfig *c, TrainKind kind) {
     c->alpha = 32;
     c->targets = "all";
     c->prefix = "<think>\n";
+    c->device = "cpu";
     c->lr = kind == TRAIN_SFT ? 2e-4 : 1e-3;
     c->min_lr = 0;
     c->warmup = 0.03;
@@ -553,6 +554,7 @@ static int trainer_setup(Trainer *t) {
     if (tok_vocab_size(job->tok) > mc->V)
         return er_error(ER_EINVAL, "the tokenizer has %d ids but the model's vocabulary only %d",
                         tok_vocab_size(job->tok), mc->V);
+    ER_TRY(train_device_open(&t->dev, job, c->device, c->place_on_cpu)); // before the data: a bad device fails fast
     ER_TRY(seq_builder_init(&t->sb, job->tok, job->style, job->prefix, t->seq_len, c->kind != TRAIN_SFT, c->no_mask));
     ER_TRY(load_data(t));
     ER_TRY(make_epoch(t, 0));
@@ -568,12 +570,12 @@ static int trainer_setup(Trainer *t) {
     t->ckpt_dir = path_join(c->out_dir, "checkpoint");
     if (!t->config || !t->ckpt_dir)
         return ER_ENOMEM;
-    ER_TRY(train_device_open(&t->dev, job, c->device, c->place_on_cpu));
     ER_TRY(adamw_init(&t->opt, t->dev.be, job->n, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay));
     int maxT = t->max_len_train > t->max_len_eval ? t->max_len_train : t->max_len_eval;
     ER_TRY(batch_alloc(&t->batch, c->batch, maxT));
     Backend *be = t->dev.be;
-    size_t limit = be->kind == BACKEND_CPU ? er_physical_memory() : be->mem_free; // what the device had when opened
+    size_t limit; // what is left where the passes run, the model placed
+    ER_TRY(be->ops->mem_available(be, &limit));
     ER_TRY(acts_alloc_on(&t->acts, be, mc, c->batch, t->max_len_train, c->recompute ? ACTS_TRAIN_RECOMPUTE : ACTS_TRAIN,
                          limit));
     t->eval_idx = er_calloc((size_t)t->n_eval + 1, sizeof(int));
@@ -612,7 +614,8 @@ static void print_plan(const Trainer *t, FILE *out) {
            "activations %.1f MiB, %d threads\n",
            job->label, job->n, t->total_steps, c->grad_accum, c->batch, t->ep.n_batches, t->warmup_steps,
            t->acts.bytes / 1048576.0, threads_get());
-    fprintf(out, "%s: running on %s (%s)\n", job->label, t->dev.be->name, t->dev.be->device);
+    fprintf(out, "%s: running on %s (%s)%s%s\n", job->label, t->dev.be->name, t->dev.be->device,
+            t->dev.why_cpu ? ": " : "", t->dev.why_cpu ? t->dev.why_cpu : "");
     if (t->resumed_from >= 0)
         fprintf(out, "%s: resumed from %s at step %ld\n", job->label, t->ckpt_dir, t->resumed_from);
     fflush(out);

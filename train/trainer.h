@@ -59,8 +59,9 @@ typedef struct {
     int save_every;             // steps between checkpoints (0 = only at the end)
     int seed, threads, resume;
     int recompute;              // keep only each layer's input; the backward recomputes the rest
-    const char *device;         // where the passes run: "cpu", "cuda", "cuda:N"; NULL = cuda when built with
-                                // CUDA=1 and a device answers, else cpu
+    const char *device;         // where the passes run: "cpu" (the default), "cuda", "cuda:N"; NULL = cuda
+                                // when built with CUDA=1, a device answers and the job can run there, else
+                                // cpu (ertrain's default when --device is not given)
     int stop_after;             // test hook, no flag: stop after this step as if killed (resume tests); 0 = off
     int place_on_cpu;           // test hook, no flag: run on copies placed on the CPU backend, as on a device
                                 // (checks the device path of the trainer where there is no device)

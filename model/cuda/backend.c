@@ -131,17 +131,18 @@ done:
     return rc;
 }
 
-// fp32 stays fp32 (trainable); every other format becomes bf16. dst->owned is the device buffer.
-static int op_weight_upload(Backend *be, Weight *dst, const Weight *src) {
+// A trainable fp32 matrix stays fp32; every frozen one becomes bf16 (a bf16 one is copied as it is).
+// dst->owned is the device buffer.
+static int op_weight_upload(Backend *be, Weight *dst, const Weight *src, int frozen) {
     memset(dst, 0, sizeof *dst);
     if (src->rows < 1 || src->cols < 1 || !src->data)
         return er_error(ER_EINVAL, "cuda: weight upload: a %d x %d matrix without data", src->rows, src->cols);
-    int f32 = src->fmt == WF_F32;
+    int f32 = src->fmt == WF_F32 && !frozen;
     size_t bytes = (size_t)src->rows * src->cols * (f32 ? sizeof(float) : sizeof(uint16_t));
     void *d = op_alloc(be, bytes);
     if (!d)
         return ER_ENOMEM;
-    int rc = f32 ? op_upload(be, d, src->data, bytes) : upload_as_bf16(be, d, src);
+    int rc = f32 || src->fmt == WF_BF16 ? op_upload(be, d, src->data, bytes) : upload_as_bf16(be, d, src);
     if (rc < 0) {
         op_free(be, d);
         return rc;
@@ -151,6 +152,12 @@ static int op_weight_upload(Backend *be, Weight *dst, const Weight *src) {
     dst->cols = src->cols;
     dst->data = d;
     dst->owned = d;
+    return ER_OK;
+}
+
+static int op_mem_available(Backend *be, size_t *bytes) {
+    size_t total = 0;
+    CUDA_TRY(cudaMemGetInfo(bytes, &total));
     return ER_OK;
 }
 
@@ -249,7 +256,8 @@ static int op_matmul_backward_input(Backend *be, float *dinp, const float *dout,
 static int op_matmul_backward_weight(Backend *be, float *dW, float *dbias, const float *dout, const float *inp, int N,
                                      int R, int K) {
     CudaCtx *c = ctx_of(be);
-    ER_TRY(rm_backward_weight(c, dW, dout, inp, N, R, K, 1.0f, 1.0f));
+    if (dW)
+        ER_TRY(rm_backward_weight(c, dW, dout, inp, N, R, K, 1.0f, 1.0f));
     if (dbias) // dbias (R) += Σ_n dout[n, :]
         CUDA_TRY(cuda_column_sum(c->stream, dbias, dout, NULL, NULL, N, R));
     return ER_OK;
@@ -421,6 +429,7 @@ static const BackendOps cuda_ops = {
     .copy = op_copy,
     .zero = op_zero,
     .weight_upload = op_weight_upload,
+    .mem_available = op_mem_available,
     .embed_forward = op_embed_forward,
     .matmul_forward = op_matmul_forward,
     .rmsnorm_forward = op_rmsnorm_forward,

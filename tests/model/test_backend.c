@@ -80,9 +80,9 @@ static void release(Backend *be, void *p) { be->ops->free(be, p); }
 
 // ---- products ----
 
-static void check_matmul(WeightFormat fmt, double tol) {
+// A product of N rows through an (R, K) matrix held in fmt (bf16: frozen on the device).
+static void check_matmul(WeightFormat fmt, double tol, int N, int R, int K) {
     Backend *be = dev_open(), *cpu = backend_cpu();
-    int N = 37, R = 29, K = 67;
     float *wf = randn((size_t)R * K, 0.1f, 1), *x = randn((size_t)N * K, 1.0f, 2), *bias = randn(R, 0.5f, 3);
     float *dout = randn((size_t)N * R, 1.0f, 4), *dinp = randn((size_t)N * K, 1.0f, 5);
     float *dW = randn((size_t)R * K, 1.0f, 6), *dbias = randn(R, 1.0f, 7);
@@ -91,7 +91,7 @@ static void check_matmul(WeightFormat fmt, double tol) {
         wb[i] = f32_to_bf16(wf[i]);
     Weight w = {.fmt = fmt, .rows = R, .cols = K, .data = fmt == WF_BF16 ? (const void *)wb : (const void *)wf};
     Weight dw;
-    cr_assert_eq(be->ops->weight_upload(be, &dw, &w), ER_OK, "%s", er_last_error());
+    cr_assert_eq(be->ops->weight_upload(be, &dw, &w, fmt != WF_F32), ER_OK, "%s", er_last_error());
     float *scratch = malloc(quant_scratch_floats(K) * sizeof(float));
 
     float *out = malloc(sizeof(float) * N * R), *ref_dinp = copyf(dinp, (size_t)N * K);
@@ -123,8 +123,10 @@ static void check_matmul(WeightFormat fmt, double tol) {
     backend_close(be);
 }
 
-Test(backend, matmul_f32) { check_matmul(WF_F32, TOL_F32); }
-Test(backend, matmul_bf16) { check_matmul(WF_BF16, TOL_BF16); }
+Test(backend, matmul_f32) { check_matmul(WF_F32, TOL_F32, 37, 29, 67); }
+Test(backend, matmul_bf16) { check_matmul(WF_BF16, TOL_BF16, 37, 29, 67); }
+// The lm_head's shape of product: the backward's activation (N, 70000) is cast to bf16 in chunks of rows.
+Test(backend, matmul_bf16_chunked, .timeout = 300) { check_matmul(WF_BF16, TOL_BF16, 600, 70000, 64); }
 
 // ---- element-wise ops ----
 
@@ -227,6 +229,7 @@ static void check_attention(int B, int T, int NH, int NKV, int HS) {
 
 Test(backend, attention_gqa_small) { check_attention(2, 37, 4, 2, 16); }
 Test(backend, attention_gqa_long) { check_attention(1, 300, 14, 2, 64); }
+Test(backend, attention_head_size_128) { check_attention(1, 130, 28, 4, 128); } // the 1.5B and 7B heads
 
 // ---- masked LoRA ----
 
@@ -297,6 +300,29 @@ Test(backend, cross_entropy_and_logprob) {
     cr_assert_eq(be->ops->logprob_backward(be, d_dl, d_dl, d_tgt, d_coef, N, V, 1.0f / 0.7f), ER_OK);
     cr_expect(fabs(d_loss - loss) <= TOL_F32 * fabs(loss), "cross-entropy %.9g on %s, %.9g on the CPU", d_loss,
               be->name, loss);
+    // no mask (every row), and a mask with nothing on (the loss is 0 and so is its gradient)
+    float zero[13] = {0};
+    double l_all, d_all, l_none = 1, d_none = 1;
+    float *g_all = copyf(logits, (size_t)N * V), *g_none = copyf(logits, (size_t)N * V);
+    float *d_g_all = putf(be, logits, (size_t)N * V), *d_g_none = putf(be, logits, (size_t)N * V), *d_zero = putf(be, zero, N);
+    cr_assert_eq(cpu->ops->cross_entropy(cpu, &l_all, g_all, tgt, NULL, N, V, 1, row), ER_OK);
+    cr_assert_eq(cpu->ops->cross_entropy(cpu, &l_none, g_none, tgt, zero, N, V, 1, row), ER_OK);
+    cr_assert_eq(be->ops->cross_entropy(be, &d_all, d_g_all, d_tgt, NULL, N, V, 1, d_row), ER_OK, "%s", er_last_error());
+    cr_assert_eq(be->ops->cross_entropy(be, &d_none, d_g_none, d_tgt, d_zero, N, V, 1, d_row), ER_OK, "%s",
+                 er_last_error());
+    cr_expect(fabs(d_all - l_all) <= TOL_F32 * fabs(l_all), "unmasked cross-entropy %.9g vs %.9g", d_all, l_all);
+    cr_expect(d_none == 0.0 && l_none == 0.0, "empty mask: loss %g on %s, %g on the CPU", d_none, be->name, l_none);
+    expect_close(be, d_g_all, g_all, (size_t)N * V, TOL_F32, "unmasked cross-entropy gradient");
+    float *got_none = getf(be, d_g_none, (size_t)N * V);
+    for (size_t i = 0; i < (size_t)N * V; i++)
+        cr_assert_eq(got_none[i], g_none[i], "empty mask: gradient %zu is %g on %s, %g on the CPU", i, got_none[i],
+                     be->name, g_none[i]);
+    free(got_none);
+    free(g_all);
+    free(g_none);
+    release(be, d_g_all);
+    release(be, d_g_none);
+    release(be, d_zero);
     expect_close(be, d_grad, grad, (size_t)N * V, TOL_F32, "cross-entropy gradient");
     expect_close(be, d_logp, logp, N, TOL_F32, "log-probs");
     expect_close(be, d_dl, dl, (size_t)N * V, TOL_F32, "log-prob backward");
@@ -327,7 +353,7 @@ Test(backend, embedding_and_adamw) {
         decay[i] = i % 3 != 0;
     }
     Weight w = {.fmt = WF_F32, .rows = V, .cols = C, .data = e}, dw;
-    cr_assert_eq(be->ops->weight_upload(be, &dw, &w), ER_OK, "%s", er_last_error());
+    cr_assert_eq(be->ops->weight_upload(be, &dw, &w, 0), ER_OK, "%s", er_last_error());
     float *out = malloc(sizeof(float) * N * C), *ref_de = copyf(de, n), *p = copyf(e, n), *m = copyf(mom, n), *v = copyf(vel, n);
     double ss, d_ss;
     cr_assert_eq(cpu->ops->embed_forward(cpu, out, &w, tok, N), ER_OK);
@@ -365,6 +391,20 @@ Test(backend, embedding_and_adamw) {
     backend_close(be);
 }
 
+// The gradient norm's sum of squares over many chunks (added in chunk order on both).
+Test(backend, sumsq_many_chunks) {
+    Backend *be = dev_open(), *cpu = backend_cpu();
+    size_t n = 300001;
+    float *x = randn(n, 1.0f, 31), *d_x = putf(be, x, n);
+    double ref, got;
+    cr_assert_eq(cpu->ops->sumsq(cpu, &ref, x, n), ER_OK);
+    cr_assert_eq(be->ops->sumsq(be, &got, d_x, n), ER_OK, "%s", er_last_error());
+    cr_expect(fabs(got - ref) <= 1e-12 * ref, "sum of squares %.17g on %s, %.17g on the CPU", got, be->name, ref);
+    release(be, d_x);
+    free(x);
+    backend_close(be);
+}
+
 // ---- the whole model ----
 
 typedef struct {
@@ -376,16 +416,21 @@ typedef struct {
 
 // One training pass (forward, masked loss, backward) of model m (placed on m->be, or the CPU) with
 // adapter ad (placed likewise, may be NULL), everything it computed copied to the host.
+// mode ACTS_SCORE: the forward and the loss only.
 static PassOut run_pass(Model *m, LoraAdapter *ad, const int *tokens, const int *targets, const float *mask,
-                        const uint8_t *amask, int B, int T) {
+                        const uint8_t *amask, int B, int T, ActsMode mode) {
     Backend *be = m->be ? m->be : backend_cpu();
     Activations a;
-    cr_assert_eq(acts_alloc_on(&a, be, &m->cfg, B, T, ACTS_TRAIN, 0), ER_OK, "%s", er_last_error());
+    cr_assert_eq(acts_alloc_on(&a, be, &m->cfg, B, T, mode, 0), ER_OK, "%s", er_last_error());
     ModelInput in = {.B = B, .T = T, .tokens = tokens, .adapter = ad, .adapter_mask = amask};
     PassOut o = {0};
     cr_assert_eq(model_forward(m, &in, &a), ER_OK, "%s", er_last_error());
     o.logits = getf(be, a.logits, (size_t)B * T * m->cfg.V);
-    cr_assert_eq(model_loss(&a, targets, mask, 1, &o.loss), ER_OK, "%s", er_last_error());
+    cr_assert_eq(model_loss(&a, targets, mask, mode != ACTS_SCORE, &o.loss), ER_OK, "%s", er_last_error());
+    if (mode == ACTS_SCORE) {
+        acts_free(&a);
+        return o;
+    }
     cr_assert_eq(model_backward(m, &in, &a), ER_OK, "%s", er_last_error());
     if (m->grad_mem)
         o.grads = getf(be, m->grad_mem, m->n_param_floats);
@@ -402,8 +447,9 @@ static void pass_free(PassOut *o) {
 }
 
 // The model (and adapter) on the device against the same on the CPU, over a batch whose rows have a
-// prompt (adapter off) and a response (adapter on, loss on).
-static void check_model(Model *cpu_m, LoraAdapter *cpu_ad, int B, int T, double tol) {
+// prompt (adapter off) and a response (adapter on, loss on); the device's pass keeps activations as
+// `mode` says (the CPU's keeps every layer).
+static void check_model(Model *cpu_m, LoraAdapter *cpu_ad, int B, int T, double tol, ActsMode mode) {
     Backend *be = dev_open();
     int N = B * T, V = cpu_m->cfg.V;
     int *tok = malloc(sizeof(int) * N), *tgt = malloc(sizeof(int) * N);
@@ -424,8 +470,8 @@ static void check_model(Model *cpu_m, LoraAdapter *cpu_ad, int B, int T, double 
     cr_assert_eq(model_to_backend(&dm, cpu_m, be), ER_OK, "%s", er_last_error());
     if (cpu_ad)
         cr_assert_eq(lora_to_backend(&dad, cpu_ad, be), ER_OK, "%s", er_last_error());
-    PassOut ref = run_pass(cpu_m, cpu_ad, tok, tgt, mask, amask, B, T);
-    PassOut got = run_pass(&dm, cpu_ad ? &dad : NULL, tok, tgt, mask, amask, B, T);
+    PassOut ref = run_pass(cpu_m, cpu_ad, tok, tgt, mask, amask, B, T, mode == ACTS_SCORE ? ACTS_SCORE : ACTS_TRAIN);
+    PassOut got = run_pass(&dm, cpu_ad ? &dad : NULL, tok, tgt, mask, amask, B, T, mode);
     double e_logits = helper_rel_err(got.logits, ref.logits, (size_t)N * V);
     cr_expect(e_logits <= tol, "logits on %s: relative error %.3g > %.1g", be->name, e_logits, tol);
     cr_expect(fabs(got.loss - ref.loss) <= tol * fabs(ref.loss), "loss %.9g on %s, %.9g on the CPU", got.loss,
@@ -438,8 +484,8 @@ static void check_model(Model *cpu_m, LoraAdapter *cpu_ad, int B, int T, double 
         double e = helper_rel_err(got.lgrads, ref.lgrads, cpu_ad->n_params);
         cr_expect(e <= tol, "LoRA gradients on %s: relative error %.3g > %.1g", be->name, e, tol);
     }
-    fprintf(stderr, "backend %s vs cpu: logits %.2e, loss %.2e relative\n", be->name, e_logits,
-            fabs(got.loss - ref.loss) / fabs(ref.loss));
+    fprintf(stderr, "backend %s vs cpu (%s): logits %.2e, loss %.2e relative\n", be->name, criterion_current_test->name,
+            e_logits, fabs(got.loss - ref.loss) / fabs(ref.loss));
     pass_free(&ref);
     pass_free(&got);
     if (cpu_ad)
@@ -452,49 +498,60 @@ static void check_model(Model *cpu_m, LoraAdapter *cpu_ad, int B, int T, double 
     backend_close(be);
 }
 
+// Every parameter trained (fp32 on the device), tied and untied; with recomputation; a scoring pass.
 Test(backend, tiny_model_full_training) {
-    ModelConfig c = helper_tiny_config(96, 64);
-    Model m;
-    cr_assert_eq(model_build_random(&m, &c, 0.3f, 11), ER_OK, "%s", er_last_error());
-    check_model(&m, NULL, 3, 17, 1e-4); // sums over whole layers: a few ops' rounding
-    model_free(&m);
+    for (int tied = 1; tied >= 0; tied--) {
+        ModelConfig c = helper_tiny_config(96, 64);
+        c.tied = tied;
+        Model m;
+        cr_assert_eq(model_build_random(&m, &c, 0.3f, 11), ER_OK, "%s", er_last_error());
+        check_model(&m, NULL, 3, 17, 1e-4, ACTS_TRAIN); // sums over whole layers: a few ops' rounding
+        check_model(&m, NULL, 3, 17, 1e-4, ACTS_TRAIN_RECOMPUTE);
+        check_model(&m, NULL, 3, 17, 1e-4, ACTS_SCORE);
+        model_free(&m);
+    }
 }
 
-// A frozen bf16 base (saved as bf16 and loaded as it is: the device keeps it bf16, the CPU widens it)
-// with a trainable masked adapter.
-Test(backend, tiny_model_masked_lora_bf16_base) {
+// A frozen base loaded as it is from a dir saved in bf16 or fp32 (the device stores both in bf16; the
+// CPU computes with the file's values) with a trainable masked adapter.
+static void check_frozen_base(int as_bf16) {
     ModelConfig c = helper_tiny_config(96, 64);
     Model m;
     cr_assert_eq(model_build_random(&m, &c, 0.3f, 12), ER_OK, "%s", er_last_error());
-    char *dir = helper_tmpdir("er_backend_bf16");
-    cr_assert_eq(model_save(&m, dir, 1), ER_OK, "%s", er_last_error());
+    char *dir = helper_tmpdir("er_backend_base");
+    cr_assert_eq(model_save(&m, dir, as_bf16), ER_OK, "%s", er_last_error());
     model_free(&m);
     cr_assert_eq(model_load(&m, dir, 0), ER_OK, "%s", er_last_error());
-    cr_assert_eq(m.layers[0].wq.fmt, WF_BF16);
+    cr_assert_eq(m.layers[0].wq.fmt, as_bf16 ? WF_BF16 : WF_F32);
     LoraShape s = model_config_lora_shape(&c);
     LoraAdapter ad;
     cr_assert_eq(lora_init(&ad, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 5), ER_OK);
     helper_perturb_adapter(&ad, 0.1f, 6);
-    check_model(&m, &ad, 2, 21, TOL_BF16);
+    check_model(&m, &ad, 2, 21, TOL_BF16, ACTS_TRAIN);
     lora_free(&ad);
     model_free(&m);
     helper_rmdir(dir);
     er_free(dir);
 }
 
-// The 0.5B shape (configs/qwen05b-2l.json: two layers, the real vocabulary and widths), masked LoRA.
+Test(backend, tiny_model_masked_lora_bf16_base) { check_frozen_base(1); }
+Test(backend, tiny_model_masked_lora_f32_base) { check_frozen_base(0); }
+
+// The 0.5B widths (configs/qwen05b-2l.json: two layers, vocabulary 512) with the real vocabulary, a
+// frozen bf16 base and a rank-16 masked adapter on every linear.
 Test(backend, qwen05b_shape_masked_lora, .timeout = 600) {
     Backend *probe = dev_open(); // skip before building a 0.5B-wide model on the CPU
     backend_close(probe);
     ModelConfig c;
     cr_assert_eq(model_config_load(&c, "configs/qwen05b-2l.json"), ER_OK, "%s", er_last_error());
+    c.V = 151936;
     Model m;
-    cr_assert_eq(model_build_random(&m, &c, 0.02f, 13), ER_OK, "%s", er_last_error());
+    cr_assert_eq(model_build_random_bf16(&m, &c, 0.02f, 13), ER_OK, "%s", er_last_error());
     LoraShape s = model_config_lora_shape(&c);
     LoraAdapter ad;
     cr_assert_eq(lora_init(&ad, &s, 16, 32.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 7), ER_OK);
     helper_perturb_adapter(&ad, 0.01f, 8);
-    check_model(&m, &ad, 2, 64, 1e-3);
+    check_model(&m, &ad, 2, 64, TOL_BF16, ACTS_TRAIN);
     lora_free(&ad);
     model_free(&m);
 }
@@ -521,8 +578,8 @@ Test(backend_place, cpu_copy_is_bitwise_the_same) {
         amask[i] = i % T > 3;
         mask[i] = amask[i];
     }
-    PassOut a = run_pass(&m, &ad, tok, tgt, mask, amask, B, T);
-    PassOut b = run_pass(&pm, &pad, tok, tgt, mask, amask, B, T);
+    PassOut a = run_pass(&m, &ad, tok, tgt, mask, amask, B, T, ACTS_TRAIN);
+    PassOut b = run_pass(&pm, &pad, tok, tgt, mask, amask, B, T, ACTS_TRAIN);
     cr_expect_eq(memcmp(a.logits, b.logits, sizeof(float) * N * c.V), 0, "logits");
     cr_expect_eq(a.loss, b.loss, "loss");
     cr_expect_eq(memcmp(a.grads, b.grads, sizeof(float) * m.n_param_floats), 0, "model gradients");
