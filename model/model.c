@@ -10,6 +10,7 @@
 #include "core/fileio.h"
 #include "core/json.h"
 #include "core/rng.h"
+#include "model/gguf_model.h"
 
 // Every parameter in HF order, with where it lives in the Model. `vec` is set for 1-D tensors.
 typedef struct {
@@ -73,7 +74,7 @@ static size_t slot_numel(const Slot *s) { return (size_t)s->shape[0] * (size_t)(
 
 // Builds the parameter table and the fp32 arenas. Trainable: every tensor in param_mem, gradients in
 // grad_mem. Otherwise only vectors live in param_mem; matrices are placed by the caller.
-static int model_setup(Model *m, int trainable) {
+int model_setup(Model *m, int trainable) {
     const ModelConfig *c = &m->cfg;
     int rc = ER_OK;
     m->trainable = trainable;
@@ -154,6 +155,8 @@ void model_free(Model *m) {
     for (int i = 0; i < m->n_files; i++)
         safetensors_close(&m->files[i]);
     er_free(m->files);
+    gguf_close(m->gguf);
+    er_free(m->gguf);
     memset(m, 0, sizeof *m);
 }
 
@@ -473,6 +476,8 @@ static int load_param(Model *m, const char *dir, const cJSON *weight_map, ParamT
 }
 
 int model_load(Model *m, const char *dir, int flags) {
+    if (gguf_is_path(dir))
+        return model_load_gguf(m, dir, flags);
     memset(m, 0, sizeof *m);
     cJSON *weight_map = NULL;
     int rc = ER_OK;

@@ -1,0 +1,169 @@
+// GGUF files checked in real llama.cpp (node-llama-cpp's prebuilt CPU binaries, scripts/llama_cpp.sh): on a
+// random Qwen2.5-shaped model over the real Qwen tokenizer and on the tiny base, exported f32 / f16 / q8_0 /
+// q4_0, llama.cpp's greedy tokens and per-token probabilities against ours on the same GGUF and on our own
+// dir; the same with a LoRA GGUF; the tokenization of a corpus. Skips loudly without node / npm.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/json.h"
+#include "data/tokenizer.h"
+#include "lora/peft.h"
+#include "model/model.h"
+#include "tests/common/gguf_helpers.h"
+#include "train/gguf_export.h"
+
+#define N_NEW 32
+#define MAX_IDS 256
+
+// llama.cpp on a job (scripts/llama_cpp.mjs): the parsed output, or a loud skip when node / npm are missing.
+static cJSON *llama_run(const char *dir, cJSON *job) {
+    char *jp = path_join(dir, "job.json"), *op = path_join(dir, "out.json"), cmd[1024];
+    cr_assert_eq(json_write_file(jp, job), ER_OK, "%s", er_last_error());
+    snprintf(cmd, sizeof cmd, "bash scripts/llama_cpp.sh '%s' '%s' 2>&1", jp, op);
+    int st = system(cmd);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
+        cr_skip_test("!!!!!! node / npm or node-llama-cpp unavailable: the llama.cpp comparison is SKIPPED !!!!!!");
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "llama.cpp run failed (status %d)", st);
+    cJSON *out;
+    cr_assert_eq(json_parse_file(op, 256u << 20, &out), ER_OK, "%s", er_last_error());
+    er_free(jp);
+    er_free(op);
+    return out;
+}
+
+static cJSON *int_array(const int *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    return a;
+}
+
+static int read_numbers(const cJSON *a, double *out, int cap) {
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        cr_assert(n < cap && cJSON_IsNumber(e));
+        out[n++] = e->valuedouble;
+    }
+    return n;
+}
+
+// A job: greedy N_NEW tokens after prompt, and the teacher-forced probabilities of seq.
+static cJSON *job_new(const char *model, const char *lora, const int *prompt, int np, const int *seq, int ns) {
+    cJSON *job = cJSON_CreateObject(), *gen = cJSON_AddArrayToObject(job, "generate"), *g = cJSON_CreateObject();
+    cJSON_AddStringToObject(job, "model", model);
+    if (lora)
+        cJSON_AddStringToObject(job, "lora", lora);
+    cJSON_AddItemToObject(g, "prompt", int_array(prompt, np));
+    cJSON_AddNumberToObject(g, "n", N_NEW);
+    cJSON_AddItemToArray(gen, g);
+    cJSON *score = cJSON_AddArrayToObject(job, "score");
+    cJSON_AddItemToArray(score, int_array(seq, ns));
+    return job;
+}
+
+typedef struct {
+    int tokens[N_NEW];
+    double probs[N_NEW];
+    double score[MAX_IDS];
+} Result;
+
+static void llama_result(cJSON *out, Result *r, int ns) {
+    const cJSON *g = cJSON_GetArrayItem(cJSON_GetObjectItem(out, "generate"), 0);
+    double t[N_NEW];
+    cr_assert_eq(read_numbers(cJSON_GetObjectItem(g, "tokens"), t, N_NEW), N_NEW);
+    for (int i = 0; i < N_NEW; i++)
+        r->tokens[i] = (int)t[i];
+    cr_assert_eq(read_numbers(cJSON_GetObjectItem(g, "probs"), r->probs, N_NEW), N_NEW);
+    cr_assert_eq(read_numbers(cJSON_GetArrayItem(cJSON_GetObjectItem(out, "score"), 0), r->score, MAX_IDS), ns - 1);
+}
+
+static int agree(const int *a, const int *b, int n) {
+    int k = 0;
+    while (k < n && a[k] == b[k])
+        k++;
+    return k;
+}
+
+// Tolerances on probabilities, relative. f32: the 1e-3 (measured: 3e-5). f16: the weights are the
+// same bits in both, but llama.cpp rounds the activations of every f16 product to f16 (ggml's f16 vec_dot
+// type), we keep them fp32 (measured: up to 4e-3). q8_0 and q4_0: likewise llama.cpp rounds the activations
+// of every product to q8_0 blocks (vec_dot_q8_0_q8_0 / q4_0_q8_0: 8 bits per element plus a scale per 32),
+// which moves probabilities by up to 0.12 (measured) and lets greedy paths part, so there only the
+// probabilities are checked, along our own greedy path.
+typedef struct {
+    const char *type;
+    double tol;
+    int greedy_equal; // llama.cpp's greedy tokens must equal ours on the same GGUF
+} TypeCase;
+static const TypeCase CASES[] = {{"f32", 1e-3, 1}, {"f16", 1e-2, 1}, {"q8_0", 0.2, 0}, {"q4_0", 0.2, 0}};
+
+// One model dir: each GGUF type through llama.cpp and through us.
+static void check_model(const char *dir, const char *tmp, const char *prompt_text) {
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, dir), ER_OK, "%s", er_last_error());
+    int *prompt, np;
+    cr_assert_eq(tok_encode(tok, prompt_text, strlen(prompt_text), &prompt, &np), ER_OK, "%s", er_last_error());
+    tok_free(tok);
+    Model dm;
+    cr_assert_eq(model_load(&dm, dir, 0), ER_OK, "%s", er_last_error());
+    Result own;
+    gguf_greedy(&dm, NULL, prompt, np, N_NEW, own.tokens, own.probs);
+    int seq[MAX_IDS], ns = np + N_NEW; // the held-out sequence: the prompt and our dir's greedy tokens
+    memcpy(seq, prompt, (size_t)np * sizeof(int));
+    memcpy(seq + np, own.tokens, sizeof own.tokens);
+    gguf_score(&dm, NULL, NULL, seq, ns, own.score);
+    model_free(&dm);
+    for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/model-%s.gguf", tmp, CASES[c].type);
+        cr_assert_eq(gguf_export_model(dir, path, CASES[c].type, NULL), ER_OK, "%s", er_last_error());
+        Model gm;
+        Result ours, ll;
+        cr_assert_eq(model_load(&gm, path, 0), ER_OK, "%s", er_last_error());
+        gguf_greedy(&gm, NULL, prompt, np, N_NEW, ours.tokens, ours.probs);
+        gguf_score(&gm, NULL, NULL, seq, ns, ours.score);
+        model_free(&gm);
+        cJSON *job = job_new(path, NULL, prompt, np, seq, ns), *out = llama_run(tmp, job);
+        llama_result(out, &ll, ns);
+        int k = agree(ll.tokens, ours.tokens, N_NEW);
+        double rg = gguf_max_rel(ours.probs, ll.probs, k), rs = gguf_max_rel(ours.score, ll.score, ns - 1);
+        fprintf(stderr, "gguf vs llama.cpp %s %s: greedy %d/%d equal, greedy probs max rel %.2e, scored max rel %.2e\n",
+                dir, CASES[c].type, k, N_NEW, rg, rs);
+        if (CASES[c].greedy_equal)
+            cr_expect_eq(k, N_NEW, "%s %s: llama.cpp's greedy tokens part from ours at %d", dir, CASES[c].type, k);
+        if (!strcmp(CASES[c].type, "f32"))
+            cr_expect_eq(agree(ours.tokens, own.tokens, N_NEW), N_NEW, "%s: the f32 GGUF decodes unlike the dir", dir);
+        cr_expect_leq(rg, CASES[c].tol, "%s %s: greedy probabilities differ by %.2e", dir, CASES[c].type, rg);
+        cr_expect_leq(rs, CASES[c].tol, "%s %s: scored probabilities differ by %.2e", dir, CASES[c].type, rs);
+        cJSON_Delete(job);
+        cJSON_Delete(out);
+    }
+    er_free(prompt);
+}
+
+TestSuite(gguf_llama, .timeout = 600);
+
+Test(gguf_llama, qwen_shaped) {
+    char *tmp = helper_tmpdir("er_gguf_ll");
+    char *dir = path_join(tmp, "qwen");
+    gguf_make_qwen_dir(dir);
+    check_model(dir, tmp, "<|im_start|>user\nWhat is 17 + 25? Think step by step.<|im_end|>\n<|im_start|>assistant\n");
+    helper_rmdir(tmp);
+    er_free(dir);
+    er_free(tmp);
+}
+
+Test(gguf_llama, tiny_base) {
+    char *tmp = helper_tmpdir("er_gguf_ll");
+    check_model(GGUF_TINY_BASE, tmp, "<|im_start|>user\nx = 3. y = x + 4. What is y?<|im_end|>\n<|im_start|>assistant\n");
+    helper_rmdir(tmp);
+    er_free(tmp);
+}
