@@ -48,6 +48,23 @@ static inline void gguf_make_qwen_dir(const char *dir) {
     er_free(fx);
 }
 
+// A random llama-architecture dir over the tiny tokenizer (q/k rows are permuted in GGUF).
+static inline void gguf_make_llama_dir(const char *dir) {
+    ModelConfig c = helper_tiny_config(512, 256);
+    c.arch = ARCH_LLAMA;
+    c.qkv_bias = 1; // attention_bias: the biases are permuted like the rows
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.15f, 4), ER_OK, "%s", er_last_error());
+    for (int i = 0; i < m.n_params; i++) // nonzero biases and norms, so a wrong permutation shows
+        if (m.params[i].ndim == 1)
+            for (size_t k = 0; k < m.params[i].numel; k++)
+                m.params[i].data[k] += 0.01f * (float)(k % 7);
+    cr_assert_eq(model_save(&m, dir, 0), ER_OK, "%s", er_last_error());
+    model_free(&m);
+    helper_copy_file("data/tiny_tokenizer/tokenizer.json", dir, "tokenizer.json");
+    helper_copy_file("data/tiny_tokenizer/tokenizer_config.json", dir, "tokenizer_config.json");
+}
+
 // Our greedy continuation: n tokens after prompt (np), decoded with a KV cache as erinfer decodes, and
 // each chosen token's probability. The adapter (NULL = base) applies at every position.
 static inline void gguf_greedy(Model *m, const LoraAdapter *ad, const int *prompt, int np, int n, int *out,

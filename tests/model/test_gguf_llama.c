@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <utf8proc.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
@@ -105,13 +106,19 @@ typedef struct {
 } TypeCase;
 static const TypeCase CASES[] = {{"f32", 1e-3, 1}, {"f16", 1e-2, 1}, {"q8_0", 0.2, 0}, {"q4_0", 0.2, 0}};
 
+// text tokenized by dir's tokenizer (free with er_free).
+static int *encode(const char *dir, const char *text, int *n) {
+    Tokenizer *tok;
+    int *ids;
+    cr_assert_eq(tok_load(&tok, dir), ER_OK, "%s", er_last_error());
+    cr_assert_eq(tok_encode(tok, text, strlen(text), &ids, n), ER_OK, "%s", er_last_error());
+    tok_free(tok);
+    return ids;
+}
+
 // One model dir: each GGUF type through llama.cpp and through us.
 static void check_model(const char *dir, const char *tmp, const char *prompt_text) {
-    Tokenizer *tok;
-    cr_assert_eq(tok_load(&tok, dir), ER_OK, "%s", er_last_error());
-    int *prompt, np;
-    cr_assert_eq(tok_encode(tok, prompt_text, strlen(prompt_text), &prompt, &np), ER_OK, "%s", er_last_error());
-    tok_free(tok);
+    int np, *prompt = encode(dir, prompt_text, &np);
     Model dm;
     cr_assert_eq(model_load(&dm, dir, 0), ER_OK, "%s", er_last_error());
     Result own;
@@ -165,5 +172,150 @@ Test(gguf_llama, tiny_base) {
     char *tmp = helper_tmpdir("er_gguf_ll");
     check_model(GGUF_TINY_BASE, tmp, "<|im_start|>user\nx = 3. y = x + 4. What is y?<|im_end|>\n<|im_start|>assistant\n");
     helper_rmdir(tmp);
+    er_free(tmp);
+}
+
+// The llama architecture (q/k rows permuted into llama.cpp's RoPE order, and back), a random model over the
+// tiny tokenizer.
+Test(gguf_llama, llama_arch) {
+    char *tmp = helper_tmpdir("er_gguf_ll");
+    char *dir = path_join(tmp, "llama");
+    gguf_make_llama_dir(dir);
+    check_model(dir, tmp, "<|im_start|>user\nx = 3. y = x + 4. What is y?<|im_end|>\n<|im_start|>assistant\n");
+    helper_rmdir(tmp);
+    er_free(dir);
+    er_free(tmp);
+}
+
+// A random LoRA adapter (rank 4, every projection) as PEFT, exported as a llama.cpp LoRA GGUF and applied
+// there over the f32 GGUF; ours applies it unmasked (llama.cpp has no mask). Then, on the same sequence,
+// how far erinfer's masked semantics (adapter off on the prompt) are from llama.cpp's: the mean absolute
+// log-probability difference over the response tokens.
+static void check_lora(const char *dir, const char *tmp, const char *prompt_text, float perturb) {
+    int np, *prompt = encode(dir, prompt_text, &np);
+    Model m;
+    LoraAdapter a, loaded;
+    cr_assert_eq(model_load(&m, dir, 0), ER_OK, "%s", er_last_error());
+    helper_random_adapter(&a, &m.cfg, perturb, 5);
+    a.masked = 1;
+    char *ad = path_join(tmp, "adapter"), base[512], lora[512];
+    cr_assert_eq(peft_save(&a, ad), ER_OK, "%s", er_last_error());
+    LoraShape shape = model_config_lora_shape(&m.cfg);
+    cr_assert_eq(peft_load(&loaded, ad, &shape, 0), ER_OK, "%s", er_last_error());
+    snprintf(base, sizeof base, "%s/base-f32.gguf", tmp);
+    snprintf(lora, sizeof lora, "%s/lora.gguf", tmp);
+    cr_assert_eq(gguf_export_model(dir, base, "f32", NULL), ER_OK, "%s", er_last_error());
+    cr_assert_eq(gguf_export_lora(dir, ad, lora, NULL), ER_OK, "%s", er_last_error());
+    Result ours, ll;
+    gguf_greedy(&m, &loaded, prompt, np, N_NEW, ours.tokens, ours.probs);
+    int seq[MAX_IDS], ns = np + N_NEW;
+    memcpy(seq, prompt, (size_t)np * sizeof(int));
+    memcpy(seq + np, ours.tokens, sizeof ours.tokens);
+    gguf_score(&m, &loaded, NULL, seq, ns, ours.score);
+    cJSON *job = job_new(base, lora, prompt, np, seq, ns), *out = llama_run(tmp, job);
+    llama_result(out, &ll, ns);
+    int k = agree(ll.tokens, ours.tokens, N_NEW);
+    double rg = gguf_max_rel(ours.probs, ll.probs, k), rs = gguf_max_rel(ours.score, ll.score, ns - 1);
+    // Masked: the adapter on at input positions >= np (the response), as erinfer and training run it.
+    uint8_t mask[MAX_IDS];
+    double masked[MAX_IDS], base_p[MAX_IDS], dm = 0, db = 0;
+    for (int i = 0; i < ns; i++)
+        mask[i] = i >= np;
+    gguf_score(&m, &loaded, mask, seq, ns, masked);
+    gguf_score(&m, NULL, NULL, seq, ns, base_p);
+    for (int i = np - 1; i < ns - 1; i++) { // predictions of the response tokens
+        dm += fabs(log(masked[i]) - log(ll.score[i])) / N_NEW;
+        db += fabs(log(base_p[i]) - log(ll.score[i])) / N_NEW;
+    }
+    fprintf(stderr,
+            "gguf-lora vs llama.cpp %s: greedy %d/%d equal, greedy probs max rel %.2e, scored max rel %.2e; response "
+            "mean |log p(masked, erinfer) - log p(unmasked, llama.cpp)| = %.4f (base without adapter: %.4f)\n",
+            dir, k, N_NEW, rg, rs, dm, db);
+    cr_expect_eq(k, N_NEW, "%s: llama.cpp's greedy tokens with the LoRA part from ours at %d", dir, k);
+    cr_expect_leq(rg, 1e-3, "%s: greedy probabilities with the LoRA differ by %.2e", dir, rg);
+    cr_expect_leq(rs, 1e-3, "%s: scored probabilities with the LoRA differ by %.2e", dir, rs);
+    cr_expect_gt(db, 10 * rs, "%s: the adapter changes nothing measurable", dir);
+    cJSON_Delete(job);
+    cJSON_Delete(out);
+    lora_free(&a);
+    lora_free(&loaded);
+    model_free(&m);
+    er_free(ad);
+    er_free(prompt);
+}
+
+Test(gguf_llama, lora_qwen_shaped) {
+    char *tmp = helper_tmpdir("er_gguf_ll");
+    char *dir = path_join(tmp, "qwen");
+    gguf_make_qwen_dir(dir);
+    check_lora(dir, tmp, "<|im_start|>user\nWhat is 17 + 25?<|im_end|>\n<|im_start|>assistant\n", 0.05f);
+    helper_rmdir(tmp);
+    er_free(dir);
+    er_free(tmp);
+}
+
+Test(gguf_llama, lora_tiny_base) {
+    char *tmp = helper_tmpdir("er_gguf_ll");
+    check_lora(GGUF_TINY_BASE, tmp, "<|im_start|>user\nx = 3. y = x + 4. What is y?<|im_end|>\n<|im_start|>assistant\n",
+               0.05f);
+    helper_rmdir(tmp);
+    er_free(tmp);
+}
+
+// The Qwen tokenizer corpus of tests/data (texts with Hugging Face's ids) tokenized by llama.cpp through the
+// GGUF's tokenizer.ggml.* arrays, against ours (tests/model/test_gguf.c checks that ours from the GGUF is
+// ours from tokenizer.json on the same corpus). llama.cpp does
+// not apply the NFC normalizer of tokenizer.json: texts that NFC changes are counted apart (there llama.cpp
+// differs from Hugging Face, and we follow Hugging Face).
+Test(gguf_llama, tokenize_corpus) {
+    char *tmp = helper_tmpdir("er_gguf_ll");
+    char *dir = path_join(tmp, "qwen"), gguf[512];
+    gguf_make_qwen_dir(dir);
+    snprintf(gguf, sizeof gguf, "%s/model.gguf", tmp);
+    cr_assert_eq(gguf_export_model(dir, gguf, "f16", NULL), ER_OK, "%s", er_last_error());
+    Tokenizer *hf;
+    cr_assert_eq(tok_load(&hf, dir), ER_OK, "%s", er_last_error());
+    char *buf;
+    size_t len;
+    cr_assert_eq(file_read_all("tests/data/golden/qwen_tokenizer.jsonl", 16u << 20, &buf, &len), ER_OK, "%s",
+                 er_last_error());
+    cJSON *job = cJSON_CreateObject(), *texts = cJSON_AddArrayToObject(job, "tokenize");
+    cJSON_AddStringToObject(job, "model", gguf);
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *rec = cJSON_Parse(line);
+        cr_assert(rec && cJSON_IsString(cJSON_GetObjectItem(rec, "text")));
+        cJSON_AddItemToArray(texts, cJSON_CreateString(cJSON_GetObjectItem(rec, "text")->valuestring));
+        cJSON_Delete(rec);
+    }
+    cJSON *out = llama_run(tmp, job), *ll = cJSON_GetObjectItem(out, "tokenize");
+    int n = cJSON_GetArraySize(texts), same = 0, nfc_changed = 0, bad = 0;
+    cr_assert_eq(cJSON_GetArraySize(ll), n);
+    for (int i = 0; i < n; i++) {
+        const char *t = cJSON_GetArrayItem(texts, i)->valuestring;
+        int *a, na;
+        cr_assert_eq(tok_encode(hf, t, strlen(t), &a, &na), ER_OK, "%s", er_last_error());
+        const cJSON *ids = cJSON_GetArrayItem(ll, i);
+        int eq = cJSON_GetArraySize(ids) == na;
+        for (int k = 0; eq && k < na; k++)
+            eq = cJSON_GetArrayItem(ids, k)->valueint == a[k];
+        char *nfc = (char *)utf8proc_NFC((const utf8proc_uint8_t *)t);
+        cr_assert(nfc);
+        int changed = strcmp(nfc, t) != 0;
+        nfc_changed += changed;
+        same += eq;
+        if (!eq && !changed && bad++ < 5)
+            fprintf(stderr, "llama.cpp tokenizes text %d differently: \"%.60s\"\n", i, t);
+        er_free(a);
+        free(nfc);
+    }
+    fprintf(stderr, "gguf tokenizer: llama.cpp equals ours on %d of %d texts; %d texts are not NFC (%d of them differ)\n",
+            same, n, nfc_changed, n - same - bad);
+    cr_expect_eq(bad, 0, "llama.cpp tokenizes %d NFC texts unlike us", bad);
+    cJSON_Delete(job);
+    cJSON_Delete(out);
+    er_free(buf);
+    tok_free(hf);
+    helper_rmdir(tmp);
+    er_free(dir);
     er_free(tmp);
 }
