@@ -14,7 +14,7 @@ import {fileURLToPath} from "node:url";
 import path from "node:path";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const nlc = path.join(here, "..", process.env.ER_BUILD_NODE || "build", "node_modules", "node-llama-cpp");
+const nlc = path.join(here, "..", "build", "node_modules", "node-llama-cpp");
 const {getLlama} = await import(path.join(nlc, "dist", "index.js"));
 const info = JSON.parse(readFileSync(path.join(nlc, "llama", "binariesGithubRelease.json"), "utf8"));
 
@@ -28,9 +28,10 @@ const ctxOptions = {
 if (job.lora)
     ctxOptions.lora = {adapters: [{filePath: job.lora, scale: job.lora_scale ?? 1}]};
 const ctx = await model.createContext(ctxOptions);
+const seq = ctx.getSequence(); // one sequence, its history cleared before each item
 
 async function generate(prompt, n) {
-    const seq = ctx.getSequence();
+    await seq.clearHistory();
     const tokens = [], probs = [];
     for await (const r of seq.evaluateWithMetadata(prompt, {confidence: true}, {temperature: 0})) {
         tokens.push(r.token);
@@ -38,15 +39,13 @@ async function generate(prompt, n) {
         if (tokens.length === n)
             break;
     }
-    seq.dispose();
     return {tokens, probs};
 }
 
 async function score(ids) {
-    const seq = ctx.getSequence();
+    await seq.clearHistory();
     const input = ids.slice(0, -1).map((t) => [t, {generateNext: {probabilities: true}}]);
     const res = await seq.controlledEvaluate(input);
-    seq.dispose();
     return res.map((r, i) => r.next.probabilities.get(ids[i + 1]) ?? 0);
 }
 

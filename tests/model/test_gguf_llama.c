@@ -235,6 +235,15 @@ static void check_lora(const char *dir, const char *tmp, const char *prompt_text
     cr_expect_leq(rg, 1e-3, "%s: greedy probabilities with the LoRA differ by %.2e", dir, rg);
     cr_expect_leq(rs, 1e-3, "%s: scored probabilities with the LoRA differ by %.2e", dir, rs);
     cr_expect_gt(db, 10 * rs, "%s: the adapter changes nothing measurable", dir);
+    // llama.cpp's per-request scale (llama-server's "lora": [{"id", "scale"}]) multiplies alpha / r.
+    cJSON_AddNumberToObject(job, "lora_scale", 0.5);
+    cJSON_Delete(out);
+    out = llama_run(tmp, job);
+    llama_result(out, &ll, ns);
+    loaded.scale *= 0.5f;
+    gguf_score(&m, &loaded, NULL, seq, ns, ours.score);
+    double rh = gguf_max_rel(ours.score, ll.score, ns - 1);
+    cr_expect_leq(rh, 1e-3, "%s: with the LoRA at scale 0.5 the probabilities differ by %.2e", dir, rh);
     cJSON_Delete(job);
     cJSON_Delete(out);
     lora_free(&a);
