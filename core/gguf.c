@@ -210,6 +210,34 @@ static int read_header(Cursor *c, GgufFile *f, uint64_t n_tensors, uint64_t n_kv
     return ER_OK;
 }
 
+static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// The first name given twice among n (sorted copies of the pointers: a file may hold millions), or NULL.
+static const char *find_duplicate(char **names, size_t n) {
+    qsort(names, n, sizeof *names, cmp_name);
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(names[i - 1], names[i]) == 0)
+            return names[i];
+    return NULL;
+}
+
+static int check_duplicates(const GgufFile *f) {
+    size_t n = (size_t)(f->n_kv > f->n_tensors ? f->n_kv : f->n_tensors);
+    char **names = er_alloc((n ? n : 1) * sizeof *names);
+    if (!names)
+        return ER_ENOMEM;
+    for (int i = 0; i < f->n_kv; i++)
+        names[i] = f->kv[i].key;
+    const char *dup = find_duplicate(names, (size_t)f->n_kv);
+    int rc = dup ? er_error(ER_EFORMAT, "%s: key \"%s\" appears twice", f->path, dup) : ER_OK;
+    for (int i = 0; rc == ER_OK && i < f->n_tensors; i++)
+        names[i] = f->tensors[i].name;
+    if (rc == ER_OK && (dup = find_duplicate(names, (size_t)f->n_tensors)))
+        rc = er_error(ER_EFORMAT, "%s: tensor \"%s\" appears twice", f->path, dup);
+    er_free(names);
+    return rc;
+}
+
 // Alignment, duplicates, and each tensor's data inside the file.
 static int check_layout(GgufFile *f, size_t header_end) {
     f->alignment = GGUF_DEFAULT_ALIGNMENT;
@@ -220,18 +248,12 @@ static int check_layout(GgufFile *f, size_t header_end) {
             return er_error(ER_EFORMAT, "%s: general.alignment must be a u32 power of two", f->path);
         f->alignment = a;
     }
-    for (int i = 0; i < f->n_kv; i++)
-        for (int j = 0; j < i; j++)
-            if (strcmp(f->kv[i].key, f->kv[j].key) == 0)
-                return er_error(ER_EFORMAT, "%s: key \"%s\" appears twice", f->path, f->kv[i].key);
+    ER_TRY(check_duplicates(f));
     size_t data_start = (header_end + f->alignment - 1) / f->alignment * f->alignment;
     if (data_start > f->map_size && f->n_tensors > 0)
         return er_error(ER_EFORMAT, "%s: the file ends before its tensor data starts", f->path);
     for (int i = 0; i < f->n_tensors; i++) {
         GgufTensor *t = &f->tensors[i];
-        for (int j = 0; j < i; j++)
-            if (strcmp(t->name, f->tensors[j].name) == 0)
-                return er_error(ER_EFORMAT, "%s: tensor \"%s\" appears twice", f->path, t->name);
         if (t->offset % f->alignment)
             return er_error(ER_EFORMAT, "%s: tensor \"%s\" has offset %llu, not a multiple of the alignment %u",
                             f->path, t->name, (unsigned long long)t->offset, f->alignment);

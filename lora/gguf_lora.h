@@ -9,12 +9,16 @@
 #include "core/gguf.h"
 #include "lora/lora.h"
 
+// llama only: the HF row behind row r of a q/k projection in llama.cpp's order, heads of HS rows
+// (convert_hf_to_gguf.py's permute: rows (head, 2, HS/2) stored as (head, HS/2, 2)).
+int lora_gguf_llama_row(int r, int HS);
 // llama.cpp's tensor name of a target's projection: "attn_q", "attn_k", "attn_v", "attn_output",
 // "ffn_gate", "ffn_up", "ffn_down".
 const char *lora_gguf_target_name(LoraTarget t);
-// The adapter's metadata and tensors (fp32) into w; arch is the base's llama.cpp architecture ("qwen2").
-// The tensors point into a, which must outlive the write. An rsLoRA adapter (scale alpha / sqrt(r)) is
-// written with the alpha that gives llama.cpp's alpha / r the same scale.
-int lora_gguf_put(const LoraAdapter *a, const char *arch, GgufWriter *w);
+// The adapter's metadata and tensors (fp32) into w; arch is the base's llama.cpp architecture ("qwen2", or
+// "llama", whose q/k lora_b rows are permuted like the base's rows, heads of HS). Tensors point into a, which
+// must outlive the write, or are copies w owns. An rsLoRA adapter (scale alpha / sqrt(r)) is written with the
+// alpha that gives llama.cpp's alpha / r the same scale.
+int lora_gguf_put(const LoraAdapter *a, const char *arch, int HS, GgufWriter *w);
 
 #endif

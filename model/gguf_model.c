@@ -55,19 +55,16 @@ static int gguf_param_name(const char *hf, char *out) {
     return er_error(ER_EINVAL, "gguf: no llama.cpp name for \"%s\"", hf);
 }
 
-// llama: the HF row behind GGUF row r of a q/k projection with n_head heads of HS (convert_hf_to_gguf's
-// permute: rows (head, 2, HS/2) stored as (head, HS/2, 2)); every other tensor keeps its rows.
-static int hf_row(const ModelConfig *c, const char *hf, int r) {
-    int nh = strstr(hf, "q_proj") ? c->NH : strstr(hf, "k_proj") ? c->NKV : 0;
-    if (c->arch != ARCH_LLAMA || !nh)
-        return r;
-    int h = r / c->HS, i = (r % c->HS) / 2, j = r % 2;
-    return h * c->HS + j * (c->HS / 2) + i;
-}
-
 static int permuted(const ModelConfig *c, const char *hf) {
     return c->arch == ARCH_LLAMA && (strstr(hf, "q_proj") || strstr(hf, "k_proj"));
 }
+
+// llama: the HF row behind GGUF row r of a q/k projection with n_head heads of HS (convert_hf_to_gguf's
+// permute: rows (head, 2, HS/2) stored as (head, HS/2, 2)); every other tensor keeps its rows.
+static int hf_row(const ModelConfig *c, const char *hf, int r) {
+    return permuted(c, hf) ? lora_gguf_llama_row(r, c->HS) : r;
+}
+
 
 // ---- export ----
 

@@ -82,7 +82,7 @@ int gguf_export_lora(const char *model, const char *adapter, const char *out, FI
     ER_CHECK(model_load(&m, model, 0));
     LoraShape shape = model_config_lora_shape(&m.cfg);
     ER_CHECK(peft_load(&a, adapter, &shape, 0));
-    ER_CHECK(lora_gguf_put(&a, model_gguf_arch(&m.cfg), &w));
+    ER_CHECK(lora_gguf_put(&a, model_gguf_arch(&m.cfg), m.cfg.HS, &w));
     ER_CHECK(gguf_write(&w, out));
     if (log)
         fprintf(log, "wrote %s: LoRA r=%d, scale %g, %d tensors%s\n", out, a.r, a.scale, w.n_tensors,

@@ -263,6 +263,16 @@ Test(gguf_llama, lora_qwen_shaped) {
     er_free(tmp);
 }
 
+Test(gguf_llama, lora_llama_arch) {
+    char *tmp = helper_tmpdir("er_gguf_ll");
+    char *dir = path_join(tmp, "llama");
+    gguf_make_llama_dir(dir);
+    check_lora(dir, tmp, "<|im_start|>user\nx = 3. y = x + 4. What is y?<|im_end|>\n<|im_start|>assistant\n", 0.05f);
+    helper_rmdir(tmp);
+    er_free(dir);
+    er_free(tmp);
+}
+
 Test(gguf_llama, lora_tiny_base) {
     char *tmp = helper_tmpdir("er_gguf_ll");
     check_lora(GGUF_TINY_BASE, tmp, "<|im_start|>user\nx = 3. y = x + 4. What is y?<|im_end|>\n<|im_start|>assistant\n",
