@@ -156,36 +156,10 @@ static void check_model(const char *dir, const char *tmp, const char *prompt_tex
     er_free(prompt);
 }
 
+
+
+
 TestSuite(gguf_llama, .timeout = 600);
-
-Test(gguf_llama, qwen_shaped) {
-    char *tmp = helper_tmpdir("er_gguf_ll");
-    char *dir = path_join(tmp, "qwen");
-    gguf_make_qwen_dir(dir);
-    check_model(dir, tmp, "<|im_start|>user\nWhat is 17 + 25? Think step by step.<|im_end|>\n<|im_start|>assistant\n");
-    helper_rmdir(tmp);
-    er_free(dir);
-    er_free(tmp);
-}
-
-Test(gguf_llama, tiny_base) {
-    char *tmp = helper_tmpdir("er_gguf_ll");
-    check_model(GGUF_TINY_BASE, tmp, "<|im_start|>user\nx = 3. y = x + 4. What is y?<|im_end|>\n<|im_start|>assistant\n");
-    helper_rmdir(tmp);
-    er_free(tmp);
-}
-
-// The llama architecture (q/k rows permuted into llama.cpp's RoPE order, and back), a random model over the
-// tiny tokenizer.
-Test(gguf_llama, llama_arch) {
-    char *tmp = helper_tmpdir("er_gguf_ll");
-    char *dir = path_join(tmp, "llama");
-    gguf_make_llama_dir(dir);
-    check_model(dir, tmp, "<|im_start|>user\nx = 3. y = x + 4. What is y?<|im_end|>\n<|im_start|>assistant\n");
-    helper_rmdir(tmp);
-    er_free(dir);
-    er_free(tmp);
-}
 
 // A random LoRA adapter (rank 4, every projection) as PEFT, exported as a llama.cpp LoRA GGUF and applied
 // there over the f32 GGUF; ours applies it unmasked (llama.cpp has no mask). Then, on the same sequence,
@@ -253,33 +227,42 @@ static void check_lora(const char *dir, const char *tmp, const char *prompt_text
     er_free(prompt);
 }
 
-Test(gguf_llama, lora_qwen_shaped) {
-    char *tmp = helper_tmpdir("er_gguf_ll");
-    char *dir = path_join(tmp, "qwen");
-    gguf_make_qwen_dir(dir);
-    check_lora(dir, tmp, "<|im_start|>user\nWhat is 17 + 25?<|im_end|>\n<|im_start|>assistant\n", 0.05f);
+
+
+
+// The cases: a random Qwen2.5-shaped model over the real Qwen tokenizer ("qwen"), a random llama model over
+// the tiny tokenizer ("llama": q/k rows permuted into llama.cpp's RoPE order, and back) and the tiny base; each
+// exported and compared as a base model, or with a random LoRA adapter (perturb > 0).
+#define QWEN_PROMPT "<|im_start|>user\nWhat is 17 + 25? Think step by step.<|im_end|>\n<|im_start|>assistant\n"
+#define TINY_PROMPT "<|im_start|>user\nx = 3. y = x + 4. What is y?<|im_end|>\n<|im_start|>assistant\n"
+
+static void run_case(const char *kind, float perturb) {
+    char *tmp = helper_tmpdir("er_gguf_ll"), *dir;
+    if (strcmp(kind, "tiny") == 0) {
+        dir = er_strdup(GGUF_TINY_BASE);
+    } else {
+        dir = path_join(tmp, kind);
+        if (strcmp(kind, "qwen") == 0)
+            gguf_make_qwen_dir(dir);
+        else
+            gguf_make_llama_dir(dir);
+    }
+    const char *prompt = strcmp(kind, "qwen") == 0 ? QWEN_PROMPT : TINY_PROMPT;
+    if (perturb > 0)
+        check_lora(dir, tmp, prompt, perturb);
+    else
+        check_model(dir, tmp, prompt);
     helper_rmdir(tmp);
     er_free(dir);
     er_free(tmp);
 }
 
-Test(gguf_llama, lora_llama_arch) {
-    char *tmp = helper_tmpdir("er_gguf_ll");
-    char *dir = path_join(tmp, "llama");
-    gguf_make_llama_dir(dir);
-    check_lora(dir, tmp, "<|im_start|>user\nx = 3. y = x + 4. What is y?<|im_end|>\n<|im_start|>assistant\n", 0.05f);
-    helper_rmdir(tmp);
-    er_free(dir);
-    er_free(tmp);
-}
-
-Test(gguf_llama, lora_tiny_base) {
-    char *tmp = helper_tmpdir("er_gguf_ll");
-    check_lora(GGUF_TINY_BASE, tmp, "<|im_start|>user\nx = 3. y = x + 4. What is y?<|im_end|>\n<|im_start|>assistant\n",
-               0.05f);
-    helper_rmdir(tmp);
-    er_free(tmp);
-}
+Test(gguf_llama, qwen_shaped) { run_case("qwen", 0); }
+Test(gguf_llama, tiny_base) { run_case("tiny", 0); }
+Test(gguf_llama, llama_arch) { run_case("llama", 0); }
+Test(gguf_llama, lora_qwen_shaped) { run_case("qwen", 0.05f); }
+Test(gguf_llama, lora_llama_arch) { run_case("llama", 0.05f); }
+Test(gguf_llama, lora_tiny_base) { run_case("tiny", 0.05f); }
 
 // The Qwen tokenizer corpus of tests/data (texts with Hugging Face's ids) tokenized by llama.cpp through the
 // GGUF's tokenizer.ggml.* arrays, against ours (tests/model/test_gguf.c checks that ours from the GGUF is
