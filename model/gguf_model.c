@@ -309,12 +309,66 @@ static int check_layers(const GgufFile *f, const ModelConfig *c) {
     return ER_OK;
 }
 
+// q4_K's 6-bit scale and min j of a super-block's 12 scale bytes (ggml's get_scale_min_k4).
+static void q4_k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
+        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
+}
+
+// One q4_K super-block (fp16 d, fp16 dmin, 12 scale bytes, 128 code bytes) as 256 fp32 values, in ggml's
+// arithmetic order: (d * sc) * u - dmin * m per sub-block of 32.
+static void q4_k_block(float *y, const uint8_t *s) {
+    uint16_t h[2];
+    memcpy(h, s, 4);
+    float d = f16_to_f32(h[0]), dmin = f16_to_f32(h[1]);
+    const uint8_t *q = s + 16;
+    for (int j = 0, is = 0; j < GGML_QK_K; j += 64, is += 2, q += 32) {
+        int sc, m;
+        q4_k_scale_min(is, s + 4, &sc, &m);
+        float d1 = d * (float)sc, m1 = dmin * (float)m;
+        q4_k_scale_min(is + 1, s + 4, &sc, &m);
+        float d2 = d * (float)sc, m2 = dmin * (float)m;
+        for (int l = 0; l < 32; l++) {
+            y[j + l] = d1 * (float)(q[l] & 15) - m1;
+            y[j + 32 + l] = d2 * (float)(q[l] >> 4) - m2;
+        }
+    }
+}
+
+// One q6_K super-block (128 low-nibble bytes, 64 high-bit bytes, 16 int8 scales, fp16 d) as 256 fp32
+// values: (d * scale) * (q - 32) per sub-block of 16, in ggml's order.
+static void q6_k_block(float *y, const uint8_t *s) {
+    const uint8_t *ql = s, *qh = s + 128;
+    const int8_t *sc = (const int8_t *)(s + 192);
+    uint16_t h;
+    memcpy(&h, s + 208, 2);
+    float d = f16_to_f32(h);
+    for (int n = 0; n < GGML_QK_K; n += 128, y += 128, ql += 64, qh += 32, sc += 8)
+        for (int l = 0; l < 32; l++) {
+            int is = l / 16;
+            y[l] = d * (float)sc[is] * (float)((int)((ql[l] & 15) | ((qh[l] >> 0) & 3) << 4) - 32);
+            y[l + 32] = d * (float)sc[is + 2] * (float)((int)((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4) - 32);
+            y[l + 64] = d * (float)sc[is + 4] * (float)((int)((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
+            y[l + 96] = d * (float)sc[is + 6] * (float)((int)((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
+        }
+}
+
 // Row r of t (cols elements) as fp32.
 static void tensor_row_f32(float *dst, const GgufTensor *t, size_t r, int cols) {
     size_t row_bytes = (size_t)cols / ggml_type_block(t->type) * ggml_type_block_bytes(t->type);
     const uint8_t *s = (const uint8_t *)t->data + r * row_bytes;
     if (t->type == GGML_F32 || t->type == GGML_F16 || t->type == GGML_BF16) {
         dtype_to_f32(dst, s, t->type == GGML_F32 ? DT_F32 : t->type == GGML_F16 ? DT_F16 : DT_BF16, (size_t)cols);
+        return;
+    }
+    if (t->type == GGML_Q4_K || t->type == GGML_Q6_K) {
+        for (int b = 0; b < cols / GGML_QK_K; b++)
+            (t->type == GGML_Q4_K ? q4_k_block : q6_k_block)(dst + b * GGML_QK_K, s + (size_t)b * (t->type == GGML_Q4_K ? 144 : 210));
         return;
     }
     for (int b = 0; b < cols / GGML_QK; b++, dst += GGML_QK) {
@@ -406,17 +460,18 @@ static int place_param(Model *m, const GgufFile *f, ParamTensor *p) {
         return er_error(ER_EFORMAT, "%s: tensor \"%s\" has shape {%llu, %llu}, expected {%d, %d} from the metadata",
                         f->path, name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], cols, rows);
     uint32_t ty = t->type;
-    if (ty != GGML_F32 && ty != GGML_F16 && ty != GGML_BF16 && ty != GGML_Q8_0 && ty != GGML_Q4_0)
-        return er_error(ER_EUNSUPPORTED, "%s: tensor \"%s\" has type %s (supported: f32, f16, bf16, q8_0, q4_0)",
-                        f->path, name, ggml_type_name(ty));
-    int quantized = ty == GGML_Q8_0 || ty == GGML_Q4_0;
+    int quantized = ty == GGML_Q8_0 || ty == GGML_Q4_0 || ty == GGML_Q4_K || ty == GGML_Q6_K;
+    if (ty != GGML_F32 && ty != GGML_F16 && ty != GGML_BF16 && !quantized)
+        return er_error(ER_EUNSUPPORTED,
+                        "%s: tensor \"%s\" has type %s (supported: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K)", f->path,
+                        name, ggml_type_name(ty));
     if (quantized && m->trainable)
         return er_error(ER_EUNSUPPORTED,
                         "%s: a quantized model (tensor \"%s\" is %s) cannot be loaded for full-parameter training; "
                         "train a LoRA adapter on it (ertrain sft) or start from a float model",
                         f->path, name, ggml_type_name(ty));
     float *dst = p->data;
-    if (!dst && ty == GGML_Q8_0) { // exact in fp32: q (8 bits) x d (11 significant bits)
+    if (!dst && ty != GGML_Q4_0 && quantized) { // fp32, exactly ggml's dequantized values
         if (!(dst = er_alloc((size_t)rows * cols * sizeof(float))))
             return ER_ENOMEM;
         p->w->fmt = WF_F32;

@@ -8,7 +8,8 @@
 // Norms and biases are f32. llama's q_proj / k_proj rows are permuted into llama.cpp's interleaved
 // RoPE order (convert_hf_to_gguf.py's permute) and back on import; qwen2 needs no permutation.
 // Import: f32 / f16 / bf16 matrices stay in their type (mmapped), q4_0 becomes our q4g32 exactly
-// (scale d, zero -8d, codes repacked), q8_0 becomes fp32 exactly (q * d); other types are refused by name.
+// (scale d, zero -8d, codes repacked), q8_0, q4_K and q6_K become fp32 exactly as ggml dequantizes them
+// (the common Q4_K_M / Q6_K files of llama.cpp load, at 4 bytes a weight); other types are refused by name.
 #ifndef MODEL_GGUF_MODEL_H
 #define MODEL_GGUF_MODEL_H
 

@@ -14,8 +14,10 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "core/rng.h"
 #include "data/tokenizer.h"
 #include "lora/peft.h"
+#include "model/gguf_model.h"
 #include "model/model.h"
 #include "tests/common/gguf_helpers.h"
 #include "train/gguf_export.h"
@@ -319,5 +321,79 @@ Test(gguf_llama, tokenize_corpus) {
     tok_free(hf);
     helper_rmdir(tmp);
     er_free(dir);
+    er_free(tmp);
+}
+
+// Random q4_K / q6_K super-blocks for the (rows, cols) matrix t of w (replacing its data): random codes and
+// scales, super-block scales small enough for a sane model.
+static void random_k_blocks(GgufWriteTensor *t, uint32_t type, ErRng *rng) {
+    size_t bb = type == GGML_Q4_K ? 144 : 210, nb = (size_t)t->ne[0] * t->ne[1] / GGML_QK_K;
+    uint8_t *b = er_alloc(nb * bb);
+    cr_assert(b);
+    for (size_t i = 0; i < nb * bb; i++)
+        b[i] = (uint8_t)(rng_u64(rng) >> 56);
+    for (size_t k = 0; k < nb; k++) {
+        uint8_t *blk = b + k * bb;
+        if (type == GGML_Q4_K) {
+            uint16_t d[2] = {f32_to_f16(1.5e-4f), f32_to_f16(6e-4f)};
+            memcpy(blk, d, 4);
+        } else {
+            uint16_t d = f32_to_f16(1e-4f);
+            for (int j = 0; j < 16; j++)
+                blk[192 + j] = (uint8_t)(int8_t)((int)(blk[192 + j] % 61) - 30);
+            memcpy(blk + 208, &d, 2);
+        }
+    }
+    er_free(t->owned);
+    t->type = type;
+    t->nbytes = nb * bb;
+    t->data = t->owned = b;
+}
+
+// The k-quants llama.cpp's common files hold (Q4_K_M: q4_K with q6_K for some tensors): a random qwen2 model
+// (C 256, the tiny tokenizer) whose layer 0 and embedding are q6_K and layer 1 q4_K, written here block by
+// block, imported (fp32 as ggml dequantizes) and compared with llama.cpp, which rounds activations to q8_K
+// blocks for these products (hence the q8_0 tolerance).
+Test(gguf_llama, k_quants_import) {
+    char *tmp = helper_tmpdir("er_gguf_ll"), path[512];
+    ModelConfig c = helper_tiny_config(512, 256);
+    c.C = 256, c.FF = 512, c.HS = 64;
+    Model m;
+    Tokenizer *tok;
+    GgufWriter w = {0};
+    ErRng rng;
+    rng_seed(&rng, 9);
+    cr_assert_eq(model_build_random(&m, &c, 0.05f, 6), ER_OK, "%s", er_last_error());
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), ER_OK, "%s", er_last_error());
+    cr_assert_eq(model_gguf_put(&m, GGML_F32, &w, NULL), ER_OK, "%s", er_last_error());
+    cr_assert_eq(tok_gguf_put(tok, c.V, &w), ER_OK, "%s", er_last_error());
+    for (int i = 0; i < w.n_tensors; i++)
+        if (w.tensors[i].ndim == 2 && w.tensors[i].ne[0] % GGML_QK_K == 0)
+            random_k_blocks(&w.tensors[i], strncmp(w.tensors[i].name, "blk.1.", 6) == 0 ? GGML_Q4_K : GGML_Q6_K, &rng);
+    snprintf(path, sizeof path, "%s/k.gguf", tmp);
+    cr_assert_eq(gguf_write(&w, path), ER_OK, "%s", er_last_error());
+    gguf_writer_free(&w);
+    model_free(&m);
+    int np, *prompt = encode("data/tiny_tokenizer", TINY_PROMPT, &np), seq[MAX_IDS], ns = np + N_NEW;
+    Model g;
+    Result ours, ll;
+    cr_assert_eq(model_load(&g, path, 0), ER_OK, "%s", er_last_error());
+    cr_expect_eq(g.layers[1].wup.fmt, WF_F32);
+    gguf_greedy(&g, NULL, prompt, np, N_NEW, ours.tokens, ours.probs);
+    memcpy(seq, prompt, (size_t)np * sizeof(int));
+    memcpy(seq + np, ours.tokens, sizeof ours.tokens);
+    gguf_score(&g, NULL, NULL, seq, ns, ours.score);
+    cJSON *job = job_new(path, NULL, prompt, np, seq, ns), *out = llama_run(tmp, job);
+    llama_result(out, &ll, ns);
+    int k = agree(ll.tokens, ours.tokens, N_NEW);
+    double rs = gguf_max_rel(ours.score, ll.score, ns - 1);
+    fprintf(stderr, "gguf q4_K/q6_K import vs llama.cpp: greedy %d/%d equal, scored max rel %.2e\n", k, N_NEW, rs);
+    cr_expect_leq(rs, 0.2, "q4_K / q6_K: scored probabilities differ by %.2e", rs);
+    cJSON_Delete(job);
+    cJSON_Delete(out);
+    model_free(&g);
+    tok_free(tok);
+    er_free(prompt);
+    helper_rmdir(tmp);
     er_free(tmp);
 }
