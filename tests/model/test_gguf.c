@@ -13,6 +13,7 @@
 #include "core/gguf.h"
 #include "data/chat.h"
 #include "data/tokenizer.h"
+#include "lora/peft.h"
 #include "model/gguf_model.h"
 #include "tests/common/gguf_helpers.h"
 #include "train/gguf_export.h"
@@ -197,22 +198,36 @@ Test(gguf, quantized_dirs_export_exactly_or_say_so) {
     er_free(prog);
 }
 
-// erinfer takes a .gguf wherever it takes a model dir: greedy generation gives the dir's text.
+// erinfer takes a .gguf wherever it takes a model dir: greedy generation, with and without a (masked) adapter,
+// gives the dir's text.
 Test(gguf, erinfer_generates_from_a_gguf) {
     char *prog = helper_program("erinfer");
     helper_need_program(prog, "erinfer", "the erinfer GGUF test");
-    char *g = tmp_path("tiny.gguf");
+    char *g = tmp_path("tiny.gguf"), *ad = tmp_path("adapter");
     cr_assert_eq(gguf_export_model(GGUF_TINY_BASE, g, "f32", NULL), ER_OK, "%s", er_last_error());
-    CmdResult d = helper_run(tmp, "%s generate --model %s --prompt 'x = 3. y = x + 4. What is y?' --max-new 24 "
-                             "--threads 1", prog, GGUF_TINY_BASE);
-    CmdResult f = helper_run(tmp, "%s generate --model %s --prompt 'x = 3. y = x + 4. What is y?' --max-new 24 "
-                             "--threads 1", prog, g);
-    cr_assert_eq(d.status, 0, "%s", d.err);
-    cr_assert_eq(f.status, 0, "%s", f.err);
-    cr_expect_str_eq(f.out, d.out);
-    helper_result_free(&d);
-    helper_result_free(&f);
+    Model m;
+    LoraAdapter a;
+    cr_assert_eq(model_load(&m, GGUF_TINY_BASE, 0), ER_OK, "%s", er_last_error());
+    helper_random_adapter(&a, &m.cfg, 0.05f, 3);
+    a.masked = 1;
+    cr_assert_eq(peft_save(&a, ad), ER_OK, "%s", er_last_error());
+    const char *models[2] = {GGUF_TINY_BASE, g};
+    for (int with = 0; with < 2; with++) {
+        CmdResult r[2];
+        for (int k = 0; k < 2; k++) {
+            r[k] = helper_run(tmp, "%s generate --model %s --prompt 'x = 3. y = x + 4. What is y?' --max-new 24 "
+                              "--threads 1 %s %s", prog, models[k], with ? "--adapter" : "", with ? ad : "");
+            cr_assert_eq(r[k].status, 0, "%s", r[k].err);
+        }
+        cr_expect(strlen(r[0].out) > 0);
+        cr_expect_str_eq(r[1].out, r[0].out);
+        helper_result_free(&r[0]);
+        helper_result_free(&r[1]);
+    }
+    lora_free(&a);
+    model_free(&m);
     er_free(g);
+    er_free(ad);
     er_free(prog);
 }
 
