@@ -124,8 +124,10 @@ static void q4g_row_to_q4_0(uint8_t *dst, const Weight *w, int r) {
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(w->fmt, w->cols);
     for (int b = 0; b < w->cols / 32; b++, dst += 18) {
         memcpy(dst, &w->gscale[(size_t)r * (w->cols / 32) + b], 2);
-        for (int j = 0; j < 16; j++)
-            dst[2 + j] = (uint8_t)(quant_code4(row, w->cols, b * 32 + j) | quant_code4(row, w->cols, b * 32 + j + 16) << 4);
+        for (int j = 0; j < 16; j++) {
+            unsigned lo = quant_code4(row, w->cols, b * 32 + j), hi = quant_code4(row, w->cols, b * 32 + j + 16);
+            dst[2 + j] = (uint8_t)(lo | hi << 4);
+        }
     }
 }
 
@@ -367,8 +369,9 @@ static void tensor_row_f32(float *dst, const GgufTensor *t, size_t r, int cols) 
         return;
     }
     if (t->type == GGML_Q4_K || t->type == GGML_Q6_K) {
+        size_t bb = t->type == GGML_Q4_K ? 144 : 210;
         for (int b = 0; b < cols / GGML_QK_K; b++)
-            (t->type == GGML_Q4_K ? q4_k_block : q6_k_block)(dst + b * GGML_QK_K, s + (size_t)b * (t->type == GGML_Q4_K ? 144 : 210));
+            (t->type == GGML_Q4_K ? q4_k_block : q6_k_block)(dst + b * GGML_QK_K, s + b * bb);
         return;
     }
     for (int b = 0; b < cols / GGML_QK; b++, dst += GGML_QK) {

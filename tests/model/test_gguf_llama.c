@@ -312,7 +312,7 @@ Test(gguf_llama, tokenize_corpus) {
         er_free(a);
         free(nfc);
     }
-    fprintf(stderr, "gguf tokenizer: llama.cpp equals ours on %d of %d texts; %d texts are not NFC (%d of them differ)\n",
+    fprintf(stderr, "gguf tokenizer: llama.cpp equals ours on %d of %d texts; %d are not NFC (%d of them differ)\n",
             same, n, nfc_changed, n - same - bad);
     cr_expect_eq(bad, 0, "llama.cpp tokenizes %d NFC texts unlike us", bad);
     cJSON_Delete(job);
