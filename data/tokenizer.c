@@ -2006,3 +2006,49 @@ done:
     er_free(pads);
     return rc;
 }
+
+// tokenizer_config.json of a GGUF's tokenizer: the special tokens by content, and the chat template.
+static int gguf_write_config(const Tokenizer *t, const char *dir) {
+    GgufFile f;
+    const char *tmpl = NULL;
+    char *path = path_join(dir, "tokenizer_config.json");
+    cJSON *cfg = cJSON_CreateObject();
+    int rc = ER_OK;
+    if (!path || !cfg)
+        ER_CHECK(ER_ENOMEM);
+    ER_CHECK(gguf_open(&f, t->path));
+    rc = gguf_get_str(&f, "tokenizer.chat_template", 1, &tmpl);
+    if (rc == ER_OK && tmpl && !cJSON_AddStringToObject(cfg, "chat_template", tmpl))
+        rc = ER_ENOMEM;
+    gguf_close(&f);
+    ER_CHECK(rc);
+    const char *keys[3] = {"eos_token", "pad_token", "bos_token"};
+    const int ids[3] = {t->eos_id, t->pad_id, t->bos_id};
+    for (int k = 0; k < 3; k++)
+        if (ids[k] >= 0 && !cJSON_AddStringToObject(cfg, keys[k], tok_token_str(t, ids[k])))
+            ER_CHECK(ER_ENOMEM);
+    ER_CHECK(json_write_file(path, cfg));
+done:
+    cJSON_Delete(cfg);
+    free(path);
+    return rc;
+}
+
+int tok_gguf_write_json(const char *gguf, const char *dir) {
+    Tokenizer *t = NULL, doc_t = {0};
+    cJSON *doc = NULL;
+    char *path = path_join(dir, "tokenizer.json");
+    int rc = path ? ER_OK : ER_ENOMEM;
+    ER_CHECK(rc);
+    ER_CHECK(tok_load(&t, gguf)); // the whole file checked first
+    doc_t.path = t->path;
+    ER_CHECK(gguf_doc(&doc_t, &doc));
+    ER_CHECK(json_write_file(path, doc));
+    ER_CHECK(gguf_write_config(t, dir));
+done:
+    free(doc_t.eos_ids);
+    cJSON_Delete(doc);
+    tok_free(t);
+    free(path);
+    return rc;
+}

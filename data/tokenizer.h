@@ -76,5 +76,8 @@ int tok_is_eos(const Tokenizer *tok, int id);
 // control for special added tokens, user defined for the others; ids without a token "[PAD<id>]", unused,
 // as llama.cpp's converter writes), merges in rank order, eos / padding / bos ids, add_bos_token false.
 int tok_gguf_put(const Tokenizer *tok, int n_vocab, GgufWriter *w);
+// The tokenizer of a GGUF model file as dir/tokenizer.json and dir/tokenizer_config.json (special tokens,
+// chat template): what commands that write a model dir from a GGUF base put beside it.
+int tok_gguf_write_json(const char *gguf, const char *dir);
 
 #endif
