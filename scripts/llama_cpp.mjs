@@ -2,9 +2,11 @@
 //   node scripts/llama_cpp.mjs JOB.json OUT.json
 // JOB: {"model": FILE.gguf, "lora": FILE.gguf | null, "lora_scale": 1, "threads": 1,
 //       "generate": [{"prompt": [ids], "n": 32}, ...],   greedy continuation (temperature 0)
-//       "score": [[ids], ...],                           p(ids[i+1] | ids[..i]) for every i
+//       "score": [[ids], ...],                           p(ids[i+1] | ids[..i]) for every i, from llama.cpp's
+//                                                        logits and its sum of exp over the vocabulary
 //       "tokenize": ["text", ...]}                       llama.cpp's tokenizer, special tokens parsed
-// OUT: {"generate": [{"tokens": [...], "probs": [...]}], "score": [[p, ...]], "tokenize": [[ids]],
+// OUT: {"generate": [{"tokens": [...], "probs": [...]}] (probs: llama.cpp's confidence in each pick),
+//       "score": [[p, ...]], "tokenize": [[ids]],
 //       "llama_cpp": release tag}
 // The KV cache is f32 (llama.cpp's default f16 would round keys and values) and flash attention is off,
 // so an f32 model runs in f32 throughout.
@@ -42,11 +44,17 @@ async function generate(prompt, n) {
     return {tokens, probs};
 }
 
+// p(next) = exp(logit(next) - max logit) / sum exp(logit - max logit), from llama.cpp's raw logits and its
+// sum over the whole vocabulary (totalLogitWeight): the full distribution never crosses into JavaScript.
 async function score(ids) {
     await seq.clearHistory();
-    const input = ids.slice(0, -1).map((t) => [t, {generateNext: {probabilities: true}}]);
+    const input = ids.slice(0, -1).map((t, i) => [t, {generateNext: {
+        logits: {filter: {tokens: [ids[i + 1]], includeTop: 1}}, totalLogitWeight: true}}]);
     const res = await seq.controlledEvaluate(input);
-    return res.map((r, i) => r.next.probabilities.get(ids[i + 1]) ?? 0);
+    return res.map((r, i) => {
+        const l = r.next.logits, max = Math.max(...l.values());
+        return Math.exp(l.get(ids[i + 1]) - max) / r.next.totalLogitWeight;
+    });
 }
 
 const out = {llama_cpp: info.release, generate: [], score: [], tokenize: []};

@@ -25,7 +25,7 @@ static inline char *gguf_fixture_dir(void) {
     return dir;
 }
 
-// A random Qwen2.5-shaped model (two layers, C 128, GQA 4/2, untied, q/k/v biases, rope 1e6, the Qwen
+// A random Qwen2.5-shaped model (two layers, C 64, GQA 4/2, untied, q/k/v biases, rope 1e6, the Qwen
 // vocabulary padded to 151936 like Qwen2.5's) with the real Qwen tokenizer, saved fp32 into dir (init std
 // 0.1: larger weights make peakier distributions but grow the activations, and with them every rounding
 // difference between two implementations, in the same proportion as the margins between top tokens).
@@ -34,7 +34,7 @@ static inline void gguf_make_qwen_dir(const char *dir) {
     char *fx = gguf_fixture_dir(), *tj = path_join(fx, "tokenizer.json"), *tc = path_join(fx, "tokenizer_config.json");
     if (!path_exists(tj))
         cr_skip_test("!!!!!! %s is MISSING (set ER_FIXTURES): the Qwen-shaped GGUF tests are SKIPPED !!!!!!", tj);
-    ModelConfig c = {.arch = ARCH_QWEN2, .C = 128, .FF = 256, .L = 2, .NH = 4, .NKV = 2, .HS = 32, .V = 151936,
+    ModelConfig c = {.arch = ARCH_QWEN2, .C = 64, .FF = 128, .L = 2, .NH = 4, .NKV = 2, .HS = 16, .V = 151936,
                      .max_pos = 1024, .rope_theta = 1000000.0f, .eps = 1e-6f, .tied = 0, .qkv_bias = 1,
                      .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
     Model m;
