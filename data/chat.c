@@ -5,6 +5,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/gguf.h"
 #include "core/strbuf.h"
 #include "core/json.h"
 
@@ -181,7 +182,21 @@ ChatStyle chat_style_detect(const char *t) {
     return CHAT_CHATML;
 }
 
+// A GGUF model file: its tokenizer.chat_template (the style of a file without one, as for a config without one).
+static int chat_style_from_gguf(const char *path, ChatStyle *out) {
+    GgufFile f;
+    const char *text = NULL;
+    ER_TRY(gguf_open(&f, path));
+    int rc = gguf_get_str(&f, "tokenizer.chat_template", 1, &text);
+    if (rc == ER_OK)
+        *out = chat_style_detect(text);
+    gguf_close(&f);
+    return rc;
+}
+
 int chat_style_from_config(const char *config_path, ChatStyle *out) {
+    if (gguf_is_path(config_path))
+        return chat_style_from_gguf(config_path, out);
     char *joined = NULL;
     if (path_is_dir(config_path) && !(joined = path_join(config_path, "tokenizer_config.json")))
         return er_error(ER_ENOMEM, "%s: out of memory", config_path);

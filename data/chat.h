@@ -42,7 +42,7 @@ ChatStyle chat_style_detect(const char *jinja_template);
 
 // Reads "chat_template" from a tokenizer_config.json (or a model dir holding one; a string, or a
 // list of {name, template} from which "default" is taken) and detects its style. A config without a
-// template gives CHAT_CHATML.
+// template gives CHAT_CHATML. A GGUF model file (".gguf") gives the style of its tokenizer.chat_template.
 int chat_style_from_config(const char *config_path_or_dir, ChatStyle *out);
 
 // "chatml" | "qwen2.5" | "qwen3" | "plain" -> style (callers overriding the detected one).

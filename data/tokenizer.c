@@ -23,6 +23,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/gguf.h"
 #include "core/json.h"
 #include "core/utf8.h"
 
@@ -99,6 +100,7 @@ struct Tokenizer {
     PreStage stages[TOK_MAX_STAGES];
     int n_stages;
     int eos_id, pad_id, bos_id;
+    int qwen2_split;               // the one Split stage is Qwen2's regex (llama.cpp pre-tokenizer "qwen2")
     int *eos_ids;
     int n_eos;
     CacheSlot *cache;              // (CACHE_SLOTS)
@@ -783,6 +785,10 @@ static int stage_add_regex(Tokenizer *t, const char *path, const char *field, co
 // The GPT-2 split that ByteLevel applies itself when use_regex is true.
 static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+// Qwen2's split (tokenizer.json's Split regex; llama.cpp's pre-tokenizer "qwen2").
+static const char QWEN2_PATTERN[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|"
+                                    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
 // `arg` is an int * set once a ByteLevel stage is seen.
 static int load_pre_tokenizer(Tokenizer *t, const char *path, const cJSON *p, const char *field, int depth, void *arg) {
     int *byte_level = arg;
@@ -832,8 +838,10 @@ static int load_pre_tokenizer(Tokenizer *t, const char *path, const cJSON *p, co
             return json_field_error(path, f, "an object {\"Regex\": ...} or {\"String\": ...}", pattern);
         snprintf(f, sizeof f, "%s.pattern.Regex", field);
         ER_TRY(json_opt_string_named(pattern, "Regex", f, &pat, path));
-        if (pat)
+        if (pat) {
+            t->qwen2_split = t->n_stages == 0 && strcmp(pat, QWEN2_PATTERN) == 0;
             return stage_add_regex(t, path, f, pat, strlen(pat), 0);
+        }
         snprintf(f, sizeof f, "%s.pattern.String", field);
         ER_TRY(json_opt_string_named(pattern, "String", f, &pat, path));
         if (pat && *pat)
@@ -1079,6 +1087,9 @@ static int load_finish(Tokenizer *t) {
     return build_decode(t, byte_cp);
 }
 
+static int gguf_doc(Tokenizer *t, cJSON **out);
+static int gguf_ids(Tokenizer *t);
+
 int tok_load(Tokenizer **out, const char *path_or_dir) {
     *out = NULL;
     if (!path_or_dir)
@@ -1102,15 +1113,20 @@ int tok_load(Tokenizer **out, const char *path_or_dir) {
         rc = er_error(ER_ENOMEM, "tok_load: out of memory");
         goto done;
     }
-    ER_CHECK(file_read_all(t->path, TOK_MAX_FILE, &buf, &len));
-    ER_CHECK(tok_json_parse(t->path, buf, len, &root));
-    er_free(buf); // cJSON holds its own copies
-    buf = NULL;
+    int from_gguf = gguf_is_path(t->path);
+    if (from_gguf) {
+        ER_CHECK(gguf_doc(t, &root));
+    } else {
+        ER_CHECK(file_read_all(t->path, TOK_MAX_FILE, &buf, &len));
+        ER_CHECK(tok_json_parse(t->path, buf, len, &root));
+        er_free(buf); // cJSON holds its own copies
+        buf = NULL;
+    }
     ER_CHECK(load_doc(t, root));
     cJSON_Delete(root); // everything needed is copied out
     root = NULL;
     ER_CHECK(load_finish(t));
-    ER_CHECK(load_config_ids(t, dir));
+    ER_CHECK(from_gguf ? gguf_ids(t) : load_config_ids(t, dir));
     if (!(t->cache = er_calloc(CACHE_SLOTS, sizeof *t->cache)))
         rc = ER_ENOMEM;
 done:
@@ -1803,4 +1819,236 @@ int tok_is_eos(const Tokenizer *tok, int id) {
         if (tok->eos_ids[i] == id)
             return 1;
     return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GGUF (llama.cpp): tokenizer.ggml.* arrays <-> the tables above
+
+// llama.cpp's token types (llama_token_type / gguf-py TokenType).
+enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_DEFINED = 4, TT_UNUSED = 5, TT_BYTE = 6 };
+
+// What llama.cpp's "qwen2" pre-tokenizer and gpt2 BPE do, as tokenizer.json parts.
+static const char GGUF_QWEN2_PARTS[] =
+    "{\"normalizer\": {\"type\": \"NFC\"}, \"decoder\": {\"type\": \"ByteLevel\"}, \"pre_tokenizer\": "
+    "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"behavior\": \"Isolated\", \"pattern\": "
+    "{\"Regex\": \"\"}}, {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]}}";
+
+// The tokens as model.vocab (normal, unknown and byte tokens) and added_tokens (control: special; user
+// defined: not special); unused ids (llama.cpp's "[PAD<id>]" fillers) are left out.
+static int gguf_tokens(const GgufFile *f, cJSON *root, cJSON *vocab) {
+    const GgufKV *tokens, *types = NULL;
+    ER_TRY(gguf_get_array(f, "tokenizer.ggml.tokens", GGUF_STRING, -1, &tokens));
+    if (tokens->n > TOK_MAX_ID)
+        return er_error(ER_EFORMAT, "%s: tokenizer.ggml.tokens holds %llu tokens (at most %d)", f->path,
+                        (unsigned long long)tokens->n, TOK_MAX_ID);
+    if (gguf_find(f, "tokenizer.ggml.token_type"))
+        ER_TRY(gguf_get_array(f, "tokenizer.ggml.token_type", GGUF_I32, (int64_t)tokens->n, &types));
+    cJSON *added = cJSON_AddArrayToObject(root, "added_tokens");
+    if (!added)
+        return ER_ENOMEM;
+    for (uint64_t i = 0; i < tokens->n; i++) {
+        int64_t type = types ? gguf_array_int(types, i) : TT_NORMAL;
+        if (type == TT_UNUSED)
+            continue;
+        if (type < TT_NORMAL || type > TT_BYTE)
+            return er_error(ER_EFORMAT, "%s: tokenizer.ggml.token_type[%llu] is %lld (expected 1 to 6)", f->path,
+                            (unsigned long long)i, (long long)type);
+        if (type != TT_CONTROL && type != TT_USER_DEFINED) {
+            if (!cJSON_AddNumberToObject(vocab, tokens->strs[i], (double)i))
+                return ER_ENOMEM;
+            continue;
+        }
+        cJSON *a = cJSON_CreateObject();
+        if (!a || !cJSON_AddItemToArray(added, a) || !cJSON_AddNumberToObject(a, "id", (double)i) ||
+            !cJSON_AddStringToObject(a, "content", tokens->strs[i]) || !cJSON_AddFalseToObject(a, "normalized") ||
+            !cJSON_AddBoolToObject(a, "special", type == TT_CONTROL))
+            return ER_ENOMEM;
+    }
+    return ER_OK;
+}
+
+// The special ids (checked against the vocabulary by gguf_ids once it is loaded).
+static int gguf_special(Tokenizer *t, const GgufFile *f) {
+    const char *keys[4] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                           "tokenizer.ggml.padding_token_id", "tokenizer.ggml.bos_token_id"};
+    int64_t id[4] = {-1, -1, -1, -1};
+    for (int k = 0; k < 4; k++)
+        ER_TRY(gguf_get_int(f, keys[k], 1, 0, TOK_MAX_ID, &id[k]));
+    t->eos_id = (int)id[0];
+    t->pad_id = (int)id[2];
+    t->bos_id = (int)id[3];
+    for (int k = 0; k < 2; k++)
+        if (id[k] >= 0)
+            ER_TRY(add_eos(t, (int)id[k]));
+    return ER_OK;
+}
+
+// A tokenizer.json document built from the GGUF file t->path (model "gpt2", pre-tokenizer "qwen2").
+static int gguf_doc(Tokenizer *t, cJSON **out) {
+    GgufFile f;
+    cJSON *root = NULL;
+    const char *model = NULL, *pre = NULL;
+    const GgufKV *merges;
+    int rc = ER_OK;
+    ER_TRY(gguf_open(&f, t->path));
+    ER_CHECK(gguf_get_str(&f, "tokenizer.ggml.model", 0, &model));
+    if (strcmp(model, "gpt2") != 0)
+        ER_CHECK(er_error(ER_EUNSUPPORTED, "%s: tokenizer.ggml.model is \"%.40s\" (supported: gpt2, byte-level BPE)",
+                          f.path, model));
+    ER_CHECK(gguf_get_str(&f, "tokenizer.ggml.pre", 0, &pre));
+    if (strcmp(pre, "qwen2") != 0)
+        ER_CHECK(er_error(ER_EUNSUPPORTED, "%s: tokenizer.ggml.pre is \"%.40s\" (supported: qwen2)", f.path, pre));
+    ER_CHECK(gguf_get_array(&f, "tokenizer.ggml.merges", GGUF_STRING, -1, &merges));
+    cJSON *m, *vocab, *list, *pattern;
+    if (!(root = cJSON_Parse(GGUF_QWEN2_PARTS)) || !(m = cJSON_AddObjectToObject(root, "model")) ||
+        !cJSON_AddStringToObject(m, "type", "BPE") || !(vocab = cJSON_AddObjectToObject(m, "vocab")) ||
+        !(list = cJSON_AddArrayToObject(m, "merges")))
+        ER_CHECK(ER_ENOMEM);
+    pattern = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "pre_tokenizer"),
+                                                                         "pretokenizers"), 0), "pattern");
+    if (!cJSON_ReplaceItemInObject(pattern, "Regex", cJSON_CreateString(QWEN2_PATTERN)))
+        ER_CHECK(ER_ENOMEM);
+    for (uint64_t i = 0; i < merges->n; i++)
+        if (!cJSON_AddItemToArray(list, cJSON_CreateString(merges->strs[i])))
+            ER_CHECK(ER_ENOMEM);
+    ER_CHECK(gguf_tokens(&f, root, vocab));
+    ER_CHECK(gguf_special(t, &f));
+    *out = root;
+    root = NULL;
+done:
+    cJSON_Delete(root);
+    gguf_close(&f);
+    return rc;
+}
+
+static int gguf_ids(Tokenizer *t) {
+    const int ids[3] = {t->eos_id, t->pad_id, t->bos_id};
+    for (int k = 0; k < 3; k++)
+        if (ids[k] >= t->n_ids)
+            return er_error(ER_EFORMAT, "%s: special token id %d is outside the %d tokens", t->path, ids[k], t->n_ids);
+    for (int i = 0; i < t->n_eos; i++)
+        if (t->eos_ids[i] >= t->n_ids)
+            return er_error(ER_EFORMAT, "%s: end token id %d is outside the %d tokens", t->path, t->eos_ids[i],
+                            t->n_ids);
+    return ER_OK;
+}
+
+static int cmp_rank(const void *a, const void *b) {
+    uint32_t x = ((const MergeSlot *)a)->rank, y = ((const MergeSlot *)b)->rank;
+    return (x > y) - (x < y);
+}
+
+// The merges in rank order as "left right" strings into w.
+static int gguf_put_merges(const Tokenizer *t, GgufWriter *w) {
+    size_t cap = (size_t)t->merge_mask + 1, n = 0, bytes = 0;
+    MergeSlot *m = er_alloc(cap * sizeof *m);
+    if (!m)
+        return ER_ENOMEM;
+    for (size_t i = 0; i < cap; i++)
+        if (t->merges[i].key != UINT64_MAX) {
+            m[n++] = t->merges[i];
+            bytes += t->str_len[m[n - 1].key >> 32] + t->str_len[(uint32_t)m[n - 1].key] + 2;
+        }
+    qsort(m, n, sizeof *m, cmp_rank);
+    char *text = er_alloc(bytes + 1), *p = text;
+    const char **strs = er_alloc((n ? n : 1) * sizeof *strs);
+    int rc = text && strs ? ER_OK : ER_ENOMEM;
+    for (size_t i = 0; rc == ER_OK && i < n; i++) {
+        strs[i] = p;
+        p += sprintf(p, "%s %s", t->strs + t->str_off[m[i].key >> 32], t->strs + t->str_off[(uint32_t)m[i].key]) + 1;
+    }
+    if (rc == ER_OK)
+        rc = gguf_set_str_array(w, "tokenizer.ggml.merges", strs, n);
+    er_free(m);
+    er_free(text);
+    er_free(strs);
+    return rc;
+}
+
+int tok_gguf_put(const Tokenizer *t, int n_vocab, GgufWriter *w) {
+    if (!t->qwen2_split || t->n_stages != 1)
+        return er_error(ER_EUNSUPPORTED, "%s: the pre-tokenizer is not Qwen2's split regex; llama.cpp's \"qwen2\" "
+                        "pre-tokenizer would split text differently", t->path);
+    if (n_vocab < t->n_ids)
+        return er_error(ER_EINVAL, "%s: the tokenizer has %d ids but the model only %d", t->path, t->n_ids, n_vocab);
+    const char **strs = er_calloc((size_t)n_vocab, sizeof *strs);
+    int32_t *types = er_alloc((size_t)n_vocab * sizeof *types);
+    char *pads = er_alloc((size_t)n_vocab * 20);
+    int rc = ER_OK;
+    if (!strs || !types || !pads)
+        ER_CHECK(ER_ENOMEM);
+    for (int id = 0; id < n_vocab; id++) {
+        int has = id < t->n_ids && t->str_len[id] != UINT32_MAX;
+        types[id] = has ? TT_NORMAL : TT_UNUSED;
+        strs[id] = has ? t->strs + t->str_off[id] : pads + (size_t)id * 20;
+        if (!has) // what llama.cpp's converter writes for ids without a token
+            snprintf(pads + (size_t)id * 20, 20, "[PAD%d]", id);
+    }
+    for (int i = 0; i < t->n_added; i++) {
+        strs[t->added[i].id] = t->added[i].content;
+        types[t->added[i].id] = t->added[i].special ? TT_CONTROL : TT_USER_DEFINED;
+    }
+    ER_CHECK(gguf_set_str(w, "tokenizer.ggml.model", "gpt2"));
+    ER_CHECK(gguf_set_str(w, "tokenizer.ggml.pre", "qwen2"));
+    ER_CHECK(gguf_set_str_array(w, "tokenizer.ggml.tokens", strs, (size_t)n_vocab));
+    ER_CHECK(gguf_set_i32_array(w, "tokenizer.ggml.token_type", types, (size_t)n_vocab));
+    ER_CHECK(gguf_put_merges(t, w));
+    const char *keys[3] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id",
+                           "tokenizer.ggml.bos_token_id"};
+    const int ids[3] = {t->eos_id, t->pad_id, t->bos_id};
+    for (int k = 0; k < 3; k++)
+        if (ids[k] >= 0)
+            ER_CHECK(gguf_set_u32(w, keys[k], (uint32_t)ids[k]));
+    ER_CHECK(gguf_set_bool(w, "tokenizer.ggml.add_bos_token", 0)); // encoding never adds special tokens here
+done:
+    er_free(strs);
+    er_free(types);
+    er_free(pads);
+    return rc;
+}
+
+// tokenizer_config.json of a GGUF's tokenizer: the special tokens by content, and the chat template.
+static int gguf_write_config(const Tokenizer *t, const char *dir) {
+    GgufFile f;
+    const char *tmpl = NULL;
+    char *path = path_join(dir, "tokenizer_config.json");
+    cJSON *cfg = cJSON_CreateObject();
+    int rc = ER_OK;
+    if (!path || !cfg)
+        ER_CHECK(ER_ENOMEM);
+    ER_CHECK(gguf_open(&f, t->path));
+    rc = gguf_get_str(&f, "tokenizer.chat_template", 1, &tmpl);
+    if (rc == ER_OK && tmpl && !cJSON_AddStringToObject(cfg, "chat_template", tmpl))
+        rc = ER_ENOMEM;
+    gguf_close(&f);
+    ER_CHECK(rc);
+    const char *keys[3] = {"eos_token", "pad_token", "bos_token"};
+    const int ids[3] = {t->eos_id, t->pad_id, t->bos_id};
+    for (int k = 0; k < 3; k++)
+        if (ids[k] >= 0 && !cJSON_AddStringToObject(cfg, keys[k], tok_token_str(t, ids[k])))
+            ER_CHECK(ER_ENOMEM);
+    ER_CHECK(json_write_file(path, cfg));
+done:
+    cJSON_Delete(cfg);
+    free(path);
+    return rc;
+}
+
+int tok_gguf_write_json(const char *gguf, const char *dir) {
+    Tokenizer *t = NULL, doc_t = {0};
+    cJSON *doc = NULL;
+    char *path = path_join(dir, "tokenizer.json");
+    int rc = path ? ER_OK : ER_ENOMEM;
+    ER_CHECK(rc);
+    ER_CHECK(tok_load(&t, gguf)); // the whole file checked first
+    doc_t.path = t->path;
+    ER_CHECK(gguf_doc(&doc_t, &doc));
+    ER_CHECK(json_write_file(path, doc));
+    ER_CHECK(gguf_write_config(t, dir));
+done:
+    free(doc_t.eos_ids);
+    cJSON_Delete(doc);
+    tok_free(t);
+    free(path);
+    return rc;
 }

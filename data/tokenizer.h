@@ -12,9 +12,13 @@
 
 #include <stddef.h>
 
+#include "core/gguf.h"
+
 typedef struct Tokenizer Tokenizer;
 
-// `path_or_dir` is a tokenizer.json or a model dir holding one. tokenizer_config.json
+// `path_or_dir` is a tokenizer.json, a model dir holding one, or a GGUF model file (".gguf": the
+// tokenizer.ggml.* arrays of llama.cpp's gpt2 BPE with pre-tokenizer "qwen2"; the special ids from
+// tokenizer.ggml.eos/eot/padding/bos_token_id). tokenizer_config.json
 // (eos_token, pad_token, bos_token) and generation_config.json (eos_token_id, int or list)
 // next to it are read when present. Unsupported features are refused with a message naming
 // the file and the field.
@@ -66,5 +70,14 @@ int tok_bos_id(const Tokenizer *tok);
 // eos_token_id, without repeats). Returns the count; *ids stays owned by the tokenizer.
 int tok_eos_ids(const Tokenizer *tok, const int **ids);
 int tok_is_eos(const Tokenizer *tok, int id);
+
+// The tokenizer as llama.cpp's tokenizer.ggml.* keys for a model of n_vocab ids (>= tok_vocab_size): model
+// "gpt2", pre "qwen2" (refused unless the pre-tokenizer is Qwen2's split), tokens and token types (normal;
+// control for special added tokens, user defined for the others; ids without a token "[PAD<id>]", unused,
+// as llama.cpp's converter writes), merges in rank order, eos / padding / bos ids, add_bos_token false.
+int tok_gguf_put(const Tokenizer *tok, int n_vocab, GgufWriter *w);
+// The tokenizer of a GGUF model file as dir/tokenizer.json and dir/tokenizer_config.json (special tokens,
+// chat template): what commands that write a model dir from a GGUF base put beside it.
+int tok_gguf_write_json(const char *gguf, const char *dir);
 
 #endif

@@ -6,6 +6,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/gguf.h"
 #include "data/tokenizer.h"
 #include "infer/engine.h"
 #include "lora/peft.h"
@@ -23,7 +24,7 @@ static int bench_prompt(const char *dir, int V, int n, int **out) {
     if (!ids || !tj)
         ER_CHECK(er_error(ER_ENOMEM, "%s: out of memory", dir));
     // A dir without tokenizer.json gets a fixed id pattern; a tokenizer that fails to load is an error.
-    if (path_exists(tj)) {
+    if (gguf_is_path(dir) || path_exists(tj)) { // a GGUF file carries its tokenizer
         ER_CHECK(tok_load(&tok, dir));
         ER_CHECK(tok_encode(tok, text, strlen(text), &text_ids, &n_text));
     }

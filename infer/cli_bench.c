@@ -94,7 +94,7 @@ int cmd_bench(int argc, char **argv) {
     BenchConfig c = {.prompt_tokens = 128, .new_tokens = 32};
     int threads = 0, json = 0;
     ArgSpec specs[] = {
-        {"model", ARG_STR, &c.model, "model dir (config.json, safetensors; tokenizer.json optional)", 1, 0, 0},
+        {"model", ARG_STR, &c.model, "model dir (config.json, safetensors; tokenizer.json optional) or .gguf file", 1, 0, 0},
         {"adapter", ARG_STR, &c.adapter, "LoRA adapter dir (PEFT layout), on while decoding", 0, 0, 0},
         {"prompt-tokens", ARG_INT, &c.prompt_tokens, "synthetic prompt length", 0, 1, 1 << 20},
         {"new-tokens", ARG_INT, &c.new_tokens, "tokens generated per sample (EOS does not stop them)", 0, 2, 1 << 20},

@@ -15,7 +15,7 @@ void gen_flags_default(GenFlags *f) {
 
 int gen_flags_specs(GenFlags *f, ArgSpec *s) {
     ArgSpec all[] = {
-        {"model", ARG_STR, &f->model, "model dir (config.json, safetensors, tokenizer.json)", 1, 0, 0},
+        {"model", ARG_STR, &f->model, "model dir (config.json, safetensors, tokenizer.json) or .gguf file", 1, 0, 0},
         {"adapter", ARG_STR, &f->adapter, "LoRA adapter dir (PEFT layout): off on the prompt, on in the response", 0, 0, 0},
         {"max-new", ARG_INT, &f->max_new, "new tokens per sample (0 = 256, or budget + answer tokens with --budget; "
                                           "chat: 512)", 0, 0, 1 << 20},

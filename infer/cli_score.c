@@ -15,7 +15,7 @@ int cmd_score(int argc, char **argv) {
     const char *output = "-";
     int threads = 0;
     ArgSpec specs[] = {
-        {"model", ARG_STR, &c.model, "Hugging Face model dir (config.json + safetensors)", 1, 0, 0},
+        {"model", ARG_STR, &c.model, "Hugging Face model dir (config.json + safetensors) or .gguf file", 1, 0, 0},
         {"adapter", ARG_STR, &c.adapter, "LoRA adapter dir (PEFT layout)", 0, 0, 0},
         {"input", ARG_STR, &c.input, "JSONL of {\"tokens\"}, {\"text\"} or {\"prompt\", \"completion\"} lines (- = stdin)", 1, 0, 0},
         {"output", ARG_STR, &output, "JSONL output, one {\"logprobs\", \"nll\", \"n\"} line per input (- for stdout)", 0, 0, 0},

@@ -9,6 +9,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/gguf.h"
 #include "core/json.h"
 #include "data/tokenizer.h"
 #include "lora/peft.h"
@@ -186,7 +187,7 @@ int score_run(const ScoreConfig *c, ScoreResult *res) {
     char *tj = path_join(c->model, "tokenizer.json");
     if (!tj)
         ER_CHECK(er_error(ER_ENOMEM, "%s: out of memory", c->model));
-    int has_tok = path_exists(tj);
+    int has_tok = gguf_is_path(c->model) || path_exists(tj); // a GGUF file carries its tokenizer
     er_free(tj);
     if (has_tok)
         ER_CHECK(tok_load(&tok, c->model));

@@ -11,6 +11,7 @@
 #include "core/fileio.h"
 #include "core/json.h"
 #include "core/rng.h"
+#include "model/gguf_model.h"
 
 // Every parameter in HF order, with where it lives in the Model. `vec` is set for 1-D tensors.
 typedef struct {
@@ -87,7 +88,7 @@ static float *model_arena(const Model *m, size_t n) {
 
 // Builds the parameter table and the fp32 arenas. Trainable: every tensor in param_mem, gradients in
 // grad_mem. Otherwise only vectors live in param_mem; matrices are placed by the caller.
-static int model_setup(Model *m, int trainable) {
+int model_setup(Model *m, int trainable) {
     const ModelConfig *c = &m->cfg;
     int rc = ER_OK;
     m->trainable = trainable;
@@ -173,6 +174,8 @@ void model_free(Model *m) {
     for (int i = 0; i < m->n_files; i++)
         safetensors_close(&m->files[i]);
     er_free(m->files);
+    gguf_close(m->gguf);
+    er_free(m->gguf);
     memset(m, 0, sizeof *m);
 }
 
@@ -545,6 +548,8 @@ static int load_param(Model *m, const char *dir, const cJSON *weight_map, ParamT
 }
 
 int model_load(Model *m, const char *dir, int flags) {
+    if (gguf_is_path(dir))
+        return model_load_gguf(m, dir, flags);
     memset(m, 0, sizeof *m);
     cJSON *weight_map = NULL;
     int rc = ER_OK;

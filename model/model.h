@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/gguf.h"
 #include "core/safetensors.h"
 #include "model/backend.h"
 #include "model/config.h"
@@ -54,6 +55,7 @@ typedef struct {
     void *owned_mats;     // matrices copied from files that could not be used in place
     StFile *files;        // mmapped safetensors shards backing the weights
     int n_files;
+    GgufFile *gguf;       // the mapped GGUF file backing the weights (model/gguf_model.h), else NULL
     QuantConfig quant;    // config.json's quantization_config (enabled = 0 for a float model)
     Backend *be;          // where every buffer above lives; NULL = the CPU (model_to_backend places a copy)
 } Model;
@@ -65,7 +67,11 @@ enum { MODEL_LOAD_TRAINABLE = 1 }; // convert everything to fp32 and allocate gr
 // A quantized dir (config.json has a quantization_config, layout in quant/quant.h) keeps its packed
 // matrices packed and mmapped; it is refused with MODEL_LOAD_TRAINABLE (a quantized base is frozen:
 // train a LoRA adapter on it instead).
+// A path ending in ".gguf" is a GGUF model file instead (model/gguf_model.h).
 int model_load(Model *m, const char *dir, int flags);
+// For loaders in model/: the parameter table and fp32 arenas for m->cfg (trainable: every tensor fp32
+// with gradients; else vectors only, the loader places the matrices).
+int model_setup(Model *m, int trainable);
 // A trainable fp32 model with HF-style random init (normal(0, std) matrices, unit norms, zero biases).
 int model_build_random(Model *m, const ModelConfig *cfg, float std, uint64_t seed);
 // The same values, frozen: matrices bf16 (the base of LoRA training at the scale of a GPU), vectors fp32.

@@ -6,6 +6,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/gguf.h"
 #include "core/threads.h"
 #include "lora/peft.h"
 #include "model/model.h"
@@ -118,7 +119,7 @@ int merge_run(const MergeConfig *c, MergeResult *res) {
     r.masked = a.masked;
     r.parameters = model_config_num_params(&m.cfg);
     ER_CHECK(model_save(&m, c->out_dir, 0));
-    if (path_exists(tok))
+    if (gguf_is_path(c->model_dir) || path_exists(tok))
         ER_CHECK(run_copy_tokenizer(c->model_dir, c->out_dir));
     ER_CHECK(write_run_json(c, &a, &r));
     if (res)

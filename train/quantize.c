@@ -8,6 +8,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/gguf.h"
 #include "core/json.h"
 #include "core/progress.h"
 #include "core/threads.h"
@@ -417,7 +418,7 @@ int quantize_write_dir(const Model *m, const char *src_dir, const char *out_dir,
     char *tj = path_join(src_dir, "tokenizer.json");
     if (!tj)
         return ER_ENOMEM;
-    int has_tokenizer = path_exists(tj);
+    int has_tokenizer = gguf_is_path(src_dir) || path_exists(tj);
     er_free(tj);
     if (has_tokenizer)
         return run_copy_tokenizer(src_dir, out_dir);

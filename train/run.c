@@ -6,7 +6,9 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/gguf.h"
 #include "core/json.h"
+#include "data/tokenizer.h"
 
 static int dir_is_empty(const char *dir) {
     DIR *d = opendir(dir);
@@ -162,6 +164,8 @@ done:
 }
 
 int run_copy_tokenizer(const char *src, const char *dst) {
+    if (gguf_is_path(src)) // a GGUF model file: its tokenizer written out as tokenizer.json
+        return tok_gguf_write_json(src, dst);
     static const char *files[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json"};
     char dir[4096];
     run_tokenizer_dir(src, dir, sizeof dir);

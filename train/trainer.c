@@ -10,6 +10,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/gguf.h"
 #include "core/progress.h"
 #include "core/rng.h"
 #include "core/threads.h"
@@ -91,6 +92,8 @@ int train_config_check(const TrainConfig *c) {
 }
 
 int train_chat_style(const char *path, ChatStyle *out) {
+    if (gguf_is_path(path)) // a GGUF model file carries its chat template
+        return chat_style_from_config(path, out);
     char dir[4096];
     run_tokenizer_dir(path, dir, sizeof dir);
     char *cfg = path_join(dir, "tokenizer_config.json");

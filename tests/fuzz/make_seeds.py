@@ -392,6 +392,90 @@ def seeds_head():
     put(t, "bad-format", head("switcher", "mlp", 2, fp, extra={"format": "other"}))
 
 
+# ---- GGUF ----
+
+GG_U32, GG_I32, GG_F32, GG_BOOL, GG_STR, GG_ARR = 4, 5, 6, 7, 8, 9
+
+
+def gstr(text):
+    b = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(b)) + b
+
+
+def gkv(key, vtype, value):
+    out = gstr(key) + struct.pack("<I", vtype)
+    if vtype == GG_STR:
+        return out + gstr(value)
+    if vtype == GG_ARR:
+        etype, items = value
+        out += struct.pack("<IQ", etype, len(items))
+        return out + b"".join(gstr(v) if etype == GG_STR else struct.pack("<i", v) for v in items)
+    return out + struct.pack({GG_U32: "<I", GG_I32: "<i", GG_F32: "<f", GG_BOOL: "<B"}[vtype], value)
+
+
+def gguf(kvs, tensors, version=3, align=32):
+    """tensors: (name, ggml type, ne list, data bytes); offsets laid out like the writer does."""
+    head = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs)) + b"".join(kvs)
+    infos, data = b"", b""
+    for name, typ, ne, blob in tensors:
+        infos += gstr(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)
+        infos += struct.pack("<IQ", typ, len(data))
+        data += blob + b"\0" * (-len(blob) % align)
+    out = head + infos
+    return out + b"\0" * (-len(out) % align) + data
+
+
+def gguf_micro_model(mat_type=1):
+    """A one-layer qwen2 model (C 32, V 512) with the tiny tokenizer's arrays; zero weights."""
+    with open(os.path.join(TINY, "tokenizer.json"), encoding="utf-8") as f:
+        tj = json.load(f)
+    V, C, FF = 512, 32, 64
+    tokens, types = ["[PAD%d]" % i for i in range(V)], [5] * V
+    for tok, i in tj["model"]["vocab"].items():
+        tokens[i], types[i] = tok, 1
+    for a in tj["added_tokens"]:
+        tokens[a["id"]], types[a["id"]] = a["content"], 3 if a["special"] else 4
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    kvs = [gkv("general.architecture", GG_STR, "qwen2"), gkv("general.file_type", GG_U32, 1)]
+    for k, v in (("context_length", 256), ("embedding_length", C), ("block_count", 1), ("feed_forward_length", FF),
+                 ("attention.head_count", 2), ("attention.head_count_kv", 1), ("attention.key_length", 16)):
+        kvs.append(gkv("qwen2." + k, GG_U32, v))
+    kvs += [gkv("qwen2.rope.freq_base", GG_F32, 10000.0), gkv("qwen2.attention.layer_norm_rms_epsilon", GG_F32, 1e-6),
+            gkv("tokenizer.ggml.model", GG_STR, "gpt2"), gkv("tokenizer.ggml.pre", GG_STR, "qwen2"),
+            gkv("tokenizer.ggml.tokens", GG_ARR, (GG_STR, tokens)),
+            gkv("tokenizer.ggml.token_type", GG_ARR, (GG_I32, types)),
+            gkv("tokenizer.ggml.merges", GG_ARR, (GG_STR, merges)), gkv("tokenizer.ggml.eos_token_id", GG_U32, 509)]
+    block = {0: (1, 4), 1: (1, 2), 2: (32, 18), 8: (32, 34)}[mat_type]
+
+    def mat(name, rows, cols):
+        return (name, mat_type, [cols, rows], b"\0" * (rows * cols // block[0] * block[1]))
+
+    def vec(name, n):
+        return (name, 0, [n], f32([1.0] * n))
+    ts = [mat("token_embd.weight", V, C), vec("blk.0.attn_norm.weight", C), mat("blk.0.attn_q.weight", 32, C),
+          vec("blk.0.attn_q.bias", 32), mat("blk.0.attn_k.weight", 16, C), vec("blk.0.attn_k.bias", 16),
+          mat("blk.0.attn_v.weight", 16, C), vec("blk.0.attn_v.bias", 16), mat("blk.0.attn_output.weight", C, 32),
+          vec("blk.0.ffn_norm.weight", C), mat("blk.0.ffn_gate.weight", FF, C), mat("blk.0.ffn_up.weight", FF, C),
+          mat("blk.0.ffn_down.weight", C, FF), vec("output_norm.weight", C)]
+    return gguf(kvs, ts)
+
+
+def seeds_gguf():
+    t = "fuzz_gguf"
+    one = [("t", 0, [32], f32([0.5] * 32))]
+    put(t, "valid-small", gguf([gkv("general.architecture", GG_STR, "qwen2"), gkv("a.list", GG_ARR, (GG_I32, [7, 9])),
+                                gkv("a.flag", GG_BOOL, 1), gkv("a.f", GG_F32, 0.5)], one))
+    put(t, "valid-model-f16", gguf_micro_model(1))
+    put(t, "valid-model-q4_0", gguf_micro_model(2))
+    put(t, "valid-model-q8_0", gguf_micro_model(8))
+    put(t, "bad-version", gguf([], one, version=2))
+    put(t, "bad-truncated", gguf([gkv("k", GG_STR, "value")], one)[:40])
+    put(t, "bad-hugestring", b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1 << 60) + b"k" * 16)
+    put(t, "bad-hugearray", b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + gstr("k") + struct.pack("<IIQ", GG_ARR, 0, 1 << 50))
+    put(t, "bad-tensor-type", gguf([], [("t", 99, [32], b"\0" * 128)]))
+    put(t, "bad-misaligned", gguf([], one)[:-128].replace(struct.pack("<IQ", 0, 0), struct.pack("<IQ", 0, 4), 1))
+
+
 def main():
     # Inputs that once crashed a target (regress-*, added with their fix) stay; the generated seeds are redone.
     for d, _, files in os.walk(OUT):
@@ -399,7 +483,7 @@ def main():
             if not f.startswith("regress-"):
                 os.remove(os.path.join(d, f))
     for f in (seeds_safetensors, seeds_config, seeds_quant_config, seeds_tokenizer_load, seeds_tokenize, seeds_chat,
-              seeds_jsonl, seeds_adapter, seeds_head):
+              seeds_jsonl, seeds_adapter, seeds_head, seeds_gguf):
         f()
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(OUT) for f in fs)
     print("wrote %s (%d bytes)" % (OUT, total), file=sys.stderr)

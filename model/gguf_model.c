@@ -1,0 +1,524 @@
+// GGUF models for llama.cpp: export and import (layouts in model/gguf_model.h).
+#include "model/gguf_model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "lora/gguf_lora.h"
+
+static const struct {
+    const char *name;
+    uint32_t type, file_type; // ggml type; general.file_type (llama_ftype: ALL_F32, MOSTLY_F16, ...)
+} EXPORT_TYPES[] = {
+    {"f32", GGML_F32, 0}, {"f16", GGML_F16, 1}, {"bf16", GGML_BF16, 32}, {"q8_0", GGML_Q8_0, 7}, {"q4_0", GGML_Q4_0, 2},
+};
+#define N_EXPORT_TYPES (int)(sizeof EXPORT_TYPES / sizeof EXPORT_TYPES[0])
+
+int model_gguf_parse_type(const char *s, uint32_t *type) {
+    for (int i = 0; i < N_EXPORT_TYPES; i++)
+        if (strcmp(s, EXPORT_TYPES[i].name) == 0) {
+            *type = EXPORT_TYPES[i].type;
+            return ER_OK;
+        }
+    return er_error(ER_EINVAL, "unknown GGUF type \"%s\" (expected f32, f16, bf16, q8_0 or q4_0)", s);
+}
+
+const char *model_gguf_arch(const ModelConfig *c) { return c->arch == ARCH_LLAMA ? "llama" : "qwen2"; }
+
+// llama.cpp's name of an HF parameter name into out (96 bytes).
+static int gguf_param_name(const char *hf, char *out) {
+    static const char *const fixed[][2] = {{"model.embed_tokens.weight", "token_embd.weight"},
+                                           {"model.norm.weight", "output_norm.weight"},
+                                           {"lm_head.weight", "output.weight"}};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(hf, fixed[i][0]) == 0) {
+            snprintf(out, 96, "%s", fixed[i][1]);
+            return ER_OK;
+        }
+    int l, at = 0;
+    if (sscanf(hf, "model.layers.%d.%n", &l, &at) != 1 || at == 0)
+        return er_error(ER_EINVAL, "gguf: no llama.cpp name for \"%s\"", hf);
+    const char *rest = hf + at;
+    if (strcmp(rest, "input_layernorm.weight") == 0)
+        return snprintf(out, 96, "blk.%d.attn_norm.weight", l), ER_OK;
+    if (strcmp(rest, "post_attention_layernorm.weight") == 0)
+        return snprintf(out, 96, "blk.%d.ffn_norm.weight", l), ER_OK;
+    const char *proj = strchr(rest, '.'); // "self_attn.q_proj.weight" -> "q_proj.weight"
+    for (int t = 0; proj && t < LT_COUNT; t++) {
+        size_t n = strlen(lora_target_name((LoraTarget)t));
+        if (strncmp(proj + 1, lora_target_name((LoraTarget)t), n) == 0 && proj[1 + n] == '.')
+            return snprintf(out, 96, "blk.%d.%s%s", l, lora_gguf_target_name((LoraTarget)t), proj + 1 + n), ER_OK;
+    }
+    return er_error(ER_EINVAL, "gguf: no llama.cpp name for \"%s\"", hf);
+}
+
+static int permuted(const ModelConfig *c, const char *hf) {
+    return c->arch == ARCH_LLAMA && (strstr(hf, "q_proj") || strstr(hf, "k_proj"));
+}
+
+// llama: the HF row behind GGUF row r of a q/k projection with n_head heads of HS (convert_hf_to_gguf's
+// permute: rows (head, 2, HS/2) stored as (head, HS/2, 2)); every other tensor keeps its rows.
+static int hf_row(const ModelConfig *c, const char *hf, int r) {
+    return permuted(c, hf) ? lora_gguf_llama_row(r, c->HS) : r;
+}
+
+
+// ---- export ----
+
+static void quant_q8_0(uint8_t *dst, const float *x, int n) {
+    for (int b = 0; b < n / GGML_QK; b++, x += GGML_QK, dst += 34) {
+        float amax = 0;
+        for (int j = 0; j < GGML_QK; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t h = f32_to_f16(d);
+        memcpy(dst, &h, 2);
+        for (int j = 0; j < GGML_QK; j++)
+            dst[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+    }
+}
+
+static void quant_q4_0(uint8_t *dst, const float *x, int n) {
+    for (int b = 0; b < n / GGML_QK; b++, x += GGML_QK, dst += 18) {
+        float amax = 0, max = 0;
+        for (int j = 0; j < GGML_QK; j++)
+            if (amax < fabsf(x[j])) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t h = f32_to_f16(d);
+        memcpy(dst, &h, 2);
+        for (int j = 0; j < GGML_QK / 2; j++) {
+            int lo = (int8_t)(x[j] * id + 8.5f), hi = (int8_t)(x[j + 16] * id + 8.5f);
+            dst[2 + j] = (uint8_t)((lo < 15 ? lo : 15) | (hi < 15 ? hi : 15) << 4);
+        }
+    }
+}
+
+// 1 when row r of a q4g32 weight is q4_0 blocks: each group's zero is exactly -8 x its scale (fp16).
+static int q4g_row_is_q4_0(const Weight *w, int r) {
+    int g = w->cols / 32;
+    for (int b = 0; b < g; b++) {
+        size_t k = (size_t)r * g + b;
+        if (w->gzero[k] != f32_to_f16(-8.0f * f16_to_f32(w->gscale[k])))
+            return 0;
+    }
+    return 1;
+}
+
+static int weight_is_q4_0(const Weight *w) {
+    if (w->fmt != WF_Q4G || w->group != 32)
+        return 0;
+    for (int r = 0; r < w->rows; r++)
+        if (!q4g_row_is_q4_0(w, r))
+            return 0;
+    return 1;
+}
+
+// Row r of a q4_0-shaped q4g32 weight as q4_0 blocks, bytes copied (no rounding anywhere).
+static void q4g_row_to_q4_0(uint8_t *dst, const Weight *w, int r) {
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(w->fmt, w->cols);
+    for (int b = 0; b < w->cols / 32; b++, dst += 18) {
+        memcpy(dst, &w->gscale[(size_t)r * (w->cols / 32) + b], 2);
+        for (int j = 0; j < 16; j++) {
+            unsigned lo = quant_code4(row, w->cols, b * 32 + j), hi = quant_code4(row, w->cols, b * 32 + j + 16);
+            dst[2 + j] = (uint8_t)(lo | hi << 4);
+        }
+    }
+}
+
+int model_gguf_default_type(const Model *m, uint32_t *type) {
+    int quantized = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const Weight *w = m->params[i].w;
+        if (!w || !weight_is_quantized(w->fmt))
+            continue;
+        quantized = 1;
+        if (!weight_is_q4_0(w))
+            return er_error(ER_EUNSUPPORTED,
+                            "\"%s\" is %s%s, which no GGUF type holds exactly; choose one with --type (f32, f16, "
+                            "bf16, q8_0 or q4_0) to requantize from its dequantized values",
+                            m->params[i].name, weight_format_name(w->fmt),
+                            w->fmt == WF_Q4G ? " with groups other than 32 or zeros other than -8 x scale" : "");
+    }
+    WeightFormat f = m->embed.fmt;
+    *type = quantized ? GGML_Q4_0 : f == WF_F16 ? GGML_F16 : f == WF_BF16 ? GGML_BF16 : GGML_F32;
+    return ER_OK;
+}
+
+// The bytes of parameter p as ggml type `type`, rows in llama.cpp's order, into a new block.
+static int param_bytes(const Model *m, const ParamTensor *p, uint32_t type, void **out, size_t *nbytes) {
+    int rows = p->ndim == 2 ? (int)p->shape[0] : 1, cols = p->ndim == 2 ? (int)p->shape[1] : (int)p->shape[0];
+    size_t row_bytes = (size_t)cols / ggml_type_block(type) * ggml_type_block_bytes(type);
+    uint8_t *buf = er_alloc((size_t)rows * row_bytes);
+    float *tmp = er_alloc((size_t)cols * sizeof(float));
+    if (!buf || !tmp) {
+        er_free(buf);
+        er_free(tmp);
+        return er_error(ER_ENOMEM, "gguf: out of memory for \"%s\"", p->name);
+    }
+    int exact_q4 = type == GGML_Q4_0 && p->w && weight_is_q4_0(p->w);
+    for (int r = 0; r < rows; r++) {
+        uint8_t *dst = buf + (size_t)r * row_bytes;
+        int src = hf_row(&m->cfg, p->name, r);
+        if (!p->w) { // a vector: one row, its elements in llama.cpp's order (llama q/k biases)
+            for (int e = 0; e < cols; e++)
+                tmp[e] = p->data[hf_row(&m->cfg, p->name, e)];
+            dtype_from_f32(dst, DT_F32, tmp, (size_t)cols);
+            continue;
+        }
+        if (exact_q4) {
+            q4g_row_to_q4_0(dst, p->w, src);
+            continue;
+        }
+        weight_row_f32(tmp, p->w, src);
+        if (type == GGML_Q8_0)
+            quant_q8_0(dst, tmp, cols);
+        else if (type == GGML_Q4_0)
+            quant_q4_0(dst, tmp, cols);
+        else
+            dtype_from_f32(dst, type == GGML_F16 ? DT_F16 : type == GGML_BF16 ? DT_BF16 : DT_F32, tmp, (size_t)cols);
+    }
+    er_free(tmp);
+    *out = buf;
+    *nbytes = (size_t)rows * row_bytes;
+    return ER_OK;
+}
+
+static int put_hparams(const Model *m, uint32_t type, GgufWriter *w) {
+    const ModelConfig *c = &m->cfg;
+    const char *arch = model_gguf_arch(c);
+    uint32_t file_type = 0;
+    for (int i = 0; i < N_EXPORT_TYPES; i++)
+        if (EXPORT_TYPES[i].type == type)
+            file_type = EXPORT_TYPES[i].file_type;
+    const struct {
+        const char *key;
+        int v;
+    } ints[] = {{"context_length", c->max_pos},       {"embedding_length", c->C},
+                {"block_count", c->L},                {"feed_forward_length", c->FF},
+                {"attention.head_count", c->NH},      {"attention.head_count_kv", c->NKV},
+                {"attention.key_length", c->HS},      {"attention.value_length", c->HS},
+                {"rope.dimension_count", c->HS}};
+    char key[96];
+    ER_TRY(gguf_set_str(w, "general.architecture", arch));
+    ER_TRY(gguf_set_u32(w, "general.file_type", file_type));
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, ints[i].key);
+        ER_TRY(gguf_set_u32(w, key, (uint32_t)ints[i].v));
+    }
+    snprintf(key, sizeof key, "%s.rope.freq_base", arch);
+    ER_TRY(gguf_set_f32(w, key, c->rope_theta));
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+    return gguf_set_f32(w, key, c->eps);
+}
+
+int model_gguf_put(const Model *m, uint32_t type, GgufWriter *w, FILE *log) {
+    ER_TRY(put_hparams(m, type, w));
+    int requant = 0, widened = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const ParamTensor *p = &m->params[i];
+        uint32_t t = p->ndim == 1 ? GGML_F32 : type;
+        if (p->ndim == 2 && p->shape[1] % (int64_t)ggml_type_block(t)) {
+            t = GGML_F16; // llama.cpp's converter does the same for rows that are not whole blocks
+            widened++;
+        }
+        if (p->w && weight_is_quantized(p->w->fmt) && !(t == GGML_Q4_0 && weight_is_q4_0(p->w)))
+            requant++;
+        char name[96];
+        void *data = NULL;
+        size_t nbytes = 0;
+        uint64_t ne[2] = {(uint64_t)(p->ndim == 2 ? p->shape[1] : p->shape[0]), (uint64_t)p->shape[0]};
+        ER_TRY(gguf_param_name(p->name, name));
+        ER_TRY(param_bytes(m, p, t, &data, &nbytes));
+        ER_TRY(gguf_add_tensor_owned(w, name, t, p->ndim, ne, data, nbytes));
+    }
+    if (log && widened)
+        fprintf(log, "note: %d matrices have rows that are not whole %s blocks: written f16\n", widened,
+                ggml_type_name(type));
+    if (log && requant)
+        fprintf(log, "note: %d quantized matrices were requantized to %s from their dequantized values\n", requant,
+                ggml_type_name(type));
+    return ER_OK;
+}
+
+// ---- import ----
+
+// The hyper-parameters: "<arch>.*" keys and the shapes of token_embd / output.
+static int read_config(const GgufFile *f, ModelConfig *c) {
+    const char *arch = NULL;
+    ER_TRY(gguf_get_str(f, "general.architecture", 0, &arch));
+    if (strcmp(arch, "qwen2") != 0 && strcmp(arch, "llama") != 0)
+        return er_error(ER_EUNSUPPORTED, "%s: general.architecture is \"%s\" (supported: qwen2, llama)", f->path,
+                        arch);
+    memset(c, 0, sizeof *c);
+    c->arch = strcmp(arch, "llama") == 0 ? ARCH_LLAMA : ARCH_QWEN2;
+    int64_t v[8] = {0};
+    const char *keys[8] = {"embedding_length", "feed_forward_length", "block_count",  "attention.head_count",
+                           "attention.head_count_kv", "attention.key_length", "context_length", NULL};
+    char key[96];
+    for (int i = 0; keys[i]; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, keys[i]);
+        int optional = i >= 4 && i <= 5; // head_count_kv defaults to head_count, key_length to C / NH
+        if (i == 4)
+            v[4] = v[3];
+        if (i == 5)
+            v[5] = v[3] ? v[0] / v[3] : 0;
+        ER_TRY(gguf_get_int(f, key, optional, 1, 1 << 24, &v[i]));
+    }
+    double theta = 10000.0, eps = 0;
+    snprintf(key, sizeof key, "%s.rope.freq_base", arch);
+    ER_TRY(gguf_get_float(f, key, 1, &theta));
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+    ER_TRY(gguf_get_float(f, key, 0, &eps));
+    const GgufTensor *emb = gguf_find_tensor(f, "token_embd.weight");
+    if (!emb || emb->ndim != 2)
+        return er_error(ER_EFORMAT, "%s: tensor \"token_embd.weight\" is missing or not a matrix", f->path);
+    *c = (ModelConfig){c->arch, (int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5],
+                       emb->ne[1] < (1u << 24) ? (int)emb->ne[1] : -1, (int)v[6], (float)theta, (float)eps,
+                       gguf_find_tensor(f, "output.weight") == NULL, gguf_find_tensor(f, "blk.0.attn_q.bias") != NULL,
+                       DT_F32, -1, -1};
+    c->dtype = emb->type == GGML_F16 ? DT_F16 : emb->type == GGML_BF16 ? DT_BF16 : DT_F32;
+    int64_t id = -1;
+    ER_TRY(gguf_get_int(f, "tokenizer.ggml.bos_token_id", 1, 0, INT32_MAX, &id));
+    c->bos_id = (int)id;
+    id = -1;
+    ER_TRY(gguf_get_int(f, "tokenizer.ggml.eos_token_id", 1, 0, INT32_MAX, &id));
+    c->eos_id = (int)id;
+    if ((uint64_t)c->C != emb->ne[0])
+        return er_error(ER_EFORMAT, "%s: %s.embedding_length is %d but token_embd.weight has rows of %llu", f->path,
+                        arch, c->C, (unsigned long long)emb->ne[0]);
+    return model_config_validate(c, f->path);
+}
+
+// block_count against the tensors: a count that lies is refused before anything is sized from it.
+static int check_layers(const GgufFile *f, const ModelConfig *c) {
+    long layers = 0;
+    for (int i = 0; i < f->n_tensors; i++) {
+        const char *name = f->tensors[i].name;
+        char *end;
+        long l = strncmp(name, "blk.", 4) == 0 ? strtol(name + 4, &end, 10) : -1;
+        if (l >= 0 && end != name + 4 && *end == '.' && l < (1L << 24) && l + 1 > layers)
+            layers = l + 1;
+    }
+    if (layers != c->L)
+        return er_error(ER_EFORMAT, "%s: %s.block_count is %d but the file holds %ld blocks", f->path,
+                        model_gguf_arch(c), c->L, layers);
+    return ER_OK;
+}
+
+// q4_K's 6-bit scale and min j of a super-block's 12 scale bytes (ggml's get_scale_min_k4).
+static void q4_k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
+        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
+}
+
+// One q4_K super-block (fp16 d, fp16 dmin, 12 scale bytes, 128 code bytes) as 256 fp32 values, in ggml's
+// arithmetic order: (d * sc) * u - dmin * m per sub-block of 32.
+static void q4_k_block(float *y, const uint8_t *s) {
+    uint16_t h[2];
+    memcpy(h, s, 4);
+    float d = f16_to_f32(h[0]), dmin = f16_to_f32(h[1]);
+    const uint8_t *q = s + 16;
+    for (int j = 0, is = 0; j < GGML_QK_K; j += 64, is += 2, q += 32) {
+        int sc, m;
+        q4_k_scale_min(is, s + 4, &sc, &m);
+        float d1 = d * (float)sc, m1 = dmin * (float)m;
+        q4_k_scale_min(is + 1, s + 4, &sc, &m);
+        float d2 = d * (float)sc, m2 = dmin * (float)m;
+        for (int l = 0; l < 32; l++) {
+            y[j + l] = d1 * (float)(q[l] & 15) - m1;
+            y[j + 32 + l] = d2 * (float)(q[l] >> 4) - m2;
+        }
+    }
+}
+
+// One q6_K super-block (128 low-nibble bytes, 64 high-bit bytes, 16 int8 scales, fp16 d) as 256 fp32
+// values: (d * scale) * (q - 32) per sub-block of 16, in ggml's order.
+static void q6_k_block(float *y, const uint8_t *s) {
+    const uint8_t *ql = s, *qh = s + 128;
+    const int8_t *sc = (const int8_t *)(s + 192);
+    uint16_t h;
+    memcpy(&h, s + 208, 2);
+    float d = f16_to_f32(h);
+    for (int n = 0; n < GGML_QK_K; n += 128, y += 128, ql += 64, qh += 32, sc += 8)
+        for (int l = 0; l < 32; l++) {
+            int is = l / 16;
+            y[l] = d * (float)sc[is] * (float)((int)((ql[l] & 15) | ((qh[l] >> 0) & 3) << 4) - 32);
+            y[l + 32] = d * (float)sc[is + 2] * (float)((int)((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4) - 32);
+            y[l + 64] = d * (float)sc[is + 4] * (float)((int)((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
+            y[l + 96] = d * (float)sc[is + 6] * (float)((int)((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
+        }
+}
+
+// Row r of t (cols elements) as fp32.
+static void tensor_row_f32(float *dst, const GgufTensor *t, size_t r, int cols) {
+    size_t row_bytes = (size_t)cols / ggml_type_block(t->type) * ggml_type_block_bytes(t->type);
+    const uint8_t *s = (const uint8_t *)t->data + r * row_bytes;
+    if (t->type == GGML_F32 || t->type == GGML_F16 || t->type == GGML_BF16) {
+        dtype_to_f32(dst, s, t->type == GGML_F32 ? DT_F32 : t->type == GGML_F16 ? DT_F16 : DT_BF16, (size_t)cols);
+        return;
+    }
+    if (t->type == GGML_Q4_K || t->type == GGML_Q6_K) {
+        size_t bb = t->type == GGML_Q4_K ? 144 : 210;
+        for (int b = 0; b < cols / GGML_QK_K; b++)
+            (t->type == GGML_Q4_K ? q4_k_block : q6_k_block)(dst + b * GGML_QK_K, s + b * bb);
+        return;
+    }
+    for (int b = 0; b < cols / GGML_QK; b++, dst += GGML_QK) {
+        uint16_t h;
+        memcpy(&h, s, 2);
+        float d = f16_to_f32(h);
+        if (t->type == GGML_Q8_0) {
+            for (int j = 0; j < GGML_QK; j++)
+                dst[j] = (float)(int8_t)s[2 + j] * d;
+            s += 34;
+        } else {
+            for (int j = 0; j < 16; j++) {
+                dst[j] = (float)((s[2 + j] & 15) - 8) * d;
+                dst[j + 16] = (float)((s[2 + j] >> 4) - 8) * d;
+            }
+            s += 18;
+        }
+    }
+}
+
+// q4_0 rows into a q4g32 weight: scale d, zero -8d (exact in fp16), codes repacked; rows in HF order.
+static int q4_0_to_q4g(Weight *w, const GgufTensor *t, const ModelConfig *c, const char *hf, int rows, int cols) {
+    ER_TRY(quant_weight_alloc(w, WF_Q4G, rows, cols, 32));
+    uint8_t codes[GGML_QK];
+    uint8_t *packed = er_alloc((size_t)cols);
+    if (!packed)
+        return ER_ENOMEM;
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *s = (const uint8_t *)t->data + (size_t)r * (cols / 32) * 18;
+        int hr = hf_row(c, hf, r);
+        for (int b = 0; b < cols / 32; b++, s += 18) {
+            uint16_t d;
+            memcpy(&d, s, 2);
+            ((uint16_t *)w->gscale)[(size_t)hr * (cols / 32) + b] = d;
+            ((uint16_t *)w->gzero)[(size_t)hr * (cols / 32) + b] = f32_to_f16(-8.0f * f16_to_f32(d));
+            for (int j = 0; j < 16; j++) {
+                codes[j] = s[2 + j] & 15;
+                codes[j + 16] = s[2 + j] >> 4;
+            }
+            memcpy(packed + b * 32, codes, 32);
+        }
+        quant_pack4((uint8_t *)w->data + (size_t)hr * weight_row_bytes(WF_Q4G, cols), packed, cols);
+    }
+    er_free(packed);
+    return ER_OK;
+}
+
+// A float matrix kept in its type: in place, or (llama q/k) a copy with the rows put back in HF order.
+static int place_float_matrix(Weight *w, const GgufTensor *t, const ModelConfig *c, const char *hf) {
+    w->fmt = t->type == GGML_F32 ? WF_F32 : t->type == GGML_F16 ? WF_F16 : WF_BF16;
+    w->data = t->data;
+    if (!permuted(c, hf))
+        return ER_OK;
+    size_t row_bytes = weight_row_bytes(w->fmt, w->cols);
+    char *copy = er_alloc((size_t)w->rows * row_bytes);
+    if (!copy)
+        return ER_ENOMEM;
+    for (int r = 0; r < w->rows; r++)
+        memcpy(copy + (size_t)hf_row(c, hf, r) * row_bytes, (const char *)t->data + (size_t)r * row_bytes, row_bytes);
+    w->data = w->owned = copy;
+    return ER_OK;
+}
+
+// fp32 values of t in HF order into dst (rows, cols): rows of a matrix, elements of a vector permuted.
+static int tensor_f32(float *dst, const GgufTensor *t, const ModelConfig *c, const char *hf, int rows, int cols) {
+    if (t->ndim == 2) {
+        for (int r = 0; r < rows; r++)
+            tensor_row_f32(dst + (size_t)hf_row(c, hf, r) * cols, t, (size_t)r, cols);
+        return ER_OK;
+    }
+    float *tmp = er_alloc((size_t)cols * sizeof(float));
+    if (!tmp)
+        return ER_ENOMEM;
+    tensor_row_f32(tmp, t, 0, cols);
+    for (int e = 0; e < cols; e++)
+        dst[hf_row(c, hf, e)] = tmp[e];
+    er_free(tmp);
+    return ER_OK;
+}
+
+static int place_param(Model *m, const GgufFile *f, ParamTensor *p) {
+    char name[96];
+    ER_TRY(gguf_param_name(p->name, name));
+    const GgufTensor *t = gguf_find_tensor(f, name);
+    int rows = p->ndim == 2 ? (int)p->shape[0] : 1, cols = p->ndim == 2 ? (int)p->shape[1] : (int)p->shape[0];
+    if (!t)
+        return er_error(ER_EFORMAT, "%s: tensor \"%s\" is missing", f->path, name);
+    if (t->ndim != p->ndim || t->ne[0] != (uint64_t)cols || (p->ndim == 2 && t->ne[1] != (uint64_t)rows))
+        return er_error(ER_EFORMAT, "%s: tensor \"%s\" has shape {%llu, %llu}, expected {%d, %d} from the metadata",
+                        f->path, name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], cols, rows);
+    uint32_t ty = t->type;
+    int quantized = ty == GGML_Q8_0 || ty == GGML_Q4_0 || ty == GGML_Q4_K || ty == GGML_Q6_K;
+    if (ty != GGML_F32 && ty != GGML_F16 && ty != GGML_BF16 && !quantized)
+        return er_error(ER_EUNSUPPORTED,
+                        "%s: tensor \"%s\" has type %s (supported: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K)", f->path,
+                        name, ggml_type_name(ty));
+    if (quantized && m->trainable)
+        return er_error(ER_EUNSUPPORTED,
+                        "%s: a quantized model (tensor \"%s\" is %s) cannot be loaded for full-parameter training; "
+                        "train a LoRA adapter on it (ertrain sft) or start from a float model",
+                        f->path, name, ggml_type_name(ty));
+    float *dst = p->data;
+    if (!dst && ty != GGML_Q4_0 && quantized) { // fp32, exactly ggml's dequantized values
+        if (!(dst = er_alloc((size_t)rows * cols * sizeof(float))))
+            return ER_ENOMEM;
+        p->w->fmt = WF_F32;
+        p->w->data = p->w->owned = p->data = dst;
+    }
+    if (dst)
+        ER_TRY(tensor_f32(dst, t, &m->cfg, p->name, rows, cols));
+    else if (ty == GGML_Q4_0)
+        ER_TRY(q4_0_to_q4g(p->w, t, &m->cfg, p->name, rows, cols));
+    else
+        ER_TRY(place_float_matrix(p->w, t, &m->cfg, p->name));
+    if (p->w && p->w->fmt == WF_F32)
+        p->data = (float *)p->w->data;
+    // Non-finite values are refused as in HF dirs (for q4_0: the block scales).
+    WeightFormat wf = p->data ? WF_F32 : p->w->fmt;
+    const void *vals = p->data ? (const void *)p->data : wf == WF_Q4G ? (const void *)p->w->gscale : p->w->data;
+    ErDType vt = wf == WF_F32 ? DT_F32 : wf == WF_BF16 ? DT_BF16 : DT_F16;
+    size_t nv = wf == WF_Q4G ? (size_t)rows * (cols / 32) : (size_t)rows * cols;
+    size_t bad = dtype_find_nonfinite(vals, vt, nv);
+    if (bad < nv)
+        return er_error(ER_EFORMAT, "%s: tensor \"%s\" holds a NaN or infinity (value %zu)", f->path, name, bad);
+    return ER_OK;
+}
+
+int model_load_gguf(Model *m, const char *path, int flags) {
+    memset(m, 0, sizeof *m);
+    int rc = ER_OK;
+    if (!(m->gguf = er_calloc(1, sizeof *m->gguf)))
+        return ER_ENOMEM;
+    ER_CHECK(gguf_open(m->gguf, path));
+    ER_CHECK(read_config(m->gguf, &m->cfg));
+    ER_CHECK(check_layers(m->gguf, &m->cfg));
+    ER_CHECK(model_setup(m, flags & MODEL_LOAD_TRAINABLE));
+    for (int i = 0; i < m->n_params; i++)
+        ER_CHECK(place_param(m, m->gguf, &m->params[i]));
+    if (m->cfg.tied)
+        m->lm_head = m->embed;
+    if (m->trainable) { // fp32 copies made: the file is no longer needed
+        gguf_close(m->gguf);
+        er_free(m->gguf);
+        m->gguf = NULL;
+    }
+done:
+    if (rc < 0)
+        model_free(m);
+    return rc;
+}

@@ -1,0 +1,37 @@
+// Models as GGUF files for llama.cpp: architecture "qwen2" (Qwen2 family) or "llama", the
+// hyper-parameters under "<arch>.*", tensors in llama.cpp's names (token_embd, blk.N.attn_q, ...,
+// output_norm, output; no output when tied) and ggml's layouts:
+//   f32, f16, bf16   rows as in HF ([out, in] is ne {in, out}, the same bytes)
+//   q8_0             blocks of 32: fp16 d, 32 x int8 q;            W = q * d,       d = max|x| / 127
+//   q4_0             blocks of 32: fp16 d, 16 bytes; byte j holds element j (low nibble) and j + 16
+//                    (high nibble); W = (u - 8) * d,              d = (the x of largest |x|) / -8
+// Norms and biases are f32. llama's q_proj / k_proj rows are permuted into llama.cpp's interleaved
+// RoPE order (convert_hf_to_gguf.py's permute) and back on import; qwen2 needs no permutation.
+// Import: f32 / f16 / bf16 matrices stay in their type (mmapped), q4_0 becomes our q4g32 exactly
+// (scale d, zero -8d, codes repacked), q8_0, q4_K and q6_K become fp32 exactly as ggml dequantizes them
+// (the common Q4_K_M / Q6_K files of llama.cpp load, at 4 bytes a weight); other types are refused by name.
+#ifndef MODEL_GGUF_MODEL_H
+#define MODEL_GGUF_MODEL_H
+
+#include <stdio.h>
+
+#include "core/gguf.h"
+#include "model/model.h"
+
+// The GGUF type names an export accepts: "f32", "f16", "bf16", "q8_0", "q4_0" -> ggml type.
+int model_gguf_parse_type(const char *s, uint32_t *type);
+// The ggml type a model exports to by default: its matrices' float type, q4_0 for q4g32 matrices that
+// are q4_0 blocks (zero = -8 x scale); other quantized formats have none (ER_EUNSUPPORTED, naming it).
+int model_gguf_default_type(const Model *m, uint32_t *type);
+// general.architecture, the "<arch>.*" hyper-parameters, general.file_type and every tensor of m as
+// `type` into w (the tensor bytes are made now and owned by w). Matrices whose rows are not whole
+// blocks of a quantized type are written f16, as llama.cpp's converter does; quantized matrices of
+// ours are requantized from their dequantized values only where q4_0 cannot take them exactly (each
+// such case is one line on log; NULL = silent).
+int model_gguf_put(const Model *m, uint32_t type, GgufWriter *w, FILE *log);
+// The architecture name of m ("qwen2" / "llama").
+const char *model_gguf_arch(const ModelConfig *c);
+// Loads a GGUF model (flags as model_load; a quantized one is refused with MODEL_LOAD_TRAINABLE).
+int model_load_gguf(Model *m, const char *path, int flags);
+
+#endif

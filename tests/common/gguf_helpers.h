@@ -1,0 +1,132 @@
+// Shared by the GGUF tests (tests/model/test_gguf*.c): model dirs to export (a random Qwen2.5-shaped model
+// over the real Qwen tokenizer from the fixtures, the tiny base), and our greedy decode and per-token
+// probabilities through THE forward, to compare with llama.cpp's and across formats.
+#ifndef TESTS_COMMON_GGUF_HELPERS_H
+#define TESTS_COMMON_GGUF_HELPERS_H
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "model/model.h"
+#include "tests/common/helpers.h"
+
+#define GGUF_TINY_BASE "models/tiny-base"
+
+static inline char *gguf_fixture_dir(void) {
+    const char *fx = getenv("ER_FIXTURES");
+    char *dir = path_join(fx && *fx ? fx : "../shared/fixtures", "qwen-tokenizer");
+    cr_assert(dir);
+    return dir;
+}
+
+// A random Qwen2.5-shaped model (two layers, C 64, GQA 4/2, untied, q/k/v biases, rope 1e6, the Qwen
+// vocabulary padded to 151936 like Qwen2.5's) with the real Qwen tokenizer, saved fp32 into dir (init std
+// 0.1: larger weights make peakier distributions but grow the activations, and with them every rounding
+// difference between two implementations, in the same proportion as the margins between top tokens).
+// Skips loudly when the fixtures are missing.
+static inline void gguf_make_qwen_dir(const char *dir) {
+    char *fx = gguf_fixture_dir(), *tj = path_join(fx, "tokenizer.json"), *tc = path_join(fx, "tokenizer_config.json");
+    if (!path_exists(tj))
+        cr_skip_test("!!!!!! %s is MISSING (set ER_FIXTURES): the Qwen-shaped GGUF tests are SKIPPED !!!!!!", tj);
+    ModelConfig c = {.arch = ARCH_QWEN2, .C = 64, .FF = 128, .L = 2, .NH = 4, .NKV = 2, .HS = 16, .V = 151936,
+                     .max_pos = 1024, .rope_theta = 1000000.0f, .eps = 1e-6f, .tied = 0, .qkv_bias = 1,
+                     .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.1f, 11), ER_OK, "%s", er_last_error());
+    cr_assert_eq(model_save(&m, dir, 0), ER_OK, "%s", er_last_error());
+    model_free(&m);
+    helper_copy_file(tj, dir, "tokenizer.json");
+    helper_copy_file(tc, dir, "tokenizer_config.json");
+    er_free(tj);
+    er_free(tc);
+    er_free(fx);
+}
+
+// A random llama-architecture dir over the tiny tokenizer (q/k rows are permuted in GGUF).
+static inline void gguf_make_llama_dir(const char *dir) {
+    ModelConfig c = helper_tiny_config(512, 256);
+    c.arch = ARCH_LLAMA;
+    c.qkv_bias = 1; // attention_bias: the biases are permuted like the rows
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.15f, 4), ER_OK, "%s", er_last_error());
+    for (int i = 0; i < m.n_params; i++) // nonzero biases and norms, so a wrong permutation shows
+        if (m.params[i].ndim == 1)
+            for (size_t k = 0; k < m.params[i].numel; k++)
+                m.params[i].data[k] += 0.01f * (float)(k % 7);
+    cr_assert_eq(model_save(&m, dir, 0), ER_OK, "%s", er_last_error());
+    model_free(&m);
+    helper_copy_file("data/tiny_tokenizer/tokenizer.json", dir, "tokenizer.json");
+    helper_copy_file("data/tiny_tokenizer/tokenizer_config.json", dir, "tokenizer_config.json");
+}
+
+// Our greedy continuation: n tokens after prompt (np), decoded with a KV cache as erinfer decodes, and
+// each chosen token's probability. The adapter (NULL = base) applies at every position.
+static inline void gguf_greedy(Model *m, const LoraAdapter *ad, const int *prompt, int np, int n, int *out,
+                               double *probs) {
+    const ModelConfig *c = &m->cfg;
+    KVCache kv;
+    Activations a;
+    int slot;
+    cr_assert_eq(kv_cache_alloc(&kv, c, KV_F32, 1, np + n, (size_t)(np + n), 0), ER_OK, "%s", er_last_error());
+    cr_assert_eq(kv_seq_open(&kv, &slot), ER_OK);
+    cr_assert_eq(acts_alloc(&a, c, 1, np, ACTS_DECODE, 0), ER_OK, "%s", er_last_error());
+    const int *toks = prompt;
+    int T = np;
+    for (int s = 0; s < n; s++) {
+        ModelInput in = {.B = 1, .T = T, .tokens = toks, .adapter = ad, .kv = &kv, .kv_slots = &slot};
+        cr_assert_eq(model_forward(m, &in, &a), ER_OK, "%s", er_last_error());
+        int best = 0;
+        for (int v = 1; v < c->V; v++)
+            if (a.logits[v] > a.logits[best])
+                best = v;
+        double sum = 0;
+        for (int v = 0; v < c->V; v++)
+            sum += exp((double)a.logits[v] - a.logits[best]);
+        out[s] = best;
+        probs[s] = 1.0 / sum;
+        toks = &out[s];
+        T = 1;
+    }
+    acts_free(&a);
+    kv_cache_free(&kv);
+}
+
+// p(ids[i+1] | ids[0..i]) for i < n - 1 into probs, teacher-forced in one pass; mask (n) as the forward's
+// adapter mask (NULL = the adapter everywhere).
+static inline void gguf_score(Model *m, const LoraAdapter *ad, const uint8_t *mask, const int *ids, int n,
+                              double *probs) {
+    const int V = m->cfg.V;
+    Activations a;
+    cr_assert_eq(acts_alloc(&a, &m->cfg, 1, n, ACTS_SCORE, 0), ER_OK, "%s", er_last_error());
+    ModelInput in = {.B = 1, .T = n, .tokens = ids, .adapter = ad, .adapter_mask = mask};
+    cr_assert_eq(model_forward(m, &in, &a), ER_OK, "%s", er_last_error());
+    for (int i = 0; i + 1 < n; i++) {
+        const float *l = a.logits + (size_t)i * V;
+        float mx = l[0];
+        for (int v = 1; v < V; v++)
+            mx = l[v] > mx ? l[v] : mx;
+        double sum = 0;
+        for (int v = 0; v < V; v++)
+            sum += exp((double)l[v] - mx);
+        probs[i] = exp((double)l[ids[i + 1]] - mx) / sum;
+    }
+    acts_free(&a);
+}
+
+// max |a - b| / |b| over n values.
+static inline double gguf_max_rel(const double *a, const double *b, int n) {
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double d = fabs(a[i] - b[i]) / fabs(b[i]);
+        worst = d > worst ? d : worst;
+    }
+    return worst;
+}
+
+#endif
