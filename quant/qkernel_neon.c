@@ -287,6 +287,7 @@ typedef void (*NeonRowFn)(float *out, int R, int r, const Weight *w, const float
 // ---- dotprod: q8 and q4 on SDOT against the input rows split into int8 limbs ----
 
 #define QK_LIMBS 4
+static const double limb_weight[QK_LIMBS] = {1.0, 0x1p-7, 0x1p-14, 0x1p-21}; // limb j counts 2^(-7 j)
 typedef struct {
     int8_t *limb; // (N, QK_LIMBS, K): limb j of input row n at limb + (n * QK_LIMBS + j) * K
     float *scale; // (N): S of each row (0 for an all-zero row)
@@ -379,7 +380,7 @@ static inline __attribute__((always_inline)) void sdot_row(float *out, int R, in
         sdot_pass(d, row, L, K, full, N, J, j0, fmt);
         for (int n = 0; n < N; n++)
             for (int j = 0; j < J; j++)
-                dot[n] += (double)d[n * J + j] * ldexp(1.0, -7 * (j0 + j));
+                dot[n] += (double)d[n * J + j] * limb_weight[j0 + j];
     }
     for (int n = 0; n < N; n++)
         limbs_out(out, R, r, w, inp, L, n, dot[n], row, full, fmt);
@@ -448,15 +449,16 @@ static inline __attribute__((always_inline)) void mmla_rows(float *out, int R, i
 #pragma GCC unroll 16
     for (int i = 0; i < P * QK_LIMBS; i++)
         acc[i] = vdupq_n_s32(0);
-    for (int k = 0; k < full; k += 16) {
+    const size_t stride = (size_t)C * 16; // from one limb's tiles to the next's
+    const int8_t *x = m;
+    for (int k = 0; k < full; k += 16, x += 32) {
         int8x16_t b[2];
         mmla_w16(b, r0, r1, k, fmt);
-        const int8_t *x = m + (size_t)(k / 8) * 16;
 #pragma GCC unroll 4
         for (int p = 0; p < P; p++)
 #pragma GCC unroll 4
             for (int j = 0; j < QK_LIMBS; j++) {
-                const int8_t *xp = x + (size_t)(p * QK_LIMBS + j) * C * 16;
+                const int8_t *xp = x + (size_t)(p * QK_LIMBS + j) * stride;
                 acc[p * QK_LIMBS + j] = vmmlaq_s32(acc[p * QK_LIMBS + j], vld1q_s8(xp), b[0]);
                 acc[p * QK_LIMBS + j] = vmmlaq_s32(acc[p * QK_LIMBS + j], vld1q_s8(xp + 16), b[1]);
             }
@@ -468,7 +470,7 @@ static inline __attribute__((always_inline)) void mmla_rows(float *out, int R, i
         for (int h = 0; h < 2; h++) {
             double dot = 0;
             for (int j = 0; j < QK_LIMBS; j++)
-                dot += (double)d[(n / 2) * QK_LIMBS + j][(n % 2) * 2 + h] * ldexp(1.0, -7 * j);
+                dot += (double)d[(n / 2) * QK_LIMBS + j][(n % 2) * 2 + h] * limb_weight[j];
             limbs_out(out, R, r + h, w, inp, L, n, dot, h ? r1 : r0, full, fmt);
         }
 }
