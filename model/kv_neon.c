@@ -5,7 +5,8 @@
 //     query re-read from L1 for each position;
 //   - values: the output row stays in registers, 16 elements at a time, while every position of the
 //     block adds its scaled values to it (FMLA by a scalar), so o is loaded and stored once per block
-//     instead of once per position; each element sums the positions in the portable kernel's order.
+//     instead of once per position. Each element sums the positions in the portable kernel's order, but
+//     fused: the portable loops (-std=c11, no contraction) round each product before the add.
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
@@ -34,6 +35,7 @@ static void scores_neon(float *sc, const float *q, const int8_t *k, const float 
         int i = 0;
         for (; i + 16 <= HS; i += 16) {
             widen16(f, vld1q_s8(kr + i));
+#pragma GCC unroll 4
             for (int c = 0; c < 4; c++)
                 a[c] = vfmaq_f32(a[c], vld1q_f32(q + i + 4 * c), f[c]);
         }
@@ -62,9 +64,11 @@ static void values_neon(float *o, const float *w, const int8_t *v, const float *
         float32x4_t a[4] = {vld1q_f32(o + i), vld1q_f32(o + i + 4), vld1q_f32(o + i + 8), vld1q_f32(o + i + 12)}, f[4];
         for (int j = 0; j < n; j++) {
             widen16(f, vld1q_s8(v + (size_t)j * row + i));
+#pragma GCC unroll 4
             for (int c = 0; c < 4; c++)
                 a[c] = vfmaq_n_f32(a[c], f[c], wj[j]);
         }
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
             vst1q_f32(o + i + 4 * c, a[c]);
     }

@@ -409,15 +409,16 @@ QK_SDOT_FORMAT(WF_Q4, q4)
 #pragma GCC push_options
 #pragma GCC target("arch=armv8.2-a+dotprod+i8mm")
 
-// SMMLA's left operand for every pair of input rows: limb j of rows 2p and 2p+1, 8 elements at a time side
-// by side, (P, QK_LIMBS, full / 8, 16) with P = (N + 1) / 2; the row after an odd N's last is zeros.
+// SMMLA's left operands for every pair of input rows: limb j of rows 2p and 2p+1, 8 elements at a time side
+// by side, in the order the kernel reads them: (full / 16 steps, P, QK_LIMBS, 2 halves, 16 bytes) with
+// P = (N + 1) / 2, so one step's tiles are contiguous; the row after an odd N's last is zeros.
 static int8_t *limbs_pair(const Limbs *L, int N, int K, int full) {
-    int P = (N + 1) / 2, C = full / 8;
-    int8_t *m = er_calloc((size_t)P * QK_LIMBS * C * 16 + 16, 1);
+    int P = (N + 1) / 2;
+    int8_t *m = er_calloc((size_t)P * QK_LIMBS * full * 2 + 16, 1);
     for (int n = 0; m && n < N; n++)
         for (int j = 0; j < QK_LIMBS; j++)
-            for (int c = 0; c < C; c++)
-                memcpy(m + (((size_t)(n / 2) * QK_LIMBS + j) * C + c) * 16 + (n % 2) * 8,
+            for (int c = 0; c < full / 8; c++)
+                memcpy(m + (((size_t)(c / 2) * P + n / 2) * QK_LIMBS + j) * 32 + (c % 2) * 16 + (n % 2) * 8,
                        L->limb + ((size_t)n * QK_LIMBS + j) * K + 8 * c, 8);
     return m;
 }
@@ -442,23 +443,22 @@ static inline void mmla_w16(int8x16_t b[2], const uint8_t *r0, const uint8_t *r1
 static inline __attribute__((always_inline)) void mmla_rows(float *out, int R, int r, const Weight *w,
                                                             const float *inp, const Limbs *L, const int8_t *m,
                                                             const int N, const WeightFormat fmt) {
-    const int K = w->cols, full = K & ~15, C = full / 8, P = (N + 1) / 2;
+    const int K = w->cols, full = K & ~15, P = (N + 1) / 2;
     const size_t rb = weight_row_bytes(fmt, K);
     const uint8_t *r0 = (const uint8_t *)w->data + (size_t)r * rb, *r1 = r0 + rb;
     int32x4_t acc[4 * QK_LIMBS];
 #pragma GCC unroll 16
     for (int i = 0; i < P * QK_LIMBS; i++)
         acc[i] = vdupq_n_s32(0);
-    const size_t stride = (size_t)C * 16; // from one limb's tiles to the next's
     const int8_t *x = m;
-    for (int k = 0; k < full; k += 16, x += 32) {
+    for (int k = 0; k < full; k += 16, x += P * QK_LIMBS * 32) {
         int8x16_t b[2];
         mmla_w16(b, r0, r1, k, fmt);
 #pragma GCC unroll 4
         for (int p = 0; p < P; p++)
 #pragma GCC unroll 4
             for (int j = 0; j < QK_LIMBS; j++) {
-                const int8_t *xp = x + (size_t)(p * QK_LIMBS + j) * stride;
+                const int8_t *xp = x + (p * QK_LIMBS + j) * 32;
                 acc[p * QK_LIMBS + j] = vmmlaq_s32(acc[p * QK_LIMBS + j], vld1q_s8(xp), b[0]);
                 acc[p * QK_LIMBS + j] = vmmlaq_s32(acc[p * QK_LIMBS + j], vld1q_s8(xp + 16), b[1]);
             }
