@@ -28,7 +28,8 @@ CHAT=("Start with 4. Add 2. Subtract 2. What is the result?" "Start with 18. Add
 
 # The token ids of one greedy generation, one line.
 tokens() { # BIN MODEL KV SAMPLES PROMPT [--raw] (with several samples: the last one's)
-  "$1" generate --model "$2" --kv "$3" --samples "$4" --prompt "$5" --max-new 64 --threads 2 --json "${@:6}" 2>/dev/null |
+  "$1" generate --model "$2" --kv "$3" --samples "$4" --prompt "$5" --max-new 64 --threads 2 --json "${@:6}" \
+    2>/dev/null |
     sed -n 's/.*"tokens":\[\([0-9,]*\)\].*/\1/p'
 }
 
@@ -52,7 +53,7 @@ for cfg in "$BASE f32" "$BASE int8" "$OUT/q4 f32" "$OUT/q2lut f32" "$OUT/q2lut i
       fi
     done
   done
-  echo "aarch64_tokens: $(basename "$model") weights, $kv KV, $ns sample(s): $same of $n aarch64 generations equal x86's" \
-       "($ntok tokens per CPU model)"
+  echo "aarch64_tokens: $(basename "$model") weights, $kv KV, $ns sample(s): $same of $n aarch64 generations" \
+       "equal x86's ($ntok tokens per CPU model)"
 done
 exit $fail
