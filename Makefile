@@ -105,10 +105,12 @@ endif
 #     out: they are not on the device, and two of them exceed Criterion's 60 s per test under emulation;
 #   - the kernel and forward suites on `-cpu cortex-a53` (ARMv8.0, no dot-product extensions): any
 #     instruction beyond the baseline would stop them with SIGILL;
+#   - the kernel suites on `-cpu neoverse-n1` (dotprod without i8mm: q8 and q4 on SDOT at every N);
 #   - the tiny base's greedy tokens against x86's on both CPU models (scripts/aarch64_tokens.sh).
 lparen := (
 AARCH64_SUITES = $(sort $(shell sed -n 's/^Test$(lparen)\([a-z_0-9]*\),.*/\1/p' $(wildcard $(RUNTIME_DIRS:%=tests/%/*.c))))
 AARCH64_A53_SUITES := quant_kernels quant_formats quant_model reference kvcache engine api example
+AARCH64_N1_SUITES := quant_kernels quant_model
 AARCH64_RUN = OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(BUILD)/test_all --jobs 2
 .PHONY: test-aarch64 test-aarch64-run
 test-aarch64:
@@ -119,6 +121,7 @@ test-aarch64:
 test-aarch64-run: all $(BUILD)/test_all ref
 	QEMU_CPU=max $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_SUITES)))/*'
 	QEMU_CPU=cortex-a53 $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_A53_SUITES)))/*'
+	QEMU_CPU=neoverse-n1 $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_N1_SUITES)))/*'
 	bash scripts/aarch64_tokens.sh build $(BUILD)
 
 # Two libraries, one way up (DESIGN.md): liberinfer is the on-device runtime and links alone (no

@@ -9,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "model/kv_kernel.h"
 #include "model/ops.h"
 
 static size_t entry_size(KvType t) { return t == KV_F32 ? sizeof(float) : 1; }
@@ -218,8 +219,10 @@ void kv_store(KVCache *kv, int l, int slot, int pos, const float *k, const float
     }
 }
 
-int kv_attention_forward(float *out, const float *q, const KVCache *kv, int l, const int *slots, const int *pos0,
-                         const int *len, int B, int T, int NH, float *scores, int nthreads, int keys) {
+// The int8 cache goes through kk's kernels a block of positions at a time (model/kv_kernel.h).
+int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float *q, const KVCache *kv, int l,
+                                 const int *slots, const int *pos0, const int *len, int B, int T, int NH,
+                                 float *scores, int nthreads, int keys) {
     int NKV = kv->NKV, HS = kv->HS, G = NH / NKV;
     for (int b = 0; b < B; b++)
         if (pos0[b] + (len ? len[b] : T) > keys)
@@ -240,23 +243,23 @@ int kv_attention_forward(float *out, const float *q, const KVCache *kv, int l, c
                 const KvSeq *seq = &kv->seqs[slots[b]];
                 int kh = h / G, last = pos0[b] + t;
                 const float *qv = q + (((size_t)b * T + t) * NH + h) * HS;
+                for (int s = 0; i8 && s <= last; s += KV_BLOCK) {
+                    size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]);
+                    int n = last + 1 - s < KV_BLOCK ? last + 1 - s : KV_BLOCK;
+                    kk->scores(sc + s, qv, (const int8_t *)kv->k + p * row + (size_t)kh * HS, kv->ks + p * NKV + kh,
+                               row, NKV, n, HS, scale);
+                }
                 float mx = -INFINITY;
                 for (int s = 0; s <= last; s++) {
-                    size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]) + s % KV_BLOCK;
-                    float d = 0.0f;
-                    if (i8) {
-                        const int8_t *kr = (const int8_t *)kv->k + p * row + (size_t)kh * HS;
-#pragma omp simd reduction(+ : d)
-                        for (int i = 0; i < HS; i++)
-                            d += qv[i] * (float)kr[i];
-                        d *= kv->ks[p * NKV + kh];
-                    } else {
+                    if (!i8) {
+                        size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]) + s % KV_BLOCK;
                         const float *kr = (const float *)kv->k + p * row + (size_t)kh * HS;
+                        float d = 0.0f;
 #pragma omp simd reduction(+ : d)
                         for (int i = 0; i < HS; i++)
                             d += qv[i] * kr[i];
+                        sc[s] = d * scale;
                     }
-                    sc[s] = d * scale;
                     mx = sc[s] > mx ? sc[s] : mx;
                 }
                 float sum = 0.0f;
@@ -267,22 +270,28 @@ int kv_attention_forward(float *out, const float *q, const KVCache *kv, int l, c
                 float *o = out + (((size_t)b * T + t) * NH + h) * HS, inv = 1.0f / sum;
                 for (int i = 0; i < HS; i++)
                     o[i] = 0.0f;
-                for (int s = 0; s <= last; s++) {
+                for (int s = 0; i8 && s <= last; s++)
+                    sc[s] *= inv;
+                for (int s = 0; i8 && s <= last; s += KV_BLOCK) {
+                    size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]);
+                    int n = last + 1 - s < KV_BLOCK ? last + 1 - s : KV_BLOCK;
+                    kk->values(o, sc + s, (const int8_t *)kv->v + p * row + (size_t)kh * HS, kv->vs + p * NKV + kh,
+                               row, NKV, n, HS);
+                }
+                for (int s = 0; !i8 && s <= last; s++) {
                     size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]) + s % KV_BLOCK;
                     float w = sc[s] * inv;
-                    if (i8) {
-                        const int8_t *vr = (const int8_t *)kv->v + p * row + (size_t)kh * HS;
-                        w *= kv->vs[p * NKV + kh];
+                    const float *vr = (const float *)kv->v + p * row + (size_t)kh * HS;
 #pragma omp simd
-                        for (int i = 0; i < HS; i++)
-                            o[i] += w * (float)vr[i];
-                    } else {
-                        const float *vr = (const float *)kv->v + p * row + (size_t)kh * HS;
-#pragma omp simd
-                        for (int i = 0; i < HS; i++)
-                            o[i] += w * vr[i];
-                    }
+                    for (int i = 0; i < HS; i++)
+                        o[i] += w * vr[i];
                 }
             }
     return ER_OK;
+}
+
+int kv_attention_forward(float *out, const float *q, const KVCache *kv, int l, const int *slots, const int *pos0,
+                         const int *len, int B, int T, int NH, float *scores, int nthreads, int keys) {
+    return kv_attention_forward_kernels(kv_i8_kernels(), out, q, kv, l, slots, pos0, len, B, T, NH, scores, nthreads,
+                                        keys);
 }

@@ -14,13 +14,17 @@
 // is split exactly into four int8 limbs first, x = S * (a + b/2^7 + c/2^14 + d/2^21) with S = max|x| / 127
 // (each limb is what the previous one left, times 2^7, rounded), which leaves at most 2^-22 * S of each
 // element out: the products match the fp32 kernels to about the last bit of max|x|, not to int8
-// precision. The integer sums are exact; the limbs are combined in double. The q4 groups and the
-// codebook formats have per-group or per-code floats, and stay on fp32 FMLA. i8mm (SMMLA, a 2x8 by 8x2
-// int8 tile) is detected and reported but has no kernel: it pays only for N >= 2 input rows, each
-// needing the same limb split. qk_neon_features says what the CPU has and what runs.
+// precision. The integer sums are exact; the limbs are combined in double. Where the CPU also has i8mm
+// (SMMLA; HWCAP2_I8MM) and N >= 2, q8 and q4 run on SMMLA: one instruction multiplies a 2x8 int8 tile (8
+// elements of one limb of two input rows) by an 8x2 one (the same 8 elements of two weight rows) into a 2x2
+// int32 tile, so every weight load and every limb load serves two products, and the sums are the same exact
+// integers SDOT makes: SMMLA's outputs equal SDOT's bit for bit. The q4 groups and the codebook formats
+// have per-group or per-code floats, and stay on fp32 FMLA. qk_neon_features says what the CPU has and
+// what runs.
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #include <math.h>
+#include <string.h>
 #include <sys/auxv.h>
 
 #include "core/alloc.h"
@@ -37,11 +41,14 @@
 #endif
 
 static int has_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+static int has_i8mm(void) { return (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0; }
 
 const char *qk_neon_features(void) {
-    int dp = has_dotprod(), mm = (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
-    return dp && mm ? "NEON + dotprod for q8, q4 (CPU: dotprod, i8mm)" : dp ? "NEON + dotprod for q8, q4 (CPU: dotprod)"
-           : mm ? "NEON (CPU: i8mm)" : "NEON";
+    int dp = has_dotprod(), mm = has_i8mm();
+    return dp && mm ? "NEON + dotprod, i8mm for q8, q4 (CPU: dotprod, i8mm)"
+           : dp     ? "NEON + dotprod for q8, q4 (CPU: dotprod)"
+           : mm     ? "NEON (CPU: i8mm without dotprod)"
+                    : "NEON";
 }
 
 // Eight consecutive weights of a row as fp32.
@@ -280,6 +287,7 @@ typedef void (*NeonRowFn)(float *out, int R, int r, const Weight *w, const float
 // ---- dotprod: q8 and q4 on SDOT against the input rows split into int8 limbs ----
 
 #define QK_LIMBS 4
+static const double limb_weight[QK_LIMBS] = {1.0, 0x1p-7, 0x1p-14, 0x1p-21}; // limb j counts 2^(-7 j)
 typedef struct {
     int8_t *limb; // (N, QK_LIMBS, K): limb j of input row n at limb + (n * QK_LIMBS + j) * K
     float *scale; // (N): S of each row (0 for an all-zero row)
@@ -348,7 +356,19 @@ static inline __attribute__((always_inline)) void sdot_pass(int32_t *d, const ui
         d[i] = vaddvq_s32(acc[i]);
 }
 
-// out[n, r]: the limbs' sums combined in double, the last K % 16 elements against the fp32 inputs.
+// out[n, r] from the limbs' exact sums dot (combined in double, limb 0 first) and the last K % 16 elements
+// against the fp32 input row n; the SDOT and the SMMLA kernels both end here, so their numbers are the same.
+static inline void limbs_out(float *out, int R, int r, const Weight *w, const float *inp, const Limbs *L, int n,
+                             double dot, const uint8_t *row, int full, const WeightFormat fmt) {
+    const int K = w->cols;
+    double t = 0;
+    for (int k = full; k < K; k++) {
+        float c = fmt == WF_Q8 ? (float)((const int8_t *)row)[k] : (float)quant_code4(row, K, k) - 8.0f;
+        t += c * inp[(size_t)n * K + k];
+    }
+    out[(size_t)n * R + r] = (float)(w->scale[r] * ((double)L->scale[n] * dot + t));
+}
+
 static inline __attribute__((always_inline)) void sdot_row(float *out, int R, int r, const Weight *w,
                                                            const float *inp, const Limbs *L, const int N,
                                                            const WeightFormat fmt) {
@@ -360,16 +380,10 @@ static inline __attribute__((always_inline)) void sdot_row(float *out, int R, in
         sdot_pass(d, row, L, K, full, N, J, j0, fmt);
         for (int n = 0; n < N; n++)
             for (int j = 0; j < J; j++)
-                dot[n] += (double)d[n * J + j] * ldexp(1.0, -7 * (j0 + j));
+                dot[n] += (double)d[n * J + j] * limb_weight[j0 + j];
     }
-    for (int n = 0; n < N; n++) {
-        double t = 0;
-        for (int k = full; k < K; k++) {
-            float c = fmt == WF_Q8 ? (float)((const int8_t *)row)[k] : (float)quant_code4(row, K, k) - 8.0f;
-            t += c * inp[(size_t)n * K + k];
-        }
-        out[(size_t)n * R + r] = (float)(w->scale[r] * ((double)L->scale[n] * dot[n] + t));
-    }
+    for (int n = 0; n < N; n++)
+        limbs_out(out, R, r, w, inp, L, n, dot[n], row, full, fmt);
 }
 
 typedef void (*SdotRowFn)(float *out, int R, int r, const Weight *w, const float *inp, const Limbs *L);
@@ -390,6 +404,99 @@ QK_SDOT_FORMAT(WF_Q4, q4)
 
 #pragma GCC pop_options
 
+// ---- i8mm: q8 and q4 on SMMLA, two input rows against two weight rows per instruction ----
+
+#pragma GCC push_options
+#pragma GCC target("arch=armv8.2-a+dotprod+i8mm")
+
+// SMMLA's left operands for every pair of input rows: limb j of rows 2p and 2p+1, 8 elements at a time side
+// by side, in the order the kernel reads them: (full / 16 steps, P, QK_LIMBS, 2 halves, 16 bytes) with
+// P = (N + 1) / 2, so one step's tiles are contiguous; the row after an odd N's last is zeros.
+static int8_t *limbs_pair(const Limbs *L, int N, int K, int full) {
+    int P = (N + 1) / 2;
+    int8_t *m = er_calloc((size_t)P * QK_LIMBS * full * 2 + 16, 1);
+    for (int n = 0; m && n < N; n++)
+        for (int j = 0; j < QK_LIMBS; j++)
+            for (int c = 0; c < full / 8; c++)
+                memcpy(m + (((size_t)(c / 2) * P + n / 2) * QK_LIMBS + j) * 32 + (c % 2) * 16 + (n % 2) * 8,
+                       L->limb + ((size_t)n * QK_LIMBS + j) * K + 8 * c, 8);
+    return m;
+}
+
+// Weights k..k+15 of rows r0 and r1 as SMMLA's right operands: b[h] holds elements k + 8h .. k + 8h + 7 of
+// r0, then the same of r1. q4: the two rows' 8-byte blocks side by side; their low nibbles are b[0], their
+// high nibbles b[1] (quant/weight.h's block layout), minus 8.
+static inline void mmla_w16(int8x16_t b[2], const uint8_t *r0, const uint8_t *r1, int k, const WeightFormat fmt) {
+    if (fmt == WF_Q8) {
+        int64x2_t a = vreinterpretq_s64_u8(vld1q_u8(r0 + k)), c = vreinterpretq_s64_u8(vld1q_u8(r1 + k));
+        b[0] = vreinterpretq_s8_s64(vzip1q_s64(a, c));
+        b[1] = vreinterpretq_s8_s64(vzip2q_s64(a, c));
+        return;
+    }
+    uint8x16_t v = vcombine_u8(vld1_u8(r0 + k / 2), vld1_u8(r1 + k / 2));
+    b[0] = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(15))), vdupq_n_s8(8));
+    b[1] = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), vdupq_n_s8(8));
+}
+
+// Weight rows r and r + 1 against the N input rows: P * QK_LIMBS <= 16 accumulators of 2x2 int32 tiles
+// [x_2p · w_r, x_2p · w_r+1, x_2p+1 · w_r, x_2p+1 · w_r+1], exact like SDOT's sums and combined the same way.
+static inline __attribute__((always_inline)) void mmla_rows(float *out, int R, int r, const Weight *w,
+                                                            const float *inp, const Limbs *L, const int8_t *m,
+                                                            const int N, const WeightFormat fmt) {
+    const int K = w->cols, full = K & ~15, P = (N + 1) / 2;
+    const size_t rb = weight_row_bytes(fmt, K);
+    const uint8_t *r0 = (const uint8_t *)w->data + (size_t)r * rb, *r1 = r0 + rb;
+    int32x4_t acc[4 * QK_LIMBS];
+#pragma GCC unroll 16
+    for (int i = 0; i < P * QK_LIMBS; i++)
+        acc[i] = vdupq_n_s32(0);
+    const int8_t *x = m;
+    for (int k = 0; k < full; k += 16, x += P * QK_LIMBS * 32) {
+        int8x16_t b[2];
+        mmla_w16(b, r0, r1, k, fmt);
+#pragma GCC unroll 4
+        for (int p = 0; p < P; p++)
+#pragma GCC unroll 4
+            for (int j = 0; j < QK_LIMBS; j++) {
+                const int8_t *xp = x + (p * QK_LIMBS + j) * 32;
+                acc[p * QK_LIMBS + j] = vmmlaq_s32(acc[p * QK_LIMBS + j], vld1q_s8(xp), b[0]);
+                acc[p * QK_LIMBS + j] = vmmlaq_s32(acc[p * QK_LIMBS + j], vld1q_s8(xp + 16), b[1]);
+            }
+    }
+    int32_t d[4 * QK_LIMBS][4];
+    for (int i = 0; i < P * QK_LIMBS; i++)
+        vst1q_s32(d[i], acc[i]);
+    for (int n = 0; n < N; n++)
+        for (int h = 0; h < 2; h++) {
+            double dot = 0;
+            for (int j = 0; j < QK_LIMBS; j++)
+                dot += (double)d[(n / 2) * QK_LIMBS + j][(n % 2) * 2 + h] * limb_weight[j];
+            limbs_out(out, R, r + h, w, inp, L, n, dot, h ? r1 : r0, full, fmt);
+        }
+}
+
+typedef void (*MmlaRowsFn)(float *out, int R, int r, const Weight *w, const float *inp, const Limbs *L,
+                           const int8_t *m);
+
+// N >= 2 only (one input row would fill half of each tile: SDOT does it): the table is indexed by N - 2.
+#define QK_MMLA_ROWS(FMT, name, N)                                                                                \
+    static void mmla_##name##_##N(float *out, int R, int r, const Weight *w, const float *inp, const Limbs *L,    \
+                                  const int8_t *m) {                                                              \
+        mmla_rows(out, R, r, w, inp, L, m, N, FMT);                                                               \
+    }
+#define QK_MMLA_FORMAT(FMT, name)                                                                                 \
+    QK_MMLA_ROWS(FMT, name, 2) QK_MMLA_ROWS(FMT, name, 3) QK_MMLA_ROWS(FMT, name, 4) QK_MMLA_ROWS(FMT, name, 5)   \
+    QK_MMLA_ROWS(FMT, name, 6) QK_MMLA_ROWS(FMT, name, 7) QK_MMLA_ROWS(FMT, name, 8)                             \
+    static const MmlaRowsFn mmla_##name[QUANT_DECODE_MAX_N - 1] = {mmla_##name##_2, mmla_##name##_3,               \
+                                                                   mmla_##name##_4, mmla_##name##_5,               \
+                                                                   mmla_##name##_6, mmla_##name##_7,               \
+                                                                   mmla_##name##_8};
+
+QK_MMLA_FORMAT(WF_Q8, q8)
+QK_MMLA_FORMAT(WF_Q4, q4)
+
+#pragma GCC pop_options
+
 static int sdot_decode(float *out, const float *inp, const Weight *w, int N, const SdotRowFn *rows) {
     Limbs L;
     ER_TRY(limbs_make(&L, inp, N, w->cols));
@@ -402,6 +509,30 @@ static int sdot_decode(float *out, const float *inp, const Weight *w, int N, con
     return ER_OK;
 }
 
+// Row pairs on SMMLA; an odd R's last row on SDOT.
+static int mmla_decode(float *out, const float *inp, const Weight *w, int N, const MmlaRowsFn *pairs,
+                       const SdotRowFn *rows) {
+    int R = w->rows, K = w->cols;
+    Limbs L;
+    ER_TRY(limbs_make(&L, inp, N, K));
+    int8_t *m = limbs_pair(&L, N, K, K & ~15);
+    if (!m) {
+        er_free(L.limb);
+        er_free(L.scale);
+        return er_error(ER_ENOMEM, "quant_matmul_decode: no memory for %d x %d paired input limbs", N, K);
+    }
+    MmlaRowsFn fn = pairs[N - 2];
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < R / 2; p++)
+        fn(out, R, 2 * p, w, inp, &L, m);
+    if (R % 2)
+        rows[N - 1](out, R, R - 1, w, inp, &L);
+    er_free(m);
+    er_free(L.limb);
+    er_free(L.scale);
+    return ER_OK;
+}
+
 // One function per (format, N), so that both are constants inside; QK_NEON_FORMAT makes the eight of a
 // format, a table indexed by N - 1, and the table entry qk_decode_neon_<name> (q8 and q4: on SDOT where
 // the CPU has it).
@@ -409,7 +540,7 @@ static int sdot_decode(float *out, const float *inp, const Weight *w, int N, con
     static void rows_##name##_##N(float *out, int R, int r, const Weight *w, const float *inp, const float *xsum) { \
         neon_row(out, R, r, w, inp, xsum, N, FMT);                                                                \
     }
-#define QK_NEON_FORMAT(FMT, name, SDOT)                                                                           \
+#define QK_NEON_FORMAT(FMT, name, SDOT, MMLA)                                                                     \
     QK_NEON_ROW(FMT, name, 1) QK_NEON_ROW(FMT, name, 2) QK_NEON_ROW(FMT, name, 3) QK_NEON_ROW(FMT, name, 4)      \
     QK_NEON_ROW(FMT, name, 5) QK_NEON_ROW(FMT, name, 6) QK_NEON_ROW(FMT, name, 7) QK_NEON_ROW(FMT, name, 8)      \
     static const NeonRowFn rows_##name[QUANT_DECODE_MAX_N] = {rows_##name##_1, rows_##name##_2, rows_##name##_3,  \
@@ -417,6 +548,9 @@ static int sdot_decode(float *out, const float *inp, const Weight *w, int N, con
                                                               rows_##name##_7, rows_##name##_8};                 \
     int qk_decode_neon_##name(float *out, const float *inp, const Weight *w, int N) {                            \
         const SdotRowFn *sdot = SDOT;                                                                             \
+        const MmlaRowsFn *mmla = MMLA;                                                                            \
+        if (mmla && N >= 2 && has_dotprod() && has_i8mm())                                                        \
+            return mmla_decode(out, inp, w, N, mmla, sdot);                                                       \
         if (sdot && has_dotprod())                                                                                \
             return sdot_decode(out, inp, w, N, sdot);                                                             \
         return neon_decode(out, inp, w, N, rows_##name);                                                          \
@@ -441,12 +575,12 @@ static int neon_decode(float *out, const float *inp, const Weight *w, int N, con
     return ER_OK;
 }
 
-QK_NEON_FORMAT(WF_Q8, q8, sdot_q8)
-QK_NEON_FORMAT(WF_Q4, q4, sdot_q4)
-QK_NEON_FORMAT(WF_Q4G, q4g, NULL)
-QK_NEON_FORMAT(WF_Q4LUT, q4lut, NULL)
-QK_NEON_FORMAT(WF_Q2LUT, q2lut, NULL)
-QK_NEON_FORMAT(WF_BF16, bf16, NULL)
-QK_NEON_FORMAT(WF_F16, f16, NULL)
+QK_NEON_FORMAT(WF_Q8, q8, sdot_q8, mmla_q8)
+QK_NEON_FORMAT(WF_Q4, q4, sdot_q4, mmla_q4)
+QK_NEON_FORMAT(WF_Q4G, q4g, NULL, NULL)
+QK_NEON_FORMAT(WF_Q4LUT, q4lut, NULL, NULL)
+QK_NEON_FORMAT(WF_Q2LUT, q2lut, NULL, NULL)
+QK_NEON_FORMAT(WF_BF16, bf16, NULL, NULL)
+QK_NEON_FORMAT(WF_F16, f16, NULL, NULL)
 
 #endif

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The committed tiny base's greedy tokens on aarch64 (qemu, with and without the dot-product extensions)
 # against x86, for a fixed prompt set in fp32, q4 and q2lut weights and fp32 / int8 KV. Fails on the first
-# configuration whose tokens differ anywhere. Called by make test-aarch64 after both builds; the quantized
-# dirs are made by the x86 ertrain (quantizing is the training tier; the device only reads the files).
+# configuration whose tokens differ anywhere. The last one decodes 2 samples at once, so the q4 layers and the
+# int8 lm_head take the N = 2 kernels (SMMLA on -cpu max) and the attention reads 2 sequences. Called by make
+# test-aarch64 after both builds; the quantized dirs are made by the x86 ertrain (quantizing is the training
+# tier; the device only reads the files).
 # Usage: scripts/aarch64_tokens.sh X86_BUILD ARM_BUILD
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,22 +27,23 @@ PROMPTS=(
 CHAT=("Start with 4. Add 2. Subtract 2. What is the result?" "Start with 18. Add 9. What is the result?")
 
 # The token ids of one greedy generation, one line.
-tokens() { # BIN MODEL KV PROMPT [--raw]
-  "$1" generate --model "$2" --kv "$3" --prompt "$4" --max-new 64 --threads 2 --json "${@:5}" 2>/dev/null |
+tokens() { # BIN MODEL KV SAMPLES PROMPT [--raw] (with several samples: the last one's)
+  "$1" generate --model "$2" --kv "$3" --samples "$4" --prompt "$5" --max-new 64 --threads 2 --json "${@:6}" \
+    2>/dev/null |
     sed -n 's/.*"tokens":\[\([0-9,]*\)\].*/\1/p'
 }
 
 export OMP_WAIT_POLICY=passive # two emulated threads on a shared machine: waiting ones sleep
 fail=0
-for cfg in "$BASE f32" "$BASE int8" "$OUT/q4 f32" "$OUT/q2lut f32" "$OUT/q2lut int8"; do
+for cfg in "$BASE f32" "$BASE int8" "$OUT/q4 f32" "$OUT/q2lut f32" "$OUT/q2lut int8" "$OUT/q4 int8 2"; do
   set -- $cfg
-  model=$1 kv=$2 n=0 same=0 ntok=0
+  model=$1 kv=$2 ns=${3:-1} n=0 same=0 ntok=0
   for i in "${!PROMPTS[@]}" c0 c1; do
     case $i in c*) p=${CHAT[${i#c}]} raw=() ;; *) p=${PROMPTS[$i]} raw=(--raw) ;; esac
-    ref=$(tokens "$X86/erinfer" "$model" "$kv" "$p" "${raw[@]}")
+    ref=$(tokens "$X86/erinfer" "$model" "$kv" "$ns" "$p" "${raw[@]}")
     ntok=$((ntok + $(echo "$ref" | tr ',' '\n' | grep -c .)))
     for cpu in max cortex-a53; do
-      got=$(QEMU_CPU=$cpu tokens "$ARM/erinfer" "$model" "$kv" "$p" "${raw[@]}")
+      got=$(QEMU_CPU=$cpu tokens "$ARM/erinfer" "$model" "$kv" "$ns" "$p" "${raw[@]}")
       n=$((n + 1))
       if [ -n "$ref" ] && [ "$got" = "$ref" ]; then
         same=$((same + 1))
@@ -50,7 +53,7 @@ for cfg in "$BASE f32" "$BASE int8" "$OUT/q4 f32" "$OUT/q2lut f32" "$OUT/q2lut i
       fi
     done
   done
-  echo "aarch64_tokens: $(basename "$model") weights, $kv KV: $same of $n aarch64 generations equal x86's" \
-       "($ntok tokens per CPU model)"
+  echo "aarch64_tokens: $(basename "$model") weights, $kv KV, $ns sample(s): $same of $n aarch64 generations" \
+       "equal x86's ($ntok tokens per CPU model)"
 done
 exit $fail

@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "core/threads.h"
+#include "model/kv_kernel.h"
 #include "model/model.h"
 #include "tests/common/helpers.h"
 
@@ -239,4 +241,118 @@ Test(kvcache, forward_refuses_a_shape_the_activations_do_not_hold) {
     cr_assert_eq(model_forward(&m, &fits, &a), 0, "%s", er_last_error());
     acts_free(&a);
     model_free(&m);
+}
+
+// out (B, T, NH, HS) of int8 attention in double from the cache's entries as stored (entry * scale),
+// rows t < len[b] only: the check independent of both kernel sets.
+static void kv8_attention_ref(double *out, const float *q, const KVCache *kv, int l, const int *slots,
+                              const int *pos0, const int *len, int B, int T, int NH) {
+    int NKV = kv->NKV, HS = kv->HS, G = NH / NKV;
+    size_t row = (size_t)NKV * HS;
+    double *sc = malloc(sizeof(double) * 4096);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < len[b]; t++)
+            for (int h = 0; h < NH; h++) {
+                const KvSeq *seq = &kv->seqs[slots[b]];
+                const float *qv = q + (((size_t)b * T + t) * NH + h) * HS;
+                int kh = h / G, last = pos0[b] + t;
+                double mx = -1e300, sum = 0, *o = out + (((size_t)b * T + t) * NH + h) * HS;
+                for (int s = 0; s <= last; s++) {
+                    size_t p = ((size_t)l * kv->n_blocks + seq->blocks[s / KV_BLOCK]) * KV_BLOCK + s % KV_BLOCK;
+                    const int8_t *kr = (const int8_t *)kv->k + p * row + (size_t)kh * HS;
+                    double d = 0;
+                    for (int i = 0; i < HS; i++)
+                        d += (double)qv[i] * kr[i];
+                    sc[s] = d * kv->ks[p * NKV + kh] / sqrt((double)HS);
+                    mx = fmax(mx, sc[s]);
+                }
+                for (int s = 0; s <= last; s++)
+                    sum += (sc[s] = exp(sc[s] - mx));
+                for (int i = 0; i < HS; i++)
+                    o[i] = 0;
+                for (int s = 0; s <= last; s++) {
+                    size_t p = ((size_t)l * kv->n_blocks + seq->blocks[s / KV_BLOCK]) * KV_BLOCK + s % KV_BLOCK;
+                    const int8_t *vr = (const int8_t *)kv->v + p * row + (size_t)kh * HS;
+                    for (int i = 0; i < HS; i++)
+                        o[i] += sc[s] / sum * kv->vs[p * NKV + kh] * vr[i];
+                }
+            }
+    free(sc);
+}
+
+// The int8 KV attention with the architecture's kernel table (NEON on aarch64) against the portable
+// kernels and both against double, on random caches: odd head sizes (the kernels' 16- and 8-wide steps and
+// scalar tails), GQA (6 query heads on 2 KV heads), four sequences of 1 to 75 positions (a forked one with a
+// copied block, partly filled last blocks) and query rows of 1 to 3 positions.
+Test(kvcache, int8_attention_kernels_match_portable) {
+    static const int head_sizes[] = {1, 7, 8, 17, 24, 40, 64, 65, 130};
+    const KvI8Kernels *kk = kv_i8_kernels();
+#if defined(__aarch64__)
+    cr_assert_neq(kk, &kv_i8_portable, "aarch64 builds must run the NEON kernels");
+#endif
+    enum { B = 4, T = 3, NH = 6, KEYS = 128 };
+    int checked = 0;
+    for (int hi = 0; hi < (int)(sizeof head_sizes / sizeof head_sizes[0]); hi++) {
+        ModelConfig c = kv_config();
+        c.HS = head_sizes[hi];
+        c.NH = NH;
+        KVCache kv;
+        cr_assert_eq(kv_cache_alloc(&kv, &c, KV_INT8, B, KEYS, 4 * KEYS, 0), 0);
+        int slots[B], lens[B] = {70, 75, 33, 1}, pos0[B], len[B] = {3, 2, 3, 1};
+        ErRng r;
+        rng_seed(&r, 40 + hi);
+        size_t row = (size_t)c.NKV * c.HS;
+        float *kr = malloc(sizeof(float) * row), *vr = malloc(sizeof(float) * row);
+        for (int b = 0; b < B; b++) {
+            int from = 0;
+            if (b == 1) { // a sample forked from sequence 0, its own positions from 70 on
+                cr_assert_eq(kv_seq_fork(&kv, slots[0], &slots[1]), 0);
+                from = lens[0];
+            } else {
+                cr_assert_eq(kv_seq_open(&kv, &slots[b]), 0);
+            }
+            cr_assert_eq(kv_seq_extend(&kv, slots[b], lens[b]), 0);
+            for (int p = from; p < lens[b]; p++)
+                for (int l = 0; l < c.L; l++) {
+                    for (size_t i = 0; i < row; i++)
+                        kr[i] = rng_normal(&r), vr[i] = rng_normal(&r) * (1 + (float)(i % 3));
+                    kv_store(&kv, l, slots[b], p, kr, vr);
+                }
+            pos0[b] = lens[b] - len[b];
+        }
+        cr_assert_eq(kv.copied_blocks, 1, "the fork copies the shared partial block");
+        size_t n = (size_t)B * T * NH * c.HS;
+        float *q = malloc(sizeof(float) * n), *o = calloc(n, sizeof(float)), *op = calloc(n, sizeof(float));
+        float *scores = malloc(sizeof(float) * 2 * KEYS);
+        double *ref = calloc(n, sizeof(double));
+        for (size_t i = 0; i < n; i++)
+            q[i] = rng_normal(&r) * 2;
+        for (int l = 0; l < c.L; l++) {
+            cr_assert_eq(kv_attention_forward(o, q, &kv, l, slots, pos0, len, B, T, NH, scores, 2, KEYS), 0);
+            cr_assert_eq(kv_attention_forward_kernels(&kv_i8_portable, op, q, &kv, l, slots, pos0, len, B, T, NH,
+                                                      scores, 2, KEYS), 0);
+            kv8_attention_ref(ref, q, &kv, l, slots, pos0, len, B, T, NH);
+            for (int b = 0; b < B; b++)
+                for (size_t i = 0; i < (size_t)len[b] * NH * c.HS; i++) {
+                    size_t at = (size_t)b * T * NH * c.HS + i;
+                    cr_assert(fabs(o[at] - op[at]) <= 1e-5 * (1 + fabs(ref[at])),
+                              "%s HS=%d layer %d row %d: out[%zu] = %.9g, portable %.9g", kk->name, c.HS, l, b, i,
+                              o[at], op[at]);
+                    cr_assert(fabs(op[at] - ref[at]) <= 1e-4 * (1 + fabs(ref[at])),
+                              "portable HS=%d layer %d row %d: out[%zu] = %.9g, double %.9g", c.HS, l, b, i, op[at],
+                              ref[at]);
+                    checked++;
+                }
+        }
+        free(kr);
+        free(vr);
+        free(q);
+        free(o);
+        free(op);
+        free(scores);
+        free(ref);
+        kv_cache_free(&kv);
+    }
+    printf("kvcache: int8 attention with the %s kernels matched the portable ones and double in %d outputs\n",
+           kk->name, checked);
 }

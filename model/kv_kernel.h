@@ -1,0 +1,34 @@
+// The int8 KV cache's attention inner loops as a kernel table (like quant/'s format table): the portable
+// kernels are always there and are the reference; on aarch64 the table holds NEON ones (model/kv_neon.c).
+// Both run over n consecutive positions of one KV block and one KV head: a position's keys or values
+// are HS int8 at k + j * row (row = NKV * HS, the cache's stride) with their scale at ks[j * NKV].
+#ifndef MODEL_KV_KERNEL_H
+#define MODEL_KV_KERNEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/kvcache.h"
+
+typedef struct {
+    const char *name;
+    // sc[j] = (Σ_i q[i] k[j * row + i]) * ks[j * NKV] * scale, j < n.
+    void (*scores)(float *sc, const float *q, const int8_t *k, const float *ks, size_t row, int NKV, int n, int HS,
+                   float scale);
+    // o[i] += (w[j] * vs[j * NKV]) * v[j * row + i] for j = 0 .. n-1 in order, i < HS.
+    void (*values)(float *o, const float *w, const int8_t *v, const float *vs, size_t row, int NKV, int n, int HS);
+} KvI8Kernels;
+
+extern const KvI8Kernels kv_i8_portable;
+#if defined(__aarch64__)
+extern const KvI8Kernels kv_i8_neon;
+#endif
+// The table kv_attention_forward uses: NEON on aarch64, the portable kernels elsewhere.
+const KvI8Kernels *kv_i8_kernels(void);
+
+// kv_attention_forward with the given int8 kernels (tests run it with both).
+int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float *q, const KVCache *kv, int l,
+                                 const int *slots, const int *pos0, const int *len, int B, int T, int NH,
+                                 float *scores, int nthreads, int keys);
+
+#endif
