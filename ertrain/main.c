@@ -6,6 +6,7 @@
 #include "core/threads.h"
 #include "ertrain/cli.h"
 #include "infer/erinfer.h"
+#include "train/dist.h"
 
 static int cmd_version(int argc, char **argv) {
     (void)argc;
@@ -17,6 +18,7 @@ static int cmd_version(int argc, char **argv) {
     printf("blas: built-in GEMM\n");
 #endif
     printf("threads: %d\n", threads_get());
+    printf("ranks: %d%s\n", dist_size(), dist_size() > 1 ? " (MPI)" : "");
     return 0;
 }
 
@@ -33,11 +35,25 @@ static const ArgCommand commands[] = {
     {"version", cmd_version, "print the build configuration"},
 };
 
+// Under mpirun the line names the rank, and the whole job ends with it: the other ranks would
+// otherwise wait for this one in the next all-reduce.
 int cli_fail(const char *cmd) {
-    fprintf(stderr, "ertrain %s: %s\n", cmd, er_last_error());
+    if (dist_size() > 1) {
+        fprintf(stderr, "ertrain %s: rank %d of %d: %s\n", cmd, dist_rank(), dist_size(), er_last_error());
+        fflush(stderr);
+        dist_abort(1);
+    } else {
+        fprintf(stderr, "ertrain %s: %s\n", cmd, er_last_error());
+    }
     return 1;
 }
 
 int main(int argc, char **argv) {
-    return args_dispatch("ertrain", commands, sizeof commands / sizeof commands[0], argc, argv);
+    if (dist_init(&argc, &argv) < 0) {
+        fprintf(stderr, "ertrain: %s\n", er_last_error());
+        return 1;
+    }
+    int rc = args_dispatch("ertrain", commands, sizeof commands / sizeof commands[0], argc, argv);
+    dist_finalize();
+    return rc;
 }
