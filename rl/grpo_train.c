@@ -1,6 +1,7 @@
 #include "rl/grpo_train.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +110,7 @@ typedef struct {
     GenSample *s;      // (G)
     float *reward;     // (G)
     int *len;          // (G) completion tokens (known on every rank; s only on the rank that rolled out)
+    uint32_t hash;     // FNV-1a of the G completions' tokens, in order (metrics: the same rollouts at any N)
     int correct;       // samples graded right
     float *ref, *old;  // per completion token, rollout_offsets order (NULL when not needed)
 } Group;
@@ -322,6 +324,10 @@ static int rollout(Grpo *g, long step, int p, long *gen_tokens) {
         gr->reward[i] = (float)reward_total(ok, gr->s[i].n_tokens, gr->budget, c->barrier_m, c->barrier_p);
         gr->len[i] = gr->s[i].n_tokens;
     }
+    gr->hash = 2166136261u;
+    for (int i = 0; i < c->group; i++)
+        for (int j = 0; j < gr->s[i].n_tokens; j++)
+            gr->hash = (gr->hash ^ (uint32_t)gr->s[i].tokens[j]) * 16777619u;
 done:
     er_free(ids);
     return rc;
@@ -350,10 +356,10 @@ static RolloutBatch group_batch(Grpo *g, int p) {
 }
 
 // Under mpirun rank r rolled out groups [lo, hi) (dist_share): every rank gets every group's budget,
-// grades, rewards and lengths (and the tokens generated in all), so the advantages, the global
+// grades, rewards, lengths and token hashes (and the tokens generated in all), so the advantages, the global
 // token counts and the metrics are the same on every rank. A sum with zeros where a rank has no group.
 static int share_groups(Grpo *g, int lo, int hi, long *gen_tokens) {
-    int P = g->c->prompts, G = g->c->group, per = 2 + 2 * G, n = P * per + 1;
+    int P = g->c->prompts, G = g->c->group, per = 3 + 2 * G, n = P * per + 1;
     double *v = er_calloc((size_t)n, sizeof(double));
     if (!v)
         return ER_ENOMEM;
@@ -362,6 +368,7 @@ static int share_groups(Grpo *g, int lo, int hi, long *gen_tokens) {
         double *row = v + (size_t)p * per;
         row[0] = gr->budget;
         row[1] = gr->correct;
+        row[2 + 2 * G] = gr->hash;
         for (int i = 0; i < G; i++) {
             row[2 + i] = gr->reward[i]; // a float: exact in a double
             row[2 + G + i] = gr->len[i];
@@ -374,6 +381,7 @@ static int share_groups(Grpo *g, int lo, int hi, long *gen_tokens) {
         const double *row = v + (size_t)p * per;
         gr->budget = (int)row[0];
         gr->correct = (int)row[1];
+        gr->hash = (uint32_t)row[2 + 2 * G];
         for (int i = 0; i < G; i++) {
             gr->reward[i] = (float)row[2 + i];
             gr->len[i] = (int)row[2 + G + i];
@@ -389,6 +397,7 @@ typedef struct {
     double len_by_budget[MAX_BUDGETS];
     int n_by_budget[MAX_BUDGETS];
     double rollout_tps, train_tps;
+    uint32_t rollout_hash; // the groups' hashes combined in prompt order
 } StepMetrics;
 
 static int grpo_step(Grpo *g, long step, StepMetrics *sm) {
@@ -425,6 +434,7 @@ static int grpo_step(Grpo *g, long step, StepMetrics *sm) {
             }
         }
         sm->acc += gr->correct;
+        sm->rollout_hash = (sm->rollout_hash ^ gr->hash) * 16777619u;
     }
     sm->reward /= n;
     sm->len /= n;
@@ -511,6 +521,7 @@ static int write_metrics(Grpo *g, long step, const StepMetrics *sm) {
             cJSON_AddNumberToObject(lb, k, sm->len_by_budget[b] / sm->n_by_budget[b]);
         }
     cJSON_AddNumberToObject(j, "over_budget", sm->over);
+    cJSON_AddNumberToObject(j, "rollout_hash", sm->rollout_hash);
     cJSON_AddNumberToObject(j, "loss", sm->loss);
     cJSON_AddNumberToObject(j, "clip_fraction", sm->clip);
     cJSON_AddNumberToObject(j, "kl", sm->kl);
