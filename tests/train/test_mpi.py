@@ -203,6 +203,30 @@ def check_grpo():
                ((loss, w1, wm) + wp))
 
 
+def check_heads():
+    base = ["heads", "--model", MODEL, "--adapter", "sft1", "--data", "chains.jsonl", "--limit", "24",
+            "--derive-labels", "--target-recall", "0.9", "--samples", "4", "--max-new", "24", "--direct-max-new", "8",
+            "--threads", "1", "--seed", "1", "--switcher-epochs", "20", "--verifier-epochs", "20"]
+    one = run(1, base + ["--switcher-out", "heads1/sw", "--verifier-out", "heads1/vf"])
+    two = run(3, base + ["--switcher-out", "heads3/sw", "--verifier-out", "heads3/vf"])
+    for f in ("sw.safetensors", "sw.json", "vf.safetensors", "vf.json", "metrics.jsonl"):
+        a, b = open(os.path.join(WORK, "heads1", f), "rb").read(), open(os.path.join(WORK, "heads3", f), "rb").read()
+        if a != b:
+            fail("heads -np 3: %s differs from one rank's" % f)
+    runs = []
+    for d in ("heads1", "heads3"):
+        with open(os.path.join(WORK, d, "run.json")) as f:
+            j = json.load(f)
+        j.pop("seconds")
+        j["config"] = {k: v for k, v in j["config"].items() if not k.endswith("_out")}
+        runs.append(j)
+    labels = [[l for l in p.stdout.splitlines() if "labels:" in l] for p in (one, two)]
+    if runs[0] != runs[1] or labels[0] != labels[1] or len(labels[0]) != 2:
+        fail("heads -np 3: run.json or the label report differs from one rank's:\n%s\n%s" % (labels[0], labels[1]))
+    passed("heads -np 3 (records split, rows gathered in order) = one rank: both heads, metrics, run.json and the "
+           "label counts bit for bit")
+
+
 def rank_pid(mpirun_pid, rank):
     """The pid of `rank` among mpirun's children (OpenMPI tells each its rank in the environment)."""
     for pid in os.listdir("/proc"):
@@ -296,6 +320,7 @@ def main():
     check_pretrain()
     check_qat()
     check_grpo()
+    check_heads()
     check_kill_and_resume()
     shutil.rmtree(WORK)
     print("test_mpi: %d checks passed (%.0f s)" % (checks, time.time() - t0))
