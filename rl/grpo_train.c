@@ -531,6 +531,7 @@ static int write_metrics(Grpo *g, long step, const StepMetrics *sm) {
     cJSON_AddNumberToObject(j, "lr", sm->lr);
     cJSON_AddNumberToObject(j, "rollout_tokens_per_s", sm->rollout_tps);
     cJSON_AddNumberToObject(j, "train_tokens_per_s", sm->train_tps);
+    cJSON_AddNumberToObject(j, "allreduce_s", round(dist_reduce_seconds() * 1000) / 1000); // as sft's
     int rc = metrics_write(&g->ml, j);
     cJSON_Delete(j);
     return rc;

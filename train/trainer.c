@@ -677,6 +677,8 @@ static int log_step(Trainer *t, const StepLog *s) {
     if (s->evaluated)
         cJSON_AddNumberToObject(line, "eval_loss", s->eval_loss);
     cJSON_AddNumberToObject(line, "tokens_per_s", round(s->tokens_per_s * 10) / 10);
+    // Seconds this rank has spent in the gradient all-reduce (waiting for the others included).
+    cJSON_AddNumberToObject(line, "allreduce_s", round(dist_reduce_seconds() * 1000) / 1000);
     int rc = metrics_write(&t->ml, line);
     cJSON_Delete(line);
     return rc;

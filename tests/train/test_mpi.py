@@ -36,7 +36,7 @@ TENSOR_TOL = 1e-3
 ENV = dict(os.environ, OMP_WAIT_POLICY="passive", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1")
 # Timing fields differ between any two runs.
-TIMING = {"tokens_per_s", "rollout_tokens_per_s", "train_tokens_per_s"}
+TIMING = {"tokens_per_s", "rollout_tokens_per_s", "train_tokens_per_s", "allreduce_s"}
 checks = 0
 
 
