@@ -65,6 +65,7 @@ RUNTIME_SRC := $(filter-out $(ARGS_SRC),$(foreach f,$(foreach d,$(RUNTIME_DIRS),
 TRAIN_SRC := $(foreach d,$(TRAIN_DIRS),$(wildcard $(d)/*.c))
 ERINFER_SRC := $(wildcard infer/cli*.c) $(ARGS_SRC)
 ERTRAIN_SRC := $(wildcard ertrain/*.c) $(ARGS_SRC)
+ERTRAIN_SRC += infer/cli_eval.c infer/cli_flags.c # ertrain eval: erinfer eval split across MPI ranks
 TEST_SRC := $(filter-out tests/fuzz/%,$(wildcard tests/*/*.c))
 BENCH_SRC := $(wildcard bench/*.c)
 
@@ -166,13 +167,18 @@ demo:
 clean:
 	rm -rf build
 
-# The data-parallel runs under mpirun (localhost, --oversubscribe): 2 ranks against 1 for sft, pretrain,
-# qat and grpo, a rank killed mid-run and the resume (tests/train/test_mpi.py). SAN=1: under ASan, with
-# OpenMPI's own leaks suppressed (tests/train/lsan_openmpi.supp).
-.PHONY: test-mpi
-test-mpi: all
-	@[ "$(MPI)" = 1 ] || { echo "test-mpi: build with MPI=1 (make MPI=1 test-mpi)"; exit 1; }
-	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/train/lsan_openmpi.supp ER_BUILD=$(BUILD) $(PY) tests/train/test_mpi.py
+# The data-parallel runs under mpirun (localhost, --oversubscribe; OpenMPI installed first, the build is
+# MPI=1's): 2 ranks against 1 for sft, pretrain, qat, grpo and heads, an error and a rank killed mid-run
+# ending the job, the resume (tests/train/test_mpi.py). SAN=1: under ASan, OpenMPI's own leaks suppressed
+# (tests/train/lsan_openmpi.supp).
+.PHONY: test-mpi test-mpi-run
+test-mpi:
+	MPI=1 bash scripts/deps.sh
+	$(MAKE) --no-print-directory MPI=1 test-mpi-run
+
+test-mpi-run: all
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/train/lsan_openmpi.supp:fast_unwind_on_malloc=0 ER_BUILD=$(BUILD) \
+	  $(PY) tests/train/test_mpi.py
 
 -include $(shell find build -name '*.d' 2>/dev/null)
 

@@ -32,6 +32,7 @@ static const ArgCommand commands[] = {
     {"quantize", cmd_quantize, "quantize a model dir (q8, q4, q4g, q4lut, q2lut, q2rtn, bf16; int8 embeddings; Fisher-weighted)"},
     {"qat", cmd_qat, "quantization-aware training: fine-tune with fake-quantized weights, write the quantized dir"},
     {"merge", cmd_merge, "merge a LoRA adapter into its fp32 base: a model dir (the adapter on at every position)"},
+    {"eval", cmd_eval_split, "erinfer eval with the records split across the ranks of mpirun (make MPI=1)"},
     {"version", cmd_version, "print the build configuration"},
 };
 

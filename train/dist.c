@@ -106,16 +106,17 @@ int dist_sum_doubles(double *x, int n) {
     return rc == MPI_SUCCESS ? ER_OK : mpi_error(rc, "all-reduce of the step's sums");
 }
 
-int dist_gather_floats(const float *mine, size_t n_mine, float **all, size_t *n_all) {
+int dist_gather(const void *mine, size_t n_mine, size_t size, void **all, size_t *n_all) {
     int n = dist_size(), rc = ER_OK;
     *all = NULL;
     *n_all = 0;
     int *count = er_calloc((size_t)n, sizeof(int)), *at = er_calloc((size_t)n, sizeof(int));
     if (!count || !at)
         ER_CHECK(ER_ENOMEM);
-    if (n_mine > INT32_MAX)
-        ER_CHECK(er_error(ER_ERANGE, "rank %d: %zu floats to gather, more than MPI's int counts", dist_rank(), n_mine));
-    int k = (int)n_mine, m = MPI_Allgather(&k, 1, MPI_INT, count, 1, MPI_INT, MPI_COMM_WORLD);
+    if (n_mine > INT32_MAX / size)
+        ER_CHECK(er_error(ER_ERANGE, "rank %d: %zu bytes to gather, more than MPI's int counts", dist_rank(),
+                          n_mine * size));
+    int k = (int)(n_mine * size), m = MPI_Allgather(&k, 1, MPI_INT, count, 1, MPI_INT, MPI_COMM_WORLD);
     if (m != MPI_SUCCESS)
         ER_CHECK(mpi_error(m, "gathering the counts"));
     size_t total = 0;
@@ -124,13 +125,13 @@ int dist_gather_floats(const float *mine, size_t n_mine, float **all, size_t *n_
         total += (size_t)count[r];
     }
     if (total > INT32_MAX)
-        ER_CHECK(er_error(ER_ERANGE, "%zu floats to gather over %d ranks, more than MPI's int offsets", total, n));
-    if (!(*all = er_alloc(sizeof(float) * (total + 1))))
+        ER_CHECK(er_error(ER_ERANGE, "%zu bytes to gather over %d ranks, more than MPI's int offsets", total, n));
+    if (!(*all = er_alloc(total + 1)))
         ER_CHECK(ER_ENOMEM);
-    m = MPI_Allgatherv(mine, k, MPI_FLOAT, *all, count, at, MPI_FLOAT, MPI_COMM_WORLD);
+    m = MPI_Allgatherv(mine, k, MPI_BYTE, *all, count, at, MPI_BYTE, MPI_COMM_WORLD);
     if (m != MPI_SUCCESS)
-        ER_CHECK(mpi_error(m, "gathering the rows"));
-    *n_all = total;
+        ER_CHECK(mpi_error(m, "gathering the ranks' results"));
+    *n_all = total / size;
 done:
     if (rc < 0) {
         er_free(*all);
@@ -191,11 +192,11 @@ int dist_sum_doubles(double *x, int n) {
     return ER_OK;
 }
 
-int dist_gather_floats(const float *mine, size_t n_mine, float **all, size_t *n_all) {
+int dist_gather(const void *mine, size_t n_mine, size_t size, void **all, size_t *n_all) {
     *n_all = n_mine;
-    if (!(*all = er_alloc(sizeof(float) * (n_mine + 1))))
+    if (!(*all = er_alloc(n_mine * size + 1)))
         return ER_ENOMEM;
-    memcpy(*all, mine, sizeof(float) * n_mine);
+    memcpy(*all, mine, n_mine * size);
     return ER_OK;
 }
 

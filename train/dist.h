@@ -28,9 +28,9 @@ void dist_share(int n, int rank, int size, int *lo, int *hi);
 // x (n) = the sum over ranks of x, in place; floats go in buckets (MPI counts are int).
 int dist_sum_floats(float *x, size_t n);
 int dist_sum_doubles(double *x, int n);
-// *all (allocated, er_free) = every rank's `mine` (n_mine floats) one after the other in rank order,
-// on every rank; *n_all their total.
-int dist_gather_floats(const float *mine, size_t n_mine, float **all, size_t *n_all);
+// *all (allocated, er_free) = every rank's `mine` (n_mine items of `size` bytes) one after the other
+// in rank order, on every rank; *n_all their total count.
+int dist_gather(const void *mine, size_t n_mine, size_t size, void **all, size_t *n_all);
 // Errors when `bytes` at p differ between ranks (a hash compared across ranks; `what` names them).
 int dist_check_same(const void *p, size_t bytes, const char *what);
 // Seconds spent in dist_sum_floats so far on this rank (the all-reduce share the bench reports).

@@ -324,11 +324,11 @@ void head_rows_free(HeadRows *r) {
 int head_rows_gather(HeadRows *r) {
     if (dist_size() == 1)
         return ER_OK;
-    float *x = NULL, *y = NULL;
+    void *x = NULL, *y = NULL;
     size_t nx, ny;
     int rc = ER_OK;
-    ER_CHECK(dist_gather_floats(r->x, (size_t)r->n * r->C, &x, &nx));
-    ER_CHECK(dist_gather_floats(r->y, (size_t)r->n, &y, &ny));
+    ER_CHECK(dist_gather(r->x, (size_t)r->n * r->C, sizeof(float), &x, &nx));
+    ER_CHECK(dist_gather(r->y, (size_t)r->n, sizeof(float), &y, &ny));
     if (ny > INT32_MAX / 2 || nx != ny * (size_t)r->C)
         ER_CHECK(er_error(ER_ERANGE, "heads: gathered %zu features for %zu rows of %d", nx, ny, r->C));
     er_free(r->x);
