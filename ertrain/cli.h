@@ -17,6 +17,7 @@ int cmd_quantize(int argc, char **argv); // ertrain/quantize.c
 int cmd_qat(int argc, char **argv);      // ertrain/qat.c
 int cmd_merge(int argc, char **argv);    // ertrain/merge.c
 int cmd_export(int argc, char **argv);   // ertrain/export.c
+int cmd_eval_split(int argc, char **argv); // ertrain/eval.c
 
 // ertrain/train_flags.c: args_parse over the flags every training job takes (optimisation, evaluation,
 // checkpoints) followed by the command's own (at most TRAIN_OWN_FLAGS_MAX); points c->out at stdout and

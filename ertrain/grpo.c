@@ -7,6 +7,7 @@
 #include "core/threads.h"
 #include "rl/grpo_train.h"
 #include "ertrain/cli.h"
+#include "train/dist.h"
 
 // The flags that name a choice, into c.
 static int parse_choices(const char *budget_in, const char *scale, const char *loss, GrpoConfig *c) {
@@ -20,7 +21,7 @@ static int parse_choices(const char *budget_in, const char *scale, const char *l
 int cmd_grpo(int argc, char **argv) {
     GrpoConfig c;
     grpo_config_default(&c);
-    c.log = stderr;
+    c.log = dist_rank() == 0 ? stderr : NULL; // under mpirun rank 0 speaks for the job
     const char *scale = "group", *loss = "dapo", *budget_in = "system";
     double eps_high = -1;
     ArgSpec specs[] = {
@@ -69,7 +70,8 @@ int cmd_grpo(int argc, char **argv) {
     GrpoResult res;
     if (grpo_train(&c, &res) < 0)
         return cli_fail("grpo");
-    printf("grpo: %ld steps, mean reward %.3f -> %.3f, mean length %.1f -> %.1f tokens; adapter in %s\n", res.steps,
-           res.first_reward, res.last_reward, res.first_length, res.last_length, c.out_dir);
+    if (dist_rank() == 0)
+        printf("grpo: %ld steps, mean reward %.3f -> %.3f, mean length %.1f -> %.1f tokens; adapter in %s\n", res.steps,
+               res.first_reward, res.last_reward, res.first_length, res.last_length, c.out_dir);
     return 0;
 }

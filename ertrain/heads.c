@@ -15,6 +15,7 @@
 #include "core/threads.h"
 #include "ertrain/cli.h"
 #include "switcher_train/switcher.h"
+#include "train/dist.h"
 #include "train/heads.h"
 #include "verifier_train/verifier.h"
 
@@ -186,8 +187,8 @@ static int run_heads(HeadsFlags *f) {
         ER_CHECK(verifier_job(&f->vf, &jobs[n_jobs++]));
     f->h.out_dir = out_dir;
     f->h.settings = settings;
-    f->h.out = stdout;
-    f->h.log = stderr;
+    f->h.out = dist_rank() == 0 ? stdout : NULL; // under mpirun rank 0 speaks for the job
+    f->h.log = dist_rank() == 0 ? stderr : NULL;
     HeadsResult res;
     ER_CHECK(heads_run(&f->h, jobs, n_jobs, &res));
 done:

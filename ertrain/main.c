@@ -7,6 +7,7 @@
 #include "ertrain/cli.h"
 #include "infer/erinfer.h"
 #include "model/backend.h"
+#include "train/dist.h"
 
 static int cmd_version(int argc, char **argv) {
     (void)argc;
@@ -31,6 +32,7 @@ static int cmd_version(int argc, char **argv) {
         printf("\n");
         backend_close(be);
     }
+    printf("ranks: %d%s\n", dist_size(), dist_size() > 1 ? " (MPI)" : "");
     return 0;
 }
 
@@ -45,14 +47,29 @@ static const ArgCommand commands[] = {
     {"qat", cmd_qat, "quantization-aware training: fine-tune with fake-quantized weights, write the quantized dir"},
     {"merge", cmd_merge, "merge a LoRA adapter into its fp32 base: a model dir (the adapter on at every position)"},
     {"export", cmd_export, "export a model (gguf) or a LoRA adapter (gguf-lora) for llama.cpp"},
+    {"eval", cmd_eval_split, "erinfer eval with the records split across the ranks of mpirun (make MPI=1)"},
     {"version", cmd_version, "print the build configuration"},
 };
 
+// Under mpirun the line names the rank, and the whole job ends with it: the other ranks would
+// otherwise wait for this one in the next all-reduce.
 int cli_fail(const char *cmd) {
-    fprintf(stderr, "ertrain %s: %s\n", cmd, er_last_error());
+    if (dist_size() > 1) {
+        fprintf(stderr, "ertrain %s: rank %d of %d: %s\n", cmd, dist_rank(), dist_size(), er_last_error());
+        fflush(stderr);
+        dist_abort(1);
+    } else {
+        fprintf(stderr, "ertrain %s: %s\n", cmd, er_last_error());
+    }
     return 1;
 }
 
 int main(int argc, char **argv) {
-    return args_dispatch("ertrain", commands, sizeof commands / sizeof commands[0], argc, argv);
+    if (dist_init(&argc, &argv) < 0) {
+        fprintf(stderr, "ertrain: %s\n", er_last_error());
+        return 1;
+    }
+    int rc = args_dispatch("ertrain", commands, sizeof commands / sizeof commands[0], argc, argv);
+    dist_finalize();
+    return rc;
 }

@@ -5,6 +5,7 @@
 #include "core/args.h"
 #include "core/error.h"
 #include "ertrain/cli.h"
+#include "train/dist.h"
 #include "train/qat.h"
 
 int cmd_qat(int argc, char **argv) {
@@ -16,7 +17,7 @@ int cmd_qat(int argc, char **argv) {
     c.q.kmeans_iters = 25;
     c.transforms = "none";
     c.recluster_every = 10;
-    c.log = stdout;
+    c.log = dist_rank() == 0 ? stdout : NULL;
     char list[256], weights_help[320];
     snprintf(weights_help, sizeof weights_help, "target format of the layer projections: %s",
              quantize_weights_list(list, sizeof list, " | ", " | "));

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "ertrain/cli.h"
+#include "train/dist.h"
 
 static int train_flags_specs(TrainConfig *c, ArgSpec *s) {
     ArgSpec all[] = {
@@ -40,8 +41,9 @@ int train_flags_parse(TrainConfig *c, const ArgSpec *own, int n_own, int argc, c
         return er_error(ER_EINVAL, "train_flags_parse: %d own flags, room for %d", n_own, TRAIN_OWN_FLAGS_MAX);
     int ns = train_flags_specs(c, specs);
     memcpy(specs + ns, own, sizeof *own * (size_t)n_own);
-    c->out = stdout; // the plan and the summary
-    c->log = stderr; // the progress bar
+    // Under mpirun rank 0 speaks for the job.
+    c->out = dist_rank() == 0 ? stdout : NULL; // the plan and the summary
+    c->log = dist_rank() == 0 ? stderr : NULL; // the progress bar
     c->device = NULL; // not given: the GPU when there is one and the job can run there
     return args_parse(argc, argv, specs, ns + n_own, usage);
 }

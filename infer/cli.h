@@ -5,6 +5,7 @@
 
 #include "core/args.h"
 #include "infer/erinfer.h"
+#include "infer/eval.h"
 
 int cmd_score(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
@@ -13,6 +14,17 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+
+// erinfer eval's parse, run and report, split across processes when `split` is given (ertrain eval
+// under mpirun, which links this file): this process evaluates block `shard` of n_shards (per-item
+// records into `part`, a file of its own), then `gather` makes r the whole run's totals and writes
+// every process's records in order to `output`; only shard 0 shows progress and prints. NULL: the
+// whole run in this process (erinfer eval).
+typedef struct {
+    int shard, n_shards;
+    int (*gather)(const EvalConfig *c, EvalResult *r, const char *part, const char *output);
+} EvalSplit;
+int eval_command(int argc, char **argv, const EvalSplit *split);
 
 // Prints "erinfer <cmd>: <er_last_error()>" and returns 1.
 int cli_fail(const char *cmd);

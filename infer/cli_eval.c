@@ -77,6 +77,25 @@ static void print_totals(const EvalConfig *c, const EvalResult *r) {
 }
 
 int cmd_eval(int argc, char **argv) {
+    return eval_command(argc, argv, NULL);
+}
+
+// This shard's run (records into a part file of its own) and the split's gather into the whole run.
+static int eval_shard(EvalConfig *c, const EvalSplit *split, EvalResult *r) {
+    const char *output = c->output;
+    char part[4096];
+    c->shard = split->shard;
+    c->n_shards = split->n_shards;
+    if (output) {
+        snprintf(part, sizeof part, "%s.part%d", output, split->shard);
+        c->output = part;
+    }
+    int rc = eval_run(c, r);
+    c->output = output;
+    return rc < 0 ? rc : split->gather(c, r, output ? part : NULL, output);
+}
+
+int eval_command(int argc, char **argv, const EvalSplit *split) {
     GenFlags f;
     gen_flags_default(&f);
     EvalConfig c;
@@ -101,16 +120,19 @@ int cmd_eval(int argc, char **argv) {
     threads_set(f.threads);
     c.session = (SessionSpec){f.model, f.adapter, f.switcher, f.verifier, c.session.kv_int8, f.context};
     c.system = f.system;
-    c.log = stderr;
+    int quiet = split && split->shard != 0;
+    c.log = quiet ? NULL : stderr;
     Progress prog = {0};
-    c.on_progress = eval_progress;
+    c.on_progress = quiet ? NULL : eval_progress;
     c.user = &prog;
     EvalResult r;
-    if (eval_run(&c, &r) < 0) {
+    if ((split ? eval_shard(&c, split, &r) : eval_run(&c, &r)) < 0) {
         if (prog.tty && prog.t_last_print > prog.t_start)
             fputc('\n', stderr); // leave the bar's line before the error line
         return cli_fail("eval");
     }
+    if (quiet)
+        return 0;
     char extra[64];
     snprintf(extra, sizeof extra, "accuracy %.3f", eval_accuracy(&r));
     progress_end(&prog, extra);

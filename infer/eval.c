@@ -20,6 +20,7 @@ void eval_config_default(EvalConfig *c) {
     static const int vote_n[] = {1, 2, 4, 8};
     memcpy(c->vote_n, vote_n, sizeof vote_n);
     c->n_vote_n = 4;
+    c->n_shards = 1;
 }
 
 double eval_accuracy(const EvalResult *res) {
@@ -252,8 +253,12 @@ int eval_run(const EvalConfig *c, EvalResult *res) {
         ER_CHECK(eval_rows(c, res));
         p.n_samples = res->rows[res->n_rows - 1].n;
     }
+    if (c->n_shards < 1 || c->shard < 0 || c->shard >= c->n_shards)
+        ER_CHECK(er_error(ER_EINVAL, "eval_run: shard %d of %d", c->shard, c->n_shards));
     ER_CHECK(dataset_load(c->data, NULL, c->limit, &d));
     ER_CHECK(eval_check_data(&d, c->data));
+    // This shard's records [lo, hi): the whole set is read and checked above on every shard.
+    int lo = (int)((long)d.n * c->shard / c->n_shards), hi = (int)((long)d.n * (c->shard + 1) / c->n_shards);
     ER_CHECK(runner_open_session(&c->session, p.n_samples, p.max_new_tokens, &m, &s));
     if (c->output)
         ER_CHECK(atomic_open(&af, c->output));
@@ -261,15 +266,15 @@ int eval_run(const EvalConfig *c, EvalResult *res) {
         fprintf(c->log, "eval: warning: with --temperature 0 the %d reasoning samples are identical (the paper "
                         "samples at 0.8)\n", p.n_samples);
     if (c->on_progress)
-        c->on_progress(c->user, 0, d.n, 0.0);
-    for (int i = 0; i < d.n; i++) {
+        c->on_progress(c->user, 0, hi - lo, 0.0);
+    for (int i = lo; i < hi; i++) {
         rc = eval_item(c, s, &p, &d.ex[i], c->output ? &af : NULL, res);
         if (rc < 0) {
             rc = er_error_prefix(rc, "%s:%ld", c->data, d.ex[i].line);
             goto done;
         }
         if (c->on_progress)
-            c->on_progress(c->user, i + 1, d.n, eval_accuracy(res));
+            c->on_progress(c->user, i + 1 - lo, hi - lo, eval_accuracy(res));
     }
     if (c->output)
         ER_CHECK(atomic_commit(&af));

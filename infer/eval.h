@@ -25,6 +25,8 @@ typedef struct {
     const char *system;     // replaces each record's own system message; NULL = keep it
     const char *data;       // JSONL with gold answers (data/dataset.h)
     int limit;              // only the first N records (0 = all)
+    int shard, n_shards;    // only block `shard` of n_shards equal blocks of the records, in order (one
+                            // process's share of a split run: ertrain eval under mpirun); 0 of 1 = all
     const char *output;     // per-item JSONL, written atomically; NULL = none
     int vote_n[EVAL_VOTE_N_MAX]; // with heads: the sample counts compared, in any order
     int n_vote_n;

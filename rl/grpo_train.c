@@ -1,6 +1,7 @@
 #include "rl/grpo_train.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include "lora/peft.h"
 #include "rl/policy.h"
 #include "train/checkpoint.h"
+#include "train/dist.h"
 #include "train/optim.h"
 #include "train/run.h"
 #include "train/trainer.h"
@@ -107,6 +109,8 @@ typedef struct {
     int budget;
     GenSample *s;      // (G)
     float *reward;     // (G)
+    int *len;          // (G) completion tokens (known on every rank; s only on the rank that rolled out)
+    uint32_t hash;     // FNV-1a of the G completions' tokens, in order (metrics: the same rollouts at any N)
     int correct;       // samples graded right
     float *ref, *old;  // per completion token, rollout_offsets order (NULL when not needed)
 } Group;
@@ -143,6 +147,7 @@ static void grpo_free(Grpo *g) {
                 gen_samples_free(g->groups[i].s, g->c->group);
             er_free(g->groups[i].s);
             er_free(g->groups[i].reward);
+            er_free(g->groups[i].len);
             er_free(g->groups[i].ref);
             er_free(g->groups[i].old);
         }
@@ -270,9 +275,10 @@ static int grpo_setup(Grpo *g) {
     for (int i = 0; i < c->prompts; i++) {
         g->groups[i].s = er_calloc((size_t)c->group, sizeof(GenSample));
         g->groups[i].reward = er_alloc(sizeof(float) * (size_t)c->group);
+        g->groups[i].len = er_alloc(sizeof(int) * (size_t)c->group);
         g->groups[i].ref = er_alloc(sizeof(float) * cells);
         g->groups[i].old = er_alloc(sizeof(float) * cells);
-        if (!g->groups[i].s || !g->groups[i].reward || !g->groups[i].ref || !g->groups[i].old)
+        if (!g->groups[i].s || !g->groups[i].reward || !g->groups[i].len || !g->groups[i].ref || !g->groups[i].old)
             return ER_ENOMEM;
     }
     return ER_OK;
@@ -316,7 +322,12 @@ static int rollout(Grpo *g, long step, int p, long *gen_tokens) {
         ER_CHECK(ok);
         gr->correct += ok;
         gr->reward[i] = (float)reward_total(ok, gr->s[i].n_tokens, gr->budget, c->barrier_m, c->barrier_p);
+        gr->len[i] = gr->s[i].n_tokens;
     }
+    gr->hash = 2166136261u;
+    for (int i = 0; i < c->group; i++)
+        for (int j = 0; j < gr->s[i].n_tokens; j++)
+            gr->hash = (gr->hash ^ (uint32_t)gr->s[i].tokens[j]) * 16777619u;
 done:
     er_free(ids);
     return rc;
@@ -344,11 +355,49 @@ static RolloutBatch group_batch(Grpo *g, int p) {
     return (RolloutBatch){G, T, g->tokens, g->mask, g->plen, g->clen};
 }
 
+// Under mpirun rank r rolled out groups [lo, hi) (dist_share): every rank gets every group's budget,
+// grades, rewards, lengths and token hashes (and the tokens generated in all), so the advantages, the global
+// token counts and the metrics are the same on every rank. A sum with zeros where a rank has no group.
+static int share_groups(Grpo *g, int lo, int hi, long *gen_tokens) {
+    int P = g->c->prompts, G = g->c->group, per = 3 + 2 * G, n = P * per + 1;
+    double *v = er_calloc((size_t)n, sizeof(double));
+    if (!v)
+        return ER_ENOMEM;
+    for (int p = lo; p < hi; p++) {
+        const Group *gr = &g->groups[p];
+        double *row = v + (size_t)p * per;
+        row[0] = gr->budget;
+        row[1] = gr->correct;
+        row[2 + 2 * G] = gr->hash;
+        for (int i = 0; i < G; i++) {
+            row[2 + i] = gr->reward[i]; // a float: exact in a double
+            row[2 + G + i] = gr->len[i];
+        }
+    }
+    v[n - 1] = (double)*gen_tokens;
+    int rc = dist_sum_doubles(v, n);
+    for (int p = 0; p < P && rc == ER_OK; p++) {
+        Group *gr = &g->groups[p];
+        const double *row = v + (size_t)p * per;
+        gr->budget = (int)row[0];
+        gr->correct = (int)row[1];
+        gr->hash = (uint32_t)row[2 + 2 * G];
+        for (int i = 0; i < G; i++) {
+            gr->reward[i] = (float)row[2 + i];
+            gr->len[i] = (int)row[2 + G + i];
+        }
+    }
+    *gen_tokens = (long)v[n - 1];
+    er_free(v);
+    return rc;
+}
+
 typedef struct {
     double reward, acc, len, over, clip, kl, entropy, flat, loss, gnorm, lr;
     double len_by_budget[MAX_BUDGETS];
     int n_by_budget[MAX_BUDGETS];
     double rollout_tps, train_tps;
+    uint32_t rollout_hash; // the groups' hashes combined in prompt order
 } StepMetrics;
 
 static int grpo_step(Grpo *g, long step, StepMetrics *sm) {
@@ -357,8 +406,11 @@ static int grpo_step(Grpo *g, long step, StepMetrics *sm) {
     memset(sm, 0, sizeof *sm);
     double t0 = time_now();
     long gen_tokens = 0;
-    for (int p = 0; p < P; p++)
+    int lo, hi; // this rank's prompt groups: whole groups, never split
+    dist_share(P, dist_rank(), dist_size(), &lo, &hi);
+    for (int p = lo; p < hi; p++)
         ER_TRY(rollout(g, step, p, &gen_tokens));
+    ER_TRY(share_groups(g, lo, hi, &gen_tokens));
     double t1 = time_now();
     sm->rollout_tps = gen_tokens / (t1 - t0 + 1e-9);
 
@@ -374,14 +426,15 @@ static int grpo_step(Grpo *g, long step, StepMetrics *sm) {
         for (int i = 0; i < G; i++) {
             rewards[p * G + i] = gr->reward[i];
             sm->reward += gr->reward[i];
-            sm->len += gr->s[i].n_tokens;
-            over += gr->s[i].n_tokens > gr->budget;
+            sm->len += gr->len[i];
+            over += gr->len[i] > gr->budget;
             if (b < g->n_budgets) {
-                sm->len_by_budget[b] += gr->s[i].n_tokens;
+                sm->len_by_budget[b] += gr->len[i];
                 sm->n_by_budget[b]++;
             }
         }
         sm->acc += gr->correct;
+        sm->rollout_hash = (sm->rollout_hash ^ gr->hash) * 16777619u;
     }
     sm->reward /= n;
     sm->len /= n;
@@ -397,7 +450,7 @@ static int grpo_step(Grpo *g, long step, StepMetrics *sm) {
         if (!(c->drop_flat && flat[p])) {
             used++;
             for (int i = 0; i < G; i++)
-                tokens += g->groups[p].s[i].n_tokens;
+                tokens += g->groups[p].len[i];
         }
     PolicyLossConfig lc = {c->eps, c->eps_high, c->beta, c->loss_type, g->max_new, (double)(tokens > 0 ? tokens : 1)};
     float inv_t = (float)(1.0 / c->temperature);
@@ -405,8 +458,8 @@ static int grpo_step(Grpo *g, long step, StepMetrics *sm) {
     double t2 = time_now();
     for (int it = 0; it < c->iterations && used > 0; it++) {
         lora_zero_grad(&g->ad);
-        double loss = 0, clip = 0, kl = 0, ent = 0;
-        for (int p = 0; p < P; p++) {
+        double loss = 0, clip = 0, kl = 0, ent = 0, positions = 0;
+        for (int p = lo; p < hi; p++) {
             if (c->drop_flat && flat[p])
                 continue;
             Group *gr = &g->groups[p];
@@ -422,8 +475,14 @@ static int grpo_step(Grpo *g, long step, StepMetrics *sm) {
             clip += ps.clip_frac * ps.tokens;
             kl += ps.kl * ps.tokens;
             ent += ps.entropy * ps.tokens;
-            train_positions += (long)rb.B * rb.T;
+            positions += (double)rb.B * rb.T;
         }
+        // The ranks' groups together: the sums of the step, then the gradient.
+        double sums[5] = {loss, clip, kl, ent, positions};
+        ER_TRY(dist_sum_doubles(sums, 5));
+        loss = sums[0], clip = sums[1], kl = sums[2], ent = sums[3];
+        train_positions += (long)sums[4];
+        ER_TRY(dist_sum_floats(g->ad.grads, g->ad.n_params));
         // grpo, bnpo and dr_grpo normalise within a group: average the groups. dapo used the global count.
         if (c->loss_type != LOSS_DAPO) {
             float s = 1.0f / (float)used;
@@ -462,6 +521,7 @@ static int write_metrics(Grpo *g, long step, const StepMetrics *sm) {
             cJSON_AddNumberToObject(lb, k, sm->len_by_budget[b] / sm->n_by_budget[b]);
         }
     cJSON_AddNumberToObject(j, "over_budget", sm->over);
+    cJSON_AddNumberToObject(j, "rollout_hash", sm->rollout_hash);
     cJSON_AddNumberToObject(j, "loss", sm->loss);
     cJSON_AddNumberToObject(j, "clip_fraction", sm->clip);
     cJSON_AddNumberToObject(j, "kl", sm->kl);
@@ -471,6 +531,7 @@ static int write_metrics(Grpo *g, long step, const StepMetrics *sm) {
     cJSON_AddNumberToObject(j, "lr", sm->lr);
     cJSON_AddNumberToObject(j, "rollout_tokens_per_s", sm->rollout_tps);
     cJSON_AddNumberToObject(j, "train_tokens_per_s", sm->train_tps);
+    cJSON_AddNumberToObject(j, "allreduce_s", round(dist_reduce_seconds() * 1000) / 1000); // as sft's
     int rc = metrics_write(&g->ml, j);
     cJSON_Delete(j);
     return rc;
@@ -512,6 +573,7 @@ static cJSON *config_json(const Grpo *g) {
     cJSON_AddNumberToObject(j, "adapter_dropout", g->dropout);
     cJSON_AddNumberToObject(j, "seed", c->seed);
     cJSON_AddNumberToObject(j, "threads", threads_get());
+    cJSON_AddNumberToObject(j, "ranks", dist_size());
     return j;
 }
 
@@ -541,9 +603,18 @@ static int grpo_start(Grpo *g, const char *ckpt, long *start) {
         if (!(g->st.config = config_json(g)))
             return ER_ENOMEM;
     }
+    if (dist_rank() != 0) // rank 0 alone writes the run dir
+        return ER_OK;
     ER_TRY(dir_make(c->out_dir));
     ER_TRY(run_write_json(c->out_dir, g->st.config));
     return metrics_open(&g->ml, c->out_dir, c->resume, *start);
+}
+
+// Rank 0 writes it, once every rank's adapter and optimizer state are seen to be the same.
+static int grpo_save_checkpoint(Grpo *g, const char *ckpt) {
+    ER_TRY(dist_check_same(g->ad.params, sizeof(float) * g->ad.n_params, "adapter parameters"));
+    ER_TRY(dist_check_same(g->opt.m, sizeof(float) * g->ad.n_params, "AdamW moments"));
+    return dist_rank() == 0 ? checkpoint_save(ckpt, &g->st, g->ad.params, g->ad.n_params, &g->opt) : ER_OK;
 }
 
 int grpo_train(const GrpoConfig *c, GrpoResult *res) {
@@ -563,7 +634,8 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
     for (long s = start; s < c->steps; s++) {
         StepMetrics sm;
         ER_CHECK(grpo_step(&g, s, &sm));
-        ER_CHECK(write_metrics(&g, s + 1, &sm));
+        if (dist_rank() == 0)
+            ER_CHECK(write_metrics(&g, s + 1, &sm));
         if (s == start) {
             res->first_reward = sm.reward;
             res->first_length = sm.len;
@@ -573,7 +645,7 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
         res->steps = s + 1;
         g.st.step = s + 1;
         if ((c->save_every > 0 && (s + 1) % c->save_every == 0) || s + 1 == c->steps)
-            ER_CHECK(checkpoint_save(ckpt, &g.st, g.ad.params, g.ad.n_params, &g.opt));
+            ER_CHECK(grpo_save_checkpoint(&g, ckpt));
         if (c->stop_after > 0 && s + 1 == c->stop_after) // the test hook: as if killed here
             break;
         char extra[160];
@@ -582,7 +654,7 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
     }
     progress_end(&prog, NULL);
     g.ad.dropout = g.dropout; // saved as it came
-    if (g.st.step == c->steps)
+    if (g.st.step == c->steps && dist_rank() == 0)
         ER_CHECK(peft_save(&g.ad, c->out_dir));
 done:
     er_free(ckpt);

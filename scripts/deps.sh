@@ -15,6 +15,10 @@ PKGS=(
   python3-jinja2         # golden chat-template renderings (scripts/make_chat_golden.py)
   clang libclang-rt-14-dev libomp-14-dev   # fuzz targets (make fuzz: libFuzzer, ASan/UBSan runtimes, OpenMP)
 )
+# Data-parallel training (make MPI=1): OpenMPI's mpicc, mpirun and headers, on request.
+if [ "${MPI:-0}" = 1 ]; then
+  PKGS+=(openmpi-bin libopenmpi-dev)
+fi
 
 # The aarch64 cross build, on request (ARM64=1 scripts/deps.sh; make CROSS=aarch64-linux-gnu-): the cross
 # compiler, qemu-user, the runtime's libraries for arm64 (Debian multiarch), cJSON's source and qemu's

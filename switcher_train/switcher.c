@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "data/grade.h"
 #include "model/head.h"
+#include "train/dist.h"
 
 int switcher_features(Engine *e, const int *prompt, int n_prompt, const LoraAdapter *adapter,
                       const PromptFeatureSpec *spec, float *feat) {
@@ -114,6 +115,17 @@ static int collect(void *self, HeadsData *d, int i) {
     return ER_OK;
 }
 
+// Every rank's rows and label counts (heads_run under mpirun).
+static int gather(void *self, HeadsData *d) {
+    Switcher *s = self;
+    ER_TRY(head_rows_gather(&s->tr));
+    ER_TRY(head_rows_gather(&s->va));
+    double n[3] = {s->base_right, s->adapter_right, s->positive};
+    ER_TRY(dist_sum_doubles(n, 3));
+    s->base_right = (int)n[0], s->adapter_right = (int)n[1], s->positive = (int)n[2];
+    return ER_OK;
+}
+
 static void report(void *self, const HeadsData *d, FILE *out) {
     const Switcher *s = self;
     if (out && s->c->derive_labels)
@@ -156,7 +168,8 @@ int switcher_job(const SwitcherConfig *c, HeadJob *job) {
     // Derived labels grade the base's direct answer too: gold answers, and room for that answer.
     *job = (HeadJob){.what = c->derive_labels ? "switcher (derived labels)" : "switcher",
                      .need_gold = c->derive_labels, .n_seqs = 1, .max_new = c->derive_labels ? c->direct_max_new : 0,
-                     .self = s, .check = check_record, .prepare = prepare, .collect = collect, .report = report,
+                     .self = s, .check = check_record, .prepare = prepare, .collect = collect, .gather = gather,
+                     .report = report,
                      .train = train, .free = switcher_free};
     return ER_OK;
 }

@@ -4,6 +4,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "train/dist.h"
 
 // Places the job's model, adapter and decay mask on d->be and points d at what the optimizer updates.
 static int device_place(TrainDevice *d, const TrainJob *job) {
@@ -91,6 +92,16 @@ int train_device_from_host(TrainDevice *d, const TrainJob *job, AdamW *opt, cons
     ER_TRY(be->ops->upload(be, opt->v, host->v, bytes));
     opt->step = host->step;
     return ER_OK;
+}
+
+int train_device_sum_grads(TrainDevice *d, const TrainJob *job) {
+    if (!d->placed || dist_size() < 2)
+        return dist_sum_floats(job->grads, job->n);
+    Backend *be = d->be;
+    size_t bytes = job->n * sizeof(float);
+    ER_TRY(be->ops->download(be, job->grads, d->grads, bytes));
+    ER_TRY(dist_sum_floats(job->grads, job->n));
+    return be->ops->upload(be, d->grads, job->grads, bytes);
 }
 
 void train_device_close(TrainDevice *d) {

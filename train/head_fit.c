@@ -1,6 +1,7 @@
 #include "train/head_fit.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,6 +9,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "data/dataset.h"
+#include "train/dist.h"
 #include "train/optim.h"
 
 void head_fit_config_default(HeadFitConfig *c) {
@@ -317,6 +319,26 @@ void head_rows_free(HeadRows *r) {
     er_free(r->x);
     er_free(r->y);
     memset(r, 0, sizeof *r);
+}
+
+int head_rows_gather(HeadRows *r) {
+    if (dist_size() == 1)
+        return ER_OK;
+    void *x = NULL, *y = NULL;
+    size_t nx, ny;
+    int rc = ER_OK;
+    ER_CHECK(dist_gather(r->x, (size_t)r->n * r->C, sizeof(float), &x, &nx));
+    ER_CHECK(dist_gather(r->y, (size_t)r->n, sizeof(float), &y, &ny));
+    if (ny > INT32_MAX / 2 || nx != ny * (size_t)r->C)
+        ER_CHECK(er_error(ER_ERANGE, "heads: gathered %zu features for %zu rows of %d", nx, ny, r->C));
+    er_free(r->x);
+    er_free(r->y);
+    r->x = x, r->y = y, r->n = r->cap = (int)ny;
+    x = y = NULL;
+done:
+    er_free(x);
+    er_free(y);
+    return rc;
 }
 
 static int count_positive(const float *y, int n) {

@@ -59,6 +59,9 @@ typedef struct {
 // Room for `more` rows past n.
 int head_rows_reserve(HeadRows *r, int more);
 void head_rows_free(HeadRows *r);
+// Under mpirun (train/dist.h): r becomes every rank's rows, in rank order (each rank collected a
+// contiguous block of the records, so the rows stay in record order). A no-op on one rank.
+int head_rows_gather(HeadRows *r);
 
 // How head_train fits and calibrates one head.
 typedef struct {

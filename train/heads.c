@@ -12,6 +12,7 @@
 #include "data/chat.h"
 #include "lora/peft.h"
 #include "model/head.h"
+#include "train/dist.h"
 
 void heads_config_default(HeadsConfig *c) {
     memset(c, 0, sizeof *c);
@@ -180,9 +181,11 @@ static int collect_pass(HeadsData *hd, HeadJob *jobs, int n_jobs) {
         fputc('\n', log);
     }
     Progress prog;
+    int lo, hi; // this rank's records; every rank's rows are gathered after the pass
+    dist_share(hd->d.n, dist_rank(), dist_size(), &lo, &hi);
     if (log)
-        progress_begin(&prog, log, "heads: collect", "record", 0, hd->d.n);
-    for (int i = 0; i < hd->d.n; i++) {
+        progress_begin(&prog, log, "heads: collect", "record", lo, hi);
+    for (int i = lo; i < hi; i++) {
         for (int j = 0; j < n_jobs; j++) {
             int rc = jobs[j].collect(jobs[j].self, hd, i);
             if (rc < 0) {
@@ -199,6 +202,15 @@ static int collect_pass(HeadsData *hd, HeadJob *jobs, int n_jobs) {
     }
     if (log)
         progress_end(&prog, NULL);
+    for (int j = 0; j < n_jobs; j++) {
+        if (!jobs[j].gather && dist_size() > 1)
+            return er_error(ER_EUNSUPPORTED, "heads: %s cannot gather its rows from %d ranks", jobs[j].what, dist_size());
+        if (jobs[j].gather)
+            ER_TRY(jobs[j].gather(jobs[j].self, hd));
+    }
+    double gen = (double)hd->gen_tokens;
+    ER_TRY(dist_sum_doubles(&gen, 1));
+    hd->gen_tokens = (long)gen;
     for (int j = 0; j < n_jobs; j++)
         if (jobs[j].report)
             jobs[j].report(jobs[j].self, hd, hd->c->out);
@@ -243,6 +255,8 @@ int heads_run(const HeadsConfig *c, HeadJob *jobs, int n_jobs, HeadsResult *res)
     cJSON *results = NULL;
     ER_CHECK(heads_data_load(&hd, jobs, n_jobs));
     ER_CHECK(collect_pass(&hd, jobs, n_jobs));
+    if (dist_rank() != 0) // the rows are every rank's now: rank 0 fits, calibrates and writes
+        goto done;
     ER_CHECK(dir_make(c->out_dir));
     ER_CHECK(metrics_open(&ml, c->out_dir, 0, 0));
     if (!(results = cJSON_CreateObject()))

@@ -58,7 +58,7 @@ typedef struct {
 } HeadsData;
 
 // One head in heads_run, made by the head's folder (switcher_job, verifier_job) with its state in
-// `self`. Every callback gets `self`; check, prepare and report may be NULL.
+// `self`. Every callback gets `self`; check, prepare, report and (one rank) gather may be NULL.
 typedef struct {
     const char *what;   // how the start line names it: "switcher (derived labels)"
     int need_gold;      // every record must have a gold answer
@@ -70,6 +70,9 @@ typedef struct {
     // after a response (>= 0), or a negative status.
     int (*prepare)(void *self, HeadsData *d);
     int (*collect)(void *self, HeadsData *d, int i);                 // record i's rows
+    // Under mpirun each rank collects a contiguous block of the records (train/dist.h); then every
+    // rank's rows and counts are gathered (head_rows_gather, dist_sum_doubles) before the report.
+    int (*gather)(void *self, HeadsData *d);
     void (*report)(void *self, const HeadsData *d, FILE *out);       // after the pass (out may be NULL)
     int (*train)(void *self, const HeadsData *d, MetricsLog *ml, cJSON *results); // fit, calibrate, save
     void (*free)(void *self);
@@ -86,6 +89,7 @@ typedef struct {
 
 // Loads and checks everything, collects every job's rows in one pass over the records, trains the
 // jobs in order (each adds its metrics under its name to run.json's "result") and writes run.json.
+// Under mpirun the ranks split the pass and rank 0 alone trains and writes.
 int heads_run(const HeadsConfig *c, HeadJob *jobs, int n_jobs, HeadsResult *res);
 
 #endif

@@ -9,6 +9,7 @@
 #include "core/gguf.h"
 #include "core/json.h"
 #include "data/tokenizer.h"
+#include "train/dist.h"
 
 static int dir_is_empty(const char *dir) {
     DIR *d = opendir(dir);
@@ -25,7 +26,7 @@ static int dir_is_empty(const char *dir) {
     return empty;
 }
 
-int run_dir_check(const char *dir, RunMode mode) {
+static int run_dir_check_here(const char *dir, RunMode mode) {
     if (mode == RUN_RESUME) {
         if (!path_is_dir(dir))
             return er_error(ER_EINVAL, "%s: no run to resume (the directory does not exist)", dir);
@@ -40,6 +41,17 @@ int run_dir_check(const char *dir, RunMode mode) {
                                                       "that run, or choose another --out",
                         dir);
     return ER_OK;
+}
+
+// Under mpirun every rank checks before any goes on (rank 0 makes the dir once its inputs load, and a
+// slower rank would then find it).
+int run_dir_check(const char *dir, RunMode mode) {
+    int rc = run_dir_check_here(dir, mode);
+    double failed = rc < 0;
+    ER_TRY(dist_sum_doubles(&failed, 1));
+    if (rc == ER_OK && failed > 0)
+        return er_error(ER_EINVAL, "%s: another rank refused this run dir (see its line)", dir);
+    return rc;
 }
 
 void run_add_path(cJSON *j, const char *key, const char *path) {

@@ -17,6 +17,7 @@
 #include "data/dataset.h"
 #include "train/checkpoint.h"
 #include "train/device.h"
+#include "train/dist.h"
 #include "train/optim.h"
 #include "train/run.h"
 #include "train/sequence.h"
@@ -161,6 +162,7 @@ typedef struct {
     long n_records, n_skipped, n_truncated;
     int max_len_train, max_len_eval;
     int seq_len;            // --seq-len, or the model's max_position_embeddings
+    int rows;               // batch rows this rank computes: --batch / ranks (train/dist.h)
     long total_steps, warmup_steps;
     Batches ep;             // the current epoch's batch order
     TrainState st;
@@ -335,6 +337,7 @@ static cJSON *config_to_json(const Trainer *t) {
         {"save_every", c->save_every},
         {"seed", c->seed},
         {"threads", threads_get()},
+        {"ranks", dist_size()},
     };
     run_add_numbers(j, nums, sizeof nums / sizeof nums[0]);
     if (t->job->extra_config) {
@@ -349,7 +352,7 @@ static cJSON *config_to_json(const Trainer *t) {
 // Settings that do not change the trajectory may differ on resume, and so may the run's length (an
 // extended run); everything else must match.
 int train_config_check_resume(const cJSON *saved, const cJSON *now, const char *ckpt_dir) {
-    static const char *free_keys[] = {"threads", "eval_every", "save_every", "steps", "epochs", "warmup_steps"};
+    static const char *free_keys[] = {"threads", "ranks", "eval_every", "save_every", "steps", "epochs", "warmup_steps"};
     if (!saved)
         return er_error(ER_EFORMAT, "%s/state.json: no \"config\" to check the resumed run against", ckpt_dir);
     const cJSON *item;
@@ -412,17 +415,19 @@ static int write_run_json(Trainer *t, const TrainResult *res) {
     return rc;
 }
 
-// Mean loss over the held-out sequences, weighted by their loss positions.
+// Mean loss over the held-out sequences, weighted by their loss positions; each rank takes its
+// share of them and the sums are added up.
 static int evaluate(Trainer *t, double *out) {
     TrainJob *job = t->job;
-    int B = t->cfg->batch;
+    int B = t->rows, lo, hi;
     if (!t->eval_acts.mem)
         ER_TRY(acts_alloc_on(&t->eval_acts, t->dev.be, &job->model->cfg, B, t->max_len_eval, ACTS_SCORE, 0));
     if (job->before_forward)
         ER_TRY(job->before_forward(job->hook_ctx, t->st.step));
-    double sum = 0, w = 0;
-    for (int i = 0; i < t->n_eval; i += B) {
-        int n = t->n_eval - i < B ? t->n_eval - i : B;
+    dist_share(t->n_eval, dist_rank(), dist_size(), &lo, &hi);
+    double sw[2] = {0, 0}; // loss x loss positions, loss positions
+    for (int i = lo; i < hi; i += B) {
+        int n = hi - i < B ? hi - i : B;
         Batch *b = &t->batch;
         ER_TRY(batch_fill(b, &t->sb, t->eval, t->eval_idx + i, n));
         ModelInput in = {.B = b->B, .T = b->T, .tokens = b->tokens, .len = b->len};
@@ -433,15 +438,17 @@ static int evaluate(Trainer *t, double *out) {
         double loss;
         ER_TRY(model_forward(t->dev.model, &in, &t->eval_acts));
         ER_TRY(model_loss(&t->eval_acts, b->targets, b->loss_mask, 0, &loss));
-        sum += loss * (double)b->n_loss;
-        w += (double)b->n_loss;
+        sw[0] += loss * (double)b->n_loss;
+        sw[1] += (double)b->n_loss;
     }
-    *out = w > 0 ? sum / w : NAN;
+    ER_TRY(dist_sum_doubles(sw, 2));
+    *out = sw[1] > 0 ? sw[0] / sw[1] : NAN;
     return ER_OK;
 }
 
-
 // One optimizer step: grad_accum micro-batches, clip, AdamW. *loss is the mean micro-batch loss.
+// Under mpirun each rank computes its block of every micro-batch's rows (dist_share) and the
+// gradients are summed across ranks before the clip, so every rank takes the same step.
 static int train_step(Trainer *t, double lr, double *loss, double *gnorm, long *tokens) {
     TrainJob *job = t->job;
     const TrainConfig *c = t->cfg;
@@ -456,9 +463,13 @@ static int train_step(Trainer *t, double lr, double *loss, double *gnorm, long *
             state_point_at_epoch(t);
         }
         const int *idx = t->ep.index + t->ep.start[t->st.cursor];
-        int n = t->ep.start[t->st.cursor + 1] - t->ep.start[t->st.cursor];
+        int n = t->ep.start[t->st.cursor + 1] - t->ep.start[t->st.cursor], lo, hi;
+        dist_share(n, dist_rank(), dist_size(), &lo, &hi);
         Batch *b = &t->batch;
-        ER_TRY(batch_fill(b, &t->sb, t->train, idx, n));
+        if (hi > lo)
+            ER_TRY(batch_fill(b, &t->sb, t->train, idx + lo, hi - lo));
+        else // a short last batch of an epoch may leave a rank no row
+            b->B = b->T = 0, b->n_loss = b->n_tokens = 0;
         ErRng drop;
         rng_fork(&drop, &t->root, STREAM_DROPOUT(t->st.step * (uint64_t)c->grad_accum + (uint64_t)k));
         ModelInput in = {.B = b->B, .T = b->T, .tokens = b->tokens, .len = b->len};
@@ -467,20 +478,30 @@ static int train_step(Trainer *t, double lr, double *loss, double *gnorm, long *
             in.adapter_mask = b->adapter_mask;
             in.dropout_rng = job->adapter->dropout > 0 ? &drop : NULL;
         }
-        double l;
-        ER_TRY(model_forward(t->dev.model, &in, &t->acts));
-        int rc = model_loss(&t->acts, b->targets, b->loss_mask, 1, &l);
-        if (rc < 0)
-            return er_error_prefix(rc, "step %ld", t->st.step + 1);
-        // Accumulation averages the micro-batch means: scale d(loss)/d(logits) by 1/grad_accum.
-        if (c->grad_accum > 1)
-            ER_TRY(t->acts.be->ops->scale(t->acts.be, t->acts.logits, (size_t)b->B * b->T * job->model->cfg.V,
-                                          1.0f / (float)c->grad_accum));
-        ER_TRY(model_backward(t->dev.model, &in, &t->acts));
-        sum += l;
-        *tokens += b->n_tokens;
+        double l = 0;
+        Backend *be = t->dev.be;
+        if (b->B > 0) {
+            ER_TRY(model_forward(t->dev.model, &in, &t->acts));
+            int rc = model_loss(&t->acts, b->targets, b->loss_mask, 1, &l);
+            if (rc < 0)
+                return er_error_prefix(rc, "step %ld", t->st.step + 1);
+        }
+        // The micro-batch's sums over every rank: loss x loss positions, loss positions, input positions.
+        double mb[3] = {l * (double)b->n_loss, (double)b->n_loss, (double)b->n_tokens};
+        ER_TRY(dist_sum_doubles(mb, 3));
+        // The micro-batch loss is the mean over all its loss positions: this rank's mean weighs
+        // n_loss here / n_loss in all; accumulation averages the micro-batch means (1/grad_accum).
+        if (b->B > 0) {
+            float s = mb[1] > 0 ? (float)((double)b->n_loss / mb[1] / c->grad_accum) : 0.0f;
+            if (s != 1.0f)
+                ER_TRY(be->ops->scale(be, t->acts.logits, (size_t)b->B * b->T * job->model->cfg.V, s));
+            ER_TRY(model_backward(t->dev.model, &in, &t->acts));
+        }
+        sum += mb[1] > 0 ? mb[0] / mb[1] : 0;
+        *tokens += (long)mb[2];
         t->st.cursor++;
     }
+    ER_TRY(train_device_sum_grads(&t->dev, job));
     *loss = sum / c->grad_accum;
     ER_TRY(clip_grad_norm(t->opt.be, t->dev.grads, job->n, c->clip, gnorm));
     if (!isfinite(*gnorm))
@@ -489,9 +510,14 @@ static int train_step(Trainer *t, double lr, double *loss, double *gnorm, long *
     return adamw_step(&t->opt, t->dev.params, t->dev.grads, t->dev.decay_mask, lr);
 }
 
+// Rank 0 writes it, once every rank's parameters and optimizer state are seen to be the same.
 static int save_checkpoint(Trainer *t) {
     AdamW *opt;
     ER_TRY(train_device_to_host(&t->dev, t->job, &t->opt, &opt));
+    ER_TRY(dist_check_same(t->job->params, sizeof(float) * t->job->n, "trained parameters"));
+    ER_TRY(dist_check_same(opt->m, sizeof(float) * t->job->n, "AdamW moments"));
+    if (dist_rank() != 0)
+        return ER_OK;
     t->st.config = t->config; // borrowed for the save
     int rc = checkpoint_save(t->ckpt_dir, &t->st, t->job->params, t->job->n, opt);
     t->st.config = NULL;
@@ -551,6 +577,15 @@ static int trainer_setup(Trainer *t) {
     t->st.rng = t->root;
     t->resumed_from = -1;
     t->seq_len = c->seq_len ? c->seq_len : mc->max_pos;
+    if (c->batch % dist_size() != 0)
+        return er_error(ER_EINVAL, "--batch %d is the global batch: it must be a multiple of the %d ranks", c->batch,
+                        dist_size());
+    t->rows = c->batch / dist_size();
+    // Dropout masks are drawn along a micro-batch's rows from one stream: a split batch would draw others.
+    if (job->adapter && job->adapter->dropout > 0 && dist_size() > 1)
+        return er_error(ER_EUNSUPPORTED, "--dropout %g with %d ranks: the dropout masks are drawn per micro-batch, not "
+                        "per sequence, so they would differ from one rank's (use --dropout 0 or one rank)",
+                        job->adapter->dropout, dist_size());
     if (t->seq_len > mc->max_pos)
         return er_error(ER_EINVAL, "--seq-len %d is longer than the model's max_position_embeddings %d", c->seq_len,
                         mc->max_pos);
@@ -579,7 +614,7 @@ static int trainer_setup(Trainer *t) {
     Backend *be = t->dev.be;
     size_t limit; // what is left where the passes run, the model placed
     ER_TRY(be->ops->mem_available(be, &limit));
-    ER_TRY(acts_alloc_on(&t->acts, be, mc, c->batch, t->max_len_train, c->recompute ? ACTS_TRAIN_RECOMPUTE : ACTS_TRAIN,
+    ER_TRY(acts_alloc_on(&t->acts, be, mc, t->rows, t->max_len_train, c->recompute ? ACTS_TRAIN_RECOMPUTE : ACTS_TRAIN,
                          limit));
     t->eval_idx = er_calloc((size_t)t->n_eval + 1, sizeof(int));
     if (!t->eval_idx)
@@ -597,11 +632,13 @@ static int trainer_start(Trainer *t) {
             return er_error(ER_EINVAL, "%s: no checkpoint to resume from", t->ckpt_dir);
         ER_TRY(resume_from_checkpoint(t));
         t->resumed_from = t->st.step;
-    } else {
-        ER_TRY(dir_make(c->out_dir));
     }
-    ER_TRY(metrics_open(&t->ml, c->out_dir, c->resume, t->st.step));
     t->complete = t->st.step >= t->total_steps;
+    if (dist_rank() != 0) // rank 0 alone writes the run dir
+        return ER_OK;
+    if (!c->resume)
+        ER_TRY(dir_make(c->out_dir));
+    ER_TRY(metrics_open(&t->ml, c->out_dir, c->resume, t->st.step));
     if (!t->complete)
         ER_TRY(write_run_json(t, NULL));
     return ER_OK;
@@ -648,6 +685,8 @@ static int log_step(Trainer *t, const StepLog *s) {
     if (s->evaluated)
         cJSON_AddNumberToObject(line, "eval_loss", s->eval_loss);
     cJSON_AddNumberToObject(line, "tokens_per_s", round(s->tokens_per_s * 10) / 10);
+    // Seconds this rank has spent in the gradient all-reduce (waiting for the others included).
+    cJSON_AddNumberToObject(line, "allreduce_s", round(dist_reduce_seconds() * 1000) / 1000);
     int rc = metrics_write(&t->ml, line);
     cJSON_Delete(line);
     return rc;
@@ -686,7 +725,8 @@ static int trainer_loop(Trainer *t, TrainResult *r, int *stopped) {
         }
         double el = time_now() - t0;
         s.tokens_per_s = r->tokens_per_s = el > 0 ? (double)(t->st.tokens - tokens0) / el : 0;
-        ER_TRY(log_step(t, &s));
+        if (dist_rank() == 0)
+            ER_TRY(log_step(t, &s));
         if (t->prog_on)
             show_step(t, &s, r->eval_loss);
         if ((c->save_every > 0 && t->st.step % c->save_every == 0) || t->st.step == t->total_steps)
@@ -707,6 +747,8 @@ static int trainer_finish(Trainer *t, TrainResult *r) {
         r->first_loss = r->last_loss = NAN;
         if (t->n_eval > 0)
             ER_TRY(evaluate(t, &r->eval_loss));
+        if (dist_rank() != 0)
+            return ER_OK;
         ER_TRY(job->save_final(job->save_ctx, c->out_dir));
         if (c->out)
             fprintf(c->out, "%s: the run in %s was already complete (%ld steps); its outputs were written again\n", job->label,
@@ -715,6 +757,8 @@ static int trainer_finish(Trainer *t, TrainResult *r) {
     }
     AdamW *opt;
     ER_TRY(train_device_to_host(&t->dev, job, &t->opt, &opt)); // the outputs are written from the host
+    if (dist_rank() != 0) // rank 0 alone writes the outputs
+        return ER_OK;
     ER_TRY(job->save_final(job->save_ctx, c->out_dir));
     ER_TRY(write_run_json(t, r));
     if (c->out) {

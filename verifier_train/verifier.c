@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "data/grade.h"
 #include "model/head.h"
+#include "train/dist.h"
 
 int verifier_collect(Engine *e, const int *prompt, int n_prompt, const GenConfig *g, const int *vq, int nvq,
                      int adapter_on, const char *gold, float *feats, float *labels, long *tokens) {
@@ -92,6 +93,14 @@ static int collect(void *self, HeadsData *d, int i) {
     return ER_OK;
 }
 
+// Every rank's rows and graded count (heads_run under mpirun).
+static int gather(void *self, HeadsData *d) {
+    Verifier *v = self;
+    ER_TRY(head_rows_gather(&v->tr));
+    ER_TRY(head_rows_gather(&v->va));
+    return dist_sum_doubles(&v->right, 1);
+}
+
 static void report(void *self, const HeadsData *d, FILE *out) {
     const Verifier *v = self;
     int n = d->d.n * v->c->samples;
@@ -130,6 +139,6 @@ int verifier_job(const VerifierConfig *c, HeadJob *job) {
     v->c = c;
     // The samples of one record decode together; every record needs its gold answer to grade them.
     *job = (HeadJob){.what = "verifier", .need_gold = 1, .n_seqs = c->samples, .self = v, .prepare = prepare,
-                     .collect = collect, .report = report, .train = train, .free = verifier_free};
+                     .collect = collect, .gather = gather, .report = report, .train = train, .free = verifier_free};
     return ER_OK;
 }
