@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/gemm.h"
 #include "core/threads.h"
+#include "model/op_rules.h"
 #include "model/ops.h"
 #include "quant/quant.h"
 
@@ -184,14 +185,9 @@ static int cpu_adamw_update(Backend *be, float *params, const float *grads, floa
                             const unsigned char *decay_mask, size_t n, float lr, float b1, float b2, float eps,
                             float wd, float bc1, float bc2) {
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float g = grads[i];
-        float mi = m[i] = b1 * m[i] + (1 - b1) * g;
-        float vi = v[i] = b2 * v[i] + (1 - b2) * g * g;
-        float mhat = mi / bc1, vhat = vi / bc2;
-        float decay = (!decay_mask || decay_mask[i]) ? wd * params[i] : 0.0f;
-        params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + decay);
-    }
+    for (size_t i = 0; i < n; i++)
+        params[i] = adamw_rule(params[i], grads[i], &m[i], &v[i], !decay_mask || decay_mask[i], lr, b1, b2, eps, wd,
+                               bc1, bc2);
     return ER_OK;
 }
 

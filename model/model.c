@@ -229,35 +229,20 @@ static void init_param(const ParamTensor *p, int i, uint16_t *bf16, float std, c
     }
 }
 
-int model_build_random(Model *m, const ModelConfig *cfg, float std, uint64_t seed) {
+// Every parameter from init_param: trainable fp32, or frozen with bf16 matrices.
+static int build_random(Model *m, const ModelConfig *cfg, float std, uint64_t seed, int bf16) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     int rc = ER_OK;
     ER_CHECK(model_config_validate(cfg, "model config"));
-    ER_CHECK(model_setup(m, 1));
-    ErRng base;
-    rng_seed(&base, seed);
-    for (int i = 0; i < m->n_params; i++)
-        init_param(&m->params[i], i, NULL, std, &base);
-done:
-    if (rc < 0)
-        model_free(m);
-    return rc;
-}
-
-int model_build_random_bf16(Model *m, const ModelConfig *cfg, float std, uint64_t seed) {
-    memset(m, 0, sizeof *m);
-    m->cfg = *cfg;
-    int rc = ER_OK;
-    ER_CHECK(model_config_validate(cfg, "model config"));
-    ER_CHECK(model_setup(m, 0));
+    ER_CHECK(model_setup(m, !bf16));
     ErRng base;
     rng_seed(&base, seed);
     for (int i = 0; i < m->n_params; i++) {
         ParamTensor *p = &m->params[i];
-        if (p->w)
+        if (bf16 && p->w)
             ER_CHECK(quant_weight_alloc(p->w, WF_BF16, (int)p->shape[0], (int)p->shape[1], 0));
-        init_param(p, i, p->w ? (uint16_t *)p->w->owned : NULL, std, &base);
+        init_param(p, i, bf16 && p->w ? (uint16_t *)p->w->owned : NULL, std, &base);
     }
     if (cfg->tied)
         m->lm_head = m->embed;
@@ -265,6 +250,14 @@ done:
     if (rc < 0)
         model_free(m);
     return rc;
+}
+
+int model_build_random(Model *m, const ModelConfig *cfg, float std, uint64_t seed) {
+    return build_random(m, cfg, std, seed, 0);
+}
+
+int model_build_random_bf16(Model *m, const ModelConfig *cfg, float std, uint64_t seed) {
+    return build_random(m, cfg, std, seed, 1);
 }
 
 // ---- loading ----

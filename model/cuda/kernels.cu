@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "model/cuda/kernels.h"
+#include "model/op_rules.h"
 
 // Element-wise kernels: grid-stride loops over n elements with at most this many blocks.
 #define EW_THREADS 256
@@ -585,12 +586,8 @@ static __global__ void adamw_kernel(float *params, const float *grads, float *m,
                                     const unsigned char *decay_mask, size_t n, float lr, float b1, float b2, float eps,
                                     float wd, float bc1, float bc2) {
     GRID_STRIDE(i, n) {
-        float g = grads[i];
-        float mi = m[i] = b1 * m[i] + (1 - b1) * g;
-        float vi = v[i] = b2 * v[i] + (1 - b2) * g * g;
-        float mhat = mi / bc1, vhat = vi / bc2;
-        float decay = (!decay_mask || decay_mask[i]) ? wd * params[i] : 0.0f;
-        params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + decay);
+        params[i] = adamw_rule(params[i], grads[i], &m[i], &v[i], !decay_mask || decay_mask[i], lr, b1, b2, eps, wd,
+                               bc1, bc2);
     }
 }
 
