@@ -1,6 +1,7 @@
 // THE forward (and its backward). One pass takes B sequences x T new positions, a per-position
-// adapter mask and a keeper: Activations that keep every layer (training) or one reused layer
-// (forward-only scoring).
+// adapter mask and a keeper: Activations that keep every layer (training), only each layer's input
+// (training with recomputation) or one reused layer (forward-only scoring). Every op runs through the
+// backend the activations were allocated on (model/backend.h); the host only places the pass's inputs.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
