@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# erinfer beside llama.cpp on the same weights: a random Qwen2.5-0.5B-shaped model (24 layers, hidden 896,
+# 14/2 heads, ff 4864, vocab 151936, tied, the real Qwen tokenizer) written once under build/llbench,
+# quantized with ertrain quantize (q8, q4g32) and exported with ertrain export gguf (f32, q8_0, q4_0).
+# Per format: llama.cpp (node-llama-cpp, pinned, prebuilt CPU binaries, bench/llama_decode.mjs) and
+# erinfer bench, same threads, prompt and new tokens; one table with the ratios and the load average.
+#   THREADS (2), PROMPT (256), NEW (64), FORMATS ("f32 q8 q4g32"), LLAMA_NS (N values for llama.cpp, "1 8")
+# Needs ~2 GB of memory and ~4.5 GB of disk (models written once: later runs only measure).
+# Exits 0 with a loud line when node/npm or node-llama-cpp is missing: no comparison then.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+BUILD=${BUILD:-build}
+THREADS=${THREADS:-2}
+PROMPT=${PROMPT:-256}
+NEW=${NEW:-64}
+FORMATS=${FORMATS:-f32 q8 q4g32}
+LLAMA_NS=${LLAMA_NS:-1 8}
+dir=$BUILD/llbench
+tok=../shared/fixtures/qwen-tokenizer
+
+if ! command -v node >/dev/null 2>&1; then
+  echo "!!!!!! run_llama: node is not installed: NO llama.cpp COMPARISON (scripts/deps.sh installs it) !!!!!!"
+  exit 0
+fi
+if ! scripts/llama_cpp.sh --install; then
+  echo "!!!!!! run_llama: node-llama-cpp is not installed: NO llama.cpp COMPARISON !!!!!!"
+  exit 0
+fi
+for bin in "$BUILD/ertrain" "$BUILD/erinfer"; do
+  [ -x "$bin" ] || make "$bin" >/dev/null || { echo "run_llama: cannot build $bin" >&2; exit 1; }
+done
+[ -f "$tok/tokenizer.json" ] || { echo "run_llama: $tok/tokenizer.json is missing" >&2; exit 1; }
+
+# The model, once. Each step writes into a temporary name and renames, so an interrupted run redoes it.
+mkdir -p "$dir"
+sed -e 's/"num_hidden_layers": 2,/"num_hidden_layers": 24,/' -e 's/"vocab_size": 512,/"vocab_size": 151936,/' \
+  configs/qwen05b-2l.json >"$dir/config.json"
+grep -q '"num_hidden_layers": 24,' "$dir/config.json" && grep -q '"vocab_size": 151936,' "$dir/config.json" || { echo "run_llama: configs/qwen05b-2l.json changed" >&2; exit 1; }
+if [ ! -d "$dir/f32" ]; then
+  rm -rf "$dir/f32.tmp"
+  "$BUILD/ertrain" init --config "$dir/config.json" --out "$dir/f32.tmp" --tokenizer "$tok" --threads "$THREADS"
+  mv "$dir/f32.tmp" "$dir/f32"
+fi
+for q in q8 q4g32; do
+  if [ ! -d "$dir/$q" ]; then
+    rm -rf "$dir/$q.tmp"
+    "$BUILD/ertrain" quantize --model "$dir/f32" --out "$dir/$q.tmp" --weights "$q"
+    mv "$dir/$q.tmp" "$dir/$q"
+  fi
+done
+gguf_type() { case $1 in f32) echo f32 ;; q8) echo q8_0 ;; q4g32) echo q4_0 ;; esac; }
+for f in $FORMATS; do
+  t=$(gguf_type "$f")
+  [ -n "$t" ] || { echo "run_llama: unknown format $f (f32, q8, q4g32)" >&2; exit 1; }
+  if [ ! -f "$dir/$f.gguf" ]; then
+    "$BUILD/ertrain" export gguf --model "$dir/$f" --out "$dir/$f.gguf.tmp" --type "$t"
+    mv "$dir/$f.gguf.tmp" "$dir/$f.gguf"
+  fi
+done
+
+# Measure: llama.cpp then erinfer per format, each on an otherwise idle process.
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+for f in $FORMATS; do
+  echo "run_llama: $f: llama.cpp ($(gguf_type "$f")), then erinfer bench; load $(cut -d' ' -f1-3 /proc/loadavg)"
+  # shellcheck disable=SC2086
+  node bench/llama_decode.mjs "$dir/$f.gguf" "$THREADS" "$PROMPT" "$NEW" $LLAMA_NS >"$dir/$f.llama.json"
+  "$BUILD/erinfer" bench --model "$dir/$f" --prompt-tokens "$PROMPT" --new-tokens "$NEW" --threads "$THREADS" \
+    --json >"$dir/$f.erinfer.json"
+done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# The table: decode tok/s per sequence and step time at each llama.cpp N, erinfer's f32-KV row at the same N.
+node - "$dir" "$FORMATS" <<'EOF'
+const fs = require("fs");
+const [dir, formats] = process.argv.slice(2);
+const gguf = {f32: "F32", q8: "Q8_0", q4g32: "Q4_0"};
+let release = "";
+const lines = [];
+for (const f of formats.split(/\s+/).filter(Boolean)) {
+    const ll = JSON.parse(fs.readFileSync(`${dir}/${f}.llama.json`, "utf8"));
+    const er = JSON.parse(fs.readFileSync(`${dir}/${f}.erinfer.json`, "utf8"));
+    release = ll.llama_cpp;
+    const step1 = {ll: ll.rows.find(r => r.n === 1), er: er.rows.find(r => r.kv === "f32" && r.n === 1)};
+    for (const l of ll.rows) {
+        const e = er.rows.find(r => r.kv === "f32" && r.n === l.n);
+        const fmt = (x, d) => x === undefined ? "-" : x.toFixed(d);
+        lines.push([`${f} / ${gguf[f]}`, l.n, fmt(l.ttft_ms, 0), fmt(e?.ttft_ms, 0), fmt(l.tokens_per_s_seq, 1),
+            fmt(e?.tokens_per_s_seq, 1), fmt(e && e.tokens_per_s_seq / l.tokens_per_s_seq, 2) + "x",
+            fmt(l.step_ms / step1.ll.step_ms, 2) + "x", fmt(e && e.step_ms / step1.er.step_ms, 2) + "x"]);
+    }
+}
+console.log(`llama.cpp ${release} (node-llama-cpp, CPU, f32 KV) vs erinfer bench (f32 KV)`);
+const head = ["format", "N", "TTFT_ll_ms", "TTFT_er_ms", "ll_tok/s/seq", "er_tok/s/seq", "er/ll", "ll_stepN/1",
+    "er_stepN/1"];
+const w = head.map((h, i) => Math.max(h.length, ...lines.map(l => String(l[i]).length)));
+for (const l of [head, ...lines])
+    console.log(l.map((x, i) => String(x).padStart(w[i])).join("  "));
+EOF
+echo "run_llama: $THREADS threads, prompt $PROMPT, $NEW new tokens; load average $load_before before, $load_after after"
