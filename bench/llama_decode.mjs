@@ -1,10 +1,10 @@
 // llama.cpp's decode speed (node-llama-cpp's prebuilt CPU binaries) for bench/run_llama.sh:
 //   node bench/llama_decode.mjs MODEL.gguf THREADS PROMPT_TOKENS NEW_TOKENS N [N ...]
-// For each N: N sequences in one context, each fed the same synthetic prompt (fixed pseudo-random ids below
-// the special tokens) and decoding NEW_TOKENS greedy tokens (EOS does not stop them), all N at once so
-// llama.cpp batches them into one decode per step. Prints one JSON object:
+// For each N: N sequences in one context sharing one synthetic prompt (fixed pseudo-random ids below the
+// special tokens, prefilled once) and each decoding NEW_TOKENS greedy tokens (EOS does not stop them), all N
+// at once so llama.cpp batches them into one decode per step. Prints one JSON object:
 //   {"llama_cpp": release, "rows": [{"n", "ttft_ms", "step_ms", "tokens_per_s_seq", "tokens_per_s_all"}]}
-// ttft: start to the last sequence's first token (the N prefills); step: the time from there to the last
+// ttft: start to the last sequence's first token (the prefill); step: the time from there to the last
 // token divided by the NEW_TOKENS - 1 steps. KV cache f32 and flash attention off, like erinfer's f32 KV.
 import {readFileSync} from "node:fs";
 import {fileURLToPath} from "node:url";
@@ -34,10 +34,17 @@ async function decodeRow(N, prompt, T) {
         experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32",
     });
     const seqs = Array.from({length: N}, () => ctx.getSequence());
+    // One prefill, its KV copied to the other sequences (llama_memory_seq_cp through node-llama-cpp's
+    // internal _copyStateFromOtherSequence), as erinfer shares the prompt among its N samples.
     const t0 = performance.now();
+    await seqs[0].evaluateWithoutGeneratingNewTokens(prompt.slice(0, -1));
+    for (const seq of seqs.slice(1))
+        if (!await seq._copyStateFromOtherSequence(seqs[0], prompt.length - 1))
+            throw new Error(`llama_decode: copying the prompt's KV to sequence ${seq.sequenceId} failed`);
+    // Greedy: llama.cpp's cheapest sampler (an argmax; erinfer bench samples at temperature 1).
     const times = await Promise.all(seqs.map(async seq => {
         const t = [];
-        for await (const _ of seq.evaluate(prompt, {temperature: 0, yieldEogToken: true})) {
+        for await (const _ of seq.evaluate(prompt.slice(-1), {temperature: 0, yieldEogToken: true})) {
             t.push(performance.now());
             if (t.length === T)
                 break;

@@ -90,7 +90,8 @@ for (const f of formats.split(/\s+/).filter(Boolean)) {
             fmt(l.step_ms / step1.ll.step_ms, 2) + "x", fmt(e && e.step_ms / step1.er.step_ms, 2) + "x"]);
     }
 }
-console.log(`llama.cpp ${release} (node-llama-cpp, CPU, f32 KV) vs erinfer bench (f32 KV)`);
+console.log(`llama.cpp ${release} (node-llama-cpp, CPU, greedy) vs erinfer bench (samples at temperature 1); both f32 KV, ` +
+    "one prompt prefill shared by the N sequences");
 const head = ["format", "N", "TTFT_ll_ms", "TTFT_er_ms", "ll_tok/s/seq", "er_tok/s/seq", "er/ll", "ll_stepN/1",
     "er_stepN/1"];
 const w = head.map((h, i) => Math.max(h.length, ...lines.map(l => String(l[i]).length)));
