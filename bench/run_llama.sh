@@ -20,7 +20,7 @@ dir=$BUILD/llbench
 tok=../shared/fixtures/qwen-tokenizer
 
 if ! command -v node >/dev/null 2>&1; then
-  echo "!!!!!! run_llama: node is not installed: NO llama.cpp COMPARISON (scripts/deps.sh installs it) !!!!!!"
+  echo "!!!!!! run_llama: node is not installed: NO llama.cpp COMPARISON !!!!!!"
   exit 0
 fi
 if ! scripts/llama_cpp.sh --install; then
@@ -36,7 +36,10 @@ done
 mkdir -p "$dir"
 sed -e 's/"num_hidden_layers": 2,/"num_hidden_layers": 24,/' -e 's/"vocab_size": 512,/"vocab_size": 151936,/' \
   configs/qwen05b-2l.json >"$dir/config.json"
-grep -q '"num_hidden_layers": 24,' "$dir/config.json" && grep -q '"vocab_size": 151936,' "$dir/config.json" || { echo "run_llama: configs/qwen05b-2l.json changed" >&2; exit 1; }
+if ! grep -q '"num_hidden_layers": 24,' "$dir/config.json" || ! grep -q '"vocab_size": 151936,' "$dir/config.json"; then
+  echo "run_llama: configs/qwen05b-2l.json no longer has the layout this script edits" >&2
+  exit 1
+fi
 if [ ! -d "$dir/f32" ]; then
   rm -rf "$dir/f32.tmp"
   "$BUILD/ertrain" init --config "$dir/config.json" --out "$dir/f32.tmp" --tokenizer "$tok" --threads "$THREADS"
