@@ -5,7 +5,7 @@
 # Per format: llama.cpp (node-llama-cpp, pinned, prebuilt CPU binaries, bench/llama_decode.mjs) and
 # erinfer bench, same threads, prompt and new tokens; one table with the ratios and the load average.
 #   THREADS (2), PROMPT (256), NEW (64), FORMATS ("f32 q8 q4g32"), LLAMA_NS (N values for llama.cpp, "1 8")
-# Needs ~2 GB of memory and ~4.5 GB of disk (models written once: later runs only measure).
+# Needs ~2 GB of memory and ~5.5 GB of disk (models written once: later runs only measure).
 # Exits 0 with a loud line when node/npm or node-llama-cpp is missing: no comparison then.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
