@@ -48,14 +48,17 @@ static const char *host_only(const TrainJob *job) {
 int train_device_open(TrainDevice *d, const TrainJob *job, const char *device, int place) {
     memset(d, 0, sizeof *d);
     const char *why = host_only(job);
-    if (!device) {
-        device = backend_default();
-        if (why && strcmp(device, "cpu") != 0) {
+    if (device) {
+        ER_TRY(backend_open(&d->be, device));
+    } else { // the GPU when one answers (opened once, not probed first), else the CPU
+        if (backend_open(&d->be, "cuda") == ER_OK && why) {
+            backend_close(d->be);
+            d->be = NULL;
             d->why_cpu = why;
-            device = "cpu";
         }
+        if (!d->be)
+            ER_TRY(backend_open(&d->be, "cpu"));
     }
-    ER_TRY(backend_open(&d->be, device));
     d->model = job->model;
     d->adapter = job->adapter;
     d->params = job->params;
