@@ -1,5 +1,7 @@
 #include "data/chat.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -254,4 +256,205 @@ int chat_set_system(ChatMessage *out, int cap, const ChatMessage *in, int n, con
     for (int i = (system && has_sys) ? 1 : 0; i < n && k < cap; i++)
         out[k++] = in[i];
     return k;
+}
+
+// ---- tools ----
+
+static void dumps_string(StrBuf *b, const char *s) {
+    strbuf_puts(b, "\"");
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        const char *esc = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n" : c == '\r' ? "\\r"
+                        : c == '\t' ? "\\t" : c == '\b' ? "\\b" : c == '\f' ? "\\f" : NULL;
+        char u[8];
+        if (!esc && c < 0x20) {
+            snprintf(u, sizeof u, "\\u%04x", c);
+            esc = u;
+        }
+        if (esc)
+            strbuf_puts(b, esc);
+        else
+            strbuf_put(b, s, 1);
+    }
+    strbuf_puts(b, "\"");
+}
+
+// Python prints integral numbers without a fraction and others as the shortest text that reads back.
+static void dumps_number(StrBuf *b, double x) {
+    char t[40];
+    if (x == (double)(long long)x && x > -1e16 && x < 1e16) {
+        snprintf(t, sizeof t, "%lld", (long long)x);
+    } else {
+        for (int prec = 15; prec <= 17; prec++) {
+            snprintf(t, sizeof t, "%.*g", prec, x);
+            if (strtod(t, NULL) == x)
+                break;
+        }
+    }
+    strbuf_puts(b, t);
+}
+
+static void dumps_value(StrBuf *b, const cJSON *v) {
+    if (cJSON_IsNull(v) || !v) {
+        strbuf_puts(b, "null");
+    } else if (cJSON_IsBool(v)) {
+        strbuf_puts(b, cJSON_IsTrue(v) ? "true" : "false");
+    } else if (cJSON_IsNumber(v)) {
+        dumps_number(b, v->valuedouble);
+    } else if (cJSON_IsString(v)) {
+        dumps_string(b, v->valuestring);
+    } else {
+        int obj = cJSON_IsObject(v);
+        strbuf_puts(b, obj ? "{" : "[");
+        const cJSON *e;
+        int first = 1;
+        cJSON_ArrayForEach(e, v) {
+            strbuf_puts(b, first ? "" : ", ");
+            first = 0;
+            if (obj) {
+                dumps_string(b, e->string);
+                strbuf_puts(b, ": ");
+            }
+            dumps_value(b, e);
+        }
+        strbuf_puts(b, obj ? "}" : "]");
+    }
+}
+
+static int strbuf_finish(StrBuf *b, char **out, const char *what) {
+    if (b->oom) {
+        er_free(b->p);
+        *out = NULL;
+        return er_error(ER_ENOMEM, "chat: out of memory writing %s", what);
+    }
+    *out = b->p;
+    return ER_OK;
+}
+
+int chat_json_dumps(const cJSON *v, char **out) {
+    StrBuf b = {0};
+    dumps_value(&b, v);
+    return strbuf_finish(&b, out, "JSON");
+}
+
+int chat_tools_system(ChatStyle style, const char *system, const cJSON *tools, char **out) {
+    *out = NULL;
+    if (style == CHAT_PLAIN)
+        return er_error(ER_EUNSUPPORTED, "chat: the plain template has no tool format");
+    if (!cJSON_IsArray(tools))
+        return er_error(ER_EINVAL, "chat: tools must be a JSON array");
+    if (!system && style == CHAT_QWEN25)
+        system = CHAT_QWEN25_DEFAULT_SYSTEM;
+    StrBuf b = {0};
+    strbuf_puts(&b, "");
+    if (system) {
+        strbuf_puts(&b, system);
+        strbuf_puts(&b, "\n\n");
+    }
+    strbuf_puts(&b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        strbuf_puts(&b, "\n");
+        dumps_value(&b, t);
+    }
+    strbuf_puts(&b, "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+                    "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+                    "\"arguments\": <args-json-object>}\n</tool_call>");
+    return strbuf_finish(&b, out, "the tools");
+}
+
+int chat_tool_calls_text(const char *content, const char *const *names, const char *const *arguments, int n,
+                         char **out) {
+    StrBuf b = {0};
+    strbuf_puts(&b, content ? content : "");
+    for (int i = 0; i < n; i++) {
+        if (i > 0 || (content && content[0]))
+            strbuf_puts(&b, "\n");
+        strbuf_puts(&b, "<tool_call>\n{\"name\": \"");
+        strbuf_puts(&b, names[i]);
+        strbuf_puts(&b, "\", \"arguments\": ");
+        cJSON *a = cJSON_Parse(arguments[i]);
+        if (a)
+            dumps_value(&b, a);
+        else
+            strbuf_puts(&b, arguments[i]);
+        cJSON_Delete(a);
+        strbuf_puts(&b, "}\n</tool_call>");
+    }
+    return strbuf_finish(&b, out, "tool calls");
+}
+
+void chat_tool_calls_free(ChatToolCall *calls, int n) {
+    for (int i = 0; calls && i < n; i++) {
+        er_free(calls[i].name);
+        er_free(calls[i].arguments);
+    }
+    er_free(calls);
+}
+
+static const char *skip_space(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
+        p++;
+    return p;
+}
+
+// One "<tool_call>JSON</tool_call>" block's JSON (inner, n bytes) into *c.
+static int parse_one_call(const char *inner, size_t n, int k, ChatToolCall *c) {
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(inner, n, &end, 0);
+    int rc = ER_OK;
+    if (!j || skip_space(end, inner + n) != inner + n)
+        ER_CHECK(er_error(ER_EFORMAT, "tool call %d: not one JSON object", k));
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(j, "arguments");
+    if (!cJSON_IsObject(j) || !cJSON_IsString(name) || !name->valuestring[0])
+        ER_CHECK(er_error(ER_EFORMAT, "tool call %d: no \"name\" string", k));
+    if (!cJSON_IsObject(args))
+        ER_CHECK(er_error(ER_EFORMAT, "tool call %d: \"arguments\" is not a JSON object", k));
+    c->name = er_strdup(name->valuestring);
+    c->arguments = cJSON_PrintUnformatted(args);
+    if (!c->name || !c->arguments)
+        ER_CHECK(er_error(ER_ENOMEM, "tool call %d: out of memory", k));
+done:
+    cJSON_Delete(j);
+    return rc;
+}
+
+int chat_parse_tool_calls(const char *text, size_t len, ChatToolCall **calls, int *n, size_t *content_len) {
+    static const char open[] = "<tool_call>", close[] = "</tool_call>";
+    *calls = NULL;
+    *n = 0;
+    const char *end = text + len, *p = memmem(text, len, open, sizeof open - 1);
+    *content_len = p ? (size_t)(p - text) : len;
+    if (!p)
+        return ER_OK;
+    int rc = ER_OK, k = 0, cap = 0;
+    ChatToolCall *c = NULL;
+    while (p < end) {
+        if ((size_t)(end - p) < sizeof open - 1 || memcmp(p, open, sizeof open - 1) != 0)
+            ER_CHECK(er_error(ER_EFORMAT, "tool calls: text after tool call %d", k));
+        const char *inner = p + sizeof open - 1;
+        const char *q = memmem(inner, (size_t)(end - inner), close, sizeof close - 1);
+        if (!q)
+            ER_CHECK(er_error(ER_EFORMAT, "tool call %d: no closing </tool_call>", k));
+        if (k == cap) {
+            cap = cap ? 2 * cap : 2;
+            ChatToolCall *g = er_realloc_array(c, (size_t)cap, sizeof *c);
+            if (!g)
+                ER_CHECK(er_error(ER_ENOMEM, "tool calls: out of memory"));
+            c = g;
+        }
+        c[k] = (ChatToolCall){0};
+        rc = parse_one_call(inner, (size_t)(q - inner), k, &c[k]);
+        k++;
+        ER_CHECK(rc);
+        p = skip_space(q + sizeof close - 1, end);
+    }
+    *calls = c;
+    *n = k;
+done:
+    if (rc < 0)
+        chat_tool_calls_free(c, k);
+    return rc;
 }

@@ -14,13 +14,17 @@
 //   CHAT_PLAIN   "role: content\n" per message, "assistant: " as the generation prompt; no special
 //                tokens, for models without a chat template.
 // Matching the Jinja templates byte for byte is tested against renderings made by jinja2
-// (scripts/make_chat_golden.py). Not supported: tools / tool_calls, the `reasoning_content` message
-// field, and roles other than system, user, assistant and tool (refused with an error rather than
-// silently dropped as the Jinja templates do).
+// (scripts/make_chat_golden.py). Tools (the OpenAI "tools" list and assistant tool calls) go through
+// chat_tools_system and chat_tool_calls_text below, which turn them into the system and assistant
+// contents the Qwen templates render. Not supported: the `reasoning_content` message field, and roles
+// other than system, user, assistant and tool (refused with an error rather than silently dropped as
+// the Jinja templates do).
 #ifndef DATA_CHAT_H
 #define DATA_CHAT_H
 
 #include <stddef.h>
+
+#include <cjson/cJSON.h>
 
 typedef enum { CHAT_CHATML, CHAT_QWEN25, CHAT_QWEN3, CHAT_PLAIN } ChatStyle;
 
@@ -57,5 +61,36 @@ int chat_set_system(ChatMessage *out, int cap, const ChatMessage *in, int n, con
 // Renders n messages into a new NUL-terminated string (*out, free with er_free; *out_len if not
 // NULL). flags: CHAT_ADD_GENERATION_PROMPT | CHAT_NO_THINKING.
 int chat_render(ChatStyle style, const ChatMessage *msgs, int n, int flags, char **out, size_t *out_len);
+
+// ---- tools, as Qwen2.5's tool-calling template renders them ----
+// v as Python's json.dumps(v, ensure_ascii=False) writes it (the templates' `tojson`): ", " and ": "
+// separators, keys in their order, non-ASCII text as is. A new string in *out (er_free).
+int chat_json_dumps(const cJSON *v, char **out);
+
+// The system turn's content announcing `tools` (a JSON array of OpenAI tool objects, each written
+// with chat_json_dumps): the system text (NULL: none; Qwen2.5 then uses its default system message),
+// "\n\n# Tools ..." with one tool per line inside <tools></tools>, and the <tool_call> instruction,
+// as the template's `if tools` branch writes it. CHAT_PLAIN has no tool format: ER_EUNSUPPORTED.
+int chat_tools_system(ChatStyle style, const char *system, const cJSON *tools, char **out);
+
+// An assistant turn's content with its tool calls, as the template renders message.tool_calls:
+// content (when not empty) and a newline, then per call "<tool_call>\n{\"name\": \"NAME\",
+// \"arguments\": ARGS}\n</tool_call>", joined by newlines. arguments[i] is JSON text (OpenAI sends
+// a string): it is rewritten with chat_json_dumps; text that is not JSON is kept as is.
+int chat_tool_calls_text(const char *content, const char *const *names, const char *const *arguments, int n,
+                         char **out);
+
+typedef struct {
+    char *name;
+    char *arguments; // compact JSON of the call's arguments
+} ChatToolCall;
+
+// The tool calls in a model's response: `text` is content (kept, content_len bytes) followed by one
+// or more "<tool_call>{"name": ..., "arguments": {...}}</tool_call>" blocks with only whitespace
+// between and after them. No "<tool_call>" in text: *n = 0 and content_len = len. Anything else
+// (JSON that does not parse, no name, arguments not an object, an unclosed block, text after a
+// block) is ER_EFORMAT with the problem recorded, and nothing allocated. Free with chat_tool_calls_free.
+int chat_parse_tool_calls(const char *text, size_t len, ChatToolCall **calls, int *n, size_t *content_len);
+void chat_tool_calls_free(ChatToolCall *calls, int n);
 
 #endif

@@ -243,10 +243,11 @@ static int gen_config_from_params(const ErModel *m, const ErGenParams *p, GenCon
 }
 
 // The routed pipeline (a head is loaded): its result becomes the session's ErRoute and stats.
-static int generate_routed(ErSession *s, const int *ids, int n, const GenConfig *g, CbBridge *b, GenStats *st) {
+static int generate_routed(ErSession *s, const int *ids, int n, const GenConfig *g, int force, CbBridge *b,
+                           GenStats *st) {
     const ErModel *m = s->m;
     const TrainedHead *sw = model_switcher(m);
-    PipelineConfig pc = {sw, model_verifier(m), *g, *g};
+    PipelineConfig pc = {sw, model_verifier(m), *g, *g, force};
     pc.direct.sampler.temperature = 0; // the base's direct answer is greedy, without a budget
     pc.direct.budget = 0;
     ER_TRY(pipeline_run(&s->engine, ids, n, &pc, b->cb ? bridge : NULL, b, s->samples, &s->pr));
@@ -268,6 +269,18 @@ static int generate_routed(ErSession *s, const int *ids, int n, const GenConfig 
     return ER_OK;
 }
 
+// ErGenParams.route -> PIPELINE_*; "reasoning" needs an adapter.
+static int route_from_params(const ErModel *m, const ErGenParams *p, int *force) {
+    const char *r = p->route;
+    *force = !r || strcmp(r, "auto") == 0 ? PIPELINE_AUTO : strcmp(r, "direct") == 0 ? PIPELINE_DIRECT
+           : strcmp(r, "reasoning") == 0 ? PIPELINE_REASONING : -1;
+    if (*force < 0)
+        return er_error(ER_EINVAL, "ErGenParams.route is \"%s\", expected auto, direct or reasoning", r);
+    if (*force == PIPELINE_REASONING && !model_adapter(m))
+        return er_error(ER_EINVAL, "ErGenParams.route \"reasoning\" needs an adapter (none is loaded)");
+    return ER_OK;
+}
+
 static int generate_ids(ErSession *s, const int *ids, int n, const ErGenParams *p, ErTokenCallback cb, void *user) {
     double t0 = time_now();
     // The last call's results go first: a failed call leaves none.
@@ -276,11 +289,13 @@ static int generate_ids(ErSession *s, const int *ids, int n, const ErGenParams *
     pipeline_result_free(&s->pr);
     s->has_route = 0;
     GenConfig g;
+    int force;
     ER_TRY(gen_config_from_params(s->m, p, &g));
+    ER_TRY(route_from_params(s->m, p, &force));
     CbBridge b = {cb, user};
     GenStats st;
-    if (model_switcher(s->m) || model_verifier(s->m)) {
-        ER_TRY(generate_routed(s, ids, n, &g, &b, &st));
+    if (model_switcher(s->m) || model_verifier(s->m) || (force != PIPELINE_AUTO && model_adapter(s->m))) {
+        ER_TRY(generate_routed(s, ids, n, &g, force, &b, &st));
     } else {
         ER_TRY(engine_generate(&s->engine, ids, n, &g, cb ? bridge : NULL, &b, s->samples, &st));
         s->n = g.n_samples;

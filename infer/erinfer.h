@@ -109,6 +109,10 @@ typedef struct {
     const char *response_prefix; // forced at the start of every response; NULL = the adapter's (if any)
     const char *const *stop; // (n_stop) stop strings, cut from the text: non-empty, at most ER_STOP_MAX_LEN bytes
     int n_stop;             // 0..ER_STOP_MAX [0]
+    const char *route;      // the routed pipeline's route (with an adapter loaded): NULL or "auto" = the
+                            // switcher decides (reasoning without one), "direct" = the base answers (greedy,
+                            // one sample), "reasoning" = the adapter reasons; a forced route runs the
+                            // pipeline even without heads [NULL]
 } ErGenParams;
 
 enum { ER_FINISH_EOS = 0, ER_FINISH_STOP = 1, ER_FINISH_LENGTH = 2 };

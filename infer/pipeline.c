@@ -104,6 +104,8 @@ int pipeline_run(Engine *e, const int *prompt, int n_prompt, const PipelineConfi
     if (c->switcher)
         ER_CHECK(head_predict(&c->switcher->net, feat, 1, &r->switcher_score));
     r->route = ad && (!c->switcher || r->switcher_score >= c->switcher->threshold) ? ROUTE_REASONING : ROUTE_DIRECT;
+    if (c->force_route != PIPELINE_AUTO)
+        r->route = c->force_route == PIPELINE_REASONING && ad ? ROUTE_REASONING : ROUTE_DIRECT;
     double t2 = time_now();
     r->switcher_s = t2 - t1;
 

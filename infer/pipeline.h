@@ -11,6 +11,7 @@
 #include "model/head.h"
 
 enum { ROUTE_DIRECT = 0, ROUTE_REASONING = 1 };
+enum { PIPELINE_AUTO = 0, PIPELINE_DIRECT = 1, PIPELINE_REASONING = 2 };
 
 typedef struct {
     const TrainedHead *switcher; // NULL: every query takes the reasoning route (when there is an adapter)
@@ -18,6 +19,8 @@ typedef struct {
     GenConfig direct;            // the base's direct answer: used greedy, n_samples 1, no adapter, no prefix
     GenConfig reasoning;         // the reasoning samples: adapter (NULL: no reasoning route), prefix,
                                  // n_samples, temperature, budget; keep_kv is set by the pipeline
+    int force_route;             // PIPELINE_AUTO: the switcher decides; PIPELINE_DIRECT / PIPELINE_REASONING
+                                 // take that route (reasoning only with an adapter); the switcher still scores
 } PipelineConfig;
 
 typedef struct {
