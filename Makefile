@@ -148,6 +148,18 @@ TRAIN_SRC := $(foreach d,$(TRAIN_DIRS),$(wildcard $(d)/*.c))
 ERINFER_SRC := $(wildcard infer/cli*.c) $(ARGS_SRC)
 ERTRAIN_SRC := $(wildcard ertrain/*.c) $(ARGS_SRC)
 ERTRAIN_SRC += infer/cli_eval.c infer/cli_flags.c # ertrain eval: erinfer eval split across MPI ranks
+# erinfer serve (infer/server*.c, on GNU libmicrohttpd) is part of the erinfer program, never of liberinfer.
+# The aarch64 build leaves it out (a static erinfer would need arm64 libmicrohttpd and GnuTLS): there
+# infer/cli.c has no serve command. The tests link the JSON half (no HTTP library in it).
+SERVER_SRC := $(wildcard infer/server*.c)
+RUNTIME_SRC := $(filter-out $(SERVER_SRC),$(RUNTIME_SRC))
+ifeq ($(CROSS),)
+ERINFER_SRC += $(SERVER_SRC)
+$(BUILD)/erinfer: LDLIBS += -lmicrohttpd -lpthread
+else
+$(BUILD)/obj/infer/cli.o: CFLAGS += -DER_NO_SERVE
+endif
+$(BUILD)/test_all: $(call obj,infer/server_json.c)
 TEST_SRC := $(filter-out tests/fuzz/%,$(wildcard tests/*/*.c))
 BENCH_SRC := $(wildcard bench/*.c)
 

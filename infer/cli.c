@@ -4,6 +4,9 @@
 #include "core/args.h"
 #include "core/error.h"
 #include "infer/cli.h"
+#ifndef ER_NO_SERVE
+#include "infer/server.h"
+#endif
 
 static int cmd_version(int argc, char **argv) {
     (void)argc;
@@ -20,6 +23,9 @@ static const ArgCommand commands[] = {
     {"score", cmd_score, "log-probabilities of token sequences under a model (and adapter)"},
     {"tokenize", cmd_tokenize, "text JSONL -> token ids JSONL with a tokenizer.json"},
     {"detokenize", cmd_detokenize, "token ids JSONL -> text JSONL"},
+#ifndef ER_NO_SERVE
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server (chat, completions, tools) over the routed pipeline"},
+#endif
     {"version", cmd_version, "print the version"},
 };
 

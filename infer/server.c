@@ -1,0 +1,650 @@
+// erinfer serve: the OpenAI HTTP API on GNU libmicrohttpd (one thread per connection). Requests are
+// parsed and checked on their connection's thread (infer/server_json.c), then queued as jobs for
+// --parallel workers, each with its own session of the one model (sessions of a model may generate
+// at once). A worker takes the job at the head of the queue unless another idle worker's session
+// holds a longer prefix of its prompt (a conversation's earlier turns, a shared system prompt), so
+// the engine reuses that K/V. A full queue answers 503. A streamed job's SSE bytes go from the
+// worker's token callback to the connection's content reader; a client that goes away cancels its
+// job (the token callback stops the samples, a queued job is dropped).
+#include "infer/server.h"
+
+#include <errno.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/args.h"
+#include "core/error.h"
+#include "core/threads.h"
+#include "infer/cli.h"
+#include "infer/runner.h"
+
+enum { SERVE_MAX_BODY = 1 << 20, SERVE_JSON_DEPTH = 64 };
+
+typedef struct Job Job;
+typedef struct Server Server;
+
+struct Job {
+    ServeRequest req;
+    ServeIds ids;
+    pthread_cond_t cond;  // with Server.mu: new output, or done
+    StrBuf out;           // SSE events (stream) or the response body
+    size_t sent;          // bytes of out the connection has taken
+    size_t *streamed;     // (n) content bytes of each sample streamed so far
+    StrBuf *acc;          // (n) each sample's text so far (tool calls are held back from it)
+    int status;           // HTTP status of a non-streamed response
+    int done, cancel;     // cancel is read by the worker's token callback without the lock
+    int refs;             // the connection and, once queued, the worker
+    int fd;               // the client's socket, to notice a hang-up while waiting
+    Job *next;
+};
+
+typedef struct {
+    Server *srv;
+    int index;
+    ErSession *session;
+    char *last_prompt;    // what the session's cache holds a prefix of
+    int idle;
+    pthread_t thread;
+} Worker;
+
+struct Server {
+    ErModel *model;
+    Tokenizer *tok;       // counts prompt tokens on the connections' threads
+    ChatStyle style;
+    ServeLimits lim;
+    const char *api_key, *model_name;
+    int threads, queue_max, n_queued, stopping;
+    Job *head, *tail;
+    pthread_mutex_t mu;
+    pthread_cond_t work;  // a job was queued or the server stops
+    Worker *workers;
+    int n_workers;
+    unsigned long counter;
+};
+
+// ---- jobs ----
+
+static void job_unref(Server *srv, Job *j) {
+    if (--j->refs > 0)
+        return;
+    serve_request_free(&j->req);
+    for (int i = 0; j->acc && i < j->req.p.n_samples; i++)
+        er_free(j->acc[i].p);
+    er_free(j->acc);
+    er_free(j->streamed);
+    er_free(j->out.p);
+    pthread_cond_destroy(&j->cond);
+    er_free(j);
+    (void)srv;
+}
+
+// The client hung up: its socket reads end of file (or fails) without blocking.
+static int peer_gone(int fd) {
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+// Waits (lock held) up to 100 ms for news on j.
+static void job_wait(Server *srv, Job *j) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_nsec += 100 * 1000000L;
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&j->cond, &srv->mu, &t);
+    if (!j->done && peer_gone(j->fd))
+        __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
+}
+
+static size_t common_prefix(const char *a, const char *b) {
+    size_t k = 0;
+    while (a && b && a[k] && a[k] == b[k])
+        k++;
+    return k;
+}
+
+// Lock held: worker w takes the head job unless an idle worker's cache matches its prompt better.
+static Job *job_take(Server *srv, Worker *w) {
+    Job *j = srv->head;
+    if (!j)
+        return NULL;
+    size_t mine = common_prefix(w->last_prompt, j->req.prompt);
+    for (int k = 0; k < srv->n_workers; k++) {
+        Worker *o = &srv->workers[k];
+        if (o != w && o->idle && common_prefix(o->last_prompt, j->req.prompt) > mine)
+            return NULL; // that one is woken by the same broadcast and takes it
+    }
+    srv->head = j->next;
+    if (!srv->head)
+        srv->tail = NULL;
+    srv->n_queued--;
+    if (srv->head)
+        pthread_cond_broadcast(&srv->work);
+    return j;
+}
+
+// Appends under the lock and wakes the connection.
+static void job_emit(Server *srv, Job *j, const StrBuf *chunk) {
+    pthread_mutex_lock(&srv->mu);
+    strbuf_put(&j->out, chunk->p ? chunk->p : "", chunk->n);
+    pthread_cond_signal(&j->cond);
+    pthread_mutex_unlock(&srv->mu);
+}
+
+typedef struct {
+    Server *srv;
+    Job *job;
+} TokenCtx;
+
+// Streams what each sample's text releases, holding back a tool call when the request has tools.
+static int on_token(void *user, int sample, const char *text, size_t len) {
+    TokenCtx *t = user;
+    Job *j = t->job;
+    if (j->req.stream && sample < j->req.p.n_samples) {
+        StrBuf *acc = &j->acc[sample];
+        strbuf_put(acc, text, len);
+        size_t safe = j->req.tools ? serve_tool_safe_prefix(acc->p, acc->n) : acc->n;
+        if (safe > j->streamed[sample]) {
+            StrBuf chunk = {0};
+            serve_chunk_delta(&chunk, &j->req, &j->ids, sample, acc->p + j->streamed[sample],
+                              safe - j->streamed[sample], 0);
+            job_emit(t->srv, j, &chunk);
+            er_free(chunk.p);
+            j->streamed[sample] = safe;
+        }
+    }
+    return __atomic_load_n(&j->cancel, __ATOMIC_RELAXED);
+}
+
+// A generation failure as the client sees it: no library message (it may name files).
+static void generation_error(int rc, const Job *j, ServeError *e) {
+    memset(e, 0, sizeof *e);
+    if (rc == ER_EINVAL || rc == ER_ERANGE)
+        serve_fail(e, 400, "invalid_request_error", NULL, "the request cannot be served with this model (%s)",
+                   er_status_name(rc));
+    else
+        serve_fail(e, 500, "server_error", NULL, "generation failed (%s)", er_status_name(rc));
+    fprintf(stderr, "erinfer serve: %s: %s\n", j->ids.id, er_last_error());
+}
+
+static void job_run(Worker *w, Job *j) {
+    Server *srv = w->srv;
+    ServeRequest *r = &j->req;
+    StrBuf out = {0};
+    if (r->stream) {
+        for (int i = 0; i < r->p.n_samples; i++)
+            serve_chunk_delta(&out, r, &j->ids, i, "", 0, 1);
+        job_emit(srv, j, &out);
+        out.n = 0;
+    }
+    TokenCtx t = {srv, j};
+    int rc = er_generate_raw(w->session, r->prompt, &r->p, on_token, &t);
+    er_free(w->last_prompt);
+    w->last_prompt = rc == ER_OK ? er_strdup(r->prompt) : NULL;
+    int status = 200;
+    if (rc < 0) {
+        ServeError e;
+        generation_error(rc, j, &e);
+        status = e.status;
+        if (r->stream) {
+            serve_chunk_error(&out, &e);
+        } else {
+            char *s = serve_error_json(&e);
+            strbuf_puts(&out, s ? s : "{}");
+            er_free(s);
+        }
+    } else if (r->stream) {
+        serve_chunk_final(&out, r, &j->ids, w->session, j->streamed);
+    } else {
+        char *s = serve_response_json(r, &j->ids, w->session);
+        strbuf_puts(&out, s ? s : "{}");
+        er_free(s);
+    }
+    pthread_mutex_lock(&srv->mu);
+    strbuf_put(&j->out, out.p ? out.p : "", out.n);
+    j->status = out.oom || j->out.oom ? 500 : status;
+    pthread_mutex_unlock(&srv->mu);
+    er_free(out.p);
+}
+
+static void *worker_main(void *arg) {
+    Worker *w = arg;
+    Server *srv = w->srv;
+    // Each worker's OpenMP team gets its share of the cores (the setting is per thread).
+    int per = srv->threads / srv->n_workers;
+    threads_set(per > 0 ? per : 1);
+    pthread_mutex_lock(&srv->mu);
+    for (;;) {
+        Job *j = NULL;
+        w->idle = 1;
+        while (!srv->stopping && !(j = job_take(srv, w)))
+            pthread_cond_wait(&srv->work, &srv->mu);
+        w->idle = 0;
+        if (!j)
+            break;
+        pthread_mutex_unlock(&srv->mu);
+        if (!__atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
+            job_run(w, j);
+        pthread_mutex_lock(&srv->mu);
+        j->done = 1;
+        pthread_cond_signal(&j->cond);
+        job_unref(srv, j);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return NULL;
+}
+
+// Queues a parsed request (taking it over); NULL when the queue is full or the server stops.
+static Job *job_submit(Server *srv, ServeRequest *r, int fd) {
+    Job *j = er_calloc(1, sizeof *j);
+    int n = r->p.n_samples;
+    if (j && (!(j->streamed = er_calloc((size_t)n, sizeof *j->streamed)) ||
+              !(j->acc = er_calloc((size_t)n, sizeof *j->acc)))) {
+        er_free(j->streamed);
+        er_free(j);
+        j = NULL;
+    }
+    if (!j)
+        return NULL;
+    j->req = *r; // the parameters point into the request's own strings: moved along
+    j->req.p.stop = (const char *const *)j->req.stop;
+    j->req.p.route = j->req.route;
+    memset(r, 0, sizeof *r);
+    j->fd = fd;
+    j->refs = 1;
+    pthread_cond_init(&j->cond, NULL);
+    pthread_mutex_lock(&srv->mu);
+    snprintf(j->ids.id, sizeof j->ids.id, "%s-%08lx%08lx", j->req.chat ? "chatcmpl" : "cmpl",
+             (unsigned long)time(NULL) & 0xffffffffUL, ++srv->counter);
+    j->ids.created = (long)time(NULL);
+    j->ids.model = srv->model_name;
+    if (srv->stopping || srv->n_queued >= srv->queue_max) {
+        pthread_mutex_unlock(&srv->mu);
+        job_unref(srv, j);
+        return NULL;
+    }
+    j->refs = 2;
+    if (srv->tail)
+        srv->tail->next = j;
+    else
+        srv->head = j;
+    srv->tail = j;
+    srv->n_queued++;
+    pthread_cond_broadcast(&srv->work);
+    pthread_mutex_unlock(&srv->mu);
+    return j;
+}
+
+// ---- HTTP ----
+
+typedef struct {
+    StrBuf body;
+    int too_big;
+} Conn;
+
+typedef struct {
+    Server *srv;
+    Job *job;
+} Stream;
+
+static enum MHD_Result respond(struct MHD_Connection *c, int status, const char *type, const char *body) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result respond_error(struct MHD_Connection *c, const ServeError *e) {
+    char *s = serve_error_json(e);
+    enum MHD_Result ok = respond(c, e->status, "application/json", s ? s : "{}");
+    er_free(s);
+    return ok;
+}
+
+static enum MHD_Result respond_fail(struct MHD_Connection *c, int status, const char *type, const char *code,
+                                    const char *message) {
+    ServeError e = {0};
+    serve_fail(&e, status, type, NULL, "%s", message);
+    e.code = code;
+    return respond_error(c, &e);
+}
+
+// The stream's bytes as the worker writes them; the end when the job is done and all is sent.
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    Stream *st = cls;
+    Job *j = st->job;
+    pthread_mutex_lock(&st->srv->mu);
+    while (j->sent == j->out.n && !j->done && !__atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
+        job_wait(st->srv, j);
+    size_t n = j->out.n - j->sent;
+    if (n > max)
+        n = max;
+    memcpy(buf, j->out.p + j->sent, n);
+    j->sent += n;
+    int cancelled = __atomic_load_n(&j->cancel, __ATOMIC_RELAXED) && !j->done;
+    pthread_mutex_unlock(&st->srv->mu);
+    if (n > 0)
+        return (ssize_t)n;
+    return cancelled ? MHD_CONTENT_READER_END_WITH_ERROR : MHD_CONTENT_READER_END_OF_STREAM;
+}
+
+// The response is gone (sent, or the client hung up): a job still running is cancelled.
+static void stream_free(void *cls) {
+    Stream *st = cls;
+    pthread_mutex_lock(&st->srv->mu);
+    __atomic_store_n(&st->job->cancel, 1, __ATOMIC_RELAXED);
+    job_unref(st->srv, st->job);
+    pthread_mutex_unlock(&st->srv->mu);
+    er_free(st);
+}
+
+static enum MHD_Result serve_stream(struct MHD_Connection *c, Server *srv, Job *j) {
+    Stream *st = er_calloc(1, sizeof *st);
+    struct MHD_Response *r = st ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, st,
+                                                                    stream_free)
+                                : NULL;
+    if (!r) {
+        er_free(st);
+        pthread_mutex_lock(&srv->mu);
+        __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
+        job_unref(srv, j);
+        pthread_mutex_unlock(&srv->mu);
+        return MHD_NO;
+    }
+    *st = (Stream){srv, j};
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+// A chat or completion request: checked here, generated by a worker.
+static enum MHD_Result serve_generate(struct MHD_Connection *c, Server *srv, const Conn *cn, int chat) {
+    ServeRequest req;
+    ServeError e;
+    if (serve_parse_request(cn->body.p ? cn->body.p : "", cn->body.n, chat, srv->style, srv->tok, &srv->lim, &req,
+                            &e) < 0)
+        return respond_error(c, &e);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    Job *j = job_submit(srv, &req, ci ? ci->connect_fd : -1);
+    serve_request_free(&req);
+    if (!j)
+        return respond_fail(c, 503, "server_error", "queue_full",
+                            "the server is busy (its request queue is full); retry later");
+    if (j->req.stream)
+        return serve_stream(c, srv, j);
+    pthread_mutex_lock(&srv->mu);
+    while (!j->done)
+        job_wait(srv, j);
+    enum MHD_Result ok = respond(c, j->status ? j->status : 500, "application/json", j->out.p ? j->out.p : "{}");
+    job_unref(srv, j);
+    pthread_mutex_unlock(&srv->mu);
+    return ok;
+}
+
+static enum MHD_Result serve_models(struct MHD_Connection *c, Server *srv) {
+    cJSON *j = cJSON_CreateObject(), *d = cJSON_AddArrayToObject(j, "data"), *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "object", "list");
+    cJSON_AddStringToObject(m, "id", srv->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "erinfer");
+    cJSON_AddItemToArray(d, m);
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    enum MHD_Result ok = respond(c, 200, "application/json", s ? s : "{}");
+    er_free(s);
+    return ok;
+}
+
+// "Authorization: Bearer KEY", compared in constant time.
+static int authorized(struct MHD_Connection *c, const Server *srv) {
+    if (!srv->api_key)
+        return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncmp(h, "Bearer ", 7) != 0)
+        return 0;
+    h += 7;
+    size_t n = strlen(h), m = strlen(srv->api_key);
+    unsigned diff = n != m;
+    for (size_t i = 0; i < n && i < m; i++)
+        diff |= (unsigned char)(h[i] ^ srv->api_key[i]);
+    return diff == 0;
+}
+
+static enum MHD_Result route_request(struct MHD_Connection *c, Server *srv, const Conn *cn, const char *url,
+                                     const char *method) {
+    int get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
+    int chat = strcmp(url, "/v1/chat/completions") == 0, cmpl = strcmp(url, "/v1/completions") == 0;
+    int models = strcmp(url, "/v1/models") == 0, health = strcmp(url, "/health") == 0;
+    if (!chat && !cmpl && !models && !health)
+        return respond_fail(c, 404, "invalid_request_error", "not_found", "unknown endpoint");
+    if (((chat || cmpl) && !post) || ((models || health) && !get))
+        return respond_fail(c, 405, "invalid_request_error", "method_not_allowed", "method not allowed here");
+    if (health)
+        return respond(c, 200, "application/json", "{\"status\":\"ok\"}");
+    if (!authorized(c, srv))
+        return respond_fail(c, 401, "invalid_request_error", "invalid_api_key", "missing or invalid API key");
+    if (models)
+        return serve_models(c, srv);
+    if (cn->too_big)
+        return respond_fail(c, 413, "invalid_request_error", "request_too_large",
+                            "the request body is larger than 1 MiB");
+    return serve_generate(c, srv, cn, chat);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    Server *srv = cls;
+    Conn *cn = *con_cls;
+    if (!cn) {
+        if (!(cn = er_calloc(1, sizeof *cn)))
+            return MHD_NO;
+        *con_cls = cn;
+        return MHD_YES;
+    }
+    if (*upload_size > 0) {
+        // A body over the limit is read and dropped (memory stays bounded), then refused.
+        if (cn->body.n + *upload_size > SERVE_MAX_BODY)
+            cn->too_big = 1;
+        else
+            strbuf_put(&cn->body, upload, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (cn->body.oom)
+        return respond_fail(c, 500, "server_error", NULL, "out of memory");
+    return route_request(c, srv, cn, url, method);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)c;
+    (void)toe;
+    Conn *cn = *con_cls;
+    if (cn)
+        er_free(cn->body.p);
+    er_free(cn);
+    *con_cls = NULL;
+}
+
+// ---- the command ----
+
+typedef struct {
+    GenFlags g;
+    const char *host, *api_key;
+    int port, parallel, queue, max_n, max_tokens;
+} ServeFlags;
+
+static int serve_parse_flags(int argc, char **argv, ServeFlags *f) {
+    gen_flags_default(&f->g);
+    f->host = "127.0.0.1";
+    f->port = 8080;
+    f->parallel = 1;
+    f->queue = 64;
+    f->max_n = 4;
+    f->max_tokens = 512;
+    ArgSpec specs[GEN_FLAGS_MAX + 8];
+    int ns = 0;
+    // Of the generation flags, serve takes the model, its adapter and heads, the KV type, context and threads;
+    // sampling comes with each request.
+    ArgSpec all[GEN_FLAGS_MAX];
+    int na = gen_flags_specs(&f->g, all);
+    static const char *const keep[] = {"model", "adapter", "switcher", "verifier", "kv", "context", "threads"};
+    for (int i = 0; i < na; i++)
+        for (size_t k = 0; k < sizeof keep / sizeof *keep; k++)
+            if (strcmp(all[i].name, keep[k]) == 0)
+                specs[ns++] = all[i];
+    specs[ns++] = (ArgSpec){"host", ARG_STR, &f->host, "address to listen on (IPv4; 0.0.0.0 = every interface)", 0, 0, 0};
+    specs[ns++] = (ArgSpec){"port", ARG_INT, &f->port, "TCP port (0 = any free port, printed at start)", 0, 0, 65535};
+    specs[ns++] = (ArgSpec){"parallel", ARG_INT, &f->parallel, "requests generated at once (one session each)", 0, 1,
+                            256};
+    specs[ns++] = (ArgSpec){"queue", ARG_INT, &f->queue, "requests waiting beyond those; more get HTTP 503", 0, 0,
+                            1 << 16};
+    specs[ns++] = (ArgSpec){"max-n", ARG_INT, &f->max_n, "largest n (samples) a request may ask for", 0, 1, 256};
+    specs[ns++] = (ArgSpec){"max-tokens", ARG_INT, &f->max_tokens, "cap on a request's max_tokens (and its default)",
+                            0, 1, 1 << 20};
+    specs[ns++] = (ArgSpec){"api-key", ARG_STR, &f->api_key, "require \"Authorization: Bearer KEY\" on /v1/*", 0, 0,
+                            0};
+    return args_parse(argc, argv, specs, ns, "erinfer serve --model DIR [--adapter DIR --switcher FILE --verifier FILE] "
+                                             "[--host 127.0.0.1 --port 8080] [--parallel K] [flags]");
+}
+
+// The model, its adapter and heads, and one session per worker.
+static int serve_open(Server *srv, const ServeFlags *f) {
+    GenFlags g = f->g;
+    g.max_new = f->max_tokens;
+    ErSession *first;
+    ER_TRY(gen_flags_open(&g, f->max_n, &srv->model, &first));
+    int kv_int8 = strcmp(g.kv, "int8") == 0, max_pos = er_model_max_positions(srv->model);
+    srv->lim = (ServeLimits){f->max_n, f->max_tokens, g.context ? g.context
+                                                    : 4096 + f->max_tokens < max_pos ? 4096 + f->max_tokens : max_pos,
+                             SERVE_JSON_DEPTH};
+    srv->n_workers = f->parallel;
+    srv->workers = er_calloc((size_t)f->parallel, sizeof *srv->workers);
+    if (!srv->workers) {
+        er_session_free(first);
+        return ER_ENOMEM;
+    }
+    srv->workers[0].session = first;
+    for (int i = 1; i < f->parallel; i++)
+        ER_TRY(er_session_open(&srv->workers[i].session, srv->model, f->max_n, srv->lim.context, kv_int8));
+    ER_TRY(tok_load(&srv->tok, f->g.model));
+    return chat_style_from_config(f->g.model, &srv->style);
+}
+
+static void serve_close(Server *srv) {
+    for (int i = 0; srv->workers && i < srv->n_workers; i++) {
+        er_session_free(srv->workers[i].session);
+        er_free(srv->workers[i].last_prompt);
+    }
+    er_free(srv->workers);
+    er_model_free(srv->model);
+    tok_free(srv->tok);
+}
+
+// Stops the workers: queued jobs are dropped (their connections answer), running ones cancelled.
+static void serve_stop_workers(Server *srv, int started) {
+    pthread_mutex_lock(&srv->mu);
+    srv->stopping = 1;
+    for (Job *j = srv->head, *next; j; j = next) {
+        next = j->next;
+        __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
+        j->done = 1;
+        pthread_cond_signal(&j->cond);
+        job_unref(srv, j);
+    }
+    srv->head = srv->tail = NULL;
+    srv->n_queued = 0;
+    pthread_cond_broadcast(&srv->work);
+    pthread_mutex_unlock(&srv->mu);
+    for (int i = 0; i < started; i++)
+        pthread_join(srv->workers[i].thread, NULL);
+}
+
+// Listens until SIGINT or SIGTERM.
+static int serve_listen(Server *srv, const ServeFlags *f) {
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f->port)};
+    if (inet_pton(AF_INET, f->host, &addr.sin_addr) != 1)
+        return er_error(ER_EINVAL, "--host \"%s\" is not an IPv4 address", f->host);
+    struct MHD_Daemon *d = MHD_start_daemon(
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL, on_request, srv,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(f->queue + f->parallel + 64), MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)600, MHD_OPTION_END);
+    if (!d)
+        return er_error(ER_EIO, "cannot listen on %s:%d (%s)", f->host, f->port, strerror(errno));
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    fprintf(stderr, "erinfer serve: %s on http://%s:%d/v1 (%d parallel, queue %d)\n", srv->model_name, f->host,
+            di ? di->port : f->port, f->parallel, f->queue);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    int sig;
+    sigwait(&set, &sig);
+    fprintf(stderr, "erinfer serve: stopping\n");
+    serve_stop_workers(srv, srv->n_workers);
+    MHD_stop_daemon(d);
+    return ER_OK;
+}
+
+int cmd_serve(int argc, char **argv) {
+    ServeFlags f = {0};
+    int rc = serve_parse_flags(argc, argv, &f);
+    if (rc == ARGS_HELP)
+        return 0;
+    if (rc < 0)
+        return cli_fail("serve");
+    Server srv = {.api_key = f.api_key, .queue_max = f.queue};
+    srv.threads = threads_set(f.g.threads);
+    // The model's name for /v1/models and responses: its dir's last component.
+    const char *slash = strrchr(f.g.model, '/');
+    srv.model_name = slash && slash[1] ? slash + 1 : f.g.model;
+    pthread_mutex_init(&srv.mu, NULL);
+    pthread_cond_init(&srv.work, NULL);
+    // Every thread started from here on (workers, the HTTP library's) leaves these signals to sigwait.
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    int started = 0;
+    rc = serve_open(&srv, &f);
+    while (rc == ER_OK && started < srv.n_workers) {
+        Worker *w = &srv.workers[started];
+        w->srv = &srv;
+        w->index = started;
+        if (pthread_create(&w->thread, NULL, worker_main, w) != 0)
+            rc = er_error(ER_ENOMEM, "cannot start worker thread %d", started);
+        else
+            started++;
+    }
+    if (rc == ER_OK)
+        rc = serve_listen(&srv, &f);
+    else
+        serve_stop_workers(&srv, started);
+    serve_close(&srv);
+    pthread_cond_destroy(&srv.work);
+    pthread_mutex_destroy(&srv.mu);
+    return rc < 0 ? cli_fail("serve") : 0;
+}

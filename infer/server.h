@@ -1,0 +1,90 @@
+// erinfer serve: the OpenAI-compatible HTTP server over the routed pipeline. The HTTP side (GNU
+// libmicrohttpd) is infer/server.c; this header is what it shares with infer/server_json.c, which
+// reads requests and writes the OpenAI JSON (responses, stream chunks, errors). CLI-side code: the
+// erinfer program links it, liberinfer does not (nothing in the library needs an HTTP library).
+#ifndef INFER_SERVER_H
+#define INFER_SERVER_H
+
+#include <cjson/cJSON.h>
+
+#include "core/strbuf.h"
+#include "data/chat.h"
+#include "data/tokenizer.h"
+#include "infer/erinfer.h"
+
+// Limits of one server, from its flags.
+typedef struct {
+    int max_n;          // samples per request (the sessions' room)
+    int max_tokens;     // cap on max_tokens (and its default)
+    int context;        // positions per sample, prompt included
+    int json_depth;     // deepest nesting accepted in a request body
+} ServeLimits;
+
+// A request that passed every check, ready for a worker.
+typedef struct {
+    int chat;                  // /v1/chat/completions; 0: /v1/completions
+    char *prompt;              // the rendered prompt (chat template applied for chat requests)
+    ErGenParams p;             // stop, route point into the strings below
+    char *stop[ER_STOP_MAX];
+    char *route;
+    int stream, include_usage;
+    int tools;                 // the request gave tools: the output's <tool_call> blocks become tool_calls
+    int prompt_tokens;
+} ServeRequest;
+
+void serve_request_free(ServeRequest *r);
+
+// The OpenAI error of a refused request: HTTP status, message (never internals: no paths, no library
+// messages), type and the offending parameter (NULL: none).
+typedef struct {
+    int status;
+    char message[256];
+    const char *type;
+    char param[72];   // "" = none
+    const char *code;
+} ServeError;
+
+// Records an error in e and returns -1.
+int serve_fail(ServeError *e, int status, const char *type, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+// {"error": {...}} as a new string (er_free).
+char *serve_error_json(const ServeError *e);
+
+// Deepest nesting of the JSON text (brackets outside strings), counted without parsing it.
+int serve_json_depth(const char *s, size_t n);
+
+// Parses and checks a request body for /v1/chat/completions (chat = 1) or /v1/completions. The chat
+// template is `style`; tok counts the prompt's tokens against the limits.
+int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, const Tokenizer *tok,
+                        const ServeLimits *lim, ServeRequest *r, ServeError *e);
+
+// One response's identity, shared by its chunks.
+typedef struct {
+    char id[40];
+    long created;
+    const char *model;
+} ServeIds;
+
+// The whole non-streamed response of a finished generate call on s (choices, usage, the erinfer
+// extension), as a new string.
+char *serve_response_json(const ServeRequest *r, const ServeIds *ids, const ErSession *s);
+
+// Stream chunks, each appended to out as one SSE event ("data: {...}\n\n").
+// A content delta of choice i (role: the first chunk, which carries the role).
+void serve_chunk_delta(StrBuf *out, const ServeRequest *r, const ServeIds *ids, int i, const char *text, size_t n,
+                       int role);
+// The end of every choice (tool calls, finish reasons, the erinfer extension on the last), the usage
+// chunk when asked for, and [DONE]. held[i]: the text of choice i not yet streamed (it may hold tool calls).
+void serve_chunk_final(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ErSession *s,
+                       const size_t *streamed);
+// An error inside a stream (the status line is already sent): one error event and [DONE].
+void serve_chunk_error(StrBuf *out, const ServeError *e);
+
+// How many of the n bytes of a sample's text may be streamed as content now, with a request that has
+// tools: everything before a "<tool_call>" (or before a tail that may still become one).
+size_t serve_tool_safe_prefix(const char *text, size_t n);
+
+// erinfer serve (infer/server.c).
+int cmd_serve(int argc, char **argv);
+
+#endif

@@ -1,0 +1,604 @@
+// erinfer serve's JSON side: request bodies checked field by field into a ServeRequest, and the
+// OpenAI response objects, stream chunks and errors (infer/server.h).
+#include "infer/server.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/json.h"
+#include "infer/runner.h"
+
+int serve_fail(ServeError *e, int status, const char *type, const char *param, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    e->status = status;
+    e->type = type;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    return -1;
+}
+
+char *serve_error_json(const ServeError *e) {
+    cJSON *j = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(j, "error");
+    cJSON_AddStringToObject(o, "message", e->message);
+    cJSON_AddStringToObject(o, "type", e->type ? e->type : "invalid_request_error");
+    if (e->param[0])
+        cJSON_AddStringToObject(o, "param", e->param);
+    else
+        cJSON_AddNullToObject(o, "param");
+    if (e->code)
+        cJSON_AddStringToObject(o, "code", e->code);
+    else
+        cJSON_AddNullToObject(o, "code");
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    return s;
+}
+
+int serve_json_depth(const char *s, size_t n) {
+    int depth = 0, max = 0, in_str = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_str = 0;
+        } else if (c == '"') {
+            in_str = 1;
+        } else if (c == '[' || c == '{') {
+            if (++depth > max)
+                max = depth;
+        } else if (c == ']' || c == '}') {
+            depth--;
+        }
+    }
+    return max;
+}
+
+void serve_request_free(ServeRequest *r) {
+    er_free(r->prompt);
+    for (int i = 0; i < ER_STOP_MAX; i++)
+        er_free(r->stop[i]);
+    er_free(r->route);
+    memset(r, 0, sizeof *r);
+}
+
+#define BAD(param, ...) serve_fail(e, 400, "invalid_request_error", param, __VA_ARGS__)
+
+// A number field in [lo, hi] (absent or null: *out untouched).
+static int opt_number(const cJSON *o, const char *key, double lo, double hi, double *out, ServeError *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return BAD(key, "'%s' must be a number", key);
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return BAD(key, "'%s' must be between %g and %g", key, lo, hi);
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int opt_int(const cJSON *o, const char *key, double lo, double hi, int64_t *out, ServeError *e) {
+    double d = NAN;
+    if (opt_number(o, key, lo, hi, &d, e) < 0)
+        return -1;
+    if (isnan(d))
+        return 0;
+    if (d != floor(d))
+        return BAD(key, "'%s' must be an integer", key);
+    *out = (int64_t)d;
+    return 0;
+}
+
+static int opt_bool(const cJSON *o, const char *key, int *out, ServeError *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsBool(v))
+        return BAD(key, "'%s' must be a boolean", key);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+// The fields a request may have; anything else is refused by name (a typo must not pass silently).
+static int check_fields(const cJSON *root, int chat, ServeError *e) {
+    static const char *const common[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
+                                         "seed", "stream", "stream_options", "user", "reasoning_budget", "route"};
+    static const char *const chat_only[] = {"messages", "max_completion_tokens", "tools", "tool_choice",
+                                            "parallel_tool_calls"};
+    const cJSON *f;
+    cJSON_ArrayForEach(f, root) {
+        int known = chat ? 0 : strcmp(f->string, "prompt") == 0;
+        for (size_t i = 0; !known && i < sizeof common / sizeof *common; i++)
+            known = strcmp(f->string, common[i]) == 0;
+        for (size_t i = 0; chat && !known && i < sizeof chat_only / sizeof *chat_only; i++)
+            known = strcmp(f->string, chat_only[i]) == 0;
+        if (!known)
+            return BAD(f->string, "unknown field '%.64s'", f->string);
+    }
+    return 0;
+}
+
+// "stop": a string or an array of up to ER_STOP_MAX non-empty strings.
+static int parse_stop(const cJSON *root, ServeRequest *r, ServeError *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "stop"), *s;
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsString(v) && !cJSON_IsArray(v))
+        return BAD("stop", "'stop' must be a string or an array of strings");
+    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > ER_STOP_MAX)
+        return BAD("stop", "'stop' holds at most %d strings", ER_STOP_MAX);
+    int n = 0;
+    for (s = cJSON_IsString(v) ? v : v->child; s; s = cJSON_IsString(v) ? NULL : s->next) {
+        if (!cJSON_IsString(s) || !s->valuestring[0] || strlen(s->valuestring) > ER_STOP_MAX_LEN)
+            return BAD("stop", "each stop string must be a non-empty string of at most %d bytes", ER_STOP_MAX_LEN);
+        if (!(r->stop[n++] = er_strdup(s->valuestring)))
+            return serve_fail(e, 500, "server_error", NULL, "out of memory");
+    }
+    r->p.stop = (const char *const *)r->stop;
+    r->p.n_stop = n;
+    return 0;
+}
+
+// Sampling, lengths, n, seed, stream and the extensions (reasoning_budget, route).
+static int parse_params(const cJSON *root, const ServeLimits *lim, ServeRequest *r, ServeError *e) {
+    ErGenParams *p = &r->p;
+    double t = 1.0, top_p = 1.0, min_p = 0;
+    int64_t top_k = 0, n = 1, seed = 0, max_tokens = lim->max_tokens, mct = -1, budget = 0;
+    if (opt_number(root, "temperature", 0, 2, &t, e) < 0 || opt_number(root, "top_p", 0, 1, &top_p, e) < 0 ||
+        opt_number(root, "min_p", 0, 1, &min_p, e) < 0 || opt_int(root, "top_k", 0, 1 << 24, &top_k, e) < 0 ||
+        opt_int(root, "n", 1, lim->max_n, &n, e) < 0 || opt_int(root, "seed", -9.2e18, 9.2e18, &seed, e) < 0 ||
+        opt_int(root, "max_tokens", 1, 1 << 30, &max_tokens, e) < 0 ||
+        opt_int(root, "max_completion_tokens", 1, 1 << 30, &mct, e) < 0 ||
+        opt_int(root, "reasoning_budget", 0, 1 << 30, &budget, e) < 0 || opt_bool(root, "stream", &r->stream, e) < 0)
+        return -1;
+    if (top_p <= 0)
+        return BAD("top_p", "'top_p' must be greater than 0");
+    if (mct > 0)
+        max_tokens = mct;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (so && !cJSON_IsNull(so) && (!cJSON_IsObject(so) || opt_bool(so, "include_usage", &r->include_usage, e) < 0))
+        return e->status ? -1 : BAD("stream_options", "'stream_options' must be an object");
+    const cJSON *route = cJSON_GetObjectItemCaseSensitive(root, "route");
+    if (route && !cJSON_IsNull(route)) {
+        if (!cJSON_IsString(route) || (strcmp(route->valuestring, "auto") != 0 &&
+                                       strcmp(route->valuestring, "direct") != 0 &&
+                                       strcmp(route->valuestring, "reasoning") != 0))
+            return BAD("route", "'route' must be \"auto\", \"direct\" or \"reasoning\"");
+        if (!(r->route = er_strdup(route->valuestring)))
+            return serve_fail(e, 500, "server_error", NULL, "out of memory");
+        p->route = r->route;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (model && !cJSON_IsString(model))
+        return BAD("model", "'model' must be a string");
+    p->temperature = (float)t;
+    p->top_p = (float)top_p;
+    p->min_p = (float)min_p;
+    p->top_k = (int)top_k;
+    p->n_samples = (int)n;
+    p->seed = (uint64_t)seed;
+    // The session's room caps every request: a larger max_tokens is cut to the cap.
+    p->max_new_tokens = max_tokens < lim->max_tokens ? (int)max_tokens : lim->max_tokens;
+    p->budget = (int)budget;
+    if (budget > 0 && p->max_new_tokens < budget + p->answer_tokens)
+        p->max_new_tokens = (int)(budget + p->answer_tokens < lim->max_tokens ? budget + p->answer_tokens
+                                                                               : lim->max_tokens);
+    return parse_stop(root, r, e);
+}
+
+// A message's content: a string, null, or an array of {"type": "text", "text": ...} parts (joined).
+static int message_content(const cJSON *m, int i, StrBuf *b, ServeError *e) {
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content"), *part;
+    strbuf_puts(b, "");
+    if (!c || cJSON_IsNull(c))
+        return 0;
+    if (cJSON_IsString(c)) {
+        strbuf_puts(b, c->valuestring);
+        return 0;
+    }
+    if (!cJSON_IsArray(c))
+        return BAD("messages", "messages[%d].content must be a string or an array of text parts", i);
+    cJSON_ArrayForEach(part, c) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 || !cJSON_IsString(text))
+            return BAD("messages", "messages[%d].content: only text parts are supported", i);
+        strbuf_puts(b, text->valuestring);
+    }
+    return 0;
+}
+
+// An assistant message's tool_calls folded into its content, as the template renders them.
+static int message_tool_calls(const cJSON *calls, int i, StrBuf *b, ServeError *e) {
+    int n = cJSON_GetArraySize(calls), rc = 0;
+    const char **names = er_calloc((size_t)n + 1, sizeof *names), **args = er_calloc((size_t)n + 1, sizeof *args);
+    const cJSON *c;
+    int k = 0;
+    cJSON_ArrayForEach(c, calls) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(f, "arguments");
+        if (!cJSON_IsString(name) || !cJSON_IsString(a)) {
+            rc = BAD("messages", "messages[%d].tool_calls[%d] needs function.name and function.arguments strings", i,
+                     k);
+            break;
+        }
+        names[k] = name->valuestring;
+        args[k++] = a->valuestring;
+    }
+    char *text = NULL;
+    if (rc == 0 && (!names || !args || chat_tool_calls_text(b->p, names, args, n, &text) < 0))
+        rc = serve_fail(e, 500, "server_error", NULL, "out of memory");
+    if (text) {
+        b->n = 0;
+        strbuf_puts(b, text);
+    }
+    er_free(text);
+    er_free(names);
+    er_free(args);
+    return rc;
+}
+
+static int known_role(const char *r) {
+    return strcmp(r, "system") == 0 || strcmp(r, "user") == 0 || strcmp(r, "assistant") == 0 ||
+           strcmp(r, "tool") == 0;
+}
+
+// The messages (and tools) rendered with the chat template into r->prompt.
+static int render_messages(const cJSON *root, ChatStyle style, ServeRequest *r, ServeError *e) {
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages"), *m;
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    const cJSON *choice = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) < 1)
+        return BAD("messages", "'messages' must be a non-empty array");
+    if (tools && !cJSON_IsNull(tools) && !cJSON_IsArray(tools))
+        return BAD("tools", "'tools' must be an array");
+    if (choice && !cJSON_IsNull(choice) && !cJSON_IsString(choice) && !cJSON_IsObject(choice))
+        return BAD("tool_choice", "'tool_choice' must be a string or an object");
+    // tool_choice "none": the tools are not offered to the model.
+    r->tools = cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0 &&
+               !(cJSON_IsString(choice) && strcmp(choice->valuestring, "none") == 0);
+    int n = cJSON_GetArraySize(msgs), k = 0, rc = 0;
+    ChatMessage *cm = er_calloc((size_t)n, sizeof *cm);
+    StrBuf *text = er_calloc((size_t)n, sizeof *text);
+    if (!cm || !text)
+        rc = serve_fail(e, 500, "server_error", NULL, "out of memory");
+    cJSON_ArrayForEach(m, msgs) {
+        if (rc < 0)
+            break;
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role) || !known_role(role->valuestring)) {
+            rc = BAD("messages", "messages[%d] needs a role of system, user, assistant or tool", k);
+            break;
+        }
+        if ((rc = message_content(m, k, &text[k], e)) < 0)
+            break;
+        if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0 && (rc = message_tool_calls(calls, k, &text[k], e)) < 0)
+            break;
+        cm[k] = (ChatMessage){role->valuestring, text[k].p};
+        k++;
+    }
+    // Tools: the system turn announcing them replaces the conversation's own (which it includes).
+    char *sys = NULL;
+    ChatMessage *all = NULL;
+    const ChatMessage *use = cm;
+    int n_use = n;
+    if (rc == 0 && r->tools) {
+        int has_sys = strcmp(cm[0].role, "system") == 0;
+        if (chat_tools_system(style, has_sys ? cm[0].content : NULL, tools, &sys) < 0)
+            rc = BAD("tools", "this model's chat template has no tool format");
+        else if (!(all = er_calloc((size_t)n + 1, sizeof *all)))
+            rc = serve_fail(e, 500, "server_error", NULL, "out of memory");
+        else
+            n_use = chat_set_system(all, n + 1, cm, n, sys), use = all;
+    }
+    if (rc == 0 && chat_render(style, use, n_use, CHAT_ADD_GENERATION_PROMPT, &r->prompt, NULL) < 0)
+        rc = BAD("messages", "the messages cannot be rendered with this model's chat template");
+    er_free(all);
+    for (int i = 0; text && i < n; i++)
+        er_free(text[i].p);
+    er_free(text);
+    er_free(cm);
+    er_free(sys);
+    return rc;
+}
+
+// /v1/completions: "prompt" is a string (or an array holding one string).
+static int completion_prompt(const cJSON *root, ServeRequest *r, ServeError *e) {
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1)
+        p = p->child;
+    if (!cJSON_IsString(p))
+        return BAD("prompt", "'prompt' must be a string");
+    if (!(r->prompt = er_strdup(p->valuestring)))
+        return serve_fail(e, 500, "server_error", NULL, "out of memory");
+    return 0;
+}
+
+int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, const Tokenizer *tok,
+                        const ServeLimits *lim, ServeRequest *r, ServeError *e) {
+    memset(r, 0, sizeof *r);
+    memset(e, 0, sizeof *e);
+    er_gen_params_init(&r->p);
+    r->chat = chat;
+    if (serve_json_depth(body, n) > lim->json_depth)
+        return BAD(NULL, "the request nests deeper than %d levels", lim->json_depth);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, n, &end, 0);
+    int rc = 0;
+    if (!root || json_trailing_at(body, n, end) >= 0)
+        rc = BAD(NULL, "the request body is not valid JSON");
+    else if (!cJSON_IsObject(root))
+        rc = BAD(NULL, "the request body must be a JSON object");
+    if (rc == 0)
+        rc = check_fields(root, chat, e);
+    if (rc == 0)
+        rc = parse_params(root, lim, r, e);
+    if (rc == 0)
+        rc = chat ? render_messages(root, style, r, e) : completion_prompt(root, r, e);
+    cJSON_Delete(root);
+    int *ids = NULL;
+    if (rc == 0 && tok_encode(tok, r->prompt, strlen(r->prompt), &ids, &r->prompt_tokens) < 0)
+        rc = BAD(chat ? "messages" : "prompt", "the prompt is not valid UTF-8 text");
+    er_free(ids);
+    if (rc == 0 && r->prompt_tokens + r->p.max_new_tokens > lim->context)
+        rc = BAD(chat ? "messages" : "prompt",
+                 "the prompt (%d tokens) and max_tokens (%d) exceed the context of %d positions", r->prompt_tokens,
+                 r->p.max_new_tokens, lim->context);
+    if (rc < 0)
+        serve_request_free(r);
+    return rc;
+}
+
+// ---- responses ----
+
+static const char *finish_name(int f) { return f == ER_FINISH_LENGTH ? "length" : "stop"; }
+
+static cJSON *usage_json(const ErSession *s) {
+    const ErStats *st = er_result_stats(s);
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", st->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)st->generated_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(st->prompt_tokens + st->generated_tokens));
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", st->prompt_reused);
+    return u;
+}
+
+static cJSON *response_head(const ServeRequest *r, const ServeIds *ids, int chunk) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", ids->id);
+    cJSON_AddStringToObject(j, "object", !r->chat ? "text_completion" : chunk ? "chat.completion.chunk"
+                                                                                : "chat.completion");
+    cJSON_AddNumberToObject(j, "created", (double)ids->created);
+    cJSON_AddStringToObject(j, "model", ids->model);
+    return j;
+}
+
+// A string of n bytes (text is not NUL-terminated there).
+static cJSON *string_n(const char *text, size_t n) {
+    char *t = er_alloc(n + 1);
+    if (!t)
+        return cJSON_CreateNull();
+    memcpy(t, text, n);
+    t[n] = 0;
+    cJSON *s = cJSON_CreateString(t);
+    er_free(t);
+    return s;
+}
+
+// [{"index": k, "id": ..., "type": "function", "function": {"name", "arguments"}}, ...]
+static cJSON *tool_calls_json(const ChatToolCall *c, int n, const ServeIds *ids, int choice, int with_index) {
+    cJSON *a = cJSON_CreateArray();
+    for (int k = 0; k < n; k++) {
+        cJSON *o = cJSON_CreateObject();
+        char id[64];
+        snprintf(id, sizeof id, "call_%s_%d_%d", ids->id + strlen("chatcmpl-"), choice, k);
+        if (with_index)
+            cJSON_AddNumberToObject(o, "index", k);
+        cJSON_AddStringToObject(o, "id", id);
+        cJSON_AddStringToObject(o, "type", "function");
+        cJSON *f = cJSON_AddObjectToObject(o, "function");
+        cJSON_AddStringToObject(f, "name", c[k].name);
+        cJSON_AddStringToObject(f, "arguments", c[k].arguments);
+        cJSON_AddItemToArray(a, o);
+    }
+    return a;
+}
+
+// The sample order of the choices: with a vote winner and n > 1, the winner's first voter is choice 0,
+// the others follow in sample order.
+static void choice_order(const ErSession *s, int *order) {
+    int n = er_result_count(s), w = -1;
+    const ErRoute *rt = er_result_route(s);
+    for (int i = 0; rt && rt->answer && rt->answers && w < 0 && i < n; i++)
+        if (rt->answers[i] && strcmp(rt->answers[i], rt->answer) == 0)
+            w = i;
+    int k = 0;
+    if (w >= 0)
+        order[k++] = w;
+    for (int i = 0; i < n; i++)
+        if (i != w)
+            order[k++] = i;
+}
+
+// One non-streamed choice of sample x.
+static cJSON *choice_json(const ServeRequest *r, const ServeIds *ids, const ErSample *x, int index) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", index);
+    const char *finish = finish_name(x->finish);
+    if (!r->chat) {
+        cJSON_AddItemToObject(c, "text", string_n(x->text, x->text_len));
+        cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddStringToObject(c, "finish_reason", finish);
+        return c;
+    }
+    cJSON *m = cJSON_AddObjectToObject(c, "message");
+    cJSON_AddStringToObject(m, "role", "assistant");
+    ChatToolCall *calls = NULL;
+    int nc = 0;
+    size_t clen = x->text_len;
+    int bad = r->tools && chat_parse_tool_calls(x->text, x->text_len, &calls, &nc, &clen) < 0;
+    if (bad)
+        clen = x->text_len;
+    if (nc > 0 && clen == 0)
+        cJSON_AddNullToObject(m, "content");
+    else
+        cJSON_AddItemToObject(m, "content", string_n(x->text, clen));
+    if (nc > 0) {
+        cJSON_AddItemToObject(m, "tool_calls", tool_calls_json(calls, nc, ids, index, 0));
+        finish = "tool_calls";
+    }
+    if (bad) // the model wrote a <tool_call> that does not parse: returned as text, flagged
+        cJSON_AddTrueToObject(c, "invalid_tool_call");
+    chat_tool_calls_free(calls, nc);
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", finish);
+    return c;
+}
+
+// The erinfer extension: the pipeline's route, switcher score, verifier scores and votes (as
+// `erinfer generate --json` reports them) and each choice's sample; NULL without the pipeline.
+static cJSON *extension_json(const ErSession *s, const int *order) {
+    cJSON *x = runner_route_json(s);
+    if (!x)
+        return NULL;
+    cJSON *a = cJSON_AddArrayToObject(x, "choice_samples");
+    for (int i = 0; a && i < er_result_count(s); i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(order ? order[i] : i));
+    return x;
+}
+
+static char *print_free(cJSON *j) {
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    return s;
+}
+
+char *serve_response_json(const ServeRequest *r, const ServeIds *ids, const ErSession *s) {
+    int n = er_result_count(s);
+    int *order = er_calloc((size_t)n + 1, sizeof *order);
+    if (!order)
+        return NULL;
+    choice_order(s, order);
+    cJSON *j = response_head(r, ids, 0), *cs = cJSON_AddArrayToObject(j, "choices");
+    for (int i = 0; i < n; i++)
+        cJSON_AddItemToArray(cs, choice_json(r, ids, er_result_sample(s, order[i]), i));
+    cJSON_AddItemToObject(j, "usage", usage_json(s));
+    cJSON *x = extension_json(s, order);
+    if (x)
+        cJSON_AddItemToObject(j, "erinfer", x);
+    er_free(order);
+    return print_free(j);
+}
+
+static void put_event(StrBuf *out, cJSON *j) {
+    char *s = print_free(j);
+    strbuf_puts(out, "data: ");
+    strbuf_puts(out, s ? s : "{}");
+    strbuf_puts(out, "\n\n");
+    er_free(s);
+}
+
+// A chunk with one choice: its delta (chat) or text (completions) and finish reason (NULL: null).
+static cJSON *chunk_choice(const ServeRequest *r, const ServeIds *ids, int i, cJSON *delta, const char *finish) {
+    cJSON *j = response_head(r, ids, 1), *cs = cJSON_AddArrayToObject(j, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", i);
+    if (r->chat) {
+        cJSON_AddItemToObject(c, "delta", delta);
+    } else {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(delta, "content");
+        cJSON_AddStringToObject(c, "text", cJSON_IsString(t) ? t->valuestring : "");
+        cJSON_Delete(delta);
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    if (finish)
+        cJSON_AddStringToObject(c, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+    cJSON_AddItemToArray(cs, c);
+    return j;
+}
+
+void serve_chunk_delta(StrBuf *out, const ServeRequest *r, const ServeIds *ids, int i, const char *text, size_t n,
+                       int role) {
+    cJSON *d = cJSON_CreateObject();
+    if (role)
+        cJSON_AddStringToObject(d, "role", "assistant");
+    cJSON_AddItemToObject(d, "content", string_n(text, n));
+    put_event(out, chunk_choice(r, ids, i, d, NULL));
+}
+
+// The end of choice i: the text not streamed yet (content, then its tool calls) and the finish reason.
+static cJSON *chunk_end(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ErSample *x, int i,
+                        size_t streamed) {
+    ChatToolCall *calls = NULL;
+    int nc = 0;
+    size_t clen = x->text_len;
+    int bad = r->chat && r->tools && chat_parse_tool_calls(x->text, x->text_len, &calls, &nc, &clen) < 0;
+    if (bad || clen < streamed)
+        clen = x->text_len;
+    if (clen > streamed)
+        serve_chunk_delta(out, r, ids, i, x->text + streamed, clen - streamed, 0);
+    const char *finish = finish_name(x->finish);
+    if (nc > 0) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddItemToObject(d, "tool_calls", tool_calls_json(calls, nc, ids, i, 1));
+        put_event(out, chunk_choice(r, ids, i, d, NULL));
+        finish = "tool_calls";
+    }
+    chat_tool_calls_free(calls, nc);
+    cJSON *end = chunk_choice(r, ids, i, cJSON_CreateObject(), finish);
+    if (bad)
+        cJSON_AddTrueToObject(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(end, "choices"), 0),
+                              "invalid_tool_call");
+    return end;
+}
+
+void serve_chunk_final(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ErSession *s,
+                       const size_t *streamed) {
+    int n = er_result_count(s);
+    for (int i = 0; i < n; i++) {
+        cJSON *end = chunk_end(out, r, ids, er_result_sample(s, i), i, streamed[i]);
+        cJSON *x = i == n - 1 ? extension_json(s, NULL) : NULL;
+        if (x)
+            cJSON_AddItemToObject(end, "erinfer", x);
+        put_event(out, end);
+    }
+    if (r->include_usage) {
+        cJSON *j = response_head(r, ids, 1);
+        cJSON_AddArrayToObject(j, "choices");
+        cJSON_AddItemToObject(j, "usage", usage_json(s));
+        put_event(out, j);
+    }
+    strbuf_puts(out, "data: [DONE]\n\n");
+}
+
+void serve_chunk_error(StrBuf *out, const ServeError *e) {
+    char *s = serve_error_json(e);
+    strbuf_puts(out, "data: ");
+    strbuf_puts(out, s ? s : "{}");
+    strbuf_puts(out, "\n\ndata: [DONE]\n\n");
+    er_free(s);
+}
+
+size_t serve_tool_safe_prefix(const char *text, size_t n) {
+    static const char tag[] = "<tool_call>";
+    const size_t m = sizeof tag - 1;
+    const char *p = memmem(text, n, tag, m);
+    if (p)
+        return (size_t)(p - text);
+    // The longest tail that is a beginning of the tag waits for the next bytes.
+    for (size_t k = m - 1 < n ? m - 1 : n; k > 0; k--)
+        if (memcmp(text + n - k, tag, k) == 0)
+            return n - k;
+    return n;
+}

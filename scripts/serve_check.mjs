@@ -1,0 +1,138 @@
+// erinfer serve through the official OpenAI Node client (npm `openai`, pinned by scripts/serve_check.sh):
+//   node scripts/serve_check.mjs OPENAI_PREFIX BASE_URL API_KEY
+// Chat completion, streaming (joined deltas equal the non-streamed text for the same seed), n > 1,
+// stop strings, seed reproducibility, /v1/completions, /v1/models, prefix reuse across a conversation's
+// turns (usage.prompt_tokens_details.cached_tokens), a tool round trip (tools offered, an assistant
+// tool call and its role "tool" result fed back), the extensions (route, reasoning_budget) and errors for
+// bad requests (the client's typed errors with the right status). Exits non-zero on the first failure.
+import { createRequire } from "node:module";
+import path from "node:path";
+
+const [prefix, baseURL, apiKey] = process.argv.slice(2);
+const require = createRequire(path.join(path.resolve(prefix), "package.json"));
+const { OpenAI } = require("openai");
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0 });
+
+let failed = 0;
+function check(cond, what) {
+  if (!cond) {
+    failed++;
+    console.error(`serve_check: FAILED: ${what}`);
+  }
+}
+const msgs = [{ role: "user", content: "Start with 4. Add 9. What is the result?" }];
+
+async function streamed(body) {
+  const s = await client.chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } });
+  const texts = [], finish = [];
+  let usage = null, chunks = 0;
+  for await (const c of s) {
+    chunks++;
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) {
+      texts[ch.index] = (texts[ch.index] ?? "") + (ch.delta?.content ?? "");
+      if (ch.finish_reason) finish[ch.index] = ch.finish_reason;
+    }
+  }
+  return { texts, finish, usage, chunks };
+}
+
+async function main() {
+  const models = await client.models.list();
+  check(models.data.length === 1 && typeof models.data[0].id === "string", "models.list has the model");
+
+  const body = { model: "m", messages: msgs, max_tokens: 24, temperature: 0.9, top_p: 0.95, seed: 5 };
+  const a = await client.chat.completions.create(body);
+  const b = await client.chat.completions.create(body);
+  check(a.object === "chat.completion" && a.choices.length === 1, "chat completion has one choice");
+  check(typeof a.choices[0].message.content === "string" && a.choices[0].message.role === "assistant",
+        "the choice is an assistant message");
+  check(a.choices[0].message.content === b.choices[0].message.content, "the same seed gives the same text");
+  check(a.usage.completion_tokens > 0 && a.usage.total_tokens === a.usage.prompt_tokens + a.usage.completion_tokens,
+        "usage counts add up");
+  const c = await client.chat.completions.create({ ...body, seed: 6 });
+  check(c.choices[0].message.content !== a.choices[0].message.content, "another seed gives another text");
+
+  const s = await streamed(body);
+  check(s.chunks > 2, "the stream has several chunks");
+  check(s.texts[0] === a.choices[0].message.content, "streamed deltas joined equal the non-streamed text");
+  check(s.finish[0] === a.choices[0].finish_reason, "the stream's finish reason equals the non-streamed one");
+  check(s.usage && s.usage.completion_tokens === a.usage.completion_tokens, "the stream's usage chunk");
+
+  const n3 = await client.chat.completions.create({ ...body, n: 3 });
+  check(n3.choices.length === 3 && n3.choices.every((ch, i) => ch.index === i), "n = 3 gives three choices");
+  check(n3.choices[0].message.content === a.choices[0].message.content, "sample 0 of n = 3 is the n = 1 sample");
+  const s3 = await streamed({ ...body, n: 3 });
+  check(s3.texts.length === 3 && s3.texts.every((t, i) => t === n3.choices[i].message.content),
+        "n = 3 streamed equals n = 3 non-streamed");
+
+  // A stop string taken from the text itself (letters: the random model's invalid UTF-8 bytes come back
+  // as U+FFFD, which is not what the stop matcher sees): the output ends right before it.
+  const full = a.choices[0].message.content;
+  const m = /[A-Za-z]{3}/.exec(full);
+  check(m, "the sample has a run of three letters to stop at");
+  if (m) {
+    const st = await client.chat.completions.create({ ...body, stop: ["zzzz", m[0]] });
+    check(st.choices[0].message.content === full.slice(0, m.index) && st.choices[0].finish_reason === "stop",
+          `a stop string cuts the text (${JSON.stringify(m[0])})`);
+  }
+
+  // The conversation's next turn reuses the cached K/V of the earlier ones.
+  const turn2 = [...msgs, { role: "assistant", content: full }, { role: "user", content: "And doubled?" }];
+  const t2 = await client.chat.completions.create({ ...body, messages: turn2, temperature: 0 });
+  check(t2.usage.prompt_tokens_details?.cached_tokens > 0, "a conversation's next turn reuses its cached prefix");
+
+  const cmpl = await client.completions.create({ model: "m", prompt: "Start with 4.", max_tokens: 8, temperature: 0 });
+  check(cmpl.object === "text_completion" && typeof cmpl.choices[0].text === "string", "completions");
+
+  // Tools: offered through the template, a call and its result fed back.
+  const tools = [{ type: "function", function: { name: "add", description: "Adds two numbers",
+    parameters: { type: "object", properties: { a: { type: "number" }, b: { type: "number" } }, required: ["a", "b"] } } }];
+  const call = { id: "call_1", type: "function", function: { name: "add", arguments: "{\"a\": 4, \"b\": 9}" } };
+  const round = [...msgs, { role: "assistant", content: null, tool_calls: [call] },
+                 { role: "tool", tool_call_id: "call_1", content: "13" }];
+  const plain = await client.chat.completions.create({ ...body, messages: round, temperature: 0 });
+  const tr = await client.chat.completions.create({ ...body, messages: round, tools, tool_choice: "auto", temperature: 0 });
+  check(tr.usage.prompt_tokens > plain.usage.prompt_tokens, "the tools are rendered into the prompt");
+  const none = await client.chat.completions.create({ ...body, messages: round, tools, tool_choice: "none", temperature: 0 });
+  check(none.usage.prompt_tokens === plain.usage.prompt_tokens, "tool_choice none leaves the tools out");
+  const trs = await streamed({ ...body, messages: round, tools, temperature: 0 });
+  const trText = tr.choices[0].message.content ?? "";
+  check(trs.texts[0] === trText, "with tools, the streamed content equals the non-streamed content");
+
+  // The extensions: a direct route without heads is the plain generation; a bad route is refused.
+  const routed = await client.chat.completions.create({ ...body, route: "auto", reasoning_budget: 16 });
+  check(routed.choices.length === 1, "route and reasoning_budget are accepted");
+
+  // Errors: the client's typed errors with the status and an OpenAI error body.
+  async function status(p) {
+    try {
+      await p;
+      return 200;
+    } catch (e) {
+      return e.status ?? -1;
+    }
+  }
+  check(await status(client.chat.completions.create({ ...body, temperature: "hot" })) === 400, "a wrong type is 400");
+  check(await status(client.chat.completions.create({ ...body, messages: [] })) === 400, "no messages is 400");
+  check(await status(client.chat.completions.create({ ...body, route: "sideways" })) === 400, "a bad route is 400");
+  check(await status(client.chat.completions.create({ ...body, n: 1000 })) === 400, "n over the limit is 400");
+  check(await status(client.chat.completions.create({ ...body, frobnicate: 1 })) === 400, "an unknown field is 400");
+  if (apiKey !== "none") {
+    const wrong = new OpenAI({ baseURL, apiKey: "wrong", maxRetries: 0 });
+    check(await status(wrong.chat.completions.create(body)) === 401, "a wrong API key is 401");
+  }
+  try {
+    await client.chat.completions.create({ ...body, temperature: "hot" });
+  } catch (e) {
+    check(e.error && typeof e.error.message === "string" && e.error.param === "temperature",
+          "the error body names the parameter");
+  }
+  if (failed) process.exit(1);
+  console.log("serve_check: openai client: all checks passed");
+}
+
+main().catch((e) => {
+  console.error(`serve_check: FAILED: ${e.stack ?? e}`);
+  process.exit(1);
+});

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# erinfer serve against real clients on localhost: the official OpenAI Node client (npm `openai`,
+# pinned, installed into build/npm-openai like the other node packages of the tests), curl for the raw
+# SSE format and the HTTP errors, the queue's 503, a client hang-up, then the bounded load test
+# (scripts/serve_load.mjs). The server runs on a random tiny model (configs/tiny.json, ertrain init) on
+# a free port and must stop cleanly on SIGTERM (under ASan: no leak report).
+#   scripts/serve_check.sh            run (exit 77, loudly, where node / npm are missing or the install fails)
+#   scripts/serve_check.sh --install  only install (CI: fails where the test would skip)
+# Env: ER_BUILD (dir of erinfer and ertrain, default build), LOAD_CLIENTS (64), LOAD_ROUNDS (20).
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+B=${ER_BUILD:-build}
+pkg=openai@5.23.2
+prefix=build/npm-openai
+
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1 || ! command -v curl >/dev/null 2>&1; then
+  echo "!!!!!! serve_check: node, npm or curl is not installed: erinfer serve is NOT TESTED with real clients !!!!!!" >&2
+  [ "${1:-}" = --install ] && exit 1
+  exit 77
+fi
+if ! grep -qs '"version": "5.23.2"' $prefix/node_modules/openai/package.json; then
+  echo "serve_check: installing $pkg into $prefix" >&2
+  mkdir -p $prefix
+  if ! flock build/.npm-openai.lock npm install --prefix $prefix --no-save --no-audit --no-fund --ignore-scripts \
+       "$pkg" >build/npm-openai.log 2>&1; then
+    echo "!!!!!! serve_check: npm could not install $pkg (see build/npm-openai.log): serve NOT TESTED !!!!!!" >&2
+    [ "${1:-}" = --install ] && exit 1
+    exit 77
+  fi
+fi
+[ "${1:-}" = --install ] && exit 0
+
+tmp=$(mktemp -d /tmp/serve_check.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() {
+  echo "serve_check: FAILED: $*" >&2
+  tail -n 5 "$tmp"/*.log >&2
+  exit 1
+}
+
+"$B/ertrain" init --config configs/tiny.json --out "$tmp/model" --tokenizer data/tiny_tokenizer --seed 1 --threads 1 \
+  >/dev/null || fail "ertrain init"
+
+# start NAME FLAGS...: a server on a free port; sets port and server_pid.
+start() {
+  local name=$1
+  shift
+  "$B/erinfer" serve --model "$tmp/model" --port 0 --threads 1 "$@" 2>"$tmp/$name.log" &
+  server_pid=$!
+  pids+=("$server_pid")
+  for _ in $(seq 100); do
+    port=$(sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\)\/v1.*/\1/p' "$tmp/$name.log")
+    [ -n "$port" ] && return 0
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  cat "$tmp/$name.log" >&2
+  fail "the $name server did not start"
+}
+# stop: SIGTERM, a clean exit (status 0: with ASan, no leak or error report).
+stop() {
+  kill -TERM "$server_pid"
+  wait "$server_pid" || { cat "$tmp/$1.log" >&2; fail "the $1 server exited with status $?"; }
+}
+
+key=serve-check-key
+start main --parallel 2 --max-n 4 --max-tokens 64 --api-key $key
+base=http://127.0.0.1:$port
+auth=(-H "Authorization: Bearer $key")
+
+node scripts/serve_check.mjs $prefix "$base/v1" $key || fail "the openai client checks"
+
+# Raw SSE: "data: {json}" events separated by blank lines, ending in "data: [DONE]".
+curl -sN "${auth[@]}" "$base/v1/chat/completions" -o "$tmp/sse" \
+  -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"stream":true}' || fail "curl stream"
+python3 - "$tmp/sse" <<'EOF' || fail "the raw SSE format"
+import json, sys
+raw = open(sys.argv[1], encoding="utf-8").read()
+assert raw.endswith("data: [DONE]\n\n"), raw[-80:]
+events = raw.split("\n\n")[:-1]
+assert all(e.startswith("data: ") and "\n" not in e for e in events), events
+chunks = [json.loads(e[6:]) for e in events[:-1]]
+assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+EOF
+# HTTP statuses of bad requests, each with an OpenAI error body.
+code() { curl -s -o "$tmp/body" -w '%{http_code}' "$@"; }
+expect() {
+  local want=$1
+  shift
+  local got
+  got=$(code "$@")
+  [ "$got" = "$want" ] || fail "$* -> $got, expected $want"
+  [ "$want" = 200 ] || python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["error"]["message"]' "$tmp/body" ||
+    fail "$* -> no OpenAI error body"
+}
+expect 401 "$base/v1/chat/completions" -d '{"messages":[{"role":"user","content":"Hi"}]}'
+expect 401 -H "Authorization: Bearer nope" "$base/v1/models"
+expect 200 "$base/health"
+expect 404 "${auth[@]}" "$base/v1/embeddings" -d '{}'
+expect 405 "${auth[@]}" "$base/v1/chat/completions"
+expect 400 "${auth[@]}" "$base/v1/chat/completions" -d '{"messages":'
+expect 400 "${auth[@]}" "$base/v1/chat/completions" -d '[1,2]'
+expect 400 "${auth[@]}" "$base/v1/chat/completions" -d '{"messages":[{"role":"wizard","content":"Hi"}]}'
+# max_tokens beyond the server's cap (--max-tokens 64 here) is cut to the cap.
+expect 200 "${auth[@]}" "$base/v1/chat/completions" -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":100000000}'
+python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["usage"]["completion_tokens"] <= 64' "$tmp/body" ||
+  fail "max_tokens is not capped"
+head -c 2000000 /dev/zero | tr '\0' 'a' >"$tmp/huge"
+expect 413 "${auth[@]}" "$base/v1/chat/completions" --data-binary @"$tmp/huge"
+grep -q "/tmp\|\.c:\|$tmp" "$tmp/body" && fail "an error message shows internals: $(cat "$tmp/body")"
+# A client that hangs up mid-stream cancels its job: the server keeps serving.
+curl -sN --max-time 0.3 "${auth[@]}" "$base/v1/chat/completions" \
+  -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":500,"stream":true}' >/dev/null
+expect 200 "${auth[@]}" "$base/v1/models"
+
+LOAD_CLIENTS=${LOAD_CLIENTS:-64} LOAD_ROUNDS=${LOAD_ROUNDS:-20}
+node scripts/serve_load.mjs "$base" "$server_pid" "$LOAD_CLIENTS" "$LOAD_ROUNDS" $key || fail "the load test"
+stop main
+
+# A full queue answers 503 and the server goes on: one worker, a queue of one, eight clients at once.
+start queue --parallel 1 --queue 1
+curls=()
+for i in $(seq 8); do
+  curl -s -o /dev/null -w '%{http_code}\n' "http://127.0.0.1:$port/v1/chat/completions" \
+    -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":400}' >>"$tmp/codes" &
+  curls+=($!)
+done
+wait "${curls[@]}"
+sort "$tmp/codes" | uniq -c | tr '\n' ' ' >&2
+echo >&2
+grep -q '^503$' "$tmp/codes" || fail "no 503 from a full queue"
+[ "$(grep -cv '^\(200\|503\)$' "$tmp/codes")" = 0 ] || fail "statuses other than 200 and 503"
+expect 200 "http://127.0.0.1:$port/health"
+stop queue
+echo "serve_check: all checks passed"
