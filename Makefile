@@ -159,7 +159,7 @@ $(BUILD)/erinfer: LDLIBS += -lmicrohttpd -lpthread
 else
 $(BUILD)/obj/infer/cli.o: CFLAGS += -DER_NO_SERVE
 endif
-$(BUILD)/test_all: $(call obj,infer/server_json.c)
+$(BUILD)/test_all: $(BUILD)/obj/infer/server_json.o
 TEST_SRC := $(filter-out tests/fuzz/%,$(wildcard tests/*/*.c))
 BENCH_SRC := $(wildcard bench/*.c)
 

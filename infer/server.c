@@ -459,11 +459,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(cn = er_calloc(1, sizeof *cn)))
             return MHD_NO;
         *con_cls = cn;
+        // A declared length over the limit is refused without buffering any of it.
+        const char *len = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        cn->too_big = len && strtoull(len, NULL, 10) > SERVE_MAX_BODY;
         return MHD_YES;
     }
     if (*upload_size > 0) {
         // A body over the limit is read and dropped (memory stays bounded), then refused.
-        if (cn->body.n + *upload_size > SERVE_MAX_BODY)
+        if (cn->too_big || cn->body.n + *upload_size > SERVE_MAX_BODY)
             cn->too_big = 1;
         else
             strbuf_put(&cn->body, upload, *upload_size);

@@ -118,7 +118,7 @@ CASES = [
 ]
 
 
-def render(template, messages, add_generation_prompt, enable_thinking):
+def render(template, messages, add_generation_prompt, enable_thinking, tools=None):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
 
@@ -129,6 +129,8 @@ def render(template, messages, add_generation_prompt, enable_thinking):
     kwargs = {"messages": messages, "add_generation_prompt": add_generation_prompt}
     if enable_thinking is not None:
         kwargs["enable_thinking"] = enable_thinking
+    if tools is not None:
+        kwargs["tools"] = tools
     return env.from_string(template).render(**kwargs)
 
 
