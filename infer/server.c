@@ -76,9 +76,9 @@ struct Server {
 static void job_unref(Server *srv, Job *j) {
     if (--j->refs > 0)
         return;
-    serve_request_free(&j->req);
     for (int i = 0; j->acc && i < j->req.p.n_samples; i++)
         er_free(j->acc[i].p);
+    serve_request_free(&j->req);
     er_free(j->acc);
     er_free(j->streamed);
     er_free(j->out.p);
@@ -191,6 +191,9 @@ static void job_run(Worker *w, Job *j) {
     }
     TokenCtx t = {srv, j};
     int rc = er_generate_raw(w->session, r->prompt, &r->p, on_token, &t);
+    if (rc == ER_OK && __atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
+        fprintf(stderr, "erinfer serve: %s cancelled: the client went away (%ld tokens generated)\n", j->ids.id,
+                er_result_stats(w->session)->generated_tokens);
     er_free(w->last_prompt);
     w->last_prompt = rc == ER_OK ? er_strdup(r->prompt) : NULL;
     int status = 200;
