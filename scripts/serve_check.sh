@@ -7,7 +7,8 @@
 # server must stop cleanly on SIGTERM (under ASan: no leak report).
 #   scripts/serve_check.sh            run (exit 77, loudly, where node / npm are missing or the install fails)
 #   scripts/serve_check.sh --install  only install (CI: fails where the test would skip)
-# Env: ER_BUILD (dir of erinfer and ertrain, default build), LOAD_CLIENTS (64), LOAD_ROUNDS (20).
+# Env: ER_BUILD (dir of erinfer, default build; ertrain from there too when built, else from build),
+#      LOAD_CLIENTS (64), LOAD_ROUNDS (20).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -45,7 +46,9 @@ fail() {
   exit 1
 }
 
-"$B/ertrain" init --config configs/tiny.json --out "$tmp/model" --tokenizer data/tiny_tokenizer --seed 1 --threads 1 \
+T=$B
+[ -x "$T/ertrain" ] || T=build
+"$T/ertrain" init --config configs/tiny.json --out "$tmp/model" --tokenizer data/tiny_tokenizer --seed 1 --threads 1 \
   >/dev/null || fail "ertrain init"
 
 # start NAME MODEL FLAGS...: a server on a free port; sets port and server_pid.

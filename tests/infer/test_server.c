@@ -5,8 +5,10 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
@@ -14,7 +16,7 @@
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "infer/server.h"
-#include "tests/common/helpers.h"
+#include "tests/common/heads_helpers.h"
 
 // The stdout of a shell command (exit status in *status), or a loud skip when python3 or jinja2 is missing.
 static char *run_capture(const char *cmd, int *status) {
@@ -224,6 +226,144 @@ Test(server, bad_requests_are_refused) {
     cr_expect(strstr(e.message, "exceed the context of 40"), "%s", e.message);
     er_free(deep.p);
     tok_free(tok);
+}
+
+// ---- the routed pipeline over HTTP: a tiny random model with a masked adapter and random heads ----
+
+typedef struct {
+    HelperFixture fx;
+    pid_t pid;
+    int port;
+} TestServer;
+
+// erinfer serve on the fixture's model, adapter and heads (threshold as given) on a free port.
+static void server_start(TestServer *t, float threshold) {
+    helper_fixture_open(&t->fx, "er_serve_", "erinfer");
+    helper_need_program(t->fx.prog, "erinfer", "the erinfer serve pipeline tests");
+    heads_add_adapter(t->fx.tmp);
+    heads_write_random_heads(t->fx.tmp, "sw", "vf", threshold, "\nIs this solution correct?");
+    char cmd[2048], log[600];
+    snprintf(log, sizeof log, "%s/serve.log", t->fx.tmp);
+    snprintf(cmd, sizeof cmd,
+             "exec '%s' serve --model '%s' --adapter '%s/adapter' --switcher '%s/sw' --verifier '%s/vf' --port 0 "
+             "--threads 1 --max-n 4 --max-tokens 64 --kv int8 2>'%s'",
+             t->fx.prog, t->fx.model, t->fx.tmp, t->fx.tmp, t->fx.tmp, log);
+    t->pid = fork();
+    cr_assert(t->pid >= 0);
+    if (t->pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    t->port = 0;
+    for (int i = 0; i < 200 && !t->port; i++) {
+        usleep(50 * 1000);
+        char *text;
+        size_t n;
+        if (file_read_all(log, 1 << 20, &text, &n) == ER_OK) {
+            const char *at = strstr(text, "http://127.0.0.1:");
+            if (at)
+                t->port = atoi(at + strlen("http://127.0.0.1:"));
+            er_free(text);
+        }
+    }
+    cr_assert(t->port > 0, "erinfer serve did not start (see %s)", log);
+}
+
+// SIGTERM: a clean stop, status 0.
+static void server_stop(TestServer *t) {
+    kill(t->pid, SIGTERM);
+    int st;
+    cr_assert_eq(waitpid(t->pid, &st, 0), t->pid);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "erinfer serve exited with %d", st);
+    helper_fixture_close(&t->fx);
+}
+
+// POSTs body to /v1/chat/completions with curl; the response text (free with free).
+static char *server_post(const TestServer *t, const char *body) {
+    char path[600], cmd[1024];
+    snprintf(path, sizeof path, "%s/body.json", t->fx.tmp);
+    cr_assert_eq(file_write_atomic(path, body, strlen(body)), ER_OK);
+    snprintf(cmd, sizeof cmd, "curl -s -N http://127.0.0.1:%d/v1/chat/completions -d @'%s'", t->port, path);
+    int st;
+    char *out = run_capture(cmd, &st);
+    if (st == 127)
+        cr_skip_test("!!!!!! curl is not installed: the erinfer serve pipeline tests are SKIPPED !!!!!!");
+    cr_assert_eq(st, 0, "curl failed: %s", out);
+    return out;
+}
+
+static const cJSON *field(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    cr_assert(v, "no \"%s\"", k);
+    return v;
+}
+
+Test(server, pipeline_extension_and_vote_winner_first, .timeout = 120) {
+    TestServer t;
+    server_start(&t, 0.0f); // every query reasons
+    char *out = server_post(&t, "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 2 + 3?\"}], "
+                                "\"n\": 4, \"temperature\": 1.0, \"seed\": 3, \"max_tokens\": 40, "
+                                "\"reasoning_budget\": 6}");
+    cJSON *j = cJSON_Parse(out);
+    cr_assert(j, "%s", out);
+    const cJSON *x = field(j, "erinfer"), *choices = field(j, "choices");
+    cr_assert_str_eq(field(x, "route")->valuestring, "reasoning");
+    cr_assert(cJSON_IsNumber(field(x, "switcher_score")));
+    const cJSON *samples = field(x, "samples"), *order = field(x, "choice_samples");
+    cr_assert_eq(cJSON_GetArraySize(samples), 4);
+    cr_assert_eq(cJSON_GetArraySize(choices), 4);
+    for (const cJSON *s = samples->child; s; s = s->next) {
+        double v = field(s, "verifier_score")->valuedouble;
+        cr_expect(v > 0 && v < 1);
+        cr_expect_leq(field(s, "n_tokens")->valueint, 6 + 32, "the reasoning budget holds");
+    }
+    // Choice 0 is the vote's winner: its sample's answer is the winning answer, and no other answer's
+    // summed verifier score beats it.
+    const cJSON *answer = field(x, "answer");
+    cr_assert(cJSON_IsString(answer), "no winning answer: %s", out);
+    int w = cJSON_GetArrayItem(order, 0)->valueint;
+    const cJSON *wa = field(cJSON_GetArrayItem(samples, w), "answer");
+    cr_expect(cJSON_IsString(wa) && strcmp(wa->valuestring, answer->valuestring) == 0);
+    double best = 0;
+    for (const cJSON *v = field(x, "votes")->child; v; v = v->next)
+        if (strcmp(field(v, "answer")->valuestring, answer->valuestring) == 0)
+            best = field(v, "weight")->valuedouble;
+    for (const cJSON *v = field(x, "votes")->child; v; v = v->next)
+        cr_expect_leq(field(v, "weight")->valuedouble, best);
+    // Each choice's text is its sample's (the order is a permutation of the samples).
+    int seen = 0;
+    for (const cJSON *c = order->child; c; c = c->next)
+        seen |= 1 << c->valueint;
+    cr_expect_eq(seen, 15);
+    cJSON_Delete(j);
+    free(out);
+
+    // route "direct": the base answers, one greedy sample, whatever n asks.
+    out = server_post(&t, "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 2 + 3?\"}], \"n\": 3, "
+                          "\"route\": \"direct\", \"max_tokens\": 8}");
+    j = cJSON_Parse(out);
+    cr_assert(j, "%s", out);
+    cr_expect_str_eq(field(field(j, "erinfer"), "route")->valuestring, "direct");
+    cr_expect_eq(cJSON_GetArraySize(field(j, "choices")), 1);
+    cJSON_Delete(j);
+    free(out);
+
+    // A stream carries the extension on its last finish chunk, in sample order.
+    out = server_post(&t, "{\"messages\": [{\"role\": \"user\", \"content\": \"What is 2 + 3?\"}], \"n\": 2, "
+                          "\"seed\": 3, \"max_tokens\": 20, \"reasoning_budget\": 6, \"stream\": true}");
+    const char *last = NULL;
+    for (const char *p = strstr(out, "data: {"); p; p = strstr(p + 1, "data: {"))
+        last = p;
+    cr_assert(last && strstr(out, "data: [DONE]"), "%s", out);
+    char *end = strstr(last, "\n\n");
+    cr_assert(end);
+    *end = 0;
+    j = cJSON_Parse(last + 6);
+    cr_assert(j, "%s", last);
+    cr_expect_str_eq(field(field(j, "erinfer"), "route")->valuestring, "reasoning");
+    cJSON_Delete(j);
+    free(out);
+    server_stop(&t);
 }
 
 // The running server with real clients: scripts/serve_check.sh on $ER_BUILD's erinfer (ASan under make SAN=1).
