@@ -1,14 +1,16 @@
 // erinfer serve through the official OpenAI Node client (npm `openai`, pinned by scripts/serve_check.sh):
-//   node scripts/serve_check.mjs OPENAI_PREFIX BASE_URL API_KEY
+//   node scripts/serve_check.mjs OPENAI_PREFIX BASE_URL API_KEY [TOOL_BASE_URL]
 // Chat completion, streaming (joined deltas equal the non-streamed text for the same seed), n > 1,
 // stop strings, seed reproducibility, /v1/completions, /v1/models, prefix reuse across a conversation's
 // turns (usage.prompt_tokens_details.cached_tokens), a tool round trip (tools offered, an assistant
 // tool call and its role "tool" result fed back), the extensions (route, reasoning_budget) and errors for
-// bad requests (the client's typed errors with the right status). Exits non-zero on the first failure.
+// bad requests (the client's typed errors with the right status). With TOOL_BASE_URL (a server on the
+// tool-calling test model of tests/infer/test_server.c): the model's call comes back as tool_calls, streamed
+// as a tool_calls delta, and the call with its result is sent back. Exits non-zero on any failure.
 import { createRequire } from "node:module";
 import path from "node:path";
 
-const [prefix, baseURL, apiKey] = process.argv.slice(2);
+const [prefix, baseURL, apiKey, toolURL] = process.argv.slice(2);
 const require = createRequire(path.join(path.resolve(prefix), "package.json"));
 const { OpenAI } = require("openai");
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0 });
@@ -129,8 +131,39 @@ async function main() {
     check(e.error && typeof e.error.message === "string" && e.error.param === "temperature",
           "the error body names the parameter");
   }
+  if (toolURL) await toolRoundTrip(tools);
   if (failed) process.exit(1);
   console.log("serve_check: openai client: all checks passed");
+}
+
+// The model calls add(4, 9): parsed, streamed, and answered with a role "tool" message.
+async function toolRoundTrip(tools) {
+  const tc = new OpenAI({ baseURL: toolURL, apiKey: "none", maxRetries: 0 });
+  const req = { model: "m", messages: msgs, tools, max_tokens: 16 };
+  const r1 = await tc.chat.completions.create(req);
+  const m1 = r1.choices[0].message, call = m1.tool_calls?.[0];
+  check(r1.choices[0].finish_reason === "tool_calls" && m1.content === null, "the model's call ends the turn");
+  check(call && call.type === "function" && call.function.name === "add" &&
+        JSON.stringify(JSON.parse(call.function.arguments)) === JSON.stringify({ a: 4, b: 9 }), "the call is parsed");
+  const calls = [];
+  let content = "", finish = null;
+  for await (const c of await tc.chat.completions.create({ ...req, stream: true })) {
+    const ch = c.choices[0];
+    if (!ch) continue;
+    content += ch.delta?.content ?? "";
+    for (const d of ch.delta?.tool_calls ?? []) {
+      calls[d.index] ??= { name: "", arguments: "" };
+      calls[d.index].name += d.function?.name ?? "";
+      calls[d.index].arguments += d.function?.arguments ?? "";
+    }
+    finish = ch.finish_reason ?? finish;
+  }
+  check(content === "" && finish === "tool_calls" && calls.length === 1 && calls[0].name === "add" &&
+        calls[0].arguments === call?.function.arguments, "the streamed call equals the non-streamed one");
+  const back = [...msgs, m1, { role: "tool", tool_call_id: call?.id, content: "13" }];
+  const r2 = await tc.chat.completions.create({ ...req, messages: back });
+  check(r2.usage.prompt_tokens > r1.usage.prompt_tokens + 5, "the call and its result are fed back");
+  console.log("serve_check: openai client: tool call round trip passed");
 }
 
 main().catch((e) => {

@@ -8,7 +8,8 @@
 #   scripts/serve_check.sh            run (exit 77, loudly, where node / npm are missing or the install fails)
 #   scripts/serve_check.sh --install  only install (CI: fails where the test would skip)
 # Env: ER_BUILD (dir of erinfer, default build; ertrain from there too when built, else from build),
-#      LOAD_CLIENTS (64), LOAD_ROUNDS (20).
+#      LOAD_CLIENTS (64), LOAD_ROUNDS (20), TOOL_MODEL (a model that always calls add(4, 9), made by
+#      tests/infer/test_server.c: the openai client's tool round trip runs against it).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -78,7 +79,17 @@ start main models/tiny-base --parallel 2 --max-n 4 --max-tokens 64 --api-key $ke
 base=http://127.0.0.1:$port
 auth=(-H "Authorization: Bearer $key")
 
-node scripts/serve_check.mjs $prefix "$base/v1" $key || fail "the openai client checks"
+tool_url=
+main_pid=$server_pid
+if [ -n "${TOOL_MODEL:-}" ]; then
+  start tools "$TOOL_MODEL"
+  tool_url=http://127.0.0.1:$port/v1
+else
+  echo "serve_check: no TOOL_MODEL: the tool call round trip with the openai client is left out" >&2
+fi
+node scripts/serve_check.mjs $prefix "$base/v1" $key $tool_url || fail "the openai client checks"
+[ -n "$tool_url" ] && stop tools
+server_pid=$main_pid
 
 # Raw SSE: "data: {json}" events separated by blank lines, ending in "data: [DONE]".
 curl -sN "${auth[@]}" "$base/v1/chat/completions" -o "$tmp/sse" \

@@ -5,8 +5,10 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -236,18 +238,11 @@ typedef struct {
     int port;
 } TestServer;
 
-// erinfer serve on the fixture's model, adapter and heads (threshold as given) on a free port.
-static void server_start(TestServer *t, float threshold) {
-    helper_fixture_open(&t->fx, "er_serve_", "erinfer");
-    helper_need_program(t->fx.prog, "erinfer", "the erinfer serve pipeline tests");
-    heads_add_adapter(t->fx.tmp);
-    heads_write_random_heads(t->fx.tmp, "sw", "vf", threshold, "\nIs this solution correct?");
+// erinfer serve with `args` (the model and more) on a free port, its log in the fixture's dir.
+static void server_launch(TestServer *t, const char *args) {
     char cmd[2048], log[600];
     snprintf(log, sizeof log, "%s/serve.log", t->fx.tmp);
-    snprintf(cmd, sizeof cmd,
-             "exec '%s' serve --model '%s' --adapter '%s/adapter' --switcher '%s/sw' --verifier '%s/vf' --port 0 "
-             "--threads 1 --max-n 4 --max-tokens 64 --kv int8 2>'%s'",
-             t->fx.prog, t->fx.model, t->fx.tmp, t->fx.tmp, t->fx.tmp, log);
+    snprintf(cmd, sizeof cmd, "exec '%s' serve %s --port 0 --threads 1 2>'%s'", t->fx.prog, args, log);
     t->pid = fork();
     cr_assert(t->pid >= 0);
     if (t->pid == 0) {
@@ -267,6 +262,18 @@ static void server_start(TestServer *t, float threshold) {
         }
     }
     cr_assert(t->port > 0, "erinfer serve did not start (see %s)", log);
+}
+
+// The fixture's model with a masked adapter and random heads (switcher threshold as given), served.
+static void server_start(TestServer *t, float threshold) {
+    helper_fixture_open(&t->fx, "er_serve_", "erinfer");
+    helper_need_program(t->fx.prog, "erinfer", "the erinfer serve pipeline tests");
+    heads_add_adapter(t->fx.tmp);
+    heads_write_random_heads(t->fx.tmp, "sw", "vf", threshold, "\nIs this solution correct?");
+    char args[1600];
+    snprintf(args, sizeof args, "--model '%s' --adapter '%s/adapter' --switcher '%s/sw' --verifier '%s/vf' --max-n 4 "
+             "--max-tokens 64 --kv int8", t->fx.model, t->fx.tmp, t->fx.tmp, t->fx.tmp);
+    server_launch(t, args);
 }
 
 // SIGTERM: a clean stop, status 0.
@@ -366,11 +373,133 @@ Test(server, pipeline_extension_and_vote_winner_first, .timeout = 120) {
     server_stop(&t);
 }
 
+// ---- a model that always calls a tool ----
+
+#define TOOL_CALL_JSON "{\"name\": \"add\", \"arguments\": {\"a\": 4, \"b\": 9}}"
+
+// dir: a tiny model whose every chat answer is "<tool_call>" TOOL_CALL_JSON "</tool_call>" then <|im_end|>. The
+// tokenizer is the tiny one with the three pieces as added tokens. The blocks add nothing (attention and MLP
+// output projections zero), so the last hidden state is the current token's embedding after the final norm,
+// and the untied LM head is a bigram table: row `next` is 10 x the normalised embedding of the token before it,
+// along "\n" (the end of "<|im_start|>assistant\n") -> <tool_call> -> the JSON -> </tool_call> -> <|im_end|>.
+static void make_tool_model(const char *dir) {
+    cJSON *tj;
+    cr_assert_eq(json_parse_file("data/tiny_tokenizer/tokenizer.json", 1 << 24, &tj), ER_OK, "%s", er_last_error());
+    cJSON *added = cJSON_GetObjectItemCaseSensitive(tj, "added_tokens");
+    const char *pieces[] = {"<tool_call>", TOOL_CALL_JSON, "</tool_call>"};
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), ER_OK);
+    int base = tok_vocab_size(tok);
+    tok_free(tok);
+    for (int i = 0; i < 3; i++) {
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddNumberToObject(t, "id", base + i);
+        cJSON_AddStringToObject(t, "content", pieces[i]);
+        cJSON_AddFalseToObject(t, "single_word");
+        cJSON_AddFalseToObject(t, "lstrip");
+        cJSON_AddFalseToObject(t, "rstrip");
+        cJSON_AddFalseToObject(t, "normalized");
+        cJSON_AddFalseToObject(t, "special");
+        cJSON_AddItemToArray(added, t);
+    }
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    char *tp = path_join(dir, "tokenizer.json");
+    cr_assert_eq(json_write_file(tp, tj), ER_OK, "%s", er_last_error());
+    cJSON_Delete(tj);
+    er_free(tp);
+    helper_copy_file("data/tiny_tokenizer/tokenizer_config.json", dir, "tokenizer_config.json");
+    cr_assert_eq(tok_load(&tok, dir), ER_OK, "%s", er_last_error());
+    int *ids, n;
+    cr_assert_eq(tok_encode(tok, "<|im_start|>assistant\n", 22, &ids, &n), ER_OK);
+    int chain[5] = {ids[n - 1], base, base + 1, base + 2, tok_token_id(tok, "<|im_end|>")};
+    er_free(ids);
+    ModelConfig c = helper_tiny_config(tok_vocab_size(tok), 1024);
+    tok_free(tok);
+    c.tied = 0;
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.5f, 3), ER_OK, "%s", er_last_error());
+    const int C = c.C;
+    for (int l = 0; l < c.L; l++) {
+        memset((void *)m.layers[l].wo.data, 0, sizeof(float) * (size_t)C * c.NH * c.HS);
+        memset((void *)m.layers[l].wdown.data, 0, sizeof(float) * (size_t)C * c.FF);
+    }
+    for (int i = 0; i < C; i++)
+        m.norm[i] = 1.0f;
+    float *head = (float *)m.lm_head.data; // (V, C)
+    const float *emb = m.embed.data;      // (V, C)
+    memset(head, 0, sizeof(float) * (size_t)c.V * C);
+    for (int k = 0; k + 1 < 5; k++) {
+        const float *e = emb + (size_t)chain[k] * C;
+        double ss = 0;
+        for (int i = 0; i < C; i++)
+            ss += (double)e[i] * e[i];
+        float inv = (float)(1.0 / sqrt(ss / C + c.eps));
+        for (int i = 0; i < C; i++)
+            head[(size_t)chain[k + 1] * C + i] = 10.0f * e[i] * inv;
+    }
+    cr_assert_eq(model_save(&m, dir, 0), ER_OK, "%s", er_last_error());
+    model_free(&m);
+}
+
+// The tool-calling model's output becomes tool_calls, non-streamed and streamed; without tools it is text.
+Test(server, tool_calls_parsed_and_streamed, .timeout = 120) {
+    TestServer t;
+    helper_fixture_open(&t.fx, "er_serve_", "erinfer");
+    helper_need_program(t.fx.prog, "erinfer", "the erinfer serve tool tests");
+    char model[600], args[700];
+    snprintf(model, sizeof model, "%s/toolmodel", t.fx.tmp);
+    make_tool_model(model);
+    snprintf(args, sizeof args, "--model '%s'", model);
+    server_launch(&t, args);
+    const char *tools = "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"add\", \"parameters\": "
+                        "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"number\"}}}}}]";
+    char body[1024];
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"4 + 9?\"}], %s, "
+             "\"temperature\": 0.7, \"max_tokens\": 16}", tools);
+    char *out = server_post(&t, body);
+    cJSON *j = cJSON_Parse(out);
+    cr_assert(j, "%s", out);
+    const cJSON *c0 = cJSON_GetArrayItem(field(j, "choices"), 0), *msg = field(c0, "message");
+    cr_expect_str_eq(field(c0, "finish_reason")->valuestring, "tool_calls", "%s", out);
+    cr_expect(cJSON_IsNull(field(msg, "content")), "%s", out);
+    const cJSON *call = cJSON_GetArrayItem(field(msg, "tool_calls"), 0);
+    cr_assert(call, "%s", out);
+    cr_expect_str_eq(field(call, "type")->valuestring, "function");
+    cr_expect(strncmp(field(call, "id")->valuestring, "call_", 5) == 0);
+    cr_expect_str_eq(field(field(call, "function"), "name")->valuestring, "add");
+    cr_expect_str_eq(field(field(call, "function"), "arguments")->valuestring, "{\"a\":4,\"b\":9}");
+    cJSON_Delete(j);
+    free(out);
+    // Streamed: no byte of the call leaks into content; the call comes as a tool_calls delta.
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"4 + 9?\"}], %s, "
+             "\"max_tokens\": 16, \"stream\": true}", tools);
+    out = server_post(&t, body);
+    cr_expect(strstr(out, "\"tool_calls\":[{\"index\":0,\"id\":\"call_") != NULL, "%s", out);
+    cr_expect(strstr(out, "\"finish_reason\":\"tool_calls\"") != NULL, "%s", out);
+    cr_expect(strstr(out, "<tool_call>") == NULL, "the call leaked into content: %s", out);
+    free(out);
+    // Without tools the same output is text.
+    out = server_post(&t, "{\"messages\": [{\"role\": \"user\", \"content\": \"4 + 9?\"}], \"max_tokens\": 16}");
+    j = cJSON_Parse(out);
+    cr_assert(j, "%s", out);
+    msg = field(cJSON_GetArrayItem(field(j, "choices"), 0), "message");
+    cr_expect_str_eq(field(msg, "content")->valuestring, "<tool_call>" TOOL_CALL_JSON "</tool_call>");
+    cJSON_Delete(j);
+    free(out);
+    server_stop(&t);
+}
+
 // The running server with real clients: scripts/serve_check.sh on $ER_BUILD's erinfer (ASan under make SAN=1).
 Test(server, openai_client_curl_and_load, .timeout = 600) {
     char *prog = helper_program("erinfer");
     helper_need_program(prog, "erinfer", "the erinfer serve client tests");
-    int st = system("bash scripts/serve_check.sh 1>&2");
+    char *tmp = helper_tmpdir("er_serve_tools_"), *model = path_join(tmp, "model"), cmd[600];
+    make_tool_model(model);
+    snprintf(cmd, sizeof cmd, "TOOL_MODEL='%s' bash scripts/serve_check.sh 1>&2", model);
+    int st = system(cmd);
+    helper_rmdir(tmp);
+    er_free(model);
+    er_free(tmp);
     if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
         cr_skip_test("!!!!!! node / npm / curl or the openai package unavailable: erinfer serve's client tests are "
                      "SKIPPED !!!!!!");
