@@ -148,6 +148,8 @@ TRAIN_SRC := $(foreach d,$(TRAIN_DIRS),$(wildcard $(d)/*.c))
 ERINFER_SRC := $(wildcard infer/cli*.c) $(ARGS_SRC)
 ERTRAIN_SRC := $(wildcard ertrain/*.c) $(ARGS_SRC)
 ERTRAIN_SRC += infer/cli_eval.c infer/cli_flags.c # ertrain eval: erinfer eval split across MPI ranks
+TEST_SRC := $(filter-out tests/fuzz/%,$(wildcard tests/*/*.c))
+BENCH_SRC := $(wildcard bench/*.c)
 # erinfer serve (infer/server*.c, on GNU libmicrohttpd) is part of the erinfer program, never of liberinfer.
 # The aarch64 build leaves it out (a static erinfer would need arm64 libmicrohttpd and GnuTLS): there
 # infer/cli.c has no serve command. The tests link the JSON half (no HTTP library in it).
@@ -159,9 +161,7 @@ $(BUILD)/erinfer: LDLIBS += -lmicrohttpd -lpthread
 else
 $(BUILD)/obj/infer/cli.o: CFLAGS += -DER_NO_SERVE
 endif
-$(BUILD)/test_all: $(BUILD)/obj/infer/server_json.o
-TEST_SRC := $(filter-out tests/fuzz/%,$(wildcard tests/*/*.c))
-BENCH_SRC := $(wildcard bench/*.c)
+TEST_SRC += infer/server_json.c
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 RUNTIME_LIB := $(BUILD)/liberinfer.a
@@ -313,6 +313,9 @@ $(FUZZ_OUT)/liberinfer.a: $(patsubst %.c,$(FUZZ_OUT)/obj/%.o,$(FUZZ_LIB_SRC))
 
 $(FUZZ_OUT)/fuzz_%: $(FUZZ_OUT)/obj/tests/fuzz/fuzz_%.o $(FUZZ_OUT)/liberinfer.a
 	$(FUZZ_CC) -fsanitize=fuzzer $(FUZZ_SAN) -fopenmp $^ $(FUZZ_LDLIBS) -o $@
+# erinfer serve's request parser (infer/server_json.c, no HTTP library in it) is linked in for its target.
+$(FUZZ_OUT)/fuzz_serve_request: $(FUZZ_OUT)/obj/infer/server_json.o
+$(FUZZ_OUT)/fuzz_serve_request: FUZZ_LDLIBS := $(FUZZ_OUT)/liberinfer.a $(FUZZ_LDLIBS)
 
 # ---------------------------------------------------------------------------------------------
 # CUDA (make CUDA=1, configured at the top): model/cuda/*.cu by nvcc and model/cuda/*.c by $(CC), into

@@ -33,6 +33,10 @@ if ! grep -qs '"version": "5.23.2"' $prefix/node_modules/openai/package.json; th
   fi
 fi
 [ "${1:-}" = --install ] && exit 0
+if ! "$B/erinfer" serve --help >/dev/null 2>&1; then
+  echo "!!!!!! serve_check: $B/erinfer has no serve command: erinfer serve is NOT TESTED !!!!!!" >&2
+  exit 77
+fi
 
 tmp=$(mktemp -d /tmp/serve_check.XXXXXX)
 pids=()
@@ -153,10 +157,13 @@ echo >&2
 grep -q '^503$' "$tmp/codes" || fail "no 503 from a full queue"
 [ "$(grep -cv '^\(200\|503\)$' "$tmp/codes")" = 0 ] || fail "statuses other than 200 and 503"
 expect 200 "http://127.0.0.1:$port/health"
-# A client that hangs up mid-stream cancels its job (logged), and the server keeps serving.
-curl -sN --max-time 0.5 "http://127.0.0.1:$port/v1/chat/completions" \
-  -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2000,"temperature":0,"stream":true}' >/dev/null
-expect 200 "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Hi","max_tokens":4}'
-grep "cancelled: the client went away" "$tmp/queue.log" >&2 || fail "a hang-up did not cancel its job"
+# A client that hangs up, streaming or not, cancels its job (logged), and the server keeps serving.
+for stream in true false; do
+  curl -sN --max-time 0.5 "http://127.0.0.1:$port/v1/chat/completions" \
+    -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2000,"temperature":0,"stream":'$stream'}' >/dev/null
+  expect 200 "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Hi","max_tokens":4}'
+done
+grep "cancelled: the client went away" "$tmp/queue.log" >&2
+[ "$(grep -c "cancelled: the client went away" "$tmp/queue.log")" = 2 ] || fail "a hang-up did not cancel its job"
 stop queue
 echo "serve_check: all checks passed"

@@ -1,0 +1,74 @@
+// fuzz_serve_request: the input is an HTTP request body for erinfer serve (infer/server_json.c), read as
+// /v1/chat/completions in each chat style and as /v1/completions with the tiny base's tokenizer, and as a
+// model's response for the tool-call parser (data/chat.h) and the stream's tool holdback. A refused body
+// names a status 400 or 500 and a message; an accepted one has a prompt and parameters within the limits;
+// parsed tool calls have a name and object arguments; the holdback never releases a byte of a call.
+#include "tests/fuzz/fuzz_common.h"
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "data/chat.h"
+#include "infer/server.h"
+
+static Tokenizer *tok;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc, (void)argv;
+    if (tok_load(&tok, "models/tiny-base") < 0) {
+        fprintf(stderr, "fuzz_serve_request: %s (run from the project root)\n", er_last_error());
+        abort();
+    }
+    return 0;
+}
+
+static void check_request(const char *body, size_t n, int chat, ChatStyle style) {
+    static const ServeLimits lim = {4, 64, 512, 64};
+    ServeRequest r;
+    ServeError e;
+    if (serve_parse_request(body, n, chat, style, tok, &lim, &r, &e) < 0) {
+        FUZZ_CHECK(e.status == 400 || e.status == 500, "status %d", e.status);
+        FUZZ_CHECK(e.message[0], "an error without a message");
+        char *j = serve_error_json(&e);
+        FUZZ_CHECK(j, "no error JSON");
+        er_free(j);
+        return;
+    }
+    FUZZ_CHECK(r.prompt && r.p.n_samples >= 1 && r.p.n_samples <= lim.max_n, "n %d", r.p.n_samples);
+    FUZZ_CHECK(r.p.max_new_tokens >= 1 && r.p.max_new_tokens <= lim.max_tokens, "max_tokens %d", r.p.max_new_tokens);
+    FUZZ_CHECK(r.prompt_tokens + r.p.max_new_tokens <= lim.context, "over the context");
+    FUZZ_CHECK(r.p.n_stop >= 0 && r.p.n_stop <= ER_STOP_MAX, "n_stop %d", r.p.n_stop);
+    serve_request_free(&r);
+}
+
+static void check_tool_calls(const char *text, size_t n) {
+    ChatToolCall *c;
+    int nc;
+    size_t clen;
+    if (chat_parse_tool_calls(text, n, &c, &nc, &clen) == ER_OK) {
+        FUZZ_CHECK(clen <= n, "content %zu of %zu bytes", clen, n);
+        for (int i = 0; i < nc; i++) {
+            FUZZ_CHECK(c[i].name && c[i].name[0], "call %d has no name", i);
+            FUZZ_CHECK(c[i].arguments && c[i].arguments[0] == '{', "call %d: arguments %s", i, c[i].arguments);
+        }
+        chat_tool_calls_free(c, nc);
+    } else {
+        FUZZ_CHECK(c == NULL && nc == 0, "a refused parse left calls");
+    }
+    size_t safe = serve_tool_safe_prefix(text, n);
+    const char *tag = memmem(text, n, "<tool_call>", 11);
+    FUZZ_CHECK(safe <= n && (!tag || safe == (size_t)(tag - text)), "holdback %zu", safe);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    char *text = er_alloc(size + 1);
+    if (!text)
+        return 0;
+    memcpy(text, data, size);
+    text[size] = 0;
+    for (int s = 0; s < 4; s++)
+        check_request(text, size, 1, (ChatStyle)s);
+    check_request(text, size, 0, CHAT_CHATML);
+    check_tool_calls(text, size);
+    er_free(text);
+    return 0;
+}
