@@ -49,7 +49,6 @@ struct Job {
 
 typedef struct {
     Server *srv;
-    int index;
     ErSession *session;
     char *last_prompt;    // what the session's cache holds a prefix of
     int idle;
@@ -73,7 +72,8 @@ struct Server {
 
 // ---- jobs ----
 
-static void job_unref(Server *srv, Job *j) {
+// Lock held (or the job not shared yet).
+static void job_unref(Job *j) {
     if (--j->refs > 0)
         return;
     for (int i = 0; j->acc && i < j->req.p.n_samples; i++)
@@ -84,7 +84,6 @@ static void job_unref(Server *srv, Job *j) {
     er_free(j->out.p);
     pthread_cond_destroy(&j->cond);
     er_free(j);
-    (void)srv;
 }
 
 // The client hung up: its socket reads end of file (or fails) without blocking.
@@ -243,7 +242,7 @@ static void *worker_main(void *arg) {
         pthread_mutex_lock(&srv->mu);
         j->done = 1;
         pthread_cond_signal(&j->cond);
-        job_unref(srv, j);
+        job_unref(j);
     }
     pthread_mutex_unlock(&srv->mu);
     return NULL;
@@ -275,7 +274,7 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd) {
     j->ids.model = srv->model_name;
     if (srv->stopping || srv->n_queued >= srv->queue_max) {
         pthread_mutex_unlock(&srv->mu);
-        job_unref(srv, j);
+        job_unref(j);
         return NULL;
     }
     j->refs = 2;
@@ -352,7 +351,7 @@ static void stream_free(void *cls) {
     Stream *st = cls;
     pthread_mutex_lock(&st->srv->mu);
     __atomic_store_n(&st->job->cancel, 1, __ATOMIC_RELAXED);
-    job_unref(st->srv, st->job);
+    job_unref(st->job);
     pthread_mutex_unlock(&st->srv->mu);
     er_free(st);
 }
@@ -366,7 +365,7 @@ static enum MHD_Result serve_stream(struct MHD_Connection *c, Server *srv, Job *
         er_free(st);
         pthread_mutex_lock(&srv->mu);
         __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
-        job_unref(srv, j);
+        job_unref(j);
         pthread_mutex_unlock(&srv->mu);
         return MHD_NO;
     }
@@ -397,7 +396,7 @@ static enum MHD_Result serve_generate(struct MHD_Connection *c, Server *srv, con
     while (!j->done)
         job_wait(srv, j);
     enum MHD_Result ok = respond(c, j->status ? j->status : 500, "application/json", j->out.p ? j->out.p : "{}");
-    job_unref(srv, j);
+    job_unref(j);
     pthread_mutex_unlock(&srv->mu);
     return ok;
 }
@@ -576,7 +575,7 @@ static void serve_stop_workers(Server *srv, int started) {
         __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
         j->done = 1;
         pthread_cond_signal(&j->cond);
-        job_unref(srv, j);
+        job_unref(j);
     }
     srv->head = srv->tail = NULL;
     srv->n_queued = 0;
@@ -639,7 +638,6 @@ int cmd_serve(int argc, char **argv) {
     while (rc == ER_OK && started < srv.n_workers) {
         Worker *w = &srv.workers[started];
         w->srv = &srv;
-        w->index = started;
         if (pthread_create(&w->thread, NULL, worker_main, w) != 0)
             rc = er_error(ER_ENOMEM, "cannot start worker thread %d", started);
         else

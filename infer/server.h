@@ -74,7 +74,8 @@ char *serve_response_json(const ServeRequest *r, const ServeIds *ids, const ErSe
 void serve_chunk_delta(StrBuf *out, const ServeRequest *r, const ServeIds *ids, int i, const char *text, size_t n,
                        int role);
 // The end of every choice (tool calls, finish reasons, the erinfer extension on the last), the usage
-// chunk when asked for, and [DONE]. held[i]: the text of choice i not yet streamed (it may hold tool calls).
+// chunk when asked for, and [DONE]. streamed[i]: the bytes of choice i's text already streamed (the rest
+// may hold tool calls).
 void serve_chunk_final(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ErSession *s,
                        const size_t *streamed);
 // An error inside a stream (the status line is already sent): one error event and [DONE].

@@ -290,3 +290,44 @@ Test(api, sessions_of_one_model_run_on_two_threads) {
     for (int i = 0; i < 2; i++)
         er_session_free(w[i].s);
 }
+
+// ErGenParams.route: NULL/"auto" leave the choice to the pipeline (no heads: no pipeline), "direct" makes the
+// base answer greedily once even without heads, "reasoning" needs an adapter, anything else is refused.
+Test(api, route_is_forced_or_refused) {
+    char *a_dir = path_join(fx.tmp, "adapter");
+    save_unmasked_adapter(a_dir, 13);
+    ErModel *m;
+    ErSession *s;
+    cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
+    cr_assert_eq(er_session_open(&s, m, 3, 256, 0), 0, "%s", er_last_error());
+    ErGenParams p;
+    er_gen_params_init(&p);
+    cr_assert_null(p.route);
+    p.max_new_tokens = 8;
+    p.n_samples = 3;
+    p.temperature = 0.8f;
+    p.route = "reasoning";
+    cr_expect_eq(er_generate_raw(s, "Start with 7.", &p, NULL, NULL), ER_EINVAL, "reasoning without an adapter");
+    cr_expect(strstr(er_last_error(), "needs an adapter"), "%s", er_last_error());
+    p.route = "sideways";
+    cr_expect_eq(er_generate_raw(s, "Start with 7.", &p, NULL, NULL), ER_EINVAL);
+    cr_expect(strstr(er_last_error(), "sideways"), "%s", er_last_error());
+    cr_assert_eq(er_model_load_adapter(m, a_dir), 0, "%s", er_last_error());
+    p.route = "auto";
+    cr_assert_eq(er_generate_raw(s, "Start with 7.", &p, NULL, NULL), ER_OK, "%s", er_last_error());
+    cr_expect_null(er_result_route(s), "auto without heads runs no pipeline");
+    cr_expect_eq(er_result_count(s), 3);
+    p.route = "direct";
+    cr_assert_eq(er_generate_raw(s, "Start with 7.", &p, NULL, NULL), ER_OK, "%s", er_last_error());
+    const ErRoute *r = er_result_route(s);
+    cr_assert(r, "a forced route runs the pipeline");
+    cr_expect_eq(r->route, ER_ROUTE_DIRECT);
+    cr_expect_eq(er_result_count(s), 1, "the direct answer is one sample");
+    p.route = "reasoning";
+    cr_assert_eq(er_generate_raw(s, "Start with 7.", &p, NULL, NULL), ER_OK, "%s", er_last_error());
+    cr_expect_eq(er_result_route(s)->route, ER_ROUTE_REASONING);
+    cr_expect_eq(er_result_count(s), 3);
+    er_session_free(s);
+    er_model_free(m);
+    er_free(a_dir);
+}
