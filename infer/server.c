@@ -39,6 +39,7 @@ struct Job {
     StrBuf out;           // SSE events (stream) or the response body
     size_t sent;          // bytes of out the connection has taken
     size_t *streamed;     // (n) content bytes of each sample streamed so far
+    int *roled;           // (n) the sample's first chunk (the one with the role) is out
     StrBuf *acc;          // (n) each sample's text so far (tool calls are held back from it)
     int status;           // HTTP status of a non-streamed response
     int done, cancel;     // cancel is read by the worker's token callback without the lock
@@ -81,6 +82,7 @@ static void job_unref(Job *j) {
     serve_request_free(&j->req);
     er_free(j->acc);
     er_free(j->streamed);
+    er_free(j->roled);
     er_free(j->out.p);
     pthread_cond_destroy(&j->cond);
     er_free(j);
@@ -155,13 +157,14 @@ static int on_token(void *user, int sample, const char *text, size_t len) {
         StrBuf *acc = &j->acc[sample];
         strbuf_put(acc, text, len);
         size_t safe = j->req.tools ? serve_tool_safe_prefix(acc->p, acc->n) : acc->n;
-        if (safe > j->streamed[sample]) {
+        if (safe > j->streamed[sample] || !j->roled[sample]) {
             StrBuf chunk = {0};
             serve_chunk_delta(&chunk, &j->req, &j->ids, sample, acc->p + j->streamed[sample],
-                              safe - j->streamed[sample], 0);
+                              safe - j->streamed[sample], !j->roled[sample]);
             job_emit(t->srv, j, &chunk);
             er_free(chunk.p);
             j->streamed[sample] = safe;
+            j->roled[sample] = 1;
         }
     }
     return __atomic_load_n(&j->cancel, __ATOMIC_RELAXED);
@@ -182,12 +185,6 @@ static void job_run(Worker *w, Job *j) {
     Server *srv = w->srv;
     ServeRequest *r = &j->req;
     StrBuf out = {0};
-    if (r->stream) {
-        for (int i = 0; i < r->p.n_samples; i++)
-            serve_chunk_delta(&out, r, &j->ids, i, "", 0, 1);
-        job_emit(srv, j, &out);
-        out.n = 0;
-    }
     TokenCtx t = {srv, j};
     int rc = er_generate_raw(w->session, r->prompt, &r->p, on_token, &t);
     if (rc == ER_OK && __atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
@@ -208,7 +205,7 @@ static void job_run(Worker *w, Job *j) {
             er_free(s);
         }
     } else if (r->stream) {
-        serve_chunk_final(&out, r, &j->ids, w->session, j->streamed);
+        serve_chunk_final(&out, r, &j->ids, w->session, j->streamed, j->roled);
     } else {
         char *s = serve_response_json(r, &j->ids, w->session);
         strbuf_puts(&out, s ? s : "{}");
@@ -253,8 +250,9 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd) {
     Job *j = er_calloc(1, sizeof *j);
     int n = r->p.n_samples;
     if (j && (!(j->streamed = er_calloc((size_t)n, sizeof *j->streamed)) ||
-              !(j->acc = er_calloc((size_t)n, sizeof *j->acc)))) {
+              !(j->roled = er_calloc((size_t)n, sizeof *j->roled)) || !(j->acc = er_calloc((size_t)n, sizeof *j->acc)))) {
         er_free(j->streamed);
+        er_free(j->roled);
         er_free(j);
         j = NULL;
     }

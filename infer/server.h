@@ -75,9 +75,9 @@ void serve_chunk_delta(StrBuf *out, const ServeRequest *r, const ServeIds *ids, 
                        int role);
 // The end of every choice (tool calls, finish reasons, the erinfer extension on the last), the usage
 // chunk when asked for, and [DONE]. streamed[i]: the bytes of choice i's text already streamed (the rest
-// may hold tool calls).
+// may hold tool calls); roled[i]: its first chunk, which carries the role, is out.
 void serve_chunk_final(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ErSession *s,
-                       const size_t *streamed);
+                       const size_t *streamed, const int *roled);
 // An error inside a stream (the status line is already sent): one error event and [DONE].
 void serve_chunk_error(StrBuf *out, const ServeError *e);
 

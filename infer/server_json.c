@@ -539,15 +539,15 @@ void serve_chunk_delta(StrBuf *out, const ServeRequest *r, const ServeIds *ids, 
 
 // The end of choice i: the text not streamed yet (content, then its tool calls) and the finish reason.
 static cJSON *chunk_end(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ErSample *x, int i,
-                        size_t streamed) {
+                        size_t streamed, int roled) {
     ChatToolCall *calls = NULL;
     int nc = 0;
     size_t clen = x->text_len;
     int bad = r->chat && r->tools && chat_parse_tool_calls(x->text, x->text_len, &calls, &nc, &clen) < 0;
     if (bad || clen < streamed)
         clen = x->text_len;
-    if (clen > streamed)
-        serve_chunk_delta(out, r, ids, i, x->text + streamed, clen - streamed, 0);
+    if (clen > streamed || !roled)
+        serve_chunk_delta(out, r, ids, i, x->text + streamed, clen > streamed ? clen - streamed : 0, !roled);
     const char *finish = finish_name(x->finish);
     if (nc > 0) {
         cJSON *d = cJSON_CreateObject();
@@ -564,10 +564,10 @@ static cJSON *chunk_end(StrBuf *out, const ServeRequest *r, const ServeIds *ids,
 }
 
 void serve_chunk_final(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ErSession *s,
-                       const size_t *streamed) {
+                       const size_t *streamed, const int *roled) {
     int n = er_result_count(s);
     for (int i = 0; i < n; i++) {
-        cJSON *end = chunk_end(out, r, ids, er_result_sample(s, i), i, streamed[i]);
+        cJSON *end = chunk_end(out, r, ids, er_result_sample(s, i), i, streamed[i], roled[i]);
         cJSON *x = i == n - 1 ? extension_json(s, NULL) : NULL;
         if (x)
             cJSON_AddItemToObject(end, "erinfer", x);
