@@ -583,18 +583,18 @@ static void serve_stop_workers(Server *srv, int started) {
         pthread_join(srv->workers[i].thread, NULL);
 }
 
-// Listens until SIGINT or SIGTERM.
-static int serve_listen(Server *srv, const ServeFlags *f) {
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f->port)};
-    if (inet_pton(AF_INET, f->host, &addr.sin_addr) != 1)
-        return er_error(ER_EINVAL, "--host \"%s\" is not an IPv4 address", f->host);
+// Listens on addr until SIGINT or SIGTERM; the workers are stopped either way.
+static int serve_listen(Server *srv, const ServeFlags *f, struct sockaddr_in *addr) {
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL, on_request, srv,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(f->queue + f->parallel + 64), MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)600, MHD_OPTION_END);
-    if (!d)
-        return er_error(ER_EIO, "cannot listen on %s:%d (%s)", f->host, f->port, strerror(errno));
+    if (!d) {
+        int err = errno;
+        serve_stop_workers(srv, srv->n_workers);
+        return er_error(ER_EIO, "cannot listen on %s:%d (%s)", f->host, f->port, strerror(err));
+    }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     fprintf(stderr, "erinfer serve: %s on http://%s:%d/v1 (%d parallel, queue %d)\n", srv->model_name, f->host,
             di ? di->port : f->port, f->parallel, f->queue);
@@ -617,6 +617,11 @@ int cmd_serve(int argc, char **argv) {
         return 0;
     if (rc < 0)
         return cli_fail("serve");
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f.port)};
+    if (inet_pton(AF_INET, f.host, &addr.sin_addr) != 1) {
+        er_error(ER_EINVAL, "--host \"%s\" is not an IPv4 address", f.host);
+        return cli_fail("serve");
+    }
     Server srv = {.api_key = f.api_key, .queue_max = f.queue};
     srv.threads = threads_set(f.g.threads);
     // The model's name for /v1/models and responses: its dir's last component.
@@ -642,7 +647,7 @@ int cmd_serve(int argc, char **argv) {
             started++;
     }
     if (rc == ER_OK)
-        rc = serve_listen(&srv, &f);
+        rc = serve_listen(&srv, &f, &addr);
     else
         serve_stop_workers(&srv, started);
     serve_close(&srv);
