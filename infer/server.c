@@ -1,9 +1,10 @@
 // erinfer serve: the OpenAI HTTP API on GNU libmicrohttpd (one thread per connection). Requests are
 // parsed and checked on their connection's thread (infer/server_json.c), then queued as jobs for
 // --parallel workers, each with its own session of the one model (sessions of a model may generate
-// at once). A worker takes the job at the head of the queue unless another idle worker's session
-// holds a longer prefix of its prompt (a conversation's earlier turns, a shared system prompt), so
-// the engine reuses that K/V. A full queue answers 503. A streamed job's SSE bytes go from the
+// at once). The job at the head of the queue goes to the idle worker whose session holds the longest
+// prefix of its prompt (a conversation's earlier turns, a shared system prompt), so the engine reuses
+// that K/V; when no idle cache is at least half reused, to the least recently used worker, so that a
+// new conversation does not evict one that is still going on. A full queue answers 503. A streamed job's SSE bytes go from the
 // worker's token callback to the connection's content reader; a client that goes away cancels its
 // job (the token callback stops the samples, a queued job is dropped).
 #include "infer/server.h"
@@ -52,6 +53,7 @@ typedef struct {
     Server *srv;
     ErSession *session;
     char *last_prompt;    // what the session's cache holds a prefix of
+    unsigned long last_used; // Server.counter when it last took a job (0: never)
     int idle;
     pthread_t thread;
 } Worker;
@@ -116,17 +118,29 @@ static size_t common_prefix(const char *a, const char *b) {
     return k;
 }
 
-// Lock held: worker w takes the head job unless an idle worker's cache matches its prompt better.
-static Job *job_take(Server *srv, Worker *w) {
-    Job *j = srv->head;
-    if (!j)
-        return NULL;
-    size_t mine = common_prefix(w->last_prompt, j->req.prompt);
+// Lock held: the idle worker that should take a job with this prompt (see the top of the file).
+static Worker *worker_for(Server *srv, const char *prompt) {
+    Worker *best = NULL, *lru = NULL;
+    size_t best_len = 0;
     for (int k = 0; k < srv->n_workers; k++) {
         Worker *o = &srv->workers[k];
-        if (o != w && o->idle && common_prefix(o->last_prompt, j->req.prompt) > mine)
-            return NULL; // that one is woken by the same broadcast and takes it
+        if (!o->idle)
+            continue;
+        size_t len = common_prefix(o->last_prompt, prompt);
+        if (o->last_prompt && 2 * len >= strlen(o->last_prompt) && len > best_len)
+            best = o, best_len = len;
+        if (!lru || o->last_used < lru->last_used)
+            lru = o;
     }
+    return best ? best : lru;
+}
+
+// Lock held: worker w (idle) takes the head job when it is the one that should.
+static Job *job_take(Server *srv, Worker *w) {
+    Job *j = srv->head;
+    if (!j || worker_for(srv, j->req.prompt) != w)
+        return NULL; // the right worker is woken by the same broadcast and takes it
+    w->last_used = ++srv->counter;
     srv->head = j->next;
     if (!srv->head)
         srv->tail = NULL;

@@ -85,6 +85,20 @@ async function main() {
   const t2 = await client.chat.completions.create({ ...body, messages: turn2, temperature: 0 });
   check(t2.usage.prompt_tokens_details?.cached_tokens > 0, "a conversation's next turn reuses its cached prefix");
 
+  // Two conversations interleaved on the two sessions: each next turn goes to the session that holds its
+  // conversation (a new conversation takes the other session instead of evicting it).
+  const conv = (sys) => [{ role: "system", content: sys }, { role: "user", content: "Start with 3. Add 4." }];
+  const greedy = { model: "m", max_tokens: 8, temperature: 0 };
+  const a1 = await client.chat.completions.create({ ...greedy, messages: conv("You are brief.") });
+  const b1 = await client.chat.completions.create({ ...greedy, messages: conv("Show every step.") });
+  const next = (c, r) => [...c, { role: "assistant", content: r.choices[0].message.content }, { role: "user", content: "Again?" }];
+  const a2 = await client.chat.completions.create({ ...greedy, messages: next(conv("You are brief."), a1) });
+  const b2 = await client.chat.completions.create({ ...greedy, messages: next(conv("Show every step."), b1) });
+  check(a2.usage.prompt_tokens_details.cached_tokens >= a1.usage.prompt_tokens - 2 &&
+        b2.usage.prompt_tokens_details.cached_tokens >= b1.usage.prompt_tokens - 2,
+        `interleaved conversations keep their caches (cached ${a2.usage.prompt_tokens_details.cached_tokens} of ` +
+        `${a1.usage.prompt_tokens}, ${b2.usage.prompt_tokens_details.cached_tokens} of ${b1.usage.prompt_tokens})`);
+
   const cmpl = await client.completions.create({ model: "m", prompt: "Start with 4.", max_tokens: 8, temperature: 0 });
   check(cmpl.object === "text_completion" && typeof cmpl.choices[0].text === "string", "completions");
 
