@@ -12,6 +12,7 @@
 #include "data/tokenizer.h"
 #include "quant/quant.h"
 #include "quant/quantizer.h"
+#include "quant/transform.h"
 #include "train/run.h"
 
 // ---- the fake-quantization step ----
@@ -163,6 +164,10 @@ static int qat_check(const QatConfig *c) {
     if (!tc->model_dir || !tc->data_path || !tc->out_dir)
         return er_error(ER_EINVAL, "--model, --data and --out are required");
     ER_TRY(train_config_check(tc));
+    unsigned tflags;
+    if (c->transforms && transform_parse_mode(c->transforms, &tflags) == ER_OK && (tflags & TRANSFORM_TRAINED))
+        return er_error(ER_EINVAL, "--transforms fpt-trained: train the transforms with ertrain quantize, then run "
+                        "qat on a float model (qat takes none, rotate, fpt or a list)");
     WeightFormat f;
     int g, u;
     char specs[256];

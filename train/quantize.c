@@ -16,6 +16,7 @@
 #include "data/tokenizer.h"
 #include "quant/quant.h"
 #include "quant/quantizer.h"
+#include "train/fpt.h"
 #include "train/run.h"
 #include "train/sequence.h"
 #include "train/trainer.h"
@@ -346,6 +347,14 @@ static cJSON *run_json(const QuantizeConfig *c, const Model *m, const QuantizeRe
         cJSON_AddNumberToObject(j, "nll_sequences", r->nll_sequences);
         cJSON_AddBoolToObject(j, "nll_held_out", r->nll_held_out);
     }
+    if (!isnan(r->fpt_local_first) || !isnan(r->fpt_kl_first)) {
+        cJSON *f = cJSON_AddObjectToObject(j, "fpt");
+        RunNumber nums[] = {{"local_steps", (double)c->fpt_local_steps}, {"steps", (double)c->fpt_steps},
+                            {"lr", c->fpt_lr}, {"local_first", r->fpt_local_first}, {"local_last", r->fpt_local_last},
+                            {"kl_first", r->fpt_kl_first}, {"kl_last", r->fpt_kl_last}};
+        if (f)
+            run_add_numbers(f, nums, sizeof nums / sizeof nums[0]);
+    }
     return j;
 }
 
@@ -448,6 +457,17 @@ static int quantize_check(const QuantizeConfig *c, int *to_bf16, const char **se
     unsigned tflags;
     ER_TRY(parse_transforms(c->transforms ? c->transforms : "none", &tflags));
     *to_bf16 = c->q.weights && strcmp(c->q.weights, "bf16") == 0;
+    if (tflags & TRANSFORM_TRAINED) {
+        if (*to_bf16)
+            return er_error(ER_EINVAL, "--transforms fpt-trained trains against a quantizer: not with --weights bf16");
+        if (c->fpt_steps > 0 && !c->calib)
+            return er_error(ER_EINVAL, "--transforms fpt-trained needs calibration data (--calib FILE.jsonl) for its "
+                            "%ld end-to-end steps", c->fpt_steps);
+        if (c->fpt_local_steps < 0 || c->fpt_steps < 0 || !(c->fpt_lr > 0) || !isfinite(c->fpt_lr))
+            return er_error(ER_EINVAL, "--fpt-local-steps and --fpt-steps must be >= 0 and --fpt-lr > 0");
+    } else if (c->resume) {
+        return er_error(ER_EINVAL, "--resume continues a --transforms fpt-trained run; nothing else resumes");
+    }
     *sens = c->sensitivity ? c->sensitivity : c->calib && !*to_bf16 ? "fisher" : "none";
     if (strcmp(*sens, "fisher") != 0 && strcmp(*sens, "none") != 0)
         return er_error(ER_EINVAL, "--sensitivity \"%s\" must be fisher or none", *sens);
@@ -504,6 +524,27 @@ static int quantize_step(Model *m, const QuantizeConfig *c, const QuantizeSource
     return ER_OK;
 }
 
+// --transforms fpt-trained: m holds the closed-form fpt; trains its transforms on the first n_fit
+// calibration sequences and merges them (train/fpt.h). metrics.jsonl and checkpoint/ go into out_dir.
+static int train_transforms(Model *m, const QuantizeConfig *c, const Calib *cal, int n_fit, QuantizeResult *res) {
+    ER_TRY(dir_make(c->out_dir));
+    FptTrainConfig fc = {.local_steps = c->fpt_local_steps, .steps = c->fpt_steps, .lr = c->fpt_lr, .q = &c->q,
+                         .sb = &cal->sb, .seqs = cal->seqs, .n_seqs = n_fit, .max_len = cal->max_len,
+                         .dir = c->out_dir, .save_every = c->fpt_save_every, .resume = c->resume,
+                         .stop_after = c->fpt_stop_after, .log = c->log};
+    FptTrainResult fr;
+    double t0 = time_now();
+    ER_TRY(fpt_train(m, &fc, &fr));
+    res->fpt_local_first = fr.local_first, res->fpt_local_last = fr.local_last;
+    res->fpt_kl_first = fr.kl_first, res->fpt_kl_last = fr.kl_last;
+    res->fpt_stopped = !fr.complete;
+    if (c->log)
+        fprintf(c->log, "fpt-trained: %ld local + %ld end-to-end steps%s; local objective %.4f -> %.4f, KL %.5f -> "
+                "%.5f; %.1fs\n", c->fpt_local_steps, c->fpt_steps, fr.complete ? ", merged into the weights" : " (stopped)",
+                fr.local_first, fr.local_last, fr.kl_first, fr.kl_last, time_now() - t0);
+    return ER_OK;
+}
+
 // --weights bf16: the report of the dir as written, its NLL from the bf16 weights as they load.
 static int bf16_result(const QuantizeConfig *c, const QuantizeSource *src, Calib *cal, int h0, int h1,
                        QuantizeResult *res) {
@@ -544,10 +585,14 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
         res = &local;
     memset(res, 0, sizeof *res);
     res->nll_before = res->nll_after = NAN;
+    res->fpt_local_first = res->fpt_local_last = res->fpt_kl_first = res->fpt_kl_last = NAN;
     int to_bf16 = 0;
     const char *sens = "none";
     ER_TRY(quantize_check(c, &to_bf16, &sens));
-    ER_TRY(run_dir_check(c->out_dir, RUN_ONCE));
+    unsigned tflags;
+    ER_TRY(parse_transforms(c->transforms ? c->transforms : "none", &tflags));
+    int trained = (tflags & TRANSFORM_TRAINED) != 0;
+    ER_TRY(run_dir_check(c->out_dir, !trained ? RUN_ONCE : c->resume ? RUN_RESUME : RUN_NEW));
     threads_set(c->threads);
     int fisher = strcmp(sens, "fisher") == 0;
     Model m = {0};
@@ -565,6 +610,11 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
     int h0 = n_fit, h1 = cal.n; // held-out NLL sequences; in-sample when there are none
     if (h1 <= h0)
         h0 = 0, h1 = n_fit;
+    if (trained) {
+        ER_CHECK(train_transforms(&m, c, &cal, n_fit, res));
+        if (res->fpt_stopped)
+            goto done;
+    }
     if (fisher)
         ER_CHECK(fisher_importance(&m, &cal, n_fit, c->log, &fmem, &imp));
     if (c->calib) {

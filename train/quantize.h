@@ -90,7 +90,14 @@ int quantize_data_nll(Model *m, const char *tokenizer_dir, const char *path, con
 typedef struct {
     const char *model_dir, *out_dir;
     QuantizeOptions q;
-    const char *transforms;   // none | rotate | fpt | a list (train/transform_model.h), applied before quantizing
+    const char *transforms;   // none | rotate | fpt | fpt-trained | a list (train/transform_model.h, train/fpt.h),
+                              // applied before quantizing
+    long fpt_local_steps;     // fpt-trained: local (data-free) steps, then fpt_steps end-to-end steps on the
+    long fpt_steps;           // first calib_n calibration sequences (ertrain quantize: 100 and 200)
+    double fpt_lr;            // fpt-trained AdamW learning rate (> 0; ertrain quantize: 1e-3)
+    int fpt_save_every;       // fpt-trained checkpoint interval (0 = at the end only)
+    int resume;               // fpt-trained: continue the run in out_dir (its checkpoint/)
+    long fpt_stop_after;      // tests: stop the transform training after this many steps (0 = run to the end)
     const char *calib;        // JSONL (any dataset record type), NULL = none
     const char *response_key; // record field holding the response (NULL = the record type's own)
     int calib_n;              // sequences for the Fisher pass (the next calib_n are held out for NLL)
@@ -105,6 +112,8 @@ typedef struct {
     QuantizeReport rep;
     double nll_before, nll_after; // NAN without --calib
     int nll_sequences, nll_held_out;
+    double fpt_local_first, fpt_local_last, fpt_kl_first, fpt_kl_last; // fpt-trained objectives (else NAN)
+    int fpt_stopped;              // fpt_stop_after ended the run before its last step: nothing was written
 } QuantizeResult;
 
 // The whole command.
