@@ -57,6 +57,9 @@ int cmd_quantize(int argc, char **argv) {
         {"seq-len", ARG_INT, &c.seq_len, "most positions per calibration sequence", 0, 2, 1 << 20},
         {"sensitivity", ARG_STR, &c.sensitivity,
          "per-weight importance: fisher (squared gradients on --calib) | none (default: fisher with --calib)", 0, 0, 0},
+        {"error-feedback", ARG_STR, &c.error_feedback,
+         "q2lut / q4lut: gptq (codes assigned with GPTQ error feedback and codebooks refitted against the --calib "
+         "inputs' second moments) | none (default: gptq with --calib)", 0, 0, 0},
         {"scale-search", ARG_STR, &c.q.scale_search,
          "RTN scales: lp (grid search over clipping ratios minimising the Lp error) | minmax", 0, 0, 0},
         {"p", ARG_FLOAT, &c.q.p, "exponent of the Lp error the scale search minimises", 0, 1, 8},

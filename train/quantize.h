@@ -26,6 +26,9 @@ typedef struct {
     int kmeans_iters;         // q2lut Lloyd iterations (0 = 25)
     const char *method_note;  // recorded in quantization_config.method after the base method (e.g. "fisher")
     const char *transforms;   // recorded in quantization_config.transforms (NULL = none)
+    const float *const *hessians; // per parameter (n_params; NULL entries allowed, NULL = none): the (cols, cols)
+                                  // input second moment of a matrix, for the codebook formats' output-error
+                                  // assignment (quant/quantizer.h)
 } QuantizeOptions;
 
 typedef struct {
@@ -103,6 +106,8 @@ typedef struct {
     int calib_n;              // sequences for the Fisher pass (the next calib_n are held out for NLL)
     int seq_len;
     const char *sensitivity;  // fisher | none (NULL = fisher with --calib, else none)
+    const char *error_feedback; // gptq | none: q2lut / q4lut codes assigned against the calibration inputs' second
+                                // moments (NULL = gptq for those formats with --calib, else none)
     uint64_t seed;
     int threads;
     FILE *log;                // progress, notes and the report (NULL = silent; ertrain quantize: stdout)
