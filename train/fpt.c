@@ -580,7 +580,7 @@ static int fpt_run_init(FptRun *r) {
         return ER_ENOMEM;
     ER_TRY(adamw_init(&r->opt, backend_cpu(), r->p.n, c->lr, 0.9, 0.999, 1e-8, 0.0));
     if (c->steps > 0) {
-        ER_TRY(qat_state_init(&r->qs, m, r->master, c->q, 1));
+        ER_TRY(qat_state_init(&r->qs, m, r->master, c->q, NULL, 1));
         ER_TRY(acts_alloc(&r->a, &m->cfg, 1, c->max_len, ACTS_TRAIN, 0));
         ER_TRY(batch_alloc(&r->b, 1, c->max_len));
         if (!(r->tp = er_alloc(sizeof(float) * (size_t)c->max_len * m->cfg.V)))

@@ -584,6 +584,19 @@ static int fisher_importance(Model *m, Calib *cal, int n_fit, FILE *log, float *
     return ER_OK;
 }
 
+int quantize_fisher(Model *m, const char *tokenizer_dir, const char *path, const char *response_key, int n,
+                    int seq_len, float **fmem, const float ***imp) {
+    Calib cal;
+    *fmem = NULL;
+    *imp = NULL;
+    int rc = ER_OK;
+    ER_CHECK(calib_load(&cal, tokenizer_dir, path, response_key, n, seq_len, m->cfg.V));
+    ER_CHECK(fisher_importance(m, &cal, cal.n, NULL, fmem, imp));
+done:
+    calib_free(&cal);
+    return rc;
+}
+
 static int quantize_step(Model *m, const QuantizeConfig *c, const QuantizeSource *src, const float **imp,
                          const float **hs, FILE *log, QuantizeReport *rep) {
     double t0 = time_now();

@@ -277,3 +277,23 @@ Test(fpt_run, lowers_both_objectives_and_resume_is_bit_for_bit, .timeout = 120) 
     helper_rmdir(tmp);
     er_free(a), er_free(b), er_free(tmp);
 }
+
+// ---- the outlier test model ----
+
+Test(fpt, outlier_model_computes_the_same_function) {
+    Model m;
+    build(&m, 1, 41);
+    float *before = helper_forward_logits(&m, tokens, TB, TT);
+    double ratio = 0;
+    cr_assert_eq(transform_model_add_outliers(&m, 3, 20, 100, 9, &ratio), 0, "%s", er_last_error());
+    float *after = helper_forward_logits(&m, tokens, TB, TT);
+    double rel = helper_rel_err(after, before, (size_t)TB * TT * m.cfg.V);
+    fprintf(stderr, "outliers: max |dlogit| / max |logit| = %.3g, loudest normalised channel %.1fx the median\n", rel,
+            ratio);
+    cr_assert(rel <= 1e-5, "the outlier model changed the logits by %g relative", rel);
+    cr_assert(ratio >= 20, "outlier channels only %gx the median", ratio);
+    cr_assert_lt(transform_model_add_outliers(&m, 0, 20, 100, 9, NULL), 0);
+    cr_assert_lt(transform_model_add_outliers(&m, 2, 50, 20, 9, NULL), 0);
+    free(before), free(after);
+    model_free(&m);
+}
