@@ -450,12 +450,12 @@ def table(res, with_bench):
     L.append("|---|---:|%s---:|---:|---:|---|%s%s" % ("---:|" if with_bench else "", "---:|" if own else "",
                                                      "---:|---:|" if with_bench else ""))
     for r in res:
-        L.append("| %s | %.3f | %s%.4f | %+.4f | %.1f%% | %s | %s%s" % (
+        L.append(("| %s | %.3f | %s%.4f | %+.4f | %.1f%% | %s | %s%s" % (
             r["format"], r["bits_per_weight"], (human(r["model_bytes"]) + " | ") if with_bench else "",
             r["heldout_nll"], r["nll_minus_fp32"], 100 * r["accuracy"], r["adapter_kind"],
             ("%.1f%% | " % (100 * r["accuracy_own_adapter"])) if own else "",
-            ("%.0f | %.2fx |" % (r["decode_tokens_per_s"], r["decode_speedup_vs_fp32"])) if with_bench else ""))
-    return L
+            ("%.0f | %.2fx |" % (r["decode_tokens_per_s"], r["decode_speedup_vs_fp32"])) if with_bench else "")).rstrip())
+    return [l.rstrip() for l in L]
 
 def target_lines(t):
     L = []

@@ -662,10 +662,11 @@ int fpt_train(Model *m, const FptTrainConfig *c, FptTrainResult *res) {
         return er_error(ER_EINVAL, "fpt: the end-to-end stage needs calibration sequences (--calib)");
     FptRun r = {.m = m, .c = c};
     Progress prog = {0};
-    int rc = ER_OK;
+    int rc = ER_OK, prog_on = 0;
     ER_CHECK(fpt_run_init(&r));
     long total = c->local_steps + c->steps, start = r.st.step, step = start;
     progress_begin(&prog, c->log, "fpt", "step", start, total);
+    prog_on = 1;
     for (; step < total && !(c->stop_after > 0 && step - start >= c->stop_after); step++) {
         double lr = fpt_lr(c, step), loss, gnorm;
         ER_CHECK(fpt_step(&r, step, lr, &loss, &gnorm));
@@ -685,6 +686,7 @@ int fpt_train(Model *m, const FptTrainConfig *c, FptTrainResult *res) {
         progress_update(&prog, step + 1, extra);
     }
     progress_end(&prog, NULL);
+    prog_on = 0;
     if (r.ckdir && step > start)
         ER_CHECK(checkpoint_save(r.ckdir, &r.st, r.p.theta, r.p.n, &r.opt));
     res->steps_done = step;
@@ -696,6 +698,8 @@ int fpt_train(Model *m, const FptTrainConfig *c, FptTrainResult *res) {
         memcpy(m->param_mem, r.base, sizeof(float) * m->n_param_floats);
     }
 done:
+    if (prog_on)
+        progress_end(&prog, "failed");
     fpt_run_free(&r);
     return rc;
 }

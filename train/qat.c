@@ -238,7 +238,10 @@ int qat_run(const QatConfig *c, TrainResult *res) {
         ER_CHECK(er_error(ER_ENOMEM, "qat: cannot allocate %.1f MiB for the master weights",
                           m.n_param_floats * 5.0 / 1048576.0));
     memcpy(master, m.param_mem, m.n_param_floats * sizeof(float));
-    // The codebooks' weighting: Fisher on the first records of the training data, at the start.
+    // The codebooks' weighting: Fisher on the first records of the training data, at the start (after the
+    // plan's checks of the flags).
+    QuantizePlan plan;
+    ER_CHECK(quantize_plan(&m, &c->q, &plan));
     ER_CHECK(quantize_fisher(&m, tc->model_dir, tc->data_path, tc->response_key, QAT_FISHER_RECORDS,
                              tc->seq_len > 0 ? tc->seq_len : m.cfg.max_pos, &fmem, &imp));
     memcpy(m.param_mem, master, m.n_param_floats * sizeof(float));
