@@ -1,11 +1,13 @@
 // ertrain quantize: a float HF model dir -> a quantized HF model dir (layout and naming in
 // quant/quant.h) that model_load, erinfer and ertrain sft/grpo take like any model dir.
 //
-// Steps: load; optional function-preserving transforms; optional Fisher sensitivity (squared
+// Steps: load; optional function-preserving transforms (closed-form, or fpt-trained: the closed-form fpt
+// trained on the calibration sequences and merged, train/fpt.h); optional Fisher sensitivity (squared
 // gradients of the LM loss on calibration sequences, accumulated per weight) used as the importance
-// of every weight by the quantizers (quant/quantizer.h); quantize every projection (and the
-// embedding / lm_head as asked); report bits per weight, bytes, per-layer relative error and, with
-// calibration data, NLL before/after; save with the tokenizer files and run.json.
+// of every weight by the quantizers (quant/quantizer.h); for q2lut / q4lut with calibration data, the
+// second moments of every projection's inputs for the GPTQ code assignment; quantize every projection
+// (and the embedding / lm_head as asked); report bits per weight, bytes, per-layer relative error and,
+// with calibration data, NLL before/after; save with the tokenizer files and run.json.
 #ifndef TRAIN_QUANTIZE_H
 #define TRAIN_QUANTIZE_H
 

@@ -44,8 +44,9 @@
 #include "quant/transform.h"
 
 // Applies function-preserving transforms to a trainable fp32 model in place. mode: "none", "rotate"
-// (T_r only), "fpt" (all: T_r, T_u, T_v, T_k); also a list joined by ',' or '+' of "rotate" ("r"),
-// "u", "v", "k", "fpt". seed picks the random signs of the rotations. "none" accepts any model.
+// (T_r only), "fpt" (all: T_r, T_u, T_v, T_k), "fpt-trained" (the same closed-form fpt: the
+// initialisation train/fpt.h trains from); also a list joined by ',' or '+' of "rotate" ("r"), "u",
+// "v", "k", "fpt". seed picks the random signs of the rotations. "none" accepts any model.
 int transform_model(Model *m, const char *mode, uint64_t seed);
 // transform_model with flags; refuses (ER_EINVAL / ER_EUNSUPPORTED) a model it cannot transform
 // exactly, before changing anything.
