@@ -573,8 +573,10 @@ static int fpt_run_init(FptRun *r) {
     memcpy(r->base, m->param_mem, sizeof(float) * n);
     // One sequence per step, in order: the checkpoint's data order says so.
     r->st.n_order = r->st.n_batches = c->n_seqs;
+    for (int i = 0; i < c->n_seqs; i++)
+        r->st.order[i] = i;
     for (int i = 0; i <= c->n_seqs; i++)
-        r->st.batch_start[i] = i, r->st.order[i < c->n_seqs ? i : 0] = i < c->n_seqs ? i : 0;
+        r->st.batch_start[i] = i;
     rng_seed(&r->st.rng, 0);
     if (!(r->st.config = fpt_config_json(c)))
         return ER_ENOMEM;
