@@ -16,6 +16,7 @@ int cmd_heads(int argc, char **argv);    // ertrain/heads.c
 int cmd_quantize(int argc, char **argv); // ertrain/quantize.c
 int cmd_qat(int argc, char **argv);      // ertrain/qat.c
 int cmd_merge(int argc, char **argv);    // ertrain/merge.c
+int cmd_outliers(int argc, char **argv); // ertrain/outliers.c
 int cmd_export(int argc, char **argv);   // ertrain/export.c
 int cmd_eval_split(int argc, char **argv); // ertrain/eval.c
 

@@ -17,14 +17,18 @@ int cmd_quantize(int argc, char **argv) {
     c.q.p = 2.0;
     c.q.kmeans_iters = 25;
     c.log = stdout;
-    int seed = 0;
+    c.fpt_local_steps = 100;
+    c.fpt_steps = 200;
+    c.fpt_lr = 1e-3;
+    int seed = 0, fpt_local = 100, fpt_steps = 200;
     // The formats come from quant/'s table; q2rtn and bf16 are quantize's policies (train/quantize.h).
     char list[256], weights_help[512], usage[768];
     quant_spec_list(list, sizeof list, " | ", " | ");
     snprintf(weights_help, sizeof weights_help, "format of the layer projections: %s | q2rtn (2-bit uniform RTN levels, "
              "stored as q2lut) | bf16 (the float model as bf16)", list);
     snprintf(usage, sizeof usage, "ertrain quantize --model DIR --out DIR --weights %s|bf16 [--embeddings int8|fp] "
-             "[--transforms none|rotate|fpt] [--calib FILE.jsonl --calib-n N] [--sensitivity fisher|none] "
+             "[--transforms none|rotate|fpt|fpt-trained [--fpt-steps N --fpt-local-steps N --fpt-lr X --save-every N "
+             "--resume]] [--calib FILE.jsonl --calib-n N] [--sensitivity fisher|none] "
              "[--scale-search lp|minmax] [--seed S]", quantize_weights_list(list, sizeof list, "|", "|"));
     ArgSpec specs[] = {
         {"model", ARG_STR, &c.model_dir, "float model dir (HF layout: config.json, *.safetensors, tokenizer)", 1, 0, 0},
@@ -36,7 +40,15 @@ int cmd_quantize(int argc, char **argv) {
          "--embeddings unless this is given, then it is untied)", 0, 0, 0},
         {"transforms", ARG_STR, &c.transforms,
          "function-preserving transforms before quantizing: none | rotate (Hadamard, norms folded) | fpt (rotate + "
-         "up/down, value/output, query/key) | a list of r,u,v,k", 0, 0, 0},
+         "up/down, value/output, query/key) | fpt-trained (fpt, then trained against the quantizer: local, then "
+         "end to end on --calib) | a list of r,u,v,k", 0, 0, 0},
+        {"fpt-steps", ARG_INT, &fpt_steps, "fpt-trained: end-to-end steps (KL to the float model, one calibration "
+         "sequence each)", 0, 0, 1000000},
+        {"fpt-local-steps", ARG_INT, &fpt_local, "fpt-trained: local (data-free outlier) steps before", 0, 0, 1000000},
+        {"fpt-lr", ARG_FLOAT, &c.fpt_lr, "fpt-trained: AdamW learning rate of the transform parameters", 0, 1e-8, 1},
+        {"save-every", ARG_INT, &c.fpt_save_every, "fpt-trained: checkpoint every N steps (0 = at the end)", 0, 0,
+         1000000},
+        {"resume", ARG_FLAG, &c.resume, "fpt-trained: continue the run in --out from its checkpoint", 0, 0, 0},
         {"calib", ARG_STR, &c.calib, "calibration records (JSONL, any dataset record type) for Fisher and NLL", 0, 0, 0},
         {"response-key", ARG_STR, &c.response_key, "calibration record field holding the response (e.g. verbose "
          "for chains)", 0, 0, 0},
@@ -45,6 +57,9 @@ int cmd_quantize(int argc, char **argv) {
         {"seq-len", ARG_INT, &c.seq_len, "most positions per calibration sequence", 0, 2, 1 << 20},
         {"sensitivity", ARG_STR, &c.sensitivity,
          "per-weight importance: fisher (squared gradients on --calib) | none (default: fisher with --calib)", 0, 0, 0},
+        {"error-feedback", ARG_STR, &c.error_feedback,
+         "q2lut / q4lut: gptq (codes assigned with GPTQ error feedback and codebooks refitted against the --calib "
+         "inputs' second moments) | none (default: gptq with --calib)", 0, 0, 0},
         {"scale-search", ARG_STR, &c.q.scale_search,
          "RTN scales: lp (grid search over clipping ratios minimising the Lp error) | minmax", 0, 0, 0},
         {"p", ARG_FLOAT, &c.q.p, "exponent of the Lp error the scale search minimises", 0, 1, 8},
@@ -58,6 +73,8 @@ int cmd_quantize(int argc, char **argv) {
     if (rc < 0)
         return cli_fail("quantize");
     c.seed = (uint64_t)seed;
+    c.fpt_local_steps = fpt_local;
+    c.fpt_steps = fpt_steps;
     if (quantize_run(&c, NULL) < 0)
         return cli_fail("quantize");
     return 0;

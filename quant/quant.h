@@ -10,9 +10,9 @@
 //   X.weight_codebook    q2lut: F16 [rows, 4]; q4lut: F16 [rows, 16]
 // and config.json holds
 //   "quantization_config": {"quant_method": "ertrain", "method": "rtn-lp" | "rtn-minmax" | "kmeans" |
-//       "kmeans-fisher" | "kmeans-qat" | ..., "weights": "q8" | "q4" | "q4g32" | "q4g64" | "q4g128" | "q4lut" | "q2lut",
+//       "kmeans-fisher" | "kmeans-fisher-gptq" | "kmeans-fisher-qat" | ..., "weights": "q8" | "q4" | "q4g32" | "q4g64" | "q4g128" | "q4lut" | "q2lut",
 //       "group_size": 0 | 32 | 64 | 128, "embeddings": "int8" | "fp", "lm_head": <weights spec> | "fp",
-//       "transforms": "none" | ..., "bits_per_weight": 4.5}
+//       "transforms": "none" | "fpt" | "fpt-trained" | ..., "bits_per_weight": 4.5}
 // A q2lut whose codebooks are 4 evenly spaced levels (ertrain quantize --weights q2rtn, the 2-bit RTN
 // baseline) is stored as "q2lut" with method "rtn-lp" / "rtn-minmax"; "-qat" ends the method of a model
 // written by ertrain qat (train/qat.h). Readers need only "weights".

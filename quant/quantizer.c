@@ -362,6 +362,171 @@ static void quantize_row(Weight *w, int r, const float *x, const float *imp, con
     }
 }
 
+// ---- output-error codebooks (GPTQ assignment, least-squares refit) ----
+
+// a (n, n) <- its lower Cholesky factor L (a = L Lᵀ), in place; ER_EINVAL when not positive definite.
+static int cholesky_lower(double *a, int n) {
+    for (int j = 0; j < n; j++) {
+        double d = a[(size_t)j * n + j];
+        for (int k = 0; k < j; k++)
+            d -= a[(size_t)j * n + k] * a[(size_t)j * n + k];
+        if (!(d > 0))
+            return er_error(ER_EINVAL, "quantize_matrix: the input second moment is not positive definite");
+        d = sqrt(d);
+        a[(size_t)j * n + j] = d;
+        for (int i = j + 1; i < n; i++) {
+            double s = a[(size_t)i * n + j];
+            for (int k = 0; k < j; k++)
+                s -= a[(size_t)i * n + k] * a[(size_t)j * n + k];
+            a[(size_t)i * n + j] = s / d;
+        }
+        for (int k = j + 1; k < n; k++)
+            a[(size_t)j * n + k] = 0;
+    }
+    return ER_OK;
+}
+
+// Hd (n, n) = H + damping (dead inputs get 1 on the diagonal); U (n, n) upper with (Hd)⁻¹ = Uᵀ U.
+static int gptq_factor(double *Hd, double *U, const float *H, int n) {
+    double mean = 0;
+    for (int i = 0; i < n; i++)
+        mean += H[(size_t)i * n + i] / n;
+    double damp = 0.01 * (mean > 0 ? mean : 1.0);
+    for (size_t i = 0; i < (size_t)n * n; i++)
+        Hd[i] = H[i];
+    for (int i = 0; i < n; i++)
+        Hd[(size_t)i * n + i] = (H[(size_t)i * n + i] > 0 ? H[(size_t)i * n + i] : 1.0) + damp;
+    memcpy(U, Hd, sizeof(double) * (size_t)n * n);
+    ER_TRY(cholesky_lower(U, n)); // U holds L
+    // L⁻¹ by forward substitution, column by column
+    double *Li = malloc(sizeof(double) * (size_t)n * n);
+    if (!Li)
+        return er_error(ER_ENOMEM, "quantize_matrix: no memory for a %d x %d factor", n, n);
+    for (int c = 0; c < n; c++)
+        for (int i = 0; i < n; i++) {
+            double s = i == c;
+            for (int k = c; k < i; k++)
+                s -= U[(size_t)i * n + k] * Li[(size_t)k * n + c];
+            Li[(size_t)i * n + c] = i < c ? 0 : s / U[(size_t)i * n + i];
+        }
+    for (int i = 0; i < n; i++) // (Hd)⁻¹ = L⁻ᵀ L⁻¹ into U
+        for (int j = 0; j < n; j++) {
+            double s = 0;
+            for (int k = i > j ? i : j; k < n; k++)
+                s += Li[(size_t)k * n + i] * Li[(size_t)k * n + j];
+            U[(size_t)i * n + j] = s;
+        }
+    free(Li);
+    ER_TRY(cholesky_lower(U, n)); // (Hd)⁻¹ = L2 L2ᵀ: U = L2ᵀ
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            U[(size_t)i * n + j] = U[(size_t)j * n + i], U[(size_t)j * n + i] = 0;
+    return ER_OK;
+}
+
+// GPTQ assignment of one row x (n) to the levels c (k): codes a (n); w (n) scratch.
+static void gptq_assign_row(const float *x, const double *U, int n, const float *c, int k, uint8_t *a, double *w) {
+    for (int i = 0; i < n; i++)
+        w[i] = x[i];
+    for (int i = 0; i < n; i++) {
+        a[i] = (uint8_t)nearest((float)w[i], c, k);
+        double e = (w[i] - c[a[i]]) / U[(size_t)i * n + i];
+        const double *u = U + (size_t)i * n;
+        for (int j = i + 1; j < n; j++)
+            w[j] -= e * u[j];
+    }
+}
+
+// The levels c (k) minimising (x - Ac)ᵀ H (x - Ac) for the codes a (n); a level no code uses is kept.
+// hx (n), M (k, k + 1) scratch.
+static void lut_refit_row(const float *x, const double *Hd, int n, const uint8_t *a, float *c, int k, double *hx,
+                          double *M) {
+    for (int i = 0; i < n; i++) {
+        double s = 0;
+        for (int j = 0; j < n; j++)
+            s += Hd[(size_t)i * n + j] * x[j];
+        hx[i] = s;
+    }
+    memset(M, 0, sizeof(double) * (size_t)k * (k + 1));
+    for (int i = 0; i < n; i++) {
+        M[a[i] * (k + 1) + k] += hx[i];
+        for (int j = 0; j < n; j++)
+            M[a[i] * (k + 1) + a[j]] += Hd[(size_t)i * n + j];
+    }
+    for (int p = 0; p < k; p++) // unused levels: the equation c_p = old c_p
+        if (M[p * (k + 1) + p] == 0)
+            M[p * (k + 1) + p] = 1, M[p * (k + 1) + k] = c[p];
+    for (int p = 0; p < k; p++) { // Gaussian elimination (AᵀHA is positive definite)
+        double d = M[p * (k + 1) + p];
+        if (!(fabs(d) > 0))
+            return;
+        for (int r = p + 1; r < k; r++) {
+            double f = M[r * (k + 1) + p] / d;
+            for (int j = p; j <= k; j++)
+                M[r * (k + 1) + j] -= f * M[p * (k + 1) + j];
+        }
+    }
+    double sol[16];
+    for (int p = k - 1; p >= 0; p--) {
+        double s = M[p * (k + 1) + k];
+        for (int j = p + 1; j < k; j++)
+            s -= M[p * (k + 1) + j] * sol[j];
+        sol[p] = s / M[p * (k + 1) + p];
+    }
+    for (int p = 0; p < k; p++)
+        if (isfinite(sol[p]))
+            c[p] = (float)sol[p];
+}
+
+// Re-assigns the codes (and refits the codebooks) of w, quantized from src without H, as described in
+// quant/quantizer.h.
+static int lut_output_error(Weight *w, const float *src, const float *H) {
+    int rows = w->rows, n = w->cols, k = weight_format_info(w->fmt)->levels, fail = 0;
+    double *Hd = malloc(sizeof(double) * (size_t)n * n), *U = malloc(sizeof(double) * (size_t)n * n);
+    int rc = !Hd || !U ? er_error(ER_ENOMEM, "quantize_matrix: no memory for a %d x %d factor", n, n)
+                       : gptq_factor(Hd, U, H, n);
+#pragma omp parallel if (rc == ER_OK)
+    {
+        double *sw = malloc(sizeof(double) * (size_t)n * 2), M[16 * 17];
+        uint8_t *a = malloc((size_t)n);
+        if (!sw || !a) {
+#pragma omp atomic write
+            fail = 1;
+        }
+#pragma omp for schedule(dynamic, 4)
+        for (int r = 0; r < rows; r++) {
+            if (rc != ER_OK || !sw || !a)
+                continue;
+            uint16_t *lut = (uint16_t *)&w->lut[(size_t)r * k];
+            float c[16];
+            for (int j = 0; j < k; j++)
+                c[j] = f16_to_f32(lut[j]);
+            const float *x = src + (size_t)r * n;
+            for (int round = 0; round < 2; round++) {
+                gptq_assign_row(x, U, n, c, k, a, sw);
+                lut_refit_row(x, Hd, n, a, c, k, sw + n, M);
+            }
+            for (int j = 0; j < k; j++) {
+                lut[j] = f32_to_f16(c[j]);
+                c[j] = f16_to_f32(lut[j]);
+            }
+            gptq_assign_row(x, U, n, c, k, a, sw);
+            uint8_t *row = (uint8_t *)w->data + (size_t)r * weight_row_bytes(w->fmt, n);
+            if (k == 4)
+                quant_pack2(row, a, n);
+            else
+                quant_pack4(row, a, n);
+        }
+        free(sw);
+        free(a);
+    }
+    free(Hd);
+    free(U);
+    if (rc == ER_OK && fail)
+        rc = er_error(ER_ENOMEM, "quantize_matrix: out of memory for row scratch");
+    return rc;
+}
+
 int quantize_matrix(Weight *w, const float *src, int rows, int cols, const float *importance, const QuantOptions *o) {
     if (!weight_is_quantized(o->fmt))
         return er_error(ER_EINVAL, "quantize_matrix: %s is not a quantized format", weight_format_name(o->fmt));
@@ -385,6 +550,12 @@ int quantize_matrix(Weight *w, const float *src, int rows, int cols, const float
     if (fail) {
         weight_free(w);
         return er_error(ER_ENOMEM, "quantize_matrix: out of memory for row scratch");
+    }
+    if (o->hessian && weight_format_info(o->fmt)->levels && !o->uniform) {
+        int rc = lut_output_error(w, src, o->hessian);
+        if (rc < 0)
+            weight_free(w);
+        return rc;
     }
     return ER_OK;
 }

@@ -14,6 +14,14 @@
 //   - Uniform codebooks (q2rtn): the q2lut file format with evenly spaced levels, zero + scale * {0, 1, 2, 3}
 //     (asymmetric RTN at 2 bits), chosen by the same Lp grid search over clipping ratios as the RTN
 //     formats. The baseline the k-means codebook is measured against; the same kernels run it.
+//   - Output-error codebooks (q2lut / q4lut with a hessian H = XᵀX of the inputs): after the k-means
+//     codebook, the codes of a row are assigned column by column with GPTQ's error feedback (Frantar et
+//     al., arXiv 2210.17323: the rounding error of column i, scaled by the Cholesky factor of H⁻¹, is
+//     pushed onto the columns not yet assigned), then each row's codebook is refitted to the codes by
+//     least squares in the H metric, c = (AᵀHA)⁻¹AᵀHw (A the one-hot codes): the exact minimiser of the
+//     row's output error ||X(w - Ac)||² for those codes. Two rounds, then a last assignment with the
+//     fp16 codebook as stored. H is damped by 1% of its mean diagonal, as GPTQ does. Same format, same
+//     kernels: nothing is added to the file. Cost O(cols³) once per matrix plus O(rows·cols²).
 //   - Fake quantization (QAT): quantize then dequantize, in fp32, so a training forward sees Q(W).
 #ifndef QUANT_QUANTIZER_H
 #define QUANT_QUANTIZER_H
@@ -32,6 +40,9 @@ typedef struct {
     int grid;           // clipping ratios after c = 1 (default 20)
     int kmeans_iters;   // WF_Q2LUT / WF_Q4LUT Lloyd iterations (default 25)
     int uniform;        // WF_Q2LUT / WF_Q4LUT: evenly spaced levels by RTN (q2rtn) instead of k-means (default 0)
+    const float *hessian; // WF_Q2LUT / WF_Q4LUT k-means: (cols, cols) second moment XᵀX of the matrix's inputs
+                          // on calibration data, or NULL. With it the codes are assigned with GPTQ error
+                          // feedback and the codebooks refitted to the output error (below).
 } QuantOptions;
 
 void quant_options_default(QuantOptions *o, WeightFormat fmt, int group);

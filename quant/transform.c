@@ -382,8 +382,10 @@ int transform_parse_mode(const char *mode, unsigned *flags) {
             *flags |= TRANSFORM_K;
         else if (strcmp(part, "fpt") == 0)
             *flags |= TRANSFORM_ALL;
+        else if (strcmp(part, "fpt-trained") == 0)
+            *flags |= TRANSFORM_ALL | TRANSFORM_TRAINED;
         else
-            return er_error(ER_EINVAL, "transform: unknown mode \"%s\" in \"%s\" (expected none, rotate, fpt, u, v or k)",
+            return er_error(ER_EINVAL, "transform: unknown mode \"%s\" in \"%s\" (expected none, rotate, fpt, fpt-trained, u, v or k)",
                             part, mode);
         p += n;
         if (*p)

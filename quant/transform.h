@@ -31,10 +31,11 @@ enum {
     TRANSFORM_V = 4,      // T_v
     TRANSFORM_K = 8,      // T_k
     TRANSFORM_ALL = 15,
+    TRANSFORM_TRAINED = 16, // "fpt-trained": TRANSFORM_ALL as the initialisation, then trained (train/fpt.h)
 };
 
-// A mode string ("none", "rotate", "fpt", or a list joined by ',' or '+' of "rotate" ("r"), "u",
-// "v", "k", "fpt") as TRANSFORM_* flags (0 for "none"); ER_EINVAL names the unknown part.
+// A mode string ("none", "rotate", "fpt", "fpt-trained", or a list joined by ',' or '+' of "rotate"
+// ("r"), "u", "v", "k", "fpt") as TRANSFORM_* flags (0 for "none"); ER_EINVAL names the unknown part.
 int transform_parse_mode(const char *mode, unsigned *flags);
 
 // 1 when transform_hadamard can build an order-n Hadamard matrix, else 0.

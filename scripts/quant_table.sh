@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The measured quantization table: every weight format of ertrain quantize / ertrain qat on one float
 # base, with bits per weight, bytes, held-out NLL, reasoning accuracy with an adapter and decode speed;
-# then a speed/NLL-only part on a larger random model of 0.5B layer shapes (few layers).
+# the W4 transforms (none / closed-form fpt / trained fpt) and the 2-bit rows again on the outlier test
+# model (ertrain outliers: the same function with massive-activation channels); then a speed/NLL-only
+# part on a larger random model of 0.5B layer shapes (few layers).
 #
 #   scripts/quant_table.sh --model models/tiny-base --adapter-data SFT.jsonl --eval EVAL.jsonl --out DIR
 #                          [--heldout-nll FILE.jsonl] [--steps N] [--eval-n N] [--threads T] [...]
@@ -20,6 +22,9 @@
 #   --sft-batch N [8]     --sft-lr X [2e-3]              --qat-lr X [5e-4]   --qat-batch N [8]
 #   --qat-data FILE       QAT training records (loss on every position) [--adapter-data]
 #   --recluster-every K   QAT codebook refresh [5]
+#   --calib FILE          calibration records of every quantize row (Fisher, GPTQ codes, fpt-trained) [--adapter-data]
+#   --calib-n N [16]      --fpt-steps N [200]          --fpt-local-steps N [100]
+#   --no-outliers         skips the outlier-model section (ertrain outliers --channels 4 --seed 1)
 #   --qamr-all            also train an adapter on every base (a column "acc, own adapter")
 #   --large-config FILE   config of the larger random model [configs/qwen05b-2l.json]; --no-large skips it
 #   --large-heldout-n N   held-out records scored on the larger model [40]
@@ -30,15 +35,17 @@
 #   fp32                         an SFT adapter trained on the fp32 base (--steps steps)
 #   bf16 .. q2 LUT               that same fp32 adapter on the quantized base (no re-training): what a
 #                                format costs an adapter trained in float
-#   q2 LUT + QAMR                an adapter trained on the q2 LUT base itself (quantization-aware
-#                                multi-rank SFT: same recipe, frozen quantized base)
+#   X + QAMR                     an adapter trained on base X itself (quantization-aware multi-rank SFT:
+#                                same recipe, frozen quantized base); the transformed bases need their own
+#                                (an adapter trained before a transform does not fit the transformed weights)
 #   q2 QAT + QAMR                ertrain qat (--steps, fake-quantized q2lut), then the same SFT recipe on it
 # Eval: greedy, --system "Think for at most 64 tokens.", --max-new 400. NLL: erinfer score, token-weighted
 # mean over the held-out records. Speed: erinfer bench --json --new-tokens 128, first row (KV f32, N = 1)
 # tokens_per_s_seq.
 # bits/weight: the layer projections, scales and codebooks included (quantization_config.bits_per_weight);
-# bytes: the weights as loaded (erinfer bench weight_bytes). Quantizers run without calibration data
-# (plain RTN / k-means), embeddings int8 for the quantized rows.
+# bytes: the weights as loaded (erinfer bench weight_bytes). Every quantize row but bf16 runs with the same
+# calibration (--calib, first --calib-n records: Fisher weighting; q2lut also GPTQ codes; fpt-trained its
+# training), embeddings int8; the q4 rows keep an 8-bit lm_head (--lm-head q8), as the tied rows have it.
 #
 # Idempotent-ish: a step whose output is complete is skipped on a rerun (delete its dir to redo it); a
 # half-written output dir is removed and redone.
@@ -51,6 +58,7 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 MODEL="" ADAPTER_DATA="" EVAL="" HELDOUT="" OUT=""
 STEPS=40 EVAL_N=100 HELDOUT_N=200 SFT_BATCH=8 SFT_LR=2e-3 QAT_LR=5e-4 QAT_BATCH=8 QAT_DATA="" RECLUSTER=5
 QAMR_ALL=0 LARGE=1 LARGE_CONFIG=configs/qwen05b-2l.json LARGE_HELDOUT_N=40 THREADS=1
+CALIB="" CALIB_N=16 FPT_STEPS=200 FPT_LOCAL=100 OUTLIERS=1
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "quant_table: $*" >&2; exit 1; }
 while [ $# -gt 0 ]; do
@@ -70,6 +78,11 @@ while [ $# -gt 0 ]; do
     --qat-data) QAT_DATA=$2; shift 2 ;;
     --recluster-every) RECLUSTER=$2; shift 2 ;;
     --qamr-all) QAMR_ALL=1; shift ;;
+    --calib) CALIB=$2; shift 2 ;;
+    --calib-n) CALIB_N=$2; shift 2 ;;
+    --fpt-steps) FPT_STEPS=$2; shift 2 ;;
+    --fpt-local-steps) FPT_LOCAL=$2; shift 2 ;;
+    --no-outliers) OUTLIERS=0; shift ;;
     --large-config) LARGE_CONFIG=$2; shift 2 ;;
     --no-large) LARGE=0; shift ;;
     --large-heldout-n) LARGE_HELDOUT_N=$2; shift 2 ;;
@@ -85,11 +98,16 @@ done
 [ -f "$EVAL" ] || die "--eval $EVAL: no such file"
 [ -z "$HELDOUT" ] || [ -f "$HELDOUT" ] || die "--heldout-nll $HELDOUT: no such file"
 [ "$LARGE" = 0 ] || [ -f "$LARGE_CONFIG" ] || die "--large-config $LARGE_CONFIG: no such file"
-for n in "$STEPS" "$EVAL_N" "$HELDOUT_N" "$LARGE_HELDOUT_N" "$SFT_BATCH" "$QAT_BATCH" "$RECLUSTER" "$THREADS"; do
+for n in "$STEPS" "$EVAL_N" "$HELDOUT_N" "$LARGE_HELDOUT_N" "$SFT_BATCH" "$QAT_BATCH" "$RECLUSTER" "$THREADS" \
+         "$CALIB_N" "$FPT_STEPS" "$FPT_LOCAL"; do
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] || die "counts must be whole numbers >= 1 (got \"$n\")"
 done
 for bin in "$B/ertrain" "$B/erinfer"; do [ -x "$bin" ] || die "$bin not found: run make (or set B)"; done
 QAT_DATA=${QAT_DATA:-$ADAPTER_DATA}
+CALIB=${CALIB:-$ADAPTER_DATA}
+[ -f "$CALIB" ] || die "--calib $CALIB: no such file"
+CAL="--calib $CALIB --calib-n $CALIB_N"
+FPT="--fpt-steps $FPT_STEPS --fpt-local-steps $FPT_LOCAL"
 mkdir -p "$OUT"/{bases,adapters,nll,eval,bench,logs,large}
 T="--threads $THREADS"
 SYSTEM="Think for at most 64 tokens."
@@ -132,12 +150,23 @@ fi
 SMALL_ROWS=(
   "fp32|fp32|fp"
   "bf16|bf16|quantize --weights bf16"
-  "q8|q8 per-channel|quantize --weights q8"
-  "q4|q4 per-channel|quantize --weights q4"
-  "q4fpt|q4 per-channel + fpt|quantize --weights q4 --transforms fpt"
-  "q4g64|q4g64|quantize --weights q4g64"
-  "q2rtn|q2 RTN|quantize --weights q2rtn"
-  "q2lut|q2 k-means LUT|quantize --weights q2lut"
+  "q8|q8 per-channel|quantize --weights q8 $CAL"
+  "q4|q4 per-channel|quantize --weights q4 --lm-head q8 $CAL"
+  "q4fpt|q4 per-channel + fpt|quantize --weights q4 --lm-head q8 --transforms fpt $CAL"
+  "q4fptt|q4 per-channel + fpt-trained|quantize --weights q4 --lm-head q8 --transforms fpt-trained $FPT $CAL"
+  "q4g64|q4g64|quantize --weights q4g64 $CAL"
+  "q2rtn|q2 RTN|quantize --weights q2rtn $CAL"
+  "q2lut|q2 k-means LUT, GPTQ codes|quantize --weights q2lut $CAL"
+  "q2qat|q2 QAT|qat"
+)
+# The outlier model: the rows the transforms and the 2-bit quantizers are compared on.
+OUTLIER_ROWS=(
+  "fp32|fp32|fp"
+  "q4|q4 per-channel|quantize --weights q4 --lm-head q8 $CAL"
+  "q4fpt|q4 per-channel + fpt|quantize --weights q4 --lm-head q8 --transforms fpt $CAL"
+  "q4fptt|q4 per-channel + fpt-trained|quantize --weights q4 --lm-head q8 --transforms fpt-trained $FPT $CAL"
+  "q2rtn|q2 RTN|quantize --weights q2rtn $CAL"
+  "q2lut|q2 k-means LUT, GPTQ codes|quantize --weights q2lut $CAL"
   "q2qat|q2 QAT|qat"
 )
 base_dir() { if [ "$1" = fp32 ]; then echo "$2"; else echo "$3/bases/$1"; fi; }
@@ -161,24 +190,16 @@ make_base() { # name how src out_root
   fi
 }
 
-for row in "${SMALL_ROWS[@]}"; do
-  IFS='|' read -r name label how <<< "$row"
-  make_base "$name" "$how" "$MODEL" "$OUT"
-done
-
 # ---- adapters ----
-train_adapter() { # base_name
+train_adapter() { # base_name src out_root
   local name=$1 base dir
-  base=$(base_dir "$name" "$MODEL" "$OUT")
-  dir=$OUT/adapters/$name
+  base=$(base_dir "$name" "$2" "$3")
+  dir=$3/adapters/$name
   done_or_clear "$dir" adapter_model.safetensors && return 0
   say "sft adapter on $name ($STEPS steps)"
-  run "$OUT/logs/sft-$name.log" "$B/ertrain" sft --model "$base" --data "$ADAPTER_DATA" --out "$dir" --steps "$STEPS" \
+  run "$3/logs/sft-$name.log" "$B/ertrain" sft --model "$base" --data "$ADAPTER_DATA" --out "$dir" --steps "$STEPS" \
     --batch "$SFT_BATCH" --lr "$SFT_LR" --rank 16 --alpha 32 --seed 1 $T
 }
-OWN=(fp32 q2lut q2qat)
-if [ "$QAMR_ALL" = 1 ]; then OWN=(fp32 bf16 q8 q4 q4fpt q4g64 q2rtn q2lut q2qat); fi
-for name in "${OWN[@]}"; do train_adapter "$name"; done
 
 # ---- measurements ----
 measure_nll() { # key base out_root
@@ -198,11 +219,11 @@ measure_bench() { # key base out_root extra...
     || { tail -3 "$root/logs/bench-$key.log" >&2; die "bench of $base failed"; }
   mv "$f.tmp" "$f"
 }
-measure_eval() { # key base adapter
-  local f=$OUT/eval/$1.jsonl
+measure_eval() { # key base adapter out_root
+  local f=$4/eval/$1.jsonl
   [ -f "$f" ] && return 0
   say "eval: $1"
-  run "$OUT/logs/eval-$1.log" "$B/erinfer" eval --model "$2" --adapter "$3" --data "$EVAL" --limit "$EVAL_N" \
+  run "$4/logs/eval-$1.log" "$B/erinfer" eval --model "$2" --adapter "$3" --data "$EVAL" --limit "$EVAL_N" \
     --system "$SYSTEM" --max-new 400 --output "$f.tmp" $T
   mv "$f.tmp" "$f"
 }
@@ -213,21 +234,60 @@ TABLE_ROWS=(
   "bf16|bf16|bf16|fp32"
   "q8|q8 per-channel|q8|fp32"
   "q4|q4 per-channel|q4|fp32"
-  "q4fpt|q4 per-channel + fpt|q4fpt|fp32"
+  "q4_qamr|q4 per-channel + QAMR|q4|q4"
+  "q4fpt_qamr|q4 + fpt + QAMR|q4fpt|q4fpt"
+  "q4fptt_qamr|q4 + fpt-trained + QAMR|q4fptt|q4fptt"
   "q4g64|q4g64|q4g64|fp32"
   "q2rtn|q2 RTN|q2rtn|fp32"
-  "q2lut|q2 k-means LUT|q2lut|fp32"
+  "q2lut|q2 LUT (GPTQ codes)|q2lut|fp32"
   "q2lut_qamr|q2 LUT + QAMR|q2lut|q2lut"
   "q2qat_qamr|q2 QAT + QAMR|q2qat|q2qat"
 )
-for row in "${TABLE_ROWS[@]}"; do
-  IFS='|' read -r key label bname aname <<< "$row"
-  base=$(base_dir "$bname" "$MODEL" "$OUT")
-  measure_nll "$bname" "$base" "$OUT"
-  measure_bench "$bname" "$base" "$OUT" --new-tokens 128
-  measure_eval "$key" "$base" "$OUT/adapters/$aname"
-  if [ "$QAMR_ALL" = 1 ]; then measure_eval "own-$bname" "$base" "$OUT/adapters/$bname"; fi
-done
+OUTLIER_TABLE_ROWS=(
+  "fp32|fp32|fp32|fp32"
+  "q4_qamr|q4 per-channel + QAMR|q4|q4"
+  "q4fpt_qamr|q4 + fpt + QAMR|q4fpt|q4fpt"
+  "q4fptt_qamr|q4 + fpt-trained + QAMR|q4fptt|q4fptt"
+  "q2rtn|q2 RTN|q2rtn|fp32"
+  "q2lut_qamr|q2 LUT + QAMR|q2lut|q2lut"
+  "q2qat_qamr|q2 QAT + QAMR|q2qat|q2qat"
+)
+
+# section SRC ROOT BENCH OWN... -- BASE_ROWS... -- TABLE_ROWS...: bases, own adapters, NLL, evals (and benches).
+section() {
+  local src=$1 root=$2 bench=$3 row name label how key bname aname base
+  shift 3
+  local own=() bases=() rows=()
+  while [ "$1" != -- ]; do own+=("$1"); shift; done; shift
+  while [ "$1" != -- ]; do bases+=("$1"); shift; done; shift
+  rows=("$@")
+  mkdir -p "$root"/{bases,adapters,nll,eval,bench,logs}
+  [ "$root" = "$OUT" ] || cp "$OUT/heldout.jsonl" "$root/heldout.jsonl"
+  for row in "${bases[@]}"; do
+    IFS='|' read -r name label how <<< "$row"
+    make_base "$name" "$how" "$src" "$root"
+  done
+  for name in "${own[@]}"; do train_adapter "$name" "$src" "$root"; done
+  for row in "${rows[@]}"; do
+    IFS='|' read -r key label bname aname <<< "$row"
+    base=$(base_dir "$bname" "$src" "$root")
+    measure_nll "$bname" "$base" "$root"
+    [ "$bench" = 1 ] && measure_bench "$bname" "$base" "$root" --new-tokens 128
+    measure_eval "$key" "$base" "$root/adapters/$aname" "$root"
+    if [ "$QAMR_ALL" = 1 ]; then train_adapter "$bname" "$src" "$root"; measure_eval "own-$bname" "$base" "$root/adapters/$bname" "$root"; fi
+  done
+}
+
+OWN=(fp32 q4 q4fpt q4fptt q2lut q2qat)
+section "$MODEL" "$OUT" 1 "${OWN[@]}" -- "${SMALL_ROWS[@]}" -- "${TABLE_ROWS[@]}"
+OMODEL=$OUT/outlier-model
+if [ "$OUTLIERS" = 1 ]; then
+  if ! done_or_clear "$OMODEL" run.json; then
+    say "outliers: the outlier model of $MODEL"
+    run "$OUT/logs/outliers.log" "$B/ertrain" outliers --model "$MODEL" --out "$OMODEL" --channels 4 --seed 1
+  fi
+  section "$OMODEL" "$OUT/outliers" 0 "${OWN[@]}" -- "${OUTLIER_ROWS[@]}" -- "${OUTLIER_TABLE_ROWS[@]}"
+fi
 
 # ---- the larger random model ----
 LARGE_ROWS=(
@@ -260,12 +320,17 @@ fi
 # ---- the table ----
 say "table"
 $PY - "$OUT" "$MODEL" "$LARGE" "$LARGE_CONFIG" "$QAMR_ALL" "$STEPS" "$EVAL_N" "$EVAL" "$ADAPTER_DATA" "$QAT_DATA" \
-  "${TABLE_ROWS[@]}" -- "${LARGE_ROWS[@]}" <<'PY'
+  "$OUTLIERS" "$CALIB" "$CALIB_N" "$FPT_STEPS" "$FPT_LOCAL" \
+  "${TABLE_ROWS[@]}" -- "${OUTLIER_TABLE_ROWS[@]}" -- "${LARGE_ROWS[@]}" <<'PY'
 import json, os, sys
-out, model, large, large_cfg, qamr_all, steps, eval_n, eval_path, adapter_data, qat_data = sys.argv[1:11]
-rest = sys.argv[11:]
-cut = rest.index("--")
-rows, lrows = [r.split("|") for r in rest[:cut]], [r.split("|") for r in rest[cut + 1:]]
+(out, model, large, large_cfg, qamr_all, steps, eval_n, eval_path, adapter_data, qat_data, outliers, calib, calib_n,
+ fpt_steps, fpt_local) = sys.argv[1:16]
+rest = sys.argv[16:]
+c1 = rest.index("--")
+c2 = rest.index("--", c1 + 1)
+rows = [r.split("|") for r in rest[:c1]]
+orows = [r.split("|") for r in rest[c1 + 1:c2]]
+lrows = [r.split("|") for r in rest[c2 + 1:]]
 
 def base_dir(root, name, fp):
     return fp if name == "fp32" else os.path.join(root, "bases", name)
@@ -294,31 +359,56 @@ def bits(dirpath, name):
         return run["bits_per_weight"]
     return run["model"]["quantization"]["bits_per_weight"]  # ertrain qat
 
-def acc(key):
+def acc(root, key):
     c = t = 0
-    for line in open(os.path.join(out, "eval", key + ".jsonl")):
+    for line in open(os.path.join(root, "eval", key + ".jsonl")):
         r = json.loads(line); t += 1; c += bool(r["correct"])
     return c / t if t else float("nan"), t
 
 def human(b):
     return "%.2f MiB" % (b / 1048576) if b >= 1048576 else "%.1f KiB" % (b / 1024)
 
-adapter_label = {"fp32": "fp32 SFT", "q2lut": "QAMR on q2 LUT", "q2qat": "QAMR on q2 QAT"}
-small = []
-for key, label, bname, aname in rows:
-    d = base_dir(out, bname, model)
-    tps, wb = bench(out, bname)
-    a, n_eval = acc(key)
-    r = {"key": key, "format": label, "base": d, "bits_per_weight": round(bits(d, bname), 4), "model_bytes": wb,
-         "heldout_nll": round(nll(out, bname), 4), "accuracy": a, "eval_n": n_eval,
-         "adapter": os.path.join(out, "adapters", aname), "adapter_kind": adapter_label.get(aname, aname),
-         "decode_tokens_per_s": round(tps, 1)}
-    if qamr_all == "1":
-        r["accuracy_own_adapter"], _ = acc("own-" + bname)
-    small.append(r)
-fp = small[0]
-for r in small:
-    r["decode_speedup_vs_fp32"] = round(r["decode_tokens_per_s"] / fp["decode_tokens_per_s"], 2)
+adapter_label = {"fp32": "fp32 SFT", "q4": "QAMR on q4", "q4fpt": "QAMR on q4 + fpt", "q4fptt": "QAMR on q4 + fpt-trained",
+                 "q2lut": "QAMR on q2 LUT", "q2qat": "QAMR on q2 QAT"}
+
+def section(root, fp, trows, with_bench):
+    res = []
+    for key, label, bname, aname in trows:
+        d = base_dir(root, bname, fp)
+        a, n_eval = acc(root, key)
+        r = {"key": key, "format": label, "base": d, "bits_per_weight": round(bits(d, bname), 4),
+             "heldout_nll": round(nll(root, bname), 5), "accuracy": a, "eval_n": n_eval,
+             "adapter": os.path.join(root, "adapters", aname), "adapter_kind": adapter_label.get(aname, aname)}
+        if with_bench:
+            tps, wb = bench(root, bname)
+            r["model_bytes"], r["decode_tokens_per_s"] = wb, round(tps, 1)
+        if qamr_all == "1":
+            r["accuracy_own_adapter"], _ = acc(root, "own-" + bname)
+        res.append(r)
+    fp_row = res[0]
+    for r in res:
+        r["nll_minus_fp32"] = round(r["heldout_nll"] - fp_row["heldout_nll"], 5)
+        if with_bench:
+            r["decode_speedup_vs_fp32"] = round(r["decode_tokens_per_s"] / fp_row["decode_tokens_per_s"], 2)
+    return res
+
+def targets(res):
+    """The issue's ratios from a section's rows (None where a row is missing)."""
+    g = {r["key"]: r["nll_minus_fp32"] for r in res}
+    a = {r["key"]: r["accuracy"] for r in res}
+    t = {}
+    if "q4_qamr" in g and "q4fptt_qamr" in g and g["q4_qamr"] > 0:
+        t["w4_gap_closed_by_fpt_trained"] = round(1 - g["q4fptt_qamr"] / g["q4_qamr"], 3)
+        t["w4_gap_closed_by_fpt"] = round(1 - g["q4fpt_qamr"] / g["q4_qamr"], 3)
+    if "q2rtn" in g and "q2lut_qamr" in g and g["q2rtn"] > 0:
+        t["w2_lut_over_rtn_gap"] = round(g["q2lut_qamr"] / g["q2rtn"], 3)
+    if a.get("fp32"):
+        t["w2_lut_qamr_over_fp_accuracy"] = round(a["q2lut_qamr"] / a["fp32"], 3)
+        t["w2_qat_qamr_over_fp_accuracy"] = round(a["q2qat_qamr"] / a["fp32"], 3)
+    return t
+
+small = section(out, model, rows, True)
+orows_res = section(os.path.join(out, "outliers"), os.path.join(out, "outlier-model"), orows, False) if outliers == "1" else []
 
 large_rows = []
 if large == "1":
@@ -335,7 +425,14 @@ if large == "1":
         r["decode_speedup_vs_fp32"] = round(r["decode_tokens_per_s"] / large_rows[0]["decode_tokens_per_s"], 2)
 
 doc = {"model": model, "steps": int(steps), "eval": eval_path, "eval_n": int(eval_n), "adapter_data": adapter_data,
-       "qat_data": qat_data, "system": "Think for at most 64 tokens.", "max_new": 400, "rows": small}
+       "qat_data": qat_data, "calib": calib, "calib_n": int(calib_n), "fpt_steps": int(fpt_steps),
+       "fpt_local_steps": int(fpt_local), "system": "Think for at most 64 tokens.", "max_new": 400, "rows": small,
+       "targets": targets(small)}
+if orows_res:
+    orun = json.load(open(os.path.join(out, "outlier-model", "run.json")))
+    doc["outliers"] = {"model": os.path.join(out, "outlier-model"), "channels": orun["channels"], "min": orun["min"],
+                       "max": orun["max"], "seed": orun["seed"], "norm_ratio": orun["norm_ratio"], "rows": orows_res,
+                       "targets": targets(orows_res)}
 if large == "1":
     doc["large"] = {"config": large_cfg, "parameters_note": "random init (std 0.02), tokenizer of --model",
                     "hidden_size": cfg["hidden_size"], "intermediate_size": cfg["intermediate_size"],
@@ -345,25 +442,62 @@ tmp = os.path.join(out, "quant_table.json.tmp")
 json.dump(doc, open(tmp, "w"), indent=1)
 os.replace(tmp, os.path.join(out, "quant_table.json"))
 
-L = []
-L.append("# Quantization table\n")
-L.append("Base `%s`; adapters: masked-LoRA SFT, %s steps on `%s`; QAT: %s steps on `%s`. Accuracy: `erinfer eval`, "
+own = qamr_all == "1"
+def table(res, with_bench):
+    L = ["| format | bits/weight | %sheld-out NLL | NLL - fp32 | accuracy | adapter | %s%s" % (
+        "model bytes | " if with_bench else "", "acc, own adapter | " if own else "",
+        "decode tok/s | vs fp32 |" if with_bench else "")]
+    L.append("|---|---:|%s---:|---:|---:|---|%s%s" % ("---:|" if with_bench else "", "---:|" if own else "",
+                                                     "---:|---:|" if with_bench else ""))
+    for r in res:
+        L.append(("| %s | %.3f | %s%.4f | %+.4f | %.1f%% | %s | %s%s" % (
+            r["format"], r["bits_per_weight"], (human(r["model_bytes"]) + " | ") if with_bench else "",
+            r["heldout_nll"], r["nll_minus_fp32"], 100 * r["accuracy"], r["adapter_kind"],
+            ("%.1f%% | " % (100 * r["accuracy_own_adapter"])) if own else "",
+            ("%.0f | %.2fx |" % (r["decode_tokens_per_s"], r["decode_speedup_vs_fp32"])) if with_bench else "")).rstrip())
+    return [l.rstrip() for l in L]
+
+def target_lines(t):
+    L = []
+    if "w4_gap_closed_by_fpt_trained" in t:
+        L.append("- W4: of the NLL gap of q4 with no transform, closed-form fpt closes %.0f%%, trained fpt %.0f%% "
+                 "(target: trained >= 30%% and above closed-form)" % (100 * t["w4_gap_closed_by_fpt"],
+                                                                      100 * t["w4_gap_closed_by_fpt_trained"]))
+    if "w2_lut_over_rtn_gap" in t:
+        L.append("- W2: NLL gap of the LUT / that of RTN = %.3f (target <= 0.333)" % t["w2_lut_over_rtn_gap"])
+    if "w2_lut_qamr_over_fp_accuracy" in t:
+        L.append("- W2 accuracy / fp32 accuracy: LUT + QAMR %.0f%% (target >= 90%%), QAT + QAMR %.0f%%" % (
+            100 * t["w2_lut_qamr_over_fp_accuracy"], 100 * t["w2_qat_qamr_over_fp_accuracy"]))
+    return L
+
+L = ["# Quantization table\n"]
+L.append("Base `%s`; adapters: masked-LoRA SFT, %s steps on `%s`; QAT: %s steps on `%s` (Fisher-weighted codebooks). "
+         "Quantize rows: calibration `%s` (first %s records: Fisher weighting, GPTQ codes for q2lut, fpt-trained's "
+         "%s local + %s end-to-end steps), int8 embeddings, 8-bit lm_head for the q4 rows. Accuracy: `erinfer eval`, "
          "greedy, system \"Think for at most 64 tokens.\", --max-new 400, first %d records of `%s`. NLL: `erinfer "
          "score`, token-weighted mean over `%s`. Speed: `erinfer bench --new-tokens 128`, KV f32, N = 1, one decode "
          "stream.\n"
-         % (model, steps, adapter_data, steps, qat_data, small[0]["eval_n"], eval_path, os.path.join(out, "heldout.jsonl")))
-own = qamr_all == "1"
-L.append("| format | bits/weight | model bytes | held-out NLL | accuracy | adapter | %sdecode tok/s | vs fp32 |" %
-         ("acc, own adapter | " if own else ""))
-L.append("|---|---:|---:|---:|---:|---|%s---:|---:|" % ("---:|" if own else ""))
-for r in small:
-    L.append("| %s | %.3f | %s | %.4f | %.1f%% | %s | %s%.0f | %.2fx |" % (
-        r["format"], r["bits_per_weight"], human(r["model_bytes"]), r["heldout_nll"], 100 * r["accuracy"],
-        r["adapter_kind"], ("%.1f%% | " % (100 * r["accuracy_own_adapter"])) if own else "", r["decode_tokens_per_s"],
-        r["decode_speedup_vs_fp32"]))
+         % (model, steps, adapter_data, steps, qat_data, calib, calib_n, fpt_local, fpt_steps, small[0]["eval_n"],
+            eval_path, os.path.join(out, "heldout.jsonl")))
+L += table(small, True)
+L.append("")
+L += target_lines(doc["targets"])
 L.append("\nq2 QAT: its base was fine-tuned (every parameter, through fake quantization) on the adapter data before "
          "its adapter was trained on the same data, so it has seen more of the traces than the other rows; the fp32 "
-         "and q2 LUT + QAMR rows are the controls for that. The other quantized rows reuse the fp32 adapter as is.")
+         "and q2 LUT + QAMR rows are the controls for that. The q4 + fpt rows need their own (QAMR) adapters: an "
+         "adapter trained before a transform does not fit the transformed weights.")
+if orows_res:
+    o = doc["outliers"]
+    L.append("\n## Outlier model: transforms and 2-bit\n")
+    L.append("`ertrain outliers --channels %d --min %g --max %g --seed %d` of the base: the same function (same "
+             "float NLL), with %d residual channels per layer %g-%gx louder in the normalised stream every projection "
+             "reads and %d MLP channels as loud at the down_proj input, their weight columns as much smaller (loudest "
+             "normalised channel %.0fx the median). Same rows and measurements as above.\n"
+             % (o["channels"], o["min"], o["max"], o["seed"], o["channels"], o["min"], o["max"], o["channels"],
+                o["norm_ratio"]))
+    L += table(orows_res, False)
+    L.append("")
+    L += target_lines(o["targets"])
 if large_rows:
     lc = doc["large"]
     L.append("\n## Larger random model: speed and NLL only\n")

@@ -12,6 +12,7 @@
 #include "data/tokenizer.h"
 #include "quant/quant.h"
 #include "quant/quantizer.h"
+#include "quant/transform.h"
 #include "train/run.h"
 
 // ---- the fake-quantization step ----
@@ -26,6 +27,7 @@ typedef struct {
 struct QatState {
     Model *m;
     const float *master;
+    const float *const *importance; // per parameter, or NULL
     QatMat *mats;
     int n_mats, K;
     long clustered_at, written_at; // -1: never
@@ -43,7 +45,8 @@ void qat_state_free(QatState *s) {
     er_free(s);
 }
 
-int qat_state_init(QatState **out, Model *m, const float *master, const QuantizeOptions *o, int recluster_every) {
+int qat_state_init(QatState **out, Model *m, const float *master, const QuantizeOptions *o,
+                   const float *const *importance, int recluster_every) {
     *out = NULL;
     if (!m->trainable)
         return er_error(ER_EINVAL, "qat: the model must be loaded trainable (fp32 weights and gradients)");
@@ -58,6 +61,7 @@ int qat_state_init(QatState **out, Model *m, const float *master, const Quantize
     }
     s->m = m;
     s->master = master;
+    s->importance = importance;
     s->K = recluster_every;
     s->clustered_at = s->written_at = -1;
     for (int i = 0; i < m->n_params; i++) {
@@ -89,7 +93,8 @@ int qat_state_apply(QatState *s, long step) {
         if (is_kmeans(&q->qo)) {
             if (recluster) {
                 weight_free(&q->cb);
-                ER_TRY(quantize_matrix(&q->cb, src, R, C, NULL, &q->qo));
+                const float *imp = s->importance ? s->importance[q->p - m->params] : NULL;
+                ER_TRY(quantize_matrix(&q->cb, src, R, C, imp, &q->qo));
             }
             quant_fake_quant_lut(dst, src, R, C, q->cb.lut, weight_format_info(q->qo.fmt)->levels);
         } else {
@@ -104,11 +109,14 @@ int qat_state_apply(QatState *s, long step) {
 
 // ---- the command ----
 
+enum { QAT_FISHER_RECORDS = 16 }; // training records the codebook weighting is measured on
+
 typedef struct {
     const QatConfig *c;
     Model *m;
     const float *master;
     const QuantizeSource *src;
+    const float *const *importance; // the Fisher sensitivities of the start (per parameter)
     cJSON *info; // run.json "model": the quantization report is added at the end
 } QatSave;
 
@@ -122,13 +130,13 @@ static int qat_save(void *ctx, const char *out_dir) {
     Model *m = q->m;
     memcpy(m->param_mem, q->master, m->n_param_floats * sizeof(float));
     QuantizeOptions qo = c->q;
-    qo.method_note = "qat";
+    qo.method_note = q->importance ? "fisher-qat" : "qat";
     qo.transforms = c->transforms ? c->transforms : "none";
     QuantizeReport rep;
     double t0 = time_now();
     if (log)
         fprintf(log, "qat: quantizing the trained weights to %s:\n", c->q.weights);
-    ER_TRY(quantize_model(m, &qo, NULL, log, &rep));
+    ER_TRY(quantize_model(m, &qo, q->importance, log, &rep));
     rep.bytes_before = q->src->bytes;
     rep.model_bits_per_weight = (double)rep.bytes_after * 8.0 / (double)q->src->params;
     ER_TRY(quantize_write_dir(m, c->train.model_dir, out_dir, q->src->bf16, log));
@@ -163,6 +171,10 @@ static int qat_check(const QatConfig *c) {
     if (!tc->model_dir || !tc->data_path || !tc->out_dir)
         return er_error(ER_EINVAL, "--model, --data and --out are required");
     ER_TRY(train_config_check(tc));
+    unsigned tflags;
+    if (c->transforms && transform_parse_mode(c->transforms, &tflags) == ER_OK && (tflags & TRANSFORM_TRAINED))
+        return er_error(ER_EINVAL, "--transforms fpt-trained: train the transforms with ertrain quantize, then run "
+                        "qat on a float model (qat takes none, rotate, fpt or a list)");
     WeightFormat f;
     int g, u;
     char specs[256];
@@ -208,7 +220,8 @@ int qat_run(const QatConfig *c, TrainResult *res) {
     QuantizeSource src;
     Tokenizer *tok = NULL;
     ChatStyle style;
-    float *master = NULL;
+    float *master = NULL, *fmem = NULL;
+    const float **imp = NULL;
     unsigned char *decay = NULL;
     QatState *st = NULL;
     cJSON *info = cJSON_CreateObject(), *extra = cJSON_CreateObject();
@@ -225,9 +238,17 @@ int qat_run(const QatConfig *c, TrainResult *res) {
         ER_CHECK(er_error(ER_ENOMEM, "qat: cannot allocate %.1f MiB for the master weights",
                           m.n_param_floats * 5.0 / 1048576.0));
     memcpy(master, m.param_mem, m.n_param_floats * sizeof(float));
-    ER_CHECK(qat_state_init(&st, &m, master, &c->q, c->recluster_every));
+    // The codebooks' weighting: Fisher on the first records of the training data, at the start (after the
+    // plan's checks of the flags).
+    QuantizePlan plan;
+    ER_CHECK(quantize_plan(&m, &c->q, &plan));
+    ER_CHECK(quantize_fisher(&m, tc->model_dir, tc->data_path, tc->response_key, QAT_FISHER_RECORDS,
+                             tc->seq_len > 0 ? tc->seq_len : m.cfg.max_pos, &fmem, &imp));
+    memcpy(m.param_mem, master, m.n_param_floats * sizeof(float));
+    ER_CHECK(qat_state_init(&st, &m, master, &c->q, imp, c->recluster_every));
     qat_describe(c, &m, &src, info, extra);
-    QatSave sv = {c, &m, master, &src, info};
+    cJSON_AddNumberToObject(extra, "fisher_records", QAT_FISHER_RECORDS);
+    QatSave sv = {c, &m, master, &src, imp, info};
     TrainJob job;
     train_job_init(&job, tc, "qat", &m, tok, style, info, qat_save, &sv);
     job.params = master; // the optimizer updates the fp32 master weights; qat_hook quantizes them
@@ -242,6 +263,8 @@ done:
     cJSON_Delete(extra);
     er_free(decay);
     er_free(master);
+    er_free(fmem);
+    er_free(imp);
     tok_free(tok);
     model_free(&m);
     return rc;

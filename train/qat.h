@@ -8,12 +8,13 @@
 //     quantized and dequantized to its target format. For the k-means codebook formats (q2lut, q4lut)
 //     the codebook of every row is recomputed from the current W every --recluster-every K steps (the
 //     quantizer of `ertrain quantize`), and every step each weight takes its row's nearest level
-//     (quant_fake_quant_lut); the other formats (RTN, q2rtn) are re-quantized every step
+//     (quant_fake_quant_lut), the k-means weighted by Fisher sensitivities (squared gradients over the
+//     first 16 training records at the start, as ertrain quantize --calib weights it); the other formats (RTN, q2rtn) are re-quantized every step
 //     (quant_fake_quant_rows). Vectors (norms, biases) are used as they are;
 //   - the backward gives dL/dQ(W) in the model's gradient buffers; STE takes it as dL/dW, so AdamW
 //     applies it to W;
-//   - at the end W is quantized once more by quantize_model (a fresh k-means) and saved with
-//     quantize_write_dir; quantization_config.method gets "-qat" appended.
+//   - at the end W is quantized once more by quantize_model (a fresh k-means, the same weighting) and
+//     saved with quantize_write_dir; quantization_config.method gets "-fisher-qat" appended.
 // Held-out evaluations see Q(W) too, so the eval loss in metrics.jsonl is that of the quantized model.
 // --resume is exact when the checkpoint's step is a multiple of K (qat_run requires --save-every to be
 // one): the resumed run re-clusters where the uninterrupted one did.
@@ -40,8 +41,10 @@ int qat_run(const QatConfig *c, TrainResult *res);
 
 typedef struct QatState QatState;
 // State for a trainable model m whose master weights are master (m->n_param_floats, the layout of
-// m->param_mem; kept by the caller). o and its plan as in quantize_model.
-int qat_state_init(QatState **s, Model *m, const float *master, const QuantizeOptions *o, int recluster_every);
+// m->param_mem; kept by the caller). o, its plan and importance (per parameter, NULL = unweighted; kept
+// by the caller) as in quantize_model: the k-means codebooks are weighted as ertrain quantize weights them.
+int qat_state_init(QatState **s, Model *m, const float *master, const QuantizeOptions *o,
+                   const float *const *importance, int recluster_every);
 // Writes the master weights into m->param_mem, matrices as Q(master) (see above); `step` is the optimizer
 // steps done (codebooks re-clustered when it is a multiple of K, and on the first call). Calling it
 // again with the same step and unchanged masters does nothing.

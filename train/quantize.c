@@ -8,6 +8,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/gemm.h"
 #include "core/gguf.h"
 #include "core/json.h"
 #include "core/progress.h"
@@ -16,6 +17,7 @@
 #include "data/tokenizer.h"
 #include "quant/quant.h"
 #include "quant/quantizer.h"
+#include "train/fpt.h"
 #include "train/run.h"
 #include "train/sequence.h"
 #include "train/trainer.h"
@@ -117,6 +119,8 @@ void quantize_plan_options(const Model *m, const QuantizePlan *plan, const Quant
     if (o->kmeans_iters > 0)
         qo->kmeans_iters = o->kmeans_iters;
     qo->uniform = !p->w || p->w == &m->embed ? 0 : p->w == &m->lm_head ? plan->head_uniform : plan->linear_uniform;
+    qo->hessian = o->hessians && p->w && p >= m->params && p < m->params + m->n_params ? o->hessians[p - m->params]
+                                                                                        : NULL;
 }
 
 // The layer projections' totals of a quantize_model run.
@@ -314,6 +318,60 @@ done:
     return rc;
 }
 
+// Input second moments XᵀX of every layer projection and the lm_head over sequences [i0, i1): into
+// *hmem, with (*hs)[i] pointing at parameter i's (cols, cols) block (shared by the matrices that read
+// the same input: q, k, v; gate, up). NULL entries for the rest.
+static int hessian_pass(Model *m, Calib *c, int i0, int i1, float **hmem, const float ***hs) {
+    const ModelConfig *cfg = &m->cfg;
+    int C = cfg->C, qd = cfg->NH * cfg->HS, FF = cfg->FF, rc = ER_OK;
+    size_t per_layer = 2 * (size_t)C * C + (size_t)qd * qd + (size_t)FF * FF;
+    Activations a = {0};
+    Batch b = {0};
+    *hmem = er_calloc(per_layer * cfg->L + (size_t)C * C, sizeof(float));
+    *hs = er_calloc((size_t)m->n_params, sizeof(float *));
+    if (!*hmem || !*hs)
+        ER_CHECK(er_error(ER_ENOMEM, "quantize: cannot allocate %.1f MiB for the input second moments",
+                          (per_layer * cfg->L + (size_t)C * C) * 4.0 / 1048576.0));
+    ER_CHECK(acts_alloc(&a, cfg, 1, c->max_len, ACTS_TRAIN, 0));
+    ER_CHECK(batch_alloc(&b, 1, c->max_len));
+    float *hf = *hmem + per_layer * cfg->L; // (C, C) the lm_head's input
+    for (int i = i0; i < i1; i++) {
+        ER_CHECK(batch_fill(&b, &c->sb, c->seqs, &i, 1));
+        ModelInput in = {.B = 1, .T = b.T, .tokens = b.tokens, .len = b.len};
+        ER_CHECK(model_forward(m, &in, &a));
+        int N = b.T;
+        for (int l = 0; l < cfg->L; l++) {
+            float *h = *hmem + per_layer * l, *ho = h + (size_t)C * C, *hm = ho + (size_t)qd * qd,
+                  *hd = hm + (size_t)C * C;
+            const LayerActs *la = &a.layer[l];
+            gemm_f32(1, 0, C, C, N, 1.0f, la->ln1, C, la->ln1, C, 1.0f, h, C);
+            gemm_f32(1, 0, qd, qd, N, 1.0f, la->atty, qd, la->atty, qd, 1.0f, ho, qd);
+            gemm_f32(1, 0, C, C, N, 1.0f, la->ln2, C, la->ln2, C, 1.0f, hm, C);
+            gemm_f32(1, 0, FF, FF, N, 1.0f, la->hmlp, FF, la->hmlp, FF, 1.0f, hd, FF);
+        }
+        gemm_f32(1, 0, C, C, N, 1.0f, a.lnf, C, a.lnf, C, 1.0f, hf, C);
+    }
+    for (int i = 0; i < m->n_params; i++) {
+        const Weight *w = m->params[i].w;
+        for (int l = 0; w && l < cfg->L; l++) {
+            const LayerWeights *lw = &m->layers[l];
+            const float *h = *hmem + per_layer * l, *ho = h + (size_t)C * C, *hm = ho + (size_t)qd * qd,
+                        *hd = hm + (size_t)C * C;
+            (*hs)[i] = w == &lw->wq || w == &lw->wk || w == &lw->wv ? h
+                       : w == &lw->wo                              ? ho
+                       : w == &lw->wgate || w == &lw->wup          ? hm
+                       : w == &lw->wdown                           ? hd
+                                                                   : (*hs)[i];
+        }
+        if (w == &m->lm_head && m->lm_head.data != m->embed.data)
+            (*hs)[i] = hf;
+    }
+done:
+    batch_free(&b);
+    acts_free(&a);
+    return rc;
+}
+
 // ---- the command ----
 
 static cJSON *run_json(const QuantizeConfig *c, const Model *m, const QuantizeResult *r, const char *sens) {
@@ -345,6 +403,14 @@ static cJSON *run_json(const QuantizeConfig *c, const Model *m, const QuantizeRe
         cJSON_AddNumberToObject(j, "nll_after", r->nll_after);
         cJSON_AddNumberToObject(j, "nll_sequences", r->nll_sequences);
         cJSON_AddBoolToObject(j, "nll_held_out", r->nll_held_out);
+    }
+    if (!isnan(r->fpt_local_first) || !isnan(r->fpt_kl_first)) {
+        cJSON *f = cJSON_AddObjectToObject(j, "fpt");
+        RunNumber nums[] = {{"local_steps", (double)c->fpt_local_steps}, {"steps", (double)c->fpt_steps},
+                            {"lr", c->fpt_lr}, {"local_first", r->fpt_local_first}, {"local_last", r->fpt_local_last},
+                            {"kl_first", r->fpt_kl_first}, {"kl_last", r->fpt_kl_last}};
+        if (f)
+            run_add_numbers(f, nums, sizeof nums / sizeof nums[0]);
     }
     return j;
 }
@@ -448,6 +514,17 @@ static int quantize_check(const QuantizeConfig *c, int *to_bf16, const char **se
     unsigned tflags;
     ER_TRY(parse_transforms(c->transforms ? c->transforms : "none", &tflags));
     *to_bf16 = c->q.weights && strcmp(c->q.weights, "bf16") == 0;
+    if (tflags & TRANSFORM_TRAINED) {
+        if (*to_bf16)
+            return er_error(ER_EINVAL, "--transforms fpt-trained trains against a quantizer: not with --weights bf16");
+        if (c->fpt_steps > 0 && !c->calib)
+            return er_error(ER_EINVAL, "--transforms fpt-trained needs calibration data (--calib FILE.jsonl) for its "
+                            "%ld end-to-end steps", c->fpt_steps);
+        if (c->fpt_local_steps < 0 || c->fpt_steps < 0 || !(c->fpt_lr > 0) || !isfinite(c->fpt_lr))
+            return er_error(ER_EINVAL, "--fpt-local-steps and --fpt-steps must be >= 0 and --fpt-lr > 0");
+    } else if (c->resume) {
+        return er_error(ER_EINVAL, "--resume continues a --transforms fpt-trained run; nothing else resumes");
+    }
     *sens = c->sensitivity ? c->sensitivity : c->calib && !*to_bf16 ? "fisher" : "none";
     if (strcmp(*sens, "fisher") != 0 && strcmp(*sens, "none") != 0)
         return er_error(ER_EINVAL, "--sensitivity \"%s\" must be fisher or none", *sens);
@@ -471,6 +548,25 @@ static int quantize_check(const QuantizeConfig *c, int *to_bf16, const char **se
     return ER_OK;
 }
 
+// --error-feedback: *gptq when the codebook formats' codes are assigned against the inputs' second moments.
+static int error_feedback_mode(const QuantizeConfig *c, int *gptq) {
+    WeightFormat f = WF_F32;
+    int g, u = 0;
+    if (c->q.weights && strcmp(c->q.weights, "bf16") != 0)
+        ER_TRY(quantize_parse_weights(c->q.weights, &f, &g, &u));
+    int lut = weight_format_info(f)->levels && !u;
+    const char *e = c->error_feedback ? c->error_feedback : lut && c->calib ? "gptq" : "none";
+    if (strcmp(e, "gptq") != 0 && strcmp(e, "none") != 0)
+        return er_error(ER_EINVAL, "--error-feedback \"%s\" must be gptq or none", e);
+    *gptq = strcmp(e, "gptq") == 0;
+    if (*gptq && !c->calib)
+        return er_error(ER_EINVAL, "--error-feedback gptq needs calibration data (--calib FILE.jsonl)");
+    if (*gptq && !lut)
+        return er_error(ER_EINVAL, "--error-feedback gptq is for the k-means codebook formats (q2lut, q4lut), not %s",
+                        c->q.weights);
+    return ER_OK;
+}
+
 // Fisher sensitivities: squared gradients over the first n_fit calibration sequences into *fmem
 // (layout of grad_mem), with *imp (n_params) pointing at each parameter's share.
 static int fisher_importance(Model *m, Calib *cal, int n_fit, FILE *log, float **fmem, const float ***imp) {
@@ -488,11 +584,25 @@ static int fisher_importance(Model *m, Calib *cal, int n_fit, FILE *log, float *
     return ER_OK;
 }
 
-static int quantize_step(Model *m, const QuantizeConfig *c, const QuantizeSource *src, const float **imp, FILE *log,
-                         QuantizeReport *rep) {
+int quantize_fisher(Model *m, const char *tokenizer_dir, const char *path, const char *response_key, int n,
+                    int seq_len, float **fmem, const float ***imp) {
+    Calib cal;
+    *fmem = NULL;
+    *imp = NULL;
+    int rc = ER_OK;
+    ER_CHECK(calib_load(&cal, tokenizer_dir, path, response_key, n, seq_len, m->cfg.V));
+    ER_CHECK(fisher_importance(m, &cal, cal.n, NULL, fmem, imp));
+done:
+    calib_free(&cal);
+    return rc;
+}
+
+static int quantize_step(Model *m, const QuantizeConfig *c, const QuantizeSource *src, const float **imp,
+                         const float **hs, FILE *log, QuantizeReport *rep) {
     double t0 = time_now();
     QuantizeOptions qo = c->q;
-    qo.method_note = imp ? "fisher" : NULL;
+    qo.method_note = imp && hs ? "fisher-gptq" : imp ? "fisher" : hs ? "gptq" : NULL;
+    qo.hessians = (const float *const *)hs;
     qo.transforms = c->transforms ? c->transforms : "none";
     if (log)
         fprintf(log, "quantizing to %s:\n", c->q.weights);
@@ -501,6 +611,27 @@ static int quantize_step(Model *m, const QuantizeConfig *c, const QuantizeSource
     rep->model_bits_per_weight = (double)rep->bytes_after * 8.0 / (double)src->params;
     if (log)
         fprintf(log, "quantized in %.1fs\n", time_now() - t0);
+    return ER_OK;
+}
+
+// --transforms fpt-trained: m holds the closed-form fpt; trains its transforms on the first n_fit
+// calibration sequences and merges them (train/fpt.h). metrics.jsonl and checkpoint/ go into out_dir.
+static int train_transforms(Model *m, const QuantizeConfig *c, const Calib *cal, int n_fit, QuantizeResult *res) {
+    ER_TRY(dir_make(c->out_dir));
+    FptTrainConfig fc = {.local_steps = c->fpt_local_steps, .steps = c->fpt_steps, .lr = c->fpt_lr, .q = &c->q,
+                         .sb = &cal->sb, .seqs = cal->seqs, .n_seqs = n_fit, .max_len = cal->max_len,
+                         .dir = c->out_dir, .save_every = c->fpt_save_every, .resume = c->resume,
+                         .stop_after = c->fpt_stop_after, .log = c->log};
+    FptTrainResult fr;
+    double t0 = time_now();
+    ER_TRY(fpt_train(m, &fc, &fr));
+    res->fpt_local_first = fr.local_first, res->fpt_local_last = fr.local_last;
+    res->fpt_kl_first = fr.kl_first, res->fpt_kl_last = fr.kl_last;
+    res->fpt_stopped = !fr.complete;
+    if (c->log)
+        fprintf(c->log, "fpt-trained: %ld local + %ld end-to-end steps%s; local objective %.4f -> %.4f, KL %.5f -> "
+                "%.5f; %.1fs\n", c->fpt_local_steps, c->fpt_steps, fr.complete ? ", merged into the weights" : " (stopped)",
+                fr.local_first, fr.local_last, fr.kl_first, fr.kl_last, time_now() - t0);
     return ER_OK;
 }
 
@@ -544,36 +675,53 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
         res = &local;
     memset(res, 0, sizeof *res);
     res->nll_before = res->nll_after = NAN;
+    res->fpt_local_first = res->fpt_local_last = res->fpt_kl_first = res->fpt_kl_last = NAN;
     int to_bf16 = 0;
     const char *sens = "none";
     ER_TRY(quantize_check(c, &to_bf16, &sens));
-    ER_TRY(run_dir_check(c->out_dir, RUN_ONCE));
+    unsigned tflags;
+    ER_TRY(parse_transforms(c->transforms ? c->transforms : "none", &tflags));
+    int trained = (tflags & TRANSFORM_TRAINED) != 0;
+    ER_TRY(run_dir_check(c->out_dir, !trained ? RUN_ONCE : c->resume ? RUN_RESUME : RUN_NEW));
     threads_set(c->threads);
-    int fisher = strcmp(sens, "fisher") == 0;
+    int fisher = strcmp(sens, "fisher") == 0, gptq = 0;
+    ER_TRY(error_feedback_mode(c, &gptq));
     Model m = {0};
     Calib cal = {0};
-    float *fmem = NULL;
-    const float **imp = NULL;
+    float *fmem = NULL, *hmem = NULL;
+    const float **imp = NULL, **hs = NULL;
     QuantizeSource src;
     cJSON *j = NULL;
     int rc = ER_OK;
     // Fisher needs gradients: a trainable fp32 model.
-    ER_CHECK(quantize_load(&m, c->model_dir, c->transforms, c->seed, to_bf16 ? NULL : &c->q, fisher, c->log, &src));
+    ER_CHECK(quantize_load(&m, c->model_dir, c->transforms, c->seed, to_bf16 ? NULL : &c->q, fisher || gptq, c->log,
+                           &src));
     if (c->calib)
         ER_CHECK(calib_load(&cal, c->model_dir, c->calib, c->response_key, 2 * c->calib_n, c->seq_len, m.cfg.V));
     int n_fit = cal.n < c->calib_n ? cal.n : c->calib_n;
     int h0 = n_fit, h1 = cal.n; // held-out NLL sequences; in-sample when there are none
     if (h1 <= h0)
         h0 = 0, h1 = n_fit;
+    if (trained) {
+        ER_CHECK(train_transforms(&m, c, &cal, n_fit, res));
+        if (res->fpt_stopped)
+            goto done;
+    }
     if (fisher)
         ER_CHECK(fisher_importance(&m, &cal, n_fit, c->log, &fmem, &imp));
+    if (gptq) {
+        double t0 = time_now();
+        ER_CHECK(hessian_pass(&m, &cal, 0, n_fit, &hmem, &hs));
+        if (c->log)
+            fprintf(c->log, "gptq: input second moments over %d calibration sequences, %.1fs\n", n_fit, time_now() - t0);
+    }
     if (c->calib) {
         ER_CHECK(calib_pass(&m, &cal, h0, h1, NULL, &res->nll_before));
         res->nll_sequences = h1 - h0;
         res->nll_held_out = h0 > 0;
     }
     if (!to_bf16) {
-        ER_CHECK(quantize_step(&m, c, &src, imp, c->log, &res->rep));
+        ER_CHECK(quantize_step(&m, c, &src, imp, hs, c->log, &res->rep));
         er_free(fmem); // not needed past the quantizers
         er_free(imp);
         fmem = NULL;
@@ -592,6 +740,8 @@ done:
     cJSON_Delete(j);
     er_free(fmem);
     er_free(imp);
+    er_free(hmem);
+    er_free(hs);
     calib_free(&cal);
     model_free(&m);
     return rc;

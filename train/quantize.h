@@ -1,11 +1,13 @@
 // ertrain quantize: a float HF model dir -> a quantized HF model dir (layout and naming in
 // quant/quant.h) that model_load, erinfer and ertrain sft/grpo take like any model dir.
 //
-// Steps: load; optional function-preserving transforms; optional Fisher sensitivity (squared
+// Steps: load; optional function-preserving transforms (closed-form, or fpt-trained: the closed-form fpt
+// trained on the calibration sequences and merged, train/fpt.h); optional Fisher sensitivity (squared
 // gradients of the LM loss on calibration sequences, accumulated per weight) used as the importance
-// of every weight by the quantizers (quant/quantizer.h); quantize every projection (and the
-// embedding / lm_head as asked); report bits per weight, bytes, per-layer relative error and, with
-// calibration data, NLL before/after; save with the tokenizer files and run.json.
+// of every weight by the quantizers (quant/quantizer.h); for q2lut / q4lut with calibration data, the
+// second moments of every projection's inputs for the GPTQ code assignment; quantize every projection
+// (and the embedding / lm_head as asked); report bits per weight, bytes, per-layer relative error and,
+// with calibration data, NLL before/after; save with the tokenizer files and run.json.
 #ifndef TRAIN_QUANTIZE_H
 #define TRAIN_QUANTIZE_H
 
@@ -26,6 +28,9 @@ typedef struct {
     int kmeans_iters;         // q2lut Lloyd iterations (0 = 25)
     const char *method_note;  // recorded in quantization_config.method after the base method (e.g. "fisher")
     const char *transforms;   // recorded in quantization_config.transforms (NULL = none)
+    const float *const *hessians; // per parameter (n_params; NULL entries allowed, NULL = none): the (cols, cols)
+                                  // input second moment of a matrix, for the codebook formats' output-error
+                                  // assignment (quant/quantizer.h)
 } QuantizeOptions;
 
 typedef struct {
@@ -87,15 +92,30 @@ int quantize_write_dir(const Model *m, const char *src_dir, const char *out_dir,
 int quantize_data_nll(Model *m, const char *tokenizer_dir, const char *path, const char *response_key, int n,
                       int seq_len, double *nll, int *n_seq);
 
+// Fisher sensitivities (squared gradients of the loss on every position, summed over the first n records
+// of a JSONL file, tokenized as quantize's calibration is) of a trainable m: *fmem (layout of grad_mem)
+// and *imp (n_params, NULL for none) pointing into it, as quantize_model takes them. Free both.
+int quantize_fisher(Model *m, const char *tokenizer_dir, const char *path, const char *response_key, int n,
+                    int seq_len, float **fmem, const float ***imp);
+
 typedef struct {
     const char *model_dir, *out_dir;
     QuantizeOptions q;
-    const char *transforms;   // none | rotate | fpt | a list (train/transform_model.h), applied before quantizing
+    const char *transforms;   // none | rotate | fpt | fpt-trained | a list (train/transform_model.h, train/fpt.h),
+                              // applied before quantizing
+    long fpt_local_steps;     // fpt-trained: local (data-free) steps, then fpt_steps end-to-end steps on the
+    long fpt_steps;           // first calib_n calibration sequences (ertrain quantize: 100 and 200)
+    double fpt_lr;            // fpt-trained AdamW learning rate (> 0; ertrain quantize: 1e-3)
+    int fpt_save_every;       // fpt-trained checkpoint interval (0 = at the end only)
+    int resume;               // fpt-trained: continue the run in out_dir (its checkpoint/)
+    long fpt_stop_after;      // tests: stop the transform training after this many steps (0 = run to the end)
     const char *calib;        // JSONL (any dataset record type), NULL = none
     const char *response_key; // record field holding the response (NULL = the record type's own)
     int calib_n;              // sequences for the Fisher pass (the next calib_n are held out for NLL)
     int seq_len;
     const char *sensitivity;  // fisher | none (NULL = fisher with --calib, else none)
+    const char *error_feedback; // gptq | none: q2lut / q4lut codes assigned against the calibration inputs' second
+                                // moments (NULL = gptq for those formats with --calib, else none)
     uint64_t seed;
     int threads;
     FILE *log;                // progress, notes and the report (NULL = silent; ertrain quantize: stdout)
@@ -105,6 +125,8 @@ typedef struct {
     QuantizeReport rep;
     double nll_before, nll_after; // NAN without --calib
     int nll_sequences, nll_held_out;
+    double fpt_local_first, fpt_local_last, fpt_kl_first, fpt_kl_last; // fpt-trained objectives (else NAN)
+    int fpt_stopped;              // fpt_stop_after ended the run before its last step: nothing was written
 } QuantizeResult;
 
 // The whole command.

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -209,9 +210,84 @@ static void transform_keys(Model *m) {
     }
 }
 
+// k distinct indices of [0, n) into idx, seeded.
+static void draw_channels(int *idx, int k, int n, ErRng *r) {
+    for (int i = 0; i < k; i++) {
+        int j, dup;
+        do {
+            j = (int)rng_below(r, (uint32_t)n);
+            dup = 0;
+            for (int e = 0; e < i; e++)
+                dup |= idx[e] == j;
+        } while (dup);
+        idx[i] = j;
+    }
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+// max_j |g_j| / median_j |g_j| of one norm (C), tmp (C) scratch.
+static double norm_ratio(const float *g, int C, float *tmp) {
+    for (int i = 0; i < C; i++)
+        tmp[i] = fabsf(g[i]);
+    qsort(tmp, (size_t)C, sizeof(float), cmp_float);
+    return tmp[C / 2] > 0 ? tmp[C - 1] / tmp[C / 2] : INFINITY;
+}
+
+int transform_model_add_outliers(Model *m, int channels, float lo, float hi, uint64_t seed, double *ratio) {
+    const ModelConfig *c = &m->cfg;
+    ER_TRY(check_model(m, 0));
+    if (channels < 1 || channels > c->C || channels > c->FF || !(lo >= 1) || !(hi >= lo) || !isfinite(hi))
+        return er_error(ER_EINVAL, "outliers: %d channels of %d / %d with factors in [%g, %g] (expected 1..%d channels, "
+                        "1 <= lo <= hi)", channels, c->C, c->FF, lo, hi, c->C < c->FF ? c->C : c->FF);
+    int C = c->C, FF = c->FF, qd = c->NH * c->HS, kvd = c->NKV * c->HS;
+    int *idx = er_alloc(sizeof(int) * channels);
+    float *tmp = er_alloc(sizeof(float) * C);
+    if (!idx || !tmp) {
+        er_free(idx), er_free(tmp);
+        return er_error(ER_ENOMEM, "outliers: out of memory");
+    }
+    ErRng r;
+    rng_seed(&r, seed);
+    double worst = 0, span = log((double)hi / lo);
+    for (int l = 0; l < c->L; l++) {
+        LayerWeights *w = &m->layers[l];
+        draw_channels(idx, channels, C, &r);
+        for (int i = 0; i < channels; i++) {
+            int j = idx[i];
+            float a = (float)(lo * exp(span * rng_uniform(&r)));
+            w->ln1[j] *= a, w->ln2[j] *= a;
+            Weight *readers[5] = {&w->wq, &w->wk, &w->wv, &w->wgate, &w->wup};
+            int rows[5] = {qd, kvd, kvd, FF, FF};
+            for (int k = 0; k < 5; k++)
+                for (int rr = 0; rr < rows[k]; rr++)
+                    mat(readers[k])[(size_t)rr * C + j] /= a;
+        }
+        worst = fmax(worst, fmax(norm_ratio(w->ln1, C, tmp), norm_ratio(w->ln2, C, tmp)));
+        draw_channels(idx, channels, FF, &r);
+        for (int i = 0; i < channels; i++) {
+            int j = idx[i];
+            float a = (float)(lo * exp(span * rng_uniform(&r)));
+            for (int k = 0; k < C; k++) {
+                mat(&w->wup)[(size_t)j * C + k] *= a;
+                mat(&w->wdown)[(size_t)k * FF + j] /= a;
+            }
+        }
+    }
+    if (ratio)
+        *ratio = worst;
+    er_free(idx);
+    er_free(tmp);
+    return ER_OK;
+}
+
 int transform_model_apply(Model *m, unsigned flags, uint64_t seed) {
-    if (flags & ~(unsigned)TRANSFORM_ALL)
+    if (flags & ~(unsigned)(TRANSFORM_ALL | TRANSFORM_TRAINED))
         return er_error(ER_EINVAL, "transform: unknown flags 0x%x", flags);
+    flags &= TRANSFORM_ALL; // the closed-form transforms; training them is train/fpt.h's
     if (!flags)
         return ER_OK;
     ER_TRY(check_model(m, flags));

@@ -44,11 +44,27 @@
 #include "quant/transform.h"
 
 // Applies function-preserving transforms to a trainable fp32 model in place. mode: "none", "rotate"
-// (T_r only), "fpt" (all: T_r, T_u, T_v, T_k); also a list joined by ',' or '+' of "rotate" ("r"),
-// "u", "v", "k", "fpt". seed picks the random signs of the rotations. "none" accepts any model.
+// (T_r only), "fpt" (all: T_r, T_u, T_v, T_k), "fpt-trained" (the same closed-form fpt: the
+// initialisation train/fpt.h trains from); also a list joined by ',' or '+' of "rotate" ("r"), "u",
+// "v", "k", "fpt". seed picks the random signs of the rotations. "none" accepts any model.
 int transform_model(Model *m, const char *mode, uint64_t seed);
 // transform_model with flags; refuses (ER_EINVAL / ER_EUNSUPPORTED) a model it cannot transform
 // exactly, before changing anything.
 int transform_model_apply(Model *m, unsigned flags, uint64_t seed);
+
+// A test model with the outlier channels of real LLMs ("Massive Activations in Large Language Models",
+// Sun et al., arXiv 2402.17762; QuaRot, arXiv 2404.00456; SpinQuant, arXiv 2405.16406), made from a
+// float model by the inverse of the transforms above, so it computes the same function (and has the
+// same NLL) while its weights and activations carry the outliers a quantizer must cope with. Per layer,
+// `channels` residual channels and `channels` MLP channels are drawn (seeded, without repeats), each
+// with a factor α drawn log-uniformly from [lo, hi]:
+//   - residual channel j: ln1[j] and ln2[j] *= α, the columns j of q, k, v, gate, up /= α: the
+//     normalised residual stream every projection reads has channel j α times larger (massive
+//     activations), and those weight columns are α times smaller than their rows' range;
+//   - MLP channel j: up row j *= α, down column j /= α: the down_proj input (where massive
+//     activations first appear in real models) has channel j α times larger.
+// The final norm is left alone (the model may be tied). *ratio gets the largest α·|γ_j| / median_j |γ_j|
+// over the layers' norms: how far the loudest normalised channel stands above the typical one.
+int transform_model_add_outliers(Model *m, int channels, float lo, float hi, uint64_t seed, double *ratio);
 
 #endif

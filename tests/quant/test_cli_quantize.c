@@ -189,6 +189,49 @@ Test(quant_cli, transforms_then_quantize) {
     }
 }
 
+// Runs ertrain quantize on the fixture model with `flags` into fx.tmp/name (asserting success; its
+// stdout into *out_text when not NULL) and returns that dir (static buffer).
+static const char *quantize_ok(const char *name, const char *flags, char **out_text) {
+    static char out[600];
+    snprintf(out, sizeof out, "%s/%s", fx.tmp, name);
+    CmdResult r = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' %s --calib '%s' --calib-n 3 --seq-len 64 "
+                             "--threads 1", fx.prog, fx.model, out, flags, calib);
+    cr_assert_eq(r.status, 0, "quantize %s failed: %s", flags, r.err);
+    if (out_text)
+        *out_text = strdup(r.out);
+    helper_result_free(&r);
+    return out;
+}
+
+// --transforms fpt-trained: the transforms trained (metrics.jsonl, checkpoint/, run.json's "fpt") and
+// merged without changing the float model's NLL; q2lut with --calib gets GPTQ codes ("-gptq" method).
+Test(quant_cli, fpt_trained_and_gptq_codes) {
+    need_programs();
+    cJSON *none = helper_read_json(quantize_ok("f_none", "--weights q4", NULL), "run.json");
+    const char *dir = quantize_ok("f_tr", "--weights q4 --transforms fpt-trained --fpt-steps 3 --fpt-local-steps 2 "
+                                  "--save-every 2", NULL);
+    cJSON *run = helper_read_json(dir, "run.json"), *cfg = helper_read_json(dir, "config.json");
+    double n0 = cJSON_GetObjectItemCaseSensitive(none, "nll_before")->valuedouble,
+           n1 = cJSON_GetObjectItemCaseSensitive(run, "nll_before")->valuedouble;
+    cr_assert(fabs(n1 - n0) < 1e-4 * (1 + n0), "the merged transforms changed the float NLL: %.7g vs %.7g", n1, n0);
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(none, "fpt"));
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(run, "fpt");
+    cr_assert(cJSON_IsObject(f) && cJSON_GetObjectItemCaseSensitive(f, "kl_first")->valuedouble > 0);
+    char *metrics = path_join(dir, "metrics.jsonl"), *state = path_join(dir, "checkpoint/state.json");
+    cr_assert(path_exists(metrics) && path_exists(state), "metrics.jsonl and checkpoint/ expected in %s", dir);
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "transforms")->valuestring, "fpt-trained");
+    cJSON_Delete(none), cJSON_Delete(run), cJSON_Delete(cfg);
+    er_free(metrics), er_free(state);
+    char *text = NULL;
+    cfg = helper_read_json(quantize_ok("g", "--weights q2lut", &text), "config.json");
+    cr_assert(strstr(text, "gptq:"), "%s", text);
+    q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "method")->valuestring, "kmeans-fisher-gptq");
+    cJSON_Delete(cfg);
+    free(text);
+}
+
 Test(quant_cli, bad_flags_are_one_line_errors) {
     need_programs();
     struct {
@@ -202,6 +245,12 @@ Test(quant_cli, bad_flags_are_one_line_errors) {
         {"--weights q4 --scale-search best", "--scale-search"},
         {"--weights q4g128", "does not divide"},
         {"--weights q4 --lm-head q9", "--lm-head"},
+        {"--weights q4 --transforms fpt-trained", "--calib"},
+        {"--weights bf16 --transforms fpt-trained", "bf16"},
+        {"--weights q4 --resume", "--resume"},
+        {"--weights q2lut --error-feedback gptq", "--calib"},
+        {"--weights q4 --error-feedback gptq --calib x.jsonl", "k-means codebook"},
+        {"--weights q2lut --error-feedback more --calib x.jsonl", "--error-feedback"},
         {"", "--weights"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -3,10 +3,12 @@
 // trips stay within half a step, and importance weights steer the error.
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "core/threads.h"
 #include "quant/quant.h"
@@ -203,6 +205,58 @@ Test(quantizer, importance_steers_the_error) {
     weight_free(&fisher);
     free(x);
     free(imp);
+}
+
+// ||X (W - Q)ᵀ||² of a quantized weight: the output error on the inputs X (N, cols).
+static double output_error(const Weight *w, const float *src, const float *X, int N) {
+    double e = 0;
+    float *row = malloc(sizeof(float) * (size_t)w->cols);
+    for (int r = 0; r < w->rows; r++) {
+        weight_row_f32(row, w, r);
+        for (int n = 0; n < N; n++) {
+            double y = 0;
+            for (int k = 0; k < w->cols; k++)
+                y += (double)X[(size_t)n * w->cols + k] * (src[(size_t)r * w->cols + k] - row[k]);
+            e += y * y;
+        }
+    }
+    free(row);
+    return e;
+}
+
+Test(quantizer, gptq_codes_lower_the_output_error) {
+    // Correlated inputs with a few loud channels (as after an RMSNorm with outlier scales): GPTQ codes and
+    // the refitted codebooks must beat plain k-means on the output error, in the same format.
+    enum { R = 24, K = 48, N = 256 };
+    float *W = heavy(R * K, 5), *X = malloc(sizeof(float) * N * K), *H = calloc((size_t)K * K, sizeof(float));
+    ErRng r;
+    rng_seed(&r, 6);
+    for (int n = 0; n < N; n++) {
+        float shared = rng_normal(&r);
+        for (int k = 0; k < K; k++)
+            X[n * K + k] = (0.7f * shared + rng_normal(&r)) * (k % 11 == 0 ? 6.0f : 1.0f);
+    }
+    for (int i = 0; i < K; i++)
+        for (int j = 0; j < K; j++)
+            for (int n = 0; n < N; n++)
+                H[i * K + j] += X[n * K + i] * X[n * K + j];
+    for (int f = 0; f < 2; f++) {
+        QuantOptions o;
+        quant_options_default(&o, f ? WF_Q4LUT : WF_Q2LUT, 0);
+        Weight plain, gptq;
+        cr_assert_eq(quantize_matrix(&plain, W, R, K, NULL, &o), 0);
+        o.hessian = H;
+        cr_assert_eq(quantize_matrix(&gptq, W, R, K, NULL, &o), 0, "%s", er_last_error());
+        cr_assert_eq(gptq.fmt, plain.fmt);
+        double ep = output_error(&plain, W, X, N), eg = output_error(&gptq, W, X, N);
+        fprintf(stderr, "quantizer: %s output error k-means %.4g, GPTQ codes + refit %.4g (%.2fx)\n",
+                weight_format_name(o.fmt), ep, eg, ep / eg);
+        cr_assert(eg < 0.8 * ep, "%s: GPTQ output error %g should clearly beat k-means %g", weight_format_name(o.fmt),
+                  eg, ep);
+        weight_free(&plain);
+        weight_free(&gptq);
+    }
+    free(W), free(X), free(H);
 }
 
 Test(quantizer, zero_rows_and_bad_options) {

@@ -41,7 +41,7 @@ static void fix_init(Fix *f, int K) {
     f->master = malloc(f->m.n_param_floats * sizeof(float));
     memcpy(f->master, f->m.param_mem, f->m.n_param_floats * sizeof(float));
     QuantizeOptions o = {.weights = "q2lut", .embeddings = "int8"};
-    cr_assert_eq(qat_state_init(&f->s, &f->m, f->master, &o, K), 0, "%s", er_last_error());
+    cr_assert_eq(qat_state_init(&f->s, &f->m, f->master, &o, NULL, K), 0, "%s", er_last_error());
     cr_assert_eq(acts_alloc(&f->a, &c, 2, 6, ACTS_TRAIN, 0), 0);
     for (int i = 0; i < 12; i++) {
         f->tokens[i] = (i * 5 + 1) % c.V;
@@ -279,7 +279,7 @@ Test(qat_run, lowers_the_loss_of_the_q2lut_model, .init = runs_setup_long, .fini
     cr_assert_eq(model_load(&m, qat, 0), 0, "%s", er_last_error());
     cr_assert_eq(m.layers[1].wdown.fmt, WF_Q2LUT);
     cr_assert_eq(m.embed.fmt, WF_Q8);
-    cr_assert_str_eq(m.quant.method, "kmeans-qat");
+    cr_assert_str_eq(m.quant.method, "kmeans-fisher-qat");
     model_free(&m);
     er_free(plain);
     er_free(qat);
@@ -342,7 +342,7 @@ Test(qat_cli, end_to_end_and_bad_flags, .init = runs_setup, .fini = runs_teardow
     cJSON *cfg = cJSON_Parse(txt);
     const cJSON *qc = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(qc, "weights")->valuestring, "q2lut");
-    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(qc, "method")->valuestring, "kmeans-qat");
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(qc, "method")->valuestring, "kmeans-fisher-qat");
     cJSON_Delete(cfg);
     er_free(txt);
     txt = read_all(out, "run.json");

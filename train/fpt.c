@@ -1,0 +1,707 @@
+// Trained FPTQuant transforms: parametrisation, its backward, the two losses and the training run
+// (see train/fpt.h).
+#include "train/fpt.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/fileio.h"
+#include "core/gemm.h"
+#include "core/progress.h"
+#include "quant/transform.h"
+#include "train/checkpoint.h"
+#include "train/optim.h"
+#include "train/qat.h"
+#include "train/run.h"
+
+static size_t off_of(const Model *m, const void *p) { return (size_t)((const float *)p - m->param_mem); }
+
+// ---- parameters ----
+
+static int all_ones(const float *g, int n) {
+    for (int i = 0; i < n; i++)
+        if (g[i] != 1.0f)
+            return 0;
+    return 1;
+}
+
+int fpt_params_init(FptParams *p, const Model *m) {
+    memset(p, 0, sizeof *p);
+    const ModelConfig *c = &m->cfg;
+    if (!m->trainable || !m->param_mem)
+        return er_error(ER_EINVAL, "fpt: the model is not trainable fp32");
+    if (c->HS % 2 != 0 || c->NKV <= 0 || c->NH % c->NKV != 0)
+        return er_error(ER_EINVAL, "fpt: needs an even head_dim and query heads in whole KV groups (HS %d, %d/%d heads)",
+                        c->HS, c->NH, c->NKV);
+    // T_r is exact only on a stream whose norms carry no scale (the closed-form rotate folded them).
+    int ones = all_ones(m->norm, c->C);
+    for (int l = 0; l < c->L; l++)
+        ones = ones && all_ones(m->layers[l].ln1, c->C) && all_ones(m->layers[l].ln2, c->C);
+    if (!ones)
+        return er_error(ER_EINVAL, "fpt: the RMSNorm scales are not folded (apply the closed-form rotate first)");
+    p->C = c->C, p->FF = c->FF, p->HS = c->HS, p->NKV = c->NKV, p->NH = c->NH, p->L = c->L;
+    p->layer_n = (size_t)c->FF + (size_t)c->NKV * c->HS * c->HS + (size_t)c->NKV * c->HS;
+    p->n = (size_t)c->C * c->C + (size_t)c->L * p->layer_n;
+    if (!(p->theta = er_calloc(p->n, sizeof(float))))
+        return er_error(ER_ENOMEM, "fpt: no memory for %zu transform parameters", p->n);
+    for (int l = 0; l < c->L; l++) {
+        float *M = p->theta + (size_t)c->C * c->C + l * p->layer_n + c->FF;
+        for (int h = 0; h < c->NKV; h++)
+            for (int d = 0; d < c->HS; d++)
+                M[((size_t)h * c->HS + d) * c->HS + d] = 1.0f;
+    }
+    return ER_OK;
+}
+
+void fpt_params_free(FptParams *p) {
+    er_free(p->theta);
+    memset(p, 0, sizeof *p);
+}
+
+// Layer l's parameters.
+typedef struct {
+    const float *u, *M, *ka, *kt; // (FF), (NKV, HS, HS), (NKV, HS/2), (NKV, HS/2)
+} LayerTheta;
+
+static LayerTheta layer_theta(const FptParams *p, const float *theta, int l) {
+    const float *t = theta + (size_t)p->C * p->C + l * p->layer_n;
+    LayerTheta r = {t, t + p->FF, t + p->FF + (size_t)p->NKV * p->HS * p->HS, NULL};
+    r.kt = r.ka + (size_t)p->NKV * p->HS / 2;
+    return r;
+}
+
+// inv (n, n) = a⁻¹ (Gauss-Jordan, partial pivoting, in double); work (n, n) is destroyed.
+static int mat_inverse(double *inv, double *work, const double *a, int n) {
+    memcpy(work, a, sizeof(double) * (size_t)n * n);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            inv[(size_t)i * n + j] = i == j;
+    for (int col = 0; col < n; col++) {
+        int piv = col;
+        for (int r = col + 1; r < n; r++)
+            if (fabs(work[(size_t)r * n + col]) > fabs(work[(size_t)piv * n + col]))
+                piv = r;
+        double d = work[(size_t)piv * n + col];
+        if (!(fabs(d) > 1e-12))
+            return er_error(ER_EINVAL, "fpt: a transform matrix became singular");
+        for (int j = 0; j < n; j++) {
+            double t = work[(size_t)col * n + j];
+            work[(size_t)col * n + j] = work[(size_t)piv * n + j], work[(size_t)piv * n + j] = t;
+            t = inv[(size_t)col * n + j];
+            inv[(size_t)col * n + j] = inv[(size_t)piv * n + j], inv[(size_t)piv * n + j] = t;
+        }
+        for (int j = 0; j < n; j++)
+            work[(size_t)col * n + j] /= d, inv[(size_t)col * n + j] /= d;
+        for (int r = 0; r < n; r++) {
+            double f = work[(size_t)r * n + col];
+            if (r == col || f == 0)
+                continue;
+            for (int j = 0; j < n; j++)
+                work[(size_t)r * n + j] -= f * work[(size_t)col * n + j], inv[(size_t)r * n + j] -= f * inv[(size_t)col * n + j];
+        }
+    }
+    return ER_OK;
+}
+
+// Scratch of the rotation: Q (C, C) float; inv = (I - A)⁻¹, Qd = Q, work (C, C) double.
+typedef struct {
+    float *Q;
+    double *inv, *Qd, *work;
+} Cayley;
+
+static void cayley_free(Cayley *k) {
+    er_free(k->Q), er_free(k->inv), er_free(k->Qd), er_free(k->work);
+    memset(k, 0, sizeof *k);
+}
+
+// Q = (I - A)⁻¹ (I + A), A = P - Pᵀ.
+static int cayley_forward(Cayley *k, const float *P, int C) {
+    size_t n = (size_t)C * C;
+    if (!k->Q && (!(k->Q = er_alloc(sizeof(float) * n)) || !(k->inv = er_alloc(sizeof(double) * n)) ||
+                  !(k->Qd = er_alloc(sizeof(double) * n)) || !(k->work = er_alloc(sizeof(double) * n))))
+        return er_error(ER_ENOMEM, "fpt: no memory for a %d x %d rotation", C, C);
+    for (int i = 0; i < C; i++) // Qd <- I - A for the inverse
+        for (int j = 0; j < C; j++)
+            k->Qd[(size_t)i * C + j] = (i == j) - ((double)P[(size_t)i * C + j] - P[(size_t)j * C + i]);
+    ER_TRY(mat_inverse(k->inv, k->work, k->Qd, C));
+    for (int i = 0; i < C; i++) // Q = inv + inv·A = inv·(I + A) = 2·inv - inv·(I - A) = 2·inv - I
+        for (int j = 0; j < C; j++) {
+            k->Qd[(size_t)i * C + j] = 2.0 * k->inv[(size_t)i * C + j] - (i == j);
+            k->Q[(size_t)i * C + j] = (float)k->Qd[(size_t)i * C + j];
+        }
+    return ER_OK;
+}
+
+// dP (C, C) from GQ = dL/dQ: dQ = (I - A)⁻¹ dA (Q + I), so dL/dA = (I - A)⁻ᵀ GQ (Q + I)ᵀ and dP = GA - GAᵀ.
+static void cayley_backward(Cayley *k, const double *GQ, int C, float *dP) {
+    double *T = k->work; // (C, C): GQ (Q + I)ᵀ
+    for (int i = 0; i < C; i++)
+        for (int j = 0; j < C; j++) {
+            double s = GQ[(size_t)i * C + j];
+            for (int e = 0; e < C; e++)
+                s += GQ[(size_t)i * C + e] * k->Qd[(size_t)j * C + e];
+            T[(size_t)i * C + j] = s;
+        }
+    for (int i = 0; i < C; i++)
+        for (int j = i; j < C; j++) {
+            double gij = 0, gji = 0; // GA[i][j], GA[j][i] with GA = invᵀ T
+            for (int e = 0; e < C; e++) {
+                gij += k->inv[(size_t)e * C + i] * T[(size_t)e * C + j];
+                gji += k->inv[(size_t)e * C + j] * T[(size_t)e * C + i];
+            }
+            dP[(size_t)i * C + j] += (float)(gij - gji);
+            if (j != i)
+                dP[(size_t)j * C + i] += (float)(gji - gij);
+        }
+}
+
+// ---- W'(θ) ----
+
+// M⁻¹ of one T_v matrix as float (HS, HS); work (3 HS²) doubles.
+static int value_inverse(const float *M, int HS, float *Minv, double *work) {
+    double *a = work, *inv = work + (size_t)HS * HS, *w = inv + (size_t)HS * HS;
+    for (size_t i = 0; i < (size_t)HS * HS; i++)
+        a[i] = M[i];
+    ER_TRY(mat_inverse(inv, w, a, HS));
+    for (size_t i = 0; i < (size_t)HS * HS; i++)
+        Minv[i] = (float)inv[i];
+    return ER_OK;
+}
+
+// The inner transforms (T_u, T_v, T_k) of layer l from base into x (both in param_mem's layout, x
+// already a copy of base). s: FF + HS² floats, work: 3 HS² doubles.
+static int apply_layer_inner(const FptParams *p, const Model *m, int l, const float *base, float *x, float *s,
+                             double *work) {
+    const LayerWeights *w = &m->layers[l];
+    LayerTheta t = layer_theta(p, p->theta, l);
+    int C = p->C, FF = p->FF, HS = p->HS, half = HS / 2, G = p->NH / p->NKV, qd = p->NH * HS;
+    for (int j = 0; j < FF; j++)
+        s[j] = expf(t.u[j]);
+    transform_scale_rows(x + off_of(m, w->wup.data), FF, C, C, s, 0);
+    transform_scale_cols(x + off_of(m, w->wdown.data), C, FF, FF, s, 1);
+    float *Minv = s + FF;
+    for (int h = 0; h < p->NKV; h++) {
+        const float *M = t.M + (size_t)h * HS * HS;
+        ER_TRY(value_inverse(M, HS, Minv, work));
+        size_t ov = off_of(m, w->wv.data) + (size_t)h * HS * C;
+        gemm_f32(0, 0, HS, C, HS, 1.0f, M, HS, base + ov, C, 0.0f, x + ov, C);
+        if (w->bv) {
+            size_t ob = off_of(m, w->bv) + (size_t)h * HS;
+            for (int d = 0; d < HS; d++) {
+                double acc = 0;
+                for (int e = 0; e < HS; e++)
+                    acc += (double)M[(size_t)d * HS + e] * base[ob + e];
+                x[ob + d] = (float)acc;
+            }
+        }
+        for (int g = 0; g < G; g++) {
+            size_t oo = off_of(m, w->wo.data) + (size_t)(h * G + g) * HS;
+            gemm_f32(0, 0, C, HS, HS, 1.0f, base + oo, qd, Minv, HS, 0.0f, x + oo, qd);
+        }
+    }
+    for (int h = 0; h < p->NKV; h++)
+        for (int i = 0; i < half; i++) {
+            double a = exp(t.ka[h * half + i]), th = t.kt[h * half + i], cs = cos(th), sn = sin(th);
+            int k0 = h * HS + i, k1 = k0 + half;
+            transform_rotate_rows(x + off_of(m, w->wk.data), C, C, k0, k1, cs, sn, a);
+            if (w->bk)
+                transform_rotate_rows(x + off_of(m, w->bk), 1, 1, k0, k1, cs, sn, a);
+            for (int g = 0; g < G; g++) {
+                int q0 = (h * G + g) * HS + i, q1 = q0 + half;
+                transform_rotate_rows(x + off_of(m, w->wq.data), C, C, q0, q1, cs, sn, 1.0 / a);
+                if (w->bq)
+                    transform_rotate_rows(x + off_of(m, w->bq), 1, 1, q0, q1, cs, sn, 1.0 / a);
+            }
+        }
+    return ER_OK;
+}
+
+static int apply_inner(const FptParams *p, const Model *m, const float *base, float *x) {
+    int rc = ER_OK;
+    float *s = er_alloc(sizeof(float) * ((size_t)p->FF + (size_t)p->HS * p->HS));
+    double *work = er_alloc(sizeof(double) * 3 * (size_t)p->HS * p->HS);
+    if (!s || !work)
+        ER_CHECK(er_error(ER_ENOMEM, "fpt: out of memory"));
+    memcpy(x, base, sizeof(float) * m->n_param_floats);
+    for (int l = 0; l < p->L; l++)
+        ER_CHECK(apply_layer_inner(p, m, l, base, x, s, work));
+done:
+    er_free(s);
+    er_free(work);
+    return rc;
+}
+
+// The matrices T_r touches: offset, rows, cols, and whether it writes the stream (W <- Qᵀ·W) or reads it.
+typedef struct {
+    size_t off;
+    int rows, cols, writer;
+} RotMat;
+
+static int rot_mats(const Model *m, RotMat *r) {
+    const ModelConfig *c = &m->cfg;
+    int n = 0, qd = c->NH * c->HS, kvd = c->NKV * c->HS;
+    r[n++] = (RotMat){off_of(m, m->embed.data), c->V, c->C, 0};
+    if (m->lm_head.data != m->embed.data)
+        r[n++] = (RotMat){off_of(m, m->lm_head.data), c->V, c->C, 0};
+    for (int l = 0; l < c->L; l++) {
+        const LayerWeights *w = &m->layers[l];
+        r[n++] = (RotMat){off_of(m, w->wq.data), qd, c->C, 0};
+        r[n++] = (RotMat){off_of(m, w->wk.data), kvd, c->C, 0};
+        r[n++] = (RotMat){off_of(m, w->wv.data), kvd, c->C, 0};
+        r[n++] = (RotMat){off_of(m, w->wgate.data), c->FF, c->C, 0};
+        r[n++] = (RotMat){off_of(m, w->wup.data), c->FF, c->C, 0};
+        r[n++] = (RotMat){off_of(m, w->wo.data), c->C, qd, 1};
+        r[n++] = (RotMat){off_of(m, w->wdown.data), c->C, c->FF, 1};
+    }
+    return n;
+}
+
+int fpt_params_apply(const FptParams *p, const Model *m, const float *base, float *out) {
+    Cayley k = {0};
+    RotMat *r = er_alloc(sizeof(RotMat) * (2 + 7 * (size_t)p->L));
+    int rc = ER_OK;
+    if (!r)
+        ER_CHECK(ER_ENOMEM);
+    ER_CHECK(apply_inner(p, m, base, out));
+    ER_CHECK(cayley_forward(&k, p->theta, p->C));
+    int n = rot_mats(m, r);
+    for (int i = 0; i < n; i++) {
+        float *W = out + r[i].off;
+        if (r[i].writer)
+            ER_CHECK(transform_matmul_left_t(W, r[i].rows, r[i].cols, r[i].cols, k.Q));
+        else
+            ER_CHECK(transform_matmul_right(W, r[i].rows, r[i].cols, r[i].cols, k.Q));
+    }
+done:
+    er_free(r);
+    cayley_free(&k);
+    return rc;
+}
+
+// ---- d loss / dθ ----
+
+static double dot_rows(const float *a, const float *b, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        s += (double)a[i] * b[i];
+    return s;
+}
+
+// T_v of KV head h: dM = (G_v X_vᵀ + g_b x_bᵀ - Σ_g X_oᵀ G_o) M⁻ᵀ, with X the inner-transformed weights
+// and G their gradients (o: the query group's column blocks). B: HS² doubles; Minv (HS, HS).
+static void value_grad(const FptParams *p, const Model *m, const LayerWeights *w, int h, const float *x,
+                       const float *gx, const float *Minv, double *B, float *dM) {
+    int C = p->C, HS = p->HS, G = p->NH / p->NKV, qd = p->NH * HS;
+    const float *xv = x + off_of(m, w->wv.data) + (size_t)h * HS * C, *gv = gx + off_of(m, w->wv.data) + (size_t)h * HS * C;
+    for (int d = 0; d < HS; d++)
+        for (int e = 0; e < HS; e++)
+            B[d * HS + e] = dot_rows(gv + (size_t)d * C, xv + (size_t)e * C, C);
+    if (w->bv) {
+        const float *xb = x + off_of(m, w->bv) + (size_t)h * HS, *gb = gx + off_of(m, w->bv) + (size_t)h * HS;
+        for (int d = 0; d < HS; d++)
+            for (int e = 0; e < HS; e++)
+                B[d * HS + e] += (double)gb[d] * xb[e];
+    }
+    for (int g = 0; g < G; g++) {
+        const float *xo = x + off_of(m, w->wo.data) + (size_t)(h * G + g) * HS;
+        const float *go = gx + off_of(m, w->wo.data) + (size_t)(h * G + g) * HS;
+        for (int c = 0; c < C; c++)
+            for (int d = 0; d < HS; d++)
+                for (int e = 0; e < HS; e++)
+                    B[d * HS + e] -= (double)xo[(size_t)c * qd + d] * go[(size_t)c * qd + e];
+    }
+    for (int d = 0; d < HS; d++)
+        for (int e = 0; e < HS; e++) {
+            double s = 0;
+            for (int f = 0; f < HS; f++)
+                s += B[d * HS + f] * Minv[(size_t)e * HS + f];
+            dM[(size_t)d * HS + e] += (float)s;
+        }
+}
+
+// d/dα and d/dθ of one pair of rows r0, r1 (cols wide) after x' = a·R(θ)·x: <G, x'> and <G, J x'> with
+// J x' = [-x1'; x0'] (R(θ)'s derivative is R(θ)·J and J commutes with R).
+static void pair_grad(const float *x, const float *g, int cols, int r0, int r1, double *da, double *dt) {
+    const float *x0 = x + (size_t)r0 * cols, *x1 = x + (size_t)r1 * cols, *g0 = g + (size_t)r0 * cols,
+                *g1 = g + (size_t)r1 * cols;
+    *da = dot_rows(g0, x0, cols) + dot_rows(g1, x1, cols);
+    *dt = dot_rows(g1, x0, cols) - dot_rows(g0, x1, cols);
+}
+
+static int inner_grad(const FptParams *p, const Model *m, const float *x, const float *gx, float *dtheta) {
+    int C = p->C, FF = p->FF, HS = p->HS, half = HS / 2, G = p->NH / p->NKV, rc = ER_OK;
+    float *Minv = er_alloc(sizeof(float) * (size_t)HS * HS);
+    double *work = er_alloc(sizeof(double) * 3 * (size_t)HS * HS);
+    if (!Minv || !work)
+        ER_CHECK(er_error(ER_ENOMEM, "fpt: out of memory"));
+    for (int l = 0; l < p->L; l++) {
+        const LayerWeights *w = &m->layers[l];
+        LayerTheta t = layer_theta(p, p->theta, l), d = layer_theta(p, dtheta, l);
+        float *du = (float *)d.u, *dM = (float *)d.M, *dka = (float *)d.ka, *dkt = (float *)d.kt;
+        const float *xu = x + off_of(m, w->wup.data), *gu = gx + off_of(m, w->wup.data);
+        const float *xd = x + off_of(m, w->wdown.data), *gd = gx + off_of(m, w->wdown.data);
+        for (int j = 0; j < FF; j++) {
+            double s = dot_rows(gu + (size_t)j * C, xu + (size_t)j * C, C);
+            for (int i = 0; i < C; i++)
+                s -= (double)gd[(size_t)i * FF + j] * xd[(size_t)i * FF + j];
+            du[j] += (float)s;
+        }
+        for (int h = 0; h < p->NKV; h++) {
+            ER_CHECK(value_inverse(t.M + (size_t)h * HS * HS, HS, Minv, work));
+            value_grad(p, m, w, h, x, gx, Minv, work, dM + (size_t)h * HS * HS);
+        }
+        for (int h = 0; h < p->NKV; h++)
+            for (int i = 0; i < half; i++) {
+                int k0 = h * HS + i, k1 = k0 + half;
+                double da, dt, sa = 0, st = 0;
+                pair_grad(x + off_of(m, w->wk.data), gx + off_of(m, w->wk.data), C, k0, k1, &da, &dt);
+                sa += da, st += dt;
+                if (w->bk)
+                    pair_grad(x + off_of(m, w->bk), gx + off_of(m, w->bk), 1, k0, k1, &da, &dt), sa += da, st += dt;
+                for (int g = 0; g < G; g++) { // q pairs scale by e^-α
+                    int q0 = (h * G + g) * HS + i, q1 = q0 + half;
+                    pair_grad(x + off_of(m, w->wq.data), gx + off_of(m, w->wq.data), C, q0, q1, &da, &dt);
+                    sa -= da, st += dt;
+                    if (w->bq)
+                        pair_grad(x + off_of(m, w->bq), gx + off_of(m, w->bq), 1, q0, q1, &da, &dt), sa -= da, st += dt;
+                }
+                dka[h * half + i] += (float)sa;
+                dkt[h * half + i] += (float)st;
+            }
+    }
+done:
+    er_free(Minv);
+    er_free(work);
+    return rc;
+}
+
+int fpt_params_backward(const FptParams *p, const Model *m, const float *base, const float *grad, float *x,
+                        float *gx, float *dtheta) {
+    int C = p->C, rc = ER_OK;
+    Cayley k = {0};
+    RotMat *r = er_alloc(sizeof(RotMat) * (2 + 7 * (size_t)p->L));
+    float *Qt = er_alloc(sizeof(float) * (size_t)C * C), *GQf = er_calloc((size_t)C * C, sizeof(float));
+    double *GQ = er_alloc(sizeof(double) * (size_t)C * C);
+    if (!r || !Qt || !GQf || !GQ)
+        ER_CHECK(er_error(ER_ENOMEM, "fpt: out of memory"));
+    memset(dtheta, 0, sizeof(float) * p->n);
+    ER_CHECK(apply_inner(p, m, base, x));
+    ER_CHECK(cayley_forward(&k, p->theta, C));
+    for (int i = 0; i < C; i++)
+        for (int j = 0; j < C; j++)
+            Qt[(size_t)i * C + j] = k.Q[(size_t)j * C + i];
+    memcpy(gx, grad, sizeof(float) * m->n_param_floats);
+    int n = rot_mats(m, r);
+    for (int i = 0; i < n; i++) {
+        const float *X = x + r[i].off;
+        float *GX = gx + r[i].off;
+        int R = r[i].rows, K = r[i].cols;
+        if (r[i].writer) { // W' = Qᵀ X: dL/dQ += X G'ᵀ, G_X = Q G'
+            gemm_f32(0, 1, C, C, K, 1.0f, X, K, GX, K, 1.0f, GQf, C);
+            ER_CHECK(transform_matmul_left_t(GX, R, K, K, Qt));
+        } else { // W' = X Q: dL/dQ += Xᵀ G', G_X = G' Qᵀ
+            gemm_f32(1, 0, C, C, R, 1.0f, X, K, GX, K, 1.0f, GQf, C);
+            ER_CHECK(transform_matmul_right(GX, R, K, K, Qt));
+        }
+    }
+    for (size_t i = 0; i < (size_t)C * C; i++)
+        GQ[i] = GQf[i];
+    cayley_backward(&k, GQ, C, dtheta);
+    ER_CHECK(inner_grad(p, m, x, gx, dtheta));
+done:
+    cayley_free(&k);
+    er_free(r);
+    er_free(Qt);
+    er_free(GQf);
+    er_free(GQ);
+    return rc;
+}
+
+// ---- losses ----
+
+double fpt_local_loss(const Model *m, const float *w, float *grad) {
+    const ModelConfig *c = &m->cfg;
+    if (grad)
+        memset(grad, 0, sizeof(float) * m->n_param_floats);
+    long rows_total = 0;
+    for (int l = 0; l < c->L; l++) {
+        const LayerWeights *lw = &m->layers[l];
+        const Weight *mats[7] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->wgate, &lw->wup, &lw->wdown};
+        for (int i = 0; i < 7; i++)
+            rows_total += mats[i]->rows;
+    }
+    double loss = 0;
+    for (int l = 0; l < c->L; l++) {
+        const LayerWeights *lw = &m->layers[l];
+        const Weight *mats[7] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->wgate, &lw->wup, &lw->wdown};
+        for (int i = 0; i < 7; i++) {
+            size_t o = off_of(m, mats[i]->data);
+            int R = mats[i]->rows, K = mats[i]->cols;
+            for (int r = 0; r < R; r++) {
+                const float *x = w + o + (size_t)r * K;
+                double s2 = 0, s4 = 0;
+                for (int j = 0; j < K; j++) {
+                    double v = (double)x[j] * x[j];
+                    s2 += v, s4 += v * v;
+                }
+                if (!(s2 > 0))
+                    continue;
+                loss += K * s4 / (s2 * s2) / rows_total;
+                if (grad) { // d/dw_j of K s4 / s2² = 4K w_j (w_j² s2 - s4) / s2³
+                    float *g = grad + o + (size_t)r * K;
+                    double f = 4.0 * K / (s2 * s2 * s2) / rows_total;
+                    for (int j = 0; j < K; j++)
+                        g[j] = (float)(f * x[j] * ((double)x[j] * x[j] * s2 - s4));
+                }
+            }
+        }
+    }
+    return loss;
+}
+
+double fpt_kl_loss(const float *p, const float *logits, float *dlogits, int N, int V) {
+    double total = 0;
+    for (int n = 0; n < N; n++) {
+        const float *pt = p + (size_t)n * V, *l = logits + (size_t)n * V;
+        double mx = l[0], z = 0, kl = 0;
+        for (int v = 1; v < V; v++)
+            mx = l[v] > mx ? l[v] : mx;
+        for (int v = 0; v < V; v++)
+            z += exp((double)l[v] - mx);
+        double lz = mx + log(z);
+        for (int v = 0; v < V; v++)
+            if (pt[v] > 0)
+                kl += pt[v] * (log((double)pt[v]) - ((double)l[v] - lz));
+        total += kl;
+        if (dlogits) {
+            float *d = dlogits + (size_t)n * V;
+            for (int v = 0; v < V; v++)
+                d[v] = (float)((exp((double)l[v] - lz) - pt[v]) / N);
+        }
+    }
+    return N ? total / N : 0.0;
+}
+
+// p (N, V) = softmax of each row of logits.
+static void softmax_rows(float *p, const float *logits, int N, int V) {
+    for (int n = 0; n < N; n++) {
+        const float *l = logits + (size_t)n * V;
+        float *o = p + (size_t)n * V;
+        double mx = l[0], z = 0;
+        for (int v = 1; v < V; v++)
+            mx = l[v] > mx ? l[v] : mx;
+        for (int v = 0; v < V; v++)
+            z += exp((double)l[v] - mx);
+        for (int v = 0; v < V; v++)
+            o[v] = (float)(exp((double)l[v] - mx) / z);
+    }
+}
+
+// ---- the run ----
+
+typedef struct {
+    Model *m;
+    const FptTrainConfig *c;
+    FptParams p;
+    float *base, *master, *gx, *dtheta; // (n_param_floats) x 3, (p.n)
+    float *tp;                          // (max_len, V) teacher probabilities
+    AdamW opt;
+    TrainState st;
+    QatState *qs;
+    Activations a;
+    Batch b;
+    MetricsLog ml;
+    char *ckdir;
+} FptRun;
+
+static void fpt_run_free(FptRun *r) {
+    fpt_params_free(&r->p);
+    er_free(r->base), er_free(r->master), er_free(r->gx), er_free(r->dtheta), er_free(r->tp);
+    adamw_free(&r->opt);
+    train_state_free(&r->st);
+    qat_state_free(r->qs);
+    acts_free(&r->a);
+    batch_free(&r->b);
+    metrics_close(&r->ml);
+    er_free(r->ckdir);
+}
+
+// What a resumed run must match.
+static cJSON *fpt_config_json(const FptTrainConfig *c) {
+    cJSON *j = cJSON_CreateObject();
+    if (!j)
+        return NULL;
+    cJSON_AddNumberToObject(j, "fpt_local_steps", (double)c->local_steps);
+    cJSON_AddNumberToObject(j, "fpt_steps", (double)c->steps);
+    cJSON_AddNumberToObject(j, "fpt_lr", c->lr);
+    cJSON_AddNumberToObject(j, "fpt_sequences", c->n_seqs);
+    cJSON_AddStringToObject(j, "weights", c->q->weights ? c->q->weights : "");
+    return j;
+}
+
+static int fpt_run_resume(FptRun *r) {
+    const FptTrainConfig *c = r->c;
+    TrainState st;
+    ER_TRY(checkpoint_load(r->ckdir, &st, r->p.theta, r->p.n, &r->opt));
+    cJSON *want = fpt_config_json(c);
+    int same = want && st.config && cJSON_Compare(want, st.config, 1);
+    cJSON_Delete(want);
+    if (!same) {
+        train_state_free(&st);
+        return er_error(ER_EINVAL, "%s: the checkpoint was made with other --fpt-* settings, --weights or calibration "
+                        "data; resume with the same ones", r->ckdir);
+    }
+    train_state_free(&r->st);
+    r->st = st;
+    return ER_OK;
+}
+
+static int fpt_run_init(FptRun *r) {
+    Model *m = r->m;
+    const FptTrainConfig *c = r->c;
+    size_t n = m->n_param_floats;
+    ER_TRY(fpt_params_init(&r->p, m));
+    r->base = er_alloc(sizeof(float) * n), r->master = er_alloc(sizeof(float) * n), r->gx = er_alloc(sizeof(float) * n);
+    r->dtheta = er_alloc(sizeof(float) * r->p.n);
+    r->st.order = er_calloc((size_t)c->n_seqs + 1, sizeof(int));
+    r->st.batch_start = er_calloc((size_t)c->n_seqs + 2, sizeof(int));
+    if (!r->base || !r->master || !r->gx || !r->dtheta || !r->st.order || !r->st.batch_start)
+        return er_error(ER_ENOMEM, "fpt: cannot allocate %.1f MiB for the transform training",
+                        3.0 * n * 4 / 1048576.0);
+    memcpy(r->base, m->param_mem, sizeof(float) * n);
+    // One sequence per step, in order: the checkpoint's data order says so.
+    r->st.n_order = r->st.n_batches = c->n_seqs;
+    for (int i = 0; i < c->n_seqs; i++)
+        r->st.order[i] = i;
+    for (int i = 0; i <= c->n_seqs; i++)
+        r->st.batch_start[i] = i;
+    rng_seed(&r->st.rng, 0);
+    if (!(r->st.config = fpt_config_json(c)))
+        return ER_ENOMEM;
+    ER_TRY(adamw_init(&r->opt, backend_cpu(), r->p.n, c->lr, 0.9, 0.999, 1e-8, 0.0));
+    if (c->steps > 0) {
+        ER_TRY(qat_state_init(&r->qs, m, r->master, c->q, NULL, 1));
+        ER_TRY(acts_alloc(&r->a, &m->cfg, 1, c->max_len, ACTS_TRAIN, 0));
+        ER_TRY(batch_alloc(&r->b, 1, c->max_len));
+        if (!(r->tp = er_alloc(sizeof(float) * (size_t)c->max_len * m->cfg.V)))
+            return ER_ENOMEM;
+    }
+    if (c->dir) {
+        ER_TRY(dir_make(c->dir));
+        if (!(r->ckdir = path_join(c->dir, "checkpoint")))
+            return ER_ENOMEM;
+        if (c->resume && checkpoint_exists(r->ckdir))
+            ER_TRY(fpt_run_resume(r));
+        ER_TRY(metrics_open(&r->ml, c->dir, c->resume, r->st.step));
+    }
+    return ER_OK;
+}
+
+// One optimizer step on θ; *loss is the objective at the θ before the step.
+static int fpt_step(FptRun *r, long step, double lr, double *loss, double *gnorm) {
+    Model *m = r->m;
+    const FptTrainConfig *c = r->c;
+    ER_TRY(fpt_params_apply(&r->p, m, r->base, r->master));
+    if (step < c->local_steps) {
+        *loss = fpt_local_loss(m, r->master, m->grad_mem);
+    } else {
+        if (step == c->local_steps) { // a new objective: the moments of the local stage do not carry over
+            memset(r->opt.m, 0, sizeof(float) * r->p.n);
+            memset(r->opt.v, 0, sizeof(float) * r->p.n);
+            r->opt.step = 0;
+        }
+        int i = (int)((step - c->local_steps) % c->n_seqs), V = m->cfg.V;
+        ER_TRY(batch_fill(&r->b, c->sb, c->seqs, &i, 1));
+        ModelInput in = {.B = 1, .T = r->b.T, .tokens = r->b.tokens, .len = r->b.len};
+        memcpy(m->param_mem, r->base, sizeof(float) * m->n_param_floats); // the teacher: the float model
+        ER_TRY(model_forward(m, &in, &r->a));
+        softmax_rows(r->tp, r->a.logits, r->b.T, V);
+        ER_TRY(qat_state_apply(r->qs, step)); // the student: Q(W'(θ))
+        model_zero_grad(m);
+        ER_TRY(model_forward(m, &in, &r->a));
+        *loss = fpt_kl_loss(r->tp, r->a.logits, r->a.logits, r->b.T, V);
+        ER_TRY(model_backward(m, &in, &r->a)); // STE: dL/dQ(W') is taken as dL/dW'
+    }
+    ER_TRY(fpt_params_backward(&r->p, m, r->base, m->grad_mem, r->master, r->gx, r->dtheta));
+    ER_TRY(clip_grad_norm(backend_cpu(), r->dtheta, r->p.n, 1.0, gnorm));
+    if (!isfinite(*loss) || !isfinite(*gnorm))
+        return er_error(ER_EINVAL, "fpt: the objective is not finite at step %ld (lower --fpt-lr)", step + 1);
+    return adamw_step(&r->opt, r->p.theta, r->dtheta, NULL, lr);
+}
+
+static double fpt_lr(const FptTrainConfig *c, long step) {
+    long s = step < c->local_steps ? step : step - c->local_steps;
+    long total = step < c->local_steps ? c->local_steps : c->steps;
+    return lr_schedule(s, total / 10, total, c->lr, 0.1 * c->lr);
+}
+
+static int fpt_log_step(FptRun *r, long step, double lr, double loss, double gnorm) {
+    if (!r->c->dir)
+        return ER_OK;
+    cJSON *j = cJSON_CreateObject();
+    if (!j)
+        return ER_ENOMEM;
+    cJSON_AddNumberToObject(j, "step", (double)(step + 1));
+    cJSON_AddStringToObject(j, "stage", step < r->c->local_steps ? "local" : "e2e");
+    RunNumber nums[] = {{"loss", loss}, {"lr", lr}, {"grad_norm", gnorm}};
+    run_add_numbers(j, nums, sizeof nums / sizeof nums[0]);
+    int rc = metrics_write(&r->ml, j);
+    cJSON_Delete(j);
+    return rc;
+}
+
+int fpt_train(Model *m, const FptTrainConfig *c, FptTrainResult *res) {
+    FptTrainResult local;
+    if (!res)
+        res = &local;
+    *res = (FptTrainResult){NAN, NAN, NAN, NAN, 0, 0};
+    if (c->local_steps < 0 || c->steps < 0 || !(c->lr > 0) || !isfinite(c->lr) || c->save_every < 0)
+        return er_error(ER_EINVAL, "fpt: steps must be >= 0 and --fpt-lr > 0 (got %ld, %ld, %g)", c->local_steps,
+                        c->steps, c->lr);
+    if (c->steps > 0 && (!c->q || !c->sb || !c->seqs || c->n_seqs < 1 || c->max_len < 1))
+        return er_error(ER_EINVAL, "fpt: the end-to-end stage needs calibration sequences (--calib)");
+    FptRun r = {.m = m, .c = c};
+    Progress prog = {0};
+    int rc = ER_OK, prog_on = 0;
+    ER_CHECK(fpt_run_init(&r));
+    long total = c->local_steps + c->steps, start = r.st.step, step = start;
+    progress_begin(&prog, c->log, "fpt", "step", start, total);
+    prog_on = 1;
+    for (; step < total && !(c->stop_after > 0 && step - start >= c->stop_after); step++) {
+        double lr = fpt_lr(c, step), loss, gnorm;
+        ER_CHECK(fpt_step(&r, step, lr, &loss, &gnorm));
+        ER_CHECK(fpt_log_step(&r, step, lr, loss, gnorm));
+        if (step < c->local_steps) {
+            res->local_first = step == start ? loss : res->local_first;
+            res->local_last = loss;
+        } else {
+            res->kl_first = isnan(res->kl_first) ? loss : res->kl_first;
+            res->kl_last = loss;
+        }
+        r.st.step = step + 1;
+        if (r.ckdir && c->save_every > 0 && r.st.step % c->save_every == 0 && r.st.step < total)
+            ER_CHECK(checkpoint_save(r.ckdir, &r.st, r.p.theta, r.p.n, &r.opt));
+        char extra[64];
+        snprintf(extra, sizeof extra, "%s %.5f", step < c->local_steps ? "local" : "kl", loss);
+        progress_update(&prog, step + 1, extra);
+    }
+    progress_end(&prog, NULL);
+    prog_on = 0;
+    if (r.ckdir && step > start)
+        ER_CHECK(checkpoint_save(r.ckdir, &r.st, r.p.theta, r.p.n, &r.opt));
+    res->steps_done = step;
+    res->complete = step >= total;
+    if (res->complete) { // merge: the float model with W'(θ) in its weights
+        ER_CHECK(fpt_params_apply(&r.p, m, r.base, r.master));
+        memcpy(m->param_mem, r.master, sizeof(float) * m->n_param_floats);
+    } else {
+        memcpy(m->param_mem, r.base, sizeof(float) * m->n_param_floats);
+    }
+done:
+    if (prog_on)
+        progress_end(&prog, "failed");
+    fpt_run_free(&r);
+    return rc;
+}

@@ -1,0 +1,93 @@
+// Trained function-preserving transforms (FPTQuant: van Breugel, Bondarenko, Whatmough, Nagel,
+// "FPTQuant: Function-Preserving Transforms for LLM Quantization", arXiv 2506.04985). The closed-form
+// transforms of train/transform_model.h ("fpt") are the initialisation; on top of them every transform
+// gets trainable parameters θ, all at the identity when θ starts:
+//
+//   T_r  a residual rotation Q = Cayley(A) = (I - A)⁻¹(I + A), A = P - Pᵀ skew-symmetric (P (C, C)), the
+//        parametrisation SpinQuant (Liu et al., arXiv 2405.16406) uses to stay on the orthogonal group;
+//        readers (embed, q, k, v, gate, up, lm_head) W <- W·Q, writers (o, down) W <- Qᵀ·W. Exact because
+//        the closed-form T_r already folded every RMSNorm scale (the norms are all ones).
+//   T_u  per layer a log-scale u (FF): up rows *= e^u, down columns /= e^u.
+//   T_v  per layer and KV head an invertible M (HS, HS), any matrix (the paper's T_v): v rows (and bias)
+//        <- M·v, the o columns of the head's query group <- o·M⁻¹.
+//   T_k  per layer, KV head and RoPE pair i a log-scale α and an angle θ: k pair rows (and bias) <-
+//        e^α R(θ)·k, the group's q pair rows <- e^-α R(θ)·q; R(θ) commutes with RoPE's rotation of the
+//        pair, so q·k is unchanged (the paper's pre-RoPE transform).
+// W'(θ) = T_r ∘ (T_u, T_v, T_k)(W_fpt); the inner three act on the output side of q/k/v/up and the input
+// side of o/down, T_r on the residual side, so the two commute. fpt_merge writes W'(θ) into the model:
+// the merged float model computes the same logits (fp32 rounding aside).
+//
+// Training, as the paper does it, in two stages, straight-through estimator through the quantizer:
+//   local (data-free, per matrix): minimise the mean over the rows of every layer projection of the
+//        row's kurtosis n·Σw⁴/(Σw²)² — a smooth measure of how far the row's largest weights stand
+//        above its RMS, which is what sets a per-row quantization step (the paper trains its transforms
+//        locally "to reduce outliers"); invariant to each row's scale, so no transform can win by
+//        shrinking one side of a pair;
+//   end to end: the student is the fake-quantized transformed model Q(W'(θ)) (train/qat.h's
+//        quantize-dequantize step, the quantizer of ertrain quantize), the teacher the float model;
+//        loss: KL(teacher || student) of the next-token distributions, mean over every position of
+//        one calibration sequence per step (cycling). dL/dQ(W') is taken as dL/dW' (STE) and pulled
+//        back through W'(θ) to θ; AdamW (no weight decay) on θ.
+// Memory: three copies of the fp32 parameters besides the model's own (the fpt base, the transformed
+// weights, the gradient pulled back) and the KL's (T, V) teacher probabilities.
+#ifndef TRAIN_FPT_H
+#define TRAIN_FPT_H
+
+#include <stdio.h>
+
+#include "model/model.h"
+#include "train/quantize.h"
+#include "train/sequence.h"
+
+typedef struct {
+    int C, FF, HS, NKV, NH, L;
+    size_t n;         // floats in theta
+    float *theta;     // (n): P (C, C), then per layer: u (FF), M (NKV, HS, HS), α (NKV, HS/2), θ (NKV, HS/2)
+    size_t layer_n;   // floats per layer
+} FptParams;
+
+// θ at the identity for m's shapes (T_k needs an even head_dim). Free with fpt_params_free (safe zeroed).
+int fpt_params_init(FptParams *p, const Model *m);
+void fpt_params_free(FptParams *p);
+
+// out (m->n_param_floats, the layout of m->param_mem) = W'(θ) of the base weights `base` (same layout,
+// a model whose norms are folded: train/transform_model.h's rotate). out != base.
+int fpt_params_apply(const FptParams *p, const Model *m, const float *base, float *out);
+// dtheta (p->n) = d loss / dθ from grad (layout of grad_mem) = d loss / dW'(θ) at the base weights.
+// scratch: two buffers of m->n_param_floats.
+int fpt_params_backward(const FptParams *p, const Model *m, const float *base, const float *grad, float *scratch0,
+                        float *scratch1, float *dtheta);
+
+// The local objective above of the weights w (layout of param_mem) and, when grad is not NULL, its
+// gradient (layout of grad_mem, every entry written).
+double fpt_local_loss(const Model *m, const float *w, float *grad);
+// KL(p || softmax(logits)) per row, mean over N rows of V; p (N, V) teacher probabilities. With
+// dlogits != NULL its gradient (may alias logits).
+double fpt_kl_loss(const float *p, const float *logits, float *dlogits, int N, int V);
+
+typedef struct {
+    long local_steps, steps;  // local stage steps, then end-to-end steps
+    double lr;                // AdamW peak learning rate (linear warmup over 10% of each stage, cosine to 10%)
+    const QuantizeOptions *q; // the target the student is fake-quantized to
+    const SeqBuilder *sb;     // end-to-end data: seqs[0, n_seqs) (one per step, in order, cycling)
+    const Sequence *seqs;
+    int n_seqs, max_len;
+    const char *dir;          // run dir: metrics.jsonl and checkpoint/ (NULL = neither)
+    int save_every;           // checkpoint every N steps (0 = only at the end)
+    int resume;               // continue from dir/checkpoint
+    long stop_after;          // stop (checkpointed) after this many steps of this call (0 = run to the end)
+    FILE *log;                // progress (NULL = silent)
+} FptTrainConfig;
+
+typedef struct {
+    double local_first, local_last; // local objective at the first and last local step
+    double kl_first, kl_last;       // end-to-end KL at the first and last step
+    long steps_done;
+    int complete;
+} FptTrainResult;
+
+// Trains θ on m (trainable fp32, the closed-form fpt already applied), then merges W'(θ) into m's
+// weights (only when the run is complete). r may be NULL.
+int fpt_train(Model *m, const FptTrainConfig *c, FptTrainResult *r);
+
+#endif
