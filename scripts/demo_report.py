@@ -41,6 +41,72 @@ def roc_auc(scores, labels):
     return wins / (len(pos) * len(neg))
 
 
+def moving_average(xs, w):
+    """Trailing mean over the last w values that are present (None = missing), None before any."""
+    out = []
+    for i in range(len(xs)):
+        win = [x for x in xs[max(0, i - w + 1):i + 1] if x is not None]
+        out.append(sum(win) / len(win) if win else None)
+    return out
+
+
+def write_curve(metrics_path, dat_path, budgets):
+    """GRPO's per-step reward, rollout accuracy and length per budget as moving averages over a tenth of
+    the run (at least 1 step): step, reward, accuracy, length at each budget. Returns the window."""
+    metrics = jsonl(metrics_path)
+    w = max(1, len(metrics) // 10)
+    cols = [[m["reward"] for m in metrics], [m["accuracy"] for m in metrics]]
+    cols += [[m.get("length_by_budget", {}).get(str(b)) for m in metrics] for b in budgets]
+    cols = [moving_average(c, w) for c in cols]
+    with open(dat_path, "w") as f:
+        for i, m in enumerate(metrics):
+            f.write(f"{m['step']} " + " ".join("NaN" if c[i] is None else f"{c[i]:.6g}" for c in cols) + "\n")
+    return w
+
+
+def padded_range(vals, pad=0.12, floor=None, ceil=None):
+    """A [lo:hi] gnuplot range covering every value with a margin of `pad` x the span on both sides."""
+    lo, hi = min(vals), max(vals)
+    span = (hi - lo) or max(abs(hi), 1e-3)
+    lo, hi = lo - pad * span, hi + pad * span
+    lo = lo if floor is None else max(floor, lo)
+    hi = hi if ceil is None else min(ceil, hi)
+    return f"[{lo:.6g}:{hi:.6g}]"
+
+
+def gnuplot_curves(dat, png, budgets, window, title):
+    """Two panels from a write_curve file: reward and rollout accuracy, then length per stated budget."""
+    lens = ", ".join(f"'{dat}' using 1:{4 + i} with lines lw 2 title 'length, B = {b}'" for i, b in enumerate(budgets))
+    return f"""
+set output '{png}'
+unset title
+set multiplot layout 2,1 title "{title}\\n(moving averages over {window} steps)"
+set xlabel 'step'; set ylabel 'reward / accuracy'; set key outside right top vertical title '{window}-step means'
+set lmargin 10; set rmargin 26
+plot '{dat}' using 1:2 with lines lw 2 title 'reward', \\
+     '' using 1:3 with lines lw 2 title 'rollout accuracy'
+set ylabel 'rollout tokens'
+plot {lens}
+unset multiplot
+set key default; set lmargin -1; set rmargin -1
+"""
+
+
+def pareto_plot(out, base_point):
+    """gnuplot plot command for a pareto.dat (budget, SFT tokens, SFT accuracy, GRPO tokens, GRPO accuracy per row):
+    one labelled point per model and budget, labels of one model spread vertically so equal points stay readable."""
+    rows = [line.split() for line in open(f"{out}/pareto.dat")]
+    items = [f"'-' using 1:2:('base, direct') with labels point pt 9 ps 2 offset char 1.5,char 0 left notitle"]
+    data = [f"{base_point[0]} {base_point[1]}", "e"]
+    for name, col, pt in (("SFT (verbose)", 1, 7), ("GRPO", 3, 5)):
+        for i, r in enumerate(rows):
+            label = f"{name.split()[0]}, B = {r[0]}"
+            items.append(f"'-' using 1:2:('{label}') with labels point pt {pt} ps 1.5 lc {i + 1} "
+                         f"offset char 1.5,char {1.2 * (1 - i):.1f} left notitle")
+            data += [f"{r[col]} {r[col + 1]}", "e"]
+    return "plot " + ", \\\n     ".join(items) + "\n" + "\n".join(data)
+
+
 class Report:
     def __init__(self, a):
         self.a, self.out = a, a.out
@@ -87,12 +153,8 @@ class Report:
         with open(f"{out}/pareto.dat", "w") as f:
             for b, st, sa, gt, ga in pareto:
                 f.write(f"{b} {st} {sa} {gt} {ga}\n")
-        metrics = jsonl(f"{out}/grpo/metrics.jsonl")
-        with open(f"{out}/grpo_curve.dat", "w") as f:
-            for m in metrics:
-                lb = m.get("length_by_budget", {})
-                f.write(f"{m['step']} {m['reward']} {m['length']} " + " ".join(str(lb.get(str(b), "NaN"))
-                                                                           for b in budgets) + "\n")
+        self.curve_window = write_curve(f"{out}/grpo/metrics.jsonl", f"{out}/grpo_curve.dat", budgets)
+        self.base_point = (tok, acc)
         self.budgets = budgets
 
     def table2_3(self):
@@ -184,26 +246,28 @@ class Report:
 
     def plots(self):
         out, fd, pre = self.out, self.fig_dir, self.fig_prefix
-        cols = " ".join(f"'{out}/grpo_curve.dat' using 1:{4 + i} with lines title 'length, B = {b}',"
-                        for i, b in enumerate(self.budgets))
+        pareto = [[float(x) for x in line.split()] for line in open(f"{out}/pareto.dat")]
+        xs = [r[1] for r in pareto] + [r[3] for r in pareto] + [self.base_point[0]]
+        ys = [r[2] for r in pareto] + [r[4] for r in pareto] + [self.base_point[1]]
+        votes = [[float(x) for x in line.split()] for line in open(f"{out}/votes.dat")]
         script = f"""
-set terminal pngcairo size 760,520
+set terminal pngcairo size 900,640
 set grid
 set output '{fd}/{pre}length_accuracy.png'
-set title 'Held-out accuracy vs mean generated length, per stated budget'
+set title 'Held-out accuracy vs mean generated length (greedy), each point labelled by its stated budget B'
 set xlabel 'mean generated tokens'; set ylabel 'accuracy'
-plot '{out}/pareto.dat' using 2:3:1 with labels point pt 7 offset 1,1 title 'SFT (verbose)', \\
-     '{out}/pareto.dat' using 4:5:1 with labels point pt 5 offset 1,-1 title 'GRPO (budget-forced)'
-set output '{fd}/{pre}grpo_curves.png'
-set title 'GRPO: rollout length per stated budget, and mean reward'
-set xlabel 'step'; set ylabel 'tokens'; set y2label 'reward'; set y2tics; set ytics nomirror
-plot {cols} '{out}/grpo_curve.dat' using 1:2 axes x1y2 with lines lw 2 title 'reward'
-unset y2label; unset y2tics; set ytics mirror
+set xrange {padded_range(xs, 0.2, floor=0)}; set yrange {padded_range(ys, 0.2, floor=0, ceil=1)}; unset key
+{pareto_plot(out, self.base_point)}
+set autoscale
+{gnuplot_curves(f"{out}/grpo_curve.dat", f"{fd}/{pre}grpo_curves.png", self.budgets, self.curve_window,
+                "GRPO: reward, rollout accuracy and rollout length per stated budget")}
 set output '{fd}/{pre}votes.png'
-set title 'Accuracy vs samples per query'
-set xlabel 'N'; set ylabel 'accuracy'; set logscale x 2
-plot '{out}/votes.dat' using 1:2 with linespoints title 'greedy', '' using 1:3 with linespoints title 'majority', \\
-     '' using 1:4 with linespoints title 'verifier-weighted'
+set title 'Accuracy vs samples per query N (greedy: one answer per query, for reference)'
+set xlabel 'N'; set ylabel 'accuracy'; set logscale x 2; set key below horizontal
+set yrange {padded_range([v for r in votes for v in r[1:]], 0.25, floor=0, ceil=1)}
+plot '{out}/votes.dat' using 1:2 with linespoints lw 2 title 'greedy', '' using 1:3 with linespoints lw 2 title 'majority', \\
+     '' using 1:4 with linespoints lw 2 title 'verifier-weighted'
+unset logscale x
 """
         subprocess.run(["gnuplot"], input=script, text=True, check=True)
         rel = lambda name: os.path.relpath(f"{fd}/{pre}{name}", os.path.dirname(os.path.abspath(self.a.results)))
