@@ -41,6 +41,16 @@ def roc_auc(scores, labels):
     return wins / (len(pos) * len(neg))
 
 
+def vote_table(log):
+    """The rows of an erinfer eval pipeline table: N, greedy, majority, weighted, tokens/query, reasoning share."""
+    rows = []
+    for line in open(log):
+        parts = line.split()
+        if len(parts) == 6 and parts[0].isdigit():
+            rows.append([int(parts[0])] + [float(x) for x in parts[1:]])
+    return rows
+
+
 def moving_average(xs, w):
     """Trailing mean over the last w values that are present (None = missing), None before any."""
     out = []
@@ -92,19 +102,37 @@ set key default; set lmargin -1; set rmargin -1
 """
 
 
-def pareto_plot(out, base_point):
-    """gnuplot plot command for a pareto.dat (budget, SFT tokens, SFT accuracy, GRPO tokens, GRPO accuracy per row):
-    one labelled point per model and budget, labels of one model spread vertically so equal points stay readable."""
-    rows = [line.split() for line in open(f"{out}/pareto.dat")]
+PARETO_SERIES = (("SFT", 1, 7), ("GRPO", 3, 5))
+
+
+def pareto_plot(path, base_point, series=PARETO_SERIES):
+    """gnuplot plot command for a pareto file (budget, then tokens and accuracy of each model per row; series:
+    (label, column of its tokens, point type)): one labelled point per model and budget, the labels of one
+    model spread vertically so that equal points stay readable."""
+    rows = [line.split() for line in open(path)]
     items = [f"'-' using 1:2:('base, direct') with labels point pt 9 ps 2 offset char 1.5,char 0 left notitle"]
     data = [f"{base_point[0]} {base_point[1]}", "e"]
-    for name, col, pt in (("SFT (verbose)", 1, 7), ("GRPO", 3, 5)):
+    for name, col, pt in series:
         for i, r in enumerate(rows):
-            label = f"{name.split()[0]}, B = {r[0]}"
+            label = f"{name}, B = {r[0]}"
             items.append(f"'-' using 1:2:('{label}') with labels point pt {pt} ps 1.5 lc {i + 1} "
                          f"offset char 1.5,char {1.2 * (1 - i):.1f} left notitle")
             data += [f"{r[col]} {r[col + 1]}", "e"]
     return "plot " + ", \\\n     ".join(items) + "\n" + "\n".join(data)
+
+
+def gnuplot_votes(dat, png):
+    """Accuracy against N from a votes file (N, greedy, majority, weighted per row), the y-axis covering all."""
+    votes = [[float(x) for x in line.split()] for line in open(dat)]
+    return f"""
+set output '{png}'
+set title 'Accuracy vs samples per query N (greedy: one answer per query, for reference)'
+set xlabel 'N'; set ylabel 'accuracy'; set logscale x 2; set key below horizontal
+set yrange {padded_range([v for r in votes for v in r[1:]], 0.25, floor=0, ceil=1)}
+plot '{dat}' using 1:2 with linespoints lw 2 title 'greedy', '' using 1:3 with linespoints lw 2 title 'majority', \\
+     '' using 1:4 with linespoints lw 2 title 'verifier-weighted'
+unset logscale x; set autoscale
+"""
 
 
 class Report:
@@ -159,14 +187,6 @@ class Report:
 
     def table2_3(self):
         out = self.out
-
-        def vote_table(log):
-            rows = []
-            for line in open(log):
-                parts = line.split()
-                if len(parts) == 6 and parts[0].isdigit():
-                    rows.append([int(parts[0])] + [float(x) for x in parts[1:]])
-            return rows
 
         routed = vote_table(f"{out}/pipeline.log")
         always = vote_table(f"{out}/pipeline-always.log")
@@ -249,7 +269,6 @@ class Report:
         pareto = [[float(x) for x in line.split()] for line in open(f"{out}/pareto.dat")]
         xs = [r[1] for r in pareto] + [r[3] for r in pareto] + [self.base_point[0]]
         ys = [r[2] for r in pareto] + [r[4] for r in pareto] + [self.base_point[1]]
-        votes = [[float(x) for x in line.split()] for line in open(f"{out}/votes.dat")]
         script = f"""
 set terminal pngcairo size 900,640
 set grid
@@ -257,17 +276,11 @@ set output '{fd}/{pre}length_accuracy.png'
 set title 'Held-out accuracy vs mean generated length (greedy), each point labelled by its stated budget B'
 set xlabel 'mean generated tokens'; set ylabel 'accuracy'
 set xrange {padded_range(xs, 0.2, floor=0)}; set yrange {padded_range(ys, 0.2, floor=0, ceil=1)}; unset key
-{pareto_plot(out, self.base_point)}
+{pareto_plot(f'{out}/pareto.dat', self.base_point)}
 set autoscale
 {gnuplot_curves(f"{out}/grpo_curve.dat", f"{fd}/{pre}grpo_curves.png", self.budgets, self.curve_window,
                 "GRPO: reward, rollout accuracy and rollout length per stated budget")}
-set output '{fd}/{pre}votes.png'
-set title 'Accuracy vs samples per query N (greedy: one answer per query, for reference)'
-set xlabel 'N'; set ylabel 'accuracy'; set logscale x 2; set key below horizontal
-set yrange {padded_range([v for r in votes for v in r[1:]], 0.25, floor=0, ceil=1)}
-plot '{out}/votes.dat' using 1:2 with linespoints lw 2 title 'greedy', '' using 1:3 with linespoints lw 2 title 'majority', \\
-     '' using 1:4 with linespoints lw 2 title 'verifier-weighted'
-unset logscale x
+{gnuplot_votes(f"{out}/votes.dat", f"{fd}/{pre}votes.png")}
 """
         subprocess.run(["gnuplot"], input=script, text=True, check=True)
         rel = lambda name: os.path.relpath(f"{fd}/{pre}{name}", os.path.dirname(os.path.abspath(self.a.results)))
