@@ -293,34 +293,42 @@ set autoscale
         head = [f"# Demo results{' (QUICK=1: wiring check, not quality)' if a.quick else ''}", "",
                 f"Made by `make demo{' QUICK=1' if a.quick else ''}` (scripts/demo.sh) in {a.seconds} s; every "
                 f"number below comes from that run's files in `{a.out}`.", ""]
-        text = "\n".join(head + self.lines) + "\n"
-        tmp = a.results + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, a.results)
-        print(text)
-        print(f"wrote {a.results}")
+        write_report(a.results, "\n".join(head + self.lines) + "\n")
+
+
+def write_report(path, text):
+    """Writes the report atomically and prints it."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    print(text)
+    print(f"wrote {path}")
+
+
+def parse_args(report_flag):
+    """The flags both reports take; report_flag names the output file's flag."""
+    ap = argparse.ArgumentParser()
+    for flag in ("--out", report_flag, "--budgets", "--eval-budget"):
+        ap.add_argument(flag, required=True)
+    ap.add_argument("--quick", type=int, default=0)
+    ap.add_argument("--seconds", type=int, default=0)
+    return ap.parse_args()
+
+
+def run_report(prog, report, stages):
+    """Runs the report's stages in order, then writes it; a missing or malformed run file ends with one line."""
+    try:
+        for stage in stages:
+            stage()
+    except (OSError, KeyError, ValueError, IndexError, StopIteration) as e:
+        sys.exit(f"{prog}: {report.a.out}: {type(e).__name__}: {e}")
+    report.write()
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--results", required=True)
-    ap.add_argument("--budgets", required=True)
-    ap.add_argument("--eval-budget", required=True)
-    ap.add_argument("--quick", type=int, default=0)
-    ap.add_argument("--seconds", type=int, default=0)
-    a = ap.parse_args()
-    r = Report(a)
-    try:
-        r.table1()
-        r.table2_3()
-        r.table4()
-        r.table5()
-        r.plots()
-    except (OSError, KeyError, ValueError, StopIteration) as e:
-        sys.exit(f"demo_report: {a.out}: {type(e).__name__}: {e}")
-    r.write()
+    r = Report(parse_args("--results"))
+    run_report("demo_report", r, (r.table1, r.table2_3, r.table4, r.table5, r.plots))
 
 
 if __name__ == "__main__":

@@ -15,11 +15,7 @@
 # Each command line run is appended to OUT/commands.txt, which the report quotes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-QUICK=${QUICK:-0}
-B=${B:-build}
-BASE=models/tiny-base
-PY=/usr/bin/python3
+source scripts/stages.sh
 if [ "$QUICK" = 1 ]; then
   OUT=${OUT:-runs/paper-quick}; REPORT=${REPORT:-$OUT/paper.md}
   N_TRAIN=400 N_TEST=24 N_EASY=18 N_HARD=12 N_VAL=8 SFT_STEPS=6 GRPO_STEPS=3 GRPO_PROMPTS=4 HEADS_N=24
@@ -30,10 +26,7 @@ fi
 BUDGETS="32 64 128"
 EVAL_BUDGET=64                       # the budget stated where a single one is needed
 SYS() { echo "Think for at most $1 tokens."; }
-T1="--threads 1"
 mkdir -p "$OUT" "$(dirname "$REPORT")"
-t_paper=$(date +%s)
-stage() { echo; echo "== $* ($(( $(date +%s) - t_paper )) s) =="; }
 # run LOG CMD...: runs CMD quietly into LOG unless LOG says it finished ("#done" last line); on failure
 # shows the log's tail and stops the run.
 run() {
@@ -46,14 +39,6 @@ run() {
     echo "paper: failed: $*" >&2; tail -5 "$log" >&2; exit 1
   fi
   echo "#done" >> "$log"
-}
-both() {
-  "$1" & local a=$!
-  "$2" & local b=$!
-  local ra=0 rb=0
-  wait $a || ra=$?
-  wait $b || rb=$?
-  [ "$ra" = 0 ] && [ "$rb" = 0 ]
 }
 # ev NAME MODEL DATA BUDGET [erinfer flags]: greedy evaluation of the test problems with the budget stated.
 ev() {
@@ -146,5 +131,5 @@ both pipe_votes pipe_mix
 
 stage "8. the report"
 $PY scripts/paper_report.py --out "$OUT" --report "$REPORT" --budgets ${BUDGETS// /,} --eval-budget "$EVAL_BUDGET" \
-  --quick "$QUICK" --seconds $(( $(date +%s) - t_paper ))
-echo "paper: finished in $(( $(date +%s) - t_paper )) s"
+  --quick "$QUICK" --seconds "$(elapsed)"
+echo "paper: finished in $(elapsed) s"

@@ -6,7 +6,6 @@ commands and seeds of the run, and gnuplot PNGs next to the report. Every number
 usage: scripts/paper_report.py --out DIR --report FILE.md --budgets 32,64,128 --eval-budget 64
                                [--quick 0|1] [--seconds S]
 """
-import argparse
 import json
 import os
 import subprocess
@@ -14,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from demo_report import (find, gnuplot_curves, gnuplot_votes, jsonl, padded_range, pareto_plot,  # noqa: E402
-                         vote_table, write_curve)
+                         parse_args, run_report, vote_table, write_curve, write_report)
 
 
 def summary(out, name, steps):
@@ -143,6 +142,16 @@ class Paper:
         with open(f"{out}/votes.dat", "w") as f:
             for n, g, mj, w, t, _ in votes:
                 f.write(f"{n} {g} {mj} {w}\n")
+        # What a vote can reach: the share of problems with a right answer among the samples (an oracle's
+        # pick), and how often a single sample is right.
+        items = jsonl(f"{out}/votes.jsonl")
+        samples = [[s["answer"] == r["gold"] for s in r["pipeline"]["samples"]] for r in items]
+        oracle = sum(any(s) for s in samples) / len(samples)
+        single = sum(sum(s) / len(s) for s in samples) / len(samples)
+        self.p(f"Among the {len(samples[0])} samples of a problem: a right one for {100 * oracle:.1f}% of the "
+               f"problems (what a perfect verifier would pick); a single sample is right {100 * single:.1f}% of the "
+               "time.")
+        self.p()
         ver = json.load(open(f"{out}/heads/verifier.json"))
         sw = json.load(open(f"{out}/heads/switcher.json"))
         auc_v, auc_s = find(ver, "val_roc_auc"), find(sw, "val_roc_auc")
@@ -203,33 +212,12 @@ set autoscale
         head += [f"| {e} | {p} | {t} | {m} | {verdict(ok)} |" for e, p, t, m, ok in self.targets]
         cmds = open(f"{a.out}/commands.txt").read().strip().splitlines()
         tail = ["### Commands (in the order run; OMP_WAIT_POLICY=passive)", "", "```sh"] + cmds + ["```"]
-        text = "\n".join(head + [""] + self.lines + tail) + "\n"
-        tmp = a.report + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, a.report)
-        print(text)
-        print(f"wrote {a.report}")
+        write_report(a.report, "\n".join(head + [""] + self.lines + tail) + "\n")
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--report", required=True)
-    ap.add_argument("--budgets", required=True)
-    ap.add_argument("--eval-budget", required=True)
-    ap.add_argument("--quick", type=int, default=0)
-    ap.add_argument("--seconds", type=int, default=0)
-    a = ap.parse_args()
-    r = Paper(a)
-    try:
-        r.grpo()
-        r.votes_switch()
-        r.quant_mask()
-        r.plots()
-    except (OSError, KeyError, ValueError, IndexError) as e:
-        sys.exit(f"paper_report: {a.out}: {type(e).__name__}: {e}")
-    r.write()
+    r = Paper(parse_args("--report"))
+    run_report("paper_report", r, (r.grpo, r.votes_switch, r.quant_mask, r.plots))
 
 
 if __name__ == "__main__":
