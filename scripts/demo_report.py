@@ -51,6 +51,15 @@ def vote_table(log):
     return rows
 
 
+def vote_lines(rows, dat_path):
+    """The markdown table of vote_table rows; writes them to dat_path for gnuplot_votes."""
+    with open(dat_path, "w") as f:
+        for n, g, mj, w, t, _ in rows:
+            f.write(f"{n} {g} {mj} {w}\n")
+    return ["| N | greedy | majority | verifier-weighted | tokens / query |", "|---|---|---|---|---|"] + \
+        [f"| {n} | {100 * g:.1f}% | {100 * mj:.1f}% | {100 * w:.1f}% | {t:.1f} |" for n, g, mj, w, t, _ in rows] + [""]
+
+
 def moving_average(xs, w):
     """Trailing mean over the last w values that are present (None = missing), None before any."""
     out = []
@@ -193,14 +202,7 @@ class Report:
         self.p(f"### 2. Greedy vs majority vs verifier-weighted vote ({len(jsonl(f'{out}/eval_mix.jsonl'))} problems, "
                "half k = 1, half k = 2..8; GRPO adapter, temperature 0.8, switcher on)")
         self.p()
-        self.p("| N | greedy | majority | verifier-weighted | tokens / query |")
-        self.p("|---|---|---|---|---|")
-        for n, g, mj, w, t, _ in routed:
-            self.p(f"| {n} | {100 * g:.1f}% | {100 * mj:.1f}% | {100 * w:.1f}% | {t:.1f} |")
-        self.p()
-        with open(f"{out}/votes.dat", "w") as f:
-            for n, g, mj, w, t, _ in routed:
-                f.write(f"{n} {g} {mj} {w}\n")
+        self.lines += vote_lines(routed, f"{out}/votes.dat")
         heads = {}
         for h in ("switcher", "verifier"):
             with open(f"{out}/heads/{h}.json") as f:

@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from demo_report import (find, gnuplot_curves, gnuplot_votes, jsonl, padded_range, pareto_plot,  # noqa: E402
-                         parse_args, run_report, vote_table, write_curve, write_report)
+                         parse_args, run_report, vote_lines, vote_table, write_curve, write_report)
 
 
 def summary(out, name, steps):
@@ -134,14 +134,7 @@ class Paper:
         n_hard = len(jsonl(f"{out}/votes.jsonl"))
         self.p(f"### Votes ({n_hard} hard test problems, k = 2..8; GRPO adapter, T = {T}, always reasoning)")
         self.p()
-        self.p("| N | greedy | majority | verifier-weighted | tokens / query |")
-        self.p("|---|---|---|---|---|")
-        for n, g, mj, w, t, _ in votes:
-            self.p(f"| {n} | {100 * g:.1f}% | {100 * mj:.1f}% | {100 * w:.1f}% | {t:.1f} |")
-        self.p()
-        with open(f"{out}/votes.dat", "w") as f:
-            for n, g, mj, w, t, _ in votes:
-                f.write(f"{n} {g} {mj} {w}\n")
+        self.lines += vote_lines(votes, f"{out}/votes.dat")
         # What a vote can reach: the share of problems with a right answer among the samples (an oracle's
         # pick), and how often a single sample is right.
         items = jsonl(f"{out}/votes.jsonl")
