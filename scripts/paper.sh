@@ -58,7 +58,8 @@ synth 34 test_hard --n "$N_HARD" --min-steps 2
 synth 36 val_hard --n "$N_VAL" --min-steps 2
 # The switcher's mix: three easy problems to one hard one.
 cat "$OUT/test_easy.jsonl" <(head -n $((N_EASY / 3)) "$OUT/test_hard.jsonl") > "$OUT/test_mix.jsonl"
-[ -f "$OUT/sft.jsonl" ] || $PY scripts/budget_records.py "$OUT/train_chains.jsonl" "$OUT/sft.jsonl" --key verbose --budgets ${BUDGETS// /,} \
+[ -f "$OUT/sft.jsonl" ] || $PY scripts/budget_records.py "$OUT/train_chains.jsonl" "$OUT/sft.jsonl" --key verbose \
+  --budgets ${BUDGETS// /,} \
   --seed 1 > /dev/null
 
 stage "2. masked-LoRA SFT on verbose traces, and standard LoRA SFT (--no-mask) on the same records"
@@ -69,7 +70,7 @@ sft() {  # sft OUTNAME THREADS [flags]
 }
 sft sft 2
 
-stage "3. GRPO with budgets $BUDGETS ($GRPO_STEPS steps x $GRPO_PROMPTS prompts); meanwhile --no-mask SFT, W4 + QAMR, evals"
+stage "3. GRPO, budgets $BUDGETS ($GRPO_STEPS steps x $GRPO_PROMPTS prompts); meanwhile --no-mask SFT, W4 + QAMR, evals"
 grpo() {
   run "$OUT/grpo.log" $B/ertrain grpo --model "$BASE" --adapter "$OUT/sft" --data "$OUT/train_chains.jsonl" \
     --out "$OUT/grpo" --budgets "${BUDGETS// /,}" --group 8 --prompts "$GRPO_PROMPTS" --steps "$GRPO_STEPS" \
@@ -90,7 +91,11 @@ both grpo side
 
 stage "4. greedy evaluation of GRPO per stated budget, and with the budget also enforced (--budget)"
 # Enforced: the answer suffix is forced after B tokens and the answer gets 14 more (suffix and number).
-evals_a() { for b in $BUDGETS; do ev "eval-grpo-forced-b$b" "$BASE" "$b" --adapter "$OUT/grpo" --budget "$b" --answer-tokens 14; done; }
+evals_a() {
+  for b in $BUDGETS; do
+    ev "eval-grpo-forced-b$b" "$BASE" "$b" --adapter "$OUT/grpo" --budget "$b" --answer-tokens 14
+  done
+}
 evals_b() { for b in $BUDGETS; do ev "eval-grpo-b$b" "$BASE" "$b" --adapter "$OUT/grpo"; done; }
 both evals_a evals_b
 

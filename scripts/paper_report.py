@@ -72,7 +72,8 @@ class Paper:
         self.targets.append(("GRPO shortens reasoning at little accuracy cost", "2.38x shorter",
                              ">= 2.4x shorter, within 2 points",
                              f"{st / gt:.2f}x shorter ({st:.1f} -> {gt:.1f} tokens), {100 * sa:.1f}% -> "
-                             f"{100 * ga:.1f}% ({100 * (ga - sa):+.1f} points; means over B = {', '.join(map(str, B))})",
+                             f"{100 * ga:.1f}% ({100 * (ga - sa):+.1f} points; means over B = "
+                             f"{', '.join(map(str, B))})",
                              st / gt >= 2.4 and ga >= sa - 0.02))
         for m, what in (("grpo", "stated only"), ("grpo-forced", "stated and enforced (--budget B)")):
             lens = [rows[(m, b)][1] for b in B]
@@ -106,7 +107,8 @@ class Paper:
         self.p("| base | adapter | KV | accuracy | k = 1 / 2 / 3 / 4 | mean tokens |")
         self.p("|---|---|---|---|---|---|")
         bk = lambda r: " / ".join(f"{100 * r[2].get(k, float('nan')):.0f}" for k in (1, 2, 3, 4))
-        for base, ad, kv, r in (("fp32", "masked-LoRA SFT", "f32", fp), ("fp32", "standard LoRA SFT (--no-mask)", "f32", nm),
+        for base, ad, kv, r in (("fp32", "masked-LoRA SFT", "f32", fp),
+                                ("fp32", "standard LoRA SFT (--no-mask)", "f32", nm),
                                 ("W4A16KV8 (q4 per channel, fpt transforms, int8 embeddings)", "QAMR (masked)", "int8",
                                  w4)):
             self.p(f"| {base} | {ad} | {kv} | {100 * r[0]:.1f}% | {bk(r)} | {r[1]:.1f} |")
@@ -128,7 +130,8 @@ class Paper:
         self.p("|---|---|---|---|")
         for t in ("0.3", "0.5", "0.8"):
             r = vote_table(f"{out}/val-T{t}.log")[-1]
-            self.p(f"| {t}{' (chosen)' if t == T else ''} | {100 * r[1]:.1f}% | {100 * r[2]:.1f}% | {100 * r[3]:.1f}% |")
+            mark = " (chosen)" if t == T else ""
+            self.p(f"| {t}{mark} | {100 * r[1]:.1f}% | {100 * r[2]:.1f}% | {100 * r[3]:.1f}% |")
         self.p()
         votes = vote_table(f"{out}/votes.log")
         n_hard = len(jsonl(f"{out}/votes.jsonl"))
@@ -200,7 +203,8 @@ set autoscale
                 "", f"Made by `make paper{' QUICK=1' if a.quick else ''}` (scripts/paper.sh) in {a.seconds} s on "
                 f"`models/tiny-base`; every number below comes from that run's files in `{a.out}`. Held-out problems "
                 "come from seeds no training stage saw: training 11; test 31 (k = 1..8), 33 (easy, k = 1), 34 (hard, "
-                "k = 2..8); validation 36 (hard, only to choose the temperature). Training seeds: `--seed 1` everywhere.",
+                "k = 2..8); validation 36 (hard, only to choose the temperature). Training seeds: `--seed 1` "
+                "everywhere.",
                 "", "| effect | paper | target | measured | |", "|---|---|---|---|---|"]
         head += [f"| {e} | {p} | {t} | {m} | {verdict(ok)} |" for e, p, t, m, ok in self.targets]
         cmds = open(f"{a.out}/commands.txt").read().strip().splitlines()
