@@ -121,11 +121,13 @@ def pareto_plot(path, base_point, series=PARETO_SERIES):
     rows = [line.split() for line in open(path)]
     items = [f"'-' using 1:2:('base, direct') with labels point pt 9 ps 2 offset char 1.5,char 0 left notitle"]
     data = [f"{base_point[0]} {base_point[1]}", "e"]
-    for name, col, pt in series:
+    for j, (name, col, pt) in enumerate(series):
+        # Every other model's labels go on the left of its points, so that two models' equal points stay apart.
+        side = "offset char 1.5,char {:.1f} left" if j % 2 == 0 else "offset char -1.5,char {:.1f} right"
         for i, r in enumerate(rows):
             label = f"{name}, B = {r[0]}"
             items.append(f"'-' using 1:2:('{label}') with labels point pt {pt} ps 1.5 lc {i + 1} "
-                         f"offset char 1.5,char {1.2 * (1 - i):.1f} left notitle")
+                         f"{side.format(1.2 * (1 - i))} notitle")
             data += [f"{r[col]} {r[col + 1]}", "e"]
     return "plot " + ", \\\n     ".join(items) + "\n" + "\n".join(data)
 
