@@ -201,14 +201,17 @@ set autoscale
         a = self.a
         head = [f"# The paper's effects at small scale{' (QUICK=1: wiring check, not quality)' if a.quick else ''}",
                 "", f"Made by `make paper{' QUICK=1' if a.quick else ''}` (scripts/paper.sh) in {a.seconds} s on "
-                f"`models/tiny-base`; every number below comes from that run's files in `{a.out}`. Held-out problems "
+                f"`models/tiny-base` (load average {os.getloadavg()[1]:.1f} over the 5 minutes before the report); "
+                f"every number below comes from that run's files in `{a.out}`. Held-out problems "
                 "come from seeds no training stage saw: training 11; test 31 (k = 1..8), 33 (easy, k = 1), 34 (hard, "
                 "k = 2..8); validation 36 (hard, only to choose the temperature). Training seeds: `--seed 1` "
                 "everywhere.",
                 "", "| effect | paper | target | measured | |", "|---|---|---|---|---|"]
         head += [f"| {e} | {p} | {t} | {m} | {verdict(ok)} |" for e, p, t, m, ok in self.targets]
         cmds = open(f"{a.out}/commands.txt").read().strip().splitlines()
-        tail = ["### Commands (in the order run; OMP_WAIT_POLICY=passive)", "", "```sh"] + cmds + ["```"]
+        tail = ["### Commands (in the order run; OMP_WAIT_POLICY=passive)", "",
+                "The problems come from stage 1 of scripts/paper.sh (`ertrain synth chains` with the seeds above, "
+                "`scripts/budget_records.py --seed 1` for the SFT records); then:", "", "```sh"] + cmds + ["```"]
         write_report(a.report, "\n".join(head + [""] + self.lines + tail) + "\n")
 
 
