@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # the settings are used by the scripts that source this file
 # Sourced by scripts/demo.sh and scripts/paper.sh from the repository root: their common settings, the
 # stage headers and two stages side by side.
 # OpenMP threads that spin while waiting make a 2-thread run several times slower whenever the other
