@@ -258,6 +258,14 @@ demo:
 	$(MAKE) all
 	QUICK=$(QUICK) bash scripts/demo.sh
 
+# The paper's effects at small scale, measured on fresh held-out problems, into docs/paper.md
+# (scripts/paper.sh: about an hour on 2 idle cores; QUICK=1: the same wiring in a few minutes).
+.PHONY: paper
+paper:
+	bash scripts/deps.sh
+	$(MAKE) all
+	QUICK=$(QUICK) bash scripts/paper.sh
+
 clean:
 	rm -rf build
 

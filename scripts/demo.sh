@@ -14,13 +14,7 @@
 # Independent stages run two at a time, one thread each (the demo targets a 2-core machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# OpenMP threads that spin while waiting make a 2-thread run several times slower whenever the other
-# core is busy (the demo runs two stages side by side); passive waiting costs little here.
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-QUICK=${QUICK:-0}
-B=${B:-build}
-BASE=models/tiny-base
-PY=/usr/bin/python3
+source scripts/stages.sh
 if [ "$QUICK" = 1 ]; then
   OUT=${OUT:-runs/demo-quick}; RESULTS=${RESULTS:-$OUT/results.md}
   N_TRAIN=400 N_EVAL=24 SFT_STEPS=6 GRPO_STEPS=3 QAMR_STEPS=4 HEADS_N=24 HEADS_SAMPLES=4 CALIB_N=4
@@ -31,27 +25,15 @@ fi
 BUDGETS="32 64 128"
 EVAL_BUDGET=64                       # the budget stated where a single one is needed
 SYS() { echo "Think for at most $1 tokens."; }
-T1="--threads 1"
 mkdir -p "$OUT" "$(dirname "$RESULTS")"
 # A rerun starts over: the training commands refuse to overwrite a finished run.
 rm -rf "$OUT"/{sft,sft-unmasked,grpo,heads,base-w4,base-w2,qamr-w4,qamr-w2}
-t_demo=$(date +%s)
-stage() { echo; echo "== $* ($(( $(date +%s) - t_demo )) s) =="; }
 # Runs a command quietly into a log; on failure shows the log's tail and stops the demo.
 run() {
   local log=$1; shift
   if ! "$@" > "$log" 2>&1; then
     echo "demo: failed: $*" >&2; tail -5 "$log" >&2; exit 1
   fi
-}
-# Two stages side by side; both must succeed (the second is waited for even when the first fails).
-both() {
-  "$1" & local a=$!
-  "$2" & local b=$!
-  local ra=0 rb=0
-  wait $a || ra=$?
-  wait $b || rb=$?
-  [ "$ra" = 0 ] && [ "$rb" = 0 ]
 }
 
 [ -f "$BASE/model.safetensors" ] || { echo "demo: $BASE is missing (see $BASE/README.md)" >&2; exit 1; }
@@ -159,5 +141,5 @@ $B/erinfer bench --model "$BASE" --adapter "$OUT/sft-unmasked" --json --threads 
 
 stage "9. the report"
 $PY scripts/demo_report.py --out "$OUT" --results "$RESULTS" --budgets ${BUDGETS// /,} --eval-budget "$EVAL_BUDGET" \
-  --quick "$QUICK" --seconds $(( $(date +%s) - t_demo ))
-echo "demo: finished in $(( $(date +%s) - t_demo )) s"
+  --quick "$QUICK" --seconds "$(elapsed)"
+echo "demo: finished in $(elapsed) s"

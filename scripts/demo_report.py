@@ -41,6 +41,111 @@ def roc_auc(scores, labels):
     return wins / (len(pos) * len(neg))
 
 
+def vote_table(log):
+    """The rows of an erinfer eval pipeline table: N, greedy, majority, weighted, tokens/query, reasoning share."""
+    rows = []
+    for line in open(log):
+        parts = line.split()
+        if len(parts) == 6 and parts[0].isdigit():
+            rows.append([int(parts[0])] + [float(x) for x in parts[1:]])
+    return rows
+
+
+def vote_lines(rows, dat_path):
+    """The markdown table of vote_table rows; writes them to dat_path for gnuplot_votes."""
+    with open(dat_path, "w") as f:
+        for n, g, mj, w, t, _ in rows:
+            f.write(f"{n} {g} {mj} {w}\n")
+    return ["| N | greedy | majority | verifier-weighted | tokens / query |", "|---|---|---|---|---|"] + \
+        [f"| {n} | {100 * g:.1f}% | {100 * mj:.1f}% | {100 * w:.1f}% | {t:.1f} |" for n, g, mj, w, t, _ in rows] + [""]
+
+
+def moving_average(xs, w):
+    """Trailing mean over the last w values that are present (None = missing), None before any."""
+    out = []
+    for i in range(len(xs)):
+        win = [x for x in xs[max(0, i - w + 1):i + 1] if x is not None]
+        out.append(sum(win) / len(win) if win else None)
+    return out
+
+
+def write_curve(metrics_path, dat_path, budgets):
+    """GRPO's per-step reward, rollout accuracy and length per budget as moving averages over a tenth of
+    the run (at least 1 step): step, reward, accuracy, length at each budget. Returns the window."""
+    metrics = jsonl(metrics_path)
+    w = max(1, len(metrics) // 10)
+    cols = [[m["reward"] for m in metrics], [m["accuracy"] for m in metrics]]
+    cols += [[m.get("length_by_budget", {}).get(str(b)) for m in metrics] for b in budgets]
+    cols = [moving_average(c, w) for c in cols]
+    with open(dat_path, "w") as f:
+        for i, m in enumerate(metrics):
+            f.write(f"{m['step']} " + " ".join("NaN" if c[i] is None else f"{c[i]:.6g}" for c in cols) + "\n")
+    return w
+
+
+def padded_range(vals, pad=0.12, floor=None, ceil=None):
+    """A [lo:hi] gnuplot range covering every value with a margin of `pad` x the span on both sides."""
+    lo, hi = min(vals), max(vals)
+    span = (hi - lo) or max(abs(hi), 1e-3)
+    lo, hi = lo - pad * span, hi + pad * span
+    lo = lo if floor is None else max(floor, lo)
+    hi = hi if ceil is None else min(ceil, hi)
+    return f"[{lo:.6g}:{hi:.6g}]"
+
+
+def gnuplot_curves(dat, png, budgets, window, title):
+    """Two panels from a write_curve file: reward and rollout accuracy, then length per stated budget."""
+    lens = ", ".join(f"'{dat}' using 1:{4 + i} with lines lw 2 title 'length, B = {b}'" for i, b in enumerate(budgets))
+    return f"""
+set output '{png}'
+unset title
+set multiplot layout 2,1 title "{title}\\n(moving averages over {window} steps)"
+set xlabel 'step'; set ylabel 'reward / accuracy'; set key outside right top vertical title '{window}-step means'
+set lmargin 10; set rmargin 26
+plot '{dat}' using 1:2 with lines lw 2 title 'reward', \\
+     '' using 1:3 with lines lw 2 title 'rollout accuracy'
+set ylabel 'rollout tokens'
+plot {lens}
+unset multiplot
+set key default; set lmargin -1; set rmargin -1
+"""
+
+
+PARETO_SERIES = (("SFT", 1, 7), ("GRPO", 3, 5))
+
+
+def pareto_plot(path, base_point, series=PARETO_SERIES):
+    """gnuplot plot command for a pareto file (budget, then tokens and accuracy of each model per row; series:
+    (label, column of its tokens, point type)): one labelled point per model and budget, the labels of one
+    model spread vertically so that equal points stay readable."""
+    rows = [line.split() for line in open(path)]
+    items = [f"'-' using 1:2:('base, direct') with labels point pt 9 ps 2 offset char 1.5,char 0 left notitle"]
+    data = [f"{base_point[0]} {base_point[1]}", "e"]
+    for j, (name, col, pt) in enumerate(series):
+        # Every other model's labels go on the left of its points, so that two models' equal points stay apart.
+        side = "offset char 1.5,char {:.1f} left" if j % 2 == 0 else "offset char -1.5,char {:.1f} right"
+        for i, r in enumerate(rows):
+            label = f"{name}, B = {r[0]}"
+            items.append(f"'-' using 1:2:('{label}') with labels point pt {pt} ps 1.5 lc {i + 1} "
+                         f"{side.format(1.2 * (1 - i))} notitle")
+            data += [f"{r[col]} {r[col + 1]}", "e"]
+    return "plot " + ", \\\n     ".join(items) + "\n" + "\n".join(data)
+
+
+def gnuplot_votes(dat, png):
+    """Accuracy against N from a votes file (N, greedy, majority, weighted per row), the y-axis covering all."""
+    votes = [[float(x) for x in line.split()] for line in open(dat)]
+    return f"""
+set output '{png}'
+set title 'Accuracy vs samples per query N (greedy: one answer per query, for reference)'
+set xlabel 'N'; set ylabel 'accuracy'; set logscale x 2; set key below horizontal
+set yrange {padded_range([v for r in votes for v in r[1:]], 0.25, floor=0, ceil=1)}
+plot '{dat}' using 1:2 with linespoints lw 2 title 'greedy', '' using 1:3 with linespoints lw 2 title 'majority', \\
+     '' using 1:4 with linespoints lw 2 title 'verifier-weighted'
+unset logscale x; set autoscale
+"""
+
+
 class Report:
     def __init__(self, a):
         self.a, self.out = a, a.out
@@ -87,38 +192,19 @@ class Report:
         with open(f"{out}/pareto.dat", "w") as f:
             for b, st, sa, gt, ga in pareto:
                 f.write(f"{b} {st} {sa} {gt} {ga}\n")
-        metrics = jsonl(f"{out}/grpo/metrics.jsonl")
-        with open(f"{out}/grpo_curve.dat", "w") as f:
-            for m in metrics:
-                lb = m.get("length_by_budget", {})
-                f.write(f"{m['step']} {m['reward']} {m['length']} " + " ".join(str(lb.get(str(b), "NaN"))
-                                                                           for b in budgets) + "\n")
+        self.curve_window = write_curve(f"{out}/grpo/metrics.jsonl", f"{out}/grpo_curve.dat", budgets)
+        self.base_point = (tok, acc)
         self.budgets = budgets
 
     def table2_3(self):
         out = self.out
-
-        def vote_table(log):
-            rows = []
-            for line in open(log):
-                parts = line.split()
-                if len(parts) == 6 and parts[0].isdigit():
-                    rows.append([int(parts[0])] + [float(x) for x in parts[1:]])
-            return rows
 
         routed = vote_table(f"{out}/pipeline.log")
         always = vote_table(f"{out}/pipeline-always.log")
         self.p(f"### 2. Greedy vs majority vs verifier-weighted vote ({len(jsonl(f'{out}/eval_mix.jsonl'))} problems, "
                "half k = 1, half k = 2..8; GRPO adapter, temperature 0.8, switcher on)")
         self.p()
-        self.p("| N | greedy | majority | verifier-weighted | tokens / query |")
-        self.p("|---|---|---|---|---|")
-        for n, g, mj, w, t, _ in routed:
-            self.p(f"| {n} | {100 * g:.1f}% | {100 * mj:.1f}% | {100 * w:.1f}% | {t:.1f} |")
-        self.p()
-        with open(f"{out}/votes.dat", "w") as f:
-            for n, g, mj, w, t, _ in routed:
-                f.write(f"{n} {g} {mj} {w}\n")
+        self.lines += vote_lines(routed, f"{out}/votes.dat")
         heads = {}
         for h in ("switcher", "verifier"):
             with open(f"{out}/heads/{h}.json") as f:
@@ -184,26 +270,21 @@ class Report:
 
     def plots(self):
         out, fd, pre = self.out, self.fig_dir, self.fig_prefix
-        cols = " ".join(f"'{out}/grpo_curve.dat' using 1:{4 + i} with lines title 'length, B = {b}',"
-                        for i, b in enumerate(self.budgets))
+        pareto = [[float(x) for x in line.split()] for line in open(f"{out}/pareto.dat")]
+        xs = [r[1] for r in pareto] + [r[3] for r in pareto] + [self.base_point[0]]
+        ys = [r[2] for r in pareto] + [r[4] for r in pareto] + [self.base_point[1]]
         script = f"""
-set terminal pngcairo size 760,520
+set terminal pngcairo size 900,640
 set grid
 set output '{fd}/{pre}length_accuracy.png'
-set title 'Held-out accuracy vs mean generated length, per stated budget'
+set title 'Held-out accuracy vs mean generated length (greedy), each point labelled by its stated budget B'
 set xlabel 'mean generated tokens'; set ylabel 'accuracy'
-plot '{out}/pareto.dat' using 2:3:1 with labels point pt 7 offset 1,1 title 'SFT (verbose)', \\
-     '{out}/pareto.dat' using 4:5:1 with labels point pt 5 offset 1,-1 title 'GRPO (budget-forced)'
-set output '{fd}/{pre}grpo_curves.png'
-set title 'GRPO: rollout length per stated budget, and mean reward'
-set xlabel 'step'; set ylabel 'tokens'; set y2label 'reward'; set y2tics; set ytics nomirror
-plot {cols} '{out}/grpo_curve.dat' using 1:2 axes x1y2 with lines lw 2 title 'reward'
-unset y2label; unset y2tics; set ytics mirror
-set output '{fd}/{pre}votes.png'
-set title 'Accuracy vs samples per query'
-set xlabel 'N'; set ylabel 'accuracy'; set logscale x 2
-plot '{out}/votes.dat' using 1:2 with linespoints title 'greedy', '' using 1:3 with linespoints title 'majority', \\
-     '' using 1:4 with linespoints title 'verifier-weighted'
+set xrange {padded_range(xs, 0.2, floor=0)}; set yrange {padded_range(ys, 0.2, floor=0, ceil=1)}; unset key
+{pareto_plot(f'{out}/pareto.dat', self.base_point)}
+set autoscale
+{gnuplot_curves(f"{out}/grpo_curve.dat", f"{fd}/{pre}grpo_curves.png", self.budgets, self.curve_window,
+                "GRPO: reward, rollout accuracy and rollout length per stated budget")}
+{gnuplot_votes(f"{out}/votes.dat", f"{fd}/{pre}votes.png")}
 """
         subprocess.run(["gnuplot"], input=script, text=True, check=True)
         rel = lambda name: os.path.relpath(f"{fd}/{pre}{name}", os.path.dirname(os.path.abspath(self.a.results)))
@@ -216,34 +297,42 @@ plot '{out}/votes.dat' using 1:2 with linespoints title 'greedy', '' using 1:3 w
         head = [f"# Demo results{' (QUICK=1: wiring check, not quality)' if a.quick else ''}", "",
                 f"Made by `make demo{' QUICK=1' if a.quick else ''}` (scripts/demo.sh) in {a.seconds} s; every "
                 f"number below comes from that run's files in `{a.out}`.", ""]
-        text = "\n".join(head + self.lines) + "\n"
-        tmp = a.results + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, a.results)
-        print(text)
-        print(f"wrote {a.results}")
+        write_report(a.results, "\n".join(head + self.lines) + "\n")
+
+
+def write_report(path, text):
+    """Writes the report atomically and prints it."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    print(text)
+    print(f"wrote {path}")
+
+
+def parse_args(report_flag):
+    """The flags both reports take; report_flag names the output file's flag."""
+    ap = argparse.ArgumentParser()
+    for flag in ("--out", report_flag, "--budgets", "--eval-budget"):
+        ap.add_argument(flag, required=True)
+    ap.add_argument("--quick", type=int, default=0)
+    ap.add_argument("--seconds", type=int, default=0)
+    return ap.parse_args()
+
+
+def run_report(prog, report, stages):
+    """Runs the report's stages in order, then writes it; a missing or malformed run file ends with one line."""
+    try:
+        for stage in stages:
+            stage()
+    except (OSError, KeyError, ValueError, IndexError, StopIteration) as e:
+        sys.exit(f"{prog}: {report.a.out}: {type(e).__name__}: {e}")
+    report.write()
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--results", required=True)
-    ap.add_argument("--budgets", required=True)
-    ap.add_argument("--eval-budget", required=True)
-    ap.add_argument("--quick", type=int, default=0)
-    ap.add_argument("--seconds", type=int, default=0)
-    a = ap.parse_args()
-    r = Report(a)
-    try:
-        r.table1()
-        r.table2_3()
-        r.table4()
-        r.table5()
-        r.plots()
-    except (OSError, KeyError, ValueError, StopIteration) as e:
-        sys.exit(f"demo_report: {a.out}: {type(e).__name__}: {e}")
-    r.write()
+    r = Report(parse_args("--results"))
+    run_report("demo_report", r, (r.table1, r.table2_3, r.table4, r.table5, r.plots))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""make paper's report: reads what scripts/paper.sh wrote into --out and writes --report (docs/paper.md):
+each of the paper's effects against its target (met / not met, measured), the tables behind them, the
+commands and seeds of the run, and gnuplot PNGs next to the report. Every number comes from that run's files.
+
+usage: scripts/paper_report.py --out DIR --report FILE.md --budgets 32,64,128 --eval-budget 64
+                               [--quick 0|1] [--seconds S]
+"""
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from demo_report import (find, gnuplot_curves, gnuplot_votes, jsonl, padded_range, pareto_plot,  # noqa: E402
+                         parse_args, run_report, vote_lines, vote_table, write_curve, write_report)
+
+
+def summary(out, name, steps):
+    """accuracy, mean generated tokens and accuracy by k of an erinfer eval output (greedy)."""
+    items = jsonl(f"{out}/{name}.jsonl")
+    acc = sum(bool(r["correct"]) for r in items) / len(items)
+    tok = sum(r["samples"][0]["n_tokens"] for r in items) / len(items)
+    by_k = {}
+    for r in items:
+        by_k.setdefault(steps[r["line"]], []).append(bool(r["correct"]))
+    return acc, tok, {k: sum(v) / len(v) for k, v in sorted(by_k.items())}, len(items)
+
+
+def verdict(ok):
+    return "**met**" if ok else "**not met**"
+
+
+class Paper:
+    def __init__(self, a):
+        self.a, self.out = a, a.out
+        self.budgets = [int(b) for b in a.budgets.split(",")]
+        self.steps = {i: r["steps"] for i, r in enumerate(jsonl(f"{a.out}/test.jsonl"), 1)}
+        self.fig_dir = os.path.dirname(os.path.abspath(a.report))
+        self.fig_prefix = "paper_" if not a.quick else "paper_quick_"
+        self.targets, self.lines = [], []
+
+    def p(self, s=""):
+        self.lines.append(s)
+
+    def ev(self, name):
+        return summary(self.out, name, self.steps)
+
+    def grpo(self):
+        """Effect 1 (GRPO shorter at little cost) and effect 2 (length follows the stated budget)."""
+        out, B = self.out, self.budgets
+        base = self.ev("eval-base")
+        rows = {(m, b): self.ev(f"eval-{m}-b{b}") for m in ("sft", "grpo", "grpo-forced") for b in B}
+        n = base[3]
+        self.p(f"### GRPO and the stated budget ({n} held-out test problems, k = 1..8 steps, greedy)")
+        self.p()
+        self.p("| model | budget B | accuracy | k = 1 / 2 / 3 / 4 | mean tokens | SFT / this length |")
+        self.p("|---|---|---|---|---|---|")
+        bk = lambda r: " / ".join(f"{100 * r[2].get(k, float('nan')):.0f}" for k in (1, 2, 3, 4))
+        self.p(f"| base, direct answer | {self.a.eval_budget} stated | {100 * base[0]:.1f}% | {bk(base)} | "
+               f"{base[1]:.1f} | |")
+        names = {"sft": "masked-LoRA SFT (verbose)", "grpo": "GRPO", "grpo-forced": "GRPO, budget enforced"}
+        for m in ("sft", "grpo", "grpo-forced"):
+            for b in B:
+                r, s = rows[(m, b)], rows[("sft", b)]
+                ratio = "" if m == "sft" else f"{s[1] / r[1]:.2f}x"
+                how = "stated + enforced" if m == "grpo-forced" else "stated"
+                self.p(f"| {names[m]} | {b} {how} | {100 * r[0]:.1f}% | {bk(r)} | {r[1]:.1f} | {ratio} |")
+        self.p()
+        mean = lambda m, i: sum(rows[(m, b)][i] for b in B) / len(B)
+        sa, st, ga, gt = mean("sft", 0), mean("sft", 1), mean("grpo", 0), mean("grpo", 1)
+        self.targets.append(("GRPO shortens reasoning at little accuracy cost", "2.38x shorter",
+                             ">= 2.4x shorter, within 2 points",
+                             f"{st / gt:.2f}x shorter ({st:.1f} -> {gt:.1f} tokens), {100 * sa:.1f}% -> "
+                             f"{100 * ga:.1f}% ({100 * (ga - sa):+.1f} points; means over B = "
+                             f"{', '.join(map(str, B))})",
+                             st / gt >= 2.4 and ga >= sa - 0.02))
+        for m, what in (("grpo", "stated only"), ("grpo-forced", "stated and enforced (--budget B)")):
+            lens = [rows[(m, b)][1] for b in B]
+            accs = [rows[(m, b)][0] for b in B]
+            rising = all(lens[i] < lens[i + 1] for i in range(len(B) - 1))
+            keeps = all(accs[i] <= accs[i + 1] for i in range(len(B) - 1))
+            self.targets.append((f"length follows the budget, {what}", "1K..6K buckets",
+                                 ">= 1.5x longer from the smallest to the largest B, accuracy not falling",
+                                 f"{' / '.join(f'{x:.1f}' for x in lens)} tokens ({lens[-1] / lens[0]:.2f}x), "
+                                 f"{' / '.join(f'{100 * x:.1f}' for x in accs)}% at B = {' / '.join(map(str, B))}",
+                                 rising and lens[-1] / lens[0] >= 1.5 and keeps))
+        with open(f"{out}/pareto.dat", "w") as f:
+            for b in B:
+                f.write(f"{b} " + " ".join(f"{rows[(m, b)][1]} {rows[(m, b)][0]}"
+                                           for m in ("sft", "grpo", "grpo-forced")) + "\n")
+        self.base_point = (base[1], base[0])
+        self.window = write_curve(f"{out}/grpo/metrics.jsonl", f"{out}/grpo_curve.dat", B)
+        rew = [float(line.split()[1]) for line in open(f"{out}/grpo_curve.dat")]
+        w = self.window
+        first, last = rew[w - 1], rew[-1]
+        self.p(f"GRPO reward, mean over {w} steps: {first:.3f} (steps 1-{w}) -> {last:.3f} (the last {w}).")
+        self.p()
+        self.targets.append(("GRPO reward rises", "-", "visibly rising",
+                             f"{first:.3f} -> {last:.3f} ({w}-step means, first and last)", last > first))
+
+    def quant_mask(self):
+        """Effects 5 and 6: W4A16KV8 + QAMR against fp, masked against standard LoRA (budget stated, greedy)."""
+        fp, w4, nm = self.ev(f"eval-sft-b{self.a.eval_budget}"), self.ev("eval-w4"), self.ev("eval-nomask")
+        self.p(f"### Quantized base and masking ({fp[3]} test problems, B = {self.a.eval_budget} stated, greedy)")
+        self.p()
+        self.p("| base | adapter | KV | accuracy | k = 1 / 2 / 3 / 4 | mean tokens |")
+        self.p("|---|---|---|---|---|---|")
+        bk = lambda r: " / ".join(f"{100 * r[2].get(k, float('nan')):.0f}" for k in (1, 2, 3, 4))
+        for base, ad, kv, r in (("fp32", "masked-LoRA SFT", "f32", fp),
+                                ("fp32", "standard LoRA SFT (--no-mask)", "f32", nm),
+                                ("W4A16KV8 (q4 per channel, fpt transforms, int8 embeddings)", "QAMR (masked)", "int8",
+                                 w4)):
+            self.p(f"| {base} | {ad} | {kv} | {100 * r[0]:.1f}% | {bk(r)} | {r[1]:.1f} |")
+        self.p()
+        self.targets.append(("W4A16KV8 + QAMR close to fp", "-2.4 points", "within 1.5 points of fp",
+                             f"{100 * w4[0]:.1f}% vs {100 * fp[0]:.1f}% ({100 * (w4[0] - fp[0]):+.1f} points)",
+                             w4[0] >= fp[0] - 0.015))
+        self.targets.append(("masked LoRA costs no accuracy", "no drop", "within 1 point of --no-mask",
+                             f"{100 * fp[0]:.1f}% vs {100 * nm[0]:.1f}% ({100 * (fp[0] - nm[0]):+.1f} points)",
+                             fp[0] >= nm[0] - 0.01))
+
+    def votes_switch(self):
+        """Effects 3 and 4: votes on the hard problems, the switcher on the easy/hard mix."""
+        out = self.out
+        T = open(f"{out}/temperature.txt").read().split()[-1]
+        self.p("### Sampling temperature, chosen on the validation problems (hard, seed 36)")
+        self.p()
+        self.p("| T | greedy | majority @8 | weighted @8 |")
+        self.p("|---|---|---|---|")
+        for t in ("0.3", "0.5", "0.8"):
+            r = vote_table(f"{out}/val-T{t}.log")[-1]
+            mark = " (chosen)" if t == T else ""
+            self.p(f"| {t}{mark} | {100 * r[1]:.1f}% | {100 * r[2]:.1f}% | {100 * r[3]:.1f}% |")
+        self.p()
+        votes = vote_table(f"{out}/votes.log")
+        n_hard = len(jsonl(f"{out}/votes.jsonl"))
+        self.p(f"### Votes ({n_hard} hard test problems, k = 2..8; GRPO adapter, T = {T}, always reasoning)")
+        self.p()
+        self.lines += vote_lines(votes, f"{out}/votes.dat")
+        # What a vote can reach: the share of problems with a right answer among the samples (an oracle's
+        # pick), and how often a single sample is right.
+        items = jsonl(f"{out}/votes.jsonl")
+        samples = [[s["answer"] == r["gold"] for s in r["pipeline"]["samples"]] for r in items]
+        oracle = sum(any(s) for s in samples) / len(samples)
+        single = sum(sum(s) / len(s) for s in samples) / len(samples)
+        self.p(f"Among the {len(samples[0])} samples of a problem: a right one for {100 * oracle:.1f}% of the "
+               f"problems (what a perfect verifier would pick); a single sample is right {100 * single:.1f}% of the "
+               "time.")
+        self.p()
+        ver = json.load(open(f"{out}/heads/verifier.json"))
+        sw = json.load(open(f"{out}/heads/switcher.json"))
+        auc_v, auc_s = find(ver, "val_roc_auc"), find(sw, "val_roc_auc")
+        _, g, mj, w, _, _ = votes[-1]
+        self.targets.append(("verifier-weighted vote @8 beats greedy and majority", "71.0 -> 78.2 (majority 77.5)",
+                             ">= greedy + 5 points and > majority @8",
+                             f"greedy {100 * g:.1f}%, majority {100 * mj:.1f}%, weighted {100 * w:.1f}%; verifier "
+                             f"held-out ROC-AUC {auc_v:.3f}", w >= g + 0.05 and w > mj))
+        route, always = vote_table(f"{out}/mix-route.log")[-1], vote_table(f"{out}/mix-always.log")[-1]
+        n_mix = len(jsonl(f"{out}/mix-route.jsonl"))
+        self.p(f"### Switcher ({n_mix} test problems: three easy, k = 1, to one hard; N = {route[0]}, T = {T})")
+        self.p()
+        self.p("| | share routed to reasoning | tokens / query | weighted-vote accuracy |")
+        self.p("|---|---|---|---|")
+        self.p(f"| always reason | 100% | {always[4]:.1f} | {100 * always[3]:.1f}% |")
+        self.p(f"| switcher | {100 * route[5]:.1f}% | {route[4]:.1f} | {100 * route[3]:.1f}% |")
+        self.p()
+        saved = 1 - route[4] / always[4]
+        self.targets.append(("switcher saves tokens without losing accuracy", "-",
+                             ">= 40% tokens saved at <= 1 point cost (easy/hard mix)",
+                             f"{100 * saved:.1f}% saved, {100 * always[3]:.1f}% -> {100 * route[3]:.1f}% "
+                             f"({100 * (route[3] - always[3]):+.1f} points); switcher held-out ROC-AUC {auc_s:.3f}",
+                             saved >= 0.4 and route[3] >= always[3] - 0.01))
+
+    def plots(self):
+        out, fd, pre = self.out, self.fig_dir, self.fig_prefix
+        rows = [[float(x) for x in line.split()] for line in open(f"{out}/pareto.dat")]
+        xs = [v for r in rows for v in r[1::2]] + [self.base_point[0]]
+        ys = [v for r in rows for v in r[2::2]] + [self.base_point[1]]
+        series = (("SFT", 1, 7), ("GRPO", 3, 5), ("GRPO enforced", 5, 13))
+        script = f"""
+set terminal pngcairo size 900,640
+set grid
+set output '{fd}/{pre}length_accuracy.png'
+set title 'Test accuracy vs mean generated length (greedy), each point labelled by its budget B'
+set xlabel 'mean generated tokens'; set ylabel 'accuracy'
+set xrange {padded_range(xs, 0.2, floor=0)}; set yrange {padded_range(ys, 0.2, floor=0, ceil=1)}; unset key
+{pareto_plot(f'{out}/pareto.dat', self.base_point, series)}
+set autoscale
+{gnuplot_curves(f"{out}/grpo_curve.dat", f"{fd}/{pre}grpo_curves.png", self.budgets, self.window,
+                "GRPO: reward, rollout accuracy and rollout length per stated budget")}
+{gnuplot_votes(f"{out}/votes.dat", f"{fd}/{pre}votes.png")}
+"""
+        subprocess.run(["gnuplot"], input=script, text=True, check=True)
+        rel = lambda name: os.path.relpath(f"{fd}/{pre}{name}", fd)
+        self.p(f"![accuracy vs length]({rel('length_accuracy.png')}) ![GRPO curves]({rel('grpo_curves.png')}) "
+               f"![votes]({rel('votes.png')})")
+        self.p()
+
+    def write(self):
+        a = self.a
+        head = [f"# The paper's effects at small scale{' (QUICK=1: wiring check, not quality)' if a.quick else ''}",
+                "", f"Made by `make paper{' QUICK=1' if a.quick else ''}` (scripts/paper.sh) in {a.seconds} s on "
+                f"`models/tiny-base` (load average {os.getloadavg()[1]:.1f} over the 5 minutes before the report); "
+                f"every number below comes from that run's files in `{a.out}`. Held-out problems "
+                "come from seeds no training stage saw: training 11; test 31 (k = 1..8), 33 (easy, k = 1), 34 (hard, "
+                "k = 2..8); validation 36 (hard, only to choose the temperature). Training seeds: `--seed 1` "
+                "everywhere.",
+                "", "| effect | paper | target | measured | |", "|---|---|---|---|---|"]
+        head += [f"| {e} | {p} | {t} | {m} | {verdict(ok)} |" for e, p, t, m, ok in self.targets]
+        cmds = open(f"{a.out}/commands.txt").read().strip().splitlines()
+        tail = ["### Commands (in the order run; OMP_WAIT_POLICY=passive)", "",
+                "The problems come from stage 1 of scripts/paper.sh (`ertrain synth chains` with the seeds above, "
+                "`scripts/budget_records.py --seed 1` for the SFT records); then:", "", "```sh"] + cmds + ["```"]
+        write_report(a.report, "\n".join(head + [""] + self.lines + tail) + "\n")
+
+
+def main():
+    r = Paper(parse_args("--report"))
+    run_report("paper_report", r, (r.grpo, r.votes_switch, r.quant_mask, r.plots))
+
+
+if __name__ == "__main__":
+    main()
