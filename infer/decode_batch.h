@@ -1,14 +1,25 @@
 // Batched decode across requests: one engine (one KV cache) holds the samples of several requests,
 // each in its own KV sequence at its own position, and every step runs ONE forward over the rows of
 // all of them (one read of the weights per step, whatever the number of requests). Requests join
-// between steps (their prompt is prefilled then, reusing the prefix of the last prompt admitted)
-// and leave when their samples finish; each keeps its own sampling parameters, seed, stop strings,
+// between steps (their prompt is prefilled then, reusing a cached prompt's prefix, see below) and
+// leave when their samples finish; each keeps its own sampling parameters, seed, stop strings,
 // budget and token callback (infer/engine.h, EngineRequest). What does not join a step: the
 // switcher's prompt features and the verifier's passes (the routed pipeline runs per session).
 #ifndef INFER_DECODE_BATCH_H
 #define INFER_DECODE_BATCH_H
 
 #include "infer/engine.h"
+
+// A prompt kept in the KV cache for reuse (the engine's prompt sequence, swapped in for a prefill).
+typedef struct {
+    int slot;             // KV sequence; -1 = empty
+    int *tokens;          // (max_len)
+    int n;
+    uint64_t adapter;     // Engine.prompt_adapter
+    float *logits;        // (V) after its last position
+    int logits_valid;
+    unsigned long used;   // admission count when it last served (0 = never)
+} BatchPrompt;
 
 typedef struct {
     Engine e;              // room for max_rows samples (plus the prompt sequence)
@@ -19,12 +30,18 @@ typedef struct {
     int *tok, *slot;       // (max_rows) one step's rows
     uint8_t *mask;         // (max_rows) adapter on per row
     long steps;            // forwards run
+    // Cached prompts: a request's prompt is prefilled from the one sharing its longest prefix when it
+    // reuses at least half of that prompt (a conversation's next turn, a shared system prompt), else
+    // it replaces the least recently used one, so interleaved conversations keep their caches.
+    BatchPrompt *prompts;  // (n_prompts)
+    int n_prompts;
+    unsigned long admitted;
 } DecodeBatch;
 
-// Room for max_rows samples of up to max_len positions each (prompt included), KV as kv_type;
-// `adapter` (NULL = none) is the only adapter requests may use.
-int decode_batch_init(DecodeBatch *b, Model *m, const Tokenizer *tok, const LoraAdapter *adapter, KvType kv_type, int max_rows,
-               int max_len, int chunk, size_t max_bytes);
+// Room for max_rows samples and n_prompts cached prompts of up to max_len positions each (prompt
+// included), KV as kv_type; `adapter` (NULL = none) is the only adapter requests may use.
+int decode_batch_init(DecodeBatch *b, Model *m, const Tokenizer *tok, const LoraAdapter *adapter, KvType kv_type,
+                      int max_rows, int n_prompts, int max_len, int chunk, size_t max_bytes);
 void decode_batch_free(DecodeBatch *b); // ends live requests first (their outputs freed)
 
 // Samples the live requests hold: a request of n samples may join while rows + n <= max_rows.

@@ -751,6 +751,9 @@ int engine_request_begin(Engine *e, const int *prompt, int n_prompt, const GenCo
     r->stats.prefill_s = time_now() - r->t0;
     ER_CHECK(samples_start(e, g, r->b.st, out, r->suffix, r->n_suffix));
     r->t_decode = time_now();
+    r->g.stop = NULL; // the caller's strings: read above only (the matchers hold copies)
+    r->g.n_stop = 0;
+    r->g.response_prefix = r->g.budget_suffix = NULL;
     *req = r;
     r = NULL;
 done:

@@ -1,9 +1,9 @@
 // Batched decode across requests (infer/decode_batch.h) against each request decoded alone by
 // engine_generate on an engine of its own: for fixed seeds every request's tokens, logprobs
 // (bitwise), text, finish and streamed chunks are the same, with prompts of different lengths (two
-// sharing a prefix, which the batch reuses), different max_tokens, samplers, seeds and sample
-// counts, a stop string, the hard budget, the masked adapter on some rows only, a callback that
-// stops a sample, and requests arriving mid-way and waiting for free rows.
+// sharing a prefix, which the batch reuses, and one repeated after others), different max_tokens,
+// samplers, seeds and sample counts, a stop string, the hard budget, the masked adapter on some
+// rows only, a callback that stops a sample, and requests arriving mid-way and waiting for rows.
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,11 +21,12 @@ static void setup(void) { helper_tiny_setup(&model, &tok, &ad); }
 static void teardown(void) { helper_tiny_teardown(&model, tok, &ad); }
 TestSuite(decode_batch, .init = setup, .fini = teardown);
 
-enum { NREQ = 5, MAXN = 2 /* <= 3, Streamed */, ROWS = 4, MAX_LEN = 256, CHUNK = 16 };
+enum { NREQ = 5, MAXN = 2 /* <= 3, Streamed */, ROWS = 4, PROMPTS = 3, MAX_LEN = 256, CHUNK = 16 };
 
 typedef struct {
     const char *text;
     int arrive;     // the step at which it is submitted
+    int shares;     // the earlier request whose cached prompt it is prefilled from (-1 = none)
     int stop_after; // the callback stops sample 0
     GenConfig g;
     int *ids, n;
@@ -36,11 +37,12 @@ static void requests(Req *r, const char **stop) {
     static const char *S1 = "System: answer briefly and check your arithmetic twice.\nUser: What is 12 * 12?";
     static const char *S2 = "System: answer briefly and check your arithmetic twice.\nUser: Name a prime above 90.";
     const char *texts[NREQ] = {A, S1, S2, "Hi", A};
-    int arrive[NREQ] = {0, 0, 3, 5, 6};
+    int arrive[NREQ] = {0, 0, 3, 5, 6}, shares[NREQ] = {-1, -1, 1, -1, 0};
     for (int i = 0; i < NREQ; i++) {
         memset(&r[i], 0, sizeof r[i]);
         r[i].text = texts[i];
         r[i].arrive = arrive[i];
+        r[i].shares = shares[i];
         gen_config_default(&r[i].g);
         cr_assert_eq(tok_encode(tok, texts[i], strlen(texts[i]), &r[i].ids, &r[i].n), 0);
     }
@@ -55,7 +57,7 @@ static void requests(Req *r, const char **stop) {
     g->n_samples = 2, g->max_new = 9, g->sampler.temperature = 1.2f, g->sampler.min_p = 0.05f, g->seed = 7;
     g->adapter = &ad;
     r[3].stop_after = 4;
-    g = &r[4].g; // r[0]'s prompt again, after others replaced the cached one
+    g = &r[4].g; // r[0]'s prompt again, still cached after three other prompts
     g->max_new = 18, g->sampler.temperature = 0.7f, g->seed = 9;
 }
 
@@ -64,8 +66,8 @@ static void requests_free(Req *r) {
         free(r[i].ids);
 }
 
-// Request r alone on an engine of its own whose cache first saw the prompts of the `before` requests
-// admitted ahead of it, as the batch's cache did: a prompt that reuses a cached prefix is prefilled
+// Request r alone on an engine of its own whose cache first saw the prompts of the `before` requests,
+// as the batch's cached prompt it is prefilled from did: a prompt that reuses a cached prefix is prefilled
 // from there, in chunks placed differently than a whole prefill's, and the matrix products of a
 // chunk round differently with its length (last bits of the logits); the decode rows do not.
 static void run_alone(const Req *r, const Req *before, int n_before, KvType kv, GenSample *out, Streamed *s) {
@@ -132,13 +134,14 @@ static void check_batch_equals_alone(KvType kv) {
     GenSample alone[NREQ][MAXN], got[NREQ][MAXN];
     Streamed s_alone[NREQ], s_got[NREQ];
     for (int i = 0; i < NREQ; i++)
-        run_alone(&r[i], r, i, kv, alone[i], &s_alone[i]); // admitted in order
+        run_alone(&r[i], r[i].shares >= 0 ? &r[r[i].shares] : NULL, r[i].shares >= 0, kv, alone[i], &s_alone[i]);
     cr_assert_eq(alone[2][0].finish, FINISH_STOP, "the stop string must end request 2");
     cr_assert(alone[1][0].budget_cut || alone[1][1].budget_cut, "the budget must cut a sample of request 1");
     cr_assert_eq(alone[3][0].finish, FINISH_STOP, "the callback must stop request 3's sample 0");
 
     DecodeBatch b;
-    cr_assert_eq(decode_batch_init(&b, &model, tok, &ad, kv, ROWS, MAX_LEN, CHUNK, 0), 0, "%s", er_last_error());
+    cr_assert_eq(decode_batch_init(&b, &model, tok, &ad, kv, ROWS, PROMPTS, MAX_LEN, CHUNK, 0), 0, "%s",
+                 er_last_error());
     EngineRequest *h[NREQ] = {0};
     int next = 0, ended = 0, waited = 0, max_live = 0;
     long positions0 = b.e.forward_positions;
@@ -147,7 +150,8 @@ static void check_batch_equals_alone(KvType kv) {
         while (next < NREQ && r[next].arrive <= step && decode_batch_rows(&b) + r[next].g.n_samples <= ROWS) {
             memset(&s_got[next], 0, sizeof s_got[next]);
             s_got[next].stop_after = r[next].stop_after;
-            cr_assert_eq(decode_batch_add(&b, r[next].ids, r[next].n, &r[next].g, streamed_collect, &s_got[next], got[next], &h[next]),
+            Req *q = &r[next];
+            cr_assert_eq(decode_batch_add(&b, q->ids, q->n, &q->g, streamed_collect, &s_got[next], got[next], &h[next]),
                          0, "%s", er_last_error());
             next++;
         }
@@ -162,6 +166,8 @@ static void check_batch_equals_alone(KvType kv) {
                 cr_assert_eq(decode_batch_end(&b, h[i], &st), 0, "request %d: %s", i, er_last_error());
                 if (i == 2)
                     cr_assert_gt(st.prompt_reused, 0, "request 2 shares request 1's system prompt");
+                if (i == 4) // interleaved prompts did not evict it
+                    cr_assert_eq(st.prompt_reused, r[4].n, "request 4 repeats request 0's prompt");
                 h[i] = NULL;
                 ended++;
             }
@@ -180,9 +186,10 @@ static void check_batch_equals_alone(KvType kv) {
     // Fewer forwards than tokens: rows of different requests shared them.
     cr_assert_lt(b.steps, generated / 2, "%ld steps for %ld tokens", b.steps, generated);
     cr_assert_gt(b.e.forward_positions, positions0);
-    cr_assert_geq(b.e.prompt_slot, 0);
-    cr_assert_eq(kv_cache_blocks_in_use(&b.e.kv), b.e.kv.seqs[b.e.prompt_slot].n_blocks,
-                 "only the cached prompt holds blocks once every request ended");
+    int cached = 0;
+    for (int k = 0; k < PROMPTS; k++)
+        cached += b.prompts[k].slot >= 0 ? b.e.kv.seqs[b.prompts[k].slot].n_blocks : 0;
+    cr_assert_eq(kv_cache_blocks_in_use(&b.e.kv), cached, "only the cached prompts hold blocks once all ended");
     decode_batch_free(&b);
     requests_free(r);
 }
@@ -193,7 +200,7 @@ Test(decode_batch, requests_decoded_together_equal_each_decoded_alone_int8_kv) {
 // Admission refuses what the batch cannot hold, without touching the live requests.
 Test(decode_batch, admission_refuses_more_rows_than_free_and_another_adapter) {
     DecodeBatch b;
-    cr_assert_eq(decode_batch_init(&b, &model, tok, NULL, KV_F32, 2, MAX_LEN, CHUNK, 0), 0, "%s", er_last_error());
+    cr_assert_eq(decode_batch_init(&b, &model, tok, NULL, KV_F32, 2, 1, MAX_LEN, CHUNK, 0), 0, "%s", er_last_error());
     int ids[3] = {10, 11, 12};
     GenConfig g;
     gen_config_default(&g);
