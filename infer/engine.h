@@ -142,7 +142,8 @@ void engine_release_samples(Engine *e);
 // requests and gives each request its rows' logits (rows, V) through accept. done: no sample is
 // live (or the request failed); end writes the texts and stats, releases the request and returns
 // its status (out then freed on failure). Sample i draws from stream i of g->seed and the rows of
-// a forward do not interact, so a request decodes the same tokens whatever else shares its steps.
+// a forward do not interact, so a request decodes the same tokens whatever else shares its steps
+// (bitwise up to QUANT_DECODE_MAX_N rows a step: past it the products take sgemm's rounding).
 // begin reads g's strings; g->adapter must stay valid until end; keep_kv is refused.
 typedef struct EngineRequest EngineRequest;
 int engine_request_begin(Engine *e, const int *prompt, int n_prompt, const GenConfig *g, GenTokenFn cb, void *user,

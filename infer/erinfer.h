@@ -215,7 +215,8 @@ ER_API const ErRoute *er_result_route(const ErSession *s);
 // of the weights per step, however many requests), each request with its own ErGenParams, seed,
 // stop strings, budget and callback. A request decodes the same tokens as it would alone in a
 // session whose cache held the same earlier prompt (sample i draws from stream i of its seed and the
-// rows of a forward do not interact). A submitted prompt reuses the prefix it shares with the
+// rows of a forward do not interact; bitwise while a step holds at most 8 rows, past that the last
+// bits follow the matrix library's blocking). A submitted prompt reuses the prefix it shares with the
 // prompt submitted before it. Plain generation only: with a switcher or verifier loaded, or a forced
 // route with an adapter, the routed pipeline runs in a session (er_generate_raw) and er_batch_submit
 // refuses (ER_EUNSUPPORTED). A batch and its requests are used by one thread at a time, callbacks
