@@ -9,6 +9,7 @@
 #include "core/progress.h"
 #include "data/chat.h"
 #include "data/tokenizer.h"
+#include "infer/decode_batch.h"
 #include "infer/engine.h"
 #include "infer/pipeline.h"
 #include "lora/peft.h"
@@ -154,14 +155,20 @@ int er_model_max_positions(const ErModel *m) {
     return m->model.cfg.max_pos;
 }
 
+// What er_session_open and er_batch_open check: room for n samples ("what") of max_tokens positions.
+static int open_args(const void *out, const ErModel *m, int n, int max_tokens, const char *fn, const char *what) {
+    NEED(out, fn, "the output pointer");
+    NEED(m, fn, "the model");
+    NOT_FREED(m, fn);
+    if (n < 1 || max_tokens < 2)
+        return er_error(ER_EINVAL, "%s: need at least 1 %s and 2 positions (got %d, %d)", fn, what, n, max_tokens);
+    return ER_OK;
+}
+
 int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens, int kv_int8) {
-    NEED(out, "er_session_open", "the output pointer");
-    *out = NULL;
-    NEED(m, "er_session_open", "the model");
-    NOT_FREED(m, "er_session_open");
-    if (max_samples < 1 || max_tokens < 2)
-        return er_error(ER_EINVAL, "er_session_open: need at least 1 sample and 2 positions (got %d, %d)", max_samples,
-                        max_tokens);
+    if (out)
+        *out = NULL;
+    ER_TRY(open_args(out, m, max_samples, max_tokens, "er_session_open", "sample"));
     int rc = ER_OK;
     ErSession *s = er_calloc(1, sizeof *s);
     if (!s)
@@ -281,6 +288,15 @@ static int route_from_params(const ErModel *m, const ErGenParams *p, int *force)
     return ER_OK;
 }
 
+// The public view of n samples and their stats (pointers into x).
+static void results_publish(const GenSample *x, int n, const GenStats *st, double t0, ErSample *pub, ErStats *stats) {
+    for (int i = 0; i < n; i++)
+        pub[i] = (ErSample){x[i].text, x[i].text_len, x[i].tokens, x[i].n_tokens, (int)x[i].finish, x[i].budget_cut,
+                            x[i].answer_at};
+    *stats = (ErStats){st->prompt_tokens, st->prompt_reused, st->generated_tokens, st->ttft_s,
+                       st->decode_tokens_per_s, time_now() - t0, st->kv_bytes};
+}
+
 static int generate_ids(ErSession *s, const int *ids, int n, const ErGenParams *p, ErTokenCallback cb, void *user) {
     double t0 = time_now();
     // The last call's results go first: a failed call leaves none.
@@ -300,13 +316,7 @@ static int generate_ids(ErSession *s, const int *ids, int n, const ErGenParams *
         ER_TRY(engine_generate(&s->engine, ids, n, &g, cb ? bridge : NULL, &b, s->samples, &st));
         s->n = g.n_samples;
     }
-    for (int i = 0; i < s->n; i++) {
-        const GenSample *x = &s->samples[i];
-        s->pub[i] = (ErSample){x->text, x->text_len, x->tokens, x->n_tokens, (int)x->finish, x->budget_cut,
-                               x->answer_at};
-    }
-    s->stats = (ErStats){st.prompt_tokens, st.prompt_reused, st.generated_tokens, st.ttft_s, st.decode_tokens_per_s,
-                         time_now() - t0, st.kv_bytes};
+    results_publish(s->samples, s->n, &st, t0, s->pub, &s->stats);
     return ER_OK;
 }
 
@@ -353,3 +363,154 @@ int er_result_count(const ErSession *s) {
 const ErSample *er_result_sample(const ErSession *s, int i) { return s && i >= 0 && i < s->n ? &s->pub[i] : NULL; }
 const ErStats *er_result_stats(const ErSession *s) { return s ? &s->stats : NULL; }
 const ErRoute *er_result_route(const ErSession *s) { return s && s->has_route ? &s->route : NULL; }
+
+// ---- several requests decoded together ----
+
+struct ErBatch {
+    ErModel *m;        // holds one of m->sessions, as a session does
+    DecodeBatch batch;
+    ErRequest **live;  // (max_rows) submitted, not done
+    int n_live;
+};
+
+struct ErRequest {
+    ErBatch *b;        // NULL once done (or abandoned)
+    EngineRequest *er;
+    CbBridge bridge;
+    GenSample *samples; // (n)
+    ErSample *pub;      // (n) once done
+    int n, status;      // status: 1 decoding, then the outcome
+    double t0;
+    ErStats stats;
+};
+
+int er_batch_open(ErBatch **out, ErModel *m, int max_rows, int max_tokens, int kv_int8) {
+    if (out)
+        *out = NULL;
+    ER_TRY(open_args(out, m, max_rows, max_tokens, "er_batch_open", "row"));
+    ErBatch *b = er_calloc(1, sizeof *b);
+    if (!b)
+        return ER_ENOMEM;
+    int rc = ER_OK;
+    b->m = m;
+    m->sessions++;
+    ER_CHECK(decode_batch_init(&b->batch, &m->model, m->tok, model_adapter(m), kv_int8 ? KV_INT8 : KV_F32, max_rows,
+                               max_rows, max_tokens, 128, er_physical_memory()));
+    b->live = er_calloc((size_t)max_rows, sizeof *b->live);
+    if (!b->live)
+        ER_CHECK(ER_ENOMEM);
+    *out = b;
+    b = NULL;
+done:
+    er_batch_free(b);
+    return rc;
+}
+
+// The request leaves the batch: texts and stats, or its failure.
+static void request_finish(ErRequest *r) {
+    ErBatch *b = r->b;
+    GenStats st;
+    r->status = decode_batch_end(&b->batch, r->er, &st);
+    r->er = NULL;
+    r->b = NULL;
+    for (int k = 0; k < b->n_live; k++)
+        if (b->live[k] == r)
+            b->live[k] = b->live[--b->n_live];
+    if (r->status == ER_OK)
+        results_publish(r->samples, r->n, &st, r->t0, r->pub, &r->stats);
+}
+
+void er_batch_free(ErBatch *b) {
+    if (!b)
+        return;
+    while (b->n_live > 0) // abandoned: the caller's request handles are freed with the batch
+        er_request_free(b->live[0]);
+    decode_batch_free(&b->batch);
+    er_free(b->live);
+    ErModel *m = b->m;
+    er_free(b);
+    if (--m->sessions == 0 && m->freed)
+        model_release(m);
+}
+
+int er_batch_free_rows(const ErBatch *b) {
+    NEED(b, "er_batch_free_rows", "the batch");
+    return b->batch.max_rows - decode_batch_rows(&b->batch);
+}
+
+int er_batch_submit(ErBatch *b, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user,
+                    ErRequest **out) {
+    NEED(out, "er_batch_submit", "the output pointer");
+    *out = NULL;
+    NEED(b, "er_batch_submit", "the batch");
+    NEED(text, "er_batch_submit", "the text");
+    NEED(p, "er_batch_submit", "the parameters (er_gen_params_init fills the defaults)");
+    GenConfig g;
+    int force, rc = ER_OK, *ids = NULL, n = 0;
+    ER_TRY(gen_config_from_params(b->m, p, &g));
+    ER_TRY(route_from_params(b->m, p, &force));
+    if (model_switcher(b->m) || model_verifier(b->m) || (force != PIPELINE_AUTO && model_adapter(b->m)))
+        return er_error(ER_EUNSUPPORTED, "er_batch_submit: the routed pipeline (heads, a forced route) runs in a "
+                        "session, not in a batch");
+    if (g.n_samples < 1 || g.n_samples > er_batch_free_rows(b))
+        return er_error(ER_ERANGE, "er_batch_submit: %d samples asked, %d rows free", g.n_samples,
+                        er_batch_free_rows(b));
+    ErRequest *r = er_calloc(1, sizeof *r);
+    if (!r)
+        return ER_ENOMEM;
+    r->t0 = time_now();
+    r->n = g.n_samples;
+    r->bridge = (CbBridge){cb, user};
+    r->samples = er_calloc((size_t)r->n, sizeof *r->samples);
+    r->pub = er_calloc((size_t)r->n, sizeof *r->pub);
+    if (!r->samples || !r->pub)
+        ER_CHECK(ER_ENOMEM);
+    ER_CHECK(tok_encode(b->m->tok, text, strlen(text), &ids, &n));
+    ER_CHECK(decode_batch_add(&b->batch, ids, n, &g, cb ? bridge : NULL, &r->bridge, r->samples, &r->er));
+    r->b = b;
+    r->status = 1;
+    b->live[b->n_live++] = r;
+    *out = r;
+    r = NULL;
+done:
+    er_free(ids);
+    if (r) {
+        er_free(r->samples);
+        er_free(r->pub);
+        er_free(r);
+    }
+    return rc;
+}
+
+int er_batch_step(ErBatch *b) {
+    NEED(b, "er_batch_step", "the batch");
+    decode_batch_step(&b->batch);
+    for (int k = b->n_live - 1; k >= 0; k--) // request_finish moves the last entry into k
+        if (engine_request_done(b->live[k]->er))
+            request_finish(b->live[k]);
+    return b->n_live;
+}
+
+int er_request_status(const ErRequest *r) {
+    NEED(r, "er_request_status", "the request");
+    return r->status;
+}
+int er_request_count(const ErRequest *r) {
+    NEED(r, "er_request_count", "the request");
+    return r->status == ER_OK ? r->n : 0;
+}
+const ErSample *er_request_sample(const ErRequest *r, int i) {
+    return r && r->status == ER_OK && i >= 0 && i < r->n ? &r->pub[i] : NULL;
+}
+const ErStats *er_request_stats(const ErRequest *r) { return r && r->status == ER_OK ? &r->stats : NULL; }
+
+void er_request_free(ErRequest *r) {
+    if (!r)
+        return;
+    if (r->b)
+        request_finish(r);
+    gen_samples_free(r->samples, r->status == ER_OK ? r->n : 0);
+    er_free(r->samples);
+    er_free(r->pub);
+    er_free(r);
+}

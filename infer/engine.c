@@ -679,3 +679,160 @@ done:
     }
     return rc;
 }
+
+// ---- requests decoded step by step, several in one forward (infer/batch.h) ----
+
+// engine_generate cut at its forward: the same prefill, sample start, emit and next-token steps,
+// with the forward over the rows of every live request left to the caller.
+struct EngineRequest {
+    GenConfig g;
+    GenBatch b;          // b.st: the samples; b.rows_idx: the sample of each row this step
+    GenSample *out;
+    int *suffix, n_suffix;
+    int max_total;       // tokens per sample, the budget's answer allowance included
+    int n_rows;          // rows given to the current step
+    GenTokenFn cb;
+    void *user;
+    int rc;              // the first failure: its samples stop, the other requests go on
+    double t0, t_decode;
+    GenStats stats;
+};
+
+static void request_release(Engine *e, EngineRequest *r) {
+    for (int i = 0; r->b.st && i < r->g.n_samples; i++) {
+        r->stats.generated_tokens += r->out[i].n_tokens;
+        if (r->b.st[i].slot >= 0)
+            kv_seq_close(&e->kv, r->b.st[i].slot);
+        er_free(r->b.st[i].bytes);
+    }
+    er_free(r->b.st);
+    er_free(r->b.rows_idx);
+    er_free(r->suffix);
+    memset(&r->b, 0, sizeof r->b);
+    r->suffix = NULL;
+}
+
+int engine_request_begin(Engine *e, const int *prompt, int n_prompt, const GenConfig *g, GenTokenFn cb, void *user,
+                         GenSample *out, EngineRequest **req) {
+    *req = NULL;
+    if (g->keep_kv)
+        return er_error(ER_EINVAL, "generate: a batched request cannot keep its samples' KV sequences");
+    int *prefix = NULL, n_prefix, rc = ER_OK;
+    EngineRequest *r = er_calloc(1, sizeof *r);
+    if (!r)
+        return ER_ENOMEM;
+    r->t0 = time_now();
+    r->g = *g;
+    r->out = out;
+    r->cb = cb;
+    r->user = user;
+    int N = g->n_samples;
+    memset(out, 0, sizeof(GenSample) * (size_t)(N > 0 ? N : 0));
+    ER_CHECK(gen_prepare(e, g, n_prompt, &prefix, &n_prefix, &r->suffix, &r->n_suffix));
+    r->max_total = g->budget > 0 && g->budget + g->answer_tokens < g->max_new ? g->budget + g->answer_tokens
+                                                                              : g->max_new;
+    r->b.st = er_calloc((size_t)N, sizeof(SampleState));
+    r->b.rows_idx = er_alloc(sizeof(int) * (size_t)N);
+    if (!r->b.st || !r->b.rows_idx)
+        ER_CHECK(ER_ENOMEM);
+    for (int i = 0; i < N; i++)
+        r->b.st[i].slot = -1;
+    // The prompt reuses what the engine's prompt sequence holds (the last admitted request's prompt);
+    // the samples fork it, so the next request may rewrite it while these decode.
+    int reuse;
+    ER_CHECK(prompt_prefill(e, prompt, n_prompt, g->adapter && !g->adapter->masked ? g->adapter : NULL, NULL, NULL,
+                            &reuse));
+    r->stats.prompt_tokens = n_prompt;
+    r->stats.prompt_reused = reuse;
+    if (n_prefix > 0) { // the response prefix: response positions, adapter on
+        e->prompt_logits_valid = 0;
+        ER_CHECK(prefill(e, prefix, n_prefix, 1, g->adapter, NULL));
+    }
+    r->stats.prefill_s = time_now() - r->t0;
+    ER_CHECK(samples_start(e, g, r->b.st, out, r->suffix, r->n_suffix));
+    r->t_decode = time_now();
+    r->g.stop = NULL; // the caller's strings: read above only (the matchers hold copies)
+    r->g.n_stop = 0;
+    r->g.response_prefix = r->g.budget_suffix = NULL;
+    *req = r;
+    r = NULL;
+done:
+    er_free(prefix);
+    if (r) {
+        request_release(e, r);
+        er_free(r);
+        gen_samples_free(out, N);
+        if (e->prompt_slot >= 0) // the prompt sequence may be half-written: forget it
+            kv_seq_close(&e->kv, e->prompt_slot);
+        e->prompt_slot = -1;
+        e->n_prompt = 0;
+        e->prompt_logits_valid = 0;
+    }
+    return rc;
+}
+
+int engine_request_rows(Engine *e, EngineRequest *r, int *tokens, int *slots, uint8_t *mask) {
+    r->n_rows = 0;
+    for (int i = 0; r->rc == ER_OK && i < r->g.n_samples; i++) {
+        SampleState *s = &r->b.st[i];
+        if (!s->live)
+            continue;
+        if (r->stats.ttft_s == 0)
+            r->stats.ttft_s = time_now() - r->t0;
+        int tok = s->pending, done;
+        r->rc = sample_emit(e, &r->g, s, &r->out[i], i, r->max_total, r->cb, r->user, &done);
+        if (r->rc < 0 || done)
+            continue;
+        tokens[r->n_rows] = tok;
+        slots[r->n_rows] = s->slot;
+        mask[r->n_rows] = r->g.adapter != NULL;
+        r->b.rows_idx[r->n_rows++] = i;
+    }
+    if (r->rc < 0)
+        r->n_rows = 0;
+    return r->n_rows;
+}
+
+void engine_request_accept(Engine *e, EngineRequest *r, const float *logits) {
+    int V = e->model->cfg.V;
+    for (int k = 0; r->rc == ER_OK && k < r->n_rows; k++) {
+        int i = r->b.rows_idx[k];
+        r->rc = next_token(e, &r->g, &r->b.st[i], &r->out[i], i, logits + (size_t)k * V, r->suffix, r->n_suffix);
+    }
+    r->n_rows = 0;
+}
+
+int engine_request_samples(const EngineRequest *r) { return r->g.n_samples; }
+int engine_request_pending_rows(const EngineRequest *r) { return r->n_rows; }
+
+void engine_request_fail(EngineRequest *r, int rc) {
+    if (r->rc == ER_OK)
+        r->rc = rc;
+    r->n_rows = 0;
+}
+
+int engine_request_done(const EngineRequest *r) {
+    if (r->rc < 0)
+        return 1;
+    for (int i = 0; i < r->g.n_samples; i++)
+        if (r->b.st[i].live)
+            return 0;
+    return 1;
+}
+
+int engine_request_end(Engine *e, EngineRequest *r, GenStats *stats) {
+    int N = r->g.n_samples, rc = r->rc;
+    if (rc == ER_OK)
+        rc = samples_text(r->b.st, r->out, N);
+    r->stats.decode_s = time_now() - r->t_decode;
+    request_release(e, r); // counts the generated tokens
+    long decoded = r->stats.generated_tokens - N;
+    r->stats.decode_tokens_per_s = r->stats.decode_s > 0 && decoded > 0 ? decoded / r->stats.decode_s : 0;
+    r->stats.kv_bytes = kv_cache_bytes_in_use(&e->kv);
+    if (stats)
+        *stats = r->stats;
+    if (rc < 0)
+        gen_samples_free(r->out, N);
+    er_free(r);
+    return rc;
+}

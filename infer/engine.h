@@ -134,4 +134,26 @@ int engine_verify_features_all(Engine *e, const int *tokens, int n, int adapter_
 // Closes the KV sequences kept by GenConfig.keep_kv.
 void engine_release_samples(Engine *e);
 
+// A request decoded step by step together with others (infer/decode_batch.h): engine_generate cut at its
+// forward. begin prefills the prompt (reusing the prefix the engine's prompt sequence holds) and
+// starts the samples; each step, rows emits every live sample's pending token (callback, stop
+// strings, budget, EOS as engine_generate) and appends the sample's row (token, KV slot, adapter
+// mask) to the arrays, returning how many; the caller runs one forward over the rows of all
+// requests and gives each request its rows' logits (rows, V) through accept. done: no sample is
+// live (or the request failed); end writes the texts and stats, releases the request and returns
+// its status (out then freed on failure). Sample i draws from stream i of g->seed and the rows of
+// a forward do not interact, so a request decodes the same tokens whatever else shares its steps
+// (bitwise up to QUANT_DECODE_MAX_N rows a step: past it the products take sgemm's rounding).
+// begin reads g's strings; g->adapter must stay valid until end; keep_kv is refused.
+typedef struct EngineRequest EngineRequest;
+int engine_request_begin(Engine *e, const int *prompt, int n_prompt, const GenConfig *g, GenTokenFn cb, void *user,
+                         GenSample *out, EngineRequest **req);
+int engine_request_rows(Engine *e, EngineRequest *r, int *tokens, int *slots, uint8_t *mask);
+void engine_request_accept(Engine *e, EngineRequest *r, const float *logits);
+void engine_request_fail(EngineRequest *r, int rc); // a forward that failed under its rows
+int engine_request_samples(const EngineRequest *r);      // g->n_samples
+int engine_request_pending_rows(const EngineRequest *r); // rows given to the current step
+int engine_request_done(const EngineRequest *r);
+int engine_request_end(Engine *e, EngineRequest *r, GenStats *stats);
+
 #endif

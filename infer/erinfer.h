@@ -209,6 +209,44 @@ typedef struct {
 // The pipeline's side of the last generate call, owned by the session; NULL when it ran without heads.
 ER_API const ErRoute *er_result_route(const ErSession *s);
 
+// ---- several requests decoded together ----
+// An ErBatch holds the samples of several generate calls ("requests") in one KV cache and decodes
+// them together: each er_batch_step runs one forward over the rows of every live request (one read
+// of the weights per step, however many requests), each request with its own ErGenParams, seed,
+// stop strings, budget and callback. A request decodes the same tokens as it would alone in a
+// session whose cache held the same earlier prompt (sample i draws from stream i of its seed and the
+// rows of a forward do not interact; bitwise while a step holds at most 8 rows, past that the last
+// bits follow the matrix library's blocking). A submitted prompt reuses the prefix it shares with the
+// prompt submitted before it. Plain generation only: with a switcher or verifier loaded, or a forced
+// route with an adapter, the routed pipeline runs in a session (er_generate_raw) and er_batch_submit
+// refuses (ER_EUNSUPPORTED). A batch and its requests are used by one thread at a time, callbacks
+// running inside er_batch_step. Sessions and batches of one model may generate at the same time,
+// like sessions; opening and freeing a batch change the model as a session's open and free do.
+typedef struct ErBatch ErBatch;
+typedef struct ErRequest ErRequest;
+
+// Room for max_rows samples (over all live requests) of up to max_tokens positions each (prompt
+// included), KV cache in int8 when kv_int8 != 0.
+ER_API int er_batch_open(ErBatch **out, ErModel *m, int max_rows, int max_tokens, int kv_int8);
+// Frees the batch; requests not freed yet are abandoned and freed with it.
+ER_API void er_batch_free(ErBatch *b);
+// Rows not held by live requests: a request of n samples may be submitted while n <= this.
+ER_API int er_batch_free_rows(const ErBatch *b);
+// Prefills the text (fed as is) and starts its samples; they decode from the next step on.
+ER_API int er_batch_submit(ErBatch *b, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user,
+                           ErRequest **out);
+// One decode step of every live request (callbacks run here); requests whose samples all finished
+// are done afterwards. Returns the number of live requests left (negative: a bad argument).
+ER_API int er_batch_step(ErBatch *b);
+// 1 while the request decodes, ER_OK once it is done, a negative status when it failed.
+ER_API int er_request_status(const ErRequest *r);
+// Its results once done (as er_result_*; count 0 and NULL before): valid until er_request_free.
+ER_API int er_request_count(const ErRequest *r);
+ER_API const ErSample *er_request_sample(const ErRequest *r, int i);
+ER_API const ErStats *er_request_stats(const ErRequest *r);
+// Frees a request; one still decoding is stopped first (its rows go back to the batch).
+ER_API void er_request_free(ErRequest *r);
+
 #ifdef __cplusplus
 }
 #endif

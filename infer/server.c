@@ -1,12 +1,16 @@
 // erinfer serve: the OpenAI HTTP API on GNU libmicrohttpd (one thread per connection). Requests are
-// parsed and checked on their connection's thread (infer/server_json.c), then queued as jobs for
-// --parallel workers, each with its own session of the one model (sessions of a model may generate
-// at once). The job at the head of the queue goes to the idle worker whose session holds the longest
-// prefix of its prompt (a conversation's earlier turns, a shared system prompt), so the engine reuses
-// that K/V; when no idle cache is at least half reused, to the least recently used worker, so that a
-// new conversation does not evict one that is still going on. A full queue answers 503. A streamed job's SSE bytes go from the
-// worker's token callback to the connection's content reader; a client that goes away cancels its
-// job (the token callback stops the samples, a queued job is dropped).
+// parsed and checked on their connection's thread (infer/server_json.c), then queued as jobs. A
+// plain model (no adapter, no heads) decodes them batched: one thread admits queued jobs in order
+// while their samples fit the --parallel rows of an ErBatch, and each step runs one forward over the
+// rows of every admitted request (prefix reuse: the batch keeps a cached prompt per row, chosen by the
+// rule below). With an adapter or heads a request may ask for the routed pipeline, which runs in a
+// session: --parallel workers then hold a session each (sessions of a model may generate at once);
+// the job at the head of the queue goes to the idle worker whose session holds the longest prefix
+// of its prompt (a conversation's earlier turns, a shared system prompt), so the engine reuses that
+// K/V; when no idle cache is at least half reused, to the least recently used worker, so that a new
+// conversation does not evict one that is still going on. A full queue answers 503. A streamed
+// job's SSE bytes go from the token callback to the connection's content reader; a client that goes
+// away cancels its job (the token callback stops the samples, a queued job is dropped).
 #include "infer/server.h"
 
 #include <errno.h>
@@ -46,6 +50,8 @@ struct Job {
     int done, cancel;     // cancel is read by the worker's token callback without the lock
     int refs;             // the connection and, once queued, the worker
     int fd;               // the client's socket, to notice a hang-up while waiting
+    Server *srv;
+    ErRequest *rq;        // batched: the request in the batch
     Job *next;
 };
 
@@ -68,8 +74,11 @@ struct Server {
     Job *head, *tail;
     pthread_mutex_t mu;
     pthread_cond_t work;  // a job was queued or the server stops
-    Worker *workers;
+    Worker *workers;      // with an adapter or heads: a session per --parallel (the routed pipeline)
     int n_workers;
+    ErBatch *batch;       // otherwise: --parallel rows decoded together, by one thread
+    int batch_rows, batch_started;
+    pthread_t batch_thread;
     unsigned long counter;
 };
 
@@ -158,15 +167,9 @@ static void job_emit(Server *srv, Job *j, const StrBuf *chunk) {
     pthread_mutex_unlock(&srv->mu);
 }
 
-typedef struct {
-    Server *srv;
-    Job *job;
-} TokenCtx;
-
 // Streams what each sample's text releases, holding back a tool call when the request has tools.
 static int on_token(void *user, int sample, const char *text, size_t len) {
-    TokenCtx *t = user;
-    Job *j = t->job;
+    Job *j = user;
     if (j->req.stream && sample < j->req.p.n_samples) {
         StrBuf *acc = &j->acc[sample];
         strbuf_put(acc, text, len);
@@ -175,7 +178,7 @@ static int on_token(void *user, int sample, const char *text, size_t len) {
             StrBuf chunk = {0};
             serve_chunk_delta(&chunk, &j->req, &j->ids, sample, acc->p + j->streamed[sample],
                               safe - j->streamed[sample], !j->roled[sample]);
-            job_emit(t->srv, j, &chunk);
+            job_emit(j->srv, j, &chunk);
             er_free(chunk.p);
             j->streamed[sample] = safe;
             j->roled[sample] = 1;
@@ -195,17 +198,13 @@ static void generation_error(int rc, const Job *j, ServeError *e) {
     fprintf(stderr, "erinfer serve: %s: %s\n", j->ids.id, er_last_error());
 }
 
-static void job_run(Worker *w, Job *j) {
-    Server *srv = w->srv;
+// The job's response from its finished generation (res) or its failure (rc < 0).
+static void job_respond(Server *srv, Job *j, int rc, const ServeResult *res) {
     ServeRequest *r = &j->req;
     StrBuf out = {0};
-    TokenCtx t = {srv, j};
-    int rc = er_generate_raw(w->session, r->prompt, &r->p, on_token, &t);
     if (rc == ER_OK && __atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
         fprintf(stderr, "erinfer serve: %s cancelled: the client went away (%ld tokens generated)\n", j->ids.id,
-                er_result_stats(w->session)->generated_tokens);
-    er_free(w->last_prompt);
-    w->last_prompt = rc == ER_OK ? er_strdup(r->prompt) : NULL;
+                res->stats->generated_tokens);
     int status = 200;
     if (rc < 0) {
         ServeError e;
@@ -219,9 +218,9 @@ static void job_run(Worker *w, Job *j) {
             er_free(s);
         }
     } else if (r->stream) {
-        serve_chunk_final(&out, r, &j->ids, w->session, j->streamed, j->roled);
+        serve_chunk_final(&out, r, &j->ids, res, j->streamed, j->roled);
     } else {
-        char *s = serve_response_json(r, &j->ids, w->session);
+        char *s = serve_response_json(r, &j->ids, res);
         strbuf_puts(&out, s ? s : "{}");
         er_free(s);
     }
@@ -230,6 +229,27 @@ static void job_run(Worker *w, Job *j) {
     j->status = out.oom || j->out.oom ? 500 : status;
     pthread_mutex_unlock(&srv->mu);
     er_free(out.p);
+}
+
+enum { SERVE_MAX_N = 256 }; // --max-n's limit
+
+static void job_run(Worker *w, Job *j) {
+    ServeRequest *r = &j->req;
+    int rc = er_generate_raw(w->session, r->prompt, &r->p, on_token, j);
+    er_free(w->last_prompt);
+    w->last_prompt = rc == ER_OK ? er_strdup(r->prompt) : NULL;
+    const ErSample *samples[SERVE_MAX_N];
+    ServeResult res = {er_result_count(w->session), samples, er_result_stats(w->session), w->session};
+    for (int i = 0; i < res.n; i++)
+        samples[i] = er_result_sample(w->session, i);
+    job_respond(w->srv, j, rc, &res);
+}
+
+// Lock held: the job is over (answered or dropped).
+static void job_done(Job *j) {
+    j->done = 1;
+    pthread_cond_signal(&j->cond);
+    job_unref(j);
 }
 
 static void *worker_main(void *arg) {
@@ -251,11 +271,84 @@ static void *worker_main(void *arg) {
         if (!__atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
             job_run(w, j);
         pthread_mutex_lock(&srv->mu);
-        j->done = 1;
-        pthread_cond_signal(&j->cond);
-        job_unref(j);
+        job_done(j);
     }
     pthread_mutex_unlock(&srv->mu);
+    return NULL;
+}
+
+// ---- batched: one thread, every live request in each forward ----
+
+// A batched job's request finished (or failed to start: rc): answered and released.
+static void batch_answer(Server *srv, Job *j, int rc) {
+    const ErSample *samples[SERVE_MAX_N];
+    ServeResult res = {0, samples, NULL, NULL};
+    if (j->rq) {
+        rc = er_request_status(j->rq);
+        res.n = er_request_count(j->rq);
+        res.stats = er_request_stats(j->rq);
+        for (int i = 0; i < res.n; i++)
+            samples[i] = er_request_sample(j->rq, i);
+    }
+    job_respond(srv, j, rc, &res);
+    er_request_free(j->rq);
+    j->rq = NULL;
+    pthread_mutex_lock(&srv->mu);
+    job_done(j);
+    pthread_mutex_unlock(&srv->mu);
+}
+
+// Lock held: the queue's head joins the batch while its samples fit the free rows (queue order:
+// a large n waits for rows rather than being overtaken). The prefill runs without the lock.
+static void batch_admit(Server *srv, Job **live, int *n_live) {
+    Job *j;
+    while ((j = srv->head) && j->req.p.n_samples <= er_batch_free_rows(srv->batch)) {
+        srv->head = j->next;
+        if (!srv->head)
+            srv->tail = NULL;
+        srv->n_queued--;
+        if (__atomic_load_n(&j->cancel, __ATOMIC_RELAXED)) {
+            job_done(j);
+            continue;
+        }
+        pthread_mutex_unlock(&srv->mu);
+        int rc = er_batch_submit(srv->batch, j->req.prompt, &j->req.p, on_token, j, &j->rq);
+        if (rc < 0)
+            batch_answer(srv, j, rc);
+        else
+            live[(*n_live)++] = j;
+        pthread_mutex_lock(&srv->mu);
+    }
+}
+
+static void *batch_main(void *arg) {
+    Server *srv = arg;
+    threads_set(srv->threads);
+    int n_live = 0;
+    Job **live = er_calloc((size_t)srv->batch_rows, sizeof *live); // a request holds at least one row
+    pthread_mutex_lock(&srv->mu);
+    while (live && (!srv->stopping || n_live > 0)) {
+        if (srv->stopping) // what still decodes is cancelled: its samples stop at this step
+            for (int k = 0; k < n_live; k++)
+                __atomic_store_n(&live[k]->cancel, 1, __ATOMIC_RELAXED);
+        else
+            batch_admit(srv, live, &n_live);
+        if (n_live == 0) {
+            if (!srv->stopping && !srv->head)
+                pthread_cond_wait(&srv->work, &srv->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&srv->mu);
+        er_batch_step(srv->batch);
+        for (int k = n_live - 1; k >= 0; k--)
+            if (er_request_status(live[k]->rq) != 1) {
+                batch_answer(srv, live[k], ER_OK);
+                live[k] = live[--n_live];
+            }
+        pthread_mutex_lock(&srv->mu);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    er_free(live);
     return NULL;
 }
 
@@ -277,6 +370,7 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd) {
     j->req.p.route = j->req.route;
     memset(r, 0, sizeof *r);
     j->fd = fd;
+    j->srv = srv;
     j->refs = 1;
     pthread_cond_init(&j->cond, NULL);
     pthread_mutex_lock(&srv->mu);
@@ -532,8 +626,9 @@ static int serve_parse_flags(int argc, char **argv, ServeFlags *f) {
                 specs[ns++] = all[i];
     specs[ns++] = (ArgSpec){"host", ARG_STR, &f->host, "address to listen on (IPv4; 0.0.0.0 = every interface)", 0, 0, 0};
     specs[ns++] = (ArgSpec){"port", ARG_INT, &f->port, "TCP port (0 = any free port, printed at start)", 0, 0, 65535};
-    specs[ns++] = (ArgSpec){"parallel", ARG_INT, &f->parallel, "requests generated at once (one session each)", 0, 1,
-                            256};
+    specs[ns++] = (ArgSpec){"parallel", ARG_INT, &f->parallel, "samples decoded together, over all requests, in one "
+                            "forward per step (at least --max-n); with heads: requests run at once, a session each",
+                            0, 1, 256};
     specs[ns++] = (ArgSpec){"queue", ARG_INT, &f->queue, "requests waiting beyond those; more get HTTP 503", 0, 0,
                             1 << 16};
     specs[ns++] = (ArgSpec){"max-n", ARG_INT, &f->max_n, "largest n (samples) a request may ask for", 0, 1, 256};
@@ -545,7 +640,8 @@ static int serve_parse_flags(int argc, char **argv, ServeFlags *f) {
                                              "[--host 127.0.0.1 --port 8080] [--parallel K] [flags]");
 }
 
-// The model, its adapter and heads, and one session per worker.
+// The model, its adapter and heads, and the batch (--parallel rows, at least --max-n) or, with an
+// adapter or heads (a request may ask for the routed pipeline), one session per worker.
 static int serve_open(Server *srv, const ServeFlags *f) {
     GenFlags g = f->g;
     g.max_new = f->max_tokens;
@@ -555,6 +651,13 @@ static int serve_open(Server *srv, const ServeFlags *f) {
     srv->lim = (ServeLimits){f->max_n, f->max_tokens, g.context ? g.context
                                                     : 4096 + f->max_tokens < max_pos ? 4096 + f->max_tokens : max_pos,
                              SERVE_JSON_DEPTH};
+    ER_TRY(tok_load(&srv->tok, f->g.model));
+    ER_TRY(chat_style_from_config(f->g.model, &srv->style));
+    if (!f->g.switcher && !f->g.verifier && !f->g.adapter) { // no request can ask for the routed pipeline
+        er_session_free(first);
+        srv->batch_rows = f->parallel > f->max_n ? f->parallel : f->max_n;
+        return er_batch_open(&srv->batch, srv->model, srv->batch_rows, srv->lim.context, kv_int8);
+    }
     srv->n_workers = f->parallel;
     srv->workers = er_calloc((size_t)f->parallel, sizeof *srv->workers);
     if (!srv->workers) {
@@ -564,8 +667,7 @@ static int serve_open(Server *srv, const ServeFlags *f) {
     srv->workers[0].session = first;
     for (int i = 1; i < f->parallel; i++)
         ER_TRY(er_session_open(&srv->workers[i].session, srv->model, f->max_n, srv->lim.context, kv_int8));
-    ER_TRY(tok_load(&srv->tok, f->g.model));
-    return chat_style_from_config(f->g.model, &srv->style);
+    return ER_OK;
 }
 
 static void serve_close(Server *srv) {
@@ -574,6 +676,7 @@ static void serve_close(Server *srv) {
         er_free(srv->workers[i].last_prompt);
     }
     er_free(srv->workers);
+    er_batch_free(srv->batch);
     er_model_free(srv->model);
     tok_free(srv->tok);
 }
@@ -595,6 +698,8 @@ static void serve_stop_workers(Server *srv, int started) {
     pthread_mutex_unlock(&srv->mu);
     for (int i = 0; i < started; i++)
         pthread_join(srv->workers[i].thread, NULL);
+    if (srv->batch_started)
+        pthread_join(srv->batch_thread, NULL);
 }
 
 // Listens on addr until SIGINT or SIGTERM; the workers are stopped either way.
@@ -610,8 +715,9 @@ static int serve_listen(Server *srv, const ServeFlags *f, struct sockaddr_in *ad
         return er_error(ER_EIO, "cannot listen on %s:%d (%s)", f->host, f->port, strerror(err));
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    fprintf(stderr, "erinfer serve: %s on http://%s:%d/v1 (%d parallel, queue %d)\n", srv->model_name, f->host,
-            di ? di->port : f->port, f->parallel, f->queue);
+    fprintf(stderr, "erinfer serve: %s on http://%s:%d/v1 (%d %s, queue %d)\n", srv->model_name, f->host,
+            di ? di->port : f->port, srv->batch ? srv->batch_rows : f->parallel,
+            srv->batch ? "rows decoded together" : "sessions", f->queue);
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -659,6 +765,12 @@ int cmd_serve(int argc, char **argv) {
             rc = er_error(ER_ENOMEM, "cannot start worker thread %d", started);
         else
             started++;
+    }
+    if (rc == ER_OK && srv.batch) {
+        if (pthread_create(&srv.batch_thread, NULL, batch_main, &srv) != 0)
+            rc = er_error(ER_ENOMEM, "cannot start the decode thread");
+        else
+            srv.batch_started = 1;
     }
     if (rc == ER_OK)
         rc = serve_listen(&srv, &f, &addr);

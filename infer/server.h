@@ -65,9 +65,18 @@ typedef struct {
     const char *model;
 } ServeIds;
 
-// The whole non-streamed response of a finished generate call on s (choices, usage, the erinfer
-// extension), as a new string.
-char *serve_response_json(const ServeRequest *r, const ServeIds *ids, const ErSession *s);
+// What a finished generation gives the response: a session's last call (the routed pipeline's
+// extension with it) or a batched request's results (route NULL: no pipeline).
+typedef struct {
+    int n;
+    const ErSample *const *samples; // (n)
+    const ErStats *stats;
+    const ErSession *route;         // the session whose er_result_route to report; NULL = none
+} ServeResult;
+
+// The whole non-streamed response of a finished generation (choices, usage, the erinfer extension),
+// as a new string.
+char *serve_response_json(const ServeRequest *r, const ServeIds *ids, const ServeResult *s);
 
 // Stream chunks, each appended to out as one SSE event ("data: {...}\n\n").
 // A content delta of choice i (role: the first chunk, which carries the role).
@@ -76,7 +85,7 @@ void serve_chunk_delta(StrBuf *out, const ServeRequest *r, const ServeIds *ids, 
 // The end of every choice (tool calls, finish reasons, the erinfer extension on the last), the usage
 // chunk when asked for, and [DONE]. streamed[i]: the bytes of choice i's text already streamed (the rest
 // may hold tool calls); roled[i]: its first chunk, which carries the role, is out.
-void serve_chunk_final(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ErSession *s,
+void serve_chunk_final(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ServeResult *s,
                        const size_t *streamed, const int *roled);
 // An error inside a stream (the status line is already sent): one error event and [DONE].
 void serve_chunk_error(StrBuf *out, const ServeError *e);

@@ -362,8 +362,8 @@ int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, c
 
 static const char *finish_name(int f) { return f == ER_FINISH_LENGTH ? "length" : "stop"; }
 
-static cJSON *usage_json(const ErSession *s) {
-    const ErStats *st = er_result_stats(s);
+static cJSON *usage_json(const ServeResult *s) {
+    const ErStats *st = s->stats;
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", st->prompt_tokens);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)st->generated_tokens);
@@ -416,9 +416,9 @@ static cJSON *tool_calls_json(const ChatToolCall *c, int n, const ServeIds *ids,
 
 // The sample order of the choices: with a vote winner and n > 1, the winner's first voter is choice 0,
 // the others follow in sample order.
-static void choice_order(const ErSession *s, int *order) {
-    int n = er_result_count(s), w = -1;
-    const ErRoute *rt = er_result_route(s);
+static void choice_order(const ServeResult *s, int *order) {
+    int n = s->n, w = -1;
+    const ErRoute *rt = er_result_route(s->route);
     for (int i = 0; rt && rt->answer && rt->answers && w < 0 && i < n; i++)
         if (rt->answers[i] && strcmp(rt->answers[i], rt->answer) == 0)
             w = i;
@@ -467,12 +467,12 @@ static cJSON *choice_json(const ServeRequest *r, const ServeIds *ids, const ErSa
 
 // The erinfer extension: the pipeline's route, switcher score, verifier scores and votes (as
 // `erinfer generate --json` reports them) and each choice's sample; NULL without the pipeline.
-static cJSON *extension_json(const ErSession *s, const int *order) {
-    cJSON *x = runner_route_json(s);
+static cJSON *extension_json(const ServeResult *s, const int *order) {
+    cJSON *x = s->route ? runner_route_json(s->route) : NULL;
     if (!x)
         return NULL;
     cJSON *a = cJSON_AddArrayToObject(x, "choice_samples");
-    for (int i = 0; a && i < er_result_count(s); i++)
+    for (int i = 0; a && i < s->n; i++)
         cJSON_AddItemToArray(a, cJSON_CreateNumber(order ? order[i] : i));
     return x;
 }
@@ -483,15 +483,15 @@ static char *print_free(cJSON *j) {
     return s;
 }
 
-char *serve_response_json(const ServeRequest *r, const ServeIds *ids, const ErSession *s) {
-    int n = er_result_count(s);
+char *serve_response_json(const ServeRequest *r, const ServeIds *ids, const ServeResult *s) {
+    int n = s->n;
     int *order = er_calloc((size_t)n + 1, sizeof *order);
     if (!order)
         return NULL;
     choice_order(s, order);
     cJSON *j = response_head(r, ids, 0), *cs = cJSON_AddArrayToObject(j, "choices");
     for (int i = 0; i < n; i++)
-        cJSON_AddItemToArray(cs, choice_json(r, ids, er_result_sample(s, order[i]), i));
+        cJSON_AddItemToArray(cs, choice_json(r, ids, s->samples[order[i]], i));
     cJSON_AddItemToObject(j, "usage", usage_json(s));
     cJSON *x = extension_json(s, order);
     if (x)
@@ -563,11 +563,11 @@ static cJSON *chunk_end(StrBuf *out, const ServeRequest *r, const ServeIds *ids,
     return end;
 }
 
-void serve_chunk_final(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ErSession *s,
+void serve_chunk_final(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ServeResult *s,
                        const size_t *streamed, const int *roled) {
-    int n = er_result_count(s);
+    int n = s->n;
     for (int i = 0; i < n; i++) {
-        cJSON *end = chunk_end(out, r, ids, er_result_sample(s, i), i, streamed[i], roled[i]);
+        cJSON *end = chunk_end(out, r, ids, s->samples[i], i, streamed[i], roled[i]);
         cJSON *x = i == n - 1 ? extension_json(s, NULL) : NULL;
         if (x)
             cJSON_AddItemToObject(end, "erinfer", x);

@@ -331,3 +331,89 @@ Test(api, route_is_forced_or_refused) {
     er_model_free(m);
     er_free(a_dir);
 }
+
+// er_batch_*: requests decoded together give each request's er_generate_raw results (a session of
+// its own, same seed), a request waits for rows, a forced route with an adapter is refused (the
+// pipeline runs in a session), NULLs are errors, and the batch keeps its model alive.
+Test(api, batched_requests_equal_their_sessions_results) {
+    ErModel *m;
+    cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
+    static const char *texts[3] = {"Start with 7. Add 5.", "Name a prime above 90, then one below 20.", "Hi"};
+    ErGenParams p[3];
+    for (int i = 0; i < 3; i++) {
+        er_gen_params_init(&p[i]);
+        p[i].max_new_tokens = 6 + 5 * i;
+        p[i].temperature = 0.9f;
+        p[i].seed = (uint64_t)(40 + i);
+    }
+    p[1].n_samples = 2;
+    ErBatch *b;
+    ErRequest *rq[3] = {0};
+    expect_null_error(er_batch_open(NULL, m, 3, 128, 0), "er_batch_open");
+    expect_null_error(er_batch_open(&b, NULL, 3, 128, 0), "er_batch_open");
+    cr_assert_eq(er_batch_open(&b, m, 3, 128, 0), 0, "%s", er_last_error());
+    expect_null_error(er_batch_submit(b, NULL, &p[0], NULL, NULL, &rq[0]), "er_batch_submit");
+    expect_null_error(er_batch_step(NULL), "er_batch_step");
+    cr_assert_null(er_request_sample(NULL, 0));
+    cr_assert_eq(er_batch_submit(b, texts[0], &p[0], NULL, NULL, &rq[0]), 0, "%s", er_last_error());
+    cr_assert_eq(er_batch_submit(b, texts[1], &p[1], NULL, NULL, &rq[1]), 0, "%s", er_last_error());
+    cr_assert_eq(er_batch_free_rows(b), 0);
+    cr_assert_eq(er_batch_submit(b, texts[2], &p[2], NULL, NULL, &rq[2]), ER_ERANGE, "no row is free");
+    cr_assert_eq(er_request_status(rq[0]), 1);
+    cr_assert_eq(er_request_count(rq[0]), 0, "no results while decoding");
+    while (er_request_status(rq[0]) == 1)
+        cr_assert_geq(er_batch_step(b), 1);
+    cr_assert_eq(er_batch_submit(b, texts[2], &p[2], NULL, NULL, &rq[2]), 0, "%s", er_last_error());
+    while (er_batch_step(b) > 0)
+        ;
+    ErSession *s;
+    cr_assert_eq(er_session_open(&s, m, 2, 128, 0), 0, "%s", er_last_error());
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(er_request_status(rq[i]), ER_OK, "request %d", i);
+        er_session_free(s); // a fresh cache: no prefix from the previous text
+        cr_assert_eq(er_session_open(&s, m, 2, 128, 0), 0, "%s", er_last_error());
+        cr_assert_eq(er_generate_raw(s, texts[i], &p[i], NULL, NULL), 0, "%s", er_last_error());
+        cr_assert_eq(er_request_count(rq[i]), er_result_count(s));
+        for (int k = 0; k < er_result_count(s); k++) {
+            const ErSample *x = er_request_sample(rq[i], k), *y = er_result_sample(s, k);
+            cr_assert_eq(x->n_tokens, y->n_tokens, "request %d sample %d", i, k);
+            cr_assert(memcmp(x->tokens, y->tokens, sizeof(int) * (size_t)x->n_tokens) == 0);
+            cr_assert_eq(x->text_len, y->text_len);
+            cr_assert(memcmp(x->text, y->text, x->text_len) == 0);
+            cr_assert_eq(x->finish, y->finish);
+        }
+        cr_assert_eq(er_request_stats(rq[i])->generated_tokens, er_result_stats(s)->generated_tokens);
+    }
+    er_session_free(s);
+    er_model_free(m); // the batch keeps it: its requests' results stay readable
+    cr_assert_gt(er_request_sample(rq[1], 1)->n_tokens, 0);
+    for (int i = 0; i < 3; i++)
+        er_request_free(rq[i]);
+    er_batch_free(b); // the model's last holder
+}
+
+Test(api, batch_refuses_the_routed_pipeline) {
+    char *a_dir = path_join(fx.tmp, "adapter");
+    save_unmasked_adapter(a_dir, 13);
+    ErModel *m;
+    cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
+    cr_assert_eq(er_model_load_adapter(m, a_dir), 0, "%s", er_last_error());
+    ErBatch *b;
+    cr_assert_eq(er_batch_open(&b, m, 2, 128, 1), 0, "%s", er_last_error());
+    ErGenParams p;
+    er_gen_params_init(&p);
+    p.max_new_tokens = 4;
+    p.route = "direct";
+    ErRequest *r;
+    cr_expect_eq(er_batch_submit(b, "Start with 7.", &p, NULL, NULL, &r), ER_EUNSUPPORTED);
+    cr_expect_null(r);
+    p.route = NULL; // the adapter decodes, no pipeline: batched
+    cr_assert_eq(er_batch_submit(b, "Start with 7.", &p, NULL, NULL, &r), 0, "%s", er_last_error());
+    er_batch_step(b);
+    er_request_free(r); // stopped while decoding: its row goes back
+    cr_expect_eq(er_batch_free_rows(b), 2);
+    cr_assert_eq(er_batch_submit(b, "Start with 7.", &p, NULL, NULL, &r), 0, "%s", er_last_error());
+    er_batch_free(b); // frees the live request with it
+    er_model_free(m);
+    er_free(a_dir);
+}

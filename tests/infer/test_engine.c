@@ -11,6 +11,7 @@
 #include "infer/engine.h"
 #include "model/model.h"
 #include "tests/common/helpers.h"
+#include "tests/common/streamed.h"
 
 static Model model;
 static Tokenizer *tok;
@@ -246,24 +247,6 @@ Test(engine, replaced_adapter_recomputes_the_prompt) {
     lora_free(&ad);
 }
 
-// What the streaming callback receives, per sample.
-typedef struct {
-    char buf[3][4096];
-    size_t len[3];
-    int calls[3];
-    int stop_after; // > 0: the callback stops sample 0 after this many calls
-} Streamed;
-
-static int collect(void *user, int sample, int token, const char *bytes, size_t n) {
-    (void)token;
-    Streamed *s = user;
-    cr_assert(s->len[sample] + n < sizeof s->buf[sample]);
-    memcpy(s->buf[sample] + s->len[sample], bytes, n);
-    s->len[sample] += n;
-    s->calls[sample]++;
-    return sample == 0 && s->stop_after > 0 && s->calls[0] >= s->stop_after;
-}
-
 // The streamed bytes equal the final text exactly: with stop strings that straddle token boundaries
 // (their first bytes must not be streamed before the match is known), with the hard budget, and
 // when the callback itself stops a sample. The random model emits byte tokens, so invalid UTF-8
@@ -312,7 +295,7 @@ Test(engine, streamed_text_equals_final_text) {
         Streamed s;
         memset(&s, 0, sizeof s);
         s.stop_after = mode == 2 ? 7 : 0;
-        cr_assert_eq(engine_generate(&e, p, n, &g, collect, &s, out, &st), 0, "%s", er_last_error());
+        cr_assert_eq(engine_generate(&e, p, n, &g, streamed_collect, &s, out, &st), 0, "%s", er_last_error());
         int stopped = 0;
         for (int i = 0; i < 3; i++) {
             cr_assert_eq(s.calls[i], out[i].n_tokens, "mode %d sample %d: one call per token", mode, i);

@@ -1,0 +1,145 @@
+#include "infer/decode_batch.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+
+int decode_batch_init(DecodeBatch *b, Model *m, const Tokenizer *tok, const LoraAdapter *adapter, KvType kv_type,
+                      int max_rows, int n_prompts, int max_len, int chunk, size_t max_bytes) {
+    memset(b, 0, sizeof *b);
+    if (max_rows < 1 || n_prompts < 1)
+        return er_error(ER_EINVAL, "batch: need at least 1 row and 1 cached prompt");
+    // The engine's room for samples holds the rows and the cached prompts (sequences the rows share
+    // only while they decode from them).
+    ER_TRY(engine_init(&b->e, m, tok, kv_type, max_rows + n_prompts, max_len, chunk, max_bytes));
+    b->max_rows = max_rows;
+    b->adapter = adapter;
+    b->n_prompts = n_prompts;
+    b->live = er_calloc((size_t)max_rows, sizeof *b->live);
+    b->tok = er_alloc(sizeof(int) * (size_t)max_rows);
+    b->slot = er_alloc(sizeof(int) * (size_t)max_rows);
+    b->mask = er_alloc((size_t)max_rows);
+    b->prompts = er_calloc((size_t)n_prompts, sizeof *b->prompts);
+    int ok = b->live && b->tok && b->slot && b->mask && b->prompts;
+    for (int k = 0; ok && k < n_prompts; k++) {
+        BatchPrompt *p = &b->prompts[k];
+        p->slot = -1;
+        p->tokens = er_alloc(sizeof(int) * (size_t)max_len);
+        p->logits = er_alloc(sizeof(float) * (size_t)m->cfg.V);
+        ok = p->tokens && p->logits;
+    }
+    if (!ok) {
+        decode_batch_free(b);
+        return ER_ENOMEM;
+    }
+    return ER_OK;
+}
+
+// Exchanges the engine's prompt sequence and a cached prompt (twice: back as it was).
+static void prompt_swap(Engine *e, BatchPrompt *p) {
+    BatchPrompt t = {e->prompt_slot, e->prompt_tokens, e->n_prompt, e->prompt_adapter, e->prompt_logits,
+                     e->prompt_logits_valid, p->used};
+    e->prompt_slot = p->slot;
+    e->prompt_tokens = p->tokens;
+    e->n_prompt = p->n;
+    e->prompt_adapter = p->adapter;
+    e->prompt_logits = p->logits;
+    e->prompt_logits_valid = p->logits_valid;
+    *p = t;
+}
+
+// The cached prompt a request's prompt is prefilled from (the rule above DecodeBatch.prompts).
+static BatchPrompt *prompt_for(DecodeBatch *b, const int *prompt, int n_prompt, uint64_t adapter) {
+    BatchPrompt *best = NULL, *lru = NULL;
+    int best_len = 0;
+    for (int k = 0; k < b->n_prompts; k++) {
+        BatchPrompt *p = &b->prompts[k];
+        int len = 0;
+        while (p->slot >= 0 && p->adapter == adapter && len < p->n && len < n_prompt && p->tokens[len] == prompt[len])
+            len++;
+        if (len > 0 && 2 * len >= p->n && len > best_len)
+            best = p, best_len = len;
+        if (!lru || p->used < lru->used)
+            lru = p;
+    }
+    return best ? best : lru;
+}
+
+void decode_batch_free(DecodeBatch *b) {
+    while (b->n_live > 0)
+        decode_batch_end(b, b->live[0], NULL);
+    for (int k = 0; b->prompts && k < b->n_prompts; k++) {
+        if (b->prompts[k].slot >= 0)
+            kv_seq_close(&b->e.kv, b->prompts[k].slot);
+        er_free(b->prompts[k].tokens);
+        er_free(b->prompts[k].logits);
+    }
+    er_free(b->prompts);
+    engine_free(&b->e);
+    er_free(b->live);
+    er_free(b->tok);
+    er_free(b->slot);
+    er_free(b->mask);
+    memset(b, 0, sizeof *b);
+}
+
+int decode_batch_rows(const DecodeBatch *b) {
+    int rows = 0;
+    for (int k = 0; k < b->n_live; k++)
+        rows += engine_request_samples(b->live[k]);
+    return rows;
+}
+
+int decode_batch_add(DecodeBatch *b, const int *prompt, int n_prompt, const GenConfig *g, GenTokenFn cb, void *user,
+              GenSample *out, EngineRequest **req) {
+    *req = NULL;
+    if (g->adapter && g->adapter != b->adapter)
+        return er_error(ER_EINVAL, "batch: a request's adapter must be the batch's (one forward takes one adapter)");
+    if (g->n_samples < 1 || decode_batch_rows(b) + g->n_samples > b->max_rows)
+        return er_error(ER_ERANGE, "batch: %d samples do not fit the %d free rows of %d", g->n_samples,
+                        b->max_rows - decode_batch_rows(b), b->max_rows);
+    const LoraAdapter *prompt_ad = g->adapter && !g->adapter->masked ? g->adapter : NULL;
+    BatchPrompt *p = prompt_for(b, prompt, n_prompt, prompt_ad ? prompt_ad->generation : 0);
+    p->used = ++b->admitted;
+    prompt_swap(&b->e, p);
+    int rc = engine_request_begin(&b->e, prompt, n_prompt, g, cb, user, out, req);
+    prompt_swap(&b->e, p);
+    if (rc < 0)
+        return rc;
+    b->live[b->n_live++] = *req;
+    return ER_OK;
+}
+
+void decode_batch_step(DecodeBatch *b) {
+    int B = 0;
+    for (int k = 0; k < b->n_live; k++)
+        B += engine_request_rows(&b->e, b->live[k], b->tok + B, b->slot + B, b->mask + B);
+    if (B == 0)
+        return;
+    ModelInput in = {.B = B, .T = 1, .tokens = b->tok, .adapter_mask = b->mask, .adapter = b->adapter,
+                     .kv = &b->e.kv, .kv_slots = b->slot};
+    int rc = model_forward(b->e.model, &in, &b->e.decode);
+    b->e.forward_positions += B;
+    b->steps++;
+    // The requests' rows lie in the order they were gathered, each request's together.
+    const float *logits = b->e.decode.logits;
+    for (int k = 0; k < b->n_live; k++) {
+        int n = engine_request_pending_rows(b->live[k]);
+        if (rc < 0)
+            engine_request_fail(b->live[k], rc);
+        else
+            engine_request_accept(&b->e, b->live[k], logits);
+        logits += (size_t)n * b->e.model->cfg.V;
+    }
+}
+
+int decode_batch_end(DecodeBatch *b, EngineRequest *r, GenStats *stats) {
+    for (int k = 0; k < b->n_live; k++)
+        if (b->live[k] == r) {
+            memmove(&b->live[k], &b->live[k + 1], sizeof *b->live * (size_t)(b->n_live - k - 1));
+            b->n_live--;
+            return engine_request_end(&b->e, r, stats);
+        }
+    return er_error(ER_EINVAL, "batch: the request is not in this batch");
+}
