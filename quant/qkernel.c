@@ -387,18 +387,22 @@ QK_ROWS(WF_F16, qk_decode_simd_f16)
 // them: vpmaddubsw + vpmaddwd (AVX2) or vpdpbusd (AVX512-VNNI, where the compiler targets it), int32 per
 // block of 32, scaled once per block in fp32. The error this adds is bounded by the int8 rounding of the
 // inputs (half a step, max|x| / 254 per block), what tests/quant check against the portable path.
-// 4-bit rows (layout in quant/weight.h): 32 bytes hold 64 codes, their low nibbles elements 0-7, 16-23,
-// 32-39, 48-55 and their high nibbles 8-15, 24-31, 40-47, 56-63, so the inputs are stored in that order
-// (qk_acts_fill) and the codes need only a mask and a shift; 128-bit half 0 of both is the first block
-// of 32 and half 1 the second, so one vpmaddwd leaves block 2c in lanes 0-3 and 2c+1 in lanes 4-7.
-// Taken where cols is a multiple of 64 (q8: of 32), q4g's group is 32 and N * cols fits QK_ACT_BYTES;
-// elsewhere the fp32 kernels run.
+// Both work on chunks of 64 inputs (two blocks) whose products land with block 2c in int32 lanes 0-3 and
+// block 2c+1 in lanes 4-7, so one conversion and one FMA with the two blocks' scales (dv) serve 64 weights:
+//   - 4-bit rows (layout in quant/weight.h): 32 bytes hold 64 codes, their low nibbles elements 0-7,
+//     16-23, 32-39, 48-55 and their high nibbles 8-15, 24-31, 40-47, 56-63, so the inputs are stored in
+//     that order (QK_ORDER_Q4) and the codes need only a mask and a shift;
+//   - int8 rows: elements 0-15 and 32-47 are loaded into one register, 16-31 and 48-63 into another, and
+//     the inputs stored in that order (QK_ORDER_Q8).
+// Taken where cols is a multiple of 64, q4g's group is 32 and N * cols fits QK_ACT_BYTES; elsewhere the
+// fp32 kernels run.
 #define QK_ACT_BYTES 40960 // N * cols codes on the caller's stack: cols up to 5120 at N = 8
 
+typedef enum { QK_ORDER_Q4, QK_ORDER_Q8 } QkOrder;
+
 typedef struct {
-    int8_t q[QK_ACT_BYTES];       // (N, K) input codes, per 64 in the 4-bit order above for q4 / q4g
-    float d[QK_ACT_BYTES / 32];   // (N, K / 32) the scale of each block of 32 inputs (q8)
-    float dv[QK_ACT_BYTES / 8];   // (N, K / 64, 8) the scales of blocks 2c, 2c+1 four times each (q4, q4g)
+    int8_t q[QK_ACT_BYTES];       // (N, K) input codes, each chunk of 64 in the kernel's order (above)
+    float dv[QK_ACT_BYTES / 8];   // (N, K / 64, 8) the scales of blocks 2c, 2c+1 four times each
     float xs[QK_ACT_BYTES / 32];  // (N, K / 32) the exact fp32 sum of each block's inputs (q4g's zeros)
     float xsum[QUANT_DECODE_MAX_N]; // (N) the exact sum of each input row (q4's -8)
 } QkActs;
@@ -428,27 +432,28 @@ static void qk_quant_block(int8_t *q, float *d, float *xs, const float *x) {
     _mm256_storeu_si256((__m256i *)q, p);
 }
 
-// The N input rows (N, K) as codes and scales; perm: the 4-bit order.
-static void qk_acts_fill(QkActs *a, const float *inp, int K, int N, int perm) {
+// The N input rows (N, K), K a multiple of 64, as codes and scales in the kernel's order.
+static void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order) {
     int nb = K / 32;
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * K;
         int8_t *q = a->q + (size_t)n * K;
-        float *d = a->d + (size_t)n * nb, *xs = a->xs + (size_t)n * nb, *dv = a->dv + (size_t)n * (K / 8);
+        float *xs = a->xs + (size_t)n * nb, *dv = a->dv + (size_t)n * (K / 8), d;
         double t = 0;
         for (int b = 0; b < nb; b++) {
             int8_t nat[32];
-            qk_quant_block(perm ? nat : q + 32 * b, &d[b], &xs[b], x + 32 * b);
+            qk_quant_block(nat, &d, &xs[b], x + 32 * b);
             t += xs[b];
-            if (!perm)
-                continue;
-            // element e of the block (b odd: e + 32 of the chunk) goes to byte 32 * ((e / 8) % 2) +
-            // 16 * (b % 2) + 8 * (e / 16) + e % 8 of the 64-byte chunk
-            int8_t *c = q + 64 * (b / 2);
-            for (int e8 = 0; e8 < 4; e8++)
-                memcpy(c + 32 * (e8 % 2) + 16 * (b % 2) + 8 * (e8 / 2), nat + 8 * e8, 8);
+            // Element e of block b goes to byte 32 * ((e / 8) % 2) + 16 * (b % 2) + 8 * (e / 16) + e % 8
+            // (Q4) or 32 * (e / 16) + 16 * (b % 2) + e % 16 (Q8) of its chunk.
+            int8_t *c = q + 64 * (b / 2) + 16 * (b % 2);
+            for (int e = 0; e < 32; e += order == QK_ORDER_Q4 ? 8 : 16)
+                if (order == QK_ORDER_Q4)
+                    memcpy(c + 32 * ((e / 8) % 2) + 8 * (e / 16), nat + e, 8);
+                else
+                    memcpy(c + 32 * (e / 16), nat + e, 16);
             for (int i = 0; i < 4; i++)
-                dv[8 * (b / 2) + 4 * (b % 2) + i] = d[b];
+                dv[8 * (b / 2) + 4 * (b % 2) + i] = d;
         }
         a->xsum[n] = (float)t;
     }
@@ -532,14 +537,19 @@ static inline __attribute__((always_inline)) void qrow_i8_q8(float *out, int R, 
     for (int i = 0; i < N * A; i++)
         acc[i] = _mm256_setzero_ps();
     const int8_t *row = (const int8_t *)w->data + (size_t)r * K;
-    for (int b = 0; b < K / 32; b++) {
-        __m256i v = _mm256_loadu_si256((const __m256i *)(row + 32 * b)), u = _mm256_abs_epi8(v);
+    for (int c = 0; c < K / 64; c++) {
+        const int8_t *p = row + 64 * c;
+        __m256i v0 = _mm256_loadu2_m128i((const __m128i *)(p + 32), (const __m128i *)p);
+        __m256i v1 = _mm256_loadu2_m128i((const __m128i *)(p + 48), (const __m128i *)(p + 16));
+        __m256i u0 = _mm256_abs_epi8(v0), u1 = _mm256_abs_epi8(v1);
 #pragma GCC unroll 8
         for (int n = 0; n < N; n++) {
-            __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(a->q + (size_t)n * K + 32 * b)), v);
-            __m256i i32 = qk_dot_u8(_mm256_setzero_si256(), u, x);
-            acc[n * A + b % A] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_set1_ps(a->d[(size_t)n * (K / 32) + b]),
-                                                 acc[n * A + b % A]);
+            const int8_t *xq = a->q + (size_t)n * K + 64 * c;
+            __m256i x0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xq), v0);
+            __m256i x1 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xq + 32)), v1);
+            __m256i i32 = qk_dot_u8(qk_dot_u8(_mm256_setzero_si256(), u0, x0), u1, x1);
+            __m256 dv = _mm256_loadu_ps(a->dv + (size_t)n * (K / 8) + 8 * c);
+            acc[n * A + c % A] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), dv, acc[n * A + c % A]);
         }
     }
     for (int n = 0; n < N; n++) {
@@ -560,11 +570,9 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
 
 // 1 when the int8-activation kernel takes w at N input rows.
 static int qk_i8_takes(const Weight *w, int N) {
-    if ((size_t)N * (size_t)w->cols > QK_ACT_BYTES)
+    if ((size_t)N * (size_t)w->cols > QK_ACT_BYTES || w->cols % 64)
         return 0;
-    if (w->fmt == WF_Q8)
-        return w->cols % 32 == 0;
-    return w->cols % 64 == 0 && (w->fmt == WF_Q4 || w->group == 32);
+    return w->fmt != WF_Q4G || w->group == 32;
 }
 
 #define QK_I8(FMT, name)                                                                                    \
@@ -573,7 +581,7 @@ static int qk_i8_takes(const Weight *w, int N) {
             return qk_float_##name(out, inp, w, N);                                                        \
         int R = w->rows, K = w->cols;                                                                      \
         QkActs a;                                                                                          \
-        qk_acts_fill(&a, inp, K, N, FMT != WF_Q8);                                                         \
+        qk_acts_fill(&a, inp, K, N, FMT == WF_Q8 ? QK_ORDER_Q8 : QK_ORDER_Q4);                                                         \
         _Pragma("omp parallel for schedule(static)") for (int r = 0; r < R; r++) {                         \
             switch (N) {                                                                                   \
             case 1: qrow_i8(out, R, r, w, &a, K, 1, FMT); break;                                           \
