@@ -342,3 +342,38 @@ Test(quant_kernels, table_kernels_match_portable) {
     printf("quant_kernels: %s kernels matched the portable path in %d (format, width, N) cases\n", quant_simd_name(),
            checked);
 }
+
+// The int8-input kernels of q8, q4 and q4g32 at the 0.5B model's widths (896, 4864) with inputs the way
+// activations are: a block of zeros (scale 0), an outlier 300x the rest (its block's codes are mostly 0)
+// and a tiny block (1e-30, scale near the bottom of fp32), N = 1..8, against double within the int8
+// rounding bound.
+Test(quant_kernels, int8_inputs_outliers_and_zero_blocks) {
+    threads_set(2);
+    static const Case big[] = {{WF_Q8, 896, 0}, {WF_Q4, 896, 0}, {WF_Q4G, 896, 32}, {WF_Q4, 4864, 0}, {WF_Q4G, 4864, 32},
+                               {WF_Q8, 4864, 0}};
+    for (int ci = 0; ci < (int)(sizeof big / sizeof big[0]); ci++) {
+        const Case *c = &big[ci];
+        const int R = 7, K = c->K;
+        Weight w;
+        random_weight(&w, c->f, R, K, c->group, 70 + ci);
+        float *W = dequant_all(&w), *inp = random_vec((size_t)8 * K, 80 + ci), out[8 * 7];
+        float *tile = malloc(sizeof(float) * quant_scratch_floats(K)); // for a build without the SIMD kernels
+        for (int n = 0; n < 8; n++) {
+            float *x = inp + (size_t)n * K;
+            memset(x + 32, 0, 32 * sizeof(float));
+            x[100 + n] = 300.0f;
+            for (int k = 160; k < 192; k++)
+                x[k] *= 1e-30f;
+        }
+        for (int N = 1; N <= 8; N++) {
+            char what[64];
+            snprintf(what, sizeof what, "%s K=%d g=%d N=%d int8 inputs", weight_format_name(c->f), K, c->group, N);
+            cr_assert_eq(weight_matmul_forward(out, inp, &w, NULL, N, tile), 0);
+            check_forward(out, inp, W, NULL, N, R, K, &w, what);
+        }
+        free(tile);
+        free(W);
+        free(inp);
+        weight_free(&w);
+    }
+}
