@@ -85,12 +85,7 @@ static void values_avx2(float *o, const float *w, const int8_t *v, const float *
             a = _mm256_fmadd_ps(_mm256_set1_ps(wj[j]), widen8(v + (size_t)j * row + i), a);
         _mm256_storeu_ps(o + i, a);
     }
-    for (; i < HS; i++) {
-        float a = o[i];
-        for (int j = 0; j < n; j++)
-            a += wj[j] * (float)v[(size_t)j * row + i];
-        o[i] = a;
-    }
+    kv_i8_values_tail(o, wj, v, row, n, i, HS);
 }
 
 const KvI8Kernels kv_i8_avx2 = {"AVX2", scores_avx2, values_avx2};

@@ -27,6 +27,17 @@ extern const KvI8Kernels kv_i8_neon;
 #define KV_I8_AVX2 1
 extern const KvI8Kernels kv_i8_avx2;
 #endif
+// The scalar tail of the SIMD values kernels: o[i] += Σ_j wj[j] * v[j * row + i] for i0 <= i < HS, the
+// positions in order (wj: the weights times the positions' scales).
+static inline void kv_i8_values_tail(float *o, const float *wj, const int8_t *v, size_t row, int n, int i0, int HS) {
+    for (int i = i0; i < HS; i++) {
+        float t = o[i];
+        for (int j = 0; j < n; j++)
+            t += wj[j] * (float)v[(size_t)j * row + i];
+        o[i] = t;
+    }
+}
+
 // The table kv_attention_forward uses: NEON on aarch64, AVX2 where built for it, the portable kernels elsewhere.
 const KvI8Kernels *kv_i8_kernels(void);
 
