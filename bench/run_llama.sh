@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # erinfer beside llama.cpp on the same weights: a random Qwen2.5-0.5B-shaped model (24 layers, hidden 896,
 # 14/2 heads, ff 4864, vocab 151936, tied, the real Qwen tokenizer) written once under build/llbench,
-# quantized with ertrain quantize (q8, q4g32) and exported with ertrain export gguf (f32, q8_0, q4_0).
+# quantized with ertrain quantize (q8, q4, q4g32) and exported with ertrain export gguf (f32, q8_0, q4_0: q4
+# and q4g32 both beside llama.cpp's Q4_0, written from their own dequantized weights).
 # Per format: llama.cpp (node-llama-cpp, pinned, prebuilt CPU binaries, bench/llama_decode.mjs) and
 # erinfer bench, same threads, prompt and new tokens; one table with the ratios and the load average.
-#   THREADS (2), PROMPT (256), NEW (64), FORMATS ("f32 q8 q4g32"), LLAMA_NS (N values for llama.cpp, "1 8")
+#   THREADS (2), PROMPT (256), NEW (64), FORMATS ("f32 q8 q4 q4g32"), LLAMA_NS (N values for llama.cpp, "1 8")
 # Needs ~2 GB of memory and ~5.5 GB of disk (models written once: later runs only measure).
 # Exits 0 with a loud line when node/npm or node-llama-cpp is missing: no comparison then.
 set -euo pipefail
@@ -14,7 +15,7 @@ BUILD=${BUILD:-build}
 THREADS=${THREADS:-2}
 PROMPT=${PROMPT:-256}
 NEW=${NEW:-64}
-FORMATS=${FORMATS:-f32 q8 q4g32}
+FORMATS=${FORMATS:-f32 q8 q4 q4g32}
 LLAMA_NS=${LLAMA_NS:-1 8}
 dir=$BUILD/llbench
 tok=../shared/fixtures/qwen-tokenizer
@@ -45,17 +46,17 @@ if [ ! -d "$dir/f32" ]; then
   "$BUILD/ertrain" init --config "$dir/config.json" --out "$dir/f32.tmp" --tokenizer "$tok" --threads "$THREADS"
   mv "$dir/f32.tmp" "$dir/f32"
 fi
-for q in q8 q4g32; do
+for q in q8 q4 q4g32; do
   if [ ! -d "$dir/$q" ]; then
     rm -rf "$dir/$q.tmp"
     "$BUILD/ertrain" quantize --model "$dir/f32" --out "$dir/$q.tmp" --weights "$q"
     mv "$dir/$q.tmp" "$dir/$q"
   fi
 done
-gguf_type() { case $1 in f32) echo f32 ;; q8) echo q8_0 ;; q4g32) echo q4_0 ;; esac; }
+gguf_type() { case $1 in f32) echo f32 ;; q8) echo q8_0 ;; q4 | q4g32) echo q4_0 ;; esac; }
 for f in $FORMATS; do
   t=$(gguf_type "$f")
-  [ -n "$t" ] || { echo "run_llama: unknown format $f (f32, q8, q4g32)" >&2; exit 1; }
+  [ -n "$t" ] || { echo "run_llama: unknown format $f (f32, q8, q4, q4g32)" >&2; exit 1; }
   if [ ! -f "$dir/$f.gguf" ]; then
     "$BUILD/ertrain" export gguf --model "$dir/$f" --out "$dir/$f.gguf.tmp" --type "$t"
     mv "$dir/$f.gguf.tmp" "$dir/$f.gguf"
@@ -73,30 +74,34 @@ for f in $FORMATS; do
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-# The table: decode tok/s per sequence and step time at each llama.cpp N, erinfer's f32-KV row at the same N.
+# The table: decode tok/s per sequence and step time at each llama.cpp N, erinfer's f32-KV row at the same N,
+# then erinfer's int8-KV row (its speed against the f32-KV row, and its N/1 step ratio).
 node - "$dir" "$FORMATS" <<'EOF'
 const fs = require("fs");
 const [dir, formats] = process.argv.slice(2);
-const gguf = {f32: "F32", q8: "Q8_0", q4g32: "Q4_0"};
+const gguf = {f32: "F32", q8: "Q8_0", q4: "Q4_0", q4g32: "Q4_0"};
 let release = "";
 const lines = [];
 for (const f of formats.split(/\s+/).filter(Boolean)) {
     const ll = JSON.parse(fs.readFileSync(`${dir}/${f}.llama.json`, "utf8"));
     const er = JSON.parse(fs.readFileSync(`${dir}/${f}.erinfer.json`, "utf8"));
     release = ll.llama_cpp;
-    const step1 = {ll: ll.rows.find(r => r.n === 1), er: er.rows.find(r => r.kv === "f32" && r.n === 1)};
+    const step1 = {ll: ll.rows.find(r => r.n === 1), er: er.rows.find(r => r.kv === "f32" && r.n === 1),
+        e8: er.rows.find(r => r.kv === "int8" && r.n === 1)};
     for (const l of ll.rows) {
-        const e = er.rows.find(r => r.kv === "f32" && r.n === l.n);
+        const e = er.rows.find(r => r.kv === "f32" && r.n === l.n), q = er.rows.find(r => r.kv === "int8" && r.n === l.n);
         const fmt = (x, d) => x === undefined ? "-" : x.toFixed(d);
         lines.push([`${f} / ${gguf[f]}`, l.n, fmt(l.ttft_ms, 0), fmt(e?.ttft_ms, 0), fmt(l.tokens_per_s_seq, 1),
             fmt(e?.tokens_per_s_seq, 1), fmt(e && e.tokens_per_s_seq / l.tokens_per_s_seq, 2) + "x",
-            fmt(l.step_ms / step1.ll.step_ms, 2) + "x", fmt(e && e.step_ms / step1.er.step_ms, 2) + "x"]);
+            fmt(l.step_ms / step1.ll.step_ms, 2) + "x", fmt(e && e.step_ms / step1.er.step_ms, 2) + "x",
+            fmt(q?.tokens_per_s_seq, 1), fmt(q && e && q.tokens_per_s_seq / e.tokens_per_s_seq, 2) + "x",
+            fmt(q && q.step_ms / step1.e8.step_ms, 2) + "x"]);
     }
 }
 console.log(`llama.cpp ${release} (node-llama-cpp, CPU, greedy) vs erinfer bench (samples at temperature 1); both f32 KV, ` +
-    "one prompt prefill shared by the N sequences");
+    "one prompt prefill shared by the N sequences; er8: erinfer with the int8 KV cache");
 const head = ["format", "N", "TTFT_ll_ms", "TTFT_er_ms", "ll_tok/s/seq", "er_tok/s/seq", "er/ll", "ll_stepN/1",
-    "er_stepN/1"];
+    "er_stepN/1", "er8_tok/s/seq", "er8/er", "er8_stepN/1"];
 const w = head.map((h, i) => Math.max(h.length, ...lines.map(l => String(l[i]).length)));
 for (const l of [head, ...lines])
     console.log(l.map((x, i) => String(x).padStart(w[i])).join("  "));

@@ -1,5 +1,6 @@
 // The int8 KV cache's attention inner loops as a kernel table (like quant/'s format table): the portable
-// kernels are always there and are the reference; on aarch64 the table holds NEON ones (model/kv_neon.c).
+// kernels are always there and are the reference; on aarch64 the table holds NEON ones (model/kv_neon.c), on
+// x86-64 built with AVX2 + FMA AVX2 ones (model/kv_avx2.c).
 // Both run over n consecutive positions of one KV block and one KV head: a position's keys or values
 // are HS int8 at k + j * row (row = NKV * HS, the cache's stride) with their scale at ks[j * NKV].
 #ifndef MODEL_KV_KERNEL_H
@@ -22,8 +23,22 @@ typedef struct {
 extern const KvI8Kernels kv_i8_portable;
 #if defined(__aarch64__)
 extern const KvI8Kernels kv_i8_neon;
+#elif defined(__AVX2__) && defined(__FMA__)
+#define KV_I8_AVX2 1
+extern const KvI8Kernels kv_i8_avx2;
 #endif
-// The table kv_attention_forward uses: NEON on aarch64, the portable kernels elsewhere.
+// The scalar tail of the SIMD values kernels: o[i] += Σ_j wj[j] * v[j * row + i] for i0 <= i < HS, the
+// positions in order (wj: the weights times the positions' scales).
+static inline void kv_i8_values_tail(float *o, const float *wj, const int8_t *v, size_t row, int n, int i0, int HS) {
+    for (int i = i0; i < HS; i++) {
+        float t = o[i];
+        for (int j = 0; j < n; j++)
+            t += wj[j] * (float)v[(size_t)j * row + i];
+        o[i] = t;
+    }
+}
+
+// The table kv_attention_forward uses: NEON on aarch64, AVX2 where built for it, the portable kernels elsewhere.
 const KvI8Kernels *kv_i8_kernels(void);
 
 // kv_attention_forward with the given int8 kernels (tests run it with both).

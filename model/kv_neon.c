@@ -82,12 +82,7 @@ static void values_neon(float *o, const float *w, const int8_t *v, const float *
         vst1q_f32(o + i, a[0]);
         vst1q_f32(o + i + 4, a[1]);
     }
-    for (; i < HS; i++) {
-        float t = o[i];
-        for (int j = 0; j < n; j++)
-            t += wj[j] * (float)v[(size_t)j * row + i];
-        o[i] = t;
-    }
+    kv_i8_values_tail(o, wj, v, row, n, i, HS);
 }
 
 const KvI8Kernels kv_i8_neon = {"NEON", scores_neon, values_neon};

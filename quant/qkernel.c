@@ -380,6 +380,49 @@ QK_ROWS(WF_Q4LUT, q4lut)
 QK_ROWS(WF_BF16, bf16)
 QK_ROWS(WF_F16, f16)
 
+// ---- dequantizing tiles for the GEMM path (prefill, backward) ----
+
+// Row r of a q8, q4 or q4g (group a multiple of 16) weight as fp32, 16 codes per step, bit for bit what
+// weight_row_f32 gives (the same products and sums, unfused): the scalar rows cost prefill as much as a
+// good part of the GEMM. 0 for a weight it does not take.
+int qk_dequant_row_simd(float *dst, const Weight *w, int r) {
+    int K = w->cols, k = 0;
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(w->fmt, K);
+    if (w->fmt == WF_Q8) {
+        __m256 s = _mm256_set1_ps(w->scale[r]);
+        for (; k + 8 <= K; k += 8)
+            _mm256_storeu_ps(dst + k, _mm256_mul_ps(codes8_i8((const int8_t *)row, k), s));
+        for (; k < K; k++)
+            dst[k] = (float)((const int8_t *)row)[k] * w->scale[r];
+        return 1;
+    }
+    if (w->fmt != WF_Q4 && (w->fmt != WF_Q4G || w->group % 16))
+        return 0;
+    const __m256i m15 = _mm256_set1_epi32(15);
+    const __m256 eight = _mm256_set1_ps(8.0f);
+    int full = K & ~15, ng = w->fmt == WF_Q4G ? K / w->group : 0;
+    for (; k < full; k += 16) {
+        __m256i v = block8(row + k / 2);
+        __m256 c0 = _mm256_cvtepi32_ps(_mm256_and_si256(v, m15)), c1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
+        if (w->fmt == WF_Q4) {
+            __m256 s = _mm256_set1_ps(w->scale[r]);
+            c0 = _mm256_mul_ps(_mm256_sub_ps(c0, eight), s);
+            c1 = _mm256_mul_ps(_mm256_sub_ps(c1, eight), s);
+        } else { // the 16 codes share one group
+            size_t g = (size_t)r * ng + k / w->group;
+            __m256 s = _mm256_set1_ps(half_to_f32(w->gscale[g])), z = _mm256_set1_ps(half_to_f32(w->gzero[g]));
+            c0 = _mm256_add_ps(_mm256_mul_ps(c0, s), z);
+            c1 = _mm256_add_ps(_mm256_mul_ps(c1, s), z);
+        }
+        _mm256_storeu_ps(dst + k, c0);
+        _mm256_storeu_ps(dst + k + 8, c1);
+    }
+    for (; k < K; k++) // q4 only: a q4g row whose group is a multiple of 16 has no tail
+        dst[k] = ((float)quant_code4(row, K, k) - 8.0f) * w->scale[r];
+    return 1;
+}
+
+
 #endif
 
 int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, float *scratch) {

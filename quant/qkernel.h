@@ -19,6 +19,9 @@ int qk_decode_simd_bf16(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_f16(float *out, const float *inp, const Weight *w, int N);
 #define QK_DECODE(name) qk_decode_simd_##name
 #define QK_AVX2 1
+// Row r as fp32 for the GEMM path's tiles, bit for bit weight_row_f32's, for q8, q4 and q4g (group a
+// multiple of 16); returns 0, writing nothing, for any other weight.
+int qk_dequant_row_simd(float *dst, const Weight *w, int r);
 #elif defined(__aarch64__)
 #define QK_SIMD 1
 // The same contract as the AVX2 kernels above (q4g declines a group that is not a multiple of 16).

@@ -280,7 +280,7 @@ static void kv8_attention_ref(double *out, const float *q, const KVCache *kv, in
     free(sc);
 }
 
-// The int8 KV attention with the architecture's kernel table (NEON on aarch64) against the portable
+// The int8 KV attention with the architecture's kernel table (NEON on aarch64, AVX2 on x86-64) against the portable
 // kernels and both against double, on random caches: odd head sizes (the kernels' 16- and 8-wide steps and
 // scalar tails), GQA (6 query heads on 2 KV heads), four sequences of 1 to 75 positions (a forked one with a
 // copied block, partly filled last blocks) and query rows of 1 to 3 positions.
@@ -289,6 +289,8 @@ Test(kvcache, int8_attention_kernels_match_portable) {
     const KvI8Kernels *kk = kv_i8_kernels();
 #if defined(__aarch64__)
     cr_assert_neq(kk, &kv_i8_portable, "aarch64 builds must run the NEON kernels");
+#elif defined(__AVX2__) && defined(__FMA__)
+    cr_assert_neq(kk, &kv_i8_portable, "AVX2 builds must run the AVX2 kernels");
 #endif
     enum { B = 4, T = 3, NH = 6, KEYS = 128 };
     int checked = 0;

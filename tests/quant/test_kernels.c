@@ -62,9 +62,11 @@ static float *random_vec(size_t n, uint64_t seed) {
     return v;
 }
 
+// W as fp32 from the reference rows (weight_row_f32), not from quant_dequant_rows' SIMD ones.
 static float *dequant_all(const Weight *w) {
     float *d = malloc(sizeof(float) * (size_t)w->rows * w->cols);
-    quant_dequant_rows(d, w, 0, w->rows);
+    for (int r = 0; r < w->rows; r++)
+        weight_row_f32(d + (size_t)r * w->cols, w, r);
     return d;
 }
 
@@ -307,4 +309,26 @@ Test(quant_kernels, table_kernels_match_portable) {
     }
     printf("quant_kernels: %s kernels matched the portable path in %d (format, width, N) cases\n", quant_simd_name(),
            checked);
+}
+
+// The tiles of the GEMM path (quant_dequant_rows, SIMD rows for q8 / q4 / q4g where built) equal the
+// reference rows bit for bit, at widths around the 8- and 16-element steps and every q4g group.
+Test(quant_kernels, dequant_rows_equal_reference_rows) {
+    threads_set(2);
+    static const Case tiles[] = {{WF_Q8, 37, 0},  {WF_Q8, 896, 0},  {WF_Q4, 37, 0},   {WF_Q4, 48, 0},    {WF_Q4, 896, 0},
+                                 {WF_Q4G, 96, 8}, {WF_Q4G, 48, 16}, {WF_Q4G, 896, 32}, {WF_Q4G, 256, 64}, {WF_Q4G, 256, 128},
+                                 {WF_Q4LUT, 37, 0}, {WF_Q2LUT, 39, 0}};
+    for (int ci = 0; ci < (int)(sizeof tiles / sizeof tiles[0]); ci++) {
+        const Case *c = &tiles[ci];
+        const int R = 9;
+        Weight w;
+        random_weight(&w, c->f, R, c->K, c->group, 200 + ci);
+        float *tile = malloc(sizeof(float) * R * c->K), *ref = dequant_all(&w);
+        quant_dequant_rows(tile, &w, 0, R);
+        cr_assert(!memcmp(tile, ref, sizeof(float) * R * c->K), "%s K=%d g=%d: tile differs from the reference rows",
+                  weight_format_name(c->f), c->K, c->group);
+        free(tile);
+        free(ref);
+        weight_free(&w);
+    }
 }
