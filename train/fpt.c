@@ -528,9 +528,9 @@ static void fpt_run_free(FptRun *r) {
     er_free(r->ckdir);
 }
 
-// What a resumed run must match.
+// What a resumed run must match: the training settings and the caller's (c->settings).
 static cJSON *fpt_config_json(const FptTrainConfig *c) {
-    cJSON *j = cJSON_CreateObject();
+    cJSON *j = c->settings ? cJSON_Duplicate(c->settings, 1) : cJSON_CreateObject();
     if (!j)
         return NULL;
     cJSON_AddNumberToObject(j, "fpt_local_steps", (double)c->local_steps);
@@ -541,17 +541,34 @@ static cJSON *fpt_config_json(const FptTrainConfig *c) {
     return j;
 }
 
+// ER_OK when the checkpoint's config equals want, else an error naming the first setting that differs.
+static int fpt_config_check(const char *ckdir, const cJSON *want, const cJSON *have) {
+    if (!have)
+        return er_error(ER_EINVAL, "%s: the checkpoint records no settings; start a new run", ckdir);
+    for (const cJSON *w = want->child; w; w = w->next) {
+        const cJSON *h = cJSON_GetObjectItemCaseSensitive(have, w->string);
+        if (h && cJSON_Compare(w, h, 1))
+            continue;
+        char *ws = cJSON_PrintUnformatted(w), *hs = h ? cJSON_PrintUnformatted(h) : NULL;
+        int rc = er_error(ER_EINVAL, "%s: the checkpoint was made with %s = %s, this run has %s; resume with the same "
+                          "settings", ckdir, w->string, hs ? hs : "(unset)", ws ? ws : "?");
+        cJSON_free(ws), cJSON_free(hs);
+        return rc;
+    }
+    if (cJSON_GetArraySize((cJSON *)have) != cJSON_GetArraySize((cJSON *)want))
+        return er_error(ER_EINVAL, "%s: the checkpoint records settings this run does not have; start a new run", ckdir);
+    return ER_OK;
+}
+
 static int fpt_run_resume(FptRun *r) {
-    const FptTrainConfig *c = r->c;
     TrainState st;
     ER_TRY(checkpoint_load(r->ckdir, &st, r->p.theta, r->p.n, &r->opt));
-    cJSON *want = fpt_config_json(c);
-    int same = want && st.config && cJSON_Compare(want, st.config, 1);
+    cJSON *want = fpt_config_json(r->c);
+    int rc = want ? fpt_config_check(r->ckdir, want, st.config) : ER_ENOMEM;
     cJSON_Delete(want);
-    if (!same) {
+    if (rc < 0) {
         train_state_free(&st);
-        return er_error(ER_EINVAL, "%s: the checkpoint was made with other --fpt-* settings, --weights or calibration "
-                        "data; resume with the same ones", r->ckdir);
+        return rc;
     }
     train_state_free(&r->st);
     r->st = st;

@@ -35,6 +35,8 @@
 
 #include <stdio.h>
 
+#include <cjson/cJSON.h>
+
 #include "model/model.h"
 #include "train/quantize.h"
 #include "train/sequence.h"
@@ -72,6 +74,8 @@ typedef struct {
     const SeqBuilder *sb;     // end-to-end data: seqs[0, n_seqs) (one per step, in order, cycling)
     const Sequence *seqs;
     int n_seqs, max_len;
+    const cJSON *settings;    // every other setting the result depends on (calibration file, seed, ...): the
+                              // checkpoint records them and resume refuses others (NULL = none)
     const char *dir;          // run dir: metrics.jsonl and checkpoint/ (NULL = neither)
     int save_every;           // checkpoint every N steps (0 = only at the end)
     int resume;               // continue from dir/checkpoint

@@ -614,6 +614,53 @@ static int quantize_step(Model *m, const QuantizeConfig *c, const QuantizeSource
     return ER_OK;
 }
 
+// "<bytes>:<FNV-1a 64 of the bytes>" of the file at path into out (40 chars): a changed file reads differently.
+static int file_fingerprint(const char *path, char *out, size_t out_n) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return er_error(ER_EIO, "%s: cannot open the calibration data", path);
+    unsigned char buf[1 << 14];
+    uint64_t h = 0xcbf29ce484222325ull, bytes = 0;
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        for (size_t i = 0; i < n; i++)
+            h = (h ^ buf[i]) * 0x100000001b3ull;
+        bytes += n;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad)
+        return er_error(ER_EIO, "%s: read error while fingerprinting the calibration data", path);
+    snprintf(out, out_n, "%llu:%016llx", (unsigned long long)bytes, (unsigned long long)h);
+    return ER_OK;
+}
+
+// *out = every setting of c besides the --fpt-* ones that changes what fpt-trained computes: a resumed
+// run must match them.
+static int fpt_settings_json(const QuantizeConfig *c, cJSON **out) {
+    char fp[48] = "";
+    if (c->calib) // none with local steps only
+        ER_TRY(file_fingerprint(c->calib, fp, sizeof fp));
+    char *calib = path_resolve(c->calib ? c->calib : "");
+    cJSON *j = calib ? cJSON_CreateObject() : NULL;
+    if (j) {
+        const QuantizeOptions *q = &c->q;
+        cJSON_AddStringToObject(j, "calib", calib);
+        cJSON_AddStringToObject(j, "calib_bytes_fnv1a", fp);
+        cJSON_AddStringToObject(j, "response_key", c->response_key ? c->response_key : "");
+        cJSON_AddNumberToObject(j, "seq_len", c->seq_len);
+        cJSON_AddNumberToObject(j, "seed", (double)c->seed);
+        cJSON_AddStringToObject(j, "embeddings", q->embeddings ? q->embeddings : "");
+        cJSON_AddStringToObject(j, "lm_head", q->lm_head ? q->lm_head : "");
+        cJSON_AddStringToObject(j, "scale_search", q->scale_search ? q->scale_search : "");
+        cJSON_AddNumberToObject(j, "p", q->p);
+        cJSON_AddNumberToObject(j, "kmeans_iters", q->kmeans_iters);
+    }
+    er_free(calib);
+    *out = j;
+    return j ? ER_OK : ER_ENOMEM;
+}
+
 // --transforms fpt-trained: m holds the closed-form fpt; trains its transforms on the first n_fit
 // calibration sequences and merges them (train/fpt.h). metrics.jsonl and checkpoint/ go into out_dir.
 static int train_transforms(Model *m, const QuantizeConfig *c, const Calib *cal, int n_fit, QuantizeResult *res) {
@@ -624,7 +671,12 @@ static int train_transforms(Model *m, const QuantizeConfig *c, const Calib *cal,
                          .stop_after = c->fpt_stop_after, .log = c->log};
     FptTrainResult fr;
     double t0 = time_now();
-    ER_TRY(fpt_train(m, &fc, &fr));
+    cJSON *settings;
+    ER_TRY(fpt_settings_json(c, &settings));
+    fc.settings = settings;
+    int rc = fpt_train(m, &fc, &fr);
+    cJSON_Delete(settings);
+    ER_TRY(rc);
     res->fpt_local_first = fr.local_first, res->fpt_local_last = fr.local_last;
     res->fpt_kl_first = fr.kl_first, res->fpt_kl_last = fr.kl_last;
     res->fpt_stopped = !fr.complete;

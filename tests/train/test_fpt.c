@@ -271,7 +271,15 @@ Test(fpt_run, lowers_both_objectives_and_resume_is_bit_for_bit, .timeout = 120) 
     run_init(&rc, b, 0, 1);
     rc.c.lr = 2e-2;
     cr_assert_lt(fpt_train(&rc.m, &rc.c, &res), 0);
-    cr_assert(strstr(er_last_error(), "other --fpt-"), "%s", er_last_error());
+    cr_assert(strstr(er_last_error(), "fpt_lr = 0.01"), "%s", er_last_error());
+    model_free(&rc.m);
+    // ... and so is one the caller's settings (calibration file, seed, ...) differ in.
+    run_init(&rc, b, 0, 1);
+    cJSON *other = cJSON_Parse("{\"seed\": 2}");
+    rc.c.settings = other;
+    cr_assert_lt(fpt_train(&rc.m, &rc.c, &res), 0);
+    cr_assert(strstr(er_last_error(), "seed = (unset)"), "%s", er_last_error());
+    cJSON_Delete(other);
     free(ma), free(mb);
     model_free(&ra.m), model_free(&rb.m), model_free(&rc.m);
     helper_rmdir(tmp);
