@@ -616,6 +616,45 @@ static int fpt_run_init(FptRun *r) {
     return ER_OK;
 }
 
+// *kl = KL(teacher || student) on calibration sequence i, the student Q(r->master) (quantized under
+// qat_state_apply's key); with grad, m->grad_mem = its gradient (STE: dL/dQ(W') is taken as dL/dW').
+static int fpt_seq_kl(FptRun *r, int i, long key, int grad, double *kl) {
+    Model *m = r->m;
+    int V = m->cfg.V;
+    ER_TRY(batch_fill(&r->b, r->c->sb, r->c->seqs, &i, 1));
+    ModelInput in = {.B = 1, .T = r->b.T, .tokens = r->b.tokens, .len = r->b.len};
+    memcpy(m->param_mem, r->base, sizeof(float) * m->n_param_floats); // the teacher: the float model
+    ER_TRY(model_forward(m, &in, &r->a));
+    softmax_rows(r->tp, r->a.logits, r->b.T, V);
+    ER_TRY(qat_state_apply(r->qs, key)); // the student: Q(W'(θ))
+    if (grad)
+        model_zero_grad(m);
+    ER_TRY(model_forward(m, &in, &r->a));
+    *kl = fpt_kl_loss(r->tp, r->a.logits, grad ? r->a.logits : NULL, r->b.T, V);
+    return grad ? model_backward(m, &in, &r->a) : ER_OK;
+}
+
+// *before / *after = the KL of the end-to-end stage, token-weighted mean over every calibration
+// sequence, at θ = identity and at the trained θ: the same data on both sides.
+static int fpt_eval_kl(FptRun *r, double *before, double *after) {
+    const FptTrainConfig *c = r->c;
+    for (int side = 0; side < 2; side++) {
+        if (side == 0)
+            memcpy(r->master, r->base, sizeof(float) * r->m->n_param_floats);
+        else
+            ER_TRY(fpt_params_apply(&r->p, r->m, r->base, r->master));
+        double sum = 0, kl;
+        long tokens = 0;
+        for (int i = 0; i < c->n_seqs; i++) {
+            // key -1 - side: the quantizer fit to this side's master once, Q(master) rewritten per sequence
+            ER_TRY(fpt_seq_kl(r, i, -1 - side, 0, &kl));
+            sum += kl * r->b.T, tokens += r->b.T;
+        }
+        *(side == 0 ? before : after) = tokens ? sum / tokens : NAN;
+    }
+    return ER_OK;
+}
+
 // One optimizer step on θ; *loss is the objective at the θ before the step.
 static int fpt_step(FptRun *r, long step, double lr, double *loss, double *gnorm) {
     Model *m = r->m;
@@ -629,17 +668,7 @@ static int fpt_step(FptRun *r, long step, double lr, double *loss, double *gnorm
             memset(r->opt.v, 0, sizeof(float) * r->p.n);
             r->opt.step = 0;
         }
-        int i = (int)((step - c->local_steps) % c->n_seqs), V = m->cfg.V;
-        ER_TRY(batch_fill(&r->b, c->sb, c->seqs, &i, 1));
-        ModelInput in = {.B = 1, .T = r->b.T, .tokens = r->b.tokens, .len = r->b.len};
-        memcpy(m->param_mem, r->base, sizeof(float) * m->n_param_floats); // the teacher: the float model
-        ER_TRY(model_forward(m, &in, &r->a));
-        softmax_rows(r->tp, r->a.logits, r->b.T, V);
-        ER_TRY(qat_state_apply(r->qs, step)); // the student: Q(W'(θ))
-        model_zero_grad(m);
-        ER_TRY(model_forward(m, &in, &r->a));
-        *loss = fpt_kl_loss(r->tp, r->a.logits, r->a.logits, r->b.T, V);
-        ER_TRY(model_backward(m, &in, &r->a)); // STE: dL/dQ(W') is taken as dL/dW'
+        ER_TRY(fpt_seq_kl(r, (int)((step - c->local_steps) % c->n_seqs), step, 1, loss));
     }
     ER_TRY(fpt_params_backward(&r->p, m, r->base, m->grad_mem, r->master, r->gx, r->dtheta));
     ER_TRY(clip_grad_norm(backend_cpu(), r->dtheta, r->p.n, 1.0, gnorm));
@@ -663,6 +692,21 @@ static int fpt_log_step(FptRun *r, long step, double lr, double loss, double gno
     cJSON_AddNumberToObject(j, "step", (double)(step + 1));
     cJSON_AddStringToObject(j, "stage", step < r->c->local_steps ? "local" : "e2e");
     RunNumber nums[] = {{"loss", loss}, {"lr", lr}, {"grad_norm", gnorm}};
+    run_add_numbers(j, nums, sizeof nums / sizeof nums[0]);
+    int rc = metrics_write(&r->ml, j);
+    cJSON_Delete(j);
+    return rc;
+}
+
+static int fpt_log_eval(FptRun *r, long steps, double before, double after) {
+    if (!r->c->dir)
+        return ER_OK;
+    cJSON *j = cJSON_CreateObject();
+    if (!j)
+        return ER_ENOMEM;
+    cJSON_AddNumberToObject(j, "step", (double)steps);
+    cJSON_AddStringToObject(j, "stage", "eval");
+    RunNumber nums[] = {{"kl_before", before}, {"kl_after", after}};
     run_add_numbers(j, nums, sizeof nums / sizeof nums[0]);
     int rc = metrics_write(&r->ml, j);
     cJSON_Delete(j);
@@ -693,9 +737,6 @@ int fpt_train(Model *m, const FptTrainConfig *c, FptTrainResult *res) {
         if (step < c->local_steps) {
             res->local_first = step == start ? loss : res->local_first;
             res->local_last = loss;
-        } else {
-            res->kl_first = isnan(res->kl_first) ? loss : res->kl_first;
-            res->kl_last = loss;
         }
         r.st.step = step + 1;
         if (r.ckdir && c->save_every > 0 && r.st.step % c->save_every == 0 && r.st.step < total)
@@ -710,6 +751,13 @@ int fpt_train(Model *m, const FptTrainConfig *c, FptTrainResult *res) {
         ER_CHECK(checkpoint_save(r.ckdir, &r.st, r.p.theta, r.p.n, &r.opt));
     res->steps_done = step;
     res->complete = step >= total;
+    if (res->complete && c->steps > 0) {
+        ER_CHECK(fpt_eval_kl(&r, &res->kl_before, &res->kl_after));
+        ER_CHECK(fpt_log_eval(&r, total, res->kl_before, res->kl_after));
+        if (c->log)
+            fprintf(c->log, "fpt: KL over the %d calibration sequences %.6f (closed-form) -> %.6f (trained)\n",
+                    c->n_seqs, res->kl_before, res->kl_after);
+    }
     if (res->complete) { // merge: the float model with W'(θ) in its weights
         ER_CHECK(fpt_params_apply(&r.p, m, r.base, r.master));
         memcpy(m->param_mem, r.master, sizeof(float) * m->n_param_floats);

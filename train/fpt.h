@@ -26,7 +26,8 @@
 //   end to end: the student is the fake-quantized transformed model Q(W'(θ)) (train/qat.h's
 //        quantize-dequantize step, the quantizer of ertrain quantize), the teacher the float model;
 //        loss: KL(teacher || student) of the next-token distributions, mean over every position of
-//        one calibration sequence per step (cycling). dL/dQ(W') is taken as dL/dW' (STE) and pulled
+//        one calibration sequence per step (cycling); reported as the mean over all of them before and
+//        after training. dL/dQ(W') is taken as dL/dW' (STE) and pulled
 //        back through W'(θ) to θ; AdamW (no weight decay) on θ.
 // Memory: three copies of the fp32 parameters besides the model's own (the fpt base, the transformed
 // weights, the gradient pulled back) and the KL's (T, V) teacher probabilities.
@@ -85,7 +86,8 @@ typedef struct {
 
 typedef struct {
     double local_first, local_last; // local objective at the first and last local step
-    double kl_first, kl_last;       // end-to-end KL at the first and last step
+    double kl_before, kl_after;     // end-to-end KL, token-weighted mean over all n_seqs sequences, at θ =
+                                    // identity and at the trained θ (complete runs with steps > 0, else NAN)
     long steps_done;
     int complete;
 } FptTrainResult;

@@ -1,6 +1,7 @@
 // ertrain qat: fake quantization + STE on the shared training loop (see train/qat.h).
 #include "train/qat.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -30,7 +31,7 @@ struct QatState {
     const float *const *importance; // per parameter, or NULL
     QatMat *mats;
     int n_mats, K;
-    long clustered_at, written_at; // -1: never
+    long clustered_at, written_at; // LONG_MIN: never
 };
 
 // Codebook formats fit their levels by k-means (q2rtn's uniform levels are re-quantized every step).
@@ -63,7 +64,7 @@ int qat_state_init(QatState **out, Model *m, const float *master, const Quantize
     s->master = master;
     s->importance = importance;
     s->K = recluster_every;
-    s->clustered_at = s->written_at = -1;
+    s->clustered_at = s->written_at = LONG_MIN;
     for (int i = 0; i < m->n_params; i++) {
         const ParamTensor *p = &m->params[i];
         QuantOptions qo;
@@ -80,11 +81,11 @@ int qat_state_init(QatState **out, Model *m, const float *master, const Quantize
 }
 
 int qat_state_apply(QatState *s, long step) {
-    if (step == s->written_at)
+    if (step >= 0 && step == s->written_at)
         return ER_OK;
     Model *m = s->m;
     memcpy(m->param_mem, s->master, m->n_param_floats * sizeof(float));
-    int recluster = s->clustered_at < 0 || (step % s->K == 0 && step != s->clustered_at);
+    int recluster = s->clustered_at == LONG_MIN || ((step < 0 || step % s->K == 0) && step != s->clustered_at);
     for (int i = 0; i < s->n_mats; i++) {
         QatMat *q = &s->mats[i];
         int R = (int)q->p->shape[0], C = (int)q->p->shape[1];

@@ -47,7 +47,9 @@ int qat_state_init(QatState **s, Model *m, const float *master, const QuantizeOp
                    const float *const *importance, int recluster_every);
 // Writes the master weights into m->param_mem, matrices as Q(master) (see above); `step` is the optimizer
 // steps done (codebooks re-clustered when it is a multiple of K, and on the first call). Calling it
-// again with the same step and unchanged masters does nothing.
+// again with the same step and unchanged masters does nothing. A negative step (an evaluation, not
+// an optimizer step) writes Q(master) on every call and re-clusters when it differs from the last
+// call's: m->param_mem may have been overwritten in between.
 int qat_state_apply(QatState *s, long step);
 void qat_state_free(QatState *s);
 

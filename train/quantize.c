@@ -404,11 +404,11 @@ static cJSON *run_json(const QuantizeConfig *c, const Model *m, const QuantizeRe
         cJSON_AddNumberToObject(j, "nll_sequences", r->nll_sequences);
         cJSON_AddBoolToObject(j, "nll_held_out", r->nll_held_out);
     }
-    if (!isnan(r->fpt_local_first) || !isnan(r->fpt_kl_first)) {
+    if (!isnan(r->fpt_local_first) || !isnan(r->fpt_kl_before)) {
         cJSON *f = cJSON_AddObjectToObject(j, "fpt");
         RunNumber nums[] = {{"local_steps", (double)c->fpt_local_steps}, {"steps", (double)c->fpt_steps},
                             {"lr", c->fpt_lr}, {"local_first", r->fpt_local_first}, {"local_last", r->fpt_local_last},
-                            {"kl_first", r->fpt_kl_first}, {"kl_last", r->fpt_kl_last}};
+                            {"kl_before", r->fpt_kl_before}, {"kl_after", r->fpt_kl_after}};
         if (f)
             run_add_numbers(f, nums, sizeof nums / sizeof nums[0]);
     }
@@ -678,12 +678,12 @@ static int train_transforms(Model *m, const QuantizeConfig *c, const Calib *cal,
     cJSON_Delete(settings);
     ER_TRY(rc);
     res->fpt_local_first = fr.local_first, res->fpt_local_last = fr.local_last;
-    res->fpt_kl_first = fr.kl_first, res->fpt_kl_last = fr.kl_last;
+    res->fpt_kl_before = fr.kl_before, res->fpt_kl_after = fr.kl_after;
     res->fpt_stopped = !fr.complete;
     if (c->log)
-        fprintf(c->log, "fpt-trained: %ld local + %ld end-to-end steps%s; local objective %.4f -> %.4f, KL %.5f -> "
-                "%.5f; %.1fs\n", c->fpt_local_steps, c->fpt_steps, fr.complete ? ", merged into the weights" : " (stopped)",
-                fr.local_first, fr.local_last, fr.kl_first, fr.kl_last, time_now() - t0);
+        fprintf(c->log, "fpt-trained: %ld local + %ld end-to-end steps%s; local objective %.4f -> %.4f, mean KL "
+                "over the calibration sequences %.5f -> %.5f; %.1fs\n", c->fpt_local_steps, c->fpt_steps, fr.complete ? ", merged into the weights" : " (stopped)",
+                fr.local_first, fr.local_last, fr.kl_before, fr.kl_after, time_now() - t0);
     return ER_OK;
 }
 
@@ -727,7 +727,7 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
         res = &local;
     memset(res, 0, sizeof *res);
     res->nll_before = res->nll_after = NAN;
-    res->fpt_local_first = res->fpt_local_last = res->fpt_kl_first = res->fpt_kl_last = NAN;
+    res->fpt_local_first = res->fpt_local_last = res->fpt_kl_before = res->fpt_kl_after = NAN;
     int to_bf16 = 0;
     const char *sens = "none";
     ER_TRY(quantize_check(c, &to_bf16, &sens));

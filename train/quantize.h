@@ -125,7 +125,7 @@ typedef struct {
     QuantizeReport rep;
     double nll_before, nll_after; // NAN without --calib
     int nll_sequences, nll_held_out;
-    double fpt_local_first, fpt_local_last, fpt_kl_first, fpt_kl_last; // fpt-trained objectives (else NAN)
+    double fpt_local_first, fpt_local_last, fpt_kl_before, fpt_kl_after; // fpt-trained objectives (else NAN)
     int fpt_stopped;              // fpt_stop_after ended the run before its last step: nothing was written
 } QuantizeResult;
 

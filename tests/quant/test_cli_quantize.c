@@ -216,7 +216,7 @@ Test(quant_cli, fpt_trained_and_gptq_codes) {
     cr_assert(fabs(n1 - n0) < 1e-4 * (1 + n0), "the merged transforms changed the float NLL: %.7g vs %.7g", n1, n0);
     cr_assert_null(cJSON_GetObjectItemCaseSensitive(none, "fpt"));
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(run, "fpt");
-    cr_assert(cJSON_IsObject(f) && cJSON_GetObjectItemCaseSensitive(f, "kl_first")->valuedouble > 0);
+    cr_assert(cJSON_IsObject(f) && cJSON_GetObjectItemCaseSensitive(f, "kl_before")->valuedouble > 0);
     char *metrics = path_join(dir, "metrics.jsonl"), *state = path_join(dir, "checkpoint/state.json");
     cr_assert(path_exists(metrics) && path_exists(state), "metrics.jsonl and checkpoint/ expected in %s", dir);
     const cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
