@@ -99,7 +99,9 @@ int qat_state_apply(QatState *s, long step) {
             }
             quant_fake_quant_lut(dst, src, R, C, q->cb.lut, weight_format_info(q->qo.fmt)->levels);
         } else {
-            ER_TRY(quant_fake_quant_rows(dst, src, R, C, NULL, &q->qo));
+            // the importance the saved model is quantized with (qat_save): training sees the deployed quantizer
+            const float *imp = s->importance ? s->importance[q->p - m->params] : NULL;
+            ER_TRY(quant_fake_quant_rows(dst, src, R, C, imp, &q->qo));
         }
     }
     if (recluster)

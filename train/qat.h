@@ -42,7 +42,8 @@ int qat_run(const QatConfig *c, TrainResult *res);
 typedef struct QatState QatState;
 // State for a trainable model m whose master weights are master (m->n_param_floats, the layout of
 // m->param_mem; kept by the caller). o, its plan and importance (per parameter, NULL = unweighted; kept
-// by the caller) as in quantize_model: the k-means codebooks are weighted as ertrain quantize weights them.
+// by the caller) as in quantize_model: every matrix (k-means codebooks and uniform scales) is weighted as
+// ertrain quantize and qat's save weight it, so training sees the quantizer that is deployed.
 int qat_state_init(QatState **s, Model *m, const float *master, const QuantizeOptions *o,
                    const float *const *importance, int recluster_every);
 // Writes the master weights into m->param_mem, matrices as Q(master) (see above); `step` is the optimizer

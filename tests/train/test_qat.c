@@ -101,6 +101,42 @@ Test(qat, forward_sees_fake_quantized_weights) {
     fix_free(&f);
 }
 
+// With importances, the uniform formats' fake quantization is the weighted quantizer the saved model
+// gets (quantize_model with the same importances), not the unweighted one.
+Test(qat, uniform_fake_quant_uses_the_importance) {
+    Model m;
+    ModelConfig c = {.arch = ARCH_QWEN2, .C = 16, .FF = 24, .L = 1, .NH = 4, .NKV = 2, .HS = 6, .V = 13,
+                     .max_pos = 64, .rope_theta = 10000.0f, .eps = 1e-6f, .qkv_bias = 1, .dtype = DT_F32,
+                     .bos_id = -1, .eos_id = -1};
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 6), 0, "%s", er_last_error());
+    float *master = malloc(m.n_param_floats * sizeof(float)), *imem = malloc(m.n_param_floats * sizeof(float));
+    const float **imp = malloc(sizeof(float *) * m.n_params);
+    memcpy(master, m.param_mem, m.n_param_floats * sizeof(float));
+    ErRng r;
+    rng_seed(&r, 3);
+    for (size_t i = 0; i < m.n_param_floats; i++)
+        imem[i] = (float)(0.01 + rng_uniform(&r) * rng_uniform(&r) * 10);
+    for (int i = 0; i < m.n_params; i++)
+        imp[i] = imem + (m.params[i].data - m.param_mem);
+    QuantizeOptions o = {.weights = "q4", .embeddings = "int8"};
+    QatState *s;
+    cr_assert_eq(qat_state_init(&s, &m, master, &o, imp, 1), 0, "%s", er_last_error());
+    cr_assert_eq(qat_state_apply(s, 0), 0, "%s", er_last_error());
+    const ParamTensor *p = model_find_param(&m, "model.layers.0.mlp.down_proj.weight");
+    size_t off = (size_t)(p->data - m.param_mem);
+    int R = (int)p->shape[0], C = (int)p->shape[1];
+    float *want = malloc(sizeof(float) * p->numel), *plain = malloc(sizeof(float) * p->numel);
+    QuantOptions qo;
+    quant_options_default(&qo, WF_Q4, 0);
+    cr_assert_eq(quant_fake_quant_rows(want, master + off, R, C, imp[p - m.params], &qo), 0);
+    cr_assert_eq(quant_fake_quant_rows(plain, master + off, R, C, NULL, &qo), 0);
+    cr_assert_neq(memcmp(want, plain, sizeof(float) * p->numel), 0, "the importances changed nothing: no test");
+    cr_assert_eq(memcmp(p->data, want, sizeof(float) * p->numel), 0, "qat's fake quantization is not the weighted one");
+    qat_state_free(s);
+    free(master), free(imem), free(imp), free(want), free(plain);
+    model_free(&m);
+}
+
 Test(qat, ste_gradient_is_the_gradient_at_the_dequantized_weights) {
     Fix f;
     fix_init(&f, 1);
