@@ -24,7 +24,10 @@
 //        locally "to reduce outliers"); invariant to each row's scale, so no transform can win by
 //        shrinking one side of a pair;
 //   end to end: the student is the fake-quantized transformed model Q(W'(θ)) (train/qat.h's
-//        quantize-dequantize step, the quantizer of ertrain quantize), the teacher the float model;
+//        quantize-dequantize step with c->q's formats, unweighted, without GPTQ), the teacher the float
+//        model. Not exactly the deployed quantizer: ertrain quantize then quantizes the merged model
+//        Fisher-weighted (with --calib) and, for the LUT formats, with GPTQ codes; both depend on W'(θ)
+//        itself (its gradients, its inputs' second moments), so they are measured after the merge;
 //        loss: KL(teacher || student) of the next-token distributions, mean over every position of
 //        one calibration sequence per step (cycling); reported as the mean over all of them before and
 //        after training. dL/dQ(W') is taken as dL/dW' (STE) and pulled
