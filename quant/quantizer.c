@@ -388,6 +388,10 @@ static int cholesky_lower(double *a, int n) {
 
 // Hd (n, n) = H + damping (dead inputs get 1 on the diagonal); U (n, n) upper with (Hd)⁻¹ = Uᵀ U.
 static int gptq_factor(double *Hd, double *U, const float *H, int n) {
+    for (size_t i = 0; i < (size_t)n * n; i++) // NaN would pass the diagonal's `> 0` test as a dead input
+        if (!isfinite(H[i]))
+            return er_error(ER_EINVAL, "quantize_matrix: the input second moment (%d x %d) is not finite at (%zu, %zu)",
+                            n, n, i / n, i % n);
     double mean = 0;
     for (int i = 0; i < n; i++)
         mean += H[(size_t)i * n + i] / n;

@@ -149,7 +149,9 @@ static int quantize_param(Model *m, ParamTensor *p, const QuantOptions *qo, cons
         src = *tmp;
     }
     Weight qw;
-    ER_TRY(quantize_matrix(&qw, src, p->w->rows, p->w->cols, imp, qo));
+    int qrc = quantize_matrix(&qw, src, p->w->rows, p->w->cols, imp, qo);
+    if (qrc < 0)
+        return er_error_prefix(qrc, "%s", p->name);
     double e = quant_rel_error(&qw, src);
     rep->max_rel_error = e > rep->max_rel_error ? e : rep->max_rel_error;
     int is_layer = p->w != &m->embed && p->w != &m->lm_head;
@@ -318,6 +320,29 @@ done:
     return rc;
 }
 
+// An error naming the first block of hessian_pass's *hmem (layout there) with a NaN or Inf: the
+// activations of the calibration sequences [i0, i1) overflowed or were not finite.
+static int hessian_check(const float *hmem, const ModelConfig *cfg, size_t per_layer, int i0, int i1) {
+    int C = cfg->C, qd = cfg->NH * cfg->HS, FF = cfg->FF;
+    size_t sizes[4] = {(size_t)C * C, (size_t)qd * qd, (size_t)C * C, (size_t)FF * FF};
+    const char *readers[4] = {"q/k/v_proj", "o_proj", "gate/up_proj", "down_proj"};
+    for (int l = 0; l <= cfg->L; l++) {
+        const float *h = hmem + per_layer * l;
+        for (int k = 0; k < (l < cfg->L ? 4 : 1); k++) {
+            for (size_t j = 0; j < sizes[k]; j++)
+                if (!isfinite(h[j]))
+                    return l < cfg->L ? er_error(ER_EINVAL, "quantize: the input second moments of "
+                                                 "model.layers.%d.%s are not finite (NaN or Inf in the activations "
+                                                 "of calibration sequences %d..%d)", l, readers[k], i0, i1 - 1)
+                                      : er_error(ER_EINVAL, "quantize: the input second moments of lm_head are not "
+                                                 "finite (NaN or Inf in the activations of calibration sequences "
+                                                 "%d..%d)", i0, i1 - 1);
+            h += sizes[k];
+        }
+    }
+    return ER_OK;
+}
+
 // Input second moments XᵀX of every layer projection and the lm_head over sequences [i0, i1): into
 // *hmem, with (*hs)[i] pointing at parameter i's (cols, cols) block (shared by the matrices that read
 // the same input: q, k, v; gate, up). NULL entries for the rest.
@@ -351,6 +376,7 @@ static int hessian_pass(Model *m, Calib *c, int i0, int i1, float **hmem, const 
         }
         gemm_f32(1, 0, C, C, N, 1.0f, a.lnf, C, a.lnf, C, 1.0f, hf, C);
     }
+    ER_CHECK(hessian_check(*hmem, cfg, per_layer, i0, i1));
     for (int i = 0; i < m->n_params; i++) {
         const Weight *w = m->params[i].w;
         for (int l = 0; w && l < cfg->L; l++) {

@@ -256,6 +256,18 @@ Test(quantizer, gptq_codes_lower_the_output_error) {
         weight_free(&plain);
         weight_free(&gptq);
     }
+    // A NaN in H (a diagonal one looked like a dead input) or an Inf off it: an error, not codes.
+    float keep = H[5 * K + 5];
+    H[5 * K + 5] = NAN;
+    QuantOptions o;
+    quant_options_default(&o, WF_Q2LUT, 0);
+    o.hessian = H;
+    Weight w;
+    cr_assert_lt(quantize_matrix(&w, W, R, K, NULL, &o), 0);
+    cr_assert(strstr(er_last_error(), "not finite at (5, 5)"), "%s", er_last_error());
+    H[5 * K + 5] = keep, H[3 * K + 7] = INFINITY;
+    cr_assert_lt(quantize_matrix(&w, W, R, K, NULL, &o), 0);
+    cr_assert(strstr(er_last_error(), "not finite at (3, 7)"), "%s", er_last_error());
     free(W), free(X), free(H);
 }
 
