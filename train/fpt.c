@@ -698,6 +698,42 @@ static int fpt_log_step(FptRun *r, long step, double lr, double loss, double gno
     return rc;
 }
 
+int fpt_merge_check(Model *m, const float *base, const float *merged, const int *tokens, int T) {
+    int fixed[16], V = m->cfg.V, rc = ER_OK;
+    if (!tokens) {
+        T = m->cfg.max_pos < 16 ? m->cfg.max_pos : 16;
+        for (int t = 0; t < T; t++)
+            fixed[t] = (t * 7 + 1) % V;
+        tokens = fixed;
+    }
+    T = T < m->cfg.max_pos ? T : m->cfg.max_pos;
+    Activations a = {0};
+    float *want = er_alloc(sizeof(float) * (size_t)T * V);
+    if (!want)
+        ER_CHECK(ER_ENOMEM);
+    ER_CHECK(acts_alloc(&a, &m->cfg, 1, T, ACTS_SCORE, 0));
+    ModelInput in = {.B = 1, .T = T, .tokens = tokens};
+    memcpy(m->param_mem, base, sizeof(float) * m->n_param_floats);
+    ER_CHECK(model_forward(m, &in, &a));
+    memcpy(want, a.logits, sizeof(float) * (size_t)T * V);
+    memcpy(m->param_mem, merged, sizeof(float) * m->n_param_floats);
+    ER_CHECK(model_forward(m, &in, &a));
+    double dmax = 0, lmax = 0;
+    for (size_t i = 0; i < (size_t)T * V; i++) {
+        double d = fabs((double)a.logits[i] - want[i]);
+        dmax = d > dmax || isnan(d) ? d : dmax;
+        lmax = fabs(want[i]) > lmax ? fabs(want[i]) : lmax;
+    }
+    if (!(dmax <= 1e-4 * lmax))
+        ER_CHECK(er_error(ER_EINVAL, "fpt: merging the trained transforms changed the logits by %.3g relative "
+                          "(max |dlogit| / max |logit| over %d positions; want <= 1e-4): not function-preserving",
+                          lmax > 0 ? dmax / lmax : dmax, T));
+done:
+    er_free(want);
+    acts_free(&a);
+    return rc;
+}
+
 static int fpt_log_eval(FptRun *r, long steps, double before, double after) {
     if (!r->c->dir)
         return ER_OK;
@@ -760,7 +796,8 @@ int fpt_train(Model *m, const FptTrainConfig *c, FptTrainResult *res) {
     }
     if (res->complete) { // merge: the float model with W'(θ) in its weights
         ER_CHECK(fpt_params_apply(&r.p, m, r.base, r.master));
-        memcpy(m->param_mem, r.master, sizeof(float) * m->n_param_floats);
+        const Sequence *s0 = c->n_seqs > 0 && c->seqs ? &c->seqs[0] : NULL;
+        ER_CHECK(fpt_merge_check(m, r.base, r.master, s0 ? s0->tokens : NULL, s0 ? s0->n : 0));
     } else {
         memcpy(m->param_mem, r.base, sizeof(float) * m->n_param_floats);
     }

@@ -14,8 +14,9 @@
 //        e^α R(θ)·k, the group's q pair rows <- e^-α R(θ)·q; R(θ) commutes with RoPE's rotation of the
 //        pair, so q·k is unchanged (the paper's pre-RoPE transform).
 // W'(θ) = T_r ∘ (T_u, T_v, T_k)(W_fpt); the inner three act on the output side of q/k/v/up and the input
-// side of o/down, T_r on the residual side, so the two commute. fpt_merge writes W'(θ) into the model:
-// the merged float model computes the same logits (fp32 rounding aside).
+// side of o/down, T_r on the residual side, so the two commute. fpt_train ends by writing W'(θ) into the
+// model (the merge): the merged float model computes the same logits (fp32 rounding aside), which it
+// checks on a calibration sequence before returning.
 //
 // Training, as the paper does it, in two stages, straight-through estimator through the quantizer:
 //   local (data-free, per matrix): minimise the mean over the rows of every layer projection of the
@@ -95,8 +96,14 @@ typedef struct {
     int complete;
 } FptTrainResult;
 
+// The merge must preserve the function: the logits of m with the weights `merged` against those with
+// `base` (both the layout of param_mem) on tokens (T; NULL = a fixed 16-token sequence), max |Δ| /
+// max |logit| <= 1e-4 (fp32 rounding; the tests see ~3e-6), else an error. Leaves m->param_mem = merged.
+int fpt_merge_check(Model *m, const float *base, const float *merged, const int *tokens, int T);
+
 // Trains θ on m (trainable fp32, the closed-form fpt already applied), then merges W'(θ) into m's
-// weights (only when the run is complete). r may be NULL.
+// weights (only when the run is complete), refusing a merge whose logits differ from the float model's
+// by more than 1e-4 relative. r may be NULL.
 int fpt_train(Model *m, const FptTrainConfig *c, FptTrainResult *r);
 
 #endif

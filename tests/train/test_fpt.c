@@ -286,6 +286,24 @@ Test(fpt_run, lowers_both_objectives_and_resume_is_bit_for_bit, .timeout = 120) 
     er_free(a), er_free(b), er_free(tmp);
 }
 
+// The merge check: the same weights pass; 64 down_proj weights scaled by 1.5 fail it.
+Test(fpt, merge_check_refuses_changed_logits) {
+    Model m;
+    build(&m, 1, 43);
+    size_t n = m.n_param_floats;
+    float *base = malloc(sizeof(float) * n), *merged = malloc(sizeof(float) * n);
+    memcpy(base, m.param_mem, sizeof(float) * n);
+    memcpy(merged, base, sizeof(float) * n);
+    cr_assert_eq(fpt_merge_check(&m, base, merged, NULL, 0), 0, "%s", er_last_error());
+    float *w = merged + (model_find_param(&m, "model.layers.1.mlp.down_proj.weight")->data - m.param_mem);
+    for (int i = 0; i < 64; i++)
+        w[i] *= 1.5f;
+    cr_assert_lt(fpt_merge_check(&m, base, merged, NULL, 0), 0);
+    cr_assert(strstr(er_last_error(), "not function-preserving"), "%s", er_last_error());
+    free(base), free(merged);
+    model_free(&m);
+}
+
 // ---- the outlier test model ----
 
 Test(fpt, outlier_model_computes_the_same_function) {
