@@ -1,5 +1,7 @@
 // ertrain outliers: a float model dir -> the same model with outlier channels (train/transform_model.h,
-// transform_model_add_outliers): a seeded test model for quantizers and transforms.
+// transform_model_add_outliers): a seeded test model for quantizers. Not for transforms: the outliers
+// are the inverses of the norm folding and the closed-form T_u that rotate / fpt / fpt-trained start
+// with, which undo them exactly (q4 + fpt reports the tiny base's relative error and NLL).
 #include <stdio.h>
 
 #include "core/args.h"
@@ -49,7 +51,9 @@ int cmd_outliers(int argc, char **argv) {
         {"seed", ARG_INT, &seed, "seed of the channels and factors", 0, 0, 2147483647},
     };
     int rc = args_parse(argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                        "ertrain outliers --model DIR --out DIR [--channels 4] [--min 20 --max 100] [--seed 1]");
+                        "ertrain outliers --model DIR --out DIR [--channels 4] [--min 20 --max 100] [--seed 1]\n"
+                        "(a test of quantizers without transforms: rotate / fpt / fpt-trained fold the norms and "
+                        "balance up/down first, which undoes these outliers exactly)");
     if (rc == ARGS_HELP)
         return 0;
     if (rc < 0 || outliers_write(model, out, channels, lo, hi, seed) < 0)

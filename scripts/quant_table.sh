@@ -498,6 +498,7 @@ if orows_res:
     L += table(orows_res, False)
     L.append("")
     L += target_lines(o["targets"])
+    L.append("\n" + "**What this model does not test.** Its outliers are built from the inverses of two transforms every rotate / fpt / fpt-trained run starts with: the norm folding (ln weights *= α with the reading columns /= α) and the closed-form T_u balancing (MLP up rows *= α, down columns /= α). Those undo them exactly, so the transformed model is the tiny base's: q4 + fpt gives the same result on both (mean relative error 0.1075, worst 0.1232, held-out NLL gap +0.0031 on both; the trained rows start from the same point and differ by run-to-run spread). The fpt and fpt-trained rows here therefore measure nothing beyond the tiny base; only the rows without a transform (q4 per-channel, q2 RTN / LUT / QAT) see the outliers, and the closed-form fpt's large share of the no-transform gap is the outliers being removed by construction, not evidence about real models' outliers.")
 if large_rows:
     lc = doc["large"]
     L.append("\n## Larger random model: speed and NLL only\n")

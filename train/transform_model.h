@@ -65,6 +65,8 @@ int transform_model_apply(Model *m, unsigned flags, uint64_t seed);
 //     activations first appear in real models) has channel j α times larger.
 // The final norm is left alone (the model may be tied). *ratio gets the largest α·|γ_j| / median_j |γ_j|
 // over the layers' norms: how far the loudest normalised channel stands above the typical one.
+// Being the inverses of the norm folding and of the closed-form T_u, the outliers are undone exactly by
+// rotate / fpt (and so fpt-trained's start): a test for quantizers without transforms, not of them.
 int transform_model_add_outliers(Model *m, int channels, float lo, float hi, uint64_t seed, double *ratio);
 
 #endif
