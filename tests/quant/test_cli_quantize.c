@@ -223,13 +223,23 @@ Test(quant_cli, fpt_trained_and_gptq_codes) {
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "transforms")->valuestring, "fpt-trained");
     cJSON_Delete(none), cJSON_Delete(run), cJSON_Delete(cfg);
     er_free(metrics), er_free(state);
-    // Resuming with another seed (other rotations: another result) is refused, naming the setting.
-    CmdResult rr = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' --weights q4 --transforms fpt-trained "
-                              "--fpt-steps 3 --fpt-local-steps 2 --save-every 2 --calib '%s' --calib-n 3 --seq-len 64 "
-                              "--threads 1 --resume --seed 7", fx.prog, fx.model, dir, calib);
-    cr_assert_eq(rr.status, 1, "resume with another seed: status %d", rr.status);
-    cr_assert(strstr(rr.err, "seed = 0") && strstr(rr.err, "7"), "%s", rr.err);
-    helper_result_free(&rr);
+    // Resuming with another seed (other rotations: another result), or after the calibration file changed,
+    // is refused, naming the setting.
+    for (int k = 0; k < 2; k++) {
+        if (k == 1) {
+            FILE *cf = fopen(calib, "a");
+            cr_assert(cf);
+            fprintf(cf, "{\"prompt\": \"Start with 9. Add 5.\", \"completion\": \"Answer: 14\"}\n");
+            fclose(cf);
+        }
+        CmdResult rr = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' --weights q4 --transforms fpt-trained "
+                                  "--fpt-steps 3 --fpt-local-steps 2 --save-every 2 --calib '%s' --calib-n 3 "
+                                  "--seq-len 64 --threads 1 --resume --seed %d", fx.prog, fx.model, dir, calib,
+                                  k ? 0 : 7);
+        cr_assert_eq(rr.status, 1, "resume with another %s: status %d", k ? "calibration file" : "seed", rr.status);
+        cr_assert(strstr(rr.err, k ? "calib_bytes_fnv1a = " : "seed = 0"), "%s", rr.err);
+        helper_result_free(&rr);
+    }
     char *text = NULL;
     cfg = helper_read_json(quantize_ok("g", "--weights q2lut", &text), "config.json");
     cr_assert(strstr(text, "gptq:"), "%s", text);
