@@ -249,6 +249,31 @@ Test(quant_cli, fpt_trained_and_gptq_codes) {
     free(text);
 }
 
+// Activations that overflow (a v_proj of huge finite weights) make GPTQ's input second moments of the
+// o_proj Inf: one error line naming that matrix, not codes fitted to garbage.
+Test(quant_cli, non_finite_second_moments_name_the_matrix) {
+    need_programs();
+    Model m;
+    cr_assert_eq(model_load(&m, fx.model, MODEL_LOAD_TRAINABLE), 0, "%s", er_last_error());
+    const ParamTensor *v = model_find_param(&m, "model.layers.0.self_attn.v_proj.weight");
+    cr_assert(v);
+    for (size_t i = 0; i < v->numel; i++)
+        v->data[i] = 3e38f;
+    char dir[600], out[600];
+    snprintf(dir, sizeof dir, "%s/huge", fx.tmp);
+    snprintf(out, sizeof out, "%s/huge_q2", fx.tmp);
+    cr_assert_eq(model_save(&m, dir, 0), 0, "%s", er_last_error());
+    model_free(&m);
+    helper_copy_file("data/tiny_tokenizer/tokenizer.json", dir, "tokenizer.json");
+    helper_copy_file("data/tiny_tokenizer/tokenizer_config.json", dir, "tokenizer_config.json");
+    CmdResult r = helper_run(fx.tmp, "'%s' quantize --model '%s' --out '%s' --weights q2lut --sensitivity none --calib "
+                             "'%s' --calib-n 3 --seq-len 64 --threads 1", fx.prog, dir, out, calib);
+    cr_assert_eq(r.status, 1, "status %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "model.layers.0.o_proj are not finite"), "%s", r.err);
+    cr_assert_eq(helper_count_lines(r.err), 1, "%s", r.err);
+    helper_result_free(&r);
+}
+
 Test(quant_cli, bad_flags_are_one_line_errors) {
     need_programs();
     struct {
