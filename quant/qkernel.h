@@ -9,7 +9,8 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QK_SIMD 1
 // out (N, rows) = inp (N, cols) · Wᵀ for 1 <= N <= QUANT_DECODE_MAX_N, w in the kernel's format.
-// The q4g kernel declines (WEIGHT_DECODE_DECLINED) a group that is not a multiple of 16.
+// The q4g kernel declines (WEIGHT_DECODE_DECLINED) a group that is not a multiple of 16. q8, q4 and q4g32
+// with cols a multiple of 64 round the inputs to int8 (per 32, half a step of max|x| / 127 at most).
 int qk_decode_simd_q8(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_q4(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_q4g(float *out, const float *inp, const Weight *w, int N);
