@@ -18,6 +18,7 @@
 //     use integer dot products (section "int8 activations" below): W8A8 / W4A8, like llama.cpp's CPU path.
 // The SIMD kernels are the `decode` column of the format table (quant/weight.c); this file also holds
 // the products that choose between the decode and GEMM paths.
+#include <math.h>
 #include <string.h>
 
 #include "core/dtype.h"
@@ -390,76 +391,10 @@ QK_ROWS(WF_F16, qk_decode_simd_f16)
 // block of 32, scaled once per block in fp32. The error this adds is bounded by the int8 rounding of the
 // inputs (half a step, max|x| / 254 per block), what tests/quant check against the portable path.
 // Both work on chunks of 64 inputs (two blocks) whose products land with block 2c in int32 lanes 0-3 and
-// block 2c+1 in lanes 4-7, so one conversion and one FMA with the two blocks' scales (dv) serve 64 weights:
-//   - 4-bit rows (layout in quant/weight.h): 32 bytes hold 64 codes, their low nibbles elements 0-7,
-//     16-23, 32-39, 48-55 and their high nibbles 8-15, 24-31, 40-47, 56-63, so the inputs are stored in
-//     that order (QK_ORDER_Q4) and the codes need only a mask and a shift;
-//   - int8 rows: elements 0-15 and 32-47 are loaded into one register, 16-31 and 48-63 into another, and
-//     the inputs stored in that order (QK_ORDER_Q8).
-// Taken where cols is a multiple of 64, q4g's group is 32 and N * cols fits QK_ACT_BYTES; elsewhere the
-// fp32 kernels run.
-#define QK_ACT_BYTES 40960 // N * cols codes on the caller's stack: cols up to 5120 at N = 8
-
-typedef enum { QK_ORDER_Q4, QK_ORDER_Q8 } QkOrder;
-
-typedef struct {
-    int8_t q[QK_ACT_BYTES];       // (N, K) input codes, each chunk of 64 in the kernel's order (above)
-    float dv[QK_ACT_BYTES / 8];   // (N, K / 64, 8) the scales of blocks 2c, 2c+1 four times each
-    float xs[QK_ACT_BYTES / 32];  // (N, K / 32) the exact fp32 sum of each block's inputs (q4g's zeros)
-    float xsum[QUANT_DECODE_MAX_N]; // (N) the exact sum of each input row (q4's -8)
-} QkActs;
-
-// 32 inputs as int8 codes q (natural order) with scale *d = max|x| / 127, and their exact sum.
-static void qk_quant_block(int8_t *q, float *d, float *xs, const float *x) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 v[4], m = _mm256_setzero_ps(), t = _mm256_setzero_ps();
-    for (int i = 0; i < 4; i++) {
-        v[i] = _mm256_loadu_ps(x + 8 * i);
-        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
-        t = _mm256_add_ps(t, v[i]);
-    }
-    float amax = 0.0f, mx[8];
-    _mm256_storeu_ps(mx, m);
-    for (int i = 0; i < 8; i++)
-        amax = mx[i] > amax ? mx[i] : amax;
-    *d = amax / 127.0f;
-    *xs = hsum256(t);
-    __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-    __m256i i32[4];
-    for (int i = 0; i < 4; i++) // rounded to nearest (the MXCSR default)
-        i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
-    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3]));
-    // the packs work per 128-bit half: 4-byte groups come out as 0 2 4 6 1 3 5 7
-    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256((__m256i *)q, p);
-}
-
-// The N input rows (N, K), K a multiple of 64, as codes and scales in the kernel's order.
-static void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order) {
-    int nb = K / 32;
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * K;
-        int8_t *q = a->q + (size_t)n * K;
-        float *xs = a->xs + (size_t)n * nb, *dv = a->dv + (size_t)n * (K / 8), d;
-        double t = 0;
-        for (int b = 0; b < nb; b++) {
-            int8_t nat[32];
-            qk_quant_block(nat, &d, &xs[b], x + 32 * b);
-            t += xs[b];
-            // Element e of block b goes to byte 32 * ((e / 8) % 2) + 16 * (b % 2) + 8 * (e / 16) + e % 8
-            // (Q4) or 32 * (e / 16) + 16 * (b % 2) + e % 16 (Q8) of its chunk.
-            int8_t *c = q + 64 * (b / 2) + 16 * (b % 2);
-            for (int e = 0; e < 32; e += order == QK_ORDER_Q4 ? 8 : 16)
-                if (order == QK_ORDER_Q4)
-                    memcpy(c + 32 * ((e / 8) % 2) + 8 * (e / 16), nat + e, 8);
-                else
-                    memcpy(c + 32 * (e / 16), nat + e, 16);
-            for (int i = 0; i < 4; i++)
-                dv[8 * (b / 2) + 4 * (b % 2) + i] = d;
-        }
-        a->xsum[n] = (float)t;
-    }
-}
+// block 2c+1 in lanes 4-7, so one conversion and one FMA with the two blocks' scales (dv) serve 64 weights;
+// the inputs are stored in the order that makes this so (QK_ORDER_Q4, QK_ORDER_Q8 in quant/qkernel.h).
+// Taken where qk_i8_takes says; elsewhere the fp32 kernels run. The inputs are quantized by qk_acts_fill
+// (portable C, below), which the NEON kernels share, so that both CPUs round every input to the same code.
 
 // Σ u * x over 32 byte pairs, u unsigned (< 128), x signed, as 8 int32 lanes (each the sum of 4 pairs), added to acc.
 static inline __m256i qk_dot_u8(__m256i acc, __m256i u, __m256i x) {
@@ -570,13 +505,6 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
         qrow_i8_q4(out, R, r, w, a, K, N, fmt);
 }
 
-// 1 when the int8-activation kernel takes w at N input rows.
-static int qk_i8_takes(const Weight *w, int N) {
-    if ((size_t)N * (size_t)w->cols > QK_ACT_BYTES || w->cols % 64)
-        return 0;
-    return w->fmt != WF_Q4G || w->group == 32;
-}
-
 #define QK_I8(FMT, name)                                                                                    \
     int qk_decode_simd_##name(float *out, const float *inp, const Weight *w, int N) {                     \
         if (!qk_i8_takes(w, N))                                                                            \
@@ -645,6 +573,65 @@ int qk_dequant_row_simd(float *dst, const Weight *w, int r) {
     return 1;
 }
 
+#endif
+
+#if QK_SIMD
+// ---- int8 activations, shared by the AVX2 and the NEON kernels (portable C, one rounding) ----
+
+int qk_i8_takes(const Weight *w, int N) {
+    if ((size_t)N * (size_t)w->cols > QK_ACT_BYTES || w->cols % 64)
+        return 0;
+    return w->fmt == WF_Q8 || w->fmt == WF_Q4 || (w->fmt == WF_Q4G && w->group == 32);
+}
+
+// 32 inputs as int8 codes q (natural order) with scale *d = max|x| / 127, and their fp32 sum *xs added as
+// 8 lanes of 4 (lane i: x[i] + x[8+i] + x[16+i] + x[24+i]), the lanes as ((0+4)+(2+6))+((1+5)+(3+7)): the
+// order the AVX2 kernels were measured with. Codes round to nearest even (x * (127 / max|x|), what
+// cvtps2dq does under the default MXCSR); a NaN or an out-of-range value saturates like packsswb does.
+static void qk_quant_block(int8_t *q, float *d, float *xs, const float *x) {
+    float amax = 0.0f, t[8];
+    for (int i = 0; i < 8; i++)
+        t[i] = 0.0f;
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < 8; i++) {
+            float v = x[8 * j + i], a = fabsf(v);
+            amax = a > amax ? a : amax;
+            t[i] += v;
+        }
+    *d = amax / 127.0f;
+    *xs = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+    float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int k = 0; k < 32; k++) {
+        float r = nearbyintf(x[k] * id);
+        q[k] = r >= 127.0f ? 127 : r >= -128.0f ? (int8_t)r : -128;
+    }
+}
+
+void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order) {
+    int nb = K / 32;
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * K;
+        int8_t *q = a->q + (size_t)n * K;
+        float *xs = a->xs + (size_t)n * nb, *dv = a->dv + (size_t)n * (K / 8), d;
+        double t = 0;
+        for (int b = 0; b < nb; b++) {
+            int8_t nat[32];
+            qk_quant_block(nat, &d, &xs[b], x + 32 * b);
+            t += xs[b];
+            // Element e of block b goes to byte 32 * ((e / 8) % 2) + 16 * (b % 2) + 8 * (e / 16) + e % 8
+            // (Q4) or 32 * (e / 16) + 16 * (b % 2) + e % 16 (Q8) of its chunk.
+            int8_t *c = q + 64 * (b / 2) + 16 * (b % 2);
+            for (int e = 0; e < 32; e += order == QK_ORDER_Q4 ? 8 : 16)
+                if (order == QK_ORDER_Q4)
+                    memcpy(c + 32 * ((e / 8) % 2) + 8 * (e / 16), nat + e, 8);
+                else
+                    memcpy(c + 32 * (e / 16), nat + e, 16);
+            for (int i = 0; i < 4; i++)
+                dv[8 * (b / 2) + 4 * (b % 2) + i] = d;
+        }
+        a->xsum[n] = (float)t;
+    }
+}
 #endif
 
 int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, float *scratch) {
