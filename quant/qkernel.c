@@ -14,8 +14,11 @@
 //     layout in quant/weight.h is made for this) or the 2-bit codes index the row's codebook with
 //     vpermilps, which reads only the low 2 bits of each lane. 32 weights per step feed independent
 //     accumulator chains so that FMA latency does not set the pace at N = 1.
+//     q8, q4 and q4g32 (cols a multiple of 64) instead quantize the inputs to int8 once per product and
+//     use integer dot products (section "int8 activations" below): W8A8 / W4A8, like llama.cpp's CPU path.
 // The SIMD kernels are the `decode` column of the format table (quant/weight.c); this file also holds
 // the products that choose between the decode and GEMM paths.
+#include <math.h>
 #include <string.h>
 
 #include "core/dtype.h"
@@ -345,8 +348,8 @@ static inline __attribute__((always_inline)) void qrow_simd(float *out, int R, i
 }
 
 // q4 subtracts 8 * the sum of each input row once per output (xsum) instead of 8 from every code.
-#define QK_ROWS(FMT, name)                                                                                  \
-    int qk_decode_simd_##name(float *out, const float *inp, const Weight *w, int N) {                     \
+#define QK_ROWS(FMT, fname)                                                                                 \
+    int fname(float *out, const float *inp, const Weight *w, int N) {                                     \
         int R = w->rows, K = w->cols;                                                                      \
         if (FMT == WF_Q4G && w->group % 16)                                                                \
             return WEIGHT_DECODE_DECLINED;                                                                 \
@@ -372,13 +375,161 @@ static inline __attribute__((always_inline)) void qrow_simd(float *out, int R, i
         return ER_OK;                                                                                      \
     }
 
-QK_ROWS(WF_Q8, q8)
-QK_ROWS(WF_Q4, q4)
-QK_ROWS(WF_Q4G, q4g)
-QK_ROWS(WF_Q2LUT, q2lut)
-QK_ROWS(WF_Q4LUT, q4lut)
-QK_ROWS(WF_BF16, bf16)
-QK_ROWS(WF_F16, f16)
+static QK_ROWS(WF_Q8, qk_float_q8)
+static QK_ROWS(WF_Q4, qk_float_q4)
+static QK_ROWS(WF_Q4G, qk_float_q4g)
+QK_ROWS(WF_Q2LUT, qk_decode_simd_q2lut)
+QK_ROWS(WF_Q4LUT, qk_decode_simd_q4lut)
+QK_ROWS(WF_BF16, qk_decode_simd_bf16)
+QK_ROWS(WF_F16, qk_decode_simd_f16)
+
+// ---- int8 activations: q8, q4 and q4g32 with integer dot products ----
+// Weighed against the fp32 kernels above, which widen every weight to fp32 and spend one FMA per 8 weights
+// per input row (compute-bound at N = 8), these quantize the N input rows to int8 once per product (one
+// scale per 32 inputs, as llama.cpp's Q8_0 activations) and multiply 32 codes per instruction against
+// them: vpmaddubsw + vpmaddwd (AVX2) or vpdpbusd (AVX512-VNNI, where the compiler targets it), int32 per
+// block of 32, scaled once per block in fp32. The error this adds is bounded by the int8 rounding of the
+// inputs (half a step, max|x| / 254 per block), what tests/quant check against the portable path.
+// Both work on chunks of 64 inputs (two blocks) whose products land with block 2c in int32 lanes 0-3 and
+// block 2c+1 in lanes 4-7, so one conversion and one FMA with the two blocks' scales (dv) serve 64 weights;
+// the inputs are stored in the order that makes this so (QK_ORDER_Q4, QK_ORDER_Q8 in quant/qkernel.h).
+// Taken where qk_i8_takes says; elsewhere the fp32 kernels run. The inputs are quantized by qk_acts_fill
+// (portable C, below), which the NEON kernels share, so that both CPUs round every input to the same code.
+
+// Σ u * x over 32 byte pairs, u unsigned (< 128), x signed, as 8 int32 lanes (each the sum of 4 pairs), added to acc.
+static inline __m256i qk_dot_u8(__m256i acc, __m256i u, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+// Group scales of blocks 2c and 2c+1 (q4g32), four times each.
+static inline __m256 qk_gscale_pair(const uint16_t *gs) {
+    uint32_t two;
+    memcpy(&two, gs, 4);
+    __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)two));
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(f), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+
+// Row r of a q4 / q4g32 weight against the N quantized inputs.
+static inline __attribute__((always_inline)) void qrow_i8_q4(float *out, int R, int r, const Weight *w,
+                                                             const QkActs *a, int K, const int N,
+                                                             const WeightFormat fmt) {
+    const int A = N <= 2 ? 2 : 1; // independent chains: at N = 1 the FMA latency would set the pace
+    __m256 acc[QUANT_DECODE_MAX_N * 2];
+#pragma GCC unroll 16
+    for (int i = 0; i < N * A; i++)
+        acc[i] = _mm256_setzero_ps();
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * (K / 2);
+    const uint16_t *gs = fmt == WF_Q4G ? w->gscale + (size_t)r * (K / 32) : NULL;
+    const __m256i m15 = _mm256_set1_epi8(15);
+    for (int c = 0; c < K / 64; c++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(row + 32 * c));
+        __m256i lo = _mm256_and_si256(v, m15), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m15);
+        __m256 sv = fmt == WF_Q4G ? qk_gscale_pair(gs + 2 * c) : _mm256_set1_ps(1.0f);
+#pragma GCC unroll 8
+        for (int n = 0; n < N; n++) {
+            const int8_t *xq = a->q + (size_t)n * K + 64 * c;
+            __m256i i32 = qk_dot_u8(_mm256_setzero_si256(), lo, _mm256_loadu_si256((const __m256i *)xq));
+            i32 = qk_dot_u8(i32, hi, _mm256_loadu_si256((const __m256i *)(xq + 32)));
+            __m256 dv = _mm256_loadu_ps(a->dv + (size_t)n * (K / 8) + 8 * c);
+            if (fmt == WF_Q4G)
+                dv = _mm256_mul_ps(dv, sv);
+            acc[n * A + c % A] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), dv, acc[n * A + c % A]);
+        }
+    }
+    int ng = K / 32;
+    for (int n = 0; n < N; n++) {
+        __m256 s = acc[n * A];
+        for (int i = 1; i < A; i++)
+            s = _mm256_add_ps(s, acc[n * A + i]);
+        float y = hsum256(s);
+        if (fmt == WF_Q4) {
+            y = (y - 8.0f * a->xsum[n]) * w->scale[r];
+        } else { // + Σ_g zero_g * Σ_{k in g} x_k, with the exact block sums
+            const uint16_t *gz = w->gzero + (size_t)r * ng;
+            const float *xs = a->xs + (size_t)n * ng;
+            __m256 z = _mm256_setzero_ps();
+            int g = 0;
+            for (; g + 8 <= ng; g += 8)
+                z = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gz + g))),
+                                    _mm256_loadu_ps(xs + g), z);
+            y += hsum256(z);
+            for (; g < ng; g++)
+                y += half_to_f32(gz[g]) * xs[g];
+        }
+        out[(size_t)n * R + r] = y;
+    }
+}
+
+// Row r of a q8 weight against the N quantized inputs: |w| * (x with w's sign) keeps vpmaddubsw's
+// first operand unsigned.
+static inline __attribute__((always_inline)) void qrow_i8_q8(float *out, int R, int r, const Weight *w,
+                                                             const QkActs *a, int K, const int N) {
+    const int A = N <= 2 ? 2 : 1;
+    __m256 acc[QUANT_DECODE_MAX_N * 2];
+#pragma GCC unroll 16
+    for (int i = 0; i < N * A; i++)
+        acc[i] = _mm256_setzero_ps();
+    const int8_t *row = (const int8_t *)w->data + (size_t)r * K;
+    for (int c = 0; c < K / 64; c++) {
+        const int8_t *p = row + 64 * c;
+        __m256i v0 = _mm256_loadu2_m128i((const __m128i *)(p + 32), (const __m128i *)p);
+        __m256i v1 = _mm256_loadu2_m128i((const __m128i *)(p + 48), (const __m128i *)(p + 16));
+        __m256i u0 = _mm256_abs_epi8(v0), u1 = _mm256_abs_epi8(v1);
+#pragma GCC unroll 8
+        for (int n = 0; n < N; n++) {
+            const int8_t *xq = a->q + (size_t)n * K + 64 * c;
+            __m256i x0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xq), v0);
+            __m256i x1 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xq + 32)), v1);
+            __m256i i32 = qk_dot_u8(qk_dot_u8(_mm256_setzero_si256(), u0, x0), u1, x1);
+            __m256 dv = _mm256_loadu_ps(a->dv + (size_t)n * (K / 8) + 8 * c);
+            acc[n * A + c % A] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), dv, acc[n * A + c % A]);
+        }
+    }
+    for (int n = 0; n < N; n++) {
+        __m256 s = acc[n * A];
+        for (int i = 1; i < A; i++)
+            s = _mm256_add_ps(s, acc[n * A + i]);
+        out[(size_t)n * R + r] = hsum256(s) * w->scale[r];
+    }
+}
+
+static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int r, const Weight *w,
+                                                          const QkActs *a, int K, const int N, const WeightFormat fmt) {
+    if (fmt == WF_Q8)
+        qrow_i8_q8(out, R, r, w, a, K, N);
+    else
+        qrow_i8_q4(out, R, r, w, a, K, N, fmt);
+}
+
+#define QK_I8(FMT, name)                                                                                    \
+    int qk_decode_simd_##name(float *out, const float *inp, const Weight *w, int N) {                     \
+        if (!qk_i8_takes(w, N))                                                                            \
+            return qk_float_##name(out, inp, w, N);                                                        \
+        int R = w->rows, K = w->cols;                                                                      \
+        QkActs a;                                                                                          \
+        qk_acts_fill(&a, inp, K, N, FMT == WF_Q8 ? QK_ORDER_Q8 : QK_ORDER_Q4);                                                         \
+        _Pragma("omp parallel for schedule(static)") for (int r = 0; r < R; r++) {                         \
+            switch (N) {                                                                                   \
+            case 1: qrow_i8(out, R, r, w, &a, K, 1, FMT); break;                                           \
+            case 2: qrow_i8(out, R, r, w, &a, K, 2, FMT); break;                                           \
+            case 3: qrow_i8(out, R, r, w, &a, K, 3, FMT); break;                                           \
+            case 4: qrow_i8(out, R, r, w, &a, K, 4, FMT); break;                                           \
+            case 5: qrow_i8(out, R, r, w, &a, K, 5, FMT); break;                                           \
+            case 6: qrow_i8(out, R, r, w, &a, K, 6, FMT); break;                                           \
+            case 7: qrow_i8(out, R, r, w, &a, K, 7, FMT); break;                                           \
+            default: qrow_i8(out, R, r, w, &a, K, 8, FMT); break;                                          \
+            }                                                                                              \
+        }                                                                                                  \
+        return ER_OK;                                                                                      \
+    }
+
+QK_I8(WF_Q8, q8)
+QK_I8(WF_Q4, q4)
+QK_I8(WF_Q4G, q4g)
 
 // ---- dequantizing tiles for the GEMM path (prefill, backward) ----
 
@@ -422,7 +573,65 @@ int qk_dequant_row_simd(float *dst, const Weight *w, int r) {
     return 1;
 }
 
+#endif
 
+#if QK_SIMD
+// ---- int8 activations, shared by the AVX2 and the NEON kernels (portable C, one rounding) ----
+
+int qk_i8_takes(const Weight *w, int N) {
+    if ((size_t)N * (size_t)w->cols > QK_ACT_BYTES || w->cols % 64)
+        return 0;
+    return w->fmt == WF_Q8 || w->fmt == WF_Q4 || (w->fmt == WF_Q4G && w->group == 32);
+}
+
+// 32 inputs as int8 codes q (natural order) with scale *d = max|x| / 127, and their fp32 sum *xs added as
+// 8 lanes of 4 (lane i: x[i] + x[8+i] + x[16+i] + x[24+i]), the lanes as ((0+4)+(2+6))+((1+5)+(3+7)): the
+// order the AVX2 kernels were measured with. Codes round to nearest even (x * (127 / max|x|), what
+// cvtps2dq does under the default MXCSR); a NaN or an out-of-range value saturates like packsswb does.
+static void qk_quant_block(int8_t *q, float *d, float *xs, const float *x) {
+    float amax = 0.0f, t[8];
+    for (int i = 0; i < 8; i++)
+        t[i] = 0.0f;
+    for (int j = 0; j < 4; j++)
+        for (int i = 0; i < 8; i++) {
+            float v = x[8 * j + i], a = fabsf(v);
+            amax = a > amax ? a : amax;
+            t[i] += v;
+        }
+    *d = amax / 127.0f;
+    *xs = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+    float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int k = 0; k < 32; k++) {
+        float r = nearbyintf(x[k] * id);
+        q[k] = r >= 127.0f ? 127 : r >= -128.0f ? (int8_t)r : -128;
+    }
+}
+
+void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order) {
+    int nb = K / 32;
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * K;
+        int8_t *q = a->q + (size_t)n * K;
+        float *xs = a->xs + (size_t)n * nb, *dv = a->dv + (size_t)n * (K / 8), d;
+        double t = 0;
+        for (int b = 0; b < nb; b++) {
+            int8_t nat[32];
+            qk_quant_block(nat, &d, &xs[b], x + 32 * b);
+            t += xs[b];
+            // Element e of block b goes to byte 32 * ((e / 8) % 2) + 16 * (b % 2) + 8 * (e / 16) + e % 8
+            // (Q4) or 32 * (e / 16) + 16 * (b % 2) + e % 16 (Q8) of its chunk.
+            int8_t *c = q + 64 * (b / 2) + 16 * (b % 2);
+            for (int e = 0; e < 32; e += order == QK_ORDER_Q4 ? 8 : 16)
+                if (order == QK_ORDER_Q4)
+                    memcpy(c + 32 * ((e / 8) % 2) + 8 * (e / 16), nat + e, 8);
+                else
+                    memcpy(c + 32 * (e / 16), nat + e, 16);
+            for (int i = 0; i < 4; i++)
+                dv[8 * (b / 2) + 4 * (b % 2) + i] = d;
+        }
+        a->xsum[n] = (float)t;
+    }
+}
 #endif
 
 int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, float *scratch) {

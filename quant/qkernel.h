@@ -4,12 +4,14 @@
 #ifndef QUANT_QKERNEL_H
 #define QUANT_QKERNEL_H
 
+#include "quant/quant.h"
 #include "quant/weight.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QK_SIMD 1
 // out (N, rows) = inp (N, cols) · Wᵀ for 1 <= N <= QUANT_DECODE_MAX_N, w in the kernel's format.
-// The q4g kernel declines (WEIGHT_DECODE_DECLINED) a group that is not a multiple of 16.
+// The q4g kernel declines (WEIGHT_DECODE_DECLINED) a group that is not a multiple of 16. q8, q4 and q4g32
+// with cols a multiple of 64 round the inputs to int8 (per 32, half a step of max|x| / 127 at most).
 int qk_decode_simd_q8(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_q4(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_q4g(float *out, const float *inp, const Weight *w, int N);
@@ -38,6 +40,34 @@ const char *qk_neon_features(void);
 #else
 #define QK_SIMD 0
 #define QK_DECODE(name) NULL
+#endif
+
+#if QK_SIMD
+// int8 activations (the q8, q4 and q4g32 kernels of both CPUs, W8A8 / W4A8 like llama.cpp's CPU path):
+// the N input rows quantized once per product, one scale per 32 inputs (max|x| / 127, codes rounded to
+// nearest), by one portable routine, so that x86 and aarch64 get the same codes and, the integer dot
+// products being exact, the same products up to the order of the fp32 block sums. Each chunk of 64 inputs
+// (blocks 2c, 2c+1) is stored in the order the kernels read it:
+//   - QK_ORDER_Q4: 4-bit rows (quant/weight.h): 32 bytes hold 64 codes, their low nibbles elements 0-7,
+//     16-23, 32-39, 48-55 and their high nibbles 8-15, 24-31, 40-47, 56-63, so the inputs go in that order
+//     and the codes need only a mask and a shift;
+//   - QK_ORDER_Q8: elements 0-15 and 32-47 of the row in one 32-byte register, 16-31 and 48-63 in another.
+#define QK_ACT_BYTES 40960 // N * cols codes on the caller's stack: cols up to 5120 at N = 8
+
+typedef enum { QK_ORDER_Q4, QK_ORDER_Q8 } QkOrder;
+
+typedef struct {
+    int8_t q[QK_ACT_BYTES];         // (N, K) input codes, each chunk of 64 in the kernel's order (above)
+    float dv[QK_ACT_BYTES / 8];     // (N, K / 64, 8) the scales of blocks 2c, 2c+1 four times each
+    float xs[QK_ACT_BYTES / 32];    // (N, K / 32) the fp32 sum of each block's inputs (q4g's zeros)
+    float xsum[QUANT_DECODE_MAX_N]; // (N) the sum of each input row (q4's -8)
+} QkActs;
+
+// 1 when the int8-activation kernels take w at N input rows: q8, q4 or q4g32, cols a multiple of 64 and
+// N * cols <= QK_ACT_BYTES.
+int qk_i8_takes(const Weight *w, int N);
+// The N input rows (N, K), K a multiple of 64, as codes and scales in the order given.
+void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order);
 #endif
 
 #endif

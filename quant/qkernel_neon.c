@@ -9,18 +9,20 @@
 //     split into a table of low bytes and one of high bytes, one lookup each gives 16 halves' bytes,
 //     ZIP1/ZIP2 put them back together and FCVTL widens them to fp32; no code ever goes through memory;
 //   - bf16: a shift left by 16 (SHLL) is the fp32; f16: FCVTL.
-// Where the CPU has the dot-product extension (dotprod, SDOT; getauxval HWCAP_ASIMDDP), q8 and q4 run on
-// SDOT instead: SDOT multiplies int8 by int8, and the runtime's activations are fp32, so each input row
-// is split exactly into four int8 limbs first, x = S * (a + b/2^7 + c/2^14 + d/2^21) with S = max|x| / 127
-// (each limb is what the previous one left, times 2^7, rounded), which leaves at most 2^-22 * S of each
-// element out: the products match the fp32 kernels to about the last bit of max|x|, not to int8
-// precision. The integer sums are exact; the limbs are combined in double. Where the CPU also has i8mm
-// (SMMLA; HWCAP2_I8MM) and N >= 2, q8 and q4 run on SMMLA: one instruction multiplies a 2x8 int8 tile (8
-// elements of one limb of two input rows) by an 8x2 one (the same 8 elements of two weight rows) into a 2x2
-// int32 tile, so every weight load and every limb load serves two products, and the sums are the same exact
-// integers SDOT makes: SMMLA's outputs equal SDOT's bit for bit. The q4 groups and the codebook formats
-// have per-group or per-code floats, and stay on fp32 FMLA. qk_neon_features says what the CPU has and
-// what runs.
+// q8, q4 and q4g32 with cols a multiple of 64 (qk_i8_takes) round their inputs to int8 and compute exactly
+// what the AVX2 kernels of quant/qkernel.c compute (section "int8 activations" below; SDOT where the CPU
+// has dotprod), so that x86 and aarch64 decode the same tokens. For the other widths, where the CPU has
+// the dot-product extension (dotprod, SDOT; getauxval HWCAP_ASIMDDP), q8 and q4 run on SDOT against the
+// exact fp32 inputs: SDOT multiplies int8 by int8, so each input row is split exactly into four int8 limbs
+// first, x = S * (a + b/2^7 + c/2^14 + d/2^21) with S = max|x| / 127 (each limb is what the previous one
+// left, times 2^7, rounded), which leaves at most 2^-22 * S of each element out: the products match the
+// fp32 kernels to about the last bit of max|x|, not to int8 precision. The integer sums are exact; the
+// limbs are combined in double. Where the CPU also has i8mm (SMMLA; HWCAP2_I8MM) and N >= 2, those q8 and
+// q4 products run on SMMLA: one instruction multiplies a 2x8 int8 tile (8 elements of one limb of two
+// input rows) by an 8x2 one (the same 8 elements of two weight rows) into a 2x2 int32 tile, so every weight
+// load and every limb load serves two products, and the sums are the same exact integers SDOT makes:
+// SMMLA's outputs equal SDOT's bit for bit. The other q4 groups and the codebook formats have per-group or
+// per-code floats, and stay on fp32 FMLA. qk_neon_features says what the CPU has and what runs.
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #include <math.h>
@@ -45,8 +47,8 @@ static int has_i8mm(void) { return (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0; }
 
 const char *qk_neon_features(void) {
     int dp = has_dotprod(), mm = has_i8mm();
-    return dp && mm ? "NEON + dotprod, i8mm for q8, q4 (CPU: dotprod, i8mm)"
-           : dp     ? "NEON + dotprod for q8, q4 (CPU: dotprod)"
+    return dp && mm ? "NEON + dotprod for q8, q4, q4g32, i8mm for q8, q4 (CPU: dotprod, i8mm)"
+           : dp     ? "NEON + dotprod for q8, q4, q4g32 (CPU: dotprod)"
            : mm     ? "NEON (CPU: i8mm without dotprod)"
                     : "NEON";
 }
@@ -284,6 +286,123 @@ static inline __attribute__((always_inline)) void neon_row(float *out, int R, in
 
 typedef void (*NeonRowFn)(float *out, int R, int r, const Weight *w, const float *inp, const float *xsum);
 
+// ---- int8 activations: q8, q4 and q4g32 as the AVX2 kernels compute them (quant/qkernel.c) ----
+// Where qk_i8_takes says so, the inputs are quantized by the same portable qk_acts_fill as on x86 (same
+// codes, same scales, same order of each chunk of 64), and each chunk's integer products land in the same
+// eight int32 lanes (block 2c in lanes 0-3, 2c+1 in 4-7, each lane the sum of the same eight products), are
+// converted, scaled and accumulated with the same fused multiply-adds and summed across lanes in the same
+// order as there: the two CPUs compute the same numbers, so a model decodes the same tokens on both. The
+// integer lanes come from SDOT where the CPU has dotprod, else from SMULL + SADDLP + ADDP: the same exact
+// integers either way.
+
+typedef int32x4_t (*Dot16Fn)(int32x4_t acc, int8x16_t a, int8x16_t b);
+
+// acc lane j += a[4j..4j+3] · b[4j..4j+3] on ARMv8.0 (what SDOT computes): an int8 product fits int16.
+static inline int32x4_t dot16_base(int32x4_t acc, int8x16_t a, int8x16_t b) {
+    int16x8_t lo = vmull_s8(vget_low_s8(a), vget_low_s8(b)), hi = vmull_high_s8(a, b);
+    return vaddq_s32(acc, vpaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)));
+}
+
+// The sum of 8 lanes (lo, hi) in the order of the AVX2 kernels' hsum256: ((0+4)+(2+6)) + ((1+5)+(3+7)).
+static inline float hsum8(float32x4_t lo, float32x4_t hi) {
+    float32x4_t s = vaddq_f32(lo, hi);
+    float32x2_t t = vadd_f32(vget_low_f32(s), vget_high_f32(s));
+    return vget_lane_f32(t, 0) + vget_lane_f32(t, 1);
+}
+
+// q4g32: y + Σ_g zero_g * (sum of group g's inputs), 8 groups per step, as the AVX2 kernel.
+static inline float i8_zeros(float y, const uint16_t *gz, const float *xs, int ng) {
+    float32x4_t z0 = vdupq_n_f32(0.0f), z1 = vdupq_n_f32(0.0f);
+    int g = 0;
+    for (; g + 8 <= ng; g += 8) {
+        z0 = vfmaq_f32(z0, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(gz + g))), vld1q_f32(xs + g));
+        z1 = vfmaq_f32(z1, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(gz + g + 4))), vld1q_f32(xs + g + 4));
+    }
+    y += hsum8(z0, z1);
+    for (; g < ng; g++)
+        y += f16_to_f32(gz[g]) * xs[g];
+    return y;
+}
+
+// Row r of a q8 / q4 / q4g32 weight against the N quantized inputs. A chunk's four 16-byte weight vectors
+// wv[0..3] meet input bytes 0-15, 32-47 (lanes 0-3) and 16-31, 48-63 (lanes 4-7) of the chunk as stored:
+// q8: weights 0-15, 16-31, 32-47, 48-63 of the chunk (QK_ORDER_Q8); 4-bit: the low and high nibbles of
+// bytes 0-15, then of 16-31 (QK_ORDER_Q4), unsigned codes (q4 subtracts 8 * the row's input sum at the end).
+static inline __attribute__((always_inline)) void i8_row(float *out, int R, int r, const Weight *w, const QkActs *a,
+                                                         const int N, const WeightFormat fmt, Dot16Fn dot) {
+    const int K = w->cols, A = N <= 2 ? 2 : 1; // independent chains, as the AVX2 kernel
+    float32x4_t acc[QUANT_DECODE_MAX_N * 2][2];
+#pragma GCC unroll 16
+    for (int i = 0; i < N * A; i++)
+        acc[i][0] = acc[i][1] = vdupq_n_f32(0.0f);
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(fmt, K);
+    const uint16_t *gs = fmt == WF_Q4G ? w->gscale + (size_t)r * (K / 32) : NULL;
+    for (int c = 0; c < K / 64; c++) {
+        int8x16_t wv[4];
+        if (fmt == WF_Q8) {
+            for (int i = 0; i < 4; i++)
+                wv[i] = vld1q_s8((const int8_t *)row + 64 * c + 16 * i);
+        } else {
+            uint8x16_t v0 = vld1q_u8(row + 32 * c), v1 = vld1q_u8(row + 32 * c + 16), m15 = vdupq_n_u8(15);
+            wv[0] = vreinterpretq_s8_u8(vandq_u8(v0, m15)), wv[1] = vreinterpretq_s8_u8(vshrq_n_u8(v0, 4));
+            wv[2] = vreinterpretq_s8_u8(vandq_u8(v1, m15)), wv[3] = vreinterpretq_s8_u8(vshrq_n_u8(v1, 4));
+        }
+        float32x4_t s0 = vdupq_n_f32(1.0f), s1 = s0;
+        if (fmt == WF_Q4G)
+            s0 = vdupq_n_f32(f16_to_f32(gs[2 * c])), s1 = vdupq_n_f32(f16_to_f32(gs[2 * c + 1]));
+#pragma GCC unroll 8
+        for (int n = 0; n < N; n++) {
+            const int8_t *xq = a->q + (size_t)n * K + 64 * c;
+            const int32x4_t z = vdupq_n_s32(0);
+            int32x4_t lo = dot(dot(z, wv[0], vld1q_s8(xq)), wv[1], vld1q_s8(xq + 32));
+            int32x4_t hi = dot(dot(z, wv[2], vld1q_s8(xq + 16)), wv[3], vld1q_s8(xq + 48));
+            const float *dv = a->dv + (size_t)n * (K / 8) + 8 * c;
+            float32x4_t d0 = vld1q_f32(dv), d1 = vld1q_f32(dv + 4);
+            if (fmt == WF_Q4G)
+                d0 = vmulq_f32(d0, s0), d1 = vmulq_f32(d1, s1);
+            float32x4_t *ac = acc[n * A + c % A];
+            ac[0] = vfmaq_f32(ac[0], vcvtq_f32_s32(lo), d0);
+            ac[1] = vfmaq_f32(ac[1], vcvtq_f32_s32(hi), d1);
+        }
+    }
+    for (int n = 0; n < N; n++) {
+        float32x4_t s0 = acc[n * A][0], s1 = acc[n * A][1];
+        for (int i = 1; i < A; i++)
+            s0 = vaddq_f32(s0, acc[n * A + i][0]), s1 = vaddq_f32(s1, acc[n * A + i][1]);
+        float y = hsum8(s0, s1);
+        if (fmt == WF_Q4G)
+            y = i8_zeros(y, w->gzero + (size_t)r * (K / 32), a->xs + (size_t)n * (K / 32), K / 32);
+        else if (fmt == WF_Q4)
+            y = (y - 8.0f * a->xsum[n]) * w->scale[r];
+        else
+            y = y * w->scale[r];
+        out[(size_t)n * R + r] = y;
+    }
+}
+
+typedef void (*I8RowsFn)(float *out, const Weight *w, const QkActs *a, int N);
+
+// All rows of w for one format and one way to the integer lanes (DOT), N a constant inside.
+#define QK_I8_ROWS(FMT, name, DOT)                                                                                \
+    static void i8_##name##_##DOT(float *out, const Weight *w, const QkActs *a, int N) {                          \
+        _Pragma("omp parallel for schedule(static)") for (int r = 0; r < w->rows; r++) {                          \
+            switch (N) {                                                                                          \
+            case 1: i8_row(out, w->rows, r, w, a, 1, FMT, DOT); break;                                            \
+            case 2: i8_row(out, w->rows, r, w, a, 2, FMT, DOT); break;                                            \
+            case 3: i8_row(out, w->rows, r, w, a, 3, FMT, DOT); break;                                            \
+            case 4: i8_row(out, w->rows, r, w, a, 4, FMT, DOT); break;                                            \
+            case 5: i8_row(out, w->rows, r, w, a, 5, FMT, DOT); break;                                            \
+            case 6: i8_row(out, w->rows, r, w, a, 6, FMT, DOT); break;                                            \
+            case 7: i8_row(out, w->rows, r, w, a, 7, FMT, DOT); break;                                            \
+            default: i8_row(out, w->rows, r, w, a, 8, FMT, DOT); break;                                           \
+            }                                                                                                     \
+        }                                                                                                         \
+    }
+
+QK_I8_ROWS(WF_Q8, q8, dot16_base)
+QK_I8_ROWS(WF_Q4, q4, dot16_base)
+QK_I8_ROWS(WF_Q4G, q4g, dot16_base)
+
 // ---- dotprod: q8 and q4 on SDOT against the input rows split into int8 limbs ----
 
 #define QK_LIMBS 4
@@ -401,6 +520,13 @@ typedef void (*SdotRowFn)(float *out, int R, int r, const Weight *w, const float
 
 QK_SDOT_FORMAT(WF_Q8, q8)
 QK_SDOT_FORMAT(WF_Q4, q4)
+
+// SDOT: the lanes dot16_base makes, in one instruction.
+static inline int32x4_t dot16_dp(int32x4_t acc, int8x16_t a, int8x16_t b) { return vdotq_s32(acc, a, b); }
+
+QK_I8_ROWS(WF_Q8, q8, dot16_dp)
+QK_I8_ROWS(WF_Q4, q4, dot16_dp)
+QK_I8_ROWS(WF_Q4G, q4g, dot16_dp)
 
 #pragma GCC pop_options
 
@@ -533,6 +659,19 @@ static int mmla_decode(float *out, const float *inp, const Weight *w, int N, con
     return ER_OK;
 }
 
+// The int8-activation product: the inputs quantized once (QkActs is 66 KB, on this thread's stack as on
+// x86), then every row on SDOT where the CPU has it (fns[1]), else on the ARMv8.0 lanes (fns[0]).
+static int i8_decode(float *out, const float *inp, const Weight *w, int N, const I8RowsFn fns[2]) {
+    QkActs a;
+    qk_acts_fill(&a, inp, w->cols, N, w->fmt == WF_Q8 ? QK_ORDER_Q8 : QK_ORDER_Q4);
+    fns[has_dotprod()](out, w, &a, N);
+    return ER_OK;
+}
+
+static const I8RowsFn i8_q8[2] = {i8_q8_dot16_base, i8_q8_dot16_dp};
+static const I8RowsFn i8_q4[2] = {i8_q4_dot16_base, i8_q4_dot16_dp};
+static const I8RowsFn i8_q4g[2] = {i8_q4g_dot16_base, i8_q4g_dot16_dp};
+
 // One function per (format, N), so that both are constants inside; QK_NEON_FORMAT makes the eight of a
 // format, a table indexed by N - 1, and the table entry qk_decode_neon_<name> (q8 and q4: on SDOT where
 // the CPU has it).
@@ -540,15 +679,18 @@ static int mmla_decode(float *out, const float *inp, const Weight *w, int N, con
     static void rows_##name##_##N(float *out, int R, int r, const Weight *w, const float *inp, const float *xsum) { \
         neon_row(out, R, r, w, inp, xsum, N, FMT);                                                                \
     }
-#define QK_NEON_FORMAT(FMT, name, SDOT, MMLA)                                                                     \
+#define QK_NEON_FORMAT(FMT, name, I8, SDOT, MMLA)                                                                  \
     QK_NEON_ROW(FMT, name, 1) QK_NEON_ROW(FMT, name, 2) QK_NEON_ROW(FMT, name, 3) QK_NEON_ROW(FMT, name, 4)      \
     QK_NEON_ROW(FMT, name, 5) QK_NEON_ROW(FMT, name, 6) QK_NEON_ROW(FMT, name, 7) QK_NEON_ROW(FMT, name, 8)      \
     static const NeonRowFn rows_##name[QUANT_DECODE_MAX_N] = {rows_##name##_1, rows_##name##_2, rows_##name##_3,  \
                                                               rows_##name##_4, rows_##name##_5, rows_##name##_6,  \
                                                               rows_##name##_7, rows_##name##_8};                 \
     int qk_decode_neon_##name(float *out, const float *inp, const Weight *w, int N) {                            \
+        const I8RowsFn *i8 = I8;                                                                                  \
         const SdotRowFn *sdot = SDOT;                                                                             \
         const MmlaRowsFn *mmla = MMLA;                                                                            \
+        if (i8 && qk_i8_takes(w, N))                                                                              \
+            return i8_decode(out, inp, w, N, i8);                                                                 \
         if (mmla && N >= 2 && has_dotprod() && has_i8mm())                                                        \
             return mmla_decode(out, inp, w, N, mmla, sdot);                                                       \
         if (sdot && has_dotprod())                                                                                \
@@ -575,12 +717,12 @@ static int neon_decode(float *out, const float *inp, const Weight *w, int N, con
     return ER_OK;
 }
 
-QK_NEON_FORMAT(WF_Q8, q8, sdot_q8, mmla_q8)
-QK_NEON_FORMAT(WF_Q4, q4, sdot_q4, mmla_q4)
-QK_NEON_FORMAT(WF_Q4G, q4g, NULL, NULL)
-QK_NEON_FORMAT(WF_Q4LUT, q4lut, NULL, NULL)
-QK_NEON_FORMAT(WF_Q2LUT, q2lut, NULL, NULL)
-QK_NEON_FORMAT(WF_BF16, bf16, NULL, NULL)
-QK_NEON_FORMAT(WF_F16, f16, NULL, NULL)
+QK_NEON_FORMAT(WF_Q8, q8, i8_q8, sdot_q8, mmla_q8)
+QK_NEON_FORMAT(WF_Q4, q4, i8_q4, sdot_q4, mmla_q4)
+QK_NEON_FORMAT(WF_Q4G, q4g, i8_q4g, NULL, NULL)
+QK_NEON_FORMAT(WF_Q4LUT, q4lut, NULL, NULL, NULL)
+QK_NEON_FORMAT(WF_Q2LUT, q2lut, NULL, NULL, NULL)
+QK_NEON_FORMAT(WF_BF16, bf16, NULL, NULL, NULL)
+QK_NEON_FORMAT(WF_F16, f16, NULL, NULL, NULL)
 
 #endif

@@ -70,9 +70,36 @@ static float *dequant_all(const Weight *w) {
     return d;
 }
 
-// out (N, R) against inp · Wᵀ + bias in double; tolerance relative to Σ|w x|.
+// The error the int8-activation kernels of q8, q4 and q4g (quant/qkernel.c) may add to out[n, r]: each
+// input rounded to a multiple of d_b = max|x_b| / 127 over its block b of 32 (half a step at most),
+// times the weight's multiplier of that input (q8: W; q4: W + 8 * scale, the -8 uses the exact input sum;
+// q4g: W - zero, the zeros use the exact group sums). 0 for every other format.
+static double act_round_bound(const Weight *w, const float *W, const float *inp, int n, int r) {
+    if (w->fmt != WF_Q8 && w->fmt != WF_Q4 && w->fmt != WF_Q4G)
+        return 0.0;
+    int K = w->cols;
+    const float *x = inp + (size_t)n * K;
+    double e = 0;
+    for (int b = 0; b < K; b += 32) {
+        float amax = 0;
+        for (int k = b; k < K && k < b + 32; k++)
+            amax = fabsf(x[k]) > amax ? fabsf(x[k]) : amax;
+        for (int k = b; k < K && k < b + 32; k++) {
+            double m = W[(size_t)r * K + k];
+            if (w->fmt == WF_Q4)
+                m += 8.0 * w->scale[r];
+            if (w->fmt == WF_Q4G)
+                m -= f16_to_f32(w->gzero[(size_t)r * (K / w->group) + k / w->group]);
+            e += fabs(m) * (amax / 127.0) * 0.5;
+        }
+    }
+    return e * 1.0001;
+}
+
+// out (N, R) against inp · Wᵀ + bias in double; tolerance relative to Σ|w x|, plus the int8 rounding of
+// the inputs where w is a format whose SIMD kernel quantizes them (w NULL: none).
 static void check_forward(const float *out, const float *inp, const float *W, const float *bias, int N, int R, int K,
-                          const char *what) {
+                          const Weight *w, const char *what) {
     for (int n = 0; n < N; n++)
         for (int r = 0; r < R; r++) {
             double s = bias ? bias[r] : 0, a = fabs(s);
@@ -80,8 +107,9 @@ static void check_forward(const float *out, const float *inp, const float *W, co
                 s += (double)inp[(size_t)n * K + k] * W[(size_t)r * K + k];
                 a += fabs((double)inp[(size_t)n * K + k] * W[(size_t)r * K + k]);
             }
-            cr_assert(fabs(out[(size_t)n * R + r] - s) <= 1e-5 * a + 1e-6, "%s: out[%d,%d] = %.8g, want %.8g", what, n,
-                      r, out[(size_t)n * R + r], s);
+            double tol = 1e-5 * a + 1e-6 + (w ? act_round_bound(w, W, inp, n, r) : 0.0);
+            cr_assert(fabs(out[(size_t)n * R + r] - s) <= tol, "%s: out[%d,%d] = %.8g, want %.8g", what, n, r,
+                      out[(size_t)n * R + r], s);
         }
 }
 
@@ -153,7 +181,7 @@ Test(quant_kernels, decode_n1_to_8_simd_and_portable) {
                 } else {
                     cr_assert_eq(weight_matmul_forward(out, inp, &w, bias, N, scratch), 0);
                 }
-                check_forward(out, inp, W, bias, N, R, c->K, what);
+                check_forward(out, inp, W, bias, N, R, c->K, portable ? NULL : &w, what);
             }
         }
         free(W);
@@ -174,7 +202,7 @@ Test(quant_kernels, tile_path_n33) {
         float *W = dequant_all(&w), *inp = random_vec((size_t)N * c->K, 11 + ci);
         float *out = calloc((size_t)N * R, sizeof(float));
         cr_assert_eq(weight_matmul_forward(out, inp, &w, NULL, N, scratch), 0);
-        check_forward(out, inp, W, NULL, N, R, c->K, weight_format_name(c->f));
+        check_forward(out, inp, W, NULL, N, R, c->K, NULL, weight_format_name(c->f));
         free(out);
         free(W);
         free(inp);
@@ -218,7 +246,9 @@ Test(quant_kernels, backward_input_accumulates) {
 }
 
 // L(x) = Σ g ⊙ (x · Wᵀ): dL/dx from backward_input against central differences of the forward
-// (decode kernel for N = 2, tile path for N = 9) of the packed weight.
+// (the portable decode product for N = 2, tile path for N = 9) of the packed weight. The SIMD decode of
+// q8 / q4 / q4g32 rounds its inputs to int8 (a step function of x, checked against its rounding bound
+// above), so for it backward_input is the straight-through gradient of the exact product.
 Test(quant_kernels, backward_matches_finite_differences) {
     threads_set(1);
     WeightFormat fs[] = {WF_Q8, WF_Q4, WF_Q4G, WF_Q2LUT, WF_Q4LUT};
@@ -237,7 +267,10 @@ Test(quant_kernels, backward_matches_finite_differences) {
                 const float h = 0.125f;
                 for (int s = 0; s < 2; s++) {
                     x[i] = x0 + (s ? -h : h);
-                    cr_assert_eq(weight_matmul_forward(out, x, &w, NULL, N, scratch), 0);
+                    if (N <= QUANT_DECODE_MAX_N)
+                        cr_assert_eq(quant_matmul_decode_portable(out, x, &w, N, scratch), 0);
+                    else
+                        cr_assert_eq(weight_matmul_forward(out, x, &w, NULL, N, scratch), 0);
                     L[s] = 0;
                     for (int j = 0; j < N * R; j++)
                         L[s] += (double)g[j] * out[j];
@@ -297,7 +330,8 @@ Test(quant_kernels, table_kernels_match_portable) {
                         double a = 0;
                         for (int k = 0; k < K; k++)
                             a += fabs((double)inp[(size_t)(i / R) * K + k] * W[(size_t)(i % R) * K + k]);
-                        cr_assert(fabs(out[i] - ref[i]) <= 1e-6 * a + 1e-7, "%s K=%d g=%d N=%d out[%d] = %.9g, portable %.9g",
+                        double tol = 1e-6 * a + 1e-7 + act_round_bound(&w, W, inp, i / R, i % R);
+                        cr_assert(fabs(out[i] - ref[i]) <= tol, "%s K=%d g=%d N=%d out[%d] = %.9g, portable %.9g",
                                   fi->name, K, G, N, i, out[i], ref[i]);
                     }
                     free(W);
@@ -309,6 +343,41 @@ Test(quant_kernels, table_kernels_match_portable) {
     }
     printf("quant_kernels: %s kernels matched the portable path in %d (format, width, N) cases\n", quant_simd_name(),
            checked);
+}
+
+// The int8-input kernels of q8, q4 and q4g32 at the 0.5B model's widths (896, 4864) with inputs the way
+// activations are: a block of zeros (scale 0), an outlier 300x the rest (its block's codes are mostly 0)
+// and a tiny block (1e-30, scale near the bottom of fp32), N = 1..8, against double within the int8
+// rounding bound.
+Test(quant_kernels, int8_inputs_outliers_and_zero_blocks) {
+    threads_set(2);
+    static const Case big[] = {{WF_Q8, 896, 0}, {WF_Q4, 896, 0}, {WF_Q4G, 896, 32}, {WF_Q4, 4864, 0}, {WF_Q4G, 4864, 32},
+                               {WF_Q8, 4864, 0}};
+    for (int ci = 0; ci < (int)(sizeof big / sizeof big[0]); ci++) {
+        const Case *c = &big[ci];
+        const int R = 7, K = c->K;
+        Weight w;
+        random_weight(&w, c->f, R, K, c->group, 70 + ci);
+        float *W = dequant_all(&w), *inp = random_vec((size_t)8 * K, 80 + ci), out[8 * 7];
+        float *tile = malloc(sizeof(float) * quant_scratch_floats(K)); // for a build without the SIMD kernels
+        for (int n = 0; n < 8; n++) {
+            float *x = inp + (size_t)n * K;
+            memset(x + 32, 0, 32 * sizeof(float));
+            x[100 + n] = 300.0f;
+            for (int k = 160; k < 192; k++)
+                x[k] *= 1e-30f;
+        }
+        for (int N = 1; N <= 8; N++) {
+            char what[64];
+            snprintf(what, sizeof what, "%s K=%d g=%d N=%d int8 inputs", weight_format_name(c->f), K, c->group, N);
+            cr_assert_eq(weight_matmul_forward(out, inp, &w, NULL, N, tile), 0);
+            check_forward(out, inp, W, NULL, N, R, K, &w, what);
+        }
+        free(tile);
+        free(W);
+        free(inp);
+        weight_free(&w);
+    }
 }
 
 // The tiles of the GEMM path (quant_dequant_rows, SIMD rows for q8 / q4 / q4g where built) equal the
