@@ -53,6 +53,11 @@ int quantize_matrix(Weight *w, const float *src, int rows, int cols, const float
 
 // ---- the pieces, exposed for tests ----
 
+// The GPTQ factorisation of H (n, n): Hd (n, n) = H damped by 1% of its mean diagonal (dead inputs get 1 on
+// the diagonal) and U (n, n) the upper Cholesky factor of its inverse, (Hd)⁻¹ = Uᵀ U. ER_EINVAL when H is
+// not finite or Hd not positive definite.
+int quant_gptq_factor(double *Hd, double *U, const float *H, int n);
+
 // Symmetric RTN of n values with codes in [-qmax, qmax]: the chosen scale, codes q (n), and the weighted
 // Lp error of that choice.
 double quant_rtn_sym(const float *x, const float *imp, int n, int qmax, QuantSearch s, double p, int grid, float *scale,

@@ -271,6 +271,81 @@ Test(quantizer, gptq_codes_lower_the_output_error) {
     free(W), free(X), free(H);
 }
 
+// a (n, n) <- a⁻¹ by Gauss-Jordan with partial pivoting; b (n, 2n) scratch.
+static void gauss_jordan_inverse(double *a, int n, double *b) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < 2 * n; j++)
+            b[i * 2 * n + j] = j < n ? a[i * n + j] : j - n == i;
+    for (int c = 0; c < n; c++) {
+        int p = c;
+        for (int i = c + 1; i < n; i++)
+            if (fabs(b[i * 2 * n + c]) > fabs(b[p * 2 * n + c]))
+                p = i;
+        for (int j = 0; j < 2 * n; j++) {
+            double t = b[c * 2 * n + j];
+            b[c * 2 * n + j] = b[p * 2 * n + j], b[p * 2 * n + j] = t;
+        }
+        double d = b[c * 2 * n + c];
+        for (int j = 0; j < 2 * n; j++)
+            b[c * 2 * n + j] /= d;
+        for (int i = 0; i < n; i++)
+            if (i != c) {
+                double f = b[i * 2 * n + c];
+                for (int j = 0; j < 2 * n; j++)
+                    b[i * 2 * n + j] -= f * b[c * 2 * n + j];
+            }
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            a[i * n + j] = b[i * 2 * n + n + j];
+}
+
+Test(quantizer, gptq_factor_is_the_cholesky_factor_of_the_inverse) {
+    // Sizes across the 64-column panels and strips, odd and even; H = XᵀX from fewer samples than inputs
+    // (singular before the 1% damping, so near-singular after) with loud channels and a dead input. The
+    // factor must be upper with a positive diagonal and Uᵀ U must match (Hd)⁻¹ by Gauss-Jordan: that
+    // factor is unique, so this pins it exactly.
+    int sizes[] = {1, 2, 63, 64, 65, 130, 201};
+    ErRng r;
+    rng_seed(&r, 9);
+    for (int t = 0; t < 7; t++) {
+        int n = sizes[t], N = n > 4 ? n / 2 : 3;
+        float *X = malloc(sizeof(float) * (size_t)N * n), *H = calloc((size_t)n * n, sizeof(float));
+        double *Hd = malloc(sizeof(double) * n * n), *U = malloc(sizeof(double) * n * n);
+        double *inv = malloc(sizeof(double) * n * n), *b = malloc(sizeof(double) * 2 * n * n);
+        for (int s = 0; s < N; s++)
+            for (int k = 0; k < n; k++)
+                X[s * n + k] = k == n / 3 && n > 2 ? 0 : rng_normal(&r) * (k % 7 == 0 ? 8.0f : 1.0f);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++)
+                for (int s = 0; s < N; s++)
+                    H[i * n + j] += X[s * n + i] * X[s * n + j];
+        cr_assert_eq(quant_gptq_factor(Hd, U, H, n), 0, "n = %d: %s", n, er_last_error());
+        memcpy(inv, Hd, sizeof(double) * n * n);
+        gauss_jordan_inverse(inv, n, b);
+        double big = 0, err = 0;
+        for (int i = 0; i < n; i++) {
+            cr_assert_gt(U[i * n + i], 0, "n = %d: U[%d][%d]", n, i, i);
+            for (int j = 0; j < n; j++) {
+                cr_assert(j >= i || U[i * n + j] == 0, "n = %d: U[%d][%d] = %g below the diagonal", n, i, j,
+                          U[i * n + j]);
+                double s = 0;
+                for (int k = 0; k < n; k++)
+                    s += U[k * n + i] * U[k * n + j];
+                big = fmax(big, fabs(inv[i * n + j]));
+                err = fmax(err, fabs(s - inv[i * n + j]));
+            }
+        }
+        cr_assert(err <= 1e-10 * big, "n = %d: |Uᵀ U - (Hd)⁻¹| = %g against %g", n, err, big);
+        free(X), free(H), free(Hd), free(U), free(inv), free(b);
+    }
+    // Indefinite even after damping: an error, not a factor.
+    float H[4] = {1, 3, 3, 1};
+    double Hd[4], U[4];
+    cr_assert_lt(quant_gptq_factor(Hd, U, H, 2), 0);
+    cr_assert(strstr(er_last_error(), "not positive definite"), "%s", er_last_error());
+}
+
 Test(quantizer, zero_rows_and_bad_options) {
     float x[2 * 16] = {0};
     for (int k = 0; k < 16; k++)
