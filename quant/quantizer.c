@@ -470,6 +470,28 @@ int quant_gptq_factor(double *Hd, double *U, const float *H, int n) {
     return rc;
 }
 
+void quant_gptq_cache_free(QuantGptqCache *c) {
+    free(c->Hd);
+    free(c->U);
+    memset(c, 0, sizeof *c);
+}
+
+// c <- the factor of H (n, n), unless it already holds it.
+static int gptq_cache_get(QuantGptqCache *c, const float *H, int n) {
+    if (c->U && c->H == H && c->n == n)
+        return ER_OK;
+    quant_gptq_cache_free(c);
+    c->Hd = malloc(sizeof(double) * (size_t)n * n);
+    c->U = malloc(sizeof(double) * (size_t)n * n);
+    int rc = !c->Hd || !c->U ? er_error(ER_ENOMEM, "quantize_matrix: no memory for a %d x %d factor", n, n)
+                             : quant_gptq_factor(c->Hd, c->U, H, n);
+    if (rc < 0)
+        quant_gptq_cache_free(c);
+    else
+        c->H = H, c->n = n;
+    return rc;
+}
+
 // GPTQ assignment of one row x (n) to the levels c (k): codes a (n); w (n) scratch.
 static void gptq_assign_row(const float *x, const double *U, int n, const float *c, int k, uint8_t *a, double *w) {
     for (int i = 0; i < n; i++)
@@ -526,11 +548,12 @@ static void lut_refit_row(const float *x, const double *Hd, int n, const uint8_t
 
 // Re-assigns the codes (and refits the codebooks) of w, quantized from src without H, as described in
 // quant/quantizer.h.
-static int lut_output_error(Weight *w, const float *src, const float *H) {
+// cache: as QuantOptions.gptq_cache.
+static int lut_output_error(Weight *w, const float *src, const float *H, QuantGptqCache *cache) {
     int rows = w->rows, n = w->cols, k = weight_format_info(w->fmt)->levels, fail = 0;
-    double *Hd = malloc(sizeof(double) * (size_t)n * n), *U = malloc(sizeof(double) * (size_t)n * n);
-    int rc = !Hd || !U ? er_error(ER_ENOMEM, "quantize_matrix: no memory for a %d x %d factor", n, n)
-                       : quant_gptq_factor(Hd, U, H, n);
+    QuantGptqCache own = {0}, *fc = cache ? cache : &own;
+    int rc = gptq_cache_get(fc, H, n);
+    const double *Hd = fc->Hd, *U = fc->U;
 #pragma omp parallel if (rc == ER_OK)
     {
         double *sw = malloc(sizeof(double) * (size_t)n * 2), M[16 * 17];
@@ -566,8 +589,7 @@ static int lut_output_error(Weight *w, const float *src, const float *H) {
         free(sw);
         free(a);
     }
-    free(Hd);
-    free(U);
+    quant_gptq_cache_free(&own);
     if (rc == ER_OK && fail)
         rc = er_error(ER_ENOMEM, "quantize_matrix: out of memory for row scratch");
     return rc;
@@ -598,7 +620,7 @@ int quantize_matrix(Weight *w, const float *src, int rows, int cols, const float
         return er_error(ER_ENOMEM, "quantize_matrix: out of memory for row scratch");
     }
     if (o->hessian && weight_format_info(o->fmt)->levels && !o->uniform) {
-        int rc = lut_output_error(w, src, o->hessian);
+        int rc = lut_output_error(w, src, o->hessian, o->gptq_cache);
         if (rc < 0)
             weight_free(w);
         return rc;

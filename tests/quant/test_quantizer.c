@@ -256,6 +256,45 @@ Test(quantizer, gptq_codes_lower_the_output_error) {
         weight_free(&plain);
         weight_free(&gptq);
     }
+    // Two matrices through one cache (as q, k, v share H): each result is byte for byte the one factored
+    // alone, the factor is reused for the same H (a change made to H in place goes unseen, as documented),
+    // and another H replaces it.
+    {
+        QuantOptions o;
+        quant_options_default(&o, WF_Q2LUT, 0);
+        o.hessian = H;
+        QuantGptqCache gc = {0};
+        float *W2 = heavy(R * K, 8), *H2 = malloc(sizeof(float) * K * K);
+        for (int m = 0; m < 2; m++) {
+            Weight alone, cached;
+            cr_assert_eq(quantize_matrix(&alone, m ? W2 : W, R, K, NULL, &o), 0);
+            o.gptq_cache = &gc;
+            cr_assert_eq(quantize_matrix(&cached, m ? W2 : W, R, K, NULL, &o), 0);
+            o.gptq_cache = NULL;
+            cr_assert(gc.H == H && gc.n == K, "matrix %d: the cache does not hold H", m);
+            cr_assert_eq(memcmp(alone.data, cached.data, weight_row_bytes(alone.fmt, K) * R), 0, "matrix %d codes", m);
+            cr_assert_eq(memcmp(alone.lut, cached.lut, sizeof(uint16_t) * 4 * R), 0, "matrix %d codebooks", m);
+            weight_free(&alone);
+            weight_free(&cached);
+        }
+        double hd0 = gc.Hd[0];
+        float h0 = H[0];
+        H[0] *= 2;
+        o.gptq_cache = &gc;
+        Weight w2;
+        cr_assert_eq(quantize_matrix(&w2, W, R, K, NULL, &o), 0);
+        weight_free(&w2);
+        cr_assert_eq(gc.Hd[0], hd0, "the same H was factored again");
+        H[0] = h0;
+        memcpy(H2, H, sizeof(float) * K * K);
+        H2[0] *= 2;
+        o.hessian = H2;
+        cr_assert_eq(quantize_matrix(&w2, W, R, K, NULL, &o), 0);
+        cr_assert(gc.H == H2 && gc.Hd[0] > 1.5 * hd0, "another H must replace the cached factor");
+        weight_free(&w2);
+        quant_gptq_cache_free(&gc);
+        free(W2), free(H2);
+    }
     // A NaN in H (a diagonal one looked like a dead input) or an Inf off it: an error, not codes.
     float keep = H[5 * K + 5];
     H[5 * K + 5] = NAN;
