@@ -509,17 +509,16 @@ static void gptq_assign_row(const float *x, const double *U, int n, const float 
 // hx (n), M (k, k + 1) scratch.
 static void lut_refit_row(const float *x, const double *Hd, int n, const uint8_t *a, float *c, int k, double *hx,
                           double *M) {
-    for (int i = 0; i < n; i++) {
+    memset(M, 0, sizeof(double) * (size_t)k * (k + 1));
+    for (int i = 0; i < n; i++) { // one pass over Hd, which at n in the thousands streams from memory
+        const double *h = Hd + (size_t)i * n;
         double s = 0;
         for (int j = 0; j < n; j++)
-            s += Hd[(size_t)i * n + j] * x[j];
+            s += h[j] * x[j];
         hx[i] = s;
-    }
-    memset(M, 0, sizeof(double) * (size_t)k * (k + 1));
-    for (int i = 0; i < n; i++) {
         M[a[i] * (k + 1) + k] += hx[i];
         for (int j = 0; j < n; j++)
-            M[a[i] * (k + 1) + a[j]] += Hd[(size_t)i * n + j];
+            M[a[i] * (k + 1) + a[j]] += h[j];
     }
     for (int p = 0; p < k; p++) // unused levels: the equation c_p = old c_p
         if (M[p * (k + 1) + p] == 0)
