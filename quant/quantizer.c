@@ -364,30 +364,85 @@ static void quantize_row(Weight *w, int r, const float *x, const float *imp, con
 
 // ---- output-error codebooks (GPTQ assignment, least-squares refit) ----
 
-// a (n, n) <- its lower Cholesky factor L (a = L Lᵀ), in place; ER_EINVAL when not positive definite.
-static int cholesky_lower(double *a, int n) {
-    for (int j = 0; j < n; j++) {
-        double d = a[(size_t)j * n + j];
-        for (int k = 0; k < j; k++)
-            d -= a[(size_t)j * n + k] * a[(size_t)j * n + k];
-        if (!(d > 0))
-            return er_error(ER_EINVAL, "quantize_matrix: the input second moment is not positive definite");
-        d = sqrt(d);
-        a[(size_t)j * n + j] = d;
-        for (int i = j + 1; i < n; i++) {
-            double s = a[(size_t)i * n + j];
-            for (int k = 0; k < j; k++)
-                s -= a[(size_t)i * n + k] * a[(size_t)j * n + k];
-            a[(size_t)i * n + j] = s / d;
+enum { CHOL_PANEL = 64, INV_STRIP = 64 }; // columns per Cholesky panel / per strip of the inverse
+
+// a (n, n) <- its lower Cholesky factor L (a = L Lᵀ), upper triangle zeroed; ER_EINVAL when not positive
+// definite. Right-looking by panels of CHOL_PANEL columns: the trailing update (nearly all the work) runs
+// over rows in parallel against the panel held transposed in p (CHOL_PANEL, n), so every inner loop reads
+// memory contiguously.
+static int cholesky_lower(double *a, int n, double *p) {
+    for (int k0 = 0; k0 < n; k0 += CHOL_PANEL) {
+        int k1 = n - k0 < CHOL_PANEL ? n : k0 + CHOL_PANEL;
+        for (int j = k0; j < k1; j++) { // the diagonal block, its columns left of k0 already subtracted
+            double d = a[(size_t)j * n + j];
+            for (int k = k0; k < j; k++)
+                d -= a[(size_t)j * n + k] * a[(size_t)j * n + k];
+            if (!(d > 0))
+                return er_error(ER_EINVAL, "quantize_matrix: the input second moment is not positive definite");
+            d = sqrt(d);
+            a[(size_t)j * n + j] = d;
+            for (int i = j + 1; i < k1; i++) {
+                double s = a[(size_t)i * n + j];
+                for (int k = k0; k < j; k++)
+                    s -= a[(size_t)i * n + k] * a[(size_t)j * n + k];
+                a[(size_t)i * n + j] = s / d;
+            }
         }
-        for (int k = j + 1; k < n; k++)
-            a[(size_t)j * n + k] = 0;
+#pragma omp parallel for schedule(static)
+        for (int i = k1; i < n; i++) { // the panel below it: row i's L[i][k0:k1] by forward substitution
+            double *r = a + (size_t)i * n;
+            for (int j = k0; j < k1; j++) {
+                double s = r[j];
+                for (int k = k0; k < j; k++)
+                    s -= r[k] * a[(size_t)j * n + k];
+                r[j] = s / a[(size_t)j * n + j];
+                p[(size_t)(j - k0) * n + i] = r[j];
+            }
+        }
+#pragma omp parallel for schedule(dynamic, 8)
+        for (int i = k1; i < n; i++) { // trailing update: a[i][k1:i+1] -= L[i][k0:k1] · L[k1:i+1][k0:k1]ᵀ
+            double *r = a + (size_t)i * n;
+            for (int k = 0; k < k1 - k0; k++) {
+                double l = r[k0 + k];
+                const double *pk = p + (size_t)k * n;
+                for (int j = k1; j <= i; j++)
+                    r[j] -= l * pk[j];
+            }
+        }
     }
+    for (int i = 0; i < n; i++)
+        memset(a + (size_t)i * n + i + 1, 0, sizeof(double) * (size_t)(n - 1 - i));
     return ER_OK;
 }
 
-// Hd (n, n) = H + damping (dead inputs get 1 on the diagonal); U (n, n) upper with (Hd)⁻¹ = Uᵀ U.
-static int gptq_factor(double *Hd, double *U, const float *H, int n) {
+// x (n, n) <- L⁻¹ (lower) for the lower L (n, n). Each strip of INV_STRIP columns solves L x = I on its
+// own, in parallel with the others, row by row so the inner loop runs along rows.
+static void lower_inverse(double *x, const double *L, int n) {
+    memset(x, 0, sizeof(double) * (size_t)n * n);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int c0 = 0; c0 < n; c0 += INV_STRIP) {
+        int c1 = n - c0 < INV_STRIP ? n : c0 + INV_STRIP;
+        for (int i = c0; i < n; i++) {
+            double *xi = x + (size_t)i * n;
+            const double *l = L + (size_t)i * n;
+            if (i < c1)
+                xi[i] = 1;
+            for (int k = c0; k < i; k++) {
+                const double *xk = x + (size_t)k * n, lk = l[k];
+                for (int c = c0; c < c1; c++)
+                    xi[c] -= lk * xk[c];
+            }
+            for (int c = c0; c < c1; c++)
+                xi[c] /= l[i];
+        }
+    }
+}
+
+// Hd (n, n) = H + damping (dead inputs get 1 on the diagonal); U (n, n) upper with (Hd)⁻¹ = Uᵀ U. With J
+// the order-reversing permutation and L the lower Cholesky factor of J Hd J, Hd = (J L J)(J L J)ᵀ where
+// J L J is upper, so (Hd)⁻¹ = Uᵀ U for the upper U = (J L J)⁻¹ = J L⁻¹ J: one Cholesky and one triangular
+// inverse, and U is the Cholesky factor itself (upper with a positive diagonal, hence unique).
+int quant_gptq_factor(double *Hd, double *U, const float *H, int n) {
     for (size_t i = 0; i < (size_t)n * n; i++) // NaN would pass the diagonal's `> 0` test as a dead input
         if (!isfinite(H[i]))
             return er_error(ER_EINVAL, "quantize_matrix: the input second moment (%d x %d) is not finite at (%zu, %zu)",
@@ -400,32 +455,41 @@ static int gptq_factor(double *Hd, double *U, const float *H, int n) {
         Hd[i] = H[i];
     for (int i = 0; i < n; i++)
         Hd[(size_t)i * n + i] = (H[(size_t)i * n + i] > 0 ? H[(size_t)i * n + i] : 1.0) + damp;
-    memcpy(U, Hd, sizeof(double) * (size_t)n * n);
-    ER_TRY(cholesky_lower(U, n)); // U holds L
-    // L⁻¹ by forward substitution, column by column
-    double *Li = malloc(sizeof(double) * (size_t)n * n);
-    if (!Li)
+    double *x = malloc(sizeof(double) * (size_t)n * n);
+    if (!x)
         return er_error(ER_ENOMEM, "quantize_matrix: no memory for a %d x %d factor", n, n);
-    for (int c = 0; c < n; c++)
-        for (int i = 0; i < n; i++) {
-            double s = i == c;
-            for (int k = c; k < i; k++)
-                s -= U[(size_t)i * n + k] * Li[(size_t)k * n + c];
-            Li[(size_t)i * n + c] = i < c ? 0 : s / U[(size_t)i * n + i];
-        }
-    for (int i = 0; i < n; i++) // (Hd)⁻¹ = L⁻ᵀ L⁻¹ into U
-        for (int j = 0; j < n; j++) {
-            double s = 0;
-            for (int k = i > j ? i : j; k < n; k++)
-                s += Li[(size_t)k * n + i] * Li[(size_t)k * n + j];
-            U[(size_t)i * n + j] = s;
-        }
-    free(Li);
-    ER_TRY(cholesky_lower(U, n)); // (Hd)⁻¹ = L2 L2ᵀ: U = L2ᵀ
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < n; j++)
-            U[(size_t)i * n + j] = U[(size_t)j * n + i], U[(size_t)j * n + i] = 0;
-    return ER_OK;
+    for (size_t i = 0; i < (size_t)n * n; i++) // U <- J Hd J
+        U[i] = Hd[(size_t)n * n - 1 - i];
+    int rc = cholesky_lower(U, n, x); // x: the panel scratch
+    if (rc == ER_OK) {
+        lower_inverse(x, U, n);
+        for (size_t i = 0; i < (size_t)n * n; i++) // U <- J L⁻¹ J
+            U[i] = x[(size_t)n * n - 1 - i];
+    }
+    free(x);
+    return rc;
+}
+
+void quant_gptq_cache_free(QuantGptqCache *c) {
+    free(c->Hd);
+    free(c->U);
+    memset(c, 0, sizeof *c);
+}
+
+// c <- the factor of H (n, n), unless it already holds it.
+static int gptq_cache_get(QuantGptqCache *c, const float *H, int n) {
+    if (c->U && c->H == H && c->n == n)
+        return ER_OK;
+    quant_gptq_cache_free(c);
+    c->Hd = malloc(sizeof(double) * (size_t)n * n);
+    c->U = malloc(sizeof(double) * (size_t)n * n);
+    int rc = !c->Hd || !c->U ? er_error(ER_ENOMEM, "quantize_matrix: no memory for a %d x %d factor", n, n)
+                             : quant_gptq_factor(c->Hd, c->U, H, n);
+    if (rc < 0)
+        quant_gptq_cache_free(c);
+    else
+        c->H = H, c->n = n;
+    return rc;
 }
 
 // GPTQ assignment of one row x (n) to the levels c (k): codes a (n); w (n) scratch.
@@ -445,17 +509,16 @@ static void gptq_assign_row(const float *x, const double *U, int n, const float 
 // hx (n), M (k, k + 1) scratch.
 static void lut_refit_row(const float *x, const double *Hd, int n, const uint8_t *a, float *c, int k, double *hx,
                           double *M) {
-    for (int i = 0; i < n; i++) {
+    memset(M, 0, sizeof(double) * (size_t)k * (k + 1));
+    for (int i = 0; i < n; i++) { // one pass over Hd, which at n in the thousands streams from memory
+        const double *h = Hd + (size_t)i * n;
         double s = 0;
         for (int j = 0; j < n; j++)
-            s += Hd[(size_t)i * n + j] * x[j];
+            s += h[j] * x[j];
         hx[i] = s;
-    }
-    memset(M, 0, sizeof(double) * (size_t)k * (k + 1));
-    for (int i = 0; i < n; i++) {
         M[a[i] * (k + 1) + k] += hx[i];
         for (int j = 0; j < n; j++)
-            M[a[i] * (k + 1) + a[j]] += Hd[(size_t)i * n + j];
+            M[a[i] * (k + 1) + a[j]] += h[j];
     }
     for (int p = 0; p < k; p++) // unused levels: the equation c_p = old c_p
         if (M[p * (k + 1) + p] == 0)
@@ -484,11 +547,12 @@ static void lut_refit_row(const float *x, const double *Hd, int n, const uint8_t
 
 // Re-assigns the codes (and refits the codebooks) of w, quantized from src without H, as described in
 // quant/quantizer.h.
-static int lut_output_error(Weight *w, const float *src, const float *H) {
+// cache: as QuantOptions.gptq_cache.
+static int lut_output_error(Weight *w, const float *src, const float *H, QuantGptqCache *cache) {
     int rows = w->rows, n = w->cols, k = weight_format_info(w->fmt)->levels, fail = 0;
-    double *Hd = malloc(sizeof(double) * (size_t)n * n), *U = malloc(sizeof(double) * (size_t)n * n);
-    int rc = !Hd || !U ? er_error(ER_ENOMEM, "quantize_matrix: no memory for a %d x %d factor", n, n)
-                       : gptq_factor(Hd, U, H, n);
+    QuantGptqCache own = {0}, *fc = cache ? cache : &own;
+    int rc = gptq_cache_get(fc, H, n);
+    const double *Hd = fc->Hd, *U = fc->U;
 #pragma omp parallel if (rc == ER_OK)
     {
         double *sw = malloc(sizeof(double) * (size_t)n * 2), M[16 * 17];
@@ -524,8 +588,7 @@ static int lut_output_error(Weight *w, const float *src, const float *H) {
         free(sw);
         free(a);
     }
-    free(Hd);
-    free(U);
+    quant_gptq_cache_free(&own);
     if (rc == ER_OK && fail)
         rc = er_error(ER_ENOMEM, "quantize_matrix: out of memory for row scratch");
     return rc;
@@ -556,7 +619,7 @@ int quantize_matrix(Weight *w, const float *src, int rows, int cols, const float
         return er_error(ER_ENOMEM, "quantize_matrix: out of memory for row scratch");
     }
     if (o->hessian && weight_format_info(o->fmt)->levels && !o->uniform) {
-        int rc = lut_output_error(w, src, o->hessian);
+        int rc = lut_output_error(w, src, o->hessian, o->gptq_cache);
         if (rc < 0)
             weight_free(w);
         return rc;

@@ -32,6 +32,16 @@
 
 typedef enum { QSEARCH_LP, QSEARCH_MINMAX } QuantSearch;
 
+// The GPTQ factorisation of one H (below), kept so the matrices that read the same input (q, k, v; gate,
+// up) factor it once. Zeroed = empty; free with quant_gptq_cache_free.
+typedef struct {
+    const float *H; // the second moment it was built from: the caller keeps it unchanged while cached
+    int n;
+    double *Hd, *U; // (n, n) each, as quant_gptq_factor gives them
+} QuantGptqCache;
+
+void quant_gptq_cache_free(QuantGptqCache *c);
+
 typedef struct {
     WeightFormat fmt;   // WF_Q8, WF_Q4, WF_Q4G, WF_Q2LUT, WF_Q4LUT
     int group;          // WF_Q4G: inputs per group
@@ -43,6 +53,8 @@ typedef struct {
     const float *hessian; // WF_Q2LUT / WF_Q4LUT k-means: (cols, cols) second moment XᵀX of the matrix's inputs
                           // on calibration data, or NULL. With it the codes are assigned with GPTQ error
                           // feedback and the codebooks refitted to the output error (below).
+    QuantGptqCache *gptq_cache; // with hessian: its factor is reused when the last one factored into it was
+                                // of the same H (pointer) and cols; NULL = factor for this matrix alone
 } QuantOptions;
 
 void quant_options_default(QuantOptions *o, WeightFormat fmt, int group);
@@ -52,6 +64,11 @@ void quant_options_default(QuantOptions *o, WeightFormat fmt, int group);
 int quantize_matrix(Weight *w, const float *src, int rows, int cols, const float *importance, const QuantOptions *o);
 
 // ---- the pieces, exposed for tests ----
+
+// The GPTQ factorisation of H (n, n): Hd (n, n) = H damped by 1% of its mean diagonal (dead inputs get 1 on
+// the diagonal) and U (n, n) the upper Cholesky factor of its inverse, (Hd)⁻¹ = Uᵀ U. ER_EINVAL when H is
+// not finite or Hd not positive definite.
+int quant_gptq_factor(double *Hd, double *U, const float *H, int n);
 
 // Symmetric RTN of n values with codes in [-qmax, qmax]: the chosen scale, codes q (n), and the weighted
 // Lp error of that choice.

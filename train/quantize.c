@@ -195,6 +195,7 @@ int quantize_model(Model *m, const QuantizeOptions *o, const float *const *impor
     QuantTally t = {0};
     float *tmp = NULL;
     size_t tmp_n = 0;
+    QuantGptqCache gc = {0}; // q, k, v (and gate, up) come in a row and share one H: factored once
     int rc = ER_OK;
     for (int i = 0; i < m->n_params; i++) {
         ParamTensor *p = &m->params[i];
@@ -202,6 +203,7 @@ int quantize_model(Model *m, const QuantizeOptions *o, const float *const *impor
             continue;
         QuantOptions qo;
         quantize_plan_options(m, &plan, o, p, &qo);
+        qo.gptq_cache = &gc;
         if (weight_is_quantized(qo.fmt)) // on error the model holds a mix; the caller frees it
             ER_CHECK(quantize_param(m, p, &qo, importance ? importance[i] : NULL, &tmp, &tmp_n, log, &t, rep));
     }
@@ -213,6 +215,7 @@ int quantize_model(Model *m, const QuantizeOptions *o, const float *const *impor
     m->quant.bits_per_weight = round(rep->bits_per_weight * 1e4) / 1e4;
 done:
     er_free(tmp);
+    quant_gptq_cache_free(&gc);
     return rc;
 }
 

@@ -256,6 +256,45 @@ Test(quantizer, gptq_codes_lower_the_output_error) {
         weight_free(&plain);
         weight_free(&gptq);
     }
+    // Two matrices through one cache (as q, k, v share H): each result is byte for byte the one factored
+    // alone, the factor is reused for the same H (a change made to H in place goes unseen, as documented),
+    // and another H replaces it.
+    {
+        QuantOptions o;
+        quant_options_default(&o, WF_Q2LUT, 0);
+        o.hessian = H;
+        QuantGptqCache gc = {0};
+        float *W2 = heavy(R * K, 8), *H2 = malloc(sizeof(float) * K * K);
+        for (int m = 0; m < 2; m++) {
+            Weight alone, cached;
+            cr_assert_eq(quantize_matrix(&alone, m ? W2 : W, R, K, NULL, &o), 0);
+            o.gptq_cache = &gc;
+            cr_assert_eq(quantize_matrix(&cached, m ? W2 : W, R, K, NULL, &o), 0);
+            o.gptq_cache = NULL;
+            cr_assert(gc.H == H && gc.n == K, "matrix %d: the cache does not hold H", m);
+            cr_assert_eq(memcmp(alone.data, cached.data, weight_row_bytes(alone.fmt, K) * R), 0, "matrix %d codes", m);
+            cr_assert_eq(memcmp(alone.lut, cached.lut, sizeof(uint16_t) * 4 * R), 0, "matrix %d codebooks", m);
+            weight_free(&alone);
+            weight_free(&cached);
+        }
+        double hd0 = gc.Hd[0];
+        float h0 = H[0];
+        H[0] *= 2;
+        o.gptq_cache = &gc;
+        Weight w2;
+        cr_assert_eq(quantize_matrix(&w2, W, R, K, NULL, &o), 0);
+        weight_free(&w2);
+        cr_assert_eq(gc.Hd[0], hd0, "the same H was factored again");
+        H[0] = h0;
+        memcpy(H2, H, sizeof(float) * K * K);
+        H2[0] *= 2;
+        o.hessian = H2;
+        cr_assert_eq(quantize_matrix(&w2, W, R, K, NULL, &o), 0);
+        cr_assert(gc.H == H2 && gc.Hd[0] > 1.5 * hd0, "another H must replace the cached factor");
+        weight_free(&w2);
+        quant_gptq_cache_free(&gc);
+        free(W2), free(H2);
+    }
     // A NaN in H (a diagonal one looked like a dead input) or an Inf off it: an error, not codes.
     float keep = H[5 * K + 5];
     H[5 * K + 5] = NAN;
@@ -269,6 +308,81 @@ Test(quantizer, gptq_codes_lower_the_output_error) {
     cr_assert_lt(quantize_matrix(&w, W, R, K, NULL, &o), 0);
     cr_assert(strstr(er_last_error(), "not finite at (3, 7)"), "%s", er_last_error());
     free(W), free(X), free(H);
+}
+
+// a (n, n) <- a⁻¹ by Gauss-Jordan with partial pivoting; b (n, 2n) scratch.
+static void gauss_jordan_inverse(double *a, int n, double *b) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < 2 * n; j++)
+            b[i * 2 * n + j] = j < n ? a[i * n + j] : j - n == i;
+    for (int c = 0; c < n; c++) {
+        int p = c;
+        for (int i = c + 1; i < n; i++)
+            if (fabs(b[i * 2 * n + c]) > fabs(b[p * 2 * n + c]))
+                p = i;
+        for (int j = 0; j < 2 * n; j++) {
+            double t = b[c * 2 * n + j];
+            b[c * 2 * n + j] = b[p * 2 * n + j], b[p * 2 * n + j] = t;
+        }
+        double d = b[c * 2 * n + c];
+        for (int j = 0; j < 2 * n; j++)
+            b[c * 2 * n + j] /= d;
+        for (int i = 0; i < n; i++)
+            if (i != c) {
+                double f = b[i * 2 * n + c];
+                for (int j = 0; j < 2 * n; j++)
+                    b[i * 2 * n + j] -= f * b[c * 2 * n + j];
+            }
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            a[i * n + j] = b[i * 2 * n + n + j];
+}
+
+Test(quantizer, gptq_factor_is_the_cholesky_factor_of_the_inverse) {
+    // Sizes across the 64-column panels and strips, odd and even; H = XᵀX from fewer samples than inputs
+    // (singular before the 1% damping, so near-singular after) with loud channels and a dead input. The
+    // factor must be upper with a positive diagonal and Uᵀ U must match (Hd)⁻¹ by Gauss-Jordan: that
+    // factor is unique, so this pins it exactly.
+    int sizes[] = {1, 2, 63, 64, 65, 130, 201};
+    ErRng r;
+    rng_seed(&r, 9);
+    for (int t = 0; t < 7; t++) {
+        int n = sizes[t], N = n > 4 ? n / 2 : 3;
+        float *X = malloc(sizeof(float) * (size_t)N * n), *H = calloc((size_t)n * n, sizeof(float));
+        double *Hd = malloc(sizeof(double) * n * n), *U = malloc(sizeof(double) * n * n);
+        double *inv = malloc(sizeof(double) * n * n), *b = malloc(sizeof(double) * 2 * n * n);
+        for (int s = 0; s < N; s++)
+            for (int k = 0; k < n; k++)
+                X[s * n + k] = k == n / 3 && n > 2 ? 0 : rng_normal(&r) * (k % 7 == 0 ? 8.0f : 1.0f);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++)
+                for (int s = 0; s < N; s++)
+                    H[i * n + j] += X[s * n + i] * X[s * n + j];
+        cr_assert_eq(quant_gptq_factor(Hd, U, H, n), 0, "n = %d: %s", n, er_last_error());
+        memcpy(inv, Hd, sizeof(double) * n * n);
+        gauss_jordan_inverse(inv, n, b);
+        double big = 0, err = 0;
+        for (int i = 0; i < n; i++) {
+            cr_assert_gt(U[i * n + i], 0, "n = %d: U[%d][%d]", n, i, i);
+            for (int j = 0; j < n; j++) {
+                cr_assert(j >= i || U[i * n + j] == 0, "n = %d: U[%d][%d] = %g below the diagonal", n, i, j,
+                          U[i * n + j]);
+                double s = 0;
+                for (int k = 0; k < n; k++)
+                    s += U[k * n + i] * U[k * n + j];
+                big = fmax(big, fabs(inv[i * n + j]));
+                err = fmax(err, fabs(s - inv[i * n + j]));
+            }
+        }
+        cr_assert(err <= 1e-10 * big, "n = %d: |Uᵀ U - (Hd)⁻¹| = %g against %g", n, err, big);
+        free(X), free(H), free(Hd), free(U), free(inv), free(b);
+    }
+    // Indefinite even after damping: an error, not a factor.
+    float H[4] = {1, 3, 3, 1};
+    double Hd[4], U[4];
+    cr_assert_lt(quant_gptq_factor(Hd, U, H, 2), 0);
+    cr_assert(strstr(er_last_error(), "not positive definite"), "%s", er_last_error());
 }
 
 Test(quantizer, zero_rows_and_bad_options) {
