@@ -443,7 +443,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     size_t n = j->out.n - j->sent;
     if (n > max)
         n = max;
-    memcpy(buf, j->out.p + j->sent, n);
+    if (n) // a job dropped before it ran has no output at all (out.p NULL)
+        memcpy(buf, j->out.p + j->sent, n);
     j->sent += n;
     int cancelled = __atomic_load_n(&j->cancel, __ATOMIC_RELAXED) && !j->done;
     pthread_mutex_unlock(&st->srv->mu);

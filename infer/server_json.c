@@ -388,7 +388,8 @@ static cJSON *string_n(const char *text, size_t n) {
     char *t = er_alloc(n + 1);
     if (!t)
         return cJSON_CreateNull();
-    memcpy(t, text, n);
+    if (n) // an empty text may be NULL
+        memcpy(t, text, n);
     t[n] = 0;
     cJSON *s = cJSON_CreateString(t);
     er_free(t);
