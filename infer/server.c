@@ -78,6 +78,7 @@ struct Server {
     int n_workers;
     ErBatch *batch;       // otherwise: --parallel rows decoded together, by one thread
     int batch_rows, batch_started;
+    int batch_free;       // rows neither decoding nor promised to a job the batch thread is admitting
     pthread_t batch_thread;
     unsigned long counter;
 };
@@ -294,6 +295,7 @@ static void batch_answer(Server *srv, Job *j, int rc) {
     er_request_free(j->rq);
     j->rq = NULL;
     pthread_mutex_lock(&srv->mu);
+    srv->batch_free = er_batch_free_rows(srv->batch);
     job_done(j);
     pthread_mutex_unlock(&srv->mu);
 }
@@ -311,6 +313,7 @@ static void batch_admit(Server *srv, Job **live, int *n_live) {
             job_done(j);
             continue;
         }
+        srv->batch_free -= j->req.p.n_samples; // promised while the prefill runs without the lock
         pthread_mutex_unlock(&srv->mu);
         int rc = er_batch_submit(srv->batch, j->req.prompt, &j->req.p, on_token, j, &j->rq);
         if (rc < 0)
@@ -318,6 +321,7 @@ static void batch_admit(Server *srv, Job **live, int *n_live) {
         else
             live[(*n_live)++] = j;
         pthread_mutex_lock(&srv->mu);
+        srv->batch_free = er_batch_free_rows(srv->batch);
     }
 }
 
@@ -352,6 +356,30 @@ static void *batch_main(void *arg) {
     return NULL;
 }
 
+// Lock held: whether a new job of n samples would wait beyond the queue's bound. Jobs that idle
+// workers (or the batch's free rows, in queue order) take at once are not waiting.
+static int queue_full(const Server *srv, int n) {
+    int waiting;
+    if (srv->batch) {
+        int rows = srv->batch_free, fits = 1;
+        waiting = 0;
+        for (const Job *q = srv->head; q; q = q->next) {
+            fits = fits && q->req.p.n_samples <= rows;
+            if (fits)
+                rows -= q->req.p.n_samples;
+            else
+                waiting++;
+        }
+        waiting += !(fits && n <= rows);
+    } else {
+        int idle = 0;
+        for (int k = 0; k < srv->n_workers; k++)
+            idle += srv->workers[k].idle;
+        waiting = srv->n_queued + 1 - idle;
+    }
+    return waiting > srv->queue_max;
+}
+
 // Queues a parsed request (taking it over); NULL when the queue is full or the server stops.
 static Job *job_submit(Server *srv, ServeRequest *r, int fd) {
     Job *j = er_calloc(1, sizeof *j);
@@ -378,7 +406,7 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd) {
              (unsigned long)time(NULL) & 0xffffffffUL, ++srv->counter);
     j->ids.created = (long)time(NULL);
     j->ids.model = srv->model_name;
-    if (srv->stopping || srv->n_queued >= srv->queue_max) {
+    if (srv->stopping || queue_full(srv, j->req.p.n_samples)) {
         pthread_mutex_unlock(&srv->mu);
         job_unref(j);
         return NULL;
@@ -656,7 +684,7 @@ static int serve_open(Server *srv, const ServeFlags *f) {
     ER_TRY(chat_style_from_config(f->g.model, &srv->style));
     if (!f->g.switcher && !f->g.verifier && !f->g.adapter) { // no request can ask for the routed pipeline
         er_session_free(first);
-        srv->batch_rows = f->parallel > f->max_n ? f->parallel : f->max_n;
+        srv->batch_rows = srv->batch_free = f->parallel > f->max_n ? f->parallel : f->max_n;
         return er_batch_open(&srv->batch, srv->model, srv->batch_rows, srv->lim.context, kv_int8);
     }
     srv->n_workers = f->parallel;

@@ -166,4 +166,8 @@ done
 grep "cancelled: the client went away" "$tmp/queue.log" >&2
 [ "$(grep -c "cancelled: the client went away" "$tmp/queue.log")" = 2 ] || fail "a hang-up did not cancel its job"
 stop queue
+# --queue 0: a request that an idle worker takes at once does not wait, so it is served.
+start queue0 "$tmp/model" --parallel 1 --queue 0 --max-tokens 8
+expect 200 "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Hi","max_tokens":4}'
+stop queue0
 echo "serve_check: all checks passed"

@@ -273,7 +273,8 @@ static void server_launch(TestServer *t, const char *args) {
     cr_assert(t->port > 0, "erinfer serve did not start (see %s)", log);
 }
 
-// The fixture's model with a masked adapter and random heads (switcher threshold as given), served.
+// The fixture's model with a masked adapter and random heads (switcher threshold as given), served by
+// one session with no queue: each request of these tests comes when the worker is idle, and is served.
 static void server_start(TestServer *t, float threshold) {
     helper_fixture_open(&t->fx, "er_serve_", "erinfer");
     helper_need_program(t->fx.prog, "erinfer", "the erinfer serve pipeline tests");
@@ -281,7 +282,7 @@ static void server_start(TestServer *t, float threshold) {
     heads_write_random_heads(t->fx.tmp, "sw", "vf", threshold, "\nIs this solution correct?");
     char args[1600];
     snprintf(args, sizeof args, "--model '%s' --adapter '%s/adapter' --switcher '%s/sw' --verifier '%s/vf' --max-n 4 "
-             "--max-tokens 64 --kv int8", t->fx.model, t->fx.tmp, t->fx.tmp, t->fx.tmp);
+             "--max-tokens 64 --kv int8 --queue 0", t->fx.model, t->fx.tmp, t->fx.tmp, t->fx.tmp);
     server_launch(t, args);
 }
 
