@@ -48,6 +48,7 @@ struct Job {
     StrBuf *acc;          // (n) each sample's text so far (tool calls are held back from it)
     int status;           // HTTP status of a non-streamed response
     int done, cancel;     // cancel is read by the worker's token callback without the lock
+    int queued;           // in the server's queue (not taken by a worker or the batch yet)
     int refs;             // the connection and, once queued, the worker
     int fd;               // the client's socket, to notice a hang-up while waiting
     Server *srv;
@@ -61,6 +62,7 @@ typedef struct {
     char *last_prompt;    // what the session's cache holds a prefix of
     unsigned long last_used; // Server.counter when it last took a job (0: never)
     int idle;
+    Job *running;         // the job it generates (NULL: none), cancelled when the server stops
     pthread_t thread;
 } Worker;
 
@@ -71,6 +73,7 @@ struct Server {
     ServeLimits lim;
     const char *api_key, *model_name;
     int threads, queue_max, n_queued, stopping;
+    int n_jobs;           // jobs not freed yet: at shutdown their connections still send their answers
     Job *head, *tail;
     pthread_mutex_t mu;
     pthread_cond_t work;  // a job was queued or the server stops
@@ -89,6 +92,7 @@ struct Server {
 static void job_unref(Job *j) {
     if (--j->refs > 0)
         return;
+    j->srv->n_jobs--;
     for (int i = 0; j->acc && i < j->req.p.n_samples; i++)
         er_free(j->acc[i].p);
     serve_request_free(&j->req);
@@ -107,6 +111,53 @@ static int peer_gone(int fd) {
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+// The error a cancelled job answers with: the server stops (503), or the client closed its connection
+// (499, nginx's "client closed request": a half-closed client that still reads learns why).
+static void cancel_error(ServeError *e, int stopping) {
+    memset(e, 0, sizeof *e);
+    if (stopping) {
+        serve_fail(e, 503, "server_error", NULL, "the server is shutting down; retry later");
+        e->code = "server_shutting_down";
+    } else {
+        serve_fail(e, 499, "invalid_request_error", NULL, "the request was cancelled: the client closed its connection");
+        e->code = "request_cancelled";
+    }
+}
+
+// Lock held: the job's error response (an error event and [DONE] for a stream) as its whole output.
+static void job_fail(Job *j, const ServeError *e) {
+    StrBuf out = {0};
+    if (j->req.stream) {
+        serve_chunk_error(&out, e);
+    } else {
+        char *s = serve_error_json(e);
+        strbuf_puts(&out, s ? s : "{}");
+        er_free(s);
+    }
+    strbuf_put(&j->out, out.p ? out.p : "", out.n);
+    j->status = out.oom || j->out.oom ? 500 : e->status;
+    er_free(out.p);
+}
+
+// Lock held: job j leaves the queue (it is in it) unanswered by any worker: it answers e, and the
+// queue's reference goes.
+static void job_drop(Server *srv, Job *j, const ServeError *e) {
+    Job **at = &srv->head, *prev = NULL;
+    while (*at != j)
+        prev = *at, at = &(*at)->next;
+    *at = j->next;
+    if (srv->tail == j)
+        srv->tail = prev;
+    j->next = NULL;
+    j->queued = 0;
+    srv->n_queued--;
+    __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
+    job_fail(j, e);
+    j->done = 1;
+    pthread_cond_signal(&j->cond);
+    job_unref(j);
+}
+
 // Waits (lock held) up to 100 ms for news on j.
 static void job_wait(Server *srv, Job *j) {
     struct timespec t;
@@ -117,8 +168,14 @@ static void job_wait(Server *srv, Job *j) {
         t.tv_nsec -= 1000000000L;
     }
     pthread_cond_timedwait(&j->cond, &srv->mu, &t);
-    if (!j->done && peer_gone(j->fd))
+    if (!j->done && peer_gone(j->fd)) {
         __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
+        if (j->queued) { // nobody took it yet: its queue slot goes to the next client now
+            ServeError e;
+            cancel_error(&e, 0);
+            job_drop(srv, j, &e);
+        }
+    }
 }
 
 static size_t common_prefix(const char *a, const char *b) {
@@ -155,6 +212,8 @@ static Job *job_take(Server *srv, Worker *w) {
     if (!srv->head)
         srv->tail = NULL;
     srv->n_queued--;
+    j->queued = 0;
+    w->running = j;
     if (srv->head)
         pthread_cond_broadcast(&srv->work);
     return j;
@@ -202,32 +261,35 @@ static void generation_error(int rc, const Job *j, ServeError *e) {
 // The job's response from its finished generation (res) or its failure (rc < 0).
 static void job_respond(Server *srv, Job *j, int rc, const ServeResult *res) {
     ServeRequest *r = &j->req;
-    StrBuf out = {0};
-    if (rc == ER_OK && __atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
-        fprintf(stderr, "erinfer serve: %s cancelled: the client went away (%ld tokens generated)\n", j->ids.id,
-                res->stats->generated_tokens);
-    int status = 200;
-    if (rc < 0) {
-        ServeError e;
+    pthread_mutex_lock(&srv->mu);
+    int stopping = srv->stopping;
+    pthread_mutex_unlock(&srv->mu);
+    ServeError e;
+    // A cancelled generation stopped early: it answers an error, never a finish_reason that looks complete.
+    if (rc == ER_OK && __atomic_load_n(&j->cancel, __ATOMIC_RELAXED)) {
+        fprintf(stderr, "erinfer serve: %s cancelled: %s (%ld tokens generated)\n", j->ids.id,
+                stopping ? "the server is stopping" : "the client went away", res->stats->generated_tokens);
+        cancel_error(&e, stopping);
+        rc = ER_EIO;
+    } else if (rc < 0) {
         generation_error(rc, j, &e);
-        status = e.status;
-        if (r->stream) {
-            serve_chunk_error(&out, &e);
-        } else {
-            char *s = serve_error_json(&e);
+    }
+    StrBuf out = {0};
+    if (rc == ER_OK) {
+        char *s = r->stream ? NULL : serve_response_json(r, &j->ids, res);
+        if (r->stream)
+            serve_chunk_final(&out, r, &j->ids, res, j->streamed, j->roled);
+        else
             strbuf_puts(&out, s ? s : "{}");
-            er_free(s);
-        }
-    } else if (r->stream) {
-        serve_chunk_final(&out, r, &j->ids, res, j->streamed, j->roled);
-    } else {
-        char *s = serve_response_json(r, &j->ids, res);
-        strbuf_puts(&out, s ? s : "{}");
         er_free(s);
     }
     pthread_mutex_lock(&srv->mu);
-    strbuf_put(&j->out, out.p ? out.p : "", out.n);
-    j->status = out.oom || j->out.oom ? 500 : status;
+    if (rc < 0) {
+        job_fail(j, &e);
+    } else {
+        strbuf_put(&j->out, out.p ? out.p : "", out.n);
+        j->status = out.oom || j->out.oom ? 500 : 200;
+    }
     pthread_mutex_unlock(&srv->mu);
     er_free(out.p);
 }
@@ -272,6 +334,7 @@ static void *worker_main(void *arg) {
         if (!__atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
             job_run(w, j);
         pthread_mutex_lock(&srv->mu);
+        w->running = NULL;
         job_done(j);
     }
     pthread_mutex_unlock(&srv->mu);
@@ -309,6 +372,7 @@ static void batch_admit(Server *srv, Job **live, int *n_live) {
         if (!srv->head)
             srv->tail = NULL;
         srv->n_queued--;
+        j->queued = 0;
         if (__atomic_load_n(&j->cancel, __ATOMIC_RELAXED)) {
             job_done(j);
             continue;
@@ -380,8 +444,9 @@ static int queue_full(const Server *srv, int n) {
     return waiting > srv->queue_max;
 }
 
-// Queues a parsed request (taking it over); NULL when the queue is full or the server stops.
-static Job *job_submit(Server *srv, ServeRequest *r, int fd) {
+// Queues a parsed request (taking it over); NULL when the queue is full or the server stops (e says
+// which).
+static Job *job_submit(Server *srv, ServeRequest *r, int fd, ServeError *e) {
     Job *j = er_calloc(1, sizeof *j);
     int n = r->p.n_samples;
     if (j && (!(j->streamed = er_calloc((size_t)n, sizeof *j->streamed)) ||
@@ -391,8 +456,10 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd) {
         er_free(j);
         j = NULL;
     }
-    if (!j)
+    if (!j) {
+        serve_fail(e, 500, "server_error", NULL, "out of memory");
         return NULL;
+    }
     j->req = *r; // the parameters point into the request's own strings: moved along
     j->req.p.stop = (const char *const *)j->req.stop;
     j->req.p.route = j->req.route;
@@ -402,16 +469,24 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd) {
     j->refs = 1;
     pthread_cond_init(&j->cond, NULL);
     pthread_mutex_lock(&srv->mu);
+    srv->n_jobs++;
     snprintf(j->ids.id, sizeof j->ids.id, "%s-%08lx%08lx", j->req.chat ? "chatcmpl" : "cmpl",
              (unsigned long)time(NULL) & 0xffffffffUL, ++srv->counter);
     j->ids.created = (long)time(NULL);
     j->ids.model = srv->model_name;
     if (srv->stopping || queue_full(srv, j->req.p.n_samples)) {
-        pthread_mutex_unlock(&srv->mu);
+        if (srv->stopping) {
+            cancel_error(e, 1);
+        } else {
+            serve_fail(e, 503, "server_error", NULL, "the server is busy (its request queue is full); retry later");
+            e->code = "queue_full";
+        }
         job_unref(j);
+        pthread_mutex_unlock(&srv->mu);
         return NULL;
     }
     j->refs = 2;
+    j->queued = 1;
     if (srv->tail)
         srv->tail->next = j;
     else
@@ -486,6 +561,11 @@ static void stream_free(void *cls) {
     Stream *st = cls;
     pthread_mutex_lock(&st->srv->mu);
     __atomic_store_n(&st->job->cancel, 1, __ATOMIC_RELAXED);
+    if (st->job->queued) {
+        ServeError e;
+        cancel_error(&e, 0);
+        job_drop(st->srv, st->job, &e);
+    }
     job_unref(st->job);
     pthread_mutex_unlock(&st->srv->mu);
     er_free(st);
@@ -520,11 +600,10 @@ static enum MHD_Result serve_generate(struct MHD_Connection *c, Server *srv, con
                             &e) < 0)
         return respond_error(c, &e);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    Job *j = job_submit(srv, &req, ci ? ci->connect_fd : -1);
+    Job *j = job_submit(srv, &req, ci ? ci->connect_fd : -1, &e);
     serve_request_free(&req);
     if (!j)
-        return respond_fail(c, 503, "server_error", "queue_full",
-                            "the server is busy (its request queue is full); retry later");
+        return respond_error(c, &e);
     if (j->req.stream)
         return serve_stream(c, srv, j);
     pthread_mutex_lock(&srv->mu);
@@ -710,20 +789,19 @@ static void serve_close(Server *srv) {
     tok_free(srv->tok);
 }
 
-// Stops the workers: queued jobs are dropped (their connections answer), running ones cancelled.
+// Stops the workers: queued jobs are dropped and running ones cancelled, each answering 503
+// (server_shutting_down; a stream: an error event and [DONE]).
 static void serve_stop_workers(Server *srv, int started) {
     pthread_mutex_lock(&srv->mu);
     srv->stopping = 1;
-    for (Job *j = srv->head, *next; j; j = next) {
-        next = j->next;
-        __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
-        j->done = 1;
-        pthread_cond_signal(&j->cond);
-        job_unref(j);
-    }
-    srv->head = srv->tail = NULL;
-    srv->n_queued = 0;
-    pthread_cond_broadcast(&srv->work);
+    ServeError e;
+    cancel_error(&e, 1);
+    while (srv->head)
+        job_drop(srv, srv->head, &e);
+    for (int k = 0; k < srv->n_workers; k++)
+        if (srv->workers[k].running)
+            __atomic_store_n(&srv->workers[k].running->cancel, 1, __ATOMIC_RELAXED);
+    pthread_cond_broadcast(&srv->work); // the batch thread cancels its live requests itself
     pthread_mutex_unlock(&srv->mu);
     for (int i = 0; i < started; i++)
         pthread_join(srv->workers[i].thread, NULL);
@@ -755,6 +833,14 @@ static int serve_listen(Server *srv, const ServeFlags *f, struct sockaddr_in *ad
     sigwait(&set, &sig);
     fprintf(stderr, "erinfer serve: stopping\n");
     serve_stop_workers(srv, srv->n_workers);
+    // Every job is answered now; the connections get up to 5 s to send those answers before they close.
+    for (int i = 0, left = 1; left && i < 500; i++) {
+        pthread_mutex_lock(&srv->mu);
+        left = srv->n_jobs > 0;
+        pthread_mutex_unlock(&srv->mu);
+        if (left)
+            usleep(10 * 1000);
+    }
     MHD_stop_daemon(d);
     return ER_OK;
 }

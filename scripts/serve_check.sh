@@ -170,4 +170,35 @@ stop queue
 start queue0 "$tmp/model" --parallel 1 --queue 0 --max-tokens 8
 expect 200 "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Hi","max_tokens":4}'
 stop queue0
+# A queued client that hangs up gives its slot back; SIGTERM answers every job still open with a 503
+# error (a stream: an error event, then [DONE]), running or queued. A model slow enough that the first
+# request A still decodes while the rest happens: one row, a queue of two.
+sed 's/"hidden_size": 128/"hidden_size": 256/; s/"num_hidden_layers": 4/"num_hidden_layers": 8/' configs/tiny.json \
+  >"$tmp/slow.json"
+"$T/ertrain" init --config "$tmp/slow.json" --out "$tmp/slow" --tokenizer data/tiny_tokenizer --seed 1 --threads 1 \
+  >/dev/null || fail "ertrain init (slow)"
+start stop "$tmp/slow" --parallel 1 --max-n 1 --queue 2 --max-tokens 2000 --context 2048
+url=http://127.0.0.1:$port/v1/chat/completions
+long='{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2000,"temperature":0'
+curl -sN "$url" -d "$long"',"stream":true}' >"$tmp/a.sse" &
+a_pid=$!
+for _ in $(seq 200); do [ -s "$tmp/a.sse" ] && break; sleep 0.05; done
+[ -s "$tmp/a.sse" ] || fail "the first stream did not start"
+curl -sN --max-time 0.3 "$url" -d "$long"',"stream":true}' >/dev/null   # B: queued, then gone
+sleep 0.3
+curl -s -o "$tmp/c.json" -w '%{http_code}' "$url" -d "$long}" >"$tmp/c.code" &
+c_pid=$!
+curl -sN "$url" -d "$long"',"stream":true}' >"$tmp/d.sse" &
+d_pid=$!
+sleep 0.5
+expect 503 "$url" -d "$long}"   # A decodes, C and D fill the queue
+grep -q queue_full "$tmp/body" || fail "a full queue's 503 is not queue_full: $(cat "$tmp/body")"
+stop stop
+wait "$a_pid" "$c_pid" "$d_pid"
+[ "$(cat "$tmp/c.code")" = 503 ] && grep -q server_shutting_down "$tmp/c.json" ||
+  fail "a queued request at shutdown got $(cat "$tmp/c.code") $(cat "$tmp/c.json")"
+for s in a d; do
+  grep -q server_shutting_down "$tmp/$s.sse" && [ "$(tail -n 2 "$tmp/$s.sse")" = "data: [DONE]" ] ||
+    fail "stream $s at shutdown: $(tail -c 300 "$tmp/$s.sse")"
+done
 echo "serve_check: all checks passed"
