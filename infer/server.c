@@ -809,13 +809,17 @@ static void serve_stop_workers(Server *srv, int started) {
         pthread_join(srv->batch_thread, NULL);
 }
 
-// Listens on addr until SIGINT or SIGTERM; the workers are stopped either way.
+// Listens on addr until SIGINT or SIGTERM; the workers are stopped either way. Connections: room for
+// every request running or queued several times over (clients keep idle keep-alive connections), one
+// address at most half of it, and a connection idle for 30 s closed (a handler waiting on its
+// generation is not idle), so that idle sockets cannot lock every client out.
 static int serve_listen(Server *srv, const ServeFlags *f, struct sockaddr_in *addr) {
+    unsigned cap = 4u * (unsigned)(f->queue + f->parallel) + 256;
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL, on_request, srv,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(f->queue + f->parallel + 64), MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)600, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_LIMIT, cap, MHD_OPTION_PER_IP_CONNECTION_LIMIT, cap / 2, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)30, MHD_OPTION_END);
     if (!d) {
         int err = errno;
         serve_stop_workers(srv, srv->n_workers);

@@ -157,6 +157,13 @@ echo >&2
 grep -q '^503$' "$tmp/codes" || fail "no 503 from a full queue"
 [ "$(grep -cv '^\(200\|503\)$' "$tmp/codes")" = 0 ] || fail "statuses other than 200 and 503"
 expect 200 "http://127.0.0.1:$port/health"
+# Idle connections (100, more than this server's queue and workers) do not lock other clients out.
+python3 - "$port" <<'EOF' || fail "idle connections locked the server out"
+import socket, sys, urllib.request
+idle = [socket.create_connection(("127.0.0.1", int(sys.argv[1]))) for _ in range(100)]
+with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=10) as r:
+    assert r.status == 200
+EOF
 # A client that hangs up, streaming or not, cancels its job (logged), and the server keeps serving.
 for stream in true false; do
   curl -sN --max-time 0.5 "http://127.0.0.1:$port/v1/chat/completions" \
