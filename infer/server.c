@@ -28,6 +28,7 @@
 #include "core/alloc.h"
 #include "core/args.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "core/threads.h"
 #include "infer/cli.h"
 #include "infer/runner.h"
@@ -84,6 +85,7 @@ struct Server {
     int batch_free;       // rows neither decoding nor promised to a job the batch thread is admitting
     pthread_t batch_thread;
     unsigned long counter;
+    ErRng rng;            // the seeds of requests that give none
 };
 
 // ---- jobs ----
@@ -474,6 +476,8 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd, ServeError *e) {
              (unsigned long)time(NULL) & 0xffffffffUL, ++srv->counter);
     j->ids.created = (long)time(NULL);
     j->ids.model = srv->model_name;
+    if (!j->req.seeded) // 53 bits: the reported seed is exact as a JSON number, and can be sent back
+        j->req.p.seed = rng_u64(&srv->rng) >> 11;
     if (srv->stopping || queue_full(srv, j->req.p.n_samples)) {
         if (srv->stopping) {
             cancel_error(e, 1);
@@ -862,6 +866,10 @@ int cmd_serve(int argc, char **argv) {
         return cli_fail("serve");
     }
     Server srv = {.api_key = f.api_key, .queue_max = f.queue};
+    uint64_t seed;
+    if (getentropy(&seed, sizeof seed) != 0) // unseeded requests differ from run to run
+        seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    rng_seed(&srv.rng, seed);
     srv.threads = threads_set(f.g.threads);
     // The model's name for /v1/models and responses: its dir's last component.
     const char *slash = strrchr(f.g.model, '/');

@@ -28,6 +28,7 @@ typedef struct {
     char *stop[ER_STOP_MAX];
     char *route;
     int stream, include_usage;
+    int seeded;                // the request gave a seed (otherwise the server draws one: p.seed)
     int tools;                 // the request gave tools: the output's <tool_call> blocks become tool_calls
     int prompt_tokens;
 } ServeRequest;

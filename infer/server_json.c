@@ -160,6 +160,8 @@ static int parse_params(const cJSON *root, const ServeLimits *lim, ServeRequest 
         return -1;
     if (top_p <= 0)
         return BAD("top_p", "'top_p' must be greater than 0");
+    const cJSON *sv = cJSON_GetObjectItemCaseSensitive(root, "seed");
+    r->seeded = sv && !cJSON_IsNull(sv);
     if (mct > 0)
         max_tokens = mct;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
@@ -466,12 +468,16 @@ static cJSON *choice_json(const ServeRequest *r, const ServeIds *ids, const ErSa
     return c;
 }
 
-// The erinfer extension: the pipeline's route, switcher score, verifier scores and votes (as
-// `erinfer generate --json` reports them) and each choice's sample; NULL without the pipeline.
-static cJSON *extension_json(const ServeResult *s, const int *order) {
-    cJSON *x = s->route ? runner_route_json(s->route) : NULL;
+// The erinfer extension: the request's seed (drawn by the server when the request gave none) and, with
+// the pipeline, its route, switcher score, verifier scores and votes (as `erinfer generate --json`
+// reports them) and each choice's sample.
+static cJSON *extension_json(const ServeRequest *r, const ServeResult *s, const int *order) {
+    cJSON *x = s->route ? runner_route_json(s->route) : cJSON_CreateObject();
     if (!x)
         return NULL;
+    cJSON_AddNumberToObject(x, "seed", (double)r->p.seed);
+    if (!s->route)
+        return x;
     cJSON *a = cJSON_AddArrayToObject(x, "choice_samples");
     for (int i = 0; a && i < s->n; i++)
         cJSON_AddItemToArray(a, cJSON_CreateNumber(order ? order[i] : i));
@@ -494,7 +500,7 @@ char *serve_response_json(const ServeRequest *r, const ServeIds *ids, const Serv
     for (int i = 0; i < n; i++)
         cJSON_AddItemToArray(cs, choice_json(r, ids, s->samples[order[i]], i));
     cJSON_AddItemToObject(j, "usage", usage_json(s));
-    cJSON *x = extension_json(s, order);
+    cJSON *x = extension_json(r, s, order);
     if (x)
         cJSON_AddItemToObject(j, "erinfer", x);
     er_free(order);
@@ -569,7 +575,7 @@ void serve_chunk_final(StrBuf *out, const ServeRequest *r, const ServeIds *ids, 
     int n = s->n;
     for (int i = 0; i < n; i++) {
         cJSON *end = chunk_end(out, r, ids, s->samples[i], i, streamed[i], roled[i]);
-        cJSON *x = i == n - 1 ? extension_json(s, NULL) : NULL;
+        cJSON *x = i == n - 1 ? extension_json(r, s, NULL) : NULL;
         if (x)
             cJSON_AddItemToObject(end, "erinfer", x);
         put_event(out, end);

@@ -383,6 +383,47 @@ Test(server, pipeline_extension_and_vote_winner_first, .timeout = 120) {
     server_stop(&t);
 }
 
+// The text of choice 0 and the reported seed of a non-streamed response.
+static char *reply_text(const char *out, double *seed) {
+    cJSON *j = cJSON_Parse(out);
+    cr_assert(j, "%s", out);
+    const cJSON *m = field(cJSON_GetArrayItem(field(j, "choices"), 0), "message");
+    char *text = er_strdup(field(m, "content")->valuestring);
+    *seed = field(field(j, "erinfer"), "seed")->valuedouble;
+    cJSON_Delete(j);
+    return text;
+}
+
+// A request without a seed gets a fresh one (reported), so unseeded requests differ; sending the
+// reported seed back gives the same text.
+Test(server, unseeded_requests_draw_and_report_a_seed, .timeout = 120) {
+    TestServer t;
+    helper_fixture_open(&t.fx, "er_serve_", "erinfer");
+    helper_need_program(t.fx.prog, "erinfer", "the erinfer serve seed tests");
+    char args[700];
+    snprintf(args, sizeof args, "--model '%s' --max-tokens 24", t.fx.model);
+    server_launch(&t, args);
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 24}";
+    double s1, s2, s3;
+    char *o1 = server_post(&t, body), *o2 = server_post(&t, body);
+    char *a = reply_text(o1, &s1), *b = reply_text(o2, &s2);
+    cr_expect_neq(s1, s2, "two unseeded requests got the same seed");
+    cr_expect_str_neq(a, b, "two unseeded requests at temperature 1 gave the same text");
+    char again[256];
+    snprintf(again, sizeof again, "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 24, "
+             "\"seed\": %.0f}", s1);
+    char *o3 = server_post(&t, again), *c = reply_text(o3, &s3);
+    cr_expect_eq(s3, s1);
+    cr_expect_str_eq(c, a, "the reported seed does not reproduce its text");
+    free(o1);
+    free(o2);
+    free(o3);
+    er_free(a);
+    er_free(b);
+    er_free(c);
+    server_stop(&t);
+}
+
 // ---- a model that always calls a tool ----
 
 #define TOOL_CALL_JSON "{\"name\": \"add\", \"arguments\": {\"a\": 4, \"b\": 9}}"
