@@ -47,7 +47,7 @@ static char *python_out(const char *script_args) {
 
 Test(server, json_dumps_matches_python) {
     const char *json = "{\"s\": \"tab\\t quote\\\" back\\\\ nl\\n ctl\\u0001 é 日本 😀\", \"i\": -42, \"f\": 0.1, "
-                       "\"big\": 12345678901, \"e\": 1.5e-07, \"a\": [true, false, null, [], {}], \"o\": {\"k\": [1, "
+                       "\"big\": 12345678901, \"huge\": 1e300, \"e\": 1.5e-07, \"a\": [true, false, null, [], {}], \"o\": {\"k\": [1, "
                        "2.25]}}";
     char path[256];
     helper_write_tmp(path, sizeof path, "server_dumps", ".json", json);
@@ -64,6 +64,17 @@ Test(server, json_dumps_matches_python) {
     er_free(got);
     free(want);
     remove(path);
+}
+
+// An assistant's tool call arguments are re-printed when they are JSON, and kept as given otherwise
+// (text after the JSON included).
+Test(server, tool_call_arguments_kept_unless_json) {
+    const char *names[] = {"f", "g"}, *args[] = {"{\"a\":1}", "{} junk"};
+    char *text;
+    cr_assert_eq(chat_tool_calls_text("", names, args, 2, &text), ER_OK);
+    cr_expect(strstr(text, "\"name\": \"f\", \"arguments\": {\"a\": 1}}"), "%s", text);
+    cr_expect(strstr(text, "\"name\": \"g\", \"arguments\": {} junk}"), "%s", text);
+    er_free(text);
 }
 
 // A request with tools, a system message (or not), an assistant's two tool calls and their results.
