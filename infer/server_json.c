@@ -221,6 +221,11 @@ static int message_content(const cJSON *m, int i, StrBuf *b, ServeError *e) {
 static int message_tool_calls(const cJSON *calls, int i, StrBuf *b, ServeError *e) {
     int n = cJSON_GetArraySize(calls), rc = 0;
     const char **names = er_calloc((size_t)n + 1, sizeof *names), **args = er_calloc((size_t)n + 1, sizeof *args);
+    if (!names || !args) {
+        er_free(names);
+        er_free(args);
+        return serve_fail(e, 500, "server_error", NULL, "out of memory");
+    }
     const cJSON *c;
     int k = 0;
     cJSON_ArrayForEach(c, calls) {
@@ -236,7 +241,7 @@ static int message_tool_calls(const cJSON *calls, int i, StrBuf *b, ServeError *
         args[k++] = a->valuestring;
     }
     char *text = NULL;
-    if (rc == 0 && (!names || !args || chat_tool_calls_text(b->p, names, args, n, &text) < 0))
+    if (rc == 0 && chat_tool_calls_text(b->p, names, args, n, &text) < 0)
         rc = serve_fail(e, 500, "server_error", NULL, "out of memory");
     if (text) {
         b->n = 0;
