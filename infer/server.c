@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <arpa/inet.h>
 #include <time.h>
@@ -634,12 +635,12 @@ static enum MHD_Result serve_models(struct MHD_Connection *c, Server *srv) {
     return ok;
 }
 
-// "Authorization: Bearer KEY", compared in constant time.
+// "Authorization: Bearer KEY" (the scheme case-insensitive, RFC 7235), the key compared in constant time.
 static int authorized(struct MHD_Connection *c, const Server *srv) {
     if (!srv->api_key)
         return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncmp(h, "Bearer ", 7) != 0)
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
         return 0;
     h += 7;
     size_t n = strlen(h), m = strlen(srv->api_key);
@@ -647,6 +648,12 @@ static int authorized(struct MHD_Connection *c, const Server *srv) {
     for (size_t i = 0; i < n && i < m; i++)
         diff |= (unsigned char)(h[i] ^ srv->api_key[i]);
     return diff == 0;
+}
+
+static enum MHD_Result respond_too_big(struct MHD_Connection *c) {
+    char msg[64];
+    snprintf(msg, sizeof msg, "the request body is larger than %d MiB", SERVE_MAX_BODY >> 20);
+    return respond_fail(c, 413, "invalid_request_error", "request_too_large", msg);
 }
 
 static enum MHD_Result route_request(struct MHD_Connection *c, Server *srv, const Conn *cn, const char *url,
@@ -665,8 +672,7 @@ static enum MHD_Result route_request(struct MHD_Connection *c, Server *srv, cons
     if (models)
         return serve_models(c, srv);
     if (cn->too_big)
-        return respond_fail(c, 413, "invalid_request_error", "request_too_large",
-                            "the request body is larger than 1 MiB");
+        return respond_too_big(c);
     return serve_generate(c, srv, cn, chat);
 }
 
@@ -679,9 +685,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(cn = er_calloc(1, sizeof *cn)))
             return MHD_NO;
         *con_cls = cn;
-        // A declared length over the limit is refused without buffering any of it.
+        // A request without the API key, or declaring a body over the limit, is answered before any of
+        // its body is read.
+        if (strncmp(url, "/v1/", 4) == 0 && !authorized(c, srv))
+            return respond_fail(c, 401, "invalid_request_error", "invalid_api_key", "missing or invalid API key");
         const char *len = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         cn->too_big = len && strtoull(len, NULL, 10) > SERVE_MAX_BODY;
+        if (cn->too_big)
+            return respond_too_big(c);
         return MHD_YES;
     }
     if (*upload_size > 0) {
@@ -861,6 +872,10 @@ int cmd_serve(int argc, char **argv) {
     if (rc < 0)
         return cli_fail("serve");
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f.port)};
+    if (f.api_key && !f.api_key[0]) { // an empty key would let an empty Bearer through
+        er_error(ER_EINVAL, "--api-key must not be empty");
+        return cli_fail("serve");
+    }
     if (inet_pton(AF_INET, f.host, &addr.sin_addr) != 1) {
         er_error(ER_EINVAL, "--host \"%s\" is not an IPv4 address", f.host);
         return cli_fail("serve");

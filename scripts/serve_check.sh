@@ -122,6 +122,10 @@ expect() {
 }
 expect 401 "$base/v1/chat/completions" -d '{"messages":[{"role":"user","content":"Hi"}]}'
 expect 401 -H "Authorization: Bearer nope" "$base/v1/models"
+expect 200 -H "Authorization: bearer $key" "$base/v1/models"   # the scheme is case-insensitive
+# Without the key, a large body is refused before it is read (401, not 413).
+head -c 2000000 /dev/zero | tr '\0' 'a' >"$tmp/huge"
+expect 401 "$base/v1/chat/completions" --data-binary @"$tmp/huge"
 expect 200 "$base/health"
 expect 404 "${auth[@]}" "$base/v1/embeddings" -d '{}'
 expect 405 "${auth[@]}" "$base/v1/chat/completions"
@@ -132,7 +136,6 @@ expect 400 "${auth[@]}" "$base/v1/chat/completions" -d '{"messages":[{"role":"wi
 expect 200 "${auth[@]}" "$base/v1/chat/completions" -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":100000000}'
 python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["usage"]["completion_tokens"] <= 64' "$tmp/body" ||
   fail "max_tokens is not capped"
-head -c 2000000 /dev/zero | tr '\0' 'a' >"$tmp/huge"
 expect 413 "${auth[@]}" "$base/v1/chat/completions" --data-binary @"$tmp/huge"
 grep -q "/tmp\|\.c:\|$tmp" "$tmp/body" && fail "an error message shows internals: $(cat "$tmp/body")"
 
@@ -142,6 +145,10 @@ growth=8
 ldd "$B/erinfer" | grep -q libasan && growth=off
 node scripts/serve_load.mjs "$base" "$server_pid" "$LOAD_CLIENTS" "$LOAD_ROUNDS" $key $growth || fail "the load test"
 stop main
+# An empty --api-key is refused at start (it would let an empty Bearer through).
+timeout 20 "$B/erinfer" serve --model models/tiny-base --port 0 --api-key "" 2>"$tmp/empty.log" &&
+  fail "--api-key \"\" was accepted"
+grep -q "must not be empty" "$tmp/empty.log" || fail "--api-key \"\": $(cat "$tmp/empty.log")"
 
 # A full queue answers 503 and the server goes on: one worker, a queue of one, eight clients at once.
 start queue "$tmp/model" --parallel 1 --queue 1 --max-tokens 2000 --context 2048
