@@ -351,11 +351,18 @@ int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, c
         rc = parse_params(root, lim, r, e);
     if (rc == 0)
         rc = chat ? render_messages(root, style, r, e) : completion_prompt(root, r, e);
+    const cJSON *mt = rc == 0 ? cJSON_GetObjectItemCaseSensitive(root, "max_tokens") : NULL;
+    const cJSON *mct = rc == 0 ? cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens") : NULL;
+    int length_given = (mt && !cJSON_IsNull(mt)) || (mct && !cJSON_IsNull(mct));
     cJSON_Delete(root);
     int *ids = NULL;
     if (rc == 0 && tok_encode(tok, r->prompt, strlen(r->prompt), &ids, &r->prompt_tokens) < 0)
         rc = BAD(chat ? "messages" : "prompt", "the prompt is not valid UTF-8 text");
     er_free(ids);
+    // Without max_tokens the answer may take what the context leaves (up to the cap).
+    if (rc == 0 && !length_given && r->prompt_tokens < lim->context &&
+        r->p.max_new_tokens > lim->context - r->prompt_tokens)
+        r->p.max_new_tokens = lim->context - r->prompt_tokens;
     if (rc == 0 && r->prompt_tokens + r->p.max_new_tokens > lim->context)
         rc = BAD(chat ? "messages" : "prompt",
                  "the prompt (%d tokens) and max_tokens (%d) exceed the context of %d positions", r->prompt_tokens,

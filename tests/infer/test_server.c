@@ -231,12 +231,18 @@ Test(server, bad_requests_are_refused) {
     cr_expect_eq(serve_parse_request(deep.p, deep.n, 1, CHAT_CHATML, tok, &test_limits, &r, &e), -1);
     cr_expect_eq(e.status, 400);
     cr_expect_eq(serve_json_depth("{\"a\": \"[[[{{\\\"\"}", 18), 1, "brackets inside strings do not count");
-    // A prompt longer than the context is refused with its token count.
+    // A prompt and max_tokens beyond the context are refused with the token count.
     ServeLimits small = test_limits;
     small.context = 40;
-    const char *longer = "{\"prompt\": \"Start with 4. Add 9. Multiply by 3. Subtract 5. What is the result?\"}";
+    const char *longer = "{\"prompt\": \"Start with 4. Add 9. Multiply by 3. Subtract 5. What is the result?\", "
+                         "\"max_tokens\": 30}";
     cr_expect_eq(serve_parse_request(longer, strlen(longer), 0, CHAT_CHATML, tok, &small, &r, &e), -1);
     cr_expect(strstr(e.message, "exceed the context of 40"), "%s", e.message);
+    // Without max_tokens a prompt that fits gets what the context leaves (less than the cap of 64).
+    const char *shorter = "{\"prompt\": \"Hi\"}";
+    cr_assert_eq(serve_parse_request(shorter, strlen(shorter), 0, CHAT_CHATML, tok, &small, &r, &e), 0, "%s", e.message);
+    cr_expect_eq(r.p.max_new_tokens, 40 - r.prompt_tokens);
+    serve_request_free(&r);
     er_free(deep.p);
     tok_free(tok);
 }
