@@ -773,7 +773,7 @@ static int serve_open(Server *srv, const ServeFlags *f) {
     int kv_int8 = strcmp(g.kv, "int8") == 0, max_pos = er_model_max_positions(srv->model);
     srv->lim = (ServeLimits){f->max_n, f->max_tokens, g.context ? g.context
                                                     : 4096 + f->max_tokens < max_pos ? 4096 + f->max_tokens : max_pos,
-                             SERVE_JSON_DEPTH};
+                             SERVE_JSON_DEPTH, f->g.adapter != NULL};
     ER_TRY(tok_load(&srv->tok, f->g.model));
     ER_TRY(chat_style_from_config(f->g.model, &srv->style));
     if (!f->g.switcher && !f->g.verifier && !f->g.adapter) { // no request can ask for the routed pipeline

@@ -173,6 +173,8 @@ static int parse_params(const cJSON *root, const ServeLimits *lim, ServeRequest 
                                        strcmp(route->valuestring, "direct") != 0 &&
                                        strcmp(route->valuestring, "reasoning") != 0))
             return BAD("route", "'route' must be \"auto\", \"direct\" or \"reasoning\"");
+        if (strcmp(route->valuestring, "auto") != 0 && !lim->adapter) // refused now, not after queueing
+            return BAD("route", "'route' \"%s\" needs a server started with --adapter", route->valuestring);
         if (!(r->route = er_strdup(route->valuestring)))
             return serve_fail(e, 500, "server_error", NULL, "out of memory");
         p->route = r->route;

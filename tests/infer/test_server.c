@@ -96,7 +96,7 @@ static const char *tools_request(int with_system) {
                  "\"properties\": {\"city\": {\"type\": \"string\", \"enum\": [\"Paris\", \"Köln\"]}}}}}]}";
 }
 
-static const ServeLimits test_limits = {4, 64, 4096, 64};
+static const ServeLimits test_limits = {4, 64, 4096, 64, 0}; // no adapter
 
 // The server's prompt for the request against jinja2's rendering of the real template.
 static void check_tools_prompt(ChatStyle style, const char *template_name, int with_system) {
@@ -200,6 +200,8 @@ Test(server, bad_requests_are_refused) {
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stop\": [\"a\", 3]}", "stop", 1},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stop\": [\"\"]}", "stop", 1},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"route\": \"fast\"}", "route", 1},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"route\": \"reasoning\"}", "route", 1}, // no adapter
+        {"{\"prompt\": \"hi\", \"route\": \"direct\"}", "route", 0},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"colour\": 1}", "colour", 1},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": {}}", "tools", 1},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stream\": 1}", "stream", 1},
