@@ -10,6 +10,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/json.h"
+#include "core/utf8.h"
 #include "infer/runner.h"
 
 int serve_fail(ServeError *e, int status, const char *type, const char *param, const char *fmt, ...) {
@@ -20,6 +21,10 @@ int serve_fail(ServeError *e, int status, const char *type, const char *param, c
     e->status = status;
     e->type = type;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    // Both may echo a client's field name, cut anywhere (or not UTF-8 at all): they end before the
+    // first byte that is not valid UTF-8, so the error JSON stays valid text.
+    e->message[utf8_invalid_at(e->message, strlen(e->message))] = 0;
+    e->param[utf8_invalid_at(e->param, strlen(e->param))] = 0;
     return -1;
 }
 

@@ -15,6 +15,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/utf8.h"
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "infer/server.h"
@@ -218,6 +219,22 @@ Test(server, bad_requests_are_refused) {
         cr_expect_eq(e.status, 400, "%s", b);
         cr_expect_str_eq(e.param, cases[i].param, "%s", b);
         cr_expect(e.message[0] && !strchr(e.message, '/'), "%s: \"%s\"", b, e.message);
+    }
+    // A long non-ASCII field name, echoed in the message and param, is cut on a character boundary
+    // (the prefixes "a" and "ab" put the cut of one or the other inside a 2-byte character).
+    for (int pre = 1; pre <= 2; pre++) {
+        StrBuf b = {0};
+        strbuf_puts(&b, pre == 1 ? "{\"a" : "{\"ab");
+        for (int i = 0; i < 60; i++)
+            strbuf_puts(&b, "\xc3\xa9");
+        strbuf_puts(&b, "\": 1, \"prompt\": \"hi\"}");
+        ServeRequest r;
+        ServeError e;
+        cr_expect_eq(serve_parse_request(b.p, b.n, 0, CHAT_CHATML, tok, &test_limits, &r, &e), -1);
+        cr_expect_eq(utf8_invalid_at(e.message, strlen(e.message)), strlen(e.message), "%s", e.message);
+        cr_expect_eq(utf8_invalid_at(e.param, strlen(e.param)), strlen(e.param), "%s", e.param);
+        cr_expect_gt(strlen(e.param), 60);
+        er_free(b.p);
     }
     // Nesting beyond the limit is refused before parsing; 10k levels cost nothing.
     StrBuf deep = {0};
