@@ -771,8 +771,7 @@ static int serve_open(Server *srv, const ServeFlags *f) {
     ErSession *first;
     ER_TRY(gen_flags_open(&g, f->max_n, &srv->model, &first));
     int kv_int8 = strcmp(g.kv, "int8") == 0, max_pos = er_model_max_positions(srv->model);
-    srv->lim = (ServeLimits){f->max_n, f->max_tokens, g.context ? g.context
-                                                    : 4096 + f->max_tokens < max_pos ? 4096 + f->max_tokens : max_pos,
+    srv->lim = (ServeLimits){f->max_n, f->max_tokens, runner_context(g.context, f->max_tokens, max_pos),
                              SERVE_JSON_DEPTH, f->g.adapter != NULL};
     ER_TRY(tok_load(&srv->tok, f->g.model));
     ER_TRY(chat_style_from_config(f->g.model, &srv->style));
