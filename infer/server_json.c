@@ -84,7 +84,7 @@ static int opt_number(const cJSON *o, const char *key, double lo, double hi, dou
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
         return BAD(key, "'%s' must be a number", key);
     if (v->valuedouble < lo || v->valuedouble > hi)
-        return BAD(key, "'%s' must be between %g and %g", key, lo, hi);
+        return BAD(key, "'%s' must be between %.15g and %.15g", key, lo, hi); // integers in full, not 1.07374e+09
     *out = v->valuedouble;
     return 0;
 }

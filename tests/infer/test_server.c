@@ -220,6 +220,12 @@ Test(server, bad_requests_are_refused) {
         cr_expect_str_eq(e.param, cases[i].param, "%s", b);
         cr_expect(e.message[0] && !strchr(e.message, '/'), "%s: \"%s\"", b, e.message);
     }
+    // A range is printed in full.
+    const char *zero = "{\"prompt\": \"hi\", \"max_tokens\": 0}";
+    ServeRequest r0;
+    ServeError e0;
+    cr_expect_eq(serve_parse_request(zero, strlen(zero), 0, CHAT_CHATML, tok, &test_limits, &r0, &e0), -1);
+    cr_expect(strstr(e0.message, "between 1 and 1073741824"), "%s", e0.message);
     // A long non-ASCII field name, echoed in the message and param, is cut on a character boundary
     // (the prefixes "a" and "ab" put the cut of one or the other inside a 2-byte character).
     for (int pre = 1; pre <= 2; pre++) {
