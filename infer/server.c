@@ -614,9 +614,13 @@ static enum MHD_Result serve_generate(struct MHD_Connection *c, Server *srv, con
     pthread_mutex_lock(&srv->mu);
     while (!j->done)
         job_wait(srv, j);
-    enum MHD_Result ok = respond(c, j->status ? j->status : 500, "application/json", j->out.p ? j->out.p : "{}");
+    int status = j->status ? j->status : 500;
+    StrBuf body = j->out; // taken over: the copy into the response runs without the server's lock
+    j->out = (StrBuf){0};
     job_unref(j);
     pthread_mutex_unlock(&srv->mu);
+    enum MHD_Result ok = respond(c, status, "application/json", body.p ? body.p : "{}");
+    er_free(body.p);
     return ok;
 }
 
