@@ -51,6 +51,7 @@ struct Job {
     int status;           // HTTP status of a non-streamed response
     int done, cancel;     // cancel is read by the worker's token callback without the lock
     int queued;           // in the server's queue (not taken by a worker or the batch yet)
+    int gone;             // the client hung up (a cancel may also come from the server stopping)
     int refs;             // the connection and, once queued, the worker
     int fd;               // the client's socket, to notice a hang-up while waiting
     Server *srv;
@@ -172,6 +173,7 @@ static void job_wait(Server *srv, Job *j) {
     }
     pthread_cond_timedwait(&j->cond, &srv->mu, &t);
     if (!j->done && peer_gone(j->fd)) {
+        j->gone = 1;
         __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
         if (j->queued) { // nobody took it yet: its queue slot goes to the next client now
             ServeError e;
@@ -546,7 +548,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     Stream *st = cls;
     Job *j = st->job;
     pthread_mutex_lock(&st->srv->mu);
-    while (j->sent == j->out.n && !j->done && !__atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
+    // A job cancelled by the server stopping still answers (an error event): only a client that hung up
+    // ends the wait early.
+    while (j->sent == j->out.n && !j->done && !j->gone)
         job_wait(st->srv, j);
     size_t n = j->out.n - j->sent;
     if (n > max)
@@ -554,7 +558,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     if (n) // a job dropped before it ran has no output at all (out.p NULL)
         memcpy(buf, j->out.p + j->sent, n);
     j->sent += n;
-    int cancelled = __atomic_load_n(&j->cancel, __ATOMIC_RELAXED) && !j->done;
+    int cancelled = j->gone && !j->done;
     pthread_mutex_unlock(&st->srv->mu);
     if (n > 0)
         return (ssize_t)n;
