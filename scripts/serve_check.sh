@@ -177,8 +177,24 @@ for stream in true false; do
     -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2000,"temperature":0,"stream":'$stream'}' >/dev/null
   expect 200 "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Hi","max_tokens":4}'
 done
+# A client that half-closes (shuts its sending side) is taken as gone: it reads an error, not a
+# finish_reason that would say its text is complete.
+python3 - "$port" <<'EOF' || fail "a half-closed client's cancelled request"
+import json, socket, sys
+body = b'{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2000,"temperature":0}'
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          b"Content-Length: %d\r\n\r\n" % len(body) + body)
+s.shutdown(socket.SHUT_WR)
+raw = b""
+while chunk := s.recv(65536):
+    raw += chunk
+head, _, rest = raw.partition(b"\r\n\r\n")
+assert head.split()[1] == b"499", head
+assert json.loads(rest)["error"]["code"] == "request_cancelled", rest
+EOF
 grep "cancelled: the client went away" "$tmp/queue.log" >&2
-[ "$(grep -c "cancelled: the client went away" "$tmp/queue.log")" = 2 ] || fail "a hang-up did not cancel its job"
+[ "$(grep -c "cancelled: the client went away" "$tmp/queue.log")" = 3 ] || fail "a hang-up did not cancel its job"
 stop queue
 # --queue 0: a request that an idle worker takes at once does not wait, so it is served.
 start queue0 "$tmp/model" --parallel 1 --queue 0 --max-tokens 8
