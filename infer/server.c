@@ -510,6 +510,7 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd, ServeError *e) {
 typedef struct {
     StrBuf body;
     int too_big;
+    int unauthorized;     // a /v1/ request without the API key: its body is dropped, not buffered
 } Conn;
 
 typedef struct {
@@ -693,22 +694,26 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(cn = er_calloc(1, sizeof *cn)))
             return MHD_NO;
         *con_cls = cn;
-        // A request without the API key, or declaring a body over the limit, is answered before any of
-        // its body is read.
-        if (strncmp(url, "/v1/", 4) == 0 && !authorized(c, srv))
-            return respond_fail(c, 401, "invalid_request_error", "invalid_api_key", "missing or invalid API key");
+        cn->unauthorized = strncmp(url, "/v1/", 4) == 0 && !authorized(c, srv);
         const char *len = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         cn->too_big = len && strtoull(len, NULL, 10) > SERVE_MAX_BODY;
-        if (cn->too_big)
+        // A client waiting on "Expect: 100-continue" (curl, for large bodies) is refused before it sends
+        // its body. Others send it anyway, and closing on them loses the answer (node's http reports
+        // EPIPE): their body is read and dropped, never buffered, and then refused.
+        const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        if (expect && strcasecmp(expect, "100-continue") == 0 && cn->unauthorized)
+            return respond_fail(c, 401, "invalid_request_error", "invalid_api_key", "missing or invalid API key");
+        if (expect && strcasecmp(expect, "100-continue") == 0 && cn->too_big)
             return respond_too_big(c);
         return MHD_YES;
     }
     if (*upload_size > 0) {
-        // A body over the limit is read and dropped (memory stays bounded), then refused.
-        if (cn->too_big || cn->body.n + *upload_size > SERVE_MAX_BODY)
-            cn->too_big = 1;
-        else
+        // A body over the limit, or one without the API key, is read and dropped (memory stays bounded),
+        // then refused.
+        if (!cn->unauthorized && !cn->too_big && cn->body.n + *upload_size <= SERVE_MAX_BODY)
             strbuf_put(&cn->body, upload, *upload_size);
+        else if (!cn->unauthorized)
+            cn->too_big = 1;
         *upload_size = 0;
         return MHD_YES;
     }
