@@ -282,7 +282,7 @@ static void dumps_string(StrBuf *b, const char *s) {
 // Python prints integral numbers without a fraction and others as the shortest text that reads back.
 static void dumps_number(StrBuf *b, double x) {
     char t[40];
-    if (x == (double)(long long)x && x > -1e16 && x < 1e16) {
+    if (x > -1e16 && x < 1e16 && x == (double)(long long)x) { // in range before the cast (UB outside)
         snprintf(t, sizeof t, "%lld", (long long)x);
     } else {
         for (int prec = 15; prec <= 17; prec++) {
@@ -374,7 +374,7 @@ int chat_tool_calls_text(const char *content, const char *const *names, const ch
         strbuf_puts(&b, "<tool_call>\n{\"name\": \"");
         strbuf_puts(&b, names[i]);
         strbuf_puts(&b, "\", \"arguments\": ");
-        cJSON *a = cJSON_Parse(arguments[i]);
+        cJSON *a = cJSON_ParseWithOpts(arguments[i], NULL, 1); // "{} junk" is not JSON: kept as given
         if (a)
             dumps_value(&b, a);
         else

@@ -14,16 +14,20 @@ int runner_open_session(const SessionSpec *spec, int max_samples, int max_new, E
         ER_CHECK(er_model_load_switcher(*m, spec->switcher));
     if (spec->verifier)
         ER_CHECK(er_model_load_verifier(*m, spec->verifier));
-    int ctx = spec->context, max_pos = er_model_max_positions(*m);
-    if (!ctx)
-        ctx = 4096 + max_new < max_pos ? 4096 + max_new : max_pos;
-    ER_CHECK(er_session_open(s, *m, max_samples, ctx, spec->kv_int8));
+    ER_CHECK(er_session_open(s, *m, max_samples, runner_context(spec->context, max_new, er_model_max_positions(*m)),
+                             spec->kv_int8));
 done:
     if (rc < 0) {
         er_model_free(*m);
         *m = NULL;
     }
     return rc;
+}
+
+int runner_context(int context, int max_new, int max_pos) {
+    if (context)
+        return context;
+    return 4096 + max_new < max_pos ? 4096 + max_new : max_pos;
 }
 
 const char *runner_finish_name(int f) {

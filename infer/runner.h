@@ -14,6 +14,9 @@ typedef struct {
     int context; // positions per sample, prompt included; 0 = 4096 + max_new, at most max_position_embeddings
 } SessionSpec;
 
+// The positions per sample: context when given, else 4096 + max_new, at most the model's max_pos.
+int runner_context(int context, int max_new, int max_pos);
+
 // Loads the model (adapter, heads) and opens a session for max_samples samples of max_new new tokens.
 // On failure *m and *s are NULL.
 int runner_open_session(const SessionSpec *spec, int max_samples, int max_new, ErModel **m, ErSession **s);

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <arpa/inet.h>
 #include <time.h>
@@ -28,6 +29,7 @@
 #include "core/alloc.h"
 #include "core/args.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "core/threads.h"
 #include "infer/cli.h"
 #include "infer/runner.h"
@@ -48,6 +50,8 @@ struct Job {
     StrBuf *acc;          // (n) each sample's text so far (tool calls are held back from it)
     int status;           // HTTP status of a non-streamed response
     int done, cancel;     // cancel is read by the worker's token callback without the lock
+    int queued;           // in the server's queue (not taken by a worker or the batch yet)
+    int gone;             // the client hung up (a cancel may also come from the server stopping)
     int refs;             // the connection and, once queued, the worker
     int fd;               // the client's socket, to notice a hang-up while waiting
     Server *srv;
@@ -61,6 +65,7 @@ typedef struct {
     char *last_prompt;    // what the session's cache holds a prefix of
     unsigned long last_used; // Server.counter when it last took a job (0: never)
     int idle;
+    Job *running;         // the job it generates (NULL: none), cancelled when the server stops
     pthread_t thread;
 } Worker;
 
@@ -71,6 +76,7 @@ struct Server {
     ServeLimits lim;
     const char *api_key, *model_name;
     int threads, queue_max, n_queued, stopping;
+    int n_jobs;           // jobs not freed yet: at shutdown their connections still send their answers
     Job *head, *tail;
     pthread_mutex_t mu;
     pthread_cond_t work;  // a job was queued or the server stops
@@ -78,8 +84,10 @@ struct Server {
     int n_workers;
     ErBatch *batch;       // otherwise: --parallel rows decoded together, by one thread
     int batch_rows, batch_started;
+    int batch_free;       // rows neither decoding nor promised to a job the batch thread is admitting
     pthread_t batch_thread;
     unsigned long counter;
+    ErRng rng;            // the seeds of requests that give none
 };
 
 // ---- jobs ----
@@ -88,6 +96,7 @@ struct Server {
 static void job_unref(Job *j) {
     if (--j->refs > 0)
         return;
+    j->srv->n_jobs--;
     for (int i = 0; j->acc && i < j->req.p.n_samples; i++)
         er_free(j->acc[i].p);
     serve_request_free(&j->req);
@@ -106,6 +115,53 @@ static int peer_gone(int fd) {
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+// The error a cancelled job answers with: the server stops (503), or the client closed its connection
+// (499, nginx's "client closed request": a half-closed client that still reads learns why).
+static void cancel_error(ServeError *e, int stopping) {
+    memset(e, 0, sizeof *e);
+    if (stopping) {
+        serve_fail(e, 503, "server_error", NULL, "the server is shutting down; retry later");
+        e->code = "server_shutting_down";
+    } else {
+        serve_fail(e, 499, "invalid_request_error", NULL, "the request was cancelled: the client closed its connection");
+        e->code = "request_cancelled";
+    }
+}
+
+// Lock held: the job's error response (an error event and [DONE] for a stream) as its whole output.
+static void job_fail(Job *j, const ServeError *e) {
+    StrBuf out = {0};
+    if (j->req.stream) {
+        serve_chunk_error(&out, e);
+    } else {
+        char *s = serve_error_json(e);
+        strbuf_puts(&out, s ? s : "{}");
+        er_free(s);
+    }
+    strbuf_put(&j->out, out.p ? out.p : "", out.n);
+    j->status = out.oom || j->out.oom ? 500 : e->status;
+    er_free(out.p);
+}
+
+// Lock held: job j leaves the queue (it is in it) unanswered by any worker: it answers e, and the
+// queue's reference goes.
+static void job_drop(Server *srv, Job *j, const ServeError *e) {
+    Job **at = &srv->head, *prev = NULL;
+    while (*at != j)
+        prev = *at, at = &(*at)->next;
+    *at = j->next;
+    if (srv->tail == j)
+        srv->tail = prev;
+    j->next = NULL;
+    j->queued = 0;
+    srv->n_queued--;
+    __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
+    job_fail(j, e);
+    j->done = 1;
+    pthread_cond_signal(&j->cond);
+    job_unref(j);
+}
+
 // Waits (lock held) up to 100 ms for news on j.
 static void job_wait(Server *srv, Job *j) {
     struct timespec t;
@@ -116,8 +172,15 @@ static void job_wait(Server *srv, Job *j) {
         t.tv_nsec -= 1000000000L;
     }
     pthread_cond_timedwait(&j->cond, &srv->mu, &t);
-    if (!j->done && peer_gone(j->fd))
+    if (!j->done && peer_gone(j->fd)) {
+        j->gone = 1;
         __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
+        if (j->queued) { // nobody took it yet: its queue slot goes to the next client now
+            ServeError e;
+            cancel_error(&e, 0);
+            job_drop(srv, j, &e);
+        }
+    }
 }
 
 static size_t common_prefix(const char *a, const char *b) {
@@ -154,6 +217,8 @@ static Job *job_take(Server *srv, Worker *w) {
     if (!srv->head)
         srv->tail = NULL;
     srv->n_queued--;
+    j->queued = 0;
+    w->running = j;
     if (srv->head)
         pthread_cond_broadcast(&srv->work);
     return j;
@@ -201,32 +266,35 @@ static void generation_error(int rc, const Job *j, ServeError *e) {
 // The job's response from its finished generation (res) or its failure (rc < 0).
 static void job_respond(Server *srv, Job *j, int rc, const ServeResult *res) {
     ServeRequest *r = &j->req;
-    StrBuf out = {0};
-    if (rc == ER_OK && __atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
-        fprintf(stderr, "erinfer serve: %s cancelled: the client went away (%ld tokens generated)\n", j->ids.id,
-                res->stats->generated_tokens);
-    int status = 200;
-    if (rc < 0) {
-        ServeError e;
+    pthread_mutex_lock(&srv->mu);
+    int stopping = srv->stopping;
+    pthread_mutex_unlock(&srv->mu);
+    ServeError e;
+    // A cancelled generation stopped early: it answers an error, never a finish_reason that looks complete.
+    if (rc == ER_OK && __atomic_load_n(&j->cancel, __ATOMIC_RELAXED)) {
+        fprintf(stderr, "erinfer serve: %s cancelled: %s (%ld tokens generated)\n", j->ids.id,
+                stopping ? "the server is stopping" : "the client went away", res->stats->generated_tokens);
+        cancel_error(&e, stopping);
+        rc = ER_EIO;
+    } else if (rc < 0) {
         generation_error(rc, j, &e);
-        status = e.status;
-        if (r->stream) {
-            serve_chunk_error(&out, &e);
-        } else {
-            char *s = serve_error_json(&e);
+    }
+    StrBuf out = {0};
+    if (rc == ER_OK) {
+        char *s = r->stream ? NULL : serve_response_json(r, &j->ids, res);
+        if (r->stream)
+            serve_chunk_final(&out, r, &j->ids, res, j->streamed, j->roled);
+        else
             strbuf_puts(&out, s ? s : "{}");
-            er_free(s);
-        }
-    } else if (r->stream) {
-        serve_chunk_final(&out, r, &j->ids, res, j->streamed, j->roled);
-    } else {
-        char *s = serve_response_json(r, &j->ids, res);
-        strbuf_puts(&out, s ? s : "{}");
         er_free(s);
     }
     pthread_mutex_lock(&srv->mu);
-    strbuf_put(&j->out, out.p ? out.p : "", out.n);
-    j->status = out.oom || j->out.oom ? 500 : status;
+    if (rc < 0) {
+        job_fail(j, &e);
+    } else {
+        strbuf_put(&j->out, out.p ? out.p : "", out.n);
+        j->status = out.oom || j->out.oom ? 500 : 200;
+    }
     pthread_mutex_unlock(&srv->mu);
     er_free(out.p);
 }
@@ -271,6 +339,7 @@ static void *worker_main(void *arg) {
         if (!__atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
             job_run(w, j);
         pthread_mutex_lock(&srv->mu);
+        w->running = NULL;
         job_done(j);
     }
     pthread_mutex_unlock(&srv->mu);
@@ -294,6 +363,7 @@ static void batch_answer(Server *srv, Job *j, int rc) {
     er_request_free(j->rq);
     j->rq = NULL;
     pthread_mutex_lock(&srv->mu);
+    srv->batch_free = er_batch_free_rows(srv->batch);
     job_done(j);
     pthread_mutex_unlock(&srv->mu);
 }
@@ -307,10 +377,12 @@ static void batch_admit(Server *srv, Job **live, int *n_live) {
         if (!srv->head)
             srv->tail = NULL;
         srv->n_queued--;
+        j->queued = 0;
         if (__atomic_load_n(&j->cancel, __ATOMIC_RELAXED)) {
             job_done(j);
             continue;
         }
+        srv->batch_free -= j->req.p.n_samples; // promised while the prefill runs without the lock
         pthread_mutex_unlock(&srv->mu);
         int rc = er_batch_submit(srv->batch, j->req.prompt, &j->req.p, on_token, j, &j->rq);
         if (rc < 0)
@@ -318,6 +390,7 @@ static void batch_admit(Server *srv, Job **live, int *n_live) {
         else
             live[(*n_live)++] = j;
         pthread_mutex_lock(&srv->mu);
+        srv->batch_free = er_batch_free_rows(srv->batch);
     }
 }
 
@@ -352,8 +425,33 @@ static void *batch_main(void *arg) {
     return NULL;
 }
 
-// Queues a parsed request (taking it over); NULL when the queue is full or the server stops.
-static Job *job_submit(Server *srv, ServeRequest *r, int fd) {
+// Lock held: whether a new job of n samples would wait beyond the queue's bound. Jobs that idle
+// workers (or the batch's free rows, in queue order) take at once are not waiting.
+static int queue_full(const Server *srv, int n) {
+    int waiting;
+    if (srv->batch) {
+        int rows = srv->batch_free, fits = 1;
+        waiting = 0;
+        for (const Job *q = srv->head; q; q = q->next) {
+            fits = fits && q->req.p.n_samples <= rows;
+            if (fits)
+                rows -= q->req.p.n_samples;
+            else
+                waiting++;
+        }
+        waiting += !(fits && n <= rows);
+    } else {
+        int idle = 0;
+        for (int k = 0; k < srv->n_workers; k++)
+            idle += srv->workers[k].idle;
+        waiting = srv->n_queued + 1 - idle;
+    }
+    return waiting > srv->queue_max;
+}
+
+// Queues a parsed request (taking it over); NULL when the queue is full or the server stops (e says
+// which).
+static Job *job_submit(Server *srv, ServeRequest *r, int fd, ServeError *e) {
     Job *j = er_calloc(1, sizeof *j);
     int n = r->p.n_samples;
     if (j && (!(j->streamed = er_calloc((size_t)n, sizeof *j->streamed)) ||
@@ -363,8 +461,10 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd) {
         er_free(j);
         j = NULL;
     }
-    if (!j)
+    if (!j) {
+        serve_fail(e, 500, "server_error", NULL, "out of memory");
         return NULL;
+    }
     j->req = *r; // the parameters point into the request's own strings: moved along
     j->req.p.stop = (const char *const *)j->req.stop;
     j->req.p.route = j->req.route;
@@ -374,16 +474,26 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd) {
     j->refs = 1;
     pthread_cond_init(&j->cond, NULL);
     pthread_mutex_lock(&srv->mu);
+    srv->n_jobs++;
     snprintf(j->ids.id, sizeof j->ids.id, "%s-%08lx%08lx", j->req.chat ? "chatcmpl" : "cmpl",
              (unsigned long)time(NULL) & 0xffffffffUL, ++srv->counter);
     j->ids.created = (long)time(NULL);
     j->ids.model = srv->model_name;
-    if (srv->stopping || srv->n_queued >= srv->queue_max) {
-        pthread_mutex_unlock(&srv->mu);
+    if (!j->req.seeded) // 53 bits: the reported seed is exact as a JSON number, and can be sent back
+        j->req.p.seed = rng_u64(&srv->rng) >> 11;
+    if (srv->stopping || queue_full(srv, j->req.p.n_samples)) {
+        if (srv->stopping) {
+            cancel_error(e, 1);
+        } else {
+            serve_fail(e, 503, "server_error", NULL, "the server is busy (its request queue is full); retry later");
+            e->code = "queue_full";
+        }
         job_unref(j);
+        pthread_mutex_unlock(&srv->mu);
         return NULL;
     }
     j->refs = 2;
+    j->queued = 1;
     if (srv->tail)
         srv->tail->next = j;
     else
@@ -400,6 +510,7 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd) {
 typedef struct {
     StrBuf body;
     int too_big;
+    int unauthorized;     // a /v1/ request without the API key: its body is dropped, not buffered
 } Conn;
 
 typedef struct {
@@ -438,14 +549,17 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     Stream *st = cls;
     Job *j = st->job;
     pthread_mutex_lock(&st->srv->mu);
-    while (j->sent == j->out.n && !j->done && !__atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
+    // A job cancelled by the server stopping still answers (an error event): only a client that hung up
+    // ends the wait early.
+    while (j->sent == j->out.n && !j->done && !j->gone)
         job_wait(st->srv, j);
     size_t n = j->out.n - j->sent;
     if (n > max)
         n = max;
-    memcpy(buf, j->out.p + j->sent, n);
+    if (n) // a job dropped before it ran has no output at all (out.p NULL)
+        memcpy(buf, j->out.p + j->sent, n);
     j->sent += n;
-    int cancelled = __atomic_load_n(&j->cancel, __ATOMIC_RELAXED) && !j->done;
+    int cancelled = j->gone && !j->done;
     pthread_mutex_unlock(&st->srv->mu);
     if (n > 0)
         return (ssize_t)n;
@@ -457,6 +571,11 @@ static void stream_free(void *cls) {
     Stream *st = cls;
     pthread_mutex_lock(&st->srv->mu);
     __atomic_store_n(&st->job->cancel, 1, __ATOMIC_RELAXED);
+    if (st->job->queued) {
+        ServeError e;
+        cancel_error(&e, 0);
+        job_drop(st->srv, st->job, &e);
+    }
     job_unref(st->job);
     pthread_mutex_unlock(&st->srv->mu);
     er_free(st);
@@ -491,19 +610,22 @@ static enum MHD_Result serve_generate(struct MHD_Connection *c, Server *srv, con
                             &e) < 0)
         return respond_error(c, &e);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    Job *j = job_submit(srv, &req, ci ? ci->connect_fd : -1);
+    Job *j = job_submit(srv, &req, ci ? ci->connect_fd : -1, &e);
     serve_request_free(&req);
     if (!j)
-        return respond_fail(c, 503, "server_error", "queue_full",
-                            "the server is busy (its request queue is full); retry later");
+        return respond_error(c, &e);
     if (j->req.stream)
         return serve_stream(c, srv, j);
     pthread_mutex_lock(&srv->mu);
     while (!j->done)
         job_wait(srv, j);
-    enum MHD_Result ok = respond(c, j->status ? j->status : 500, "application/json", j->out.p ? j->out.p : "{}");
+    int status = j->status ? j->status : 500;
+    StrBuf body = j->out; // taken over: the copy into the response runs without the server's lock
+    j->out = (StrBuf){0};
     job_unref(j);
     pthread_mutex_unlock(&srv->mu);
+    enum MHD_Result ok = respond(c, status, "application/json", body.p ? body.p : "{}");
+    er_free(body.p);
     return ok;
 }
 
@@ -522,12 +644,12 @@ static enum MHD_Result serve_models(struct MHD_Connection *c, Server *srv) {
     return ok;
 }
 
-// "Authorization: Bearer KEY", compared in constant time.
+// "Authorization: Bearer KEY" (the scheme case-insensitive, RFC 7235), the key compared in constant time.
 static int authorized(struct MHD_Connection *c, const Server *srv) {
     if (!srv->api_key)
         return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncmp(h, "Bearer ", 7) != 0)
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
         return 0;
     h += 7;
     size_t n = strlen(h), m = strlen(srv->api_key);
@@ -535,6 +657,12 @@ static int authorized(struct MHD_Connection *c, const Server *srv) {
     for (size_t i = 0; i < n && i < m; i++)
         diff |= (unsigned char)(h[i] ^ srv->api_key[i]);
     return diff == 0;
+}
+
+static enum MHD_Result respond_too_big(struct MHD_Connection *c) {
+    char msg[64];
+    snprintf(msg, sizeof msg, "the request body is larger than %d MiB", SERVE_MAX_BODY >> 20);
+    return respond_fail(c, 413, "invalid_request_error", "request_too_large", msg);
 }
 
 static enum MHD_Result route_request(struct MHD_Connection *c, Server *srv, const Conn *cn, const char *url,
@@ -553,8 +681,7 @@ static enum MHD_Result route_request(struct MHD_Connection *c, Server *srv, cons
     if (models)
         return serve_models(c, srv);
     if (cn->too_big)
-        return respond_fail(c, 413, "invalid_request_error", "request_too_large",
-                            "the request body is larger than 1 MiB");
+        return respond_too_big(c);
     return serve_generate(c, srv, cn, chat);
 }
 
@@ -567,17 +694,26 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(cn = er_calloc(1, sizeof *cn)))
             return MHD_NO;
         *con_cls = cn;
-        // A declared length over the limit is refused without buffering any of it.
+        cn->unauthorized = strncmp(url, "/v1/", 4) == 0 && !authorized(c, srv);
         const char *len = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         cn->too_big = len && strtoull(len, NULL, 10) > SERVE_MAX_BODY;
+        // A client waiting on "Expect: 100-continue" (curl, for large bodies) is refused before it sends
+        // its body. Others send it anyway, and closing on them loses the answer (node's http reports
+        // EPIPE): their body is read and dropped, never buffered, and then refused.
+        const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        if (expect && strcasecmp(expect, "100-continue") == 0 && cn->unauthorized)
+            return respond_fail(c, 401, "invalid_request_error", "invalid_api_key", "missing or invalid API key");
+        if (expect && strcasecmp(expect, "100-continue") == 0 && cn->too_big)
+            return respond_too_big(c);
         return MHD_YES;
     }
     if (*upload_size > 0) {
-        // A body over the limit is read and dropped (memory stays bounded), then refused.
-        if (cn->too_big || cn->body.n + *upload_size > SERVE_MAX_BODY)
-            cn->too_big = 1;
-        else
+        // A body over the limit, or one without the API key, is read and dropped (memory stays bounded),
+        // then refused.
+        if (!cn->unauthorized && !cn->too_big && cn->body.n + *upload_size <= SERVE_MAX_BODY)
             strbuf_put(&cn->body, upload, *upload_size);
+        else if (!cn->unauthorized)
+            cn->too_big = 1;
         *upload_size = 0;
         return MHD_YES;
     }
@@ -648,14 +784,13 @@ static int serve_open(Server *srv, const ServeFlags *f) {
     ErSession *first;
     ER_TRY(gen_flags_open(&g, f->max_n, &srv->model, &first));
     int kv_int8 = strcmp(g.kv, "int8") == 0, max_pos = er_model_max_positions(srv->model);
-    srv->lim = (ServeLimits){f->max_n, f->max_tokens, g.context ? g.context
-                                                    : 4096 + f->max_tokens < max_pos ? 4096 + f->max_tokens : max_pos,
-                             SERVE_JSON_DEPTH};
+    srv->lim = (ServeLimits){f->max_n, f->max_tokens, runner_context(g.context, f->max_tokens, max_pos),
+                             SERVE_JSON_DEPTH, f->g.adapter != NULL};
     ER_TRY(tok_load(&srv->tok, f->g.model));
     ER_TRY(chat_style_from_config(f->g.model, &srv->style));
     if (!f->g.switcher && !f->g.verifier && !f->g.adapter) { // no request can ask for the routed pipeline
         er_session_free(first);
-        srv->batch_rows = f->parallel > f->max_n ? f->parallel : f->max_n;
+        srv->batch_rows = srv->batch_free = f->parallel > f->max_n ? f->parallel : f->max_n;
         return er_batch_open(&srv->batch, srv->model, srv->batch_rows, srv->lim.context, kv_int8);
     }
     srv->n_workers = f->parallel;
@@ -681,20 +816,19 @@ static void serve_close(Server *srv) {
     tok_free(srv->tok);
 }
 
-// Stops the workers: queued jobs are dropped (their connections answer), running ones cancelled.
+// Stops the workers: queued jobs are dropped and running ones cancelled, each answering 503
+// (server_shutting_down; a stream: an error event and [DONE]).
 static void serve_stop_workers(Server *srv, int started) {
     pthread_mutex_lock(&srv->mu);
     srv->stopping = 1;
-    for (Job *j = srv->head, *next; j; j = next) {
-        next = j->next;
-        __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
-        j->done = 1;
-        pthread_cond_signal(&j->cond);
-        job_unref(j);
-    }
-    srv->head = srv->tail = NULL;
-    srv->n_queued = 0;
-    pthread_cond_broadcast(&srv->work);
+    ServeError e;
+    cancel_error(&e, 1);
+    while (srv->head)
+        job_drop(srv, srv->head, &e);
+    for (int k = 0; k < srv->n_workers; k++)
+        if (srv->workers[k].running)
+            __atomic_store_n(&srv->workers[k].running->cancel, 1, __ATOMIC_RELAXED);
+    pthread_cond_broadcast(&srv->work); // the batch thread cancels its live requests itself
     pthread_mutex_unlock(&srv->mu);
     for (int i = 0; i < started; i++)
         pthread_join(srv->workers[i].thread, NULL);
@@ -702,13 +836,17 @@ static void serve_stop_workers(Server *srv, int started) {
         pthread_join(srv->batch_thread, NULL);
 }
 
-// Listens on addr until SIGINT or SIGTERM; the workers are stopped either way.
+// Listens on addr until SIGINT or SIGTERM; the workers are stopped either way. Connections: room for
+// every request running or queued several times over (clients keep idle keep-alive connections), one
+// address at most half of it, and a connection idle for 30 s closed (a handler waiting on its
+// generation is not idle), so that idle sockets cannot lock every client out.
 static int serve_listen(Server *srv, const ServeFlags *f, struct sockaddr_in *addr) {
+    unsigned cap = 4u * (unsigned)(f->queue + f->parallel) + 256;
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL, on_request, srv,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(f->queue + f->parallel + 64), MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)600, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_LIMIT, cap, MHD_OPTION_PER_IP_CONNECTION_LIMIT, cap / 2, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)30, MHD_OPTION_END);
     if (!d) {
         int err = errno;
         serve_stop_workers(srv, srv->n_workers);
@@ -726,6 +864,14 @@ static int serve_listen(Server *srv, const ServeFlags *f, struct sockaddr_in *ad
     sigwait(&set, &sig);
     fprintf(stderr, "erinfer serve: stopping\n");
     serve_stop_workers(srv, srv->n_workers);
+    // Every job is answered now; the connections get up to 5 s to send those answers before they close.
+    for (int i = 0, left = 1; left && i < 500; i++) {
+        pthread_mutex_lock(&srv->mu);
+        left = srv->n_jobs > 0;
+        pthread_mutex_unlock(&srv->mu);
+        if (left)
+            usleep(10 * 1000);
+    }
     MHD_stop_daemon(d);
     return ER_OK;
 }
@@ -738,11 +884,19 @@ int cmd_serve(int argc, char **argv) {
     if (rc < 0)
         return cli_fail("serve");
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f.port)};
+    if (f.api_key && !f.api_key[0]) { // an empty key would let an empty Bearer through
+        er_error(ER_EINVAL, "--api-key must not be empty");
+        return cli_fail("serve");
+    }
     if (inet_pton(AF_INET, f.host, &addr.sin_addr) != 1) {
         er_error(ER_EINVAL, "--host \"%s\" is not an IPv4 address", f.host);
         return cli_fail("serve");
     }
     Server srv = {.api_key = f.api_key, .queue_max = f.queue};
+    uint64_t seed;
+    if (getentropy(&seed, sizeof seed) != 0) // unseeded requests differ from run to run
+        seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    rng_seed(&srv.rng, seed);
     srv.threads = threads_set(f.g.threads);
     // The model's name for /v1/models and responses: its dir's last component.
     const char *slash = strrchr(f.g.model, '/');

@@ -18,6 +18,7 @@ typedef struct {
     int max_tokens;     // cap on max_tokens (and its default)
     int context;        // positions per sample, prompt included
     int json_depth;     // deepest nesting accepted in a request body
+    int adapter;        // an adapter is loaded: a request may force a route ("direct", "reasoning")
 } ServeLimits;
 
 // A request that passed every check, ready for a worker.
@@ -28,6 +29,7 @@ typedef struct {
     char *stop[ER_STOP_MAX];
     char *route;
     int stream, include_usage;
+    int seeded;                // the request gave a seed (otherwise the server draws one: p.seed)
     int tools;                 // the request gave tools: the output's <tool_call> blocks become tool_calls
     int prompt_tokens;
 } ServeRequest;

@@ -10,6 +10,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/json.h"
+#include "core/utf8.h"
 #include "infer/runner.h"
 
 int serve_fail(ServeError *e, int status, const char *type, const char *param, const char *fmt, ...) {
@@ -20,6 +21,10 @@ int serve_fail(ServeError *e, int status, const char *type, const char *param, c
     e->status = status;
     e->type = type;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    // Both may echo a client's field name, cut anywhere (or not UTF-8 at all): they end before the
+    // first byte that is not valid UTF-8, so the error JSON stays valid text.
+    e->message[utf8_invalid_at(e->message, strlen(e->message))] = 0;
+    e->param[utf8_invalid_at(e->param, strlen(e->param))] = 0;
     return -1;
 }
 
@@ -79,7 +84,7 @@ static int opt_number(const cJSON *o, const char *key, double lo, double hi, dou
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
         return BAD(key, "'%s' must be a number", key);
     if (v->valuedouble < lo || v->valuedouble > hi)
-        return BAD(key, "'%s' must be between %g and %g", key, lo, hi);
+        return BAD(key, "'%s' must be between %.15g and %.15g", key, lo, hi); // integers in full, not 1.07374e+09
     *out = v->valuedouble;
     return 0;
 }
@@ -160,6 +165,8 @@ static int parse_params(const cJSON *root, const ServeLimits *lim, ServeRequest 
         return -1;
     if (top_p <= 0)
         return BAD("top_p", "'top_p' must be greater than 0");
+    const cJSON *sv = cJSON_GetObjectItemCaseSensitive(root, "seed");
+    r->seeded = sv && !cJSON_IsNull(sv);
     if (mct > 0)
         max_tokens = mct;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
@@ -171,6 +178,8 @@ static int parse_params(const cJSON *root, const ServeLimits *lim, ServeRequest 
                                        strcmp(route->valuestring, "direct") != 0 &&
                                        strcmp(route->valuestring, "reasoning") != 0))
             return BAD("route", "'route' must be \"auto\", \"direct\" or \"reasoning\"");
+        if (strcmp(route->valuestring, "auto") != 0 && !lim->adapter) // refused now, not after queueing
+            return BAD("route", "'route' \"%s\" needs a server started with --adapter", route->valuestring);
         if (!(r->route = er_strdup(route->valuestring)))
             return serve_fail(e, 500, "server_error", NULL, "out of memory");
         p->route = r->route;
@@ -219,6 +228,11 @@ static int message_content(const cJSON *m, int i, StrBuf *b, ServeError *e) {
 static int message_tool_calls(const cJSON *calls, int i, StrBuf *b, ServeError *e) {
     int n = cJSON_GetArraySize(calls), rc = 0;
     const char **names = er_calloc((size_t)n + 1, sizeof *names), **args = er_calloc((size_t)n + 1, sizeof *args);
+    if (!names || !args) {
+        er_free(names);
+        er_free(args);
+        return serve_fail(e, 500, "server_error", NULL, "out of memory");
+    }
     const cJSON *c;
     int k = 0;
     cJSON_ArrayForEach(c, calls) {
@@ -234,7 +248,7 @@ static int message_tool_calls(const cJSON *calls, int i, StrBuf *b, ServeError *
         args[k++] = a->valuestring;
     }
     char *text = NULL;
-    if (rc == 0 && (!names || !args || chat_tool_calls_text(b->p, names, args, n, &text) < 0))
+    if (rc == 0 && chat_tool_calls_text(b->p, names, args, n, &text) < 0)
         rc = serve_fail(e, 500, "server_error", NULL, "out of memory");
     if (text) {
         b->n = 0;
@@ -344,11 +358,18 @@ int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, c
         rc = parse_params(root, lim, r, e);
     if (rc == 0)
         rc = chat ? render_messages(root, style, r, e) : completion_prompt(root, r, e);
+    const cJSON *mt = rc == 0 ? cJSON_GetObjectItemCaseSensitive(root, "max_tokens") : NULL;
+    const cJSON *mct = rc == 0 ? cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens") : NULL;
+    int length_given = (mt && !cJSON_IsNull(mt)) || (mct && !cJSON_IsNull(mct));
     cJSON_Delete(root);
     int *ids = NULL;
     if (rc == 0 && tok_encode(tok, r->prompt, strlen(r->prompt), &ids, &r->prompt_tokens) < 0)
         rc = BAD(chat ? "messages" : "prompt", "the prompt is not valid UTF-8 text");
     er_free(ids);
+    // Without max_tokens the answer may take what the context leaves (up to the cap).
+    if (rc == 0 && !length_given && r->prompt_tokens < lim->context &&
+        r->p.max_new_tokens > lim->context - r->prompt_tokens)
+        r->p.max_new_tokens = lim->context - r->prompt_tokens;
     if (rc == 0 && r->prompt_tokens + r->p.max_new_tokens > lim->context)
         rc = BAD(chat ? "messages" : "prompt",
                  "the prompt (%d tokens) and max_tokens (%d) exceed the context of %d positions", r->prompt_tokens,
@@ -388,7 +409,8 @@ static cJSON *string_n(const char *text, size_t n) {
     char *t = er_alloc(n + 1);
     if (!t)
         return cJSON_CreateNull();
-    memcpy(t, text, n);
+    if (n) // an empty text may be NULL
+        memcpy(t, text, n);
     t[n] = 0;
     cJSON *s = cJSON_CreateString(t);
     er_free(t);
@@ -465,12 +487,16 @@ static cJSON *choice_json(const ServeRequest *r, const ServeIds *ids, const ErSa
     return c;
 }
 
-// The erinfer extension: the pipeline's route, switcher score, verifier scores and votes (as
-// `erinfer generate --json` reports them) and each choice's sample; NULL without the pipeline.
-static cJSON *extension_json(const ServeResult *s, const int *order) {
-    cJSON *x = s->route ? runner_route_json(s->route) : NULL;
+// The erinfer extension: the request's seed (drawn by the server when the request gave none) and, with
+// the pipeline, its route, switcher score, verifier scores and votes (as `erinfer generate --json`
+// reports them) and each choice's sample.
+static cJSON *extension_json(const ServeRequest *r, const ServeResult *s, const int *order) {
+    cJSON *x = s->route ? runner_route_json(s->route) : cJSON_CreateObject();
     if (!x)
         return NULL;
+    cJSON_AddNumberToObject(x, "seed", (double)r->p.seed);
+    if (!s->route)
+        return x;
     cJSON *a = cJSON_AddArrayToObject(x, "choice_samples");
     for (int i = 0; a && i < s->n; i++)
         cJSON_AddItemToArray(a, cJSON_CreateNumber(order ? order[i] : i));
@@ -493,7 +519,7 @@ char *serve_response_json(const ServeRequest *r, const ServeIds *ids, const Serv
     for (int i = 0; i < n; i++)
         cJSON_AddItemToArray(cs, choice_json(r, ids, s->samples[order[i]], i));
     cJSON_AddItemToObject(j, "usage", usage_json(s));
-    cJSON *x = extension_json(s, order);
+    cJSON *x = extension_json(r, s, order);
     if (x)
         cJSON_AddItemToObject(j, "erinfer", x);
     er_free(order);
@@ -568,7 +594,7 @@ void serve_chunk_final(StrBuf *out, const ServeRequest *r, const ServeIds *ids, 
     int n = s->n;
     for (int i = 0; i < n; i++) {
         cJSON *end = chunk_end(out, r, ids, s->samples[i], i, streamed[i], roled[i]);
-        cJSON *x = i == n - 1 ? extension_json(s, NULL) : NULL;
+        cJSON *x = i == n - 1 ? extension_json(r, s, NULL) : NULL;
         if (x)
             cJSON_AddItemToObject(end, "erinfer", x);
         put_event(out, end);

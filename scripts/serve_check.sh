@@ -122,6 +122,10 @@ expect() {
 }
 expect 401 "$base/v1/chat/completions" -d '{"messages":[{"role":"user","content":"Hi"}]}'
 expect 401 -H "Authorization: Bearer nope" "$base/v1/models"
+expect 200 -H "Authorization: bearer $key" "$base/v1/models"   # the scheme is case-insensitive
+# Without the key, a large body is refused before it is read (401, not 413).
+head -c 2000000 /dev/zero | tr '\0' 'a' >"$tmp/huge"
+expect 401 "$base/v1/chat/completions" --data-binary @"$tmp/huge"
 expect 200 "$base/health"
 expect 404 "${auth[@]}" "$base/v1/embeddings" -d '{}'
 expect 405 "${auth[@]}" "$base/v1/chat/completions"
@@ -132,7 +136,6 @@ expect 400 "${auth[@]}" "$base/v1/chat/completions" -d '{"messages":[{"role":"wi
 expect 200 "${auth[@]}" "$base/v1/chat/completions" -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":100000000}'
 python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["usage"]["completion_tokens"] <= 64' "$tmp/body" ||
   fail "max_tokens is not capped"
-head -c 2000000 /dev/zero | tr '\0' 'a' >"$tmp/huge"
 expect 413 "${auth[@]}" "$base/v1/chat/completions" --data-binary @"$tmp/huge"
 grep -q "/tmp\|\.c:\|$tmp" "$tmp/body" && fail "an error message shows internals: $(cat "$tmp/body")"
 
@@ -142,6 +145,10 @@ growth=8
 ldd "$B/erinfer" | grep -q libasan && growth=off
 node scripts/serve_load.mjs "$base" "$server_pid" "$LOAD_CLIENTS" "$LOAD_ROUNDS" $key $growth || fail "the load test"
 stop main
+# An empty --api-key is refused at start (it would let an empty Bearer through).
+timeout 20 "$B/erinfer" serve --model models/tiny-base --port 0 --api-key "" 2>"$tmp/empty.log" &&
+  fail "--api-key \"\" was accepted"
+grep -q "must not be empty" "$tmp/empty.log" || fail "--api-key \"\": $(cat "$tmp/empty.log")"
 
 # A full queue answers 503 and the server goes on: one worker, a queue of one, eight clients at once.
 start queue "$tmp/model" --parallel 1 --queue 1 --max-tokens 2000 --context 2048
@@ -157,13 +164,71 @@ echo >&2
 grep -q '^503$' "$tmp/codes" || fail "no 503 from a full queue"
 [ "$(grep -cv '^\(200\|503\)$' "$tmp/codes")" = 0 ] || fail "statuses other than 200 and 503"
 expect 200 "http://127.0.0.1:$port/health"
+# Idle connections (100, more than this server's queue and workers) do not lock other clients out.
+python3 - "$port" <<'EOF' || fail "idle connections locked the server out"
+import socket, sys, urllib.request
+idle = [socket.create_connection(("127.0.0.1", int(sys.argv[1]))) for _ in range(100)]
+with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=10) as r:
+    assert r.status == 200
+EOF
 # A client that hangs up, streaming or not, cancels its job (logged), and the server keeps serving.
 for stream in true false; do
   curl -sN --max-time 0.5 "http://127.0.0.1:$port/v1/chat/completions" \
     -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2000,"temperature":0,"stream":'$stream'}' >/dev/null
   expect 200 "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Hi","max_tokens":4}'
 done
+# A client that half-closes (shuts its sending side) is taken as gone: it reads an error, not a
+# finish_reason that would say its text is complete.
+python3 - "$port" <<'EOF' || fail "a half-closed client's cancelled request"
+import json, socket, sys
+body = b'{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2000,"temperature":0}'
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+          b"Content-Length: %d\r\n\r\n" % len(body) + body)
+s.shutdown(socket.SHUT_WR)
+raw = b""
+while chunk := s.recv(65536):
+    raw += chunk
+head, _, rest = raw.partition(b"\r\n\r\n")
+assert head.split()[1] == b"499", head
+assert json.loads(rest)["error"]["code"] == "request_cancelled", rest
+EOF
 grep "cancelled: the client went away" "$tmp/queue.log" >&2
-[ "$(grep -c "cancelled: the client went away" "$tmp/queue.log")" = 2 ] || fail "a hang-up did not cancel its job"
+[ "$(grep -c "cancelled: the client went away" "$tmp/queue.log")" = 3 ] || fail "a hang-up did not cancel its job"
 stop queue
+# --queue 0: a request that an idle worker takes at once does not wait, so it is served.
+start queue0 "$tmp/model" --parallel 1 --queue 0 --max-tokens 8
+expect 200 "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Hi","max_tokens":4}'
+stop queue0
+# A queued client that hangs up gives its slot back; SIGTERM answers every job still open with a 503
+# error (a stream: an error event, then [DONE]), running or queued. A model slow enough that the first
+# request A still decodes while the rest happens: one row, a queue of two.
+sed 's/"hidden_size": 128/"hidden_size": 256/; s/"num_hidden_layers": 4/"num_hidden_layers": 8/' configs/tiny.json \
+  >"$tmp/slow.json"
+"$T/ertrain" init --config "$tmp/slow.json" --out "$tmp/slow" --tokenizer data/tiny_tokenizer --seed 1 --threads 1 \
+  >/dev/null || fail "ertrain init (slow)"
+start stop "$tmp/slow" --parallel 1 --max-n 1 --queue 2 --max-tokens 2000 --context 2048
+url=http://127.0.0.1:$port/v1/chat/completions
+long='{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2000,"temperature":0'
+curl -sN "$url" -d "$long"',"stream":true}' >"$tmp/a.sse" &
+a_pid=$!
+for _ in $(seq 200); do [ -s "$tmp/a.sse" ] && break; sleep 0.05; done
+[ -s "$tmp/a.sse" ] || fail "the first stream did not start"
+curl -sN --max-time 0.3 "$url" -d "$long"',"stream":true}' >/dev/null   # B: queued, then gone
+sleep 0.3
+curl -s -o "$tmp/c.json" -w '%{http_code}' "$url" -d "$long}" >"$tmp/c.code" &
+c_pid=$!
+curl -sN "$url" -d "$long"',"stream":true}' >"$tmp/d.sse" &
+d_pid=$!
+sleep 0.5
+expect 503 "$url" -d "$long}"   # A decodes, C and D fill the queue
+grep -q queue_full "$tmp/body" || fail "a full queue's 503 is not queue_full: $(cat "$tmp/body")"
+stop stop
+wait "$a_pid" "$c_pid" "$d_pid"
+[ "$(cat "$tmp/c.code")" = 503 ] && grep -q server_shutting_down "$tmp/c.json" ||
+  fail "a queued request at shutdown got $(cat "$tmp/c.code") $(cat "$tmp/c.json")"
+for s in a d; do
+  grep -q server_shutting_down "$tmp/$s.sse" && [ "$(tail -n 2 "$tmp/$s.sse")" = "data: [DONE]" ] ||
+    fail "stream $s at shutdown: $(tail -c 300 "$tmp/$s.sse")"
+done
 echo "serve_check: all checks passed"

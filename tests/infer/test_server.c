@@ -15,6 +15,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/utf8.h"
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "infer/server.h"
@@ -47,7 +48,7 @@ static char *python_out(const char *script_args) {
 
 Test(server, json_dumps_matches_python) {
     const char *json = "{\"s\": \"tab\\t quote\\\" back\\\\ nl\\n ctl\\u0001 é 日本 😀\", \"i\": -42, \"f\": 0.1, "
-                       "\"big\": 12345678901, \"e\": 1.5e-07, \"a\": [true, false, null, [], {}], \"o\": {\"k\": [1, "
+                       "\"big\": 12345678901, \"huge\": 1e300, \"e\": 1.5e-07, \"a\": [true, false, null, [], {}], \"o\": {\"k\": [1, "
                        "2.25]}}";
     char path[256];
     helper_write_tmp(path, sizeof path, "server_dumps", ".json", json);
@@ -64,6 +65,17 @@ Test(server, json_dumps_matches_python) {
     er_free(got);
     free(want);
     remove(path);
+}
+
+// An assistant's tool call arguments are re-printed when they are JSON, and kept as given otherwise
+// (text after the JSON included).
+Test(server, tool_call_arguments_kept_unless_json) {
+    const char *names[] = {"f", "g"}, *args[] = {"{\"a\":1}", "{} junk"};
+    char *text;
+    cr_assert_eq(chat_tool_calls_text("", names, args, 2, &text), ER_OK);
+    cr_expect(strstr(text, "\"name\": \"f\", \"arguments\": {\"a\": 1}}"), "%s", text);
+    cr_expect(strstr(text, "\"name\": \"g\", \"arguments\": {} junk}"), "%s", text);
+    er_free(text);
 }
 
 // A request with tools, a system message (or not), an assistant's two tool calls and their results.
@@ -85,7 +97,7 @@ static const char *tools_request(int with_system) {
                  "\"properties\": {\"city\": {\"type\": \"string\", \"enum\": [\"Paris\", \"Köln\"]}}}}}]}";
 }
 
-static const ServeLimits test_limits = {4, 64, 4096, 64};
+static const ServeLimits test_limits = {4, 64, 4096, 64, 0}; // no adapter
 
 // The server's prompt for the request against jinja2's rendering of the real template.
 static void check_tools_prompt(ChatStyle style, const char *template_name, int with_system) {
@@ -189,6 +201,8 @@ Test(server, bad_requests_are_refused) {
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stop\": [\"a\", 3]}", "stop", 1},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stop\": [\"\"]}", "stop", 1},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"route\": \"fast\"}", "route", 1},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"route\": \"reasoning\"}", "route", 1}, // no adapter
+        {"{\"prompt\": \"hi\", \"route\": \"direct\"}", "route", 0},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"colour\": 1}", "colour", 1},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": {}}", "tools", 1},
         {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stream\": 1}", "stream", 1},
@@ -206,6 +220,28 @@ Test(server, bad_requests_are_refused) {
         cr_expect_str_eq(e.param, cases[i].param, "%s", b);
         cr_expect(e.message[0] && !strchr(e.message, '/'), "%s: \"%s\"", b, e.message);
     }
+    // A range is printed in full.
+    const char *zero = "{\"prompt\": \"hi\", \"max_tokens\": 0}";
+    ServeRequest r0;
+    ServeError e0;
+    cr_expect_eq(serve_parse_request(zero, strlen(zero), 0, CHAT_CHATML, tok, &test_limits, &r0, &e0), -1);
+    cr_expect(strstr(e0.message, "between 1 and 1073741824"), "%s", e0.message);
+    // A long non-ASCII field name, echoed in the message and param, is cut on a character boundary
+    // (the prefixes "a" and "ab" put the cut of one or the other inside a 2-byte character).
+    for (int pre = 1; pre <= 2; pre++) {
+        StrBuf b = {0};
+        strbuf_puts(&b, pre == 1 ? "{\"a" : "{\"ab");
+        for (int i = 0; i < 60; i++)
+            strbuf_puts(&b, "\xc3\xa9");
+        strbuf_puts(&b, "\": 1, \"prompt\": \"hi\"}");
+        ServeRequest r;
+        ServeError e;
+        cr_expect_eq(serve_parse_request(b.p, b.n, 0, CHAT_CHATML, tok, &test_limits, &r, &e), -1);
+        cr_expect_eq(utf8_invalid_at(e.message, strlen(e.message)), strlen(e.message), "%s", e.message);
+        cr_expect_eq(utf8_invalid_at(e.param, strlen(e.param)), strlen(e.param), "%s", e.param);
+        cr_expect_gt(strlen(e.param), 60);
+        er_free(b.p);
+    }
     // Nesting beyond the limit is refused before parsing; 10k levels cost nothing.
     StrBuf deep = {0};
     strbuf_puts(&deep, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"x\": ");
@@ -220,12 +256,18 @@ Test(server, bad_requests_are_refused) {
     cr_expect_eq(serve_parse_request(deep.p, deep.n, 1, CHAT_CHATML, tok, &test_limits, &r, &e), -1);
     cr_expect_eq(e.status, 400);
     cr_expect_eq(serve_json_depth("{\"a\": \"[[[{{\\\"\"}", 18), 1, "brackets inside strings do not count");
-    // A prompt longer than the context is refused with its token count.
+    // A prompt and max_tokens beyond the context are refused with the token count.
     ServeLimits small = test_limits;
     small.context = 40;
-    const char *longer = "{\"prompt\": \"Start with 4. Add 9. Multiply by 3. Subtract 5. What is the result?\"}";
+    const char *longer = "{\"prompt\": \"Start with 4. Add 9. Multiply by 3. Subtract 5. What is the result?\", "
+                         "\"max_tokens\": 30}";
     cr_expect_eq(serve_parse_request(longer, strlen(longer), 0, CHAT_CHATML, tok, &small, &r, &e), -1);
     cr_expect(strstr(e.message, "exceed the context of 40"), "%s", e.message);
+    // Without max_tokens a prompt that fits gets what the context leaves (less than the cap of 64).
+    const char *shorter = "{\"prompt\": \"Hi\"}";
+    cr_assert_eq(serve_parse_request(shorter, strlen(shorter), 0, CHAT_CHATML, tok, &small, &r, &e), 0, "%s", e.message);
+    cr_expect_eq(r.p.max_new_tokens, 40 - r.prompt_tokens);
+    serve_request_free(&r);
     er_free(deep.p);
     tok_free(tok);
 }
@@ -273,7 +315,8 @@ static void server_launch(TestServer *t, const char *args) {
     cr_assert(t->port > 0, "erinfer serve did not start (see %s)", log);
 }
 
-// The fixture's model with a masked adapter and random heads (switcher threshold as given), served.
+// The fixture's model with a masked adapter and random heads (switcher threshold as given), served by
+// one session with no queue: each request of these tests comes when the worker is idle, and is served.
 static void server_start(TestServer *t, float threshold) {
     helper_fixture_open(&t->fx, "er_serve_", "erinfer");
     helper_need_program(t->fx.prog, "erinfer", "the erinfer serve pipeline tests");
@@ -281,7 +324,7 @@ static void server_start(TestServer *t, float threshold) {
     heads_write_random_heads(t->fx.tmp, "sw", "vf", threshold, "\nIs this solution correct?");
     char args[1600];
     snprintf(args, sizeof args, "--model '%s' --adapter '%s/adapter' --switcher '%s/sw' --verifier '%s/vf' --max-n 4 "
-             "--max-tokens 64 --kv int8", t->fx.model, t->fx.tmp, t->fx.tmp, t->fx.tmp);
+             "--max-tokens 64 --kv int8 --queue 0", t->fx.model, t->fx.tmp, t->fx.tmp, t->fx.tmp);
     server_launch(t, args);
 }
 
@@ -379,6 +422,47 @@ Test(server, pipeline_extension_and_vote_winner_first, .timeout = 120) {
     cr_expect_str_eq(field(field(j, "erinfer"), "route")->valuestring, "reasoning");
     cJSON_Delete(j);
     free(out);
+    server_stop(&t);
+}
+
+// The text of choice 0 and the reported seed of a non-streamed response.
+static char *reply_text(const char *out, double *seed) {
+    cJSON *j = cJSON_Parse(out);
+    cr_assert(j, "%s", out);
+    const cJSON *m = field(cJSON_GetArrayItem(field(j, "choices"), 0), "message");
+    char *text = er_strdup(field(m, "content")->valuestring);
+    *seed = field(field(j, "erinfer"), "seed")->valuedouble;
+    cJSON_Delete(j);
+    return text;
+}
+
+// A request without a seed gets a fresh one (reported), so unseeded requests differ; sending the
+// reported seed back gives the same text.
+Test(server, unseeded_requests_draw_and_report_a_seed, .timeout = 120) {
+    TestServer t;
+    helper_fixture_open(&t.fx, "er_serve_", "erinfer");
+    helper_need_program(t.fx.prog, "erinfer", "the erinfer serve seed tests");
+    char args[700];
+    snprintf(args, sizeof args, "--model '%s' --max-tokens 24", t.fx.model);
+    server_launch(&t, args);
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 24}";
+    double s1, s2, s3;
+    char *o1 = server_post(&t, body), *o2 = server_post(&t, body);
+    char *a = reply_text(o1, &s1), *b = reply_text(o2, &s2);
+    cr_expect_neq(s1, s2, "two unseeded requests got the same seed");
+    cr_expect_str_neq(a, b, "two unseeded requests at temperature 1 gave the same text");
+    char again[256];
+    snprintf(again, sizeof again, "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 24, "
+             "\"seed\": %.0f}", s1);
+    char *o3 = server_post(&t, again), *c = reply_text(o3, &s3);
+    cr_expect_eq(s3, s1);
+    cr_expect_str_eq(c, a, "the reported seed does not reproduce its text");
+    free(o1);
+    free(o2);
+    free(o3);
+    er_free(a);
+    er_free(b);
+    er_free(c);
     server_stop(&t);
 }
 
