@@ -479,7 +479,7 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd, ServeError *e) {
              (unsigned long)time(NULL) & 0xffffffffUL, ++srv->counter);
     j->ids.created = (long)time(NULL);
     j->ids.model = srv->model_name;
-    if (!j->req.seeded) // 53 bits: the reported seed is exact as a JSON number, and can be sent back
+    if (!j->req.seeded) // 53 bits: exact as a JavaScript number too, so any client can send it back
         j->req.p.seed = rng_u64(&srv->rng) >> 11;
     if (srv->stopping || queue_full(srv, j->req.p.n_samples)) {
         if (srv->stopping) {

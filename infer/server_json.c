@@ -2,6 +2,7 @@
 // OpenAI response objects, stream chunks and errors (infer/server.h).
 #include "infer/server.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -494,7 +495,11 @@ static cJSON *extension_json(const ServeRequest *r, const ServeResult *s, const 
     cJSON *x = s->route ? runner_route_json(s->route) : cJSON_CreateObject();
     if (!x)
         return NULL;
-    cJSON_AddNumberToObject(x, "seed", (double)r->p.seed);
+    // As an integer: cJSON prints a double with 15 digits when they read back within a relative epsilon,
+    // which drops the last digit of a 16-digit seed; the value the request sent (or the server drew).
+    char seed[24];
+    snprintf(seed, sizeof seed, "%" PRId64, (int64_t)r->p.seed);
+    cJSON_AddRawToObject(x, "seed", seed);
     if (!s->route)
         return x;
     cJSON *a = cJSON_AddArrayToObject(x, "choice_samples");

@@ -447,9 +447,11 @@ Test(server, unseeded_requests_draw_and_report_a_seed, .timeout = 120) {
     server_launch(&t, args);
     const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 24}";
     double s1, s2, s3;
-    // A first request puts the prompt in the cache, so the three below all reuse it: a prompt prefilled from a
-    // cached prefix differs in the last bits from a fresh prefill, which a temperature-1 sample can show.
-    free(server_post(&t, body));
+    // A 16-digit seed is reported digit for digit (a double printed to 15 digits would drop the last one).
+    char *o0 = server_post(&t, "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 2, "
+                               "\"seed\": 9007199254740991}");
+    cr_expect(strstr(o0, "\"seed\":9007199254740991}"), "the seed is not reported exactly: %s", o0);
+    free(o0);
     char *o1 = server_post(&t, body), *o2 = server_post(&t, body);
     char *a = reply_text(o1, &s1), *b = reply_text(o2, &s2);
     cr_expect_neq(s1, s2, "two unseeded requests got the same seed");
