@@ -249,29 +249,45 @@ static int gen_config_from_params(const ErModel *m, const ErGenParams *p, GenCon
     return ER_OK;
 }
 
-// The routed pipeline (a head is loaded): its result becomes the session's ErRoute and stats.
-static int generate_routed(ErSession *s, const int *ids, int n, const GenConfig *g, int force, CbBridge *b,
-                           GenStats *st) {
-    const ErModel *m = s->m;
-    const TrainedHead *sw = model_switcher(m);
-    PipelineConfig pc = {sw, model_verifier(m), *g, *g, force};
+// With a head loaded, or a route forced with an adapter, a generate call runs the routed pipeline.
+static int wants_pipeline(const ErModel *m, int force) {
+    return model_switcher(m) || model_verifier(m) || (force != PIPELINE_AUTO && model_adapter(m));
+}
+
+static PipelineConfig pipeline_config(const ErModel *m, const GenConfig *g, int force) {
+    PipelineConfig pc = {model_switcher(m), model_verifier(m), *g, *g, force};
     pc.direct.sampler.temperature = 0; // the base's direct answer is greedy, without a budget
     pc.direct.budget = 0;
-    ER_TRY(pipeline_run(&s->engine, ids, n, &pc, b->cb ? bridge : NULL, b, s->samples, &s->pr));
-    *st = s->pr.gen;
-    // The pipeline prefilled the whole prompt itself (the switcher reads every position).
-    st->prompt_reused = 0;
-    st->ttft_s += s->pr.prefill_s + s->pr.switcher_s;
-    s->n = s->pr.n;
-    s->route = (ErRoute){s->pr.route, s->pr.switcher_score, sw ? sw->threshold : -1.0f, s->pr.verifier_scores,
-                         (const char *const *)s->pr.answers, s->pr.n_votes, s->vote_answers, s->vote_weights,
-                         s->vote_counts, s->pr.winner >= 0 ? s->pr.votes[s->pr.winner].answer : NULL,
-                         s->pr.prefill_s, s->pr.switcher_s, s->pr.generate_s, s->pr.verify_s};
-    for (int k = 0; k < s->pr.n_votes; k++) {
-        s->vote_answers[k] = s->pr.votes[k].answer;
-        s->vote_weights[k] = s->pr.votes[k].weight;
-        s->vote_counts[k] = s->pr.votes[k].count;
+    return pc;
+}
+
+// A pipeline result as the public ErRoute (pointers into pr; the vote arrays hold pr->n entries) and
+// its generation's stats as the call's: the prompt counts as the pipeline's prefill found it, and
+// the first token comes after the switcher.
+static void route_publish(const ErModel *m, const PipelineResult *pr, ErRoute *route, const char **vote_answers,
+                          double *vote_weights, int *vote_counts, GenStats *st) {
+    const TrainedHead *sw = model_switcher(m);
+    *route = (ErRoute){pr->route, pr->switcher_score, sw ? sw->threshold : -1.0f, pr->verifier_scores,
+                       (const char *const *)pr->answers, pr->n_votes, vote_answers, vote_weights, vote_counts,
+                       pr->winner >= 0 ? pr->votes[pr->winner].answer : NULL, pr->prefill_s, pr->switcher_s,
+                       pr->generate_s, pr->verify_s};
+    for (int k = 0; k < pr->n_votes; k++) {
+        vote_answers[k] = pr->votes[k].answer;
+        vote_weights[k] = pr->votes[k].weight;
+        vote_counts[k] = pr->votes[k].count;
     }
+    *st = pr->gen;
+    st->prompt_reused = pr->prompt_reused;
+    st->ttft_s += pr->prefill_s + pr->switcher_s;
+}
+
+// The routed pipeline: its result becomes the session's ErRoute and stats.
+static int generate_routed(ErSession *s, const int *ids, int n, const GenConfig *g, int force, CbBridge *b,
+                           GenStats *st) {
+    PipelineConfig pc = pipeline_config(s->m, g, force);
+    ER_TRY(pipeline_run(&s->engine, ids, n, &pc, b->cb ? bridge : NULL, b, s->samples, &s->pr));
+    s->n = s->pr.n;
+    route_publish(s->m, &s->pr, &s->route, s->vote_answers, s->vote_weights, s->vote_counts, st);
     s->has_route = 1;
     return ER_OK;
 }
@@ -310,7 +326,7 @@ static int generate_ids(ErSession *s, const int *ids, int n, const ErGenParams *
     ER_TRY(route_from_params(s->m, p, &force));
     CbBridge b = {cb, user};
     GenStats st;
-    if (model_switcher(s->m) || model_verifier(s->m) || (force != PIPELINE_AUTO && model_adapter(s->m))) {
+    if (wants_pipeline(s->m, force)) {
         ER_TRY(generate_routed(s, ids, n, &g, force, &b, &st));
     } else {
         ER_TRY(engine_generate(&s->engine, ids, n, &g, cb ? bridge : NULL, &b, s->samples, &st));
@@ -379,9 +395,16 @@ struct ErRequest {
     CbBridge bridge;
     GenSample *samples; // (n)
     ErSample *pub;      // (n) once done
-    int n, status;      // status: 1 decoding, then the outcome
+    int n, status;      // status: 1 decoding, then the outcome (n: the route's samples once done)
     double t0;
     ErStats stats;
+    int routed;         // the routed pipeline: pc, pr and route below
+    PipelineConfig pc;
+    PipelineResult pr;
+    ErRoute route;
+    const char **vote_answers; // (n) views into pr.votes
+    double *vote_weights;
+    int *vote_counts;
 };
 
 int er_batch_open(ErBatch **out, ErModel *m, int max_rows, int max_tokens, int kv_int8) {
@@ -406,11 +429,32 @@ done:
     return rc;
 }
 
+// A request's buffers (its samples' texts are freed apart).
+static void request_destroy(ErRequest *r) {
+    if (!r)
+        return;
+    pipeline_result_free(&r->pr);
+    er_free(r->samples);
+    er_free(r->pub);
+    er_free(r->vote_answers);
+    er_free(r->vote_weights);
+    er_free(r->vote_counts);
+    er_free(r);
+}
+
 // The request leaves the batch: texts and stats, or its failure.
 static void request_finish(ErRequest *r) {
     ErBatch *b = r->b;
     GenStats st;
-    r->status = decode_batch_end(&b->batch, r->er, &st);
+    if (r->routed) {
+        r->status = decode_batch_end_routed(&b->batch, r->er, &r->pc, r->samples, &r->pr);
+        if (r->status == ER_OK) {
+            r->n = r->pr.n;
+            route_publish(b->m, &r->pr, &r->route, r->vote_answers, r->vote_weights, r->vote_counts, &st);
+        }
+    } else {
+        r->status = decode_batch_end(&b->batch, r->er, &st);
+    }
     r->er = NULL;
     r->b = NULL;
     for (int k = 0; k < b->n_live; k++)
@@ -449,9 +493,6 @@ int er_batch_submit(ErBatch *b, const char *text, const ErGenParams *p, ErTokenC
     int force, rc = ER_OK, *ids = NULL, n = 0;
     ER_TRY(gen_config_from_params(b->m, p, &g));
     ER_TRY(route_from_params(b->m, p, &force));
-    if (model_switcher(b->m) || model_verifier(b->m) || (force != PIPELINE_AUTO && model_adapter(b->m)))
-        return er_error(ER_EUNSUPPORTED, "er_batch_submit: the routed pipeline (heads, a forced route) runs in a "
-                        "session, not in a batch");
     if (g.n_samples < 1 || g.n_samples > er_batch_free_rows(b))
         return er_error(ER_ERANGE, "er_batch_submit: %d samples asked, %d rows free", g.n_samples,
                         er_batch_free_rows(b));
@@ -463,10 +504,21 @@ int er_batch_submit(ErBatch *b, const char *text, const ErGenParams *p, ErTokenC
     r->bridge = (CbBridge){cb, user};
     r->samples = er_calloc((size_t)r->n, sizeof *r->samples);
     r->pub = er_calloc((size_t)r->n, sizeof *r->pub);
-    if (!r->samples || !r->pub)
+    r->vote_answers = er_calloc((size_t)r->n, sizeof *r->vote_answers);
+    r->vote_weights = er_calloc((size_t)r->n, sizeof *r->vote_weights);
+    r->vote_counts = er_calloc((size_t)r->n, sizeof *r->vote_counts);
+    if (!r->samples || !r->pub || !r->vote_answers || !r->vote_weights || !r->vote_counts)
         ER_CHECK(ER_ENOMEM);
     ER_CHECK(tok_encode(b->m->tok, text, strlen(text), &ids, &n));
-    ER_CHECK(decode_batch_add(&b->batch, ids, n, &g, cb ? bridge : NULL, &r->bridge, r->samples, &r->er));
+    r->routed = wants_pipeline(b->m, force);
+    r->pc = pipeline_config(b->m, &g, force);
+    // The config's strings (stop, budget suffix, prefix) are read at admission; its heads and adapter
+    // are the model's, which outlives the batch.
+    if (r->routed)
+        ER_CHECK(decode_batch_add_routed(&b->batch, ids, n, &r->pc, &r->pr, cb ? bridge : NULL, &r->bridge,
+                                         r->samples, &r->er));
+    else
+        ER_CHECK(decode_batch_add(&b->batch, ids, n, &g, cb ? bridge : NULL, &r->bridge, r->samples, &r->er));
     r->b = b;
     r->status = 1;
     b->live[b->n_live++] = r;
@@ -474,11 +526,7 @@ int er_batch_submit(ErBatch *b, const char *text, const ErGenParams *p, ErTokenC
     r = NULL;
 done:
     er_free(ids);
-    if (r) {
-        er_free(r->samples);
-        er_free(r->pub);
-        er_free(r);
-    }
+    request_destroy(r);
     return rc;
 }
 
@@ -503,6 +551,7 @@ const ErSample *er_request_sample(const ErRequest *r, int i) {
     return r && r->status == ER_OK && i >= 0 && i < r->n ? &r->pub[i] : NULL;
 }
 const ErStats *er_request_stats(const ErRequest *r) { return r && r->status == ER_OK ? &r->stats : NULL; }
+const ErRoute *er_request_route(const ErRequest *r) { return r && r->status == ER_OK && r->routed ? &r->route : NULL; }
 
 void er_request_free(ErRequest *r) {
     if (!r)
@@ -510,7 +559,5 @@ void er_request_free(ErRequest *r) {
     if (r->b)
         request_finish(r);
     gen_samples_free(r->samples, r->status == ER_OK ? r->n : 0);
-    er_free(r->samples);
-    er_free(r->pub);
-    er_free(r);
+    request_destroy(r);
 }

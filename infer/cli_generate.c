@@ -33,7 +33,7 @@ static void print_json_result(const ErSession *s) {
         cJSON_AddBoolToObject(o, "budget_cut", x->budget_cut);
         cJSON_AddItemToArray(arr, o);
     }
-    cJSON *route = runner_route_json(s);
+    cJSON *route = runner_session_route_json(s);
     if (route)
         cJSON_AddItemToObject(j, "pipeline", route);
     const ErStats *st = er_result_stats(s);

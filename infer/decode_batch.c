@@ -91,8 +91,10 @@ int decode_batch_rows(const DecodeBatch *b) {
     return rows;
 }
 
-int decode_batch_add(DecodeBatch *b, const int *prompt, int n_prompt, const GenConfig *g, GenTokenFn cb, void *user,
-              GenSample *out, EngineRequest **req) {
+// Admits a request: its prompt prefilled from the cached prompt chosen for it (through the routed
+// pipeline's begin when c is given, which picks the generation), its samples started.
+static int batch_admit(DecodeBatch *b, const int *prompt, int n_prompt, const GenConfig *g, const PipelineConfig *c,
+                       PipelineResult *res, GenTokenFn cb, void *user, GenSample *out, EngineRequest **req) {
     *req = NULL;
     if (g->adapter && g->adapter != b->adapter)
         return er_error(ER_EINVAL, "batch: a request's adapter must be the batch's (one forward takes one adapter)");
@@ -103,12 +105,30 @@ int decode_batch_add(DecodeBatch *b, const int *prompt, int n_prompt, const GenC
     BatchPrompt *p = prompt_for(b, prompt, n_prompt, prompt_ad ? prompt_ad->generation : 0);
     p->used = ++b->admitted;
     prompt_swap(&b->e, p);
-    int rc = engine_request_begin(&b->e, prompt, n_prompt, g, cb, user, out, req);
+    GenConfig routed;
+    int rc = c ? pipeline_begin(&b->e, prompt, n_prompt, c, res, &routed) : ER_OK;
+    if (rc == ER_OK) {
+        rc = engine_request_begin(&b->e, prompt, n_prompt, c ? &routed : g, cb, user, out, req);
+        if (rc < 0 && c)
+            pipeline_result_free(res);
+    }
     prompt_swap(&b->e, p);
     if (rc < 0)
         return rc;
     b->live[b->n_live++] = *req;
     return ER_OK;
+}
+
+int decode_batch_add(DecodeBatch *b, const int *prompt, int n_prompt, const GenConfig *g, GenTokenFn cb, void *user,
+                     GenSample *out, EngineRequest **req) {
+    return batch_admit(b, prompt, n_prompt, g, NULL, NULL, cb, user, out, req);
+}
+
+// The rows asked for are the reasoning route's (the direct route takes one of them).
+int decode_batch_add_routed(DecodeBatch *b, const int *prompt, int n_prompt, const PipelineConfig *c,
+                            PipelineResult *r, GenTokenFn cb, void *user, GenSample *out, EngineRequest **req) {
+    return batch_admit(b, prompt, n_prompt, c->reasoning.adapter ? &c->reasoning : &c->direct, c, r, cb, user, out,
+                       req);
 }
 
 void decode_batch_step(DecodeBatch *b) {
@@ -142,4 +162,19 @@ int decode_batch_end(DecodeBatch *b, EngineRequest *r, GenStats *stats) {
             return engine_request_end(&b->e, r, stats);
         }
     return er_error(ER_EINVAL, "batch: the request is not in this batch");
+}
+
+int decode_batch_end_routed(DecodeBatch *b, EngineRequest *r, const PipelineConfig *c, GenSample *out,
+                            PipelineResult *res) {
+    int rc = decode_batch_end(b, r, &res->gen); // keeps the samples' KV for the verifier (GenConfig.keep_kv)
+    if (rc < 0) {
+        engine_release_samples(&b->e);
+        pipeline_result_free(res);
+        return rc;
+    }
+    int n = res->n;
+    rc = pipeline_end(&b->e, c, out, res);
+    if (rc < 0)
+        gen_samples_free(out, n);
+    return rc;
 }

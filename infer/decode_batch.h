@@ -3,12 +3,14 @@
 // all of them (one read of the weights per step, whatever the number of requests). Requests join
 // between steps (their prompt is prefilled then, reusing a cached prompt's prefix, see below) and
 // leave when their samples finish; each keeps its own sampling parameters, seed, stop strings,
-// budget and token callback (infer/engine.h, EngineRequest). What does not join a step: the
-// switcher's prompt features and the verifier's passes (the routed pipeline runs per session).
+// budget and token callback (infer/engine.h, EngineRequest). A routed request (infer/pipeline.h) runs
+// its switcher on its prompt when it joins and its verifier passes when it ends, between steps; only
+// its decode shares the steps.
 #ifndef INFER_DECODE_BATCH_H
 #define INFER_DECODE_BATCH_H
 
 #include "infer/engine.h"
+#include "infer/pipeline.h"
 
 // A prompt kept in the KV cache for reuse (the engine's prompt sequence, swapped in for a prefill).
 typedef struct {
@@ -50,7 +52,12 @@ int decode_batch_rows(const DecodeBatch *b);
 // Admits a request (prefill, first tokens); its samples decode from the next step on. out holds
 // g->n_samples entries (released by decode_batch_end on failure, by gen_samples_free otherwise).
 int decode_batch_add(DecodeBatch *b, const int *prompt, int n_prompt, const GenConfig *g, GenTokenFn cb, void *user,
-              GenSample *out, EngineRequest **req);
+                     GenSample *out, EngineRequest **req);
+// The same for the routed pipeline (pipeline_begin on the cached prompt: switcher, route): out holds
+// max(1, c->reasoning.n_samples) entries, *r the route until decode_batch_end_routed (which then
+// holds r->n samples in out). c and its heads must stay valid until then.
+int decode_batch_add_routed(DecodeBatch *b, const int *prompt, int n_prompt, const PipelineConfig *c,
+                            PipelineResult *r, GenTokenFn cb, void *user, GenSample *out, EngineRequest **req);
 
 // One step for every live request: emit each live sample's pending token, then one forward over all
 // rows that go on, and their next tokens. A failure of one request stops only it (decode_batch_end says
@@ -60,5 +67,9 @@ void decode_batch_step(DecodeBatch *b);
 // Ends a request that is done (engine_request_done) or abandons one that is not: texts, stats, its
 // KV sequences freed, its status returned.
 int decode_batch_end(DecodeBatch *b, EngineRequest *r, GenStats *stats);
+// decode_batch_end for a routed request, then its verifier passes and the vote (pipeline_end): res
+// complete (r->gen its stats) or, on failure, freed with out.
+int decode_batch_end_routed(DecodeBatch *b, EngineRequest *r, const PipelineConfig *c, GenSample *out,
+                            PipelineResult *res);
 
 #endif

@@ -339,6 +339,7 @@ typedef struct {
     ErRng rng;
     StopMatcher stop;
     int slot;
+    int tail;           // kept (GenConfig.keep_kv) and finished: its final token, not in the cache (-1: EOS)
     int live;
     int pending;        // next token to emit
     float pending_lp;
@@ -470,12 +471,6 @@ static int samples_start(Engine *e, const GenConfig *g, SampleState *st, GenSamp
                          int n_suffix) {
     ErRng base;
     rng_seed(&base, g->seed);
-    if (g->keep_kv) {
-        for (int i = 0; i < g->n_samples; i++)
-            e->kept_slot[i] = -1;
-        e->n_kept = g->n_samples;
-        e->kept_adapter = g->adapter;
-    }
     for (int i = 0; i < g->n_samples; i++) {
         SampleState *s = &st[i];
         s->stopped_at_bytes = -1;
@@ -494,7 +489,8 @@ static int samples_start(Engine *e, const GenConfig *g, SampleState *st, GenSamp
 }
 
 // Emits sample i's pending token: appends it, checks EOS, the stop strings and the length limit, and
-// streams it. *done when the sample has finished: its KV sequence is then kept or closed.
+// streams it. *done when the sample has finished: its KV sequence is then kept (samples_keep hands
+// it to the engine) or closed.
 static int sample_emit(Engine *e, const GenConfig *g, SampleState *s, GenSample *o, int i, int max_total,
                        GenTokenFn cb, void *user, int *done) {
     int tok = s->pending;
@@ -537,14 +533,26 @@ static int sample_emit(Engine *e, const GenConfig *g, SampleState *s, GenSample 
     if (*done) {
         s->live = 0;
         if (g->keep_kv) { // the final token is not in the cache yet (an EOS never will be)
-            e->kept_slot[i] = s->slot;
-            e->kept_tail[i] = is_eos(e, tok) ? -1 : tok;
+            s->tail = is_eos(e, tok) ? -1 : tok;
         } else {
             kv_seq_close(&e->kv, s->slot);
+            s->slot = -1;
         }
-        s->slot = -1;
     }
     return ER_OK;
+}
+
+// The finished samples' KV sequences (GenConfig.keep_kv) become the engine's kept samples, replacing
+// the ones kept before.
+static void samples_keep(Engine *e, const GenConfig *g, SampleState *st) {
+    engine_release_samples(e);
+    for (int i = 0; i < g->n_samples; i++) {
+        e->kept_slot[i] = st[i].slot;
+        e->kept_tail[i] = st[i].tail;
+        st[i].slot = -1;
+    }
+    e->n_kept = g->n_samples;
+    e->kept_adapter = g->adapter;
 }
 
 // 3. Batched decode: emit each live sample's pending token, then one forward for all of them.
@@ -647,6 +655,8 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
     stats->decode_s = time_now() - t_decode;
     ER_CHECK(rc);
     ER_CHECK(samples_text(b.st, out, N));
+    if (g->keep_kv)
+        samples_keep(e, g, b.st);
 done:
     for (int i = 0; b.st && i < N; i++) {
         stats->generated_tokens += out[i].n_tokens;
@@ -715,13 +725,12 @@ static void request_release(Engine *e, EngineRequest *r) {
 int engine_request_begin(Engine *e, const int *prompt, int n_prompt, const GenConfig *g, GenTokenFn cb, void *user,
                          GenSample *out, EngineRequest **req) {
     *req = NULL;
-    if (g->keep_kv)
-        return er_error(ER_EINVAL, "generate: a batched request cannot keep its samples' KV sequences");
     int *prefix = NULL, n_prefix, rc = ER_OK;
     EngineRequest *r = er_calloc(1, sizeof *r);
     if (!r)
         return ER_ENOMEM;
     r->t0 = time_now();
+    long fp0 = e->forward_positions;
     r->g = *g;
     r->out = out;
     r->cb = cb;
@@ -748,6 +757,7 @@ int engine_request_begin(Engine *e, const int *prompt, int n_prompt, const GenCo
         e->prompt_logits_valid = 0;
         ER_CHECK(prefill(e, prefix, n_prefix, 1, g->adapter, NULL));
     }
+    r->stats.forward_positions = e->forward_positions - fp0;
     r->stats.prefill_s = time_now() - r->t0;
     ER_CHECK(samples_start(e, g, r->b.st, out, r->suffix, r->n_suffix));
     r->t_decode = time_now();
@@ -790,6 +800,7 @@ int engine_request_rows(Engine *e, EngineRequest *r, int *tokens, int *slots, ui
     }
     if (r->rc < 0)
         r->n_rows = 0;
+    r->stats.forward_positions += r->n_rows;
     return r->n_rows;
 }
 
@@ -824,6 +835,8 @@ int engine_request_end(Engine *e, EngineRequest *r, GenStats *stats) {
     int N = r->g.n_samples, rc = r->rc;
     if (rc == ER_OK)
         rc = samples_text(r->b.st, r->out, N);
+    if (rc == ER_OK && r->g.keep_kv && engine_request_done(r))
+        samples_keep(e, &r->g, r->b.st);
     r->stats.decode_s = time_now() - r->t_decode;
     request_release(e, r); // counts the generated tokens
     long decoded = r->stats.generated_tokens - N;

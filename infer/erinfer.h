@@ -216,10 +216,12 @@ ER_API const ErRoute *er_result_route(const ErSession *s);
 // stop strings, budget and callback. A request decodes the same tokens as it would alone in a
 // session whose cache held the same earlier prompt (sample i draws from stream i of its seed and the
 // rows of a forward do not interact; bitwise while a step holds at most 8 rows, past that the last
-// bits follow the matrix library's blocking). A submitted prompt reuses the prefix it shares with the
-// prompt submitted before it. Plain generation only: with a switcher or verifier loaded, or a forced
-// route with an adapter, the routed pipeline runs in a session (er_generate_raw) and er_batch_submit
-// refuses (ER_EUNSUPPORTED). A batch and its requests are used by one thread at a time, callbacks
+// bits follow the matrix library's blocking). A submitted prompt reuses the longest prefix it shares
+// with one of the batch's cached prompts (max_rows of them, the least recently used replaced). With a
+// switcher or verifier loaded, or a forced route with an adapter, a request runs the routed pipeline
+// as er_generate does: the switcher scores its prompt at submission, the route's samples decode in the
+// batch's steps, and the verifier scores them and the vote runs in the step that finishes them;
+// er_request_route reports it. A batch and its requests are used by one thread at a time, callbacks
 // running inside er_batch_step. Sessions and batches of one model may generate at the same time,
 // like sessions; opening and freeing a batch change the model as a session's open and free do.
 typedef struct ErBatch ErBatch;
@@ -244,6 +246,8 @@ ER_API int er_request_status(const ErRequest *r);
 ER_API int er_request_count(const ErRequest *r);
 ER_API const ErSample *er_request_sample(const ErRequest *r, int i);
 ER_API const ErStats *er_request_stats(const ErRequest *r);
+// The routed pipeline's side of a done request (as er_result_route); NULL when it ran without heads.
+ER_API const ErRoute *er_request_route(const ErRequest *r);
 // Frees a request; one still decoding is stopped first (its rows go back to the batch).
 ER_API void er_request_free(ErRequest *r);
 

@@ -153,7 +153,7 @@ static int eval_route(ErSession *s, const ErGenParams *p, const ErMessage *msgs,
     for (int k = 0; k < res->n_rows; k++)
         ER_TRY(eval_vote_prefix(s, route, ex->answer, &res->rows[k]));
     if (rec) {
-        cJSON *rj = runner_route_json(s);
+        cJSON *rj = runner_session_route_json(s);
         if (!rj)
             return ER_ENOMEM;
         cJSON_AddItemToObject(rec, "pipeline", rj);

@@ -70,35 +70,26 @@ void pipeline_result_free(PipelineResult *r) {
     memset(r, 0, sizeof *r);
 }
 
-int pipeline_run(Engine *e, const int *prompt, int n_prompt, const PipelineConfig *c, GenTokenFn cb, void *user,
-                 GenSample *out, PipelineResult *r) {
+// 1. The prompt, once, with the base (a masked adapter is off there); the switcher reads its features
+// and picks the route; *g is the generation that route runs.
+int pipeline_begin(Engine *e, const int *prompt, int n_prompt, const PipelineConfig *c, PipelineResult *r,
+                   GenConfig *g) {
     double t0 = time_now();
     long fp0 = e->forward_positions;
     memset(r, 0, sizeof *r);
     r->switcher_score = -1;
     r->winner = -1;
     const LoraAdapter *ad = c->reasoning.adapter;
-    int C = e->model->cfg.C, rc = ER_OK;
-    int *vq = NULL, nvq = 0;
-    float *feat = NULL, *feats = NULL;
-    if (c->verifier && ad) {
-        if (!e->tok)
-            return er_error(ER_EINVAL, "pipeline: the verifier's prompt needs a tokenizer");
-        ER_TRY(tok_encode(e->tok, c->verifier->verify_prompt, strlen(c->verifier->verify_prompt), &vq, &nvq));
-        if (nvq < 1) {
-            rc = er_error(ER_EINVAL, "pipeline: the verification prompt encodes to no tokens");
-            goto done;
-        }
-    }
-    feat = er_alloc(sizeof(float) * (size_t)C);
-    if (!feat) {
-        rc = ER_ENOMEM;
-        goto done;
-    }
-
-    // 1. The prompt, once, with the base (a masked adapter is off there); the switcher reads its features.
+    if (c->verifier && ad && !e->tok)
+        return er_error(ER_EINVAL, "pipeline: the verifier's prompt needs a tokenizer");
+    float *feat = er_alloc(sizeof(float) * (size_t)e->model->cfg.C);
+    if (!feat)
+        return ER_ENOMEM;
+    int rc = ER_OK;
     PromptFeatureSpec spec = {c->switcher ? c->switcher->chunk : 0, c->switcher ? c->switcher->alpha : 0};
-    ER_CHECK(engine_prefill(e, prompt, n_prompt, ad, c->switcher ? &spec : NULL, feat, NULL));
+    GenStats st;
+    ER_CHECK(engine_prefill(e, prompt, n_prompt, ad, c->switcher ? &spec : NULL, feat, &st));
+    r->prompt_reused = st.prompt_reused;
     double t1 = time_now();
     r->prefill_s = t1 - t0;
     if (c->switcher)
@@ -106,38 +97,44 @@ int pipeline_run(Engine *e, const int *prompt, int n_prompt, const PipelineConfi
     r->route = ad && (!c->switcher || r->switcher_score >= c->switcher->threshold) ? ROUTE_REASONING : ROUTE_DIRECT;
     if (c->force_route != PIPELINE_AUTO)
         r->route = c->force_route == PIPELINE_REASONING && ad ? ROUTE_REASONING : ROUTE_DIRECT;
-    double t2 = time_now();
-    r->switcher_s = t2 - t1;
-
-    // 2. The answer(s): the prompt's cache is reused whole by either route.
-    GenConfig g = r->route == ROUTE_REASONING ? c->reasoning : c->direct;
+    r->switcher_s = time_now() - t1;
+    // 2. The answer(s) the caller generates: the prompt's cache is reused whole by either route.
+    *g = r->route == ROUTE_REASONING ? c->reasoning : c->direct;
     if (r->route == ROUTE_DIRECT) {
-        g.n_samples = 1;
-        g.sampler.temperature = 0;
-        g.adapter = NULL;
-        g.response_prefix = NULL;
+        g->n_samples = 1;
+        g->sampler.temperature = 0;
+        g->adapter = NULL;
+        g->response_prefix = NULL;
     }
-    g.keep_kv = r->route == ROUTE_REASONING && vq != NULL;
-    ER_CHECK(engine_generate(e, prompt, n_prompt, &g, cb, user, out, &r->gen));
-    r->n = g.n_samples;
-    double t3 = time_now();
-    r->generate_s = t3 - t2;
+    g->keep_kv = r->route == ROUTE_REASONING && c->verifier;
+    r->n = g->n_samples;
+    r->t_generate = time_now();
+    r->forward_positions = e->forward_positions - fp0;
+done:
+    er_free(feat);
+    return rc;
+}
 
-    // 3. Verifier scores from each sample's KV cache, then the vote.
+// 3. Verifier scores from each sample's KV cache (kept by the generation), then the vote.
+int pipeline_end(Engine *e, const PipelineConfig *c, const GenSample *out, PipelineResult *r) {
+    double t3 = time_now();
+    long fp0 = e->forward_positions;
+    r->generate_s = t3 - r->t_generate;
+    int C = e->model->cfg.C, rc = ER_OK, *vq = NULL, nvq = 0, verify = r->route == ROUTE_REASONING && c->verifier;
+    float *feats = NULL;
     r->answers = er_calloc((size_t)r->n, sizeof(char *));
-    if (!r->answers) {
-        rc = ER_ENOMEM;
-        goto done;
-    }
+    if (!r->answers)
+        ER_CHECK(ER_ENOMEM);
     for (int i = 0; i < r->n; i++)
         ER_CHECK(grade_answer(out[i].text, out[i].answer_at, &r->answers[i]));
-    if (g.keep_kv) {
+    if (verify) {
+        ER_CHECK(tok_encode(e->tok, c->verifier->verify_prompt, strlen(c->verifier->verify_prompt), &vq, &nvq));
+        if (nvq < 1)
+            ER_CHECK(er_error(ER_EINVAL, "pipeline: the verification prompt encodes to no tokens"));
         r->verifier_scores = er_alloc(sizeof(float) * (size_t)r->n);
         feats = er_alloc(sizeof(float) * (size_t)r->n * C);
-        if (!r->verifier_scores || !feats) {
-            rc = ER_ENOMEM;
-            goto done;
-        }
+        if (!r->verifier_scores || !feats)
+            ER_CHECK(ER_ENOMEM);
         ER_CHECK(engine_verify_features_all(e, vq, nvq, c->verifier->adapter_on, feats));
         ER_CHECK(head_predict(&c->verifier->net, feats, r->n, r->verifier_scores));
     }
@@ -145,17 +142,29 @@ int pipeline_run(Engine *e, const int *prompt, int n_prompt, const PipelineConfi
     r->verify_s = time_now() - t3;
     ER_CHECK(pipeline_vote(r->answers, r->verifier_scores, r->verifier_scores, r->n, &r->votes, &r->n_votes,
                            &r->winner));
-    r->total_s = time_now() - t0;
-    r->forward_positions = e->forward_positions - fp0;
+    r->total_s = r->prefill_s + r->switcher_s + r->generate_s + r->verify_s;
+    r->forward_positions += r->gen.forward_positions + e->forward_positions - fp0;
 done:
     er_free(feats);
-    er_free(feat);
     er_free(vq);
     if (rc < 0) {
         engine_release_samples(e); // the kept samples of a failed verification
-        if (r->n > 0)
-            gen_samples_free(out, r->n);
         pipeline_result_free(r);
     }
+    return rc;
+}
+
+int pipeline_run(Engine *e, const int *prompt, int n_prompt, const PipelineConfig *c, GenTokenFn cb, void *user,
+                 GenSample *out, PipelineResult *r) {
+    GenConfig g;
+    ER_TRY(pipeline_begin(e, prompt, n_prompt, c, r, &g));
+    int rc = engine_generate(e, prompt, n_prompt, &g, cb, user, out, &r->gen);
+    if (rc < 0) {
+        pipeline_result_free(r);
+        return rc;
+    }
+    rc = pipeline_end(e, c, out, r);
+    if (rc < 0)
+        gen_samples_free(out, g.n_samples);
     return rc;
 }

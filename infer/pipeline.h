@@ -40,14 +40,25 @@ typedef struct {
     Vote *votes;             // (n_votes) in order of first appearance
     int n_votes;
     int winner;              // index into votes; -1 when no sample has an answer
+    int prompt_reused;       // prompt positions the prefill found cached (0 with a switcher: it reads all)
     double prefill_s, switcher_s, generate_s, verify_s, total_s;
-    GenStats gen;            // of the generate call
+    double t_generate;       // when the generation started (pipeline_begin's end)
+    GenStats gen;            // of the generation (set by the caller of pipeline_begin / pipeline_end)
     long forward_positions;  // all passes of this query
 } PipelineResult;
 
 // Runs one query. `out` holds room for max(1, c->reasoning.n_samples) samples (gen_samples_free).
 int pipeline_run(Engine *e, const int *prompt, int n_prompt, const PipelineConfig *c, GenTokenFn cb, void *user,
                  GenSample *out, PipelineResult *r);
+// pipeline_run in its three parts, for a generation the caller runs (engine_generate, or a request of a
+// decode batch): begin prefills the prompt into the engine's prompt sequence, scores it and fills *g
+// (the route's generation: n_samples, adapter, keep_kv for the verifier); the caller generates from
+// that prompt sequence with g, sets r->gen to its stats, and with the samples in `out` (their KV kept,
+// nothing run on the engine in between) end scores them and votes. end releases the kept samples; on
+// failure it frees r (not out). r is freed with pipeline_result_free after a successful begin.
+int pipeline_begin(Engine *e, const int *prompt, int n_prompt, const PipelineConfig *c, PipelineResult *r,
+                   GenConfig *g);
+int pipeline_end(Engine *e, const PipelineConfig *c, const GenSample *out, PipelineResult *r);
 void pipeline_result_free(PipelineResult *r);
 
 // Groups the n answers (NULL = no vote) by grade_equal and sums their weights; the winner has the

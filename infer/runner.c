@@ -1,6 +1,7 @@
 // Opening a session from a model spec, and a pipeline result as JSON (infer/runner.h).
 #include "infer/runner.h"
 
+#include "core/alloc.h"
 #include "core/error.h"
 
 int runner_open_session(const SessionSpec *spec, int max_samples, int max_new, ErModel **m, ErSession **s) {
@@ -34,8 +35,7 @@ const char *runner_finish_name(int f) {
     return f == ER_FINISH_EOS ? "eos" : f == ER_FINISH_STOP ? "stop" : "length";
 }
 
-cJSON *runner_route_json(const ErSession *s) {
-    const ErRoute *r = er_result_route(s);
+cJSON *runner_route_json(const ErRoute *r, const ErSample *const *samples, int n) {
     if (!r)
         return NULL;
     cJSON *j = cJSON_CreateObject();
@@ -49,11 +49,11 @@ cJSON *runner_route_json(const ErSession *s) {
         cJSON_AddNullToObject(j, "switcher_score");
     }
     cJSON *arr = cJSON_AddArrayToObject(j, "samples");
-    for (int i = 0; arr && i < er_result_count(s); i++) {
+    for (int i = 0; arr && i < n; i++) {
         cJSON *o = cJSON_CreateObject();
         if (!o)
             break;
-        cJSON_AddNumberToObject(o, "n_tokens", er_result_sample(s, i)->n_tokens);
+        cJSON_AddNumberToObject(o, "n_tokens", samples[i]->n_tokens);
         if (r->answers[i])
             cJSON_AddStringToObject(o, "answer", r->answers[i]);
         else
@@ -83,5 +83,17 @@ cJSON *runner_route_json(const ErSession *s) {
         cJSON_AddNumberToObject(t, "generate_s", r->generate_s);
         cJSON_AddNumberToObject(t, "verify_s", r->verify_s);
     }
+    return j;
+}
+
+cJSON *runner_session_route_json(const ErSession *s) {
+    int n = er_result_count(s);
+    const ErSample **samples = er_alloc(sizeof *samples * (size_t)(n > 0 ? n : 1));
+    if (!samples)
+        return NULL;
+    for (int i = 0; i < n; i++)
+        samples[i] = er_result_sample(s, i);
+    cJSON *j = runner_route_json(er_result_route(s), samples, n);
+    er_free(samples);
     return j;
 }

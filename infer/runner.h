@@ -23,7 +23,9 @@ int runner_open_session(const SessionSpec *spec, int max_samples, int max_new, E
 
 const char *runner_finish_name(int finish); // ER_FINISH_* -> "eos" | "stop" | "length"
 // The pipeline's part of a result (route, switcher score, per-sample answers and verifier scores,
-// votes, timings) as a new JSON object; NULL when the call ran without heads.
-cJSON *runner_route_json(const ErSession *s);
+// votes, timings) as a new JSON object; NULL when the call ran without heads (r NULL): a route and
+// its n samples (a session's last call or a batched request), or a session's last call.
+cJSON *runner_route_json(const ErRoute *r, const ErSample *const *samples, int n);
+cJSON *runner_session_route_json(const ErSession *s);
 
 #endif

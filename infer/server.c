@@ -1,16 +1,15 @@
 // erinfer serve: the OpenAI HTTP API on GNU libmicrohttpd (one thread per connection). Requests are
-// parsed and checked on their connection's thread (infer/server_json.c), then queued as jobs. A
-// plain model (no adapter, no heads) decodes them batched: one thread admits queued jobs in order
-// while their samples fit the --parallel rows of an ErBatch, and each step runs one forward over the
-// rows of every admitted request (prefix reuse: the batch keeps a cached prompt per row, chosen by the
-// rule below). With an adapter or heads a request may ask for the routed pipeline, which runs in a
-// session: --parallel workers then hold a session each (sessions of a model may generate at once);
-// the job at the head of the queue goes to the idle worker whose session holds the longest prefix
-// of its prompt (a conversation's earlier turns, a shared system prompt), so the engine reuses that
-// K/V; when no idle cache is at least half reused, to the least recently used worker, so that a new
-// conversation does not evict one that is still going on. A full queue answers 503. A streamed
-// job's SSE bytes go from the token callback to the connection's content reader; a client that goes
-// away cancels its job (the token callback stops the samples, a queued job is dropped).
+// parsed and checked on their connection's thread (infer/server_json.c), then queued as jobs. One
+// thread decodes them batched: it admits queued jobs in order while their samples fit the --parallel
+// rows of an ErBatch, and each step runs one forward over the rows of every admitted request. With an
+// adapter or heads loaded a request runs the routed pipeline in the batch (its switcher at admission,
+// its verifier and vote in the step that finishes it). Prefix reuse: the batch keeps a cached prompt
+// per row; a prompt is prefilled from the one holding its longest prefix (a conversation's earlier
+// turns, a shared system prompt) when that reuses at least half of it, else it replaces the least
+// recently used one, so a new conversation does not evict one that is still going on. A full queue
+// answers 503. A streamed job's SSE bytes go from the token callback to the connection's content
+// reader; a client that goes away cancels its job (the token callback stops the samples, a queued job
+// is dropped).
 #include "infer/server.h"
 
 #include <errno.h>
@@ -49,25 +48,15 @@ struct Job {
     int *roled;           // (n) the sample's first chunk (the one with the role) is out
     StrBuf *acc;          // (n) each sample's text so far (tool calls are held back from it)
     int status;           // HTTP status of a non-streamed response
-    int done, cancel;     // cancel is read by the worker's token callback without the lock
-    int queued;           // in the server's queue (not taken by a worker or the batch yet)
+    int done, cancel;     // cancel is read by the token callback, in the batch thread, without the lock
+    int queued;           // in the server's queue (not taken by the batch yet)
     int gone;             // the client hung up (a cancel may also come from the server stopping)
-    int refs;             // the connection and, once queued, the worker
+    int refs;             // the connection and, once queued, the batch
     int fd;               // the client's socket, to notice a hang-up while waiting
     Server *srv;
-    ErRequest *rq;        // batched: the request in the batch
+    ErRequest *rq;        // the request in the batch
     Job *next;
 };
-
-typedef struct {
-    Server *srv;
-    ErSession *session;
-    char *last_prompt;    // what the session's cache holds a prefix of
-    unsigned long last_used; // Server.counter when it last took a job (0: never)
-    int idle;
-    Job *running;         // the job it generates (NULL: none), cancelled when the server stops
-    pthread_t thread;
-} Worker;
 
 struct Server {
     ErModel *model;
@@ -80,9 +69,7 @@ struct Server {
     Job *head, *tail;
     pthread_mutex_t mu;
     pthread_cond_t work;  // a job was queued or the server stops
-    Worker *workers;      // with an adapter or heads: a session per --parallel (the routed pipeline)
-    int n_workers;
-    ErBatch *batch;       // otherwise: --parallel rows decoded together, by one thread
+    ErBatch *batch;       // --parallel rows decoded together, by one thread
     int batch_rows, batch_started;
     int batch_free;       // rows neither decoding nor promised to a job the batch thread is admitting
     pthread_t batch_thread;
@@ -143,8 +130,8 @@ static void job_fail(Job *j, const ServeError *e) {
     er_free(out.p);
 }
 
-// Lock held: job j leaves the queue (it is in it) unanswered by any worker: it answers e, and the
-// queue's reference goes.
+// Lock held: job j leaves the queue (it is in it) unanswered: it answers e, and the queue's
+// reference goes.
 static void job_drop(Server *srv, Job *j, const ServeError *e) {
     Job **at = &srv->head, *prev = NULL;
     while (*at != j)
@@ -181,47 +168,6 @@ static void job_wait(Server *srv, Job *j) {
             job_drop(srv, j, &e);
         }
     }
-}
-
-static size_t common_prefix(const char *a, const char *b) {
-    size_t k = 0;
-    while (a && b && a[k] && a[k] == b[k])
-        k++;
-    return k;
-}
-
-// Lock held: the idle worker that should take a job with this prompt (see the top of the file).
-static Worker *worker_for(Server *srv, const char *prompt) {
-    Worker *best = NULL, *lru = NULL;
-    size_t best_len = 0;
-    for (int k = 0; k < srv->n_workers; k++) {
-        Worker *o = &srv->workers[k];
-        if (!o->idle)
-            continue;
-        size_t len = common_prefix(o->last_prompt, prompt);
-        if (o->last_prompt && 2 * len >= strlen(o->last_prompt) && len > best_len)
-            best = o, best_len = len;
-        if (!lru || o->last_used < lru->last_used)
-            lru = o;
-    }
-    return best ? best : lru;
-}
-
-// Lock held: worker w (idle) takes the head job when it is the one that should.
-static Job *job_take(Server *srv, Worker *w) {
-    Job *j = srv->head;
-    if (!j || worker_for(srv, j->req.prompt) != w)
-        return NULL; // the right worker is woken by the same broadcast and takes it
-    w->last_used = ++srv->counter;
-    srv->head = j->next;
-    if (!srv->head)
-        srv->tail = NULL;
-    srv->n_queued--;
-    j->queued = 0;
-    w->running = j;
-    if (srv->head)
-        pthread_cond_broadcast(&srv->work);
-    return j;
 }
 
 // Appends under the lock and wakes the connection.
@@ -301,18 +247,6 @@ static void job_respond(Server *srv, Job *j, int rc, const ServeResult *res) {
 
 enum { SERVE_MAX_N = 256 }; // --max-n's limit
 
-static void job_run(Worker *w, Job *j) {
-    ServeRequest *r = &j->req;
-    int rc = er_generate_raw(w->session, r->prompt, &r->p, on_token, j);
-    er_free(w->last_prompt);
-    w->last_prompt = rc == ER_OK ? er_strdup(r->prompt) : NULL;
-    const ErSample *samples[SERVE_MAX_N];
-    ServeResult res = {er_result_count(w->session), samples, er_result_stats(w->session), w->session};
-    for (int i = 0; i < res.n; i++)
-        samples[i] = er_result_sample(w->session, i);
-    job_respond(w->srv, j, rc, &res);
-}
-
 // Lock held: the job is over (answered or dropped).
 static void job_done(Job *j) {
     j->done = 1;
@@ -320,33 +254,7 @@ static void job_done(Job *j) {
     job_unref(j);
 }
 
-static void *worker_main(void *arg) {
-    Worker *w = arg;
-    Server *srv = w->srv;
-    // Each worker's OpenMP team gets its share of the cores (the setting is per thread).
-    int per = srv->threads / srv->n_workers;
-    threads_set(per > 0 ? per : 1);
-    pthread_mutex_lock(&srv->mu);
-    for (;;) {
-        Job *j = NULL;
-        w->idle = 1;
-        while (!srv->stopping && !(j = job_take(srv, w)))
-            pthread_cond_wait(&srv->work, &srv->mu);
-        w->idle = 0;
-        if (!j)
-            break;
-        pthread_mutex_unlock(&srv->mu);
-        if (!__atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
-            job_run(w, j);
-        pthread_mutex_lock(&srv->mu);
-        w->running = NULL;
-        job_done(j);
-    }
-    pthread_mutex_unlock(&srv->mu);
-    return NULL;
-}
-
-// ---- batched: one thread, every live request in each forward ----
+// ---- the batch: one thread, every live request in each forward ----
 
 // A batched job's request finished (or failed to start: rc): answered and released.
 static void batch_answer(Server *srv, Job *j, int rc) {
@@ -356,6 +264,7 @@ static void batch_answer(Server *srv, Job *j, int rc) {
         rc = er_request_status(j->rq);
         res.n = er_request_count(j->rq);
         res.stats = er_request_stats(j->rq);
+        res.route = er_request_route(j->rq);
         for (int i = 0; i < res.n; i++)
             samples[i] = er_request_sample(j->rq, i);
     }
@@ -425,27 +334,18 @@ static void *batch_main(void *arg) {
     return NULL;
 }
 
-// Lock held: whether a new job of n samples would wait beyond the queue's bound. Jobs that idle
-// workers (or the batch's free rows, in queue order) take at once are not waiting.
+// Lock held: whether a new job of n samples would wait beyond the queue's bound. Jobs that the
+// batch's free rows take at once (in queue order) are not waiting.
 static int queue_full(const Server *srv, int n) {
-    int waiting;
-    if (srv->batch) {
-        int rows = srv->batch_free, fits = 1;
-        waiting = 0;
-        for (const Job *q = srv->head; q; q = q->next) {
-            fits = fits && q->req.p.n_samples <= rows;
-            if (fits)
-                rows -= q->req.p.n_samples;
-            else
-                waiting++;
-        }
-        waiting += !(fits && n <= rows);
-    } else {
-        int idle = 0;
-        for (int k = 0; k < srv->n_workers; k++)
-            idle += srv->workers[k].idle;
-        waiting = srv->n_queued + 1 - idle;
+    int rows = srv->batch_free, fits = 1, waiting = 0;
+    for (const Job *q = srv->head; q; q = q->next) {
+        fits = fits && q->req.p.n_samples <= rows;
+        if (fits)
+            rows -= q->req.p.n_samples;
+        else
+            waiting++;
     }
+    waiting += !(fits && n <= rows);
     return waiting > srv->queue_max;
 }
 
@@ -543,7 +443,7 @@ static enum MHD_Result respond_fail(struct MHD_Connection *c, int status, const 
     return respond_error(c, &e);
 }
 
-// The stream's bytes as the worker writes them; the end when the job is done and all is sent.
+// The stream's bytes as the batch thread writes them; the end when the job is done and all is sent.
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     Stream *st = cls;
@@ -602,7 +502,7 @@ static enum MHD_Result serve_stream(struct MHD_Connection *c, Server *srv, Job *
     return ok;
 }
 
-// A chat or completion request: checked here, generated by a worker.
+// A chat or completion request: checked here, generated by the batch thread.
 static enum MHD_Result serve_generate(struct MHD_Connection *c, Server *srv, const Conn *cn, int chat) {
     ServeRequest req;
     ServeError e;
@@ -763,8 +663,7 @@ static int serve_parse_flags(int argc, char **argv, ServeFlags *f) {
     specs[ns++] = (ArgSpec){"host", ARG_STR, &f->host, "address to listen on (IPv4; 0.0.0.0 = every interface)", 0, 0, 0};
     specs[ns++] = (ArgSpec){"port", ARG_INT, &f->port, "TCP port (0 = any free port, printed at start)", 0, 0, 65535};
     specs[ns++] = (ArgSpec){"parallel", ARG_INT, &f->parallel, "samples decoded together, over all requests, in one "
-                            "forward per step (at least --max-n); with heads: requests run at once, a session each",
-                            0, 1, 256};
+                            "forward per step (at least --max-n)", 0, 1, 256};
     specs[ns++] = (ArgSpec){"queue", ARG_INT, &f->queue, "requests waiting beyond those; more get HTTP 503", 0, 0,
                             1 << 16};
     specs[ns++] = (ArgSpec){"max-n", ARG_INT, &f->max_n, "largest n (samples) a request may ask for", 0, 1, 256};
@@ -776,67 +675,44 @@ static int serve_parse_flags(int argc, char **argv, ServeFlags *f) {
                                              "[--host 127.0.0.1 --port 8080] [--parallel K] [flags]");
 }
 
-// The model, its adapter and heads, and the batch (--parallel rows, at least --max-n) or, with an
-// adapter or heads (a request may ask for the routed pipeline), one session per worker.
+// The model, its adapter and heads, and the batch (--parallel rows, at least --max-n).
 static int serve_open(Server *srv, const ServeFlags *f) {
     GenFlags g = f->g;
     g.max_new = f->max_tokens;
-    ErSession *first;
+    ErSession *first; // the loader's session: the batch decodes instead
     ER_TRY(gen_flags_open(&g, f->max_n, &srv->model, &first));
+    er_session_free(first);
     int kv_int8 = strcmp(g.kv, "int8") == 0, max_pos = er_model_max_positions(srv->model);
     srv->lim = (ServeLimits){f->max_n, f->max_tokens, runner_context(g.context, f->max_tokens, max_pos),
                              SERVE_JSON_DEPTH, f->g.adapter != NULL};
     ER_TRY(tok_load(&srv->tok, f->g.model));
     ER_TRY(chat_style_from_config(f->g.model, &srv->style));
-    if (!f->g.switcher && !f->g.verifier && !f->g.adapter) { // no request can ask for the routed pipeline
-        er_session_free(first);
-        srv->batch_rows = srv->batch_free = f->parallel > f->max_n ? f->parallel : f->max_n;
-        return er_batch_open(&srv->batch, srv->model, srv->batch_rows, srv->lim.context, kv_int8);
-    }
-    srv->n_workers = f->parallel;
-    srv->workers = er_calloc((size_t)f->parallel, sizeof *srv->workers);
-    if (!srv->workers) {
-        er_session_free(first);
-        return ER_ENOMEM;
-    }
-    srv->workers[0].session = first;
-    for (int i = 1; i < f->parallel; i++)
-        ER_TRY(er_session_open(&srv->workers[i].session, srv->model, f->max_n, srv->lim.context, kv_int8));
-    return ER_OK;
+    srv->batch_rows = srv->batch_free = f->parallel > f->max_n ? f->parallel : f->max_n;
+    return er_batch_open(&srv->batch, srv->model, srv->batch_rows, srv->lim.context, kv_int8);
 }
 
 static void serve_close(Server *srv) {
-    for (int i = 0; srv->workers && i < srv->n_workers; i++) {
-        er_session_free(srv->workers[i].session);
-        er_free(srv->workers[i].last_prompt);
-    }
-    er_free(srv->workers);
     er_batch_free(srv->batch);
     er_model_free(srv->model);
     tok_free(srv->tok);
 }
 
-// Stops the workers: queued jobs are dropped and running ones cancelled, each answering 503
+// Stops the batch thread: queued jobs are dropped and live ones cancelled, each answering 503
 // (server_shutting_down; a stream: an error event and [DONE]).
-static void serve_stop_workers(Server *srv, int started) {
+static void serve_stop_batch(Server *srv) {
     pthread_mutex_lock(&srv->mu);
     srv->stopping = 1;
     ServeError e;
     cancel_error(&e, 1);
     while (srv->head)
         job_drop(srv, srv->head, &e);
-    for (int k = 0; k < srv->n_workers; k++)
-        if (srv->workers[k].running)
-            __atomic_store_n(&srv->workers[k].running->cancel, 1, __ATOMIC_RELAXED);
     pthread_cond_broadcast(&srv->work); // the batch thread cancels its live requests itself
     pthread_mutex_unlock(&srv->mu);
-    for (int i = 0; i < started; i++)
-        pthread_join(srv->workers[i].thread, NULL);
     if (srv->batch_started)
         pthread_join(srv->batch_thread, NULL);
 }
 
-// Listens on addr until SIGINT or SIGTERM; the workers are stopped either way. Connections: room for
+// Listens on addr until SIGINT or SIGTERM; the batch thread is stopped either way. Connections: room for
 // every request running or queued several times over (clients keep idle keep-alive connections), one
 // address at most half of it, and a connection idle for 30 s closed (a handler waiting on its
 // generation is not idle), so that idle sockets cannot lock every client out.
@@ -849,13 +725,12 @@ static int serve_listen(Server *srv, const ServeFlags *f, struct sockaddr_in *ad
         (unsigned)30, MHD_OPTION_END);
     if (!d) {
         int err = errno;
-        serve_stop_workers(srv, srv->n_workers);
+        serve_stop_batch(srv);
         return er_error(ER_EIO, "cannot listen on %s:%d (%s)", f->host, f->port, strerror(err));
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    fprintf(stderr, "erinfer serve: %s on http://%s:%d/v1 (%d %s, queue %d)\n", srv->model_name, f->host,
-            di ? di->port : f->port, srv->batch ? srv->batch_rows : f->parallel,
-            srv->batch ? "rows decoded together" : "sessions", f->queue);
+    fprintf(stderr, "erinfer serve: %s on http://%s:%d/v1 (%d rows decoded together, queue %d)\n", srv->model_name,
+            f->host, di ? di->port : f->port, srv->batch_rows, f->queue);
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -863,7 +738,7 @@ static int serve_listen(Server *srv, const ServeFlags *f, struct sockaddr_in *ad
     int sig;
     sigwait(&set, &sig);
     fprintf(stderr, "erinfer serve: stopping\n");
-    serve_stop_workers(srv, srv->n_workers);
+    serve_stop_batch(srv);
     // Every job is answered now; the connections get up to 5 s to send those answers before they close.
     for (int i = 0, left = 1; left && i < 500; i++) {
         pthread_mutex_lock(&srv->mu);
@@ -903,24 +778,15 @@ int cmd_serve(int argc, char **argv) {
     srv.model_name = slash && slash[1] ? slash + 1 : f.g.model;
     pthread_mutex_init(&srv.mu, NULL);
     pthread_cond_init(&srv.work, NULL);
-    // Every thread started from here on (workers, the HTTP library's) leaves these signals to sigwait.
+    // Every thread started from here on (the batch's, the HTTP library's) leaves these signals to sigwait.
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
-    int started = 0;
     rc = serve_open(&srv, &f);
-    while (rc == ER_OK && started < srv.n_workers) {
-        Worker *w = &srv.workers[started];
-        w->srv = &srv;
-        if (pthread_create(&w->thread, NULL, worker_main, w) != 0)
-            rc = er_error(ER_ENOMEM, "cannot start worker thread %d", started);
-        else
-            started++;
-    }
-    if (rc == ER_OK && srv.batch) {
+    if (rc == ER_OK) {
         if (pthread_create(&srv.batch_thread, NULL, batch_main, &srv) != 0)
             rc = er_error(ER_ENOMEM, "cannot start the decode thread");
         else
@@ -929,7 +795,7 @@ int cmd_serve(int argc, char **argv) {
     if (rc == ER_OK)
         rc = serve_listen(&srv, &f, &addr);
     else
-        serve_stop_workers(&srv, started);
+        serve_stop_batch(&srv);
     serve_close(&srv);
     pthread_cond_destroy(&srv.work);
     pthread_mutex_destroy(&srv.mu);

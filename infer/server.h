@@ -14,14 +14,14 @@
 
 // Limits of one server, from its flags.
 typedef struct {
-    int max_n;          // samples per request (the sessions' room)
+    int max_n;          // samples per request (at most the batch's rows)
     int max_tokens;     // cap on max_tokens (and its default)
     int context;        // positions per sample, prompt included
     int json_depth;     // deepest nesting accepted in a request body
     int adapter;        // an adapter is loaded: a request may force a route ("direct", "reasoning")
 } ServeLimits;
 
-// A request that passed every check, ready for a worker.
+// A request that passed every check, ready for the batch.
 typedef struct {
     int chat;                  // /v1/chat/completions; 0: /v1/completions
     char *prompt;              // the rendered prompt (chat template applied for chat requests)
@@ -67,13 +67,13 @@ typedef struct {
     const char *model;
 } ServeIds;
 
-// What a finished generation gives the response: a session's last call (the routed pipeline's
-// extension with it) or a batched request's results (route NULL: no pipeline).
+// What a finished generation gives the response: a batched request's results, with the routed
+// pipeline's side when it ran one.
 typedef struct {
     int n;
     const ErSample *const *samples; // (n)
     const ErStats *stats;
-    const ErSession *route;         // the session whose er_result_route to report; NULL = none
+    const ErRoute *route;           // NULL = no pipeline
 } ServeResult;
 
 // The whole non-streamed response of a finished generation (choices, usage, the erinfer extension),

@@ -441,7 +441,7 @@ static cJSON *tool_calls_json(const ChatToolCall *c, int n, const ServeIds *ids,
 // the others follow in sample order.
 static void choice_order(const ServeResult *s, int *order) {
     int n = s->n, w = -1;
-    const ErRoute *rt = er_result_route(s->route);
+    const ErRoute *rt = s->route;
     for (int i = 0; rt && rt->answer && rt->answers && w < 0 && i < n; i++)
         if (rt->answers[i] && strcmp(rt->answers[i], rt->answer) == 0)
             w = i;
@@ -492,7 +492,7 @@ static cJSON *choice_json(const ServeRequest *r, const ServeIds *ids, const ErSa
 // the pipeline, its route, switcher score, verifier scores and votes (as `erinfer generate --json`
 // reports them) and each choice's sample.
 static cJSON *extension_json(const ServeRequest *r, const ServeResult *s, const int *order) {
-    cJSON *x = s->route ? runner_route_json(s->route) : cJSON_CreateObject();
+    cJSON *x = s->route ? runner_route_json(s->route, s->samples, s->n) : cJSON_CreateObject();
     if (!x)
         return NULL;
     // As an integer: cJSON prints a double with 15 digits when they read back within a relative epsilon,

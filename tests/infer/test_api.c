@@ -14,6 +14,7 @@
 #include "core/fileio.h"
 #include "infer/erinfer.h"
 #include "lora/peft.h"
+#include "tests/common/heads_helpers.h"
 #include "tests/common/helpers.h"
 
 static HelperFixture fx; // per test: the temp dir and tmp/model
@@ -333,8 +334,7 @@ Test(api, route_is_forced_or_refused) {
 }
 
 // er_batch_*: requests decoded together give each request's er_generate_raw results (a session of
-// its own, same seed), a request waits for rows, a forced route with an adapter is refused (the
-// pipeline runs in a session), NULLs are errors, and the batch keeps its model alive.
+// its own, same seed), a request waits for rows, NULLs are errors, and the batch keeps its model alive.
 Test(api, batched_requests_equal_their_sessions_results) {
     ErModel *m;
     cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
@@ -392,28 +392,102 @@ Test(api, batched_requests_equal_their_sessions_results) {
     er_batch_free(b); // the model's last holder
 }
 
-Test(api, batch_refuses_the_routed_pipeline) {
-    char *a_dir = path_join(fx.tmp, "adapter");
-    save_unmasked_adapter(a_dir, 13);
+// Two routes' worth of the pipeline's outputs are equal: samples bitwise, the route, the scores and
+// the votes exactly.
+static void expect_same_route(const ErRequest *rq, const ErSession *s, int i) {
+    const ErRoute *x = er_request_route(rq), *y = er_result_route(s);
+    cr_assert(x && y, "request %d: no route reported", i);
+    cr_assert_eq(er_request_count(rq), er_result_count(s), "request %d", i);
+    for (int k = 0; k < er_result_count(s); k++) {
+        const ErSample *a = er_request_sample(rq, k), *b = er_result_sample(s, k);
+        cr_assert_eq(a->n_tokens, b->n_tokens, "request %d sample %d", i, k);
+        cr_assert(memcmp(a->tokens, b->tokens, sizeof(int) * (size_t)a->n_tokens) == 0, "request %d sample %d", i, k);
+        cr_assert(a->text_len == b->text_len && memcmp(a->text, b->text, a->text_len) == 0);
+        cr_assert_eq(a->finish, b->finish);
+        cr_assert_eq(a->budget_cut, b->budget_cut);
+        cr_assert_eq(!x->answers[k], !y->answers[k]);
+        cr_assert(!x->answers[k] || strcmp(x->answers[k], y->answers[k]) == 0);
+        cr_assert_eq(!x->verifier_scores, !y->verifier_scores);
+        if (x->verifier_scores)
+            cr_assert(x->verifier_scores[k] == y->verifier_scores[k], "request %d sample %d: verifier %.9g vs %.9g",
+                      i, k, x->verifier_scores[k], y->verifier_scores[k]);
+    }
+    cr_assert_eq(x->route, y->route, "request %d", i);
+    cr_assert(x->switcher_score == y->switcher_score, "request %d: switcher %.9g vs %.9g", i, x->switcher_score,
+              y->switcher_score);
+    cr_assert_eq(x->n_votes, y->n_votes);
+    for (int k = 0; k < x->n_votes; k++) {
+        cr_assert_str_eq(x->vote_answers[k], y->vote_answers[k]);
+        cr_assert(x->vote_weights[k] == y->vote_weights[k] && x->vote_counts[k] == y->vote_counts[k]);
+    }
+    cr_assert_eq(!x->answer, !y->answer);
+    cr_assert(!x->answer || strcmp(x->answer, y->answer) == 0);
+    cr_assert_eq(er_request_stats(rq)->prompt_reused, 0, "the switcher reads the whole prompt");
+}
+
+// With heads and an adapter, batched requests run the routed pipeline: each gives what
+// er_generate_raw gives in a session of its own (switcher score, route, samples, verifier scores,
+// votes), whether it arrives alone or beside others, forced or switched; one freed while decoding
+// gives its rows back.
+Test(api, batched_routed_requests_equal_their_sessions_results) {
+    heads_add_adapter(fx.tmp);
+    heads_write_random_heads(fx.tmp, "sw", "vf", 0.5f, "\nIs this solution correct?");
+    char *a_dir = path_join(fx.tmp, "adapter"), *sw = path_join(fx.tmp, "sw"), *vf = path_join(fx.tmp, "vf");
     ErModel *m;
     cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
     cr_assert_eq(er_model_load_adapter(m, a_dir), 0, "%s", er_last_error());
+    cr_assert_eq(er_model_load_switcher(m, sw), 0, "%s", er_last_error());
+    cr_assert_eq(er_model_load_verifier(m, vf), 0, "%s", er_last_error());
+    enum { R = 5 };
+    static const char *texts[R] = {"Start with 7. Add 5.", "Name a prime above 90.", "Hi", "Start with 7. Add 5.",
+                                   "Count to four."};
+    static const char *routes[R] = {NULL, "reasoning", "direct", "reasoning", NULL};
+    ErGenParams p[R];
+    for (int i = 0; i < R; i++) {
+        er_gen_params_init(&p[i]);
+        p[i].max_new_tokens = 8 + 4 * i;
+        p[i].temperature = 0.9f;
+        p[i].seed = (uint64_t)(70 + i);
+        p[i].n_samples = 1 + i % 3;
+        p[i].route = routes[i];
+    }
+    p[3].budget = 4; // the hard budget on one reasoning request
+    p[3].answer_tokens = 12;
     ErBatch *b;
-    cr_assert_eq(er_batch_open(&b, m, 2, 128, 1), 0, "%s", er_last_error());
-    ErGenParams p;
-    er_gen_params_init(&p);
-    p.max_new_tokens = 4;
-    p.route = "direct";
-    ErRequest *r;
-    cr_expect_eq(er_batch_submit(b, "Start with 7.", &p, NULL, NULL, &r), ER_EUNSUPPORTED);
-    cr_expect_null(r);
-    p.route = NULL; // the adapter decodes, no pipeline: batched
-    cr_assert_eq(er_batch_submit(b, "Start with 7.", &p, NULL, NULL, &r), 0, "%s", er_last_error());
+    cr_assert_eq(er_batch_open(&b, m, 6, 128, 1), 0, "%s", er_last_error());
+    ErRequest *rq[R] = {0}, *dropped;
+    // Arrivals: 0 and 1 at once, 2 after a step, the rest when rows free up; one dropped mid-decode.
+    cr_assert_eq(er_batch_submit(b, texts[0], &p[0], NULL, NULL, &rq[0]), 0, "%s", er_last_error());
+    cr_assert_eq(er_batch_submit(b, texts[1], &p[1], NULL, NULL, &rq[1]), 0, "%s", er_last_error());
+    cr_assert_eq(er_batch_submit(b, texts[4], &p[4], NULL, NULL, &dropped), 0, "%s", er_last_error());
     er_batch_step(b);
-    er_request_free(r); // stopped while decoding: its row goes back
-    cr_expect_eq(er_batch_free_rows(b), 2);
-    cr_assert_eq(er_batch_submit(b, "Start with 7.", &p, NULL, NULL, &r), 0, "%s", er_last_error());
+    er_request_free(dropped);
+    cr_assert_eq(er_batch_submit(b, texts[2], &p[2], NULL, NULL, &rq[2]), 0, "%s", er_last_error());
+    for (int next = 3; next < R || er_batch_step(b) > 0;) {
+        if (next < R && er_batch_free_rows(b) >= p[next].n_samples) {
+            cr_assert_eq(er_batch_submit(b, texts[next], &p[next], NULL, NULL, &rq[next]), 0, "%s", er_last_error());
+            next++;
+        } else if (next < R) {
+            er_batch_step(b);
+        }
+    }
+    int routes_seen[2] = {0, 0};
+    for (int i = 0; i < R; i++) {
+        cr_assert_eq(er_request_status(rq[i]), ER_OK, "request %d", i);
+        ErSession *s;
+        cr_assert_eq(er_session_open(&s, m, 3, 128, 1), 0, "%s", er_last_error());
+        cr_assert_eq(er_generate_raw(s, texts[i], &p[i], NULL, NULL), 0, "%s", er_last_error());
+        expect_same_route(rq[i], s, i);
+        routes_seen[er_request_route(rq[i])->route]++;
+        er_session_free(s);
+        er_request_free(rq[i]);
+    }
+    cr_assert(routes_seen[ER_ROUTE_DIRECT] > 0 && routes_seen[ER_ROUTE_REASONING] > 0, "both routes ran");
+    cr_assert_eq(er_batch_free_rows(b), 6, "every row is back");
+    cr_assert_eq(er_batch_submit(b, texts[1], &p[1], NULL, NULL, &dropped), 0, "%s", er_last_error());
     er_batch_free(b); // frees the live request with it
     er_model_free(m);
     er_free(a_dir);
+    er_free(sw);
+    er_free(vf);
 }
