@@ -155,6 +155,27 @@ int er_model_max_positions(const ErModel *m) {
     return m->model.cfg.max_pos;
 }
 
+// The tokens of text (NULL: none), or a negative status.
+static int count_tokens(const Tokenizer *tok, const char *text) {
+    if (!text || !text[0])
+        return 0;
+    int *ids, n;
+    ER_TRY(tok_encode(tok, text, strlen(text), &ids, &n));
+    er_free(ids);
+    return n;
+}
+
+int er_model_extra_positions(const ErModel *m) {
+    NEED(m, "er_model_extra_positions", "the model");
+    const LoraAdapter *ad = model_adapter(m);
+    const TrainedHead *vf = model_verifier(m);
+    int prefix = ad ? count_tokens(m->tok, ad->reasoning_prefix) : 0;
+    int verify = ad && vf ? count_tokens(m->tok, vf->verify_prompt) : 0;
+    ER_TRY(prefix);
+    ER_TRY(verify);
+    return prefix + verify;
+}
+
 // What er_session_open and er_batch_open check: room for n samples ("what") of max_tokens positions.
 static int open_args(const void *out, const ErModel *m, int n, int max_tokens, const char *fn, const char *what) {
     NEED(out, fn, "the output pointer");
@@ -277,7 +298,9 @@ static void route_publish(const ErModel *m, const PipelineResult *pr, ErRoute *r
         vote_counts[k] = pr->votes[k].count;
     }
     *st = pr->gen;
-    st->prompt_reused = pr->prompt_reused;
+    // What neither prefill computed: the route's generation may prefill again (the direct answer of an
+    // unmasked adapter's prompt), or reuse all of the pipeline's.
+    st->prompt_reused = pr->prompt_reused < pr->gen.prompt_reused ? pr->prompt_reused : pr->gen.prompt_reused;
     st->ttft_s += pr->prefill_s + pr->switcher_s;
 }
 
@@ -446,14 +469,16 @@ static void request_destroy(ErRequest *r) {
 static void request_finish(ErRequest *r) {
     ErBatch *b = r->b;
     GenStats st;
-    if (r->routed) {
+    if (r->routed && engine_request_done(r->er)) {
         r->status = decode_batch_end_routed(&b->batch, r->er, &r->pc, r->samples, &r->pr);
         if (r->status == ER_OK) {
             r->n = r->pr.n;
             route_publish(b->m, &r->pr, &r->route, r->vote_answers, r->vote_weights, r->vote_counts, &st);
         }
-    } else {
+    } else { // a plain request, or a routed one abandoned while decoding (no verifier pass, no vote)
+        r->n = engine_request_samples(r->er);
         r->status = decode_batch_end(&b->batch, r->er, &st);
+        r->routed = 0;
     }
     r->er = NULL;
     r->b = NULL;

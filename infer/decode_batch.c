@@ -96,6 +96,8 @@ int decode_batch_rows(const DecodeBatch *b) {
 static int batch_admit(DecodeBatch *b, const int *prompt, int n_prompt, const GenConfig *g, const PipelineConfig *c,
                        PipelineResult *res, GenTokenFn cb, void *user, GenSample *out, EngineRequest **req) {
     *req = NULL;
+    if (!c && g->keep_kv) // only the routed end (pipeline_end) takes the kept samples and releases them
+        return er_error(ER_EINVAL, "batch: a plain request cannot keep its samples' KV sequences");
     if (g->adapter && g->adapter != b->adapter)
         return er_error(ER_EINVAL, "batch: a request's adapter must be the batch's (one forward takes one adapter)");
     if (g->n_samples < 1 || decode_batch_rows(b) + g->n_samples > b->max_rows)
@@ -166,6 +168,8 @@ int decode_batch_end(DecodeBatch *b, EngineRequest *r, GenStats *stats) {
 
 int decode_batch_end_routed(DecodeBatch *b, EngineRequest *r, const PipelineConfig *c, GenSample *out,
                             PipelineResult *res) {
+    if (!engine_request_done(r))
+        return er_error(ER_EINVAL, "batch: a routed request ends once done (abandon it with decode_batch_end)");
     int rc = decode_batch_end(b, r, &res->gen); // keeps the samples' KV for the verifier (GenConfig.keep_kv)
     if (rc < 0) {
         engine_release_samples(&b->e);

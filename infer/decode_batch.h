@@ -44,13 +44,14 @@ typedef struct {
 // included), KV as kv_type; `adapter` (NULL = none) is the only adapter requests may use.
 int decode_batch_init(DecodeBatch *b, Model *m, const Tokenizer *tok, const LoraAdapter *adapter, KvType kv_type,
                       int max_rows, int n_prompts, int max_len, int chunk, size_t max_bytes);
-void decode_batch_free(DecodeBatch *b); // ends live requests first (their outputs freed)
+void decode_batch_free(DecodeBatch *b); // ends live requests first (their outputs the caller's to free)
 
 // Samples the live requests hold: a request of n samples may join while rows + n <= max_rows.
 int decode_batch_rows(const DecodeBatch *b);
 
 // Admits a request (prefill, first tokens); its samples decode from the next step on. out holds
 // g->n_samples entries (released by decode_batch_end on failure, by gen_samples_free otherwise).
+// keep_kv is refused: only a routed request keeps its samples (for its verifier).
 int decode_batch_add(DecodeBatch *b, const int *prompt, int n_prompt, const GenConfig *g, GenTokenFn cb, void *user,
                      GenSample *out, EngineRequest **req);
 // The same for the routed pipeline (pipeline_begin on the cached prompt: switcher, route): out holds
@@ -67,8 +68,10 @@ void decode_batch_step(DecodeBatch *b);
 // Ends a request that is done (engine_request_done) or abandons one that is not: texts, stats, its
 // KV sequences freed, its status returned.
 int decode_batch_end(DecodeBatch *b, EngineRequest *r, GenStats *stats);
-// decode_batch_end for a routed request, then its verifier passes and the vote (pipeline_end): res
-// complete (r->gen its stats) or, on failure, freed with out.
+// decode_batch_end for a routed request that is done, then its verifier passes and the vote
+// (pipeline_end): res complete (res->gen its stats) or, on failure, freed with out. A routed request
+// abandoned before it is done ends with decode_batch_end (no verifier pass, no vote; then
+// pipeline_result_free).
 int decode_batch_end_routed(DecodeBatch *b, EngineRequest *r, const PipelineConfig *c, GenSample *out,
                             PipelineResult *res);
 

@@ -413,7 +413,7 @@ static int next_token(Engine *e, const GenConfig *g, SampleState *s, GenSample *
     return rc < 0 ? er_error_prefix(rc, "generate: sample %d, new token %d", i, o->n_tokens + 1) : ER_OK;
 }
 
-static int check_config(const Engine *e, const GenConfig *g, int n_prompt, int n_prefix, int n_suffix) {
+static int check_config(const Engine *e, const GenConfig *g, int n_prompt, int n_prefix, int n_suffix, int extra) {
     if (g->n_samples < 1 || g->n_samples > e->max_samples)
         return er_error(ER_EINVAL, "generate: %d samples requested, the engine holds 1..%d", g->n_samples,
                         e->max_samples);
@@ -421,9 +421,10 @@ static int check_config(const Engine *e, const GenConfig *g, int n_prompt, int n
         return er_error(ER_EINVAL, "generate: max new tokens must be at least 1");
     if (n_prompt < 1)
         return er_error(ER_EINVAL, "generate: the prompt is empty");
-    if (n_prompt + n_prefix + g->max_new > e->max_len)
-        return er_error(ER_ERANGE, "generate: prompt (%d) + prefix (%d) + max new tokens (%d) exceed the %d positions "
-                        "the engine was sized for", n_prompt, n_prefix, g->max_new, e->max_len);
+    if ((long)n_prompt + n_prefix + g->max_new + extra > e->max_len)
+        return er_error(ER_ERANGE, "generate: prompt (%d) + prefix (%d) + max new tokens (%d)%s exceed the %d positions "
+                        "the engine was sized for", n_prompt, n_prefix, g->max_new,
+                        extra ? " + the verifier's prompt" : "", e->max_len);
     if (g->budget < 0 || g->answer_tokens < 0)
         return er_error(ER_EINVAL, "generate: budget and answer tokens must not be negative");
     if (g->budget > 0 && (long)g->max_new < (long)g->budget + g->answer_tokens)
@@ -438,9 +439,10 @@ static int check_config(const Engine *e, const GenConfig *g, int n_prompt, int n
     return sampler_params_validate(&g->sampler);
 }
 
-// Encodes the response prefix and budget suffix and checks the request; on failure nothing is held.
-static int gen_prepare(const Engine *e, const GenConfig *g, int n_prompt, int **prefix, int *n_prefix, int **suffix,
-                       int *n_suffix) {
+// Encodes the response prefix and budget suffix and checks the request (extra: positions appended to
+// each sample afterwards); on failure nothing is held.
+static int gen_prepare(const Engine *e, const GenConfig *g, int n_prompt, int extra, int **prefix, int *n_prefix,
+                       int **suffix, int *n_suffix) {
     int rc = ER_OK;
     *suffix = NULL;
     *n_suffix = 0;
@@ -448,7 +450,7 @@ static int gen_prepare(const Engine *e, const GenConfig *g, int n_prompt, int **
     if (g->budget > 0)
         ER_CHECK(encode(e->tok, g->budget_suffix ? g->budget_suffix : DEFAULT_BUDGET_SUFFIX, suffix, n_suffix,
                         "budget suffix"));
-    ER_CHECK(check_config(e, g, n_prompt, *n_prefix, *n_suffix));
+    ER_CHECK(check_config(e, g, n_prompt, *n_prefix, *n_suffix, extra));
 done:
     if (rc < 0) {
         er_free(*prefix);
@@ -456,6 +458,14 @@ done:
         *prefix = *suffix = NULL;
     }
     return rc;
+}
+
+int engine_check_generation(const Engine *e, const GenConfig *g, int n_prompt, int extra) {
+    int *prefix, *suffix, n_prefix, n_suffix;
+    ER_TRY(gen_prepare(e, g, n_prompt, extra, &prefix, &n_prefix, &suffix, &n_suffix));
+    er_free(prefix);
+    er_free(suffix);
+    return ER_OK;
 }
 
 // engine_generate's per-call buffers.
@@ -622,7 +632,7 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
     double t0 = time_now();
     memset(stats, 0, sizeof *stats);
     int *prefix, *suffix, n_prefix, n_suffix;
-    ER_TRY(gen_prepare(e, g, n_prompt, &prefix, &n_prefix, &suffix, &n_suffix));
+    ER_TRY(gen_prepare(e, g, n_prompt, 0, &prefix, &n_prefix, &suffix, &n_suffix));
     int rc = ER_OK, N = g->n_samples;
     memset(out, 0, sizeof(GenSample) * (size_t)N);
     long fp0 = e->forward_positions;
@@ -737,7 +747,7 @@ int engine_request_begin(Engine *e, const int *prompt, int n_prompt, const GenCo
     r->user = user;
     int N = g->n_samples;
     memset(out, 0, sizeof(GenSample) * (size_t)(N > 0 ? N : 0));
-    ER_CHECK(gen_prepare(e, g, n_prompt, &prefix, &n_prefix, &r->suffix, &r->n_suffix));
+    ER_CHECK(gen_prepare(e, g, n_prompt, 0, &prefix, &n_prefix, &r->suffix, &r->n_suffix));
     r->max_total = g->budget > 0 && g->budget + g->answer_tokens < g->max_new ? g->budget + g->answer_tokens
                                                                               : g->max_new;
     r->b.st = er_calloc((size_t)N, sizeof(SampleState));

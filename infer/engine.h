@@ -121,7 +121,8 @@ typedef struct {
 int engine_prefill(Engine *e, const int *prompt, int n_prompt, const LoraAdapter *adapter,
                    const PromptFeatureSpec *spec, float *feat, GenStats *stats);
 
-// Verifier features of sample `sample` of the last engine_generate with keep_kv: the n tokens are
+// Verifier features of sample `sample` of the kept samples (the last engine_generate, or
+// engine_request_end, with keep_kv): the n tokens are
 // appended to that sample's KV sequence (after its response; a final EOS is not part of it) and
 // out (C) receives the final-norm hidden state at the last one. Only these positions (and the
 // sample's final token when the cache does not hold it yet) go through the forward; the
@@ -131,6 +132,9 @@ int engine_verify_features(Engine *e, int sample, const int *tokens, int n, int 
 // The same for every kept sample at once, in one batched pass (one read of the weights for all):
 // out (n_kept, C), row i equal to engine_verify_features for sample i up to rounding.
 int engine_verify_features_all(Engine *e, const int *tokens, int n, int adapter_on, float *out);
+// The checks engine_generate makes on g before any work (sizes, budget, sampler, the prefix and suffix
+// encode), for a prompt of n_prompt tokens and `extra` positions appended to each sample afterwards.
+int engine_check_generation(const Engine *e, const GenConfig *g, int n_prompt, int extra);
 // Closes the KV sequences kept by GenConfig.keep_kv.
 void engine_release_samples(Engine *e);
 

@@ -188,6 +188,10 @@ ER_API const ErStats *er_result_stats(const ErSession *s);
 // tied to the model it was trained on: loading it for another model is refused.
 ER_API int er_model_load_switcher(ErModel *m, const char *path);
 ER_API int er_model_load_verifier(ErModel *m, const char *path);
+// Positions a generate call holds beyond its prompt and max_new_tokens with what is loaded now: the
+// adapter's reasoning prefix and the verifier's prompt (appended to each sample). Size a session's
+// max_tokens as prompt + max_new_tokens + this (plus a response_prefix of your own).
+ER_API int er_model_extra_positions(const ErModel *m);
 
 enum { ER_ROUTE_DIRECT = 0, ER_ROUTE_REASONING = 1 };
 
@@ -206,7 +210,8 @@ typedef struct {
     double prefill_s, switcher_s, generate_s, verify_s;
 } ErRoute;
 
-// The pipeline's side of the last generate call, owned by the session; NULL when it ran without heads.
+// The pipeline's side of the last generate call, owned by the session; NULL when no pipeline ran (no
+// heads loaded and no route forced).
 ER_API const ErRoute *er_result_route(const ErSession *s);
 
 // ---- several requests decoded together ----
@@ -246,7 +251,7 @@ ER_API int er_request_status(const ErRequest *r);
 ER_API int er_request_count(const ErRequest *r);
 ER_API const ErSample *er_request_sample(const ErRequest *r, int i);
 ER_API const ErStats *er_request_stats(const ErRequest *r);
-// The routed pipeline's side of a done request (as er_result_route); NULL when it ran without heads.
+// The routed pipeline's side of a done request (as er_result_route); NULL when no pipeline ran.
 ER_API const ErRoute *er_request_route(const ErRequest *r);
 // Frees a request; one still decoding is stopped first (its rows go back to the batch).
 ER_API void er_request_free(ErRequest *r);

@@ -66,12 +66,28 @@ void pipeline_result_free(PipelineResult *r) {
         er_free(r->answers[i]);
     er_free(r->answers);
     er_free(r->verifier_scores);
+    er_free(r->verify_tokens);
     votes_free(r->votes, r->n_votes);
     memset(r, 0, sizeof *r);
 }
 
+// The generation a route runs: the reasoning samples as configured, or the base's direct answer
+// (greedy, one sample, no adapter, no prefix). The verifier reads the reasoning samples' KV.
+static GenConfig route_generation(const PipelineConfig *c, int route) {
+    GenConfig g = route == ROUTE_REASONING ? c->reasoning : c->direct;
+    if (route == ROUTE_DIRECT) {
+        g.n_samples = 1;
+        g.sampler.temperature = 0;
+        g.adapter = NULL;
+        g.response_prefix = NULL;
+    }
+    g.keep_kv = route == ROUTE_REASONING && c->verifier;
+    return g;
+}
+
 // 1. The prompt, once, with the base (a masked adapter is off there); the switcher reads its features
-// and picks the route; *g is the generation that route runs.
+// and picks the route; *g is the generation that route runs. Both routes' generations are checked
+// first, the verifier's prompt included, so a query that cannot run fails before any work.
 int pipeline_begin(Engine *e, const int *prompt, int n_prompt, const PipelineConfig *c, PipelineResult *r,
                    GenConfig *g) {
     double t0 = time_now();
@@ -80,12 +96,23 @@ int pipeline_begin(Engine *e, const int *prompt, int n_prompt, const PipelineCon
     r->switcher_score = -1;
     r->winner = -1;
     const LoraAdapter *ad = c->reasoning.adapter;
-    if (c->verifier && ad && !e->tok)
-        return er_error(ER_EINVAL, "pipeline: the verifier's prompt needs a tokenizer");
-    float *feat = er_alloc(sizeof(float) * (size_t)e->model->cfg.C);
-    if (!feat)
-        return ER_ENOMEM;
+    float *feat = NULL;
     int rc = ER_OK;
+    if (c->verifier && ad) {
+        if (!e->tok)
+            ER_CHECK(er_error(ER_EINVAL, "pipeline: the verifier's prompt needs a tokenizer"));
+        const char *vp = c->verifier->verify_prompt;
+        ER_CHECK(tok_encode(e->tok, vp, strlen(vp), &r->verify_tokens, &r->n_verify));
+        if (r->n_verify < 1)
+            ER_CHECK(er_error(ER_EINVAL, "pipeline: the verification prompt encodes to no tokens"));
+    }
+    GenConfig reasoning = route_generation(c, ROUTE_REASONING), direct = route_generation(c, ROUTE_DIRECT);
+    if (ad)
+        ER_CHECK(engine_check_generation(e, &reasoning, n_prompt, r->n_verify));
+    ER_CHECK(engine_check_generation(e, &direct, n_prompt, 0));
+    feat = er_alloc(sizeof(float) * (size_t)e->model->cfg.C);
+    if (!feat)
+        ER_CHECK(ER_ENOMEM);
     PromptFeatureSpec spec = {c->switcher ? c->switcher->chunk : 0, c->switcher ? c->switcher->alpha : 0};
     GenStats st;
     ER_CHECK(engine_prefill(e, prompt, n_prompt, ad, c->switcher ? &spec : NULL, feat, &st));
@@ -99,19 +126,14 @@ int pipeline_begin(Engine *e, const int *prompt, int n_prompt, const PipelineCon
         r->route = c->force_route == PIPELINE_REASONING && ad ? ROUTE_REASONING : ROUTE_DIRECT;
     r->switcher_s = time_now() - t1;
     // 2. The answer(s) the caller generates: the prompt's cache is reused whole by either route.
-    *g = r->route == ROUTE_REASONING ? c->reasoning : c->direct;
-    if (r->route == ROUTE_DIRECT) {
-        g->n_samples = 1;
-        g->sampler.temperature = 0;
-        g->adapter = NULL;
-        g->response_prefix = NULL;
-    }
-    g->keep_kv = r->route == ROUTE_REASONING && c->verifier;
+    *g = r->route == ROUTE_REASONING ? reasoning : direct;
     r->n = g->n_samples;
     r->t_generate = time_now();
     r->forward_positions = e->forward_positions - fp0;
 done:
     er_free(feat);
+    if (rc < 0)
+        pipeline_result_free(r);
     return rc;
 }
 
@@ -120,7 +142,7 @@ int pipeline_end(Engine *e, const PipelineConfig *c, const GenSample *out, Pipel
     double t3 = time_now();
     long fp0 = e->forward_positions;
     r->generate_s = t3 - r->t_generate;
-    int C = e->model->cfg.C, rc = ER_OK, *vq = NULL, nvq = 0, verify = r->route == ROUTE_REASONING && c->verifier;
+    int C = e->model->cfg.C, rc = ER_OK, verify = r->route == ROUTE_REASONING && c->verifier;
     float *feats = NULL;
     r->answers = er_calloc((size_t)r->n, sizeof(char *));
     if (!r->answers)
@@ -128,14 +150,11 @@ int pipeline_end(Engine *e, const PipelineConfig *c, const GenSample *out, Pipel
     for (int i = 0; i < r->n; i++)
         ER_CHECK(grade_answer(out[i].text, out[i].answer_at, &r->answers[i]));
     if (verify) {
-        ER_CHECK(tok_encode(e->tok, c->verifier->verify_prompt, strlen(c->verifier->verify_prompt), &vq, &nvq));
-        if (nvq < 1)
-            ER_CHECK(er_error(ER_EINVAL, "pipeline: the verification prompt encodes to no tokens"));
         r->verifier_scores = er_alloc(sizeof(float) * (size_t)r->n);
         feats = er_alloc(sizeof(float) * (size_t)r->n * C);
         if (!r->verifier_scores || !feats)
             ER_CHECK(ER_ENOMEM);
-        ER_CHECK(engine_verify_features_all(e, vq, nvq, c->verifier->adapter_on, feats));
+        ER_CHECK(engine_verify_features_all(e, r->verify_tokens, r->n_verify, c->verifier->adapter_on, feats));
         ER_CHECK(head_predict(&c->verifier->net, feats, r->n, r->verifier_scores));
     }
     engine_release_samples(e);
@@ -146,7 +165,6 @@ int pipeline_end(Engine *e, const PipelineConfig *c, const GenSample *out, Pipel
     r->forward_positions += r->gen.forward_positions + e->forward_positions - fp0;
 done:
     er_free(feats);
-    er_free(vq);
     if (rc < 0) {
         engine_release_samples(e); // the kept samples of a failed verification
         pipeline_result_free(r);

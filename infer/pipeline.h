@@ -41,6 +41,8 @@ typedef struct {
     int n_votes;
     int winner;              // index into votes; -1 when no sample has an answer
     int prompt_reused;       // prompt positions the prefill found cached (0 with a switcher: it reads all)
+    int *verify_tokens;      // (n_verify) the verifier's prompt, encoded by pipeline_begin
+    int n_verify;
     double prefill_s, switcher_s, generate_s, verify_s, total_s;
     double t_generate;       // when the generation started (pipeline_begin's end)
     GenStats gen;            // of the generation (set by the caller of pipeline_begin / pipeline_end)

@@ -4,9 +4,8 @@
 #include "core/alloc.h"
 #include "core/error.h"
 
-int runner_open_session(const SessionSpec *spec, int max_samples, int max_new, ErModel **m, ErSession **s) {
+int runner_load_model(const SessionSpec *spec, ErModel **m) {
     *m = NULL;
-    *s = NULL;
     int rc = ER_OK;
     ER_CHECK(er_model_load(m, spec->model));
     if (spec->adapter)
@@ -15,6 +14,18 @@ int runner_open_session(const SessionSpec *spec, int max_samples, int max_new, E
         ER_CHECK(er_model_load_switcher(*m, spec->switcher));
     if (spec->verifier)
         ER_CHECK(er_model_load_verifier(*m, spec->verifier));
+done:
+    if (rc < 0) {
+        er_model_free(*m);
+        *m = NULL;
+    }
+    return rc;
+}
+
+int runner_open_session(const SessionSpec *spec, int max_samples, int max_new, ErModel **m, ErSession **s) {
+    *s = NULL;
+    int rc = ER_OK;
+    ER_CHECK(runner_load_model(spec, m));
     ER_CHECK(er_session_open(s, *m, max_samples, runner_context(spec->context, max_new, er_model_max_positions(*m)),
                              spec->kv_int8));
 done:

@@ -17,8 +17,10 @@ typedef struct {
 // The positions per sample: context when given, else 4096 + max_new, at most the model's max_pos.
 int runner_context(int context, int max_new, int max_pos);
 
-// Loads the model (adapter, heads) and opens a session for max_samples samples of max_new new tokens.
-// On failure *m and *s are NULL.
+// Loads the model, its adapter and heads (spec's model part); on failure *m is NULL.
+int runner_load_model(const SessionSpec *spec, ErModel **m);
+// runner_load_model, then a session for max_samples samples of max_new new tokens. On failure *m and
+// *s are NULL.
 int runner_open_session(const SessionSpec *spec, int max_samples, int max_new, ErModel **m, ErSession **s);
 
 const char *runner_finish_name(int finish); // ER_FINISH_* -> "eos" | "stop" | "length"

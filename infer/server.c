@@ -1,9 +1,10 @@
 // erinfer serve: the OpenAI HTTP API on GNU libmicrohttpd (one thread per connection). Requests are
 // parsed and checked on their connection's thread (infer/server_json.c), then queued as jobs. One
 // thread decodes them batched: it admits queued jobs in order while their samples fit the --parallel
-// rows of an ErBatch, and each step runs one forward over the rows of every admitted request. With an
-// adapter or heads loaded a request runs the routed pipeline in the batch (its switcher at admission,
-// its verifier and vote in the step that finishes it). Prefix reuse: the batch keeps a cached prompt
+// rows of an ErBatch, and each step runs one forward over the rows of every admitted request. With a
+// switcher or verifier loaded (or a route forced with an adapter) a request runs the routed pipeline
+// in the batch (its prefill and switcher at admission, its verifier and vote in the step that
+// finishes it). Prefix reuse: the batch keeps a cached prompt
 // per row; a prompt is prefilled from the one holding its longest prefix (a conversation's earlier
 // turns, a shared system prompt) when that reuses at least half of it, else it replaces the least
 // recently used one, so a new conversation does not evict one that is still going on. A full queue
@@ -64,7 +65,7 @@ struct Server {
     ChatStyle style;
     ServeLimits lim;
     const char *api_key, *model_name;
-    int threads, queue_max, n_queued, stopping;
+    int threads, queue_max, stopping;
     int n_jobs;           // jobs not freed yet: at shutdown their connections still send their answers
     Job *head, *tail;
     pthread_mutex_t mu;
@@ -141,7 +142,6 @@ static void job_drop(Server *srv, Job *j, const ServeError *e) {
         srv->tail = prev;
     j->next = NULL;
     j->queued = 0;
-    srv->n_queued--;
     __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
     job_fail(j, e);
     j->done = 1;
@@ -285,7 +285,6 @@ static void batch_admit(Server *srv, Job **live, int *n_live) {
         srv->head = j->next;
         if (!srv->head)
             srv->tail = NULL;
-        srv->n_queued--;
         j->queued = 0;
         if (__atomic_load_n(&j->cancel, __ATOMIC_RELAXED)) {
             job_done(j);
@@ -399,7 +398,6 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd, ServeError *e) {
     else
         srv->head = j;
     srv->tail = j;
-    srv->n_queued++;
     pthread_cond_broadcast(&srv->work);
     pthread_mutex_unlock(&srv->mu);
     return j;
@@ -675,20 +673,25 @@ static int serve_parse_flags(int argc, char **argv, ServeFlags *f) {
                                              "[--host 127.0.0.1 --port 8080] [--parallel K] [flags]");
 }
 
-// The model, its adapter and heads, and the batch (--parallel rows, at least --max-n).
+// The model, its adapter and heads, and the batch (--parallel rows, at least --max-n). A request's
+// prompt and max_tokens fit the context less the positions the pipeline adds (the reasoning prefix,
+// the verifier's prompt).
 static int serve_open(Server *srv, const ServeFlags *f) {
-    GenFlags g = f->g;
-    g.max_new = f->max_tokens;
-    ErSession *first; // the loader's session: the batch decodes instead
-    ER_TRY(gen_flags_open(&g, f->max_n, &srv->model, &first));
-    er_session_free(first);
-    int kv_int8 = strcmp(g.kv, "int8") == 0, max_pos = er_model_max_positions(srv->model);
-    srv->lim = (ServeLimits){f->max_n, f->max_tokens, runner_context(g.context, f->max_tokens, max_pos),
-                             SERVE_JSON_DEPTH, f->g.adapter != NULL};
+    const GenFlags *g = &f->g;
+    SessionSpec spec = {g->model, g->adapter, g->switcher, g->verifier, 0, g->context};
+    ER_TRY(runner_load_model(&spec, &srv->model));
+    int kv_int8 = strcmp(g->kv, "int8") == 0, positions = runner_context(g->context, f->max_tokens,
+                                                                         er_model_max_positions(srv->model));
+    int extra = er_model_extra_positions(srv->model);
+    ER_TRY(extra);
+    if (positions - extra < 2)
+        return er_error(ER_ERANGE, "a context of %d positions leaves no room beside the %d the pipeline adds",
+                        positions, extra);
+    srv->lim = (ServeLimits){f->max_n, f->max_tokens, positions - extra, SERVE_JSON_DEPTH, g->adapter != NULL};
     ER_TRY(tok_load(&srv->tok, f->g.model));
     ER_TRY(chat_style_from_config(f->g.model, &srv->style));
     srv->batch_rows = srv->batch_free = f->parallel > f->max_n ? f->parallel : f->max_n;
-    return er_batch_open(&srv->batch, srv->model, srv->batch_rows, srv->lim.context, kv_int8);
+    return er_batch_open(&srv->batch, srv->model, srv->batch_rows, positions, kv_int8);
 }
 
 static void serve_close(Server *srv) {

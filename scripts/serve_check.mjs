@@ -85,8 +85,8 @@ async function main() {
   const t2 = await client.chat.completions.create({ ...body, messages: turn2, temperature: 0 });
   check(t2.usage.prompt_tokens_details?.cached_tokens > 0, "a conversation's next turn reuses its cached prefix");
 
-  // Two conversations interleaved on the two sessions: each next turn goes to the session that holds its
-  // conversation (a new conversation takes the other session instead of evicting it).
+  // Two conversations interleaved: each next turn is prefilled from the cached prompt that holds its
+  // conversation (a new conversation replaces another cached prompt instead of evicting it).
   const conv = (sys) => [{ role: "system", content: sys }, { role: "user", content: "Start with 3. Add 4." }];
   const greedy = { model: "m", max_tokens: 8, temperature: 0 };
   const a1 = await client.chat.completions.create({ ...greedy, messages: conv("You are brief.") });

@@ -392,6 +392,53 @@ Test(api, batched_requests_equal_their_sessions_results) {
     er_batch_free(b); // the model's last holder
 }
 
+// An unmasked adapter in a batch: a forced route runs the pipeline (no heads), a direct answer after a
+// reasoning one with the same prompt prefix computes its prompt again (it was cached under the
+// adapter) and says so, a plain request freed while decoding gives its row back, and the batch frees
+// a live request with it.
+Test(api, batch_runs_an_unmasked_adapter) {
+    char *a_dir = path_join(fx.tmp, "adapter");
+    save_unmasked_adapter(a_dir, 13);
+    ErModel *m;
+    cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
+    cr_assert_eq(er_model_load_adapter(m, a_dir), 0, "%s", er_last_error());
+    ErBatch *b;
+    cr_assert_eq(er_batch_open(&b, m, 2, 128, 1), 0, "%s", er_last_error());
+    ErGenParams p;
+    er_gen_params_init(&p);
+    p.max_new_tokens = 4;
+    p.route = "reasoning";
+    ErRequest *r, *d;
+    cr_assert_eq(er_batch_submit(b, "Start with 7.", &p, NULL, NULL, &r), 0, "%s", er_last_error());
+    while (er_batch_step(b) > 0)
+        ;
+    cr_assert_eq(er_request_route(r)->route, ER_ROUTE_REASONING);
+    p.route = "direct";
+    cr_assert_eq(er_batch_submit(b, "Start with 7. Add 5.", &p, NULL, NULL, &d), 0, "%s", er_last_error());
+    while (er_batch_step(b) > 0)
+        ;
+    cr_assert_eq(er_request_route(d)->route, ER_ROUTE_DIRECT);
+    cr_assert_eq(er_request_stats(d)->prompt_reused, 0, "the direct answer's prompt was cached under the adapter");
+    ErSession *s;
+    cr_assert_eq(er_session_open(&s, m, 1, 128, 1), 0, "%s", er_last_error());
+    cr_assert_eq(er_generate_raw(s, "Start with 7. Add 5.", &p, NULL, NULL), 0, "%s", er_last_error());
+    const ErSample *x = er_request_sample(d, 0), *y = er_result_sample(s, 0);
+    cr_assert(x->n_tokens == y->n_tokens && memcmp(x->tokens, y->tokens, sizeof(int) * (size_t)x->n_tokens) == 0);
+    er_session_free(s);
+    er_request_free(r);
+    er_request_free(d);
+    p.route = NULL; // the adapter decodes, no pipeline
+    cr_assert_eq(er_batch_submit(b, "Start with 7.", &p, NULL, NULL, &r), 0, "%s", er_last_error());
+    cr_assert_null(er_request_route(r));
+    er_batch_step(b);
+    er_request_free(r); // stopped while decoding: its row goes back
+    cr_expect_eq(er_batch_free_rows(b), 2);
+    cr_assert_eq(er_batch_submit(b, "Start with 7.", &p, NULL, NULL, &r), 0, "%s", er_last_error());
+    er_batch_free(b); // frees the live request with it
+    er_model_free(m);
+    er_free(a_dir);
+}
+
 // Two routes' worth of the pipeline's outputs are equal: samples bitwise, the route, the scores and
 // the votes exactly.
 static void expect_same_route(const ErRequest *rq, const ErSession *s, int i) {
@@ -428,10 +475,11 @@ static void expect_same_route(const ErRequest *rq, const ErSession *s, int i) {
 // With heads and an adapter, batched requests run the routed pipeline: each gives what
 // er_generate_raw gives in a session of its own (switcher score, route, samples, verifier scores,
 // votes), whether it arrives alone or beside others, forced or switched; one freed while decoding
-// gives its rows back.
+// gives its rows back. The seeded random switcher scores the two unforced prompts 0.536 and 0.506:
+// at the threshold 0.52 the switcher sends one to each route.
 Test(api, batched_routed_requests_equal_their_sessions_results) {
     heads_add_adapter(fx.tmp);
-    heads_write_random_heads(fx.tmp, "sw", "vf", 0.5f, "\nIs this solution correct?");
+    heads_write_random_heads(fx.tmp, "sw", "vf", 0.52f, "\nIs this solution correct?");
     char *a_dir = path_join(fx.tmp, "adapter"), *sw = path_join(fx.tmp, "sw"), *vf = path_join(fx.tmp, "vf");
     ErModel *m;
     cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
@@ -478,7 +526,13 @@ Test(api, batched_routed_requests_equal_their_sessions_results) {
         cr_assert_eq(er_session_open(&s, m, 3, 128, 1), 0, "%s", er_last_error());
         cr_assert_eq(er_generate_raw(s, texts[i], &p[i], NULL, NULL), 0, "%s", er_last_error());
         expect_same_route(rq[i], s, i);
-        routes_seen[er_request_route(rq[i])->route]++;
+        const ErRoute *rt = er_request_route(rq[i]);
+        routes_seen[rt->route]++;
+        cr_assert_eq(!rt->verifier_scores, rt->route == ER_ROUTE_DIRECT, "request %d: verifier scores", i);
+        if (i == 0 || i == 4) // the switched ones
+            cr_assert_eq(rt->route, i == 0 ? ER_ROUTE_REASONING : ER_ROUTE_DIRECT, "request %d", i);
+        if (i == 3)
+            cr_assert(er_request_sample(rq[i], 0)->budget_cut, "the budget cut request 3");
         er_session_free(s);
         er_request_free(rq[i]);
     }

@@ -213,6 +213,9 @@ Test(decode_batch, admission_refuses_more_rows_than_free_and_another_adapter) {
     g.adapter = &ad;
     cr_assert_eq(decode_batch_add(&b, ids, 3, &g, NULL, NULL, out, &h), ER_EINVAL);
     g.adapter = NULL;
+    g.keep_kv = 1; // only a routed request keeps its samples (its end releases them)
+    cr_assert_eq(decode_batch_add(&b, ids, 3, &g, NULL, NULL, out, &h), ER_EINVAL);
+    g.keep_kv = 0;
     cr_assert_eq(decode_batch_add(&b, ids, 3, &g, NULL, NULL, out, &h), 0, "%s", er_last_error());
     cr_assert_eq(decode_batch_rows(&b), 1);
     decode_batch_free(&b); // ends the live request

@@ -315,8 +315,8 @@ static void server_launch(TestServer *t, const char *args) {
     cr_assert(t->port > 0, "erinfer serve did not start (see %s)", log);
 }
 
-// The fixture's model with a masked adapter and random heads (switcher threshold as given), served by
-// one session with no queue: each request of these tests comes when the worker is idle, and is served.
+// The fixture's model with a masked adapter and random heads (switcher threshold as given), served with
+// no queue: each request of these tests comes when the batch has free rows, and is served.
 static void server_start(TestServer *t, float threshold) {
     helper_fixture_open(&t->fx, "er_serve_", "erinfer");
     helper_need_program(t->fx.prog, "erinfer", "the erinfer serve pipeline tests");
