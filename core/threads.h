@@ -3,6 +3,13 @@
 #ifndef CORE_THREADS_H
 #define CORE_THREADS_H
 
+// A parallel region costs a fork and a join: microseconds while the threads spin, tens of them when
+// they sleep between regions (OMP_WAIT_POLICY=passive) or wait for a core, more than a small product or
+// an element-wise pass over one token's row computes. Loops on the decode path with less work than
+// this (multiply-adds, or elements) run on the calling thread (`#pragma omp ... if (work >= ...)`);
+// what each row computes is the same either way.
+enum { THREADS_MIN_WORK = 1 << 16 };
+
 // n <= 0 means all cores. Returns the count in effect.
 int threads_set(int n);
 int threads_get(void);

@@ -51,7 +51,7 @@ static int cpu_mem_available(Backend *be, size_t *bytes) {
 
 static int cpu_embed_forward(Backend *be, float *out, const Weight *embed, const int *tokens, int N) {
     int C = embed->cols;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * C >= THREADS_MIN_WORK)
     for (int n = 0; n < N; n++)
         weight_row_f32(out + (size_t)n * C, embed, tokens[n]);
     return ER_OK;
@@ -80,7 +80,7 @@ static int cpu_swiglu_forward(Backend *be, float *out, const float *gate, const 
 }
 
 static int cpu_residual_forward(Backend *be, float *out, const float *a, const float *b, size_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= THREADS_MIN_WORK)
     for (size_t i = 0; i < n; i++)
         out[i] = a[i] + b[i];
     return ER_OK;

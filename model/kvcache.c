@@ -233,7 +233,8 @@ int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float 
     size_t row = (size_t)NKV * HS;
     float scale = 1.0f / sqrtf((float)HS);
     int i8 = kv->type == KV_INT8;
-#pragma omp parallel for collapse(3) schedule(dynamic, 4) num_threads(nthreads)
+    // Up to 4 (row, head, query) items make one chunk, which one thread takes whole.
+#pragma omp parallel for collapse(3) schedule(dynamic, 4) num_threads(nthreads) if (B * NH * T > 4)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/threads.h"
 
 #define REAL float
 #define SFX

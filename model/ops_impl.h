@@ -1,12 +1,13 @@
 // Op bodies, compiled twice by model/ops.c with REAL = float / double and SFX = "" / _f64.
-// Shapes are in model/ops.h. Every loop over rows runs in parallel; no BLAS is called here.
+// Shapes are in model/ops.h. Every loop over rows runs in parallel (the forward's, when it has
+// THREADS_MIN_WORK elements: a decode step's one row does not); no BLAS is called here.
 
 #define OPNAME_(a, b) a##b
 #define OPNAME(a, b) OPNAME_(a, b)
 #define OP(name) OPNAME(name, SFX)
 
 void OP(rmsnorm_forward)(REAL *out, REAL *rstd, const REAL *x, const REAL *w, int N, int C, REAL eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * C >= THREADS_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const REAL *xn = x + (size_t)n * C;
         double ss = 0.0;
@@ -54,7 +55,7 @@ static inline __attribute__((always_inline)) void OP(rope_rotate)(REAL *x, const
                                                                   const REAL *sin_tab, int N, int nh, int HS,
                                                                   const int inverse) {
     int half = HS / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * nh * HS >= THREADS_MIN_WORK)
     for (int n = 0; n < N; n++) {
         const REAL *c = cos_tab + (size_t)pos[n] * half, *s = sin_tab + (size_t)pos[n] * half;
         for (int h = 0; h < nh; h++) {
@@ -78,7 +79,7 @@ void OP(rope_backward)(REAL *dx, const int *pos, const REAL *cos_tab, const REAL
 
 void OP(swiglu_forward)(REAL *out, const REAL *gate, const REAL *up, int N, int F) {
     size_t n = (size_t)N * F;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= THREADS_MIN_WORK)
     for (size_t i = 0; i < n; i++) {
         REAL g = gate[i];
         out[i] = g / (1 + VEXP(-g)) * up[i];

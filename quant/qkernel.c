@@ -24,6 +24,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/gemm.h"
+#include "core/threads.h"
 #include "quant/qkernel.h"
 #include "quant/quant.h"
 
@@ -101,14 +102,14 @@ int quant_matmul_decode_portable(float *out, const float *inp, const Weight *w, 
     ER_TRY(check_decode(w, N, scratch));
     int R = w->rows, K = w->cols;
     if (w->fmt == WF_F32) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)
         for (int r = 0; r < R; r++)
             dot_rows_n(out, R, r, (const float *)w->data + (size_t)r * K, inp, K, N);
         return ER_OK;
     }
     for (int r0 = 0; r0 < R; r0 += QUANT_TILE_ROWS) {
         int nr = R - r0 < QUANT_TILE_ROWS ? R - r0 : QUANT_TILE_ROWS;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)nr * K * N >= THREADS_MIN_WORK)
         for (int i = 0; i < nr; i++) {
             float *row = scratch + (size_t)i * K;
             weight_row_f32(row, w, r0 + i);
@@ -360,7 +361,8 @@ static inline __attribute__((always_inline)) void qrow_simd(float *out, int R, i
                 t += inp[(size_t)n * K + k];                                                               \
             xsum[n] = (float)t;                                                                            \
         }                                                                                                  \
-        _Pragma("omp parallel for schedule(static)") for (int r = 0; r < R; r++) {                         \
+        _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
+        for (int r = 0; r < R; r++) {                                                                      \
             switch (N) {                                                                                   \
             case 1: qrow_simd(out, R, r, w, inp, xsum, K, 1, FMT); break;                                  \
             case 2: qrow_simd(out, R, r, w, inp, xsum, K, 2, FMT); break;                                  \
@@ -512,7 +514,8 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
         int R = w->rows, K = w->cols;                                                                      \
         QkActs a;                                                                                          \
         qk_acts_fill(&a, inp, K, N, FMT == WF_Q8 ? QK_ORDER_Q8 : QK_ORDER_Q4);                                                         \
-        _Pragma("omp parallel for schedule(static)") for (int r = 0; r < R; r++) {                         \
+        _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
+        for (int r = 0; r < R; r++) {                                                                      \
             switch (N) {                                                                                   \
             case 1: qrow_i8(out, R, r, w, &a, K, 1, FMT); break;                                           \
             case 2: qrow_i8(out, R, r, w, &a, K, 2, FMT); break;                                           \
@@ -650,7 +653,7 @@ int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, fl
 static void add_bias(float *out, const float *bias, int N, int rows) {
     if (!bias)
         return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((long)N * rows >= THREADS_MIN_WORK)
     for (int n = 0; n < N; n++)
         for (int r = 0; r < rows; r++)
             out[(size_t)n * rows + r] += bias[r];
