@@ -238,7 +238,7 @@ static int on_token(void *user, int sample, const char *text, size_t len) {
     if (j->req.stream && sample < j->req.p.n_samples) {
         StrBuf *acc = &j->acc[sample];
         strbuf_put(acc, text, len);
-        size_t safe = j->req.tools ? serve_tool_safe_prefix(acc->p, acc->n) : acc->n;
+        size_t safe = serve_stream_safe(&j->req, acc->p, acc->n);
         if (safe > j->streamed[sample] || !j->roled[sample]) {
             StrBuf chunk = {0};
             serve_chunk_delta(&chunk, &j->req, &j->ids, sample, acc->p + j->streamed[sample],
@@ -785,7 +785,8 @@ static int serve_open(Server *srv, const ServeFlags *f) {
     ER_TRY(gen_flags_open(&g, f->max_n, &srv->model, &first));
     int kv_int8 = strcmp(g.kv, "int8") == 0, max_pos = er_model_max_positions(srv->model);
     srv->lim = (ServeLimits){f->max_n, f->max_tokens, runner_context(g.context, f->max_tokens, max_pos),
-                             SERVE_JSON_DEPTH, f->g.adapter != NULL};
+                             SERVE_JSON_DEPTH, f->g.adapter != NULL,
+                             f->g.adapter || f->g.switcher || f->g.verifier};
     ER_TRY(tok_load(&srv->tok, f->g.model));
     ER_TRY(chat_style_from_config(f->g.model, &srv->style));
     if (!f->g.switcher && !f->g.verifier && !f->g.adapter) { // no request can ask for the routed pipeline
