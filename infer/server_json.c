@@ -298,14 +298,16 @@ static int parse_tool_choice(const cJSON *tools, const cJSON *choice, const Serv
         return BAD("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
                                   "{\"type\": \"function\", \"function\": {\"name\": ...}}");
     if (n_tools == 0)
-        return BAD("tool_choice", "'tool_choice' %s needs a non-empty 'tools'", named ? "naming a function" : "\"required\"");
+        return BAD("tool_choice", "'tool_choice' %s needs a non-empty 'tools'",
+                   named ? "naming a function" : "\"required\"");
     int found = !named;
     for (const cJSON *t = named ? tools->child : NULL; t && !found; t = t->next) {
         const cJSON *tn = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
         found = cJSON_IsString(tn) && strcmp(tn->valuestring, name->valuestring) == 0;
     }
     if (!found)
-        return BAD("tool_choice", "'tool_choice' names the function '%.64s', which is not in 'tools'", name->valuestring);
+        return BAD("tool_choice", "'tool_choice' names the function '%.64s', which is not in 'tools'",
+                   name->valuestring);
     if (lim->routed)
         return BAD("tool_choice", "'tool_choice' %s is enforced by forcing the start of the answer, which a server "
                                   "with an adapter or heads leaves to the route; use \"auto\"",
