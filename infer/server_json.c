@@ -277,7 +277,7 @@ static int known_role(const char *r) {
 // is parsed like an unforced call, and an unclosed call or invalid JSON is returned as text, flagged.
 // With an adapter or heads loaded the route decides how the answer starts (the adapter's reasoning
 // prefix; the pipeline's direct route forces nothing), so forcing is refused there rather than
-// silently dropped or put in front of the reasoning.
+// silently dropped or put in place of the reasoning; so is a reasoning budget with it.
 static int parse_tool_choice(const cJSON *tools, const cJSON *choice, const ServeLimits *lim, ServeRequest *r,
                              ServeError *e) {
     int n_tools = cJSON_IsArray(tools) ? cJSON_GetArraySize(tools) : 0;
@@ -311,6 +311,9 @@ static int parse_tool_choice(const cJSON *tools, const cJSON *choice, const Serv
     if (lim->routed)
         return BAD("tool_choice", "'tool_choice' %s is enforced by forcing the start of the answer, which a server "
                                   "with an adapter or heads leaves to the route; use \"auto\"",
+                   named ? "naming a function" : "\"required\"");
+    if (r->p.budget > 0) // its forced "</think> ... Final answer: " would land inside the call
+        return BAD("tool_choice", "'tool_choice' %s cannot be combined with 'reasoning_budget'",
                    named ? "naming a function" : "\"required\"");
     StrBuf b = {0};
     strbuf_puts(&b, "<tool_call>\n");

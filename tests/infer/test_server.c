@@ -702,6 +702,7 @@ Test(server, bad_tool_choice_is_refused) {
         {", " CHOICE_TOOLS ", \"tool_choice\": \"always\"}", 0},
         {", " CHOICE_TOOLS ", \"tool_choice\": 1}", 0},
         {", " CHOICE_TOOLS ", \"tool_choice\": [\"required\"]}", 0},
+        {", " CHOICE_TOOLS ", \"tool_choice\": \"required\", \"reasoning_budget\": 8}", 0}, // suffix in the call
         {", " CHOICE_TOOLS ", \"tool_choice\": \"required\"}", 1}, // an adapter or heads: the route decides
         {", " CHOICE_TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"add\"}}}", 1},
     };
@@ -960,4 +961,39 @@ Test(server, tool_choice_forced_start_counts_in_the_context) {
     cr_expect_eq(serve_parse_request(body, strlen(body), 1, CHAT_QWEN25, tok, &lim, &r, &e), -1, "%s", body);
     cr_expect(strstr(e.message, "forced tool call start included"), "%s", e.message);
     tok_free(tok);
+}
+
+// 1 when the tokens of `prefix` are the first tokens of `text` (the real tokenizer's own split of the call).
+static int tokens_prefix(const Tokenizer *tok, const char *prefix, const char *text) {
+    int *a, *b, na, nb;
+    cr_assert_eq(tok_encode(tok, prefix, strlen(prefix), &a, &na), ER_OK);
+    cr_assert_eq(tok_encode(tok, text, strlen(text), &b, &nb), ER_OK);
+    int same = na <= nb && memcmp(a, b, sizeof(int) * (size_t)na) == 0;
+    er_free(a);
+    er_free(b);
+    return same;
+}
+
+// With the real Qwen tokenizer the forced start ends on a token boundary of the call the template writes,
+// so the model continues with the tokens it was trained on; with the space after "arguments": it would not
+// (the call's next token is " {\"").
+Test(server, tool_choice_forced_start_ends_on_a_qwen_token_boundary) {
+    const char *fx = getenv("ER_FIXTURES");
+    char *dir = path_join(fx && *fx ? fx : "../shared/fixtures", "qwen-tokenizer");
+    char *tj = path_join(dir, "tokenizer.json");
+    if (!path_exists(tj))
+        cr_skip_test("!!!!!! %s is MISSING (set ER_FIXTURES): the token boundary check is SKIPPED !!!!!!", tj);
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, dir), ER_OK, "%s", er_last_error());
+    const char *call = FORCED_NAMED("get_weather") " {\"city\": \"Paris\"}}\n</tool_call>";
+    cr_expect(tokens_prefix(tok, FORCED_REQUIRED, call));
+    cr_expect(tokens_prefix(tok, FORCED_NAMED("get_weather"), call));
+    cr_expect(!tokens_prefix(tok, FORCED_NAMED("get_weather") " ", call), "the space is a token of its own here");
+    int *ids, n;
+    cr_assert_eq(tok_encode(tok, "<tool_call>", 11, &ids, &n), ER_OK);
+    cr_expect_eq(n, 1, "<tool_call> is one (added) token");
+    er_free(ids);
+    tok_free(tok);
+    er_free(tj);
+    er_free(dir);
 }
