@@ -184,7 +184,7 @@ static int on_token(void *user, int sample, const char *text, size_t len) {
     if (j->req.stream && sample < j->req.p.n_samples) {
         StrBuf *acc = &j->acc[sample];
         strbuf_put(acc, text, len);
-        size_t safe = j->req.tools ? serve_tool_safe_prefix(acc->p, acc->n) : acc->n;
+        size_t safe = serve_stream_safe(&j->req, acc->p, acc->n);
         if (safe > j->streamed[sample] || !j->roled[sample]) {
             StrBuf chunk = {0};
             serve_chunk_delta(&chunk, &j->req, &j->ids, sample, acc->p + j->streamed[sample],
@@ -687,7 +687,8 @@ static int serve_open(Server *srv, const ServeFlags *f) {
     if (positions - extra < 2)
         return er_error(ER_ERANGE, "a context of %d positions leaves no room beside the %d the pipeline adds",
                         positions, extra);
-    srv->lim = (ServeLimits){f->max_n, f->max_tokens, positions - extra, SERVE_JSON_DEPTH, g->adapter != NULL};
+    srv->lim = (ServeLimits){f->max_n, f->max_tokens, positions - extra, SERVE_JSON_DEPTH, g->adapter != NULL,
+                             g->adapter || g->switcher || g->verifier};
     ER_TRY(tok_load(&srv->tok, f->g.model));
     ER_TRY(chat_style_from_config(f->g.model, &srv->style));
     srv->batch_rows = srv->batch_free = f->parallel > f->max_n ? f->parallel : f->max_n;

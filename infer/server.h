@@ -19,6 +19,8 @@ typedef struct {
     int context;        // positions per sample, prompt included
     int json_depth;     // deepest nesting accepted in a request body
     int adapter;        // an adapter is loaded: a request may force a route ("direct", "reasoning")
+    int routed;         // an adapter or heads are loaded: the route decides how an answer starts, so a
+                        // tool_choice that would force it ("required", a named function) is refused
 } ServeLimits;
 
 // A request that passed every check, ready for the batch.
@@ -31,6 +33,8 @@ typedef struct {
     int stream, include_usage;
     int seeded;                // the request gave a seed (otherwise the server draws one: p.seed)
     int tools;                 // the request gave tools: the output's <tool_call> blocks become tool_calls
+    char *tool_prefix;         // tool_choice "required" or a named function: the call's start, forced
+                               // (p.response_prefix points here) and the start of each choice's text; NULL: none
     int prompt_tokens;
 } ServeRequest;
 
@@ -86,7 +90,8 @@ void serve_chunk_delta(StrBuf *out, const ServeRequest *r, const ServeIds *ids, 
                        int role);
 // The end of every choice (tool calls, finish reasons, the erinfer extension on the last), the usage
 // chunk when asked for, and [DONE]. streamed[i]: the bytes of choice i's text already streamed (the rest
-// may hold tool calls); roled[i]: its first chunk, which carries the role, is out.
+// may hold tool calls; with a tool_prefix the text starts with it, and nothing was streamed);
+// roled[i]: its first chunk, which carries the role, is out.
 void serve_chunk_final(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ServeResult *s,
                        const size_t *streamed, const int *roled);
 // An error inside a stream (the status line is already sent): one error event and [DONE].
@@ -95,6 +100,9 @@ void serve_chunk_error(StrBuf *out, const ServeError *e);
 // How many of the n bytes of a sample's text may be streamed as content now, with a request that has
 // tools: everything before a "<tool_call>" (or before a tail that may still become one).
 size_t serve_tool_safe_prefix(const char *text, size_t n);
+// The same for request r, whatever it has: all of the text without tools, none with a forced tool call
+// (r->tool_prefix: the text is all call, held back for the final chunk, which parses the whole choice).
+size_t serve_stream_safe(const ServeRequest *r, const char *text, size_t n);
 
 // erinfer serve (infer/server.c).
 int cmd_serve(int argc, char **argv);

@@ -72,6 +72,7 @@ void serve_request_free(ServeRequest *r) {
     for (int i = 0; i < ER_STOP_MAX; i++)
         er_free(r->stop[i]);
     er_free(r->route);
+    er_free(r->tool_prefix);
     memset(r, 0, sizeof *r);
 }
 
@@ -266,8 +267,77 @@ static int known_role(const char *r) {
            strcmp(r, "tool") == 0;
 }
 
+// "tool_choice": "auto" (the default) leaves the call to the model; "none" leaves the tools out of the
+// prompt. "required" and {"type": "function", "function": {"name": N}} are enforced the way a server
+// without a grammar engine can: the answer's start is forced (ErGenParams.response_prefix; the engine
+// prefills it, so it is not in the sample's text: each choice's text is r->tool_prefix + the sample's).
+// The bytes are those Qwen2.5's (and Qwen3's) tool template writes for a call: "<tool_call>\n" for
+// "required"; for a name, "<tool_call>\n{\"name\": \"N\", \"arguments\":" (N JSON-escaped), cut
+// before the space that the model's own next token (" {") carries. What follows is the model's own: it
+// is parsed like an unforced call, and an unclosed call or invalid JSON is returned as text, flagged.
+// With an adapter or heads loaded the route decides how the answer starts (the adapter's reasoning
+// prefix; the pipeline's direct route forces nothing), so forcing is refused there rather than
+// silently dropped or put in place of the reasoning; so is a reasoning budget with it.
+static int parse_tool_choice(const cJSON *tools, const cJSON *choice, const ServeLimits *lim, ServeRequest *r,
+                             ServeError *e) {
+    int n_tools = cJSON_IsArray(tools) ? cJSON_GetArraySize(tools) : 0;
+    r->tools = n_tools > 0;
+    if (!choice || cJSON_IsNull(choice))
+        return 0;
+    const char *s = cJSON_IsString(choice) ? choice->valuestring : NULL;
+    if (s && strcmp(s, "none") == 0)
+        r->tools = 0;
+    if (s && (strcmp(s, "none") == 0 || strcmp(s, "auto") == 0))
+        return 0;
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(choice, "function");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(choice, "type");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+    int named = cJSON_IsObject(choice) && cJSON_IsString(type) && strcmp(type->valuestring, "function") == 0 &&
+                cJSON_IsString(name) && name->valuestring[0];
+    if (!named && !(s && strcmp(s, "required") == 0))
+        return BAD("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                  "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    if (n_tools == 0)
+        return BAD("tool_choice", "'tool_choice' %s needs a non-empty 'tools'",
+                   named ? "naming a function" : "\"required\"");
+    int found = !named;
+    for (const cJSON *t = named ? tools->child : NULL; t && !found; t = t->next) {
+        const cJSON *tn = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+        found = cJSON_IsString(tn) && strcmp(tn->valuestring, name->valuestring) == 0;
+    }
+    if (!found)
+        return BAD("tool_choice", "'tool_choice' names the function '%.64s', which is not in 'tools'",
+                   name->valuestring);
+    if (lim->routed)
+        return BAD("tool_choice", "'tool_choice' %s is enforced by forcing the start of the answer, which a server "
+                                  "with an adapter or heads leaves to the route; use \"auto\"",
+                   named ? "naming a function" : "\"required\"");
+    if (r->p.budget > 0) // its forced "</think> ... Final answer: " would land inside the call
+        return BAD("tool_choice", "'tool_choice' %s cannot be combined with 'reasoning_budget'",
+                   named ? "naming a function" : "\"required\"");
+    StrBuf b = {0};
+    strbuf_puts(&b, "<tool_call>\n");
+    if (named) {
+        char *quoted = NULL;
+        if (chat_json_dumps(name, &quoted) < 0)
+            b.oom = 1;
+        strbuf_puts(&b, "{\"name\": ");
+        strbuf_puts(&b, quoted ? quoted : "");
+        strbuf_puts(&b, ", \"arguments\":");
+        er_free(quoted);
+    }
+    if (b.oom) {
+        er_free(b.p);
+        return serve_fail(e, 500, "server_error", NULL, "out of memory");
+    }
+    r->tool_prefix = b.p;
+    r->p.response_prefix = r->tool_prefix;
+    return 0;
+}
+
 // The messages (and tools) rendered with the chat template into r->prompt.
-static int render_messages(const cJSON *root, ChatStyle style, ServeRequest *r, ServeError *e) {
+static int render_messages(const cJSON *root, ChatStyle style, const ServeLimits *lim, ServeRequest *r,
+                           ServeError *e) {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages"), *m;
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
     const cJSON *choice = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
@@ -275,11 +345,8 @@ static int render_messages(const cJSON *root, ChatStyle style, ServeRequest *r, 
         return BAD("messages", "'messages' must be a non-empty array");
     if (tools && !cJSON_IsNull(tools) && !cJSON_IsArray(tools))
         return BAD("tools", "'tools' must be an array");
-    if (choice && !cJSON_IsNull(choice) && !cJSON_IsString(choice) && !cJSON_IsObject(choice))
-        return BAD("tool_choice", "'tool_choice' must be a string or an object");
-    // tool_choice "none": the tools are not offered to the model.
-    r->tools = cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0 &&
-               !(cJSON_IsString(choice) && strcmp(choice->valuestring, "none") == 0);
+    if (parse_tool_choice(tools, choice, lim, r, e) < 0)
+        return -1;
     int n = cJSON_GetArraySize(msgs), k = 0, rc = 0;
     ChatMessage *cm = er_calloc((size_t)n, sizeof *cm);
     StrBuf *text = er_calloc((size_t)n, sizeof *text);
@@ -358,7 +425,7 @@ int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, c
     if (rc == 0)
         rc = parse_params(root, lim, r, e);
     if (rc == 0)
-        rc = chat ? render_messages(root, style, r, e) : completion_prompt(root, r, e);
+        rc = chat ? render_messages(root, style, lim, r, e) : completion_prompt(root, r, e);
     const cJSON *mt = rc == 0 ? cJSON_GetObjectItemCaseSensitive(root, "max_tokens") : NULL;
     const cJSON *mct = rc == 0 ? cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens") : NULL;
     int length_given = (mt && !cJSON_IsNull(mt)) || (mct && !cJSON_IsNull(mct));
@@ -367,14 +434,21 @@ int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, c
     if (rc == 0 && tok_encode(tok, r->prompt, strlen(r->prompt), &ids, &r->prompt_tokens) < 0)
         rc = BAD(chat ? "messages" : "prompt", "the prompt is not valid UTF-8 text");
     er_free(ids);
+    ids = NULL;
+    // A forced tool call start takes positions too (the engine prefills it after the prompt). Its bytes
+    // are in the prompt (the tools' names), which encoded: only memory can fail here.
+    int forced = 0;
+    if (rc == 0 && r->tool_prefix && tok_encode(tok, r->tool_prefix, strlen(r->tool_prefix), &ids, &forced) < 0)
+        rc = serve_fail(e, 500, "server_error", NULL, "out of memory");
+    er_free(ids);
+    int used = r->prompt_tokens + forced;
     // Without max_tokens the answer may take what the context leaves (up to the cap).
-    if (rc == 0 && !length_given && r->prompt_tokens < lim->context &&
-        r->p.max_new_tokens > lim->context - r->prompt_tokens)
-        r->p.max_new_tokens = lim->context - r->prompt_tokens;
-    if (rc == 0 && r->prompt_tokens + r->p.max_new_tokens > lim->context)
+    if (rc == 0 && !length_given && used < lim->context && r->p.max_new_tokens > lim->context - used)
+        r->p.max_new_tokens = lim->context - used;
+    if (rc == 0 && used + r->p.max_new_tokens > lim->context)
         rc = BAD(chat ? "messages" : "prompt",
-                 "the prompt (%d tokens) and max_tokens (%d) exceed the context of %d positions", r->prompt_tokens,
-                 r->p.max_new_tokens, lim->context);
+                 "the prompt (%d tokens%s) and max_tokens (%d) exceed the context of %d positions", used,
+                 forced ? ", the forced tool call start included" : "", r->p.max_new_tokens, lim->context);
     if (rc < 0)
         serve_request_free(r);
     return rc;
@@ -453,6 +527,19 @@ static void choice_order(const ServeResult *s, int *order) {
             order[k++] = i;
 }
 
+// Choice text of sample x into t: the forced start of a tool call (the engine prefilled it: it is not in
+// the sample's text) and the sample's text. 0, or -1 out of memory (t freed).
+static int choice_text(const ServeRequest *r, const ErSample *x, StrBuf *t) {
+    *t = (StrBuf){0};
+    strbuf_puts(t, r->tool_prefix ? r->tool_prefix : "");
+    strbuf_put(t, x->text ? x->text : "", x->text_len);
+    if (!t->oom)
+        return 0;
+    er_free(t->p);
+    *t = (StrBuf){0};
+    return -1;
+}
+
 // One non-streamed choice of sample x.
 static cJSON *choice_json(const ServeRequest *r, const ServeIds *ids, const ErSample *x, int index) {
     cJSON *c = cJSON_CreateObject();
@@ -466,16 +553,22 @@ static cJSON *choice_json(const ServeRequest *r, const ServeIds *ids, const ErSa
     }
     cJSON *m = cJSON_AddObjectToObject(c, "message");
     cJSON_AddStringToObject(m, "role", "assistant");
+    StrBuf t;
+    if (choice_text(r, x, &t) < 0) {
+        cJSON_Delete(c);
+        return NULL;
+    }
     ChatToolCall *calls = NULL;
     int nc = 0;
-    size_t clen = x->text_len;
-    int bad = r->tools && chat_parse_tool_calls(x->text, x->text_len, &calls, &nc, &clen) < 0;
+    size_t clen = t.n;
+    int bad = r->tools && chat_parse_tool_calls(t.p, t.n, &calls, &nc, &clen) < 0;
     if (bad)
-        clen = x->text_len;
+        clen = t.n;
     if (nc > 0 && clen == 0)
         cJSON_AddNullToObject(m, "content");
     else
-        cJSON_AddItemToObject(m, "content", string_n(x->text, clen));
+        cJSON_AddItemToObject(m, "content", string_n(t.p, clen));
+    er_free(t.p);
     if (nc > 0) {
         cJSON_AddItemToObject(m, "tool_calls", tool_calls_json(calls, nc, ids, index, 0));
         finish = "tool_calls";
@@ -521,14 +614,21 @@ char *serve_response_json(const ServeRequest *r, const ServeIds *ids, const Serv
         return NULL;
     choice_order(s, order);
     cJSON *j = response_head(r, ids, 0), *cs = cJSON_AddArrayToObject(j, "choices");
-    for (int i = 0; i < n; i++)
-        cJSON_AddItemToArray(cs, choice_json(r, ids, s->samples[order[i]], i));
+    int whole = 1;
+    for (int i = 0; i < n; i++) {
+        cJSON *c = choice_json(r, ids, s->samples[order[i]], i);
+        whole &= c != NULL;
+        cJSON_AddItemToArray(cs, c);
+    }
     cJSON_AddItemToObject(j, "usage", usage_json(s));
     cJSON *x = extension_json(r, s, order);
     if (x)
         cJSON_AddItemToObject(j, "erinfer", x);
     er_free(order);
-    return print_free(j);
+    if (whole)
+        return print_free(j);
+    cJSON_Delete(j);
+    return NULL;
 }
 
 static void put_event(StrBuf *out, cJSON *j) {
@@ -571,14 +671,20 @@ void serve_chunk_delta(StrBuf *out, const ServeRequest *r, const ServeIds *ids, 
 // The end of choice i: the text not streamed yet (content, then its tool calls) and the finish reason.
 static cJSON *chunk_end(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ErSample *x, int i,
                         size_t streamed, int roled) {
+    StrBuf t;
+    if (choice_text(r, x, &t) < 0) { // the job answers 500 (out.oom)
+        out->oom = 1;
+        return chunk_choice(r, ids, i, cJSON_CreateObject(), finish_name(x->finish));
+    }
     ChatToolCall *calls = NULL;
     int nc = 0;
-    size_t clen = x->text_len;
-    int bad = r->chat && r->tools && chat_parse_tool_calls(x->text, x->text_len, &calls, &nc, &clen) < 0;
+    size_t clen = t.n;
+    int bad = r->chat && r->tools && chat_parse_tool_calls(t.p, t.n, &calls, &nc, &clen) < 0;
     if (bad || clen < streamed)
-        clen = x->text_len;
+        clen = t.n;
     if (clen > streamed || !roled)
-        serve_chunk_delta(out, r, ids, i, x->text + streamed, clen > streamed ? clen - streamed : 0, !roled);
+        serve_chunk_delta(out, r, ids, i, t.p + streamed, clen > streamed ? clen - streamed : 0, !roled);
+    er_free(t.p);
     const char *finish = finish_name(x->finish);
     if (nc > 0) {
         cJSON *d = cJSON_CreateObject();
@@ -632,4 +738,8 @@ size_t serve_tool_safe_prefix(const char *text, size_t n) {
         if (memcmp(text + n - k, tag, k) == 0)
             return n - k;
     return n;
+}
+
+size_t serve_stream_safe(const ServeRequest *r, const char *text, size_t n) {
+    return !r->tools ? n : r->tool_prefix ? 0 : serve_tool_safe_prefix(text, n);
 }

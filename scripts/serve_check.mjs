@@ -3,7 +3,7 @@
 // Chat completion, streaming (joined deltas equal the non-streamed text for the same seed), n > 1,
 // stop strings, seed reproducibility, /v1/completions, /v1/models, prefix reuse across a conversation's
 // turns (usage.prompt_tokens_details.cached_tokens), a tool round trip (tools offered, an assistant
-// tool call and its role "tool" result fed back), the extensions (route, reasoning_budget) and errors for
+// tool call and its role "tool" result fed back; tool_choice "required" forced), the extensions (route, reasoning_budget) and errors for
 // bad requests (the client's typed errors with the right status). With TOOL_BASE_URL (a server on the
 // tool-calling test model of tests/infer/test_server.c): the model's call comes back as tool_calls, streamed
 // as a tool_calls delta, and the call with its result is sent back. Exits non-zero on any failure.
@@ -116,6 +116,16 @@ async function main() {
   const trs = await streamed({ ...body, messages: round, tools, temperature: 0 });
   const trText = tr.choices[0].message.content ?? "";
   check(trs.texts[0] === trText, "with tools, the streamed content equals the non-streamed content");
+  // tool_choice "required" forces "<tool_call>\n": the tiny base's own continuation is then a call (parsed)
+  // or not (the text, flagged invalid_tool_call), the same streamed and not; a name not in tools is a 400.
+  const req = { ...body, messages: round, tools, tool_choice: "required", seed: 7 };
+  const rq = await client.chat.completions.create(req), rc = rq.choices[0];
+  const rqs = await streamed(req);
+  check(rc.finish_reason === "tool_calls" ? rc.message.tool_calls.length > 0
+        : rc.invalid_tool_call === true && rc.message.content.startsWith("<tool_call>\n"),
+        `tool_choice required forces a call's start (${JSON.stringify(rc)})`);
+  check(rqs.finish[0] === rc.finish_reason && rqs.texts[0] === (rc.message.content ?? ""),
+        "tool_choice required: the streamed choice equals the non-streamed one");
 
   // The extensions: a direct route without heads is the plain generation; a bad route is refused.
   const routed = await client.chat.completions.create({ ...body, route: "auto", reasoning_budget: 16 });
@@ -135,6 +145,8 @@ async function main() {
   check(await status(client.chat.completions.create({ ...body, route: "sideways" })) === 400, "a bad route is 400");
   check(await status(client.chat.completions.create({ ...body, n: 1000 })) === 400, "n over the limit is 400");
   check(await status(client.chat.completions.create({ ...body, frobnicate: 1 })) === 400, "an unknown field is 400");
+  check(await status(client.chat.completions.create({ ...body, tools, tool_choice: { type: "function",
+    function: { name: "mul" } } })) === 400, "a tool_choice naming a function not in tools is 400");
   if (apiKey !== "none") {
     const wrong = new OpenAI({ baseURL, apiKey: "wrong", maxRetries: 0 });
     check(await status(wrong.chat.completions.create(body)) === 401, "a wrong API key is 401");

@@ -1,8 +1,9 @@
 // fuzz_serve_request: the input is an HTTP request body for erinfer serve (infer/server_json.c), read as
 // /v1/chat/completions in each chat style and as /v1/completions with the tiny base's tokenizer, and as a
 // model's response for the tool-call parser (data/chat.h) and the stream's tool holdback. A refused body
-// names a status 400 or 500 and a message; an accepted one has a prompt and parameters within the limits;
-// parsed tool calls have a name and object arguments; the holdback never releases a byte of a call.
+// names a status 400 or 500 and a message; an accepted one has a prompt and parameters within the limits
+// (a forced tool_choice: the call's start as the response prefix); parsed tool calls have a name and
+// object arguments; the holdback never releases a byte of a call.
 #include "tests/fuzz/fuzz_common.h"
 
 #include "core/alloc.h"
@@ -22,7 +23,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 static void check_request(const char *body, size_t n, int chat, ChatStyle style) {
-    static const ServeLimits lim = {4, 64, 512, 64};
+    static const ServeLimits lim = {4, 64, 512, 64, 0, 0};
     ServeRequest r;
     ServeError e;
     if (serve_parse_request(body, n, chat, style, tok, &lim, &r, &e) < 0) {
@@ -37,6 +38,9 @@ static void check_request(const char *body, size_t n, int chat, ChatStyle style)
     FUZZ_CHECK(r.p.max_new_tokens >= 1 && r.p.max_new_tokens <= lim.max_tokens, "max_tokens %d", r.p.max_new_tokens);
     FUZZ_CHECK(r.prompt_tokens + r.p.max_new_tokens <= lim.context, "over the context");
     FUZZ_CHECK(r.p.n_stop >= 0 && r.p.n_stop <= ER_STOP_MAX, "n_stop %d", r.p.n_stop);
+    // A forced tool_choice: the call's start, with tools offered, forced as the response prefix.
+    FUZZ_CHECK(!r.tool_prefix || (r.tools && r.p.response_prefix == r.tool_prefix &&
+                                  strncmp(r.tool_prefix, "<tool_call>\n", 12) == 0), "tool prefix");
     serve_request_free(&r);
 }
 

@@ -218,5 +218,6 @@ Test(decode_batch, admission_refuses_more_rows_than_free_and_another_adapter) {
     g.keep_kv = 0;
     cr_assert_eq(decode_batch_add(&b, ids, 3, &g, NULL, NULL, out, &h), 0, "%s", er_last_error());
     cr_assert_eq(decode_batch_rows(&b), 1);
-    decode_batch_free(&b); // ends the live request
+    decode_batch_free(&b); // ends the live request; its texts are ours
+    gen_samples_free(out, 1);
 }

@@ -97,7 +97,7 @@ static const char *tools_request(int with_system) {
                  "\"properties\": {\"city\": {\"type\": \"string\", \"enum\": [\"Paris\", \"Köln\"]}}}}}]}";
 }
 
-static const ServeLimits test_limits = {4, 64, 4096, 64, 0}; // no adapter
+static const ServeLimits test_limits = {4, 64, 4096, 64, 0, 0}; // no adapter, no heads
 
 // The server's prompt for the request against jinja2's rendering of the real template.
 static void check_tools_prompt(ChatStyle style, const char *template_name, int with_system) {
@@ -473,23 +473,25 @@ Test(server, unseeded_requests_draw_and_report_a_seed, .timeout = 120) {
 
 // ---- a model that always calls a tool ----
 
-#define TOOL_CALL_JSON "{\"name\": \"add\", \"arguments\": {\"a\": 4, \"b\": 9}}"
+// A bigram edge of a chain model: after the last token of `after` comes `next` (one token).
+typedef struct {
+    const char *after, *next;
+} ChainEdge;
 
-// dir: a tiny model whose every chat answer is "<tool_call>" TOOL_CALL_JSON "</tool_call>" then <|im_end|>. The
-// tokenizer is the tiny one with the three pieces as added tokens. The blocks add nothing (attention and MLP
-// output projections zero), so the last hidden state is the current token's embedding after the final norm,
-// and the untied LM head is a bigram table: row `next` is 10 x the normalised embedding of the token before it,
-// along "\n" (the end of "<|im_start|>assistant\n") -> <tool_call> -> the JSON -> </tool_call> -> <|im_end|>.
-static void make_tool_model(const char *dir) {
+// dir: a tiny model that writes chains of pieces. The tokenizer is the tiny one with `pieces` as added
+// tokens. The blocks add nothing (attention and MLP output projections zero), so the last hidden state is
+// the current token's embedding after the final norm, and the untied LM head is a bigram table: per edge,
+// row `next` gets 10 x the normalised embedding of the last token of `after`.
+static void make_chain_model(const char *dir, const char *const *pieces, int n_pieces, const ChainEdge *edges,
+                             int n_edges) {
     cJSON *tj;
     cr_assert_eq(json_parse_file("data/tiny_tokenizer/tokenizer.json", 1 << 24, &tj), ER_OK, "%s", er_last_error());
     cJSON *added = cJSON_GetObjectItemCaseSensitive(tj, "added_tokens");
-    const char *pieces[] = {"<tool_call>", TOOL_CALL_JSON, "</tool_call>"};
     Tokenizer *tok;
     cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), ER_OK);
     int base = tok_vocab_size(tok);
     tok_free(tok);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < n_pieces; i++) {
         cJSON *t = cJSON_CreateObject();
         cJSON_AddNumberToObject(t, "id", base + i);
         cJSON_AddStringToObject(t, "content", pieces[i]);
@@ -507,10 +509,18 @@ static void make_tool_model(const char *dir) {
     er_free(tp);
     helper_copy_file("data/tiny_tokenizer/tokenizer_config.json", dir, "tokenizer_config.json");
     cr_assert_eq(tok_load(&tok, dir), ER_OK, "%s", er_last_error());
-    int *ids, n;
-    cr_assert_eq(tok_encode(tok, "<|im_start|>assistant\n", 22, &ids, &n), ER_OK);
-    int chain[5] = {ids[n - 1], base, base + 1, base + 2, tok_token_id(tok, "<|im_end|>")};
-    er_free(ids);
+    int from[16], to[16];
+    cr_assert_leq(n_edges, 16);
+    for (int k = 0; k < n_edges; k++) {
+        int *ids, n;
+        cr_assert_eq(tok_encode(tok, edges[k].after, strlen(edges[k].after), &ids, &n), ER_OK);
+        from[k] = ids[n - 1];
+        er_free(ids);
+        cr_assert_eq(tok_encode(tok, edges[k].next, strlen(edges[k].next), &ids, &n), ER_OK);
+        cr_assert_eq(n, 1, "\"%s\" is not one token", edges[k].next);
+        to[k] = ids[0];
+        er_free(ids);
+    }
     ModelConfig c = helper_tiny_config(tok_vocab_size(tok), 1024);
     tok_free(tok);
     c.tied = 0;
@@ -526,17 +536,28 @@ static void make_tool_model(const char *dir) {
     float *head = (float *)m.lm_head.data; // (V, C)
     const float *emb = m.embed.data;      // (V, C)
     memset(head, 0, sizeof(float) * (size_t)c.V * C);
-    for (int k = 0; k + 1 < 5; k++) {
-        const float *e = emb + (size_t)chain[k] * C;
+    for (int k = 0; k < n_edges; k++) {
+        const float *e = emb + (size_t)from[k] * C;
         double ss = 0;
         for (int i = 0; i < C; i++)
             ss += (double)e[i] * e[i];
         float inv = (float)(1.0 / sqrt(ss / C + c.eps));
         for (int i = 0; i < C; i++)
-            head[(size_t)chain[k + 1] * C + i] = 10.0f * e[i] * inv;
+            head[(size_t)to[k] * C + i] += 10.0f * e[i] * inv;
     }
     cr_assert_eq(model_save(&m, dir, 0), ER_OK, "%s", er_last_error());
     model_free(&m);
+}
+
+#define TOOL_CALL_JSON "{\"name\": \"add\", \"arguments\": {\"a\": 4, \"b\": 9}}"
+
+// dir: a tiny model whose every chat answer is "<tool_call>" TOOL_CALL_JSON "</tool_call>" then <|im_end|>:
+// "\n" (the end of "<|im_start|>assistant\n") -> <tool_call> -> the JSON -> </tool_call> -> <|im_end|>.
+static void make_tool_model(const char *dir) {
+    const char *pieces[] = {"<tool_call>", TOOL_CALL_JSON, "</tool_call>"};
+    const ChainEdge edges[] = {{"<|im_start|>assistant\n", "<tool_call>"}, {"<tool_call>", TOOL_CALL_JSON},
+                               {TOOL_CALL_JSON, "</tool_call>"}, {"</tool_call>", "<|im_end|>"}};
+    make_chain_model(dir, pieces, 3, edges, 4);
 }
 
 // The tool-calling model's output becomes tool_calls, non-streamed and streamed; without tools it is text.
@@ -604,4 +625,375 @@ Test(server, openai_client_curl_and_load, .timeout = 600) {
                      "SKIPPED !!!!!!");
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "scripts/serve_check.sh failed (status %d, see its output)", st);
     er_free(prog);
+}
+
+// ---- tool_choice "required" and a named function: the call's start is forced ----
+
+#define FORCED_REQUIRED "<tool_call>\n"
+#define FORCED_NAMED(name) "<tool_call>\n{\"name\": \"" name "\", \"arguments\":"
+#define CHOICE_TOOLS "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"add\"}}, {\"type\": " \
+                     "\"function\", \"function\": {\"name\": \"noop\"}}, {\"type\": \"function\", \"function\": " \
+                     "{\"name\": \"a\\\"b\"}}]"
+#define CHOICE_USER "{\"messages\": [{\"role\": \"user\", \"content\": \"4 + 9?\"}]"
+
+// The forced bytes are those the real templates write for a call (jinja2 renders tools_request(1)'s
+// assistant turn): the named prefix is followed there by the arguments' " {".
+Test(server, tool_choice_forces_the_templates_call_start) {
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), ER_OK, "%s", er_last_error());
+    static const struct {
+        const char *choice, *prefix; // prefix NULL: nothing forced
+        int tools;
+    } cases[] = {
+        {"\"required\"", FORCED_REQUIRED, 1},
+        {"{\"type\": \"function\", \"function\": {\"name\": \"noop\"}}", FORCED_NAMED("noop"), 1},
+        {"{\"type\": \"function\", \"function\": {\"name\": \"a\\\"b\"}}", FORCED_NAMED("a\\\"b"), 1}, // JSON-escaped
+        {"\"auto\"", NULL, 1},
+        {"null", NULL, 1},
+        {"\"none\"", NULL, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char body[1024];
+        snprintf(body, sizeof body, CHOICE_USER ", " CHOICE_TOOLS ", \"tool_choice\": %s}", cases[i].choice);
+        ServeRequest r;
+        ServeError e;
+        cr_assert_eq(serve_parse_request(body, strlen(body), 1, CHAT_QWEN25, tok, &test_limits, &r, &e), 0, "%s: %s",
+                     cases[i].choice, e.message);
+        cr_expect_eq(r.tools, cases[i].tools, "%s", cases[i].choice);
+        if (cases[i].prefix) {
+            cr_expect_str_eq(r.tool_prefix, cases[i].prefix, "%s", cases[i].choice);
+            cr_expect(r.p.response_prefix == r.tool_prefix, "%s: the prefix is not forced", cases[i].choice);
+        } else {
+            cr_expect(!r.tool_prefix && !r.p.response_prefix, "%s forces something", cases[i].choice);
+        }
+        serve_request_free(&r);
+    }
+    tok_free(tok);
+    const char *body = tools_request(1);
+    char path[256], args[512];
+    helper_write_tmp(path, sizeof path, "server_choice", ".json", body);
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "scripts/chat_tools_golden.py %s %s", k ? "qwen3" : "qwen25", path);
+        char *want = python_out(args);
+        cr_expect(strstr(want, FORCED_REQUIRED "{\"name\": \"add\"") != NULL, "%s", want);
+        cr_expect(strstr(want, FORCED_NAMED("add") " {\"a\": 4") != NULL, "%s", want);
+        cr_expect(strstr(want, FORCED_NAMED("noop") " {}") != NULL, "%s", want);
+        free(want);
+    }
+    remove(path);
+}
+
+Test(server, bad_tool_choice_is_refused) {
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), ER_OK, "%s", er_last_error());
+    static const struct {
+        const char *rest; // after CHOICE_USER
+        int routed;
+    } cases[] = {
+        {", \"tool_choice\": \"required\"}", 0},                                             // no tools
+        {", \"tools\": [], \"tool_choice\": \"required\"}", 0},                              // no tools
+        {", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"add\"}}}", 0}, // no tools
+        {", " CHOICE_TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"mul\"}}}", 0},
+        {", " CHOICE_TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"\"}}}", 0},
+        {", " CHOICE_TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": 3}}}", 0},
+        {", " CHOICE_TOOLS ", \"tool_choice\": {\"type\": \"function\"}}", 0},
+        {", " CHOICE_TOOLS ", \"tool_choice\": {\"type\": \"code\", \"function\": {\"name\": \"add\"}}}", 0},
+        {", " CHOICE_TOOLS ", \"tool_choice\": {\"function\": {\"name\": \"add\"}}}", 0},
+        {", " CHOICE_TOOLS ", \"tool_choice\": \"always\"}", 0},
+        {", " CHOICE_TOOLS ", \"tool_choice\": 1}", 0},
+        {", " CHOICE_TOOLS ", \"tool_choice\": [\"required\"]}", 0},
+        {", " CHOICE_TOOLS ", \"tool_choice\": \"required\", \"reasoning_budget\": 8}", 0}, // suffix in the call
+        {", " CHOICE_TOOLS ", \"tool_choice\": \"required\"}", 1}, // an adapter or heads: the route decides
+        {", " CHOICE_TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"add\"}}}", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char body[1024];
+        snprintf(body, sizeof body, CHOICE_USER "%s", cases[i].rest);
+        ServeLimits lim = test_limits;
+        lim.adapter = lim.routed = cases[i].routed;
+        ServeRequest r;
+        ServeError e;
+        cr_expect_eq(serve_parse_request(body, strlen(body), 1, CHAT_QWEN25, tok, &lim, &r, &e), -1, "accepted: %s",
+                     body);
+        cr_expect_eq(e.status, 400, "%s", body);
+        cr_expect_str_eq(e.param, "tool_choice", "%s", body);
+        cr_expect(e.message[0] && !strchr(e.message, '/'), "%s: \"%s\"", body, e.message);
+    }
+    // "auto" and "none" stay accepted with an adapter or heads (nothing is forced).
+    ServeLimits lim = test_limits;
+    lim.adapter = lim.routed = 1;
+    const char *autob = CHOICE_USER ", " CHOICE_TOOLS ", \"tool_choice\": \"auto\"}";
+    ServeRequest r;
+    ServeError e;
+    cr_expect_eq(serve_parse_request(autob, strlen(autob), 1, CHAT_QWEN25, tok, &lim, &r, &e), 0, "%s", e.message);
+    serve_request_free(&r);
+    tok_free(tok);
+}
+
+// Choice 0 of a response as one string: finish reason, the invalid_tool_call flag, content and each call's
+// name(arguments); a stream's chunks joined (content deltas, tool_calls deltas, the finish chunk), so a
+// streamed and a non-streamed response compare as strings.
+static char *choice_summary(const char *out, int stream) {
+    StrBuf content = {0}, calls = {0}, s = {0};
+    strbuf_puts(&content, "");
+    strbuf_puts(&calls, "");
+    const char *finish = "?";
+    int invalid = 0;
+    cJSON *keep[64];
+    int n_keep = 0;
+    for (const char *p = stream ? strstr(out, "data: {") : out; p; p = stream ? strstr(p + 1, "data: {") : NULL) {
+        const char *at = stream ? p + 6 : p, *end = stream ? strstr(at, "\n\n") : at + strlen(at);
+        cr_assert(end, "%s", out);
+        cJSON *j = cJSON_ParseWithLength(at, (size_t)(end - at));
+        cr_assert(j && n_keep < 64, "%s", out);
+        keep[n_keep++] = j;
+        const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
+        if (!c)
+            continue;
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(c, stream ? "delta" : "message");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(m, "content"), *call;
+        if (cJSON_IsString(text))
+            strbuf_puts(&content, text->valuestring);
+        cJSON_ArrayForEach(call, cJSON_GetObjectItemCaseSensitive(m, "tool_calls")) {
+            const cJSON *f = field(call, "function");
+            strbuf_puts(&calls, field(f, "name")->valuestring);
+            strbuf_puts(&calls, "(");
+            strbuf_puts(&calls, field(f, "arguments")->valuestring);
+            strbuf_puts(&calls, ")");
+        }
+        const cJSON *fr = cJSON_GetObjectItemCaseSensitive(c, "finish_reason");
+        if (cJSON_IsString(fr))
+            finish = fr->valuestring;
+        invalid |= cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "invalid_tool_call"));
+    }
+    strbuf_puts(&s, finish);
+    strbuf_puts(&s, invalid ? " invalid_tool_call\n" : "\n");
+    strbuf_puts(&s, content.p);
+    strbuf_puts(&s, "\n");
+    strbuf_puts(&s, calls.p);
+    for (int k = 0; k < n_keep; k++)
+        cJSON_Delete(keep[k]);
+    er_free(content.p);
+    er_free(calls.p);
+    return s.p;
+}
+
+// Posts the request non-streamed and streamed (`rest` ends the body after CHOICE_USER), expects the
+// same choice both ways and returns its summary.
+static char *post_both(const TestServer *t, const char *rest) {
+    char body[2048];
+    snprintf(body, sizeof body, CHOICE_USER ", \"seed\": 5, \"max_tokens\": 24%s", rest);
+    char *out = server_post(t, body), *a = choice_summary(out, 0);
+    free(out);
+    snprintf(body, sizeof body, CHOICE_USER ", \"seed\": 5, \"max_tokens\": 24, \"stream\": true%s", rest);
+    out = server_post(t, body);
+    char *b = choice_summary(out, 1);
+    cr_expect(strstr(out, "data: [DONE]"), "%s", out);
+    free(out);
+    cr_expect_str_eq(b, a, "streamed and non-streamed differ for %s", rest);
+    er_free(b);
+    return a;
+}
+
+// POSTs body to /v1/chat/completions; the HTTP status, the error's param in *param (free with er_free).
+static int post_status(const TestServer *t, const char *body, char **param) {
+    char path[600], cmd[1024];
+    snprintf(path, sizeof path, "%s/body.json", t->fx.tmp);
+    cr_assert_eq(file_write_atomic(path, body, strlen(body)), ER_OK);
+    snprintf(cmd, sizeof cmd, "curl -s -w '\\n%%{http_code}' http://127.0.0.1:%d/v1/chat/completions -d @'%s'",
+             t->port, path);
+    int st;
+    char *out = run_capture(cmd, &st);
+    cr_assert_eq(st, 0, "curl failed: %s", out);
+    char *nl = strrchr(out, '\n');
+    cr_assert(nl, "%s", out);
+    int status = atoi(nl + 1);
+    *nl = 0;
+    cJSON *j = cJSON_Parse(out);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "error"), "param");
+    *param = er_strdup(cJSON_IsString(p) ? p->valuestring : "");
+    cJSON_Delete(j);
+    free(out);
+    return status;
+}
+
+static void expect_refused(const TestServer *t, const char *body) {
+    char *param;
+    cr_expect_eq(post_status(t, body, &param), 400, "%s", body);
+    cr_expect_str_eq(param, "tool_choice", "%s", body);
+    er_free(param);
+}
+
+#define ARGS_JSON "{\"a\": 4, \"b\": 9}"
+
+// A model that never calls a tool by itself but writes a call's rest when its start is forced: after the
+// generation prompt's "\n" it writes the JSON of add(4, 9) and "</tool_call>" without the opening tag
+// (plain text); after the forced "<tool_call>\n" that is the whole call; after a named prefix's
+// "arguments": it writes " " ARGS_JSON "}\n</tool_call>".
+static void make_forced_call_model(const char *dir) {
+    const char *full = "{\"name\": \"add\", \"arguments\": " ARGS_JSON "}\n", *args = " " ARGS_JSON "}\n";
+    const char *pieces[] = {full, args, "</tool_call>"};
+    const ChainEdge edges[] = {{"<|im_start|>assistant\n", full}, {FORCED_NAMED("noop"), args},
+                               {full, "</tool_call>"}, {args, "</tool_call>"}, {"</tool_call>", "<|im_end|>"}};
+    make_chain_model(dir, pieces, 3, edges, 5);
+}
+
+// A server on the model make() writes into the fixture (make NULL: the fixture's random model).
+static void launch_model(TestServer *t, void (*make)(const char *dir)) {
+    helper_fixture_open(&t->fx, "er_serve_", "erinfer");
+    helper_need_program(t->fx.prog, "erinfer", "the erinfer serve tool_choice tests");
+    char model[600], args[700];
+    snprintf(model, sizeof model, "%s/chainmodel", t->fx.tmp);
+    if (make)
+        make(model);
+    snprintf(args, sizeof args, "--model '%s' --max-tokens 64", make ? model : t->fx.model);
+    server_launch(t, args);
+}
+
+// "required" and a named function yield that call, streamed and not, on a model that never calls by itself;
+// "auto" leaves it to the model; bad values are HTTP 400 naming tool_choice.
+Test(server, tool_choice_enforced_on_a_model_that_never_calls, .timeout = 120) {
+    TestServer t;
+    launch_model(&t, make_forced_call_model);
+    char *s = post_both(&t, ", " CHOICE_TOOLS "}");
+    cr_expect_str_eq(s, "stop\n{\"name\": \"add\", \"arguments\": " ARGS_JSON "}\n</tool_call>\n");
+    er_free(s);
+    s = post_both(&t, ", " CHOICE_TOOLS ", \"tool_choice\": \"auto\"}");
+    cr_expect_str_eq(s, "stop\n{\"name\": \"add\", \"arguments\": " ARGS_JSON "}\n</tool_call>\n");
+    er_free(s);
+    s = post_both(&t, ", " CHOICE_TOOLS ", \"tool_choice\": \"required\"}");
+    cr_expect_str_eq(s, "tool_calls\n\nadd({\"a\":4,\"b\":9})");
+    er_free(s);
+    s = post_both(&t, ", " CHOICE_TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+                      "\"noop\"}}}");
+    cr_expect_str_eq(s, "tool_calls\n\nnoop({\"a\":4,\"b\":9})");
+    er_free(s);
+    // n = 2: every sample starts with the forced bytes.
+    char *out = server_post(&t, CHOICE_USER ", " CHOICE_TOOLS ", \"tool_choice\": \"required\", \"n\": 2, "
+                                "\"max_tokens\": 24}");
+    cJSON *j = cJSON_Parse(out);
+    cr_assert(j, "%s", out);
+    const cJSON *c;
+    cJSON_ArrayForEach(c, field(j, "choices")) {
+        cr_expect_str_eq(field(c, "finish_reason")->valuestring, "tool_calls", "%s", out);
+        const cJSON *call = cJSON_GetArrayItem(field(field(c, "message"), "tool_calls"), 0);
+        cr_expect(call && strcmp(field(field(call, "function"), "name")->valuestring, "add") == 0, "%s", out);
+    }
+    cJSON_Delete(j);
+    free(out);
+    expect_refused(&t, CHOICE_USER ", \"tool_choice\": \"required\"}");
+    expect_refused(&t, CHOICE_USER ", " CHOICE_TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": "
+                                   "{\"name\": \"mul\"}}}");
+    expect_refused(&t, CHOICE_USER ", " CHOICE_TOOLS ", \"tool_choice\": \"sometimes\"}");
+    server_stop(&t);
+}
+
+// Where the model's own continuation is no call, the forced start and what follows come back as content
+// flagged invalid_tool_call, the same streamed and not. The always-calling model writes its own
+// "<tool_call>" after the forced one, and a named start is followed by whatever its bigram table gives.
+Test(server, tool_choice_on_the_always_calling_model, .timeout = 120) {
+    TestServer t;
+    launch_model(&t, make_tool_model);
+    char *s = post_both(&t, ", " CHOICE_TOOLS ", \"tool_choice\": \"required\"}");
+    cr_expect_str_eq(s, "stop invalid_tool_call\n" FORCED_REQUIRED "<tool_call>" TOOL_CALL_JSON "</tool_call>\n");
+    er_free(s);
+    s = post_both(&t, ", " CHOICE_TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+                      "\"add\"}}}");
+    cr_expect(strstr(s, " invalid_tool_call\n" FORCED_NAMED("add")) != NULL, "%s", s);
+    er_free(s);
+    server_stop(&t);
+}
+
+// The random fixture model writes random tokens after the forced start (a random continuation that
+// closed a valid call would be parsed; it does not at this seed).
+Test(server, tool_choice_on_a_random_model, .timeout = 120) {
+    TestServer t;
+    launch_model(&t, NULL);
+    const char *rest[] = {", " CHOICE_TOOLS ", \"tool_choice\": \"required\"}",
+                          ", " CHOICE_TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+                          "\"noop\"}}}"};
+    const char *start[] = {FORCED_REQUIRED, FORCED_NAMED("noop")};
+    for (int k = 0; k < 2; k++) {
+        char *s = post_both(&t, rest[k]), want[128];
+        snprintf(want, sizeof want, " invalid_tool_call\n%s", start[k]);
+        cr_expect(strstr(s, want) != NULL, "%s", s);
+        er_free(s);
+    }
+    server_stop(&t);
+}
+
+// With an adapter and heads the route decides how an answer starts: forcing is refused, "auto" served.
+Test(server, tool_choice_refused_on_a_routed_server, .timeout = 120) {
+    TestServer t;
+    server_start(&t, 0.0f);
+    expect_refused(&t, CHOICE_USER ", " CHOICE_TOOLS ", \"tool_choice\": \"required\", \"max_tokens\": 8}");
+    char *param;
+    cr_expect_eq(post_status(&t, CHOICE_USER ", " CHOICE_TOOLS ", \"tool_choice\": \"auto\", \"max_tokens\": 8}",
+                             &param), 200);
+    er_free(param);
+    server_stop(&t);
+}
+
+// The forced start takes context positions: without max_tokens the answer gets what is left after it,
+// and a max_tokens that does not fit with it is refused.
+Test(server, tool_choice_forced_start_counts_in_the_context) {
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), ER_OK, "%s", er_last_error());
+    const char *autob = CHOICE_USER ", " CHOICE_TOOLS "}";
+    const char *req = CHOICE_USER ", " CHOICE_TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": "
+                      "{\"name\": \"add\"}}}";
+    ServeRequest r;
+    ServeError e;
+    cr_assert_eq(serve_parse_request(autob, strlen(autob), 1, CHAT_QWEN25, tok, &test_limits, &r, &e), 0, "%s",
+                 e.message);
+    int prompt = r.prompt_tokens, *ids, forced;
+    serve_request_free(&r);
+    cr_assert_eq(tok_encode(tok, FORCED_NAMED("add"), strlen(FORCED_NAMED("add")), &ids, &forced), ER_OK);
+    er_free(ids);
+    cr_assert_gt(forced, 1);
+    ServeLimits lim = test_limits;
+    lim.context = prompt + forced + 10;
+    cr_assert_eq(serve_parse_request(req, strlen(req), 1, CHAT_QWEN25, tok, &lim, &r, &e), 0, "%s", e.message);
+    cr_expect_eq(r.p.max_new_tokens, 10);
+    serve_request_free(&r);
+    char body[1024];
+    snprintf(body, sizeof body, "%.*s, \"max_tokens\": 11}", (int)strlen(req) - 1, req);
+    cr_expect_eq(serve_parse_request(body, strlen(body), 1, CHAT_QWEN25, tok, &lim, &r, &e), -1, "%s", body);
+    cr_expect(strstr(e.message, "forced tool call start included"), "%s", e.message);
+    tok_free(tok);
+}
+
+// 1 when the tokens of `prefix` are the first tokens of `text` (the real tokenizer's own split of the call).
+static int tokens_prefix(const Tokenizer *tok, const char *prefix, const char *text) {
+    int *a, *b, na, nb;
+    cr_assert_eq(tok_encode(tok, prefix, strlen(prefix), &a, &na), ER_OK);
+    cr_assert_eq(tok_encode(tok, text, strlen(text), &b, &nb), ER_OK);
+    int same = na <= nb && memcmp(a, b, sizeof(int) * (size_t)na) == 0;
+    er_free(a);
+    er_free(b);
+    return same;
+}
+
+// With the real Qwen tokenizer the forced start ends on a token boundary of the call the template writes,
+// so the model continues with the tokens it was trained on; with the space after "arguments": it would not
+// (the call's next token is " {\"").
+Test(server, tool_choice_forced_start_ends_on_a_qwen_token_boundary) {
+    const char *fx = getenv("ER_FIXTURES");
+    char *dir = path_join(fx && *fx ? fx : "../shared/fixtures", "qwen-tokenizer");
+    char *tj = path_join(dir, "tokenizer.json");
+    if (!path_exists(tj))
+        cr_skip_test("!!!!!! %s is MISSING (set ER_FIXTURES): the token boundary check is SKIPPED !!!!!!", tj);
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, dir), ER_OK, "%s", er_last_error());
+    const char *call = FORCED_NAMED("get_weather") " {\"city\": \"Paris\"}}\n</tool_call>";
+    cr_expect(tokens_prefix(tok, FORCED_REQUIRED, call));
+    cr_expect(tokens_prefix(tok, FORCED_NAMED("get_weather"), call));
+    cr_expect(!tokens_prefix(tok, FORCED_NAMED("get_weather") " ", call), "the space is a token of its own here");
+    int *ids, n;
+    cr_assert_eq(tok_encode(tok, "<tool_call>", 11, &ids, &n), ER_OK);
+    cr_expect_eq(n, 1, "<tool_call> is one (added) token");
+    er_free(ids);
+    tok_free(tok);
+    er_free(tj);
+    er_free(dir);
 }
