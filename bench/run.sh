@@ -11,7 +11,7 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 # Decode steps are many short parallel regions: whether OpenMP's threads spin or sleep between them moves the
 # decode figures, so every run says which it had.
-echo "OpenMP wait policy: ${OMP_WAIT_POLICY:-unset (the runtime's default: threads spin briefly, then sleep)}; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "OpenMP wait policy: ${OMP_WAIT_POLICY:-unset, the OpenMP default: threads spin briefly, then sleep}; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo "== training step: ertrain vs PyTorch (threads $THREADS, batch 1 x 256 positions, fp32) =="
 echo "   full: every parameter trained; lora: frozen base + rank-$LORA_R adapter on all seven linears"
