@@ -106,7 +106,8 @@ typedef struct {
     int budget;             // hard budget: after this many tokens force the answer suffix; 0 = off [0]
     int answer_tokens;      // tokens allowed after the budget, suffix included [32]
     const char *budget_suffix; // NULL = "\n</think>\n\nFinal answer: "
-    const char *response_prefix; // forced at the start of every response; NULL = the adapter's (if any)
+    const char *response_prefix; // forced at the start of every response; NULL = the adapter's (if any). The
+                                 // routed pipeline's direct route answers without it (the base, unprompted)
     const char *const *stop; // (n_stop) stop strings, cut from the text: non-empty, at most ER_STOP_MAX_LEN bytes
     int n_stop;             // 0..ER_STOP_MAX [0]
     const char *route;      // the routed pipeline's route (with an adapter loaded): NULL or "auto" = the
