@@ -537,6 +537,21 @@ Test(api, batched_routed_requests_equal_their_sessions_results) {
         er_request_free(rq[i]);
     }
     cr_assert(routes_seen[ER_ROUTE_DIRECT] > 0 && routes_seen[ER_ROUTE_REASONING] > 0, "both routes ran");
+    // Room: a reasoning request with its verifier pass fits prompt + max_new + er_model_extra_positions
+    // positions exactly; one fewer is refused before any work.
+    int extra = er_model_extra_positions(m), P;
+    cr_assert_gt(extra, 0, "the reasoning prefix and the verifier prompt take positions");
+    ErSession *s;
+    cr_assert_eq(er_session_open(&s, m, 1, 128, 1), 0, "%s", er_last_error());
+    p[1].n_samples = 1;
+    cr_assert_eq(er_generate_raw(s, texts[1], &p[1], NULL, NULL), 0, "%s", er_last_error());
+    P = er_result_stats(s)->prompt_tokens;
+    er_session_free(s);
+    for (int less = 0; less < 2; less++) {
+        cr_assert_eq(er_session_open(&s, m, 1, P + p[1].max_new_tokens + extra - less, 1), 0, "%s", er_last_error());
+        cr_assert_eq(er_generate_raw(s, texts[1], &p[1], NULL, NULL), less ? ER_ERANGE : ER_OK, "%s", er_last_error());
+        er_session_free(s);
+    }
     cr_assert_eq(er_batch_free_rows(b), 6, "every row is back");
     cr_assert_eq(er_batch_submit(b, texts[1], &p[1], NULL, NULL, &dropped), 0, "%s", er_last_error());
     er_batch_free(b); // frees the live request with it
