@@ -565,13 +565,16 @@ static void samples_keep(Engine *e, const GenConfig *g, SampleState *st) {
     e->kept_adapter = g->adapter;
 }
 
+// Tokens per sample: max_new, or the budget and its answer allowance when they are fewer.
+static int gen_max_total(const GenConfig *g) {
+    return g->budget > 0 && g->budget + g->answer_tokens < g->max_new ? g->budget + g->answer_tokens : g->max_new;
+}
+
 // 3. Batched decode: emit each live sample's pending token, then one forward for all of them.
 static int samples_decode(Engine *e, const GenConfig *g, GenBatch *b, GenSample *out, const int *suffix,
                           int n_suffix, GenTokenFn cb, void *user, double t0, GenStats *stats) {
     int N = g->n_samples, V = e->model->cfg.V, first = 1;
-    int max_total = g->max_new;
-    if (g->budget > 0 && g->budget + g->answer_tokens < max_total)
-        max_total = g->budget + g->answer_tokens;
+    int max_total = gen_max_total(g);
     for (;;) {
         int B = 0;
         for (int i = 0; i < N; i++) {
@@ -700,7 +703,7 @@ done:
     return rc;
 }
 
-// ---- requests decoded step by step, several in one forward (infer/batch.h) ----
+// ---- requests decoded step by step, several in one forward (infer/decode_batch.h) ----
 
 // engine_generate cut at its forward: the same prefill, sample start, emit and next-token steps,
 // with the forward over the rows of every live request left to the caller.
@@ -748,8 +751,7 @@ int engine_request_begin(Engine *e, const int *prompt, int n_prompt, const GenCo
     int N = g->n_samples;
     memset(out, 0, sizeof(GenSample) * (size_t)(N > 0 ? N : 0));
     ER_CHECK(gen_prepare(e, g, n_prompt, 0, &prefix, &n_prefix, &r->suffix, &r->n_suffix));
-    r->max_total = g->budget > 0 && g->budget + g->answer_tokens < g->max_new ? g->budget + g->answer_tokens
-                                                                              : g->max_new;
+    r->max_total = gen_max_total(g);
     r->b.st = er_calloc((size_t)N, sizeof(SampleState));
     r->b.rows_idx = er_alloc(sizeof(int) * (size_t)N);
     if (!r->b.st || !r->b.rows_idx)

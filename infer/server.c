@@ -131,6 +131,13 @@ static void job_fail(Job *j, const ServeError *e) {
     er_free(out.p);
 }
 
+// Lock held: the job is over (answered or dropped).
+static void job_done(Job *j) {
+    j->done = 1;
+    pthread_cond_signal(&j->cond);
+    job_unref(j);
+}
+
 // Lock held: job j leaves the queue (it is in it) unanswered: it answers e, and the queue's
 // reference goes.
 static void job_drop(Server *srv, Job *j, const ServeError *e) {
@@ -144,9 +151,18 @@ static void job_drop(Server *srv, Job *j, const ServeError *e) {
     j->queued = 0;
     __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
     job_fail(j, e);
-    j->done = 1;
-    pthread_cond_signal(&j->cond);
-    job_unref(j);
+    job_done(j);
+}
+
+// Lock held: the client went away; a job nobody took yet leaves the queue at once (its slot goes to
+// the next client), a running one stops at its next token.
+static void job_cancel(Server *srv, Job *j) {
+    __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
+    if (j->queued) {
+        ServeError e;
+        cancel_error(&e, 0);
+        job_drop(srv, j, &e);
+    }
 }
 
 // Waits (lock held) up to 100 ms for news on j.
@@ -161,12 +177,7 @@ static void job_wait(Server *srv, Job *j) {
     pthread_cond_timedwait(&j->cond, &srv->mu, &t);
     if (!j->done && peer_gone(j->fd)) {
         j->gone = 1;
-        __atomic_store_n(&j->cancel, 1, __ATOMIC_RELAXED);
-        if (j->queued) { // nobody took it yet: its queue slot goes to the next client now
-            ServeError e;
-            cancel_error(&e, 0);
-            job_drop(srv, j, &e);
-        }
+        job_cancel(srv, j);
     }
 }
 
@@ -246,13 +257,6 @@ static void job_respond(Server *srv, Job *j, int rc, const ServeResult *res) {
 }
 
 enum { SERVE_MAX_N = 256 }; // --max-n's limit
-
-// Lock held: the job is over (answered or dropped).
-static void job_done(Job *j) {
-    j->done = 1;
-    pthread_cond_signal(&j->cond);
-    job_unref(j);
-}
 
 // ---- the batch: one thread, every live request in each forward ----
 
@@ -468,12 +472,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 static void stream_free(void *cls) {
     Stream *st = cls;
     pthread_mutex_lock(&st->srv->mu);
-    __atomic_store_n(&st->job->cancel, 1, __ATOMIC_RELAXED);
-    if (st->job->queued) {
-        ServeError e;
-        cancel_error(&e, 0);
-        job_drop(st->srv, st->job, &e);
-    }
+    job_cancel(st->srv, st->job);
     job_unref(st->job);
     pthread_mutex_unlock(&st->srv->mu);
     er_free(st);
@@ -574,7 +573,7 @@ static enum MHD_Result route_request(struct MHD_Connection *c, Server *srv, cons
         return respond_fail(c, 405, "invalid_request_error", "method_not_allowed", "method not allowed here");
     if (health)
         return respond(c, 200, "application/json", "{\"status\":\"ok\"}");
-    if (!authorized(c, srv))
+    if (cn->unauthorized) // checked when the request's headers came (on_request)
         return respond_fail(c, 401, "invalid_request_error", "invalid_api_key", "missing or invalid API key");
     if (models)
         return serve_models(c, srv);

@@ -697,7 +697,7 @@ static int train_transforms(Model *m, const QuantizeConfig *c, const Calib *cal,
     FptTrainConfig fc = {.local_steps = c->fpt_local_steps, .steps = c->fpt_steps, .lr = c->fpt_lr, .q = &c->q,
                          .sb = &cal->sb, .seqs = cal->seqs, .n_seqs = n_fit, .max_len = cal->max_len,
                          .dir = c->out_dir, .save_every = c->fpt_save_every, .resume = c->resume,
-                         .stop_after = c->fpt_stop_after, .log = c->log};
+                         .log = c->log};
     FptTrainResult fr;
     double t0 = time_now();
     cJSON *settings;
@@ -708,11 +708,10 @@ static int train_transforms(Model *m, const QuantizeConfig *c, const Calib *cal,
     ER_TRY(rc);
     res->fpt_local_first = fr.local_first, res->fpt_local_last = fr.local_last;
     res->fpt_kl_before = fr.kl_before, res->fpt_kl_after = fr.kl_after;
-    res->fpt_stopped = !fr.complete;
     if (c->log)
-        fprintf(c->log, "fpt-trained: %ld local + %ld end-to-end steps%s; local objective %.4f -> %.4f, mean KL "
-                "over the calibration sequences %.5f -> %.5f; %.1fs\n", c->fpt_local_steps, c->fpt_steps, fr.complete ? ", merged into the weights" : " (stopped)",
-                fr.local_first, fr.local_last, fr.kl_before, fr.kl_after, time_now() - t0);
+        fprintf(c->log, "fpt-trained: %ld local + %ld end-to-end steps, merged into the weights; local objective "
+                "%.4f -> %.4f, mean KL over the calibration sequences %.5f -> %.5f; %.1fs\n", c->fpt_local_steps,
+                c->fpt_steps, fr.local_first, fr.local_last, fr.kl_before, fr.kl_after, time_now() - t0);
     return ER_OK;
 }
 
@@ -785,8 +784,6 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
         h0 = 0, h1 = n_fit;
     if (trained) {
         ER_CHECK(train_transforms(&m, c, &cal, n_fit, res));
-        if (res->fpt_stopped)
-            goto done;
     }
     if (fisher)
         ER_CHECK(fisher_importance(&m, &cal, n_fit, c->log, &fmem, &imp));

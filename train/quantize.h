@@ -108,7 +108,6 @@ typedef struct {
     double fpt_lr;            // fpt-trained AdamW learning rate (> 0; ertrain quantize: 1e-3)
     int fpt_save_every;       // fpt-trained checkpoint interval (0 = at the end only)
     int resume;               // fpt-trained: continue the run in out_dir (its checkpoint/)
-    long fpt_stop_after;      // tests: stop the transform training after this many steps (0 = run to the end)
     const char *calib;        // JSONL (any dataset record type), NULL = none
     const char *response_key; // record field holding the response (NULL = the record type's own)
     int calib_n;              // sequences for the Fisher pass (the next calib_n are held out for NLL)
@@ -126,7 +125,6 @@ typedef struct {
     double nll_before, nll_after; // NAN without --calib
     int nll_sequences, nll_held_out;
     double fpt_local_first, fpt_local_last, fpt_kl_before, fpt_kl_after; // fpt-trained objectives (else NAN)
-    int fpt_stopped;              // fpt_stop_after ended the run before its last step: nothing was written
 } QuantizeResult;
 
 // The whole command.
