@@ -11,6 +11,36 @@
 #include "core/utf8.h"
 
 // Offset of the first non-whitespace byte after `end` within text[0, len), or -1 if none.
+long json_nesting(const char *s, size_t len, size_t at, int *in_string, long *depth) {
+    int in = 0, in_at = 0;
+    long d = 0, d_at = 0, max = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (i <= at)
+            in_at = in, d_at = d;
+        char c = s[i];
+        if (in) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in = 0;
+        } else if (c == '"') {
+            in = 1;
+        } else if (c == '[' || c == '{') {
+            if (++d > max)
+                max = d;
+        } else if (c == ']' || c == '}') {
+            d--;
+        }
+    }
+    if (at >= len)
+        in_at = in, d_at = d;
+    if (in_string)
+        *in_string = in_at;
+    if (depth)
+        *depth = d_at;
+    return max;
+}
+
 long json_trailing_at(const char *text, size_t len, const char *end) {
     if (!end)
         return -1;

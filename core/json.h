@@ -17,6 +17,10 @@ int json_parse_file(const char *path, size_t max_bytes, cJSON **out);
 // first value; every strict parser of the project refuses it.
 long json_trailing_at(const char *text, size_t len, const char *end);
 
+// The bracket nesting of len bytes of JSON text, strings and their escapes skipped: the deepest level.
+// With in_string and depth non-NULL they receive the state where byte `at` starts (at >= len: at the end).
+long json_nesting(const char *s, size_t len, size_t at, int *in_string, long *depth);
+
 // Typed getters. `ctx` names the file (or file:line) in error messages. A missing key is an
 // error for json_get_*; json_opt_* leave *out untouched when the key is absent or null.
 int json_get_int(const cJSON *obj, const char *key, int64_t *out, const char *ctx);

@@ -289,27 +289,10 @@ static const char *escape_why(const char *s, size_t n) {
 
 // Why cJSON stopped at byte `off`. Only runs on a failed parse, so it may rescan the text.
 static const char *json_why(const char *s, size_t len, size_t off, char *tmp, size_t tmp_len) {
-    int in = 0, in_at = 0;
-    long depth = 0, depth_at = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (i <= off)
-            in_at = in, depth_at = depth;
-        char c = s[i];
-        if (in) {
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                in = 0;
-        } else if (c == '"') {
-            in = 1;
-        } else if (c == '[' || c == '{') {
-            depth++;
-        } else if (c == ']' || c == '}') {
-            depth--;
-        }
-    }
-    if (off >= len)
-        in_at = in, depth_at = depth;
+    int in_at, in_end; // inside a string where cJSON stopped / at the end of the text
+    long depth_at;
+    json_nesting(s, len, off, &in_at, &depth_at);
+    json_nesting(s, len, len, &in_end, NULL);
     const char *why;
     if (off < len && in_at && s[off] == '\\' && (why = escape_why(s + off, len - off)))
         return why;
@@ -317,7 +300,7 @@ static const char *json_why(const char *s, size_t len, size_t off, char *tmp, si
         snprintf(tmp, tmp_len, "nested too deeply (more than %d levels)", CJSON_NESTING_LIMIT);
         return tmp;
     }
-    if (off >= len || (in_at && in))
+    if (off >= len || (in_at && in_end))
         return "unexpected end of file";
     unsigned char c = (unsigned char)s[off];
     if (c >= 0x21 && c < 0x7F)

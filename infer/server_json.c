@@ -46,26 +46,7 @@ char *serve_error_json(const ServeError *e) {
     return s;
 }
 
-int serve_json_depth(const char *s, size_t n) {
-    int depth = 0, max = 0, in_str = 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (in_str) {
-            if (c == '\\')
-                i++;
-            else if (c == '"')
-                in_str = 0;
-        } else if (c == '"') {
-            in_str = 1;
-        } else if (c == '[' || c == '{') {
-            if (++depth > max)
-                max = depth;
-        } else if (c == ']' || c == '}') {
-            depth--;
-        }
-    }
-    return max;
-}
+int serve_json_depth(const char *s, size_t n) { return (int)json_nesting(s, n, n, NULL, NULL); }
 
 void serve_request_free(ServeRequest *r) {
     er_free(r->prompt);
