@@ -12,6 +12,7 @@
 #include "infer/decode_batch.h"
 #include "infer/engine.h"
 #include "infer/pipeline.h"
+#include "infer/runner.h"
 #include "lora/peft.h"
 #include "model/head.h"
 #include "model/model.h"
@@ -149,6 +150,8 @@ void er_model_free(ErModel *m) {
     if (m->sessions == 0)
         model_release(m);
 }
+
+const Tokenizer *runner_model_tokenizer(const ErModel *m) { return m->tok; }
 
 int er_model_max_positions(const ErModel *m) {
     NEED(m, "er_model_max_positions", "the model");

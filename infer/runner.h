@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "data/tokenizer.h"
 #include "infer/erinfer.h"
 
 // A model dir, its optional LoRA adapter (PEFT dir) and heads (ertrain heads), and the session's KV.
@@ -19,6 +20,9 @@ int runner_context(int context, int max_new, int max_pos);
 
 // Loads the model, its adapter and heads (spec's model part); on failure *m is NULL.
 int runner_load_model(const SessionSpec *spec, ErModel **m);
+// The tokenizer the model loaded (owned by it; safe to share between threads), for CLI code that
+// counts or renders tokens beside the model (defined in infer/api.c, which owns ErModel).
+const Tokenizer *runner_model_tokenizer(const ErModel *m);
 // runner_load_model, then a session for max_samples samples of max_new new tokens. On failure *m and
 // *s are NULL.
 int runner_open_session(const SessionSpec *spec, int max_samples, int max_new, ErModel **m, ErSession **s);

@@ -61,7 +61,7 @@ struct Job {
 
 struct Server {
     ErModel *model;
-    Tokenizer *tok;       // counts prompt tokens on the connections' threads
+    const Tokenizer *tok; // the model's: counts prompt tokens on the connections' threads
     ChatStyle style;
     ServeLimits lim;
     const char *api_key, *model_name;
@@ -688,7 +688,7 @@ static int serve_open(Server *srv, const ServeFlags *f) {
                         positions, extra);
     srv->lim = (ServeLimits){f->max_n, f->max_tokens, positions - extra, SERVE_JSON_DEPTH, g->adapter != NULL,
                              g->adapter || g->switcher || g->verifier};
-    ER_TRY(tok_load(&srv->tok, f->g.model));
+    srv->tok = runner_model_tokenizer(srv->model);
     ER_TRY(chat_style_from_config(f->g.model, &srv->style));
     srv->batch_rows = srv->batch_free = f->parallel > f->max_n ? f->parallel : f->max_n;
     return er_batch_open(&srv->batch, srv->model, srv->batch_rows, positions, kv_int8);
@@ -697,7 +697,6 @@ static int serve_open(Server *srv, const ServeFlags *f) {
 static void serve_close(Server *srv) {
     er_batch_free(srv->batch);
     er_model_free(srv->model);
-    tok_free(srv->tok);
 }
 
 // Stops the batch thread: queued jobs are dropped and live ones cancelled, each answering 503
