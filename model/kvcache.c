@@ -9,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/gemm.h"
 #include "model/kv_kernel.h"
 #include "model/ops.h"
 
@@ -219,7 +220,75 @@ void kv_store(KVCache *kv, int l, int slot, int pos, const float *k, const float
     }
 }
 
-// The int8 cache goes through kk's kernels a block of positions at a time (model/kv_kernel.h).
+// The fp32 cache's kernels over n consecutive positions of one KV block and one KV head (a position's HS
+// values at k + j * row), portable with GCC's vectors (8 lanes: AVX2 here, two NEON registers on aarch64).
+// scores: sc[j] = (q . k_j) * scale, four positions at a time (independent accumulators), each dot summed
+// in the lane order of gemm_dot_f32 (core/gemm.h) on every CPU.
+static inline float dot_f32(const gemm_v8f *acc, const float *q, const float *kr, int H8, int HS) {
+    float d = gemm_lanes_sum(acc);
+    for (int i = H8; i < HS; i++)
+        d += q[i] * kr[i];
+    return d;
+}
+
+static void scores_f32(float *sc, const float *q, const float *k, size_t row, int n, int HS, float scale) {
+    int H8 = HS & ~7, j = 0;
+    gemm_v8f qv, kv;
+    for (; j + 4 <= n; j += 4) {
+        const float *k0 = k + (size_t)j * row;
+        gemm_v8f a[4] = {{0}, {0}, {0}, {0}};
+        for (int i = 0; i < H8; i += 8) {
+            GEMM_LOAD8(qv, q + i);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                GEMM_LOAD8(kv, k0 + (size_t)c * row + i);
+                a[c] += qv * kv;
+            }
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            sc[j + c] = dot_f32(&a[c], q, k0 + (size_t)c * row, H8, HS) * scale;
+    }
+    for (; j < n; j++) {
+        const float *kr = k + (size_t)j * row;
+        gemm_v8f a = {0};
+        for (int i = 0; i < H8; i += 8) {
+            GEMM_LOAD8(qv, q + i);
+            GEMM_LOAD8(kv, kr + i);
+            a += qv * kv;
+        }
+        sc[j] = dot_f32(&a, q, kr, H8, HS) * scale;
+    }
+}
+
+// values: o[i] += w[j] * v_j[i] for j = 0 .. n-1 in order, 32 elements of o held in registers across the
+// block (loaded and stored once per block, not once per position).
+static void values_f32(float *o, const float *w, const float *v, size_t row, int n, int HS) {
+    int i = 0;
+    for (; i + 32 <= HS; i += 32) {
+        gemm_v8f a[4], vv;
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            GEMM_LOAD8(a[c], o + i + 8 * c);
+        for (int j = 0; j < n; j++) {
+            gemm_v8f wv = {w[j], w[j], w[j], w[j], w[j], w[j], w[j], w[j]};
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                GEMM_LOAD8(vv, v + (size_t)j * row + i + 8 * c);
+                a[c] += wv * vv;
+            }
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            memcpy(o + i + 8 * c, &a[c], sizeof a[c]);
+    }
+    for (; i < HS; i++)
+        for (int j = 0; j < n; j++)
+            o[i] += w[j] * v[(size_t)j * row + i];
+}
+
+// Both caches go a block of positions at a time: the int8 one through kk's kernels (model/kv_kernel.h),
+// the fp32 one through the two above.
 int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float *q, const KVCache *kv, int l,
                                  const int *slots, const int *pos0, const int *len, int B, int T, int NH,
                                  float *scores, int nthreads, int keys) {
@@ -244,48 +313,35 @@ int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float 
                 const KvSeq *seq = &kv->seqs[slots[b]];
                 int kh = h / G, last = pos0[b] + t;
                 const float *qv = q + (((size_t)b * T + t) * NH + h) * HS;
-                for (int s = 0; i8 && s <= last; s += KV_BLOCK) {
-                    size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]);
+                for (int s = 0; s <= last; s += KV_BLOCK) {
+                    size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]) * row + (size_t)kh * HS;
                     int n = last + 1 - s < KV_BLOCK ? last + 1 - s : KV_BLOCK;
-                    kk->scores(sc + s, qv, (const int8_t *)kv->k + p * row + (size_t)kh * HS, kv->ks + p * NKV + kh,
-                               row, NKV, n, HS, scale);
+                    if (i8)
+                        kk->scores(sc + s, qv, (const int8_t *)kv->k + p, kv->ks + p / HS, row, NKV, n, HS, scale);
+                    else
+                        scores_f32(sc + s, qv, (const float *)kv->k + p, row, n, HS, scale);
                 }
                 float mx = -INFINITY;
-                for (int s = 0; s <= last; s++) {
-                    if (!i8) {
-                        size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]) + s % KV_BLOCK;
-                        const float *kr = (const float *)kv->k + p * row + (size_t)kh * HS;
-                        float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-                        for (int i = 0; i < HS; i++)
-                            d += qv[i] * kr[i];
-                        sc[s] = d * scale;
-                    }
+                for (int s = 0; s <= last; s++)
                     mx = sc[s] > mx ? sc[s] : mx;
-                }
-                float sum = 0.0f;
-                for (int s = 0; s <= last; s++) {
+#pragma omp simd
+                for (int s = 0; s <= last; s++)
                     sc[s] = ops_expf(sc[s] - mx);
+                float sum = 0.0f;
+                for (int s = 0; s <= last; s++)
                     sum += sc[s];
-                }
                 float *o = out + (((size_t)b * T + t) * NH + h) * HS, inv = 1.0f / sum;
                 for (int i = 0; i < HS; i++)
                     o[i] = 0.0f;
-                for (int s = 0; i8 && s <= last; s++)
+                for (int s = 0; s <= last; s++)
                     sc[s] *= inv;
-                for (int s = 0; i8 && s <= last; s += KV_BLOCK) {
-                    size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]);
+                for (int s = 0; s <= last; s += KV_BLOCK) {
+                    size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]) * row + (size_t)kh * HS;
                     int n = last + 1 - s < KV_BLOCK ? last + 1 - s : KV_BLOCK;
-                    kk->values(o, sc + s, (const int8_t *)kv->v + p * row + (size_t)kh * HS, kv->vs + p * NKV + kh,
-                               row, NKV, n, HS);
-                }
-                for (int s = 0; !i8 && s <= last; s++) {
-                    size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]) + s % KV_BLOCK;
-                    float w = sc[s] * inv;
-                    const float *vr = (const float *)kv->v + p * row + (size_t)kh * HS;
-#pragma omp simd
-                    for (int i = 0; i < HS; i++)
-                        o[i] += w * vr[i];
+                    if (i8)
+                        kk->values(o, sc + s, (const int8_t *)kv->v + p, kv->vs + p / HS, row, NKV, n, HS);
+                    else
+                        values_f32(o, sc + s, (const float *)kv->v + p, row, n, HS);
                 }
             }
     return ER_OK;

@@ -20,11 +20,13 @@ static inline float ops_exp_reduced(float r) {
 }
 
 // exp for the float ops: Cody-Waite range reduction and a degree-6 polynomial (about 1 ulp over the
-// range that matters), branch-free so `omp simd` loops vectorise it; libm's expf does not.
+// range that matters), branch-free so `omp simd` loops vectorise it; libm's expf does not. n, the
+// nearest integer to x log2 e, comes from adding and subtracting 1.5 * 2^23 (ties to even): floorf
+// would keep GCC from vectorising under the default -ftrapping-math.
 // Arguments below -87.3 give about 1e-38 instead of a denormal or 0; NaN propagates.
 static inline float ops_expf(float x) {
     x = x > 88.7f ? 88.7f : (x < -87.3f ? -87.3f : x);
-    float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = x - n * 0.693359375f + n * 2.12194440e-4f;
     float p = ops_exp_reduced(r);
     // NaN passes the clamps: its exponent comes from 0 (p is NaN already), so the int conversion and the

@@ -79,7 +79,8 @@ void OP(rope_backward)(REAL *dx, const int *pos, const REAL *cos_tab, const REAL
 
 void OP(swiglu_forward)(REAL *out, const REAL *gate, const REAL *up, int N, int F) {
     size_t n = (size_t)N * F;
-#pragma omp parallel for simd schedule(static) if (n >= THREADS_MIN_WORK)
+    // if (parallel : ...): a bare if clause applies to the simd part too and would keep it scalar
+#pragma omp parallel for simd schedule(static) if (parallel : n >= THREADS_MIN_WORK)
     for (size_t i = 0; i < n; i++) {
         REAL g = gate[i];
         out[i] = g / (1 + VEXP(-g)) * up[i];

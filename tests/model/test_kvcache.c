@@ -243,9 +243,15 @@ Test(kvcache, forward_refuses_a_shape_the_activations_do_not_hold) {
     model_free(&m);
 }
 
-// out (B, T, NH, HS) of int8 attention in double from the cache's entries as stored (entry * scale),
-// rows t < len[b] only: the check independent of both kernel sets.
-static void kv8_attention_ref(double *out, const float *q, const KVCache *kv, int l, const int *slots,
+// out (B, T, NH, HS) of attention in double from the cache's entries as stored (an int8 entry times its
+// scale), rows t < len[b] only: the check independent of every kernel.
+static double kv_entry(const KVCache *kv, const void *base, const float *scales, size_t p, size_t at, int kh) {
+    if (kv->type == KV_F32)
+        return ((const float *)base)[at];
+    return ((const int8_t *)base)[at] * (double)scales[p * kv->NKV + kh];
+}
+
+static void kv_attention_ref(double *out, const float *q, const KVCache *kv, int l, const int *slots,
                               const int *pos0, const int *len, int B, int T, int NH) {
     int NKV = kv->NKV, HS = kv->HS, G = NH / NKV;
     size_t row = (size_t)NKV * HS;
@@ -259,11 +265,10 @@ static void kv8_attention_ref(double *out, const float *q, const KVCache *kv, in
                 double mx = -1e300, sum = 0, *o = out + (((size_t)b * T + t) * NH + h) * HS;
                 for (int s = 0; s <= last; s++) {
                     size_t p = ((size_t)l * kv->n_blocks + seq->blocks[s / KV_BLOCK]) * KV_BLOCK + s % KV_BLOCK;
-                    const int8_t *kr = (const int8_t *)kv->k + p * row + (size_t)kh * HS;
                     double d = 0;
                     for (int i = 0; i < HS; i++)
-                        d += (double)qv[i] * kr[i];
-                    sc[s] = d * kv->ks[p * NKV + kh] / sqrt((double)HS);
+                        d += (double)qv[i] * kv_entry(kv, kv->k, kv->ks, p, p * row + (size_t)kh * HS + i, kh);
+                    sc[s] = d / sqrt((double)HS);
                     mx = fmax(mx, sc[s]);
                 }
                 for (int s = 0; s <= last; s++)
@@ -272,26 +277,21 @@ static void kv8_attention_ref(double *out, const float *q, const KVCache *kv, in
                     o[i] = 0;
                 for (int s = 0; s <= last; s++) {
                     size_t p = ((size_t)l * kv->n_blocks + seq->blocks[s / KV_BLOCK]) * KV_BLOCK + s % KV_BLOCK;
-                    const int8_t *vr = (const int8_t *)kv->v + p * row + (size_t)kh * HS;
                     for (int i = 0; i < HS; i++)
-                        o[i] += sc[s] / sum * kv->vs[p * NKV + kh] * vr[i];
+                        o[i] += sc[s] / sum * kv_entry(kv, kv->v, kv->vs, p, p * row + (size_t)kh * HS + i, kh);
                 }
             }
     free(sc);
 }
 
-// The int8 KV attention with the architecture's kernel table (NEON on aarch64, AVX2 on x86-64) against the portable
-// kernels and both against double, on random caches: odd head sizes (the kernels' 16- and 8-wide steps and
-// scalar tails), GQA (6 query heads on 2 KV heads), four sequences of 1 to 75 positions (a forked one with a
-// copied block, partly filled last blocks) and query rows of 1 to 3 positions.
-Test(kvcache, int8_attention_kernels_match_portable) {
+// The cached attention against double on random caches: odd head sizes (the kernels' 32-, 16- and 8-wide
+// steps and scalar tails), GQA (6 query heads on 2 KV heads), four sequences of 1 to 75 positions (a forked
+// one with a copied block, partly filled last blocks, groups of four positions and remainders) and query
+// rows of 1 to 3 positions. The int8 cache also runs the portable kernels, which the architecture's table
+// (NEON on aarch64, AVX2 on x86-64) must match.
+static int check_cached_attention(KvType type) {
     static const int head_sizes[] = {1, 7, 8, 17, 24, 40, 64, 65, 130};
     const KvI8Kernels *kk = kv_i8_kernels();
-#if defined(__aarch64__)
-    cr_assert_neq(kk, &kv_i8_portable, "aarch64 builds must run the NEON kernels");
-#elif defined(__AVX2__) && defined(__FMA__)
-    cr_assert_neq(kk, &kv_i8_portable, "AVX2 builds must run the AVX2 kernels");
-#endif
     enum { B = 4, T = 3, NH = 6, KEYS = 128 };
     int checked = 0;
     for (int hi = 0; hi < (int)(sizeof head_sizes / sizeof head_sizes[0]); hi++) {
@@ -299,7 +299,7 @@ Test(kvcache, int8_attention_kernels_match_portable) {
         c.HS = head_sizes[hi];
         c.NH = NH;
         KVCache kv;
-        cr_assert_eq(kv_cache_alloc(&kv, &c, KV_INT8, B, KEYS, 4 * KEYS, 0), 0);
+        cr_assert_eq(kv_cache_alloc(&kv, &c, type, B, KEYS, 4 * KEYS, 0), 0);
         int slots[B], lens[B] = {70, 75, 33, 1}, pos0[B], len[B] = {3, 2, 3, 1};
         ErRng r;
         rng_seed(&r, 40 + hi);
@@ -331,18 +331,20 @@ Test(kvcache, int8_attention_kernels_match_portable) {
             q[i] = rng_normal(&r) * 2;
         for (int l = 0; l < c.L; l++) {
             cr_assert_eq(kv_attention_forward(o, q, &kv, l, slots, pos0, len, B, T, NH, scores, 2, KEYS), 0);
-            cr_assert_eq(kv_attention_forward_kernels(&kv_i8_portable, op, q, &kv, l, slots, pos0, len, B, T, NH,
-                                                      scores, 2, KEYS), 0);
-            kv8_attention_ref(ref, q, &kv, l, slots, pos0, len, B, T, NH);
+            if (type == KV_INT8)
+                cr_assert_eq(kv_attention_forward_kernels(&kv_i8_portable, op, q, &kv, l, slots, pos0, len, B, T, NH,
+                                                          scores, 2, KEYS), 0);
+            kv_attention_ref(ref, q, &kv, l, slots, pos0, len, B, T, NH);
             for (int b = 0; b < B; b++)
                 for (size_t i = 0; i < (size_t)len[b] * NH * c.HS; i++) {
                     size_t at = (size_t)b * T * NH * c.HS + i;
-                    cr_assert(fabs(o[at] - op[at]) <= 1e-5 * (1 + fabs(ref[at])),
-                              "%s HS=%d layer %d row %d: out[%zu] = %.9g, portable %.9g", kk->name, c.HS, l, b, i,
-                              o[at], op[at]);
-                    cr_assert(fabs(op[at] - ref[at]) <= 1e-4 * (1 + fabs(ref[at])),
-                              "portable HS=%d layer %d row %d: out[%zu] = %.9g, double %.9g", c.HS, l, b, i, op[at],
-                              ref[at]);
+                    cr_assert(fabs(o[at] - ref[at]) <= 1e-4 * (1 + fabs(ref[at])),
+                              "%s cache HS=%d layer %d row %d: out[%zu] = %.9g, double %.9g",
+                              type == KV_F32 ? "fp32" : kk->name, c.HS, l, b, i, o[at], ref[at]);
+                    if (type == KV_INT8)
+                        cr_assert(fabs(o[at] - op[at]) <= 1e-5 * (1 + fabs(ref[at])),
+                                  "%s HS=%d layer %d row %d: out[%zu] = %.9g, portable %.9g", kk->name, c.HS, l, b, i,
+                                  o[at], op[at]);
                     checked++;
                 }
         }
@@ -355,6 +357,21 @@ Test(kvcache, int8_attention_kernels_match_portable) {
         free(ref);
         kv_cache_free(&kv);
     }
+    return checked;
+}
+
+Test(kvcache, fp32_attention_matches_double) {
+    printf("kvcache: fp32-cache attention matched double in %d outputs\n", check_cached_attention(KV_F32));
+}
+
+Test(kvcache, int8_attention_kernels_match_portable) {
+    const KvI8Kernels *kk = kv_i8_kernels();
+#if defined(__aarch64__)
+    cr_assert_neq(kk, &kv_i8_portable, "aarch64 builds must run the NEON kernels");
+#elif defined(__AVX2__) && defined(__FMA__)
+    cr_assert_neq(kk, &kv_i8_portable, "AVX2 builds must run the AVX2 kernels");
+#endif
+    int checked = check_cached_attention(KV_INT8);
     printf("kvcache: int8 attention with the %s kernels matched the portable ones and double in %d outputs\n",
            kk->name, checked);
 }
