@@ -1,6 +1,8 @@
 #include "infer/engine.h"
 
 #include <math.h>
+#include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,6 +10,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/rng.h"
+#include "core/threads.h"
 #include "model/ops.h"
 
 #define DEFAULT_BUDGET_SUFFIX "\n</think>\n\nFinal answer: "
@@ -52,7 +55,14 @@ int engine_init(Engine *e, Model *m, const Tokenizer *tok, KvType kv_type, int m
     ER_CHECK(kv_cache_alloc(&e->kv, &m->cfg, kv_type, max_samples + 1, max_len, positions, 0));
     ER_CHECK(acts_alloc(&e->prefill, &m->cfg, 1, chunk, ACTS_DECODE, 0));
     ER_CHECK(acts_alloc(&e->decode, &m->cfg, max_samples, 1, ACTS_DECODE, 0));
-    ER_CHECK(sampler_init(&e->sampler, m->cfg.V));
+    e->n_samplers = threads_get() < max_samples ? threads_get() : max_samples;
+    e->samplers = er_calloc((size_t)e->n_samplers, sizeof(Sampler));
+    if (!e->samplers) {
+        rc = ER_ENOMEM;
+        goto done;
+    }
+    for (int i = 0; i < e->n_samplers; i++)
+        ER_CHECK(sampler_init(&e->samplers[i], m->cfg.V));
     e->prompt_tokens = er_alloc(sizeof(int) * (size_t)max_len);
     e->prompt_logits = er_alloc(sizeof(float) * (size_t)m->cfg.V);
     e->feat_sum = er_alloc(sizeof(double) * (size_t)m->cfg.C);
@@ -71,7 +81,9 @@ void engine_free(Engine *e) {
     acts_free(&e->prefill);
     acts_free(&e->decode);
     acts_free(&e->verify);
-    sampler_free(&e->sampler);
+    for (int i = 0; e->samplers && i < e->n_samplers; i++)
+        sampler_free(&e->samplers[i]);
+    er_free(e->samplers);
     er_free(e->prompt_tokens);
     er_free(e->prompt_logits);
     er_free(e->feat_sum);
@@ -394,9 +406,10 @@ static int is_eos(const Engine *e, int tok) {
     return (e->tok && tok_is_eos(e->tok, tok)) || tok == e->model->cfg.eos_id;
 }
 
-// The next token of sample i from its logits row: a forced suffix token, or a sample.
-static int next_token(Engine *e, const GenConfig *g, SampleState *s, GenSample *o, int i, const float *logits,
-                      const int *suffix, int n_suffix) {
+// The next token of sample i from its logits row: a forced suffix token, or a sample (sp: the calling
+// thread's scratch).
+static int next_token(Engine *e, Sampler *sp, const GenConfig *g, SampleState *s, GenSample *o, int i,
+                      const float *logits, const int *suffix, int n_suffix) {
     int V = e->model->cfg.V;
     if (g->budget > 0 && !s->forcing && o->n_tokens == g->budget && n_suffix > 0) {
         s->forcing = 1;
@@ -408,9 +421,35 @@ static int next_token(Engine *e, const GenConfig *g, SampleState *s, GenSample *
         logprob_forward(&s->pending_lp, logits, &s->pending, 1, V, 1.0f);
         return ER_OK;
     }
-    int rc = sampler_sample(&e->sampler, &g->sampler, logits, &s->rng, &s->pending, &s->pending_lp);
+    int rc = sampler_sample(sp, &g->sampler, logits, &s->rng, &s->pending, &s->pending_lp);
     // "logits contain NaN (token 7)" names a vocabulary entry: say which sample and position too.
     return rc < 0 ? er_error_prefix(rc, "generate: sample %d, new token %d", i, o->n_tokens + 1) : ER_OK;
+}
+
+// The next tokens of the samples idx[0 .. n-1] from the logits rows (n, V), the rows split across the
+// engine's samplers: 8 rows over the 151936-token vocabulary cost a decode step as much as a layer does.
+// Each sample draws from its own RNG stream, so the tokens do not depend on the split. On failure the
+// error of the lowest failing row is the one reported, as a serial loop would.
+static int next_tokens(Engine *e, const GenConfig *g, SampleState *st, GenSample *out, const int *idx, int n,
+                       const float *logits, const int *suffix, int n_suffix) {
+    size_t V = (size_t)e->model->cfg.V;
+    int nt = n < e->n_samplers ? n : e->n_samplers, failed = n, failed_rc = ER_OK;
+    char msg[512] = "";
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
+    for (int r = 0; r < n; r++) {
+        int i = idx[r];
+        int rc = next_token(e, &e->samplers[omp_get_thread_num()], g, &st[i], &out[i], i, logits + (size_t)r * V,
+                            suffix, n_suffix);
+        if (rc < 0) {
+#pragma omp critical(engine_next_tokens)
+            if (r < failed) {
+                failed = r;
+                failed_rc = rc;
+                snprintf(msg, sizeof msg, "%s", er_last_error()); // the error string is per thread
+            }
+        }
+    }
+    return failed < n ? er_error(failed_rc, "%s", msg) : ER_OK;
 }
 
 static int check_config(const Engine *e, const GenConfig *g, int n_prompt, int n_prefix, int n_suffix, int extra) {
@@ -492,7 +531,7 @@ static int samples_start(Engine *e, const GenConfig *g, SampleState *st, GenSamp
         out[i].logprobs = er_alloc(sizeof(float) * (size_t)g->max_new);
         if (!out[i].tokens || !out[i].logprobs)
             return ER_ENOMEM;
-        ER_TRY(next_token(e, g, s, &out[i], i, e->prompt_logits, suffix, n_suffix));
+        ER_TRY(next_token(e, &e->samplers[0], g, s, &out[i], i, e->prompt_logits, suffix, n_suffix));
         s->live = 1;
     }
     return ER_OK;
@@ -573,7 +612,7 @@ static int gen_max_total(const GenConfig *g) {
 // 3. Batched decode: emit each live sample's pending token, then one forward for all of them.
 static int samples_decode(Engine *e, const GenConfig *g, GenBatch *b, GenSample *out, const int *suffix,
                           int n_suffix, GenTokenFn cb, void *user, double t0, GenStats *stats) {
-    int N = g->n_samples, V = e->model->cfg.V, first = 1;
+    int N = g->n_samples, first = 1;
     int max_total = gen_max_total(g);
     for (;;) {
         int B = 0;
@@ -604,10 +643,7 @@ static int samples_decode(Engine *e, const GenConfig *g, GenBatch *b, GenSample 
         size_t used = kv_cache_bytes_in_use(&e->kv);
         if (used > stats->kv_bytes)
             stats->kv_bytes = used;
-        for (int r = 0; r < B; r++) {
-            int i = b->rows_idx[r];
-            ER_TRY(next_token(e, g, &b->st[i], &out[i], i, e->decode.logits + (size_t)r * V, suffix, n_suffix));
-        }
+        ER_TRY(next_tokens(e, g, b->st, out, b->rows_idx, B, e->decode.logits, suffix, n_suffix));
     }
 }
 
@@ -817,11 +853,8 @@ int engine_request_rows(Engine *e, EngineRequest *r, int *tokens, int *slots, ui
 }
 
 void engine_request_accept(Engine *e, EngineRequest *r, const float *logits) {
-    int V = e->model->cfg.V;
-    for (int k = 0; r->rc == ER_OK && k < r->n_rows; k++) {
-        int i = r->b.rows_idx[k];
-        r->rc = next_token(e, &r->g, &r->b.st[i], &r->out[i], i, logits + (size_t)k * V, r->suffix, r->n_suffix);
-    }
+    if (r->rc == ER_OK)
+        r->rc = next_tokens(e, &r->g, r->b.st, r->out, r->b.rows_idx, r->n_rows, logits, r->suffix, r->n_suffix);
     r->n_rows = 0;
 }
 

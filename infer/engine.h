@@ -72,7 +72,8 @@ typedef struct {
     Activations prefill;   // (1, chunk), ACTS_DECODE
     Activations decode;    // (max_samples, 1), ACTS_DECODE
     Activations verify;    // (max_samples, verification tokens + 1), ACTS_DECODE, sized on first use
-    Sampler sampler;
+    Sampler *samplers;     // (n_samplers) one per thread that samples rows at once
+    int n_samplers;        // min(threads at engine_init, max_samples)
     int max_samples, max_len, chunk;
     int prompt_slot;       // the last prompt, kept for prefix reuse (-1 = none)
     int *prompt_tokens;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "data/tokenizer.h"
 #include "infer/engine.h"
 #include "model/model.h"
@@ -330,6 +331,36 @@ Test(engine, nan_logits_name_the_sample) {
     GenStats st;
     cr_assert(engine_generate(&e, p, n, &g, NULL, NULL, out, &st) < 0);
     cr_assert(strstr(er_last_error(), "sample 0, new token 1") && strstr(er_last_error(), "NaN"), "%s",
+              er_last_error());
+    free(p);
+    engine_free(&e);
+}
+
+static int poison_after_first(void *user, int sample, int token, const char *bytes, size_t n) {
+    (void)user, (void)sample, (void)token, (void)bytes, (void)n;
+    model.norm[0] = NAN; // the next decode step's logits are all NaN
+    return 0;
+}
+
+// The same in a decode step, where the rows are sampled on two threads at once: every row fails, and the
+// error is the lowest row's, named as the serial loop named it.
+Test(engine, nan_logits_in_a_parallel_step_name_the_first_sample) {
+    threads_set(2);
+    Engine e;
+    cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 4, 200, 16, 0), 0);
+    cr_assert_eq(e.n_samplers, 2);
+    int *p, n = prompt_ids(PROMPT, &p);
+    GenConfig g;
+    gen_config_default(&g);
+    g.n_samples = 4;
+    g.max_new = 4;
+    GenSample out[4];
+    GenStats st;
+    float keep = model.norm[0];
+    int rc = engine_generate(&e, p, n, &g, poison_after_first, NULL, out, &st);
+    model.norm[0] = keep;
+    cr_assert(rc < 0);
+    cr_assert(strstr(er_last_error(), "sample 0, new token 2") && strstr(er_last_error(), "NaN"), "%s",
               er_last_error());
     free(p);
     engine_free(&e);
