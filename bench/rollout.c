@@ -14,6 +14,7 @@
 #include "rl/policy.h"
 
 #define G 8
+#define REPS 3
 
 static int generate(Engine *e, const LoraAdapter *ad, const int *prompt, int P, int n, int T, uint64_t seed,
                     GenSample *out) {
@@ -100,26 +101,38 @@ int main(int argc, char **argv) {
     ER_CHECK(generate(&e, &ad, prompt, P, 1, 4, 99, out)); // warm-up
     gen_samples_free(out, 1);
 
-    double t0 = time_now();
-    long seq_tokens = 0;
-    for (int i = 0; i < G; i++) {
-        ER_CHECK(generate(&e, &ad, prompt, P, 1, T, (uint64_t)i, out));
-        seq_tokens += out[0].n_tokens;
-        gen_samples_free(out, 1);
+    // Best of REPS rounds, each the 8 sequential generations then the batch of 8: the machine is shared,
+    // and one round of either side is under a second.
+    double t_seq = 1e300, t_batch = 1e300, t_train = 0;
+    long seq_tokens = 0, batch_tokens = 0;
+    for (int rep = 0; rep < REPS; rep++) {
+        double t0 = time_now();
+        long n = 0;
+        for (int i = 0; i < G; i++) {
+            ER_CHECK(generate(&e, &ad, prompt, P, 1, T, (uint64_t)i, out));
+            n += out[0].n_tokens;
+            gen_samples_free(out, 1);
+        }
+        double t = time_now() - t0;
+        if (t < t_seq)
+            t_seq = t, seq_tokens = n;
+        t0 = time_now();
+        ER_CHECK(generate(&e, &ad, prompt, P, G, T, 7, out));
+        t = time_now() - t0;
+        n = 0;
+        for (int i = 0; i < G; i++)
+            n += out[i].n_tokens;
+        if (t < t_batch)
+            t_batch = t, batch_tokens = n;
+        if (rep < REPS - 1)
+            gen_samples_free(out, G);
     }
-    double t_seq = time_now() - t0;
-    t0 = time_now();
-    ER_CHECK(generate(&e, &ad, prompt, P, G, T, 7, out));
-    double t_batch = time_now() - t0, t_train = 0;
-    long batch_tokens = 0;
-    for (int i = 0; i < G; i++)
-        batch_tokens += out[i].n_tokens;
     ER_CHECK(time_update(&m, &ad, &a, prompt, P, T, out, batch_tokens, &t_train));
     double seq_tps = seq_tokens / t_seq, batch_tps = batch_tokens / t_batch;
     printf("== GRPO rollouts (hidden 256, 4 layers, vocab 151936, rank-16 adapter; prompt %d, %d new tokens, "
-           "threads %d) ==\n", P, T, threads);
+           "threads %d; best of %d rounds) ==\n", P, T, threads, REPS);
     printf("8 sequential single-stream generations: %.1f tokens/s\n", seq_tps);
-    printf("G = 8 batched (shared prefix):          %.1f tokens/s = %.2fx sequential (target >= 4x)\n", batch_tps,
+    printf("G = 8 batched (shared prefix):          %.1f tokens/s = %.2fx sequential (target >= 6x)\n", batch_tps,
            batch_tps / seq_tps);
     printf("GRPO step: rollout %.2f s + policy update (reference + forward + backward) %.2f s: rollout share %.0f%%\n",
            t_batch, t_train, 100 * t_batch / (t_batch + t_train));
