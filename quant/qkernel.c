@@ -50,16 +50,15 @@ typedef gemm_v8f v8f;
 #define LOAD8 GEMM_LOAD8
 
 
-// out[n * R + r] = dot(w, x_n) for n < N (N a compile-time constant after inlining), each summed
-// exactly as gemm_dot_f32 sums (core/gemm.h), one weight load serving the N rows.
-static inline __attribute__((always_inline)) void dot_rows(float *out, int R, int r, const float *w, const float *inp,
-                                                           int K, const int N) {
+// acc[n] += w[k] * x_n[k] over k0 <= k < k1 (a multiple of 8 apart) in 8 lanes, for n < N (N a compile-time
+// constant after inlining), one weight load serving the N rows (x_n at inp + n * K).
+static inline __attribute__((always_inline)) void dot_rows_part(v8f *acc_io, const float *w, const float *inp, int K,
+                                                                int k0, int k1, const int N) {
     v8f acc[QUANT_DECODE_MAX_N];
 #pragma GCC unroll 8
     for (int n = 0; n < N; n++)
-        acc[n] = (v8f){0};
-    int k = 0;
-    for (; k + 8 <= K; k += 8) {
+        acc[n] = acc_io[n];
+    for (int k = k0; k < k1; k += 8) {
         v8f wv, xv;
         LOAD8(wv, w + k);
 #pragma GCC unroll 8
@@ -68,25 +67,79 @@ static inline __attribute__((always_inline)) void dot_rows(float *out, int R, in
             acc[n] += wv * xv;
         }
     }
+#pragma GCC unroll 8
+    for (int n = 0; n < N; n++)
+        acc_io[n] = acc[n];
+}
+
+// out[n * R + r] = the lanes of acc[n] plus the columns past the last multiple of 8: each dot summed exactly as
+// gemm_dot_f32 sums (core/gemm.h).
+static inline __attribute__((always_inline)) void dot_rows_end(float *out, int R, int r, const v8f *acc,
+                                                               const float *w, const float *inp, int K, const int N) {
     for (int n = 0; n < N; n++) {
         float s = gemm_lanes_sum(&acc[n]);
-        for (int j = k; j < K; j++)
+        for (int j = K & ~7; j < K; j++)
             s += w[j] * inp[(size_t)n * K + j];
         out[(size_t)n * R + r] = s;
     }
 }
 
-static void dot_rows_n(float *out, int R, int r, const float *w, const float *inp, int K, int N) {
+// Rows r0 .. r0 + nr - 1 (nr <= QK_TILE_ROWS; row r0 + i at W + i * K) of an fp32 weight against the N inputs, all of them at once when
+// the inputs fit in L1 beside the weight stream (nr = 1 is enough then), otherwise
+//   - K <= QK_SPLIT_COLS: the inputs in groups of 4 over the block, whose rows the second group reads back
+//     from L2 (8 rows of 896 inputs are 28 KiB, more than L1 keeps while the weights stream past);
+//   - wider (the 4864-wide down projection): QK_TILE_COLS columns of every row of the block at a time, the
+//     partial sums kept in memory between tiles.
+// The same sums in the same order either way.
+#define QK_L1_INPUTS 16384 // bytes of decode inputs that stay in L1 beside the weight stream
+#define QK_SPLIT_COLS 2048
+#define QK_TILE_ROWS 16
+#define QK_TILE_COLS 128
+static inline __attribute__((always_inline)) void dot_block(float *out, int R, int r0, int nr, const float *W,
+                                                            const float *inp, int K, const int N) {
+    v8f acc[QK_TILE_ROWS][QUANT_DECODE_MAX_N];
+    int K8 = K & ~7;
+    for (int i = 0; i < nr; i++)
+#pragma GCC unroll 8
+        for (int n = 0; n < N; n++)
+            acc[i][n] = (v8f){0};
+    int tile = (size_t)N * K * sizeof(float) <= QK_L1_INPUTS || K <= QK_SPLIT_COLS ? K8 : QK_TILE_COLS;
+    for (int k0 = 0; k0 < K8; k0 += tile)
+        for (int i = 0; i < nr; i++)
+            dot_rows_part(acc[i], W + (size_t)i * K, inp, K, k0, k0 + tile < K8 ? k0 + tile : K8, N);
+    for (int i = 0; i < nr; i++)
+        dot_rows_end(out, R, r0 + i, acc[i], W + (size_t)i * K, inp, K, N);
+}
+
+static void dot_block_n(float *out, int R, int r0, int nr, const float *W, const float *inp, int K, int N) {
     switch (N) {
-    case 1: dot_rows(out, R, r, w, inp, K, 1); break;
-    case 2: dot_rows(out, R, r, w, inp, K, 2); break;
-    case 3: dot_rows(out, R, r, w, inp, K, 3); break;
-    case 4: dot_rows(out, R, r, w, inp, K, 4); break;
-    case 5: dot_rows(out, R, r, w, inp, K, 5); break;
-    case 6: dot_rows(out, R, r, w, inp, K, 6); break;
-    case 7: dot_rows(out, R, r, w, inp, K, 7); break;
-    default: dot_rows(out, R, r, w, inp, K, 8); break;
+    case 1: dot_block(out, R, r0, nr, W, inp, K, 1); break;
+    case 2: dot_block(out, R, r0, nr, W, inp, K, 2); break;
+    case 3: dot_block(out, R, r0, nr, W, inp, K, 3); break;
+    case 4: dot_block(out, R, r0, nr, W, inp, K, 4); break;
+    case 5: dot_block(out, R, r0, nr, W, inp, K, 5); break;
+    case 6: dot_block(out, R, r0, nr, W, inp, K, 6); break;
+    case 7: dot_block(out, R, r0, nr, W, inp, K, 7); break;
+    default: dot_block(out, R, r0, nr, W, inp, K, 8); break;
     }
+}
+
+// out (N, R) = inp (N, K) · Wᵀ for fp32 W: blocks of rows as dot_block says.
+static void dot_f32(float *out, const float *W, const float *inp, int R, int K, int N) {
+    int fits = (size_t)N * K * sizeof(float) <= QK_L1_INPUTS, split = !fits && K <= QK_SPLIT_COLS;
+    int G = split ? 4 : N; // inputs per pass over a block
+    int RB = fits ? 1 : split ? (int)(2 * QK_L1_INPUTS / ((size_t)K * sizeof(float))) : QK_TILE_ROWS;
+    RB = RB < 1 ? 1 : RB > QK_TILE_ROWS ? QK_TILE_ROWS : RB;
+#pragma omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)
+    for (int r0 = 0; r0 < R; r0 += RB)
+        for (int n0 = 0; n0 < N; n0 += G)
+            dot_block_n(out + (size_t)n0 * R, R, r0, R - r0 < RB ? R - r0 : RB, W + (size_t)r0 * K,
+                        inp + (size_t)n0 * K, K, N - n0 < G ? N - n0 : G);
+}
+
+// Row r (at w) alone.
+static void dot_rows_n(float *out, int R, int r, const float *w, const float *inp, int K, int N) {
+    dot_block_n(out, R, r, 1, w, inp, K, N);
 }
 
 static int check_decode(const Weight *w, int N, const float *scratch) {
@@ -102,9 +155,7 @@ int quant_matmul_decode_portable(float *out, const float *inp, const Weight *w, 
     ER_TRY(check_decode(w, N, scratch));
     int R = w->rows, K = w->cols;
     if (w->fmt == WF_F32) {
-#pragma omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)
-        for (int r = 0; r < R; r++)
-            dot_rows_n(out, R, r, (const float *)w->data + (size_t)r * K, inp, K, N);
+        dot_f32(out, (const float *)w->data, inp, R, K, N);
         return ER_OK;
     }
     for (int r0 = 0; r0 < R; r0 += QUANT_TILE_ROWS) {
