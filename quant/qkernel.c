@@ -638,19 +638,20 @@ int qk_i8_takes(const Weight *w, int N) {
     return w->fmt == WF_Q8 || w->fmt == WF_Q4 || (w->fmt == WF_Q4G && w->group == 32);
 }
 
-// 32 inputs as int8 codes q (natural order) with scale *d = max|x| / 127, and their fp32 sum *xs added as
+// 32 inputs as int8 codes (elements 8j .. 8j + 7 at q + at[j]) with scale *d = max|x| / 127, and their fp32 sum *xs added as
 // 8 lanes of 4 (lane i: x[i] + x[8+i] + x[16+i] + x[24+i]), the lanes as ((0+4)+(2+6))+((1+5)+(3+7)): the
 // order the AVX2 kernels were measured with. Codes round to nearest even (x * (127 / max|x|) plus and minus
 // 1.5 * 2^23, what cvtps2dq does under the default MXCSR); a NaN or an out-of-range value saturates like
 // packsswb does. In GCC's vectors (8 lanes, compares as lane masks) so that it vectorises on both CPUs: it
 // runs on one thread before each int8 product, three times per layer on the same input.
 typedef int32_t qk_v8i __attribute__((vector_size(32)));
+typedef int8_t qk_v8b __attribute__((vector_size(8)));
 
 static inline v8f qk_select(qk_v8i mask, v8f a, v8f b) { // mask ? a : b, lane by lane
     return (v8f)(((qk_v8i)a & mask) | ((qk_v8i)b & ~mask));
 }
 
-static void qk_quant_block(int8_t *q, float *d, float *xs, const float *x) {
+static void qk_quant_block(int8_t *q, const int at[4], float *d, float *xs, const float *x) {
     v8f v[4], t = {0}, m = {0};
     for (int j = 0; j < 4; j++) {
         LOAD8(v[j], x + 8 * j);
@@ -668,9 +669,8 @@ static void qk_quant_block(int8_t *q, float *d, float *xs, const float *x) {
     for (int j = 0; j < 4; j++) {
         v8f r = (v[j] * id + 12582912.0f) - 12582912.0f;
         r = qk_select(r >= hi, hi, qk_select(r >= lo, r, lo)); // NaN: both false, -128
-        qk_v8i c = __builtin_convertvector(r, qk_v8i);
-        for (int i = 0; i < 8; i++)
-            q[8 * j + i] = (int8_t)c[i];
+        qk_v8b c = __builtin_convertvector(__builtin_convertvector(r, qk_v8i), qk_v8b);
+        memcpy(q + at[j], &c, sizeof c);
     }
 }
 
@@ -682,17 +682,13 @@ void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order) {
         float *xs = a->xs + (size_t)n * nb, *dv = a->dv + (size_t)n * (K / 8), d;
         double t = 0;
         for (int b = 0; b < nb; b++) {
-            int8_t nat[32];
-            qk_quant_block(nat, &d, &xs[b], x + 32 * b);
-            t += xs[b];
-            // Element e of block b goes to byte 32 * ((e / 8) % 2) + 16 * (b % 2) + 8 * (e / 16) + e % 8
-            // (Q4) or 32 * (e / 16) + 16 * (b % 2) + e % 16 (Q8) of its chunk.
+            // Elements 8j .. 8j + 7 of block b go to bytes at[j] .. at[j] + 7 of its chunk (from c): element e
+            // to 32 * ((e / 8) % 2) + 16 * (b % 2) + 8 * (e / 16) + e % 8 (Q4) or 32 * (e / 16) + 16 * (b % 2)
+            // + e % 16 (Q8).
+            static const int at_q4[4] = {0, 32, 8, 40}, at_q8[4] = {0, 8, 32, 40};
             int8_t *c = q + 64 * (b / 2) + 16 * (b % 2);
-            for (int e = 0; e < 32; e += order == QK_ORDER_Q4 ? 8 : 16)
-                if (order == QK_ORDER_Q4)
-                    memcpy(c + 32 * ((e / 8) % 2) + 8 * (e / 16), nat + e, 8);
-                else
-                    memcpy(c + 32 * (e / 16), nat + e, 16);
+            qk_quant_block(c, order == QK_ORDER_Q4 ? at_q4 : at_q8, &d, &xs[b], x + 32 * b);
+            t += xs[b];
             for (int i = 0; i < 4; i++)
                 dv[8 * (b / 2) + 4 * (b % 2) + i] = d;
         }
