@@ -84,8 +84,9 @@ static inline __attribute__((always_inline)) void dot_rows_end(float *out, int R
     }
 }
 
-// Rows r0 .. r0 + nr - 1 (nr <= QK_TILE_ROWS; row r0 + i at W + i * K) of an fp32 weight against the N inputs, all of them at once when
-// the inputs fit in L1 beside the weight stream (nr = 1 is enough then), otherwise
+// Rows r0 .. r0 + nr - 1 (nr <= QK_TILE_ROWS; row r0 + i at W + i * K) of an fp32 weight against the N
+// inputs, all of them at once when the inputs fit in L1 beside the weight stream (nr = 1 is enough then),
+// otherwise
 //   - K <= QK_SPLIT_COLS: the inputs in groups of 4 over the block, whose rows the second group reads back
 //     from L2 (8 rows of 896 inputs are 28 KiB, more than L1 keeps while the weights stream past);
 //   - wider (the 4864-wide down projection): QK_TILE_COLS columns of every row of the block at a time, the
@@ -130,7 +131,7 @@ static void dot_f32(float *out, const float *W, const float *inp, int R, int K, 
     int G = split ? 4 : N; // inputs per pass over a block
     int RB = fits ? 1 : split ? (int)(2 * QK_L1_INPUTS / ((size_t)K * sizeof(float))) : QK_TILE_ROWS;
     RB = RB < 1 ? 1 : RB > QK_TILE_ROWS ? QK_TILE_ROWS : RB;
-#pragma omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)
+#pragma omp parallel for schedule(dynamic, threads_chunk((R + RB - 1) / RB)) if ((long)R * K * N >= THREADS_MIN_WORK)
     for (int r0 = 0; r0 < R; r0 += RB)
         for (int n0 = 0; n0 < N; n0 += G)
             dot_block_n(out + (size_t)n0 * R, R, r0, R - r0 < RB ? R - r0 : RB, W + (size_t)r0 * K,
@@ -412,7 +413,7 @@ static inline __attribute__((always_inline)) void qrow_simd(float *out, int R, i
                 t += inp[(size_t)n * K + k];                                                               \
             xsum[n] = (float)t;                                                                            \
         }                                                                                                  \
-        _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
+        _Pragma("omp parallel for schedule(dynamic, threads_chunk(R)) if ((long)R * K * N >= THREADS_MIN_WORK)") \
         for (int r = 0; r < R; r++) {                                                                      \
             switch (N) {                                                                                   \
             case 1: qrow_simd(out, R, r, w, inp, xsum, K, 1, FMT); break;                                  \
@@ -565,7 +566,7 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
         int R = w->rows, K = w->cols;                                                                      \
         QkActs a;                                                                                          \
         qk_acts_fill(&a, inp, K, N, FMT == WF_Q8 ? QK_ORDER_Q8 : QK_ORDER_Q4);                                                         \
-        _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
+        _Pragma("omp parallel for schedule(dynamic, threads_chunk(R)) if ((long)R * K * N >= THREADS_MIN_WORK)") \
         for (int r = 0; r < R; r++) {                                                                      \
             switch (N) {                                                                                   \
             case 1: qrow_i8(out, R, r, w, &a, K, 1, FMT); break;                                           \
