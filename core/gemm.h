@@ -4,6 +4,7 @@
 #ifndef CORE_GEMM_H
 #define CORE_GEMM_H
 
+#include <stdint.h>
 #include <string.h>
 
 void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A, int lda,
@@ -20,6 +21,20 @@ typedef float gemm_v8f __attribute__((vector_size(32)));
 
 static inline float gemm_lanes_sum(const gemm_v8f *v) {
     return (((*v)[0] + (*v)[1]) + ((*v)[2] + (*v)[3])) + (((*v)[4] + (*v)[5]) + ((*v)[6] + (*v)[7]));
+}
+
+// out[c] = gemm_lanes_sum(&v[c]) for c < 4, the same sums in the same order, by lane shuffles (two rounds of
+// adjacent pairs, then the halves) instead of 28 lane extractions.
+typedef int32_t gemm_v8i __attribute__((vector_size(32)));
+static inline void gemm_lanes_sum4(const gemm_v8f v[4], float out[4]) {
+    const gemm_v8i even = {0, 2, 8, 10, 4, 6, 12, 14}, odd = {1, 3, 9, 11, 5, 7, 13, 15};
+    // p01 = (v0[0]+v0[1], v0[2]+v0[3], v1[0]+v1[1], v1[2]+v1[3], then lanes 4-7 likewise), p23 the same
+    gemm_v8f p01 = __builtin_shuffle(v[0], v[1], even) + __builtin_shuffle(v[0], v[1], odd);
+    gemm_v8f p23 = __builtin_shuffle(v[2], v[3], even) + __builtin_shuffle(v[2], v[3], odd);
+    // q[c] = (v_c[0]+v_c[1]) + (v_c[2]+v_c[3]), q[4 + c] the same of lanes 4-7
+    gemm_v8f q = __builtin_shuffle(p01, p23, even) + __builtin_shuffle(p01, p23, odd);
+    for (int c = 0; c < 4; c++)
+        out[c] = q[c] + q[4 + c];
 }
 
 static inline float gemm_dot_f32(const float *a, const float *b, int K) {

@@ -245,9 +245,14 @@ static void scores_f32(float *sc, const float *q, const float *k, size_t row, in
                 a[c] += qv * kv;
             }
         }
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++)
-            sc[j + c] = dot_f32(&a[c], q, k0 + (size_t)c * row, H8, HS) * scale;
+        float d[4];
+        gemm_lanes_sum4(a, d);
+        for (int c = 0; c < 4; c++) {
+            const float *kr = k0 + (size_t)c * row;
+            for (int i = H8; i < HS; i++)
+                d[c] += q[i] * kr[i];
+            sc[j + c] = d[c] * scale;
+        }
     }
     for (; j < n; j++) {
         const float *kr = k + (size_t)j * row;

@@ -76,11 +76,16 @@ static inline __attribute__((always_inline)) void dot_rows_part(v8f *acc_io, con
 // gemm_dot_f32 sums (core/gemm.h).
 static inline __attribute__((always_inline)) void dot_rows_end(float *out, int R, int r, const v8f *acc,
                                                                const float *w, const float *inp, int K, const int N) {
-    for (int n = 0; n < N; n++) {
-        float s = gemm_lanes_sum(&acc[n]);
+    float s[QUANT_DECODE_MAX_N];
+    int n = 0;
+    for (; n + 4 <= N; n += 4)
+        gemm_lanes_sum4(acc + n, s + n);
+    for (; n < N; n++)
+        s[n] = gemm_lanes_sum(&acc[n]);
+    for (n = 0; n < N; n++) {
         for (int j = K & ~7; j < K; j++)
-            s += w[j] * inp[(size_t)n * K + j];
-        out[(size_t)n * R + r] = s;
+            s[n] += w[j] * inp[(size_t)n * K + j];
+        out[(size_t)n * R + r] = s[n];
     }
 }
 

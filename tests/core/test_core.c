@@ -14,6 +14,7 @@
 #include "core/args.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/gemm.h"
 #include "core/json.h"
 #include "core/progress.h"
 #include "core/rng.h"
@@ -685,4 +686,30 @@ Test(build, make_targets_install_their_packages_first) {
         pclose(p);
         cr_assert(strncmp(line, "bash scripts/deps.sh", 20) == 0, "`make %s` first runs: %s", targets[i], line);
     }
+}
+
+// The shuffled four-way lane sum is the scalar one bit for bit (the attention kernels' dots rely on it):
+// random values of mixed magnitudes, where any other order of the additions rounds differently.
+Test(gemm, lanes_sum4_equals_lanes_sum) {
+    ErRng r;
+    rng_seed(&r, 5);
+    int differ_if_reordered = 0;
+    for (int it = 0; it < 20000; it++) {
+        gemm_v8f v[4];
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 8; l++)
+                v[c][l] = (float)(rng_normal(&r) * pow(10.0, (double)(rng_below(&r, 13)) - 6));
+        float got[4];
+        gemm_lanes_sum4(v, got);
+        for (int c = 0; c < 4; c++) {
+            float want = gemm_lanes_sum(&v[c]);
+            cr_assert(memcmp(&got[c], &want, sizeof want) == 0, "case %d vector %d: %.9g, scalar order %.9g", it,
+                      c, got[c], want);
+            float seq = 0.0f;
+            for (int l = 0; l < 8; l++)
+                seq += v[c][l];
+            differ_if_reordered += seq != want;
+        }
+    }
+    cr_assert_gt(differ_if_reordered, 1000, "the inputs must tell summation orders apart");
 }
