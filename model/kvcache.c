@@ -292,6 +292,37 @@ static void values_f32(float *o, const float *w, const float *v, size_t row, int
             o[i] += w[j] * v[(size_t)j * row + i];
 }
 
+// The softmax's max and sum over n scores in 8 lanes (GCC's vectors; a NaN is skipped by the max as by
+// `a > m ? a : m`), the lanes then combined in a fixed order: the same result on every CPU.
+static float softmax_max(const float *x, int n) {
+    gemm_v8f m = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY}, v;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        GEMM_LOAD8(v, x + i);
+        gemm_v8i gt = v > m;
+        m = (gemm_v8f)(((gemm_v8i)v & gt) | ((gemm_v8i)m & ~gt));
+    }
+    float mx = -INFINITY;
+    for (int l = 0; l < 8; l++)
+        mx = m[l] > mx ? m[l] : mx;
+    for (; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+static float softmax_sum(const float *x, int n) {
+    gemm_v8f acc = {0}, v;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        GEMM_LOAD8(v, x + i);
+        acc += v;
+    }
+    float s = gemm_lanes_sum(&acc);
+    for (; i < n; i++)
+        s += x[i];
+    return s;
+}
+
 // Both caches go a block of positions at a time: the int8 one through kk's kernels (model/kv_kernel.h),
 // the fp32 one through the two above.
 int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float *q, const KVCache *kv, int l,
@@ -326,18 +357,14 @@ int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float 
                     else
                         scores_f32(sc + s, qv, (const float *)kv->k + p, row, n, HS, scale);
                 }
-                float mx = -INFINITY;
-                for (int s = 0; s <= last; s++)
-                    mx = sc[s] > mx ? sc[s] : mx;
+                float mx = softmax_max(sc, last + 1);
 #pragma omp simd
                 for (int s = 0; s <= last; s++)
                     sc[s] = ops_expf(sc[s] - mx);
-                float sum = 0.0f;
-                for (int s = 0; s <= last; s++)
-                    sum += sc[s];
-                float *o = out + (((size_t)b * T + t) * NH + h) * HS, inv = 1.0f / sum;
+                float *o = out + (((size_t)b * T + t) * NH + h) * HS, inv = 1.0f / softmax_sum(sc, last + 1);
                 for (int i = 0; i < HS; i++)
                     o[i] = 0.0f;
+#pragma omp simd
                 for (int s = 0; s <= last; s++)
                     sc[s] *= inv;
                 for (int s = 0; s <= last; s += KV_BLOCK) {
