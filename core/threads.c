@@ -28,8 +28,3 @@ int threads_get(void) {
     return 1;
 #endif
 }
-
-int threads_chunk(long n) {
-    long c = n / (16L * threads_get());
-    return c < 1 ? 1 : c > (1L << 30) ? 1 << 30 : (int)c;
-}

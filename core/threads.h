@@ -10,11 +10,6 @@
 // what each row computes is the same either way.
 enum { THREADS_MIN_WORK = 1 << 16 };
 
-// Iterations per chunk of `schedule(dynamic, ...)` over n iterations: about 16 chunks per thread. The
-// decode products split their rows this way: with a static split the thread whose core is busier (or whose
-// memory stream is slower) keeps the other waiting at the end of every product, 5-9% of a decode step.
-int threads_chunk(long n);
-
 // n <= 0 means all cores. Returns the count in effect.
 int threads_set(int n);
 int threads_get(void);

@@ -136,7 +136,7 @@ static void dot_f32(float *out, const float *W, const float *inp, int R, int K, 
     int G = split ? 4 : N; // inputs per pass over a block
     int RB = fits ? 1 : split ? (int)(2 * QK_L1_INPUTS / ((size_t)K * sizeof(float))) : QK_TILE_ROWS;
     RB = RB < 1 ? 1 : RB > QK_TILE_ROWS ? QK_TILE_ROWS : RB;
-#pragma omp parallel for schedule(dynamic, threads_chunk((R + RB - 1) / RB)) if ((long)R * K * N >= THREADS_MIN_WORK)
+#pragma omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)
     for (int r0 = 0; r0 < R; r0 += RB)
         for (int n0 = 0; n0 < N; n0 += G)
             dot_block_n(out + (size_t)n0 * R, R, r0, R - r0 < RB ? R - r0 : RB, W + (size_t)r0 * K,
@@ -418,7 +418,7 @@ static inline __attribute__((always_inline)) void qrow_simd(float *out, int R, i
                 t += inp[(size_t)n * K + k];                                                               \
             xsum[n] = (float)t;                                                                            \
         }                                                                                                  \
-        _Pragma("omp parallel for schedule(dynamic, threads_chunk(R)) if ((long)R * K * N >= THREADS_MIN_WORK)") \
+        _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
         for (int r = 0; r < R; r++) {                                                                      \
             switch (N) {                                                                                   \
             case 1: qrow_simd(out, R, r, w, inp, xsum, K, 1, FMT); break;                                  \
@@ -579,9 +579,9 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
         qrow_i8_q4(out, R, r, w, a, K, N, fmt, RW);
 }
 
-// Input columns from which the q4 / q4g32 rows go in pairs (the inputs no longer fit in L1: N * K codes and
-// N * K / 2 bytes of scales): the 896 x 4864 down projection at N = 8 runs 1.3-1.4x faster in pairs, the
-// 896-wide products 10% slower. Pairs need AVX-512's registers (16 accumulators at N = 8).
+// The q4 / q4g32 rows go in pairs where the inputs (N * K codes and N * K / 2 bytes of scales) no longer
+// fit in L1 and past QK_I8_PAIR_COLS columns: the 896 x 4864 down projection at N = 8 runs 1.3-1.4x faster
+// in pairs, the 896-wide products 10% slower. Pairs need AVX-512's registers (16 accumulators at N = 8).
 #if defined(__AVX512VL__)
 #define QK_I8_PAIR_COLS 2048
 #else
@@ -608,8 +608,8 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
         int R = w->rows, K = w->cols;                                                                      \
         QkActs a;                                                                                          \
         qk_acts_fill(&a, inp, K, N, FMT == WF_Q8 ? QK_ORDER_Q8 : QK_ORDER_Q4);                                                         \
-        int RW = FMT != WF_Q8 && K > QK_I8_PAIR_COLS ? 2 : 1;                                              \
-        _Pragma("omp parallel for schedule(dynamic, threads_chunk(R / RW)) if ((long)R * K * N >= THREADS_MIN_WORK)") \
+        int RW = FMT != WF_Q8 && K > QK_I8_PAIR_COLS && (size_t)N * K * 3 / 2 > QK_L1_INPUTS ? 2 : 1;     \
+        _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
         for (int r = 0; r < R - RW + 1; r += RW) {                                                         \
             if (RW == 2) {                                                                                 \
                 QK_I8_ROW(FMT, 2);                                                                         \

@@ -386,7 +386,7 @@ typedef void (*I8RowsFn)(float *out, const Weight *w, const QkActs *a, int N);
 // All rows of w for one format and one way to the integer lanes (DOT), N a constant inside.
 #define QK_I8_ROWS(FMT, name, DOT)                                                                                \
     static void i8_##name##_##DOT(float *out, const Weight *w, const QkActs *a, int N) {                          \
-        _Pragma("omp parallel for schedule(dynamic, threads_chunk(w->rows)) if ((long)w->rows * w->cols * N >= THREADS_MIN_WORK)") \
+        _Pragma("omp parallel for schedule(static) if ((long)w->rows * w->cols * N >= THREADS_MIN_WORK)")        \
         for (int r = 0; r < w->rows; r++) {                                                                       \
             switch (N) {                                                                                          \
             case 1: i8_row(out, w->rows, r, w, a, 1, FMT, DOT); break;                                            \
@@ -629,7 +629,7 @@ static int sdot_decode(float *out, const float *inp, const Weight *w, int N, con
     Limbs L;
     ER_TRY(limbs_make(&L, inp, N, w->cols));
     SdotRowFn fn = rows[N - 1];
-#pragma omp parallel for schedule(dynamic, threads_chunk(w->rows)) if ((long)w->rows * w->cols * N >= THREADS_MIN_WORK)
+#pragma omp parallel for schedule(static) if ((long)w->rows * w->cols * N >= THREADS_MIN_WORK)
     for (int r = 0; r < w->rows; r++)
         fn(out, w->rows, r, w, inp, &L);
     er_free(L.limb);
@@ -650,7 +650,7 @@ static int mmla_decode(float *out, const float *inp, const Weight *w, int N, con
         return er_error(ER_ENOMEM, "quant_matmul_decode: no memory for %d x %d paired input limbs", N, K);
     }
     MmlaRowsFn fn = pairs[N - 2];
-#pragma omp parallel for schedule(dynamic, threads_chunk(R)) if ((long)R * K * N >= THREADS_MIN_WORK)
+#pragma omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)
     for (int p = 0; p < R / 2; p++)
         fn(out, R, 2 * p, w, inp, &L, m);
     if (R % 2)
@@ -713,7 +713,7 @@ static int neon_decode(float *out, const float *inp, const Weight *w, int N, con
         xsum[n] = (float)t;
     }
     NeonRowFn fn = rows[N - 1];
-#pragma omp parallel for schedule(dynamic, threads_chunk(R)) if ((long)R * K * N >= THREADS_MIN_WORK)
+#pragma omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)
     for (int r = 0; r < R; r++)
         fn(out, R, r, w, inp, xsum);
     return ER_OK;
