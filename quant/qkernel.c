@@ -90,8 +90,8 @@ static inline __attribute__((always_inline)) void dot_rows_end(float *out, int R
 }
 
 // Rows r0 .. r0 + nr - 1 (nr <= QK_TILE_ROWS; row r0 + i at W + i * K) of an fp32 weight against the N
-// inputs, all of them at once when the inputs fit in L1 beside the weight stream (nr = 1 is enough then),
-// otherwise
+// inputs, `tile` columns of every row at a time (a multiple of 8, or the whole row). dot_f32 takes all the
+// inputs at once over whole rows when they fit in L1 beside the weight stream (one row per block), otherwise
 //   - K <= QK_SPLIT_COLS: the inputs in groups of 4 over the block, whose rows the second group reads back
 //     from L2 (8 rows of 896 inputs are 28 KiB, more than L1 keeps while the weights stream past);
 //   - wider (the 4864-wide down projection): QK_TILE_COLS columns of every row of the block at a time, the
@@ -102,14 +102,13 @@ static inline __attribute__((always_inline)) void dot_rows_end(float *out, int R
 #define QK_TILE_ROWS 16
 #define QK_TILE_COLS 128
 static inline __attribute__((always_inline)) void dot_block(float *out, int R, int r0, int nr, const float *W,
-                                                            const float *inp, int K, const int N) {
+                                                            const float *inp, int K, int tile, const int N) {
     v8f acc[QK_TILE_ROWS][QUANT_DECODE_MAX_N];
     int K8 = K & ~7;
     for (int i = 0; i < nr; i++)
 #pragma GCC unroll 8
         for (int n = 0; n < N; n++)
             acc[i][n] = (v8f){0};
-    int tile = (size_t)N * K * sizeof(float) <= QK_L1_INPUTS || K <= QK_SPLIT_COLS ? K8 : QK_TILE_COLS;
     for (int k0 = 0; k0 < K8; k0 += tile)
         for (int i = 0; i < nr; i++)
             dot_rows_part(acc[i], W + (size_t)i * K, inp, K, k0, k0 + tile < K8 ? k0 + tile : K8, N);
@@ -117,35 +116,37 @@ static inline __attribute__((always_inline)) void dot_block(float *out, int R, i
         dot_rows_end(out, R, r0 + i, acc[i], W + (size_t)i * K, inp, K, N);
 }
 
-static void dot_block_n(float *out, int R, int r0, int nr, const float *W, const float *inp, int K, int N) {
+static void dot_block_n(float *out, int R, int r0, int nr, const float *W, const float *inp, int K, int tile,
+                        int N) {
     switch (N) {
-    case 1: dot_block(out, R, r0, nr, W, inp, K, 1); break;
-    case 2: dot_block(out, R, r0, nr, W, inp, K, 2); break;
-    case 3: dot_block(out, R, r0, nr, W, inp, K, 3); break;
-    case 4: dot_block(out, R, r0, nr, W, inp, K, 4); break;
-    case 5: dot_block(out, R, r0, nr, W, inp, K, 5); break;
-    case 6: dot_block(out, R, r0, nr, W, inp, K, 6); break;
-    case 7: dot_block(out, R, r0, nr, W, inp, K, 7); break;
-    default: dot_block(out, R, r0, nr, W, inp, K, 8); break;
+    case 1: dot_block(out, R, r0, nr, W, inp, K, tile, 1); break;
+    case 2: dot_block(out, R, r0, nr, W, inp, K, tile, 2); break;
+    case 3: dot_block(out, R, r0, nr, W, inp, K, tile, 3); break;
+    case 4: dot_block(out, R, r0, nr, W, inp, K, tile, 4); break;
+    case 5: dot_block(out, R, r0, nr, W, inp, K, tile, 5); break;
+    case 6: dot_block(out, R, r0, nr, W, inp, K, tile, 6); break;
+    case 7: dot_block(out, R, r0, nr, W, inp, K, tile, 7); break;
+    default: dot_block(out, R, r0, nr, W, inp, K, tile, 8); break;
     }
 }
 
 // out (N, R) = inp (N, K) · Wᵀ for fp32 W: blocks of rows as dot_block says.
 static void dot_f32(float *out, const float *W, const float *inp, int R, int K, int N) {
     int fits = (size_t)N * K * sizeof(float) <= QK_L1_INPUTS, split = !fits && K <= QK_SPLIT_COLS;
-    int G = split ? 4 : N; // inputs per pass over a block
+    int G = split ? 4 : N;                                  // inputs per pass over a block
+    int tile = fits || split ? K & ~7 : QK_TILE_COLS;       // columns per pass
     int RB = fits ? 1 : split ? (int)(2 * QK_L1_INPUTS / ((size_t)K * sizeof(float))) : QK_TILE_ROWS;
     RB = RB < 1 ? 1 : RB > QK_TILE_ROWS ? QK_TILE_ROWS : RB;
 #pragma omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)
     for (int r0 = 0; r0 < R; r0 += RB)
         for (int n0 = 0; n0 < N; n0 += G)
             dot_block_n(out + (size_t)n0 * R, R, r0, R - r0 < RB ? R - r0 : RB, W + (size_t)r0 * K,
-                        inp + (size_t)n0 * K, K, N - n0 < G ? N - n0 : G);
+                        inp + (size_t)n0 * K, K, tile, N - n0 < G ? N - n0 : G);
 }
 
-// Row r (at w) alone.
+// Row r (at w) alone, whole.
 static void dot_rows_n(float *out, int R, int r, const float *w, const float *inp, int K, int N) {
-    dot_block_n(out, R, r, 1, w, inp, K, N);
+    dot_block_n(out, R, r, 1, w, inp, K, K & ~7, N);
 }
 
 static int check_decode(const Weight *w, int N, const float *scratch) {
