@@ -24,15 +24,23 @@ static inline float gemm_lanes_sum(const gemm_v8f *v) {
 }
 
 // out[c] = gemm_lanes_sum(&v[c]) for c < 4, the same sums in the same order, by lane shuffles (two rounds of
-// adjacent pairs, then the halves) instead of 28 lane extractions.
+// adjacent pairs, then the halves) instead of 28 lane extractions. GEMM_EVEN / GEMM_ODD pick lanes 0, 2, 4, 6
+// / 1, 3, 5, 7 of each 4-lane half of a and b: (a0 a2 b0 b2 a4 a6 b4 b6) and (a1 a3 b1 b3 a5 a7 b5 b7). Clang
+// (the fuzz build) spells GCC's __builtin_shuffle with constant indices.
 typedef int32_t gemm_v8i __attribute__((vector_size(32)));
+#if defined(__clang__)
+#define GEMM_EVEN(a, b) __builtin_shufflevector(a, b, 0, 2, 8, 10, 4, 6, 12, 14)
+#define GEMM_ODD(a, b) __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15)
+#else
+#define GEMM_EVEN(a, b) __builtin_shuffle(a, b, (gemm_v8i){0, 2, 8, 10, 4, 6, 12, 14})
+#define GEMM_ODD(a, b) __builtin_shuffle(a, b, (gemm_v8i){1, 3, 9, 11, 5, 7, 13, 15})
+#endif
 static inline void gemm_lanes_sum4(const gemm_v8f v[4], float out[4]) {
-    const gemm_v8i even = {0, 2, 8, 10, 4, 6, 12, 14}, odd = {1, 3, 9, 11, 5, 7, 13, 15};
     // p01 = (v0[0]+v0[1], v0[2]+v0[3], v1[0]+v1[1], v1[2]+v1[3], then lanes 4-7 likewise), p23 the same
-    gemm_v8f p01 = __builtin_shuffle(v[0], v[1], even) + __builtin_shuffle(v[0], v[1], odd);
-    gemm_v8f p23 = __builtin_shuffle(v[2], v[3], even) + __builtin_shuffle(v[2], v[3], odd);
+    gemm_v8f p01 = GEMM_EVEN(v[0], v[1]) + GEMM_ODD(v[0], v[1]);
+    gemm_v8f p23 = GEMM_EVEN(v[2], v[3]) + GEMM_ODD(v[2], v[3]);
     // q[c] = (v_c[0]+v_c[1]) + (v_c[2]+v_c[3]), q[4 + c] the same of lanes 4-7
-    gemm_v8f q = __builtin_shuffle(p01, p23, even) + __builtin_shuffle(p01, p23, odd);
+    gemm_v8f q = GEMM_EVEN(p01, p23) + GEMM_ODD(p01, p23);
     for (int c = 0; c < 4; c++)
         out[c] = q[c] + q[4 + c];
 }
