@@ -223,14 +223,7 @@ void kv_store(KVCache *kv, int l, int slot, int pos, const float *k, const float
 // The fp32 cache's kernels over n consecutive positions of one KV block and one KV head (a position's HS
 // values at k + j * row), portable with GCC's vectors (8 lanes: AVX2 here, two NEON registers on aarch64).
 // scores: sc[j] = (q . k_j) * scale, four positions at a time (independent accumulators), each dot summed
-// in the lane order of gemm_dot_f32 (core/gemm.h) on every CPU.
-static inline float dot_f32(const gemm_v8f *acc, const float *q, const float *kr, int H8, int HS) {
-    float d = gemm_lanes_sum(acc);
-    for (int i = H8; i < HS; i++)
-        d += q[i] * kr[i];
-    return d;
-}
-
+// as gemm_dot_f32 (core/gemm.h) sums it, which takes the last n % 4 positions, on every CPU.
 static void scores_f32(float *sc, const float *q, const float *k, size_t row, int n, int HS, float scale) {
     int H8 = HS & ~7, j = 0;
     gemm_v8f qv, kv;
@@ -254,16 +247,8 @@ static void scores_f32(float *sc, const float *q, const float *k, size_t row, in
             sc[j + c] = d[c] * scale;
         }
     }
-    for (; j < n; j++) {
-        const float *kr = k + (size_t)j * row;
-        gemm_v8f a = {0};
-        for (int i = 0; i < H8; i += 8) {
-            GEMM_LOAD8(qv, q + i);
-            GEMM_LOAD8(kv, kr + i);
-            a += qv * kv;
-        }
-        sc[j] = dot_f32(&a, q, kr, H8, HS) * scale;
-    }
+    for (; j < n; j++)
+        sc[j] = gemm_dot_f32(q, k + (size_t)j * row, HS) * scale;
 }
 
 // values: o[i] += w[j] * v_j[i] for j = 0 .. n-1 in order, 32 elements of o held in registers across the
