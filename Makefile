@@ -249,8 +249,10 @@ test:
 test-run: all $(BUILD)/test_all ref check-source
 	OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(BUILD)/test_all --jobs 2
 
+# OpenMPI and the MPI=1 build too: bench/run_mpi.sh compares 2 ranks against 1.
 bench:
-	bash scripts/deps.sh
+	MPI=1 bash scripts/deps.sh
+	$(MAKE) --no-print-directory MPI=1 all
 	$(MAKE) --no-print-directory bench-run
 
 bench-run: all $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
