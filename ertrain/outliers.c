@@ -1,9 +1,10 @@
-// ertrain outliers: a float model dir -> the same model with outlier channels (train/transform_model.h,
-// transform_model_add_outliers): a seeded test model for quantizers. Not for transforms: the outliers
-// are the inverses of the norm folding and the closed-form T_u that rotate / fpt / fpt-trained start
-// with, which undo them exactly (q4 + fpt reports the tiny base's relative error and NLL).
+// ertrain outliers: a float model dir -> the same function with the outlier channels of real LLMs
+// (train/transform_model.h, transform_model_add_outliers): residual channels carrying the stream's
+// dominant directions, norm scales amplifying them and loud MLP channels. A seeded test model for
+// quantizers and transforms.
 #include <stdio.h>
 
+#include "core/alloc.h"
 #include "core/args.h"
 #include "core/error.h"
 #include "ertrain/cli.h"
@@ -11,52 +12,85 @@
 #include "train/run.h"
 #include "train/transform_model.h"
 
-static int outliers_write(const char *model_dir, const char *out_dir, int channels, double lo, double hi, int seed) {
+typedef struct {
+    const char *model, *out, *calib, *response_key;
+    int calib_n, channels, seed;
+    double lo, hi;
+} OutliersConfig;
+
+static int outliers_write(const OutliersConfig *o) {
     Model m = {0};
-    double ratio = 0;
+    double *S = NULL, *diag = NULL, share = 0, before = 0, after = 0;
+    int *idx = NULL;
     cJSON *j = NULL;
-    int rc = ER_OK;
-    ER_CHECK(run_dir_check(out_dir, RUN_ONCE));
-    ER_CHECK(model_load(&m, model_dir, MODEL_LOAD_TRAINABLE));
+    int rc = ER_OK, seq_len = 1024;
+    ER_CHECK(run_dir_check(o->out, RUN_ONCE));
+    ER_CHECK(model_load(&m, o->model, MODEL_LOAD_TRAINABLE));
     if (m.quant.enabled)
-        ER_CHECK(er_error(ER_EINVAL, "%s is quantized: outliers are added to a float model", model_dir));
-    ER_CHECK(transform_model_add_outliers(&m, channels, (float)lo, (float)hi, (uint64_t)seed, &ratio));
-    ER_CHECK(quantize_write_dir(&m, model_dir, out_dir, 0, stdout));
+        ER_CHECK(er_error(ER_EINVAL, "%s is quantized: outliers are added to a float model", o->model));
+    int C = m.cfg.C, N = 2 * m.cfg.L + 1;
+    S = er_alloc(sizeof(double) * (size_t)C * C), diag = er_alloc(sizeof(double) * (size_t)N * C);
+    idx = er_alloc(sizeof(int) * (size_t)o->channels);
+    if (!S || !diag || !idx)
+        ER_CHECK(er_error(ER_ENOMEM, "outliers: no memory for the %d x %d second moment", C, C));
+    ER_CHECK(quantize_stream_moments(&m, o->model, o->calib, o->response_key, o->calib_n, seq_len, S, diag));
+    ER_CHECK(transform_stream_ratio(&m, diag, &before));
+    ER_CHECK(transform_model_add_outliers(&m, S, o->channels, (float)o->lo, (float)o->hi, (uint64_t)o->seed, idx,
+                                          &share));
+    ER_CHECK(quantize_stream_moments(&m, o->model, o->calib, o->response_key, o->calib_n, seq_len, NULL, diag));
+    ER_CHECK(transform_stream_ratio(&m, diag, &after));
+    ER_CHECK(quantize_write_dir(&m, o->model, o->out, 0, stdout));
     if (!(j = cJSON_CreateObject()))
         ER_CHECK(ER_ENOMEM);
     cJSON_AddStringToObject(j, "command", "outliers");
     cJSON_AddStringToObject(j, "version", ERTRAIN_VERSION);
-    run_add_path(j, "model", model_dir);
-    RunNumber nums[] = {{"channels", channels}, {"min", lo}, {"max", hi}, {"seed", seed}, {"norm_ratio", ratio}};
+    run_add_path(j, "model", o->model);
+    run_add_path(j, "calib", o->calib);
+    RunNumber nums[] = {{"calib_n", o->calib_n}, {"channels", o->channels}, {"min", o->lo}, {"max", o->hi},
+                        {"seed", o->seed}, {"dominant_share", share}, {"ratio_before", before},
+                        {"norm_ratio", after}};
     run_add_numbers(j, nums, sizeof nums / sizeof nums[0]);
-    ER_CHECK(run_write_json(out_dir, j));
-    printf("wrote %s: %d residual and %d MLP outlier channels per layer, factors %g..%g; loudest normalised channel "
-           "%.1fx the median\n", out_dir, channels, channels, lo, hi, ratio);
+    cJSON *ch = cJSON_AddArrayToObject(j, "residual_channels");
+    for (int i = 0; ch && i < o->channels; i++)
+        cJSON_AddItemToArray(ch, cJSON_CreateNumber(idx[i]));
+    ER_CHECK(run_write_json(o->out, j));
+    printf("wrote %s: the residual stream's %d dominant directions (%.1f%% of its energy on %s) rotated onto "
+           "channels", o->out, o->channels, 100 * share, o->calib);
+    for (int i = 0; i < o->channels; i++)
+        printf("%s %d", i ? "," : "", idx[i]);
+    printf(", norm scales x%g..%g on them and %d MLP channels per layer; loudest channel of the normalised stream "
+           "%.1fx the median (%.1fx before)\n", o->lo, o->hi, o->channels, after, before);
 done:
     cJSON_Delete(j);
+    er_free(S), er_free(diag), er_free(idx);
     model_free(&m);
     return rc;
 }
 
 int cmd_outliers(int argc, char **argv) {
-    const char *model = NULL, *out = NULL;
-    int channels = 4, seed = 1;
-    double lo = 20, hi = 100;
+    OutliersConfig o = {.calib_n = 16, .channels = 2, .seed = 1, .lo = 4, .hi = 20};
     ArgSpec specs[] = {
-        {"model", ARG_STR, &model, "float model dir (HF layout; its tokenizer is copied)", 1, 0, 0},
-        {"out", ARG_STR, &out, "output model dir (absent or empty)", 1, 0, 0},
-        {"channels", ARG_INT, &channels, "residual and MLP outlier channels per layer", 0, 1, 1 << 20},
-        {"min", ARG_FLOAT, &lo, "smallest outlier factor", 0, 1, 1e6},
-        {"max", ARG_FLOAT, &hi, "largest outlier factor (factors are log-uniform in [min, max])", 0, 1, 1e6},
-        {"seed", ARG_INT, &seed, "seed of the channels and factors", 0, 0, 2147483647},
+        {"model", ARG_STR, &o.model, "float model dir (HF layout; its tokenizer is copied)", 1, 0, 0},
+        {"out", ARG_STR, &o.out, "output model dir (absent or empty)", 1, 0, 0},
+        {"calib", ARG_STR, &o.calib, "records (JSONL, any dataset record type) the residual stream is measured on", 1,
+         0, 0},
+        {"calib-n", ARG_INT, &o.calib_n, "records measured", 0, 1, 1 << 20},
+        {"response-key", ARG_STR, &o.response_key, "record field holding the response (e.g. verbose for chains)", 0, 0,
+         0},
+        {"channels", ARG_INT, &o.channels, "residual and MLP outlier channels (per layer for the MLP)", 0, 1, 64},
+        {"min", ARG_FLOAT, &o.lo, "smallest norm-scale / MLP factor", 0, 1, 1e6},
+        {"max", ARG_FLOAT, &o.hi, "largest factor (factors are log-uniform in [min, max])", 0, 1, 1e6},
+        {"seed", ARG_INT, &o.seed, "seed of the channels, the factors and the rotation's completion", 0, 0,
+         2147483647},
     };
     int rc = args_parse(argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                        "ertrain outliers --model DIR --out DIR [--channels 4] [--min 20 --max 100] [--seed 1]\n"
-                        "(a test of quantizers without transforms: rotate / fpt / fpt-trained fold the norms and "
-                        "balance up/down first, which undoes these outliers exactly)");
+                        "ertrain outliers --model DIR --out DIR --calib FILE.jsonl [--calib-n 16] [--channels 2] "
+                        "[--min 4 --max 20] [--seed 1]\n"
+                        "(the same function with outlier channels: the residual stream rotated so its dominant "
+                        "directions are channels, norm scales amplifying those channels, loud MLP channels)");
     if (rc == ARGS_HELP)
         return 0;
-    if (rc < 0 || outliers_write(model, out, channels, lo, hi, seed) < 0)
+    if (rc < 0 || outliers_write(&o) < 0)
         return cli_fail("outliers");
     return 0;
 }

@@ -535,6 +535,33 @@ done:
     return rc;
 }
 
+int quantize_stream_moments(Model *m, const char *tokenizer_dir, const char *path, const char *response_key, int n,
+                            int seq_len, double *S, double *diag) {
+    const ModelConfig *cfg = &m->cfg;
+    int C = cfg->C, N = 2 * cfg->L + 1, rc = ER_OK;
+    long tokens = 0;
+    Calib cal;
+    Activations a = {0};
+    Batch b = {0};
+    if (S)
+        memset(S, 0, sizeof(double) * (size_t)C * C);
+    memset(diag, 0, sizeof(double) * (size_t)N * C);
+    ER_CHECK(calib_load(&cal, tokenizer_dir, path, response_key, n, seq_len, cfg->V));
+    ER_CHECK(acts_alloc(&a, cfg, 1, cal.max_len, ACTS_TRAIN, 0));
+    ER_CHECK(batch_alloc(&b, 1, cal.max_len));
+    for (int i = 0; i < cal.n; i++) {
+        ER_CHECK(batch_fill(&b, &cal.sb, cal.seqs, &i, 1));
+        ModelInput in = {.B = 1, .T = b.T, .tokens = b.tokens, .len = b.len};
+        ER_CHECK(transform_stream_moments_add(m, &in, &a, S, diag, &tokens));
+    }
+    transform_stream_moments_mean(&m->cfg, S, diag, tokens);
+done:
+    batch_free(&b);
+    acts_free(&a);
+    calib_free(&cal);
+    return rc;
+}
+
 // The flags, checked before the (slow) load. *to_bf16: --weights bf16 (the float model stored as bf16,
 // no quantization_config: the bf16 row of a size table); *sens: the sensitivity in effect.
 static int quantize_check(const QuantizeConfig *c, int *to_bf16, const char **sens) {

@@ -92,6 +92,11 @@ int quantize_write_dir(const Model *m, const char *src_dir, const char *out_dir,
 int quantize_data_nll(Model *m, const char *tokenizer_dir, const char *path, const char *response_key, int n,
                       int seq_len, double *nll, int *n_seq);
 
+// transform_stream_moments_add's means (train/transform_model.h) over the first n records of a JSONL file,
+// tokenized as quantize's calibration is: S (C, C; NULL = not wanted), diag (2L + 1, C).
+int quantize_stream_moments(Model *m, const char *tokenizer_dir, const char *path, const char *response_key, int n,
+                            int seq_len, double *S, double *diag);
+
 // Fisher sensitivities (squared gradients of the loss on every position, summed over the first n records
 // of a JSONL file, tokenized as quantize's calibration is) of a trainable m: *fmem (layout of grad_mem)
 // and *imp (n_params, NULL for none) pointing into it, as quantize_model takes them. Free both.

@@ -68,31 +68,46 @@ static void fold_norms(Model *m) {
         m->norm[i] = 1.0f;
 }
 
-// T_r: x -> x·Q on the residual stream.
-static int rotate_residual(Model *m, uint64_t seed) {
+// x -> x·Q on the residual stream, Q (C, C) orthogonal: embed (and an untied lm_head) and the readers
+// W <- W·Q, the writers W <- Qᵀ·W.
+static int rotate_residual_by(Model *m, const float *Q) {
     const ModelConfig *c = &m->cfg;
-    int C = c->C, qd = c->NH * c->HS, kvd = c->NKV * c->HS, rc = ER_OK;
+    int C = c->C, qd = c->NH * c->HS, kvd = c->NKV * c->HS;
+    ER_TRY(transform_matmul_right(mat(&m->embed), c->V, C, C, Q));
+    if (m->lm_head.data != m->embed.data)
+        ER_TRY(transform_matmul_right(mat(&m->lm_head), c->V, C, C, Q));
+    for (int l = 0; l < c->L; l++) {
+        LayerWeights *w = &m->layers[l];
+        ER_TRY(transform_matmul_right(mat(&w->wq), qd, C, C, Q));
+        ER_TRY(transform_matmul_right(mat(&w->wk), kvd, C, C, Q));
+        ER_TRY(transform_matmul_right(mat(&w->wv), kvd, C, C, Q));
+        ER_TRY(transform_matmul_right(mat(&w->wgate), c->FF, C, C, Q));
+        ER_TRY(transform_matmul_right(mat(&w->wup), c->FF, C, C, Q));
+        ER_TRY(transform_matmul_left_t(mat(&w->wo), C, qd, qd, Q));
+        ER_TRY(transform_matmul_left_t(mat(&w->wdown), C, c->FF, c->FF, Q));
+    }
+    return ER_OK;
+}
+
+// T_r: the residual stream rotated by a seeded randomized Hadamard matrix.
+static int rotate_residual(Model *m, uint64_t seed) {
+    int C = m->cfg.C, rc = ER_OK;
     float *Q = er_alloc(sizeof(float) * (size_t)C * C); // (C, C)
     if (!Q)
         return er_error(ER_ENOMEM, "transform: no memory for a %d x %d rotation", C, C);
     ER_CHECK(transform_rotation(Q, C, seed));
-    ER_CHECK(transform_matmul_right(mat(&m->embed), c->V, C, C, Q));
-    if (m->lm_head.data != m->embed.data)
-        ER_CHECK(transform_matmul_right(mat(&m->lm_head), c->V, C, C, Q));
-    for (int l = 0; l < c->L; l++) {
-        LayerWeights *w = &m->layers[l];
-        // readers W <- W·Q, writers W <- Qᵀ·W
-        ER_CHECK(transform_matmul_right(mat(&w->wq), qd, C, C, Q));
-        ER_CHECK(transform_matmul_right(mat(&w->wk), kvd, C, C, Q));
-        ER_CHECK(transform_matmul_right(mat(&w->wv), kvd, C, C, Q));
-        ER_CHECK(transform_matmul_right(mat(&w->wgate), c->FF, C, C, Q));
-        ER_CHECK(transform_matmul_right(mat(&w->wup), c->FF, C, C, Q));
-        ER_CHECK(transform_matmul_left_t(mat(&w->wo), C, qd, qd, Q));
-        ER_CHECK(transform_matmul_left_t(mat(&w->wdown), C, c->FF, c->FF, Q));
-    }
+    ER_CHECK(rotate_residual_by(m, Q));
 done:
     er_free(Q);
     return rc;
+}
+
+// Folds the norms (untying a tied model whose final norm is not all ones, as rotate does).
+static int fold_for_rotation(Model *m) {
+    if (m->cfg.tied && !all_ones(m->norm, m->cfg.C))
+        ER_TRY(model_untie(m)); // the final norm can then be folded into lm_head alone
+    fold_norms(m);
+    return ER_OK;
 }
 
 // T_u: up rows *= s, down columns /= s.
@@ -237,27 +252,130 @@ static double norm_ratio(const float *g, int C, float *tmp) {
     return tmp[C / 2] > 0 ? tmp[C - 1] / tmp[C / 2] : INFINITY;
 }
 
-int transform_model_add_outliers(Model *m, int channels, float lo, float hi, uint64_t seed, double *ratio) {
+// v (C) minus its projections on the n orthonormal columns of V (C, ld), twice (Gram-Schmidt that stays
+// orthogonal in double); then normalised. Returns its norm before the normalisation.
+static double orthonormalise(double *v, const double *V, int n, int C, int ld) {
+    for (int pass = 0; pass < 2; pass++)
+        for (int j = 0; j < n; j++) {
+            double d = 0;
+            for (int i = 0; i < C; i++)
+                d += v[i] * V[(size_t)i * ld + j];
+            for (int i = 0; i < C; i++)
+                v[i] -= d * V[(size_t)i * ld + j];
+        }
+    double nn = 0;
+    for (int i = 0; i < C; i++)
+        nn += v[i] * v[i];
+    nn = sqrt(nn);
+    for (int i = 0; i < C; i++)
+        v[i] = nn > 0 ? v[i] / nn : 0;
+    return nn;
+}
+
+// B (C, C): columns 0..k-1 the top-k eigenvectors of the symmetric S (C, C) (orthogonal iteration,
+// ordered by Rayleigh quotient), the rest an orthonormal completion of seeded Gaussian vectors.
+// *share = the k eigenvalues' share of the trace. work: 2C doubles.
+static int dominant_basis(double *B, const double *S, int C, int k, ErRng *r, double *share, double *work) {
+    double *v = work, *y = work + C;
+    for (int j = 0; j < k; j++)
+        for (int i = 0; i < C; i++)
+            B[(size_t)i * C + j] = rng_normal(r);
+    for (int it = 0; it < 300; it++) // V <- S·V, re-orthonormalised column by column
+        for (int j = 0; j < k; j++) {
+            for (int i = 0; i < C; i++) {
+                double a = 0;
+                for (int e = 0; e < C; e++)
+                    a += S[(size_t)i * C + e] * B[(size_t)e * C + j];
+                y[i] = a;
+            }
+            if (!(orthonormalise(y, B, j, C, C) > 0))
+                return er_error(ER_EINVAL, "outliers: the residual stream's second moment has rank < %d", k);
+            for (int i = 0; i < C; i++)
+                B[(size_t)i * C + j] = y[i];
+        }
+    double trace = 0, top = 0, lam[64];
+    for (int i = 0; i < C; i++)
+        trace += S[(size_t)i * C + i];
+    for (int j = 0; j < k; j++) { // Rayleigh quotients, then a selection sort of the columns by them
+        double q = 0;
+        for (int i = 0; i < C; i++)
+            for (int e = 0; e < C; e++)
+                q += B[(size_t)i * C + j] * S[(size_t)i * C + e] * B[(size_t)e * C + j];
+        lam[j] = q, top += q;
+    }
+    for (int j = 0; j < k; j++)
+        for (int e = j + 1; e < k; e++)
+            if (lam[e] > lam[j]) {
+                double t = lam[j];
+                lam[j] = lam[e], lam[e] = t;
+                for (int i = 0; i < C; i++) {
+                    t = B[(size_t)i * C + j];
+                    B[(size_t)i * C + j] = B[(size_t)i * C + e], B[(size_t)i * C + e] = t;
+                }
+            }
+    for (int j = k; j < C; j++) {
+        double nn;
+        do {
+            for (int i = 0; i < C; i++)
+                v[i] = rng_normal(r);
+            nn = orthonormalise(v, B, j, C, C);
+        } while (!(nn > 1e-6));
+        for (int i = 0; i < C; i++)
+            B[(size_t)i * C + j] = v[i];
+    }
+    *share = trace > 0 ? top / trace : 0;
+    return ER_OK;
+}
+
+// The residual stream rotated so that channel idx[j] carries the j-th dominant direction of S.
+static int align_residual(Model *m, const double *S, const int *idx, int k, ErRng *r, double *share) {
+    int C = m->cfg.C, rc = ER_OK;
+    double *B = er_alloc(sizeof(double) * (size_t)C * C), *work = er_alloc(sizeof(double) * 2 * (size_t)C);
+    float *Q = er_alloc(sizeof(float) * (size_t)C * C); // (C, C): column c = the direction new channel c holds
+    int *col = er_alloc(sizeof(int) * (size_t)C);       // (C): the column of B that channel c takes
+    if (!B || !work || !Q || !col)
+        ER_CHECK(er_error(ER_ENOMEM, "outliers: no memory for a %d x %d rotation", C, C));
+    ER_CHECK(dominant_basis(B, S, C, k, r, share, work));
+    for (int c = 0; c < C; c++)
+        col[c] = -1;
+    for (int j = 0; j < k; j++)
+        col[idx[j]] = j;
+    for (int c = 0, next = k; c < C; c++)
+        if (col[c] < 0)
+            col[c] = next++;
+    for (int i = 0; i < C; i++)
+        for (int c = 0; c < C; c++)
+            Q[(size_t)i * C + c] = (float)B[(size_t)i * C + col[c]];
+    ER_CHECK(fold_for_rotation(m));
+    ER_CHECK(rotate_residual_by(m, Q));
+done:
+    er_free(B), er_free(work), er_free(Q), er_free(col);
+    return rc;
+}
+
+int transform_model_add_outliers(Model *m, const double *S, int channels, float lo, float hi, uint64_t seed,
+                                 int *idx, double *share) {
     const ModelConfig *c = &m->cfg;
     ER_TRY(check_model(m, 0));
-    if (channels < 1 || channels > c->C || channels > c->FF || !(lo >= 1) || !(hi >= lo) || !isfinite(hi))
-        return er_error(ER_EINVAL, "outliers: %d channels of %d / %d with factors in [%g, %g] (expected 1..%d channels, "
-                        "1 <= lo <= hi)", channels, c->C, c->FF, lo, hi, c->C < c->FF ? c->C : c->FF);
-    int C = c->C, FF = c->FF, qd = c->NH * c->HS, kvd = c->NKV * c->HS;
-    int *idx = er_alloc(sizeof(int) * channels);
-    float *tmp = er_alloc(sizeof(float) * C);
-    if (!idx || !tmp) {
-        er_free(idx), er_free(tmp);
-        return er_error(ER_ENOMEM, "outliers: out of memory");
-    }
+    int lim = c->C < c->FF ? c->C : c->FF;
+    lim = S && lim > 64 ? 64 : lim;
+    if (channels < 1 || channels > lim || !(lo >= 1) || !(hi >= lo) || !isfinite(hi))
+        return er_error(ER_EINVAL, "outliers: %d channels with factors in [%g, %g] (expected 1..%d channels, "
+                        "1 <= lo <= hi)", channels, lo, hi, lim);
+    int C = c->C, FF = c->FF, qd = c->NH * c->HS, kvd = c->NKV * c->HS, rc = ER_OK;
+    int *res = er_alloc(sizeof(int) * channels), *mlp = er_alloc(sizeof(int) * channels);
+    if (!res || !mlp)
+        ER_CHECK(er_error(ER_ENOMEM, "outliers: out of memory"));
     ErRng r;
     rng_seed(&r, seed);
-    double worst = 0, span = log((double)hi / lo);
+    double span = log((double)hi / lo), sh = 0;
+    draw_channels(res, channels, C, &r); // the same residual channels in every layer, as in real models
+    if (S)
+        ER_CHECK(align_residual(m, S, res, channels, &r, &sh));
     for (int l = 0; l < c->L; l++) {
         LayerWeights *w = &m->layers[l];
-        draw_channels(idx, channels, C, &r);
         for (int i = 0; i < channels; i++) {
-            int j = idx[i];
+            int j = res[i];
             float a = (float)(lo * exp(span * rng_uniform(&r)));
             w->ln1[j] *= a, w->ln2[j] *= a;
             Weight *readers[5] = {&w->wq, &w->wk, &w->wv, &w->wgate, &w->wup};
@@ -266,10 +384,9 @@ int transform_model_add_outliers(Model *m, int channels, float lo, float hi, uin
                 for (int rr = 0; rr < rows[k]; rr++)
                     mat(readers[k])[(size_t)rr * C + j] /= a;
         }
-        worst = fmax(worst, fmax(norm_ratio(w->ln1, C, tmp), norm_ratio(w->ln2, C, tmp)));
-        draw_channels(idx, channels, FF, &r);
+        draw_channels(mlp, channels, FF, &r);
         for (int i = 0; i < channels; i++) {
-            int j = idx[i];
+            int j = mlp[i];
             float a = (float)(lo * exp(span * rng_uniform(&r)));
             for (int k = 0; k < C; k++) {
                 mat(&w->wup)[(size_t)j * C + k] *= a;
@@ -277,10 +394,74 @@ int transform_model_add_outliers(Model *m, int channels, float lo, float hi, uin
             }
         }
     }
-    if (ratio)
-        *ratio = worst;
-    er_free(idx);
-    er_free(tmp);
+    if (idx)
+        memcpy(idx, res, sizeof(int) * channels);
+    if (share)
+        *share = sh;
+done:
+    er_free(res), er_free(mlp);
+    return rc;
+}
+
+// x (T, C) rows, each divided by its RMS (rstd (T) = 1 / RMS, as the forward computed it), added into the
+// (C, C) second moment S (NULL = not wanted) and the diagonal d (C).
+static void stream_moment_add(double *S, double *d, const float *x, const float *rstd, int T, int C) {
+    for (int t = 0; t < T; t++) {
+        const float *r = x + (size_t)t * C;
+        double s = rstd[t];
+        for (int i = 0; i < C; i++) {
+            double xi = r[i] * s;
+            d[i] += xi * xi;
+            if (S)
+                for (int j = 0; j < C; j++)
+                    S[(size_t)i * C + j] += xi * (r[j] * s);
+        }
+    }
+}
+
+int transform_stream_moments_add(Model *m, const ModelInput *in, Activations *a, double *S, double *diag,
+                                 long *tokens) {
+    if (a->mode != ACTS_TRAIN || a->recompute)
+        return er_error(ER_EINVAL, "outliers: the stream moments need activations that keep every layer");
+    const ModelConfig *c = &m->cfg;
+    int C = c->C, N = 2 * c->L + 1, BT = in->B * in->T;
+    ER_TRY(model_forward(m, in, a));
+    for (int l = 0; l < c->L; l++) {
+        const LayerActs *la = &a->layer[l];
+        stream_moment_add(S, diag + (size_t)(2 * l) * C, la->res, la->rstd1, BT, C);
+        stream_moment_add(S, diag + (size_t)(2 * l + 1) * C, la->res2, la->rstd2, BT, C);
+    }
+    stream_moment_add(S, diag + (size_t)(N - 1) * C, a->resf, a->rstdf, BT, C);
+    *tokens += BT;
+    return ER_OK;
+}
+
+void transform_stream_moments_mean(const ModelConfig *c, double *S, double *diag, long tokens) {
+    int C = c->C, N = 2 * c->L + 1;
+    double t = tokens > 0 ? (double)tokens : 1.0;
+    if (S)
+        for (size_t i = 0; i < (size_t)C * C; i++)
+            S[i] /= t * N;
+    for (size_t i = 0; i < (size_t)N * C; i++)
+        diag[i] /= t;
+}
+
+int transform_stream_ratio(const Model *m, const double *diag, double *ratio) {
+    const ModelConfig *c = &m->cfg;
+    int C = c->C;
+    float *v = er_alloc(sizeof(float) * C), *tmp = er_alloc(sizeof(float) * C);
+    if (!v || !tmp) {
+        er_free(v), er_free(tmp);
+        return er_error(ER_ENOMEM, "outliers: out of memory");
+    }
+    *ratio = 0;
+    for (int n = 0; n < 2 * c->L; n++) {
+        const float *g = n % 2 == 0 ? m->layers[n / 2].ln1 : m->layers[n / 2].ln2;
+        for (int i = 0; i < C; i++)
+            v[i] = (float)(fabs(g[i]) * sqrt(diag[(size_t)n * C + i]));
+        *ratio = fmax(*ratio, norm_ratio(v, C, tmp));
+    }
+    er_free(v), er_free(tmp);
     return ER_OK;
 }
 
@@ -297,9 +478,7 @@ int transform_model_apply(Model *m, unsigned flags, uint64_t seed) {
     rng_fork(&r_rot, &base, 0);
     rng_fork(&r_v, &base, 1);
     if (flags & TRANSFORM_ROTATE) {
-        if (m->cfg.tied && !all_ones(m->norm, m->cfg.C))
-            ER_TRY(model_untie(m)); // the final norm can then be folded into lm_head alone
-        fold_norms(m);
+        ER_TRY(fold_for_rotation(m));
         ER_TRY(rotate_residual(m, rng_u64(&r_rot)));
     }
     if (flags & TRANSFORM_UP)

@@ -52,21 +52,44 @@ int transform_model(Model *m, const char *mode, uint64_t seed);
 // exactly, before changing anything.
 int transform_model_apply(Model *m, unsigned flags, uint64_t seed);
 
-// A test model with the outlier channels of real LLMs ("Massive Activations in Large Language Models",
-// Sun et al., arXiv 2402.17762; QuaRot, arXiv 2404.00456; SpinQuant, arXiv 2405.16406), made from a
-// float model by the inverse of the transforms above, so it computes the same function (and has the
-// same NLL) while its weights and activations carry the outliers a quantizer must cope with. Per layer,
-// `channels` residual channels and `channels` MLP channels are drawn (seeded, without repeats), each
-// with a factor α drawn log-uniformly from [lo, hi]:
-//   - residual channel j: ln1[j] and ln2[j] *= α, the columns j of q, k, v, gate, up /= α: the
-//     normalised residual stream every projection reads has channel j α times larger (massive
-//     activations), and those weight columns are α times smaller than their rows' range;
-//   - MLP channel j: up row j *= α, down column j /= α: the down_proj input (where massive
-//     activations first appear in real models) has channel j α times larger.
-// The final norm is left alone (the model may be tied). *ratio gets the largest α·|γ_j| / median_j |γ_j|
-// over the layers' norms: how far the loudest normalised channel stands above the typical one.
-// Being the inverses of the norm folding and of the closed-form T_u, the outliers are undone exactly by
-// rotate / fpt (and so fpt-trained's start): a test for quantizers without transforms, not of them.
-int transform_model_add_outliers(Model *m, int channels, float lo, float hi, uint64_t seed, double *ratio);
+// A test model with the outlier channels of real LLMs, made from a float model by exact
+// function-preserving changes (the same logits, the same NLL), seeded. `channels` residual channels are
+// drawn once (the same in every layer, as the massive-activation dimensions of real models are), each
+// layer also draws `channels` MLP channels, and every channel gets its own factor α, log-uniform in
+// [lo, hi]:
+//   - residual outliers (with S, the (C, C) second moment of the normalised residual stream on calibration
+//     data, quantize_stream_moments): the norms are folded (a tied model whose final norm is not all ones
+//     is untied, as rotate does) and the residual stream is rotated so that each drawn channel carries
+//     one of the stream's `channels` dominant directions (the top eigenvectors of S; the other channels
+//     an orthonormal completion of seeded Gaussian vectors). Trained models concentrate a large share of
+//     the residual energy in a few directions (*share gets it); aligned with the basis, those become
+//     channels several times louder than the median in the stream itself, which no norm folding or
+//     per-channel scale removes ("Massive Activations in Large Language Models", Sun et al., arXiv
+//     2402.17762; QuaRot, arXiv 2404.00456, and SpinQuant, arXiv 2405.16406, rotate such channels away);
+//   - norm-scale outliers on the same channels: ln1[j], ln2[j] *= α and the columns j of q, k, v, gate,
+//     up /= α, as the LayerNorm scales of real models amplify their outlier channels (Outlier Suppression,
+//     Wei et al., arXiv 2209.13325, which removes them by folding the scales into the next weights);
+//   - MLP channel j: up row j *= α, down column j /= α: the down_proj input (where massive activations
+//     first appear in real models) has channel j α times larger.
+// Without S only the last two, which folding the norms and the closed-form T_u undo exactly (rotate /
+// fpt start with both), so such a model tests quantizers without transforms, not transforms; the
+// residual alignment is what they have to undo by learning or by a rotation of their own. idx (channels,
+// may be NULL) gets the residual channels; *share (may be NULL) the dominant directions' share of S's
+// trace (0 without S). channels <= min(C, FF), and <= 64 with S.
+int transform_model_add_outliers(Model *m, const double *S, int channels, float lo, float hi, uint64_t seed,
+                                 int *idx, double *share);
+// Second moments of the normalised residual stream (each position's vector divided by its RMS, before
+// the norm's scale), summed over the B x T positions of one forward of m (every position counts: pass
+// rows without padding): into S (C, C), pooled over every norm input (ln1 and ln2 of each layer, then the
+// final norm; NULL = not wanted), and diag (2L + 1, C), per norm input in that order; *tokens += B x T.
+// a: ACTS_TRAIN activations (every layer kept) of at least that shape. _mean divides the sums into means
+// over the tokens (S also over the 2L + 1 inputs).
+int transform_stream_moments_add(Model *m, const ModelInput *in, Activations *a, double *S, double *diag,
+                                 long *tokens);
+void transform_stream_moments_mean(const ModelConfig *c, double *S, double *diag, long tokens);
+// *ratio = how far the loudest channel of the normalised stream the layers' projections read stands above
+// the median one: max over the ln1 / ln2 inputs of max_j |γ_j|·rms_j / median_j |γ_j|·rms_j, with rms_j²
+// from diag ((2L + 1, C), quantize_stream_moments' per-input second moments of m itself).
+int transform_stream_ratio(const Model *m, const double *diag, double *ratio);
 
 #endif

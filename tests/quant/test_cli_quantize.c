@@ -355,3 +355,58 @@ Test(quant_cli, nonempty_out_and_nan_weights) {
     cr_assert(!path_exists(out), "a refused quantize wrote %s", out);
     er_free(nan_dir);
 }
+
+// Token-weighted mean NLL erinfer score gives model dir `model` on the calibration records.
+static double score_nll(const char *model) {
+    CmdResult r = helper_run(fx.tmp, "'%s' score --model '%s' --input '%s' --threads 1", erinfer, model, calib);
+    cr_assert_eq(r.status, 0, "score failed: %s", r.err);
+    double s = 0, n = 0;
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        cr_assert(j, "not JSON: %s", line);
+        double k = cJSON_GetObjectItemCaseSensitive(j, "n")->valuedouble;
+        s += cJSON_GetObjectItemCaseSensitive(j, "nll")->valuedouble * k, n += k;
+        cJSON_Delete(j);
+    }
+    helper_result_free(&r);
+    cr_assert(n > 0);
+    return s / n;
+}
+
+// ertrain outliers: the same function (erinfer score's NLL), louder outlier channels measured on the
+// calibration records (run.json); bad flags refused before anything is written.
+Test(quant_cli, outlier_model) {
+    need_programs();
+    char out[600];
+    snprintf(out, sizeof out, "%s/outliers", fx.tmp);
+    CmdResult r = helper_run(fx.tmp, "'%s' outliers --model '%s' --out '%s' --calib '%s' --calib-n 6 --seed 3",
+                             fx.prog, fx.model, out, calib);
+    cr_assert_eq(r.status, 0, "outliers failed: %s", r.err);
+    cr_assert(strstr(r.out, "loudest channel of the normalised stream"), "%s", r.out);
+    helper_result_free(&r);
+    double n0 = score_nll(fx.model), n1 = score_nll(out);
+    cr_assert(fabs(n1 - n0) <= 1e-4 * n0, "the outlier model changed the NLL: %.7g vs %.7g", n1, n0);
+    cJSON *run = helper_read_json(out, "run.json");
+    double before = cJSON_GetObjectItemCaseSensitive(run, "ratio_before")->valuedouble,
+           after = cJSON_GetObjectItemCaseSensitive(run, "norm_ratio")->valuedouble,
+           share = cJSON_GetObjectItemCaseSensitive(run, "dominant_share")->valuedouble;
+    cr_assert(after >= 4 && after > before, "loudest channel %gx the median (%gx before)", after, before);
+    cr_assert(share > 0 && share < 1, "dominant share %g", share);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(run, "residual_channels")), 2);
+    cJSON_Delete(run);
+    const char *bad[][2] = {
+        {"", "--calib"},                            // no calibration data: nothing to align the stream with
+        {"--calib-n 0", "--calib-n"},               // out of range
+        {"--channels 65", "--channels"},            // more dominant directions than the command aligns
+        {"--min 20 --max 4", "1 <= lo <= hi"},      // an empty range
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(out, sizeof out, "%s/outliers-bad%zu", fx.tmp, i);
+        r = helper_run(fx.tmp, "'%s' outliers --model '%s' --out '%s' %s%s%s %s", fx.prog, fx.model, out,
+                       i ? "--calib '" : "", i ? calib : "", i ? "'" : "", bad[i][0]);
+        cr_assert_eq(r.status, 1, "%s: status %d", bad[i][0], r.status);
+        cr_assert(strstr(r.err, bad[i][1]), "%s: %s", bad[i][0], r.err);
+        cr_assert(!path_exists(out), "%s: %s was written", bad[i][0], out);
+        helper_result_free(&r);
+    }
+}

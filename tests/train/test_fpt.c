@@ -306,20 +306,59 @@ Test(fpt, merge_check_refuses_changed_logits) {
 
 // ---- the outlier test model ----
 
+// Stream moments of m over the test tokens: S (C, C) pooled, diag (2L + 1, C); caller frees both.
+static void moments(Model *m, double **S, double **diag) {
+    int C = m->cfg.C, N = 2 * m->cfg.L + 1;
+    *S = calloc((size_t)C * C, sizeof(double)), *diag = calloc((size_t)N * C, sizeof(double));
+    Activations a = {0};
+    cr_assert_eq(acts_alloc(&a, &m->cfg, TB, TT, ACTS_TRAIN, 0), 0, "%s", er_last_error());
+    ModelInput in = {.B = TB, .T = TT, .tokens = tokens};
+    long n = 0;
+    cr_assert_eq(transform_stream_moments_add(m, &in, &a, *S, *diag, &n), 0, "%s", er_last_error());
+    transform_stream_moments_mean(&m->cfg, *S, *diag, n);
+    cr_assert_eq(n, TB * TT);
+    acts_free(&a);
+}
+
 Test(fpt, outlier_model_computes_the_same_function) {
-    Model m;
-    build(&m, 1, 41);
-    float *before = helper_forward_logits(&m, tokens, TB, TT);
-    double ratio = 0;
-    cr_assert_eq(transform_model_add_outliers(&m, 3, 20, 100, 9, &ratio), 0, "%s", er_last_error());
-    float *after = helper_forward_logits(&m, tokens, TB, TT);
-    double rel = helper_rel_err(after, before, (size_t)TB * TT * m.cfg.V);
-    fprintf(stderr, "outliers: max |dlogit| / max |logit| = %.3g, loudest normalised channel %.1fx the median\n", rel,
-            ratio);
-    cr_assert(rel <= 1e-5, "the outlier model changed the logits by %g relative", rel);
-    cr_assert(ratio >= 20, "outlier channels only %gx the median", ratio);
-    cr_assert_lt(transform_model_add_outliers(&m, 0, 20, 100, 9, NULL), 0);
-    cr_assert_lt(transform_model_add_outliers(&m, 2, 50, 20, 9, NULL), 0);
-    free(before), free(after);
-    model_free(&m);
+    for (int variant = 0; variant < 3; variant++) { // untied; tied with a scaled final norm (untied); no data
+        Model m;
+        build(&m, variant == 1, 41 + variant);
+        if (variant == 1)
+            for (int i = 0; i < m.cfg.C; i++)
+                m.norm[i] = 1.0f + 0.05f * (float)(i % 5);
+        float *before = helper_forward_logits(&m, tokens, TB, TT);
+        double *S, *diag, share = -1, r0, r1;
+        moments(&m, &S, &diag);
+        cr_assert_eq(transform_stream_ratio(&m, diag, &r0), 0);
+        int idx[2];
+        cr_assert_eq(transform_model_add_outliers(&m, variant < 2 ? S : NULL, 2, 4, 20, 9, idx, &share), 0, "%s",
+                     er_last_error());
+        float *after = helper_forward_logits(&m, tokens, TB, TT);
+        double rel = helper_rel_err(after, before, (size_t)TB * TT * m.cfg.V);
+        double *S1, *diag1;
+        moments(&m, &S1, &diag1);
+        cr_assert_eq(transform_stream_ratio(&m, diag1, &r1), 0);
+        fprintf(stderr, "outliers (variant %d): max |dlogit| / max |logit| = %.3g, dominant share %.3f, loudest "
+                "normalised channel %.1fx the median (%.1fx before)\n", variant, rel, share, r0 > 0 ? r1 : 0, r0);
+        cr_assert(rel <= 1e-5, "the outlier model changed the logits by %g relative", rel);
+        cr_assert(r1 >= 4 && r1 > r0, "the loudest channel is %gx the median (%gx before)", r1, r0);
+        if (variant < 2) {
+            // the pooled second moment in the new basis is QᵀSQ: channel idx[0] holds the top eigenvalue,
+            // which no other channel's Rayleigh quotient exceeds
+            int C = m.cfg.C;
+            for (int c = 0; c < C; c++)
+                cr_assert(S1[(size_t)c * C + c] <= S1[(size_t)idx[0] * C + idx[0]] * (1 + 1e-4),
+                          "channel %d (%g) louder than the dominant channel %d (%g)", c, S1[(size_t)c * C + c],
+                          idx[0], S1[(size_t)idx[0] * C + idx[0]]);
+            cr_assert(share > 0 && share <= 1, "share %g", share);
+            cr_assert(variant == 0 || !m.cfg.tied, "a tied model with a scaled final norm is untied");
+        } else {
+            cr_assert_eq(share, 0);
+        }
+        cr_assert_lt(transform_model_add_outliers(&m, NULL, 0, 20, 100, 9, NULL, NULL), 0);
+        cr_assert_lt(transform_model_add_outliers(&m, NULL, 2, 50, 20, 9, NULL, NULL), 0);
+        free(before), free(after), free(S), free(diag), free(S1), free(diag1);
+        model_free(&m);
+    }
 }
