@@ -2,7 +2,8 @@
 # The measured quantization table: every weight format of ertrain quantize / ertrain qat on one float
 # base, with bits per weight, bytes, held-out NLL, reasoning accuracy with an adapter and decode speed;
 # the W4 transforms (none / closed-form fpt / trained fpt) and the 2-bit rows again on the outlier test
-# model (ertrain outliers: the same function with massive-activation channels); then a speed/NLL-only
+# model (ertrain outliers: the same function with outlier channels), the W4 transforms' NLL also on its
+# residual alignment alone (no norm-scale or MLP outliers, which folding undoes); then a speed/NLL-only
 # part on a larger random model of 0.5B layer shapes (few layers).
 #
 #   scripts/quant_table.sh --model models/tiny-base --adapter-data SFT.jsonl --eval EVAL.jsonl --out DIR
@@ -24,7 +25,8 @@
 #   --recluster-every K   QAT codebook refresh [5]
 #   --calib FILE          calibration records of every quantize row (Fisher, GPTQ codes, fpt-trained) [--adapter-data]
 #   --calib-n N [16]      --fpt-steps N [200]          --fpt-local-steps N [100]
-#   --no-outliers         skips the outlier-model section (ertrain outliers --channels 4 --seed 1)
+#   --no-outliers         skips the outlier-model sections (ertrain outliers --calib CALIB --seed 1: residual
+#                         alignment + norm-scale and MLP outliers; and with --min 1 --max 1: the alignment alone)
 #   --qamr-all            also train an adapter on every base (a column "acc, own adapter")
 #   --large-config FILE   config of the larger random model [configs/qwen05b-2l.json]; --no-large skips it
 #   --large-heldout-n N   held-out records scored on the larger model [40]
@@ -284,9 +286,24 @@ OMODEL=$OUT/outlier-model
 if [ "$OUTLIERS" = 1 ]; then
   if ! done_or_clear "$OMODEL" run.json; then
     say "outliers: the outlier model of $MODEL"
-    run "$OUT/logs/outliers.log" "$B/ertrain" outliers --model "$MODEL" --out "$OMODEL" --channels 4 --seed 1
+    run "$OUT/logs/outliers.log" "$B/ertrain" outliers --model "$MODEL" --out "$OMODEL" --calib "$CALIB" \
+      --calib-n "$CALIB_N" --seed 1
   fi
   section "$OMODEL" "$OUT/outliers" 0 "${OWN[@]}" -- "${OUTLIER_ROWS[@]}" -- "${OUTLIER_TABLE_ROWS[@]}"
+  # The residual alignment alone: the outliers no norm folding or closed-form scale undoes. NLL only.
+  AMODEL=$OUT/aligned-model ALIGNED=$OUT/aligned
+  if ! done_or_clear "$AMODEL" run.json; then
+    say "outliers: the residual alignment alone"
+    run "$OUT/logs/aligned.log" "$B/ertrain" outliers --model "$MODEL" --out "$AMODEL" --calib "$CALIB" \
+      --calib-n "$CALIB_N" --min 1 --max 1 --seed 1
+  fi
+  mkdir -p "$ALIGNED"/{bases,nll,logs}
+  cp "$OUT/heldout.jsonl" "$ALIGNED/heldout.jsonl"
+  for row in "${OUTLIER_ROWS[@]:0:4}"; do
+    IFS='|' read -r name label how <<< "$row"
+    make_base "$name" "$how" "$AMODEL" "$ALIGNED"
+    measure_nll "$name" "$(base_dir "$name" "$AMODEL" "$ALIGNED")" "$ALIGNED"
+  done
 fi
 
 # ---- the larger random model ----
@@ -343,6 +360,18 @@ def nll(root, name):
             s += r["nll"] * r["n"]; n += r["n"]
     return s / n if n else float("nan")
 
+def diff_se(root_a, a, root_b, b):
+    """Token-weighted mean NLL of row a minus row b over the same held-out records, and the standard error of
+    that paired difference (ratio estimator over the records)."""
+    A = [json.loads(l) for l in open(os.path.join(root_a, "nll", a + ".jsonl"))]
+    B = [json.loads(l) for l in open(os.path.join(root_b, "nll", b + ".jsonl"))]
+    assert len(A) == len(B) and all(x["n"] == y["n"] for x, y in zip(A, B)), (a, b)
+    tot = sum(x["n"] for x in A)
+    d = [(x["nll"] - y["nll"]) * x["n"] for x, y in zip(A, B)]
+    D = sum(d) / tot
+    var = sum((di - x["n"] * D) ** 2 for di, x in zip(d, A)) * len(d) / (len(d) - 1)
+    return D, var ** 0.5 / tot
+
 def bench(root, name):
     b = json.load(open(os.path.join(root, "bench", name + ".json")))
     first = b["rows"][0]
@@ -392,14 +421,27 @@ def section(root, fp, trows, with_bench):
             r["decode_speedup_vs_fp32"] = round(r["decode_tokens_per_s"] / fp_row["decode_tokens_per_s"], 2)
     return res
 
-def targets(res):
+def w4_targets(root):
+    """Of the NLL gap of q4 without a transform, the share closed-form and trained fpt close, each with the
+    standard error of its paired difference to the no-transform row, and trained minus closed-form."""
+    t = {}
+    g0, se0 = diff_se(root, "q4", root, "fp32")
+    if g0 > 0:
+        for key, name in (("fpt", "q4fpt"), ("fpt_trained", "q4fptt")):
+            d, se = diff_se(root, name, root, "q4")
+            t["w4_gap_closed_by_" + key] = round(-d / g0, 3)
+            t["w4_gap_closed_by_%s_se" % key] = round(se / g0, 3)
+        d, se = diff_se(root, "q4fptt", root, "q4fpt")
+        t["w4_fpt_trained_minus_fpt"], t["w4_fpt_trained_minus_fpt_se"] = round(d, 5), round(se, 5)
+    return t
+
+def targets(res, root):
     """The issue's ratios from a section's rows (None where a row is missing)."""
     g = {r["key"]: r["nll_minus_fp32"] for r in res}
     a = {r["key"]: r["accuracy"] for r in res}
     t = {}
-    if "q4_qamr" in g and "q4fptt_qamr" in g and g["q4_qamr"] > 0:
-        t["w4_gap_closed_by_fpt_trained"] = round(1 - g["q4fptt_qamr"] / g["q4_qamr"], 3)
-        t["w4_gap_closed_by_fpt"] = round(1 - g["q4fpt_qamr"] / g["q4_qamr"], 3)
+    if "q4_qamr" in g and "q4fptt_qamr" in g:
+        t.update(w4_targets(root))
     if "q2rtn" in g and "q2lut_qamr" in g and g["q2rtn"] > 0:
         t["w2_lut_over_rtn_gap"] = round(g["q2lut_qamr"] / g["q2rtn"], 3)
     if a.get("fp32"):
@@ -427,12 +469,18 @@ if large == "1":
 doc = {"model": model, "steps": int(steps), "eval": eval_path, "eval_n": int(eval_n), "adapter_data": adapter_data,
        "qat_data": qat_data, "calib": calib, "calib_n": int(calib_n), "fpt_steps": int(fpt_steps),
        "fpt_local_steps": int(fpt_local), "system": "Think for at most 64 tokens.", "max_new": 400, "rows": small,
-       "targets": targets(small)}
+       "targets": targets(small, out)}
 if orows_res:
     orun = json.load(open(os.path.join(out, "outlier-model", "run.json")))
+    aroot, arun = os.path.join(out, "aligned"), json.load(open(os.path.join(out, "aligned-model", "run.json")))
+    aligned = {"model": os.path.join(out, "aligned-model"), "norm_ratio": arun["norm_ratio"],
+               "dominant_share": arun["dominant_share"], "targets": w4_targets(aroot),
+               "nll_minus_fp32": {n: round(diff_se(aroot, n, aroot, "fp32")[0], 5) for n in ("q4", "q4fpt", "q4fptt")}}
     doc["outliers"] = {"model": os.path.join(out, "outlier-model"), "channels": orun["channels"], "min": orun["min"],
-                       "max": orun["max"], "seed": orun["seed"], "norm_ratio": orun["norm_ratio"], "rows": orows_res,
-                       "targets": targets(orows_res)}
+                       "max": orun["max"], "seed": orun["seed"], "calib_n": orun["calib_n"],
+                       "residual_channels": orun["residual_channels"], "dominant_share": orun["dominant_share"],
+                       "ratio_before": orun["ratio_before"], "norm_ratio": orun["norm_ratio"], "rows": orows_res,
+                       "targets": targets(orows_res, os.path.join(out, "outliers")), "aligned_only": aligned}
 if large == "1":
     doc["large"] = {"config": large_cfg, "parameters_note": "random init (std 0.02), tokenizer of --model",
                     "hidden_size": cfg["hidden_size"], "intermediate_size": cfg["intermediate_size"],
@@ -460,9 +508,12 @@ def table(res, with_bench):
 def target_lines(t):
     L = []
     if "w4_gap_closed_by_fpt_trained" in t:
-        L.append("- W4: of the NLL gap of q4 with no transform, closed-form fpt closes %.0f%%, trained fpt %.0f%% "
-                 "(target: trained >= 30%% and above closed-form)" % (100 * t["w4_gap_closed_by_fpt"],
-                                                                      100 * t["w4_gap_closed_by_fpt_trained"]))
+        L.append("- W4: of the NLL gap of q4 with no transform, closed-form fpt closes %.0f%% ± %.0f%%, trained fpt "
+                 "%.0f%% ± %.0f%%; trained minus closed-form %+.4f ± %.4f nats (target: trained >= 30%% and below "
+                 "closed-form; ± the standard error of the paired per-record difference)" % (
+                     100 * t["w4_gap_closed_by_fpt"], 100 * t["w4_gap_closed_by_fpt_se"],
+                     100 * t["w4_gap_closed_by_fpt_trained"], 100 * t["w4_gap_closed_by_fpt_trained_se"],
+                     t["w4_fpt_trained_minus_fpt"], t["w4_fpt_trained_minus_fpt_se"]))
     if "w2_lut_over_rtn_gap" in t:
         L.append("- W2: NLL gap of the LUT / that of RTN = %.3f (target <= 0.333)" % t["w2_lut_over_rtn_gap"])
     if "w2_lut_qamr_over_fp_accuracy" in t:
@@ -489,16 +540,27 @@ L.append("\nq2 QAT: its base was fine-tuned (every parameter, through fake quant
 if orows_res:
     o = doc["outliers"]
     L.append("\n## Outlier model: transforms and 2-bit\n")
-    L.append("`ertrain outliers --channels %d --min %g --max %g --seed %d` of the base: the same function (same "
-             "float NLL), with %d residual channels per layer %g-%gx louder in the normalised stream every projection "
-             "reads and %d MLP channels as loud at the down_proj input, their weight columns as much smaller (loudest "
-             "normalised channel %.0fx the median). Same rows and measurements as above.\n"
-             % (o["channels"], o["min"], o["max"], o["seed"], o["channels"], o["min"], o["max"], o["channels"],
-                o["norm_ratio"]))
+    L.append("`ertrain outliers --calib %s --calib-n %d --channels %d --min %g --max %g --seed %d` of the base: the "
+             "same function (same float NLL). The norms are folded and the residual stream is rotated so that its %d "
+             "dominant directions (%.1f%% of the normalised stream's energy on the calibration records) become "
+             "channels %s, in every layer; the norm scales amplify those channels %g-%gx (their reading columns as much "
+             "smaller) and per layer %d MLP channels are as loud at the down_proj input (up rows larger, down columns "
+             "smaller). Loudest channel of the normalised stream a projection reads: %.0fx the median (%.1fx in the "
+             "base). Same rows and measurements as above.\n"
+             % (calib, o["calib_n"], o["channels"], o["min"], o["max"], o["seed"], o["channels"],
+                100 * o["dominant_share"], ", ".join(map(str, o["residual_channels"])), o["min"], o["max"],
+                o["channels"], o["norm_ratio"], o["ratio_before"]))
     L += table(orows_res, False)
     L.append("")
     L += target_lines(o["targets"])
-    L.append("\n" + "**What this model does not test.** Its outliers are built from the inverses of two transforms every rotate / fpt / fpt-trained run starts with: the norm folding (ln weights *= α with the reading columns /= α) and the closed-form T_u balancing (MLP up rows *= α, down columns /= α). Those undo them exactly, so the transformed model is the tiny base's: q4 + fpt gives the same result on both (mean relative error 0.1075, worst 0.1232, held-out NLL gap +0.0031 on both; the trained rows start from the same point and differ by run-to-run spread). The fpt and fpt-trained rows here therefore measure nothing beyond the tiny base; only the rows without a transform (q4 per-channel, q2 RTN / LUT / QAT) see the outliers, and the closed-form fpt's large share of the no-transform gap is the outliers being removed by construction, not evidence about real models' outliers.")
+    a = o["aligned_only"]
+    L.append("\nThe norm-scale and MLP outliers are the inverses of the norm folding and of the closed-form T_u that "
+             "rotate / fpt / fpt-trained start with, so those undo them exactly; the residual alignment is not undone "
+             "by anything: a rotation of the transforms' own has to spread it. On the alignment alone (`--min 1 --max "
+             "1`, loudest normalised channel %.1fx the median), held-out NLL - fp32: q4 %+.4f, q4 + fpt %+.4f, q4 + "
+             "fpt-trained %+.4f:\n" % (a["norm_ratio"], a["nll_minus_fp32"]["q4"], a["nll_minus_fp32"]["q4fpt"],
+                                        a["nll_minus_fp32"]["q4fptt"]))
+    L += target_lines(a["targets"])
 if large_rows:
     lc = doc["large"]
     L.append("\n## Larger random model: speed and NLL only\n")
