@@ -364,7 +364,8 @@ int transform_model_add_outliers(Model *m, const double *S, int channels, float 
                         "1 <= lo <= hi)", channels, lo, hi, lim);
     int C = c->C, FF = c->FF, qd = c->NH * c->HS, kvd = c->NKV * c->HS, rc = ER_OK;
     int *res = er_alloc(sizeof(int) * channels), *mlp = er_alloc(sizeof(int) * channels);
-    if (!res || !mlp)
+    float *a = er_alloc(sizeof(float) * C), *b = er_alloc(sizeof(float) * FF); // (C), (FF) per-channel factors
+    if (!res || !mlp || !a || !b)
         ER_CHECK(er_error(ER_ENOMEM, "outliers: out of memory"));
     ErRng r;
     rng_seed(&r, seed);
@@ -374,32 +375,31 @@ int transform_model_add_outliers(Model *m, const double *S, int channels, float 
         ER_CHECK(align_residual(m, S, res, channels, &r, &sh));
     for (int l = 0; l < c->L; l++) {
         LayerWeights *w = &m->layers[l];
-        for (int i = 0; i < channels; i++) {
-            int j = res[i];
-            float a = (float)(lo * exp(span * rng_uniform(&r)));
-            w->ln1[j] *= a, w->ln2[j] *= a;
-            Weight *readers[5] = {&w->wq, &w->wk, &w->wv, &w->wgate, &w->wup};
-            int rows[5] = {qd, kvd, kvd, FF, FF};
-            for (int k = 0; k < 5; k++)
-                for (int rr = 0; rr < rows[k]; rr++)
-                    mat(readers[k])[(size_t)rr * C + j] /= a;
-        }
+        for (int i = 0; i < C; i++)
+            a[i] = 1.0f;
+        for (int i = 0; i < FF; i++)
+            b[i] = 1.0f;
+        for (int i = 0; i < channels; i++)
+            a[res[i]] = (float)(lo * exp(span * rng_uniform(&r)));
+        for (int i = 0; i < C; i++)
+            w->ln1[i] *= a[i], w->ln2[i] *= a[i];
+        transform_scale_cols(mat(&w->wq), qd, C, C, a, 1);
+        transform_scale_cols(mat(&w->wk), kvd, C, C, a, 1);
+        transform_scale_cols(mat(&w->wv), kvd, C, C, a, 1);
+        transform_scale_cols(mat(&w->wgate), FF, C, C, a, 1);
+        transform_scale_cols(mat(&w->wup), FF, C, C, a, 1);
         draw_channels(mlp, channels, FF, &r);
-        for (int i = 0; i < channels; i++) {
-            int j = mlp[i];
-            float a = (float)(lo * exp(span * rng_uniform(&r)));
-            for (int k = 0; k < C; k++) {
-                mat(&w->wup)[(size_t)j * C + k] *= a;
-                mat(&w->wdown)[(size_t)k * FF + j] /= a;
-            }
-        }
+        for (int i = 0; i < channels; i++)
+            b[mlp[i]] = (float)(lo * exp(span * rng_uniform(&r)));
+        transform_scale_rows(mat(&w->wup), FF, C, C, b, 0);
+        transform_scale_cols(mat(&w->wdown), C, FF, FF, b, 1);
     }
     if (idx)
         memcpy(idx, res, sizeof(int) * channels);
     if (share)
         *share = sh;
 done:
-    er_free(res), er_free(mlp);
+    er_free(res), er_free(mlp), er_free(a), er_free(b);
     return rc;
 }
 
