@@ -318,7 +318,12 @@ def check_kill_and_resume():
                     tol=0.0, tensor_tol=0.0)
     passed("--resume -np 2 from the last complete checkpoint: metrics and adapter bit for bit the uninterrupted run's")
     run(1, base + ["--out", "killed1", "--resume"])
-    wm = compare_metrics("resume with one rank", metrics("whole"), metrics("killed1"))
+    # Not bitwise: from the checkpoint on, one rank sums each gradient in another order than two, and the
+    # difference grows with the steps left after the kill (which lands at step 4 or 8 depending on the
+    # machine's speed): 6.5e-7 and 1.6e-6 relative seen over the last 32-36 steps. What the check is for, a
+    # resume that restores the wrong state (moments, data position, RNG), moves the metrics by whole optimizer
+    # updates, far above float rounding.
+    wm = compare_metrics("resume with one rank", metrics("whole"), metrics("killed1"), tol=1e-5)
     wp = compare_tensors("resume with one rank adapter", "whole/adapter_model.safetensors",
                          "killed1/adapter_model.safetensors")
     passed("--resume with one rank continues the 2-rank run (metrics %.1e, adapter %.1e, worst tensor %.1e relative)"
