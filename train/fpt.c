@@ -239,12 +239,16 @@ typedef struct {
     int rows, cols, writer;
 } RotMat;
 
-static int rot_mats(const Model *m, RotMat *r) {
+// layers_only: the layers' matrices alone (the local stage: its objective reads nothing else, and embed /
+// lm_head are V x C, the largest products of a step at a real vocabulary).
+static int rot_mats(const Model *m, RotMat *r, int layers_only) {
     const ModelConfig *c = &m->cfg;
     int n = 0, qd = c->NH * c->HS, kvd = c->NKV * c->HS;
-    r[n++] = (RotMat){off_of(m, m->embed.data), c->V, c->C, 0};
-    if (m->lm_head.data != m->embed.data)
-        r[n++] = (RotMat){off_of(m, m->lm_head.data), c->V, c->C, 0};
+    if (!layers_only) {
+        r[n++] = (RotMat){off_of(m, m->embed.data), c->V, c->C, 0};
+        if (m->lm_head.data != m->embed.data)
+            r[n++] = (RotMat){off_of(m, m->lm_head.data), c->V, c->C, 0};
+    }
     for (int l = 0; l < c->L; l++) {
         const LayerWeights *w = &m->layers[l];
         r[n++] = (RotMat){off_of(m, w->wq.data), qd, c->C, 0};
@@ -258,7 +262,7 @@ static int rot_mats(const Model *m, RotMat *r) {
     return n;
 }
 
-int fpt_params_apply(const FptParams *p, const Model *m, const float *base, float *out) {
+static int params_apply(const FptParams *p, const Model *m, const float *base, float *out, int layers_only) {
     Cayley k = {0};
     RotMat *r = er_alloc(sizeof(RotMat) * (2 + 7 * (size_t)p->L));
     int rc = ER_OK;
@@ -266,7 +270,7 @@ int fpt_params_apply(const FptParams *p, const Model *m, const float *base, floa
         ER_CHECK(ER_ENOMEM);
     ER_CHECK(apply_inner(p, m, base, out));
     ER_CHECK(cayley_forward(&k, p->theta, p->C));
-    int n = rot_mats(m, r);
+    int n = rot_mats(m, r, layers_only);
     for (int i = 0; i < n; i++) {
         float *W = out + r[i].off;
         if (r[i].writer)
@@ -377,8 +381,8 @@ done:
     return rc;
 }
 
-int fpt_params_backward(const FptParams *p, const Model *m, const float *base, const float *grad, float *x,
-                        float *gx, float *dtheta) {
+static int params_backward(const FptParams *p, const Model *m, const float *base, const float *grad, float *x,
+                           float *gx, float *dtheta, int layers_only) {
     int C = p->C, rc = ER_OK;
     Cayley k = {0};
     RotMat *r = er_alloc(sizeof(RotMat) * (2 + 7 * (size_t)p->L));
@@ -393,7 +397,7 @@ int fpt_params_backward(const FptParams *p, const Model *m, const float *base, c
         for (int j = 0; j < C; j++)
             Qt[(size_t)i * C + j] = k.Q[(size_t)j * C + i];
     memcpy(gx, grad, sizeof(float) * m->n_param_floats);
-    int n = rot_mats(m, r);
+    int n = rot_mats(m, r, layers_only);
     for (int i = 0; i < n; i++) {
         const float *X = x + r[i].off;
         float *GX = gx + r[i].off;
@@ -417,6 +421,15 @@ done:
     er_free(GQf);
     er_free(GQ);
     return rc;
+}
+
+int fpt_params_apply(const FptParams *p, const Model *m, const float *base, float *out) {
+    return params_apply(p, m, base, out, 0);
+}
+
+int fpt_params_backward(const FptParams *p, const Model *m, const float *base, const float *grad, float *x,
+                        float *gx, float *dtheta) {
+    return params_backward(p, m, base, grad, x, gx, dtheta, 0);
 }
 
 // ---- losses ----
@@ -659,8 +672,9 @@ static int fpt_eval_kl(FptRun *r, double *before, double *after) {
 static int fpt_step(FptRun *r, long step, double lr, double *loss, double *gnorm) {
     Model *m = r->m;
     const FptTrainConfig *c = r->c;
-    ER_TRY(fpt_params_apply(&r->p, m, r->base, r->master));
-    if (step < c->local_steps) {
+    int local = step < c->local_steps; // embed / lm_head stay unrotated: the local objective does not read them
+    ER_TRY(params_apply(&r->p, m, r->base, r->master, local));
+    if (local) {
         *loss = fpt_local_loss(m, r->master, m->grad_mem);
     } else {
         if (step == c->local_steps) { // a new objective: the moments of the local stage do not carry over
@@ -670,7 +684,7 @@ static int fpt_step(FptRun *r, long step, double lr, double *loss, double *gnorm
         }
         ER_TRY(fpt_seq_kl(r, (int)((step - c->local_steps) % c->n_seqs), step, 1, loss));
     }
-    ER_TRY(fpt_params_backward(&r->p, m, r->base, m->grad_mem, r->master, r->gx, r->dtheta));
+    ER_TRY(params_backward(&r->p, m, r->base, m->grad_mem, r->master, r->gx, r->dtheta, local));
     ER_TRY(clip_grad_norm(backend_cpu(), r->dtheta, r->p.n, 1.0, gnorm));
     if (!isfinite(*loss) || !isfinite(*gnorm))
         return er_error(ER_EINVAL, "fpt: the objective is not finite at step %ld (lower --fpt-lr)", step + 1);
