@@ -23,7 +23,7 @@ static int outliers_write(const OutliersConfig *o) {
     double *S = NULL, *diag = NULL, share = 0, before = 0, after = 0;
     int *idx = NULL;
     cJSON *j = NULL;
-    int rc = ER_OK, seq_len = 1024;
+    int rc = ER_OK, seq_len = 1024; // longer calibration records are skipped
     ER_CHECK(run_dir_check(o->out, RUN_ONCE));
     ER_CHECK(model_load(&m, o->model, MODEL_LOAD_TRAINABLE));
     if (m.quant.enabled)
@@ -77,7 +77,8 @@ int cmd_outliers(int argc, char **argv) {
         {"calib-n", ARG_INT, &o.calib_n, "records measured", 0, 1, 1 << 20},
         {"response-key", ARG_STR, &o.response_key, "record field holding the response (e.g. verbose for chains)", 0, 0,
          0},
-        {"channels", ARG_INT, &o.channels, "residual and MLP outlier channels (per layer for the MLP)", 0, 1, 64},
+        {"channels", ARG_INT, &o.channels, "residual and MLP outlier channels (per layer for the MLP)", 0, 1,
+         OUTLIERS_MAX_ALIGNED},
         {"min", ARG_FLOAT, &o.lo, "smallest norm-scale / MLP factor", 0, 1, 1e6},
         {"max", ARG_FLOAT, &o.hi, "largest factor (factors are log-uniform in [min, max])", 0, 1, 1e6},
         {"seed", ARG_INT, &o.seed, "seed of the channels, the factors and the rotation's completion", 0, 0,

@@ -425,7 +425,7 @@ def w4_targets(root):
     """Of the NLL gap of q4 without a transform, the share closed-form and trained fpt close, each with the
     standard error of its paired difference to the no-transform row, and trained minus closed-form."""
     t = {}
-    g0, se0 = diff_se(root, "q4", root, "fp32")
+    g0, _ = diff_se(root, "q4", root, "fp32")
     if g0 > 0:
         for key, name in (("fpt", "q4fpt"), ("fpt_trained", "q4fptt")):
             d, se = diff_se(root, name, root, "q4")

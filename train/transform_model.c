@@ -48,17 +48,24 @@ static int all_ones(const float *g, int n) {
     return 1;
 }
 
+// The columns of the matrices that read layer w's normalised stream times s1 (q, k, v: after ln1) and s2
+// (gate, up: after ln2), or divided by them.
+static void scale_readers(const ModelConfig *c, LayerWeights *w, const float *s1, const float *s2, int divide) {
+    int C = c->C, qd = c->NH * c->HS, kvd = c->NKV * c->HS;
+    transform_scale_cols(mat(&w->wq), qd, C, C, s1, divide);
+    transform_scale_cols(mat(&w->wk), kvd, C, C, s1, divide);
+    transform_scale_cols(mat(&w->wv), kvd, C, C, s1, divide);
+    transform_scale_cols(mat(&w->wgate), c->FF, C, C, s2, divide);
+    transform_scale_cols(mat(&w->wup), c->FF, C, C, s2, divide);
+}
+
 // RMSNorm scales into the matrices that read the normalised stream; the norms become 1.
 static void fold_norms(Model *m) {
     const ModelConfig *c = &m->cfg;
-    int C = c->C, qd = c->NH * c->HS, kvd = c->NKV * c->HS;
+    int C = c->C;
     for (int l = 0; l < c->L; l++) {
         LayerWeights *w = &m->layers[l];
-        transform_scale_cols(mat(&w->wq), qd, C, C, w->ln1, 0);
-        transform_scale_cols(mat(&w->wk), kvd, C, C, w->ln1, 0);
-        transform_scale_cols(mat(&w->wv), kvd, C, C, w->ln1, 0);
-        transform_scale_cols(mat(&w->wgate), c->FF, C, C, w->ln2, 0);
-        transform_scale_cols(mat(&w->wup), c->FF, C, C, w->ln2, 0);
+        scale_readers(c, w, w->ln1, w->ln2, 0);
         for (int i = 0; i < C; i++)
             w->ln1[i] = w->ln2[i] = 1.0f;
     }
@@ -293,7 +300,7 @@ static int dominant_basis(double *B, const double *S, int C, int k, ErRng *r, do
             for (int i = 0; i < C; i++)
                 B[(size_t)i * C + j] = y[i];
         }
-    double trace = 0, top = 0, lam[64];
+    double trace = 0, top = 0, lam[OUTLIERS_MAX_ALIGNED];
     for (int i = 0; i < C; i++)
         trace += S[(size_t)i * C + i];
     for (int j = 0; j < k; j++) { // Rayleigh quotients, then a selection sort of the columns by them
@@ -358,11 +365,11 @@ int transform_model_add_outliers(Model *m, const double *S, int channels, float 
     const ModelConfig *c = &m->cfg;
     ER_TRY(check_model(m, 0));
     int lim = c->C < c->FF ? c->C : c->FF;
-    lim = S && lim > 64 ? 64 : lim;
+    lim = S && lim > OUTLIERS_MAX_ALIGNED ? OUTLIERS_MAX_ALIGNED : lim;
     if (channels < 1 || channels > lim || !(lo >= 1) || !(hi >= lo) || !isfinite(hi))
         return er_error(ER_EINVAL, "outliers: %d channels with factors in [%g, %g] (expected 1..%d channels, "
                         "1 <= lo <= hi)", channels, lo, hi, lim);
-    int C = c->C, FF = c->FF, qd = c->NH * c->HS, kvd = c->NKV * c->HS, rc = ER_OK;
+    int C = c->C, FF = c->FF, rc = ER_OK;
     int *res = er_alloc(sizeof(int) * channels), *mlp = er_alloc(sizeof(int) * channels);
     float *a = er_alloc(sizeof(float) * C), *b = er_alloc(sizeof(float) * FF); // (C), (FF) per-channel factors
     if (!res || !mlp || !a || !b)
@@ -383,11 +390,7 @@ int transform_model_add_outliers(Model *m, const double *S, int channels, float 
             a[res[i]] = (float)(lo * exp(span * rng_uniform(&r)));
         for (int i = 0; i < C; i++)
             w->ln1[i] *= a[i], w->ln2[i] *= a[i];
-        transform_scale_cols(mat(&w->wq), qd, C, C, a, 1);
-        transform_scale_cols(mat(&w->wk), kvd, C, C, a, 1);
-        transform_scale_cols(mat(&w->wv), kvd, C, C, a, 1);
-        transform_scale_cols(mat(&w->wgate), FF, C, C, a, 1);
-        transform_scale_cols(mat(&w->wup), FF, C, C, a, 1);
+        scale_readers(c, w, a, a, 1); // the inverse of a norm fold
         draw_channels(mlp, channels, FF, &r);
         for (int i = 0; i < channels; i++)
             b[mlp[i]] = (float)(lo * exp(span * rng_uniform(&r)));

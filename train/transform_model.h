@@ -75,7 +75,8 @@ int transform_model_apply(Model *m, unsigned flags, uint64_t seed);
 // fpt start with both), so such a model tests quantizers without transforms, not transforms; the
 // residual alignment is what they have to undo by learning or by a rotation of their own. idx (channels,
 // may be NULL) gets the residual channels; *share (may be NULL) the dominant directions' share of S's
-// trace (0 without S). channels <= min(C, FF), and <= 64 with S.
+// trace (0 without S). channels <= min(C, FF), and <= OUTLIERS_MAX_ALIGNED with S.
+enum { OUTLIERS_MAX_ALIGNED = 64 };
 int transform_model_add_outliers(Model *m, const double *S, int channels, float lo, float hi, uint64_t seed,
                                  int *idx, double *share);
 // Second moments of the normalised residual stream (each position's vector divided by its RMS, before

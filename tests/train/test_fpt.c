@@ -340,7 +340,7 @@ Test(fpt, outlier_model_computes_the_same_function) {
         moments(&m, &S1, &diag1);
         cr_assert_eq(transform_stream_ratio(&m, diag1, &r1), 0);
         fprintf(stderr, "outliers (variant %d): max |dlogit| / max |logit| = %.3g, dominant share %.3f, loudest "
-                "normalised channel %.1fx the median (%.1fx before)\n", variant, rel, share, r0 > 0 ? r1 : 0, r0);
+                "normalised channel %.1fx the median (%.1fx before)\n", variant, rel, share, r1, r0);
         cr_assert(rel <= 1e-5, "the outlier model changed the logits by %g relative", rel);
         cr_assert(r1 >= 4 && r1 > r0, "the loudest channel is %gx the median (%gx before)", r1, r0);
         if (variant < 2) {
