@@ -20,7 +20,8 @@
 #
 # Usage: scripts/build_tiny_base.sh            full base (~27 min on one core)
 #        QUICK=1 scripts/build_tiny_base.sh    tiny variant for CI (seconds); cache runs/tiny-base-quick
-# Env:   OUT (cache dir), THREADS (default 1: faster than 2 on a shared 2-core machine), B (binaries).
+# Env:   OUT (cache dir), THREADS (default 1: faster than 2 on a shared 2-core machine), B (binaries),
+#        CONFIG (the model config, default configs/tiny.json).
 # The cache is reused when OUT/model holds a finished model whose recorded inputs (OUT/inputs.txt:
 # every setting below and the hashes of the config, the tokenizer and the generated data) match.
 set -euo pipefail
@@ -29,7 +30,7 @@ QUICK=${QUICK:-0}
 B=${B:-build}
 THREADS=${THREADS:-1}
 MIX=${MIX:-direct}
-CONFIG=configs/tiny.json
+CONFIG=${CONFIG:-configs/tiny.json}
 TOKENIZER=data/tiny_tokenizer
 DATA_SEED=1
 TRAIN_SEED=1
