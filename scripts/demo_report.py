@@ -83,14 +83,29 @@ def write_curve(metrics_path, dat_path, budgets):
     return w
 
 
-def padded_range(vals, pad=0.12, floor=None, ceil=None):
-    """A [lo:hi] gnuplot range covering every value with a margin of `pad` x the span on both sides."""
+def padded_bounds(vals, pad=0.12, floor=None, ceil=None):
+    """(lo, hi) covering every value with a margin of `pad` x the span on both sides."""
     lo, hi = min(vals), max(vals)
     span = (hi - lo) or max(abs(hi), 1e-3)
     lo, hi = lo - pad * span, hi + pad * span
-    lo = lo if floor is None else max(floor, lo)
-    hi = hi if ceil is None else min(ceil, hi)
+    return (lo if floor is None else max(floor, lo)), (hi if ceil is None else min(ceil, hi))
+
+
+def padded_range(vals, pad=0.12, floor=None, ceil=None):
+    """padded_bounds as a [lo:hi] gnuplot range."""
+    lo, hi = padded_bounds(vals, pad, floor, ceil)
     return f"[{lo:.6g}:{hi:.6g}]"
+
+
+def spread_labels(ys, gap):
+    """Heights for the labels of points at heights ys: at their points where those are at least `gap` apart,
+    otherwise pushed apart downwards in the points' order, then shifted back so their mean is the points'."""
+    lab, prev = [0.0] * len(ys), None
+    for i in sorted(range(len(ys)), key=lambda i: -ys[i]):
+        lab[i] = ys[i] if prev is None else min(ys[i], prev - gap)
+        prev = lab[i]
+    shift = (sum(ys) - sum(lab)) / len(ys)
+    return [v + shift for v in lab]
 
 
 def gnuplot_curves(dat, png, budgets, window, title):
@@ -114,21 +129,22 @@ set key default; set lmargin -1; set rmargin -1
 PARETO_SERIES = (("SFT", 1, 7), ("GRPO", 3, 5))
 
 
-def pareto_plot(path, base_point, series=PARETO_SERIES):
+def pareto_plot(path, base_point, yrange, series=PARETO_SERIES):
     """gnuplot plot command for a pareto file (budget, then tokens and accuracy of each model per row; series:
-    (label, column of its tokens, point type)): one labelled point per model and budget, the labels of one
-    model spread vertically so that equal points stay readable."""
+    (label, column of its tokens, point type)) on a plot whose y-axis spans yrange (lo, hi): one labelled point
+    per model and budget, the labels of one model at least a line apart (spread_labels), every other model's on
+    the left of its points, so that near-equal points stay readable."""
     rows = [line.split() for line in open(path)]
+    gap = 0.035 * (yrange[1] - yrange[0])  # a text line of the 640-pixel-high plot, in accuracy units
     items = [f"'-' using 1:2:('base, direct') with labels point pt 9 ps 2 offset char 1.5,char 0 left notitle"]
     data = [f"{base_point[0]} {base_point[1]}", "e"]
     for j, (name, col, pt) in enumerate(series):
-        # Every other model's labels go on the left of its points, so that two models' equal points stay apart.
-        side = "offset char 1.5,char {:.1f} left" if j % 2 == 0 else "offset char -1.5,char {:.1f} right"
-        for i, r in enumerate(rows):
-            label = f"{name}, B = {r[0]}"
-            items.append(f"'-' using 1:2:('{label}') with labels point pt {pt} ps 1.5 lc {i + 1} "
-                         f"{side.format(1.2 * (1 - i))} notitle")
-            data += [f"{r[col]} {r[col + 1]}", "e"]
+        side = "offset char 1.5,char 0 left" if j % 2 == 0 else "offset char -1.5,char 0 right"
+        xs, ys = [float(r[col]) for r in rows], [float(r[col + 1]) for r in rows]
+        for i, (r, x, y, ly) in enumerate(zip(rows, xs, ys, spread_labels(ys, gap))):
+            items.append(f"'-' using 1:2 with points pt {pt} ps 1.5 lc {i + 1} notitle")
+            items.append(f"'-' using 1:2:3 with labels {side} notitle")
+            data += [f"{x} {y}", "e", f'{x} {ly} "{name}, B = {r[0]}"', "e"]
     return "plot " + ", \\\n     ".join(items) + "\n" + "\n".join(data)
 
 
@@ -280,7 +296,7 @@ set output '{fd}/{pre}length_accuracy.png'
 set title 'Held-out accuracy vs mean generated length (greedy), each point labelled by its stated budget B'
 set xlabel 'mean generated tokens'; set ylabel 'accuracy'
 set xrange {padded_range(xs, 0.2, floor=0)}; set yrange {padded_range(ys, 0.2, floor=0, ceil=1)}; unset key
-{pareto_plot(f'{out}/pareto.dat', self.base_point)}
+{pareto_plot(f'{out}/pareto.dat', self.base_point, padded_bounds(ys, 0.2, floor=0, ceil=1))}
 set autoscale
 {gnuplot_curves(f"{out}/grpo_curve.dat", f"{fd}/{pre}grpo_curves.png", self.budgets, self.curve_window,
                 "GRPO: reward, rollout accuracy and rollout length per stated budget")}

@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from demo_report import (find, gnuplot_curves, gnuplot_votes, jsonl, padded_range, pareto_plot,  # noqa: E402
-                         parse_args, run_report, vote_lines, vote_table, write_curve, write_report)
+from demo_report import (find, gnuplot_curves, gnuplot_votes, jsonl, padded_bounds, padded_range,  # noqa: E402
+                         pareto_plot, parse_args, run_report, vote_lines, vote_table, write_curve, write_report)
 
 
 def summary(out, name, steps):
@@ -185,7 +185,7 @@ set output '{fd}/{pre}length_accuracy.png'
 set title 'Test accuracy vs mean generated length (greedy), each point labelled by its budget B'
 set xlabel 'mean generated tokens'; set ylabel 'accuracy'
 set xrange {padded_range(xs, 0.2, floor=0)}; set yrange {padded_range(ys, 0.2, floor=0, ceil=1)}; unset key
-{pareto_plot(f'{out}/pareto.dat', self.base_point, series)}
+{pareto_plot(f'{out}/pareto.dat', self.base_point, padded_bounds(ys, 0.2, floor=0, ceil=1), series)}
 set autoscale
 {gnuplot_curves(f"{out}/grpo_curve.dat", f"{fd}/{pre}grpo_curves.png", self.budgets, self.window,
                 "GRPO: reward, rollout accuracy and rollout length per stated budget")}
