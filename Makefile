@@ -265,7 +265,7 @@ demo:
 	QUICK=$(QUICK) bash scripts/demo.sh
 
 # The paper's effects at small scale, measured on fresh held-out problems, into docs/paper.md
-# (scripts/paper.sh: about an hour on 2 idle cores; QUICK=1: the same wiring in a few minutes).
+# (scripts/paper.sh: about half an hour on 2 idle cores; QUICK=1: the same wiring in a few minutes).
 .PHONY: paper
 paper:
 	bash scripts/deps.sh

@@ -102,6 +102,9 @@ class Paper:
     def quant_mask(self):
         """Effects 5 and 6: W4A16KV8 + QAMR against fp, masked against standard LoRA (budget stated, greedy)."""
         fp, w4, nm = self.ev(f"eval-sft-b{self.a.eval_budget}"), self.ev("eval-w4"), self.ev("eval-nomask")
+        qc = json.load(open(f"{self.out}/base-w4/config.json"))["quantization_config"]
+        w4_name = (f"W4A16KV8 ({qc['weights']} per channel, transforms {qc['transforms']}, "
+                   f"{qc['embeddings']} embeddings)")
         self.p(f"### Quantized base and masking ({fp[3]} test problems, B = {self.a.eval_budget} stated, greedy)")
         self.p()
         self.p("| base | adapter | KV | accuracy | k = 1 / 2 / 3 / 4 | mean tokens |")
@@ -109,8 +112,7 @@ class Paper:
         bk = lambda r: " / ".join(f"{100 * r[2].get(k, float('nan')):.0f}" for k in (1, 2, 3, 4))
         for base, ad, kv, r in (("fp32", "masked-LoRA SFT", "f32", fp),
                                 ("fp32", "standard LoRA SFT (--no-mask)", "f32", nm),
-                                ("W4A16KV8 (q4 per channel, fpt transforms, int8 embeddings)", "QAMR (masked)", "int8",
-                                 w4)):
+                                (w4_name, "QAMR (masked)", "int8", w4)):
             self.p(f"| {base} | {ad} | {kv} | {100 * r[0]:.1f}% | {bk(r)} | {r[1]:.1f} |")
         self.p()
         self.targets.append(("W4A16KV8 + QAMR close to fp", "-2.4 points", "within 1.5 points of fp",
@@ -204,7 +206,8 @@ set autoscale
                 f"`models/tiny-base` (load average {os.getloadavg()[1]:.1f} over the 5 minutes before the report); "
                 f"every number below comes from that run's files in `{a.out}`. Held-out problems "
                 "come from seeds no training stage saw: training 11; test 31 (k = 1..8), 33 (easy, k = 1), 34 (hard, "
-                "k = 2..8); validation 36 (hard, only to choose the temperature). Training seeds: `--seed 1` "
+                "k = 2..8); validation 36 (hard, only to choose the temperature) and 37 (k = 1..8, chose the SFT "
+                "steps and the W4 transforms before this run: scripts/paper.sh). Training seeds: `--seed 1` "
                 "everywhere.",
                 "", "| effect | paper | target | measured | |", "|---|---|---|---|---|"]
         head += [f"| {e} | {p} | {t} | {m} | {verdict(ok)} |" for e, p, t, m, ok in self.targets]
