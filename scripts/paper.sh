@@ -23,9 +23,9 @@ else
   OUT=${OUT:-runs/paper}; REPORT=${REPORT:-docs/paper.md}
   N_TRAIN=6000 N_TEST=1000 N_EASY=600 N_HARD=400 N_VAL=100 SFT_STEPS=600 GRPO_STEPS=350 GRPO_PROMPTS=16 HEADS_N=1000
 fi
-# Chosen on 1000 validation problems (seed 37, k = 1..8, B = 64 stated, greedy; README "`make paper`"), never on
-# the test problems: SFT_STEPS (masked SFT 29.5% at 150 steps, 33.2% at 300, 40.1% at 600; every SFT here runs
-# as many) and the W4 base's transforms (QAMR at 150 steps: none 27.6%, closed-form fpt 27.2%, trained fpt 27.2%).
+# Chosen on 1000 validation problems (seed 37, k = 1..8, B = 64 stated, greedy; README "`make paper`" tells how):
+# SFT_STEPS (masked SFT 29.5% at 150 steps, 33.2% at 300, 40.1% at 600; every SFT here runs as many) and the W4
+# base's transforms (QAMR at 150 steps: none 27.6%, closed-form fpt 27.2%, trained fpt 27.2%).
 W4_TRANSFORMS=none
 BUDGETS="32 64 128"
 EVAL_BUDGET=64                       # the budget stated where a single one is needed
