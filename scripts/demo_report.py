@@ -130,10 +130,10 @@ PARETO_SERIES = (("SFT", 1, 7), ("GRPO", 3, 5))
 
 
 def pareto_plot(path, base_point, yrange, series=PARETO_SERIES):
-    """gnuplot plot command for a pareto file (budget, then tokens and accuracy of each model per row; series:
-    (label, column of its tokens, point type)) on a plot whose y-axis spans yrange (lo, hi): one labelled point
-    per model and budget, the labels of one model at least a line apart (spread_labels), every other model's on
-    the left of its points, so that near-equal points stay readable."""
+    """gnuplot commands for a pareto file (budget, then tokens and accuracy of each model per row; series:
+    (label, column of its tokens, point type)): the y-axis set to yrange (lo, hi), then one labelled point per
+    model and budget, the labels of one model at least a line apart (spread_labels), every other model's on the
+    left of its points, so that near-equal points stay readable."""
     rows = [line.split() for line in open(path)]
     gap = 0.035 * (yrange[1] - yrange[0])  # a text line of the 640-pixel-high plot, in accuracy units
     items = [f"'-' using 1:2:('base, direct') with labels point pt 9 ps 2 offset char 1.5,char 0 left notitle"]
@@ -145,7 +145,8 @@ def pareto_plot(path, base_point, yrange, series=PARETO_SERIES):
             items.append(f"'-' using 1:2 with points pt {pt} ps 1.5 lc {i + 1} notitle")
             items.append(f"'-' using 1:2:3 with labels {side} notitle")
             data += [f"{x} {y}", "e", f'{x} {ly} "{name}, B = {r[0]}"', "e"]
-    return "plot " + ", \\\n     ".join(items) + "\n" + "\n".join(data)
+    return (f"set yrange [{yrange[0]:.6g}:{yrange[1]:.6g}]\nplot " + ", \\\n     ".join(items) + "\n"
+            + "\n".join(data))
 
 
 def gnuplot_votes(dat, png):
@@ -295,7 +296,7 @@ set grid
 set output '{fd}/{pre}length_accuracy.png'
 set title 'Held-out accuracy vs mean generated length (greedy), each point labelled by its stated budget B'
 set xlabel 'mean generated tokens'; set ylabel 'accuracy'
-set xrange {padded_range(xs, 0.2, floor=0)}; set yrange {padded_range(ys, 0.2, floor=0, ceil=1)}; unset key
+set xrange {padded_range(xs, 0.2, floor=0)}; unset key
 {pareto_plot(f'{out}/pareto.dat', self.base_point, padded_bounds(ys, 0.2, floor=0, ceil=1))}
 set autoscale
 {gnuplot_curves(f"{out}/grpo_curve.dat", f"{fd}/{pre}grpo_curves.png", self.budgets, self.curve_window,

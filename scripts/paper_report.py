@@ -103,8 +103,8 @@ class Paper:
         """Effects 5 and 6: W4A16KV8 + QAMR against fp, masked against standard LoRA (budget stated, greedy)."""
         fp, w4, nm = self.ev(f"eval-sft-b{self.a.eval_budget}"), self.ev("eval-w4"), self.ev("eval-nomask")
         qc = json.load(open(f"{self.out}/base-w4/config.json"))["quantization_config"]
-        w4_name = (f"W4A16KV8 ({qc['weights']} per channel, transforms {qc['transforms']}, "
-                   f"{qc['embeddings']} embeddings)")
+        groups = f"groups of {qc['group_size']}" if qc.get("group_size") else "per channel"
+        w4_name = f"W4A16KV8 ({qc['weights']} {groups}, transforms {qc['transforms']}, {qc['embeddings']} embeddings)"
         self.p(f"### Quantized base and masking ({fp[3]} test problems, B = {self.a.eval_budget} stated, greedy)")
         self.p()
         self.p("| base | adapter | KV | accuracy | k = 1 / 2 / 3 / 4 | mean tokens |")
@@ -186,7 +186,7 @@ set grid
 set output '{fd}/{pre}length_accuracy.png'
 set title 'Test accuracy vs mean generated length (greedy), each point labelled by its budget B'
 set xlabel 'mean generated tokens'; set ylabel 'accuracy'
-set xrange {padded_range(xs, 0.2, floor=0)}; set yrange {padded_range(ys, 0.2, floor=0, ceil=1)}; unset key
+set xrange {padded_range(xs, 0.2, floor=0)}; unset key
 {pareto_plot(f'{out}/pareto.dat', self.base_point, padded_bounds(ys, 0.2, floor=0, ceil=1), series)}
 set autoscale
 {gnuplot_curves(f"{out}/grpo_curve.dat", f"{fd}/{pre}grpo_curves.png", self.budgets, self.window,

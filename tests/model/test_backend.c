@@ -36,6 +36,9 @@ static Backend *dev_open(void) {
     return be;
 }
 
+// Skips the test unless the device opens, before the test builds or writes anything.
+static void dev_require(void) { backend_close(dev_open()); }
+
 // n bytes of host data placed on the device.
 static void *put(Backend *be, const void *host, size_t bytes) {
     void *d = be->ops->alloc(be, bytes);
@@ -515,8 +518,7 @@ Test(backend, tiny_model_full_training) {
 // A frozen base loaded as it is from a dir saved in bf16 or fp32 (the device stores both in bf16; the
 // CPU computes with the file's values) with a trainable masked adapter.
 static void check_frozen_base(int as_bf16) {
-    Backend *probe = dev_open(); // skip before writing the model dir, which a skip would leave behind
-    backend_close(probe);
+    dev_require(); // a skip after the model dir is written would leave it behind
     ModelConfig c = helper_tiny_config(96, 64);
     Model m;
     cr_assert_eq(model_build_random(&m, &c, 0.3f, 12), ER_OK, "%s", er_last_error());
@@ -542,8 +544,7 @@ Test(backend, tiny_model_masked_lora_f32_base) { check_frozen_base(0); }
 // The 0.5B widths (configs/qwen05b-2l.json: two layers, vocabulary 512) with the real vocabulary, a
 // frozen bf16 base and a rank-16 masked adapter on every linear.
 Test(backend, qwen05b_shape_masked_lora, .timeout = 600) {
-    Backend *probe = dev_open(); // skip before building a 0.5B-wide model on the CPU
-    backend_close(probe);
+    dev_require(); // before building a 0.5B-wide model on the CPU
     ModelConfig c;
     cr_assert_eq(model_config_load(&c, "configs/qwen05b-2l.json"), ER_OK, "%s", er_last_error());
     c.V = 151936;
