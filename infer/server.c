@@ -66,7 +66,8 @@ struct Server {
     ServeLimits lim;
     const char *api_key, *model_name;
     int threads, queue_max, stopping;
-    int n_jobs;           // jobs not freed yet: at shutdown their connections still send their answers
+    int n_open;           // requests read and not yet answered to the end: at shutdown their connections
+                          // still send their answers
     Job *head, *tail;
     pthread_mutex_t mu;
     pthread_cond_t work;  // a job was queued or the server stops
@@ -84,7 +85,6 @@ struct Server {
 static void job_unref(Job *j) {
     if (--j->refs > 0)
         return;
-    j->srv->n_jobs--;
     for (int i = 0; j->acc && i < j->req.p.n_samples; i++)
         er_free(j->acc[i].p);
     serve_request_free(&j->req);
@@ -161,6 +161,7 @@ static void job_cancel(Server *srv, Job *j) {
     if (j->queued) {
         ServeError e;
         cancel_error(&e, 0);
+        fprintf(stderr, "erinfer serve: %s left the queue: the client went away\n", j->ids.id);
         job_drop(srv, j, &e);
     }
 }
@@ -377,7 +378,6 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd, ServeError *e) {
     j->refs = 1;
     pthread_cond_init(&j->cond, NULL);
     pthread_mutex_lock(&srv->mu);
-    srv->n_jobs++;
     snprintf(j->ids.id, sizeof j->ids.id, "%s-%08lx%08lx", j->req.chat ? "chatcmpl" : "cmpl",
              (unsigned long)time(NULL) & 0xffffffffUL, ++srv->counter);
     j->ids.created = (long)time(NULL);
@@ -591,6 +591,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(cn = er_calloc(1, sizeof *cn)))
             return MHD_NO;
         *con_cls = cn;
+        pthread_mutex_lock(&srv->mu);
+        srv->n_open++;
+        pthread_mutex_unlock(&srv->mu);
         cn->unauthorized = strncmp(url, "/v1/", 4) == 0 && !authorized(c, srv);
         const char *len = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         cn->too_big = len && strtoull(len, NULL, 10) > SERVE_MAX_BODY;
@@ -619,15 +622,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return route_request(c, srv, cn, url, method);
 }
 
+// The request's answer is sent (or its connection is gone).
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls;
     (void)c;
     (void)toe;
+    Server *srv = cls;
     Conn *cn = *con_cls;
-    if (cn)
-        er_free(cn->body.p);
+    if (!cn)
+        return;
+    er_free(cn->body.p);
     er_free(cn);
     *con_cls = NULL;
+    pthread_mutex_lock(&srv->mu);
+    srv->n_open--;
+    pthread_mutex_unlock(&srv->mu);
 }
 
 // ---- the command ----
@@ -741,10 +749,11 @@ static int serve_listen(Server *srv, const ServeFlags *f, struct sockaddr_in *ad
     sigwait(&set, &sig);
     fprintf(stderr, "erinfer serve: stopping\n");
     serve_stop_batch(srv);
-    // Every job is answered now; the connections get up to 5 s to send those answers before they close.
+    // Every job has its answer now; the connections get up to 5 s to send those answers before they close
+    // (a request counts until its answer is sent, not only until its job is over).
     for (int i = 0, left = 1; left && i < 500; i++) {
         pthread_mutex_lock(&srv->mu);
-        left = srv->n_jobs > 0;
+        left = srv->n_open > 0;
         pthread_mutex_unlock(&srv->mu);
         if (left)
             usleep(10 * 1000);

@@ -216,7 +216,8 @@ a_pid=$!
 for _ in $(seq 200); do [ -s "$tmp/a.sse" ] && break; sleep 0.05; done
 [ -s "$tmp/a.sse" ] || fail "the first stream did not start"
 curl -sN --max-time 0.3 "$url" -d "$long"',"stream":true}' >/dev/null   # B: queued, then gone
-sleep 0.3
+for _ in $(seq 200); do grep -q "left the queue: the client went away" "$tmp/stop.log" && break; sleep 0.05; done
+grep -q "left the queue: the client went away" "$tmp/stop.log" || fail "a queued client that hung up kept its slot"
 curl -s -o "$tmp/c.json" -w '%{http_code}' "$url" -d "$long}" >"$tmp/c.code" &
 c_pid=$!
 curl -sN "$url" -d "$long"',"stream":true}' >"$tmp/d.sse" &
