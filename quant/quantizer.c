@@ -651,6 +651,98 @@ void quant_fake_quant_lut(float *dst, const float *src, int rows, int cols, cons
     }
 }
 
+// ---- the straight-through gradient of the error ----
+
+// Symmetric levels scale * [-qmax, qmax], scale = c * max|x| / qmax.
+static void ste_sym(const float *x, int n, float scale, int qmax, const float *ge, float *gw) {
+    int imax = 0;
+    for (int j = 1; j < n; j++)
+        imax = fabsf(x[j]) > fabsf(x[imax]) ? j : imax;
+    float amax = fabsf(x[imax]);
+    if (!(scale > 0) || !(amax > 0))
+        return;
+    float inv = 1.0f / scale;
+    double sigma = 0;
+    for (int j = 0; j < n; j++) {
+        float t = x[j] * inv, u = rintf(t);
+        int clipped = fabsf(u) > (float)qmax;
+        u = clampf(u, (float)-qmax, (float)qmax);
+        sigma += (double)ge[j] * (clipped ? u : u - t);
+        if (clipped)
+            gw[j] -= ge[j];
+    }
+    double c = (double)scale * qmax / amax; // ds/d|x_imax| = c / qmax
+    gw[imax] += (float)(sigma * c / qmax * (x[imax] > 0 ? 1 : -1));
+}
+
+// Evenly spaced levels zero + scale * [0, nl - 1] over [min, max] shrunk about its centre by c: scale =
+// c (max - min) / (nl - 1), zero = (max + min) / 2 - c (max - min) / 2.
+static void ste_affine(const float *x, int n, float scale, float zero, int nl, const float *ge, float *gw) {
+    int imin = 0, imax = 0;
+    for (int j = 1; j < n; j++) {
+        imin = x[j] < x[imin] ? j : imin;
+        imax = x[j] > x[imax] ? j : imax;
+    }
+    float range = x[imax] - x[imin];
+    if (!(scale > 0) || !(range > 0))
+        return;
+    double sigma = 0, zeta = 0; // sums over ge of d e / d scale and d e / d zero
+    for (int j = 0; j < n; j++) {
+        float t = (x[j] - zero) / scale, u = rintf(t);
+        int clipped = u < 0 || u > (float)(nl - 1);
+        u = clampf(u, 0.0f, (float)(nl - 1));
+        sigma += (double)ge[j] * (clipped ? u : u - t);
+        if (clipped) {
+            zeta += ge[j];
+            gw[j] -= ge[j];
+        }
+    }
+    double c = (double)scale * (nl - 1) / range;
+    gw[imax] += (float)(sigma * c / (nl - 1) + zeta * (1 - c) / 2);
+    gw[imin] += (float)(-sigma * c / (nl - 1) + zeta * (1 + c) / 2);
+}
+
+void quant_ste_error_row(const Weight *q, const QuantOptions *o, int r, const float *w, const float *ge, float *gw) {
+    int K = q->cols;
+    switch (q->fmt) {
+    case WF_Q8:
+    case WF_Q4:
+        ste_sym(w, K, q->scale[r], q->fmt == WF_Q8 ? 127 : 7, ge, gw);
+        break;
+    case WF_Q4G: {
+        int G = q->group, ng = K / G;
+        for (int g = 0; g < ng; g++)
+            ste_affine(w + g * G, G, f16_to_f32(q->gscale[(size_t)r * ng + g]),
+                       f16_to_f32(q->gzero[(size_t)r * ng + g]), 16, ge + g * G, gw + g * G);
+        break;
+    }
+    case WF_Q2LUT:
+    case WF_Q4LUT: {
+        int nl = weight_format_info(q->fmt)->levels;
+        float lv[16];
+        for (int j = 0; j < nl; j++)
+            lv[j] = f16_to_f32(q->lut[(size_t)r * nl + j]);
+        if (o->uniform) {
+            ste_affine(w, K, (lv[nl - 1] - lv[0]) / (float)(nl - 1), lv[0], nl, ge, gw);
+            break;
+        }
+        double sum[16] = {0};
+        int cnt[16] = {0};
+        for (int j = 0; j < K; j++) {
+            int a = nearest(w[j], lv, nl);
+            sum[a] += ge[j];
+            cnt[a]++;
+        }
+        for (int j = 0; j < K; j++) {
+            int a = nearest(w[j], lv, nl);
+            gw[j] += (float)(sum[a] / cnt[a]) - ge[j];
+        }
+        break;
+    }
+    default: break;
+    }
+}
+
 double quant_rel_error(const Weight *q, const float *src) {
     double num = 0, den = 0;
 #pragma omp parallel reduction(+ : num, den)

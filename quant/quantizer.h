@@ -101,6 +101,15 @@ int quant_fake_quant_rows(float *dst, const float *src, int rows, int cols, cons
 // q2lut / q4lut codes are the nearest levels of the codebook it stores). dst may be src.
 void quant_fake_quant_lut(float *dst, const float *src, int rows, int cols, const uint16_t *lut, int nlev);
 
+// The straight-through gradient of the fake quantizer's error e = Q(w) - w, scale-aware (LSQ's, Esser et
+// al., arXiv 1902.08153): rounding passes gradients straight through, so a weight inside the grid moves
+// its own error only through the levels, which its row's (group's) extremes set: e_j = s(w) (u_j - t_j)
+// with the offsets u_j - t_j = code - w_j / s held; a clipped weight sits on an end level, e_j = s(w) u_j
+// + zero(w) - w_j. s and zero follow [min, max] as the clipping search shrank it (its ratio held).
+// k-means codebooks: the codes held, each level the (unweighted) mean of its weights, e_j = mean - w_j.
+// Row r of q = quantize_matrix(src, no importance, o), w = src's row r: gw (cols) += (de/dw)ᵀ ge.
+void quant_ste_error_row(const Weight *q, const QuantOptions *o, int r, const float *w, const float *ge, float *gw);
+
 // ||W - Q(W)||_F / ||W||_F of a quantized weight against its fp32 source (rows, cols).
 double quant_rel_error(const Weight *q, const float *src);
 

@@ -10,6 +10,7 @@
 #include "core/fileio.h"
 #include "core/gemm.h"
 #include "core/progress.h"
+#include "quant/quant.h"
 #include "quant/transform.h"
 #include "train/checkpoint.h"
 #include "train/optim.h"
@@ -381,8 +382,8 @@ done:
     return rc;
 }
 
-static int params_backward(const FptParams *p, const Model *m, const float *base, const float *grad, float *x,
-                           float *gx, float *dtheta, int layers_only) {
+static int params_backward(const FptParams *p, const Model *m, const float *base, const float *grad, const float *gq,
+                           float *x, float *gx, float *dtheta, int layers_only) {
     int C = p->C, rc = ER_OK;
     Cayley k = {0};
     RotMat *r = er_alloc(sizeof(RotMat) * (2 + 7 * (size_t)p->L));
@@ -411,7 +412,7 @@ static int params_backward(const FptParams *p, const Model *m, const float *base
         }
     }
     for (size_t i = 0; i < (size_t)C * C; i++)
-        GQ[i] = GQf[i];
+        GQ[i] = (double)GQf[i] + (gq ? gq[i] : 0.0f);
     cayley_backward(&k, GQ, C, dtheta);
     ER_CHECK(inner_grad(p, m, x, gx, dtheta));
 done:
@@ -427,51 +428,142 @@ int fpt_params_apply(const FptParams *p, const Model *m, const float *base, floa
     return params_apply(p, m, base, out, 0);
 }
 
-int fpt_params_backward(const FptParams *p, const Model *m, const float *base, const float *grad, float *x,
-                        float *gx, float *dtheta) {
-    return params_backward(p, m, base, grad, x, gx, dtheta, 0);
+int fpt_params_backward(const FptParams *p, const Model *m, const float *base, const float *grad, const float *gq,
+                        float *x, float *gx, float *dtheta) {
+    return params_backward(p, m, base, grad, gq, x, gx, dtheta, 0);
 }
 
 // ---- losses ----
 
-double fpt_local_loss(const Model *m, const float *w, float *grad) {
-    const ModelConfig *c = &m->cfg;
-    if (grad)
-        memset(grad, 0, sizeof(float) * m->n_param_floats);
-    long rows_total = 0;
-    for (int l = 0; l < c->L; l++) {
+// ---- the local objective ----
+
+static int is_projection(const Model *m, const Weight *w) {
+    for (int l = 0; l < m->cfg.L; l++) {
         const LayerWeights *lw = &m->layers[l];
-        const Weight *mats[7] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->wgate, &lw->wup, &lw->wdown};
-        for (int i = 0; i < 7; i++)
-            rows_total += mats[i]->rows;
+        if (w == &lw->wq || w == &lw->wk || w == &lw->wv || w == &lw->wo || w == &lw->wgate || w == &lw->wup ||
+            w == &lw->wdown)
+            return 1;
     }
-    double loss = 0;
-    for (int l = 0; l < c->L; l++) {
-        const LayerWeights *lw = &m->layers[l];
-        const Weight *mats[7] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->wgate, &lw->wup, &lw->wdown};
-        for (int i = 0; i < 7; i++) {
-            size_t o = off_of(m, mats[i]->data);
-            int R = mats[i]->rows, K = mats[i]->cols;
-            for (int r = 0; r < R; r++) {
-                const float *x = w + o + (size_t)r * K;
-                double s2 = 0, s4 = 0;
-                for (int j = 0; j < K; j++) {
-                    double v = (double)x[j] * x[j];
-                    s2 += v, s4 += v * v;
-                }
-                if (!(s2 > 0))
-                    continue;
-                loss += K * s4 / (s2 * s2) / rows_total;
-                if (grad) { // d/dw_j of K s4 / s2² = 4K w_j (w_j² s2 - s4) / s2³
-                    float *g = grad + o + (size_t)r * K;
-                    double f = 4.0 * K / (s2 * s2 * s2) / rows_total;
-                    for (int j = 0; j < K; j++)
-                        g[j] = (float)(f * x[j] * ((double)x[j] * x[j] * s2 - s4));
-                }
-            }
+    return 0;
+}
+
+// One projection W (R, K) with quantization errors E (R, K) and its inputs' second moment H (K, K): adds
+// the sum over its rows of (e_r H e_rᵀ) / (w_r H w_rᵀ), divided by n_rows, to *loss; gw, ge (R, K) +=
+// the gradients in W (through the denominators) and E; gh (K, K) += the gradient in H. s0, s1: R K
+// floats of scratch. Rows with w_r H w_rᵀ = 0 (dead inputs or a zero row) are left out.
+static void output_error(const float *W, const float *E, const float *H, int R, int K, double n_rows, float *gw,
+                         float *ge, float *gh, float *s0, float *s1, double *loss) {
+    gemm_f32(0, 0, R, K, K, 1.0f, E, K, H, K, 0.0f, s0, K); // E H
+    gemm_f32(0, 0, R, K, K, 1.0f, W, K, H, K, 0.0f, s1, K); // W H
+    double sum = 0;
+    for (int r = 0; r < R; r++) {
+        const float *e = E + (size_t)r * K, *w = W + (size_t)r * K;
+        float *eh = s0 + (size_t)r * K, *wh = s1 + (size_t)r * K, *gwr = gw + (size_t)r * K, *ger = ge + (size_t)r * K;
+        double a = dot_rows(e, eh, K), b = dot_rows(w, wh, K);
+        if (!(b > 0)) {
+            memset(eh, 0, sizeof(float) * (size_t)K);
+            memset(wh, 0, sizeof(float) * (size_t)K);
+            continue;
+        }
+        sum += a / b;
+        double fe = 2.0 / (b * n_rows), fw = -2.0 * a / (b * b * n_rows);
+        for (int j = 0; j < K; j++) {
+            ger[j] += (float)(fe * eh[j]);
+            gwr[j] += (float)(fw * wh[j]);
+            eh[j] = (float)(e[j] / (b * n_rows)); // the rows of gh's two outer-product sums
+            wh[j] = (float)(w[j] * a / (b * b * n_rows));
         }
     }
-    return loss;
+    gemm_f32(1, 0, K, K, R, 1.0f, s0, K, E, K, 1.0f, gh, K);  // Σ_r e_rᵀ e_r / (b_r n)
+    gemm_f32(1, 0, K, K, R, -1.0f, s1, K, W, K, 1.0f, gh, K); // - Σ_r a_r w_rᵀ w_r / (b_r² n)
+    *loss += sum / n_rows;
+}
+
+// gs (n, n) = g + gᵀ.
+static void symmetrize(float *gs, const float *g, int n) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            gs[(size_t)i * n + j] = g[(size_t)i * n + j] + g[(size_t)j * n + i];
+}
+
+int fpt_local_objective(const FptParams *p, const Model *m, const float *moments, const float *w, const float *e,
+                        float *gw, float *ge, float *gq, float *dtheta, double *loss) {
+    const ModelConfig *c = &m->cfg;
+    int C = p->C, FF = p->FF, HS = p->HS, qd = p->NH * HS, G = p->NH / p->NKV, rc = ER_OK;
+    int D = C > qd ? C : qd;
+    D = D > FF ? D : FF;
+    size_t per_layer = 2 * (size_t)C * C + (size_t)qd * qd + (size_t)FF * FF, rk = 0;
+    double n_rows = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (is_projection(m, m->params[i].w)) {
+            const Weight *x = m->params[i].w;
+            n_rows += x->rows;
+            rk = (size_t)x->rows * x->cols > rk ? (size_t)x->rows * x->cols : rk;
+        }
+    Cayley k = {0};
+    float *hp = er_alloc(sizeof(float) * (size_t)D * D), *gh = er_alloc(sizeof(float) * (size_t)D * D);
+    float *t0 = er_alloc(sizeof(float) * (size_t)D * D), *t1 = er_alloc(sizeof(float) * (size_t)D * D);
+    float *s0 = er_alloc(sizeof(float) * rk), *s1 = er_alloc(sizeof(float) * rk);
+    if (!hp || !gh || !t0 || !t1 || !s0 || !s1)
+        ER_CHECK(er_error(ER_ENOMEM, "fpt: out of memory for the local objective"));
+    ER_CHECK(cayley_forward(&k, p->theta, C));
+    *loss = 0;
+    memset(gq, 0, sizeof(float) * (size_t)C * C);
+    for (int l = 0; l < c->L; l++) {
+        const LayerWeights *lw = &m->layers[l];
+        const float *h1 = moments + per_layer * l, *ho = h1 + (size_t)C * C, *h2 = ho + (size_t)qd * qd,
+                    *hd = h2 + (size_t)C * C;
+        LayerTheta th = layer_theta(p, p->theta, l), dth = layer_theta(p, dtheta, l);
+        // The readers of the residual stream: their inputs are x' = Qᵀx, H' = QᵀHQ, dL/dQ = HQ(G + Gᵀ).
+        const Weight *readers[2][3] = {{&lw->wq, &lw->wk, &lw->wv}, {&lw->wgate, &lw->wup, NULL}};
+        const float *hr[2] = {h1, h2};
+        for (int s = 0; s < 2; s++) {
+            gemm_f32(0, 0, C, C, C, 1.0f, hr[s], C, k.Q, C, 0.0f, t0, C);
+            gemm_f32(1, 0, C, C, C, 1.0f, k.Q, C, t0, C, 0.0f, hp, C);
+            memset(gh, 0, sizeof(float) * (size_t)C * C);
+            for (int i = 0; i < 3 && readers[s][i]; i++) {
+                size_t o = off_of(m, readers[s][i]->data);
+                output_error(w + o, e + o, hp, readers[s][i]->rows, C, n_rows, gw + o, ge + o, gh, s0, s1, loss);
+            }
+            symmetrize(t1, gh, C);
+            gemm_f32(0, 0, C, C, C, 1.0f, k.Q, C, t1, C, 0.0f, t0, C);
+            gemm_f32(0, 0, C, C, C, 1.0f, hr[s], C, t0, C, 1.0f, gq, C);
+        }
+        // o_proj: the heads' outputs z' = Bz with B = blockdiag(M of each query head's KV head), H' = BHBᵀ,
+        // dL/dB = (G + Gᵀ)BH, of which M takes the diagonal blocks of its query group.
+        for (int n = 0; n < p->NH; n++) // t0 = B H
+            gemm_f32(0, 0, HS, qd, HS, 1.0f, th.M + (size_t)(n / G) * HS * HS, HS, ho + (size_t)n * HS * qd, qd, 0.0f,
+                     t0 + (size_t)n * HS * qd, qd);
+        for (int n = 0; n < p->NH; n++) // hp = t0 Bᵀ
+            gemm_f32(0, 1, qd, HS, HS, 1.0f, t0 + (size_t)n * HS, qd, th.M + (size_t)(n / G) * HS * HS, HS, 0.0f,
+                     hp + (size_t)n * HS, qd);
+        memset(gh, 0, sizeof(float) * (size_t)qd * qd);
+        size_t oo = off_of(m, lw->wo.data);
+        output_error(w + oo, e + oo, hp, C, qd, n_rows, gw + oo, ge + oo, gh, s0, s1, loss);
+        symmetrize(t1, gh, qd);
+        for (int n = 0; n < p->NH; n++)
+            gemm_f32(0, 0, HS, HS, qd, 1.0f, t1 + (size_t)n * HS * qd, qd, t0 + (size_t)n * HS, qd, 1.0f,
+                     (float *)dth.M + (size_t)(n / G) * HS * HS, HS);
+        // down_proj: its inputs scaled by s = e^u, H' = SHS, dL/du_j = s_j Σ_k (G + Gᵀ)_jk H_jk s_k.
+        for (int j = 0; j < FF; j++)
+            t0[j] = expf(th.u[j]);
+        for (int j = 0; j < FF; j++)
+            for (int i = 0; i < FF; i++)
+                hp[(size_t)j * FF + i] = t0[j] * hd[(size_t)j * FF + i] * t0[i];
+        memset(gh, 0, sizeof(float) * (size_t)FF * FF);
+        size_t od = off_of(m, lw->wdown.data);
+        output_error(w + od, e + od, hp, C, FF, n_rows, gw + od, ge + od, gh, s0, s1, loss);
+        for (int j = 0; j < FF; j++) {
+            double acc = 0;
+            for (int i = 0; i < FF; i++)
+                acc += ((double)gh[(size_t)j * FF + i] + gh[(size_t)i * FF + j]) * hd[(size_t)j * FF + i] * t0[i];
+            ((float *)dth.u)[j] += (float)(t0[j] * acc);
+        }
+    }
+done:
+    cayley_free(&k);
+    er_free(hp), er_free(gh), er_free(t0), er_free(t1), er_free(s0), er_free(s1);
+    return rc;
 }
 
 double fpt_kl_loss(const float *p, const float *logits, float *dlogits, int N, int V) {
@@ -514,12 +606,24 @@ static void softmax_rows(float *p, const float *logits, int N, int V) {
 
 // ---- the run ----
 
+// A layer projection of the local stage: its quantizer and its last quantization.
+typedef struct {
+    const ParamTensor *p;
+    QuantOptions qo;
+    Weight q;
+} LocalMat;
+
 typedef struct {
     Model *m;
     const FptTrainConfig *c;
     FptParams p;
     float *base, *master, *gx, *dtheta; // (n_param_floats) x 3, (p.n)
     float *tp;                          // (max_len, V) teacher probabilities
+    // the local stage: the base's input moments, the errors Q(W') - W' (n_param_floats), dL/dQ through the
+    // moments (C, C), the direct gradient of u and M (p.n), the quantized projections
+    float *moments, *err, *gq, *dlocal;
+    LocalMat *lm;
+    int n_lm;
     AdamW opt;
     TrainState st;
     QatState *qs;
@@ -532,6 +636,10 @@ typedef struct {
 static void fpt_run_free(FptRun *r) {
     fpt_params_free(&r->p);
     er_free(r->base), er_free(r->master), er_free(r->gx), er_free(r->dtheta), er_free(r->tp);
+    er_free(r->moments), er_free(r->err), er_free(r->gq), er_free(r->dlocal);
+    for (int i = 0; i < r->n_lm; i++)
+        weight_free(&r->lm[i].q);
+    er_free(r->lm);
     adamw_free(&r->opt);
     train_state_free(&r->st);
     qat_state_free(r->qs);
@@ -588,6 +696,59 @@ static int fpt_run_resume(FptRun *r) {
     return ER_OK;
 }
 
+// The local stage's state: the input moments of the base model (its weights as m holds them now) over
+// every calibration sequence, and each quantized projection's quantizer.
+static int local_init(FptRun *r) {
+    Model *m = r->m;
+    QuantizePlan plan;
+    ER_TRY(quantize_plan(m, r->c->q, &plan));
+    r->err = er_alloc(sizeof(float) * m->n_param_floats);
+    r->gq = er_alloc(sizeof(float) * (size_t)r->p.C * r->p.C);
+    r->dlocal = er_alloc(sizeof(float) * r->p.n);
+    r->lm = er_calloc((size_t)m->n_params, sizeof(LocalMat));
+    if (!r->err || !r->gq || !r->dlocal || !r->lm)
+        return er_error(ER_ENOMEM, "fpt: out of memory for the local stage");
+    for (int i = 0; i < m->n_params; i++) {
+        const ParamTensor *p = &m->params[i];
+        QuantOptions qo;
+        quantize_plan_options(m, &plan, r->c->q, p, &qo);
+        if (is_projection(m, p->w) && weight_is_quantized(qo.fmt))
+            r->lm[r->n_lm++] = (LocalMat){.p = p, .qo = qo};
+    }
+    return quantize_input_moments(m, r->c->sb, r->c->seqs, 0, r->c->n_seqs, r->c->max_len, &r->moments, NULL);
+}
+
+// r->err = Q(w) - w for the quantized projections (0 elsewhere), each one's quantization kept in r->lm.
+static int local_errors(FptRun *r, const float *w) {
+    const Model *m = r->m;
+    memset(r->err, 0, sizeof(float) * m->n_param_floats);
+    for (int i = 0; i < r->n_lm; i++) {
+        LocalMat *l = &r->lm[i];
+        int R = (int)l->p->shape[0], K = (int)l->p->shape[1];
+        size_t o = (size_t)(l->p->data - m->param_mem);
+        weight_free(&l->q);
+        ER_TRY(quantize_matrix(&l->q, w + o, R, K, NULL, &l->qo));
+        quant_dequant_rows(r->err + o, &l->q, 0, R);
+        for (size_t j = 0; j < (size_t)R * K; j++)
+            r->err[o + j] -= w[o + j];
+    }
+    return ER_OK;
+}
+
+// gw += the straight-through gradient of local_errors' errors from their gradient ge.
+static void local_errors_backward(FptRun *r, const float *w, const float *ge, float *gw) {
+    const Model *m = r->m;
+    for (int i = 0; i < r->n_lm; i++) {
+        const LocalMat *l = &r->lm[i];
+        int R = (int)l->p->shape[0], K = (int)l->p->shape[1];
+        size_t o = (size_t)(l->p->data - m->param_mem);
+#pragma omp parallel for schedule(static)
+        for (int row = 0; row < R; row++)
+            quant_ste_error_row(&l->q, &l->qo, row, w + o + (size_t)row * K, ge + o + (size_t)row * K,
+                                gw + o + (size_t)row * K);
+    }
+}
+
 static int fpt_run_init(FptRun *r) {
     Model *m = r->m;
     const FptTrainConfig *c = r->c;
@@ -611,6 +772,8 @@ static int fpt_run_init(FptRun *r) {
     if (!(r->st.config = fpt_config_json(c)))
         return ER_ENOMEM;
     ER_TRY(adamw_init(&r->opt, backend_cpu(), r->p.n, c->lr, 0.9, 0.999, 1e-8, 0.0));
+    if (c->local_steps > 0)
+        ER_TRY(local_init(r));
     if (c->steps > 0) {
         ER_TRY(qat_state_init(&r->qs, m, r->master, c->q, NULL, 1));
         ER_TRY(acts_alloc(&r->a, &m->cfg, 1, c->max_len, ACTS_TRAIN, 0));
@@ -674,8 +837,14 @@ static int fpt_step(FptRun *r, long step, double lr, double *loss, double *gnorm
     const FptTrainConfig *c = r->c;
     int local = step < c->local_steps; // embed / lm_head stay unrotated: the local objective does not read them
     ER_TRY(params_apply(&r->p, m, r->base, r->master, local));
-    if (local) {
-        *loss = fpt_local_loss(m, r->master, m->grad_mem);
+    if (local) { // r->gx holds dL/d(errors) until params_backward reuses it
+        ER_TRY(local_errors(r, r->master));
+        memset(m->grad_mem, 0, sizeof(float) * m->n_param_floats);
+        memset(r->gx, 0, sizeof(float) * m->n_param_floats);
+        memset(r->dlocal, 0, sizeof(float) * r->p.n);
+        ER_TRY(fpt_local_objective(&r->p, m, r->moments, r->master, r->err, m->grad_mem, r->gx, r->gq, r->dlocal,
+                                   loss));
+        local_errors_backward(r, r->master, r->gx, m->grad_mem);
     } else {
         if (step == c->local_steps) { // a new objective: the moments of the local stage do not carry over
             memset(r->opt.m, 0, sizeof(float) * r->p.n);
@@ -684,7 +853,9 @@ static int fpt_step(FptRun *r, long step, double lr, double *loss, double *gnorm
         }
         ER_TRY(fpt_seq_kl(r, (int)((step - c->local_steps) % c->n_seqs), step, 1, loss));
     }
-    ER_TRY(params_backward(&r->p, m, r->base, m->grad_mem, r->master, r->gx, r->dtheta, local));
+    ER_TRY(params_backward(&r->p, m, r->base, m->grad_mem, local ? r->gq : NULL, r->master, r->gx, r->dtheta, local));
+    for (size_t i = 0; local && i < r->p.n; i++)
+        r->dtheta[i] += r->dlocal[i];
     ER_TRY(clip_grad_norm(backend_cpu(), r->dtheta, r->p.n, 1.0, gnorm));
     if (!isfinite(*loss) || !isfinite(*gnorm))
         return er_error(ER_EINVAL, "fpt: the objective is not finite at step %ld (lower --fpt-lr)", step + 1);
@@ -771,8 +942,8 @@ int fpt_train(Model *m, const FptTrainConfig *c, FptTrainResult *res) {
     if (c->local_steps < 0 || c->steps < 0 || !(c->lr > 0) || !isfinite(c->lr) || c->save_every < 0)
         return er_error(ER_EINVAL, "fpt: steps must be >= 0 and --fpt-lr > 0 (got %ld, %ld, %g)", c->local_steps,
                         c->steps, c->lr);
-    if (c->steps > 0 && (!c->q || !c->sb || !c->seqs || c->n_seqs < 1 || c->max_len < 1))
-        return er_error(ER_EINVAL, "fpt: the end-to-end stage needs calibration sequences (--calib)");
+    if ((c->local_steps > 0 || c->steps > 0) && (!c->q || !c->sb || !c->seqs || c->n_seqs < 1 || c->max_len < 1))
+        return er_error(ER_EINVAL, "fpt: the training needs calibration sequences (--calib)");
     FptRun r = {.m = m, .c = c};
     Progress prog = {0};
     int rc = ER_OK, prog_on = 0;

@@ -19,11 +19,16 @@
 // checks on a calibration sequence before returning.
 //
 // Training, as the paper does it, in two stages, straight-through estimator through the quantizer:
-//   local (data-free, per matrix): minimise the mean over the rows of every layer projection of the
-//        row's kurtosis n·Σw⁴/(Σw²)² — a smooth measure of how far the row's largest weights stand
-//        above its RMS, which is what sets a per-row quantization step (the paper trains its transforms
-//        locally "to reduce outliers"); invariant to each row's scale, so no transform can win by
-//        shrinking one side of a pair;
+//   local (per layer projection, on calibration activations): minimise the mean over the rows of every
+//        layer projection of the row's relative output error (e H' eᵀ) / (w H' wᵀ), e = Q(w) - w the
+//        fake quantizer's error (c->q's formats, unweighted, without GPTQ) of the transformed row w and
+//        H' the second moment of the projection's inputs in the transformed model: the base's moments
+//        (quantize_input_moments over every calibration sequence, once) carried through the transforms,
+//        QᵀHQ for the readers of the residual stream, B H Bᵀ (B = blockdiag of the query heads' M) for
+//        o_proj, S H S (S = diag e^u) for down_proj; so T_r, T_v and T_u act on both sides of the
+//        error. Relative per row, so no transform can win by shrinking one side of a pair. Through the
+//        quantizer: quant_ste_error_row's scale-aware straight-through gradient (with a plain STE the
+//        error would have none);
 //   end to end: the student is the fake-quantized transformed model Q(W'(θ)) (train/qat.h's
 //        quantize-dequantize step with c->q's formats, unweighted, without GPTQ), the teacher the float
 //        model. Not exactly the deployed quantizer: ertrain quantize then quantizes the merged model
@@ -34,7 +39,8 @@
 //        after training. dL/dQ(W') is taken as dL/dW' (STE) and pulled
 //        back through W'(θ) to θ; AdamW (no weight decay) on θ.
 // Memory: three copies of the fp32 parameters besides the model's own (the fpt base, the transformed
-// weights, the gradient pulled back) and the KL's (T, V) teacher probabilities.
+// weights, the gradient pulled back), a fourth with a local stage (the errors) and its input moments
+// (quantize_input_moments's), and the KL's (T, V) teacher probabilities.
 #ifndef TRAIN_FPT_H
 #define TRAIN_FPT_H
 
@@ -60,23 +66,29 @@ void fpt_params_free(FptParams *p);
 // out (m->n_param_floats, the layout of m->param_mem) = W'(θ) of the base weights `base` (same layout,
 // a model whose norms are folded: train/transform_model.h's rotate). out != base.
 int fpt_params_apply(const FptParams *p, const Model *m, const float *base, float *out);
-// dtheta (p->n) = d loss / dθ from grad (layout of grad_mem) = d loss / dW'(θ) at the base weights.
+// dtheta (p->n) = d loss / dθ from grad (layout of grad_mem) = d loss / dW'(θ) at the base weights,
+// and gq (C, C; NULL = none) = d loss / dQ of the loss's other uses of the rotation Q = Cayley(P).
 // scratch: two buffers of m->n_param_floats.
-int fpt_params_backward(const FptParams *p, const Model *m, const float *base, const float *grad, float *scratch0,
-                        float *scratch1, float *dtheta);
+int fpt_params_backward(const FptParams *p, const Model *m, const float *base, const float *grad, const float *gq,
+                        float *scratch0, float *scratch1, float *dtheta);
 
-// The local objective above of the weights w (layout of param_mem) and, when grad is not NULL, its
-// gradient (layout of grad_mem, every entry written).
-double fpt_local_loss(const Model *m, const float *w, float *grad);
+// The local objective above at W' = w (layout of param_mem: the layer projections are read) with errors e
+// (same layout) taken as inputs, and moments = the base's (quantize_input_moments's layout): *loss, and
+// its gradients: gw, ge (layout of grad_mem) += in W' (through the denominators) and in e; gq (C, C) = in
+// Q through the moments; dtheta += the direct gradient of u and M (through the moments; the weights'
+// dependence on θ is fpt_params_backward's).
+int fpt_local_objective(const FptParams *p, const Model *m, const float *moments, const float *w, const float *e,
+                        float *gw, float *ge, float *gq, float *dtheta, double *loss);
 // KL(p || softmax(logits)) per row, mean over N rows of V; p (N, V) teacher probabilities. With
 // dlogits != NULL its gradient (may alias logits).
 double fpt_kl_loss(const float *p, const float *logits, float *dlogits, int N, int V);
 
 typedef struct {
-    long local_steps, steps;  // local stage steps, then end-to-end steps
+    long local_steps, steps;  // local stage steps, then end-to-end steps (either needs the sequences below)
     double lr;                // AdamW peak learning rate (linear warmup over 10% of each stage, cosine to 10%)
     const QuantizeOptions *q; // the target the student is fake-quantized to
-    const SeqBuilder *sb;     // end-to-end data: seqs[0, n_seqs) (one per step, in order, cycling)
+    const SeqBuilder *sb;     // calibration data: seqs[0, n_seqs) (the local stage's moments: all of them; the
+                              // end-to-end stage: one per step, in order, cycling)
     const Sequence *seqs;
     int n_seqs, max_len;
     const cJSON *settings;    // every other setting the result depends on (calibration file, seed, ...): the

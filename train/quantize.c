@@ -323,8 +323,8 @@ done:
     return rc;
 }
 
-// An error naming the first block of hessian_pass's *hmem (layout there) with a NaN or Inf: the
-// activations of the calibration sequences [i0, i1) overflowed or were not finite.
+// An error naming the first block of quantize_input_moments's *hmem (layout in quantize.h) with a NaN or
+// Inf: the activations of the calibration sequences [i0, i1) overflowed or were not finite.
 static int hessian_check(const float *hmem, const ModelConfig *cfg, size_t per_layer, int i0, int i1) {
     int C = cfg->C, qd = cfg->NH * cfg->HS, FF = cfg->FF;
     size_t sizes[4] = {(size_t)C * C, (size_t)qd * qd, (size_t)C * C, (size_t)FF * FF};
@@ -346,25 +346,24 @@ static int hessian_check(const float *hmem, const ModelConfig *cfg, size_t per_l
     return ER_OK;
 }
 
-// Input second moments XᵀX of every layer projection and the lm_head over sequences [i0, i1): into
-// *hmem, with (*hs)[i] pointing at parameter i's (cols, cols) block (shared by the matrices that read
-// the same input: q, k, v; gate, up). NULL entries for the rest.
-static int hessian_pass(Model *m, Calib *c, int i0, int i1, float **hmem, const float ***hs) {
+int quantize_input_moments(Model *m, const SeqBuilder *sb, const Sequence *seqs, int i0, int i1, int max_len,
+                           float **hmem, const float ***hs) {
     const ModelConfig *cfg = &m->cfg;
     int C = cfg->C, qd = cfg->NH * cfg->HS, FF = cfg->FF, rc = ER_OK;
     size_t per_layer = 2 * (size_t)C * C + (size_t)qd * qd + (size_t)FF * FF;
     Activations a = {0};
     Batch b = {0};
     *hmem = er_calloc(per_layer * cfg->L + (size_t)C * C, sizeof(float));
-    *hs = er_calloc((size_t)m->n_params, sizeof(float *));
-    if (!*hmem || !*hs)
+    if (hs)
+        *hs = er_calloc((size_t)m->n_params, sizeof(float *));
+    if (!*hmem || (hs && !*hs))
         ER_CHECK(er_error(ER_ENOMEM, "quantize: cannot allocate %.1f MiB for the input second moments",
                           (per_layer * cfg->L + (size_t)C * C) * 4.0 / 1048576.0));
-    ER_CHECK(acts_alloc(&a, cfg, 1, c->max_len, ACTS_TRAIN, 0));
-    ER_CHECK(batch_alloc(&b, 1, c->max_len));
+    ER_CHECK(acts_alloc(&a, cfg, 1, max_len, ACTS_TRAIN, 0));
+    ER_CHECK(batch_alloc(&b, 1, max_len));
     float *hf = *hmem + per_layer * cfg->L; // (C, C) the lm_head's input
     for (int i = i0; i < i1; i++) {
-        ER_CHECK(batch_fill(&b, &c->sb, c->seqs, &i, 1));
+        ER_CHECK(batch_fill(&b, sb, seqs, &i, 1));
         ModelInput in = {.B = 1, .T = b.T, .tokens = b.tokens, .len = b.len};
         ER_CHECK(model_forward(m, &in, &a));
         int N = b.T;
@@ -380,7 +379,7 @@ static int hessian_pass(Model *m, Calib *c, int i0, int i1, float **hmem, const 
         gemm_f32(1, 0, C, C, N, 1.0f, a.lnf, C, a.lnf, C, 1.0f, hf, C);
     }
     ER_CHECK(hessian_check(*hmem, cfg, per_layer, i0, i1));
-    for (int i = 0; i < m->n_params; i++) {
+    for (int i = 0; hs && i < m->n_params; i++) {
         const Weight *w = m->params[i].w;
         for (int l = 0; w && l < cfg->L; l++) {
             const LayerWeights *lw = &m->layers[l];
@@ -573,9 +572,9 @@ static int quantize_check(const QuantizeConfig *c, int *to_bf16, const char **se
     if (tflags & TRANSFORM_TRAINED) {
         if (*to_bf16)
             return er_error(ER_EINVAL, "--transforms fpt-trained trains against a quantizer: not with --weights bf16");
-        if (c->fpt_steps > 0 && !c->calib)
+        if ((c->fpt_local_steps > 0 || c->fpt_steps > 0) && !c->calib)
             return er_error(ER_EINVAL, "--transforms fpt-trained needs calibration data (--calib FILE.jsonl) for its "
-                            "%ld end-to-end steps", c->fpt_steps);
+                            "%ld local and %ld end-to-end steps", c->fpt_local_steps, c->fpt_steps);
         if (c->fpt_local_steps < 0 || c->fpt_steps < 0 || !(c->fpt_lr > 0) || !isfinite(c->fpt_lr))
             return er_error(ER_EINVAL, "--fpt-local-steps and --fpt-steps must be >= 0 and --fpt-lr > 0");
     } else if (c->resume) {
@@ -695,7 +694,7 @@ static int file_fingerprint(const char *path, char *out, size_t out_n) {
 // run must match them.
 static int fpt_settings_json(const QuantizeConfig *c, cJSON **out) {
     char fp[48] = "";
-    if (c->calib) // none with local steps only
+    if (c->calib) // none when neither stage runs
         ER_TRY(file_fingerprint(c->calib, fp, sizeof fp));
     char *calib = path_resolve(c->calib ? c->calib : "");
     cJSON *j = calib ? cJSON_CreateObject() : NULL;
@@ -735,10 +734,15 @@ static int train_transforms(Model *m, const QuantizeConfig *c, const Calib *cal,
     ER_TRY(rc);
     res->fpt_local_first = fr.local_first, res->fpt_local_last = fr.local_last;
     res->fpt_kl_before = fr.kl_before, res->fpt_kl_after = fr.kl_after;
-    if (c->log)
-        fprintf(c->log, "fpt-trained: %ld local + %ld end-to-end steps, merged into the weights; local objective "
-                "%.4f -> %.4f, mean KL over the calibration sequences %.5f -> %.5f; %.1fs\n", c->fpt_local_steps,
-                c->fpt_steps, fr.local_first, fr.local_last, fr.kl_before, fr.kl_after, time_now() - t0);
+    if (c->log) {
+        fprintf(c->log, "fpt-trained: %ld local + %ld end-to-end steps, merged into the weights", c->fpt_local_steps,
+                c->fpt_steps);
+        if (c->fpt_local_steps > 0)
+            fprintf(c->log, "; local objective %.4f -> %.4f", fr.local_first, fr.local_last);
+        if (c->fpt_steps > 0)
+            fprintf(c->log, "; mean KL over the calibration sequences %.5f -> %.5f", fr.kl_before, fr.kl_after);
+        fprintf(c->log, "; %.1fs\n", time_now() - t0);
+    }
     return ER_OK;
 }
 
@@ -816,7 +820,7 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
         ER_CHECK(fisher_importance(&m, &cal, n_fit, c->log, &fmem, &imp));
     if (gptq) {
         double t0 = time_now();
-        ER_CHECK(hessian_pass(&m, &cal, 0, n_fit, &hmem, &hs));
+        ER_CHECK(quantize_input_moments(&m, &cal.sb, cal.seqs, 0, n_fit, cal.max_len, &hmem, &hs));
         if (c->log)
             fprintf(c->log, "gptq: input second moments over %d calibration sequences, %.1fs\n", n_fit, time_now() - t0);
     }

@@ -16,6 +16,7 @@
 
 #include "model/model.h"
 #include "quant/quantizer.h"
+#include "train/sequence.h"
 
 typedef struct {
     const char *weights;      // a quantize_parse_weights spec (quantize_weights_list) for the seven projections;
@@ -66,6 +67,15 @@ void quantize_plan_options(const Model *m, const QuantizePlan *plan, const Quant
 // Per-layer errors go to `log` (NULL = quiet).
 int quantize_model(Model *m, const QuantizeOptions *o, const float *const *importance, FILE *log, QuantizeReport *rep);
 
+// The input second moments XᵀX of every layer projection and of the lm_head over sequences [i0, i1) of
+// seqs (built by sb, at most max_len tokens) on m's weights as they are (m trainable: its forward keeps
+// the activations). *hmem (er_free) holds per layer, one after the other: (C, C) q/k/v_proj's input,
+// (qd, qd) o_proj's (qd = heads x head_dim), (C, C) gate/up_proj's, (FF, FF) down_proj's; then (C, C) the
+// lm_head's. With hs, *hs (n_params entries, er_free) points at each parameter's block (NULL for those
+// that have none). An error names the first block that is not finite.
+int quantize_input_moments(Model *m, const SeqBuilder *sb, const Sequence *seqs, int i0, int i1, int max_len,
+                           float **hmem, const float ***hs);
+
 // model_untie (model/model.h), refused on a quantized model: a tied model rebuilt untied, so that the lm_head
 // can get another format than the embedding (e.g. int8 embeddings and a W4 lm_head, which decode reads
 // in full every token). Exact: the logits do not change. A no-op on untied models.
@@ -108,8 +118,8 @@ typedef struct {
     QuantizeOptions q;
     const char *transforms;   // none | rotate | fpt | fpt-trained | a list (train/transform_model.h, train/fpt.h),
                               // applied before quantizing
-    long fpt_local_steps;     // fpt-trained: local (data-free) steps, then fpt_steps end-to-end steps on the
-    long fpt_steps;           // first calib_n calibration sequences (ertrain quantize: 100 and 200)
+    long fpt_local_steps;     // fpt-trained: local steps, then fpt_steps end-to-end steps, both on the
+    long fpt_steps;           // first calib_n calibration sequences (ertrain quantize: 100 and 0)
     double fpt_lr;            // fpt-trained AdamW learning rate (> 0; ertrain quantize: 1e-3)
     int fpt_save_every;       // fpt-trained checkpoint interval (0 = at the end only)
     int resume;               // fpt-trained: continue the run in out_dir (its checkpoint/)

@@ -411,3 +411,127 @@ Test(quantizer, zero_rows_and_bad_options) {
     quant_options_default(&o, WF_Q4G, 32);
     cr_assert_lt(quantize_matrix(&w, x, 2, 16, NULL, &o), 0);
 }
+
+// ---- the straight-through gradient of the error ----
+
+// The surrogate quant_ste_error_row differentiates, written out from its documentation: the row's (group's)
+// levels follow its extremes with the clipping ratio c held, the offsets code - w/s (inside the grid) and
+// the codes held, at the quantization q of w0; for k-means the codes held and each level its weights' mean.
+typedef struct {
+    const Weight *q;
+    const QuantOptions *o;
+    const float *w0;
+} Surrogate;
+
+static void extremes(const float *x, int n, float *mn, float *mx) {
+    *mn = *mx = x[0];
+    for (int i = 1; i < n; i++)
+        *mn = fminf(*mn, x[i]), *mx = fmaxf(*mx, x[i]);
+}
+
+// e (n) of the values w of one group whose levels at w0 were zero0 + s0 * [0, nl - 1].
+static void surrogate_affine(const float *w0, const float *w, int n, float s0, float zero0, int nl, double *e) {
+    float mn0, mx0, mn, mx;
+    extremes(w0, n, &mn0, &mx0);
+    extremes(w, n, &mn, &mx);
+    double c = (double)s0 * (nl - 1) / (mx0 - mn0), s = c * (mx - mn) / (nl - 1), z = (mx + mn) / 2.0 - c * (mx - mn) / 2;
+    for (int j = 0; j < n; j++) {
+        float t = (w0[j] - zero0) / s0, u = rintf(t);
+        int clipped = u < 0 || u > nl - 1;
+        u = fminf(fmaxf(u, 0.0f), (float)(nl - 1));
+        e[j] = clipped ? s * u + z - w[j] : s * (u - t);
+    }
+}
+
+static void surrogate_error(const Surrogate *sg, const float *w, double *e) {
+    const Weight *q = sg->q;
+    int K = q->cols;
+    if (q->fmt == WF_Q4) {
+        float amax0 = 0, amax = 0;
+        for (int j = 0; j < K; j++)
+            amax0 = fmaxf(amax0, fabsf(sg->w0[j])), amax = fmaxf(amax, fabsf(w[j]));
+        double c = (double)q->scale[0] * 7 / amax0, s = c * amax / 7;
+        for (int j = 0; j < K; j++) {
+            float t = sg->w0[j] / q->scale[0], u = rintf(t);
+            int clipped = fabsf(u) > 7;
+            u = fminf(fmaxf(u, -7.0f), 7.0f);
+            e[j] = clipped ? s * u - w[j] : s * (u - t);
+        }
+    } else if (q->fmt == WF_Q4G) {
+        int G = q->group;
+        for (int g = 0; g < K / G; g++)
+            surrogate_affine(sg->w0 + g * G, w + g * G, G, f16_to_f32(q->gscale[g]), f16_to_f32(q->gzero[g]), 16,
+                             e + g * G);
+    } else if (sg->o->uniform) {
+        float lo = f16_to_f32(q->lut[0]), hi = f16_to_f32(q->lut[3]);
+        surrogate_affine(sg->w0, w, K, (hi - lo) / 3, lo, 4, e);
+    } else {
+        float lv[4];
+        int a[64];
+        double sum[4] = {0};
+        int cnt[4] = {0};
+        for (int j = 0; j < 4; j++)
+            lv[j] = f16_to_f32(q->lut[j]);
+        for (int j = 0; j < K; j++) {
+            a[j] = 0;
+            for (int l = 1; l < 4; l++)
+                a[j] = fabsf(sg->w0[j] - lv[l]) < fabsf(sg->w0[j] - lv[a[j]]) ? l : a[j];
+            sum[a[j]] += w[j], cnt[a[j]]++;
+        }
+        for (int j = 0; j < K; j++)
+            e[j] = sum[a[j]] / cnt[a[j]] - w[j];
+    }
+}
+
+Test(quantizer, straight_through_error_gradient_is_the_documented_surrogates) {
+    threads_set(1);
+    enum { K = 64 };
+    struct {
+        WeightFormat fmt;
+        int group, uniform;
+        const char *name;
+    } cases[] = {{WF_Q4, 0, 0, "q4"}, {WF_Q4G, 16, 0, "q4g16"}, {WF_Q2LUT, 0, 1, "q2rtn"}, {WF_Q2LUT, 0, 0, "q2lut"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        float w[K], ge[K], gw[K] = {0};
+        double e0[K], ep[K], em[K];
+        ErRng r;
+        rng_seed(&r, 50 + c);
+        for (int j = 0; j < K; j++)
+            w[j] = rng_normal(&r), ge[j] = rng_normal(&r);
+        w[5] = 12.0f, w[20] = -9.0f; // outliers that the clipping search (L1 here) cuts off
+        QuantOptions o;
+        quant_options_default(&o, cases[c].fmt, cases[c].group);
+        o.uniform = cases[c].uniform;
+        o.p = 1.0;
+        Weight q;
+        cr_assert_eq(quantize_matrix(&q, w, 1, K, NULL, &o), 0, "%s", er_last_error());
+        // At w0 the surrogate is the quantizer's error (up to the levels' fp16 rounding).
+        float deq[K];
+        quant_dequant_rows(deq, &q, 0, 1);
+        Surrogate sg = {&q, &o, w};
+        surrogate_error(&sg, w, e0);
+        for (int j = 0; j < K; j++)
+            cr_assert(fabs(e0[j] - ((double)deq[j] - w[j])) <= 2e-3 * (1 + fabs(w[j])), "%s: e[%d] %g vs %g",
+                      cases[c].name, j, e0[j], (double)deq[j] - w[j]);
+        quant_ste_error_row(&q, &o, 0, w, ge, gw);
+        int moved = 0;
+        for (int k = 0; k < K; k++) {
+            float keep = w[k], x[K];
+            double h = 1e-4, lp = 0, lm = 0;
+            memcpy(x, w, sizeof x);
+            x[k] = keep + (float)h;
+            surrogate_error(&sg, x, ep);
+            x[k] = keep - (float)h;
+            surrogate_error(&sg, x, em);
+            for (int j = 0; j < K; j++)
+                lp += ge[j] * ep[j], lm += ge[j] * em[j];
+            double fd = (lp - lm) / (2 * h);
+            moved += gw[k] != 0;
+            cr_assert(fabs(fd - gw[k]) <= 1e-2 * fabs(fd) + 1e-3, "%s: d/dw[%d] %g, surrogate's %g", cases[c].name, k,
+                      gw[k], fd);
+        }
+        fprintf(stderr, "ste %s: %d of %d weights with a gradient\n", cases[c].name, moved, K);
+        cr_assert(moved > 0, "%s: no weight carries a gradient: the test checks nothing", cases[c].name);
+        weight_free(&q);
+    }
+}

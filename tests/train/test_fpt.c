@@ -122,7 +122,7 @@ Test(fpt, parameter_gradients_match_finite_differences) {
     quad_loss(&q);
     for (size_t i = 0; i < n; i++)
         g[i] = (float)(q.c[i] + q.d[i] * q.w[i]);
-    cr_assert_eq(fpt_params_backward(&p, &m, q.base, g, s0, s1, dtheta), 0, "%s", er_last_error());
+    cr_assert_eq(fpt_params_backward(&p, &m, q.base, g, NULL, s0, s1, dtheta), 0, "%s", er_last_error());
     // Entries of every block: P, then per layer u, M, α, θ.
     size_t C2 = (size_t)p.C * p.C, L1 = C2 + p.layer_n, u = 0, M = p.FF, a = M + (size_t)p.NKV * p.HS * p.HS,
            t = a + (size_t)p.NKV * p.HS / 2;
@@ -147,26 +147,116 @@ Test(fpt, parameter_gradients_match_finite_differences) {
     model_free(&m);
 }
 
-Test(fpt, loss_gradients_match_finite_differences) {
+// The local objective at W'(θ) with the errors held (random, as an input): its loss against θ (through the
+// weights, fpt_params_backward, and through the transformed moments: the rotation's gq, u's and M's
+// direct terms) and against the errors, by finite differences. Moments: random positive definite blocks.
+typedef struct {
+    Model *m;
+    FptParams *p;
+    const float *base, *moments, *e;
+    float *w, *gw, *ge, *gq, *dt;
+} Local;
+
+static double local_loss(Local *q) {
+    size_t n = q->m->n_param_floats;
+    cr_assert_eq(fpt_params_apply(q->p, q->m, q->base, q->w), 0, "%s", er_last_error());
+    memset(q->gw, 0, sizeof(float) * n), memset(q->ge, 0, sizeof(float) * n);
+    memset(q->dt, 0, sizeof(float) * q->p->n);
+    double loss;
+    cr_assert_eq(fpt_local_objective(q->p, q->m, q->moments, q->w, q->e, q->gw, q->ge, q->gq, q->dt, &loss), 0, "%s",
+                 er_last_error());
+    return loss;
+}
+
+static float *random_moments(const Model *m, uint64_t seed) {
+    const ModelConfig *c = &m->cfg;
+    int qd = c->NH * c->HS, dims[4] = {c->C, qd, c->C, c->FF};
+    size_t per_layer = 2 * (size_t)c->C * c->C + (size_t)qd * qd + (size_t)c->FF * c->FF;
+    float *h = calloc(per_layer * c->L, sizeof(float)), *at = h;
+    ErRng r;
+    rng_seed(&r, seed);
+    for (int l = 0; l < c->L; l++)
+        for (int k = 0; k < 4; k++) {
+            int n = dims[k], N = n + 3; // H = AᵀA over N rows, one input channel 4x the rest (an outlier)
+            float *a = malloc(sizeof(float) * (size_t)N * n);
+            for (int i = 0; i < N * n; i++)
+                a[i] = rng_normal(&r) * (i % n == 1 ? 4.0f : 1.0f);
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < n; j++) {
+                    double acc = 0;
+                    for (int t = 0; t < N; t++)
+                        acc += (double)a[t * n + i] * a[t * n + j];
+                    at[(size_t)i * n + j] = (float)acc;
+                }
+            free(a);
+            at += (size_t)n * n;
+        }
+    return h;
+}
+
+Test(fpt, local_objective_gradients_match_finite_differences) {
     Model m;
     build(&m, 0, 5);
+    cr_assert_eq(transform_model(&m, "fpt", 2), 0, "%s", er_last_error());
+    FptParams p;
+    cr_assert_eq(fpt_params_init(&p, &m), 0);
+    randomize(&p, 13, 0.5f);
     size_t n = m.n_param_floats;
-    float *g = malloc(sizeof(float) * n);
-    fpt_local_loss(&m, m.param_mem, g);
-    const char *names[] = {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight"};
-    for (int k = 0; k < 2; k++)
-        for (int e = 0; e < 3; e++) {
-            size_t i = (size_t)(model_find_param(&m, names[k])->data - m.param_mem) + 37 * e + 4;
-            float keep = m.param_mem[i];
+    float *e = malloc(sizeof(float) * n), *s0 = malloc(sizeof(float) * n), *s1 = malloc(sizeof(float) * n);
+    float *dtheta = malloc(sizeof(float) * p.n);
+    ErRng r;
+    rng_seed(&r, 6);
+    for (size_t i = 0; i < n; i++)
+        e[i] = 0.02f * rng_normal(&r);
+    Local q = {&m, &p, m.param_mem, random_moments(&m, 17), e, malloc(sizeof(float) * n), malloc(sizeof(float) * n),
+               malloc(sizeof(float) * n), malloc(sizeof(float) * (size_t)p.C * p.C), malloc(sizeof(float) * p.n)};
+    double l0 = local_loss(&q);
+    cr_assert(l0 > 0 && isfinite(l0), "local objective %g", l0);
+    cr_assert_eq(fpt_params_backward(&p, &m, q.base, q.gw, q.gq, s0, s1, dtheta), 0, "%s", er_last_error());
+    for (size_t i = 0; i < p.n; i++)
+        dtheta[i] += q.dt[i];
+    float *ge = malloc(sizeof(float) * n);
+    memcpy(ge, q.ge, sizeof(float) * n);
+    size_t C2 = (size_t)p.C * p.C, L1 = C2 + p.layer_n, u = 0, M = p.FF, a = M + (size_t)p.NKV * p.HS * p.HS,
+           t = a + (size_t)p.NKV * p.HS / 2;
+    size_t idx[] = {1, 2 * p.C + 5, C2 - 2, C2 + u + 3, C2 + M + 1, C2 + M + 9, L1 + M + 30, L1 + a + 2, C2 + t + 1,
+                    L1 + t + 7, L1 + u + 17};
+    for (size_t k = 0; k < sizeof idx / sizeof idx[0]; k++) {
+        size_t i = idx[k];
+        float keep = p.theta[i];
+        double h = 1e-3;
+        p.theta[i] = keep + (float)h;
+        double lp = local_loss(&q);
+        p.theta[i] = keep - (float)h;
+        double lm = local_loss(&q);
+        p.theta[i] = keep;
+        double fd = (lp - lm) / (2 * h);
+        fprintf(stderr, "fpt local: dθ[%zu] analytic %+.6f finite differences %+.6f\n", i, dtheta[i], fd);
+        cr_assert(fabs(fd - dtheta[i]) <= 2e-2 * fmax(fabs(fd), 0.02 * fabs(l0)), "θ[%zu]: analytic %g, fd %g", i,
+                  dtheta[i], fd);
+    }
+    const char *names[] = {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.o_proj.weight",
+                           "model.layers.1.mlp.down_proj.weight"};
+    for (int k = 0; k < 3; k++)
+        for (int j = 0; j < 3; j++) {
+            size_t i = (size_t)(model_find_param(&m, names[k])->data - m.param_mem) + 37 * j + 4;
+            float keep = e[i];
             double h = 1e-3;
-            m.param_mem[i] = keep + (float)h;
-            double lp = fpt_local_loss(&m, m.param_mem, NULL);
-            m.param_mem[i] = keep - (float)h;
-            double lm = fpt_local_loss(&m, m.param_mem, NULL);
-            m.param_mem[i] = keep;
+            e[i] = keep + (float)h;
+            double lp = local_loss(&q);
+            e[i] = keep - (float)h;
+            double lm = local_loss(&q);
+            e[i] = keep;
             double fd = (lp - lm) / (2 * h);
-            cr_assert(fabs(fd - g[i]) <= 1e-2 * fmax(fabs(fd), 1e-3), "local loss d/dw[%zu]: %g vs fd %g", i, g[i], fd);
+            cr_assert(fabs(fd - ge[i]) <= 1e-2 * fmax(fabs(fd), 1e-3 * l0), "d/de[%zu]: %g vs fd %g", i, ge[i], fd);
         }
+    free(e), free(s0), free(s1), free(dtheta), free(ge);
+    free((void *)q.moments), free(q.w), free(q.gw), free(q.ge), free(q.gq), free(q.dt);
+    fpt_params_free(&p);
+    model_free(&m);
+}
+
+Test(fpt, kl_gradients_match_finite_differences) {
     // KL(p || softmax(z)) against its logits.
     enum { N = 3, V = 7 };
     float pt[N * V], z[N * V], dz[N * V];
@@ -194,8 +284,6 @@ Test(fpt, loss_gradients_match_finite_differences) {
         double fd = (lp - lm) / (2 * h);
         cr_assert(fabs(fd - dz[i]) <= 1e-3 * fmax(fabs(fd), 1e-2), "KL d/dz[%d]: %g vs fd %g", i, dz[i], fd);
     }
-    free(g);
-    model_free(&m);
 }
 
 // ---- the training run ----
