@@ -101,8 +101,11 @@ done
 [ -z "$HELDOUT" ] || [ -f "$HELDOUT" ] || die "--heldout-nll $HELDOUT: no such file"
 [ "$LARGE" = 0 ] || [ -f "$LARGE_CONFIG" ] || die "--large-config $LARGE_CONFIG: no such file"
 for n in "$STEPS" "$EVAL_N" "$HELDOUT_N" "$LARGE_HELDOUT_N" "$SFT_BATCH" "$QAT_BATCH" "$RECLUSTER" "$THREADS" \
-         "$CALIB_N" "$FPT_STEPS" "$FPT_LOCAL"; do
+         "$CALIB_N"; do
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] || die "counts must be whole numbers >= 1 (got \"$n\")"
+done
+for n in "$FPT_STEPS" "$FPT_LOCAL"; do
+  [[ "$n" =~ ^[0-9]+$ ]] || die "--fpt-steps and --fpt-local-steps must be whole numbers >= 0 (got \"$n\")"
 done
 for bin in "$B/ertrain" "$B/erinfer"; do [ -x "$bin" ] || die "$bin not found: run make (or set B)"; done
 QAT_DATA=${QAT_DATA:-$ADAPTER_DATA}
@@ -159,6 +162,7 @@ SMALL_ROWS=(
   "q4g64|q4g64|quantize --weights q4g64 $CAL"
   "q2rtn|q2 RTN|quantize --weights q2rtn $CAL"
   "q2lut|q2 k-means LUT, GPTQ codes|quantize --weights q2lut $CAL"
+  "q2lutfptt|q2 LUT + fpt-trained|quantize --weights q2lut --transforms fpt-trained $FPT $CAL"
   "q2qat|q2 QAT|qat"
 )
 # The outlier model: the rows the transforms and the 2-bit quantizers are compared on.
@@ -169,6 +173,7 @@ OUTLIER_ROWS=(
   "q4fptt|q4 per-channel + fpt-trained|quantize --weights q4 --lm-head q8 --transforms fpt-trained $FPT $CAL"
   "q2rtn|q2 RTN|quantize --weights q2rtn $CAL"
   "q2lut|q2 k-means LUT, GPTQ codes|quantize --weights q2lut $CAL"
+  "q2lutfptt|q2 LUT + fpt-trained|quantize --weights q2lut --transforms fpt-trained $FPT $CAL"
   "q2qat|q2 QAT|qat"
 )
 base_dir() { if [ "$1" = fp32 ]; then echo "$2"; else echo "$3/bases/$1"; fi; }
@@ -243,6 +248,7 @@ TABLE_ROWS=(
   "q2rtn|q2 RTN|q2rtn|fp32"
   "q2lut|q2 LUT (GPTQ codes)|q2lut|fp32"
   "q2lut_qamr|q2 LUT + QAMR|q2lut|q2lut"
+  "q2lutfptt_qamr|q2 LUT + fpt-trained + QAMR|q2lutfptt|q2lutfptt"
   "q2qat_qamr|q2 QAT + QAMR|q2qat|q2qat"
 )
 OUTLIER_TABLE_ROWS=(
@@ -252,6 +258,7 @@ OUTLIER_TABLE_ROWS=(
   "q4fptt_qamr|q4 + fpt-trained + QAMR|q4fptt|q4fptt"
   "q2rtn|q2 RTN|q2rtn|fp32"
   "q2lut_qamr|q2 LUT + QAMR|q2lut|q2lut"
+  "q2lutfptt_qamr|q2 LUT + fpt-trained + QAMR|q2lutfptt|q2lutfptt"
   "q2qat_qamr|q2 QAT + QAMR|q2qat|q2qat"
 )
 
@@ -280,7 +287,7 @@ section() {
   done
 }
 
-OWN=(fp32 q4 q4fpt q4fptt q2lut q2qat)
+OWN=(fp32 q4 q4fpt q4fptt q2lut q2lutfptt q2qat)
 section "$MODEL" "$OUT" 1 "${OWN[@]}" -- "${SMALL_ROWS[@]}" -- "${TABLE_ROWS[@]}"
 OMODEL=$OUT/outlier-model
 if [ "$OUTLIERS" = 1 ]; then
@@ -398,7 +405,7 @@ def human(b):
     return "%.2f MiB" % (b / 1048576) if b >= 1048576 else "%.1f KiB" % (b / 1024)
 
 adapter_label = {"fp32": "fp32 SFT", "q4": "QAMR on q4", "q4fpt": "QAMR on q4 + fpt", "q4fptt": "QAMR on q4 + fpt-trained",
-                 "q2lut": "QAMR on q2 LUT", "q2qat": "QAMR on q2 QAT"}
+                 "q2lut": "QAMR on q2 LUT", "q2lutfptt": "QAMR on q2 LUT + fpt-trained", "q2qat": "QAMR on q2 QAT"}
 
 def section(root, fp, trows, with_bench):
     res = []
@@ -444,8 +451,10 @@ def targets(res, root):
         t.update(w4_targets(root))
     if "q2rtn" in g and "q2lut_qamr" in g and g["q2rtn"] > 0:
         t["w2_lut_over_rtn_gap"] = round(g["q2lut_qamr"] / g["q2rtn"], 3)
+        t["w2_lut_fptt_over_rtn_gap"] = round(g["q2lutfptt_qamr"] / g["q2rtn"], 3)
     if a.get("fp32"):
         t["w2_lut_qamr_over_fp_accuracy"] = round(a["q2lut_qamr"] / a["fp32"], 3)
+        t["w2_lut_fptt_qamr_over_fp_accuracy"] = round(a["q2lutfptt_qamr"] / a["fp32"], 3)
         t["w2_qat_qamr_over_fp_accuracy"] = round(a["q2qat_qamr"] / a["fp32"], 3)
     return t
 
@@ -515,10 +524,13 @@ def target_lines(t):
                      100 * t["w4_gap_closed_by_fpt_trained"], 100 * t["w4_gap_closed_by_fpt_trained_se"],
                      t["w4_fpt_trained_minus_fpt"], t["w4_fpt_trained_minus_fpt_se"]))
     if "w2_lut_over_rtn_gap" in t:
-        L.append("- W2: NLL gap of the LUT / that of RTN = %.3f (target <= 0.333)" % t["w2_lut_over_rtn_gap"])
+        L.append("- W2: NLL gap of the LUT / that of RTN = %.3f (target <= 0.333); with fpt-trained %.3f" % (
+            t["w2_lut_over_rtn_gap"], t["w2_lut_fptt_over_rtn_gap"]))
     if "w2_lut_qamr_over_fp_accuracy" in t:
-        L.append("- W2 accuracy / fp32 accuracy: LUT + QAMR %.0f%% (target >= 90%%), QAT + QAMR %.0f%%" % (
-            100 * t["w2_lut_qamr_over_fp_accuracy"], 100 * t["w2_qat_qamr_over_fp_accuracy"]))
+        L.append("- W2 accuracy / fp32 accuracy: LUT + QAMR %.0f%% (target >= 90%%), LUT + fpt-trained + QAMR %.0f%%, "
+                 "QAT + QAMR %.0f%%" % (100 * t["w2_lut_qamr_over_fp_accuracy"],
+                                        100 * t["w2_lut_fptt_qamr_over_fp_accuracy"],
+                                        100 * t["w2_qat_qamr_over_fp_accuracy"]))
     return L
 
 L = ["# Quantization table\n"]

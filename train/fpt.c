@@ -433,8 +433,6 @@ int fpt_params_backward(const FptParams *p, const Model *m, const float *base, c
     return params_backward(p, m, base, grad, gq, x, gx, dtheta, 0);
 }
 
-// ---- losses ----
-
 // ---- the local objective ----
 
 static int is_projection(const Model *m, const Weight *w) {
@@ -565,6 +563,8 @@ done:
     er_free(hp), er_free(gh), er_free(t0), er_free(t1), er_free(s0), er_free(s1);
     return rc;
 }
+
+// ---- the end-to-end loss ----
 
 double fpt_kl_loss(const float *p, const float *logits, float *dlogits, int N, int V) {
     double total = 0;
