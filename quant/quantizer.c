@@ -664,9 +664,8 @@ static void ste_sym(const float *x, int n, float scale, int qmax, const float *g
     float inv = 1.0f / scale;
     double sigma = 0;
     for (int j = 0; j < n; j++) {
-        float t = x[j] * inv, u = rintf(t);
-        int clipped = fabsf(u) > (float)qmax;
-        u = clampf(u, (float)-qmax, (float)qmax);
+        float t = x[j] * inv, u = clampf(rintf(t), (float)-qmax, (float)qmax);
+        int clipped = fabsf(t) > (float)qmax; // LSQ's rule: the clamp is active
         sigma += (double)ge[j] * (clipped ? u : u - t);
         if (clipped)
             gw[j] -= ge[j];
@@ -688,9 +687,8 @@ static void ste_affine(const float *x, int n, float scale, float zero, int nl, c
         return;
     double sigma = 0, zeta = 0; // sums over ge of d e / d scale and d e / d zero
     for (int j = 0; j < n; j++) {
-        float t = (x[j] - zero) / scale, u = rintf(t);
-        int clipped = u < 0 || u > (float)(nl - 1);
-        u = clampf(u, 0.0f, (float)(nl - 1));
+        float t = (x[j] - zero) / scale, u = clampf(rintf(t), 0.0f, (float)(nl - 1));
+        int clipped = t < 0 || t > (float)(nl - 1);
         sigma += (double)ge[j] * (clipped ? u : u - t);
         if (clipped) {
             zeta += ge[j];

@@ -443,16 +443,16 @@ def w4_targets(root):
     return t
 
 def targets(res, root):
-    """The issue's ratios from a section's rows (None where a row is missing)."""
+    """The issue's ratios from a section's rows (left out where a row they need is missing)."""
     g = {r["key"]: r["nll_minus_fp32"] for r in res}
     a = {r["key"]: r["accuracy"] for r in res}
     t = {}
     if "q4_qamr" in g and "q4fptt_qamr" in g:
         t.update(w4_targets(root))
-    if "q2rtn" in g and "q2lut_qamr" in g and g["q2rtn"] > 0:
+    if all(k in g for k in ("q2rtn", "q2lut_qamr", "q2lutfptt_qamr", "q2qat_qamr")) and g["q2rtn"] > 0:
         t["w2_lut_over_rtn_gap"] = round(g["q2lut_qamr"] / g["q2rtn"], 3)
         t["w2_lut_fptt_over_rtn_gap"] = round(g["q2lutfptt_qamr"] / g["q2rtn"], 3)
-    if a.get("fp32"):
+    if "w2_lut_over_rtn_gap" in t and a["fp32"]:
         t["w2_lut_qamr_over_fp_accuracy"] = round(a["q2lut_qamr"] / a["fp32"], 3)
         t["w2_lut_fptt_qamr_over_fp_accuracy"] = round(a["q2lutfptt_qamr"] / a["fp32"], 3)
         t["w2_qat_qamr_over_fp_accuracy"] = round(a["q2qat_qamr"] / a["fp32"], 3)

@@ -28,7 +28,7 @@
 //        o_proj, S H S (S = diag e^u) for down_proj; so T_r, T_v and T_u act on both sides of the
 //        error. Relative per row, so no transform can win by shrinking one side of a pair. Through the
 //        quantizer: quant_ste_error_row's scale-aware straight-through gradient (with a plain STE the
-//        error would have none). A step costs about 4 Σ rows·cols² flops over the projections (down_proj's
+//        error would have none). A step costs about 8 Σ rows·cols² flops over the projections (down_proj's
 //        (FF, FF) moments dominate) beside the quantizer;
 //   end to end: the student is the fake-quantized transformed model Q(W'(θ)) (train/qat.h's
 //        quantize-dequantize step with c->q's formats, unweighted, without GPTQ), the teacher the float
