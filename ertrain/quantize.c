@@ -18,9 +18,9 @@ int cmd_quantize(int argc, char **argv) {
     c.q.kmeans_iters = 25;
     c.log = stdout;
     c.fpt_local_steps = 100;
-    c.fpt_steps = 0;
+    c.fpt_steps = 200;
     c.fpt_lr = 1e-3;
-    int seed = 0, fpt_local = 100, fpt_steps = 0;
+    int seed = 0, fpt_local = 100, fpt_steps = 200;
     // The formats come from quant/'s table; q2rtn and bf16 are quantize's policies (train/quantize.h).
     char list[256], weights_help[512], usage[768];
     quant_spec_list(list, sizeof list, " | ", " | ");
@@ -41,7 +41,7 @@ int cmd_quantize(int argc, char **argv) {
         {"transforms", ARG_STR, &c.transforms,
          "function-preserving transforms before quantizing: none | rotate (Hadamard, norms folded) | fpt (rotate + "
          "up/down, value/output, query/key) | fpt-trained (fpt, then trained against the quantizer on --calib: "
-         "local, then end to end with --fpt-steps) | a list of r,u,v,k", 0, 0, 0},
+         "local, then end to end) | a list of r,u,v,k", 0, 0, 0},
         {"fpt-steps", ARG_INT, &fpt_steps, "fpt-trained: end-to-end steps after the local ones (KL to the float "
          "model, one calibration sequence each)", 0, 0, 1000000},
         {"fpt-local-steps", ARG_INT, &fpt_local, "fpt-trained: local steps (each projection's quantized output "

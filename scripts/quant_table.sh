@@ -24,7 +24,7 @@
 #   --qat-data FILE       QAT training records (loss on every position) [--adapter-data]
 #   --recluster-every K   QAT codebook refresh [5]
 #   --calib FILE          calibration records of every quantize row (Fisher, GPTQ codes, fpt-trained) [--adapter-data]
-#   --calib-n N [16]      --fpt-steps N [0]            --fpt-local-steps N [100]
+#   --calib-n N [16]      --fpt-steps N [200]          --fpt-local-steps N [100]
 #   --no-outliers         skips the outlier-model sections (ertrain outliers --calib CALIB --seed 1: residual
 #                         alignment + norm-scale and MLP outliers; and with --min 1 --max 1: the alignment alone)
 #   --qamr-all            also train an adapter on every base (a column "acc, own adapter")
@@ -60,7 +60,7 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 MODEL="" ADAPTER_DATA="" EVAL="" HELDOUT="" OUT=""
 STEPS=40 EVAL_N=100 HELDOUT_N=200 SFT_BATCH=8 SFT_LR=2e-3 QAT_LR=5e-4 QAT_BATCH=8 QAT_DATA="" RECLUSTER=5
 QAMR_ALL=0 LARGE=1 LARGE_CONFIG=configs/qwen05b-2l.json LARGE_HELDOUT_N=40 THREADS=1
-CALIB="" CALIB_N=16 FPT_STEPS=0 FPT_LOCAL=100 OUTLIERS=1
+CALIB="" CALIB_N=16 FPT_STEPS=200 FPT_LOCAL=100 OUTLIERS=1
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "quant_table: $*" >&2; exit 1; }
 while [ $# -gt 0 ]; do

@@ -119,7 +119,7 @@ typedef struct {
     const char *transforms;   // none | rotate | fpt | fpt-trained | a list (train/transform_model.h, train/fpt.h),
                               // applied before quantizing
     long fpt_local_steps;     // fpt-trained: local steps, then fpt_steps end-to-end steps, both on the
-    long fpt_steps;           // first calib_n calibration sequences (ertrain quantize: 100 and 0)
+    long fpt_steps;           // first calib_n calibration sequences (ertrain quantize: 100 and 200)
     double fpt_lr;            // fpt-trained AdamW learning rate (> 0; ertrain quantize: 1e-3)
     int fpt_save_every;       // fpt-trained checkpoint interval (0 = at the end only)
     int resume;               // fpt-trained: continue the run in out_dir (its checkpoint/)
