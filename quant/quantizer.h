@@ -105,7 +105,8 @@ void quant_fake_quant_lut(float *dst, const float *src, int rows, int cols, cons
 // al., arXiv 1902.08153): rounding passes gradients straight through, so a weight inside the grid moves
 // its own error only through the levels, which its row's (group's) extremes set: e_j = s(w) (u_j - t_j)
 // with the offsets u_j - t_j = code - w_j / s held; a clipped weight (t_j = w_j / s, or (w_j - zero) / s,
-// beyond the end levels) sits on an end level, e_j = s(w) u_j + zero(w) - w_j. s and zero follow [min, max] as the clipping search shrank it (its ratio held).
+// beyond the end levels) sits on an end level, e_j = s(w) u_j + zero(w) - w_j. s and zero follow [min, max]
+// as the clipping search shrank it (its ratio held).
 // k-means codebooks: the codes held, each level the (unweighted) mean of its weights, e_j = mean - w_j.
 // Row r of q = quantize_matrix(src, no importance, o), w = src's row r: gw (cols) += (de/dw)ᵀ ge.
 void quant_ste_error_row(const Weight *q, const QuantOptions *o, int r, const float *w, const float *ge, float *gw);

@@ -434,7 +434,8 @@ static void surrogate_affine(const float *w0, const float *w, int n, float s0, f
     float mn0, mx0, mn, mx;
     extremes(w0, n, &mn0, &mx0);
     extremes(w, n, &mn, &mx);
-    double c = (double)s0 * (nl - 1) / (mx0 - mn0), s = c * (mx - mn) / (nl - 1), z = (mx + mn) / 2.0 - c * (mx - mn) / 2;
+    double c = (double)s0 * (nl - 1) / (mx0 - mn0), s = c * (mx - mn) / (nl - 1);
+    double z = (mx + mn) / 2.0 - c * (mx - mn) / 2;
     for (int j = 0; j < n; j++) {
         float t = (w0[j] - zero0) / s0, u = fminf(fmaxf(rintf(t), 0.0f), (float)(nl - 1));
         int clipped = t < 0 || t > nl - 1;
