@@ -696,8 +696,7 @@ static int fpt_run_resume(FptRun *r) {
     return ER_OK;
 }
 
-// The local stage's state: the input moments of the base model (its weights as m holds them now) over
-// every calibration sequence, and each quantized projection's quantizer.
+// The local stage's buffers and each quantized projection's quantizer (its input moments: local_moments).
 static int local_init(FptRun *r) {
     Model *m = r->m;
     QuantizePlan plan;
@@ -715,7 +714,16 @@ static int local_init(FptRun *r) {
         if (is_projection(m, p->w) && weight_is_quantized(qo.fmt))
             r->lm[r->n_lm++] = (LocalMat){.p = p, .qo = qo};
     }
-    return quantize_input_moments(m, r->c->sb, r->c->seqs, 0, r->c->n_seqs, r->c->max_len, &r->moments, NULL);
+    return ER_OK;
+}
+
+// The base model's input moments over every calibration sequence, at the first local step this call runs (a
+// run resumed past the local stage needs none).
+static int local_moments(FptRun *r) {
+    if (r->moments)
+        return ER_OK;
+    memcpy(r->m->param_mem, r->base, sizeof(float) * r->m->n_param_floats);
+    return quantize_input_moments(r->m, r->c->sb, r->c->seqs, 0, r->c->n_seqs, r->c->max_len, &r->moments, NULL);
 }
 
 // r->err = Q(w) - w for the quantized projections (0 elsewhere), each one's quantization kept in r->lm.
@@ -838,6 +846,7 @@ static int fpt_step(FptRun *r, long step, double lr, double *loss, double *gnorm
     int local = step < c->local_steps; // embed / lm_head stay unrotated: the local objective does not read them
     ER_TRY(params_apply(&r->p, m, r->base, r->master, local));
     if (local) { // r->gx holds dL/d(errors) until params_backward reuses it
+        ER_TRY(local_moments(r));
         ER_TRY(local_errors(r, r->master));
         memset(m->grad_mem, 0, sizeof(float) * m->n_param_floats);
         memset(r->gx, 0, sizeof(float) * m->n_param_floats);
