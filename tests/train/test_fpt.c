@@ -104,6 +104,30 @@ static double quad_loss(void *ctx) {
     return s;
 }
 
+// θ entries of every block (P, then per layer u, M, α, θ) against central finite differences of `loss`:
+// |fd - analytic| within 2% of max(|fd|, floor).
+static void check_theta_gradients(FptParams *p, const float *dtheta, double (*loss)(void *), void *ctx, double floor,
+                                  const char *what) {
+    size_t C2 = (size_t)p->C * p->C, L1 = C2 + p->layer_n, u = 0, M = p->FF, a = M + (size_t)p->NKV * p->HS * p->HS,
+           t = a + (size_t)p->NKV * p->HS / 2;
+    size_t idx[] = {1, 2 * p->C + 5, C2 - 2, C2 + u + 3, C2 + M + 1, C2 + M + 9, L1 + M + 30, L1 + a + 2, C2 + t + 1,
+                    L1 + t + 7, L1 + u + 17};
+    for (size_t k = 0; k < sizeof idx / sizeof idx[0]; k++) {
+        size_t i = idx[k];
+        float keep = p->theta[i];
+        double h = 1e-3;
+        p->theta[i] = keep + (float)h;
+        double lp = loss(ctx);
+        p->theta[i] = keep - (float)h;
+        double lm = loss(ctx);
+        p->theta[i] = keep;
+        double fd = (lp - lm) / (2 * h);
+        fprintf(stderr, "%s: dθ[%zu] analytic %+.6f finite differences %+.6f\n", what, i, dtheta[i], fd);
+        cr_assert(fabs(fd - dtheta[i]) <= 2e-2 * fmax(fabs(fd), floor), "%s θ[%zu]: analytic %g, finite differences %g",
+                  what, i, dtheta[i], fd);
+    }
+}
+
 Test(fpt, parameter_gradients_match_finite_differences) {
     Model m;
     build(&m, 1, 21);
@@ -123,25 +147,7 @@ Test(fpt, parameter_gradients_match_finite_differences) {
     for (size_t i = 0; i < n; i++)
         g[i] = (float)(q.c[i] + q.d[i] * q.w[i]);
     cr_assert_eq(fpt_params_backward(&p, &m, q.base, g, NULL, s0, s1, dtheta), 0, "%s", er_last_error());
-    // Entries of every block: P, then per layer u, M, α, θ.
-    size_t C2 = (size_t)p.C * p.C, L1 = C2 + p.layer_n, u = 0, M = p.FF, a = M + (size_t)p.NKV * p.HS * p.HS,
-           t = a + (size_t)p.NKV * p.HS / 2;
-    size_t idx[] = {1, 2 * p.C + 5, C2 - 2, C2 + u + 3, C2 + M + 1, C2 + M + 9, L1 + M + 30, L1 + a + 2, C2 + t + 1,
-                    L1 + t + 7, L1 + u + 17};
-    for (size_t k = 0; k < sizeof idx / sizeof idx[0]; k++) {
-        size_t i = idx[k];
-        float keep = p.theta[i];
-        double h = 1e-3;
-        p.theta[i] = keep + (float)h;
-        double lp = quad_loss(&q);
-        p.theta[i] = keep - (float)h;
-        double lm = quad_loss(&q);
-        p.theta[i] = keep;
-        double fd = (lp - lm) / (2 * h);
-        fprintf(stderr, "fpt: dθ[%zu] analytic %+.6f finite differences %+.6f\n", i, dtheta[i], fd);
-        cr_assert(fabs(fd - dtheta[i]) <= 2e-2 * fmax(fabs(fd), 0.5), "θ[%zu]: analytic %g, finite differences %g", i,
-                  dtheta[i], fd);
-    }
+    check_theta_gradients(&p, dtheta, quad_loss, &q, 0.5, "fpt");
     free(q.w), free(q.c), free(q.d), free(g), free(s0), free(s1), free(dtheta);
     fpt_params_free(&p);
     model_free(&m);
@@ -157,7 +163,8 @@ typedef struct {
     float *w, *gw, *ge, *gq, *dt;
 } Local;
 
-static double local_loss(Local *q) {
+static double local_loss(void *ctx) {
+    Local *q = ctx;
     size_t n = q->m->n_param_floats;
     cr_assert_eq(fpt_params_apply(q->p, q->m, q->base, q->w), 0, "%s", er_last_error());
     memset(q->gw, 0, sizeof(float) * n), memset(q->ge, 0, sizeof(float) * n);
@@ -217,24 +224,7 @@ Test(fpt, local_objective_gradients_match_finite_differences) {
         dtheta[i] += q.dt[i];
     float *ge = malloc(sizeof(float) * n);
     memcpy(ge, q.ge, sizeof(float) * n);
-    size_t C2 = (size_t)p.C * p.C, L1 = C2 + p.layer_n, u = 0, M = p.FF, a = M + (size_t)p.NKV * p.HS * p.HS,
-           t = a + (size_t)p.NKV * p.HS / 2;
-    size_t idx[] = {1, 2 * p.C + 5, C2 - 2, C2 + u + 3, C2 + M + 1, C2 + M + 9, L1 + M + 30, L1 + a + 2, C2 + t + 1,
-                    L1 + t + 7, L1 + u + 17};
-    for (size_t k = 0; k < sizeof idx / sizeof idx[0]; k++) {
-        size_t i = idx[k];
-        float keep = p.theta[i];
-        double h = 1e-3;
-        p.theta[i] = keep + (float)h;
-        double lp = local_loss(&q);
-        p.theta[i] = keep - (float)h;
-        double lm = local_loss(&q);
-        p.theta[i] = keep;
-        double fd = (lp - lm) / (2 * h);
-        fprintf(stderr, "fpt local: dθ[%zu] analytic %+.6f finite differences %+.6f\n", i, dtheta[i], fd);
-        cr_assert(fabs(fd - dtheta[i]) <= 2e-2 * fmax(fabs(fd), 0.02 * fabs(l0)), "θ[%zu]: analytic %g, fd %g", i,
-                  dtheta[i], fd);
-    }
+    check_theta_gradients(&p, dtheta, local_loss, &q, 0.02 * fabs(l0), "fpt local");
     const char *names[] = {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.o_proj.weight",
                            "model.layers.1.mlp.down_proj.weight"};
     for (int k = 0; k < 3; k++)
