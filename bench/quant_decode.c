@@ -53,7 +53,7 @@ static int make_weight(Weight *w, WeightFormat f, int rows, int cols, int group,
         w->owned = d;
         return ER_OK;
     }
-    ER_TRY(quant_weight_alloc(w, f, rows, cols, group));
+    ER_TRY(quant_weight_alloc(w, f, rows, cols, group, 0));
     size_t nb = (size_t)rows * weight_row_bytes(f, cols);
     uint8_t *d = (uint8_t *)w->data;
     if (f == WF_BF16) { // random bits would make NaNs and denormals: small values as the f32 weight has

@@ -28,7 +28,7 @@ int cmd_quantize(int argc, char **argv) {
              "stored as q2lut) | bf16 (the float model as bf16)", list);
     snprintf(usage, sizeof usage, "ertrain quantize --model DIR --out DIR --weights %s|bf16 [--embeddings int8|fp] "
              "[--transforms none|rotate|fpt|fpt-trained [--fpt-steps N --fpt-local-steps N --fpt-lr X --save-every N "
-             "--resume]] [--calib FILE.jsonl --calib-n N] [--sensitivity fisher|none] "
+             "--resume]] [--calib FILE.jsonl --calib-n N] [--sensitivity fisher|none] [--sparse S] "
              "[--scale-search lp|minmax] [--seed S]", quantize_weights_list(list, sizeof list, "|", "|"));
     ArgSpec specs[] = {
         {"model", ARG_STR, &c.model_dir, "float model dir (HF layout: config.json, *.safetensors, tokenizer)", 1, 0, 0},
@@ -65,6 +65,8 @@ int cmd_quantize(int argc, char **argv) {
          "RTN scales: lp (grid search over clipping ratios minimising the Lp error) | minmax", 0, 0, 0},
         {"p", ARG_FLOAT, &c.q.p, "exponent of the Lp error the scale search minimises", 0, 1, 8},
         {"kmeans-iters", ARG_INT, &c.q.kmeans_iters, "Lloyd iterations of the q4lut / q2lut k-means", 0, 1, 1000},
+        {"sparse", ARG_INT, &c.q.sparse, "q2lut / q4lut: dense-and-sparse, per row of the layer projections this many "
+         "weights (those with the largest output energy) kept exact as fp16 corrections, 32 bits each", 0, 0, 65536},
         {"seed", ARG_INT, &seed, "seed of the transforms' random rotations", 0, 0, 2147483647},
         {"threads", ARG_INT, &c.threads, "threads (0 = all cores)", 0, 0, 4096},
     };

@@ -394,7 +394,7 @@ static void tensor_row_f32(float *dst, const GgufTensor *t, size_t r, int cols) 
 
 // q4_0 rows into a q4g32 weight: scale d, zero -8d (exact in fp16), codes repacked; rows in HF order.
 static int q4_0_to_q4g(Weight *w, const GgufTensor *t, const ModelConfig *c, const char *hf, int rows, int cols) {
-    ER_TRY(quant_weight_alloc(w, WF_Q4G, rows, cols, 32));
+    ER_TRY(quant_weight_alloc(w, WF_Q4G, rows, cols, 32, 0));
     uint8_t codes[GGML_QK];
     uint8_t *packed = er_alloc((size_t)cols);
     if (!packed)

@@ -241,7 +241,7 @@ static int build_random(Model *m, const ModelConfig *cfg, float std, uint64_t se
     for (int i = 0; i < m->n_params; i++) {
         ParamTensor *p = &m->params[i];
         if (bf16 && p->w)
-            ER_CHECK(quant_weight_alloc(p->w, WF_BF16, (int)p->shape[0], (int)p->shape[1], 0));
+            ER_CHECK(quant_weight_alloc(p->w, WF_BF16, (int)p->shape[0], (int)p->shape[1], 0, 0));
         init_param(p, i, bf16 && p->w ? (uint16_t *)p->w->owned : NULL, std, &base);
     }
     if (cfg->tied)
@@ -346,15 +346,18 @@ static const void *aligned_data(Model *m, const StTensor *t, size_t *owned_off) 
     return dst;
 }
 
-WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group) {
-    *group = 0;
+WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group, int *sparse) {
+    *group = *sparse = 0;
     if (!m->quant.enabled || !p->w)
         return WF_F32;
+    int layer = p->w != &m->embed && p->w != &m->lm_head;
     WeightFormat f = p->w == &m->embed     ? (m->quant.embed_int8 ? WF_Q8 : WF_F32)
                      : p->w == &m->lm_head ? m->quant.lm_head
                                            : m->quant.linear;
     if (weight_format_grouped(f))
         *group = m->quant.group;
+    if (layer)
+        *sparse = m->quant.sparse;
     return f;
 }
 
@@ -529,13 +532,13 @@ static int load_param(Model *m, const char *dir, const cJSON *weight_map, ParamT
         if (!cJSON_IsString(where) || strcmp(where->valuestring, base ? base + 1 : f->path) != 0)
             return er_error(ER_EFORMAT, "%s: tensor \"%s\" is in %s but the index says otherwise", dir, p->name, f->path);
     }
-    int group;
-    WeightFormat qf = model_quant_format(m, p, &group);
+    int group, sparse;
+    WeightFormat qf = model_quant_format(m, p, &group, &sparse);
     if (!weight_is_quantized(qf))
         return place_param(m, p, t, f, owned_off);
     LoadCtx lc = {m, owned_off};
     QuantTensorSource src = {load_find, load_use, &lc};
-    ER_TRY(quant_packed_load(p->w, qf, group, (int)p->shape[0], (int)p->shape[1], p->name, dir, &src));
+    ER_TRY(quant_packed_load(p->w, qf, group, sparse, (int)p->shape[0], (int)p->shape[1], p->name, dir, &src));
     p->data = NULL;
     return ER_OK;
 }
@@ -576,11 +579,12 @@ done:
 static int check_save_formats(const Model *m, const char *dir) {
     for (int i = 0; i < m->n_params; i++) {
         const ParamTensor *p = &m->params[i];
-        int group;
-        WeightFormat want = model_quant_format(m, p, &group);
+        int group, sparse;
+        WeightFormat want = model_quant_format(m, p, &group, &sparse);
         int ok = !p->w ? 1
                  : weight_is_quantized(want)
-                     ? p->w->fmt == want && (!weight_format_grouped(want) || p->w->group == group)
+                     ? p->w->fmt == want && (!weight_format_grouped(want) || p->w->group == group) &&
+                           p->w->sparse == sparse
                      : !weight_is_quantized(p->w->fmt);
         if (ok)
             continue;

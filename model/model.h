@@ -83,8 +83,9 @@ int model_save(const Model *m, const char *dir, int as_bf16);
 // Replaces the matrix of parameter p with *w, taking ownership of w->owned (*w is cleared). A model
 // holding a quantized matrix is frozen: a trainable model loses its gradients (trainable = 0).
 int model_set_weight(Model *m, ParamTensor *p, Weight *w);
-// The format m->quant gives parameter p (WF_F32 meaning "float, as stored"); group into *group.
-WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group);
+// The format m->quant gives parameter p (WF_F32 meaning "float, as stored"); its group size and sparse
+// corrections per row into *group and *sparse.
+WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group, int *sparse);
 // A tied model rebuilt untied: trainable fp32, lm_head a copy of the embedding, tie_word_embeddings
 // false, the logits unchanged. Every buffer of the Model is replaced (pointers into the old ones go
 // stale). The old gradients go first, so the peak is the old parameters plus one new trainable model;

@@ -23,7 +23,7 @@ void quant_dims_str(char *buf, size_t n, int64_t d0, int64_t d1) {
 static int64_t companion_cols(const WeightFormatInfo *fi, const WeightCompanion *c, const Weight *w) {
     if (c->shape == WC_ROWS)
         return 0;
-    return (int64_t)(weight_companion_numel(fi, c, w->rows, w->cols, w->group) / (size_t)w->rows);
+    return (int64_t)(weight_companion_numel(fi, c, w->rows, w->cols, w->group, w->sparse) / (size_t)w->rows);
 }
 
 // The Weight field companion c fills (a typed pointer; copied as bytes to stay clear of aliasing rules).
@@ -57,8 +57,8 @@ static int load_companion(Weight *w, const WeightFormatInfo *fi, const WeightCom
     return ER_OK;
 }
 
-int quant_packed_load(Weight *w, WeightFormat f, int group, int rows, int cols, const char *name, const char *dir,
-                      const QuantTensorSource *src) {
+int quant_packed_load(Weight *w, WeightFormat f, int group, int sparse, int rows, int cols, const char *name,
+                      const char *dir, const QuantTensorSource *src) {
     memset(w, 0, sizeof *w);
     const WeightFormatInfo *fi = weight_format_info(f);
     if (!fi || !fi->quantized)
@@ -67,6 +67,10 @@ int quant_packed_load(Weight *w, WeightFormat f, int group, int rows, int cols, 
         return er_error(ER_EFORMAT,
                         "%s/config.json: quantization_config group_size %d does not divide the %d columns of \"%s\"", dir,
                         group, cols, name);
+    if (sparse < 0 || sparse > cols || (sparse && (!fi->levels || cols > 65536)))
+        return er_error(ER_EFORMAT,
+                        "%s/config.json: quantization_config sparse_per_row %d does not suit \"%s\" (%s, %d columns)",
+                        dir, sparse, name, fi->name, cols);
     const char *path;
     const StTensor *t = src->find(src->ctx, name, &path);
     if (!t)
@@ -85,20 +89,33 @@ int quant_packed_load(Weight *w, WeightFormat f, int group, int rows, int cols, 
     w->rows = rows;
     w->cols = cols;
     w->group = weight_format_grouped(f) ? group : 0;
+    w->sparse = sparse;
     w->data = t->data; // bytes: always aligned
     for (int i = 0; i < fi->n_comp; i++)
-        ER_TRY(load_companion(w, fi, &fi->comp[i], name, dir, src));
+        if (fi->comp[i].shape != WC_SPARSE || sparse)
+            ER_TRY(load_companion(w, fi, &fi->comp[i], name, dir, src));
+    for (size_t i = 0; i < (size_t)rows * (size_t)sparse; i++)
+        if (w->sp_cols[i] >= cols) {
+            char cname[128];
+            snprintf(cname, sizeof cname, "%s_sparse_cols", name);
+            src->find(src->ctx, cname, &path);
+            return er_error(ER_EFORMAT, "%s: tensor \"%s\" holds column %u at index %zu (\"%s\" has %d columns)", path,
+                            cname, w->sp_cols[i], i, name, cols);
+        }
     return ER_OK;
 }
 
 int quant_packed_tensors(const Weight *w, const char *name, StWriteTensor *ts, char (*names)[128]) {
     const WeightFormatInfo *fi = weight_format_info(w->fmt);
     ts[0] = (StWriteTensor){name, fi->dtype, 2, {w->rows, (int64_t)weight_row_bytes(w->fmt, w->cols)}, w->data};
+    int n = 1;
     for (int i = 0; i < fi->n_comp; i++) {
         const WeightCompanion *c = &fi->comp[i];
+        if (c->shape == WC_SPARSE && !w->sparse)
+            continue;
         int64_t d1 = companion_cols(fi, c, w);
         snprintf(names[i], 128, "%s%s", name, c->suffix);
-        ts[1 + i] = (StWriteTensor){names[i], c->dtype, d1 ? 2 : 1, {w->rows, d1}, companion_get(w, c)};
+        ts[n++] = (StWriteTensor){names[i], c->dtype, d1 ? 2 : 1, {w->rows, d1}, companion_get(w, c)};
     }
-    return 1 + fi->n_comp;
+    return n;
 }

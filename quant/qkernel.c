@@ -746,6 +746,8 @@ int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, fl
     const WeightFormatInfo *fi = weight_format_info(w->fmt);
     if (fi->decode) {
         int rc = fi->decode(out, inp, w, N);
+        if (rc == ER_OK)
+            weight_sparse_matmul(out, inp, w, N);
         if (rc != WEIGHT_DECODE_DECLINED)
             return rc;
     }

@@ -12,7 +12,7 @@
 #include "quant/qkernel.h"
 #include "quant/transform.h"
 
-int quant_check_shape(WeightFormat f, int rows, int cols, int group, const char *ctx) {
+int quant_check_shape(WeightFormat f, int rows, int cols, int group, int sparse, const char *ctx) {
     if (rows <= 0 || cols <= 0)
         return er_error(ER_EINVAL, "%s: %s matrix must have positive dimensions (got [%d, %d])", ctx,
                         weight_format_name(f), rows, cols);
@@ -22,20 +22,27 @@ int quant_check_shape(WeightFormat f, int rows, int cols, int group, const char 
         if (cols % group)
             return er_error(ER_EINVAL, "%s: group size %d does not divide the %d columns", ctx, group, cols);
     }
+    if (sparse && !weight_format_info(f)->levels)
+        return er_error(ER_EINVAL, "%s: sparse corrections need a codebook format (q2lut, q4lut), not %s", ctx,
+                        weight_format_name(f));
+    if (sparse < 0 || sparse > cols || (sparse && cols > 65536))
+        return er_error(ER_EINVAL, "%s: %d sparse corrections per row do not fit %d columns (at most all of them, "
+                        "and at most 65536 columns)", ctx, sparse, cols);
     return ER_OK;
 }
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-int quant_weight_alloc(Weight *w, WeightFormat f, int rows, int cols, int group) {
+int quant_weight_alloc(Weight *w, WeightFormat f, int rows, int cols, int group, int sparse) {
     memset(w, 0, sizeof *w);
-    ER_TRY(quant_check_shape(f, rows, cols, group, "quant_weight_alloc"));
+    ER_TRY(quant_check_shape(f, rows, cols, group, sparse, "quant_weight_alloc"));
     const WeightFormatInfo *fi = weight_format_info(f);
     // data, then each companion, every one 64-byte aligned
     size_t off[1 + WEIGHT_MAX_COMPANIONS], total = align64((size_t)rows * weight_row_bytes(f, cols));
     for (int i = 0; i < fi->n_comp; i++) {
         off[1 + i] = total;
-        total += align64(weight_companion_numel(fi, &fi->comp[i], rows, cols, group) * dtype_size(fi->comp[i].dtype));
+        total += align64(weight_companion_numel(fi, &fi->comp[i], rows, cols, group, sparse) *
+                         dtype_size(fi->comp[i].dtype));
     }
     uint8_t *mem = er_calloc(total, 1);
     if (!mem)
@@ -45,10 +52,12 @@ int quant_weight_alloc(Weight *w, WeightFormat f, int rows, int cols, int group)
     w->rows = rows;
     w->cols = cols;
     w->group = weight_format_grouped(f) ? group : 0;
+    w->sparse = sparse;
     w->data = mem;
     w->owned = mem;
     for (int i = 0; i < fi->n_comp; i++)
-        *(const void **)((char *)w + fi->comp[i].field) = mem + off[1 + i];
+        if (fi->comp[i].shape != WC_SPARSE || sparse)
+            *(const void **)((char *)w + fi->comp[i].field) = mem + off[1 + i];
     return ER_OK;
 }
 
@@ -84,8 +93,10 @@ void quant_dequant_rows(float *dst, const Weight *w, int r0, int nr) {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < nr; i++) {
 #if QK_AVX2
-        if (qk_dequant_row_simd(dst + (size_t)i * w->cols, w, r0 + i))
+        if (qk_dequant_row_simd(dst + (size_t)i * w->cols, w, r0 + i)) {
+            weight_sparse_add_row(dst + (size_t)i * w->cols, w, r0 + i);
             continue;
+        }
 #endif
         weight_row_f32(dst + (size_t)i * w->cols, w, r0 + i);
     }
@@ -204,6 +215,14 @@ int quant_config_from_json(QuantConfig *q, const cJSON *j, const char *ctx) {
                         "fpt or a list of r, u, v, k)", ctx, t);
     snprintf(q->method, sizeof q->method, "%s", m);
     snprintf(q->transforms, sizeof q->transforms, "%s", t);
+    int64_t sp = 0;
+    ER_TRY(json_opt_int(j, "sparse_per_row", &sp, ctx));
+    if (sp < 0 || sp > 65536 || (sp && !weight_format_info(q->linear)->levels))
+        return er_error(ER_EFORMAT,
+                        "%s: quantization_config.sparse_per_row %lld: must be 0, or 1..65536 with codebook weights "
+                        "(q2lut, q4lut; here \"%s\")",
+                        ctx, (long long)sp, s);
+    q->sparse = (int)sp;
     ER_TRY(json_opt_double(j, "bits_per_weight", &q->bits_per_weight, ctx));
     q->enabled = 1;
     return ER_OK;
@@ -221,6 +240,8 @@ cJSON *quant_config_to_json(const QuantConfig *q) {
     cJSON_AddStringToObject(j, "embeddings", q->embed_int8 ? "int8" : "fp");
     cJSON_AddStringToObject(j, "lm_head", quant_spec_name(q->lm_head, q->group, buf));
     cJSON_AddStringToObject(j, "transforms", q->transforms[0] ? q->transforms : "none");
+    if (q->sparse)
+        cJSON_AddNumberToObject(j, "sparse_per_row", q->sparse);
     cJSON_AddNumberToObject(j, "bits_per_weight", q->bits_per_weight);
     return j;
 }

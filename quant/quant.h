@@ -8,18 +8,21 @@
 //   X.weight_scale       q8, q4: F32 [rows]; q4g: F16 [rows, cols/group]
 //   X.weight_zero        q4g: F16 [rows, cols/group] (W = u * scale + zero)
 //   X.weight_codebook    q2lut: F16 [rows, 4]; q4lut: F16 [rows, 16]
+//   X.weight_sparse_cols, X.weight_sparse_values   q2lut / q4lut with "sparse_per_row" S > 0: U16 and F16
+//                        [rows, S], the dense-and-sparse corrections (quant/weight.h)
 // and config.json holds
 //   "quantization_config": {"quant_method": "ertrain", "method": "rtn-lp" | "rtn-minmax" | "kmeans" |
 //       "kmeans-fisher" | "kmeans-fisher-gptq" | "kmeans-fisher-qat" | ..., "weights": "q8" | "q4" | "q4g32" | "q4g64" | "q4g128" | "q4lut" | "q2lut",
 //       "group_size": 0 | 32 | 64 | 128, "embeddings": "int8" | "fp", "lm_head": <weights spec> | "fp",
-//       "transforms": "none" | "fpt" | "fpt-trained" | ..., "bits_per_weight": 4.5}
+//       "transforms": "none" | "fpt" | "fpt-trained" | ..., "sparse_per_row": 0 | S, "bits_per_weight": 4.5}
 // A q2lut whose codebooks are 4 evenly spaced levels (ertrain quantize --weights q2rtn, the 2-bit RTN
 // baseline) is stored as "q2lut" with method "rtn-lp" / "rtn-minmax"; "-qat" ends the method of a model
-// written by ertrain qat (train/qat.h). Readers need only "weights".
+// written by ertrain qat (train/qat.h). Readers need only "weights" (and "sparse_per_row").
 // "weights" applies to the seven projections of every layer; "embeddings" int8 is q8 on the embedding
 // matrix (and on the lm_head of a tied model); "lm_head" applies to an untied lm_head (a tied model's
 // config names the embedding's format there). bits_per_weight is that of the layer projections, scales
-// included. The packed codes are in the 8-byte block layout of quant/weight.h. Tensors are written
+// included. sparse_per_row (absent = 0) applies to the layer projections, with codebook "weights" only.
+// The packed codes are in the 8-byte block layout of quant/weight.h. Tensors are written
 // widest dtype first, so every one of them is aligned in the file and used in place (mmapped).
 #ifndef QUANT_QUANT_H
 #define QUANT_QUANT_H
@@ -32,10 +35,11 @@
 #include "core/safetensors.h"
 #include "quant/weight.h"
 
-// Checks the dimensions suit the format (Q4G: group >= 2, even, dividing cols); ctx names the tensor.
-int quant_check_shape(WeightFormat f, int rows, int cols, int group, const char *ctx);
+// Checks the dimensions suit the format (Q4G: group >= 2, even, dividing cols; sparse corrections per
+// row: 0, or up to cols <= 65536 on a codebook format); ctx names the tensor.
+int quant_check_shape(WeightFormat f, int rows, int cols, int group, int sparse, const char *ctx);
 // A new weight owning zeroed buffers for the format (free with weight_free).
-int quant_weight_alloc(Weight *w, WeightFormat f, int rows, int cols, int group);
+int quant_weight_alloc(Weight *w, WeightFormat f, int rows, int cols, int group, int sparse);
 
 // Packing n codes (4-bit: 0..15, 2-bit: 0..3) into ceil(n/2) or ceil(n/4) bytes (padding bits zero).
 void quant_pack4(uint8_t *dst, const uint8_t *codes, int n);
@@ -86,10 +90,11 @@ typedef struct {
 } QuantTensorSource;
 
 // *w = the (rows, cols) matrix `name` packed as f (group: Q4G's): its data tensor and every companion
-// the format table lists, each checked for dtype and shape (errors name the tensor, the file and what
-// quantization_config implies; dir names the model dir).
-int quant_packed_load(Weight *w, WeightFormat f, int group, int rows, int cols, const char *name, const char *dir,
-                      const QuantTensorSource *src);
+// the format table lists, each checked for dtype and shape, sparse columns for range (errors name the
+// tensor, the file and what quantization_config implies; dir names the model dir). sparse: corrections
+// per row (0: none, their tensors not read).
+int quant_packed_load(Weight *w, WeightFormat f, int group, int sparse, int rows, int cols, const char *name,
+                      const char *dir, const QuantTensorSource *src);
 // The tensors that store packed w under `name`: the data, then its companions (their names go to
 // names, WEIGHT_MAX_COMPANIONS x 128 bytes that the caller keeps). Returns the count written to ts.
 int quant_packed_tensors(const Weight *w, const char *name, StWriteTensor *ts, char (*names)[128]);
@@ -115,6 +120,7 @@ typedef struct {
     int group;              // Q4G group size of `linear` (and lm_head when Q4G)
     int embed_int8;         // embeddings: 1 int8 (WF_Q8), 0 fp (as stored)
     WeightFormat lm_head;   // untied lm_head; WF_F32 means fp (as stored)
+    int sparse;             // dense-and-sparse corrections per row of `linear` (codebook formats); 0 none
     char method[32];
     char transforms[32];
     double bits_per_weight; // whole model, informative

@@ -294,10 +294,69 @@ double quant_rtn_uniform_lut(const float *x, const float *imp, int n, int nlev, 
 // ---- matrices ----
 
 typedef struct {
+    float score;
+    int col;
+} SparseCand;
+
+typedef struct {
     float *sorted;
     uint8_t *codes;
     int8_t *sq;
+    float *imp;        // sparse: the row's importances, 0 at its corrected columns
+    SparseCand *cand;  // sparse: (cols)
 } Scratch;
+
+static int cand_desc(const void *a, const void *b) {
+    const SparseCand *x = a, *y = b;
+    return x->score > y->score ? -1 : x->score < y->score ? 1 : x->col - y->col;
+}
+
+static int u16_asc(const void *a, const void *b) { return (int)*(const uint16_t *)a - (int)*(const uint16_t *)b; }
+
+// Dense-and-sparse: the w->sparse columns of row r whose weights carry the most output energy, H_kk x_k²
+// (H the inputs' second moment; without it the importance times x_k², or x_k²), ascending into sp_cols;
+// s->imp = the row's importances with those columns at 0, so the codebook is fitted to the rest.
+static void sparse_pick(Weight *w, int r, const float *x, const float *imp, const float *H, Scratch *s) {
+    int K = w->cols, S = w->sparse;
+    for (int k = 0; k < K; k++) {
+        double h = H ? H[(size_t)k * K + k] : imp ? imp[k] : 1.0;
+        s->cand[k] = (SparseCand){(float)(h * x[k] * x[k]), k};
+        s->imp[k] = imp ? imp[k] : 1.0f;
+    }
+    qsort(s->cand, (size_t)K, sizeof *s->cand, cand_desc);
+    uint16_t *cols = (uint16_t *)w->sp_cols + (size_t)r * S;
+    for (int j = 0; j < S; j++) {
+        cols[j] = (uint16_t)s->cand[j].col;
+        s->imp[cols[j]] = 0;
+    }
+    qsort(cols, (size_t)S, sizeof *cols, u16_asc);
+}
+
+// Without error feedback: each corrected weight's value, fp16(x - the dense row's value there).
+static int sparse_fill(Weight *w, const float *src) {
+    int fail = 0;
+#pragma omp parallel
+    {
+        float *row = malloc(sizeof(float) * (size_t)w->cols);
+        if (!row) {
+#pragma omp atomic write
+            fail = 1;
+        }
+#pragma omp for schedule(static)
+        for (int r = 0; r < w->rows; r++) {
+            if (!row)
+                continue;
+            weight_row_f32(row, w, r); // the values are still 0: the dense row
+            for (int j = 0; j < w->sparse; j++) {
+                size_t i = (size_t)r * w->sparse + j;
+                int k = w->sp_cols[i];
+                ((uint16_t *)w->sp_vals)[i] = f32_to_f16(src[(size_t)r * w->cols + k] - row[k]);
+            }
+        }
+        free(row);
+    }
+    return fail ? er_error(ER_ENOMEM, "quantize_matrix: out of memory for row scratch") : ER_OK;
+}
 
 static void quantize_row(Weight *w, int r, const float *x, const float *imp, const QuantOptions *o, Scratch *s) {
     int K = w->cols;
@@ -492,13 +551,21 @@ static int gptq_cache_get(QuantGptqCache *c, const float *H, int n) {
     return rc;
 }
 
-// GPTQ assignment of one row x (n) to the levels c (k): codes a (n); w (n) scratch.
-static void gptq_assign_row(const float *x, const double *U, int n, const float *c, int k, uint8_t *a, double *w) {
+// GPTQ assignment of one row x (n) to the levels c (k): codes a (n); w (n) scratch. Columns with
+// sp[i] set (sp may be NULL) are corrected exactly: sv[i] = fp16(w_i - c[a_i]), the value the row needs
+// there after the feedback so far, and only its fp16 rounding is fed forward.
+static void gptq_assign_row(const float *x, const double *U, int n, const float *c, int k, uint8_t *a, double *w,
+                            const uint8_t *sp, uint16_t *sv) {
     for (int i = 0; i < n; i++)
         w[i] = x[i];
     for (int i = 0; i < n; i++) {
         a[i] = (uint8_t)nearest((float)w[i], c, k);
-        double e = (w[i] - c[a[i]]) / U[(size_t)i * n + i];
+        double q = c[a[i]];
+        if (sp && sp[i]) {
+            sv[i] = f32_to_f16((float)(w[i] - q));
+            q += f16_to_f32(sv[i]);
+        }
+        double e = (w[i] - q) / U[(size_t)i * n + i];
         const double *u = U + (size_t)i * n;
         for (int j = i + 1; j < n; j++)
             w[j] -= e * u[j];
@@ -506,19 +573,23 @@ static void gptq_assign_row(const float *x, const double *U, int n, const float 
 }
 
 // The levels c (k) minimising (x - Ac)ᵀ H (x - Ac) for the codes a (n); a level no code uses is kept.
+// Columns with sp[i] set (sp may be NULL) are left out: the sparse corrections make them exact.
 // hx (n), M (k, k + 1) scratch.
-static void lut_refit_row(const float *x, const double *Hd, int n, const uint8_t *a, float *c, int k, double *hx,
-                          double *M) {
+static void lut_refit_row(const float *x, const double *Hd, int n, const uint8_t *a, const uint8_t *sp, float *c,
+                          int k, double *hx, double *M) {
     memset(M, 0, sizeof(double) * (size_t)k * (k + 1));
     for (int i = 0; i < n; i++) { // one pass over Hd, which at n in the thousands streams from memory
+        if (sp && sp[i])
+            continue;
         const double *h = Hd + (size_t)i * n;
         double s = 0;
         for (int j = 0; j < n; j++)
-            s += h[j] * x[j];
+            if (!(sp && sp[j])) {
+                s += h[j] * x[j];
+                M[a[i] * (k + 1) + a[j]] += h[j];
+            }
         hx[i] = s;
         M[a[i] * (k + 1) + k] += hx[i];
-        for (int j = 0; j < n; j++)
-            M[a[i] * (k + 1) + a[j]] += h[j];
     }
     for (int p = 0; p < k; p++) // unused levels: the equation c_p = old c_p
         if (M[p * (k + 1) + p] == 0)
@@ -556,29 +627,37 @@ static int lut_output_error(Weight *w, const float *src, const float *H, QuantGp
 #pragma omp parallel if (rc == ER_OK)
     {
         double *sw = malloc(sizeof(double) * (size_t)n * 2), M[16 * 17];
-        uint8_t *a = malloc((size_t)n);
-        if (!sw || !a) {
+        uint8_t *a = malloc((size_t)n), *sp = w->sparse ? calloc((size_t)n, 1) : NULL;
+        uint16_t *sv = w->sparse ? malloc(sizeof(uint16_t) * (size_t)n) : NULL;
+        if (!sw || !a || (w->sparse && (!sp || !sv))) {
 #pragma omp atomic write
             fail = 1;
         }
 #pragma omp for schedule(dynamic, 4)
         for (int r = 0; r < rows; r++) {
-            if (rc != ER_OK || !sw || !a)
+            if (rc != ER_OK || !sw || !a || (w->sparse && (!sp || !sv)))
                 continue;
+            const uint16_t *spc = w->sp_cols + (size_t)r * w->sparse;
+            for (int j = 0; j < w->sparse; j++)
+                sp[spc[j]] = 1;
             uint16_t *lut = (uint16_t *)&w->lut[(size_t)r * k];
             float c[16];
             for (int j = 0; j < k; j++)
                 c[j] = f16_to_f32(lut[j]);
             const float *x = src + (size_t)r * n;
             for (int round = 0; round < 2; round++) {
-                gptq_assign_row(x, U, n, c, k, a, sw);
-                lut_refit_row(x, Hd, n, a, c, k, sw + n, M);
+                gptq_assign_row(x, U, n, c, k, a, sw, sp, sv);
+                lut_refit_row(x, Hd, n, a, sp, c, k, sw + n, M);
             }
             for (int j = 0; j < k; j++) {
                 lut[j] = f32_to_f16(c[j]);
                 c[j] = f16_to_f32(lut[j]);
             }
-            gptq_assign_row(x, U, n, c, k, a, sw);
+            gptq_assign_row(x, U, n, c, k, a, sw, sp, sv);
+            for (int j = 0; j < w->sparse; j++) {
+                ((uint16_t *)w->sp_vals)[(size_t)r * w->sparse + j] = sv[spc[j]];
+                sp[spc[j]] = 0;
+            }
             uint8_t *row = (uint8_t *)w->data + (size_t)r * weight_row_bytes(w->fmt, n);
             if (k == 4)
                 quant_pack2(row, a, n);
@@ -587,6 +666,8 @@ static int lut_output_error(Weight *w, const float *src, const float *H, QuantGp
         }
         free(sw);
         free(a);
+        free(sp);
+        free(sv);
     }
     quant_gptq_cache_free(&own);
     if (rc == ER_OK && fail)
@@ -597,22 +678,34 @@ static int lut_output_error(Weight *w, const float *src, const float *H, QuantGp
 int quantize_matrix(Weight *w, const float *src, int rows, int cols, const float *importance, const QuantOptions *o) {
     if (!weight_is_quantized(o->fmt))
         return er_error(ER_EINVAL, "quantize_matrix: %s is not a quantized format", weight_format_name(o->fmt));
-    ER_TRY(quant_weight_alloc(w, o->fmt, rows, cols, o->group));
-    int fail = 0;
+    ER_TRY(quant_weight_alloc(w, o->fmt, rows, cols, o->group, o->sparse));
+    int fail = 0, S = o->sparse;
 #pragma omp parallel
     {
-        Scratch s = {malloc(sizeof(float) * (size_t)cols), malloc((size_t)cols), malloc((size_t)cols)};
-        if (!s.sorted || !s.codes || !s.sq) {
+        Scratch s = {malloc(sizeof(float) * (size_t)cols), malloc((size_t)cols), malloc((size_t)cols),
+                     S ? malloc(sizeof(float) * (size_t)cols) : NULL, S ? malloc(sizeof(SparseCand) * (size_t)cols)
+                                                                        : NULL};
+        int ok = s.sorted && s.codes && s.sq && (!S || (s.imp && s.cand));
+        if (!ok) {
 #pragma omp atomic write
             fail = 1;
         }
 #pragma omp for schedule(dynamic, 16)
-        for (int r = 0; r < rows; r++)
-            if (s.sorted && s.codes && s.sq)
-                quantize_row(w, r, src + (size_t)r * cols, importance ? importance + (size_t)r * cols : NULL, o, &s);
+        for (int r = 0; r < rows; r++) {
+            if (!ok)
+                continue;
+            const float *x = src + (size_t)r * cols, *imp = importance ? importance + (size_t)r * cols : NULL;
+            if (S) {
+                sparse_pick(w, r, x, imp, o->hessian, &s);
+                imp = s.imp;
+            }
+            quantize_row(w, r, x, imp, o, &s);
+        }
         free(s.sorted);
         free(s.codes);
         free(s.sq);
+        free(s.imp);
+        free(s.cand);
     }
     if (fail) {
         weight_free(w);
@@ -624,7 +717,10 @@ int quantize_matrix(Weight *w, const float *src, int rows, int cols, const float
             weight_free(w);
         return rc;
     }
-    return ER_OK;
+    int rc = S ? sparse_fill(w, src) : ER_OK;
+    if (rc < 0)
+        weight_free(w);
+    return rc;
 }
 
 // ---- fake quantization ----

@@ -22,6 +22,11 @@
 //     row's output error ||X(w - Ac)||² for those codes. Two rounds, then a last assignment with the
 //     fp16 codebook as stored. H is damped by 1% of its mean diagonal, as GPTQ does. Same format, same
 //     kernels: nothing is added to the file. Cost O(cols³) once per matrix plus O(rows·cols²).
+//   - Dense-and-sparse (codebook formats, QuantOptions.sparse = S; SqueezeLLM, Kim et al., arXiv
+//     2306.07629): in each row the S weights with the largest output energy H_kk w_k² (without H: the
+//     importance times w_k², or w_k²) are kept as sparse corrections (weight.h) and left out of the
+//     codebook's fit (importance 0) and of the refit; with H, GPTQ's assignment stores at those columns
+//     the value the row needs after the feedback so far, so their error is only the fp16 rounding.
 //   - Fake quantization (QAT): quantize then dequantize, in fp32, so a training forward sees Q(W).
 #ifndef QUANT_QUANTIZER_H
 #define QUANT_QUANTIZER_H
@@ -55,6 +60,7 @@ typedef struct {
                           // feedback and the codebooks refitted to the output error (below).
     QuantGptqCache *gptq_cache; // with hessian: its factor is reused when the last one factored into it was
                                 // of the same H (pointer) and cols; NULL = factor for this matrix alone
+    int sparse;         // WF_Q2LUT / WF_Q4LUT: dense-and-sparse corrections per row (default 0; below)
 } QuantOptions;
 
 void quant_options_default(QuantOptions *o, WeightFormat fmt, int group);

@@ -6,6 +6,7 @@
 
 #include "core/alloc.h"
 #include "core/dtype.h"
+#include "core/threads.h"
 #include "quant/qkernel.h"
 
 // ---- the reference dequantizers (layouts in weight.h) ----
@@ -94,6 +95,8 @@ static void row_q2lut(float *dst, const Weight *w, int r) {
 
 #define ROW_SCALE {"_scale", "scales", DT_F32, WC_ROWS, offsetof(Weight, scale), 1}
 #define CODEBOOK {"_codebook", "codebooks", DT_F16, WC_LEVELS, offsetof(Weight, lut), 0}
+#define SPARSE_COLS {"_sparse_cols", "sparse columns", DT_U16, WC_SPARSE, offsetof(Weight, sp_cols), 0}
+#define SPARSE_VALUES {"_sparse_values", "sparse values", DT_F16, WC_SPARSE, offsetof(Weight, sp_vals), 0}
 
 static const WeightFormatInfo FORMATS[WF_COUNT] = {
     [WF_F32] = {"f32", 32, 0, 0, DT_F32, 0, {{0}}, row_f32, NULL, 1, {0}},
@@ -105,8 +108,10 @@ static const WeightFormatInfo FORMATS[WF_COUNT] = {
                 {{"_scale", "group scales", DT_F16, WC_GROUPS, offsetof(Weight, gscale), 1},
                  {"_zero", "group zeros", DT_F16, WC_GROUPS, offsetof(Weight, gzero), 0}},
                 row_q4g, QK_DECODE(q4g), 0, {32, 64, 128}},
-    [WF_Q4LUT] = {"q4lut", 4, 1, 16, DT_U8, 1, {CODEBOOK}, row_q4lut, QK_DECODE(q4lut), 0, {0}},
-    [WF_Q2LUT] = {"q2lut", 2, 1, 4, DT_U8, 1, {CODEBOOK}, row_q2lut, QK_DECODE(q2lut), 0, {0}},
+    [WF_Q4LUT] = {"q4lut", 4, 1, 16, DT_U8, 3, {CODEBOOK, SPARSE_COLS, SPARSE_VALUES}, row_q4lut, QK_DECODE(q4lut), 0,
+                  {0}},
+    [WF_Q2LUT] = {"q2lut", 2, 1, 4, DT_U8, 3, {CODEBOOK, SPARSE_COLS, SPARSE_VALUES}, row_q2lut, QK_DECODE(q2lut), 0,
+                  {0}},
 };
 
 const WeightFormatInfo *weight_format_info(WeightFormat f) {
@@ -128,8 +133,12 @@ size_t weight_row_bytes(WeightFormat f, int cols) {
     return (unsigned)f < WF_COUNT ? ((size_t)cols * (size_t)FORMATS[f].bits + 7) / 8 : 0;
 }
 
-size_t weight_companion_numel(const WeightFormatInfo *fi, const WeightCompanion *c, int rows, int cols, int group) {
-    size_t per_row = c->shape == WC_ROWS ? 1 : c->shape == WC_LEVELS ? (size_t)fi->levels : (size_t)(cols / group);
+size_t weight_companion_numel(const WeightFormatInfo *fi, const WeightCompanion *c, int rows, int cols, int group,
+                              int sparse) {
+    size_t per_row = c->shape == WC_ROWS     ? 1
+                     : c->shape == WC_LEVELS ? (size_t)fi->levels
+                     : c->shape == WC_SPARSE ? (size_t)sparse
+                                             : (size_t)(cols / group);
     return (size_t)rows * per_row;
 }
 
@@ -137,7 +146,8 @@ size_t weight_bytes(const Weight *w) {
     const WeightFormatInfo *fi = weight_format_info(w->fmt);
     size_t n = (size_t)w->rows * weight_row_bytes(w->fmt, w->cols);
     for (int i = 0; fi && i < fi->n_comp; i++)
-        n += weight_companion_numel(fi, &fi->comp[i], w->rows, w->cols, w->group) * dtype_size(fi->comp[i].dtype);
+        n += weight_companion_numel(fi, &fi->comp[i], w->rows, w->cols, w->group, w->sparse) *
+             dtype_size(fi->comp[i].dtype);
     return n;
 }
 
@@ -146,7 +156,33 @@ double weight_bits_per_weight(const Weight *w) {
     return n > 0 ? (double)weight_bytes(w) * 8.0 / n : 0.0;
 }
 
-void weight_row_f32(float *dst, const Weight *w, int r) { FORMATS[w->fmt].dequant_row(dst, w, r); }
+void weight_row_f32(float *dst, const Weight *w, int r) {
+    FORMATS[w->fmt].dequant_row(dst, w, r);
+    weight_sparse_add_row(dst, w, r);
+}
+
+void weight_sparse_add_row(float *dst, const Weight *w, int r) {
+    if (!w->sparse)
+        return;
+    const uint16_t *c = w->sp_cols + (size_t)r * w->sparse, *v = w->sp_vals + (size_t)r * w->sparse;
+    for (int j = 0; j < w->sparse; j++)
+        dst[c[j]] += f16_to_f32(v[j]);
+}
+
+void weight_sparse_matmul(float *out, const float *inp, const Weight *w, int N) {
+    if (!w->sparse)
+        return;
+    int R = w->rows, K = w->cols;
+#pragma omp parallel for schedule(static) if ((long)R * w->sparse * N >= THREADS_MIN_WORK)
+    for (int r = 0; r < R; r++) {
+        const uint16_t *c = w->sp_cols + (size_t)r * w->sparse, *v = w->sp_vals + (size_t)r * w->sparse;
+        for (int j = 0; j < w->sparse; j++) {
+            float val = f16_to_f32(v[j]);
+            for (int n = 0; n < N; n++)
+                out[(size_t)n * R + r] += val * inp[(size_t)n * K + c[j]];
+        }
+    }
+}
 
 void weight_free(Weight *w) {
     if (!w->owned)
@@ -155,5 +191,5 @@ void weight_free(Weight *w) {
     w->owned = NULL;
     w->data = NULL;
     w->scale = NULL;
-    w->gscale = w->gzero = w->lut = NULL;
+    w->gscale = w->gzero = w->lut = w->sp_cols = w->sp_vals = NULL;
 }

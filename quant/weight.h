@@ -15,6 +15,9 @@
 // elements are packed in order after the blocks: element t of the tail at byte t/2 (low nibble for
 // even t) or t/4 (bits 2*(t%4)). quant_code4 / quant_code2 read one code.
 // Scales of Q8/Q4 are fp32; Q4G scales/zeros and Q2LUT codebooks are fp16 (the file's bytes, used in place).
+// Dense-and-sparse (SqueezeLLM, Kim et al., arXiv 2306.07629; the codebook formats): with sparse = S > 0 a
+// row also carries S corrections, W[r, sp_cols[r,j]] += sp_vals[r,j] (U16 column, fp16 value; 32 bits
+// each), for the few weights the codes would hurt most; they are added after the dense row or product.
 #ifndef QUANT_WEIGHT_H
 #define QUANT_WEIGHT_H
 
@@ -44,6 +47,9 @@ typedef struct {
     const uint16_t *gzero;    // Q4G: fp16 (rows, cols / group)
     const uint16_t *lut;      // Q2LUT: fp16 (rows, 4); Q4LUT: fp16 (rows, 16)
     int group;                // Q4G: inputs per group (divides cols)
+    int sparse;               // codebook formats: corrections per row (0: none; see above)
+    const uint16_t *sp_cols;  // (rows, sparse) columns, each < cols
+    const uint16_t *sp_vals;  // fp16 (rows, sparse) values added there
     void *owned;              // one er_alloc block holding the buffers above, when this Weight owns them
 } Weight;
 
@@ -54,11 +60,12 @@ typedef enum {
     WC_ROWS,   // [rows]
     WC_GROUPS, // [rows, cols / group]
     WC_LEVELS, // [rows, levels]: a codebook per row
+    WC_SPARSE, // [rows, sparse]: dense-and-sparse corrections; absent when sparse = 0
 } WeightCompanionShape;
 
 // A tensor stored beside the packed data "X.weight", named "X.weight" + suffix.
 typedef struct {
-    const char *suffix;         // "_scale", "_zero", "_codebook"
+    const char *suffix;         // "_scale", "_zero", "_codebook", "_sparse_cols", "_sparse_values"
     const char *what;           // for messages: "scales", "group scales", "group zeros", "codebooks"
     ErDType dtype;              // DT_F32 or DT_F16
     WeightCompanionShape shape;
@@ -66,7 +73,7 @@ typedef struct {
     int nonneg;                 // values must be >= 0 (scales; 0 is an all-zero row)
 } WeightCompanion;
 
-#define WEIGHT_MAX_COMPANIONS 2
+#define WEIGHT_MAX_COMPANIONS 4
 #define WEIGHT_MAX_GROUPS 3
 #define WEIGHT_DECODE_DECLINED 1
 
@@ -74,7 +81,7 @@ typedef struct {
     const char *name;           // "f32", "bf16", "f16", "q8", "q4", "q4g", "q4lut", "q2lut"
     int bits;                   // per element of `data` (row bytes: ceil(cols * bits / 8))
     int quantized;              // packed codes (frozen: no gradients, no in-place training)
-    int levels;                 // codebook formats: entries per row (WC_LEVELS); else 0
+    int levels;                 // codebook formats: entries per row (WC_LEVELS); else 0. They may be sparse.
     ErDType dtype;              // of the data tensor in a file: the float type, or I8 / U8 for packed rows
     int n_comp;
     WeightCompanion comp[WEIGHT_MAX_COMPANIONS];
@@ -98,14 +105,19 @@ int weight_is_quantized(WeightFormat f);
 int weight_format_grouped(WeightFormat f);
 // Bytes of one packed row of `data` (elements * size for the float formats).
 size_t weight_row_bytes(WeightFormat f, int cols);
-// Elements of companion c of a (rows, cols) matrix (group: Q4G's).
-size_t weight_companion_numel(const WeightFormatInfo *fi, const WeightCompanion *c, int rows, int cols, int group);
-// Bytes of the whole weight: data plus scales, zeros and codebooks.
+// Elements of companion c of a (rows, cols) matrix (group: Q4G's; sparse: corrections per row).
+size_t weight_companion_numel(const WeightFormatInfo *fi, const WeightCompanion *c, int rows, int cols, int group,
+                              int sparse);
+// Bytes of the whole weight: data plus scales, zeros, codebooks and sparse corrections.
 size_t weight_bytes(const Weight *w);
 // weight_bytes * 8 / (rows * cols).
 double weight_bits_per_weight(const Weight *w);
 // Row r of W as fp32 into dst (cols): embedding lookups, saving, the portable kernels.
 void weight_row_f32(float *dst, const Weight *w, int r);
+// dst (cols) += row r's sparse corrections (nothing when w->sparse = 0).
+void weight_sparse_add_row(float *dst, const Weight *w, int r);
+// out (N, rows) += inp (N, cols) · Sᵀ, S the sparse corrections (nothing when w->sparse = 0).
+void weight_sparse_matmul(float *out, const float *inp, const Weight *w, int N);
 // Frees w->owned (and clears the pointers into it). Safe on a zeroed Weight.
 void weight_free(Weight *w);
 

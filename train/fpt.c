@@ -711,6 +711,7 @@ static int local_init(FptRun *r) {
         const ParamTensor *p = &m->params[i];
         QuantOptions qo;
         quantize_plan_options(m, &plan, r->c->q, p, &qo);
+        qo.sparse = 0; // as the end-to-end stage's fake quantizer (train/qat.c): the dense codes
         if (is_projection(m, p->w) && weight_is_quantized(qo.fmt))
             r->lm[r->n_lm++] = (LocalMat){.p = p, .qo = qo};
     }

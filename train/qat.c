@@ -71,6 +71,7 @@ int qat_state_init(QatState **out, Model *m, const float *master, const Quantize
         quantize_plan_options(m, &plan, o, p, &qo);
         if (!weight_is_quantized(qo.fmt))
             continue;
+        qo.sparse = 0; // the fake quantizer is the dense codebook's (quantize adds any sparse corrections after)
         QatMat *q = &s->mats[s->n_mats++];
         q->p = p;
         q->qo = qo;

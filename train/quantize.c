@@ -85,6 +85,10 @@ int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) 
     if (strcmp(ss, "lp") != 0 && strcmp(ss, "minmax") != 0)
         return er_error(ER_EINVAL, "--scale-search \"%s\" must be lp or minmax", ss);
     plan->minmax = strcmp(ss, "minmax") == 0;
+    if (o->sparse && (!weight_format_info(q->linear)->levels || plan->linear_uniform))
+        return er_error(ER_EINVAL, "--sparse %d: sparse corrections are for the k-means codebook formats (q2lut, "
+                        "q4lut), not --weights %s", o->sparse, o->weights);
+    q->sparse = o->sparse;
     // Check every matrix fits its format before any work.
     for (int i = 0; i < m->n_params; i++) {
         const ParamTensor *p = &m->params[i];
@@ -94,7 +98,8 @@ int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) 
                          : p->w == &m->lm_head ? q->lm_head
                                                : q->linear;
         if (weight_is_quantized(f))
-            ER_TRY(quant_check_shape(f, p->w->rows, p->w->cols, q->group, p->name));
+            ER_TRY(quant_check_shape(f, p->w->rows, p->w->cols, q->group,
+                                     p->w == &m->embed || p->w == &m->lm_head ? 0 : q->sparse, p->name));
     }
     // q2rtn is stored as q2lut (a codebook of 4 evenly spaced levels): the method says how it was made.
     int kmeans = weight_format_info(q->linear)->levels && !plan->linear_uniform; // codebook formats
@@ -119,6 +124,7 @@ void quantize_plan_options(const Model *m, const QuantizePlan *plan, const Quant
     if (o->kmeans_iters > 0)
         qo->kmeans_iters = o->kmeans_iters;
     qo->uniform = !p->w || p->w == &m->embed ? 0 : p->w == &m->lm_head ? plan->head_uniform : plan->linear_uniform;
+    qo->sparse = !p->w || p->w == &m->embed || p->w == &m->lm_head ? 0 : q->sparse;
     qo->hessian = o->hessians && p->w && p >= m->params && p < m->params + m->n_params ? o->hessians[p - m->params]
                                                                                         : NULL;
 }

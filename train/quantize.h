@@ -27,6 +27,8 @@ typedef struct {
     const char *scale_search; // lp | minmax (NULL = lp)
     double p;                 // Lp exponent of the scale search (0 = 2)
     int kmeans_iters;         // q2lut Lloyd iterations (0 = 25)
+    int sparse;               // q2lut / q4lut: dense-and-sparse corrections per row of the layer projections
+                              // (0 = none; quant/quantizer.h)
     const char *method_note;  // recorded in quantization_config.method after the base method (e.g. "fisher")
     const char *transforms;   // recorded in quantization_config.transforms (NULL = none)
     const float *const *hessians; // per parameter (n_params; NULL entries allowed, NULL = none): the (cols, cols)

@@ -30,6 +30,7 @@ static const struct {
     {0, "{\"quant_method\": \"ertrain\", \"weights\": \"q4g32\", \"group_size\": 32}"},
     {0, "{\"quant_method\": \"ertrain\", \"weights\": \"q2lut\", \"lm_head\": \"fp\"}"},
     {0, "{\"quant_method\": \"ertrain\", \"weights\": \"q4lut\", \"lm_head\": \"q8\"}"},
+    {0, "{\"quant_method\": \"ertrain\", \"weights\": \"q2lut\", \"lm_head\": \"q4\", \"sparse_per_row\": 2}"},
     {1, "{\"quant_method\": \"ertrain\", \"weights\": \"q4\", \"embeddings\": \"int8\", \"lm_head\": \"q8\"}"},
 };
 #define N_DIRS ((int)(sizeof dirs / sizeof dirs[0]))
@@ -66,12 +67,13 @@ static void make_dir(int k) {
     dir_q[k] = m.quant;
     for (int i = 0; i < m.n_params; i++) {
         ParamTensor *p = &m.params[i];
-        int group;
-        WeightFormat f = model_quant_format(&m, p, &group);
+        int group, sparse;
+        WeightFormat f = model_quant_format(&m, p, &group, &sparse);
         if (!weight_is_quantized(f))
             continue;
         QuantOptions o;
         quant_options_default(&o, f, group);
+        o.sparse = sparse;
         Weight w;
         if (quantize_matrix(&w, p->data, p->w->rows, p->w->cols, NULL, &o) < 0 || model_set_weight(&m, p, &w) < 0)
             die("quantize");
@@ -96,7 +98,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 static int pick_dir(const QuantConfig *q) {
     for (int k = 0; k < N_DIRS; k++)
         if (dir_q[k].linear == q->linear && dir_q[k].group == q->group && dir_q[k].embed_int8 == q->embed_int8 &&
-            dir_q[k].lm_head == q->lm_head)
+            dir_q[k].lm_head == q->lm_head && dir_q[k].sparse == q->sparse)
             return k;
     for (int k = 0; k < N_DIRS; k++)
         if (dir_q[k].linear == q->linear)
@@ -124,7 +126,7 @@ static int parse_and_round_trip(const uint8_t *data, size_t size, QuantConfig *q
     cJSON_Delete(out);
     FUZZ_CHECK(rc == ER_OK, "written quantization_config does not re-read: %s", er_last_error());
     FUZZ_CHECK(r.linear == q->linear && r.group == q->group && r.embed_int8 == q->embed_int8 &&
-                   r.lm_head == q->lm_head && strcmp(r.method, q->method) == 0,
+                   r.lm_head == q->lm_head && r.sparse == q->sparse && strcmp(r.method, q->method) == 0,
                "quantization_config changed in a round trip");
     return ER_OK;
 }

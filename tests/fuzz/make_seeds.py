@@ -123,6 +123,7 @@ def seeds_quant_config():
         {"weights": "q2lut", "lm_head": "fp", "method": "kmeans-fisher"},
         {"weights": "q4lut", "lm_head": "q8", "method": "kmeans-qat"},
         {"weights": "q4", "embeddings": "int8", "lm_head": "q8"},
+        {"weights": "q2lut", "lm_head": "q4", "sparse_per_row": 2},
     ]):
         # The harness sends sizes divisible by 3 to another layout's dir (the mismatch checks): one of each.
         text = js(dict({"quant_method": "ertrain"}, **q))
@@ -133,6 +134,7 @@ def seeds_quant_config():
     put(t, "q4g128", js(dict(er, weights="q4g128", group_size=128)))
     put(t, "bad-group", js(dict(er, weights="q4g32", group_size=64)))
     put(t, "bad-weights", js(dict(er, weights="q3")))
+    put(t, "bad-sparse", js(dict(er, weights="q4", sparse_per_row=2)))
     put(t, "bad-embeddings", js(dict(er, weights="q8", embeddings="int4")))
     put(t, "bad-lmhead-group", js(dict(er, weights="q4g32", lm_head="q4g128")))
     put(t, "bad-quant-method", js({"quant_method": "gptq", "bits": 4, "group_size": 128}))
@@ -476,11 +478,15 @@ def seeds_gguf():
     put(t, "bad-misaligned", gguf([], one)[:-128].replace(struct.pack("<IQ", 0, 0), struct.pack("<IQ", 0, 4), 1))
 
 
+HAND_WRITTEN = {"fuzz_serve_request"}
+
+
 def main():
-    # Inputs that once crashed a target (regress-*, added with their fix) stay; the generated seeds are redone.
+    # Inputs that once crashed a target (regress-*, added with their fix) stay, and so do the targets whose
+    # seeds are written by hand (HAND_WRITTEN); the generated seeds are redone.
     for d, _, files in os.walk(OUT):
         for f in files:
-            if not f.startswith("regress-"):
+            if not f.startswith("regress-") and os.path.basename(d) not in HAND_WRITTEN:
                 os.remove(os.path.join(d, f))
     for f in (seeds_safetensors, seeds_config, seeds_quant_config, seeds_tokenizer_load, seeds_tokenize, seeds_chat,
               seeds_jsonl, seeds_adapter, seeds_head, seeds_gguf):

@@ -76,7 +76,7 @@ Test(quant_formats, dequant_matches_layout) {
     rng_seed(&rng, 1);
     // q8
     Weight w;
-    cr_assert_eq(quant_weight_alloc(&w, WF_Q8, R, K, 0), 0);
+    cr_assert_eq(quant_weight_alloc(&w, WF_Q8, R, K, 0, 0), 0);
     for (int i = 0; i < R * K; i++)
         ((int8_t *)w.data)[i] = (int8_t)(rng_below(&rng, 255) - 127);
     for (int r = 0; r < R; r++)
@@ -90,7 +90,7 @@ Test(quant_formats, dequant_matches_layout) {
     weight_free(&w);
     // q4 and q4g
     for (int g = 0; g < 2; g++) {
-        cr_assert_eq(quant_weight_alloc(&w, g ? WF_Q4G : WF_Q4, R, K, g ? 4 : 0), 0);
+        cr_assert_eq(quant_weight_alloc(&w, g ? WF_Q4G : WF_Q4, R, K, g ? 4 : 0, 0), 0);
         uint8_t codes[3 * 44];
         for (int i = 0; i < R * K; i++)
             codes[i] = (uint8_t)rng_below(&rng, 16);
@@ -117,7 +117,7 @@ Test(quant_formats, dequant_matches_layout) {
         weight_free(&w);
     }
     // q4lut
-    cr_assert_eq(quant_weight_alloc(&w, WF_Q4LUT, R, K, 0), 0);
+    cr_assert_eq(quant_weight_alloc(&w, WF_Q4LUT, R, K, 0, 0), 0);
     uint8_t c16[3 * 44];
     for (int i = 0; i < R * K; i++)
         c16[i] = (uint8_t)rng_below(&rng, 16);
@@ -133,7 +133,7 @@ Test(quant_formats, dequant_matches_layout) {
     }
     weight_free(&w);
     // q2lut
-    cr_assert_eq(quant_weight_alloc(&w, WF_Q2LUT, R, K, 0), 0);
+    cr_assert_eq(quant_weight_alloc(&w, WF_Q2LUT, R, K, 0, 0), 0);
     uint8_t idx[3 * 44];
     for (int i = 0; i < R * K; i++)
         idx[i] = (uint8_t)rng_below(&rng, 4);
@@ -152,23 +152,23 @@ Test(quant_formats, dequant_matches_layout) {
 
 Test(quant_formats, bytes_and_bits_per_weight) {
     Weight w;
-    cr_assert_eq(quant_weight_alloc(&w, WF_Q4, 896, 4864, 0), 0);
+    cr_assert_eq(quant_weight_alloc(&w, WF_Q4, 896, 4864, 0, 0), 0);
     cr_assert_eq(weight_bytes(&w), (size_t)896 * 2432 + 896 * 4);
     cr_assert_float_eq(weight_bits_per_weight(&w), 4.0 + 32.0 / 4864, 1e-9);
     weight_free(&w);
     int groups[] = {32, 64, 128};
     for (int i = 0; i < 3; i++) {
-        cr_assert_eq(quant_weight_alloc(&w, WF_Q4G, 16, 896, groups[i]), 0);
+        cr_assert_eq(quant_weight_alloc(&w, WF_Q4G, 16, 896, groups[i], 0), 0);
         cr_assert_float_eq(weight_bits_per_weight(&w), 4.0 + 32.0 / groups[i], 1e-9, "group %d", groups[i]);
         weight_free(&w);
     }
-    cr_assert_eq(quant_weight_alloc(&w, WF_Q2LUT, 10, 896, 0), 0);
+    cr_assert_eq(quant_weight_alloc(&w, WF_Q2LUT, 10, 896, 0, 0), 0);
     cr_assert_float_eq(weight_bits_per_weight(&w), 2.0 + 64.0 / 896, 1e-9);
     weight_free(&w);
-    cr_assert_eq(quant_weight_alloc(&w, WF_Q4LUT, 10, 896, 0), 0);
+    cr_assert_eq(quant_weight_alloc(&w, WF_Q4LUT, 10, 896, 0, 0), 0);
     cr_assert_float_eq(weight_bits_per_weight(&w), 4.0 + 256.0 / 896, 1e-9);
     weight_free(&w);
-    cr_assert_eq(quant_weight_alloc(&w, WF_Q8, 10, 896, 0), 0);
+    cr_assert_eq(quant_weight_alloc(&w, WF_Q8, 10, 896, 0, 0), 0);
     cr_assert_float_eq(weight_bits_per_weight(&w), 8.0 + 32.0 / 896, 1e-9);
     weight_free(&w);
     cr_assert_eq(weight_row_bytes(WF_Q4, 7), 4u);
@@ -179,10 +179,10 @@ Test(quant_formats, bytes_and_bits_per_weight) {
 
 Test(quant_formats, shape_checks) {
     Weight w;
-    cr_assert_lt(quant_weight_alloc(&w, WF_Q4G, 4, 96, 64), 0);
+    cr_assert_lt(quant_weight_alloc(&w, WF_Q4G, 4, 96, 64, 0), 0);
     cr_assert(strstr(er_last_error(), "does not divide"), "%s", er_last_error());
-    cr_assert_lt(quant_weight_alloc(&w, WF_Q4G, 4, 96, 3), 0);
-    cr_assert_lt(quant_weight_alloc(&w, WF_Q8, 0, 96, 0), 0);
+    cr_assert_lt(quant_weight_alloc(&w, WF_Q4G, 4, 96, 3, 0), 0);
+    cr_assert_lt(quant_weight_alloc(&w, WF_Q8, 0, 96, 0, 0), 0);
 }
 
 Test(quant_formats, specs) {

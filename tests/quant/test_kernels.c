@@ -8,15 +8,21 @@
 #include <string.h>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "core/threads.h"
 #include "quant/quant.h"
 
-// A weight with random codes, scales, zeros and codebooks (every code value shows up).
-static void random_weight(Weight *w, WeightFormat f, int R, int K, int group, uint64_t seed) {
-    cr_assert_eq(quant_weight_alloc(w, f, R, K, group), 0);
+// A weight with random codes, scales, zeros and codebooks (every code value shows up), and `sparse`
+// random corrections per row (codebook formats; columns may repeat).
+static void random_weight(Weight *w, WeightFormat f, int R, int K, int group, int sparse, uint64_t seed) {
+    cr_assert_eq(quant_weight_alloc(w, f, R, K, group, sparse), 0, "%s", er_last_error());
     ErRng r;
     rng_seed(&r, seed);
+    for (int i = 0; i < R * sparse; i++) {
+        ((uint16_t *)w->sp_cols)[i] = (uint16_t)rng_below(&r, (uint64_t)K);
+        ((uint16_t *)w->sp_vals)[i] = f32_to_f16(rng_normal(&r) * 0.5f);
+    }
     size_t nb = (size_t)R * weight_row_bytes(f, K);
     uint8_t *d = (uint8_t *)w->data;
     for (size_t i = 0; i < nb; i++)
@@ -62,11 +68,16 @@ static float *random_vec(size_t n, uint64_t seed) {
     return v;
 }
 
-// W as fp32 from the reference rows (weight_row_f32), not from quant_dequant_rows' SIMD ones.
+// W as fp32 from the reference rows (weight_row_f32 of the dense part), not from quant_dequant_rows' SIMD
+// ones; the sparse corrections added here, apart from the library's code for them.
 static float *dequant_all(const Weight *w) {
     float *d = malloc(sizeof(float) * (size_t)w->rows * w->cols);
+    Weight dense = *w;
+    dense.sparse = 0;
     for (int r = 0; r < w->rows; r++)
-        weight_row_f32(d + (size_t)r * w->cols, w, r);
+        weight_row_f32(d + (size_t)r * w->cols, &dense, r);
+    for (int i = 0; i < w->rows * w->sparse; i++)
+        d[(size_t)(i / w->sparse) * w->cols + w->sp_cols[i]] += f16_to_f32(w->sp_vals[i]);
     return d;
 }
 
@@ -115,7 +126,7 @@ static void check_forward(const float *out, const float *inp, const float *W, co
 
 typedef struct {
     WeightFormat f;
-    int K, group;
+    int K, group, sparse;
 } Case;
 
 // Odd widths exercise the scalar tails; group 6 exercises the portable fallback of q4g; fp32 at 1027
@@ -123,11 +134,13 @@ typedef struct {
 // 2053 columns 128 at a time; q4 and q4g32 at 2112 columns go two rows at a time from N = 6 where AVX-512
 // is there (19 rows: the last one alone).
 static const Case cases[] = {
-    {WF_Q8, 40, 0},  {WF_Q8, 37, 0},  {WF_Q4, 48, 0},     {WF_Q4, 37, 0},     {WF_Q4G, 64, 32},
-    {WF_Q4G, 96, 8}, {WF_Q4G, 36, 6}, {WF_Q4G, 48, 16}, {WF_Q2LUT, 40, 0},  {WF_Q2LUT, 39, 0},  {WF_BF16, 24, 0},
-    {WF_F16, 21, 0}, {WF_F32, 19, 0},  {WF_Q4, 200, 0},    {WF_Q2LUT, 203, 0}, {WF_Q4G, 256, 128},
-    {WF_Q8, 100, 0},  {WF_Q4LUT, 48, 0}, {WF_Q4LUT, 37, 0}, {WF_Q4LUT, 200, 0}, {WF_BF16, 203, 0}, {WF_F16, 200, 0},
-    {WF_F32, 1027, 0}, {WF_F32, 2053, 0}, {WF_Q4, 2112, 0}, {WF_Q4G, 2112, 32},
+    {WF_Q8, 40, 0, 0}, {WF_Q8, 37, 0, 0}, {WF_Q4, 48, 0, 0}, {WF_Q4, 37, 0, 0}, {WF_Q4G, 64, 32, 0},
+    {WF_Q4G, 96, 8, 0}, {WF_Q4G, 36, 6, 0}, {WF_Q4G, 48, 16, 0}, {WF_Q2LUT, 40, 0, 0}, {WF_Q2LUT, 39, 0, 0},
+    {WF_BF16, 24, 0, 0}, {WF_F16, 21, 0, 0}, {WF_F32, 19, 0, 0}, {WF_Q4, 200, 0, 0}, {WF_Q2LUT, 203, 0, 0},
+    {WF_Q4G, 256, 128, 0}, {WF_Q8, 100, 0, 0}, {WF_Q4LUT, 48, 0, 0}, {WF_Q4LUT, 37, 0, 0}, {WF_Q4LUT, 200, 0, 0},
+    {WF_BF16, 203, 0, 0}, {WF_F16, 200, 0, 0}, {WF_F32, 1027, 0, 0}, {WF_F32, 2053, 0, 0}, {WF_Q4, 2112, 0, 0},
+    {WF_Q4G, 2112, 32, 0},
+    {WF_Q2LUT, 40, 0, 3}, {WF_Q2LUT, 203, 0, 5}, {WF_Q4LUT, 37, 0, 2}, {WF_Q4LUT, 1, 0, 1}, // dense-and-sparse
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
@@ -135,7 +148,7 @@ static const Case cases[] = {
 static void make_weight(Weight *w, const Case *c, int R, uint64_t seed, void **own) {
     *own = NULL;
     if (weight_is_quantized(c->f)) {
-        random_weight(w, c->f, R, c->K, c->group, seed);
+        random_weight(w, c->f, R, c->K, c->group, c->sparse, seed);
         return;
     }
     float *v = random_vec((size_t)R * c->K, seed);
@@ -261,7 +274,7 @@ Test(quant_kernels, backward_matches_finite_differences) {
         for (int t = 0; t < 2; t++) {
             const int R = 11, K = 32, N = Ns[t];
             Weight w;
-            random_weight(&w, fs[fi], R, K, 16, 40 + fi);
+            random_weight(&w, fs[fi], R, K, 16, fs[fi] == WF_Q2LUT || fs[fi] == WF_Q4LUT ? 2 : 0, 40 + fi);
             float *x = random_vec((size_t)N * K, 1), *g = random_vec((size_t)N * R, 2);
             float *dx = calloc((size_t)N * K, sizeof(float)), *out = malloc(sizeof(float) * (size_t)N * R);
             cr_assert_eq(weight_matmul_backward_input(dx, g, &w, N, scratch), 0);
@@ -294,7 +307,7 @@ Test(quant_kernels, backward_matches_finite_differences) {
 
 Test(quant_kernels, decode_rejects_bad_n) {
     Weight w;
-    random_weight(&w, WF_Q8, 2, 8, 0, 1);
+    random_weight(&w, WF_Q8, 2, 8, 0, 0, 1);
     float x[9 * 8] = {0}, out[18];
     cr_assert_lt(quant_matmul_decode(out, x, &w, 9, scratch), 0);
     cr_assert_lt(quant_matmul_decode(out, x, &w, 0, scratch), 0);
@@ -321,7 +334,7 @@ Test(quant_kernels, table_kernels_match_portable) {
                 if (G)
                     K = G * (1 + wi % 3);
                 const int R = 13;
-                Case c = {(WeightFormat)f, K, G};
+                Case c = {(WeightFormat)f, K, G, 0};
                 Weight w;
                 void *own;
                 make_weight(&w, &c, R, 500 + 7 * wi + gi, &own);
@@ -355,13 +368,13 @@ Test(quant_kernels, table_kernels_match_portable) {
 // rounding bound.
 Test(quant_kernels, int8_inputs_outliers_and_zero_blocks) {
     threads_set(2);
-    static const Case big[] = {{WF_Q8, 896, 0}, {WF_Q4, 896, 0}, {WF_Q4G, 896, 32}, {WF_Q4, 4864, 0}, {WF_Q4G, 4864, 32},
-                               {WF_Q8, 4864, 0}};
+    static const Case big[] = {{WF_Q8, 896, 0, 0},  {WF_Q4, 896, 0, 0},  {WF_Q4G, 896, 32, 0},
+                               {WF_Q4, 4864, 0, 0}, {WF_Q4G, 4864, 32, 0}, {WF_Q8, 4864, 0, 0}};
     for (int ci = 0; ci < (int)(sizeof big / sizeof big[0]); ci++) {
         const Case *c = &big[ci];
         const int R = 7, K = c->K;
         Weight w;
-        random_weight(&w, c->f, R, K, c->group, 70 + ci);
+        random_weight(&w, c->f, R, K, c->group, c->sparse, 70 + ci);
         float *W = dequant_all(&w), *inp = random_vec((size_t)8 * K, 80 + ci), out[8 * 7];
         float *tile = malloc(sizeof(float) * quant_scratch_floats(K)); // for a build without the SIMD kernels
         for (int n = 0; n < 8; n++) {
@@ -388,14 +401,16 @@ Test(quant_kernels, int8_inputs_outliers_and_zero_blocks) {
 // reference rows bit for bit, at widths around the 8- and 16-element steps and every q4g group.
 Test(quant_kernels, dequant_rows_equal_reference_rows) {
     threads_set(2);
-    static const Case tiles[] = {{WF_Q8, 37, 0},  {WF_Q8, 896, 0},  {WF_Q4, 37, 0},   {WF_Q4, 48, 0},    {WF_Q4, 896, 0},
-                                 {WF_Q4G, 96, 8}, {WF_Q4G, 48, 16}, {WF_Q4G, 896, 32}, {WF_Q4G, 256, 64}, {WF_Q4G, 256, 128},
-                                 {WF_Q4LUT, 37, 0}, {WF_Q2LUT, 39, 0}};
+    static const Case tiles[] = {{WF_Q8, 37, 0, 0},     {WF_Q8, 896, 0, 0},    {WF_Q4, 37, 0, 0},
+                                 {WF_Q4, 48, 0, 0},     {WF_Q4, 896, 0, 0},    {WF_Q4G, 96, 8, 0},
+                                 {WF_Q4G, 48, 16, 0},   {WF_Q4G, 896, 32, 0},  {WF_Q4G, 256, 64, 0},
+                                 {WF_Q4G, 256, 128, 0}, {WF_Q4LUT, 37, 0, 0},  {WF_Q2LUT, 39, 0, 0},
+                                 {WF_Q2LUT, 39, 0, 4},  {WF_Q4LUT, 896, 0, 3}};
     for (int ci = 0; ci < (int)(sizeof tiles / sizeof tiles[0]); ci++) {
         const Case *c = &tiles[ci];
         const int R = 9;
         Weight w;
-        random_weight(&w, c->f, R, c->K, c->group, 200 + ci);
+        random_weight(&w, c->f, R, c->K, c->group, c->sparse, 200 + ci);
         float *tile = malloc(sizeof(float) * R * c->K), *ref = dequant_all(&w);
         quant_dequant_rows(tile, &w, 0, R);
         cr_assert(!memcmp(tile, ref, sizeof(float) * R * c->K), "%s K=%d g=%d: tile differs from the reference rows",

@@ -1,8 +1,8 @@
 // Quantized models: quantize -> save -> load gives the same logits as the in-memory quantized model
-// for every format (tied and untied, int8 or fp embeddings); the loaded dir keeps its packed
-// matrices mmapped; bad quantized dirs (missing scales, wrong packed size, unknown format, a group
-// size that does not divide) get one clear error naming the file and tensor; trainable loads are
-// refused; LoRA gradients through a quantized base match finite differences.
+// for every format (tied and untied, int8 or fp embeddings, dense-and-sparse); the loaded dir keeps its
+// packed matrices mmapped; bad quantized dirs (missing scales, wrong packed size, unknown format, a group
+// size that does not divide, sparse corrections off the matrix) get one clear error naming the file and
+// tensor; trainable loads are refused; LoRA gradients through a quantized base match finite differences.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -55,10 +55,17 @@ static float *logits_of(Model *m) {
     return out;
 }
 
+// weights: a --weights spec, or "SPEC+sN": SPEC with N sparse corrections per row (--sparse N).
 static void quantized_model(Model *m, int tied, const char *weights, const char *emb) {
     ModelConfig c = tiny(tied);
     cr_assert_eq(model_build_random(m, &c, 0.3f, 11), 0);
-    QuantizeOptions o = {.weights = weights, .embeddings = emb};
+    char spec[16];
+    snprintf(spec, sizeof spec, "%s", weights);
+    char *plus = strstr(spec, "+s");
+    int sparse = plus ? atoi(plus + 2) : 0;
+    if (plus)
+        *plus = 0;
+    QuantizeOptions o = {.weights = spec, .embeddings = emb, .sparse = sparse};
     QuantizeReport rep;
     cr_assert_eq(quantize_model(m, &o, NULL, NULL, &rep), 0, "%s", er_last_error());
     cr_assert_eq(m->trainable, 0);
@@ -76,6 +83,7 @@ static void roundtrip(int tied, const char *weights, const char *emb) {
     cr_assert_eq(model_load(&b, dir, 0), 0, "%s", er_last_error());
     cr_assert(b.quant.enabled);
     cr_assert_eq(b.layers[1].wup.fmt, a.layers[1].wup.fmt);
+    cr_assert_eq(b.layers[1].wup.sparse, a.layers[1].wup.sparse);
     cr_assert_eq(b.layers[1].wup.owned, NULL, "packed matrices are used in place (mmapped)");
     cr_assert_eq(b.owned_mats, NULL, "every tensor is aligned in the file: nothing copied");
     cr_assert_eq(b.embed.fmt, strcmp(emb, "int8") == 0 ? WF_Q8 : WF_F32);
@@ -102,8 +110,8 @@ static void roundtrip(int tied, const char *weights, const char *emb) {
 }
 
 Test(quant_model, roundtrip_every_format) {
-    const char *ws[] = {"q8", "q4", "q4g32", "q4g64", "q2lut", "q4lut"};
-    for (int i = 0; i < 6; i++)
+    const char *ws[] = {"q8", "q4", "q4g32", "q4g64", "q2lut", "q4lut", "q2lut+s3", "q4lut+s1"};
+    for (int i = 0; i < 8; i++)
         roundtrip(0, ws[i], "int8");
 }
 Test(quant_model, roundtrip_tied_and_fp_embeddings) {
@@ -295,6 +303,10 @@ Test(quant_model, missing_scale_tensor) {
     rewrite(d, "model.embed_tokens.weight_scale", NULL);
     expect_refused(d, "model.embed_tokens.weight_scale", "missing");
     free(d);
+    d = fresh("e", "q2lut+s2");
+    rewrite(d, "model.layers.1.self_attn.v_proj.weight_sparse_values", NULL);
+    expect_refused(d, "model.layers.1.self_attn.v_proj.weight_sparse_values", "missing");
+    free(d);
 }
 
 Test(quant_model, wrong_packed_size) {
@@ -341,6 +353,19 @@ Test(quant_model, bad_quantization_config) {
     set_config(d, "transforms", "quarot", 0);
     expect_refused(d, "transforms \"quarot\"", "not known");
     free(d);
+    // Sparse corrections: only with codebook weights; a count the tensors do not have.
+    d = fresh("i", "q4");
+    set_config(d, "sparse_per_row", "2", 1);
+    expect_refused(d, "config.json", "sparse_per_row 2");
+    free(d);
+    d = fresh("j", "q2lut+s2");
+    set_config(d, "sparse_per_row", "3", 1);
+    expect_refused(d, "weight_sparse_cols", "U16 [64,3]");
+    free(d);
+    d = fresh("k", "q2lut+s2");
+    set_config(d, "sparse_per_row", "65", 1); // more than the 64 columns of q_proj
+    expect_refused(d, "sparse_per_row 65 does not suit", "model.layers.0.self_attn.q_proj.weight");
+    free(d);
 }
 
 // Scales that are negative or not finite are refused at load, naming the tensor and the row.
@@ -363,6 +388,28 @@ Test(quant_model, bad_scales) {
             expect_refused(dir, "model.layers.1.mlp.down_proj.weight_scale", nan ? "nan at index 5" : "negative scale");
             free(dir);
         }
+}
+
+// Sparse corrections at a column the matrix does not have, or not finite: refused at load, naming the
+// tensor and the index.
+Test(quant_model, bad_sparse_corrections) {
+    for (int nan = 0; nan < 2; nan++) {
+        Model a;
+        quantized_model(&a, 0, "q2lut+s2", "int8");
+        Weight *w = &a.layers[1].wdown;
+        if (nan)
+            ((uint16_t *)w->sp_vals)[3] = 0x7E00;
+        else
+            ((uint16_t *)w->sp_cols)[5] = (uint16_t)w->cols;
+        char *dir = path_join(tmp, nan ? "nan" : "col");
+        cr_assert_eq(model_save(&a, dir, 0), 0, "%s", er_last_error());
+        model_free(&a);
+        if (nan)
+            expect_refused(dir, "model.layers.1.mlp.down_proj.weight_sparse_values", "nan at index 3");
+        else
+            expect_refused(dir, "model.layers.1.mlp.down_proj.weight_sparse_cols", "column 128 at index 5");
+        free(dir);
+    }
 }
 
 // ---- LoRA on a quantized base ----

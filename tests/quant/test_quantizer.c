@@ -1,6 +1,7 @@
 // Quantizer properties: the Lp scale search is never worse than min-max, the weighted k-means
 // objective never goes up, q2lut represents rows of <= 4 distinct values exactly, q8 and q4 round
-// trips stay within half a step, and importance weights steer the error.
+// trips stay within half a step, importance weights steer the error, GPTQ codes and dense-and-sparse
+// corrections lower the output error.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -307,6 +308,90 @@ Test(quantizer, gptq_codes_lower_the_output_error) {
     H[5 * K + 5] = keep, H[3 * K + 7] = INFINITY;
     cr_assert_lt(quantize_matrix(&w, W, R, K, NULL, &o), 0);
     cr_assert(strstr(er_last_error(), "not finite at (3, 7)"), "%s", er_last_error());
+    free(W), free(X), free(H);
+}
+
+// Dense-and-sparse: each row's corrections sit at its S columns of largest output energy H_kk w² (w² without
+// H), ascending; without H the corrected weights come out exact to the fp16 rounding of the correction;
+// with and without H the output error falls as S grows, and S = cols reproduces the matrix. Refused on a
+// format without a codebook and for more corrections than columns.
+Test(quantizer, dense_and_sparse_corrections) {
+    enum { R = 24, K = 48, N = 256, S = 3 };
+    float *W = heavy(R * K, 15), *X = malloc(sizeof(float) * N * K), *H = calloc((size_t)K * K, sizeof(float));
+    ErRng r;
+    rng_seed(&r, 16);
+    for (int n = 0; n < N; n++) {
+        float shared = rng_normal(&r);
+        for (int k = 0; k < K; k++)
+            X[n * K + k] = (0.7f * shared + rng_normal(&r)) * (k % 11 == 0 ? 6.0f : 1.0f);
+    }
+    for (int i = 0; i < K; i++)
+        for (int j = 0; j < K; j++)
+            for (int n = 0; n < N; n++)
+                H[i * K + j] += X[n * K + i] * X[n * K + j];
+    for (int gptq = 0; gptq < 2; gptq++) {
+        QuantOptions o;
+        quant_options_default(&o, WF_Q2LUT, 0);
+        o.hessian = gptq ? H : NULL;
+        double prev = INFINITY;
+        int counts[] = {0, 1, S, 8, K};
+        for (int ci = 0; ci < 5; ci++) {
+            o.sparse = counts[ci];
+            Weight w;
+            cr_assert_eq(quantize_matrix(&w, W, R, K, NULL, &o), 0, "%s", er_last_error());
+            cr_assert_eq(w.sparse, o.sparse);
+            double e = output_error(&w, W, X, N);
+            fprintf(stderr, "quantizer: q2lut%s, %2d sparse per row: output error %.5g\n", gptq ? " GPTQ" : "",
+                    o.sparse, e);
+            cr_assert(e < prev, "%d corrections per row: output error %g, not below %g", o.sparse, e, prev);
+            prev = e;
+            float row[K], dense[K];
+            Weight d = w;
+            d.sparse = 0;
+            for (int i = 0; i < R && o.sparse == S; i++) {
+                const float *x = W + (size_t)i * K;
+                const uint16_t *cols = w.sp_cols + (size_t)i * S;
+                double min_kept = INFINITY, max_left = 0;
+                for (int j = 0; j < S; j++) {
+                    cr_assert(j == 0 || cols[j] > cols[j - 1], "row %d: columns not ascending", i);
+                    int k = cols[j];
+                    min_kept = fmin(min_kept, (gptq ? H[k * K + k] : 1.0) * x[k] * x[k]);
+                }
+                for (int k = 0; k < K; k++) {
+                    int kept = 0;
+                    for (int j = 0; j < S; j++)
+                        kept |= cols[j] == k;
+                    if (!kept)
+                        max_left = fmax(max_left, (gptq ? H[k * K + k] : 1.0) * x[k] * x[k]);
+                }
+                cr_assert(min_kept >= max_left, "row %d: a corrected weight's energy %g below a dense one's %g", i,
+                          min_kept, max_left);
+                if (gptq)
+                    continue;
+                weight_row_f32(row, &w, i);
+                weight_row_f32(dense, &d, i);
+                for (int j = 0; j < S; j++) {
+                    int k = cols[j];
+                    double corr = fabs(row[k] - dense[k]);
+                    cr_assert(fabs(row[k] - x[k]) <= corr * 0x1p-11 + 1e-6, "row %d col %d: %g, want %g", i, k,
+                              row[k], x[k]);
+                }
+            }
+            if (o.sparse == K && !gptq)
+                cr_assert(e < 1e-5 * output_error(&d, W, X, N), "every weight corrected: output error %g", e);
+            weight_free(&w);
+        }
+    }
+    QuantOptions o;
+    quant_options_default(&o, WF_Q4, 0);
+    o.sparse = 2;
+    Weight w;
+    cr_assert_lt(quantize_matrix(&w, W, R, K, NULL, &o), 0);
+    cr_assert(strstr(er_last_error(), "codebook"), "%s", er_last_error());
+    quant_options_default(&o, WF_Q2LUT, 0);
+    o.sparse = K + 1;
+    cr_assert_lt(quantize_matrix(&w, W, R, K, NULL, &o), 0);
+    cr_assert(strstr(er_last_error(), "do not fit"), "%s", er_last_error());
     free(W), free(X), free(H);
 }
 
