@@ -589,8 +589,11 @@ static int check_save_formats(const Model *m, const char *dir) {
         if (ok)
             continue;
         char spec[16];
-        return er_error(ER_EINVAL, "model_save %s: \"%s\" is %s but the model's quantization_config says %s", dir,
-                        p->name, weight_format_name(p->w->fmt), quant_spec_name(want, group, spec));
+        return er_error(ER_EINVAL,
+                        "model_save %s: \"%s\" is %s with %d sparse corrections per row but the model's "
+                        "quantization_config says %s with %d",
+                        dir, p->name, weight_format_name(p->w->fmt), p->w->sparse, quant_spec_name(want, group, spec),
+                        sparse);
     }
     return ER_OK;
 }

@@ -92,12 +92,17 @@ int quant_packed_load(Weight *w, WeightFormat f, int group, int sparse, int rows
     w->sparse = sparse;
     w->data = t->data; // bytes: always aligned
     for (int i = 0; i < fi->n_comp; i++)
-        if (fi->comp[i].shape != WC_SPARSE || sparse)
+        if (weight_companion_stored(&fi->comp[i], sparse))
             ER_TRY(load_companion(w, fi, &fi->comp[i], name, dir, src));
+    char cname[128];
+    snprintf(cname, sizeof cname, "%s_sparse_cols", name);
+    if (!sparse && fi->levels && src->find(src->ctx, cname, &path))
+        return er_error(ER_EFORMAT,
+                        "%s: tensor \"%s\" holds sparse corrections but %s/config.json's quantization_config has no "
+                        "sparse_per_row",
+                        path, cname, dir);
     for (size_t i = 0; i < (size_t)rows * (size_t)sparse; i++)
         if (w->sp_cols[i] >= cols) {
-            char cname[128];
-            snprintf(cname, sizeof cname, "%s_sparse_cols", name);
             src->find(src->ctx, cname, &path);
             return er_error(ER_EFORMAT, "%s: tensor \"%s\" holds column %u at index %zu (\"%s\" has %d columns)", path,
                             cname, w->sp_cols[i], i, name, cols);
@@ -111,7 +116,7 @@ int quant_packed_tensors(const Weight *w, const char *name, StWriteTensor *ts, c
     int n = 1;
     for (int i = 0; i < fi->n_comp; i++) {
         const WeightCompanion *c = &fi->comp[i];
-        if (c->shape == WC_SPARSE && !w->sparse)
+        if (!weight_companion_stored(c, w->sparse))
             continue;
         int64_t d1 = companion_cols(fi, c, w);
         snprintf(names[i], 128, "%s%s", name, c->suffix);

@@ -741,13 +741,30 @@ void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order) {
 }
 #endif
 
+// out (N, rows) += inp (N, cols) · Sᵀ, S the sparse corrections of a dense-and-sparse weight (the decode
+// kernels compute the dense product only).
+static void sparse_matmul(float *out, const float *inp, const Weight *w, int N) {
+    if (!w->sparse)
+        return;
+    int R = w->rows, K = w->cols;
+#pragma omp parallel for schedule(static) if ((long)R * w->sparse * N >= THREADS_MIN_WORK)
+    for (int r = 0; r < R; r++) {
+        const uint16_t *c = w->sp_cols + (size_t)r * w->sparse, *v = w->sp_vals + (size_t)r * w->sparse;
+        for (int j = 0; j < w->sparse; j++) {
+            float val = f16_to_f32(v[j]);
+            for (int n = 0; n < N; n++)
+                out[(size_t)n * R + r] += val * inp[(size_t)n * K + c[j]];
+        }
+    }
+}
+
 int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, float *scratch) {
     ER_TRY(check_decode(w, N, scratch));
     const WeightFormatInfo *fi = weight_format_info(w->fmt);
     if (fi->decode) {
         int rc = fi->decode(out, inp, w, N);
         if (rc == ER_OK)
-            weight_sparse_matmul(out, inp, w, N);
+            sparse_matmul(out, inp, w, N);
         if (rc != WEIGHT_DECODE_DECLINED)
             return rc;
     }

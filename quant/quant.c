@@ -56,7 +56,7 @@ int quant_weight_alloc(Weight *w, WeightFormat f, int rows, int cols, int group,
     w->data = mem;
     w->owned = mem;
     for (int i = 0; i < fi->n_comp; i++)
-        if (fi->comp[i].shape != WC_SPARSE || sparse)
+        if (weight_companion_stored(&fi->comp[i], sparse))
             *(const void **)((char *)w + fi->comp[i].field) = mem + off[1 + i];
     return ER_OK;
 }

@@ -346,7 +346,7 @@ static int sparse_fill(Weight *w, const float *src) {
         for (int r = 0; r < w->rows; r++) {
             if (!row)
                 continue;
-            weight_row_f32(row, w, r); // the values are still 0: the dense row
+            weight_format_info(w->fmt)->dequant_row(row, w, r); // the dense row
             for (int j = 0; j < w->sparse; j++) {
                 size_t i = (size_t)r * w->sparse + j;
                 int k = w->sp_cols[i];
@@ -637,7 +637,7 @@ static int lut_output_error(Weight *w, const float *src, const float *H, QuantGp
         for (int r = 0; r < rows; r++) {
             if (rc != ER_OK || !sw || !a || (w->sparse && (!sp || !sv)))
                 continue;
-            const uint16_t *spc = w->sp_cols + (size_t)r * w->sparse;
+            const uint16_t *spc = w->sparse ? w->sp_cols + (size_t)r * w->sparse : NULL;
             for (int j = 0; j < w->sparse; j++)
                 sp[spc[j]] = 1;
             uint16_t *lut = (uint16_t *)&w->lut[(size_t)r * k];
@@ -711,13 +711,14 @@ int quantize_matrix(Weight *w, const float *src, int rows, int cols, const float
         weight_free(w);
         return er_error(ER_ENOMEM, "quantize_matrix: out of memory for row scratch");
     }
-    if (o->hessian && weight_format_info(o->fmt)->levels && !o->uniform) {
-        int rc = lut_output_error(w, src, o->hessian, o->gptq_cache);
-        if (rc < 0)
-            weight_free(w);
-        return rc;
-    }
-    int rc = S ? sparse_fill(w, src) : ER_OK;
+    int rc = o->hessian && weight_format_info(o->fmt)->levels && !o->uniform
+                 ? lut_output_error(w, src, o->hessian, o->gptq_cache)
+             : S ? sparse_fill(w, src)
+                 : ER_OK;
+    for (size_t i = 0; rc == ER_OK && i < (size_t)rows * S; i++)
+        if (!isfinite(f16_to_f32(w->sp_vals[i])))
+            rc = er_error(ER_ERANGE, "quantize_matrix: the sparse correction of row %zu, column %u, is beyond fp16's "
+                          "range", i / (size_t)S, w->sp_cols[i]);
     if (rc < 0)
         weight_free(w);
     return rc;

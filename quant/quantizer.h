@@ -60,7 +60,7 @@ typedef struct {
                           // feedback and the codebooks refitted to the output error (below).
     QuantGptqCache *gptq_cache; // with hessian: its factor is reused when the last one factored into it was
                                 // of the same H (pointer) and cols; NULL = factor for this matrix alone
-    int sparse;         // WF_Q2LUT / WF_Q4LUT: dense-and-sparse corrections per row (default 0; below)
+    int sparse;         // WF_Q2LUT / WF_Q4LUT: dense-and-sparse corrections per row (default 0; above)
 } QuantOptions;
 
 void quant_options_default(QuantOptions *o, WeightFormat fmt, int group);

@@ -6,7 +6,6 @@
 
 #include "core/alloc.h"
 #include "core/dtype.h"
-#include "core/threads.h"
 #include "quant/qkernel.h"
 
 // ---- the reference dequantizers (layouts in weight.h) ----
@@ -169,20 +168,6 @@ void weight_sparse_add_row(float *dst, const Weight *w, int r) {
         dst[c[j]] += f16_to_f32(v[j]);
 }
 
-void weight_sparse_matmul(float *out, const float *inp, const Weight *w, int N) {
-    if (!w->sparse)
-        return;
-    int R = w->rows, K = w->cols;
-#pragma omp parallel for schedule(static) if ((long)R * w->sparse * N >= THREADS_MIN_WORK)
-    for (int r = 0; r < R; r++) {
-        const uint16_t *c = w->sp_cols + (size_t)r * w->sparse, *v = w->sp_vals + (size_t)r * w->sparse;
-        for (int j = 0; j < w->sparse; j++) {
-            float val = f16_to_f32(v[j]);
-            for (int n = 0; n < N; n++)
-                out[(size_t)n * R + r] += val * inp[(size_t)n * K + c[j]];
-        }
-    }
-}
 
 void weight_free(Weight *w) {
     if (!w->owned)

@@ -66,8 +66,8 @@ typedef enum {
 // A tensor stored beside the packed data "X.weight", named "X.weight" + suffix.
 typedef struct {
     const char *suffix;         // "_scale", "_zero", "_codebook", "_sparse_cols", "_sparse_values"
-    const char *what;           // for messages: "scales", "group scales", "group zeros", "codebooks"
-    ErDType dtype;              // DT_F32 or DT_F16
+    const char *what;           // for messages: "scales", "group scales", "group zeros", "codebooks", ...
+    ErDType dtype;              // DT_F32, DT_F16 (DT_U16: sparse columns)
     WeightCompanionShape shape;
     size_t field;               // offsetof(Weight, ...): the pointer it fills
     int nonneg;                 // values must be >= 0 (scales; 0 is an all-zero row)
@@ -81,14 +81,17 @@ typedef struct {
     const char *name;           // "f32", "bf16", "f16", "q8", "q4", "q4g", "q4lut", "q2lut"
     int bits;                   // per element of `data` (row bytes: ceil(cols * bits / 8))
     int quantized;              // packed codes (frozen: no gradients, no in-place training)
-    int levels;                 // codebook formats: entries per row (WC_LEVELS); else 0. They may be sparse.
+    int levels;                 // codebook formats: entries per row (WC_LEVELS), else 0; only these take sparse
+                                // corrections (WC_SPARSE companions)
     ErDType dtype;              // of the data tensor in a file: the float type, or I8 / U8 for packed rows
     int n_comp;
     WeightCompanion comp[WEIGHT_MAX_COMPANIONS];
-    // Row r as fp32 (cols), single thread: the reference every kernel is tested against.
+    // Row r as fp32 (cols), single thread, the dense part only (weight_row_f32 adds the sparse corrections):
+    // the reference every kernel is tested against.
     void (*dequant_row)(float *dst, const Weight *w, int r);
-    // Decode kernel (1 <= N <= 8 input rows, quant/qkernel.h): out (N, rows) = inp (N, cols) · Wᵀ. NULL, or
-    // a return of WEIGHT_DECODE_DECLINED for a weight it does not take: the portable path (dequant_row + dot).
+    // Decode kernel (1 <= N <= 8 input rows, quant/qkernel.h): out (N, rows) = inp (N, cols) · Wᵀ, the dense
+    // part (quant_matmul_decode adds the sparse corrections). NULL, or a return of WEIGHT_DECODE_DECLINED for a
+    // weight it does not take: the portable path (weight_row_f32 + dot).
     int (*decode)(float *out, const float *inp, const Weight *w, int N);
     // GEMM path for more rows: 1: sgemm reads `data` in place (fp32); 0: rows are widened to fp32 tile by
     // tile into the caller's scratch, then sgemm.
@@ -105,6 +108,10 @@ int weight_is_quantized(WeightFormat f);
 int weight_format_grouped(WeightFormat f);
 // Bytes of one packed row of `data` (elements * size for the float formats).
 size_t weight_row_bytes(WeightFormat f, int cols);
+// 1 when companion c is stored for a weight with `sparse` corrections per row (the sparse ones only then).
+static inline int weight_companion_stored(const WeightCompanion *c, int sparse) {
+    return c->shape != WC_SPARSE || sparse > 0;
+}
 // Elements of companion c of a (rows, cols) matrix (group: Q4G's; sparse: corrections per row).
 size_t weight_companion_numel(const WeightFormatInfo *fi, const WeightCompanion *c, int rows, int cols, int group,
                               int sparse);
@@ -116,8 +123,6 @@ double weight_bits_per_weight(const Weight *w);
 void weight_row_f32(float *dst, const Weight *w, int r);
 // dst (cols) += row r's sparse corrections (nothing when w->sparse = 0).
 void weight_sparse_add_row(float *dst, const Weight *w, int r);
-// out (N, rows) += inp (N, cols) · Sᵀ, S the sparse corrections (nothing when w->sparse = 0).
-void weight_sparse_matmul(float *out, const float *inp, const Weight *w, int N);
 // Frees w->owned (and clears the pointers into it). Safe on a zeroed Weight.
 void weight_free(Weight *w);
 

@@ -49,6 +49,9 @@ const char *quantize_weights_list(char *buf, size_t n, const char *sep, const ch
     return buf;
 }
 
+#define SPARSE_FORMATS_ERROR                                                                                     \
+    "--sparse %d: sparse corrections are for the k-means codebook formats (q2lut, q4lut), not --weights %s"
+
 int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) {
     memset(plan, 0, sizeof *plan);
     QuantConfig *q = &plan->q;
@@ -86,8 +89,7 @@ int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) 
         return er_error(ER_EINVAL, "--scale-search \"%s\" must be lp or minmax", ss);
     plan->minmax = strcmp(ss, "minmax") == 0;
     if (o->sparse && (!weight_format_info(q->linear)->levels || plan->linear_uniform))
-        return er_error(ER_EINVAL, "--sparse %d: sparse corrections are for the k-means codebook formats (q2lut, "
-                        "q4lut), not --weights %s", o->sparse, o->weights);
+        return er_error(ER_EINVAL, SPARSE_FORMATS_ERROR, o->sparse, o->weights);
     q->sparse = o->sparse;
     // Check every matrix fits its format before any work.
     for (int i = 0; i < m->n_params; i++) {
@@ -606,6 +608,8 @@ static int quantize_check(const QuantizeConfig *c, int *to_bf16, const char **se
     if (!c->q.weights || (!*to_bf16 && quantize_parse_weights(c->q.weights, &f, &g, &u) < 0))
         return er_error(ER_EINVAL, "--weights \"%s\" is not one of bf16, %s", c->q.weights ? c->q.weights : "",
                         quantize_weights_list(specs, sizeof specs, ", ", " or "));
+    if (c->q.sparse && (*to_bf16 || !weight_format_info(f)->levels || u))
+        return er_error(ER_EINVAL, SPARSE_FORMATS_ERROR, c->q.sparse, c->q.weights);
     return ER_OK;
 }
 

@@ -204,7 +204,8 @@ static const char *quantize_ok(const char *name, const char *flags, char **out_t
 }
 
 // --transforms fpt-trained: the transforms trained (metrics.jsonl, checkpoint/, run.json's "fpt") and
-// merged without changing the float model's NLL; q2lut with --calib gets GPTQ codes ("-gptq" method).
+// merged without changing the float model's NLL; q2lut with --calib gets GPTQ codes ("-gptq" method), and
+// with --sparse its corrections.
 Test(quant_cli, fpt_trained_and_gptq_codes) {
     need_programs();
     cJSON *none = helper_read_json(quantize_ok("f_none", "--weights q4", NULL), "run.json");
@@ -241,12 +242,30 @@ Test(quant_cli, fpt_trained_and_gptq_codes) {
         helper_result_free(&rr);
     }
     char *text = NULL;
-    cfg = helper_read_json(quantize_ok("g", "--weights q2lut", &text), "config.json");
+    dir = quantize_ok("g", "--weights q2lut", &text);
+    cfg = helper_read_json(dir, "config.json");
+    cJSON *dense = helper_read_json(dir, "run.json");
     cr_assert(strstr(text, "gptq:"), "%s", text);
     q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(q, "method")->valuestring, "kmeans-fisher-gptq");
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(q, "sparse_per_row"));
     cJSON_Delete(cfg);
     free(text);
+    // Dense-and-sparse: the corrections are in the dir and cost their 32 bits each (what they buy is
+    // quantizer::dense_and_sparse_corrections'; on this random model the NLL moves either way).
+    dir = quantize_ok("gs", "--weights q2lut --sparse 4", NULL);
+    cfg = helper_read_json(dir, "config.json"), run = helper_read_json(dir, "run.json");
+    q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(q, "sparse_per_row")->valueint, 4);
+    double bits0 = cJSON_GetObjectItemCaseSensitive(dense, "bits_per_weight")->valuedouble,
+           bits1 = cJSON_GetObjectItemCaseSensitive(run, "bits_per_weight")->valuedouble,
+           nll0 = cJSON_GetObjectItemCaseSensitive(dense, "nll_after")->valuedouble,
+           nll1 = cJSON_GetObjectItemCaseSensitive(run, "nll_after")->valuedouble;
+    fprintf(stderr, "quant_cli: q2lut %.3f bits/weight, NLL %.4f; with 4 sparse per row %.3f, %.4f\n", bits0, nll0,
+            bits1, nll1);
+    cr_assert(bits1 > bits0 && isfinite(nll1), "sparse: %.3f bits, NLL %.4f; dense %.3f, %.4f", bits1, nll1, bits0,
+              nll0);
+    cJSON_Delete(cfg), cJSON_Delete(run), cJSON_Delete(dense);
 }
 
 // Activations that overflow (a v_proj of huge finite weights) make GPTQ's input second moments of the
@@ -293,6 +312,10 @@ Test(quant_cli, bad_flags_are_one_line_errors) {
         {"--weights q2lut --error-feedback gptq", "--calib"},
         {"--weights q4 --error-feedback gptq --calib x.jsonl", "k-means codebook"},
         {"--weights q2lut --error-feedback more --calib x.jsonl", "--error-feedback"},
+        {"--weights q4 --sparse 2", "--sparse 2"},
+        {"--weights q2rtn --sparse 1", "k-means codebook"},
+        {"--weights bf16 --sparse 1", "k-means codebook"},
+        {"--weights q2lut --sparse 65536", "do not fit"},
         {"", "--weights"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -83,7 +83,9 @@ static void roundtrip(int tied, const char *weights, const char *emb) {
     cr_assert_eq(model_load(&b, dir, 0), 0, "%s", er_last_error());
     cr_assert(b.quant.enabled);
     cr_assert_eq(b.layers[1].wup.fmt, a.layers[1].wup.fmt);
-    cr_assert_eq(b.layers[1].wup.sparse, a.layers[1].wup.sparse);
+    const char *plus = strstr(weights, "+s");
+    cr_assert_eq(b.layers[1].wup.sparse, plus ? atoi(plus + 2) : 0, "%s: sparse corrections per row", weights);
+    cr_assert_eq(b.embed.sparse + b.lm_head.sparse, 0, "%s: only the layer projections are sparse", weights);
     cr_assert_eq(b.layers[1].wup.owned, NULL, "packed matrices are used in place (mmapped)");
     cr_assert_eq(b.owned_mats, NULL, "every tensor is aligned in the file: nothing copied");
     cr_assert_eq(b.embed.fmt, strcmp(emb, "int8") == 0 ? WF_Q8 : WF_F32);
@@ -365,6 +367,10 @@ Test(quant_model, bad_quantization_config) {
     d = fresh("k", "q2lut+s2");
     set_config(d, "sparse_per_row", "65", 1); // more than the 64 columns of q_proj
     expect_refused(d, "sparse_per_row 65 does not suit", "model.layers.0.self_attn.q_proj.weight");
+    free(d);
+    d = fresh("l", "q2lut+s2");
+    set_config(d, "sparse_per_row", "0", 1); // the corrections would be dropped without a word
+    expect_refused(d, "model.layers.0.self_attn.q_proj.weight_sparse_cols", "no sparse_per_row");
     free(d);
 }
 

@@ -382,6 +382,29 @@ Test(quantizer, dense_and_sparse_corrections) {
             weight_free(&w);
         }
     }
+    // Rows of 4 distinct values plus one outlier: with S = 1 the outlier is the correction and the codebook
+    // fits the 4 values exactly (had it seen the outlier, a level would sit near it).
+    for (int gptq = 0; gptq < 2; gptq++) {
+        float V[R * K];
+        for (int i = 0; i < R; i++)
+            for (int k = 0; k < K; k++)
+                V[i * K + k] = k == (7 * i) % K ? 40.0f + i : 0.25f * (float)((k * 5 + i) % 4) - 0.3f;
+        QuantOptions o;
+        quant_options_default(&o, WF_Q2LUT, 0);
+        o.hessian = gptq ? H : NULL;
+        o.sparse = 1;
+        Weight w;
+        cr_assert_eq(quantize_matrix(&w, V, R, K, NULL, &o), 0, "%s", er_last_error());
+        float row[K];
+        for (int i = 0; i < R; i++) {
+            cr_assert_eq(w.sp_cols[i], (7 * i) % K, "row %d: the outlier is not the correction", i);
+            weight_row_f32(row, &w, i);
+            for (int k = 0; k < K; k++)
+                cr_assert(fabsf(row[k] - V[i * K + k]) <= 0.02f + 0x1p-11f * fabsf(V[i * K + k]),
+                          "%s row %d col %d: %g, want %g", gptq ? "GPTQ" : "k-means", i, k, row[k], V[i * K + k]);
+        }
+        weight_free(&w);
+    }
     QuantOptions o;
     quant_options_default(&o, WF_Q4, 0);
     o.sparse = 2;
