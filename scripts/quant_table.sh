@@ -25,6 +25,7 @@
 #   --recluster-every K   QAT codebook refresh [5]
 #   --calib FILE          calibration records of every quantize row (Fisher, GPTQ codes, fpt-trained) [--adapter-data]
 #   --calib-n N [16]      --fpt-steps N [200]          --fpt-local-steps N [100]
+#   --sparse S            dense-and-sparse corrections per row of the "q2 LUT + S sparse" rows [2]
 #   --no-outliers         skips the outlier-model sections (ertrain outliers --calib CALIB --seed 1: residual
 #                         alignment + norm-scale and MLP outliers; and with --min 1 --max 1: the alignment alone)
 #   --qamr-all            also train an adapter on every base (a column "acc, own adapter")
@@ -60,7 +61,7 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 MODEL="" ADAPTER_DATA="" EVAL="" HELDOUT="" OUT=""
 STEPS=40 EVAL_N=100 HELDOUT_N=200 SFT_BATCH=8 SFT_LR=2e-3 QAT_LR=5e-4 QAT_BATCH=8 QAT_DATA="" RECLUSTER=5
 QAMR_ALL=0 LARGE=1 LARGE_CONFIG=configs/qwen05b-2l.json LARGE_HELDOUT_N=40 THREADS=1
-CALIB="" CALIB_N=16 FPT_STEPS=200 FPT_LOCAL=100 OUTLIERS=1
+CALIB="" CALIB_N=16 FPT_STEPS=200 FPT_LOCAL=100 OUTLIERS=1 SPARSE=2
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "quant_table: $*" >&2; exit 1; }
 while [ $# -gt 0 ]; do
@@ -85,6 +86,7 @@ while [ $# -gt 0 ]; do
     --fpt-steps) FPT_STEPS=$2; shift 2 ;;
     --fpt-local-steps) FPT_LOCAL=$2; shift 2 ;;
     --no-outliers) OUTLIERS=0; shift ;;
+    --sparse) SPARSE=$2; shift 2 ;;
     --large-config) LARGE_CONFIG=$2; shift 2 ;;
     --no-large) LARGE=0; shift ;;
     --large-heldout-n) LARGE_HELDOUT_N=$2; shift 2 ;;
@@ -101,7 +103,7 @@ done
 [ -z "$HELDOUT" ] || [ -f "$HELDOUT" ] || die "--heldout-nll $HELDOUT: no such file"
 [ "$LARGE" = 0 ] || [ -f "$LARGE_CONFIG" ] || die "--large-config $LARGE_CONFIG: no such file"
 for n in "$STEPS" "$EVAL_N" "$HELDOUT_N" "$LARGE_HELDOUT_N" "$SFT_BATCH" "$QAT_BATCH" "$RECLUSTER" "$THREADS" \
-         "$CALIB_N"; do
+         "$CALIB_N" "$SPARSE"; do
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] || die "counts must be whole numbers >= 1 (got \"$n\")"
 done
 for n in "$FPT_STEPS" "$FPT_LOCAL"; do
@@ -163,6 +165,7 @@ SMALL_ROWS=(
   "q2rtn|q2 RTN|quantize --weights q2rtn $CAL"
   "q2lut|q2 k-means LUT, GPTQ codes|quantize --weights q2lut $CAL"
   "q2lutfptt|q2 LUT + fpt-trained|quantize --weights q2lut --transforms fpt-trained $FPT $CAL"
+  "q2luts|q2 LUT + $SPARSE sparse per row|quantize --weights q2lut --sparse $SPARSE $CAL"
   "q2qat|q2 QAT|qat"
 )
 # The outlier model: the rows the transforms and the 2-bit quantizers are compared on.
@@ -174,6 +177,7 @@ OUTLIER_ROWS=(
   "q2rtn|q2 RTN|quantize --weights q2rtn $CAL"
   "q2lut|q2 k-means LUT, GPTQ codes|quantize --weights q2lut $CAL"
   "q2lutfptt|q2 LUT + fpt-trained|quantize --weights q2lut --transforms fpt-trained $FPT $CAL"
+  "q2luts|q2 LUT + $SPARSE sparse per row|quantize --weights q2lut --sparse $SPARSE $CAL"
   "q2qat|q2 QAT|qat"
 )
 base_dir() { if [ "$1" = fp32 ]; then echo "$2"; else echo "$3/bases/$1"; fi; }
@@ -249,6 +253,7 @@ TABLE_ROWS=(
   "q2lut|q2 LUT (GPTQ codes)|q2lut|fp32"
   "q2lut_qamr|q2 LUT + QAMR|q2lut|q2lut"
   "q2lutfptt_qamr|q2 LUT + fpt-trained + QAMR|q2lutfptt|q2lutfptt"
+  "q2luts_qamr|q2 LUT + $SPARSE sparse per row + QAMR|q2luts|q2luts"
   "q2qat_qamr|q2 QAT + QAMR|q2qat|q2qat"
 )
 OUTLIER_TABLE_ROWS=(
@@ -259,6 +264,7 @@ OUTLIER_TABLE_ROWS=(
   "q2rtn|q2 RTN|q2rtn|fp32"
   "q2lut_qamr|q2 LUT + QAMR|q2lut|q2lut"
   "q2lutfptt_qamr|q2 LUT + fpt-trained + QAMR|q2lutfptt|q2lutfptt"
+  "q2luts_qamr|q2 LUT + $SPARSE sparse per row + QAMR|q2luts|q2luts"
   "q2qat_qamr|q2 QAT + QAMR|q2qat|q2qat"
 )
 
@@ -287,7 +293,7 @@ section() {
   done
 }
 
-OWN=(fp32 q4 q4fpt q4fptt q2lut q2lutfptt q2qat)
+OWN=(fp32 q4 q4fpt q4fptt q2lut q2lutfptt q2luts q2qat)
 section "$MODEL" "$OUT" 1 "${OWN[@]}" -- "${SMALL_ROWS[@]}" -- "${TABLE_ROWS[@]}"
 OMODEL=$OUT/outlier-model
 if [ "$OUTLIERS" = 1 ]; then
@@ -405,7 +411,8 @@ def human(b):
     return "%.2f MiB" % (b / 1048576) if b >= 1048576 else "%.1f KiB" % (b / 1024)
 
 adapter_label = {"fp32": "fp32 SFT", "q4": "QAMR on q4", "q4fpt": "QAMR on q4 + fpt", "q4fptt": "QAMR on q4 + fpt-trained",
-                 "q2lut": "QAMR on q2 LUT", "q2lutfptt": "QAMR on q2 LUT + fpt-trained", "q2qat": "QAMR on q2 QAT"}
+                 "q2lut": "QAMR on q2 LUT", "q2lutfptt": "QAMR on q2 LUT + fpt-trained",
+                 "q2luts": "QAMR on q2 LUT + sparse", "q2qat": "QAMR on q2 QAT"}
 
 def section(root, fp, trows, with_bench):
     res = []
@@ -452,10 +459,14 @@ def targets(res, root):
     if all(k in g for k in ("q2rtn", "q2lut_qamr", "q2lutfptt_qamr", "q2qat_qamr")) and g["q2rtn"] > 0:
         t["w2_lut_over_rtn_gap"] = round(g["q2lut_qamr"] / g["q2rtn"], 3)
         t["w2_lut_fptt_over_rtn_gap"] = round(g["q2lutfptt_qamr"] / g["q2rtn"], 3)
+        if "q2luts_qamr" in g:
+            t["w2_lut_sparse_over_rtn_gap"] = round(g["q2luts_qamr"] / g["q2rtn"], 3)
     if "w2_lut_over_rtn_gap" in t and a["fp32"]:
         t["w2_lut_qamr_over_fp_accuracy"] = round(a["q2lut_qamr"] / a["fp32"], 3)
         t["w2_lut_fptt_qamr_over_fp_accuracy"] = round(a["q2lutfptt_qamr"] / a["fp32"], 3)
         t["w2_qat_qamr_over_fp_accuracy"] = round(a["q2qat_qamr"] / a["fp32"], 3)
+        if "q2luts_qamr" in a:
+            t["w2_lut_sparse_qamr_over_fp_accuracy"] = round(a["q2luts_qamr"] / a["fp32"], 3)
     return t
 
 small = section(out, model, rows, True)
@@ -524,13 +535,17 @@ def target_lines(t):
                      100 * t["w4_gap_closed_by_fpt_trained"], 100 * t["w4_gap_closed_by_fpt_trained_se"],
                      t["w4_fpt_trained_minus_fpt"], t["w4_fpt_trained_minus_fpt_se"]))
     if "w2_lut_over_rtn_gap" in t:
-        L.append("- W2: NLL gap of the LUT / that of RTN = %.3f (target <= 0.333); with fpt-trained %.3f" % (
-            t["w2_lut_over_rtn_gap"], t["w2_lut_fptt_over_rtn_gap"]))
+        L.append("- W2: NLL gap of the LUT / that of RTN = %.3f (target <= 0.333); with fpt-trained %.3f%s" % (
+            t["w2_lut_over_rtn_gap"], t["w2_lut_fptt_over_rtn_gap"],
+            "; with sparse corrections %.3f" % t["w2_lut_sparse_over_rtn_gap"] if "w2_lut_sparse_over_rtn_gap" in t
+            else ""))
     if "w2_lut_qamr_over_fp_accuracy" in t:
+        sparse = ("LUT + sparse + QAMR %.0f%%, " % (100 * t["w2_lut_sparse_qamr_over_fp_accuracy"])
+                  if "w2_lut_sparse_qamr_over_fp_accuracy" in t else "")
         L.append("- W2 accuracy / fp32 accuracy: LUT + QAMR %.0f%% (target >= 90%%), LUT + fpt-trained + QAMR %.0f%%, "
-                 "QAT + QAMR %.0f%%" % (100 * t["w2_lut_qamr_over_fp_accuracy"],
-                                        100 * t["w2_lut_fptt_qamr_over_fp_accuracy"],
-                                        100 * t["w2_qat_qamr_over_fp_accuracy"]))
+                 "%sQAT + QAMR %.0f%%" % (100 * t["w2_lut_qamr_over_fp_accuracy"],
+                                          100 * t["w2_lut_fptt_qamr_over_fp_accuracy"], sparse,
+                                          100 * t["w2_qat_qamr_over_fp_accuracy"]))
     return L
 
 L = ["# Quantization table\n"]
