@@ -55,17 +55,19 @@ static float *logits_of(Model *m) {
     return out;
 }
 
-// weights: a --weights spec, or "SPEC+sN": SPEC with N sparse corrections per row (--sparse N).
+// The N of a test spec "SPEC+sN" (SPEC with N sparse corrections per row, --sparse N); 0 for a plain spec.
+static int spec_sparse(const char *weights) {
+    const char *plus = strstr(weights, "+s");
+    return plus ? atoi(plus + 2) : 0;
+}
+
+// weights: a --weights spec, or "SPEC+sN" (spec_sparse).
 static void quantized_model(Model *m, int tied, const char *weights, const char *emb) {
     ModelConfig c = tiny(tied);
     cr_assert_eq(model_build_random(m, &c, 0.3f, 11), 0);
     char spec[16];
-    snprintf(spec, sizeof spec, "%s", weights);
-    char *plus = strstr(spec, "+s");
-    int sparse = plus ? atoi(plus + 2) : 0;
-    if (plus)
-        *plus = 0;
-    QuantizeOptions o = {.weights = spec, .embeddings = emb, .sparse = sparse};
+    snprintf(spec, sizeof spec, "%.*s", (int)strcspn(weights, "+"), weights);
+    QuantizeOptions o = {.weights = spec, .embeddings = emb, .sparse = spec_sparse(weights)};
     QuantizeReport rep;
     cr_assert_eq(quantize_model(m, &o, NULL, NULL, &rep), 0, "%s", er_last_error());
     cr_assert_eq(m->trainable, 0);
@@ -83,8 +85,7 @@ static void roundtrip(int tied, const char *weights, const char *emb) {
     cr_assert_eq(model_load(&b, dir, 0), 0, "%s", er_last_error());
     cr_assert(b.quant.enabled);
     cr_assert_eq(b.layers[1].wup.fmt, a.layers[1].wup.fmt);
-    const char *plus = strstr(weights, "+s");
-    cr_assert_eq(b.layers[1].wup.sparse, plus ? atoi(plus + 2) : 0, "%s: sparse corrections per row", weights);
+    cr_assert_eq(b.layers[1].wup.sparse, spec_sparse(weights), "%s: sparse corrections per row", weights);
     cr_assert_eq(b.embed.sparse + b.lm_head.sparse, 0, "%s: only the layer projections are sparse", weights);
     cr_assert_eq(b.layers[1].wup.owned, NULL, "packed matrices are used in place (mmapped)");
     cr_assert_eq(b.owned_mats, NULL, "every tensor is aligned in the file: nothing copied");

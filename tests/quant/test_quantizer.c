@@ -225,22 +225,29 @@ static double output_error(const Weight *w, const float *src, const float *X, in
     return e;
 }
 
-Test(quantizer, gptq_codes_lower_the_output_error) {
-    // Correlated inputs with a few loud channels (as after an RMSNorm with outlier scales): GPTQ codes and
-    // the refitted codebooks must beat plain k-means on the output error, in the same format.
-    enum { R = 24, K = 48, N = 256 };
-    float *W = heavy(R * K, 5), *X = malloc(sizeof(float) * N * K), *H = calloc((size_t)K * K, sizeof(float));
+// X (N, K): correlated inputs with a loud channel every 11 (as after an RMSNorm with outlier scales), and
+// H (K, K) = XᵀX, their second moment.
+static void loud_inputs(float *X, float *H, int N, int K, uint64_t seed) {
     ErRng r;
-    rng_seed(&r, 6);
+    rng_seed(&r, seed);
     for (int n = 0; n < N; n++) {
         float shared = rng_normal(&r);
         for (int k = 0; k < K; k++)
             X[n * K + k] = (0.7f * shared + rng_normal(&r)) * (k % 11 == 0 ? 6.0f : 1.0f);
     }
+    memset(H, 0, sizeof(float) * (size_t)K * K);
     for (int i = 0; i < K; i++)
         for (int j = 0; j < K; j++)
             for (int n = 0; n < N; n++)
                 H[i * K + j] += X[n * K + i] * X[n * K + j];
+}
+
+Test(quantizer, gptq_codes_lower_the_output_error) {
+    // Correlated inputs with a few loud channels (as after an RMSNorm with outlier scales): GPTQ codes and
+    // the refitted codebooks must beat plain k-means on the output error, in the same format.
+    enum { R = 24, K = 48, N = 256 };
+    float *W = heavy(R * K, 5), *X = malloc(sizeof(float) * N * K), *H = malloc(sizeof(float) * K * K);
+    loud_inputs(X, H, N, K, 6);
     for (int f = 0; f < 2; f++) {
         QuantOptions o;
         quant_options_default(&o, f ? WF_Q4LUT : WF_Q2LUT, 0);
@@ -317,18 +324,8 @@ Test(quantizer, gptq_codes_lower_the_output_error) {
 // format without a codebook and for more corrections than columns.
 Test(quantizer, dense_and_sparse_corrections) {
     enum { R = 24, K = 48, N = 256, S = 3 };
-    float *W = heavy(R * K, 15), *X = malloc(sizeof(float) * N * K), *H = calloc((size_t)K * K, sizeof(float));
-    ErRng r;
-    rng_seed(&r, 16);
-    for (int n = 0; n < N; n++) {
-        float shared = rng_normal(&r);
-        for (int k = 0; k < K; k++)
-            X[n * K + k] = (0.7f * shared + rng_normal(&r)) * (k % 11 == 0 ? 6.0f : 1.0f);
-    }
-    for (int i = 0; i < K; i++)
-        for (int j = 0; j < K; j++)
-            for (int n = 0; n < N; n++)
-                H[i * K + j] += X[n * K + i] * X[n * K + j];
+    float *W = heavy(R * K, 15), *X = malloc(sizeof(float) * N * K), *H = malloc(sizeof(float) * K * K);
+    loud_inputs(X, H, N, K, 16);
     for (int gptq = 0; gptq < 2; gptq++) {
         QuantOptions o;
         quant_options_default(&o, WF_Q2LUT, 0);
