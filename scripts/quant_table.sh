@@ -21,6 +21,7 @@
 #   --steps N             QAMR (SFT adapter) and QAT steps [40]
 #   --eval-n N            eval records graded [100]      --heldout-n N   held-out records scored [200]
 #   --sft-batch N [8]     --sft-lr X [2e-3]              --qat-lr X [5e-4]   --qat-batch N [8]
+#   --outlier-sft-lr X    the learning rate of the outlier model's adapters [--sft-lr]
 #   --qat-data FILE       QAT training records (loss on every position) [--adapter-data]
 #   --recluster-every K   QAT codebook refresh [5]
 #   --calib FILE          calibration records of every quantize row (Fisher, GPTQ codes, fpt-trained) [--adapter-data]
@@ -59,8 +60,8 @@ PY=${PY:-python3}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 MODEL="" ADAPTER_DATA="" EVAL="" HELDOUT="" OUT=""
-STEPS=40 EVAL_N=100 HELDOUT_N=200 SFT_BATCH=8 SFT_LR=2e-3 QAT_LR=5e-4 QAT_BATCH=8 QAT_DATA="" RECLUSTER=5
-QAMR_ALL=0 LARGE=1 LARGE_CONFIG=configs/qwen05b-2l.json LARGE_HELDOUT_N=40 THREADS=1
+STEPS=40 EVAL_N=100 HELDOUT_N=200 SFT_BATCH=8 SFT_LR=2e-3 OUTLIER_SFT_LR="" QAT_LR=5e-4 QAT_BATCH=8 QAT_DATA=""
+RECLUSTER=5 QAMR_ALL=0 LARGE=1 LARGE_CONFIG=configs/qwen05b-2l.json LARGE_HELDOUT_N=40 THREADS=1
 CALIB="" CALIB_N=16 FPT_STEPS=200 FPT_LOCAL=100 OUTLIERS=1 SPARSE=2
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "quant_table: $*" >&2; exit 1; }
@@ -76,6 +77,7 @@ while [ $# -gt 0 ]; do
     --heldout-n) HELDOUT_N=$2; shift 2 ;;
     --sft-batch) SFT_BATCH=$2; shift 2 ;;
     --sft-lr) SFT_LR=$2; shift 2 ;;
+    --outlier-sft-lr) OUTLIER_SFT_LR=$2; shift 2 ;;
     --qat-lr) QAT_LR=$2; shift 2 ;;
     --qat-batch) QAT_BATCH=$2; shift 2 ;;
     --qat-data) QAT_DATA=$2; shift 2 ;;
@@ -111,6 +113,10 @@ for n in "$FPT_STEPS" "$FPT_LOCAL"; do
 done
 for bin in "$B/ertrain" "$B/erinfer"; do [ -x "$bin" ] || die "$bin not found: run make (or set B)"; done
 QAT_DATA=${QAT_DATA:-$ADAPTER_DATA}
+OUTLIER_SFT_LR=${OUTLIER_SFT_LR:-$SFT_LR}
+for x in "$SFT_LR" "$OUTLIER_SFT_LR"; do
+  [[ "$x" =~ ^[0-9.]+(e-?[0-9]+)?$ ]] || die "learning rates must be positive numbers (got \"$x\")"
+done
 CALIB=${CALIB:-$ADAPTER_DATA}
 [ -f "$CALIB" ] || die "--calib $CALIB: no such file"
 CAL="--calib $CALIB --calib-n $CALIB_N"
@@ -202,14 +208,14 @@ make_base() { # name how src out_root
 }
 
 # ---- adapters ----
-train_adapter() { # base_name src out_root
+train_adapter() { # base_name src out_root lr
   local name=$1 base dir
   base=$(base_dir "$name" "$2" "$3")
   dir=$3/adapters/$name
   done_or_clear "$dir" adapter_model.safetensors && return 0
   say "sft adapter on $name ($STEPS steps)"
   run "$3/logs/sft-$name.log" "$B/ertrain" sft --model "$base" --data "$ADAPTER_DATA" --out "$dir" --steps "$STEPS" \
-    --batch "$SFT_BATCH" --lr "$SFT_LR" --rank 16 --alpha 32 --seed 1 $T
+    --batch "$SFT_BATCH" --lr "$4" --rank 16 --alpha 32 --seed 1 $T
 }
 
 # ---- measurements ----
@@ -268,33 +274,43 @@ OUTLIER_TABLE_ROWS=(
   "q2qat_qamr|q2 QAT + QAMR|q2qat|q2qat"
 )
 
-# section SRC ROOT BENCH OWN... -- BASE_ROWS... -- TABLE_ROWS...: bases, own adapters, NLL, evals (and benches).
+# section SRC ROOT BENCH LR OWN... -- BASE_ROWS... -- TABLE_ROWS...: bases, own adapters (at learning rate LR),
+# NLL, evals (and benches).
 section() {
-  local src=$1 root=$2 bench=$3 row name label how key bname aname base
-  shift 3
+  local src=$1 root=$2 bench=$3 lr=$4 row name label how key bname aname base
+  shift 4
   local own=() bases=() rows=()
   while [ "$1" != -- ]; do own+=("$1"); shift; done; shift
   while [ "$1" != -- ]; do bases+=("$1"); shift; done; shift
   rows=("$@")
   mkdir -p "$root"/{bases,adapters,nll,eval,bench,logs}
+  # A rerun reuses finished adapters and evals: refuse to mix learning rates in one table.
+  if [ -f "$root/adapters/lr" ] && [ "$(cat "$root/adapters/lr")" != "$lr" ]; then
+    die "$root/adapters were trained at lr $(cat "$root/adapters/lr"), not $lr:" \
+        "delete $root/adapters and $root/eval, or use another --out"
+  fi
+  echo "$lr" > "$root/adapters/lr"
   [ "$root" = "$OUT" ] || cp "$OUT/heldout.jsonl" "$root/heldout.jsonl"
   for row in "${bases[@]}"; do
     IFS='|' read -r name label how <<< "$row"
     make_base "$name" "$how" "$src" "$root"
   done
-  for name in "${own[@]}"; do train_adapter "$name" "$src" "$root"; done
+  for name in "${own[@]}"; do train_adapter "$name" "$src" "$root" "$lr"; done
   for row in "${rows[@]}"; do
     IFS='|' read -r key label bname aname <<< "$row"
     base=$(base_dir "$bname" "$src" "$root")
     measure_nll "$bname" "$base" "$root"
     [ "$bench" = 1 ] && measure_bench "$bname" "$base" "$root" --new-tokens 128
     measure_eval "$key" "$base" "$root/adapters/$aname" "$root"
-    if [ "$QAMR_ALL" = 1 ]; then train_adapter "$bname" "$src" "$root"; measure_eval "own-$bname" "$base" "$root/adapters/$bname" "$root"; fi
+    if [ "$QAMR_ALL" = 1 ]; then
+      train_adapter "$bname" "$src" "$root" "$lr"
+      measure_eval "own-$bname" "$base" "$root/adapters/$bname" "$root"
+    fi
   done
 }
 
 OWN=(fp32 q4 q4fpt q4fptt q2lut q2lutfptt q2luts q2qat)
-section "$MODEL" "$OUT" 1 "${OWN[@]}" -- "${SMALL_ROWS[@]}" -- "${TABLE_ROWS[@]}"
+section "$MODEL" "$OUT" 1 "$SFT_LR" "${OWN[@]}" -- "${SMALL_ROWS[@]}" -- "${TABLE_ROWS[@]}"
 OMODEL=$OUT/outlier-model
 if [ "$OUTLIERS" = 1 ]; then
   if ! done_or_clear "$OMODEL" run.json; then
@@ -302,7 +318,8 @@ if [ "$OUTLIERS" = 1 ]; then
     run "$OUT/logs/outliers.log" "$B/ertrain" outliers --model "$MODEL" --out "$OMODEL" --calib "$CALIB" \
       --calib-n "$CALIB_N" --seed 1
   fi
-  section "$OMODEL" "$OUT/outliers" 0 "${OWN[@]}" -- "${OUTLIER_ROWS[@]}" -- "${OUTLIER_TABLE_ROWS[@]}"
+  section "$OMODEL" "$OUT/outliers" 0 "$OUTLIER_SFT_LR" "${OWN[@]}" -- "${OUTLIER_ROWS[@]}" -- \
+    "${OUTLIER_TABLE_ROWS[@]}"
   # The residual alignment alone: the outliers no norm folding or closed-form scale undoes. NLL only.
   AMODEL=$OUT/aligned-model ALIGNED=$OUT/aligned
   if ! done_or_clear "$AMODEL" run.json; then
@@ -350,12 +367,22 @@ fi
 # ---- the table ----
 say "table"
 $PY - "$OUT" "$MODEL" "$LARGE" "$LARGE_CONFIG" "$QAMR_ALL" "$STEPS" "$EVAL_N" "$EVAL" "$ADAPTER_DATA" "$QAT_DATA" \
-  "$OUTLIERS" "$CALIB" "$CALIB_N" "$FPT_STEPS" "$FPT_LOCAL" \
+  "$OUTLIERS" "$CALIB" "$CALIB_N" "$FPT_STEPS" "$FPT_LOCAL" "$SFT_LR" "$OUTLIER_SFT_LR" "$THREADS" \
   "${TABLE_ROWS[@]}" -- "${OUTLIER_TABLE_ROWS[@]}" -- "${LARGE_ROWS[@]}" <<'PY'
 import json, os, sys
 (out, model, large, large_cfg, qamr_all, steps, eval_n, eval_path, adapter_data, qat_data, outliers, calib, calib_n,
- fpt_steps, fpt_local) = sys.argv[1:16]
-rest = sys.argv[16:]
+ fpt_steps, fpt_local, sft_lr, outlier_sft_lr, threads) = sys.argv[1:19]
+rest = sys.argv[19:]
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+cpu = cpu_name()
 c1 = rest.index("--")
 c2 = rest.index("--", c1 + 1)
 rows = [r.split("|") for r in rest[:c1]]
@@ -486,9 +513,9 @@ if large == "1":
         r["nll_minus_fp32"] = round(r["heldout_nll"] - large_rows[0]["heldout_nll"], 4)
         r["decode_speedup_vs_fp32"] = round(r["decode_tokens_per_s"] / large_rows[0]["decode_tokens_per_s"], 2)
 
-doc = {"model": model, "steps": int(steps), "eval": eval_path, "eval_n": int(eval_n), "adapter_data": adapter_data,
-       "qat_data": qat_data, "calib": calib, "calib_n": int(calib_n), "fpt_steps": int(fpt_steps),
-       "fpt_local_steps": int(fpt_local), "system": "Think for at most 64 tokens.", "max_new": 400, "rows": small,
+doc = {"cpu": cpu, "threads": int(threads), "model": model, "steps": int(steps), "sft_lr": float(sft_lr),
+       "eval": eval_path, "eval_n": int(eval_n), "adapter_data": adapter_data, "qat_data": qat_data, "calib": calib,
+       "calib_n": int(calib_n), "fpt_steps": int(fpt_steps), "fpt_local_steps": int(fpt_local), "system": "Think for at most 64 tokens.", "max_new": 400, "rows": small,
        "targets": targets(small, out)}
 if orows_res:
     orun = json.load(open(os.path.join(out, "outlier-model", "run.json")))
@@ -496,8 +523,9 @@ if orows_res:
     aligned = {"model": os.path.join(out, "aligned-model"), "norm_ratio": arun["norm_ratio"],
                "dominant_share": arun["dominant_share"], "targets": w4_targets(aroot),
                "nll_minus_fp32": {n: round(diff_se(aroot, n, aroot, "fp32")[0], 5) for n in ("q4", "q4fpt", "q4fptt")}}
-    doc["outliers"] = {"model": os.path.join(out, "outlier-model"), "channels": orun["channels"], "min": orun["min"],
-                       "max": orun["max"], "seed": orun["seed"], "calib_n": orun["calib_n"],
+    doc["outliers"] = {"model": os.path.join(out, "outlier-model"), "sft_lr": float(outlier_sft_lr),
+                       "channels": orun["channels"], "min": orun["min"], "max": orun["max"], "seed": orun["seed"],
+                       "calib_n": orun["calib_n"],
                        "residual_channels": orun["residual_channels"], "dominant_share": orun["dominant_share"],
                        "ratio_before": orun["ratio_before"], "norm_ratio": orun["norm_ratio"], "rows": orows_res,
                        "targets": targets(orows_res, os.path.join(out, "outliers")), "aligned_only": aligned}
@@ -549,14 +577,16 @@ def target_lines(t):
     return L
 
 L = ["# Quantization table\n"]
-L.append("Base `%s`; adapters: masked-LoRA SFT, %s steps on `%s`; QAT: %s steps on `%s` (Fisher-weighted codebooks). "
+L.append("Base `%s`; adapters: masked-LoRA SFT, %s steps at lr %s on `%s`; QAT: %s steps on `%s` (Fisher-weighted codebooks). "
          "Quantize rows: calibration `%s` (first %s records: Fisher weighting, GPTQ codes for q2lut, fpt-trained's "
          "%s local + %s end-to-end steps), int8 embeddings, 8-bit lm_head for the q4 rows. Accuracy: `erinfer eval`, "
          "greedy, system \"Think for at most 64 tokens.\", --max-new 400, first %d records of `%s`. NLL: `erinfer "
          "score`, token-weighted mean over `%s`. Speed: `erinfer bench --new-tokens 128`, KV f32, N = 1, one decode "
-         "stream.\n"
-         % (model, steps, adapter_data, steps, qat_data, calib, calib_n, fpt_local, fpt_steps, small[0]["eval_n"],
-            eval_path, os.path.join(out, "heldout.jsonl")))
+         "stream. Measured on %s, %s threads: a rerun on the same CPU and thread count gives the same numbers bit for "
+         "bit; another CPU's kernels (OpenBLAS's, the SIMD dispatch) round differently, which moves the trained rows "
+         "(adapters, QAT, fpt-trained) by about their noise.\n"
+         % (model, steps, sft_lr, adapter_data, steps, qat_data, calib, calib_n, fpt_local, fpt_steps, small[0]["eval_n"],
+            eval_path, os.path.join(out, "heldout.jsonl"), cpu, threads))
 L += table(small, True)
 L.append("")
 L += target_lines(doc["targets"])
@@ -573,10 +603,10 @@ if orows_res:
              "channels %s, in every layer; the norm scales amplify those channels %g-%gx (their reading columns as much "
              "smaller) and per layer %d MLP channels are as loud at the down_proj input (up rows larger, down columns "
              "smaller). Loudest channel of the normalised stream a projection reads: %.0fx the median (%.1fx in the "
-             "base). Same rows and measurements as above.\n"
+             "base). Same rows and measurements as above; the adapters at lr %s.\n"
              % (calib, o["calib_n"], o["channels"], o["min"], o["max"], o["seed"], o["channels"],
                 100 * o["dominant_share"], ", ".join(map(str, o["residual_channels"])), o["min"], o["max"],
-                o["channels"], o["norm_ratio"], o["ratio_before"]))
+                o["channels"], o["norm_ratio"], o["ratio_before"], outlier_sft_lr))
     L += table(orows_res, False)
     L.append("")
     L += target_lines(o["targets"])
