@@ -17,6 +17,12 @@
 # MIX=budget (an experiment, README "Budget tracking"): half of the raw texts state a budget after the
 # problem and follow it (concise trace up to 64 tokens, verbose above), so the base passes the number
 # on to its prompt states, where a masked adapter can read it.
+# MIX=cot: every record once more as a chat conversation whose assistant turn opens the thinking
+# ("<think>\n", the reasoning prefix SFT forces) and reasons briefly (the concise trace), as instruct
+# models do when asked to think. The base's chat prompt states then serve step-by-step reading of the
+# operands, which a masked adapter (off on the prompt) relies on; the verbose style stays the SFT's to
+# teach. Direct answers stay twice as frequent, so the base still answers directly when nothing opens
+# its thinking. models/tiny-cot, make paper's base, is this mix (its README.md).
 #
 # Usage: scripts/build_tiny_base.sh            full base (~27 min on one core)
 #        QUICK=1 scripts/build_tiny_base.sh    tiny variant for CI (seconds); cache runs/tiny-base-quick
@@ -30,6 +36,7 @@ QUICK=${QUICK:-0}
 B=${B:-build}
 THREADS=${THREADS:-1}
 MIX=${MIX:-direct}
+case $MIX in direct | budget | cot) ;; *) echo "build_tiny_base: MIX=$MIX is not direct, budget or cot" >&2; exit 1 ;; esac
 CONFIG=${CONFIG:-configs/tiny.json}
 TOKENIZER=data/tiny_tokenizer
 DATA_SEED=1
@@ -61,10 +68,20 @@ import json, random, sys
 n_chat = n_one = n_text = 0
 rng = random.Random(1)
 budget_mix = sys.argv[4] == "budget"
+cot_mix = sys.argv[4] == "cot"
+n_cot = 0
 def chat(line):
     """A chat record; half of them state a budget in a system line (pretrain renders the direct answer)."""
     r = json.loads(line)
     msgs = [{"role": "user", "content": r["problem"]}, {"role": "assistant", "content": r["direct"]}]
+    if rng.random() < 0.5:
+        msgs.insert(0, {"role": "system", "content": f"Think for at most {rng.choice([32, 64, 128, 256])} tokens."})
+    return json.dumps({"messages": msgs, "answer": r["answer"]}) + "\n"
+def cot(line):
+    """The same problem in the chat format, the thinking opened and the concise trace after it."""
+    r = json.loads(line)
+    msgs = [{"role": "user", "content": r["problem"]},
+            {"role": "assistant", "content": "<think>\n" + r["concise"]}]
     if rng.random() < 0.5:
         msgs.insert(0, {"role": "system", "content": f"Think for at most {rng.choice([32, 64, 128, 256])} tokens."})
     return json.dumps({"messages": msgs, "answer": r["answer"]}) + "\n"
@@ -80,17 +97,21 @@ with open(sys.argv[1]) as f, open(sys.argv[2]) as one, open(sys.argv[3], "w") as
         g.write(chat(line))
         g.write(chat(line1))
         g.write(json.dumps({"text": text(r)}) + "\n")
+        if cot_mix:
+            g.write(cot(line))
+            n_cot += 1
         n_chat += 1
         n_one += 1
         n_text += 1
 print(f"mix: {n_chat} chat records (direct answers, k = 1..8, half with a budget system line) + "
       f"{n_one} chat records (direct, k = 1) + "
-      f"{n_text} raw-text records (problem + {'trace, half following a stated budget' if budget_mix else 'verbose trace'})")
+      f"{n_text} raw-text records (problem + {'trace, half following a stated budget' if budget_mix else 'verbose trace'})"
+      + (f" + {n_cot} chat records (thinking opened, concise trace)" if cot_mix else ""))
 PY
 mv "$mix.tmp" "$mix"
 
 inputs="config=$CONFIG:$(hash_of $CONFIG) tokenizer=$TOKENIZER:$(hash_of $TOKENIZER/tokenizer.json)
-data=chains n=$N seed=$DATA_SEED mix=$(if [ "$MIX" = budget ]; then echo direct-chat+budget-system+budget-text; else echo direct-chat+budget-system+verbose-text; fi):$(hash_of "$mix")
+data=chains n=$N seed=$DATA_SEED mix=$(case $MIX in budget) echo direct-chat+budget-system+budget-text;; cot) echo direct-chat+budget-system+verbose-text+cot-chat;; *) echo direct-chat+budget-system+verbose-text;; esac):$(hash_of "$mix")
 pretrain steps=$STEPS batch=$BATCH lr=$LR seq_len=$SEQ_LEN seed=$TRAIN_SEED"
 
 # 2. The base: skipped when the cached model was built from the same inputs.
