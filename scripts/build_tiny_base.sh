@@ -36,7 +36,10 @@ QUICK=${QUICK:-0}
 B=${B:-build}
 THREADS=${THREADS:-1}
 MIX=${MIX:-direct}
-case $MIX in direct | budget | cot) ;; *) echo "build_tiny_base: MIX=$MIX is not direct, budget or cot" >&2; exit 1 ;; esac
+case $MIX in
+  direct | budget | cot) ;;
+  *) echo "build_tiny_base: MIX=$MIX is not direct, budget or cot" >&2; exit 1 ;;
+esac
 CONFIG=${CONFIG:-configs/tiny.json}
 TOKENIZER=data/tiny_tokenizer
 DATA_SEED=1
@@ -105,7 +108,8 @@ with open(sys.argv[1]) as f, open(sys.argv[2]) as one, open(sys.argv[3], "w") as
         n_text += 1
 print(f"mix: {n_chat} chat records (direct answers, k = 1..8, half with a budget system line) + "
       f"{n_one} chat records (direct, k = 1) + "
-      f"{n_text} raw-text records (problem + {'trace, half following a stated budget' if budget_mix else 'verbose trace'})"
+      f"{n_text} raw-text records "
+      f"(problem + {'trace, half following a stated budget' if budget_mix else 'verbose trace'})"
       + (f" + {n_cot} chat records (thinking opened, concise trace)" if cot_mix else ""))
 PY
 mv "$mix.tmp" "$mix"

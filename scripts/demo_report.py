@@ -83,17 +83,21 @@ def write_curve(metrics_path, dat_path, budgets):
     return w
 
 
-def padded_bounds(vals, pad=0.12, floor=None, ceil=None):
-    """(lo, hi) covering every value with a margin of `pad` x the span on both sides."""
+def padded_bounds(vals, pad=0.12, floor=None, ceil=None, min_span=0.0):
+    """(lo, hi) covering every value with a margin of `pad` x the span on both sides, and at least min_span wide
+    (so that close values are not drawn across the whole plot)."""
     lo, hi = min(vals), max(vals)
     span = (hi - lo) or max(abs(hi), 1e-3)
     lo, hi = lo - pad * span, hi + pad * span
+    if hi - lo < min_span:
+        mid = (lo + hi) / 2
+        lo, hi = mid - min_span / 2, mid + min_span / 2
     return (lo if floor is None else max(floor, lo)), (hi if ceil is None else min(ceil, hi))
 
 
-def padded_range(vals, pad=0.12, floor=None, ceil=None):
+def padded_range(vals, pad=0.12, floor=None, ceil=None, min_span=0.0):
     """padded_bounds as a [lo:hi] gnuplot range."""
-    lo, hi = padded_bounds(vals, pad, floor, ceil)
+    lo, hi = padded_bounds(vals, pad, floor, ceil, min_span)
     return f"[{lo:.6g}:{hi:.6g}]"
 
 
@@ -156,7 +160,7 @@ def gnuplot_votes(dat, png):
 set output '{png}'
 set title 'Accuracy vs samples per query N (greedy: one answer per query, for reference)'
 set xlabel 'N'; set ylabel 'accuracy'; set logscale x 2; set key below horizontal
-set yrange {padded_range([v for r in votes for v in r[1:]], 0.25, floor=0, ceil=1)}
+set yrange {padded_range([v for r in votes for v in r[1:]], 0.25, floor=0, ceil=1, min_span=0.1)}
 plot '{dat}' using 1:2 with linespoints lw 2 title 'greedy', '' using 1:3 with linespoints lw 2 title 'majority', \\
      '' using 1:4 with linespoints lw 2 title 'verifier-weighted'
 unset logscale x; set autoscale
@@ -327,10 +331,10 @@ def write_report(path, text):
     print(f"wrote {path}")
 
 
-def parse_args(report_flag):
-    """The flags both reports take; report_flag names the output file's flag."""
+def parse_args(*report_flags):
+    """The flags both reports take, and each report's own (its output file's flag first)."""
     ap = argparse.ArgumentParser()
-    for flag in ("--out", report_flag, "--budgets", "--eval-budget"):
+    for flag in ("--out", *report_flags, "--budgets", "--eval-budget"):
         ap.add_argument(flag, required=True)
     ap.add_argument("--quick", type=int, default=0)
     ap.add_argument("--seconds", type=int, default=0)

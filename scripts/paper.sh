@@ -23,9 +23,14 @@ else
   OUT=${OUT:-runs/paper}; REPORT=${REPORT:-docs/paper.md}
   N_TRAIN=6000 N_TEST=1000 N_EASY=600 N_HARD=400 N_VAL=100 SFT_STEPS=600 GRPO_STEPS=350 GRPO_PROMPTS=16 HEADS_N=1000
 fi
-# Chosen on 1000 validation problems (seed 37, k = 1..8, B = 64 stated, greedy; README "`make paper`" tells how):
-# SFT_STEPS (masked SFT 29.5% at 150 steps, 33.2% at 300, 40.1% at 600; every SFT here runs as many) and the W4
-# base's transforms (QAMR at 150 steps: none 27.6%, closed-form fpt 27.2%, trained fpt 27.2%).
+# The base: models/tiny-cot, the tiny base pretrained with chat-format thinking as well (MIX=cot in
+# scripts/build_tiny_base.sh). Chosen on 1000 validation problems (seed 37, k = 1..8, B = 64 stated, greedy;
+# README "`make paper`" tells how), masked against --no-mask SFT: models/tiny-base 33.2% vs 47.1% at 300 steps,
+# models/tiny-cot 54.1% vs 56.4% at 300 and 70.6% vs 77.3% at 600.
+BASE=models/tiny-cot
+# Also chosen on that split: SFT_STEPS (masked SFT on models/tiny-base 29.5% at 150 steps, 33.2% at 300, 40.1% at
+# 600; on models/tiny-cot 54.1% at 300, 70.6% at 600; every SFT here runs as many) and the W4 base's transforms
+# (models/tiny-base, QAMR at 150 steps: none 27.6%, closed-form fpt 27.2%, trained fpt 27.2%).
 W4_TRANSFORMS=none
 BUDGETS="32 64 128"
 EVAL_BUDGET=64                       # the budget stated where a single one is needed
@@ -37,7 +42,9 @@ run() {
   local log=$1; shift
   if [ -f "$log" ] && [ "$(tail -1 "$log")" = "#done" ]; then return 0; fi
   local a q=()
-  for a in "$@"; do case $a in *" "*) q+=("\"$a\"") ;; *) q+=("$a") ;; esac; done
+  for a in "$@"; do  # quoted for a shell where it needs it
+    case $a in *\'*) q+=("$(printf '%q' "$a")") ;; *[!A-Za-z0-9_./,=:+-]*) q+=("'$a'") ;; *) q+=("$a") ;; esac
+  done
   echo "${q[*]}" >> "$OUT/commands.txt"
   if ! "$@" > "$log" 2>&1; then
     echo "paper: failed: $*" >&2; tail -5 "$log" >&2; exit 1
@@ -90,6 +97,7 @@ side() {
   ev eval-w4 "$OUT/base-w4" $EVAL_BUDGET --adapter "$OUT/qamr-w4" --kv int8
   for b in $BUDGETS; do ev "eval-sft-b$b" "$BASE" "$b" --adapter "$OUT/sft"; done
   ev eval-base "$BASE" $EVAL_BUDGET --max-new 16
+  ev eval-base-think "$BASE" $EVAL_BUDGET --prefix '<think>\n'
 }
 both grpo side
 
@@ -139,6 +147,6 @@ pipe_mix() {
 both pipe_votes pipe_mix
 
 stage "8. the report"
-$PY scripts/paper_report.py --out "$OUT" --report "$REPORT" --budgets ${BUDGETS// /,} --eval-budget "$EVAL_BUDGET" \
-  --quick "$QUICK" --seconds "$(elapsed)"
+$PY scripts/paper_report.py --out "$OUT" --report "$REPORT" --base "$BASE" --budgets ${BUDGETS// /,} \
+  --eval-budget "$EVAL_BUDGET" --quick "$QUICK" --seconds "$(elapsed)"
 echo "paper: finished in $(elapsed) s"

@@ -3,7 +3,7 @@
 each of the paper's effects against its target (met / not met, measured), the tables behind them, the
 commands and seeds of the run, and gnuplot PNGs next to the report. Every number comes from that run's files.
 
-usage: scripts/paper_report.py --out DIR --report FILE.md --budgets 32,64,128 --eval-budget 64
+usage: scripts/paper_report.py --out DIR --report FILE.md --base DIR --budgets 32,64,128 --eval-budget 64
                                [--quick 0|1] [--seconds S]
 """
 import json
@@ -49,7 +49,7 @@ class Paper:
     def grpo(self):
         """Effect 1 (GRPO shorter at little cost) and effect 2 (length follows the stated budget)."""
         out, B = self.out, self.budgets
-        base = self.ev("eval-base")
+        base, think = self.ev("eval-base"), self.ev("eval-base-think")
         rows = {(m, b): self.ev(f"eval-{m}-b{b}") for m in ("sft", "grpo", "grpo-forced") for b in B}
         n = base[3]
         self.p(f"### GRPO and the stated budget ({n} held-out test problems, k = 1..8 steps, greedy)")
@@ -59,6 +59,8 @@ class Paper:
         bk = lambda r: " / ".join(f"{100 * r[2].get(k, float('nan')):.0f}" for k in (1, 2, 3, 4))
         self.p(f"| base, direct answer | {self.a.eval_budget} stated | {100 * base[0]:.1f}% | {bk(base)} | "
                f"{base[1]:.1f} | |")
+        self.p(f"| base, thinking opened (no adapter) | {self.a.eval_budget} stated | {100 * think[0]:.1f}% | "
+               f"{bk(think)} | {think[1]:.1f} | |")
         names = {"sft": "masked-LoRA SFT (verbose)", "grpo": "GRPO", "grpo-forced": "GRPO, budget enforced"}
         for m in ("sft", "grpo", "grpo-forced"):
             for b in B:
@@ -203,11 +205,11 @@ set autoscale
         a = self.a
         head = [f"# The paper's effects at small scale{' (QUICK=1: wiring check, not quality)' if a.quick else ''}",
                 "", f"Made by `make paper{' QUICK=1' if a.quick else ''}` (scripts/paper.sh) in {a.seconds} s on "
-                f"`models/tiny-base` (load average {os.getloadavg()[1]:.1f} over the 5 minutes before the report); "
+                f"`{a.base}` (load average {os.getloadavg()[1]:.1f} over the 5 minutes before the report); "
                 f"every number below comes from that run's files in `{a.out}`. Held-out problems "
                 "come from seeds no training stage saw: training 11; test 31 (k = 1..8), 33 (easy, k = 1), 34 (hard, "
-                "k = 2..8); validation 36 (hard, only to choose the temperature) and 37 (k = 1..8, chose the SFT "
-                "steps and the W4 transforms before this run: scripts/paper.sh). Training seeds: `--seed 1` "
+                "k = 2..8); validation 36 (hard, only to choose the temperature) and 37 (k = 1..8, chose the base, "
+                "the SFT steps and the W4 transforms before this run: scripts/paper.sh). Training seeds: `--seed 1` "
                 "everywhere.",
                 "", "| effect | paper | target | measured | |", "|---|---|---|---|---|"]
         head += [f"| {e} | {p} | {t} | {m} | {verdict(ok)} |" for e, p, t, m, ok in self.targets]
@@ -219,7 +221,7 @@ set autoscale
 
 
 def main():
-    r = Paper(parse_args("--report"))
+    r = Paper(parse_args("--report", "--base"))
     run_report("paper_report", r, (r.grpo, r.votes_switch, r.quant_mask, r.plots))
 
 
