@@ -8,7 +8,8 @@ Each check runs the same command as one plain process and under `mpirun -np 2` (
 the short last batch of an epoch leaves ranks without a row) and compares what rank 0 wrote:
   - sft, pretrain, qat: loss, gradient norm, held-out loss and token counts of every step, and the
     trained parameters (the adapter, the model, qat's master weights in its checkpoint), within 1e-6
-    relative: the runs differ only in the order the gradient is summed (not bitwise: see README);
+    relative: the runs differ only in the order the gradient is summed (not bitwise: see README); qat's
+    steps after the first within 1e-5 (its fake quantizer rounds weights that differ in the last bits);
   - grpo, every loss type, 5 steps: the same rollouts (rollout_hash: the tokens of every completion),
     rewards, accuracy and lengths exactly, loss and adapter within 1e-6;
   - one rank SIGKILLed mid-run ends the job non-zero within seconds; --resume with 2 ranks then
@@ -173,11 +174,17 @@ def check_qat():
             "--seed", "1", "--threads", "1", "--eval-split", "0.1"]
     run(1, base + ["--out", "qat1"])
     run(2, base + ["--out", "qat2"])
-    wm = compare_metrics("qat -np 2", metrics("qat1"), metrics("qat2"))
+    ref, got = metrics("qat1"), metrics("qat2")
+    # Step 1 starts from the same weights: within 1e-6. Later steps start from master weights ~1e-8 apart,
+    # and a weight on a q4 rounding boundary can round the other way in one run only: on an AVX-512 machine
+    # step 3's gradient norm differed by 1.0e-6 relative where steps 1 and 2 differed by 1e-8 (measured).
+    # Those within 1e-5.
+    w1 = compare_metrics("qat -np 2, at", ref[:1], got[:1])
+    wm = compare_metrics("qat -np 2", ref, got, tol=1e-5)
     wp = compare_tensors("qat -np 2 master weights", checkpoint_tensors("qat1"), checkpoint_tensors("qat2"),
                          ["params", "adam.m", "adam.v"])
-    passed("qat -np 2 = one rank, q4, batch 8, 3 steps (metrics %.1e; master weights, AdamW m, v %.1e, worst %.1e "
-           "relative)" % ((wm,) + wp))
+    passed("qat -np 2 = one rank, q4, batch 8, 3 steps (step 1 %.1e, later steps %.1e; master weights, AdamW m, v "
+           "%.1e, worst %.1e relative)" % ((w1, wm) + wp))
 
 
 def check_grpo():
