@@ -36,8 +36,10 @@ QUICK=${QUICK:-0}
 B=${B:-build}
 THREADS=${THREADS:-1}
 MIX=${MIX:-direct}
-case $MIX in
-  direct | budget | cot) ;;
+case $MIX in # the mix as inputs.txt names it
+  direct) MIX_NAME=direct-chat+budget-system+verbose-text ;;
+  budget) MIX_NAME=direct-chat+budget-system+budget-text ;;
+  cot) MIX_NAME=direct-chat+budget-system+verbose-text+cot-chat ;;
   *) echo "build_tiny_base: MIX=$MIX is not direct, budget or cot" >&2; exit 1 ;;
 esac
 CONFIG=${CONFIG:-configs/tiny.json}
@@ -73,21 +75,17 @@ rng = random.Random(1)
 budget_mix = sys.argv[4] == "budget"
 cot_mix = sys.argv[4] == "cot"
 n_cot = 0
-def chat(line):
-    """A chat record; half of them state a budget in a system line (pretrain renders the direct answer)."""
+def chat(line, reply=lambda r: r["direct"]):
+    """A chat record answered by reply(record) (default: the direct answer); half of them state a budget in a
+    system line."""
     r = json.loads(line)
-    msgs = [{"role": "user", "content": r["problem"]}, {"role": "assistant", "content": r["direct"]}]
+    msgs = [{"role": "user", "content": r["problem"]}, {"role": "assistant", "content": reply(r)}]
     if rng.random() < 0.5:
         msgs.insert(0, {"role": "system", "content": f"Think for at most {rng.choice([32, 64, 128, 256])} tokens."})
     return json.dumps({"messages": msgs, "answer": r["answer"]}) + "\n"
 def cot(line):
     """The same problem in the chat format, the thinking opened and the concise trace after it."""
-    r = json.loads(line)
-    msgs = [{"role": "user", "content": r["problem"]},
-            {"role": "assistant", "content": "<think>\n" + r["concise"]}]
-    if rng.random() < 0.5:
-        msgs.insert(0, {"role": "system", "content": f"Think for at most {rng.choice([32, 64, 128, 256])} tokens."})
-    return json.dumps({"messages": msgs, "answer": r["answer"]}) + "\n"
+    return chat(line, lambda r: "<think>\n" + r["concise"])
 def text(r):
     """Problem and verbose trace; with MIX=budget half of them state a budget and follow it."""
     if budget_mix and rng.random() < 0.5:
@@ -115,7 +113,7 @@ PY
 mv "$mix.tmp" "$mix"
 
 inputs="config=$CONFIG:$(hash_of $CONFIG) tokenizer=$TOKENIZER:$(hash_of $TOKENIZER/tokenizer.json)
-data=chains n=$N seed=$DATA_SEED mix=$(case $MIX in budget) echo direct-chat+budget-system+budget-text;; cot) echo direct-chat+budget-system+verbose-text+cot-chat;; *) echo direct-chat+budget-system+verbose-text;; esac):$(hash_of "$mix")
+data=chains n=$N seed=$DATA_SEED mix=$MIX_NAME:$(hash_of "$mix")
 pretrain steps=$STEPS batch=$BATCH lr=$LR seq_len=$SEQ_LEN seed=$TRAIN_SEED"
 
 # 2. The base: skipped when the cached model was built from the same inputs.
