@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Chains records to SFT conversations whose system line states a token budget, as GRPO's prompts do.
 
-usage: scripts/budget_records.py IN.jsonl OUT.jsonl [--key verbose] [--budgets 32,64,128] [--seed 1]
+usage: scripts/budget_records.py IN.jsonl OUT.jsonl [--key verbose[:W],...] [--budgets 32,64,128] [--seed 1]
                                  [--template "Think for at most {budget} tokens."] [--where system|user]
 Each output record is {"messages": [system, user, assistant], "budget"} plus the record's other fields
 (answer, steps, needs_reasoning); the
@@ -9,6 +9,8 @@ budget is drawn per record from --budgets with a seeded RNG and stated by --temp
 system message or (--where user) at the end of the user message, as `ertrain grpo --budget-in`.
 --key none writes prompts only (evaluation records). The response is the record's --key
 completion whatever the budget: the SFT adapter learns the trace format, GRPO then learns the budget.
+Several keys with weights (verbose:96,concise:2,direct:2) draw each record's completion from them, seeded,
+so the adapter also holds the shorter forms GRPO can choose between.
 """
 import argparse
 import json
@@ -28,6 +30,12 @@ def main():
     ap.add_argument("--where", choices=("system", "user"), default="system")
     a = ap.parse_args()
     budgets = [int(x) for x in a.budgets.split(",")]
+    try:
+        keys = [(k, float(w or 1)) for k, _, w in (e.partition(":") for e in a.key.split(","))]
+    except ValueError:
+        sys.exit(f"budget_records: --key {a.key}: expected KEY or KEY:WEIGHT,KEY:WEIGHT,...")
+    if any(w <= 0 for _, w in keys) or (len(keys) > 1 and any(k == "none" for k, _ in keys)):
+        sys.exit(f"budget_records: --key {a.key}: weights must be > 0, and none stands alone")
     rng = random.Random(a.seed)
     n = 0
     with open(a.src) as f, open(a.dst + ".tmp", "w") as g:
@@ -36,7 +44,9 @@ def main():
                 continue
             try:
                 r = json.loads(line)
-                problem, response = r["problem"], None if a.key == "none" else r[a.key]
+                # One key: no draw, so the budgets drawn below stay those of a single-key run.
+                key = keys[0][0] if len(keys) == 1 else rng.choices([k for k, _ in keys], [w for _, w in keys])[0]
+                problem, response = r["problem"], None if key == "none" else r[key]
             except (ValueError, KeyError) as e:
                 sys.exit(f"budget_records: {a.src}:{i}: {e}")
             b = rng.choice(budgets)

@@ -3,7 +3,7 @@
 each of the paper's effects against its target (met / not met, measured), the tables behind them, the
 commands and seeds of the run, and gnuplot PNGs next to the report. Every number comes from that run's files.
 
-usage: scripts/paper_report.py --out DIR --report FILE.md --base DIR --budgets 32,64,128 --eval-budget 64
+usage: scripts/paper_report.py --out DIR --report FILE.md --base DIR --sft-keys K --budgets 32,64,128 --eval-budget 64
                                [--quick 0|1] [--seconds S]
 """
 import json
@@ -61,7 +61,8 @@ class Paper:
                f"{base[1]:.1f} | |")
         self.p(f"| base, thinking opened (no adapter) | {self.a.eval_budget} stated | {100 * think[0]:.1f}% | "
                f"{bk(think)} | {think[1]:.1f} | |")
-        names = {"sft": "masked-LoRA SFT (verbose)", "grpo": "GRPO", "grpo-forced": "GRPO, budget enforced"}
+        names = {"sft": f"masked-LoRA SFT ({self.a.sft_keys})", "grpo": "GRPO",
+                 "grpo-forced": "GRPO, budget enforced"}
         for m in ("sft", "grpo", "grpo-forced"):
             for b in B:
                 r, s = rows[(m, b)], rows[("sft", b)]
@@ -209,19 +210,19 @@ set autoscale
                 f"every number below comes from that run's files in `{a.out}`. Held-out problems "
                 "come from seeds no training stage saw: training 11; test 31 (k = 1..8), 33 (easy, k = 1), 34 (hard, "
                 "k = 2..8); validation 36 (hard, only to choose the temperature) and 37 (k = 1..8, chose the base, "
-                "the SFT steps and the W4 transforms before this run: scripts/paper.sh). Training seeds: `--seed 1` "
-                "everywhere.",
+                "the SFT steps, the SFT records' mix and the W4 transforms before this run: scripts/paper.sh). "
+                "Training seeds: `--seed 1` everywhere.",
                 "", "| effect | paper | target | measured | |", "|---|---|---|---|---|"]
         head += [f"| {e} | {p} | {t} | {m} | {verdict(ok)} |" for e, p, t, m, ok in self.targets]
         cmds = open(f"{a.out}/commands.txt").read().strip().splitlines()
         tail = ["### Commands (in the order run; OMP_WAIT_POLICY=passive)", "",
-                "The problems come from stage 1 of scripts/paper.sh (`ertrain synth chains` with the seeds above, "
-                "`scripts/budget_records.py --seed 1` for the SFT records); then:", "", "```sh"] + cmds + ["```"]
+                "The problems come from stage 1 of scripts/paper.sh (`ertrain synth chains` with the seeds above); "
+                "then:", "", "```sh"] + cmds + ["```"]
         write_report(a.report, "\n".join(head + [""] + self.lines + tail) + "\n")
 
 
 def main():
-    r = Paper(parse_args("--report", "--base"))
+    r = Paper(parse_args("--report", "--base", "--sft-keys"))
     run_report("paper_report", r, (r.grpo, r.votes_switch, r.quant_mask, r.plots))
 
 
