@@ -23,6 +23,8 @@
 # operands, which a masked adapter (off on the prompt) relies on; the verbose style stays the SFT's to
 # teach. Direct answers stay twice as frequent, so the base still answers directly when nothing opens
 # its thinking. models/tiny-cot, make paper's base, is this mix (its README.md).
+# MIX=cotbudget (an experiment, README "Budget tracking"): as cot, but each thinking record states a budget and
+# follows it: at 32 tokens the running values only ("27 21 26\nAnswer: 26"), above it the concise trace.
 #
 # Usage: scripts/build_tiny_base.sh            full base (~27 min on one core)
 #        QUICK=1 scripts/build_tiny_base.sh    tiny variant for CI (seconds); cache runs/tiny-base-quick
@@ -40,7 +42,8 @@ case $MIX in # the mix as inputs.txt names it
   direct) MIX_NAME=direct-chat+budget-system+verbose-text ;;
   budget) MIX_NAME=direct-chat+budget-system+budget-text ;;
   cot) MIX_NAME=direct-chat+budget-system+verbose-text+cot-chat ;;
-  *) echo "build_tiny_base: MIX=$MIX is not direct, budget or cot" >&2; exit 1 ;;
+  cotbudget) MIX_NAME=direct-chat+budget-system+verbose-text+cotbudget-chat ;;
+  *) echo "build_tiny_base: MIX=$MIX is not direct, budget, cot or cotbudget" >&2; exit 1 ;;
 esac
 CONFIG=${CONFIG:-configs/tiny.json}
 TOKENIZER=data/tiny_tokenizer
@@ -73,7 +76,8 @@ import json, random, sys
 n_chat = n_one = n_text = 0
 rng = random.Random(1)
 budget_mix = sys.argv[4] == "budget"
-cot_mix = sys.argv[4] == "cot"
+cot_mix = sys.argv[4] in ("cot", "cotbudget")
+cot_budget = sys.argv[4] == "cotbudget"
 n_cot = 0
 def chat(line, reply=lambda r: r["direct"]):
     """A chat record answered by reply(record) (default: the direct answer); half of them state a budget in a
@@ -83,9 +87,20 @@ def chat(line, reply=lambda r: r["direct"]):
     if rng.random() < 0.5:
         msgs.insert(0, {"role": "system", "content": f"Think for at most {rng.choice([32, 64, 128, 256])} tokens."})
     return json.dumps({"messages": msgs, "answer": r["answer"]}) + "\n"
+def terse(concise):
+    """The running values of a concise trace on one line, then its answer line."""
+    lines = concise.split("\n")
+    return " ".join(l.split(" = ")[1] for l in lines[:-1]) + "\n" + lines[-1]
 def cot(line):
-    """The same problem in the chat format, the thinking opened and the concise trace after it."""
-    return chat(line, lambda r: "<think>\n" + r["concise"])
+    """The same problem in the chat format, the thinking opened and the concise trace after it; with
+    MIX=cotbudget the budget is always stated and at 32 tokens the trace is terse."""
+    if not cot_budget:
+        return chat(line, lambda r: "<think>\n" + r["concise"])
+    r = json.loads(line)
+    b = rng.choice([32, 64, 128, 256])
+    msgs = [{"role": "system", "content": f"Think for at most {b} tokens."}, {"role": "user", "content": r["problem"]},
+            {"role": "assistant", "content": "<think>\n" + (terse(r["concise"]) if b <= 32 else r["concise"])}]
+    return json.dumps({"messages": msgs, "answer": r["answer"]}) + "\n"
 def text(r):
     """Problem and verbose trace; with MIX=budget half of them state a budget and follow it."""
     if budget_mix and rng.random() < 0.5:
