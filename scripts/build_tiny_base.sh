@@ -79,13 +79,14 @@ budget_mix = sys.argv[4] == "budget"
 cot_mix = sys.argv[4] in ("cot", "cotbudget")
 cot_budget = sys.argv[4] == "cotbudget"
 n_cot = 0
-def chat(line, reply=lambda r: r["direct"]):
-    """A chat record answered by reply(record) (default: the direct answer); half of them state a budget in a
-    system line."""
+def chat(line, reply=lambda r, b: r["direct"], always_budget=False):
+    """A chat record answered by reply(record, budget) (default: the direct answer); half of them (all with
+    always_budget) state a budget in a system line."""
     r = json.loads(line)
-    msgs = [{"role": "user", "content": r["problem"]}, {"role": "assistant", "content": reply(r)}]
-    if rng.random() < 0.5:
-        msgs.insert(0, {"role": "system", "content": f"Think for at most {rng.choice([32, 64, 128, 256])} tokens."})
+    b = rng.choice([32, 64, 128, 256]) if always_budget or rng.random() < 0.5 else None
+    msgs = [{"role": "user", "content": r["problem"]}, {"role": "assistant", "content": reply(r, b)}]
+    if b:
+        msgs.insert(0, {"role": "system", "content": f"Think for at most {b} tokens."})
     return json.dumps({"messages": msgs, "answer": r["answer"]}) + "\n"
 def terse(concise):
     """The running values of a concise trace on one line, then its answer line."""
@@ -94,13 +95,9 @@ def terse(concise):
 def cot(line):
     """The same problem in the chat format, the thinking opened and the concise trace after it; with
     MIX=cotbudget the budget is always stated and at 32 tokens the trace is terse."""
-    if not cot_budget:
-        return chat(line, lambda r: "<think>\n" + r["concise"])
-    r = json.loads(line)
-    b = rng.choice([32, 64, 128, 256])
-    msgs = [{"role": "system", "content": f"Think for at most {b} tokens."}, {"role": "user", "content": r["problem"]},
-            {"role": "assistant", "content": "<think>\n" + (terse(r["concise"]) if b <= 32 else r["concise"])}]
-    return json.dumps({"messages": msgs, "answer": r["answer"]}) + "\n"
+    if cot_budget:
+        return chat(line, lambda r, b: "<think>\n" + (terse(r["concise"]) if b <= 32 else r["concise"]), True)
+    return chat(line, lambda r, b: "<think>\n" + r["concise"])
 def text(r):
     """Problem and verbose trace; with MIX=budget half of them state a budget and follow it."""
     if budget_mix and rng.random() < 0.5:
