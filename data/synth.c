@@ -195,6 +195,7 @@ void chains_example_free(ChainsExample *ex) {
     er_free(ex->problem);
     er_free(ex->answer);
     er_free(ex->direct);
+    er_free(ex->terse);
     er_free(ex->concise);
     er_free(ex->verbose);
     memset(ex, 0, sizeof *ex);
@@ -215,7 +216,7 @@ int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, Chains
         v = steps[i].r;
     }
 
-    StrBuf prob = {0}, ans = {0}, direct = {0}, concise = {0}, verbose = {0};
+    StrBuf prob = {0}, ans = {0}, direct = {0}, terse = {0}, concise = {0}, verbose = {0};
     strbuf_puts(&prob, "Start with ");
     strbuf_int(&prob, v0);
     strbuf_puts(&prob, ".");
@@ -230,6 +231,13 @@ int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, Chains
     strbuf_int(&ans, v);
     strbuf_puts(&direct, "Answer: ");
     strbuf_int(&direct, v);
+    for (int i = 0; i < k; i++) {
+        if (i)
+            strbuf_puts(&terse, " ");
+        strbuf_int(&terse, steps[i].r);
+    }
+    strbuf_puts(&terse, "\nAnswer: ");
+    strbuf_int(&terse, v);
     for (int i = 0; i < k; i++) {
         put_step_line(&concise, &steps[i]);
         strbuf_puts(&concise, "\n");
@@ -277,11 +285,12 @@ int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, Chains
     ex->problem = prob.p;
     ex->answer = ans.p;
     ex->direct = direct.p;
+    ex->terse = terse.p;
     ex->concise = concise.p;
     ex->verbose = verbose.p;
     ex->steps = k;
     ex->result = v;
-    if (prob.oom || ans.oom || direct.oom || concise.oom || verbose.oom) {
+    if (prob.oom || ans.oom || direct.oom || terse.oom || concise.oom || verbose.oom) {
         chains_example_free(ex);
         return er_error(ER_ENOMEM, "chains: out of memory generating example %llu", (unsigned long long)index);
     }
@@ -291,6 +300,7 @@ int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, Chains
 const char *chains_completion(const ChainsExample *ex, ChainsStyle style) {
     switch (style) {
     case CHAINS_DIRECT: return ex->direct;
+    case CHAINS_TERSE: return ex->terse;
     case CHAINS_CONCISE: return ex->concise;
     case CHAINS_VERBOSE: return ex->verbose;
     default: return NULL;
@@ -304,7 +314,8 @@ static char *example_json(const ChainsExample *ex) {
     char *s = NULL;
     if (cJSON_AddStringToObject(o, "problem", ex->problem) && cJSON_AddStringToObject(o, "answer", ex->answer) &&
         cJSON_AddNumberToObject(o, "steps", ex->steps) && cJSON_AddBoolToObject(o, "needs_reasoning", ex->steps > 1) &&
-        cJSON_AddStringToObject(o, "direct", ex->direct) && cJSON_AddStringToObject(o, "concise", ex->concise) &&
+        cJSON_AddStringToObject(o, "direct", ex->direct) && cJSON_AddStringToObject(o, "terse", ex->terse) &&
+        cJSON_AddStringToObject(o, "concise", ex->concise) &&
         cJSON_AddStringToObject(o, "verbose", ex->verbose))
         s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);

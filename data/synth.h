@@ -4,8 +4,9 @@
 // its result fits, divisions are exact), so no modular wrap-around hides the arithmetic. One step is
 // a single small operation a tiny model learns directly; k >= 4 chained in one go is not, while a
 // step-by-step trace turns each step into one easy operation.
-// Each example carries three completions of the same answer:
+// Each example carries four completions of the same answer:
 //   direct   "Answer: 32"
+//   terse    the running values only, on one line ("12 36 32"), then "Answer: 32"
 //   concise  one line per step ("7 + 5 = 12" ...), then "Answer: 32"
 //   verbose  the concise lines interleaved with restatements, re-checks and second guesses in
 //            phrasings drawn from the seeded RNG (several times the concise length).
@@ -28,12 +29,12 @@ typedef struct {
 typedef struct {
     char *problem;
     char *answer; // decimal result
-    char *direct, *concise, *verbose;
+    char *direct, *terse, *concise, *verbose;
     int steps;
     int result;
 } ChainsExample;
 
-typedef enum { CHAINS_DIRECT, CHAINS_CONCISE, CHAINS_VERBOSE, CHAINS_NSTYLES } ChainsStyle;
+typedef enum { CHAINS_DIRECT, CHAINS_TERSE, CHAINS_CONCISE, CHAINS_VERBOSE, CHAINS_NSTYLES } ChainsStyle;
 
 typedef struct {
     long n;
@@ -51,8 +52,8 @@ int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, Chains
 void chains_example_free(ChainsExample *ex);
 const char *chains_completion(const ChainsExample *ex, ChainsStyle style);
 
-// Writes n examples as JSONL records {problem, answer, steps, needs_reasoning, direct, concise,
-// verbose} atomically to path; *stats (if not NULL) gets the mean lengths, in tokens too when tok
+// Writes n examples as JSONL records {problem, answer, steps, needs_reasoning, direct, terse,
+// concise, verbose} atomically to path; *stats (if not NULL) gets the mean lengths, in tokens too when tok
 // is not NULL.
 int chains_write_jsonl(const ChainsConfig *c, long n, uint64_t seed, const char *path, const Tokenizer *tok,
                        ChainsStats *stats);

@@ -41,11 +41,11 @@ static int synth_chains(int argc, char **argv) {
         return cli_fail("synth chains");
     const double *m = st.mean_chars, *t = st.mean_tokens;
     printf("wrote %ld examples to %s (mean steps %.2f)\n", st.n, out, st.mean_steps);
-    printf("mean completion length in characters: direct %.1f, concise %.1f, verbose %.1f\n", m[CHAINS_DIRECT],
-           m[CHAINS_CONCISE], m[CHAINS_VERBOSE]);
+    printf("mean completion length in characters: direct %.1f, terse %.1f, concise %.1f, verbose %.1f\n",
+           m[CHAINS_DIRECT], m[CHAINS_TERSE], m[CHAINS_CONCISE], m[CHAINS_VERBOSE]);
     if (tok_path)
-        printf("mean completion length in tokens:     direct %.1f, concise %.1f, verbose %.1f\n", t[CHAINS_DIRECT],
-               t[CHAINS_CONCISE], t[CHAINS_VERBOSE]);
+        printf("mean completion length in tokens:     direct %.1f, terse %.1f, concise %.1f, verbose %.1f\n",
+               t[CHAINS_DIRECT], t[CHAINS_TERSE], t[CHAINS_CONCISE], t[CHAINS_VERBOSE]);
     printf("ratio verbose/concise: %.2fx characters", m[CHAINS_VERBOSE] / m[CHAINS_CONCISE]);
     if (tok_path)
         printf(", %.2fx tokens", t[CHAINS_VERBOSE] / t[CHAINS_CONCISE]);
@@ -58,7 +58,7 @@ int cmd_synth(int argc, char **argv) {
         return synth_chains(argc - 1, argv + 1);
     if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         printf("usage: ertrain synth <task> [flags]\n\ntasks:\n  chains       chained integer arithmetic "
-               "(direct / concise / verbose completions)\n");
+               "(direct / terse / concise / verbose completions)\n");
         return 0;
     }
     er_error(ER_EINVAL, "expected a task (chains), got \"%s\"", argc >= 2 ? argv[1] : "nothing");

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Chains records to SFT conversations whose system line states a token budget, as GRPO's prompts do.
 
-usage: scripts/budget_records.py IN.jsonl OUT.jsonl [--key verbose[:W],...] [--budgets 32,64,128] [--seed 1]
+usage: scripts/budget_records.py IN.jsonl OUT.jsonl [--key verbose[@B][:W],...] [--budgets 32,64,128] [--seed 1]
                                  [--template "Think for at most {budget} tokens."] [--where system|user]
 Each output record is {"messages": [system, user, assistant], "budget"} plus the record's other fields
 (answer, steps, needs_reasoning); the
@@ -10,7 +10,10 @@ system message or (--where user) at the end of the user message, as `ertrain grp
 --key none writes prompts only (evaluation records). The response is the record's --key
 completion whatever the budget: the SFT adapter learns the trace format, GRPO then learns the budget.
 Several keys with weights (verbose:96,concise:2,direct:2) draw each record's completion from them, seeded,
-so the adapter also holds the shorter forms GRPO can choose between.
+so the adapter also holds the shorter forms GRPO can choose between. A key with @B is drawn only for records
+whose budget is B (terse@32:4,concise@64:4,concise@128:4,direct:2,verbose:94: the short form of each budget),
+so each short form is tied to the budget it serves; each record's budget is drawn first, then its key among
+those that apply.
 """
 import argparse
 import json
@@ -30,12 +33,17 @@ def main():
     ap.add_argument("--where", choices=("system", "user"), default="system")
     a = ap.parse_args()
     budgets = [int(x) for x in a.budgets.split(",")]
-    try:
-        keys = [(k, float(w or 1)) for k, _, w in (e.partition(":") for e in a.key.split(","))]
+    try:  # (key, budget it is tied to or None, weight)
+        keys = [(k, int(b) if b else None, float(w or 1))
+                for kb, _, w in (e.partition(":") for e in a.key.split(",")) for k, _, b in [kb.partition("@")]]
     except ValueError:
-        sys.exit(f"budget_records: --key {a.key}: expected KEY or KEY:WEIGHT,KEY:WEIGHT,...")
-    if any(w <= 0 for _, w in keys) or (len(keys) > 1 and any(k == "none" for k, _ in keys)):
+        sys.exit(f"budget_records: --key {a.key}: expected KEY or KEY[@BUDGET]:WEIGHT,...")
+    if any(w <= 0 for _, _, w in keys) or (len(keys) > 1 and any(k == "none" for k, _, _ in keys)):
         sys.exit(f"budget_records: --key {a.key}: weights must be > 0, and none stands alone")
+    keys_at = {b: [(k, w) for k, kb, w in keys if kb in (None, b)] for b in budgets}
+    if any(kb is not None and kb not in budgets for _, kb, _ in keys) or not all(keys_at.values()):
+        sys.exit(f"budget_records: --key {a.key}: every @BUDGET must be one of --budgets {a.budgets}, "
+                 "and every budget needs a key")
     rng = random.Random(a.seed)
     n = 0
     with open(a.src) as f, open(a.dst + ".tmp", "w") as g:
@@ -44,12 +52,13 @@ def main():
                 continue
             try:
                 r = json.loads(line)
-                # One key: no draw, so the budgets drawn below stay those of a single-key run.
-                key = keys[0][0] if len(keys) == 1 else rng.choices([k for k, _ in keys], [w for _, w in keys])[0]
+                b = rng.choice(budgets)
+                # One key: no draw, so the budgets stay those of a single-key run.
+                ks = keys_at[b]
+                key = ks[0][0] if len(keys) == 1 else rng.choices([k for k, _ in ks], [w for _, w in ks])[0]
                 problem, response = r["problem"], None if key == "none" else r[key]
             except (ValueError, KeyError) as e:
                 sys.exit(f"budget_records: {a.src}:{i}: {e}")
-            b = rng.choice(budgets)
             line = a.template.format(budget=b)
             if a.where == "system":
                 msgs = [{"role": "system", "content": line}, {"role": "user", "content": problem}]
@@ -58,7 +67,7 @@ def main():
             if response is not None:
                 msgs.append({"role": "assistant", "content": response})
             # The record's other fields (answer, steps, needs_reasoning, ...) travel with it.
-            rest = {k: v for k, v in r.items() if k not in ("problem", "direct", "concise", "verbose")}
+            rest = {k: v for k, v in r.items() if k not in ("problem", "direct", "terse", "concise", "verbose")}
             g.write(json.dumps({"messages": msgs, **rest, "budget": b}) + "\n")
             n += 1
     os.replace(a.dst + ".tmp", a.dst)

@@ -1,6 +1,7 @@
 // The "chains" benchmark: arithmetic recomputed from the problem text, ranges, determinism, the
-// three completion styles (they grade correct, verbose >= 2.5x concise in characters and in
+// four completion styles (they grade correct, terse lists the running values, verbose >= 2.5x concise in characters and in
 // tiny-tokenizer tokens), JSONL output read back by data/dataset, and the tiny tokenizer itself.
+#include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <ctype.h>
 #include <stdio.h>
@@ -26,8 +27,8 @@ static void check_example(const ChainsConfig *c, const ChainsExample *ex) {
     cr_assert_eq(sscanf(p, "Start with %d.%n", &v, &n), 1, "problem: %s", p);
     cr_assert(v >= 1 && v <= c->max_start, "start %d", v);
     p += n;
-    char want_concise[1024] = "";
-    size_t wl = 0;
+    char want_concise[1024] = "", want_terse[256] = "";
+    size_t wl = 0, tl = 0;
     int steps = 0;
     for (;;) {
         char verb[16];
@@ -56,6 +57,7 @@ static void check_example(const ChainsConfig *c, const ChainsExample *ex) {
             cr_assert(b >= 2 && b <= c->max_factor, "factor %d", b);
         cr_assert(r >= 0 && r <= c->max_value, "intermediate %d out of 0..%d in %s", r, c->max_value, ex->problem);
         wl += (size_t)snprintf(want_concise + wl, sizeof want_concise - wl, "%d %c %d = %d\n", a, sym, b, r);
+        tl += (size_t)snprintf(want_terse + tl, sizeof want_terse - tl, "%s%d", steps ? " " : "", r);
         v = r;
         steps++;
     }
@@ -68,6 +70,8 @@ static void check_example(const ChainsConfig *c, const ChainsExample *ex) {
     cr_assert_str_eq(ex->answer, ans);
     snprintf(want_concise + wl, sizeof want_concise - wl, "Answer: %d", v);
     cr_assert_str_eq(ex->concise, want_concise);
+    snprintf(want_terse + tl, sizeof want_terse - tl, "\nAnswer: %d", v);
+    cr_assert_str_eq(ex->terse, want_terse);
     char direct[32];
     snprintf(direct, sizeof direct, "Answer: %d", v);
     cr_assert_str_eq(ex->direct, direct);
@@ -84,7 +88,7 @@ static void check_example(const ChainsConfig *c, const ChainsExample *ex) {
     size_t vl = strlen(ex->verbose), dl = strlen(direct);
     cr_assert(vl > dl && strcmp(ex->verbose + vl - dl, direct) == 0 && ex->verbose[vl - dl - 1] == '\n');
 
-    // All three grade correct; a wrong gold does not; and nothing before the last line of the
+    // All four grade correct; a wrong gold does not; and nothing before the last line of the
     // verbose trace looks like a final answer to the grader.
     char wrong[16];
     snprintf(wrong, sizeof wrong, "%d", v + 1);
@@ -118,7 +122,8 @@ Test(synth, chains_arithmetic_and_completions) {
         cr_assert_gt(hist[k], 250, "k = %d drawn %d times of 3000", k, hist[k]);
     cr_assert_geq(chars[CHAINS_VERBOSE], 2.5 * chars[CHAINS_CONCISE], "verbose/concise = %.2f in characters",
                   chars[CHAINS_VERBOSE] / chars[CHAINS_CONCISE]);
-    cr_assert_lt(chars[CHAINS_DIRECT], chars[CHAINS_CONCISE]);
+    cr_assert_lt(chars[CHAINS_DIRECT], chars[CHAINS_TERSE]);
+    cr_assert_lt(chars[CHAINS_TERSE], chars[CHAINS_CONCISE]);
 
     // Other ranges are honoured too.
     ChainsConfig d = {4, 4, 9, 9, 3, 50};
@@ -177,8 +182,8 @@ Test(synth, jsonl_reads_back_through_dataset) {
     cr_assert_eq(chains_write_jsonl(&c, 300, 1, path, NULL, &st), ER_OK, "%s", er_last_error());
     cr_assert_geq(st.mean_chars[CHAINS_VERBOSE], 2.5 * st.mean_chars[CHAINS_CONCISE]);
     cr_assert(st.mean_steps > 3.5 && st.mean_steps < 5.5, "mean steps %.2f", st.mean_steps);
-    const char *styles[] = {"direct", "concise", "verbose"};
-    for (int s = 0; s < 3; s++) {
+    const char *styles[] = {"direct", "terse", "concise", "verbose"};
+    for (int s = 0; s < CHAINS_NSTYLES; s++) {
         DatasetOptions opt = {styles[s]};
         Dataset d;
         cr_assert_eq(dataset_load(path, &opt, 0, &d), ER_OK, "%s", er_last_error());
@@ -252,8 +257,8 @@ Test(synth, tiny_tokenizer_round_trips_and_splits_digits) {
         ChatMessage m[] = {{"user", ex.problem}, {"assistant", ex.verbose}};
         char *chat;
         cr_assert_eq(chat_render(CHAT_CHATML, m, 2, 0, &chat, NULL), ER_OK);
-        const char *texts[] = {ex.problem, ex.concise, ex.verbose, chat};
-        for (int t = 0; t < 4; t++) {
+        const char *texts[] = {ex.problem, ex.terse, ex.concise, ex.verbose, chat};
+        for (int t = 0; t < 5; t++) {
             int *ids, n;
             cr_assert_eq(tok_encode(tok, texts[t], strlen(texts[t]), &ids, &n), ER_OK, "%s", er_last_error());
             char *back;
@@ -270,7 +275,7 @@ Test(synth, tiny_tokenizer_round_trips_and_splits_digits) {
                 cr_assert(digits == 0 || (digits == 1 && len == 1), "token %d \"%.*s\" mixes a digit with other bytes",
                           ids[k], (int)len, b);
             }
-            if (t == 3) {
+            if (t == 4) {
                 cr_assert_eq(ids[0], tok_token_id(tok, "<|im_start|>"));
                 cr_assert_eq(ids[n - 2], tok_token_id(tok, "<|im_end|>"));
             }
@@ -281,6 +286,70 @@ Test(synth, tiny_tokenizer_round_trips_and_splits_digits) {
         chains_example_free(&ex);
     }
     tok_free(tok);
+}
+
+// scripts/budget_records.py (SFT records for make paper) with short forms tied to a budget: a key with @B is drawn
+// only where the record's budget is B, near its weight; each response is its record's completion of that key.
+Test(synth, budget_records_tie_short_forms_to_budgets) {
+    ChainsConfig c;
+    chains_config_default(&c);
+    char in[64], out[64], cmd[512];
+    snprintf(in, sizeof in, "/tmp/er_test_br_%d.jsonl", (int)getpid());
+    snprintf(out, sizeof out, "/tmp/er_test_br_out_%d.jsonl", (int)getpid());
+    cr_assert_eq(chains_write_jsonl(&c, 3000, 5, in, NULL, NULL), ER_OK, "%s", er_last_error());
+    snprintf(cmd, sizeof cmd, "python3 scripts/budget_records.py %s %s --key terse@32:10,concise@64:10,direct:5,"
+             "verbose:85 --budgets 32,64 --seed 3 > /dev/null", in, out);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    char *text;
+    size_t len;
+    cr_assert_eq(file_read_all(out, 1 << 24, &text, &len), ER_OK, "%s", er_last_error());
+    long count[2][4] = {{0}}; // [budget 32, 64][direct, terse, concise, verbose]
+    char *line = text;
+    for (int i = 0; i < 3000; i++) {
+        char *end = strchr(line, '\n');
+        cr_assert_not_null(end, "record %d missing", i + 1);
+        *end = 0;
+        cJSON *r = cJSON_Parse(line);
+        cr_assert_not_null(r, "record %d: %s", i + 1, line);
+        int b = cJSON_GetObjectItem(r, "budget")->valueint;
+        cr_assert(b == 32 || b == 64, "budget %d", b);
+        const cJSON *msgs = cJSON_GetObjectItem(r, "messages");
+        cr_assert_eq(cJSON_GetArraySize(msgs), 3);
+        const char *reply = cJSON_GetObjectItem(cJSON_GetArrayItem(msgs, 2), "content")->valuestring;
+        ChainsExample ex;
+        cr_assert_eq(chains_generate(&c, 5, (uint64_t)i, &ex), ER_OK);
+        int k = 0;
+        while (k < 4 && strcmp(reply, chains_completion(&ex, (ChainsStyle)k)) != 0)
+            k++;
+        cr_assert_lt(k, 4, "record %d: the response is none of its completions: %s", i + 1, reply);
+        count[b == 64][k]++;
+        chains_example_free(&ex);
+        cJSON_Delete(r);
+        line = end + 1;
+    }
+    cr_assert_eq(*line, 0, "more records than problems");
+    er_free(text);
+    cr_assert_eq(count[0][CHAINS_CONCISE], 0, "concise is tied to 64, drawn at 32");
+    cr_assert_eq(count[1][CHAINS_TERSE], 0, "terse is tied to 32, drawn at 64");
+    for (int b = 0; b < 2; b++) {
+        long n = count[b][0] + count[b][1] + count[b][2] + count[b][3];
+        double shorts = (double)count[b][b ? CHAINS_CONCISE : CHAINS_TERSE] / (double)n;
+        double direct = (double)count[b][CHAINS_DIRECT] / (double)n;
+        cr_assert(n > 1300 && shorts > 0.07 && shorts < 0.13 && direct > 0.03 && direct < 0.07,
+                  "budget %d: %ld records, short form %.3f, direct %.3f", b ? 64 : 32, n, shorts, direct);
+    }
+    // An @budget outside --budgets is refused with one line, before any output.
+    unlink(out);
+    snprintf(cmd, sizeof cmd, "python3 scripts/budget_records.py %s %s --key terse@16:4,verbose --budgets 32,64 "
+             "2> %s.err", in, out, out);
+    cr_assert_neq(system(cmd), 0, "%s", cmd);
+    cr_assert_neq(access(out, F_OK), 0, "output written despite the error");
+    snprintf(cmd, sizeof cmd, "%s.err", out);
+    cr_assert_eq(file_read_all(cmd, 4096, &text, &len), ER_OK);
+    cr_assert(strstr(text, "--key terse@16:4,verbose") != NULL && strchr(text, '\n') == text + len - 1, "%s", text);
+    er_free(text);
+    unlink(cmd);
+    unlink(in);
 }
 
 Test(synth, verbose_longer_in_tokens) {
