@@ -22,9 +22,12 @@
 # models do when asked to think. The base's chat prompt states then serve step-by-step reading of the
 # operands, which a masked adapter (off on the prompt) relies on; the verbose style stays the SFT's to
 # teach. Direct answers stay twice as frequent, so the base still answers directly when nothing opens
-# its thinking. models/tiny-cot, make paper's base, is this mix (its README.md).
-# MIX=cotbudget (an experiment, README "Budget tracking"): as cot, but each thinking record states a budget and
-# follows it: at 32 tokens the running values only ("27 21 26\nAnswer: 26"), above it the concise trace.
+# its thinking. models/tiny-cot is this mix (its README.md).
+# MIX=cotbudget: as cot, but every thinking record states a budget and follows it: at 32 tokens the running
+# values only (the terse trace, "27 21 26\nAnswer: 26"), above it the concise trace. The base's prompt states then
+# carry the number, which a masked adapter reads to follow the budget (README "Budget tracking"). Such a base
+# answers one-step problems directly and opens its thinking on longer ones when a budget is stated.
+# models/tiny-cotbudget, make paper's base, is this mix (its README.md).
 #
 # Usage: scripts/build_tiny_base.sh            full base (~27 min on one core)
 #        QUICK=1 scripts/build_tiny_base.sh    tiny variant for CI (seconds); cache runs/tiny-base-quick
@@ -80,23 +83,19 @@ cot_mix = sys.argv[4] in ("cot", "cotbudget")
 cot_budget = sys.argv[4] == "cotbudget"
 n_cot = 0
 def chat(line, reply=lambda r, b: r["direct"], always_budget=False):
-    """A chat record answered by reply(record, budget) (default: the direct answer); half of them (all with
-    always_budget) state a budget in a system line."""
+    """A chat record answered by reply(record, budget or None) (default: the direct answer); half of them (all
+    with always_budget) state a budget in a system line."""
     r = json.loads(line)
     b = rng.choice([32, 64, 128, 256]) if always_budget or rng.random() < 0.5 else None
     msgs = [{"role": "user", "content": r["problem"]}, {"role": "assistant", "content": reply(r, b)}]
     if b:
         msgs.insert(0, {"role": "system", "content": f"Think for at most {b} tokens."})
     return json.dumps({"messages": msgs, "answer": r["answer"]}) + "\n"
-def terse(concise):
-    """The running values of a concise trace on one line, then its answer line."""
-    lines = concise.split("\n")
-    return " ".join(l.split(" = ")[1] for l in lines[:-1]) + "\n" + lines[-1]
 def cot(line):
     """The same problem in the chat format, the thinking opened and the concise trace after it; with
-    MIX=cotbudget the budget is always stated and at 32 tokens the trace is terse."""
+    MIX=cotbudget a budget is always stated, and at 32 tokens the trace is terse (running values only)."""
     if cot_budget:
-        return chat(line, lambda r, b: "<think>\n" + (terse(r["concise"]) if b <= 32 else r["concise"]), True)
+        return chat(line, lambda r, b: "<think>\n" + (r["terse"] if b == 32 else r["concise"]), True)
     return chat(line, lambda r, b: "<think>\n" + r["concise"])
 def text(r):
     """Problem and verbose trace; with MIX=budget half of them state a budget and follow it."""
@@ -120,7 +119,8 @@ print(f"mix: {n_chat} chat records (direct answers, k = 1..8, half with a budget
       f"{n_one} chat records (direct, k = 1) + "
       f"{n_text} raw-text records "
       f"(problem + {'trace, half following a stated budget' if budget_mix else 'verbose trace'})"
-      + (f" + {n_cot} chat records (thinking opened, concise trace)" if cot_mix else ""))
+      + (f" + {n_cot} chat records (thinking opened, "
+         f"{'budget stated, terse trace at 32 tokens, concise above' if cot_budget else 'concise trace'})" if cot_mix else ""))
 PY
 mv "$mix.tmp" "$mix"
 
