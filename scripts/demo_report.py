@@ -338,6 +338,7 @@ def parse_args(*report_flags):
         ap.add_argument(flag, required=True)
     ap.add_argument("--quick", type=int, default=0)
     ap.add_argument("--seconds", type=int, default=0)
+    ap.add_argument("--load", type=float, help="the 5-minute load average at the run's end (default: now)")
     return ap.parse_args()
 
 

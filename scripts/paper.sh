@@ -23,20 +23,24 @@ else
   OUT=${OUT:-runs/paper}; REPORT=${REPORT:-docs/paper.md}
   N_TRAIN=6000 N_TEST=1000 N_EASY=600 N_HARD=400 N_VAL=100 SFT_STEPS=600 GRPO_STEPS=350 GRPO_PROMPTS=16 HEADS_N=1000
 fi
-# The base: models/tiny-cot, the tiny base pretrained with chat-format thinking as well (MIX=cot in
-# scripts/build_tiny_base.sh). Chosen on 1000 validation problems (seed 37, k = 1..8, B = 64 stated, greedy;
-# README "`make paper`" tells how), masked against --no-mask SFT: models/tiny-base 33.2% vs 47.1% at 300 steps,
-# models/tiny-cot 54.1% vs 56.4% at 300 and 70.6% vs 77.3% at 600.
-BASE=models/tiny-cot
+# The base: models/tiny-cotbudget, the tiny base pretrained with chat-format thinking that states a budget and
+# follows it (MIX=cotbudget in scripts/build_tiny_base.sh; terse trace at 32 tokens, concise above), so that a
+# masked adapter can read the budget from the prompt states. Chosen on 1000 validation problems (seed 37, k = 1..8,
+# greedy; README "Budget tracking"): GRPO on this base with the SFT records below gave 33.1 / 96.4 / 97.1% at
+# 22.4 / 46.1 / 46.1 tokens at B = 32 / 64 / 128; on models/tiny-cot one length at every budget (47.3 tokens in
+# the make paper run on it). Masked against --no-mask SFT at 600 steps, B = 64: models/tiny-cot 70.6% vs 77.3%,
+# this base 74.7% vs 77.2%.
+BASE=models/tiny-cotbudget
 # Also chosen on that split: SFT_STEPS (masked SFT on models/tiny-base 29.5% at 150 steps, 33.2% at 300, 40.1% at
 # 600; on models/tiny-cot 54.1% at 300, 70.6% at 600; every SFT here runs as many) and the W4 base's transforms
 # (models/tiny-base, QAMR at 150 steps: none 27.6%, closed-form fpt 27.2%, trained fpt 27.2%).
 W4_TRANSFORMS=none
-# And the SFT records' responses: verbose traces with 2% concise and 2% direct answers drawn among them, so that
-# the adapter holds the short forms GRPO can move to. Validation, B = 64, greedy: verbose only, SFT 70.6% at 147.4
-# tokens -> GRPO 81.6% at 62.3 (2.37x); this mix, SFT 68.4% at 142.6 -> GRPO 85.2% at 46.2 (3.09x). With 10%
-# concise and 5% direct, SFT's greedy answers went direct on 35% of the problems (57.4%); here they stay verbose.
-SFT_KEYS=verbose:96,concise:2,direct:2
+# And the SFT records' responses: verbose traces, 2% direct answers and 4% the budget's short form (terse at 32,
+# concise at 64 and 128), so that the adapter holds the short forms GRPO can move to, each tied to the budget it
+# serves. Validation, on models/tiny-cot, B = 64: verbose only, SFT 70.6% at 147.4 tokens -> GRPO 81.6% at 62.3
+# (2.37x); 2% concise and 2% direct, 68.4% at 142.6 -> 85.2% at 46.2 (3.09x). On this base, 2% each of concise,
+# terse and direct drawn at every budget: GRPO 90.0 / 92.0 / 92.1% at 53.8 tokens for every budget.
+SFT_KEYS=terse@32:4,concise@64:4,concise@128:4,direct:2,verbose:94
 BUDGETS="32 64 128"
 EVAL_BUDGET=64                       # the budget stated where a single one is needed
 SYS() { echo "Think for at most $1 tokens."; }
@@ -152,5 +156,6 @@ both pipe_votes pipe_mix
 
 stage "8. the report"
 $PY scripts/paper_report.py --out "$OUT" --report "$REPORT" --base "$BASE" --sft-keys "$SFT_KEYS" \
-  --budgets "${BUDGETS// /,}" --eval-budget "$EVAL_BUDGET" --quick "$QUICK" --seconds "$(elapsed)"
+  --budgets "${BUDGETS// /,}" --eval-budget "$EVAL_BUDGET" --quick "$QUICK" --seconds "$(elapsed)" \
+  --load "$(cut -d' ' -f2 /proc/loadavg)"
 echo "paper: finished in $(elapsed) s"
