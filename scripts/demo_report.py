@@ -32,6 +32,11 @@ def find(obj, key):
     return None
 
 
+def fmt_auc(x):
+    """A ROC-AUC to 3 places; n/a where the heads had only one class to score (none recorded)."""
+    return "n/a" if x is None else f"{x:.3f}"
+
+
 def roc_auc(scores, labels):
     pos = [s for s, y in zip(scores, labels) if y]
     neg = [s for s, y in zip(scores, labels) if not y]
@@ -245,10 +250,9 @@ class Report:
         self.p(f"| switcher | {100 * nr[5]:.1f}% | {nr[4]:.1f} | {100 * nr[3]:.1f}% |")
         self.p()
         saved = 1 - nr[4] / na[4] if na[4] > 0 else float("nan")
-        fmt = lambda x: "n/a" if x is None else f"{x:.3f}"
         self.p(f"Tokens saved by routing: {100 * saved:.1f}%. Switcher ROC-AUC on the evaluation problems "
-               f"(label: the record's needs_reasoning, k > 1): {fmt(auc)}; on its own held-out split: {fmt(heads['switcher'][0])}. "
-               f"Verifier held-out ROC-AUC: {fmt(heads['verifier'][0])}.")
+               f"(label: the record's needs_reasoning, k > 1): {fmt_auc(auc)}; on its own held-out split: {fmt_auc(heads['switcher'][0])}. "
+               f"Verifier held-out ROC-AUC: {fmt_auc(heads['verifier'][0])}.")
         self.p()
 
     def table4(self):

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from demo_report import (find, gnuplot_curves, gnuplot_votes, jsonl, padded_bounds, padded_range,  # noqa: E402
+from demo_report import (find, fmt_auc, gnuplot_curves, gnuplot_votes, jsonl, padded_bounds, padded_range,  # noqa: E402
                          pareto_plot, parse_args, run_report, vote_lines, vote_table, write_curve, write_report)
 
 
@@ -165,7 +165,7 @@ class Paper:
         self.targets.append(("verifier-weighted vote @8 beats greedy and majority", "71.0 -> 78.2 (majority 77.5)",
                              ">= greedy + 5 points and > majority @8",
                              f"greedy {100 * g:.1f}%, majority {100 * mj:.1f}%, weighted {100 * w:.1f}%; verifier "
-                             f"held-out ROC-AUC {auc_v:.3f}", w >= g + 0.05 and w > mj))
+                             f"held-out ROC-AUC {fmt_auc(auc_v)}", w >= g + 0.05 and w > mj))
         route, always = vote_table(f"{out}/mix-route.log")[-1], vote_table(f"{out}/mix-always.log")[-1]
         n_mix = len(jsonl(f"{out}/mix-route.jsonl"))
         self.p(f"### Switcher ({n_mix} test problems: three easy, k = 1, to one hard; N = {route[0]}, T = {T})")
@@ -179,7 +179,7 @@ class Paper:
         self.targets.append(("switcher saves tokens without losing accuracy", "-",
                              ">= 40% tokens saved at <= 1 point cost (easy/hard mix)",
                              f"{100 * saved:.1f}% saved, {100 * always[3]:.1f}% -> {100 * route[3]:.1f}% "
-                             f"({100 * (route[3] - always[3]):+.1f} points); switcher held-out ROC-AUC {auc_s:.3f}",
+                             f"({100 * (route[3] - always[3]):+.1f} points); switcher held-out ROC-AUC {fmt_auc(auc_s)}",
                              saved >= 0.4 and route[3] >= always[3] - 0.01))
 
     def plots(self):
