@@ -8,7 +8,8 @@ Each output record is {"messages": [system, user, assistant], "budget"} plus the
 budget is drawn per record from --budgets with a seeded RNG and stated by --template, in its own
 system message or (--where user) at the end of the user message, as `ertrain grpo --budget-in`.
 --key none writes prompts only (evaluation records). The response is the record's --key
-completion whatever the budget: the SFT adapter learns the trace format, GRPO then learns the budget.
+completion (direct, terse, concise, verbose) whatever the budget: the SFT adapter learns the trace format, GRPO
+then learns the budget.
 Several keys with weights (verbose:96,concise:2,direct:2) draw each record's completion from them, seeded,
 so the adapter also holds the shorter forms GRPO can choose between. A key with @B is drawn only for records
 whose budget is B (terse@32:4,concise@64:4,concise@128:4,direct:2,verbose:94: the short form of each budget),
