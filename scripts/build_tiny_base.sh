@@ -27,12 +27,12 @@
 # values only (the terse trace, "27 21 26\nAnswer: 26"), above it the concise trace. The base's prompt states then
 # carry the number, which a masked adapter reads to follow the budget (README "Budget tracking"). Such a base
 # answers one-step problems directly and opens its thinking on longer ones when a budget is stated.
-# models/tiny-cotbudget, make paper's base, is this mix (its README.md).
+# models/tiny-cotbudget, make paper's base, is this mix at STEPS=7200 (its README.md).
 #
 # Usage: scripts/build_tiny_base.sh            full base (~27 min on one core)
 #        QUICK=1 scripts/build_tiny_base.sh    tiny variant for CI (seconds); cache runs/tiny-base-quick
 # Env:   OUT (cache dir), THREADS (default 1: faster than 2 on a shared 2-core machine), B (binaries),
-#        CONFIG (the model config, default configs/tiny.json).
+#        CONFIG (the model config, default configs/tiny.json), STEPS (pretraining steps, default 3600).
 # The cache is reused when OUT/model holds a finished model whose recorded inputs (OUT/inputs.txt:
 # every setting below and the hashes of the config, the tokenizer and the generated data) match.
 set -euo pipefail
