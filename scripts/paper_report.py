@@ -81,7 +81,7 @@ class Paper:
         for m, what in (("grpo", "stated only"), ("grpo-forced", "stated and enforced (--budget B)")):
             lens = [rows[(m, b)][1] for b in B]
             accs = [rows[(m, b)][0] for b in B]
-            rising = all(lens[i] <= lens[i + 1] for i in range(len(B) - 1))
+            never_shorter = all(lens[i] <= lens[i + 1] for i in range(len(B) - 1))
             keeps = all(accs[i] <= accs[i + 1] for i in range(len(B) - 1))
             # A step where the length does not grow by 1% is said, whichever way the verdict goes.
             flat = [f"B = {B[i]} -> {B[i + 1]}: {100 * (lens[i + 1] / lens[i] - 1):+.1f}%" for i in range(len(B) - 1)
@@ -92,7 +92,7 @@ class Paper:
                                  f"{' / '.join(f'{x:.1f}' for x in lens)} tokens ({lens[-1] / lens[0]:.2f}x), "
                                  f"{' / '.join(f'{100 * x:.1f}' for x in accs)}% at B = {' / '.join(map(str, B))}"
                                  + (f"; length {', '.join(flat)}" if flat else ""),
-                                 rising and lens[-1] / lens[0] >= 1.5 and keeps))
+                                 never_shorter and lens[-1] / lens[0] >= 1.5 and keeps))
         with open(f"{out}/pareto.dat", "w") as f:
             for b in B:
                 f.write(f"{b} " + " ".join(f"{rows[(m, b)][1]} {rows[(m, b)][0]}"

@@ -1,6 +1,7 @@
 // The "chains" benchmark: arithmetic recomputed from the problem text, ranges, determinism, the
-// four completion styles (they grade correct, terse lists the running values, verbose >= 2.5x concise in characters and in
-// tiny-tokenizer tokens), JSONL output read back by data/dataset, and the tiny tokenizer itself.
+// four completion styles (they grade correct, terse lists the running values, verbose >= 2.5x concise in
+// characters and in tiny-tokenizer tokens), JSONL output read back by data/dataset, and the tiny tokenizer
+// itself.
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <ctype.h>
@@ -303,7 +304,7 @@ Test(synth, budget_records_tie_short_forms_to_budgets) {
     char *text;
     size_t len;
     cr_assert_eq(file_read_all(out, 1 << 24, &text, &len), ER_OK, "%s", er_last_error());
-    long count[2][4] = {{0}}; // [budget 32, 64][direct, terse, concise, verbose]
+    long count[2][CHAINS_NSTYLES] = {{0}}; // [budget 32, 64][style]
     char *line = text;
     for (int i = 0; i < 3000; i++) {
         char *end = strchr(line, '\n');
@@ -319,9 +320,9 @@ Test(synth, budget_records_tie_short_forms_to_budgets) {
         ChainsExample ex;
         cr_assert_eq(chains_generate(&c, 5, (uint64_t)i, &ex), ER_OK);
         int k = 0;
-        while (k < 4 && strcmp(reply, chains_completion(&ex, (ChainsStyle)k)) != 0)
+        while (k < CHAINS_NSTYLES && strcmp(reply, chains_completion(&ex, (ChainsStyle)k)) != 0)
             k++;
-        cr_assert_lt(k, 4, "record %d: the response is none of its completions: %s", i + 1, reply);
+        cr_assert_lt(k, CHAINS_NSTYLES, "record %d: the response is none of its completions: %s", i + 1, reply);
         count[b == 64][k]++;
         chains_example_free(&ex);
         cJSON_Delete(r);
