@@ -177,7 +177,7 @@ int main(int argc, char **argv) {
     bench_load_average(load, sizeof load);
     printf("== quantized decode: weight pass of a Qwen2.5-0.5B-shaped model (%d layers%s), threads %d, %s kernels, "
            "load average %s ==\n",
-           layers, no_head ? "" : " + lm_head", threads, quant_has_simd() && !portable ? "AVX2" : "portable", load);
+           layers, no_head ? "" : " + lm_head", threads, quant_has_simd() && !portable ? quant_simd_name() : "portable", load);
     double bw = bench_read_bandwidth((size_t)bw_mib, 5);
     printf("memory read bandwidth: %.2f GB/s (best of 5 passes over %d MiB)\n", bw, bw_mib);
     fflush(stdout);

@@ -16,6 +16,8 @@
 //     accumulator chains so that FMA latency does not set the pace at N = 1.
 //     q8, q4 and q4g32 (cols a multiple of 64) instead quantize the inputs to int8 once per product and
 //     use integer dot products (section "int8 activations" below): W8A8 / W4A8, like llama.cpp's CPU path.
+//     With AVX-512, fp32 and bf16 from N = 2 put two weight rows in one 16-lane register (section "fp32 and
+//     bf16 weights on AVX-512"), the portable path's sums bit for bit.
 // The SIMD kernels are the `decode` column of the format table (quant/weight.c); this file also holds
 // the products that choose between the decode and GEMM paths.
 #include <math.h>
@@ -35,7 +37,9 @@
 int quant_has_simd(void) { return QK_SIMD; }
 
 const char *quant_simd_name(void) {
-#if QK_AVX2
+#if QK_AVX512
+    return "AVX2 + AVX-512";
+#elif QK_AVX2
     return "AVX2";
 #elif QK_SIMD
     return qk_neon_features();
@@ -440,7 +444,7 @@ static QK_ROWS(WF_Q4, qk_float_q4)
 static QK_ROWS(WF_Q4G, qk_float_q4g)
 QK_ROWS(WF_Q2LUT, qk_decode_simd_q2lut)
 QK_ROWS(WF_Q4LUT, qk_decode_simd_q4lut)
-QK_ROWS(WF_BF16, qk_decode_simd_bf16)
+static QK_ROWS(WF_BF16, qk_float_bf16)
 QK_ROWS(WF_F16, qk_decode_simd_f16)
 
 // ---- int8 activations: q8, q4 and q4g32 with integer dot products ----
@@ -628,6 +632,114 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
 QK_I8(WF_Q8, q8)
 QK_I8(WF_Q4, q4)
 QK_I8(WF_Q4G, q4g)
+
+#if QK_AVX512
+// ---- fp32 and bf16 weights on AVX-512: two weight rows per register ----
+// Past a few input rows the fp32 products are bound by the multiply-adds, 8 lanes at a time in the portable
+// path. Here a 16-lane register holds 8 columns of two weight rows (row r in lanes 0-7, row r + 1 in lanes
+// 8-15) and each input row's 8 columns are broadcast to both halves, so one multiply and one add serve two
+// weight rows while each half keeps gemm_dot_f32's lanes and order: the products are bit for bit the
+// portable path's, at every N (a multiply, then an add: fused, they would round otherwise). QK_PAIRS pairs
+// per pass: at N = 8, 3 * 8 accumulators, 3 weight pairs and one input in the 32 registers.
+#define QK_PAIRS 3
+
+// Columns k .. k + 7 of rows w0 and w1 (fp32 or bf16, as element offsets) as one register.
+static inline __m512 pair8(const void *w0, const void *w1, int k, const WeightFormat fmt) {
+    if (fmt == WF_F32)
+        return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)w0 + k)),
+                                  _mm256_loadu_ps((const float *)w1 + k), 1);
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)((const uint16_t *)w0 + k))),
+                                        _mm_loadu_si128((const __m128i *)((const uint16_t *)w1 + k)), 1);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); // a bf16 is an fp32's top half
+}
+
+static inline float elem_f32(const void *row, int j, const WeightFormat fmt) {
+    return fmt == WF_F32 ? ((const float *)row)[j] : bf16_to_f32(((const uint16_t *)row)[j]);
+}
+
+// Rows r0 .. r0 + 2P - 1 (the last one repeated where it runs past R) against the N inputs.
+static inline __attribute__((always_inline)) void pairs_block(float *out, int R, int r0, const Weight *w,
+                                                              const float *inp, int K, const int N, const int P,
+                                                              const WeightFormat fmt) {
+    const void *row[2 * QK_PAIRS];
+    size_t rb = weight_row_bytes(fmt, K);
+    for (int i = 0; i < 2 * P; i++)
+        row[i] = (const uint8_t *)w->data + (size_t)(r0 + i < R ? r0 + i : R - 1) * rb;
+    __m512 acc[QK_PAIRS * QUANT_DECODE_MAX_N];
+#pragma GCC unroll 24
+    for (int i = 0; i < P * N; i++)
+        acc[i] = _mm512_setzero_ps();
+    int K8 = K & ~7;
+    for (int k = 0; k < K8; k += 8) {
+        __m512 wv[QK_PAIRS];
+#pragma GCC unroll 3
+        for (int p = 0; p < P; p++)
+            wv[p] = pair8(row[2 * p], row[2 * p + 1], k, fmt);
+#pragma GCC unroll 8
+        for (int n = 0; n < N; n++) {
+            __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(inp + (size_t)n * K + k));
+#pragma GCC unroll 3
+            for (int p = 0; p < P; p++)
+                acc[p * N + n] = _mm512_add_ps(acc[p * N + n], _mm512_mul_ps(wv[p], xv));
+        }
+    }
+    for (int p = 0; p < P; p++)
+        for (int n = 0; n < N; n++) {
+            v8f half[2];
+            memcpy(half, &acc[p * N + n], sizeof half);
+            for (int h = 0; h < 2 && r0 + 2 * p + h < R; h++) {
+                float s = gemm_lanes_sum(&half[h]);
+                for (int j = K8; j < K; j++)
+                    s += elem_f32(row[2 * p + h], j, fmt) * inp[(size_t)n * K + j];
+                out[(size_t)n * R + r0 + 2 * p + h] = s;
+            }
+        }
+}
+
+#define QK_PAIRS_BLOCK(FMT, P)                                                                                 \
+    switch (N) {                                                                                           \
+    case 1: pairs_block(out, R, r0, w, inp, K, 1, P, FMT); break;                                          \
+    case 2: pairs_block(out, R, r0, w, inp, K, 2, P, FMT); break;                                          \
+    case 3: pairs_block(out, R, r0, w, inp, K, 3, P, FMT); break;                                          \
+    case 4: pairs_block(out, R, r0, w, inp, K, 4, P, FMT); break;                                          \
+    case 5: pairs_block(out, R, r0, w, inp, K, 5, P, FMT); break;                                          \
+    case 6: pairs_block(out, R, r0, w, inp, K, 6, P, FMT); break;                                          \
+    case 7: pairs_block(out, R, r0, w, inp, K, 7, P, FMT); break;                                          \
+    default: pairs_block(out, R, r0, w, inp, K, 8, P, FMT); break;                                         \
+    }
+
+// Blocks of 2 * QK_PAIRS rows on the threads, then the last R % (2 * QK_PAIRS) rows a pair at a time.
+#define QK_PAIRS_KERNEL(FMT, name)                                                                          \
+    int name(float *out, const float *inp, const Weight *w, int N) {                     \
+        int R = w->rows, K = w->cols, full = R - R % (2 * QK_PAIRS);                                      \
+        _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
+        for (int r0 = 0; r0 < full; r0 += 2 * QK_PAIRS) {                                                  \
+            QK_PAIRS_BLOCK(FMT, QK_PAIRS);                                                                    \
+        }                                                                                                  \
+        for (int r0 = full; r0 < R; r0 += 2) {                                                             \
+            QK_PAIRS_BLOCK(FMT, 1);                                                                           \
+        }                                                                                                  \
+        return ER_OK;                                                                                      \
+    }
+
+static QK_PAIRS_KERNEL(WF_F32, qk_pairs_f32)
+static QK_PAIRS_KERNEL(WF_BF16, qk_pairs_bf16)
+
+// One input row is bound by the weight stream, which one row at a time reads best (the portable fp32
+// product, the bf16 kernel above; a bf16 pass 1.3x faster that way at N = 1 on the 0.5B shape); the pairs
+// from N = 2 on.
+int qk_decode_simd_f32(float *out, const float *inp, const Weight *w, int N) {
+    return N == 1 ? WEIGHT_DECODE_DECLINED : qk_pairs_f32(out, inp, w, N);
+}
+#endif
+
+int qk_decode_simd_bf16(float *out, const float *inp, const Weight *w, int N) {
+#if QK_AVX512
+    if (N > 1)
+        return qk_pairs_bf16(out, inp, w, N);
+#endif
+    return qk_float_bf16(out, inp, w, N);
+}
 
 // ---- dequantizing tiles for the GEMM path (prefill, backward) ----
 

@@ -1,6 +1,7 @@
 // The SIMD decode kernels the format table (quant/weight.c) points at, one per format that has one,
-// built where the compiler targets AVX2 + FMA + F16C (quant/qkernel.c) or aarch64 (NEON,
-// quant/qkernel_neon.c); elsewhere the table holds NULL and the portable path runs. Only quant/ includes this; everyone else goes through quant_matmul_decode.
+// built where the compiler targets AVX2 + FMA + F16C (quant/qkernel.c; fp32 too where it also targets
+// AVX-512) or aarch64 (NEON, quant/qkernel_neon.c); elsewhere the table holds NULL and the portable path
+// runs. Only quant/ includes this; everyone else goes through quant_matmul_decode.
 #ifndef QUANT_QKERNEL_H
 #define QUANT_QKERNEL_H
 
@@ -21,6 +22,12 @@ int qk_decode_simd_bf16(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_f16(float *out, const float *inp, const Weight *w, int N);
 #define QK_DECODE(name) qk_decode_simd_##name
 #define QK_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+// fp32 (and bf16) with AVX-512: two weight rows per 16-lane register, bit for bit the portable path.
+#define QK_AVX512 1
+int qk_decode_simd_f32(float *out, const float *inp, const Weight *w, int N);
+#define QK_DECODE_F32 qk_decode_simd_f32
+#endif
 // Row r as fp32 for the GEMM path's tiles, bit for bit weight_row_f32's, for q8, q4 and q4g (group a
 // multiple of 16); returns 0, writing nothing, for any other weight.
 int qk_dequant_row_simd(float *dst, const Weight *w, int r);
@@ -40,6 +47,10 @@ const char *qk_neon_features(void);
 #else
 #define QK_SIMD 0
 #define QK_DECODE(name) NULL
+#endif
+
+#ifndef QK_DECODE_F32 // elsewhere fp32 weights go to the portable path (nothing to unpack)
+#define QK_DECODE_F32 NULL
 #endif
 
 #if QK_SIMD

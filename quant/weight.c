@@ -98,7 +98,7 @@ static void row_q2lut(float *dst, const Weight *w, int r) {
 #define SPARSE_VALUES {"_sparse_values", "sparse values", DT_F16, WC_SPARSE, offsetof(Weight, sp_vals), 0}
 
 static const WeightFormatInfo FORMATS[WF_COUNT] = {
-    [WF_F32] = {"f32", 32, 0, 0, DT_F32, 0, {{0}}, row_f32, NULL, 1, {0}},
+    [WF_F32] = {"f32", 32, 0, 0, DT_F32, 0, {{0}}, row_f32, QK_DECODE_F32, 1, {0}},
     [WF_BF16] = {"bf16", 16, 0, 0, DT_BF16, 0, {{0}}, row_bf16, QK_DECODE(bf16), 0, {0}},
     [WF_F16] = {"f16", 16, 0, 0, DT_F16, 0, {{0}}, row_f16, QK_DECODE(f16), 0, {0}},
     [WF_Q8] = {"q8", 8, 1, 0, DT_I8, 1, {ROW_SCALE}, row_q8, QK_DECODE(q8), 0, {0}},

@@ -362,6 +362,47 @@ Test(quant_kernels, table_kernels_match_portable) {
            checked);
 }
 
+// fp32 products are the same bits on every path and at every N: the decode product (AVX-512's two rows per
+// register where the build has it) against the portable one, and each input row's outputs against those of
+// the row alone (N = 1), which batched decoding relies on (tests/infer/test_decode_batch.c). Row counts
+// around the kernel's blocks of 6 rows (one row left over, a pair, a block and a half), widths around
+// the 8-column steps and the portable path's tiling (1027, 2053 columns). With AVX-512, bf16 from N = 2
+// too (N = 1 runs its own kernel, checked within a tolerance by table_kernels_match_portable).
+Test(quant_kernels, f32_products_bit_for_bit_at_every_n) {
+    threads_set(2);
+    static const int rows[] = {1, 2, 5, 6, 7, 13, 19};
+    static const int widths[] = {1, 7, 8, 9, 64, 203, 1027, 2053};
+    int bf16_bitwise = strstr(quant_simd_name(), "AVX-512") != NULL, checked = 0;
+    for (int f = 0; f < 1 + bf16_bitwise; f++)
+        for (int ri = 0; ri < (int)(sizeof rows / sizeof rows[0]); ri++)
+            for (int wi = 0; wi < (int)(sizeof widths / sizeof widths[0]); wi++) {
+                int R = rows[ri], K = widths[wi];
+                Case c = {f ? WF_BF16 : WF_F32, K, 0, 0};
+                Weight w;
+                void *own;
+                make_weight(&w, &c, R, 40 + 9 * ri + wi, &own);
+                float *inp = random_vec((size_t)8 * K, 60 + wi), out[8 * 19], ref[8 * 19], alone[19];
+                float *tile = malloc(sizeof(float) * QUANT_TILE_ROWS * K);
+                for (int N = 1 + f; N <= 8; N++) {
+                    cr_assert_eq(quant_matmul_decode(out, inp, &w, N, tile), 0, "%s", er_last_error());
+                    cr_assert_eq(quant_matmul_decode_portable(ref, inp, &w, N, tile), 0);
+                    cr_assert(!memcmp(out, ref, sizeof(float) * N * R), "%s R=%d K=%d N=%d: decode != portable",
+                              weight_format_name(c.f), R, K, N);
+                    for (int n = 0; n < N && !f; n++) {
+                        cr_assert_eq(quant_matmul_decode(alone, inp + (size_t)n * K, &w, 1, tile), 0);
+                        cr_assert(!memcmp(alone, out + (size_t)n * R, sizeof(float) * R),
+                                  "f32 R=%d K=%d: input %d of %d differs from the same input alone", R, K, n, N);
+                    }
+                    checked++;
+                }
+                free(tile);
+                free(inp);
+                free_weight(&w, own);
+            }
+    printf("quant_kernels: fp32%s products bit for bit the portable path's in %d (rows, width, N) cases (%s)\n",
+           bf16_bitwise ? " and bf16" : "", checked, quant_simd_name());
+}
+
 // The int8-input kernels of q8, q4 and q4g32 at the 0.5B model's widths (896, 4864) with inputs the way
 // activations are: a block of zeros (scale 0), an outlier 300x the rest (its block's codes are mostly 0)
 // and a tiny block (1e-30, scale near the bottom of fp32), N = 1..8, against double within the int8
