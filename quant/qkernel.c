@@ -599,9 +599,10 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
 // With AVX512-VNNI, q4 and q4g32 take two weight rows per 16-lane register as the fp32 kernel does (row r
 // in lanes 0-7, row r + 1 in 8-15, the inputs broadcast to both halves): one vpdpbusd, conversion and FMA
 // serve both rows, which halves the instructions per weight that bound these products at N = 8. Each half
-// computes what qrow_i8_q4 computes for its row with one chain. QK_I8_PAIRS pairs per pass (at N = 8,
-// 16 accumulators, 4 code registers and an input's 3 in the 32 registers). From N = 2: at N = 1 the
-// weight pass of the 0.5B shape ran 15-20% slower in pairs (four rows streamed at once per thread).
+// computes what qrow_i8_q4 computes for its row, in the same order (the NEON kernels' order too).
+// QK_I8_PAIRS pairs per pass (at N = 8, 16 accumulators, 4 code registers and an input's 3 in the 32
+// registers). From N = 2: at N = 1 the weight pass of the 0.5B shape ran 15-20% slower in pairs (four
+// rows streamed at once per thread).
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #define QK_I8_PAIRS 2
 
@@ -615,9 +616,10 @@ static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R
         row[i] = (const uint8_t *)w->data + (size_t)r * (K / 2);
         gs[i] = fmt == WF_Q4G ? w->gscale + (size_t)r * (K / 32) : NULL;
     }
+    const int A = N <= 2 ? 2 : 1; // qrow_i8_q4's chains
     __m512 acc[QK_I8_PAIRS * QUANT_DECODE_MAX_N];
 #pragma GCC unroll 16
-    for (int i = 0; i < P * N; i++)
+    for (int i = 0; i < P * N * A; i++)
         acc[i] = _mm512_setzero_ps();
     const __m512i m15 = _mm512_set1_epi8(15);
     for (int c = 0; c < K / 64; c++) {
@@ -625,8 +627,9 @@ static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R
         __m512 sv[QK_I8_PAIRS];
 #pragma GCC unroll 2
         for (int p = 0; p < P; p++) {
-            __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(row[2 * p] + 32 * c))),
-                                           _mm256_loadu_si256((const __m256i *)(row[2 * p + 1] + 32 * c)), 1);
+            __m256i v0 = _mm256_loadu_si256((const __m256i *)(row[2 * p] + 32 * c));
+            __m256i v1 = _mm256_loadu_si256((const __m256i *)(row[2 * p + 1] + 32 * c));
+            __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(v0), v1, 1);
             lo[p] = _mm512_and_si512(v, m15);
             hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m15);
             sv[p] = fmt == WF_Q4G ? _mm512_insertf32x8(_mm512_castps256_ps512(qk_gscale_pair(gs[2 * p] + 2 * c)),
@@ -643,16 +646,21 @@ static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R
             for (int p = 0; p < P; p++) {
                 __m512i i32 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[p], x0), hi[p], x1);
                 __m512 d = fmt == WF_Q4G ? _mm512_mul_ps(dv, sv[p]) : dv;
-                acc[p * N + n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), d, acc[p * N + n]);
+                __m512 *ac = &acc[(p * N + n) * A + c % A];
+                *ac = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), d, *ac);
             }
         }
     }
     for (int p = 0; p < P; p++)
-        for (int n = 0; n < N; n++)
+        for (int n = 0; n < N; n++) {
+            __m512 s = acc[(p * N + n) * A];
+            for (int i = 1; i < A; i++)
+                s = _mm512_add_ps(s, acc[(p * N + n) * A + i]);
             for (int h = 0; h < 2 && r0 + 2 * p + h < R; h++) {
-                __m256 sum = h ? _mm512_extractf32x8_ps(acc[p * N + n], 1) : _mm512_castps512_ps256(acc[p * N + n]);
+                __m256 sum = h ? _mm512_extractf32x8_ps(s, 1) : _mm512_castps512_ps256(s);
                 out[(size_t)n * R + r0 + 2 * p + h] = q4_finish(sum, w, a, r0 + 2 * p + h, n, K, fmt);
             }
+        }
 }
 
 #define QK_I8_PAIRS_BLOCK(FMT, P)                                                                             \
@@ -748,8 +756,9 @@ static inline __m512 pair8(const void *w0, const void *w1, int k, const WeightFo
     if (fmt == WF_F32)
         return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)w0 + k)),
                                   _mm256_loadu_ps((const float *)w1 + k), 1);
-    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)((const uint16_t *)w0 + k))),
-                                        _mm_loadu_si128((const __m128i *)((const uint16_t *)w1 + k)), 1);
+    __m128i h0 = _mm_loadu_si128((const __m128i *)((const uint16_t *)w0 + k));
+    __m128i h1 = _mm_loadu_si128((const __m128i *)((const uint16_t *)w1 + k));
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(h0), h1, 1);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); // a bf16 is an fp32's top half
 }
 
