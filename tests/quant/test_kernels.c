@@ -131,8 +131,8 @@ typedef struct {
 
 // Odd widths exercise the scalar tails; group 6 exercises the portable fallback of q4g; fp32 at 1027
 // columns takes the inputs in groups of four over blocks of weight rows (more than 16 KiB of inputs), at
-// 2053 columns 128 at a time; q4 and q4g32 at 2112 columns go two rows at a time from N = 6 where AVX-512
-// is there (19 rows: the last one alone).
+// 2053 columns 128 at a time; q4 and q4g32 go two rows per register from N = 2 where AVX512-VNNI is there
+// (at 2112 columns two rows at a time from N = 6 with AVX-512 alone; 19 rows: the last one alone).
 static const Case cases[] = {
     {WF_Q8, 40, 0, 0}, {WF_Q8, 37, 0, 0}, {WF_Q4, 48, 0, 0}, {WF_Q4, 37, 0, 0}, {WF_Q4G, 64, 32, 0},
     {WF_Q4G, 96, 8, 0}, {WF_Q4G, 36, 6, 0}, {WF_Q4G, 48, 16, 0}, {WF_Q2LUT, 40, 0, 0}, {WF_Q2LUT, 39, 0, 0},
