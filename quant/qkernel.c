@@ -16,8 +16,9 @@
 //     accumulator chains so that FMA latency does not set the pace at N = 1.
 //     q8, q4 and q4g32 (cols a multiple of 64) instead quantize the inputs to int8 once per product and
 //     use integer dot products (section "int8 activations" below): W8A8 / W4A8, like llama.cpp's CPU path.
-//     With AVX-512, fp32 and bf16 from N = 2 put two weight rows in one 16-lane register (section "fp32 and
-//     bf16 weights on AVX-512"), the portable path's sums bit for bit.
+//     With AVX-512, fp32 and bf16 (from N = 2) and, with VNNI, q4 and q4g32 put two weight rows in one
+//     16-lane register (qpairs_i8_q4, section "fp32 and bf16 weights on AVX-512"), each half summing as
+//     the one-row kernel sums.
 // The SIMD kernels are the `decode` column of the format table (quant/weight.c); this file also holds
 // the products that choose between the decode and GEMM paths.
 #include <math.h>
@@ -675,38 +676,38 @@ static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R
         }
 }
 
-#define QK_I8_PAIRS_BLOCK(FMT, P)                                                                             \
-    switch (N) {                                                                                           \
-    case 1: qpairs_i8_q4(out, R, r0, w, a, K, 1, P, FMT); break;                                           \
-    case 2: qpairs_i8_q4(out, R, r0, w, a, K, 2, P, FMT); break;                                           \
-    case 3: qpairs_i8_q4(out, R, r0, w, a, K, 3, P, FMT); break;                                           \
-    case 4: qpairs_i8_q4(out, R, r0, w, a, K, 4, P, FMT); break;                                           \
-    case 5: qpairs_i8_q4(out, R, r0, w, a, K, 5, P, FMT); break;                                           \
-    case 6: qpairs_i8_q4(out, R, r0, w, a, K, 6, P, FMT); break;                                           \
-    case 7: qpairs_i8_q4(out, R, r0, w, a, K, 7, P, FMT); break;                                           \
-    default: qpairs_i8_q4(out, R, r0, w, a, K, 8, P, FMT); break;                                          \
+#define QK_I8_PAIRS_BLOCK(FMT, P)                                                                           \
+    switch (N) {                                                                                            \
+    case 1: qpairs_i8_q4(out, R, r0, w, a, K, 1, P, FMT); break;                                            \
+    case 2: qpairs_i8_q4(out, R, r0, w, a, K, 2, P, FMT); break;                                            \
+    case 3: qpairs_i8_q4(out, R, r0, w, a, K, 3, P, FMT); break;                                            \
+    case 4: qpairs_i8_q4(out, R, r0, w, a, K, 4, P, FMT); break;                                            \
+    case 5: qpairs_i8_q4(out, R, r0, w, a, K, 5, P, FMT); break;                                            \
+    case 6: qpairs_i8_q4(out, R, r0, w, a, K, 6, P, FMT); break;                                            \
+    case 7: qpairs_i8_q4(out, R, r0, w, a, K, 7, P, FMT); break;                                            \
+    default: qpairs_i8_q4(out, R, r0, w, a, K, 8, P, FMT); break;                                           \
     }
 
 // Blocks of 2 * QK_I8_PAIRS rows on the threads, then the last rows a pair at a time; one function per
 // format, so that the format is a constant inside the parallel loop.
 #define QK_I8_PAIRS_FN(FMT, name)                                                                           \
-    static void name(float *out, const Weight *w, const QkActs *a, int N) {                               \
-        int R = w->rows, K = w->cols, full = R - R % (2 * QK_I8_PAIRS);                                   \
+    static void name(float *out, const Weight *w, const QkActs *a, int N) {                                 \
+        int R = w->rows, K = w->cols, full = R - R % (2 * QK_I8_PAIRS);                                     \
         _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
-        for (int r0 = 0; r0 < full; r0 += 2 * QK_I8_PAIRS) {                                               \
-            QK_I8_PAIRS_BLOCK(FMT, QK_I8_PAIRS);                                                           \
-        }                                                                                                  \
-        for (int r0 = full; r0 < R; r0 += 2) {                                                             \
-            QK_I8_PAIRS_BLOCK(FMT, 1);                                                                     \
-        }                                                                                                  \
+        for (int r0 = 0; r0 < full; r0 += 2 * QK_I8_PAIRS) {                                                \
+            QK_I8_PAIRS_BLOCK(FMT, QK_I8_PAIRS);                                                            \
+        }                                                                                                   \
+        for (int r0 = full; r0 < R; r0 += 2) {                                                              \
+            QK_I8_PAIRS_BLOCK(FMT, 1);                                                                      \
+        }                                                                                                   \
     }
 
 QK_I8_PAIRS_FN(WF_Q4, qk_i8_pairs_q4)
 QK_I8_PAIRS_FN(WF_Q4G, qk_i8_pairs_q4g)
 #define QK_I8_TAKE_PAIRS(FMT)                                                                               \
-    if (FMT != WF_Q8) {                                                                                    \
-        (FMT == WF_Q4 ? qk_i8_pairs_q4 : qk_i8_pairs_q4g)(out, w, &a, N);                                  \
-        return ER_OK;                                                                                      \
+    if (FMT != WF_Q8) {                                                                                     \
+        (FMT == WF_Q4 ? qk_i8_pairs_q4 : qk_i8_pairs_q4g)(out, w, &a, N);                                   \
+        return ER_OK;                                                                                       \
     }
 #else
 #define QK_I8_TAKE_PAIRS(FMT)
@@ -731,7 +732,7 @@ QK_I8_PAIRS_FN(WF_Q4G, qk_i8_pairs_q4g)
             return qk_float_##name(out, inp, w, N);                                                        \
         int R = w->rows, K = w->cols;                                                                      \
         QkActs a;                                                                                          \
-        qk_acts_fill(&a, inp, K, N, FMT == WF_Q8 ? QK_ORDER_Q8 : QK_ORDER_Q4);                                                         \
+        qk_acts_fill(&a, inp, K, N, FMT == WF_Q8 ? QK_ORDER_Q8 : QK_ORDER_Q4);                             \
         QK_I8_TAKE_PAIRS(FMT)                                                                              \
         int RW = FMT != WF_Q8 && K > QK_I8_PAIR_COLS && (size_t)N * K * 3 / 2 > QK_L1_INPUTS ? 2 : 1;     \
         _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
@@ -825,30 +826,30 @@ static inline __attribute__((always_inline)) void pairs_block(float *out, int R,
         }
 }
 
-#define QK_PAIRS_BLOCK(FMT, P)                                                                                 \
-    switch (N) {                                                                                           \
-    case 1: pairs_block(out, R, r0, w, inp, K, 1, P, FMT); break;                                          \
-    case 2: pairs_block(out, R, r0, w, inp, K, 2, P, FMT); break;                                          \
-    case 3: pairs_block(out, R, r0, w, inp, K, 3, P, FMT); break;                                          \
-    case 4: pairs_block(out, R, r0, w, inp, K, 4, P, FMT); break;                                          \
-    case 5: pairs_block(out, R, r0, w, inp, K, 5, P, FMT); break;                                          \
-    case 6: pairs_block(out, R, r0, w, inp, K, 6, P, FMT); break;                                          \
-    case 7: pairs_block(out, R, r0, w, inp, K, 7, P, FMT); break;                                          \
-    default: pairs_block(out, R, r0, w, inp, K, 8, P, FMT); break;                                         \
+#define QK_PAIRS_BLOCK(FMT, P)                                                                              \
+    switch (N) {                                                                                            \
+    case 1: pairs_block(out, R, r0, w, inp, K, 1, P, FMT); break;                                           \
+    case 2: pairs_block(out, R, r0, w, inp, K, 2, P, FMT); break;                                           \
+    case 3: pairs_block(out, R, r0, w, inp, K, 3, P, FMT); break;                                           \
+    case 4: pairs_block(out, R, r0, w, inp, K, 4, P, FMT); break;                                           \
+    case 5: pairs_block(out, R, r0, w, inp, K, 5, P, FMT); break;                                           \
+    case 6: pairs_block(out, R, r0, w, inp, K, 6, P, FMT); break;                                           \
+    case 7: pairs_block(out, R, r0, w, inp, K, 7, P, FMT); break;                                           \
+    default: pairs_block(out, R, r0, w, inp, K, 8, P, FMT); break;                                          \
     }
 
 // Blocks of 2 * QK_PAIRS rows on the threads, then the last R % (2 * QK_PAIRS) rows a pair at a time.
 #define QK_PAIRS_KERNEL(FMT, name)                                                                          \
-    int name(float *out, const float *inp, const Weight *w, int N) {                     \
-        int R = w->rows, K = w->cols, full = R - R % (2 * QK_PAIRS);                                      \
+    int name(float *out, const float *inp, const Weight *w, int N) {                                        \
+        int R = w->rows, K = w->cols, full = R - R % (2 * QK_PAIRS);                                        \
         _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
-        for (int r0 = 0; r0 < full; r0 += 2 * QK_PAIRS) {                                                  \
-            QK_PAIRS_BLOCK(FMT, QK_PAIRS);                                                                    \
-        }                                                                                                  \
-        for (int r0 = full; r0 < R; r0 += 2) {                                                             \
-            QK_PAIRS_BLOCK(FMT, 1);                                                                           \
-        }                                                                                                  \
-        return ER_OK;                                                                                      \
+        for (int r0 = 0; r0 < full; r0 += 2 * QK_PAIRS) {                                                   \
+            QK_PAIRS_BLOCK(FMT, QK_PAIRS);                                                                  \
+        }                                                                                                   \
+        for (int r0 = full; r0 < R; r0 += 2) {                                                              \
+            QK_PAIRS_BLOCK(FMT, 1);                                                                         \
+        }                                                                                                   \
+        return ER_OK;                                                                                       \
     }
 
 static QK_PAIRS_KERNEL(WF_F32, qk_pairs_f32)
