@@ -604,6 +604,30 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
 #define QK_I8_PAIR_COLS (1 << 30)
 #endif
 
+// The row loop of the two-rows-per-register kernels (qpairs_i8_q4 below, pairs_block in the fp32 section):
+// blocks of 2 * PAIRS rows on the threads, then the last R % (2 * PAIRS) rows a pair at a time, each block as
+// BLOCK(args..., P, FMT, N) with N switched into a constant. R, K and N are the caller's; args name r0.
+#define QK_PAIRS_N(BLOCK, P, FMT, ...)                                                                     \
+    switch (N) {                                                                                           \
+    case 1: BLOCK(__VA_ARGS__, P, FMT, 1); break;                                                          \
+    case 2: BLOCK(__VA_ARGS__, P, FMT, 2); break;                                                          \
+    case 3: BLOCK(__VA_ARGS__, P, FMT, 3); break;                                                          \
+    case 4: BLOCK(__VA_ARGS__, P, FMT, 4); break;                                                          \
+    case 5: BLOCK(__VA_ARGS__, P, FMT, 5); break;                                                          \
+    case 6: BLOCK(__VA_ARGS__, P, FMT, 6); break;                                                          \
+    case 7: BLOCK(__VA_ARGS__, P, FMT, 7); break;                                                          \
+    default: BLOCK(__VA_ARGS__, P, FMT, 8); break;                                                         \
+    }
+#define QK_PAIRS_ROWS(BLOCK, PAIRS, FMT, ...)                                                              \
+    int full = R - R % (2 * PAIRS);                                                                        \
+    _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")                  \
+    for (int r0 = 0; r0 < full; r0 += 2 * PAIRS) {                                                         \
+        QK_PAIRS_N(BLOCK, PAIRS, FMT, __VA_ARGS__);                                                        \
+    }                                                                                                      \
+    for (int r0 = full; r0 < R; r0 += 2) {                                                                 \
+        QK_PAIRS_N(BLOCK, 1, FMT, __VA_ARGS__);                                                            \
+    }
+
 // With AVX512-VNNI, q4 and q4g32 take two weight rows per 16-lane register as the fp32 kernel does (row r
 // in lanes 0-7, row r + 1 in 8-15, the inputs broadcast to both halves): one vpdpbusd, conversion and FMA
 // serve both rows, which halves the instructions per weight that bound these products at N = 8. Each half
@@ -615,8 +639,8 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
 #define QK_I8_PAIRS 2
 
 static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R, int r0, const Weight *w,
-                                                               const QkActs *a, int K, const int N, const int P,
-                                                               const WeightFormat fmt) {
+                                                               const QkActs *a, int K, const int P,
+                                                               const WeightFormat fmt, const int N) {
     const uint8_t *row[2 * QK_I8_PAIRS];
     const uint16_t *gs[2 * QK_I8_PAIRS];
     for (int i = 0; i < 2 * P; i++) { // the last row again where the block runs past R
@@ -676,30 +700,11 @@ static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R
         }
 }
 
-#define QK_I8_PAIRS_BLOCK(FMT, P)                                                                           \
-    switch (N) {                                                                                            \
-    case 1: qpairs_i8_q4(out, R, r0, w, a, K, 1, P, FMT); break;                                            \
-    case 2: qpairs_i8_q4(out, R, r0, w, a, K, 2, P, FMT); break;                                            \
-    case 3: qpairs_i8_q4(out, R, r0, w, a, K, 3, P, FMT); break;                                            \
-    case 4: qpairs_i8_q4(out, R, r0, w, a, K, 4, P, FMT); break;                                            \
-    case 5: qpairs_i8_q4(out, R, r0, w, a, K, 5, P, FMT); break;                                            \
-    case 6: qpairs_i8_q4(out, R, r0, w, a, K, 6, P, FMT); break;                                            \
-    case 7: qpairs_i8_q4(out, R, r0, w, a, K, 7, P, FMT); break;                                            \
-    default: qpairs_i8_q4(out, R, r0, w, a, K, 8, P, FMT); break;                                           \
-    }
-
-// Blocks of 2 * QK_I8_PAIRS rows on the threads, then the last rows a pair at a time; one function per
-// format, so that the format is a constant inside the parallel loop.
-#define QK_I8_PAIRS_FN(FMT, name)                                                                           \
-    static void name(float *out, const Weight *w, const QkActs *a, int N) {                                 \
-        int R = w->rows, K = w->cols, full = R - R % (2 * QK_I8_PAIRS);                                     \
-        _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
-        for (int r0 = 0; r0 < full; r0 += 2 * QK_I8_PAIRS) {                                                \
-            QK_I8_PAIRS_BLOCK(FMT, QK_I8_PAIRS);                                                            \
-        }                                                                                                   \
-        for (int r0 = full; r0 < R; r0 += 2) {                                                              \
-            QK_I8_PAIRS_BLOCK(FMT, 1);                                                                      \
-        }                                                                                                   \
+// One function per format, so that the format is a constant inside the parallel loop.
+#define QK_I8_PAIRS_FN(FMT, name)                                                                          \
+    static void name(float *out, const Weight *w, const QkActs *a, int N) {                                \
+        int R = w->rows, K = w->cols;                                                                      \
+        QK_PAIRS_ROWS(qpairs_i8_q4, QK_I8_PAIRS, FMT, out, R, r0, w, a, K)                                 \
     }
 
 QK_I8_PAIRS_FN(WF_Q4, qk_i8_pairs_q4)
@@ -781,8 +786,8 @@ static inline float elem_f32(const void *row, int j, const WeightFormat fmt) {
 
 // Rows r0 .. r0 + 2P - 1 (the last one repeated where it runs past R) against the N inputs.
 static inline __attribute__((always_inline)) void pairs_block(float *out, int R, int r0, const Weight *w,
-                                                              const float *inp, int K, const int N, const int P,
-                                                              const WeightFormat fmt) {
+                                                              const float *inp, int K, const int P,
+                                                              const WeightFormat fmt, const int N) {
     const void *row[2 * QK_PAIRS];
     size_t rb = weight_row_bytes(fmt, K);
     for (int i = 0; i < 2 * P; i++)
@@ -826,30 +831,11 @@ static inline __attribute__((always_inline)) void pairs_block(float *out, int R,
         }
 }
 
-#define QK_PAIRS_BLOCK(FMT, P)                                                                              \
-    switch (N) {                                                                                            \
-    case 1: pairs_block(out, R, r0, w, inp, K, 1, P, FMT); break;                                           \
-    case 2: pairs_block(out, R, r0, w, inp, K, 2, P, FMT); break;                                           \
-    case 3: pairs_block(out, R, r0, w, inp, K, 3, P, FMT); break;                                           \
-    case 4: pairs_block(out, R, r0, w, inp, K, 4, P, FMT); break;                                           \
-    case 5: pairs_block(out, R, r0, w, inp, K, 5, P, FMT); break;                                           \
-    case 6: pairs_block(out, R, r0, w, inp, K, 6, P, FMT); break;                                           \
-    case 7: pairs_block(out, R, r0, w, inp, K, 7, P, FMT); break;                                           \
-    default: pairs_block(out, R, r0, w, inp, K, 8, P, FMT); break;                                          \
-    }
-
-// Blocks of 2 * QK_PAIRS rows on the threads, then the last R % (2 * QK_PAIRS) rows a pair at a time.
-#define QK_PAIRS_KERNEL(FMT, name)                                                                          \
-    int name(float *out, const float *inp, const Weight *w, int N) {                                        \
-        int R = w->rows, K = w->cols, full = R - R % (2 * QK_PAIRS);                                        \
-        _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
-        for (int r0 = 0; r0 < full; r0 += 2 * QK_PAIRS) {                                                   \
-            QK_PAIRS_BLOCK(FMT, QK_PAIRS);                                                                  \
-        }                                                                                                   \
-        for (int r0 = full; r0 < R; r0 += 2) {                                                              \
-            QK_PAIRS_BLOCK(FMT, 1);                                                                         \
-        }                                                                                                   \
-        return ER_OK;                                                                                       \
+#define QK_PAIRS_KERNEL(FMT, name)                                                                         \
+    int name(float *out, const float *inp, const Weight *w, int N) {                                       \
+        int R = w->rows, K = w->cols;                                                                      \
+        QK_PAIRS_ROWS(pairs_block, QK_PAIRS, FMT, out, R, r0, w, inp, K)                                   \
+        return ER_OK;                                                                                      \
     }
 
 static QK_PAIRS_KERNEL(WF_F32, qk_pairs_f32)
