@@ -16,9 +16,9 @@
 //     accumulator chains so that FMA latency does not set the pace at N = 1.
 //     q8, q4 and q4g32 (cols a multiple of 64) instead quantize the inputs to int8 once per product and
 //     use integer dot products (section "int8 activations" below): W8A8 / W4A8, like llama.cpp's CPU path.
-//     With AVX-512, fp32 and bf16 (from N = 2) and, with VNNI, q4 and q4g32 put two weight rows in one
-//     16-lane register (qpairs_i8_q4, section "fp32 and bf16 weights on AVX-512"), each half summing as
-//     the one-row kernel sums.
+//     With AVX-512, fp32 and bf16 (from N = 2) and, with VNNI, q4, q4g32 and q8 (from N = 2) put two
+//     weight rows in one 16-lane register (qpairs_i8_q4, qpairs_i8_q8, section "fp32 and bf16 weights on
+//     AVX-512"), each half summing as the one-row kernel sums.
 // The SIMD kernels are the `decode` column of the format table (quant/weight.c); this file also holds
 // the products that choose between the decode and GEMM paths.
 #include <math.h>
@@ -628,9 +628,9 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
         QK_PAIRS_N(BLOCK, 1, FMT, __VA_ARGS__);                                                            \
     }
 
-// With AVX512-VNNI, q4 and q4g32 take two weight rows per 16-lane register as the fp32 kernel does (row r
-// in lanes 0-7, row r + 1 in 8-15, the inputs broadcast to both halves): one vpdpbusd, conversion and FMA
-// serve both rows, which halves the instructions per weight that bound these products at N = 8. Each half
+// With AVX512-VNNI, q4 and q4g32 (q8 below) take two weight rows per 16-lane register as the fp32 kernel
+// does (row r in lanes 0-7, row r + 1 in 8-15, the inputs broadcast to both halves): one vpdpbusd, conversion
+// and FMA serve both rows, which halves the instructions per weight that bound these products at N = 8. Each half
 // computes what qrow_i8_q4 computes for its row, in the same order (the NEON kernels' order too).
 // QK_I8_PAIRS pairs per pass (at N = 8, 16 accumulators, 4 code registers and an input's 3 in the 32
 // registers). At every N: with the next block prefetched, the 0.5B shape's N = 1 pass runs as fast as the
@@ -709,9 +709,85 @@ static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R
 
 QK_I8_PAIRS_FN(WF_Q4, qk_i8_pairs_q4)
 QK_I8_PAIRS_FN(WF_Q4G, qk_i8_pairs_q4g)
+
+// q8 in pairs: vpdpbusd multiplies an unsigned operand, so the weights go in offset by 128 (w ^ 0x80 = w + 128)
+// and each int32 lane starts from -128 * the sum of the input codes it will meet (xl, per input and chunk):
+// the lane's integer sum is then exactly qrow_i8_q8's (which keeps the codes signed with its abs / sign
+// trick, a 256-bit form only), and so is the output. The registers hold what qrow_i8_q8's do, two rows
+// each: chunk c's bytes 0-15 and 32-47 of rows r and r + 1 in one, 16-31 and 48-63 in the other.
+static inline __attribute__((always_inline)) void qpairs_i8_q8(float *out, int R, int r0, const Weight *w,
+                                                               const QkActs *a, const int32_t *xl, int K,
+                                                               const int P, const WeightFormat fmt, const int N) {
+    (void)fmt;
+    const int8_t *row[2 * QK_I8_PAIRS];
+    for (int i = 0; i < 2 * P; i++) // the last row again where the block runs past R
+        row[i] = (const int8_t *)w->data + (size_t)(r0 + i < R ? r0 + i : R - 1) * K;
+    const int A = N <= 2 ? 2 : 1; // qrow_i8_q8's chains
+    __m512 acc[QK_I8_PAIRS * QUANT_DECODE_MAX_N];
+#pragma GCC unroll 16
+    for (int i = 0; i < P * N * A; i++)
+        acc[i] = _mm512_setzero_ps();
+    const __m512i off = _mm512_set1_epi8((char)0x80);
+    const __m512i lo = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), hi = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
+    for (int c = 0; c < K / 64; c++) {
+        if (P == QK_I8_PAIRS) { // the next block: 2 * P rows of 64 bytes per chunk
+            uintptr_t nx = (uintptr_t)row[0] + (size_t)2 * P * K + 2 * P * 64 * (size_t)c;
+#pragma GCC unroll 4
+            for (int i = 0; i < 2 * P; i++)
+                qk_prefetch(nx + 64 * i);
+        }
+        __m512i u0[QK_I8_PAIRS], u1[QK_I8_PAIRS];
+#pragma GCC unroll 2
+        for (int p = 0; p < P; p++) {
+            __m512i v0 = _mm512_loadu_si512(row[2 * p] + 64 * c), v1 = _mm512_loadu_si512(row[2 * p + 1] + 64 * c);
+            u0[p] = _mm512_xor_si512(_mm512_permutex2var_epi64(v0, lo, v1), off);
+            u1[p] = _mm512_xor_si512(_mm512_permutex2var_epi64(v0, hi, v1), off);
+        }
+#pragma GCC unroll 8
+        for (int n = 0; n < N; n++) {
+            const int8_t *xq = a->q + (size_t)n * K + 64 * c;
+            __m512i x0 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xq));
+            __m512i x1 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + 32)));
+            __m512i z = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xl + (size_t)n * (K / 8) + 8 * c)));
+            __m512 dv = _mm512_broadcast_f32x8(_mm256_loadu_ps(a->dv + (size_t)n * (K / 8) + 8 * c));
+#pragma GCC unroll 2
+            for (int p = 0; p < P; p++) {
+                __m512i i32 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, u0[p], x0), u1[p], x1);
+                __m512 *ac = &acc[(p * N + n) * A + c % A];
+                *ac = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), dv, *ac);
+            }
+        }
+    }
+    for (int p = 0; p < P; p++)
+        for (int n = 0; n < N; n++) {
+            __m512 s = acc[(p * N + n) * A];
+            for (int i = 1; i < A; i++)
+                s = _mm512_add_ps(s, acc[(p * N + n) * A + i]);
+            for (int h = 0; h < 2 && r0 + 2 * p + h < R; h++) {
+                __m256 sum = h ? _mm512_extractf32x8_ps(s, 1) : _mm512_castps512_ps256(s);
+                out[(size_t)n * R + r0 + 2 * p + h] = hsum256(sum) * w->scale[r0 + 2 * p + h];
+            }
+        }
+}
+
+static void qk_i8_pairs_q8(float *out, const Weight *w, const QkActs *a, int N) {
+    int R = w->rows, K = w->cols;
+    int32_t xl[QK_ACT_BYTES / 8]; // (N, K / 64, 8): -128 * the codes each int32 lane of a chunk's product meets
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int i = 0; i < N * K / 64; i++) {
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)(a->q + 64 * (size_t)i));
+        __m256i x1 = _mm256_loadu_si256((const __m256i *)(a->q + 64 * (size_t)i + 32));
+        __m256i t = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, x0), ones, x1);
+        _mm256_storeu_si256((__m256i *)(xl + 8 * (size_t)i), _mm256_mullo_epi32(t, _mm256_set1_epi32(-128)));
+    }
+    QK_PAIRS_ROWS(qpairs_i8_q8, QK_I8_PAIRS, WF_Q8, out, R, r0, w, a, xl, K)
+}
+
+// q8 at N = 1 keeps qrow_i8_q8, one row streamed at a time: the 151936 x 896 lm_head took 2.3-2.6 ms there and
+// 2.7-2.9 ms in pairs (4.2-4.9 without the prefetch); at N = 8 6.8 -> 4.0-4.4 ms in pairs.
 #define QK_I8_TAKE_PAIRS(FMT)                                                                               \
-    if (FMT != WF_Q8) {                                                                                     \
-        (FMT == WF_Q4 ? qk_i8_pairs_q4 : qk_i8_pairs_q4g)(out, w, &a, N);                                   \
+    if (FMT != WF_Q8 || N > 1) {                                                                            \
+        (FMT == WF_Q8 ? qk_i8_pairs_q8 : FMT == WF_Q4 ? qk_i8_pairs_q4 : qk_i8_pairs_q4g)(out, w, &a, N);   \
         return ER_OK;                                                                                       \
     }
 #else

@@ -131,7 +131,7 @@ typedef struct {
 
 // Odd widths exercise the scalar tails; group 6 exercises the portable fallback of q4g; fp32 at 1027
 // columns takes the inputs in groups of four over blocks of weight rows (more than 16 KiB of inputs), at
-// 2053 columns 128 at a time; q4 and q4g32 go two rows per register from N = 2 where AVX512-VNNI is there
+// 2053 columns 128 at a time; q4 and q4g32 go two rows per register where AVX512-VNNI is there, q8 from N = 2
 // (at 2112 columns two rows at a time from N = 6 with AVX-512 alone; 19 rows: the last one alone).
 static const Case cases[] = {
     {WF_Q8, 40, 0, 0}, {WF_Q8, 37, 0, 0}, {WF_Q4, 48, 0, 0}, {WF_Q4, 37, 0, 0}, {WF_Q4G, 64, 32, 0},
@@ -139,7 +139,7 @@ static const Case cases[] = {
     {WF_BF16, 24, 0, 0}, {WF_F16, 21, 0, 0}, {WF_F32, 19, 0, 0}, {WF_Q4, 200, 0, 0}, {WF_Q2LUT, 203, 0, 0},
     {WF_Q4G, 256, 128, 0}, {WF_Q8, 100, 0, 0}, {WF_Q4LUT, 48, 0, 0}, {WF_Q4LUT, 37, 0, 0}, {WF_Q4LUT, 200, 0, 0},
     {WF_BF16, 203, 0, 0}, {WF_F16, 200, 0, 0}, {WF_F32, 1027, 0, 0}, {WF_F32, 2053, 0, 0}, {WF_Q4, 2112, 0, 0},
-    {WF_Q4G, 2112, 32, 0},
+    {WF_Q4G, 2112, 32, 0}, {WF_Q8, 128, 0, 0}, {WF_Q8, 2112, 0, 0},
     {WF_Q2LUT, 40, 0, 3}, {WF_Q2LUT, 203, 0, 5}, {WF_Q4LUT, 37, 0, 2}, {WF_Q4LUT, 1, 0, 1}, // dense-and-sparse
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
@@ -401,6 +401,40 @@ Test(quant_kernels, f32_products_bit_for_bit_at_every_n) {
             }
     printf("quant_kernels: fp32%s products bit for bit the portable path's in %d (rows, width, N) cases (%s)\n",
            bf16_bitwise ? " and bf16" : "", checked, quant_simd_name());
+}
+
+// The int8-input products of q8, q4 and q4g32 sum each output in the same order at N = 1 and N = 2 on every
+// kernel, so an input's outputs at N = 2 are the bits of the same input alone: with AVX512-VNNI this holds q8's
+// two-rows-per-register kernel (N = 2, weights offset by 128) to its one-row kernel (N = 1) bit for bit, and
+// the q4 pairs' halves to each other where a block runs past the last row. Row counts around the blocks of
+// 4 rows, widths of 1 to 33 chunks of 64.
+Test(quant_kernels, int8_products_at_n2_bit_for_bit_each_input_alone) {
+    threads_set(2);
+    static const Case fmts[] = {{WF_Q8, 0, 0, 0}, {WF_Q4, 0, 0, 0}, {WF_Q4G, 0, 32, 0}};
+    static const int rows[] = {1, 3, 4, 5, 7, 19}, widths[] = {64, 128, 896, 2112};
+    int checked = 0;
+    for (int fi = 0; fi < 3; fi++)
+        for (int ri = 0; ri < (int)(sizeof rows / sizeof rows[0]); ri++)
+            for (int wi = 0; wi < (int)(sizeof widths / sizeof widths[0]); wi++) {
+                int R = rows[ri], K = widths[wi];
+                Weight w;
+                random_weight(&w, fmts[fi].f, R, K, fmts[fi].group, 0, 300 + 31 * fi + 7 * ri + wi);
+                float *inp = random_vec((size_t)2 * K, 400 + wi), out[2 * 19], alone[19];
+                float *tile = malloc(sizeof(float) * quant_scratch_floats(K)); // for a build without the SIMD kernels
+                cr_assert_eq(weight_matmul_forward(out, inp, &w, NULL, 2, tile), 0, "%s", er_last_error());
+                for (int n = 0; n < 2; n++) {
+                    cr_assert_eq(weight_matmul_forward(alone, inp + (size_t)n * K, &w, NULL, 1, tile), 0);
+                    cr_assert(!memcmp(alone, out + (size_t)n * R, sizeof(float) * R),
+                              "%s R=%d K=%d: input %d of 2 differs from the same input alone", weight_format_name(w.fmt),
+                              R, K, n);
+                }
+                checked++;
+                free(tile);
+                free(inp);
+                weight_free(&w);
+            }
+    printf("quant_kernels: int8-input products at N = 2 bit for bit each input alone in %d (format, rows, width) "
+           "cases (%s)\n", checked, quant_simd_name());
 }
 
 // The int8-input kernels of q8, q4 and q4g32 at the 0.5B model's widths (896, 4864) with inputs the way
