@@ -36,7 +36,7 @@ static ActsSize acts_size(const ModelConfig *c, int B, int T, ActsMode mode) {
     // resf lnf rstdf logits tmp wscratch scores row_loss (N doubles); the pass's inputs on the backend:
     // tokens targets mask adapter-mask (N bytes, counted as floats) positions
     s.global = N * C * 3 + N + (mode == ACTS_DECODE ? (size_t)B : N) * (size_t)c->V + quant_scratch_floats(max_in(c)) +
-               (size_t)threads_get() * attn_keys(c, T) + 2 * N + 5 * N;
+               (size_t)threads_get() * (c->NH / c->NKV) * attn_keys(c, T) + 2 * N + 5 * N;
     // dres dln dq dk dv datty dgate dup dh dkh dvh
     s.backward = N * C * 2 + N * qd * 4 + N * kvd * 2 + N * FF * 3;
     return s;
@@ -124,7 +124,7 @@ int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, in
     a->wscratch = take(&p, quant_scratch_floats(max_in(cfg)));
     a->attn_threads = threads_get();
     a->attn_keys = attn_keys(cfg, T);
-    a->scores = take(&p, (size_t)a->attn_threads * a->attn_keys);
+    a->scores = take(&p, (size_t)a->attn_threads * (cfg->NH / cfg->NKV) * a->attn_keys);
     a->row_loss = (double *)take(&p, 2 * N);
     if (train) {
         a->dres = take(&p, N * C);

@@ -1,16 +1,28 @@
 // AVX2 int8 KV attention kernels (x86-64 built with AVX2 + FMA), the model/kv_kernel.h table there, tested
 // against the portable ones. The keys and values are int8 and the queries and weights fp32, so the int8
-// entries are widened in registers (vpmovsxbd, vcvtdq2ps) and multiplied in fp32 (FMA):
-//   - scores: four positions at a time, one accumulator each over HS, reduced together by two rounds of
-//     vhaddps into one 4-lane vector, so the horizontal sums cost a quarter of one per position;
-//   - values: the output row stays in registers, 32 elements at a time, while every position of the
-//     block adds its scaled values to it, so o is loaded and stored once per block instead of once per
-//     position (the portable kernel's order per element, fused).
+// entries are widened in registers (vpmovsxbd, vcvtdq2ps) and multiplied in fp32 (FMA), each widened
+// register serving several query heads of the KV head's group (the widening was 3 of the 4 instructions
+// per 8 products with one head):
+//   - scores: four positions at a time, one accumulator each per head over HS, reduced together by two
+//     rounds of vhaddps into one 4-lane vector, so the horizontal sums cost a quarter of one per position;
+//     KV_SCORE_HEADS heads per pass over the block (their 4 accumulators each and the 4 keys in registers);
+//   - values: each head's output stays in registers, 8 elements at a time (more for one or two heads),
+//     while every position of the block adds its scaled values to it, so o is loaded and stored once per
+//     block instead of once per position (the portable kernel's order per element, fused); up to 8 heads
+//     per pass.
 // Both are memory-light: a position's int8 keys are a quarter of the fp32 cache's bytes.
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
 #include "model/kv_kernel.h"
+
+// 16 ymm registers with AVX2, 32 where AVX-512 is there too (its VL encodings).
+#if defined(__AVX512F__) && defined(__AVX512VL__)
+#define KV_SCORE_HEADS 6
+#else
+#define KV_SCORE_HEADS 3
+#endif
+#define KV_VALUE_HEADS 8
 
 // 8 int8 as 8 fp32 lanes.
 static inline __m256 widen8(const int8_t *p) {
@@ -24,68 +36,142 @@ static inline float dot_tail(const float *q, const int8_t *k, int i, int HS) {
     return d;
 }
 
-static void scores_avx2(float *sc, const float *q, const int8_t *k, const float *ks, size_t row, int NKV, int n,
-                        int HS, float scale) {
-    int H8 = HS & ~7, j = 0;
-    for (; j + 4 <= n; j += 4) {
-        const int8_t *k0 = k + (size_t)j * row;
-        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        for (int i = 0; i < H8; i += 8) {
-            __m256 qv = _mm256_loadu_ps(q + i);
+// Positions j .. j + 3 (keys at k0) for the H heads at q (H a constant after inlining).
+static inline __attribute__((always_inline)) void scores4(float *sc, size_t ld, const float *q, const int H,
+                                                          const int8_t *k0, const float *ks, size_t row, int NKV,
+                                                          int HS, float scale) {
+    int H8 = HS & ~7;
+    __m256 a[KV_SCORE_HEADS][4];
+#pragma GCC unroll 8
+    for (int h = 0; h < H; h++)
+        for (int c = 0; c < 4; c++)
+            a[h][c] = _mm256_setzero_ps();
+    for (int i = 0; i < H8; i += 8) {
+        __m256 kf[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            kf[c] = widen8(k0 + (size_t)c * row + i);
+#pragma GCC unroll 8
+        for (int h = 0; h < H; h++) {
+            __m256 qv = _mm256_loadu_ps(q + (size_t)h * HS + i);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++)
-                a[c] = _mm256_fmadd_ps(qv, widen8(k0 + (size_t)c * row + i), a[c]);
+                a[h][c] = _mm256_fmadd_ps(qv, kf[c], a[h][c]);
         }
-        // (a0 a1 a2 a3) -> lanes (Σa0, Σa1, Σa2, Σa3)
-        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        float d[4];
-        _mm_storeu_ps(d, s);
-        for (int c = 0; c < 4; c++)
-            sc[j + c] = (d[c] + dot_tail(q, k0 + (size_t)c * row, H8, HS)) * ks[(size_t)(j + c) * NKV] * scale;
     }
-    for (; j < n; j++) {
-        const int8_t *kr = k + (size_t)j * row;
-        __m256 a = _mm256_setzero_ps();
-        for (int i = 0; i < H8; i += 8)
-            a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), widen8(kr + i), a);
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-        s = _mm_hadd_ps(s, s);
-        s = _mm_hadd_ps(s, s);
-        sc[j] = (_mm_cvtss_f32(s) + dot_tail(q, kr, H8, HS)) * ks[(size_t)j * NKV] * scale;
+    const __m128 kv = _mm_setr_ps(ks[0], ks[NKV], ks[2 * (size_t)NKV], ks[3 * (size_t)NKV]), sv = _mm_set1_ps(scale);
+    for (int h = 0; h < H; h++) {
+        // (a0 a1 a2 a3) -> lanes (Σa0, Σa1, Σa2, Σa3)
+        __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[h][0], a[h][1]), _mm256_hadd_ps(a[h][2], a[h][3]));
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        if (H8 < HS) {
+            const float *qh = q + (size_t)h * HS;
+            s = _mm_add_ps(s, _mm_setr_ps(dot_tail(qh, k0, H8, HS), dot_tail(qh, k0 + row, H8, HS),
+                                          dot_tail(qh, k0 + 2 * row, H8, HS), dot_tail(qh, k0 + 3 * row, H8, HS)));
+        }
+        _mm_storeu_ps(sc + h * ld, _mm_mul_ps(_mm_mul_ps(s, kv), sv)); // (d * ks) * scale, as the portable kernel
     }
 }
 
-// n <= KV_BLOCK (one block).
-static void values_avx2(float *o, const float *w, const int8_t *v, const float *vs, size_t row, int NKV, int n,
-                        int HS) {
-    float wj[KV_BLOCK];
-    for (int j = 0; j < n; j++)
-        wj[j] = w[j] * vs[(size_t)j * NKV];
-    int i = 0;
-    for (; i + 32 <= HS; i += 32) {
-        __m256 a[4];
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++)
-            a[c] = _mm256_loadu_ps(o + i + 8 * c);
-        for (int j = 0; j < n; j++) {
-            __m256 s = _mm256_set1_ps(wj[j]);
-            const int8_t *vr = v + (size_t)j * row + i;
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++)
-                a[c] = _mm256_fmadd_ps(s, widen8(vr + 8 * c), a[c]);
+static void scores_avx2(float *sc, size_t ld, const float *q, int G, const int8_t *k, const float *ks, size_t row,
+                        int NKV, int n, int HS, float scale) {
+    int H8 = HS & ~7, j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int g = 0; g < G; g += KV_SCORE_HEADS) {
+            float *s = sc + g * ld + j;
+            const float *qg = q + (size_t)g * HS;
+            const int8_t *k0 = k + (size_t)j * row;
+            const float *ks0 = ks + (size_t)j * NKV;
+            switch (G - g < KV_SCORE_HEADS ? G - g : KV_SCORE_HEADS) {
+            case 1: scores4(s, ld, qg, 1, k0, ks0, row, NKV, HS, scale); break;
+            case 2: scores4(s, ld, qg, 2, k0, ks0, row, NKV, HS, scale); break;
+#if KV_SCORE_HEADS > 3
+            case 3: scores4(s, ld, qg, 3, k0, ks0, row, NKV, HS, scale); break;
+            case 4: scores4(s, ld, qg, 4, k0, ks0, row, NKV, HS, scale); break;
+            case 5: scores4(s, ld, qg, 5, k0, ks0, row, NKV, HS, scale); break;
+#endif
+            default: scores4(s, ld, qg, KV_SCORE_HEADS, k0, ks0, row, NKV, HS, scale); break;
+            }
         }
+    for (; j < n; j++) { // the last n % 4 positions, a head at a time
+        const int8_t *kr = k + (size_t)j * row;
+        for (int g = 0; g < G; g++) {
+            const float *qg = q + (size_t)g * HS;
+            __m256 a = _mm256_setzero_ps();
+            for (int i = 0; i < H8; i += 8)
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), widen8(kr + i), a);
+            __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+            s = _mm_hadd_ps(s, s);
+            s = _mm_hadd_ps(s, s);
+            sc[g * ld + j] = (_mm_cvtss_f32(s) + dot_tail(qg, kr, H8, HS)) * ks[(size_t)j * NKV] * scale;
+        }
+    }
+}
+
+// Columns i .. i + 8 * CC - 1 of the H heads' outputs at o (H, CC constants after inlining); wj (H, KV_BLOCK).
+static inline __attribute__((always_inline)) void values_cols(float *o, const float wj[][KV_BLOCK], const int H,
+                                                              const int CC, const int8_t *v, size_t row, int n,
+                                                              int HS, int i) {
+    __m256 a[KV_VALUE_HEADS][4];
+#pragma GCC unroll 8
+    for (int h = 0; h < H; h++)
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++)
-            _mm256_storeu_ps(o + i + 8 * c, a[c]);
+        for (int c = 0; c < CC; c++)
+            a[h][c] = _mm256_loadu_ps(o + (size_t)h * HS + i + 8 * c);
+    for (int j = 0; j < n; j++) {
+        __m256 vf[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < CC; c++)
+            vf[c] = widen8(v + (size_t)j * row + i + 8 * c);
+#pragma GCC unroll 8
+        for (int h = 0; h < H; h++) {
+            __m256 s = _mm256_set1_ps(wj[h][j]);
+#pragma GCC unroll 4
+            for (int c = 0; c < CC; c++)
+                a[h][c] = _mm256_fmadd_ps(s, vf[c], a[h][c]);
+        }
     }
-    for (; i + 8 <= HS; i += 8) {
-        __m256 a = _mm256_loadu_ps(o + i);
-        for (int j = 0; j < n; j++)
-            a = _mm256_fmadd_ps(_mm256_set1_ps(wj[j]), widen8(v + (size_t)j * row + i), a);
-        _mm256_storeu_ps(o + i, a);
+#pragma GCC unroll 8
+    for (int h = 0; h < H; h++)
+#pragma GCC unroll 4
+        for (int c = 0; c < CC; c++)
+            _mm256_storeu_ps(o + (size_t)h * HS + i + 8 * c, a[h][c]);
+}
+
+// The H heads at o over all columns: 8 * CC at a time (CC * H <= 8 accumulator chains), then 8, then the tail.
+static inline __attribute__((always_inline)) void values_heads(float *o, const float wj[][KV_BLOCK], const int H,
+                                                               const int8_t *v, size_t row, int n, int HS) {
+    const int CC = H == 1 ? 4 : H == 2 ? 2 : 1;
+    int i = 0;
+    for (; i + 8 * CC <= HS; i += 8 * CC)
+        values_cols(o, wj, H, CC, v, row, n, HS, i);
+    for (; i + 8 <= HS; i += 8)
+        values_cols(o, wj, H, 1, v, row, n, HS, i);
+    for (int h = 0; h < H; h++)
+        kv_i8_values_tail(o + (size_t)h * HS, wj[h], v, row, n, i, HS);
+}
+
+// n <= KV_BLOCK (one block).
+static void values_avx2(float *o, const float *w, size_t ld, int G, const int8_t *v, const float *vs, size_t row,
+                        int NKV, int n, int HS) {
+    float wj[KV_VALUE_HEADS][KV_BLOCK];
+    for (int g = 0; g < G; g += KV_VALUE_HEADS) {
+        int H = G - g < KV_VALUE_HEADS ? G - g : KV_VALUE_HEADS;
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j < n; j++)
+                wj[h][j] = w[(g + h) * ld + j] * vs[(size_t)j * NKV];
+        float *og = o + (size_t)g * HS;
+        switch (H) {
+        case 1: values_heads(og, wj, 1, v, row, n, HS); break;
+        case 2: values_heads(og, wj, 2, v, row, n, HS); break;
+        case 3: values_heads(og, wj, 3, v, row, n, HS); break;
+        case 4: values_heads(og, wj, 4, v, row, n, HS); break;
+        case 5: values_heads(og, wj, 5, v, row, n, HS); break;
+        case 6: values_heads(og, wj, 6, v, row, n, HS); break;
+        case 7: values_heads(og, wj, 7, v, row, n, HS); break;
+        default: values_heads(og, wj, KV_VALUE_HEADS, v, row, n, HS); break;
+        }
     }
-    kv_i8_values_tail(o, wj, v, row, n, i, HS);
 }
 
 const KvI8Kernels kv_i8_avx2 = {"AVX2", scores_avx2, values_avx2};

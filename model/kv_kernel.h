@@ -1,8 +1,11 @@
 // The int8 KV cache's attention inner loops as a kernel table (like quant/'s format table): the portable
 // kernels are always there and are the reference; on aarch64 the table holds NEON ones (model/kv_neon.c), on
 // x86-64 built with AVX2 + FMA AVX2 ones (model/kv_avx2.c).
-// Both run over n consecutive positions of one KV block and one KV head: a position's keys or values
-// are HS int8 at k + j * row (row = NKV * HS, the cache's stride) with their scale at ks[j * NKV].
+// Both run over n consecutive positions of one KV block, one KV head and the G query heads that share it
+// (grouped-query attention), so that each int8 entry is widened once for the G heads: a position's keys or
+// values are HS int8 at k + j * row (row = NKV * HS, the cache's stride) with their scale at ks[j * NKV];
+// query head g's HS values at q + g * HS (its output at o + g * HS) and its scores or weights at
+// sc + g * ld (w + g * ld). Each head's arithmetic does not depend on G.
 #ifndef MODEL_KV_KERNEL_H
 #define MODEL_KV_KERNEL_H
 
@@ -13,11 +16,12 @@
 
 typedef struct {
     const char *name;
-    // sc[j] = (Σ_i q[i] k[j * row + i]) * ks[j * NKV] * scale, j < n.
-    void (*scores)(float *sc, const float *q, const int8_t *k, const float *ks, size_t row, int NKV, int n, int HS,
-                   float scale);
-    // o[i] += (w[j] * vs[j * NKV]) * v[j * row + i] for j = 0 .. n-1 in order, i < HS.
-    void (*values)(float *o, const float *w, const int8_t *v, const float *vs, size_t row, int NKV, int n, int HS);
+    // sc[g * ld + j] = (Σ_i q[g * HS + i] k[j * row + i]) * ks[j * NKV] * scale, j < n, g < G.
+    void (*scores)(float *sc, size_t ld, const float *q, int G, const int8_t *k, const float *ks, size_t row, int NKV,
+                   int n, int HS, float scale);
+    // o[g * HS + i] += (w[g * ld + j] * vs[j * NKV]) * v[j * row + i] for j = 0 .. n-1 in order, i < HS, g < G.
+    void (*values)(float *o, const float *w, size_t ld, int G, const int8_t *v, const float *vs, size_t row, int NKV,
+                   int n, int HS);
 } KvI8Kernels;
 
 extern const KvI8Kernels kv_i8_portable;

@@ -27,7 +27,8 @@ static inline void widen8(float32x4_t f[2], int8x8_t b) {
     f[1] = vcvtq_f32_s32(vmovl_high_s16(h));
 }
 
-static void scores_neon(float *sc, const float *q, const int8_t *k, const float *ks, size_t row, int NKV, int n,
+// One query head's scores.
+static void scores_head(float *sc, const float *q, const int8_t *k, const float *ks, size_t row, int NKV, int n,
                         int HS, float scale) {
     for (int j = 0; j < n; j++) {
         const int8_t *kr = k + (size_t)j * row;
@@ -53,8 +54,8 @@ static void scores_neon(float *sc, const float *q, const int8_t *k, const float 
     }
 }
 
-// n <= KV_BLOCK (one block).
-static void values_neon(float *o, const float *w, const int8_t *v, const float *vs, size_t row, int NKV, int n,
+// One query head's values, n <= KV_BLOCK (one block).
+static void values_head(float *o, const float *w, const int8_t *v, const float *vs, size_t row, int NKV, int n,
                         int HS) {
     float wj[KV_BLOCK];
     for (int j = 0; j < n; j++)
@@ -83,6 +84,19 @@ static void values_neon(float *o, const float *w, const int8_t *v, const float *
         vst1q_f32(o + i + 4, a[1]);
     }
     kv_i8_values_tail(o, wj, v, row, n, i, HS);
+}
+
+// The G query heads of the KV head one after the other (each re-widens the entries).
+static void scores_neon(float *sc, size_t ld, const float *q, int G, const int8_t *k, const float *ks, size_t row,
+                        int NKV, int n, int HS, float scale) {
+    for (int g = 0; g < G; g++)
+        scores_head(sc + g * ld, q + (size_t)g * HS, k, ks, row, NKV, n, HS, scale);
+}
+
+static void values_neon(float *o, const float *w, size_t ld, int G, const int8_t *v, const float *vs, size_t row,
+                        int NKV, int n, int HS) {
+    for (int g = 0; g < G; g++)
+        values_head(o + (size_t)g * HS, w + g * ld, v, vs, row, NKV, n, HS);
 }
 
 const KvI8Kernels kv_i8_neon = {"NEON", scores_neon, values_neon};

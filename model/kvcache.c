@@ -311,45 +311,61 @@ int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float 
     size_t row = (size_t)NKV * HS;
     float scale = 1.0f / sqrtf((float)HS);
     int i8 = kv->type == KV_INT8;
-    // Up to 4 (row, head, query) items make one chunk, which one thread takes whole.
-#pragma omp parallel for collapse(3) schedule(dynamic, 4) num_threads(nthreads) if (B * NH * T > 4)
+    // An item is a (row, KV head, query) with GP of the KV head's G query heads, which share the int8 kernels'
+    // widened entries; one thread takes it whole, its GP score rows in its part of the scratch. The group is
+    // split into parts where the items would be fewer than two per thread (one sequence, 2 KV heads).
+    int items = B * NKV * T, parts = items >= 2 * nthreads ? 1 : (2 * nthreads + items - 1) / items;
+    if (parts > G)
+        parts = G;
+    int GP = (G + parts - 1) / parts; // heads per part, the last part the rest
+    parts = (G + GP - 1) / GP;
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) num_threads(nthreads) if (items * parts > 1)
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
+        for (int u = 0; u < NKV * parts; u++)
             for (int t = 0; t < T; t++) {
                 if (t >= (len ? len[b] : T))
                     continue;
-                float *sc = scores + (size_t)omp_get_thread_num() * keys;
+                int kh = u / parts, g0 = u % parts * GP, gn = g0 + GP <= G ? GP : G - g0;
+                float *sc = scores + (size_t)omp_get_thread_num() * GP * keys;
                 const KvSeq *seq = &kv->seqs[slots[b]];
-                int kh = h / G, last = pos0[b] + t;
-                const float *qv = q + (((size_t)b * T + t) * NH + h) * HS;
+                int last = pos0[b] + t;
+                const float *qv = q + (((size_t)b * T + t) * NH + (size_t)kh * G + g0) * HS;
                 for (int s = 0; s <= last; s += KV_BLOCK) {
                     size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]) * row + (size_t)kh * HS;
                     int n = last + 1 - s < KV_BLOCK ? last + 1 - s : KV_BLOCK;
                     if (i8)
-                        kk->scores(sc + s, qv, (const int8_t *)kv->k + p, kv->ks + p / HS, row, NKV, n, HS, scale);
+                        kk->scores(sc + s, keys, qv, gn, (const int8_t *)kv->k + p, kv->ks + p / HS, row, NKV, n, HS,
+                                   scale);
                     else
-                        scores_f32(sc + s, qv, (const float *)kv->k + p, row, n, HS, scale);
+                        for (int g = 0; g < gn; g++)
+                            scores_f32(sc + (size_t)g * keys + s, qv + (size_t)g * HS, (const float *)kv->k + p, row,
+                                       n, HS, scale);
                 }
-                float mx = softmax_max(sc, last + 1);
+                for (int g = 0; g < gn; g++) {
+                    float *sg = sc + (size_t)g * keys, mx = softmax_max(sg, last + 1);
 #pragma omp simd
-                for (int s = 0; s <= last; s++)
-                    sc[s] = ops_expf(sc[s] - mx);
-                float sum = 0.0f;
-                for (int s = 0; s <= last; s++)
-                    sum += sc[s];
-                float *o = out + (((size_t)b * T + t) * NH + h) * HS, inv = 1.0f / sum;
-                for (int i = 0; i < HS; i++)
+                    for (int s = 0; s <= last; s++)
+                        sg[s] = ops_expf(sg[s] - mx);
+                    float sum = 0.0f;
+                    for (int s = 0; s <= last; s++)
+                        sum += sg[s];
+                    float inv = 1.0f / sum;
+#pragma omp simd
+                    for (int s = 0; s <= last; s++)
+                        sg[s] *= inv;
+                }
+                float *o = out + (((size_t)b * T + t) * NH + (size_t)kh * G + g0) * HS;
+                for (size_t i = 0; i < (size_t)gn * HS; i++)
                     o[i] = 0.0f;
-#pragma omp simd
-                for (int s = 0; s <= last; s++)
-                    sc[s] *= inv;
                 for (int s = 0; s <= last; s += KV_BLOCK) {
                     size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]) * row + (size_t)kh * HS;
                     int n = last + 1 - s < KV_BLOCK ? last + 1 - s : KV_BLOCK;
                     if (i8)
-                        kk->values(o, sc + s, (const int8_t *)kv->v + p, kv->vs + p / HS, row, NKV, n, HS);
+                        kk->values(o, sc + s, keys, gn, (const int8_t *)kv->v + p, kv->vs + p / HS, row, NKV, n, HS);
                     else
-                        values_f32(o, sc + s, (const float *)kv->v + p, row, n, HS);
+                        for (int g = 0; g < gn; g++)
+                            values_f32(o + (size_t)g * HS, sc + (size_t)g * keys + s, (const float *)kv->v + p, row,
+                                       n, HS);
                 }
             }
     return ER_OK;

@@ -64,8 +64,8 @@ void kv_store(KVCache *kv, int l, int slot, int pos, const float *k, const float
 // Causal grouped-query attention of new queries over a sequence's cached keys and values, forward
 // only. q, out (B,T,NH,HS); row b's queries are at positions pos0[b] + t for t < len[b] and see the
 // cached positions 0..pos0[b]+t of sequence slots[b]. Same arithmetic order as attention_forward.
-// scores (nthreads, keys): the caller's scratch, a row per thread of at least the longest sequence's
-// positions; the op runs on nthreads threads.
+// scores (nthreads, NH / NKV, keys): the caller's scratch, a row per thread and query head of a KV head's
+// group, keys at least the longest sequence's positions; the op runs on nthreads threads.
 int kv_attention_forward(float *out, const float *q, const KVCache *kv, int l, const int *slots, const int *pos0,
                          const int *len, int B, int T, int NH, float *scores, int nthreads, int keys);
 

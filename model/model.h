@@ -148,7 +148,7 @@ typedef struct {
     float *logits;         // (B,T,V), or (B,V) for ACTS_DECODE; after the loss with grad, dloss/dlogits
     float *tmp;            // (B,T,C) attention / MLP output before the residual add
     float *wscratch;       // (QUANT_TILE_ROWS, max in) rows of non-fp32 weights widened by the products
-    float *scores;         // (attn_threads, attn_keys) attention scores of one query per thread
+    float *scores;         // (attn_threads, NH / NKV, attn_keys) attention scores of a query's heads per thread
     int attn_threads;      // threads the attention runs on (those of the allocation)
     int attn_keys;         // keys one query may see: max(T, max_position_embeddings)
     double *row_loss;      // (B*T) the loss's per-row terms, summed in row order

@@ -285,14 +285,15 @@ static void kv_attention_ref(double *out, const float *q, const KVCache *kv, int
 }
 
 // The cached attention against double on random caches: odd head sizes (the kernels' 32-, 16- and 8-wide
-// steps and scalar tails), GQA (6 query heads on 2 KV heads), four sequences of 1 to 75 positions (a forked
-// one with a copied block, partly filled last blocks, groups of four positions and remainders) and query
-// rows of 1 to 3 positions. The int8 cache also runs the portable kernels, which the architecture's table
-// (NEON on aarch64, AVX2 on x86-64) must match.
-static int check_cached_attention(KvType type) {
+// steps and scalar tails), GQA (NH query heads on 2 KV heads: 3 per group, or 9, more than the kernels take
+// per pass), four sequences of 1 to 75 positions (a forked one with a copied block, partly filled last
+// blocks, groups of four positions and remainders) and query rows of 1 to 3 positions; then the last
+// sequence's one query alone (2 items on 2 threads: the groups split in parts). The int8 cache also runs the
+// portable kernels, which the architecture's table (NEON on aarch64, AVX2 on x86-64) must match.
+static int check_cached_attention(KvType type, int NH) {
     static const int head_sizes[] = {1, 7, 8, 17, 24, 40, 64, 65, 130};
     const KvI8Kernels *kk = kv_i8_kernels();
-    enum { B = 4, T = 3, NH = 6, KEYS = 128 };
+    enum { B = 4, T = 3, KEYS = 128 };
     int checked = 0;
     for (int hi = 0; hi < (int)(sizeof head_sizes / sizeof head_sizes[0]); hi++) {
         ModelConfig c = kv_config();
@@ -325,12 +326,17 @@ static int check_cached_attention(KvType type) {
         cr_assert_eq(kv.copied_blocks, 1, "the fork copies the shared partial block");
         size_t n = (size_t)B * T * NH * c.HS;
         float *q = malloc(sizeof(float) * n), *o = calloc(n, sizeof(float)), *op = calloc(n, sizeof(float));
-        float *scores = malloc(sizeof(float) * 2 * KEYS);
+        float *scores = malloc(sizeof(float) * 2 * (NH / c.NKV) * KEYS);
         double *ref = calloc(n, sizeof(double));
         for (size_t i = 0; i < n; i++)
             q[i] = rng_normal(&r) * 2;
         for (int l = 0; l < c.L; l++) {
             cr_assert_eq(kv_attention_forward(o, q, &kv, l, slots, pos0, len, B, T, NH, scores, 2, KEYS), 0);
+            size_t last = (size_t)(B - 1) * T * NH * c.HS; // row B - 1 (one query) alone, written over NaN
+            for (int i = 0; i < NH * c.HS; i++)
+                o[last + i] = NAN;
+            cr_assert_eq(kv_attention_forward(o + last, q + last, &kv, l, slots + B - 1, pos0 + B - 1, NULL, 1, 1, NH,
+                                              scores, 2, KEYS), 0);
             if (type == KV_INT8)
                 cr_assert_eq(kv_attention_forward_kernels(&kv_i8_portable, op, q, &kv, l, slots, pos0, len, B, T, NH,
                                                           scores, 2, KEYS), 0);
@@ -361,7 +367,8 @@ static int check_cached_attention(KvType type) {
 }
 
 Test(kvcache, fp32_attention_matches_double) {
-    printf("kvcache: fp32-cache attention matched double in %d outputs\n", check_cached_attention(KV_F32));
+    printf("kvcache: fp32-cache attention matched double in %d outputs\n",
+           check_cached_attention(KV_F32, 6) + check_cached_attention(KV_F32, 18));
 }
 
 Test(kvcache, int8_attention_kernels_match_portable) {
@@ -371,7 +378,7 @@ Test(kvcache, int8_attention_kernels_match_portable) {
 #elif defined(__AVX2__) && defined(__FMA__)
     cr_assert_neq(kk, &kv_i8_portable, "AVX2 builds must run the AVX2 kernels");
 #endif
-    int checked = check_cached_attention(KV_INT8);
+    int checked = check_cached_attention(KV_INT8, 6) + check_cached_attention(KV_INT8, 18);
     printf("kvcache: int8 attention with the %s kernels matched the portable ones and double in %d outputs\n",
            kk->name, checked);
 }
