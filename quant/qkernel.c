@@ -635,7 +635,7 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
 // QK_I8_PAIRS pairs per pass (at N = 8, 16 accumulators, 4 code registers and an input's 3 in the 32
 // registers). At every N: with the next block prefetched, the 0.5B shape's N = 1 pass runs as fast as the
 // one-row kernel's (q4) or 22-25% faster (q4g32); without, it ran 15-20% slower.
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #define QK_I8_PAIRS 2
 
 static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R, int r0, const Weight *w,
