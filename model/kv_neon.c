@@ -1,10 +1,11 @@
 // NEON int8 KV attention kernels (aarch64, ARMv8.0), the model/kv_kernel.h table on ARM, tested against the
 // portable ones. The keys and values are int8 and the queries and weights fp32, so the int8 entries are
-// widened in registers (SXTL, SXTL2, SCVTF) and multiplied in fp32 (FMLA):
-//   - scores: one position's dot product over HS in four chains of 4 lanes (16 keys per step), the
-//     query re-read from L1 for each position;
-//   - values: the output row stays in registers, 16 elements at a time, while every position of the
-//     block adds its scaled values to it (FMLA by a scalar), so o is loaded and stored once per block
+// widened in registers (SXTL, SXTL2, SCVTF) and multiplied in fp32 (FMLA), each widened register serving up
+// to KV_HEADS query heads of the KV head's group:
+//   - scores: one position's dot product over HS in four chains of 4 lanes per head (16 keys per step), the
+//     queries re-read from L1 for each position;
+//   - values: the heads' output rows stay in registers, 16 elements at a time, while every position of the
+//     block adds its scaled values to them (FMLA by a scalar), so o is loaded and stored once per block
 //     instead of once per position. Each element sums the positions in the portable kernel's order, but
 //     fused: the portable loops (-std=c11, no contraction) round each product before the add.
 #if defined(__aarch64__)
@@ -27,76 +28,124 @@ static inline void widen8(float32x4_t f[2], int8x8_t b) {
     f[1] = vcvtq_f32_s32(vmovl_high_s16(h));
 }
 
-// One query head's scores.
-static void scores_head(float *sc, const float *q, const int8_t *k, const float *ks, size_t row, int NKV, int n,
-                        int HS, float scale) {
-    for (int j = 0; j < n; j++) {
-        const int8_t *kr = k + (size_t)j * row;
-        float32x4_t a[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}, f[4];
-        int i = 0;
-        for (; i + 16 <= HS; i += 16) {
-            widen16(f, vld1q_s8(kr + i));
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++)
-                a[c] = vfmaq_f32(a[c], vld1q_f32(q + i + 4 * c), f[c]);
-        }
-        if (i + 8 <= HS) {
-            widen8(f, vld1_s8(kr + i));
-            a[0] = vfmaq_f32(a[0], vld1q_f32(q + i), f[0]);
-            a[1] = vfmaq_f32(a[1], vld1q_f32(q + i + 4), f[1]);
-            i += 8;
-        }
-        float d = vaddvq_f32(vaddq_f32(vaddq_f32(a[0], a[1]), vaddq_f32(a[2], a[3])));
-        for (; i < HS; i++)
-            d += q[i] * (float)kr[i];
-        d *= ks[(size_t)j * NKV];
-        sc[j] = d * scale;
-    }
-}
+// Query heads per pass: their accumulators (4 each) and a position's 16 widened keys or values (4) fit the 32
+// vector registers.
+#define KV_HEADS 6
 
-// One query head's values, n <= KV_BLOCK (one block).
-static void values_head(float *o, const float *w, const int8_t *v, const float *vs, size_t row, int NKV, int n,
-                        int HS) {
-    float wj[KV_BLOCK];
-    for (int j = 0; j < n; j++)
-        wj[j] = w[j] * vs[(size_t)j * NKV];
+// One position (keys at kr) for the H heads at q (H a constant after inlining): each head's dot product as
+// the one-head loop sums it, the widened keys shared.
+static inline __attribute__((always_inline)) void scores_pos(float *sc, size_t ld, const float *q, const int H,
+                                                             const int8_t *kr, float ks, int HS, float scale) {
+    float32x4_t a[KV_HEADS][4], f[4];
+#pragma GCC unroll 8
+    for (int h = 0; h < H; h++)
+        for (int c = 0; c < 4; c++)
+            a[h][c] = vdupq_n_f32(0.0f);
     int i = 0;
     for (; i + 16 <= HS; i += 16) {
-        float32x4_t a[4] = {vld1q_f32(o + i), vld1q_f32(o + i + 4), vld1q_f32(o + i + 8), vld1q_f32(o + i + 12)}, f[4];
-        for (int j = 0; j < n; j++) {
-            widen16(f, vld1q_s8(v + (size_t)j * row + i));
+        widen16(f, vld1q_s8(kr + i));
+#pragma GCC unroll 8
+        for (int h = 0; h < H; h++)
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++)
-                a[c] = vfmaq_n_f32(a[c], f[c], wj[j]);
-        }
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++)
-            vst1q_f32(o + i + 4 * c, a[c]);
+                a[h][c] = vfmaq_f32(a[h][c], vld1q_f32(q + (size_t)h * HS + i + 4 * c), f[c]);
     }
-    for (; i + 8 <= HS; i += 8) {
-        float32x4_t a[2] = {vld1q_f32(o + i), vld1q_f32(o + i + 4)}, f[2];
-        for (int j = 0; j < n; j++) {
-            widen8(f, vld1_s8(v + (size_t)j * row + i));
-            a[0] = vfmaq_n_f32(a[0], f[0], wj[j]);
-            a[1] = vfmaq_n_f32(a[1], f[1], wj[j]);
+    if (i + 8 <= HS) {
+        widen8(f, vld1_s8(kr + i));
+#pragma GCC unroll 8
+        for (int h = 0; h < H; h++) {
+            a[h][0] = vfmaq_f32(a[h][0], vld1q_f32(q + (size_t)h * HS + i), f[0]);
+            a[h][1] = vfmaq_f32(a[h][1], vld1q_f32(q + (size_t)h * HS + i + 4), f[1]);
         }
-        vst1q_f32(o + i, a[0]);
-        vst1q_f32(o + i + 4, a[1]);
+        i += 8;
     }
-    kv_i8_values_tail(o, wj, v, row, n, i, HS);
+    for (int h = 0; h < H; h++) {
+        const float *qh = q + (size_t)h * HS;
+        float d = vaddvq_f32(vaddq_f32(vaddq_f32(a[h][0], a[h][1]), vaddq_f32(a[h][2], a[h][3])));
+        for (int t = i; t < HS; t++)
+            d += qh[t] * (float)kr[t];
+        d *= ks;
+        sc[h * ld] = d * scale;
+    }
 }
 
-// The G query heads of the KV head one after the other (each re-widens the entries).
 static void scores_neon(float *sc, size_t ld, const float *q, int G, const int8_t *k, const float *ks, size_t row,
                         int NKV, int n, int HS, float scale) {
-    for (int g = 0; g < G; g++)
-        scores_head(sc + g * ld, q + (size_t)g * HS, k, ks, row, NKV, n, HS, scale);
+    for (int j = 0; j < n; j++)
+        for (int g = 0; g < G; g += KV_HEADS) {
+            float *s = sc + g * ld + j;
+            const float *qg = q + (size_t)g * HS;
+            const int8_t *kr = k + (size_t)j * row;
+            float kj = ks[(size_t)j * NKV];
+            switch (G - g < KV_HEADS ? G - g : KV_HEADS) {
+            case 1: scores_pos(s, ld, qg, 1, kr, kj, HS, scale); break;
+            case 2: scores_pos(s, ld, qg, 2, kr, kj, HS, scale); break;
+            case 3: scores_pos(s, ld, qg, 3, kr, kj, HS, scale); break;
+            case 4: scores_pos(s, ld, qg, 4, kr, kj, HS, scale); break;
+            case 5: scores_pos(s, ld, qg, 5, kr, kj, HS, scale); break;
+            default: scores_pos(s, ld, qg, KV_HEADS, kr, kj, HS, scale); break;
+            }
+        }
 }
 
+// Columns i .. i + 4 * CC - 1 (CC = 4 or 2) of the H heads' outputs at o over the n positions; wj (H, KV_BLOCK).
+static inline __attribute__((always_inline)) void values_cols(float *o, const float wj[][KV_BLOCK], const int H,
+                                                              const int CC, const int8_t *v, size_t row, int n,
+                                                              int HS, int i) {
+    float32x4_t a[KV_HEADS][4], f[4];
+#pragma GCC unroll 8
+    for (int h = 0; h < H; h++)
+#pragma GCC unroll 4
+        for (int c = 0; c < CC; c++)
+            a[h][c] = vld1q_f32(o + (size_t)h * HS + i + 4 * c);
+    for (int j = 0; j < n; j++) {
+        if (CC == 4)
+            widen16(f, vld1q_s8(v + (size_t)j * row + i));
+        else
+            widen8(f, vld1_s8(v + (size_t)j * row + i));
+#pragma GCC unroll 8
+        for (int h = 0; h < H; h++)
+#pragma GCC unroll 4
+            for (int c = 0; c < CC; c++)
+                a[h][c] = vfmaq_n_f32(a[h][c], f[c], wj[h][j]);
+    }
+#pragma GCC unroll 8
+    for (int h = 0; h < H; h++)
+#pragma GCC unroll 4
+        for (int c = 0; c < CC; c++)
+            vst1q_f32(o + (size_t)h * HS + i + 4 * c, a[h][c]);
+}
+
+static inline __attribute__((always_inline)) void values_heads(float *o, const float wj[][KV_BLOCK], const int H,
+                                                               const int8_t *v, size_t row, int n, int HS) {
+    int i = 0;
+    for (; i + 16 <= HS; i += 16)
+        values_cols(o, wj, H, 4, v, row, n, HS, i);
+    for (; i + 8 <= HS; i += 8)
+        values_cols(o, wj, H, 2, v, row, n, HS, i);
+    for (int h = 0; h < H; h++)
+        kv_i8_values_tail(o + (size_t)h * HS, wj[h], v, row, n, i, HS);
+}
+
+// n <= KV_BLOCK (one block).
 static void values_neon(float *o, const float *w, size_t ld, int G, const int8_t *v, const float *vs, size_t row,
                         int NKV, int n, int HS) {
-    for (int g = 0; g < G; g++)
-        values_head(o + (size_t)g * HS, w + g * ld, v, vs, row, NKV, n, HS);
+    float wj[KV_HEADS][KV_BLOCK];
+    for (int g = 0; g < G; g += KV_HEADS) {
+        int H = G - g < KV_HEADS ? G - g : KV_HEADS;
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j < n; j++)
+                wj[h][j] = w[(g + h) * ld + j] * vs[(size_t)j * NKV];
+        float *og = o + (size_t)g * HS;
+        switch (H) {
+        case 1: values_heads(og, wj, 1, v, row, n, HS); break;
+        case 2: values_heads(og, wj, 2, v, row, n, HS); break;
+        case 3: values_heads(og, wj, 3, v, row, n, HS); break;
+        case 4: values_heads(og, wj, 4, v, row, n, HS); break;
+        case 5: values_heads(og, wj, 5, v, row, n, HS); break;
+        default: values_heads(og, wj, KV_HEADS, v, row, n, HS); break;
+        }
+    }
 }
 
 const KvI8Kernels kv_i8_neon = {"NEON", scores_neon, values_neon};
