@@ -44,6 +44,7 @@ static inline __attribute__((always_inline)) void scores4(float *sc, size_t ld, 
     __m256 a[KV_SCORE_HEADS][4];
 #pragma GCC unroll 8
     for (int h = 0; h < H; h++)
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
             a[h][c] = _mm256_setzero_ps();
     for (int i = 0; i < H8; i += 8) {
@@ -60,6 +61,7 @@ static inline __attribute__((always_inline)) void scores4(float *sc, size_t ld, 
         }
     }
     const __m128 kv = _mm_setr_ps(ks[0], ks[NKV], ks[2 * (size_t)NKV], ks[3 * (size_t)NKV]), sv = _mm_set1_ps(scale);
+#pragma GCC unroll 8
     for (int h = 0; h < H; h++) {
         // (a0 a1 a2 a3) -> lanes (Σa0, Σa1, Σa2, Σa3)
         __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[h][0], a[h][1]), _mm256_hadd_ps(a[h][2], a[h][3]));

@@ -39,6 +39,7 @@ static inline __attribute__((always_inline)) void scores_pos(float *sc, size_t l
     float32x4_t a[KV_HEADS][4], f[4];
 #pragma GCC unroll 8
     for (int h = 0; h < H; h++)
+#pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
             a[h][c] = vdupq_n_f32(0.0f);
     int i = 0;
@@ -59,6 +60,7 @@ static inline __attribute__((always_inline)) void scores_pos(float *sc, size_t l
         }
         i += 8;
     }
+#pragma GCC unroll 8
     for (int h = 0; h < H; h++) {
         const float *qh = q + (size_t)h * HS;
         float d = vaddvq_f32(vaddq_f32(vaddq_f32(a[h][0], a[h][1]), vaddq_f32(a[h][2], a[h][3])));
