@@ -5,7 +5,8 @@
 // per 8 products with one head):
 //   - scores: four positions at a time, one accumulator each per head over HS, reduced together by two
 //     rounds of vhaddps into one 4-lane vector, so the horizontal sums cost a quarter of one per position;
-//     KV_SCORE_HEADS heads per pass over the block (their 4 accumulators each and the 4 keys in registers);
+//     KV_SCORE_HEADS heads per pass over the block (their 4 accumulators each, the 4 keys and a query: 29 of
+//     AVX-512's 32 registers at 6 heads; 3 heads in AVX2's 16 leave one to spill);
 //   - values: each head's output stays in registers, 8 elements at a time (more for one or two heads),
 //     while every position of the block adds its scaled values to it, so o is loaded and stored once per
 //     block instead of once per position (the portable kernel's order per element, fused); up to 8 heads

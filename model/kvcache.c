@@ -314,7 +314,7 @@ int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float 
     // An item is a (row, KV head, query) with GP of the KV head's G query heads, which share the int8 kernels'
     // widened entries; one thread takes it whole, its GP score rows in its part of the scratch. The group is
     // split into parts where the items would be fewer than two per thread (one sequence, 2 KV heads).
-    int items = B * NKV * T, parts = items >= 2 * nthreads ? 1 : (2 * nthreads + items - 1) / items;
+    int items = B * NKV * T, parts = items > 0 && items < 2 * nthreads ? (2 * nthreads + items - 1) / items : 1;
     if (parts > G)
         parts = G;
     int GP = (G + parts - 1) / parts; // heads per part, the last part the rest

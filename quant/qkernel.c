@@ -730,7 +730,7 @@ static inline __attribute__((always_inline)) void qpairs_i8_q8(float *out, int R
     const __m512i off = _mm512_set1_epi8((char)0x80);
     const __m512i lo = _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), hi = _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15);
     for (int c = 0; c < K / 64; c++) {
-        if (P == QK_I8_PAIRS) { // the next block: 2 * P rows of 64 bytes per chunk
+        if (P == QK_I8_PAIRS) { // the next block's 2 * P * K contiguous bytes, 2 * P lines per chunk
             uintptr_t nx = (uintptr_t)row[0] + (size_t)2 * P * K + 2 * P * 64 * (size_t)c;
 #pragma GCC unroll 4
             for (int i = 0; i < 2 * P; i++)
@@ -989,8 +989,9 @@ int qk_i8_takes(const Weight *w, int N) {
 // 32 inputs as int8 codes (elements 8j .. 8j + 7 at q + at[j]) with scale *d = max|x| / 127, and their fp32 sum *xs added as
 // 8 lanes of 4 (lane i: x[i] + x[8+i] + x[16+i] + x[24+i]), the lanes as ((0+4)+(2+6))+((1+5)+(3+7)): the
 // order the AVX2 kernels were measured with. Codes round to nearest even (x * (127 / max|x|) plus and minus
-// 1.5 * 2^23, what cvtps2dq does under the default MXCSR); a NaN or an out-of-range value saturates like
-// packsswb does. In GCC's vectors (8 lanes, compares as lane masks) so that it vectorises on both CPUs: it
+// 1.5 * 2^23, what cvtps2dq does under the default MXCSR); an out-of-range value saturates to +-127 and a NaN
+// (also what a block under 127 / FLT_MAX makes of its zeros) becomes -127: never -128, whose negation the x86
+// one-row q8 kernel's sign trick cannot hold, so that every kernel sums the same integers. In GCC's vectors (8 lanes, compares as lane masks) so that it vectorises on both CPUs: it
 // runs on one thread before each int8 product, three times per layer on the same input.
 typedef int32_t qk_v8i __attribute__((vector_size(32)));
 typedef int8_t qk_v8b __attribute__((vector_size(8)));
@@ -1013,10 +1014,10 @@ static void qk_quant_block(int8_t *q, const int at[4], float *d, float *xs, cons
     *d = amax / 127.0f;
     *xs = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
     float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    const v8f hi = {127, 127, 127, 127, 127, 127, 127, 127}, lo = {-128, -128, -128, -128, -128, -128, -128, -128};
+    const v8f hi = {127, 127, 127, 127, 127, 127, 127, 127}, lo = {-127, -127, -127, -127, -127, -127, -127, -127};
     for (int j = 0; j < 4; j++) {
         v8f r = (v[j] * id + 12582912.0f) - 12582912.0f;
-        r = qk_select(r >= hi, hi, qk_select(r >= lo, r, lo)); // NaN: both false, -128
+        r = qk_select(r >= hi, hi, qk_select(r >= lo, r, lo)); // NaN: both false, -127
         qk_v8b c = __builtin_convertvector(__builtin_convertvector(r, qk_v8i), qk_v8b);
         memcpy(q + at[j], &c, sizeof c);
     }

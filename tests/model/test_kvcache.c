@@ -326,17 +326,21 @@ static int check_cached_attention(KvType type, int NH) {
         cr_assert_eq(kv.copied_blocks, 1, "the fork copies the shared partial block");
         size_t n = (size_t)B * T * NH * c.HS;
         float *q = malloc(sizeof(float) * n), *o = calloc(n, sizeof(float)), *op = calloc(n, sizeof(float));
-        float *scores = malloc(sizeof(float) * 2 * (NH / c.NKV) * KEYS);
+        float *scores = malloc(sizeof(float) * 2 * (NH / c.NKV) * KEYS), *batched = malloc(sizeof(float) * NH * c.HS);
         double *ref = calloc(n, sizeof(double));
         for (size_t i = 0; i < n; i++)
             q[i] = rng_normal(&r) * 2;
         for (int l = 0; l < c.L; l++) {
             cr_assert_eq(kv_attention_forward(o, q, &kv, l, slots, pos0, len, B, T, NH, scores, 2, KEYS), 0);
             size_t last = (size_t)(B - 1) * T * NH * c.HS; // row B - 1 (one query) alone, written over NaN
+            memcpy(batched, o + last, sizeof(float) * NH * c.HS);
             for (int i = 0; i < NH * c.HS; i++)
                 o[last + i] = NAN;
             cr_assert_eq(kv_attention_forward(o + last, q + last, &kv, l, slots + B - 1, pos0 + B - 1, NULL, 1, 1, NH,
                                               scores, 2, KEYS), 0);
+            cr_assert(!memcmp(batched, o + last, sizeof(float) * NH * c.HS),
+                      "%s HS=%d NH=%d layer %d: the query alone (its heads in parts) differs from it in the batch",
+                      type == KV_F32 ? "fp32" : kk->name, c.HS, NH, l);
             if (type == KV_INT8)
                 cr_assert_eq(kv_attention_forward_kernels(&kv_i8_portable, op, q, &kv, l, slots, pos0, len, B, T, NH,
                                                           scores, 2, KEYS), 0);
@@ -360,6 +364,7 @@ static int check_cached_attention(KvType type, int NH) {
         free(o);
         free(op);
         free(scores);
+        free(batched);
         free(ref);
         kv_cache_free(&kv);
     }

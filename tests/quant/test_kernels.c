@@ -407,7 +407,8 @@ Test(quant_kernels, f32_products_bit_for_bit_at_every_n) {
 // kernel, so an input's outputs at N = 2 are the bits of the same input alone: with AVX512-VNNI this holds q8's
 // two-rows-per-register kernel (N = 2, weights offset by 128) to its one-row kernel (N = 1) bit for bit, and
 // the q4 pairs' halves to each other where a block runs past the last row. Row counts around the blocks of
-// 4 rows, widths of 1 to 33 chunks of 64.
+// 4 rows, widths of 1 to 33 chunks of 64; the second input so small that its codes come out of NaNs (no code
+// may be -128, which the one-row q8 kernel's sign trick cannot negate).
 Test(quant_kernels, int8_products_at_n2_bit_for_bit_each_input_alone) {
     threads_set(2);
     static const Case fmts[] = {{WF_Q8, 0, 0, 0}, {WF_Q4, 0, 0, 0}, {WF_Q4G, 0, 32, 0}};
@@ -420,6 +421,8 @@ Test(quant_kernels, int8_products_at_n2_bit_for_bit_each_input_alone) {
                 Weight w;
                 random_weight(&w, fmts[fi].f, R, K, fmts[fi].group, 0, 300 + 31 * fi + 7 * ri + wi);
                 float *inp = random_vec((size_t)2 * K, 400 + wi), out[2 * 19], alone[19];
+                for (int k = 0; k < K; k++) // the second input under 127 / FLT_MAX: its codes come out of NaNs
+                    inp[(size_t)K + k] = k % 3 ? 0.0f : -1e-38f;
                 float *tile = malloc(sizeof(float) * quant_scratch_floats(K)); // for a build without the SIMD kernels
                 cr_assert_eq(weight_matmul_forward(out, inp, &w, NULL, 2, tile), 0, "%s", er_last_error());
                 for (int n = 0; n < 2; n++) {
