@@ -42,6 +42,15 @@ static inline void kv_i8_values_tail(float *o, const float *wj, const int8_t *v,
     }
 }
 
+// wj[h][j] = w[h * ld + j] * vs[j * NKV] for h < H, j < n: the weights of a SIMD values pass's H heads times
+// the positions' scales.
+static inline void kv_i8_head_weights(float wj[][KV_BLOCK], const float *w, size_t ld, const float *vs, int NKV, int H,
+                                      int n) {
+    for (int h = 0; h < H; h++)
+        for (int j = 0; j < n; j++)
+            wj[h][j] = w[h * ld + j] * vs[(size_t)j * NKV];
+}
+
 // The table kv_attention_forward uses: NEON on aarch64, AVX2 where built for it, the portable kernels elsewhere.
 const KvI8Kernels *kv_i8_kernels(void);
 

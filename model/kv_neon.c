@@ -135,9 +135,7 @@ static void values_neon(float *o, const float *w, size_t ld, int G, const int8_t
     float wj[KV_HEADS][KV_BLOCK];
     for (int g = 0; g < G; g += KV_HEADS) {
         int H = G - g < KV_HEADS ? G - g : KV_HEADS;
-        for (int h = 0; h < H; h++)
-            for (int j = 0; j < n; j++)
-                wj[h][j] = w[(g + h) * ld + j] * vs[(size_t)j * NKV];
+        kv_i8_head_weights(wj, w + g * ld, ld, vs, NKV, H, n);
         float *og = o + (size_t)g * HS;
         switch (H) {
         case 1: values_heads(og, wj, 1, v, row, n, HS); break;

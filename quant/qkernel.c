@@ -638,6 +638,14 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #define QK_I8_PAIRS 2
 
+// Row 2p + h's 8 lanes (h = 0, 1) of a pair's A accumulator chains at acc, the chains added in order.
+static inline __m256 pair_half(const __m512 *acc, int A, int h) {
+    __m512 s = acc[0];
+    for (int i = 1; i < A; i++)
+        s = _mm512_add_ps(s, acc[i]);
+    return h ? _mm512_extractf32x8_ps(s, 1) : _mm512_castps512_ps256(s);
+}
+
 static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R, int r0, const Weight *w,
                                                                const QkActs *a, int K, const int P,
                                                                const WeightFormat fmt, const int N) {
@@ -689,15 +697,11 @@ static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R
         }
     }
     for (int p = 0; p < P; p++)
-        for (int n = 0; n < N; n++) {
-            __m512 s = acc[(p * N + n) * A];
-            for (int i = 1; i < A; i++)
-                s = _mm512_add_ps(s, acc[(p * N + n) * A + i]);
+        for (int n = 0; n < N; n++)
             for (int h = 0; h < 2 && r0 + 2 * p + h < R; h++) {
-                __m256 sum = h ? _mm512_extractf32x8_ps(s, 1) : _mm512_castps512_ps256(s);
+                __m256 sum = pair_half(acc + (p * N + n) * A, A, h);
                 out[(size_t)n * R + r0 + 2 * p + h] = q4_finish(sum, w, a, r0 + 2 * p + h, n, K, fmt);
             }
-        }
 }
 
 // One function per format, so that the format is a constant inside the parallel loop.
@@ -759,15 +763,11 @@ static inline __attribute__((always_inline)) void qpairs_i8_q8(float *out, int R
         }
     }
     for (int p = 0; p < P; p++)
-        for (int n = 0; n < N; n++) {
-            __m512 s = acc[(p * N + n) * A];
-            for (int i = 1; i < A; i++)
-                s = _mm512_add_ps(s, acc[(p * N + n) * A + i]);
+        for (int n = 0; n < N; n++)
             for (int h = 0; h < 2 && r0 + 2 * p + h < R; h++) {
-                __m256 sum = h ? _mm512_extractf32x8_ps(s, 1) : _mm512_castps512_ps256(s);
+                __m256 sum = pair_half(acc + (p * N + n) * A, A, h);
                 out[(size_t)n * R + r0 + 2 * p + h] = hsum256(sum) * w->scale[r0 + 2 * p + h];
             }
-        }
 }
 
 static void qk_i8_pairs_q8(float *out, const Weight *w, const QkActs *a, int N) {
