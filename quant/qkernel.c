@@ -604,9 +604,10 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
 #define QK_I8_PAIR_COLS (1 << 30)
 #endif
 
-// The row loop of the two-rows-per-register kernels (qpairs_i8_q4 below, pairs_block in the fp32 section):
-// blocks of 2 * PAIRS rows on the threads, then the last R % (2 * PAIRS) rows a pair at a time, each block as
-// BLOCK(args..., P, FMT, N) with N switched into a constant. R, K and N are the caller's; args name r0.
+// The row loop of the two-rows-per-register kernels (qpairs_i8_q4 and qpairs_i8_q8 below, pairs_block in the
+// fp32 section): blocks of 2 * PAIRS rows on the threads, then the last R % (2 * PAIRS) rows a pair at a time,
+// each block as BLOCK(args..., P, FMT, N) with N switched into a constant. R, K and N are the caller's; args
+// name r0.
 #define QK_PAIRS_N(BLOCK, P, FMT, ...)                                                                     \
     switch (N) {                                                                                           \
     case 1: BLOCK(__VA_ARGS__, P, FMT, 1); break;                                                          \
