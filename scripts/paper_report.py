@@ -157,6 +157,21 @@ class Paper:
         self.p(f"Among the {len(samples[0])} samples of a problem: a right one for {100 * oracle:.1f}% of the "
                f"problems (what a perfect verifier would pick); a single sample is right {100 * single:.1f}% of the "
                "time.")
+        # What the verifier adds to the vote: how it orders the right and wrong samples of one problem
+        # (its held-out ROC-AUC below also rewards telling easy problems from hard ones).
+        pairs, won = 0, 0.0
+        for r in items:
+            scored = [(s["verifier_score"], s["answer"] == r["gold"]) for s in r["pipeline"]["samples"]]
+            for s_a, a_right in scored:
+                for s_b, b_right in scored:
+                    if a_right and not b_right:
+                        pairs += 1
+                        won += 1.0 if s_a > s_b else 0.5 if s_a == s_b else 0.0
+        if pairs:
+            self.p(f"Within a problem the verifier scores a right sample above a wrong one {100 * won / pairs:.1f}% of "
+                   f"the time ({pairs} pairs of right and wrong samples; 50% is chance).")
+        else:
+            self.p("No problem has both right and wrong samples: the verifier has nothing to choose between.")
         self.p()
         ver = json.load(open(f"{out}/heads/verifier.json"))
         sw = json.load(open(f"{out}/heads/switcher.json"))
