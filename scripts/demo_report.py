@@ -106,14 +106,15 @@ def padded_range(vals, pad=0.12, floor=None, ceil=None, min_span=0.0):
     return f"[{lo:.6g}:{hi:.6g}]"
 
 
-def spread_labels(ys, gap):
+def spread_labels(ys, gap, top):
     """Heights for the labels of points at heights ys: at their points where those are at least `gap` apart,
-    otherwise pushed apart downwards in the points' order, then shifted back so their mean is the points'."""
+    otherwise pushed apart downwards in the points' order, then shifted back so their mean is the points', but
+    none above `top` (a label past the plot's edge is not drawn)."""
     lab, prev = [0.0] * len(ys), None
     for i in sorted(range(len(ys)), key=lambda i: -ys[i]):
         lab[i] = ys[i] if prev is None else min(ys[i], prev - gap)
         prev = lab[i]
-    shift = (sum(ys) - sum(lab)) / len(ys)
+    shift = min((sum(ys) - sum(lab)) / len(ys), top - max(lab))
     return [v + shift for v in lab]
 
 
@@ -150,7 +151,7 @@ def pareto_plot(path, base_point, yrange, series=PARETO_SERIES):
     for j, (name, col, pt) in enumerate(series):
         side = "offset char 1.5,char 0 left" if j % 2 == 0 else "offset char -1.5,char 0 right"
         xs, ys = [float(r[col]) for r in rows], [float(r[col + 1]) for r in rows]
-        for i, (r, x, y, ly) in enumerate(zip(rows, xs, ys, spread_labels(ys, gap))):
+        for i, (r, x, y, ly) in enumerate(zip(rows, xs, ys, spread_labels(ys, gap, yrange[1] - gap / 2))):
             items.append(f"'-' using 1:2 with points pt {pt} ps 1.5 lc {i + 1} notitle")
             items.append(f"'-' using 1:2:3 with labels {side} notitle")
             data += [f"{x} {y}", "e", f'{x} {ly} "{name}, B = {r[0]}"', "e"]
