@@ -987,13 +987,14 @@ int qk_i8_takes(const Weight *w, int N) {
     return w->fmt == WF_Q8 || w->fmt == WF_Q4 || (w->fmt == WF_Q4G && w->group == 32);
 }
 
-// 32 inputs as int8 codes (elements 8j .. 8j + 7 at q + at[j]) with scale *d = max|x| / 127, and their fp32 sum *xs added as
-// 8 lanes of 4 (lane i: x[i] + x[8+i] + x[16+i] + x[24+i]), the lanes as ((0+4)+(2+6))+((1+5)+(3+7)): the
-// order the AVX2 kernels were measured with. Codes round to nearest even (x * (127 / max|x|) plus and minus
-// 1.5 * 2^23, what cvtps2dq does under the default MXCSR); an out-of-range value saturates to +-127 and a NaN
-// (also what a block under 127 / FLT_MAX makes of its zeros) becomes -127: never -128, whose negation the x86
-// one-row q8 kernel's sign trick cannot hold, so that every kernel sums the same integers. In GCC's vectors (8 lanes, compares as lane masks) so that it vectorises on both CPUs: it
-// runs on one thread before each int8 product, three times per layer on the same input.
+// 32 inputs as int8 codes (elements 8j .. 8j + 7 at q + at[j]) with scale *d = max|x| / 127, and their fp32 sum *xs
+// added as 8 lanes of 4 (lane i: x[i] + x[8+i] + x[16+i] + x[24+i]), the lanes as ((0+4)+(2+6))+((1+5)+(3+7)): the
+// order the AVX2 kernels were measured with. Codes round to nearest even (x * (127 / max|x|) plus and minus 1.5 *
+// 2^23, what cvtps2dq does under the default MXCSR); an out-of-range value saturates to +-127 and a NaN (also what a
+// block under 127 / FLT_MAX makes of its zeros) becomes -127: never -128, whose negation the x86 one-row q8 kernel's
+// sign trick cannot hold, so that every kernel sums the same integers. In GCC's vectors (8 lanes, compares as lane
+// masks) so that it vectorises on both CPUs: it runs on one thread before each int8 product, three times per layer
+// on the same input.
 typedef int32_t qk_v8i __attribute__((vector_size(32)));
 typedef int8_t qk_v8b __attribute__((vector_size(8)));
 

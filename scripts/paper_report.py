@@ -160,13 +160,12 @@ class Paper:
         # What the verifier adds to the vote: how it orders the right and wrong samples of one problem
         # (its held-out ROC-AUC below also rewards telling easy problems from hard ones).
         pairs, won = 0, 0.0
-        for r in items:
-            scored = [(s["verifier_score"], s["answer"] == r["gold"]) for s in r["pipeline"]["samples"]]
-            for s_a, a_right in scored:
-                for s_b, b_right in scored:
-                    if a_right and not b_right:
-                        pairs += 1
-                        won += 1.0 if s_a > s_b else 0.5 if s_a == s_b else 0.0
+        for r, right in zip(items, samples):
+            scores = [s["verifier_score"] for s in r["pipeline"]["samples"]]
+            for s_a in (s for s, ok in zip(scores, right) if ok):
+                for s_b in (s for s, ok in zip(scores, right) if not ok):
+                    pairs += 1
+                    won += 1.0 if s_a > s_b else 0.5 if s_a == s_b else 0.0
         if pairs:
             self.p(f"Within a problem the verifier scores a right sample above a wrong one {100 * won / pairs:.1f}% of "
                    f"the time ({pairs} pairs of right and wrong samples; 50% is chance).")
