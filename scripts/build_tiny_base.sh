@@ -27,8 +27,8 @@
 # values only (the terse trace, "27 21 26\nAnswer: 26"), above it the concise trace. The base's prompt states then
 # carry the number, which a masked adapter reads to follow the budget (README "Budget tracking"). Such a base
 # answers one-step problems directly and opens its thinking on longer ones when a budget is stated.
-# models/tiny-cotbudget is this mix at STEPS=7200, models/tiny-cotbudget-14k (make paper's base) at 14400
-# (their README.md files).
+# models/tiny-cotbudget is this mix at STEPS=7200, models/tiny-cotbudget-14k at 14400, and
+# models/tiny-cotbudget-21k (make paper's base) that run resumed to 21600 (their README.md files).
 #
 # Usage: scripts/build_tiny_base.sh            full base (~27 min on one core)
 #        QUICK=1 scripts/build_tiny_base.sh    tiny variant for CI (seconds); cache runs/tiny-base-quick

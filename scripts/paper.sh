@@ -8,7 +8,7 @@
 #   QUICK=1 scripts/paper.sh   the same wiring on tiny sizes (a few minutes; not quality)
 # Env: OUT (work dir, default runs/paper or runs/paper-quick), B (binaries dir, default build),
 #      REPORT (default docs/paper.md; QUICK writes OUT/paper.md), PAPER_BASE (a candidate base instead of
-#      models/tiny-cotbudget-14k).
+#      models/tiny-cotbudget-21k).
 # A stage whose output is already in OUT is not rerun (an interrupted run resumes); rm -rf OUT starts over.
 #
 # Seeds: training problems 11 (SFT, GRPO, heads); test problems 31 (k = 1..8), 33 (easy, k = 1), 34 (hard,
@@ -24,15 +24,16 @@ else
   OUT=${OUT:-runs/paper}; REPORT=${REPORT:-docs/paper.md}
   N_TRAIN=6000 N_TEST=1000 N_EASY=600 N_HARD=400 N_VAL=100 SFT_STEPS=600 GRPO_STEPS=350 GRPO_PROMPTS=16 HEADS_N=1000
 fi
-# The base: models/tiny-cotbudget-14k, the tiny base pretrained with chat-format thinking that states a budget
-# and follows it (MIX=cotbudget STEPS=14400 in scripts/build_tiny_base.sh; terse trace at 32 tokens, concise
-# above), so that a masked adapter can read the budget from the prompt states. Chosen on 1000 validation problems
-# (seed 37, k = 1..8, greedy) by masked against --no-mask SFT at 600 steps, B = 64: models/tiny-cot 70.6% vs 77.3%,
-# this mix at 3600 steps 74.7% vs 77.2%, at 7200 (models/tiny-cotbudget) 89.9% vs 91.6%, at 14400 97.6% vs 98.6%.
-# GRPO with the SFT records below, same split: this base 89.5 / 99.6 / 99.6% at 17.0 / 46.2 / 46.2 tokens at
-# B = 32 / 64 / 128; models/tiny-cotbudget 74.7 / 99.4 / 99.5% at the same lengths (3600 steps: 33.1 / 96.4 /
-# 97.1% at 22.4 / 46.1 / 46.1); models/tiny-cot one length at every budget (47.3 tokens in a make paper run on it).
-BASE=${PAPER_BASE:-models/tiny-cotbudget-14k}
+# The base: models/tiny-cotbudget-21k, the tiny base pretrained with chat-format thinking that states a budget
+# and follows it (MIX=cotbudget in scripts/build_tiny_base.sh, 14400 steps, then resumed to 21600: its README.md;
+# terse trace at 32 tokens, concise above), so that a masked adapter can read the budget from the prompt states.
+# Chosen on 1000 validation problems (seed 37, k = 1..8, greedy) by masked against --no-mask SFT at 600 steps,
+# B = 64: models/tiny-cot 70.6% vs 77.3%, this mix at 3600 steps 74.7% vs 77.2%, at 7200 (models/tiny-cotbudget)
+# 89.9% vs 91.6%, at 14400 (models/tiny-cotbudget-14k) 97.6% vs 98.6%, at 21600 98.5% vs 99.2%; and by GRPO with
+# the SFT records below, same split, B = 32 / 64 / 128: 21600 steps 92.7 / 99.7 / 99.8%, 14400 89.5 / 99.6 / 99.6%,
+# 7200 74.7 / 99.4 / 99.5%, all at 17.0 / 46.2 / 46.2 tokens (3600 steps: 33.1 / 96.4 / 97.1% at 22.4 / 46.1 /
+# 46.1); models/tiny-cot one length at every budget (47.3 tokens in a make paper run on it).
+BASE=${PAPER_BASE:-models/tiny-cotbudget-21k}
 # Also chosen on that split: SFT_STEPS (masked SFT on models/tiny-base 29.5% at 150 steps, 33.2% at 300, 40.1% at
 # 600; on models/tiny-cot 54.1% at 300, 70.6% at 600; every SFT here runs as many) and the W4 base's transforms
 # (models/tiny-base, QAMR at 150 steps: none 27.6%, closed-form fpt 27.2%, trained fpt 27.2%).
