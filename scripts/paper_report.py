@@ -144,13 +144,12 @@ class Paper:
             self.p(f"| {t}{mark} | {100 * r[1]:.1f}% | {100 * r[2]:.1f}% | {100 * r[3]:.1f}% |")
         self.p()
         votes = vote_table(f"{out}/votes.log")
-        n_hard = len(jsonl(f"{out}/votes.jsonl"))
-        self.p(f"### Votes ({n_hard} hard test problems, k = 2..8; GRPO adapter, T = {T}, always reasoning)")
+        items = jsonl(f"{out}/votes.jsonl")
+        self.p(f"### Votes ({len(items)} hard test problems, k = 2..8; GRPO adapter, T = {T}, always reasoning)")
         self.p()
         self.lines += vote_lines(votes, f"{out}/votes.dat")
         # What a vote can reach: the share of problems with a right answer among the samples (an oracle's
         # pick), and how often a single sample is right.
-        items = jsonl(f"{out}/votes.jsonl")
         samples = [[s["answer"] == r["gold"] for s in r["pipeline"]["samples"]] for r in items]
         oracle = sum(any(s) for s in samples) / len(samples)
         single = sum(sum(s) / len(s) for s in samples) / len(samples)
