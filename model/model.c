@@ -581,6 +581,9 @@ static int check_save_formats(const Model *m, const char *dir) {
         const ParamTensor *p = &m->params[i];
         int group, sparse;
         WeightFormat want = model_quant_format(m, p, &group, &sparse);
+        if (p->w && p->w->tiled)
+            return er_error(ER_EINVAL, "model_save %s: \"%s\" is tiled for the decode kernels (model_tile_for_decode)",
+                            dir, p->name);
         int ok = !p->w ? 1
                  : weight_is_quantized(want)
                      ? p->w->fmt == want && (!weight_format_grouped(want) || p->w->group == group) &&
@@ -649,6 +652,18 @@ done:
     free(path);
     cJSON_Delete(j);
     return rc;
+}
+
+int model_tile_for_decode(Model *m) {
+    if (m->be && m->be->kind != BACKEND_CPU)
+        return ER_OK;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].w) {
+            int rc = quant_q4_tile(m->params[i].w);
+            if (rc < 0)
+                return rc;
+        }
+    return ER_OK;
 }
 
 int model_save(const Model *m, const char *dir, int as_bf16) {

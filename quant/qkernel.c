@@ -24,6 +24,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/gemm.h"
@@ -715,6 +716,80 @@ static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R
 QK_I8_PAIRS_FN(WF_Q4, qk_i8_pairs_q4)
 QK_I8_PAIRS_FN(WF_Q4G, qk_i8_pairs_q4g)
 
+// Tiled q4 (quant_q4_tile; layout in quant/weight.h): one 64-byte load gives 4 bytes (8 codes) of each of 16
+// rows, one row per int32 lane, so one vpdpbusd multiplies 4 codes of all 16 rows by 4 input codes broadcast
+// from memory, and a block of 32 inputs (4 such loads, low and high nibbles) sums in int32 per row before one
+// conversion and one FMA with the block's input scale: 8 vpdpbusd per conversion where the pairs above have
+// 2, and no loads of the inputs but the broadcasts. The 16 rows stream from one contiguous run of bytes.
+// Each row's block sums are exact integers, scaled and added block by block: the pairs' products up to the
+// order of the fp32 sums (and bit for bit the same at every N for one input, which tests/quant checks).
+#define QK_Q4_TILES 1
+
+// acc + Σ u * x per int32 lane, the 4 input codes at x broadcast to every lane from memory (GCC 12 loads a
+// _mm512_set1_epi32 into a register first: one more instruction per vpdpbusd).
+static inline __m512i dpbusd_bcst(__m512i acc, __m512i u, const int32_t *x) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*x));
+    return acc;
+}
+
+// Tile r0 / 16 against the N inputs (QK_ORDER_Q4_TILES): out[n * R + r0 + i] for the 16 rows i.
+static inline __attribute__((always_inline)) void qtile_i8_q4(float *out, int R, int r0, const Weight *w,
+                                                              const QkActs *a, int K, const int N) {
+    const uint8_t *tile = (const uint8_t *)w->data + (size_t)r0 * (K / 2);
+    __m512 acc[QUANT_DECODE_MAX_N];
+#pragma GCC unroll 8
+    for (int n = 0; n < N; n++)
+        acc[n] = _mm512_setzero_ps();
+    const __m512i m15 = _mm512_set1_epi8(15);
+    for (int c = 0; c < K / 64; c++) {
+        const uint8_t *p = tile + 512 * (size_t)c;
+        const int32_t *x = (const int32_t *)(a->q + (size_t)64 * N * c); // chunk c of input n at x + 16 n
+        const float *d = a->dv + (size_t)8 * N * c;
+#pragma GCC unroll 2
+        for (int b = 0; b < 2; b++) { // blocks 2c, 2c + 1: dwords 4b .. 4b + 3 of each row's chunk
+            __m512i lo[4], hi[4];
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m512i v = _mm512_loadu_si512(p + 64 * (4 * b + j));
+                lo[j] = _mm512_and_si512(v, m15);
+                hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m15);
+            }
+#pragma GCC unroll 8
+            for (int n = 0; n < N; n++) {
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    s0 = dpbusd_bcst(s0, lo[j], x + 16 * n + 4 * b + j);
+                    s1 = dpbusd_bcst(s1, hi[j], x + 16 * n + 8 + 4 * b + j);
+                }
+                acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_set1_ps(d[8 * n + 4 * b]),
+                                         acc[n]);
+            }
+        }
+    }
+    __m512 sc = _mm512_loadu_ps(w->scale + r0);
+    for (int n = 0; n < N; n++)
+        _mm512_storeu_ps(out + (size_t)n * R + r0,
+                         _mm512_mul_ps(_mm512_sub_ps(acc[n], _mm512_set1_ps(8.0f * a->xsum[n])), sc));
+}
+
+static void qk_i8_tiles_q4(float *out, const Weight *w, const QkActs *a, int N) {
+    int R = w->rows, K = w->cols;
+#pragma omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)
+    for (int r0 = 0; r0 < R; r0 += QUANT_Q4_TILE) {
+        switch (N) {
+        case 1: qtile_i8_q4(out, R, r0, w, a, K, 1); break;
+        case 2: qtile_i8_q4(out, R, r0, w, a, K, 2); break;
+        case 3: qtile_i8_q4(out, R, r0, w, a, K, 3); break;
+        case 4: qtile_i8_q4(out, R, r0, w, a, K, 4); break;
+        case 5: qtile_i8_q4(out, R, r0, w, a, K, 5); break;
+        case 6: qtile_i8_q4(out, R, r0, w, a, K, 6); break;
+        case 7: qtile_i8_q4(out, R, r0, w, a, K, 7); break;
+        default: qtile_i8_q4(out, R, r0, w, a, K, 8); break;
+        }
+    }
+}
+
 // q8 in pairs: vpdpbusd multiplies an unsigned operand, so the weights go in offset by 128 (w ^ 0x80 = w + 128)
 // and each int32 lane starts from -128 * the sum of the input codes it will meet (xl, per input and chunk):
 // the lane's integer sum is then exactly qrow_i8_q8's (which keeps the codes signed with its abs / sign
@@ -791,8 +866,16 @@ static void qk_i8_pairs_q8(float *out, const Weight *w, const QkActs *a, int N) 
         (FMT == WF_Q8 ? qk_i8_pairs_q8 : FMT == WF_Q4 ? qk_i8_pairs_q4 : qk_i8_pairs_q4g)(out, w, &a, N);   \
         return ER_OK;                                                                                       \
     }
+#define QK_I8_TAKE_TILES(FMT)                                                                               \
+    if (FMT == WF_Q4 && w->tiled) {                                                                        \
+        qk_acts_fill(&a, inp, K, N, QK_ORDER_Q4_TILES);                                                    \
+        qk_i8_tiles_q4(out, w, &a, N);                                                                     \
+        return ER_OK;                                                                                      \
+    }
 #else
 #define QK_I8_TAKE_PAIRS(FMT)
+#define QK_I8_TAKE_TILES(FMT)
+#define QK_Q4_TILES 0
 #endif
 
 // Row r (RW rows from r) at the N of the product, N a constant in each case.
@@ -811,9 +894,10 @@ static void qk_i8_pairs_q8(float *out, const Weight *w, const QkActs *a, int N) 
 #define QK_I8(FMT, name)                                                                                    \
     int qk_decode_simd_##name(float *out, const float *inp, const Weight *w, int N) {                     \
         if (!qk_i8_takes(w, N))                                                                            \
-            return qk_float_##name(out, inp, w, N);                                                        \
+            return w->tiled ? WEIGHT_DECODE_DECLINED : qk_float_##name(out, inp, w, N);                     \
         int R = w->rows, K = w->cols;                                                                      \
         QkActs a;                                                                                          \
+        QK_I8_TAKE_TILES(FMT)                                                                              \
         qk_acts_fill(&a, inp, K, N, FMT == WF_Q8 ? QK_ORDER_Q8 : QK_ORDER_Q4);                             \
         QK_I8_TAKE_PAIRS(FMT)                                                                              \
         int RW = FMT != WF_Q8 && K > QK_I8_PAIR_COLS && (size_t)N * K * 3 / 2 > QK_L1_INPUTS ? 2 : 1;     \
@@ -941,7 +1025,8 @@ int qk_decode_simd_bf16(float *out, const float *inp, const Weight *w, int N) {
 // good part of the GEMM. 0 for a weight it does not take.
 int qk_dequant_row_simd(float *dst, const Weight *w, int r) {
     int K = w->cols, k = 0;
-    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(w->fmt, K);
+    uint8_t buf[QUANT_Q4_TILE_MAX_COLS / 2];
+    const uint8_t *row = weight_packed_row(w, r, buf);
     if (w->fmt == WF_Q8) {
         __m256 s = _mm256_set1_ps(w->scale[r]);
         for (; k + 8 <= K; k += 8)
@@ -1029,19 +1114,22 @@ void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order) {
     int nb = K / 32;
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * K;
-        int8_t *q = a->q + (size_t)n * K;
-        float *xs = a->xs + (size_t)n * nb, *dv = a->dv + (size_t)n * (K / 8), d;
+        // chunk c of input n at q + 64 * cs * c, its scales at dv + 8 * cs * c
+        int chunked = order == QK_ORDER_Q4_TILES;
+        size_t first = chunked ? (size_t)n : (size_t)n * (K / 64), cs = chunked ? (size_t)N : 1;
+        int8_t *q = a->q + 64 * first;
+        float *xs = a->xs + (size_t)n * nb, *dv = a->dv + 8 * first, d;
         double t = 0;
         for (int b = 0; b < nb; b++) {
             // Elements 8j .. 8j + 7 of block b go to bytes at[j] .. at[j] + 7 of its chunk (from c): element e
             // to 32 * ((e / 8) % 2) + 16 * (b % 2) + 8 * (e / 16) + e % 8 (Q4) or 32 * (e / 16) + 16 * (b % 2)
             // + e % 16 (Q8).
             static const int at_q4[4] = {0, 32, 8, 40}, at_q8[4] = {0, 8, 32, 40};
-            int8_t *c = q + 64 * (b / 2) + 16 * (b % 2);
-            qk_quant_block(c, order == QK_ORDER_Q4 ? at_q4 : at_q8, &d, &xs[b], x + 32 * b);
+            int8_t *c = q + 64 * cs * (b / 2) + 16 * (b % 2);
+            qk_quant_block(c, order == QK_ORDER_Q8 ? at_q8 : at_q4, &d, &xs[b], x + 32 * b);
             t += xs[b];
             for (int i = 0; i < 4; i++)
-                dv[8 * (b / 2) + 4 * (b % 2) + i] = d;
+                dv[8 * cs * (b / 2) + 4 * (b % 2) + i] = d;
         }
         a->xsum[n] = (float)t;
     }
@@ -1065,10 +1153,38 @@ static void sparse_matmul(float *out, const float *inp, const Weight *w, int N) 
     }
 }
 
+#ifndef QK_Q4_TILES
+#define QK_Q4_TILES 0
+#endif
+
+int quant_q4_tile(Weight *w) {
+    int K = w->cols;
+    if (!QK_Q4_TILES || w->fmt != WF_Q4 || w->tiled || w->rows % QUANT_Q4_TILE || K % 64 || K > QUANT_Q4_TILE_MAX_COLS)
+        return 0;
+    size_t rb = (size_t)K / 2, bytes = (size_t)w->rows * rb;
+    uint8_t *t = er_alloc(bytes);
+    if (!t)
+        return er_error(ER_ENOMEM, "tiling a %d x %d q4 weight: %zu bytes", w->rows, K, bytes);
+    const uint8_t *src = w->data;
+    for (int r = 0; r < w->rows; r++) // bytes 4j .. 4j + 3 of row r's chunk c to its tile's 512c + 64j + 4(r % 16)
+        for (size_t c = 0; c < rb / 32; c++)
+            for (int j = 0; j < 8; j++)
+                memcpy(t + (size_t)(r - r % QUANT_Q4_TILE) * rb + 512 * c + 64 * j + 4 * (r % QUANT_Q4_TILE),
+                       src + (size_t)r * rb + 32 * c + 4 * j, 4);
+    if (w->owned) { // the bytes back in the weight's own block (which may hold its scales too)
+        memcpy((void *)w->data, t, bytes);
+        er_free(t);
+    } else {
+        w->data = w->owned = t;
+    }
+    w->tiled = 1;
+    return 1;
+}
+
 int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, float *scratch) {
     ER_TRY(check_decode(w, N, scratch));
     const WeightFormatInfo *fi = weight_format_info(w->fmt);
-    if (fi->decode) {
+    if (fi->decode && (!w->tiled || QK_Q4_TILES)) {
         int rc = fi->decode(out, inp, w, N);
         if (rc == ER_OK)
             sparse_matmul(out, inp, w, N);

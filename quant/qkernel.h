@@ -62,14 +62,16 @@ const char *qk_neon_features(void);
 //   - QK_ORDER_Q4: 4-bit rows (quant/weight.h): 32 bytes hold 64 codes, their low nibbles elements 0-7,
 //     16-23, 32-39, 48-55 and their high nibbles 8-15, 24-31, 40-47, 56-63, so the inputs go in that order
 //     and the codes need only a mask and a shift;
-//   - QK_ORDER_Q8: elements 0-15 and 32-47 of the row in one 32-byte register, 16-31 and 48-63 in another.
+//   - QK_ORDER_Q8: elements 0-15 and 32-47 of the row in one 32-byte register, 16-31 and 48-63 in another;
+//   - QK_ORDER_Q4_TILES: QK_ORDER_Q4 chunk-major, for the tiled q4 kernel: chunk c of input n at
+//     q + 64 * (c * N + n), its scales at dv + 8 * (c * N + n) (at N = 1 the same as QK_ORDER_Q4).
 #define QK_ACT_BYTES 40960 // N * cols codes on the caller's stack: cols up to 5120 at N = 8
 
-typedef enum { QK_ORDER_Q4, QK_ORDER_Q8 } QkOrder;
+typedef enum { QK_ORDER_Q4, QK_ORDER_Q8, QK_ORDER_Q4_TILES } QkOrder;
 
 typedef struct {
     int8_t q[QK_ACT_BYTES];         // (N, K) input codes, each chunk of 64 in the kernel's order (above)
-    float dv[QK_ACT_BYTES / 8];     // (N, K / 64, 8) the scales of blocks 2c, 2c+1 four times each
+    float dv[QK_ACT_BYTES / 8];     // (N, K / 64, 8) the scales of blocks 2c, 2c+1 four times each (see above)
     float xs[QK_ACT_BYTES / 32];    // (N, K / 32) the fp32 sum of each block's inputs (q4g's zeros)
     float xsum[QUANT_DECODE_MAX_N]; // (N) the sum of each input row (q4's -8)
 } QkActs;

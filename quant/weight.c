@@ -22,9 +22,18 @@ static void row_f16(float *dst, const Weight *w, int r) {
     dtype_to_f32(dst, (const uint16_t *)w->data + (size_t)r * w->cols, DT_F16, (size_t)w->cols);
 }
 
-static const uint8_t *packed_row(const Weight *w, int r) {
-    return (const uint8_t *)w->data + (size_t)r * weight_row_bytes(w->fmt, w->cols);
+const uint8_t *weight_packed_row(const Weight *w, int r, uint8_t *buf) {
+    size_t rb = weight_row_bytes(w->fmt, w->cols);
+    if (!w->tiled)
+        return (const uint8_t *)w->data + (size_t)r * rb;
+    const uint8_t *tile = (const uint8_t *)w->data + (size_t)(r - r % QUANT_Q4_TILE) * rb;
+    for (size_t c = 0; c < rb / 32; c++)
+        for (int j = 0; j < 8; j++)
+            memcpy(buf + 32 * c + 4 * j, tile + 512 * c + 64 * j + 4 * (r % QUANT_Q4_TILE), 4);
+    return buf;
 }
+
+static const uint8_t *packed_row(const Weight *w, int r) { return weight_packed_row(w, r, NULL); }
 
 static void row_q8(float *dst, const Weight *w, int r) {
     const int8_t *q = (const int8_t *)packed_row(w, r);
@@ -49,7 +58,8 @@ static void codes4_f32(float *dst, const uint8_t *row, int K) {
 
 static void row_q4(float *dst, const Weight *w, int r) {
     float s = w->scale[r];
-    codes4_f32(dst, packed_row(w, r), w->cols);
+    uint8_t buf[QUANT_Q4_TILE_MAX_COLS / 2];
+    codes4_f32(dst, weight_packed_row(w, r, buf), w->cols);
     for (int k = 0; k < w->cols; k++)
         dst[k] = (dst[k] - 8.0f) * s;
 }
