@@ -83,7 +83,7 @@ static int make_weight(Weight *w, WeightFormat f, int rows, int cols, int group,
             ((uint16_t *)w->gzero)[i] = f32_to_f16(-0.02f);
         }
     }
-    int rc = quant_q4_tile(w); // q4 as the runtime lays it out (model_tile_for_decode)
+    int rc = quant_tile(w); // q4 and q8 as the runtime lays it out (model_tile_for_decode)
     return rc < 0 ? rc : ER_OK;
 }
 

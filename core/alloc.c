@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -63,4 +64,15 @@ char *er_strdup(const char *s) {
 size_t er_physical_memory(void) {
     long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
     return pages > 0 && size > 0 ? (size_t)pages * (size_t)size : 0;
+}
+
+void er_release_pages(const void *p, size_t bytes) {
+    long ps = sysconf(_SC_PAGESIZE);
+    if (ps <= 0 || !p)
+        return;
+    uintptr_t a = ((uintptr_t)p + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1), e = ((uintptr_t)p + bytes) & ~((uintptr_t)ps - 1);
+#ifdef MADV_DONTNEED
+    if (e > a)
+        madvise((void *)a, e - a, MADV_DONTNEED);
+#endif
 }

@@ -13,6 +13,10 @@ void er_free(void *p);
 char *er_strdup(const char *s);
 // Physical memory of the machine in bytes (0 when unknown): the default limit for buffers sized up front.
 size_t er_physical_memory(void);
+// Tells the OS that the whole pages inside [p, p + bytes) will not be read again: pages of a mapped file
+// leave the resident set (a later read maps them in again), anonymous ones read back as zeros. A hint: no
+// error, nothing where the OS lacks it.
+void er_release_pages(const void *p, size_t bytes);
 
 // a*b and a+b into *out; return 0, or -1 on size_t overflow.
 static inline int er_mul_size(size_t a, size_t b, size_t *out) {

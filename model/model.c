@@ -659,10 +659,17 @@ int model_tile_for_decode(Model *m) {
         return ER_OK;
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i].w) {
-            int rc = quant_q4_tile(m->params[i].w);
+            Weight *w = m->params[i].w;
+            const void *was = w->data;
+            size_t bytes = (size_t)w->rows * weight_row_bytes(w->fmt, w->cols);
+            int rc = quant_tile(w);
             if (rc < 0)
                 return rc;
+            if (rc && w->data != was) // a copy: the file's pages (or the loader's) are not read again
+                er_release_pages(was, bytes);
         }
+    if (m->cfg.tied) // the lm_head is a copy of the embedding's Weight
+        m->lm_head = m->embed;
     return ER_OK;
 }
 

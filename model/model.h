@@ -92,7 +92,7 @@ WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group
 // should that allocation fail, *m stays a valid model without gradients (trainable = 0). A no-op on
 // untied models.
 int model_untie(Model *m);
-// Lays the q4 matrices of a CPU model out for the decode kernels (quant_q4_tile; a no-op where the build
+// Lays the q4 and q8 matrices of a CPU model out for the decode kernels (quant_tile; a no-op where the build
 // has no such kernel): products and rows read the same values, but the model can no longer be saved.
 // For models that decode (erinfer, GRPO's rollouts); ER_ENOMEM leaves the untiled matrices as they were.
 int model_tile_for_decode(Model *m);

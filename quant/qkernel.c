@@ -716,14 +716,14 @@ static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R
 QK_I8_PAIRS_FN(WF_Q4, qk_i8_pairs_q4)
 QK_I8_PAIRS_FN(WF_Q4G, qk_i8_pairs_q4g)
 
-// Tiled q4 (quant_q4_tile; layout in quant/weight.h): one 64-byte load gives 4 bytes (8 codes) of each of 16
+// Tiled q4 and q8 (quant_tile; layout in quant/weight.h). q4: one 64-byte load gives 4 bytes (8 codes) of each of 16
 // rows, one row per int32 lane, so one vpdpbusd multiplies 4 codes of all 16 rows by 4 input codes broadcast
 // from memory, and a block of 32 inputs (4 such loads, low and high nibbles) sums in int32 per row before one
 // conversion and one FMA with the block's input scale: 8 vpdpbusd per conversion where the pairs above have
 // 2, and no loads of the inputs but the broadcasts. The 16 rows stream from one contiguous run of bytes.
 // Each row's block sums are exact integers, scaled and added block by block: the pairs' products up to the
 // order of the fp32 sums (and bit for bit the same at every N for one input, which tests/quant checks).
-#define QK_Q4_TILES 1
+#define QK_TILES 1
 
 // acc + Σ u * x per int32 lane, the 4 input codes at x broadcast to every lane from memory (GCC 12 loads a
 // _mm512_set1_epi32 into a register first: one more instruction per vpdpbusd).
@@ -773,19 +773,71 @@ static inline __attribute__((always_inline)) void qtile_i8_q4(float *out, int R,
                          _mm512_mul_ps(_mm512_sub_ps(acc[n], _mm512_set1_ps(8.0f * a->xsum[n])), sc));
 }
 
-static void qk_i8_tiles_q4(float *out, const Weight *w, const QkActs *a, int N) {
+// Tiled q8: the codes stored plus 128 (unsigned for vpdpbusd), so each block's int32 sum starts from -128 *
+// the sum of the input codes it meets (xl: (K / 64, N, 2), chunk-major); 8 vpdpbusd per block of 32 inputs
+// in two chains (the dwords of a block alternate between them). Each block's integer sum is qrow_i8_q8's.
+static inline __attribute__((always_inline)) void qtile_i8_q8(float *out, int R, int r0, const Weight *w,
+                                                              const QkActs *a, const int32_t *xl, int K, const int N) {
+    const uint8_t *tile = (const uint8_t *)w->data + (size_t)r0 * K;
+    __m512 acc[QUANT_DECODE_MAX_N];
+#pragma GCC unroll 8
+    for (int n = 0; n < N; n++)
+        acc[n] = _mm512_setzero_ps();
+    for (int c = 0; c < K / 64; c++) {
+        const uint8_t *p = tile + 1024 * (size_t)c;
+        const int32_t *x = (const int32_t *)(a->q + (size_t)64 * N * c), *z = xl + (size_t)2 * N * c;
+        const float *d = a->dv + (size_t)8 * N * c;
+#pragma GCC unroll 2
+        for (int b = 0; b < 2; b++) { // block 2c + b: dwords 8b .. 8b + 7 of each row's chunk
+            __m512i u[8];
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                u[j] = _mm512_loadu_si512(p + 64 * (8 * b + j));
+#pragma GCC unroll 8
+            for (int n = 0; n < N; n++) {
+                __m512i s0 = _mm512_set1_epi32(z[2 * n + b]), s1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int j = 0; j < 8; j += 2) {
+                    s0 = dpbusd_bcst(s0, u[j], x + 16 * n + 8 * b + j);
+                    s1 = dpbusd_bcst(s1, u[j + 1], x + 16 * n + 8 * b + j + 1);
+                }
+                acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_set1_ps(d[8 * n + 4 * b]),
+                                         acc[n]);
+            }
+        }
+    }
+    __m512 sc = _mm512_loadu_ps(w->scale + r0);
+    for (int n = 0; n < N; n++)
+        _mm512_storeu_ps(out + (size_t)n * R + r0, _mm512_mul_ps(acc[n], sc));
+}
+
+#define QK_TILE_N(CALL, ...)                                                                               \
+    switch (N) {                                                                                           \
+    case 1: CALL(__VA_ARGS__, 1); break;                                                                   \
+    case 2: CALL(__VA_ARGS__, 2); break;                                                                   \
+    case 3: CALL(__VA_ARGS__, 3); break;                                                                   \
+    case 4: CALL(__VA_ARGS__, 4); break;                                                                   \
+    case 5: CALL(__VA_ARGS__, 5); break;                                                                   \
+    case 6: CALL(__VA_ARGS__, 6); break;                                                                   \
+    case 7: CALL(__VA_ARGS__, 7); break;                                                                   \
+    default: CALL(__VA_ARGS__, 8); break;                                                                  \
+    }
+
+static void qk_i8_tiles(float *out, const Weight *w, const QkActs *a, int N) {
     int R = w->rows, K = w->cols;
+    int32_t xl[QK_ACT_BYTES / 32]; // q8: -128 * the sum of each block's input codes, (K / 64, N, 2)
+    for (int i = 0; w->fmt == WF_Q8 && i < N * K / 32; i++) {
+        int32_t t = 0;
+        for (int k = 0; k < 32; k++)
+            t += a->q[32 * (size_t)i + k];
+        xl[i] = -128 * t;
+    }
 #pragma omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)
-    for (int r0 = 0; r0 < R; r0 += QUANT_Q4_TILE) {
-        switch (N) {
-        case 1: qtile_i8_q4(out, R, r0, w, a, K, 1); break;
-        case 2: qtile_i8_q4(out, R, r0, w, a, K, 2); break;
-        case 3: qtile_i8_q4(out, R, r0, w, a, K, 3); break;
-        case 4: qtile_i8_q4(out, R, r0, w, a, K, 4); break;
-        case 5: qtile_i8_q4(out, R, r0, w, a, K, 5); break;
-        case 6: qtile_i8_q4(out, R, r0, w, a, K, 6); break;
-        case 7: qtile_i8_q4(out, R, r0, w, a, K, 7); break;
-        default: qtile_i8_q4(out, R, r0, w, a, K, 8); break;
+    for (int r0 = 0; r0 < R; r0 += QUANT_TILE) {
+        if (w->fmt == WF_Q8) {
+            QK_TILE_N(qtile_i8_q8, out, R, r0, w, a, xl, K)
+        } else {
+            QK_TILE_N(qtile_i8_q4, out, R, r0, w, a, K)
         }
     }
 }
@@ -867,15 +919,15 @@ static void qk_i8_pairs_q8(float *out, const Weight *w, const QkActs *a, int N) 
         return ER_OK;                                                                                       \
     }
 #define QK_I8_TAKE_TILES(FMT)                                                                               \
-    if (FMT == WF_Q4 && w->tiled) {                                                                        \
-        qk_acts_fill(&a, inp, K, N, QK_ORDER_Q4_TILES);                                                    \
-        qk_i8_tiles_q4(out, w, &a, N);                                                                     \
+    if (w->tiled) {                                                                                        \
+        qk_acts_fill(&a, inp, K, N, FMT == WF_Q8 ? QK_ORDER_Q8_TILES : QK_ORDER_Q4_TILES);                 \
+        qk_i8_tiles(out, w, &a, N);                                                                        \
         return ER_OK;                                                                                      \
     }
 #else
 #define QK_I8_TAKE_PAIRS(FMT)
 #define QK_I8_TAKE_TILES(FMT)
-#define QK_Q4_TILES 0
+#define QK_TILES 0
 #endif
 
 // Row r (RW rows from r) at the N of the product, N a constant in each case.
@@ -1025,7 +1077,7 @@ int qk_decode_simd_bf16(float *out, const float *inp, const Weight *w, int N) {
 // good part of the GEMM. 0 for a weight it does not take.
 int qk_dequant_row_simd(float *dst, const Weight *w, int r) {
     int K = w->cols, k = 0;
-    uint8_t buf[QUANT_Q4_TILE_MAX_COLS / 2];
+    uint8_t buf[QUANT_TILE_MAX_COLS];
     const uint8_t *row = weight_packed_row(w, r, buf);
     if (w->fmt == WF_Q8) {
         __m256 s = _mm256_set1_ps(w->scale[r]);
@@ -1115,7 +1167,7 @@ void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order) {
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * K;
         // chunk c of input n at q + 64 * cs * c, its scales at dv + 8 * cs * c
-        int chunked = order == QK_ORDER_Q4_TILES;
+        int chunked = order == QK_ORDER_Q4_TILES || order == QK_ORDER_Q8_TILES;
         size_t first = chunked ? (size_t)n : (size_t)n * (K / 64), cs = chunked ? (size_t)N : 1;
         int8_t *q = a->q + 64 * first;
         float *xs = a->xs + (size_t)n * nb, *dv = a->dv + 8 * first, d;
@@ -1123,10 +1175,11 @@ void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order) {
         for (int b = 0; b < nb; b++) {
             // Elements 8j .. 8j + 7 of block b go to bytes at[j] .. at[j] + 7 of its chunk (from c): element e
             // to 32 * ((e / 8) % 2) + 16 * (b % 2) + 8 * (e / 16) + e % 8 (Q4) or 32 * (e / 16) + 16 * (b % 2)
-            // + e % 16 (Q8).
-            static const int at_q4[4] = {0, 32, 8, 40}, at_q8[4] = {0, 8, 32, 40};
-            int8_t *c = q + 64 * cs * (b / 2) + 16 * (b % 2);
-            qk_quant_block(c, order == QK_ORDER_Q8 ? at_q8 : at_q4, &d, &xs[b], x + 32 * b);
+            // + e % 16 (Q8), or in order (Q8_TILES).
+            static const int at_q4[4] = {0, 32, 8, 40}, at_q8[4] = {0, 8, 32, 40}, at_row[4] = {0, 8, 16, 24};
+            const int *at = order == QK_ORDER_Q8 ? at_q8 : order == QK_ORDER_Q8_TILES ? at_row : at_q4;
+            int8_t *c = q + 64 * cs * (b / 2) + (order == QK_ORDER_Q8_TILES ? 32 : 16) * (b % 2);
+            qk_quant_block(c, at, &d, &xs[b], x + 32 * b);
             t += xs[b];
             for (int i = 0; i < 4; i++)
                 dv[8 * cs * (b / 2) + 4 * (b % 2) + i] = d;
@@ -1153,24 +1206,28 @@ static void sparse_matmul(float *out, const float *inp, const Weight *w, int N) 
     }
 }
 
-#ifndef QK_Q4_TILES
-#define QK_Q4_TILES 0
+#ifndef QK_TILES
+#define QK_TILES 0
 #endif
 
-int quant_q4_tile(Weight *w) {
+int quant_tile(Weight *w) {
     int K = w->cols;
-    if (!QK_Q4_TILES || w->fmt != WF_Q4 || w->tiled || w->rows % QUANT_Q4_TILE || K % 64 || K > QUANT_Q4_TILE_MAX_COLS)
+    if (!QK_TILES || (w->fmt != WF_Q4 && w->fmt != WF_Q8) || w->tiled || w->sparse || w->rows % QUANT_TILE || K % 64 ||
+        K > QUANT_TILE_MAX_COLS)
         return 0;
-    size_t rb = (size_t)K / 2, bytes = (size_t)w->rows * rb;
+    size_t rb = weight_row_bytes(w->fmt, K), cb = w->fmt == WF_Q8 ? 64 : 32, bytes = (size_t)w->rows * rb;
     uint8_t *t = er_alloc(bytes);
     if (!t)
-        return er_error(ER_ENOMEM, "tiling a %d x %d q4 weight: %zu bytes", w->rows, K, bytes);
+        return er_error(ER_ENOMEM, "tiling a %d x %d %s weight: %zu bytes", w->rows, K, weight_format_name(w->fmt),
+                        bytes);
     const uint8_t *src = w->data;
-    for (int r = 0; r < w->rows; r++) // bytes 4j .. 4j + 3 of row r's chunk c to its tile's 512c + 64j + 4(r % 16)
-        for (size_t c = 0; c < rb / 32; c++)
-            for (int j = 0; j < 8; j++)
-                memcpy(t + (size_t)(r - r % QUANT_Q4_TILE) * rb + 512 * c + 64 * j + 4 * (r % QUANT_Q4_TILE),
-                       src + (size_t)r * rb + 32 * c + 4 * j, 4);
+    uint8_t flip = w->fmt == WF_Q8 ? 0x80 : 0; // q8 stored plus 128
+    for (int r = 0; r < w->rows; r++) // bytes 4j .. 4j + 3 of row r's chunk c to 16c * cb + 64j + 4 (r % 16) in its tile
+        for (size_t c = 0; c < rb / cb; c++)
+            for (size_t j = 0; j < cb / 4; j++)
+                for (int i = 0; i < 4; i++)
+                    t[(size_t)(r - r % QUANT_TILE) * rb + QUANT_TILE * cb * c + 64 * j + 4 * (r % QUANT_TILE) + i] =
+                        src[(size_t)r * rb + cb * c + 4 * j + i] ^ flip;
     if (w->owned) { // the bytes back in the weight's own block (which may hold its scales too)
         memcpy((void *)w->data, t, bytes);
         er_free(t);
@@ -1184,7 +1241,7 @@ int quant_q4_tile(Weight *w) {
 int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, float *scratch) {
     ER_TRY(check_decode(w, N, scratch));
     const WeightFormatInfo *fi = weight_format_info(w->fmt);
-    if (fi->decode && (!w->tiled || QK_Q4_TILES)) {
+    if (fi->decode && (!w->tiled || QK_TILES)) {
         int rc = fi->decode(out, inp, w, N);
         if (rc == ER_OK)
             sparse_matmul(out, inp, w, N);

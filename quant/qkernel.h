@@ -63,11 +63,12 @@ const char *qk_neon_features(void);
 //     16-23, 32-39, 48-55 and their high nibbles 8-15, 24-31, 40-47, 56-63, so the inputs go in that order
 //     and the codes need only a mask and a shift;
 //   - QK_ORDER_Q8: elements 0-15 and 32-47 of the row in one 32-byte register, 16-31 and 48-63 in another;
-//   - QK_ORDER_Q4_TILES: QK_ORDER_Q4 chunk-major, for the tiled q4 kernel: chunk c of input n at
-//     q + 64 * (c * N + n), its scales at dv + 8 * (c * N + n) (at N = 1 the same as QK_ORDER_Q4).
+//   - QK_ORDER_Q4_TILES, QK_ORDER_Q8_TILES: for the tiled kernels, chunk-major: chunk c of input n at
+//     q + 64 * (c * N + n), its scales at dv + 8 * (c * N + n); each chunk in QK_ORDER_Q4's order (q4) or in
+//     the row's (q8).
 #define QK_ACT_BYTES 40960 // N * cols codes on the caller's stack: cols up to 5120 at N = 8
 
-typedef enum { QK_ORDER_Q4, QK_ORDER_Q8, QK_ORDER_Q4_TILES } QkOrder;
+typedef enum { QK_ORDER_Q4, QK_ORDER_Q8, QK_ORDER_Q4_TILES, QK_ORDER_Q8_TILES } QkOrder;
 
 typedef struct {
     int8_t q[QK_ACT_BYTES];         // (N, K) input codes, each chunk of 64 in the kernel's order (above)

@@ -71,12 +71,12 @@ int weight_matmul_backward_input(float *dinp, const float *dout, const Weight *w
 // portable path (dequantize rows, then plain dot products), which is the reference and which
 // quant_matmul_decode_portable runs always (tests compare the two).
 #define QUANT_DECODE_MAX_N 8
-// Re-lays a q4 weight's rows QUANT_Q4_TILE at a time (quant/weight.h) for the decode kernel that reads
-// them so (AVX512-VNNI builds; rows a multiple of 16, cols a multiple of 64 up to QUANT_Q4_TILE_MAX_COLS):
+// Re-lays a q4 or q8 weight's rows QUANT_TILE at a time (quant/weight.h) for the decode kernels that read
+// them so (AVX512-VNNI builds; rows a multiple of 16, cols a multiple of 64 up to QUANT_TILE_MAX_COLS):
 // 1 when tiled, 0 when the build or the shape has no such kernel (the weight unchanged), ER_ENOMEM. An
 // owned weight is re-laid in its own buffer, another gets one (w->owned). Every product and weight_row_f32
-// read a tiled weight as before; what writes a weight's bytes (saving, GGUF export) refuses one.
-int quant_q4_tile(Weight *w);
+// read a tiled weight as before; model_save refuses one.
+int quant_tile(Weight *w);
 int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, float *scratch);
 int quant_matmul_decode_portable(float *out, const float *inp, const Weight *w, int N, float *scratch);
 // 1 when this build has the SIMD decode kernels.

@@ -23,20 +23,24 @@ static void row_f16(float *dst, const Weight *w, int r) {
 }
 
 const uint8_t *weight_packed_row(const Weight *w, int r, uint8_t *buf) {
-    size_t rb = weight_row_bytes(w->fmt, w->cols);
+    size_t rb = weight_row_bytes(w->fmt, w->cols), cb = w->fmt == WF_Q8 ? 64 : 32; // bytes per chunk of 64 columns
     if (!w->tiled)
         return (const uint8_t *)w->data + (size_t)r * rb;
-    const uint8_t *tile = (const uint8_t *)w->data + (size_t)(r - r % QUANT_Q4_TILE) * rb;
-    for (size_t c = 0; c < rb / 32; c++)
-        for (int j = 0; j < 8; j++)
-            memcpy(buf + 32 * c + 4 * j, tile + 512 * c + 64 * j + 4 * (r % QUANT_Q4_TILE), 4);
+    const uint8_t *tile = (const uint8_t *)w->data + (size_t)(r - r % QUANT_TILE) * rb;
+    for (size_t c = 0; c < rb / cb; c++)
+        for (size_t j = 0; j < cb / 4; j++)
+            memcpy(buf + cb * c + 4 * j, tile + QUANT_TILE * cb * c + 64 * j + 4 * (r % QUANT_TILE), 4);
+    if (w->fmt == WF_Q8)
+        for (size_t i = 0; i < rb; i++)
+            buf[i] ^= 0x80;
     return buf;
 }
 
 static const uint8_t *packed_row(const Weight *w, int r) { return weight_packed_row(w, r, NULL); }
 
 static void row_q8(float *dst, const Weight *w, int r) {
-    const int8_t *q = (const int8_t *)packed_row(w, r);
+    uint8_t buf[QUANT_TILE_MAX_COLS];
+    const int8_t *q = (const int8_t *)weight_packed_row(w, r, buf);
     float s = w->scale[r];
     for (int k = 0; k < w->cols; k++)
         dst[k] = (float)q[k] * s;
@@ -58,7 +62,7 @@ static void codes4_f32(float *dst, const uint8_t *row, int K) {
 
 static void row_q4(float *dst, const Weight *w, int r) {
     float s = w->scale[r];
-    uint8_t buf[QUANT_Q4_TILE_MAX_COLS / 2];
+    uint8_t buf[QUANT_TILE_MAX_COLS];
     codes4_f32(dst, weight_packed_row(w, r, buf), w->cols);
     for (int k = 0; k < w->cols; k++)
         dst[k] = (dst[k] - 8.0f) * s;

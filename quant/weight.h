@@ -14,10 +14,11 @@
 // shifting gives 8 consecutive elements per shift. The last cols % 16 (4-bit) or cols % 32 (2-bit)
 // elements are packed in order after the blocks: element t of the tail at byte t/2 (low nibble for
 // even t) or t/4 (bits 2*(t%4)). quant_code4 / quant_code2 read one code.
-// Tiled Q4 (tiled = 1, made by quant_q4_tile for the AVX512-VNNI decode kernel): the same bytes, rows
-// interleaved QUANT_Q4_TILE at a time. Tile t (rows 16t .. 16t + 15) starts at byte 16t * row_bytes; its
-// 32-byte chunk c (columns 64c .. 64c + 63 of each row) at 512c in it; bytes 4j .. 4j + 3 of row 16t + i's
-// chunk at 64j + 4i in that. So one 64-byte load gives 4 bytes of each of the 16 rows.
+// Tiled Q4 and Q8 (tiled = 1, made by quant_tile for the AVX512-VNNI decode kernels): the rows' bytes
+// interleaved QUANT_TILE rows at a time. Tile t (rows 16t .. 16t + 15) starts at byte 16t * row_bytes; its
+// chunk c (columns 64c .. 64c + 63 of each row: 32 bytes of a Q4 row, 64 of a Q8 row) at 16c * chunk bytes
+// in it; bytes 4j .. 4j + 3 of row 16t + i's chunk at 64j + 4i in that. So one 64-byte load gives 4 bytes of
+// each of the 16 rows. Q8's bytes are stored plus 128 (unsigned, as vpdpbusd multiplies them).
 // Scales of Q8/Q4 are fp32; Q4G scales/zeros and Q2LUT codebooks are fp16 (the file's bytes, used in place).
 // Dense-and-sparse (SqueezeLLM, Kim et al., arXiv 2306.07629; the codebook formats): with sparse = S > 0 a
 // row also carries S corrections, W[r, sp_cols[r,j]] += sp_vals[r,j] (U16 column, fp16 value; 32 bits
@@ -52,7 +53,7 @@ typedef struct {
     const uint16_t *lut;      // Q2LUT: fp16 (rows, 4); Q4LUT: fp16 (rows, 16)
     int group;                // Q4G: inputs per group (divides cols)
     int sparse;               // codebook formats: corrections per row (0: none; see above)
-    int tiled;                // Q4: rows interleaved QUANT_Q4_TILE at a time (see above), else 0
+    int tiled;                // Q4, Q8: rows interleaved QUANT_TILE at a time (see above), else 0
     const uint16_t *sp_cols;  // (rows, sparse) columns, each < cols
     const uint16_t *sp_vals;  // fp16 (rows, sparse) values added there
     void *owned;              // one er_alloc block holding the buffers above, when this Weight owns them
@@ -131,9 +132,9 @@ void weight_sparse_add_row(float *dst, const Weight *w, int r);
 // Frees w->owned (and clears the pointers into it). Safe on a zeroed Weight.
 void weight_free(Weight *w);
 
-#define QUANT_Q4_TILE 16
-#define QUANT_Q4_TILE_MAX_COLS 5120 // the widest rows tiled (the kernel's 8 input rows of int8 codes)
-// Row r's packed bytes: in place, or gathered from a tiled Q4 weight into buf (row bytes).
+#define QUANT_TILE 16
+#define QUANT_TILE_MAX_COLS 5120 // the widest rows tiled (the kernels' 8 input rows of int8 codes)
+// Row r's packed bytes: in place, or gathered from a tiled weight into buf (QUANT_TILE_MAX_COLS bytes).
 const uint8_t *weight_packed_row(const Weight *w, int r, uint8_t *buf);
 
 // The code of element k of a packed row of n elements (layout above).

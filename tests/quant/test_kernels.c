@@ -499,75 +499,83 @@ Test(quant_kernels, dequant_rows_equal_reference_rows) {
     }
 }
 
-// Tiled q4 (quant_q4_tile, the layout of the AVX512-VNNI decode kernel): the rows read back bit for bit,
-// the GEMM path's products (from those rows) bit for bit, the decode products within the int8 rounding
-// bound of double at N = 1..8 and each input's outputs at N = 2 the bits of the same input alone; a weight
-// that owns its buffer is re-laid in it, one that does not gets its own. Shapes the kernel does not take
-// stay untiled everywhere.
-Test(quant_kernels, q4_tiled_rows_and_products) {
+// Tiled q4 and q8 (quant_tile, the layout of the AVX512-VNNI decode kernels): the rows read back bit for bit,
+// the GEMM path's products (from those rows) bit for bit, the decode products within the int8 rounding bound
+// of double at N = 1..8 and each input's outputs at N = 2 the bits of the same input alone; a weight that
+// owns its buffer is re-laid in it, one that does not gets its own. Shapes the kernels do not take stay
+// untiled everywhere.
+Test(quant_kernels, tiled_rows_and_products) {
     threads_set(2);
     static const int shapes[][2] = {{16, 64}, {32, 896}, {48, 192}, {16, 4864}, {16, 5120}};
     static const int refused[][2] = {{19, 896}, {16, 96}, {16, 5184}};
     int tiled = 0;
-    for (int si = 0; si < 5; si++) {
-        int R = shapes[si][0], K = shapes[si][1];
-        Weight w, t;
-        random_weight(&w, WF_Q4, R, K, 0, 0, 900 + si);
-        random_weight(&t, WF_Q4, R, K, 0, 0, 900 + si);
-        Weight borrowed = t; // the same bytes, not owned: quant_q4_tile gives it a buffer of its own
-        borrowed.owned = NULL;
-        int rc = quant_q4_tile(si % 2 ? &borrowed : &t);
-        cr_assert(rc >= 0, "%s", er_last_error());
-        if (!rc) { // a build without the kernel: untiled, and said so below
+    for (int fi = 0; fi < 2; fi++)
+        for (int si = 0; si < 5; si++) {
+            WeightFormat f = fi ? WF_Q8 : WF_Q4;
+            int R = shapes[si][0], K = shapes[si][1];
+            Weight w, t;
+            random_weight(&w, f, R, K, 0, 0, 900 + si + 10 * fi);
+            random_weight(&t, f, R, K, 0, 0, 900 + si + 10 * fi);
+            Weight borrowed = t; // the same bytes, not owned: quant_tile gives it a buffer of its own
+            borrowed.owned = NULL;
+            int rc = quant_tile(si % 2 ? &borrowed : &t);
+            cr_assert(rc >= 0, "%s", er_last_error());
+            if (!rc) { // a build without the kernels: untiled, and said so below
+                weight_free(&w);
+                weight_free(&t);
+                continue;
+            }
+            Weight *q = si % 2 ? &borrowed : &t;
+            cr_assert(q->tiled && (si % 2 ? q->owned && q->owned != t.owned : q->data == t.data), "R=%d K=%d", R, K);
+            tiled++;
+            float *W = dequant_all(&w), *Wt = dequant_all(q), *inp = random_vec((size_t)33 * K, 910 + si);
+            cr_assert(!memcmp(W, Wt, sizeof(float) * (size_t)R * K), "%s R=%d K=%d: tiled rows differ",
+                      weight_format_name(f), R, K);
+            float *rows = malloc(sizeof(float) * (size_t)R * K), *tile = malloc(sizeof(float) * quant_scratch_floats(K));
+            quant_dequant_rows(rows, q, 0, R);
+            cr_assert(!memcmp(W, rows, sizeof(float) * (size_t)R * K), "%s R=%d K=%d: quant_dequant_rows differ",
+                      weight_format_name(f), R, K);
+            float *out = malloc(sizeof(float) * (size_t)33 * R), *ref = malloc(sizeof(float) * (size_t)33 * R);
+            cr_assert_eq(weight_matmul_forward(out, inp, q, NULL, 33, tile), 0);
+            cr_assert_eq(weight_matmul_forward(ref, inp, &w, NULL, 33, tile), 0);
+            cr_assert(!memcmp(out, ref, sizeof(float) * (size_t)33 * R), "%s R=%d K=%d: the GEMM path differs",
+                      weight_format_name(f), R, K);
+            for (int N = 1; N <= 8; N++) {
+                char what[64];
+                snprintf(what, sizeof what, "tiled %s R=%d K=%d N=%d", weight_format_name(f), R, K, N);
+                cr_assert_eq(weight_matmul_forward(out, inp, q, NULL, N, tile), 0);
+                check_forward(out, inp, W, NULL, N, R, K, q, what);
+                if (N == 2)
+                    for (int n = 0; n < 2; n++) {
+                        cr_assert_eq(weight_matmul_forward(ref, inp + (size_t)n * K, q, NULL, 1, tile), 0);
+                        cr_assert(!memcmp(ref, out + (size_t)n * R, sizeof(float) * R), "%s: input %d alone differs",
+                                  what, n);
+                    }
+            }
+            free(out);
+            free(ref);
+            free(rows);
+            free(tile);
+            free(W);
+            free(Wt);
+            free(inp);
             weight_free(&w);
+            if (si % 2)
+                weight_free(&borrowed);
             weight_free(&t);
-            continue;
         }
-        Weight *q = si % 2 ? &borrowed : &t;
-        cr_assert(q->tiled && (si % 2 ? q->owned && q->owned != t.owned : q->data == t.data), "R=%d K=%d", R, K);
-        tiled++;
-        float *W = dequant_all(&w), *Wt = dequant_all(q), *inp = random_vec((size_t)33 * K, 910 + si);
-        cr_assert(!memcmp(W, Wt, sizeof(float) * (size_t)R * K), "R=%d K=%d: tiled rows differ", R, K);
-        float *rows = malloc(sizeof(float) * (size_t)R * K), *tile = malloc(sizeof(float) * quant_scratch_floats(K));
-        quant_dequant_rows(rows, q, 0, R);
-        cr_assert(!memcmp(W, rows, sizeof(float) * (size_t)R * K), "R=%d K=%d: quant_dequant_rows differ", R, K);
-        float *out = malloc(sizeof(float) * (size_t)33 * R), *ref = malloc(sizeof(float) * (size_t)33 * R);
-        cr_assert_eq(weight_matmul_forward(out, inp, q, NULL, 33, tile), 0);
-        cr_assert_eq(weight_matmul_forward(ref, inp, &w, NULL, 33, tile), 0);
-        cr_assert(!memcmp(out, ref, sizeof(float) * (size_t)33 * R), "R=%d K=%d: the GEMM path differs", R, K);
-        for (int N = 1; N <= 8; N++) {
-            char what[64];
-            snprintf(what, sizeof what, "tiled q4 R=%d K=%d N=%d", R, K, N);
-            cr_assert_eq(weight_matmul_forward(out, inp, q, NULL, N, tile), 0);
-            check_forward(out, inp, W, NULL, N, R, K, q, what);
-            if (N == 2)
-                for (int n = 0; n < 2; n++) {
-                    cr_assert_eq(weight_matmul_forward(ref, inp + (size_t)n * K, q, NULL, 1, tile), 0);
-                    cr_assert(!memcmp(ref, out + (size_t)n * R, sizeof(float) * R), "%s: input %d alone differs", what, n);
-                }
-        }
-        free(out);
-        free(ref);
-        free(rows);
-        free(tile);
-        free(W);
-        free(Wt);
-        free(inp);
-        weight_free(&w);
-        if (si % 2)
-            weight_free(&borrowed);
-        weight_free(&t);
-    }
-    for (int si = 0; si < 3; si++) {
+    for (int si = 0; si < 6; si++) {
         Weight w;
-        random_weight(&w, WF_Q4, refused[si][0], refused[si][1], 0, 0, 950 + si);
-        cr_assert_eq(quant_q4_tile(&w), 0, "R=%d K=%d", refused[si][0], refused[si][1]);
+        random_weight(&w, si < 3 ? WF_Q4 : WF_Q4G, refused[si % 3][0], si < 3 ? refused[si][1] : 896, si < 3 ? 0 : 32,
+                      0, 950 + si);
+        cr_assert_eq(quant_tile(&w), 0, "%s R=%d", weight_format_name(w.fmt), w.rows);
         cr_assert(!w.tiled);
         weight_free(&w);
     }
     if (tiled)
-        printf("quant_kernels: tiled q4 products checked in %d shapes (%s)\n", tiled, quant_simd_name());
+        printf("quant_kernels: tiled q4 and q8 products checked in %d (format, shape) cases (%s)\n", tiled,
+               quant_simd_name());
     else
-        printf("quant_kernels: NOTE: this build has no tiled q4 kernel (%s): only the untiled shapes checked\n",
+        printf("quant_kernels: NOTE: this build has no tiled kernels (%s): only the untiled shapes checked\n",
                quant_simd_name());
 }
