@@ -121,9 +121,10 @@ static int weight_is_q4_0(const Weight *w) {
 
 // Row r of a q4_0-shaped q4g32 weight as q4_0 blocks, bytes copied (no rounding anywhere).
 static void q4g_row_to_q4_0(uint8_t *dst, const Weight *w, int r) {
-    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(w->fmt, w->cols);
+    uint8_t buf[QUANT_TILE_MAX_COLS];
+    const uint8_t *row = weight_packed_row(w, r, buf);
     for (int b = 0; b < w->cols / 32; b++, dst += 18) {
-        memcpy(dst, &w->gscale[(size_t)r * (w->cols / 32) + b], 2);
+        memcpy(dst, &w->gscale[weight_group_index(w, r, b)], 2);
         for (int j = 0; j < 16; j++) {
             unsigned lo = quant_code4(row, w->cols, b * 32 + j), hi = quant_code4(row, w->cols, b * 32 + j + 16);
             dst[2 + j] = (uint8_t)(lo | hi << 4);

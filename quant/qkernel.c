@@ -732,10 +732,15 @@ static inline __m512i dpbusd_bcst(__m512i acc, __m512i u, const int32_t *x) {
     return acc;
 }
 
-// Tile r0 / 16 against the N inputs (QK_ORDER_Q4_TILES): out[n * R + r0 + i] for the 16 rows i.
+// Tile r0 / 16 against the N inputs (QK_ORDER_Q4_TILES): out[n * R + r0 + i] for the 16 rows i. q4g32 scales
+// each block's sums by the rows' group scales too and adds each group's zero times the block's input sum.
 static inline __attribute__((always_inline)) void qtile_i8_q4(float *out, int R, int r0, const Weight *w,
-                                                              const QkActs *a, int K, const int N) {
+                                                              const QkActs *a, int K, const WeightFormat fmt,
+                                                              const int N) {
     const uint8_t *tile = (const uint8_t *)w->data + (size_t)r0 * (K / 2);
+    const int ng = K / 32;
+    const uint16_t *gs = fmt == WF_Q4G ? w->gscale + (size_t)r0 * ng : NULL; // tile r0 / 16's groups
+    const uint16_t *gz = fmt == WF_Q4G ? w->gzero + (size_t)r0 * ng : NULL;
     __m512 acc[QUANT_DECODE_MAX_N];
 #pragma GCC unroll 8
     for (int n = 0; n < N; n++)
@@ -754,6 +759,12 @@ static inline __attribute__((always_inline)) void qtile_i8_q4(float *out, int R,
                 lo[j] = _mm512_and_si512(v, m15);
                 hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m15);
             }
+            const int g = 2 * c + b;
+            __m512 gsv = _mm512_setzero_ps(), gzv = _mm512_setzero_ps(); // q4g: the 16 rows' scales and zeros of group g
+            if (fmt == WF_Q4G) {
+                gsv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gs + (size_t)16 * g)));
+                gzv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gz + (size_t)16 * g)));
+            }
 #pragma GCC unroll 8
             for (int n = 0; n < N; n++) {
                 __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
@@ -762,10 +773,20 @@ static inline __attribute__((always_inline)) void qtile_i8_q4(float *out, int R,
                     s0 = dpbusd_bcst(s0, lo[j], x + 16 * n + 4 * b + j);
                     s1 = dpbusd_bcst(s1, hi[j], x + 16 * n + 8 + 4 * b + j);
                 }
-                acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_set1_ps(d[8 * n + 4 * b]),
-                                         acc[n]);
+                __m512 dx = _mm512_set1_ps(d[8 * n + 4 * b]);
+                if (fmt == WF_Q4G) {
+                    acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dx, gsv), acc[n]);
+                    acc[n] = _mm512_fmadd_ps(gzv, _mm512_set1_ps(a->xs[(size_t)n * ng + g]), acc[n]);
+                } else {
+                    acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), dx, acc[n]);
+                }
             }
         }
+    }
+    if (fmt == WF_Q4G) {
+        for (int n = 0; n < N; n++)
+            _mm512_storeu_ps(out + (size_t)n * R + r0, acc[n]);
+        return;
     }
     __m512 sc = _mm512_loadu_ps(w->scale + r0);
     for (int n = 0; n < N; n++)
@@ -836,8 +857,10 @@ static void qk_i8_tiles(float *out, const Weight *w, const QkActs *a, int N) {
     for (int r0 = 0; r0 < R; r0 += QUANT_TILE) {
         if (w->fmt == WF_Q8) {
             QK_TILE_N(qtile_i8_q8, out, R, r0, w, a, xl, K)
+        } else if (w->fmt == WF_Q4) {
+            QK_TILE_N(qtile_i8_q4, out, R, r0, w, a, K, WF_Q4)
         } else {
-            QK_TILE_N(qtile_i8_q4, out, R, r0, w, a, K)
+            QK_TILE_N(qtile_i8_q4, out, R, r0, w, a, K, WF_Q4G)
         }
     }
 }
@@ -1091,7 +1114,7 @@ int qk_dequant_row_simd(float *dst, const Weight *w, int r) {
         return 0;
     const __m256i m15 = _mm256_set1_epi32(15);
     const __m256 eight = _mm256_set1_ps(8.0f);
-    int full = K & ~15, ng = w->fmt == WF_Q4G ? K / w->group : 0;
+    int full = K & ~15;
     for (; k < full; k += 16) {
         __m256i v = block8(row + k / 2);
         __m256 c0 = _mm256_cvtepi32_ps(_mm256_and_si256(v, m15)), c1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
@@ -1100,7 +1123,7 @@ int qk_dequant_row_simd(float *dst, const Weight *w, int r) {
             c0 = _mm256_mul_ps(_mm256_sub_ps(c0, eight), s);
             c1 = _mm256_mul_ps(_mm256_sub_ps(c1, eight), s);
         } else { // the 16 codes share one group
-            size_t g = (size_t)r * ng + k / w->group;
+            size_t g = weight_group_index(w, r, k / w->group);
             __m256 s = _mm256_set1_ps(half_to_f32(w->gscale[g])), z = _mm256_set1_ps(half_to_f32(w->gzero[g]));
             c0 = _mm256_add_ps(_mm256_mul_ps(c0, s), z);
             c1 = _mm256_add_ps(_mm256_mul_ps(c1, s), z);
@@ -1211,28 +1234,44 @@ static void sparse_matmul(float *out, const float *inp, const Weight *w, int N) 
 #endif
 
 int quant_tile(Weight *w) {
-    int K = w->cols;
-    if (!QK_TILES || (w->fmt != WF_Q4 && w->fmt != WF_Q8) || w->tiled || w->sparse || w->rows % QUANT_TILE || K % 64 ||
-        K > QUANT_TILE_MAX_COLS)
+    int K = w->cols, R = w->rows, grouped = w->fmt == WF_Q4G;
+    if (!QK_TILES || (w->fmt != WF_Q4 && w->fmt != WF_Q8 && !(grouped && w->group == 32)) || w->tiled || w->sparse ||
+        R % QUANT_TILE || K % 64 || K > QUANT_TILE_MAX_COLS)
         return 0;
-    size_t rb = weight_row_bytes(w->fmt, K), cb = w->fmt == WF_Q8 ? 64 : 32, bytes = (size_t)w->rows * rb;
-    uint8_t *t = er_alloc(bytes);
+    size_t rb = weight_row_bytes(w->fmt, K), cb = w->fmt == WF_Q8 ? 64 : 32, bytes = (size_t)R * rb;
+    size_t ng = (size_t)K / 32, gbytes = grouped ? 2 * (size_t)R * ng : 0; // q4g: scales and zeros, fp16 each
+    uint8_t *t = er_alloc(bytes + 2 * gbytes);
     if (!t)
-        return er_error(ER_ENOMEM, "tiling a %d x %d %s weight: %zu bytes", w->rows, K, weight_format_name(w->fmt),
-                        bytes);
+        return er_error(ER_ENOMEM, "tiling a %d x %d %s weight: %zu bytes", R, K, weight_format_name(w->fmt),
+                        bytes + 2 * gbytes);
     const uint8_t *src = w->data;
     uint8_t flip = w->fmt == WF_Q8 ? 0x80 : 0; // q8 stored plus 128
-    for (int r = 0; r < w->rows; r++) // bytes 4j .. 4j + 3 of row r's chunk c to 16c * cb + 64j + 4 (r % 16) in its tile
+    for (int r = 0; r < R; r++) // bytes 4j .. 4j + 3 of row r's chunk c to 16c * cb + 64j + 4 (r % 16) in its tile
         for (size_t c = 0; c < rb / cb; c++)
             for (size_t j = 0; j < cb / 4; j++)
                 for (int i = 0; i < 4; i++)
                     t[(size_t)(r - r % QUANT_TILE) * rb + QUANT_TILE * cb * c + 64 * j + 4 * (r % QUANT_TILE) + i] =
                         src[(size_t)r * rb + cb * c + 4 * j + i] ^ flip;
+    uint16_t *gs = (uint16_t *)(t + bytes), *gz = (uint16_t *)(t + bytes + gbytes);
+    for (int r = 0; grouped && r < R; r++)
+        for (size_t g = 0; g < ng; g++) {
+            size_t to = ((size_t)(r / QUANT_TILE) * ng + g) * QUANT_TILE + (size_t)(r % QUANT_TILE);
+            gs[to] = w->gscale[(size_t)r * ng + g];
+            gz[to] = w->gzero[(size_t)r * ng + g];
+        }
     if (w->owned) { // the bytes back in the weight's own block (which may hold its scales too)
         memcpy((void *)w->data, t, bytes);
+        if (grouped) {
+            memcpy((void *)w->gscale, gs, gbytes);
+            memcpy((void *)w->gzero, gz, gbytes);
+        }
         er_free(t);
     } else {
         w->data = w->owned = t;
+        if (grouped) {
+            w->gscale = gs;
+            w->gzero = gz;
+        }
     }
     w->tiled = 1;
     return 1;

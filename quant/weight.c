@@ -70,9 +70,11 @@ static void row_q4(float *dst, const Weight *w, int r) {
 
 static void row_q4g(float *dst, const Weight *w, int r) {
     int G = w->group, ng = w->cols / G;
-    codes4_f32(dst, packed_row(w, r), w->cols);
+    uint8_t buf[QUANT_TILE_MAX_COLS];
+    codes4_f32(dst, weight_packed_row(w, r, buf), w->cols);
     for (int g = 0; g < ng; g++) {
-        float s = f16_to_f32(w->gscale[(size_t)r * ng + g]), z = f16_to_f32(w->gzero[(size_t)r * ng + g]);
+        size_t at = weight_group_index(w, r, g);
+        float s = f16_to_f32(w->gscale[at]), z = f16_to_f32(w->gzero[at]);
         for (int k = g * G; k < (g + 1) * G; k++)
             dst[k] = dst[k] * s + z;
     }

@@ -18,7 +18,8 @@
 // interleaved QUANT_TILE rows at a time. Tile t (rows 16t .. 16t + 15) starts at byte 16t * row_bytes; its
 // chunk c (columns 64c .. 64c + 63 of each row: 32 bytes of a Q4 row, 64 of a Q8 row) at 16c * chunk bytes
 // in it; bytes 4j .. 4j + 3 of row 16t + i's chunk at 64j + 4i in that. So one 64-byte load gives 4 bytes of
-// each of the 16 rows. Q8's bytes are stored plus 128 (unsigned, as vpdpbusd multiplies them).
+// each of the 16 rows. Q8's bytes are stored plus 128 (unsigned, as vpdpbusd multiplies them). A tiled Q4G
+// (group 32) interleaves its group scales and zeros too: group g of row 16t + i at (t * groups + g) * 16 + i.
 // Scales of Q8/Q4 are fp32; Q4G scales/zeros and Q2LUT codebooks are fp16 (the file's bytes, used in place).
 // Dense-and-sparse (SqueezeLLM, Kim et al., arXiv 2306.07629; the codebook formats): with sparse = S > 0 a
 // row also carries S corrections, W[r, sp_cols[r,j]] += sp_vals[r,j] (U16 column, fp16 value; 32 bits
@@ -53,7 +54,7 @@ typedef struct {
     const uint16_t *lut;      // Q2LUT: fp16 (rows, 4); Q4LUT: fp16 (rows, 16)
     int group;                // Q4G: inputs per group (divides cols)
     int sparse;               // codebook formats: corrections per row (0: none; see above)
-    int tiled;                // Q4, Q8: rows interleaved QUANT_TILE at a time (see above), else 0
+    int tiled;                // Q4, Q8, Q4G: rows interleaved QUANT_TILE at a time (see above), else 0
     const uint16_t *sp_cols;  // (rows, sparse) columns, each < cols
     const uint16_t *sp_vals;  // fp16 (rows, sparse) values added there
     void *owned;              // one er_alloc block holding the buffers above, when this Weight owns them
@@ -136,6 +137,12 @@ void weight_free(Weight *w);
 #define QUANT_TILE_MAX_COLS 5120 // the widest rows tiled (the kernels' 8 input rows of int8 codes)
 // Row r's packed bytes: in place, or gathered from a tiled weight into buf (QUANT_TILE_MAX_COLS bytes).
 const uint8_t *weight_packed_row(const Weight *w, int r, uint8_t *buf);
+// Q4G: the index of row r's group g in gscale and gzero.
+static inline size_t weight_group_index(const Weight *w, int r, int g) {
+    size_t ng = (size_t)(w->cols / w->group);
+    return w->tiled ? ((size_t)(r / QUANT_TILE) * ng + (size_t)g) * QUANT_TILE + (size_t)(r % QUANT_TILE)
+                    : (size_t)r * ng + (size_t)g;
+}
 
 // The code of element k of a packed row of n elements (layout above).
 static inline unsigned quant_code4(const uint8_t *row, int n, int k) {

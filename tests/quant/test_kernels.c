@@ -499,7 +499,7 @@ Test(quant_kernels, dequant_rows_equal_reference_rows) {
     }
 }
 
-// Tiled q4 and q8 (quant_tile, the layout of the AVX512-VNNI decode kernels): the rows read back bit for bit,
+// Tiled q4, q8 and q4g32 (quant_tile, the layout of the AVX512-VNNI decode kernels): the rows read back bit for bit,
 // the GEMM path's products (from those rows) bit for bit, the decode products within the int8 rounding bound
 // of double at N = 1..8 and each input's outputs at N = 2 the bits of the same input alone; a weight that
 // owns its buffer is re-laid in it, one that does not gets its own. Shapes the kernels do not take stay
@@ -509,13 +509,14 @@ Test(quant_kernels, tiled_rows_and_products) {
     static const int shapes[][2] = {{16, 64}, {32, 896}, {48, 192}, {16, 4864}, {16, 5120}};
     static const int refused[][2] = {{19, 896}, {16, 96}, {16, 5184}};
     int tiled = 0;
-    for (int fi = 0; fi < 2; fi++)
+    static const WeightFormat fmts[] = {WF_Q4, WF_Q8, WF_Q4G};
+    for (int fi = 0; fi < 3; fi++)
         for (int si = 0; si < 5; si++) {
-            WeightFormat f = fi ? WF_Q8 : WF_Q4;
-            int R = shapes[si][0], K = shapes[si][1];
+            WeightFormat f = fmts[fi];
+            int R = shapes[si][0], K = shapes[si][1], G = f == WF_Q4G ? 32 : 0;
             Weight w, t;
-            random_weight(&w, f, R, K, 0, 0, 900 + si + 10 * fi);
-            random_weight(&t, f, R, K, 0, 0, 900 + si + 10 * fi);
+            random_weight(&w, f, R, K, G, 0, 900 + si + 10 * fi);
+            random_weight(&t, f, R, K, G, 0, 900 + si + 10 * fi);
             Weight borrowed = t; // the same bytes, not owned: quant_tile gives it a buffer of its own
             borrowed.owned = NULL;
             int rc = quant_tile(si % 2 ? &borrowed : &t);
@@ -566,14 +567,14 @@ Test(quant_kernels, tiled_rows_and_products) {
         }
     for (int si = 0; si < 6; si++) {
         Weight w;
-        random_weight(&w, si < 3 ? WF_Q4 : WF_Q4G, refused[si % 3][0], si < 3 ? refused[si][1] : 896, si < 3 ? 0 : 32,
-                      0, 950 + si);
+        random_weight(&w, si < 3 ? WF_Q4 : WF_Q4G, refused[si % 3][0], si < 3 ? refused[si][1] : 896, si < 3 ? 0 : 64,
+                      0, 950 + si); // q4g tiles with groups of 32 only
         cr_assert_eq(quant_tile(&w), 0, "%s R=%d", weight_format_name(w.fmt), w.rows);
         cr_assert(!w.tiled);
         weight_free(&w);
     }
     if (tiled)
-        printf("quant_kernels: tiled q4 and q8 products checked in %d (format, shape) cases (%s)\n", tiled,
+        printf("quant_kernels: tiled q4, q8 and q4g32 products checked in %d (format, shape) cases (%s)\n", tiled,
                quant_simd_name());
     else
         printf("quant_kernels: NOTE: this build has no tiled kernels (%s): only the untiled shapes checked\n",
