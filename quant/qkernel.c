@@ -18,7 +18,8 @@
 //     use integer dot products (section "int8 activations" below): W8A8 / W4A8, like llama.cpp's CPU path.
 //     With AVX-512, fp32 and bf16 (from N = 2) and, with VNNI, q4, q4g32 and q8 (from N = 2) put two
 //     weight rows in one 16-lane register (qpairs_i8_q4, qpairs_i8_q8, section "fp32 and bf16 weights on
-//     AVX-512"), each half summing as the one-row kernel sums.
+//     AVX-512"), each half summing as the one-row kernel sums; and q4, q4g32 and q8 rows that the runtime
+//     re-laid 16 at a time at load (quant_tile) run with one row per int32 lane (qtile_i8_q4, qtile_i8_q8).
 // The SIMD kernels are the `decode` column of the format table (quant/weight.c); this file also holds
 // the products that choose between the decode and GEMM paths.
 #include <math.h>
