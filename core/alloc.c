@@ -70,7 +70,8 @@ void er_release_pages(const void *p, size_t bytes) {
     long ps = sysconf(_SC_PAGESIZE);
     if (ps <= 0 || !p)
         return;
-    uintptr_t a = ((uintptr_t)p + (uintptr_t)ps - 1) & ~((uintptr_t)ps - 1), e = ((uintptr_t)p + bytes) & ~((uintptr_t)ps - 1);
+    uintptr_t mask = ~((uintptr_t)ps - 1);
+    uintptr_t a = ((uintptr_t)p + (uintptr_t)ps - 1) & mask, e = ((uintptr_t)p + bytes) & mask;
 #ifdef MADV_DONTNEED
     if (e > a)
         madvise((void *)a, e - a, MADV_DONTNEED);

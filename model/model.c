@@ -657,20 +657,21 @@ done:
 int model_tile_for_decode(Model *m) {
     if (m->be && m->be->kind != BACKEND_CPU)
         return ER_OK;
-    for (int i = 0; i < m->n_params; i++)
+    int rc = ER_OK;
+    for (int i = 0; i < m->n_params && rc == ER_OK; i++)
         if (m->params[i].w) {
             Weight *w = m->params[i].w;
             const void *was = w->data;
             size_t bytes = (size_t)w->rows * weight_row_bytes(w->fmt, w->cols);
-            int rc = quant_tile(w);
-            if (rc < 0)
-                return rc;
-            if (rc && w->data != was) // a copy: the file's pages (or the loader's) are not read again
+            int tiled = quant_tile(w);
+            if (tiled < 0)
+                rc = tiled;
+            else if (tiled && w->data != was) // a copy: the file's pages (or the loader's) are not read again
                 er_release_pages(was, bytes);
         }
     if (m->cfg.tied) // the lm_head is a copy of the embedding's Weight
         m->lm_head = m->embed;
-    return ER_OK;
+    return rc;
 }
 
 int model_save(const Model *m, const char *dir, int as_bf16) {

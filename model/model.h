@@ -92,9 +92,10 @@ WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group
 // should that allocation fail, *m stays a valid model without gradients (trainable = 0). A no-op on
 // untied models.
 int model_untie(Model *m);
-// Lays the q4 and q8 matrices of a CPU model out for the decode kernels (quant_tile; a no-op where the build
-// has no such kernel): products and rows read the same values, but the model can no longer be saved.
-// For models that decode (erinfer, GRPO's rollouts); ER_ENOMEM leaves the untiled matrices as they were.
+// Lays the q4, q8 and q4g32 matrices of a CPU model out for the decode kernels (quant_tile; a no-op where the
+// build has no such kernel): products and rows read the same values, but the model can no longer be saved.
+// For models that only decode (er_model_load, erinfer bench). On ER_ENOMEM some matrices may be tiled, each
+// one whole: the model stays usable.
 int model_tile_for_decode(Model *m);
 void model_free(Model *m);
 void model_zero_grad(Model *m);

@@ -71,7 +71,7 @@ int weight_matmul_backward_input(float *dinp, const float *dout, const Weight *w
 // portable path (dequantize rows, then plain dot products), which is the reference and which
 // quant_matmul_decode_portable runs always (tests compare the two).
 #define QUANT_DECODE_MAX_N 8
-// Re-lays a q4 or q8 weight's rows QUANT_TILE at a time (quant/weight.h) for the decode kernels that read
+// Re-lays a q4, q8 or q4g32 weight's rows QUANT_TILE at a time (quant/weight.h) for the decode kernels that read
 // them so (AVX512-VNNI builds; rows a multiple of 16, cols a multiple of 64 up to QUANT_TILE_MAX_COLS):
 // 1 when tiled, 0 when the build or the shape has no such kernel (the weight unchanged), ER_ENOMEM. An
 // owned weight is re-laid in its own buffer, another gets one (w->owned). Every product and weight_row_f32

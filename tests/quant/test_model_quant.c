@@ -17,6 +17,7 @@
 #include "core/threads.h"
 #include "lora/lora.h"
 #include "model/model.h"
+#include "quant/quant.h"
 #include "tests/common/fd.h"
 #include "train/quantize.h"
 
@@ -479,4 +480,41 @@ Test(quant_model, lora_gradients_through_quantized_base) {
         lora_free(&ad);
         model_free(&m);
     }
+}
+
+// A model tiled for the decode kernels (model_tile_for_decode): the tied lm_head follows its embedding, the
+// logits of a GEMM-sized pass (rows read back through weight_packed_row) are the untiled model's bit for bit,
+// and model_save refuses it.
+Test(quant_model, tiled_for_decode) {
+    threads_set(1);
+    ModelConfig c = tiny(1);
+    c.V = 48; // every matrix whole 16-row tiles, the tied int8 embedding too
+    Model a, b, d;
+    cr_assert_eq(model_build_random(&a, &c, 0.3f, 11), 0);
+    QuantizeOptions o = {.weights = "q4", .embeddings = "int8"};
+    QuantizeReport rep;
+    cr_assert_eq(quantize_model(&a, &o, NULL, NULL, &rep), 0, "%s", er_last_error());
+    char dir[128], dir2[160];
+    snprintf(dir, sizeof dir, "%s/tiled", tmp);
+    snprintf(dir2, sizeof dir2, "%s/again", dir);
+    cr_assert_eq(model_save(&a, dir, 0), 0, "%s", er_last_error());
+    cr_assert_eq(model_load(&b, dir, 0), 0, "%s", er_last_error());
+    cr_assert_eq(model_load(&d, dir, 0), 0, "%s", er_last_error());
+    cr_assert_eq(model_tile_for_decode(&d), 0, "%s", er_last_error());
+    if (!d.layers[0].wq.tiled) {
+        printf("quant_model: NOTE: this build has no tiled decode kernels (%s): tiling left the model as it was\n",
+               quant_simd_name());
+        cr_assert(!d.embed.tiled && !d.layers[1].wdown.tiled);
+    } else {
+        cr_assert(d.layers[1].wdown.tiled && d.embed.tiled && d.lm_head.tiled && d.lm_head.data == d.embed.data);
+        float *lb = logits_of(&b), *ld = logits_of(&d);
+        cr_assert_eq(memcmp(lb, ld, sizeof(float) * 10 * c.V), 0, "tiling changed the GEMM path's logits");
+        cr_assert_lt(model_save(&d, dir2, 0), 0);
+        cr_assert(strstr(er_last_error(), "tiled"), "%s", er_last_error());
+        free(lb);
+        free(ld);
+    }
+    model_free(&a);
+    model_free(&b);
+    model_free(&d);
 }
