@@ -9,6 +9,8 @@
 #   make SAN=1 test      the same under ASan + UBSan (objects in build/san/)
 #   make ARCH=           portable build (default ARCH=-march=native)
 #   make BLAS=0          no OpenBLAS: the built-in GEMM (the runtime library must build this way)
+#   make TILES=0         without the tiled q4/q4g32/q8 decode kernels (quant_tile; objects in .../notiles/): the
+#                        x86 reference of make test-aarch64's token comparison
 #   make CUDA=1          with the CUDA backend (model/cuda/: nvcc, cuBLAS from CUDA_HOME, default /usr/local/cuda)
 #                        in build/cuda/; make CUDA=1 cuda-check builds everything so (CI's compile and link check)
 #   make test-aarch64    the runtime cross-built for aarch64 and its suites under qemu (make CROSS=aarch64-linux-gnu-
@@ -19,6 +21,7 @@
 ARCH ?= -march=native
 SAN ?= 0
 BLAS ?= 1
+TILES ?= 1
 PY ?= /usr/bin/python3
 QUICK ?= 0
 # aarch64 (phones), cross-built here: make CROSS=aarch64-linux-gnu- (the aarch64 section below has the
@@ -38,11 +41,17 @@ endif
 ifeq ($(BLAS),0)
 BUILD := $(BUILD)/noblas
 endif
+ifeq ($(TILES),0)
+BUILD := $(BUILD)/notiles
+endif
 
 CC ?= gcc
 CFLAGS := -std=c11 -D_GNU_SOURCE -O2 $(ARCH) -g -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -MMD -MP
 LDLIBS := -lcjson -lpcre2-8 -lutf8proc -lm
 LDFLAGS := -fopenmp
+ifeq ($(TILES),0)
+CFLAGS += -DER_NO_TILES
+endif
 
 ifeq ($(BLAS),1)
 OPENBLAS_DIR := /usr/lib/x86_64-linux-gnu/openblas-openmp
@@ -117,9 +126,10 @@ endif
 #     instruction beyond the baseline would stop them with SIGILL;
 #   - the kernel suites on `-cpu neoverse-n1` (dotprod without i8mm: q8 and q4 on SDOT at every N);
 #   - the tiny base's greedy tokens against x86's on both CPU models (scripts/aarch64_tokens.sh). The
-#     reference is x86 without BLAS (build/noblas, as the device has none): OpenBLAS sums a prefill's
-#     products in another order, and the int8 rounding of the decode inputs can turn that last-bit
-#     difference into another token; the engine's own GEMM and kernels compute the same bits on both CPUs.
+#     reference is x86 without BLAS and without the tiled decode kernels (build/noblas/notiles): OpenBLAS
+#     sums a prefill's products in another order, and so do the AVX512-VNNI tiled kernels each row's block
+#     sums (the same integers), and the int8 rounding of the decode inputs can turn that last-bit difference
+#     into another token; the engine's own GEMM and its other kernels compute the same bits on both CPUs.
 lparen := (
 AARCH64_SUITES = $(sort $(shell sed -n 's/^Test$(lparen)\([a-z_0-9]*\),.*/\1/p' $(wildcard $(RUNTIME_DIRS:%=tests/%/*.c))))
 AARCH64_A53_SUITES := quant_kernels quant_formats quant_model reference kvcache engine api example
@@ -129,14 +139,14 @@ AARCH64_RUN = OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(
 test-aarch64:
 	ARM64=1 bash scripts/deps.sh
 	$(MAKE) --no-print-directory all
-	$(MAKE) --no-print-directory BLAS=0 build/noblas/erinfer build/noblas/ertrain
+	$(MAKE) --no-print-directory BLAS=0 TILES=0 build/noblas/notiles/erinfer build/noblas/notiles/ertrain
 	$(MAKE) --no-print-directory CROSS=aarch64-linux-gnu- test-aarch64-run
 
 test-aarch64-run: all $(BUILD)/test_all ref
 	QEMU_CPU=max $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_SUITES)))/*'
 	QEMU_CPU=cortex-a53 $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_A53_SUITES)))/*'
 	QEMU_CPU=neoverse-n1 $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_N1_SUITES)))/*'
-	bash scripts/aarch64_tokens.sh build/noblas $(BUILD)
+	bash scripts/aarch64_tokens.sh build/noblas/notiles $(BUILD)
 
 # Two libraries, one way up (DESIGN.md): liberinfer is the on-device runtime and links alone (no
 # training object, no BLAS needed: `make BLAS=0`); libertrain is the training tier above it. The

@@ -724,7 +724,11 @@ QK_I8_PAIRS_FN(WF_Q4G, qk_i8_pairs_q4g)
 // 2, and no loads of the inputs but the broadcasts. The 16 rows stream from one contiguous run of bytes.
 // Each row's block sums are exact integers, scaled and added block by block: the pairs' products up to the
 // order of the fp32 sums (and bit for bit the same at every N for one input, which tests/quant checks).
+#ifdef ER_NO_TILES // make TILES=0: the kernels stay, quant_tile tiles nothing
+#define QK_TILES 0
+#else
 #define QK_TILES 1
+#endif
 
 // acc + Σ u * x per int32 lane, the 4 input codes at x broadcast to every lane from memory (GCC 12 loads a
 // _mm512_set1_epi32 into a register first: one more instruction per vpdpbusd).

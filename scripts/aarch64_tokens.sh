@@ -4,8 +4,9 @@
 # configuration whose tokens differ anywhere. The last one decodes 2 samples at once, so the q4 layers and the
 # int8 lm_head take the N = 2 kernels (SMMLA on -cpu max) and the attention reads 2 sequences. Called by make
 # test-aarch64 after both builds; the quantized dirs are made by the x86 ertrain (quantizing is the training
-# tier; the device only reads the files). make test-aarch64 passes the x86 build without BLAS (see the
-# Makefile): with int8-rounded decode inputs, OpenBLAS's prefill order alone can change a token.
+# tier; the device only reads the files). make test-aarch64 passes the x86 build without BLAS and without
+# the tiled decode kernels (see the Makefile): with int8-rounded decode inputs, OpenBLAS's prefill order or
+# the tiled kernels' order of the fp32 block sums alone can change a token.
 # Usage: scripts/aarch64_tokens.sh X86_BUILD ARM_BUILD
 set -euo pipefail
 cd "$(dirname "$0")/.."
