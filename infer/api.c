@@ -102,7 +102,7 @@ int er_model_load(ErModel **out, const char *dir) {
     if (!m)
         return ER_ENOMEM;
     ER_CHECK(model_load(&m->model, dir, 0));
-    ER_CHECK(model_tile_for_decode(&m->model));
+    ER_CHECK(model_tile_for_decode(&m->model, NULL));
     ER_CHECK(tok_load(&m->tok, dir));
     ER_CHECK(chat_style_from_config(dir, &m->style));
     if (tok_vocab_size(m->tok) > m->model.cfg.V)

@@ -130,8 +130,9 @@ int bench_run(const BenchConfig *c, BenchResult *res) {
     Model m = {0};
     LoraAdapter ad = {0};
     int *prompt = NULL;
+    size_t released = 0;
     ER_CHECK(model_load(&m, c->model, 0));
-    ER_CHECK(model_tile_for_decode(&m));
+    ER_CHECK(model_tile_for_decode(&m, &released));
     m.cfg.eos_id = -1; // no EOS stop: every run decodes the same number of tokens
     if (c->adapter) {
         LoraShape shape = model_config_lora_shape(&m.cfg);
@@ -148,6 +149,7 @@ int bench_run(const BenchConfig *c, BenchResult *res) {
     res->weight_bytes = model_weight_bytes(&m);
     for (int i = 0; i < m.n_files; i++)
         res->mapped_bytes += m.files[i].map_size;
+    res->mapped_bytes -= released < res->mapped_bytes ? released : res->mapped_bytes; // tiled: counted as copies
     res->copied_bytes = model_copied_bytes(&m);
     res->kernels = quant_simd_name();
     static const int Ns[] = {1, 2, 4, 8};

@@ -30,7 +30,8 @@ typedef struct {
 typedef struct BenchResult {
     int L, C, V;             // the model's layers, hidden size and vocabulary
     size_t weight_bytes;     // weights as held in memory (packed formats at their size; vectors fp32)
-    size_t mapped_bytes;     // the safetensors files mmapped (read-only, paged in as the weights are read)
+    size_t mapped_bytes;     // the safetensors files mmapped (read-only, paged in as the weights are read), less
+                             // the matrices tiled for the decode kernels (model_tile_for_decode: copies)
     size_t copied_bytes;     // weights held outside the mapping (fp32 vectors, matrices not usable in place)
     const char *kernels;     // the decode kernels' instruction set (quant_simd_name)
     BenchRow rows[BENCH_ROWS];

@@ -654,20 +654,28 @@ done:
     return rc;
 }
 
-int model_tile_for_decode(Model *m) {
+int model_tile_for_decode(Model *m, size_t *released) {
+    if (released)
+        *released = 0;
     if (m->be && m->be->kind != BACKEND_CPU)
         return ER_OK;
     int rc = ER_OK;
     for (int i = 0; i < m->n_params && rc == ER_OK; i++)
         if (m->params[i].w) {
             Weight *w = m->params[i].w;
-            const void *was = w->data;
-            size_t bytes = (size_t)w->rows * weight_row_bytes(w->fmt, w->cols);
+            const void *was[3] = {w->data, w->gscale, w->gzero};
+            size_t bytes[3] = {(size_t)w->rows * weight_row_bytes(w->fmt, w->cols), 0, 0};
+            if (w->fmt == WF_Q4G && w->group > 0)
+                bytes[1] = bytes[2] = sizeof(uint16_t) * (size_t)w->rows * (size_t)(w->cols / w->group);
             int tiled = quant_tile(w);
             if (tiled < 0)
                 rc = tiled;
-            else if (tiled && w->data != was) // a copy: the file's pages (or the loader's) are not read again
-                er_release_pages(was, bytes);
+            else if (tiled && w->data != was[0]) // copies: the file's pages (or the loader's) are not read again
+                for (int k = 0; k < 3; k++) {
+                    er_release_pages(was[k], bytes[k]);
+                    if (released)
+                        *released += bytes[k];
+                }
         }
     if (m->cfg.tied) // the lm_head is a copy of the embedding's Weight
         m->lm_head = m->embed;

@@ -94,9 +94,11 @@ WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group
 int model_untie(Model *m);
 // Lays the q4, q8 and q4g32 matrices of a CPU model out for the decode kernels (quant_tile; a no-op where the
 // build has no such kernel): products and rows read the same values, but the model can no longer be saved.
-// For models that only decode (er_model_load, erinfer bench). On ER_ENOMEM some matrices may be tiled, each
-// one whole: the model stays usable.
-int model_tile_for_decode(Model *m);
+// The tiled rows are copies in the process's memory (not shared with other processes mapping the same
+// file); the file pages they replace are released, and *released (may be NULL) gets their bytes. For models
+// that only decode (er_model_load, erinfer bench). On ER_ENOMEM some matrices may be tiled, each one whole,
+// and the model stays valid.
+int model_tile_for_decode(Model *m, size_t *released);
 void model_free(Model *m);
 void model_zero_grad(Model *m);
 // A copy of src placed on backend be (dst->be = be): the same parameter table and layout, every buffer

@@ -193,4 +193,5 @@ void weight_free(Weight *w) {
     w->data = NULL;
     w->scale = NULL;
     w->gscale = w->gzero = w->lut = w->sp_cols = w->sp_vals = NULL;
+    w->tiled = 0;
 }

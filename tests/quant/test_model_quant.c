@@ -500,13 +500,16 @@ Test(quant_model, tiled_for_decode) {
     cr_assert_eq(model_save(&a, dir, 0), 0, "%s", er_last_error());
     cr_assert_eq(model_load(&b, dir, 0), 0, "%s", er_last_error());
     cr_assert_eq(model_load(&d, dir, 0), 0, "%s", er_last_error());
-    cr_assert_eq(model_tile_for_decode(&d), 0, "%s", er_last_error());
+    size_t released = 1;
+    cr_assert_eq(model_tile_for_decode(&d, &released), 0, "%s", er_last_error());
     if (!d.layers[0].wq.tiled) {
         printf("quant_model: NOTE: this build has no tiled decode kernels (%s): tiling left the model as it was\n",
                quant_simd_name());
-        cr_assert(!d.embed.tiled && !d.layers[1].wdown.tiled);
+        cr_assert(!d.embed.tiled && !d.layers[1].wdown.tiled && released == 0);
     } else {
         cr_assert(d.layers[1].wdown.tiled && d.embed.tiled && d.lm_head.tiled && d.lm_head.data == d.embed.data);
+        // the mapped file's matrices were copied: every layer projection and the embedding's rows released
+        cr_assert_geq(released, weight_bytes(&d.layers[0].wq) + (size_t)c.V * c.C, "%zu", released);
         float *lb = logits_of(&b), *ld = logits_of(&d);
         cr_assert_eq(memcmp(lb, ld, sizeof(float) * 10 * c.V), 0, "tiling changed the GEMM path's logits");
         cr_assert_lt(model_save(&d, dir2, 0), 0);
