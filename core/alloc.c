@@ -77,3 +77,15 @@ void er_release_pages(const void *p, size_t bytes) {
         madvise((void *)a, e - a, MADV_DONTNEED);
 #endif
 }
+
+void er_hint_huge_pages(void *p, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = (uintptr_t)2 << 20, mask = ~(huge - 1);
+    uintptr_t a = ((uintptr_t)p + huge - 1) & mask, e = ((uintptr_t)p + bytes) & mask;
+    if (p && e > a)
+        madvise((void *)a, e - a, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}

@@ -17,6 +17,9 @@ size_t er_physical_memory(void);
 // leave the resident set (a later read maps them in again), anonymous ones read back as zeros. A hint: no
 // error, nothing where the OS lacks it.
 void er_release_pages(const void *p, size_t bytes);
+// Asks the OS to back the whole 2 MiB-aligned stretches inside [p, p + bytes) with huge pages where it can
+// (fewer page faults when a large buffer is first written). A hint, like er_release_pages.
+void er_hint_huge_pages(void *p, size_t bytes);
 
 // a*b and a+b into *out; return 0, or -1 on size_t overflow.
 static inline int er_mul_size(size_t a, size_t b, size_t *out) {

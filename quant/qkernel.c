@@ -1249,14 +1249,22 @@ int quant_tile(Weight *w) {
     if (!t)
         return er_error(ER_ENOMEM, "tiling a %d x %d %s weight: %zu bytes", R, K, weight_format_name(w->fmt),
                         bytes + 2 * gbytes);
+    er_hint_huge_pages(t, bytes + 2 * gbytes);
     const uint8_t *src = w->data;
-    uint8_t flip = w->fmt == WF_Q8 ? 0x80 : 0; // q8 stored plus 128
-    for (int r = 0; r < R; r++) // bytes 4j .. 4j + 3 of row r's chunk c to 16c * cb + 64j + 4 (r % 16) in its tile
+    uint32_t flip = w->fmt == WF_Q8 ? 0x80808080u : 0; // q8 stored plus 128
+    // Bytes 4j .. 4j + 3 of row r0 + i's chunk c to 16c * cb + 64j + 4i in tile r0 / 16, written in order.
+#pragma omp parallel for schedule(static)
+    for (int r0 = 0; r0 < R; r0 += QUANT_TILE) {
+        uint8_t *o = t + (size_t)r0 * rb;
         for (size_t c = 0; c < rb / cb; c++)
             for (size_t j = 0; j < cb / 4; j++)
-                for (int i = 0; i < 4; i++)
-                    t[(size_t)(r - r % QUANT_TILE) * rb + QUANT_TILE * cb * c + 64 * j + 4 * (r % QUANT_TILE) + i] =
-                        src[(size_t)r * rb + cb * c + 4 * j + i] ^ flip;
+                for (int i = 0; i < QUANT_TILE; i++, o += 4) {
+                    uint32_t v;
+                    memcpy(&v, src + (size_t)(r0 + i) * rb + cb * c + 4 * j, 4);
+                    v ^= flip;
+                    memcpy(o, &v, 4);
+                }
+    }
     uint16_t *gs = (uint16_t *)(t + bytes), *gz = (uint16_t *)(t + bytes + gbytes);
     for (int r = 0; grouped && r < R; r++)
         for (size_t g = 0; g < ng; g++) {
