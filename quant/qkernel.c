@@ -606,21 +606,24 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
 #define QK_I8_PAIR_COLS (1 << 30)
 #endif
 
+// CALL(args..., N) with the caller's N switched into a constant 1..8.
+#define QK_SWITCH_N(CALL, ...)                                                                             \
+    switch (N) {                                                                                           \
+    case 1: CALL(__VA_ARGS__, 1); break;                                                                   \
+    case 2: CALL(__VA_ARGS__, 2); break;                                                                   \
+    case 3: CALL(__VA_ARGS__, 3); break;                                                                   \
+    case 4: CALL(__VA_ARGS__, 4); break;                                                                   \
+    case 5: CALL(__VA_ARGS__, 5); break;                                                                   \
+    case 6: CALL(__VA_ARGS__, 6); break;                                                                   \
+    case 7: CALL(__VA_ARGS__, 7); break;                                                                   \
+    default: CALL(__VA_ARGS__, 8); break;                                                                  \
+    }
+
 // The row loop of the two-rows-per-register kernels (qpairs_i8_q4 and qpairs_i8_q8 below, pairs_block in the
 // fp32 section): blocks of 2 * PAIRS rows on the threads, then the last R % (2 * PAIRS) rows a pair at a time,
 // each block as BLOCK(args..., P, FMT, N) with N switched into a constant. R, K and N are the caller's; args
 // name r0.
-#define QK_PAIRS_N(BLOCK, P, FMT, ...)                                                                     \
-    switch (N) {                                                                                           \
-    case 1: BLOCK(__VA_ARGS__, P, FMT, 1); break;                                                          \
-    case 2: BLOCK(__VA_ARGS__, P, FMT, 2); break;                                                          \
-    case 3: BLOCK(__VA_ARGS__, P, FMT, 3); break;                                                          \
-    case 4: BLOCK(__VA_ARGS__, P, FMT, 4); break;                                                          \
-    case 5: BLOCK(__VA_ARGS__, P, FMT, 5); break;                                                          \
-    case 6: BLOCK(__VA_ARGS__, P, FMT, 6); break;                                                          \
-    case 7: BLOCK(__VA_ARGS__, P, FMT, 7); break;                                                          \
-    default: BLOCK(__VA_ARGS__, P, FMT, 8); break;                                                         \
-    }
+#define QK_PAIRS_N(BLOCK, P, FMT, ...) QK_SWITCH_N(BLOCK, __VA_ARGS__, P, FMT)
 #define QK_PAIRS_ROWS(BLOCK, PAIRS, FMT, ...)                                                              \
     int full = R - R % (2 * PAIRS);                                                                        \
     _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")                  \
@@ -837,17 +840,8 @@ static inline __attribute__((always_inline)) void qtile_i8_q8(float *out, int R,
         _mm512_storeu_ps(out + (size_t)n * R + r0, _mm512_mul_ps(acc[n], sc));
 }
 
-#define QK_TILE_N(CALL, ...)                                                                               \
-    switch (N) {                                                                                           \
-    case 1: CALL(__VA_ARGS__, 1); break;                                                                   \
-    case 2: CALL(__VA_ARGS__, 2); break;                                                                   \
-    case 3: CALL(__VA_ARGS__, 3); break;                                                                   \
-    case 4: CALL(__VA_ARGS__, 4); break;                                                                   \
-    case 5: CALL(__VA_ARGS__, 5); break;                                                                   \
-    case 6: CALL(__VA_ARGS__, 6); break;                                                                   \
-    case 7: CALL(__VA_ARGS__, 7); break;                                                                   \
-    default: CALL(__VA_ARGS__, 8); break;                                                                  \
-    }
+// Every tiled weight takes the int8 inputs (qk_i8_takes) at every N.
+_Static_assert(QUANT_TILE_MAX_COLS * QUANT_DECODE_MAX_N <= QK_ACT_BYTES, "tiled rows wider than the int8 inputs");
 
 static void qk_i8_tiles(float *out, const Weight *w, const QkActs *a, int N) {
     int R = w->rows, K = w->cols;
@@ -861,11 +855,11 @@ static void qk_i8_tiles(float *out, const Weight *w, const QkActs *a, int N) {
 #pragma omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)
     for (int r0 = 0; r0 < R; r0 += QUANT_TILE) {
         if (w->fmt == WF_Q8) {
-            QK_TILE_N(qtile_i8_q8, out, R, r0, w, a, xl, K)
+            QK_SWITCH_N(qtile_i8_q8, out, R, r0, w, a, xl, K)
         } else if (w->fmt == WF_Q4) {
-            QK_TILE_N(qtile_i8_q4, out, R, r0, w, a, K, WF_Q4)
+            QK_SWITCH_N(qtile_i8_q4, out, R, r0, w, a, K, WF_Q4)
         } else {
-            QK_TILE_N(qtile_i8_q4, out, R, r0, w, a, K, WF_Q4G)
+            QK_SWITCH_N(qtile_i8_q4, out, R, r0, w, a, K, WF_Q4G)
         }
     }
 }
@@ -955,7 +949,6 @@ static void qk_i8_pairs_q8(float *out, const Weight *w, const QkActs *a, int N) 
 #else
 #define QK_I8_TAKE_PAIRS(FMT)
 #define QK_I8_TAKE_TILES(FMT)
-#define QK_TILES 0
 #endif
 
 // Row r (RW rows from r) at the N of the product, N a constant in each case.
@@ -974,7 +967,7 @@ static void qk_i8_pairs_q8(float *out, const Weight *w, const QkActs *a, int N) 
 #define QK_I8(FMT, name)                                                                                    \
     int qk_decode_simd_##name(float *out, const float *inp, const Weight *w, int N) {                     \
         if (!qk_i8_takes(w, N))                                                                            \
-            return w->tiled ? WEIGHT_DECODE_DECLINED : qk_float_##name(out, inp, w, N);                     \
+            return qk_float_##name(out, inp, w, N);                                                        \
         int R = w->rows, K = w->cols;                                                                      \
         QkActs a;                                                                                          \
         QK_I8_TAKE_TILES(FMT)                                                                              \
@@ -1191,11 +1184,10 @@ static void qk_quant_block(int8_t *q, const int at[4], float *d, float *xs, cons
 }
 
 void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order) {
-    int nb = K / 32;
+    int nb = K / 32, chunked = order == QK_ORDER_Q4_TILES || order == QK_ORDER_Q8_TILES;
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * K;
         // chunk c of input n at q + 64 * cs * c, its scales at dv + 8 * cs * c
-        int chunked = order == QK_ORDER_Q4_TILES || order == QK_ORDER_Q8_TILES;
         size_t first = chunked ? (size_t)n : (size_t)n * (K / 64), cs = chunked ? (size_t)N : 1;
         int8_t *q = a->q + 64 * first;
         float *xs = a->xs + (size_t)n * nb, *dv = a->dv + 8 * first, d;
@@ -1234,7 +1226,7 @@ static void sparse_matmul(float *out, const float *inp, const Weight *w, int N) 
     }
 }
 
-#ifndef QK_TILES
+#ifndef QK_TILES // builds without the AVX512-VNNI tiled kernels
 #define QK_TILES 0
 #endif
 
@@ -1293,7 +1285,7 @@ int quant_tile(Weight *w) {
 int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, float *scratch) {
     ER_TRY(check_decode(w, N, scratch));
     const WeightFormatInfo *fi = weight_format_info(w->fmt);
-    if (fi->decode && (!w->tiled || QK_TILES)) {
+    if (fi->decode) {
         int rc = fi->decode(out, inp, w, N);
         if (rc == ER_OK)
             sparse_matmul(out, inp, w, N);

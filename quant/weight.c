@@ -22,10 +22,15 @@ static void row_f16(float *dst, const Weight *w, int r) {
     dtype_to_f32(dst, (const uint16_t *)w->data + (size_t)r * w->cols, DT_F16, (size_t)w->cols);
 }
 
+// Row r of an untiled weight, in place (the formats quant_tile never tiles read their rows so).
+static const uint8_t *packed_row(const Weight *w, int r) {
+    return (const uint8_t *)w->data + (size_t)r * weight_row_bytes(w->fmt, w->cols);
+}
+
 const uint8_t *weight_packed_row(const Weight *w, int r, uint8_t *buf) {
-    size_t rb = weight_row_bytes(w->fmt, w->cols), cb = w->fmt == WF_Q8 ? 64 : 32; // bytes per chunk of 64 columns
     if (!w->tiled)
-        return (const uint8_t *)w->data + (size_t)r * rb;
+        return packed_row(w, r);
+    size_t rb = weight_row_bytes(w->fmt, w->cols), cb = w->fmt == WF_Q8 ? 64 : 32; // bytes per chunk of 64 columns
     const uint8_t *tile = (const uint8_t *)w->data + (size_t)(r - r % QUANT_TILE) * rb;
     for (size_t c = 0; c < rb / cb; c++)
         for (size_t j = 0; j < cb / 4; j++)
@@ -35,8 +40,6 @@ const uint8_t *weight_packed_row(const Weight *w, int r, uint8_t *buf) {
             buf[i] ^= 0x80;
     return buf;
 }
-
-static const uint8_t *packed_row(const Weight *w, int r) { return weight_packed_row(w, r, NULL); }
 
 static void row_q8(float *dst, const Weight *w, int r) {
     uint8_t buf[QUANT_TILE_MAX_COLS];
