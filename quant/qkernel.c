@@ -1177,19 +1177,26 @@ static inline v8f qk_select(qk_v8i mask, v8f a, v8f b) { // mask ? a : b, lane b
 
 static void qk_quant_block(int8_t *q, const int at[4], float *d, float *xs, const float *x) {
     v8f v[4], t = {0}, m = {0};
+#pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         LOAD8(v[j], x + 8 * j);
         v8f a = (v8f)((qk_v8i)v[j] & 0x7fffffff);
         m = qk_select(a > m, a, m);
         t += v[j];
     }
-    float amax = 0.0f;
-    for (int i = 0; i < 8; i++)
-        amax = m[i] > amax ? m[i] : amax;
+    // the largest lane in every lane (exact in any order; m holds no NaN)
+    v8f s = __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3);
+    m = qk_select(s > m, s, m);
+    s = __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5);
+    m = qk_select(s > m, s, m);
+    s = __builtin_shufflevector(m, m, 1, 0, 3, 2, 5, 4, 7, 6);
+    m = qk_select(s > m, s, m);
+    float amax = m[0];
     *d = amax / 127.0f;
     *xs = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
     float id = amax > 0.0f ? 127.0f / amax : 0.0f;
     const v8f hi = {127, 127, 127, 127, 127, 127, 127, 127}, lo = {-127, -127, -127, -127, -127, -127, -127, -127};
+#pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         v8f r = (v[j] * id + 12582912.0f) - 12582912.0f;
         r = qk_select(r >= hi, hi, qk_select(r >= lo, r, lo)); // NaN: both false, -127
