@@ -858,6 +858,12 @@ static inline __attribute__((always_inline)) void qtile_i8_q8(float *out, int R,
 // Every tiled weight takes the int8 inputs (qk_i8_takes) at every N.
 _Static_assert(QUANT_TILE_MAX_COLS * QUANT_DECODE_MAX_N <= QK_ACT_BYTES, "tiled rows wider than the int8 inputs");
 
+// Smaller tiled products run on one thread: handing half of one to a second thread (the region, and the inputs
+// crossing to the other core) cost more than the half saved. 2 threads, 896 columns, q4, one thread vs two:
+// 128 rows 2.7-3.3 vs 4.7 us at N = 1 and 7.7 vs 10.8 at N = 8; 384 rows 4.9 vs 5.3 and 13.3 vs 12.5; 512 rows
+// 5.9 vs 5.8 and 16.7 vs 14.6 (the 0.5B shape's k and v projections are 128 rows, 57 KB).
+#define QK_TILES_PARALLEL_BYTES (192 << 10)
+
 static void qk_i8_tiles(float *out, const Weight *w, const QkActs *a, int N) {
     int R = w->rows, K = w->cols;
     int32_t xl[QK_ACT_BYTES / 32]; // q8: -128 * the sum of each block's input codes, (K / 64, N, 2)
@@ -867,7 +873,7 @@ static void qk_i8_tiles(float *out, const Weight *w, const QkActs *a, int N) {
             t += a->q[32 * (size_t)i + k];
         xl[i] = -128 * t;
     }
-#pragma omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)
+#pragma omp parallel for schedule(static) if ((size_t)R * weight_row_bytes(w->fmt, K) >= QK_TILES_PARALLEL_BYTES)
     for (int r0 = 0; r0 < R; r0 += QUANT_TILE) {
         if (w->fmt == WF_Q8) {
             QK_SWITCH_N(qtile_i8_q8, out, R, r0, w, a, xl, K)
