@@ -73,20 +73,26 @@ static double block_sum(const float *w, int n) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-static double weights_sum(const float *w, int V) {
+// The sum of w (V) block by block; each block's sum to bsum (V / SAMPLER_BLOCK rounded up) when given.
+static double weights_sum(const float *w, int V, double *bsum) {
     double s = 0.0;
-    for (int b = 0; b < V; b += SAMPLER_BLOCK)
-        s += block_sum(w + b, V - b < SAMPLER_BLOCK ? V - b : SAMPLER_BLOCK);
+    for (int b = 0; b < V; b += SAMPLER_BLOCK) {
+        double bs = block_sum(w + b, V - b < SAMPLER_BLOCK ? V - b : SAMPLER_BLOCK);
+        if (bsum)
+            bsum[b / SAMPLER_BLOCK] = bs;
+        s += bs;
+    }
     return s;
 }
 
-// The token where the running sum of w (V), in id order, first exceeds u, 0 <= u < weights_sum.
-static int weights_draw(const float *w, int V, double u) {
+// The token where the running sum of w (V), in id order, first exceeds u, 0 <= u < weights_sum; bsum: the
+// block sums weights_sum left.
+static int weights_draw(const float *w, int V, const double *bsum, double u) {
     double cum = 0.0;
     int last = -1;
     for (int b = 0; b < V; b += SAMPLER_BLOCK) {
         int n = V - b < SAMPLER_BLOCK ? V - b : SAMPLER_BLOCK;
-        double bs = block_sum(w + b, n);
+        double bs = bsum[b / SAMPLER_BLOCK];
         if (bs > 0.0 && u < cum + bs) {
             double c = cum;
             for (int i = b; i < b + n; i++) {
@@ -138,7 +144,8 @@ int sampler_init(Sampler *s, int V) {
     s->w = er_calloc((size_t)V, sizeof(float));
     s->cand = er_calloc((size_t)V, sizeof(SamplerCand));
     s->heap = er_calloc((size_t)V, sizeof(float));
-    if (!s->w || !s->cand || !s->heap) {
+    s->bsum = er_calloc((size_t)V / SAMPLER_BLOCK + 1, sizeof(double));
+    if (!s->w || !s->cand || !s->heap || !s->bsum) {
         sampler_free(s);
         return ER_ENOMEM;
     }
@@ -152,6 +159,7 @@ void sampler_free(Sampler *s) {
     er_free(s->w);
     er_free(s->cand);
     er_free(s->heap);
+    er_free(s->bsum);
     memset(s, 0, sizeof *s);
 }
 
@@ -302,7 +310,7 @@ static void topp_filter(Sampler *s, float top_p, int alive, int argmax) {
     int V = s->V;
     if (alive <= 1)
         return;
-    double S = weights_sum(w, V);
+    double S = weights_sum(w, V, NULL);
     // A token t below the top has at most alive-1 tokens at or below it, each with prob <= p_t,
     // so if p_t < (1 - top_p) / (alive - 1) that ascending prefix sums to less than 1 - top_p and
     // HF removes t (llama2.c's bound). The cut is loosened slightly so rounding can only keep
@@ -371,15 +379,23 @@ int sampler_sample(Sampler *s, const SamplerParams *p, const float *logits, ErRn
     int argmax = 0;
     ER_TRY(sampler_filter(s, p, logits, &m, &argmax));
     int V = s->V, tok = argmax;
+    double W = 0.0;
     if (p->temperature > 0.0f) {
-        double W = weights_sum(s->w, V); // >= 1: the argmax has w = 1
-        tok = weights_draw(s->w, V, rng_uniform_f64(rng) * W);
+        W = weights_sum(s->w, V, s->bsum); // >= 1: the argmax has w = 1
+        tok = weights_draw(s->w, V, s->bsum, rng_uniform_f64(rng) * W);
         if (tok < 0)
             tok = argmax; // unreachable: the argmax has w = 1 and survives every filter
     }
     if (logprob) {
-        weights_compute(s->w, logits, V, m, 1.0f, -INFINITY);
-        double lse = log(weights_sum(s->w, V));
+        // At temperature 1 with no filter, w already is exp(l - m) for every token, and W its sum: the
+        // same values and the same sum as recomputed here (half the sampling time of a step otherwise).
+        int untouched = p->temperature == 1.0f && !(p->top_k > 0 && p->top_k < V) && p->top_p >= 1.0f &&
+                        p->min_p <= 0.0f;
+        if (!untouched) {
+            weights_compute(s->w, logits, V, m, 1.0f, -INFINITY);
+            W = weights_sum(s->w, V, NULL);
+        }
+        double lse = log(W);
         *logprob = (float)((double)logits[tok] - (double)m - lse);
     }
     *token = tok;
@@ -398,7 +414,7 @@ int sampler_dist(Sampler *s, const SamplerParams *p, const float *logits, float 
         probs[argmax] = 1.0f;
         return ER_OK;
     }
-    double W = weights_sum(s->w, V);
+    double W = weights_sum(s->w, V, NULL);
     for (int i = 0; i < V; i++)
         probs[i] = (float)(s->w[i] / W);
     return ER_OK;

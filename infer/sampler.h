@@ -40,6 +40,7 @@ typedef struct {
     float *w;          // (V) unnormalised probabilities; filters zero what they remove
     SamplerCand *cand; // (V) top-p candidates
     float *heap;       // (V) top-k selection
+    double *bsum;      // (V / 64 + 1) the sums of w's blocks of 64, in id order, for the draw
 } Sampler;
 
 int sampler_init(Sampler *s, int V);

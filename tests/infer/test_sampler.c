@@ -379,9 +379,11 @@ Test(sampler, logprob_is_unmodified_log_softmax) {
     cr_assert_eq(sampler_init(&s, V), ER_OK);
     ErRng rng;
     rng_seed(&rng, 5);
-    SamplerParams ps[4] = {sampler_params_default(), params(0.6f, 50, 0.9f, 0.05f), params(2.0f, 0, 1, 0),
-                           params(0, 0, 1, 0)};
-    for (int k = 0; k < 4; k++) {
+    // The default reuses the draw's weights for the log-prob; temperature 1 with a filter must not.
+    SamplerParams ps[7] = {sampler_params_default(), params(0.6f, 50, 0.9f, 0.05f), params(2.0f, 0, 1, 0),
+                           params(0, 0, 1, 0), params(1.0f, 50, 1, 0), params(1.0f, 0, 0.9f, 0),
+                           params(1.0f, 0, 1, 0.05f)};
+    for (int k = 0; k < 7; k++) {
         for (int i = 0; i < 100; i++) {
             int t = -1;
             float lp = 1.0f;
