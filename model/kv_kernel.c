@@ -33,6 +33,8 @@ const KvI8Kernels kv_i8_portable = {"portable", scores_portable, values_portable
 const KvI8Kernels *kv_i8_kernels(void) {
 #if defined(__aarch64__)
     return &kv_i8_neon;
+#elif KV_I8_AVX512
+    return &kv_i8_avx512;
 #elif KV_I8_AVX2
     return &kv_i8_avx2;
 #else

@@ -1,6 +1,6 @@
 // The int8 KV cache's attention inner loops as a kernel table (like quant/'s format table): the portable
 // kernels are always there and are the reference; on aarch64 the table holds NEON ones (model/kv_neon.c), on
-// x86-64 built with AVX2 + FMA AVX2 ones (model/kv_avx2.c).
+// x86-64 built with AVX2 + FMA AVX2 ones (model/kv_avx2.c), and with AVX-512 too the same kernels 16 lanes wide.
 // Both run over n consecutive positions of one KV block, one KV head and the G query heads that share it
 // (grouped-query attention), so that each int8 entry is widened once for the G heads: a position's keys or
 // values are HS int8 at k + j * row (row = NKV * HS, the cache's stride) with their scale at ks[j * NKV];
@@ -30,6 +30,11 @@ extern const KvI8Kernels kv_i8_neon;
 #elif defined(__AVX2__) && defined(__FMA__)
 #define KV_I8_AVX2 1
 extern const KvI8Kernels kv_i8_avx2;
+#if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+// The AVX2 kernels' arithmetic, 16 lanes per register: the same output bits.
+#define KV_I8_AVX512 1
+extern const KvI8Kernels kv_i8_avx512;
+#endif
 #endif
 // The scalar tail of the SIMD values kernels: o[i] += Σ_j wj[j] * v[j * row + i] for i0 <= i < HS, the
 // positions in order (wj: the weights times the positions' scales).
@@ -51,7 +56,8 @@ static inline void kv_i8_head_weights(float wj[][KV_BLOCK], const float *w, size
             wj[h][j] = w[h * ld + j] * vs[(size_t)j * NKV];
 }
 
-// The table kv_attention_forward uses: NEON on aarch64, AVX2 where built for it, the portable kernels elsewhere.
+// The table kv_attention_forward uses: NEON on aarch64, AVX-512 or AVX2 where built for it, the portable kernels
+// elsewhere.
 const KvI8Kernels *kv_i8_kernels(void);
 
 // kv_attention_forward with the given int8 kernels (tests run it with both).

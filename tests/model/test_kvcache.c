@@ -289,7 +289,8 @@ static void kv_attention_ref(double *out, const float *q, const KVCache *kv, int
 // per pass), four sequences of 1 to 75 positions (a forked one with a copied block, partly filled last
 // blocks, groups of four positions and remainders) and query rows of 1 to 3 positions; then the last
 // sequence's one query alone (2 items on 2 threads: the groups split in parts). The int8 cache also runs the
-// portable kernels, which the architecture's table (NEON on aarch64, AVX2 on x86-64) must match.
+// portable kernels, which the architecture's table (NEON on aarch64, AVX2 or AVX-512 on x86-64) must match, and
+// with AVX-512 the AVX2 table, whose bits the AVX-512 one must give.
 static int check_cached_attention(KvType type, int NH) {
     static const int head_sizes[] = {1, 7, 8, 17, 24, 40, 64, 65, 130};
     const KvI8Kernels *kk = kv_i8_kernels();
@@ -344,6 +345,19 @@ static int check_cached_attention(KvType type, int NH) {
             if (type == KV_INT8)
                 cr_assert_eq(kv_attention_forward_kernels(&kv_i8_portable, op, q, &kv, l, slots, pos0, len, B, T, NH,
                                                           scores, 2, KEYS), 0);
+#if KV_I8_AVX512
+            if (type == KV_INT8) { // the 16-lane kernels: the 8-lane ones' arithmetic, byte for byte
+                float *o8 = calloc(n, sizeof(float));
+                cr_assert_eq(kv_attention_forward_kernels(&kv_i8_avx2, o8, q, &kv, l, slots, pos0, len, B, T, NH,
+                                                          scores, 2, KEYS), 0);
+                for (int b = 0; b < B; b++) {
+                    size_t at = (size_t)b * T * NH * c.HS;
+                    cr_assert(!memcmp(o + at, o8 + at, sizeof(float) * len[b] * NH * c.HS),
+                              "AVX-512 HS=%d NH=%d layer %d row %d: not the AVX2 kernels' bits", c.HS, NH, l, b);
+                }
+                free(o8);
+            }
+#endif
             kv_attention_ref(ref, q, &kv, l, slots, pos0, len, B, T, NH);
             for (int b = 0; b < B; b++)
                 for (size_t i = 0; i < (size_t)len[b] * NH * c.HS; i++) {
@@ -380,6 +394,8 @@ Test(kvcache, int8_attention_kernels_match_portable) {
     const KvI8Kernels *kk = kv_i8_kernels();
 #if defined(__aarch64__)
     cr_assert_neq(kk, &kv_i8_portable, "aarch64 builds must run the NEON kernels");
+#elif KV_I8_AVX512
+    cr_assert_eq(kk, &kv_i8_avx512, "AVX-512 builds must run the AVX-512 kernels");
 #elif defined(__AVX2__) && defined(__FMA__)
     cr_assert_neq(kk, &kv_i8_portable, "AVX2 builds must run the AVX2 kernels");
 #endif
