@@ -221,27 +221,41 @@ void kv_store(KVCache *kv, int l, int slot, int pos, const float *k, const float
 }
 
 // The fp32 cache's kernels over n consecutive positions of one KV block and one KV head (a position's HS
-// values at k + j * row), portable with GCC's vectors (8 lanes: AVX2 here, two NEON registers on aarch64).
-// scores: sc[j] = (q . k_j) * scale, four positions at a time (independent accumulators), each dot summed
-// as gemm_dot_f32 (core/gemm.h) sums it, which takes the last n % 4 positions, on every CPU.
+// values at k + j * row), portable with GCC's vectors (16 lanes: one AVX-512 register, two AVX2 ones, four NEON
+// ones on aarch64), each lane a multiply and then an add, so every CPU computes the same bits.
+// scores: sc[j] = (q . k_j) * scale, four positions at a time in two registers (positions j, j + 1 in lanes 0-7
+// and 8-15 against the query's 8 values in both halves, likewise j + 2, j + 3), each 8-lane half summed as
+// gemm_dot_f32 (core/gemm.h) sums a dot, which takes the last n % 4 positions.
+typedef float kv_v16f __attribute__((vector_size(64)));
+
+static inline kv_v16f kv_join8(gemm_v8f lo, gemm_v8f hi) {
+    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
 static void scores_f32(float *sc, const float *q, const float *k, size_t row, int n, int HS, float scale) {
     int H8 = HS & ~7, j = 0;
-    gemm_v8f qv, kv;
+    gemm_v8f qv, k0, k1, k2, k3;
     for (; j + 4 <= n; j += 4) {
-        const float *k0 = k + (size_t)j * row;
-        gemm_v8f a[4] = {{0}, {0}, {0}, {0}};
+        const float *kj = k + (size_t)j * row;
+        kv_v16f a01 = {0}, a23 = {0};
         for (int i = 0; i < H8; i += 8) {
             GEMM_LOAD8(qv, q + i);
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                GEMM_LOAD8(kv, k0 + (size_t)c * row + i);
-                a[c] += qv * kv;
-            }
+            GEMM_LOAD8(k0, kj + i);
+            GEMM_LOAD8(k1, kj + row + i);
+            GEMM_LOAD8(k2, kj + 2 * row + i);
+            GEMM_LOAD8(k3, kj + 3 * row + i);
+            kv_v16f q2 = kv_join8(qv, qv);
+            a01 += q2 * kv_join8(k0, k1);
+            a23 += q2 * kv_join8(k2, k3);
         }
+        gemm_v8f a[4] = {__builtin_shufflevector(a01, a01, 0, 1, 2, 3, 4, 5, 6, 7),
+                         __builtin_shufflevector(a01, a01, 8, 9, 10, 11, 12, 13, 14, 15),
+                         __builtin_shufflevector(a23, a23, 0, 1, 2, 3, 4, 5, 6, 7),
+                         __builtin_shufflevector(a23, a23, 8, 9, 10, 11, 12, 13, 14, 15)};
         float d[4];
         gemm_lanes_sum4(a, d);
         for (int c = 0; c < 4; c++) {
-            const float *kr = k0 + (size_t)c * row;
+            const float *kr = kj + (size_t)c * row;
             for (int i = H8; i < HS; i++)
                 d[c] += q[i] * kr[i];
             sc[j + c] = d[c] * scale;
@@ -251,26 +265,38 @@ static void scores_f32(float *sc, const float *q, const float *k, size_t row, in
         sc[j] = gemm_dot_f32(q, k + (size_t)j * row, HS) * scale;
 }
 
-// values: o[i] += w[j] * v_j[i] for j = 0 .. n-1 in order, 32 elements of o held in registers across the
+// values: o[i] += w[j] * v_j[i] for j = 0 .. n-1 in order, 64 (then 16) elements of o held in registers across the
 // block (loaded and stored once per block, not once per position).
 static void values_f32(float *o, const float *w, const float *v, size_t row, int n, int HS) {
     int i = 0;
-    for (; i + 32 <= HS; i += 32) {
-        gemm_v8f a[4], vv;
+    for (; i + 64 <= HS; i += 64) {
+        kv_v16f a[4], vv;
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
-            GEMM_LOAD8(a[c], o + i + 8 * c);
+            memcpy(&a[c], o + i + 16 * c, sizeof a[c]);
         for (int j = 0; j < n; j++) {
-            gemm_v8f wv = {w[j], w[j], w[j], w[j], w[j], w[j], w[j], w[j]};
+            kv_v16f wv = {w[j], w[j], w[j], w[j], w[j], w[j], w[j], w[j],
+                          w[j], w[j], w[j], w[j], w[j], w[j], w[j], w[j]};
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
-                GEMM_LOAD8(vv, v + (size_t)j * row + i + 8 * c);
+                memcpy(&vv, v + (size_t)j * row + i + 16 * c, sizeof vv);
                 a[c] += wv * vv;
             }
         }
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
-            memcpy(o + i + 8 * c, &a[c], sizeof a[c]);
+            memcpy(o + i + 16 * c, &a[c], sizeof a[c]);
+    }
+    for (; i + 16 <= HS; i += 16) {
+        kv_v16f a, vv;
+        memcpy(&a, o + i, sizeof a);
+        for (int j = 0; j < n; j++) {
+            kv_v16f wv = {w[j], w[j], w[j], w[j], w[j], w[j], w[j], w[j],
+                          w[j], w[j], w[j], w[j], w[j], w[j], w[j], w[j]};
+            memcpy(&vv, v + (size_t)j * row + i, sizeof vv);
+            a += wv * vv;
+        }
+        memcpy(o + i, &a, sizeof a);
     }
     for (; i < HS; i++)
         for (int j = 0; j < n; j++)
@@ -294,6 +320,45 @@ static float softmax_max(const float *x, int n) {
     for (; i < n; i++)
         mx = x[i] > mx ? x[i] : mx;
     return mx;
+}
+
+// sum[g] = Σ_s x[g * ld + s] for g < G <= KV_SUM_HEADS_MAX, s < n, each head's sum in position order (see
+// softmax_max); four heads' chains of dependent adds run side by side, then two, then one (one at a time, the
+// adds' latency set the pace).
+#define KV_SUM_HEADS_MAX 8
+static void softmax_sums(float *sum, const float *x, size_t ld, int G, int n) {
+    int g = 0;
+    for (; g + 4 <= G; g += 4) {
+        const float *x0 = x + g * ld, *x1 = x0 + ld, *x2 = x1 + ld, *x3 = x2 + ld;
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (int s = 0; s < n; s++) {
+            s0 += x0[s];
+            s1 += x1[s];
+            s2 += x2[s];
+            s3 += x3[s];
+        }
+        sum[g] = s0;
+        sum[g + 1] = s1;
+        sum[g + 2] = s2;
+        sum[g + 3] = s3;
+    }
+    for (; g + 2 <= G; g += 2) {
+        const float *x0 = x + g * ld, *x1 = x0 + ld;
+        float s0 = 0.0f, s1 = 0.0f;
+        for (int s = 0; s < n; s++) {
+            s0 += x0[s];
+            s1 += x1[s];
+        }
+        sum[g] = s0;
+        sum[g + 1] = s1;
+    }
+    for (; g < G; g++) {
+        const float *x0 = x + g * ld;
+        float s0 = 0.0f;
+        for (int s = 0; s < n; s++)
+            s0 += x0[s];
+        sum[g] = s0;
+    }
 }
 
 // Both caches go a block of positions at a time: the int8 one through kk's kernels (model/kv_kernel.h),
@@ -346,13 +411,17 @@ int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float 
 #pragma omp simd
                     for (int s = 0; s <= last; s++)
                         sg[s] = ops_expf(sg[s] - mx);
-                    float sum = 0.0f;
-                    for (int s = 0; s <= last; s++)
-                        sum += sg[s];
-                    float inv = 1.0f / sum;
+                }
+                float sum[KV_SUM_HEADS_MAX];
+                for (int g0 = 0; g0 < gn; g0 += KV_SUM_HEADS_MAX) {
+                    softmax_sums(sum, sc + (size_t)g0 * keys, keys, gn - g0 < KV_SUM_HEADS_MAX ? gn - g0 : KV_SUM_HEADS_MAX,
+                                 last + 1);
+                    for (int g = g0; g < gn && g < g0 + KV_SUM_HEADS_MAX; g++) {
+                        float *sg = sc + (size_t)g * keys, inv = 1.0f / sum[g - g0];
 #pragma omp simd
-                    for (int s = 0; s <= last; s++)
-                        sg[s] *= inv;
+                        for (int s = 0; s <= last; s++)
+                            sg[s] *= inv;
+                    }
                 }
                 float *o = out + (((size_t)b * T + t) * NH + (size_t)kh * G + g0) * HS;
                 for (size_t i = 0; i < (size_t)gn * HS; i++)
