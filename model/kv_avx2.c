@@ -284,8 +284,6 @@ static inline __attribute__((always_inline)) void values_heads16(float *o, const
     for (int h = 0; h < H; h++)
         kv_i8_values_tail(o + (size_t)h * HS, wj[h], v, row, n, i, HS);
 }
-#else
-#define values_heads16 values_heads // AVX2 only: values_body is never called wide
 #endif
 
 // n <= KV_BLOCK (one block). WIDE: 16 columns per register (AVX-512), else 8.
@@ -297,8 +295,12 @@ static inline __attribute__((always_inline)) void values_body(float *o, const fl
         int H = G - g < KV_VALUE_HEADS ? G - g : KV_VALUE_HEADS;
         kv_i8_head_weights(wj, w + g * ld, ld, vs, NKV, H, n);
         float *og = o + (size_t)g * HS;
+#if KV_I8_AVX512
 #define VALUES_H(H)                                                                                        \
     (WIDE ? values_heads16(og, wj, H, v, row, n, HS) : values_heads(og, wj, H, v, row, n, HS))
+#else
+#define VALUES_H(H) values_heads(og, wj, H, v, row, n, HS)
+#endif
         switch (H) {
         case 1: VALUES_H(1); break;
         case 2: VALUES_H(2); break;
