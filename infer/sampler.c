@@ -342,24 +342,32 @@ static void topp_filter(Sampler *s, float top_p, int alive, int argmax) {
 
 // Validates, then leaves in s->w the unnormalised distribution p describes (when T > 0), in HF's
 // order, and in *m, *argmax the max logit and its lowest id.
-static int sampler_filter(Sampler *s, const SamplerParams *p, const float *logits, float *m, int *argmax) {
+// *plain (when not NULL): 1 when w is exp(l - m) for every token (temperature 1, no filter applied).
+static int sampler_filter(Sampler *s, const SamplerParams *p, const float *logits, float *m, int *argmax, int *plain) {
     ER_TRY(sampler_params_validate(p));
-    int V = s->V;
+    int V = s->V, unfiltered = 1;
     ER_TRY(logits_scan(logits, V, m, argmax));
+    if (plain)
+        *plain = 0;
     if (p->temperature == 0.0f)
         return ER_OK;
     // Temperature. Scaling (l - m) rather than l keeps z <= 0 with z = 0 at the argmax, so a tiny
     // T cannot overflow to +inf; the order and the softmax are those of l / T.
     float T = p->temperature, *w = s->w;
     float thr = -INFINITY;
-    if (p->top_k > 0 && p->top_k < V)
+    if (p->top_k > 0 && p->top_k < V) {
         thr = topk_threshold(logits, V, *m, T, p->top_k, s->heap);
+        unfiltered = 0;
+    }
     int alive = weights_compute(w, logits, V, *m, T, thr);
-    if (p->top_p < 1.0f)
+    if (p->top_p < 1.0f) {
         topp_filter(s, p->top_p, alive, *argmax);
+        unfiltered = 0;
+    }
     // Min-p: w is prob / max prob whatever the normalisation, and the max survives every filter
     // above, so this is HF's prob >= min_p * max_prob on the filtered distribution.
     if (p->min_p > 0.0f) {
+        unfiltered = 0;
         uint32_t mb = f32_bits(p->min_p); // w >= 0: bit order is value order
         int i = 0;
         for (; i + 8 <= V; i += 8)
@@ -368,6 +376,8 @@ static int sampler_filter(Sampler *s, const SamplerParams *p, const float *logit
         for (; i < V; i++)
             w[i] = f32_from_bits(f32_bits(w[i]) & -(uint32_t)(f32_bits(w[i]) >= mb));
     }
+    if (plain)
+        *plain = unfiltered && T == 1.0f;
     return ER_OK;
 }
 
@@ -376,8 +386,8 @@ int sampler_sample(Sampler *s, const SamplerParams *p, const float *logits, ErRn
     if (!s || !s->w || !logits || !rng || !token)
         return er_error(ER_EINVAL, "sampler_sample: NULL argument or uninitialised sampler");
     float m = 0.0f;
-    int argmax = 0;
-    ER_TRY(sampler_filter(s, p, logits, &m, &argmax));
+    int argmax = 0, plain;
+    ER_TRY(sampler_filter(s, p, logits, &m, &argmax, &plain));
     int V = s->V, tok = argmax;
     double W = 0.0;
     if (p->temperature > 0.0f) {
@@ -387,11 +397,9 @@ int sampler_sample(Sampler *s, const SamplerParams *p, const float *logits, ErRn
             tok = argmax; // unreachable: the argmax has w = 1 and survives every filter
     }
     if (logprob) {
-        // At temperature 1 with no filter, w already is exp(l - m) for every token, and W its sum: the
-        // same values and the same sum as recomputed here (half the sampling time of a step otherwise).
-        int untouched = p->temperature == 1.0f && !(p->top_k > 0 && p->top_k < V) && p->top_p >= 1.0f &&
-                        p->min_p <= 0.0f;
-        if (!untouched) {
+        // Where w already is exp(l - m) for every token, W is its sum: the same values and the same sum as
+        // recomputed here (half the sampling time of a step otherwise).
+        if (!plain) {
             weights_compute(s->w, logits, V, m, 1.0f, -INFINITY);
             W = weights_sum(s->w, V, NULL);
         }
@@ -407,7 +415,7 @@ int sampler_dist(Sampler *s, const SamplerParams *p, const float *logits, float 
         return er_error(ER_EINVAL, "sampler_dist: NULL argument or uninitialised sampler");
     float m = 0.0f;
     int argmax = 0;
-    ER_TRY(sampler_filter(s, p, logits, &m, &argmax));
+    ER_TRY(sampler_filter(s, p, logits, &m, &argmax, NULL));
     int V = s->V;
     if (p->temperature == 0.0f) {
         memset(probs, 0, sizeof(float) * (size_t)V);
