@@ -5,7 +5,10 @@
 # and q4g32 both beside llama.cpp's Q4_0, written from their own dequantized weights).
 # Per format: llama.cpp (node-llama-cpp, pinned, prebuilt CPU binaries, bench/llama_decode.mjs) and
 # erinfer bench, same threads, prompt and new tokens; one table with the ratios and the load average.
-#   THREADS (2), PROMPT (256), NEW (64), FORMATS ("f32 q8 q4 q4g32"), LLAMA_NS (N values for llama.cpp, "1 8")
+# Then the deployed configuration at a long context: erinfer on the q4 weights with LONG (1024) prompt positions,
+# int8 KV against f32 KV (decode N = 1 and 8, prefill).
+#   THREADS (2), PROMPT (256), NEW (64), FORMATS ("f32 q8 q4 q4g32"), LLAMA_NS (N values for llama.cpp, "1 8"),
+#   LONG (1024; 0 skips the long-context row)
 # Needs ~2 GB of memory and ~5.5 GB of disk (models written once: later runs only measure).
 # Exits 0 with a loud line when node/npm or node-llama-cpp is missing: no comparison then.
 set -euo pipefail
@@ -17,6 +20,7 @@ PROMPT=${PROMPT:-256}
 NEW=${NEW:-64}
 FORMATS=${FORMATS:-f32 q8 q4 q4g32}
 LLAMA_NS=${LLAMA_NS:-1 8}
+LONG=${LONG:-1024}
 dir=$BUILD/llbench
 tok=../shared/fixtures/qwen-tokenizer
 
@@ -72,13 +76,18 @@ for f in $FORMATS; do
   "$BUILD/erinfer" bench --model "$dir/$f" --prompt-tokens "$PROMPT" --new-tokens "$NEW" --threads "$THREADS" \
     --json >"$dir/$f.erinfer.json"
 done
+if [ "$LONG" -gt 0 ]; then
+  echo "run_llama: q4 at $LONG positions, erinfer bench (f32 then int8 KV); load $(cut -d' ' -f1-3 /proc/loadavg)"
+  "$BUILD/erinfer" bench --model "$dir/q4" --prompt-tokens "$LONG" --new-tokens 32 --threads "$THREADS" \
+    --json >"$dir/q4.long.json"
+fi
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # The table: decode tok/s per sequence and step time at each llama.cpp N, erinfer's f32-KV row at the same N,
 # then erinfer's int8-KV row (its speed against the f32-KV row, and its N/1 step ratio).
-node - "$dir" "$FORMATS" <<'EOF'
+node - "$dir" "$FORMATS" "$LONG" <<'EOF'
 const fs = require("fs");
-const [dir, formats] = process.argv.slice(2);
+const [dir, formats, long] = process.argv.slice(2);
 const gguf = {f32: "F32", q8: "Q8_0", q4: "Q4_0", q4g32: "Q4_0"};
 let release = "";
 const lines = [];
@@ -105,5 +114,13 @@ const head = ["format", "N", "TTFT_ll_ms", "TTFT_er_ms", "ll_tok/s/seq", "er_tok
 const w = head.map((h, i) => Math.max(h.length, ...lines.map(l => String(l[i]).length)));
 for (const l of [head, ...lines])
     console.log(l.map((x, i) => String(x).padStart(w[i])).join("  "));
+if (Number(long) > 0) {
+    const er = JSON.parse(fs.readFileSync(`${dir}/q4.long.json`, "utf8"));
+    const row = (kv, n) => er.rows.find(r => r.kv === kv && r.n === n);
+    const speed = n => (row("int8", n).tokens_per_s_seq / row("f32", n).tokens_per_s_seq).toFixed(2) + "x";
+    console.log(`q4 weights at ${long} prompt positions, int8 KV / f32 KV: decode N=1 ${speed(1)}, N=8 ${speed(8)}; ` +
+        `prefill ${(row("f32", 1).ttft_ms / row("int8", 1).ttft_ms).toFixed(2)}x; ` +
+        `KV at N=1 ${(row("int8", 1).kv_bytes / 1048576).toFixed(1)} vs ${(row("f32", 1).kv_bytes / 1048576).toFixed(1)} MiB`);
+}
 EOF
 echo "run_llama: $THREADS threads, prompt $PROMPT, $NEW new tokens; load average $load_before before, $load_after after"
