@@ -5,8 +5,8 @@
 # and q4g32 both beside llama.cpp's Q4_0, written from their own dequantized weights).
 # Per format: llama.cpp (node-llama-cpp, pinned, prebuilt CPU binaries, bench/llama_decode.mjs) and
 # erinfer bench, same threads, prompt and new tokens; one table with the ratios and the load average.
-# Then the deployed configuration at a long context: erinfer on the q4 weights with LONG (1024) prompt positions and 32 new tokens,
-# int8 KV against f32 KV (decode N = 1 and 8, prefill).
+# Then the deployed configuration at a long context: erinfer on the q4 weights with LONG (1024) prompt positions
+# and 32 new tokens, int8 KV against f32 KV (decode N = 1 and 8, prefill).
 #   THREADS (2), PROMPT (256), NEW (64), FORMATS ("f32 q8 q4 q4g32"), LLAMA_NS (N values for llama.cpp, "1 8"),
 #   LONG (1024; 0 skips the long-context row)
 # Needs ~2 GB of memory and ~5.5 GB of disk (models written once: later runs only measure).
