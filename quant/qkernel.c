@@ -1089,9 +1089,9 @@ static inline __attribute__((always_inline)) void pairs_block(float *out, int R,
                 acc[p * N + n] = _mm512_add_ps(acc[p * N + n], _mm512_mul_ps(wv[p], xv));
         }
     }
+    const int nv = R - r0 < 2 * P ? R - r0 : 2 * P; // the block's rows inside R
     for (int n = 0; n < N; n++) {
         __m512 sums = pairs_sums(acc + n, N, P);
-        int nv = R - r0 < 2 * P ? R - r0 : 2 * P;
         if (K8 == K) {
             _mm512_mask_storeu_ps(out + (size_t)n * R + r0, (__mmask16)((1u << nv) - 1), sums);
             continue;
