@@ -372,6 +372,7 @@ Test(quant_kernels, f32_products_bit_for_bit_at_every_n) {
     threads_set(2);
     static const int rows[] = {1, 2, 5, 6, 7, 13, 19};
     static const int widths[] = {1, 7, 8, 9, 64, 203, 1027, 2053};
+    const float canary = -12345.75f; // no product of the unit-scale random inputs comes near it
     int bf16_bitwise = strstr(quant_simd_name(), "AVX-512") != NULL, checked = 0;
     for (int f = 0; f < 1 + bf16_bitwise; f++)
         for (int ri = 0; ri < (int)(sizeof rows / sizeof rows[0]); ri++)
@@ -381,15 +382,25 @@ Test(quant_kernels, f32_products_bit_for_bit_at_every_n) {
                 Weight w;
                 void *own;
                 make_weight(&w, &c, R, 40 + 9 * ri + wi, &own);
-                float *inp = random_vec((size_t)8 * K, 60 + wi), out[8 * 19], ref[8 * 19], alone[19];
+                // out and alone one row past the outputs: a canary there catches a store past N x R
+                float *inp = random_vec((size_t)8 * K, 60 + wi), out[8 * 19 + 19], ref[8 * 19], alone[19 + 19];
                 float *tile = malloc(sizeof(float) * QUANT_TILE_ROWS * K);
                 for (int N = 1 + f; N <= 8; N++) {
+                    for (int i = 0; i < N * R + R; i++)
+                        out[i] = canary;
                     cr_assert_eq(quant_matmul_decode(out, inp, &w, N, tile), 0, "%s", er_last_error());
+                    for (int i = N * R; i < N * R + R; i++)
+                        cr_assert(out[i] == canary, "%s R=%d K=%d N=%d: the product wrote past its outputs",
+                                  weight_format_name(c.f), R, K, N);
                     cr_assert_eq(quant_matmul_decode_portable(ref, inp, &w, N, tile), 0);
                     cr_assert(!memcmp(out, ref, sizeof(float) * N * R), "%s R=%d K=%d N=%d: decode != portable",
                               weight_format_name(c.f), R, K, N);
                     for (int n = 0; n < N && !f; n++) {
+                        for (int i = R; i < 2 * R; i++)
+                            alone[i] = canary;
                         cr_assert_eq(quant_matmul_decode(alone, inp + (size_t)n * K, &w, 1, tile), 0);
+                        for (int i = R; i < 2 * R; i++)
+                            cr_assert(alone[i] == canary, "f32 R=%d K=%d N=1: the product wrote past its outputs", R, K);
                         cr_assert(!memcmp(alone, out + (size_t)n * R, sizeof(float) * R),
                                   "f32 R=%d K=%d: input %d of %d differs from the same input alone", R, K, n, N);
                     }
