@@ -362,6 +362,20 @@ Test(quant_kernels, table_kernels_match_portable) {
            checked);
 }
 
+// A value no product of the unit-scale random inputs comes near, written past a product's outputs: still
+// there afterwards, nothing was stored beyond them.
+#define CANARY (-12345.75f)
+static void canary_fill(float *p, int n) {
+    for (int i = 0; i < n; i++)
+        p[i] = CANARY;
+}
+static int canary_kept(const float *p, int n) {
+    for (int i = 0; i < n; i++)
+        if (p[i] != CANARY)
+            return 0;
+    return 1;
+}
+
 // fp32 products are the same bits on every path and at every N: the decode product (AVX-512's two rows per
 // register where the build has it) against the portable one, and each input row's outputs against those of
 // the row alone (N = 1), which batched decoding relies on (tests/infer/test_decode_batch.c). Row counts
@@ -372,7 +386,6 @@ Test(quant_kernels, f32_products_bit_for_bit_at_every_n) {
     threads_set(2);
     static const int rows[] = {1, 2, 5, 6, 7, 13, 19};
     static const int widths[] = {1, 7, 8, 9, 64, 203, 1027, 2053};
-    const float canary = -12345.75f; // no product of the unit-scale random inputs comes near it
     int bf16_bitwise = strstr(quant_simd_name(), "AVX-512") != NULL, checked = 0;
     for (int f = 0; f < 1 + bf16_bitwise; f++)
         for (int ri = 0; ri < (int)(sizeof rows / sizeof rows[0]); ri++)
@@ -386,21 +399,18 @@ Test(quant_kernels, f32_products_bit_for_bit_at_every_n) {
                 float *inp = random_vec((size_t)8 * K, 60 + wi), out[8 * 19 + 19], ref[8 * 19], alone[19 + 19];
                 float *tile = malloc(sizeof(float) * QUANT_TILE_ROWS * K);
                 for (int N = 1 + f; N <= 8; N++) {
-                    for (int i = 0; i < N * R + R; i++)
-                        out[i] = canary;
+                    canary_fill(out + N * R, R);
                     cr_assert_eq(quant_matmul_decode(out, inp, &w, N, tile), 0, "%s", er_last_error());
-                    for (int i = N * R; i < N * R + R; i++)
-                        cr_assert(out[i] == canary, "%s R=%d K=%d N=%d: the product wrote past its outputs",
-                                  weight_format_name(c.f), R, K, N);
+                    cr_assert(canary_kept(out + N * R, R), "%s R=%d K=%d N=%d: the product wrote past its outputs",
+                              weight_format_name(c.f), R, K, N);
                     cr_assert_eq(quant_matmul_decode_portable(ref, inp, &w, N, tile), 0);
                     cr_assert(!memcmp(out, ref, sizeof(float) * N * R), "%s R=%d K=%d N=%d: decode != portable",
                               weight_format_name(c.f), R, K, N);
                     for (int n = 0; n < N && !f; n++) {
-                        for (int i = R; i < 2 * R; i++)
-                            alone[i] = canary;
+                        canary_fill(alone + R, R);
                         cr_assert_eq(quant_matmul_decode(alone, inp + (size_t)n * K, &w, 1, tile), 0);
-                        for (int i = R; i < 2 * R; i++)
-                            cr_assert(alone[i] == canary, "f32 R=%d K=%d N=1: the product wrote past its outputs", R, K);
+                        cr_assert(canary_kept(alone + R, R), "f32 R=%d K=%d N=1: the product wrote past its outputs",
+                                  R, K);
                         cr_assert(!memcmp(alone, out + (size_t)n * R, sizeof(float) * R),
                                   "f32 R=%d K=%d: input %d of %d differs from the same input alone", R, K, n, N);
                     }
