@@ -307,16 +307,25 @@ const char *chains_completion(const ChainsExample *ex, ChainsStyle style) {
     }
 }
 
-static char *example_json(const ChainsExample *ex) {
+// The record; with ntok (the completions' lengths in a tokenizer's tokens) also {"tokens": {style: n}}.
+static char *example_json(const ChainsExample *ex, const int *ntok) {
+    static const char *const names[CHAINS_NSTYLES] = {"direct", "terse", "concise", "verbose"};
     cJSON *o = cJSON_CreateObject();
     if (!o)
         return NULL;
     char *s = NULL;
-    if (cJSON_AddStringToObject(o, "problem", ex->problem) && cJSON_AddStringToObject(o, "answer", ex->answer) &&
-        cJSON_AddNumberToObject(o, "steps", ex->steps) && cJSON_AddBoolToObject(o, "needs_reasoning", ex->steps > 1) &&
-        cJSON_AddStringToObject(o, "direct", ex->direct) && cJSON_AddStringToObject(o, "terse", ex->terse) &&
-        cJSON_AddStringToObject(o, "concise", ex->concise) &&
-        cJSON_AddStringToObject(o, "verbose", ex->verbose))
+    int ok = cJSON_AddStringToObject(o, "problem", ex->problem) && cJSON_AddStringToObject(o, "answer", ex->answer) &&
+             cJSON_AddNumberToObject(o, "steps", ex->steps) &&
+             cJSON_AddBoolToObject(o, "needs_reasoning", ex->steps > 1);
+    for (int k = 0; ok && k < CHAINS_NSTYLES; k++)
+        ok = cJSON_AddStringToObject(o, names[k], chains_completion(ex, (ChainsStyle)k)) != NULL;
+    if (ok && ntok) {
+        cJSON *t = cJSON_AddObjectToObject(o, "tokens");
+        ok = t != NULL;
+        for (int k = 0; ok && k < CHAINS_NSTYLES; k++)
+            ok = cJSON_AddNumberToObject(t, names[k], ntok[k]) != NULL;
+    }
+    if (ok)
         s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return s;
@@ -327,19 +336,19 @@ static int write_example(const ChainsConfig *c, uint64_t seed, long i, const Tok
                          const char *path, double *sum, double *sum_tok, double *sum_steps) {
     ChainsExample ex; // zeroed by chains_generate first thing
     char *line = NULL;
-    int rc = ER_OK;
+    int rc = ER_OK, ntok[CHAINS_NSTYLES] = {0};
     ER_CHECK(chains_generate(c, seed, (uint64_t)i, &ex));
     for (int s = 0; s < CHAINS_NSTYLES; s++) {
         const char *text = chains_completion(&ex, (ChainsStyle)s);
         sum[s] += (double)strlen(text);
-        int *ids = NULL, nids = 0;
+        int *ids = NULL;
         if (tok)
-            ER_CHECK(tok_encode(tok, text, strlen(text), &ids, &nids));
-        sum_tok[s] += nids;
+            ER_CHECK(tok_encode(tok, text, strlen(text), &ids, &ntok[s]));
+        sum_tok[s] += ntok[s];
         er_free(ids);
     }
     *sum_steps += ex.steps;
-    if (!(line = example_json(&ex))) {
+    if (!(line = example_json(&ex, tok ? ntok : NULL))) {
         rc = er_error(ER_ENOMEM, "%s: out of memory formatting example %ld", path, i);
         goto done;
     }

@@ -53,8 +53,9 @@ void chains_example_free(ChainsExample *ex);
 const char *chains_completion(const ChainsExample *ex, ChainsStyle style);
 
 // Writes n examples as JSONL records {problem, answer, steps, needs_reasoning, direct, terse,
-// concise, verbose} atomically to path; *stats (if not NULL) gets the mean lengths, in tokens too when tok
-// is not NULL.
+// concise, verbose} atomically to path; with tok each record also holds its completions' lengths in tok's
+// tokens, {"tokens": {"direct": n, "terse": n, "concise": n, "verbose": n}}. *stats (if not NULL) gets the
+// mean lengths, in tokens too when tok is not NULL.
 int chains_write_jsonl(const ChainsConfig *c, long n, uint64_t seed, const char *path, const Tokenizer *tok,
                        ChainsStats *stats);
 

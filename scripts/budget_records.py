@@ -14,7 +14,9 @@ Several keys with weights (verbose:96,concise:2,direct:2) draw each record's com
 so the adapter also holds the shorter forms GRPO can choose between. A key with @B is drawn only for records
 whose budget is B (terse@32:4,concise@64:4,concise@128:4,direct:2,verbose:94: the short form of each budget),
 so each short form is tied to the budget it serves; each record's budget is drawn first, then its key among
-those that apply.
+those that apply. The key fit is the longest short form that fits the record's budget in tokens: concise,
+else terse, else direct, by the record's "tokens" lengths (written by ertrain synth chains --tokenizer), so
+fit@64 gives the terse trace to chains whose concise trace is longer than 64 tokens.
 """
 import argparse
 import json
@@ -51,14 +53,20 @@ def main():
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue
+            key = None
             try:
                 r = json.loads(line)
                 b = rng.choice(budgets)
                 # One key: no draw, so the budgets stay those of a single-key run.
                 ks = keys_at[b]
                 key = ks[0][0] if len(keys) == 1 else rng.choices([k for k, _ in ks], [w for _, w in ks])[0]
+                if key == "fit":
+                    key = next((k for k in ("concise", "terse") if r["tokens"][k] <= b), "direct")
                 problem, response = r["problem"], None if key == "none" else r[key]
-            except (ValueError, KeyError) as e:
+            except (ValueError, KeyError, TypeError) as e:
+                if key == "fit":
+                    e = f"no token length {e} for fit (records from ertrain synth chains --tokenizer have them)"
+                os.remove(a.dst + ".tmp")
                 sys.exit(f"budget_records: {a.src}:{i}: {e}")
             line = a.template.format(budget=b)
             if a.where == "system":
@@ -68,7 +76,8 @@ def main():
             if response is not None:
                 msgs.append({"role": "assistant", "content": response})
             # The record's other fields (answer, steps, needs_reasoning, ...) travel with it.
-            rest = {k: v for k, v in r.items() if k not in ("problem", "direct", "terse", "concise", "verbose")}
+            rest = {k: v for k, v in r.items()
+                    if k not in ("problem", "direct", "terse", "concise", "verbose", "tokens")}
             g.write(json.dumps({"messages": msgs, **rest, "budget": b}) + "\n")
             n += 1
     os.replace(a.dst + ".tmp", a.dst)

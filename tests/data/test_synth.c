@@ -353,6 +353,67 @@ Test(synth, budget_records_tie_short_forms_to_budgets) {
     unlink(in);
 }
 
+// budget_records' fit key: the longest short form that fits the record's budget, by the token lengths
+// ertrain synth chains --tokenizer writes, each recounted here with the tokenizer itself; records without
+// those lengths are refused with one line.
+Test(synth, budget_records_fit_takes_the_longest_short_form_within_budget) {
+    Tokenizer *tok = load_tiny();
+    ChainsConfig c;
+    chains_config_default(&c);
+    char in[64], out[64], cmd[512];
+    snprintf(in, sizeof in, "/tmp/er_test_fit_%d.jsonl", (int)getpid());
+    snprintf(out, sizeof out, "/tmp/er_test_fit_out_%d.jsonl", (int)getpid());
+    cr_assert_eq(chains_write_jsonl(&c, 400, 6, in, tok, NULL), ER_OK, "%s", er_last_error());
+    snprintf(cmd, sizeof cmd, "python3 scripts/budget_records.py %s %s --key fit --budgets 8,16,32 > /dev/null", in,
+             out);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    char *text;
+    size_t len;
+    cr_assert_eq(file_read_all(out, 1 << 24, &text, &len), ER_OK, "%s", er_last_error());
+    long count[CHAINS_NSTYLES] = {0};
+    char *line = text;
+    for (int i = 0; i < 400; i++) {
+        char *end = strchr(line, '\n');
+        cr_assert_not_null(end, "record %d missing", i + 1);
+        *end = 0;
+        cJSON *r = cJSON_Parse(line);
+        cr_assert_not_null(r, "record %d: %s", i + 1, line);
+        int b = cJSON_GetObjectItem(r, "budget")->valueint;
+        const char *reply =
+            cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "messages"), 2), "content")->valuestring;
+        ChainsExample ex;
+        cr_assert_eq(chains_generate(&c, 6, (uint64_t)i, &ex), ER_OK);
+        ChainsStyle want = count_tokens(tok, ex.concise) <= b ? CHAINS_CONCISE
+                           : count_tokens(tok, ex.terse) <= b ? CHAINS_TERSE
+                                                              : CHAINS_DIRECT;
+        cr_assert_str_eq(reply, chains_completion(&ex, want), "record %d, budget %d", i + 1, b);
+        cr_assert_null(cJSON_GetObjectItem(r, "tokens"), "the lengths travel into the SFT record");
+        count[want]++;
+        chains_example_free(&ex);
+        cJSON_Delete(r);
+        line = end + 1;
+    }
+    er_free(text);
+    cr_assert(count[CHAINS_CONCISE] > 20 && count[CHAINS_TERSE] > 20 && count[CHAINS_DIRECT] > 20,
+              "direct %ld terse %ld concise %ld: every branch taken", count[CHAINS_DIRECT], count[CHAINS_TERSE],
+              count[CHAINS_CONCISE]);
+    // Records written without a tokenizer have no lengths: one line naming the file and record, no output.
+    unlink(out);
+    cr_assert_eq(chains_write_jsonl(&c, 5, 6, in, NULL, NULL), ER_OK, "%s", er_last_error());
+    snprintf(cmd, sizeof cmd, "python3 scripts/budget_records.py %s %s --key fit --budgets 32 2> %s.err", in, out,
+             out);
+    cr_assert_neq(system(cmd), 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd, "%s.tmp", out);
+    cr_assert(access(out, F_OK) != 0 && access(cmd, F_OK) != 0, "output written despite the error");
+    snprintf(cmd, sizeof cmd, "%s.err", out);
+    cr_assert_eq(file_read_all(cmd, 4096, &text, &len), ER_OK);
+    cr_assert(strstr(text, in) && strstr(text, "--tokenizer") && strchr(text, '\n') == text + len - 1, "%s", text);
+    er_free(text);
+    unlink(cmd);
+    unlink(in);
+    tok_free(tok);
+}
+
 Test(synth, verbose_longer_in_tokens) {
     Tokenizer *tok = load_tiny();
     ChainsConfig c;
