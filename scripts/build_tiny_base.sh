@@ -29,6 +29,9 @@
 # answers one-step problems directly and opens its thinking on longer ones when a budget is stated.
 # models/tiny-cotbudget is this mix at STEPS=7200, models/tiny-cotbudget-14k at 14400, and
 # models/tiny-cotbudget-21k (make paper's base) that run resumed to 21600 (their README.md files).
+# MIX=cotfit (an experiment, README "`make paper`"): as cotbudget, but above 32 tokens the concise trace only where
+# it fits the budget in tokens, else the terse one (at 64 the chains of 7-8 steps), so that the base's thinking
+# fits an enforced budget too.
 #
 # Usage: scripts/build_tiny_base.sh            full base (~27 min on one core)
 #        QUICK=1 scripts/build_tiny_base.sh    tiny variant for CI (seconds); cache runs/tiny-base-quick
@@ -47,7 +50,8 @@ case $MIX in # the mix as inputs.txt names it
   budget) MIX_NAME=direct-chat+budget-system+budget-text ;;
   cot) MIX_NAME=direct-chat+budget-system+verbose-text+cot-chat ;;
   cotbudget) MIX_NAME=direct-chat+budget-system+verbose-text+cotbudget-chat ;;
-  *) echo "build_tiny_base: MIX=$MIX is not direct, budget, cot or cotbudget" >&2; exit 1 ;;
+  cotfit) MIX_NAME=direct-chat+budget-system+verbose-text+cotfit-chat ;;
+  *) echo "build_tiny_base: MIX=$MIX is not direct, budget, cot, cotbudget or cotfit" >&2; exit 1 ;;
 esac
 CONFIG=${CONFIG:-configs/tiny.json}
 TOKENIZER=data/tiny_tokenizer
@@ -80,8 +84,9 @@ import json, random, sys
 n_chat = n_one = n_text = 0
 rng = random.Random(1)
 budget_mix = sys.argv[4] == "budget"
-cot_mix = sys.argv[4] in ("cot", "cotbudget")
-cot_budget = sys.argv[4] == "cotbudget"
+cot_mix = sys.argv[4] in ("cot", "cotbudget", "cotfit")
+cot_budget = sys.argv[4] in ("cotbudget", "cotfit")
+cot_fit = sys.argv[4] == "cotfit"
 n_cot = 0
 def chat(line, reply=lambda r, b: r["direct"], always_budget=False):
     """A chat record answered by reply(record, budget or None) (default: the direct answer); half of them (all
@@ -94,9 +99,12 @@ def chat(line, reply=lambda r, b: r["direct"], always_budget=False):
     return json.dumps({"messages": msgs, "answer": r["answer"]}) + "\n"
 def cot(line):
     """The same problem in the chat format, the thinking opened and the concise trace after it; with
-    MIX=cotbudget a budget is always stated, and at 32 tokens the trace is terse (running values only)."""
+    MIX=cotbudget a budget is always stated, and at 32 tokens the trace is terse (running values only); with
+    MIX=cotfit also where the concise trace is longer than the budget in tokens."""
+    def terse(r, b):
+        return b == 32 or (cot_fit and r["tokens"]["concise"] > b)
     if cot_budget:
-        return chat(line, lambda r, b: "<think>\n" + (r["terse"] if b == 32 else r["concise"]), True)
+        return chat(line, lambda r, b: "<think>\n" + (r["terse"] if terse(r, b) else r["concise"]), True)
     return chat(line, lambda r, b: "<think>\n" + r["concise"])
 def text(r):
     """Problem and verbose trace; with MIX=budget half of them state a budget and follow it."""
@@ -116,12 +124,14 @@ with open(sys.argv[1]) as f, open(sys.argv[2]) as one, open(sys.argv[3], "w") as
         n_chat += 1
         n_one += 1
         n_text += 1
+cot_what = ("budget stated, terse trace at 32 tokens" + (" and past the budget" if cot_fit else "") + ", concise above"
+            if cot_budget else "concise trace")
 print(f"mix: {n_chat} chat records (direct answers, k = 1..8, half with a budget system line) + "
       f"{n_one} chat records (direct, k = 1) + "
       f"{n_text} raw-text records "
       f"(problem + {'trace, half following a stated budget' if budget_mix else 'verbose trace'})"
       + (f" + {n_cot} chat records (thinking opened, "
-         f"{'budget stated, terse trace at 32 tokens, concise above' if cot_budget else 'concise trace'})" if cot_mix else ""))
+         f"{cot_what})" if cot_mix else ""))
 PY
 mv "$mix.tmp" "$mix"
 
