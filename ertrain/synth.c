@@ -23,7 +23,8 @@ static int synth_chains(int argc, char **argv) {
         {"max-operand", ARG_INT, &c.max_operand, "add/subtract by 1..N", 0, 1, 1000000},
         {"max-factor", ARG_INT, &c.max_factor, "multiply/divide by 2..N", 0, 2, 1000000},
         {"max-value", ARG_INT, &c.max_value, "every intermediate result stays in 0..N", 0, 2, 1000000},
-        {"tokenizer", ARG_STR, &tok_path, "lengths in tokens of this tokenizer.json / model dir: reported, and in each record", 0, 0, 0},
+        {"tokenizer", ARG_STR, &tok_path,
+         "also write each record's completion lengths in this tokenizer.json / model dir's tokens", 0, 0, 0},
     };
     int rc = args_parse(argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
                         "ertrain synth chains --n N --out FILE.jsonl [--seed S] [--min-steps 1 --max-steps 8 ...]");

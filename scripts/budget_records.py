@@ -64,7 +64,7 @@ def main():
                     key = next((k for k in ("concise", "terse") if r["tokens"][k] <= b), "direct")
                 problem, response = r["problem"], None if key == "none" else r[key]
             except (ValueError, KeyError, TypeError) as e:
-                if key == "fit":
+                if key == "fit" and isinstance(e, KeyError):
                     e = f"no token length {e} for fit (records from ertrain synth chains --tokenizer have them)"
                 os.remove(a.dst + ".tmp")
                 sys.exit(f"budget_records: {a.src}:{i}: {e}")

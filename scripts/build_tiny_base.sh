@@ -30,7 +30,7 @@
 # models/tiny-cotbudget is this mix at STEPS=7200, models/tiny-cotbudget-14k at 14400, and
 # models/tiny-cotbudget-21k (make paper's base) that run resumed to 21600 (their README.md files).
 # MIX=cotfit (an experiment, README "`make paper`"): as cotbudget, but above 32 tokens the concise trace only where
-# it fits the budget in tokens, else the terse one (at 64 the chains of 7-8 steps), so that the base's thinking
+# it fits the budget in tokens, else the terse one (at 64 the chains of 6-8 steps), so that the base's thinking
 # fits an enforced budget too.
 #
 # Usage: scripts/build_tiny_base.sh            full base (~27 min on one core)

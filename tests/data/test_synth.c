@@ -393,6 +393,7 @@ Test(synth, budget_records_fit_takes_the_longest_short_form_within_budget) {
         cJSON_Delete(r);
         line = end + 1;
     }
+    cr_assert_eq(*line, 0, "more records than problems");
     er_free(text);
     cr_assert(count[CHAINS_CONCISE] > 20 && count[CHAINS_TERSE] > 20 && count[CHAINS_DIRECT] > 20,
               "direct %ld terse %ld concise %ld: every branch taken", count[CHAINS_DIRECT], count[CHAINS_TERSE],
