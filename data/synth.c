@@ -308,8 +308,12 @@ const char *chains_completion(const ChainsExample *ex, ChainsStyle style) {
 }
 
 // The record; with ntok (the completions' lengths in a tokenizer's tokens) also {"tokens": {style: n}}.
-static char *example_json(const ChainsExample *ex, const int *ntok) {
+const char *chains_style_name(ChainsStyle style) {
     static const char *const names[CHAINS_NSTYLES] = {"direct", "terse", "concise", "verbose"};
+    return style >= 0 && style < CHAINS_NSTYLES ? names[style] : NULL;
+}
+
+static char *example_json(const ChainsExample *ex, const int *ntok) {
     cJSON *o = cJSON_CreateObject();
     if (!o)
         return NULL;
@@ -317,13 +321,13 @@ static char *example_json(const ChainsExample *ex, const int *ntok) {
     int ok = cJSON_AddStringToObject(o, "problem", ex->problem) && cJSON_AddStringToObject(o, "answer", ex->answer) &&
              cJSON_AddNumberToObject(o, "steps", ex->steps) &&
              cJSON_AddBoolToObject(o, "needs_reasoning", ex->steps > 1);
-    for (int k = 0; ok && k < CHAINS_NSTYLES; k++)
-        ok = cJSON_AddStringToObject(o, names[k], chains_completion(ex, (ChainsStyle)k)) != NULL;
+    for (ChainsStyle k = 0; ok && k < CHAINS_NSTYLES; k++)
+        ok = cJSON_AddStringToObject(o, chains_style_name(k), chains_completion(ex, k)) != NULL;
     if (ok && ntok) {
         cJSON *t = cJSON_AddObjectToObject(o, "tokens");
         ok = t != NULL;
-        for (int k = 0; ok && k < CHAINS_NSTYLES; k++)
-            ok = cJSON_AddNumberToObject(t, names[k], ntok[k]) != NULL;
+        for (ChainsStyle k = 0; ok && k < CHAINS_NSTYLES; k++)
+            ok = cJSON_AddNumberToObject(t, chains_style_name(k), ntok[k]) != NULL;
     }
     if (ok)
         s = cJSON_PrintUnformatted(o);

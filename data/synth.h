@@ -51,6 +51,7 @@ int chains_config_check(const ChainsConfig *c);
 int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, ChainsExample *ex);
 void chains_example_free(ChainsExample *ex);
 const char *chains_completion(const ChainsExample *ex, ChainsStyle style);
+const char *chains_style_name(ChainsStyle style); // "direct", "terse", "concise", "verbose": the JSONL keys
 
 // Writes n examples as JSONL records {problem, answer, steps, needs_reasoning, direct, terse,
 // concise, verbose} atomically to path; with tok each record also holds its completions' lengths in tok's

@@ -183,9 +183,8 @@ Test(synth, jsonl_reads_back_through_dataset) {
     cr_assert_eq(chains_write_jsonl(&c, 300, 1, path, NULL, &st), ER_OK, "%s", er_last_error());
     cr_assert_geq(st.mean_chars[CHAINS_VERBOSE], 2.5 * st.mean_chars[CHAINS_CONCISE]);
     cr_assert(st.mean_steps > 3.5 && st.mean_steps < 5.5, "mean steps %.2f", st.mean_steps);
-    const char *styles[] = {"direct", "terse", "concise", "verbose"};
     for (int s = 0; s < CHAINS_NSTYLES; s++) {
-        DatasetOptions opt = {styles[s]};
+        DatasetOptions opt = {chains_style_name((ChainsStyle)s)};
         Dataset d;
         cr_assert_eq(dataset_load(path, &opt, 0, &d), ER_OK, "%s", er_last_error());
         cr_assert_eq(d.n, 300);
