@@ -288,34 +288,70 @@ Test(synth, tiny_tokenizer_round_trips_and_splits_digits) {
     tok_free(tok);
 }
 
-// scripts/budget_records.py (SFT records for make paper) with short forms tied to a budget: a key with @B is drawn
-// only where the record's budget is B, near its weight; each response is its record's completion of that key.
-Test(synth, budget_records_tie_short_forms_to_budgets) {
-    ChainsConfig c;
-    chains_config_default(&c);
-    char in[64], out[64], cmd[512];
-    snprintf(in, sizeof in, "/tmp/er_test_br_%d.jsonl", (int)getpid());
-    snprintf(out, sizeof out, "/tmp/er_test_br_out_%d.jsonl", (int)getpid());
-    cr_assert_eq(chains_write_jsonl(&c, 3000, 5, in, NULL, NULL), ER_OK, "%s", er_last_error());
-    snprintf(cmd, sizeof cmd, "python3 scripts/budget_records.py %s %s --key terse@32:10,concise@64:10,direct:5,"
-             "verbose:85 --budgets 32,64 --seed 3 > /dev/null", in, out);
-    cr_assert_eq(system(cmd), 0, "%s", cmd);
-    char *text;
+// Runs scripts/budget_records.py IN OUT ARGS and returns its records as a cJSON array of exactly n (each line
+// parses, none missing, none extra).
+static cJSON *budget_records(const char *in, const char *out, const char *args, int n) {
+    char cmd[512], *text;
     size_t len;
+    snprintf(cmd, sizeof cmd, "python3 scripts/budget_records.py %s %s %s > /dev/null", in, out, args);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
     cr_assert_eq(file_read_all(out, 1 << 24, &text, &len), ER_OK, "%s", er_last_error());
-    long count[2][CHAINS_NSTYLES] = {{0}}; // [budget 32, 64][style]
+    cJSON *records = cJSON_CreateArray();
     char *line = text;
-    for (int i = 0; i < 3000; i++) {
+    for (int i = 0; i < n; i++) {
         char *end = strchr(line, '\n');
         cr_assert_not_null(end, "record %d missing", i + 1);
         *end = 0;
         cJSON *r = cJSON_Parse(line);
         cr_assert_not_null(r, "record %d: %s", i + 1, line);
+        cJSON_AddItemToArray(records, r);
+        line = end + 1;
+    }
+    cr_assert_eq(*line, 0, "more records than problems");
+    er_free(text);
+    unlink(out);
+    return records;
+}
+
+// Runs it expecting a refusal: a non-zero exit, no output (nor its .tmp), and one line on stderr, returned.
+static char *budget_records_refused(const char *in, const char *out, const char *args) {
+    char cmd[512], *text;
+    size_t len;
+    snprintf(cmd, sizeof cmd, "python3 scripts/budget_records.py %s %s %s 2> %s.err", in, out, args, out);
+    cr_assert_neq(system(cmd), 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd, "%s.tmp", out);
+    cr_assert(access(out, F_OK) != 0 && access(cmd, F_OK) != 0, "output written despite the error");
+    snprintf(cmd, sizeof cmd, "%s.err", out);
+    cr_assert_eq(file_read_all(cmd, 4096, &text, &len), ER_OK);
+    cr_assert(strchr(text, '\n') == text + len - 1, "%s", text);
+    unlink(cmd);
+    return text;
+}
+
+// The assistant's reply of an SFT record {"messages": [system, user, assistant], ...}.
+static const char *record_reply(const cJSON *r) {
+    const cJSON *msgs = cJSON_GetObjectItem(r, "messages");
+    cr_assert_eq(cJSON_GetArraySize(msgs), 3);
+    return cJSON_GetObjectItem(cJSON_GetArrayItem(msgs, 2), "content")->valuestring;
+}
+
+// scripts/budget_records.py (SFT records for make paper) with short forms tied to a budget: a key with @B is drawn
+// only where the record's budget is B, near its weight; each response is its record's completion of that key.
+Test(synth, budget_records_tie_short_forms_to_budgets) {
+    ChainsConfig c;
+    chains_config_default(&c);
+    char in[64], out[64];
+    snprintf(in, sizeof in, "/tmp/er_test_br_%d.jsonl", (int)getpid());
+    snprintf(out, sizeof out, "/tmp/er_test_br_out_%d.jsonl", (int)getpid());
+    cr_assert_eq(chains_write_jsonl(&c, 3000, 5, in, NULL, NULL), ER_OK, "%s", er_last_error());
+    cJSON *records =
+        budget_records(in, out, "--key terse@32:10,concise@64:10,direct:5,verbose:85 --budgets 32,64 --seed 3", 3000);
+    long count[2][CHAINS_NSTYLES] = {{0}}; // [budget 32, 64][style]
+    for (int i = 0; i < 3000; i++) {
+        const cJSON *r = cJSON_GetArrayItem(records, i);
         int b = cJSON_GetObjectItem(r, "budget")->valueint;
         cr_assert(b == 32 || b == 64, "budget %d", b);
-        const cJSON *msgs = cJSON_GetObjectItem(r, "messages");
-        cr_assert_eq(cJSON_GetArraySize(msgs), 3);
-        const char *reply = cJSON_GetObjectItem(cJSON_GetArrayItem(msgs, 2), "content")->valuestring;
+        const char *reply = record_reply(r);
         ChainsExample ex;
         cr_assert_eq(chains_generate(&c, 5, (uint64_t)i, &ex), ER_OK);
         int k = 0;
@@ -324,11 +360,8 @@ Test(synth, budget_records_tie_short_forms_to_budgets) {
         cr_assert_lt(k, CHAINS_NSTYLES, "record %d: the response is none of its completions: %s", i + 1, reply);
         count[b == 64][k]++;
         chains_example_free(&ex);
-        cJSON_Delete(r);
-        line = end + 1;
     }
-    cr_assert_eq(*line, 0, "more records than problems");
-    er_free(text);
+    cJSON_Delete(records);
     cr_assert_eq(count[0][CHAINS_CONCISE], 0, "concise is tied to 64, drawn at 32");
     cr_assert_eq(count[1][CHAINS_TERSE], 0, "terse is tied to 32, drawn at 64");
     for (int b = 0; b < 2; b++) {
@@ -339,16 +372,9 @@ Test(synth, budget_records_tie_short_forms_to_budgets) {
                   "budget %d: %ld records, short form %.3f, direct %.3f", b ? 64 : 32, n, shorts, direct);
     }
     // An @budget outside --budgets is refused with one line, before any output.
-    unlink(out);
-    snprintf(cmd, sizeof cmd, "python3 scripts/budget_records.py %s %s --key terse@16:4,verbose --budgets 32,64 "
-             "2> %s.err", in, out, out);
-    cr_assert_neq(system(cmd), 0, "%s", cmd);
-    cr_assert_neq(access(out, F_OK), 0, "output written despite the error");
-    snprintf(cmd, sizeof cmd, "%s.err", out);
-    cr_assert_eq(file_read_all(cmd, 4096, &text, &len), ER_OK);
-    cr_assert(strstr(text, "--key terse@16:4,verbose") != NULL && strchr(text, '\n') == text + len - 1, "%s", text);
-    er_free(text);
-    unlink(cmd);
+    char *err = budget_records_refused(in, out, "--key terse@16:4,verbose --budgets 32,64");
+    cr_assert(strstr(err, "--key terse@16:4,verbose") != NULL, "%s", err);
+    er_free(err);
     unlink(in);
 }
 
@@ -359,57 +385,34 @@ Test(synth, budget_records_fit_takes_the_longest_short_form_within_budget) {
     Tokenizer *tok = load_tiny();
     ChainsConfig c;
     chains_config_default(&c);
-    char in[64], out[64], cmd[512];
+    char in[64], out[64];
     snprintf(in, sizeof in, "/tmp/er_test_fit_%d.jsonl", (int)getpid());
     snprintf(out, sizeof out, "/tmp/er_test_fit_out_%d.jsonl", (int)getpid());
     cr_assert_eq(chains_write_jsonl(&c, 400, 6, in, tok, NULL), ER_OK, "%s", er_last_error());
-    snprintf(cmd, sizeof cmd, "python3 scripts/budget_records.py %s %s --key fit --budgets 8,16,32 > /dev/null", in,
-             out);
-    cr_assert_eq(system(cmd), 0, "%s", cmd);
-    char *text;
-    size_t len;
-    cr_assert_eq(file_read_all(out, 1 << 24, &text, &len), ER_OK, "%s", er_last_error());
+    cJSON *records = budget_records(in, out, "--key fit --budgets 8,16,32", 400);
     long count[CHAINS_NSTYLES] = {0};
-    char *line = text;
     for (int i = 0; i < 400; i++) {
-        char *end = strchr(line, '\n');
-        cr_assert_not_null(end, "record %d missing", i + 1);
-        *end = 0;
-        cJSON *r = cJSON_Parse(line);
-        cr_assert_not_null(r, "record %d: %s", i + 1, line);
+        const cJSON *r = cJSON_GetArrayItem(records, i);
         int b = cJSON_GetObjectItem(r, "budget")->valueint;
-        const char *reply =
-            cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "messages"), 2), "content")->valuestring;
         ChainsExample ex;
         cr_assert_eq(chains_generate(&c, 6, (uint64_t)i, &ex), ER_OK);
         ChainsStyle want = count_tokens(tok, ex.concise) <= b ? CHAINS_CONCISE
                            : count_tokens(tok, ex.terse) <= b ? CHAINS_TERSE
                                                               : CHAINS_DIRECT;
-        cr_assert_str_eq(reply, chains_completion(&ex, want), "record %d, budget %d", i + 1, b);
+        cr_assert_str_eq(record_reply(r), chains_completion(&ex, want), "record %d, budget %d", i + 1, b);
         cr_assert_null(cJSON_GetObjectItem(r, "tokens"), "the lengths travel into the SFT record");
         count[want]++;
         chains_example_free(&ex);
-        cJSON_Delete(r);
-        line = end + 1;
     }
-    cr_assert_eq(*line, 0, "more records than problems");
-    er_free(text);
+    cJSON_Delete(records);
     cr_assert(count[CHAINS_CONCISE] > 20 && count[CHAINS_TERSE] > 20 && count[CHAINS_DIRECT] > 20,
               "direct %ld terse %ld concise %ld: every branch taken", count[CHAINS_DIRECT], count[CHAINS_TERSE],
               count[CHAINS_CONCISE]);
     // Records written without a tokenizer have no lengths: one line naming the file and record, no output.
-    unlink(out);
     cr_assert_eq(chains_write_jsonl(&c, 5, 6, in, NULL, NULL), ER_OK, "%s", er_last_error());
-    snprintf(cmd, sizeof cmd, "python3 scripts/budget_records.py %s %s --key fit --budgets 32 2> %s.err", in, out,
-             out);
-    cr_assert_neq(system(cmd), 0, "%s", cmd);
-    snprintf(cmd, sizeof cmd, "%s.tmp", out);
-    cr_assert(access(out, F_OK) != 0 && access(cmd, F_OK) != 0, "output written despite the error");
-    snprintf(cmd, sizeof cmd, "%s.err", out);
-    cr_assert_eq(file_read_all(cmd, 4096, &text, &len), ER_OK);
-    cr_assert(strstr(text, in) && strstr(text, "--tokenizer") && strchr(text, '\n') == text + len - 1, "%s", text);
-    er_free(text);
-    unlink(cmd);
+    char *err = budget_records_refused(in, out, "--key fit --budgets 32");
+    cr_assert(strstr(err, in) && strstr(err, "--tokenizer"), "%s", err);
+    er_free(err);
     unlink(in);
     tok_free(tok);
 }
