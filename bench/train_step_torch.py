@@ -51,7 +51,7 @@ def _threads_from_argv():
 # torch loads it; otherwise --threads 1 would quietly run its GEMMs on every core.
 # torch's elementwise ops run on an OpenMP pool and its GEMMs on OpenBLAS's own pthread pool; with
 # both pools the size of the machine, OpenMP threads spinning after a parallel loop steal the cores
-# the BLAS threads need (measured: ~1.5x slower steps), so let idle OpenMP threads sleep instead.
+# the BLAS threads need, so let idle OpenMP threads sleep instead.
 _N = _threads_from_argv()
 if _N:
     for _k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -127,8 +127,8 @@ class Block(nn.Module):
         h = F.linear(x2, A)                                                     # (N, k*r)
         # + scale * h @ B^T with B = blockdiag(B_q, B_k, B_v) (or one B): one GEMM whose input
         # gradient passes straight to the fused output, instead of per-module addmms on column slices
-        # whose gradients autograd would scatter into zero-filled full-width tensors and sum (measured
-        # ~13% slower on the 0.5B shape); the off-diagonal zeros cost (k-1)/k of a rank-r GEMM
+        # whose gradients autograd would scatter into zero-filled full-width tensors and sum (slower);
+        # the off-diagonal zeros cost (k-1)/k of a rank-r GEMM
         Bm = mods[0].B if len(mods) == 1 else torch.block_diag(*[m.B for m in mods])   # (sum of widths, k*r)
         return torch.addmm(y2, h, Bm.t(), alpha=self.scale).view(B, T, -1).split(widths, dim=-1)
 

@@ -36,7 +36,7 @@ void er_clear_error(void);
 __attribute__((visibility("default"))) const char *er_last_error(void);
 __attribute__((visibility("default"))) const char *er_status_name(int status);
 
-// One error style (DESIGN.md, Conventions):
+// One error style (docs/design.md, Conventions):
 // - straight-line code that owns nothing propagates a negative status with ER_TRY;
 // - a function that owns resources has one `int rc = ER_OK;`, one `done:` label that frees them all
 //   (every *_free is safe on a zeroed struct, so cleanup needs no flags) and ER_CHECK in between.

@@ -427,7 +427,7 @@ static int next_token(Engine *e, Sampler *sp, const GenConfig *g, SampleState *s
 }
 
 // The next tokens of the samples idx[0 .. n-1] from the logits rows (n, V), the rows split across the
-// engine's samplers (8 rows over the 151936-token vocabulary were 10% of a batched rollout step on one thread).
+// engine's samplers (on one thread, 8 rows over a 151936-token vocabulary are a tenth of a batched rollout step).
 // Each sample draws from its own RNG stream, so the tokens do not depend on the split. On failure the
 // error of the lowest failing row is the one reported, as a serial loop would.
 static int next_tokens(Engine *e, const GenConfig *g, SampleState *st, GenSample *out, const int *idx, int n,

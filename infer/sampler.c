@@ -41,8 +41,8 @@ static inline float weight_kept(float z, uint32_t tb, int *kept) {
 
 // w = exp(z) where z = (l - m) / T >= thr, else 0   w, l (V); thr <= 0 or -inf (keep all).
 // Returns how many were kept. Chunks of 16: 512-bit vectors where the CPU has them (twice the speed of
-// 8, the same values lane by lane). At T = 1 the division is left out (x / 1 is x): it took a fifth of
-// the time.
+// 8, the same values lane by lane). At T = 1 the division, a fifth of the loop's time, is left out (x / 1
+// is x).
 static int weights_compute(float *restrict w, const float *restrict l, int V, float m, float T, float thr) {
     uint32_t tb = f32_bits(thr) & 0x7fffffffu;
     int kept16[16] = {0};

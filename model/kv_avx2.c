@@ -1,8 +1,8 @@
 // AVX2 int8 KV attention kernels (x86-64 built with AVX2 + FMA), the model/kv_kernel.h table there, tested
 // against the portable ones. The keys and values are int8 and the queries and weights fp32, so the int8
 // entries are widened in registers (vpmovsxbd, vcvtdq2ps) and multiplied in fp32 (FMA), each widened
-// register serving several query heads of the KV head's group (the widening was 3 of the 4 instructions
-// per 8 products with one head):
+// register serving several query heads of the KV head's group (with one head the widening is 3 of the 4
+// instructions per 8 products):
 //   - scores: four positions at a time, one accumulator each per head over HS, reduced together by two
 //     rounds of vhaddps into one 4-lane vector, so the horizontal sums cost a quarter of one per position;
 //     KV_SCORE_HEADS heads per pass over the block (their 4 accumulators each, the 4 keys and a query: 29 of
@@ -14,8 +14,7 @@
 // Both are memory-light: a position's int8 keys are a quarter of the fp32 cache's bytes. Built with AVX-512, a
 // second table (kv_i8_avx512, the one kv_attention_forward takes) does the same arithmetic 16 lanes wide: two
 // positions' keys per register in the scores, 16 output elements per register in the values; its outputs are
-// the AVX2 table's bits (tests/model compares them byte for byte). One layer of attention for 8 samples at 288
-// positions (0.5B shape, one thread): 181-186 -> 123-125 us.
+// the AVX2 table's bits (tests/model compares them byte for byte).
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 

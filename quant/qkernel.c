@@ -280,7 +280,7 @@ static inline __attribute__((always_inline)) void qrow_q4g(__m256 *acc, float *t
     const __m256i m15 = _mm256_set1_epi32(15);
     int k;
     // Dequantize 8 codes with one FMA (u * s + z), then into the accumulators. (Summing u·x per group
-    // and scaling once per group measured no faster at N = 1 and slower at N = 8.)
+    // and scaling once per group is no faster at N = 1 and slower at N = 8.)
     int G = w->group, ng = K / G; // G % 16 == 0 here
     const uint16_t *gs = w->gscale + (size_t)r * ng, *gz = w->gzero + (size_t)r * ng;
     for (int g = 0; g < ng; g++) {
@@ -563,7 +563,7 @@ static inline __attribute__((always_inline)) void qrow_i8_q8(float *out, int R, 
         acc[i] = _mm256_setzero_ps();
     const int8_t *row = (const int8_t *)w->data + (size_t)r * K;
     for (int c = 0; c < K / 64; c++) {
-        if (N > 1) // two rows ahead: the 0.5B shape's N = 8 pass 30.3-33.4 -> 27.3-30.7 ms; nothing at N = 1
+        if (N > 1) // two rows ahead: it pays at N = 8, not at N = 1
             qk_prefetch((uintptr_t)row + 2 * (size_t)K + 64 * c);
         const int8_t *p = row + 64 * c;
         __m256i v0 = _mm256_loadu2_m128i((const __m128i *)(p + 32), (const __m128i *)p);
@@ -598,8 +598,8 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
 }
 
 // The q4 / q4g32 rows go in pairs where the inputs (N * K codes and N * K / 2 bytes of scales) no longer
-// fit in L1 and past QK_I8_PAIR_COLS columns: the 896 x 4864 down projection at N = 8 runs 1.3-1.4x faster
-// in pairs, the 896-wide products 10% slower. Pairs need AVX-512's registers (16 accumulators at N = 8).
+// fit in L1 and past QK_I8_PAIR_COLS columns: there (the 4864-wide down projection) pairs pay, on 896-wide
+// products they cost. Pairs need AVX-512's registers (16 accumulators at N = 8).
 #if defined(__AVX512VL__)
 #define QK_I8_PAIR_COLS 2048
 #else
@@ -639,8 +639,8 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
 // and FMA serve both rows, which halves the instructions per weight that bound these products at N = 8. Each half
 // computes what qrow_i8_q4 computes for its row, in the same order (the NEON kernels' order too).
 // QK_I8_PAIRS pairs per pass (at N = 8, 16 accumulators, 4 code registers and an input's 3 in the 32
-// registers). At every N: with the next block prefetched, the 0.5B shape's N = 1 pass runs as fast as the
-// one-row kernel's (q4) or 22-25% faster (q4g32); without, it ran 15-20% slower.
+// registers). At every N: with the next block prefetched, pairs are no slower than the one-row kernel even at
+// N = 1 (without the prefetch they would be).
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #define QK_I8_PAIRS 2
 
@@ -669,7 +669,7 @@ static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R
         acc[i] = _mm512_setzero_ps();
     const __m512i m15 = _mm512_set1_epi8(15);
     for (int c = 0; c < K / 64; c++) {
-        if (P == QK_I8_PAIRS) { // the next block, as pairs_block does: N = 8 pass 17.7-19.4 -> 12.8-15.0 ms
+        if (P == QK_I8_PAIRS) { // the next block, as pairs_block does
             uintptr_t nx = (uintptr_t)row[0] + (size_t)2 * P * (K / 2) + 128 * (size_t)c;
             qk_prefetch(nx);
             qk_prefetch(nx + 64);
@@ -734,9 +734,8 @@ QK_I8_PAIRS_FN(WF_Q4G, qk_i8_pairs_q4g)
 #endif
 
 // From N = 2 the tiles ask for their bytes QK_TILE_PREFETCH ahead (a thread's tiles are one contiguous run):
-// there the products run long enough per byte that the hardware prefetcher alone left the loads waiting. In
-// the engine at N = 8 (0.5B shape, 2 threads) the 896 x 4864 q4 product went from 141-143 to 109 us and the
-// 151936 x 896 q8 lm_head from 3.6-3.9 to 3.0 ms; 1-4 KiB ahead paid half as much. At N = 1 it did not pay.
+// there the products run long enough per byte that the hardware prefetcher alone leaves the loads waiting.
+// 16 KiB ahead pays more than 1-4 KiB; at N = 1 prefetching does not pay.
 #define QK_TILE_PREFETCH 16384
 #define QK_TILE_PREFETCH_N 2
 
@@ -859,9 +858,8 @@ static inline __attribute__((always_inline)) void qtile_i8_q8(float *out, int R,
 _Static_assert(QUANT_TILE_MAX_COLS * QUANT_DECODE_MAX_N <= QK_ACT_BYTES, "tiled rows wider than the int8 inputs");
 
 // Smaller tiled products run on one thread: handing half of one to a second thread (the region, and the inputs
-// crossing to the other core) cost more than the half saved. 2 threads, 896 columns, q4, one thread vs two:
-// 128 rows 2.7-3.3 vs 4.7 us at N = 1 and 7.7 vs 10.8 at N = 8; 384 rows 4.9 vs 5.3 and 13.3 vs 12.5; 512 rows
-// 5.9 vs 5.8 and 16.7 vs 14.6 (the 0.5B shape's k and v projections are 128 rows, 57 KB).
+// crossing to the other core) costs more than the half saved below about 192 KiB of weights (896-column q4:
+// between 384 and 512 rows; the 0.5B shape's k and v projections are 128 rows, 57 KB).
 #define QK_TILES_PARALLEL_BYTES (192 << 10)
 
 static void qk_i8_tiles(float *out, const Weight *w, const QkActs *a, int N) {
@@ -954,8 +952,8 @@ static void qk_i8_pairs_q8(float *out, const Weight *w, const QkActs *a, int N) 
     QK_PAIRS_ROWS(qpairs_i8_q8, QK_I8_PAIRS, WF_Q8, out, R, r0, w, a, xl, K)
 }
 
-// q8 at N = 1 keeps qrow_i8_q8, one row streamed at a time: the 151936 x 896 lm_head took 2.3-2.6 ms there and
-// 2.7-2.9 ms in pairs (4.2-4.9 without the prefetch); at N = 8 6.8 -> 4.0-4.4 ms in pairs.
+// q8 at N = 1 keeps qrow_i8_q8, one row streamed at a time, which beats the pairs there (the lm_head); from
+// N = 2 the pairs win.
 #define QK_I8_TAKE_PAIRS(FMT)                                                                               \
     if (FMT != WF_Q8 || N > 1) {                                                                            \
         (FMT == WF_Q8 ? qk_i8_pairs_q8 : FMT == WF_Q4 ? qk_i8_pairs_q4 : qk_i8_pairs_q4g)(out, w, &a, N);   \
@@ -1041,8 +1039,8 @@ static inline float elem_f32(const void *row, int j, const WeightFormat fmt) {
 
 // gemm_lanes_sum of each half of the P accumulators acc[0], acc[N], acc[2N] (P <= 3): lane i holds row i's
 // sum (row 2p in half 0 of acc[pN], 2p + 1 in half 1), each in gemm_lanes_sum's order, ((l0 + l1) + (l2 + l3)) +
-// ((l4 + l5) + (l6 + l7)), by shuffles of all the halves at once (the 48 lane-by-lane sums of a block at N = 8
-// took 40% of the 151936 x 256 product's time).
+// ((l4 + l5) + (l6 + l7)), by shuffles of all the halves at once (summed lane by lane, a block's 48 sums at
+// N = 8 would be a large share of a short-K product's time).
 static inline __m512 pairs_sums(const __m512 *acc, int N, const int P) {
     __m512 a0 = acc[0], a1 = P > 1 ? acc[N] : a0, a2 = P > 2 ? acc[2 * N] : a0;
     // per 128-bit quarter: (x0 + x1, x2 + x3, y0 + y1, y2 + y3) of x = a0, y = a1; then of a2, a2
@@ -1069,8 +1067,7 @@ static inline __attribute__((always_inline)) void pairs_block(float *out, int R,
         acc[i] = _mm512_setzero_ps();
     int K8 = K & ~7;
     // fp32: the next block is prefetched at the pace this one is read (the hardware prefetcher does not keep
-    // 6 row streams ahead): the 0.5B shape's N = 8 pass went from 68-70 to 58-62 ms in alternating runs. Not
-    // bf16, which ran 5-15% slower with it.
+    // 6 row streams ahead). Not bf16, which is slower with it.
     uintptr_t next = (uintptr_t)row[0] + 2 * P * rb;
     for (int k = 0; k < K8; k += 8) {
         if (fmt == WF_F32)
@@ -1117,8 +1114,7 @@ static QK_PAIRS_KERNEL(WF_F32, qk_pairs_f32)
 static QK_PAIRS_KERNEL(WF_BF16, qk_pairs_bf16)
 
 // One input row is bound by the weight stream, which one row at a time reads best (the portable fp32
-// product, the bf16 kernel above; a bf16 pass 1.3x faster that way at N = 1 on the 0.5B shape); the pairs
-// from N = 2 on.
+// product, the bf16 kernel above); the pairs from N = 2 on.
 int qk_decode_simd_f32(float *out, const float *inp, const Weight *w, int N) {
     return N == 1 ? WEIGHT_DECODE_DECLINED : qk_pairs_f32(out, inp, w, N);
 }

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-// R_budget(L) (DESIGN.md): 1 up to L_low = (1-m)B, linear down to p at L_high = (1+m)B, p above.
+// R_budget(L) (docs/design.md): 1 up to L_low = (1-m)B, linear down to p at L_high = (1+m)B, p above.
 double reward_budget(int L, int B, double m, double p);
 // R = R_acc x R_budget(L), R_acc in {0, 1}.
 double reward_total(int correct, int L, int B, double m, double p);

@@ -14,9 +14,9 @@
 #     the base has seen the trace vocabulary and the step arithmetic ("19 * 5 = 95"). A base that
 #     never sees those tokens leaves their tied embeddings at random, and masked-LoRA SFT on verbose
 #     traces (adapter off on the prompt, embeddings frozen) stalls.
-# MIX=budget (an experiment, README "Budget tracking"): half of the raw texts state a budget after the
-# problem and follow it (concise trace up to 64 tokens, verbose above), so the base passes the number
-# on to its prompt states, where a masked adapter can read it.
+# MIX=budget (an experiment, docs/experiments.md "Does the length follow the stated budget?"): half of the raw
+# texts state a budget after the problem and follow it (concise trace up to 64 tokens, verbose above), so the
+# base passes the number on to its prompt states, where a masked adapter can read it.
 # MIX=cot: every record once more as a chat conversation whose assistant turn opens the thinking
 # ("<think>\n", the reasoning prefix SFT forces) and reasons briefly (the concise trace), as instruct
 # models do when asked to think. The base's chat prompt states then serve step-by-step reading of the
@@ -25,13 +25,14 @@
 # its thinking. models/tiny-cot is this mix (its README.md).
 # MIX=cotbudget: as cot, but every thinking record states a budget and follows it: at 32 tokens the running
 # values only (the terse trace, "27 21 26\nAnswer: 26"), above it the concise trace. The base's prompt states then
-# carry the number, which a masked adapter reads to follow the budget (README "Budget tracking"). Such a base
-# answers one-step problems directly and opens its thinking on longer ones when a budget is stated.
+# carry the number, which a masked adapter reads to follow the budget (docs/experiments.md "Does the length
+# follow the stated budget?"). Such a base answers one-step problems directly and opens its thinking on longer
+# ones when a budget is stated.
 # models/tiny-cotbudget is this mix at STEPS=7200, models/tiny-cotbudget-14k at 14400, and
 # models/tiny-cotbudget-21k (make paper's base) that run resumed to 21600 (their README.md files).
-# MIX=cotfit (an experiment, README "`make paper`"): as cotbudget, but above 32 tokens the concise trace only where
-# it fits the budget in tokens, else the terse one (at 64 the chains of 6-8 steps), so that the base's thinking
-# fits an enforced budget too.
+# MIX=cotfit (an experiment, docs/experiments.md "The enforced-budget miss"): as cotbudget, but above 32 tokens
+# the concise trace only where it fits the budget in tokens, else the terse one (at 64 the chains of 6-8 steps), so
+# that the base's thinking fits an enforced budget too.
 #
 # Usage: scripts/build_tiny_base.sh            full base (~27 min on one core)
 #        QUICK=1 scripts/build_tiny_base.sh    tiny variant for CI (seconds); cache runs/tiny-base-quick

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the one-way layering of DESIGN.md on the sources.
+"""Checks the one-way layering of docs/design.md on the sources.
 
 1. Includes: a file in folder X includes only headers of the folders X may use.
 2. Declarations: every function a header of folder X declares is defined in a folder X may use

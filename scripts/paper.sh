@@ -27,22 +27,18 @@ fi
 # The base: models/tiny-cotbudget-21k, the tiny base pretrained with chat-format thinking that states a budget
 # and follows it (MIX=cotbudget in scripts/build_tiny_base.sh, 14400 steps, then resumed to 21600: its README.md;
 # terse trace at 32 tokens, concise above), so that a masked adapter can read the budget from the prompt states.
-# Chosen on 1000 validation problems (seed 37, k = 1..8, greedy) by masked against --no-mask SFT at 600 steps,
-# B = 64: models/tiny-cot 70.6% vs 77.3%, this mix at 3600 steps 74.7% vs 77.2%, at 7200 (models/tiny-cotbudget)
-# 89.9% vs 91.6%, at 14400 (models/tiny-cotbudget-14k) 97.6% vs 98.6%, at 21600 98.5% vs 99.2%; and by GRPO with
-# the SFT records below, same split, B = 32 / 64 / 128: 21600 steps 92.7 / 99.7 / 99.8%, 14400 89.5 / 99.6 / 99.6%,
-# 7200 74.7 / 99.4 / 99.5%, all at 17.0 / 46.2 / 46.2 tokens (3600 steps: 33.1 / 96.4 / 97.1% at 22.4 / 46.1 /
-# 46.1); models/tiny-cot one length at every budget (47.3 tokens in a make paper run on it).
+# Chosen on 1000 validation problems (seed 37, k = 1..8, greedy): of the tiny bases it gives masked SFT the
+# smallest gap to --no-mask and GRPO the highest accuracy at every budget, while on models/tiny-cot GRPO gives one
+# length at every budget (the numbers: docs/experiments.md "The tiny bases" and the models' README.md files).
 BASE=${PAPER_BASE:-models/tiny-cotbudget-21k}
-# Also chosen on that split: SFT_STEPS (masked SFT on models/tiny-base 29.5% at 150 steps, 33.2% at 300, 40.1% at
-# 600; on models/tiny-cot 54.1% at 300, 70.6% at 600; every SFT here runs as many) and the W4 base's transforms
-# (models/tiny-base, QAMR at 150 steps: none 27.6%, closed-form fpt 27.2%, trained fpt 27.2%).
+# Also chosen on that split (docs/experiments.md "Settings chosen on validation"): SFT_STEPS (masked SFT is still
+# gaining at 600 steps; every SFT here runs as many) and the W4 base's transforms (none: fpt, closed-form or
+# trained, gives QAMR no gain on the tiny base).
 W4_TRANSFORMS=none
 # And the SFT records' responses: verbose traces, 2% direct answers and 4% the budget's short form (terse at 32,
 # concise at 64 and 128), so that the adapter holds the short forms GRPO can move to, each tied to the budget it
-# serves. Validation, on models/tiny-cot, B = 64: verbose only, SFT 70.6% at 147.4 tokens -> GRPO 81.6% at 62.3
-# (2.37x); 2% concise and 2% direct, 68.4% at 142.6 -> 85.2% at 46.2 (3.09x). On this base, 2% each of concise,
-# terse and direct drawn at every budget: GRPO 90.0 / 92.0 / 92.1% at 53.8 tokens for every budget.
+# serves: with no short forms GRPO shortens less, and short forms drawn at every budget make GRPO give one length
+# for every budget (validation numbers: docs/experiments.md "Settings chosen on validation").
 SFT_KEYS=terse@32:4,concise@64:4,concise@128:4,direct:2,verbose:94
 BUDGETS="32 64 128"
 EVAL_BUDGET=64                       # the budget stated where a single one is needed

@@ -4,7 +4,7 @@
 //   loss mask    1 where the target is a response token or the end token (SFT), or everywhere
 //                (pretraining and QAT: every token of the conversation);
 //   adapter mask 0 on prompt input positions, 1 from the first prefix token on (the masked-LoRA
-//                rule, shared/DESIGN.md), or 1 everywhere for standard LoRA (--no-mask).
+//                rule, docs/design.md), or 1 everywhere for standard LoRA (--no-mask).
 // A raw-text Example ({"text"} record) is [text tokens] [<|endoftext|>] with no chat template: loss on
 // every position, n_prompt = n_prefix = 0. Only pretraining and QAT (loss_all) take it; SFT refuses it,
 // since it has no response to train an adapter on.

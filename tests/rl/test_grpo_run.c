@@ -208,7 +208,7 @@ Test(grpo_run, inputs_checked_before_step_one, .init = make_inputs, .fini = remo
     cr_assert(!path_exists(out), "a refused run left %s behind", out);
 
     // --seq-len 0 (the default) sizes the sequences from the budgets: 1000 and 3000 need about 3.6K
-    // positions, which the old default of 1024 refused; the model's 512 positions still refuse them.
+    // positions, which a fixed 1024 would refuse; the model's 512 positions still refuse them.
     config(&c, out, sizeof out, "v", paths);
     c.seq_len = 0;
     c.budgets = "1000,3000";

@@ -30,7 +30,7 @@ Test(heads_cli, bad_inputs_fail_cleanly) {
         {"--data '%s'", "nothing to train"},
         {"--data '%s' --switcher-out /tmp/never --kv int4", "--kv"},
         {"--data '%s/nope.jsonl' --switcher-out /tmp/never", "nope.jsonl"},
-        // accepted silently before: one head overwriting the other, no records to calibrate on
+        // refused: one head would overwrite the other; no records to calibrate on
         {"--data '%s' --switcher-out /tmp/er_h_same --verifier-out /tmp/../tmp/er_h_same", "would overwrite"},
         {"--data '%s' --switcher-out /tmp/never --val-split 0", "--val-split"},
     };

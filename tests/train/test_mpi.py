@@ -8,7 +8,7 @@ Each check runs the same command as one plain process and under `mpirun -np 2` (
 the short last batch of an epoch leaves ranks without a row) and compares what rank 0 wrote:
   - sft, pretrain, qat: loss, gradient norm, held-out loss and token counts of every step, and the
     trained parameters (the adapter, the model, qat's master weights in its checkpoint), within 1e-6
-    relative: the runs differ only in the order the gradient is summed (not bitwise: see README); qat's
+    relative: the runs differ only in the order the gradient is summed (not bitwise: see docs/mpi.md); qat's
     steps after the first within 1e-5 (its fake quantizer rounds weights that differ in the last bits);
   - grpo, every loss type, 5 steps: the same rollouts (rollout_hash: the tokens of every completion),
     rewards, accuracy and lengths exactly, loss and adapter within 1e-6;
