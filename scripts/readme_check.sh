@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs the README's pipeline ("The pipeline, step by step") as written on the tiny default: the one
-# block of commands, with M, BUDGETS and B set as its comments say for models/tiny-base and the step
-# and record counts shortened (the only edits). Each command runs in a scratch dir holding links to
-# build/, scripts/ and models/, so nothing in the checkout is touched; any failing command fails this.
+# Checks the documents (scripts/check_docs.py: every relative link in README.md and docs/*.md resolves,
+# nothing points to ../shared, the README stays short), then runs the README's pipeline ("The pipeline on
+# a real model") as written on the tiny default: the one block of commands, with M, BUDGETS and B set
+# as its comments say for models/tiny-base and the step and record counts shortened (the only edits).
+# Each command runs in a scratch dir holding links to build/, scripts/ and models/, so nothing in the
+# checkout is touched; any failing command fails this.
 #   scripts/readme_check.sh [BUILD_DIR]      (default build; the binaries must be built)
 #   KEEP=1 scripts/readme_check.sh           keeps the scratch dir and its log.txt
 set -euo pipefail
@@ -12,7 +14,8 @@ cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 ROOT=$PWD
 BIN=${1:-build}
-block=$(awk '/^## The pipeline, step by step/{f=1} f&&/^```sh$/{g=1; next} g&&/^```$/{exit} g{print}' README.md)
+python3 scripts/check_docs.py
+block=$(awk '/^## The pipeline on a real model/{f=1} f&&/^```sh$/{g=1; next} g&&/^```$/{exit} g{print}' README.md)
 [ -n "$block" ] || { echo "readme_check: no pipeline block in README.md" >&2; exit 1; }
 script=$(printf '%s\n' "$block" | sed -E \
   -e 's|^M=[^ ]*|M=models/tiny-base|' -e 's|^BUDGETS=[^ ]*|BUDGETS=32,64,128|' -e 's|^B=[^ ]*|B=64|' \
