@@ -18,6 +18,9 @@
 #   make fuzz            libFuzzer targets (tests/fuzz/, clang, ASan + UBSan), FUZZ_TIME s each (default 30)
 #   make fuzz FUZZ_TARGETS=fuzz_config   one target (or a list); make fuzz-build only builds them (build/fuzz/)
 
+# A bare `make` builds the programs and libraries (the rule `all` below) and nothing else.
+.DEFAULT_GOAL := all
+
 ARCH ?= -march=native
 SAN ?= 0
 BLAS ?= 1
@@ -148,7 +151,7 @@ test-aarch64-run: all $(BUILD)/test_all ref
 	QEMU_CPU=neoverse-n1 $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_N1_SUITES)))/*'
 	bash scripts/aarch64_tokens.sh build/noblas/notiles $(BUILD)
 
-# Two libraries, one way up (DESIGN.md): liberinfer is the on-device runtime and links alone (no
+# Two libraries, one way up (docs/design.md): liberinfer is the on-device runtime and links alone (no
 # training object, no BLAS needed: `make BLAS=0`); libertrain is the training tier above it. The
 # entry points sit on top: infer/cli*.c is erinfer, ertrain/ is ertrain.
 RUNTIME_DIRS := core quant lora model data infer
@@ -216,7 +219,7 @@ $(BUILD)/liberinfer.ok: $(RUNTIME_LIB)
 	  { cat $(BUILD)/liberinfer-check.log; echo "$<: does not link alone (see above)"; exit 1; }
 	rm -f $(BUILD)/liberinfer-check $(BUILD)/liberinfer-check.c && touch $@
 
-# Library code never prints, exits or aborts (DESIGN.md): no object of either library refers to
+# Library code never prints, exits or aborts (docs/design.md): no object of either library refers to
 # stdout, stderr, printf, puts, exit or abort (streams come from the caller).
 LIB_FORBIDDEN := stdout stderr printf puts putchar perror vprintf exit abort
 $(BUILD)/libs-quiet.ok: $(RUNTIME_LIB) $(TRAIN_LIB)
@@ -255,7 +258,7 @@ test:
 	$(MAKE) --no-print-directory test-run
 
 # Two test jobs at once, each with OpenMP threads: waiting threads sleep instead of spinning on the
-# cores the other job needs (the suite takes 11 s that way on 2 cores, 74 s spinning).
+# cores the other job needs (spinning makes the suite several times slower on 2 cores).
 test-run: all $(BUILD)/test_all ref check-source
 	OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(BUILD)/test_all --jobs 2
 

@@ -18,7 +18,8 @@
 // model (the merge): the merged float model computes the same logits (fp32 rounding aside), which it
 // checks on a calibration sequence before returning.
 //
-// Training, as the paper does it, in two stages, straight-through estimator through the quantizer:
+// Training in the paper's two stages, straight-through estimator through the quantizer. The local stage's
+// objective is data-aware where the paper's is data-free (an L4 norm of the merged weights):
 //   local (per layer projection, on calibration activations): minimise the mean over the rows of every
 //        layer projection of the row's relative output error (e H' eᵀ) / (w H' wᵀ), e = Q(w) - w the
 //        fake quantizer's error (c->q's formats, unweighted, without GPTQ) of the transformed row w and

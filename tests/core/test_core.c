@@ -670,25 +670,42 @@ Test(progress, resumed_run_counts_the_runs_steps) {
     er_free(text);
 }
 
+// The make the tests start must not inherit the caller's: under a parent `make -j2` a child make reads
+// its jobserver from MAKEFLAGS and prints "make[2]: warning: jobserver unavailable" before anything else.
+#define MAKE_ALONE "env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make"
+
+// The first line a shell command prints (empty when it prints nothing).
+static void first_line_of(const char *cmd, char *line, size_t size) {
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "popen failed: %s", cmd);
+    if (!fgets(line, (int)size, p))
+        line[0] = 0;
+    while (fgetc(p) != EOF) {
+    }
+    pclose(p);
+}
+
 // `make test` on a fresh machine failed at once (cjson/cJSON.h missing): test, bench, demo and fuzz
 // must run scripts/deps.sh before anything else (a dry run shows what each would run first).
 Test(build, make_targets_install_their_packages_first) {
     const char *targets[] = {"test", "bench", "demo", "fuzz"};
     for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
-        char cmd[128], line[512] = "";
-        snprintf(cmd, sizeof cmd, "make -n --no-print-directory %s 2>&1", targets[i]);
-        FILE *p = popen(cmd, "r");
-        cr_assert(p, "popen failed");
-        if (!fgets(line, sizeof line, p))
-            line[0] = 0;
-        while (fgetc(p) != EOF) {
-        }
-        pclose(p);
+        char cmd[128], line[512];
+        snprintf(cmd, sizeof cmd, MAKE_ALONE " -n --no-print-directory %s 2>&1", targets[i]);
+        first_line_of(cmd, line, sizeof line);
         const char *cmd0 = line; // past leading NAME=value settings (MPI=1 bash scripts/deps.sh)
         while (strchr(cmd0, '=') && strchr(cmd0, ' ') && strchr(cmd0, '=') < strchr(cmd0, ' '))
             cmd0 = strchr(cmd0, ' ') + 1;
         cr_assert(strncmp(cmd0, "bash scripts/deps.sh", 20) == 0, "`make %s` first runs: %s", targets[i], line);
     }
+}
+
+// A bare `make` builds the programs and libraries and nothing else: it once took the first rule of the
+// Makefile, test-aarch64, which installs a cross toolchain and runs the suites under qemu.
+Test(build, bare_make_builds_all) {
+    char line[512];
+    first_line_of(MAKE_ALONE " -pnq 2>/dev/null | grep '^\\.DEFAULT_GOAL'", line, sizeof line);
+    cr_assert_str_eq(line, ".DEFAULT_GOAL := all\n", "the default goal: %s", line);
 }
 
 // The shuffled four-way lane sum is the scalar one bit for bit (the attention kernels' dots rely on it):
