@@ -321,6 +321,8 @@ set autoscale
     def write(self):
         a = self.a
         head = [f"# Demo results{' (QUICK=1: wiring check, not quality)' if a.quick else ''}", "",
+                "Read this to see every stage of the pipeline measured side by side on the committed tiny base; "
+                "the analysis of these effects and the `make paper` run are in docs/experiments.md.", "",
                 f"Made by `make demo{' QUICK=1' if a.quick else ''}` (scripts/demo.sh) in {a.seconds} s; every "
                 f"number below comes from that run's files in `{a.out}`.", ""]
         write_report(a.results, "\n".join(head + self.lines) + "\n")

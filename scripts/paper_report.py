@@ -223,6 +223,9 @@ set autoscale
     def write(self):
         a = self.a
         head = [f"# The paper's effects at small scale{' (QUICK=1: wiring check, not quality)' if a.quick else ''}",
+                "", "Read this to see each of the method's effects measured against its target on fresh held-out "
+                "problems, with the commands to rerun them; why the missed targets are missed is in "
+                "docs/experiments.md.",
                 "", f"Made by `make paper{' QUICK=1' if a.quick else ''}` (scripts/paper.sh) in {a.seconds} s on "
                 f"`{a.base}` (load average {a.load if a.load is not None else os.getloadavg()[1]:.1f} over its last 5 minutes); "
                 f"every number below comes from that run's files in `{a.out}`. Held-out problems "

@@ -577,6 +577,8 @@ def target_lines(t):
     return L
 
 L = ["# Quantization table\n"]
+L.append("Read this to compare the weight formats and transforms on one base: size, held-out NLL, accuracy with a "
+         "reasoning adapter, decode speed; docs/quantization.md explains each row.\n")
 L.append("Base `%s`; adapters: masked-LoRA SFT, %s steps at lr %s on `%s`; QAT: %s steps on `%s` (Fisher-weighted codebooks). "
          "Quantize rows: calibration `%s` (first %s records: Fisher weighting, GPTQ codes for q2lut, fpt-trained's "
          "%s local + %s end-to-end steps), int8 embeddings, 8-bit lm_head for the q4 rows. Accuracy: `erinfer eval`, "
