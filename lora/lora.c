@@ -7,6 +7,8 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/gemm.h"
+#include "core/threads.h"
+#include "quant/quant.h"
 
 static const char *target_names[LT_COUNT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
@@ -127,8 +129,32 @@ void lora_zero_grad(LoraAdapter *a) {
         memset(a->grads, 0, a->n_params * sizeof(float));
 }
 
+// Decode-sized passes sum every row alone with the decode kernels' dot product, so a row's result does not
+// depend on the rows beside it (a batched decode step gives each request the bits it gets alone); a BLAS
+// sgemm picks its kernel by the row count, which changes the last bits on some CPUs.
+static void lora_forward_rows(float *out, float *h, const float *x, const LoraMat *m, int r, float scale,
+                              const uint8_t *mask, int N) {
+    for (int n = 0; n < N; n++) {
+        float *hn = h + (size_t)n * r; // (r)
+        if (mask && !mask[n]) {
+            memset(hn, 0, sizeof(float) * r);
+            continue;
+        }
+        for (int j = 0; j < r; j++)
+            hn[j] = gemm_dot_f32(x + (size_t)n * m->in, m->A + (size_t)j * m->in, m->in);
+        float *on = out + (size_t)n * m->out; // (out)
+#pragma omp parallel for schedule(static) if ((long)m->out * r >= THREADS_MIN_WORK)
+        for (int o = 0; o < m->out; o++)
+            on[o] += scale * gemm_dot_f32(hn, m->B + (size_t)o * r, r);
+    }
+}
+
 int lora_forward(float *out, float *h, const float *x, const LoraMat *m, int r, float scale, const uint8_t *mask,
                  int N) {
+    if (N <= QUANT_DECODE_MAX_N) {
+        lora_forward_rows(out, h, x, m, r, scale, mask, N);
+        return ER_OK;
+    }
     // h = x·Aᵀ for every row (masked rows are zeroed so the backward sees exactly what was used).
     gemm_f32(0, 1, N, r, m->in, 1.0f, x, m->in, m->A, m->in, 0.0f, h, r);
     if (mask)
