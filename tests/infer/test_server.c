@@ -255,7 +255,8 @@ Test(server, bad_requests_are_refused) {
     ServeError e;
     cr_expect_eq(serve_parse_request(deep.p, deep.n, 1, CHAT_CHATML, tok, &test_limits, &r, &e), -1);
     cr_expect_eq(e.status, 400);
-    cr_expect_eq(serve_json_depth("{\"a\": \"[[[{{\\\"\"}", 18), 1, "brackets inside strings do not count");
+    const char *in_string = "{\"a\": \"[[[{{\\\"\"}";
+    cr_expect_eq(serve_json_depth(in_string, strlen(in_string)), 1, "brackets inside strings do not count");
     // A prompt and max_tokens beyond the context are refused with the token count.
     ServeLimits small = test_limits;
     small.context = 40;
