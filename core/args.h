@@ -31,8 +31,17 @@ typedef struct {
     const char *help;
 } ArgCommand;
 
-// Runs the named command; lists the commands for --help (stdout, status 0) or when the command is
-// missing or unknown (stderr, status 1).
+// The error line of a command without the command's own name in front when the message repeats it
+// ("quantize: the model ..." under "ertrain quantize:"): msg, or a pointer into it.
+const char *args_error_text(const char *cmd, const char *msg);
+
+// A command that succeeded but whose stdout could not be written (a full disk, a closed pipe) fails:
+// flushes stdout and, when that or an earlier write failed, prints one line naming stdout and returns 1;
+// else returns status.
+int args_check_stdout(const char *prog, const char *cmd, int status);
+
+// Runs the named command (its status through args_check_stdout); lists the commands for --help (stdout,
+// status 0) or when the command is missing or unknown (stderr, status 1).
 int args_dispatch(const char *prog, const ArgCommand *cmds, int n, int argc, char **argv);
 
 #endif

@@ -31,8 +31,8 @@ typedef struct {
 
 static char *dir_of(const char *path) {
     const char *slash = strrchr(path, '/');
-    if (!slash)
-        return er_strdup(".");
+    if (!slash || slash == path)
+        return er_strdup(slash ? "/" : ".");
     char *d = er_alloc((size_t)(slash - path) + 1);
     if (d) {
         memcpy(d, path, (size_t)(slash - path));
@@ -152,6 +152,30 @@ static int parse_flags(int argc, char **argv, HeadsFlags *f) {
                       "[--verifier-out FILE] [--derive-labels] [--target-recall R] [--samples 16] [...]");
 }
 
+// A head's two files (NAME.safetensors and NAME.json, as model/head.c names them), checked before any work:
+// each must be a path that can be written, and no input file.
+static int check_head_out(const char *out, const HeadsConfig *h) {
+    size_t n = strlen(out), sfx = strlen(".safetensors");
+    if (n >= sfx && strcmp(out + n - sfx, ".safetensors") == 0)
+        n -= sfx;
+    static const char *ext[] = {".safetensors", ".json"};
+    for (int i = 0; i < 2; i++) {
+        char p[4096];
+        snprintf(p, sizeof p, "%.*s%s", (int)n, out, ext[i]);
+        char *d = dir_of(p);
+        if (!d)
+            return ER_ENOMEM;
+        // Without --out the head's dir is the run's, which heads_run makes: it need only be makeable.
+        int rc = !h->out_dir && !path_exists(d) ? dir_output_check(d) : file_output_check(p);
+        er_free(d);
+        ER_TRY(rc);
+        ER_TRY(file_output_not_input(p, h->data_path, "--data"));
+        ER_TRY(file_output_not_input(p, h->model_dir, "--model"));
+        ER_TRY(file_output_not_input(p, h->adapter_dir, "--adapter"));
+    }
+    return ER_OK;
+}
+
 // The checks no runner can make: what the flags mean together.
 static int check_flags(HeadsFlags *f) {
     const char *sw = f->sw.out, *vf = f->vf.out;
@@ -164,6 +188,10 @@ static int check_flags(HeadsFlags *f) {
     if (sw && vf && same_file(sw, vf))
         return er_error(ER_EINVAL, "--switcher-out and --verifier-out are both \"%s\": the second head would "
                         "overwrite the first", sw);
+    if ((sw && check_head_out(sw, &f->h) < 0) || (vf && check_head_out(vf, &f->h) < 0))
+        return er_last_status();
+    if (f->h.out_dir && dir_output_check(f->h.out_dir) < 0)
+        return er_last_status();
     f->h.kv = strcmp(f->kv, "int8") == 0 ? KV_INT8 : KV_F32;
     f->sw.fit.noise = (float)f->noise;
     f->sw.fit.batch = f->vf.fit.batch = f->batch;

@@ -4,6 +4,7 @@
 
 #include "core/args.h"
 #include "core/error.h"
+#include "core/fileio.h"
 #include "core/threads.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
@@ -46,7 +47,9 @@ int cmd_init(int argc, char **argv) {
                         "ertrain init --config CONFIG.json --out DIR [--tokenizer FILE_OR_DIR] [--seed S]");
     if (rc == ARGS_HELP)
         return 0;
-    if (rc < 0)
+    // The output dir is checked before any work: a link to nothing, a file in the way, or an input dir.
+    if (rc < 0 || dir_output_check(out) < 0 || dir_output_not_input(out, config, "--config") < 0 ||
+        dir_output_not_input(out, tokenizer, "--tokenizer") < 0)
         return cli_fail("init");
     threads_set(threads);
     ModelConfig c;

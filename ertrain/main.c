@@ -53,20 +53,24 @@ static const ArgCommand commands[] = {
 };
 
 // Under mpirun the line names the rank, and the whole job ends with it: the other ranks would
-// otherwise wait for this one in the next all-reduce.
+// otherwise wait for this one in the next all-reduce. The report printed so far goes out first, so in
+// `> log 2>&1` the error line comes after it.
 int cli_fail(const char *cmd) {
+    fflush(stdout);
+    const char *msg = args_error_text(cmd, er_last_error());
     if (dist_size() > 1) {
-        fprintf(stderr, "ertrain %s: rank %d of %d: %s\n", cmd, dist_rank(), dist_size(), er_last_error());
+        fprintf(stderr, "ertrain %s: rank %d of %d: %s\n", cmd, dist_rank(), dist_size(), msg);
         fflush(stderr);
         dist_abort(1);
     } else {
-        fprintf(stderr, "ertrain %s: %s\n", cmd, er_last_error());
+        fprintf(stderr, "ertrain %s: %s\n", cmd, msg);
     }
     return 1;
 }
 
 int main(int argc, char **argv) {
     if (dist_init(&argc, &argv) < 0) {
+        fflush(stdout);
         fprintf(stderr, "ertrain: %s\n", er_last_error());
         return 1;
     }

@@ -29,8 +29,10 @@ static const ArgCommand commands[] = {
     {"version", cmd_version, "print the version"},
 };
 
+// The report printed so far goes out first, so in `> log 2>&1` the error line comes after it.
 int cli_fail(const char *cmd) {
-    fprintf(stderr, "erinfer %s: %s\n", cmd, er_last_error());
+    fflush(stdout);
+    fprintf(stderr, "erinfer %s: %s\n", cmd, args_error_text(cmd, er_last_error()));
     return 1;
 }
 

@@ -5,9 +5,12 @@
 // per query and the share routed to reasoning.
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "core/args.h"
 #include "core/error.h"
+#include "core/fileio.h"
 #include "core/progress.h"
 #include "core/threads.h"
 #include "infer/cli.h"
@@ -41,53 +44,55 @@ static void eval_progress(void *user, long done, long total, double accuracy) {
         progress_update(prog, done, extra);
 }
 
-static void print_table(const EvalConfig *c, const EvalResult *r) {
+static void print_table(FILE *out, const EvalConfig *c, const EvalResult *r) {
     double items = (double)r->items;
     int has_v = c->session.verifier != NULL;
     const EvalVoteRow *last = &r->rows[r->n_rows - 1];
-    printf("pipeline: %ld/%ld queries routed to reasoning (%.1f%%)%s%s\n", r->routed, r->items,
+    fprintf(out, "pipeline: %ld/%ld queries routed to reasoning (%.1f%%)%s%s\n", r->routed, r->items,
            100.0 * r->routed / items,
            c->session.switcher ? "" : " (no switcher: every query reasons when there is an adapter)",
            has_v ? "" : "; no verifier: the weighted column is the plain majority vote");
-    printf("%5s %9s %9s %9s %13s %10s\n", "N", "greedy", "majority", "weighted", "tokens/query", "reasoning");
+    fprintf(out, "%5s %9s %9s %9s %13s %10s\n", "N", "greedy", "majority", "weighted", "tokens/query", "reasoning");
     for (int k = 0; k < r->n_rows; k++) {
         const EvalVoteRow *v = &r->rows[k];
-        printf("%5d %9.4f %9.4f %9.4f %13.1f %10.3f\n", v->n, r->greedy_correct / items, v->majority / items,
+        fprintf(out, "%5d %9.4f %9.4f %9.4f %13.1f %10.3f\n", v->n, r->greedy_correct / items, v->majority / items,
                (has_v ? v->weighted : v->majority) / items, v->tokens / items, r->routed / items);
     }
     long right = has_v ? last->weighted : last->majority;
     // The table's last row is the pipeline's own answer when N is the largest and last.
-    printf("accuracy: %.4f (%ld/%ld) at N = %d\n", right / items, right, r->items, last->n);
+    fprintf(out, "accuracy: %.4f (%ld/%ld) at N = %d\n", right / items, right, r->items, last->n);
 }
 
-static void print_totals(const EvalConfig *c, const EvalResult *r) {
+static void print_totals(FILE *out, const EvalConfig *c, const EvalResult *r) {
     if (r->pipeline) {
-        print_table(c, r);
+        print_table(out, c, r);
     } else {
-        printf("accuracy: %.4f (%ld/%ld)\n", (double)r->correct / (double)r->items, r->correct, r->items);
+        fprintf(out, "accuracy: %.4f (%ld/%ld)\n", (double)r->correct / (double)r->items, r->correct, r->items);
         if (c->params.n_samples > 1)
-            printf("pass@%d: %.4f (%ld/%ld)\n", c->params.n_samples, (double)r->any_correct / (double)r->items,
+            fprintf(out, "pass@%d: %.4f (%ld/%ld)\n", c->params.n_samples, (double)r->any_correct / (double)r->items,
                    r->any_correct, r->items);
-        printf("mean generated tokens: %.1f per sample\n", (double)r->tokens / (double)r->samples);
+        fprintf(out, "mean generated tokens: %.1f per sample\n", (double)r->tokens / (double)r->samples);
     }
-    printf("tokens/s: %.1f (%ld tokens in %.2f s)\n", r->gen_s > 0 ? (double)r->tokens / r->gen_s : 0.0, r->tokens,
-           r->gen_s);
+    fprintf(out, "tokens/s: %.1f (%ld tokens in %.2f s)\n", r->gen_s > 0 ? (double)r->tokens / r->gen_s : 0.0,
+            r->tokens, r->gen_s);
     if (c->output)
-        printf("wrote %ld records to %s\n", r->items, c->output);
+        fprintf(out, "wrote %ld records to %s\n", r->items, strcmp(c->output, "-") == 0 ? "stdout" : c->output);
 }
 
 int cmd_eval(int argc, char **argv) {
     return eval_command(argc, argv, NULL);
 }
 
-// This shard's run (records into a part file of its own) and the split's gather into the whole run.
+// This shard's run (records into a part file of its own, in the temporary dir: the output may be stdout or
+// a device) and the split's gather into the whole run.
 static int eval_shard(EvalConfig *c, const EvalSplit *split, EvalResult *r) {
-    const char *output = c->output;
+    const char *output = c->output, *tmp = getenv("TMPDIR");
     char part[4096];
     c->shard = split->shard;
     c->n_shards = split->n_shards;
     if (output) {
-        snprintf(part, sizeof part, "%s.part%d", output, split->shard);
+        snprintf(part, sizeof part, "%s/ertrain-eval.%ld.part%d", tmp && tmp[0] ? tmp : "/tmp", (long)getpid(),
+                 split->shard);
         c->output = part;
     }
     int rc = eval_run(c, r);
@@ -104,7 +109,9 @@ int eval_command(int argc, char **argv, const EvalSplit *split) {
     ArgSpec specs[GEN_FLAGS_MAX + 5];
     int ns = gen_flags_specs(&f, specs);
     specs[ns++] = (ArgSpec){"data", ARG_STR, &c.data, "JSONL dataset with gold answers (see data/dataset.h)", 1, 0, 0};
-    specs[ns++] = (ArgSpec){"output", ARG_STR, &c.output, "per-item JSONL results (written atomically)", 0, 0, 0};
+    specs[ns++] = (ArgSpec){"output", ARG_STR, &c.output, "per-item JSONL results: a file (written atomically), - "
+                            "for stdout (the totals then go to stderr), or a fifo or character device (written in "
+                            "place)", 0, 0, 0};
     specs[ns++] = (ArgSpec){"limit", ARG_INT, &c.limit, "evaluate only the first N records (0 = all)", 0, 0, 1 << 30};
     specs[ns++] = (ArgSpec){"samples", ARG_INT, &f.samples, "parallel samples per item (sample 0 is graded for accuracy)",
                             0, 1, 256};
@@ -116,6 +123,11 @@ int eval_command(int argc, char **argv, const EvalSplit *split) {
         return 0;
     if (rc < 0 || ((f.switcher || f.verifier) && parse_vote_n(vote_n, c.vote_n, &c.n_vote_n) < 0) ||
         gen_flags_params(&f, &c.params, &c.session.kv_int8) < 0)
+        return cli_fail("eval");
+    // The output is checked before any work: a wrong kind of path, or the dataset itself, fails now.
+    if (c.output && (file_output_check(c.output) < 0 || file_output_not_input(c.output, c.data, "--data") < 0 ||
+                     file_output_not_input(c.output, f.model, "--model") < 0 ||
+                     file_output_not_input(c.output, f.adapter, "--adapter") < 0))
         return cli_fail("eval");
     threads_set(f.threads);
     c.session = (SessionSpec){f.model, f.adapter, f.switcher, f.verifier, c.session.kv_int8, f.context};
@@ -136,6 +148,6 @@ int eval_command(int argc, char **argv, const EvalSplit *split) {
     char extra[64];
     snprintf(extra, sizeof extra, "accuracy %.3f", eval_accuracy(&r));
     progress_end(&prog, extra);
-    print_totals(&c, &r);
+    print_totals(c.output && strcmp(c.output, "-") == 0 ? stderr : stdout, &c, &r);
     return 0;
 }

@@ -1,4 +1,5 @@
 // erinfer generate and erinfer chat: text generation through the public API (infer/erinfer.h).
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +151,10 @@ int cmd_generate(int argc, char **argv) {
             printf("%s\n", er_result_sample(s, i)->text);
         }
     }
+    // The text is the result: a stdout that cannot take it (a full disk, a closed pipe) fails the command.
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout))
+        ER_CHECK(er_error(ER_EIO, "stdout: write failed: %s", errno ? strerror(errno) : "output error"));
     print_route_stats(s, json);
 done:
     if (msgs != one)

@@ -11,39 +11,6 @@
 #include "data/tokenizer.h"
 #include "infer/cli.h"
 
-// Output goes to stdout, or atomically to a file (a failed run leaves no partial output).
-typedef struct {
-    FILE *fp;      // stdout, or af.fp
-    AtomicFile af; // af.fp NULL: stdout
-} Out;
-
-static int out_open(Out *o, const char *path) {
-    memset(o, 0, sizeof *o);
-    if (strcmp(path, "-") == 0) {
-        o->fp = stdout;
-        return ER_OK;
-    }
-    ER_TRY(atomic_open(&o->af, path));
-    o->fp = o->af.fp;
-    return ER_OK;
-}
-
-// Safe on a zeroed Out (nothing opened).
-static int out_close(Out *o, int ok) {
-    if (!o->fp)
-        return ER_OK;
-    if (!o->af.fp) {
-        if (fflush(o->fp) != 0)
-            return er_error(ER_EIO, "stdout: write failed");
-        return ER_OK;
-    }
-    if (!ok) {
-        atomic_abort(&o->af);
-        return ER_OK;
-    }
-    return atomic_commit(&o->af);
-}
-
 static void write_json_string(FILE *fp, const char *s, size_t n) {
     fputc('"', fp);
     for (size_t i = 0; i < n; i++) {
@@ -124,11 +91,15 @@ static int run_tokenize(const Opts *o, int detok) {
     int rc = ER_OK;
     Tokenizer *tok = NULL;
     JsonlReader r = {0};
-    Out out = {0};
+    AtomicFile out = {0}; // "-": stdout, through a stream of its own
     cJSON *rec;
+    // The output is checked before any work: a wrong kind of path, or an input itself, fails now.
+    ER_CHECK(file_output_check(o->output));
+    ER_CHECK(file_output_not_input(o->output, o->input, "--input"));
+    ER_CHECK(file_output_not_input(o->output, o->tokenizer, "--tokenizer"));
     ER_CHECK(tok_load(&tok, o->tokenizer));
     ER_CHECK(jsonl_open(&r, o->input));
-    ER_CHECK(out_open(&out, o->output));
+    ER_CHECK(atomic_open(&out, o->output));
     while ((rc = jsonl_next(&r, &rec)) == 1) {
         char ctx[600];
         snprintf(ctx, sizeof ctx, "%s:%ld", r.path, r.lineno);
@@ -137,15 +108,17 @@ static int run_tokenize(const Opts *o, int detok) {
         cJSON_Delete(rec);
         ER_CHECK(rc);
         if (ferror(out.fp)) {
-            rc = er_error(ER_EIO, "%s: write failed", o->output);
+            rc = er_error(ER_EIO, "%s: write failed", out.path);
             goto done;
         }
     }
+    if (rc >= 0)
+        rc = atomic_commit(&out);
 done:
+    atomic_abort(&out); // nothing left after a commit; a failed run leaves no partial file
     jsonl_close(&r);
     tok_free(tok);
-    int crc = out_close(&out, rc >= 0);
-    return rc < 0 ? rc : crc;
+    return rc;
 }
 
 static int cmd_run(int argc, char **argv, int detok) {
@@ -157,7 +130,10 @@ static int cmd_run(int argc, char **argv, int detok) {
          detok ? "JSONL of {\"ids\": [...]} lines (- for stdin)" : "JSONL of {\"text\": \"...\"} lines (- for stdin)", 1, 0,
          0},
         {"output", ARG_STR, &o.output,
-         detok ? "JSONL of {\"text\": \"...\"} lines (- for stdout)" : "JSONL of {\"ids\": [...]} lines (- for stdout)", 0,
+         detok ? "JSONL of {\"text\": \"...\"} lines: a file (written atomically), - for stdout, or a fifo or "
+               "character device (written in place)"
+             : "JSONL of {\"ids\": [...]} lines: a file (written atomically), - for stdout, or a fifo or character "
+               "device (written in place)", 0,
          0, 0},
         {"special-as-text", ARG_FLAG, &o.special_as_text,
          "treat special tokens written in the text (<|im_end|>, ...) as plain text", 0, 0, 0},

@@ -255,6 +255,10 @@ int eval_run(const EvalConfig *c, EvalResult *res) {
     }
     if (c->n_shards < 1 || c->shard < 0 || c->shard >= c->n_shards)
         ER_CHECK(er_error(ER_EINVAL, "eval_run: shard %d of %d", c->shard, c->n_shards));
+    if (c->output) { // before any work: an output in the way, or the dataset itself, fails now
+        ER_CHECK(file_output_check(c->output));
+        ER_CHECK(file_output_not_input(c->output, c->data, "--data"));
+    }
     ER_CHECK(dataset_load(c->data, NULL, c->limit, &d));
     ER_CHECK(eval_check_data(&d, c->data));
     // This shard's records [lo, hi): the whole set is read and checked above on every shard.

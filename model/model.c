@@ -456,8 +456,8 @@ static int check_config_files(const Model *m, const char *dir) {
                 layers = l + 1;
         }
     if (layers != c->L)
-        return er_error(ER_EFORMAT, "%s/config.json: num_hidden_layers is %d but the weight files hold %ld layers", dir,
-                        c->L, layers);
+        return er_error(ER_EFORMAT, "%.*s/config.json: num_hidden_layers is %d but the weight files hold %ld layers",
+                        path_dir_len(dir), dir, c->L, layers);
     const struct {
         const char *tensor, *field;
         int64_t rows;
@@ -472,7 +472,8 @@ static int check_config_files(const Model *m, const char *dir) {
         const StFile *f;
         const StTensor *t = find_tensor(m, dims[k].tensor, &f);
         if (t && (t->ndim < 1 || t->shape[0] != dims[k].rows))
-            return er_error(ER_EFORMAT, "%s/config.json: %s gives %lld but \"%s\" in %s has %lld rows", dir,
+            return er_error(ER_EFORMAT, "%.*s/config.json: %s gives %lld but \"%s\" in %s has %lld rows",
+                            path_dir_len(dir), dir,
                             dims[k].field, (long long)dims[k].rows, dims[k].tensor, f->path,
                             t->ndim < 1 ? 0LL : (long long)t->shape[0]);
     }

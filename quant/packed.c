@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/fileio.h"
 #include "quant/quant.h"
 
 void quant_shape_str(char *buf, size_t n, const StTensor *t) {
@@ -65,12 +66,12 @@ int quant_packed_load(Weight *w, WeightFormat f, int group, int sparse, int rows
         return er_error(ER_EINVAL, "quant_packed_load: \"%s\": format %d is not a packed one", name, (int)f);
     if (weight_format_grouped(f) && (group <= 0 || cols % group))
         return er_error(ER_EFORMAT,
-                        "%s/config.json: quantization_config group_size %d does not divide the %d columns of \"%s\"", dir,
-                        group, cols, name);
+                        "%.*s/config.json: quantization_config group_size %d does not divide the %d columns of \"%s\"",
+                        path_dir_len(dir), dir, group, cols, name);
     if (sparse < 0 || sparse > cols || (sparse && (!fi->levels || cols > 65536)))
         return er_error(ER_EFORMAT,
-                        "%s/config.json: quantization_config sparse_per_row %d does not suit \"%s\" (%s, %d columns)",
-                        dir, sparse, name, fi->name, cols);
+                        "%.*s/config.json: quantization_config sparse_per_row %d does not suit \"%s\" (%s, %d columns)",
+                        path_dir_len(dir), dir, sparse, name, fi->name, cols);
     const char *path;
     const StTensor *t = src->find(src->ctx, name, &path);
     if (!t)
@@ -98,9 +99,9 @@ int quant_packed_load(Weight *w, WeightFormat f, int group, int sparse, int rows
     snprintf(cname, sizeof cname, "%s_sparse_cols", name);
     if (!sparse && fi->levels && src->find(src->ctx, cname, &path))
         return er_error(ER_EFORMAT,
-                        "%s: tensor \"%s\" holds sparse corrections but %s/config.json's quantization_config has no "
+                        "%s: tensor \"%s\" holds sparse corrections but %.*s/config.json's quantization_config has no "
                         "sparse_per_row",
-                        path, cname, dir);
+                        path, cname, path_dir_len(dir), dir);
     for (size_t i = 0; i < (size_t)rows * (size_t)sparse; i++)
         if (w->sp_cols[i] >= cols) {
             src->find(src->ctx, cname, &path);

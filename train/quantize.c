@@ -679,33 +679,12 @@ static int quantize_step(Model *m, const QuantizeConfig *c, const QuantizeSource
     return ER_OK;
 }
 
-// "<bytes>:<FNV-1a 64 of the bytes>" of the file at path into out (40 chars): a changed file reads differently.
-static int file_fingerprint(const char *path, char *out, size_t out_n) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return er_error(ER_EIO, "%s: cannot open the calibration data", path);
-    unsigned char buf[1 << 14];
-    uint64_t h = 0xcbf29ce484222325ull, bytes = 0;
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
-        for (size_t i = 0; i < n; i++)
-            h = (h ^ buf[i]) * 0x100000001b3ull;
-        bytes += n;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad)
-        return er_error(ER_EIO, "%s: read error while fingerprinting the calibration data", path);
-    snprintf(out, out_n, "%llu:%016llx", (unsigned long long)bytes, (unsigned long long)h);
-    return ER_OK;
-}
-
 // *out = every setting of c besides the --fpt-* ones that changes what fpt-trained computes: a resumed
 // run must match them.
 static int fpt_settings_json(const QuantizeConfig *c, cJSON **out) {
     char fp[48] = "";
     if (c->calib) // none when neither stage runs
-        ER_TRY(file_fingerprint(c->calib, fp, sizeof fp));
+        ER_TRY(file_fingerprint(c->calib, fp, sizeof fp)); // core/fileio.h: "<bytes>:<FNV-1a 64>"
     char *calib = path_resolve(c->calib ? c->calib : "");
     cJSON *j = calib ? cJSON_CreateObject() : NULL;
     if (j) {

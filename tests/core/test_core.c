@@ -7,7 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
@@ -345,6 +348,15 @@ Test(args, help_returns_args_help) {
     free(dir);
 }
 
+// A library message that starts with the command's own name loses it under the command's prefix.
+Test(args, error_text_drops_the_repeated_command_name) {
+    cr_assert_str_eq(args_error_text("quantize", "quantize: the model is already quantized"),
+                     "the model is already quantized");
+    cr_assert_str_eq(args_error_text("synth chains", "chains: n must be >= 1"), "n must be >= 1");
+    cr_assert_str_eq(args_error_text("generate", "fpt: not this one"), "fpt: not this one");
+    cr_assert_str_eq(args_error_text("eval", "evaluation: x"), "evaluation: x");
+}
+
 // ---------------------------------------------------------------------------------------------
 // rng
 
@@ -561,6 +573,156 @@ Test(fileio, dir_make_nested_and_paths) {
     free(under);
     rm_rf(dir);
     free(dir);
+}
+
+// A child that reads the fifo at path into out (the fifo's other end, as a pipe's reader would be).
+static pid_t fifo_reader(const char *path, const char *out) {
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        char cmd[1200];
+        snprintf(cmd, sizeof cmd, "cat '%s' > '%s'", path, out);
+        _exit(system(cmd) == 0 ? 0 : 1);
+    }
+    return pid;
+}
+
+static char *read_text(const char *path) {
+    char *text;
+    size_t n;
+    cr_assert_eq(file_read_all(path, 1 << 20, &text, &n), ER_OK, "%s", er_last_error());
+    return text;
+}
+
+// Writing a path replaces only a regular file: a link's target is replaced (the link kept), a fifo and a
+// char device are written in place (was: <path>.tmp.PID renamed over them, a device node turned into a
+// regular file), a directory and a link to nothing are refused up front, "-" is stdout.
+Test(fileio, outputs_by_kind_of_path) {
+    char *dir = tmp_dir();
+    char *file = tmp_text(dir, "target.txt", "old"), *link = path_join(dir, "link.txt");
+    cr_assert_eq(symlink(file, link), 0);
+    cr_assert_eq(file_write_atomic(link, "new", 3), ER_OK, "%s", er_last_error());
+    struct stat st;
+    cr_assert(lstat(link, &st) == 0 && S_ISLNK(st.st_mode), "the link was replaced by a file");
+    char *text = read_text(file);
+    cr_assert_str_eq(text, "new", "the link's target was not rewritten");
+    er_free(text);
+
+    char *fifo = path_join(dir, "fifo"), *got = path_join(dir, "got.txt");
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    pid_t pid = fifo_reader(fifo, got);
+    cr_assert_eq(file_write_atomic(fifo, "through a pipe\n", 15), ER_OK, "%s", er_last_error());
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "the fifo was replaced");
+    text = read_text(got);
+    cr_assert_str_eq(text, "through a pipe\n");
+    er_free(text);
+
+    // Char devices made here (never the real /dev entries): /dev/null's and /dev/full's numbers.
+    char *null = path_join(dir, "null"), *full = path_join(dir, "full");
+    cr_assert_eq(mknod(null, S_IFCHR | 0666, makedev(1, 3)), 0, "mknod: run the tests as root");
+    cr_assert_eq(mknod(full, S_IFCHR | 0666, makedev(1, 7)), 0);
+    cr_assert_eq(file_output_check(null), ER_OK, "%s", er_last_error());
+    cr_assert_eq(file_write_atomic(null, "gone", 4), ER_OK, "%s", er_last_error());
+    cr_assert(lstat(null, &st) == 0 && S_ISCHR(st.st_mode), "the device node was replaced");
+    ASSERT_ERR(file_write_atomic(full, "x", 1), ER_EIO, "No space left");
+    cr_assert(lstat(full, &st) == 0 && S_ISCHR(st.st_mode), "the device node was replaced");
+
+    char *sub = path_join(dir, "sub"), *dangling = path_join(dir, "dangling");
+    cr_assert_eq(dir_make(sub), ER_OK);
+    cr_assert_eq(symlink("nowhere", dangling), 0);
+    ASSERT_ERR(file_output_check(sub), ER_EIO, "is a directory");
+    ASSERT_ERR(file_write_atomic(sub, "x", 1), ER_EIO, sub);
+    ASSERT_ERR(file_output_check(dangling), ER_EIO, "symbolic link to nothing");
+    ASSERT_ERR(file_write_atomic(dangling, "x", 1), ER_EIO, dangling);
+    cr_assert(lstat(dangling, &st) == 0 && S_ISLNK(st.st_mode));
+    int before = dir_entries(dir);
+
+    // "-": file descriptor 1, here pointed at a file for the test.
+    char *cap = path_join(dir, "stdout.txt");
+    fflush(stdout);
+    int saved = dup(1), fd = open(cap, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    cr_assert(saved >= 0 && fd >= 0);
+    dup2(fd, 1);
+    close(fd);
+    int rc = file_write_atomic("-", "to stdout\n", 10);
+    dup2(saved, 1);
+    close(saved);
+    cr_assert_eq(rc, ER_OK, "%s", er_last_error());
+    text = read_text(cap);
+    cr_assert_str_eq(text, "to stdout\n");
+    er_free(text);
+    cr_assert_eq(dir_entries(dir), before + 1, "a temporary file was left behind");
+    free(file), free(link), free(fifo), free(got), free(null), free(full), free(sub), free(dangling), free(cap);
+    rm_rf(dir);
+    free(dir);
+}
+
+// An output that is an input (the same file however it is spelled, a link included) is refused, and so is
+// a model dir's own file; an output dir may not be, or hold, an input.
+Test(fileio, outputs_never_overwrite_inputs) {
+    char *dir = tmp_dir();
+    char *data = tmp_text(dir, "data.jsonl", "{}\n"), *link = path_join(dir, "link.jsonl");
+    cr_assert_eq(symlink(data, link), 0);
+    char other[1200];
+    snprintf(other, sizeof other, "%s/./data.jsonl", dir);
+    ASSERT_ERR(file_output_not_input(other, data, "--data"), ER_EINVAL, "same file as --data");
+    ASSERT_ERR(file_output_not_input(link, data, "--data"), ER_EINVAL, link);
+    cr_assert_eq(file_output_not_input("-", "-", "--input"), ER_OK);
+    char *fresh = path_join(dir, "out.jsonl");
+    cr_assert_eq(file_output_not_input(fresh, data, "--data"), ER_OK);
+    cr_assert_eq(file_output_not_input(fresh, NULL, "--adapter"), ER_OK);
+    char *model = path_join(dir, "model");
+    cr_assert_eq(dir_make(model), ER_OK);
+    char *cfg = tmp_text(model, "config.json", "{}");
+    ASSERT_ERR(file_output_not_input(cfg, model, "--model"), ER_EINVAL, "a file of --model");
+    char *gguf = path_join(model, "model.gguf");
+    cr_assert_eq(file_output_not_input(gguf, model, "--model"), ER_OK, "a new file beside the model's is fine");
+    ASSERT_ERR(dir_output_not_input(model, model, "--model"), ER_EINVAL, "--model");
+    ASSERT_ERR(dir_output_not_input(dir, data, "--data"), ER_EINVAL, "holds --data");
+    cr_assert_eq(dir_output_not_input(model, data, "--data"), ER_OK);
+    free(data), free(link), free(fresh), free(model), free(cfg), free(gguf);
+    rm_rf(dir);
+    free(dir);
+}
+
+// Output dirs are checked before any work; a staged dir appears whole or not at all.
+Test(fileio, output_dirs_checked_and_staged) {
+    char *dir = tmp_dir();
+    char *dangling = path_join(dir, "dangling"), *file = tmp_text(dir, "file", "x");
+    cr_assert_eq(symlink("nowhere", dangling), 0);
+    ASSERT_ERR(dir_output_check(dangling), ER_EIO, "symbolic link to nothing");
+    ASSERT_ERR(dir_output_check(file), ER_EIO, "not a directory");
+    char *under = path_join(file, "a/b");
+    ASSERT_ERR(dir_output_check(under), ER_EIO, "is not a directory");
+    char *out = path_join(dir, "new/out");
+    cr_assert_eq(dir_output_check(out), ER_OK, "%s", er_last_error());
+    char *stage;
+    cr_assert_eq(dir_stage_open(out, &stage), ER_OK, "%s", er_last_error());
+    char *f = tmp_text(stage, "config.json", "{}");
+    cr_assert(!path_exists(out), "the output appeared before it was whole");
+    cr_assert_eq(dir_stage_commit(stage, out), ER_OK, "%s", er_last_error());
+    char *g = path_join(out, "config.json");
+    cr_assert(path_exists(g));
+    char *empty = path_join(dir, "empty");
+    cr_assert_eq(dir_make(empty), ER_OK);
+    cr_assert_eq(dir_stage_open(empty, &stage), ER_OK);
+    dir_stage_abort(stage);
+    cr_assert_eq(dir_entries(empty), 0);
+    free(dangling), free(file), free(under), free(out), free(f), free(g), free(empty);
+    rm_rf(dir);
+    free(dir);
+}
+
+// Paths are printed with one slash between a dir and a name, however the dir was typed.
+Test(fileio, no_doubled_slashes) {
+    char *a = path_join("runs//", "x"), *b = path_join("runs/", "/x");
+    cr_assert_str_eq(a, "runs/x");
+    cr_assert_str_eq(b, "runs/x");
+    cr_assert_eq(path_dir_len("runs//"), 4);
+    cr_assert_eq(path_dir_len("/"), 0);
+    free(a), free(b);
 }
 
 // ---------------------------------------------------------------------------------------------
