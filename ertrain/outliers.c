@@ -7,6 +7,7 @@
 #include "core/alloc.h"
 #include "core/args.h"
 #include "core/error.h"
+#include "core/fileio.h"
 #include "ertrain/cli.h"
 #include "train/quantize.h"
 #include "train/run.h"
@@ -24,7 +25,10 @@ static int outliers_write(const OutliersConfig *o) {
     int *idx = NULL;
     cJSON *j = NULL;
     int rc = ER_OK, seq_len = 1024; // longer calibration records are skipped
-    ER_CHECK(run_dir_check(o->out, RUN_ONCE));
+    char *stage = NULL;
+    ER_CHECK(dir_output_not_input(o->out, o->model, "--model"));
+    ER_CHECK(dir_output_not_input(o->out, o->calib, "--calib"));
+    ER_CHECK(run_dir_check(o->out, RUN_ONCE, NULL));
     ER_CHECK(model_load(&m, o->model, MODEL_LOAD_TRAINABLE));
     if (m.quant.enabled)
         ER_CHECK(er_error(ER_EINVAL, "%s is quantized: outliers are added to a float model", o->model));
@@ -39,7 +43,9 @@ static int outliers_write(const OutliersConfig *o) {
                                           &share));
     ER_CHECK(quantize_stream_moments(&m, o->model, o->calib, o->response_key, o->calib_n, seq_len, NULL, diag));
     ER_CHECK(transform_stream_ratio(&m, diag, &after));
-    ER_CHECK(quantize_write_dir(&m, o->model, o->out, 0, stdout));
+    // Written beside --out and renamed onto it once whole: a failed write leaves no half a model.
+    ER_CHECK(dir_stage_open(o->out, &stage));
+    ER_CHECK(quantize_write_dir(&m, o->model, stage, 0, stdout));
     if (!(j = cJSON_CreateObject()))
         ER_CHECK(ER_ENOMEM);
     cJSON_AddStringToObject(j, "command", "outliers");
@@ -53,7 +59,10 @@ static int outliers_write(const OutliersConfig *o) {
     cJSON *ch = cJSON_AddArrayToObject(j, "residual_channels");
     for (int i = 0; ch && i < o->channels; i++)
         cJSON_AddItemToArray(ch, cJSON_CreateNumber(idx[i]));
-    ER_CHECK(run_write_json(o->out, j));
+    ER_CHECK(run_write_json(stage, j));
+    rc = dir_stage_commit(stage, o->out);
+    stage = NULL;
+    ER_CHECK(rc);
     printf("wrote %s: the residual stream's %d dominant directions (%.1f%% of its energy on %s) rotated onto "
            "channels", o->out, o->channels, 100 * share, o->calib);
     for (int i = 0; i < o->channels; i++)
@@ -61,6 +70,7 @@ static int outliers_write(const OutliersConfig *o) {
     printf(", norm scales x%g..%g on them and %d MLP channels per layer; loudest channel of the normalised stream "
            "%.1fx the median (%.1fx before)\n", o->lo, o->hi, o->channels, after, before);
 done:
+    dir_stage_abort(stage);
     cJSON_Delete(j);
     er_free(S), er_free(diag), er_free(idx);
     model_free(&m);

@@ -132,6 +132,7 @@ typedef struct {
     int max_new;                  // new tokens of the largest budget
     int seq_len;                  // positions per sequence: --seq-len, or what the longest prompt needs
     float dropout;                // the starting adapter's lora_dropout (kept in the saved adapter)
+    char data_fp[48];             // file_fingerprint of --data: a resume refuses a changed file
     Group *groups;
     // batch buffers (G rows x seq_len)
     int *tokens, *plen, *clen;
@@ -234,7 +235,11 @@ static int grpo_setup(Grpo *g) {
     if (!strstr(c->budget_template, "{budget}"))
         return er_error(ER_EINVAL, "--budget-template \"%s\" has no {budget}: the prompts would not state the budget",
                         c->budget_template);
-    ER_TRY(run_dir_check(c->out_dir, c->resume ? RUN_RESUME : RUN_NEW));
+    const char *in[] = {c->model_dir, c->adapter_dir, c->data_path}, *flag[] = {"--model", "--adapter", "--data"};
+    for (int i = 0; i < 3; i++)
+        ER_TRY(dir_output_not_input(c->out_dir, in[i], flag[i]));
+    ER_TRY(run_dir_check(c->out_dir, c->resume ? RUN_RESUME : RUN_NEW, c->log));
+    ER_TRY(file_fingerprint(c->data_path, g->data_fp, sizeof g->data_fp));
     ER_TRY(model_load(&g->m, c->model_dir, 0));
     const ModelConfig *mc = &g->m.cfg;
     LoraShape shape = model_config_lora_shape(mc);
@@ -547,6 +552,7 @@ static cJSON *config_json(const Grpo *g) {
     run_add_path(j, "model", c->model_dir);
     run_add_path(j, "adapter", c->adapter_dir);
     run_add_path(j, "data", c->data_path);
+    cJSON_AddStringToObject(j, "data_fingerprint", g->data_fp);
     cJSON_AddStringToObject(j, "budgets", c->budgets);
     cJSON_AddStringToObject(j, "budget_template", c->budget_template);
     cJSON_AddStringToObject(j, "budget_in", c->budget_in == BUDGET_IN_USER ? "user" : "system");
@@ -582,9 +588,9 @@ static cJSON *config_json(const Grpo *g) {
 static int grpo_start(Grpo *g, const char *ckpt, long *start) {
     const GrpoConfig *c = g->c;
     *start = 0;
-    if (c->resume && !checkpoint_exists(ckpt))
-        return er_error(ER_EINVAL, "%s: nothing to resume (no checkpoint)", c->out_dir);
-    if (c->resume) {
+    // run_dir_check said so already when --resume finds no checkpoint: the run starts from step 0.
+    int resume = c->resume && checkpoint_exists(ckpt);
+    if (resume) {
         ER_TRY(checkpoint_load(ckpt, &g->st, g->ad.params, g->ad.n_params, &g->opt));
         cJSON *now = config_json(g);
         if (!now)
@@ -607,8 +613,10 @@ static int grpo_start(Grpo *g, const char *ckpt, long *start) {
         return ER_OK;
     ER_TRY(dir_make(c->out_dir));
     ER_TRY(run_write_json(c->out_dir, g->st.config));
-    return metrics_open(&g->ml, c->out_dir, c->resume, *start);
+    return metrics_open(&g->ml, c->out_dir, resume, *start);
 }
+
+static int save_adapter(void *ctx, const char *dir) { return peft_save((const LoraAdapter *)ctx, dir); }
 
 // Rank 0 writes it, once every rank's adapter and optimizer state are seen to be the same.
 static int grpo_save_checkpoint(Grpo *g, const char *ckpt) {
@@ -655,7 +663,7 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
     progress_end(&prog, NULL);
     g.ad.dropout = g.dropout; // saved as it came
     if (g.st.step == c->steps && dist_rank() == 0)
-        ER_CHECK(peft_save(&g.ad, c->out_dir));
+        ER_CHECK(run_write_outputs(c->out_dir, save_adapter, &g.ad));
 done:
     er_free(ckpt);
     grpo_free(&g);

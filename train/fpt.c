@@ -670,6 +670,12 @@ static int fpt_config_check(const char *ckdir, const cJSON *want, const cJSON *h
         const cJSON *h = cJSON_GetObjectItemCaseSensitive(have, w->string);
         if (h && cJSON_Compare(w, h, 1))
             continue;
+        const cJSON *calib = cJSON_GetObjectItemCaseSensitive(want, "calib");
+        if (h && strcmp(w->string, "calib_bytes_fnv1a") == 0 && cJSON_IsString(calib))
+            return er_error(ER_EINVAL, "%s: the file changed since the checkpoint in %s was made (bytes:FNV-1a %s "
+                            "then, %s now): resume with the data the run started with, or start a new run in another "
+                            "--out", calib->valuestring, ckdir, cJSON_IsString(h) ? h->valuestring : "?",
+                            cJSON_IsString(w) ? w->valuestring : "?");
         char *ws = cJSON_PrintUnformatted(w), *hs = h ? cJSON_PrintUnformatted(h) : NULL;
         int rc = er_error(ER_EINVAL, "%s: the checkpoint was made with %s = %s, this run has %s; resume with the same "
                           "settings", ckdir, w->string, hs ? hs : "(unset)", ws ? ws : "?");

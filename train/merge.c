@@ -75,7 +75,7 @@ static int merge_adapter(Model *m, const LoraAdapter *a, int *merged) {
     return ER_OK;
 }
 
-static int write_run_json(const MergeConfig *c, const LoraAdapter *a, const MergeResult *res) {
+static int write_run_json(const MergeConfig *c, const char *dir, const LoraAdapter *a, const MergeResult *res) {
     cJSON *j = cJSON_CreateObject();
     if (!j)
         return ER_ENOMEM;
@@ -92,7 +92,7 @@ static int write_run_json(const MergeConfig *c, const LoraAdapter *a, const Merg
         {"parameters", (double)res->parameters},
     };
     run_add_numbers(j, nums, sizeof nums / sizeof nums[0]);
-    int rc = run_write_json(c->out_dir, j);
+    int rc = run_write_json(dir, j);
     cJSON_Delete(j);
     return rc;
 }
@@ -102,12 +102,14 @@ int merge_run(const MergeConfig *c, MergeResult *res) {
         memset(res, 0, sizeof *res);
     if (!c->model_dir || !c->adapter_dir || !c->out_dir)
         return er_error(ER_EINVAL, "merge: the base model dir, the adapter dir and the output dir are required");
-    ER_TRY(run_dir_check(c->out_dir, RUN_ONCE));
+    ER_TRY(dir_output_not_input(c->out_dir, c->model_dir, "--model"));
+    ER_TRY(dir_output_not_input(c->out_dir, c->adapter_dir, "--adapter"));
+    ER_TRY(run_dir_check(c->out_dir, RUN_ONCE, NULL));
     threads_set(c->threads);
     Model m = {0};
     LoraAdapter a = {0};
     MergeResult r = {0};
-    char *tok = path_join(c->model_dir, "tokenizer.json");
+    char *tok = path_join(c->model_dir, "tokenizer.json"), *stage = NULL;
     int rc = ER_OK;
     if (!tok)
         ER_CHECK(ER_ENOMEM);
@@ -118,13 +120,19 @@ int merge_run(const MergeConfig *c, MergeResult *res) {
     ER_CHECK(merge_adapter(&m, &a, &r.merged));
     r.masked = a.masked;
     r.parameters = model_config_num_params(&m.cfg);
-    ER_CHECK(model_save(&m, c->out_dir, 0));
+    // Written beside --out and renamed onto it once whole: a failed write leaves no half a model.
+    ER_CHECK(dir_stage_open(c->out_dir, &stage));
+    ER_CHECK(model_save(&m, stage, 0));
     if (gguf_is_path(c->model_dir) || path_exists(tok))
-        ER_CHECK(run_copy_tokenizer(c->model_dir, c->out_dir));
-    ER_CHECK(write_run_json(c, &a, &r));
+        ER_CHECK(run_copy_tokenizer(c->model_dir, stage));
+    ER_CHECK(write_run_json(c, stage, &a, &r));
+    rc = dir_stage_commit(stage, c->out_dir);
+    stage = NULL;
+    ER_CHECK(rc);
     if (res)
         *res = r;
 done:
+    dir_stage_abort(stage);
     er_free(tok);
     lora_free(&a);
     model_free(&m);

@@ -27,7 +27,7 @@ int train_pretrain(const TrainConfig *c, TrainResult *res) {
     ER_TRY(train_config_check(c));
     if (!(c->init_std > 0))
         return er_error(ER_EINVAL, "--init-std must be > 0 (got %g)", c->init_std);
-    ER_TRY(run_dir_check(c->out_dir, c->resume ? RUN_RESUME : RUN_NEW));
+    ER_TRY(train_out_check(c));
     threads_set(c->threads);
 
     ModelConfig mc;

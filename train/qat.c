@@ -218,7 +218,7 @@ int qat_run(const QatConfig *c, TrainResult *res) {
         memset(res, 0, sizeof *res);
     const TrainConfig *tc = &c->train;
     ER_TRY(qat_check(c));
-    ER_TRY(run_dir_check(tc->out_dir, tc->resume ? RUN_RESUME : RUN_NEW));
+    ER_TRY(train_out_check(tc));
     threads_set(tc->threads);
     Model m = {0};
     QuantizeSource src;

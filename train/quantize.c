@@ -736,8 +736,8 @@ static int train_transforms(Model *m, const QuantizeConfig *c, const Calib *cal,
 }
 
 // --weights bf16: the report of the dir as written, its NLL from the bf16 weights as they load.
-static int bf16_result(const QuantizeConfig *c, const QuantizeSource *src, Calib *cal, int h0, int h1,
-                       QuantizeResult *res) {
+static int bf16_result(const QuantizeConfig *c, const char *dir, const QuantizeSource *src, Calib *cal, int h0,
+                       int h1, QuantizeResult *res) {
     res->rep.bytes_before = src->bytes;
     res->rep.bytes_after = src->params * 2;
     res->rep.bits_per_weight = res->rep.model_bits_per_weight = 16.0;
@@ -745,11 +745,23 @@ static int bf16_result(const QuantizeConfig *c, const QuantizeSource *src, Calib
         return ER_OK;
     Model b;
     int rc = ER_OK;
-    ER_CHECK(model_load(&b, c->out_dir, 0));
+    ER_CHECK(model_load(&b, dir, 0));
     ER_CHECK(calib_pass(&b, cal, h0, h1, NULL, &res->nll_after));
 done:
     model_free(&b);
     return rc;
+}
+
+typedef struct {
+    const Model *m;
+    const char *src_dir;
+    int as_bf16;
+    FILE *log;
+} WriteDirCtx;
+
+static int write_dir(void *ctx, const char *dir) {
+    const WriteDirCtx *w = ctx;
+    return quantize_write_dir(w->m, w->src_dir, dir, w->as_bf16, w->log);
 }
 
 static void print_report(FILE *log, const QuantizeConfig *c, const QuantizeResult *res, int to_bf16) {
@@ -782,7 +794,9 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
     unsigned tflags;
     ER_TRY(parse_transforms(c->transforms ? c->transforms : "none", &tflags));
     int trained = (tflags & TRANSFORM_TRAINED) != 0;
-    ER_TRY(run_dir_check(c->out_dir, !trained ? RUN_ONCE : c->resume ? RUN_RESUME : RUN_NEW));
+    ER_TRY(dir_output_not_input(c->out_dir, c->model_dir, "--model"));
+    ER_TRY(dir_output_not_input(c->out_dir, c->calib, "--calib"));
+    ER_TRY(run_dir_check(c->out_dir, !trained ? RUN_ONCE : c->resume ? RUN_RESUME : RUN_NEW, c->log));
     threads_set(c->threads);
     int fisher = strcmp(sens, "fisher") == 0, gptq = 0;
     ER_TRY(error_feedback_mode(c, &gptq));
@@ -792,6 +806,7 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
     const float **imp = NULL, **hs = NULL;
     QuantizeSource src;
     cJSON *j = NULL;
+    char *stage = NULL;
     int rc = ER_OK;
     // Fisher needs gradients: a trainable fp32 model.
     ER_CHECK(quantize_load(&m, c->model_dir, c->transforms, c->seed, to_bf16 ? NULL : &c->q, fisher || gptq, c->log,
@@ -827,14 +842,29 @@ int quantize_run(const QuantizeConfig *c, QuantizeResult *res) {
         if (c->calib)
             ER_CHECK(calib_pass(&m, &cal, h0, h1, NULL, &res->nll_after));
     }
-    ER_CHECK(quantize_write_dir(&m, c->model_dir, c->out_dir, src.bf16 || to_bf16, c->log));
+    // A trained run's dir holds its checkpoint: the model files move in once all are written. Else the whole
+    // dir is staged beside --out and renamed onto it at the end: a failed write leaves no half a model.
+    WriteDirCtx wd = {&m, c->model_dir, src.bf16 || to_bf16, c->log};
+    if (trained) {
+        ER_CHECK(run_write_outputs(c->out_dir, write_dir, &wd));
+    } else {
+        ER_CHECK(dir_stage_open(c->out_dir, &stage));
+        ER_CHECK(write_dir(&wd, stage));
+    }
+    const char *dst = stage ? stage : c->out_dir;
     if (to_bf16)
-        ER_CHECK(bf16_result(c, &src, &cal, h0, h1, res));
+        ER_CHECK(bf16_result(c, dst, &src, &cal, h0, h1, res));
     if (!(j = run_json(c, &m, res, sens)))
         ER_CHECK(ER_ENOMEM);
-    ER_CHECK(run_write_json(c->out_dir, j));
+    ER_CHECK(run_write_json(dst, j));
+    if (stage) {
+        rc = dir_stage_commit(stage, c->out_dir);
+        stage = NULL;
+        ER_CHECK(rc);
+    }
     print_report(c->log, c, res, to_bf16);
 done:
+    dir_stage_abort(stage);
     cJSON_Delete(j);
     er_free(fmem);
     er_free(imp);

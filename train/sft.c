@@ -25,7 +25,7 @@ int train_sft(const TrainConfig *c, TrainResult *res) {
         return er_error(ER_EINVAL, "--dropout must be in [0, 1) (got %g)", c->dropout);
     unsigned targets;
     ER_TRY(lora_targets_parse(c->targets ? c->targets : "all", &targets));
-    ER_TRY(run_dir_check(c->out_dir, c->resume ? RUN_RESUME : RUN_NEW));
+    ER_TRY(train_out_check(c));
     threads_set(c->threads);
 
     Tokenizer *tok = NULL;

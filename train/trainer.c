@@ -174,6 +174,7 @@ typedef struct {
     cJSON *config;          // resolved configuration
     MetricsLog ml;
     char *ckpt_dir;
+    char data_fp[48];       // file_fingerprint of --data: a resume refuses a changed file
     long resumed_from;      // the checkpoint's step, or -1 for a new run
     int complete;           // resumed a finished run: outputs rewritten, run.json kept
     Progress prog;
@@ -302,6 +303,7 @@ static cJSON *config_to_json(const Trainer *t) {
         cJSON_AddNumberToObject(j, "init_std", c->init_std);
     }
     run_add_path(j, "data", c->data_path);
+    cJSON_AddStringToObject(j, "data_fingerprint", t->data_fp);
     if (c->response_key)
         cJSON_AddStringToObject(j, "response_key", c->response_key);
     else
@@ -349,12 +351,21 @@ static cJSON *config_to_json(const Trainer *t) {
     return j;
 }
 
+int train_out_check(const TrainConfig *c) {
+    const char *in[] = {c->model_dir, c->config_path, c->tokenizer_path, c->data_path};
+    const char *flag[] = {"--model", "--config", "--tokenizer", "--data"};
+    for (int i = 0; i < 4; i++)
+        ER_TRY(dir_output_not_input(c->out_dir, in[i], flag[i]));
+    return run_dir_check(c->out_dir, c->resume ? RUN_RESUME : RUN_NEW, c->out);
+}
+
 // Settings that do not change the trajectory may differ on resume, and so may the run's length (an
 // extended run); everything else must match.
 int train_config_check_resume(const cJSON *saved, const cJSON *now, const char *ckpt_dir) {
     static const char *free_keys[] = {"threads", "ranks", "eval_every", "save_every", "steps", "epochs", "warmup_steps"};
     if (!saved)
-        return er_error(ER_EFORMAT, "%s/state.json: no \"config\" to check the resumed run against", ckpt_dir);
+        return er_error(ER_EFORMAT, "%.*s/state.json: no \"config\" to check the resumed run against",
+                        path_dir_len(ckpt_dir), ckpt_dir);
     const cJSON *item;
     cJSON_ArrayForEach(item, now) {
         int skip = 0;
@@ -363,6 +374,11 @@ int train_config_check_resume(const cJSON *saved, const cJSON *now, const char *
         if (skip)
             continue;
         const cJSON *s = cJSON_GetObjectItemCaseSensitive(saved, item->string);
+        if (run_is_fingerprint_key(item->string)) { // a checkpoint from before fingerprints has none to compare
+            if (s)
+                ER_TRY(run_check_fingerprint(s, item, now, ckpt_dir));
+            continue;
+        }
         if (!s || !cJSON_Compare(item, s, 1)) {
             char *a = s ? cJSON_PrintUnformatted(s) : NULL, *b = cJSON_PrintUnformatted(item);
             er_error(ER_EINVAL, "%s: the checkpoint was made with %s = %s, this run has %s (resume with the same settings)",
@@ -594,6 +610,7 @@ static int trainer_setup(Trainer *t) {
                         tok_vocab_size(job->tok), mc->V);
     ER_TRY(train_device_open(&t->dev, job, c->device, c->place_on_cpu)); // before the data: a bad device fails fast
     ER_TRY(seq_builder_init(&t->sb, job->tok, job->style, job->prefix, t->seq_len, c->kind != TRAIN_SFT, c->no_mask));
+    ER_TRY(file_fingerprint(c->data_path, t->data_fp, sizeof t->data_fp));
     ER_TRY(load_data(t));
     ER_TRY(make_epoch(t, 0));
     state_point_at_epoch(t);
@@ -627,18 +644,17 @@ static int trainer_setup(Trainer *t) {
 // Continues the run in --out from its checkpoint, or starts it there; opens metrics.jsonl.
 static int trainer_start(Trainer *t) {
     const TrainConfig *c = t->cfg;
-    if (c->resume) {
-        if (!checkpoint_exists(t->ckpt_dir))
-            return er_error(ER_EINVAL, "%s: no checkpoint to resume from", t->ckpt_dir);
+    // run_dir_check said so already when --resume finds no checkpoint: the run starts from step 0.
+    int resume = c->resume && checkpoint_exists(t->ckpt_dir);
+    if (resume) {
         ER_TRY(resume_from_checkpoint(t));
         t->resumed_from = t->st.step;
     }
     t->complete = t->st.step >= t->total_steps;
     if (dist_rank() != 0) // rank 0 alone writes the run dir
         return ER_OK;
-    if (!c->resume)
-        ER_TRY(dir_make(c->out_dir));
-    ER_TRY(metrics_open(&t->ml, c->out_dir, c->resume, t->st.step));
+    ER_TRY(dir_make(c->out_dir));
+    ER_TRY(metrics_open(&t->ml, c->out_dir, resume, t->st.step));
     if (!t->complete)
         ER_TRY(write_run_json(t, NULL));
     return ER_OK;
@@ -749,7 +765,7 @@ static int trainer_finish(Trainer *t, TrainResult *r) {
             ER_TRY(evaluate(t, &r->eval_loss));
         if (dist_rank() != 0)
             return ER_OK;
-        ER_TRY(job->save_final(job->save_ctx, c->out_dir));
+        ER_TRY(run_write_outputs(c->out_dir, job->save_final, job->save_ctx));
         if (c->out)
             fprintf(c->out, "%s: the run in %s was already complete (%ld steps); its outputs were written again\n", job->label,
                    c->out_dir, r->steps);
@@ -759,7 +775,7 @@ static int trainer_finish(Trainer *t, TrainResult *r) {
     ER_TRY(train_device_to_host(&t->dev, job, &t->opt, &opt)); // the outputs are written from the host
     if (dist_rank() != 0) // rank 0 alone writes the outputs
         return ER_OK;
-    ER_TRY(job->save_final(job->save_ctx, c->out_dir));
+    ER_TRY(run_write_outputs(c->out_dir, job->save_final, job->save_ctx));
     ER_TRY(write_run_json(t, r));
     if (c->out) {
         fprintf(c->out, "%s: %ld steps, final train loss %.4f", job->label, r->steps, r->last_loss);

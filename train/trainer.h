@@ -106,6 +106,9 @@ int train_config_check_resume(const cJSON *saved, const cJSON *now, const char *
 
 // Checks the settings every job shares (one-line errors naming the flag).
 int train_config_check(const TrainConfig *c);
+// The output dir, before any work: run_dir_check (a stopped run's files cleared, the line on c->out), and
+// no input (model, config, tokenizer, data) that is the output dir or lies inside it.
+int train_out_check(const TrainConfig *c);
 
 // run.json "model": {key: path, hidden_size, num_hidden_layers, vocab_size, parameters}. NULL when out
 // of memory.

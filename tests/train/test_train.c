@@ -443,11 +443,6 @@ Test(train, bad_inputs_give_one_line_errors, .init = setup, .fini = teardown, .t
     assert_one_line_error("nonsense");
     c.targets = "all";
 
-    c.resume = 1; // nothing to resume
-    cr_assert_lt(train_sft(&c, NULL), 0);
-    assert_one_line_error(out);
-    c.resume = 0;
-
     cr_assert_eq(train_sft(&c, NULL), ER_OK, "%s", er_last_error());
     cr_assert_lt(train_sft(&c, NULL), 0, "an existing run dir is not overwritten");
     assert_one_line_error("--resume");
@@ -535,9 +530,11 @@ Test(train, cli_errors_are_one_line, .init = setup, .fini = teardown, .timeout =
     }
     er_free(cfg);
     er_free(small);
-    // An existing run dir without --resume.
+    // An existing run dir (one with a checkpoint) without --resume.
+    char *marker = join(out, "checkpoint/state.json");
     cr_assert_eq(dir_make(out), ER_OK);
-    char *marker = join(out, "run.json");
+    cr_assert_eq(dir_make(marker), ER_OK); // only its existence counts here
+    cr_assert_eq(rmdir(marker), 0);
     cr_assert_eq(file_write_atomic(marker, "{}", 2), ER_OK);
     char cmd[3072], first[1024];
     snprintf(cmd, sizeof cmd, "%s sft --model %s --data %s --response-key concise --out %s --steps 1", prog, fx.model,
@@ -581,4 +578,88 @@ Test(train, sft_resume_same_dir_other_spelling_and_extension, .init = setup, .fi
     cr_assert_neq(train_sft(&c, &r), ER_OK, "shortening a run must be refused");
     assert_one_line_error("extended, not shortened");
     er_free(out);
+}
+
+// A run killed before its first checkpoint (the stop_after hook) left run.json and metrics.jsonl: the rerun
+// starts afresh and --resume starts from step 0, each saying so in one line (were: "already exists and is not
+// empty: pass --resume", then "nothing to resume"; only rm -rf helped). Files no stopped run leaves are
+// still refused.
+Test(train, run_stopped_before_its_first_checkpoint_restarts, .init = setup, .fini = teardown, .timeout = 60) {
+    char *out = join(fx.root, "stopped"), *said = join(fx.root, "said.txt");
+    TrainConfig c = sft_config(out);
+    c.steps = 3;
+    c.save_every = 0; // the only checkpoint would be the last
+    for (int resume = 0; resume < 2; resume++) {
+        c.stop_after = 1;
+        c.resume = 0;
+        if (resume)
+            helper_rmdir(out);
+        cr_assert_eq(train_sft(&c, NULL), ER_OK, "%s", er_last_error());
+        char *ck = join(out, "checkpoint/state.json"), *run = join(out, "run.json");
+        cr_assert(!path_exists(ck) && path_exists(run), "expected a run stopped before its first checkpoint");
+        c.stop_after = 0;
+        c.resume = resume;
+        FILE *fp = fopen(said, "w");
+        cr_assert(fp);
+        c.out = fp;
+        int rc = train_sft(&c, NULL);
+        fclose(fp);
+        c.out = NULL;
+        cr_assert_eq(rc, ER_OK, "%s rerun refused: %s", resume ? "--resume" : "plain", er_last_error());
+        char *text;
+        size_t n;
+        cr_assert_eq(file_read_all(said, 1 << 20, &text, &n), ER_OK);
+        cr_assert(strstr(text, resume ? "nothing to resume" : "starting afresh"), "%s", text);
+        er_free(text);
+        char **lines;
+        int k = read_metrics(out, &lines);
+        cr_assert_eq(k, 3, "the restarted run logs its 3 steps once each, got %d lines", k);
+        free_lines(lines, k);
+        cr_assert(path_exists(ck), "no checkpoint at the end");
+        er_free(ck), er_free(run);
+    }
+    // A dir holding something else (a file of the user's) is still refused.
+    helper_rmdir(out);
+    cr_assert_eq(dir_make(out), ER_OK);
+    char *mine = join(out, "notes.txt");
+    cr_assert_eq(file_write_atomic(mine, "x", 1), ER_OK);
+    c.resume = 0;
+    cr_assert_lt(train_sft(&c, NULL), 0);
+    assert_one_line_error("notes.txt");
+    cr_assert(path_exists(mine));
+    er_free(mine), er_free(out), er_free(said);
+}
+
+// run.json and the checkpoint record a fingerprint of --data: a resume after the file changed at the same
+// path is refused naming it (was: resumed on other data without a word); unchanged data resumes as before.
+Test(train, resume_refuses_changed_data, .init = setup, .fini = teardown, .timeout = 60) {
+    char *out = join(fx.root, "fp"), *data = join(fx.root, "mine.jsonl"), *text;
+    size_t n;
+    cr_assert_eq(file_read_all(fx.data, 1 << 24, &text, &n), ER_OK);
+    cr_assert_eq(file_write_atomic(data, text, n), ER_OK);
+    TrainConfig c = sft_config(out);
+    c.data_path = data;
+    c.steps = 4;
+    c.save_every = 1;
+    c.stop_after = 2;
+    cr_assert_eq(train_sft(&c, NULL), ER_OK, "%s", er_last_error());
+    cJSON *run = helper_read_json(out, "run.json");
+    const cJSON *fp = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(run, "config"),
+                                                       "data_fingerprint");
+    cr_assert(cJSON_IsString(fp) && strchr(fp->valuestring, ':'), "run.json has no data fingerprint");
+    cJSON_Delete(run);
+    // The same bytes with one record changed (same length): refused, naming the file.
+    char *p = strstr(text, "Start with ");
+    cr_assert(p);
+    char was = p[11];
+    p[11] = was == '1' ? '2' : '1';
+    cr_assert_eq(file_write_atomic(data, text, n), ER_OK);
+    c.stop_after = 0;
+    c.resume = 1;
+    cr_assert_lt(train_sft(&c, NULL), 0);
+    assert_one_line_error("mine.jsonl: the file changed since the checkpoint");
+    p[11] = was; // back as it was: the resume goes on
+    cr_assert_eq(file_write_atomic(data, text, n), ER_OK);
+    cr_assert_eq(train_sft(&c, NULL), ER_OK, "%s", er_last_error());
+    er_free(text), er_free(out), er_free(data);
 }
