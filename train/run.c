@@ -192,7 +192,8 @@ int run_write_json(const char *dir, const cJSON *run) {
     return rc;
 }
 
-// Keeps the lines of `path` whose "step" is <= keep_step (rewritten atomically).
+// Keeps the lines of `path` whose "step" is <= keep_step, but for an end-of-run line ("stage": "eval") of
+// keep_step itself (rewritten atomically).
 static int metrics_keep(const char *path, long keep_step) {
     char *text = NULL, *out = NULL;
     size_t n, k = 0;
@@ -209,7 +210,12 @@ static int metrics_keep(const char *path, long keep_step) {
         if (len > 0) {
             cJSON *j = cJSON_ParseWithLength(line, len);
             const cJSON *s = j ? cJSON_GetObjectItemCaseSensitive(j, "step") : NULL;
+            const cJSON *stage = j ? cJSON_GetObjectItemCaseSensitive(j, "stage") : NULL;
             int ok = cJSON_IsNumber(s), keep = ok && (long)s->valuedouble <= keep_step;
+            // An end-of-run line comes after the last checkpoint: a resume from there writes it again.
+            if (keep && cJSON_IsString(stage) && strcmp(stage->valuestring, "eval") == 0 &&
+                (long)s->valuedouble >= keep_step)
+                keep = 0;
             cJSON_Delete(j);
             if (!ok)
                 ER_CHECK(er_error(ER_EFORMAT, "%s:%ld: not a metrics line with a \"step\"", path, lineno));

@@ -61,8 +61,9 @@ typedef struct {
 } MetricsLog;
 
 // Opens dir/metrics.jsonl. A resumed run keeps the lines of steps <= keep_step (those a run killed
-// after its checkpoint wrote past it are dropped, so the file reads as if never interrupted);
-// a new run starts it empty.
+// after its checkpoint wrote past it are dropped, so the file reads as if never interrupted), less an
+// end-of-run line ("stage": "eval") at keep_step, which a finished run writes after its last checkpoint and
+// its resume writes again; a new run starts it empty.
 int metrics_open(MetricsLog *ml, const char *dir, int resume, long keep_step);
 // Appends `line` (one JSON object, printed unformatted) and flushes.
 int metrics_write(MetricsLog *ml, const cJSON *line);

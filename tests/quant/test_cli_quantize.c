@@ -434,6 +434,28 @@ Test(quant_cli, outlier_model) {
     }
 }
 
+// Resuming a finished fpt-trained run writes its outputs again and logs the end-of-run eval once (was: a
+// second "eval" line appended to metrics.jsonl each time).
+Test(quant_cli, resumed_finished_fpt_run_logs_its_eval_once) {
+    need_programs();
+    const char *flags = "--weights q4 --transforms fpt-trained --fpt-steps 2 --fpt-local-steps 1";
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s", quantize_ok("fr", flags, NULL));
+    char resume[256];
+    snprintf(resume, sizeof resume, "%s --resume", flags);
+    quantize_ok("fr", resume, NULL);
+    char *metrics = path_join(dir, "metrics.jsonl"), *text;
+    size_t n;
+    cr_assert_eq(file_read_all(metrics, 1 << 20, &text, &n), 0, "%s", er_last_error());
+    int evals = 0;
+    for (const char *p = text; (p = strstr(p, "\"stage\":\"eval\"")); p++)
+        evals++;
+    cr_assert_eq(evals, 1, "metrics.jsonl holds %d eval lines:\n%s", evals, text);
+    cr_assert_eq(helper_count_lines(text), 4, "3 steps and the eval expected:\n%s", text);
+    er_free(text);
+    er_free(metrics);
+}
+
 // Outputs are checked before any work: a --out that is a link to nothing, or under a file, is refused
 // before the model loads (was: refused at the rename, after quantizing).
 Test(quant_cli, bad_out_refused_before_any_work) {
