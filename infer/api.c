@@ -201,8 +201,10 @@ int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens
     s->m = m;
     m->sessions++; // er_session_free gives it back, on this function's failure too
     // The KV cache and buffers are reserved now; a session that would not fit in memory is refused here.
-    ER_CHECK(engine_init(&s->engine, &m->model, m->tok, kv_int8 ? KV_INT8 : KV_F32, max_samples, max_tokens, 128,
-                         er_physical_memory()));
+    rc = engine_init(&s->engine, &m->model, m->tok, kv_int8 ? KV_INT8 : KV_F32, max_samples, max_tokens, 128,
+                     er_physical_memory());
+    if (rc < 0)
+        ER_CHECK(er_error_prefix(rc, "er_session_open"));
     s->samples = er_calloc((size_t)max_samples, sizeof(GenSample));
     s->pub = er_calloc((size_t)max_samples, sizeof(ErSample));
     s->vote_answers = er_calloc((size_t)max_samples, sizeof(char *));
@@ -444,8 +446,10 @@ int er_batch_open(ErBatch **out, ErModel *m, int max_rows, int max_tokens, int k
     int rc = ER_OK;
     b->m = m;
     m->sessions++;
-    ER_CHECK(decode_batch_init(&b->batch, &m->model, m->tok, model_adapter(m), kv_int8 ? KV_INT8 : KV_F32, max_rows,
-                               max_rows, max_tokens, 128, er_physical_memory()));
+    rc = decode_batch_init(&b->batch, &m->model, m->tok, model_adapter(m), kv_int8 ? KV_INT8 : KV_F32, max_rows,
+                           max_rows, max_tokens, 128, er_physical_memory());
+    if (rc < 0)
+        ER_CHECK(er_error_prefix(rc, "er_batch_open"));
     b->live = er_calloc((size_t)max_rows, sizeof *b->live);
     if (!b->live)
         ER_CHECK(ER_ENOMEM);

@@ -1,5 +1,6 @@
 #include "infer/decode_batch.h"
 
+#include <limits.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -10,6 +11,10 @@ int decode_batch_init(DecodeBatch *b, Model *m, const Tokenizer *tok, const Lora
     memset(b, 0, sizeof *b);
     if (max_rows < 1 || n_prompts < 1)
         return er_error(ER_EINVAL, "batch: need at least 1 row and 1 cached prompt");
+    // The engine holds both (below): their sum and its positions must be numbers it can hold.
+    if (max_rows > INT_MAX - n_prompts || (long long)(max_rows + n_prompts) * max_len > INT_MAX)
+        return er_error(ER_ERANGE, "a batch of %d rows and %d cached prompts of %d positions is more than a KV cache "
+                        "can address (%d positions)", max_rows, n_prompts, max_len, INT_MAX);
     // The engine's room for samples holds the rows and the cached prompts (sequences the rows share
     // only while they decode from them).
     ER_TRY(engine_init(&b->e, m, tok, kv_type, max_rows + n_prompts, max_len, chunk, max_bytes));

@@ -1,5 +1,6 @@
 #include "infer/engine.h"
 
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -34,13 +35,19 @@ int engine_init(Engine *e, Model *m, const Tokenizer *tok, KvType kv_type, int m
     if (max_len > m->cfg.max_pos) // RoPE past the trained positions is not supported: refused, not extrapolated
         return er_error(ER_ERANGE, "%d positions per sequence exceed the model's %d (max_position_embeddings)", max_len,
                         m->cfg.max_pos);
+    // Distinct positions: prompt P once + N tails of at most max_len - P each <= N * max_len. The KV
+    // cache numbers positions, blocks and sequences (the samples' and the prompt's) with ints: what it
+    // cannot number is refused before any size is computed from it (max_len >= 2, so max_samples + 1
+    // fits too).
+    size_t positions = (size_t)max_samples * (size_t)max_len;
+    if (positions > INT_MAX)
+        return er_error(ER_ERANGE, "a session of %d samples x %d positions holds %zu positions, more than a KV cache "
+                        "can address (%d)", max_samples, max_len, positions, INT_MAX);
     e->model = m;
     e->tok = tok;
     e->max_samples = max_samples;
     e->max_len = max_len;
     e->chunk = chunk;
-    // Distinct positions: prompt P once + N tails of at most max_len - P each <= N * max_len.
-    size_t positions = (size_t)max_samples * (size_t)max_len;
     size_t kv_bytes = kv_cache_bytes(&m->cfg, kv_type, max_samples + 1, positions);
     size_t need;
     if (kv_bytes == SIZE_MAX || er_add_size(kv_bytes, acts_bytes(&m->cfg, 1, chunk, ACTS_DECODE), &need) ||

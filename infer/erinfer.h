@@ -161,7 +161,8 @@ ER_API void er_model_free(ErModel *m);
 
 // A session for up to max_samples parallel samples of up to max_tokens positions (prompt included, at
 // most er_model_max_positions), KV cache in int8 when kv_int8 != 0. Memory is reserved here: a size
-// that does not fit is refused.
+// that does not fit is refused (ER_ENOMEM), and max_samples x max_tokens above INT_MAX positions (more
+// than a KV cache can address) with ER_ERANGE.
 ER_API int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens, int kv_int8);
 ER_API void er_session_free(ErSession *s);
 
@@ -234,7 +235,8 @@ typedef struct ErBatch ErBatch;
 typedef struct ErRequest ErRequest;
 
 // Room for max_rows samples (over all live requests) of up to max_tokens positions each (prompt
-// included), KV cache in int8 when kv_int8 != 0.
+// included), KV cache in int8 when kv_int8 != 0. The batch caches as many prompts as it has rows: 2 x
+// max_rows x max_tokens above INT_MAX positions is refused (ER_ERANGE), as in er_session_open.
 ER_API int er_batch_open(ErBatch **out, ErModel *m, int max_rows, int max_tokens, int kv_int8);
 // Frees the batch; requests not freed yet are abandoned and freed with it.
 ER_API void er_batch_free(ErBatch *b);
