@@ -155,7 +155,8 @@ ER_API int er_model_max_positions(const ErModel *m);
 // Attaches a LoRA adapter (PEFT dir) to the model, replacing the one loaded before. With the masked
 // rule it is off on the prompt (whose KV cache is the base model's) and on in the response, which
 // starts with the adapter's reasoning prefix unless ErGenParams.response_prefix says otherwise.
-// Sessions notice the change: a prompt cached under another unmasked adapter is computed again.
+// Sessions notice the change: a prompt cached under another unmasked adapter is computed again. An
+// adapter whose scale (lora_alpha / r, / sqrt(r) with use_rslora) is above 1e4 is refused.
 ER_API int er_model_load_adapter(ErModel *m, const char *dir);
 ER_API void er_model_free(ErModel *m);
 

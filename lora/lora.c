@@ -59,6 +59,10 @@ int lora_init(LoraAdapter *a, const LoraShape *s, int r, float alpha, int rslora
     memset(a, 0, sizeof *a);
     if (r < 1 || !(alpha > 0) || !(dropout >= 0 && dropout < 1) || !targets || (targets & ~LORA_ALL_TARGETS))
         return er_error(ER_EINVAL, "LoRA: need rank >= 1, alpha > 0, dropout in [0, 1) and at least one target");
+    double scale = rslora ? alpha / sqrt((double)r) : (double)alpha / r;
+    if (!(scale <= LORA_MAX_SCALE)) // what peft_load refuses: a trained adapter always loads
+        return er_error(ER_ERANGE, "LoRA: alpha %g at rank %d%s gives a scale of %g, expected at most %g", alpha, r,
+                        rslora ? " (rsLoRA)" : "", scale, (double)LORA_MAX_SCALE);
     a->L = s->L;
     a->r = r;
     a->alpha = alpha;

@@ -14,6 +14,10 @@ typedef enum { LT_Q, LT_K, LT_V, LT_O, LT_GATE, LT_UP, LT_DOWN, LT_COUNT } LoraT
 
 #define LORA_ALL_TARGETS ((1u << LT_COUNT) - 1)
 
+// The largest scale (alpha / r, or alpha / sqrt(r) with rsLoRA) a loaded adapter may have: far above
+// any trained one (alpha 2r gives 2), far below what overflows the forward's activations.
+#define LORA_MAX_SCALE 1e4
+
 const char *lora_target_name(LoraTarget t);     // "q_proj", ..., "down_proj"
 int lora_targets_parse(const char *list, unsigned *mask); // "q_proj,v_proj" | "q,v" | "all"
 

@@ -252,12 +252,11 @@ static int parse_config(const cJSON *j, const char *path, PeftConfig *pc) {
     pc->r = (int)r;
     double alpha, dropout = 0;
     ER_TRY(json_get_double(j, "lora_alpha", &alpha, path));
-    if (!(alpha > 0) || alpha > 3.4e38)
-        return er_error(ER_ERANGE, "%s: \"lora_alpha\" is %g: expected > 0", path, alpha);
+    if (!(alpha > 0) || !isfinite(alpha))
+        return er_error(ER_ERANGE, "%s: \"lora_alpha\" is %g: expected a finite number > 0", path, alpha);
     ER_TRY(json_opt_double(j, "lora_dropout", &dropout, path));
     if (!(dropout >= 0 && dropout < 1))
         return er_error(ER_ERANGE, "%s: \"lora_dropout\" is %g: expected in [0, 1)", path, dropout);
-    pc->alpha = (float)alpha;
     pc->dropout = (float)dropout;
     ER_TRY(parse_targets(j, path, &pc->targets));
     s = NULL;
@@ -265,6 +264,14 @@ static int parse_config(const cJSON *j, const char *path, PeftConfig *pc) {
     if (s && strcmp(s, "none") != 0)
         return er_error(ER_EUNSUPPORTED, "%s: \"bias\" is \"%s\": only \"none\" is supported", path, s);
     ER_TRY(json_opt_bool(j, "use_rslora", &pc->rslora, path));
+    // The scale multiplies every adapted output: alpha 1e38 is a float, but its scale overflows the
+    // forward, and such an adapter would load and then only fail at generate with NaN logits.
+    double scale = pc->rslora ? alpha / sqrt((double)r) : alpha / (double)r;
+    if (!(scale <= LORA_MAX_SCALE))
+        return er_error(ER_ERANGE, "%s: \"lora_alpha\" is %g: with \"r\" %d%s the LoRA scale is %g, expected at "
+                        "most %g", path, alpha, pc->r, pc->rslora ? " and \"use_rslora\"" : "", scale,
+                        (double)LORA_MAX_SCALE);
+    pc->alpha = (float)alpha; // at most LORA_MAX_SCALE * r
     ER_TRY(refuse_unsupported(j, path));
     // A plain PEFT adapter (no "er_mask") was trained with the adapter on everywhere.
     s = NULL;

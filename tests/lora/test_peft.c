@@ -429,6 +429,11 @@ Test(peft, refuses_bad_configs) {
         {"lora_alpha", "-1", "lora_alpha"},
         {"lora_alpha", "0", "lora_alpha"},
         {"lora_alpha", NULL, "lora_alpha"},
+        {"lora_alpha", "1e38", "lora_alpha"}, // a finite alpha whose scale overflows the forward
+        {"lora_alpha", "3.4e38", "lora_alpha"},
+        {"lora_alpha", "1e39", "lora_alpha"},
+        {"lora_alpha", "1e999", "lora_alpha"},
+        {"lora_alpha", "1e6", "lora_alpha"}, // a scale of 250000 (r = 4)
         {"lora_dropout", "1.5", "lora_dropout"},
         {"target_modules", "[\"q_proj\", \"lm_head\"]", "lm_head"},
         {"target_modules", "\".*_proj\"", "target_modules"},
@@ -464,12 +469,25 @@ Test(peft, rank_checked_against_the_file_first) {
     remove_dir(dir);
 }
 
+// Training makes only adapters that load: lora_init refuses the scales peft_load refuses (sft --alpha 1e6
+// trained, then could not be loaded).
+Test(peft, init_refuses_an_absurd_scale) {
+    LoraAdapter a;
+    cr_assert_eq(lora_init(&a, &SHAPE, 4, 1e6f, 0, 0.0f, LORA_ALL_TARGETS, 0, 1), ER_ERANGE);
+    cr_assert(strstr(er_last_error(), "scale"), "%s", er_last_error());
+    cr_assert_null(a.mats);
+    cr_assert_eq(lora_init(&a, &SHAPE, 1, 4e4f, 1, 0.0f, LORA_ALL_TARGETS, 0, 1), ER_ERANGE, "rsLoRA");
+    cr_assert_eq(lora_init(&a, &SHAPE, 4, 4096.0f, 0, 0.0f, LORA_ALL_TARGETS, 0, 1), ER_OK, "%s", er_last_error());
+    lora_free(&a);
+}
+
 Test(peft, neutral_values_are_accepted) {
     static const ConfigCase cases[] = {
         {"rank_pattern", "null", NULL},      {"alpha_pattern", "{}", NULL},        {"modules_to_save", "[]", NULL},
         {"layers_to_transform", "null", NULL}, {"init_lora_weights", "false", NULL}, {"task_type", NULL, NULL},
         {"bias", NULL, NULL},                {"lora_dropout", NULL, NULL},         {"use_dora", "false", NULL},
         {"base_model_name_or_path", "null", NULL}, {"some_future_key", "{\"x\": 1}", NULL},
+        {"lora_alpha", "4096", NULL}, // a large scale (1024 at r = 4) that is still a scale
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         LoraAdapter a, b;
