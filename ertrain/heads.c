@@ -14,6 +14,7 @@
 #include "core/json.h"
 #include "core/threads.h"
 #include "ertrain/cli.h"
+#include "model/head.h"
 #include "switcher_train/switcher.h"
 #include "train/dist.h"
 #include "train/heads.h"
@@ -41,11 +42,15 @@ static char *dir_of(const char *path) {
     return d;
 }
 
-// Whether two output paths name one file (however spelled; the files need not exist yet).
+// Whether two output paths name one head (however spelled, NAME or either of its files; the files need
+// not exist yet).
 static int same_file(const char *a, const char *b) {
     char *da = dir_of(a), *db = dir_of(b), *ra = da ? path_resolve(da) : NULL, *rb = db ? path_resolve(db) : NULL;
     const char *ba = strrchr(a, '/'), *bb = strrchr(b, '/');
-    int same = ra && rb && strcmp(ra, rb) == 0 && strcmp(ba ? ba + 1 : a, bb ? bb + 1 : b) == 0;
+    ba = ba ? ba + 1 : a;
+    bb = bb ? bb + 1 : b;
+    size_t na = trained_head_name_len(ba), nb = trained_head_name_len(bb);
+    int same = ra && rb && strcmp(ra, rb) == 0 && na == nb && strncmp(ba, bb, na) == 0;
     er_free(da);
     er_free(db);
     er_free(ra);

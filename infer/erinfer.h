@@ -188,7 +188,8 @@ ER_API const ErStats *er_result_stats(const ErSession *s);
 // of verifier scores (ties: the highest single score). No switcher: every query reasons (when an
 // adapter is loaded); no verifier: a plain majority vote. The switcher reads every prompt position,
 // so with one loaded each call prefills its whole prompt (no reuse across chat turns). A head is
-// tied to the model it was trained on: loading it for another model is refused.
+// tied to the model it was trained on: loading it for another model is refused. `path` is NAME,
+// NAME.safetensors or NAME.json (the head is the pair of files).
 ER_API int er_model_load_switcher(ErModel *m, const char *path);
 ER_API int er_model_load_verifier(ErModel *m, const char *path);
 // Positions a generate call holds beyond its prompt and max_new_tokens with what is loaded now: the

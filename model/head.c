@@ -206,11 +206,20 @@ void trained_head_free(TrainedHead *t) {
     memset(t, 0, sizeof *t);
 }
 
-// NAME from a path with or without the ".safetensors" suffix; the two file paths.
+size_t trained_head_name_len(const char *path) {
+    static const char *const suffixes[] = {".safetensors", ".json"};
+    size_t n = strlen(path);
+    for (int i = 0; i < 2; i++) {
+        size_t k = strlen(suffixes[i]);
+        if (n > k && strcmp(path + n - k, suffixes[i]) == 0)
+            return n - k;
+    }
+    return n;
+}
+
+// NAME from a path naming the head (trained_head_name_len); the two file paths.
 static int head_paths(const char *path, char **st, char **js) {
-    size_t n = strlen(path), sfx = strlen(".safetensors");
-    if (n >= sfx && strcmp(path + n - sfx, ".safetensors") == 0)
-        n -= sfx;
+    size_t n = trained_head_name_len(path), sfx = strlen(".safetensors");
     *st = er_alloc(n + sfx + 1);
     *js = er_alloc(n + 6);
     if (!*st || !*js) {

@@ -10,7 +10,8 @@
 //                      "kind": "linear" | "mlp", "in": C, "hidden": H, "dropout": p,
 //                      "threshold": t, "features": {...}, "model_fingerprint": "16 hex digits",
 //                      "metrics": {...}}
-// where NAME is the path given without its ".safetensors" suffix. "features" says how the runtime
+// where NAME is the path given without its ".safetensors" or ".json" suffix: NAME and either file name
+// the head. "features" says how the runtime
 // must compute the input: switcher {"kind": "prompt_ema", "chunk": 128, "alpha": 0.5}, verifier
 // {"kind": "verify_last", "prompt": "\nIs this solution correct?", "adapter_on": false}.
 #ifndef MODEL_HEAD_H
@@ -87,6 +88,8 @@ typedef struct {
 } TrainedHead;
 
 void trained_head_free(TrainedHead *t);
+// The length of NAME in a path naming a head: the path without a ".safetensors" or ".json" suffix.
+size_t trained_head_name_len(const char *path);
 // Writes NAME.safetensors and NAME.json (see the top of this file) atomically.
 int trained_head_save(const TrainedHead *t, const char *path);
 // Loads a head. With m != NULL, a head trained on another model (fingerprint or hidden size) is

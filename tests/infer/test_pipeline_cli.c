@@ -75,6 +75,30 @@ Test(pipeline_cli, generate_json_reports_route_scores_votes) {
     helper_result_free(&r);
 }
 
+// A head is NAME.safetensors + NAME.json: --switcher/--verifier take NAME, either file, or NAME.json
+// (which looked for NAME.json.json).
+Test(pipeline_cli, head_flags_take_either_file_or_the_stem) {
+    need_erinfer();
+    static const char *forms[][2] = {{"sw.json", "vf.json"}, {"sw.safetensors", "vf"}, {"sw", "vf.json"}};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        CmdResult r = helper_run(fx.tmp,
+                                 "'%s' generate --model '%s/model' --adapter '%s/adapter' --switcher '%s/%s' "
+                                 "--verifier '%s/%s' --prompt 'What is 2 + 3?' --samples 2 --max-new 6 --json "
+                                 "--threads 1",
+                                 fx.prog, fx.tmp, fx.tmp, fx.tmp, forms[i][0], fx.tmp, forms[i][1]);
+        cr_assert_eq(r.status, 0, "--switcher %s --verifier %s: %s", forms[i][0], forms[i][1], r.err);
+        cr_assert(strstr(r.out, "\"pipeline\""), "%s", r.out);
+        helper_result_free(&r);
+    }
+    // A missing head is named by the file looked for, without a doubled suffix.
+    CmdResult r = helper_run(fx.tmp,
+                             "'%s' generate --model '%s/model' --adapter '%s/adapter' --verifier '%s/none.json' "
+                             "--prompt 'What is 2 + 3?' --max-new 6 --threads 1",
+                             fx.prog, fx.tmp, fx.tmp, fx.tmp);
+    cr_assert_null(strstr(r.err, "none.json.json"), "%s", r.err);
+    helper_expect_error(&r, "--verifier none.json", "none.json");
+}
+
 Test(pipeline_cli, eval_prints_the_table) {
     char *data = heads_make_data(fx.tmp, "eval.jsonl", 3, 4);
     char model[512], adapter[512], sw[512], vf[512], out[512];

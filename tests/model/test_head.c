@@ -167,6 +167,30 @@ Test(head_io, round_trip_switcher_and_verifier) {
     }
 }
 
+// A head is named by NAME or either of its files: saved as NAME.json it is NAME.safetensors + NAME.json
+// (it was NAME.json.safetensors + NAME.json.json), and loads by each of the three.
+Test(head_io, either_file_names_the_head) {
+    TrainedHead t, u;
+    make_head(&t, HEAD_VERIFIER, &model_a);
+    char path[128];
+    snprintf(path, sizeof path, "%s/vf.json", tmp);
+    cr_assert_eq(trained_head_save(&t, path), 0, "%s", er_last_error());
+    snprintf(path, sizeof path, "%s/vf.safetensors", tmp);
+    cr_assert(path_exists(path), "%s", path);
+    static const char *names[] = {"vf", "vf.json", "vf.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmp, names[i]);
+        cr_assert_eq(trained_head_load(&u, path, HEAD_VERIFIER, &model_a), 0, "%s: %s", names[i], er_last_error());
+        cr_assert_str_eq(u.verify_prompt, t.verify_prompt);
+        trained_head_free(&u);
+    }
+    cr_assert_eq(trained_head_name_len("a/b.json"), 3);
+    cr_assert_eq(trained_head_name_len("a/b.safetensors"), 3);
+    cr_assert_eq(trained_head_name_len("a/b.json.json"), 8, "one suffix only");
+    cr_assert_eq(trained_head_name_len(".json"), 5, "a suffix alone is a name");
+    trained_head_free(&t);
+}
+
 Test(head_io, another_model_is_refused) {
     char fa[17], fb[17], fa2[17];
     model_fingerprint(&model_a, fa);

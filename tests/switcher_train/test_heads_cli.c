@@ -32,6 +32,8 @@ Test(heads_cli, bad_inputs_fail_cleanly) {
         {"--data '%s/nope.jsonl' --switcher-out /tmp/never", "nope.jsonl"},
         // refused: one head would overwrite the other; no records to calibrate on
         {"--data '%s' --switcher-out /tmp/er_h_same --verifier-out /tmp/../tmp/er_h_same", "would overwrite"},
+        {"--data '%s' --switcher-out /tmp/er_h_same.json --verifier-out /tmp/er_h_same", "would overwrite"},
+        {"--data '%s' --switcher-out /tmp/er_h_same.safetensors --verifier-out /tmp/er_h_same.json", "would overwrite"},
         {"--data '%s' --switcher-out /tmp/never --val-split 0", "--val-split"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
