@@ -1,6 +1,7 @@
 // The public C API (infer/erinfer.h) over the engine.
 #include "infer/erinfer.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,8 +35,9 @@ ER_SAME_(ER_STOP_MAX_LEN, STOP_MAX_LEN, "infer/stop.h")
 #undef ER_SAME_
 
 struct ErModel {
-    int sessions;  // open sessions: they keep the model alive (er_model_free waits for the last one)
-    int freed;     // er_model_free was called
+    atomic_int refs;    // the caller's (until er_model_free) and one per open session or batch: the last frees it
+    atomic_int freed;   // er_model_free was called
+    atomic_int running; // generate calls and batch requests running on it, or MODEL_CHANGING (see model_use_begin)
     Model model;
     Tokenizer *tok;
     ChatStyle style;
@@ -44,7 +46,8 @@ struct ErModel {
 };
 
 struct ErSession {
-    ErModel *m;         // holds one of m->sessions from er_session_open on
+    ErModel *m;         // holds one of m->refs from er_session_open on
+    atomic_int use;     // USE_* (see use_enter)
     Engine engine;
     GenSample *samples; // (max_samples)
     ErSample *pub;      // (max_samples)
@@ -72,9 +75,72 @@ static const TrainedHead *model_verifier(const ErModel *m) { return m->verifier.
 // A model given to er_model_free lives on for its sessions but takes nothing new.
 #define NOT_FREED(m, fn)                                                   \
     do {                                                                   \
-        if ((m)->freed)                                                    \
+        if (atomic_load(&(m)->freed))                                      \
             return er_error(ER_EINVAL, "%s: the model was freed", fn);     \
     } while (0)
+
+// One call at a time on a session or a batch: a call takes it from USE_IDLE to USE_BUSY and back. A
+// second call meanwhile (from a token callback of the first, or from another thread) finds it in use
+// and is refused; a *_free meanwhile (which cannot fail) marks it USE_FREE, and the running call stops
+// calling callbacks and releases it on its way out. An atomic exchange per call: nothing waits.
+enum { USE_IDLE = 0, USE_BUSY, USE_FREE };
+
+static int use_enter(atomic_int *use) {
+    int idle = USE_IDLE;
+    return atomic_compare_exchange_strong(use, &idle, USE_BUSY);
+}
+
+// Ends a call: 1 when a free came during it (the caller releases the object now).
+static int use_leave(atomic_int *use) {
+    int busy = USE_BUSY;
+    return !atomic_compare_exchange_strong(use, &busy, USE_IDLE);
+}
+
+// For a *_free: 1 when the object may be released now, 0 when the running call will (or already must).
+static int use_free(atomic_int *use) {
+    for (;;) {
+        int v = USE_IDLE;
+        if (atomic_compare_exchange_strong(use, &v, USE_BUSY))
+            return 1;
+        if (v == USE_FREE || atomic_compare_exchange_strong(use, &v, USE_FREE))
+            return 0;
+        // the call ended between the two exchanges: try again
+    }
+}
+
+static int in_use(const char *fn, const char *what) {
+    return er_error(ER_EINVAL, "%s: the %s is in use by another call (from its own token callback, or on another "
+                    "thread): it takes one call at a time", fn, what);
+}
+
+// The model's parts (adapter, heads) are read by every running generation and replaced by a load: a
+// generation holds m->running up by one while it runs, a load swaps its part in only while m->running
+// is 0 (and holds it at MODEL_CHANGING meanwhile). Either side that finds the other refuses.
+enum { MODEL_CHANGING = -1 };
+
+static int model_use_begin(ErModel *m, const char *fn) {
+    int v = atomic_load(&m->running);
+    do {
+        if (v < 0)
+            return er_error(ER_EINVAL, "%s: the model is being changed by an er_model_load_* call on another thread",
+                            fn);
+    } while (!atomic_compare_exchange_weak(&m->running, &v, v + 1));
+    return ER_OK;
+}
+
+static void model_use_end(ErModel *m) { atomic_fetch_sub(&m->running, 1); }
+
+static int model_change_begin(ErModel *m, const char *fn) {
+    int v = 0;
+    if (atomic_compare_exchange_strong(&m->running, &v, MODEL_CHANGING))
+        return ER_OK;
+    if (v < 0)
+        return er_error(ER_EINVAL, "%s: another er_model_load_* call is changing the model", fn);
+    return er_error(ER_EINVAL, "%s: %d generations are running on the model's sessions or batches; load between "
+                    "generations", fn, v);
+}
+
+static void model_change_end(ErModel *m) { atomic_store(&m->running, 0); }
 
 const char *er_version(void) { return ER_VERSION_STRING; }
 
@@ -93,6 +159,12 @@ static void model_release(ErModel *m) {
     er_free(m);
 }
 
+// Drops one reference (the caller's, a session's or a batch's): the last one frees the model.
+static void model_unref(ErModel *m) {
+    if (atomic_fetch_sub(&m->refs, 1) == 1)
+        model_release(m);
+}
+
 int er_model_load(ErModel **out, const char *dir) {
     NEED(out, "er_model_load", "the output pointer");
     *out = NULL;
@@ -101,6 +173,7 @@ int er_model_load(ErModel **out, const char *dir) {
     ErModel *m = er_calloc(1, sizeof *m);
     if (!m)
         return ER_ENOMEM;
+    atomic_init(&m->refs, 1);
     ER_CHECK(model_load(&m->model, dir, 0));
     ER_CHECK(model_tile_for_decode(&m->model, NULL));
     ER_CHECK(tok_load(&m->tok, dir));
@@ -123,8 +196,14 @@ int er_model_load_adapter(ErModel *m, const char *dir) {
     LoraShape shape = model_config_lora_shape(c);
     LoraAdapter a;
     ER_TRY(peft_load(&a, dir, &shape, 0));
+    int rc = model_change_begin(m, "er_model_load_adapter"); // the old one may be in use until now
+    if (rc < 0) {
+        lora_free(&a);
+        return rc;
+    }
     lora_free(&m->adapter);
     m->adapter = a;
+    model_change_end(m);
     return ER_OK;
 }
 
@@ -136,8 +215,14 @@ static int load_head(ErModel *m, const char *path, HeadRole role) {
     TrainedHead *t = role == HEAD_SWITCHER ? &m->switcher : &m->verifier;
     TrainedHead h;
     ER_TRY(trained_head_load(&h, path, role, &m->model));
+    int rc = model_change_begin(m, fn);
+    if (rc < 0) {
+        trained_head_free(&h);
+        return rc;
+    }
     trained_head_free(t);
     *t = h;
+    model_change_end(m);
     return ER_OK;
 }
 
@@ -147,9 +232,8 @@ int er_model_load_verifier(ErModel *m, const char *path) { return load_head(m, p
 void er_model_free(ErModel *m) {
     if (!m)
         return;
-    m->freed = 1;
-    if (m->sessions == 0)
-        model_release(m);
+    atomic_store(&m->freed, 1);
+    model_unref(m);
 }
 
 const Tokenizer *runner_model_tokenizer(const ErModel *m) { return m->tok; }
@@ -171,10 +255,13 @@ static int count_tokens(const Tokenizer *tok, const char *text) {
 
 int er_model_extra_positions(const ErModel *m) {
     NEED(m, "er_model_extra_positions", "the model");
+    ErModel *mu = (ErModel *)m; // reads the parts a load replaces: held like a generation's (no change seen)
+    ER_TRY(model_use_begin(mu, "er_model_extra_positions"));
     const LoraAdapter *ad = model_adapter(m);
     const TrainedHead *vf = model_verifier(m);
     int prefix = ad ? count_tokens(m->tok, ad->reasoning_prefix) : 0;
     int verify = ad && vf ? count_tokens(m->tok, vf->verify_prompt) : 0;
+    model_use_end(mu);
     ER_TRY(prefix);
     ER_TRY(verify);
     return prefix + verify;
@@ -199,7 +286,7 @@ int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens
     if (!s)
         return ER_ENOMEM;
     s->m = m;
-    m->sessions++; // er_session_free gives it back, on this function's failure too
+    atomic_fetch_add(&m->refs, 1); // er_session_free gives it back, on this function's failure too
     // The KV cache and buffers are reserved now; a session that would not fit in memory is refused here.
     rc = engine_init(&s->engine, &m->model, m->tok, kv_int8 ? KV_INT8 : KV_F32, max_samples, max_tokens, 128,
                      er_physical_memory());
@@ -219,9 +306,7 @@ done:
     return rc;
 }
 
-void er_session_free(ErSession *s) {
-    if (!s)
-        return;
+static void session_release(ErSession *s) {
     gen_samples_free(s->samples, s->n);
     pipeline_result_free(&s->pr);
     engine_free(&s->engine);
@@ -232,18 +317,44 @@ void er_session_free(ErSession *s) {
     er_free(s->vote_counts);
     ErModel *m = s->m;
     er_free(s);
-    if (--m->sessions == 0 && m->freed)
-        model_release(m);
+    model_unref(m);
+}
+
+void er_session_free(ErSession *s) {
+    if (s && use_free(&s->use))
+        session_release(s);
+}
+
+// A generate call's hold on its session and the session's model; session_leave releases both (and the
+// session when er_session_free came during the call).
+static int session_enter(ErSession *s, const char *fn) {
+    if (!use_enter(&s->use))
+        return in_use(fn, "session");
+    int rc = model_use_begin(s->m, fn);
+    if (rc < 0 && use_leave(&s->use))
+        session_release(s);
+    return rc;
+}
+
+static void session_leave(ErSession *s) {
+    model_use_end(s->m);
+    if (use_leave(&s->use))
+        session_release(s);
 }
 
 typedef struct {
     ErTokenCallback cb;
     void *user;
+    const atomic_int *use;   // the session's or batch's: USE_FREE stops every sample
+    const atomic_int *freed; // a request's (NULL in a session): set, its samples stop
 } CbBridge;
 
+// Once its session, batch or request has been freed (during the call) a callback is not called again.
 static int bridge(void *user, int sample, int token, const char *bytes, size_t n) {
     (void)token;
     CbBridge *b = user;
+    if (atomic_load(b->use) == USE_FREE || (b->freed && atomic_load(b->freed)))
+        return 1;
     return b->cb(b->user, sample, bytes, n);
 }
 
@@ -353,7 +464,7 @@ static int generate_ids(ErSession *s, const int *ids, int n, const ErGenParams *
     int force;
     ER_TRY(gen_config_from_params(s->m, p, &g));
     ER_TRY(route_from_params(s->m, p, &force));
-    CbBridge b = {cb, user};
+    CbBridge b = {cb, user, &s->use, NULL};
     GenStats st;
     if (wants_pipeline(s->m, force)) {
         ER_TRY(generate_routed(s, ids, n, &g, force, &b, &st));
@@ -365,14 +476,22 @@ static int generate_ids(ErSession *s, const int *ids, int n, const ErGenParams *
     return ER_OK;
 }
 
-int er_generate_raw(ErSession *s, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user) {
-    NEED(s, "er_generate_raw", "the session");
-    NEED(text, "er_generate_raw", "the text");
-    NEED(p, "er_generate_raw", "the parameters (er_gen_params_init fills the defaults)");
+// The text as is, the session held (session_enter).
+static int generate_text(ErSession *s, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user) {
     int *ids, n;
     ER_TRY(tok_encode(s->m->tok, text, strlen(text), &ids, &n));
     int rc = generate_ids(s, ids, n, p, cb, user);
     er_free(ids);
+    return rc;
+}
+
+int er_generate_raw(ErSession *s, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user) {
+    NEED(s, "er_generate_raw", "the session");
+    NEED(text, "er_generate_raw", "the text");
+    NEED(p, "er_generate_raw", "the parameters (er_gen_params_init fills the defaults)");
+    ER_TRY(session_enter(s, "er_generate_raw"));
+    int rc = generate_text(s, text, p, cb, user);
+    session_leave(s);
     return rc;
 }
 
@@ -386,18 +505,20 @@ int er_generate(ErSession *s, const ErMessage *msgs, int n_msgs, const ErGenPara
     for (int i = 0; i < n_msgs; i++)
         if (!msgs[i].role || !msgs[i].content)
             return er_error(ER_EINVAL, "er_generate: message %d has a NULL %s", i, msgs[i].role ? "content" : "role");
+    ER_TRY(session_enter(s, "er_generate"));
     int rc = ER_OK;
     char *text = NULL;
     ChatMessage *cm = er_calloc((size_t)n_msgs, sizeof(ChatMessage));
     if (!cm)
-        return ER_ENOMEM;
+        ER_CHECK(ER_ENOMEM);
     for (int i = 0; i < n_msgs; i++)
         cm[i] = (ChatMessage){msgs[i].role, msgs[i].content};
     ER_CHECK(chat_render(s->m->style, cm, n_msgs, CHAT_ADD_GENERATION_PROMPT, &text, NULL));
-    ER_CHECK(er_generate_raw(s, text, p, cb, user));
+    ER_CHECK(generate_text(s, text, p, cb, user));
 done:
     er_free(cm);
     er_free(text);
+    session_leave(s);
     return rc;
 }
 
@@ -412,14 +533,19 @@ const ErRoute *er_result_route(const ErSession *s) { return s && s->has_route ? 
 // ---- several requests decoded together ----
 
 struct ErBatch {
-    ErModel *m;        // holds one of m->sessions, as a session does
+    ErModel *m;        // holds one of m->refs, as a session does
+    atomic_int use;    // USE_* (see use_enter): a call on the batch, or on one of its live requests
     DecodeBatch batch;
     ErRequest **live;  // (max_rows) submitted, not done
     int n_live;
 };
 
+// A request is the caller's until er_request_free, whatever becomes of its batch: the batch only ever
+// holds its live requests (b->live), and lets go of each when it finishes, is stopped, or the batch is
+// freed (then it fails). Each also holds one of m->running while it is live.
 struct ErRequest {
-    ErBatch *b;        // NULL once done (or abandoned)
+    ErBatch *b;        // while live; NULL once done (or stopped)
+    atomic_int freed;  // er_request_free came during a call on its batch: the batch frees it after that call
     EngineRequest *er;
     CbBridge bridge;
     GenSample *samples; // (n)
@@ -443,9 +569,11 @@ int er_batch_open(ErBatch **out, ErModel *m, int max_rows, int max_tokens, int k
     ErBatch *b = er_calloc(1, sizeof *b);
     if (!b)
         return ER_ENOMEM;
-    int rc = ER_OK;
+    int rc = ER_OK, held = 0;
     b->m = m;
-    m->sessions++;
+    atomic_fetch_add(&m->refs, 1);
+    ER_CHECK(model_use_begin(m, "er_batch_open")); // reads which adapter is loaded
+    held = 1;
     rc = decode_batch_init(&b->batch, &m->model, m->tok, model_adapter(m), kv_int8 ? KV_INT8 : KV_F32, max_rows,
                            max_rows, max_tokens, 128, er_physical_memory());
     if (rc < 0)
@@ -456,6 +584,8 @@ int er_batch_open(ErBatch **out, ErModel *m, int max_rows, int max_tokens, int k
     *out = b;
     b = NULL;
 done:
+    if (held)
+        model_use_end(m);
     er_batch_free(b);
     return rc;
 }
@@ -471,6 +601,12 @@ static void request_destroy(ErRequest *r) {
     er_free(r->vote_weights);
     er_free(r->vote_counts);
     er_free(r);
+}
+
+// The request and its results.
+static void request_release(ErRequest *r) {
+    gen_samples_free(r->samples, r->status == ER_OK ? r->n : 0);
+    request_destroy(r);
 }
 
 // The request leaves the batch: texts and stats, or its failure.
@@ -493,21 +629,52 @@ static void request_finish(ErRequest *r) {
     for (int k = 0; k < b->n_live; k++)
         if (b->live[k] == r)
             b->live[k] = b->live[--b->n_live];
+    model_use_end(b->m);
     if (r->status == ER_OK)
         results_publish(r->samples, r->n, &st, r->t0, r->pub, &r->stats);
 }
 
-void er_batch_free(ErBatch *b) {
-    if (!b)
-        return;
-    while (b->n_live > 0) // abandoned: the caller's request handles are freed with the batch
-        er_request_free(b->live[0]);
+// A live request stopped before it is done (freed, or its batch freed): it leaves the batch and
+// fails, without results (its rows go back; a routed one gets no verifier pass, no vote).
+static void request_stop(ErRequest *r) {
+    DecodeBatch *db = &r->b->batch;
+    int routed = r->routed;
+    r->routed = 0;
+    request_finish(r);
+    if (routed) // one done in the step that stopped it kept its samples' KV for the verifier: not needed now
+        engine_release_samples(&db->e);
+    gen_samples_free(r->samples, r->status == ER_OK ? r->n : 0);
+    r->status = ER_EINVAL;
+    r->n = 0;
+}
+
+// The batch and its KV cache. Its live requests are stopped: one the caller freed during a call on the
+// batch goes with it, the others stay the caller's to free.
+static void batch_release(ErBatch *b) {
+    while (b->n_live > 0) {
+        ErRequest *r = b->live[0];
+        request_stop(r);
+        if (atomic_load(&r->freed))
+            request_release(r);
+    }
     decode_batch_free(&b->batch);
     er_free(b->live);
     ErModel *m = b->m;
     er_free(b);
-    if (--m->sessions == 0 && m->freed)
-        model_release(m);
+    model_unref(m);
+}
+
+void er_batch_free(ErBatch *b) {
+    if (b && use_free(&b->use))
+        batch_release(b);
+}
+
+// Ends a call on the batch; released here when er_batch_free came during it. 1 when it was.
+static int batch_leave(ErBatch *b) {
+    if (!use_leave(&b->use))
+        return 0;
+    batch_release(b);
+    return 1;
 }
 
 int er_batch_free_rows(const ErBatch *b) {
@@ -515,26 +682,25 @@ int er_batch_free_rows(const ErBatch *b) {
     return b->batch.max_rows - decode_batch_rows(&b->batch);
 }
 
-int er_batch_submit(ErBatch *b, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user,
-                    ErRequest **out) {
-    NEED(out, "er_batch_submit", "the output pointer");
-    *out = NULL;
-    NEED(b, "er_batch_submit", "the batch");
-    NEED(text, "er_batch_submit", "the text");
-    NEED(p, "er_batch_submit", "the parameters (er_gen_params_init fills the defaults)");
+// er_batch_submit with the batch held: on success the request holds one of the model's running
+// generations until it leaves the batch.
+static int batch_submit(ErBatch *b, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user,
+                        ErRequest **out) {
     GenConfig g;
     int force, rc = ER_OK, *ids = NULL, n = 0;
-    ER_TRY(gen_config_from_params(b->m, p, &g));
-    ER_TRY(route_from_params(b->m, p, &force));
+    ER_TRY(model_use_begin(b->m, "er_batch_submit"));
+    ErRequest *r = NULL;
+    ER_CHECK(gen_config_from_params(b->m, p, &g));
+    ER_CHECK(route_from_params(b->m, p, &force));
     if (g.n_samples < 1 || g.n_samples > er_batch_free_rows(b))
-        return er_error(ER_ERANGE, "er_batch_submit: %d samples asked, %d rows free", g.n_samples,
-                        er_batch_free_rows(b));
-    ErRequest *r = er_calloc(1, sizeof *r);
+        ER_CHECK(er_error(ER_ERANGE, "er_batch_submit: %d samples asked, %d rows free", g.n_samples,
+                          er_batch_free_rows(b)));
+    r = er_calloc(1, sizeof *r);
     if (!r)
-        return ER_ENOMEM;
+        ER_CHECK(ER_ENOMEM);
     r->t0 = time_now();
     r->n = g.n_samples;
-    r->bridge = (CbBridge){cb, user};
+    r->bridge = (CbBridge){cb, user, &b->use, &r->freed};
     r->samples = er_calloc((size_t)r->n, sizeof *r->samples);
     r->pub = er_calloc((size_t)r->n, sizeof *r->pub);
     r->vote_answers = er_calloc((size_t)r->n, sizeof *r->vote_answers);
@@ -546,7 +712,7 @@ int er_batch_submit(ErBatch *b, const char *text, const ErGenParams *p, ErTokenC
     r->routed = wants_pipeline(b->m, force);
     r->pc = pipeline_config(b->m, &g, force);
     // The config's strings (stop, budget suffix, prefix) are read at admission; its heads and adapter
-    // are the model's, which outlives the batch.
+    // are the model's, which outlives the batch and keeps them while the request runs.
     if (r->routed)
         ER_CHECK(decode_batch_add_routed(&b->batch, ids, n, &r->pc, &r->pr, cb ? bridge : NULL, &r->bridge,
                                          r->samples, &r->er));
@@ -558,18 +724,50 @@ int er_batch_submit(ErBatch *b, const char *text, const ErGenParams *p, ErTokenC
     *out = r;
     r = NULL;
 done:
+    if (rc < 0)
+        model_use_end(b->m);
     er_free(ids);
     request_destroy(r);
     return rc;
 }
 
+int er_batch_submit(ErBatch *b, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user,
+                    ErRequest **out) {
+    NEED(out, "er_batch_submit", "the output pointer");
+    *out = NULL;
+    NEED(b, "er_batch_submit", "the batch");
+    NEED(text, "er_batch_submit", "the text");
+    NEED(p, "er_batch_submit", "the parameters (er_gen_params_init fills the defaults)");
+    if (!use_enter(&b->use))
+        return in_use("er_batch_submit", "batch");
+    int rc = batch_submit(b, text, p, cb, user, out);
+    if (batch_leave(b) && rc == ER_OK) { // er_batch_free came meanwhile (another thread): the request failed with it
+        request_release(*out);
+        *out = NULL;
+        rc = er_error(ER_EINVAL, "er_batch_submit: the batch was freed during the call");
+    }
+    return rc;
+}
+
 int er_batch_step(ErBatch *b) {
     NEED(b, "er_batch_step", "the batch");
+    if (!use_enter(&b->use))
+        return in_use("er_batch_step", "batch");
     decode_batch_step(&b->batch);
-    for (int k = b->n_live - 1; k >= 0; k--) // request_finish moves the last entry into k
-        if (engine_request_done(b->live[k]->er))
-            request_finish(b->live[k]);
-    return b->n_live;
+    // er_batch_free during the step (a callback): batch_leave stops every request, none of which was done
+    // when it was called (the callbacks it cut short only make them look done).
+    int freeing = atomic_load(&b->use) == USE_FREE;
+    for (int k = b->n_live - 1; k >= 0 && !freeing; k--) { // request_finish moves the last entry into k
+        ErRequest *r = b->live[k];
+        if (atomic_load(&r->freed)) { // er_request_free came during the step (a callback): done now
+            request_stop(r);
+            request_release(r);
+        } else if (engine_request_done(r->er)) {
+            request_finish(r);
+        }
+    }
+    int left = b->n_live;
+    return batch_leave(b) ? 0 : left;
 }
 
 int er_request_status(const ErRequest *r) {
@@ -589,8 +787,15 @@ const ErRoute *er_request_route(const ErRequest *r) { return r && r->status == E
 void er_request_free(ErRequest *r) {
     if (!r)
         return;
-    if (r->b)
-        request_finish(r);
-    gen_samples_free(r->samples, r->status == ER_OK ? r->n : 0);
-    request_destroy(r);
+    ErBatch *b = r->b;
+    if (b) { // still live: it leaves the batch first (its rows go back)
+        if (!use_enter(&b->use)) { // a call on the batch is running (this is its callback): it frees r
+            atomic_store(&r->freed, 1);
+            return;
+        }
+        if (r->b) // (not finished meanwhile by a step on another thread, a misuse)
+            request_stop(r);
+        batch_leave(b);
+    }
+    request_release(r);
 }

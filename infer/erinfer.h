@@ -8,8 +8,9 @@
 // weights, tokenizer, adapter and heads; an ErSession owns its KV cache and the results of its last
 // call. A session holds a reference on its model: er_model_free with sessions still open only marks
 // the model (it takes no new sessions, adapters or heads) and the last er_session_free releases it,
-// so either free order is safe. Whatever you pass in (paths, messages, ErGenParams and the strings
-// it points to) is read during the call only: the library keeps its own copy.
+// so either free order is safe; likewise a batch, and an ErRequest stays its caller's until
+// er_request_free, before or after er_batch_free. Whatever you pass in (paths, messages, ErGenParams
+// and the strings it points to) is read during the call only: the library keeps its own copy.
 //
 // Lifetimes of returned pointers: er_result_sample, er_result_stats, er_result_route and everything
 // they point to (text, tokens, answers, votes) belong to the session and stay valid until its next
@@ -17,10 +18,16 @@
 // calling thread, rewritten by its next failing call. er_version and er_status_name return static
 // strings.
 //
-// Threads: a session is used by one thread at a time. Several sessions of one model may generate on
-// different threads at once (they read the model only); calls that change a model (er_model_load_*,
-// er_model_free, er_session_open, er_session_free) must not overlap any other call on that model or
-// its sessions. er_last_error is per thread.
+// Threads and callbacks: a session (or a batch) takes one call at a time. A second er_generate* on a
+// session while one runs, from its own token callback or from another thread, returns ER_EINVAL ("in
+// use") and changes nothing; er_session_free meanwhile stops the running call, which frees the session
+// as it returns (no callback runs after the free). Several sessions of one model may generate on
+// different threads at once (they read the model only). er_model_load_* while a generation runs on the
+// model (a generate call, or a batch request from submission to its end) returns ER_EINVAL, as does a
+// generation starting during a load: load between generations. Opening and freeing sessions and
+// batches may overlap calls on other sessions; er_model_free must follow every other call on the model
+// (its sessions and batches keep it alive). These checks cost one atomic operation per call and catch
+// misuse, they do not queue calls. er_last_error is per thread.
 //
 //     ErModel *m;  ErSession *s;
 //     if (er_model_load(&m, "qwen2.5-0.5b-instruct") < 0) puts(er_last_error());
@@ -142,7 +149,9 @@ typedef struct {
 // that may still become a stop string (and an incomplete UTF-8 character) are held back until they
 // are known (the chunk may be empty), and the sample's last call flushes the rest, so the chunks
 // concatenate to exactly ErSample.text. Return non-zero to stop that sample; its text then ends
-// with what was streamed.
+// with what was streamed. A callback may read results and use other sessions; a generate, submit or
+// step call on its own session or batch is refused (ER_EINVAL), and a free takes effect as the call
+// that runs the callback ends.
 typedef int (*ErTokenCallback)(void *user, int sample, const char *text, size_t len);
 
 // Fills the defaults shown in [brackets] above.
@@ -156,7 +165,8 @@ ER_API int er_model_max_positions(const ErModel *m);
 // rule it is off on the prompt (whose KV cache is the base model's) and on in the response, which
 // starts with the adapter's reasoning prefix unless ErGenParams.response_prefix says otherwise.
 // Sessions notice the change: a prompt cached under another unmasked adapter is computed again. An
-// adapter whose scale (lora_alpha / r, / sqrt(r) with use_rslora) is above 1e4 is refused.
+// adapter whose scale (lora_alpha / r, / sqrt(r) with use_rslora) is above 1e4 is refused. Refused
+// (ER_EINVAL) while a generation runs on the model; the loaded one stays.
 ER_API int er_model_load_adapter(ErModel *m, const char *dir);
 ER_API void er_model_free(ErModel *m);
 
@@ -165,9 +175,12 @@ ER_API void er_model_free(ErModel *m);
 // that does not fit is refused (ER_ENOMEM), and max_samples x max_tokens above INT_MAX positions (more
 // than a KV cache can address) with ER_ERANGE.
 ER_API int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens, int kv_int8);
+// Called during a call on the session (from its token callback, say), it stops that call, which frees
+// the session as it returns.
 ER_API void er_session_free(ErSession *s);
 
-// Renders the messages with the model's chat template (assistant turn opened) and generates.
+// Renders the messages with the model's chat template (assistant turn opened) and generates. ER_EINVAL
+// while another call uses the session or a load changes the model (see "Threads" above).
 ER_API int er_generate(ErSession *s, const ErMessage *msgs, int n_msgs, const ErGenParams *p, ErTokenCallback cb,
                        void *user);
 // Generates from text fed as is (no chat template).
@@ -188,8 +201,9 @@ ER_API const ErStats *er_result_stats(const ErSession *s);
 // of verifier scores (ties: the highest single score). No switcher: every query reasons (when an
 // adapter is loaded); no verifier: a plain majority vote. The switcher reads every prompt position,
 // so with one loaded each call prefills its whole prompt (no reuse across chat turns). A head is
-// tied to the model it was trained on: loading it for another model is refused. `path` is NAME,
-// NAME.safetensors or NAME.json (the head is the pair of files).
+// tied to the model it was trained on: loading it for another model is refused, and so is loading one
+// while a generation runs on the model. `path` is NAME, NAME.safetensors or NAME.json (the head is the
+// pair of files).
 ER_API int er_model_load_switcher(ErModel *m, const char *path);
 ER_API int er_model_load_verifier(ErModel *m, const char *path);
 // Positions a generate call holds beyond its prompt and max_new_tokens with what is loaded now: the
@@ -230,9 +244,11 @@ ER_API const ErRoute *er_result_route(const ErSession *s);
 // switcher or verifier loaded, or a forced route with an adapter, a request runs the routed pipeline
 // as er_generate does: the switcher scores its prompt at submission, the route's samples decode in the
 // batch's steps, and the verifier scores them and the vote runs in the step that finishes them;
-// er_request_route reports it. A batch and its requests are used by one thread at a time, callbacks
-// running inside er_batch_step. Sessions and batches of one model may generate at the same time,
-// like sessions; opening and freeing a batch change the model as a session's open and free do.
+// er_request_route reports it. A batch takes one call at a time, as a session does: er_batch_submit or
+// er_batch_step while another call runs on the batch (from a callback inside er_batch_step, or on
+// another thread) returns ER_EINVAL; er_request_free or er_batch_free from a callback takes effect when
+// the step ends, and no callback of what was freed runs after the free. Sessions and batches of one
+// model may generate at the same time; a model with live requests refuses er_model_load_*.
 typedef struct ErBatch ErBatch;
 typedef struct ErRequest ErRequest;
 
@@ -240,7 +256,8 @@ typedef struct ErRequest ErRequest;
 // included), KV cache in int8 when kv_int8 != 0. The batch caches as many prompts as it has rows: 2 x
 // max_rows x max_tokens above INT_MAX positions is refused (ER_ERANGE), as in er_session_open.
 ER_API int er_batch_open(ErBatch **out, ErModel *m, int max_rows, int max_tokens, int kv_int8);
-// Frees the batch; requests not freed yet are abandoned and freed with it.
+// Frees the batch. Requests still decoding are stopped: they fail (er_request_status ER_EINVAL, no
+// results). Every request, done or not, is still freed by er_request_free, before or after this.
 ER_API void er_batch_free(ErBatch *b);
 // Rows not held by live requests: a request of n samples may be submitted while n <= this.
 ER_API int er_batch_free_rows(const ErBatch *b);
@@ -248,7 +265,8 @@ ER_API int er_batch_free_rows(const ErBatch *b);
 ER_API int er_batch_submit(ErBatch *b, const char *text, const ErGenParams *p, ErTokenCallback cb, void *user,
                            ErRequest **out);
 // One decode step of every live request (callbacks run here); requests whose samples all finished
-// are done afterwards. Returns the number of live requests left (negative: a bad argument).
+// are done afterwards. Returns the number of live requests left (0 when er_batch_free came during the
+// step: the batch is gone), or a negative status: a bad argument, or the batch in use by another call.
 ER_API int er_batch_step(ErBatch *b);
 // 1 while the request decodes, ER_OK once it is done, a negative status when it failed.
 ER_API int er_request_status(const ErRequest *r);
@@ -258,7 +276,8 @@ ER_API const ErSample *er_request_sample(const ErRequest *r, int i);
 ER_API const ErStats *er_request_stats(const ErRequest *r);
 // The routed pipeline's side of a done request (as er_result_route); NULL when no pipeline ran.
 ER_API const ErRoute *er_request_route(const ErRequest *r);
-// Frees a request; one still decoding is stopped first (its rows go back to the batch).
+// Frees a request, before or after its batch; one still decoding is stopped first (its rows go back to
+// the batch).
 ER_API void er_request_free(ErRequest *r);
 
 #ifdef __cplusplus

@@ -394,8 +394,8 @@ Test(api, batched_requests_equal_their_sessions_results) {
 
 // An unmasked adapter in a batch: a forced route runs the pipeline (no heads), a direct answer after a
 // reasoning one with the same prompt prefix computes its prompt again (it was cached under the
-// adapter) and says so, a plain request freed while decoding gives its row back, and the batch frees
-// a live request with it.
+// adapter) and says so, a plain request freed while decoding gives its row back, and the batch stops a
+// live request when it is freed first.
 Test(api, batch_runs_an_unmasked_adapter) {
     char *a_dir = path_join(fx.tmp, "adapter");
     save_unmasked_adapter(a_dir, 13);
@@ -434,7 +434,9 @@ Test(api, batch_runs_an_unmasked_adapter) {
     er_request_free(r); // stopped while decoding: its row goes back
     cr_expect_eq(er_batch_free_rows(b), 2);
     cr_assert_eq(er_batch_submit(b, "Start with 7.", &p, NULL, NULL, &r), 0, "%s", er_last_error());
-    er_batch_free(b); // frees the live request with it
+    er_batch_free(b); // stops the live request, which stays the caller's to free
+    cr_assert_eq(er_request_status(r), ER_EINVAL);
+    er_request_free(r);
     er_model_free(m);
     er_free(a_dir);
 }
@@ -554,7 +556,8 @@ Test(api, batched_routed_requests_equal_their_sessions_results) {
     }
     cr_assert_eq(er_batch_free_rows(b), 6, "every row is back");
     cr_assert_eq(er_batch_submit(b, texts[1], &p[1], NULL, NULL, &dropped), 0, "%s", er_last_error());
-    er_batch_free(b); // frees the live request with it
+    er_batch_free(b); // stops the live request, which stays the caller's to free
+    er_request_free(dropped);
     er_model_free(m);
     er_free(a_dir);
     er_free(sw);
