@@ -1,5 +1,6 @@
 // erinfer generate and erinfer chat: text generation through the public API (infer/erinfer.h).
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,11 +167,158 @@ done:
 }
 
 static const char CHAT_HELP[] = "commands: /help this list, /reset start a new conversation (the --system message "
-                                "stays), /exit leave (so does end of input); a line starting with // sends the rest "
-                                "after one /";
+                                "stays), /exit leave (so does end of input, or Ctrl-C twice at the prompt); Ctrl-C "
+                                "during a reply stops it; a line starting with // sends the rest after one /";
+
+// Ctrl-C in chat. The handler only sets this flag (nothing else is async-signal-safe here): the token
+// callback stops the reply when it is set, and the prompt loop reads it after an interrupted read.
+static volatile sig_atomic_t chat_interrupted;
+
+static void chat_on_sigint(int sig) {
+    (void)sig;
+    chat_interrupted = 1;
+}
+
+// While a reply streams the handler restarts what it interrupts (a write to the terminal finishes;
+// the callback stops the reply at the next token); at the prompt it does not, so the read returns.
+static void chat_catch_sigint(int restart) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = chat_on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = restart ? SA_RESTART : 0;
+    sigaction(SIGINT, &sa, NULL);
+}
+
+static int chat_token(void *user, int sample, const char *text, size_t len) {
+    stream_token(user, sample, text, len);
+    return chat_interrupted != 0; // non-zero stops the reply; what was streamed stays its text
+}
+
+// The conversation: msgs[0..keep) (the --system message) survive /reset; the rest alternate user and
+// assistant turns whose texts the chat owns.
+typedef struct {
+    ErMessage *msgs;
+    char **owned;
+    int n, cap, keep;
+} ChatLog;
+
+static void chat_log_free(ChatLog *c) {
+    for (int i = 0; c->owned && i < c->n; i++)
+        er_free(c->owned[i]);
+    er_free(c->owned);
+    er_free(c->msgs);
+    memset(c, 0, sizeof *c);
+}
+
+// Drops messages [from, to) (owned texts freed), moving the later ones down.
+static void chat_log_drop(ChatLog *c, int from, int to) {
+    for (int i = from; i < to; i++)
+        er_free(c->owned[i]);
+    memmove(c->msgs + from, c->msgs + to, sizeof(ErMessage) * (size_t)(c->n - to));
+    memmove(c->owned + from, c->owned + to, sizeof(char *) * (size_t)(c->n - to));
+    c->n -= to - from;
+}
+
+// Appends a message; owned = 1: the chat keeps a copy of text.
+static int chat_log_push(ChatLog *c, const char *role, const char *text, int owned) {
+    if (c->n + 1 > c->cap) {
+        int grown = c->cap ? c->cap * 2 : 8;
+        ErMessage *gm = er_realloc_array(c->msgs, (size_t)grown, sizeof(ErMessage));
+        if (!gm)
+            return ER_ENOMEM;
+        c->msgs = gm;
+        char **go = er_realloc_array(c->owned, (size_t)grown, sizeof(char *));
+        if (!go)
+            return ER_ENOMEM;
+        c->owned = go;
+        c->cap = grown;
+    }
+    char *copy = owned ? er_strdup(text) : NULL;
+    if (owned && !copy)
+        return ER_ENOMEM;
+    c->owned[c->n] = copy;
+    c->msgs[c->n++] = (ErMessage){role, copy ? copy : text};
+    return ER_OK;
+}
+
+// Generates for the kept messages and the conversation from message `from` on (the older turns left
+// out); ER_ERANGE when that does not fit in the session's context.
+static int chat_generate(ErSession *s, const ChatLog *c, int from, const ErGenParams *p) {
+    ErMessage *view = er_alloc(sizeof(ErMessage) * (size_t)c->n);
+    if (!view)
+        return ER_ENOMEM;
+    int n = 0;
+    for (int i = 0; i < c->keep; i++)
+        view[n++] = c->msgs[i];
+    for (int i = from; i < c->n; i++)
+        view[n++] = c->msgs[i];
+    int rc = er_generate(s, view, n, p, chat_token, NULL);
+    er_free(view);
+    return rc;
+}
+
+// One turn: the user's text, the streamed reply, the reply kept in the conversation. When the
+// conversation no longer fits in the context the oldest turns are dropped (and said so); a message
+// too long on its own is refused, and the conversation stays as it was. Ctrl-C stops the reply (what
+// was streamed is kept as the reply); *stopped says so.
+static int chat_turn(ErSession *s, ChatLog *c, const char *text, const ErGenParams *p, int tty, int *stopped) {
+    *stopped = 0;
+    ER_TRY(chat_log_push(c, "user", text, 1));
+    int from = c->keep, rc;
+    chat_interrupted = 0;
+    chat_catch_sigint(1);
+    while ((rc = chat_generate(s, c, from, p)) == ER_ERANGE && from < c->n - 1)
+        from += 2; // one user turn and its reply
+    chat_catch_sigint(0);
+    if (rc == ER_ERANGE) {
+        fprintf(stderr, "[not sent: the message does not fit: %s; send a shorter one or raise --context]\n",
+                er_last_error());
+        chat_log_drop(c, c->n - 1, c->n);
+        return ER_OK;
+    }
+    ER_TRY(rc);
+    putchar('\n');
+    fflush(stdout);
+    *stopped = chat_interrupted != 0;
+    chat_interrupted = 0;
+    if (from > c->keep) {
+        int k = (from - c->keep) / 2;
+        if (k == 1)
+            fprintf(stderr, "[dropped the oldest turn: the conversation no longer fits in the context]\n");
+        else
+            fprintf(stderr, "[dropped the %d oldest turns: the conversation no longer fits in the context]\n", k);
+        chat_log_drop(c, c->keep, from);
+    }
+    ER_TRY(chat_log_push(c, "assistant", er_result_sample(s, 0)->text, 1));
+    const ErStats *st = er_result_stats(s);
+    if (*stopped)
+        fprintf(stderr, "[stopped; Ctrl-C again at the prompt leaves]\n");
+    else if (tty)
+        fprintf(stderr, "[%d prompt tokens (%d reused), %ld generated, %.1f tokens/s]\n", st->prompt_tokens,
+                st->prompt_reused, st->generated_tokens, st->decode_tokens_per_s);
+    return ER_OK;
+}
+
+// A command line (starting with '/', not "//"): 1 when it asks to leave.
+static int chat_command(ChatLog *c, const char *line) {
+    if (strcmp(line, "/exit") == 0 || strcmp(line, "/quit") == 0)
+        return 1;
+    if (strcmp(line, "/help") == 0) {
+        printf("%s\n", CHAT_HELP);
+    } else if (strcmp(line, "/reset") == 0) {
+        chat_log_drop(c, c->keep, c->n);
+        printf("(new conversation)\n");
+    } else {
+        printf("unknown command %s (/help lists them)\n", line);
+    }
+    fflush(stdout);
+    return 0;
+}
 
 // Interactive multi-turn chat on stdin/stdout. The session keeps the conversation's prompt in its
-// KV cache, so each turn computes only its new tokens. Lines starting with '/' are commands.
+// KV cache, so each turn computes only its new tokens. Lines starting with '/' are commands. Ctrl-C
+// stops a reply; two in a row with nothing typed between (a stopped reply counts) leave.
 int cmd_chat(int argc, char **argv) {
     GenFlags f;
     gen_flags_default(&f);
@@ -190,90 +338,55 @@ int cmd_chat(int argc, char **argv) {
     if (gen_flags_open(&f, 1, &m, &s) < 0)
         return cli_fail("chat");
     int tty = isatty(fileno(stdin));
-    ErMessage *msgs = NULL;
-    char **owned = NULL;
-    int n = 0, cap = 0;
+    ChatLog c = {0};
     char *line = NULL;
     size_t lcap = 0;
     ssize_t len;
-    if (f.system) {
-        cap = 8;
-        msgs = er_calloc((size_t)cap, sizeof(ErMessage));
-        owned = er_calloc((size_t)cap, sizeof(char *));
-        if (!msgs || !owned) {
-            rc = ER_ENOMEM;
-            goto done;
-        }
-        msgs[n++] = (ErMessage){"system", f.system};
-    }
-    int keep = n; // the --system message survives /reset
+    if (f.system)
+        ER_CHECK(chat_log_push(&c, "system", f.system, 0));
+    c.keep = c.n;
     fprintf(stderr, "erinfer chat: %s%s%s, up to %d new tokens a turn; /help for commands\n", f.model,
             f.adapter ? " + " : "", f.adapter ? f.adapter : "", p.max_new_tokens);
+    chat_catch_sigint(0);
+    int armed = 0; // the last thing was a Ctrl-C: another one leaves
     for (;;) {
         if (tty) {
             fputs("> ", stdout);
             fflush(stdout);
         }
-        if ((len = getline(&line, &lcap, stdin)) < 0)
+        len = chat_interrupted ? -1 : getline(&line, &lcap, stdin);
+        if (len < 0 && chat_interrupted) { // Ctrl-C at the prompt (the terminal dropped what was typed)
+            chat_interrupted = 0;
+            clearerr(stdin);
+            if (armed) {
+                if (tty)
+                    putchar('\n');
+                break;
+            }
+            armed = 1;
+            printf("\n(Ctrl-C again, Ctrl-D or /exit leaves)\n");
+            continue;
+        }
+        if (len < 0) { // end of input
+            if (tty)
+                putchar('\n');
             break;
+        }
+        armed = 0;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
             line[--len] = 0;
         if (len == 0)
             continue;
-        char *text = line;
-        if (line[0] == '/' && line[1] == '/') {
-            text = line + 1;
-        } else if (line[0] == '/') {
-            if (strcmp(line, "/exit") == 0 || strcmp(line, "/quit") == 0)
+        if (line[0] == '/' && line[1] != '/') {
+            if (chat_command(&c, line))
                 break;
-            if (strcmp(line, "/help") == 0) {
-                printf("%s\n", CHAT_HELP);
-            } else if (strcmp(line, "/reset") == 0) {
-                for (int i = keep; i < n; i++) {
-                    er_free(owned[i]);
-                    owned[i] = NULL;
-                }
-                n = keep;
-                printf("(new conversation)\n");
-            } else {
-                printf("unknown command %s (/help lists them)\n", line);
-            }
-            fflush(stdout);
             continue;
         }
-        if (n + 2 > cap) {
-            int grown = cap ? cap * 2 : 8;
-            ErMessage *gm = er_realloc_array(msgs, (size_t)grown, sizeof(ErMessage));
-            if (gm)
-                msgs = gm;
-            char **go = gm ? er_realloc_array(owned, (size_t)grown, sizeof(char *)) : NULL;
-            if (!go) {
-                rc = ER_ENOMEM;
-                goto done;
-            }
-            owned = go;
-            cap = grown;
-        }
-        owned[n] = er_strdup(text);
-        msgs[n] = (ErMessage){"user", owned[n]};
-        n++;
-        ER_CHECK(er_generate(s, msgs, n, &p, stream_token, NULL));
-        putchar('\n');
-        const ErSample *x = er_result_sample(s, 0);
-        owned[n] = er_strdup(x->text);
-        msgs[n] = (ErMessage){"assistant", owned[n]};
-        n++;
-        const ErStats *st = er_result_stats(s);
-        if (tty)
-            fprintf(stderr, "[%d prompt tokens (%d reused), %ld generated, %.1f tokens/s]\n", st->prompt_tokens,
-                    st->prompt_reused, st->generated_tokens, st->decode_tokens_per_s);
+        ER_CHECK(chat_turn(s, &c, line[0] == '/' ? line + 1 : line, &p, tty, &armed));
     }
 done:
-    for (int i = 0; i < n; i++)
-        if (owned && owned[i])
-            er_free(owned[i]);
-    er_free(owned);
-    er_free(msgs);
+    signal(SIGINT, SIG_DFL);
+    chat_log_free(&c);
     free(line);
     er_session_free(s);
     er_model_free(m);

@@ -467,6 +467,27 @@ Test(cli, non_finite_weights_refused) {
     er_free(in);
 }
 
+// erinfer chat with a small --context (the committed tiny base): a conversation that outgrows it drops its
+// oldest turns and says so; a message too long on its own is refused with a line, and the chat goes on
+// (the next question is answered, /exit leaves with status 0). (Ctrl-C: tests/infer/test_chat_pty.c.)
+Test(cli, chat_context_overflow_keeps_the_chat) {
+    need_erinfer();
+    char longline[2048] = "";
+    for (int i = 0; i < 40; i++)
+        strcat(longline, "Start with 7. Add 5. ");
+    CmdResult r = helper_run(fx.tmp,
+                             "(printf 'Start with 7. Add 5. What is the result?\\nStart with 2. Add 5. What is the "
+                             "result?\\nStart with 3. Add 1. What is the result?\\n%s\\nStart with 4. Add 4. What is "
+                             "the result?\\n/exit\\n' | '%s' chat --model models/tiny-base --context 64 --max-new 8 "
+                             "--threads 1)", longline, fx.prog);
+    cr_assert_eq(r.status, 0, "chat exited %d: %s", r.status, r.err);
+    cr_assert(strstr(r.err, "[dropped the oldest turn"), "no turn dropped:\n%s", r.err);
+    cr_assert(strstr(r.err, "[not sent: the message does not fit") && strstr(r.err, "the 64 positions"),
+              "the long message was not refused with its sizes:\n%s", r.err);
+    cr_assert_eq(helper_count_lines(r.out), 4, "four questions answered, the long one not sent:\n%s", r.out);
+    helper_result_free(&r);
+}
+
 // erinfer chat as a user types it: a banner, /help, an unknown /command said so (not sent to the
 // model), /reset, // to send a line starting with '/', and /exit.
 Test(cli, chat_commands) {
