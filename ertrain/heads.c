@@ -97,7 +97,8 @@ static cJSON *flags_json(const HeadsFlags *f) {
                 {"batch", f->batch},
                 {"lr", f->lr},
                 {"weight_decay", f->weight_decay},
-                {"val_split", h->val_split}};
+                {"val_split", h->val_split},
+                {"allow_one_class", h->allow_one_class}};
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
         cJSON_AddNumberToObject(j, nums[i].k, nums[i].v);
     return j;
@@ -119,9 +120,12 @@ static int parse_flags(int argc, char **argv, HeadsFlags *f) {
         {"verifier-out", ARG_STR, &v->out, "write the verifier here (FILE.safetensors + FILE.json)", 0, 0, 0},
         {"out", ARG_STR, &h->out_dir, "dir for run.json and metrics.jsonl [the directory of the first head]", 0, 0, 0},
         {"system", ARG_STR, &h->system, "system message in front of every prompt (as erinfer eval --system)", 0, 0, 0},
-        {"limit", ARG_INT, &h->limit, "use only the first N records (0 = all)", 0, 0, 1 << 30},
-        {"val-split", ARG_FLOAT, &h->val_split, "fraction of the records held out for calibration and metrics", 0, 0,
-         0.9},
+        {"limit", ARG_INT, &h->limit, "use only the first N records (0 = all; the run prints its pace per record "
+                                      "after the first 8)", 0, 0, 1 << 30},
+        {"val-split", ARG_FLOAT, &h->val_split, "fraction of the records held out: half calibrate the thresholds, half "
+                                                "report the metrics at them", 0, 0, 0.9},
+        {"allow-one-class", ARG_FLAG, &h->allow_one_class, "write a head even when its training rows hold one label "
+                                                           "only (refused otherwise)", 0, 0, 0},
         {"seed", ARG_INT, &h->seed, "seed of the split, sampling, init, order, dropout and noise", 0, 0, 2147483647},
         {"threads", ARG_INT, &f->threads, "threads (0 = all cores)", 0, 0, 4096},
         {"kv", ARG_STR, &f->kv, "KV cache type while collecting: f32 or int8 (as erinfer --kv)", 0, 0, 0},

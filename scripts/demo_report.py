@@ -37,6 +37,11 @@ def fmt_auc(x):
     return "n/a" if x is None else f"{x:.3f}"
 
 
+def fmt_acc(x):
+    """An accuracy in percent; n/a where none was recorded."""
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
 def roc_auc(scores, labels):
     pos = [s for s, y in zip(scores, labels) if y]
     neg = [s for s, y in zip(scores, labels) if not y]
@@ -236,7 +241,9 @@ class Report:
         for h in ("switcher", "verifier"):
             with open(f"{out}/heads/{h}.json") as f:
                 j = json.load(f)
-            heads[h] = (find(j, "val_roc_auc"), find(j, "val_accuracy"))
+            # ROC-AUC over every held-out record; the accuracy at the threshold on the held-out records that
+            # did not choose it (ertrain heads' report split)
+            heads[h] = (find(j, "val_roc_auc"), find(j, "report_accuracy"), find(j, "report_split"))
         items = jsonl(f"{out}/pipeline.jsonl")
         evald = jsonl(f"{out}/eval_mix.jsonl")
         sc = [find(r, "switcher_score") for r in items]
@@ -253,7 +260,10 @@ class Report:
         saved = 1 - nr[4] / na[4] if na[4] > 0 else float("nan")
         self.p(f"Tokens saved by routing: {100 * saved:.1f}%. Switcher ROC-AUC on the evaluation problems "
                f"(label: the record's needs_reasoning, k > 1): {fmt_auc(auc)}; on its own held-out split: {fmt_auc(heads['switcher'][0])}. "
-               f"Verifier held-out ROC-AUC: {fmt_auc(heads['verifier'][0])}.")
+               f"Verifier held-out ROC-AUC: {fmt_auc(heads['verifier'][0])}. "
+               "Accuracy at the thresholds, on held-out records other than those that chose them "
+               f"({heads['switcher'][2]} split): switcher {fmt_acc(heads['switcher'][1])}, "
+               f"verifier {fmt_acc(heads['verifier'][1])}.")
         self.p()
 
     def table4(self):

@@ -67,7 +67,7 @@ void switcher_config_default(SwitcherConfig *c) {
 // A switcher being trained: its rows and label counts.
 typedef struct {
     const SwitcherConfig *c;
-    HeadRows tr, va;
+    HeadRows tr, cal, rep; // rows by split (HEADS_TRAIN, HEADS_CALIBRATE, HEADS_REPORT)
     GenConfig direct;
     PromptFeatureSpec spec;
     int base_right, adapter_right, positive;
@@ -76,7 +76,8 @@ typedef struct {
 static void switcher_free(void *self) {
     Switcher *s = self;
     head_rows_free(&s->tr);
-    head_rows_free(&s->va);
+    head_rows_free(&s->cal);
+    head_rows_free(&s->rep);
     er_free(s);
 }
 
@@ -90,7 +91,7 @@ static int check_record(void *self, const HeadsData *d, const Example *ex) {
 
 static int prepare(void *self, HeadsData *d) {
     Switcher *s = self;
-    s->tr.C = s->va.C = d->m.cfg.C;
+    s->tr.C = s->cal.C = s->rep.C = d->m.cfg.C;
     gen_config_default(&s->direct);
     s->direct.max_new = s->c->direct_max_new;
     s->spec = (PromptFeatureSpec){s->c->chunk, (float)s->c->alpha};
@@ -101,7 +102,7 @@ static int prepare(void *self, HeadsData *d) {
 static int collect(void *self, HeadsData *d, int i) {
     Switcher *s = self;
     const Example *ex = &d->d.ex[i];
-    HeadRows *r = d->is_val[i] ? &s->va : &s->tr;
+    HeadRows *r = d->split[i] == HEADS_TRAIN ? &s->tr : d->split[i] == HEADS_CALIBRATE ? &s->cal : &s->rep;
     ER_TRY(head_rows_reserve(r, 1));
     ER_TRY(switcher_features(&d->e, d->ids[i], d->nids[i], &d->ad, &s->spec, r->x + (size_t)r->n * r->C));
     int label = ex->needs_reasoning, b = 0, a = 0;
@@ -119,7 +120,8 @@ static int collect(void *self, HeadsData *d, int i) {
 static int gather(void *self, HeadsData *d) {
     Switcher *s = self;
     ER_TRY(head_rows_gather(&s->tr));
-    ER_TRY(head_rows_gather(&s->va));
+    ER_TRY(head_rows_gather(&s->cal));
+    ER_TRY(head_rows_gather(&s->rep));
     double n[3] = {s->base_right, s->adapter_right, s->positive};
     ER_TRY(dist_sum_doubles(n, 3));
     s->base_right = (int)n[0], s->adapter_right = (int)n[1], s->positive = (int)n[2];
@@ -143,17 +145,18 @@ static int train(void *self, const HeadsData *d, MetricsLog *ml, cJSON *results)
     t.chunk = c->chunk;
     t.alpha = (float)c->alpha;
     model_fingerprint(&d->m, t.fingerprint);
-    HeadTrainSpec spec = {.fit = c->fit, .target_recall = c->target_recall, .out = d->c->out, .log = d->c->log};
+    HeadTrainSpec spec = {.fit = c->fit, .target_recall = c->target_recall, .positive = "needs reasoning",
+                          .allow_one_class = d->c->allow_one_class, .out = d->c->out, .log = d->c->log};
     spec.fit.seed = (uint64_t)d->c->seed + 1;
     spec.fit.label = "switcher";
     spec.fit.metrics = ml;
     ER_CHECK(head_init(&t.net, HEAD_MLP, s->tr.C, c->hidden, (float)c->dropout, 1, (uint64_t)d->c->seed + 101));
-    ER_CHECK(head_train(&t, &s->tr, &s->va, &spec, results));
+    ER_CHECK(head_train(&t, &s->tr, &s->cal, &s->rep, &spec, results));
     if (t.threshold < 1.0f)
         ER_CHECK(head_save(&t, "switcher", c->out, d->c->out));
     else
-        rc = er_error(ER_EINVAL, "switcher: the best-accuracy threshold on the held-out records is 1, which sends no "
-                      "prompt to reasoning; pass --target-recall R (e.g. 0.9) or give more records that need "
+        rc = er_error(ER_EINVAL, "switcher: the best-accuracy threshold on the calibration records is 1, which sends "
+                      "no prompt to reasoning; pass --target-recall R (e.g. 0.9) or give more records that need "
                       "reasoning");
 done:
     trained_head_free(&t);

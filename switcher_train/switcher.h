@@ -2,7 +2,8 @@
 // over prompt chunks of the base prefill's final hidden states, see engine_prefill), labelled by the
 // records' "needs_reasoning" or, with derive_labels, by running both routes (reasoning is needed where
 // the base's direct answer is wrong and the adapter's is right). Its threshold is calibrated on the
-// held-out records for the best accuracy or for a target recall of reasoning-needed prompts. It trains
+// calibration half of the held-out records for the best accuracy or for a target recall of
+// reasoning-needed prompts, and reported on the other half. It trains
 // as a job of heads_run (train/heads.h) on the head fitting of train/head_fit.h.
 #ifndef SWITCHER_TRAIN_SWITCHER_H
 #define SWITCHER_TRAIN_SWITCHER_H
@@ -31,7 +32,7 @@ typedef struct {
     double dropout;        // on the hidden units
     int derive_labels;     // label = base direct answer wrong and adapter's right
     int direct_max_new;    // tokens of the base's direct answer (derive_labels)
-    double target_recall;  // threshold reaching this held-out recall (0 = best accuracy)
+    double target_recall;  // threshold reaching this recall on the calibration records (0 = best accuracy)
     HeadFitConfig fit;     // epochs, batch, lr, weight_decay, noise (0.5); seed, label, metrics: the run's
 } SwitcherConfig;
 

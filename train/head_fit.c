@@ -348,19 +348,36 @@ static int count_positive(const float *y, int n) {
     return pos;
 }
 
-// The calibration's figures, on both splits.
+// The calibration's figures. The threshold is chosen on `cal` (the calibration rows, or the training
+// rows when nothing is held out) and measured on `rep`: the report rows, or `cal` itself when there
+// are none (then `rep_split` says so).
 typedef struct {
-    double auc_t, auc_v, acc_t, acc_v;
-    int pos, vpos, tp; // training positives, held-out positives, held-out positives at or above the threshold
+    const HeadRows *cal, *rep;
+    const float *p_cal, *p_rep;
+    const char *cal_split, *rep_split; // "calibration" | "training", "report" | "calibration" | "training"
+    double auc_t, auc_v, auc_r, acc_t, acc_c, acc_r;
+    int pos, cpos, rpos, tp; // positives: training, calibration, report; report positives at or above the threshold
 } HeadScores;
 
-static int add_metrics(TrainedHead *t, const HeadRows *tr, const HeadRows *va, const HeadFitResult *fr,
-                       const HeadScores *sc, double target) {
+static void add_counts(cJSON *labels, const char *split, int n, int pos) {
+    cJSON *o = cJSON_AddObjectToObject(labels, split);
+    cJSON_AddNumberToObject(o, "rows", n);
+    cJSON_AddNumberToObject(o, "positive", pos);
+}
+
+static int add_metrics(TrainedHead *t, const HeadRows *tr, const HeadRows *cal, const HeadRows *rep,
+                       const HeadFitResult *fr, const HeadScores *sc, double target) {
     cJSON *j = t->metrics = cJSON_CreateObject();
     if (!j)
         return ER_ENOMEM;
     cJSON_AddNumberToObject(j, "n_train", tr->n);
-    cJSON_AddNumberToObject(j, "n_val", va->n);
+    cJSON_AddNumberToObject(j, "n_val", cal->n + rep->n);
+    cJSON_AddNumberToObject(j, "n_calibration", cal->n);
+    cJSON_AddNumberToObject(j, "n_report", rep->n);
+    cJSON *labels = cJSON_AddObjectToObject(j, "labels");
+    add_counts(labels, "train", tr->n, sc->pos);
+    add_counts(labels, "calibration", cal->n, sc->cpos);
+    add_counts(labels, "report", rep->n, sc->rpos);
     cJSON_AddNumberToObject(j, "train_positive_rate", (double)sc->pos / tr->n);
     cJSON_AddNumberToObject(j, "train_loss_first", fr->first_loss);
     cJSON_AddNumberToObject(j, "train_loss_last", fr->last_loss);
@@ -369,12 +386,17 @@ static int add_metrics(TrainedHead *t, const HeadRows *tr, const HeadRows *va, c
     if (isfinite(sc->auc_t))
         cJSON_AddNumberToObject(j, "train_roc_auc", sc->auc_t);
     if (isfinite(sc->auc_v))
-        cJSON_AddNumberToObject(j, "val_roc_auc", sc->auc_v);
+        cJSON_AddNumberToObject(j, "val_roc_auc", sc->auc_v); // every held-out row: no threshold involved
     cJSON_AddNumberToObject(j, "train_accuracy", sc->acc_t);
-    if (va->n > 0)
-        cJSON_AddNumberToObject(j, "val_accuracy", sc->acc_v);
-    if (sc->vpos > 0)
-        cJSON_AddNumberToObject(j, "val_recall", (double)sc->tp / sc->vpos);
+    cJSON_AddStringToObject(j, "threshold_split", sc->cal_split);
+    cJSON_AddNumberToObject(j, "calibration_accuracy", sc->acc_c);
+    cJSON_AddStringToObject(j, "report_split", sc->rep_split);
+    if (isfinite(sc->auc_r))
+        cJSON_AddNumberToObject(j, "report_roc_auc", sc->auc_r);
+    cJSON_AddNumberToObject(j, "report_accuracy", sc->acc_r);
+    int rpos = sc->rep == rep ? sc->rpos : count_positive(sc->rep->y, sc->rep->n);
+    if (rpos > 0)
+        cJSON_AddNumberToObject(j, "report_recall", (double)sc->tp / rpos);
     cJSON_AddNumberToObject(j, "threshold", t->threshold);
     cJSON_AddStringToObject(j, "threshold_rule", target > 0 ? "target_recall" : "best_accuracy");
     if (target > 0)
@@ -382,49 +404,108 @@ static int add_metrics(TrainedHead *t, const HeadRows *tr, const HeadRows *va, c
     return ER_OK;
 }
 
-int head_train(TrainedHead *t, const HeadRows *tr, const HeadRows *va, const HeadTrainSpec *s, cJSON *results) {
+// A head fitted on rows of one label learns a constant: refused unless s->allow_one_class, then said
+// loudly. A best-accuracy threshold chosen on one label (a target recall: on no positive) is arbitrary,
+// and one label among the report rows makes the report's figures weak: said loudly (the verifier's
+// threshold is not used at run time, and a switcher's degenerate threshold of 1 is refused by it).
+static int check_classes(const HeadRows *tr, const HeadRows *cal, const HeadRows *rep, const HeadScores *sc,
+                         const HeadTrainSpec *s) {
+    const char *name = s->fit.label, *what = s->positive ? s->positive : "label 1";
+    char counts[400];
+    snprintf(counts, sizeof counts, "%s in %d of %d training rows, %d of %d calibration rows, %d of %d report rows",
+             what, sc->pos, tr->n, sc->cpos, cal->n, sc->rpos, rep->n);
+    if (sc->pos == 0 || sc->pos == tr->n) {
+        if (!s->allow_one_class)
+            return er_error(ER_EINVAL, "%s: the training rows hold one class (%s): a head fitted on one class "
+                            "separates nothing; use more records (--limit, --val-split) or pass --allow-one-class "
+                            "to write it anyway", name, counts);
+        if (s->log)
+            fprintf(s->log, "%s: WARNING: the training rows hold one class (%s): this head separates nothing; "
+                    "written anyway (--allow-one-class)\n", name, counts);
+    }
+    if (cal->n > 0 && (sc->cpos == 0 || (sc->cpos == cal->n && !(s->target_recall > 0))) && s->log)
+        fprintf(s->log, "%s: WARNING: the calibration rows hold one class (%s): the threshold chosen on them is "
+                "arbitrary; use more records or a larger --val-split\n", name, counts);
+    if (rep->n > 0 && (sc->rpos == 0 || sc->rpos == rep->n) && s->log)
+        fprintf(s->log, "%s: WARNING: the report rows hold one class (%s): no ROC-AUC there, and the accuracy "
+                "counts that class only\n", name, counts);
+    return ER_OK;
+}
+
+// Every held-out row (calibration, then report) in one HeadRows, for the loss and ROC-AUC per epoch.
+static int held_out_rows(const HeadRows *cal, const HeadRows *rep, HeadRows *va) {
+    *va = (HeadRows){.C = cal->C};
+    ER_TRY(head_rows_reserve(va, cal->n + rep->n > 0 ? cal->n + rep->n : 1));
+    memcpy(va->x, cal->x, sizeof(float) * (size_t)cal->n * cal->C);
+    memcpy(va->y, cal->y, sizeof(float) * (size_t)cal->n);
+    memcpy(va->x + (size_t)cal->n * cal->C, rep->x, sizeof(float) * (size_t)rep->n * rep->C);
+    memcpy(va->y + cal->n, rep->y, sizeof(float) * (size_t)rep->n);
+    va->n = cal->n + rep->n;
+    return ER_OK;
+}
+
+// The threshold on sc->cal, the figures on every split.
+static void calibrate(TrainedHead *t, const HeadRows *tr, const HeadRows *va, const float *pt, const float *pv,
+                      double target, HeadScores *sc) {
+    t->threshold = threshold_choose(sc->p_cal, sc->cal->y, sc->cal->n, target);
+    sc->auc_t = roc_auc(pt, tr->y, tr->n);
+    sc->auc_v = roc_auc(pv, va->y, va->n);
+    sc->auc_r = roc_auc(sc->p_rep, sc->rep->y, sc->rep->n);
+    sc->acc_t = accuracy_at(pt, tr->y, tr->n, t->threshold);
+    sc->acc_c = accuracy_at(sc->p_cal, sc->cal->y, sc->cal->n, t->threshold);
+    sc->acc_r = accuracy_at(sc->p_rep, sc->rep->y, sc->rep->n, t->threshold);
+    sc->tp = 0;
+    for (int i = 0; i < sc->rep->n; i++)
+        sc->tp += sc->rep->y[i] > 0.5f && sc->p_rep[i] >= t->threshold;
+}
+
+int head_train(TrainedHead *t, const HeadRows *tr, const HeadRows *cal, const HeadRows *rep, const HeadTrainSpec *s,
+               cJSON *results) {
     const char *name = s->fit.label;
     if (tr->n < 2)
         return er_error(ER_EINVAL, "%s: %d training rows; need at least 2 (more records, or a smaller --val-split)",
                         name, tr->n);
-    HeadScores sc = {0};
-    sc.pos = count_positive(tr->y, tr->n);
+    HeadScores sc = {.pos = count_positive(tr->y, tr->n), .cpos = count_positive(cal->y, cal->n),
+                     .rpos = count_positive(rep->y, rep->n)};
+    ER_TRY(check_classes(tr, cal, rep, &sc, s));
     if (s->log)
-        fprintf(s->log, "%s: training on %d rows (%.1f%% positive), %d held out\n", name, tr->n,
-                100.0 * sc.pos / tr->n, va->n);
+        fprintf(s->log, "%s: training on %d rows (%.1f%% positive); %d rows calibrate the threshold, %d report\n",
+                name, tr->n, 100.0 * sc.pos / tr->n, cal->n, rep->n);
     int rc = ER_OK;
+    HeadRows va = {0};
     float *pt = er_alloc(sizeof(float) * (size_t)tr->n);
-    float *pv = er_alloc(sizeof(float) * (size_t)(va->n > 0 ? va->n : 1));
+    float *pv = er_alloc(sizeof(float) * (size_t)(cal->n + rep->n > 0 ? cal->n + rep->n : 1));
     HeadFitResult fr;
     if (!pt || !pv)
-        ER_CHECK(er_error(ER_ENOMEM, "%s: out of memory for %d scores", name, tr->n + va->n));
-    ER_CHECK(head_fit(&t->net, tr->x, tr->y, tr->n, va->x, va->y, va->n, &s->fit, &fr));
+        ER_CHECK(er_error(ER_ENOMEM, "%s: out of memory for %d scores", name, tr->n + cal->n + rep->n));
+    ER_CHECK(held_out_rows(cal, rep, &va));
+    ER_CHECK(head_fit(&t->net, tr->x, tr->y, tr->n, va.x, va.y, va.n, &s->fit, &fr));
     ER_CHECK(head_predict(&t->net, tr->x, tr->n, pt));
-    if (va->n > 0)
-        ER_CHECK(head_predict(&t->net, va->x, va->n, pv));
-    // Calibrate on the held-out split (on the training rows when nothing is held out).
-    int held = va->n > 0;
-    t->threshold = threshold_choose(held ? pv : pt, held ? va->y : tr->y, held ? va->n : tr->n, s->target_recall);
-    sc.auc_t = roc_auc(pt, tr->y, tr->n);
-    sc.auc_v = roc_auc(pv, va->y, va->n);
-    sc.acc_t = accuracy_at(pt, tr->y, tr->n, t->threshold);
-    sc.acc_v = accuracy_at(pv, va->y, va->n, t->threshold);
-    for (int i = 0; i < va->n; i++) {
-        sc.vpos += va->y[i] > 0.5f;
-        sc.tp += va->y[i] > 0.5f && pv[i] >= t->threshold;
-    }
-    ER_CHECK(add_metrics(t, tr, va, &fr, &sc, s->target_recall));
+    if (va.n > 0)
+        ER_CHECK(head_predict(&t->net, va.x, va.n, pv));
+    // Calibrate on the calibration rows (the training rows when nothing is held out) and report on
+    // the report rows (the calibration rows when there are none).
+    int held = cal->n > 0;
+    sc.cal = held ? cal : tr;
+    sc.p_cal = held ? pv : pt;
+    sc.cal_split = held ? "calibration" : "training";
+    sc.rep = rep->n > 0 ? rep : sc.cal;
+    sc.p_rep = rep->n > 0 ? pv + cal->n : sc.p_cal;
+    sc.rep_split = rep->n > 0 ? "report" : sc.cal_split;
+    calibrate(t, tr, &va, pt, pv, s->target_recall, &sc);
+    ER_CHECK(add_metrics(t, tr, cal, rep, &fr, &sc, s->target_recall));
     cJSON_AddItemToObject(results, name, cJSON_Duplicate(t->metrics, 1));
-    char auc_s[32] = "n/a (one class)", acc_s[32];
-    double auc = held ? sc.auc_v : sc.auc_t;
-    if (isfinite(auc))
-        snprintf(auc_s, sizeof auc_s, "%.4f", auc);
-    snprintf(acc_s, sizeof acc_s, "%.4f", held ? sc.acc_v : sc.acc_t);
+    char auc_s[32] = "n/a (one class)";
+    if (isfinite(va.n > 0 ? sc.auc_v : sc.auc_t))
+        snprintf(auc_s, sizeof auc_s, "%.4f", va.n > 0 ? sc.auc_v : sc.auc_t);
     if (s->out)
-        fprintf(s->out, "%s: %s ROC-AUC %s, accuracy %s at threshold %.4f (%s); train loss %.4f -> %.4f\n", name,
-                held ? "held-out" : "training (nothing held out)", auc_s, acc_s, t->threshold,
-                s->target_recall > 0 ? "target recall" : "best accuracy", fr.first_loss, fr.last_loss);
+        fprintf(s->out, "%s: %s ROC-AUC %s; accuracy %.4f on the %d %s rows%s at threshold %.4f (%s, chosen on the "
+                "%d %s rows); train loss %.4f -> %.4f\n", name, va.n > 0 ? "held-out" : "training (nothing held out)",
+                auc_s, sc.acc_r, sc.rep->n, sc.rep_split, rep->n > 0 ? "" : " (none held out to report on)",
+                t->threshold, s->target_recall > 0 ? "target recall" : "best accuracy", sc.cal->n, sc.cal_split,
+                fr.first_loss, fr.last_loss);
 done:
+    head_rows_free(&va);
     er_free(pt);
     er_free(pv);
     return rc;

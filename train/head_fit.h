@@ -67,15 +67,22 @@ int head_rows_gather(HeadRows *r);
 typedef struct {
     HeadFitConfig fit;    // fit.label names the head in errors, metrics and the report
     double target_recall; // 0: the best-accuracy threshold
+    const char *positive; // what label 1 means, for the label counts ("needs reasoning"; NULL: "label 1")
+    int allow_one_class;  // write a head whose training rows hold one label (said on log)
     FILE *out;            // the result line (NULL = silent)
-    FILE *log;            // the "training on" line (NULL = silent)
+    FILE *log;            // the "training on" line and warnings (NULL = silent)
 } HeadTrainSpec;
 
 // Fits t->net (initialised, with gradients) on the training rows, calibrates t->threshold on the
-// held-out rows (on the training rows when none is held out), fills t->metrics, adds a copy of
-// them to results under the head's name and writes one result line (ROC-AUC, accuracy, threshold,
-// losses) to s->out. Saving is the caller's: a head may refuse its threshold first.
-int head_train(TrainedHead *t, const HeadRows *tr, const HeadRows *va, const HeadTrainSpec *s, cJSON *results);
+// calibration rows (the training rows when none is held out) and measures it on the report rows, which
+// come from other records (the calibration rows when there are none: the metrics and the line say
+// which split), fills t->metrics, adds a copy of them to results under the head's name and writes
+// one result line (held-out ROC-AUC, report accuracy, threshold, losses) to s->out. Training rows
+// with one label only are refused (ER_EINVAL, naming the head and the label counts) unless
+// s->allow_one_class; calibration or report rows with one label are warned about on s->log. Saving is
+// the caller's: a head may refuse its threshold first.
+int head_train(TrainedHead *t, const HeadRows *tr, const HeadRows *cal, const HeadRows *rep, const HeadTrainSpec *s,
+               cJSON *results);
 
 // trained_head_save, and "<name>: wrote <path>" to out (NULL = silent).
 int head_save(const TrainedHead *t, const char *name, const char *path, FILE *out);

@@ -67,16 +67,17 @@ static int check_records(const HeadsData *hd, const HeadJob *jobs, int n_jobs) {
     return ER_OK;
 }
 
-// The split: the last n_val records of a seeded shuffle are held out, at least one, leaving two to train on.
+// The split: the last n_val records of a seeded shuffle are held out, at least two (one when only three
+// records), leaving two to train on; the first half of them (rounded up) calibrates, the rest reports.
 static int split_records(HeadsData *hd) {
     int n = hd->d.n, n_val = (int)floor(hd->c->val_split * n + 0.5);
-    if (hd->c->val_split > 0 && n_val < 1)
-        n_val = 1;
+    if (hd->c->val_split > 0 && n_val < 2)
+        n_val = 2;
     if (n_val > n - 2)
         n_val = n - 2 > 0 ? n - 2 : 0;
     int *order = er_alloc(sizeof(int) * (size_t)n);
-    hd->is_val = er_calloc((size_t)n, 1);
-    if (!order || !hd->is_val) {
+    hd->split = er_calloc((size_t)n, 1);
+    if (!order || !hd->split) {
         er_free(order);
         return ER_ENOMEM;
     }
@@ -85,10 +86,31 @@ static int split_records(HeadsData *hd) {
     for (int i = 0; i < n; i++)
         order[i] = i;
     shuffle_indices(order, n, &split);
+    hd->n_cal = (n_val + 1) / 2;
+    hd->n_report = n_val - hd->n_cal;
     for (int i = 0; i < n_val; i++)
-        hd->is_val[order[n - 1 - i]] = 1;
-    hd->n_val = n_val;
+        hd->split[order[n - 1 - i]] = i < hd->n_cal ? HEADS_CALIBRATE : HEADS_REPORT;
     er_free(order);
+    return ER_OK;
+}
+
+// Records in the file (lines with something on them), to say how many --limit leaves out.
+static int count_records(const char *path, int *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return er_error(ER_EIO, "%s: cannot open", path);
+    int c, blank = 1;
+    *n = 0;
+    while ((c = getc(f)) != EOF) {
+        if (c == '\n') {
+            *n += !blank;
+            blank = 1;
+        } else if (c != ' ' && c != '\t' && c != '\r') {
+            blank = 0;
+        }
+    }
+    *n += !blank;
+    fclose(f);
     return ER_OK;
 }
 
@@ -128,6 +150,9 @@ static int engine_for_jobs(HeadsData *hd, const HeadJob *jobs, int n_jobs, int m
 static int heads_data_load(HeadsData *hd, HeadJob *jobs, int n_jobs) {
     const HeadsConfig *c = hd->c;
     ER_TRY(dataset_load(c->data_path, NULL, c->limit, &hd->d));
+    hd->n_file = hd->d.n;
+    if (c->limit > 0 && hd->d.n == c->limit)
+        ER_TRY(count_records(c->data_path, &hd->n_file));
     ER_TRY(check_records(hd, jobs, n_jobs));
     ER_TRY(model_load(&hd->m, c->model_dir, 0));
     ER_TRY(tok_load(&hd->tok, c->model_dir));
@@ -163,7 +188,7 @@ static void heads_data_free(HeadsData *hd) {
         er_free(hd->ids[i]);
     er_free(hd->ids);
     er_free(hd->nids);
-    er_free(hd->is_val);
+    er_free(hd->split);
     lora_free(&hd->ad);
     tok_free(hd->tok);
     model_free(&hd->m);
@@ -171,15 +196,41 @@ static void heads_data_free(HeadsData *hd) {
     memset(hd, 0, sizeof *hd);
 }
 
+// The start line: the records used (of how many in the file), the split and the heads.
+static void print_start(const HeadsData *hd, const HeadJob *jobs, int n_jobs, FILE *log) {
+    int n = hd->d.n, held = hd->n_cal + hd->n_report;
+    if (hd->n_file > n)
+        fprintf(log, "heads: using %d of the %d records in %s (--limit %d)", n, hd->n_file, hd->c->data_path, n);
+    else
+        fprintf(log, "heads: using all %d records of %s%s", n, hd->c->data_path,
+                hd->c->limit ? "" : " (--limit N uses the first N)");
+    fprintf(log, ": %d to train, %d to calibrate the thresholds, %d to report the metrics; hidden size %d; ", n - held,
+            hd->n_cal, hd->n_report, hd->m.cfg.C);
+    for (int j = 0; j < n_jobs; j++)
+        fprintf(log, "%s%s", j ? " + " : "", jobs[j].what);
+    fputc('\n', log);
+}
+
+// Once the first records are done: the time per record and what the whole pass will take.
+static void print_estimate(const Progress *prog, int done, int total, FILE *log) {
+    double per = (time_now() - prog->t_start) / done;
+    char eta[32];
+    double s = per * (total - done);
+    if (s < 60)
+        snprintf(eta, sizeof eta, "%.0f s", s);
+    else if (s < 3600)
+        snprintf(eta, sizeof eta, "%.0f min", s / 60);
+    else
+        snprintf(eta, sizeof eta, "%.1f h", s / 3600);
+    fprintf(log, "%sheads: %.2f s per record so far: about %s more for the %d left%s\n", prog->tty ? "\r\033[K" : "",
+            per, eta, total - done, s >= 600 ? " (--limit N uses fewer records)" : "");
+}
+
 // The one pass: every job collects each record's rows; errors name the record.
 static int collect_pass(HeadsData *hd, HeadJob *jobs, int n_jobs) {
     FILE *log = hd->c->log;
-    if (log) {
-        fprintf(log, "heads: %d records (%d held out), hidden size %d, ", hd->d.n, hd->n_val, hd->m.cfg.C);
-        for (int j = 0; j < n_jobs; j++)
-            fprintf(log, "%s%s", j ? " + " : "", jobs[j].what);
-        fputc('\n', log);
-    }
+    if (log)
+        print_start(hd, jobs, n_jobs, log);
     Progress prog;
     int lo, hi; // this rank's records; every rank's rows are gathered after the pass
     dist_share(hd->d.n, dist_rank(), dist_size(), &lo, &hi);
@@ -194,6 +245,8 @@ static int collect_pass(HeadsData *hd, HeadJob *jobs, int n_jobs) {
                 return er_error_prefix(rc, "%s:%ld", hd->c->data_path, hd->d.ex[i].line);
             }
         }
+        if (log && i + 1 - lo == (hi - lo < 8 ? hi - lo : 8) && hi - lo > i + 1 - lo)
+            print_estimate(&prog, i + 1 - lo, hi - lo, log);
         if (log) {
             char extra[96];
             snprintf(extra, sizeof extra, "%ld tokens generated", hd->gen_tokens);
@@ -232,7 +285,9 @@ static int write_run(const HeadsData *hd, cJSON **results, double seconds) {
     cJSON_AddStringToObject(run, "model_fingerprint", fp);
     cJSON *n = cJSON_AddObjectToObject(run, "counts");
     cJSON_AddNumberToObject(n, "records", hd->d.n);
-    cJSON_AddNumberToObject(n, "held_out", hd->n_val);
+    cJSON_AddNumberToObject(n, "records_in_file", hd->n_file);
+    cJSON_AddNumberToObject(n, "calibration", hd->n_cal);
+    cJSON_AddNumberToObject(n, "report", hd->n_report);
     cJSON_AddNumberToObject(n, "generated_tokens", (double)hd->gen_tokens);
     cJSON_AddItemToObject(run, "result", *results);
     *results = NULL;
@@ -264,7 +319,8 @@ int heads_run(const HeadsConfig *c, HeadJob *jobs, int n_jobs, HeadsResult *res)
     for (int j = 0; j < n_jobs; j++)
         ER_CHECK(jobs[j].train(jobs[j].self, &hd, &ml, results));
     res->records = hd.d.n;
-    res->held_out = hd.n_val;
+    res->calibration = hd.n_cal;
+    res->report = hd.n_report;
     res->generated_tokens = hd.gen_tokens;
     res->seconds = time_now() - t_start;
     ER_CHECK(write_run(&hd, &results, res->seconds));

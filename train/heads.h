@@ -1,8 +1,10 @@
 // The run behind `ertrain heads`, the part both heads share: one base model and its reasoning
 // adapter, a JSONL dataset with gold answers, each record's prompt rendered as erinfer eval renders
-// it, a seeded split of the records (the held-out ones calibrate and measure), and one pass over the
-// records through the runtime engine (the code erinfer runs) in which each head collects its rows;
-// then each head trains, calibrates and saves itself, and run.json and metrics.jsonl are written.
+// it, a seeded split of the records (training; held out: one half calibrates the thresholds, the
+// other half measures the heads at them, so no accuracy is reported on the records that chose its
+// threshold), and one pass over the records through the runtime engine (the code erinfer runs) in
+// which each head collects its rows; then each head trains, calibrates and saves itself, and run.json
+// and metrics.jsonl are written.
 //
 // The heads are not this layer's: the switcher (switcher_train/) and the verifier (verifier_train/)
 // each plug in as a HeadJob that says what it needs and how it collects and trains, so neither head's
@@ -30,8 +32,10 @@ typedef struct {
     KvType kv;               // KV cache while collecting
     int limit;               // only the first N records (0 = all)
     int seed;                // the split (and, through the heads, sampling, init, order, dropout, noise)
-    double val_split;        // share of the records held out: at least one when > 0, leaving two to train on
-                             // (0: none, and the thresholds are calibrated on the training rows)
+    double val_split;        // share of the records held out, leaving two to train on: at least two when > 0
+                             // (half calibrate, half report; with one it does both) (0: none, and the
+                             // thresholds are calibrated and reported on the training rows)
+    int allow_one_class;     // write a head whose training rows hold one label (else refused)
     int max_new;             // tokens per reasoning response
     int budget;              // hard budget on reasoning responses (0 = off)
     int answer_tokens;       // tokens allowed after the budget, suffix included
@@ -42,6 +46,10 @@ typedef struct {
 
 void heads_config_default(HeadsConfig *c);
 
+// Where a record's rows go: the fit, the thresholds' calibration, or the metrics reported at those
+// thresholds (records disjoint from the other two).
+enum { HEADS_TRAIN = 0, HEADS_CALIBRATE = 1, HEADS_REPORT = 2 };
+
 // What the heads read while collecting; loaded and checked by heads_run before any generation.
 typedef struct {
     const HeadsConfig *c;
@@ -50,8 +58,10 @@ typedef struct {
     Tokenizer *tok;
     LoraAdapter ad;
     int **ids, *nids;    // (d.n): each record's prompt tokens
-    uint8_t *is_val;     // (d.n): 1 = held out; a held-out record's rows of every head stay held out
-    int n_val;
+    uint8_t *split;      // (d.n): HEADS_TRAIN, HEADS_CALIBRATE or HEADS_REPORT; a record's rows of every
+                         // head go to its split
+    int n_cal, n_report; // records held out to calibrate the thresholds and to report the metrics at them
+    int n_file;          // records in the file (more than d.n with --limit)
     Engine e;
     GenConfig reasoning; // the reasoning route: adapter, prefix, budget, max_new
     long gen_tokens;     // tokens generated so far (the heads add theirs)
@@ -82,7 +92,7 @@ typedef struct {
 void head_job_free(HeadJob *j);
 
 typedef struct {
-    int records, held_out;
+    int records, calibration, report; // records used, and of those held out to calibrate and to report
     long generated_tokens;
     double seconds;
 } HeadsResult;

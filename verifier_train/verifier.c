@@ -47,7 +47,7 @@ void verifier_config_default(VerifierConfig *c) {
 // A verifier being trained: its rows and the tokens of its verification prompt.
 typedef struct {
     const VerifierConfig *c;
-    HeadRows tr, va;
+    HeadRows tr, cal, rep; // rows by split (HEADS_TRAIN, HEADS_CALIBRATE, HEADS_REPORT)
     int *vq, n_vq;
     float *labels; // (samples): one record's
     double right;  // sampled responses graded correct
@@ -56,7 +56,8 @@ typedef struct {
 static void verifier_free(void *self) {
     Verifier *v = self;
     head_rows_free(&v->tr);
-    head_rows_free(&v->va);
+    head_rows_free(&v->cal);
+    head_rows_free(&v->rep);
     er_free(v->vq);
     er_free(v->labels);
     er_free(v);
@@ -66,7 +67,7 @@ static void verifier_free(void *self) {
 static int prepare(void *self, HeadsData *d) {
     Verifier *v = self;
     const char *p = v->c->verify_prompt;
-    v->tr.C = v->va.C = d->m.cfg.C;
+    v->tr.C = v->cal.C = v->rep.C = d->m.cfg.C;
     ER_TRY(tok_encode(d->tok, p, strlen(p), &v->vq, &v->n_vq));
     if (v->n_vq < 1)
         return er_error(ER_EINVAL, "--verify-prompt encodes to no tokens");
@@ -78,7 +79,7 @@ static int prepare(void *self, HeadsData *d) {
 // Record i: samples from the adapter, each graded and read after the verification prompt.
 static int collect(void *self, HeadsData *d, int i) {
     Verifier *v = self;
-    HeadRows *r = d->is_val[i] ? &v->va : &v->tr;
+    HeadRows *r = d->split[i] == HEADS_TRAIN ? &v->tr : d->split[i] == HEADS_CALIBRATE ? &v->cal : &v->rep;
     GenConfig g = d->reasoning;
     g.n_samples = v->c->samples;
     g.sampler.temperature = (float)v->c->temperature;
@@ -97,7 +98,8 @@ static int collect(void *self, HeadsData *d, int i) {
 static int gather(void *self, HeadsData *d) {
     Verifier *v = self;
     ER_TRY(head_rows_gather(&v->tr));
-    ER_TRY(head_rows_gather(&v->va));
+    ER_TRY(head_rows_gather(&v->cal));
+    ER_TRY(head_rows_gather(&v->rep));
     return dist_sum_doubles(&v->right, 1);
 }
 
@@ -118,14 +120,15 @@ static int train(void *self, const HeadsData *d, MetricsLog *ml, cJSON *results)
     t.role = HEAD_VERIFIER;
     t.adapter_on = c->adapter_on;
     model_fingerprint(&d->m, t.fingerprint);
-    HeadTrainSpec spec = {.fit = c->fit, .out = d->c->out, .log = d->c->log};
+    HeadTrainSpec spec = {.fit = c->fit, .positive = "correct", .allow_one_class = d->c->allow_one_class,
+                          .out = d->c->out, .log = d->c->log};
     spec.fit.seed = (uint64_t)d->c->seed + 2;
     spec.fit.label = "verifier";
     spec.fit.metrics = ml;
     ER_CHECK(head_init(&t.net, HEAD_LINEAR, v->tr.C, 1, 0, 1, (uint64_t)d->c->seed + 202));
     if (!(t.verify_prompt = er_strdup(c->verify_prompt)))
         ER_CHECK(ER_ENOMEM);
-    ER_CHECK(head_train(&t, &v->tr, &v->va, &spec, results));
+    ER_CHECK(head_train(&t, &v->tr, &v->cal, &v->rep, &spec, results));
     ER_CHECK(head_save(&t, "verifier", c->out, d->c->out));
 done:
     trained_head_free(&t);

@@ -2,8 +2,8 @@
 // final-token hidden state after a verification prompt appended to the response, read from the
 // sample's own KV cache: only its tokens are computed, see engine_verify_features), labelled by
 // grading responses sampled from the adapter against the gold answer. Its threshold is calibrated on
-// the held-out records for the best accuracy. It trains as a job of heads_run (train/heads.h) on the
-// head fitting of train/head_fit.h.
+// the calibration half of the held-out records for the best accuracy and reported on the other half.
+// It trains as a job of heads_run (train/heads.h) on the head fitting of train/head_fit.h.
 #ifndef VERIFIER_TRAIN_VERIFIER_H
 #define VERIFIER_TRAIN_VERIFIER_H
 

@@ -52,3 +52,29 @@ Test(heads_cli, bad_inputs_fail_cleanly) {
     helper_result_free(&r);
     er_free(data);
 }
+
+// A head whose rows hold one label is refused, one line naming the head and the label counts, no head
+// written (the random model answers every sampled problem wrong: the verifier's labels are all 0);
+// --allow-one-class writes it, with a loud warning on stderr.
+Test(heads_cli, one_class_head_refused_unless_allowed) {
+    need_ertrain();
+    char *data = heads_make_data(fx.tmp, "train.jsonl", 10, 3), vf[600];
+    snprintf(vf, sizeof vf, "%s/vf.json", fx.tmp);
+    const char *cmd = "'%s' heads --model '%s/model' --adapter '%s/adapter' --data '%s' --verifier-out '%s/vf' "
+                      "--samples 2 --max-new 8 --verifier-epochs 2 --threads 1 %s";
+    CmdResult r = helper_run(fx.tmp, cmd, fx.prog, fx.tmp, fx.tmp, data, fx.tmp, "");
+    cr_assert_eq(r.status, 1, "a one-class verifier was not refused (exit %d):\n%s%s", r.status, r.out, r.err);
+    const char *last = r.err, *nl;
+    while ((nl = strchr(last, '\n')) && nl[1])
+        last = nl + 1; // the error is the last line (progress and notes come before it)
+    cr_assert(strstr(last, "ertrain heads: verifier: the training rows hold one class (correct in 0 of 16 training "
+                           "rows") && strstr(last, "--allow-one-class"), "%s", r.err);
+    cr_assert(!path_exists(vf), "no head written when refused");
+    helper_result_free(&r);
+    r = helper_run(fx.tmp, cmd, fx.prog, fx.tmp, fx.tmp, data, fx.tmp, "--allow-one-class");
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.err, "verifier: WARNING: the training rows hold one class"), "%s", r.err);
+    cr_assert(path_exists(vf));
+    helper_result_free(&r);
+    er_free(data);
+}

@@ -221,7 +221,8 @@ def check_grpo():
 def check_heads():
     base = ["heads", "--model", MODEL, "--adapter", "sft1", "--data", "chains.jsonl", "--limit", "24",
             "--derive-labels", "--target-recall", "0.9", "--samples", "4", "--max-new", "24", "--direct-max-new", "8",
-            "--threads", "1", "--seed", "1", "--switcher-epochs", "20", "--verifier-epochs", "20"]
+            "--threads", "1", "--seed", "1", "--switcher-epochs", "20", "--verifier-epochs", "20",
+            "--allow-one-class"]  # a wiring check: the tiny labels may hold one class
     one = run(1, base + ["--switcher-out", "heads1/sw", "--verifier-out", "heads1/vf"])
     two = run(3, base + ["--switcher-out", "heads3/sw", "--verifier-out", "heads3/vf"])
     for f in ("sw.safetensors", "sw.json", "vf.safetensors", "vf.json", "metrics.jsonl"):
