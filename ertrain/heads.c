@@ -128,7 +128,8 @@ static int parse_flags(int argc, char **argv, HeadsFlags *f) {
                                                            "only (refused otherwise)", 0, 0, 0},
         {"seed", ARG_INT, &h->seed, "seed of the split, sampling, init, order, dropout and noise", 0, 0, 2147483647},
         {"threads", ARG_INT, &f->threads, "threads (0 = all cores)", 0, 0, 4096},
-        {"kv", ARG_STR, &f->kv, "KV cache type while collecting: f32 or int8 (as erinfer --kv)", 0, 0, 0},
+        {"kv", ARG_STR, &f->kv, "KV cache type the features are computed on: f32 or int8, the erinfer --kv the "
+                                "heads will run with (recorded in each head)", 0, 0, 0},
         {"chunk", ARG_INT, &s->chunk, "switcher: prompt positions per chunk of the EMA", 0, 1, 1 << 20},
         {"alpha", ARG_FLOAT, &s->alpha, "switcher: EMA weight of each new chunk's mean", 0, 1e-6, 1},
         {"hidden", ARG_INT, &s->hidden, "switcher: hidden units of the MLP", 0, 1, 4096},

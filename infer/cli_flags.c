@@ -1,4 +1,5 @@
 // Generation flags shared by erinfer generate, chat and eval.
+#include <stdio.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -83,5 +84,9 @@ int gen_flags_open(const GenFlags *f, int max_samples, ErModel **m, ErSession **
     ErGenParams unused;
     SessionSpec spec = {f->model, f->adapter, f->switcher, f->verifier, 0, f->context};
     ER_TRY(gen_flags_params(f, &unused, &spec.kv_int8));
-    return runner_open_session(&spec, max_samples, gen_flags_max_new(f), m, s);
+    ER_TRY(runner_open_session(&spec, max_samples, gen_flags_max_new(f), m, s));
+    char note[1400];
+    if (runner_heads_kv_note(&spec, note, sizeof note))
+        fprintf(stderr, "erinfer: warning: %s\n", note);
+    return ER_OK;
 }

@@ -269,6 +269,9 @@ int eval_run(const EvalConfig *c, EvalResult *res) {
     if (c->log && res->pipeline && p.temperature == 0 && p.n_samples > 1)
         fprintf(c->log, "eval: warning: with --temperature 0 the %d reasoning samples are identical (the paper "
                         "samples at 0.8)\n", p.n_samples);
+    char note[1400];
+    if (c->log && runner_heads_kv_note(&c->session, note, sizeof note))
+        fprintf(c->log, "eval: warning: %s\n", note);
     if (c->on_progress)
         c->on_progress(c->user, 0, hi - lo, 0.0);
     for (int i = lo; i < hi; i++) {

@@ -1,8 +1,11 @@
 // Opening a session from a model spec, and a pipeline result as JSON (infer/runner.h).
 #include "infer/runner.h"
 
+#include <stdio.h>
+
 #include "core/alloc.h"
 #include "core/error.h"
+#include "model/head.h"
 
 int runner_load_model(const SessionSpec *spec, ErModel **m) {
     *m = NULL;
@@ -40,6 +43,26 @@ int runner_context(int context, int max_new, int max_pos) {
     if (context)
         return context;
     return 4096 + max_new < max_pos ? 4096 + max_new : max_pos;
+}
+
+int runner_heads_kv_note(const SessionSpec *spec, char *note, size_t cap) {
+    const char *paths[2] = {spec->switcher, spec->verifier}, *names[2] = {"switcher", "verifier"};
+    HeadKv run = spec->kv_int8 ? HEAD_KV_INT8 : HEAD_KV_F32;
+    for (int i = 0; i < 2; i++) {
+        TrainedHead t;
+        if (!paths[i] || trained_head_load(&t, paths[i], i ? HEAD_VERIFIER : HEAD_SWITCHER, NULL) < 0)
+            continue;
+        HeadKv fitted = t.kv;
+        trained_head_free(&t);
+        if (fitted != HEAD_KV_UNKNOWN && fitted != run) {
+            snprintf(note, cap, "the %s %s was fitted on %s KV cache features and runs here on %s (--kv %s): its "
+                     "threshold may sit a little off; retrain it with ertrain heads --kv %s to match", names[i],
+                     paths[i], fitted == HEAD_KV_INT8 ? "int8" : "f32", run == HEAD_KV_INT8 ? "int8" : "f32",
+                     run == HEAD_KV_INT8 ? "int8" : "f32", run == HEAD_KV_INT8 ? "int8" : "f32");
+            return 1;
+        }
+    }
+    return 0;
 }
 
 const char *runner_finish_name(int f) {

@@ -27,6 +27,12 @@ const Tokenizer *runner_model_tokenizer(const ErModel *m);
 // *s are NULL.
 int runner_open_session(const SessionSpec *spec, int max_samples, int max_new, ErModel **m, ErSession **s);
 
+// A note for the CLIs when a head was fitted on another KV cache type than spec's (kv_int8): its
+// features, and so its threshold, shift a little. Writes one sentence naming the head and both types
+// into note and returns 1; 0 when every head matches or does not record its type (a head that cannot
+// be read is left to the model load to report).
+int runner_heads_kv_note(const SessionSpec *spec, char *note, size_t cap);
+
 const char *runner_finish_name(int finish); // ER_FINISH_* -> "eos" | "stop" | "length"
 // The pipeline's part of a result (route, switcher score, per-sample answers and verifier scores,
 // votes, timings) as a new JSON object; NULL when the call ran without heads (r NULL): a route and

@@ -262,6 +262,8 @@ static cJSON *head_json(const TrainedHead *t) {
         cJSON_AddStringToObject(f, "prompt", t->verify_prompt ? t->verify_prompt : "");
         cJSON_AddBoolToObject(f, "adapter_on", t->adapter_on);
     }
+    if (f && t->kv != HEAD_KV_UNKNOWN)
+        cJSON_AddStringToObject(f, "kv", t->kv == HEAD_KV_INT8 ? "int8" : "f32");
     cJSON_AddStringToObject(j, "model_fingerprint", t->fingerprint);
     if (t->metrics)
         cJSON_AddItemToObject(j, "metrics", cJSON_Duplicate(t->metrics, 1));
@@ -350,6 +352,10 @@ static int parse_json(TrainedHead *t, const cJSON *j, const char *js, HeadRole r
             return ER_ENOMEM;
         ER_TRY(json_opt_bool(f, "adapter_on", &t->adapter_on, ctx));
     }
+    const cJSON *kv = cJSON_GetObjectItemCaseSensitive(f, "kv");
+    if (kv && !(cJSON_IsString(kv) && (strcmp(kv->valuestring, "f32") == 0 || strcmp(kv->valuestring, "int8") == 0)))
+        return er_error(ER_EFORMAT, "%s: \"kv\" must be \"f32\" or \"int8\"", ctx);
+    t->kv = !kv ? HEAD_KV_UNKNOWN : strcmp(kv->valuestring, "int8") == 0 ? HEAD_KV_INT8 : HEAD_KV_F32;
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "metrics");
     if (mt && !(t->metrics = cJSON_Duplicate(mt, 1)))
         return ER_ENOMEM;

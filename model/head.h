@@ -13,7 +13,8 @@
 // where NAME is the path given without its ".safetensors" or ".json" suffix: NAME and either file name
 // the head. "features" says how the runtime
 // must compute the input: switcher {"kind": "prompt_ema", "chunk": 128, "alpha": 0.5}, verifier
-// {"kind": "verify_last", "prompt": "\nIs this solution correct?", "adapter_on": false}.
+// {"kind": "verify_last", "prompt": "\nIs this solution correct?", "adapter_on": false}, both with
+// "kv": "f32" | "int8", the KV cache the features were computed on (absent in older files).
 #ifndef MODEL_HEAD_H
 #define MODEL_HEAD_H
 
@@ -75,9 +76,14 @@ typedef enum { HEAD_SWITCHER, HEAD_VERIFIER } HeadRole;
 #define HEAD_DEFAULT_ALPHA 0.5f
 #define HEAD_DEFAULT_VERIFY_PROMPT "\nIs this solution correct?"
 
+// The KV cache a head's features were computed on: an int8 cache shifts the hidden states a little,
+// so a threshold calibrated on one holds best on the same. 0: not recorded.
+typedef enum { HEAD_KV_UNKNOWN = 0, HEAD_KV_F32, HEAD_KV_INT8 } HeadKv;
+
 typedef struct {
     Head net;
     HeadRole role;
+    HeadKv kv;            // the KV cache of the features it was fitted on
     float threshold;      // p >= threshold is positive (switcher: needs reasoning; verifier: correct)
     int chunk;            // switcher: positions per chunk of the prompt EMA
     float alpha;          // switcher: EMA weight of a new chunk's mean

@@ -144,6 +144,7 @@ static int train(void *self, const HeadsData *d, MetricsLog *ml, cJSON *results)
     t.role = HEAD_SWITCHER;
     t.chunk = c->chunk;
     t.alpha = (float)c->alpha;
+    t.kv = d->c->kv == KV_INT8 ? HEAD_KV_INT8 : HEAD_KV_F32;
     model_fingerprint(&d->m, t.fingerprint);
     HeadTrainSpec spec = {.fit = c->fit, .target_recall = c->target_recall, .positive = "needs reasoning",
                           .allow_one_class = d->c->allow_one_class, .out = d->c->out, .log = d->c->log};

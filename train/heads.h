@@ -2,9 +2,9 @@
 // adapter, a JSONL dataset with gold answers, each record's prompt rendered as erinfer eval renders
 // it, a seeded split of the records (training; held out: one half calibrates the thresholds, the
 // other half measures the heads at them, so no accuracy is reported on the records that chose its
-// threshold), and one pass over the records through the runtime engine (the code erinfer runs) in
-// which each head collects its rows; then each head trains, calibrates and saves itself, and run.json
-// and metrics.jsonl are written.
+// threshold), and one pass over the records through the runtime engine (the code erinfer runs, with
+// the KV cache type erinfer will run the heads on) in which each head collects its rows; then each
+// head trains, calibrates and saves itself, and run.json and metrics.jsonl are written.
 //
 // The heads are not this layer's: the switcher (switcher_train/) and the verifier (verifier_train/)
 // each plug in as a HeadJob that says what it needs and how it collects and trains, so neither head's
@@ -29,7 +29,7 @@ typedef struct {
     const char *out_dir;     // run.json and metrics.jsonl (made when missing)
     const char *system;      // system message in front of every prompt (NULL = none added)
     const char *prefix;      // reasoning prefix forced in reasoning responses (NULL = the adapter's)
-    KvType kv;               // KV cache while collecting
+    KvType kv;               // KV cache while collecting (recorded in each head: the features depend on it)
     int limit;               // only the first N records (0 = all)
     int seed;                // the split (and, through the heads, sampling, init, order, dropout, noise)
     double val_split;        // share of the records held out, leaving two to train on: at least two when > 0

@@ -119,6 +119,7 @@ static int train(void *self, const HeadsData *d, MetricsLog *ml, cJSON *results)
     TrainedHead t = {0};
     t.role = HEAD_VERIFIER;
     t.adapter_on = c->adapter_on;
+    t.kv = d->c->kv == KV_INT8 ? HEAD_KV_INT8 : HEAD_KV_F32;
     model_fingerprint(&d->m, t.fingerprint);
     HeadTrainSpec spec = {.fit = c->fit, .positive = "correct", .allow_one_class = d->c->allow_one_class,
                           .out = d->c->out, .log = d->c->log};

@@ -165,3 +165,40 @@ Test(pipeline_cli, bad_heads_and_flags_fail_cleanly) {
     }
     er_free(data);
 }
+
+// A head records the KV cache its features were computed on (ertrain heads --kv); erinfer running it on
+// the other type says so on stderr (generate and chat, and eval), and says nothing when they match or
+// the head does not record it.
+Test(pipeline_cli, warns_when_a_head_runs_on_another_kv_type) {
+    need_erinfer();
+    char sw[512];
+    snprintf(sw, sizeof sw, "%s/sw", fx.tmp);
+    TrainedHead t;
+    cr_assert_eq(trained_head_load(&t, sw, HEAD_SWITCHER, NULL), 0, "%s", er_last_error());
+    const char *cmd = "'%s' generate --model '%s/model' --adapter '%s/adapter' --switcher '%s/sw' --prompt 'What is "
+                      "2 + 3?' --max-new 4 --threads 1 --kv %s";
+    for (int fitted = HEAD_KV_UNKNOWN; fitted <= HEAD_KV_INT8; fitted++) {
+        t.kv = (HeadKv)fitted;
+        cr_assert_eq(trained_head_save(&t, sw), 0, "%s", er_last_error());
+        for (int run_int8 = 0; run_int8 <= 1; run_int8++) {
+            CmdResult r = helper_run(fx.tmp, cmd, fx.prog, fx.tmp, fx.tmp, fx.tmp, run_int8 ? "int8" : "f32");
+            cr_assert_eq(r.status, 0, "%s", r.err);
+            int differ = fitted != HEAD_KV_UNKNOWN && (fitted == HEAD_KV_INT8) != run_int8;
+            const char *w = strstr(r.err, "erinfer: warning: the switcher ");
+            cr_assert_eq(w != NULL, differ, "fitted %d, --kv %s:\n%s", fitted, run_int8 ? "int8" : "f32", r.err);
+            if (differ)
+                cr_assert(strstr(w, run_int8 ? "fitted on f32 KV cache features and runs here on int8"
+                                             : "fitted on int8 KV cache features and runs here on f32"), "%s", w);
+            helper_result_free(&r);
+        }
+    }
+    // eval says it too.
+    char *data = heads_make_data(fx.tmp, "eval.jsonl", 1, 4);
+    CmdResult r = helper_run(fx.tmp, "'%s' eval --model '%s/model' --adapter '%s/adapter' --switcher '%s/sw' "
+                             "--data '%s' --max-new 4 --vote-n 1 --threads 1", fx.prog, fx.tmp, fx.tmp, fx.tmp, data);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.err, "eval: warning: the switcher "), "%s", r.err);
+    helper_result_free(&r);
+    er_free(data);
+    trained_head_free(&t);
+}

@@ -281,3 +281,28 @@ Test(head_io, sizes_checked_against_the_file_first) {
               er_last_error());
     trained_head_free(&t);
 }
+
+// The KV cache type of the features ("features": {"kv"}) round-trips; a head without it loads as not
+// recorded (older files); any other value is refused, naming the file and the field.
+Test(head_io, kv_type_round_trips) {
+    TrainedHead t, u;
+    make_head(&t, HEAD_VERIFIER, &model_a);
+    char path[128], js[128];
+    snprintf(path, sizeof path, "%s/vf", tmp);
+    snprintf(js, sizeof js, "%s/vf.json", tmp);
+    for (int kv = HEAD_KV_UNKNOWN; kv <= HEAD_KV_INT8; kv++) {
+        t.kv = (HeadKv)kv;
+        cr_assert_eq(trained_head_save(&t, path), 0, "%s", er_last_error());
+        cr_assert_eq(trained_head_load(&u, path, HEAD_VERIFIER, &model_a), 0, "%s", er_last_error());
+        cr_assert_eq(u.kv, kv);
+        trained_head_free(&u);
+    }
+    cJSON *j;
+    cr_assert_eq(json_parse_file(js, 1 << 20, &j), 0);
+    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(j, "features"), "kv", cJSON_CreateString("int4"));
+    cr_assert_eq(json_write_file(js, j), 0);
+    cJSON_Delete(j);
+    cr_assert_lt(trained_head_load(&u, path, HEAD_VERIFIER, &model_a), 0);
+    cr_assert(strstr(er_last_error(), "vf.json") && strstr(er_last_error(), "\"kv\""), "%s", er_last_error());
+    trained_head_free(&t);
+}

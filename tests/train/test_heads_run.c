@@ -3,7 +3,7 @@
 // JSON with threshold, feature spec, fingerprint, metrics), ROC-AUC and accuracy reported, run.json
 // and metrics.jsonl written; derived labels; the heads load for that model and are refused for
 // another; the held-out records split into calibration and report halves; heads of one class refused;
-// the records used and the pace said. (The flags and their one-line errors:
+// the records used and the pace said; the KV type recorded. (The flags and their one-line errors:
 // tests/switcher_train/test_heads_cli.c.)
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -35,6 +35,7 @@ typedef struct {
     const char *sw_out, *vf_out, *out_dir;
     int derive, allow_one_class, limit;
     double target_recall;
+    KvType kv;
 } RunOpts;
 
 // One run on tmp/model and tmp/adapter, small and quick (samples 3, max_new 12, direct_max_new 6,
@@ -53,6 +54,7 @@ static int run(const char *data, const RunOpts *o, char **report, char **log) {
     c.max_new = 12;
     c.allow_one_class = o->allow_one_class;
     c.limit = o->limit;
+    c.kv = o->kv;
     cJSON *settings = cJSON_CreateObject();
     cJSON_AddNumberToObject(settings, "seed", 3);
     c.settings = settings;
@@ -258,5 +260,33 @@ Test(heads_run, says_records_used_and_the_pace) {
     cr_assert(strstr(log, "heads: using all 14 records of ") && strstr(log, "(--limit N uses the first N)"), "%s", log);
     free(report);
     free(log);
+    er_free(data);
+}
+
+// The KV cache the features were computed on is recorded in each head (erinfer warns when it runs a
+// head on another; tests/infer/test_pipeline_cli.c).
+Test(heads_run, heads_record_their_kv_type) {
+    char *data = heads_make_data(fx.tmp, "train.jsonl", 10, 1), *report, sw_p[512], vf_p[512], out[512];
+    snprintf(sw_p, sizeof sw_p, "%s/sw", fx.tmp);
+    snprintf(vf_p, sizeof vf_p, "%s/vf", fx.tmp);
+    snprintf(out, sizeof out, "%s/run", fx.tmp);
+    for (int kv = KV_F32; kv <= KV_INT8; kv++) {
+        RunOpts o = {.sw_out = sw_p, .vf_out = vf_p, .out_dir = out, .allow_one_class = 1, .kv = (KvType)kv};
+        cr_assert_eq(run(data, &o, &report, NULL), 0, "%s", er_last_error());
+        free(report);
+        TrainedHead sw, vf;
+        cr_assert_eq(trained_head_load(&sw, sw_p, HEAD_SWITCHER, NULL), 0, "%s", er_last_error());
+        cr_assert_eq(trained_head_load(&vf, vf_p, HEAD_VERIFIER, NULL), 0, "%s", er_last_error());
+        HeadKv want = kv == KV_INT8 ? HEAD_KV_INT8 : HEAD_KV_F32;
+        cr_assert(sw.kv == want && vf.kv == want, "kv %d: the heads record %d and %d", kv, sw.kv, vf.kv);
+        trained_head_free(&sw);
+        trained_head_free(&vf);
+        char p[600];
+        snprintf(p, sizeof p, "%s.json", vf_p);
+        cJSON *j = read_json(p);
+        const cJSON *k = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "features"), "kv");
+        cr_assert(cJSON_IsString(k) && strcmp(k->valuestring, kv == KV_INT8 ? "int8" : "f32") == 0);
+        cJSON_Delete(j);
+    }
     er_free(data);
 }
