@@ -52,7 +52,7 @@ $PY scripts/budget_records.py "$OUT/train_chains.jsonl" "$OUT/sft.jsonl" --key v
 stage "2. the base model answers directly (erinfer eval, greedy)"
 run "$OUT/eval-base.log" $B/erinfer eval --model "$BASE" --data "$OUT/eval.jsonl" --system "$(SYS $EVAL_BUDGET)" \
   --max-new 16 $T1 --output "$OUT/eval-base.jsonl"
-tail -3 "$OUT/eval-base.log" | head -2
+grep -E '^(accuracy|mean generated tokens|tokens/s):' "$OUT/eval-base.log"
 
 stage "3. masked-LoRA SFT on verbose traces (ertrain sft)"
 run "$OUT/sft.log" $B/ertrain sft --model "$BASE" --data "$OUT/sft.jsonl" --out "$OUT/sft" --steps "$SFT_STEPS" \
@@ -94,10 +94,11 @@ qamr_w2() {
 both evals qamr_w2
 
 stage "6. switcher and verifier heads (ertrain heads), and the quantized models' accuracy meanwhile"
+# The heads' features on the int8 KV cache that stage 7 runs them on.
 heads() {
   run "$OUT/heads.log" $B/ertrain heads --model "$BASE" --adapter "$OUT/grpo" --data "$OUT/train_chains.jsonl" \
     --limit "$HEADS_N" --system "$(SYS $EVAL_BUDGET)" --samples "$HEADS_SAMPLES" --max-new 160 \
-    --switcher-out "$OUT/heads/switcher" --verifier-out "$OUT/heads/verifier" --seed 1 $T1
+    --switcher-out "$OUT/heads/switcher" --verifier-out "$OUT/heads/verifier" --kv int8 --seed 1 $T1
 }
 quant_evals() {
   # fp32 SFT adapter on fp32; the same fp32 adapter on the W4 base (no QAMR); QAMR adapters on their bases.
