@@ -121,7 +121,7 @@ static int parse_flags(int argc, char **argv, HeadsFlags *f) {
         {"out", ARG_STR, &h->out_dir, "dir for run.json and metrics.jsonl [the directory of the first head]", 0, 0, 0},
         {"system", ARG_STR, &h->system, "system message in front of every prompt (as erinfer eval --system)", 0, 0, 0},
         {"limit", ARG_INT, &h->limit, "use only the first N records (0 = all; the run prints its pace per record "
-                                      "after the first 8)", 0, 0, 1 << 30},
+                                      "after 2% of them)", 0, 0, 1 << 30},
         {"val-split", ARG_FLOAT, &h->val_split, "fraction of the records held out: half calibrate the thresholds, half "
                                                 "report the metrics at them", 0, 0, 0.9},
         {"allow-one-class", ARG_FLAG, &h->allow_one_class, "write a head even when its training rows hold one label "

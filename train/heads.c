@@ -211,7 +211,7 @@ static void print_start(const HeadsData *hd, const HeadJob *jobs, int n_jobs, FI
     fputc('\n', log);
 }
 
-// Once the first records are done: the time per record and what the whole pass will take.
+// Once the first records are done: the time per record so far and what the rest will take at that pace.
 static void print_estimate(const Progress *prog, int done, int total, FILE *log) {
     double per = (time_now() - prog->t_start) / done;
     char eta[32];
@@ -236,6 +236,9 @@ static int collect_pass(HeadsData *hd, HeadJob *jobs, int n_jobs) {
     dist_share(hd->d.n, dist_rank(), dist_size(), &lo, &hi);
     if (log)
         progress_begin(&prog, log, "heads: collect", "record", lo, hi);
+    // The pace once 2% of the records (at least 8) are done: responses differ in length from record to
+    // record, so fewer say little.
+    int estimate_at = (hi - lo) / 50 > 8 ? (hi - lo) / 50 : 8;
     for (int i = lo; i < hi; i++) {
         for (int j = 0; j < n_jobs; j++) {
             int rc = jobs[j].collect(jobs[j].self, hd, i);
@@ -245,8 +248,8 @@ static int collect_pass(HeadsData *hd, HeadJob *jobs, int n_jobs) {
                 return er_error_prefix(rc, "%s:%ld", hd->c->data_path, hd->d.ex[i].line);
             }
         }
-        if (log && i + 1 - lo == (hi - lo < 8 ? hi - lo : 8) && hi - lo > i + 1 - lo)
-            print_estimate(&prog, i + 1 - lo, hi - lo, log);
+        if (log && i + 1 - lo == estimate_at && hi - lo > estimate_at)
+            print_estimate(&prog, estimate_at, hi - lo, log);
         if (log) {
             char extra[96];
             snprintf(extra, sizeof extra, "%ld tokens generated", hd->gen_tokens);
