@@ -5,8 +5,11 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
+#include <ctype.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
@@ -148,6 +151,8 @@ static int parse_params(const cJSON *root, const ServeLimits *lim, ServeRequest 
         return -1;
     if (top_p <= 0)
         return BAD("top_p", "'top_p' must be greater than 0");
+    if (min_p >= 1) // a min_p of 1 keeps only tokens as probable as the most probable: refused by the sampler
+        return BAD("min_p", "'min_p' must be at least 0 and less than 1");
     const cJSON *sv = cJSON_GetObjectItemCaseSensitive(root, "seed");
     r->seeded = sv && !cJSON_IsNull(sv);
     if (mct > 0)
@@ -179,6 +184,10 @@ static int parse_params(const cJSON *root, const ServeLimits *lim, ServeRequest 
     // The session's room caps every request: a larger max_tokens is cut to the cap.
     p->max_new_tokens = max_tokens < lim->max_tokens ? (int)max_tokens : lim->max_tokens;
     p->budget = (int)budget;
+    if (budget > 0 && budget + p->answer_tokens > lim->max_tokens)
+        return BAD("reasoning_budget", "'reasoning_budget' (%lld) and the %d answer tokens after it exceed this "
+                   "server's --max-tokens (%d): at most %d", (long long)budget, p->answer_tokens, lim->max_tokens,
+                   lim->max_tokens - p->answer_tokens);
     if (budget > 0 && p->max_new_tokens < budget + p->answer_tokens)
         p->max_new_tokens = (int)(budget + p->answer_tokens < lim->max_tokens ? budget + p->answer_tokens
                                                                                : lim->max_tokens);
@@ -381,9 +390,41 @@ static int completion_prompt(const cJSON *root, ServeRequest *r, ServeError *e) 
         p = p->child;
     if (!cJSON_IsString(p))
         return BAD("prompt", "'prompt' must be a string");
+    if (!p->valuestring[0]) // no token to start from
+        return BAD("prompt", "'prompt' must not be empty");
     if (!(r->prompt = er_strdup(p->valuestring)))
         return serve_fail(e, 500, "server_error", NULL, "out of memory");
     return 0;
+}
+
+static int name_cmp(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+// A key given twice in one object, anywhere in the request, is refused by name: parsers disagree on which
+// one counts (Python and JavaScript take the last, cJSON the first), so a proxy that checks the request
+// could read another value than the server. top: the top-level field holding o (NULL: o is the request).
+static int check_duplicates(const cJSON *o, const char *top, ServeError *e) {
+    int n = cJSON_GetArraySize(o), rc = 0;
+    const cJSON *c;
+    if (cJSON_IsObject(o) && n > 1) {
+        const char **names = er_alloc(sizeof *names * (size_t)n);
+        if (!names)
+            return serve_fail(e, 500, "server_error", NULL, "out of memory");
+        int k = 0;
+        cJSON_ArrayForEach(c, o) names[k++] = c->string;
+        qsort(names, (size_t)n, sizeof *names, name_cmp);
+        for (int i = 1; i < n && rc == 0; i++)
+            if (strcmp(names[i], names[i - 1]) == 0)
+                rc = top ? BAD(top, "the key '%.64s' appears twice in an object of '%.64s'", names[i], top)
+                         : BAD(names[i], "the key '%.64s' appears twice in the request", names[i]);
+        er_free(names);
+    }
+    cJSON_ArrayForEach(c, o) {
+        if (rc < 0)
+            break;
+        if (cJSON_IsObject(c) || cJSON_IsArray(c))
+            rc = check_duplicates(c, top ? top : c->string, e);
+    }
+    return rc;
 }
 
 int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, const Tokenizer *tok,
@@ -401,6 +442,8 @@ int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, c
         rc = BAD(NULL, "the request body is not valid JSON");
     else if (!cJSON_IsObject(root))
         rc = BAD(NULL, "the request body must be a JSON object");
+    if (rc == 0)
+        rc = check_duplicates(root, NULL, e);
     if (rc == 0)
         rc = check_fields(root, chat, e);
     if (rc == 0)
@@ -426,6 +469,10 @@ int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, c
     // Without max_tokens the answer may take what the context leaves (up to the cap).
     if (rc == 0 && !length_given && used < lim->context && r->p.max_new_tokens > lim->context - used)
         r->p.max_new_tokens = lim->context - used;
+    if (rc == 0 && r->p.budget > 0 && r->p.max_new_tokens < r->p.budget + r->p.answer_tokens)
+        rc = BAD("reasoning_budget", "'reasoning_budget' (%d) and the %d answer tokens after it do not fit the %d "
+                 "positions the prompt (%d tokens) leaves of the context", r->p.budget, r->p.answer_tokens,
+                 lim->context - used > 0 ? lim->context - used : 0, used);
     if (rc == 0 && used + r->p.max_new_tokens > lim->context)
         rc = BAD(chat ? "messages" : "prompt",
                  "the prompt (%d tokens%s) and max_tokens (%d) exceed the context of %d positions", used,

@@ -209,6 +209,16 @@ Test(server, bad_requests_are_refused) {
         {"{\"prompt\": 3}", "prompt", 0},
         {"{\"prompt\": \"hi\", \"messages\": []}", "messages", 0},
         {"{\"prompt\": \"hi\", \"max_tokens\": 0}", "max_tokens", 0},
+        // What the engine would refuse after queueing is refused here, by name.
+        {"{\"prompt\": \"hi\", \"min_p\": 1}", "min_p", 0},
+        {"{\"prompt\": \"hi\", \"reasoning_budget\": 1e9}", "reasoning_budget", 0},
+        {"{\"prompt\": \"hi\", \"reasoning_budget\": 33}", "reasoning_budget", 0}, // + 32 answer tokens > 64
+        {"{\"prompt\": \"\"}", "prompt", 0},
+        // A key given twice: parsers disagree on which one counts.
+        {"{\"prompt\": \"hi\", \"prompt\": \"ho\"}", "prompt", 0},
+        {"{\"messages\": [{\"role\": \"user\", \"role\": \"system\", \"content\": \"hi\"}]}", "messages", 1},
+        {"{\"prompt\": \"hi\", \"stream_options\": {\"include_usage\": true, \"include_usage\": false}}",
+         "stream_options", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         ServeRequest r;
@@ -219,6 +229,23 @@ Test(server, bad_requests_are_refused) {
         cr_expect_eq(e.status, 400, "%s", b);
         cr_expect_str_eq(e.param, cases[i].param, "%s", b);
         cr_expect(e.message[0] && !strchr(e.message, '/'), "%s: \"%s\"", b, e.message);
+    }
+    // The reasons are told.
+    static const struct {
+        const char *body, *reason;
+    } told[] = {
+        {"{\"prompt\": \"hi\", \"min_p\": 1}", "less than 1"},
+        {"{\"prompt\": \"hi\", \"reasoning_budget\": 1e9}", "exceed this server's --max-tokens (64): at most 32"},
+        {"{\"prompt\": \"\"}", "must not be empty"},
+        {"{\"prompt\": \"hi\", \"prompt\": \"ho\"}", "the key 'prompt' appears twice in the request"},
+        {"{\"prompt\": \"hi\", \"x\": [{\"a\": 1, \"a\": 2}]}", "the key 'a' appears twice in an object of 'x'"},
+    };
+    for (size_t i = 0; i < sizeof told / sizeof *told; i++) {
+        ServeRequest r;
+        ServeError e;
+        cr_expect_eq(serve_parse_request(told[i].body, strlen(told[i].body), 0, CHAT_CHATML, tok, &test_limits, &r,
+                                         &e), -1);
+        cr_expect(strstr(e.message, told[i].reason), "%s: %s", told[i].body, e.message);
     }
     // A range is printed in full.
     const char *zero = "{\"prompt\": \"hi\", \"max_tokens\": 0}";
@@ -269,6 +296,11 @@ Test(server, bad_requests_are_refused) {
     cr_assert_eq(serve_parse_request(shorter, strlen(shorter), 0, CHAT_CHATML, tok, &small, &r, &e), 0, "%s", e.message);
     cr_expect_eq(r.p.max_new_tokens, 40 - r.prompt_tokens);
     serve_request_free(&r);
+    // A budget that fits --max-tokens (20 + 32 <= 64) but not what the prompt leaves of the context.
+    const char *budget = "{\"prompt\": \"Hi\", \"reasoning_budget\": 20}";
+    cr_expect_eq(serve_parse_request(budget, strlen(budget), 0, CHAT_CHATML, tok, &small, &r, &e), -1);
+    cr_expect_str_eq(e.param, "reasoning_budget");
+    cr_expect(strstr(e.message, "do not fit"), "%s", e.message);
     er_free(deep.p);
     tok_free(tok);
 }
