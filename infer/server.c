@@ -33,8 +33,12 @@
 #include "core/threads.h"
 #include "infer/cli.h"
 #include "infer/runner.h"
+#include "infer/server_conn.h"
 
-enum { SERVE_MAX_BODY = 1 << 20, SERVE_JSON_DEPTH = 64 };
+// SERVE_MAX_URL: a longer target (path and query) is answered 414 here; one that does not fit
+// libmicrohttpd's 32 KiB connection buffer (MHD_OPTION_CONNECTION_MEMORY_LIMIT's default) gets the library's
+// own HTML 414, as headers over it get its 431: it has no hook for those answers.
+enum { SERVE_MAX_BODY = 1 << 20, SERVE_JSON_DEPTH = 64, SERVE_MAX_URL = 8192 };
 
 typedef struct Job Job;
 typedef struct Server Server;
@@ -65,6 +69,8 @@ struct Server {
     ChatStyle style;
     ServeLimits lim;
     const char *api_key, *model_name;
+    ServeHosts hosts;     // the Host names answered (hosts.any: every one)
+    ConnGuard guard;      // deadlines and caps on the connections
     int threads, queue_max, stopping;
     int n_open;           // requests read and not yet answered to the end: at shutdown their connections
                           // still send their answers
@@ -412,7 +418,8 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd, ServeError *e) {
 typedef struct {
     StrBuf body;
     int too_big;
-    int unauthorized;     // a /v1/ request without the API key: its body is dropped, not buffered
+    ServeError refused;   // status != 0: refused on its headers (request_check): its body is read and dropped,
+                          // never buffered
 } Conn;
 
 typedef struct {
@@ -562,24 +569,97 @@ static enum MHD_Result respond_too_big(struct MHD_Connection *c) {
     return respond_fail(c, 413, "invalid_request_error", "request_too_large", msg);
 }
 
-static enum MHD_Result route_request(struct MHD_Connection *c, Server *srv, const Conn *cn, const char *url,
-                                     const char *method) {
+// The connection's local address as text (IPv4 dotted; "" when unknown): a Host naming it is allowed.
+static void local_address(struct MHD_Connection *c, char *out, size_t cap) {
+    out[0] = 0;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    struct sockaddr_in a;
+    socklen_t n = sizeof a;
+    if (ci && getsockname(ci->connect_fd, (struct sockaddr *)&a, &n) == 0 && a.sin_family == AF_INET &&
+        !inet_ntop(AF_INET, &a.sin_addr, out, (socklen_t)cap))
+        out[0] = 0;
+}
+
+static enum MHD_Result add_length(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 2;
+    return MHD_YES;
+}
+
+// The checks a request's headers decide, in order, the first failing one answering (e->status; 0 when all
+// pass): its Host (403: a page of another site whose name resolves here must not reach the API), the
+// length of its target (414), the endpoint (404) and method (405), the API key on /v1/ (401), and on a
+// POST a JSON Content-Type (415: a browser sends a cross-site form or "simple" request without asking
+// first, but never as JSON).
+static void request_check(struct MHD_Connection *c, const Server *srv, const char *url, const char *method,
+                          ServeError *e) {
+    memset(e, 0, sizeof *e);
+    char local[INET_ADDRSTRLEN];
+    local_address(c, local, sizeof local);
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
     int get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
-    int chat = strcmp(url, "/v1/chat/completions") == 0, cmpl = strcmp(url, "/v1/completions") == 0;
+    int gen = strcmp(url, "/v1/chat/completions") == 0 || strcmp(url, "/v1/completions") == 0;
     int models = strcmp(url, "/v1/models") == 0, health = strcmp(url, "/health") == 0;
-    if (!chat && !cmpl && !models && !health)
-        return respond_fail(c, 404, "invalid_request_error", "not_found", "unknown endpoint");
-    if (((chat || cmpl) && !post) || ((models || health) && !get))
-        return respond_fail(c, 405, "invalid_request_error", "method_not_allowed", "method not allowed here");
-    if (health)
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    size_t target = strlen(url);
+    MHD_get_connection_values(c, MHD_GET_ARGUMENT_KIND, add_length, &target);
+    if (!serve_host_allowed(host, &srv->hosts, local[0] ? local : NULL)) {
+        serve_fail(e, 403, "invalid_request_error", NULL, "the Host header %s%.64s%s is not allowed here (the server "
+                   "answers its own address and the names of --allowed-hosts)", host ? "\"" : "(none)",
+                   host ? host : "", host ? "\"" : "");
+        e->code = "host_not_allowed";
+    } else if (target > SERVE_MAX_URL) {
+        serve_fail(e, 414, "invalid_request_error", NULL, "the request's URL is longer than %d bytes", SERVE_MAX_URL);
+        e->code = "uri_too_long";
+    } else if (!gen && !models && !health) {
+        serve_fail(e, 404, "invalid_request_error", NULL, "unknown endpoint");
+        e->code = "not_found";
+    } else if ((gen && !post) || ((models || health) && !get)) {
+        serve_fail(e, 405, "invalid_request_error", NULL, "method not allowed here");
+        e->code = "method_not_allowed";
+    } else if (strncmp(url, "/v1/", 4) == 0 && !authorized(c, srv)) {
+        serve_fail(e, 401, "invalid_request_error", NULL, "missing or invalid API key");
+        e->code = "invalid_api_key";
+    } else if (post && !serve_content_type_ok(ct)) {
+        serve_fail(e, 415, "invalid_request_error", NULL, "the request body's Content-Type must be application/json "
+                   "(got %s%.64s%s)", ct ? "\"" : "no Content-Type header", ct ? ct : "", ct ? "\"" : "");
+        e->code = "unsupported_media_type";
+    }
+}
+
+static enum MHD_Result route_request(struct MHD_Connection *c, Server *srv, const Conn *cn, const char *url) {
+    if (cn->refused.status)
+        return respond_error(c, &cn->refused);
+    if (strcmp(url, "/health") == 0)
         return respond(c, 200, "application/json", "{\"status\":\"ok\"}");
-    if (cn->unauthorized) // checked when the request's headers came (on_request)
-        return respond_fail(c, 401, "invalid_request_error", "invalid_api_key", "missing or invalid API key");
-    if (models)
+    if (strcmp(url, "/v1/models") == 0)
         return serve_models(c, srv);
     if (cn->too_big)
         return respond_too_big(c);
-    return serve_generate(c, srv, cn, chat);
+    return serve_generate(c, srv, cn, strcmp(url, "/v1/chat/completions") == 0);
+}
+
+// A request's first call (its headers are in): checked, its body's deadline set.
+static enum MHD_Result request_start(struct MHD_Connection *c, Server *srv, Conn *cn, const char *url,
+                                     const char *method) {
+    pthread_mutex_lock(&srv->mu);
+    srv->n_open++;
+    pthread_mutex_unlock(&srv->mu);
+    request_check(c, srv, url, method, &cn->refused);
+    const char *len = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *chunked = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    unsigned long long n = len ? strtoull(len, NULL, 10) : chunked ? SERVE_MAX_BODY : 0;
+    cn->too_big = n > SERVE_MAX_BODY;
+    conn_guard_headers_in(&srv->guard, c, cn->too_big ? SERVE_MAX_BODY : n);
+    // A client waiting on "Expect: 100-continue" (curl, for large bodies) is refused before it sends
+    // its body. Others send it anyway, and closing on them loses the answer (node's http reports
+    // EPIPE): their body is read and dropped, never buffered, and then refused.
+    const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+    if (expect && strcasecmp(expect, "100-continue") == 0 && (cn->refused.status || cn->too_big)) {
+        conn_guard_request_in(&srv->guard, c);
+        return cn->refused.status ? respond_error(c, &cn->refused) : respond_too_big(c);
+    }
+    return MHD_YES;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -591,42 +671,29 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(cn = er_calloc(1, sizeof *cn)))
             return MHD_NO;
         *con_cls = cn;
-        pthread_mutex_lock(&srv->mu);
-        srv->n_open++;
-        pthread_mutex_unlock(&srv->mu);
-        cn->unauthorized = strncmp(url, "/v1/", 4) == 0 && !authorized(c, srv);
-        const char *len = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        cn->too_big = len && strtoull(len, NULL, 10) > SERVE_MAX_BODY;
-        // A client waiting on "Expect: 100-continue" (curl, for large bodies) is refused before it sends
-        // its body. Others send it anyway, and closing on them loses the answer (node's http reports
-        // EPIPE): their body is read and dropped, never buffered, and then refused.
-        const char *expect = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
-        if (expect && strcasecmp(expect, "100-continue") == 0 && cn->unauthorized)
-            return respond_fail(c, 401, "invalid_request_error", "invalid_api_key", "missing or invalid API key");
-        if (expect && strcasecmp(expect, "100-continue") == 0 && cn->too_big)
-            return respond_too_big(c);
-        return MHD_YES;
+        return request_start(c, srv, cn, url, method);
     }
     if (*upload_size > 0) {
-        // A body over the limit, or one without the API key, is read and dropped (memory stays bounded),
-        // then refused.
-        if (!cn->unauthorized && !cn->too_big && cn->body.n + *upload_size <= SERVE_MAX_BODY)
+        // A body over the limit, or one refused on its headers, is read and dropped (memory stays
+        // bounded), then refused.
+        if (!cn->refused.status && !cn->too_big && cn->body.n + *upload_size <= SERVE_MAX_BODY)
             strbuf_put(&cn->body, upload, *upload_size);
-        else if (!cn->unauthorized)
+        else if (!cn->refused.status)
             cn->too_big = 1;
         *upload_size = 0;
         return MHD_YES;
     }
+    conn_guard_request_in(&srv->guard, c);
     if (cn->body.oom)
         return respond_fail(c, 500, "server_error", NULL, "out of memory");
-    return route_request(c, srv, cn, url, method);
+    return route_request(c, srv, cn, url);
 }
 
 // The request's answer is sent (or its connection is gone).
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)c;
     (void)toe;
     Server *srv = cls;
+    conn_guard_answered(&srv->guard, c); // a kept-alive connection waits for its next request's headers
     Conn *cn = *con_cls;
     if (!cn)
         return;
@@ -642,7 +709,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 typedef struct {
     GenFlags g;
-    const char *host, *api_key;
+    const char *host, *api_key, *allowed_hosts;
     int port, parallel, queue, max_n, max_tokens;
 } ServeFlags;
 
@@ -676,6 +743,9 @@ static int serve_parse_flags(int argc, char **argv, ServeFlags *f) {
                             0, 1, 1 << 20};
     specs[ns++] = (ArgSpec){"api-key", ARG_STR, &f->api_key, "require \"Authorization: Bearer KEY\" on /v1/*", 0, 0,
                             0};
+    specs[ns++] = (ArgSpec){"allowed-hosts", ARG_STR, &f->allowed_hosts, "Host names answered besides the server's "
+                            "own addresses (comma-separated, no port; * = any; default: any when --host is 0.0.0.0)",
+                            0, 0, 0};
     return args_parse(argc, argv, specs, ns, "erinfer serve --model DIR [--adapter DIR --switcher FILE --verifier FILE] "
                                              "[--host 127.0.0.1 --port 8080] [--parallel K] [flags]");
 }
@@ -722,20 +792,25 @@ static void serve_stop_batch(Server *srv) {
         pthread_join(srv->batch_thread, NULL);
 }
 
-// Listens on addr until SIGINT or SIGTERM; the batch thread is stopped either way. Connections: room for
-// every request running or queued several times over (clients keep idle keep-alive connections), one
-// address at most half of it, and a connection idle for 30 s closed (a handler waiting on its
-// generation is not idle), so that idle sockets cannot lock every client out.
+// Listens on addr until SIGINT or SIGTERM; the batch thread is stopped either way. Connections
+// (infer/server_conn.h): room for every request running or queued several times over (clients keep idle
+// keep-alive connections), one address at most a quarter of it; a request's headers are due 10 s after
+// its connection may send it, its body 10 s later plus 1 s per 64 KiB, and a connection over a cap evicts
+// the oldest one still waiting for its request, so that slow clients cannot lock others out. The
+// library's own limit leaves room for the connections being shut down; its idle timeout (30 s) still
+// bounds a client that stops reading its answer.
 static int serve_listen(Server *srv, const ServeFlags *f, struct sockaddr_in *addr) {
     unsigned cap = 4u * (unsigned)(f->queue + f->parallel) + 256;
+    ER_TRY(conn_guard_start(&srv->guard, (int)cap, (int)cap / 4, SERVE_HEADER_S));
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL, on_request, srv,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-        MHD_OPTION_CONNECTION_LIMIT, cap, MHD_OPTION_PER_IP_CONNECTION_LIMIT, cap / 2, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)30, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_CONNECTION, conn_guard_notify, &srv->guard, MHD_OPTION_CONNECTION_LIMIT, cap + cap / 2 + 16,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
     if (!d) {
         int err = errno;
         serve_stop_batch(srv);
+        conn_guard_stop(&srv->guard);
         return er_error(ER_EIO, "cannot listen on %s:%d (%s)", f->host, f->port, strerror(err));
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
@@ -759,6 +834,23 @@ static int serve_listen(Server *srv, const ServeFlags *f, struct sockaddr_in *ad
             usleep(10 * 1000);
     }
     MHD_stop_daemon(d);
+    conn_guard_stop(&srv->guard);
+    return ER_OK;
+}
+
+// The key and the Host names: everything cmd_serve checks before it loads the model.
+static int serve_setup(const ServeFlags *f, const struct sockaddr_in *addr, Server *srv, char **key) {
+    *key = NULL;
+    if (f->api_key && !f->api_key[0]) // an empty key would let an empty Bearer through
+        return er_error(ER_EINVAL, "--api-key must not be empty");
+    ER_TRY(serve_hosts_init(&srv->hosts, f->allowed_hosts, 1));
+    // Every interface without a list: any Host (a LAN or proxied name is not known here).
+    if (addr->sin_addr.s_addr == htonl(INADDR_ANY) && !f->allowed_hosts) {
+        srv->hosts.any = 1;
+        fprintf(stderr, "erinfer serve: every Host header is accepted on %s; --allowed-hosts NAMES restricts them "
+                "(a defence against DNS rebinding)\n", f->host);
+    }
+    srv->api_key = f->api_key;
     return ER_OK;
 }
 
@@ -770,15 +862,17 @@ int cmd_serve(int argc, char **argv) {
     if (rc < 0)
         return cli_fail("serve");
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f.port)};
-    if (f.api_key && !f.api_key[0]) { // an empty key would let an empty Bearer through
-        er_error(ER_EINVAL, "--api-key must not be empty");
-        return cli_fail("serve");
-    }
     if (inet_pton(AF_INET, f.host, &addr.sin_addr) != 1) {
         er_error(ER_EINVAL, "--host \"%s\" is not an IPv4 address", f.host);
         return cli_fail("serve");
     }
-    Server srv = {.api_key = f.api_key, .queue_max = f.queue};
+    Server srv = {.queue_max = f.queue};
+    char *key = NULL;
+    if (serve_setup(&f, &addr, &srv, &key) < 0) {
+        er_free(key);
+        serve_hosts_free(&srv.hosts);
+        return cli_fail("serve");
+    }
     uint64_t seed;
     if (getentropy(&seed, sizeof seed) != 0) // unseeded requests differ from run to run
         seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
@@ -810,5 +904,7 @@ int cmd_serve(int argc, char **argv) {
     serve_close(&srv);
     pthread_cond_destroy(&srv.work);
     pthread_mutex_destroy(&srv.mu);
+    serve_hosts_free(&srv.hosts);
+    er_free(key);
     return rc < 0 ? cli_fail("serve") : 0;
 }

@@ -56,6 +56,28 @@ int serve_fail(ServeError *e, int status, const char *type, const char *param, c
 // {"error": {...}} as a new string (er_free).
 char *serve_error_json(const ServeError *e);
 
+// Whether a POST body's Content-Type is JSON: application/json, any case, with parameters (a charset
+// only when it is UTF-8). NULL (no header) is not.
+int serve_content_type_ok(const char *ct);
+
+// The Host names a server answers (the DNS-rebinding defence: a page of another site that resolves its
+// name to this host still sends its own name in Host): lowercase names and address literals without a
+// port ("[::1]" bracketed). any: every Host, and none, is accepted.
+typedef struct {
+    char **names;
+    int n, any;
+} ServeHosts;
+
+// The names of --allowed-hosts (`list`: comma-separated names or address literals without a port, "*" =
+// any; NULL = none) and, with loopback_names, localhost, 127.0.0.1 and [::1]. ER_EINVAL names a bad entry.
+int serve_hosts_init(ServeHosts *hs, const char *list, int loopback_names);
+void serve_hosts_free(ServeHosts *hs);
+// Whether a request with this Host header (NULL: none) may be served: its name (the port is not
+// compared: an SSH tunnel or port forward changes it, and a rebinding page cannot choose the name) is
+// one of hs's, or local, the connection's own local address as text (an address literal is no name an
+// attacker could point here).
+int serve_host_allowed(const char *host, const ServeHosts *hs, const char *local);
+
 // Deepest nesting of the JSON text (brackets outside strings), counted without parsing it.
 int serve_json_depth(const char *s, size_t n);
 

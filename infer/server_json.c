@@ -51,6 +51,147 @@ char *serve_error_json(const ServeError *e) {
 
 int serve_json_depth(const char *s, size_t n) { return (int)json_nesting(s, n, n, NULL, NULL); }
 
+// ---- headers ----
+
+static const char *skip_ows(const char *s) {
+    while (*s == ' ' || *s == '\t')
+        s++;
+    return s;
+}
+
+int serve_content_type_ok(const char *ct) {
+    static const char json[] = "application/json";
+    if (!ct)
+        return 0;
+    ct = skip_ows(ct);
+    if (strncasecmp(ct, json, sizeof json - 1) != 0)
+        return 0;
+    ct = skip_ows(ct + sizeof json - 1);
+    // Parameters: "; name=value" (value maybe quoted); a charset names UTF-8 (RFC 8259 JSON is UTF-8).
+    while (*ct == ';') {
+        const char *name = skip_ows(ct + 1), *eq = strchr(name, '=');
+        if (!eq)
+            return 0;
+        const char *v = skip_ows(eq + 1), *end = v;
+        int quoted = *v == '"';
+        end = quoted ? strchr(v + 1, '"') : v + strcspn(v, "; \t");
+        if (!end)
+            return 0;
+        size_t vn = (size_t)(end - v) - (size_t)quoted;
+        const char *val = v + quoted;
+        int charset = (size_t)(eq - name) >= 7 && strncasecmp(name, "charset", 7) == 0 &&
+                      skip_ows(name + 7) == eq;
+        int utf8 = (vn == 5 && strncasecmp(val, "utf-8", 5) == 0) || (vn == 4 && strncasecmp(val, "utf8", 4) == 0);
+        if (charset && !utf8)
+            return 0;
+        ct = skip_ows(end + quoted);
+    }
+    return *ct == 0;
+}
+
+// The name of a Host value, lowercased into out (cap bytes): the port cut off, an IPv6 literal with its
+// brackets. -1 when it is not "name[:port]" or "[v6][:port]".
+static int host_name(const char *h, char *out, size_t cap) {
+    size_t n;
+    const char *rest;
+    if (*h == '[') {
+        const char *close = strchr(h, ']');
+        if (!close)
+            return -1;
+        n = (size_t)(close - h) + 1;
+        rest = close + 1;
+    } else {
+        n = strcspn(h, ":");
+        rest = h + n;
+    }
+    if (*rest == ':') {
+        rest++;
+        if (!*rest || strspn(rest, "0123456789") != strlen(rest))
+            return -1;
+    } else if (*rest) {
+        return -1;
+    }
+    if (n == 0 || n >= cap)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)h[i];
+        if (!isalnum(c) && !strchr(".-_[]:", c))
+            return -1;
+        out[i] = (char)tolower(c);
+    }
+    out[n] = 0;
+    return 0;
+}
+
+int serve_host_allowed(const char *host, const ServeHosts *hs, const char *local) {
+    if (hs->any)
+        return 1;
+    char name[256];
+    if (!host || host_name(host, name, sizeof name) < 0)
+        return 0;
+    // An address of this host's own (the one the connection arrived on) is no DNS name an attacker
+    // could point here: only names need the list.
+    if (local && strcmp(name, local) == 0)
+        return 1;
+    for (int i = 0; i < hs->n; i++)
+        if (strcmp(name, hs->names[i]) == 0)
+            return 1;
+    return 0;
+}
+
+void serve_hosts_free(ServeHosts *hs) {
+    for (int i = 0; i < hs->n; i++)
+        er_free(hs->names[i]);
+    er_free(hs->names);
+    memset(hs, 0, sizeof *hs);
+}
+
+static int hosts_add(ServeHosts *hs, const char *name, size_t n) {
+    char **names = er_realloc_array(hs->names, (size_t)hs->n + 1, sizeof *names);
+    if (!names)
+        return ER_ENOMEM;
+    hs->names = names;
+    if (!(names[hs->n] = er_alloc(n + 1)))
+        return ER_ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        names[hs->n][i] = (char)tolower((unsigned char)name[i]);
+    names[hs->n++][n] = 0;
+    return ER_OK;
+}
+
+int serve_hosts_init(ServeHosts *hs, const char *list, int loopback_names) {
+    memset(hs, 0, sizeof *hs);
+    int rc = ER_OK;
+    static const char *const local[] = {"localhost", "127.0.0.1", "[::1]"};
+    for (size_t i = 0; loopback_names && i < sizeof local / sizeof *local; i++)
+        ER_CHECK(hosts_add(hs, local[i], strlen(local[i])));
+    if (list && !*skip_ows(list))
+        ER_CHECK(er_error(ER_EINVAL, "--allowed-hosts is empty (give names, comma-separated; * allows any)"));
+    for (const char *p = list; p && *p;) {
+        size_t n = strcspn(p, ",");
+        const char *s = skip_ows(p);
+        size_t k = n - (size_t)(s - p);
+        while (k > 0 && (s[k - 1] == ' ' || s[k - 1] == '\t'))
+            k--;
+        char name[256];
+        if (k == 1 && s[0] == '*') {
+            hs->any = 1;
+        } else {
+            char entry[256];
+            snprintf(entry, sizeof entry, "%.*s", (int)(k < 255 ? k : 255), s);
+            if (k == 0 || k >= sizeof entry || host_name(entry, name, sizeof name) < 0 || strlen(name) != k)
+                ER_CHECK(er_error(ER_EINVAL, "--allowed-hosts: \"%.64s\" is not a host name or address (give names "
+                                  "without a port, comma-separated; * allows any)", entry));
+            ER_CHECK(hosts_add(hs, name, k));
+        }
+        p += n + (p[n] == ',');
+    }
+done:
+    if (rc < 0)
+        serve_hosts_free(hs);
+    return rc;
+}
+
 void serve_request_free(ServeRequest *r) {
     er_free(r->prompt);
     for (int i = 0; i < ER_STOP_MAX; i++)

@@ -79,6 +79,7 @@ stop() {
 }
 
 key=serve-check-key
+json=(-H "Content-Type: application/json")   # a POST body must say it is JSON (else 415)
 start main models/tiny-base --parallel 2 --max-n 4 --max-tokens 64 --api-key $key
 base=http://127.0.0.1:$port
 auth=(-H "Authorization: Bearer $key")
@@ -97,7 +98,7 @@ server_pid=$main_pid
 
 # Raw SSE: "data: {json}" events separated by blank lines, ending in "data: [DONE]".
 curl -sN "${auth[@]}" "$base/v1/chat/completions" -o "$tmp/sse" \
-  -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"stream":true}' || fail "curl stream"
+  "${json[@]}" -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"stream":true}' || fail "curl stream"
 python3 - "$tmp/sse" <<'EOF' || fail "the raw SSE format"
 import json, sys
 raw = open(sys.argv[1], encoding="utf-8").read()
@@ -120,23 +121,27 @@ expect() {
   [ "$want" = 200 ] || python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["error"]["message"]' "$tmp/body" ||
     fail "$* -> no OpenAI error body"
 }
-expect 401 "$base/v1/chat/completions" -d '{"messages":[{"role":"user","content":"Hi"}]}'
+expect 401 "$base/v1/chat/completions" "${json[@]}" -d '{"messages":[{"role":"user","content":"Hi"}]}'
 expect 401 -H "Authorization: Bearer nope" "$base/v1/models"
 expect 200 -H "Authorization: bearer $key" "$base/v1/models"   # the scheme is case-insensitive
 # Without the key, a large body is refused before it is read (401, not 413).
 head -c 2000000 /dev/zero | tr '\0' 'a' >"$tmp/huge"
-expect 401 "$base/v1/chat/completions" --data-binary @"$tmp/huge"
+expect 401 "$base/v1/chat/completions" "${json[@]}" --data-binary @"$tmp/huge"
 expect 200 "$base/health"
-expect 404 "${auth[@]}" "$base/v1/embeddings" -d '{}'
+expect 404 "${auth[@]}" "$base/v1/embeddings" "${json[@]}" -d '{}'
 expect 405 "${auth[@]}" "$base/v1/chat/completions"
-expect 400 "${auth[@]}" "$base/v1/chat/completions" -d '{"messages":'
-expect 400 "${auth[@]}" "$base/v1/chat/completions" -d '[1,2]'
-expect 400 "${auth[@]}" "$base/v1/chat/completions" -d '{"messages":[{"role":"wizard","content":"Hi"}]}'
+expect 400 "${auth[@]}" "$base/v1/chat/completions" "${json[@]}" -d '{"messages":'
+expect 400 "${auth[@]}" "$base/v1/chat/completions" "${json[@]}" -d '[1,2]'
+expect 400 "${auth[@]}" "$base/v1/chat/completions" "${json[@]}" -d '{"messages":[{"role":"wizard","content":"Hi"}]}'
+# A body not declared JSON (curl -d alone sends a form's type) and a foreign Host are refused.
+expect 415 "${auth[@]}" "$base/v1/chat/completions" -d '{"messages":[{"role":"user","content":"Hi"}]}'
+expect 403 -H "Host: rebound.example" "$base/health"
 # max_tokens beyond the server's cap (--max-tokens 64 here) is cut to the cap.
-expect 200 "${auth[@]}" "$base/v1/chat/completions" -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":100000000}'
+expect 200 "${auth[@]}" "$base/v1/chat/completions" "${json[@]}" \
+  -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":100000000}'
 python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["usage"]["completion_tokens"] <= 64' "$tmp/body" ||
   fail "max_tokens is not capped"
-expect 413 "${auth[@]}" "$base/v1/chat/completions" --data-binary @"$tmp/huge"
+expect 413 "${auth[@]}" "$base/v1/chat/completions" "${json[@]}" --data-binary @"$tmp/huge"
 grep -q "/tmp\|\.c:\|$tmp" "$tmp/body" && fail "an error message shows internals: $(cat "$tmp/body")"
 
 LOAD_CLIENTS=${LOAD_CLIENTS:-64} LOAD_ROUNDS=${LOAD_ROUNDS:-20}
@@ -155,7 +160,7 @@ start queue "$tmp/model" --parallel 1 --queue 1 --max-tokens 2000 --context 2048
 curls=()
 for i in $(seq 8); do
   curl -s -o /dev/null -w '%{http_code}\n' "http://127.0.0.1:$port/v1/chat/completions" \
-    -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":200,"temperature":0}' >>"$tmp/codes" &
+    "${json[@]}" -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":200,"temperature":0}' >>"$tmp/codes" &
   curls+=($!)
 done
 wait "${curls[@]}"
@@ -174,9 +179,9 @@ EOF
 # A client that hangs up, streaming or not, cancels its job (logged), and the server keeps serving. The
 # hang-up comes 0.2 s in: the tiny base decodes 2000 tokens on one thread in about half a second here.
 for stream in true false; do
-  curl -sN --max-time 0.2 "http://127.0.0.1:$port/v1/chat/completions" \
+  curl -sN --max-time 0.2 "http://127.0.0.1:$port/v1/chat/completions" "${json[@]}" \
     -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2000,"temperature":0,"stream":'$stream'}' >/dev/null
-  expect 200 "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Hi","max_tokens":4}'
+  expect 200 "http://127.0.0.1:$port/v1/completions" "${json[@]}" -d '{"prompt":"Hi","max_tokens":4}'
 done
 # A client that half-closes (shuts its sending side) is taken as gone: it reads an error, not a
 # finish_reason that would say its text is complete.
@@ -184,7 +189,7 @@ python3 - "$port" <<'EOF' || fail "a half-closed client's cancelled request"
 import json, socket, sys
 body = b'{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2000,"temperature":0}'
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
           b"Content-Length: %d\r\n\r\n" % len(body) + body)
 s.shutdown(socket.SHUT_WR)
 raw = b""
@@ -199,7 +204,7 @@ grep "cancelled: the client went away" "$tmp/queue.log" >&2
 stop queue
 # --queue 0: a request that an idle worker takes at once does not wait, so it is served.
 start queue0 "$tmp/model" --parallel 1 --queue 0 --max-tokens 8
-expect 200 "http://127.0.0.1:$port/v1/completions" -d '{"prompt":"Hi","max_tokens":4}'
+expect 200 "http://127.0.0.1:$port/v1/completions" "${json[@]}" -d '{"prompt":"Hi","max_tokens":4}'
 stop queue0
 # A queued client that hangs up gives its slot back; SIGTERM answers every job still open with a 503
 # error (a stream: an error event, then [DONE]), running or queued. A model slow enough that the first
@@ -211,19 +216,19 @@ sed 's/"hidden_size": 128/"hidden_size": 256/; s/"num_hidden_layers": 4/"num_hid
 start stop "$tmp/slow" --parallel 1 --max-n 1 --queue 2 --max-tokens 2000 --context 2048
 url=http://127.0.0.1:$port/v1/chat/completions
 long='{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2000,"temperature":0'
-curl -sN "$url" -d "$long"',"stream":true}' >"$tmp/a.sse" &
+curl -sN "$url" "${json[@]}" -d "$long"',"stream":true}' >"$tmp/a.sse" &
 a_pid=$!
 for _ in $(seq 200); do [ -s "$tmp/a.sse" ] && break; sleep 0.05; done
 [ -s "$tmp/a.sse" ] || fail "the first stream did not start"
-curl -sN --max-time 0.3 "$url" -d "$long"',"stream":true}' >/dev/null   # B: queued, then gone
+curl -sN --max-time 0.3 "$url" "${json[@]}" -d "$long"',"stream":true}' >/dev/null   # B: queued, then gone
 for _ in $(seq 200); do grep -q "left the queue: the client went away" "$tmp/stop.log" && break; sleep 0.05; done
 grep -q "left the queue: the client went away" "$tmp/stop.log" || fail "a queued client that hung up kept its slot"
-curl -s -o "$tmp/c.json" -w '%{http_code}' "$url" -d "$long}" >"$tmp/c.code" &
+curl -s -o "$tmp/c.json" -w '%{http_code}' "$url" "${json[@]}" -d "$long}" >"$tmp/c.code" &
 c_pid=$!
-curl -sN "$url" -d "$long"',"stream":true}' >"$tmp/d.sse" &
+curl -sN "$url" "${json[@]}" -d "$long"',"stream":true}' >"$tmp/d.sse" &
 d_pid=$!
 sleep 0.5
-expect 503 "$url" -d "$long}"   # A decodes, C and D fill the queue
+expect 503 "$url" "${json[@]}" -d "$long}"   # A decodes, C and D fill the queue
 grep -q queue_full "$tmp/body" || fail "a full queue's 503 is not queue_full: $(cat "$tmp/body")"
 stop stop
 wait "$a_pid" "$c_pid" "$d_pid"

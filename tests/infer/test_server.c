@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -375,7 +376,8 @@ static char *server_post(const TestServer *t, const char *body) {
     char path[600], cmd[1024];
     snprintf(path, sizeof path, "%s/body.json", t->fx.tmp);
     cr_assert_eq(file_write_atomic(path, body, strlen(body)), ER_OK);
-    snprintf(cmd, sizeof cmd, "curl -s -N http://127.0.0.1:%d/v1/chat/completions -d @'%s'", t->port, path);
+    snprintf(cmd, sizeof cmd, "curl -s -N http://127.0.0.1:%d/v1/chat/completions -H 'Content-Type: application/json' "
+             "-d @'%s'", t->port, path);
     int st;
     char *out = run_capture(cmd, &st);
     if (st == 127)
@@ -833,7 +835,8 @@ static int post_status(const TestServer *t, const char *body, char **param) {
     char path[600], cmd[1024];
     snprintf(path, sizeof path, "%s/body.json", t->fx.tmp);
     cr_assert_eq(file_write_atomic(path, body, strlen(body)), ER_OK);
-    snprintf(cmd, sizeof cmd, "curl -s -w '\\n%%{http_code}' http://127.0.0.1:%d/v1/chat/completions -d @'%s'",
+    snprintf(cmd, sizeof cmd, "curl -s -w '\\n%%{http_code}' http://127.0.0.1:%d/v1/chat/completions "
+             "-H 'Content-Type: application/json' -d @'%s'",
              t->port, path);
     int st;
     char *out = run_capture(cmd, &st);
@@ -1029,4 +1032,152 @@ Test(server, tool_choice_forced_start_ends_on_a_qwen_token_boundary) {
     tok_free(tok);
     er_free(tj);
     er_free(dir);
+}
+
+// ---- the HTTP layer: slow clients, cross-site requests, the API key ----
+
+// A bounded slowloris on 127.0.0.1 (scripts/serve_slowloris.py: 300 connections dribbling header lines and
+// 20 dribbling a body, for about 15 s) against a server with room for 4 x (4 + 1) + 256 = 276 connections, a
+// quarter of them per address: at most 69 stay open, /health, a chat request and a slow but timely client
+// are answered during the attack, and every attacking connection is closed at its request's deadline
+// although it never stops sending.
+Test(server, slowloris_cannot_hold_the_server, .timeout = 120) {
+    TestServer t;
+    helper_fixture_open(&t.fx, "er_serve_", "erinfer");
+    helper_need_program(t.fx.prog, "erinfer", "the erinfer serve slowloris test");
+    char args[700], cmd[256];
+    snprintf(args, sizeof args, "--model '%s' --max-tokens 16 --queue 4", t.fx.model);
+    server_launch(&t, args);
+    snprintf(cmd, sizeof cmd, "python3 scripts/serve_slowloris.py %d --conns 300 --per-address 69 1>&2", t.port);
+    int st = system(cmd);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
+        cr_skip_test("!!!!!! python3 is not installed: the slowloris test is SKIPPED !!!!!!");
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the server did not hold up under the slowloris (see above)");
+    server_stop(&t);
+}
+
+// curl with `args` (the URL included): the HTTP status, the response's headers and body in *out (free).
+static int curl_run(const char *args, char **out) {
+    char cmd[12288 + 64];
+    snprintf(cmd, sizeof cmd, "curl -s -D - -w '\\n%%{http_code}' %s", args);
+    int st;
+    char *o = run_capture(cmd, &st);
+    if (st == 127)
+        cr_skip_test("!!!!!! curl is not installed: the erinfer serve HTTP tests are SKIPPED !!!!!!");
+    cr_assert_eq(st, 0, "curl failed: %s", o);
+    char *nl = strrchr(o, '\n');
+    cr_assert(nl, "%s", o);
+    int status = atoi(nl + 1);
+    *nl = 0;
+    *out = o;
+    return status;
+}
+
+// Expects status `want` for curl `args` on the server (the path and options follow the base URL's
+// "http://127.0.0.1:PORT"), and each of the NULL-terminated strings in the answer.
+static void expect_http(const TestServer *t, int want, const char *args, ...) {
+    char full[12288];
+    snprintf(full, sizeof full, "http://127.0.0.1:%d%s", t->port, args);
+    char *out;
+    int got = curl_run(full, &out);
+    cr_expect_eq(got, want, "%s -> %d, expected %d: %.300s", args, got, want, out);
+    va_list ap;
+    va_start(ap, args);
+    for (const char *s; (s = va_arg(ap, const char *));)
+        cr_expect(strstr(out, s), "%.200s: no \"%s\" in %.400s", args, s, out);
+    va_end(ap);
+    // No permissive CORS: a browser must not let another site's page read any answer.
+    cr_expect(!strcasestr(out, "Access-Control-Allow"), "%.200s: CORS headers in %.400s", args, out);
+    free(out);
+}
+
+#define CHAT_JSON "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 2}'"
+#define CHAT_URL "/v1/chat/completions " CHAT_JSON
+
+// A POST body must be declared JSON (a browser sends a cross-site form or text/plain request without a
+// preflight, never application/json); the Host must be one of the server's (DNS rebinding); no answer
+// carries CORS headers; a URL over 8 KiB is a JSON 414.
+Test(server, cross_site_requests_are_refused, .timeout = 120) {
+    TestServer t;
+    helper_fixture_open(&t.fx, "er_serve_", "erinfer");
+    helper_need_program(t.fx.prog, "erinfer", "the erinfer serve header tests");
+    char args[700];
+    snprintf(args, sizeof args, "--model '%s' --max-tokens 8 --allowed-hosts 'api.example.test, other.test'",
+             t.fx.model);
+    server_launch(&t, args);
+    const char *json = " -H 'Content-Type: application/json'";
+    char a[1024];
+    // curl -d sends application/x-www-form-urlencoded, the type of a cross-site form.
+    expect_http(&t, 415, CHAT_URL, "unsupported_media_type", "application/x-www-form-urlencoded", NULL);
+    expect_http(&t, 415, CHAT_URL " -H 'Content-Type: text/plain'", "text/plain", NULL);
+    expect_http(&t, 415, CHAT_URL " -H 'Content-Type: application/json; charset=latin1'", "charset=latin1", NULL);
+    expect_http(&t, 415, CHAT_URL " -H 'Content-Type: application/jsonp'", NULL);
+    expect_http(&t, 415, CHAT_URL " -H 'Content-Type:'", "no Content-Type header", NULL);
+    expect_http(&t, 200, CHAT_URL " -H 'Content-Type: application/json; charset=utf-8'", "chat.completion", NULL);
+    expect_http(&t, 200, CHAT_URL " -H 'Content-Type: Application/JSON ; Charset=\"UTF-8\"'", NULL);
+    expect_http(&t, 200, "/v1/completions -H 'Content-Type: application/json' -d '{\"prompt\": \"Hi\", "
+                "\"max_tokens\": 2}'", NULL);
+    // Host: the server's own names and address, and the list's, any port; nothing else.
+    static const char *const good[] = {"localhost", "LocalHost:1", "127.0.0.1", "[::1]:8080", "api.example.test:8443",
+                                       "API.Example.Test", "other.test"};
+    static const char *const bad[] = {"evil.example", "evil.example:80", "api.example.test.evil.example",
+                                      "localhost.evil.example", "example.test", "127.0.0.2", "a b"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        snprintf(a, sizeof a, "/health -H 'Host: %s'", good[i]);
+        expect_http(&t, 200, a, NULL);
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(a, sizeof a, "/health -H 'Host: %s'", bad[i]);
+        expect_http(&t, 403, a, "host_not_allowed", NULL);
+        snprintf(a, sizeof a, CHAT_URL "%s -H 'Host: %s'", json, bad[i]);
+        expect_http(&t, 403, a, "host_not_allowed", NULL);
+    }
+    expect_http(&t, 403, "/health --http1.0 -H 'Host:'", "(none)", NULL);
+    // Another site's page: answered as any client (a JSON POST needs a preflight, refused), but without CORS
+    // headers the browser keeps the answer from the page.
+    snprintf(a, sizeof a, CHAT_URL "%s -H 'Origin: http://evil.example'", json);
+    expect_http(&t, 200, a, NULL);
+    expect_http(&t, 405, "/v1/chat/completions -X OPTIONS -H 'Origin: http://evil.example' "
+                "-H 'Access-Control-Request-Method: POST' -H 'Access-Control-Request-Headers: content-type'", NULL);
+    // A URL over 8 KiB: a JSON 414, path or query.
+    StrBuf u = {0};
+    strbuf_puts(&u, "/health?x=");
+    for (int i = 0; i < 9000; i++)
+        strbuf_puts(&u, "a");
+    expect_http(&t, 414, u.p, "uri_too_long", NULL);
+    u.p[1] = 'v', u.p[7] = '/'; // "/vealth/x=aaa...": a long path
+    expect_http(&t, 414, u.p, "uri_too_long", NULL);
+    er_free(u.p);
+    server_stop(&t);
+}
+
+Test(server, content_type_and_host_checks) {
+    cr_expect(serve_content_type_ok("application/json"));
+    cr_expect(serve_content_type_ok("  APPLICATION/JSON;charset=utf8"));
+    cr_expect(serve_content_type_ok("application/json; charset=\"utf-8\"; foo=bar"));
+    cr_expect(!serve_content_type_ok(NULL));
+    cr_expect(!serve_content_type_ok("application/json5"));
+    cr_expect(!serve_content_type_ok("text/json"));
+    cr_expect(!serve_content_type_ok("application/json; charset=utf-16"));
+    cr_expect(!serve_content_type_ok("application/json; charset"));
+    cr_expect(!serve_content_type_ok("application/json, text/plain"));
+    ServeHosts hs;
+    cr_assert_eq(serve_hosts_init(&hs, NULL, 1), ER_OK);
+    cr_expect(serve_host_allowed("localhost:8080", &hs, "127.0.0.1"));
+    cr_expect(serve_host_allowed("10.1.2.3:8080", &hs, "10.1.2.3"), "the connection's own address");
+    cr_expect(!serve_host_allowed("10.1.2.3:8080", &hs, "10.1.2.4"));
+    cr_expect(!serve_host_allowed("localhost:", &hs, NULL), "an empty port");
+    cr_expect(!serve_host_allowed("localhost:80x", &hs, NULL));
+    cr_expect(!serve_host_allowed("[::1", &hs, NULL));
+    cr_expect(!serve_host_allowed(NULL, &hs, "127.0.0.1"));
+    serve_hosts_free(&hs);
+    cr_assert_eq(serve_hosts_init(&hs, " a.test ,B.test,*", 0), ER_OK);
+    cr_expect(hs.any && hs.n == 2 && strcmp(hs.names[1], "b.test") == 0);
+    cr_expect(serve_host_allowed("anything", &hs, NULL) && serve_host_allowed(NULL, &hs, NULL));
+    serve_hosts_free(&hs);
+    static const char *const bad[] = {"a.test:80", "", "a,,b", "a b", "http://a"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_expect_eq(serve_hosts_init(&hs, bad[i], 1), ER_EINVAL, "--allowed-hosts \"%s\" accepted", bad[i]);
+        cr_expect(strstr(er_last_error(), "--allowed-hosts"), "%s", er_last_error());
+    }
 }
