@@ -29,6 +29,7 @@
 #include "core/alloc.h"
 #include "core/args.h"
 #include "core/error.h"
+#include "core/fileio.h"
 #include "core/rng.h"
 #include "core/threads.h"
 #include "infer/cli.h"
@@ -709,7 +710,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 typedef struct {
     GenFlags g;
-    const char *host, *api_key, *allowed_hosts;
+    const char *host, *api_key, *api_key_file, *allowed_hosts;
     int port, parallel, queue, max_n, max_tokens;
 } ServeFlags;
 
@@ -741,8 +742,10 @@ static int serve_parse_flags(int argc, char **argv, ServeFlags *f) {
     specs[ns++] = (ArgSpec){"max-n", ARG_INT, &f->max_n, "largest n (samples) a request may ask for", 0, 1, 256};
     specs[ns++] = (ArgSpec){"max-tokens", ARG_INT, &f->max_tokens, "cap on a request's max_tokens (and its default)",
                             0, 1, 1 << 20};
-    specs[ns++] = (ArgSpec){"api-key", ARG_STR, &f->api_key, "require \"Authorization: Bearer KEY\" on /v1/*", 0, 0,
-                            0};
+    specs[ns++] = (ArgSpec){"api-key", ARG_STR, &f->api_key, "require \"Authorization: Bearer KEY\" on /v1/* (visible "
+                            "to other users in ps: prefer --api-key-file or ERINFER_API_KEY)", 0, 0, 0};
+    specs[ns++] = (ArgSpec){"api-key-file", ARG_STR, &f->api_key_file, "read the API key from the first line of FILE",
+                            0, 0, 0};
     specs[ns++] = (ArgSpec){"allowed-hosts", ARG_STR, &f->allowed_hosts, "Host names answered besides the server's "
                             "own addresses (comma-separated, no port; * = any; default: any when --host is 0.0.0.0)",
                             0, 0, 0};
@@ -838,11 +841,41 @@ static int serve_listen(Server *srv, const ServeFlags *f, struct sockaddr_in *ad
     return ER_OK;
 }
 
+// The API key (*key a new string, NULL = none): --api-key, or the first line of --api-key-file (its line
+// end cut), or else the environment's ERINFER_API_KEY; --api-key and --api-key-file together are refused.
+// An empty key is refused wherever it comes from: it would let an empty Bearer through.
+static int serve_api_key(const ServeFlags *f, char **key) {
+    *key = NULL;
+    if (f->api_key && f->api_key_file)
+        return er_error(ER_EINVAL, "give --api-key or --api-key-file, not both");
+    const char *env = getenv("ERINFER_API_KEY");
+    if (f->api_key_file) {
+        char *text;
+        size_t n;
+        ER_TRY(file_read_all(f->api_key_file, 1 << 16, &text, &n));
+        size_t line = strcspn(text, "\n");
+        if (line > 0 && text[line - 1] == '\r')
+            line--;
+        text[line] = 0;
+        if (line == 0 || strlen(text) != line) {
+            er_free(text);
+            return er_error(ER_EINVAL, "%s: the first line (the API key) is %s", f->api_key_file,
+                            line == 0 ? "empty" : "not text (it holds a NUL byte)");
+        }
+        *key = text;
+        return ER_OK;
+    }
+    const char *k = f->api_key ? f->api_key : env;
+    if (k && !k[0])
+        return er_error(ER_EINVAL, "%s must not be empty", f->api_key ? "--api-key" : "ERINFER_API_KEY");
+    if (k && !(*key = er_strdup(k)))
+        return ER_ENOMEM;
+    return ER_OK;
+}
+
 // The key and the Host names: everything cmd_serve checks before it loads the model.
 static int serve_setup(const ServeFlags *f, const struct sockaddr_in *addr, Server *srv, char **key) {
-    *key = NULL;
-    if (f->api_key && !f->api_key[0]) // an empty key would let an empty Bearer through
-        return er_error(ER_EINVAL, "--api-key must not be empty");
+    ER_TRY(serve_api_key(f, key));
     ER_TRY(serve_hosts_init(&srv->hosts, f->allowed_hosts, 1));
     // Every interface without a list: any Host (a LAN or proxied name is not known here).
     if (addr->sin_addr.s_addr == htonl(INADDR_ANY) && !f->allowed_hosts) {
@@ -850,7 +883,7 @@ static int serve_setup(const ServeFlags *f, const struct sockaddr_in *addr, Serv
         fprintf(stderr, "erinfer serve: every Host header is accepted on %s; --allowed-hosts NAMES restricts them "
                 "(a defence against DNS rebinding)\n", f->host);
     }
-    srv->api_key = f->api_key;
+    srv->api_key = *key;
     return ER_OK;
 }
 

@@ -1181,3 +1181,79 @@ Test(server, content_type_and_host_checks) {
         cr_expect(strstr(er_last_error(), "--allowed-hosts"), "%s", er_last_error());
     }
 }
+
+// erinfer serve with `args` run to its failure at start: its exit status, stderr in *err (free).
+static int serve_fails(const TestServer *t, const char *args, char **err) {
+    char cmd[1600];
+    snprintf(cmd, sizeof cmd, "timeout 60 '%s' serve --model '%s' --port 0 %s 2>&1 >/dev/null", t->fx.prog,
+             t->fx.model, args);
+    int st;
+    *err = run_capture(cmd, &st);
+    return st;
+}
+
+// The status of GET /v1/models with the key (NULL: none).
+static int models_status(const TestServer *t, const char *key) {
+    char a[512], *out;
+    snprintf(a, sizeof a, "http://127.0.0.1:%d/v1/models %s%s%s", t->port, key ? "-H 'Authorization: Bearer " : "",
+             key ? key : "", key ? "'" : "");
+    int st = curl_run(a, &out);
+    free(out);
+    return st;
+}
+
+// The key out of ps's sight: --api-key-file (its first line, the line end cut) or ERINFER_API_KEY, which
+// either flag overrides; both flags at once, an empty or unreadable file and an empty variable are refused
+// at start with a line naming them.
+Test(server, api_key_from_a_file_or_the_environment, .timeout = 120) {
+    TestServer t;
+    helper_fixture_open(&t.fx, "er_serve_", "erinfer");
+    helper_need_program(t.fx.prog, "erinfer", "the erinfer serve API key tests");
+    need_serve(t.fx.prog);
+    char file[600], args[1400], *err;
+    snprintf(file, sizeof file, "%s/key.txt", t.fx.tmp);
+    cr_assert_eq(file_write_atomic(file, "file-key-123\r\nsecond line\n", 27), ER_OK);
+    setenv("ERINFER_API_KEY", "env-key-456", 1);
+    snprintf(args, sizeof args, "--model '%s' --max-tokens 8 --api-key-file '%s'", t.fx.model, file);
+    server_launch(&t, args);
+    cr_expect_eq(models_status(&t, "file-key-123"), 200);
+    cr_expect_eq(models_status(&t, "env-key-456"), 401, "the file's key goes before the environment's");
+    cr_expect_eq(models_status(&t, NULL), 401);
+    char proc[64], cmdline[4096];
+    snprintf(proc, sizeof proc, "/proc/%d/cmdline", (int)t.pid);
+    FILE *pf = fopen(proc, "rb"); // what ps shows
+    cr_assert(pf);
+    size_t n = fread(cmdline, 1, sizeof cmdline - 1, pf);
+    fclose(pf);
+    for (size_t i = 0; i < n; i++)
+        cmdline[i] = cmdline[i] ? cmdline[i] : ' ';
+    cmdline[n] = 0;
+    cr_expect(!strstr(cmdline, "file-key-123") && strstr(cmdline, "key.txt"), "%s", cmdline);
+    kill(t.pid, SIGTERM);
+    waitpid(t.pid, NULL, 0);
+    snprintf(args, sizeof args, "--model '%s' --max-tokens 8", t.fx.model);
+    server_launch(&t, args);
+    cr_expect_eq(models_status(&t, "env-key-456"), 200);
+    cr_expect_eq(models_status(&t, "file-key-123"), 401);
+    kill(t.pid, SIGTERM);
+    waitpid(t.pid, NULL, 0);
+    snprintf(args, sizeof args, "--api-key-file '%s' --api-key x", file);
+    cr_expect_neq(serve_fails(&t, args, &err), 0);
+    cr_expect(strstr(err, "not both"), "%s", err);
+    free(err);
+    snprintf(file, sizeof file, "%s/empty.txt", t.fx.tmp);
+    cr_assert_eq(file_write_atomic(file, "\nkey on the second line\n", 24), ER_OK);
+    snprintf(args, sizeof args, "--api-key-file '%s'", file);
+    cr_expect_neq(serve_fails(&t, args, &err), 0);
+    cr_expect(strstr(err, "empty.txt: the first line (the API key) is empty"), "%s", err);
+    free(err);
+    cr_expect_neq(serve_fails(&t, "--api-key-file /nonexistent/key", &err), 0);
+    cr_expect(strstr(err, "/nonexistent/key: cannot open"), "%s", err);
+    free(err);
+    setenv("ERINFER_API_KEY", "", 1);
+    cr_expect_neq(serve_fails(&t, "", &err), 0);
+    cr_expect(strstr(err, "ERINFER_API_KEY must not be empty"), "%s", err);
+    free(err);
+    unsetenv("ERINFER_API_KEY");
+    helper_fixture_close(&t.fx);
+}
