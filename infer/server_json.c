@@ -648,8 +648,40 @@ static cJSON *response_head(const ServeRequest *r, const ServeIds *ids, int chun
     return j;
 }
 
+// A JSON string of n bytes holding NUL bytes, as a raw item: the pieces between them escaped by cJSON,
+// each NUL as \u0000 (NULL text: out of memory).
+static cJSON *string_nul(const char *text, size_t n) {
+    StrBuf b = {0};
+    strbuf_puts(&b, "\"");
+    for (size_t at = 0, len; at <= n; at += len + 1) { // the pieces before, between and after the NULs
+        const char *z = memchr(text + at, 0, n - at);
+        len = z ? (size_t)(z - (text + at)) : n - at;
+        char *piece = er_alloc(len + 1), *q = NULL;
+        if (piece) {
+            memcpy(piece, text + at, len);
+            piece[len] = 0;
+        }
+        cJSON *s = piece ? cJSON_CreateString(piece) : NULL;
+        if (s && (q = cJSON_PrintUnformatted(s)))
+            strbuf_put(&b, q + 1, strlen(q) - 2);
+        else
+            b.oom = 1;
+        cJSON_free(q);
+        cJSON_Delete(s);
+        er_free(piece);
+        if (z)
+            strbuf_puts(&b, "\\u0000");
+    }
+    strbuf_puts(&b, "\"");
+    cJSON *r = b.oom ? cJSON_CreateNull() : cJSON_CreateRaw(b.p);
+    er_free(b.p);
+    return r;
+}
+
 // A string of n bytes (text is not NUL-terminated there).
 static cJSON *string_n(const char *text, size_t n) {
+    if (n && memchr(text, 0, n)) // a model may write a NUL byte: escaped, where a cJSON string would end
+        return string_nul(text, n);
     char *t = er_alloc(n + 1);
     if (!t)
         return cJSON_CreateNull();
@@ -814,9 +846,9 @@ static cJSON *chunk_choice(const ServeRequest *r, const ServeIds *ids, int i, cJ
     cJSON_AddNumberToObject(c, "index", i);
     if (r->chat) {
         cJSON_AddItemToObject(c, "delta", delta);
-    } else {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(delta, "content");
-        cJSON_AddStringToObject(c, "text", cJSON_IsString(t) ? t->valuestring : "");
+    } else { // the content moves (a raw string when it holds a NUL byte)
+        cJSON *t = cJSON_DetachItemFromObjectCaseSensitive(delta, "content");
+        cJSON_AddItemToObject(c, "text", t ? t : cJSON_CreateString(""));
         cJSON_Delete(delta);
     }
     cJSON_AddNullToObject(c, "logprobs");

@@ -1257,3 +1257,82 @@ Test(server, api_key_from_a_file_or_the_environment, .timeout = 120) {
     unsetenv("ERINFER_API_KEY");
     helper_fixture_close(&t.fx);
 }
+
+// ---- the answer's text ----
+
+// POSTs body (JSON) to path with curl; the response text (free with free).
+static char *post_path(const TestServer *t, const char *path, const char *body) {
+    char file[600], cmd[1200];
+    snprintf(file, sizeof file, "%s/body.json", t->fx.tmp);
+    cr_assert_eq(file_write_atomic(file, body, strlen(body)), ER_OK);
+    snprintf(cmd, sizeof cmd, "curl -s -N http://127.0.0.1:%d%s -H 'Content-Type: application/json' -d @'%s'",
+             t->port, path, file);
+    int st;
+    char *out = run_capture(cmd, &st);
+    if (st == 127)
+        cr_skip_test("!!!!!! curl is not installed: the erinfer serve logprobs tests are SKIPPED !!!!!!");
+    cr_assert_eq(st, 0, "curl failed: %s", out);
+    return out;
+}
+
+// The JSON-escaped text of the first "text" field in s from `from` on (its bytes between the quotes, *n of
+// them), NULL when none is left.
+static const char *escaped_text(const char *s, size_t *n, const char **next) {
+    const char *p = strstr(s, "\"text\":\"");
+    if (!p)
+        return NULL;
+    p += strlen("\"text\":\"");
+    const char *q = p;
+    while (*q && *q != '"')
+        q += *q == '\\' ? 2 : 1;
+    *n = (size_t)(q - p);
+    *next = q;
+    return p;
+}
+
+// A model may write a NUL byte (a random configs/tiny.json model, as serve_check.sh makes it, does every few
+// answers): it is escaped as \u0000, not the end of the text (a C string's end, which cut the rest of a
+// non-streamed answer and of a streamed chunk). The text streamed and joined equals the non-streamed one,
+// escapes and all.
+Test(server, a_nul_byte_in_the_output_is_escaped, .timeout = 120) {
+    TestServer t;
+    helper_fixture_open(&t.fx, "er_serve_", "erinfer");
+    helper_need_program(t.fx.prog, "erinfer", "the erinfer serve NUL byte test");
+    char *ertrain = helper_program("ertrain");
+    helper_need_program(ertrain, "ertrain", "the erinfer serve NUL byte test");
+    char args[700], body[256];
+    CmdResult init = helper_run(t.fx.tmp, "'%s' init --config configs/tiny.json --out '%s/tiny' --tokenizer "
+                                "data/tiny_tokenizer --seed 1 --threads 1", ertrain, t.fx.tmp);
+    cr_assert_eq(init.status, 0, "ertrain init: %s", init.err);
+    helper_result_free(&init);
+    er_free(ertrain);
+    snprintf(args, sizeof args, "--model '%s/tiny' --max-tokens 40", t.fx.tmp);
+    server_launch(&t, args);
+    int seed = 0;
+    char *out = NULL;
+    for (int s = 1; s <= 100 && !seed; s++) { // the first seed whose answer holds a NUL byte
+        free(out);
+        snprintf(body, sizeof body, "{\"prompt\": \"Hi\", \"max_tokens\": 40, \"seed\": %d}", s);
+        out = post_path(&t, "/v1/completions", body);
+        seed = strstr(out, "\\u0000") ? s : 0;
+    }
+    cr_assert(seed, "no answer in 100 seeds holds a NUL byte (last: %s)", out);
+    size_t n, m;
+    const char *next, *whole = escaped_text(out, &n, &next);
+    cr_assert(whole);
+    snprintf(body, sizeof body, "{\"prompt\": \"Hi\", \"max_tokens\": 40, \"seed\": %d, \"stream\": true}", seed);
+    char *st = post_path(&t, "/v1/completions", body);
+    StrBuf joined = {0};
+    strbuf_puts(&joined, "");
+    for (const char *p = st, *piece; (piece = escaped_text(p, &m, &next)); p = next)
+        strbuf_put(&joined, piece, m);
+    cr_expect_eq(joined.n, n, "streamed: %s\nwhole: %.*s", joined.p, (int)n, whole);
+    cr_expect(joined.n == n && memcmp(joined.p, whole, n) == 0, "streamed: %s\nwhole: %.*s", joined.p, (int)n, whole);
+    cJSON *j = cJSON_Parse(out);
+    cr_expect(j, "the answer is not valid JSON: %s", out);
+    cJSON_Delete(j);
+    er_free(joined.p);
+    free(st);
+    free(out);
+    server_stop(&t);
+}
