@@ -32,6 +32,7 @@ ER_SAME_(ER_ROUTE_DIRECT, ROUTE_DIRECT, "infer/pipeline.h")
 ER_SAME_(ER_ROUTE_REASONING, ROUTE_REASONING, "infer/pipeline.h")
 ER_SAME_(ER_STOP_MAX, STOP_MAX, "infer/stop.h")
 ER_SAME_(ER_STOP_MAX_LEN, STOP_MAX_LEN, "infer/stop.h")
+ER_SAME_(ER_TOP_LOGPROBS_MAX, ENGINE_TOP_MAX, "infer/engine.h")
 #undef ER_SAME_
 
 struct ErModel {
@@ -384,6 +385,7 @@ static int gen_config_from_params(const ErModel *m, const ErGenParams *p, GenCon
     g->response_prefix = p->response_prefix ? p->response_prefix : g->adapter ? g->adapter->reasoning_prefix : NULL;
     g->stop = p->stop;
     g->n_stop = p->n_stop;
+    g->top_logprobs = p->top_logprobs;
     return ER_OK;
 }
 
@@ -447,8 +449,9 @@ static int route_from_params(const ErModel *m, const ErGenParams *p, int *force)
 // The public view of n samples and their stats (pointers into x).
 static void results_publish(const GenSample *x, int n, const GenStats *st, double t0, ErSample *pub, ErStats *stats) {
     for (int i = 0; i < n; i++)
-        pub[i] = (ErSample){x[i].text, x[i].text_len, x[i].tokens, x[i].n_tokens, (int)x[i].finish, x[i].budget_cut,
-                            x[i].answer_at};
+        pub[i] = (ErSample){x[i].text,     x[i].text_len,     x[i].tokens,       x[i].n_tokens,
+                            (int)x[i].finish, x[i].budget_cut,   x[i].answer_at,    x[i].logprobs,
+                            x[i].top_ids,  x[i].top_logprobs, x[i].n_top};
     *stats = (ErStats){st->prompt_tokens, st->prompt_reused, st->generated_tokens, st->ttft_s,
                        st->decode_tokens_per_s, time_now() - t0, st->kv_bytes};
 }
@@ -549,7 +552,7 @@ struct ErRequest {
     EngineRequest *er;
     CbBridge bridge;
     GenSample *samples; // (n)
-    ErSample *pub;      // (n) once done
+    ErSample *pub;      // (n) once done; while decoding, er_request_progress's views
     int n, status;      // status: 1 decoding, then the outcome (n: the route's samples once done)
     double t0;
     ErStats stats;
@@ -780,6 +783,14 @@ int er_request_count(const ErRequest *r) {
 }
 const ErSample *er_request_sample(const ErRequest *r, int i) {
     return r && r->status == ER_OK && i >= 0 && i < r->n ? &r->pub[i] : NULL;
+}
+const ErSample *er_request_progress(const ErRequest *r, int i) {
+    if (!r || r->status != 1 || i < 0 || i >= r->n)
+        return NULL;
+    const GenSample *x = &r->samples[i];
+    r->pub[i] = (ErSample){NULL, 0, x->tokens, x->n_tokens, 0, 0, -1, x->logprobs, x->top_ids, x->top_logprobs,
+                           x->n_top};
+    return &r->pub[i];
 }
 const ErStats *er_request_stats(const ErRequest *r) { return r && r->status == ER_OK ? &r->stats : NULL; }
 const ErRoute *er_request_route(const ErRequest *r) { return r && r->status == ER_OK && r->routed ? &r->route : NULL; }

@@ -104,6 +104,8 @@ void gen_samples_free(GenSample *s, int n) {
     for (int i = 0; i < n; i++) {
         er_free(s[i].tokens);
         er_free(s[i].logprobs);
+        er_free(s[i].top_ids);
+        er_free(s[i].top_logprobs);
         er_free(s[i].text);
         memset(&s[i], 0, sizeof s[i]);
     }
@@ -362,6 +364,8 @@ typedef struct {
     int live;
     int pending;        // next token to emit
     float pending_lp;
+    int pending_top[ENGINE_TOP_MAX];      // GenConfig.top_logprobs most probable tokens at its step
+    float pending_top_lp[ENGINE_TOP_MAX];
     int n_forced_used;  // suffix tokens already forced
     int forcing;        // the budget suffix is being forced
     int pending_ends_suffix; // the pending token is the suffix's last
@@ -426,9 +430,13 @@ static int next_token(Engine *e, Sampler *sp, const GenConfig *g, SampleState *s
         s->pending = suffix[s->n_forced_used++];
         s->pending_ends_suffix = s->n_forced_used == n_suffix;
         logprob_forward(&s->pending_lp, logits, &s->pending, 1, V, 1.0f);
-        return ER_OK;
+        return g->top_logprobs > 0 ? sampler_top_logprobs(sp, logits, g->top_logprobs, s->pending_top,
+                                                          s->pending_top_lp)
+                                   : ER_OK;
     }
     int rc = sampler_sample(sp, &g->sampler, logits, &s->rng, &s->pending, &s->pending_lp);
+    if (rc == ER_OK && g->top_logprobs > 0)
+        rc = sampler_top_logprobs(sp, logits, g->top_logprobs, s->pending_top, s->pending_top_lp);
     // "logits contain NaN (token 7)" names a vocabulary entry: say which sample and position too.
     return rc < 0 ? er_error_prefix(rc, "generate: sample %d, new token %d", i, o->n_tokens + 1) : ER_OK;
 }
@@ -482,6 +490,9 @@ static int check_config(const Engine *e, const GenConfig *g, int n_prompt, int n
                         g->answer_tokens, n_suffix);
     if (g->n_stop < 0 || g->n_stop > STOP_MAX)
         return er_error(ER_EINVAL, "generate: at most %d stop strings", STOP_MAX);
+    if (g->top_logprobs < 0 || g->top_logprobs > ENGINE_TOP_MAX || g->top_logprobs > e->model->cfg.V)
+        return er_error(ER_EINVAL, "generate: top log-probs %d, expected 0..%d (and at most the vocabulary)",
+                        g->top_logprobs, ENGINE_TOP_MAX);
     return sampler_params_validate(&g->sampler);
 }
 
@@ -538,6 +549,12 @@ static int samples_start(Engine *e, const GenConfig *g, SampleState *st, GenSamp
         out[i].logprobs = er_alloc(sizeof(float) * (size_t)g->max_new);
         if (!out[i].tokens || !out[i].logprobs)
             return ER_ENOMEM;
+        if ((out[i].n_top = g->top_logprobs) > 0) {
+            out[i].top_ids = er_alloc(sizeof(int) * (size_t)g->max_new * (size_t)g->top_logprobs);
+            out[i].top_logprobs = er_alloc(sizeof(float) * (size_t)g->max_new * (size_t)g->top_logprobs);
+            if (!out[i].top_ids || !out[i].top_logprobs)
+                return ER_ENOMEM;
+        }
         ER_TRY(next_token(e, &e->samplers[0], g, s, &out[i], i, e->prompt_logits, suffix, n_suffix));
         s->live = 1;
     }
@@ -552,6 +569,11 @@ static int sample_emit(Engine *e, const GenConfig *g, SampleState *s, GenSample 
     int tok = s->pending;
     o->tokens[o->n_tokens] = tok;
     o->logprobs[o->n_tokens] = s->pending_lp;
+    if (o->n_top > 0) {
+        memcpy(o->top_ids + (size_t)o->n_tokens * (size_t)o->n_top, s->pending_top, sizeof(int) * (size_t)o->n_top);
+        memcpy(o->top_logprobs + (size_t)o->n_tokens * (size_t)o->n_top, s->pending_top_lp,
+               sizeof(float) * (size_t)o->n_top);
+    }
     o->n_tokens++;
     *done = 0;
     if (is_eos(e, tok)) {

@@ -17,6 +17,8 @@
 
 typedef enum { FINISH_EOS, FINISH_STOP, FINISH_LENGTH } FinishReason;
 
+enum { ENGINE_TOP_MAX = 20 }; // GenConfig.top_logprobs at most
+
 typedef struct {
     int n_samples;           // parallel samples sharing the prompt
     int max_new;             // generated tokens per sample (forced tokens included)
@@ -32,6 +34,8 @@ typedef struct {
                                 // cache is the base model's; unmasked: every position. NULL = base
     int keep_kv;             // keep each sample's KV sequence open for engine_verify_features, until the
                              // next engine_generate or engine_release_samples
+    int top_logprobs;        // 0..ENGINE_TOP_MAX: the most probable tokens (under the model, as GenSample.logprobs)
+                             // recorded at each step (GenSample.top_ids); 0 = none, no extra pass over the logits
 } GenConfig;
 
 void gen_config_default(GenConfig *g);
@@ -39,6 +43,9 @@ void gen_config_default(GenConfig *g);
 typedef struct {
     int *tokens;        // generated tokens, forced ones and a final EOS included
     float *logprobs;    // log p(token | context) under the model's untempered distribution
+    int *top_ids;       // (n_tokens, n_top) GenConfig.top_logprobs most probable tokens at each step, the most
+    float *top_logprobs; // probable first, and their logprobs (as logprobs); NULL when n_top is 0
+    int n_top;
     int n_tokens;
     char *text;         // decoded, cut at a stop string, without the EOS
     size_t text_len;

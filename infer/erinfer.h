@@ -101,6 +101,8 @@ typedef struct {
 // Stop strings per call and bytes per stop string: each sample matches them incrementally (KMP) in a
 // fixed-size table it owns, so a stream never allocates.
 enum { ER_STOP_MAX = 8, ER_STOP_MAX_LEN = 256 };
+// ErGenParams.top_logprobs at most (OpenAI's top_logprobs limit).
+enum { ER_TOP_LOGPROBS_MAX = 20 };
 
 typedef struct {
     int max_new_tokens;     // per sample [256]
@@ -121,6 +123,8 @@ typedef struct {
                             // switcher decides (reasoning without one), "direct" = the base answers (greedy,
                             // one sample), "reasoning" = the adapter reasons; a forced route runs the
                             // pipeline even without heads [NULL]
+    int top_logprobs;       // 0..ER_TOP_LOGPROBS_MAX: the most probable tokens recorded at each step
+                            // (ErSample.top_tokens); 0 = none, which costs nothing [0]
 } ErGenParams;
 
 enum { ER_FINISH_EOS = 0, ER_FINISH_STOP = 1, ER_FINISH_LENGTH = 2 };
@@ -133,6 +137,12 @@ typedef struct {
     int finish;         // ER_FINISH_*
     int budget_cut;     // the hard budget forced the answer suffix
     long answer_at;     // byte offset in text where that suffix ends and the answer starts; -1 when none
+    // Log-probabilities under the model itself: log softmax of the raw logits (temperature 1, no top-k /
+    // top-p / min-p), whatever distribution the token was drawn from; forced tokens included.
+    const float *logprobs;      // (n_tokens) each token's
+    const int *top_tokens;      // (n_tokens, n_top) the n_top most probable tokens at each step, the most
+    const float *top_logprobs;  // probable first (ties: the lower id), and their log-probs; NULL when n_top is 0
+    int n_top;                  // ErGenParams.top_logprobs
 } ErSample;
 
 typedef struct {
@@ -274,6 +284,12 @@ ER_API int er_request_status(const ErRequest *r);
 ER_API int er_request_count(const ErRequest *r);
 ER_API const ErSample *er_request_sample(const ErRequest *r, int i);
 ER_API const ErStats *er_request_stats(const ErRequest *r);
+// While the request decodes (in its token callback, or between steps) the tokens of sample i so far: an
+// ErSample with tokens, n_tokens, logprobs and the top tokens filled, the rest empty (text NULL). In the
+// callback, the token just streamed is the last one. Owned by the request, valid until the next
+// er_batch_step or er_request_free; NULL for an index out of range, a failed request or one that is done
+// (er_request_sample has the whole sample then).
+ER_API const ErSample *er_request_progress(const ErRequest *r, int i);
 // The routed pipeline's side of a done request (as er_result_route); NULL when no pipeline ran.
 ER_API const ErRoute *er_request_route(const ErRequest *r);
 // Frees a request, before or after its batch; one still decoding is stopped first (its rows go back to

@@ -418,6 +418,31 @@ int sampler_sample(Sampler *s, const SamplerParams *p, const float *logits, ErRn
     return ER_OK;
 }
 
+int sampler_top_logprobs(Sampler *s, const float *logits, int k, int *ids, float *logprobs) {
+    if (!s || !s->w || !logits || !ids || !logprobs || k < 1 || k > s->V)
+        return er_error(ER_EINVAL, "sampler_top_logprobs: NULL argument, uninitialised sampler or k outside 1..V");
+    int V = s->V, argmax, n = 0;
+    float m;
+    ER_TRY(logits_scan(logits, V, &m, &argmax));
+    // log W as sampler_sample computes it, so a token's log-prob here is bitwise the one it reports.
+    weights_compute(s->w, logits, V, m, 1.0f, -INFINITY);
+    double lse = log(weights_sum(s->w, V, NULL));
+    // The k largest logits by insertion into the sorted best so far: past the first k, nearly every logit
+    // fails the first compare. A tie with the k-th does not displace it (the lower id stays).
+    for (int i = 0; i < V; i++) {
+        float l = logits[i];
+        if (n == k && !(l > logits[ids[k - 1]]))
+            continue;
+        int j = n < k ? n++ : k - 1;
+        for (; j > 0 && l > logits[ids[j - 1]]; j--)
+            ids[j] = ids[j - 1];
+        ids[j] = i;
+    }
+    for (int j = 0; j < k; j++)
+        logprobs[j] = (float)((double)logits[ids[j]] - (double)m - lse);
+    return ER_OK;
+}
+
 int sampler_dist(Sampler *s, const SamplerParams *p, const float *logits, float *probs) {
     if (!s || !s->w || !logits || !probs)
         return er_error(ER_EINVAL, "sampler_dist: NULL argument or uninitialised sampler");

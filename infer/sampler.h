@@ -53,6 +53,12 @@ void sampler_free(Sampler *s);
 int sampler_sample(Sampler *s, const SamplerParams *p, const float *logits, ErRng *rng, int *token,
                    float *logprob);
 
+// The k most probable tokens under the model itself, log softmax(logits) with no temperature or filtering (the
+// distribution *logprob of sampler_sample refers to, whatever the sampling parameters): ids (k) from the most
+// probable down, ties to the lower id, and their log-probs (k), each equal to the *logprob sampler_sample gives
+// that token. 1 <= k <= V. Same errors as sampler_sample (logits without a finite maximum).
+int sampler_top_logprobs(Sampler *s, const float *logits, int k, int *ids, float *logprobs);
+
 // The distribution sampler_sample draws from, normalised: probs (V), 0 for every filtered token
 // (one-hot at the argmax when greedy). Same errors as sampler_sample.
 int sampler_dist(Sampler *s, const SamplerParams *p, const float *logits, float *probs);

@@ -53,6 +53,8 @@ struct Job {
     size_t *streamed;     // (n) content bytes of each sample streamed so far
     int *roled;           // (n) the sample's first chunk (the one with the role) is out
     StrBuf *acc;          // (n) each sample's text so far (tool calls are held back from it)
+    ServeWalk *walk;      // (n) where each sample's tokens start in its text (a request with logprobs)
+    int *lp_sent;         // (n) the sample's tokens whose logprobs are streamed
     int status;           // HTTP status of a non-streamed response
     int done, cancel;     // cancel is read by the token callback, in the batch thread, without the lock
     int queued;           // in the server's queue (not taken by the batch yet)
@@ -94,6 +96,10 @@ static void job_unref(Job *j) {
         return;
     for (int i = 0; j->acc && i < j->req.p.n_samples; i++)
         er_free(j->acc[i].p);
+    for (int i = 0; j->walk && i < j->req.p.n_samples; i++)
+        serve_walk_free(&j->walk[i]);
+    er_free(j->walk);
+    er_free(j->lp_sent);
     serve_request_free(&j->req);
     er_free(j->acc);
     er_free(j->streamed);
@@ -197,6 +203,19 @@ static void job_emit(Server *srv, Job *j, const StrBuf *chunk) {
     pthread_mutex_unlock(&srv->mu);
 }
 
+// The logprobs of the sample's tokens that start in the first `safe` bytes of its text and are not
+// streamed yet (NULL: the request has none, or out of memory).
+static cJSON *stream_logprobs(Job *j, int sample, size_t safe) {
+    const ErSample *x = j->req.logprobs && j->rq ? er_request_progress(j->rq, sample) : NULL;
+    if (!x || serve_walk(&j->walk[sample], j->srv->tok, x) < 0)
+        return NULL;
+    int to = serve_walk_count(&j->walk[sample], safe), from = j->lp_sent[sample];
+    if (to <= from) // the role chunk, or text of tokens already sent
+        return NULL;
+    j->lp_sent[sample] = to;
+    return serve_logprobs_json(&j->req, j->srv->tok, x, &j->walk[sample], from, to);
+}
+
 // Streams what each sample's text releases, holding back a tool call when the request has tools.
 static int on_token(void *user, int sample, const char *text, size_t len) {
     Job *j = user;
@@ -207,7 +226,7 @@ static int on_token(void *user, int sample, const char *text, size_t len) {
         if (safe > j->streamed[sample] || !j->roled[sample]) {
             StrBuf chunk = {0};
             serve_chunk_delta(&chunk, &j->req, &j->ids, sample, acc->p + j->streamed[sample],
-                              safe - j->streamed[sample], !j->roled[sample]);
+                              safe - j->streamed[sample], !j->roled[sample], stream_logprobs(j, sample, safe));
             job_emit(j->srv, j, &chunk);
             er_free(chunk.p);
             j->streamed[sample] = safe;
@@ -248,7 +267,7 @@ static void job_respond(Server *srv, Job *j, int rc, const ServeResult *res) {
     if (rc == ER_OK) {
         char *s = r->stream ? NULL : serve_response_json(r, &j->ids, res);
         if (r->stream)
-            serve_chunk_final(&out, r, &j->ids, res, j->streamed, j->roled);
+            serve_chunk_final(&out, r, &j->ids, res, j->streamed, j->roled, j->lp_sent);
         else
             strbuf_puts(&out, s ? s : "{}");
         er_free(s);
@@ -271,7 +290,7 @@ enum { SERVE_MAX_N = 256 }; // --max-n's limit
 // A batched job's request finished (or failed to start: rc): answered and released.
 static void batch_answer(Server *srv, Job *j, int rc) {
     const ErSample *samples[SERVE_MAX_N];
-    ServeResult res = {0, samples, NULL, NULL};
+    ServeResult res = {0, samples, NULL, NULL, srv->tok};
     if (j->rq) {
         rc = er_request_status(j->rq);
         res.n = er_request_count(j->rq);
@@ -366,9 +385,13 @@ static Job *job_submit(Server *srv, ServeRequest *r, int fd, ServeError *e) {
     Job *j = er_calloc(1, sizeof *j);
     int n = r->p.n_samples;
     if (j && (!(j->streamed = er_calloc((size_t)n, sizeof *j->streamed)) ||
-              !(j->roled = er_calloc((size_t)n, sizeof *j->roled)) || !(j->acc = er_calloc((size_t)n, sizeof *j->acc)))) {
+              !(j->roled = er_calloc((size_t)n, sizeof *j->roled)) ||
+              !(j->acc = er_calloc((size_t)n, sizeof *j->acc)) || !(j->walk = er_calloc((size_t)n, sizeof *j->walk)) ||
+              !(j->lp_sent = er_calloc((size_t)n, sizeof *j->lp_sent)))) {
         er_free(j->streamed);
         er_free(j->roled);
+        er_free(j->acc);
+        er_free(j->walk);
         er_free(j);
         j = NULL;
     }

@@ -31,6 +31,7 @@ typedef struct {
     char *stop[ER_STOP_MAX];
     char *route;
     int stream, include_usage;
+    int logprobs;              // report the tokens' log-probs (p.top_logprobs alternatives at each)
     int seeded;                // the request gave a seed (otherwise the server draws one: p.seed)
     int tools;                 // the request gave tools: the output's <tool_call> blocks become tool_calls
     char *tool_prefix;         // tool_choice "required" or a named function: the call's start, forced
@@ -100,7 +101,34 @@ typedef struct {
     const ErSample *const *samples; // (n)
     const ErStats *stats;
     const ErRoute *route;           // NULL = no pipeline
+    const Tokenizer *tok;           // the model's: the logprobs' token texts and bytes
 } ServeResult;
+
+// Where each token of a sample starts in its text, walked token by token as they come: the text is the
+// tokens' raw bytes converted as the engine converts them (tok_text_from_bytes, invalid sequences replaced),
+// so a token's start is known once its bytes are walked.
+typedef struct {
+    int n;             // tokens walked
+    size_t bytes;      // bytes of the text the walked tokens' complete characters make
+    long chars;        // the same in code points
+    char pend[4];      // the bytes of a character not complete yet
+    int npend;
+    size_t *at;        // (n) the byte of the text where token k starts
+    long *at_chars;    // (n) the same in code points (OpenAI's text_offset)
+    int cap;
+} ServeWalk;
+
+// Walks the tokens of x not walked yet. -1 out of memory.
+int serve_walk(ServeWalk *w, const Tokenizer *tok, const ErSample *x);
+// How many of the walked tokens start before byte `end` of the text: the tokens a text of `end` bytes
+// shows (a final EOS, which adds no text, and the tokens after a stop string's start are left out).
+int serve_walk_count(const ServeWalk *w, size_t end);
+void serve_walk_free(ServeWalk *w);
+// The "logprobs" of tokens [from, to) of x (walked by w) as the request's endpoint shapes them: chat
+// {"content": [{"token", "logprob", "bytes", "top_logprobs"}], "refusal": null}; completions {"tokens",
+// "token_logprobs", "top_logprobs" (the top tokens and the drawn one, by text), "text_offset"}.
+cJSON *serve_logprobs_json(const ServeRequest *r, const Tokenizer *tok, const ErSample *x, const ServeWalk *w,
+                           int from, int to);
 
 // The whole non-streamed response of a finished generation (choices, usage, the erinfer extension),
 // as a new string.
@@ -108,14 +136,16 @@ char *serve_response_json(const ServeRequest *r, const ServeIds *ids, const Serv
 
 // Stream chunks, each appended to out as one SSE event ("data: {...}\n\n").
 // A content delta of choice i (role: the first chunk, which carries the role).
+// lp: the chunk's "logprobs" (taken over; NULL = null).
 void serve_chunk_delta(StrBuf *out, const ServeRequest *r, const ServeIds *ids, int i, const char *text, size_t n,
-                       int role);
+                       int role, cJSON *lp);
 // The end of every choice (tool calls, finish reasons, the erinfer extension on the last), the usage
 // chunk when asked for, and [DONE]. streamed[i]: the bytes of choice i's text already streamed (the rest
 // may hold tool calls; with a tool_prefix the text starts with it, and nothing was streamed);
-// roled[i]: its first chunk, which carries the role, is out.
+// roled[i]: its first chunk, which carries the role, is out; lp_sent[i]: the tokens whose logprobs were
+// streamed (the rest come with the choice's last content delta, or its finish chunk).
 void serve_chunk_final(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ServeResult *s,
-                       const size_t *streamed, const int *roled);
+                       const size_t *streamed, const int *roled, const int *lp_sent);
 // An error inside a stream (the status line is already sent): one error event and [DONE].
 void serve_chunk_error(StrBuf *out, const ServeError *e);
 

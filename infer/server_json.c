@@ -241,9 +241,10 @@ static int opt_bool(const cJSON *o, const char *key, int *out, ServeError *e) {
 // The fields a request may have; anything else is refused by name (a typo must not pass silently).
 static int check_fields(const cJSON *root, int chat, ServeError *e) {
     static const char *const common[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
-                                         "seed", "stream", "stream_options", "user", "reasoning_budget", "route"};
+                                         "seed", "stream", "stream_options", "user", "reasoning_budget", "route",
+                                         "logprobs"};
     static const char *const chat_only[] = {"messages", "max_completion_tokens", "tools", "tool_choice",
-                                            "parallel_tool_calls"};
+                                            "parallel_tool_calls", "top_logprobs"};
     const cJSON *f;
     cJSON_ArrayForEach(f, root) {
         int known = chat ? 0 : strcmp(f->string, "prompt") == 0;
@@ -275,6 +276,27 @@ static int parse_stop(const cJSON *root, ServeRequest *r, ServeError *e) {
     }
     r->p.stop = (const char *const *)r->stop;
     r->p.n_stop = n;
+    return 0;
+}
+
+// "logprobs": chat: a boolean, with "top_logprobs" (0..20) alternatives at each token; completions: the
+// number of alternatives (0..20; OpenAI's legacy field). Absent or null: none.
+static int parse_logprobs(const cJSON *root, ServeRequest *r, ServeError *e) {
+    int64_t top = -1, n = -1;
+    if (opt_int(root, "top_logprobs", 0, ER_TOP_LOGPROBS_MAX, &top, e) < 0)
+        return -1;
+    if (r->chat) {
+        if (opt_bool(root, "logprobs", &r->logprobs, e) < 0)
+            return -1;
+        if (top >= 0 && !r->logprobs)
+            return BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    } else {
+        if (opt_int(root, "logprobs", 0, ER_TOP_LOGPROBS_MAX, &n, e) < 0)
+            return -1;
+        r->logprobs = n >= 0;
+        top = n;
+    }
+    r->p.top_logprobs = top > 0 ? (int)top : 0;
     return 0;
 }
 
@@ -332,7 +354,7 @@ static int parse_params(const cJSON *root, const ServeLimits *lim, ServeRequest 
     if (budget > 0 && p->max_new_tokens < budget + p->answer_tokens)
         p->max_new_tokens = (int)(budget + p->answer_tokens < lim->max_tokens ? budget + p->answer_tokens
                                                                                : lim->max_tokens);
-    return parse_stop(root, r, e);
+    return parse_logprobs(root, r, e) < 0 ? -1 : parse_stop(root, r, e);
 }
 
 // A message's content: a string, null, or an array of {"type": "text", "text": ...} parts (joined).
@@ -712,6 +734,170 @@ static cJSON *tool_calls_json(const ChatToolCall *c, int n, const ServeIds *ids,
     return a;
 }
 
+// ---- logprobs ----
+
+int serve_walk(ServeWalk *w, const Tokenizer *tok, const ErSample *x) {
+    for (; w->n < x->n_tokens; w->n++) {
+        if (w->n == w->cap) {
+            int cap = w->cap * 2 + 64;
+            size_t *at = er_realloc_array(w->at, (size_t)cap, sizeof *at);
+            if (at)
+                w->at = at;
+            long *ac = at ? er_realloc_array(w->at_chars, (size_t)cap, sizeof *ac) : NULL;
+            if (!ac)
+                return -1;
+            w->at_chars = ac;
+            w->cap = cap;
+        }
+        size_t nb = 0;
+        const char *b = tok_token_bytes(tok, x->tokens[w->n], &nb);
+        w->at[w->n] = w->bytes;
+        w->at_chars[w->n] = w->chars;
+        if (w->npend > 0 && b && nb > 0) {
+            // A token that does not go on with the pending character starts after it: the pending bytes, a
+            // maximal ill-formed subpart then, become one U+FFFD (3 bytes, 1 code point) before its text.
+            unsigned char next[sizeof w->pend + 1];
+            memcpy(next, w->pend, (size_t)w->npend);
+            next[w->npend] = (unsigned char)b[0];
+            int len = utf8_next(next, (size_t)w->npend + 1);
+            if ((len < 0 ? -len : len) <= w->npend) {
+                w->at[w->n] += 3;
+                w->at_chars[w->n] += 1;
+            }
+        }
+        size_t len = (size_t)w->npend + (b ? nb : 0);
+        char *buf = er_alloc(len + 1);
+        if (!buf)
+            return -1;
+        memcpy(buf, w->pend, (size_t)w->npend);
+        if (b)
+            memcpy(buf + w->npend, b, nb);
+        size_t c = tok_utf8_complete(buf, len);
+        if (len - c > sizeof w->pend) // cannot happen (an incomplete character has at most 3 bytes)
+            c = len;
+        char *t = NULL;
+        size_t tl = 0;
+        if (c > 0 && tok_text_from_bytes(buf, c, &t, &tl) < 0) {
+            er_free(buf);
+            return -1;
+        }
+        w->bytes += tl;
+        for (size_t i = 0; i < tl; i++)
+            w->chars += ((unsigned char)t[i] & 0xc0) != 0x80;
+        w->npend = (int)(len - c);
+        memcpy(w->pend, buf + c, (size_t)w->npend);
+        er_free(t);
+        er_free(buf);
+    }
+    return 0;
+}
+
+int serve_walk_count(const ServeWalk *w, size_t end) {
+    int k = 0;
+    while (k < w->n && w->at[k] < end)
+        k++;
+    return k;
+}
+
+void serve_walk_free(ServeWalk *w) {
+    er_free(w->at);
+    er_free(w->at_chars);
+    memset(w, 0, sizeof *w);
+}
+
+// -inf (a token the model rules out) as OpenAI writes it: JSON has no infinity.
+static double lp_value(float v) { return isfinite(v) ? (double)v : -9999.0; }
+
+// A token's text (its raw bytes converted, a lone piece of a character as U+FFFD) and its length; NULL
+// out of memory.
+static char *token_text(const Tokenizer *tok, int id, const char **raw, size_t *nb, size_t *tl) {
+    *nb = *tl = 0;
+    *raw = tok_token_bytes(tok, id, nb);
+    if (!*raw)
+        *raw = "", *nb = 0;
+    char *t = NULL;
+    if (tok_text_from_bytes(*raw, *nb, &t, tl) < 0)
+        t = NULL, *tl = 0;
+    return t;
+}
+
+// {"token", "logprob", "bytes"} of the chat shape.
+static cJSON *chat_token(const Tokenizer *tok, int id, float lp) {
+    const char *raw;
+    size_t nb, tl;
+    char *t = token_text(tok, id, &raw, &nb, &tl);
+    cJSON *o = cJSON_CreateObject(), *bytes = cJSON_CreateArray();
+    cJSON_AddItemToObject(o, "token", string_n(t, tl));
+    cJSON_AddNumberToObject(o, "logprob", lp_value(lp));
+    for (size_t i = 0; i < nb; i++)
+        cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)raw[i]));
+    cJSON_AddItemToObject(o, "bytes", bytes);
+    er_free(t);
+    return o;
+}
+
+// {text: logprob} of the completions shape, a text already there kept (the more probable token's).
+static void dict_add(cJSON *d, const Tokenizer *tok, int id, float lp) {
+    const char *raw;
+    size_t nb, tl;
+    char *t = token_text(tok, id, &raw, &nb, &tl); // a NUL byte ends the key: cJSON keys are C strings
+    if (!cJSON_GetObjectItemCaseSensitive(d, t ? t : ""))
+        cJSON_AddNumberToObject(d, t ? t : "", lp_value(lp));
+    er_free(t);
+}
+
+cJSON *serve_logprobs_json(const ServeRequest *r, const Tokenizer *tok, const ErSample *x, const ServeWalk *w,
+                           int from, int to) {
+    cJSON *o = cJSON_CreateObject();
+    int m = x->n_top;
+    if (r->chat) {
+        cJSON *content = cJSON_AddArrayToObject(o, "content");
+        for (int k = from; k < to; k++) {
+            cJSON *t = chat_token(tok, x->tokens[k], x->logprobs[k]), *top = cJSON_AddArrayToObject(t, "top_logprobs");
+            for (int j = 0; j < m; j++)
+                cJSON_AddItemToArray(top, chat_token(tok, x->top_tokens[k * m + j], x->top_logprobs[k * m + j]));
+            cJSON_AddItemToArray(content, t);
+        }
+        cJSON_AddNullToObject(o, "refusal");
+        return o;
+    }
+    cJSON *tokens = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+    for (int k = from; k < to; k++) {
+        const char *raw;
+        size_t nb, tl;
+        char *t = token_text(tok, x->tokens[k], &raw, &nb, &tl);
+        cJSON_AddItemToArray(tokens, string_n(t, tl));
+        er_free(t);
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_value(x->logprobs[k])));
+        cJSON *d = cJSON_CreateObject();
+        int drawn = 0;
+        for (int j = 0; j < m; j++) {
+            dict_add(d, tok, x->top_tokens[k * m + j], x->top_logprobs[k * m + j]);
+            drawn |= x->top_tokens[k * m + j] == x->tokens[k];
+        }
+        if (!drawn) // OpenAI: the drawn token is always there, so up to logprobs + 1 entries
+            dict_add(d, tok, x->tokens[k], x->logprobs[k]);
+        cJSON_AddItemToArray(tops, d);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)w->at_chars[k]));
+    }
+    return o;
+}
+
+// The logprobs of the tokens of x its text shows, from token `from` on (NULL: none left, or out of
+// memory: null).
+static cJSON *sample_logprobs(const ServeRequest *r, const Tokenizer *tok, const ErSample *x, int from) {
+    ServeWalk w = {0};
+    cJSON *lp = NULL;
+    if (serve_walk(&w, tok, x) == 0) {
+        int to = serve_walk_count(&w, x->text_len);
+        if (from < to || (from == 0 && !r->stream)) // a whole choice has its logprobs, if empty
+            lp = serve_logprobs_json(r, tok, x, &w, from, to);
+    }
+    serve_walk_free(&w);
+    return lp;
+}
+
 // The sample order of the choices: with a vote winner and n > 1, the winner's first voter is choice 0,
 // the others follow in sample order.
 static void choice_order(const ServeResult *s, int *order) {
@@ -742,13 +928,15 @@ static int choice_text(const ServeRequest *r, const ErSample *x, StrBuf *t) {
 }
 
 // One non-streamed choice of sample x.
-static cJSON *choice_json(const ServeRequest *r, const ServeIds *ids, const ErSample *x, int index) {
+static cJSON *choice_json(const ServeRequest *r, const ServeIds *ids, const ServeResult *s, const ErSample *x,
+                          int index) {
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", index);
     const char *finish = finish_name(x->finish);
+    cJSON *lp = r->logprobs ? sample_logprobs(r, s->tok, x, 0) : NULL;
     if (!r->chat) {
         cJSON_AddItemToObject(c, "text", string_n(x->text, x->text_len));
-        cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddItemToObject(c, "logprobs", lp ? lp : cJSON_CreateNull());
         cJSON_AddStringToObject(c, "finish_reason", finish);
         return c;
     }
@@ -756,6 +944,7 @@ static cJSON *choice_json(const ServeRequest *r, const ServeIds *ids, const ErSa
     cJSON_AddStringToObject(m, "role", "assistant");
     StrBuf t;
     if (choice_text(r, x, &t) < 0) {
+        cJSON_Delete(lp);
         cJSON_Delete(c);
         return NULL;
     }
@@ -777,7 +966,7 @@ static cJSON *choice_json(const ServeRequest *r, const ServeIds *ids, const ErSa
     if (bad) // the model wrote a <tool_call> that does not parse: returned as text, flagged
         cJSON_AddTrueToObject(c, "invalid_tool_call");
     chat_tool_calls_free(calls, nc);
-    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddItemToObject(c, "logprobs", lp ? lp : cJSON_CreateNull());
     cJSON_AddStringToObject(c, "finish_reason", finish);
     return c;
 }
@@ -817,7 +1006,7 @@ char *serve_response_json(const ServeRequest *r, const ServeIds *ids, const Serv
     cJSON *j = response_head(r, ids, 0), *cs = cJSON_AddArrayToObject(j, "choices");
     int whole = 1;
     for (int i = 0; i < n; i++) {
-        cJSON *c = choice_json(r, ids, s->samples[order[i]], i);
+        cJSON *c = choice_json(r, ids, s, s->samples[order[i]], i);
         whole &= c != NULL;
         cJSON_AddItemToArray(cs, c);
     }
@@ -841,7 +1030,8 @@ static void put_event(StrBuf *out, cJSON *j) {
 }
 
 // A chunk with one choice: its delta (chat) or text (completions) and finish reason (NULL: null).
-static cJSON *chunk_choice(const ServeRequest *r, const ServeIds *ids, int i, cJSON *delta, const char *finish) {
+static cJSON *chunk_choice(const ServeRequest *r, const ServeIds *ids, int i, cJSON *delta, const char *finish,
+                           cJSON *lp) {
     cJSON *j = response_head(r, ids, 1), *cs = cJSON_AddArrayToObject(j, "choices"), *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", i);
     if (r->chat) {
@@ -851,7 +1041,7 @@ static cJSON *chunk_choice(const ServeRequest *r, const ServeIds *ids, int i, cJ
         cJSON_AddItemToObject(c, "text", t ? t : cJSON_CreateString(""));
         cJSON_Delete(delta);
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddItemToObject(c, "logprobs", lp ? lp : cJSON_CreateNull());
     if (finish)
         cJSON_AddStringToObject(c, "finish_reason", finish);
     else
@@ -861,21 +1051,24 @@ static cJSON *chunk_choice(const ServeRequest *r, const ServeIds *ids, int i, cJ
 }
 
 void serve_chunk_delta(StrBuf *out, const ServeRequest *r, const ServeIds *ids, int i, const char *text, size_t n,
-                       int role) {
+                       int role, cJSON *lp) {
     cJSON *d = cJSON_CreateObject();
     if (role)
         cJSON_AddStringToObject(d, "role", "assistant");
     cJSON_AddItemToObject(d, "content", string_n(text, n));
-    put_event(out, chunk_choice(r, ids, i, d, NULL));
+    put_event(out, chunk_choice(r, ids, i, d, NULL, lp));
 }
 
-// The end of choice i: the text not streamed yet (content, then its tool calls) and the finish reason.
-static cJSON *chunk_end(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ErSample *x, int i,
-                        size_t streamed, int roled) {
+// The end of choice i: the text not streamed yet (content, then its tool calls) and the finish reason;
+// the logprobs not streamed yet (tokens from lp_sent on) with the last content delta, or else the finish chunk.
+static cJSON *chunk_end(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ServeResult *s, int i,
+                        size_t streamed, int roled, int lp_sent) {
+    const ErSample *x = s->samples[i];
+    cJSON *lp = r->logprobs ? sample_logprobs(r, s->tok, x, lp_sent) : NULL;
     StrBuf t;
     if (choice_text(r, x, &t) < 0) { // the job answers 500 (out.oom)
         out->oom = 1;
-        return chunk_choice(r, ids, i, cJSON_CreateObject(), finish_name(x->finish));
+        return chunk_choice(r, ids, i, cJSON_CreateObject(), finish_name(x->finish), lp);
     }
     ChatToolCall *calls = NULL;
     int nc = 0;
@@ -883,18 +1076,20 @@ static cJSON *chunk_end(StrBuf *out, const ServeRequest *r, const ServeIds *ids,
     int bad = r->chat && r->tools && chat_parse_tool_calls(t.p, t.n, &calls, &nc, &clen) < 0;
     if (bad || clen < streamed)
         clen = t.n;
-    if (clen > streamed || !roled)
-        serve_chunk_delta(out, r, ids, i, t.p + streamed, clen > streamed ? clen - streamed : 0, !roled);
+    if (clen > streamed || !roled) {
+        serve_chunk_delta(out, r, ids, i, t.p + streamed, clen > streamed ? clen - streamed : 0, !roled, lp);
+        lp = NULL;
+    }
     er_free(t.p);
     const char *finish = finish_name(x->finish);
     if (nc > 0) {
         cJSON *d = cJSON_CreateObject();
         cJSON_AddItemToObject(d, "tool_calls", tool_calls_json(calls, nc, ids, i, 1));
-        put_event(out, chunk_choice(r, ids, i, d, NULL));
+        put_event(out, chunk_choice(r, ids, i, d, NULL, NULL));
         finish = "tool_calls";
     }
     chat_tool_calls_free(calls, nc);
-    cJSON *end = chunk_choice(r, ids, i, cJSON_CreateObject(), finish);
+    cJSON *end = chunk_choice(r, ids, i, cJSON_CreateObject(), finish, lp);
     if (bad)
         cJSON_AddTrueToObject(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(end, "choices"), 0),
                               "invalid_tool_call");
@@ -902,10 +1097,10 @@ static cJSON *chunk_end(StrBuf *out, const ServeRequest *r, const ServeIds *ids,
 }
 
 void serve_chunk_final(StrBuf *out, const ServeRequest *r, const ServeIds *ids, const ServeResult *s,
-                       const size_t *streamed, const int *roled) {
+                       const size_t *streamed, const int *roled, const int *lp_sent) {
     int n = s->n;
     for (int i = 0; i < n; i++) {
-        cJSON *end = chunk_end(out, r, ids, s->samples[i], i, streamed[i], roled[i]);
+        cJSON *end = chunk_end(out, r, ids, s, i, streamed[i], roled[i], lp_sent[i]);
         cJSON *x = i == n - 1 ? extension_json(r, s, NULL) : NULL;
         if (x)
             cJSON_AddItemToObject(end, "erinfer", x);

@@ -2,9 +2,10 @@
 //   node scripts/serve_check.mjs OPENAI_PREFIX BASE_URL API_KEY [TOOL_BASE_URL]
 // Chat completion, streaming (joined deltas equal the non-streamed text for the same seed), n > 1,
 // stop strings, seed reproducibility, /v1/completions, /v1/models, prefix reuse across a conversation's
-// turns (usage.prompt_tokens_details.cached_tokens), a tool round trip (tools offered, an assistant
-// tool call and its role "tool" result fed back; tool_choice "required" forced), the extensions (route, reasoning_budget) and errors for
-// bad requests (the client's typed errors with the right status). With TOOL_BASE_URL (a server on the
+// turns (usage.prompt_tokens_details.cached_tokens), logprobs (chat, streamed and not; completions), a
+// tool round trip (tools offered, an assistant tool call and its role "tool" result fed back; tool_choice
+// "required" forced), the extensions (route, reasoning_budget) and errors for bad requests (the client's
+// typed errors with the right status). With TOOL_BASE_URL (a server on the
 // tool-calling test model of tests/infer/test_server.c): the model's call comes back as tool_calls, streamed
 // as a tool_calls delta, and the call with its result is sent back. Exits non-zero on any failure.
 import { createRequire } from "node:module";
@@ -101,6 +102,29 @@ async function main() {
 
   const cmpl = await client.completions.create({ model: "m", prompt: "Start with 4.", max_tokens: 8, temperature: 0 });
   check(cmpl.object === "text_completion" && typeof cmpl.choices[0].text === "string", "completions");
+
+  // logprobs in OpenAI's shapes, as the client types them: chat content entries, streamed and not, and the
+  // legacy completions arrays.
+  const lpBody = { ...body, logprobs: true, top_logprobs: 3 };
+  const lp = await client.chat.completions.create(lpBody);
+  const entries = lp.choices[0].logprobs?.content ?? [];
+  check(entries.length > 0 && entries.every((t) => typeof t.token === "string" && t.logprob <= 0 &&
+        Array.isArray(t.bytes) && t.top_logprobs.length === 3 && t.top_logprobs[0].logprob >= t.logprob),
+        "chat logprobs: token, logprob, bytes and three top_logprobs for every token");
+  check(Buffer.from(entries.flatMap((t) => t.bytes)).toString("utf8") === lp.choices[0].message.content,
+        "the chat logprobs' bytes make the content");
+  const lpEntries = [];
+  for await (const c of await client.chat.completions.create({ ...lpBody, stream: true }))
+    for (const ch of c.choices) lpEntries.push(...(ch.logprobs?.content ?? []));
+  check(JSON.stringify(lpEntries) === JSON.stringify(entries), "streamed chat logprobs joined equal the non-streamed");
+  const cl = await client.completions.create({ model: "m", prompt: "Start with 4.", max_tokens: 8, temperature: 0,
+                                              logprobs: 2 });
+  const L = cl.choices[0].logprobs;
+  check(L && L.tokens.length > 0 && L.token_logprobs.length === L.tokens.length &&
+        L.top_logprobs.length === L.tokens.length && L.text_offset.length === L.tokens.length &&
+        L.tokens.join("") === cl.choices[0].text && L.text_offset[0] === 0 &&
+        L.text_offset.every((o, i) => i === 0 || o === L.text_offset[i - 1] + L.tokens[i - 1].length),
+        `completions logprobs: tokens, token_logprobs, top_logprobs, text_offset (${JSON.stringify(L)})`);
 
   // Tools: offered through the template, a call and its result fed back.
   const tools = [{ type: "function", function: { name: "add", description: "Adds two numbers",

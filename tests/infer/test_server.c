@@ -19,6 +19,7 @@
 #include "core/utf8.h"
 #include "data/chat.h"
 #include "data/tokenizer.h"
+#include "infer/sampler.h"
 #include "infer/server.h"
 #include "tests/common/heads_helpers.h"
 
@@ -220,6 +221,14 @@ Test(server, bad_requests_are_refused) {
         {"{\"messages\": [{\"role\": \"user\", \"role\": \"system\", \"content\": \"hi\"}]}", "messages", 1},
         {"{\"prompt\": \"hi\", \"stream_options\": {\"include_usage\": true, \"include_usage\": false}}",
          "stream_options", 0},
+        // logprobs: chat a boolean with top_logprobs 0..20, completions a count 0..20.
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_logprobs\": 2}", "top_logprobs", 1},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": true, \"top_logprobs\": 21}",
+         "top_logprobs", 1},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": 2}", "logprobs", 1},
+        {"{\"prompt\": \"hi\", \"logprobs\": true}", "logprobs", 0},
+        {"{\"prompt\": \"hi\", \"logprobs\": 21}", "logprobs", 0},
+        {"{\"prompt\": \"hi\", \"logprobs\": 2, \"top_logprobs\": 2}", "top_logprobs", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         ServeRequest r;
@@ -1258,7 +1267,179 @@ Test(server, api_key_from_a_file_or_the_environment, .timeout = 120) {
     helper_fixture_close(&t.fx);
 }
 
-// ---- the answer's text ----
+// ---- logprobs ----
+
+// The JSON array of n ints as text appended to b.
+static void put_ints(StrBuf *b, const int *v, int n) {
+    for (int i = 0; i < n; i++) {
+        if (i)
+            strbuf_puts(b, ", ");
+        strbuf_int(b, v[i]);
+    }
+}
+
+// The sampler's log-probs, the drawn token's and the top k's, are log softmax of the raw logits (temperature
+// 1, no filter) whatever it samples with: each within 1e-6 of a log-softmax recomputed in double, the top k
+// the k largest logits (ties: the lower id) most probable first, the drawn token's entry among them bitwise its
+// own log-prob.
+Test(server, sampler_logprobs_are_the_log_softmax) {
+    enum { V = 1000, K = ER_TOP_LOGPROBS_MAX };
+    static float logits[V];
+    ErRng rng;
+    rng_seed(&rng, 11);
+    for (int i = 0; i < V; i++)
+        logits[i] = i % 97 == 5 ? -INFINITY : (float)(rng_uniform_f64(&rng) * 16 - 8);
+    logits[17] = logits[18] = logits[400] = 9.5f; // ties at the top
+    double m = -INFINITY, sum = 0;
+    for (int i = 0; i < V; i++)
+        m = logits[i] > m ? logits[i] : m;
+    for (int i = 0; i < V; i++)
+        sum += exp((double)logits[i] - m);
+    double lse = m + log(sum);
+    int order[V];
+    for (int i = 0; i < V; i++) // the ids by logit, most probable first, ties by id (insertion sort: stable)
+        for (int j = order[i] = i; j > 0 && logits[order[j]] > logits[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    Sampler s;
+    cr_assert_eq(sampler_init(&s, V), ER_OK);
+    const SamplerParams params[] = {{1, 0, 1, 0}, {0.8f, 20, 0.9f, 0}, {0, 0, 1, 0}, {1.3f, 0, 1, 0.05f}};
+    for (size_t c = 0; c < sizeof params / sizeof *params; c++)
+        for (int draw = 0; draw < 50; draw++) {
+            int tok, ids[K];
+            float lp, tl[K];
+            cr_assert_eq(sampler_sample(&s, &params[c], logits, &rng, &tok, &lp), ER_OK);
+            cr_assert_eq(sampler_top_logprobs(&s, logits, K, ids, tl), ER_OK);
+            cr_expect_leq(fabs(lp - ((double)logits[tok] - lse)), 1e-6, "params %zu: token %d", c, tok);
+            for (int j = 0; j < K; j++) {
+                cr_expect_eq(ids[j], order[j], "params %zu: top %d is %d, expected %d", c, j, ids[j], order[j]);
+                cr_expect_leq(fabs(tl[j] - ((double)logits[ids[j]] - lse)), 1e-6);
+                if (ids[j] == tok)
+                    cr_expect_eq(tl[j], lp, "the drawn token's two log-probs differ");
+            }
+        }
+    int ids[1];
+    float tl[1];
+    cr_expect_eq(sampler_top_logprobs(&s, logits, V + 1, ids, tl), ER_EINVAL);
+    sampler_free(&s);
+}
+
+// The log-probs an ErBatch reports (what the server streams and returns) are the model's own: log softmax
+// of the raw logits, whatever the sampling parameters (here temperature 0.8, top-k 20, top-p 0.9, and a
+// reasoning budget whose forced suffix tokens are not drawn at all). Each drawn token's, and each top-5
+// alternative's at the first steps, equal what `erinfer score` computes over the same tokens to 1e-5 (of the
+// log-prob's size past 1: a forced token 15 nats down differs by 1.6e-5). Score runs a full forward of the
+// sequence where the batch decoded token by token, summing in another order (float32): their logits drift
+// apart with the position, by about 1e-6 of themselves per 10 positions on the random model, so the samples
+// stay short (16 tokens; the log-softmax itself is checked to 1e-6 above). The alternatives come most probable
+// first, the drawn token's entry among them bitwise equal to its own log-prob.
+Test(server, logprobs_are_the_models_log_softmax, .timeout = 120) {
+    HelperFixture fx;
+    helper_fixture_open(&fx, "er_serve_lp_", "erinfer");
+    helper_need_program(fx.prog, "erinfer", "the logprobs test");
+    ErModel *m;
+    ErBatch *b;
+    ErRequest *rq;
+    cr_assert_eq(er_model_load(&m, fx.model), ER_OK, "%s", er_last_error());
+    cr_assert_eq(er_batch_open(&b, m, 4, 256, 0), ER_OK, "%s", er_last_error());
+    ErGenParams p;
+    er_gen_params_init(&p);
+    p.n_samples = 2, p.temperature = 0.8f, p.top_k = 20, p.top_p = 0.9f, p.seed = 7, p.max_new_tokens = 16;
+    p.budget = 4, p.answer_tokens = 12, p.top_logprobs = 5;
+    const char *prompt = "Start with 4. Add 9. What is the result?";
+    cr_assert_eq(er_batch_submit(b, prompt, &p, NULL, NULL, &rq), ER_OK, "%s", er_last_error());
+    while (er_request_status(rq) == 1)
+        cr_assert_geq(er_batch_step(b), 0);
+    cr_assert_eq(er_request_status(rq), ER_OK, "%s", er_last_error());
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, fx.model), ER_OK);
+    int *ids, n_ids;
+    cr_assert_eq(tok_encode(tok, prompt, strlen(prompt), &ids, &n_ids), ER_OK);
+    // One score record per sample (the prompt and all its tokens), then one per alternative at the first
+    // three steps of sample 0 (the prompt, the tokens before the step, the alternative).
+    enum { STEPS = 3 };
+    StrBuf in = {0};
+    const ErSample *x0 = er_request_sample(rq, 0);
+    for (int i = 0; i < 2; i++) {
+        const ErSample *x = er_request_sample(rq, i);
+        cr_assert(x->logprobs && x->top_tokens && x->top_logprobs && x->n_top == 5 && x->n_tokens > STEPS);
+        cr_expect(x->budget_cut, "the budget forced its suffix");
+        strbuf_puts(&in, "{\"tokens\": [");
+        put_ints(&in, ids, n_ids);
+        strbuf_puts(&in, ", ");
+        put_ints(&in, x->tokens, x->n_tokens);
+        strbuf_puts(&in, "]}\n");
+        for (int k = 0; k < x->n_tokens; k++) {
+            const int *top = x->top_tokens + k * 5;
+            const float *tl = x->top_logprobs + k * 5;
+            for (int j = 0; j < 5; j++) {
+                cr_expect(tl[j] <= 0 && (j == 0 || tl[j] <= tl[j - 1]), "step %d: not most probable first", k);
+                if (top[j] == x->tokens[k])
+                    cr_expect_eq(tl[j], x->logprobs[k], "step %d: the drawn token's two log-probs differ", k);
+            }
+            cr_expect_geq(tl[0], x->logprobs[k], "step %d: a token more probable than the top one", k);
+        }
+    }
+    for (int k = 0; k < STEPS; k++)
+        for (int j = 0; j < 5; j++) {
+            strbuf_puts(&in, "{\"tokens\": [");
+            put_ints(&in, ids, n_ids);
+            strbuf_puts(&in, ", ");
+            put_ints(&in, x0->tokens, k);
+            strbuf_puts(&in, k ? ", " : "");
+            strbuf_int(&in, x0->top_tokens[k * 5 + j]);
+            strbuf_puts(&in, "]}\n");
+        }
+    char *inp = path_join(fx.tmp, "score_in.jsonl"), *outp = path_join(fx.tmp, "score_out.jsonl");
+    cr_assert_eq(file_write_atomic(inp, in.p, in.n), ER_OK);
+    CmdResult res = helper_run(fx.tmp, "'%s' score --model '%s' --input '%s' --output '%s' --threads 1", fx.prog,
+                               fx.model, inp, outp);
+    cr_assert_eq(res.status, 0, "erinfer score: %s", res.err);
+    char *text;
+    size_t n;
+    cr_assert_eq(file_read_all(outp, 1 << 24, &text, &n), ER_OK);
+    double worst = 0;
+    int line = 0, checked = 0;
+    for (char *s = strtok(text, "\n"); s; s = strtok(NULL, "\n"), line++) {
+        cJSON *j = cJSON_Parse(s);
+        const cJSON *lps = cJSON_GetObjectItemCaseSensitive(j, "logprobs");
+        cr_assert(cJSON_IsArray(lps), "%s", s);
+        int len = cJSON_GetArraySize(lps); // logprobs[i] = log p(token i + 1 | tokens 0..i)
+        if (line < 2) {
+            const ErSample *x = er_request_sample(rq, line);
+            cr_assert_eq(len, n_ids + x->n_tokens - 1);
+            for (int k = 0; k < x->n_tokens; k++, checked++) {
+                double d = fabs(cJSON_GetArrayItem(lps, n_ids - 1 + k)->valuedouble - x->logprobs[k]);
+                d /= fabs(x->logprobs[k]) > 1 ? fabs(x->logprobs[k]) : 1;
+                worst = d > worst ? d : worst;
+                cr_expect_leq(d, 1e-5, "sample %d token %d: %g from score's %g", line, k, d, x->logprobs[k]);
+            }
+        } else {
+            int k = (line - 2) / 5, jj = (line - 2) % 5;
+            double d = fabs(cJSON_GetArrayItem(lps, len - 1)->valuedouble - x0->top_logprobs[k * 5 + jj]);
+            d /= fabs(x0->top_logprobs[k * 5 + jj]) > 1 ? fabs(x0->top_logprobs[k * 5 + jj]) : 1;
+            worst = d > worst ? d : worst;
+            checked++;
+            cr_expect_leq(d, 1e-5, "step %d alternative %d: %g from the recomputed log-softmax", k, jj, d);
+        }
+        cJSON_Delete(j);
+    }
+    cr_expect_eq(line, 2 + STEPS * 5);
+    fprintf(stderr, "logprobs: %d log-probs within %.2g (relative past 1) of erinfer score's\n", checked, worst);
+    er_free(text);
+    helper_result_free(&res);
+    er_free(inp);
+    er_free(outp);
+    er_free(in.p);
+    er_free(ids);
+    tok_free(tok);
+    er_request_free(rq);
+    er_batch_free(b);
+    er_model_free(m);
+    helper_fixture_close(&fx);
+}
 
 // POSTs body (JSON) to path with curl; the response text (free with free).
 static char *post_path(const TestServer *t, const char *path, const char *body) {
@@ -1273,6 +1454,199 @@ static char *post_path(const TestServer *t, const char *path, const char *body) 
         cr_skip_test("!!!!!! curl is not installed: the erinfer serve logprobs tests are SKIPPED !!!!!!");
     cr_assert_eq(st, 0, "curl failed: %s", out);
     return out;
+}
+
+// The choices of a response, streamed or not, gathered per index: {"text": the content (or completion text),
+// "logprobs": the chat entries, or the completions arrays, joined over the chunks}. A new array.
+static cJSON *gather_choices(const char *out, int stream, int chat) {
+    cJSON *all = cJSON_CreateArray();
+    cJSON *resp = stream ? NULL : cJSON_Parse(out);
+    cr_assert(stream || resp, "%s", out);
+    for (const char *p = out; p;) {
+        cJSON *j = resp;
+        if (stream) {
+            const char *ev = strstr(p, "data: {");
+            if (!ev)
+                break;
+            const char *end = strstr(ev, "\n\n");
+            cr_assert(end);
+            j = cJSON_ParseWithLength(ev + 6, (size_t)(end - ev - 6));
+            p = end;
+        } else {
+            p = NULL;
+        }
+        const cJSON *c;
+        cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(j, "choices")) {
+            int i = cJSON_GetObjectItemCaseSensitive(c, "index")->valueint;
+            while (cJSON_GetArraySize(all) <= i) {
+                cJSON *g = cJSON_CreateObject();
+                cJSON_AddStringToObject(g, "text", "");
+                cJSON *lp = cJSON_AddObjectToObject(g, "logprobs");
+                const char *const keys[] = {"content", "tokens", "token_logprobs", "top_logprobs", "text_offset"};
+                for (int k = chat ? 0 : 1; k < (chat ? 1 : 5); k++)
+                    cJSON_AddArrayToObject(lp, keys[k]);
+                cJSON_AddItemToArray(all, g);
+            }
+            cJSON *g = cJSON_GetArrayItem(all, i);
+            const cJSON *m = cJSON_GetObjectItemCaseSensitive(c, chat ? (stream ? "delta" : "message") : "text");
+            const cJSON *text = chat ? cJSON_GetObjectItemCaseSensitive(m, "content") : m;
+            if (cJSON_IsString(text)) {
+                StrBuf b = {0};
+                strbuf_puts(&b, cJSON_GetObjectItemCaseSensitive(g, "text")->valuestring);
+                strbuf_puts(&b, text->valuestring);
+                cJSON_ReplaceItemInObject(g, "text", cJSON_CreateString(b.p));
+                er_free(b.p);
+            }
+            const cJSON *lp = cJSON_GetObjectItemCaseSensitive(c, "logprobs"), *arr;
+            cJSON_ArrayForEach(arr, lp) {
+                cJSON *into = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(g, "logprobs"),
+                                                               arr->string);
+                const cJSON *e;
+                cJSON_ArrayForEach(e, arr) cJSON_AddItemToArray(into, cJSON_Duplicate(e, 1));
+            }
+        }
+        if (stream)
+            cJSON_Delete(j);
+    }
+    cJSON_Delete(resp);
+    return all;
+}
+
+// The text the raw bytes of the first n chat entries make (converted as the engine converts).
+static char *entries_text(const cJSON *content, int n) {
+    StrBuf raw = {0};
+    strbuf_puts(&raw, "");
+    for (int k = 0; k < n; k++) {
+        const cJSON *b;
+        cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(content, k), "bytes")) {
+            char c = (char)b->valueint;
+            strbuf_put(&raw, &c, 1);
+        }
+    }
+    char *t;
+    size_t tl;
+    cr_assert_eq(tok_text_from_bytes(raw.p, raw.n, &t, &tl), ER_OK);
+    er_free(raw.p);
+    return t;
+}
+
+// A chat choice's logprobs cover exactly the tokens its text shows: the first n entries' bytes make a text
+// that starts with it, the first n - 1 a shorter one (or the last token starts inside the text's last
+// character: its bytes are all continuation bytes); each entry has top alternatives, most probable first.
+static void check_chat_choice(const cJSON *g, int n_top) {
+    const char *text = cJSON_GetObjectItemCaseSensitive(g, "text")->valuestring;
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(g, "logprobs"),
+                                                            "content");
+    int n = cJSON_GetArraySize(content);
+    cr_assert_gt(n, 0);
+    char *all = entries_text(content, n), *less = entries_text(content, n - 1);
+    cr_expect(strncmp(all, text, strlen(text)) == 0, "the tokens' text \"%s\" does not start with \"%s\"", all, text);
+    int inside = 1;
+    const cJSON *b;
+    cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(content, n - 1), "bytes"))
+        inside &= (b->valueint & 0xc0) == 0x80;
+    cr_expect(strlen(less) < strlen(text) || inside, "a token after the text: \"%s\" covers \"%s\"", less, text);
+    er_free(all);
+    er_free(less);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, content) {
+        const cJSON *top = cJSON_GetObjectItemCaseSensitive(e, "top_logprobs");
+        cr_assert(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(e, "token")));
+        cr_expect_leq(cJSON_GetObjectItemCaseSensitive(e, "logprob")->valuedouble, 0);
+        cr_expect_eq(cJSON_GetArraySize(top), n_top);
+        for (int j = 1; j < n_top; j++)
+            cr_expect_leq(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(top, j), "logprob")->valuedouble,
+                          cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(top, j - 1), "logprob")->valuedouble);
+    }
+}
+
+static char *print_json(const cJSON *j) { return cJSON_PrintUnformatted(j); }
+
+// logprobs over HTTP, chat and completions, streamed and not, on the random model (whose bytes are often not
+// UTF-8: the tokens' start in the text is walked through the same conversion): streamed and joined they equal
+// the non-streamed ones; they cover the tokens the text shows (not a final EOS, not past a stop string);
+// completions' text_offset counts code points. Bad values are refused by name.
+Test(server, logprobs_over_http, .timeout = 120) {
+    TestServer t;
+    helper_fixture_open(&t.fx, "er_serve_", "erinfer");
+    helper_need_program(t.fx.prog, "erinfer", "the erinfer serve logprobs tests");
+    char args[700], body[1024];
+    snprintf(args, sizeof args, "--model '%s' --max-tokens 32", t.fx.model);
+    server_launch(&t, args);
+    const char *chat = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 24, \"seed\": 3, "
+                       "\"n\": 2, \"logprobs\": true, \"top_logprobs\": 3";
+    snprintf(body, sizeof body, "%s}", chat);
+    for (int with_stop = 0; with_stop < 2; with_stop++) {
+        char *out = post_path(&t, "/v1/chat/completions", body);
+        cJSON *a = gather_choices(out, 0, 1);
+        free(out);
+        if (with_stop) { // a stop string from the middle of choice 0's text: the logprobs end where it starts
+            const char *text = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(a, 0), "text")->valuestring;
+            size_t at = strlen(text) / 2;
+            while (at > 0 && ((unsigned char)text[at] & 0xc0) == 0x80)
+                at--;
+            char stop[3] = {text[at], (text[at + 1] & 0x80) ? 0 : text[at + 1], 0};
+            cJSON *js = cJSON_CreateString(stop);
+            char *q = print_json(js);
+            snprintf(body, sizeof body, "%s, \"stop\": %s}", chat, q);
+            er_free(q);
+            cJSON_Delete(js);
+            cJSON_Delete(a);
+            out = post_path(&t, "/v1/chat/completions", body);
+            a = gather_choices(out, 0, 1);
+            free(out);
+            cr_expect(strstr(body, "\"stop\""), "%s", body);
+        }
+        char sbody[1100];
+        snprintf(sbody, sizeof sbody, "%.*s, \"stream\": true}", (int)strlen(body) - 1, body);
+        out = post_path(&t, "/v1/chat/completions", sbody);
+        cJSON *s = gather_choices(out, 1, 1);
+        free(out);
+        cr_assert_eq(cJSON_GetArraySize(a), 2);
+        char *pa = print_json(a), *ps = print_json(s);
+        cr_expect_str_eq(ps, pa, "streamed and joined, the choices differ");
+        er_free(pa);
+        er_free(ps);
+        for (int i = 0; i < 2; i++)
+            check_chat_choice(cJSON_GetArrayItem(a, i), 3);
+        cJSON_Delete(a);
+        cJSON_Delete(s);
+    }
+    // Completions: the legacy shape, text_offset in code points of the text.
+    const char *cmpl = "{\"prompt\": \"Hi\", \"max_tokens\": 24, \"seed\": 4, \"logprobs\": 2";
+    char *out = post_path(&t, "/v1/completions", (snprintf(body, sizeof body, "%s}", cmpl), body));
+    cJSON *a = gather_choices(out, 0, 0);
+    free(out);
+    out = post_path(&t, "/v1/completions", (snprintf(body, sizeof body, "%s, \"stream\": true}", cmpl), body));
+    cJSON *s = gather_choices(out, 1, 0);
+    free(out);
+    char *pa = print_json(a), *ps = print_json(s);
+    cr_expect_str_eq(ps, pa, "completions streamed and joined differ");
+    er_free(pa);
+    er_free(ps);
+    const cJSON *g = cJSON_GetArrayItem(a, 0), *lp = cJSON_GetObjectItemCaseSensitive(g, "logprobs");
+    const cJSON *tokens = cJSON_GetObjectItemCaseSensitive(lp, "tokens");
+    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(lp, "text_offset");
+    const cJSON *tops = cJSON_GetObjectItemCaseSensitive(lp, "top_logprobs");
+    int n = cJSON_GetArraySize(tokens);
+    cr_assert_gt(n, 0);
+    cr_expect_eq(cJSON_GetArraySize(offs), n);
+    cr_expect_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(lp, "token_logprobs")), n);
+    const char *text = cJSON_GetObjectItemCaseSensitive(g, "text")->valuestring;
+    long chars = 0, len = (long)strlen(text);
+    for (long i = 0; i < len; i++)
+        chars += ((unsigned char)text[i] & 0xc0) != 0x80;
+    cr_expect_eq(cJSON_GetArrayItem(offs, 0)->valueint, 0);
+    for (int k = 1; k < n; k++)
+        cr_expect_geq(cJSON_GetArrayItem(offs, k)->valueint, cJSON_GetArrayItem(offs, k - 1)->valueint);
+    cr_expect_lt(cJSON_GetArrayItem(offs, n - 1)->valueint, chars, "the last token starts inside the text");
+    for (int k = 0; k < n; k++) { // two alternatives, and the drawn token when it is not one of them
+        int m = cJSON_GetArraySize(cJSON_GetArrayItem(tops, k));
+        cr_expect(m >= 1 && m <= 3, "step %d: %d entries", k, m);
+    }
+    cJSON_Delete(a);
+    cJSON_Delete(s);
+    server_stop(&t);
 }
 
 // The JSON-escaped text of the first "text" field in s from `from` on (its bytes between the quotes, *n of
