@@ -785,6 +785,10 @@ static int serve_open(Server *srv, const ServeFlags *f) {
     ER_TRY(runner_load_model(&spec, &srv->model));
     int kv_int8 = strcmp(g->kv, "int8") == 0, positions = runner_context(g->context, f->max_tokens,
                                                                          er_model_max_positions(srv->model));
+    spec.kv_int8 = kv_int8;
+    char note[1400];
+    if (runner_heads_kv_note(&spec, note, sizeof note))
+        fprintf(stderr, "erinfer serve: warning: %s\n", note);
     int extra = er_model_extra_positions(srv->model);
     ER_TRY(extra);
     if (positions - extra < 2)

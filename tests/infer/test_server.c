@@ -401,6 +401,33 @@ static const cJSON *field(const cJSON *o, const char *k) {
     return v;
 }
 
+// A head fitted on f32 KV features served with --kv int8: the server says so at start, as generate and eval do.
+Test(server, warns_when_a_head_runs_on_another_kv_type, .timeout = 120) {
+    TestServer t;
+    helper_fixture_open(&t.fx, "er_serve_", "erinfer");
+    helper_need_program(t.fx.prog, "erinfer", "the erinfer serve pipeline tests");
+    heads_add_adapter(t.fx.tmp);
+    heads_write_random_heads(t.fx.tmp, "sw", "vf", 0.5f, "\nIs this solution correct?");
+    char sw[512], args[1600], log[600];
+    snprintf(sw, sizeof sw, "%s/sw", t.fx.tmp);
+    TrainedHead h;
+    cr_assert_eq(trained_head_load(&h, sw, HEAD_SWITCHER, NULL), 0, "%s", er_last_error());
+    h.kv = HEAD_KV_F32;
+    cr_assert_eq(trained_head_save(&h, sw), 0, "%s", er_last_error());
+    trained_head_free(&h);
+    snprintf(args, sizeof args, "--model '%s' --adapter '%s/adapter' --switcher '%s' --max-n 2 --max-tokens 16 "
+             "--kv int8", t.fx.model, t.fx.tmp, sw);
+    server_launch(&t, args);
+    snprintf(log, sizeof log, "%s/serve.log", t.fx.tmp);
+    char *text;
+    size_t n;
+    cr_assert_eq(file_read_all(log, 1 << 20, &text, &n), ER_OK);
+    cr_expect(strstr(text, "erinfer serve: warning: the switcher ") &&
+                  strstr(text, "fitted on f32 KV cache features and runs here on int8"), "%s", text);
+    er_free(text);
+    server_stop(&t);
+}
+
 Test(server, pipeline_extension_and_vote_winner_first, .timeout = 120) {
     TestServer t;
     server_start(&t, 0.0f); // every query reasons
