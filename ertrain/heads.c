@@ -165,9 +165,7 @@ static int parse_flags(int argc, char **argv, HeadsFlags *f) {
 // A head's two files (NAME.safetensors and NAME.json, as model/head.c names them), checked before any work:
 // each must be a path that can be written, and no input file.
 static int check_head_out(const char *out, const HeadsConfig *h) {
-    size_t n = strlen(out), sfx = strlen(".safetensors");
-    if (n >= sfx && strcmp(out + n - sfx, ".safetensors") == 0)
-        n -= sfx;
+    size_t n = trained_head_name_len(out); // NAME, NAME.safetensors or NAME.json: the names head_paths writes
     static const char *ext[] = {".safetensors", ".json"};
     for (int i = 0; i < 2; i++) {
         char p[4096];
@@ -223,6 +221,17 @@ static int run_heads(HeadsFlags *f) {
         ER_CHECK(switcher_job(&f->sw, &jobs[n_jobs++]));
     if (f->vf.out)
         ER_CHECK(verifier_job(&f->vf, &jobs[n_jobs++]));
+    // Each head's dir is made before the work (heads_run makes only the run's): a head elsewhere would
+    // otherwise fail at its save, after the collect pass.
+    const char *outs[2] = {f->sw.out, f->vf.out};
+    for (int i = 0; i < 2 && dist_rank() == 0; i++) {
+        char *d = outs[i] ? dir_of(outs[i]) : NULL;
+        if (outs[i] && !d)
+            ER_CHECK(ER_ENOMEM);
+        rc = d ? dir_make(d) : ER_OK;
+        er_free(d);
+        ER_CHECK(rc);
+    }
     f->h.out_dir = out_dir;
     f->h.settings = settings;
     f->h.out = dist_rank() == 0 ? stdout : NULL; // under mpirun rank 0 speaks for the job

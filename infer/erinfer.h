@@ -26,8 +26,8 @@
 // model (a generate call, or a batch request from submission to its end) returns ER_EINVAL, as does a
 // generation starting during a load: load between generations. Opening and freeing sessions and
 // batches may overlap calls on other sessions; er_model_free must follow every other call on the model
-// (its sessions and batches keep it alive). These checks cost one atomic operation per call and catch
-// misuse, they do not queue calls. er_last_error is per thread.
+// (its sessions and batches keep it alive). These checks cost a few atomic operations per call and
+// catch misuse, they do not queue calls. er_last_error is per thread.
 //
 //     ErModel *m;  ErSession *s;
 //     if (er_model_load(&m, "qwen2.5-0.5b-instruct") < 0) puts(er_last_error());
@@ -218,7 +218,8 @@ ER_API int er_model_load_switcher(ErModel *m, const char *path);
 ER_API int er_model_load_verifier(ErModel *m, const char *path);
 // Positions a generate call holds beyond its prompt and max_new_tokens with what is loaded now: the
 // adapter's reasoning prefix and the verifier's prompt (appended to each sample). Size a session's
-// max_tokens as prompt + max_new_tokens + this (plus a response_prefix of your own).
+// max_tokens as prompt + max_new_tokens + this (plus a response_prefix of your own). ER_EINVAL while a
+// load runs on the model.
 ER_API int er_model_extra_positions(const ErModel *m);
 
 enum { ER_ROUTE_DIRECT = 0, ER_ROUTE_REASONING = 1 };
@@ -293,7 +294,8 @@ ER_API const ErSample *er_request_progress(const ErRequest *r, int i);
 // The routed pipeline's side of a done request (as er_result_route); NULL when no pipeline ran.
 ER_API const ErRoute *er_request_route(const ErRequest *r);
 // Frees a request, before or after its batch; one still decoding is stopped first (its rows go back to
-// the batch).
+// the batch). A request still decoding is freed from the thread that steps its batch (or from a callback
+// of that batch): its batch's one-thread rule.
 ER_API void er_request_free(ErRequest *r);
 
 #ifdef __cplusplus

@@ -831,7 +831,11 @@ static void serve_stop_batch(Server *srv) {
 // bounds a client that stops reading its answer.
 static int serve_listen(Server *srv, const ServeFlags *f, struct sockaddr_in *addr) {
     unsigned cap = 4u * (unsigned)(f->queue + f->parallel) + 256;
-    ER_TRY(conn_guard_start(&srv->guard, (int)cap, (int)cap / 4, SERVE_HEADER_S));
+    if (conn_guard_start(&srv->guard, (int)cap, (int)cap / 4, SERVE_HEADER_S) < 0) {
+        serve_stop_batch(srv); // the decode thread runs already: stopped before serve_close frees what it uses
+        conn_guard_stop(&srv->guard);
+        return ER_ENOMEM;
+    }
     struct MHD_Daemon *d = MHD_start_daemon(
         MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL, 0, NULL, NULL, on_request, srv,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,

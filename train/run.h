@@ -25,8 +25,8 @@ typedef enum { RUN_NEW, RUN_RESUME, RUN_ONCE } RunMode;
 int run_dir_check(const char *dir, RunMode mode, FILE *log);
 
 // A run's final outputs (its model or adapter files), written by save(ctx, stage) into a staging dir
-// inside out_dir and moved into out_dir once all are written: a failed write leaves none of them, so the
-// dir never holds half a model next to its run files.
+// inside out_dir and moved into out_dir once all are written: a failed save() leaves none of them, so the
+// dir never holds half a model next to its run files (a rename failing mid-move could, and is reported).
 int run_write_outputs(const char *out_dir, int (*save)(void *ctx, const char *dir), void *ctx);
 
 // Writes dir/run.json atomically.

@@ -43,8 +43,12 @@ Test(heads_cli, bad_inputs_fail_cleanly) {
                                  fx.tmp, args);
         helper_expect_error(&r, args, cases[i].expect);
     }
+    // A head named by its .json file writes NAME.json and NAME.safetensors: config.json of the model is an input.
     CmdResult r = helper_run(fx.tmp, "'%s' heads --model '%s/model' --adapter '%s/adapter' --data '%s' --switcher-out "
-                             "'%s/sw'", fx.prog, fx.tmp, fx.tmp, bad, fx.tmp);
+                             "'%s/model/config.json'", fx.prog, fx.tmp, fx.tmp, data, fx.tmp);
+    helper_expect_error(&r, "--switcher-out MODEL/config.json", "it would be overwritten");
+    r = helper_run(fx.tmp, "'%s' heads --model '%s/model' --adapter '%s/adapter' --data '%s' --switcher-out "
+                   "'%s/sw'", fx.prog, fx.tmp, fx.tmp, bad, fx.tmp);
     cr_assert_eq(r.status, 1);
     cr_assert(strstr(r.err, "needs_reasoning") && strstr(r.err, "no_label.jsonl:1"), "%s", r.err);
     snprintf(bad, sizeof bad, "%s/sw.json", fx.tmp);
@@ -75,6 +79,22 @@ Test(heads_cli, one_class_head_refused_unless_allowed) {
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert(strstr(r.err, "verifier: WARNING: the training rows hold one class"), "%s", r.err);
     cr_assert(path_exists(vf));
+    helper_result_free(&r);
+    er_free(data);
+}
+
+// Two heads in two new dirs: both are made before the work, and both heads are written.
+Test(heads_cli, heads_in_two_new_dirs) {
+    need_ertrain();
+    char *data = heads_make_data(fx.tmp, "train.jsonl", 10, 3), sw[600], vf[600];
+    CmdResult r = helper_run(fx.tmp, "'%s' heads --model '%s/model' --adapter '%s/adapter' --data '%s' --switcher-out "
+                             "'%s/a/sw' --verifier-out '%s/b/c/vf' --samples 2 --max-new 8 --verifier-epochs 2 "
+                             "--switcher-epochs 2 --threads 1 --allow-one-class", fx.prog, fx.tmp, fx.tmp, data, fx.tmp,
+                             fx.tmp);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    snprintf(sw, sizeof sw, "%s/a/sw.json", fx.tmp);
+    snprintf(vf, sizeof vf, "%s/b/c/vf.json", fx.tmp);
+    cr_assert(path_exists(sw) && path_exists(vf), "%s", r.err);
     helper_result_free(&r);
     er_free(data);
 }
