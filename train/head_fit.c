@@ -436,10 +436,14 @@ static int check_classes(const HeadRows *tr, const HeadRows *cal, const HeadRows
 static int held_out_rows(const HeadRows *cal, const HeadRows *rep, HeadRows *va) {
     *va = (HeadRows){.C = cal->C};
     ER_TRY(head_rows_reserve(va, cal->n + rep->n > 0 ? cal->n + rep->n : 1));
-    memcpy(va->x, cal->x, sizeof(float) * (size_t)cal->n * cal->C);
-    memcpy(va->y, cal->y, sizeof(float) * (size_t)cal->n);
-    memcpy(va->x + (size_t)cal->n * cal->C, rep->x, sizeof(float) * (size_t)rep->n * rep->C);
-    memcpy(va->y + cal->n, rep->y, sizeof(float) * (size_t)rep->n);
+    if (cal->n > 0) { // an empty split may hold no buffers (memcpy from NULL is undefined even for 0 bytes)
+        memcpy(va->x, cal->x, sizeof(float) * (size_t)cal->n * cal->C);
+        memcpy(va->y, cal->y, sizeof(float) * (size_t)cal->n);
+    }
+    if (rep->n > 0) {
+        memcpy(va->x + (size_t)cal->n * cal->C, rep->x, sizeof(float) * (size_t)rep->n * rep->C);
+        memcpy(va->y + cal->n, rep->y, sizeof(float) * (size_t)rep->n);
+    }
     va->n = cal->n + rep->n;
     return ER_OK;
 }
