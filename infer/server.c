@@ -181,14 +181,7 @@ static void job_cancel(Server *srv, Job *j) {
 
 // Waits (lock held) up to 100 ms for news on j.
 static void job_wait(Server *srv, Job *j) {
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    t.tv_nsec += 100 * 1000000L;
-    if (t.tv_nsec >= 1000000000L) {
-        t.tv_sec++;
-        t.tv_nsec -= 1000000000L;
-    }
-    pthread_cond_timedwait(&j->cond, &srv->mu, &t);
+    cond_wait_ms(&j->cond, &srv->mu, 100);
     if (!j->done && peer_gone(j->fd)) {
         j->gone = 1;
         job_cancel(srv, j);

@@ -92,18 +92,23 @@ static void guard_log(ConnGuard *g, double now, int force) {
 }
 
 // The watchdog: four times a second, every connection whose headers or body are late is shut down.
+int cond_wait_ms(pthread_cond_t *cond, pthread_mutex_t *mu, long ms) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (ms % 1000) * 1000000L;
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return pthread_cond_timedwait(cond, mu, &t);
+}
+
 static void *guard_main(void *arg) {
     ConnGuard *g = arg;
     pthread_mutex_lock(&g->mu);
     while (!g->stopping) {
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        t.tv_nsec += 250 * 1000000L;
-        if (t.tv_nsec >= 1000000000L) {
-            t.tv_sec++;
-            t.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&g->wake, &g->mu, &t);
+        cond_wait_ms(&g->wake, &g->mu, 250);
         double now = mono_now();
         for (ConnTrack *c = g->head; c; c = c->next)
             if (!c->cut && c->phase != CONN_BUSY && now > c->due) {

@@ -22,6 +22,10 @@ enum {
 
 typedef struct ConnTrack ConnTrack;
 
+// Waits on cond (mu held) until it is signalled or ms milliseconds pass (pthread_cond_timedwait takes an
+// absolute CLOCK_REALTIME time).
+int cond_wait_ms(pthread_cond_t *cond, pthread_mutex_t *mu, long ms);
+
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t wake;         // the watchdog's: the guard stops
