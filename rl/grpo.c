@@ -89,15 +89,12 @@ int grpo_policy_loss(const float *logp, const float *old, const float *ref, cons
     for (int i = 0; i < n_seq; i++)
         tokens += len[i];
     st->tokens = tokens;
-    int n_active = 0;
-    for (int i = 0; i < n_seq; i++)
-        n_active += len[i] > 0;
     double total = 0.0, kl = 0.0;
-    long clipped = 0;
+    long clipped = 0, low = 0, high = 0;
     for (int i = 0; i < n_seq; i++) {
         double w; // the weight of one token's loss in the normalised loss
         switch (c->type) {
-        case LOSS_GRPO: w = len[i] > 0 ? 1.0 / ((double)len[i] * n_active) : 0.0; break;
+        case LOSS_GRPO: w = len[i] > 0 ? 1.0 / ((double)len[i] * n_seq) : 0.0; break;
         case LOSS_BNPO: w = tokens > 0 ? 1.0 / (double)tokens : 0.0; break;
         case LOSS_DR_GRPO: w = 1.0 / ((double)n_seq * c->max_completion_len); break;
         default: w = 1.0 / c->global_tokens; break;
@@ -108,7 +105,7 @@ int grpo_policy_loss(const float *logp, const float *old, const float *ref, cons
             double lo = 1.0 - c->eps, hi = 1.0 + c->eps_high;
             double rc = rho < lo ? lo : rho > hi ? hi : rho;
             // min(rho A, clip(rho) A): the clipped term wins (and stops the gradient) only outside the range.
-            int is_clipped = (A > 0 && rho > hi) || (A < 0 && rho < lo);
+            int is_low = A < 0 && rho < lo, is_high = A > 0 && rho > hi, is_clipped = is_low || is_high;
             double l = -fmin(rho * A, rc * A), g = is_clipped ? 0.0 : -rho * A;
             if (c->beta > 0) {
                 double d = (double)ref[j] - logp[j];
@@ -118,6 +115,8 @@ int grpo_policy_loss(const float *logp, const float *old, const float *ref, cons
                 kl += k3;
             }
             clipped += is_clipped;
+            low += is_low;
+            high += is_high;
             total += w * l;
             dlogp[j] = (float)(w * g);
         }
@@ -125,5 +124,7 @@ int grpo_policy_loss(const float *logp, const float *old, const float *ref, cons
     st->loss = total;
     st->kl = tokens > 0 ? kl / tokens : 0.0;
     st->clip_frac = tokens > 0 ? (double)clipped / tokens : 0.0;
+    st->clip_low = tokens > 0 ? (double)low / tokens : 0.0;
+    st->clip_high = tokens > 0 ? (double)high / tokens : 0.0;
     return ER_OK;
 }

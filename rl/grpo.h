@@ -34,17 +34,21 @@ typedef struct {
 typedef struct {
     double loss;        // normalised as the loss type says
     double kl;          // mean k3 KL per token
-    double clip_frac;   // share of tokens whose ratio was clipped (in the direction that stops the gradient)
+    double clip_frac;   // share of tokens whose ratio was clipped (in the direction that stops the gradient):
+                        // TRL's clip_ratio/region_mean
+    double clip_low;    // of those, rho < 1 - eps with A < 0 (clip_ratio/low_mean)
+    double clip_high;   // rho > 1 + eps_high with A > 0 (clip_ratio/high_mean)
     long tokens;
     double entropy;     // filled by policy_step
 } PolicyLossStats;
 
 // Sequence i owns tokens [off[i], off[i] + len[i]) of logp (current policy), old (at rollout; NULL =
 // the current policy detached, rho = 1, as with one update per rollout batch) and
-// ref (adapter off; may be NULL when beta = 0); adv (n_seq). Per token:
+// ref (the KL reference; may be NULL when beta = 0); adv (n_seq). Per token:
 //   l = -min(rho A, clip(rho, 1-eps, 1+eps_high) A) + beta (exp(ref - logp) - (ref - logp) - 1),
 //   rho = exp(logp - old)
-// then normalised by the loss type: grpo = mean over sequences of per-sequence token means; bnpo = sum /
+// then normalised by the loss type: grpo = mean over sequences of per-sequence token means (a sequence
+// with no tokens in the loss, e.g. a masked truncated one, counts as 0, as TRL's clamp(min=1)); bnpo = sum /
 // tokens in this batch; dr_grpo = sum / (n_seq x max_completion_len); dapo = sum / global_tokens.
 // dlogp (same layout as logp) receives d loss / d logp.
 int grpo_policy_loss(const float *logp, const float *old, const float *ref, const float *adv, const int *off,

@@ -27,6 +27,11 @@
 
 #define MAX_BUDGETS 16
 
+// SHIM until the grading change lands
+#define grade_response(t, a, o, g, u) (*(u) = 0, (void)(o), grade_response((t), (a), (g)))
+#define think_len n_tokens
+static int grade_think_opens(const char *p) { return strstr(p, "<think>") != NULL; }
+
 void grpo_config_default(GrpoConfig *c) {
     memset(c, 0, sizeof *c);
     c->budgets = "64,128,256";
@@ -44,6 +49,10 @@ void grpo_config_default(GrpoConfig *c) {
     c->eps = 0.2;
     c->eps_high = 0.2;
     c->beta = 1e-3;
+    c->kl_ref = KL_REF_INIT;
+    c->reward_timeout = 60;
+    c->eval_every = 10;
+    c->log_completions = 10;
     c->loss_type = LOSS_DAPO;
     c->iterations = 1;
     c->lr = 2e-5;
@@ -82,77 +91,117 @@ int grpo_prompt_text(const GrpoConfig *c, ChatStyle style, const Example *ex, in
     char line[512];
     budget_line(line, sizeof line, c->budget_template, budget);
     ChatMessage msgs[64];
-    int n = chat_set_system(msgs, 64, ex->messages, ex->n_messages, c->budget_in == BUDGET_IN_SYSTEM ? line : NULL);
-    int last_user = -1;
-    for (int i = 0; i < n; i++)
-        if (strcmp(msgs[i].role, "user") == 0)
-            last_user = i;
-    char *user = NULL;
-    if (c->budget_in == BUDGET_IN_USER) {
+    int n = ex->n_messages < 63 ? ex->n_messages : 63;
+    memcpy(msgs, ex->messages, sizeof(ChatMessage) * (size_t)n);
+    char *own = NULL; // the rewritten message (the record's own strings stay untouched)
+    if (c->budget_in == BUDGET_IN_SYSTEM) {
+        if (n > 0 && strcmp(msgs[0].role, "system") == 0) { // the record's system message, then the budget line
+            size_t len = strlen(msgs[0].content) + strlen(line) + 2;
+            if (!(own = er_alloc(len)))
+                return ER_ENOMEM;
+            snprintf(own, len, "%s\n%s", msgs[0].content, line);
+            msgs[0].content = own;
+        } else {
+            memmove(msgs + 1, msgs, sizeof(ChatMessage) * (size_t)n++);
+            msgs[0] = (ChatMessage){"system", line};
+        }
+    } else {
+        int last_user = -1;
+        for (int i = 0; i < n; i++)
+            if (strcmp(msgs[i].role, "user") == 0)
+                last_user = i;
         if (last_user < 0)
             return er_error(ER_EINVAL, "%s:%ld: no user message to state the budget in", c->data_path, ex->line);
         size_t len = strlen(msgs[last_user].content) + strlen(line) + 2;
-        if (!(user = er_alloc(len)))
+        if (!(own = er_alloc(len)))
             return ER_ENOMEM;
-        snprintf(user, len, "%s %s", msgs[last_user].content, line);
-        msgs[last_user].content = user;
+        snprintf(own, len, "%s %s", msgs[last_user].content, line);
+        msgs[last_user].content = own;
     }
     int rc = chat_render(style, msgs, n, CHAT_ADD_GENERATION_PROMPT, text, NULL);
-    er_free(user);
+    er_free(own);
     return rc;
 }
 
+// Reward terms of a sample, logged separately (rewards/<name>/mean): the paper's correct x barrier, the
+// format term, then the external program's terms.
+enum { TERM_BUDGET, TERM_FORMAT, TERM_CMD0, MAX_TERMS = TERM_CMD0 + 8 };
+
 // One prompt's group of rollouts.
 typedef struct {
+    int rec;           // the record (index in d)
     int *prompt;       // prompt tokens then the forced reasoning prefix
     int n_prompt;      // prompt + prefix
     int budget;
+    int mine;          // rolled out on this rank (s holds the samples; the rest is known on every rank)
     GenSample *s;      // (G)
-    float *reward;     // (G)
-    int *len;          // (G) completion tokens (known on every rank; s only on the rank that rolled out)
+    float *reward;     // (G) the total
+    float *terms;      // (G, MAX_TERMS)
+    int *len;          // (G) L (data/grade.h): what the budget bounds
+    int *ntok;         // (G) generated tokens: what the loss reads
+    unsigned char *ok, *unformatted, *truncated; // (G)
     uint32_t hash;     // FNV-1a of the G completions' tokens, in order (metrics: the same rollouts at any N)
     int correct;       // samples graded right
-    float *ref, *old;  // per completion token, rollout_offsets order (NULL when not needed)
+    int flat;          // every reward equal: no learning signal
 } Group;
 
 typedef struct {
     const GrpoConfig *c;
     Model m;
     LoraAdapter ad;
+    LoraAdapter ref;              // --kl-ref init: the adapter the run started from, frozen
     Tokenizer *tok;
     ChatStyle style;
-    Dataset d;
+    Dataset d, eval;
     int budgets[MAX_BUDGETS], n_budgets;
     int *prefix, n_prefix;
+    int think_open;               // the reasoning prefix opens a think block (data/grade.h)
     Engine eng;
     Activations acts;
     AdamW opt;
-    MetricsLog ml;
+    MetricsLog ml, completions;
     TrainState st;
+    int *order;                   // (d.n) the epoch's prompt order: a seeded shuffle of st.epoch
+    long order_epoch;             // the epoch order holds (-1 = none yet)
     int max_new;                  // new tokens of the largest budget
     int seq_len;                  // positions per sequence: --seq-len, or what the longest prompt needs
     float dropout;                // the starting adapter's lora_dropout (kept in the saved adapter)
     char data_fp[48];             // file_fingerprint of --data: a resume refuses a changed file
-    Group *groups;
+    int n_terms;                  // TERM_CMD0 + the external program's terms
+    char term_names[MAX_TERMS][32];
+    double best_eval;             // best eval accuracy so far (-1 = none)
+    double last_eval;             // the latest eval accuracy (-1 = none yet)
+    int max_groups;               // groups a step may draw: --max-draws, or --prompts
+    Group *groups;                // (max_groups)
+    int *sel;                     // (prompts) the groups that take part in the loss
+    float *ref_lp, *old_lp;       // (prompts, G x seq_len) per completion token of the selected groups
     // batch buffers (G rows x seq_len)
     int *tokens, *plen, *clen;
     uint8_t *mask;
-    float *logp, *rewards, *adv;
+    float *logp, *rewards, *adv;  // rewards, adv: (max_groups x G)
 } Grpo;
 
 static void grpo_free(Grpo *g) {
     if (g->groups)
-        for (int i = 0; i < g->c->prompts; i++) {
-            er_free(g->groups[i].prompt);
-            if (g->groups[i].s)
-                gen_samples_free(g->groups[i].s, g->c->group);
-            er_free(g->groups[i].s);
-            er_free(g->groups[i].reward);
-            er_free(g->groups[i].len);
-            er_free(g->groups[i].ref);
-            er_free(g->groups[i].old);
+        for (int i = 0; i < g->max_groups; i++) {
+            Group *gr = &g->groups[i];
+            er_free(gr->prompt);
+            if (gr->s)
+                gen_samples_free(gr->s, g->c->group);
+            er_free(gr->s);
+            er_free(gr->reward);
+            er_free(gr->terms);
+            er_free(gr->len);
+            er_free(gr->ntok);
+            er_free(gr->ok);
+            er_free(gr->unformatted);
+            er_free(gr->truncated);
         }
     er_free(g->groups);
+    er_free(g->sel);
+    er_free(g->ref_lp);
+    er_free(g->old_lp);
+    er_free(g->order);
     er_free(g->tokens);
     er_free(g->plen);
     er_free(g->clen);
@@ -162,12 +211,15 @@ static void grpo_free(Grpo *g) {
     er_free(g->adv);
     er_free(g->prefix);
     metrics_close(&g->ml);
+    metrics_close(&g->completions);
     train_state_free(&g->st);
     adamw_free(&g->opt);
     acts_free(&g->acts);
     engine_free(&g->eng);
     dataset_free(&g->d);
+    dataset_free(&g->eval);
     tok_free(g->tok);
+    lora_free(&g->ref);
     lora_free(&g->ad);
     model_free(&g->m);
 }
@@ -186,69 +238,99 @@ static int encode_prompt(const Grpo *g, const Example *ex, int budget, int **ids
     return rc;
 }
 
-// Every record with every budget it can be drawn with, rendered and encoded before step 1: a record
-// that does not encode or fit fails now, naming its line, not at the step that draws it. Sizes the
-// sequences (--seq-len 0: what the longest prompt and budget need) within the model's positions.
-static int check_prompts(Grpo *g) {
+// Every record of d (read from path) with every budget it can be drawn with, rendered and encoded
+// before step 1: a record that does not encode or fit fails now, naming its line, not at the step that
+// draws it. *need: the positions the longest prompt at its largest budget takes (and where).
+static int check_records(Grpo *g, const Dataset *d, const char *path, long *need, long *need_line, int *need_budget) {
     const GrpoConfig *c = g->c;
-    long need = 0, need_line = 0;
-    int need_budget = 0;
-    g->max_new = 0;
-    for (int i = 0; i < g->d.n; i++) {
-        const Example *ex = &g->d.ex[i];
+    for (int i = 0; i < d->n; i++) {
+        const Example *ex = &d->ex[i];
+        if (!ex->answer)
+            return er_error(ER_EFORMAT, "%s:%ld: record has no gold answer", path, ex->line);
         int nb = ex->budget > 0 ? 1 : g->n_budgets;
         for (int k = 0; k < nb; k++) {
             int budget = ex->budget > 0 ? ex->budget : g->budgets[k], *ids, nid;
             int rc = encode_prompt(g, ex, budget, &ids, &nid);
             if (rc < 0)
-                return er_error_prefix(rc, "%s:%ld", c->data_path, ex->line);
+                return er_error_prefix(rc, "%s:%ld", path, ex->line);
             er_free(ids);
             int max_new = rollout_max_new(c, budget);
             long n = (long)nid + g->n_prefix + max_new;
             if (c->seq_len > 0 && n > c->seq_len)
                 return er_error(ER_ERANGE, "%s:%ld: the prompt (%d tokens) at budget %d needs %ld positions with the "
-                                "prefix and (1+m) x budget + %d answer tokens, more than --seq-len %d", c->data_path,
+                                "prefix and (1+m) x budget + %d answer tokens, more than --seq-len %d", path,
                                 ex->line, nid, budget, n, c->answer_tokens, c->seq_len);
-            if (n > need)
-                need = n, need_line = ex->line, need_budget = budget;
+            if (n > *need)
+                *need = n, *need_line = ex->line, *need_budget = budget;
             g->max_new = max_new > g->max_new ? max_new : g->max_new;
         }
     }
+    return ER_OK;
+}
+
+// The training and eval records checked (check_records); sizes the sequences (--seq-len 0: what the
+// longest prompt and budget need) within the model's positions.
+static int check_prompts(Grpo *g) {
+    const GrpoConfig *c = g->c;
+    long need = 0, need_line = 0;
+    int need_budget = 0;
+    const char *need_path = c->data_path;
+    g->max_new = 0;
+    ER_TRY(check_records(g, &g->d, c->data_path, &need, &need_line, &need_budget));
+    long train_need = need;
+    if (c->eval_data)
+        ER_TRY(check_records(g, &g->eval, c->eval_data, &need, &need_line, &need_budget));
+    if (need > train_need)
+        need_path = c->eval_data;
     g->seq_len = c->seq_len > 0 ? c->seq_len : (int)need;
     if (g->seq_len > g->m.cfg.max_pos)
         return c->seq_len > 0
                    ? er_error(ER_ERANGE, "--seq-len %d exceeds the model's %d positions (max_position_embeddings)",
                               c->seq_len, g->m.cfg.max_pos)
                    : er_error(ER_ERANGE, "%s:%ld: the prompt at budget %d needs %ld positions, more than the "
-                              "model's %d (max_position_embeddings): use smaller --budgets", c->data_path, need_line,
+                              "model's %d (max_position_embeddings): use smaller --budgets", need_path, need_line,
                               need_budget, need, g->m.cfg.max_pos);
     return ER_OK;
 }
 
-static int grpo_setup(Grpo *g) {
-    const GrpoConfig *c = g->c;
-    ER_TRY(parse_budgets(c->budgets, g->budgets, &g->n_budgets));
+// The flags' values that only make sense together, before any file is read.
+static int check_config(const GrpoConfig *c) {
     if (c->group < 2)
         return er_error(ER_EINVAL, "--group must be at least 2 (advantages compare samples of one prompt)");
     if (c->prompts < 1 || c->prompts > 256)
         return er_error(ER_EINVAL, "--prompts must be in 1..256");
+    if (c->max_draws && (c->max_draws < c->prompts || c->max_draws > 4096))
+        return er_error(ER_EINVAL, "--max-draws %d: expected 0 (off) or %d (--prompts) to 4096", c->max_draws,
+                        c->prompts);
     if (!strstr(c->budget_template, "{budget}"))
         return er_error(ER_EINVAL, "--budget-template \"%s\" has no {budget}: the prompts would not state the budget",
                         c->budget_template);
-    const char *in[] = {c->model_dir, c->adapter_dir, c->data_path}, *flag[] = {"--model", "--adapter", "--data"};
-    for (int i = 0; i < 3; i++)
-        ER_TRY(dir_output_not_input(c->out_dir, in[i], flag[i]));
-    ER_TRY(run_dir_check(c->out_dir, c->resume ? RUN_RESUME : RUN_NEW, c->log));
-    ER_TRY(file_fingerprint(c->data_path, g->data_fp, sizeof g->data_fp));
+    if (c->eval_data && c->eval_every < 1)
+        return er_error(ER_EINVAL, "--eval-every must be at least 1 with --eval-data");
+    return ER_OK;
+}
+
+// The model, the adapter (and the KL reference: on resume the copy saved with the run), the tokenizer
+// and the records.
+static int load_inputs(Grpo *g) {
+    const GrpoConfig *c = g->c;
     ER_TRY(model_load(&g->m, c->model_dir, 0));
-    const ModelConfig *mc = &g->m.cfg;
-    LoraShape shape = model_config_lora_shape(mc);
+    LoraShape shape = model_config_lora_shape(&g->m.cfg);
     ER_TRY(peft_load(&g->ad, c->adapter_dir, &shape, 1));
     if (!g->ad.masked)
         return er_error(ER_EINVAL, "%s: GRPO here trains masked adapters (er_mask \"response\")", c->adapter_dir);
+    if (c->kl_ref == KL_REF_INIT && c->beta > 0) {
+        char *saved = path_join(c->out_dir, "checkpoint/reference");
+        if (!saved)
+            return ER_ENOMEM;
+        int rc = peft_load(&g->ref, c->resume && path_is_dir(saved) ? saved : c->adapter_dir, &shape, 0);
+        er_free(saved);
+        ER_TRY(rc);
+        g->ref.dropout = 0;
+    }
     // Dropout is off in GRPO (TRL's disable_dropout): the rollouts come from the runtime, which has
-    // none, and the ratio to the old policy and the KL to the base need the update's log-probs to be
-    // those of the same function that sampled. The adapter is saved with its lora_dropout unchanged.
+    // none, and the ratio to the old policy and the KL to the reference need the update's log-probs to
+    // be those of the same function that sampled. The adapter is saved with its lora_dropout unchanged.
     g->dropout = g->ad.dropout;
     g->ad.dropout = 0;
     ER_TRY(tok_load(&g->tok, c->model_dir));
@@ -256,89 +338,186 @@ static int grpo_setup(Grpo *g) {
     ER_TRY(dataset_load(c->data_path, NULL, 0, &g->d));
     if (g->d.n == 0)
         return er_error(ER_EFORMAT, "%s: no records", c->data_path);
-    for (int i = 0; i < g->d.n; i++)
-        if (!g->d.ex[i].answer)
-            return er_error(ER_EFORMAT, "%s:%ld: record has no gold answer", c->data_path, g->d.ex[i].line);
+    if (c->eval_data) {
+        ER_TRY(dataset_load(c->eval_data, NULL, c->eval_n, &g->eval));
+        if (g->eval.n == 0)
+            return er_error(ER_EFORMAT, "%s: no records", c->eval_data);
+    }
     const char *pre = g->ad.reasoning_prefix ? g->ad.reasoning_prefix : "";
+    g->think_open = grade_think_opens(pre);
     if (pre[0])
         ER_TRY(tok_encode(g->tok, pre, strlen(pre), &g->prefix, &g->n_prefix));
-    ER_TRY(check_prompts(g));
-    ER_TRY(engine_init(&g->eng, &g->m, g->tok, KV_F32, c->group, g->seq_len, 128, 0));
-    ER_TRY(acts_alloc(&g->acts, mc, c->group, g->seq_len, ACTS_TRAIN, er_physical_memory()));
-    ER_TRY(adamw_init(&g->opt, backend_cpu(), g->ad.n_params, c->lr, 0.9, 0.999, 1e-8, c->weight_decay));
-    size_t cells = (size_t)c->group * g->seq_len;
-    g->groups = er_calloc((size_t)c->prompts, sizeof(Group));
+    return ER_OK;
+}
+
+static int alloc_groups(Grpo *g) {
+    const GrpoConfig *c = g->c;
+    int G = c->group;
+    size_t cells = (size_t)G * g->seq_len;
+    g->max_groups = c->max_draws > 0 ? c->max_draws : c->prompts;
+    g->groups = er_calloc((size_t)g->max_groups, sizeof(Group));
+    g->sel = er_alloc(sizeof(int) * (size_t)c->prompts);
+    g->ref_lp = er_alloc(sizeof(float) * cells * (size_t)c->prompts);
+    g->old_lp = er_alloc(sizeof(float) * cells * (size_t)c->prompts);
+    g->order = er_alloc(sizeof(int) * (size_t)g->d.n);
     g->tokens = er_alloc(sizeof(int) * cells);
     g->mask = er_alloc(cells);
-    g->plen = er_alloc(sizeof(int) * (size_t)c->group);
-    g->clen = er_alloc(sizeof(int) * (size_t)c->group);
+    g->plen = er_alloc(sizeof(int) * (size_t)G);
+    g->clen = er_alloc(sizeof(int) * (size_t)G);
     g->logp = er_alloc(sizeof(float) * cells);
-    g->rewards = er_alloc(sizeof(float) * (size_t)c->prompts * c->group);
-    g->adv = er_alloc(sizeof(float) * (size_t)c->prompts * c->group);
-    if (!g->groups || !g->tokens || !g->mask || !g->plen || !g->clen || !g->logp || !g->rewards || !g->adv)
+    g->rewards = er_alloc(sizeof(float) * (size_t)g->max_groups * G);
+    g->adv = er_alloc(sizeof(float) * (size_t)g->max_groups * G);
+    if (!g->groups || !g->sel || !g->ref_lp || !g->old_lp || !g->order || !g->tokens || !g->mask || !g->plen ||
+        !g->clen || !g->logp || !g->rewards || !g->adv)
         return ER_ENOMEM;
-    for (int i = 0; i < c->prompts; i++) {
-        g->groups[i].s = er_calloc((size_t)c->group, sizeof(GenSample));
-        g->groups[i].reward = er_alloc(sizeof(float) * (size_t)c->group);
-        g->groups[i].len = er_alloc(sizeof(int) * (size_t)c->group);
-        g->groups[i].ref = er_alloc(sizeof(float) * cells);
-        g->groups[i].old = er_alloc(sizeof(float) * cells);
-        if (!g->groups[i].s || !g->groups[i].reward || !g->groups[i].len || !g->groups[i].ref || !g->groups[i].old)
+    for (int i = 0; i < g->max_groups; i++) {
+        Group *gr = &g->groups[i];
+        gr->s = er_calloc((size_t)G, sizeof(GenSample));
+        gr->reward = er_alloc(sizeof(float) * (size_t)G);
+        gr->terms = er_alloc(sizeof(float) * (size_t)G * MAX_TERMS);
+        gr->len = er_alloc(sizeof(int) * (size_t)G);
+        gr->ntok = er_alloc(sizeof(int) * (size_t)G);
+        gr->ok = er_alloc((size_t)G);
+        gr->unformatted = er_alloc((size_t)G);
+        gr->truncated = er_alloc((size_t)G);
+        if (!gr->s || !gr->reward || !gr->terms || !gr->len || !gr->ntok || !gr->ok || !gr->unformatted ||
+            !gr->truncated)
             return ER_ENOMEM;
     }
     return ER_OK;
 }
 
-// Draws prompt p of step `step`, renders it with its budget line and rolls out G samples.
-static int rollout(Grpo *g, long step, int p, long *gen_tokens) {
+static int grpo_setup(Grpo *g) {
     const GrpoConfig *c = g->c;
-    Group *gr = &g->groups[p];
-    ErRng r;
-    rng_fork(&r, &g->st.rng, ((uint64_t)step << 16) | (uint64_t)p);
-    const Example *ex = &g->d.ex[rng_below(&r, (uint32_t)g->d.n)];
-    gr->budget = ex->budget > 0 ? ex->budget : g->budgets[rng_below(&r, (uint32_t)g->n_budgets)];
-    int *ids = NULL, nid;
-    int rc = ER_OK;
-    ER_CHECK(encode_prompt(g, ex, gr->budget, &ids, &nid));
-    er_free(gr->prompt);
-    gr->prompt = er_alloc(sizeof(int) * (size_t)(nid + g->n_prefix));
-    if (!gr->prompt)
-        ER_CHECK(ER_ENOMEM);
-    memcpy(gr->prompt, ids, sizeof(int) * (size_t)nid);
-    memcpy(gr->prompt + nid, g->prefix, sizeof(int) * (size_t)g->n_prefix);
-    gr->n_prompt = nid + g->n_prefix;
-
-    GenConfig gc;
-    gen_config_default(&gc);
-    gc.n_samples = c->group;
-    gc.max_new = rollout_max_new(c, gr->budget);
-    gc.sampler.temperature = (float)c->temperature;
-    gc.sampler.top_p = (float)c->top_p;
-    gc.seed = rng_u64(&r);
-    gc.adapter = &g->ad;
-    gc.response_prefix = g->ad.reasoning_prefix;
-    gen_samples_free(gr->s, c->group);
-    GenStats gs;
-    ER_CHECK(engine_generate(&g->eng, ids, nid, &gc, NULL, NULL, gr->s, &gs));
-    *gen_tokens += gs.generated_tokens;
-    gr->correct = 0;
-    for (int i = 0; i < c->group; i++) {
-        int ok = grade_response(gr->s[i].text, gr->s[i].answer_at, ex->answer);
-        ER_CHECK(ok);
-        gr->correct += ok;
-        gr->reward[i] = (float)reward_total(ok, gr->s[i].n_tokens, gr->budget, c->barrier_m, c->barrier_p);
-        gr->len[i] = gr->s[i].n_tokens;
-    }
-    gr->hash = 2166136261u;
-    for (int i = 0; i < c->group; i++)
-        for (int j = 0; j < gr->s[i].n_tokens; j++)
-            gr->hash = (gr->hash ^ (uint32_t)gr->s[i].tokens[j]) * 16777619u;
-done:
-    er_free(ids);
-    return rc;
+    ER_TRY(parse_budgets(c->budgets, g->budgets, &g->n_budgets));
+    ER_TRY(check_config(c));
+    const char *in[] = {c->model_dir, c->adapter_dir, c->data_path, c->eval_data};
+    const char *flag[] = {"--model", "--adapter", "--data", "--eval-data"};
+    for (int i = 0; i < 4; i++)
+        if (in[i])
+            ER_TRY(dir_output_not_input(c->out_dir, in[i], flag[i]));
+    ER_TRY(run_dir_check(c->out_dir, c->resume ? RUN_RESUME : RUN_NEW, c->log));
+    ER_TRY(file_fingerprint(c->data_path, g->data_fp, sizeof g->data_fp));
+    ER_TRY(load_inputs(g));
+    ER_TRY(check_prompts(g));
+    g->n_terms = TERM_CMD0;
+    snprintf(g->term_names[TERM_BUDGET], 32, "budget");
+    snprintf(g->term_names[TERM_FORMAT], 32, "format");
+    g->best_eval = g->last_eval = -1;
+    g->order_epoch = -1;
+    ER_TRY(engine_init(&g->eng, &g->m, g->tok, KV_F32, c->group, g->seq_len, 128, 0));
+    ER_TRY(acts_alloc(&g->acts, &g->m.cfg, c->group, g->seq_len, ACTS_TRAIN, er_physical_memory()));
+    ER_TRY(adamw_init(&g->opt, backend_cpu(), g->ad.n_params, c->lr, 0.9, 0.999, 1e-8, c->weight_decay));
+    return alloc_groups(g);
 }
 
-// Rows of group p as a RolloutBatch: prompt + prefix, then the sample's tokens (adapter on from the prefix).
+// The next record in the epoch's order: a seeded shuffle of every record, drawn without replacement
+// (TRL's sampler), a new shuffle each epoch. Every rank draws the same sequence.
+static int next_record(Grpo *g) {
+    TrainState *st = &g->st;
+    if (st->cursor >= g->d.n) {
+        st->epoch++;
+        st->cursor = 0;
+    }
+    if (g->order_epoch != st->epoch) {
+        ErRng r;
+        rng_fork(&r, &st->rng, (1ULL << 62) | (uint64_t)st->epoch);
+        for (int i = 0; i < g->d.n; i++)
+            g->order[i] = i;
+        for (int i = g->d.n - 1; i > 0; i--) { // Fisher-Yates
+            int k = (int)rng_below(&r, (uint32_t)i + 1), t = g->order[i];
+            g->order[i] = g->order[k];
+            g->order[k] = t;
+        }
+        g->order_epoch = st->epoch;
+    }
+    return g->order[st->cursor++];
+}
+
+// The generation settings of a rollout at `budget`, sample i from stream i of seed.
+static GenConfig rollout_config(const Grpo *g, int budget, double temperature, int n, uint64_t seed) {
+    GenConfig gc;
+    gen_config_default(&gc);
+    gc.n_samples = n;
+    gc.max_new = rollout_max_new(g->c, budget);
+    gc.sampler.temperature = (float)temperature;
+    gc.sampler.top_p = (float)g->c->top_p;
+    gc.seed = seed;
+    gc.adapter = &g->ad;
+    gc.response_prefix = g->ad.reasoning_prefix;
+    return gc;
+}
+
+// Grades sample i of gr against ex and sets its reward terms: the paper's correct x barrier(L, B), the
+// format term (the think block closed and an answer after it).
+static int score_sample(Grpo *g, Group *gr, int i, const Example *ex) {
+    const GrpoConfig *c = g->c;
+    const GenSample *s = &gr->s[i];
+    int unformatted = 0;
+    int ok = grade_response(s->text, s->answer_at, g->think_open, ex->answer, &unformatted);
+    ER_TRY(ok);
+    float *t = gr->terms + (size_t)i * MAX_TERMS;
+    gr->ok[i] = (unsigned char)ok;
+    gr->unformatted[i] = (unsigned char)unformatted;
+    gr->truncated[i] = s->finish == FINISH_LENGTH;
+    gr->len[i] = s->think_len;
+    gr->ntok[i] = s->n_tokens;
+    t[TERM_BUDGET] = (float)reward_total(ok, s->think_len, gr->budget, c->barrier_m, c->barrier_p);
+    t[TERM_FORMAT] = unformatted ? 0.0f : 1.0f;
+    gr->reward[i] = t[TERM_BUDGET] + (float)c->format_weight * t[TERM_FORMAT];
+    return ER_OK;
+}
+
+// Rolls out groups [a, b) of this step: every rank draws their records and budgets (the same on all);
+// this rank decodes its share [lo, hi) and grades it.
+static int rollout_round(Grpo *g, long step, int a, int b, int lo, int hi, long *gen_tokens) {
+    const GrpoConfig *c = g->c;
+    uint64_t seeds[4096];
+    for (int p = a; p < b; p++) {
+        Group *gr = &g->groups[p];
+        ErRng r;
+        rng_fork(&r, &g->st.rng, ((uint64_t)step << 16) | (uint64_t)p);
+        gr->rec = next_record(g);
+        const Example *ex = &g->d.ex[gr->rec];
+        gr->budget = ex->budget > 0 ? ex->budget : g->budgets[rng_below(&r, (uint32_t)g->n_budgets)];
+        seeds[p] = rng_u64(&r);
+        gr->mine = p >= lo && p < hi;
+    }
+    for (int p = lo; p < hi; p++) {
+        Group *gr = &g->groups[p];
+        const Example *ex = &g->d.ex[gr->rec];
+        int *ids = NULL, nid, rc = ER_OK;
+        ER_CHECK(encode_prompt(g, ex, gr->budget, &ids, &nid));
+        er_free(gr->prompt);
+        if (!(gr->prompt = er_alloc(sizeof(int) * (size_t)(nid + g->n_prefix))))
+            ER_CHECK(ER_ENOMEM);
+        memcpy(gr->prompt, ids, sizeof(int) * (size_t)nid);
+        memcpy(gr->prompt + nid, g->prefix, sizeof(int) * (size_t)g->n_prefix);
+        gr->n_prompt = nid + g->n_prefix;
+        GenConfig gc = rollout_config(g, gr->budget, c->temperature, c->group, seeds[p]);
+        gen_samples_free(gr->s, c->group);
+        GenStats gs;
+        ER_CHECK(engine_generate(&g->eng, ids, nid, &gc, NULL, NULL, gr->s, &gs));
+        *gen_tokens += gs.generated_tokens;
+        gr->correct = 0;
+        for (int i = 0; i < c->group; i++) {
+            ER_CHECK(score_sample(g, gr, i, ex));
+            gr->correct += gr->ok[i];
+        }
+        gr->hash = 2166136261u;
+        for (int i = 0; i < c->group; i++)
+            for (int j = 0; j < gr->s[i].n_tokens; j++)
+                gr->hash = (gr->hash ^ (uint32_t)gr->s[i].tokens[j]) * 16777619u;
+    done:
+        er_free(ids);
+        if (rc < 0)
+            return er_error_prefix(rc, "grpo step %ld, %s:%ld", step + 1, c->data_path, ex->line);
+    }
+    return ER_OK;
+}
+
+// Rows of group p as a RolloutBatch: prompt + prefix, then the sample's tokens (adapter on from the
+// prefix). With --mask-truncated a completion cut at the token limit has no tokens in the loss.
 static RolloutBatch group_batch(Grpo *g, int p) {
     const Group *gr = &g->groups[p];
     int G = g->c->group, T = 0;
@@ -355,41 +534,58 @@ static RolloutBatch group_batch(Grpo *g, int p) {
         for (int t = 0; t < T; t++)
             mrow[t] = t >= gr->n_prompt - g->n_prefix && t < used;
         g->plen[i] = gr->n_prompt;
-        g->clen[i] = gr->s[i].n_tokens;
+        g->clen[i] = g->c->mask_truncated && gr->truncated[i] ? 0 : gr->s[i].n_tokens;
     }
     return (RolloutBatch){G, T, g->tokens, g->mask, g->plen, g->clen};
 }
 
-// Under mpirun rank r rolled out groups [lo, hi) (dist_share): every rank gets every group's budget,
-// grades, rewards, lengths and token hashes (and the tokens generated in all), so the advantages, the global
-// token counts and the metrics are the same on every rank. A sum with zeros where a rank has no group.
-static int share_groups(Grpo *g, int lo, int hi, long *gen_tokens) {
-    int P = g->c->prompts, G = g->c->group, per = 3 + 2 * G, n = P * per + 1;
+// Under mpirun rank r rolled out groups [lo, hi) of [a, b) (dist_share): every rank gets every group's
+// record, budget, grades, rewards and their terms, lengths and token hashes (and the tokens generated in all),
+// so the advantages, the global token counts and the metrics are the same on every rank. A sum with zeros
+// where a rank has no group.
+static int share_groups(Grpo *g, int a, int b, int lo, int hi, long *gen_tokens) {
+    int G = g->c->group, T = MAX_TERMS, per = 4 + G * (6 + T), n = (b - a) * per + 1;
     double *v = er_calloc((size_t)n, sizeof(double));
     if (!v)
         return ER_ENOMEM;
     for (int p = lo; p < hi; p++) {
         const Group *gr = &g->groups[p];
-        double *row = v + (size_t)p * per;
+        double *row = v + (size_t)(p - a) * per, *smp = row + 4;
         row[0] = gr->budget;
         row[1] = gr->correct;
-        row[2 + 2 * G] = gr->hash;
-        for (int i = 0; i < G; i++) {
-            row[2 + i] = gr->reward[i]; // a float: exact in a double
-            row[2 + G + i] = gr->len[i];
+        row[2] = gr->hash;
+        row[3] = gr->rec;
+        for (int i = 0; i < G; i++, smp += 6 + T) {
+            smp[0] = gr->reward[i]; // floats and small integers: exact in a double
+            smp[1] = gr->len[i];
+            smp[2] = gr->ntok[i];
+            smp[3] = gr->ok[i];
+            smp[4] = gr->unformatted[i];
+            smp[5] = gr->truncated[i];
+            for (int k = 0; k < T; k++)
+                smp[6 + k] = gr->terms[(size_t)i * T + k];
         }
     }
     v[n - 1] = (double)*gen_tokens;
     int rc = dist_sum_doubles(v, n);
-    for (int p = 0; p < P && rc == ER_OK; p++) {
+    for (int p = a; p < b && rc == ER_OK; p++) {
         Group *gr = &g->groups[p];
-        const double *row = v + (size_t)p * per;
+        const double *row = v + (size_t)(p - a) * per, *smp = row + 4;
         gr->budget = (int)row[0];
         gr->correct = (int)row[1];
-        gr->hash = (uint32_t)row[2 + 2 * G];
-        for (int i = 0; i < G; i++) {
-            gr->reward[i] = (float)row[2 + i];
-            gr->len[i] = (int)row[2 + G + i];
+        gr->hash = (uint32_t)row[2];
+        gr->rec = (int)row[3];
+        gr->flat = 1;
+        for (int i = 0; i < G; i++, smp += 6 + T) {
+            gr->reward[i] = (float)smp[0];
+            gr->len[i] = (int)smp[1];
+            gr->ntok[i] = (int)smp[2];
+            gr->ok[i] = (unsigned char)smp[3];
+            gr->unformatted[i] = (unsigned char)smp[4];
+            gr->truncated[i] = (unsigned char)smp[5];
+            for (int k = 0; k < T; k++)
+                gr->terms[(size_t)i * T + k] = (float)smp[6 + k];
+            gr->flat &= gr->reward[i] == gr->reward[0];
         }
     }
     *gen_tokens = (long)v[n - 1];
@@ -398,148 +594,361 @@ static int share_groups(Grpo *g, int lo, int hi, long *gen_tokens) {
 }
 
 typedef struct {
-    double reward, acc, len, over, clip, kl, entropy, flat, loss, gnorm, lr;
-    double len_by_budget[MAX_BUDGETS];
+    double reward, reward_std, acc, len, over, truncated, unformatted;
+    double term[MAX_TERMS];
+    double clip, clip_low, clip_high, kl, entropy, flat, loss, gnorm, lr;
+    double len_by_budget[MAX_BUDGETS], len_min[MAX_BUDGETS], len_max[MAX_BUDGETS];
     int n_by_budget[MAX_BUDGETS];
+    int drawn, used;               // groups rolled out; groups in the loss
     double rollout_tps, train_tps;
-    uint32_t rollout_hash; // the groups' hashes combined in prompt order
+    uint32_t rollout_hash;         // the groups' hashes combined in draw order
+    int evaluated;                 // the eval fields hold this step's eval
+    double eval_acc, eval_unformatted, eval_len[MAX_BUDGETS], eval_acc_by[MAX_BUDGETS];
+    int eval_n[MAX_BUDGETS];
 } StepMetrics;
 
-static int grpo_step(Grpo *g, long step, StepMetrics *sm) {
+// Draws and rolls out the step's groups: --prompts of them, or with --max-draws (dynamic sampling) more
+// rounds until --prompts groups have a reward spread or --max-draws were drawn. Returns the groups drawn.
+static int draw_groups(Grpo *g, long step, long *gen_tokens, int *drawn) {
     const GrpoConfig *c = g->c;
-    int P = c->prompts, G = c->group;
-    memset(sm, 0, sizeof *sm);
-    double t0 = time_now();
-    long gen_tokens = 0;
-    int lo, hi; // this rank's prompt groups: whole groups, never split
-    dist_share(P, dist_rank(), dist_size(), &lo, &hi);
-    for (int p = lo; p < hi; p++)
-        ER_TRY(rollout(g, step, p, &gen_tokens));
-    ER_TRY(share_groups(g, lo, hi, &gen_tokens));
-    double t1 = time_now();
-    sm->rollout_tps = gen_tokens / (t1 - t0 + 1e-9);
+    int P = c->prompts, n = 0, spread = 0;
+    do {
+        int k = n == 0 ? P : P - spread;
+        if (n + k > g->max_groups)
+            k = g->max_groups - n;
+        int lo, hi; // this rank's share of the round: whole groups, never split
+        dist_share(k, dist_rank(), dist_size(), &lo, &hi);
+        ER_TRY(rollout_round(g, step, n, n + k, n + lo, n + hi, gen_tokens));
+        ER_TRY(share_groups(g, n, n + k, n + lo, n + hi, gen_tokens));
+        for (int p = n; p < n + k; p++)
+            spread += !g->groups[p].flat;
+        n += k;
+    } while (c->max_draws > 0 && spread < P && n < c->max_draws);
+    *drawn = n;
+    return ER_OK;
+}
 
-    // Rewards, advantages, metrics of the rollouts.
-    float *rewards = g->rewards;
-    unsigned char flat[256];
-    long over = 0, n = (long)P * G;
-    for (int p = 0; p < P; p++) {
-        Group *gr = &g->groups[p];
+// The rollout metrics of the groups drawn.
+static void rollout_metrics(const Grpo *g, int drawn, StepMetrics *sm) {
+    int G = g->c->group;
+    long n = (long)drawn * G;
+    for (int b = 0; b < g->n_budgets; b++)
+        sm->len_min[b] = 1e300, sm->len_max[b] = -1;
+    for (int p = 0; p < drawn; p++) {
+        const Group *gr = &g->groups[p];
         int b = 0;
         while (b < g->n_budgets && g->budgets[b] != gr->budget)
             b++;
         for (int i = 0; i < G; i++) {
-            rewards[p * G + i] = gr->reward[i];
             sm->reward += gr->reward[i];
             sm->len += gr->len[i];
-            over += gr->len[i] > gr->budget;
+            sm->over += gr->len[i] > gr->budget;
+            sm->truncated += gr->truncated[i];
+            sm->unformatted += gr->unformatted[i];
+            for (int k = 0; k < g->n_terms; k++)
+                sm->term[k] += gr->terms[(size_t)i * MAX_TERMS + k];
             if (b < g->n_budgets) {
                 sm->len_by_budget[b] += gr->len[i];
+                sm->len_min[b] = fmin(sm->len_min[b], gr->len[i]);
+                sm->len_max[b] = fmax(sm->len_max[b], gr->len[i]);
                 sm->n_by_budget[b]++;
             }
         }
         sm->acc += gr->correct;
+        sm->flat += gr->flat;
         sm->rollout_hash = (sm->rollout_hash ^ gr->hash) * 16777619u;
     }
     sm->reward /= n;
+    for (int p = 0; p < drawn; p++)
+        for (int i = 0; i < G; i++)
+            sm->reward_std += (g->groups[p].reward[i] - sm->reward) * (g->groups[p].reward[i] - sm->reward);
+    sm->reward_std = n > 1 ? sqrt(sm->reward_std / (n - 1)) : 0;
     sm->len /= n;
     sm->acc /= n;
-    sm->over = (double)over / n;
-    int n_flat = grpo_advantages(rewards, P, G, c->scale, g->adv, flat);
-    sm->flat = (double)n_flat / P;
+    sm->over /= n;
+    sm->truncated /= n;
+    sm->unformatted /= n;
+    for (int k = 0; k < g->n_terms; k++)
+        sm->term[k] /= n;
+    sm->flat /= drawn;
+    sm->drawn = drawn;
+}
 
-    // Global completion-token count (dapo) and the groups that take part.
-    long tokens = 0;
+// The groups in the loss: all --prompts drawn (less the flat ones with --drop-flat), or with dynamic
+// sampling the first --prompts with a reward spread. Returns their number; *tokens: their completion
+// tokens in the loss (dapo's global count).
+static int select_groups(Grpo *g, int drawn, long *tokens) {
+    const GrpoConfig *c = g->c;
     int used = 0;
-    for (int p = 0; p < P; p++)
-        if (!(c->drop_flat && flat[p])) {
-            used++;
-            for (int i = 0; i < G; i++)
-                tokens += g->groups[p].len[i];
-        }
-    PolicyLossConfig lc = {c->eps, c->eps_high, c->beta, c->loss_type, g->max_new, (double)(tokens > 0 ? tokens : 1)};
+    *tokens = 0;
+    for (int p = 0; p < drawn && used < c->prompts; p++) {
+        const Group *gr = &g->groups[p];
+        if (gr->flat && (c->drop_flat || c->max_draws > 0))
+            continue;
+        g->sel[used++] = p;
+        for (int i = 0; i < c->group; i++)
+            *tokens += c->mask_truncated && gr->truncated[i] ? 0 : gr->ntok[i];
+    }
+    return used;
+}
+
+// One policy update over the selected groups this rank rolled out, the ranks' gradients summed.
+static int policy_update(Grpo *g, long step, int it, int used, const PolicyLossConfig *lc, long tokens,
+                         StepMetrics *sm, long *train_positions) {
+    const GrpoConfig *c = g->c;
+    int G = c->group;
+    size_t cells = (size_t)G * g->seq_len;
     float inv_t = (float)(1.0 / c->temperature);
+    lora_zero_grad(&g->ad);
+    double sums[7] = {0}; // loss, clipped, low, high, kl, entropy (token sums), positions
+    for (int k = 0; k < used; k++) {
+        Group *gr = &g->groups[g->sel[k]];
+        if (!gr->mine)
+            continue;
+        RolloutBatch rb = group_batch(g, g->sel[k]);
+        float *ref = g->ref_lp + cells * k, *old = g->old_lp + cells * k;
+        if (it == 0 && c->beta > 0)
+            ER_TRY(policy_logprobs(&g->m, c->kl_ref == KL_REF_INIT ? &g->ref : NULL, &g->acts, &rb, inv_t, ref));
+        if (it == 0 && c->iterations > 1)
+            ER_TRY(policy_logprobs(&g->m, &g->ad, &g->acts, &rb, inv_t, old));
+        PolicyLossStats ps;
+        ER_TRY(policy_step(&g->m, &g->ad, &g->acts, &rb, inv_t, c->iterations > 1 ? old : NULL,
+                           c->beta > 0 ? ref : NULL, g->adv + (size_t)g->sel[k] * G, lc, 1, g->logp, &ps));
+        double tk = (double)ps.tokens;
+        double add[7] = {ps.loss, ps.clip_frac * tk, ps.clip_low * tk, ps.clip_high * tk, ps.kl * tk,
+                         ps.entropy * tk, (double)rb.B * rb.T};
+        for (int i = 0; i < 7; i++)
+            sums[i] += add[i];
+    }
+    // The ranks' groups together: the sums of the step, then the gradient.
+    ER_TRY(dist_sum_doubles(sums, 7));
+    *train_positions += (long)sums[6];
+    ER_TRY(dist_sum_floats(g->ad.grads, g->ad.n_params));
+    // grpo, bnpo and dr_grpo normalise within a group: average the groups. dapo used the global count.
+    if (c->loss_type != LOSS_DAPO) {
+        float s = 1.0f / (float)used;
+        for (size_t i = 0; i < g->ad.n_params; i++)
+            g->ad.grads[i] *= s;
+        sums[0] /= used;
+    }
+    ER_TRY(clip_grad_norm(g->opt.be, g->ad.grads, g->ad.n_params, c->clip, &sm->gnorm));
+    if (!isfinite(sm->gnorm))
+        return er_error(ER_ERANGE, "grpo step %ld: the gradient is not finite", step + 1);
+    long warm = c->warmup < 1 ? (long)(c->warmup * c->steps) : (long)c->warmup;
+    sm->lr = lr_schedule(step, warm, c->steps, c->lr, 0.0);
+    ER_TRY(adamw_step(&g->opt, g->ad.params, g->ad.grads, NULL, sm->lr));
+    double per = tokens > 0 ? 1.0 / tokens : 0;
+    sm->loss = sums[0];
+    sm->clip = sums[1] * per, sm->clip_low = sums[2] * per, sm->clip_high = sums[3] * per;
+    sm->kl = sums[4] * per, sm->entropy = sums[5] * per;
+    return ER_OK;
+}
+
+static int grpo_step(Grpo *g, long step, StepMetrics *sm) {
+    const GrpoConfig *c = g->c;
+    memset(sm, 0, sizeof *sm);
+    double t0 = time_now();
+    long gen_tokens = 0;
+    int drawn;
+    ER_TRY(draw_groups(g, step, &gen_tokens, &drawn));
+    sm->rollout_tps = gen_tokens / (time_now() - t0 + 1e-9);
+    rollout_metrics(g, drawn, sm);
+    // Advantages over every group drawn (a batch std sees them all), then the groups that take part.
+    for (int p = 0; p < drawn; p++)
+        memcpy(g->rewards + (size_t)p * c->group, g->groups[p].reward, sizeof(float) * (size_t)c->group);
+    grpo_advantages(g->rewards, drawn, c->group, c->scale, g->adv, NULL);
+    long tokens;
+    int used = select_groups(g, drawn, &tokens);
+    sm->used = used;
+    PolicyLossConfig lc = {c->eps, c->eps_high, c->beta, c->loss_type, g->max_new, (double)(tokens > 0 ? tokens : 1)};
     long train_positions = 0;
     double t2 = time_now();
-    for (int it = 0; it < c->iterations && used > 0; it++) {
-        lora_zero_grad(&g->ad);
-        double loss = 0, clip = 0, kl = 0, ent = 0, positions = 0;
-        for (int p = lo; p < hi; p++) {
-            if (c->drop_flat && flat[p])
-                continue;
-            Group *gr = &g->groups[p];
-            RolloutBatch rb = group_batch(g, p);
-            if (it == 0 && c->beta > 0)
-                ER_TRY(policy_logprobs(&g->m, NULL, &g->acts, &rb, inv_t, gr->ref));
-            if (it == 0 && c->iterations > 1)
-                ER_TRY(policy_logprobs(&g->m, &g->ad, &g->acts, &rb, inv_t, gr->old));
-            PolicyLossStats ps;
-            ER_TRY(policy_step(&g->m, &g->ad, &g->acts, &rb, inv_t, c->iterations > 1 ? gr->old : NULL,
-                               c->beta > 0 ? gr->ref : NULL, g->adv + (size_t)p * G, &lc, 1, g->logp, &ps));
-            loss += ps.loss;
-            clip += ps.clip_frac * ps.tokens;
-            kl += ps.kl * ps.tokens;
-            ent += ps.entropy * ps.tokens;
-            positions += (double)rb.B * rb.T;
-        }
-        // The ranks' groups together: the sums of the step, then the gradient.
-        double sums[5] = {loss, clip, kl, ent, positions};
-        ER_TRY(dist_sum_doubles(sums, 5));
-        loss = sums[0], clip = sums[1], kl = sums[2], ent = sums[3];
-        train_positions += (long)sums[4];
-        ER_TRY(dist_sum_floats(g->ad.grads, g->ad.n_params));
-        // grpo, bnpo and dr_grpo normalise within a group: average the groups. dapo used the global count.
-        if (c->loss_type != LOSS_DAPO) {
-            float s = 1.0f / (float)used;
-            for (size_t i = 0; i < g->ad.n_params; i++)
-                g->ad.grads[i] *= s;
-            loss /= used;
-        }
-        ER_TRY(clip_grad_norm(g->opt.be, g->ad.grads, g->ad.n_params, c->clip, &sm->gnorm));
-        if (!isfinite(sm->gnorm))
-            return er_error(ER_ERANGE, "grpo step %ld: the gradient is not finite", step + 1);
-        long warm = c->warmup < 1 ? (long)(c->warmup * c->steps) : (long)c->warmup;
-        sm->lr = lr_schedule(step, warm, c->steps, c->lr, 0.0);
-        ER_TRY(adamw_step(&g->opt, g->ad.params, g->ad.grads, NULL, sm->lr));
-        sm->loss = loss;
-        sm->clip = tokens > 0 ? clip / tokens : 0;
-        sm->kl = tokens > 0 ? kl / tokens : 0;
-        sm->entropy = tokens > 0 ? ent / tokens : 0;
-    }
+    for (int it = 0; it < c->iterations && used > 0; it++)
+        ER_TRY(policy_update(g, step, it, used, &lc, tokens, sm, &train_positions));
     sm->train_tps = train_positions / (time_now() - t2 + 1e-9);
     return ER_OK;
 }
 
+// A {budget: value} object of the budgets with samples.
+static void add_by_budget(cJSON *j, const char *key, const Grpo *g, const double *v, const int *n, int mean) {
+    cJSON *o = cJSON_AddObjectToObject(j, key);
+    for (int b = 0; b < g->n_budgets; b++)
+        if (n[b]) {
+            char k[16];
+            snprintf(k, sizeof k, "%d", g->budgets[b]);
+            cJSON_AddNumberToObject(o, k, mean ? v[b] / n[b] : v[b]);
+        }
+}
+
+// One metrics.jsonl line: today's fields, TRL's names beside them, the eval on eval steps; the timing
+// fields last.
 static int write_metrics(Grpo *g, long step, const StepMetrics *sm) {
     cJSON *j = cJSON_CreateObject();
     if (!j)
         return ER_ENOMEM;
     cJSON_AddNumberToObject(j, "step", (double)step);
     cJSON_AddNumberToObject(j, "reward", sm->reward);
+    cJSON_AddNumberToObject(j, "reward_std", sm->reward_std);
+    for (int k = 0; k < g->n_terms; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "rewards/%s/mean", g->term_names[k]);
+        cJSON_AddNumberToObject(j, name, sm->term[k]);
+    }
     cJSON_AddNumberToObject(j, "accuracy", sm->acc);
     cJSON_AddNumberToObject(j, "length", sm->len);
-    cJSON *lb = cJSON_AddObjectToObject(j, "length_by_budget");
-    for (int b = 0; b < g->n_budgets; b++)
-        if (sm->n_by_budget[b]) {
-            char k[16];
-            snprintf(k, sizeof k, "%d", g->budgets[b]);
-            cJSON_AddNumberToObject(lb, k, sm->len_by_budget[b] / sm->n_by_budget[b]);
-        }
+    add_by_budget(j, "length_by_budget", g, sm->len_by_budget, sm->n_by_budget, 1);
+    add_by_budget(j, "length_min_by_budget", g, sm->len_min, sm->n_by_budget, 0);
+    add_by_budget(j, "length_max_by_budget", g, sm->len_max, sm->n_by_budget, 0);
     cJSON_AddNumberToObject(j, "over_budget", sm->over);
+    cJSON_AddNumberToObject(j, "truncated", sm->truncated);
+    cJSON_AddNumberToObject(j, "unformatted", sm->unformatted);
     cJSON_AddNumberToObject(j, "rollout_hash", sm->rollout_hash);
+    cJSON_AddNumberToObject(j, "prompts_drawn", sm->drawn);
+    cJSON_AddNumberToObject(j, "groups_in_loss", sm->used);
     cJSON_AddNumberToObject(j, "loss", sm->loss);
     cJSON_AddNumberToObject(j, "clip_fraction", sm->clip);
+    cJSON_AddNumberToObject(j, "clip_ratio/low_mean", sm->clip_low);
+    cJSON_AddNumberToObject(j, "clip_ratio/high_mean", sm->clip_high);
+    cJSON_AddNumberToObject(j, "clip_ratio/region_mean", sm->clip);
     cJSON_AddNumberToObject(j, "kl", sm->kl);
     cJSON_AddNumberToObject(j, "entropy", sm->entropy);
     cJSON_AddNumberToObject(j, "flat_groups", sm->flat);
     cJSON_AddNumberToObject(j, "grad_norm", sm->gnorm);
     cJSON_AddNumberToObject(j, "lr", sm->lr);
+    if (sm->evaluated) {
+        cJSON_AddNumberToObject(j, "eval_accuracy", sm->eval_acc);
+        cJSON_AddNumberToObject(j, "eval_unformatted", sm->eval_unformatted);
+        add_by_budget(j, "eval_accuracy_by_budget", g, sm->eval_acc_by, sm->eval_n, 1);
+        add_by_budget(j, "eval_length_by_budget", g, sm->eval_len, sm->eval_n, 1);
+    }
     cJSON_AddNumberToObject(j, "rollout_tokens_per_s", sm->rollout_tps);
     cJSON_AddNumberToObject(j, "train_tokens_per_s", sm->train_tps);
     cJSON_AddNumberToObject(j, "allreduce_s", round(dist_reduce_seconds() * 1000) / 1000); // as sft's
     int rc = metrics_write(&g->ml, j);
     cJSON_Delete(j);
     return rc;
+}
+
+// A few of rank 0's completions of the step (the first sample of each of its first groups) with their
+// reward terms, to completions.jsonl.
+static int write_completions(Grpo *g, long step) {
+    for (int p = 0, n = 0; p < g->c->prompts && n < 4; p++) {
+        const Group *gr = &g->groups[p];
+        if (!gr->mine)
+            continue;
+        n++;
+        cJSON *j = cJSON_CreateObject();
+        if (!j)
+            return ER_ENOMEM;
+        const Example *ex = &g->d.ex[gr->rec];
+        cJSON_AddNumberToObject(j, "step", (double)step);
+        cJSON_AddNumberToObject(j, "record_line", (double)ex->line);
+        cJSON_AddNumberToObject(j, "budget", gr->budget);
+        cJSON_AddStringToObject(j, "prompt", ex->prompt ? ex->prompt : "");
+        cJSON_AddStringToObject(j, "completion", gr->s[0].text ? gr->s[0].text : "");
+        cJSON_AddStringToObject(j, "answer", ex->answer);
+        cJSON_AddNumberToObject(j, "length", gr->len[0]);
+        cJSON_AddNumberToObject(j, "tokens", gr->ntok[0]);
+        cJSON_AddBoolToObject(j, "correct", gr->ok[0]);
+        cJSON_AddBoolToObject(j, "unformatted", gr->unformatted[0]);
+        cJSON_AddBoolToObject(j, "truncated", gr->truncated[0]);
+        cJSON_AddNumberToObject(j, "reward", gr->reward[0]);
+        cJSON *t = cJSON_AddObjectToObject(j, "rewards");
+        for (int k = 0; k < g->n_terms; k++)
+            cJSON_AddNumberToObject(t, g->term_names[k], gr->terms[k]);
+        int rc = metrics_write(&g->completions, j);
+        cJSON_Delete(j);
+        ER_TRY(rc);
+    }
+    return ER_OK;
+}
+
+// Greedy decoding of the eval records at every budget they can be drawn with (the record's own, or each
+// of --budgets): accuracy, unformatted share and mean L per budget. The records are shared across ranks.
+static int grpo_eval(Grpo *g, StepMetrics *sm) {
+    const GrpoConfig *c = g->c;
+    int lo, hi, nb = g->n_budgets, per = 4 * nb;
+    dist_share(g->eval.n, dist_rank(), dist_size(), &lo, &hi);
+    double v[4 * MAX_BUDGETS] = {0}; // per budget: samples, correct, unformatted, sum of L
+    for (int i = lo; i < hi; i++) {
+        const Example *ex = &g->eval.ex[i];
+        for (int k = 0; k < (ex->budget > 0 ? 1 : nb); k++) {
+            int budget = ex->budget > 0 ? ex->budget : g->budgets[k], b = 0, *ids, nid, unformatted = 0;
+            while (b < nb && g->budgets[b] != budget)
+                b++;
+            ER_TRY(encode_prompt(g, ex, budget, &ids, &nid));
+            GenConfig gc = rollout_config(g, budget, 0.0, 1, 0);
+            GenSample s = {0};
+            GenStats gs;
+            int rc = engine_generate(&g->eng, ids, nid, &gc, NULL, NULL, &s, &gs);
+            er_free(ids);
+            int ok = rc < 0 ? rc : grade_response(s.text, s.answer_at, g->think_open, ex->answer, &unformatted);
+            int L = s.think_len;
+            gen_samples_free(&s, 1);
+            if (ok < 0)
+                return er_error_prefix(ok, "eval, %s:%ld", c->eval_data, ex->line);
+            if (b < nb) {
+                v[4 * b] += 1, v[4 * b + 1] += ok, v[4 * b + 2] += unformatted, v[4 * b + 3] += L;
+            }
+        }
+    }
+    ER_TRY(dist_sum_doubles(v, per));
+    double n = 0, ok = 0, unf = 0;
+    for (int b = 0; b < nb; b++) {
+        sm->eval_n[b] = (int)v[4 * b];
+        sm->eval_acc_by[b] = v[4 * b + 1];
+        sm->eval_len[b] = v[4 * b + 3];
+        n += v[4 * b], ok += v[4 * b + 1], unf += v[4 * b + 2];
+    }
+    sm->evaluated = 1;
+    sm->eval_acc = n > 0 ? ok / n : 0;
+    sm->eval_unformatted = n > 0 ? unf / n : 0;
+    return ER_OK;
+}
+
+// The adapter of the best eval accuracy so far, in OUT/best (with best/eval.json: its step and accuracy);
+// each file replaced as a whole.
+static int save_best(Grpo *g, long step, double acc) {
+    char *dir = path_join(g->c->out_dir, "best"), *stage = NULL, *json = NULL;
+    cJSON *j = cJSON_CreateObject();
+    int rc = ER_OK;
+    if (!dir || !j)
+        ER_CHECK(ER_ENOMEM);
+    ER_CHECK(dir_stage_open(dir, &stage));
+    g->ad.dropout = g->dropout; // saved as it came
+    rc = peft_save(&g->ad, stage);
+    g->ad.dropout = 0;
+    ER_CHECK(rc);
+    cJSON_AddNumberToObject(j, "step", (double)step);
+    cJSON_AddNumberToObject(j, "eval_accuracy", acc);
+    if (!(json = path_join(stage, "eval.json")))
+        ER_CHECK(ER_ENOMEM);
+    ER_CHECK(json_write_file(json, j));
+    rc = dir_stage_move_into(stage, dir);
+    stage = NULL;
+done:
+    dir_stage_abort(stage);
+    cJSON_Delete(j);
+    er_free(json);
+    er_free(dir);
+    return rc;
+}
+
+// The best eval accuracy a resumed run had reached (best/eval.json), or -1.
+static double load_best(const Grpo *g) {
+    char *p = path_join(g->c->out_dir, "best/eval.json"), *text = NULL;
+    size_t n;
+    double acc = -1;
+    if (p && path_exists(p) && file_read_all(p, 1 << 16, &text, &n) == ER_OK) {
+        cJSON *j = cJSON_Parse(text);
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "eval_accuracy");
+        if (cJSON_IsNumber(a))
+            acc = a->valuedouble;
+        cJSON_Delete(j);
+    }
+    er_free(text);
+    er_free(p);
+    return acc;
 }
 
 static cJSON *config_json(const Grpo *g) {
@@ -566,9 +975,15 @@ static cJSON *config_json(const Grpo *g) {
     cJSON_AddNumberToObject(j, "answer_tokens", c->answer_tokens);
     cJSON_AddNumberToObject(j, "scale_rewards", c->scale);
     cJSON_AddBoolToObject(j, "drop_flat", c->drop_flat);
+    cJSON_AddNumberToObject(j, "max_draws", c->max_draws);
+    cJSON_AddBoolToObject(j, "mask_truncated", c->mask_truncated);
+    cJSON_AddNumberToObject(j, "format_weight", c->format_weight);
+    if (c->reward_cmd)
+        cJSON_AddStringToObject(j, "reward_cmd", c->reward_cmd);
     cJSON_AddNumberToObject(j, "epsilon", c->eps);
     cJSON_AddNumberToObject(j, "epsilon_high", c->eps_high);
     cJSON_AddNumberToObject(j, "beta", c->beta);
+    cJSON_AddStringToObject(j, "kl_ref", c->kl_ref == KL_REF_INIT ? "init" : "base");
     cJSON_AddNumberToObject(j, "loss_type", c->loss_type);
     cJSON_AddNumberToObject(j, "iterations", c->iterations);
     cJSON_AddNumberToObject(j, "lr", c->lr);
@@ -577,6 +992,11 @@ static cJSON *config_json(const Grpo *g) {
     cJSON_AddNumberToObject(j, "weight_decay", c->weight_decay);
     cJSON_AddNumberToObject(j, "seq_len", g->seq_len);
     cJSON_AddNumberToObject(j, "adapter_dropout", g->dropout);
+    if (c->eval_data) {
+        run_add_path(j, "eval_data", c->eval_data);
+        cJSON_AddNumberToObject(j, "eval_every", c->eval_every);
+        cJSON_AddNumberToObject(j, "eval_n", c->eval_n);
+    }
     cJSON_AddNumberToObject(j, "seed", c->seed);
     cJSON_AddNumberToObject(j, "threads", threads_get());
     cJSON_AddNumberToObject(j, "ranks", dist_size());
@@ -584,7 +1004,8 @@ static cJSON *config_json(const Grpo *g) {
 }
 
 // Continues the run in --out from its checkpoint (*start: the step it was at), or starts one there;
-// writes run.json and opens metrics.jsonl.
+// writes run.json, the KL reference (checkpoint/reference: a resume reads it back) and opens
+// metrics.jsonl and completions.jsonl.
 static int grpo_start(Grpo *g, const char *ckpt, long *start) {
     const GrpoConfig *c = g->c;
     *start = 0;
@@ -604,8 +1025,11 @@ static int grpo_start(Grpo *g, const char *ckpt, long *start) {
             return er_error(ER_EINVAL, "%s: checkpoint at step %ld is past the %d steps asked for (a run can be "
                             "extended, not shortened)", ckpt, g->st.step, c->steps);
         *start = g->st.step;
+        g->best_eval = load_best(g);
     } else {
         rng_seed(&g->st.rng, (uint64_t)c->seed);
+        g->st.cursor = g->d.n; // the first draw starts epoch 0
+        g->st.epoch = -1;
         if (!(g->st.config = config_json(g)))
             return ER_ENOMEM;
     }
@@ -613,7 +1037,18 @@ static int grpo_start(Grpo *g, const char *ckpt, long *start) {
         return ER_OK;
     ER_TRY(dir_make(c->out_dir));
     ER_TRY(run_write_json(c->out_dir, g->st.config));
-    return metrics_open(&g->ml, c->out_dir, resume, *start);
+    if (!resume && c->kl_ref == KL_REF_INIT && c->beta > 0) {
+        char *ref = path_join(ckpt, "reference"), *stage = NULL;
+        int rc = ref ? dir_make(ckpt) : ER_ENOMEM;
+        if (rc == ER_OK && (rc = dir_stage_open(ref, &stage)) == ER_OK && (rc = peft_save(&g->ref, stage)) == ER_OK)
+            rc = dir_stage_commit(stage, ref), stage = NULL;
+        dir_stage_abort(stage);
+        er_free(ref);
+        ER_TRY(rc);
+    }
+    ER_TRY(metrics_open(&g->ml, c->out_dir, "metrics.jsonl", resume, *start));
+    return c->log_completions > 0 ? metrics_open(&g->completions, c->out_dir, "completions.jsonl", resume, *start)
+                                  : ER_OK;
 }
 
 static int save_adapter(void *ctx, const char *dir) { return peft_save((const LoraAdapter *)ctx, dir); }
@@ -623,6 +1058,26 @@ static int grpo_save_checkpoint(Grpo *g, const char *ckpt) {
     ER_TRY(dist_check_same(g->ad.params, sizeof(float) * g->ad.n_params, "adapter parameters"));
     ER_TRY(dist_check_same(g->opt.m, sizeof(float) * g->ad.n_params, "AdamW moments"));
     return dist_rank() == 0 ? checkpoint_save(ckpt, &g->st, g->ad.params, g->ad.n_params, &g->opt) : ER_OK;
+}
+
+// After step s: the eval (every --eval-every steps and at the last), the best adapter, the logs.
+static int after_step(Grpo *g, long s, StepMetrics *sm) {
+    const GrpoConfig *c = g->c;
+    if (c->eval_data && ((s + 1) % c->eval_every == 0 || s + 1 == c->steps)) {
+        ER_TRY(grpo_eval(g, sm));
+        g->last_eval = sm->eval_acc;
+        if (sm->eval_acc > g->best_eval) {
+            g->best_eval = sm->eval_acc;
+            if (dist_rank() == 0)
+                ER_TRY(save_best(g, s + 1, sm->eval_acc));
+        }
+    }
+    if (dist_rank() != 0)
+        return ER_OK;
+    ER_TRY(write_metrics(g, s + 1, sm));
+    if (c->log_completions > 0 && ((s + 1) % c->log_completions == 0 || s == 0))
+        ER_TRY(write_completions(g, s + 1));
+    return ER_OK;
 }
 
 int grpo_train(const GrpoConfig *c, GrpoResult *res) {
@@ -642,8 +1097,7 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
     for (long s = start; s < c->steps; s++) {
         StepMetrics sm;
         ER_CHECK(grpo_step(&g, s, &sm));
-        if (dist_rank() == 0)
-            ER_CHECK(write_metrics(&g, s + 1, &sm));
+        ER_CHECK(after_step(&g, s, &sm));
         if (s == start) {
             res->first_reward = sm.reward;
             res->first_length = sm.len;
@@ -656,8 +1110,13 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
             ER_CHECK(grpo_save_checkpoint(&g, ckpt));
         if (c->stop_after > 0 && s + 1 == c->stop_after) // the test hook: as if killed here
             break;
-        char extra[160];
-        snprintf(extra, sizeof extra, "reward %.3f acc %.2f len %.1f kl %.4f", sm.reward, sm.acc, sm.len, sm.kl);
+        char extra[200];
+        int k = snprintf(extra, sizeof extra, "reward %.3f acc %.2f len %.1f kl %.4f", sm.reward, sm.acc, sm.len,
+                         sm.kl);
+        if (c->max_draws > 0)
+            k += snprintf(extra + k, sizeof extra - (size_t)k, " drawn %d", sm.drawn);
+        if (g.last_eval >= 0)
+            snprintf(extra + k, sizeof extra - (size_t)k, " eval %.2f", g.last_eval);
         progress_update(&prog, s + 1, extra);
     }
     progress_end(&prog, NULL);

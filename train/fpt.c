@@ -802,7 +802,7 @@ static int fpt_run_init(FptRun *r) {
             return ER_ENOMEM;
         if (c->resume && checkpoint_exists(r->ckdir))
             ER_TRY(fpt_run_resume(r));
-        ER_TRY(metrics_open(&r->ml, c->dir, c->resume, r->st.step));
+        ER_TRY(metrics_open(&r->ml, c->dir, "metrics.jsonl", c->resume, r->st.step));
     }
     return ER_OK;
 }

@@ -316,7 +316,7 @@ int heads_run(const HeadsConfig *c, HeadJob *jobs, int n_jobs, HeadsResult *res)
     if (dist_rank() != 0) // the rows are every rank's now: rank 0 fits, calibrates and writes
         goto done;
     ER_CHECK(dir_make(c->out_dir));
-    ER_CHECK(metrics_open(&ml, c->out_dir, 0, 0));
+    ER_CHECK(metrics_open(&ml, c->out_dir, "metrics.jsonl", 0, 0));
     if (!(results = cJSON_CreateObject()))
         ER_CHECK(ER_ENOMEM);
     for (int j = 0; j < n_jobs; j++)

@@ -32,6 +32,7 @@ static int dir_is_empty(const char *dir) {
 // dir holding nothing else and no checkpoint is a run stopped before that checkpoint, and starts afresh.
 static int is_stopped_run_entry(const char *name) {
     return strcmp(name, "run.json") == 0 || strcmp(name, "metrics.jsonl") == 0 || strcmp(name, "checkpoint") == 0 ||
+           strcmp(name, "completions.jsonl") == 0 || strcmp(name, "best") == 0 ||
            strstr(name, ".tmp.") || strstr(name, ".tmp-");
 }
 
@@ -234,9 +235,9 @@ done:
     return rc;
 }
 
-int metrics_open(MetricsLog *ml, const char *dir, int resume, long keep_step) {
+int metrics_open(MetricsLog *ml, const char *dir, const char *name, int resume, long keep_step) {
     memset(ml, 0, sizeof *ml);
-    ml->path = path_join(dir, "metrics.jsonl");
+    ml->path = path_join(dir, name);
     int rc = ER_OK;
     if (!ml->path)
         ER_CHECK(ER_ENOMEM);

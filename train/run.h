@@ -60,11 +60,11 @@ typedef struct {
     char *path;
 } MetricsLog;
 
-// Opens dir/metrics.jsonl. A resumed run keeps the lines of steps <= keep_step (those a run killed
+// Opens dir/name (metrics.jsonl, or another per-step log such as completions.jsonl). A resumed run keeps the lines of steps <= keep_step (those a run killed
 // after its checkpoint wrote past it are dropped, so the file reads as if never interrupted), less an
 // end-of-run line ("stage": "eval") at keep_step, which a finished run writes after its last checkpoint and
 // its resume writes again; a new run starts it empty.
-int metrics_open(MetricsLog *ml, const char *dir, int resume, long keep_step);
+int metrics_open(MetricsLog *ml, const char *dir, const char *name, int resume, long keep_step);
 // Appends `line` (one JSON object, printed unformatted) and flushes.
 int metrics_write(MetricsLog *ml, const cJSON *line);
 void metrics_close(MetricsLog *ml);

@@ -654,7 +654,7 @@ static int trainer_start(Trainer *t) {
     if (dist_rank() != 0) // rank 0 alone writes the run dir
         return ER_OK;
     ER_TRY(dir_make(c->out_dir));
-    ER_TRY(metrics_open(&t->ml, c->out_dir, resume, t->st.step));
+    ER_TRY(metrics_open(&t->ml, c->out_dir, "metrics.jsonl", resume, t->st.step));
     if (!t->complete)
         ER_TRY(write_run_json(t, NULL));
     return ER_OK;

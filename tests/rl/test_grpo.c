@@ -191,8 +191,9 @@ Test(grpo, policy_gradient_into_adapter) {
     model_free(&m);
 }
 
-// The budget statement goes into its own system message (replacing the record's) or ends the last
-// user message; a record with no user message to carry it is refused.
+// The budget statement ends the record's own system message (kept: a record's instructions are part of
+// its prompt), is a system message of its own when the record has none, or ends the last user message; a
+// record with no user message to carry it is refused.
 Test(grpo, budget_statement_placement) {
     GrpoConfig c;
     grpo_config_default(&c);
@@ -201,6 +202,11 @@ Test(grpo, budget_statement_placement) {
     Example ex = {.messages = with_sys, .n_messages = 2, .line = 3};
     char *text;
     cr_assert_eq(grpo_prompt_text(&c, CHAT_CHATML, &ex, 64, &text), ER_OK);
+    cr_expect_str_eq(text, "<|im_start|>system\nBe brief.\nThink for at most 64 tokens.<|im_end|>\n"
+                           "<|im_start|>user\nStart with 4. Add 2.<|im_end|>\n<|im_start|>assistant\n");
+    er_free(text);
+    Example no_sys = {.messages = with_sys + 1, .n_messages = 1, .line = 4};
+    cr_assert_eq(grpo_prompt_text(&c, CHAT_CHATML, &no_sys, 64, &text), ER_OK);
     cr_expect_str_eq(text, "<|im_start|>system\nThink for at most 64 tokens.<|im_end|>\n"
                            "<|im_start|>user\nStart with 4. Add 2.<|im_end|>\n<|im_start|>assistant\n");
     er_free(text);

@@ -102,10 +102,12 @@ Test(grpo_run, resume_equals_uninterrupted, .init = make_inputs, .fini = remove_
     GrpoConfig c;
     GrpoResult res;
     config(&c, out_a, sizeof out_a, "a", paths);
+    c.eval_data = data, c.eval_every = 3, c.eval_n = 2, c.log_completions = 1; // resumed with the run
     cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
     cr_assert_eq(res.steps, 4);
 
     config(&c, out_b, sizeof out_b, "b", paths);
+    c.eval_data = data, c.eval_every = 3, c.eval_n = 2, c.log_completions = 1;
     c.stop_after = 2;
     c.save_every = 1;
     cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
@@ -124,6 +126,15 @@ Test(grpo_run, resume_equals_uninterrupted, .init = make_inputs, .fini = remove_
     cr_assert(strstr(ma, "\"step\":4"), "four steps logged");
     free(ma);
     free(mb);
+    char pa[300], pb[300], *ca, *cb;
+    size_t na, nb;
+    snprintf(pa, sizeof pa, "%s/completions.jsonl", out_a);
+    snprintf(pb, sizeof pb, "%s/completions.jsonl", out_b);
+    cr_assert_eq(file_read_all(pa, 1 << 20, &ca, &na), 0);
+    cr_assert_eq(file_read_all(pb, 1 << 20, &cb, &nb), 0);
+    cr_assert_str_eq(cb, ca, "resumed completions.jsonl differs from the uninterrupted run's");
+    free(ca);
+    free(cb);
     LoraAdapter x, y;
     Model m;
     cr_assert_eq(model_load(&m, base, 0), 0);
@@ -245,4 +256,197 @@ Test(grpo_run, inputs_checked_before_step_one, .init = make_inputs, .fini = remo
     c.steps = 2;
     cr_assert(grpo_train(&c, &res) < 0, "shortening a run must be refused");
     cr_assert(strstr(er_last_error(), "extended, not shortened"), "%s", er_last_error());
+}
+
+// The lines of dir/name, parsed (NULL-terminated array; free with free_lines).
+static cJSON **read_lines(const char *dir, const char *name, int *n) {
+    char *p = path_join(dir, name), *text;
+    size_t len;
+    cr_assert_eq(file_read_all(p, 1 << 24, &text, &len), 0, "%s: %s", p, er_last_error());
+    free(p);
+    cJSON **lines = calloc(4096, sizeof(cJSON *));
+    *n = 0;
+    for (char *line = strtok(text, "\n"); line && *n < 4095; line = strtok(NULL, "\n")) {
+        lines[*n] = cJSON_Parse(line);
+        cr_assert(lines[*n], "%s: unparsable line %d", name, *n + 1);
+        (*n)++;
+    }
+    free(text);
+    return lines;
+}
+
+static void free_lines(cJSON **lines) {
+    for (int i = 0; lines[i]; i++)
+        cJSON_Delete(lines[i]);
+    free(lines);
+}
+
+static double num(const cJSON *j, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    cr_assert(cJSON_IsNumber(v), "metrics line has no number \"%s\"", key);
+    return v->valuedouble;
+}
+
+// The KL reference is the policy GRPO started from (TRL, DeepSeekMath): with one update per rollout batch
+// step 1's policy is that reference, so its KL is exactly 0; against the base with the adapter off it is not.
+Test(grpo_run, kl_reference_is_the_starting_adapter, .init = make_inputs, .fini = remove_root, .timeout = 120) {
+    threads_set(2);
+    char base[256], adir[256], data[256], out[256];
+    paths_in(base, adir, data);
+    char *paths[3] = {base, adir, data};
+    GrpoConfig c;
+    GrpoResult res;
+    double kl[2];
+    for (int k = 0; k < 2; k++) {
+        config(&c, out, sizeof out, k ? "kl-base" : "kl-init", paths);
+        c.steps = 1;
+        c.iterations = 1;
+        c.kl_ref = k ? KL_REF_BASE : KL_REF_INIT;
+        cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
+        int n;
+        cJSON **m = read_lines(out, "metrics.jsonl", &n);
+        kl[k] = num(m[0], "kl");
+        free_lines(m);
+    }
+    cr_assert_eq(kl[0], 0.0, "step 1 KL against the starting adapter: %g", kl[0]);
+    cr_assert(kl[1] > 1e-6, "step 1 KL against the base: %g", kl[1]);
+    // The reference travels with the checkpoint: a resume reads it back, not --adapter.
+    char ref[300];
+    snprintf(ref, sizeof ref, "%s/kl-init/checkpoint/reference/adapter_model.safetensors", root);
+    cr_assert(path_exists(ref), "no %s", ref);
+}
+
+// --mask-truncated (TRL's mask_truncated_completions): completions cut at the token limit leave the
+// loss. The tiny random model never stops by itself, so every completion here is truncated: masked, the
+// step has no token in the loss (loss and gradient 0); unmasked, it has (the KL to the base gives a
+// gradient where the flat groups' advantages give none).
+Test(grpo_run, mask_truncated_leaves_cut_completions_out, .init = make_inputs, .fini = remove_root,
+     .timeout = 120) {
+    threads_set(2);
+    char base[256], adir[256], data[256], out[256];
+    paths_in(base, adir, data);
+    char *paths[3] = {base, adir, data};
+    GrpoConfig c;
+    GrpoResult res;
+    double gnorm[2], trunc[2];
+    for (int k = 0; k < 2; k++) {
+        config(&c, out, sizeof out, k ? "masked" : "unmasked", paths);
+        c.steps = 1;
+        c.mask_truncated = k;
+        c.kl_ref = KL_REF_BASE;
+        cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
+        int n;
+        cJSON **m = read_lines(out, "metrics.jsonl", &n);
+        gnorm[k] = num(m[0], "grad_norm");
+        trunc[k] = num(m[0], "truncated");
+        free_lines(m);
+    }
+    cr_assert_eq(trunc[0], 1.0, "truncated share %g: the case needs every completion cut", trunc[0]);
+    cr_assert_eq(trunc[1], 1.0);
+    cr_assert(gnorm[0] > 0, "unmasked gradient norm %g", gnorm[0]);
+    cr_assert_eq(gnorm[1], 0.0, "masked gradient norm %g", gnorm[1]);
+}
+
+// Prompts are drawn without replacement within an epoch (a seeded shuffle, as TRL's sampler): 12
+// records, 4 prompts a step, 3 steps draw every record once. completions.jsonl names each draw's record.
+Test(grpo_run, prompts_drawn_without_replacement, .init = make_inputs, .fini = remove_root, .timeout = 120) {
+    threads_set(2);
+    char base[256], adir[256], data[256], out[256];
+    paths_in(base, adir, data);
+    char *paths[3] = {base, adir, data};
+    GrpoConfig c;
+    GrpoResult res;
+    config(&c, out, sizeof out, "order", paths);
+    c.prompts = 4;
+    c.steps = 3;
+    c.iterations = 1;
+    c.log_completions = 1;
+    cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
+    int n, seen[64] = {0};
+    cJSON **lines = read_lines(out, "completions.jsonl", &n);
+    cr_assert_eq(n, 12, "completions.jsonl: %d lines, expected one per group", n);
+    for (int i = 0; i < n; i++) {
+        int line = (int)num(lines[i], "record_line");
+        cr_assert(line >= 1 && line <= 12, "record line %d", line);
+        cr_assert_eq(seen[line]++, 0, "record %d drawn twice in one epoch", line);
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(lines[i], "rewards");
+        cr_assert(cJSON_IsObject(t) && cJSON_GetObjectItemCaseSensitive(t, "budget"), "no reward terms");
+        cr_assert(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(lines[i], "completion")));
+    }
+    free_lines(lines);
+}
+
+// Dynamic sampling (DAPO): with --max-draws a step draws more prompts while fewer than --prompts groups
+// have a reward spread. The tiny random model answers nothing right, so every group is flat: each step
+// draws --max-draws prompts and trains on none of them.
+Test(grpo_run, dynamic_sampling_draws_until_spread, .init = make_inputs, .fini = remove_root, .timeout = 120) {
+    threads_set(2);
+    char base[256], adir[256], data[256], out[256];
+    paths_in(base, adir, data);
+    char *paths[3] = {base, adir, data};
+    GrpoConfig c;
+    GrpoResult res;
+    config(&c, out, sizeof out, "dyn", paths);
+    c.steps = 2;
+    c.max_draws = 5;
+    cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
+    int n;
+    cJSON **m = read_lines(out, "metrics.jsonl", &n);
+    cr_assert_eq(n, 2);
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(num(m[i], "flat_groups"), 1.0, "the case needs flat groups");
+        cr_assert_eq(num(m[i], "prompts_drawn"), 5, "step %d drew %g prompts", i + 1, num(m[i], "prompts_drawn"));
+        cr_assert_eq(num(m[i], "groups_in_loss"), 0);
+    }
+    free_lines(m);
+    config(&c, out, sizeof out, "dyn-bad", paths);
+    c.max_draws = 1; // fewer than --prompts
+    cr_assert(grpo_train(&c, &res) < 0);
+    cr_assert(strstr(er_last_error(), "--max-draws"), "%s", er_last_error());
+}
+
+// --eval-data: greedy accuracy, unformatted share and L per budget every --eval-every steps and at the
+// last, in metrics.jsonl; the best adapter by eval accuracy in OUT/best with its step. The per-step logs
+// carry TRL's names beside today's.
+Test(grpo_run, eval_best_and_logs, .init = make_inputs, .fini = remove_root, .timeout = 120) {
+    threads_set(2);
+    char base[256], adir[256], data[256], out[256];
+    paths_in(base, adir, data);
+    char *paths[3] = {base, adir, data};
+    GrpoConfig c;
+    GrpoResult res;
+    config(&c, out, sizeof out, "eval", paths);
+    c.steps = 3;
+    c.eval_data = data;
+    c.eval_every = 2;
+    c.eval_n = 3;
+    c.format_weight = 0.5;
+    cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
+    int n;
+    cJSON **m = read_lines(out, "metrics.jsonl", &n);
+    cr_assert_eq(n, 3);
+    cr_assert_null(cJSON_GetObjectItemCaseSensitive(m[0], "eval_accuracy"), "step 1 is no eval step");
+    for (int i = 1; i < 3; i++) {
+        double acc = num(m[i], "eval_accuracy"), unf = num(m[i], "eval_unformatted");
+        cr_assert(acc >= 0 && acc <= 1 && unf >= 0 && unf <= 1);
+        const cJSON *lb = cJSON_GetObjectItemCaseSensitive(m[i], "eval_length_by_budget");
+        cr_assert(cJSON_IsObject(lb) && cJSON_GetObjectItemCaseSensitive(lb, "8") &&
+                  cJSON_GetObjectItemCaseSensitive(lb, "16"), "eval L per budget missing");
+    }
+    const char *keys[] = {"reward_std", "rewards/budget/mean", "rewards/format/mean", "clip_ratio/low_mean",
+                          "clip_ratio/high_mean", "clip_ratio/region_mean", "truncated", "unformatted",
+                          "prompts_drawn", "entropy", "grad_norm", "lr", "kl", "rollout_tokens_per_s",
+                          "train_tokens_per_s"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+        num(m[0], keys[k]);
+    // The total is the sum of the weighted terms.
+    double want = num(m[0], "rewards/budget/mean") + 0.5 * num(m[0], "rewards/format/mean");
+    cr_assert_float_eq(num(m[0], "reward"), want, 1e-6);
+    cr_assert(cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(m[0], "length_max_by_budget")));
+    free_lines(m);
+    char best[300];
+    snprintf(best, sizeof best, "%s/best/eval.json", out);
+    cr_assert(path_exists(best), "no %s", best);
+    snprintf(best, sizeof best, "%s/best/adapter_model.safetensors", out);
+    cr_assert(path_exists(best), "no %s", best);
 }
