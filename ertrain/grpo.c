@@ -46,6 +46,10 @@ int cmd_grpo(int argc, char **argv) {
         {"barrier-m", ARG_FLOAT, &c.barrier_m, "soft barrier half-width m: full reward up to (1-m)B, p from (1+m)B", 0, 0, 0.99},
         {"barrier-p", ARG_FLOAT, &c.barrier_p, "reward of a correct answer beyond (1+m)B", 0, 0, 1},
         {"answer-tokens", ARG_INT, &c.answer_tokens, "tokens allowed beyond (1+m)B for the final answer", 0, 0, 1 << 20},
+        {"reward-cmd", ARG_STR, &c.reward_cmd, "external reward program: a JSON line per completion on its stdin, a "
+                                               "number or object of named terms per line back (docs/cli.md)", 0, 0, 0},
+        {"reward-timeout", ARG_FLOAT, &c.reward_timeout, "seconds the reward program may take per reply", 0, 0.001,
+         86400},
         {"scale-rewards", ARG_STR, &scale, "advantage scaling: group, batch or none", 0, 0, 0},
         {"drop-flat", ARG_FLAG, &c.drop_flat, "leave groups with equal rewards out of the loss", 0, 0, 0},
         {"max-draws", ARG_INT, &c.max_draws, "dynamic sampling: draw prompts until --prompts groups have a reward spread, "

@@ -19,6 +19,7 @@
 #include "infer/engine.h"
 #include "lora/peft.h"
 #include "rl/policy.h"
+#include "rl/reward_cmd.h"
 #include "train/checkpoint.h"
 #include "train/dist.h"
 #include "train/optim.h"
@@ -157,6 +158,7 @@ typedef struct {
     int *prefix, n_prefix;
     int think_open;               // the reasoning prefix opens a think block (data/grade.h)
     Engine eng;
+    RewardCmd *cmd;               // --reward-cmd (NULL = none)
     Activations acts;
     AdamW opt;
     MetricsLog ml, completions;
@@ -210,6 +212,7 @@ static void grpo_free(Grpo *g) {
     er_free(g->rewards);
     er_free(g->adv);
     er_free(g->prefix);
+    reward_cmd_free(g->cmd);
     metrics_close(&g->ml);
     metrics_close(&g->completions);
     train_state_free(&g->st);
@@ -405,6 +408,8 @@ static int grpo_setup(Grpo *g) {
     snprintf(g->term_names[TERM_FORMAT], 32, "format");
     g->best_eval = g->last_eval = -1;
     g->order_epoch = -1;
+    if (c->reward_cmd)
+        ER_TRY(reward_cmd_start(c->reward_cmd, c->reward_timeout, &g->cmd));
     ER_TRY(engine_init(&g->eng, &g->m, g->tok, KV_F32, c->group, g->seq_len, 128, 0));
     ER_TRY(acts_alloc(&g->acts, &g->m.cfg, c->group, g->seq_len, ACTS_TRAIN, er_physical_memory()));
     ER_TRY(adamw_init(&g->opt, backend_cpu(), g->ad.n_params, c->lr, 0.9, 0.999, 1e-8, c->weight_decay));
@@ -468,6 +473,41 @@ static int score_sample(Grpo *g, Group *gr, int i, const Example *ex) {
     return ER_OK;
 }
 
+// The external program's terms of gr's samples (--reward-cmd), added to their rewards. The first reply
+// names the terms; every later one must name the same, in the same order (the metrics, and the ranks'
+// shared sums, index them by position).
+static int add_cmd_terms(Grpo *g, Group *gr, const Example *ex) {
+    int G = g->c->group, rc = ER_OK;
+    RewardQuery *q = er_alloc(sizeof(RewardQuery) * (size_t)G);
+    RewardTerms *t = er_alloc(sizeof(RewardTerms) * (size_t)G);
+    if (!q || !t)
+        ER_CHECK(ER_ENOMEM);
+    for (int i = 0; i < G; i++)
+        q[i] = (RewardQuery){ex->prompt, gr->s[i].text, ex->answer, gr->budget, gr->len[i]};
+    ER_CHECK(reward_cmd_score_many(g->cmd, q, G, t));
+    for (int i = 0; i < G; i++) {
+        if (g->n_terms == TERM_CMD0) { // the first reply of the run
+            for (int k = 0; k < t[i].n; k++)
+                snprintf(g->term_names[TERM_CMD0 + k], 32, "%s", t[i].name[k]);
+            g->n_terms = TERM_CMD0 + t[i].n;
+        }
+        int same = t[i].n == g->n_terms - TERM_CMD0;
+        for (int k = 0; same && k < t[i].n; k++)
+            same = strcmp(t[i].name[k], g->term_names[TERM_CMD0 + k]) == 0;
+        if (!same)
+            ER_CHECK(er_error(ER_EFORMAT, "--reward-cmd: a reply names other terms than the first reply's (its "
+                              "first: \"%s\")", g->term_names[TERM_CMD0]));
+        for (int k = 0; k < t[i].n; k++) {
+            gr->terms[(size_t)i * MAX_TERMS + TERM_CMD0 + k] = (float)t[i].value[k];
+            gr->reward[i] += (float)t[i].value[k];
+        }
+    }
+done:
+    er_free(q);
+    er_free(t);
+    return rc;
+}
+
 // Rolls out groups [a, b) of this step: every rank draws their records and budgets (the same on all);
 // this rank decodes its share [lo, hi) and grades it.
 static int rollout_round(Grpo *g, long step, int a, int b, int lo, int hi, long *gen_tokens) {
@@ -504,6 +544,8 @@ static int rollout_round(Grpo *g, long step, int a, int b, int lo, int hi, long 
             ER_CHECK(score_sample(g, gr, i, ex));
             gr->correct += gr->ok[i];
         }
+        if (g->cmd)
+            ER_CHECK(add_cmd_terms(g, gr, ex));
         gr->hash = 2166136261u;
         for (int i = 0; i < c->group; i++)
             for (int j = 0; j < gr->s[i].n_tokens; j++)

@@ -450,3 +450,38 @@ Test(grpo_run, eval_best_and_logs, .init = make_inputs, .fini = remove_root, .ti
     snprintf(best, sizeof best, "%s/best/adapter_model.safetensors", out);
     cr_assert(path_exists(best), "no %s", best);
 }
+
+// --reward-cmd: the program's terms are added to the reward and logged by name; with a reward spread from
+// it, dynamic sampling fills the step with groups that have one. A program that dies is an error naming
+// the step and the record.
+Test(grpo_run, reward_cmd_terms_and_errors, .init = make_inputs, .fini = remove_root, .timeout = 120) {
+    threads_set(2);
+    char base[256], adir[256], data[256], out[256];
+    paths_in(base, adir, data);
+    char *paths[3] = {base, adir, data};
+    GrpoConfig c;
+    GrpoResult res;
+    config(&c, out, sizeof out, "cmd", paths);
+    c.steps = 2;
+    c.max_draws = 8;
+    // Two terms from the query line: its length's parity (a spread within most groups) and a constant.
+    c.reward_cmd = "python3 -c 'import sys\nfor l in sys.stdin: print(\"{\\\"parity\\\": %d, \\\"half\\\": 0.5}\" "
+                   "% (len(l) % 2), flush=True)'";
+    cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
+    int n;
+    cJSON **m = read_lines(out, "metrics.jsonl", &n);
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(num(m[i], "groups_in_loss"), 2, "step %d: %g groups in the loss", i + 1,
+                     num(m[i], "groups_in_loss"));
+        cr_assert(num(m[i], "prompts_drawn") >= 2);
+        cr_assert_eq(num(m[i], "rewards/half/mean"), 0.5);
+        double want = num(m[i], "rewards/budget/mean") + num(m[i], "rewards/parity/mean") + 0.5;
+        cr_assert_float_eq(num(m[i], "reward"), want, 1e-6);
+    }
+    free_lines(m);
+    config(&c, out, sizeof out, "cmd-dies", paths);
+    c.reward_cmd = "read line; echo 1; exit 3";
+    cr_assert(grpo_train(&c, &res) < 0, "a dying reward program was not noticed");
+    cr_assert(strstr(er_last_error(), "grpo step 1") && strstr(er_last_error(), "data.jsonl:") &&
+              strstr(er_last_error(), "status 3"), "%s", er_last_error());
+}
