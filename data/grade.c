@@ -498,17 +498,27 @@ int grade_extract(const char *text, char **out) {
     return ER_OK;
 }
 
-int grade_answer(const char *response, long answer_at, char **out) {
-    if (answer_at < 0)
-        return grade_extract(response, out);
+int grade_think_opens(const char *response_prefix) {
+    const char *open = NULL;
+    for (const char *p = response_prefix ? strstr(response_prefix, GRADE_THINK_OPEN) : NULL; p;
+         p = strstr(p + 1, GRADE_THINK_OPEN))
+        open = p;
+    return open && !strstr(open, GRADE_THINK_CLOSE);
+}
+
+// The answer of response[start..] (start: where the think block closed, 0 without one); answer_at as in
+// grade_answer, used when it lies in that part.
+static int answer_from(const char *response, size_t start, long answer_at, char **out) {
     *out = NULL;
+    if (answer_at < 0 || (size_t)answer_at < start)
+        return grade_extract(response + start, out);
     size_t n = strlen(response), at = (size_t)answer_at;
     if (at > n)
         return ER_OK; // the forced suffix itself was cut (a stop string inside it)
     // The suffix's last line and what the model wrote after it: to the end of that line, or the next
     // non-empty line when the rest of it is blank.
     size_t ls = at;
-    while (ls > 0 && response[ls - 1] != '\n')
+    while (ls > start && response[ls - 1] != '\n')
         ls--;
     size_t le = at + strcspn(response + at, "\n"), ts = at, te = le;
     int blank = 1;
@@ -540,6 +550,18 @@ done:
     return rc;
 }
 
+int grade_answer(const char *response, long answer_at, int think_open, char **out) {
+    *out = NULL;
+    const char *open = strstr(response, GRADE_THINK_OPEN);
+    if (!think_open && !open)
+        return answer_from(response, 0, answer_at, out);
+    // Inside a think block: only what follows its first close is the answer.
+    const char *close = strstr(think_open ? response : open + strlen(GRADE_THINK_OPEN), GRADE_THINK_CLOSE);
+    if (!close)
+        return ER_OK;
+    return answer_from(response, (size_t)(close - response) + strlen(GRADE_THINK_CLOSE), answer_at, out);
+}
+
 int grade_answer_correct(const char *answer, const char *gold) {
     if (!answer || !gold)
         return 0;
@@ -561,9 +583,11 @@ done:
     return rc;
 }
 
-int grade_response(const char *response, long answer_at, const char *gold) {
+int grade_response(const char *response, long answer_at, int think_open, const char *gold, int *unformatted) {
     char *ans;
-    ER_TRY(grade_answer(response, answer_at, &ans));
+    ER_TRY(grade_answer(response, answer_at, think_open, &ans));
+    if (unformatted)
+        *unformatted = ans == NULL;
     int eq = grade_answer_correct(ans, gold);
     er_free(ans);
     return eq;

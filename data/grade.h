@@ -1,5 +1,10 @@
 // Answer extraction and grading for GSM8K / MATH style problems and the synthetic tasks. One rule,
 // used alike by erinfer eval, the pipeline's vote, GRPO's reward and the heads' labels:
+// - The answer, not the thinking, is graded. A response that begins inside a think block (the forced
+//   response prefix opened one: grade_think_opens), or whose text contains "<think>", is read only
+//   after the first "</think>" (after that "<think>"); one whose block never closes, or with no answer
+//   after the close, has no answer (wrong, unformatted). A \boxed{} inside the thinking counts for
+//   nothing, nor does a truncated "so the answer: 7. Wait...". The rules below apply to that part.
 // - After a forced answer suffix (the hard budget forced "...Final answer: "), the answer is read
 //   from the suffix's last line and what the model wrote after it up to the end of that line (the
 //   next non-empty line when the rest of it is blank): a \boxed{}, "#### X" or "answer: X" there as
@@ -25,6 +30,18 @@
 #ifndef DATA_GRADE_H
 #define DATA_GRADE_H
 
+#define GRADE_THINK_OPEN "<think>"
+#define GRADE_THINK_CLOSE "</think>"
+
+// The think length L, the one length the hard budget bounds (GenConfig.budget: L <= B), GRPO's
+// soft-barrier reward and erinfer eval's mean report: the tokens the model generates from after the
+// forced response prefix through the token that completes the first GRADE_THINK_CLOSE of its output
+// (forced budget-suffix tokens count as generated); a response that never closes it: all its generated
+// tokens, a final EOS excluded. The engine computes it (GenSample.think_len).
+
+// 1 when the response prefix leaves a think block open: it holds "<think>" with no "</think>" after it.
+int grade_think_opens(const char *response_prefix);
+
 // The final answer in text (no forced suffix) as a new string (free with er_free); *out = NULL when the
 // text has none. Returns ER_OK or ER_ENOMEM.
 int grade_extract(const char *text, char **out);
@@ -36,17 +53,20 @@ int grade_normalize(const char *answer, char **out);
 int grade_equal(const char *a, const char *b);
 
 // The final answer of a generated response (free with er_free; NULL when none). answer_at >= 0: the
-// byte offset in response where a forced answer suffix ended (GenSample.answer_at); < 0: none was
-// forced. Returns ER_OK or ER_ENOMEM.
-int grade_answer(const char *response, long answer_at, char **out);
+// byte offset in response where a forced answer suffix ended (GenSample.answer_at; used when it lies
+// after the think block's close); < 0: none was forced. think_open: the response began inside a think
+// block (grade_think_opens of its prefix). Returns ER_OK or ER_ENOMEM.
+int grade_answer(const char *response, long answer_at, int think_open, char **out);
 
 // 1 when an extracted answer equals the gold answer, read by the same rule (its \boxed{} or "#### X"
 // when it holds one, and the leading-number rule), 0 when not or answer is NULL, < 0 on ER_ENOMEM.
 int grade_answer_correct(const char *answer, const char *gold);
 
-// Grades a model response (answer_at as in grade_answer) against a gold answer: 1 correct, 0 wrong or
-// no answer found, negative on ER_ENOMEM (grade_answer, then grade_answer_correct).
-int grade_response(const char *response, long answer_at, const char *gold);
+// Grades a model response (answer_at, think_open as in grade_answer) against a gold answer: 1 correct,
+// 0 wrong or no answer found, negative on ER_ENOMEM (grade_answer, then grade_answer_correct).
+// *unformatted (may be NULL) = 1 when no answer could be read (a think block never closed, nothing
+// after its close, or no answer in the text), else 0.
+int grade_response(const char *response, long answer_at, int think_open, const char *gold, int *unformatted);
 
 // Parses a normalised numeric answer (decimal, a/b, \frac{a}{b}, optional sign); 1 on success.
 int grade_parse_number(const char *normalized, double *out);

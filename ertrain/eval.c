@@ -15,22 +15,24 @@
 
 // Every rank's totals, summed; gen_s becomes the ranks' mean, so tokens/s is theirs together.
 static int sum_totals(EvalResult *r) {
-    double v[8 + 3 * EVAL_VOTE_N_MAX] = {
+    double v[10 + 3 * EVAL_VOTE_N_MAX] = {
         (double)r->items, (double)r->correct, (double)r->any_correct, (double)r->tokens,
         (double)r->samples, r->gen_s, (double)r->routed, (double)r->greedy_correct,
+        (double)r->unformatted, (double)r->think_tokens,
     };
     for (int k = 0; k < r->n_rows; k++) {
-        v[8 + 3 * k] = (double)r->rows[k].majority;
-        v[9 + 3 * k] = (double)r->rows[k].weighted;
-        v[10 + 3 * k] = (double)r->rows[k].tokens;
+        v[10 + 3 * k] = (double)r->rows[k].majority;
+        v[11 + 3 * k] = (double)r->rows[k].weighted;
+        v[12 + 3 * k] = (double)r->rows[k].tokens;
     }
     ER_TRY(dist_sum_doubles(v, (int)(sizeof v / sizeof v[0])));
     r->items = (long)v[0], r->correct = (long)v[1], r->any_correct = (long)v[2], r->tokens = (long)v[3];
     r->samples = (long)v[4], r->gen_s = v[5] / dist_size(), r->routed = (long)v[6], r->greedy_correct = (long)v[7];
+    r->unformatted = (long)v[8], r->think_tokens = (long)v[9];
     for (int k = 0; k < r->n_rows; k++) {
-        r->rows[k].majority = (long)v[8 + 3 * k];
-        r->rows[k].weighted = (long)v[9 + 3 * k];
-        r->rows[k].tokens = (long)v[10 + 3 * k];
+        r->rows[k].majority = (long)v[10 + 3 * k];
+        r->rows[k].weighted = (long)v[11 + 3 * k];
+        r->rows[k].tokens = (long)v[12 + 3 * k];
     }
     return ER_OK;
 }

@@ -254,6 +254,11 @@ static int count_tokens(const Tokenizer *tok, const char *text) {
     return n;
 }
 
+const char *er_model_reasoning_prefix(const ErModel *m) {
+    const LoraAdapter *ad = m ? model_adapter(m) : NULL;
+    return ad ? ad->reasoning_prefix : NULL;
+}
+
 int er_model_extra_positions(const ErModel *m) {
     NEED(m, "er_model_extra_positions", "the model");
     ErModel *mu = (ErModel *)m; // reads the parts a load replaces: held like a generation's (no change seen)
@@ -451,7 +456,7 @@ static void results_publish(const GenSample *x, int n, const GenStats *st, doubl
     for (int i = 0; i < n; i++)
         pub[i] = (ErSample){x[i].text,     x[i].text_len,     x[i].tokens,       x[i].n_tokens,
                             (int)x[i].finish, x[i].budget_cut,   x[i].answer_at,    x[i].logprobs,
-                            x[i].top_ids,  x[i].top_logprobs, x[i].n_top};
+                            x[i].top_ids,  x[i].top_logprobs, x[i].n_top,     x[i].think_len};
     *stats = (ErStats){st->prompt_tokens, st->prompt_reused, st->generated_tokens, st->ttft_s,
                        st->decode_tokens_per_s, time_now() - t0, st->kv_bytes};
 }
@@ -789,7 +794,7 @@ const ErSample *er_request_progress(const ErRequest *r, int i) {
         return NULL;
     const GenSample *x = &r->samples[i];
     r->pub[i] = (ErSample){NULL, 0, x->tokens, x->n_tokens, 0, 0, -1, x->logprobs, x->top_ids, x->top_logprobs,
-                           x->n_top};
+                           x->n_top, x->think_len};
     return &r->pub[i];
 }
 const ErStats *er_request_stats(const ErRequest *r) { return r && r->status == ER_OK ? &r->stats : NULL; }

@@ -73,6 +73,10 @@ static void print_totals(FILE *out, const EvalConfig *c, const EvalResult *r) {
                    r->any_correct, r->items);
         fprintf(out, "mean generated tokens: %.1f per sample\n", (double)r->tokens / (double)r->samples);
     }
+    double ns = r->samples > 0 ? (double)r->samples : 1.0;
+    fprintf(out, "unformatted: %.4f (%ld/%ld samples with no answer after the think block)\n", r->unformatted / ns,
+            r->unformatted, r->samples);
+    fprintf(out, "mean think length L: %.1f tokens per sample\n", r->think_tokens / ns);
     fprintf(out, "tokens/s: %.1f (%ld tokens in %.2f s)\n", r->gen_s > 0 ? (double)r->tokens / r->gen_s : 0.0,
             r->tokens, r->gen_s);
     if (c->output)

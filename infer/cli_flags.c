@@ -26,8 +26,8 @@ int gen_flags_specs(GenFlags *f, ArgSpec *s) {
         {"min-p", ARG_FLOAT, &f->min_p, "drop tokens below min-p x the top probability (0 = off)", 0, 0, 0.999999},
         {"seed", ARG_INT, &f->seed, "sampling seed (sample i uses stream i)", 0, 0, 2147483647},
         {"kv", ARG_STR, &f->kv, "KV cache type: f32 or int8", 0, 0, 0},
-        {"budget", ARG_INT, &f->budget, "hard budget: force the answer suffix after this many tokens (0 = off)", 0, 0,
-         1 << 20},
+        {"budget", ARG_INT, &f->budget, "hard budget on the think length (through </think>): the answer suffix is "
+         "forced to close it at this many tokens (0 = off)", 0, 0, 1 << 20},
         {"answer-tokens", ARG_INT, &f->answer_tokens, "tokens allowed after the budget, suffix included", 0, 1, 1 << 20},
         {"budget-suffix", ARG_TEXT, &f->suffix, "forced-answer text [\\n</think>\\n\\nFinal answer: ]", 0, 0, 0},
         {"prefix", ARG_TEXT, &f->prefix, "text forced at the start of the response [the adapter's reasoning prefix]", 0,

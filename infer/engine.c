@@ -12,6 +12,7 @@
 #include "core/progress.h"
 #include "core/rng.h"
 #include "core/threads.h"
+#include "data/grade.h"
 #include "model/ops.h"
 
 #define DEFAULT_BUDGET_SUFFIX "\n</think>\n\nFinal answer: "
@@ -367,6 +368,8 @@ typedef struct {
     int pending_top[ENGINE_TOP_MAX];      // GenConfig.top_logprobs most probable tokens at its step
     float pending_top_lp[ENGINE_TOP_MAX];
     int n_forced_used;  // suffix tokens already forced
+    int suffix_close;   // the suffix's tokens through the one completing "</think>" (0: it holds none)
+    int think_closed;   // the output holds "</think>": GenSample.think_len is final, the budget forces nothing
     int forcing;        // the budget suffix is being forced
     int pending_ends_suffix; // the pending token is the suffix's last
     long answer_raw;    // raw byte offset where the forced suffix ended (-1 = not yet)
@@ -413,6 +416,41 @@ static int push_bytes(SampleState *s, const char *b, size_t n) {
     return ER_OK;
 }
 
+// Sample s's think length after its latest (non-EOS) token, whose bytes were appended after n_before:
+// "</think>" completed by it lies in the bytes from GRADE_THINK_CLOSE's length - 1 before them.
+static void think_watch(SampleState *s, GenSample *o, size_t n_before) {
+    if (s->think_closed)
+        return;
+    o->think_len = o->n_tokens;
+    size_t w = strlen(GRADE_THINK_CLOSE), from = n_before >= w - 1 ? n_before - (w - 1) : 0;
+    if (s->bytes && s->n_bytes > from && memmem(s->bytes + from, s->n_bytes - from, GRADE_THINK_CLOSE, w))
+        s->think_closed = 1;
+}
+
+// The suffix's tokens through the one completing "</think>" (its bytes concatenated); 0 when it holds none.
+static int suffix_close_tokens(const Tokenizer *tok, const int *suffix, int n_suffix, int *out) {
+    *out = 0;
+    size_t total = 0, nb;
+    for (int i = 0; i < n_suffix; i++)
+        total += tok_token_bytes(tok, suffix[i], &nb) ? nb : 0;
+    char *buf = er_alloc(total + 1);
+    if (!buf)
+        return ER_ENOMEM;
+    size_t n = 0;
+    for (int i = 0; i < n_suffix && !*out; i++) {
+        const char *b = tok_token_bytes(tok, suffix[i], &nb);
+        if (b) {
+            memcpy(buf + n, b, nb);
+            n += nb;
+        }
+        buf[n] = 0;
+        if (strstr(buf, GRADE_THINK_CLOSE))
+            *out = i + 1;
+    }
+    er_free(buf);
+    return ER_OK;
+}
+
 static int is_eos(const Engine *e, int tok) {
     return (e->tok && tok_is_eos(e->tok, tok)) || tok == e->model->cfg.eos_id;
 }
@@ -422,7 +460,9 @@ static int is_eos(const Engine *e, int tok) {
 static int next_token(Engine *e, Sampler *sp, const GenConfig *g, SampleState *s, GenSample *o, int i,
                       const float *logits, const int *suffix, int n_suffix) {
     int V = e->model->cfg.V;
-    if (g->budget > 0 && !s->forcing && o->n_tokens == g->budget && n_suffix > 0) {
+    // The budget bounds the think length: the suffix comes early enough for its "</think>" to end L at B.
+    if (g->budget > 0 && !s->forcing && !s->think_closed && n_suffix > 0 &&
+        o->n_tokens + s->suffix_close >= g->budget) {
         s->forcing = 1;
         o->budget_cut = 1;
     }
@@ -508,6 +548,12 @@ static int gen_prepare(const Engine *e, const GenConfig *g, int n_prompt, int ex
         ER_CHECK(encode(e->tok, g->budget_suffix ? g->budget_suffix : DEFAULT_BUDGET_SUFFIX, suffix, n_suffix,
                         "budget suffix"));
     ER_CHECK(check_config(e, g, n_prompt, *n_prefix, *n_suffix, extra));
+    int close = 0;
+    if (*n_suffix > 0)
+        ER_CHECK(suffix_close_tokens(e->tok, *suffix, *n_suffix, &close));
+    if (g->budget > 0 && g->budget < close)
+        ER_CHECK(er_error(ER_EINVAL, "generate: a budget of %d tokens cannot hold the forced suffix's %d tokens "
+                          "through \"</think>\" (raise the budget)", g->budget, close));
 done:
     if (rc < 0) {
         er_free(*prefix);
@@ -538,10 +584,14 @@ static int samples_start(Engine *e, const GenConfig *g, SampleState *st, GenSamp
                          int n_suffix) {
     ErRng base;
     rng_seed(&base, g->seed);
+    int close = 0;
+    if (n_suffix > 0)
+        ER_TRY(suffix_close_tokens(e->tok, suffix, n_suffix, &close));
     for (int i = 0; i < g->n_samples; i++) {
         SampleState *s = &st[i];
         s->stopped_at_bytes = -1;
         s->answer_raw = -1;
+        s->suffix_close = close;
         rng_fork(&s->rng, &base, (uint64_t)i);
         ER_TRY(stop_init(&s->stop, g->stop, g->n_stop));
         ER_TRY(kv_seq_fork(&e->kv, e->prompt_slot, &s->slot));
@@ -579,12 +629,15 @@ static int sample_emit(Engine *e, const GenConfig *g, SampleState *s, GenSample 
     if (is_eos(e, tok)) {
         o->finish = FINISH_EOS;
         *done = 1;
-    } else if (e->tok) {
-        size_t nb = 0;
+    } else if (!e->tok) {
+        think_watch(s, o, 0); // no bytes: every token counts
+    } else {
+        size_t nb = 0, n_before = s->n_bytes;
         const char *b = tok_token_bytes(e->tok, tok, &nb);
         if (!b)
             b = "", nb = 0;
         ER_TRY(push_bytes(s, b, nb));
+        think_watch(s, o, n_before);
         if (s->pending_ends_suffix) {
             s->answer_raw = (long)s->n_bytes;
             s->pending_ends_suffix = 0;

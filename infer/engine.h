@@ -24,8 +24,12 @@ typedef struct {
     int max_new;             // generated tokens per sample (forced tokens included)
     SamplerParams sampler;
     uint64_t seed;           // sample i draws from stream i of this seed, whatever n_samples is
-    int budget;              // hard budget B: after B generated tokens the suffix is forced (0 = off)
-    int answer_tokens;       // A: after the budget, at most A more tokens, the suffix included
+    int budget;              // hard budget B on the think length L (GenSample.think_len): L <= B. While the
+                             // sample has not closed its think block, the suffix is forced when L so far plus
+                             // the suffix's tokens through the one completing "</think>" would reach B (a
+                             // suffix without "</think>": after B tokens); once the model closed the block
+                             // itself, nothing is forced. 0 = off; else at least those suffix tokens
+    int answer_tokens;       // A: at most B + A tokens in all, the suffix included
     const char *budget_suffix; // forced-answer text (default "\n</think>\n\nFinal answer: ")
     const char *response_prefix; // forced at the start of every response (e.g. "<think>\n"); NULL = none
     const char *const *stop; // stop strings (cut from the text); NULL/0 = none
@@ -53,6 +57,9 @@ typedef struct {
     int budget_cut;     // the hard budget forced the answer suffix
     long answer_at;     // byte offset in text where the forced suffix ends (the answer starts; see
                         // data/grade.h); -1 when none was forced or a stop string cut it
+    int think_len;      // the think length L (data/grade.h): tokens from the first generated one through the
+                        // one completing the first "</think>" of the output (forced suffix tokens count);
+                        // when no "</think>" came, all generated tokens but a final EOS
 } GenSample;
 
 typedef struct {

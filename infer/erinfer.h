@@ -112,8 +112,10 @@ typedef struct {
     float top_p;            // 1 = off [1]
     float min_p;            // 0 = off [0]
     uint64_t seed;          // sample i uses stream i of this seed [0]
-    int budget;             // hard budget: after this many tokens force the answer suffix; 0 = off [0]
-    int answer_tokens;      // tokens allowed after the budget, suffix included [32]
+    int budget;             // hard budget on ErSample.think_len: the answer suffix is forced so that its
+                            // "</think>" ends the think block at this many tokens at most (a suffix without
+                            // one: after this many tokens); a model that closed it itself is not cut; 0 = off [0]
+    int answer_tokens;      // at most budget + this many tokens in all, suffix included [32]
     const char *budget_suffix; // NULL = "\n</think>\n\nFinal answer: "
     const char *response_prefix; // forced at the start of every response; NULL = the adapter's (if any). The
                                  // routed pipeline's direct route answers without it (the base, unprompted)
@@ -143,6 +145,8 @@ typedef struct {
     const int *top_tokens;      // (n_tokens, n_top) the n_top most probable tokens at each step, the most
     const float *top_logprobs;  // probable first (ties: the lower id), and their log-probs; NULL when n_top is 0
     int n_top;                  // ErGenParams.top_logprobs
+    int think_len;      // the think length the budget bounds: tokens through the one completing the first
+                        // "</think>" of the output (forced suffix tokens count); all but a final EOS without one
 } ErSample;
 
 typedef struct {
@@ -179,6 +183,10 @@ ER_API int er_model_max_positions(const ErModel *m);
 // (ER_EINVAL) while a generation runs on the model; the loaded one stays.
 ER_API int er_model_load_adapter(ErModel *m, const char *dir);
 ER_API void er_model_free(ErModel *m);
+// The loaded adapter's reasoning prefix (er_reasoning_prefix: what a response starts with unless
+// ErGenParams.response_prefix says otherwise); NULL without an adapter or prefix, or for NULL. Owned by the
+// model until the next er_model_load_adapter; not to be called while a load runs.
+ER_API const char *er_model_reasoning_prefix(const ErModel *m);
 
 // A session for up to max_samples parallel samples of up to max_tokens positions (prompt included, at
 // most er_model_max_positions), KV cache in int8 when kv_int8 != 0. Memory is reserved here: a size

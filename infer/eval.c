@@ -48,9 +48,9 @@ static int eval_messages(const Example *ex, const char *system, ErMessage **out,
 }
 
 // One sample of the last generate call as a JSONL record's object.
-static int eval_sample_json(const ErSample *x, int ok, cJSON *arr) {
+static int eval_sample_json(const ErSample *x, int ok, int think_open, cJSON *arr) {
     char *answer = NULL;
-    ER_TRY(grade_answer(x->text, x->answer_at, &answer));
+    ER_TRY(grade_answer(x->text, x->answer_at, think_open, &answer));
     cJSON *o = cJSON_CreateObject();
     if (!o) {
         er_free(answer);
@@ -64,7 +64,9 @@ static int eval_sample_json(const ErSample *x, int ok, cJSON *arr) {
         cJSON_AddNullToObject(o, "answer");
     er_free(answer);
     cJSON_AddBoolToObject(o, "correct", ok);
+    cJSON_AddBoolToObject(o, "unformatted", !answer);
     cJSON_AddNumberToObject(o, "n_tokens", x->n_tokens);
+    cJSON_AddNumberToObject(o, "think_len", x->think_len);
     cJSON_AddStringToObject(o, "finish", runner_finish_name(x->finish));
     cJSON_AddBoolToObject(o, "budget_cut", x->budget_cut);
     if (x->answer_at >= 0) // where the forced answer starts: what a grader reads (data/grade.h)
@@ -74,11 +76,12 @@ static int eval_sample_json(const ErSample *x, int ok, cJSON *arr) {
     return ER_OK;
 }
 
-// Grades every sample of the last generate call; adds them to res and, when rec is not NULL, to a
-// JSONL record.
-static int eval_grade(const ErSession *s, const Example *ex, EvalResult *res, cJSON *rec) {
+// Grades every sample of the last generate call (think_open: their prefix opened a think block); adds
+// them to res and, when rec is not NULL, to a JSONL record.
+static int eval_grade(const ErSession *s, const Example *ex, int think_open, EvalResult *res, cJSON *rec) {
     if (rec && er_result_count(s) > 0) {
-        int ok0 = grade_response(er_result_sample(s, 0)->text, er_result_sample(s, 0)->answer_at, ex->answer);
+        const ErSample *x0 = er_result_sample(s, 0);
+        int ok0 = grade_response(x0->text, x0->answer_at, think_open, ex->answer, NULL);
         ER_TRY(ok0);
         cJSON_AddBoolToObject(rec, "correct", ok0);
     }
@@ -88,15 +91,17 @@ static int eval_grade(const ErSession *s, const Example *ex, EvalResult *res, cJ
     int any = 0;
     for (int i = 0; i < er_result_count(s); i++) {
         const ErSample *x = er_result_sample(s, i);
-        int ok = grade_response(x->text, x->answer_at, ex->answer);
+        int unformatted, ok = grade_response(x->text, x->answer_at, think_open, ex->answer, &unformatted);
         ER_TRY(ok);
         if (i == 0)
             res->correct += ok;
         any |= ok;
         res->tokens += x->n_tokens;
+        res->think_tokens += x->think_len;
+        res->unformatted += unformatted;
         res->samples++;
         if (rec)
-            ER_TRY(eval_sample_json(x, ok, arr));
+            ER_TRY(eval_sample_json(x, ok, think_open, arr));
     }
     res->any_correct += any;
     res->items++;
@@ -145,7 +150,7 @@ static int eval_vote_prefix(const ErSession *s, const ErRoute *r, const char *go
 // direct answer, or one greedy reasoning sample: a second call, after the first call's results
 // have been used).
 static int eval_route(ErSession *s, const ErGenParams *p, const ErMessage *msgs, int n, const Example *ex,
-                      cJSON *rec, EvalResult *res) {
+                      int think_open, cJSON *rec, EvalResult *res) {
     const ErRoute *route = er_result_route(s);
     int ok = grade_answer_correct(route->answer, ex->answer), reasoning = route->route == ER_ROUTE_REASONING;
     res->routed += reasoning;
@@ -159,7 +164,7 @@ static int eval_route(ErSession *s, const ErGenParams *p, const ErMessage *msgs,
         cJSON_AddItemToObject(rec, "pipeline", rj);
         cJSON_AddBoolToObject(rec, "answer_correct", ok);
     }
-    ER_TRY(eval_grade(s, ex, res, rec));
+    ER_TRY(eval_grade(s, ex, reasoning ? think_open : 0, res, rec)); // the direct route forces no prefix
     int gok = ok;
     if (reasoning) {
         ErGenParams pg = *p;
@@ -176,9 +181,10 @@ static int eval_route(ErSession *s, const ErGenParams *p, const ErMessage *msgs,
     return ER_OK;
 }
 
-// Generates and grades one item; af (NULL = no output) gets its record.
-static int eval_item(const EvalConfig *c, ErSession *s, const ErGenParams *p, const Example *ex, AtomicFile *af,
-                     EvalResult *res) {
+// Generates and grades one item; af (NULL = no output) gets its record. think_open: the response
+// prefix the reasoning samples start with opens a think block.
+static int eval_item(const EvalConfig *c, ErSession *s, const ErGenParams *p, const Example *ex, int think_open,
+                     AtomicFile *af, EvalResult *res) {
     int rc = ER_OK;
     ErMessage *msgs = NULL;
     int n = 0;
@@ -199,9 +205,9 @@ static int eval_item(const EvalConfig *c, ErSession *s, const ErGenParams *p, co
         cJSON_AddStringToObject(rec, "gold", ex->answer);
     }
     if (res->pipeline && er_result_route(s))
-        ER_CHECK(eval_route(s, p, msgs, n, ex, rec, res));
+        ER_CHECK(eval_route(s, p, msgs, n, ex, think_open, rec, res));
     else
-        ER_CHECK(eval_grade(s, ex, res, rec));
+        ER_CHECK(eval_grade(s, ex, think_open, res, rec));
     if (rec)
         ER_CHECK(eval_write(af, rec));
 done:
@@ -274,8 +280,10 @@ int eval_run(const EvalConfig *c, EvalResult *res) {
         fprintf(c->log, "eval: warning: %s\n", note);
     if (c->on_progress)
         c->on_progress(c->user, 0, hi - lo, 0.0);
+    // The prefix the responses start with (as er_generate picks it): the answer follows its think block.
+    int think_open = grade_think_opens(p.response_prefix ? p.response_prefix : er_model_reasoning_prefix(m));
     for (int i = lo; i < hi; i++) {
-        rc = eval_item(c, s, &p, &d.ex[i], c->output ? &af : NULL, res);
+        rc = eval_item(c, s, &p, &d.ex[i], think_open, c->output ? &af : NULL, res);
         if (rc < 0) {
             rc = er_error_prefix(rc, "%s:%ld", c->data, d.ex[i].line);
             goto done;

@@ -46,6 +46,8 @@ typedef struct {
 typedef struct {
     int pipeline;                // ran with heads: routed, greedy_correct and rows are set
     long items, correct, any_correct, tokens, samples;
+    long unformatted;            // samples with no answer to read (data/grade.h: a think block never closed, ...)
+    long think_tokens;           // the samples' think lengths L (GenSample.think_len) summed
     double gen_s;                // seconds in generate calls
     long routed;                 // items routed to reasoning
     long greedy_correct;

@@ -147,8 +147,10 @@ int pipeline_end(Engine *e, const PipelineConfig *c, const GenSample *out, Pipel
     r->answers = er_calloc((size_t)r->n, sizeof(char *));
     if (!r->answers)
         ER_CHECK(ER_ENOMEM);
+    // A sample that never closed the think block its prefix opened gives no answer (no vote).
+    int think_open = grade_think_opens(route_generation(c, r->route).response_prefix);
     for (int i = 0; i < r->n; i++)
-        ER_CHECK(grade_answer(out[i].text, out[i].answer_at, &r->answers[i]));
+        ER_CHECK(grade_answer(out[i].text, out[i].answer_at, think_open, &r->answers[i]));
     if (verify) {
         r->verifier_scores = er_alloc(sizeof(float) * (size_t)r->n);
         feats = er_alloc(sizeof(float) * (size_t)r->n * C);

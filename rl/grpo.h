@@ -6,7 +6,8 @@
 
 #include <stddef.h>
 
-// R_budget(L) (docs/design.md): 1 up to L_low = (1-m)B, linear down to p at L_high = (1+m)B, p above.
+// R_budget(L) (docs/design.md): 1 up to L_low = (1-m)B, linear down to p at L_high = (1+m)B, p above. L is
+// the think length (data/grade.h, GenSample.think_len): through the first "</think>", the hard budget's L.
 double reward_budget(int L, int B, double m, double p);
 // R = R_acc x R_budget(L), R_acc in {0, 1}.
 double reward_total(int correct, int L, int B, double m, double p);

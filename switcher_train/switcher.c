@@ -23,7 +23,7 @@ static int route_correct(Engine *e, const int *prompt, int n_prompt, const GenCo
     GenSample s;
     GenStats st;
     ER_TRY(engine_generate(e, prompt, n_prompt, &one, NULL, NULL, &s, &st));
-    int rc = grade_response(s.text, s.answer_at, gold);
+    int rc = grade_response(s.text, s.answer_at, grade_think_opens(one.response_prefix), gold, NULL);
     if (tokens)
         *tokens += s.n_tokens;
     gen_samples_free(&s, 1);

@@ -22,7 +22,7 @@ int verifier_collect(Engine *e, const int *prompt, int n_prompt, const GenConfig
     int rc = ER_OK;
     ER_CHECK(engine_generate(e, prompt, n_prompt, &k, NULL, NULL, s, &st));
     for (int i = 0; i < N; i++) {
-        int ok = grade_response(s[i].text, s[i].answer_at, gold);
+        int ok = grade_response(s[i].text, s[i].answer_at, grade_think_opens(k.response_prefix), gold, NULL);
         ER_CHECK(ok);
         labels[i] = (float)ok;
         if (tokens)

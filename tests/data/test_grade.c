@@ -98,12 +98,13 @@ Test(grade, real_solutions_grade_correct_and_perturbations_wrong) {
     int n = (int)(sizeof cases / sizeof cases[0]);
     cr_assert_geq(n, 30);
     for (int i = 0; i < n; i++) {
-        int ok = grade_response(cases[i].solution, -1, cases[i].gold);
+        int ok = grade_response(cases[i].solution, -1, 0, cases[i].gold, NULL);
         char *got = NULL;
         grade_extract(cases[i].solution, &got);
         cr_assert_eq(ok, 1, "case %d: gold \"%s\" vs extracted \"%s\"", i, cases[i].gold, got ? got : "(none)");
         er_free(got);
-        cr_assert_eq(grade_response(cases[i].wrong, -1, cases[i].gold), 0, "case %d: perturbed \"%s\" graded correct", i,
+        cr_assert_eq(grade_response(cases[i].wrong, -1, 0, cases[i].gold, NULL), 0,
+                     "case %d: perturbed \"%s\" graded correct", i,
                      cases[i].wrong);
         // The gold answer against the other cases' answers: nothing is equal by accident.
         int j = (i + 1) % n;
@@ -187,7 +188,7 @@ Test(grade, garbage_never_crashes) {
         char *s;
         cr_assert_eq(grade_normalize(odd[i], &s), ER_OK);
         er_free(s);
-        cr_assert_geq(grade_response(odd[i], -1, odd[i]), 0);
+        cr_assert_geq(grade_response(odd[i], -1, 0, odd[i], NULL), 0);
         cr_assert_geq(grade_equal(odd[i], "1"), 0);
     }
     ErRng rng;
@@ -199,14 +200,14 @@ Test(grade, garbage_never_crashes) {
         for (int i = 0; i < n; i++)
             buf[i] = alphabet[rng_below(&rng, sizeof alphabet - 1)];
         buf[n] = 0;
-        int r = grade_response(buf, -1, buf);
+        int r = grade_response(buf, -1, 0, buf, NULL);
         cr_assert(r == 0 || r == 1, "\"%s\" -> %d", buf, r);
     }
 }
 
 static void expect_answer(const char *text, long answer_at, const char *want) {
     char *got;
-    cr_assert_eq(grade_answer(text, answer_at, &got), ER_OK);
+    cr_assert_eq(grade_answer(text, answer_at, 0, &got), ER_OK);
     if (!want) {
         cr_assert_null(got, "read \"%s\" from \"%s\" (at %ld)", got, text, answer_at);
         return;
@@ -247,8 +248,8 @@ Test(grade, forced_answer_and_leading_number_rules) {
     // The gold answer is read by the same rule.
     cr_assert_eq(grade_answer_correct("17", "17 apples"), 1);
     cr_assert_eq(grade_answer_correct("17", "#### 17 apples"), 1);
-    cr_assert_eq(grade_response(FORCED "36, 36 + 5 = 41", at, "36"), 1);
-    cr_assert_eq(grade_response(FORCED "36, 36 + 5 = 41", at, "41"), 0);
+    cr_assert_eq(grade_response(FORCED "36, 36 + 5 = 41", at, 0, "36", NULL), 1);
+    cr_assert_eq(grade_response(FORCED "36, 36 + 5 = 41", at, 0, "41", NULL), 0);
 }
 
 // Outputs sampled from models/tiny-base with a masked SFT adapter (verbose traces, 150 steps, T = 0.8,
@@ -267,7 +268,7 @@ Test(grade, real_sampled_outputs) {
         const cJSON *want = cJSON_GetObjectItem(j, "answer");
         long at = cJSON_IsNumber(a) ? (long)a->valuedouble : -1;
         char *got;
-        cr_assert_eq(grade_answer(t->valuestring, at, &got), ER_OK);
+        cr_assert_eq(grade_answer(t->valuestring, at, 0, &got), ER_OK);
         cr_assert(got && grade_equal(got, want->valuestring) == 1, "line %d: read \"%s\", want \"%s\" from \"%s\"",
                   n + 1, got ? got : "(none)", want->valuestring, t->valuestring);
         runon += at >= 0 && strchr(t->valuestring + at, ',') != NULL;
@@ -278,4 +279,57 @@ Test(grade, real_sampled_outputs) {
     fclose(fp);
     cr_assert_geq(n, 15);
     cr_assert_gt(runon, 0, "no sample shows a run-on answer");
+}
+
+// The answer, not the thinking: inside a think block (opened by the forced prefix, or by the response's
+// own "<think>") only what follows the first "</think>" is read. A block that never closes, or nothing
+// after its close, gives no answer: wrong and unformatted.
+Test(grade, answer_after_the_think_block) {
+    int unf = -1;
+    const char *cut = "Let me add 3 and 4, so the answer: 7. Wait...";
+    cr_assert_eq(grade_response(cut, -1, 1, "7", &unf), 0, "a truncated thought is not an answer");
+    cr_assert_eq(unf, 1);
+    unf = -1;
+    cr_assert_eq(grade_response("<think>\nso the answer: 7. Wait...", -1, 0, "7", &unf), 0);
+    cr_assert_eq(unf, 1, "the response's own <think> opens the block");
+    char *got;
+    cr_assert_eq(grade_answer(cut, -1, 1, &got), ER_OK);
+    cr_assert_null(got, "read \"%s\" from an unclosed think block", got);
+
+    const char *late = "First try \\boxed{14}. No, 7 + 8 = 15.\n</think>\n\nFinal answer: 15";
+    unf = -1;
+    cr_assert_eq(grade_response(late, -1, 1, "15", &unf), 1, "the answer after </think> is graded");
+    cr_assert_eq(unf, 0);
+    cr_assert_eq(grade_response(late, -1, 1, "14", &unf), 0, "a \\boxed{} in the thinking counts for nothing");
+    cr_assert_eq(grade_answer(late, -1, 1, &got), ER_OK);
+    cr_assert_str_eq(got, "15");
+    er_free(got);
+
+    unf = -1;
+    cr_assert_eq(grade_response("<think>\nAnswer: 5\n</think>\n\n", -1, 0, "5", &unf), 0);
+    cr_assert_eq(unf, 1, "a closed block with nothing after it is unformatted");
+    unf = -1;
+    cr_assert_eq(grade_response("the answer: 5 </think>", -1, 1, "5", &unf), 0);
+    cr_assert_eq(unf, 1);
+
+    // The forced suffix closes the block: its answer rule applies after the close.
+    long at = (long)strlen(FORCED);
+    cr_assert_eq(grade_response(FORCED "36, 36 + 5 = 41", at, 1, "36", &unf), 1);
+    cr_assert_eq(unf, 0);
+    // Without a think block the whole text is read, as before; no answer there is unformatted too.
+    cr_assert_eq(grade_response("so the answer: 7. Wait...", -1, 0, "7", &unf), 1);
+    cr_assert_eq(unf, 0);
+    cr_assert_eq(grade_response("no number here", -1, 0, "7", &unf), 0);
+    cr_assert_eq(unf, 1);
+    cr_assert_eq(grade_response(late, -1, 1, "15", NULL), 1, "unformatted may be NULL");
+}
+
+Test(grade, think_opens) {
+    cr_assert_eq(grade_think_opens("<think>\n"), 1);
+    cr_assert_eq(grade_think_opens("Sure. <think>"), 1);
+    cr_assert_eq(grade_think_opens("<think>\n</think>\n\n"), 0, "an empty think block is closed");
+    cr_assert_eq(grade_think_opens("<think></think><think>"), 1);
+    cr_assert_eq(grade_think_opens("Answer: "), 0);
+    cr_assert_eq(grade_think_opens(""), 0);
+    cr_assert_eq(grade_think_opens(NULL), 0);
 }

@@ -95,8 +95,8 @@ static void check_example(const ChainsConfig *c, const ChainsExample *ex) {
     snprintf(wrong, sizeof wrong, "%d", v + 1);
     for (int s = 0; s < CHAINS_NSTYLES; s++) {
         const char *t = chains_completion(ex, (ChainsStyle)s);
-        cr_assert_eq(grade_response(t, -1, ex->answer), 1, "style %d does not grade correct:\n%s", s, t);
-        cr_assert_eq(grade_response(t, -1, wrong), 0);
+        cr_assert_eq(grade_response(t, -1, 0, ex->answer, NULL), 1, "style %d does not grade correct:\n%s", s, t);
+        cr_assert_eq(grade_response(t, -1, 0, wrong, NULL), 0);
     }
     char *body = er_strdup(ex->verbose), *got;
     body[vl - dl] = 0;
@@ -195,7 +195,7 @@ Test(synth, jsonl_reads_back_through_dataset) {
             cr_assert_str_eq(d.ex[i].answer, ex.answer);
             cr_assert_str_eq(d.ex[i].response, chains_completion(&ex, (ChainsStyle)s));
             cr_assert_eq(d.ex[i].needs_reasoning, ex.steps > 1);
-            cr_assert_eq(grade_response(d.ex[i].response, -1, d.ex[i].answer), 1);
+            cr_assert_eq(grade_response(d.ex[i].response, -1, 0, d.ex[i].answer, NULL), 1);
             chains_example_free(&ex);
         }
         dataset_free(&d);

@@ -49,13 +49,13 @@ static void check_example(const Example *ex, long prev_line) {
         long at[2] = {-1, (long)(strlen(ex->response) / 2)};
         for (int k = 0; k < 2; k++) {
             char *a = NULL;
-            if (grade_answer(ex->response, at[k], &a) == ER_OK && a && ex->answer) {
+            if (grade_answer(ex->response, at[k], 0, &a) == ER_OK && a && ex->answer) {
                 int c = grade_answer_correct(a, ex->answer);
                 FUZZ_CHECK(c == 0 || c == 1 || c == ER_ENOMEM, "grade_answer_correct gave %d", c);
             }
             er_free(a);
             if (ex->answer) {
-                int g = grade_response(ex->response, at[k], ex->answer);
+                int g = grade_response(ex->response, at[k], 0, ex->answer, NULL);
                 FUZZ_CHECK(g == 0 || g == 1 || g == ER_ENOMEM, "grade_response gave %d", g);
             }
         }

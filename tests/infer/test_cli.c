@@ -197,6 +197,7 @@ Test(cli, eval_accuracy_and_output) {
     JsonlReader jr;
     cr_assert_eq(jsonl_open(&jr, out), 0);
     cJSON *o;
+    long think = 0;
     for (int i = 0; i < 5; i++) {
         cr_assert_eq(jsonl_next(&jr, &o), 1, "%s", er_last_error());
         cr_assert_eq(json_int(o, "line"), i + 1);
@@ -211,12 +212,27 @@ Test(cli, eval_accuracy_and_output) {
         cr_assert(cJSON_IsString(ans) && strcmp(ans->valuestring, "12") == 0, "record %d: extracted answer", i);
         int n = json_int(s0, "n_tokens");
         cr_assert(n >= 1 && n <= 1 + n_suffix + 1, "record %d: %d tokens", i, n);
+        // The suffix holds no </think>: the think length is every token but a final EOS.
+        int eos = strcmp(cJSON_GetObjectItemCaseSensitive(s0, "finish")->valuestring, "eos") == 0;
+        cr_assert_eq(json_int(s0, "think_len"), n - eos, "record %d", i);
+        think += json_int(s0, "think_len");
+        cr_assert(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(s0, "unformatted")), "record %d", i);
         cr_assert(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(s0, "text")));
         cr_assert(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(s0, "finish")));
         cJSON_Delete(o);
     }
     cr_assert_eq(jsonl_next(&jr, &o), 0);
     jsonl_close(&jr);
+    cr_assert_eq(res.think_tokens, think, "the mean think length sums the samples' think_len");
+    cr_assert_eq(res.unformatted, 0);
+
+    // A prefix that opens a think block the suffix never closes: no sample has an answer to grade.
+    c.params.response_prefix = "<think>\n";
+    c.output = NULL;
+    cr_assert_eq(eval_run(&c, &res), 0, "eval failed: %s", er_last_error());
+    cr_assert(res.correct == 0 && res.unformatted == 5, "expected 0/5 right, 5 unformatted; got %ld, %ld", res.correct,
+              res.unformatted);
+    c.output = out;
 
     // The command's flags: --limit and --samples, two records, two samples each, pass@2 printed.
     need_erinfer();
@@ -226,6 +242,7 @@ Test(cli, eval_accuracy_and_output) {
     cr_assert_eq(r.status, 0, "eval failed (%d): %s", r.status, r.err);
     cr_assert(strstr(r.out, "accuracy: ") && strstr(r.out, "/2)"), "%s", r.out);
     cr_assert(strstr(r.out, "pass@2: "), "%s", r.out);
+    cr_assert(strstr(r.out, "unformatted: ") && strstr(r.out, "mean think length L: "), "%s", r.out);
     helper_result_free(&r);
     cr_assert_eq(count_lines_in(out), 2);
     er_free(data);

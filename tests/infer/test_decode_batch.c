@@ -117,6 +117,7 @@ static void assert_same(const GenSample *a, const GenSample *b, const Streamed *
         cr_assert_eq(a[i].finish, b[i].finish, "request %d sample %d finish", req, i);
         cr_assert_eq(a[i].budget_cut, b[i].budget_cut);
         cr_assert_eq(a[i].answer_at, b[i].answer_at);
+        cr_assert_eq(a[i].think_len, b[i].think_len, "request %d sample %d think length", req, i);
         cr_assert_eq(sa->len[i], a[i].text_len, "request %d sample %d: streamed bytes differ from the text", req, i);
         cr_assert(memcmp(sa->buf[i], sb->buf[i], sa->len[i]) == 0);
         cr_assert_eq(sa->calls[i], sb->calls[i]);
@@ -137,6 +138,9 @@ static void check_batch_equals_alone(KvType kv) {
         run_alone(&r[i], r[i].shares >= 0 ? &r[r[i].shares] : NULL, r[i].shares >= 0, kv, alone[i], &s_alone[i]);
     cr_assert_eq(alone[2][0].finish, FINISH_STOP, "the stop string must end request 2");
     cr_assert(alone[1][0].budget_cut || alone[1][1].budget_cut, "the budget must cut a sample of request 1");
+    for (int i = 0; i < 2; i++) // the budget bounds the think length: a cut sample's ends at B
+        cr_assert(!alone[1][i].budget_cut || alone[1][i].think_len == r[1].g.budget, "request 1 sample %d: L %d", i,
+                  alone[1][i].think_len);
     cr_assert_eq(alone[3][0].finish, FINISH_STOP, "the callback must stop request 3's sample 0");
 
     DecodeBatch b;

@@ -148,6 +148,14 @@ Test(engine, prefix_computed_and_stored_once) {
     engine_free(&e);
 }
 
+// The tiny tokenizer's single token for "</think>".
+static int think_close_id(void) {
+    int *ids, n = prompt_ids("</think>", &ids), id = ids[0];
+    cr_assert_eq(n, 1);
+    free(ids);
+    return id;
+}
+
 Test(engine, hard_budget_and_stop_strings) {
     Engine e;
     cr_assert_eq(engine_init(&e, &model, tok, KV_INT8, 3, 300, 16, 0), 0);
@@ -162,6 +170,12 @@ Test(engine, hard_budget_and_stop_strings) {
     g.sampler.temperature = 1.0f;
     g.budget = 8;
     g.answer_tokens = ns + 6;
+    // The budget bounds the think length: the suffix starts early enough for its "</think>" to end at B.
+    int close = 0;
+    for (int j = 0; j < ns && !close; j++)
+        if (suf[j] == think_close_id())
+            close = j + 1;
+    cr_assert_gt(close, 0, "the suffix's </think> is one token of the tiny tokenizer");
     GenSample out[3];
     GenStats st;
     cr_assert_eq(engine_generate(&e, p, n, &g, NULL, NULL, out, &st), 0, "%s", er_last_error());
@@ -170,7 +184,9 @@ Test(engine, hard_budget_and_stop_strings) {
         cr_assert(out[i].n_tokens <= g.budget + g.answer_tokens, "sample %d: %d tokens", i, out[i].n_tokens);
         if (out[i].budget_cut) {
             cut++;
-            cr_assert_arr_eq(out[i].tokens + g.budget, suf, sizeof(int) * ns, "the suffix follows the budget");
+            cr_assert_arr_eq(out[i].tokens + g.budget - close, suf, sizeof(int) * ns,
+                             "the suffix closes at the budget");
+            cr_assert_eq(out[i].think_len, g.budget, "sample %d: a forced sample's think length is the budget", i);
             cr_assert(strstr(out[i].text, "Final answer: "), "text: %s", out[i].text);
         }
     }
@@ -187,11 +203,68 @@ Test(engine, hard_budget_and_stop_strings) {
             cr_assert(!strstr(out[i].text, "Final"), "text must be cut before the stop string: %s", out[i].text);
         }
     gen_samples_free(out, 3);
+    // A budget that cannot hold the suffix through its </think> is refused.
+    g.stop = NULL;
+    g.n_stop = 0;
+    g.budget = close - 1;
+    cr_assert(engine_generate(&e, p, n, &g, NULL, NULL, out, &st) < 0);
+    cr_assert(strstr(er_last_error(), "cannot hold the forced suffix"), "%s", er_last_error());
+    g.budget = 8;
     // An answer allowance shorter than the suffix is refused.
     g.answer_tokens = ns;
     cr_assert(engine_generate(&e, p, n, &g, NULL, NULL, out, &st) < 0);
     cr_assert(strstr(er_last_error(), "answer allowance"), "%s", er_last_error());
     free(suf);
+    free(p);
+    engine_free(&e);
+}
+
+// A sample whose own output closes its think block before the budget is never forced afterwards: it
+// runs on to the token limit (B + A) with its think length where it closed. The random tiny model
+// writes the "</think>" token now and then: a few seeds find samples that do (checked, not assumed).
+Test(engine, closed_think_block_is_never_forced) {
+    Engine e;
+    cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 8, 200, 16, 0), 0);
+    int *p, n = prompt_ids(PROMPT, &p), close_id = think_close_id();
+    GenConfig g;
+    gen_config_default(&g);
+    g.n_samples = 8;
+    g.max_new = 100;
+    g.sampler.temperature = 1.5f;
+    g.budget = 40;
+    g.answer_tokens = 20;
+    g.response_prefix = "<think>\n";
+    int closed_early = 0, ran_past = 0, forced = 0;
+    for (uint64_t seed = 0; seed < 40 && ran_past < 2; seed++) {
+        g.seed = seed;
+        GenSample out[8];
+        GenStats st;
+        cr_assert_eq(engine_generate(&e, p, n, &g, NULL, NULL, out, &st), 0, "%s", er_last_error());
+        for (int i = 0; i < 8; i++) {
+            const GenSample *o = &out[i];
+            int first = -1; // the first "</think>" the model wrote, before any forcing
+            for (int t = 0; t < o->n_tokens && first < 0; t++)
+                if (o->tokens[t] == close_id)
+                    first = t;
+            forced += o->budget_cut;
+            if (o->budget_cut) {
+                cr_assert_eq(o->think_len, g.budget, "seed %d sample %d", (int)seed, i);
+                continue;
+            }
+            if (first < 0 || first + 1 >= g.budget)
+                continue;
+            closed_early++;
+            cr_assert_eq(o->think_len, first + 1, "seed %d sample %d: L ends at its own </think>", (int)seed, i);
+            if (o->n_tokens > g.budget) { // past B without the suffix: nothing was forced after the close
+                ran_past++;
+                cr_assert(!strstr(o->text, "Final answer: "), "seed %d sample %d: %s", (int)seed, i, o->text);
+            }
+        }
+        gen_samples_free(out, 8);
+    }
+    cr_assert_gt(ran_past, 0, "no sample closed its think block before the budget and ran past it (%d closed): the "
+                 "test proves nothing", closed_early);
+    cr_assert_gt(forced, 0, "no sample was forced: the budget was never reached");
     free(p);
     engine_free(&e);
 }

@@ -92,7 +92,7 @@ Test(vote, run_on_answers_after_the_forced_suffix) {
     char *answers[3];
     for (int i = 0; i < 3; i++) {
         long at = (long)(strstr(texts[i], "Final answer: ") - texts[i]) + 14;
-        cr_assert_eq(grade_answer(texts[i], at, &answers[i]), ER_OK);
+        cr_assert_eq(grade_answer(texts[i], at, 0, &answers[i]), ER_OK);
     }
     float w[] = {0.5f, 0.5f, 0.6f};
     Vote *v;
@@ -219,6 +219,52 @@ Test(pipeline, routes_by_the_switcher_threshold) {
     engine_free(&e);
     free(vq);
     free(pre);
+    free(p);
+}
+
+// The vote reads each sample's answer after its think block (opened by the reasoning prefix): a sample
+// forced to answer without closing it gives no answer; one whose suffix closes it votes.
+Test(pipeline, unclosed_think_blocks_do_not_vote) {
+    int *p, n;
+    cr_assert_eq(tok_encode(tok, PROMPT, strlen(PROMPT), &p, &n), 0);
+    Engine e;
+    cr_assert_eq(engine_init(&e, &model, tok, KV_F32, 4, 256, 16, 0), 0);
+    PipelineConfig c = config(4);
+    c.switcher = NULL;
+    const char *suffixes[2] = {" \\boxed{12}", "\n</think>\n\n\\boxed{12}"};
+    for (int k = 0; k < 2; k++) {
+        int *ids, ns;
+        cr_assert_eq(tok_encode(tok, suffixes[k], strlen(suffixes[k]), &ids, &ns), 0);
+        free(ids);
+        c.reasoning.budget_suffix = suffixes[k];
+        c.reasoning.budget = 3;
+        c.reasoning.answer_tokens = ns + 2;
+        c.reasoning.max_new = c.reasoning.budget + c.reasoning.answer_tokens;
+        GenSample out[4];
+        PipelineResult r;
+        cr_assert_eq(pipeline_run(&e, p, n, &c, NULL, NULL, out, &r), 0, "%s", er_last_error());
+        cr_assert_eq(r.route, ROUTE_REASONING);
+        int cut = 0;
+        for (int i = 0; i < 4; i++) {
+            const char *close = strstr(out[i].text, "</think>"), *forced = "</think>\n\n\\boxed{12}";
+            int own = k == 0 ? close != NULL : !close || strncmp(close, forced, strlen(forced)) != 0;
+            if (!out[i].budget_cut || own)
+                continue; // finished early, or the model closed the block itself
+            cut++;
+            if (k == 0)
+                cr_assert_null(r.answers[i], "sample %d voted \"%s\" from inside its think block: %s", i,
+                               r.answers[i], out[i].text);
+            else
+                cr_assert(r.answers[i] && strcmp(r.answers[i], "12") == 0, "sample %d: [%s] %s", i,
+                          r.answers[i] ? r.answers[i] : "(none)", out[i].text);
+        }
+        cr_assert_gt(cut, 0, "no sample was forced to answer");
+        if (k == 0 && cut == 4)
+            cr_assert_eq(r.winner, -1, "no sample has an answer");
+        gen_samples_free(out, r.n);
+        pipeline_result_free(&r);
+    }
+    engine_free(&e);
     free(p);
 }
 

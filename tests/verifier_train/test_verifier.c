@@ -40,7 +40,8 @@ Test(verifier_data, rows_are_engine_features_with_graded_labels) {
     cr_assert_eq(engine_generate(&e, p, n, &g, NULL, NULL, s, &st), 0);
     for (int i = 0; i < 4; i++) {
         cr_assert(labels[i] == 0 || labels[i] == 1);
-        cr_assert_eq(labels[i], (float)grade_response(s[i].text, s[i].answer_at, "12"));
+        int think_open = grade_think_opens(g.response_prefix);
+        cr_assert_eq(labels[i], (float)grade_response(s[i].text, s[i].answer_at, think_open, "12", NULL));
         float f[32];
         cr_assert_eq(engine_verify_features(&e, i, vq, nv, 0, f), 0);
         for (int c = 0; c < C; c++) // the prompt's last position is recomputed here: equal up to rounding
