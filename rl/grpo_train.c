@@ -449,23 +449,33 @@ static GenConfig rollout_config(const Grpo *g, int budget, double temperature, i
     return gc;
 }
 
-// Grades sample i of gr against ex and sets its reward terms: the paper's correct x barrier(L, B), the
-// format term (the think block closed and an answer after it).
-static int score_sample(Grpo *g, Group *gr, int i, const Example *ex) {
-    const GrpoConfig *c = g->c;
-    const GenSample *s = &gr->s[i];
-    int unformatted = 0;
-    int ok = grade_response(s->text, s->answer_at, g->think_open, ex->answer, &unformatted);
+int grpo_sample_reward(const GrpoConfig *c, const GenSample *s, int think_open, int budget, const char *gold,
+                       GrpoSampleReward *r) {
+    int unformatted = 0, ok = grade_response(s->text, s->answer_at, think_open, gold, &unformatted);
     ER_TRY(ok);
+    r->correct = ok;
+    r->unformatted = unformatted;
+    r->length = s->think_len;
+    r->budget_term = reward_total(ok, s->think_len, budget, c->barrier_m, c->barrier_p);
+    r->format_term = unformatted ? 0.0 : 1.0;
+    r->reward = r->budget_term + c->format_weight * r->format_term;
+    return ER_OK;
+}
+
+// Grades sample i of gr against ex and sets its reward terms (grpo_sample_reward).
+static int score_sample(Grpo *g, Group *gr, int i, const Example *ex) {
+    const GenSample *s = &gr->s[i];
+    GrpoSampleReward r;
+    ER_TRY(grpo_sample_reward(g->c, s, g->think_open, gr->budget, ex->answer, &r));
     float *t = gr->terms + (size_t)i * MAX_TERMS;
-    gr->ok[i] = (unsigned char)ok;
-    gr->unformatted[i] = (unsigned char)unformatted;
+    gr->ok[i] = (unsigned char)r.correct;
+    gr->unformatted[i] = (unsigned char)r.unformatted;
     gr->truncated[i] = s->finish == FINISH_LENGTH;
-    gr->len[i] = s->think_len;
+    gr->len[i] = r.length;
     gr->ntok[i] = s->n_tokens;
-    t[TERM_BUDGET] = (float)reward_total(ok, s->think_len, gr->budget, c->barrier_m, c->barrier_p);
-    t[TERM_FORMAT] = unformatted ? 0.0f : 1.0f;
-    gr->reward[i] = t[TERM_BUDGET] + (float)c->format_weight * t[TERM_FORMAT];
+    t[TERM_BUDGET] = (float)r.budget_term;
+    t[TERM_FORMAT] = (float)r.format_term;
+    gr->reward[i] = (float)r.reward;
     return ER_OK;
 }
 

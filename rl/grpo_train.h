@@ -13,6 +13,7 @@
 
 #include "data/chat.h"
 #include "data/dataset.h"
+#include "infer/engine.h"
 #include "rl/grpo.h"
 
 // Where the budget statement goes: the system message (appended to the record's own on a line of its
@@ -67,6 +68,16 @@ typedef struct {
 } GrpoResult;
 
 int grpo_train(const GrpoConfig *c, GrpoResult *res);
+
+// The reward of one rollout: graded on the answer after its think block (data/grade.h; think_open: the
+// reasoning prefix opened one), its length L the tokens through </think> (GenSample.think_len), then
+//   reward = correct x barrier(L, budget) + format_weight x format   (the external program's terms apart)
+typedef struct {
+    int correct, unformatted, length;
+    double budget_term, format_term, reward;
+} GrpoSampleReward;
+int grpo_sample_reward(const GrpoConfig *c, const GenSample *s, int think_open, int budget, const char *gold,
+                       GrpoSampleReward *r);
 
 // The chat text of one GRPO prompt (generation prompt added): the record's conversation with the
 // budget statement where c->budget_in puts it.

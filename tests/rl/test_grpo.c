@@ -223,3 +223,29 @@ Test(grpo, budget_statement_placement) {
     cr_expect_eq(grpo_prompt_text(&c, CHAT_CHATML, &bad, 32, &text), ER_EINVAL);
     cr_expect(strstr(er_last_error(), "prompts.jsonl:7") != NULL, "%s", er_last_error());
 }
+
+// One length L: the budget factor counts the thinking through </think> (GenSample.think_len), not the answer
+// after it nor the EOS. 18 thinking tokens and a one-token close (L = 19 <= (1 - m) B = 19.2) then 10
+// answer tokens and EOS (30 generated) at B = 24, m = 0.2 earn the full factor; 20 thinking tokens
+// (L = 21) are 1.8 tokens into the ramp: 1 - 1.8 / 9.6. Counting every generated token gave both 0.
+Test(grpo, reward_counts_L_not_the_answer) {
+    GrpoConfig c;
+    grpo_config_default(&c);
+    char text[] = "add 3 to 4 ... 7\n</think>\n\nFinal answer: 7";
+    GenSample s = {.text = text, .n_tokens = 30, .think_len = 19, .answer_at = -1, .finish = FINISH_EOS};
+    GrpoSampleReward r;
+    cr_assert_eq(grpo_sample_reward(&c, &s, 1, 24, "7", &r), ER_OK);
+    cr_assert_eq(r.correct, 1);
+    cr_assert_eq(r.length, 19);
+    cr_assert_float_eq(r.budget_term, 1.0, 1e-12);
+    s.think_len = 21, s.n_tokens = 32;
+    cr_assert_eq(grpo_sample_reward(&c, &s, 1, 24, "7", &r), ER_OK);
+    cr_assert_float_eq(r.budget_term, 1.0 - 1.8 / 9.6, 1e-9);
+    // The same answer with its think block never closed: wrong and unformatted, whatever its length.
+    char open_text[] = "add 3 to 4 so the answer: 7. Wait";
+    GenSample u = {.text = open_text, .n_tokens = 12, .think_len = 12, .answer_at = -1, .finish = FINISH_LENGTH};
+    cr_assert_eq(grpo_sample_reward(&c, &u, 1, 24, "7", &r), ER_OK);
+    cr_assert_eq(r.correct, 0);
+    cr_assert_eq(r.unformatted, 1);
+    cr_assert_eq(r.reward, 0.0);
+}
