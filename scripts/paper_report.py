@@ -17,10 +17,11 @@ from demo_report import (find, fmt_auc, gnuplot_curves, gnuplot_votes, jsonl, pa
 
 
 def summary(out, name, steps):
-    """accuracy, mean generated tokens and accuracy by k of an erinfer eval output (greedy)."""
+    """accuracy, mean L (the thinking tokens through </think>, data/grade.h; every generated token of a
+    response without a think block) and accuracy by k of an erinfer eval output (greedy)."""
     items = jsonl(f"{out}/{name}.jsonl")
     acc = sum(bool(r["correct"]) for r in items) / len(items)
-    tok = sum(r["samples"][0]["n_tokens"] for r in items) / len(items)
+    tok = sum(r["samples"][0]["think_len"] for r in items) / len(items)
     by_k = {}
     for r in items:
         by_k.setdefault(steps[r["line"]], []).append(bool(r["correct"]))
@@ -54,7 +55,7 @@ class Paper:
         n = base[3]
         self.p(f"### GRPO and the stated budget ({n} held-out test problems, k = 1..8 steps, greedy)")
         self.p()
-        self.p("| model | budget B | accuracy | k = 1 / 2 / 3 / 4 | mean tokens | SFT / this length |")
+        self.p("| model | budget B | accuracy | k = 1 / 2 / 3 / 4 | mean L (tokens) | SFT / this length |")
         self.p("|---|---|---|---|---|---|")
         bk = lambda r: " / ".join(f"{100 * r[2].get(k, float('nan')):.0f}" for k in (1, 2, 3, 4))
         self.p(f"| base, direct answer | {self.a.eval_budget} stated | {100 * base[0]:.1f}% | {bk(base)} | "
@@ -115,7 +116,7 @@ class Paper:
         w4_name = f"W4A16KV8 ({qc['weights']} {groups}, transforms {qc['transforms']}, {qc['embeddings']} embeddings)"
         self.p(f"### Quantized base and masking ({fp[3]} test problems, B = {self.a.eval_budget} stated, greedy)")
         self.p()
-        self.p("| base | adapter | KV | accuracy | k = 1 / 2 / 3 / 4 | mean tokens |")
+        self.p("| base | adapter | KV | accuracy | k = 1 / 2 / 3 / 4 | mean L (tokens) |")
         self.p("|---|---|---|---|---|---|")
         bk = lambda r: " / ".join(f"{100 * r[2].get(k, float('nan')):.0f}" for k in (1, 2, 3, 4))
         for base, ad, kv, r in (("fp32", "masked-LoRA SFT", "f32", fp),
