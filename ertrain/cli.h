@@ -19,6 +19,7 @@ int cmd_merge(int argc, char **argv);    // ertrain/merge.c
 int cmd_outliers(int argc, char **argv); // ertrain/outliers.c
 int cmd_export(int argc, char **argv);   // ertrain/export.c
 int cmd_eval_split(int argc, char **argv); // ertrain/eval.c
+int cmd_plot(int argc, char **argv);     // ertrain/plot.c
 
 // ertrain/train_flags.c: args_parse over the flags every training job takes (optimisation, evaluation,
 // checkpoints) followed by the command's own (at most TRAIN_OWN_FLAGS_MAX); points c->out at stdout and

@@ -49,6 +49,7 @@ static const ArgCommand commands[] = {
     {"merge", cmd_merge, "merge a LoRA adapter into its fp32 base: a model dir (the adapter on at every position)"},
     {"export", cmd_export, "export a model (gguf) or a LoRA adapter (gguf-lora) for llama.cpp"},
     {"eval", cmd_eval_split, "erinfer eval with the records split across the ranks of mpirun (make MPI=1)"},
+    {"plot", cmd_plot, "training curves of run dirs (metrics.jsonl) as one PNG, several runs overlaid (gnuplot)"},
     {"version", cmd_version, "print the build configuration"},
 };
 
