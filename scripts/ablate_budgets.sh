@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Budget ablation: GRPO for every (budget, m) of a grid from one starting adapter, each evaluated on
-# held-out prompts that state the same budget. Writes ablation.csv, ablation.json and gnuplot PNGs:
-# accuracy vs mean length (one point per run: the Pareto view) and reward / length over the steps.
+# held-out prompts that state the same budget. Writes ablation.csv, ablation.json, pareto.png (gnuplot: accuracy
+# vs mean length, one point per run) and curves.png (`ertrain plot` over the runs: reward, accuracy, length per
+# budget, KL, eval accuracy and loss over the steps, the runs overlaid).
 #
 #   scripts/ablate_budgets.sh --model DIR --adapter DIR --data TRAIN.jsonl --eval EVAL.jsonl --out DIR
 #       [--budgets "32 64 128"] [--m "0.2"] [--steps 50] [--budget-in system|user] [--flags "extra ertrain grpo flags"]
@@ -32,7 +33,7 @@ for v in model adapter data evaldata out; do
   [ -n "${!v}" ] || { echo "ablate_budgets: --${v/evaldata/eval} is required" >&2; exit 1; }
 done
 mkdir -p "$out"
-runs=()
+runs=(); run_dirs=()
 for b in $budgets; do
   for m in $ms; do
     run="$out/b${b}_m${m}"
@@ -47,7 +48,7 @@ for b in $budgets; do
       --where "$where" > /dev/null
     $BUILD/erinfer eval --model "$model" --adapter "$run" --data "$run/eval-prompts.jsonl" \
       --max-new $((b * 2 + 32)) --threads "${THREADS:-0}" --output "$run/eval.jsonl" > "$run/eval.txt"
-    runs+=("$b $m $run")
+    runs+=("$b $m $run"); run_dirs+=("$run")
   done
 done
 
@@ -63,9 +64,6 @@ for spec in sys.argv[2:]:
     metrics = [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
     rows.append({"budget": int(b), "m": float(m), "accuracy": acc, "mean_length": length, "items": len(items),
                  "final_reward": metrics[-1]["reward"], "steps": metrics[-1]["step"], "run": run})
-    with open(f"{run}/curve.dat", "w") as f:
-        for x in metrics:
-            f.write(f"{x['step']} {x['reward']} {x['length']}\n")
 with open(f"{out}/ablation.json", "w") as f:
     json.dump(rows, f, indent=1)
 with open(f"{out}/ablation.csv", "w") as f:
@@ -79,11 +77,6 @@ for r in rows:
     print(f"budget {r['budget']:5d} m {r['m']:.2f}: accuracy {r['accuracy']:.3f}, mean length {r['mean_length']:.1f} tokens")
 PY
 
-curves=""
-for spec in "${runs[@]}"; do
-  set -- $spec
-  curves+="'$3/curve.dat' using 1:(column(COL)) with lines title 'B=$1 m=$2', "
-done
 gnuplot <<GNUPLOT_END
 set terminal pngcairo size 800,560
 set grid
@@ -91,13 +84,7 @@ set output '$out/pareto.png'
 set title 'Accuracy vs mean generated length (one point per budget / m)'
 set xlabel 'mean generated tokens'; set ylabel 'accuracy'
 plot '$out/pareto.dat' using 1:2 with linespoints pt 7 title 'GRPO runs', '' using 1:2:3 with labels offset 1,1 notitle
-set output '$out/reward.png'
-set title 'Mean reward over GRPO steps'; set xlabel 'step'; set ylabel 'reward'
-COL=2
-plot ${curves%, }
-set output '$out/length.png'
-set title 'Mean generated length over GRPO steps'; set ylabel 'tokens'
-COL=3
-plot ${curves%, }
 GNUPLOT_END
-echo "wrote $out/ablation.csv, $out/ablation.json, $out/pareto.png, $out/reward.png, $out/length.png"
+# The runs' curves over the steps, overlaid (each labelled by its dir, b<budget>_m<m>).
+"$BUILD"/ertrain plot "${run_dirs[@]}" --out "$out/curves.png" > /dev/null
+echo "wrote $out/ablation.csv, $out/ablation.json, $out/pareto.png, $out/curves.png"
