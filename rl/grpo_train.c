@@ -20,6 +20,7 @@
 #include "lora/peft.h"
 #include "rl/policy.h"
 #include "rl/reward_cmd.h"
+#include "rl/rollout.h"
 #include "train/checkpoint.h"
 #include "train/dist.h"
 #include "train/optim.h"
@@ -153,7 +154,7 @@ typedef struct {
     int budgets[MAX_BUDGETS], n_budgets;
     int *prefix, n_prefix;
     int think_open;               // the reasoning prefix opens a think block (data/grade.h)
-    Engine eng;
+    DecodeBatch batch;            // every group's samples decoded together (rl/rollout.h)
     RewardCmd *cmd;               // --reward-cmd (NULL = none)
     Activations acts;
     AdamW opt;
@@ -214,7 +215,7 @@ static void grpo_free(Grpo *g) {
     train_state_free(&g->st);
     adamw_free(&g->opt);
     acts_free(&g->acts);
-    engine_free(&g->eng);
+    decode_batch_free(&g->batch);
     dataset_free(&g->d);
     dataset_free(&g->eval);
     tok_free(g->tok);
@@ -406,7 +407,9 @@ static int grpo_setup(Grpo *g) {
     g->order_epoch = -1;
     if (c->reward_cmd)
         ER_TRY(reward_cmd_start(c->reward_cmd, c->reward_timeout, &g->cmd));
-    ER_TRY(engine_init(&g->eng, &g->m, g->tok, KV_F32, c->group, g->seq_len, 128, 0));
+    // Room for a step's groups on one rank, and their prompts cached (a prompt drawn again reuses its KV).
+    ER_TRY(decode_batch_init(&g->batch, &g->m, g->tok, &g->ad, KV_F32, c->prompts * c->group, c->prompts,
+                             g->seq_len, 128, 0));
     ER_TRY(acts_alloc(&g->acts, &g->m.cfg, c->group, g->seq_len, ACTS_TRAIN, er_physical_memory()));
     ER_TRY(adamw_init(&g->opt, backend_cpu(), g->ad.n_params, c->lr, 0.9, 0.999, 1e-8, c->weight_decay));
     return alloc_groups(g);
@@ -514,11 +517,8 @@ done:
     return rc;
 }
 
-// Rolls out groups [a, b) of this step: every rank draws their records and budgets (the same on all);
-// this rank decodes its share [lo, hi) and grades it.
-static int rollout_round(Grpo *g, long step, int a, int b, int lo, int hi, long *gen_tokens) {
-    const GrpoConfig *c = g->c;
-    uint64_t seeds[4096];
+// Draws the records and budgets of groups [a, b) (every rank draws them all, the same on each).
+static void draw_round(Grpo *g, long step, int a, int b, int lo, int hi, uint64_t *seeds) {
     for (int p = a; p < b; p++) {
         Group *gr = &g->groups[p];
         ErRng r;
@@ -526,40 +526,64 @@ static int rollout_round(Grpo *g, long step, int a, int b, int lo, int hi, long 
         gr->rec = next_record(g);
         const Example *ex = &g->d.ex[gr->rec];
         gr->budget = ex->budget > 0 ? ex->budget : g->budgets[rng_below(&r, (uint32_t)g->n_budgets)];
-        seeds[p] = rng_u64(&r);
+        seeds[p - a] = rng_u64(&r);
         gr->mine = p >= lo && p < hi;
     }
+}
+
+// Grades group gr's samples and hashes their tokens.
+static int score_group(Grpo *g, Group *gr) {
+    const Example *ex = &g->d.ex[gr->rec];
+    gr->correct = 0;
+    for (int i = 0; i < g->c->group; i++) {
+        ER_TRY(score_sample(g, gr, i, ex));
+        gr->correct += gr->ok[i];
+    }
+    if (g->cmd)
+        ER_TRY(add_cmd_terms(g, gr, ex));
+    gr->hash = 2166136261u;
+    for (int i = 0; i < g->c->group; i++)
+        for (int j = 0; j < gr->s[i].n_tokens; j++)
+            gr->hash = (gr->hash ^ (uint32_t)gr->s[i].tokens[j]) * 16777619u;
+    return ER_OK;
+}
+
+// Rolls out groups [a, b) of this step: every rank draws their records and budgets; this rank decodes its
+// share [lo, hi), all its groups' samples in one batch (rl/rollout.h), and grades them.
+static int rollout_round(Grpo *g, long step, int a, int b, int lo, int hi, long *gen_tokens) {
+    const GrpoConfig *c = g->c;
+    uint64_t seeds[4096];
+    RolloutGroup rg[4096];
+    draw_round(g, step, a, b, lo, hi, seeds);
     for (int p = lo; p < hi; p++) {
         Group *gr = &g->groups[p];
         const Example *ex = &g->d.ex[gr->rec];
-        int *ids = NULL, nid, rc = ER_OK;
-        ER_CHECK(encode_prompt(g, ex, gr->budget, &ids, &nid));
-        er_free(gr->prompt);
-        if (!(gr->prompt = er_alloc(sizeof(int) * (size_t)(nid + g->n_prefix))))
-            ER_CHECK(ER_ENOMEM);
-        memcpy(gr->prompt, ids, sizeof(int) * (size_t)nid);
-        memcpy(gr->prompt + nid, g->prefix, sizeof(int) * (size_t)g->n_prefix);
-        gr->n_prompt = nid + g->n_prefix;
-        GenConfig gc = rollout_config(g, gr->budget, c->temperature, c->group, seeds[p]);
-        gen_samples_free(gr->s, c->group);
-        GenStats gs;
-        ER_CHECK(engine_generate(&g->eng, ids, nid, &gc, NULL, NULL, gr->s, &gs));
-        *gen_tokens += gs.generated_tokens;
-        gr->correct = 0;
-        for (int i = 0; i < c->group; i++) {
-            ER_CHECK(score_sample(g, gr, i, ex));
-            gr->correct += gr->ok[i];
-        }
-        if (g->cmd)
-            ER_CHECK(add_cmd_terms(g, gr, ex));
-        gr->hash = 2166136261u;
-        for (int i = 0; i < c->group; i++)
-            for (int j = 0; j < gr->s[i].n_tokens; j++)
-                gr->hash = (gr->hash ^ (uint32_t)gr->s[i].tokens[j]) * 16777619u;
-    done:
-        er_free(ids);
+        int *ids, nid;
+        int rc = encode_prompt(g, ex, gr->budget, &ids, &nid);
         if (rc < 0)
             return er_error_prefix(rc, "grpo step %ld, %s:%ld", step + 1, c->data_path, ex->line);
+        er_free(gr->prompt);
+        if ((gr->prompt = er_alloc(sizeof(int) * (size_t)(nid + g->n_prefix))))
+            memcpy(gr->prompt, ids, sizeof(int) * (size_t)nid);
+        er_free(ids);
+        if (!gr->prompt)
+            return ER_ENOMEM;
+        memcpy(gr->prompt + nid, g->prefix, sizeof(int) * (size_t)g->n_prefix);
+        gr->n_prompt = nid + g->n_prefix;
+        gen_samples_free(gr->s, c->group);
+        // The prompt's own tokens: the engine forces the prefix (GenConfig.response_prefix).
+        rg[p - lo] = (RolloutGroup){gr->prompt, nid, rollout_config(g, gr->budget, c->temperature, c->group,
+                                                                     seeds[p - a]), gr->s};
+    }
+    if (hi > lo) {
+        int rc = rollout_groups(&g->batch, rg, hi - lo, gen_tokens);
+        if (rc < 0)
+            return er_error_prefix(rc, "grpo step %ld", step + 1);
+    }
+    for (int p = lo; p < hi; p++) {
+        int rc = score_group(g, &g->groups[p]);
+        if (rc < 0)
+            return er_error_prefix(rc, "grpo step %ld, %s:%ld", step + 1, c->data_path, g->d.ex[g->groups[p].rec].line);
     }
     return ER_OK;
 }
@@ -912,46 +936,69 @@ static int write_completions(Grpo *g, long step) {
 }
 
 // Greedy decoding of the eval records at every budget they can be drawn with (the record's own, or each
-// of --budgets): accuracy, unformatted share and mean L per budget. The records are shared across ranks.
+// of --budgets), all of this rank's in one batch: accuracy, unformatted share, and accuracy and mean L per
+// budget. The records are shared across ranks.
 static int grpo_eval(Grpo *g, StepMetrics *sm) {
     const GrpoConfig *c = g->c;
-    int lo, hi, nb = g->n_budgets, per = 4 * nb;
+    int lo, hi, nb = g->n_budgets, n = 0, rc = ER_OK;
     dist_share(g->eval.n, dist_rank(), dist_size(), &lo, &hi);
-    double v[4 * MAX_BUDGETS] = {0}; // per budget: samples, correct, unformatted, sum of L
+    size_t cap = (size_t)(hi - lo) * (size_t)nb + 1;
+    RolloutGroup *rg = er_calloc(cap, sizeof(RolloutGroup));
+    GenSample *s = er_calloc(cap, sizeof(GenSample));
+    int *rec = er_calloc(cap, sizeof(int)), *bud = er_calloc(cap, sizeof(int)); // record, budget of each
+    double v[4 * MAX_BUDGETS + 3] = {0}; // per budget: samples, correct, unformatted, sum of L; then the totals
+    if (!rg || !s || !rec || !bud)
+        ER_CHECK(ER_ENOMEM);
     for (int i = lo; i < hi; i++) {
         const Example *ex = &g->eval.ex[i];
-        for (int k = 0; k < (ex->budget > 0 ? 1 : nb); k++) {
-            int budget = ex->budget > 0 ? ex->budget : g->budgets[k], b = 0, *ids, nid, unformatted = 0;
-            while (b < nb && g->budgets[b] != budget)
-                b++;
-            ER_TRY(encode_prompt(g, ex, budget, &ids, &nid));
-            GenConfig gc = rollout_config(g, budget, 0.0, 1, 0);
-            GenSample s = {0};
-            GenStats gs;
-            int rc = engine_generate(&g->eng, ids, nid, &gc, NULL, NULL, &s, &gs);
-            er_free(ids);
-            int ok = rc < 0 ? rc : grade_response(s.text, s.answer_at, g->think_open, ex->answer, &unformatted);
-            int L = s.think_len;
-            gen_samples_free(&s, 1);
-            if (ok < 0)
-                return er_error_prefix(ok, "eval, %s:%ld", c->eval_data, ex->line);
-            if (b < nb) {
-                v[4 * b] += 1, v[4 * b + 1] += ok, v[4 * b + 2] += unformatted, v[4 * b + 3] += L;
-            }
+        for (int k = 0; k < (ex->budget > 0 ? 1 : nb); k++, n++) {
+            int budget = ex->budget > 0 ? ex->budget : g->budgets[k], *ids, nid;
+            rc = encode_prompt(g, ex, budget, &ids, &nid);
+            if (rc < 0)
+                ER_CHECK(er_error_prefix(rc, "eval, %s:%ld", c->eval_data, ex->line));
+            rg[n] = (RolloutGroup){ids, nid, rollout_config(g, budget, 0.0, 1, 0), &s[n]};
+            rec[n] = i;
+            bud[n] = budget;
         }
     }
-    ER_TRY(dist_sum_doubles(v, per));
-    double n = 0, ok = 0, unf = 0;
+    if (n > 0)
+        ER_CHECK(rollout_groups(&g->batch, rg, n, NULL));
+    for (int j = 0; j < n; j++) {
+        const Example *ex = &g->eval.ex[rec[j]];
+        int unformatted = 0, ok = grade_response(s[j].text, s[j].answer_at, g->think_open, ex->answer, &unformatted);
+        if (ok < 0)
+            ER_CHECK(er_error_prefix(ok, "eval, %s:%ld", c->eval_data, ex->line));
+        int b = 0;
+        while (b < nb && g->budgets[b] != bud[j])
+            b++;
+        double add[4] = {1, ok, unformatted, s[j].think_len};
+        for (int t = 0; t < 4; t++) {
+            if (b < nb)
+                v[4 * b + t] += add[t];
+            if (t < 3)
+                v[4 * MAX_BUDGETS + t] += add[t];
+        }
+    }
+    ER_CHECK(dist_sum_doubles(v, 4 * MAX_BUDGETS + 3));
     for (int b = 0; b < nb; b++) {
         sm->eval_n[b] = (int)v[4 * b];
         sm->eval_acc_by[b] = v[4 * b + 1];
         sm->eval_len[b] = v[4 * b + 3];
-        n += v[4 * b], ok += v[4 * b + 1], unf += v[4 * b + 2];
     }
+    double total = v[4 * MAX_BUDGETS];
     sm->evaluated = 1;
-    sm->eval_acc = n > 0 ? ok / n : 0;
-    sm->eval_unformatted = n > 0 ? unf / n : 0;
-    return ER_OK;
+    sm->eval_acc = total > 0 ? v[4 * MAX_BUDGETS + 1] / total : 0;
+    sm->eval_unformatted = total > 0 ? v[4 * MAX_BUDGETS + 2] / total : 0;
+done:
+    for (int j = 0; j < n; j++)
+        er_free((void *)rg[j].prompt);
+    if (s)
+        gen_samples_free(s, n);
+    er_free(s);
+    er_free(rg);
+    er_free(rec);
+    er_free(bud);
+    return rc;
 }
 
 // The adapter of the best eval accuracy so far, in OUT/best (with best/eval.json: its step and accuracy);

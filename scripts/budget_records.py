@@ -8,8 +8,10 @@ Each output record is {"messages": [system, user, assistant], "budget"} plus the
 budget is drawn per record from --budgets with a seeded RNG and stated by --template, in its own
 system message or (--where user) at the end of the user message, as `ertrain grpo --budget-in`.
 --key none writes prompts only (evaluation records). The response is the record's --key
-completion (direct, terse, concise, verbose) whatever the budget: the SFT adapter learns the trace format, GRPO
-then learns the budget.
+completion (direct, terse, concise, verbose) whatever the budget, its thinking closed before its answer line
+("...\n</think>\n\nAnswer: 5"; a direct one closes an empty think block: "</think>\n\nAnswer: 5"): the adapter
+starts inside the think block its reasoning prefix opens, and a response is graded on the answer after the
+block closes (data/grade.h). The SFT adapter learns the trace format, GRPO then learns the budget.
 Several keys with weights (verbose:96,concise:2,direct:2) draw each record's completion from them, seeded,
 so the adapter also holds the shorter forms GRPO can choose between. A key with @B is drawn only for records
 whose budget is B (terse@32:4,concise@64:4,concise@128:4,direct:2,verbose:94: the short form of each budget),
@@ -23,6 +25,14 @@ import json
 import os
 import random
 import sys
+
+
+def close_think(response):
+    """The chain's thinking closed before its last answer line: "...\nAnswer: 5" -> "...\n</think>\n\nAnswer: 5"."""
+    head, sep, tail = response.rpartition("Answer: ")
+    if not sep:
+        return response + "\n</think>"
+    return f"{head}</think>\n\n{sep}{tail}"
 
 
 def main():
@@ -74,7 +84,7 @@ def main():
             else:
                 msgs = [{"role": "user", "content": f"{problem} {line}"}]
             if response is not None:
-                msgs.append({"role": "assistant", "content": response})
+                msgs.append({"role": "assistant", "content": close_think(response)})
             # The record's other fields (answer, steps, needs_reasoning, ...) travel with it.
             rest = {k: v for k, v in r.items()
                     if k not in ("problem", "direct", "terse", "concise", "verbose", "tokens")}
