@@ -20,8 +20,9 @@ typedef struct {
 // so a group's outputs are engine_generate's for the same prompt and GenConfig on an engine whose prompt
 // sequence held no prefix of it: bitwise while a step holds at most QUANT_DECODE_MAX_N rows, past that
 // the products round as sgemm does (the tokens stay the same unless a draw falls on such a last bit).
-// *gen_tokens (NULL = not wanted) gains the tokens generated. On failure the error names the group,
-// every request is ended and every group's out is freed and zeroed (safe to gen_samples_free again).
+// Every out is overwritten (not freed), as engine_generate's. *gen_tokens (NULL = not wanted) gains the
+// tokens generated. On failure the error names the group, every request is ended and every group's out
+// is freed and zeroed (safe to gen_samples_free again).
 int rollout_groups(DecodeBatch *b, RolloutGroup *groups, int n, long *gen_tokens);
 
 #endif
