@@ -28,6 +28,7 @@
 #include "train/trainer.h"
 
 #define MAX_BUDGETS 16
+#define MAX_PROMPTS 256 // --prompts at most
 
 
 void grpo_config_default(GrpoConfig *c) {
@@ -165,7 +166,7 @@ typedef struct {
     int max_new;                  // new tokens of the largest budget
     int seq_len;                  // positions per sequence: --seq-len, or what the longest prompt needs
     float dropout;                // the starting adapter's lora_dropout (kept in the saved adapter)
-    char data_fp[48];             // file_fingerprint of --data: a resume refuses a changed file
+    char data_fp[48], eval_fp[48]; // file_fingerprint of --data, --eval-data: a resume refuses a changed file
     int n_terms;                  // TERM_CMD0 + the external program's terms
     char term_names[MAX_TERMS][32];
     double best_eval;             // best eval accuracy so far (-1 = none)
@@ -297,8 +298,8 @@ static int check_prompts(Grpo *g) {
 static int check_config(const GrpoConfig *c) {
     if (c->group < 2)
         return er_error(ER_EINVAL, "--group must be at least 2 (advantages compare samples of one prompt)");
-    if (c->prompts < 1 || c->prompts > 256)
-        return er_error(ER_EINVAL, "--prompts must be in 1..256");
+    if (c->prompts < 1 || c->prompts > MAX_PROMPTS)
+        return er_error(ER_EINVAL, "--prompts must be in 1..%d", MAX_PROMPTS);
     if (c->max_draws && (c->max_draws < c->prompts || c->max_draws > 4096))
         return er_error(ER_EINVAL, "--max-draws %d: expected 0 (off) or %d (--prompts) to 4096", c->max_draws,
                         c->prompts);
@@ -398,6 +399,8 @@ static int grpo_setup(Grpo *g) {
             ER_TRY(dir_output_not_input(c->out_dir, in[i], flag[i]));
     ER_TRY(run_dir_check(c->out_dir, c->resume ? RUN_RESUME : RUN_NEW, c->log));
     ER_TRY(file_fingerprint(c->data_path, g->data_fp, sizeof g->data_fp));
+    if (c->eval_data)
+        ER_TRY(file_fingerprint(c->eval_data, g->eval_fp, sizeof g->eval_fp));
     ER_TRY(load_inputs(g));
     ER_TRY(check_prompts(g));
     g->n_terms = TERM_CMD0;
@@ -407,9 +410,10 @@ static int grpo_setup(Grpo *g) {
     g->order_epoch = -1;
     if (c->reward_cmd)
         ER_TRY(reward_cmd_start(c->reward_cmd, c->reward_timeout, &g->cmd));
-    // Room for a step's groups on one rank, and their prompts cached (a prompt drawn again reuses its KV).
-    ER_TRY(decode_batch_init(&g->batch, &g->m, g->tok, &g->ad, KV_F32, c->prompts * c->group, c->prompts,
-                             g->seq_len, 128, 0));
+    // Room for this rank's share of a round's groups (a round draws at most --prompts), and their prompts
+    // cached (a prompt drawn again reuses its KV).
+    int share = (c->prompts + dist_size() - 1) / dist_size();
+    ER_TRY(decode_batch_init(&g->batch, &g->m, g->tok, &g->ad, KV_F32, share * c->group, share, g->seq_len, 128, 0));
     ER_TRY(acts_alloc(&g->acts, &g->m.cfg, c->group, g->seq_len, ACTS_TRAIN, er_physical_memory()));
     ER_TRY(adamw_init(&g->opt, backend_cpu(), g->ad.n_params, c->lr, 0.9, 0.999, 1e-8, c->weight_decay));
     return alloc_groups(g);
@@ -552,8 +556,8 @@ static int score_group(Grpo *g, Group *gr) {
 // share [lo, hi), all its groups' samples in one batch (rl/rollout.h), and grades them.
 static int rollout_round(Grpo *g, long step, int a, int b, int lo, int hi, long *gen_tokens) {
     const GrpoConfig *c = g->c;
-    uint64_t seeds[4096];
-    RolloutGroup rg[4096];
+    uint64_t seeds[MAX_PROMPTS]; // a round draws at most --prompts groups
+    RolloutGroup rg[MAX_PROMPTS];
     draw_round(g, step, a, b, lo, hi, seeds);
     for (int p = lo; p < hi; p++) {
         Group *gr = &g->groups[p];
@@ -1089,6 +1093,7 @@ static cJSON *config_json(const Grpo *g) {
     cJSON_AddNumberToObject(j, "adapter_dropout", g->dropout);
     if (c->eval_data) {
         run_add_path(j, "eval_data", c->eval_data);
+        cJSON_AddStringToObject(j, "eval_data_fingerprint", g->eval_fp);
         cJSON_AddNumberToObject(j, "eval_every", c->eval_every);
         cJSON_AddNumberToObject(j, "eval_n", c->eval_n);
     }

@@ -234,6 +234,12 @@ set autoscale
                 "k = 2..8); validation 36 (hard, only to choose the temperature) and 37 (k = 1..8, chose the base, "
                 "the SFT steps, the SFT records' mix and the W4 transforms before this run: scripts/paper.sh). "
                 "Training seeds: `--seed 1` everywhere.",
+                "", "Lengths are L, the thinking tokens through `</think>` (data/grade.h), the span the stated budget, "
+                "`--budget` and GRPO's barrier all bound; a response is right only if its think block closes and the "
+                "answer after it is right (an SFT record closes its thinking before its answer line). GRPO follows "
+                "TRL's semantics: the KL reference is the SFT adapter it starts from (`--kl-ref init`), prompts are "
+                "drawn without replacement, each step's rollouts decode in one batch. What these choices changed "
+                "against the earlier table is in [experiments.md](experiments.md#grpo-semantics-and-the-paper-table).",
                 "", "| effect | paper | target | measured | |", "|---|---|---|---|---|"]
         head += [f"| {e} | {p} | {t} | {m} | {verdict(ok)} |" for e, p, t, m, ok in self.targets]
         cmds = open(f"{a.out}/commands.txt").read().strip().splitlines()
