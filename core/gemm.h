@@ -14,6 +14,8 @@ void gemm_f32(int trans_a, int trans_b, int M, int N, int K, float alpha, const 
 // k = l (mod 8) in order, the lanes added pairwise, then the K % 8 tail in order. The decode kernels
 // (quant/qkernel.c) and the built-in GEMM both sum this way, so without BLAS a row of a product is bit
 // for bit the same whether its call had 1 row or 100 (the KV-sharing rule's bitwise test relies on it).
+// With BLAS, fp32 weight products stay on the decode kernels up to QUANT_BATCH_MAX_N rows (quant/quant.h),
+// so a row's bits are the same at every N up to there; past it sgemm rounds its own way.
 // GCC's generic vector type: AVX here, whatever the target offers elsewhere. Vectors go through
 // pointers: passing one by value changes the ABI on targets without AVX, which GCC warns about.
 typedef float gemm_v8f __attribute__((vector_size(32)));

@@ -162,7 +162,8 @@ void engine_release_samples(Engine *e);
 // live (or the request failed); end writes the texts and stats, releases the request and returns
 // its status (out then freed on failure). Sample i draws from stream i of g->seed and the rows of
 // a forward do not interact, so a request decodes the same tokens whatever else shares its steps
-// (bitwise up to QUANT_DECODE_MAX_N rows a step: past it the products take sgemm's rounding).
+// (bitwise up to QUANT_BATCH_MAX_N rows a step with fp32 weights, QUANT_DECODE_MAX_N with packed ones:
+// past it the products take sgemm's rounding).
 // begin reads g's strings; g->adapter must stay valid until end. With g->keep_kv, end hands the finished
 // samples' KV sequences to the engine's kept samples (replacing those kept before), as engine_generate
 // does, for engine_verify_features* until engine_release_samples.

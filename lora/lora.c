@@ -155,7 +155,7 @@ static void lora_forward_rows(float *out, float *h, const float *x, const LoraMa
 
 int lora_forward(float *out, float *h, const float *x, const LoraMat *m, int r, float scale, const uint8_t *mask,
                  int N) {
-    if (N <= QUANT_DECODE_MAX_N) {
+    if (N <= QUANT_BATCH_MAX_N) { // as far as the fp32 base products stay bitwise (quant/quant.h)
         lora_forward_rows(out, h, x, m, r, scale, mask, N);
         return ER_OK;
     }

@@ -1,6 +1,7 @@
 // Decode kernels (N <= 8 input rows): each weight row is read once and multiplied into all N input
 // rows at once, with vector accumulators per input row held in registers; rows are split across
-// threads. sgemm's packing costs more than the product at this size. fp32 weights are memory-bound
+// threads. fp32 weights take up to QUANT_BATCH_MAX_N rows: a block of weight rows passes over the inputs
+// 8 at a time while it is in cache, each output summed as for one row alone. sgemm's packing costs more than the product at this size. fp32 weights are memory-bound
 // here; packed ones move 4-16x fewer bytes and are bound by the unpacking instead.
 //
 // Two paths:
@@ -97,8 +98,9 @@ static inline __attribute__((always_inline)) void dot_rows_end(float *out, int R
 }
 
 // Rows r0 .. r0 + nr - 1 (nr <= QK_TILE_ROWS; row r0 + i at W + i * K) of an fp32 weight against the N
-// inputs, `tile` columns of every row at a time (a multiple of 8, or the whole row). dot_f32 takes all the
-// inputs at once over whole rows when they fit in L1 beside the weight stream (one row per block), otherwise
+// inputs, `tile` columns of every row at a time (a multiple of 8, or the whole row). dot_f32 takes the inputs
+// (up to 8 per pass, the block's rows then read back from cache for the next 8) over whole rows when they all
+// fit in L1 beside the weight stream (one row per block), otherwise
 //   - K <= QK_SPLIT_COLS: the inputs in groups of 4 over the block, whose rows the second group reads back
 //     from L2 (8 rows of 896 inputs are 28 KiB, more than L1 keeps while the weights stream past);
 //   - wider (the 4864-wide down projection): QK_TILE_COLS columns of every row of the block at a time, the
@@ -140,7 +142,7 @@ static void dot_block_n(float *out, int R, int r0, int nr, const float *W, const
 // out (N, R) = inp (N, K) · Wᵀ for fp32 W: blocks of rows as dot_block says.
 static void dot_f32(float *out, const float *W, const float *inp, int R, int K, int N) {
     int fits = (size_t)N * K * sizeof(float) <= QK_L1_INPUTS, split = !fits && K <= QK_SPLIT_COLS;
-    int G = split ? 4 : N;                                  // inputs per pass over a block
+    int G = split ? 4 : N < QUANT_DECODE_MAX_N ? N : QUANT_DECODE_MAX_N; // inputs per pass over a block
     int tile = fits || split ? K & ~7 : QK_TILE_COLS;       // columns per pass
     int RB = fits ? 1 : split ? (int)(2 * QK_L1_INPUTS / ((size_t)K * sizeof(float))) : QK_TILE_ROWS;
     RB = RB < 1 ? 1 : RB > QK_TILE_ROWS ? QK_TILE_ROWS : RB;
@@ -156,9 +158,13 @@ static void dot_rows_n(float *out, int R, int r, const float *w, const float *in
     dot_block_n(out, R, r, 1, w, inp, K, K & ~7, N);
 }
 
+// The most rows the decode kernels take for a weight of this format.
+static int decode_max_n(WeightFormat fmt) { return fmt == WF_F32 ? QUANT_BATCH_MAX_N : QUANT_DECODE_MAX_N; }
+
 static int check_decode(const Weight *w, int N, const float *scratch) {
-    if (N < 1 || N > QUANT_DECODE_MAX_N)
-        return er_error(ER_EINVAL, "quant_matmul_decode: N = %d outside 1..%d", N, QUANT_DECODE_MAX_N);
+    if (N < 1 || N > decode_max_n(w->fmt))
+        return er_error(ER_EINVAL, "quant_matmul_decode: N = %d outside 1..%d for a %s weight", N,
+                        decode_max_n(w->fmt), weight_format_name(w->fmt));
     if (!scratch && w->fmt != WF_F32)
         return er_error(ER_EINVAL, "quant_matmul_decode: a %s weight needs a scratch of quant_scratch_floats(%d) floats",
                         weight_format_name(w->fmt), w->cols);
@@ -1103,10 +1109,25 @@ static inline __attribute__((always_inline)) void pairs_block(float *out, int R,
     }
 }
 
+// Rows r0 .. r0 + 2P - 1 against all `rows` inputs, at most QUANT_DECODE_MAX_N per pass while the block's
+// weights stay in cache (fp32 takes up to QUANT_BATCH_MAX_N rows): each output summed as at N = 1.
+static inline __attribute__((always_inline)) void pairs_groups(float *out, int R, int r0, const Weight *w,
+                                                               const float *inp, int K, const int P,
+                                                               const WeightFormat fmt, int rows) {
+    for (int n0 = 0; n0 < rows; n0 += QUANT_DECODE_MAX_N) {
+        int N = rows - n0 < QUANT_DECODE_MAX_N ? rows - n0 : QUANT_DECODE_MAX_N;
+        QK_SWITCH_N(pairs_block, out + (size_t)n0 * R, R, r0, w, inp + (size_t)n0 * K, K, P, fmt);
+    }
+}
+
 #define QK_PAIRS_KERNEL(FMT, name)                                                                         \
     int name(float *out, const float *inp, const Weight *w, int N) {                                       \
-        int R = w->rows, K = w->cols;                                                                      \
-        QK_PAIRS_ROWS(pairs_block, QK_PAIRS, FMT, out, R, r0, w, inp, K)                                   \
+        int R = w->rows, K = w->cols, full = R - R % (2 * QK_PAIRS);                                       \
+        _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")              \
+        for (int r0 = 0; r0 < full; r0 += 2 * QK_PAIRS)                                                    \
+            pairs_groups(out, R, r0, w, inp, K, QK_PAIRS, FMT, N);                                         \
+        for (int r0 = full; r0 < R; r0 += 2)                                                               \
+            pairs_groups(out, R, r0, w, inp, K, 1, FMT, N);                                                \
         return ER_OK;                                                                                      \
     }
 
@@ -1352,7 +1373,7 @@ static void add_bias(float *out, const float *bias, int N, int rows) {
 
 int weight_matmul_forward(float *out, const float *inp, const Weight *w, const float *bias, int N, float *scratch) {
     int R = w->rows, K = w->cols;
-    if (N <= QUANT_DECODE_MAX_N) {
+    if (N <= decode_max_n(w->fmt)) {
         ER_TRY(quant_matmul_decode(out, inp, w, N, scratch));
     } else if (weight_format_info(w->fmt)->gemm_in_place) {
         gemm_f32(0, 1, N, R, K, 1.0f, inp, K, (const float *)w->data, K, 0.0f, out, R);

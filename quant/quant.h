@@ -58,8 +58,8 @@ void quant_dequant_rows(float *dst, const Weight *w, int r0, int nr);
 #define QUANT_TILE_ROWS 256
 size_t quant_scratch_floats(int max_cols);
 
-// out (N, rows) = inp (N, cols) · Wᵀ + bias (rows, may be NULL): the decode kernels for N <= 8, else the
-// format's GEMM path.
+// out (N, rows) = inp (N, cols) · Wᵀ + bias (rows, may be NULL): the decode kernels for N <= 8 (fp32 weights:
+// N <= QUANT_BATCH_MAX_N), else the format's GEMM path.
 int weight_matmul_forward(float *out, const float *inp, const Weight *w, const float *bias, int N, float *scratch);
 // dinp (N, cols) += dout (N, rows) · W: through a frozen weight of any format (a LoRA adapter training on
 // a quantized base), tiles of rows dequantized and their share dout[:, tile] · W[tile, :] accumulated.
@@ -71,6 +71,13 @@ int weight_matmul_backward_input(float *dinp, const float *dout, const Weight *w
 // portable path (dequantize rows, then plain dot products), which is the reference and which
 // quant_matmul_decode_portable runs always (tests compare the two).
 #define QUANT_DECODE_MAX_N 8
+// fp32 weights take the decode kernels up to this many rows (quant_matmul_decode accepts them, and
+// weight_matmul_forward sends them there): each block of weight rows passes over all the inputs, at most
+// QUANT_DECODE_MAX_N at a time, while it is in cache, so the weights are read once per product and each
+// output is summed exactly as for one row alone. A row's result is then bitwise the same at every N up to
+// this bound, and at these sizes the kernel outruns sgemm. Below the prompt chunk (128 rows), so prefill
+// keeps sgemm.
+#define QUANT_BATCH_MAX_N 64
 // Re-lays a q4, q8 or q4g32 weight's rows QUANT_TILE at a time (quant/weight.h) for the decode kernels that read
 // them so (AVX512-VNNI builds; rows a multiple of 16, cols a multiple of 64 up to QUANT_TILE_MAX_COLS):
 // 1 when tiled, 0 when the build or the shape has no such kernel (the weight unchanged), ER_ENOMEM. An

@@ -1,5 +1,5 @@
 // Every matmul path of every format against dequantize-then-multiply in double: the decode kernels
-// (N = 1..8; SIMD and portable), the tile + GEMM path (N = 33, more rows than one tile), the
+// (N = 1..8; SIMD and portable; fp32 up to QUANT_BATCH_MAX_N), the tile + GEMM path (N = 33, more rows than one tile), the
 // backward through a frozen quantized weight, and that backward against finite differences.
 #include <criterion/criterion.h>
 #include <math.h>
@@ -312,6 +312,16 @@ Test(quant_kernels, decode_rejects_bad_n) {
     cr_assert_lt(quant_matmul_decode(out, x, &w, 9, scratch), 0);
     cr_assert_lt(quant_matmul_decode(out, x, &w, 0, scratch), 0);
     weight_free(&w);
+    // fp32 takes up to QUANT_BATCH_MAX_N rows, no more
+    float *W = random_vec(2 * 8, 5), *xs = calloc((size_t)(QUANT_BATCH_MAX_N + 1) * 8, sizeof(float));
+    float *outs = malloc(sizeof(float) * 2 * (QUANT_BATCH_MAX_N + 1));
+    Weight f = {.fmt = WF_F32, .rows = 2, .cols = 8, .data = W};
+    cr_assert_eq(quant_matmul_decode(outs, xs, &f, QUANT_BATCH_MAX_N, NULL), 0, "%s", er_last_error());
+    cr_assert_lt(quant_matmul_decode(outs, xs, &f, QUANT_BATCH_MAX_N + 1, NULL), 0);
+    cr_assert(strstr(er_last_error(), "outside 1..") && strstr(er_last_error(), "f32"), "%s", er_last_error());
+    free(W);
+    free(xs);
+    free(outs);
 }
 
 // The table's SIMD kernel of every format (AVX2 on x86, NEON on aarch64), called directly, against the
@@ -422,6 +432,58 @@ Test(quant_kernels, f32_products_bit_for_bit_at_every_n) {
             }
     printf("quant_kernels: fp32%s products bit for bit the portable path's in %d (rows, width, N) cases (%s)\n",
            bf16_bitwise ? " and bf16" : "", checked, quant_simd_name());
+}
+
+// fp32 products past QUANT_DECODE_MAX_N rows, up to QUANT_BATCH_MAX_N (a batched decode step of many
+// rollouts): weight_matmul_forward keeps them on the decode kernels, so every input row's outputs are bit
+// for bit those of the row alone (N = 1), and the whole product matches double within tolerance, the bias
+// added. Widths for each of dot_f32's block shapes (inputs in L1, groups of four, 128-column tiles), rows
+// around the AVX-512 kernel's blocks of 6.
+Test(quant_kernels, f32_batch_rows_bit_for_bit_each_row_alone) {
+    threads_set(2);
+    static const int Ns[] = {9, 16, 33, 64, QUANT_BATCH_MAX_N};
+    static const int rows[] = {7, 13};
+    static const int widths[] = {9, 203, 1027, 2053};
+    int checked = 0;
+    for (int ri = 0; ri < (int)(sizeof rows / sizeof rows[0]); ri++)
+        for (int wi = 0; wi < (int)(sizeof widths / sizeof widths[0]); wi++) {
+            int R = rows[ri], K = widths[wi];
+            Case c = {WF_F32, K, 0, 0};
+            Weight w;
+            void *own;
+            make_weight(&w, &c, R, 70 + 5 * ri + wi, &own);
+            float *inp = random_vec((size_t)QUANT_BATCH_MAX_N * K, 80 + wi), *bias = random_vec(R, 90 + ri);
+            float *out = malloc(sizeof(float) * ((size_t)QUANT_BATCH_MAX_N * R + R)), alone[13];
+            float *ref = malloc(sizeof(float) * (size_t)QUANT_BATCH_MAX_N * R);
+            for (int ni = 0; ni < (int)(sizeof Ns / sizeof Ns[0]); ni++) {
+                int N = Ns[ni];
+                char what[64];
+                snprintf(what, sizeof what, "f32 R=%d K=%d N=%d", R, K, N);
+                canary_fill(out + (size_t)N * R, R);
+                cr_assert_eq(weight_matmul_forward(out, inp, &w, bias, N, NULL), 0, "%s", er_last_error());
+                cr_assert(canary_kept(out + (size_t)N * R, R), "%s: the product wrote past its outputs", what);
+                check_forward(out, inp, w.data, bias, N, R, K, NULL, what);
+                // the portable path (the reference where the build has an fp32 SIMD kernel) gives the same bits
+                cr_assert_eq(quant_matmul_decode_portable(ref, inp, &w, N, NULL), 0, "%s", er_last_error());
+                for (int n = 0; n < N; n++)
+                    for (int r = 0; r < R; r++)
+                        ref[(size_t)n * R + r] += bias[r];
+                cr_assert(!memcmp(ref, out, sizeof(float) * N * R), "%s: decode != portable", what);
+                for (int n = 0; n < N; n++) {
+                    cr_assert_eq(weight_matmul_forward(alone, inp + (size_t)n * K, &w, bias, 1, NULL), 0);
+                    cr_assert(!memcmp(alone, out + (size_t)n * R, sizeof(float) * R),
+                              "%s: input %d differs from the same input alone", what, n);
+                }
+                checked++;
+            }
+            free(out);
+            free(ref);
+            free(bias);
+            free(inp);
+            free_weight(&w, own);
+        }
+    printf("quant_kernels: fp32 products of 9..%d rows bit for bit each row alone in %d cases (%s)\n",
+           QUANT_BATCH_MAX_N, checked, quant_simd_name());
 }
 
 // The int8-input products of q8, q4 and q4g32 sum each output in the same order at N = 1 and N = 2 on every

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "quant/quant.h"
 #include "rl/rollout.h"
 #include "tests/common/helpers.h"
 
@@ -146,6 +147,14 @@ Test(rollout_batch, groups_decoded_together_equal_each_group_alone) {
     int samples[4] = {2, 3, 1, 2}, before[4] = {-1, -1, -1, -1};
     long steps = check_against_loop(4, samples, before, 8, 4);
     cr_assert_leq(steps, 24 + 4 * 3, "all groups in one batch: as many steps as the longest group");
+}
+
+// 15 rows, all groups at once: more than QUANT_DECODE_MAX_N rows a step, whose fp32 products (and the
+// adapter's) stay on the decode kernels up to QUANT_BATCH_MAX_N rows, so still bitwise engine_generate's.
+Test(rollout_batch, groups_past_eight_rows_equal_each_group_alone) {
+    int samples[5] = {3, 3, 3, 3, 3}, before[5] = {-1, -1, -1, -1, -1};
+    long steps = check_against_loop(5, samples, before, 15, 5);
+    cr_assert_leq(steps, 24 + 4 * 4, "all groups in one batch: as many steps as the longest group");
 }
 
 // 4 rows for 13 samples: groups wait for rows as others leave, the last group repeats the first's
