@@ -3,8 +3,8 @@
 // read once per step of each group) against rollout_groups (rl/rollout.h: every group in one DecodeBatch,
 // the weights read once per step for all groups), on the same prompts and seeds, alternating, best of
 // several rounds; whether their tokens match; the bound of each side measured in the same run (weight bytes
-// per step over the read bandwidth; FLOPs per token over sgemm's rate at the step's shapes); and the
-// rollout share of a GRPO step.
+// per step over the read bandwidth; FLOPs per token over the fp32 decode kernel's rate, or sgemm's at the
+// step's shapes past QUANT_BATCH_MAX_N rows); and the rollout share of a GRPO step.
 //   rollout [--threads N] [--prompts P] [--group G] [--prompt-tokens N] [--new-tokens T] [--rounds R]
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,7 +119,8 @@ static double sgemm_step_rate(const Model *m, int rows, int reps) {
 
 // The fp32 decode kernel's rate (GFLOP/s) at QUANT_DECODE_MAX_N rows on a slice of the model's weights that
 // stays in cache (512 rows of the first MLP up-projection): its arithmetic ceiling once the weights are not
-// what bounds it, i.e. what a step's products past 8 rows could reach blocked through it instead of sgemm.
+// what bounds it, i.e. what a step's products of up to QUANT_BATCH_MAX_N rows reach (blocked through it in groups
+// of 8).
 static double decode_kernel_rate(const Model *m) {
     Weight v = m->layers[0].wup;
     v.rows = v.rows < 512 ? v.rows : 512;
@@ -242,11 +243,14 @@ static void report(const Bench *bn, const Rounds *r, double bw, double sgemm_ste
     double params = matrix_params(&bn->m), bytes = 4 * (params + (double)bn->ad.n_params);
     double old_tps = r->tok_old / r->t_old, batch_tps = r->tok_batch / r->t_batch;
     // The old loop steps G rows at a time, each step reading every weight: G tokens per bytes / bw seconds.
-    // The batch steps all rows at once past QUANT_DECODE_MAX_N rows, so its products run through sgemm:
-    // 2 FLOPs per matrix parameter per token at sgemm's rate on the step's shapes.
+    // The batch steps all rows at once. Up to QUANT_BATCH_MAX_N rows its fp32 products take the decode kernel,
+    // the weights read once a step: bound by those bytes or by 2 FLOPs per matrix parameter per token at the
+    // kernel's rate, whichever is slower; past it they run through sgemm, at its rate on the step's shapes.
     double old_bound = bn->G * bw * 1e9 / bytes, batch_bound = sgemm_step * 1e9 / (2 * params);
-    if (rows <= QUANT_DECODE_MAX_N) // then the batch's products take the decode kernels too: bytes bound it
-        batch_bound = rows * bw * 1e9 / bytes;
+    double bytes_bound = rows * bw * 1e9 / bytes, kernel_bound = kernel * 1e9 / (2 * params);
+    int kernels = rows <= QUANT_BATCH_MAX_N;
+    if (kernels)
+        batch_bound = bytes_bound < kernel_bound ? bytes_bound : kernel_bound;
     char load[64];
     bench_load_average(load, sizeof load);
     printf("== GRPO rollouts of one step (Qwen2.5-0.5B shape fp32, rank-16 adapter; %d prompts x G = %d, prompt %d, "
@@ -257,22 +261,24 @@ static void report(const Bench *bn, const Rounds *r, double bw, double sgemm_ste
            rows, r->steps, batch_tps, batch_tps / old_tps);
     printf("tokens match: %ld of %ld samples identical, %ld of %ld tokens before the first difference (%d rows a "
            "step: past %d the products round as sgemm does)\n",
-           r->same_samples, (long)bn->rounds * rows, r->same_tokens, r->all_tokens, rows, QUANT_DECODE_MAX_N);
+           r->same_samples, (long)bn->rounds * rows, r->same_tokens, r->all_tokens, rows, QUANT_BATCH_MAX_N);
     printf("bound, old loop: %.0f MB of weights per step of %d rows at %.1f GB/s read bandwidth = %.1f tokens/s "
            "(measured %.0f%%, prefill and sampling included)\n",
            bytes / 1e6, bn->G, bw, old_bound, 100 * old_tps / old_bound);
-    if (rows <= QUANT_DECODE_MAX_N)
-        printf("bound, batch: %d rows take the decode kernels as well: the same weight bytes per step = %.1f tokens/s "
-               "(measured %.0f%%)\n", rows, batch_bound, 100 * batch_tps / batch_bound);
+    if (kernels)
+        printf("bound, batch: %d rows take the fp32 decode kernel: the slower of the weight bytes once a step "
+               "(%.1f tokens/s) and the kernel's rate (%.1f tokens/s) = %.1f tokens/s (measured %.0f%%; sgemm would "
+               "run %.1f GFLOP/s on the step's shapes)\n",
+               rows, bytes_bound, kernel_bound, batch_bound, 100 * batch_tps / batch_bound, sgemm_step);
     else
         printf("bound, batch: %.2f GFLOP per token at sgemm %.1f GFLOP/s on the step's shapes (%d rows; square 2048: "
            "%.1f GFLOP/s) = %.1f tokens/s (measured %.0f%%)\n",
            2 * params / 1e9, sgemm_step, rows, sgemm_peak, batch_bound, 100 * batch_tps / batch_bound);
     printf("bound ratio batch / old loop: %.2fx%s\n", batch_bound / old_bound,
-           rows > QUANT_DECODE_MAX_N ? " (= sgemm rate x 4 bytes / (2 FLOPs x G x bandwidth))" : "");
+           kernels ? "" : " (= sgemm rate x 4 bytes / (2 FLOPs x G x bandwidth))");
     printf("fp32 decode kernel at %d rows, weights in cache: %.1f GFLOP/s = %.1f tokens/s, %.2fx the old loop's bound "
-           "(the batch's products blocked through it instead of sgemm)\n",
-           QUANT_DECODE_MAX_N, kernel, kernel * 1e9 / (2 * params), kernel * 1e9 / (2 * params) / old_bound);
+           "(the rate of the batch's products up to %d rows)\n",
+           QUANT_DECODE_MAX_N, kernel, kernel_bound, kernel_bound / old_bound, QUANT_BATCH_MAX_N);
     double t_step_update = bn->P * t_update;
     printf("GRPO step: rollout %.1f s (rollout_groups) + policy update %.1f s (%d groups x %.1f s: reference + "
            "forward + backward of %d rows): rollout share %.0f%%\n",

@@ -1,6 +1,7 @@
 // Every matmul path of every format against dequantize-then-multiply in double: the decode kernels
-// (N = 1..8; SIMD and portable; fp32 up to QUANT_BATCH_MAX_N), the tile + GEMM path (N = 33, more rows than one tile), the
-// backward through a frozen quantized weight, and that backward against finite differences.
+// (N = 1..8; SIMD and portable; fp32 up to QUANT_BATCH_MAX_N), the tile + GEMM path (N = 33, more rows than
+// one tile; fp32 past QUANT_BATCH_MAX_N), the backward through a frozen quantized weight, and that backward
+// against finite differences.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -212,7 +213,8 @@ Test(quant_kernels, tile_path_n33) {
     threads_set(2);
     for (int ci = 0; ci < N_CASES; ci++) {
         const Case *c = &cases[ci];
-        const int R = ci == 4 ? 300 : 21, N = 33; // one case larger than a 256-row tile
+        // one case larger than a 256-row tile; fp32 takes the decode kernel up to QUANT_BATCH_MAX_N rows
+        const int R = ci == 4 ? 300 : 21, N = c->f == WF_F32 ? QUANT_BATCH_MAX_N + 1 : 33;
         Weight w;
         void *own;
         make_weight(&w, c, R, 200 + ci, &own);
