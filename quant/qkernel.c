@@ -1,8 +1,10 @@
 // Decode kernels (N <= 8 input rows): each weight row is read once and multiplied into all N input
 // rows at once, with vector accumulators per input row held in registers; rows are split across
-// threads. fp32 weights take up to QUANT_BATCH_MAX_N rows: a block of weight rows passes over the inputs
-// 8 at a time while it is in cache, each output summed as for one row alone. sgemm's packing costs more than the product at this size. fp32 weights are memory-bound
-// here; packed ones move 4-16x fewer bytes and are bound by the unpacking instead.
+// threads. sgemm's packing costs more than the product at this size. fp32 weights are memory-bound
+// here; packed ones move 4-16x fewer bytes and are bound by the unpacking instead. fp32 weights take up to
+// QUANT_BATCH_MAX_N rows: a block of weight rows passes over the inputs 8 at a time while it is in cache,
+// each output summed as for one row alone (past 8 rows the product is bound by the multiply-adds, which
+// this kernel does faster than sgemm here).
 //
 // Two paths:
 //   - portable (the reference): a row in a float format is used in place, other rows are widened to

@@ -19,7 +19,8 @@ typedef struct {
 // half of a cached prompt is prefilled from it. Sample i of a group draws from stream i of its gc.seed,
 // so a group's outputs are engine_generate's for the same prompt and GenConfig on an engine whose prompt
 // sequence held no prefix of it: bitwise while a step holds at most QUANT_BATCH_MAX_N rows with fp32
-// weights (QUANT_DECODE_MAX_N with packed ones), past that the products round as sgemm does (the tokens stay the same unless a draw falls on such a last bit).
+// weights (QUANT_DECODE_MAX_N with packed ones), past that the products round as sgemm does (the tokens
+// stay the same unless a draw falls on such a last bit).
 // Every out is overwritten (not freed), as engine_generate's. *gen_tokens (NULL = not wanted) gains the
 // tokens generated. On failure the error names the group, every request is ended and every group's out
 // is freed and zeroed (safe to gen_samples_free again).
