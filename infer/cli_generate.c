@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/select.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
@@ -190,6 +191,25 @@ static void chat_catch_sigint(int restart) {
     sigaction(SIGINT, &sa, NULL);
 }
 
+// At a terminal's prompt: waits until a line can be read or Ctrl-C was pressed (returns 1). SIGINT stays
+// blocked from the flag's check until pselect waits, so a Ctrl-C that lands in between wakes the wait; a
+// check followed by a blocking read would lose it and the read would wait for the next line.
+static int chat_wait_line(void) {
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigprocmask(SIG_BLOCK, &block, &old);
+    while (!chat_interrupted) {
+        fd_set rd;
+        FD_ZERO(&rd);
+        FD_SET(fileno(stdin), &rd);
+        if (pselect(fileno(stdin) + 1, &rd, NULL, NULL, NULL, &old) >= 0 || errno != EINTR)
+            break; // readable (or an error getline will report)
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return chat_interrupted != 0;
+}
+
 static int chat_token(void *user, int sample, const char *text, size_t len) {
     stream_token(user, sample, text, len);
     return chat_interrupted != 0; // non-zero stops the reply; what was streamed stays its text
@@ -354,7 +374,8 @@ int cmd_chat(int argc, char **argv) {
             fputs("> ", stdout);
             fflush(stdout);
         }
-        len = chat_interrupted ? -1 : getline(&line, &lcap, stdin);
+        // A terminal delivers whole lines, so once one is there getline does not block on it.
+        len = (tty ? chat_wait_line() : chat_interrupted) ? -1 : getline(&line, &lcap, stdin);
         if (len < 0 && chat_interrupted) { // Ctrl-C at the prompt (the terminal dropped what was typed)
             chat_interrupted = 0;
             clearerr(stdin);
