@@ -8,10 +8,18 @@
 #                                      into build/gpu/bin (make CUDA=1 BLAS=0), so either way works there
 #   scripts/gpu_check.sh OUT           there (carry build/gpu): unpacks the .debs into a prefix (not into
 #                                      /), builds with the machine's nvcc (or falls back to the carried
-#                                      binaries), runs the backend test suite on the GPU, 30 steps of SFT on
-#                                      the GPU against the CPU and a resume, the PEFT cross-check, and the
-#                                      LoRA-step benchmark against PyTorch + PEFT; full logs go to OUT and
-#                                      a summary table is printed last. Under 8 minutes on one H200.
+#                                      binaries), then runs its stages, each under `timeout` (the whole at
+#                                      most 5 minutes after the build):
+#                                        1. backend   the backend suite under compute-sanitizer memcheck
+#                                                     (the large shapes left out), then plain
+#                                        2. sft       30 SFT steps on the GPU against the CPU, a GPU run
+#                                                     killed mid-way and resumed
+#                                        3. peft      the PEFT cross-check both ways
+#                                        4. bench     the LoRA step at 0.5B/1.5B/7B, 2048 tokens, against
+#                                                     PyTorch + PEFT on the same GPU; 7B at 4096 recomputed
+#                                      OUT gets two files: summary.txt (the table, printed last too) and
+#                                      logs.tar.gz (every stage's log, the machine, the build).
+#   STAGES="backend sft" scripts/gpu_check.sh OUT    runs only those stages.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -43,11 +51,14 @@ if [ "${1:-}" = --prepare ]; then
   prepare
   exit $?
 fi
-OUT=${1:?usage: scripts/gpu_check.sh --prepare | scripts/gpu_check.sh OUT}
+OUT=${1:?usage: scripts/gpu_check.sh --prepare | [STAGES="..."] scripts/gpu_check.sh OUT}
+STAGES=${STAGES:-backend sft peft bench}
 mkdir -p "$OUT"
+export LOG=/tmp/er_gpu_logs ROWS=/tmp/er_gpu_logs/rows.txt
+rm -rf "$LOG" && mkdir -p "$LOG"
 t_start=$(date +%s)
-summary=()
-row() { summary+=("$(printf '%-34s %s' "$1" "$2")"); }
+# One row of the summary table (the stages run in their own shells: rows go through a file).
+row() { printf '%-34s %s\n' "$1" "$2" >>"$ROWS"; }
 
 # ---- the libraries, unpacked into a prefix ----
 prefix=/tmp/er_prefix
@@ -69,51 +80,69 @@ libdir=$prefix/usr/lib/x86_64-linux-gnu
 export CPATH=$prefix/usr/include:$prefix/usr/include/x86_64-linux-gnu
 export LIBRARY_PATH=$libdir:$prefix/lib/x86_64-linux-gnu
 nvcc_path=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-CUDA_HOME=$(dirname "$(dirname "$nvcc_path")")
+export CUDA_HOME=$(dirname "$(dirname "$nvcc_path")")
 # Only our programs load the prefix's libraries (python3 and the toolchain keep the machine's own).
 export ER_LD_LIBRARY_PATH=$libdir:$prefix/lib/x86_64-linux-gnu:$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}
 er() { LD_LIBRARY_PATH=$ER_LD_LIBRARY_PATH "$@"; }
-{ nvidia-smi; "$nvcc_path" --version; uname -a; } >"$OUT/machine.txt" 2>&1
+{ nvidia-smi; "$nvcc_path" --version; uname -a; git log -1 --format='commit %H %s' 2>/dev/null; } >"$LOG/machine.txt" 2>&1
+row "commit" "$(git log -1 --format='%h %s' 2>/dev/null | cut -c1-80)"
 row "gpu" "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 
-# ---- build here with nvcc, else the carried binaries ----
-bin=build/noblas/cuda
+# ---- build here with nvcc (the GPU's own arch only: quicker), else the carried binaries ----
+export bin=build/noblas/cuda
+arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d .)
 # ld finds the libraries our libraries need (Criterion's nanomsg, ...) through -rpath-link, not -L.
-if make CUDA=1 BLAS=0 CUDA_HOME="$CUDA_HOME" LDFLAGS="-fopenmp -Wl,-rpath-link,$libdir:$prefix/lib/x86_64-linux-gnu" \
-  -j"$(nproc)" all $bin/test_all $bin/bench/train_step >"$OUT/build.log" 2>&1; then
-  row "build" "built here with $nvcc_path"
+if make CUDA=1 BLAS=0 CUDA_HOME="$CUDA_HOME" ${arch:+CUDA_ARCHS=$arch} \
+  LDFLAGS="-fopenmp -Wl,-rpath-link,$libdir:$prefix/lib/x86_64-linux-gnu" \
+  -j"$(nproc)" all $bin/test_all $bin/bench/train_step >"$LOG/build.log" 2>&1; then
+  row "build" "built here with $nvcc_path${arch:+ for sm_$arch} ($(( $(date +%s) - t_start )) s)"
 else
   bin=$GPU/bin
   row "build" "FAILED here (build.log); using the carried binaries"
 fi
-er "$bin/ertrain" version >"$OUT/version.txt" 2>&1
-row "ertrain version" "$(grep '^device' "$OUT/version.txt" | head -1)"
-
-# ---- the backend suite: every op and the whole model on the GPU against the CPU ----
+er "$bin/ertrain" version >"$LOG/version.txt" 2>&1
+row "ertrain version" "$(grep '^device' "$LOG/version.txt" | head -1)"
 export OMP_WAIT_POLICY=passive ER_TEST_DEVICE=cuda ER_BUILD=$bin
-er "$bin/test_all" --jobs 1 --filter 'backend*/*' >"$OUT/backend_tests.log" 2>&1
-row "backend tests (cuda vs cpu)" "$(grep -a 'Synthesis' "$OUT/backend_tests.log" | tail -1 | sed 's/.*Synthesis: //')$(
-  n=$(grep -ac 'SKIPPED, nothing was checked' "$OUT/backend_tests.log"); [ "$n" -gt 0 ] && echo " ($n SKIPPED: no device)")"
-grep -a 'backend cuda vs cpu' "$OUT/backend_tests.log" >"$OUT/summary_detail.txt"
 
-# ---- 30 SFT steps on the GPU and on the CPU; a GPU run killed mid-way and resumed ----
-w=/tmp/er_gpu_sft
-rm -rf "$w" && mkdir -p "$w"
-er "$bin/ertrain" synth chains --n 400 --out "$w/chains.jsonl" >/dev/null 2>&1
-sft_flags=(sft --model models/tiny-base --data "$w/chains.jsonl" --response-key concise --steps 30 --batch 8 --lr 5e-3
-           --save-every 5 --eval-every 10 --seed 1)
-er "$bin/ertrain" "${sft_flags[@]}" --device cuda --out "$w/gpu" >>"$OUT/sft.log" 2>&1
-er "$bin/ertrain" "${sft_flags[@]}" --device cpu --out "$w/cpu" >>"$OUT/sft.log" 2>&1
-# The program itself in the background (not a shell function, whose kill would leave it running), killed
-# with SIGKILL once it has logged 12 steps, then resumed from its last checkpoint.
-LD_LIBRARY_PATH=$ER_LD_LIBRARY_PATH "$bin/ertrain" "${sft_flags[@]}" --device cuda --out "$w/gpu_r" >>"$OUT/sft.log" 2>&1 &
-pid=$!
-while kill -0 $pid 2>/dev/null && [ "$(cat "$w/gpu_r/metrics.jsonl" 2>/dev/null | wc -l)" -lt 12 ]; do sleep 0.01; done
-kill -9 $pid 2>/dev/null
-wait $pid 2>/dev/null
-killed_at=$(cat "$w/gpu_r/metrics.jsonl" 2>/dev/null | wc -l)
-er "$bin/ertrain" "${sft_flags[@]}" --device cuda --out "$w/gpu_r" --resume >>"$OUT/sft.log" 2>&1
-row "sft 30 steps cuda vs cpu" "$(python3 - "$w" "$killed_at" <<'PY' 2>&1
+# ---- 1. the backend suite: every op and the whole model on the GPU against the CPU ----
+stage_backend() {
+  local big='qwen05b_shape_masked_lora|matmul_bf16_chunked' # minutes under memcheck: plain run only
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || ls "$CUDA_HOME"/bin/compute-sanitizer \
+    "$CUDA_HOME"/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+  if [ -n "$sanitizer" ]; then
+    er "$sanitizer" --tool memcheck --leak-check no --error-exitcode 86 "$bin/test_all" --jobs 1 \
+      --filter "backend/!($big)" >"$LOG/backend_memcheck.log" 2>&1
+    row "backend tests under memcheck" "exit $? ($(grep -a 'Synthesis' "$LOG/backend_memcheck.log" | tail -1 |
+      sed 's/.*Synthesis: //'); $(grep -ac '^========= Invalid\|^========= Program hit' "$LOG/backend_memcheck.log") errors)"
+  else
+    row "backend tests under memcheck" "NOT RUN: no compute-sanitizer in PATH or $CUDA_HOME"
+  fi
+  er "$bin/test_all" --jobs 1 --filter 'backend*/*' >"$LOG/backend_tests.log" 2>&1
+  row "backend tests (cuda vs cpu)" "$(grep -a 'Synthesis' "$LOG/backend_tests.log" | tail -1 | sed 's/.*Synthesis: //' |
+    grep . || echo "FAILED to run (backend_tests.log)")$(
+    n=$(grep -ac 'SKIPPED, nothing was checked' "$LOG/backend_tests.log"); [ "$n" -gt 0 ] && echo " ($n SKIPPED: no device)")"
+}
+
+# ---- 2. 30 SFT steps on the GPU and on the CPU; a GPU run killed mid-way and resumed ----
+stage_sft() {
+  local w=/tmp/er_gpu_sft
+  rm -rf "$w" && mkdir -p "$w"
+  er "$bin/ertrain" synth chains --n 400 --out "$w/chains.jsonl" >/dev/null 2>&1
+  local flags=(sft --model models/tiny-base --data "$w/chains.jsonl" --response-key concise --steps 30 --batch 8
+               --lr 5e-3 --save-every 5 --eval-every 10 --seed 1)
+  er "$bin/ertrain" "${flags[@]}" --device cuda --out "$w/gpu"
+  er "$bin/ertrain" "${flags[@]}" --device cpu --out "$w/cpu"
+  # The program itself in the background (not a shell function, whose kill would leave it running),
+  # killed with SIGKILL once it has logged 12 steps, then resumed from its last checkpoint.
+  LD_LIBRARY_PATH=$ER_LD_LIBRARY_PATH "$bin/ertrain" "${flags[@]}" --device cuda --out "$w/gpu_r" &
+  local pid=$!
+  while kill -0 $pid 2>/dev/null && [ "$(cat "$w/gpu_r/metrics.jsonl" 2>/dev/null | wc -l)" -lt 12 ]; do sleep 0.01; done
+  kill -9 $pid 2>/dev/null
+  wait $pid 2>/dev/null
+  local killed_at=$(cat "$w/gpu_r/metrics.jsonl" 2>/dev/null | wc -l)
+  er "$bin/ertrain" "${flags[@]}" --device cuda --out "$w/gpu_r" --resume
+  row "sft 30 steps cuda vs cpu" "$(python3 - "$w" "$killed_at" <<'PY' 2>&1
 import json, sys
 w, killed = sys.argv[1], int(sys.argv[2])
 def losses(d):
@@ -133,22 +162,27 @@ kill = (f"killed after {killed} steps and resumed: max |diff| {res:.1e} over {le
 print(f"loss max rel diff {rel:.2e} over {len(g)} steps ({c[0]:.4f} -> {c[-1]:.4f} on the cpu); {kill}")
 PY
 )"
+}
 
-# ---- PEFT cross-check (independent: Hugging Face peft loads our adapter and we load its) ----
-python3 scripts/peft_check.py --build "$bin" --work /tmp/er_peft >"$OUT/peft_check.log" 2>&1
-row "peft cross-check" "$(python3 - "$OUT/peft_check.log" <<'PY'
+# ---- 3. PEFT cross-check (independent: Hugging Face peft loads our adapter and we load its) ----
+stage_peft() {
+  python3 scripts/peft_check.py --build "$bin" --work /tmp/er_peft
+  row "peft cross-check" "$(python3 - "$LOG/peft.log" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1], errors="replace") if l.startswith('{"check"')]
-print("; ".join("%s: %.1e (tol %.0e)" % (r["check"], r["rel_err"], r["tol"]) for r in rows) or "FAILED (peft_check.log)")
+print("; ".join("%s: %.1e (tol %.0e)" % (r["check"], r["rel_err"], r["tol"]) for r in rows) or "FAILED (peft.log)")
 PY
 )"
+}
 
-# ---- LoRA SFT step, rank 16, bf16 base, 2048 tokens: ours vs PyTorch + PEFT ----
-for shape in 0.5b 1.5b 7b; do
-  ours=$(er "$bin/bench/train_step" --device cuda --shape $shape --lora 16 --bf16 --seq 2048 --steps 3 2>>"$OUT/bench.log")
-  peer=$(python3 bench/train_step_peft.py --shape $shape --seq 2048 --rank 16 --steps 3 2>>"$OUT/bench.log")
-  printf '%s\n%s\n' "$ours" "$peer" >>"$OUT/bench.jsonl"
-  row "lora step $shape (2048 tok)" "$(python3 - "$ours" "$peer" <<'PY'
+# ---- 4. LoRA SFT step, rank 16, bf16 base, 2048 tokens: ours vs PyTorch + PEFT ----
+stage_bench() {
+  local shape ours peer
+  for shape in 0.5b 1.5b 7b; do
+    ours=$(er "$bin/bench/train_step" --device cuda --shape $shape --lora 16 --bf16 --seq 2048 --steps 3)
+    peer=$(python3 bench/train_step_peft.py --shape $shape --seq 2048 --rank 16 --steps 3)
+    printf '%s\n%s\n' "$ours" "$peer" >>"$LOG/bench.jsonl"
+    row "lora step $shape (2048 tok)" "$(python3 - "$ours" "$peer" <<'PY'
 import json, sys
 try:
     o, p = json.loads(sys.argv[1]), json.loads(sys.argv[2])
@@ -160,12 +194,11 @@ except Exception as e:
     print("FAILED (bench.log):", e)
 PY
 )"
-done
-
-# 7B at 4096 positions with recomputation: does it fit a 24 GB card (bf16 base ~15.2 GB + activations)?
-rc7=$(er "$bin/bench/train_step" --device cuda --shape 7b --lora 16 --bf16 --recompute --seq 4096 --steps 2 2>>"$OUT/bench.log")
-echo "$rc7" >>"$OUT/bench.jsonl"
-row "7b, 4096 tok, --recompute" "$(python3 - "$rc7" <<'PY'
+  done
+  # 7B at 4096 positions with recomputation: does it fit a 24 GB card (bf16 base ~15.2 GB + activations)?
+  local rc7=$(er "$bin/bench/train_step" --device cuda --shape 7b --lora 16 --bf16 --recompute --seq 4096 --steps 2)
+  echo "$rc7" >>"$LOG/bench.jsonl"
+  row "7b, 4096 tok, --recompute" "$(python3 - "$rc7" <<'PY'
 import json, sys
 try:
     o = json.loads(sys.argv[1])
@@ -176,8 +209,25 @@ except Exception as e:
     print("FAILED (bench.log):", e)
 PY
 )"
+}
+
+# Seconds each stage may take (the whole at most 5 minutes after the build); a stage past its limit is
+# killed with what it started, and its row says so.
+declare -A LIMIT=([backend]=90 [sft]=60 [peft]=60 [bench]=90)
+export -f er row stage_backend stage_sft stage_peft stage_bench
+for s in $STAGES; do
+  [ -n "${LIMIT[$s]:-}" ] || { row "$s" "unknown stage (stages: ${!LIMIT[*]})"; continue; }
+  t0=$(date +%s)
+  timeout -k 5 "${LIMIT[$s]}" bash -c "stage_$s" >"$LOG/$s.log" 2>&1
+  rc=$?
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    row "$s" "TIMED OUT after ${LIMIT[$s]} s ($s.log); its rows above are what finished"
+  fi
+  row "$s stage" "exit $rc in $(( $(date +%s) - t0 )) s (of ${LIMIT[$s]})"
+done
 
 row "not built yet" "GRPO rollouts and decode on the GPU (the KV cache is on the CPU backend only)"
 row "wall time" "$(( $(date +%s) - t_start )) s"
-printf '%s\n' "== gpu_check summary ==" "${summary[@]}" | tee "$OUT/summary.txt"
-cat "$OUT/summary_detail.txt" 2>/dev/null
+{ echo "== gpu_check summary =="; cat "$ROWS"; } >"$OUT/summary.txt"
+tar -czf "$OUT/logs.tar.gz" -C "$LOG" --exclude rows.txt .
+cat "$OUT/summary.txt"
