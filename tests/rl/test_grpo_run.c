@@ -17,11 +17,12 @@
 #include "train/run.h"
 
 static char root[] = "/tmp/er_grpo_XXXXXX";
+// The inputs every test starts from: the base, its adapter and 12 chain records, under root.
+static char base[256], adir[256], data[256];
 
 static void make_inputs(void) {
     cr_assert(mkdtemp(root));
-    char dir[256], adir[256], data[256];
-    snprintf(dir, sizeof dir, "%s/base", root);
+    snprintf(base, sizeof base, "%s/base", root);
     snprintf(adir, sizeof adir, "%s/adapter", root);
     snprintf(data, sizeof data, "%s/data.jsonl", root);
     Tokenizer *tok;
@@ -29,8 +30,8 @@ static void make_inputs(void) {
     ModelConfig c = helper_tiny_config(tok_vocab_size(tok), 512);
     Model m;
     cr_assert_eq(model_build_random(&m, &c, 0.3f, 1), 0);
-    cr_assert_eq(model_save(&m, dir, 0), 0);
-    cr_assert_eq(run_copy_tokenizer("data/tiny_tokenizer", dir), 0, "%s", er_last_error());
+    cr_assert_eq(model_save(&m, base, 0), 0);
+    cr_assert_eq(run_copy_tokenizer("data/tiny_tokenizer", base), 0, "%s", er_last_error());
     LoraAdapter a;
     helper_random_adapter(&a, &c, 0.05f, 3);
     a.reasoning_prefix = strdup("<think>\n");
@@ -52,12 +53,13 @@ static void remove_root(void) {
         fprintf(stderr, "could not remove %s\n", root);
 }
 
-static void config(GrpoConfig *c, char *out, size_t n, const char *name, char *paths[3]) {
+// A short run on the inputs, into root/name (written to out).
+static void config(GrpoConfig *c, char *out, size_t n, const char *name) {
     grpo_config_default(c);
     snprintf(out, n, "%s/%s", root, name);
-    c->model_dir = paths[0];
-    c->adapter_dir = paths[1];
-    c->data_path = paths[2];
+    c->model_dir = base;
+    c->adapter_dir = adir;
+    c->data_path = data;
     c->out_dir = out;
     c->budgets = "8,16";
     c->group = 4;
@@ -94,19 +96,15 @@ static char *metrics_without_timing(const char *dir) {
 
 Test(grpo_run, resume_equals_uninterrupted, .init = make_inputs, .fini = remove_root, .timeout = 120) {
     threads_set(2);
-    char base[256], adir[256], data[256], out_a[256], out_b[256];
-    snprintf(base, sizeof base, "%s/base", root);
-    snprintf(adir, sizeof adir, "%s/adapter", root);
-    snprintf(data, sizeof data, "%s/data.jsonl", root);
-    char *paths[3] = {base, adir, data};
+    char out_a[256], out_b[256];
     GrpoConfig c;
     GrpoResult res;
-    config(&c, out_a, sizeof out_a, "a", paths);
+    config(&c, out_a, sizeof out_a, "a");
     c.eval_data = data, c.eval_every = 3, c.eval_n = 2, c.log_completions = 1; // resumed with the run
     cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
     cr_assert_eq(res.steps, 4);
 
-    config(&c, out_b, sizeof out_b, "b", paths);
+    config(&c, out_b, sizeof out_b, "b");
     c.eval_data = data, c.eval_every = 3, c.eval_n = 2, c.log_completions = 1;
     c.stop_after = 2;
     c.save_every = 1;
@@ -148,18 +146,11 @@ Test(grpo_run, resume_equals_uninterrupted, .init = make_inputs, .fini = remove_
     model_free(&m);
 }
 
-static void paths_in(char base[256], char adir[256], char data[256]) {
-    snprintf(base, 256, "%s/base", root);
-    snprintf(adir, 256, "%s/adapter", root);
-    snprintf(data, 256, "%s/data.jsonl", root);
-}
-
 // An adapter saved with lora_dropout > 0 (sft --dropout, PEFT's usual 0.05) trains: dropout is off in
 // GRPO, and the adapter keeps its lora_dropout.
 Test(grpo_run, adapter_with_dropout_trains, .init = make_inputs, .fini = remove_root, .timeout = 120) {
     threads_set(2);
-    char base[256], adir[256], data[256], drop[256], out[256];
-    paths_in(base, adir, data);
+    char drop[256], out[256];
     snprintf(drop, sizeof drop, "%s/adapter-dropout", root);
     Model m;
     cr_assert_eq(model_load(&m, base, 0), 0);
@@ -169,10 +160,10 @@ Test(grpo_run, adapter_with_dropout_trains, .init = make_inputs, .fini = remove_
     a.dropout = 0.05f;
     cr_assert_eq(peft_save(&a, drop), 0, "%s", er_last_error());
     lora_free(&a);
-    char *paths[3] = {base, drop, data};
     GrpoConfig c;
     GrpoResult res;
-    config(&c, out, sizeof out, "d", paths);
+    config(&c, out, sizeof out, "d");
+    c.adapter_dir = drop;
     c.steps = 2;
     cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
     cr_assert_eq(res.steps, 2);
@@ -187,12 +178,10 @@ Test(grpo_run, adapter_with_dropout_trains, .init = make_inputs, .fini = remove_
 // refused for the same model dir spelled another way; and a finished run that could not be extended.
 Test(grpo_run, inputs_checked_before_step_one, .init = make_inputs, .fini = remove_root, .timeout = 120) {
     threads_set(2);
-    char base[256], adir[256], data[256], out[256];
-    paths_in(base, adir, data);
-    char *paths[3] = {base, adir, data};
+    char out[256];
     GrpoConfig c;
     GrpoResult res;
-    config(&c, out, sizeof out, "t", paths);
+    config(&c, out, sizeof out, "t");
     c.budget_template = "Think briefly.";
     cr_assert(grpo_train(&c, &res) < 0);
     cr_assert(strstr(er_last_error(), "{budget}"), "%s", er_last_error());
@@ -211,8 +200,8 @@ Test(grpo_run, inputs_checked_before_step_one, .init = make_inputs, .fini = remo
     fputs("\", \"answer\": \"1\"}\n", fp);
     fclose(fp);
     free(text);
-    char *bad_paths[3] = {base, adir, bad};
-    config(&c, out, sizeof out, "u", bad_paths);
+    config(&c, out, sizeof out, "u");
+    c.data_path = bad;
     cr_assert(grpo_train(&c, &res) < 0, "the long record was accepted");
     cr_assert(strstr(er_last_error(), "bad.jsonl:13") && strstr(er_last_error(), "--seq-len 160"), "%s",
               er_last_error());
@@ -220,7 +209,7 @@ Test(grpo_run, inputs_checked_before_step_one, .init = make_inputs, .fini = remo
 
     // --seq-len 0 (the default) sizes the sequences from the budgets: 1000 and 3000 need about 3.6K
     // positions, which a fixed 1024 would refuse; the model's 512 positions still refuse them.
-    config(&c, out, sizeof out, "v", paths);
+    config(&c, out, sizeof out, "v");
     c.seq_len = 0;
     c.budgets = "1000,3000";
     cr_assert(grpo_train(&c, &res) < 0);
@@ -233,7 +222,7 @@ Test(grpo_run, inputs_checked_before_step_one, .init = make_inputs, .fini = remo
     cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
 
     // Resume with the model dir spelled differently, then extend the finished run.
-    config(&c, out, sizeof out, "w", paths);
+    config(&c, out, sizeof out, "w");
     c.steps = 2;
     c.stop_after = 1;
     c.save_every = 1;
@@ -291,14 +280,12 @@ static double num(const cJSON *j, const char *key) {
 // step 1's policy is that reference, so its KL is exactly 0; against the base with the adapter off it is not.
 Test(grpo_run, kl_reference_is_the_starting_adapter, .init = make_inputs, .fini = remove_root, .timeout = 120) {
     threads_set(2);
-    char base[256], adir[256], data[256], out[256];
-    paths_in(base, adir, data);
-    char *paths[3] = {base, adir, data};
+    char out[256];
     GrpoConfig c;
     GrpoResult res;
     double kl[2];
     for (int k = 0; k < 2; k++) {
-        config(&c, out, sizeof out, k ? "kl-base" : "kl-init", paths);
+        config(&c, out, sizeof out, k ? "kl-base" : "kl-init");
         c.steps = 1;
         c.iterations = 1;
         c.kl_ref = k ? KL_REF_BASE : KL_REF_INIT;
@@ -323,14 +310,12 @@ Test(grpo_run, kl_reference_is_the_starting_adapter, .init = make_inputs, .fini 
 Test(grpo_run, mask_truncated_leaves_cut_completions_out, .init = make_inputs, .fini = remove_root,
      .timeout = 120) {
     threads_set(2);
-    char base[256], adir[256], data[256], out[256];
-    paths_in(base, adir, data);
-    char *paths[3] = {base, adir, data};
+    char out[256];
     GrpoConfig c;
     GrpoResult res;
     double gnorm[2], trunc[2];
     for (int k = 0; k < 2; k++) {
-        config(&c, out, sizeof out, k ? "masked" : "unmasked", paths);
+        config(&c, out, sizeof out, k ? "masked" : "unmasked");
         c.steps = 1;
         c.mask_truncated = k;
         c.kl_ref = KL_REF_BASE;
@@ -351,12 +336,10 @@ Test(grpo_run, mask_truncated_leaves_cut_completions_out, .init = make_inputs, .
 // records, 4 prompts a step, 3 steps draw every record once. completions.jsonl names each draw's record.
 Test(grpo_run, prompts_drawn_without_replacement, .init = make_inputs, .fini = remove_root, .timeout = 120) {
     threads_set(2);
-    char base[256], adir[256], data[256], out[256];
-    paths_in(base, adir, data);
-    char *paths[3] = {base, adir, data};
+    char out[256];
     GrpoConfig c;
     GrpoResult res;
-    config(&c, out, sizeof out, "order", paths);
+    config(&c, out, sizeof out, "order");
     c.prompts = 4;
     c.steps = 3;
     c.iterations = 1;
@@ -381,12 +364,10 @@ Test(grpo_run, prompts_drawn_without_replacement, .init = make_inputs, .fini = r
 // draws --max-draws prompts and trains on none of them.
 Test(grpo_run, dynamic_sampling_draws_until_spread, .init = make_inputs, .fini = remove_root, .timeout = 120) {
     threads_set(2);
-    char base[256], adir[256], data[256], out[256];
-    paths_in(base, adir, data);
-    char *paths[3] = {base, adir, data};
+    char out[256];
     GrpoConfig c;
     GrpoResult res;
-    config(&c, out, sizeof out, "dyn", paths);
+    config(&c, out, sizeof out, "dyn");
     c.steps = 2;
     c.max_draws = 5;
     cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
@@ -399,7 +380,7 @@ Test(grpo_run, dynamic_sampling_draws_until_spread, .init = make_inputs, .fini =
         cr_assert_eq(num(m[i], "groups_in_loss"), 0);
     }
     free_lines(m);
-    config(&c, out, sizeof out, "dyn-bad", paths);
+    config(&c, out, sizeof out, "dyn-bad");
     c.max_draws = 1; // fewer than --prompts
     cr_assert(grpo_train(&c, &res) < 0);
     cr_assert(strstr(er_last_error(), "--max-draws"), "%s", er_last_error());
@@ -410,12 +391,10 @@ Test(grpo_run, dynamic_sampling_draws_until_spread, .init = make_inputs, .fini =
 // carry TRL's names beside today's.
 Test(grpo_run, eval_best_and_logs, .init = make_inputs, .fini = remove_root, .timeout = 120) {
     threads_set(2);
-    char base[256], adir[256], data[256], out[256];
-    paths_in(base, adir, data);
-    char *paths[3] = {base, adir, data};
+    char out[256];
     GrpoConfig c;
     GrpoResult res;
-    config(&c, out, sizeof out, "eval", paths);
+    config(&c, out, sizeof out, "eval");
     c.steps = 3;
     c.eval_data = data;
     c.eval_every = 2;
@@ -456,12 +435,10 @@ Test(grpo_run, eval_best_and_logs, .init = make_inputs, .fini = remove_root, .ti
 // the step and the record.
 Test(grpo_run, reward_cmd_terms_and_errors, .init = make_inputs, .fini = remove_root, .timeout = 120) {
     threads_set(2);
-    char base[256], adir[256], data[256], out[256];
-    paths_in(base, adir, data);
-    char *paths[3] = {base, adir, data};
+    char out[256];
     GrpoConfig c;
     GrpoResult res;
-    config(&c, out, sizeof out, "cmd", paths);
+    config(&c, out, sizeof out, "cmd");
     c.steps = 2;
     c.max_draws = 8;
     // Two terms from the query line: its length's parity (a spread within most groups) and a constant.
@@ -479,7 +456,7 @@ Test(grpo_run, reward_cmd_terms_and_errors, .init = make_inputs, .fini = remove_
         cr_assert_float_eq(num(m[i], "reward"), want, 1e-6);
     }
     free_lines(m);
-    config(&c, out, sizeof out, "cmd-dies", paths);
+    config(&c, out, sizeof out, "cmd-dies");
     c.reward_cmd = "read line; echo 1; exit 3";
     cr_assert(grpo_train(&c, &res) < 0, "a dying reward program was not noticed");
     cr_assert(strstr(er_last_error(), "grpo step 1") && strstr(er_last_error(), "data.jsonl:") &&
