@@ -193,8 +193,8 @@ Test(backend, rmsnorm_rope_swiglu_residual) {
 
 // ---- attention ----
 
-static void check_attention(int B, int T, int NH, int NKV, int HS) {
-    Backend *be = dev_open(), *cpu = backend_cpu();
+static void check_attention_on(Backend *be, double tol, int B, int T, int NH, int NKV, int HS) {
+    Backend *cpu = backend_cpu();
     size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS, nl = (size_t)B * NH * T;
     float *q = randn(nq, 1.0f, 1), *k = randn(nk, 1.0f, 2), *v = randn(nk, 1.0f, 3), *dout = randn(nq, 1.0f, 4);
     float *out = malloc(sizeof(float) * nq), *lse = malloc(sizeof(float) * nl);
@@ -215,11 +215,11 @@ static void check_attention(int B, int T, int NH, int NKV, int HS) {
     cr_assert_eq(be->ops->attention_backward(be, d_dq, d_dk, d_dv, d_dout, d_out, d_lse, d_q, d_k, d_v, B, T, NH, NKV,
                                              HS, d_dkh, d_dvh),
                  ER_OK, "%s", er_last_error());
-    expect_close(be, d_out, out, nq, TOL_F32, "attention forward");
-    expect_close(be, d_lse, lse, nl, TOL_F32, "attention log-sum-exp");
-    expect_close(be, d_dq, dq, nq, TOL_F32, "attention backward (q)");
-    expect_close(be, d_dk, dk, nk, TOL_F32, "attention backward (k)");
-    expect_close(be, d_dv, dv, nk, TOL_F32, "attention backward (v)");
+    expect_close(be, d_out, out, nq, tol, "attention forward");
+    expect_close(be, d_lse, lse, nl, tol, "attention log-sum-exp");
+    expect_close(be, d_dq, dq, nq, tol, "attention backward (q)");
+    expect_close(be, d_dk, dk, nk, tol, "attention backward (k)");
+    expect_close(be, d_dv, dv, nk, tol, "attention backward (v)");
 
     void *dev[] = {d_q, d_k, d_v, d_dout, d_out, d_lse, d_dq, d_dk, d_dv, d_dkh, d_dvh, d_scores};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
@@ -227,12 +227,52 @@ static void check_attention(int B, int T, int NH, int NKV, int HS) {
     void *host[] = {q, k, v, dout, out, lse, dq, dk, dv, dkh, dvh, scores};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
         free(host[i]);
+}
+
+// mode: the device's attention path (ER_CUDA_ATTENTION, read at open); tensor cores agree to the bf16
+// tolerance (bf16 operands and probabilities), the SIMT kernels to fp32's.
+static Backend *dev_open_attention(const char *mode, double *tol) {
+    setenv("ER_CUDA_ATTENTION", mode, 1);
+    *tol = strcmp(mode, "simt") == 0 ? TOL_F32 : TOL_BF16;
+    return dev_open();
+}
+
+static void check_attention(const char *mode, int B, int T, int NH, int NKV, int HS) {
+    double tol;
+    Backend *be = dev_open_attention(mode, &tol);
+    check_attention_on(be, tol, B, T, NH, NKV, HS);
     backend_close(be);
 }
 
-Test(backend, attention_gqa_small) { check_attention(2, 37, 4, 2, 16); }
-Test(backend, attention_gqa_long) { check_attention(1, 300, 14, 2, 64); }
-Test(backend, attention_head_size_128) { check_attention(1, 130, 28, 4, 128); } // the 1.5B and 7B heads
+Test(backend, attention_gqa_small) { check_attention("tensor", 2, 37, 4, 2, 16); }
+Test(backend, attention_gqa_long) { check_attention("tensor", 1, 300, 14, 2, 64); }
+Test(backend, attention_head_size_128) { check_attention("tensor", 1, 130, 28, 4, 128); } // the 1.5B and 7B heads
+// One backend: the tensor cores' scratch grown by a longer call (3 batch rows through it), then reused by
+// a shorter one with more heads.
+Test(backend, attention_scratch_grows) {
+    double tol;
+    Backend *be = dev_open_attention("tensor", &tol);
+    check_attention_on(be, tol, 1, 20, 4, 2, 16);
+    check_attention_on(be, tol, 3, 45, 4, 2, 16);
+    check_attention_on(be, tol, 1, 17, 6, 3, 32);
+    backend_close(be);
+}
+Test(backend, attention_gqa_small_simt) { check_attention("simt", 2, 37, 4, 2, 16); }
+Test(backend, attention_gqa_long_simt) { check_attention("simt", 1, 300, 14, 2, 64); }
+Test(backend, attention_head_size_128_simt) { check_attention("simt", 1, 130, 28, 4, 128); }
+
+// A value of ER_CUDA_ATTENTION other than tensor or simt is refused at open, named, before any device
+// is asked for (so this runs in a CUDA=1 build on a machine without a GPU too).
+Test(backend, attention_mode_refused) {
+#ifdef ER_CUDA
+    Backend *be = NULL;
+    setenv("ER_CUDA_ATTENTION", "fast", 1);
+    cr_expect_eq(backend_open(&be, "cuda"), ER_EINVAL);
+    cr_expect(strstr(er_last_error(), "ER_CUDA_ATTENTION=fast: expected tensor"), "%s", er_last_error());
+#else
+    cr_skip_test("a build without CUDA=1 has no ER_CUDA_ATTENTION to read");
+#endif
+}
 
 // ---- masked LoRA ----
 
@@ -501,8 +541,11 @@ static void check_model(Model *cpu_m, LoraAdapter *cpu_ad, int B, int T, double 
     backend_close(be);
 }
 
-// Every parameter trained (fp32 on the device), tied and untied; with recomputation; a scoring pass.
+// Every parameter trained (fp32 on the device), tied and untied; with recomputation; a scoring pass. The
+// attention on the SIMT kernels (fp32 throughout, so 1e-4 holds); tiny_model_full_training_tensor below
+// runs the default tensor-core attention through the same model at the bf16 tolerance.
 Test(backend, tiny_model_full_training) {
+    setenv("ER_CUDA_ATTENTION", "simt", 1);
     for (int tied = 1; tied >= 0; tied--) {
         ModelConfig c = helper_tiny_config(96, 64);
         c.tied = tied;
@@ -513,6 +556,16 @@ Test(backend, tiny_model_full_training) {
         check_model(&m, NULL, 3, 17, 1e-4, ACTS_SCORE);
         model_free(&m);
     }
+}
+
+Test(backend, tiny_model_full_training_tensor) {
+    setenv("ER_CUDA_ATTENTION", "tensor", 1);
+    ModelConfig c = helper_tiny_config(96, 64);
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 11), ER_OK, "%s", er_last_error());
+    check_model(&m, NULL, 3, 17, TOL_BF16, ACTS_TRAIN);
+    check_model(&m, NULL, 3, 17, TOL_BF16, ACTS_TRAIN_RECOMPUTE);
+    model_free(&m);
 }
 
 // A frozen base loaded as it is from a dir saved in bf16 or fp32 (the device stores both in bf16; the
