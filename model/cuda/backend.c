@@ -381,7 +381,7 @@ static int attention_check(int NH, int NKV, int HS) {
 // ER_CUDA_ATTENTION=simt runs the fp32 SIMT kernels instead (no scratch, fp32 throughout: the reference).
 
 typedef struct {
-    float *S, *F;                   // scores or dP (NH, T, T); O, or dQ dK dV, head-major
+    float *S, *F;                     // scores or dP (NH, T, T); O, or dQ dK dV, head-major
     uint16_t *P, *Qh, *Kh, *Vh, *dOh; // P or dS (NH, T, T); the bf16 head-major inputs
 } AttnScratch;
 
