@@ -24,6 +24,10 @@
 // fp32 ops agree to 1e-5 of the largest reference value; products with bf16 operands to 1e-2.
 #define TOL_F32 1e-5
 #define TOL_BF16 1e-2
+// The fp32 tiny model (weights of std 0.3) through the tensor-core attention: its attention scores reach
+// tens, where bf16 q and k move the probabilities by percents (1.2% logits, 1.8% gradients measured under
+// the CUDA emulator, against 10 and more for a wrong causal mask).
+#define TOL_TINY_TC 5e-2
 
 static Backend *dev_open(void) {
     const char *name = getenv("ER_TEST_DEVICE") ? getenv("ER_TEST_DEVICE") : "cuda";
@@ -563,8 +567,8 @@ Test(backend, tiny_model_full_training_tensor) {
     ModelConfig c = helper_tiny_config(96, 64);
     Model m;
     cr_assert_eq(model_build_random(&m, &c, 0.3f, 11), ER_OK, "%s", er_last_error());
-    check_model(&m, NULL, 3, 17, TOL_BF16, ACTS_TRAIN);
-    check_model(&m, NULL, 3, 17, TOL_BF16, ACTS_TRAIN_RECOMPUTE);
+    check_model(&m, NULL, 3, 17, TOL_TINY_TC, ACTS_TRAIN);
+    check_model(&m, NULL, 3, 17, TOL_TINY_TC, ACTS_TRAIN_RECOMPUTE);
     model_free(&m);
 }
 
