@@ -384,7 +384,7 @@ endif
 # CUDA emulated (make CUDA_EMU=1, configured at the top; docs/gpu.md "Emulated CUDA"): model/cuda/kernels.cu,
 # each `k<<<...>>>(args)` rewritten by sed into the emulator's launch (a launch configuration must not
 # contain '>'), compiled by g++ with tests/cuda_emu/include/ first on the include path; backend.c as in
-# CUDA=1; tests/cuda_emu/emu.cpp (cudart, cuBLAS, the kernels' threads) in libcuda_emu.a, which the
+# CUDA=1; tests/cuda_emu/emu.cpp (cudart, the kernels' threads) and cublas.cpp in libcuda_emu.a, which the
 # programs link instead of libcudart and libcublas. `make CUDA_EMU=1 test-cuda-emu` runs the backend
 # suite on it (CI, after the CUDA compile check).
 ifeq ($(CUDA_EMU),1)
@@ -417,7 +417,11 @@ $(BUILD)/obj/tests/cuda_emu/emu.o: tests/cuda_emu/emu.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -fno-sanitize=address -DCUDA_EMU_ASAN -c $< -o $@
 
-$(BUILD)/libcuda_emu.a: $(BUILD)/obj/tests/cuda_emu/emu.o
+$(BUILD)/obj/tests/cuda_emu/cublas.o: tests/cuda_emu/cublas.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+
+$(BUILD)/libcuda_emu.a: $(BUILD)/obj/tests/cuda_emu/emu.o $(BUILD)/obj/tests/cuda_emu/cublas.o
 	rm -f $@ && ar rcs $@ $^
 
 # Without leak checks: Criterion's runner leaks now and then with 2 jobs (see TEST_JOBS), and the emulator keeps

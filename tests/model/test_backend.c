@@ -24,6 +24,11 @@
 // fp32 ops agree to 1e-5 of the largest reference value; products with bf16 operands to 1e-2.
 #define TOL_F32 1e-5
 #define TOL_BF16 1e-2
+// The tiny model (0.3-scale random weights) on a frozen bf16 base: the device rounds every activation entering a
+// base product to bf16 (model/cuda/backend.c), and through the layers that moves logits by up to 3.2e-2 of the
+// largest and the LoRA gradients by 2.7e-2 (measured on emulated CUDA, make CUDA_EMU=1, whose products agree with
+// the CPU's given the same roundings to 8e-8): one op's 1e-2 does not hold for the whole model.
+#define TOL_BF16_TINY_MODEL 5e-2
 // The fp32 tiny model (weights of std 0.3) through the tensor-core attention: its attention scores reach
 // tens, where bf16 q and k move the probabilities by percents (1.2% logits, 1.8% gradients measured under
 // the CUDA emulator, against 10 and more for a wrong causal mask).
@@ -588,7 +593,7 @@ static void check_frozen_base(int as_bf16) {
     LoraAdapter ad;
     cr_assert_eq(lora_init(&ad, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 5), ER_OK);
     helper_perturb_adapter(&ad, 0.1f, 6);
-    check_model(&m, &ad, 2, 21, TOL_BF16, ACTS_TRAIN);
+    check_model(&m, &ad, 2, 21, TOL_BF16_TINY_MODEL, ACTS_TRAIN);
     lora_free(&ad);
     model_free(&m);
     helper_rmdir(dir);
