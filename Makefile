@@ -13,6 +13,9 @@
 #                        x86 reference of make test-aarch64's token comparison
 #   make CUDA=1          with the CUDA backend (model/cuda/: nvcc, cuBLAS from CUDA_HOME, default /usr/local/cuda)
 #                        in build/cuda/; make CUDA=1 cuda-check builds everything so (CI's compile and link check)
+#   make CUDA_EMU=1 test-cuda-emu   (test-only) the CUDA backend's kernels and cuBLAS calls emulated on the CPU
+#                        (tests/cuda_emu/, no GPU or CUDA library; ASan + UBSan) against the CPU backend, in
+#                        build/cuda_emu/
 #   make test-aarch64    the runtime cross-built for aarch64 and its suites under qemu (make CROSS=aarch64-linux-gnu-
 #                        builds it alone into build/aarch64/; section "aarch64" below)
 #   make fuzz            libFuzzer targets (tests/fuzz/, clang, ASan + UBSan), FUZZ_TIME s each (default 30)
@@ -93,6 +96,20 @@ NVCCFLAGS := -O3 -lineinfo -std=c++17 -gencode arch=compute_90,code=[sm_90,compu
 CFLAGS += -DER_CUDA -I$(CUDA_HOME)/include
 # nvcc's kernel launch stubs need the C++ runtime (static-local guards).
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+endif
+
+# CUDA_EMU=1 (test-only; section "CUDA emulated" at the end): the CUDA backend with its kernels compiled as
+# host C++ and run by an emulator (tests/cuda_emu/), no GPU, driver, cudart or cuBLAS; under ASan + UBSan.
+CUDA_EMU ?= 0
+ifeq ($(CUDA_EMU),1)
+ifeq ($(CUDA),1)
+$(error make CUDA_EMU=1 and CUDA=1 exclude each other)
+endif
+BUILD := build/cuda_emu
+EMU_SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+CFLAGS += -DER_CUDA -Itests/cuda_emu/include $(EMU_SAN)
+LDFLAGS += -fsanitize=address,undefined
+LDLIBS += $(BUILD)/libcuda_emu.a -lstdc++
 endif
 
 # ---- aarch64: make CROSS=aarch64-linux-gnu- [all | test-aarch64] (ARM64=1 scripts/deps.sh installs the
@@ -361,4 +378,57 @@ $(BUILD)/obj/%.o: %.cu
 
 .PHONY: cuda-check
 cuda-check: all $(BUILD)/test_all
+endif
+
+# ---------------------------------------------------------------------------------------------
+# CUDA emulated (make CUDA_EMU=1, configured at the top; docs/gpu.md "Emulated CUDA"): model/cuda/kernels.cu,
+# each `k<<<...>>>(args)` rewritten by sed into the emulator's launch (a launch configuration must not
+# contain '>'), compiled by g++ with tests/cuda_emu/include/ first on the include path; backend.c as in
+# CUDA=1; tests/cuda_emu/emu.cpp (cudart, the kernels' threads) and cublas.cpp in libcuda_emu.a, which the
+# programs link instead of libcudart and libcublas. `make CUDA_EMU=1 test-cuda-emu` runs the backend
+# suite on it (CI, after the CUDA compile check).
+ifeq ($(CUDA_EMU),1)
+EMU_CXXFLAGS := -std=c++17 -O2 -g $(ARCH) -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -I. \
+                -Itests/cuda_emu/include -MMD -MP $(EMU_SAN)
+EMU_KERNELS := $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard model/cuda/*.cu))
+$(RUNTIME_LIB): $(EMU_KERNELS) $(call obj,$(wildcard model/cuda/*.c))
+$(BUILD)/erinfer $(BUILD)/ertrain $(BUILD)/example $(BUILD)/test_all $(BUILD)/liberinfer.ok: $(BUILD)/libcuda_emu.a
+
+EMU_LAUNCH_SED := s/([A-Za-z_][A-Za-z0-9_]*)<<<([^>]*)>>>/cuda_emu::launch(\1, "\1", \2)/g
+.PRECIOUS: $(BUILD)/gen/%.cpp
+$(BUILD)/gen/%.cpp: %.cu
+	@mkdir -p $(dir $@)
+	{ printf '#line 1 "%s"\n' $<; sed -E '$(EMU_LAUNCH_SED)' $<; } > $@
+
+$(BUILD)/obj/model/cuda/%.o: $(BUILD)/gen/model/cuda/%.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -include cuda_runtime.h -c $< -o $@
+
+$(BUILD)/obj/tests/cuda_emu/%.o: $(BUILD)/gen/tests/cuda_emu/%.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -include cuda_runtime.h -c $< -o $@
+
+# The emulator's own tests (tests/cuda_emu/test_emu.cu): barriers, shuffles, launch errors, bf16, cuBLAS checks.
+$(BUILD)/test_emu: $(BUILD)/obj/tests/cuda_emu/test_emu.o $(BUILD)/libcuda_emu.a
+	$(CXX) $(LDFLAGS) $^ -lcriterion -o $@
+
+# The emulator itself without ASan (its stack switches would cost a clear of a stack's shadow each).
+$(BUILD)/obj/tests/cuda_emu/emu.o: tests/cuda_emu/emu.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -fno-sanitize=address -DCUDA_EMU_ASAN -c $< -o $@
+
+$(BUILD)/obj/tests/cuda_emu/cublas.o: tests/cuda_emu/cublas.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+
+$(BUILD)/libcuda_emu.a: $(BUILD)/obj/tests/cuda_emu/emu.o $(BUILD)/obj/tests/cuda_emu/cublas.o
+	rm -f $@ && ar rcs $@ $^
+
+# Without leak checks: Criterion's runner leaks now and then with 2 jobs (see TEST_JOBS), and the emulator keeps
+# its fibers for the next launch. ER_TEST_SKIP_LARGE=1 skips the 0.5B-shape test (loudly: tens of GFLOP emulated).
+.PHONY: test-cuda-emu
+test-cuda-emu: $(BUILD)/test_all $(BUILD)/test_emu
+	ASAN_OPTIONS=detect_leaks=0 $(BUILD)/test_emu --jobs 2
+	ASAN_OPTIONS=detect_leaks=0 OMP_WAIT_POLICY=passive ER_TEST_DEVICE=cuda ER_TEST_SKIP_LARGE=1 ER_BUILD=$(BUILD) \
+	  $(BUILD)/test_all --jobs 2 --filter 'backend/*'
 endif

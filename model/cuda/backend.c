@@ -10,7 +10,10 @@
 // fp32 A and B (cublasGemmEx wants both inputs of one type), so the weights would have to stay fp32 on
 // the device, twice the memory the frozen base is widened to bf16 to save. Rounding the activation to
 // bf16 is what bf16 autocast does too; products accumulate in fp32 either way.
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cublas_v2.h>
@@ -37,6 +40,9 @@ typedef struct {
     cublasHandle_t blas;
     uint16_t *cast; // CAST_ELEMS: bf16 copy of an activation for the bf16 products
     double *red;    // reductions: red[0], red[1] results, then CUDA_SUMSQ_MAX_CHUNKS partial sums
+    int attn_simt;  // ER_CUDA_ATTENTION=simt at open: the fp32 SIMT attention kernels, not the tensor cores
+    void *attn;     // the tensor-core attention's scratch for one batch row (AttnScratch), grown on demand
+    size_t attn_bytes;
 } CudaCtx;
 
 static int cuda_check(cudaError_t e, const char *call) {
@@ -358,23 +364,156 @@ static int attention_check(int NH, int NKV, int HS) {
     return ER_OK;
 }
 
-static int op_attention_forward(Backend *be, float *out, float *lse, const float *q, const float *k, const float *v,
-                                int B, int T, int NH, int NKV, int HS, float *scores, int nthreads) {
-    (void)scores; // the CPU's per-thread scores; the fused kernel keeps none
-    (void)nthreads;
-    ER_TRY(attention_check(NH, NKV, HS));
-    CUDA_TRY(cuda_attention_forward(ctx_of(be)->stream, out, lse, q, k, v, B, T, NH, NKV, HS));
+// ---- attention ----
+//
+// Two paths, picked once at open by ER_CUDA_ATTENTION. The default runs the products on the tensor cores
+// through cuBLAS, one batch row at a time: q, k, v (and dout) are cast to bf16 into head-major scratch
+// (kernels.cu), so the G = NH / NKV query heads of KV head kh are one contiguous (G * T, HS) matrix and
+// each product is one strided-batched GEMM over the NKV KV heads (bf16 in, fp32 out, fp32 accumulation):
+//   forward   S = Q_g K_khᵀ (G*T, T); P = causal softmax(S * scale) in bf16, lse fp32; O_g = P V_kh
+//   backward  D = Σ dO·O (drow); S again, P = exp(S * scale - lse); dV_kh = P_gᵀ dO_g; dP = dO_g V_khᵀ;
+//             dS = P (dP - D) * scale (over P); dQ_g = dS K_kh; dK_kh = dS_gᵀ Q_g
+// The inner dimension G*T of dK and dV sums the group's query heads: no atomics. cuBLAS computes the whole
+// (T, T) products, the masked half included; the kernels make P and dS exactly 0 there. Scratch: S fp32
+// and P bf16 (NH, T, T) each, the bf16 Qh dOh (NH, T, HS) and Kh Vh (NKV, T, HS), and one fp32 (NH + 2 NKV,
+// T, HS) for O, or dQ dK dV, before they go back to the (T, heads, HS) layouts. The backward recomputes P
+// (one more product) rather than keep it from the forward: NH * T² bf16 per layer and batch row.
+// ER_CUDA_ATTENTION=simt runs the fp32 SIMT kernels instead (no scratch, fp32 throughout: the reference).
+
+typedef struct {
+    float *S, *F;                     // scores or dP (NH, T, T); O, or dQ dK dV, head-major
+    uint16_t *P, *Qh, *Kh, *Vh, *dOh; // P or dS (NH, T, T); the bf16 head-major inputs
+} AttnScratch;
+
+#define ATTN_ALIGN 256
+
+static size_t attn_align(size_t n) { return (n + ATTN_ALIGN - 1) / ATTN_ALIGN * ATTN_ALIGN; }
+
+// The scratch for one batch row, grown (never shrunk) on the context; freed at close.
+static int attn_scratch(CudaCtx *c, AttnScratch *a, int T, int NH, int NKV, int HS) {
+    if ((size_t)(NH / NKV) * T > INT_MAX)
+        return er_error(ER_EINVAL, "cuda: attention: %d tokens x %d query heads per KV head is past cuBLAS's int "
+                        "dimensions", T, NH / NKV);
+    size_t tt = (size_t)NH * T * T, th = (size_t)T * HS;
+    size_t sizes[7] = {tt * sizeof(float), (size_t)(NH + 2 * NKV) * th * sizeof(float), tt * sizeof(uint16_t),
+                       NH * th * sizeof(uint16_t), NKV * th * sizeof(uint16_t), NKV * th * sizeof(uint16_t),
+                       NH * th * sizeof(uint16_t)};
+    size_t total = 0;
+    for (int i = 0; i < 7; i++)
+        total += attn_align(sizes[i]);
+    if (total > c->attn_bytes) {
+        CUDA_TRY(cudaStreamSynchronize(c->stream)); // earlier ops may still read the old scratch
+        cudaFree(c->attn);
+        c->attn = NULL;
+        c->attn_bytes = 0;
+        cudaError_t e = cudaMalloc(&c->attn, total);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            c->attn = NULL;
+            return er_error(ER_ENOMEM, "cuda: attention: no device memory for %zu bytes of scratch (%d tokens, %d "
+                            "heads; ER_CUDA_ATTENTION=simt needs none): %s", total, T, NH, cudaGetErrorString(e));
+        }
+        c->attn_bytes = total;
+    }
+    char *p = c->attn;
+    void **dst[7] = {(void **)&a->S, (void **)&a->F, (void **)&a->P, (void **)&a->Qh,
+                     (void **)&a->Kh, (void **)&a->Vh, (void **)&a->dOh};
+    for (int i = 0; i < 7; i++) {
+        *dst[i] = p;
+        p += attn_align(sizes[i]);
+    }
     return ER_OK;
 }
 
-// dkh (B, NH, T, HS floats) holds the rows' D = Σ dO·O (B, NH, T); no per-head dK/dV is needed (a warp
-// sums a KV head's whole group), so dvh is unused.
+// Row-major C (M, N) fp32 = op(X) · op(Y) for each of `batch` matrices (strides in elements), X and Y bf16
+// row-major as stored (op = transposed where tX / tY). Column-major that is Cᵀ = op(Y)ᵀ · op(X)ᵀ: a
+// row-major matrix is its transpose column-major, with the leading dimension its stored column count.
+static int gemm_heads(CudaCtx *c, int tX, int tY, int M, int N, int K, const uint16_t *X, long long sX,
+                      const uint16_t *Y, long long sY, float *C, long long sC, int batch) {
+    const float one = 1.0f, zero = 0.0f;
+    BLAS_TRY(cublasGemmStridedBatchedEx(c->blas, tY ? CUBLAS_OP_T : CUBLAS_OP_N, tX ? CUBLAS_OP_T : CUBLAS_OP_N, N, M,
+                                        K, &one, Y, CUDA_R_16BF, tY ? K : N, sY, X, CUDA_R_16BF, tX ? M : K, sX, &zero,
+                                        C, CUDA_R_32F, N, sC, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return ER_OK;
+}
+
+static int attention_tc_forward(CudaCtx *c, float *out, float *lse, const float *q, const float *k, const float *v,
+                                int B, int T, int NH, int NKV, int HS) {
+    if (B <= 0 || T <= 0)
+        return ER_OK;
+    AttnScratch a;
+    ER_TRY(attn_scratch(c, &a, T, NH, NKV, HS));
+    int G = NH / NKV;
+    long long gt = (long long)G * T, th = (long long)T * HS;
+    float scale = (float)(1.0 / sqrt((double)HS));
+    for (int b = 0; b < B; b++) {
+        size_t qo = (size_t)b * T * NH * HS, ko = (size_t)b * T * NKV * HS;
+        CUDA_TRY(cuda_attention_to_heads(c->stream, a.Qh, q + qo, T, NH, HS));
+        CUDA_TRY(cuda_attention_to_heads(c->stream, a.Kh, k + ko, T, NKV, HS));
+        CUDA_TRY(cuda_attention_to_heads(c->stream, a.Vh, v + ko, T, NKV, HS));
+        ER_TRY(gemm_heads(c, 0, 1, (int)gt, T, HS, a.Qh, gt * HS, a.Kh, th, a.S, gt * T, NKV)); // S = Q Kᵀ
+        CUDA_TRY(cuda_attention_softmax(c->stream, a.P, lse + (size_t)b * NH * T, a.S, NULL, NH, T, scale));
+        ER_TRY(gemm_heads(c, 0, 0, (int)gt, HS, T, a.P, gt * T, a.Vh, th, a.F, gt * HS, NKV)); // O = P V
+        CUDA_TRY(cuda_attention_from_heads(c->stream, out + qo, a.F, T, NH, HS));
+    }
+    return ER_OK;
+}
+
+static int attention_tc_backward(CudaCtx *c, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                 const float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                 int NH, int NKV, int HS, float *drow) {
+    if (B <= 0 || T <= 0)
+        return ER_OK;
+    AttnScratch a;
+    ER_TRY(attn_scratch(c, &a, T, NH, NKV, HS));
+    int G = NH / NKV;
+    long long gt = (long long)G * T, th = (long long)T * HS;
+    float scale = (float)(1.0 / sqrt((double)HS));
+    float *dQf = a.F, *dKf = a.F + (size_t)NH * th, *dVf = dKf + (size_t)NKV * th;
+    CUDA_TRY(cuda_attention_drow(c->stream, drow, dout, out, B, T, NH, HS));
+    for (int b = 0; b < B; b++) {
+        size_t qo = (size_t)b * T * NH * HS, ko = (size_t)b * T * NKV * HS, lo = (size_t)b * NH * T;
+        CUDA_TRY(cuda_attention_to_heads(c->stream, a.Qh, q + qo, T, NH, HS));
+        CUDA_TRY(cuda_attention_to_heads(c->stream, a.Kh, k + ko, T, NKV, HS));
+        CUDA_TRY(cuda_attention_to_heads(c->stream, a.Vh, v + ko, T, NKV, HS));
+        CUDA_TRY(cuda_attention_to_heads(c->stream, a.dOh, dout + qo, T, NH, HS));
+        ER_TRY(gemm_heads(c, 0, 1, (int)gt, T, HS, a.Qh, gt * HS, a.Kh, th, a.S, gt * T, NKV)); // S = Q Kᵀ
+        CUDA_TRY(cuda_attention_softmax(c->stream, a.P, NULL, a.S, lse + lo, NH, T, scale));
+        ER_TRY(gemm_heads(c, 1, 0, T, HS, (int)gt, a.P, gt * T, a.dOh, gt * HS, dVf, th, NKV));  // dV = Pᵀ dO
+        ER_TRY(gemm_heads(c, 0, 1, (int)gt, T, HS, a.dOh, gt * HS, a.Vh, th, a.S, gt * T, NKV)); // dP = dO Vᵀ
+        CUDA_TRY(cuda_attention_dscores(c->stream, a.P, a.S, drow + lo, NH, T, scale));
+        ER_TRY(gemm_heads(c, 0, 0, (int)gt, HS, T, a.P, gt * T, a.Kh, th, dQf, gt * HS, NKV));   // dQ = dS K
+        ER_TRY(gemm_heads(c, 1, 0, T, HS, (int)gt, a.P, gt * T, a.Qh, gt * HS, dKf, th, NKV));   // dK = dSᵀ Q
+        CUDA_TRY(cuda_attention_from_heads(c->stream, dq + qo, dQf, T, NH, HS));
+        CUDA_TRY(cuda_attention_from_heads(c->stream, dk + ko, dKf, T, NKV, HS));
+        CUDA_TRY(cuda_attention_from_heads(c->stream, dv + ko, dVf, T, NKV, HS));
+    }
+    return ER_OK;
+}
+
+static int op_attention_forward(Backend *be, float *out, float *lse, const float *q, const float *k, const float *v,
+                                int B, int T, int NH, int NKV, int HS, float *scores, int nthreads) {
+    (void)scores; // the CPU's per-thread scores; the device keeps its own scratch
+    (void)nthreads;
+    ER_TRY(attention_check(NH, NKV, HS));
+    CudaCtx *c = ctx_of(be);
+    if (!c->attn_simt)
+        return attention_tc_forward(c, out, lse, q, k, v, B, T, NH, NKV, HS);
+    CUDA_TRY(cuda_attention_forward(c->stream, out, lse, q, k, v, B, T, NH, NKV, HS));
+    return ER_OK;
+}
+
+// dkh (B, NH, T, HS floats) holds the rows' D = Σ dO·O (B, NH, T); no per-head dK/dV is needed (the SIMT
+// kernel's warp, or the tensor-core GEMM's inner dimension, sums a KV head's whole group), so dvh is unused.
 static int op_attention_backward(Backend *be, float *dq, float *dk, float *dv, const float *dout, const float *out,
                                  const float *lse, const float *q, const float *k, const float *v, int B, int T, int NH,
                                  int NKV, int HS, float *dkh, float *dvh) {
     (void)dvh;
     ER_TRY(attention_check(NH, NKV, HS));
-    CUDA_TRY(cuda_attention_backward(ctx_of(be)->stream, dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, dkh));
+    CudaCtx *c = ctx_of(be);
+    if (!c->attn_simt)
+        return attention_tc_backward(c, dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, dkh);
+    CUDA_TRY(cuda_attention_backward(c->stream, dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, dkh));
     return ER_OK;
 }
 
@@ -463,6 +602,7 @@ static void ctx_free(CudaCtx *c) {
         cudaStreamSynchronize(c->stream);
     cudaFree(c->cast);
     cudaFree(c->red);
+    cudaFree(c->attn);
     if (c->blas)
         cublasDestroy(c->blas);
     if (c->stream)
@@ -473,8 +613,19 @@ static void ctx_free(CudaCtx *c) {
 #define CUDA_CHECK(call) ER_CHECK(cuda_check((call), #call))
 #define BLAS_CHECK(call) ER_CHECK(blas_check((call), #call))
 
+// ER_CUDA_ATTENTION: unset, empty or "tensor" = the tensor-core attention; "simt" = the fp32 SIMT kernels.
+static int attention_mode(int *simt) {
+    const char *mode = getenv("ER_CUDA_ATTENTION");
+    *simt = mode && strcmp(mode, "simt") == 0;
+    if (mode && *mode && !*simt && strcmp(mode, "tensor") != 0)
+        return er_error(ER_EINVAL, "cuda: ER_CUDA_ATTENTION=%s: expected tensor (cuBLAS bf16, the default) or simt "
+                        "(the fp32 kernels)", mode);
+    return ER_OK;
+}
+
 int backend_cuda_open(Backend *be, int device) {
-    int rc = ER_OK, count = 0;
+    int rc = ER_OK, count = 0, simt = 0;
+    ER_TRY(attention_mode(&simt));
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count < 1) {
         cudaGetLastError();
@@ -487,6 +638,7 @@ int backend_cuda_open(Backend *be, int device) {
     if (!c)
         return er_error(ER_ENOMEM, "cuda: no host memory for the backend's state");
     c->device = device;
+    c->attn_simt = simt;
     struct cudaDeviceProp prop;
     size_t mem_free = 0, mem_total = 0;
     CUDA_CHECK(cudaSetDevice(device));

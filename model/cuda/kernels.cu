@@ -435,6 +435,124 @@ cudaError_t cuda_attention_backward(cudaStream_t s, float *dq, float *dk, float 
     return cudaGetLastError();
 }
 
+// ---- attention on tensor cores: the kernels around backend.c's cuBLAS products ----
+//
+// backend.c runs one batch row b at a time through head-major scratch: Qh, dOh (NH, T, HS) and Kh, Vh
+// (NKV, T, HS) in bf16, so the G = NH / NKV query heads of KV head kh are one (G * T, HS) matrix; the
+// scores S (NH, T, T) fp32 and the probabilities P (NH, T, T) bf16, row (h, t) at (h * T + t) * T.
+
+// grid-stride over dst (nh, T, HS) bf16 = src (T, nh, HS) fp32 rounded (nearest even).
+static __global__ void attention_to_heads_kernel(__nv_bfloat16 *dst, const float *src, int T, int nh, int HS) {
+    size_t n = (size_t)nh * T * HS;
+    GRID_STRIDE(i, n) {
+        size_t d = i % HS, t = i / HS % T, h = i / ((size_t)HS * T);
+        dst[i] = __float2bfloat16_rn(src[(t * nh + h) * HS + d]);
+    }
+}
+
+cudaError_t cuda_attention_to_heads(cudaStream_t s, uint16_t *dst, const float *src, int T, int nh, int HS) {
+    size_t n = (size_t)nh * T * HS;
+    if (n > 0)
+        attention_to_heads_kernel<<<ew_blocks(n), EW_THREADS, 0, s>>>((__nv_bfloat16 *)dst, src, T, nh, HS);
+    return cudaGetLastError();
+}
+
+// grid-stride over src (nh, T, HS): dst (T, nh, HS) overwritten with it.
+static __global__ void attention_from_heads_kernel(float *dst, const float *src, int T, int nh, int HS) {
+    size_t n = (size_t)nh * T * HS;
+    GRID_STRIDE(i, n) {
+        size_t d = i % HS, t = i / HS % T, h = i / ((size_t)HS * T);
+        dst[(t * nh + h) * HS + d] = src[i];
+    }
+}
+
+cudaError_t cuda_attention_from_heads(cudaStream_t s, float *dst, const float *src, int T, int nh, int HS) {
+    size_t n = (size_t)nh * T * HS;
+    if (n > 0)
+        attention_from_heads_kernel<<<ew_blocks(n), EW_THREADS, 0, s>>>(dst, src, T, nh, HS);
+    return cudaGetLastError();
+}
+
+// grid NH * T: block row = h * T + t. Forward (lse_in NULL): lse_out[row] = m + log Σ_{s<=t} exp(x_s - m),
+// x_s = S[row, s] * scale, m = max x_s (the sum in double); then P[row, s] = exp(x_s - lse).
+// Backward (lse_in = the forward's lse): P recomputed from S with it. P is exactly 0 past the diagonal.
+static __global__ void attention_softmax_kernel(__nv_bfloat16 *P, float *lse_out, const float *S,
+                                                const float *lse_in, int T, float scale) {
+    size_t row = blockIdx.x;
+    int t = (int)(row % T);
+    const float *x = S + row * T;
+    __nv_bfloat16 *p = P + row * T;
+    float l;
+    if (lse_in) {
+        l = lse_in[row];
+    } else {
+        float mx = -INFINITY;
+        for (int s = threadIdx.x; s <= t; s += blockDim.x)
+            mx = fmaxf(mx, x[s] * scale);
+        mx = block_max(mx);
+        double sum = 0.0;
+        for (int s = threadIdx.x; s <= t; s += blockDim.x)
+            sum += expf(x[s] * scale - mx);
+        sum = block_sum_double(sum);
+        l = mx + (float)log(sum);
+        if (threadIdx.x == 0)
+            lse_out[row] = l;
+    }
+    for (int s = threadIdx.x; s < T; s += blockDim.x)
+        p[s] = __float2bfloat16_rn(s <= t ? expf(x[s] * scale - l) : 0.0f);
+}
+
+cudaError_t cuda_attention_softmax(cudaStream_t s, uint16_t *P, float *lse_out, const float *S, const float *lse_in,
+                                   int NH, int T, float scale) {
+    if (NH > 0 && T > 0)
+        attention_softmax_kernel<<<(unsigned)NH * T, ROW_THREADS, 0, s>>>((__nv_bfloat16 *)P, lse_out, S, lse_in, T,
+                                                                         scale);
+    return cudaGetLastError();
+}
+
+// grid NH * T: block row = h * T + t; dS[row, s] = P (dP - D_row) * scale for s <= t, exactly 0 past the
+// diagonal, written over P (each thread rewrites only the entries it read).
+static __global__ void attention_dscores_kernel(__nv_bfloat16 *P, const float *dP, const float *D, int T,
+                                                float scale) {
+    size_t row = blockIdx.x;
+    int t = (int)(row % T);
+    float d = D[row];
+    for (int s = threadIdx.x; s < T; s += blockDim.x) {
+        float v = s <= t ? __bfloat162float(P[row * T + s]) * (dP[row * T + s] - d) * scale : 0.0f;
+        P[row * T + s] = __float2bfloat16_rn(v);
+    }
+}
+
+cudaError_t cuda_attention_dscores(cudaStream_t s, uint16_t *P, const float *dP, const float *D, int NH, int T,
+                                   float scale) {
+    if (NH > 0 && T > 0)
+        attention_dscores_kernel<<<(unsigned)NH * T, ROW_THREADS, 0, s>>>((__nv_bfloat16 *)P, dP, D, T, scale);
+    return cudaGetLastError();
+}
+
+// grid (ceil(T / ATT_WARPS), NH, B): warp -> drow[b, h, t] = Σ_i dout_ti out_ti of head h (fp32 inputs).
+static __global__ void attention_drow_kernel(float *drow, const float *dout, const float *out, int T, int NH,
+                                             int HS) {
+    int lane = threadIdx.x % 32, t = blockIdx.x * ATT_WARPS + threadIdx.x / 32, h = blockIdx.y, b = blockIdx.z;
+    if (t >= T)
+        return;
+    size_t row = ((size_t)b * T + t) * NH + h;
+    float dor[ATT_PER_LANE];
+    lane_load(dor, dout + row * HS, lane, HS);
+    float D = warp_dot(dor, out + row * HS, lane, HS);
+    if (lane == 0)
+        drow[((size_t)b * NH + h) * T + t] = D;
+}
+
+cudaError_t cuda_attention_drow(cudaStream_t s, float *drow, const float *dout, const float *out, int B, int T,
+                                int NH, int HS) {
+    if (B > 0 && T > 0) {
+        dim3 grid((T + ATT_WARPS - 1) / ATT_WARPS, NH, B);
+        attention_drow_kernel<<<grid, 32 * ATT_WARPS, 0, s>>>(drow, dout, out, T, NH, HS);
+    }
+    return cudaGetLastError();
+}
+
 // ---- masked LoRA rows ----
 
 static __global__ void zero_masked_rows_kernel(float *x, const uint8_t *mask, size_t n, int C) {

@@ -55,6 +55,20 @@ cudaError_t cuda_attention_forward(cudaStream_t s, float *out, float *lse, const
 cudaError_t cuda_attention_backward(cudaStream_t s, float *dq, float *dk, float *dv, const float *dout,
                                     const float *out, const float *lse, const float *q, const float *k, const float *v,
                                     int B, int T, int NH, int NKV, int HS, float *drow);
+// The tensor-core attention's kernels (backend.c runs the products; scratch layouts in kernels.cu):
+// dst (nh, T, HS) bf16 = src (T, nh, HS) fp32, and back to fp32 (T, nh, HS) overwritten.
+cudaError_t cuda_attention_to_heads(cudaStream_t s, uint16_t *dst, const float *src, int T, int nh, int HS);
+cudaError_t cuda_attention_from_heads(cudaStream_t s, float *dst, const float *src, int T, int nh, int HS);
+// P (NH, T, T) bf16 = causal softmax of S (NH, T, T) * scale: lse_in NULL computes lse_out (NH, T), else
+// P = exp(S * scale - lse_in) (the backward's recomputation). Masked entries exactly 0.
+cudaError_t cuda_attention_softmax(cudaStream_t s, uint16_t *P, float *lse_out, const float *S, const float *lse_in,
+                                   int NH, int T, float scale);
+// P (NH, T, T) := P * (dP - D) * scale, D (NH, T) per row; masked entries exactly 0.
+cudaError_t cuda_attention_dscores(cudaStream_t s, uint16_t *P, const float *dP, const float *D, int NH, int T,
+                                   float scale);
+// drow (B, NH, T) = Σ dout · out per head row, dout out (B, T, NH, HS).
+cudaError_t cuda_attention_drow(cudaStream_t s, float *drow, const float *dout, const float *out, int B, int T,
+                                int NH, int HS);
 // Rows n of x (N, C) with mask[n] == 0 set to 0.
 cudaError_t cuda_zero_masked_rows(cudaStream_t s, float *x, const uint8_t *mask, int N, int C);
 // Masked mean cross-entropy: result[0] = sum(mask), result[1] = the loss (0 when the mask is empty);

@@ -24,6 +24,15 @@
 // fp32 ops agree to 1e-5 of the largest reference value; products with bf16 operands to 1e-2.
 #define TOL_F32 1e-5
 #define TOL_BF16 1e-2
+// The tiny model (0.3-scale random weights) on a frozen bf16 base: the device rounds every activation entering a
+// base product to bf16 (model/cuda/backend.c), and through the layers that moves logits by up to 3.2e-2 of the
+// largest and the LoRA gradients by 2.7e-2 (measured on emulated CUDA, make CUDA_EMU=1, whose products agree with
+// the CPU's given the same roundings to 8e-8): one op's 1e-2 does not hold for the whole model.
+#define TOL_BF16_TINY_MODEL 5e-2
+// The fp32 tiny model (weights of std 0.3) through the tensor-core attention: its attention scores reach
+// tens, where bf16 q and k move the probabilities by percents (1.2% logits, 1.8% gradients measured under
+// the CUDA emulator, against 10 and more for a wrong causal mask).
+#define TOL_TINY_TC 5e-2
 
 static Backend *dev_open(void) {
     const char *name = getenv("ER_TEST_DEVICE") ? getenv("ER_TEST_DEVICE") : "cuda";
@@ -193,8 +202,8 @@ Test(backend, rmsnorm_rope_swiglu_residual) {
 
 // ---- attention ----
 
-static void check_attention(int B, int T, int NH, int NKV, int HS) {
-    Backend *be = dev_open(), *cpu = backend_cpu();
+static void check_attention_on(Backend *be, double tol, int B, int T, int NH, int NKV, int HS) {
+    Backend *cpu = backend_cpu();
     size_t nq = (size_t)B * T * NH * HS, nk = (size_t)B * T * NKV * HS, nl = (size_t)B * NH * T;
     float *q = randn(nq, 1.0f, 1), *k = randn(nk, 1.0f, 2), *v = randn(nk, 1.0f, 3), *dout = randn(nq, 1.0f, 4);
     float *out = malloc(sizeof(float) * nq), *lse = malloc(sizeof(float) * nl);
@@ -215,11 +224,11 @@ static void check_attention(int B, int T, int NH, int NKV, int HS) {
     cr_assert_eq(be->ops->attention_backward(be, d_dq, d_dk, d_dv, d_dout, d_out, d_lse, d_q, d_k, d_v, B, T, NH, NKV,
                                              HS, d_dkh, d_dvh),
                  ER_OK, "%s", er_last_error());
-    expect_close(be, d_out, out, nq, TOL_F32, "attention forward");
-    expect_close(be, d_lse, lse, nl, TOL_F32, "attention log-sum-exp");
-    expect_close(be, d_dq, dq, nq, TOL_F32, "attention backward (q)");
-    expect_close(be, d_dk, dk, nk, TOL_F32, "attention backward (k)");
-    expect_close(be, d_dv, dv, nk, TOL_F32, "attention backward (v)");
+    expect_close(be, d_out, out, nq, tol, "attention forward");
+    expect_close(be, d_lse, lse, nl, tol, "attention log-sum-exp");
+    expect_close(be, d_dq, dq, nq, tol, "attention backward (q)");
+    expect_close(be, d_dk, dk, nk, tol, "attention backward (k)");
+    expect_close(be, d_dv, dv, nk, tol, "attention backward (v)");
 
     void *dev[] = {d_q, d_k, d_v, d_dout, d_out, d_lse, d_dq, d_dk, d_dv, d_dkh, d_dvh, d_scores};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
@@ -227,12 +236,52 @@ static void check_attention(int B, int T, int NH, int NKV, int HS) {
     void *host[] = {q, k, v, dout, out, lse, dq, dk, dv, dkh, dvh, scores};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
         free(host[i]);
+}
+
+// mode: the device's attention path (ER_CUDA_ATTENTION, read at open); tensor cores agree to the bf16
+// tolerance (bf16 operands and probabilities), the SIMT kernels to fp32's.
+static Backend *dev_open_attention(const char *mode, double *tol) {
+    setenv("ER_CUDA_ATTENTION", mode, 1);
+    *tol = strcmp(mode, "simt") == 0 ? TOL_F32 : TOL_BF16;
+    return dev_open();
+}
+
+static void check_attention(const char *mode, int B, int T, int NH, int NKV, int HS) {
+    double tol;
+    Backend *be = dev_open_attention(mode, &tol);
+    check_attention_on(be, tol, B, T, NH, NKV, HS);
     backend_close(be);
 }
 
-Test(backend, attention_gqa_small) { check_attention(2, 37, 4, 2, 16); }
-Test(backend, attention_gqa_long) { check_attention(1, 300, 14, 2, 64); }
-Test(backend, attention_head_size_128) { check_attention(1, 130, 28, 4, 128); } // the 1.5B and 7B heads
+Test(backend, attention_gqa_small) { check_attention("tensor", 2, 37, 4, 2, 16); }
+Test(backend, attention_gqa_long) { check_attention("tensor", 1, 300, 14, 2, 64); }
+Test(backend, attention_head_size_128) { check_attention("tensor", 1, 130, 28, 4, 128); } // the 1.5B and 7B heads
+// One backend: the tensor cores' scratch grown by a longer call (3 batch rows through it), then reused by
+// a shorter one with more heads.
+Test(backend, attention_scratch_grows) {
+    double tol;
+    Backend *be = dev_open_attention("tensor", &tol);
+    check_attention_on(be, tol, 1, 20, 4, 2, 16);
+    check_attention_on(be, tol, 3, 45, 4, 2, 16);
+    check_attention_on(be, tol, 1, 17, 6, 3, 32);
+    backend_close(be);
+}
+Test(backend, attention_gqa_small_simt) { check_attention("simt", 2, 37, 4, 2, 16); }
+Test(backend, attention_gqa_long_simt) { check_attention("simt", 1, 300, 14, 2, 64); }
+Test(backend, attention_head_size_128_simt) { check_attention("simt", 1, 130, 28, 4, 128); }
+
+// A value of ER_CUDA_ATTENTION other than tensor or simt is refused at open, named, before any device
+// is asked for (so this runs in a CUDA=1 build on a machine without a GPU too).
+Test(backend, attention_mode_refused) {
+#ifdef ER_CUDA
+    Backend *be = NULL;
+    setenv("ER_CUDA_ATTENTION", "fast", 1);
+    cr_expect_eq(backend_open(&be, "cuda"), ER_EINVAL);
+    cr_expect(strstr(er_last_error(), "ER_CUDA_ATTENTION=fast: expected tensor"), "%s", er_last_error());
+#else
+    cr_skip_test("a build without CUDA=1 has no ER_CUDA_ATTENTION to read");
+#endif
+}
 
 // ---- masked LoRA ----
 
@@ -501,8 +550,11 @@ static void check_model(Model *cpu_m, LoraAdapter *cpu_ad, int B, int T, double 
     backend_close(be);
 }
 
-// Every parameter trained (fp32 on the device), tied and untied; with recomputation; a scoring pass.
+// Every parameter trained (fp32 on the device), tied and untied; with recomputation; a scoring pass. The
+// attention on the SIMT kernels (fp32 throughout, so 1e-4 holds); tiny_model_full_training_tensor below
+// runs the default tensor-core attention through the same model at the bf16 tolerance.
 Test(backend, tiny_model_full_training) {
+    setenv("ER_CUDA_ATTENTION", "simt", 1);
     for (int tied = 1; tied >= 0; tied--) {
         ModelConfig c = helper_tiny_config(96, 64);
         c.tied = tied;
@@ -513,6 +565,16 @@ Test(backend, tiny_model_full_training) {
         check_model(&m, NULL, 3, 17, 1e-4, ACTS_SCORE);
         model_free(&m);
     }
+}
+
+Test(backend, tiny_model_full_training_tensor) {
+    setenv("ER_CUDA_ATTENTION", "tensor", 1);
+    ModelConfig c = helper_tiny_config(96, 64);
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 11), ER_OK, "%s", er_last_error());
+    check_model(&m, NULL, 3, 17, TOL_TINY_TC, ACTS_TRAIN);
+    check_model(&m, NULL, 3, 17, TOL_TINY_TC, ACTS_TRAIN_RECOMPUTE);
+    model_free(&m);
 }
 
 // A frozen base loaded as it is from a dir saved in bf16 or fp32 (the device stores both in bf16; the
@@ -531,7 +593,7 @@ static void check_frozen_base(int as_bf16) {
     LoraAdapter ad;
     cr_assert_eq(lora_init(&ad, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 5), ER_OK);
     helper_perturb_adapter(&ad, 0.1f, 6);
-    check_model(&m, &ad, 2, 21, TOL_BF16, ACTS_TRAIN);
+    check_model(&m, &ad, 2, 21, TOL_BF16_TINY_MODEL, ACTS_TRAIN);
     lora_free(&ad);
     model_free(&m);
     helper_rmdir(dir);
@@ -543,7 +605,14 @@ Test(backend, tiny_model_masked_lora_f32_base) { check_frozen_base(0); }
 
 // The 0.5B widths (configs/qwen05b-2l.json: two layers, vocabulary 512) with the real vocabulary, a
 // frozen bf16 base and a rank-16 masked adapter on every linear.
+// ER_TEST_SKIP_LARGE=1 (make CUDA_EMU=1 test-cuda-emu sets it) skips it, loudly: emulated, its lm_head products
+// alone are tens of GFLOP for the reference GEMM.
 Test(backend, qwen05b_shape_masked_lora, .timeout = 600) {
+    if (getenv("ER_TEST_SKIP_LARGE") && *getenv("ER_TEST_SKIP_LARGE") == '1') {
+        fprintf(stderr, "\n!!!!!! backend::qwen05b_shape_masked_lora: ER_TEST_SKIP_LARGE=1: SKIPPED, the 0.5B "
+                        "shape was not checked !!!!!!\n");
+        cr_skip_test("ER_TEST_SKIP_LARGE=1");
+    }
     dev_require(); // before building a 0.5B-wide model on the CPU
     ModelConfig c;
     cr_assert_eq(model_config_load(&c, "configs/qwen05b-2l.json"), ER_OK, "%s", er_last_error());
