@@ -72,8 +72,6 @@ MPI ?= 0
 ifeq ($(MPI),1)
 BUILD := $(BUILD)/mpi
 MPI_LIBS := $(shell mpicc --showme:link)
-$(BUILD)/obj/train/dist.o: CFLAGS += -DER_MPI $(shell mpicc --showme:compile)
-$(BUILD)/ertrain $(BUILD)/test_all $(BUILD)/bench/%: LDLIBS += $(MPI_LIBS)
 endif
 
 # CUDA=1: the CUDA backend (model/cuda/: kernels by nvcc, host code by $(CC)) joins liberinfer, with
@@ -87,12 +85,29 @@ ifeq ($(wildcard $(NVCC)),)
 $(error make CUDA=1: no nvcc at $(NVCC) (install the CUDA toolkit or set CUDA_HOME))
 endif
 BUILD := $(BUILD)/cuda
-# sm_90 code (H100/H200) plus its PTX, which newer GPUs compile at load time.
-NVCCFLAGS := -O3 -lineinfo -std=c++17 -gencode arch=compute_90,code=[sm_90,compute_90] -Xcompiler -Wall,-Wextra \
-             -I. -MMD -MP
+# Machine code for each of CUDA_ARCHS (A100 80, A10/A40/RTX 30xx 86, L4/L40/RTX 40xx 89, H100/H200 90)
+# plus the PTX of the first (lowest), which any newer GPU compiles at load time. Lowest first;
+# CUDA_ARCHS="90" narrows the build (faster to compile). cuda-check lists the object's arches.
+CUDA_ARCHS ?= 80 86 89 90
+CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+                -gencode arch=compute_$(firstword $(CUDA_ARCHS)),code=compute_$(firstword $(CUDA_ARCHS))
+NVCCFLAGS := -O3 -lineinfo -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra -I. -MMD -MP
 CFLAGS += -DER_CUDA -I$(CUDA_HOME)/include
 # nvcc's kernel launch stubs need the C++ runtime (static-local guards).
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+endif
+# The per-target flags of MPI=1 (and NCCL), once BUILD is final. With CUDA=1 too, the gradients of a
+# device are summed by NCCL when CUDA_HOME has it (NCCL=0 keeps the host-staged MPI_Allreduce).
+ifeq ($(MPI),1)
+$(BUILD)/obj/train/dist.o: CFLAGS += -DER_MPI $(shell mpicc --showme:compile)
+$(BUILD)/ertrain $(BUILD)/test_all $(BUILD)/bench/%: LDLIBS += $(MPI_LIBS)
+ifeq ($(CUDA),1)
+NCCL ?= $(if $(wildcard $(CUDA_HOME)/include/nccl.h),1,0)
+ifeq ($(NCCL),1)
+$(BUILD)/obj/train/dist.o: CFLAGS += -DER_NCCL
+$(BUILD)/ertrain $(BUILD)/test_all $(BUILD)/bench/%: LDLIBS += -lnccl
+endif
+endif
 endif
 
 # ---- aarch64: make CROSS=aarch64-linux-gnu- [all | test-aarch64] (ARM64=1 scripts/deps.sh installs the
@@ -355,10 +370,24 @@ ifeq ($(CUDA),1)
 CUDA_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard model/cuda/*.cu)) $(call obj,$(wildcard model/cuda/*.c))
 $(RUNTIME_LIB): $(CUDA_OBJ)
 
-$(BUILD)/obj/%.o: %.cu
+# The arches the objects were compiled for: a changed CUDA_ARCHS rewrites the file, which recompiles them.
+CUDA_ARCHS_FILE := $(BUILD)/obj/model/cuda/archs
+$(shell mkdir -p $(dir $(CUDA_ARCHS_FILE)); echo '$(CUDA_ARCHS)' | cmp -s - $(CUDA_ARCHS_FILE) || \
+  echo '$(CUDA_ARCHS)' >$(CUDA_ARCHS_FILE))
+$(BUILD)/obj/%.o: %.cu $(CUDA_ARCHS_FILE)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# Besides building: the kernels' object holds machine code for every arch of CUDA_ARCHS and the PTX
+# of the first (a GPU none of them covers would fail with "no kernel image is available"), and with
+# MPI=1 NCCL=1 the gradient sum calls NCCL.
 .PHONY: cuda-check
 cuda-check: all $(BUILD)/test_all
+	$(PY) scripts/check_cuda_archs.py "$(CUDA_ARCHS)" \
+	  $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard model/cuda/*.cu))
+ifeq ($(MPI)$(NCCL),11)
+	@nm -u $(BUILD)/obj/train/dist.o | grep -q ncclAllReduce || \
+	  { echo "cuda-check: $(BUILD)/obj/train/dist.o does not call ncclAllReduce (NCCL=1)"; exit 1; }
+	@echo "cuda-check: the gradient all-reduce of $(BUILD)/ertrain goes through NCCL"
+endif
 endif
