@@ -30,7 +30,7 @@ void dist_share(int n, int rank, int size, int *lo, int *hi) {
 
 #ifdef ER_MPI
 
-static int initialised;
+static int initialised, local_rank, local_size = 1;
 
 // FNV-1a over the bytes: equal buffers hash equal on every rank.
 static uint64_t hash_bytes(const void *p, size_t n) {
@@ -57,6 +57,13 @@ int dist_init(int *argc, char ***argv) {
     initialised = 1;
     // Errors come back as codes and become one error line, instead of MPI's own abort.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm node;
+    rc = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    if (rc != MPI_SUCCESS)
+        return mpi_error(rc, "finding the ranks of this node");
+    MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_size(node, &local_size);
+    MPI_Comm_free(&node);
     return ER_OK;
 }
 
@@ -64,6 +71,14 @@ void dist_finalize(void) {
     if (initialised)
         MPI_Finalize();
     initialised = 0;
+}
+
+int dist_local_rank(void) {
+    return local_rank;
+}
+
+int dist_local_size(void) {
+    return local_size;
 }
 
 void dist_abort(int code) {
@@ -177,6 +192,14 @@ int dist_rank(void) {
 }
 
 int dist_size(void) {
+    return 1;
+}
+
+int dist_local_rank(void) {
+    return 0;
+}
+
+int dist_local_size(void) {
     return 1;
 }
 

@@ -21,6 +21,10 @@ void dist_abort(int code);
 
 int dist_rank(void); // 0 without MPI
 int dist_size(void); // 1 without MPI
+// This rank among the ranks on its own node (MPI_COMM_TYPE_SHARED, whatever launched them): which GPU it
+// takes. 0 and 1 without MPI.
+int dist_local_rank(void);
+int dist_local_size(void);
 
 // Items [*lo, *hi) of n for `rank` of `size`: contiguous blocks differing by at most one.
 void dist_share(int n, int rank, int size, int *lo, int *hi);
