@@ -1,6 +1,7 @@
 // The flags every training job takes (optimisation, evaluation, checkpoints) and the parse that puts a
 // command's own flags after them: ertrain pretrain, sft and qat.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -45,5 +46,9 @@ int train_flags_parse(TrainConfig *c, const ArgSpec *own, int n_own, int argc, c
     c->out = dist_rank() == 0 ? stdout : NULL; // the plan and the summary
     c->log = dist_rank() == 0 ? stderr : NULL; // the progress bar
     c->device = NULL; // not given: the GPU when there is one and the job can run there
+    // Test hook (tests/train/test_mpi.py): the trainer's device path, the gradient sum of a placed
+    // backend included, on copies placed on the CPU backend.
+    const char *place = getenv("ER_TEST_PLACE_ON_CPU");
+    c->place_on_cpu = place && !strcmp(place, "1");
     return args_parse(argc, argv, specs, ns + n_own, usage);
 }

@@ -180,11 +180,7 @@ int train_device_from_host(TrainDevice *d, const TrainJob *job, AdamW *opt, cons
 int train_device_sum_grads(TrainDevice *d, const TrainJob *job) {
     if (!d->placed || dist_size() < 2)
         return dist_sum_floats(job->grads, job->n);
-    Backend *be = d->be;
-    size_t bytes = job->n * sizeof(float);
-    ER_TRY(be->ops->download(be, job->grads, d->grads, bytes));
-    ER_TRY(dist_sum_floats(job->grads, job->n));
-    return be->ops->upload(be, d->grads, job->grads, bytes);
+    return dist_sum_device_floats(d->be, d->grads, job->grads, job->n, d->shared);
 }
 
 void train_device_close(TrainDevice *d) {

@@ -58,8 +58,9 @@ int train_device_to_host(TrainDevice *d, const TrainJob *job, AdamW *opt, AdamW 
 // The optimizer state `host` (from train_device_to_host) and job->params, loaded from a checkpoint,
 // placed back.
 int train_device_from_host(TrainDevice *d, const TrainJob *job, AdamW *opt, const AdamW *host);
-// The gradients summed across the ranks of mpirun (train/dist.h; a no-op on one rank). A device's go
-// through the host: MPI reads host memory (unless it is CUDA-aware, which is not assumed).
+// The gradients summed across the ranks of mpirun (train/dist.h; a no-op on one rank). A device's by
+// dist_sum_device_floats: NCCL on the GPUs where the build has it, else through the host (MPI reads host
+// memory: CUDA-aware MPI is not assumed).
 int train_device_sum_grads(TrainDevice *d, const TrainJob *job);
 void train_device_close(TrainDevice *d);
 

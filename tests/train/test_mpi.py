@@ -162,6 +162,14 @@ def check_sft():
             fail("sft -np %d: no plan line naming every rank's device (want 'sft: rank 0 on cpu (...), %s'):\n%s"
                  % (n, want, p.stdout))
         passed("sft -np %d: the plan line names every rank's device: %s" % (n, line))
+    # The trainer's device path (the model and adapter placed, here on copies on the CPU backend): the
+    # gradients go through dist_sum_device_floats' host-staged sum (NCCL's fallback) and the run is the
+    # unplaced run's bit for bit.
+    run(2, base + ["--out", "sft2_placed"], env={"ER_TEST_PLACE_ON_CPU": "1"})
+    compare_metrics("sft -np 2 placed", metrics("sft2"), metrics("sft2_placed"), tol=0)
+    wp = compare_tensors("sft -np 2 placed adapter", "sft2/adapter_model.safetensors",
+                         "sft2_placed/adapter_model.safetensors", tol=0, tensor_tol=0)
+    passed("sft -np 2 placed on copies (the device path, gradients summed through the host) = unplaced, bit for bit")
 
 
 def check_pretrain():
