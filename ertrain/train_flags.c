@@ -27,8 +27,9 @@ static int train_flags_specs(TrainConfig *c, ArgSpec *s) {
         {"threads", ARG_INT, &c->threads, "threads (0 = all cores)", 0, 0, 4096},
         {"recompute", ARG_FLAG, &c->recompute, "keep only each layer's input for the backward, which recomputes the "
                                                "rest (activation memory about 1/layers, one more forward)", 0, 0, 0},
-        {"device", ARG_STR, &c->device, "where the passes run: cpu, cuda or cuda:N (default: cuda when built with "
-                                        "CUDA=1 and a GPU answers, else cpu)", 0, 0, 0},
+        {"device", ARG_STR, &c->device, "where the passes run: cpu, cuda or cuda:N (default and cuda: rank r of a "
+                                        "node on cuda:r when built with CUDA=1 and a GPU is there, else cpu; "
+                                        "ER_SHARE_GPU=1 lets ranks share GPUs)", 0, 0, 0},
         {"resume", ARG_FLAG, &c->resume, "continue the run in --out from its checkpoint", 0, 0, 0},
     };
     _Static_assert(sizeof all / sizeof all[0] <= TRAIN_FLAGS_MAX, "TRAIN_FLAGS_MAX is too small");
