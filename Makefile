@@ -75,8 +75,6 @@ MPI ?= 0
 ifeq ($(MPI),1)
 BUILD := $(BUILD)/mpi
 MPI_LIBS := $(shell mpicc --showme:link)
-$(BUILD)/obj/train/dist.o: CFLAGS += -DER_MPI $(shell mpicc --showme:compile)
-$(BUILD)/ertrain $(BUILD)/test_all $(BUILD)/bench/%: LDLIBS += $(MPI_LIBS)
 endif
 
 # CUDA=1: the CUDA backend (model/cuda/: kernels by nvcc, host code by $(CC)) joins liberinfer, with
@@ -90,12 +88,29 @@ ifeq ($(wildcard $(NVCC)),)
 $(error make CUDA=1: no nvcc at $(NVCC) (install the CUDA toolkit or set CUDA_HOME))
 endif
 BUILD := $(BUILD)/cuda
-# sm_90 code (H100/H200) plus its PTX, which newer GPUs compile at load time.
-NVCCFLAGS := -O3 -lineinfo -std=c++17 -gencode arch=compute_90,code=[sm_90,compute_90] -Xcompiler -Wall,-Wextra \
-             -I. -MMD -MP
+# Machine code for each of CUDA_ARCHS (A100 80, A10/A40/RTX 30xx 86, L4/L40/RTX 40xx 89, H100/H200 90)
+# plus the PTX of the first (lowest), which any newer GPU compiles at load time. Lowest first;
+# CUDA_ARCHS="90" narrows the build (faster to compile). cuda-check lists the object's arches.
+CUDA_ARCHS ?= 80 86 89 90
+CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+                -gencode arch=compute_$(firstword $(CUDA_ARCHS)),code=compute_$(firstword $(CUDA_ARCHS))
+NVCCFLAGS := -O3 -lineinfo -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra -I. -MMD -MP
 CFLAGS += -DER_CUDA -I$(CUDA_HOME)/include
 # nvcc's kernel launch stubs need the C++ runtime (static-local guards).
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+endif
+# The per-target flags of MPI=1 (and NCCL), once BUILD is final. With CUDA=1 too, the gradients of a
+# device are summed by NCCL when CUDA_HOME has it (NCCL=0 keeps the host-staged MPI_Allreduce).
+ifeq ($(MPI),1)
+$(BUILD)/obj/train/dist.o: CFLAGS += -DER_MPI $(shell mpicc --showme:compile)
+$(BUILD)/ertrain $(BUILD)/test_all $(BUILD)/bench/%: LDLIBS += $(MPI_LIBS)
+ifeq ($(CUDA),1)
+NCCL ?= $(if $(wildcard $(CUDA_HOME)/include/nccl.h),1,0)
+ifeq ($(NCCL),1)
+$(BUILD)/obj/train/dist.o: CFLAGS += -DER_NCCL
+$(BUILD)/ertrain $(BUILD)/test_all $(BUILD)/bench/%: LDLIBS += -lnccl
+endif
+endif
 endif
 
 # CUDA_EMU=1 (test-only; section "CUDA emulated" at the end): the CUDA backend with its kernels compiled as
@@ -372,12 +387,26 @@ ifeq ($(CUDA),1)
 CUDA_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard model/cuda/*.cu)) $(call obj,$(wildcard model/cuda/*.c))
 $(RUNTIME_LIB): $(CUDA_OBJ)
 
-$(BUILD)/obj/%.o: %.cu
+# The arches the objects were compiled for: a changed CUDA_ARCHS rewrites the file, which recompiles them.
+CUDA_ARCHS_FILE := $(BUILD)/obj/model/cuda/archs
+$(shell mkdir -p $(dir $(CUDA_ARCHS_FILE)); echo '$(CUDA_ARCHS)' | cmp -s - $(CUDA_ARCHS_FILE) || \
+  echo '$(CUDA_ARCHS)' >$(CUDA_ARCHS_FILE))
+$(BUILD)/obj/%.o: %.cu $(CUDA_ARCHS_FILE)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# Besides building: the kernels' object holds machine code for every arch of CUDA_ARCHS and the PTX
+# of the first (a GPU none of them covers would fail with "no kernel image is available"), and with
+# MPI=1 NCCL=1 the gradient sum calls NCCL.
 .PHONY: cuda-check
 cuda-check: all $(BUILD)/test_all
+	$(PY) scripts/check_cuda_archs.py "$(CUDA_ARCHS)" \
+	  $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard model/cuda/*.cu))
+ifeq ($(MPI)$(NCCL),11)
+	@nm -u $(BUILD)/obj/train/dist.o | grep -q ncclAllReduce || \
+	  { echo "cuda-check: $(BUILD)/obj/train/dist.o does not call ncclAllReduce (NCCL=1)"; exit 1; }
+	@echo "cuda-check: the gradient all-reduce of $(BUILD)/ertrain goes through NCCL"
+endif
 endif
 
 # ---------------------------------------------------------------------------------------------
@@ -392,7 +421,8 @@ EMU_CXXFLAGS := -std=c++17 -O2 -g $(ARCH) -Wall -Wextra -Wno-unused-parameter -W
                 -Itests/cuda_emu/include -MMD -MP $(EMU_SAN)
 EMU_KERNELS := $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard model/cuda/*.cu))
 $(RUNTIME_LIB): $(EMU_KERNELS) $(call obj,$(wildcard model/cuda/*.c))
-$(BUILD)/erinfer $(BUILD)/ertrain $(BUILD)/example $(BUILD)/test_all $(BUILD)/liberinfer.ok: $(BUILD)/libcuda_emu.a
+$(BUILD)/erinfer $(BUILD)/ertrain $(BUILD)/example $(BUILD)/test_all $(BUILD)/test_backend $(BUILD)/liberinfer.ok: \
+  $(BUILD)/libcuda_emu.a
 
 EMU_LAUNCH_SED := s/([A-Za-z_][A-Za-z0-9_]*)<<<([^>]*)>>>/cuda_emu::launch(\1, "\1", \2)/g
 .PRECIOUS: $(BUILD)/gen/%.cpp
@@ -424,11 +454,16 @@ $(BUILD)/obj/tests/cuda_emu/cublas.o: tests/cuda_emu/cublas.cpp
 $(BUILD)/libcuda_emu.a: $(BUILD)/obj/tests/cuda_emu/emu.o $(BUILD)/obj/tests/cuda_emu/cublas.o
 	rm -f $@ && ar rcs $@ $^
 
+# The backend suite alone (tests/model/test_backend.c on the runtime library): the whole test_all would build
+# every suite and the training tier under the sanitizers for tests that do not touch the device.
+$(BUILD)/test_backend: $(call obj,tests/model/test_backend.c) $(RUNTIME_LIB)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcriterion -o $@
+
 # Without leak checks: Criterion's runner leaks now and then with 2 jobs (see TEST_JOBS), and the emulator keeps
 # its fibers for the next launch. ER_TEST_SKIP_LARGE=1 skips the 0.5B-shape test (loudly: tens of GFLOP emulated).
 .PHONY: test-cuda-emu
-test-cuda-emu: $(BUILD)/test_all $(BUILD)/test_emu
+test-cuda-emu: $(BUILD)/test_backend $(BUILD)/test_emu
 	ASAN_OPTIONS=detect_leaks=0 $(BUILD)/test_emu --jobs 2
 	ASAN_OPTIONS=detect_leaks=0 OMP_WAIT_POLICY=passive ER_TEST_DEVICE=cuda ER_TEST_SKIP_LARGE=1 ER_BUILD=$(BUILD) \
-	  $(BUILD)/test_all --jobs 2 --filter 'backend/*'
+	  $(BUILD)/test_backend --jobs 2
 endif

@@ -1,6 +1,7 @@
 // The flags every training job takes (optimisation, evaluation, checkpoints) and the parse that puts a
 // command's own flags after them: ertrain pretrain, sft and qat.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -26,8 +27,9 @@ static int train_flags_specs(TrainConfig *c, ArgSpec *s) {
         {"threads", ARG_INT, &c->threads, "threads (0 = all cores)", 0, 0, 4096},
         {"recompute", ARG_FLAG, &c->recompute, "keep only each layer's input for the backward, which recomputes the "
                                                "rest (activation memory about 1/layers, one more forward)", 0, 0, 0},
-        {"device", ARG_STR, &c->device, "where the passes run: cpu, cuda or cuda:N (default: cuda when built with "
-                                        "CUDA=1 and a GPU answers, else cpu)", 0, 0, 0},
+        {"device", ARG_STR, &c->device, "where the passes run: cpu, cuda or cuda:N (default and cuda: rank r of a "
+                                        "node on cuda:r when built with CUDA=1 and a GPU is there, else cpu; "
+                                        "ER_SHARE_GPU=1 lets ranks share GPUs)", 0, 0, 0},
         {"resume", ARG_FLAG, &c->resume, "continue the run in --out from its checkpoint", 0, 0, 0},
     };
     _Static_assert(sizeof all / sizeof all[0] <= TRAIN_FLAGS_MAX, "TRAIN_FLAGS_MAX is too small");
@@ -45,5 +47,9 @@ int train_flags_parse(TrainConfig *c, const ArgSpec *own, int n_own, int argc, c
     c->out = dist_rank() == 0 ? stdout : NULL; // the plan and the summary
     c->log = dist_rank() == 0 ? stderr : NULL; // the progress bar
     c->device = NULL; // not given: the GPU when there is one and the job can run there
+    // Test hook (tests/train/test_mpi.py): the trainer's device path, the gradient sum of a placed
+    // backend included, on copies placed on the CPU backend.
+    const char *place = getenv("ER_TEST_PLACE_ON_CPU");
+    c->place_on_cpu = place && !strcmp(place, "1");
     return args_parse(argc, argv, specs, ns + n_own, usage);
 }

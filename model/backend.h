@@ -107,6 +107,11 @@ struct Backend {
     char device[128];   // "x86-64, 2 threads", "NVIDIA H200"
     size_t mem_total;   // bytes of backend memory (CPU: 0 = not tracked)
     size_t mem_free;    // at open
+    int index;          // CUDA: the device number (cuda:N); 0 on the CPU
+    void *queue;        // CUDA: the cudaStream_t every op runs on, in order (NCCL joins it); NULL on the CPU
+    // backend_sync_each_op: the table the ops forward to, and the check each is followed by.
+    const BackendOps *unsynced;
+    int (*sync)(Backend *be, const char *op);
 };
 
 // The CPU backend: a process-wide table, always there; its buffers are host memory.
@@ -119,6 +124,17 @@ void backend_close(Backend *be);
 // The device a command runs on when --device is not given: "cuda" when built with CUDA=1 and a device
 // answers, else "cpu".
 const char *backend_default(void);
+// The CUDA devices this machine has: *n >= 1, or 0 when there is none, no driver, or the build has no CUDA
+// backend. An error (er_error: cudaGetDeviceCount's reason) when a driver answers but fails (too old for
+// this build's runtime, a device in a bad state): a GPU is there and it does not work.
+int backend_cuda_devices(int *n);
+// A 0/1 switch from the environment (ER_CUDA_SYNC, ER_SHARE_GPU), `value` its getenv: NULL, "" and "0" are
+// off, "1" on, anything else an error naming the variable.
+int backend_env_flag(const char *name, const char *value, int *on);
+// Debugging faults inside a device's queued work: every op of be but alloc and free is followed by
+// sync(be, "<op name>") once it returned ER_OK, and returns what that returns (an error naming the op).
+// The CUDA backend does it under ER_CUDA_SYNC=1 (a synchronisation per op: slow).
+void backend_sync_each_op(Backend *be, int (*sync)(Backend *be, const char *op));
 // A Weight that weight_upload filled.
 void backend_weight_free(Backend *be, Weight *w);
 
@@ -130,7 +146,12 @@ void lora_backend_free(LoraAdapter *a, Backend *be);
 
 #ifdef ER_CUDA
 // model/cuda/backend.c: opens CUDA device `device` (stream, cuBLAS); ER_EUNSUPPORTED when none answers.
+// ER_CUDA_SYNC=1 in the environment (read here, once): every op is followed by a synchronisation, and a
+// fault inside a kernel is reported by the op that launched it ("cuda: rmsnorm_forward: an illegal
+// memory access ...") instead of by whatever synchronised next.
 int backend_cuda_open(Backend *be, int device);
+// backend_cuda_devices' CUDA side.
+int backend_cuda_count(int *n);
 void backend_cuda_close(Backend *be);
 #endif
 

@@ -12,6 +12,10 @@
 #ifdef ER_MPI
 #include <mpi.h>
 #endif
+#ifdef ER_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#endif
 
 // 4 Mi floats (16 MiB) per MPI_Allreduce: large enough to reach the link's bandwidth, small enough
 // that a count never overflows an int.
@@ -30,7 +34,15 @@ void dist_share(int n, int rank, int size, int *lo, int *hi) {
 
 #ifdef ER_MPI
 
-static int initialised;
+// The host-staged sum of a backend's buffer (dist_sum_device_floats without NCCL).
+static int sum_via_host(Backend *be, float *x, float *host, size_t n) {
+    size_t bytes = n * sizeof(float);
+    ER_TRY(be->ops->download(be, host, x, bytes));
+    ER_TRY(dist_sum_floats(host, n));
+    return be->ops->upload(be, x, host, bytes);
+}
+
+static int initialised, local_rank, local_size = 1;
 
 // FNV-1a over the bytes: equal buffers hash equal on every rank.
 static uint64_t hash_bytes(const void *p, size_t n) {
@@ -57,13 +69,37 @@ int dist_init(int *argc, char ***argv) {
     initialised = 1;
     // Errors come back as codes and become one error line, instead of MPI's own abort.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm node;
+    rc = MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    if (rc != MPI_SUCCESS)
+        return mpi_error(rc, "finding the ranks of this node");
+    MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_size(node, &local_size);
+    MPI_Comm_free(&node);
     return ER_OK;
 }
 
+#ifdef ER_NCCL
+static ncclComm_t nccl;
+#endif
+
 void dist_finalize(void) {
+#ifdef ER_NCCL
+    if (nccl)
+        ncclCommDestroy(nccl);
+    nccl = NULL;
+#endif
     if (initialised)
         MPI_Finalize();
     initialised = 0;
+}
+
+int dist_local_rank(void) {
+    return local_rank;
+}
+
+int dist_local_size(void) {
+    return local_size;
 }
 
 void dist_abort(int code) {
@@ -97,6 +133,70 @@ int dist_sum_floats(float *x, size_t n) {
     }
     reduce_seconds += time_now() - t0;
     return ER_OK;
+}
+
+#ifdef ER_NCCL
+static int nccl_error(ncclResult_t r, const char *what) {
+    return er_error(ER_EIO, "rank %d of %d: %s (NCCL): %s", dist_rank(), dist_size(), what, ncclGetErrorString(r));
+}
+
+// The ranks' NCCL communicator, made on the first call (collective), each rank on its backend's device.
+static int nccl_open(Backend *be) {
+    if (nccl)
+        return ER_OK;
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    ncclResult_t r = dist_rank() == 0 ? ncclGetUniqueId(&id) : ncclSuccess;
+    if (r != ncclSuccess)
+        return nccl_error(r, "ncclGetUniqueId");
+    int rc = MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS)
+        return mpi_error(rc, "sending NCCL's id");
+    cudaError_t e = cudaSetDevice(be->index);
+    if (e != cudaSuccess)
+        return er_error(ER_EIO, "rank %d of %d: cudaSetDevice(%d): %s", dist_rank(), dist_size(), be->index,
+                        cudaGetErrorString(e));
+    r = ncclCommInitRank(&nccl, dist_size(), id, dist_rank());
+    return r == ncclSuccess ? ER_OK : nccl_error(r, "ncclCommInitRank");
+}
+
+static int nccl_sum(Backend *be, float *x, size_t n) {
+    ER_TRY(nccl_open(be));
+    double t0 = time_now();
+    cudaStream_t s = (cudaStream_t)be->queue;
+    ncclResult_t r = ncclAllReduce(x, x, n, ncclFloat, ncclSum, nccl, s);
+    if (r != ncclSuccess)
+        return nccl_error(r, "gradient all-reduce");
+    cudaError_t e = cudaStreamSynchronize(s); // the time it took, and a failure here rather than later
+    if (e != cudaSuccess)
+        return er_error(ER_EIO, "rank %d of %d: gradient all-reduce (NCCL): %s", dist_rank(), dist_size(),
+                        cudaGetErrorString(e));
+    reduce_seconds += time_now() - t0;
+    return ER_OK;
+}
+#endif
+
+int dist_sum_device_floats(Backend *be, float *x, float *host, size_t n, int shared) {
+    if (dist_size() == 1)
+        return ER_OK;
+    // -1: not decided yet; 1: every rank sums with NCCL; 0: all through the host. Decided by all
+    // together: a rank on NCCL and one on MPI would wait for each other forever.
+    static int use_nccl = -1;
+    if (use_nccl < 0) {
+        int mine = 0;
+#ifdef ER_NCCL
+        mine = be->kind == BACKEND_CUDA && be->queue && !shared;
+#endif
+        (void)shared;
+        int rc = MPI_Allreduce(&mine, &use_nccl, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS)
+            return mpi_error(rc, "choosing the gradient all-reduce");
+    }
+#ifdef ER_NCCL
+    if (use_nccl)
+        return nccl_sum(be, x, n);
+#endif
+    return sum_via_host(be, x, host, n);
 }
 
 int dist_sum_doubles(double *x, int n) {
@@ -178,6 +278,23 @@ int dist_rank(void) {
 
 int dist_size(void) {
     return 1;
+}
+
+int dist_local_rank(void) {
+    return 0;
+}
+
+int dist_local_size(void) {
+    return 1;
+}
+
+int dist_sum_device_floats(Backend *be, float *x, float *host, size_t n, int shared) {
+    (void)be;
+    (void)x;
+    (void)host;
+    (void)n;
+    (void)shared;
+    return ER_OK;
 }
 
 int dist_sum_floats(float *x, size_t n) {

@@ -179,6 +179,7 @@ typedef struct {
     int complete;           // resumed a finished run: outputs rewritten, run.json kept
     Progress prog;
     int prog_on;
+    char *rank_where;       // under mpirun: every rank's TrainDevice.where, rank after rank (for the plan)
 } Trainer;
 
 static void trainer_free(Trainer *t) {
@@ -197,6 +198,7 @@ static void trainer_free(Trainer *t) {
     train_device_close(&t->dev);
     batch_free(&t->batch);
     er_free(t->eval_idx);
+    er_free(t->rank_where);
     cJSON_Delete(t->config);
     metrics_close(&t->ml);
     er_free(t->ckpt_dir);
@@ -609,6 +611,12 @@ static int trainer_setup(Trainer *t) {
         return er_error(ER_EINVAL, "the tokenizer has %d ids but the model's vocabulary only %d",
                         tok_vocab_size(job->tok), mc->V);
     ER_TRY(train_device_open(&t->dev, job, c->device, c->place_on_cpu)); // before the data: a bad device fails fast
+    if (dist_size() > 1) { // which device each rank took, for the plan line
+        size_t n;
+        void *all;
+        ER_TRY(dist_gather(t->dev.where, 1, sizeof t->dev.where, &all, &n));
+        t->rank_where = all;
+    }
     ER_TRY(seq_builder_init(&t->sb, job->tok, job->style, job->prefix, t->seq_len, c->kind != TRAIN_SFT, c->no_mask));
     ER_TRY(file_fingerprint(c->data_path, t->data_fp, sizeof t->data_fp));
     ER_TRY(load_data(t));
@@ -670,8 +678,12 @@ static void print_plan(const Trainer *t, FILE *out) {
            "activations %.1f MiB, %d threads\n",
            job->label, job->n, t->total_steps, c->grad_accum, c->batch, t->ep.n_batches, t->warmup_steps,
            t->acts.bytes / 1048576.0, threads_get());
-    fprintf(out, "%s: running on %s (%s)%s%s\n", job->label, t->dev.be->name, t->dev.be->device,
-            t->dev.why_cpu ? ": " : "", t->dev.why_cpu ? t->dev.why_cpu : "");
+    fprintf(out, "%s: %s %s (%s)", job->label, dist_size() > 1 ? "rank 0 on" : "running on", t->dev.where,
+            t->dev.be->device);
+    size_t w = sizeof t->dev.where;
+    for (int r = 1; t->rank_where && r < dist_size(); r++)
+        fprintf(out, ", %d on %.*s", r, (int)w, t->rank_where + (size_t)r * w);
+    fprintf(out, "%s%s\n", t->dev.why_cpu ? ": " : "", t->dev.why_cpu ? t->dev.why_cpu : "");
     if (t->resumed_from >= 0)
         fprintf(out, "%s: resumed from %s at step %ld\n", job->label, t->ckpt_dir, t->resumed_from);
     fflush(out);

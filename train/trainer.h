@@ -59,11 +59,12 @@ typedef struct {
     int save_every;             // steps between checkpoints (0 = only at the end)
     int seed, threads, resume;
     int recompute;              // keep only each layer's input; the backward recomputes the rest
-    const char *device;         // where the passes run: "cpu" (the default), "cuda", "cuda:N"; NULL = cuda
-                                // when built with CUDA=1, a device answers and the job can run there, else
-                                // cpu (ertrain's default when --device is not given)
+    const char *device;         // where the passes run: "cpu", "cuda", "cuda:N"; NULL = the GPU of this rank's
+                                // place on its node when built with CUDA=1, one is there and the job can run
+                                // there, else cpu (train_device_pick; ertrain's default without --device)
     int stop_after;             // test hook, no flag: stop after this step as if killed (resume tests); 0 = off
-    int place_on_cpu;           // test hook, no flag: run on copies placed on the CPU backend, as on a device
+    int place_on_cpu;           // test hook (ertrain: ER_TEST_PLACE_ON_CPU=1): run on copies placed on the CPU
+                                // backend, as on a device
                                 // (checks the device path of the trainer where there is no device)
     FILE *out;                  // the plan and the summary lines (NULL = silent; ertrain: stdout)
     FILE *log;                  // the progress bar (NULL = silent; ertrain: stderr)

@@ -623,17 +623,44 @@ static int attention_mode(int *simt) {
     return ER_OK;
 }
 
-int backend_cuda_open(Backend *be, int device) {
-    int rc = ER_OK, count = 0, simt = 0;
-    ER_TRY(attention_mode(&simt));
+int backend_cuda_count(int *n) {
+    int count = 0, driver = 0;
+    *n = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count < 1) {
-        cudaGetLastError();
-        return er_error(ER_EUNSUPPORTED, "cuda: no device answers (cudaGetDeviceCount: %s)",
-                        e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    if (e == cudaSuccess) {
+        *n = count;
+        return ER_OK;
     }
+    cudaGetLastError();
+    // No GPU at all: no device, or no driver installed (then the driver version reads 0).
+    if (e == cudaErrorNoDevice || (cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0))
+        return ER_OK;
+    return er_error(ER_EUNSUPPORTED, "cuda: cudaGetDeviceCount: %s (driver %d.%d)", cudaGetErrorString(e),
+                    driver / 1000, driver % 1000 / 10);
+}
+
+// ER_CUDA_SYNC=1's check after every op (backend_sync_each_op): the op's kernels finished, or their
+// fault under the op's name. A fault inside a kernel is sticky: the backend is unusable after it.
+static int sync_after_op(Backend *be, const char *op) {
+    cudaError_t e = cudaStreamSynchronize(ctx_of(be)->stream);
+    if (e == cudaSuccess)
+        e = cudaGetLastError();
+    if (e == cudaSuccess)
+        return ER_OK;
+    return er_error(e == cudaErrorMemoryAllocation ? ER_ENOMEM : ER_EIO, "cuda: %s: %s (on %s, synchronised after "
+                    "the op: ER_CUDA_SYNC=1)", op, cudaGetErrorString(e), be->device);
+}
+
+int backend_cuda_open(Backend *be, int device) {
+    int rc = ER_OK, count = 0, sync = 0, simt = 0;
+    ER_TRY(attention_mode(&simt));
+    ER_TRY(backend_env_flag("ER_CUDA_SYNC", getenv("ER_CUDA_SYNC"), &sync));
+    ER_TRY(backend_cuda_count(&count));
+    if (count < 1)
+        return er_error(ER_EUNSUPPORTED, "cuda: no device answers (cudaGetDeviceCount: no device or no driver)");
     if (device < 0 || device >= count)
-        return er_error(ER_EUNSUPPORTED, "cuda: no device %d (this machine has %d)", device, count);
+        return er_error(ER_EUNSUPPORTED, "cuda: no device %d (this machine has %d: cuda:0..cuda:%d)", device, count,
+                        count - 1);
     CudaCtx *c = er_calloc(1, sizeof *c);
     if (!c)
         return er_error(ER_ENOMEM, "cuda: no host memory for the backend's state");
@@ -657,6 +684,10 @@ int backend_cuda_open(Backend *be, int device) {
     snprintf(be->device, sizeof be->device, "%.127s", prop.name);
     be->mem_total = mem_total;
     be->mem_free = mem_free;
+    be->index = device;
+    be->queue = c->stream;
+    if (sync)
+        backend_sync_each_op(be, sync_after_op);
     return ER_OK;
 done:
     ctx_free(c);

@@ -379,6 +379,12 @@ cudaError_t cudaGetDeviceCount(int *count) {
     return cudaSuccess;
 }
 
+// The emulated driver: CUDA 13.0's number (1000 * major + 10 * minor).
+cudaError_t cudaDriverGetVersion(int *version) {
+    *version = 13000;
+    return cudaSuccess;
+}
+
 cudaError_t cudaSetDevice(int device) {
     return sticky ? sticky : fail(device == 0 ? cudaSuccess : cudaErrorInvalidDevice);
 }

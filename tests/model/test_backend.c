@@ -689,3 +689,92 @@ Test(backend_place, refuses_mixed_backends_and_unknown_devices) {
     acts_free(&a);
     model_free(&m);
 }
+
+// ---- backend_sync_each_op (ER_CUDA_SYNC=1's wrapping), on a copy of the CPU backend ----
+
+static int synced_calls;
+static const char *fail_after; // the op whose check fails (NULL: none)
+
+static int count_sync(Backend *be, const char *op) {
+    (void)be;
+    synced_calls++;
+    if (fail_after && !strcmp(op, fail_after))
+        return er_error(ER_EIO, "test: %s: a fault found after it", op);
+    return ER_OK;
+}
+
+// A whole training pass through the wrapped table computes bitwise what the plain one does (every op
+// forwards its arguments), every op is followed by its check, and a failing check fails the pass with
+// the op's name.
+Test(backend_sync, every_op_checked_and_named) {
+    ModelConfig c = helper_tiny_config(96, 64);
+    Model m, pm;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 16), ER_OK, "%s", er_last_error());
+    LoraShape s = model_config_lora_shape(&c);
+    LoraAdapter ad, pad;
+    cr_assert_eq(lora_init(&ad, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 9), ER_OK);
+    helper_perturb_adapter(&ad, 0.1f, 10);
+    Backend be = *backend_cpu();
+    backend_sync_each_op(&be, count_sync);
+    backend_sync_each_op(&be, count_sync); // twice is once
+    cr_assert_eq(be.unsynced, backend_cpu()->ops);
+    cr_assert_eq(model_to_backend(&pm, &m, &be), ER_OK, "%s", er_last_error());
+    cr_assert_eq(lora_to_backend(&pad, &ad, &be), ER_OK, "%s", er_last_error());
+    int B = 2, T = 11, N = B * T, tok[22], tgt[22];
+    float mask[22];
+    uint8_t amask[22];
+    for (int i = 0; i < N; i++) {
+        tok[i] = (i * 13) % c.V;
+        tgt[i] = (i * 5 + 1) % c.V;
+        amask[i] = i % T > 3;
+        mask[i] = amask[i];
+    }
+    PassOut a = run_pass(&m, &ad, tok, tgt, mask, amask, B, T, ACTS_TRAIN);
+    synced_calls = 0;
+    PassOut b = run_pass(&pm, &pad, tok, tgt, mask, amask, B, T, ACTS_TRAIN);
+    cr_expect_gt(synced_calls, 10 * c.L, "%d checks", synced_calls);
+    cr_expect_eq(memcmp(a.logits, b.logits, sizeof(float) * N * c.V), 0, "logits");
+    cr_expect_eq(a.loss, b.loss, "loss");
+    cr_expect_eq(memcmp(a.grads, b.grads, sizeof(float) * m.n_param_floats), 0, "model gradients");
+    cr_expect_eq(memcmp(a.lgrads, b.lgrads, sizeof(float) * ad.n_params), 0, "adapter gradients");
+    // a fault after the first RMSNorm fails the forward under that op's name
+    Activations acts;
+    cr_assert_eq(acts_alloc_on(&acts, &be, &c, B, T, ACTS_TRAIN, 0), ER_OK, "%s", er_last_error());
+    ModelInput in = {.B = B, .T = T, .tokens = tok, .adapter = &pad, .adapter_mask = amask};
+    fail_after = "rmsnorm_forward";
+    cr_expect_eq(model_forward(&pm, &in, &acts), ER_EIO);
+    cr_expect(strstr(er_last_error(), "rmsnorm_forward: a fault found after it"), "%s", er_last_error());
+    fail_after = NULL;
+    acts_free(&acts);
+    pass_free(&a);
+    pass_free(&b);
+    lora_backend_free(&pad, &be);
+    lora_free(&ad);
+    model_free(&pm);
+    model_free(&m);
+}
+
+Test(backend_sync, env_flags) {
+    int on = -1;
+    cr_expect_eq(backend_env_flag("ER_CUDA_SYNC", NULL, &on), ER_OK);
+    cr_expect_eq(on, 0);
+    cr_expect_eq(backend_env_flag("ER_CUDA_SYNC", "", &on), ER_OK);
+    cr_expect_eq(on, 0);
+    cr_expect_eq(backend_env_flag("ER_CUDA_SYNC", "0", &on), ER_OK);
+    cr_expect_eq(on, 0);
+    cr_expect_eq(backend_env_flag("ER_CUDA_SYNC", "1", &on), ER_OK);
+    cr_expect_eq(on, 1);
+    cr_expect_eq(backend_env_flag("ER_CUDA_SYNC", "yes", &on), ER_EINVAL);
+    cr_expect_eq(on, 0);
+    cr_expect_str_eq(er_last_error(), "ER_CUDA_SYNC='yes': expected 0 or 1");
+}
+
+// A build without CUDA counts no device (and says nothing); the trainer's default is then the CPU.
+Test(backend_sync, device_count_without_cuda) {
+    int n = -1;
+    cr_expect_eq(backend_cuda_devices(&n), ER_OK);
+#ifndef ER_CUDA
+    cr_expect_eq(n, 0);
+#endif
+    cr_expect_geq(n, 0);
+}

@@ -57,11 +57,11 @@ def passed(msg):
     print("test_mpi: ok: " + msg, flush=True)
 
 
-def run(ranks, args, expect_ok=True, timeout=600):
+def run(ranks, args, expect_ok=True, timeout=600, env=None):
     cmd = [ERTRAIN] + args
     if ranks > 1:
         cmd = ["mpirun", "--oversubscribe", "-np", str(ranks)] + cmd
-    p = subprocess.run(cmd, cwd=WORK, env=ENV, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, cwd=WORK, env=dict(ENV, **(env or {})), capture_output=True, text=True, timeout=timeout)
     if expect_ok and p.returncode != 0:
         fail("%s exited %d:\n%s%s" % (" ".join(cmd), p.returncode, p.stdout[-3000:], p.stderr[-3000:]))
     return p
@@ -149,12 +149,27 @@ def check_sft():
             "--eval-every", "2"]
     run(1, base + ["--out", "sft1"])
     for n in (2, 4):
-        run(n, base + ["--out", "sft%d" % n])
+        p = run(n, base + ["--out", "sft%d" % n])
         wm = compare_metrics("sft -np %d" % n, metrics("sft1"), metrics("sft%d" % n))
         wp = compare_tensors("sft -np %d adapter" % n, "sft1/adapter_model.safetensors",
                              "sft%d/adapter_model.safetensors" % n)
         passed("sft -np %d = one rank, batch 8 x 2 micro-batches, 5 steps over an epoch's short last batch (metrics "
                "%.1e, adapter %.1e, worst tensor %.1e relative)" % ((n, wm) + wp))
+        # The plan line says where every rank runs.
+        line = next((l for l in p.stdout.splitlines() if l.startswith("sft: rank 0 on ")), None)
+        want = ", ".join(["%d on cpu" % r for r in range(1, n)])
+        if not line or not line.startswith("sft: rank 0 on cpu (") or want not in line:
+            fail("sft -np %d: no plan line naming every rank's device (want 'sft: rank 0 on cpu (...), %s'):\n%s"
+                 % (n, want, p.stdout))
+        passed("sft -np %d: the plan line names every rank's device: %s" % (n, line))
+    # The trainer's device path (the model and adapter placed, here on copies on the CPU backend): the
+    # gradients go through dist_sum_device_floats' host-staged sum (NCCL's fallback) and the run is the
+    # unplaced run's bit for bit.
+    run(2, base + ["--out", "sft2_placed"], env={"ER_TEST_PLACE_ON_CPU": "1"})
+    compare_metrics("sft -np 2 placed", metrics("sft2"), metrics("sft2_placed"), tol=0)
+    wp = compare_tensors("sft -np 2 placed adapter", "sft2/adapter_model.safetensors",
+                         "sft2_placed/adapter_model.safetensors", tol=0, tensor_tol=0)
+    passed("sft -np 2 placed on copies (the device path, gradients summed through the host) = unplaced, bit for bit")
 
 
 def check_pretrain():

@@ -548,6 +548,30 @@ Test(train, cli_errors_are_one_line, .init = setup, .fini = teardown, .timeout =
     er_free(prog);
 }
 
+// The plan line names the device and, on the CPU by default, why not a GPU; --device cuda refuses in
+// one line where no GPU can be used (this build without CUDA, or a machine without a device).
+Test(train, cli_plan_names_the_device, .init = setup, .fini = teardown, .timeout = 60) {
+    char *prog = helper_program("ertrain");
+    helper_need_program(prog, "ertrain", "ertrain sft CLI tests");
+    char *out = join(fx.root, "plan");
+    CmdResult r = helper_run(fx.root, "%s sft --model %s --data %s --response-key concise --out %s --steps 1", prog,
+                             fx.model, fx.data, out);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+#ifdef ER_CUDA
+    cr_expect(strstr(r.out, "sft: running on cpu (") || strstr(r.out, "sft: running on cuda:0 ("), "%s", r.out);
+#else
+    cr_expect(strstr(r.out, "sft: running on cpu (") && strstr(r.out, "): this build has no CUDA backend (make CUDA=1 "
+                                                                 "adds it)\n"), "%s", r.out);
+    helper_result_free(&r);
+    r = helper_run(fx.root, "%s sft --model %s --data %s --response-key concise --out %s.cuda --steps 1 --device cuda",
+                   prog, fx.model, fx.data, out);
+    helper_expect_error(&r, "sft --device cuda", "--device cuda: this build has no CUDA backend");
+#endif
+    helper_result_free(&r);
+    er_free(out);
+    er_free(prog);
+}
+
 // --resume of an SFT run with the model dir spelled differently (was refused: the paths were compared
 // as strings), then extending the finished run with a larger --steps (was refused as a warmup_steps
 // change): it continues from the checkpoint and logs the new steps only.

@@ -46,6 +46,7 @@ struct cudaDeviceProp {
 typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_64F = 1, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType;
 
 cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaDriverGetVersion(int *version);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device);
