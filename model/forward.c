@@ -578,6 +578,7 @@ static int loss_run(Activations *a, const int *targets, const float *mask, int g
         return er_error(ER_EINVAL, "loss: a loss-only scoring pass keeps nothing for a gradient (ACTS_TRAIN does)");
     if (a->loss_only && !a->head_model)
         return er_error(ER_EINVAL, "loss: no forward pass ran on these activations");
+    a->head_done = 0;
     int N = a->nB * a->nT, V = a->cfg.V;
     double wsum = 0.0; // the op's sum: in row order, in double
     for (int n = 0; n < N; n++) {
@@ -595,7 +596,6 @@ static int loss_run(Activations *a, const int *targets, const float *mask, int g
         ER_TRY(acts_put(a, a->mask_buf, mask, sizeof(float) * N));
     if (a->loss_only) {
         ER_TRY(loss_chunked(a, mask, grad, scale, wsum, loss));
-        a->head_done = grad;
     } else {
         ER_TRY(a->be->ops->cross_entropy(a->be, loss, a->logits, a->targets_buf, mask ? a->mask_buf : NULL, N, V, grad,
                                          0.0, a->row_loss));
@@ -604,6 +604,7 @@ static int loss_run(Activations *a, const int *targets, const float *mask, int g
     }
     if (!isfinite(*loss))
         return er_error(ER_ERANGE, "loss is not finite (%g)", *loss);
+    a->head_done = a->loss_only && grad; // a loss that failed leaves no head gradient to go on from
     return ER_OK;
 }
 

@@ -139,9 +139,11 @@ typedef enum {
     // one, at most B*T) instead of B*T: model_forward stops after the final norm (lnf) and model_loss
     // runs the LM head, the cross-entropy and, with grad, the head's backward a chunk of rows at a time
     // (dln += dlogits · lm_head, g_lm_head += when trainable), so model_backward starts from dln. The
-    // loss and every gradient are those of the full pass (the same bits where the head's product rounds
-    // a row alike at the chunk's size and at B*T). a->logits is NULL in such a pass: no caller can read
-    // logits that were never there (GRPO's log-probs, quantize and fpt size theirs without the flag).
+    // loss and each row's dloss/dlogits are the full pass's bits where the head's product rounds a row
+    // alike at the chunk's size and at B*T; the gradients agree to fp32 rounding (g_lm_head adds the rows
+    // chunk by chunk; dln is a product of the chunk's rows, which OpenBLAS may round otherwise). a->logits
+    // is NULL in such a pass: no caller can read logits that were never there (GRPO's log-probs, quantize
+    // and fpt size theirs without the flag).
     ACTS_LOSS_ONLY = 0x10,
 } ActsMode;
 

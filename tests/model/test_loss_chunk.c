@@ -339,7 +339,8 @@ Test(loss_chunk, backward_needs_grad_loss) {
     fx_free(&f);
 }
 
-// A negative loss weight is refused (it would make the mask's sum no divisor for the chunks).
+// A negative loss weight is refused (it would make the mask's sum no divisor for the chunks), and a refused
+// loss-only loss leaves nothing for model_backward to go on from.
 Test(loss_chunk, negative_mask_refused) {
     Fx f;
     fx_init(&f, 0, 0);
@@ -348,11 +349,14 @@ Test(loss_chunk, negative_mask_refused) {
         Activations a;
         cr_assert_eq(acts_alloc(&a, &f.m.cfg, B, T, modes[k], 0), ER_OK);
         cr_assert_eq(model_forward(&f.m, &f.in, &a), ER_OK);
-        f.mask[5] = -1.0f;
         double l;
+        cr_assert_eq(model_loss(&a, f.targets, f.mask, 1, &l), ER_OK);
+        f.mask[5] = -1.0f;
         cr_assert_eq(model_loss(&a, f.targets, f.mask, 1, &l), ER_EINVAL);
         cr_assert(strstr(er_last_error(), "position 5 is negative"), "%s", er_last_error());
         f.mask[5] = 1.0f;
+        if (k) // the refused loss leaves no head gradient, not the earlier loss's
+            cr_assert_eq(model_backward(&f.m, &f.in, &a), ER_EINVAL);
         acts_free(&a);
     }
     fx_free(&f);
