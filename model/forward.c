@@ -524,7 +524,7 @@ static int loss_from_rows(Activations *a, int N, double wsum, double *loss) {
     if (a->be->kind != BACKEND_CPU) {
         host = er_alloc(sizeof(double) * N);
         if (!host)
-            return ER_ENOMEM;
+            return er_error(ER_ENOMEM, "loss: cannot allocate %d row losses", N);
         int rc = a->be->ops->download(a->be, host, a->row_loss, sizeof(double) * N);
         if (rc < 0) {
             er_free(host);
@@ -542,8 +542,8 @@ static int loss_from_rows(Activations *a, int N, double wsum, double *loss) {
 
 // A loss-only pass: the LM head, the cross-entropy and (grad) the head's backward, loss_rows rows at a
 // time, so only one chunk's logits ever exist. wsum, the whole pass's mask sum, gives every chunk the
-// gradient rows of the whole pass's mean; dln (N, C) += dlogits · lm_head row by row, as the unchunked
-// backward adds them, and g_lm_head accumulates chunk after chunk (the one sum not in the same order).
+// gradient rows of the whole pass's mean. dln's rows += the chunk's dlogits · lm_head and g_lm_head +=
+// the chunk's share: the unchunked backward's values, summed in chunks (fp32 rounding apart).
 static int loss_chunked(Activations *a, const float *mask, int grad, float scale, double wsum, double *loss) {
     Model *m = a->head_model;
     Backend *be = a->be;
