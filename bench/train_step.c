@@ -144,7 +144,9 @@ static int bench_setup(Bench *b, const ModelConfig *c, int rank, int bf16, int r
     }
     size_t limit;
     ER_TRY(b->be->ops->mem_available(b->be, &limit));
-    ER_TRY(acts_alloc_on(&b->a, b->be, c, batch, seq, recompute ? ACTS_TRAIN_RECOMPUTE : ACTS_TRAIN, limit));
+    // as the trainer sizes them: the LM head and the loss a chunk of rows at a time
+    ActsMode mode = (recompute ? ACTS_TRAIN_RECOMPUTE : ACTS_TRAIN) | ACTS_LOSS_ONLY;
+    ER_TRY(acts_alloc_on(&b->a, b->be, c, batch, seq, mode, limit));
     int N = batch * seq;
     b->tokens = malloc(sizeof(int) * N);
     b->targets = malloc(sizeof(int) * N);

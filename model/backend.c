@@ -97,8 +97,8 @@ static int cpu_lora_forward(Backend *be, float *out, float *h, const float *x, c
 }
 
 static int cpu_cross_entropy(Backend *be, double *loss, float *logits, const int *targets, const float *mask, int N,
-                             int V, int grad, double *row_loss) {
-    *loss = cross_entropy_forward_backward(logits, targets, mask, N, V, grad, row_loss);
+                             int V, int grad, double wsum, double *row_loss) {
+    *loss = cross_entropy_forward_backward(logits, targets, mask, N, V, grad, wsum, row_loss);
     return ER_OK;
 }
 

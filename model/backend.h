@@ -57,10 +57,12 @@ typedef struct {
     // out (N, out) += scale * mask[n] * (x·Aᵀ)·Bᵀ, h (N, r) = x·Aᵀ; mask (N) on the backend, NULL = all on.
     int (*lora_forward)(Backend *be, float *out, float *h, const float *x, const LoraMat *m, int r, float scale,
                         const uint8_t *mask, int N);
-    // Masked mean cross-entropy; *loss = sum(mask * nll) / sum(mask). With grad, logits := dloss/dlogits.
-    // targets, mask (N) on the backend (mask NULL = all ones); row_loss (N doubles): backend scratch.
+    // Masked mean cross-entropy; *loss = sum(mask * nll) / wsum. With grad, logits := dloss/dlogits.
+    // targets, mask (N) on the backend (mask NULL = all ones); row_loss (N doubles): backend scratch, row n's
+    // mask * nll. wsum <= 0: sum(mask) over these N rows; else the whole batch's, so that N rows of it (a
+    // chunk) get the gradient rows of the whole batch's mean, the same bits.
     int (*cross_entropy)(Backend *be, double *loss, float *logits, const int *targets, const float *mask, int N,
-                         int V, int grad, double *row_loss);
+                         int V, int grad, double wsum, double *row_loss);
     // logp (N) = log softmax(logits * inv_temp)[target]; the backward overwrites dlogits (may alias logits).
     int (*logprob_forward)(Backend *be, float *logp, const float *logits, const int *targets, int N, int V,
                            float inv_temp);

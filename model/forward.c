@@ -28,6 +28,17 @@ static int max_in(const ModelConfig *c) {
 // Keys one query may see: the pass's own T, or any cached position below max_position_embeddings.
 static int attn_keys(const ModelConfig *c, int T) { return T > c->max_pos ? T : c->max_pos; }
 
+// The rows of logits a pass keeps: B for decoding, a chunk of the N = B*T rows for a loss-only pass
+// (ACTS_LOSS_CHUNK_FLOATS, at least one row, at most N), else all N.
+static size_t logits_rows(const ModelConfig *c, int B, int T, ActsMode mode) {
+    size_t N = (size_t)B * T;
+    if (mode & ACTS_LOSS_ONLY) {
+        size_t rows = ACTS_LOSS_CHUNK_FLOATS / (size_t)c->V;
+        return rows < 1 ? 1 : rows > N ? N : rows;
+    }
+    return mode == ACTS_DECODE ? (size_t)B : N;
+}
+
 static ActsSize acts_size(const ModelConfig *c, int B, int T, ActsMode mode) {
     size_t N = (size_t)B * T, C = c->C, qd = (size_t)c->NH * c->HS, kvd = (size_t)c->NKV * c->HS, FF = c->FF;
     ActsSize s;
@@ -35,7 +46,7 @@ static ActsSize acts_size(const ModelConfig *c, int B, int T, ActsMode mode) {
     s.layer = N * C * 4 + N * 2 + N * qd * 2 + N * kvd * 2 + N * c->NH + N * FF * 3;
     // resf lnf rstdf logits tmp wscratch scores row_loss (N doubles); the pass's inputs on the backend:
     // tokens targets mask adapter-mask (N bytes, counted as floats) positions
-    s.global = N * C * 3 + N + (mode == ACTS_DECODE ? (size_t)B : N) * (size_t)c->V + quant_scratch_floats(max_in(c)) +
+    s.global = N * C * 3 + N + logits_rows(c, B, T, mode) * (size_t)c->V + quant_scratch_floats(max_in(c)) +
                (size_t)threads_get() * (c->NH / c->NKV) * attn_keys(c, T) + 2 * N + 5 * N;
     // dres dln dq dk dv datty dgate dup dh dkh dvh
     s.backward = N * C * 2 + N * qd * 4 + N * kvd * 2 + N * FF * 3;
@@ -45,6 +56,7 @@ static ActsSize acts_size(const ModelConfig *c, int B, int T, ActsMode mode) {
 size_t acts_bytes(const ModelConfig *cfg, int B, int T, ActsMode mode) {
     ActsSize s = acts_size(cfg, B, T, mode);
     size_t floats = s.layer + s.global;
+    mode &= ~ACTS_LOSS_ONLY;
     if (mode == ACTS_TRAIN) // every layer's intermediates
         floats += s.layer * (cfg->L - 1) + s.backward;
     if (mode == ACTS_TRAIN_RECOMPUTE) // one layer's, and each layer's input
@@ -86,9 +98,13 @@ int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, in
     memset(a, 0, sizeof *a);
     if (B <= 0 || T <= 0)
         return er_error(ER_EINVAL, "activations: batch %d x %d positions is empty", B, T);
+    ActsMode flags = mode;
+    mode &= ~ACTS_LOSS_ONLY;
+    if ((flags & ACTS_LOSS_ONLY) && mode != ACTS_TRAIN && mode != ACTS_TRAIN_RECOMPUTE && mode != ACTS_SCORE)
+        return er_error(ER_EINVAL, "activations: a decode pass keeps one row's logits; it has no loss-only form");
     int recompute = mode == ACTS_TRAIN_RECOMPUTE, train = mode == ACTS_TRAIN || recompute;
     int keep = train && !recompute;
-    size_t bytes = acts_bytes(cfg, B, T, mode);
+    size_t bytes = acts_bytes(cfg, B, T, flags);
     int nbuf = 14 * (keep ? cfg->L : 1) + 8 + 11 + 5 + 1;
     bytes += (size_t)nbuf * 64;
     if (max_bytes && bytes > max_bytes)
@@ -100,6 +116,7 @@ int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, in
     a->T = T;
     a->mode = train ? ACTS_TRAIN : mode;
     a->recompute = recompute;
+    a->loss_only = (flags & ACTS_LOSS_ONLY) != 0;
     a->bytes = bytes;
     a->mem = be->ops->alloc(be, bytes);
     int nl = keep ? cfg->L : 1;
@@ -119,7 +136,13 @@ int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, in
     a->resf = train ? take(&p, N * C) : a->layer[0].res;
     a->lnf = take(&p, N * C);
     a->rstdf = take(&p, N);
-    a->logits = take(&p, (mode == ACTS_DECODE ? (size_t)B : N) * (size_t)cfg->V);
+    size_t lrows = logits_rows(cfg, B, T, flags);
+    if (a->loss_only) { // the logits exist a chunk at a time, inside model_loss
+        a->loss_rows = (int)lrows;
+        a->loss_chunk = take(&p, lrows * (size_t)cfg->V);
+    } else {
+        a->logits = take(&p, lrows * (size_t)cfg->V);
+    }
     a->tmp = take(&p, N * C);
     a->wscratch = take(&p, quant_scratch_floats(max_in(cfg)));
     a->attn_threads = threads_get();
@@ -144,6 +167,15 @@ int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, in
     a->mask_buf = take(&p, N);
     a->amask_buf = (uint8_t *)take(&p, N);
     a->pos_buf = (int *)take(&p, N);
+    return ER_OK;
+}
+
+int acts_set_loss_rows(Activations *a, int rows) {
+    if (!a->loss_only)
+        return er_error(ER_EINVAL, "activations: not sized loss-only (ACTS_LOSS_ONLY)");
+    if (rows < 1 || rows > a->loss_rows)
+        return er_error(ER_EINVAL, "activations: a loss chunk of %d rows (expected 1..%d)", rows, a->loss_rows);
+    a->loss_rows = rows;
     return ER_OK;
 }
 
@@ -467,11 +499,15 @@ static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
         return be->ops->matmul_forward(be, a->logits, a->lnf, &m->lm_head, NULL, B, a->wscratch);
     }
     ER_TRY(be->ops->rmsnorm_forward(be, a->lnf, a->rstdf, a->resf, m->norm, N, C, c->eps));
+    if (a->loss_only) // model_loss applies the head, a chunk of rows at a time
+        return ER_OK;
     return be->ops->matmul_forward(be, a->logits, a->lnf, &m->lm_head, NULL, N, a->wscratch);
 }
 
 int model_forward(Model *m, const ModelInput *in, Activations *a) {
     ER_TRY(check_input(m, in, a));
+    a->head_model = m;
+    a->head_done = 0;
     int rc = forward_pass(m, in, a);
     if (rc < 0 && in->kv) // a failed pass leaves every sequence as it was
         for (int b = 0; b < in->B; b++)
@@ -480,25 +516,104 @@ int model_forward(Model *m, const ModelInput *in, Activations *a) {
     return rc;
 }
 
-int model_loss(Activations *a, const int *targets, const float *mask, int grad, double *loss) {
+// The loss over row losses the op left in a->row_loss, added in row order as the op adds them: the same
+// bits as one call over every row.
+static int loss_from_rows(Activations *a, int N, double wsum, double *loss) {
+    const double *rows = a->row_loss;
+    double *host = NULL;
+    if (a->be->kind != BACKEND_CPU) {
+        host = er_alloc(sizeof(double) * N);
+        if (!host)
+            return er_error(ER_ENOMEM, "loss: cannot allocate %d row losses", N);
+        int rc = a->be->ops->download(a->be, host, a->row_loss, sizeof(double) * N);
+        if (rc < 0) {
+            er_free(host);
+            return rc;
+        }
+        rows = host;
+    }
+    double total = 0.0;
+    for (int n = 0; n < N; n++)
+        total += rows[n];
+    er_free(host);
+    *loss = total / wsum;
+    return ER_OK;
+}
+
+// A loss-only pass: the LM head, the cross-entropy and (grad) the head's backward, loss_rows rows at a
+// time, so only one chunk's logits ever exist. wsum, the whole pass's mask sum, gives every chunk the
+// gradient rows of the whole pass's mean. dln's rows += the chunk's dlogits · lm_head and g_lm_head +=
+// the chunk's share: the unchunked backward's values, summed in chunks (fp32 rounding apart).
+static int loss_chunked(Activations *a, const float *mask, int grad, float scale, double wsum, double *loss) {
+    Model *m = a->head_model;
+    Backend *be = a->be;
+    int N = a->nB * a->nT, V = a->cfg.V, C = a->cfg.C, tr = m->trainable;
+    if (grad)
+        ER_TRY(be->ops->zero(be, a->dln, sizeof(float) * N * C));
+    *loss = 0.0;
+    if (wsum == 0.0) // an empty mask: no loss and a zero gradient, as the unchunked op gives
+        return ER_OK;
+    LinCtx head = {&(ModelInput){0}, a, 0, 0}; // the lm_head has no adapter
+    for (int r0 = 0; r0 < N; r0 += a->loss_rows) {
+        int n = N - r0 < a->loss_rows ? N - r0 : a->loss_rows;
+        const float *x = a->lnf + (size_t)r0 * C;
+        double part;
+        ER_TRY(be->ops->matmul_forward(be, a->loss_chunk, x, &m->lm_head, NULL, n, a->wscratch));
+        ER_TRY(be->ops->cross_entropy(be, &part, a->loss_chunk, a->targets_buf + r0, mask ? a->mask_buf + r0 : NULL,
+                                      n, V, grad, wsum, a->row_loss + r0));
+        if (!grad)
+            continue;
+        if (scale != 1.0f)
+            ER_TRY(be->ops->scale(be, a->loss_chunk, (size_t)n * V, scale));
+        ER_TRY(linear_backward(&head, LT_Q, a->dln + (size_t)r0 * C, tr ? m->g_lm_head : NULL, NULL, a->loss_chunk, x,
+                               &m->lm_head, n));
+    }
+    return loss_from_rows(a, N, wsum, loss);
+}
+
+static int loss_run(Activations *a, const int *targets, const float *mask, int grad, float scale, double *loss) {
     if (a->mode == ACTS_DECODE)
         return er_error(ER_EINVAL, "loss: a decode pass keeps only the last position's logits");
+    if (a->loss_only && grad && a->mode != ACTS_TRAIN)
+        return er_error(ER_EINVAL, "loss: a loss-only scoring pass keeps nothing for a gradient (ACTS_TRAIN does)");
+    if (a->loss_only && !a->head_model)
+        return er_error(ER_EINVAL, "loss: no forward pass ran on these activations");
+    a->head_done = 0;
     int N = a->nB * a->nT, V = a->cfg.V;
+    double wsum = 0.0; // the op's sum: in row order, in double
     for (int n = 0; n < N; n++) {
         if (mask && !isfinite(mask[n]))
             return er_error(ER_EINVAL, "loss: mask at position %d is not finite", n);
+        if (mask && mask[n] < 0.0f) // a weight below zero has no meaning, and would make the sum no divisor
+            return er_error(ER_EINVAL, "loss: mask at position %d is negative (%g)", n, mask[n]);
         if ((!mask || mask[n] != 0.0f) && (targets[n] < 0 || targets[n] >= V))
             return er_error(ER_ERANGE, "loss: target %d at position %d is outside the vocabulary [0, %d)", targets[n], n,
                             V);
+        wsum += mask ? mask[n] : 1.0;
     }
     ER_TRY(acts_put(a, a->targets_buf, targets, sizeof(int) * N));
     if (mask)
         ER_TRY(acts_put(a, a->mask_buf, mask, sizeof(float) * N));
-    ER_TRY(a->be->ops->cross_entropy(a->be, loss, a->logits, a->targets_buf, mask ? a->mask_buf : NULL, N, V, grad,
-                                     a->row_loss));
+    if (a->loss_only) {
+        ER_TRY(loss_chunked(a, mask, grad, scale, wsum, loss));
+    } else {
+        ER_TRY(a->be->ops->cross_entropy(a->be, loss, a->logits, a->targets_buf, mask ? a->mask_buf : NULL, N, V, grad,
+                                         0.0, a->row_loss));
+        if (grad && scale != 1.0f)
+            ER_TRY(a->be->ops->scale(a->be, a->logits, (size_t)N * V, scale));
+    }
     if (!isfinite(*loss))
         return er_error(ER_ERANGE, "loss is not finite (%g)", *loss);
+    a->head_done = a->loss_only && grad; // a loss that failed leaves no head gradient to go on from
     return ER_OK;
+}
+
+int model_loss(Activations *a, const int *targets, const float *mask, int grad, double *loss) {
+    return loss_run(a, targets, mask, grad != 0, 1.0f, loss);
+}
+
+int model_loss_scaled(Activations *a, const int *targets, const float *mask, float scale, double *loss) {
+    return loss_run(a, targets, mask, 1, scale, loss);
 }
 
 // ---- backward ----
@@ -512,9 +627,19 @@ int model_backward(Model *m, const ModelInput *in, Activations *a) {
     Backend *be = a->be;
     const BackendOps *op = be->ops;
 
-    ER_TRY(op->zero(be, a->dln, sizeof(float) * N * C));
-    LinCtx head = {&(ModelInput){0}, a, 0, 0}; // the lm_head has no adapter
-    ER_TRY(linear_backward(&head, LT_Q, a->dln, tr ? m->g_lm_head : NULL, NULL, a->logits, a->lnf, &m->lm_head, N));
+    if (a->loss_only) { // model_loss ran the head's backward: dln holds d loss / d lnf
+        if (!a->head_done)
+            return er_error(ER_EINVAL, "backward: a loss-only pass needs model_loss with grad first (it runs the "
+                            "LM head's backward)");
+        if (a->head_model != m)
+            return er_error(ER_EINVAL, "backward: the loss ran another model's LM head");
+        a->head_done = 0;
+    } else {
+        ER_TRY(op->zero(be, a->dln, sizeof(float) * N * C));
+        LinCtx head = {&(ModelInput){0}, a, 0, 0}; // the lm_head has no adapter
+        ER_TRY(linear_backward(&head, LT_Q, a->dln, tr ? m->g_lm_head : NULL, NULL, a->logits, a->lnf, &m->lm_head,
+                               N));
+    }
     ER_TRY(op->zero(be, a->dres, sizeof(float) * N * C));
     ER_TRY(op->rmsnorm_backward(be, a->dres, tr ? m->g_norm : NULL, a->dln, a->resf, m->norm, a->rstdf, N, C));
 

@@ -134,7 +134,22 @@ typedef enum {
     // layer's intermediates first (one more forward, about L times less activation memory; the same
     // gradients bit for bit). Activations sized so report mode ACTS_TRAIN and recompute 1.
     ACTS_TRAIN_RECOMPUTE,
+    // Or-ed into ACTS_TRAIN, ACTS_TRAIN_RECOMPUTE or ACTS_SCORE: this pass's logits are consumed by
+    // model_loss only. The logits buffer holds loss_rows rows (ACTS_LOSS_CHUNK_FLOATS of them, at least
+    // one, at most B*T) instead of B*T: model_forward stops after the final norm (lnf) and model_loss
+    // runs the LM head, the cross-entropy and, with grad, the head's backward a chunk of rows at a time
+    // (dln += dlogits · lm_head, g_lm_head += when trainable), so model_backward starts from dln. The
+    // loss and each row's dloss/dlogits are the full pass's bits where the head's product rounds a row
+    // alike at the chunk's size and at B*T; the gradients agree to fp32 rounding (g_lm_head adds the rows
+    // chunk by chunk; dln is a product of the chunk's rows, which OpenBLAS may round otherwise). a->logits
+    // is NULL in such a pass: no caller can read logits that were never there (GRPO's log-probs, quantize
+    // and fpt size theirs without the flag).
+    ACTS_LOSS_ONLY = 0x10,
 } ActsMode;
+
+// The logits rows a loss-only pass keeps at a time: 64 MiB of fp32 (110 rows at Qwen2.5's V = 152064),
+// enough rows for the head's product to run at full speed, small beside a 2048-token sequence's 1.2 GB.
+#define ACTS_LOSS_CHUNK_FLOATS ((size_t)1 << 24)
 
 // Activations: the keeper of intermediates, sized once for up to B x T positions.
 typedef struct {
@@ -152,7 +167,13 @@ typedef struct {
     float *layer_in;       // (L, B,T,C) recomputation: each layer's input
     float *resf;           // (B,T,C) output of the last layer
     float *lnf, *rstdf;    // (B,T,C), (B,T)
-    float *logits;         // (B,T,V), or (B,V) for ACTS_DECODE; after the loss with grad, dloss/dlogits
+    float *logits;         // (B,T,V), or (B,V) for ACTS_DECODE; after the loss with grad, dloss/dlogits;
+                           // NULL with ACTS_LOSS_ONLY
+    int loss_only;         // ACTS_LOSS_ONLY: the head and the loss run in model_loss, loss_rows at a time
+    int loss_rows;         // rows of the loss-only logits chunk (loss_chunk, (loss_rows, V))
+    float *loss_chunk;     // loss-only: one chunk's logits, then its dloss/dlogits, inside model_loss only
+    Model *head_model;     // loss-only: the model of the last forward, whose head model_loss applies
+    int head_done;         // loss-only: model_loss with grad ran the head's backward into dln (and g_lm_head)
     float *tmp;            // (B,T,C) attention / MLP output before the residual add
     float *wscratch;       // (QUANT_TILE_ROWS, max in) rows of non-fp32 weights widened by the products
     float *scores;         // (attn_threads, NH / NKV, attn_keys) attention scores of a query's heads per thread
@@ -183,20 +204,29 @@ typedef struct {
 
 // Computes the memory first and refuses with the estimate when it exceeds max_bytes (0 = no limit).
 // acts_alloc_on places them on backend be (a model placed there runs its passes with them); acts_alloc
-// on the CPU.
+// on the CPU. mode may carry ACTS_LOSS_ONLY (sized with the smaller logits buffer from the start, so a
+// limit sees what the pass needs).
 int acts_alloc(Activations *a, const ModelConfig *cfg, int B, int T, ActsMode mode, size_t max_bytes);
 int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, int T, ActsMode mode,
                   size_t max_bytes);
 size_t acts_bytes(const ModelConfig *cfg, int B, int T, ActsMode mode);
 void acts_free(Activations *a);
+// TEST ONLY: the loss-only chunk cut to rows (1 .. the rows allocated), so tests reach several chunks and
+// a chunk of one row on a tiny model, whose whole pass fits one chunk. Not for callers: it saves nothing.
+int acts_set_loss_rows(Activations *a, int rows);
 
-// THE forward: logits into a->logits (see ActsMode).
+// THE forward: logits into a->logits (see ActsMode; a loss-only pass stops at a->lnf).
 int model_forward(Model *m, const ModelInput *in, Activations *a);
 // Masked mean cross-entropy of a->logits against targets (B,T) with mask (B,T) (NULL = all ones);
-// with grad != 0 the logits become dloss/dlogits, ready for model_backward.
+// with grad != 0 the logits become dloss/dlogits, ready for model_backward (a loss-only pass: the head's
+// backward is done, dln holds d loss / d lnf).
 int model_loss(Activations *a, const int *targets, const float *mask, int grad, double *loss);
+// model_loss with grad, dloss/dlogits scaled by `scale` (fp32, as the backend's scale op would after the
+// loss): the gradient of scale x loss, for callers that weigh a pass's loss (accumulation, ranks).
+int model_loss_scaled(Activations *a, const int *targets, const float *mask, float scale, double *loss);
 // Accumulates parameter gradients into m->grad_mem (trainable models) and leaves the gradient of
-// the loss w.r.t. the embedding output in a->dres (B,T,C). Needs an ACTS_TRAIN forward.
+// the loss w.r.t. the embedding output in a->dres (B,T,C). Needs an ACTS_TRAIN forward, and after a
+// loss-only one, model_loss with grad on it.
 int model_backward(Model *m, const ModelInput *in, Activations *a);
 
 #endif

@@ -69,10 +69,12 @@ static inline float ops_expf(float x) {
     int attention_backward##SFX(REAL *dq, REAL *dk, REAL *dv, const REAL *dout, const REAL *out,               \
                                 const REAL *lse, const REAL *q, const REAL *k, const REAL *v, const int *qoff, \
                                 int B, int T, int Tk, int NH, int NKV, int HS, REAL *dkh, REAL *dvh);          \
-    /* Masked mean cross-entropy over N rows of V logits: returns sum(mask * nll) / sum(mask) (0 when the      \
-       mask is empty). With grad != 0, logits are overwritten by dloss/dlogits. row_loss (N): scratch. */     \
+    /* Masked mean cross-entropy over N rows of V logits: returns sum(mask * nll) / wsum (0 when the mask      \
+       is empty). wsum <= 0: sum(mask) of these rows; else a whole batch's, whose mean these rows are a chunk  \
+       of (the gradient rows are then the batch's). With grad != 0, logits are overwritten by dloss/dlogits.  \
+       row_loss (N): row n's mask * nll. */                                                                    \
     double cross_entropy_forward_backward##SFX(REAL *logits, const int *targets, const REAL *mask, int N,      \
-                                               int V, int grad, double *row_loss);                             \
+                                               int V, int grad, double wsum, double *row_loss);                \
     /* logp (N) = log softmax(logits * inv_temp)[target] */                                                    \
     void logprob_forward##SFX(REAL *logp, const REAL *logits, const int *targets, int N, int V, REAL inv_temp);   \
     /* dlogits (N,V) = coef[n] * d logp[n] / d logits = coef[n] * inv_temp * (onehot - softmax(logits*inv_temp)) \

@@ -226,10 +226,12 @@ static inline REAL OP(row_max)(const REAL *l, int V) {
 }
 
 double OP(cross_entropy_forward_backward)(REAL *logits, const int *targets, const REAL *mask, int N, int V,
-                                          int grad, double *row_loss) {
-    double wsum = 0.0;
-    for (int n = 0; n < N; n++)
-        wsum += mask ? mask[n] : 1.0;
+                                          int grad, double wsum, double *row_loss) {
+    if (wsum <= 0.0) { // this call's rows are the whole batch
+        wsum = 0.0;
+        for (int n = 0; n < N; n++)
+            wsum += mask ? mask[n] : 1.0;
+    }
     // Row losses are summed in row order afterwards, so the loss is the same bits for any thread count.
     if (N <= 0)
         return 0.0;

@@ -439,7 +439,8 @@ static int evaluate(Trainer *t, double *out) {
     TrainJob *job = t->job;
     int B = t->rows, lo, hi;
     if (!t->eval_acts.mem)
-        ER_TRY(acts_alloc_on(&t->eval_acts, t->dev.be, &job->model->cfg, B, t->max_len_eval, ACTS_SCORE, 0));
+        ER_TRY(acts_alloc_on(&t->eval_acts, t->dev.be, &job->model->cfg, B, t->max_len_eval,
+                             ACTS_SCORE | ACTS_LOSS_ONLY, 0));
     if (job->before_forward)
         ER_TRY(job->before_forward(job->hook_ctx, t->st.step));
     dist_share(t->n_eval, dist_rank(), dist_size(), &lo, &hi);
@@ -496,27 +497,25 @@ static int train_step(Trainer *t, double lr, double *loss, double *gnorm, long *
             in.adapter_mask = b->adapter_mask;
             in.dropout_rng = job->adapter->dropout > 0 ? &drop : NULL;
         }
+        // The micro-batch's counts over every rank (loss positions, input positions), before the loss: the
+        // loss-only pass runs the head's backward inside model_loss, so the weight goes in there.
+        double cnt[2] = {(double)b->n_loss, (double)b->n_tokens};
+        ER_TRY(dist_sum_doubles(cnt, 2));
         double l = 0;
-        Backend *be = t->dev.be;
         if (b->B > 0) {
+            // The micro-batch loss is the mean over all its loss positions: this rank's mean weighs
+            // n_loss here / n_loss in all; accumulation averages the micro-batch means (1/grad_accum).
+            float s = cnt[0] > 0 ? (float)((double)b->n_loss / cnt[0] / c->grad_accum) : 0.0f;
             ER_TRY(model_forward(t->dev.model, &in, &t->acts));
-            int rc = model_loss(&t->acts, b->targets, b->loss_mask, 1, &l);
+            int rc = model_loss_scaled(&t->acts, b->targets, b->loss_mask, s, &l);
             if (rc < 0)
                 return er_error_prefix(rc, "step %ld", t->st.step + 1);
-        }
-        // The micro-batch's sums over every rank: loss x loss positions, loss positions, input positions.
-        double mb[3] = {l * (double)b->n_loss, (double)b->n_loss, (double)b->n_tokens};
-        ER_TRY(dist_sum_doubles(mb, 3));
-        // The micro-batch loss is the mean over all its loss positions: this rank's mean weighs
-        // n_loss here / n_loss in all; accumulation averages the micro-batch means (1/grad_accum).
-        if (b->B > 0) {
-            float s = mb[1] > 0 ? (float)((double)b->n_loss / mb[1] / c->grad_accum) : 0.0f;
-            if (s != 1.0f)
-                ER_TRY(be->ops->scale(be, t->acts.logits, (size_t)b->B * b->T * job->model->cfg.V, s));
             ER_TRY(model_backward(t->dev.model, &in, &t->acts));
         }
-        sum += mb[1] > 0 ? mb[0] / mb[1] : 0;
-        *tokens += (long)mb[2];
+        double lsum = l * (double)b->n_loss; // loss x loss positions, over every rank
+        ER_TRY(dist_sum_doubles(&lsum, 1));
+        sum += cnt[0] > 0 ? lsum / cnt[0] : 0;
+        *tokens += (long)cnt[1];
         t->st.cursor++;
     }
     ER_TRY(train_device_sum_grads(&t->dev, job));
@@ -639,8 +638,9 @@ static int trainer_setup(Trainer *t) {
     Backend *be = t->dev.be;
     size_t limit; // what is left where the passes run, the model placed
     ER_TRY(be->ops->mem_available(be, &limit));
-    ER_TRY(acts_alloc_on(&t->acts, be, mc, t->rows, t->max_len_train, c->recompute ? ACTS_TRAIN_RECOMPUTE : ACTS_TRAIN,
-                         limit));
+    // Loss-only: the LM head and the loss run a chunk of rows at a time, never the whole (rows x T, V) logits.
+    ActsMode mode = (c->recompute ? ACTS_TRAIN_RECOMPUTE : ACTS_TRAIN) | ACTS_LOSS_ONLY;
+    ER_TRY(acts_alloc_on(&t->acts, be, mc, t->rows, t->max_len_train, mode, limit));
     t->eval_idx = er_calloc((size_t)t->n_eval + 1, sizeof(int));
     if (!t->eval_idx)
         return ER_ENOMEM;

@@ -518,12 +518,12 @@ static int op_attention_backward(Backend *be, float *dq, float *dk, float *dv, c
 }
 
 static int op_cross_entropy(Backend *be, double *loss, float *logits, const int *targets, const float *mask, int N,
-                            int V, int grad, double *row_loss) {
+                            int V, int grad, double wsum, double *row_loss) {
     CudaCtx *c = ctx_of(be);
     *loss = 0.0;
     if (N <= 0)
         return ER_OK;
-    CUDA_TRY(cuda_cross_entropy(c->stream, c->red, logits, targets, mask, N, V, grad, row_loss));
+    CUDA_TRY(cuda_cross_entropy(c->stream, c->red, logits, targets, mask, N, V, grad, wsum, row_loss));
     return op_download(be, loss, c->red + 1, sizeof(double));
 }
 

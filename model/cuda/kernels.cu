@@ -571,11 +571,15 @@ cudaError_t cuda_zero_masked_rows(cudaStream_t s, float *x, const uint8_t *mask,
 
 // ---- cross-entropy and log-probs (one block per row of V logits) ----
 
-// One thread, rows in order: result[0] = Σ mask (N without a mask), the CPU's sum.
-static __global__ void mask_sum_kernel(double *result, const float *mask, int N) {
+// One thread, rows in order: result[0] = Σ mask (N without a mask), the CPU's sum; or the given batch's
+// sum (wsum > 0) when these rows are a chunk of it.
+static __global__ void mask_sum_kernel(double *result, const float *mask, int N, double wsum) {
     double w = 0.0;
-    for (int n = 0; n < N; n++)
-        w += mask ? mask[n] : 1.0;
+    if (wsum > 0.0)
+        w = wsum;
+    else
+        for (int n = 0; n < N; n++)
+            w += mask ? mask[n] : 1.0;
     result[0] = w;
 }
 
@@ -628,8 +632,8 @@ static __global__ void cross_entropy_total_kernel(double *result, const double *
 }
 
 cudaError_t cuda_cross_entropy(cudaStream_t s, double *result, float *logits, const int *targets, const float *mask,
-                               int N, int V, int grad, double *row_loss) {
-    mask_sum_kernel<<<1, 1, 0, s>>>(result, mask, N);
+                               int N, int V, int grad, double wsum, double *row_loss) {
+    mask_sum_kernel<<<1, 1, 0, s>>>(result, mask, N, wsum);
     if (N > 0)
         cross_entropy_rows_kernel<<<N, ROW_THREADS, 0, s>>>(logits, targets, mask, V, grad, row_loss, result);
     cross_entropy_total_kernel<<<1, 1, 0, s>>>(result, row_loss, N);

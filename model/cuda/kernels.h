@@ -71,10 +71,11 @@ cudaError_t cuda_attention_drow(cudaStream_t s, float *drow, const float *dout, 
                                 int NH, int HS);
 // Rows n of x (N, C) with mask[n] == 0 set to 0.
 cudaError_t cuda_zero_masked_rows(cudaStream_t s, float *x, const uint8_t *mask, int N, int C);
-// Masked mean cross-entropy: result[0] = sum(mask), result[1] = the loss (0 when the mask is empty);
-// row_loss (N) in double, summed in row order. grad: logits := dloss/dlogits. mask NULL = ones.
+// Masked mean cross-entropy: result[0] = sum(mask) (or wsum when > 0: a whole batch's, these N rows a
+// chunk of it), result[1] = the loss (0 when the mask is empty); row_loss (N) in double, summed in row
+// order. grad: logits := dloss/dlogits. mask NULL = ones.
 cudaError_t cuda_cross_entropy(cudaStream_t s, double *result, float *logits, const int *targets, const float *mask,
-                               int N, int V, int grad, double *row_loss);
+                               int N, int V, int grad, double wsum, double *row_loss);
 cudaError_t cuda_logprob_forward(cudaStream_t s, float *logp, const float *logits, const int *targets, int N, int V,
                                  float inv_temp);
 // dlogits may alias logits.

@@ -337,7 +337,7 @@ Test(backend, cross_entropy_and_logprob) {
     }
     double loss, d_loss, row[13];
     float *grad = copyf(logits, (size_t)N * V), *logp = malloc(sizeof(float) * N), *dl = copyf(logits, (size_t)N * V);
-    cr_assert_eq(cpu->ops->cross_entropy(cpu, &loss, grad, tgt, mask, N, V, 1, row), ER_OK);
+    cr_assert_eq(cpu->ops->cross_entropy(cpu, &loss, grad, tgt, mask, N, V, 1, 0, row), ER_OK);
     cr_assert_eq(cpu->ops->logprob_forward(cpu, logp, logits, tgt, N, V, 1.0f / 0.7f), ER_OK);
     cr_assert_eq(cpu->ops->logprob_backward(cpu, dl, dl, tgt, coef, N, V, 1.0f / 0.7f), ER_OK);
 
@@ -346,7 +346,7 @@ Test(backend, cross_entropy_and_logprob) {
     float *d_dl = putf(be, logits, (size_t)N * V);
     int *d_tgt = put(be, tgt, sizeof tgt);
     double *d_row = put(be, row, sizeof row);
-    cr_assert_eq(be->ops->cross_entropy(be, &d_loss, d_grad, d_tgt, d_mask, N, V, 1, d_row), ER_OK, "%s",
+    cr_assert_eq(be->ops->cross_entropy(be, &d_loss, d_grad, d_tgt, d_mask, N, V, 1, 0, d_row), ER_OK, "%s",
                  er_last_error());
     cr_assert_eq(be->ops->logprob_forward(be, d_logp, d_logits, d_tgt, N, V, 1.0f / 0.7f), ER_OK);
     cr_assert_eq(be->ops->logprob_backward(be, d_dl, d_dl, d_tgt, d_coef, N, V, 1.0f / 0.7f), ER_OK);
@@ -357,10 +357,11 @@ Test(backend, cross_entropy_and_logprob) {
     double l_all, d_all, l_none = 1, d_none = 1;
     float *g_all = copyf(logits, (size_t)N * V), *g_none = copyf(logits, (size_t)N * V);
     float *d_g_all = putf(be, logits, (size_t)N * V), *d_g_none = putf(be, logits, (size_t)N * V), *d_zero = putf(be, zero, N);
-    cr_assert_eq(cpu->ops->cross_entropy(cpu, &l_all, g_all, tgt, NULL, N, V, 1, row), ER_OK);
-    cr_assert_eq(cpu->ops->cross_entropy(cpu, &l_none, g_none, tgt, zero, N, V, 1, row), ER_OK);
-    cr_assert_eq(be->ops->cross_entropy(be, &d_all, d_g_all, d_tgt, NULL, N, V, 1, d_row), ER_OK, "%s", er_last_error());
-    cr_assert_eq(be->ops->cross_entropy(be, &d_none, d_g_none, d_tgt, d_zero, N, V, 1, d_row), ER_OK, "%s",
+    cr_assert_eq(cpu->ops->cross_entropy(cpu, &l_all, g_all, tgt, NULL, N, V, 1, 0, row), ER_OK);
+    cr_assert_eq(cpu->ops->cross_entropy(cpu, &l_none, g_none, tgt, zero, N, V, 1, 0, row), ER_OK);
+    cr_assert_eq(be->ops->cross_entropy(be, &d_all, d_g_all, d_tgt, NULL, N, V, 1, 0, d_row), ER_OK, "%s",
+                 er_last_error());
+    cr_assert_eq(be->ops->cross_entropy(be, &d_none, d_g_none, d_tgt, d_zero, N, V, 1, 0, d_row), ER_OK, "%s",
                  er_last_error());
     cr_expect(fabs(d_all - l_all) <= TOL_F32 * fabs(l_all), "unmasked cross-entropy %.9g vs %.9g", d_all, l_all);
     cr_expect(d_none == 0.0 && l_none == 0.0, "empty mask: loss %g on %s, %g on the CPU", d_none, be->name, l_none);
@@ -385,6 +386,60 @@ Test(backend, cross_entropy_and_logprob) {
     void *host[] = {logits, coef, grad, logp, dl};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
         free(host[i]);
+    backend_close(be);
+}
+
+// The op given the whole batch's mask sum (wsum > 0) over a chunk of its rows: the chunk's gradient rows and
+// row losses are the whole call's, the same bits on the same backend, and its loss is its rows' sum / wsum
+// (the loss-only pass runs the head and the loss this way, a chunk of rows at a time).
+Test(backend, cross_entropy_chunk_with_batch_wsum) {
+    Backend *be = dev_open();
+    int N = 13, V = 517, cut = 5;
+    float *logits = randn((size_t)N * V, 3.0f, 3), mask[13];
+    int tgt[13];
+    double wsum = 0;
+    for (int n = 0; n < N; n++) {
+        tgt[n] = (n * 89) % V;
+        mask[n] = n % 4 == 0 ? 0.0f : n % 3 == 0 ? 0.5f : 1.0f;
+        wsum += mask[n];
+    }
+    float *d_whole = putf(be, logits, (size_t)N * V), *d_chunks = putf(be, logits, (size_t)N * V);
+    float *d_mask = putf(be, mask, N);
+    int *d_tgt = put(be, tgt, sizeof tgt);
+    double zero[13] = {0}, whole, part[2], row_whole[13], row_chunks[13];
+    double *d_row_whole = put(be, zero, sizeof zero), *d_row_chunks = put(be, zero, sizeof zero);
+    cr_assert_eq(be->ops->cross_entropy(be, &whole, d_whole, d_tgt, d_mask, N, V, 1, 0, d_row_whole), ER_OK, "%s",
+                 er_last_error());
+    int r0[2] = {0, cut}, n[2] = {cut, N - cut};
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(be->ops->cross_entropy(be, &part[k], d_chunks + (size_t)r0[k] * V, d_tgt + r0[k], d_mask + r0[k],
+                                            n[k], V, 1, wsum, d_row_chunks + r0[k]),
+                     ER_OK, "%s", er_last_error());
+    float *g_whole = getf(be, d_whole, (size_t)N * V), *g_chunks = getf(be, d_chunks, (size_t)N * V);
+    for (size_t i = 0; i < (size_t)N * V; i++)
+        cr_assert(memcmp(&g_whole[i], &g_chunks[i], sizeof(float)) == 0,
+                  "gradient %zu on %s: %.9g in chunks, %.9g whole", i, be->name, g_chunks[i], g_whole[i]);
+    cr_assert_eq(be->ops->download(be, row_whole, d_row_whole, sizeof row_whole), ER_OK);
+    cr_assert_eq(be->ops->download(be, row_chunks, d_row_chunks, sizeof row_chunks), ER_OK);
+    double total = 0;
+    for (int i = 0; i < N; i++) {
+        cr_assert(memcmp(&row_whole[i], &row_chunks[i], sizeof(double)) == 0, "row loss %d: %.17g vs %.17g", i,
+                  row_chunks[i], row_whole[i]);
+        total += row_whole[i];
+    }
+    cr_assert_eq(memcmp(&whole, &(double){total / wsum}, sizeof(double)), 0, "the loss is the row losses' sum / wsum");
+    double first = 0;
+    for (int i = 0; i < cut; i++)
+        first += row_whole[i];
+    cr_assert_eq(part[0], first / wsum, "a chunk's loss: its rows' sum over the batch's wsum");
+    cr_assert(fabs(part[0] + part[1] - whole) <= 1e-12 * whole, "chunk losses add up: %.17g + %.17g vs %.17g",
+              part[0], part[1], whole);
+    free(logits);
+    free(g_whole);
+    free(g_chunks);
+    void *dev[] = {d_whole, d_chunks, d_mask, d_tgt, d_row_whole, d_row_chunks};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        release(be, dev[i]);
     backend_close(be);
 }
 

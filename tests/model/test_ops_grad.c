@@ -198,7 +198,7 @@ static double ce_loss(double *p, void *vc) {
     double *l = malloc(sizeof(double) * c->N * c->V);
     memcpy(l, p, sizeof(double) * c->N * c->V);
     double row_loss[8];
-    double L = cross_entropy_forward_backward_f64(l, c->tgt, c->mask, c->N, c->V, 0, row_loss);
+    double L = cross_entropy_forward_backward_f64(l, c->tgt, c->mask, c->N, c->V, 0, 0, row_loss);
     free(l);
     return L;
 }
@@ -210,7 +210,7 @@ Test(ops_grad, cross_entropy_masked) {
     double *x = randv(N * V, 2), *g = talloc(N * V * 8);
     memcpy(g, x, N * V * 8);
     double row_loss[4];
-    double L = cross_entropy_forward_backward_f64(g, tgt, mask, N, V, 1, row_loss);
+    double L = cross_entropy_forward_backward_f64(g, tgt, mask, N, V, 1, 0, row_loss);
     cr_assert_float_eq(L, ce_loss(x, &c), 1e-12);
     check_grad("cross-entropy dlogits", x, g, N * V, ce_loss, &c);
     for (int i = 0; i < V; i++)
@@ -225,7 +225,7 @@ Test(ops_grad, logprob_matches_cross_entropy) {
     double *l = talloc(N * V * 8);
     memcpy(l, x, N * V * 8);
     double row_loss[3];
-    double L = cross_entropy_forward_backward_f64(l, tgt, NULL, N, V, 0, row_loss);
+    double L = cross_entropy_forward_backward_f64(l, tgt, NULL, N, V, 0, 0, row_loss);
     cr_assert_float_eq(-(lp[0] + lp[1] + lp[2]) / 3, L, 1e-12);
 }
 
@@ -245,8 +245,8 @@ Test(ops_grad, float_ops_match_double) {
     for (int n = 0; n < N; n++)
         cr_assert(fabs(lpf[n] - lpd[n]) <= 2e-6 * (1 + fabs(lpd[n])), "logprob %d: %.9g vs %.9g", n, lpf[n], lpd[n]);
     double row_loss[4];
-    double lf = cross_entropy_forward_backward(xf, tgt, NULL, N, V, 1, row_loss);
-    double ld = cross_entropy_forward_backward_f64(x, tgt, NULL, N, V, 1, row_loss);
+    double lf = cross_entropy_forward_backward(xf, tgt, NULL, N, V, 1, 0, row_loss);
+    double ld = cross_entropy_forward_backward_f64(x, tgt, NULL, N, V, 1, 0, row_loss);
     cr_assert(fabs(lf - ld) <= 2e-6 * fabs(ld), "loss %.9g vs %.9g", lf, ld);
     for (int i = 0; i < N * V; i++)
         cr_assert(fabs(xf[i] - x[i]) <= 1e-7 + 1e-5 * fabs(x[i]), "dlogits[%d]: %.9g vs %.9g", i, xf[i], x[i]);

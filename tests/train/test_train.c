@@ -406,6 +406,50 @@ Test(train, pretrain_overfits_and_resumes, .init = setup, .fini = teardown, .tim
     er_free(small);
 }
 
+// The trainer's passes never hold the whole (rows x T, V) logits: at V = 2^18 a 64 MiB chunk holds 64 rows,
+// and 8 sequences of up to 32 positions would need up to 256 MiB of logits. The plan's activations stay
+// below a chunk plus the rest (a few MiB at hidden 32), where the whole logits of 8 sequences of more than
+// 9 positions would already pass 72 MiB.
+Test(train, passes_keep_a_chunk_of_logits, .init = setup, .fini = teardown, .timeout = 120) {
+    char *cfg_path = join(fx.root, "big_vocab.json"), *out = join(fx.root, "big_vocab"), *said = join(fx.root, "said");
+    ModelConfig mc = helper_tiny_config(1 << 18, 64);
+    cJSON *cj = model_config_to_json(&mc);
+    cr_assert_eq(json_write_file(cfg_path, cj), ER_OK);
+    cJSON_Delete(cj);
+    TrainConfig c;
+    train_config_default(&c, TRAIN_PRETRAIN);
+    c.config_path = cfg_path;
+    c.tokenizer_path = "data/tiny_tokenizer";
+    c.data_path = fx.data;
+    c.out_dir = out;
+    c.response_key = "direct";
+    c.steps = 1;
+    c.batch = 8;
+    c.eval_split = 0;
+    c.seq_len = 32;
+    c.threads = 2;
+    FILE *fp = fopen(said, "w");
+    cr_assert(fp);
+    c.out = fp;
+    TrainResult r;
+    int rc = train_pretrain(&c, &r);
+    fclose(fp);
+    cr_assert_eq(rc, ER_OK, "%s", er_last_error());
+    cr_assert(isfinite(r.first_loss) && r.first_loss > 10.0, "random init near ln(2^18) = 12.5, got %g", r.first_loss);
+    char *text;
+    size_t n;
+    cr_assert_eq(file_read_all(said, 1 << 20, &text, &n), ER_OK);
+    const char *at = strstr(text, "activations ");
+    double mib = 0;
+    cr_assert(at && sscanf(at, "activations %lf MiB", &mib) == 1, "no activations in the plan: %s", text);
+    cr_assert_lt(mib, 72.0, "activations %.1f MiB: the whole logits are kept", mib);
+    cr_assert_gt(mib, 64.0, "activations %.1f MiB: less than one chunk of 64 rows", mib);
+    er_free(text);
+    er_free(cfg_path);
+    er_free(out);
+    er_free(said);
+}
+
 // ---- bad inputs ----
 
 Test(train, bad_inputs_give_one_line_errors, .init = setup, .fini = teardown, .timeout = 60) {
