@@ -360,8 +360,8 @@ SYNCED(lora_forward,
        (be, out, h, x, m, r, scale, mask, N))
 SYNCED(cross_entropy,
        (Backend *be, double *loss, float *logits, const int *targets, const float *mask, int N, int V, int grad,
-        double *row_loss),
-       (be, loss, logits, targets, mask, N, V, grad, row_loss))
+        double wsum, double *row_loss),
+       (be, loss, logits, targets, mask, N, V, grad, wsum, row_loss))
 SYNCED(logprob_forward,
        (Backend *be, float *logp, const float *logits, const int *targets, int N, int V, float inv_temp),
        (be, logp, logits, targets, N, V, inv_temp))
