@@ -122,7 +122,7 @@ $(error make CUDA_EMU=1 and CUDA=1 exclude each other)
 endif
 BUILD := build/cuda_emu
 EMU_SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-CFLAGS += -DER_CUDA -Itests/cuda_emu/include $(EMU_SAN)
+CFLAGS += -DER_CUDA -DER_CUDA_EMU -Itests/cuda_emu/include $(EMU_SAN)
 LDFLAGS += -fsanitize=address,undefined
 LDLIBS += $(BUILD)/libcuda_emu.a -lstdc++
 endif

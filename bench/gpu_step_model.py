@@ -46,8 +46,9 @@ def ops(shape, T, r, impl):
     act = 4 if impl.startswith("ours") else 2  # fp32 activations here, bf16 in PyTorch
     # RMSNorm x2, RoPE on q and k, SwiGLU, two residuals: elements read + written a token, forward; backward 2x
     ew = 3 * ((2 * 2 * C) + 2 * (qd + kvd) + 3 * FF + 2 * 3 * C) * T * L * act
-    if impl.startswith("ours"):  # bf16 copies of each product's input made once per consumer: 6 bytes an element
-        ew += 2 * (5 * C + qd + FF) * T * L * 6
+    if impl.startswith("ours"):  # bf16 copies of the products' inputs, 6 bytes an element: forward once per
+        # activation (ln1 for q, k, v; attention out; ln2 for gate, up; the MLP's), backward each output gradient
+        ew += ((2 * C + qd + FF) + (qd + 2 * kvd + 2 * C + 2 * FF)) * T * L * 6
     rows.append(("elementwise (norms, RoPE, SwiGLU, residuals, casts)", 0, None, ew, 14 * L))
     rows.append(("cross-entropy over the (T x V) fp32 logits", 0, None, 4 * 4 * T * V, 3))
     return rows

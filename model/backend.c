@@ -321,126 +321,126 @@ const char *backend_default(void) {
     return "cpu";
 }
 
-// ---- backend_sync_each_op: the ops of be->unsynced, each followed by be->sync naming it ----
+// ---- backend_after_each_op: the ops of be->inner, each followed by be->after naming it ----
 
-#define SYNCED(op, params, args)                                                                                      \
-    static int synced_##op params {                                                                                   \
-        int rc = be->unsynced->op args;                                                                               \
-        return rc < 0 ? rc : be->sync(be, #op);                                                                       \
+#define AFTER_OP(op, params, args)                                                                                      \
+    static int after_##op params {                                                                                   \
+        int rc = be->inner->op args;                                                                               \
+        return rc < 0 ? rc : be->after(be, #op);                                                                       \
     }
 
-static void *synced_alloc(Backend *be, size_t bytes) { return be->unsynced->alloc(be, bytes); }
-static void synced_free(Backend *be, void *p) { be->unsynced->free(be, p); }
-SYNCED(upload, (Backend *be, void *dst, const void *host, size_t bytes), (be, dst, host, bytes))
-SYNCED(download, (Backend *be, void *host, const void *src, size_t bytes), (be, host, src, bytes))
-SYNCED(copy, (Backend *be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))
-SYNCED(zero, (Backend *be, void *p, size_t bytes), (be, p, bytes))
-SYNCED(weight_upload, (Backend *be, Weight *dst, const Weight *src, int frozen), (be, dst, src, frozen))
-SYNCED(mem_available, (Backend *be, size_t *bytes), (be, bytes))
-SYNCED(embed_forward, (Backend *be, float *out, const Weight *embed, const int *tokens, int N),
+static void *after_alloc(Backend *be, size_t bytes) { return be->inner->alloc(be, bytes); }
+static void after_free(Backend *be, void *p) { be->inner->free(be, p); }
+AFTER_OP(upload, (Backend *be, void *dst, const void *host, size_t bytes), (be, dst, host, bytes))
+AFTER_OP(download, (Backend *be, void *host, const void *src, size_t bytes), (be, host, src, bytes))
+AFTER_OP(copy, (Backend *be, void *dst, const void *src, size_t bytes), (be, dst, src, bytes))
+AFTER_OP(zero, (Backend *be, void *p, size_t bytes), (be, p, bytes))
+AFTER_OP(weight_upload, (Backend *be, Weight *dst, const Weight *src, int frozen), (be, dst, src, frozen))
+AFTER_OP(mem_available, (Backend *be, size_t *bytes), (be, bytes))
+AFTER_OP(embed_forward, (Backend *be, float *out, const Weight *embed, const int *tokens, int N),
        (be, out, embed, tokens, N))
-SYNCED(matmul_forward,
+AFTER_OP(matmul_forward,
        (Backend *be, float *out, const float *inp, const Weight *w, const float *bias, int N, float *scratch),
        (be, out, inp, w, bias, N, scratch))
-SYNCED(rmsnorm_forward, (Backend *be, float *out, float *rstd, const float *x, const float *w, int N, int C, float eps),
+AFTER_OP(rmsnorm_forward, (Backend *be, float *out, float *rstd, const float *x, const float *w, int N, int C, float eps),
        (be, out, rstd, x, w, N, C, eps))
-SYNCED(rope_forward,
+AFTER_OP(rope_forward,
        (Backend *be, float *x, const int *pos, const float *cos_tab, const float *sin_tab, int N, int nh, int HS),
        (be, x, pos, cos_tab, sin_tab, N, nh, HS))
-SYNCED(swiglu_forward, (Backend *be, float *out, const float *gate, const float *up, int N, int F),
+AFTER_OP(swiglu_forward, (Backend *be, float *out, const float *gate, const float *up, int N, int F),
        (be, out, gate, up, N, F))
-SYNCED(residual_forward, (Backend *be, float *out, const float *a, const float *b, size_t n), (be, out, a, b, n))
-SYNCED(attention_forward,
+AFTER_OP(residual_forward, (Backend *be, float *out, const float *a, const float *b, size_t n), (be, out, a, b, n))
+AFTER_OP(attention_forward,
        (Backend *be, float *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int NH,
         int NKV, int HS, float *scores, int nthreads),
        (be, out, lse, q, k, v, B, T, NH, NKV, HS, scores, nthreads))
-SYNCED(lora_forward,
+AFTER_OP(lora_forward,
        (Backend *be, float *out, float *h, const float *x, const LoraMat *m, int r, float scale, const uint8_t *mask,
         int N),
        (be, out, h, x, m, r, scale, mask, N))
-SYNCED(cross_entropy,
+AFTER_OP(cross_entropy,
        (Backend *be, double *loss, float *logits, const int *targets, const float *mask, int N, int V, int grad,
         double wsum, double *row_loss),
        (be, loss, logits, targets, mask, N, V, grad, wsum, row_loss))
-SYNCED(logprob_forward,
+AFTER_OP(logprob_forward,
        (Backend *be, float *logp, const float *logits, const int *targets, int N, int V, float inv_temp),
        (be, logp, logits, targets, N, V, inv_temp))
-SYNCED(logprob_backward,
+AFTER_OP(logprob_backward,
        (Backend *be, float *dlogits, const float *logits, const int *targets, const float *coef, int N, int V,
         float inv_temp),
        (be, dlogits, logits, targets, coef, N, V, inv_temp))
-SYNCED(matmul_backward_input,
+AFTER_OP(matmul_backward_input,
        (Backend *be, float *dinp, const float *dout, const Weight *w, int N, float *scratch),
        (be, dinp, dout, w, N, scratch))
-SYNCED(matmul_backward_weight,
+AFTER_OP(matmul_backward_weight,
        (Backend *be, float *dW, float *dbias, const float *dout, const float *inp, int N, int R, int K),
        (be, dW, dbias, dout, inp, N, R, K))
-SYNCED(rmsnorm_backward,
+AFTER_OP(rmsnorm_backward,
        (Backend *be, float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd, int N,
         int C),
        (be, dx, dw, dout, x, w, rstd, N, C))
-SYNCED(rope_backward,
+AFTER_OP(rope_backward,
        (Backend *be, float *dx, const int *pos, const float *cos_tab, const float *sin_tab, int N, int nh, int HS),
        (be, dx, pos, cos_tab, sin_tab, N, nh, HS))
-SYNCED(swiglu_backward,
+AFTER_OP(swiglu_backward,
        (Backend *be, float *dgate, float *dup, const float *dout, const float *gate, const float *up, int N, int F),
        (be, dgate, dup, dout, gate, up, N, F))
-SYNCED(attention_backward,
+AFTER_OP(attention_backward,
        (Backend *be, float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
         const float *q, const float *k, const float *v, int B, int T, int NH, int NKV, int HS, float *dkh, float *dvh),
        (be, dq, dk, dv, dout, out, lse, q, k, v, B, T, NH, NKV, HS, dkh, dvh))
-SYNCED(lora_backward,
+AFTER_OP(lora_backward,
        (Backend *be, float *dx, LoraMat *m, int r, float scale, const float *dout, const float *x, const float *h,
         const uint8_t *mask, int N, float *dh),
        (be, dx, m, r, scale, dout, x, h, mask, N, dh))
-SYNCED(embed_backward, (Backend *be, float *dembed, const float *dres, const int *tokens, int N, int C),
+AFTER_OP(embed_backward, (Backend *be, float *dembed, const float *dres, const int *tokens, int N, int C),
        (be, dembed, dres, tokens, N, C))
-SYNCED(adamw_update,
+AFTER_OP(adamw_update,
        (Backend *be, float *params, const float *grads, float *m, float *v, const unsigned char *decay_mask, size_t n,
         float lr, float b1, float b2, float eps, float wd, float bc1, float bc2),
        (be, params, grads, m, v, decay_mask, n, lr, b1, b2, eps, wd, bc1, bc2))
-SYNCED(sumsq, (Backend *be, double *out, const float *x, size_t n), (be, out, x, n))
-SYNCED(scale, (Backend *be, float *x, size_t n, float s), (be, x, n, s))
+AFTER_OP(sumsq, (Backend *be, double *out, const float *x, size_t n), (be, out, x, n))
+AFTER_OP(scale, (Backend *be, float *x, size_t n, float s), (be, x, n, s))
 
-static const BackendOps synced_ops = {
-    .alloc = synced_alloc,
-    .free = synced_free,
-    .upload = synced_upload,
-    .download = synced_download,
-    .copy = synced_copy,
-    .zero = synced_zero,
-    .weight_upload = synced_weight_upload,
-    .mem_available = synced_mem_available,
-    .embed_forward = synced_embed_forward,
-    .matmul_forward = synced_matmul_forward,
-    .rmsnorm_forward = synced_rmsnorm_forward,
-    .rope_forward = synced_rope_forward,
-    .swiglu_forward = synced_swiglu_forward,
-    .residual_forward = synced_residual_forward,
-    .attention_forward = synced_attention_forward,
-    .lora_forward = synced_lora_forward,
-    .cross_entropy = synced_cross_entropy,
-    .logprob_forward = synced_logprob_forward,
-    .logprob_backward = synced_logprob_backward,
-    .matmul_backward_input = synced_matmul_backward_input,
-    .matmul_backward_weight = synced_matmul_backward_weight,
-    .rmsnorm_backward = synced_rmsnorm_backward,
-    .rope_backward = synced_rope_backward,
-    .swiglu_backward = synced_swiglu_backward,
-    .attention_backward = synced_attention_backward,
-    .lora_backward = synced_lora_backward,
-    .embed_backward = synced_embed_backward,
-    .adamw_update = synced_adamw_update,
-    .sumsq = synced_sumsq,
-    .scale = synced_scale,
+static const BackendOps after_ops = {
+    .alloc = after_alloc,
+    .free = after_free,
+    .upload = after_upload,
+    .download = after_download,
+    .copy = after_copy,
+    .zero = after_zero,
+    .weight_upload = after_weight_upload,
+    .mem_available = after_mem_available,
+    .embed_forward = after_embed_forward,
+    .matmul_forward = after_matmul_forward,
+    .rmsnorm_forward = after_rmsnorm_forward,
+    .rope_forward = after_rope_forward,
+    .swiglu_forward = after_swiglu_forward,
+    .residual_forward = after_residual_forward,
+    .attention_forward = after_attention_forward,
+    .lora_forward = after_lora_forward,
+    .cross_entropy = after_cross_entropy,
+    .logprob_forward = after_logprob_forward,
+    .logprob_backward = after_logprob_backward,
+    .matmul_backward_input = after_matmul_backward_input,
+    .matmul_backward_weight = after_matmul_backward_weight,
+    .rmsnorm_backward = after_rmsnorm_backward,
+    .rope_backward = after_rope_backward,
+    .swiglu_backward = after_swiglu_backward,
+    .attention_backward = after_attention_backward,
+    .lora_backward = after_lora_backward,
+    .embed_backward = after_embed_backward,
+    .adamw_update = after_adamw_update,
+    .sumsq = after_sumsq,
+    .scale = after_scale,
 };
 
-void backend_sync_each_op(Backend *be, int (*sync)(Backend *be, const char *op)) {
-    if (be->ops == &synced_ops)
+void backend_after_each_op(Backend *be, int (*after)(Backend *be, const char *op)) {
+    if (be->ops == &after_ops)
         return;
-    be->unsynced = be->ops;
-    be->sync = sync;
-    be->ops = &synced_ops;
+    be->inner = be->ops;
+    be->after = after;
+    be->ops = &after_ops;
 }
 
 int backend_cuda_devices(int *n) {

@@ -111,9 +111,9 @@ struct Backend {
     size_t mem_free;    // at open
     int index;          // CUDA: the device number (cuda:N); 0 on the CPU
     void *queue;        // CUDA: the cudaStream_t every op runs on, in order (NCCL joins it); NULL on the CPU
-    // backend_sync_each_op: the table the ops forward to, and the check each is followed by.
-    const BackendOps *unsynced;
-    int (*sync)(Backend *be, const char *op);
+    // backend_after_each_op: the table the ops forward to, and what each is followed by.
+    const BackendOps *inner;
+    int (*after)(Backend *be, const char *op);
 };
 
 // The CPU backend: a process-wide table, always there; its buffers are host memory.
@@ -133,10 +133,11 @@ int backend_cuda_devices(int *n);
 // A 0/1 switch from the environment (ER_CUDA_SYNC, ER_SHARE_GPU), `value` its getenv: NULL, "" and "0" are
 // off, "1" on, anything else an error naming the variable.
 int backend_env_flag(const char *name, const char *value, int *on);
-// Debugging faults inside a device's queued work: every op of be but alloc and free is followed by
-// sync(be, "<op name>") once it returned ER_OK, and returns what that returns (an error naming the op).
-// The CUDA backend does it under ER_CUDA_SYNC=1 (a synchronisation per op: slow).
-void backend_sync_each_op(Backend *be, int (*sync)(Backend *be, const char *op));
+// Every op of be but alloc and free is followed by after(be, "<op name>") once it returned ER_OK, and
+// returns what that returns (an error naming the op). The CUDA backend's: the bf16 copy of a product's
+// input kept for the next product only while products run, and under ER_CUDA_SYNC=1 a synchronisation
+// per op (slow), so a fault inside a device's queued work is named by the op that launched it.
+void backend_after_each_op(Backend *be, int (*after)(Backend *be, const char *op));
 // A Weight that weight_upload filled.
 void backend_weight_free(Backend *be, Weight *w);
 

@@ -39,6 +39,11 @@ typedef struct {
     cudaStream_t stream;
     cublasHandle_t blas;
     uint16_t *cast; // CAST_ELEMS: bf16 copy of an activation for the bf16 products
+    // The activation cast holds whole (cast_n elements), for the next bf16 product of the same input (q, k
+    // and v read one normalised input, gate and up another); NULL once another op may have written it.
+    const float *cast_src;
+    size_t cast_n;
+    int sync_each;  // ER_CUDA_SYNC=1 at open: a synchronisation after every op
     double *red;    // reductions: red[0], red[1] results, then CUDA_SUMSQ_MAX_CHUNKS partial sums
     int attn_simt;  // ER_CUDA_ATTENTION=simt at open: the fp32 SIMT attention kernels, not the tensor cores
     void *attn;     // the tensor-core attention's scratch for one batch row (AttnScratch), grown on demand
@@ -192,6 +197,13 @@ static int gemm(CudaCtx *c, cublasOperation_t ta, cublasOperation_t tb, int m, i
     return ER_OK;
 }
 
+// C (n floats) is about to be written: a kept bf16 copy of anything it overlaps would be stale.
+static void cast_forget_written(CudaCtx *c, const float *C, size_t n) {
+    uintptr_t a = (uintptr_t)C, b = (uintptr_t)c->cast_src;
+    if (c->cast_src && a < b + c->cast_n * sizeof(float) && b < a + n * sizeof(float))
+        c->cast_src = NULL;
+}
+
 // A product with an activation: C (N, m) = alpha · x (N, k) · op(W)ᵀ + beta · C, i.e. column-major
 // Cᵀ (m, N) = alpha · op(W) (m, k) · xᵀ (k, N) + beta · Cᵀ, W of type t with leading dimension lda.
 // A bf16 W multiplies a bf16 copy of x, made in the cast buffer a chunk of rows at a time: rows of x
@@ -199,15 +211,26 @@ static int gemm(CudaCtx *c, cublasOperation_t ta, cublasOperation_t tb, int m, i
 // a chunk's cast after the previous chunk's product.
 static int gemm_act(CudaCtx *c, cublasOperation_t ta, const void *W, cudaDataType t, int lda, const float *x, int N,
                     int k, float *C, int m, float alpha, float beta) {
-    if (t == CUDA_R_32F)
+    if (t == CUDA_R_32F) {
+        cast_forget_written(c, C, (size_t)N * m);
         return gemm(c, ta, CUBLAS_OP_N, m, N, k, alpha, W, lda, x, k, t, beta, C, m);
+    }
     if ((size_t)k > CAST_ELEMS)
         return er_error(ER_EINVAL, "cuda: a bf16 product over %d inputs (the cast buffer holds %zu)", k, CAST_ELEMS);
     int chunk = CAST_ELEMS / (size_t)k < (size_t)N ? (int)(CAST_ELEMS / (size_t)k) : N;
+    size_t n = (size_t)N * k;
+    cast_forget_written(c, C, (size_t)N * m);
+    int kept = c->cast_src == x && c->cast_n == n; // the previous product's input, cast already
+    c->cast_src = NULL;
     for (int n0 = 0; n0 < N; n0 += chunk) {
         int nc = N - n0 < chunk ? N - n0 : chunk;
-        CUDA_TRY(cuda_to_bf16(c->stream, c->cast, x + (size_t)n0 * k, (size_t)nc * k));
+        if (!kept)
+            CUDA_TRY(cuda_to_bf16(c->stream, c->cast, x + (size_t)n0 * k, (size_t)nc * k));
         ER_TRY(gemm(c, ta, CUBLAS_OP_N, m, nc, k, alpha, W, lda, c->cast, k, t, beta, C + (size_t)n0 * m, m));
+    }
+    if (chunk == N) { // whole in the buffer: the next product of x may take it
+        c->cast_src = x;
+        c->cast_n = n;
     }
     return ER_OK;
 }
@@ -639,10 +662,20 @@ int backend_cuda_count(int *n) {
                     driver / 1000, driver % 1000 / 10);
 }
 
-// ER_CUDA_SYNC=1's check after every op (backend_sync_each_op): the op's kernels finished, or their
-// fault under the op's name. A fault inside a kernel is sticky: the backend is unusable after it.
-static int sync_after_op(Backend *be, const char *op) {
-    cudaError_t e = cudaStreamSynchronize(ctx_of(be)->stream);
+// After every op (backend_after_each_op). The bf16 copy of a product's input stays valid across the
+// products and their LoRA terms, which never write a product's input (matmul_forward writes its output,
+// lora_forward its output and h, matmul_backward_input dinp; gemm_act drops the copy when its output
+// overlaps it); any other op may write anything, so it drops the copy. Then, under ER_CUDA_SYNC=1: the
+// op's kernels finished, or their fault under the op's name. A fault inside a kernel is sticky: the
+// backend is unusable after it.
+static int after_op(Backend *be, const char *op) {
+    CudaCtx *c = ctx_of(be);
+    if (strcmp(op, "matmul_forward") != 0 && strcmp(op, "lora_forward") != 0 &&
+        strcmp(op, "matmul_backward_input") != 0)
+        c->cast_src = NULL;
+    if (!c->sync_each)
+        return ER_OK;
+    cudaError_t e = cudaStreamSynchronize(c->stream);
     if (e == cudaSuccess)
         e = cudaGetLastError();
     if (e == cudaSuccess)
@@ -666,6 +699,7 @@ int backend_cuda_open(Backend *be, int device) {
         return er_error(ER_ENOMEM, "cuda: no host memory for the backend's state");
     c->device = device;
     c->attn_simt = simt;
+    c->sync_each = sync;
     struct cudaDeviceProp prop;
     size_t mem_free = 0, mem_total = 0;
     CUDA_CHECK(cudaSetDevice(device));
@@ -686,8 +720,7 @@ int backend_cuda_open(Backend *be, int device) {
     be->mem_free = mem_free;
     be->index = device;
     be->queue = c->stream;
-    if (sync)
-        backend_sync_each_op(be, sync_after_op);
+    backend_after_each_op(be, after_op);
     return ER_OK;
 done:
     ctx_free(c);

@@ -19,6 +19,7 @@
 // tests/cuda_emu/cublas.cpp.
 #include <map>
 #include <mutex>
+#include <string>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -273,6 +274,7 @@ bool config_ok(dim3 g, dim3 b) {
 }
 
 std::mutex launch_lock; // __shared__ is static storage: one launch at a time
+std::map<std::string, long> launches; // kernel name -> launches run (cuda_emu_launches)
 
 } // namespace
 
@@ -291,6 +293,7 @@ void cuda_emu::run(const char *name, dim3 grid, dim3 block, size_t shm, cudaStre
         fail(sticky = cudaErrorLaunchFailure);
         return;
     }
+    launches[name]++;
     body = fn;
     body_ctx = ctx;
     kernel_name = name;
@@ -377,6 +380,12 @@ extern "C" {
 cudaError_t cudaGetDeviceCount(int *count) {
     *count = 1;
     return cudaSuccess;
+}
+
+long cuda_emu_launches(const char *kernel) {
+    std::lock_guard<std::mutex> hold(launch_lock);
+    auto it = launches.find(kernel);
+    return it == launches.end() ? 0 : it->second;
 }
 
 // The emulated driver: CUDA 13.0's number (1000 * major + 10 * minor).

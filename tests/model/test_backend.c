@@ -21,6 +21,10 @@
 #include "quant/quantizer.h"
 #include "tests/common/helpers.h"
 
+#ifdef ER_CUDA_EMU
+#include <cuda_runtime_api.h> // cuda_emu_launches
+#endif
+
 // fp32 ops agree to 1e-5 of the largest reference value; products with bf16 operands to 1e-2.
 #define TOL_F32 1e-5
 #define TOL_BF16 1e-2
@@ -124,6 +128,15 @@ static void check_matmul(WeightFormat fmt, double tol, int N, int R, int K) {
     expect_close(be, d_dinp, ref_dinp, (size_t)N * K, tol, "matmul backward (input)");
     expect_close(be, d_dW, ref_dW, (size_t)R * K, TOL_F32, "matmul backward (weight)");
     expect_close(be, d_dbias, ref_dbias, R, TOL_F32, "matmul backward (bias)");
+    // A product, an op rewriting its input (x doubled), the product again: of the new values, so a backend
+    // that keeps a converted copy of a product's input for the next product (CUDA's bf16 one) drops it.
+    cr_assert_eq(be->ops->matmul_forward(be, d_out, d_x, &dw, NULL, N, d_scratch), ER_OK, "%s", er_last_error());
+    cr_assert_eq(be->ops->scale(be, d_x, (size_t)N * K, 2.0f), ER_OK, "%s", er_last_error());
+    cr_assert_eq(be->ops->matmul_forward(be, d_out, d_x, &dw, NULL, N, d_scratch), ER_OK, "%s", er_last_error());
+    for (size_t i = 0; i < (size_t)N * K; i++)
+        x[i] *= 2.0f;
+    cr_assert_eq(cpu->ops->matmul_forward(cpu, out, x, &w, NULL, N, scratch), ER_OK);
+    expect_close(be, d_out, out, (size_t)N * R, tol, "matmul forward of a rewritten input");
 
     void *dev[] = {d_x, d_bias, d_dout, d_out, d_dinp, d_dW, d_dbias, d_scratch};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
@@ -656,6 +669,50 @@ static void check_frozen_base(int as_bf16) {
 }
 
 Test(backend, tiny_model_masked_lora_bf16_base) { check_frozen_base(1); }
+
+#ifdef ER_CUDA_EMU
+// Emulated CUDA only (the emulator counts launches): a forward over a frozen bf16 base casts each product's
+// input to bf16 once for all the products that read it (q, k and v read ln1, gate and up ln2, with their
+// LoRA terms in between): 4 casts a layer and the head's, not 7 and the head's. A scoring pass reuses one
+// layer's buffers, so the next layer's ln1 is the same buffer rewritten: the logits against the CPU's show
+// that no kept copy was stale.
+Test(backend, bf16_input_cast_once_per_activation) {
+    Backend *be = dev_open();
+    ModelConfig c = helper_tiny_config(96, 64);
+    Model m, dm;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 12), ER_OK, "%s", er_last_error());
+    char *dir = helper_tmpdir("er_backend_cast");
+    cr_assert_eq(model_save(&m, dir, 1), ER_OK, "%s", er_last_error());
+    model_free(&m);
+    cr_assert_eq(model_load(&m, dir, 0), ER_OK, "%s", er_last_error());
+    LoraShape s = model_config_lora_shape(&c);
+    LoraAdapter ad, dad;
+    cr_assert_eq(lora_init(&ad, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 5), ER_OK);
+    cr_assert_eq(model_to_backend(&dm, &m, be), ER_OK, "%s", er_last_error());
+    cr_assert_eq(lora_to_backend(&dad, &ad, be), ER_OK, "%s", er_last_error());
+    int B = 2, T = 9, tok[18], tgt[18];
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (i * 7 + 1) % c.V;
+        tgt[i] = (i * 5 + 2) % c.V;
+    }
+    PassOut ref = run_pass(&m, &ad, tok, tgt, NULL, NULL, B, T, ACTS_SCORE);
+    long before = cuda_emu_launches("to_bf16_kernel");
+    PassOut got = run_pass(&dm, &dad, tok, tgt, NULL, NULL, B, T, ACTS_SCORE);
+    long casts = cuda_emu_launches("to_bf16_kernel") - before;
+    cr_expect_eq(casts, 4 * c.L + 1, "%ld bf16 casts in a forward of %d layers", casts, c.L);
+    double err = helper_rel_err(got.logits, ref.logits, (size_t)B * T * c.V);
+    cr_expect(err <= TOL_BF16_TINY_MODEL, "logits on %s: relative error %.3g", be->name, err);
+    free(ref.logits);
+    free(got.logits);
+    lora_backend_free(&dad, be);
+    lora_free(&ad);
+    model_free(&dm);
+    model_free(&m);
+    backend_close(be);
+    helper_rmdir(dir);
+    er_free(dir);
+}
+#endif
 Test(backend, tiny_model_masked_lora_f32_base) { check_frozen_base(0); }
 
 // The 0.5B widths (configs/qwen05b-2l.json: two layers, vocabulary 512) with the real vocabulary, a
@@ -745,14 +802,14 @@ Test(backend_place, refuses_mixed_backends_and_unknown_devices) {
     model_free(&m);
 }
 
-// ---- backend_sync_each_op (ER_CUDA_SYNC=1's wrapping), on a copy of the CPU backend ----
+// ---- backend_after_each_op (ER_CUDA_SYNC=1's wrapping), on a copy of the CPU backend ----
 
-static int synced_calls;
+static int after_calls;
 static const char *fail_after; // the op whose check fails (NULL: none)
 
 static int count_sync(Backend *be, const char *op) {
     (void)be;
-    synced_calls++;
+    after_calls++;
     if (fail_after && !strcmp(op, fail_after))
         return er_error(ER_EIO, "test: %s: a fault found after it", op);
     return ER_OK;
@@ -770,9 +827,9 @@ Test(backend_sync, every_op_checked_and_named) {
     cr_assert_eq(lora_init(&ad, &s, 4, 8.0f, 0, 0.0f, LORA_ALL_TARGETS, 1, 9), ER_OK);
     helper_perturb_adapter(&ad, 0.1f, 10);
     Backend be = *backend_cpu();
-    backend_sync_each_op(&be, count_sync);
-    backend_sync_each_op(&be, count_sync); // twice is once
-    cr_assert_eq(be.unsynced, backend_cpu()->ops);
+    backend_after_each_op(&be, count_sync);
+    backend_after_each_op(&be, count_sync); // twice is once
+    cr_assert_eq(be.inner, backend_cpu()->ops);
     cr_assert_eq(model_to_backend(&pm, &m, &be), ER_OK, "%s", er_last_error());
     cr_assert_eq(lora_to_backend(&pad, &ad, &be), ER_OK, "%s", er_last_error());
     int B = 2, T = 11, N = B * T, tok[22], tgt[22];
@@ -785,9 +842,9 @@ Test(backend_sync, every_op_checked_and_named) {
         mask[i] = amask[i];
     }
     PassOut a = run_pass(&m, &ad, tok, tgt, mask, amask, B, T, ACTS_TRAIN);
-    synced_calls = 0;
+    after_calls = 0;
     PassOut b = run_pass(&pm, &pad, tok, tgt, mask, amask, B, T, ACTS_TRAIN);
-    cr_expect_gt(synced_calls, 10 * c.L, "%d checks", synced_calls);
+    cr_expect_gt(after_calls, 10 * c.L, "%d checks", after_calls);
     cr_expect_eq(memcmp(a.logits, b.logits, sizeof(float) * N * c.V), 0, "logits");
     cr_expect_eq(a.loss, b.loss, "loss");
     cr_expect_eq(memcmp(a.grads, b.grads, sizeof(float) * m.n_param_floats), 0, "model gradients");

@@ -47,6 +47,8 @@ typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_64F = 1, CUDA_R_16F = 2, CU
 
 cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaDriverGetVersion(int *version);
+// The emulator's own (no CUDA counterpart): the launches of the kernel of that name run so far.
+long cuda_emu_launches(const char *kernel);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device);
