@@ -135,6 +135,20 @@ static int device_choose(TrainDevice *d, const TrainJob *job, const char *device
     return ER_OK;
 }
 
+// Every rank sums its gradients the same way (train_device_sum_grads: a placed rank's collectives are
+// not an unplaced one's), so the ranks are all placed or none: say so rather than hang. Collective.
+static int ranks_agree(const TrainDevice *d) {
+    if (dist_size() < 2)
+        return ER_OK;
+    double placed = d->placed;
+    ER_TRY(dist_sum_doubles(&placed, 1));
+    if (placed != 0 && placed != dist_size())
+        return er_error(ER_EUNSUPPORTED, "%d of %d ranks run on a device and the others on the CPU (this one on %s): "
+                        "every rank must run on the same kind (give each node a GPU, or --device cpu)", (int)placed,
+                        dist_size(), d->where);
+    return ER_OK;
+}
+
 int train_device_open(TrainDevice *d, const TrainJob *job, const char *device, int place) {
     memset(d, 0, sizeof *d);
     const char *why = host_only(job);
@@ -144,11 +158,13 @@ int train_device_open(TrainDevice *d, const TrainJob *job, const char *device, i
     d->params = job->params;
     d->grads = job->grads;
     d->decay_mask = (unsigned char *)job->decay_mask;
-    if (d->be->kind == BACKEND_CPU && !place)
-        return ER_OK;
-    if (why && d->be->kind != BACKEND_CPU)
-        return er_error(ER_EUNSUPPORTED, "%s runs on the CPU only here (%s), not on %s", job->label, why, d->be->name);
-    return device_place(d, job);
+    if (d->be->kind != BACKEND_CPU || place) {
+        if (why && d->be->kind != BACKEND_CPU)
+            return er_error(ER_EUNSUPPORTED, "%s runs on the CPU only here (%s), not on %s", job->label, why,
+                            d->be->name);
+        ER_TRY(device_place(d, job));
+    }
+    return ranks_agree(d);
 }
 
 int train_device_to_host(TrainDevice *d, const TrainJob *job, AdamW *opt, AdamW **host) {

@@ -363,6 +363,16 @@ def check_errors():
     if p.returncode == 0 or not lines:
         fail("bad --batch under 2 ranks: exit %d, stderr:\n%s" % (p.returncode, p.stderr[-2000:]))
     passed("an error under mpirun ends the job non-zero with the line \"%s\"" % lines[0])
+    # One rank placed on a device (here copies on the CPU backend, the test hook) and one not: their gradient
+    # sums are different collectives, so the job is refused up front instead of hanging in them.
+    args = [ERTRAIN, "sft", "--model", MODEL, "--data", "chains.jsonl", "--response-key", "verbose", "--out", "mixed",
+            "--batch", "2", "--steps", "1", "--threads", "1"]
+    cmd = ["mpirun", "--oversubscribe", "-np", "1", "-x", "ER_TEST_PLACE_ON_CPU=1"] + args + [":", "-np", "1"] + args
+    p = subprocess.run(cmd, cwd=WORK, env=ENV, capture_output=True, text=True, timeout=120)
+    want = "1 of 2 ranks run on a device and the others on the CPU"
+    if p.returncode == 0 or want not in p.stderr:
+        fail("one rank placed, one not: exit %d, stderr:\n%s" % (p.returncode, p.stderr[-2000:]))
+    passed("one rank on a device and one on the CPU: refused (\"%s\")" % want)
 
 
 def main():
