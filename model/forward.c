@@ -561,6 +561,8 @@ static int loss_chunked(Activations *a, const float *mask, int grad, float scale
         ER_TRY(be->ops->matmul_forward(be, a->loss_chunk, x, &m->lm_head, NULL, n, a->wscratch));
         ER_TRY(be->ops->cross_entropy(be, &part, a->loss_chunk, a->targets_buf + r0, mask ? a->mask_buf + r0 : NULL,
                                       n, V, grad, wsum, a->row_loss + r0));
+        if (!isfinite(part)) // refused before this chunk's head gradient joins the earlier chunks'
+            return er_error(ER_ERANGE, "loss is not finite (%g) in positions %d..%d", part, r0, r0 + n - 1);
         if (!grad)
             continue;
         if (scale != 1.0f)

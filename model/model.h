@@ -143,7 +143,9 @@ typedef enum {
     // alike at the chunk's size and at B*T; the gradients agree to fp32 rounding (g_lm_head adds the rows
     // chunk by chunk; dln is a product of the chunk's rows, which OpenBLAS may round otherwise). a->logits
     // is NULL in such a pass: no caller can read logits that were never there (GRPO's log-probs, quantize
-    // and fpt size theirs without the flag).
+    // and fpt size theirs without the flag). A loss refused as not finite stops at the chunk that makes it,
+    // before its head gradient: g_lm_head then holds the chunks before it (finite), so a caller that goes on
+    // after the refusal zeroes the gradients first.
     ACTS_LOSS_ONLY = 0x10,
 } ActsMode;
 

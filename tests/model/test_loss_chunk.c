@@ -362,6 +362,28 @@ Test(loss_chunk, negative_mask_refused) {
     fx_free(&f);
 }
 
+// A loss that is not finite is refused before the chunk that makes it adds its head gradient, so no NaN
+// reaches the model's gradients (a NaN embedding reaches the last position only; the chunks before it have
+// added theirs, as model.h says).
+Test(loss_chunk, non_finite_loss_keeps_the_head_gradient_finite) {
+    Fx f;
+    fx_init(&f, 0, 0);
+    f.tokens[N - 1] = 36; // no other position reads token 36
+    ((float *)f.m.embed.data)[36 * f.m.cfg.C] = NAN;
+    Activations a;
+    cr_assert_eq(acts_alloc(&a, &f.m.cfg, B, T, ACTS_TRAIN | ACTS_LOSS_ONLY, 0), ER_OK);
+    cr_assert_eq(acts_set_loss_rows(&a, 3), ER_OK);
+    cr_assert_eq(model_forward(&f.m, &f.in, &a), ER_OK);
+    double l;
+    cr_assert_eq(model_loss(&a, f.targets, NULL, 1, &l), ER_ERANGE);
+    cr_assert(strstr(er_last_error(), "not finite") && strstr(er_last_error(), "positions 12..13"), "%s",
+              er_last_error());
+    for (int i = 0; i < f.m.cfg.V * f.m.cfg.C; i++)
+        cr_assert(isfinite(f.m.g_lm_head[i]), "head gradient %d is %g after a refused loss", i, f.m.g_lm_head[i]);
+    acts_free(&a);
+    fx_free(&f);
+}
+
 // An empty mask: loss 0 and zero gradients, as the unchunked op gives.
 Test(loss_chunk, empty_mask) {
     Fx f;
