@@ -33,13 +33,6 @@ static inline __m256 widen8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
-static inline float dot_tail(const float *q, const int8_t *k, int i, int HS) {
-    float d = 0.0f;
-    for (; i < HS; i++)
-        d += q[i] * (float)k[i];
-    return d;
-}
-
 // Positions j .. j + 3 (keys at k0) for the H heads at q (H a constant after inlining).
 static inline __attribute__((always_inline)) void scores4(float *sc, size_t ld, const float *q, const int H,
                                                           const int8_t *k0, const float *ks, size_t row, int NKV,
@@ -72,8 +65,8 @@ static inline __attribute__((always_inline)) void scores4(float *sc, size_t ld, 
         __m128 s = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
         if (H8 < HS) {
             const float *qh = q + (size_t)h * HS;
-            s = _mm_add_ps(s, _mm_setr_ps(dot_tail(qh, k0, H8, HS), dot_tail(qh, k0 + row, H8, HS),
-                                          dot_tail(qh, k0 + 2 * row, H8, HS), dot_tail(qh, k0 + 3 * row, H8, HS)));
+            s = _mm_add_ps(s, _mm_setr_ps(kv_i8_scores_tail(qh, k0, H8, HS), kv_i8_scores_tail(qh, k0 + row, H8, HS),
+                                          kv_i8_scores_tail(qh, k0 + 2 * row, H8, HS), kv_i8_scores_tail(qh, k0 + 3 * row, H8, HS)));
         }
         _mm_storeu_ps(sc + h * ld, _mm_mul_ps(_mm_mul_ps(s, kv), sv)); // (d * ks) * scale, as the portable kernel
     }
@@ -120,8 +113,8 @@ static inline __attribute__((always_inline)) void scores4x16(float *sc, size_t l
         __m128 s = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
         if (H8 < HS) {
             const float *qh = q + (size_t)h * HS;
-            s = _mm_add_ps(s, _mm_setr_ps(dot_tail(qh, k0, H8, HS), dot_tail(qh, k0 + row, H8, HS),
-                                          dot_tail(qh, k0 + 2 * row, H8, HS), dot_tail(qh, k0 + 3 * row, H8, HS)));
+            s = _mm_add_ps(s, _mm_setr_ps(kv_i8_scores_tail(qh, k0, H8, HS), kv_i8_scores_tail(qh, k0 + row, H8, HS),
+                                          kv_i8_scores_tail(qh, k0 + 2 * row, H8, HS), kv_i8_scores_tail(qh, k0 + 3 * row, H8, HS)));
         }
         _mm_storeu_ps(sc + h * ld, _mm_mul_ps(_mm_mul_ps(s, kv), sv));
     }
@@ -179,7 +172,7 @@ static inline __attribute__((always_inline)) void scores_body(float *sc, size_t 
             __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
             s = _mm_hadd_ps(s, s);
             s = _mm_hadd_ps(s, s);
-            sc[g * ld + j] = (_mm_cvtss_f32(s) + dot_tail(qg, kr, H8, HS)) * ks[(size_t)j * NKV] * scale;
+            sc[g * ld + j] = (_mm_cvtss_f32(s) + kv_i8_scores_tail(qg, kr, H8, HS)) * ks[(size_t)j * NKV] * scale;
         }
     }
 }

@@ -16,10 +16,15 @@
 
 typedef struct {
     const char *name;
-    // sc[g * ld + j] = (Σ_i q[g * HS + i] k[j * row + i]) * ks[j * NKV] * scale, j < n, g < G.
+    // sc[g * ld + j] = (Σ_i q[g * HS + i] k[j * row + i]) * ks[j * NKV] * scale, j < n, g < G. Every table
+    // sums in the same order, so the scores are the same bits on every CPU: the first HS & ~7 products fused
+    // into 8 lanes (element i into lane i % 8, in order), the lanes added as AVX2's vhaddps does (positions in
+    // whole groups of 4 from j = 0: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)); the last n % 4:
+    // ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))), then kv_i8_scores_tail's sum added, then (d * ks) * scale.
     void (*scores)(float *sc, size_t ld, const float *q, int G, const int8_t *k, const float *ks, size_t row, int NKV,
                    int n, int HS, float scale);
-    // o[g * HS + i] += (w[g * ld + j] * vs[j * NKV]) * v[j * row + i] for j = 0 .. n-1 in order, i < HS, g < G.
+    // o[g * HS + i] += (w[g * ld + j] * vs[j * NKV]) * v[j * row + i] for j = 0 .. n-1 in order, i < HS, g < G:
+    // fused for i < (HS & ~7), kv_i8_values_tail's unfused add past it, the same bits on every CPU.
     void (*values)(float *o, const float *w, size_t ld, int G, const int8_t *v, const float *vs, size_t row, int NKV,
                    int n, int HS);
 } KvI8Kernels;
@@ -36,6 +41,14 @@ extern const KvI8Kernels kv_i8_avx2;
 extern const KvI8Kernels kv_i8_avx512;
 #endif
 #endif
+// The scalar tail of the scores: Σ q[i] k[i] for i0 <= i < HS, in order from 0, each product rounded.
+static inline float kv_i8_scores_tail(const float *q, const int8_t *k, int i0, int HS) {
+    float d = 0.0f;
+    for (int i = i0; i < HS; i++)
+        d += q[i] * (float)k[i];
+    return d;
+}
+
 // The scalar tail of the SIMD values kernels: o[i] += Σ_j wj[j] * v[j * row + i] for i0 <= i < HS, the
 // positions in order (wj: the weights times the positions' scales).
 static inline void kv_i8_values_tail(float *o, const float *wj, const int8_t *v, size_t row, int n, int i0, int HS) {

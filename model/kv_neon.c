@@ -2,8 +2,9 @@
 // portable ones. The keys and values are int8 and the queries and weights fp32, so the int8 entries are
 // widened in registers (SXTL, SXTL2, SCVTF) and multiplied in fp32 (FMLA), each widened register serving up
 // to KV_HEADS query heads of the KV head's group:
-//   - scores: one position's dot product over HS in four chains of 4 lanes per head (16 keys per step), the
-//     queries re-read from L1 for each position;
+//   - scores: one position's dot product over HS in two chains of 4 lanes per head (8 keys per step), summed
+//     in x86's order (model/kv_kernel.h) so the scores are the same bits as there, the queries re-read from
+//     L1 for each position;
 //   - values: the heads' output rows stay in registers, 16 elements at a time, while every position of the
 //     block adds its scaled values to them (FMLA by a scalar), so o is loaded and stored once per block
 //     instead of once per position. Each element sums the positions in the portable kernel's order, but
@@ -28,64 +29,59 @@ static inline void widen8(float32x4_t f[2], int8x8_t b) {
     f[1] = vcvtq_f32_s32(vmovl_high_s16(h));
 }
 
-// Query heads per pass: their accumulators (4 each) and a position's 16 widened keys or values (4) fit the 32
-// vector registers.
+// Query heads per pass: their accumulators (2 each) and a position's 8 widened keys (2) fit the registers.
 #define KV_HEADS 6
 
-// One position (keys at kr) for the H heads at q (H a constant after inlining): each head's dot product as
-// the one-head loop sums it, the widened keys shared.
+// One position (keys at kr) for the H heads at q (H a constant after inlining), the widened keys shared.
+// Each head's dot product is x86's bits (kv_kernel.h's order): the first H8 = HS & ~7 products fused into 8
+// lanes (lo: elements 0-3 mod 8, hi: 4-7), then grouped (the position is in a whole group of 4, as AVX2
+// sums them) ((l0 + l1) + (l2 + l3)) + ((h0 + h1) + (h2 + h3)), else ((l0 + h0) + (l1 + h1)) + ((l2 + h2) +
+// (l3 + h3)), then the tail's sum, then (d * ks) * scale.
 static inline __attribute__((always_inline)) void scores_pos(float *sc, size_t ld, const float *q, const int H,
-                                                             const int8_t *kr, float ks, int HS, float scale) {
-    float32x4_t a[KV_HEADS][4], f[4];
+                                                             const int8_t *kr, float ks, int HS, float scale,
+                                                             int grouped) {
+    float32x4_t lo[KV_HEADS], hi[KV_HEADS], f[2];
+    int H8 = HS & ~7;
 #pragma GCC unroll 8
     for (int h = 0; h < H; h++)
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++)
-            a[h][c] = vdupq_n_f32(0.0f);
-    int i = 0;
-    for (; i + 16 <= HS; i += 16) {
-        widen16(f, vld1q_s8(kr + i));
-#pragma GCC unroll 8
-        for (int h = 0; h < H; h++)
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++)
-                a[h][c] = vfmaq_f32(a[h][c], vld1q_f32(q + (size_t)h * HS + i + 4 * c), f[c]);
-    }
-    if (i + 8 <= HS) {
+        lo[h] = hi[h] = vdupq_n_f32(0.0f);
+    for (int i = 0; i < H8; i += 8) {
         widen8(f, vld1_s8(kr + i));
 #pragma GCC unroll 8
         for (int h = 0; h < H; h++) {
-            a[h][0] = vfmaq_f32(a[h][0], vld1q_f32(q + (size_t)h * HS + i), f[0]);
-            a[h][1] = vfmaq_f32(a[h][1], vld1q_f32(q + (size_t)h * HS + i + 4), f[1]);
+            lo[h] = vfmaq_f32(lo[h], vld1q_f32(q + (size_t)h * HS + i), f[0]);
+            hi[h] = vfmaq_f32(hi[h], vld1q_f32(q + (size_t)h * HS + i + 4), f[1]);
         }
-        i += 8;
     }
 #pragma GCC unroll 8
     for (int h = 0; h < H; h++) {
         const float *qh = q + (size_t)h * HS;
-        float d = vaddvq_f32(vaddq_f32(vaddq_f32(a[h][0], a[h][1]), vaddq_f32(a[h][2], a[h][3])));
-        for (int t = i; t < HS; t++)
-            d += qh[t] * (float)kr[t];
-        d *= ks;
-        sc[h * ld] = d * scale;
+        float32x4_t p = grouped ? vpaddq_f32(lo[h], hi[h]) : vaddq_f32(lo[h], hi[h]);
+        p = vpaddq_f32(p, p);
+        float d = vgetq_lane_f32(p, 0) + vgetq_lane_f32(p, 1);
+        if (!grouped || H8 < HS)
+            d = d + kv_i8_scores_tail(qh, kr, H8, HS);
+        sc[h * ld] = d * ks * scale;
     }
 }
 
 static void scores_neon(float *sc, size_t ld, const float *q, int G, const int8_t *k, const float *ks, size_t row,
                         int NKV, int n, int HS, float scale) {
+    int n4 = n & ~3;
     for (int j = 0; j < n; j++)
         for (int g = 0; g < G; g += KV_HEADS) {
             float *s = sc + g * ld + j;
             const float *qg = q + (size_t)g * HS;
             const int8_t *kr = k + (size_t)j * row;
             float kj = ks[(size_t)j * NKV];
+            int gr = j < n4;
             switch (G - g < KV_HEADS ? G - g : KV_HEADS) {
-            case 1: scores_pos(s, ld, qg, 1, kr, kj, HS, scale); break;
-            case 2: scores_pos(s, ld, qg, 2, kr, kj, HS, scale); break;
-            case 3: scores_pos(s, ld, qg, 3, kr, kj, HS, scale); break;
-            case 4: scores_pos(s, ld, qg, 4, kr, kj, HS, scale); break;
-            case 5: scores_pos(s, ld, qg, 5, kr, kj, HS, scale); break;
-            default: scores_pos(s, ld, qg, KV_HEADS, kr, kj, HS, scale); break;
+            case 1: scores_pos(s, ld, qg, 1, kr, kj, HS, scale, gr); break;
+            case 2: scores_pos(s, ld, qg, 2, kr, kj, HS, scale, gr); break;
+            case 3: scores_pos(s, ld, qg, 3, kr, kj, HS, scale, gr); break;
+            case 4: scores_pos(s, ld, qg, 4, kr, kj, HS, scale, gr); break;
+            case 5: scores_pos(s, ld, qg, 5, kr, kj, HS, scale, gr); break;
+            default: scores_pos(s, ld, qg, KV_HEADS, kr, kj, HS, scale, gr); break;
             }
         }
 }

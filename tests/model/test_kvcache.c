@@ -365,10 +365,10 @@ static int check_cached_attention(KvType type, int NH) {
                     cr_assert(fabs(o[at] - ref[at]) <= 1e-4 * (1 + fabs(ref[at])),
                               "%s cache HS=%d layer %d row %d: out[%zu] = %.9g, double %.9g",
                               type == KV_F32 ? "fp32" : kk->name, c.HS, l, b, i, o[at], ref[at]);
-                    if (type == KV_INT8)
-                        cr_assert(fabs(o[at] - op[at]) <= 1e-5 * (1 + fabs(ref[at])),
-                                  "%s HS=%d layer %d row %d: out[%zu] = %.9g, portable %.9g", kk->name, c.HS, l, b, i,
-                                  o[at], op[at]);
+                    if (type == KV_INT8) // one order of sums on every CPU (kv_kernel.h): the same bits
+                        cr_assert(!memcmp(&o[at], &op[at], sizeof(float)),
+                                  "%s HS=%d layer %d row %d: out[%zu] = %.9g, portable %.9g: not the same bits",
+                                  kk->name, c.HS, l, b, i, o[at], op[at]);
                     checked++;
                 }
         }
@@ -400,6 +400,7 @@ Test(kvcache, int8_attention_kernels_match_portable) {
     cr_assert_neq(kk, &kv_i8_portable, "AVX2 builds must run the AVX2 kernels");
 #endif
     int checked = check_cached_attention(KV_INT8, 6) + check_cached_attention(KV_INT8, 18);
-    printf("kvcache: int8 attention with the %s kernels matched the portable ones and double in %d outputs\n",
+    printf("kvcache: int8 attention with the %s kernels: the portable ones' bits, and double's values, in %d "
+           "outputs\n",
            kk->name, checked);
 }
