@@ -23,7 +23,7 @@ static void scores_portable(float *sc, size_t ld, const float *q, int G, const i
             const int8_t *kr = k + (size_t)j * row;
             const float *qg = q + (size_t)g * HS;
             float d = dot8(qg, kr, H8, j < n4);
-            if (j < n4 ? H8 < HS : 1)
+            if (j >= n4 || H8 < HS) // AVX2 adds a lone position's tail sum even when it is empty
                 d = d + kv_i8_scores_tail(qg, kr, H8, HS);
             sc[g * ld + j] = d * ks[(size_t)j * NKV] * scale;
         }
