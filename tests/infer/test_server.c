@@ -523,10 +523,14 @@ Test(server, unseeded_requests_draw_and_report_a_seed, .timeout = 120) {
                                "\"seed\": 9007199254740991}");
     cr_expect(strstr(o0, "\"seed\":9007199254740991}"), "the seed is not reported exactly: %s", o0);
     free(o0);
-    char *o1 = server_post(&t, body), *o2 = server_post(&t, body);
-    char *a = reply_text(o1, &s1), *b = reply_text(o2, &s2);
+    // Two unseeded requests draw different seeds. Their texts may still agree by chance (the tiny base says
+    // "Start with 6. Divide by 3. What is the result?" often enough), so a third one is drawn before calling
+    // the texts one.
+    char *o1 = server_post(&t, body), *o2 = server_post(&t, body), *o4 = server_post(&t, body);
+    double s4;
+    char *a = reply_text(o1, &s1), *b = reply_text(o2, &s2), *d = reply_text(o4, &s4);
     cr_expect_neq(s1, s2, "two unseeded requests got the same seed");
-    cr_expect_str_neq(a, b, "two unseeded requests at temperature 1 gave the same text");
+    cr_expect(strcmp(a, b) || strcmp(a, d), "three unseeded requests at temperature 1 gave the same text: %s", a);
     char again[256];
     snprintf(again, sizeof again, "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"max_tokens\": 24, "
              "\"seed\": %.0f}", s1);
@@ -536,9 +540,11 @@ Test(server, unseeded_requests_draw_and_report_a_seed, .timeout = 120) {
     free(o1);
     free(o2);
     free(o3);
+    free(o4);
     er_free(a);
     er_free(b);
     er_free(c);
+    er_free(d);
     server_stop(&t);
 }
 
