@@ -1,6 +1,7 @@
 #include "data/synth.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
@@ -191,7 +192,7 @@ static int draw_wrong(ErRng *rng, int r) {
     }
 }
 
-void chains_example_free(ChainsExample *ex) {
+void synth_example_free(SynthExample *ex) {
     er_free(ex->problem);
     er_free(ex->answer);
     er_free(ex->direct);
@@ -201,7 +202,7 @@ void chains_example_free(ChainsExample *ex) {
     memset(ex, 0, sizeof *ex);
 }
 
-int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, ChainsExample *ex) {
+int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, SynthExample *ex) {
     memset(ex, 0, sizeof *ex);
     ER_TRY(chains_config_check(c));
     ErRng base, rng;
@@ -291,43 +292,208 @@ int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, Chains
     ex->steps = k;
     ex->result = v;
     if (prob.oom || ans.oom || direct.oom || terse.oom || concise.oom || verbose.oom) {
-        chains_example_free(ex);
+        synth_example_free(ex);
         return er_error(ER_ENOMEM, "chains: out of memory generating example %llu", (unsigned long long)index);
     }
     return ER_OK;
 }
 
-const char *chains_completion(const ChainsExample *ex, ChainsStyle style) {
+// The guess family's phrase pools (verbose trace). Placeholders: {g} the candidate, {v} its check value,
+// {c} the target. None may contain "answer:" or digits of its own.
+static const char *const gph_open[] = {
+    "I will try values of x and check each one.",
+    "Let me guess a value and check it.",
+    "Let me check a few candidates.",
+    "I will test numbers until one fits.",
+};
+static const char *const gph_pick[] = {
+    "Let me try {g}.",
+    "What about {g}?",
+    "Next candidate: {g}.",
+    "Maybe it is {g}.",
+};
+static const char *const gph_no[] = {
+    "That gives {v}, not {c}.",
+    "So {g} is wrong: {v} is not {c}.",
+    "No match, {v} instead of {c}.",
+};
+static const char *const gph_yes[] = {
+    "That gives {c} exactly, so {g} works.",
+    "It matches: {v} is {c}.",
+    "Yes, {g} fits.",
+};
+static const char *const gph_none[] = {
+    "None of them fits; {g} came closest.",
+    "No luck, the closest was {g}.",
+};
+
+static void put_gphrase(StrBuf *b, const char *t, int g, int v, int c) {
+    for (; *t; t++) {
+        if (*t == '{' && (t[1] == 'g' || t[1] == 'v' || t[1] == 'c') && t[2] == '}') {
+            strbuf_int(b, t[1] == 'g' ? g : t[1] == 'v' ? v : c);
+            t += 2;
+        } else {
+            strbuf_put(b, t, 1);
+        }
+    }
+}
+
+void guess_config_default(GuessConfig *c) {
+    c->max_x = 12;
+    c->min_factor = 2;
+    c->max_factor = 5;
+    c->max_offset = 9;
+    c->max_tries = 4;
+}
+
+int guess_config_check(const GuessConfig *c) {
+    if (c->max_x < 2 || c->max_x > 1000)
+        return er_error(ER_ERANGE, "guess: max x %d must be in 2..1000", c->max_x);
+    if (c->min_factor < 1 || c->max_factor > 1000 || c->min_factor > c->max_factor)
+        return er_error(ER_ERANGE, "guess: factors must satisfy 1 <= min (%d) <= max (%d) <= 1000", c->min_factor,
+                        c->max_factor);
+    if (c->max_offset < 1 || c->max_offset > 1000)
+        return er_error(ER_ERANGE, "guess: max offset %d must be in 1..1000", c->max_offset);
+    if (c->max_tries < 1 || c->max_tries > c->max_x)
+        return er_error(ER_ERANGE, "guess: max tries %d must be in 1..max x (%d)", c->max_tries, c->max_x);
+    return ER_OK;
+}
+
+// "try 5: 5 * 4 + 3 = 23, no"
+static void put_try_line(StrBuf *b, int g, int a, int off, int ok) {
+    strbuf_puts(b, "try ");
+    strbuf_int(b, g);
+    strbuf_puts(b, ": ");
+    strbuf_int(b, g);
+    strbuf_puts(b, " * ");
+    strbuf_int(b, a);
+    strbuf_puts(b, " + ");
+    strbuf_int(b, off);
+    strbuf_puts(b, " = ");
+    strbuf_int(b, g * a + off);
+    strbuf_puts(b, ok ? ", yes" : ", no");
+}
+
+int guess_generate(const GuessConfig *c, uint64_t seed, uint64_t index, SynthExample *ex) {
+    memset(ex, 0, sizeof *ex);
+    ER_TRY(guess_config_check(c));
+    ErRng base, rng;
+    rng_seed(&base, seed);
+    rng_fork(&rng, &base, index);
+    int x = 1 + (int)rng_below(&rng, (uint32_t)c->max_x);
+    int a = c->min_factor + (int)rng_below(&rng, (uint32_t)(c->max_factor - c->min_factor + 1));
+    int off = 1 + (int)rng_below(&rng, (uint32_t)c->max_offset), target = x * a + off;
+    // The candidates: the first max_tries of a random order of 1..max_x, cut after the answer.
+    int tries[1000], n = 0, closest = 0;
+    for (int i = 0; i < c->max_x; i++)
+        tries[i] = i + 1;
+    for (int i = 0; i < c->max_tries; i++) {
+        int j = i + (int)rng_below(&rng, (uint32_t)(c->max_x - i)), t = tries[i];
+        tries[i] = tries[j];
+        tries[j] = t;
+        n++;
+        if (abs(tries[i] - x) < abs(tries[closest] - x))
+            closest = i;
+        if (tries[i] == x)
+            break;
+    }
+    int found = tries[n - 1] == x, said = tries[closest];
+
+    StrBuf prob = {0}, ans = {0}, direct = {0}, terse = {0}, concise = {0}, verbose = {0};
+    strbuf_puts(&prob, "Find x from 1 to ");
+    strbuf_int(&prob, c->max_x);
+    strbuf_puts(&prob, " such that x * ");
+    strbuf_int(&prob, a);
+    strbuf_puts(&prob, " + ");
+    strbuf_int(&prob, off);
+    strbuf_puts(&prob, " = ");
+    strbuf_int(&prob, target);
+    strbuf_puts(&prob, ".");
+    strbuf_int(&ans, x);
+    strbuf_puts(&direct, "Answer: ");
+    strbuf_int(&direct, x);
+    put_gphrase(&verbose, gph_open[rng_below(&rng, NPHR(gph_open))], 0, 0, target);
+    strbuf_puts(&verbose, "\n");
+    for (int i = 0; i < n; i++) {
+        int g = tries[i], v = g * a + off;
+        strbuf_int(&terse, g);
+        strbuf_puts(&terse, g == x ? " yes" : " no ");
+        put_try_line(&concise, g, a, off, g == x);
+        strbuf_puts(&concise, "\n");
+        if (rng_uniform(&rng) < 0.6f) {
+            put_gphrase(&verbose, gph_pick[rng_below(&rng, NPHR(gph_pick))], g, v, target);
+            strbuf_puts(&verbose, "\n");
+        }
+        put_try_line(&verbose, g, a, off, g == x);
+        strbuf_puts(&verbose, "\n");
+        if (g == x)
+            put_gphrase(&verbose, gph_yes[rng_below(&rng, NPHR(gph_yes))], g, v, target);
+        else
+            put_gphrase(&verbose, gph_no[rng_below(&rng, NPHR(gph_no))], g, v, target);
+        strbuf_puts(&verbose, "\n");
+    }
+    if (!found) {
+        strbuf_puts(&terse, "closest ");
+        strbuf_int(&terse, said);
+        strbuf_puts(&concise, "closest: ");
+        strbuf_int(&concise, said);
+        strbuf_puts(&concise, "\n");
+        put_gphrase(&verbose, gph_none[rng_below(&rng, NPHR(gph_none))], said, 0, target);
+        strbuf_puts(&verbose, "\n");
+    }
+    strbuf_puts(&terse, "\nAnswer: ");
+    strbuf_int(&terse, said);
+    strbuf_puts(&concise, "Answer: ");
+    strbuf_int(&concise, said);
+    strbuf_puts(&verbose, "Answer: ");
+    strbuf_int(&verbose, said);
+
+    ex->problem = prob.p;
+    ex->answer = ans.p;
+    ex->direct = direct.p;
+    ex->terse = terse.p;
+    ex->concise = concise.p;
+    ex->verbose = verbose.p;
+    ex->steps = n;
+    ex->result = x;
+    if (prob.oom || ans.oom || direct.oom || terse.oom || concise.oom || verbose.oom) {
+        synth_example_free(ex);
+        return er_error(ER_ENOMEM, "guess: out of memory generating example %llu", (unsigned long long)index);
+    }
+    return ER_OK;
+}
+
+const char *synth_completion(const SynthExample *ex, SynthStyle style) {
     switch (style) {
-    case CHAINS_DIRECT: return ex->direct;
-    case CHAINS_TERSE: return ex->terse;
-    case CHAINS_CONCISE: return ex->concise;
-    case CHAINS_VERBOSE: return ex->verbose;
+    case SYNTH_DIRECT: return ex->direct;
+    case SYNTH_TERSE: return ex->terse;
+    case SYNTH_CONCISE: return ex->concise;
+    case SYNTH_VERBOSE: return ex->verbose;
     default: return NULL;
     }
 }
 
 // The record; with ntok (the completions' lengths in a tokenizer's tokens) also {"tokens": {style: n}}.
-const char *chains_style_name(ChainsStyle style) {
-    static const char *const names[CHAINS_NSTYLES] = {"direct", "terse", "concise", "verbose"};
-    return style >= 0 && style < CHAINS_NSTYLES ? names[style] : NULL;
+const char *synth_style_name(SynthStyle style) {
+    static const char *const names[SYNTH_NSTYLES] = {"direct", "terse", "concise", "verbose"};
+    return style >= 0 && style < SYNTH_NSTYLES ? names[style] : NULL;
 }
 
-static char *example_json(const ChainsExample *ex, const int *ntok) {
+static char *example_json(const SynthExample *ex, int needs_reasoning, const int *ntok) {
     cJSON *o = cJSON_CreateObject();
     if (!o)
         return NULL;
     char *s = NULL;
     int ok = cJSON_AddStringToObject(o, "problem", ex->problem) && cJSON_AddStringToObject(o, "answer", ex->answer) &&
              cJSON_AddNumberToObject(o, "steps", ex->steps) &&
-             cJSON_AddBoolToObject(o, "needs_reasoning", ex->steps > 1);
-    for (ChainsStyle k = 0; ok && k < CHAINS_NSTYLES; k++)
-        ok = cJSON_AddStringToObject(o, chains_style_name(k), chains_completion(ex, k)) != NULL;
+             cJSON_AddBoolToObject(o, "needs_reasoning", needs_reasoning);
+    for (SynthStyle k = 0; ok && k < SYNTH_NSTYLES; k++)
+        ok = cJSON_AddStringToObject(o, synth_style_name(k), synth_completion(ex, k)) != NULL;
     if (ok && ntok) {
         cJSON *t = cJSON_AddObjectToObject(o, "tokens");
         ok = t != NULL;
-        for (ChainsStyle k = 0; ok && k < CHAINS_NSTYLES; k++)
-            ok = cJSON_AddNumberToObject(t, chains_style_name(k), ntok[k]) != NULL;
+        for (SynthStyle k = 0; ok && k < SYNTH_NSTYLES; k++)
+            ok = cJSON_AddNumberToObject(t, synth_style_name(k), ntok[k]) != NULL;
     }
     if (ok)
         s = cJSON_PrintUnformatted(o);
@@ -335,15 +501,26 @@ static char *example_json(const ChainsExample *ex, const int *ntok) {
     return s;
 }
 
+typedef int (*SynthGenerate)(const void *config, uint64_t seed, uint64_t index, SynthExample *ex);
+
+static int chains_generate_any(const void *c, uint64_t seed, uint64_t index, SynthExample *ex) {
+    return chains_generate(c, seed, index, ex);
+}
+
+static int guess_generate_any(const void *c, uint64_t seed, uint64_t index, SynthExample *ex) {
+    return guess_generate(c, seed, index, ex);
+}
+
 // Example i as one JSONL line of af; its completions' characters and tokens, and its steps, added to the sums.
-static int write_example(const ChainsConfig *c, uint64_t seed, long i, const Tokenizer *tok, AtomicFile *af,
-                         const char *path, double *sum, double *sum_tok, double *sum_steps) {
-    ChainsExample ex; // zeroed by chains_generate first thing
+static int write_example(SynthGenerate gen, const void *c, int always_reason, uint64_t seed, long i,
+                         const Tokenizer *tok, AtomicFile *af, const char *path, double *sum, double *sum_tok,
+                         double *sum_steps) {
+    SynthExample ex; // zeroed by the generator first thing
     char *line = NULL;
-    int rc = ER_OK, ntok[CHAINS_NSTYLES] = {0};
-    ER_CHECK(chains_generate(c, seed, (uint64_t)i, &ex));
-    for (int s = 0; s < CHAINS_NSTYLES; s++) {
-        const char *text = chains_completion(&ex, (ChainsStyle)s);
+    int rc = ER_OK, ntok[SYNTH_NSTYLES] = {0};
+    ER_CHECK(gen(c, seed, (uint64_t)i, &ex));
+    for (int s = 0; s < SYNTH_NSTYLES; s++) {
+        const char *text = synth_completion(&ex, (SynthStyle)s);
         sum[s] += (double)strlen(text);
         int *ids = NULL;
         if (tok)
@@ -352,7 +529,7 @@ static int write_example(const ChainsConfig *c, uint64_t seed, long i, const Tok
         er_free(ids);
     }
     *sum_steps += ex.steps;
-    if (!(line = example_json(&ex, tok ? ntok : NULL))) {
+    if (!(line = example_json(&ex, always_reason || ex.steps > 1, tok ? ntok : NULL))) {
         rc = er_error(ER_ENOMEM, "%s: out of memory formatting example %ld", path, i);
         goto done;
     }
@@ -360,20 +537,19 @@ static int write_example(const ChainsConfig *c, uint64_t seed, long i, const Tok
         rc = er_error(ER_EIO, "%s: write failed", path);
 done:
     cJSON_free(line);
-    chains_example_free(&ex);
+    synth_example_free(&ex);
     return rc;
 }
 
-int chains_write_jsonl(const ChainsConfig *c, long n, uint64_t seed, const char *path, const Tokenizer *tok,
-                       ChainsStats *stats) {
-    ER_TRY(chains_config_check(c));
+static int synth_write_jsonl(SynthGenerate gen, const void *c, int always_reason, long n, uint64_t seed,
+                             const char *path, const Tokenizer *tok, SynthStats *stats) {
     if (n < 1)
-        return er_error(ER_ERANGE, "chains: number of examples must be >= 1 (got %ld)", n);
+        return er_error(ER_ERANGE, "synth: number of examples must be >= 1 (got %ld)", n);
     AtomicFile af;
     ER_TRY(atomic_open(&af, path));
-    double sum[CHAINS_NSTYLES] = {0}, sum_tok[CHAINS_NSTYLES] = {0}, sum_steps = 0;
+    double sum[SYNTH_NSTYLES] = {0}, sum_tok[SYNTH_NSTYLES] = {0}, sum_steps = 0;
     for (long i = 0; i < n; i++) {
-        int rc = write_example(c, seed, i, tok, &af, path, sum, sum_tok, &sum_steps);
+        int rc = write_example(gen, c, always_reason, seed, i, tok, &af, path, sum, sum_tok, &sum_steps);
         if (rc < 0) {
             atomic_abort(&af);
             return rc;
@@ -382,11 +558,23 @@ int chains_write_jsonl(const ChainsConfig *c, long n, uint64_t seed, const char 
     ER_TRY(atomic_commit(&af));
     if (stats) {
         stats->n = n;
-        for (int s = 0; s < CHAINS_NSTYLES; s++) {
+        for (int s = 0; s < SYNTH_NSTYLES; s++) {
             stats->mean_chars[s] = sum[s] / (double)n;
             stats->mean_tokens[s] = sum_tok[s] / (double)n;
         }
         stats->mean_steps = sum_steps / (double)n;
     }
     return ER_OK;
+}
+
+int chains_write_jsonl(const ChainsConfig *c, long n, uint64_t seed, const char *path, const Tokenizer *tok,
+                       SynthStats *stats) {
+    ER_TRY(chains_config_check(c));
+    return synth_write_jsonl(chains_generate_any, c, 0, n, seed, path, tok, stats);
+}
+
+int guess_write_jsonl(const GuessConfig *c, long n, uint64_t seed, const char *path, const Tokenizer *tok,
+                      SynthStats *stats) {
+    ER_TRY(guess_config_check(c));
+    return synth_write_jsonl(guess_generate_any, c, 1, n, seed, path, tok, stats);
 }

@@ -1,15 +1,31 @@
-// Synthetic reasoning benchmark "chains": k chained integer operations (k = 1..8), e.g.
+// Synthetic reasoning tasks, each example with a problem, its answer and four completions of that answer
+// (direct / terse / concise / verbose). Two families:
+//
+// "chains": k chained integer operations (k = 1..8), e.g.
 //     "Start with 7. Add 5. Multiply by 3. Subtract 4. What is the result?"
 // Every intermediate result stays in 0..max_value by construction (an operation is only drawn when
 // its result fits, divisions are exact), so no modular wrap-around hides the arithmetic. One step is
 // a single small operation a tiny model learns directly; k >= 4 chained in one go is not, while a
 // step-by-step trace turns each step into one easy operation.
-// Each example carries four completions of the same answer:
 //   direct   "Answer: 32"
 //   terse    the running values only, on one line ("12 36 32"), then "Answer: 32"
 //   concise  one line per step ("7 + 5 = 12" ...), then "Answer: 32"
 //   verbose  the concise lines interleaved with restatements, re-checks and second guesses in
 //            phrasings drawn from the seeded RNG (several times the concise length).
+//
+// "guess": guess and check, e.g. "Find x from 1 to 12 such that x * 4 + 3 = 31." The trace tries
+// candidates in a random order, computes each one's check and says whether it holds:
+//   concise  "try 5: 5 * 4 + 3 = 23, no\ntry 7: 7 * 4 + 3 = 31, yes\nAnswer: 7"
+// and stops at the first that holds or after max_tries; when none held it answers the candidate whose
+// check came closest ("closest: 9"), which is then wrong. The order carries no information about the
+// answer, so one greedy pass finds it only as often as max_tries / max_x, while independent samples try
+// different candidates: this is the family where sampling several traces and keeping the one whose check
+// held pays, and where a wrong trace is visible in the text ("no" on every line, "closest").
+//   direct   "Answer: 7"
+//   terse    the tried candidates with their verdicts ("5 no 7 yes"), then "Answer: 7"
+//   verbose  the concise lines with talk around every try (several times the concise length).
+// `steps` is the number of tries in the trace.
+//
 // Example i depends only on (seed, i, config), not on how many are generated.
 #ifndef DATA_SYNTH_H
 #define DATA_SYNTH_H
@@ -27,37 +43,52 @@ typedef struct {
 } ChainsConfig;
 
 typedef struct {
+    int max_x;                    // the answer x from 1..max_x
+    int min_factor, max_factor;   // x * a + b = c with a from min_factor..max_factor
+    int max_offset;               // and b from 0..max_offset
+    int max_tries;                // the trace stops after this many candidates
+} GuessConfig;
+
+typedef struct {
     char *problem;
     char *answer; // decimal result
     char *direct, *terse, *concise, *verbose;
     int steps;
     int result;
-} ChainsExample;
+} SynthExample;
 
-typedef enum { CHAINS_DIRECT, CHAINS_TERSE, CHAINS_CONCISE, CHAINS_VERBOSE, CHAINS_NSTYLES } ChainsStyle;
+typedef enum { SYNTH_DIRECT, SYNTH_TERSE, SYNTH_CONCISE, SYNTH_VERBOSE, SYNTH_NSTYLES } SynthStyle;
 
 typedef struct {
     long n;
-    double mean_chars[CHAINS_NSTYLES];  // mean completion length in bytes per style
-    double mean_tokens[CHAINS_NSTYLES]; // in tokens; 0 when no tokenizer was given
+    double mean_chars[SYNTH_NSTYLES];  // mean completion length in bytes per style
+    double mean_tokens[SYNTH_NSTYLES]; // in tokens; 0 when no tokenizer was given
     double mean_steps;
-} ChainsStats;
+} SynthStats;
 
 
 #define CHAINS_MAX_STEPS 8
 
 void chains_config_default(ChainsConfig *c); // steps 1..8, start 1..20, operand 1..9, factor 2..3, 0..49
 int chains_config_check(const ChainsConfig *c);
-int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, ChainsExample *ex);
-void chains_example_free(ChainsExample *ex);
-const char *chains_completion(const ChainsExample *ex, ChainsStyle style);
-const char *chains_style_name(ChainsStyle style); // "direct", "terse", "concise", "verbose": the JSONL keys
+int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, SynthExample *ex);
+
+void guess_config_default(GuessConfig *c); // x 1..12, factor 2..5, offset 0..9, 3 tries
+int guess_config_check(const GuessConfig *c);
+int guess_generate(const GuessConfig *c, uint64_t seed, uint64_t index, SynthExample *ex);
+
+void synth_example_free(SynthExample *ex);
+const char *synth_completion(const SynthExample *ex, SynthStyle style);
+const char *synth_style_name(SynthStyle style); // "direct", "terse", "concise", "verbose": the JSONL keys
 
 // Writes n examples as JSONL records {problem, answer, steps, needs_reasoning, direct, terse,
 // concise, verbose} atomically to path; with tok each record also holds its completions' lengths in tok's
 // tokens, {"tokens": {"direct": n, "terse": n, "concise": n, "verbose": n}}. *stats (if not NULL) gets the
 // mean lengths, in tokens too when tok is not NULL.
 int chains_write_jsonl(const ChainsConfig *c, long n, uint64_t seed, const char *path, const Tokenizer *tok,
-                       ChainsStats *stats);
+                       SynthStats *stats);
+// The same for the guess family: needs_reasoning is true on every record (no one-step form).
+int guess_write_jsonl(const GuessConfig *c, long n, uint64_t seed, const char *path, const Tokenizer *tok,
+                      SynthStats *stats);
 
 #endif

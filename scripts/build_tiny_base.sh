@@ -34,9 +34,18 @@
 # the concise trace only where it fits the budget in tokens, else the terse one (at 64 the chains of 6-8 steps), so
 # that the base's thinking fits an enforced budget too.
 #
+# GUESS_N=6000: the guess-and-check family (data/synth.h, `ertrain synth guess`) added to the mix, each record as the
+# chains records are: a chat conversation with its direct answer (half with a budget system line), the problem with
+# its verbose trace as raw text, and (MIX=cot*) the thinking opened with the concise trace (MIX=cotbudget: the terse
+# one at 32 tokens). models/tiny-base (make demo's and make paper's base) is MIX=cotbudget GUESS_N=6000.
+#
 # Usage: scripts/build_tiny_base.sh            full base (~27 min on one core)
 #        QUICK=1 scripts/build_tiny_base.sh    tiny variant for CI (seconds); cache runs/tiny-base-quick
-# Env:   OUT (cache dir), THREADS (default 1: faster than 2 on a shared 2-core machine), B (binaries),
+# INIT=DIR: continued pretraining: the run starts from that fp32 model's weights (ertrain pretrain --init) instead
+# of a random CONFIG model, with a fresh schedule; inputs.txt records the init model's hash.
+#
+# Env:   GUESS_N (guess-and-check records, default 0), INIT (a model dir to continue from), LR (peak learning rate,
+#        default 2e-3), OUT (cache dir), THREADS (default 1: faster than 2 on a shared 2-core machine), B (binaries),
 #        CONFIG (the model config, default configs/tiny.json), STEPS (pretraining steps, default 3600).
 # The cache is reused when OUT/model holds a finished model whose recorded inputs (OUT/inputs.txt:
 # every setting below and the hashes of the config, the tokenizer and the generated data) match.
@@ -54,6 +63,7 @@ case $MIX in # the mix as inputs.txt names it
   cotfit) MIX_NAME=direct-chat+budget-system+verbose-text+cotfit-chat ;;
   *) echo "build_tiny_base: MIX=$MIX is not direct, budget, cot, cotbudget or cotfit" >&2; exit 1 ;;
 esac
+GUESS_N=${GUESS_N:-0}
 CONFIG=${CONFIG:-configs/tiny.json}
 TOKENIZER=data/tiny_tokenizer
 DATA_SEED=1
@@ -61,9 +71,10 @@ TRAIN_SEED=1
 if [ "$QUICK" = 1 ]; then
   OUT=${OUT:-runs/tiny-base-quick}
   N=200 STEPS=20 BATCH=8 LR=2e-3
+  [ "$GUESS_N" = 0 ] || GUESS_N=100
 else
   OUT=${OUT:-runs/tiny-base}
-  N=12000 STEPS=${STEPS:-3600} BATCH=16 LR=2e-3
+  N=12000 STEPS=${STEPS:-3600} BATCH=16 LR=${LR:-2e-3}
 fi
 SEQ_LEN=640 # the longest raw trace (k = 8 with a recap) is ~560 tokens
 
@@ -80,7 +91,14 @@ chains="$OUT/chains.jsonl" one="$OUT/chains_k1.jsonl" mix="$OUT/pretrain_mix.jso
 $B/ertrain synth chains --n "$N" --seed "$DATA_SEED" --out "$chains" --tokenizer "$TOKENIZER" | sed 's/^/synth: /'
 $B/ertrain synth chains --n "$N" --seed "$((DATA_SEED + 100))" --min-steps 1 --max-steps 1 --out "$one" \
   | sed 's/^/synth k=1: /'
-python3 - "$chains" "$one" "$mix.tmp" "$MIX" <<'PY'
+guess="$OUT/guess.jsonl"
+if [ "$GUESS_N" != 0 ]; then
+  $B/ertrain synth guess --n "$GUESS_N" --seed "$((DATA_SEED + 200))" --out "$guess" --tokenizer "$TOKENIZER" \
+    | sed 's/^/synth guess: /'
+else
+  : > "$guess"
+fi
+python3 - "$chains" "$one" "$mix.tmp" "$MIX" "$guess" <<'PY'
 import json, random, sys
 n_chat = n_one = n_text = 0
 rng = random.Random(1)
@@ -125,6 +143,14 @@ with open(sys.argv[1]) as f, open(sys.argv[2]) as one, open(sys.argv[3], "w") as
         n_chat += 1
         n_one += 1
         n_text += 1
+n_guess = 0
+with open(sys.argv[5]) as f, open(sys.argv[3], "a") as g:
+    for line in f:
+        g.write(chat(line))
+        g.write(json.dumps({"text": text(json.loads(line))}) + "\n")
+        if cot_mix:
+            g.write(cot(line))
+        n_guess += 1
 cot_what = ("budget stated, terse trace at 32 tokens" + (" and past the budget" if cot_fit else "") + ", concise above"
             if cot_budget else "concise trace")
 print(f"mix: {n_chat} chat records (direct answers, k = 1..8, half with a budget system line) + "
@@ -132,13 +158,17 @@ print(f"mix: {n_chat} chat records (direct answers, k = 1..8, half with a budget
       f"{n_text} raw-text records "
       f"(problem + {'trace, half following a stated budget' if budget_mix else 'verbose trace'})"
       + (f" + {n_cot} chat records (thinking opened, "
-         f"{cot_what})" if cot_mix else ""))
+         f"{cot_what})" if cot_mix else "")
+      + (f"; guess-and-check: {n_guess} records, each as chat (direct), raw text (verbose)"
+         f"{' and thinking chat' if cot_mix else ''}" if n_guess else ""))
 PY
 mv "$mix.tmp" "$mix"
 
 inputs="config=$CONFIG:$(hash_of $CONFIG) tokenizer=$TOKENIZER:$(hash_of $TOKENIZER/tokenizer.json)
-data=chains n=$N seed=$DATA_SEED mix=$MIX_NAME:$(hash_of "$mix")
+data=chains n=$N seed=$DATA_SEED$([ "$GUESS_N" = 0 ] || echo " guess n=$GUESS_N seed=$((DATA_SEED + 200))") mix=$MIX_NAME:$(hash_of "$mix")
 pretrain steps=$STEPS batch=$BATCH lr=$LR seq_len=$SEQ_LEN seed=$TRAIN_SEED"
+[ -z "${INIT:-}" ] || inputs="$inputs
+init=$INIT:$(hash_of "$INIT/model.safetensors")"
 
 # 2. The base: skipped when the cached model was built from the same inputs.
 model="$OUT/model"
@@ -151,8 +181,10 @@ if [ -e "$model" ]; then
   rm -rf "$model"
 fi
 rm -f "$OUT/inputs.txt"
-echo "base: pretraining $CONFIG on $mix ($STEPS steps x $BATCH, lr $LR, $THREADS thread(s))"
-cmd=($B/ertrain pretrain --config "$CONFIG" --tokenizer "$TOKENIZER" --data "$mix"
+echo "base: pretraining ${INIT:-$CONFIG} on $mix ($STEPS steps x $BATCH, lr $LR, $THREADS thread(s))"
+start=(--config "$CONFIG")
+[ -z "${INIT:-}" ] || start=(--init "$INIT")
+cmd=($B/ertrain pretrain "${start[@]}" --tokenizer "$TOKENIZER" --data "$mix"
      --steps "$STEPS" --batch "$BATCH" --lr "$LR" --seq-len "$SEQ_LEN" --seed "$TRAIN_SEED" --threads "$THREADS"
      --eval-every $((STEPS / 4)) --out "$model")
 echo "+ ${cmd[*]}"

@@ -299,6 +299,9 @@ static cJSON *config_to_json(const Trainer *t) {
     cJSON_AddStringToObject(j, "command", t->job->label);
     if (c->kind == TRAIN_SFT || c->kind == TRAIN_QAT) {
         run_add_path(j, "model", c->model_dir);
+    } else if (c->model_dir) { // pretrain --init: continued from a model dir
+        run_add_path(j, "init", c->model_dir);
+        run_add_path(j, "tokenizer", c->tokenizer_path);
     } else {
         run_add_path(j, "config", c->config_path);
         run_add_path(j, "tokenizer", c->tokenizer_path);
@@ -355,7 +358,7 @@ static cJSON *config_to_json(const Trainer *t) {
 
 int train_out_check(const TrainConfig *c) {
     const char *in[] = {c->model_dir, c->config_path, c->tokenizer_path, c->data_path};
-    const char *flag[] = {"--model", "--config", "--tokenizer", "--data"};
+    const char *flag[] = {c->kind == TRAIN_PRETRAIN ? "--init" : "--model", "--config", "--tokenizer", "--data"};
     for (int i = 0; i < 4; i++)
         ER_TRY(dir_output_not_input(c->out_dir, in[i], flag[i]));
     return run_dir_check(c->out_dir, c->resume ? RUN_RESUME : RUN_NEW, c->out);

@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,7 @@
 #define TINY_TOKENIZER "data/tiny_tokenizer/tokenizer.json"
 
 // Re-derives the chain from the problem text alone and checks every completion against it.
-static void check_example(const ChainsConfig *c, const ChainsExample *ex) {
+static void check_example(const ChainsConfig *c, const SynthExample *ex) {
     const char *p = ex->problem;
     int v, n;
     cr_assert_eq(sscanf(p, "Start with %d.%n", &v, &n), 1, "problem: %s", p);
@@ -93,8 +94,8 @@ static void check_example(const ChainsConfig *c, const ChainsExample *ex) {
     // verbose trace looks like a final answer to the grader.
     char wrong[16];
     snprintf(wrong, sizeof wrong, "%d", v + 1);
-    for (int s = 0; s < CHAINS_NSTYLES; s++) {
-        const char *t = chains_completion(ex, (ChainsStyle)s);
+    for (int s = 0; s < SYNTH_NSTYLES; s++) {
+        const char *t = synth_completion(ex, (SynthStyle)s);
         cr_assert_eq(grade_response(t, -1, 0, ex->answer, NULL), 1, "style %d does not grade correct:\n%s", s, t);
         cr_assert_eq(grade_response(t, -1, 0, wrong, NULL), 0);
     }
@@ -109,37 +110,37 @@ Test(synth, chains_arithmetic_and_completions) {
     ChainsConfig c;
     chains_config_default(&c);
     int hist[CHAINS_MAX_STEPS + 1] = {0};
-    double chars[CHAINS_NSTYLES] = {0};
+    double chars[SYNTH_NSTYLES] = {0};
     for (int i = 0; i < 3000; i++) {
-        ChainsExample ex;
+        SynthExample ex;
         cr_assert_eq(chains_generate(&c, 42, (uint64_t)i, &ex), ER_OK, "%s", er_last_error());
         check_example(&c, &ex);
         hist[ex.steps]++;
-        for (int s = 0; s < CHAINS_NSTYLES; s++)
-            chars[s] += (double)strlen(chains_completion(&ex, (ChainsStyle)s));
-        chains_example_free(&ex);
+        for (int s = 0; s < SYNTH_NSTYLES; s++)
+            chars[s] += (double)strlen(synth_completion(&ex, (SynthStyle)s));
+        synth_example_free(&ex);
     }
     for (int k = 1; k <= CHAINS_MAX_STEPS; k++)
         cr_assert_gt(hist[k], 250, "k = %d drawn %d times of 3000", k, hist[k]);
-    cr_assert_geq(chars[CHAINS_VERBOSE], 2.5 * chars[CHAINS_CONCISE], "verbose/concise = %.2f in characters",
-                  chars[CHAINS_VERBOSE] / chars[CHAINS_CONCISE]);
-    cr_assert_lt(chars[CHAINS_DIRECT], chars[CHAINS_TERSE]);
-    cr_assert_lt(chars[CHAINS_TERSE], chars[CHAINS_CONCISE]);
+    cr_assert_geq(chars[SYNTH_VERBOSE], 2.5 * chars[SYNTH_CONCISE], "verbose/concise = %.2f in characters",
+                  chars[SYNTH_VERBOSE] / chars[SYNTH_CONCISE]);
+    cr_assert_lt(chars[SYNTH_DIRECT], chars[SYNTH_TERSE]);
+    cr_assert_lt(chars[SYNTH_TERSE], chars[SYNTH_CONCISE]);
 
     // Other ranges are honoured too.
     ChainsConfig d = {4, 4, 9, 9, 3, 50};
     for (int i = 0; i < 500; i++) {
-        ChainsExample ex;
+        SynthExample ex;
         cr_assert_eq(chains_generate(&d, 7, (uint64_t)i, &ex), ER_OK, "%s", er_last_error());
         check_example(&d, &ex);
-        chains_example_free(&ex);
+        synth_example_free(&ex);
     }
 }
 
 Test(synth, deterministic_per_seed_and_index) {
     ChainsConfig c;
     chains_config_default(&c);
-    ChainsExample a, b, o;
+    SynthExample a, b, o;
     int differ = 0;
     for (int i = 0; i < 50; i++) {
         cr_assert_eq(chains_generate(&c, 3, (uint64_t)i, &a), ER_OK);
@@ -148,9 +149,9 @@ Test(synth, deterministic_per_seed_and_index) {
         cr_assert_str_eq(a.problem, b.problem);
         cr_assert_str_eq(a.verbose, b.verbose);
         differ += strcmp(a.problem, o.problem) != 0;
-        chains_example_free(&a);
-        chains_example_free(&b);
-        chains_example_free(&o);
+        synth_example_free(&a);
+        synth_example_free(&b);
+        synth_example_free(&o);
     }
     cr_assert_gt(differ, 40, "another seed must give other problems");
 
@@ -158,10 +159,10 @@ Test(synth, deterministic_per_seed_and_index) {
     char p1[64], p2[64];
     snprintf(p1, sizeof p1, "/tmp/er_test_synth_a_%d.jsonl", (int)getpid());
     snprintf(p2, sizeof p2, "/tmp/er_test_synth_b_%d.jsonl", (int)getpid());
-    ChainsStats st;
+    SynthStats st;
     cr_assert_eq(chains_write_jsonl(&c, 20, 9, p1, NULL, &st), ER_OK, "%s", er_last_error());
     cr_assert_eq(st.n, 20);
-    cr_assert_eq(st.mean_tokens[CHAINS_VERBOSE], 0.0);
+    cr_assert_eq(st.mean_tokens[SYNTH_VERBOSE], 0.0);
     cr_assert_eq(chains_write_jsonl(&c, 40, 9, p2, NULL, NULL), ER_OK);
     char *t1, *t2;
     size_t n1, n2;
@@ -179,24 +180,24 @@ Test(synth, jsonl_reads_back_through_dataset) {
     chains_config_default(&c);
     char path[64];
     snprintf(path, sizeof path, "/tmp/er_test_synth_%d.jsonl", (int)getpid());
-    ChainsStats st;
+    SynthStats st;
     cr_assert_eq(chains_write_jsonl(&c, 300, 1, path, NULL, &st), ER_OK, "%s", er_last_error());
-    cr_assert_geq(st.mean_chars[CHAINS_VERBOSE], 2.5 * st.mean_chars[CHAINS_CONCISE]);
+    cr_assert_geq(st.mean_chars[SYNTH_VERBOSE], 2.5 * st.mean_chars[SYNTH_CONCISE]);
     cr_assert(st.mean_steps > 3.5 && st.mean_steps < 5.5, "mean steps %.2f", st.mean_steps);
-    for (int s = 0; s < CHAINS_NSTYLES; s++) {
-        DatasetOptions opt = {chains_style_name((ChainsStyle)s)};
+    for (int s = 0; s < SYNTH_NSTYLES; s++) {
+        DatasetOptions opt = {synth_style_name((SynthStyle)s)};
         Dataset d;
         cr_assert_eq(dataset_load(path, &opt, 0, &d), ER_OK, "%s", er_last_error());
         cr_assert_eq(d.n, 300);
         for (int i = 0; i < d.n; i++) {
-            ChainsExample ex;
+            SynthExample ex;
             cr_assert_eq(chains_generate(&c, 1, (uint64_t)i, &ex), ER_OK);
             cr_assert_str_eq(d.ex[i].prompt, ex.problem);
             cr_assert_str_eq(d.ex[i].answer, ex.answer);
-            cr_assert_str_eq(d.ex[i].response, chains_completion(&ex, (ChainsStyle)s));
+            cr_assert_str_eq(d.ex[i].response, synth_completion(&ex, (SynthStyle)s));
             cr_assert_eq(d.ex[i].needs_reasoning, ex.steps > 1);
             cr_assert_eq(grade_response(d.ex[i].response, -1, 0, d.ex[i].answer, NULL), 1);
-            chains_example_free(&ex);
+            synth_example_free(&ex);
         }
         dataset_free(&d);
     }
@@ -205,7 +206,7 @@ Test(synth, jsonl_reads_back_through_dataset) {
 
 Test(synth, bad_configs_refused) {
     ChainsConfig c;
-    ChainsExample ex;
+    SynthExample ex;
     chains_config_default(&c);
     c.max_steps = 9;
     cr_assert_eq(chains_generate(&c, 1, 0, &ex), ER_ERANGE);
@@ -252,7 +253,7 @@ Test(synth, tiny_tokenizer_round_trips_and_splits_digits) {
     ChainsConfig c;
     chains_config_default(&c);
     for (int i = 0; i < 200; i++) {
-        ChainsExample ex;
+        SynthExample ex;
         cr_assert_eq(chains_generate(&c, 77, (uint64_t)i, &ex), ER_OK);
         ChatMessage m[] = {{"user", ex.problem}, {"assistant", ex.verbose}};
         char *chat;
@@ -283,7 +284,7 @@ Test(synth, tiny_tokenizer_round_trips_and_splits_digits) {
             er_free(back);
         }
         er_free(chat);
-        chains_example_free(&ex);
+        synth_example_free(&ex);
     }
     tok_free(tok);
 }
@@ -360,28 +361,28 @@ Test(synth, budget_records_tie_short_forms_to_budgets) {
     cr_assert_eq(chains_write_jsonl(&c, 3000, 5, in, NULL, NULL), ER_OK, "%s", er_last_error());
     cJSON *records =
         budget_records(in, out, "--key terse@32:10,concise@64:10,direct:5,verbose:85 --budgets 32,64 --seed 3", 3000);
-    long count[2][CHAINS_NSTYLES] = {{0}}; // [budget 32, 64][style]
+    long count[2][SYNTH_NSTYLES] = {{0}}; // [budget 32, 64][style]
     for (int i = 0; i < 3000; i++) {
         const cJSON *r = cJSON_GetArrayItem(records, i);
         int b = cJSON_GetObjectItem(r, "budget")->valueint;
         cr_assert(b == 32 || b == 64, "budget %d", b);
         const char *reply = record_reply(r);
-        ChainsExample ex;
+        SynthExample ex;
         cr_assert_eq(chains_generate(&c, 5, (uint64_t)i, &ex), ER_OK);
         int k = 0;
-        while (k < CHAINS_NSTYLES && !reply_is(reply, chains_completion(&ex, (ChainsStyle)k)))
+        while (k < SYNTH_NSTYLES && !reply_is(reply, synth_completion(&ex, (SynthStyle)k)))
             k++;
-        cr_assert_lt(k, CHAINS_NSTYLES, "record %d: the response is none of its completions: %s", i + 1, reply);
+        cr_assert_lt(k, SYNTH_NSTYLES, "record %d: the response is none of its completions: %s", i + 1, reply);
         count[b == 64][k]++;
-        chains_example_free(&ex);
+        synth_example_free(&ex);
     }
     cJSON_Delete(records);
-    cr_assert_eq(count[0][CHAINS_CONCISE], 0, "concise is tied to 64, drawn at 32");
-    cr_assert_eq(count[1][CHAINS_TERSE], 0, "terse is tied to 32, drawn at 64");
+    cr_assert_eq(count[0][SYNTH_CONCISE], 0, "concise is tied to 64, drawn at 32");
+    cr_assert_eq(count[1][SYNTH_TERSE], 0, "terse is tied to 32, drawn at 64");
     for (int b = 0; b < 2; b++) {
         long n = count[b][0] + count[b][1] + count[b][2] + count[b][3];
-        double shorts = (double)count[b][b ? CHAINS_CONCISE : CHAINS_TERSE] / (double)n;
-        double direct = (double)count[b][CHAINS_DIRECT] / (double)n;
+        double shorts = (double)count[b][b ? SYNTH_CONCISE : SYNTH_TERSE] / (double)n;
+        double direct = (double)count[b][SYNTH_DIRECT] / (double)n;
         cr_assert(n > 1300 && shorts > 0.07 && shorts < 0.13 && direct > 0.03 && direct < 0.07,
                   "budget %d: %ld records, short form %.3f, direct %.3f", b ? 64 : 32, n, shorts, direct);
     }
@@ -404,25 +405,25 @@ Test(synth, budget_records_fit_takes_the_longest_short_form_within_budget) {
     snprintf(out, sizeof out, "/tmp/er_test_fit_out_%d.jsonl", (int)getpid());
     cr_assert_eq(chains_write_jsonl(&c, 400, 6, in, tok, NULL), ER_OK, "%s", er_last_error());
     cJSON *records = budget_records(in, out, "--key fit --budgets 8,16,32", 400);
-    long count[CHAINS_NSTYLES] = {0};
+    long count[SYNTH_NSTYLES] = {0};
     for (int i = 0; i < 400; i++) {
         const cJSON *r = cJSON_GetArrayItem(records, i);
         int b = cJSON_GetObjectItem(r, "budget")->valueint;
-        ChainsExample ex;
+        SynthExample ex;
         cr_assert_eq(chains_generate(&c, 6, (uint64_t)i, &ex), ER_OK);
-        ChainsStyle want = count_tokens(tok, ex.concise) <= b ? CHAINS_CONCISE
-                           : count_tokens(tok, ex.terse) <= b ? CHAINS_TERSE
-                                                              : CHAINS_DIRECT;
-        cr_assert(reply_is(record_reply(r), chains_completion(&ex, want)), "record %d, budget %d: %s", i + 1, b,
+        SynthStyle want = count_tokens(tok, ex.concise) <= b ? SYNTH_CONCISE
+                           : count_tokens(tok, ex.terse) <= b ? SYNTH_TERSE
+                                                              : SYNTH_DIRECT;
+        cr_assert(reply_is(record_reply(r), synth_completion(&ex, want)), "record %d, budget %d: %s", i + 1, b,
                   record_reply(r));
         cr_assert_null(cJSON_GetObjectItem(r, "tokens"), "the lengths travel into the SFT record");
         count[want]++;
-        chains_example_free(&ex);
+        synth_example_free(&ex);
     }
     cJSON_Delete(records);
-    cr_assert(count[CHAINS_CONCISE] > 20 && count[CHAINS_TERSE] > 20 && count[CHAINS_DIRECT] > 20,
-              "direct %ld terse %ld concise %ld: every branch taken", count[CHAINS_DIRECT], count[CHAINS_TERSE],
-              count[CHAINS_CONCISE]);
+    cr_assert(count[SYNTH_CONCISE] > 20 && count[SYNTH_TERSE] > 20 && count[SYNTH_DIRECT] > 20,
+              "direct %ld terse %ld concise %ld: every branch taken", count[SYNTH_DIRECT], count[SYNTH_TERSE],
+              count[SYNTH_CONCISE]);
     // Records written without a tokenizer have no lengths: one line naming the file and record, no output.
     cr_assert_eq(chains_write_jsonl(&c, 5, 6, in, NULL, NULL), ER_OK, "%s", er_last_error());
     char *err = budget_records_refused(in, out, "--key fit --budgets 32");
@@ -438,19 +439,153 @@ Test(synth, verbose_longer_in_tokens) {
     chains_config_default(&c);
     char path[64];
     snprintf(path, sizeof path, "/tmp/er_test_synth_tok_%d.jsonl", (int)getpid());
-    ChainsStats st;
+    SynthStats st;
     cr_assert_eq(chains_write_jsonl(&c, 1000, 2024, path, tok, &st), ER_OK, "%s", er_last_error());
     unlink(path);
-    double r = st.mean_tokens[CHAINS_VERBOSE] / st.mean_tokens[CHAINS_CONCISE];
-    cr_log_info("chains tokens: direct %.1f concise %.1f verbose %.1f (x%.2f)", st.mean_tokens[CHAINS_DIRECT],
-                st.mean_tokens[CHAINS_CONCISE], st.mean_tokens[CHAINS_VERBOSE], r);
+    double r = st.mean_tokens[SYNTH_VERBOSE] / st.mean_tokens[SYNTH_CONCISE];
+    cr_log_info("chains tokens: direct %.1f concise %.1f verbose %.1f (x%.2f)", st.mean_tokens[SYNTH_DIRECT],
+                st.mean_tokens[SYNTH_CONCISE], st.mean_tokens[SYNTH_VERBOSE], r);
     cr_assert_geq(r, 2.5, "verbose/concise = %.2f in tokens", r);
     // The BPE learned the corpus: words merge, so the text is much shorter in tokens than bytes.
-    cr_assert_lt(st.mean_tokens[CHAINS_VERBOSE] * 1.6, st.mean_chars[CHAINS_VERBOSE]);
+    cr_assert_lt(st.mean_tokens[SYNTH_VERBOSE] * 1.6, st.mean_chars[SYNTH_VERBOSE]);
     // Recount one example by hand against the stats' tokenizer path.
-    ChainsExample ex;
+    SynthExample ex;
     cr_assert_eq(chains_generate(&c, 2024, 0, &ex), ER_OK);
     cr_assert_gt(count_tokens(tok, ex.verbose), count_tokens(tok, ex.concise));
-    chains_example_free(&ex);
+    synth_example_free(&ex);
     tok_free(tok);
+}
+
+// Re-derives a guess example from its problem text: every try line's arithmetic and verdict, the stop rule (at
+// the answer or after max_tries), distinct candidates in 1..max_x, the closest candidate answered when none held,
+// and the four completions agreeing. Returns the first candidate tried.
+static int check_guess(const GuessConfig *c, const SynthExample *ex) {
+    int max_x, a, b, target, n;
+    cr_assert_eq(sscanf(ex->problem, "Find x from 1 to %d such that x * %d + %d = %d.%n", &max_x, &a, &b, &target, &n),
+                 4, "problem: %s", ex->problem);
+    cr_assert_eq(ex->problem[n], 0, "%s", ex->problem);
+    cr_assert_eq(max_x, c->max_x);
+    cr_assert(a >= c->min_factor && a <= c->max_factor && b >= 1 && b <= c->max_offset, "%s", ex->problem);
+    int x = (target - b) / a;
+    cr_assert(x >= 1 && x <= max_x && x * a + b == target, "%s", ex->problem);
+    cr_assert_eq(ex->result, x);
+    char want[1024] = "", terse[256] = "", num[16];
+    size_t wl = 0, tl = 0;
+    const char *p = ex->concise;
+    int seen[1001] = {0}, tries = 0, first = 0, closest = 0, found = 0;
+    for (;;) {
+        int g, g2, a2, b2, v, m = 0;
+        char verdict[4];
+        if (sscanf(p, "try %d: %d * %d + %d = %d, %3[a-z]\n%n", &g, &g2, &a2, &b2, &v, verdict, &m) != 6 || !m)
+            break;
+        cr_assert(g == g2 && a2 == a && b2 == b && v == g * a + b, "wrong check line in\n%s", ex->concise);
+        cr_assert_str_eq(verdict, g == x ? "yes" : "no", "%s", ex->concise);
+        cr_assert(g >= 1 && g <= max_x && !seen[g], "candidate %d repeated or out of range:\n%s", g, ex->concise);
+        seen[g] = 1;
+        if (!tries++)
+            first = g;
+        if (!closest || abs(g - x) < abs(closest - x))
+            closest = g;
+        wl += (size_t)snprintf(want + wl, sizeof want - wl, "try %d: %d * %d + %d = %d, %s\n", g, g, a, b, v, verdict);
+        tl += (size_t)snprintf(terse + tl, sizeof terse - tl, "%d %s", g, g == x ? "yes" : "no ");
+        p += m;
+        if ((found = g == x))
+            break;
+    }
+    cr_assert(tries >= 1 && tries == ex->steps && (found || tries == c->max_tries) && tries <= c->max_tries,
+              "%d tries, found %d:\n%s", tries, found, ex->concise);
+    int said = found ? x : closest;
+    if (!found) {
+        wl += (size_t)snprintf(want + wl, sizeof want - wl, "closest: %d\n", said);
+        tl += (size_t)snprintf(terse + tl, sizeof terse - tl, "closest %d", said);
+    }
+    snprintf(want + wl, sizeof want - wl, "Answer: %d", said);
+    snprintf(terse + tl, sizeof terse - tl, "\nAnswer: %d", said);
+    cr_assert_str_eq(ex->concise, want);
+    cr_assert_str_eq(ex->terse, terse);
+    snprintf(num, sizeof num, "%d", x);
+    cr_assert_str_eq(ex->answer, num);
+    char direct[32];
+    snprintf(direct, sizeof direct, "Answer: %d", x);
+    cr_assert_str_eq(ex->direct, direct);
+    // The verbose trace holds every try line and answers as the concise one; the traces grade right exactly when
+    // a check held.
+    for (const char *q = want; strncmp(q, "try", 3) == 0;) {
+        const char *e = strchr(q, '\n');
+        char line[96];
+        snprintf(line, sizeof line, "\n%.*s\n", (int)(e - q), q);
+        cr_assert_not_null(strstr(ex->verbose, line), "verbose lacks \"%.*s\":\n%s", (int)(e - q), q, ex->verbose);
+        q = e + 1;
+    }
+    snprintf(direct, sizeof direct, "\nAnswer: %d", said);
+    size_t vl = strlen(ex->verbose), dl = strlen(direct);
+    cr_assert(vl > dl && strcmp(ex->verbose + vl - dl, direct) == 0, "%s", ex->verbose);
+    cr_assert_eq(grade_response(ex->direct, -1, 0, ex->answer, NULL), 1);
+    for (int s = SYNTH_TERSE; s < SYNTH_NSTYLES; s++)
+        cr_assert_eq(grade_response(synth_completion(ex, (SynthStyle)s), -1, 0, ex->answer, NULL), found,
+                     "style %d, found %d:\n%s", s, found, synth_completion(ex, (SynthStyle)s));
+    return first;
+}
+
+// The family sampling pays on: the order of the candidates says nothing about the answer, so a trace finds it
+// about max_tries / max_x of the time, and the first candidate is the answer about 1 / max_x of the time.
+Test(synth, guess_traces_check_every_candidate) {
+    GuessConfig c;
+    guess_config_default(&c);
+    int n = 4000, found = 0, first_right = 0;
+    double chars[SYNTH_NSTYLES] = {0};
+    for (int i = 0; i < n; i++) {
+        SynthExample ex;
+        cr_assert_eq(guess_generate(&c, 5, (uint64_t)i, &ex), ER_OK, "%s", er_last_error());
+        first_right += check_guess(&c, &ex) == ex.result;
+        found += grade_response(ex.concise, -1, 0, ex.answer, NULL);
+        for (int s = 0; s < SYNTH_NSTYLES; s++)
+            chars[s] += (double)strlen(synth_completion(&ex, (SynthStyle)s));
+        synth_example_free(&ex);
+    }
+    double p_found = (double)c.max_tries / c.max_x, p_first = 1.0 / c.max_x;
+    cr_assert(fabs((double)found / n - p_found) < 0.03, "found %.3f, expected %.3f", (double)found / n, p_found);
+    cr_assert(fabs((double)first_right / n - p_first) < 0.02, "first try right %.3f, expected %.3f",
+              (double)first_right / n, p_first);
+    cr_assert_geq(chars[SYNTH_VERBOSE], 2.0 * chars[SYNTH_CONCISE]);
+    cr_assert_lt(chars[SYNTH_TERSE], chars[SYNTH_CONCISE]);
+
+    GuessConfig d = {30, 1, 2, 3, 30}; // every candidate may be tried: the trace always finds it
+    for (int i = 0; i < 300; i++) {
+        SynthExample ex;
+        cr_assert_eq(guess_generate(&d, 8, (uint64_t)i, &ex), ER_OK, "%s", er_last_error());
+        check_guess(&d, &ex);
+        cr_assert_eq(grade_response(ex.verbose, -1, 0, ex.answer, NULL), 1);
+        synth_example_free(&ex);
+    }
+    d = (GuessConfig){12, 2, 5, 9, 13};
+    cr_assert_eq(guess_config_check(&d), ER_ERANGE);
+    cr_assert_not_null(strstr(er_last_error(), "tries"), "%s", er_last_error());
+    d = (GuessConfig){12, 4, 3, 9, 4};
+    cr_assert_eq(guess_generate(&d, 1, 0, &(SynthExample){0}), ER_ERANGE);
+}
+
+Test(synth, guess_jsonl_reads_back_as_reasoning_records) {
+    GuessConfig c;
+    guess_config_default(&c);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/er_test_guess_%d.jsonl", (int)getpid());
+    SynthStats st;
+    cr_assert_eq(guess_write_jsonl(&c, 100, 3, path, NULL, &st), ER_OK, "%s", er_last_error());
+    cr_assert(st.n == 100 && st.mean_steps > 1 && st.mean_steps <= c.max_tries, "mean tries %.2f", st.mean_steps);
+    DatasetOptions opt = {"verbose"};
+    Dataset d;
+    cr_assert_eq(dataset_load(path, &opt, 0, &d), ER_OK, "%s", er_last_error());
+    cr_assert_eq(d.n, 100);
+    for (int i = 0; i < d.n; i++) {
+        SynthExample ex;
+        cr_assert_eq(guess_generate(&c, 3, (uint64_t)i, &ex), ER_OK);
+        cr_assert_str_eq(d.ex[i].prompt, ex.problem);
+        cr_assert_str_eq(d.ex[i].answer, ex.answer);
+        cr_assert_str_eq(d.ex[i].response, ex.verbose);
+        cr_assert(d.ex[i].needs_reasoning, "every guess record needs reasoning");
+        synth_example_free(&ex);
+    }
+    dataset_free(&d);
+    unlink(path);
 }

@@ -140,7 +140,7 @@ static void write_chains(const char *path, int n, int n_twelve) {
     FILE *fp = fopen(path, "w");
     cr_assert(fp);
     for (int i = 0; i < n; i++) {
-        ChainsExample ex;
+        SynthExample ex;
         cr_assert_eq(chains_generate(&cc, 9, (uint64_t)i, &ex), 0, "%s", er_last_error());
         const char *gold = i < n_twelve ? "12" : strcmp(ex.answer, "12") == 0 ? "13" : ex.answer;
         cJSON *o = cJSON_CreateObject();
@@ -150,7 +150,7 @@ static void write_chains(const char *path, int n, int n_twelve) {
         fprintf(fp, "%s\n", s);
         cJSON_free(s);
         cJSON_Delete(o);
-        chains_example_free(&ex);
+        synth_example_free(&ex);
     }
     fclose(fp);
 }

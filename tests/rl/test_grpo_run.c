@@ -39,7 +39,7 @@ static void make_inputs(void) {
     ChainsConfig cc;
     chains_config_default(&cc);
     cc.max_steps = 2;
-    ChainsStats cs;
+    SynthStats cs;
     cr_assert_eq(chains_write_jsonl(&cc, 12, 5, data, NULL, &cs), 0);
     lora_free(&a);
     model_free(&m);

@@ -40,7 +40,7 @@ static void make_chains(const char *path, long n) {
     ChainsConfig c;
     chains_config_default(&c);
     c.max_steps = 4;
-    ChainsStats st;
+    SynthStats st;
     cr_assert_eq(chains_write_jsonl(&c, n, 11, path, NULL, &st), ER_OK, "%s", er_last_error());
 }
 
@@ -382,6 +382,24 @@ Test(train, pretrain_overfits_and_resumes, .init = setup, .fini = teardown, .tim
     s.batch = 4;
     s.eval_split = 0;
     cr_assert_eq(train_sft(&s, NULL), ER_OK, "%s", er_last_error());
+
+    // Continued pretraining (--init): the run starts from the trained weights, so its first loss is the
+    // memorised one, not a random model's; --config with --init, or neither, is refused.
+    char *cont = join(fx.root, "pre-cont");
+    TrainConfig ci = c;
+    ci.config_path = NULL;
+    ci.model_dir = out;
+    ci.out_dir = cont;
+    ci.steps = 2;
+    TrainResult rc2;
+    cr_assert_eq(train_pretrain(&ci, &rc2), ER_OK, "%s", er_last_error());
+    cr_assert_lt(rc2.first_loss, 1.0, "--init started at loss %.3f, not from the trained weights", rc2.first_loss);
+    ci.config_path = cfg_path;
+    cr_assert_eq(train_pretrain(&ci, NULL), ER_EINVAL);
+    cr_assert_not_null(strstr(er_last_error(), "--init"), "%s", er_last_error());
+    ci.config_path = ci.model_dir = NULL;
+    cr_assert_eq(train_pretrain(&ci, NULL), ER_EINVAL);
+    er_free(cont);
 
     // Resume of a full-parameter run: model weights and metrics bit for bit.
     c.data_path = fx.data;
