@@ -185,32 +185,31 @@ test-aarch64-run: all $(BUILD)/test_all ref
 
 # Two libraries, one way up (docs/design.md): liberinfer is the on-device runtime and links alone (no
 # training object, no BLAS needed: `make BLAS=0`); libertrain is the training tier above it. The
-# entry points sit on top: infer/cli*.c is erinfer, ertrain/ is ertrain.
+# programs sit on top: erinfer/ is erinfer, ertrain/ is ertrain, and cli/ is the command-line code both
+# link (erinfer eval and the generation flags: ertrain eval is erinfer eval split across MPI ranks).
 RUNTIME_DIRS := core quant lora model data infer
 TRAIN_DIRS := train rl switcher_train verifier_train
 # core/args.c, the flag parser, prints --help and the command list: the programs link it, the
 # library (which never prints) does not.
-is_cli = $(filter cli cli_%,$(basename $(notdir $(1))))
 ARGS_SRC := core/args.c
-RUNTIME_SRC := $(filter-out $(ARGS_SRC),$(foreach f,$(foreach d,$(RUNTIME_DIRS),$(wildcard $(d)/*.c)),$(if $(call is_cli,$(f)),,$(f))))
+RUNTIME_SRC := $(filter-out $(ARGS_SRC),$(foreach d,$(RUNTIME_DIRS),$(wildcard $(d)/*.c)))
 TRAIN_SRC := $(foreach d,$(TRAIN_DIRS),$(wildcard $(d)/*.c))
-ERINFER_SRC := $(wildcard infer/cli*.c) $(ARGS_SRC)
-ERTRAIN_SRC := $(wildcard ertrain/*.c) $(ARGS_SRC)
-ERTRAIN_SRC += infer/cli_eval.c infer/cli_flags.c # ertrain eval: erinfer eval split across MPI ranks
+CLI_SRC := $(wildcard cli/*.c)
+# erinfer serve (erinfer/server*.c, on GNU libmicrohttpd) is part of the erinfer program, never of liberinfer.
+# The aarch64 build leaves it out (a static erinfer would need arm64 libmicrohttpd and GnuTLS): there
+# erinfer/main.c has no serve command. The tests link the JSON half (no HTTP library in it).
+SERVER_SRC := $(wildcard erinfer/server*.c)
+ERINFER_SRC := $(filter-out $(SERVER_SRC),$(wildcard erinfer/*.c)) $(CLI_SRC) $(ARGS_SRC)
+ERTRAIN_SRC := $(wildcard ertrain/*.c) $(CLI_SRC) $(ARGS_SRC)
 TEST_SRC := $(filter-out tests/fuzz/%,$(wildcard tests/*/*.c))
 BENCH_SRC := $(wildcard bench/*.c)
-# erinfer serve (infer/server*.c, on GNU libmicrohttpd) is part of the erinfer program, never of liberinfer.
-# The aarch64 build leaves it out (a static erinfer would need arm64 libmicrohttpd and GnuTLS): there
-# infer/cli.c has no serve command. The tests link the JSON half (no HTTP library in it).
-SERVER_SRC := $(wildcard infer/server*.c)
-RUNTIME_SRC := $(filter-out $(SERVER_SRC),$(RUNTIME_SRC))
 ifeq ($(CROSS),)
 ERINFER_SRC += $(SERVER_SRC)
 $(BUILD)/erinfer: LDLIBS += -lmicrohttpd -lpthread
 else
-$(BUILD)/obj/infer/cli.o: CFLAGS += -DER_NO_SERVE
+$(BUILD)/obj/erinfer/main.o: CFLAGS += -DER_NO_SERVE
 endif
-TEST_SRC += infer/server_json.c
+TEST_SRC += erinfer/server_json.c
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 RUNTIME_LIB := $(BUILD)/liberinfer.a
@@ -375,8 +374,8 @@ $(FUZZ_OUT)/liberinfer.a: $(patsubst %.c,$(FUZZ_OUT)/obj/%.o,$(FUZZ_LIB_SRC))
 
 $(FUZZ_OUT)/fuzz_%: $(FUZZ_OUT)/obj/tests/fuzz/fuzz_%.o $(FUZZ_OUT)/liberinfer.a
 	$(FUZZ_CC) -fsanitize=fuzzer $(FUZZ_SAN) -fopenmp $^ $(FUZZ_LDLIBS) -o $@
-# erinfer serve's request parser (infer/server_json.c, no HTTP library in it) is linked in for its target.
-$(FUZZ_OUT)/fuzz_serve_request: $(FUZZ_OUT)/obj/infer/server_json.o
+# erinfer serve's request parser (erinfer/server_json.c, no HTTP library in it) is linked in for its target.
+$(FUZZ_OUT)/fuzz_serve_request: $(FUZZ_OUT)/obj/erinfer/server_json.o
 $(FUZZ_OUT)/fuzz_serve_request: FUZZ_LDLIBS := $(FUZZ_OUT)/liberinfer.a $(FUZZ_LDLIBS)
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #ifndef ERTRAIN_CLI_H
 #define ERTRAIN_CLI_H
 
+#include "cli/cli.h"
 #include "core/args.h"
 #include "train/trainer.h"
 
@@ -28,7 +29,6 @@ int cmd_plot(int argc, char **argv);     // ertrain/plot.c
 #define TRAIN_OWN_FLAGS_MAX 24
 int train_flags_parse(TrainConfig *c, const ArgSpec *own, int n_own, int argc, char **argv, const char *usage);
 
-// Prints "ertrain <cmd>: <er_last_error()>" and returns 1.
-int cli_fail(const char *cmd);
+// cli_fail (cli/cli.h) is ertrain/main.c's: "ertrain <cmd>: <er_last_error()>", naming the rank under mpirun.
 
 #endif

@@ -1,4 +1,4 @@
-// ertrain eval: erinfer eval (infer/cli_eval.c, linked in) with the records split across the ranks of
+// ertrain eval: erinfer eval (cli/eval.c, linked in) with the records split across the ranks of
 // mpirun (train/dist.h): rank r evaluates block r of the records, then the totals are summed and
 // rank 0 writes every rank's per-item records in record order and prints the report. With one rank
 // it is erinfer eval.
@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "ertrain/cli.h"
-#include "infer/cli.h"
+#include "cli/cli.h"
 #include "train/dist.h"
 
 // Every rank's totals, summed; gen_s becomes the ranks' mean, so tokens/s is theirs together.

@@ -1,4 +1,4 @@
-// fuzz_serve_request: the input is an HTTP request body for erinfer serve (infer/server_json.c), read as
+// fuzz_serve_request: the input is an HTTP request body for erinfer serve (erinfer/server_json.c), read as
 // /v1/chat/completions in each chat style and as /v1/completions with the tiny base's tokenizer, and as a
 // model's response for the tool-call parser (data/chat.h) and the stream's tool holdback. A refused body
 // names a status 400 or 500 and a message; an accepted one has a prompt and parameters within the limits
@@ -9,7 +9,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "data/chat.h"
-#include "infer/server.h"
+#include "erinfer/server.h"
 
 static Tokenizer *tok;
 

@@ -1,4 +1,4 @@
-// erinfer serve: the request checks and tool handling of infer/server_json.c and data/chat.c, each
+// erinfer serve: the request checks and tool handling of erinfer/server_json.c and data/chat.c, each
 // against something independent (Python's json.dumps, jinja2 renderings of the real Qwen2.5 and Qwen3
 // templates), and the running server with real clients (scripts/serve_check.sh: the official OpenAI
 // Node client, curl, the bounded load test; it skips loudly without node / npm).
@@ -20,7 +20,7 @@
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "infer/sampler.h"
-#include "infer/server.h"
+#include "erinfer/server.h"
 #include "tests/common/heads_helpers.h"
 
 // The stdout of a shell command (exit status in *status), or a loud skip when python3 or jinja2 is missing.

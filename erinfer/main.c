@@ -3,9 +3,9 @@
 
 #include "core/args.h"
 #include "core/error.h"
-#include "infer/cli.h"
+#include "erinfer/cli.h"
 #ifndef ER_NO_SERVE
-#include "infer/server.h"
+#include "erinfer/server.h"
 #endif
 
 static int cmd_version(int argc, char **argv) {

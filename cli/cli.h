@@ -1,35 +1,28 @@
-// erinfer subcommands. Each takes argv with argv[0] = the subcommand name, prints its own
-// --help, and returns the process exit status (0 ok, 1 error with one line on stderr).
-#ifndef INFER_CLI_H
-#define INFER_CLI_H
+// Command-line code both programs use (erinfer/ and ertrain/ include it; the libraries never do):
+// erinfer eval's parse, run and report (cli/eval.c), which ertrain eval splits across MPI ranks, and
+// the generation flags of erinfer generate, chat and eval (cli/gen_flags.c).
+#ifndef CLI_CLI_H
+#define CLI_CLI_H
 
 #include "core/args.h"
 #include "infer/erinfer.h"
 #include "infer/eval.h"
 
-int cmd_score(int argc, char **argv);
-int cmd_generate(int argc, char **argv);
-int cmd_chat(int argc, char **argv);
-int cmd_tokenize(int argc, char **argv);
-int cmd_detokenize(int argc, char **argv);
-int cmd_eval(int argc, char **argv);
-int cmd_bench(int argc, char **argv);
-
 // erinfer eval's parse, run and report, split across processes when `split` is given (ertrain eval
-// under mpirun, which links this file): this process evaluates block `shard` of n_shards (per-item
-// records into `part`, a file of its own), then `gather` makes r the whole run's totals and writes
-// every process's records in order to `output`; only shard 0 shows progress and prints. NULL: the
-// whole run in this process (erinfer eval).
+// under mpirun): this process evaluates block `shard` of n_shards (per-item records into `part`, a file
+// of its own), then `gather` makes r the whole run's totals and writes every process's records in order
+// to `output`; only shard 0 shows progress and prints. NULL: the whole run in this process (erinfer eval).
 typedef struct {
     int shard, n_shards;
     int (*gather)(const EvalConfig *c, EvalResult *r, const char *part, const char *output);
 } EvalSplit;
 int eval_command(int argc, char **argv, const EvalSplit *split);
 
-// Prints "erinfer <cmd>: <er_last_error()>" and returns 1.
+// Prints "<program> <cmd>: <er_last_error()>" and returns 1. Each program defines its own (erinfer/main.c,
+// ertrain/main.c: under mpirun the line names the rank and ends the job).
 int cli_fail(const char *cmd);
 
-// Generation flags shared by generate, chat and eval (infer/cli_flags.c).
+// Generation flags shared by generate, chat and eval (cli/gen_flags.c).
 typedef struct {
     const char *model, *adapter, *system, *kv, *stop, *prefix, *suffix, *switcher, *verifier;
     int max_new, top_k, samples, budget, answer_tokens, seed, threads, context;

@@ -1,6 +1,6 @@
 // erinfer serve's JSON side: request bodies checked field by field into a ServeRequest, and the
-// OpenAI response objects, stream chunks and errors (infer/server.h).
-#include "infer/server.h"
+// OpenAI response objects, stream chunks and errors (erinfer/server.h).
+#include "erinfer/server.h"
 
 #include <inttypes.h>
 #include <math.h>

@@ -1,9 +1,9 @@
 // erinfer serve: the OpenAI-compatible HTTP server over the routed pipeline. The HTTP side (GNU
-// libmicrohttpd) is infer/server.c; this header is what it shares with infer/server_json.c, which
+// libmicrohttpd) is erinfer/server.c; this header is what it shares with erinfer/server_json.c, which
 // reads requests and writes the OpenAI JSON (responses, stream chunks, errors). CLI-side code: the
 // erinfer program links it, liberinfer does not (nothing in the library needs an HTTP library).
-#ifndef INFER_SERVER_H
-#define INFER_SERVER_H
+#ifndef ERINFER_SERVER_H
+#define ERINFER_SERVER_H
 
 #include <cjson/cJSON.h>
 
@@ -156,7 +156,7 @@ size_t serve_tool_safe_prefix(const char *text, size_t n);
 // (r->tool_prefix: the text is all call, held back for the final chunk, which parses the whole choice).
 size_t serve_stream_safe(const ServeRequest *r, const char *text, size_t n);
 
-// erinfer serve (infer/server.c).
+// erinfer serve (erinfer/server.c).
 int cmd_serve(int argc, char **argv);
 
 #endif

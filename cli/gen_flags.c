@@ -1,9 +1,9 @@
-// Generation flags shared by erinfer generate, chat and eval.
+// Generation flags shared by erinfer generate, chat and eval (and so ertrain eval).
 #include <stdio.h>
 #include <string.h>
 
 #include "core/error.h"
-#include "infer/cli.h"
+#include "cli/cli.h"
 #include "infer/runner.h"
 
 // The library's defaults are the flags' defaults.

@@ -1,5 +1,5 @@
-// erinfer serve's connection guard (infer/server_conn.h): deadlines on requests, caps on connections.
-#include "infer/server_conn.h"
+// erinfer serve's connection guard (erinfer/server_conn.h): deadlines on requests, caps on connections.
+#include "erinfer/server_conn.h"
 
 #include <netinet/in.h>
 #include <stdio.h>

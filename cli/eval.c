@@ -1,4 +1,5 @@
-// erinfer eval: accuracy of a model on a JSONL dataset with gold answers (the runner: infer/eval.h).
+// erinfer eval: accuracy of a model on a JSONL dataset with gold answers (the runner: infer/eval.h); ertrain
+// eval runs the same, split across MPI ranks (ertrain/eval.c).
 // Sample 0 decides accuracy; with --samples N > 1 pass@N (any sample right) is printed too.
 // With --switcher and/or --verifier a table compares, for each N of --vote-n (default 1,2,4,8): the
 // greedy answer, the majority vote and the verifier-weighted vote over the first N samples, tokens
@@ -13,7 +14,7 @@
 #include "core/fileio.h"
 #include "core/progress.h"
 #include "core/threads.h"
-#include "infer/cli.h"
+#include "cli/cli.h"
 #include "infer/eval.h"
 
 static int parse_vote_n(const char *s, int *out, int *n) {

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "infer/bench.h"
-#include "infer/cli.h"
+#include "erinfer/cli.h"
 
 typedef struct {
     const BenchConfig *c;

@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/threads.h"
-#include "infer/cli.h"
+#include "erinfer/cli.h"
 #include "infer/erinfer.h"
 #include "infer/runner.h"
 

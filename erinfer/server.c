@@ -1,5 +1,5 @@
 // erinfer serve: the OpenAI HTTP API on GNU libmicrohttpd (one thread per connection). Requests are
-// parsed and checked on their connection's thread (infer/server_json.c), then queued as jobs. One
+// parsed and checked on their connection's thread (erinfer/server_json.c), then queued as jobs. One
 // thread decodes them batched: it admits queued jobs in order while their samples fit the --parallel
 // rows of an ErBatch, and each step runs one forward over the rows of every admitted request. With a
 // switcher or verifier loaded (or a route forced with an adapter) a request runs the routed pipeline
@@ -11,7 +11,7 @@
 // answers 503. A streamed job's SSE bytes go from the token callback to the connection's content
 // reader; a client that goes away cancels its job (the token callback stops the samples, a queued job
 // is dropped).
-#include "infer/server.h"
+#include "erinfer/server.h"
 
 #include <errno.h>
 #include <microhttpd.h>
@@ -32,9 +32,9 @@
 #include "core/fileio.h"
 #include "core/rng.h"
 #include "core/threads.h"
-#include "infer/cli.h"
+#include "erinfer/cli.h"
 #include "infer/runner.h"
-#include "infer/server_conn.h"
+#include "erinfer/server_conn.h"
 
 // SERVE_MAX_URL: a longer target (path and query) is answered 414 here; one that does not fit
 // libmicrohttpd's 32 KiB connection buffer (MHD_OPTION_CONNECTION_MEMORY_LIMIT's default) gets the library's
@@ -816,7 +816,7 @@ static void serve_stop_batch(Server *srv) {
 }
 
 // Listens on addr until SIGINT or SIGTERM; the batch thread is stopped either way. Connections
-// (infer/server_conn.h): room for every request running or queued several times over (clients keep idle
+// (erinfer/server_conn.h): room for every request running or queued several times over (clients keep idle
 // keep-alive connections), one address at most a quarter of it; a request's headers are due 10 s after
 // its connection may send it, its body 10 s later plus 1 s per 64 KiB, and a connection over a cap evicts
 // the oldest one still waiting for its request, so that slow clients cannot lock others out. The

@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/threads.h"
-#include "infer/cli.h"
+#include "erinfer/cli.h"
 #include "infer/score.h"
 
 int cmd_score(int argc, char **argv) {

@@ -9,7 +9,7 @@
 #include "core/fileio.h"
 #include "core/json.h"
 #include "data/tokenizer.h"
-#include "infer/cli.h"
+#include "erinfer/cli.h"
 
 static void write_json_string(FILE *fp, const char *s, size_t n) {
     fputc('"', fp);

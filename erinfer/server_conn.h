@@ -1,4 +1,4 @@
-// erinfer serve's connections (infer/server_conn.c): a deadline on every request's headers and body,
+// erinfer serve's connections (erinfer/server_conn.c): a deadline on every request's headers and body,
 // and caps on the connections held, overall and per client address, that slow clients cannot fill.
 // libmicrohttpd's own connection timeout is an idle timeout, reset by every byte, so a client that
 // sends a header line every few seconds (slowloris) keeps its connection, and with one thread per
@@ -7,9 +7,9 @@
 // the stream and closes it) a connection whose request is late, and a connection over a cap evicts
 // the oldest one of its address (or, over the overall cap, of any address) that is still waiting
 // for its request, so that slow connections cannot lock others out; only connections whose requests
-// are all in (being answered) are never evicted. CLI-side code, with infer/server.c.
-#ifndef INFER_SERVER_CONN_H
-#define INFER_SERVER_CONN_H
+// are all in (being answered) are never evicted. CLI-side code, with erinfer/server.c.
+#ifndef ERINFER_SERVER_CONN_H
+#define ERINFER_SERVER_CONN_H
 
 #include <microhttpd.h>
 #include <pthread.h>
