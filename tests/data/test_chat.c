@@ -2,6 +2,7 @@
 // (scripts/make_chat_golden.py -> tests/data/golden/), style detection, and bad input.
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -13,7 +14,6 @@
 #include "tests/common/helpers.h"
 
 #define GOLDEN "tests/data/golden/"
-#define QWEN3_CONFIG "../shared/fixtures/qwen-tokenizer/tokenizer_config.json"
 #define TINY_CONFIG "data/tiny_tokenizer/tokenizer_config.json"
 
 static cJSON *load_cases(void) {
@@ -141,12 +141,17 @@ Test(chat, qwen3_strips_reasoning_from_earlier_turns) {
 
 Test(chat, detect_from_config_files) {
     ChatStyle st;
-    if (path_exists(QWEN3_CONFIG)) {
-        cr_assert_eq(chat_style_from_config(QWEN3_CONFIG, &st), ER_OK, "%s", er_last_error());
+    // The real Qwen tokenizer_config.json, from the fixtures (ER_FIXTURES, else ../shared/fixtures).
+    const char *fx = getenv("ER_FIXTURES");
+    char *qwen3 = path_join(fx && *fx ? fx : "../shared/fixtures", "qwen-tokenizer/tokenizer_config.json");
+    cr_assert_not_null(qwen3);
+    if (path_exists(qwen3)) {
+        cr_assert_eq(chat_style_from_config(qwen3, &st), ER_OK, "%s", er_last_error());
         cr_assert_eq(st, CHAT_QWEN3, "fixture detected as %s", chat_style_name(st));
     } else {
-        cr_log_warn("!!! fixture %s missing: Qwen3 config detection NOT checked !!!", QWEN3_CONFIG);
+        cr_log_warn("!!! fixture %s missing (set ER_FIXTURES): Qwen3 config detection NOT checked !!!", qwen3);
     }
+    er_free(qwen3);
     if (!path_exists(TINY_CONFIG))
         cr_skip_test("!!! SKIPPED: %s not found: run the tests from the repository root !!!", TINY_CONFIG);
     cr_assert_eq(chat_style_from_config(TINY_CONFIG, &st), ER_OK, "%s", er_last_error());
