@@ -1,14 +1,10 @@
-// GGUF v3 reader (mmap, every count checked against the bytes left) and atomic writer.
+// GGUF v3 reader (over a mapped file or any byte range; every count checked against the bytes left) and atomic writer.
 #include "core/gguf.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
@@ -300,25 +296,20 @@ int gguf_open(GgufFile *f, const char *path) {
     memset(f, 0, sizeof *f);
     if (!path)
         return er_error(ER_EINVAL, "gguf_open: path is NULL");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return er_error(ER_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    int regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-    size_t size = regular ? (size_t)st.st_size : 0;
-    void *map = regular && size >= 24 ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-    int map_errno = errno;
-    close(fd);
-    if (!regular)
-        return er_error(ER_EIO, "%s: not a regular file", path);
-    if (size < 24)
-        return er_error(ER_EFORMAT, "%s: file is %zu bytes, too small for a GGUF header", path, size);
-    if (map == MAP_FAILED)
-        return er_error(ER_EIO, "%s: cannot map: %s", path, strerror(map_errno));
-    f->map = map;
-    f->map_size = size;
+    ByteRange r;
+    ER_TRY(bytes_map_file(&r, path));
+    return gguf_open_bytes(f, &r);
+}
+
+int gguf_open_bytes(GgufFile *f, ByteRange *bytes) {
+    memset(f, 0, sizeof *f);
+    bytes_move(&f->bytes, bytes);
+    f->map = f->bytes.data;
+    f->map_size = f->bytes.size;
     int rc = ER_OK;
-    if (!(f->path = er_strdup(path)))
+    if (f->map_size < 24)
+        ER_CHECK(er_error(ER_EFORMAT, "%s: %zu bytes, too small for a GGUF header", f->bytes.name, f->map_size));
+    if (!(f->path = er_strdup(f->bytes.name)))
         ER_CHECK(ER_ENOMEM);
     ER_CHECK(parse(f));
 done:
@@ -330,8 +321,7 @@ done:
 void gguf_close(GgufFile *f) {
     if (!f)
         return;
-    if (f->map)
-        munmap(f->map, f->map_size);
+    bytes_free(&f->bytes);
     for (int i = 0; f->kv && i < f->n_kv; i++)
         er_free(f->kv[i].strs);
     er_free(f->kv);

@@ -1,5 +1,5 @@
-// GGUF v3 (ggml's docs/gguf.md): an mmap reader that checks every count, length and offset against the
-// file before trusting it, and an atomic writer. Layout, little-endian:
+// GGUF v3 (ggml's docs/gguf.md): a reader over a mapped file or bytes in memory that checks every count, length
+// and offset against the bytes before trusting it, and an atomic writer. Layout, little-endian:
 //   "GGUF", u32 version (3), u64 n_tensors, u64 n_kv,
 //   n_kv x { string key, u32 value type, value }       string = u64 length + bytes (no NUL)
 //   n_tensors x { string name, u32 n_dims, u64 ne[n_dims], u32 ggml type, u64 offset }
@@ -11,6 +11,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "core/bytes.h"
 
 #define GGUF_MAX_DIMS 4
 #define GGUF_DEFAULT_ALIGNMENT 32
@@ -56,9 +58,10 @@ typedef struct {
 } GgufTensor;
 
 typedef struct {
-    char *path;
-    void *map;
+    char *path;        // the file's path, or what names the bytes in messages ("<buffer>", "fd 7")
+    const void *map;   // the whole file, read-only: bytes.data
     size_t map_size;
+    ByteRange bytes;   // what holds them (a mapping, a block of ours or a caller's borrowed buffer)
     uint32_t version, alignment;
     GgufKV *kv;
     int n_kv;
@@ -72,6 +75,10 @@ typedef struct {
 // a size that does not overflow, whole blocks per row, offsets aligned and data inside the file.
 // Strings holding a NUL byte are refused. On error nothing stays open; the message names the file.
 int gguf_open(GgufFile *f, const char *path);
+// The same checks on bytes in memory (a buffer, an fd's range: core/bytes.h), which f takes over (*bytes is
+// zeroed; on error they are freed). Messages name the file by bytes->name. gguf_open is this on the mapped
+// file.
+int gguf_open_bytes(GgufFile *f, ByteRange *bytes);
 void gguf_close(GgufFile *f); // safe on a zeroed GgufFile
 const GgufKV *gguf_find(const GgufFile *f, const char *key);
 const GgufTensor *gguf_find_tensor(const GgufFile *f, const char *name);

@@ -55,31 +55,33 @@ int json_parse_file(const char *path, size_t max_bytes, cJSON **out) {
     char *text;
     size_t len;
     ER_TRY(file_read_all(path, max_bytes, &text, &len));
-    cJSON *j = NULL;
-    const char *end = NULL;
-    long trail;
-    int rc = ER_OK;
-    size_t bad = utf8_invalid_at(text, len);
-    if (bad < len) {
-        rc = er_error(ER_EFORMAT, "%s: not valid UTF-8 (byte %zu)", path, bad);
-        goto done;
-    }
-    if (!(j = cJSON_ParseWithLengthOpts(text, len, &end, 0))) {
-        rc = er_error(ER_EFORMAT, "%s: not valid JSON (near byte %ld)", path, end ? (long)(end - text) : 0L);
-        goto done;
-    }
-    // cJSON stops after the first value; anything but whitespace after it is malformed input.
-    if ((trail = json_trailing_at(text, len, end)) >= 0) {
-        rc = er_error(ER_EFORMAT, "%s: not valid JSON: unexpected data after the value (near byte %ld)", path,
-                      trail);
-        goto done;
-    }
-    *out = j;
-    j = NULL;
-done:
-    cJSON_Delete(j);
+    JsonText t = {path, text, len};
+    int rc = json_parse_text(&t, max_bytes, out);
     er_free(text);
     return rc;
+}
+
+int json_parse_text(const JsonText *t, size_t max_bytes, cJSON **out) {
+    *out = NULL;
+    const char *path = t->name, *text = t->text, *end = NULL;
+    size_t len = t->len;
+    if (len > max_bytes)
+        return er_error(ER_ERANGE, "%s: %zu bytes, more than the %zu allowed", path, len, max_bytes);
+    size_t bad = utf8_invalid_at(text, len);
+    if (bad < len)
+        return er_error(ER_EFORMAT, "%s: not valid UTF-8 (byte %zu)", path, bad);
+    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!j)
+        return er_error(ER_EFORMAT, "%s: not valid JSON (near byte %ld)", path, end ? (long)(end - text) : 0L);
+    // cJSON stops after the first value; anything but whitespace after it is malformed input.
+    long trail = json_trailing_at(text, len, end);
+    if (trail >= 0) {
+        cJSON_Delete(j);
+        return er_error(ER_EFORMAT, "%s: not valid JSON: unexpected data after the value (near byte %ld)", path,
+                        trail);
+    }
+    *out = j;
+    return ER_OK;
 }
 
 const char *json_type_name(const cJSON *v) {

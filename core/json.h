@@ -12,6 +12,15 @@
 // UTF-8 (RFC 8259): other bytes are refused here, naming the offset, not later by whoever reads a
 // string from it.
 int json_parse_file(const char *path, size_t max_bytes, cJSON **out);
+// JSON text in memory (need not end in NUL) and what messages call it: its path, or a name such as
+// "<config_json>" for text a caller passed.
+typedef struct {
+    const char *name;
+    const char *text; // len bytes; NULL: none given
+    size_t len;
+} JsonText;
+// The same rules on text in memory (more than max_bytes is refused, ER_ERANGE).
+int json_parse_text(const JsonText *t, size_t max_bytes, cJSON **out);
 // After cJSON stopped at `end` in text (len bytes): the offset of the first byte that is not JSON
 // whitespace, or -1 when only whitespace follows (or end is NULL). cJSON accepts anything after the
 // first value; every strict parser of the project refuses it.

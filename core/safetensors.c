@@ -2,16 +2,12 @@
 
 #include <assert.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -375,31 +371,25 @@ int safetensors_open(StFile *f, const char *path) {
     memset(f, 0, sizeof *f);
     if (!path)
         return st_error(ER_EINVAL, "safetensors_open: path is NULL");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return st_error(ER_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    int regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-    uint64_t size = regular ? (uint64_t)st.st_size : 0;
-    void *map = regular && size >= 8 && size <= SIZE_MAX ? mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0)
-                                                         : MAP_FAILED;
-    int map_errno = errno;
-    close(fd); // the mapping keeps the file alive
-    if (!regular)
-        return st_error(ER_EIO, "%s: not a regular file", path);
-    if (size < 8)
-        return st_error(ER_EFORMAT, "%s: file is %llu bytes, too small for the 8-byte header length", path,
-                        (unsigned long long)size);
-    if (size > SIZE_MAX)
-        return st_error(ER_EUNSUPPORTED, "%s: file is too large to map on this machine", path);
-    if (map == MAP_FAILED)
-        return st_error(ER_EIO, "%s: cannot map: %s", path, strerror(map_errno));
-    f->map = map;
-    f->map_size = (size_t)size;
+    ByteRange r;
+    int rc = bytes_map_file(&r, path);
+    if (rc < 0)
+        return st_error(rc, "%s", er_last_error()); // the path on one line
+    return safetensors_open_bytes(f, &r);
+}
+
+int safetensors_open_bytes(StFile *f, ByteRange *bytes) {
+    memset(f, 0, sizeof *f);
+    bytes_move(&f->bytes, bytes);
+    f->map = f->bytes.data;
+    f->map_size = f->bytes.size;
     int rc = ER_OK;
-    ER_CHECK(read_header(path, map, size, f));
-    if (!(f->path = strdup(path)))
-        rc = st_error(ER_ENOMEM, "%s: out of memory", path);
+    const char *name = f->bytes.name;
+    if (f->map_size < 8)
+        ER_CHECK(st_error(ER_EFORMAT, "%s: %zu bytes, too small for the 8-byte header length", name, f->map_size));
+    ER_CHECK(read_header(name, f->map, f->map_size, f));
+    if (!(f->path = strdup(name)))
+        rc = st_error(ER_ENOMEM, "%s: out of memory", name);
 done:
     if (rc < 0)
         safetensors_close(f); // unmaps and frees; the recorded message stays
@@ -409,8 +399,7 @@ done:
 void safetensors_close(StFile *f) {
     if (!f)
         return;
-    if (f->map)
-        munmap(f->map, f->map_size);
+    bytes_free(&f->bytes);
     for (int i = 0; i < f->n_tensors; i++)
         free(f->tensors[i].name);
     free(f->tensors);

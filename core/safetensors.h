@@ -1,5 +1,5 @@
-// safetensors: mmap reader that enforces every rule of the reference implementation, and an
-// atomic writer. Format: 8-byte little-endian header length N, N bytes of UTF-8 JSON, then the
+// safetensors: a reader (of a mapped file or bytes in memory) that enforces every rule of the reference
+// implementation, and an atomic writer. Format: 8-byte little-endian header length N, N bytes of UTF-8 JSON, then the
 // data buffer. The JSON maps tensor names to {"dtype","shape","data_offsets":[begin,end]}
 // (offsets relative to the buffer) plus an optional "__metadata__" string->string map.
 #ifndef CORE_SAFETENSORS_H
@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/bytes.h"
 #include "core/dtype.h"
 
 #define ST_MAX_DIMS 8
@@ -23,9 +24,10 @@ typedef struct {
 } StTensor;
 
 typedef struct {
-    char *path;
-    void *map;          // whole file, read-only
+    char *path;         // the file's path, or what names the bytes in messages ("<buffer>", "fd 7")
+    const void *map;    // the whole file, read-only: bytes.data
     size_t map_size;
+    ByteRange bytes;    // what holds them (a mapping, a block of ours or a caller's borrowed buffer)
     StTensor *tensors;  // in file order (sorted by offset)
     int n_tensors;
     char **meta_keys;   // __metadata__
@@ -45,6 +47,10 @@ typedef struct {
 // Integers must be exact and below 2^53 (cJSON reads numbers as doubles; no real file comes
 // near). Refused on purpose: \u0000 and malformed \u escapes, and raw NUL bytes in the header.
 int safetensors_open(StFile *f, const char *path);
+// The same rules on bytes in memory (a buffer, an fd's range: core/bytes.h), which f takes over (*bytes is
+// zeroed; on error they are freed). Messages name the file by bytes->name. safetensors_open is this on the
+// mapped file.
+int safetensors_open_bytes(StFile *f, ByteRange *bytes);
 void safetensors_close(StFile *f);
 const StTensor *safetensors_find(const StFile *f, const char *name); // NULL if absent
 const char *safetensors_meta(const StFile *f, const char *key);      // NULL if absent

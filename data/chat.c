@@ -184,28 +184,15 @@ ChatStyle chat_style_detect(const char *t) {
     return CHAT_CHATML;
 }
 
-// A GGUF model file: its tokenizer.chat_template (the style of a file without one, as for a config without one).
-static int chat_style_from_gguf(const char *path, ChatStyle *out) {
-    GgufFile f;
+int chat_style_from_gguf(const GgufFile *f, ChatStyle *out) {
     const char *text = NULL;
-    ER_TRY(gguf_open(&f, path));
-    int rc = gguf_get_str(&f, "tokenizer.chat_template", 1, &text);
-    if (rc == ER_OK)
-        *out = chat_style_detect(text);
-    gguf_close(&f);
-    return rc;
+    ER_TRY(gguf_get_str(f, "tokenizer.chat_template", 1, &text));
+    *out = chat_style_detect(text);
+    return ER_OK;
 }
 
-int chat_style_from_config(const char *config_path, ChatStyle *out) {
-    if (gguf_is_path(config_path))
-        return chat_style_from_gguf(config_path, out);
-    char *joined = NULL;
-    if (path_is_dir(config_path) && !(joined = path_join(config_path, "tokenizer_config.json")))
-        return er_error(ER_ENOMEM, "%s: out of memory", config_path);
-    const char *path = joined ? joined : config_path;
-    cJSON *cfg = NULL;
-    int rc = ER_OK;
-    ER_CHECK(json_parse_file(path, (size_t)64 << 20, &cfg));
+// The style of a parsed tokenizer_config.json (`path` names it).
+static int style_from_doc(const char *path, const cJSON *cfg, ChatStyle *out) {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
     const char *text = NULL;
     if (cJSON_IsString(t)) {
@@ -219,18 +206,46 @@ int chat_style_from_config(const char *config_path, ChatStyle *out) {
             if (cJSON_IsString(name) && strcmp(name->valuestring, "default") == 0 && cJSON_IsString(tmpl))
                 text = tmpl->valuestring;
         }
-        if (!text) {
-            rc = er_error(ER_EFORMAT, "%s: field \"chat_template\" is a list without a \"default\" template", path);
-            goto done;
-        }
+        if (!text)
+            return er_error(ER_EFORMAT, "%s: field \"chat_template\" is a list without a \"default\" template", path);
     } else if (t && !cJSON_IsNull(t)) {
-        rc = er_error(ER_EFORMAT, "%s: field \"chat_template\" must be a string or a list of templates", path);
-        goto done;
+        return er_error(ER_EFORMAT, "%s: field \"chat_template\" must be a string or a list of templates", path);
     }
     *out = chat_style_detect(text);
-done:
+    return ER_OK;
+}
+
+int chat_style_from_config(const char *config_path, ChatStyle *out) {
+    if (gguf_is_path(config_path)) {
+        GgufFile f;
+        ER_TRY(gguf_open(&f, config_path));
+        int rc = chat_style_from_gguf(&f, out);
+        gguf_close(&f);
+        return rc;
+    }
+    char *joined = NULL;
+    if (path_is_dir(config_path) && !(joined = path_join(config_path, "tokenizer_config.json")))
+        return er_error(ER_ENOMEM, "%s: out of memory", config_path);
+    const char *path = joined ? joined : config_path;
+    cJSON *cfg = NULL;
+    int rc = json_parse_file(path, (size_t)64 << 20, &cfg);
+    if (rc == ER_OK)
+        rc = style_from_doc(path, cfg, out);
     cJSON_Delete(cfg);
     er_free(joined);
+    return rc;
+}
+
+int chat_style_from_text(const JsonText *config, ChatStyle *out) {
+    if (!config || !config->text) {
+        *out = chat_style_detect(NULL);
+        return ER_OK;
+    }
+    cJSON *cfg = NULL;
+    int rc = json_parse_text(config, (size_t)64 << 20, &cfg);
+    if (rc == ER_OK)
+        rc = style_from_doc(config->name, cfg, out);
+    cJSON_Delete(cfg);
     return rc;
 }
 

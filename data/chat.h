@@ -26,6 +26,9 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/gguf.h"
+#include "core/json.h"
+
 typedef enum { CHAT_CHATML, CHAT_QWEN25, CHAT_QWEN3, CHAT_PLAIN } ChatStyle;
 
 typedef struct {
@@ -48,6 +51,10 @@ ChatStyle chat_style_detect(const char *jinja_template);
 // list of {name, template} from which "default" is taken) and detects its style. A config without a
 // template gives CHAT_CHATML. A GGUF model file (".gguf") gives the style of its tokenizer.chat_template.
 int chat_style_from_config(const char *config_path_or_dir, ChatStyle *out);
+// The same from a GGUF file already open (its tokenizer.chat_template), and from tokenizer_config.json's text in
+// memory (NULL or a NULL text: no config, CHAT_CHATML).
+int chat_style_from_gguf(const GgufFile *f, ChatStyle *out);
+int chat_style_from_text(const JsonText *config, ChatStyle *out);
 
 // "chatml" | "qwen2.5" | "qwen3" | "plain" -> style (callers overriding the detected one).
 int chat_style_parse(const char *name, ChatStyle *out);

@@ -960,44 +960,33 @@ static int gen_id(const Tokenizer *t, const char *path, const char *key, const c
     return ER_OK;
 }
 
-// eos_token, pad_token and bos_token of tokenizer_config.json.
-static int load_tokenizer_config(Tokenizer *t, const char *path) {
-    cJSON *cfg = NULL;
-    int rc = ER_OK;
-    ER_CHECK(json_parse_file(path, (size_t)64 << 20, &cfg));
-    if (!cJSON_IsObject(cfg)) {
-        rc = er_error(ER_EFORMAT, "%s: must be a JSON object", path);
-        goto done;
-    }
-    ER_CHECK(config_token(t, path, cfg, "eos_token", &t->eos_id));
-    ER_CHECK(config_token(t, path, cfg, "pad_token", &t->pad_id));
-    ER_CHECK(config_token(t, path, cfg, "bos_token", &t->bos_id));
+// eos_token, pad_token and bos_token of tokenizer_config.json (parsed; `path` names it).
+static int load_tokenizer_config(Tokenizer *t, const char *path, const cJSON *cfg) {
+    if (!cJSON_IsObject(cfg))
+        return er_error(ER_EFORMAT, "%s: must be a JSON object", path);
+    ER_TRY(config_token(t, path, cfg, "eos_token", &t->eos_id));
+    ER_TRY(config_token(t, path, cfg, "pad_token", &t->pad_id));
+    ER_TRY(config_token(t, path, cfg, "bos_token", &t->bos_id));
     if (t->eos_id >= 0)
-        rc = add_eos(t, t->eos_id);
-done:
-    cJSON_Delete(cfg);
-    return rc;
+        ER_TRY(add_eos(t, t->eos_id));
+    return ER_OK;
 }
 
-// generation_config.json: every eos_token_id (one id or a list) ends a sequence; pad_token_id and
+// generation_config.json (parsed): every eos_token_id (one id or a list) ends a sequence; pad_token_id and
 // bos_token_id count where tokenizer_config.json named none.
-static int load_generation_config(Tokenizer *t, const char *path) {
-    cJSON *gen = NULL;
-    int rc = ER_OK, id;
-    ER_CHECK(json_parse_file(path, (size_t)16 << 20, &gen));
-    if (!cJSON_IsObject(gen)) {
-        rc = er_error(ER_EFORMAT, "%s: must be a JSON object", path);
-        goto done;
-    }
+static int load_generation_config(Tokenizer *t, const char *path, const cJSON *gen) {
+    int id;
+    if (!cJSON_IsObject(gen))
+        return er_error(ER_EFORMAT, "%s: must be a JSON object", path);
     const cJSON *eos = cJSON_GetObjectItemCaseSensitive(gen, "eos_token_id"), *e;
     if (cJSON_IsArray(eos)) {
         cJSON_ArrayForEach(e, eos) {
-            ER_CHECK(gen_id(t, path, "eos_token_id", e, &id));
-            ER_CHECK(add_eos(t, id));
+            ER_TRY(gen_id(t, path, "eos_token_id", e, &id));
+            ER_TRY(add_eos(t, id));
         }
     } else if (eos && !cJSON_IsNull(eos)) {
-        ER_CHECK(gen_id(t, path, "eos_token_id", eos, &id));
-        ER_CHECK(add_eos(t, id));
+        ER_TRY(gen_id(t, path, "eos_token_id", eos, &id));
+        ER_TRY(add_eos(t, id));
     }
     const char *keys[2] = {"pad_token_id", "bos_token_id"};
     int *dst[2] = {&t->pad_id, &t->bos_id};
@@ -1005,33 +994,56 @@ static int load_generation_config(Tokenizer *t, const char *path) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(gen, keys[k]);
         if (!v || cJSON_IsNull(v))
             continue;
-        ER_CHECK(gen_id(t, path, keys[k], v, &id));
+        ER_TRY(gen_id(t, path, keys[k], v, &id));
         if (*dst[k] < 0)
             *dst[k] = id;
     }
+    return ER_OK;
+}
+
+// The special ids of tokenizer_config.json and generation_config.json texts (text NULL: absent).
+static int load_config_texts(Tokenizer *t, const JsonText *cfg_text, const JsonText *gen_text) {
+    t->eos_id = t->pad_id = t->bos_id = -1;
+    cJSON *cfg = NULL, *gen = NULL;
+    int rc = ER_OK;
+    if (cfg_text && cfg_text->text) {
+        ER_CHECK(json_parse_text(cfg_text, (size_t)64 << 20, &cfg));
+        ER_CHECK(load_tokenizer_config(t, cfg_text->name, cfg));
+    }
+    if (gen_text && gen_text->text) {
+        ER_CHECK(json_parse_text(gen_text, (size_t)16 << 20, &gen));
+        ER_CHECK(load_generation_config(t, gen_text->name, gen));
+    }
+    if (t->eos_id < 0 && t->n_eos)
+        t->eos_id = t->eos_ids[0];
 done:
+    cJSON_Delete(cfg);
     cJSON_Delete(gen);
     return rc;
 }
 
+// tokenizer_config.json and generation_config.json next to the tokenizer, when present.
 static int load_config_ids(Tokenizer *t, const char *dir) {
-    t->eos_id = t->pad_id = t->bos_id = -1;
-    char *cfg_path = path_join(dir, "tokenizer_config.json");
-    char *gen_path = path_join(dir, "generation_config.json");
+    const char *names[2] = {"tokenizer_config.json", "generation_config.json"};
+    size_t limits[2] = {(size_t)64 << 20, (size_t)16 << 20};
+    JsonText texts[2] = {{NULL, NULL, 0}, {NULL, NULL, 0}};
+    char *paths[2] = {NULL, NULL}, *bufs[2] = {NULL, NULL};
     int rc = ER_OK;
-    if (!cfg_path || !gen_path) {
-        rc = ER_ENOMEM;
-        goto done;
+    for (int k = 0; k < 2; k++) {
+        if (!(paths[k] = path_join(dir, names[k])))
+            ER_CHECK(ER_ENOMEM);
+        texts[k].name = paths[k];
+        if (path_exists(paths[k])) {
+            ER_CHECK(file_read_all(paths[k], limits[k], &bufs[k], &texts[k].len));
+            texts[k].text = bufs[k];
+        }
     }
-    if (path_exists(cfg_path))
-        ER_CHECK(load_tokenizer_config(t, cfg_path));
-    if (path_exists(gen_path))
-        ER_CHECK(load_generation_config(t, gen_path));
-    if (t->eos_id < 0 && t->n_eos)
-        t->eos_id = t->eos_ids[0];
+    rc = load_config_texts(t, &texts[0], &texts[1]);
 done:
-    free(cfg_path);
-    free(gen_path);
+    for (int k = 0; k < 2; k++) {
+        free(paths[k]);
+        er_free(bufs[k]);
+    }
     return rc;
 }
 
@@ -1070,52 +1082,48 @@ static int load_finish(Tokenizer *t) {
     return build_decode(t, byte_cp);
 }
 
-static int gguf_doc(Tokenizer *t, cJSON **out);
+static int gguf_doc(Tokenizer *t, const GgufFile *f, cJSON **out);
 static int gguf_ids(Tokenizer *t);
 
-int tok_load(Tokenizer **out, const char *path_or_dir) {
-    *out = NULL;
-    if (!path_or_dir)
-        return er_error(ER_EINVAL, "tok_load: no path");
+// A new tokenizer named `path` in messages (its file, or what names the bytes).
+static Tokenizer *tok_new(const char *path) {
     Tokenizer *t = er_calloc(1, sizeof *t);
+    if (t && !(t->path = er_strdup(path))) {
+        er_free(t);
+        t = NULL;
+    }
     if (!t)
-        return ER_ENOMEM;
-    char *dir = NULL, *buf = NULL;
-    size_t len = 0;
-    cJSON *root = NULL;
-    int rc = ER_OK;
-    if (path_is_dir(path_or_dir)) {
-        t->path = path_join(path_or_dir, "tokenizer.json");
-        dir = er_strdup(path_or_dir);
-    } else {
-        t->path = er_strdup(path_or_dir);
-        const char *slash = strrchr(path_or_dir, '/');
-        dir = slash ? strndup(path_or_dir, (size_t)(slash - path_or_dir) + (slash == path_or_dir)) : er_strdup(".");
-    }
-    if (!t->path || !dir) {
-        rc = er_error(ER_ENOMEM, "tok_load: out of memory");
-        goto done;
-    }
-    int from_gguf = gguf_is_path(t->path);
-    if (from_gguf) {
-        ER_CHECK(gguf_doc(t, &root));
-    } else {
-        ER_CHECK(file_read_all(t->path, TOK_MAX_FILE, &buf, &len));
-        ER_CHECK(tok_json_parse(t->path, buf, len, &root));
-        er_free(buf); // cJSON holds its own copies
-        buf = NULL;
-    }
-    ER_CHECK(load_doc(t, root));
+        er_error(ER_ENOMEM, "tok_load: out of memory");
+    return t;
+}
+
+// The tables from a tokenizer.json document (root, deleted here).
+static int tok_from_doc(Tokenizer *t, cJSON *root) {
+    int rc = load_doc(t, root);
     cJSON_Delete(root); // everything needed is copied out
-    root = NULL;
-    ER_CHECK(load_finish(t));
-    ER_CHECK(from_gguf ? gguf_ids(t) : load_config_ids(t, dir));
-    if (!(t->cache = er_calloc(CACHE_SLOTS, sizeof *t->cache)))
+    ER_TRY(rc);
+    return load_finish(t);
+}
+
+// The tokenizer.json text (buf[len] must be 0): parsed and loaded.
+static int tok_from_json(Tokenizer *t, const char *buf, size_t len) {
+    cJSON *root = NULL;
+    ER_TRY(tok_json_parse(t->path, buf, len, &root));
+    return tok_from_doc(t, root);
+}
+
+// The tokenizer of a GGUF file: its document and its special ids.
+static int tok_from_gguf(Tokenizer *t, const GgufFile *f) {
+    cJSON *root = NULL;
+    ER_TRY(gguf_doc(t, f, &root));
+    ER_TRY(tok_from_doc(t, root));
+    return gguf_ids(t);
+}
+
+// The end of every load: the word cache, then *out; on failure the one-line message and t freed.
+static int tok_finish(Tokenizer *t, int rc, Tokenizer **out) {
+    if (rc == ER_OK && !(t->cache = er_calloc(CACHE_SLOTS, sizeof *t->cache)))
         rc = ER_ENOMEM;
-done:
-    er_free(buf);
-    cJSON_Delete(root);
-    free(dir);
     if (rc < 0) {
         // Messages quote strings from the file: keep them on one line.
         char msg[1024];
@@ -1129,6 +1137,74 @@ done:
     }
     *out = t;
     return ER_OK;
+}
+
+int tok_load(Tokenizer **out, const char *path_or_dir) {
+    *out = NULL;
+    if (!path_or_dir)
+        return er_error(ER_EINVAL, "tok_load: no path");
+    int is_dir = path_is_dir(path_or_dir);
+    char *path = is_dir ? path_join(path_or_dir, "tokenizer.json") : er_strdup(path_or_dir), *dir = NULL, *buf = NULL;
+    const char *slash = strrchr(path_or_dir, '/');
+    if (is_dir)
+        dir = er_strdup(path_or_dir);
+    else
+        dir = slash ? strndup(path_or_dir, (size_t)(slash - path_or_dir) + (slash == path_or_dir)) : er_strdup(".");
+    Tokenizer *t = path ? tok_new(path) : NULL;
+    size_t len = 0;
+    GgufFile f = {0};
+    int rc = ER_OK;
+    if (!t || !dir) {
+        rc = er_error(ER_ENOMEM, "tok_load: out of memory");
+        goto done;
+    }
+    if (gguf_is_path(t->path)) {
+        ER_CHECK(gguf_open(&f, t->path));
+        ER_CHECK(tok_from_gguf(t, &f));
+    } else {
+        ER_CHECK(file_read_all(t->path, TOK_MAX_FILE, &buf, &len));
+        ER_CHECK(tok_from_json(t, buf, len));
+        ER_CHECK(load_config_ids(t, dir));
+    }
+done:
+    gguf_close(&f);
+    er_free(buf);
+    free(path);
+    free(dir);
+    if (!t)
+        return rc;
+    return tok_finish(t, rc, out);
+}
+
+int tok_load_gguf(Tokenizer **out, const GgufFile *f) {
+    *out = NULL;
+    Tokenizer *t = tok_new(f->path);
+    if (!t)
+        return ER_ENOMEM;
+    return tok_finish(t, tok_from_gguf(t, f), out);
+}
+
+int tok_load_texts(Tokenizer **out, const JsonText *tokenizer, const JsonText *config, const JsonText *generation) {
+    *out = NULL;
+    if (tokenizer->len > TOK_MAX_FILE)
+        return er_error(ER_ERANGE, "%s: %zu bytes, more than the %zu allowed", tokenizer->name, tokenizer->len,
+                        TOK_MAX_FILE);
+    Tokenizer *t = tok_new(tokenizer->name);
+    char *buf = er_alloc(tokenizer->len + 1); // NUL-terminated, as tok_json_parse reads it
+    int rc = ER_OK;
+    if (!t || !buf) {
+        rc = ER_ENOMEM;
+        goto done;
+    }
+    memcpy(buf, tokenizer->text, tokenizer->len);
+    buf[tokenizer->len] = 0;
+    ER_CHECK(tok_from_json(t, buf, tokenizer->len));
+    ER_CHECK(load_config_texts(t, config, generation));
+done:
+    er_free(buf);
+    if (!t)
+        return rc;
+    return tok_finish(t, rc, out);
 }
 
 void tok_free(Tokenizer *t) {
@@ -1866,22 +1942,20 @@ static int gguf_special(Tokenizer *t, const GgufFile *f) {
     return ER_OK;
 }
 
-// A tokenizer.json document built from the GGUF file t->path (model "gpt2", pre-tokenizer "qwen2").
-static int gguf_doc(Tokenizer *t, cJSON **out) {
-    GgufFile f;
+// A tokenizer.json document built from the GGUF file f (model "gpt2", pre-tokenizer "qwen2").
+static int gguf_doc(Tokenizer *t, const GgufFile *f, cJSON **out) {
     cJSON *root = NULL;
     const char *model = NULL, *pre = NULL;
     const GgufKV *merges;
     int rc = ER_OK;
-    ER_TRY(gguf_open(&f, t->path));
-    ER_CHECK(gguf_get_str(&f, "tokenizer.ggml.model", 0, &model));
+    ER_CHECK(gguf_get_str(f, "tokenizer.ggml.model", 0, &model));
     if (strcmp(model, "gpt2") != 0)
         ER_CHECK(er_error(ER_EUNSUPPORTED, "%s: tokenizer.ggml.model is \"%.40s\" (supported: gpt2, byte-level BPE)",
-                          f.path, model));
-    ER_CHECK(gguf_get_str(&f, "tokenizer.ggml.pre", 0, &pre));
+                          f->path, model));
+    ER_CHECK(gguf_get_str(f, "tokenizer.ggml.pre", 0, &pre));
     if (strcmp(pre, "qwen2") != 0)
-        ER_CHECK(er_error(ER_EUNSUPPORTED, "%s: tokenizer.ggml.pre is \"%.40s\" (supported: qwen2)", f.path, pre));
-    ER_CHECK(gguf_get_array(&f, "tokenizer.ggml.merges", GGUF_STRING, -1, &merges));
+        ER_CHECK(er_error(ER_EUNSUPPORTED, "%s: tokenizer.ggml.pre is \"%.40s\" (supported: qwen2)", f->path, pre));
+    ER_CHECK(gguf_get_array(f, "tokenizer.ggml.merges", GGUF_STRING, -1, &merges));
     cJSON *m, *vocab, *list, *pattern;
     if (!(root = cJSON_Parse(GGUF_QWEN2_PARTS)) || !(m = cJSON_AddObjectToObject(root, "model")) ||
         !cJSON_AddStringToObject(m, "type", "BPE") || !(vocab = cJSON_AddObjectToObject(m, "vocab")) ||
@@ -1894,13 +1968,12 @@ static int gguf_doc(Tokenizer *t, cJSON **out) {
     for (uint64_t i = 0; i < merges->n; i++)
         if (!cJSON_AddItemToArray(list, cJSON_CreateString(merges->strs[i])))
             ER_CHECK(ER_ENOMEM);
-    ER_CHECK(gguf_tokens(&f, root, vocab));
-    ER_CHECK(gguf_special(t, &f));
+    ER_CHECK(gguf_tokens(f, root, vocab));
+    ER_CHECK(gguf_special(t, f));
     *out = root;
     root = NULL;
 done:
     cJSON_Delete(root);
-    gguf_close(&f);
     return rc;
 }
 
@@ -2020,15 +2093,18 @@ done:
 int tok_gguf_write_json(const char *gguf, const char *dir) {
     Tokenizer *t = NULL, doc_t = {0};
     cJSON *doc = NULL;
+    GgufFile f = {0};
     char *path = path_join(dir, "tokenizer.json");
     int rc = path ? ER_OK : ER_ENOMEM;
     ER_CHECK(rc);
     ER_CHECK(tok_load(&t, gguf)); // the whole file checked first
     doc_t.path = t->path;
-    ER_CHECK(gguf_doc(&doc_t, &doc));
+    ER_CHECK(gguf_open(&f, gguf));
+    ER_CHECK(gguf_doc(&doc_t, &f, &doc));
     ER_CHECK(json_write_file(path, doc));
     ER_CHECK(gguf_write_config(t, dir));
 done:
+    gguf_close(&f);
     free(doc_t.eos_ids);
     cJSON_Delete(doc);
     tok_free(t);

@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "core/gguf.h"
+#include "core/json.h"
 
 typedef struct Tokenizer Tokenizer;
 
@@ -23,6 +24,12 @@ typedef struct Tokenizer Tokenizer;
 // next to it are read when present. Unsupported features are refused with a message naming
 // the file and the field.
 int tok_load(Tokenizer **out, const char *path_or_dir);
+// The same from a GGUF file already open (gguf_open_bytes: a buffer, an fd); f is only read during the call.
+int tok_load_gguf(Tokenizer **out, const GgufFile *f);
+// The same from texts in memory: tokenizer.json, and tokenizer_config.json and generation_config.json where
+// given (NULL or a NULL text: absent, as a file missing beside tokenizer.json). Messages name them by their
+// JsonText names.
+int tok_load_texts(Tokenizer **out, const JsonText *tokenizer, const JsonText *config, const JsonText *generation);
 void tok_free(Tokenizer *tok);
 
 // UTF-8 text (need not be NUL-terminated; may contain NUL) -> token ids in a new array

@@ -6,12 +6,14 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/bytes.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "infer/decode_batch.h"
 #include "infer/engine.h"
+#include "infer/model_source.h"
 #include "infer/pipeline.h"
 #include "infer/runner.h"
 #include "lora/peft.h"
@@ -166,27 +168,125 @@ static void model_unref(ErModel *m) {
         model_release(m);
 }
 
+// A new model (one reference: the caller's), or NULL.
+static ErModel *model_new(void) {
+    ErModel *m = er_calloc(1, sizeof *m);
+    if (m)
+        atomic_init(&m->refs, 1);
+    return m;
+}
+
+// The end of every load: the tokenizer checked against the model, the matrices tiled for decode, then *out
+// (on failure the model is freed).
+static int model_ready(ErModel *m, const char *name, ErModel **out) {
+    int rc = ER_OK;
+    if (tok_vocab_size(m->tok) > m->model.cfg.V)
+        ER_CHECK(er_error(ER_EFORMAT, "%s: the tokenizer has %d ids but the model only %d", name,
+                          tok_vocab_size(m->tok), m->model.cfg.V));
+    ER_CHECK(model_tile_for_decode(&m->model, NULL));
+    *out = m;
+    return ER_OK;
+done:
+    er_model_free(m);
+    return rc;
+}
+
 int er_model_load(ErModel **out, const char *dir) {
     NEED(out, "er_model_load", "the output pointer");
     *out = NULL;
     NEED(dir, "er_model_load", "the model dir");
     int rc = ER_OK;
-    ErModel *m = er_calloc(1, sizeof *m);
+    ErModel *m = model_new();
     if (!m)
         return ER_ENOMEM;
-    atomic_init(&m->refs, 1);
     ER_CHECK(model_load(&m->model, dir, 0));
-    ER_CHECK(model_tile_for_decode(&m->model, NULL));
     ER_CHECK(tok_load(&m->tok, dir));
     ER_CHECK(chat_style_from_config(dir, &m->style));
-    if (tok_vocab_size(m->tok) > m->model.cfg.V)
-        ER_CHECK(er_error(ER_EFORMAT, "%s: the tokenizer has %d ids but the model only %d", dir,
-                          tok_vocab_size(m->tok), m->model.cfg.V));
-    *out = m;
-    m = NULL;
+    return model_ready(m, dir, out);
 done:
     er_model_free(m);
     return rc;
+}
+
+// ---- loading from memory or a file descriptor ----
+
+void er_model_source_init(ErModelSource *src) {
+    if (!src)
+        return;
+    memset(src, 0, sizeof *src);
+    src->size = sizeof *src;
+}
+
+// One ErBuffer of a source as a JSON text named after its field ("<config_json>"): NULL data means not given.
+static int source_text(const ErBuffer *b, const char *field, const char *fn, JsonText *t) {
+    *t = (JsonText){field, b->data, b->len};
+    if (!b->data && b->len)
+        return er_error(ER_EINVAL, "%s: ErModelSource.%.*s.data is NULL but its len is %zu", fn,
+                        (int)strlen(field) - 2, field + 1, b->len);
+    return ER_OK;
+}
+
+// src checked (NULL: no texts, the bytes copied) into texts and *borrow.
+static int source_texts(const ErModelSource *src, const char *fn, ModelTexts *tx, int *borrow) {
+    static const ErModelSource none = {sizeof none, 0, {NULL, 0}, {NULL, 0}, {NULL, 0}, {NULL, 0}};
+    if (!src)
+        src = &none;
+    if (src->size != sizeof *src)
+        return er_error(ER_EINVAL, "%s: ErModelSource.size is %zu but this library's is %zu: set it with "
+                        "er_model_source_init (a header of another version?)", fn, src->size, sizeof *src);
+    if (src->flags & ~(unsigned)ER_MODEL_SOURCE_BORROW)
+        return er_error(ER_EINVAL, "%s: ErModelSource.flags 0x%x holds bits this library does not know", fn,
+                        src->flags);
+    *borrow = (src->flags & ER_MODEL_SOURCE_BORROW) != 0;
+    ER_TRY(source_text(&src->config_json, "<config_json>", fn, &tx->config));
+    ER_TRY(source_text(&src->tokenizer_json, "<tokenizer_json>", fn, &tx->tokenizer));
+    ER_TRY(source_text(&src->tokenizer_config_json, "<tokenizer_config_json>", fn, &tx->tokenizer_config));
+    return source_text(&src->generation_config_json, "<generation_config_json>", fn, &tx->generation_config);
+}
+
+// A model from bytes (taken over) and texts.
+static int load_source(ErModel **out, ByteRange *bytes, const ModelTexts *tx) {
+    char name[64];
+    snprintf(name, sizeof name, "%s", bytes->name);
+    ErModel *m = model_new();
+    if (!m) {
+        bytes_free(bytes);
+        return ER_ENOMEM;
+    }
+    int rc = model_source_load(&m->model, &m->tok, &m->style, bytes, tx);
+    if (rc < 0) {
+        er_model_free(m);
+        return rc;
+    }
+    return model_ready(m, name, out);
+}
+
+int er_model_load_from_buffer(ErModel **out, const void *data, size_t len, const ErModelSource *src) {
+    const char *fn = "er_model_load_from_buffer";
+    NEED(out, fn, "the output pointer");
+    *out = NULL;
+    NEED(data, fn, "the data");
+    ModelTexts tx;
+    ByteRange bytes;
+    int borrow;
+    ER_TRY(source_texts(src, fn, &tx, &borrow));
+    ER_TRY(bytes_from_buffer(&bytes, data, len, "<buffer>", borrow));
+    return load_source(out, &bytes, &tx);
+}
+
+int er_model_load_from_fd(ErModel **out, int fd, int64_t offset, int64_t length, const ErModelSource *src) {
+    const char *fn = "er_model_load_from_fd";
+    NEED(out, fn, "the output pointer");
+    *out = NULL;
+    if (offset < 0 || length < -1)
+        return er_error(ER_EINVAL, "%s: fd %d: offset %lld, length %lld: the offset must be >= 0 and the length >= 0 "
+                        "or -1 (to the end of the file)", fn, fd, (long long)offset, (long long)length);
+    ModelTexts tx;
+    ByteRange bytes;
+    int borrow;
+    ER_TRY(source_texts(src, fn, &tx, &borrow));
+    ER_TRY(bytes_from_fd(&bytes, fd, (uint64_t)offset, length < 0 ? BYTES_TO_END : (uint64_t)length));
+    return load_source(out, &bytes, &tx);
 }
 
 int er_model_load_adapter(ErModel *m, const char *dir) {

@@ -10,7 +10,8 @@
 // the model (it takes no new sessions, adapters or heads) and the last er_session_free releases it,
 // so either free order is safe; likewise a batch, and an ErRequest stays its caller's until
 // er_request_free, before or after er_batch_free. Whatever you pass in (paths, messages, ErGenParams
-// and the strings it points to) is read during the call only: the library keeps its own copy.
+// and the strings it points to) is read during the call only: the library keeps its own copy (one exception:
+// a model buffer lent with ER_MODEL_SOURCE_BORROW, see er_model_load_from_buffer).
 //
 // Lifetimes of returned pointers: er_result_sample, er_result_stats, er_result_route and everything
 // they point to (text, tokens, answers, votes) belong to the session and stay valid until its next
@@ -209,6 +210,59 @@ ER_API int er_generate_raw(ErSession *s, const char *text, const ErGenParams *p,
 ER_API int er_result_count(const ErSession *s);
 ER_API const ErSample *er_result_sample(const ErSession *s, int i);
 ER_API const ErStats *er_result_stats(const ErSession *s);
+
+// ---- loading a model from memory or a file descriptor ----
+// For a model without a path: an app's bundled asset (AAsset_getBuffer, or the fd, offset and length of
+// AAsset_openFileDescriptor64), the fd of an Android content URI. The model is one file: a GGUF (weights,
+// config, tokenizer and chat template inside), or a safetensors file whose config.json and tokenizer.json
+// come as buffers in an ErModelSource. The bytes tell the format ("GGUF" first, else safetensors); both are
+// parsed by the readers er_model_load uses. A failure names the source ("<buffer>", "fd 7", or the
+// ErModelSource field: "<config_json>", "<tokenizer_json>", ...) and the problem in one line.
+
+// len bytes at data that the caller owns (JSON need not end in NUL). data NULL (len 0): not given.
+typedef struct {
+    const void *data;
+    size_t len;
+} ErBuffer;
+
+// ErModelSource.flags: er_model_load_from_buffer uses the model bytes in place instead of copying them.
+enum { ER_MODEL_SOURCE_BORROW = 1 };
+
+// What comes with the model file. Every buffer here is read during the call only.
+typedef struct {
+    size_t size;    // sizeof(ErModelSource), as er_model_source_init sets it: a size this library does not know
+                    // (a struct from another version of this header, or one never initialised) is refused
+    unsigned flags; // ER_MODEL_SOURCE_BORROW or 0 [0]
+    ErBuffer config_json;            // config.json: needed with a safetensors file; a GGUF holds its own (refused)
+    ErBuffer tokenizer_json;         // tokenizer.json: needed with a safetensors file; with a GGUF it replaces the
+                                     // file's tokenizer, and its chat template goes with it (below)
+    ErBuffer tokenizer_config_json;  // with tokenizer_json only (optional): eos / pad / bos tokens and the chat
+                                     // template's style, as beside a model dir (absent: ChatML)
+    ErBuffer generation_config_json; // with tokenizer_json only (optional): more eos_token_id, as beside a model dir
+} ErModelSource;
+
+// Zeroes *src and sets src->size; NULL is a no-op.
+ER_API void er_model_source_init(ErModelSource *src);
+// The model file held in len bytes at data; src may be NULL (a GGUF alone). The bytes are copied during the
+// call: data may be freed or reused once it returns, and the model keeps len bytes of its own for its life
+// (the caller's and the copy are both held during the call). With ER_MODEL_SOURCE_BORROW in src->flags the
+// model uses data in place, no copy: the caller keeps those len bytes readable and unchanged from the call
+// until the model is released (er_model_free, and the free of its last session or batch), or until the call
+// returns when it fails. The library never writes them. No alignment is needed (a weight misaligned for its
+// type is copied). What is used in place is what er_model_load would use from a mapped file: float matrices,
+// and a safetensors file's packed ones unless the decode kernels re-lay them (AVX512-VNNI builds); a GGUF's
+// q4_0 / q8_0 / k-quant matrices are converted copies either way.
+ER_API int er_model_load_from_buffer(ErModel **out, const void *data, size_t len, const ErModelSource *src);
+// The model file held in the file open as fd, `length` bytes from byte `offset` of the file (-1: to its end):
+// the fd, offset and length of AAsset_openFileDescriptor64, or 0 and -1 for a whole file. The offset counts
+// from the start of the file, whatever the fd's position, which is neither read nor moved. The bytes are
+// mapped (or read where they cannot be) during the call; the fd is not closed, and may be closed as soon as
+// the call returns. The model maps the file as er_model_load does: keep it unchanged, and never truncate it,
+// while the model lives. A pipe or socket (a content URI served through a pipe) is read from where it
+// stands to its end (or `length` bytes): offset must be 0, and what is read is consumed. A closed fd, a
+// directory, a device or a range past the end of the file is refused. src as for er_model_load_from_buffer
+// (ER_MODEL_SOURCE_BORROW has no effect: the library maps or reads the bytes itself).
+ER_API int er_model_load_from_fd(ErModel **out, int fd, int64_t offset, int64_t length, const ErModelSource *src);
 
 // ---- the routed pipeline: switcher and verifier heads (written by `ertrain heads`) ----
 // With a switcher and/or a verifier loaded, er_generate runs the pipeline: the base prefills the

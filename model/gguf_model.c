@@ -420,11 +420,13 @@ static int q4_0_to_q4g(Weight *w, const GgufTensor *t, const ModelConfig *c, con
     return ER_OK;
 }
 
-// A float matrix kept in its type: in place, or (llama q/k) a copy with the rows put back in HF order.
+// A float matrix kept in its type: in place, or a copy where (llama q/k) the rows go back in HF order or the
+// data is misaligned for its type (a file read from a buffer or an fd offset that is not a multiple of it).
 static int place_float_matrix(Weight *w, const GgufTensor *t, const ModelConfig *c, const char *hf) {
     w->fmt = t->type == GGML_F32 ? WF_F32 : t->type == GGML_F16 ? WF_F16 : WF_BF16;
     w->data = t->data;
-    if (!permuted(c, hf))
+    int misaligned = (uintptr_t)t->data % (w->fmt == WF_F32 ? 4 : 2) != 0;
+    if (!permuted(c, hf) && !misaligned)
         return ER_OK;
     size_t row_bytes = weight_row_bytes(w->fmt, w->cols);
     char *copy = er_alloc((size_t)w->rows * row_bytes);
@@ -502,10 +504,21 @@ static int place_param(Model *m, const GgufFile *f, ParamTensor *p) {
 
 int model_load_gguf(Model *m, const char *path, int flags) {
     memset(m, 0, sizeof *m);
-    int rc = ER_OK;
-    if (!(m->gguf = er_calloc(1, sizeof *m->gguf)))
+    GgufFile *f = er_calloc(1, sizeof *f);
+    if (!f)
         return ER_ENOMEM;
-    ER_CHECK(gguf_open(m->gguf, path));
+    int rc = gguf_open(f, path);
+    if (rc < 0) {
+        er_free(f);
+        return rc;
+    }
+    return model_load_gguf_file(m, f, flags);
+}
+
+int model_load_gguf_file(Model *m, GgufFile *f, int flags) {
+    memset(m, 0, sizeof *m);
+    m->gguf = f; // model_free closes it from here on
+    int rc = ER_OK;
     ER_CHECK(read_config(m->gguf, &m->cfg));
     ER_CHECK(check_layers(m->gguf, &m->cfg));
     ER_CHECK(model_setup(m, flags & MODEL_LOAD_TRAINABLE));

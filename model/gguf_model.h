@@ -33,5 +33,8 @@ int model_gguf_put(const Model *m, uint32_t type, GgufWriter *w, FILE *log);
 const char *model_gguf_arch(const ModelConfig *c);
 // Loads a GGUF model (flags as model_load; a quantized one is refused with MODEL_LOAD_TRAINABLE).
 int model_load_gguf(Model *m, const char *path, int flags);
+// The same from a GGUF already open (gguf_open_bytes: a buffer, an fd), which m takes over: f is an er_alloc'ed
+// GgufFile, kept in m->gguf (the weights use its bytes in place) and freed by model_free, or on failure.
+int model_load_gguf_file(Model *m, GgufFile *f, int flags);
 
 #endif

@@ -442,7 +442,7 @@ static int place_param(Model *m, ParamTensor *p, const StTensor *t, const StFile
 // config.json against the weight files, before anything is sized from it: a config that lies (say
 // num_hidden_layers = 16777216 over a 4-layer file) is refused naming the mismatch instead of
 // allocating for it. Row counts do not depend on the weight format (packed rows stay rows).
-static int check_config_files(const Model *m, const char *dir) {
+static int check_config_files(const Model *m, const char *cfg_name) {
     const ModelConfig *c = &m->cfg;
     long layers = 0;
     for (int i = 0; i < m->n_files; i++)
@@ -456,8 +456,8 @@ static int check_config_files(const Model *m, const char *dir) {
                 layers = l + 1;
         }
     if (layers != c->L)
-        return er_error(ER_EFORMAT, "%.*s/config.json: num_hidden_layers is %d but the weight files hold %ld layers",
-                        path_dir_len(dir), dir, c->L, layers);
+        return er_error(ER_EFORMAT, "%s: num_hidden_layers is %d but the weight files hold %ld layers", cfg_name,
+                        c->L, layers);
     const struct {
         const char *tensor, *field;
         int64_t rows;
@@ -472,37 +472,28 @@ static int check_config_files(const Model *m, const char *dir) {
         const StFile *f;
         const StTensor *t = find_tensor(m, dims[k].tensor, &f);
         if (t && (t->ndim < 1 || t->shape[0] != dims[k].rows))
-            return er_error(ER_EFORMAT, "%.*s/config.json: %s gives %lld but \"%s\" in %s has %lld rows",
-                            path_dir_len(dir), dir,
+            return er_error(ER_EFORMAT, "%s: %s gives %lld but \"%s\" in %s has %lld rows", cfg_name,
                             dims[k].field, (long long)dims[k].rows, dims[k].tensor, f->path,
                             t->ndim < 1 ? 0LL : (long long)t->shape[0]);
     }
     return ER_OK;
 }
 
-// config.json: the model config and its quantization_config, refused for training when quantized.
-static int load_config(Model *m, const char *dir, int flags) {
-    char *cfg_path = path_join(dir, "config.json");
-    cJSON *cj = NULL;
-    int rc = ER_OK;
-    if (!cfg_path)
-        return ER_ENOMEM;
-    ER_CHECK(model_config_load(&m->cfg, cfg_path));
-    ER_CHECK(json_parse_file(cfg_path, 64u << 20, &cj));
+// config.json (parsed, named cfg_name in messages): the model config and its quantization_config, refused
+// for training when quantized.
+static int load_config(Model *m, const char *cfg_name, const cJSON *cj, int flags) {
+    ER_TRY(model_config_from_json(&m->cfg, cj, cfg_name));
     const cJSON *qc = cJSON_GetObjectItemCaseSensitive(cj, "quantization_config");
     if (qc && !cJSON_IsNull(qc))
-        ER_CHECK(quant_config_from_json(&m->quant, qc, cfg_path));
+        ER_TRY(quant_config_from_json(&m->quant, qc, cfg_name));
     if (m->quant.enabled && (flags & MODEL_LOAD_TRAINABLE)) {
         char spec[16];
-        ER_CHECK(er_error(ER_EUNSUPPORTED,
-                          "%s: a quantized model (quantization_config weights %s) cannot be loaded for full-parameter "
-                          "training; train a LoRA adapter on it (ertrain sft) or start from the float model",
-                          cfg_path, quant_spec_name(m->quant.linear, m->quant.group, spec)));
+        return er_error(ER_EUNSUPPORTED,
+                        "%s: a quantized model (quantization_config weights %s) cannot be loaded for full-parameter "
+                        "training; train a LoRA adapter on it (ertrain sft) or start from the float model",
+                        cfg_name, quant_spec_name(m->quant.linear, m->quant.group, spec));
     }
-done:
-    cJSON_Delete(cj);
-    free(cfg_path);
-    return rc;
+    return ER_OK;
 }
 
 // Space for matrices that are misaligned in their file (rare: headers are padded to 8).
@@ -544,21 +535,16 @@ static int load_param(Model *m, const char *dir, const cJSON *weight_map, ParamT
     return ER_OK;
 }
 
-int model_load(Model *m, const char *dir, int flags) {
-    if (gguf_is_path(dir))
-        return model_load_gguf(m, dir, flags);
-    memset(m, 0, sizeof *m);
-    cJSON *weight_map = NULL;
-    int rc = ER_OK;
-    ER_CHECK(load_config(m, dir, flags));
-    ER_CHECK(open_shards(m, dir, &weight_map));
-    ER_CHECK(check_config_files(m, dir));
-    ER_CHECK(model_setup(m, flags & MODEL_LOAD_TRAINABLE));
+// The weights from the open files (m->files), against the config already read: `name` (the dir, or what
+// names the bytes) and cfg_name name them in messages. On failure the caller frees m.
+static int load_weights(Model *m, const char *name, const char *cfg_name, const cJSON *weight_map, int flags) {
+    ER_TRY(check_config_files(m, cfg_name));
+    ER_TRY(model_setup(m, flags & MODEL_LOAD_TRAINABLE));
     if (!m->trainable)
-        ER_CHECK(alloc_misaligned(m));
+        ER_TRY(alloc_misaligned(m));
     size_t owned_off = 0;
     for (int i = 0; i < m->n_params; i++)
-        ER_CHECK(load_param(m, dir, weight_map, &m->params[i], &owned_off));
+        ER_TRY(load_param(m, name, weight_map, &m->params[i], &owned_off));
     if (m->cfg.tied)
         m->lm_head = m->embed;
     if (m->trainable) {
@@ -567,8 +553,47 @@ int model_load(Model *m, const char *dir, int flags) {
             safetensors_close(&m->files[i]);
         m->n_files = 0;
     }
+    return ER_OK;
+}
+
+int model_load(Model *m, const char *dir, int flags) {
+    if (gguf_is_path(dir))
+        return model_load_gguf(m, dir, flags);
+    memset(m, 0, sizeof *m);
+    cJSON *weight_map = NULL, *cj = NULL;
+    char *cfg_path = path_join(dir, "config.json");
+    int rc = ER_OK;
+    if (!cfg_path)
+        ER_CHECK(ER_ENOMEM);
+    ER_CHECK(json_parse_file(cfg_path, 1 << 20, &cj));
+    ER_CHECK(load_config(m, cfg_path, cj, flags));
+    ER_CHECK(open_shards(m, dir, &weight_map));
+    ER_CHECK(load_weights(m, dir, cfg_path, weight_map, flags));
 done:
     cJSON_Delete(weight_map);
+    cJSON_Delete(cj);
+    er_free(cfg_path);
+    if (rc < 0)
+        model_free(m);
+    return rc;
+}
+
+int model_load_safetensors(Model *m, const JsonText *config, StFile *file, int flags) {
+    memset(m, 0, sizeof *m);
+    cJSON *cj = NULL;
+    int rc = ER_OK;
+    if (!(m->files = er_calloc(1, sizeof(StFile)))) {
+        safetensors_close(file);
+        return ER_ENOMEM;
+    }
+    m->files[0] = *file; // taken over: model_free closes it
+    memset(file, 0, sizeof *file);
+    m->n_files = 1;
+    ER_CHECK(json_parse_text(config, 1 << 20, &cj));
+    ER_CHECK(load_config(m, config->name, cj, flags));
+    ER_CHECK(load_weights(m, m->files[0].path, config->name, NULL, flags));
+done:
+    cJSON_Delete(cj);
     if (rc < 0)
         model_free(m);
     return rc;
@@ -655,6 +680,14 @@ done:
     return rc;
 }
 
+// 1 when p lies in a caller's buffer that a file of m borrows (core/bytes.h): its pages are the caller's.
+static int model_borrows(const Model *m, const void *p) {
+    for (int i = 0; i < m->n_files; i++)
+        if (bytes_borrows(&m->files[i].bytes, p))
+            return 1;
+    return m->gguf && bytes_borrows(&m->gguf->bytes, p);
+}
+
 int model_tile_for_decode(Model *m, size_t *released) {
     if (released)
         *released = 0;
@@ -673,6 +706,8 @@ int model_tile_for_decode(Model *m, size_t *released) {
                 rc = tiled;
             else if (tiled && w->data != was[0]) // copies: the file's pages (or the loader's) are not read again
                 for (int k = 0; k < 3; k++) {
+                    if (model_borrows(m, was[k])) // releasing a caller's anonymous pages would zero them
+                        continue;
                     er_release_pages(was[k], bytes[k]);
                     if (released)
                         *released += bytes[k];

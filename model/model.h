@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "core/gguf.h"
+#include "core/json.h"
 #include "core/safetensors.h"
 #include "model/backend.h"
 #include "model/config.h"
@@ -69,6 +70,9 @@ enum { MODEL_LOAD_TRAINABLE = 1 }; // convert everything to fp32 and allocate gr
 // train a LoRA adapter on it instead).
 // A path ending in ".gguf" is a GGUF model file instead (model/gguf_model.h).
 int model_load(Model *m, const char *dir, int flags);
+// The same from config.json's text and one safetensors file already open (from a buffer or an fd: core/bytes.h),
+// which m takes over (*file is zeroed; closed on failure too). Messages name them by config->name and file->path.
+int model_load_safetensors(Model *m, const JsonText *config, StFile *file, int flags);
 // For loaders in model/: the parameter table and fp32 arenas for m->cfg (trainable: every tensor fp32
 // with gradients; else vectors only, the loader places the matrices).
 int model_setup(Model *m, int trainable);
@@ -96,8 +100,9 @@ int model_untie(Model *m);
 // build has no such kernel): products and rows read the same values, but the model can no longer be saved.
 // The tiled rows are copies in the process's memory (not shared with other processes mapping the same
 // file); the file pages they replace are released, and *released (may be NULL) gets their bytes. For models
-// that only decode (er_model_load, erinfer bench). On ER_ENOMEM some matrices may be tiled, each one whole,
-// and the model stays valid.
+// that only decode (er_model_load, erinfer bench). Pages of a caller's buffer the model borrows
+// (core/bytes.h) are never released: only the caller may. On ER_ENOMEM some matrices may be tiled, each one
+// whole, and the model stays valid.
 int model_tile_for_decode(Model *m, size_t *released);
 void model_free(Model *m);
 void model_zero_grad(Model *m);

@@ -1,13 +1,15 @@
-// fuzz_gguf: the input is a whole .gguf file, written to a scratch file and opened with gguf_open
-// (core/gguf.h). When it opens, the promises of the reader are checked (every key and tensor found again,
-// tensor data inside the mapping and aligned, typed getters that either work or refuse), then the file
-// goes through the model loader and the tokenizer builder (model/gguf_model.h, data/tokenizer.h), which
-// must load it or refuse it with a message.
+// fuzz_gguf: the input is a whole .gguf file, written to a scratch file and opened with gguf_open (core/gguf.h), and
+// loaded from an exact-size buffer through er_model_load_from_buffer. When it opens, the promises of the reader are
+// checked (every key and tensor found again, tensor data inside the mapping and aligned, typed getters that either work
+// or refuse), then the file goes through the model loader and the tokenizer builder (model/gguf_model.h,
+// data/tokenizer.h), which must load it or refuse it with a message.
 #include "tests/fuzz/fuzz_common.h"
 
+#include "core/bytes.h"
 #include "core/error.h"
 #include "core/gguf.h"
 #include "data/tokenizer.h"
+#include "infer/erinfer.h"
 #include "model/model.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -52,12 +54,40 @@ static void check_open_file(const GgufFile *f) {
     }
 }
 
+// The same bytes through the public loader from memory (er_model_load_from_buffer, borrowing a heap block of
+// exactly their size: ASan sees a read past the end that a mapping's last page would hide): the file's
+// verdict from gguf_open, then a model or one line.
+static void load_from_memory(const uint8_t *data, size_t size, int file_rc) {
+    uint8_t *exact = malloc(size ? size : 1);
+    FUZZ_CHECK(exact != NULL, "out of memory");
+    memcpy(exact, data, size);
+    ByteRange r;
+    GgufFile g;
+    FUZZ_CHECK(bytes_from_buffer(&r, exact, size, "<buffer>", 1) == ER_OK, "bytes_from_buffer failed");
+    int rc = gguf_open_bytes(&g, &r);
+    FUZZ_CHECK((rc < 0) == (file_rc < 0), "the file %s but the same bytes in memory %s",
+               file_rc < 0 ? "is refused" : "opens", rc < 0 ? "are refused" : "open");
+    gguf_close(&g);
+    ErModelSource src;
+    er_model_source_init(&src);
+    src.flags = ER_MODEL_SOURCE_BORROW;
+    ErModel *m = NULL;
+    if (er_model_load_from_buffer(&m, exact, size, &src) == ER_OK)
+        er_model_free(m);
+    else
+        FUZZ_CHECK(er_last_error()[0] != 0 && !strchr(er_last_error(), '\n'),
+                   "er_model_load_from_buffer refused without a one-line message");
+    free(exact);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char path[FUZZ_PATH_MAX];
     fuzz_write("in.gguf", data, size);
     fuzz_path(path, "in.gguf");
     GgufFile f;
-    if (gguf_open(&f, path) < 0)
+    int file_rc = gguf_open(&f, path);
+    load_from_memory(data, size, file_rc);
+    if (file_rc < 0)
         return fuzz_refused("refused");
     check_open_file(&f);
     gguf_close(&f);
