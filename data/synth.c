@@ -359,8 +359,9 @@ int guess_config_check(const GuessConfig *c) {
     return ER_OK;
 }
 
-// "try 5: 5 * 4 + 3 = 23, no"
-static void put_try_line(StrBuf *b, int g, int a, int off, int ok) {
+// "try 5: 5 * 4 + 3 = 23, want 31, no": the target is restated beside the check value, so the verdict compares two
+// numbers a few tokens apart instead of one recalled from the prompt.
+static void put_try_line(StrBuf *b, int g, int a, int off, int target) {
     strbuf_puts(b, "try ");
     strbuf_int(b, g);
     strbuf_puts(b, ": ");
@@ -371,7 +372,9 @@ static void put_try_line(StrBuf *b, int g, int a, int off, int ok) {
     strbuf_int(b, off);
     strbuf_puts(b, " = ");
     strbuf_int(b, g * a + off);
-    strbuf_puts(b, ok ? ", yes" : ", no");
+    strbuf_puts(b, ", want ");
+    strbuf_int(b, target);
+    strbuf_puts(b, g * a + off == target ? ", yes" : ", no");
 }
 
 int guess_generate(const GuessConfig *c, uint64_t seed, uint64_t index, SynthExample *ex) {
@@ -418,13 +421,13 @@ int guess_generate(const GuessConfig *c, uint64_t seed, uint64_t index, SynthExa
         int g = tries[i], v = g * a + off;
         strbuf_int(&terse, g);
         strbuf_puts(&terse, g == x ? " yes" : " no ");
-        put_try_line(&concise, g, a, off, g == x);
+        put_try_line(&concise, g, a, off, target);
         strbuf_puts(&concise, "\n");
         if (rng_uniform(&rng) < 0.6f) {
             put_gphrase(&verbose, gph_pick[rng_below(&rng, NPHR(gph_pick))], g, v, target);
             strbuf_puts(&verbose, "\n");
         }
-        put_try_line(&verbose, g, a, off, g == x);
+        put_try_line(&verbose, g, a, off, target);
         strbuf_puts(&verbose, "\n");
         if (g == x)
             put_gphrase(&verbose, gph_yes[rng_below(&rng, NPHR(gph_yes))], g, v, target);

@@ -15,7 +15,7 @@
 //
 // "guess": guess and check, e.g. "Find x from 1 to 12 such that x * 4 + 3 = 31." The trace tries
 // candidates in a random order, computes each one's check and says whether it holds:
-//   concise  "try 5: 5 * 4 + 3 = 23, no\ntry 7: 7 * 4 + 3 = 31, yes\nAnswer: 7"
+//   concise  "try 5: 5 * 4 + 3 = 23, want 31, no\ntry 7: 7 * 4 + 3 = 31, want 31, yes\nAnswer: 7"
 // and stops at the first that holds or after max_tries; when none held it answers the candidate whose
 // check came closest ("closest: 9"), which is then wrong. The order carries no information about the
 // answer, so one greedy pass finds it only as often as max_tries / max_x, while independent samples try

@@ -469,16 +469,19 @@ static int check_guess(const GuessConfig *c, const SynthExample *ex) {
     int x = (target - b) / a;
     cr_assert(x >= 1 && x <= max_x && x * a + b == target, "%s", ex->problem);
     cr_assert_eq(ex->result, x);
-    char want[1024] = "", terse[256] = "", num[16];
+    char want[4096] = "", terse[512] = "", num[16];
     size_t wl = 0, tl = 0;
     const char *p = ex->concise;
     int seen[1001] = {0}, tries = 0, first = 0, closest = 0, found = 0;
     for (;;) {
-        int g, g2, a2, b2, v, m = 0;
+        int g, g2, a2, b2, v, tgt, m = 0;
         char verdict[4];
-        if (sscanf(p, "try %d: %d * %d + %d = %d, %3[a-z]\n%n", &g, &g2, &a2, &b2, &v, verdict, &m) != 6 || !m)
+        if (sscanf(p, "try %d: %d * %d + %d = %d, want %d, %3[a-z]\n%n", &g, &g2, &a2, &b2, &v, &tgt, verdict, &m) !=
+                7 ||
+            !m)
             break;
-        cr_assert(g == g2 && a2 == a && b2 == b && v == g * a + b, "wrong check line in\n%s", ex->concise);
+        cr_assert(g == g2 && a2 == a && b2 == b && v == g * a + b && tgt == target, "wrong check line in\n%s",
+                  ex->concise);
         cr_assert_str_eq(verdict, g == x ? "yes" : "no", "%s", ex->concise);
         cr_assert(g >= 1 && g <= max_x && !seen[g], "candidate %d repeated or out of range:\n%s", g, ex->concise);
         seen[g] = 1;
@@ -486,7 +489,8 @@ static int check_guess(const GuessConfig *c, const SynthExample *ex) {
             first = g;
         if (!closest || abs(g - x) < abs(closest - x))
             closest = g;
-        wl += (size_t)snprintf(want + wl, sizeof want - wl, "try %d: %d * %d + %d = %d, %s\n", g, g, a, b, v, verdict);
+        wl += (size_t)snprintf(want + wl, sizeof want - wl, "try %d: %d * %d + %d = %d, want %d, %s\n", g, g, a, b, v,
+                               target, verdict);
         tl += (size_t)snprintf(terse + tl, sizeof terse - tl, "%d %s", g, g == x ? "yes" : "no ");
         p += m;
         if ((found = g == x))
