@@ -37,7 +37,7 @@
 # GUESS_N=6000: the guess-and-check family (data/synth.h, `ertrain synth guess`) added to the mix, each record as the
 # chains records are: a chat conversation with its direct answer (half with a budget system line), the problem with
 # its verbose trace as raw text, and (MIX=cot*) the thinking opened with the concise trace (MIX=cotbudget: the terse
-# one at 32 tokens). models/tiny-base (make demo's and make paper's base) is MIX=cotbudget GUESS_N=6000.
+# one at 32 tokens).
 #
 # Usage: scripts/build_tiny_base.sh            full base (~27 min on one core)
 #        QUICK=1 scripts/build_tiny_base.sh    tiny variant for CI (seconds); cache runs/tiny-base-quick
