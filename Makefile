@@ -8,7 +8,8 @@
 #   (test, bench, demo and fuzz first install missing Debian packages with scripts/deps.sh)
 #   make SAN=1 test      the same under ASan + UBSan (objects in build/san/)
 #   make ARCH=           portable build (default ARCH=-march=native)
-#   make BLAS=0          no OpenBLAS: the built-in GEMM (the runtime library must build this way)
+#   make BLAS=0          no OpenBLAS: the built-in GEMM (the runtime library must build this way); BLAS=1 finds
+#                        OpenBLAS through `pkg-config openblas`
 #   make TILES=0         without the tiled q4/q4g32/q8 decode kernels (quant_tile; objects in .../notiles/): the
 #                        x86 reference of make test-aarch64's token comparison
 #   make CUDA=1          with the CUDA backend (model/cuda/: nvcc, cuBLAS from CUDA_HOME, default /usr/local/cuda)
@@ -59,10 +60,24 @@ ifeq ($(TILES),0)
 CFLAGS += -DER_NO_TILES
 endif
 
+# OpenBLAS through pkg-config (Debian's libopenblas-openmp-dev: openblas.pc names the OpenMP build, whose threads
+# share our pool). An RPATH to each of its -L dirs keeps the programs on the library pkg-config named, whichever
+# libopenblas.so.0 the system's alternatives pick. The goals that install the dependencies first (scripts/deps.sh,
+# then make again) get the error from that second make, so a bare machine can still run `make test`.
+DEPS_GOALS := test bench demo paper fuzz test-mpi test-aarch64 clean
 ifeq ($(BLAS),1)
-OPENBLAS_DIR := /usr/lib/x86_64-linux-gnu/openblas-openmp
-CFLAGS += -DER_BLAS -I/usr/include/x86_64-linux-gnu/openblas-openmp
-LDLIBS += -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas
+OPENBLAS_CFLAGS := $(strip $(shell pkg-config --cflags openblas 2>/dev/null))
+OPENBLAS_LIBS := $(strip $(shell pkg-config --libs openblas 2>/dev/null))
+comma := ,
+OPENBLAS_RPATH := $(patsubst -L%,-Wl$(comma)-rpath$(comma)%,$(shell pkg-config --libs-only-L openblas 2>/dev/null))
+ifeq ($(OPENBLAS_LIBS),)
+ifneq ($(filter-out $(DEPS_GOALS),$(or $(MAKECMDGOALS),all)),)
+$(error BLAS=1: `pkg-config --libs openblas` finds no OpenBLAS (install libopenblas-openmp-dev: scripts/deps.sh; \
+  or point PKG_CONFIG_PATH at an openblas.pc; or build without it: make BLAS=0))
+endif
+endif
+CFLAGS += -DER_BLAS $(OPENBLAS_CFLAGS)
+LDLIBS += $(OPENBLAS_LIBS) $(OPENBLAS_RPATH)
 endif
 ifeq ($(SAN),1)
 CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -201,7 +216,9 @@ CLI_SRC := $(wildcard cli/*.c)
 SERVER_SRC := $(wildcard erinfer/server*.c)
 ERINFER_SRC := $(filter-out $(SERVER_SRC),$(wildcard erinfer/*.c)) $(CLI_SRC) $(ARGS_SRC)
 ERTRAIN_SRC := $(wildcard ertrain/*.c) $(CLI_SRC) $(ARGS_SRC)
-TEST_SRC := $(filter-out tests/fuzz/%,$(wildcard tests/*/*.c))
+# tests/link/: the build and link checks make test runs after the suites (OpenBLAS through pkg-config), not
+# Criterion suites.
+TEST_SRC := $(filter-out tests/fuzz/% tests/link/%,$(wildcard tests/*/*.c))
 BENCH_SRC := $(wildcard bench/*.c)
 ifeq ($(CROSS),)
 ERINFER_SRC += $(SERVER_SRC)
@@ -292,6 +309,7 @@ test:
 # cores the other job needs (spinning makes the suite several times slower on 2 cores).
 test-run: all $(BUILD)/test_all ref check-source
 	OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(BUILD)/test_all --jobs $(TEST_JOBS)
+	bash tests/link/make_blas.sh
 # Under SAN=1 one test at a time: with two at once Criterion's own runner leaks 96 bytes now and then (allocated
 # inside libcriterion, in the runner process), which LeakSanitizer reports at its exit and fails the run.
 TEST_JOBS := $(if $(filter 1,$(SAN)),1,2)
