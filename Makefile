@@ -1,9 +1,11 @@
 # ertrain / erinfer build.
-#   make                 build/erinfer + build/liberinfer.a (the runtime, links alone), build/ertrain +
-#                        build/libertrain.a (the training tier), build/example; checks that liberinfer.a
-#                        links alone and that neither library prints, exits or aborts (check-runtime)
-#   make test            Criterion suite (runs the PyTorch reference generator first) and check-source
-#                        (layering and function length: scripts/check_layers.py, scripts/check_functions.py)
+#   make                 build/erinfer + build/liberinfer.a and build/liberinfer.so (the runtime, shipped: links
+#                        alone, exports the public API only), build/ertrain + build/libertrain.a (the training
+#                        tier), build/example; checks that liberinfer.a links alone and that neither library
+#                        prints, exits or aborts (check-runtime)
+#   make test            Criterion suite (runs the PyTorch reference generator first), check-source (layering and
+#                        function length: scripts/check_layers.py, scripts/check_functions.py), check-symbols
+#                        (scripts/check_symbols.py) and tests/link/ (erinfer beside llama.cpp, OpenBLAS flags)
 #   make bench           benchmarks (ratios against peers / physical limits)
 #   (test, bench, demo and fuzz first install missing Debian packages with scripts/deps.sh)
 #   make SAN=1 test      the same under ASan + UBSan (objects in build/san/)
@@ -31,6 +33,8 @@ BLAS ?= 1
 TILES ?= 1
 PY ?= /usr/bin/python3
 QUICK ?= 0
+# SHARED=0: no liberinfer.so (built by default beside the static archive).
+SHARED ?= 1
 # aarch64 (phones), cross-built here: make CROSS=aarch64-linux-gnu- (the aarch64 section below has the
 # rest). ARMv8.0 is the baseline (NEON is always there); dotprod is chosen at run time (quant/qkernel_neon.c).
 CROSS ?=
@@ -109,7 +113,8 @@ BUILD := $(BUILD)/cuda
 CUDA_ARCHS ?= 80 86 89 90
 CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
                 -gencode arch=compute_$(firstword $(CUDA_ARCHS)),code=compute_$(firstword $(CUDA_ARCHS))
-NVCCFLAGS := -O3 -lineinfo -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra -I. -MMD -MP
+# The host side of the kernels is library code like the C objects: hidden symbols, position-independent.
+NVCCFLAGS := -O3 -lineinfo -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra,-fvisibility=hidden,-fPIC -I. -MMD -MP
 CFLAGS += -DER_CUDA -I$(CUDA_HOME)/include
 # nvcc's kernel launch stubs need the C++ runtime (static-local guards).
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
@@ -136,6 +141,8 @@ ifeq ($(CUDA),1)
 $(error make CUDA_EMU=1 and CUDA=1 exclude each other)
 endif
 BUILD := build/cuda_emu
+# The emulated kernels are test-only C++, neither position-independent nor hidden: no .so of them.
+override SHARED := 0
 EMU_SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 CFLAGS += -DER_CUDA -DER_CUDA_EMU -Itests/cuda_emu/include $(EMU_SAN)
 LDFLAGS += -fsanitize=address,undefined
@@ -164,7 +171,7 @@ CRITERION_ARM64 ?= /usr/local/lib/aarch64-criterion
 $(BUILD)/test_all: LDFLAGS += -L$(CRITERION_ARM64) -Wl,--disable-new-dtags,-rpath,$(CRITERION_ARM64)
 $(CJSON_OBJ): $(CJSON_SRC)/cJSON.c
 	@mkdir -p $(dir $@)
-	$(CC) -std=c89 -O2 $(ARCH) -g -c $< -o $@
+	$(CC) -std=c89 -O2 $(ARCH) -g -fPIC -c $< -o $@
 endif
 
 # make test-aarch64 (CI runs it after make test): the x86 build (the token comparison's reference), then
@@ -192,7 +199,7 @@ test-aarch64:
 	$(MAKE) --no-print-directory BLAS=0 TILES=0 build/noblas/notiles/erinfer build/noblas/notiles/ertrain
 	$(MAKE) --no-print-directory CROSS=aarch64-linux-gnu- test-aarch64-run
 
-test-aarch64-run: all $(BUILD)/test_all ref
+test-aarch64-run: all $(BUILD)/test_all ref check-symbols
 	QEMU_CPU=max $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_SUITES)))/*'
 	QEMU_CPU=cortex-a53 $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_A53_SUITES)))/*'
 	QEMU_CPU=neoverse-n1 $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_N1_SUITES)))/*'
@@ -216,8 +223,8 @@ CLI_SRC := $(wildcard cli/*.c)
 SERVER_SRC := $(wildcard erinfer/server*.c)
 ERINFER_SRC := $(filter-out $(SERVER_SRC),$(wildcard erinfer/*.c)) $(CLI_SRC) $(ARGS_SRC)
 ERTRAIN_SRC := $(wildcard ertrain/*.c) $(CLI_SRC) $(ARGS_SRC)
-# tests/link/: the build and link checks make test runs after the suites (OpenBLAS through pkg-config), not
-# Criterion suites.
+# tests/link/: the build and link checks make test runs after the suites (erinfer beside llama.cpp, OpenBLAS through
+# pkg-config), not Criterion suites.
 TEST_SRC := $(filter-out tests/fuzz/% tests/link/%,$(wildcard tests/*/*.c))
 BENCH_SRC := $(wildcard bench/*.c)
 ifeq ($(CROSS),)
@@ -229,35 +236,84 @@ endif
 TEST_SRC += erinfer/server_json.c
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
-RUNTIME_LIB := $(BUILD)/liberinfer.a
-TRAIN_LIB := $(BUILD)/libertrain.a
+RUNTIME_OBJ := $(call obj,$(RUNTIME_SRC))
+TRAIN_OBJ := $(call obj,$(TRAIN_SRC))
 
-.PHONY: all test test-run bench bench-run demo clean ref check-runtime check-source
-all: $(BUILD)/ertrain $(BUILD)/erinfer $(BUILD)/example check-runtime
+# The libraries' files (docs/design.md, "Libraries and symbols"; docs/api.md, "Building an application"):
+#   liberinfer.a           SHIPPED: the runtime's objects prelinked into one (ld -r) whose hidden
+#                          symbols are then made local (objcopy --localize-hidden), so the public API is its only
+#                          global definition. An application may link it beside llama.cpp, whose ggml has names
+#                          that ours have too (gguf_find_tensor, ggml_type_name ...): a global one of ours would
+#                          be exported from the program and interpose on ggml's inside libllama.
+#   liberinfer.so.X.Y.Z    SHIPPED: the same objects, SONAME liberinfer.so.X (ER_VERSION_* of infer/erinfer.h), the
+#                          version script infer/liberinfer.map exporting er_* only; liberinfer.so.X and
+#                          liberinfer.so link to it here as where it is installed.
+#   liberinfer-internal.a  the same objects as compiled, for what calls internal functions: erinfer, ertrain, the
+#                          tests and the benchmarks. Never installed.
+#   libertrain.a           the training tier, internal too (no public header; ertrain, the tests, the benchmarks).
+# Every library object is compiled -fvisibility=hidden (infer/erinfer.h's ER_API alone gives default visibility)
+# and -fPIC for the .so (with hidden symbols the code is what the default PIE build made of it).
+# scripts/check_symbols.py checks the rule in make test (check-symbols).
+RUNTIME_LIB := $(BUILD)/liberinfer.a
+RUNTIME_INTERNAL := $(BUILD)/liberinfer-internal.a
+TRAIN_LIB := $(BUILD)/libertrain.a
+LIB_VISIBILITY := -fvisibility=hidden -fPIC
+LIB_C_OBJ := $(RUNTIME_OBJ) $(TRAIN_OBJ) $(call obj,$(wildcard model/cuda/*.c))
+$(LIB_C_OBJ): CFLAGS += $(LIB_VISIBILITY)
+# The flags are written to a file the objects depend on, so objects compiled without them are rebuilt.
+LIB_FLAGS_FILE := $(BUILD)/obj/lib-flags
+$(shell mkdir -p $(dir $(LIB_FLAGS_FILE)); echo '$(LIB_VISIBILITY)' | cmp -s - $(LIB_FLAGS_FILE) || \
+  echo '$(LIB_VISIBILITY)' >$(LIB_FLAGS_FILE))
+$(LIB_C_OBJ): $(LIB_FLAGS_FILE)
+er_version = $(shell sed -n 's/^[#]define ER_VERSION_$(1) *\([0-9][0-9]*\)$$/\1/p' infer/erinfer.h)
+ER_MAJOR := $(call er_version,MAJOR)
+ER_VERSION := $(ER_MAJOR).$(call er_version,MINOR).$(call er_version,PATCH)
+SO_NAME := liberinfer.so.$(ER_MAJOR)
+RUNTIME_SO := $(BUILD)/liberinfer.so.$(ER_VERSION)
+SHARED_LIB := $(if $(filter 1,$(SHARED)),$(RUNTIME_SO))
+
+.PHONY: all test test-run bench bench-run demo clean ref check-runtime check-source check-symbols
+all: $(BUILD)/ertrain $(BUILD)/erinfer $(BUILD)/example $(SHARED_LIB) check-runtime
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(RUNTIME_LIB): $(call obj,$(RUNTIME_SRC))
+$(RUNTIME_INTERNAL): $(RUNTIME_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(TRAIN_LIB): $(call obj,$(TRAIN_SRC))
+$(TRAIN_LIB): $(TRAIN_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/erinfer: $(call obj,$(ERINFER_SRC)) $(RUNTIME_LIB)
+# One object, so that the links between our files are resolved before the hidden names become local.
+$(RUNTIME_LIB): $(RUNTIME_OBJ)
+	@mkdir -p $(dir $@)
+	$(CROSS)ld -r $^ -o $(BUILD)/liberinfer.o
+	$(CROSS)objcopy --localize-hidden $(BUILD)/liberinfer.o
+	rm -f $@ && ar rcs $@ $(BUILD)/liberinfer.o
+
+# -z defs: the .so names every library it needs (what liberinfer.ok checks for the archive).
+$(RUNTIME_SO): $(RUNTIME_OBJ) infer/liberinfer.map
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,$(SO_NAME) -Wl,--version-script=infer/liberinfer.map -Wl,-z,defs \
+	  $(filter %.o,$^) $(LDLIBS) -o $@
+	ln -sf $(notdir $@) $(BUILD)/$(SO_NAME) && ln -sf $(SO_NAME) $(BUILD)/liberinfer.so
+$(RUNTIME_SO): | $(CJSON_OBJ) # aarch64: cJSON from source (the CROSS section), compiled -fPIC for this link
+
+$(BUILD)/erinfer: $(call obj,$(ERINFER_SRC)) $(RUNTIME_INTERNAL)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-$(BUILD)/ertrain: $(call obj,$(ERTRAIN_SRC)) $(TRAIN_LIB) $(RUNTIME_LIB)
+$(BUILD)/ertrain: $(call obj,$(ERTRAIN_SRC)) $(TRAIN_LIB) $(RUNTIME_INTERNAL)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-# The embedding example: uses only infer/erinfer.h and links the runtime library like an application would.
+# The embedding example: uses only infer/erinfer.h (on the include path as an installed copy would be) and links
+# the shipped archive like an application would.
+$(BUILD)/obj/infer/examples/example.o: CFLAGS += -Iinfer
 $(BUILD)/example: $(BUILD)/obj/infer/examples/example.o $(RUNTIME_LIB)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-# The runtime library stands alone: linking every object of it (whole archive) into a program with an
+# The runtime library stands alone: linking every object of the shipped archive into a program with an
 # empty main leaves no undefined symbol but those of libc, libm, OpenMP, OpenBLAS (BLAS=1) and the Debian
 # libraries it names (cJSON, PCRE2, utf8proc). Any reference into a training folder fails this link.
 $(BUILD)/liberinfer.ok: $(RUNTIME_LIB)
@@ -270,22 +326,38 @@ $(BUILD)/liberinfer.ok: $(RUNTIME_LIB)
 # Library code never prints, exits or aborts (docs/design.md): no object of either library refers to
 # stdout, stderr, printf, puts, exit or abort (streams come from the caller).
 LIB_FORBIDDEN := stdout stderr printf puts putchar perror vprintf exit abort
-$(BUILD)/libs-quiet.ok: $(RUNTIME_LIB) $(TRAIN_LIB)
+$(BUILD)/libs-quiet.ok: $(RUNTIME_INTERNAL) $(TRAIN_LIB)
 	@bad=$$(nm -A -u $^ | grep -wE '$(subst $(space),|,$(LIB_FORBIDDEN))'); \
 	if [ -n "$$bad" ]; then echo "$$bad"; echo "library objects above print, exit or abort"; exit 1; fi
 	touch $@
 space := $(subst ,, )
 check-runtime: $(BUILD)/liberinfer.ok $(BUILD)/libs-quiet.ok
 
+# The symbol rule: the shipped liberinfer.a and liberinfer.so define no global symbol but the ER_API functions of
+# infer/erinfer.h (and define all of them), and no object of the internal archives gives default visibility to
+# anything else. The script first checks itself on small libraries with a leaked symbol (--self-test).
+check-symbols: $(RUNTIME_LIB) $(SHARED_LIB) $(RUNTIME_INTERNAL) $(TRAIN_LIB)
+	$(PY) scripts/check_symbols.py --self-test --cc '$(CC)' --cross '$(CROSS)'
+	$(PY) scripts/check_symbols.py --header infer/erinfer.h --shipped $(RUNTIME_LIB) $(SHARED_LIB) \
+	  --internal $(RUNTIME_INTERNAL) $(TRAIN_LIB)
+
+# erinfer beside real llama.cpp in one process (tests/link/beside_llama.c, run by make test): the shipped archive
+# (and the .so) linked with node-llama-cpp's libllama and libggml; skipped loudly without node or the package.
+BESIDE_LLAMA = CC='$(CC)' LIBS='$(LDFLAGS) $(LDLIBS)' SHARED_LIB='$(SHARED_LIB)' \
+  bash tests/link/beside_llama.sh $(BUILD)
+.PHONY: test-beside-llama
+test-beside-llama: all
+	$(BESIDE_LLAMA)
+
 # The layering (includes, declarations, test helpers) and function length, read from the sources.
 check-source:
 	$(PY) scripts/check_layers.py
 	$(PY) scripts/check_functions.py
 
-$(BUILD)/test_all: $(call obj,$(TEST_SRC) $(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_LIB)
+$(BUILD)/test_all: $(call obj,$(TEST_SRC) $(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_INTERNAL)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcriterion -o $@
 
-$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(call obj,$(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_LIB)
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(call obj,$(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_INTERNAL)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
@@ -307,8 +379,9 @@ test:
 
 # Two test jobs at once, each with OpenMP threads: waiting threads sleep instead of spinning on the
 # cores the other job needs (spinning makes the suite several times slower on 2 cores).
-test-run: all $(BUILD)/test_all ref check-source
+test-run: all $(BUILD)/test_all ref check-source check-symbols
 	OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(BUILD)/test_all --jobs $(TEST_JOBS)
+	$(BESIDE_LLAMA)
 	bash tests/link/make_blas.sh
 # Under SAN=1 one test at a time: with two at once Criterion's own runner leaks 96 bytes now and then (allocated
 # inside libcriterion, in the runner process), which LeakSanitizer reports at its exit and fails the run.
@@ -402,7 +475,7 @@ $(FUZZ_OUT)/fuzz_serve_request: FUZZ_LDLIBS := $(FUZZ_OUT)/liberinfer.a $(FUZZ_L
 # (no GPU there; scripts/gpu_check.sh runs the CUDA tests on one).
 ifeq ($(CUDA),1)
 CUDA_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard model/cuda/*.cu)) $(call obj,$(wildcard model/cuda/*.c))
-$(RUNTIME_LIB): $(CUDA_OBJ)
+$(RUNTIME_LIB) $(RUNTIME_INTERNAL) $(RUNTIME_SO): $(CUDA_OBJ)
 
 # The arches the objects were compiled for: a changed CUDA_ARCHS rewrites the file, which recompiles them.
 CUDA_ARCHS_FILE := $(BUILD)/obj/model/cuda/archs
@@ -437,7 +510,7 @@ ifeq ($(CUDA_EMU),1)
 EMU_CXXFLAGS := -std=c++17 -O2 -g $(ARCH) -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -I. \
                 -Itests/cuda_emu/include -MMD -MP $(EMU_SAN)
 EMU_KERNELS := $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard model/cuda/*.cu))
-$(RUNTIME_LIB): $(EMU_KERNELS) $(call obj,$(wildcard model/cuda/*.c))
+$(RUNTIME_LIB) $(RUNTIME_INTERNAL): $(EMU_KERNELS) $(call obj,$(wildcard model/cuda/*.c))
 $(BUILD)/erinfer $(BUILD)/ertrain $(BUILD)/example $(BUILD)/test_all $(BUILD)/test_backend $(BUILD)/liberinfer.ok: \
   $(BUILD)/libcuda_emu.a
 
@@ -473,7 +546,7 @@ $(BUILD)/libcuda_emu.a: $(BUILD)/obj/tests/cuda_emu/emu.o $(BUILD)/obj/tests/cud
 
 # The backend suite alone (tests/model/test_backend.c on the runtime library): the whole test_all would build
 # every suite and the training tier under the sanitizers for tests that do not touch the device.
-$(BUILD)/test_backend: $(call obj,tests/model/test_backend.c) $(RUNTIME_LIB)
+$(BUILD)/test_backend: $(call obj,tests/model/test_backend.c) $(RUNTIME_INTERNAL)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcriterion -o $@
 
 # Without leak checks: Criterion's runner leaks now and then with 2 jobs (see TEST_JOBS), and the emulator keeps
