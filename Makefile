@@ -6,6 +6,8 @@
 #   make test            Criterion suite (runs the PyTorch reference generator first), check-source (layering and
 #                        function length: scripts/check_layers.py, scripts/check_functions.py), check-symbols
 #                        (scripts/check_symbols.py) and tests/link/ (erinfer beside llama.cpp, OpenBLAS flags)
+#   make install         PREFIX=/usr/local DESTDIR= SHARED=1: liberinfer.a, liberinfer.so, erinfer.h, erinfer.pc;
+#                        make install-check builds the example against an installed copy (docs/api.md)
 #   make bench           benchmarks (ratios against peers / physical limits)
 #   (test, bench, demo and fuzz first install missing Debian packages with scripts/deps.sh)
 #   make SAN=1 test      the same under ASan + UBSan (objects in build/san/)
@@ -33,7 +35,8 @@ BLAS ?= 1
 TILES ?= 1
 PY ?= /usr/bin/python3
 QUICK ?= 0
-# SHARED=0: no liberinfer.so (built by default beside the static archive).
+# SHARED=0: no liberinfer.so (built by default beside the static archive; make install SHARED=0 installs the
+# archive alone).
 SHARED ?= 1
 # aarch64 (phones), cross-built here: make CROSS=aarch64-linux-gnu- (the aarch64 section below has the
 # rest). ARMv8.0 is the baseline (NEON is always there); dotprod is chosen at run time (quant/qkernel_neon.c).
@@ -240,7 +243,7 @@ RUNTIME_OBJ := $(call obj,$(RUNTIME_SRC))
 TRAIN_OBJ := $(call obj,$(TRAIN_SRC))
 
 # The libraries' files (docs/design.md, "Libraries and symbols"; docs/api.md, "Building an application"):
-#   liberinfer.a           SHIPPED: the runtime's objects prelinked into one (ld -r) whose hidden
+#   liberinfer.a           SHIPPED (make install): the runtime's objects prelinked into one (ld -r) whose hidden
 #                          symbols are then made local (objcopy --localize-hidden), so the public API is its only
 #                          global definition. An application may link it beside llama.cpp, whose ggml has names
 #                          that ours have too (gguf_find_tensor, ggml_type_name ...): a global one of ours would
@@ -340,6 +343,37 @@ check-symbols: $(RUNTIME_LIB) $(SHARED_LIB) $(RUNTIME_INTERNAL) $(TRAIN_LIB)
 	$(PY) scripts/check_symbols.py --self-test --cc '$(CC)' --cross '$(CROSS)'
 	$(PY) scripts/check_symbols.py --header infer/erinfer.h --shipped $(RUNTIME_LIB) $(SHARED_LIB) \
 	  --internal $(RUNTIME_INTERNAL) $(TRAIN_LIB)
+
+# make install [PREFIX=/usr/local] [DESTDIR=] [SHARED=0]: lib/liberinfer.a, lib/liberinfer.so.X.Y.Z with its
+# .so.X and .so links (not with SHARED=0), include/erinfer.h and lib/pkgconfig/erinfer.pc, whose Libs.private are
+# what this configuration links the archive with (OpenMP, libm, OpenBLAS through pkg-config when BLAS=1) and
+# Requires.private the Debian libraries with a .pc. Nothing of the training tier is installed.
+PREFIX ?= /usr/local
+PC_LIBS_PRIVATE := $(strip $(LDFLAGS) $(filter-out -lcjson -lpcre2-8 -lutf8proc,$(LDLIBS)))
+.PHONY: install install-check
+install: $(RUNTIME_LIB) $(SHARED_LIB) check-runtime
+	install -d '$(DESTDIR)$(PREFIX)/lib/pkgconfig' '$(DESTDIR)$(PREFIX)/include'
+	install -m 644 infer/erinfer.h '$(DESTDIR)$(PREFIX)/include/erinfer.h'
+	install -m 644 $(RUNTIME_LIB) '$(DESTDIR)$(PREFIX)/lib/liberinfer.a'
+ifeq ($(SHARED),1)
+	install -m 755 $(RUNTIME_SO) '$(DESTDIR)$(PREFIX)/lib/$(notdir $(RUNTIME_SO))'
+	ln -sf $(notdir $(RUNTIME_SO)) '$(DESTDIR)$(PREFIX)/lib/$(SO_NAME)'
+	ln -sf $(SO_NAME) '$(DESTDIR)$(PREFIX)/lib/liberinfer.so'
+endif
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(ER_VERSION)|' -e 's|@LIBS_PRIVATE@|$(PC_LIBS_PRIVATE)|' \
+	  infer/erinfer.pc.in > '$(DESTDIR)$(PREFIX)/lib/pkgconfig/erinfer.pc'
+
+# CI, after make test: installs into temporary prefixes (under $(BUILD)/install-check/) and builds
+# infer/examples/example.c against each copy with `pkg-config --cflags --libs erinfer` alone: linked to the .so
+# (run through LD_LIBRARY_PATH), and from an archive-only install (SHARED=0) with `pkg-config --static`; both run
+# on the tiny base; and a staged install (DESTDIR) lands under DESTDIR naming PREFIX (scripts/install_check.sh).
+INSTALL_CHECK := $(BUILD)/install-check
+install-check: all
+	rm -rf $(INSTALL_CHECK)
+	$(MAKE) --no-print-directory install PREFIX=$(CURDIR)/$(INSTALL_CHECK)/shared
+	$(MAKE) --no-print-directory install SHARED=0 PREFIX=$(CURDIR)/$(INSTALL_CHECK)/static
+	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(INSTALL_CHECK)/stage PREFIX=/opt/erinfer
+	CC='$(CC)' bash scripts/install_check.sh $(INSTALL_CHECK)
 
 # erinfer beside real llama.cpp in one process (tests/link/beside_llama.c, run by make test): the shipped archive
 # (and the .so) linked with node-llama-cpp's libllama and libggml; skipped loudly without node or the package.
