@@ -250,7 +250,7 @@ TRAIN_OBJ := $(call obj,$(TRAIN_SRC))
 #                          be exported from the program and interpose on ggml's inside libllama.
 #   liberinfer.so.X.Y.Z    SHIPPED: the same objects, SONAME liberinfer.so.X (ER_VERSION_* of infer/erinfer.h), the
 #                          version script infer/liberinfer.map exporting er_* only; liberinfer.so.X and
-#                          liberinfer.so link to it here as where it is installed.
+#                          liberinfer.so link to it, here as where it is installed.
 #   liberinfer-internal.a  the same objects as compiled, for what calls internal functions: erinfer, ertrain, the
 #                          tests and the benchmarks. Never installed.
 #   libertrain.a           the training tier, internal too (no public header; ertrain, the tests, the benchmarks).
@@ -377,7 +377,7 @@ install-check: all
 
 # erinfer beside real llama.cpp in one process (tests/link/beside_llama.c, run by make test): the shipped archive
 # (and the .so) linked with node-llama-cpp's libllama and libggml; skipped loudly without node or the package.
-BESIDE_LLAMA = CC='$(CC)' LIBS='$(LDFLAGS) $(LDLIBS)' SHARED_LIB='$(SHARED_LIB)' \
+BESIDE_LLAMA = CC='$(CC)' LDFLAGS='$(LDFLAGS)' LIBS='$(LDLIBS)' SHARED_LIB='$(SHARED_LIB)' \
   bash tests/link/beside_llama.sh $(BUILD)
 .PHONY: test-beside-llama
 test-beside-llama: all

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # erinfer beside real llama.cpp in one process (tests/link/beside_llama.c), run by make test:
-#   CC=cc LIBS='what liberinfer.a links with' SHARED_LIB=BUILD/liberinfer.so.X.Y.Z tests/link/beside_llama.sh BUILD
+#   CC=cc LDFLAGS='the link flags' LIBS='what liberinfer.a links with' SHARED_LIB=BUILD/liberinfer.so.X.Y.Z \
+#     tests/link/beside_llama.sh BUILD
 # Links the program against the shipped BUILD/liberinfer.a and, when SHARED_LIB names it, liberinfer.so, each with
 # node-llama-cpp's libllama and libggml shared libraries (scripts/llama_cpp.sh installs the pinned package into
 # build/node_modules, as for the GGUF tests); llama.h and ggml's headers come from the package's own llama.cpp
@@ -65,10 +66,10 @@ run() { # NAME LINK-FLAGS...
   fi
 }
 # shellcheck disable=SC2086
-run static "$build/liberinfer.a" $llama_libs ${LIBS:-}
+run static ${LDFLAGS:-} "$build/liberinfer.a" $llama_libs ${LIBS:-}
 if [ -n "${SHARED_LIB:-}" ]; then
   so_dir=$(cd "$(dirname "$SHARED_LIB")" && pwd)
   # shellcheck disable=SC2086
-  run shared -L"$so_dir" -lerinfer -Wl,-rpath,"$so_dir" $llama_libs -lm
+  run shared ${LDFLAGS:-} -L"$so_dir" -lerinfer -Wl,-rpath,"$so_dir" $llama_libs -lm # LDFLAGS: SAN=1's runtime
 fi
 exit $status
