@@ -1,14 +1,19 @@
 # ertrain / erinfer build.
-#   make                 build/erinfer + build/liberinfer.a (the runtime, links alone), build/ertrain +
-#                        build/libertrain.a (the training tier), build/example; checks that liberinfer.a
-#                        links alone and that neither library prints, exits or aborts (check-runtime)
-#   make test            Criterion suite (runs the PyTorch reference generator first) and check-source
-#                        (layering and function length: scripts/check_layers.py, scripts/check_functions.py)
+#   make                 build/erinfer + build/liberinfer.a and build/liberinfer.so (the runtime, shipped: links
+#                        alone, exports the public API only), build/ertrain + build/libertrain.a (the training
+#                        tier), build/example; checks that liberinfer.a links alone and that neither library
+#                        prints, exits or aborts (check-runtime)
+#   make test            Criterion suite (runs the PyTorch reference generator first), check-source (layering and
+#                        function length: scripts/check_layers.py, scripts/check_functions.py), check-symbols
+#                        (scripts/check_symbols.py) and tests/link/ (erinfer beside llama.cpp, OpenBLAS flags)
+#   make install         PREFIX=/usr/local DESTDIR= SHARED=1: liberinfer.a, liberinfer.so, erinfer.h, erinfer.pc;
+#                        make install-check builds the example against an installed copy (docs/api.md)
 #   make bench           benchmarks (ratios against peers / physical limits)
 #   (test, bench, demo and fuzz first install missing Debian packages with scripts/deps.sh)
 #   make SAN=1 test      the same under ASan + UBSan (objects in build/san/)
 #   make ARCH=           portable build (default ARCH=-march=native)
-#   make BLAS=0          no OpenBLAS: the built-in GEMM (the runtime library must build this way)
+#   make BLAS=0          no OpenBLAS: the built-in GEMM (the runtime library must build this way); BLAS=1 finds
+#                        OpenBLAS through `pkg-config openblas`
 #   make TILES=0         without the tiled q4/q4g32/q8 decode kernels (quant_tile; objects in .../notiles/): the
 #                        x86 reference of make test-aarch64's token comparison
 #   make CUDA=1          with the CUDA backend (model/cuda/: nvcc, cuBLAS from CUDA_HOME, default /usr/local/cuda)
@@ -30,6 +35,9 @@ BLAS ?= 1
 TILES ?= 1
 PY ?= /usr/bin/python3
 QUICK ?= 0
+# SHARED=0: no liberinfer.so (built by default beside the static archive; make install SHARED=0 installs the
+# archive alone).
+SHARED ?= 1
 # aarch64 (phones), cross-built here: make CROSS=aarch64-linux-gnu- (the aarch64 section below has the
 # rest). ARMv8.0 is the baseline (NEON is always there); dotprod is chosen at run time (quant/qkernel_neon.c).
 CROSS ?=
@@ -59,10 +67,24 @@ ifeq ($(TILES),0)
 CFLAGS += -DER_NO_TILES
 endif
 
+# OpenBLAS through pkg-config (Debian's libopenblas-openmp-dev: openblas.pc names the OpenMP build, whose threads
+# share our pool). An RPATH to each of its -L dirs keeps the programs on the library pkg-config named, whichever
+# libopenblas.so.0 the system's alternatives pick. The goals that install the dependencies first (scripts/deps.sh,
+# then make again) get the error from that second make, so a bare machine can still run `make test`.
+DEPS_GOALS := test bench demo paper fuzz test-mpi test-aarch64 clean
 ifeq ($(BLAS),1)
-OPENBLAS_DIR := /usr/lib/x86_64-linux-gnu/openblas-openmp
-CFLAGS += -DER_BLAS -I/usr/include/x86_64-linux-gnu/openblas-openmp
-LDLIBS += -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas
+OPENBLAS_CFLAGS := $(strip $(shell pkg-config --cflags openblas 2>/dev/null))
+OPENBLAS_LIBS := $(strip $(shell pkg-config --libs openblas 2>/dev/null))
+comma := ,
+OPENBLAS_RPATH := $(patsubst -L%,-Wl$(comma)-rpath$(comma)%,$(shell pkg-config --libs-only-L openblas 2>/dev/null))
+ifeq ($(OPENBLAS_LIBS),)
+ifneq ($(filter-out $(DEPS_GOALS),$(or $(MAKECMDGOALS),all)),)
+$(error BLAS=1: `pkg-config --libs openblas` finds no OpenBLAS (install libopenblas-openmp-dev: scripts/deps.sh; \
+  or point PKG_CONFIG_PATH at an openblas.pc; or build without it: make BLAS=0))
+endif
+endif
+CFLAGS += -DER_BLAS $(OPENBLAS_CFLAGS)
+LDLIBS += $(OPENBLAS_LIBS) $(OPENBLAS_RPATH)
 endif
 ifeq ($(SAN),1)
 CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -94,7 +116,8 @@ BUILD := $(BUILD)/cuda
 CUDA_ARCHS ?= 80 86 89 90
 CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
                 -gencode arch=compute_$(firstword $(CUDA_ARCHS)),code=compute_$(firstword $(CUDA_ARCHS))
-NVCCFLAGS := -O3 -lineinfo -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra -I. -MMD -MP
+# The host side of the kernels is library code like the C objects: hidden symbols, position-independent.
+NVCCFLAGS := -O3 -lineinfo -std=c++17 $(CUDA_GENCODE) -Xcompiler -Wall,-Wextra,-fvisibility=hidden,-fPIC -I. -MMD -MP
 CFLAGS += -DER_CUDA -I$(CUDA_HOME)/include
 # nvcc's kernel launch stubs need the C++ runtime (static-local guards).
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
@@ -121,6 +144,8 @@ ifeq ($(CUDA),1)
 $(error make CUDA_EMU=1 and CUDA=1 exclude each other)
 endif
 BUILD := build/cuda_emu
+# The emulated kernels are test-only C++, neither position-independent nor hidden: no .so of them.
+override SHARED := 0
 EMU_SAN := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 CFLAGS += -DER_CUDA -DER_CUDA_EMU -Itests/cuda_emu/include $(EMU_SAN)
 LDFLAGS += -fsanitize=address,undefined
@@ -149,7 +174,7 @@ CRITERION_ARM64 ?= /usr/local/lib/aarch64-criterion
 $(BUILD)/test_all: LDFLAGS += -L$(CRITERION_ARM64) -Wl,--disable-new-dtags,-rpath,$(CRITERION_ARM64)
 $(CJSON_OBJ): $(CJSON_SRC)/cJSON.c
 	@mkdir -p $(dir $@)
-	$(CC) -std=c89 -O2 $(ARCH) -g -c $< -o $@
+	$(CC) -std=c89 -O2 $(ARCH) -g -fPIC -c $< -o $@
 endif
 
 # make test-aarch64 (CI runs it after make test): the x86 build (the token comparison's reference), then
@@ -177,7 +202,7 @@ test-aarch64:
 	$(MAKE) --no-print-directory BLAS=0 TILES=0 build/noblas/notiles/erinfer build/noblas/notiles/ertrain
 	$(MAKE) --no-print-directory CROSS=aarch64-linux-gnu- test-aarch64-run
 
-test-aarch64-run: all $(BUILD)/test_all ref
+test-aarch64-run: all $(BUILD)/test_all ref check-symbols
 	QEMU_CPU=max $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_SUITES)))/*'
 	QEMU_CPU=cortex-a53 $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_A53_SUITES)))/*'
 	QEMU_CPU=neoverse-n1 $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_N1_SUITES)))/*'
@@ -201,7 +226,9 @@ CLI_SRC := $(wildcard cli/*.c)
 SERVER_SRC := $(wildcard erinfer/server*.c)
 ERINFER_SRC := $(filter-out $(SERVER_SRC),$(wildcard erinfer/*.c)) $(CLI_SRC) $(ARGS_SRC)
 ERTRAIN_SRC := $(wildcard ertrain/*.c) $(CLI_SRC) $(ARGS_SRC)
-TEST_SRC := $(filter-out tests/fuzz/%,$(wildcard tests/*/*.c))
+# tests/link/: the build and link checks make test runs after the suites (erinfer beside llama.cpp, OpenBLAS through
+# pkg-config), not Criterion suites.
+TEST_SRC := $(filter-out tests/fuzz/% tests/link/%,$(wildcard tests/*/*.c))
 BENCH_SRC := $(wildcard bench/*.c)
 ifeq ($(CROSS),)
 ERINFER_SRC += $(SERVER_SRC)
@@ -212,35 +239,84 @@ endif
 TEST_SRC += erinfer/server_json.c
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
-RUNTIME_LIB := $(BUILD)/liberinfer.a
-TRAIN_LIB := $(BUILD)/libertrain.a
+RUNTIME_OBJ := $(call obj,$(RUNTIME_SRC))
+TRAIN_OBJ := $(call obj,$(TRAIN_SRC))
 
-.PHONY: all test test-run bench bench-run demo clean ref check-runtime check-source
-all: $(BUILD)/ertrain $(BUILD)/erinfer $(BUILD)/example check-runtime
+# The libraries' files (docs/design.md, "Libraries and symbols"; docs/api.md, "Building an application"):
+#   liberinfer.a           SHIPPED (make install): the runtime's objects prelinked into one (ld -r) whose hidden
+#                          symbols are then made local (objcopy --localize-hidden), so the public API is its only
+#                          global definition. An application may link it beside llama.cpp, whose ggml has names
+#                          that ours have too (gguf_find_tensor, ggml_type_name ...): a global one of ours would
+#                          be exported from the program and interpose on ggml's inside libllama.
+#   liberinfer.so.X.Y.Z    SHIPPED: the same objects, SONAME liberinfer.so.X (ER_VERSION_* of infer/erinfer.h), the
+#                          version script infer/liberinfer.map exporting er_* only; liberinfer.so.X and
+#                          liberinfer.so link to it, here as where it is installed.
+#   liberinfer-internal.a  the same objects as compiled, for what calls internal functions: erinfer, ertrain, the
+#                          tests and the benchmarks. Never installed.
+#   libertrain.a           the training tier, internal too (no public header; ertrain, the tests, the benchmarks).
+# Every library object is compiled -fvisibility=hidden (infer/erinfer.h's ER_API alone gives default visibility)
+# and -fPIC for the .so (with hidden symbols the code is what the default PIE build made of it).
+# scripts/check_symbols.py checks the rule in make test (check-symbols).
+RUNTIME_LIB := $(BUILD)/liberinfer.a
+RUNTIME_INTERNAL := $(BUILD)/liberinfer-internal.a
+TRAIN_LIB := $(BUILD)/libertrain.a
+LIB_VISIBILITY := -fvisibility=hidden -fPIC
+LIB_C_OBJ := $(RUNTIME_OBJ) $(TRAIN_OBJ) $(call obj,$(wildcard model/cuda/*.c))
+$(LIB_C_OBJ): CFLAGS += $(LIB_VISIBILITY)
+# The flags are written to a file the objects depend on, so objects compiled without them are rebuilt.
+LIB_FLAGS_FILE := $(BUILD)/obj/lib-flags
+$(shell mkdir -p $(dir $(LIB_FLAGS_FILE)); echo '$(LIB_VISIBILITY)' | cmp -s - $(LIB_FLAGS_FILE) || \
+  echo '$(LIB_VISIBILITY)' >$(LIB_FLAGS_FILE))
+$(LIB_C_OBJ): $(LIB_FLAGS_FILE)
+er_version = $(shell sed -n 's/^[#]define ER_VERSION_$(1) *\([0-9][0-9]*\)$$/\1/p' infer/erinfer.h)
+ER_MAJOR := $(call er_version,MAJOR)
+ER_VERSION := $(ER_MAJOR).$(call er_version,MINOR).$(call er_version,PATCH)
+SO_NAME := liberinfer.so.$(ER_MAJOR)
+RUNTIME_SO := $(BUILD)/liberinfer.so.$(ER_VERSION)
+SHARED_LIB := $(if $(filter 1,$(SHARED)),$(RUNTIME_SO))
+
+.PHONY: all test test-run bench bench-run demo clean ref check-runtime check-source check-symbols
+all: $(BUILD)/ertrain $(BUILD)/erinfer $(BUILD)/example $(SHARED_LIB) check-runtime
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(RUNTIME_LIB): $(call obj,$(RUNTIME_SRC))
+$(RUNTIME_INTERNAL): $(RUNTIME_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(TRAIN_LIB): $(call obj,$(TRAIN_SRC))
+$(TRAIN_LIB): $(TRAIN_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/erinfer: $(call obj,$(ERINFER_SRC)) $(RUNTIME_LIB)
+# One object, so that the links between our files are resolved before the hidden names become local.
+$(RUNTIME_LIB): $(RUNTIME_OBJ)
+	@mkdir -p $(dir $@)
+	$(CROSS)ld -r $^ -o $(BUILD)/liberinfer.o
+	$(CROSS)objcopy --localize-hidden $(BUILD)/liberinfer.o
+	rm -f $@ && ar rcs $@ $(BUILD)/liberinfer.o
+
+# -z defs: the .so names every library it needs (what liberinfer.ok checks for the archive).
+$(RUNTIME_SO): $(RUNTIME_OBJ) infer/liberinfer.map
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,$(SO_NAME) -Wl,--version-script=infer/liberinfer.map -Wl,-z,defs \
+	  $(filter %.o,$^) $(LDLIBS) -o $@
+	ln -sf $(notdir $@) $(BUILD)/$(SO_NAME) && ln -sf $(SO_NAME) $(BUILD)/liberinfer.so
+$(RUNTIME_SO): | $(CJSON_OBJ) # aarch64: cJSON from source (the CROSS section), compiled -fPIC for this link
+
+$(BUILD)/erinfer: $(call obj,$(ERINFER_SRC)) $(RUNTIME_INTERNAL)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-$(BUILD)/ertrain: $(call obj,$(ERTRAIN_SRC)) $(TRAIN_LIB) $(RUNTIME_LIB)
+$(BUILD)/ertrain: $(call obj,$(ERTRAIN_SRC)) $(TRAIN_LIB) $(RUNTIME_INTERNAL)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-# The embedding example: uses only infer/erinfer.h and links the runtime library like an application would.
+# The embedding example: uses only infer/erinfer.h (on the include path as an installed copy would be) and links
+# the shipped archive like an application would.
+$(BUILD)/obj/infer/examples/example.o: CFLAGS += -Iinfer
 $(BUILD)/example: $(BUILD)/obj/infer/examples/example.o $(RUNTIME_LIB)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-# The runtime library stands alone: linking every object of it (whole archive) into a program with an
+# The runtime library stands alone: linking every object of the shipped archive into a program with an
 # empty main leaves no undefined symbol but those of libc, libm, OpenMP, OpenBLAS (BLAS=1) and the Debian
 # libraries it names (cJSON, PCRE2, utf8proc). Any reference into a training folder fails this link.
 $(BUILD)/liberinfer.ok: $(RUNTIME_LIB)
@@ -253,22 +329,69 @@ $(BUILD)/liberinfer.ok: $(RUNTIME_LIB)
 # Library code never prints, exits or aborts (docs/design.md): no object of either library refers to
 # stdout, stderr, printf, puts, exit or abort (streams come from the caller).
 LIB_FORBIDDEN := stdout stderr printf puts putchar perror vprintf exit abort
-$(BUILD)/libs-quiet.ok: $(RUNTIME_LIB) $(TRAIN_LIB)
+$(BUILD)/libs-quiet.ok: $(RUNTIME_INTERNAL) $(TRAIN_LIB)
 	@bad=$$(nm -A -u $^ | grep -wE '$(subst $(space),|,$(LIB_FORBIDDEN))'); \
 	if [ -n "$$bad" ]; then echo "$$bad"; echo "library objects above print, exit or abort"; exit 1; fi
 	touch $@
 space := $(subst ,, )
 check-runtime: $(BUILD)/liberinfer.ok $(BUILD)/libs-quiet.ok
 
+# The symbol rule: the shipped liberinfer.a and liberinfer.so define no global symbol but the ER_API functions of
+# infer/erinfer.h (and define all of them), and no object of the internal archives gives default visibility to
+# anything else. The script first checks itself on small libraries with a leaked symbol (--self-test).
+check-symbols: $(RUNTIME_LIB) $(SHARED_LIB) $(RUNTIME_INTERNAL) $(TRAIN_LIB)
+	$(PY) scripts/check_symbols.py --self-test --cc '$(CC)' --cross '$(CROSS)'
+	$(PY) scripts/check_symbols.py --header infer/erinfer.h --shipped $(RUNTIME_LIB) $(SHARED_LIB) \
+	  --internal $(RUNTIME_INTERNAL) $(TRAIN_LIB)
+
+# make install [PREFIX=/usr/local] [DESTDIR=] [SHARED=0]: lib/liberinfer.a, lib/liberinfer.so.X.Y.Z with its
+# .so.X and .so links (not with SHARED=0), include/erinfer.h and lib/pkgconfig/erinfer.pc, whose Libs.private are
+# what this configuration links the archive with (OpenMP, libm, OpenBLAS through pkg-config when BLAS=1) and
+# Requires.private the Debian libraries with a .pc. Nothing of the training tier is installed.
+PREFIX ?= /usr/local
+PC_LIBS_PRIVATE := $(strip $(LDFLAGS) $(filter-out -lcjson -lpcre2-8 -lutf8proc,$(LDLIBS)))
+.PHONY: install install-check
+install: $(RUNTIME_LIB) $(SHARED_LIB) check-runtime
+	install -d '$(DESTDIR)$(PREFIX)/lib/pkgconfig' '$(DESTDIR)$(PREFIX)/include'
+	install -m 644 infer/erinfer.h '$(DESTDIR)$(PREFIX)/include/erinfer.h'
+	install -m 644 $(RUNTIME_LIB) '$(DESTDIR)$(PREFIX)/lib/liberinfer.a'
+ifeq ($(SHARED),1)
+	install -m 755 $(RUNTIME_SO) '$(DESTDIR)$(PREFIX)/lib/$(notdir $(RUNTIME_SO))'
+	ln -sf $(notdir $(RUNTIME_SO)) '$(DESTDIR)$(PREFIX)/lib/$(SO_NAME)'
+	ln -sf $(SO_NAME) '$(DESTDIR)$(PREFIX)/lib/liberinfer.so'
+endif
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(ER_VERSION)|' -e 's|@LIBS_PRIVATE@|$(PC_LIBS_PRIVATE)|' \
+	  infer/erinfer.pc.in > '$(DESTDIR)$(PREFIX)/lib/pkgconfig/erinfer.pc'
+
+# CI, after make test: installs into temporary prefixes (under $(BUILD)/install-check/) and builds
+# infer/examples/example.c against each copy with `pkg-config --cflags --libs erinfer` alone: linked to the .so
+# (run through LD_LIBRARY_PATH), and from an archive-only install (SHARED=0) with `pkg-config --static`; both run
+# on the tiny base; and a staged install (DESTDIR) lands under DESTDIR naming PREFIX (scripts/install_check.sh).
+INSTALL_CHECK := $(BUILD)/install-check
+install-check: all
+	rm -rf $(INSTALL_CHECK)
+	$(MAKE) --no-print-directory install PREFIX=$(CURDIR)/$(INSTALL_CHECK)/shared
+	$(MAKE) --no-print-directory install SHARED=0 PREFIX=$(CURDIR)/$(INSTALL_CHECK)/static
+	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(INSTALL_CHECK)/stage PREFIX=/opt/erinfer
+	CC='$(CC)' bash scripts/install_check.sh $(INSTALL_CHECK)
+
+# erinfer beside real llama.cpp in one process (tests/link/beside_llama.c, run by make test): the shipped archive
+# (and the .so) linked with node-llama-cpp's libllama and libggml; skipped loudly without node or the package.
+BESIDE_LLAMA = CC='$(CC)' LDFLAGS='$(LDFLAGS)' LIBS='$(LDLIBS)' SHARED_LIB='$(SHARED_LIB)' \
+  bash tests/link/beside_llama.sh $(BUILD)
+.PHONY: test-beside-llama
+test-beside-llama: all
+	$(BESIDE_LLAMA)
+
 # The layering (includes, declarations, test helpers) and function length, read from the sources.
 check-source:
 	$(PY) scripts/check_layers.py
 	$(PY) scripts/check_functions.py
 
-$(BUILD)/test_all: $(call obj,$(TEST_SRC) $(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_LIB)
+$(BUILD)/test_all: $(call obj,$(TEST_SRC) $(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_INTERNAL)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcriterion -o $@
 
-$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(call obj,$(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_LIB)
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(call obj,$(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_INTERNAL)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
@@ -290,8 +413,10 @@ test:
 
 # Two test jobs at once, each with OpenMP threads: waiting threads sleep instead of spinning on the
 # cores the other job needs (spinning makes the suite several times slower on 2 cores).
-test-run: all $(BUILD)/test_all ref check-source
+test-run: all $(BUILD)/test_all ref check-source check-symbols
 	OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(BUILD)/test_all --jobs $(TEST_JOBS)
+	$(BESIDE_LLAMA)
+	bash tests/link/make_blas.sh
 # Under SAN=1 one test at a time: with two at once Criterion's own runner leaks 96 bytes now and then (allocated
 # inside libcriterion, in the runner process), which LeakSanitizer reports at its exit and fails the run.
 TEST_JOBS := $(if $(filter 1,$(SAN)),1,2)
@@ -384,7 +509,7 @@ $(FUZZ_OUT)/fuzz_serve_request: FUZZ_LDLIBS := $(FUZZ_OUT)/liberinfer.a $(FUZZ_L
 # (no GPU there; scripts/gpu_check.sh runs the CUDA tests on one).
 ifeq ($(CUDA),1)
 CUDA_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard model/cuda/*.cu)) $(call obj,$(wildcard model/cuda/*.c))
-$(RUNTIME_LIB): $(CUDA_OBJ)
+$(RUNTIME_LIB) $(RUNTIME_INTERNAL) $(RUNTIME_SO): $(CUDA_OBJ)
 
 # The arches the objects were compiled for: a changed CUDA_ARCHS rewrites the file, which recompiles them.
 CUDA_ARCHS_FILE := $(BUILD)/obj/model/cuda/archs
@@ -419,7 +544,7 @@ ifeq ($(CUDA_EMU),1)
 EMU_CXXFLAGS := -std=c++17 -O2 -g $(ARCH) -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -I. \
                 -Itests/cuda_emu/include -MMD -MP $(EMU_SAN)
 EMU_KERNELS := $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard model/cuda/*.cu))
-$(RUNTIME_LIB): $(EMU_KERNELS) $(call obj,$(wildcard model/cuda/*.c))
+$(RUNTIME_LIB) $(RUNTIME_INTERNAL): $(EMU_KERNELS) $(call obj,$(wildcard model/cuda/*.c))
 $(BUILD)/erinfer $(BUILD)/ertrain $(BUILD)/example $(BUILD)/test_all $(BUILD)/test_backend $(BUILD)/liberinfer.ok: \
   $(BUILD)/libcuda_emu.a
 
@@ -455,7 +580,7 @@ $(BUILD)/libcuda_emu.a: $(BUILD)/obj/tests/cuda_emu/emu.o $(BUILD)/obj/tests/cud
 
 # The backend suite alone (tests/model/test_backend.c on the runtime library): the whole test_all would build
 # every suite and the training tier under the sanitizers for tests that do not touch the device.
-$(BUILD)/test_backend: $(call obj,tests/model/test_backend.c) $(RUNTIME_LIB)
+$(BUILD)/test_backend: $(call obj,tests/model/test_backend.c) $(RUNTIME_INTERNAL)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcriterion -o $@
 
 # Without leak checks: Criterion's runner leaks now and then with 2 jobs (see TEST_JOBS), and the emulator keeps

@@ -48,9 +48,9 @@
 extern "C" {
 #endif
 
-// Every public function carries ER_API. A static liberinfer.a needs nothing; a DLL build defines
-// ER_SHARED (and ER_BUILD while compiling the library); elsewhere the symbols stay visible in a shared
-// library built with -fvisibility=hidden.
+// Every public function carries ER_API, the one default visibility in a library compiled with
+// -fvisibility=hidden: liberinfer.so and the shipped liberinfer.a export these functions and nothing else
+// (docs/api.md). A Windows DLL build would define ER_SHARED (and ER_BUILD while compiling the library).
 #if defined(_WIN32) && defined(ER_SHARED)
 #ifdef ER_BUILD
 #define ER_API __declspec(dllexport)

@@ -1,4 +1,5 @@
-// The smallest complete use of the erinfer library: only "infer/erinfer.h".
+// The smallest complete use of the erinfer library: only its header, erinfer.h (infer/erinfer.h here, on the
+// include path as make install puts it: `cc example.c $(pkg-config --cflags --libs erinfer)` builds it too).
 //
 //     build/example MODEL_DIR [PROMPT]
 //
@@ -7,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "infer/erinfer.h"
+#include "erinfer.h"
 
 typedef struct {
     long tokens; // callbacks seen: one per generated token

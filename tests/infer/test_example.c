@@ -1,7 +1,7 @@
 // The embedding example ($ER_BUILD/example, built by `make` from infer/examples/example.c, which uses
 // only infer/erinfer.h): it streams a reply from a tiny model dir, its streamed token count agrees
 // with the sample and the stats, and a bad model path is one clear error line with exit 1. The
-// Makefile links it from example.o and liberinfer.a alone, so its running proves the runtime library
+// Makefile links it from example.o and the shipped liberinfer.a alone, so its running proves the runtime library
 // needs nothing of the training tier; here the header also compiles alone, as C99 and as C++.
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -68,8 +68,9 @@ Test(example, bad_model_path_is_one_error_line) {
     helper_result_free(&r);
 }
 
-// A copy of infer/erinfer.h alone on the include path: the example compiles as strict C99, and a
-// C++ file using the header compiles too (extern "C", no C-only constructs).
+// A copy of infer/erinfer.h alone on the include path, as make install puts it (include/erinfer.h): the
+// example compiles as strict C99, and a C++ file using the header compiles too (extern "C", no C-only
+// constructs).
 Test(example, header_compiles_alone_as_c_and_cpp) {
     if (access("infer/examples/example.c", R_OK) != 0)
         cr_skip_test("not run from the repository root");
@@ -77,7 +78,7 @@ Test(example, header_compiles_alone_as_c_and_cpp) {
     if (r.status != 0)
         cr_skip_test("!!!!!! no c++ compiler - header test SKIPPED !!!!!!");
     helper_result_free(&r);
-    r = helper_run(fx.tmp, "mkdir -p '%s/inc/infer' && cp infer/erinfer.h '%s/inc/infer/'", fx.tmp, fx.tmp);
+    r = helper_run(fx.tmp, "mkdir -p '%s/inc' && cp infer/erinfer.h '%s/inc/'", fx.tmp, fx.tmp);
     cr_assert_eq(r.status, 0, "%s", r.err);
     helper_result_free(&r);
 
@@ -89,7 +90,7 @@ Test(example, header_compiles_alone_as_c_and_cpp) {
     char *cpp = path_join(fx.tmp, "use.cpp");
     FILE *f = fopen(cpp, "w");
     cr_assert(f);
-    fputs("#include \"infer/erinfer.h\"\n"
+    fputs("#include \"erinfer.h\"\n"
           "int main() {\n"
           "    ErGenParams p;\n"
           "    er_gen_params_init(&p);\n"
