@@ -176,7 +176,7 @@ int er_model_load(ErModel **out, const char *dir) {
         return ER_ENOMEM;
     atomic_init(&m->refs, 1);
     ER_CHECK(model_load(&m->model, dir, 0));
-    ER_CHECK(model_tile_for_decode(&m->model, NULL));
+    ER_CHECK(model_tile_for_decode(&m->model, NULL, NULL, NULL));
     ER_CHECK(tok_load(&m->tok, dir));
     ER_CHECK(chat_style_from_config(dir, &m->style));
     if (tok_vocab_size(m->tok) > m->model.cfg.V)

@@ -83,6 +83,7 @@ typedef enum {
     ER_EFORMAT = -4,      // malformed file contents
     ER_EUNSUPPORTED = -5, // valid but not supported by this build
     ER_ERANGE = -6,       // value out of range
+    ER_EABORTED = -7,     // stopped by the caller's abort callback
 } ErStatus;
 #endif
 // A status's name ("invalid argument"); "unknown status" for any other value.

@@ -185,13 +185,13 @@ Test(api, every_status_has_its_name) {
         const char *name;
     } all[] = {{ER_OK, "ok"},          {ER_EINVAL, "invalid argument"}, {ER_EIO, "I/O error"},
                {ER_ENOMEM, "out of memory"}, {ER_EFORMAT, "bad format"},   {ER_EUNSUPPORTED, "unsupported"},
-               {ER_ERANGE, "out of range"}};
+               {ER_ERANGE, "out of range"},  {ER_EABORTED, "aborted"}};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         cr_assert_eq(all[i].status, -(int)i, "the statuses are 0, -1, -2, ...");
         cr_assert_str_eq(er_status_name(all[i].status), all[i].name);
     }
     cr_assert_str_eq(er_status_name(1), "unknown status");
-    cr_assert_str_eq(er_status_name(-7), "unknown status");
+    cr_assert_str_eq(er_status_name(-8), "unknown status");
 }
 
 // Greedy text of a fixed prompt with the given stop strings; the status of the call.
