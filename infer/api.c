@@ -1,6 +1,7 @@
 // The public C API (infer/erinfer.h) over the engine.
 #include "infer/erinfer.h"
 
+#include <limits.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -419,6 +420,87 @@ int er_model_extra_positions(const ErModel *m) {
     ER_TRY(prefix);
     ER_TRY(verify);
     return prefix + verify;
+}
+
+// ---- tokens and the chat template ----
+
+// A text result the snprintf way: its first cap - 1 bytes and a NUL into out (cap > 0), its length returned.
+static int text_out(const char *text, size_t len, char *out, size_t cap, const char *fn) {
+    if (len > INT_MAX)
+        return er_error(ER_ERANGE, "%s: the text has %zu bytes, more than an int can count", fn, len);
+    if (cap > 0) {
+        size_t n = len < cap - 1 ? len : cap - 1;
+        memcpy(out, text, n);
+        out[n] = 0;
+    }
+    return (int)len;
+}
+
+int er_tokenize(const ErModel *m, const char *text, int32_t *out, int cap, int parse_special) {
+    NEED(m, "er_tokenize", "the model");
+    NEED(text, "er_tokenize", "the text");
+    NOT_FREED(m, "er_tokenize");
+    if (cap < 0 || (cap > 0 && !out))
+        return er_error(ER_EINVAL, "er_tokenize: cap is %d with %s output array (expected cap >= 0, and an array when "
+                        "cap > 0)", cap, out ? "an" : "a NULL");
+    int *ids, n;
+    int rc = tok_encode_ex(m->tok, text, strlen(text), !parse_special, &ids, &n);
+    if (rc < 0)
+        return er_error_prefix(rc, "er_tokenize");
+    if (n > 0 && cap > 0)
+        memcpy(out, ids, sizeof(int) * (size_t)(n < cap ? n : cap));
+    er_free(ids);
+    return n;
+}
+
+int er_detokenize(const ErModel *m, const int32_t *tokens, int n, char *out, size_t cap) {
+    NEED(m, "er_detokenize", "the model");
+    NOT_FREED(m, "er_detokenize");
+    if (n < 0 || (n > 0 && !tokens))
+        return er_error(ER_EINVAL, "er_detokenize: %d tokens at %s (expected n >= 0, and an array when n > 0)", n,
+                        tokens ? "an array" : "NULL");
+    if (cap > 0 && !out)
+        return er_error(ER_EINVAL, "er_detokenize: the output buffer is NULL but cap is %zu", cap);
+    int V = tok_vocab_size(m->tok);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V || !tok_token_bytes(m->tok, tokens[i], &(size_t){0}))
+            return er_error(ER_ERANGE, "er_detokenize: tokens[%d] is %d, not a token of the model's vocabulary (ids "
+                            "0..%d)", i, (int)tokens[i], V - 1);
+    char *text;
+    size_t len;
+    ER_TRY(tok_decode(m->tok, (const int *)tokens, n, &text, &len));
+    int rc = text_out(text, len, out, cap, "er_detokenize");
+    er_free(text);
+    return rc;
+}
+
+int er_apply_template(const ErModel *m, const ErMessage *msgs, int n, int add_generation_prompt, char *out,
+                      size_t cap) {
+    NEED(m, "er_apply_template", "the model");
+    NOT_FREED(m, "er_apply_template");
+    if (n < 0 || (n > 0 && !msgs))
+        return er_error(ER_EINVAL, "er_apply_template: %d messages at %s (expected n >= 0, and an array when n > 0)", n,
+                        msgs ? "an array" : "NULL");
+    if (cap > 0 && !out)
+        return er_error(ER_EINVAL, "er_apply_template: the output buffer is NULL but cap is %zu", cap);
+    for (int i = 0; i < n; i++)
+        if (!msgs[i].role || !msgs[i].content)
+            return er_error(ER_EINVAL, "er_apply_template: message %d has a NULL %s", i,
+                            msgs[i].role ? "content" : "role");
+    ChatMessage *cm = er_calloc((size_t)(n > 0 ? n : 1), sizeof(ChatMessage));
+    if (!cm)
+        return ER_ENOMEM;
+    for (int i = 0; i < n; i++)
+        cm[i] = (ChatMessage){msgs[i].role, msgs[i].content};
+    char *text = NULL;
+    size_t len = 0;
+    int rc = chat_render(m->style, cm, n, add_generation_prompt ? CHAT_ADD_GENERATION_PROMPT : 0, &text, &len);
+    er_free(cm);
+    if (rc < 0)
+        return er_error_prefix(rc, "er_apply_template");
+    rc = text_out(text, len, out, cap, "er_apply_template");
+    er_free(text);
+    return rc;
 }
 
 // What er_session_open and er_batch_open check: the pointers, and the parameters into *p (the library's

@@ -261,6 +261,25 @@ typedef struct {
 ER_API int er_session_params_init_size(ErSessionParams *p, size_t size);
 static inline void er_session_params_init(ErSessionParams *p) { er_session_params_init_size(p, sizeof *p); }
 
+// ---- tokens and the chat template: count a prompt before generating ----
+// Like snprintf: each returns the size of its whole result (ids, or bytes without the NUL) and writes what fits
+// into out: ids up to cap; text up to cap - 1 bytes and a NUL when cap > 0 (possibly cut inside a UTF-8
+// character). A return of cap or more (ids: more than cap) means out was too small: call again with room for
+// the return (+ 1 for text). out may be NULL when cap is 0. A negative status on failure. These read only
+// what a load never changes, so they may run beside generations, on any thread.
+//
+// The ids of text (UTF-8, NUL-terminated) as er_generate_raw encodes it: no BOS or EOS is added (chat templates
+// place the special tokens). parse_special != 0: special tokens written in the text ("<|im_end|>") become
+// their ids, as er_generate_raw does; 0: they stay plain text (for text a user typed). Invalid UTF-8: ER_EINVAL.
+ER_API int er_tokenize(const ErModel *m, const char *text, int32_t *out, int cap, int parse_special);
+// The text of n ids (special tokens as their text). Bytes that do not form valid UTF-8 become U+FFFD; an id
+// outside the vocabulary is ER_ERANGE.
+ER_API int er_detokenize(const ErModel *m, const int32_t *tokens, int n, char *out, size_t cap);
+// n messages rendered with the model's chat template; add_generation_prompt != 0 opens the assistant turn,
+// which gives the text er_generate feeds the model for these messages.
+ER_API int er_apply_template(const ErModel *m, const ErMessage *msgs, int n, int add_generation_prompt, char *out,
+                             size_t cap);
+
 // A session for up to p->max_samples parallel samples of up to p->max_tokens positions. Memory is
 // reserved here: a size that does not fit is refused (ER_ENOMEM), and max_samples x max_tokens above
 // INT_MAX positions (more than a KV cache can address) with ER_ERANGE.
