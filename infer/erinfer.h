@@ -18,21 +18,21 @@
 // calling thread, rewritten by its next failing call. er_version and er_status_name return static
 // strings.
 //
-// Threads and callbacks: a session's (or a batch's) work, its prefill, decode, sampling and heads, runs on
-// ErSessionParams.n_threads threads: the calling thread and workers of its own (OpenMP keeps the count per
-// thread), so two sessions of 1 thread each generating on two threads of the app run side by side, one
-// core each, and neither changes the count of the app's other threads. A session (or a batch) takes one
-// call at a time. A second er_generate* on a
-// session while one runs, from its own token callback or from another thread, returns ER_EINVAL ("in
-// use") and changes nothing; er_session_free meanwhile stops the running call, which frees the session
-// as it returns (no callback runs after the free). Several sessions of one model may generate on
-// different threads at once (they read the model only). er_model_load_* while a generation runs on the
-// model (a generate call, or a batch request from submission to its end) returns ER_EINVAL, as does a
-// generation starting during a load: load between generations. Opening and freeing sessions and
-// batches may overlap calls on other sessions; er_model_free must follow every other call on the model
-// (its sessions and batches keep it alive). These checks cost a few atomic operations per call and
-// catch misuse, they do not queue calls. er_last_error is per thread. The library's own callbacks
-// (ErCallbacks: log, progress, abort) run on the thread of the call that reports, never on a worker.
+// Threads and callbacks: a session's (or a batch's) work, its prefill, decode, sampling and heads, runs
+// on ErSessionParams.n_threads threads: the calling thread and workers of its own (OpenMP keeps the
+// count per thread), so two sessions of 1 thread each generating on two threads of the app run side by
+// side, one core each, and neither changes the count of the app's other threads. A session (or a batch)
+// takes one call at a time. A second er_generate* on a session while one runs, from its own token
+// callback or from another thread, returns ER_EINVAL ("in use") and changes nothing; er_session_free
+// meanwhile stops the running call, which frees the session as it returns (no callback runs after the
+// free). Several sessions of one model may generate on different threads at once (they read the model
+// only). er_model_load_* while a generation runs on the model (a generate call, or a batch request from
+// submission to its end) returns ER_EINVAL, as does a generation starting during a load: load between
+// generations. Opening and freeing sessions and batches may overlap calls on other sessions;
+// er_model_free must follow every other call on the model (its sessions and batches keep it alive).
+// These checks cost a few atomic operations per call and catch misuse, they do not queue calls.
+// er_last_error is per thread. The library's own callbacks (ErCallbacks: log, progress, abort) run on
+// the thread of the call that reports, never on a worker.
 //
 // Structs the caller fills (ErSessionParams, ErGenParams, ErCallbacks) start with `size`: fill them with
 // their *_init, which sets every default and `size` = sizeof as this header has it. The library reads the
@@ -41,8 +41,8 @@
 // zero (fields a newer header added, left at their default), and refused (ER_EINVAL) when they are not, as
 // is a size below the struct's first version or over 1024 bytes past what the library knows (a struct never
 // initialised). Later versions only add fields at the end, each with zero meaning what the library did
-// before it. (*_init are inline so that sizeof is the caller's; bindings that
-// cannot call them call er_*_init_size(p, sizeof) themselves.)
+// before it. The *_init are inline so that sizeof is the caller's; bindings that cannot call them (ctypes,
+// Dart FFI) call er_*_init_size(p, sizeof) themselves.
 //
 //     ErModel *m;  ErSession *s;
 //     if (er_model_load(&m, "qwen2.5-0.5b-instruct") < 0) puts(er_last_error());
@@ -251,7 +251,8 @@ typedef struct {
     size_t size;      // sizeof(ErSessionParams), set by er_session_params_init
     int max_samples;  // parallel samples (a batch: rows, over all its live requests) [1]
     int max_tokens;   // positions per sample, prompt included, at most er_model_max_positions [2048]
-    int kv_type;      // ER_KV_F32 or ER_KV_INT8 (half the memory of f32 plus a scale per row) [ER_KV_F32]
+    int kv_type;      // ER_KV_F32 or ER_KV_INT8 (a byte per value, a quarter of f32's, plus a scale per row)
+                      // [ER_KV_F32]
     int n_threads;    // threads its calls run on, 0..ER_THREADS_MAX; 0 = the OpenMP default of the thread
                       // that opens it (all cores unless OMP_NUM_THREADS or omp_set_num_threads says) [0]
     const ErCallbacks *callbacks; // progress and abort for its generate calls (a batch: its submits'
