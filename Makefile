@@ -388,6 +388,8 @@ check-source:
 	$(PY) scripts/check_layers.py
 	$(PY) scripts/check_functions.py
 
+# Every OpenMP region of the code under test through tests/common/omp_probe.c (the team each one got).
+$(BUILD)/test_all: LDFLAGS += -Wl,--wrap=GOMP_parallel
 $(BUILD)/test_all: $(call obj,$(TEST_SRC) $(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_INTERNAL)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lcriterion -o $@
 

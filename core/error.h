@@ -14,7 +14,8 @@
     X(ER_ENOMEM, -3, "out of memory")       /* allocation failed or would not fit */    \
     X(ER_EFORMAT, -4, "bad format")         /* malformed file contents */               \
     X(ER_EUNSUPPORTED, -5, "unsupported")   /* valid but not supported by this build */ \
-    X(ER_ERANGE, -6, "out of range")        /* value out of range */
+    X(ER_ERANGE, -6, "out of range")        /* value out of range */                    \
+    X(ER_EABORTED, -7, "aborted")           /* stopped by the caller (an abort callback) */
 
 #ifndef ER_STATUS_DEFINED
 #define ER_STATUS_DEFINED

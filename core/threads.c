@@ -28,3 +28,24 @@ int threads_get(void) {
     return 1;
 #endif
 }
+
+int threads_push(int n) {
+#ifdef _OPENMP
+    int prev = omp_get_max_threads();
+    if (n > 0 && n != prev)
+        omp_set_num_threads(n);
+    return prev;
+#else
+    (void)n;
+    return 1;
+#endif
+}
+
+void threads_pop(int prev) {
+#ifdef _OPENMP
+    if (prev > 0 && prev != omp_get_max_threads())
+        omp_set_num_threads(prev);
+#else
+    (void)prev;
+#endif
+}

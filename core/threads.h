@@ -14,4 +14,13 @@ enum { THREADS_MIN_WORK = 1 << 16 };
 int threads_set(int n);
 int threads_get(void);
 
+// The thread count of the parallel regions the calling thread starts, for one call of a caller that has its
+// own (a session's): OpenMP keeps that count (the nthreads ICV) per thread, so two threads in scopes of 1
+// run side by side without either one's regions spreading onto the other's core. threads_push sets it to
+// n (n <= 0: leaves it) and returns the count before, which threads_pop puts back. Only this thread's
+// count changes: BLAS's global one (threads_set) is left alone; OpenBLAS's OpenMP build follows the calling
+// thread's count.
+int threads_push(int n);
+void threads_pop(int prev);
+
 #endif

@@ -792,7 +792,12 @@ static int serve_open(Server *srv, const ServeFlags *f) {
     srv->tok = runner_model_tokenizer(srv->model);
     ER_TRY(chat_style_from_config(f->g.model, &srv->style));
     srv->batch_rows = srv->batch_free = f->parallel > f->max_n ? f->parallel : f->max_n;
-    return er_batch_open(&srv->batch, srv->model, srv->batch_rows, positions, kv_int8);
+    ErSessionParams sp;
+    er_session_params_init(&sp);
+    sp.max_samples = srv->batch_rows;
+    sp.max_tokens = positions;
+    sp.kv_type = kv_int8 ? ER_KV_INT8 : ER_KV_F32;
+    return er_batch_open(&srv->batch, srv->model, &sp);
 }
 
 static void serve_close(Server *srv) {

@@ -1,7 +1,11 @@
 // The public C API (infer/erinfer.h) over the engine.
 #include "infer/erinfer.h"
 
+#include <limits.h>
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,8 +13,10 @@
 #include "core/bytes.h"
 #include "core/error.h"
 #include "core/progress.h"
+#include "core/threads.h"
 #include "data/chat.h"
 #include "data/tokenizer.h"
+#include "infer/api_struct.h"
 #include "infer/decode_batch.h"
 #include "infer/engine.h"
 #include "infer/model_source.h"
@@ -35,7 +41,16 @@ ER_SAME_(ER_ROUTE_REASONING, ROUTE_REASONING, "infer/pipeline.h")
 ER_SAME_(ER_STOP_MAX, STOP_MAX, "infer/stop.h")
 ER_SAME_(ER_STOP_MAX_LEN, STOP_MAX_LEN, "infer/stop.h")
 ER_SAME_(ER_TOP_LOGPROBS_MAX, ENGINE_TOP_MAX, "infer/engine.h")
+ER_SAME_(ER_KV_F32, KV_F32, "model/kvcache.h")
+ER_SAME_(ER_KV_INT8, KV_INT8, "model/kvcache.h")
 #undef ER_SAME_
+_Static_assert(sizeof(int32_t) == sizeof(int), "token ids cross the API as int32_t and are ints inside");
+
+// The first version of each struct a caller fills: the end of its last field then. A struct's size may not be
+// smaller; fields added later go after these and keep them valid (infer/erinfer.h, "Structs").
+#define GEN_PARAMS_V1 (offsetof(ErGenParams, top_logprobs) + sizeof(int))
+#define SESSION_PARAMS_V1 (offsetof(ErSessionParams, callbacks) + sizeof(const ErCallbacks *))
+#define CALLBACKS_V1 (offsetof(ErCallbacks, abort) + sizeof(ErAbortCallback))
 
 struct ErModel {
     atomic_int refs;    // the caller's (until er_model_free) and one per open session or batch: the last frees it
@@ -46,11 +61,17 @@ struct ErModel {
     ChatStyle style;
     LoraAdapter adapter;     // zeroed when none is loaded (mats NULL)
     TrainedHead switcher, verifier; // likewise (net.params NULL)
+    unsigned heads_loaded;   // head loads so far: a session warns about a head's KV type once per load
+    ErCallbacks cb;          // er_model_load_ex's (zeroed: none); its log serves sessions without their own
 };
 
 struct ErSession {
     ErModel *m;         // holds one of m->refs from er_session_open on
     atomic_int use;     // USE_* (see use_enter)
+    int n_threads;      // its calls' thread count (threads_push)
+    KvType kv;
+    ErCallbacks cb;     // ErSessionParams.callbacks' copy (zeroed: none)
+    unsigned heads_seen; // m->heads_loaded when it last checked the heads' KV type
     Engine engine;
     GenSample *samples; // (max_samples)
     ErSample *pub;      // (max_samples)
@@ -147,10 +168,84 @@ static void model_change_end(ErModel *m) { atomic_store(&m->running, 0); }
 
 const char *er_version(void) { return ER_VERSION_STRING; }
 
-void er_gen_params_init(ErGenParams *p) {
-    if (!p)
+// ---- the structs a caller fills: size first (infer/erinfer.h, "Structs") ----
+
+int api_struct_init(void *p, size_t size, const void *defaults, size_t known, size_t first, const char *fn) {
+    NEED(p, fn, "the struct");
+    if (size < first || size > known + API_STRUCT_SLACK_MAX)
+        return er_error(ER_EINVAL, "%s: size %zu, expected %zu (this library's) or at least %zu (the struct's first "
+                        "version) and at most %zu", fn, size, known, first, known + API_STRUCT_SLACK_MAX);
+    memset(p, 0, size);
+    memcpy(p, defaults, size < known ? size : known);
+    memcpy(p, &size, sizeof size);
+    return ER_OK;
+}
+
+int api_struct_read(void *dst, size_t known, const void *src, size_t first, const char *fn, const char *what) {
+    size_t size;
+    memcpy(&size, src, sizeof size);
+    if (size < first || size > known + API_STRUCT_SLACK_MAX)
+        return er_error(ER_EINVAL, "%s: %s.size is %zu, expected %zu (or, from another version of infer/erinfer.h, "
+                        "%zu..%zu): was it filled by its _init function?", fn, what, size, known, first,
+                        known + API_STRUCT_SLACK_MAX);
+    const unsigned char *b = src;
+    for (size_t i = known; i < size; i++)
+        if (b[i])
+            return er_error(ER_EINVAL, "%s: %s.size is %zu and byte %zu is set, a field this library (erinfer %s, %zu "
+                            "bytes) does not know: leave it zero or use a newer library", fn, what, size, i,
+                            ER_VERSION_STRING, known);
+    memcpy(dst, src, size < known ? size : known);
+    memcpy(dst, &known, sizeof known);
+    return ER_OK;
+}
+
+static const ErGenParams gen_defaults = {.size = sizeof(ErGenParams), .max_new_tokens = 256, .n_samples = 1,
+                                         .top_p = 1.0f, .answer_tokens = 32};
+static const ErSessionParams session_defaults = {.size = sizeof(ErSessionParams), .max_samples = 1,
+                                                 .max_tokens = 2048, .kv_type = ER_KV_F32};
+static const ErCallbacks callbacks_defaults = {.size = sizeof(ErCallbacks)};
+
+int er_gen_params_init_size(ErGenParams *p, size_t size) {
+    return api_struct_init(p, size, &gen_defaults, sizeof gen_defaults, GEN_PARAMS_V1, "er_gen_params_init_size");
+}
+
+int er_session_params_init_size(ErSessionParams *p, size_t size) {
+    return api_struct_init(p, size, &session_defaults, sizeof session_defaults, SESSION_PARAMS_V1,
+                       "er_session_params_init_size");
+}
+
+int er_callbacks_init_size(ErCallbacks *c, size_t size) {
+    ErCallbacks d = callbacks_defaults; // (GCC 12 takes the constant's zeros for a string it reads past)
+    return api_struct_init(c, size, &d, sizeof d, CALLBACKS_V1, "er_callbacks_init_size");
+}
+
+// The caller's ErGenParams (not NULL) into the library's version *q.
+static int gen_params_read(ErGenParams *q, const ErGenParams *p, const char *fn) {
+    *q = gen_defaults;
+    return api_struct_read(q, sizeof *q, p, GEN_PARAMS_V1, fn, "ErGenParams");
+}
+
+// The caller's callbacks (NULL: none) into *out.
+static int callbacks_read(ErCallbacks *out, const ErCallbacks *cb, const char *fn) {
+    *out = (ErCallbacks){0};
+    if (!cb)
+        return ER_OK;
+    *out = callbacks_defaults;
+    return api_struct_read(out, sizeof *out, cb, CALLBACKS_V1, fn, "ErCallbacks");
+}
+
+// One line to the log callback: `own`'s (a session's or batch's) when it has one, else the model's.
+__attribute__((format(printf, 4, 5))) static void api_log(const ErModel *m, const ErCallbacks *own, int level,
+                                                          const char *fmt, ...) {
+    const ErCallbacks *cb = own && own->log ? own : &m->cb;
+    if (!cb->log)
         return;
-    *p = (ErGenParams){.max_new_tokens = 256, .n_samples = 1, .top_p = 1.0f, .answer_tokens = 32};
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    cb->log(cb->user, level, line);
 }
 
 static void model_release(ErModel *m) {
@@ -168,44 +263,94 @@ static void model_unref(ErModel *m) {
         model_release(m);
 }
 
-// A new model (one reference: the caller's), or NULL.
-static ErModel *model_new(void) {
+// A new model (one reference: the caller's) with its callbacks, or NULL.
+static ErModel *model_new(const ErCallbacks *cbs) {
     ErModel *m = er_calloc(1, sizeof *m);
-    if (m)
+    if (m) {
         atomic_init(&m->refs, 1);
+        m->cb = *cbs;
+    }
     return m;
 }
 
-// The end of every load: the tokenizer checked against the model, the matrices tiled for decode, then *out
-// (on failure the model is freed).
-static int model_ready(ErModel *m, const char *name, ErModel **out) {
-    int rc = ER_OK;
+// The tokenizer fits the model's vocabulary.
+static int model_check_vocab(const ErModel *m, const char *name) {
     if (tok_vocab_size(m->tok) > m->model.cfg.V)
-        ER_CHECK(er_error(ER_EFORMAT, "%s: the tokenizer has %d ids but the model only %d", name,
-                          tok_vocab_size(m->tok), m->model.cfg.V));
-    ER_CHECK(model_tile_for_decode(&m->model, NULL));
-    *out = m;
+        return er_error(ER_EFORMAT, "%s: the tokenizer has %d ids but the model only %d", name, tok_vocab_size(m->tok),
+                        m->model.cfg.V);
     return ER_OK;
-done:
-    er_model_free(m);
-    return rc;
 }
 
-int er_model_load(ErModel **out, const char *dir) {
+// A load's steps (ErCallbacks' progress and abort): the files (1), each matrix laid out for decode, the
+// tokenizer and template (1).
+typedef struct {
+    const ErCallbacks *cb;
+    const char *dir;
+    long total;
+} LoadSteps;
+
+// Reports step `done` of the load; ER_EABORTED when the abort callback says stop.
+static int load_step(LoadSteps *ls, long done) {
+    const ErCallbacks *cb = ls->cb;
+    if (cb->progress)
+        cb->progress(cb->user, ER_PROGRESS_LOAD, done, ls->total);
+    if (done < ls->total && cb->abort && cb->abort(cb->user))
+        return er_error(ER_EABORTED, "er_model_load %s: stopped by the abort callback at step %ld of %ld", ls->dir,
+                        done, ls->total);
+    return ER_OK;
+}
+
+// model_tile_for_decode's step: matrix `done` of `total` is step 1 + done of the load.
+static int load_tile_step(void *user, int done, int total) {
+    (void)total;
+    LoadSteps *ls = user;
+    return load_step(ls, 1 + done) < 0; // model_open words the error
+}
+
+// The model's part of er_model_load_ex, on a zeroed m.
+static int model_open(ErModel *m, const char *dir) {
+    ER_TRY(model_load(&m->model, dir, 0));
+    LoadSteps ls = {&m->cb, dir, 2};
+    for (int i = 0; i < m->model.n_params; i++)
+        ls.total += m->model.params[i].w != NULL;
+    ER_TRY(load_step(&ls, 1));
+    size_t tiled = 0;
+    int rc = model_tile_for_decode(&m->model, &tiled, load_tile_step, &ls);
+    if (rc == ER_EABORTED)
+        return er_error(ER_EABORTED, "er_model_load %s: stopped by the abort callback while laying out the weights "
+                        "for decode", dir);
+    ER_TRY(rc);
+    ER_TRY(tok_load(&m->tok, dir));
+    ER_TRY(chat_style_from_config(dir, &m->style));
+    ER_TRY(model_check_vocab(m, dir));
+    const ModelConfig *c = &m->model.cfg;
+    ER_TRY(load_step(&ls, ls.total));
+    api_log(m, NULL, ER_LOG_INFO, "loaded %s: %s, %d layers, hidden %d, %d heads (%d KV), vocabulary %d, %d positions, "
+            "weights %s, chat template %s, %.1f MiB copied into the decode layout", dir,
+            c->arch == ARCH_LLAMA ? "llama" : "qwen2", c->L, c->C, c->NH, c->NKV, c->V, c->max_pos,
+            m->model.quant.enabled ? "quantized" : dtype_name(c->dtype), chat_style_name(m->style),
+            tiled / 1048576.0);
+    return ER_OK;
+}
+
+int er_model_load(ErModel **out, const char *dir) { return er_model_load_ex(out, dir, NULL); }
+
+int er_model_load_ex(ErModel **out, const char *dir, const ErCallbacks *cb) {
     NEED(out, "er_model_load", "the output pointer");
     *out = NULL;
     NEED(dir, "er_model_load", "the model dir");
-    int rc = ER_OK;
-    ErModel *m = model_new();
+    ErCallbacks cbs;
+    ER_TRY(callbacks_read(&cbs, cb, "er_model_load_ex"));
+    ErModel *m = model_new(&cbs);
     if (!m)
         return ER_ENOMEM;
-    ER_CHECK(model_load(&m->model, dir, 0));
-    ER_CHECK(tok_load(&m->tok, dir));
-    ER_CHECK(chat_style_from_config(dir, &m->style));
-    return model_ready(m, dir, out);
-done:
-    er_model_free(m);
-    return rc;
+    int rc = model_open(m, dir);
+    if (rc < 0) {
+        er_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return ER_OK;
 }
 
 // ---- loading from memory or a file descriptor ----
@@ -244,21 +389,25 @@ static int source_texts(const ErModelSource *src, const char *fn, ModelTexts *tx
     return source_text(&src->generation_config_json, "<generation_config_json>", fn, &tx->generation_config);
 }
 
-// A model from bytes (taken over) and texts.
+// A model from bytes (taken over) and texts, without callbacks.
 static int load_source(ErModel **out, ByteRange *bytes, const ModelTexts *tx) {
     char name[64];
     snprintf(name, sizeof name, "%s", bytes->name);
-    ErModel *m = model_new();
+    const ErCallbacks none = {0};
+    ErModel *m = model_new(&none);
     if (!m) {
         bytes_free(bytes);
         return ER_ENOMEM;
     }
-    int rc = model_source_load(&m->model, &m->tok, &m->style, bytes, tx);
-    if (rc < 0) {
-        er_model_free(m);
-        return rc;
-    }
-    return model_ready(m, name, out);
+    int rc = ER_OK;
+    ER_CHECK(model_source_load(&m->model, &m->tok, &m->style, bytes, tx));
+    ER_CHECK(model_check_vocab(m, name));
+    ER_CHECK(model_tile_for_decode(&m->model, NULL, NULL, NULL));
+    *out = m;
+    return ER_OK;
+done:
+    er_model_free(m);
+    return rc;
 }
 
 int er_model_load_from_buffer(ErModel **out, const void *data, size_t len, const ErModelSource *src) {
@@ -323,6 +472,7 @@ static int load_head(ErModel *m, const char *path, HeadRole role) {
     }
     trained_head_free(t);
     *t = h;
+    m->heads_loaded++;
     model_change_end(m);
     return ER_OK;
 }
@@ -373,38 +523,160 @@ int er_model_extra_positions(const ErModel *m) {
     return prefix + verify;
 }
 
-// What er_session_open and er_batch_open check: room for n samples ("what") of max_tokens positions.
-static int open_args(const void *out, const ErModel *m, int n, int max_tokens, const char *fn, const char *what) {
+// ---- tokens and the chat template ----
+
+// A text result the snprintf way: its first cap - 1 bytes and a NUL into out (cap > 0), its length returned.
+static int text_out(const char *text, size_t len, char *out, size_t cap, const char *fn) {
+    if (len > INT_MAX)
+        return er_error(ER_ERANGE, "%s: the text has %zu bytes, more than an int can count", fn, len);
+    if (cap > 0) {
+        size_t n = len < cap - 1 ? len : cap - 1;
+        memcpy(out, text, n);
+        out[n] = 0;
+    }
+    return (int)len;
+}
+
+int er_tokenize(const ErModel *m, const char *text, int32_t *out, int cap, int parse_special) {
+    NEED(m, "er_tokenize", "the model");
+    NEED(text, "er_tokenize", "the text");
+    NOT_FREED(m, "er_tokenize");
+    if (cap < 0 || (cap > 0 && !out))
+        return er_error(ER_EINVAL, "er_tokenize: cap is %d with %s output array (expected cap >= 0, and an array when "
+                        "cap > 0)", cap, out ? "an" : "a NULL");
+    int *ids, n;
+    int rc = tok_encode_ex(m->tok, text, strlen(text), !parse_special, &ids, &n);
+    if (rc < 0)
+        return er_error_prefix(rc, "er_tokenize");
+    if (n > 0 && cap > 0)
+        memcpy(out, ids, sizeof(int) * (size_t)(n < cap ? n : cap));
+    er_free(ids);
+    return n;
+}
+
+int er_detokenize(const ErModel *m, const int32_t *tokens, int n, char *out, size_t cap) {
+    NEED(m, "er_detokenize", "the model");
+    NOT_FREED(m, "er_detokenize");
+    if (n < 0 || (n > 0 && !tokens))
+        return er_error(ER_EINVAL, "er_detokenize: %d tokens at %s (expected n >= 0, and an array when n > 0)", n,
+                        tokens ? "an array" : "NULL");
+    if (cap > 0 && !out)
+        return er_error(ER_EINVAL, "er_detokenize: the output buffer is NULL but cap is %zu", cap);
+    int V = tok_vocab_size(m->tok);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V || !tok_token_bytes(m->tok, tokens[i], &(size_t){0}))
+            return er_error(ER_ERANGE, "er_detokenize: tokens[%d] is %d, not a token of the model's vocabulary (ids "
+                            "0..%d)", i, (int)tokens[i], V - 1);
+    char *text;
+    size_t len;
+    ER_TRY(tok_decode(m->tok, (const int *)tokens, n, &text, &len));
+    int rc = text_out(text, len, out, cap, "er_detokenize");
+    er_free(text);
+    return rc;
+}
+
+int er_apply_template(const ErModel *m, const ErMessage *msgs, int n, int add_generation_prompt, char *out,
+                      size_t cap) {
+    NEED(m, "er_apply_template", "the model");
+    NOT_FREED(m, "er_apply_template");
+    if (n < 0 || (n > 0 && !msgs))
+        return er_error(ER_EINVAL, "er_apply_template: %d messages at %s (expected n >= 0, and an array when n > 0)", n,
+                        msgs ? "an array" : "NULL");
+    if (cap > 0 && !out)
+        return er_error(ER_EINVAL, "er_apply_template: the output buffer is NULL but cap is %zu", cap);
+    for (int i = 0; i < n; i++)
+        if (!msgs[i].role || !msgs[i].content)
+            return er_error(ER_EINVAL, "er_apply_template: message %d has a NULL %s", i,
+                            msgs[i].role ? "content" : "role");
+    ChatMessage *cm = er_calloc((size_t)(n > 0 ? n : 1), sizeof(ChatMessage));
+    if (!cm)
+        return ER_ENOMEM;
+    for (int i = 0; i < n; i++)
+        cm[i] = (ChatMessage){msgs[i].role, msgs[i].content};
+    char *text = NULL;
+    size_t len = 0;
+    int rc = chat_render(m->style, cm, n, add_generation_prompt ? CHAT_ADD_GENERATION_PROMPT : 0, &text, &len);
+    er_free(cm);
+    if (rc < 0)
+        return er_error_prefix(rc, "er_apply_template");
+    rc = text_out(text, len, out, cap, "er_apply_template");
+    er_free(text);
+    return rc;
+}
+
+// What er_session_open and er_batch_open check: the pointers, and the parameters into *p (the library's
+// version, callbacks copied into *cb) with room for at least 1 sample ("what") of 2 positions.
+static int open_args(const void *out, const ErModel *m, const ErSessionParams *in, ErSessionParams *p,
+                     ErCallbacks *cb, const char *fn, const char *what) {
     NEED(out, fn, "the output pointer");
     NEED(m, fn, "the model");
+    NEED(in, fn, "the parameters (er_session_params_init fills the defaults)");
     NOT_FREED(m, fn);
-    if (n < 1 || max_tokens < 2)
-        return er_error(ER_EINVAL, "%s: need at least 1 %s and 2 positions (got %d, %d)", fn, what, n, max_tokens);
+    *p = session_defaults;
+    ER_TRY(api_struct_read(p, sizeof *p, in, SESSION_PARAMS_V1, fn, "ErSessionParams"));
+    ER_TRY(callbacks_read(cb, p->callbacks, fn));
+    p->callbacks = NULL; // the copy in *cb serves
+    if (p->max_samples < 1 || p->max_tokens < 2)
+        return er_error(ER_EINVAL, "%s: need at least 1 %s and 2 positions (ErSessionParams.max_samples %d, "
+                        "max_tokens %d)", fn, what, p->max_samples, p->max_tokens);
+    if (p->kv_type != ER_KV_F32 && p->kv_type != ER_KV_INT8)
+        return er_error(ER_EINVAL, "%s: ErSessionParams.kv_type is %d, expected ER_KV_F32 (0) or ER_KV_INT8 (1)", fn,
+                        p->kv_type);
+    if (p->n_threads < 0 || p->n_threads > ER_THREADS_MAX)
+        return er_error(ER_EINVAL, "%s: ErSessionParams.n_threads is %d, expected 0 (the default) to %d", fn,
+                        p->n_threads, ER_THREADS_MAX);
+    if (p->n_threads == 0) // the opening thread's default, fixed now: the engine's scratch is sized for it
+        p->n_threads = threads_get();
     return ER_OK;
 }
 
-int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens, int kv_int8) {
+// The engine's hooks into a session's or batch's callbacks (ErCallbacks *).
+static int hook_abort(void *user) {
+    const ErCallbacks *cb = user;
+    return cb->abort && cb->abort(cb->user);
+}
+
+static void hook_progress(void *user, int done, int total) {
+    const ErCallbacks *cb = user;
+    if (cb->progress)
+        cb->progress(cb->user, ER_PROGRESS_PREFILL, done, total);
+}
+
+int er_session_open(ErSession **out, ErModel *m, const ErSessionParams *params) {
     if (out)
         *out = NULL;
-    ER_TRY(open_args(out, m, max_samples, max_tokens, "er_session_open", "sample"));
+    ErSessionParams sp;
+    ErCallbacks cb;
+    ER_TRY(open_args(out, m, params, &sp, &cb, "er_session_open", "sample"));
     int rc = ER_OK;
     ErSession *s = er_calloc(1, sizeof *s);
     if (!s)
         return ER_ENOMEM;
     s->m = m;
     atomic_fetch_add(&m->refs, 1); // er_session_free gives it back, on this function's failure too
-    // The KV cache and buffers are reserved now; a session that would not fit in memory is refused here.
-    rc = engine_init(&s->engine, &m->model, m->tok, kv_int8 ? KV_INT8 : KV_F32, max_samples, max_tokens, 128,
-                     er_physical_memory());
+    s->n_threads = sp.n_threads;
+    s->kv = sp.kv_type == ER_KV_INT8 ? KV_INT8 : KV_F32;
+    s->cb = cb;
+    // The KV cache and buffers are reserved now; a session that would not fit in memory is refused here. The
+    // engine sizes its per-thread scratch with the thread count in force.
+    int prev = threads_push(s->n_threads);
+    rc = engine_init(&s->engine, &m->model, m->tok, s->kv, sp.max_samples, sp.max_tokens, 128, er_physical_memory());
+    threads_pop(prev);
     if (rc < 0)
         ER_CHECK(er_error_prefix(rc, "er_session_open"));
-    s->samples = er_calloc((size_t)max_samples, sizeof(GenSample));
-    s->pub = er_calloc((size_t)max_samples, sizeof(ErSample));
-    s->vote_answers = er_calloc((size_t)max_samples, sizeof(char *));
-    s->vote_weights = er_calloc((size_t)max_samples, sizeof(double));
-    s->vote_counts = er_calloc((size_t)max_samples, sizeof(int));
+    s->engine.hooks = (EngineHooks){hook_abort, hook_progress, &s->cb};
+    s->samples = er_calloc((size_t)sp.max_samples, sizeof(GenSample));
+    s->pub = er_calloc((size_t)sp.max_samples, sizeof(ErSample));
+    s->vote_answers = er_calloc((size_t)sp.max_samples, sizeof(char *));
+    s->vote_weights = er_calloc((size_t)sp.max_samples, sizeof(double));
+    s->vote_counts = er_calloc((size_t)sp.max_samples, sizeof(int));
     if (!s->samples || !s->pub || !s->vote_answers || !s->vote_weights || !s->vote_counts)
         ER_CHECK(ER_ENOMEM);
+    api_log(m, &s->cb, ER_LOG_INFO, "session: %d samples x %d positions, KV cache %s (%.1f MiB), %d threads",
+            sp.max_samples, sp.max_tokens, s->kv == KV_INT8 ? "int8" : "f32",
+            kv_cache_bytes(&m->model.cfg, s->kv, sp.max_samples + 1, (size_t)sp.max_samples * sp.max_tokens) /
+                1048576.0,
+            s->n_threads);
     *out = s;
     s = NULL;
 done:
@@ -528,10 +800,27 @@ static void route_publish(const ErModel *m, const PipelineResult *pr, ErRoute *r
     st->ttft_s += pr->prefill_s + pr->switcher_s;
 }
 
+// A head fitted on another KV cache type than the one it runs on: its features, and so its threshold, shift a
+// little. Said to the log once per head load (*seen: the loads already checked).
+static void heads_kv_check(const ErModel *m, KvType kv, const ErCallbacks *own, unsigned *seen) {
+    if (*seen == m->heads_loaded)
+        return;
+    *seen = m->heads_loaded;
+    const TrainedHead *heads[2] = {model_switcher(m), model_verifier(m)};
+    HeadKv run = kv == KV_INT8 ? HEAD_KV_INT8 : HEAD_KV_F32;
+    for (int i = 0; i < 2; i++)
+        if (heads[i] && heads[i]->kv != HEAD_KV_UNKNOWN && heads[i]->kv != run)
+            api_log(m, own, ER_LOG_WARN, "the %s was fitted on %s KV cache features and runs here on %s: its threshold "
+                    "may sit a little off; retrain it with ertrain heads --kv %s to match", i ? "verifier" : "switcher",
+                    heads[i]->kv == HEAD_KV_INT8 ? "int8" : "f32", run == HEAD_KV_INT8 ? "int8" : "f32",
+                    run == HEAD_KV_INT8 ? "int8" : "f32");
+}
+
 // The routed pipeline: its result becomes the session's ErRoute and stats.
 static int generate_routed(ErSession *s, const int *ids, int n, const GenConfig *g, int force, CbBridge *b,
                            GenStats *st) {
     PipelineConfig pc = pipeline_config(s->m, g, force);
+    heads_kv_check(s->m, s->kv, &s->cb, &s->heads_seen);
     ER_TRY(pipeline_run(&s->engine, ids, n, &pc, b->cb ? bridge : NULL, b, s->samples, &s->pr));
     s->n = s->pr.n;
     route_publish(s->m, &s->pr, &s->route, s->vote_answers, s->vote_weights, s->vote_counts, st);
@@ -597,8 +886,12 @@ int er_generate_raw(ErSession *s, const char *text, const ErGenParams *p, ErToke
     NEED(s, "er_generate_raw", "the session");
     NEED(text, "er_generate_raw", "the text");
     NEED(p, "er_generate_raw", "the parameters (er_gen_params_init fills the defaults)");
+    ErGenParams q;
+    ER_TRY(gen_params_read(&q, p, "er_generate_raw"));
     ER_TRY(session_enter(s, "er_generate_raw"));
-    int rc = generate_text(s, text, p, cb, user);
+    int prev = threads_push(s->n_threads);
+    int rc = generate_text(s, text, &q, cb, user);
+    threads_pop(prev);
     session_leave(s);
     return rc;
 }
@@ -613,8 +906,10 @@ int er_generate(ErSession *s, const ErMessage *msgs, int n_msgs, const ErGenPara
     for (int i = 0; i < n_msgs; i++)
         if (!msgs[i].role || !msgs[i].content)
             return er_error(ER_EINVAL, "er_generate: message %d has a NULL %s", i, msgs[i].role ? "content" : "role");
+    ErGenParams q;
+    ER_TRY(gen_params_read(&q, p, "er_generate"));
     ER_TRY(session_enter(s, "er_generate"));
-    int rc = ER_OK;
+    int rc = ER_OK, prev = threads_push(s->n_threads);
     char *text = NULL;
     ChatMessage *cm = er_calloc((size_t)n_msgs, sizeof(ChatMessage));
     if (!cm)
@@ -622,8 +917,9 @@ int er_generate(ErSession *s, const ErMessage *msgs, int n_msgs, const ErGenPara
     for (int i = 0; i < n_msgs; i++)
         cm[i] = (ChatMessage){msgs[i].role, msgs[i].content};
     ER_CHECK(chat_render(s->m->style, cm, n_msgs, CHAT_ADD_GENERATION_PROMPT, &text, NULL));
-    ER_CHECK(generate_text(s, text, p, cb, user));
+    ER_CHECK(generate_text(s, text, &q, cb, user));
 done:
+    threads_pop(prev);
     er_free(cm);
     er_free(text);
     session_leave(s);
@@ -646,6 +942,10 @@ struct ErBatch {
     DecodeBatch batch;
     ErRequest **live;  // (max_rows) submitted, not done
     int n_live;
+    int n_threads;     // as a session's
+    KvType kv;
+    ErCallbacks cb;
+    unsigned heads_seen;
 };
 
 // A request is the caller's until er_request_free, whatever becomes of its batch: the batch only ever
@@ -670,22 +970,33 @@ struct ErRequest {
     int *vote_counts;
 };
 
-int er_batch_open(ErBatch **out, ErModel *m, int max_rows, int max_tokens, int kv_int8) {
+int er_batch_open(ErBatch **out, ErModel *m, const ErSessionParams *params) {
     if (out)
         *out = NULL;
-    ER_TRY(open_args(out, m, max_rows, max_tokens, "er_batch_open", "row"));
+    ErSessionParams sp;
+    ErCallbacks cb;
+    ER_TRY(open_args(out, m, params, &sp, &cb, "er_batch_open", "row"));
+    int max_rows = sp.max_samples;
     ErBatch *b = er_calloc(1, sizeof *b);
     if (!b)
         return ER_ENOMEM;
     int rc = ER_OK, held = 0;
     b->m = m;
     atomic_fetch_add(&m->refs, 1);
+    b->n_threads = sp.n_threads;
+    b->kv = sp.kv_type == ER_KV_INT8 ? KV_INT8 : KV_F32;
+    b->cb = cb;
     ER_CHECK(model_use_begin(m, "er_batch_open")); // reads which adapter is loaded
     held = 1;
-    rc = decode_batch_init(&b->batch, &m->model, m->tok, model_adapter(m), kv_int8 ? KV_INT8 : KV_F32, max_rows,
-                           max_rows, max_tokens, 128, er_physical_memory());
+    int prev = threads_push(b->n_threads); // the engine's scratch is sized for the batch's thread count
+    rc = decode_batch_init(&b->batch, &m->model, m->tok, model_adapter(m), b->kv, max_rows, max_rows, sp.max_tokens,
+                           128, er_physical_memory());
+    threads_pop(prev);
     if (rc < 0)
         ER_CHECK(er_error_prefix(rc, "er_batch_open"));
+    b->batch.e.hooks = (EngineHooks){hook_abort, hook_progress, &b->cb};
+    api_log(m, &b->cb, ER_LOG_INFO, "batch: %d rows x %d positions, KV cache %s, %d threads", max_rows, sp.max_tokens,
+            b->kv == KV_INT8 ? "int8" : "f32", b->n_threads);
     b->live = er_calloc((size_t)max_rows, sizeof *b->live);
     if (!b->live)
         ER_CHECK(ER_ENOMEM);
@@ -818,6 +1129,8 @@ static int batch_submit(ErBatch *b, const char *text, const ErGenParams *p, ErTo
         ER_CHECK(ER_ENOMEM);
     ER_CHECK(tok_encode(b->m->tok, text, strlen(text), &ids, &n));
     r->routed = wants_pipeline(b->m, force);
+    if (r->routed)
+        heads_kv_check(b->m, b->kv, &b->cb, &b->heads_seen);
     r->pc = pipeline_config(b->m, &g, force);
     // The config's strings (stop, budget suffix, prefix) are read at admission; its heads and adapter
     // are the model's, which outlives the batch and keeps them while the request runs.
@@ -846,9 +1159,13 @@ int er_batch_submit(ErBatch *b, const char *text, const ErGenParams *p, ErTokenC
     NEED(b, "er_batch_submit", "the batch");
     NEED(text, "er_batch_submit", "the text");
     NEED(p, "er_batch_submit", "the parameters (er_gen_params_init fills the defaults)");
+    ErGenParams q;
+    ER_TRY(gen_params_read(&q, p, "er_batch_submit"));
     if (!use_enter(&b->use))
         return in_use("er_batch_submit", "batch");
-    int rc = batch_submit(b, text, p, cb, user, out);
+    int prev = threads_push(b->n_threads);
+    int rc = batch_submit(b, text, &q, cb, user, out);
+    threads_pop(prev);
     if (batch_leave(b) && rc == ER_OK) { // er_batch_free came meanwhile (another thread): the request failed with it
         request_release(*out);
         *out = NULL;
@@ -861,6 +1178,7 @@ int er_batch_step(ErBatch *b) {
     NEED(b, "er_batch_step", "the batch");
     if (!use_enter(&b->use))
         return in_use("er_batch_step", "batch");
+    int prev = threads_push(b->n_threads);
     decode_batch_step(&b->batch);
     // er_batch_free during the step (a callback): batch_leave stops every request, none of which was done
     // when it was called (the callbacks it cut short only make them look done).
@@ -875,6 +1193,7 @@ int er_batch_step(ErBatch *b) {
         }
     }
     int left = b->n_live;
+    threads_pop(prev);
     return batch_leave(b) ? 0 : left;
 }
 

@@ -132,7 +132,7 @@ int bench_run(const BenchConfig *c, BenchResult *res) {
     int *prompt = NULL;
     size_t released = 0;
     ER_CHECK(model_load(&m, c->model, 0));
-    ER_CHECK(model_tile_for_decode(&m, &released));
+    ER_CHECK(model_tile_for_decode(&m, &released, NULL, NULL));
     m.cfg.eos_id = -1; // no EOS stop: every run decodes the same number of tokens
     if (c->adapter) {
         LoraShape shape = model_config_lora_shape(&m.cfg);

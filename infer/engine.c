@@ -152,20 +152,41 @@ static void feature_accumulate(Engine *e, FeatureAcc *f, int len) {
     }
 }
 
+// The abort hook's answer: ER_EABORTED (naming where: "prefill" or "decode") when it says stop.
+static int engine_poll_abort(const Engine *e, const char *where, int done, int total) {
+    if (e->hooks.abort && e->hooks.abort(e->hooks.user))
+        return er_error(ER_EABORTED, "%s: stopped by the abort callback at %d of %d %s", where, done, total,
+                        strcmp(where, "prefill") == 0 ? "positions" : "tokens");
+    return ER_OK;
+}
+
+static void engine_progress(const Engine *e, int done, int total) {
+    if (e->hooks.progress)
+        e->hooks.progress(e->hooks.user, done, total);
+}
+
 // Runs tokens through the forward into the prompt sequence in chunks; the logits after the last
-// one are kept. `adapter_on` marks them as response positions (the masked-LoRA rule).
-static int prefill(Engine *e, const int *tokens, int n, int adapter_on, const LoraAdapter *adapter, FeatureAcc *f) {
+// one are kept. `adapter_on` marks them as response positions (the masked-LoRA rule). With `pos`
+// (the prompt's, not the response prefix's) each chunk done advances *pos, the prompt positions in the
+// cache, reported to the progress hook out of `total`; the abort hook is polled before each chunk.
+static int prefill(Engine *e, const int *tokens, int n, int adapter_on, const LoraAdapter *adapter, FeatureAcc *f,
+                   int *pos, int total) {
     uint8_t mask[4096];
     int C = e->chunk < 4096 ? e->chunk : 4096;
     memset(mask, adapter_on, sizeof mask);
     for (int p = 0; p < n; p += C) {
         int len = n - p < C ? n - p : C;
+        ER_TRY(engine_poll_abort(e, "prefill", pos ? *pos : p, pos ? total : n));
         ModelInput in = {.B = 1, .T = len, .tokens = tokens + p, .len = &len, .adapter_mask = mask,
                          .adapter = adapter, .kv = &e->kv, .kv_slots = &e->prompt_slot};
         ER_TRY(model_forward(e->model, &in, &e->prefill));
         e->forward_positions += len;
         if (f)
             feature_accumulate(e, f, len);
+        if (pos) {
+            *pos += len;
+            engine_progress(e, *pos, total);
+        }
     }
     memcpy(e->prompt_logits, e->prefill.logits, sizeof(float) * (size_t)e->model->cfg.V);
     return ER_OK;
@@ -198,6 +219,7 @@ static int prompt_prefill(Engine *e, const int *prompt, int n_prompt, const Lora
     if (!spec && e->prompt_slot >= 0 && e->prompt_logits_valid && e->n_prompt == n_prompt &&
         memcmp(e->prompt_tokens, prompt, sizeof(int) * (size_t)n_prompt) == 0) {
         *reused = n_prompt; // exactly this prompt, its logits still at hand: nothing to compute
+        engine_progress(e, n_prompt, n_prompt);
         return ER_OK;
     }
     e->prompt_logits_valid = 0;
@@ -209,15 +231,32 @@ static int prompt_prefill(Engine *e, const int *prompt, int n_prompt, const Lora
     FeatureAcc f = {spec, feat, 0, 0};
     if (spec)
         memset(e->feat_sum, 0, sizeof(double) * (size_t)e->model->cfg.C);
-    ER_TRY(prefill(e, prompt + reuse, n_prompt - reuse, prompt_ad != NULL, prompt_ad, spec ? &f : NULL));
+    // The cache holds prompt[0 .. n_prompt) whenever a chunk ends, so a prefill the abort hook stops leaves a
+    // prefix the next call reuses.
+    memcpy(e->prompt_tokens, prompt, sizeof(int) * (size_t)n_prompt);
+    e->n_prompt = reuse;
+    e->prompt_adapter = prompt_gen;
+    engine_progress(e, reuse, n_prompt);
+    ER_TRY(prefill(e, prompt + reuse, n_prompt - reuse, prompt_ad != NULL, prompt_ad, spec ? &f : NULL, &e->n_prompt,
+                   n_prompt));
     if (spec)
         feature_fold(e, &f); // the last, possibly shorter, chunk
-    memcpy(e->prompt_tokens, prompt, sizeof(int) * (size_t)n_prompt);
-    e->n_prompt = n_prompt;
-    e->prompt_adapter = prompt_gen;
     e->prompt_logits_valid = 1;
     *reused = reuse;
     return ER_OK;
+}
+
+// After a failed call: the prompt sequence may be half-written, so it is forgotten, unless the abort hook
+// stopped the call: then the cache holds exactly e->prompt_tokens[0 .. n_prompt) (and maybe more positions
+// after them, cut by the next call), which the next call reuses.
+static void prompt_forget(Engine *e, int rc) {
+    if (rc == ER_EABORTED)
+        return;
+    if (e->prompt_slot >= 0)
+        kv_seq_close(&e->kv, e->prompt_slot);
+    e->prompt_slot = -1;
+    e->n_prompt = 0;
+    e->prompt_logits_valid = 0;
 }
 
 int engine_prefill(Engine *e, const int *prompt, int n_prompt, const LoraAdapter *adapter,
@@ -232,12 +271,8 @@ int engine_prefill(Engine *e, const int *prompt, int n_prompt, const LoraAdapter
     const LoraAdapter *prompt_ad = adapter && !adapter->masked ? adapter : NULL;
     int reused;
     int rc = prompt_prefill(e, prompt, n_prompt, prompt_ad, spec, feat, &reused);
-    if (rc < 0 && e->prompt_slot >= 0) {
-        kv_seq_close(&e->kv, e->prompt_slot);
-        e->prompt_slot = -1;
-        e->n_prompt = 0;
-        e->prompt_logits_valid = 0;
-    }
+    if (rc < 0)
+        prompt_forget(e, rc);
     if (stats) {
         stats->prompt_tokens = n_prompt;
         stats->prompt_reused = reused;
@@ -720,6 +755,7 @@ static int samples_decode(Engine *e, const GenConfig *g, GenBatch *b, GenSample 
         }
         if (B == 0)
             return ER_OK;
+        ER_TRY(engine_poll_abort(e, "decode", out[b->rows_idx[0]].n_tokens, max_total));
         ModelInput in = {.B = B, .T = 1, .tokens = b->rows_tok, .adapter_mask = b->mask, .adapter = g->adapter,
                          .kv = &e->kv, .kv_slots = b->rows_slot};
         ER_TRY(model_forward(e->model, &in, &e->decode));
@@ -776,7 +812,7 @@ int engine_generate(Engine *e, const int *prompt, int n_prompt, const GenConfig 
     // The response prefix is a response position (adapter on), shared by every sample.
     if (n_prefix > 0) {
         e->prompt_logits_valid = 0;
-        ER_CHECK(prefill(e, prefix, n_prefix, 1, g->adapter, NULL));
+        ER_CHECK(prefill(e, prefix, n_prefix, 1, g->adapter, NULL, NULL, 0));
     }
     stats->prompt_tokens = n_prompt;
     stats->prompt_reused = reuse;
@@ -813,12 +849,7 @@ done:
     if (rc < 0) {
         engine_release_samples(e);
         gen_samples_free(out, N);
-        // The prompt sequence may be half-written: forget it.
-        if (e->prompt_slot >= 0)
-            kv_seq_close(&e->kv, e->prompt_slot);
-        e->prompt_slot = -1;
-        e->n_prompt = 0;
-        e->prompt_logits_valid = 0;
+        prompt_forget(e, rc);
     }
     return rc;
 }
@@ -887,7 +918,7 @@ int engine_request_begin(Engine *e, const int *prompt, int n_prompt, const GenCo
     r->stats.prompt_reused = reuse;
     if (n_prefix > 0) { // the response prefix: response positions, adapter on
         e->prompt_logits_valid = 0;
-        ER_CHECK(prefill(e, prefix, n_prefix, 1, g->adapter, NULL));
+        ER_CHECK(prefill(e, prefix, n_prefix, 1, g->adapter, NULL, NULL, 0));
     }
     r->stats.forward_positions = e->forward_positions - fp0;
     r->stats.prefill_s = time_now() - r->t0;
@@ -904,11 +935,7 @@ done:
         request_release(e, r);
         er_free(r);
         gen_samples_free(out, N);
-        if (e->prompt_slot >= 0) // the prompt sequence may be half-written: forget it
-            kv_seq_close(&e->kv, e->prompt_slot);
-        e->prompt_slot = -1;
-        e->n_prompt = 0;
-        e->prompt_logits_valid = 0;
+        prompt_forget(e, rc);
     }
     return rc;
 }

@@ -79,9 +79,21 @@ typedef struct {
 // GenSample.text. Return non-zero to stop that sample: its text then ends with what was released.
 typedef int (*GenTokenFn)(void *user, int sample, int token, const char *bytes, size_t n);
 
+// The caller's say during long calls (all NULL: none), called on the calling thread, outside parallel regions.
+// abort is polled before each prefill chunk and each decode step: non-zero stops the call with ER_EABORTED,
+// leaving the engine usable (the prompt positions already in the cache stay there for the next call to
+// reuse). progress gets the prompt positions in the cache out of the prompt's, before a prefill's first chunk
+// and after each; its last call has done == total.
+typedef struct {
+    int (*abort)(void *user);
+    void (*progress)(void *user, int done, int total);
+    void *user;
+} EngineHooks;
+
 typedef struct {
     Model *model;
     const Tokenizer *tok;
+    EngineHooks hooks;     // zeroed by engine_init; the owner sets them
     KVCache kv;
     Activations prefill;   // (1, chunk), ACTS_DECODE
     Activations decode;    // (max_samples, 1), ACTS_DECODE

@@ -19,20 +19,36 @@
 // calling thread, rewritten by its next failing call. er_version and er_status_name return static
 // strings.
 //
-// Threads and callbacks: a session (or a batch) takes one call at a time. A second er_generate* on a
-// session while one runs, from its own token callback or from another thread, returns ER_EINVAL ("in
-// use") and changes nothing; er_session_free meanwhile stops the running call, which frees the session
-// as it returns (no callback runs after the free). Several sessions of one model may generate on
-// different threads at once (they read the model only). er_model_load_* while a generation runs on the
-// model (a generate call, or a batch request from submission to its end) returns ER_EINVAL, as does a
-// generation starting during a load: load between generations. Opening and freeing sessions and
-// batches may overlap calls on other sessions; er_model_free must follow every other call on the model
-// (its sessions and batches keep it alive). These checks cost a few atomic operations per call and
-// catch misuse, they do not queue calls. er_last_error is per thread.
+// Threads and callbacks: a session's (or a batch's) work, its prefill, decode, sampling and heads, runs
+// on ErSessionParams.n_threads threads: the calling thread and workers of its own (OpenMP keeps the
+// count per thread), so two sessions of 1 thread each generating on two threads of the app run side by
+// side, one core each, and neither changes the count of the app's other threads. A session (or a batch)
+// takes one call at a time. A second er_generate* on a session while one runs, from its own token
+// callback or from another thread, returns ER_EINVAL ("in use") and changes nothing; er_session_free
+// meanwhile stops the running call, which frees the session as it returns (no callback runs after the
+// free). Several sessions of one model may generate on different threads at once (they read the model
+// only). er_model_load_* while a generation runs on the model (a generate call, or a batch request from
+// submission to its end) returns ER_EINVAL, as does a generation starting during a load: load between
+// generations. Opening and freeing sessions and batches may overlap calls on other sessions;
+// er_model_free must follow every other call on the model (its sessions and batches keep it alive).
+// These checks cost a few atomic operations per call and catch misuse, they do not queue calls.
+// er_last_error is per thread. The library's own callbacks (ErCallbacks: log, progress, abort) run on
+// the thread of the call that reports, never on a worker.
+//
+// Structs the caller fills (ErSessionParams, ErGenParams, ErCallbacks) start with `size`: fill them with
+// their *_init, which sets every default and `size` = sizeof as this header has it. The library reads the
+// first `size` bytes: a caller built against an older header (a smaller size) gets the defaults of the
+// fields added since; a size past what the library knows is accepted when the bytes it does not know are
+// zero (fields a newer header added, left at their default), and refused (ER_EINVAL) when they are not, as
+// is a size below the struct's first version or over 1024 bytes past what the library knows (a struct never
+// initialised). Later versions only add fields at the end, each with zero meaning what the library did
+// before it. The *_init are inline so that sizeof is the caller's; bindings that cannot call them (ctypes,
+// Dart FFI) call er_*_init_size(p, sizeof) themselves.
 //
 //     ErModel *m;  ErSession *s;
 //     if (er_model_load(&m, "qwen2.5-0.5b-instruct") < 0) puts(er_last_error());
-//     er_session_open(&s, m, 1, 2048, 0);
+//     ErSessionParams sp;  er_session_params_init(&sp); // 1 sample, 2048 positions, f32 KV, all cores
+//     er_session_open(&s, m, &sp);
 //     ErGenParams p;  er_gen_params_init(&p);
 //     ErMessage msg = {"user", "What is 7 * 6?"};
 //     er_generate(s, &msg, 1, &p, print_token, NULL);
@@ -64,7 +80,7 @@ extern "C" {
 #endif
 
 #define ER_VERSION_MAJOR 0
-#define ER_VERSION_MINOR 1
+#define ER_VERSION_MINOR 2
 #define ER_VERSION_PATCH 0
 #define ER_VERSION_STR_(x) #x
 #define ER_VERSION_STR(x) ER_VERSION_STR_(x)
@@ -84,6 +100,7 @@ typedef enum {
     ER_EFORMAT = -4,      // malformed file contents
     ER_EUNSUPPORTED = -5, // valid but not supported by this build
     ER_ERANGE = -6,       // value out of range
+    ER_EABORTED = -7,     // stopped by the caller's abort callback
 } ErStatus;
 #endif
 // A status's name ("invalid argument"); "unknown status" for any other value.
@@ -106,6 +123,7 @@ enum { ER_STOP_MAX = 8, ER_STOP_MAX_LEN = 256 };
 enum { ER_TOP_LOGPROBS_MAX = 20 };
 
 typedef struct {
+    size_t size;            // sizeof(ErGenParams), set by er_gen_params_init (see "Structs" above)
     int max_new_tokens;     // per sample [256]
     int n_samples;          // parallel samples sharing the prompt [1]
     float temperature;      // 0 = greedy [0]
@@ -169,10 +187,47 @@ typedef struct {
 // that runs the callback ends.
 typedef int (*ErTokenCallback)(void *user, int sample, const char *text, size_t len);
 
-// Fills the defaults shown in [brackets] above.
-ER_API void er_gen_params_init(ErGenParams *p);
+// Fills the defaults shown in [brackets] above for a struct of `size` bytes (see "Structs" above): ER_EINVAL
+// for NULL or a size below the first version's.
+ER_API int er_gen_params_init_size(ErGenParams *p, size_t size);
+static inline void er_gen_params_init(ErGenParams *p) { er_gen_params_init_size(p, sizeof *p); }
 
+// ---- callbacks ----
+// Called on the thread of the call that reports. A callback may read results and use other sessions; a
+// call on the session, batch or model it reports about is refused meanwhile (ER_EINVAL, "in use").
+enum { ER_LOG_INFO = 0, ER_LOG_WARN = 1 };
+// One line (no newline) the library has to say that is not an error: what a load found, a session's size,
+// a head fitted on another KV cache type than the session's. Errors go to er_last_error, never here.
+typedef void (*ErLogCallback)(void *user, int level, const char *line);
+enum { ER_PROGRESS_LOAD = 0, ER_PROGRESS_PREFILL = 1 };
+// Long work in steps: ER_PROGRESS_LOAD in load steps (the files, each weight matrix laid out for decode, the
+// tokenizer), ER_PROGRESS_PREFILL in prompt positions in the session's cache (reused ones included), before
+// the first chunk and after each. A phase's last call has done == total (a prefill that reuses the whole
+// prompt: that call alone); the routed pipeline may report its prompt twice.
+typedef void (*ErProgressCallback)(void *user, int phase, long done, long total);
+// Polled between load steps, before each prefill chunk (128 positions) and before each decode step: non-zero
+// stops the call, which returns ER_EABORTED. Nothing is lost: a model load leaves no model; an aborted
+// generate leaves no results (what streamed, streamed) and the session ready for the next call, its cache
+// keeping the prompt positions computed so far, which a next call with the same prompt reuses.
+typedef int (*ErAbortCallback)(void *user);
+
+typedef struct {
+    size_t size;                 // sizeof(ErCallbacks), set by er_callbacks_init
+    void *user;                  // passed to each callback
+    ErLogCallback log;           // NULL = messages dropped [NULL]
+    ErProgressCallback progress; // [NULL]
+    ErAbortCallback abort;       // [NULL]
+} ErCallbacks;
+
+ER_API int er_callbacks_init_size(ErCallbacks *c, size_t size);
+static inline void er_callbacks_init(ErCallbacks *c) { er_callbacks_init_size(c, sizeof *c); }
+
+// Loads a model dir (er_model_load_ex with no callbacks).
 ER_API int er_model_load(ErModel **out, const char *dir);
+// With callbacks (NULL = none; copied, so cb may go once this returns): progress and abort for the load,
+// and log for the load and everything after it on the model, its sessions and batches (a session or batch
+// with a log of its own uses that instead).
+ER_API int er_model_load_ex(ErModel **out, const char *dir, const ErCallbacks *cb);
 // The positions the model was trained for (config.json max_position_embeddings): the most a session
 // may hold per sample (prompt included). ER_EINVAL for NULL.
 ER_API int er_model_max_positions(const ErModel *m);
@@ -189,11 +244,48 @@ ER_API void er_model_free(ErModel *m);
 // model until the next er_model_load_adapter; not to be called while a load runs.
 ER_API const char *er_model_reasoning_prefix(const ErModel *m);
 
-// A session for up to max_samples parallel samples of up to max_tokens positions (prompt included, at
-// most er_model_max_positions), KV cache in int8 when kv_int8 != 0. Memory is reserved here: a size
-// that does not fit is refused (ER_ENOMEM), and max_samples x max_tokens above INT_MAX positions (more
-// than a KV cache can address) with ER_ERANGE.
-ER_API int er_session_open(ErSession **out, ErModel *m, int max_samples, int max_tokens, int kv_int8);
+enum { ER_KV_F32 = 0, ER_KV_INT8 = 1 };
+enum { ER_THREADS_MAX = 256 }; // ErSessionParams.n_threads at most
+
+// How a session (or a batch) is sized and run; filled by er_session_params_init.
+typedef struct {
+    size_t size;      // sizeof(ErSessionParams), set by er_session_params_init
+    int max_samples;  // parallel samples (a batch: rows, over all its live requests) [1]
+    int max_tokens;   // positions per sample, prompt included, at most er_model_max_positions [2048]
+    int kv_type;      // ER_KV_F32 or ER_KV_INT8 (a byte per value, a quarter of f32's, plus a scale per row)
+                      // [ER_KV_F32]
+    int n_threads;    // threads its calls run on, 0..ER_THREADS_MAX; 0 = the OpenMP default of the thread
+                      // that opens it (all cores unless OMP_NUM_THREADS or omp_set_num_threads says) [0]
+    const ErCallbacks *callbacks; // progress and abort for its generate calls (a batch: its submits'
+                                  // prefills), and its own log; copied at open; NULL = none [NULL]
+} ErSessionParams;
+
+ER_API int er_session_params_init_size(ErSessionParams *p, size_t size);
+static inline void er_session_params_init(ErSessionParams *p) { er_session_params_init_size(p, sizeof *p); }
+
+// ---- tokens and the chat template: count a prompt before generating ----
+// Like snprintf: each returns the size of its whole result (ids, or bytes without the NUL) and writes what fits
+// into out: ids up to cap; text up to cap - 1 bytes and a NUL when cap > 0 (possibly cut inside a UTF-8
+// character). A return of cap or more (ids: more than cap) means out was too small: call again with room for
+// the return (+ 1 for text). out may be NULL when cap is 0. A negative status on failure. These read only
+// what a load never changes, so they may run beside generations, on any thread.
+//
+// The ids of text (UTF-8, NUL-terminated) as er_generate_raw encodes it: no BOS or EOS is added (chat templates
+// place the special tokens). parse_special != 0: special tokens written in the text ("<|im_end|>") become
+// their ids, as er_generate_raw does; 0: they stay plain text (for text a user typed). Invalid UTF-8: ER_EINVAL.
+ER_API int er_tokenize(const ErModel *m, const char *text, int32_t *out, int cap, int parse_special);
+// The text of n ids (special tokens as their text). Bytes that do not form valid UTF-8 become U+FFFD; an id
+// outside the vocabulary is ER_ERANGE.
+ER_API int er_detokenize(const ErModel *m, const int32_t *tokens, int n, char *out, size_t cap);
+// n messages rendered with the model's chat template; add_generation_prompt != 0 opens the assistant turn,
+// which gives the text er_generate feeds the model for these messages.
+ER_API int er_apply_template(const ErModel *m, const ErMessage *msgs, int n, int add_generation_prompt, char *out,
+                             size_t cap);
+
+// A session for up to p->max_samples parallel samples of up to p->max_tokens positions. Memory is
+// reserved here: a size that does not fit is refused (ER_ENOMEM), and max_samples x max_tokens above
+// INT_MAX positions (more than a KV cache can address) with ER_ERANGE.
+ER_API int er_session_open(ErSession **out, ErModel *m, const ErSessionParams *p);
 // Called during a call on the session (from its token callback, say), it stops that call, which frees
 // the session as it returns.
 ER_API void er_session_free(ErSession *s);
@@ -325,10 +417,11 @@ ER_API const ErRoute *er_result_route(const ErSession *s);
 typedef struct ErBatch ErBatch;
 typedef struct ErRequest ErRequest;
 
-// Room for max_rows samples (over all live requests) of up to max_tokens positions each (prompt
-// included), KV cache in int8 when kv_int8 != 0. The batch caches as many prompts as it has rows: 2 x
-// max_rows x max_tokens above INT_MAX positions is refused (ER_ERANGE), as in er_session_open.
-ER_API int er_batch_open(ErBatch **out, ErModel *m, int max_rows, int max_tokens, int kv_int8);
+// Room for p->max_samples rows (samples over all live requests) of up to p->max_tokens positions each
+// (prompt included), with p's KV type, threads and callbacks (as a session's). The batch caches as many
+// prompts as it has rows: 2 x rows x max_tokens above INT_MAX positions is refused (ER_ERANGE), as in
+// er_session_open.
+ER_API int er_batch_open(ErBatch **out, ErModel *m, const ErSessionParams *p);
 // Frees the batch. Requests still decoding are stopped: they fail (er_request_status ER_EINVAL, no
 // results). Every request, done or not, is still freed by er_request_free, before or after this.
 ER_API void er_batch_free(ErBatch *b);

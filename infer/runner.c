@@ -29,8 +29,12 @@ int runner_open_session(const SessionSpec *spec, int max_samples, int max_new, E
     *s = NULL;
     int rc = ER_OK;
     ER_CHECK(runner_load_model(spec, m));
-    ER_CHECK(er_session_open(s, *m, max_samples, runner_context(spec->context, max_new, er_model_max_positions(*m)),
-                             spec->kv_int8));
+    ErSessionParams sp;
+    er_session_params_init(&sp);
+    sp.max_samples = max_samples;
+    sp.max_tokens = runner_context(spec->context, max_new, er_model_max_positions(*m));
+    sp.kv_type = spec->kv_int8 ? ER_KV_INT8 : ER_KV_F32;
+    ER_CHECK(er_session_open(s, *m, &sp));
 done:
     if (rc < 0) {
         er_model_free(*m);

@@ -688,12 +688,14 @@ static int model_borrows(const Model *m, const void *p) {
     return m->gguf && bytes_borrows(&m->gguf->bytes, p);
 }
 
-int model_tile_for_decode(Model *m, size_t *released) {
+int model_tile_for_decode(Model *m, size_t *released, int (*step)(void *user, int done, int total), void *user) {
     if (released)
         *released = 0;
     if (m->be && m->be->kind != BACKEND_CPU)
         return ER_OK;
-    int rc = ER_OK;
+    int rc = ER_OK, total = 0, done = 0;
+    for (int i = 0; i < m->n_params; i++)
+        total += m->params[i].w != NULL;
     for (int i = 0; i < m->n_params && rc == ER_OK; i++)
         if (m->params[i].w) {
             Weight *w = m->params[i].w;
@@ -712,6 +714,9 @@ int model_tile_for_decode(Model *m, size_t *released) {
                     if (released)
                         *released += bytes[k];
                 }
+            if (rc == ER_OK && step && step(user, ++done, total))
+                rc = er_error(ER_EABORTED, "model: laying out the weights for decode stopped by the caller after %d of "
+                              "%d matrices", done, total);
         }
     if (m->cfg.tied) // the lm_head is a copy of the embedding's Weight
         m->lm_head = m->embed;

@@ -102,8 +102,9 @@ int model_untie(Model *m);
 // file); the file pages they replace are released, and *released (may be NULL) gets their bytes. For models
 // that only decode (er_model_load, erinfer bench). Pages of a caller's buffer the model borrows
 // (core/bytes.h) are never released: only the caller may. On ER_ENOMEM some matrices may be tiled, each one
-// whole, and the model stays valid.
-int model_tile_for_decode(Model *m, size_t *released);
+// whole, and the model stays valid. step (NULL = none) is called after each matrix with the matrices done and
+// their total; a non-zero return stops there (ER_EABORTED, the model valid as above).
+int model_tile_for_decode(Model *m, size_t *released, int (*step)(void *user, int done, int total), void *user);
 void model_free(Model *m);
 void model_zero_grad(Model *m);
 // A copy of src placed on backend be (dst->be = be): the same parameter table and layout, every buffer

@@ -42,8 +42,11 @@ int main(int argc, char **argv) {
     ErModel *model;
     if (er_model_load(&model, argv[1]) < 0)
         return fail("loading the model");
+    ErSessionParams sp;
+    er_session_params_init(&sp); // 1 sample, f32 KV cache, all cores
+    sp.max_tokens = 1024;        // prompt and reply
     ErSession *session;
-    if (er_session_open(&session, model, 1, 1024, 0) < 0) {
+    if (er_session_open(&session, model, &sp) < 0) {
         er_model_free(model);
         return fail("opening a session");
     }

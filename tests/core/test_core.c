@@ -781,7 +781,7 @@ Test(error, record_and_clear) {
     cr_assert_eq(er_last_status(), ER_EFORMAT);
     er_clear_error();
     cr_assert_str_eq(er_last_error(), "no error");
-    const int all[] = {ER_OK, ER_EINVAL, ER_EIO, ER_ENOMEM, ER_EFORMAT, ER_EUNSUPPORTED, ER_ERANGE};
+    const int all[] = {ER_OK, ER_EINVAL, ER_EIO, ER_ENOMEM, ER_EFORMAT, ER_EUNSUPPORTED, ER_ERANGE, ER_EABORTED};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         cr_assert_str_neq(er_status_name(all[i]), "unknown status");
     cr_assert_str_eq(er_status_name(-99), "unknown status");

@@ -14,6 +14,7 @@
 #include "core/fileio.h"
 #include "infer/erinfer.h"
 #include "lora/peft.h"
+#include "tests/common/api_helpers.h"
 #include "tests/common/heads_helpers.h"
 #include "tests/common/helpers.h"
 
@@ -47,14 +48,21 @@ Test(api, null_arguments_are_errors) {
     expect_null_error(er_model_load_switcher(m, NULL), "er_model_load_switcher");
     expect_null_error(er_model_load_verifier(NULL, "x"), "er_model_load_verifier");
     cr_assert_lt(er_model_max_positions(NULL), 0);
-    expect_null_error(er_session_open(NULL, m, 1, 64, 0), "er_session_open");
-    expect_null_error(er_session_open(&s, NULL, 1, 64, 0), "er_session_open");
+    ErSessionParams sp = helper_session_params(1, 64, 0);
+    expect_null_error(er_session_open(NULL, m, &sp), "er_session_open");
+    expect_null_error(er_session_open(&s, NULL, &sp), "er_session_open");
     cr_assert_null(s);
-    cr_assert_eq(er_session_open(&s, m, 1, 64, 0), 0, "%s", er_last_error());
+    s = (ErSession *)0x1;
+    expect_null_error(er_session_open(&s, m, NULL), "er_session_open");
+    cr_assert_null(s);
+    cr_assert_eq(helper_session_open(&s, m, 1, 64, 0), 0, "%s", er_last_error());
 
     ErGenParams p;
     er_gen_params_init(&p);
     er_gen_params_init(NULL);
+    expect_null_error(er_gen_params_init_size(NULL, sizeof p), "er_gen_params_init_size");
+    expect_null_error(er_session_params_init_size(NULL, sizeof sp), "er_session_params_init_size");
+    expect_null_error(er_callbacks_init_size(NULL, sizeof(ErCallbacks)), "er_callbacks_init_size");
     p.max_new_tokens = 4;
     ErMessage msg = {"user", "Start with 2. What is the result?"}, no_content = {"user", NULL};
     expect_null_error(er_generate(NULL, &msg, 1, &p, NULL, NULL), "er_generate");
@@ -85,7 +93,7 @@ Test(api, session_keeps_its_model_alive) {
     ErModel *m;
     ErSession *s, *s2;
     cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
-    cr_assert_eq(er_session_open(&s, m, 2, 128, 0), 0, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&s, m, 2, 128, 0), 0, "%s", er_last_error());
     er_model_free(m);
     ErGenParams p;
     er_gen_params_init(&p);
@@ -94,7 +102,7 @@ Test(api, session_keeps_its_model_alive) {
     ErMessage msg = {"user", "Start with 2. Add 3. What is the result?"};
     cr_assert_eq(er_generate(s, &msg, 1, &p, NULL, NULL), 0, "%s", er_last_error());
     cr_assert_eq(er_result_count(s), 2);
-    cr_assert(er_session_open(&s2, m, 1, 64, 0) < 0, "a new session on a freed model was opened");
+    cr_assert(helper_session_open(&s2, m, 1, 64, 0) < 0, "a new session on a freed model was opened");
     cr_assert(strstr(er_last_error(), "freed"), "%s", er_last_error());
     er_session_free(s);
 }
@@ -104,11 +112,11 @@ Test(api, session_sizes_are_checked) {
     ErModel *m;
     ErSession *s;
     cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
-    cr_assert_lt(er_session_open(&s, m, 4, 1073741825, 0), 0);
+    cr_assert_lt(helper_session_open(&s, m, 4, 1073741825, 0), 0);
     cr_assert(strstr(er_last_error(), "max_position_embeddings"), "%s", er_last_error());
-    cr_assert_lt(er_session_open(&s, m, 0, 64, 0), 0);
-    cr_assert_lt(er_session_open(&s, m, 1, er_model_max_positions(m) + 1, 0), 0);
-    cr_assert_eq(er_session_open(&s, m, 1, er_model_max_positions(m), 0), 0, "%s", er_last_error());
+    cr_assert_lt(helper_session_open(&s, m, 0, 64, 0), 0);
+    cr_assert_lt(helper_session_open(&s, m, 1, er_model_max_positions(m) + 1, 0), 0);
+    cr_assert_eq(helper_session_open(&s, m, 1, er_model_max_positions(m), 0), 0, "%s", er_last_error());
     er_session_free(s);
     er_model_free(m);
 }
@@ -147,7 +155,7 @@ Test(api, replaced_unmasked_adapter_is_not_served_from_the_old_cache) {
     int reused;
     cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
     cr_assert_eq(er_model_load_adapter(m, a_dir), 0, "%s", er_last_error());
-    cr_assert_eq(er_session_open(&s, m, 1, 256, 0), 0, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&s, m, 1, 256, 0), 0, "%s", er_last_error());
     char *with_a = generate_text(s, &reused);
     char *again_a = generate_text(s, &reused);
     cr_assert_gt(reused, 0, "the same prompt under the same adapter should be reused");
@@ -157,7 +165,7 @@ Test(api, replaced_unmasked_adapter_is_not_served_from_the_old_cache) {
     cr_assert_eq(reused, 0, "the prompt computed under adapter a was reused for adapter b");
     cr_assert_eq(er_model_load(&fresh, fx.model), 0, "%s", er_last_error());
     cr_assert_eq(er_model_load_adapter(fresh, b_dir), 0, "%s", er_last_error());
-    cr_assert_eq(er_session_open(&fs, fresh, 1, 256, 0), 0, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&fs, fresh, 1, 256, 0), 0, "%s", er_last_error());
     char *fresh_b = generate_text(fs, &reused);
     cr_assert_str_eq(with_b, fresh_b, "after replacing the adapter the session answers as a fresh one would");
     er_free(with_a);
@@ -185,13 +193,13 @@ Test(api, every_status_has_its_name) {
         const char *name;
     } all[] = {{ER_OK, "ok"},          {ER_EINVAL, "invalid argument"}, {ER_EIO, "I/O error"},
                {ER_ENOMEM, "out of memory"}, {ER_EFORMAT, "bad format"},   {ER_EUNSUPPORTED, "unsupported"},
-               {ER_ERANGE, "out of range"}};
+               {ER_ERANGE, "out of range"},  {ER_EABORTED, "aborted"}};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         cr_assert_eq(all[i].status, -(int)i, "the statuses are 0, -1, -2, ...");
         cr_assert_str_eq(er_status_name(all[i].status), all[i].name);
     }
     cr_assert_str_eq(er_status_name(1), "unknown status");
-    cr_assert_str_eq(er_status_name(-7), "unknown status");
+    cr_assert_str_eq(er_status_name(-8), "unknown status");
 }
 
 // Greedy text of a fixed prompt with the given stop strings; the status of the call.
@@ -208,7 +216,7 @@ Test(api, stop_strings_are_pointer_and_count) {
     ErModel *m;
     ErSession *s;
     cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
-    cr_assert_eq(er_session_open(&s, m, 1, 256, 0), 0, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&s, m, 1, 256, 0), 0, "%s", er_last_error());
     ErGenParams p;
     er_gen_params_init(&p);
     cr_assert_null(p.stop);
@@ -273,7 +281,7 @@ Test(api, sessions_of_one_model_run_on_two_threads) {
     Worker w[2];
     cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
     for (int i = 0; i < 2; i++)
-        cr_assert_eq(er_session_open(&w[i].s, m, 1, 256, i), 0, "%s", er_last_error());
+        cr_assert_eq(helper_session_open(&w[i].s, m, 1, 256, i), 0, "%s", er_last_error());
     Worker alone[2] = {{w[0].s, 0, ""}, {w[1].s, 0, ""}};
     for (int i = 0; i < 2; i++) {
         worker_run(&alone[i]);
@@ -300,7 +308,7 @@ Test(api, route_is_forced_or_refused) {
     ErModel *m;
     ErSession *s;
     cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
-    cr_assert_eq(er_session_open(&s, m, 3, 256, 0), 0, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&s, m, 3, 256, 0), 0, "%s", er_last_error());
     ErGenParams p;
     er_gen_params_init(&p);
     cr_assert_null(p.route);
@@ -349,9 +357,11 @@ Test(api, batched_requests_equal_their_sessions_results) {
     p[1].n_samples = 2;
     ErBatch *b;
     ErRequest *rq[3] = {0};
-    expect_null_error(er_batch_open(NULL, m, 3, 128, 0), "er_batch_open");
-    expect_null_error(er_batch_open(&b, NULL, 3, 128, 0), "er_batch_open");
-    cr_assert_eq(er_batch_open(&b, m, 3, 128, 0), 0, "%s", er_last_error());
+    ErSessionParams bp = helper_session_params(3, 128, 0);
+    expect_null_error(er_batch_open(NULL, m, &bp), "er_batch_open");
+    expect_null_error(er_batch_open(&b, NULL, &bp), "er_batch_open");
+    expect_null_error(er_batch_open(&b, m, NULL), "er_batch_open");
+    cr_assert_eq(helper_batch_open(&b, m, 3, 128, 0), 0, "%s", er_last_error());
     expect_null_error(er_batch_submit(b, NULL, &p[0], NULL, NULL, &rq[0]), "er_batch_submit");
     expect_null_error(er_batch_step(NULL), "er_batch_step");
     cr_assert_null(er_request_sample(NULL, 0));
@@ -367,11 +377,11 @@ Test(api, batched_requests_equal_their_sessions_results) {
     while (er_batch_step(b) > 0)
         ;
     ErSession *s;
-    cr_assert_eq(er_session_open(&s, m, 2, 128, 0), 0, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&s, m, 2, 128, 0), 0, "%s", er_last_error());
     for (int i = 0; i < 3; i++) {
         cr_assert_eq(er_request_status(rq[i]), ER_OK, "request %d", i);
         er_session_free(s); // a fresh cache: no prefix from the previous text
-        cr_assert_eq(er_session_open(&s, m, 2, 128, 0), 0, "%s", er_last_error());
+        cr_assert_eq(helper_session_open(&s, m, 2, 128, 0), 0, "%s", er_last_error());
         cr_assert_eq(er_generate_raw(s, texts[i], &p[i], NULL, NULL), 0, "%s", er_last_error());
         cr_assert_eq(er_request_count(rq[i]), er_result_count(s));
         for (int k = 0; k < er_result_count(s); k++) {
@@ -403,7 +413,7 @@ Test(api, batch_runs_an_unmasked_adapter) {
     cr_assert_eq(er_model_load(&m, fx.model), 0, "%s", er_last_error());
     cr_assert_eq(er_model_load_adapter(m, a_dir), 0, "%s", er_last_error());
     ErBatch *b;
-    cr_assert_eq(er_batch_open(&b, m, 2, 128, 1), 0, "%s", er_last_error());
+    cr_assert_eq(helper_batch_open(&b, m, 2, 128, 1), 0, "%s", er_last_error());
     ErGenParams p;
     er_gen_params_init(&p);
     p.max_new_tokens = 4;
@@ -420,7 +430,7 @@ Test(api, batch_runs_an_unmasked_adapter) {
     cr_assert_eq(er_request_route(d)->route, ER_ROUTE_DIRECT);
     cr_assert_eq(er_request_stats(d)->prompt_reused, 0, "the direct answer's prompt was cached under the adapter");
     ErSession *s;
-    cr_assert_eq(er_session_open(&s, m, 1, 128, 1), 0, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&s, m, 1, 128, 1), 0, "%s", er_last_error());
     cr_assert_eq(er_generate_raw(s, "Start with 7. Add 5.", &p, NULL, NULL), 0, "%s", er_last_error());
     const ErSample *x = er_request_sample(d, 0), *y = er_result_sample(s, 0);
     cr_assert(x->n_tokens == y->n_tokens && memcmp(x->tokens, y->tokens, sizeof(int) * (size_t)x->n_tokens) == 0);
@@ -504,7 +514,7 @@ Test(api, batched_routed_requests_equal_their_sessions_results) {
     p[3].budget = 4; // the hard budget on one reasoning request
     p[3].answer_tokens = 12;
     ErBatch *b;
-    cr_assert_eq(er_batch_open(&b, m, 6, 128, 1), 0, "%s", er_last_error());
+    cr_assert_eq(helper_batch_open(&b, m, 6, 128, 1), 0, "%s", er_last_error());
     ErRequest *rq[R] = {0}, *dropped;
     // Arrivals: 0 and 1 at once, 2 after a step, the rest when rows free up; one dropped mid-decode.
     cr_assert_eq(er_batch_submit(b, texts[0], &p[0], NULL, NULL, &rq[0]), 0, "%s", er_last_error());
@@ -525,7 +535,7 @@ Test(api, batched_routed_requests_equal_their_sessions_results) {
     for (int i = 0; i < R; i++) {
         cr_assert_eq(er_request_status(rq[i]), ER_OK, "request %d", i);
         ErSession *s;
-        cr_assert_eq(er_session_open(&s, m, 3, 128, 1), 0, "%s", er_last_error());
+        cr_assert_eq(helper_session_open(&s, m, 3, 128, 1), 0, "%s", er_last_error());
         cr_assert_eq(er_generate_raw(s, texts[i], &p[i], NULL, NULL), 0, "%s", er_last_error());
         expect_same_route(rq[i], s, i);
         const ErRoute *rt = er_request_route(rq[i]);
@@ -544,13 +554,13 @@ Test(api, batched_routed_requests_equal_their_sessions_results) {
     int extra = er_model_extra_positions(m), P;
     cr_assert_gt(extra, 0, "the reasoning prefix and the verifier prompt take positions");
     ErSession *s;
-    cr_assert_eq(er_session_open(&s, m, 1, 128, 1), 0, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&s, m, 1, 128, 1), 0, "%s", er_last_error());
     p[1].n_samples = 1;
     cr_assert_eq(er_generate_raw(s, texts[1], &p[1], NULL, NULL), 0, "%s", er_last_error());
     P = er_result_stats(s)->prompt_tokens;
     er_session_free(s);
     for (int less = 0; less < 2; less++) {
-        cr_assert_eq(er_session_open(&s, m, 1, P + p[1].max_new_tokens + extra - less, 1), 0, "%s", er_last_error());
+        cr_assert_eq(helper_session_open(&s, m, 1, P + p[1].max_new_tokens + extra - less, 1), 0, "%s", er_last_error());
         cr_assert_eq(er_generate_raw(s, texts[1], &p[1], NULL, NULL), less ? ER_ERANGE : ER_OK, "%s", er_last_error());
         er_session_free(s);
     }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "infer/erinfer.h"
+#include "tests/common/api_helpers.h"
 #include "tests/common/heads_helpers.h"
 
 static HelperFixture fx; // per test: the temp dir and tmp/model
@@ -52,18 +53,18 @@ Test(api_misuse, session_and_batch_sizes_do_not_overflow) {
         char n[32];
         snprintf(n, sizeof n, "%d", sizes[i][0]);
         ErSession *s = (ErSession *)0x1;
-        cr_assert_eq(er_session_open(&s, m, sizes[i][0], sizes[i][1], 0), ER_ERANGE, "%d samples x %d: %s",
+        cr_assert_eq(helper_session_open(&s, m, sizes[i][0], sizes[i][1], 0), ER_ERANGE, "%d samples x %d: %s",
                      sizes[i][0], sizes[i][1], er_last_error());
         cr_assert_null(s);
         cr_assert(strstr(er_last_error(), "er_session_open") && strstr(er_last_error(), n), "%s", er_last_error());
         ErBatch *b = (ErBatch *)0x1;
-        cr_assert_eq(er_batch_open(&b, m, sizes[i][0], sizes[i][1], 1), ER_ERANGE, "%d rows x %d: %s", sizes[i][0],
+        cr_assert_eq(helper_batch_open(&b, m, sizes[i][0], sizes[i][1], 1), ER_ERANGE, "%d rows x %d: %s", sizes[i][0],
                      sizes[i][1], er_last_error());
         cr_assert_null(b);
         cr_assert(strstr(er_last_error(), "er_batch_open") && strstr(er_last_error(), n), "%s", er_last_error());
     }
     ErSession *s;
-    cr_assert_eq(er_session_open(&s, m, 4, 64, 0), 0, "%s", er_last_error()); // the model is still fine
+    cr_assert_eq(helper_session_open(&s, m, 4, 64, 0), 0, "%s", er_last_error()); // the model is still fine
     er_session_free(s);
     er_model_free(m);
 }
@@ -78,7 +79,7 @@ Test(api_misuse, batch_and_requests_free_in_either_order) {
     ErModel *m = load_model();
     for (int batch_first = 0; batch_first < 2; batch_first++) {
         ErBatch *b;
-        cr_assert_eq(er_batch_open(&b, m, 4, 128, 0), 0, "%s", er_last_error());
+        cr_assert_eq(helper_batch_open(&b, m, 4, 128, 0), 0, "%s", er_last_error());
         ErGenParams p = params(2, 2);
         ErRequest *done, *live, *stepped;
         cr_assert_eq(er_batch_submit(b, "Start with 7.", &p, NULL, NULL, &done), 0, "%s", er_last_error());
@@ -141,7 +142,7 @@ static int reenter_generate(void *user, int sample, const char *text, size_t len
 Test(api_misuse, generate_refuses_reentry_from_its_callback) {
     ErModel *m = load_model();
     Reentry x = {0};
-    cr_assert_eq(er_session_open(&x.s, m, 2, 128, 0), 0, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&x.s, m, 2, 128, 0), 0, "%s", er_last_error());
     ErGenParams p = params(6, 2);
     cr_assert_eq(er_generate_raw(x.s, "Start with 7.", &p, reenter_generate, &x), ER_OK, "%s", er_last_error());
     cr_assert_eq(x.rc, ER_EINVAL, "er_generate_raw re-entered its session: %d", x.rc);
@@ -169,7 +170,7 @@ static int free_session(void *user, int sample, const char *text, size_t len) {
 Test(api_misuse, session_freed_from_its_callback_is_freed_after_the_call) {
     ErModel *m = load_model();
     Reentry x = {0};
-    cr_assert_eq(er_session_open(&x.s, m, 2, 128, 0), 0, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&x.s, m, 2, 128, 0), 0, "%s", er_last_error());
     er_model_free(m); // the session keeps it: its release follows the session's
     ErGenParams p = params(8, 2);
     cr_assert_geq(er_generate_raw(x.s, "Start with 7.", &p, free_session, &x), ER_OK, "%s", er_last_error());
@@ -196,7 +197,7 @@ static int reenter_batch(void *user, int sample, const char *text, size_t len) {
 Test(api_misuse, batch_refuses_reentry_from_its_callback) {
     ErModel *m = load_model();
     Reentry x = {0};
-    cr_assert_eq(er_batch_open(&x.b, m, 2, 128, 0), 0, "%s", er_last_error());
+    cr_assert_eq(helper_batch_open(&x.b, m, 2, 128, 0), 0, "%s", er_last_error());
     ErGenParams p = params(6, 1);
     cr_assert_eq(er_batch_submit(x.b, "Start with 7.", &p, reenter_batch, &x, &x.r), 0, "%s", er_last_error());
     while (er_batch_step(x.b) > 0)
@@ -241,7 +242,7 @@ Test(api_misuse, batch_frees_from_its_callback_wait_for_the_step) {
     ErModel *m = load_model();
     for (int what = 0; what < 3; what++) {
         Reentry x = {.rc = what}, y = {0};
-        cr_assert_eq(er_batch_open(&x.b, m, 4, 128, 0), 0, "%s", er_last_error());
+        cr_assert_eq(helper_batch_open(&x.b, m, 4, 128, 0), 0, "%s", er_last_error());
         ErGenParams p = params(8, 2);
         cr_assert_eq(er_batch_submit(x.b, "Start with 7.", &p, free_from_callback, &x, &x.r), 0, "%s",
                      er_last_error());
@@ -312,8 +313,8 @@ static int run_other(void *user, int sample, const char *text, size_t len) {
 Test(api_misuse, a_session_in_use_refuses_another_thread) {
     ErModel *m = load_model();
     ErSession *s, *s2;
-    cr_assert_eq(er_session_open(&s, m, 2, 128, 0), 0, "%s", er_last_error());
-    cr_assert_eq(er_session_open(&s2, m, 1, 128, 0), 0, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&s, m, 2, 128, 0), 0, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&s2, m, 1, 128, 0), 0, "%s", er_last_error());
     ErGenParams p = params(6, 2);
     Other same = {.m = m, .s = s};
     cr_assert_eq(er_generate_raw(s, "Start with 7.", &p, run_other, &same), ER_OK, "%s", er_last_error());
@@ -341,7 +342,7 @@ Test(api_misuse, loads_refused_while_the_model_generates) {
     ErModel *m = load_model();
     cr_assert_eq(er_model_load_adapter(m, a_dir), 0, "%s", er_last_error());
     ErSession *s;
-    cr_assert_eq(er_session_open(&s, m, 2, 128, 0), 0, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&s, m, 2, 128, 0), 0, "%s", er_last_error());
     ErGenParams p = params(6, 2);
     for (int head = 0; head < 2; head++) {
         Other o = {.m = m, .path = head ? sw : a_dir, .load_switcher = head};
@@ -354,7 +355,7 @@ Test(api_misuse, loads_refused_while_the_model_generates) {
     // A batch generates from its first submission to the step that finishes its last request.
     ErBatch *b;
     ErRequest *r;
-    cr_assert_eq(er_batch_open(&b, m, 2, 128, 0), 0, "%s", er_last_error());
+    cr_assert_eq(helper_batch_open(&b, m, 2, 128, 0), 0, "%s", er_last_error());
     cr_assert_eq(er_batch_submit(b, "Start with 7.", &p, NULL, NULL, &r), 0, "%s", er_last_error());
     cr_assert_eq(er_model_load_adapter(m, a_dir), ER_EINVAL, "a load while a batch decodes");
     cr_assert(strstr(er_last_error(), "er_model_load_adapter"), "%s", er_last_error());

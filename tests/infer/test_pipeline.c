@@ -11,6 +11,7 @@
 #include "data/grade.h"
 #include "infer/erinfer.h"
 #include "infer/pipeline.h"
+#include "tests/common/api_helpers.h"
 #include "tests/common/heads_helpers.h"
 
 // ---- voting ----
@@ -285,7 +286,7 @@ Test(pipeline, c_api_loads_heads_and_reports_the_route) {
     cr_assert_eq(er_model_load(&m, model_dir), 0, "%s", er_last_error());
     cr_assert_lt(er_model_load_switcher(m, vfp), 0, "a verifier is not a switcher");
     cr_assert_eq(er_model_load_adapter(m, adapter_dir), 0, "%s", er_last_error());
-    cr_assert_eq(er_session_open(&s, m, 3, 256, 1), 0, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&s, m, 3, 256, 1), 0, "%s", er_last_error());
     ErGenParams p;
     er_gen_params_init(&p);
     p.n_samples = 3;

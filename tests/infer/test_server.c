@@ -21,6 +21,7 @@
 #include "data/tokenizer.h"
 #include "infer/sampler.h"
 #include "erinfer/server.h"
+#include "tests/common/api_helpers.h"
 #include "tests/common/heads_helpers.h"
 
 // The stdout of a shell command (exit status in *status), or a loud skip when python3 or jinja2 is missing.
@@ -1376,7 +1377,7 @@ Test(server, logprobs_are_the_models_log_softmax, .timeout = 120) {
     ErBatch *b;
     ErRequest *rq;
     cr_assert_eq(er_model_load(&m, fx.model), ER_OK, "%s", er_last_error());
-    cr_assert_eq(er_batch_open(&b, m, 4, 256, 0), ER_OK, "%s", er_last_error());
+    cr_assert_eq(helper_batch_open(&b, m, 4, 256, 0), ER_OK, "%s", er_last_error());
     ErGenParams p;
     er_gen_params_init(&p);
     p.n_samples = 2, p.temperature = 0.8f, p.top_k = 20, p.top_p = 0.9f, p.seed = 7, p.max_new_tokens = 16;

@@ -501,7 +501,7 @@ Test(quant_model, tiled_for_decode) {
     cr_assert_eq(model_load(&b, dir, 0), 0, "%s", er_last_error());
     cr_assert_eq(model_load(&d, dir, 0), 0, "%s", er_last_error());
     size_t released = 1;
-    cr_assert_eq(model_tile_for_decode(&d, &released), 0, "%s", er_last_error());
+    cr_assert_eq(model_tile_for_decode(&d, &released, NULL, NULL), 0, "%s", er_last_error());
     if (!d.layers[0].wq.tiled) {
         printf("quant_model: NOTE: this build has no tiled decode kernels (%s): tiling left the model as it was\n",
                quant_simd_name());

@@ -209,7 +209,7 @@ Test(train, sft_reduces_loss_and_writes_peft_adapter, .init = setup, .fini = tea
     const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(j, "config");
     cr_assert_eq(cJSON_GetObjectItemCaseSensitive(cfg, "rank")->valueint, 8);
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(cfg, "response_key")->valuestring, "concise");
-    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(j, "version")->valuestring, "0.1.0");
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(j, "version")->valuestring, "0.2.0");
     cr_assert_eq(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "counts"), "train")->valueint, 45);
     cr_assert(cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(j, "result")));
     cJSON_Delete(j);
