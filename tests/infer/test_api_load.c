@@ -20,6 +20,7 @@
 #include "core/gguf.h"
 #include "infer/erinfer.h"
 #include "model/model.h"
+#include "tests/common/api_helpers.h"
 #include "tests/common/helpers.h"
 #include "train/gguf_export.h"
 #include "train/quantize.h"
@@ -64,7 +65,7 @@ typedef struct {
 
 static Gen generate(ErModel *m) {
     ErSession *s;
-    cr_assert_eq(er_session_open(&s, m, 2, 256, 0), ER_OK, "%s", er_last_error());
+    cr_assert_eq(helper_session_open(&s, m, 2, 256, 0), ER_OK, "%s", er_last_error());
     ErGenParams p;
     er_gen_params_init(&p);
     p.max_new_tokens = 48;

@@ -38,7 +38,10 @@ static void llama_quiet(enum ggml_log_level level, const char *text, void *user)
 // erinfer's greedy continuation of PROMPT: N_NEW tokens (fewer at an EOS) into out, the prompt's length.
 static int erinfer_greedy(ErModel *m, int *out, int *n_out, int *n_prompt) {
     ErSession *s = NULL;
-    if (er_session_open(&s, m, 1, MAX_PROMPT, 0) < 0)
+    ErSessionParams sp;
+    er_session_params_init(&sp);
+    sp.max_tokens = MAX_PROMPT;
+    if (er_session_open(&s, m, &sp) < 0)
         return fail("er_session_open", er_last_error());
     ErGenParams p;
     er_gen_params_init(&p);
