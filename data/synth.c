@@ -359,9 +359,10 @@ int guess_config_check(const GuessConfig *c) {
     return ER_OK;
 }
 
-// "try 5: 5 * 4 + 3 = 23, want 31, no": the target is restated beside the check value, so the verdict compares two
-// numbers a few tokens apart instead of one recalled from the prompt.
+// "try 5: 5 * 4 + 3 = 23, 23 - 31 = -8, no": the check value minus the target, so the verdict reads one local token
+// (the difference is 0 or not) instead of comparing two numbers.
 static void put_try_line(StrBuf *b, int g, int a, int off, int target) {
+    int v = g * a + off;
     strbuf_puts(b, "try ");
     strbuf_int(b, g);
     strbuf_puts(b, ": ");
@@ -371,10 +372,14 @@ static void put_try_line(StrBuf *b, int g, int a, int off, int target) {
     strbuf_puts(b, " + ");
     strbuf_int(b, off);
     strbuf_puts(b, " = ");
-    strbuf_int(b, g * a + off);
-    strbuf_puts(b, ", want ");
+    strbuf_int(b, v);
+    strbuf_puts(b, ", ");
+    strbuf_int(b, v);
+    strbuf_puts(b, " - ");
     strbuf_int(b, target);
-    strbuf_puts(b, g * a + off == target ? ", yes" : ", no");
+    strbuf_puts(b, " = ");
+    strbuf_int(b, v - target);
+    strbuf_puts(b, v == target ? ", yes" : ", no");
 }
 
 int guess_generate(const GuessConfig *c, uint64_t seed, uint64_t index, SynthExample *ex) {
@@ -386,14 +391,11 @@ int guess_generate(const GuessConfig *c, uint64_t seed, uint64_t index, SynthExa
     int x = 1 + (int)rng_below(&rng, (uint32_t)c->max_x);
     int a = c->min_factor + (int)rng_below(&rng, (uint32_t)(c->max_factor - c->min_factor + 1));
     int off = 1 + (int)rng_below(&rng, (uint32_t)c->max_offset), target = x * a + off;
-    // The candidates: the first max_tries of a random order of 1..max_x, cut after the answer.
-    int tries[1000], n = 0, closest = 0;
-    for (int i = 0; i < c->max_x; i++)
-        tries[i] = i + 1;
+    // The candidates: consecutive from a random start, wrapping from max_x to 1, cut after the answer or at
+    // max_tries. The start is a trace's only free choice, so no candidate repeats within a trace.
+    int tries[1000], n = 0, closest = 0, start = (int)rng_below(&rng, (uint32_t)c->max_x);
     for (int i = 0; i < c->max_tries; i++) {
-        int j = i + (int)rng_below(&rng, (uint32_t)(c->max_x - i)), t = tries[i];
-        tries[i] = tries[j];
-        tries[j] = t;
+        tries[i] = 1 + (start + i) % c->max_x;
         n++;
         if (abs(tries[i] - x) < abs(tries[closest] - x))
             closest = i;

@@ -13,16 +13,18 @@
 //   verbose  the concise lines interleaved with restatements, re-checks and second guesses in
 //            phrasings drawn from the seeded RNG (several times the concise length).
 //
-// "guess": guess and check, e.g. "Find x from 1 to 12 such that x * 4 + 3 = 31." The trace tries
-// candidates in a random order, computes each one's check and says whether it holds:
-//   concise  "try 5: 5 * 4 + 3 = 23, want 31, no\ntry 7: 7 * 4 + 3 = 31, want 31, yes\nAnswer: 7"
-// and stops at the first that holds or after max_tries; when none held it answers the candidate whose
-// check came closest ("closest: 9"), which is then wrong. The order carries no information about the
-// answer, so one greedy pass finds it only as often as max_tries / max_x, while independent samples try
-// different candidates: this is the family where sampling several traces and keeping the one whose check
-// held pays, and where a wrong trace is visible in the text ("no" on every line, "closest").
+// "guess": guess and check, e.g. "Find x from 1 to 12 such that x * 4 + 3 = 31." The trace tries consecutive
+// candidates from a random start (wrapping from max_x to 1), computes each one's check and its difference from the
+// target, and says whether it holds:
+//   concise  "try 6: 6 * 4 + 3 = 27, 27 - 31 = -4, no\ntry 7: 7 * 4 + 3 = 31, 31 - 31 = 0, yes\nAnswer: 7"
+// and stops at the first that holds or after max_tries; when none held it answers the candidate whose check came
+// closest ("closest: 9"), which is then wrong. The start carries no information about the answer, so one greedy pass
+// finds it only as often as max_tries / max_x, while independent samples start elsewhere: this is the family where
+// sampling several traces and keeping the one whose check held pays, and where a wrong trace is visible in the text
+// ("no" on every line, "closest"). The verdict reads one token (the difference is 0 or not), and no candidate
+// repeats within a trace.
 //   direct   "Answer: 7"
-//   terse    the tried candidates with their verdicts ("5 no 7 yes"), then "Answer: 7"
+//   terse    the tried candidates with their verdicts ("6 no 7 yes"), then "Answer: 7"
 //   verbose  the concise lines with talk around every try (several times the concise length).
 // `steps` is the number of tries in the trace.
 //

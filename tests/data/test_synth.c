@@ -457,7 +457,7 @@ Test(synth, verbose_longer_in_tokens) {
 }
 
 // Re-derives a guess example from its problem text: every try line's arithmetic and verdict, the stop rule (at
-// the answer or after max_tries), distinct candidates in 1..max_x, the closest candidate answered when none held,
+// the answer or after max_tries), consecutive candidates in 1..max_x (wrapping), none repeated, the closest candidate answered when none held,
 // and the four completions agreeing. Returns the first candidate tried.
 static int check_guess(const GuessConfig *c, const SynthExample *ex) {
     int max_x, a, b, target, n;
@@ -472,16 +472,19 @@ static int check_guess(const GuessConfig *c, const SynthExample *ex) {
     char want[4096] = "", terse[512] = "", num[16];
     size_t wl = 0, tl = 0;
     const char *p = ex->concise;
-    int seen[1001] = {0}, tries = 0, first = 0, closest = 0, found = 0;
+    int seen[1001] = {0}, tries = 0, first = 0, closest = 0, found = 0, prev = 0;
     for (;;) {
-        int g, g2, a2, b2, v, tgt, m = 0;
+        int g, g2, a2, b2, v, v2, tgt, d, m = 0;
         char verdict[4];
-        if (sscanf(p, "try %d: %d * %d + %d = %d, want %d, %3[a-z]\n%n", &g, &g2, &a2, &b2, &v, &tgt, verdict, &m) !=
-                7 ||
+        if (sscanf(p, "try %d: %d * %d + %d = %d, %d - %d = %d, %3[a-z]\n%n", &g, &g2, &a2, &b2, &v, &v2, &tgt, &d,
+                   verdict, &m) != 9 ||
             !m)
             break;
-        cr_assert(g == g2 && a2 == a && b2 == b && v == g * a + b && tgt == target, "wrong check line in\n%s",
-                  ex->concise);
+        cr_assert(g == g2 && a2 == a && b2 == b && v == g * a + b && v2 == v && tgt == target && d == v - target,
+                  "wrong check line in\n%s", ex->concise);
+        if (tries)
+            cr_assert_eq(g, prev % max_x + 1, "not the candidate after %d:\n%s", prev, ex->concise);
+        prev = g;
         cr_assert_str_eq(verdict, g == x ? "yes" : "no", "%s", ex->concise);
         cr_assert(g >= 1 && g <= max_x && !seen[g], "candidate %d repeated or out of range:\n%s", g, ex->concise);
         seen[g] = 1;
@@ -489,8 +492,8 @@ static int check_guess(const GuessConfig *c, const SynthExample *ex) {
             first = g;
         if (!closest || abs(g - x) < abs(closest - x))
             closest = g;
-        wl += (size_t)snprintf(want + wl, sizeof want - wl, "try %d: %d * %d + %d = %d, want %d, %s\n", g, g, a, b, v,
-                               target, verdict);
+        wl += (size_t)snprintf(want + wl, sizeof want - wl, "try %d: %d * %d + %d = %d, %d - %d = %d, %s\n", g, g, a,
+                               b, v, v, target, v - target, verdict);
         tl += (size_t)snprintf(terse + tl, sizeof terse - tl, "%d %s", g, g == x ? "yes" : "no ");
         p += m;
         if ((found = g == x))
@@ -531,7 +534,7 @@ static int check_guess(const GuessConfig *c, const SynthExample *ex) {
     return first;
 }
 
-// The family sampling pays on: the order of the candidates says nothing about the answer, so a trace finds it
+// The family sampling pays on: the start of the candidates says nothing about the answer, so a trace finds it
 // about max_tries / max_x of the time, and the first candidate is the answer about 1 / max_x of the time.
 Test(synth, guess_traces_check_every_candidate) {
     GuessConfig c;
