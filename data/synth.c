@@ -202,6 +202,27 @@ void synth_example_free(SynthExample *ex) {
     memset(ex, 0, sizeof *ex);
 }
 
+// Moves a generated example's texts into ex (the completions in SynthStyle order); ER_ENOMEM, ex freed, when any
+// ran out of memory.
+static int example_take(SynthExample *ex, StrBuf *prob, StrBuf *ans, StrBuf *const *styles, int steps, int result,
+                        const char *family, uint64_t index) {
+    char **dst[SYNTH_NSTYLES] = {&ex->direct, &ex->terse, &ex->concise, &ex->verbose};
+    int oom = prob->oom || ans->oom;
+    ex->problem = prob->p;
+    ex->answer = ans->p;
+    for (int s = 0; s < SYNTH_NSTYLES; s++) {
+        *dst[s] = styles[s]->p;
+        oom |= styles[s]->oom;
+    }
+    ex->steps = steps;
+    ex->result = result;
+    if (oom) {
+        synth_example_free(ex);
+        return er_error(ER_ENOMEM, "%s: out of memory generating example %llu", family, (unsigned long long)index);
+    }
+    return ER_OK;
+}
+
 int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, SynthExample *ex) {
     memset(ex, 0, sizeof *ex);
     ER_TRY(chains_config_check(c));
@@ -283,19 +304,7 @@ int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, SynthE
     strbuf_puts(&verbose, "\nAnswer: ");
     strbuf_int(&verbose, v);
 
-    ex->problem = prob.p;
-    ex->answer = ans.p;
-    ex->direct = direct.p;
-    ex->terse = terse.p;
-    ex->concise = concise.p;
-    ex->verbose = verbose.p;
-    ex->steps = k;
-    ex->result = v;
-    if (prob.oom || ans.oom || direct.oom || terse.oom || concise.oom || verbose.oom) {
-        synth_example_free(ex);
-        return er_error(ER_ENOMEM, "chains: out of memory generating example %llu", (unsigned long long)index);
-    }
-    return ER_OK;
+    return example_take(ex, &prob, &ans, (StrBuf *[]){&direct, &terse, &concise, &verbose}, k, v, "chains", index);
 }
 
 // The guess family's phrase pools (verbose trace). Placeholders: {g} the candidate, {v} its check value,
@@ -453,19 +462,7 @@ int guess_generate(const GuessConfig *c, uint64_t seed, uint64_t index, SynthExa
     strbuf_puts(&verbose, "Answer: ");
     strbuf_int(&verbose, said);
 
-    ex->problem = prob.p;
-    ex->answer = ans.p;
-    ex->direct = direct.p;
-    ex->terse = terse.p;
-    ex->concise = concise.p;
-    ex->verbose = verbose.p;
-    ex->steps = n;
-    ex->result = x;
-    if (prob.oom || ans.oom || direct.oom || terse.oom || concise.oom || verbose.oom) {
-        synth_example_free(ex);
-        return er_error(ER_ENOMEM, "guess: out of memory generating example %llu", (unsigned long long)index);
-    }
-    return ER_OK;
+    return example_take(ex, &prob, &ans, (StrBuf *[]){&direct, &terse, &concise, &verbose}, n, x, "guess", index);
 }
 
 const char *synth_completion(const SynthExample *ex, SynthStyle style) {
