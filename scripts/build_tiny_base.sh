@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds the project's tiny default base model: a random configs/tiny.json model pretrained on the
-# synthetic "chains" task (data/synth.h), deterministically, into a cache dir.
+# Builds a tiny base model: a random configs/tiny.json model (or INIT's) pretrained on the synthetic
+# "chains" task (data/synth.h) and, with GUESS_N, the guess-and-check family, deterministically, into a cache dir.
+# The committed models/tiny-base is three runs of it (its README.md has the commands); the other mixes below are
+# the experiments' bases (docs/experiments.md "The tiny bases").
 #
 # The pretraining data is a mixture made from one chains file:
 #   - every record as a chat conversation with its "direct" completion ("Answer: 37"), so the base
@@ -22,14 +24,13 @@
 # models do when asked to think. The base's chat prompt states then serve step-by-step reading of the
 # operands, which a masked adapter (off on the prompt) relies on; the verbose style stays the SFT's to
 # teach. Direct answers stay twice as frequent, so the base still answers directly when nothing opens
-# its thinking. models/tiny-cot is this mix (its README.md).
+# its thinking.
 # MIX=cotbudget: as cot, but every thinking record states a budget and follows it: at 32 tokens the running
 # values only (the terse trace, "27 21 26\nAnswer: 26"), above it the concise trace. The base's prompt states then
 # carry the number, which a masked adapter reads to follow the budget (docs/experiments.md "Does the length
 # follow the stated budget?"). Such a base answers one-step problems directly and opens its thinking on longer
 # ones when a budget is stated.
-# models/tiny-cotbudget is this mix at STEPS=7200, models/tiny-cotbudget-14k at 14400, and
-# models/tiny-cotbudget-21k (make paper's base) that run resumed to 21600 (their README.md files).
+# models/tiny-base starts from this mix at STEPS=14400, resumed to 21600.
 # MIX=cotfit (an experiment, docs/experiments.md "The enforced-budget miss"): as cotbudget, but above 32 tokens
 # the concise trace only where it fits the budget in tokens, else the terse one (at 64 the chains of 6-8 steps), so
 # that the base's thinking fits an enforced budget too.
@@ -39,7 +40,7 @@
 # its verbose trace as raw text, and (MIX=cot*) the thinking opened with the concise trace (MIX=cotbudget: the terse
 # one at 32 tokens).
 #
-# Usage: scripts/build_tiny_base.sh            full base (~27 min on one core)
+# Usage: scripts/build_tiny_base.sh            MIX=direct at 3600 steps (~27 min on one core)
 #        QUICK=1 scripts/build_tiny_base.sh    tiny variant for CI (seconds); cache runs/tiny-base-quick
 # INIT=DIR: continued pretraining: the run starts from that fp32 model's weights (ertrain pretrain --init) instead
 # of a random CONFIG model, with a fresh schedule; inputs.txt records the init model's hash.

@@ -23,7 +23,10 @@ function check(cond, what) {
     console.error(`serve_check: FAILED: ${what}`);
   }
 }
-const msgs = [{ role: "user", content: "Start with 4. Add 9. What is the result?" }];
+// A guess-and-check problem with a budget stated: the tiny base opens its thinking and tries candidates from a
+// random start, so samples of other seeds differ (a one-step problem it answers the same way at any seed).
+const msgs = [{ role: "system", content: "Think for at most 64 tokens." },
+              { role: "user", content: "Find x from 1 to 12 such that x * 3 + 4 = 25." }];
 
 async function streamed(body) {
   const s = await client.chat.completions.create({ ...body, stream: true, stream_options: { include_usage: true } });

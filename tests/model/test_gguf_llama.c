@@ -234,9 +234,11 @@ static void check_lora(const char *dir, const char *tmp, const char *prompt_text
 
 // The cases: a random Qwen2.5-shaped model over the real Qwen tokenizer ("qwen"), a random llama model over
 // the tiny tokenizer ("llama": q/k rows permuted into llama.cpp's RoPE order, and back) and the tiny base; each
-// exported and compared as a base model, or with a random LoRA adapter (perturb > 0).
+// exported and compared as a base model, or with a random LoRA adapter (perturb > 0). The tiny base's prompt is a
+// problem as raw text, which it continues with a long trace: in the chat format it answers in a few tokens and
+// stops, and llama.cpp ends a continuation at the end-of-turn token.
 #define QWEN_PROMPT "<|im_start|>user\nWhat is 17 + 25? Think step by step.<|im_end|>\n<|im_start|>assistant\n"
-#define TINY_PROMPT "<|im_start|>user\nx = 3. y = x + 4. What is y?<|im_end|>\n<|im_start|>assistant\n"
+#define TINY_PROMPT "Start with 3. Add 4. Multiply by 2. Subtract 5. What is the result?\n"
 
 static void run_case(const char *kind, float perturb) {
     char *tmp = helper_tmpdir("er_gguf_ll"), *dir;
