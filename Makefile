@@ -432,14 +432,14 @@ bench:
 bench-run: all $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 	BUILD=$(BUILD) PY=$(PY) bash bench/run.sh
 
-# The whole pipeline on the built-in tiny default (QUICK=1: tiny sizes, for CI).
+# The paper's effects measured on fresh held-out problems, from the tiny base (models/tiny-base), each against its
+# target (scripts/paper.sh): make demo is the short run (about 10 minutes on 2 idle cores) into docs/results.md,
+# make paper the long one (about 40 minutes) into docs/paper.md; QUICK=1: the same wiring on tiny sizes (CI).
 demo:
 	bash scripts/deps.sh
 	$(MAKE) all
-	QUICK=$(QUICK) bash scripts/demo.sh
+	DEMO=1 QUICK=$(QUICK) bash scripts/paper.sh
 
-# The paper's effects at small scale, measured on fresh held-out problems, into docs/paper.md
-# (scripts/paper.sh: about half an hour on 2 idle cores; QUICK=1: the same wiring in a few minutes).
 .PHONY: paper
 paper:
 	bash scripts/deps.sh

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""make paper's report: reads what scripts/paper.sh wrote into --out and writes --report (docs/paper.md):
-each of the paper's effects against its target (met / not met, measured), the tables behind them, the
-commands and seeds of the run, and gnuplot PNGs next to the report. Every number comes from that run's files.
+"""make demo's and make paper's report: reads what scripts/paper.sh wrote into --out and writes --report
+(docs/results.md or docs/paper.md): each of the paper's effects against its target (met / not met, measured, the
+test seeds it used), the tables behind them, the commands and seeds of the run, and gnuplot PNGs next to the
+report; and OUT/summary.json, the raw values behind each row. Every number comes from that run's files.
 
-usage: scripts/paper_report.py --out DIR --report FILE.md --base DIR --sft-keys K --budgets 32,64,128 --eval-budget 64
-                               [--quick 0|1] [--seconds S] [--load L]
+usage: scripts/paper_report.py --out DIR --report FILE.md --base DIR --sft-keys K --guess-keys K --budgets 32,64,128
+                               --eval-budget 64 [--demo 0|1] [--quick 0|1] [--seconds S] [--load L]
 """
 import json
 import os
@@ -12,8 +13,9 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from demo_report import (find, fmt_auc, gnuplot_curves, gnuplot_votes, jsonl, padded_bounds, padded_range,  # noqa: E402
-                         pareto_plot, parse_args, run_report, vote_lines, vote_table, write_curve, write_report)
+from report_lib import (find, fmt_auc, gnuplot_curves, gnuplot_votes, jsonl, padded_bounds, padded_range,  # noqa: E402
+                        pareto_plot, parse_args, roc_auc, run_report, vote_lines, vote_table, write_curve,
+                        write_report)
 
 
 def summary(out, name, steps):
@@ -38,14 +40,20 @@ class Paper:
         self.budgets = [int(b) for b in a.budgets.split(",")]
         self.steps = {i: r["steps"] for i, r in enumerate(jsonl(f"{a.out}/test.jsonl"), 1)}
         self.fig_dir = os.path.dirname(os.path.abspath(a.report))
-        self.fig_prefix = "paper_" if not a.quick else "paper_quick_"
-        self.targets, self.lines = [], []
+        self.name = "demo" if a.demo else "paper"
+        self.fig_prefix = f"{self.name}_" if not a.quick else f"{self.name}_quick_"
+        self.targets, self.lines, self.summary = [], [], {"seconds": a.seconds}
+        self.seeds = json.load(open(f"{a.out}/seeds.json"))  # the held-out problems' seeds (test or validation)
+        self.summary["seeds"] = self.seeds
 
     def p(self, s=""):
         self.lines.append(s)
 
     def ev(self, name):
         return summary(self.out, name, self.steps)
+
+    def target(self, effect, paper, goal, measured, ok, seeds):
+        self.targets.append((effect, paper, goal, measured, ok, seeds))
 
     def grpo(self):
         """Effect 1 (GRPO shorter at little cost) and effect 2 (length follows the stated budget)."""
@@ -73,12 +81,14 @@ class Paper:
         self.p()
         mean = lambda m, i: sum(rows[(m, b)][i] for b in B) / len(B)
         sa, st, ga, gt = mean("sft", 0), mean("sft", 1), mean("grpo", 0), mean("grpo", 1)
-        self.targets.append(("GRPO shortens reasoning at little accuracy cost", "2.38x shorter",
-                             ">= 2.4x shorter, within 2 points",
+        self.summary["grpo"] = {"sft_len": st, "grpo_len": gt, "sft_acc": 100 * sa, "grpo_acc": 100 * ga}
+        need = 2.0 if self.a.demo else 2.4
+        self.target("GRPO shortens reasoning at little accuracy cost", "2.38x shorter",
+                             f">= {need:g}x shorter, within 2 points",
                              f"{st / gt:.2f}x shorter ({st:.1f} -> {gt:.1f} tokens), {100 * sa:.1f}% -> "
                              f"{100 * ga:.1f}% ({100 * (ga - sa):+.1f} points; means over B = "
                              f"{', '.join(map(str, B))})",
-                             st / gt >= 2.4 and ga >= sa - 0.02))
+                             st / gt >= need and ga >= sa - 0.02, f"test {self.seeds['test']}")
         for m, what in (("grpo", "stated only"), ("grpo-forced", "stated and enforced (--budget B)")):
             lens = [rows[(m, b)][1] for b in B]
             accs = [rows[(m, b)][0] for b in B]
@@ -87,13 +97,17 @@ class Paper:
             # A step where the length does not grow by 1% is said, whichever way the verdict goes.
             flat = [f"B = {B[i]} -> {B[i + 1]}: {100 * (lens[i + 1] / lens[i] - 1):+.1f}%" for i in range(len(B) - 1)
                     if lens[i + 1] < 1.01 * lens[i]]
-            self.targets.append((f"length follows the budget, {what}", "1K..6K buckets",
+            key = "len_by_budget" if m == "grpo" else "len_by_budget_enforced"
+            self.summary[key] = {str(b): x for b, x in zip(B, lens)}
+            self.summary[key.replace("len", "acc")] = {str(b): 100 * x for b, x in zip(B, accs)}
+            self.target(f"length follows the budget, {what}", "1K..6K buckets",
                                  ">= 1.5x longer from the smallest to the largest B, never shorter as B grows, "
                                  "accuracy not falling",
                                  f"{' / '.join(f'{x:.1f}' for x in lens)} tokens ({lens[-1] / lens[0]:.2f}x), "
                                  f"{' / '.join(f'{100 * x:.1f}' for x in accs)}% at B = {' / '.join(map(str, B))}"
                                  + (f"; length {', '.join(flat)}" if flat else ""),
-                                 never_shorter and lens[-1] / lens[0] >= 1.5 and keeps))
+                                 never_shorter and lens[-1] / lens[0] >= 1.5 and keeps,
+                                 f"test {self.seeds['test']}")
         with open(f"{out}/pareto.dat", "w") as f:
             for b in B:
                 f.write(f"{b} " + " ".join(f"{rows[(m, b)][1]} {rows[(m, b)][0]}"
@@ -105,8 +119,9 @@ class Paper:
         first, last = rew[w - 1], rew[-1]
         self.p(f"GRPO reward, mean over {w} steps: {first:.3f} (steps 1-{w}) -> {last:.3f} (the last {w}).")
         self.p()
-        self.targets.append(("GRPO reward rises", "-", "visibly rising",
-                             f"{first:.3f} -> {last:.3f} ({w}-step means, first and last)", last > first))
+        self.summary["reward"] = {"first": first, "last": last, "window": w}
+        self.target("GRPO reward rises", "-", "visibly rising",
+                    f"{first:.3f} -> {last:.3f} ({w}-step means, first and last)", last > first, "training 11")
 
     def quant_mask(self):
         """Effects 5 and 6: W4A16KV8 + QAMR against fp, masked against standard LoRA (budget stated, greedy)."""
@@ -124,50 +139,59 @@ class Paper:
                                 (w4_name, "QAMR (masked)", "int8", w4)):
             self.p(f"| {base} | {ad} | {kv} | {100 * r[0]:.1f}% | {bk(r)} | {r[1]:.1f} |")
         self.p()
-        self.targets.append(("W4A16KV8 + QAMR close to fp", "-2.4 points", "within 1.5 points of fp",
-                             f"{100 * w4[0]:.1f}% vs {100 * fp[0]:.1f}% ({100 * (w4[0] - fp[0]):+.1f} points)",
-                             w4[0] >= fp[0] - 0.015))
-        self.targets.append(("masked LoRA costs no accuracy", "no drop", "within 1 point of --no-mask",
-                             f"{100 * fp[0]:.1f}% vs {100 * nm[0]:.1f}% ({100 * (fp[0] - nm[0]):+.1f} points)",
-                             fp[0] >= nm[0] - 0.01))
+        self.summary["w4"] = {"fp_acc": 100 * fp[0], "w4_acc": 100 * w4[0]}
+        self.summary["mask"] = {"masked_acc": 100 * fp[0], "unmasked_acc": 100 * nm[0]}
+        self.target("W4A16KV8 + QAMR close to fp", "-2.4 points", "within 1.5 points of fp",
+                    f"{100 * w4[0]:.1f}% vs {100 * fp[0]:.1f}% ({100 * (w4[0] - fp[0]):+.1f} points)",
+                    w4[0] >= fp[0] - 0.015, f"test {self.seeds['test']}")
+        self.target("masked LoRA costs no accuracy", "no drop", "within 1 point of --no-mask",
+                    f"{100 * fp[0]:.1f}% vs {100 * nm[0]:.1f}% ({100 * (fp[0] - nm[0]):+.1f} points)",
+                    fp[0] >= nm[0] - 0.01, f"test {self.seeds['test']}")
 
     def votes_switch(self):
-        """Effects 3 and 4: votes on the hard problems, the switcher on the easy/hard mix."""
+        """Effects 3 and 4: votes on the guess-and-check problems, the switcher on the easy/hard chains mix."""
         out = self.out
         T = open(f"{out}/temperature.txt").read().split()[-1]
-        self.p("### Sampling temperature, chosen on the validation problems (hard, seed 36)")
-        self.p()
-        self.p("| T | greedy | majority @8 | weighted @8 |")
-        self.p("|---|---|---|---|")
-        for t in ("0.3", "0.5", "0.8"):
-            r = vote_table(f"{out}/val-T{t}.log")[-1]
-            mark = " (chosen)" if t == T else ""
-            self.p(f"| {t}{mark} | {100 * r[1]:.1f}% | {100 * r[2]:.1f}% | {100 * r[3]:.1f}% |")
-        self.p()
+        temps = [t for t in ("0.5", "0.8", "1.0") if os.path.exists(f"{out}/val-T{t}.log")]
+        if temps:
+            self.p("### Sampling temperature, chosen on the validation problems (guess and check, seed 36)")
+            self.p()
+            self.p("| T | greedy | majority @8 | weighted @8 |")
+            self.p("|---|---|---|---|")
+            for t in temps:
+                r = vote_table(f"{out}/val-T{t}.log")[-1]
+                mark = " (chosen)" if t == T else ""
+                self.p(f"| {t}{mark} | {100 * r[1]:.1f}% | {100 * r[2]:.1f}% | {100 * r[3]:.1f}% |")
+            self.p()
         votes = vote_table(f"{out}/votes.log")
         items = jsonl(f"{out}/votes.jsonl")
-        self.p(f"### Votes ({len(items)} hard test problems, k = 2..8; GRPO adapter, T = {T}, always reasoning)")
+        self.p(f"### Votes ({len(items)} guess-and-check test problems, seed {self.seeds['guess']}; GRPO adapter, "
+               f"T = {T}, always reasoning)")
         self.p()
         self.lines += vote_lines(votes, f"{out}/votes.dat")
-        # What a vote can reach: the share of problems with a right answer among the samples (an oracle's
+        # What a vote can reach: the share of problems with a right answer among the samples (pass@8, an oracle's
         # pick), and how often a single sample is right.
         samples = [[s["answer"] == r["gold"] for s in r["pipeline"]["samples"]] for r in items]
         oracle = sum(any(s) for s in samples) / len(samples)
         single = sum(sum(s) / len(s) for s in samples) / len(samples)
         self.p(f"Among the {len(samples[0])} samples of a problem: a right one for {100 * oracle:.1f}% of the "
-               f"problems (what a perfect verifier would pick); a single sample is right {100 * single:.1f}% of the "
-               "time.")
-        # What the verifier adds to the vote: how it orders the right and wrong samples of one problem
-        # (its held-out ROC-AUC below also rewards telling easy problems from hard ones).
+               f"problems (pass@{len(samples[0])}, what a perfect verifier would pick); a single sample is right "
+               f"{100 * single:.1f}% of the time.")
+        # The verifier on every test sample (right against wrong), and within a problem: how it orders the right
+        # and wrong samples of one problem, which is what the vote uses.
+        scores = [s["verifier_score"] for r in items for s in r["pipeline"]["samples"]]
+        auc_samples = roc_auc(scores, [ok for right in samples for ok in right])
         pairs, won = 0, 0.0
         for r, right in zip(items, samples):
-            scores = [s["verifier_score"] for s in r["pipeline"]["samples"]]
-            for s_a in (s for s, ok in zip(scores, right) if ok):
-                for s_b in (s for s, ok in zip(scores, right) if not ok):
+            sc = [s["verifier_score"] for s in r["pipeline"]["samples"]]
+            for s_a in (s for s, ok in zip(sc, right) if ok):
+                for s_b in (s for s, ok in zip(sc, right) if not ok):
                     pairs += 1
                     won += 1.0 if s_a > s_b else 0.5 if s_a == s_b else 0.0
+        self.p(f"The verifier's ROC-AUC over the {len(scores)} test samples (right against wrong): "
+               f"{fmt_auc(auc_samples)}.")
         if pairs:
-            self.p(f"Within a problem the verifier scores a right sample above a wrong one {100 * won / pairs:.1f}% of "
+            self.p(f"Within a problem it scores a right sample above a wrong one {100 * won / pairs:.1f}% of "
                    f"the time ({pairs} pairs of right and wrong samples; 50% is chance).")
         else:
             self.p("No problem has both right and wrong samples: the verifier has nothing to choose between.")
@@ -175,14 +199,19 @@ class Paper:
         ver = json.load(open(f"{out}/heads/verifier.json"))
         sw = json.load(open(f"{out}/heads/switcher.json"))
         auc_v, auc_s = find(ver, "val_roc_auc"), find(sw, "val_roc_auc")
-        _, g, mj, w, _, _ = votes[-1]
-        self.targets.append(("verifier-weighted vote @8 beats greedy and majority", "71.0 -> 78.2 (majority 77.5)",
-                             ">= greedy + 5 points and > majority @8",
-                             f"greedy {100 * g:.1f}%, majority {100 * mj:.1f}%, weighted {100 * w:.1f}%; verifier "
-                             f"held-out ROC-AUC {fmt_auc(auc_v)}", w >= g + 0.05 and w > mj))
+        n, g, mj, w, _, _ = votes[-1]
+        self.summary["votes"] = {"n": n, "greedy": 100 * g, "majority": 100 * mj, "weighted": 100 * w,
+                                 "pass_at_8": 100 * oracle, "single_sample": 100 * single,
+                                 "verifier_auc_samples": auc_samples, "verifier_auc_heldout": auc_v,
+                                 "temperature": float(T)}
+        self.target("verifier-weighted vote @8 beats greedy and majority", "71.0 -> 78.2 (majority 77.5)",
+                    ">= greedy + 5 points and > majority @8 (guess and check)",
+                    f"greedy {100 * g:.1f}%, majority {100 * mj:.1f}%, weighted {100 * w:.1f}%, pass@8 "
+                    f"{100 * oracle:.1f}%; verifier ROC-AUC {fmt_auc(auc_samples)} on the test samples",
+                    w >= g + 0.05 and w > mj, f"test {self.seeds['guess']}")
         route, always = vote_table(f"{out}/mix-route.log")[-1], vote_table(f"{out}/mix-always.log")[-1]
         n_mix = len(jsonl(f"{out}/mix-route.jsonl"))
-        self.p(f"### Switcher ({n_mix} test problems: three easy, k = 1, to one hard; N = {route[0]}, T = {T})")
+        self.p(f"### Switcher ({n_mix} chains test problems: three easy, k = 1, to one hard; N = {route[0]}, T = {T})")
         self.p()
         self.p("| | share routed to reasoning | tokens / query | weighted-vote accuracy |")
         self.p("|---|---|---|---|")
@@ -190,11 +219,34 @@ class Paper:
         self.p(f"| switcher | {100 * route[5]:.1f}% | {route[4]:.1f} | {100 * route[3]:.1f}% |")
         self.p()
         saved = 1 - route[4] / always[4]
-        self.targets.append(("switcher saves tokens without losing accuracy", "-",
-                             ">= 40% tokens saved at <= 1 point cost (easy/hard mix)",
-                             f"{100 * saved:.1f}% saved, {100 * always[3]:.1f}% -> {100 * route[3]:.1f}% "
-                             f"({100 * (route[3] - always[3]):+.1f} points); switcher held-out ROC-AUC {fmt_auc(auc_s)}",
-                             saved >= 0.4 and route[3] >= always[3] - 0.01))
+        self.summary["switcher"] = {"saved": 100 * saved, "acc_always": 100 * always[3], "acc_routed": 100 * route[3],
+                                    "routed": 100 * route[5], "auc_heldout": auc_s}
+        self.target("switcher saves tokens without losing accuracy", "-",
+                    ">= 40% tokens saved at <= 1 point cost (easy/hard mix)",
+                    f"{100 * saved:.1f}% saved, {100 * always[3]:.1f}% -> {100 * route[3]:.1f}% "
+                    f"({100 * (route[3] - always[3]):+.1f} points); switcher held-out ROC-AUC {fmt_auc(auc_s)}",
+                    saved >= 0.4 and route[3] >= always[3] - 0.01,
+                    f"test {self.seeds['easy']} + {self.seeds['hard']}")
+
+    def speed(self):
+        """Time to first token after the base prefill, masked against unmasked, and the KV bytes (erinfer bench)."""
+        m = json.load(open(f"{self.out}/bench-masked.json"))
+        u = json.load(open(f"{self.out}/bench-unmasked.json"))
+        ma, ua = m["adapter_after_base_prefill"], u["adapter_after_base_prefill"]
+        kv = {r["kv"]: r["kv_bytes"] for r in m["rows"] if r["n"] == 8}
+        P = m["prompt_tokens"]
+        self.p(f"### Time to first token after the base prefill ({P}-token prompt), and KV memory (1 thread)")
+        self.p()
+        self.p("| adapter | prompt positions recomputed | TTFT |")
+        self.p("|---|---|---|")
+        self.p(f"| masked LoRA (prompt KV reused) | {P - ma['prompt_reused']} | {ma['ttft_ms']:.3f} ms |")
+        self.p(f"| unmasked LoRA (prompt recomputed with the adapter) | {P - ua['prompt_reused']} | "
+               f"{ua['ttft_ms']:.3f} ms |")
+        self.p()
+        self.p(f"KV cache for 8 samples sharing the prompt ({P} + {m['new_tokens']} positions each): "
+               f"fp32 {kv['f32'] / 1024:.0f} KiB, int8 {kv['int8'] / 1024:.0f} KiB ({kv['int8'] / kv['f32']:.2f}x).")
+        self.p()
+        self.summary["ttft_ms"] = {"masked": ma["ttft_ms"], "unmasked": ua["ttft_ms"]}
 
     def plots(self):
         out, fd, pre = self.out, self.fig_dir, self.fig_prefix
@@ -223,35 +275,48 @@ set autoscale
 
     def write(self):
         a = self.a
-        head = [f"# The paper's effects at small scale{' (QUICK=1: wiring check, not quality)' if a.quick else ''}",
+        make = f"make {self.name}{' QUICK=1' if a.quick else ''}"
+        load = a.load if a.load is not None else os.getloadavg()[1]
+        title = "Demo results" if a.demo else "The paper's effects at small scale"
+        sd = self.seeds
+        head = [f"# {title}{' (QUICK=1: wiring check, not quality)' if a.quick else ''}",
                 "", "Read this to see each of the method's effects measured against its target on fresh held-out "
                 "problems, with the commands to rerun them; why the missed targets are missed is in "
-                "docs/experiments.md.",
-                "", f"Made by `make paper{' QUICK=1' if a.quick else ''}` (scripts/paper.sh) in {a.seconds} s on "
-                f"`{a.base}` (load average {a.load if a.load is not None else os.getloadavg()[1]:.1f} over its last 5 minutes); "
-                f"every number below comes from that run's files in `{a.out}`. Held-out problems "
-                "come from seeds no training stage saw: training 11; test 31 (k = 1..8), 33 (easy, k = 1), 34 (hard, "
-                "k = 2..8); validation 36 (hard, only to choose the temperature) and 37 (k = 1..8, chose the base, "
-                "the SFT steps, the SFT records' mix and the W4 transforms before this run: scripts/paper.sh). "
-                "Training seeds: `--seed 1` everywhere.",
+                "docs/experiments.md." + (" `make paper` runs the same pipeline with larger test sets and longer "
+                                          "training ([paper.md](paper.md))." if a.demo else ""),
+                "", f"Made by `{make}` (scripts/paper.sh) in {a.seconds} s on `{a.base}` (load average {load:.1f} over "
+                f"its last 5 minutes); every number below comes from that run's files in `{a.out}` (the raw values: "
+                f"`{a.out}/summary.json`). Held-out problems come from seeds no training stage saw (the table says "
+                "which each row used): training 11 (chains) and 21 (guess and check); "
+                f"test {sd['test']} (chains, k = 1..8), {sd['guess']} (guess and check), {sd['easy']} (easy chains, "
+                f"k = 1), {sd['hard']} (hard chains, k = 2..8)"
+                + ("; validation 36 (guess and check, only to choose the temperature)" if not a.demo else "")
+                + ". Settings were chosen before on validation seeds 37 (chains) and 41 (guess and check): "
+                "scripts/paper.sh. Training seeds: `--seed 1` everywhere.",
                 "", "Lengths are L, the thinking tokens through `</think>` (data/grade.h), the span the stated budget, "
                 "`--budget` and GRPO's barrier all bound; a response is right only if its think block closes and the "
-                "answer after it is right (an SFT record closes its thinking before its answer line). GRPO follows "
-                "TRL's semantics: the KL reference is the SFT adapter it starts from (`--kl-ref init`), prompts are "
-                "drawn without replacement, each step's rollouts decode in one batch. What these choices changed "
-                "against the earlier table is in [experiments.md](experiments.md#grpo-semantics-and-the-paper-table).",
-                "", "| effect | paper | target | measured | |", "|---|---|---|---|---|"]
-        head += [f"| {e} | {p} | {t} | {m} | {verdict(ok)} |" for e, p, t, m, ok in self.targets]
+                "answer after it is right. The SFT adapter learns both families (chains: "
+                f"`{a.sft_keys}`; guess and check: `{a.guess_keys}`); GRPO trains on chains with the budget stated "
+                "and follows TRL's semantics (KL reference the SFT adapter, prompts without replacement, each step's "
+                "rollouts in one batch). The votes row is on the guess-and-check family (`ertrain synth guess`), "
+                "where one greedy trace finds the answer only when its few tries hit it and independent samples try "
+                "other candidates.",
+                "", "| effect | paper | target | measured | test seeds | |", "|---|---|---|---|---|---|"]
+        head += [f"| {e} | {p} | {t} | {m} | {sd} | {verdict(ok)} |" for e, p, t, m, ok, sd in self.targets]
         cmds = open(f"{a.out}/commands.txt").read().strip().splitlines()
         tail = ["### Commands (in the order run; OMP_WAIT_POLICY=passive)", "",
-                "The problems come from stage 1 of scripts/paper.sh (`ertrain synth chains` with the seeds above); "
-                "then:", "", "```sh"] + cmds + ["```"]
+                "The problems come from stage 1 of scripts/paper.sh (`ertrain synth chains` and `ertrain synth "
+                "guess` with the seeds above); then:", "", "```sh"] + cmds + ["```"]
+        self.summary["met"] = {e: bool(ok) for e, _, _, _, ok, _ in self.targets}
+        with open(f"{a.out}/summary.json.tmp", "w") as f:
+            json.dump(self.summary, f, indent=1)
+        os.replace(f"{a.out}/summary.json.tmp", f"{a.out}/summary.json")
         write_report(a.report, "\n".join(head + [""] + self.lines + tail) + "\n")
 
 
 def main():
-    r = Paper(parse_args("--report", "--base", "--sft-keys"))
-    run_report("paper_report", r, (r.grpo, r.votes_switch, r.quant_mask, r.plots))
+    r = Paper(parse_args("--report", "--base", "--sft-keys", "--guess-keys"))
+    run_report("paper_report", r, (r.grpo, r.votes_switch, r.quant_mask, r.speed, r.plots))
 
 
 if __name__ == "__main__":
