@@ -137,38 +137,33 @@ sft() {  # sft OUTNAME THREADS [flags]
 }
 sft sft 2
 
-stage "3. GRPO, budgets $BUDGETS ($GRPO_STEPS steps x $GRPO_PROMPTS prompts), then W4 + QAMR; meanwhile --no-mask SFT, evals"
-# Two branches of about equal length, one thread each.
-grpo_w4() {
+stage "3. GRPO, budgets $BUDGETS ($GRPO_STEPS steps x $GRPO_PROMPTS prompts) and its evaluations, then --no-mask SFT; beside it W4 + QAMR and the SFT evaluations"
+# Two branches of about equal length, one thread each. GRPO is evaluated greedily per stated budget, and with the
+# budget also enforced (--budget: the answer suffix is forced after B tokens and the answer gets 14 more tokens).
+grpo_nomask() {
   run "$OUT/grpo.log" $B/ertrain grpo --model "$BASE" --adapter "$OUT/sft" --data "$OUT/train_chains.jsonl" \
     --out "$OUT/grpo" --budgets "${BUDGETS// /,}" --group 8 --prompts "$GRPO_PROMPTS" --steps "$GRPO_STEPS" \
     --lr 5e-4 --drop-flat --seq-len 512 --seed 1 $T1
+  for b in $BUDGETS; do
+    ev "eval-grpo-b$b" "$BASE" "$b" --adapter "$OUT/grpo"
+    ev "eval-grpo-forced-b$b" "$BASE" "$b" --adapter "$OUT/grpo" --budget "$b" --answer-tokens 14
+  done
+  sft sft-nomask 1 --no-mask
+  ev eval-nomask "$BASE" $EVAL_BUDGET --adapter "$OUT/sft-nomask"
+}
+w4_evals() {
   run "$OUT/quant-w4.log" $B/ertrain quantize --model "$BASE" --out "$OUT/base-w4" --weights q4 --embeddings int8 \
     --transforms "$W4_TRANSFORMS" --calib "$OUT/train_chains.jsonl" --response-key verbose --calib-n 16 $T1
   run "$OUT/qamr-w4.log" $B/ertrain sft --model "$OUT/base-w4" --data "$OUT/sft.jsonl" --out "$OUT/qamr-w4" \
     --steps "$SFT_STEPS" --batch 16 --lr 2e-3 --rank 16 --alpha 32 --seed 1 $T1
   ev eval-w4 "$OUT/base-w4" $EVAL_BUDGET --adapter "$OUT/qamr-w4" --kv int8
-}
-side() {
-  sft sft-nomask 1 --no-mask
-  ev eval-nomask "$BASE" $EVAL_BUDGET --adapter "$OUT/sft-nomask"
   for b in $BUDGETS; do ev "eval-sft-b$b" "$BASE" "$b" --adapter "$OUT/sft"; done
   ev eval-base "$BASE" $EVAL_BUDGET --max-new 16
   ev eval-base-think "$BASE" $EVAL_BUDGET --prefix '<think>\n'
 }
-both grpo_w4 side
+both grpo_nomask w4_evals
 
-stage "4. greedy evaluation of GRPO per stated budget, and with the budget also enforced (--budget)"
-# Enforced: the answer suffix is forced after B tokens and the answer gets 14 more (suffix and number).
-evals_a() {
-  for b in $BUDGETS; do
-    ev "eval-grpo-forced-b$b" "$BASE" "$b" --adapter "$OUT/grpo" --budget "$b" --answer-tokens 14
-  done
-}
-evals_b() { for b in $BUDGETS; do ev "eval-grpo-b$b" "$BASE" "$b" --adapter "$OUT/grpo"; done; }
-both evals_a evals_b
-
-stage "5. switcher and verifier heads (ertrain heads; verifier on the adapter's states, correct and wrong samples)"
+stage "4. switcher and verifier heads (ertrain heads; verifier on the adapter's states, correct and wrong samples)"
 run "$OUT/heads.log" $B/ertrain heads --model "$BASE" --adapter "$OUT/grpo" --data "$OUT/heads_data.jsonl" \
   --system "$(SYS $EVAL_BUDGET)" --samples 8 --temperature 0.5 --max-new 200 --verifier-adapter-on \
   --switcher-out "$OUT/heads/switcher" --verifier-out "$OUT/heads/verifier" --seed 1 --threads 2 ${HEADS_FLAGS:-}
@@ -183,7 +178,7 @@ pipe() {
 if [ "$N_VAL" = 0 ]; then
   T=$DEMO_T
 else
-  stage "6. the sampling temperature, chosen on the guess validation problems by verifier-weighted accuracy at N = 8"
+  stage "5. the sampling temperature, chosen on the guess validation problems by verifier-weighted accuracy at N = 8"
   val_a() { pipe val-T0.5 "$OUT/val_guess.jsonl" 0.5; pipe val-T1.0 "$OUT/val_guess.jsonl" 1.0; }
   val_b() { pipe val-T0.8 "$OUT/val_guess.jsonl" 0.8; }
   both val_a val_b
@@ -199,7 +194,7 @@ PY
 fi
 echo "temperature $T" | tee "$OUT/temperature.txt"
 
-stage "7. test: votes on the guess problems; the switcher on the easy/hard chains mix against always reasoning (T = $T)"
+stage "6. test: votes on the guess problems; the switcher on the easy/hard chains mix against always reasoning (T = $T)"
 pipe_votes() { pipe votes "$OUT/test_guess.jsonl" "$T"; }
 pipe_mix() {
   pipe mix-route "$OUT/test_mix.jsonl" "$T" --switcher "$OUT/heads/switcher"
@@ -207,7 +202,7 @@ pipe_mix() {
 }
 both pipe_votes pipe_mix
 
-stage "8. speed: TTFT with the prompt KV reused against an unmasked adapter, KV bytes (erinfer bench)"
+stage "7. speed: TTFT with the prompt KV reused against an unmasked adapter, KV bytes (erinfer bench)"
 run "$OUT/bench-masked.log" sh -c "$B/erinfer bench --model $BASE --adapter $OUT/sft --json --threads 1 \
   > $OUT/bench-masked.json"
 # The same adapter weights marked unmasked: the runtime must recompute the prompt with the adapter on.
@@ -219,7 +214,7 @@ PY
 run "$OUT/bench-unmasked.log" sh -c "$B/erinfer bench --model $BASE --adapter $OUT/sft-unmasked --json --threads 1 \
   > $OUT/bench-unmasked.json"
 
-stage "9. the report"
+stage "8. the report"
 $PY scripts/paper_report.py --out "$OUT" --report "$REPORT" --base "$BASE" --sft-keys "$SFT_KEYS" \
   --guess-keys "$GUESS_KEYS" --budgets "${BUDGETS// /,}" --eval-budget "$EVAL_BUDGET" --quick "$QUICK" \
   --demo "$DEMO" --seconds "$(elapsed)" --load "$(cut -d' ' -f2 /proc/loadavg)"
