@@ -137,17 +137,12 @@ sft() {  # sft OUTNAME THREADS [flags]
 }
 sft sft 2
 
-stage "3. GRPO, budgets $BUDGETS ($GRPO_STEPS steps x $GRPO_PROMPTS prompts) and its evaluations, then --no-mask SFT; beside it W4 + QAMR and the SFT evaluations"
-# Two branches of about equal length, one thread each. GRPO is evaluated greedily per stated budget, and with the
-# budget also enforced (--budget: the answer suffix is forced after B tokens and the answer gets 14 more tokens).
+stage "3. GRPO, budgets $BUDGETS ($GRPO_STEPS steps x $GRPO_PROMPTS prompts), then --no-mask SFT; beside them W4 + QAMR and the SFT evaluations"
+# Two branches of about equal length, one thread each.
 grpo_nomask() {
   run "$OUT/grpo.log" $B/ertrain grpo --model "$BASE" --adapter "$OUT/sft" --data "$OUT/train_chains.jsonl" \
     --out "$OUT/grpo" --budgets "${BUDGETS// /,}" --group 8 --prompts "$GRPO_PROMPTS" --steps "$GRPO_STEPS" \
     --lr 5e-4 --drop-flat --seq-len 512 --seed 1 $T1
-  for b in $BUDGETS; do
-    ev "eval-grpo-b$b" "$BASE" "$b" --adapter "$OUT/grpo"
-    ev "eval-grpo-forced-b$b" "$BASE" "$b" --adapter "$OUT/grpo" --budget "$b" --answer-tokens 14
-  done
   sft sft-nomask 1 --no-mask
   ev eval-nomask "$BASE" $EVAL_BUDGET --adapter "$OUT/sft-nomask"
 }
@@ -194,13 +189,19 @@ PY
 fi
 echo "temperature $T" | tee "$OUT/temperature.txt"
 
-stage "6. test: votes on the guess problems; the switcher on the easy/hard chains mix against always reasoning (T = $T)"
+stage "6. test: votes on the guess problems (T = $T); beside them the switcher on the easy/hard chains mix against always reasoning, and GRPO greedy per budget"
 pipe_votes() { pipe votes "$OUT/test_guess.jsonl" "$T"; }
-pipe_mix() {
+# GRPO is evaluated per stated budget, and with the budget also enforced (--budget: the answer suffix is forced
+# after B tokens and the answer gets 14 more tokens).
+mix_grpo() {
   pipe mix-route "$OUT/test_mix.jsonl" "$T" --switcher "$OUT/heads/switcher"
   pipe mix-always "$OUT/test_mix.jsonl" "$T"
+  for b in $BUDGETS; do
+    ev "eval-grpo-b$b" "$BASE" "$b" --adapter "$OUT/grpo"
+    ev "eval-grpo-forced-b$b" "$BASE" "$b" --adapter "$OUT/grpo" --budget "$b" --answer-tokens 14
+  done
 }
-both pipe_votes pipe_mix
+both pipe_votes mix_grpo
 
 stage "7. speed: TTFT with the prompt KV reused against an unmasked adapter, KV bytes (erinfer bench)"
 run "$OUT/bench-masked.log" sh -c "$B/erinfer bench --model $BASE --adapter $OUT/sft --json --threads 1 \
