@@ -433,8 +433,8 @@ bench-run: all $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 	BUILD=$(BUILD) PY=$(PY) bash bench/run.sh
 
 # The paper's effects measured on fresh held-out problems, from the tiny base (models/tiny-base), each against its
-# target (scripts/paper.sh): make demo is the short run (about 10 minutes on 2 idle cores) into docs/results.md,
-# make paper the long one (about 40 minutes) into docs/paper.md; QUICK=1: the same wiring on tiny sizes (CI).
+# target (scripts/paper.sh): make demo is the short run (9.5 minutes on 2 idle cores) into docs/results.md,
+# make paper the long one (about 35 minutes) into docs/paper.md; QUICK=1: the same wiring on tiny sizes (CI).
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 demo:
 	bash scripts/deps.sh

@@ -2,8 +2,8 @@
 # make demo and make paper: the paper's effects measured on fresh held-out problems, from one tiny base, each
 # against its target, with the tables, commands, seeds and plots behind them. One pipeline, two sizes:
 #
-#   DEMO=1 scripts/paper.sh    make demo: the short run (about 10 minutes on 2 idle cores) into docs/results.md
-#   scripts/paper.sh           make paper: larger test sets, longer training (about 40 minutes) into docs/paper.md
+#   DEMO=1 scripts/paper.sh    make demo: the short run (9.5 minutes on 2 idle cores) into docs/results.md
+#   scripts/paper.sh           make paper: larger test sets, longer training (about 35 minutes) into docs/paper.md
 #   QUICK=1 [DEMO=1] ...       the same wiring on tiny sizes (a minute or two; CI checks the report, not quality)
 #   VALIDATE=1 [DEMO=1] ...    the run on validation problems instead of the test ones (seeds 37, 41, 38, 39), into
 #                              runs/NAME-val and OUT/report.md: where settings are chosen, never on the test seeds
