@@ -4,7 +4,6 @@ vote tables erinfer eval prints, GRPO's metrics), ROC-AUC, gnuplot scripts, the 
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 
@@ -30,11 +29,6 @@ def find(obj, key):
 def fmt_auc(x):
     """A ROC-AUC to 3 places; n/a where the heads had only one class to score (none recorded)."""
     return "n/a" if x is None else f"{x:.3f}"
-
-
-def fmt_acc(x):
-    """An accuracy in percent; n/a where none was recorded."""
-    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 def roc_auc(scores, labels):
