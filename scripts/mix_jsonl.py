@@ -13,7 +13,9 @@ import sys
 
 
 def read(spec):
-    path, _, n = spec.rpartition(":") if ":" in spec else (spec, "", "")
+    path, sep, n = spec.rpartition(":")
+    if not sep or not n.isdigit():  # no count: the whole spec is the path (which may hold a ':')
+        path, n = spec, ""
     try:
         with open(path) as f:
             lines = [line for line in f if line.strip()]
@@ -26,7 +28,7 @@ def read(spec):
         except ValueError as e:
             sys.exit(f"mix_jsonl: {path}:{i}: {e}")
     if n:
-        if not n.isdigit() or int(n) > len(lines):
+        if int(n) > len(lines):
             sys.exit(f"mix_jsonl: {path}: wants {n} records, has {len(lines)}")
         lines = lines[:int(n)]
     return [line if line.endswith("\n") else line + "\n" for line in lines]

@@ -186,11 +186,11 @@ else
   both val_a val_b
   T=$($PY - "$OUT" 0.5 0.8 1.0 <<'PY'
 import sys
-def weighted8(log):
-    rows = [l.split() for l in open(log) if len(l.split()) == 6 and l.split()[0].isdigit()]
-    return float(rows[-1][3])
+sys.path.insert(0, "scripts")
+from report_lib import vote_table
 out, temps = sys.argv[1], sys.argv[2:]
-print(max(temps, key=lambda t: (weighted8(f"{out}/val-T{t}.log"), -float(t))))
+# the largest N's verifier-weighted accuracy; the lower temperature on a tie
+print(max(temps, key=lambda t: (vote_table(f"{out}/val-T{t}.log")[-1][3], -float(t))))
 PY
 )
 fi

@@ -30,6 +30,11 @@ def summary(out, name, steps):
     return acc, tok, {k: sum(v) / len(v) for k, v in sorted(by_k.items())}, len(items)
 
 
+def by_k_cells(r):
+    """The accuracy by k = 1..4 of a summary() row, in percent, for a table cell."""
+    return " / ".join(f"{100 * r[2].get(k, float('nan')):.0f}" for k in (1, 2, 3, 4))
+
+
 def verdict(ok):
     return "**met**" if ok else "**not met**"
 
@@ -65,11 +70,10 @@ class Paper:
         self.p()
         self.p("| model | budget B | accuracy | k = 1 / 2 / 3 / 4 | mean L (tokens) | SFT / this length |")
         self.p("|---|---|---|---|---|---|")
-        bk = lambda r: " / ".join(f"{100 * r[2].get(k, float('nan')):.0f}" for k in (1, 2, 3, 4))
-        self.p(f"| base, direct answer | {self.a.eval_budget} stated | {100 * base[0]:.1f}% | {bk(base)} | "
+        self.p(f"| base, direct answer | {self.a.eval_budget} stated | {100 * base[0]:.1f}% | {by_k_cells(base)} | "
                f"{base[1]:.1f} | |")
         self.p(f"| base, thinking opened (no adapter) | {self.a.eval_budget} stated | {100 * think[0]:.1f}% | "
-               f"{bk(think)} | {think[1]:.1f} | |")
+               f"{by_k_cells(think)} | {think[1]:.1f} | |")
         names = {"sft": f"masked-LoRA SFT ({self.a.sft_keys})", "grpo": "GRPO",
                  "grpo-forced": "GRPO, budget enforced"}
         for m in ("sft", "grpo", "grpo-forced"):
@@ -77,7 +81,7 @@ class Paper:
                 r, s = rows[(m, b)], rows[("sft", b)]
                 ratio = "" if m == "sft" else f"{s[1] / r[1]:.2f}x"
                 how = "stated + enforced" if m == "grpo-forced" else "stated"
-                self.p(f"| {names[m]} | {b} {how} | {100 * r[0]:.1f}% | {bk(r)} | {r[1]:.1f} | {ratio} |")
+                self.p(f"| {names[m]} | {b} {how} | {100 * r[0]:.1f}% | {by_k_cells(r)} | {r[1]:.1f} | {ratio} |")
         self.p()
         mean = lambda m, i: sum(rows[(m, b)][i] for b in B) / len(B)
         sa, st, ga, gt = mean("sft", 0), mean("sft", 1), mean("grpo", 0), mean("grpo", 1)
@@ -133,11 +137,10 @@ class Paper:
         self.p()
         self.p("| base | adapter | KV | accuracy | k = 1 / 2 / 3 / 4 | mean L (tokens) |")
         self.p("|---|---|---|---|---|---|")
-        bk = lambda r: " / ".join(f"{100 * r[2].get(k, float('nan')):.0f}" for k in (1, 2, 3, 4))
         for base, ad, kv, r in (("fp32", "masked-LoRA SFT", "f32", fp),
                                 ("fp32", "standard LoRA SFT (--no-mask)", "f32", nm),
                                 (w4_name, "QAMR (masked)", "int8", w4)):
-            self.p(f"| {base} | {ad} | {kv} | {100 * r[0]:.1f}% | {bk(r)} | {r[1]:.1f} |")
+            self.p(f"| {base} | {ad} | {kv} | {100 * r[0]:.1f}% | {by_k_cells(r)} | {r[1]:.1f} |")
         self.p()
         self.summary["w4"] = {"fp_acc": 100 * fp[0], "w4_acc": 100 * w4[0]}
         self.summary["mask"] = {"masked_acc": 100 * fp[0], "unmasked_acc": 100 * nm[0]}
