@@ -124,7 +124,7 @@ static int time_pass(Weight *ws, int nw, const float *x, float *out, int N, int 
         double t0 = time_now(), c0 = cpu_now();
         for (int i = 0; i < nw; i++)
             ER_TRY(portable ? quant_matmul_decode_portable(out, x, &ws[i], N, scratch)
-                            : weight_matmul_forward(out, x, &ws[i], NULL, N, scratch));
+                            : weight_matmul_forward(out, x, &ws[i], NULL, N, scratch, QUANT_INT8_PREFILL));
         double dt = time_now() - t0, dc = cpu_now() - c0;
         if (r > 0 && dt < *best)
             *best = dt;

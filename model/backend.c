@@ -58,8 +58,8 @@ static int cpu_embed_forward(Backend *be, float *out, const Weight *embed, const
 }
 
 static int cpu_matmul_forward(Backend *be, float *out, const float *inp, const Weight *w, const float *bias, int N,
-                              float *scratch) {
-    return weight_matmul_forward(out, inp, w, bias, N, scratch);
+                              float *scratch, int flags) {
+    return weight_matmul_forward(out, inp, w, bias, N, scratch, flags);
 }
 
 static int cpu_rmsnorm_forward(Backend *be, float *out, float *rstd, const float *x, const float *w, int N, int C,
@@ -340,8 +340,9 @@ AFTER_OP(mem_available, (Backend *be, size_t *bytes), (be, bytes))
 AFTER_OP(embed_forward, (Backend *be, float *out, const Weight *embed, const int *tokens, int N),
        (be, out, embed, tokens, N))
 AFTER_OP(matmul_forward,
-       (Backend *be, float *out, const float *inp, const Weight *w, const float *bias, int N, float *scratch),
-       (be, out, inp, w, bias, N, scratch))
+       (Backend *be, float *out, const float *inp, const Weight *w, const float *bias, int N, float *scratch,
+        int flags),
+       (be, out, inp, w, bias, N, scratch, flags))
 AFTER_OP(rmsnorm_forward, (Backend *be, float *out, float *rstd, const float *x, const float *w, int N, int C, float eps),
        (be, out, rstd, x, w, N, C, eps))
 AFTER_OP(rope_forward,

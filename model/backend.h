@@ -42,8 +42,9 @@ typedef struct {
     // out (N, C) = rows tokens[n] of the embedding (V, C); tokens on the backend.
     int (*embed_forward)(Backend *be, float *out, const Weight *embed, const int *tokens, int N);
     // out (N, rows) = inp (N, cols) · Wᵀ + bias (rows; NULL = none). scratch: quant_scratch_floats(cols).
+    // flags: weight_matmul_forward's (QUANT_INT8_PREFILL: inference passes).
     int (*matmul_forward)(Backend *be, float *out, const float *inp, const Weight *w, const float *bias, int N,
-                          float *scratch);
+                          float *scratch, int flags);
     int (*rmsnorm_forward)(Backend *be, float *out, float *rstd, const float *x, const float *w, int N, int C,
                            float eps);
     // x (N, nh, HS) rotated in place at positions pos (N); tables (P, HS/2) on the backend.

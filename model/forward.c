@@ -300,11 +300,15 @@ static const LoraMat *lin_lora(const LinCtx *lc, LoraTarget t, float **h, float 
     return m;
 }
 
+// The products' flags: inference passes (ACTS_DECODE: prefill and decode) run the prompt's products on int8 inputs
+// where the format has such kernels; training and scoring keep the exact product on fp32 inputs.
+static int product_flags(const Activations *a) { return a->mode == ACTS_DECODE ? QUANT_INT8_PREFILL : 0; }
+
 // out (N, rows) = inp · Wᵀ + bias, plus the adapter on rows whose mask is on.
 static int linear_forward(const LinCtx *lc, LoraTarget t, float *out, const float *inp, const Weight *w,
                           const float *bias, int N) {
     Backend *be = lc->a->be;
-    ER_TRY(be->ops->matmul_forward(be, out, inp, w, bias, N, lc->a->wscratch));
+    ER_TRY(be->ops->matmul_forward(be, out, inp, w, bias, N, lc->a->wscratch, product_flags(lc->a)));
     float *h, *xd;
     uint8_t *keep;
     const LoraMat *m = lin_lora(lc, t, &h, &xd, &keep);
@@ -496,12 +500,12 @@ static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
             ER_TRY(be->ops->copy(be, a->tmp + (size_t)b * C, a->resf + (size_t)last * C, sizeof(float) * C));
         }
         ER_TRY(be->ops->rmsnorm_forward(be, a->lnf, a->rstdf, a->tmp, m->norm, B, C, c->eps));
-        return be->ops->matmul_forward(be, a->logits, a->lnf, &m->lm_head, NULL, B, a->wscratch);
+        return be->ops->matmul_forward(be, a->logits, a->lnf, &m->lm_head, NULL, B, a->wscratch, product_flags(a));
     }
     ER_TRY(be->ops->rmsnorm_forward(be, a->lnf, a->rstdf, a->resf, m->norm, N, C, c->eps));
     if (a->loss_only) // model_loss applies the head, a chunk of rows at a time
         return ER_OK;
-    return be->ops->matmul_forward(be, a->logits, a->lnf, &m->lm_head, NULL, N, a->wscratch);
+    return be->ops->matmul_forward(be, a->logits, a->lnf, &m->lm_head, NULL, N, a->wscratch, product_flags(a));
 }
 
 int model_forward(Model *m, const ModelInput *in, Activations *a) {
@@ -558,7 +562,7 @@ static int loss_chunked(Activations *a, const float *mask, int grad, float scale
         int n = N - r0 < a->loss_rows ? N - r0 : a->loss_rows;
         const float *x = a->lnf + (size_t)r0 * C;
         double part;
-        ER_TRY(be->ops->matmul_forward(be, a->loss_chunk, x, &m->lm_head, NULL, n, a->wscratch));
+        ER_TRY(be->ops->matmul_forward(be, a->loss_chunk, x, &m->lm_head, NULL, n, a->wscratch, product_flags(a)));
         ER_TRY(be->ops->cross_entropy(be, &part, a->loss_chunk, a->targets_buf + r0, mask ? a->mask_buf + r0 : NULL,
                                       n, V, grad, wsum, a->row_loss + r0));
         if (!isfinite(part)) // refused before this chunk's head gradient joins the earlier chunks'

@@ -4,26 +4,47 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
 #include "lora/gguf_lora.h"
+#include "quant/blocks.h"
 
 static const struct {
     const char *name;
     uint32_t type, file_type; // ggml type; general.file_type (llama_ftype: ALL_F32, MOSTLY_F16, ...)
 } EXPORT_TYPES[] = {
-    {"f32", GGML_F32, 0}, {"f16", GGML_F16, 1}, {"bf16", GGML_BF16, 32}, {"q8_0", GGML_Q8_0, 7}, {"q4_0", GGML_Q4_0, 2},
+    {"f32", GGML_F32, 0},   {"f16", GGML_F16, 1},   {"bf16", GGML_BF16, 32}, {"q8_0", GGML_Q8_0, 7},
+    {"q4_0", GGML_Q4_0, 2}, {"q4_1", GGML_Q4_1, 3}, {"q5_0", GGML_Q5_0, 8},  {"q5_1", GGML_Q5_1, 9},
+    {"q4_K", GGML_Q4_K, 15}, {"q5_K", GGML_Q5_K, 17}, {"q6_K", GGML_Q6_K, 18},
 };
+#define EXPORT_TYPE_LIST "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K or q6_K"
+
+// The ggml block types and our formats that hold them byte for byte (quant/blocks.h).
+static const struct {
+    uint32_t type;
+    WeightFormat f;
+} BLOCK_TYPES[] = {{GGML_Q8_0, WF_Q8_0}, {GGML_Q4_1, WF_Q4_1}, {GGML_Q5_0, WF_Q5_0}, {GGML_Q5_1, WF_Q5_1},
+                   {GGML_Q4_K, WF_Q4_K}, {GGML_Q5_K, WF_Q5_K}, {GGML_Q6_K, WF_Q6_K}};
+#define N_BLOCK_TYPES (int)(sizeof BLOCK_TYPES / sizeof BLOCK_TYPES[0])
+
+// Our format of ggml block type t; WF_COUNT when t is not one.
+static WeightFormat block_format(uint32_t t) {
+    for (int i = 0; i < N_BLOCK_TYPES; i++)
+        if (BLOCK_TYPES[i].type == t)
+            return BLOCK_TYPES[i].f;
+    return WF_COUNT;
+}
 #define N_EXPORT_TYPES (int)(sizeof EXPORT_TYPES / sizeof EXPORT_TYPES[0])
 
 int model_gguf_parse_type(const char *s, uint32_t *type) {
     for (int i = 0; i < N_EXPORT_TYPES; i++)
-        if (strcmp(s, EXPORT_TYPES[i].name) == 0) {
+        if (strcasecmp(s, EXPORT_TYPES[i].name) == 0) {
             *type = EXPORT_TYPES[i].type;
             return ER_OK;
         }
-    return er_error(ER_EINVAL, "unknown GGUF type \"%s\" (expected f32, f16, bf16, q8_0 or q4_0)", s);
+    return er_error(ER_EINVAL, "unknown GGUF type \"%s\" (expected " EXPORT_TYPE_LIST ")", s);
 }
 
 const char *model_gguf_arch(const ModelConfig *c) { return c->arch == ARCH_LLAMA ? "llama" : "qwen2"; }
@@ -67,19 +88,6 @@ static int hf_row(const ModelConfig *c, const char *hf, int r) {
 
 
 // ---- export ----
-
-static void quant_q8_0(uint8_t *dst, const float *x, int n) {
-    for (int b = 0; b < n / GGML_QK; b++, x += GGML_QK, dst += 34) {
-        float amax = 0;
-        for (int j = 0; j < GGML_QK; j++)
-            amax = fmaxf(amax, fabsf(x[j]));
-        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint16_t h = f32_to_f16(d);
-        memcpy(dst, &h, 2);
-        for (int j = 0; j < GGML_QK; j++)
-            dst[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
-    }
-}
 
 static void quant_q4_0(uint8_t *dst, const float *x, int n) {
     for (int b = 0; b < n / GGML_QK; b++, x += GGML_QK, dst += 18) {
@@ -132,22 +140,37 @@ static void q4g_row_to_q4_0(uint8_t *dst, const Weight *w, int r) {
     }
 }
 
+// The ggml type that holds w byte for byte: its float type, q4_0 for a q4_0-shaped q4g32, its block type;
+// -1 for none.
+static long exact_type(const Weight *w) {
+    if (!weight_is_quantized(w->fmt))
+        return w->fmt == WF_F16 ? GGML_F16 : w->fmt == WF_BF16 ? GGML_BF16 : GGML_F32;
+    if (weight_is_q4_0(w))
+        return GGML_Q4_0;
+    for (int i = 0; i < N_BLOCK_TYPES; i++)
+        if (BLOCK_TYPES[i].f == w->fmt)
+            return BLOCK_TYPES[i].type;
+    return -1;
+}
+
 int model_gguf_default_type(const Model *m, uint32_t *type) {
-    int quantized = 0;
+    int q4_0 = 0, blocks = 0;
     for (int i = 0; i < m->n_params; i++) {
         const Weight *w = m->params[i].w;
         if (!w || !weight_is_quantized(w->fmt))
             continue;
-        quantized = 1;
-        if (!weight_is_q4_0(w))
+        long t = exact_type(w);
+        if (t < 0)
             return er_error(ER_EUNSUPPORTED,
-                            "\"%s\" is %s%s, which no GGUF type holds exactly; choose one with --type (f32, f16, "
-                            "bf16, q8_0 or q4_0) to requantize from its dequantized values",
+                            "\"%s\" is %s%s, which no GGUF type holds exactly; choose one with --type (" EXPORT_TYPE_LIST
+                            ") to requantize from its dequantized values",
                             m->params[i].name, weight_format_name(w->fmt),
                             w->fmt == WF_Q4G ? " with groups other than 32 or zeros other than -8 x scale" : "");
+        q4_0 += t == GGML_Q4_0;
+        blocks += t != GGML_Q4_0;
     }
     WeightFormat f = m->embed.fmt;
-    *type = quantized ? GGML_Q4_0 : f == WF_F16 ? GGML_F16 : f == WF_BF16 ? GGML_BF16 : GGML_F32;
+    *type = blocks ? MODEL_GGUF_NATIVE : q4_0 ? GGML_Q4_0 : f == WF_F16 ? GGML_F16 : f == WF_BF16 ? GGML_BF16 : GGML_F32;
     return ER_OK;
 }
 
@@ -162,7 +185,8 @@ static int param_bytes(const Model *m, const ParamTensor *p, uint32_t type, void
         er_free(tmp);
         return er_error(ER_ENOMEM, "gguf: out of memory for \"%s\"", p->name);
     }
-    int exact_q4 = type == GGML_Q4_0 && p->w && weight_is_q4_0(p->w);
+    WeightFormat bf = block_format(type);
+    int exact = p->w && exact_type(p->w) == (long)type;
     for (int r = 0; r < rows; r++) {
         uint8_t *dst = buf + (size_t)r * row_bytes;
         int src = hf_row(&m->cfg, p->name, r);
@@ -172,13 +196,17 @@ static int param_bytes(const Model *m, const ParamTensor *p, uint32_t type, void
             dtype_from_f32(dst, DT_F32, tmp, (size_t)cols);
             continue;
         }
-        if (exact_q4) {
+        if (exact && type == GGML_Q4_0) {
             q4g_row_to_q4_0(dst, p->w, src);
             continue;
         }
+        if (exact && bf != WF_COUNT) {
+            memcpy(dst, (const uint8_t *)p->w->data + (size_t)src * row_bytes, row_bytes);
+            continue;
+        }
         weight_row_f32(tmp, p->w, src);
-        if (type == GGML_Q8_0)
-            quant_q8_0(dst, tmp, cols);
+        if (bf != WF_COUNT)
+            blocks_quantize_row(bf, dst, tmp, cols);
         else if (type == GGML_Q4_0)
             quant_q4_0(dst, tmp, cols);
         else
@@ -190,9 +218,24 @@ static int param_bytes(const Model *m, const ParamTensor *p, uint32_t type, void
     return ER_OK;
 }
 
+// The type parameter p is written in: `type`, or with MODEL_GGUF_NATIVE its exact type.
+static uint32_t param_type(const ParamTensor *p, uint32_t type) {
+    if (p->ndim == 1)
+        return GGML_F32;
+    return type == MODEL_GGUF_NATIVE ? (uint32_t)exact_type(p->w) : type;
+}
+
 static int put_hparams(const Model *m, uint32_t type, GgufWriter *w) {
     const ModelConfig *c = &m->cfg;
     const char *arch = model_gguf_arch(c);
+    if (type == MODEL_GGUF_NATIVE) // general.file_type names the type of the most weights
+        for (int i = 0, most = 0; i < m->n_params; i++) {
+            const ParamTensor *p = &m->params[i];
+            if (p->ndim == 2 && weight_is_quantized(p->w->fmt) && p->shape[0] * p->shape[1] > most) {
+                most = (int)(p->shape[0] * p->shape[1]);
+                type = param_type(p, MODEL_GGUF_NATIVE);
+            }
+        }
     uint32_t file_type = 0;
     for (int i = 0; i < N_EXPORT_TYPES; i++)
         if (EXPORT_TYPES[i].type == type)
@@ -223,12 +266,12 @@ int model_gguf_put(const Model *m, uint32_t type, GgufWriter *w, FILE *log) {
     int requant = 0, widened = 0;
     for (int i = 0; i < m->n_params; i++) {
         const ParamTensor *p = &m->params[i];
-        uint32_t t = p->ndim == 1 ? GGML_F32 : type;
+        uint32_t t = param_type(p, type);
         if (p->ndim == 2 && p->shape[1] % (int64_t)ggml_type_block(t)) {
             t = GGML_F16; // llama.cpp's converter does the same for rows that are not whole blocks
             widened++;
         }
-        if (p->w && weight_is_quantized(p->w->fmt) && !(t == GGML_Q4_0 && weight_is_q4_0(p->w)))
+        if (p->w && weight_is_quantized(p->w->fmt) && exact_type(p->w) != (long)t)
             requant++;
         char name[96];
         void *data = NULL;
@@ -312,55 +355,6 @@ static int check_layers(const GgufFile *f, const ModelConfig *c) {
     return ER_OK;
 }
 
-// q4_K's 6-bit scale and min j of a super-block's 12 scale bytes (ggml's get_scale_min_k4).
-static void q4_k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
-        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
-    }
-}
-
-// One q4_K super-block (fp16 d, fp16 dmin, 12 scale bytes, 128 code bytes) as 256 fp32 values, in ggml's
-// arithmetic order: (d * sc) * u - dmin * m per sub-block of 32.
-static void q4_k_block(float *y, const uint8_t *s) {
-    uint16_t h[2];
-    memcpy(h, s, 4);
-    float d = f16_to_f32(h[0]), dmin = f16_to_f32(h[1]);
-    const uint8_t *q = s + 16;
-    for (int j = 0, is = 0; j < GGML_QK_K; j += 64, is += 2, q += 32) {
-        int sc, m;
-        q4_k_scale_min(is, s + 4, &sc, &m);
-        float d1 = d * (float)sc, m1 = dmin * (float)m;
-        q4_k_scale_min(is + 1, s + 4, &sc, &m);
-        float d2 = d * (float)sc, m2 = dmin * (float)m;
-        for (int l = 0; l < 32; l++) {
-            y[j + l] = d1 * (float)(q[l] & 15) - m1;
-            y[j + 32 + l] = d2 * (float)(q[l] >> 4) - m2;
-        }
-    }
-}
-
-// One q6_K super-block (128 low-nibble bytes, 64 high-bit bytes, 16 int8 scales, fp16 d) as 256 fp32
-// values: (d * scale) * (q - 32) per sub-block of 16, in ggml's order.
-static void q6_k_block(float *y, const uint8_t *s) {
-    const uint8_t *ql = s, *qh = s + 128;
-    const int8_t *sc = (const int8_t *)(s + 192);
-    uint16_t h;
-    memcpy(&h, s + 208, 2);
-    float d = f16_to_f32(h);
-    for (int n = 0; n < GGML_QK_K; n += 128, y += 128, ql += 64, qh += 32, sc += 8)
-        for (int l = 0; l < 32; l++) {
-            int is = l / 16;
-            y[l] = d * (float)sc[is] * (float)((int)((ql[l] & 15) | ((qh[l] >> 0) & 3) << 4) - 32);
-            y[l + 32] = d * (float)sc[is + 2] * (float)((int)((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4) - 32);
-            y[l + 64] = d * (float)sc[is + 4] * (float)((int)((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
-            y[l + 96] = d * (float)sc[is + 6] * (float)((int)((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
-        }
-}
-
 // Row r of t (cols elements) as fp32.
 static void tensor_row_f32(float *dst, const GgufTensor *t, size_t r, int cols) {
     size_t row_bytes = (size_t)cols / ggml_type_block(t->type) * ggml_type_block_bytes(t->type);
@@ -369,26 +363,17 @@ static void tensor_row_f32(float *dst, const GgufTensor *t, size_t r, int cols) 
         dtype_to_f32(dst, s, t->type == GGML_F32 ? DT_F32 : t->type == GGML_F16 ? DT_F16 : DT_BF16, (size_t)cols);
         return;
     }
-    if (t->type == GGML_Q4_K || t->type == GGML_Q6_K) {
-        size_t bb = t->type == GGML_Q4_K ? 144 : 210;
-        for (int b = 0; b < cols / GGML_QK_K; b++)
-            (t->type == GGML_Q4_K ? q4_k_block : q6_k_block)(dst + b * GGML_QK_K, s + b * bb);
+    if (block_format(t->type) != WF_COUNT) {
+        blocks_dequant_row(block_format(t->type), dst, s, cols);
         return;
     }
-    for (int b = 0; b < cols / GGML_QK; b++, dst += GGML_QK) {
+    for (int b = 0; b < cols / GGML_QK; b++, dst += GGML_QK, s += 18) { // q4_0
         uint16_t h;
         memcpy(&h, s, 2);
         float d = f16_to_f32(h);
-        if (t->type == GGML_Q8_0) {
-            for (int j = 0; j < GGML_QK; j++)
-                dst[j] = (float)(int8_t)s[2 + j] * d;
-            s += 34;
-        } else {
-            for (int j = 0; j < 16; j++) {
-                dst[j] = (float)((s[2 + j] & 15) - 8) * d;
-                dst[j + 16] = (float)((s[2 + j] >> 4) - 8) * d;
-            }
-            s += 18;
+        for (int j = 0; j < 16; j++) {
+            dst[j] = (float)((s[2 + j] & 15) - 8) * d;
+            dst[j + 16] = (float)((s[2 + j] >> 4) - 8) * d;
         }
     }
 }
@@ -420,12 +405,15 @@ static int q4_0_to_q4g(Weight *w, const GgufTensor *t, const ModelConfig *c, con
     return ER_OK;
 }
 
-// A float matrix kept in its type: in place, or a copy where (llama q/k) the rows go back in HF order or the
-// data is misaligned for its type (a file read from a buffer or an fd offset that is not a multiple of it).
-static int place_float_matrix(Weight *w, const GgufTensor *t, const ModelConfig *c, const char *hf) {
-    w->fmt = t->type == GGML_F32 ? WF_F32 : t->type == GGML_F16 ? WF_F16 : WF_BF16;
+// A float or block matrix kept in its type: in place, or a copy where (llama q/k) the rows go back in HF order
+// or float data is misaligned for its type (a file read from a buffer or an fd offset that is not a multiple
+// of it; block formats read their fields bytewise).
+static int place_matrix(Weight *w, const GgufTensor *t, const ModelConfig *c, const char *hf) {
+    w->fmt = block_format(t->type);
+    if (w->fmt == WF_COUNT)
+        w->fmt = t->type == GGML_F32 ? WF_F32 : t->type == GGML_F16 ? WF_F16 : WF_BF16;
     w->data = t->data;
-    int misaligned = (uintptr_t)t->data % (w->fmt == WF_F32 ? 4 : 2) != 0;
+    int misaligned = !weight_is_quantized(w->fmt) && (uintptr_t)t->data % (w->fmt == WF_F32 ? 4 : 2) != 0;
     if (!permuted(c, hf) && !misaligned)
         return ER_OK;
     size_t row_bytes = weight_row_bytes(w->fmt, w->cols);
@@ -466,33 +454,32 @@ static int place_param(Model *m, const GgufFile *f, ParamTensor *p) {
         return er_error(ER_EFORMAT, "%s: tensor \"%s\" has shape {%llu, %llu}, expected {%d, %d} from the metadata",
                         f->path, name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], cols, rows);
     uint32_t ty = t->type;
-    int quantized = ty == GGML_Q8_0 || ty == GGML_Q4_0 || ty == GGML_Q4_K || ty == GGML_Q6_K;
+    int quantized = ty == GGML_Q4_0 || block_format(ty) != WF_COUNT;
     if (ty != GGML_F32 && ty != GGML_F16 && ty != GGML_BF16 && !quantized)
-        return er_error(ER_EUNSUPPORTED,
-                        "%s: tensor \"%s\" has type %s (supported: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K)", f->path,
+        return er_error(ER_EUNSUPPORTED, "%s: tensor \"%s\" has type %s (supported: " EXPORT_TYPE_LIST ")", f->path,
                         name, ggml_type_name(ty));
     if (quantized && m->trainable)
         return er_error(ER_EUNSUPPORTED,
                         "%s: a quantized model (tensor \"%s\" is %s) cannot be loaded for full-parameter training; "
                         "train a LoRA adapter on it (ertrain sft) or start from a float model",
                         f->path, name, ggml_type_name(ty));
-    float *dst = p->data;
-    if (!dst && ty != GGML_Q4_0 && quantized) { // fp32, exactly ggml's dequantized values
-        if (!(dst = er_alloc((size_t)rows * cols * sizeof(float))))
-            return ER_ENOMEM;
-        p->w->fmt = WF_F32;
-        p->w->data = p->w->owned = p->data = dst;
-    }
-    if (dst)
-        ER_TRY(tensor_f32(dst, t, &m->cfg, p->name, rows, cols));
+    if (p->data)
+        ER_TRY(tensor_f32(p->data, t, &m->cfg, p->name, rows, cols));
     else if (ty == GGML_Q4_0)
         ER_TRY(q4_0_to_q4g(p->w, t, &m->cfg, p->name, rows, cols));
     else
-        ER_TRY(place_float_matrix(p->w, t, &m->cfg, p->name));
+        ER_TRY(place_matrix(p->w, t, &m->cfg, p->name));
     if (p->w && p->w->fmt == WF_F32)
         p->data = (float *)p->w->data;
-    // Non-finite values are refused as in HF dirs (for q4_0: the block scales).
+    // Non-finite values are refused as in HF dirs (for q4_0 and the block formats: the block scales).
     WeightFormat wf = p->data ? WF_F32 : p->w->fmt;
+    if (blocks_format(wf)) {
+        size_t nb = (size_t)rows * (size_t)(cols / blocks_elems(wf)), bad = blocks_find_nonfinite(wf, p->w->data, nb);
+        if (bad < nb)
+            return er_error(ER_EFORMAT, "%s: tensor \"%s\" holds a NaN or infinite scale in block %zu", f->path, name,
+                            bad);
+        return ER_OK;
+    }
     const void *vals = p->data ? (const void *)p->data : wf == WF_Q4G ? (const void *)p->w->gscale : p->w->data;
     ErDType vt = wf == WF_F32 ? DT_F32 : wf == WF_BF16 ? DT_BF16 : DT_F16;
     size_t nv = wf == WF_Q4G ? (size_t)rows * (cols / 32) : (size_t)rows * cols;

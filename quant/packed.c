@@ -5,7 +5,9 @@
 
 #include "core/error.h"
 #include "core/fileio.h"
+#include "quant/blocks.h"
 #include "quant/quant.h"
+
 
 void quant_shape_str(char *buf, size_t n, const StTensor *t) {
     buf[0] = 0;
@@ -102,6 +104,11 @@ int quant_packed_load(Weight *w, WeightFormat f, int group, int sparse, int rows
                         "%s: tensor \"%s\" holds sparse corrections but %.*s/config.json's quantization_config has no "
                         "sparse_per_row",
                         path, cname, path_dir_len(dir), dir);
+    if (fi->block) { // the scales are in the blocks
+        size_t nb = (size_t)rows * (size_t)(cols / fi->block), bad = blocks_find_nonfinite(f, t->data, nb);
+        if (bad < nb)
+            return er_error(ER_EFORMAT, "%s: tensor \"%s\" holds a NaN or infinite scale in block %zu", path, name, bad);
+    }
     for (size_t i = 0; i < (size_t)rows * (size_t)sparse; i++)
         if (w->sp_cols[i] >= cols) {
             src->find(src->ctx, cname, &path);

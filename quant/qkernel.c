@@ -26,6 +26,7 @@
 // The SIMD kernels are the `decode` column of the format table (quant/weight.c); this file also holds
 // the products that choose between the decode and GEMM paths.
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -33,6 +34,7 @@
 #include "core/error.h"
 #include "core/gemm.h"
 #include "core/threads.h"
+#include "quant/blocks.h"
 #include "quant/qkernel.h"
 #include "quant/quant.h"
 
@@ -475,15 +477,6 @@ QK_ROWS(WF_F16, qk_decode_simd_f16)
 // the inputs are stored in the order that makes this so (QK_ORDER_Q4, QK_ORDER_Q8 in quant/qkernel.h).
 // Taken where qk_i8_takes says; elsewhere the fp32 kernels run. The inputs are quantized by qk_acts_fill
 // (portable C, below), which the NEON kernels share, so that both CPUs round every input to the same code.
-
-// Σ u * x over 32 byte pairs, u unsigned (< 128), x signed, as 8 int32 lanes (each the sum of 4 pairs), added to acc.
-static inline __m256i qk_dot_u8(__m256i acc, __m256i u, __m256i x) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(acc, u, x);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
-#endif
-}
 
 // Group scales of blocks 2c and 2c+1 (q4g32), four times each.
 static inline __m256 qk_gscale_pair(const uint16_t *gs) {
@@ -1220,7 +1213,7 @@ static inline v8f qk_select(qk_v8i mask, v8f a, v8f b) { // mask ? a : b, lane b
     return (v8f)(((qk_v8i)a & mask) | ((qk_v8i)b & ~mask));
 }
 
-static void qk_quant_block(int8_t *q, const int at[4], float *d, float *xs, const float *x) {
+void qk_quant_block(int8_t *q, const int at[4], float *d, float *xs, const float *x) {
     v8f v[4], t = {0}, m = {0};
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
@@ -1373,10 +1366,28 @@ static void add_bias(float *out, const float *bias, int N, int rows) {
             out[(size_t)n * rows + r] += bias[r];
 }
 
-int weight_matmul_forward(float *out, const float *inp, const Weight *w, const float *bias, int N, float *scratch) {
-    int R = w->rows, K = w->cols;
+// Input rows per product that w's int8-input decode kernels take at once (up to QUANT_DECODE_MAX_N, fewer for rows
+// wider than QK_ACT_BYTES / 8); 0 when w has none. Past the decode sizes these run the prompt too: integer dot
+// products on the packed rows outrun sgemm over rows widened to fp32 several times over (docs/performance.md).
+static int i8_rows(const Weight *w) {
+#if QK_SIMD
+    int n = QK_ACT_BYTES / w->cols;
+    n = n > QUANT_DECODE_MAX_N ? QUANT_DECODE_MAX_N : n;
+    if (n >= 1 && (qk_i8_takes(w, n) || (blocks_format(w->fmt) && weight_format_info(w->fmt)->decode)))
+        return n;
+#endif
+    return 0;
+}
+
+int weight_matmul_forward(float *out, const float *inp, const Weight *w, const float *bias, int N, float *scratch,
+                          int flags) {
+    int R = w->rows, K = w->cols, nc;
     if (N <= decode_max_n(w->fmt)) {
         ER_TRY(quant_matmul_decode(out, inp, w, N, scratch));
+    } else if ((flags & QUANT_INT8_PREFILL) && (nc = i8_rows(w)) > 0) { // nc input rows at a time
+        for (int n0 = 0; n0 < N; n0 += nc)
+            ER_TRY(quant_matmul_decode(out + (size_t)n0 * R, inp + (size_t)n0 * K, w, N - n0 < nc ? N - n0 : nc,
+                                       scratch));
     } else if (weight_format_info(w->fmt)->gemm_in_place) {
         gemm_f32(0, 1, N, R, K, 1.0f, inp, K, (const float *)w->data, K, 0.0f, out, R);
     } else {

@@ -20,8 +20,25 @@ int qk_decode_simd_q2lut(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_q4lut(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_bf16(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_f16(float *out, const float *inp, const Weight *w, int N);
+// The GGUF block formats (quant/qkernel_blocks.c): int8 inputs as for q8 above, cols up to QK_ACT_BYTES.
+int qk_decode_simd_q8_0(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_simd_q4_1(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_simd_q5_0(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_simd_q5_1(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_simd_q4_k(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_simd_q5_k(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_simd_q6_k(float *out, const float *inp, const Weight *w, int N);
 #define QK_DECODE(name) qk_decode_simd_##name
 #define QK_AVX2 1
+#include <immintrin.h>
+// Σ u * x over 32 byte pairs, u unsigned (< 128), x signed, as 8 int32 lanes (each the sum of 4 pairs), added to acc.
+static inline __m256i qk_dot_u8(__m256i acc, __m256i u, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+#endif
+}
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 // fp32 (and bf16) with AVX-512: two weight rows per 16-lane register, bit for bit the portable path.
 #define QK_AVX512 1
@@ -47,6 +64,12 @@ const char *qk_neon_features(void);
 #else
 #define QK_SIMD 0
 #define QK_DECODE(name) NULL
+#endif
+
+#if QK_AVX2 // the block formats' kernels (quant/qkernel_blocks.c); on aarch64 they take the portable path
+#define QK_BLOCK_DECODE(name) qk_decode_simd_##name
+#else
+#define QK_BLOCK_DECODE(name) NULL
 #endif
 
 #ifndef QK_DECODE_F32 // elsewhere fp32 weights go to the portable path (nothing to unpack)
@@ -82,6 +105,9 @@ typedef struct {
 int qk_i8_takes(const Weight *w, int N);
 // The N input rows (N, K), K a multiple of 64, as codes and scales in the order given.
 void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order);
+// 32 inputs x as int8 codes (elements 8j .. 8j + 7 at q + at[j]), their scale *d = max|x| / 127 and fp32 sum *xs
+// (the rounding qk_acts_fill applies to every block).
+void qk_quant_block(int8_t *q, const int at[4], float *d, float *xs, const float *x);
 #endif
 
 #endif

@@ -22,6 +22,10 @@ int quant_check_shape(WeightFormat f, int rows, int cols, int group, int sparse,
         if (cols % group)
             return er_error(ER_EINVAL, "%s: group size %d does not divide the %d columns", ctx, group, cols);
     }
+    int block = weight_format_info(f)->block;
+    if (block && cols % block)
+        return er_error(ER_EINVAL, "%s: %s holds rows in blocks of %d, which do not divide the %d columns", ctx,
+                        weight_format_name(f), block, cols);
     if (sparse && !weight_format_info(f)->levels)
         return er_error(ER_EINVAL, "%s: sparse corrections need a codebook format (q2lut, q4lut), not %s", ctx,
                         weight_format_name(f));

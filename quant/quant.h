@@ -59,8 +59,13 @@ void quant_dequant_rows(float *dst, const Weight *w, int r0, int nr);
 size_t quant_scratch_floats(int max_cols);
 
 // out (N, rows) = inp (N, cols) · Wᵀ + bias (rows, may be NULL): the decode kernels for N <= 8 (fp32 weights:
-// N <= QUANT_BATCH_MAX_N), else the format's GEMM path.
-int weight_matmul_forward(float *out, const float *inp, const Weight *w, const float *bias, int N, float *scratch);
+// N <= QUANT_BATCH_MAX_N), else, with QUANT_INT8_PREFILL in flags and a format whose decode kernels take int8
+// inputs (q8, q4, q4g32, the GGUF block formats), those kernels a few input rows at a time (integer dot products
+// on the packed rows: what inference's prefill runs), else the format's GEMM path on fp32 inputs (the exact
+// product, whose straight-through gradient training uses and whose log-probs scoring reports).
+#define QUANT_INT8_PREFILL 1
+int weight_matmul_forward(float *out, const float *inp, const Weight *w, const float *bias, int N, float *scratch,
+                          int flags);
 // dinp (N, cols) += dout (N, rows) · W: through a frozen weight of any format (a LoRA adapter training on
 // a quantized base), tiles of rows dequantized and their share dout[:, tile] · W[tile, :] accumulated.
 int weight_matmul_backward_input(float *dinp, const float *dout, const Weight *w, int N, float *scratch);

@@ -8,6 +8,7 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "quant/blocks.h"
 #include "quant/quant.h"
 
 void quant_options_default(QuantOptions *o, WeightFormat fmt, int group) {
@@ -417,7 +418,9 @@ static void quantize_row(Weight *w, int r, const float *x, const float *imp, con
             quant_pack4(row, s->codes, K);
         break;
     }
-    default: break;
+    default: // the GGUF block formats: round to nearest under each block's stored scales (no importance)
+        blocks_quantize_row(w->fmt, row, x, K);
+        break;
     }
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/alloc.h"
 #include "core/dtype.h"
+#include "quant/blocks.h"
 #include "quant/qkernel.h"
 
 // ---- the reference dequantizers (layouts in weight.h) ----
@@ -109,6 +110,8 @@ static void row_q2lut(float *dst, const Weight *w, int r) {
         dst[k] = c[quant_code2(row, K, k)];
 }
 
+static void row_blocks(float *dst, const Weight *w, int r) { blocks_dequant_row(w->fmt, dst, packed_row(w, r), w->cols); }
+
 // ---- the table ----
 
 #define ROW_SCALE {"_scale", "scales", DT_F32, WC_ROWS, offsetof(Weight, scale), 1}
@@ -130,6 +133,15 @@ static const WeightFormatInfo FORMATS[WF_COUNT] = {
                   {0}},
     [WF_Q2LUT] = {"q2lut", 2, 1, 4, DT_U8, 3, {CODEBOOK, SPARSE_COLS, SPARSE_VALUES}, row_q2lut, QK_DECODE(q2lut), 0,
                   {0}},
+#define BLOCK_FORMAT(name, elems, bytes) {#name, 0, 1, 0, DT_U8, 0, {{0}}, row_blocks, QK_BLOCK_DECODE(name), 0, {0}, elems, bytes}
+    [WF_Q8_0] = BLOCK_FORMAT(q8_0, 32, 34),
+    [WF_Q4_1] = BLOCK_FORMAT(q4_1, 32, 20),
+    [WF_Q5_0] = BLOCK_FORMAT(q5_0, 32, 22),
+    [WF_Q5_1] = BLOCK_FORMAT(q5_1, 32, 24),
+    [WF_Q4_K] = BLOCK_FORMAT(q4_k, 256, 144),
+    [WF_Q5_K] = BLOCK_FORMAT(q5_k, 256, 176),
+    [WF_Q6_K] = BLOCK_FORMAT(q6_k, 256, 210),
+#undef BLOCK_FORMAT
 };
 
 const WeightFormatInfo *weight_format_info(WeightFormat f) {
@@ -148,7 +160,11 @@ int weight_format_grouped(WeightFormat f) {
 }
 
 size_t weight_row_bytes(WeightFormat f, int cols) {
-    return (unsigned)f < WF_COUNT ? ((size_t)cols * (size_t)FORMATS[f].bits + 7) / 8 : 0;
+    if ((unsigned)f >= WF_COUNT)
+        return 0;
+    if (FORMATS[f].block)
+        return (size_t)cols / (size_t)FORMATS[f].block * (size_t)FORMATS[f].block_bytes;
+    return ((size_t)cols * (size_t)FORMATS[f].bits + 7) / 8;
 }
 
 size_t weight_companion_numel(const WeightFormatInfo *fi, const WeightCompanion *c, int rows, int cols, int group,

@@ -41,6 +41,13 @@ typedef enum {
     WF_Q4G,   // int4 per group of `group` inputs, asymmetric (scale + zero)
     WF_Q4LUT, // 4-bit indices into a per-row 16-entry fp16 codebook (non-uniform, SqueezeLLM style)
     WF_Q2LUT, // 2-bit indices into a per-row 4-entry fp16 codebook
+    WF_Q8_0,  // the block formats of GGUF files (quant/blocks.h): each block carries its scales
+    WF_Q4_1,
+    WF_Q5_0,
+    WF_Q5_1,
+    WF_Q4_K,
+    WF_Q5_K,
+    WF_Q6_K,
     WF_COUNT  // (the order is that of the spec lists in messages, quant_spec_list)
 } WeightFormat;
 
@@ -85,8 +92,8 @@ typedef struct {
 #define WEIGHT_DECODE_DECLINED 1
 
 typedef struct {
-    const char *name;           // "f32", "bf16", "f16", "q8", "q4", "q4g", "q4lut", "q2lut"
-    int bits;                   // per element of `data` (row bytes: ceil(cols * bits / 8))
+    const char *name;           // "f32", "bf16", "f16", "q8", "q4", "q4g", "q4lut", "q2lut", "q8_0", ..., "q6_k"
+    int bits;                   // per element of `data` (row bytes: ceil(cols * bits / 8)); 0 for block formats
     int quantized;              // packed codes (frozen: no gradients, no in-place training)
     int levels;                 // codebook formats: entries per row (WC_LEVELS), else 0; only these take sparse
                                 // corrections (WC_SPARSE companions)
@@ -105,6 +112,9 @@ typedef struct {
     int gemm_in_place;
     // Grouped formats: the group sizes a spec may name ("q4g32", quant_parse_spec), 0 ends the list.
     int groups[WEIGHT_MAX_GROUPS];
+    // Block formats (quant/blocks.h): elements and bytes per block (row bytes: cols / block * block_bytes;
+    // cols a multiple of block); 0 for the others.
+    int block, block_bytes;
 } WeightFormatInfo;
 
 // The entry of f; NULL outside the enum.
@@ -113,7 +123,7 @@ const char *weight_format_name(WeightFormat f); // the entry's name; "?" outside
 int weight_is_quantized(WeightFormat f);
 // 1 when the format has per-group companions (Weight.group matters: q4g).
 int weight_format_grouped(WeightFormat f);
-// Bytes of one packed row of `data` (elements * size for the float formats).
+// Bytes of one packed row of `data` (elements * size for the float formats; whole blocks for block formats).
 size_t weight_row_bytes(WeightFormat f, int cols);
 // 1 when companion c is stored for a weight with `sparse` corrections per row (the sparse ones only then).
 static inline int weight_companion_stored(const WeightCompanion *c, int sparse) {

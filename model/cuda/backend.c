@@ -263,8 +263,9 @@ static int rm_backward_weight(CudaCtx *c, float *dW, const float *dout, const fl
 }
 
 static int op_matmul_forward(Backend *be, float *out, const float *inp, const Weight *w, const float *bias, int N,
-                             float *scratch) {
+                             float *scratch, int flags) {
     (void)scratch; // the CPU's tile scratch; bf16 products use the backend's own cast buffer
+    (void)flags;   // the products here are on fp32 inputs always
     CudaCtx *c = ctx_of(be);
     cudaDataType t;
     ER_TRY(weight_type(w, &t));

@@ -112,7 +112,7 @@ static void check_matmul(WeightFormat fmt, double tol, int N, int R, int K) {
 
     float *out = malloc(sizeof(float) * N * R), *ref_dinp = copyf(dinp, (size_t)N * K);
     float *ref_dW = copyf(dW, (size_t)R * K), *ref_dbias = copyf(dbias, R);
-    cr_assert_eq(cpu->ops->matmul_forward(cpu, out, x, &w, bias, N, scratch), ER_OK);
+    cr_assert_eq(cpu->ops->matmul_forward(cpu, out, x, &w, bias, N, scratch, 0), ER_OK);
     cr_assert_eq(cpu->ops->matmul_backward_input(cpu, ref_dinp, dout, &w, N, scratch), ER_OK);
     cr_assert_eq(cpu->ops->matmul_backward_weight(cpu, ref_dW, ref_dbias, dout, x, N, R, K), ER_OK);
 
@@ -120,7 +120,7 @@ static void check_matmul(WeightFormat fmt, double tol, int N, int R, int K) {
     float *d_out = putf(be, out, (size_t)N * R), *d_dinp = putf(be, dinp, (size_t)N * K);
     float *d_dW = putf(be, dW, (size_t)R * K), *d_dbias = putf(be, dbias, R);
     float *d_scratch = be->ops->alloc(be, quant_scratch_floats(K) * sizeof(float)); // as the activations hold
-    cr_assert_eq(be->ops->matmul_forward(be, d_out, d_x, &dw, d_bias, N, d_scratch), ER_OK, "%s", er_last_error());
+    cr_assert_eq(be->ops->matmul_forward(be, d_out, d_x, &dw, d_bias, N, d_scratch, 0), ER_OK, "%s", er_last_error());
     cr_assert_eq(be->ops->matmul_backward_input(be, d_dinp, d_dout, &dw, N, d_scratch), ER_OK, "%s", er_last_error());
     cr_assert_eq(be->ops->matmul_backward_weight(be, d_dW, d_dbias, d_dout, d_x, N, R, K), ER_OK, "%s",
                  er_last_error());
@@ -130,12 +130,12 @@ static void check_matmul(WeightFormat fmt, double tol, int N, int R, int K) {
     expect_close(be, d_dbias, ref_dbias, R, TOL_F32, "matmul backward (bias)");
     // A product, an op rewriting its input (x doubled), the product again: of the new values, so a backend
     // that keeps a converted copy of a product's input for the next product (CUDA's bf16 one) drops it.
-    cr_assert_eq(be->ops->matmul_forward(be, d_out, d_x, &dw, NULL, N, d_scratch), ER_OK, "%s", er_last_error());
+    cr_assert_eq(be->ops->matmul_forward(be, d_out, d_x, &dw, NULL, N, d_scratch, 0), ER_OK, "%s", er_last_error());
     cr_assert_eq(be->ops->scale(be, d_x, (size_t)N * K, 2.0f), ER_OK, "%s", er_last_error());
-    cr_assert_eq(be->ops->matmul_forward(be, d_out, d_x, &dw, NULL, N, d_scratch), ER_OK, "%s", er_last_error());
+    cr_assert_eq(be->ops->matmul_forward(be, d_out, d_x, &dw, NULL, N, d_scratch, 0), ER_OK, "%s", er_last_error());
     for (size_t i = 0; i < (size_t)N * K; i++)
         x[i] *= 2.0f;
-    cr_assert_eq(cpu->ops->matmul_forward(cpu, out, x, &w, NULL, N, scratch), ER_OK);
+    cr_assert_eq(cpu->ops->matmul_forward(cpu, out, x, &w, NULL, N, scratch, 0), ER_OK);
     expect_close(be, d_out, out, (size_t)N * R, tol, "matmul forward of a rewritten input");
 
     void *dev[] = {d_x, d_bias, d_dout, d_out, d_dinp, d_dW, d_dbias, d_scratch};

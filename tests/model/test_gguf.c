@@ -139,7 +139,7 @@ Test(gguf, misaligned_bytes_give_aligned_weights) {
     }
 }
 
-// q4_0 imports as q4g32 whose rows are exactly the blocks' (u - 8) d; q8_0 as fp32 q d.
+// q4_0 imports as q4g32 whose rows are exactly the blocks' (u - 8) d; q8_0 as q8_0, in place, rows q d.
 Test(gguf, quantized_import_is_exact) {
     char *g4 = tmp_path("q4.gguf"), *g8 = tmp_path("q8.gguf");
     cr_assert_eq(gguf_export_model(GGUF_TINY_BASE, g4, "q4_0", NULL), ER_OK, "%s", er_last_error());
@@ -153,7 +153,9 @@ Test(gguf, quantized_import_is_exact) {
         const GgufTensor *t = gguf_find_tensor(&f, "blk.1.ffn_down.weight");
         const Weight *w = &m.layers[1].wdown;
         cr_assert(t);
-        cr_expect_eq(w->fmt, k == 0 ? WF_Q4G : WF_F32);
+        cr_expect_eq(w->fmt, k == 0 ? WF_Q4G : WF_Q8_0);
+        if (k == 1)
+            cr_expect(!w->owned, "q8_0 rows were copied, not used in place from the file");
         float row[384];
         size_t bad = 0;
         for (int r = 0; r < w->rows; r++) {
@@ -476,11 +478,11 @@ static uint8_t *zero_block(size_t n) {
     return z;
 }
 
-static void spoil_type(GgufWriter *w) { // q4_1 (known to ggml, not to us) with the right byte count
+static void spoil_type(GgufWriter *w) { // iq4_nl (known to ggml, not to us) with the right byte count
     for (int i = 0; i < w->n_tensors; i++)
         if (!strcmp(w->tensors[i].name, "blk.2.ffn_up.weight")) {
-            w->tensors[i].type = 3;
-            w->tensors[i].nbytes = (size_t)w->tensors[i].ne[0] * w->tensors[i].ne[1] / 32 * 20;
+            w->tensors[i].type = 20;
+            w->tensors[i].nbytes = (size_t)w->tensors[i].ne[0] * w->tensors[i].ne[1] / 32 * 18;
             er_free(w->tensors[i].owned);
             w->tensors[i].data = w->tensors[i].owned = zero_block(w->tensors[i].nbytes);
         }
@@ -497,7 +499,8 @@ static void spoil_pre(GgufWriter *w) { memcpy((char *)writer_kv(w, "tokenizer.gg
 static void spoil_eos(GgufWriter *w) { *(uint32_t *)writer_kv(w, "tokenizer.ggml.eos_token_id")->data = 1u << 20; }
 
 Test(gguf, bad_models_are_refused_by_name) {
-    expect_model_refused(spoil_type, "has type q4_1 (supported: f32, f16, bf16, q8_0, q4_0, q4_K, q6_K)", 0);
+    expect_model_refused(spoil_type, "has type iq4_nl (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K "
+                                     "or q6_K)", 0);
     expect_model_refused(spoil_arch, "\"gpt2_\" (supported: qwen2, llama)", 0);
     expect_model_refused(spoil_blocks, "block_count is 5 but the file holds 4 blocks", 0);
     expect_model_refused(spoil_heads, "blk.0.attn_q.weight", 0);

@@ -380,7 +380,8 @@ Test(gguf_llama, k_quants_import) {
     Model g;
     Result ours, ll;
     cr_assert_eq(model_load(&g, path, 0), ER_OK, "%s", er_last_error());
-    cr_expect_eq(g.layers[1].wup.fmt, WF_F32);
+    cr_expect_eq(g.layers[1].wup.fmt, WF_Q4_K);
+    cr_expect_eq(g.layers[0].wup.fmt, WF_Q6_K);
     gguf_greedy(&g, NULL, prompt, np, N_NEW, ours.tokens, ours.probs);
     memcpy(seq, prompt, (size_t)np * sizeof(int));
     memcpy(seq + np, ours.tokens, sizeof ours.tokens);

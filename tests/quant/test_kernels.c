@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/threads.h"
+#include "quant/blocks.h"
 #include "quant/quant.h"
 
 // A weight with random codes, scales, zeros and codebooks (every code value shows up), and `sparse`
@@ -43,6 +44,27 @@ static void random_weight(Weight *w, WeightFormat f, int R, int K, int group, in
     if (f == WF_Q2LUT || f == WF_Q4LUT)
         for (int i = 0; i < R * (f == WF_Q2LUT ? 4 : 16); i++)
             ((uint16_t *)w->lut)[i] = f32_to_f16(rng_normal(&r) * 0.3f);
+    // Block formats: random codes and sub-block scales, sane fp16 block scales (and mins) in place of random bits.
+    if (blocks_format(f)) {
+        static const struct {
+            WeightFormat f;
+            int at[2];
+        } scales[] = {{WF_Q8_0, {0, -1}}, {WF_Q4_1, {0, 2}}, {WF_Q5_0, {0, -1}}, {WF_Q5_1, {0, 2}},
+                      {WF_Q4_K, {0, 2}},  {WF_Q5_K, {0, 2}}, {WF_Q6_K, {208, -1}}};
+        size_t B = (size_t)blocks_bytes(f);
+        for (size_t b = 0; b < nb / B; b++)
+            for (int i = 0; i < 7; i++)
+                for (int j = 0; j < 2 && scales[i].f == f; j++)
+                    if (scales[i].at[j] >= 0) { // d: 1e-3 .. 5e-3 (x 6-bit or 8-bit sub-scales), m: +-0.2
+                        float v = j ? 0.4f * (rng_uniform(&r) - 0.5f) : 0.001f + 0.004f * rng_uniform(&r);
+                        if (f == WF_Q8_0 || f == WF_Q5_0)
+                            v *= 10.0f;
+                        if (j && (f == WF_Q4_K || f == WF_Q5_K))
+                            v = 0.003f * rng_uniform(&r);
+                        uint16_t h = f32_to_f16(v);
+                        memcpy(d + b * B + scales[i].at[j], &h, 2);
+                    }
+    }
     // Zero the padding of packed rows (unpack, pack) so dequantization is the only reader of real codes.
     if (f == WF_Q4 || f == WF_Q4G || f == WF_Q2LUT || f == WF_Q4LUT) {
         uint8_t *codes = malloc((size_t)K);
@@ -66,6 +88,20 @@ static float *random_vec(size_t n, uint64_t seed) {
     rng_seed(&r, seed);
     for (size_t i = 0; i < n; i++)
         v[i] = rng_normal(&r);
+    return v;
+}
+
+// Inputs for a product with f: random, or for the block formats random multiples of 2^-6 in [-127, 127] x 2^-6
+// with 127 x 2^-6 in every block of 32, which the int8 rounding of their kernels (scale max|x| / 127 = 2^-6)
+// keeps exactly, so that their products are checked to fp32 rounding (n a multiple of 32 there).
+static float *input_vec(WeightFormat f, size_t n, uint64_t seed) {
+    float *v = random_vec(n, seed);
+    if (!blocks_format(f))
+        return v;
+    ErRng r;
+    rng_seed(&r, seed);
+    for (size_t i = 0; i < n; i++)
+        v[i] = i % 32 == 5 ? 127.0f / 64.0f : (float)((int)rng_below(&r, 255) - 127) / 64.0f;
     return v;
 }
 
@@ -142,6 +178,8 @@ static const Case cases[] = {
     {WF_BF16, 203, 0, 0}, {WF_F16, 200, 0, 0}, {WF_F32, 1027, 0, 0}, {WF_F32, 2053, 0, 0}, {WF_Q4, 2112, 0, 0},
     {WF_Q4G, 2112, 32, 0}, {WF_Q8, 128, 0, 0}, {WF_Q8, 2112, 0, 0},
     {WF_Q2LUT, 40, 0, 3}, {WF_Q2LUT, 203, 0, 5}, {WF_Q4LUT, 37, 0, 2}, {WF_Q4LUT, 1, 0, 1}, // dense-and-sparse
+    {WF_Q8_0, 64, 0, 0}, {WF_Q4_1, 96, 0, 0}, {WF_Q5_0, 32, 0, 0}, {WF_Q5_1, 160, 0, 0}, // GGUF blocks
+    {WF_Q4_K, 256, 0, 0}, {WF_Q5_K, 512, 0, 0}, {WF_Q6_K, 256, 0, 0}, {WF_Q6_K, 768, 0, 0},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
@@ -167,8 +205,8 @@ static void make_weight(Weight *w, const Case *c, int R, uint64_t seed, void **o
     w->data = *own = h;
 }
 
-// The products' scratch, sized for every case here (K <= 256).
-static float scratch[QUANT_TILE_ROWS * 256];
+// The products' scratch, sized for every case here (K <= 768).
+static float scratch[QUANT_TILE_ROWS * 768];
 
 static void free_weight(Weight *w, void *own) {
     weight_free(w);
@@ -183,7 +221,7 @@ Test(quant_kernels, decode_n1_to_8_simd_and_portable) {
         Weight w;
         void *own;
         make_weight(&w, c, R, 100 + ci, &own);
-        float *W = dequant_all(&w), *inp = random_vec((size_t)8 * c->K, 7 + ci), *bias = random_vec(R, 3);
+        float *W = dequant_all(&w), *inp = input_vec(c->f, (size_t)8 * c->K, 7 + ci), *bias = random_vec(R, 3);
         float out[8 * 19];
         for (int portable = 0; portable < 2; portable++) {
             for (int N = 1; N <= 8; N++) {
@@ -197,7 +235,7 @@ Test(quant_kernels, decode_n1_to_8_simd_and_portable) {
                         for (int r = 0; r < R; r++)
                             out[n * R + r] += bias[r];
                 } else {
-                    cr_assert_eq(weight_matmul_forward(out, inp, &w, bias, N, scratch), 0);
+                    cr_assert_eq(weight_matmul_forward(out, inp, &w, bias, N, scratch, QUANT_INT8_PREFILL), 0);
                 }
                 check_forward(out, inp, W, bias, N, R, c->K, portable ? NULL : &w, what);
             }
@@ -218,10 +256,10 @@ Test(quant_kernels, tile_path_n33) {
         Weight w;
         void *own;
         make_weight(&w, c, R, 200 + ci, &own);
-        float *W = dequant_all(&w), *inp = random_vec((size_t)N * c->K, 11 + ci);
+        float *W = dequant_all(&w), *inp = input_vec(c->f, (size_t)N * c->K, 11 + ci);
         float *out = calloc((size_t)N * R, sizeof(float));
-        cr_assert_eq(weight_matmul_forward(out, inp, &w, NULL, N, scratch), 0);
-        check_forward(out, inp, W, NULL, N, R, c->K, NULL, weight_format_name(c->f));
+        cr_assert_eq(weight_matmul_forward(out, inp, &w, NULL, N, scratch, QUANT_INT8_PREFILL), 0);
+        check_forward(out, inp, W, NULL, N, R, c->K, &w, weight_format_name(c->f));
         free(out);
         free(W);
         free(inp);
@@ -289,7 +327,7 @@ Test(quant_kernels, backward_matches_finite_differences) {
                     if (N <= QUANT_DECODE_MAX_N)
                         cr_assert_eq(quant_matmul_decode_portable(out, x, &w, N, scratch), 0);
                     else
-                        cr_assert_eq(weight_matmul_forward(out, x, &w, NULL, N, scratch), 0);
+                        cr_assert_eq(weight_matmul_forward(out, x, &w, NULL, N, scratch, 0), 0);
                     L[s] = 0;
                     for (int j = 0; j < N * R; j++)
                         L[s] += (double)g[j] * out[j];
@@ -333,24 +371,33 @@ Test(quant_kernels, decode_rejects_bad_n) {
 Test(quant_kernels, table_kernels_match_portable) {
     threads_set(2);
     static const int widths[] = {1, 7, 8, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 96, 127, 128, 129, 200, 257};
+    static const int block_widths[] = {32, 64, 96, 256, 288, 512, 768}; // the K-quants take the multiples of 256
     static const int groups[] = {16, 32, 64, 128};
     int checked = 0;
     for (int f = WF_BF16; f < WF_COUNT; f++) {
         const WeightFormatInfo *fi = weight_format_info((WeightFormat)f);
-        cr_assert(!quant_has_simd() || fi->decode, "%s has no SIMD kernel in a %s build", fi->name, quant_simd_name());
+        int neon_blocks = blocks_format((WeightFormat)f) && strstr(quant_simd_name(), "NEON");
+        if (neon_blocks && !fi->decode)
+            printf("quant_kernels: NOTE: %s has no NEON kernel: its products take the portable path\n", fi->name);
+        cr_assert(!quant_has_simd() || fi->decode || neon_blocks, "%s has no SIMD kernel in a %s build", fi->name,
+                  quant_simd_name());
         if (!fi->decode)
             continue;
         for (int wi = 0; wi < (int)(sizeof widths / sizeof widths[0]); wi++)
             for (int gi = 0; gi < (f == WF_Q4G ? 4 : 1); gi++) {
-                int K = widths[wi], G = f == WF_Q4G ? groups[gi] : 0;
+                int K = widths[wi], G = f == WF_Q4G ? groups[gi] : 0, E = blocks_elems((WeightFormat)f);
                 if (G)
                     K = G * (1 + wi % 3);
+                if (E && (wi >= (int)(sizeof block_widths / sizeof block_widths[0]) || block_widths[wi] % E))
+                    continue;
+                if (E)
+                    K = block_widths[wi];
                 const int R = 13;
                 Case c = {(WeightFormat)f, K, G, 0};
                 Weight w;
                 void *own;
                 make_weight(&w, &c, R, 500 + 7 * wi + gi, &own);
-                float *inp = random_vec((size_t)8 * K, 900 + wi), out[8 * 13], ref[8 * 13];
+                float *inp = input_vec((WeightFormat)f, (size_t)8 * K, 900 + wi), out[8 * 13], ref[8 * 13];
                 for (int N = 1; N <= 8; N++) {
                     cr_assert_eq(fi->decode(out, inp, &w, N), 0, "%s K=%d g=%d N=%d declined", fi->name, K, G, N);
                     cr_assert_eq(quant_matmul_decode_portable(ref, inp, &w, N, scratch), 0);
@@ -462,7 +509,7 @@ Test(quant_kernels, f32_batch_rows_bit_for_bit_each_row_alone) {
                 char what[64];
                 snprintf(what, sizeof what, "f32 R=%d K=%d N=%d", R, K, N);
                 canary_fill(out + (size_t)N * R, R);
-                cr_assert_eq(weight_matmul_forward(out, inp, &w, bias, N, NULL), 0, "%s", er_last_error());
+                cr_assert_eq(weight_matmul_forward(out, inp, &w, bias, N, NULL, QUANT_INT8_PREFILL), 0, "%s", er_last_error());
                 cr_assert(canary_kept(out + (size_t)N * R, R), "%s: the product wrote past its outputs", what);
                 check_forward(out, inp, w.data, bias, N, R, K, NULL, what);
                 // the portable path (the reference where the build has an fp32 SIMD kernel) gives the same bits
@@ -472,7 +519,7 @@ Test(quant_kernels, f32_batch_rows_bit_for_bit_each_row_alone) {
                         ref[(size_t)n * R + r] += bias[r];
                 cr_assert(!memcmp(ref, out, sizeof(float) * N * R), "%s: decode != portable", what);
                 for (int n = 0; n < N; n++) {
-                    cr_assert_eq(weight_matmul_forward(alone, inp + (size_t)n * K, &w, bias, 1, NULL), 0);
+                    cr_assert_eq(weight_matmul_forward(alone, inp + (size_t)n * K, &w, bias, 1, NULL, QUANT_INT8_PREFILL), 0);
                     cr_assert(!memcmp(alone, out + (size_t)n * R, sizeof(float) * R),
                               "%s: input %d differs from the same input alone", what, n);
                 }
@@ -509,9 +556,9 @@ Test(quant_kernels, int8_products_at_n2_bit_for_bit_each_input_alone) {
                 for (int k = 0; k < K; k++) // the second input under 127 / FLT_MAX: its codes come out of NaNs
                     inp[(size_t)K + k] = k % 3 ? 0.0f : -1e-38f;
                 float *tile = malloc(sizeof(float) * quant_scratch_floats(K)); // for a build without the SIMD kernels
-                cr_assert_eq(weight_matmul_forward(out, inp, &w, NULL, 2, tile), 0, "%s", er_last_error());
+                cr_assert_eq(weight_matmul_forward(out, inp, &w, NULL, 2, tile, QUANT_INT8_PREFILL), 0, "%s", er_last_error());
                 for (int n = 0; n < 2; n++) {
-                    cr_assert_eq(weight_matmul_forward(alone, inp + (size_t)n * K, &w, NULL, 1, tile), 0);
+                    cr_assert_eq(weight_matmul_forward(alone, inp + (size_t)n * K, &w, NULL, 1, tile, QUANT_INT8_PREFILL), 0);
                     cr_assert(!memcmp(alone, out + (size_t)n * R, sizeof(float) * R),
                               "%s R=%d K=%d: input %d of 2 differs from the same input alone", weight_format_name(w.fmt),
                               R, K, n);
@@ -550,7 +597,7 @@ Test(quant_kernels, int8_inputs_outliers_and_zero_blocks) {
         for (int N = 1; N <= 8; N++) {
             char what[64];
             snprintf(what, sizeof what, "%s K=%d g=%d N=%d int8 inputs", weight_format_name(c->f), K, c->group, N);
-            cr_assert_eq(weight_matmul_forward(out, inp, &w, NULL, N, tile), 0);
+            cr_assert_eq(weight_matmul_forward(out, inp, &w, NULL, N, tile, QUANT_INT8_PREFILL), 0);
             check_forward(out, inp, W, NULL, N, R, K, &w, what);
         }
         free(tile);
@@ -622,18 +669,20 @@ Test(quant_kernels, tiled_rows_and_products) {
             cr_assert(!memcmp(W, rows, sizeof(float) * (size_t)R * K), "%s R=%d K=%d: quant_dequant_rows differ",
                       weight_format_name(f), R, K);
             float *out = malloc(sizeof(float) * (size_t)33 * R), *ref = malloc(sizeof(float) * (size_t)33 * R);
-            cr_assert_eq(weight_matmul_forward(out, inp, q, NULL, 33, tile), 0);
-            cr_assert_eq(weight_matmul_forward(ref, inp, &w, NULL, 33, tile), 0);
+            cr_assert_eq(weight_matmul_forward(out, inp, q, NULL, 33, tile, 0), 0);
+            cr_assert_eq(weight_matmul_forward(ref, inp, &w, NULL, 33, tile, 0), 0);
             cr_assert(!memcmp(out, ref, sizeof(float) * (size_t)33 * R), "%s R=%d K=%d: the GEMM path differs",
                       weight_format_name(f), R, K);
+            cr_assert_eq(weight_matmul_forward(out, inp, q, NULL, 33, tile, QUANT_INT8_PREFILL), 0);
+            check_forward(out, inp, W, NULL, 33, R, K, q, "tiled int8 prefill");
             for (int N = 1; N <= 8; N++) {
                 char what[64];
                 snprintf(what, sizeof what, "tiled %s R=%d K=%d N=%d", weight_format_name(f), R, K, N);
-                cr_assert_eq(weight_matmul_forward(out, inp, q, NULL, N, tile), 0);
+                cr_assert_eq(weight_matmul_forward(out, inp, q, NULL, N, tile, QUANT_INT8_PREFILL), 0);
                 check_forward(out, inp, W, NULL, N, R, K, q, what);
                 if (N == 2)
                     for (int n = 0; n < 2; n++) {
-                        cr_assert_eq(weight_matmul_forward(ref, inp + (size_t)n * K, q, NULL, 1, tile), 0);
+                        cr_assert_eq(weight_matmul_forward(ref, inp + (size_t)n * K, q, NULL, 1, tile, QUANT_INT8_PREFILL), 0);
                         cr_assert(!memcmp(ref, out + (size_t)n * R, sizeof(float) * R), "%s: input %d alone differs",
                                   what, n);
                     }

@@ -1,0 +1,295 @@
+// The GGUF block formats (layouts in quant/blocks.h): reference dequantizers in ggml's order of operations,
+// the scale check, and round-to-nearest quantizers.
+#include "quant/blocks.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/dtype.h"
+
+static const struct {
+    WeightFormat f;
+    int elems, bytes;
+    int scale_at[2]; // byte offsets of the block's fp16 scales; -1: none
+} BLOCKS[] = {
+    {WF_Q8_0, 32, 34, {0, -1}},   {WF_Q4_1, 32, 20, {0, 2}},   {WF_Q5_0, 32, 22, {0, -1}}, {WF_Q5_1, 32, 24, {0, 2}},
+    {WF_Q4_K, 256, 144, {0, 2}}, {WF_Q5_K, 256, 176, {0, 2}}, {WF_Q6_K, 256, 210, {208, -1}},
+};
+#define N_BLOCKS (int)(sizeof BLOCKS / sizeof BLOCKS[0])
+
+static int block_index(WeightFormat f) {
+    for (int i = 0; i < N_BLOCKS; i++)
+        if (BLOCKS[i].f == f)
+            return i;
+    return -1;
+}
+
+int blocks_format(WeightFormat f) { return block_index(f) >= 0; }
+int blocks_elems(WeightFormat f) { return block_index(f) >= 0 ? BLOCKS[block_index(f)].elems : 0; }
+int blocks_bytes(WeightFormat f) { return block_index(f) >= 0 ? BLOCKS[block_index(f)].bytes : 0; }
+
+static float half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return f16_to_f32(h);
+}
+
+size_t blocks_find_nonfinite(WeightFormat f, const uint8_t *data, size_t nblocks) {
+    int i = block_index(f);
+    for (size_t b = 0; i >= 0 && b < nblocks; b++)
+        for (int s = 0; s < 2; s++)
+            if (BLOCKS[i].scale_at[s] >= 0 && !isfinite(half_at(data + b * BLOCKS[i].bytes + BLOCKS[i].scale_at[s])))
+                return b;
+    return nblocks;
+}
+
+// ---- dequantization, one block each (y: the block's elements) ----
+
+static void dq_q8_0(float *y, const uint8_t *s) {
+    float d = half_at(s);
+    for (int j = 0; j < 32; j++)
+        y[j] = (float)(int8_t)s[2 + j] * d;
+}
+
+// q4_1, q5_0, q5_1: qh NULL for q4_1; offset 16 for q5_0 (then m unused).
+static void dq_32(float *y, float d, float m, const uint8_t *qs, const uint8_t *qh, int offset) {
+    uint32_t h = 0;
+    if (qh)
+        memcpy(&h, qh, 4);
+    for (int j = 0; j < 16; j++) {
+        int x0 = (qs[j] & 15) | (int)((h >> j) << 4 & 16), x1 = (qs[j] >> 4) | (int)((h >> (j + 12)) & 16);
+        if (offset) {
+            y[j] = (float)(x0 - offset) * d;
+            y[j + 16] = (float)(x1 - offset) * d;
+        } else {
+            y[j] = (float)x0 * d + m;
+            y[j + 16] = (float)x1 * d + m;
+        }
+    }
+}
+
+// The 6-bit scale and min of sub-block j from the 12 scale bytes q (q4_K, q5_K).
+static void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
+        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
+}
+
+// q4_K (qh NULL) and q5_K.
+static void dq_k45(float *y, const uint8_t *s, int five) {
+    float d = half_at(s), dmin = half_at(s + 2);
+    const uint8_t *sc = s + 4, *qh = five ? s + 16 : NULL, *q = s + (five ? 48 : 16);
+    for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
+        int a, m;
+        k_scale_min(is, sc, &a, &m);
+        float d1 = d * (float)a, m1 = dmin * (float)m;
+        k_scale_min(is + 1, sc, &a, &m);
+        float d2 = d * (float)a, m2 = dmin * (float)m;
+        for (int l = 0; l < 32; l++) {
+            int h1 = qh && (qh[l] >> is & 1) ? 16 : 0, h2 = qh && (qh[l] >> (is + 1) & 1) ? 16 : 0;
+            y[j + l] = d1 * (float)((q[l] & 15) + h1) - m1;
+            y[j + 32 + l] = d2 * (float)((q[l] >> 4) + h2) - m2;
+        }
+    }
+}
+
+static void dq_q6_k(float *y, const uint8_t *s) {
+    const uint8_t *ql = s, *qh = s + 128;
+    const int8_t *sc = (const int8_t *)(s + 192);
+    float d = half_at(s + 208);
+    for (int n = 0; n < 256; n += 128, y += 128, ql += 64, qh += 32, sc += 8)
+        for (int l = 0; l < 32; l++) {
+            int is = l / 16;
+            y[l] = d * (float)sc[is] * (float)((int)((ql[l] & 15) | (qh[l] & 3) << 4) - 32);
+            y[l + 32] = d * (float)sc[is + 2] * (float)((int)((ql[l + 32] & 15) | (qh[l] >> 2 & 3) << 4) - 32);
+            y[l + 64] = d * (float)sc[is + 4] * (float)((int)((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4) - 32);
+            y[l + 96] = d * (float)sc[is + 6] * (float)((int)((ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4) - 32);
+        }
+}
+
+void blocks_dequant_row(WeightFormat f, float *dst, const uint8_t *row, int cols) {
+    int bi = block_index(f), E = BLOCKS[bi].elems, B = BLOCKS[bi].bytes;
+    for (int b = 0; b < cols / E; b++, dst += E, row += B)
+        switch (f) {
+        case WF_Q8_0: dq_q8_0(dst, row); break;
+        case WF_Q4_1: dq_32(dst, half_at(row), half_at(row + 2), row + 4, NULL, 0); break;
+        case WF_Q5_0: dq_32(dst, half_at(row), 0.0f, row + 6, row + 2, 16); break;
+        case WF_Q5_1: dq_32(dst, half_at(row), half_at(row + 2), row + 8, row + 4, 0); break;
+        case WF_Q4_K: dq_k45(dst, row, 0); break;
+        case WF_Q5_K: dq_k45(dst, row, 1); break;
+        case WF_Q6_K: dq_q6_k(dst, row); break;
+        default: break;
+        }
+}
+
+// ---- quantization ----
+
+static void put_half(uint8_t *p, float v) {
+    uint16_t h = f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+static void q_q8_0(uint8_t *s, const float *x) {
+    float amax = 0;
+    for (int j = 0; j < 32; j++)
+        amax = fmaxf(amax, fabsf(x[j]));
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    put_half(s, d);
+    for (int j = 0; j < 32; j++)
+        s[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+}
+
+// q4_1 (bits 4), q5_0 (bits 5, symmetric), q5_1 (bits 5).
+static void q_32(uint8_t *s, const float *x, int bits, int sym) {
+    int nmax = (1 << bits) - 1;
+    uint8_t u[32];
+    if (sym) { // the value of largest magnitude maps to code 0: d = max / -16
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; j++)
+            if (amax < fabsf(x[j])) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        float d = max / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        put_half(s, d);
+        for (int j = 0; j < 32; j++)
+            u[j] = (uint8_t)clampi((int)(int8_t)(x[j] * id + 16.5f), 0, 31);
+    } else {
+        float lo = x[0], hi = x[0];
+        for (int j = 1; j < 32; j++) {
+            lo = fminf(lo, x[j]);
+            hi = fmaxf(hi, x[j]);
+        }
+        float d = (hi - lo) / (float)nmax, id = d != 0.0f ? 1.0f / d : 0.0f;
+        put_half(s, d);
+        put_half(s + 2, lo);
+        for (int j = 0; j < 32; j++)
+            u[j] = (uint8_t)clampi((int)((x[j] - lo) * id + 0.5f), 0, nmax);
+    }
+    uint8_t *qs = s + (bits == 4 ? 4 : sym ? 6 : 8), *qh = s + (sym ? 2 : 4);
+    uint32_t h = 0;
+    for (int j = 0; j < 16; j++) {
+        qs[j] = (uint8_t)((u[j] & 15) | (u[j + 16] & 15) << 4);
+        h |= (uint32_t)(u[j] >> 4 & 1) << j | (uint32_t)(u[j + 16] >> 4 & 1) << (j + 16);
+    }
+    if (bits == 5)
+        memcpy(qh, &h, 4);
+}
+
+// q4_K (five 0) and q5_K: per sub-block of 32 the scale (max - min) / nmax and the min -min (min <= 0),
+// both on a 6-bit grid of the super-block's d and dmin, then the codes nearest under the stored values.
+static void q_k45(uint8_t *s, const float *x, int five) {
+    int nmax = five ? 31 : 15;
+    float scale[8], minv[8], maxs = 0, maxm = 0;
+    for (int j = 0; j < 8; j++) {
+        float lo = fminf(x[32 * j], 0.0f), hi = x[32 * j];
+        for (int l = 0; l < 32; l++) {
+            lo = fminf(lo, x[32 * j + l]);
+            hi = fmaxf(hi, x[32 * j + l]);
+        }
+        scale[j] = (hi - lo) / (float)nmax;
+        minv[j] = -lo;
+        maxs = fmaxf(maxs, scale[j]);
+        maxm = fmaxf(maxm, minv[j]);
+    }
+    float is = maxs > 0 ? 63.0f / maxs : 0.0f, im = maxm > 0 ? 63.0f / maxm : 0.0f;
+    uint8_t *sc = s + 4, L[256];
+    memset(sc, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        int ls = clampi((int)lrintf(is * scale[j]), 0, 63), lm = clampi((int)lrintf(im * minv[j]), 0, 63);
+        if (j < 4) {
+            sc[j] = (uint8_t)ls;
+            sc[j + 4] = (uint8_t)lm;
+        } else {
+            sc[j + 4] = (uint8_t)((ls & 15) | (lm & 15) << 4);
+            sc[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            sc[j] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    put_half(s, maxs / 63.0f);
+    put_half(s + 2, maxm / 63.0f);
+    float d = half_at(s), dmin = half_at(s + 2);
+    for (int j = 0; j < 8; j++) {
+        int a, m;
+        k_scale_min(j, sc, &a, &m);
+        float dl = d * (float)a, ml = dmin * (float)m;
+        for (int l = 0; l < 32; l++)
+            L[32 * j + l] = (uint8_t)(dl != 0.0f ? clampi((int)lrintf((x[32 * j + l] + ml) / dl), 0, nmax) : 0);
+    }
+    uint8_t *qh = s + 16, *q = s + (five ? 48 : 16);
+    if (five)
+        memset(qh, 0, 32);
+    for (int n = 0, sh = 0; n < 256; n += 64, q += 32, sh += 2)
+        for (int l = 0; l < 32; l++) {
+            int l1 = L[n + l], l2 = L[n + l + 32];
+            if (five) {
+                qh[l] |= (uint8_t)((l1 >> 4) << sh | (l2 >> 4) << (sh + 1));
+                l1 &= 15;
+                l2 &= 15;
+            }
+            q[l] = (uint8_t)(l1 | l2 << 4);
+        }
+}
+
+// q6_K: per sub-block of 16 the signed scale that maps its value of largest magnitude to -32, the sixteen
+// on an 8-bit grid of the super-block's d.
+static void q_q6_k(uint8_t *s, const float *x) {
+    float scale[16], maxs = 0, amaxs = 0;
+    for (int j = 0; j < 16; j++) {
+        float amax = 0, max = 0;
+        for (int l = 0; l < 16; l++)
+            if (amax < fabsf(x[16 * j + l])) {
+                amax = fabsf(x[16 * j + l]);
+                max = x[16 * j + l];
+            }
+        scale[j] = max / -32.0f;
+        if (fabsf(scale[j]) > amaxs) {
+            amaxs = fabsf(scale[j]);
+            maxs = scale[j];
+        }
+    }
+    int8_t *sc = (int8_t *)(s + 192);
+    uint8_t L[256];
+    if (amaxs == 0.0f) {
+        memset(s, 0, 210);
+        return;
+    }
+    float iscale = -128.0f / maxs;
+    put_half(s + 208, 1.0f / iscale);
+    float d = half_at(s + 208);
+    for (int j = 0; j < 16; j++) {
+        sc[j] = (int8_t)clampi((int)lrintf(iscale * scale[j]), -128, 127);
+        float dl = d * (float)sc[j];
+        for (int l = 0; l < 16; l++)
+            L[16 * j + l] = (uint8_t)(dl != 0.0f ? clampi((int)lrintf(x[16 * j + l] / dl), -32, 31) + 32 : 32);
+    }
+    uint8_t *ql = s, *qh = s + 128;
+    for (int j = 0; j < 256; j += 128, ql += 64, qh += 32)
+        for (int l = 0; l < 32; l++) {
+            ql[l] = (uint8_t)((L[j + l] & 15) | (L[j + l + 64] & 15) << 4);
+            ql[l + 32] = (uint8_t)((L[j + l + 32] & 15) | (L[j + l + 96] & 15) << 4);
+            qh[l] = (uint8_t)(L[j + l] >> 4 | (L[j + l + 32] >> 4) << 2 | (L[j + l + 64] >> 4) << 4 |
+                              (L[j + l + 96] >> 4) << 6);
+        }
+}
+
+void blocks_quantize_row(WeightFormat f, uint8_t *dst, const float *x, int cols) {
+    int bi = block_index(f), E = BLOCKS[bi].elems, B = BLOCKS[bi].bytes;
+    for (int b = 0; b < cols / E; b++, dst += B, x += E)
+        switch (f) {
+        case WF_Q8_0: q_q8_0(dst, x); break;
+        case WF_Q4_1: q_32(dst, x, 4, 0); break;
+        case WF_Q5_0: q_32(dst, x, 5, 1); break;
+        case WF_Q5_1: q_32(dst, x, 5, 0); break;
+        case WF_Q4_K: q_k45(dst, x, 0); break;
+        case WF_Q5_K: q_k45(dst, x, 1); break;
+        case WF_Q6_K: q_q6_k(dst, x); break;
+        default: break;
+        }
+}

@@ -1,0 +1,39 @@
+// The block formats of GGUF files, byte for byte ggml's: a row of a matrix is a run of blocks, and each block
+// holds its own scales, so a weight in one of them has no companion tensors (its data tensor in a model dir is
+// U8 [rows, row bytes], the blocks as a GGUF file holds them). Per block (fp16 values little-endian):
+//   WF_Q8_0   34 B per 32:  fp16 d, int8 q[32]                       W[j] = d * q[j]
+//   WF_Q4_1   20 B per 32:  fp16 d, fp16 m, u8 qs[16]                W[j] = d * u[j] + m
+//   WF_Q5_0   22 B per 32:  fp16 d, u32 qh, u8 qs[16]                W[j] = d * (u[j] - 16)
+//   WF_Q5_1   24 B per 32:  fp16 d, fp16 m, u32 qh, u8 qs[16]        W[j] = d * u[j] + m
+//     where u[j] = qs[j] & 15 and u[j + 16] = qs[j] >> 4 for j < 16, plus 16 when bit j (bit j + 16) of qh is set
+//   WF_Q4_K  144 B per 256: fp16 d, fp16 dmin, 12 B of 6-bit scales and mins, u8 qs[128]
+//   WF_Q5_K  176 B per 256: the same, then u8 qh[32], u8 qs[128]
+//     eight sub-blocks of 32, sub-block s: W = (d * sc[s]) * u - dmin * m[s]; qs[32 i + l] holds u of elements
+//     64 i + l (low nibble) and 64 i + 32 + l (high); q5_K adds 16 where bit 2 i (bit 2 i + 1) of qh[l] is set
+//   WF_Q6_K  210 B per 256: u8 ql[128], u8 qh[64], int8 sc[16], fp16 d
+//     sixteen sub-blocks of 16: W = (d * sc[s]) * (u - 32), u 6 bits: 4 from ql, 2 from qh (blocks.c)
+// The dequantizers compute each value in ggml's order of operations, so they give its bits.
+#ifndef QUANT_BLOCKS_H
+#define QUANT_BLOCKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "quant/weight.h"
+
+// 1 for the formats above.
+int blocks_format(WeightFormat f);
+// Elements and bytes per block (0 for the other formats).
+int blocks_elems(WeightFormat f);
+int blocks_bytes(WeightFormat f);
+
+// The row (cols elements, a multiple of blocks_elems) of packed blocks as fp32.
+void blocks_dequant_row(WeightFormat f, float *dst, const uint8_t *row, int cols);
+// The first of nblocks blocks whose fp16 scales hold a NaN or infinity; nblocks when none does.
+size_t blocks_find_nonfinite(WeightFormat f, const uint8_t *data, size_t nblocks);
+// x (cols) rounded into packed blocks: per block (sub-block) scale and min from the values' extremes as
+// ggml's reference quantizers take them, the k-quants' sub-block scales rounded to their 6- or 8-bit grid
+// before the codes are chosen, so the codes are those nearest under the stored scales.
+void blocks_quantize_row(WeightFormat f, uint8_t *dst, const float *x, int cols);
+
+#endif

@@ -1,0 +1,214 @@
+// Decode kernels of the GGUF block formats (layouts in quant/blocks.h) on int8 inputs, x86 AVX2 (vpmaddubsw +
+// vpmaddwd) or AVX512-VNNI (vpdpbusd) where the compiler targets it. Every format is cut into sub-blocks of 32
+// elements whose codes unpack into one register of 32 unsigned bytes u (q8_0: the signed codes, their signs moved
+// onto the inputs), with a scale s and an offset o per half of 16 (q6_K's two sub-blocks; equal halves
+// elsewhere): W = s * u + o. Against input row n's codes xq (one scale dx per 32, qk_quant_block, as for q8):
+//   Σ_k W_k x_k ≈ Σ_h dx * s_h * Σ_{k in h} u_k xq_k + o_h * Σ_{k in h} x_k
+// the integer sums in int32 lanes 0-3 (half 0) and 4-7 (half 1), one conversion and two FMAs per sub-block,
+// the fp32 sums of the inputs exact. The error is the int8 rounding of the inputs, as for q8 / q4.
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/threads.h"
+#include "quant/blocks.h"
+#include "quant/qkernel.h"
+
+#if QK_AVX2
+
+// The N input rows, in element order: codes (N, K), the scale of each block of 32 (N, K / 32), and the fp32 sum of
+// each half of 16 over 4, in lanes 0-3 and 4-7 of 8 (N, K / 32, 8) (summed over the lanes it is the half's sum).
+typedef struct {
+    int8_t q[QK_ACT_BYTES];
+    float d[QK_ACT_BYTES / 32];
+    float hs[QK_ACT_BYTES / 4];
+} QbActs;
+
+static void qb_acts_fill(QbActs *a, const float *inp, int K, int N) {
+    static const int at[4] = {0, 8, 16, 24};
+    for (int n = 0; n < N; n++)
+        for (int b = 0; b < K / 32; b++) {
+            const float *x = inp + (size_t)n * K + 32 * b;
+            float xs, h0 = 0, h1 = 0;
+            size_t i = (size_t)n * (K / 32) + b;
+            qk_quant_block(a->q + 32 * i, at, &a->d[i], &xs, x);
+            for (int k = 0; k < 16; k++) {
+                h0 += x[k];
+                h1 += x[16 + k];
+            }
+            for (int l = 0; l < 4; l++) {
+                a->hs[8 * i + l] = h0 * 0.25f;
+                a->hs[8 * i + 4 + l] = h1 * 0.25f;
+            }
+        }
+}
+
+// One sub-block of 32: codes, and scale and offset per half (lanes 0-3, 4-7).
+typedef struct {
+    __m256i u;
+    __m256 s, o;
+} QbSub;
+
+static inline float qb_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return f16_to_f32(h);
+}
+
+static inline __m256 qb_halves(float a, float b) { return _mm256_setr_ps(a, a, a, a, b, b, b, b); }
+
+// 16 bytes of nibbles: low nibbles elements 0-15, high nibbles 16-31.
+static inline __m256i qb_nibbles(const uint8_t *qs) {
+    __m128i q = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+}
+
+// 16 in byte k where bit k of the 32 bits at qh is set.
+static inline __m256i qb_bit4(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i index = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
+                                           3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), index), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
+}
+
+// The 6-bit scale and min of sub-block j from the 12 scale bytes q (q4_K, q5_K).
+static inline void qb_k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
+        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
+}
+
+// Sub-block j of the block at b (the row's sub-block j of 32 elements, counted from the block's start).
+static inline __attribute__((always_inline)) QbSub qb_sub(const uint8_t *b, int j, const WeightFormat fmt) {
+    QbSub s;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    switch (fmt) {
+    case WF_Q8_0:
+        s.u = _mm256_loadu_si256((const __m256i *)(b + 2));
+        s.s = _mm256_set1_ps(qb_half(b));
+        s.o = _mm256_setzero_ps();
+        break;
+    case WF_Q4_1:
+        s.u = qb_nibbles(b + 4);
+        s.s = _mm256_set1_ps(qb_half(b));
+        s.o = _mm256_set1_ps(qb_half(b + 2));
+        break;
+    case WF_Q5_0: {
+        float d = qb_half(b);
+        s.u = _mm256_or_si256(qb_nibbles(b + 6), qb_bit4(b + 2));
+        s.s = _mm256_set1_ps(d);
+        s.o = _mm256_set1_ps(-16.0f * d);
+        break;
+    }
+    case WF_Q5_1:
+        s.u = _mm256_or_si256(qb_nibbles(b + 8), qb_bit4(b + 4));
+        s.s = _mm256_set1_ps(qb_half(b));
+        s.o = _mm256_set1_ps(qb_half(b + 2));
+        break;
+    case WF_Q4_K:
+    case WF_Q5_K: {
+        int five = fmt == WF_Q5_K, sc, m;
+        __m256i q = _mm256_loadu_si256((const __m256i *)(b + (five ? 48 : 16) + 32 * (j / 2)));
+        s.u = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
+        if (five) {
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+            __m256i hb = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+            s.u = _mm256_or_si256(s.u, _mm256_slli_epi16(hb, 4));
+        }
+        qb_k_scale_min(j, b + 4, &sc, &m);
+        s.s = _mm256_set1_ps(qb_half(b) * (float)sc);
+        s.o = _mm256_set1_ps(-(qb_half(b + 2) * (float)m));
+        break;
+    }
+    case WF_Q6_K: { // sub-block j: chunk c = j / 4 of 128, quarter t = j % 4 of it
+        int c = j / 4, t = j % 4;
+        __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * c + 32 * (t & 1)));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * c));
+        __m256i lo = _mm256_and_si256(t >= 2 ? _mm256_srli_epi16(ql, 4) : ql, m4);
+        __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
+        s.u = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * c + 2 * t;
+        float d = qb_half(b + 208), s0 = d * (float)sc[0], s1 = d * (float)sc[1];
+        s.s = qb_halves(s0, s1);
+        s.o = qb_halves(-32.0f * s0, -32.0f * s1);
+        break;
+    }
+    default: s.u = _mm256_setzero_si256(), s.s = s.o = _mm256_setzero_ps(); break;
+    }
+    return s;
+}
+
+static inline float qb_hsum(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
+
+// Row r against the N inputs: out[n * R + r].
+static inline __attribute__((always_inline)) void qb_row(float *out, const Weight *w, const QbActs *a, int r, int R,
+                                                         const int N, const WeightFormat fmt) {
+    int K = w->cols, E = blocks_elems(fmt), nsub = K / 32;
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(fmt, K);
+    __m256 acc[QUANT_DECODE_MAX_N];
+    for (int n = 0; n < N; n++)
+        acc[n] = _mm256_setzero_ps();
+    for (int sb = 0; sb < nsub; sb++) {
+        QbSub s = qb_sub(row + (size_t)(32 * sb / E) * blocks_bytes(fmt), sb % (E / 32), fmt);
+        __m256i u = fmt == WF_Q8_0 ? _mm256_abs_epi8(s.u) : s.u;
+        for (int n = 0; n < N; n++) {
+            size_t i = (size_t)n * nsub + sb;
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + 32 * i));
+            if (fmt == WF_Q8_0)
+                x = _mm256_sign_epi8(x, s.u);
+            __m256 dot = _mm256_cvtepi32_ps(qk_dot_u8(_mm256_setzero_si256(), u, x));
+            acc[n] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s.s, _mm256_set1_ps(a->d[i])), acc[n]);
+            if (fmt != WF_Q8_0)
+                acc[n] = _mm256_fmadd_ps(s.o, _mm256_loadu_ps(a->hs + 8 * i), acc[n]);
+        }
+    }
+    for (int n = 0; n < N; n++)
+        out[(size_t)n * R + r] = qb_hsum(acc[n]);
+}
+
+#define QB_SWITCH_N(FMT)                                                                                   \
+    switch (N) {                                                                                           \
+    case 1: qb_row(out, w, a, r, R, 1, FMT); break;                                                         \
+    case 2: qb_row(out, w, a, r, R, 2, FMT); break;                                                         \
+    case 3: qb_row(out, w, a, r, R, 3, FMT); break;                                                         \
+    case 4: qb_row(out, w, a, r, R, 4, FMT); break;                                                         \
+    case 5: qb_row(out, w, a, r, R, 5, FMT); break;                                                         \
+    case 6: qb_row(out, w, a, r, R, 6, FMT); break;                                                         \
+    case 7: qb_row(out, w, a, r, R, 7, FMT); break;                                                         \
+    default: qb_row(out, w, a, r, R, 8, FMT); break;                                                        \
+    }
+
+// Rows in parallel; the inputs quantized once for all of them (on this thread, before the region).
+#define QB_DECODE(FMT, name)                                                                               \
+    int qk_decode_simd_##name(float *out, const float *inp, const Weight *w, int N) {                     \
+        int R = w->rows, K = w->cols;                                                                      \
+        if ((size_t)N * (size_t)K > QK_ACT_BYTES)                                                          \
+            return WEIGHT_DECODE_DECLINED;                                                                 \
+        QbActs acts, *a = &acts; /* on the stack, as qk_acts_fill's: ~86 KB */                            \
+        qb_acts_fill(a, inp, K, N);                                                                        \
+        _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
+        for (int r = 0; r < R; r++)                                                                        \
+            QB_SWITCH_N(FMT)                                                                               \
+        return ER_OK;                                                                                      \
+    }
+
+QB_DECODE(WF_Q8_0, q8_0)
+QB_DECODE(WF_Q4_1, q4_1)
+QB_DECODE(WF_Q5_0, q5_0)
+QB_DECODE(WF_Q5_1, q5_1)
+QB_DECODE(WF_Q4_K, q4_k)
+QB_DECODE(WF_Q5_K, q5_k)
+QB_DECODE(WF_Q6_K, q6_k)
+
+#endif
