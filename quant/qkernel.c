@@ -1384,6 +1384,10 @@ int weight_matmul_forward(float *out, const float *inp, const Weight *w, const f
     int R = w->rows, K = w->cols, nc;
     if (N <= decode_max_n(w->fmt)) {
         ER_TRY(quant_matmul_decode(out, inp, w, N, scratch));
+#if QK_GEMM_BLOCKS
+    } else if ((flags & QUANT_INT8_PREFILL) && blocks_format(w->fmt) && scratch) {
+        ER_TRY(qk_gemm_blocks(out, inp, w, N, scratch));
+#endif
     } else if ((flags & QUANT_INT8_PREFILL) && (nc = i8_rows(w)) > 0) { // nc input rows at a time
         for (int n0 = 0; n0 < N; n0 += nc)
             ER_TRY(quant_matmul_decode(out + (size_t)n0 * R, inp + (size_t)n0 * K, w, N - n0 < nc ? N - n0 : nc,

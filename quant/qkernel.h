@@ -30,6 +30,14 @@ int qk_decode_simd_q5_k(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_q6_k(float *out, const float *inp, const Weight *w, int N);
 #define QK_DECODE(name) qk_decode_simd_##name
 #define QK_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// Prefill of the block formats (quant/qkernel_blocks.c): out (N, rows) = inp (N, cols) · Wᵀ for any N on int8
+// inputs, 16 input rows per register; scratch: qk_gemm_blocks_scratch_bytes(cols) bytes (within
+// quant_scratch_floats(cols) floats).
+#define QK_GEMM_BLOCKS 1
+int qk_gemm_blocks(float *out, const float *inp, const Weight *w, int N, void *scratch);
+size_t qk_gemm_blocks_scratch_bytes(int K);
+#endif
 #include <immintrin.h>
 // Σ u * x over 32 byte pairs, u unsigned (< 128), x signed, as 8 int32 lanes (each the sum of 4 pairs), added to acc.
 static inline __m256i qk_dot_u8(__m256i acc, __m256i u, __m256i x) {

@@ -26,6 +26,7 @@ typedef struct {
 
 static void qb_acts_fill(QbActs *a, const float *inp, int K, int N) {
     static const int at[4] = {0, 8, 16, 24};
+    #pragma GCC unroll 8
     for (int n = 0; n < N; n++)
         for (int b = 0; b < K / 32; b++) {
             const float *x = inp + (size_t)n * K + 32 * b;
@@ -52,7 +53,21 @@ typedef struct {
 static inline float qb_half(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
-    return f16_to_f32(h);
+    return _cvtsh_ss(h);
+}
+
+// Elements and bytes per block, as blocks_elems / blocks_bytes, where the compiler sees them.
+static inline int qb_elems(const WeightFormat fmt) { return fmt == WF_Q4_K || fmt == WF_Q5_K || fmt == WF_Q6_K ? 256 : 32; }
+static inline int qb_bytes(const WeightFormat fmt) {
+    switch (fmt) {
+    case WF_Q8_0: return 34;
+    case WF_Q4_1: return 20;
+    case WF_Q5_0: return 22;
+    case WF_Q5_1: return 24;
+    case WF_Q4_K: return 144;
+    case WF_Q5_K: return 176;
+    default: return 210;
+    }
 }
 
 static inline __m256 qb_halves(float a, float b) { return _mm256_setr_ps(a, a, a, a, b, b, b, b); }
@@ -154,14 +169,16 @@ static inline float qb_hsum(__m256 v) {
 // Row r against the N inputs: out[n * R + r].
 static inline __attribute__((always_inline)) void qb_row(float *out, const Weight *w, const QbActs *a, int r, int R,
                                                          const int N, const WeightFormat fmt) {
-    int K = w->cols, E = blocks_elems(fmt), nsub = K / 32;
+    int K = w->cols, E = qb_elems(fmt), nsub = K / 32;
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(fmt, K);
     __m256 acc[QUANT_DECODE_MAX_N];
+    #pragma GCC unroll 8
     for (int n = 0; n < N; n++)
         acc[n] = _mm256_setzero_ps();
     for (int sb = 0; sb < nsub; sb++) {
-        QbSub s = qb_sub(row + (size_t)(32 * sb / E) * blocks_bytes(fmt), sb % (E / 32), fmt);
+        QbSub s = qb_sub(row + (size_t)(32 * sb / E) * qb_bytes(fmt), sb % (E / 32), fmt);
         __m256i u = fmt == WF_Q8_0 ? _mm256_abs_epi8(s.u) : s.u;
+        #pragma GCC unroll 8
         for (int n = 0; n < N; n++) {
             size_t i = (size_t)n * nsub + sb;
             __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + 32 * i));
@@ -173,6 +190,7 @@ static inline __attribute__((always_inline)) void qb_row(float *out, const Weigh
                 acc[n] = _mm256_fmadd_ps(s.o, _mm256_loadu_ps(a->hs + 8 * i), acc[n]);
         }
     }
+    #pragma GCC unroll 8
     for (int n = 0; n < N; n++)
         out[(size_t)n * R + r] = qb_hsum(acc[n]);
 }
@@ -202,6 +220,171 @@ static inline __attribute__((always_inline)) void qb_row(float *out, const Weigh
             QB_SWITCH_N(FMT)                                                                               \
         return ER_OK;                                                                                      \
     }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// ---- prefill: many input rows, one input row per int32 lane ----
+// Past the decode sizes each unpacked sub-block of a weight row meets QB_LANES input rows at once: its 32 codes are
+// broadcast 4 at a time against 16 input rows' codes laid lane by lane (QbLanes), so one vpdpbusd does 64 of the
+// products and the float work (a conversion and two FMAs) is per 16 input rows per sub-block, not per input row. The
+// same sub-blocks (qb_sub), input codes (qk_quant_block) and formula as the decode kernels above, so the two agree
+// to the order of the fp32 sums.
+#define QB_LANES 16    // input rows per register
+#define QB_GROUPS 4    // registers of input rows per pass over a weight row (64 input rows)
+#define QB_CHUNK 64    // input rows quantized per pass over the matrix
+#define QB_ROWS 2      // weight rows per pass
+
+// Block b of 32 inputs of 16 input rows: q[j][l] holds elements 4j .. 4j + 3 of row l's codes; its scale and the
+// fp32 sums of its halves and of the whole block per row. Rows past the input are zero.
+typedef struct {
+    int8_t q[8][QB_LANES][4];
+    float dx[QB_LANES], h0[QB_LANES], h1[QB_LANES], hs[QB_LANES];
+} QbLanes;
+
+size_t qk_gemm_blocks_scratch_bytes(int K) { return (size_t)(QB_CHUNK / QB_LANES) * (size_t)(K / 32) * sizeof(QbLanes); }
+
+static void qb_lanes_fill(QbLanes *lb, const float *inp, int K, int nc) {
+    static const int at[4] = {0, 8, 16, 24};
+    int nb = K / 32, G = (nc + QB_LANES * QB_GROUPS - 1) / (QB_LANES * QB_GROUPS) * QB_GROUPS; // whole passes
+    memset(lb, 0, (size_t)G * nb * sizeof *lb);
+#pragma omp parallel for schedule(static) if ((long)nc * K >= THREADS_MIN_WORK)
+    for (int n = 0; n < nc; n++) {
+        int g = n / QB_LANES, l = n % QB_LANES;
+        for (int b = 0; b < nb; b++) {
+            const float *x = inp + (size_t)n * K + 32 * b;
+            QbLanes *p = lb + (size_t)g * nb + b;
+            int8_t q[32];
+            float xs, h0 = 0, h1 = 0;
+            qk_quant_block(q, at, &p->dx[l], &xs, x);
+            for (int j = 0; j < 8; j++)
+                memcpy(p->q[j][l], q + 4 * j, 4);
+            for (int k = 0; k < 16; k++) {
+                h0 += x[k];
+                h1 += x[16 + k];
+            }
+            p->h0[l] = h0;
+            p->h1[l] = h1;
+            p->hs[l] = h0 + h1;
+        }
+    }
+}
+
+// Rows r0 .. r0 + RB - 1 against the G <= QB_GROUPS registers of input rows from group g0: out[n * R + r].
+static inline __attribute__((always_inline)) void qb_gemm_rows(float *out, const Weight *w, const QbLanes *lb,
+                                                                int r0, int g0, int nc, int R, const int RB,
+                                                                const WeightFormat fmt) {
+    int K = w->cols, E = qb_elems(fmt), nb = K / 32, halves = fmt == WF_Q6_K;
+    size_t rb = weight_row_bytes(fmt, K);
+    __m512 acc[QB_ROWS][QB_GROUPS];
+    #pragma GCC unroll 8
+    for (int r = 0; r < RB; r++)
+        #pragma GCC unroll 8
+        for (int v = 0; v < QB_GROUPS; v++)
+            acc[r][v] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        uint8_t codes[QB_ROWS][32];
+        float s0[QB_ROWS], s1[QB_ROWS], o0[QB_ROWS], o1[QB_ROWS];
+        #pragma GCC unroll 8
+        for (int r = 0; r < RB; r++) {
+            const uint8_t *row = (const uint8_t *)w->data + (size_t)(r0 + r) * rb;
+            QbSub sub = qb_sub(row + (size_t)(32 * b / E) * qb_bytes(fmt), b % (E / 32), fmt);
+            __m256i u = sub.u;
+            if (fmt == WF_Q8_0) { // unsigned codes q + 128, whose offset -128 s the input sums carry
+                u = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
+                sub.o = _mm256_mul_ps(sub.s, _mm256_set1_ps(-128.0f));
+            }
+            _mm256_storeu_si256((__m256i *)codes[r], u);
+            s0[r] = _mm256_cvtss_f32(sub.s);
+            o0[r] = _mm256_cvtss_f32(sub.o);
+            s1[r] = _mm256_cvtss_f32(_mm256_permutevar8x32_ps(sub.s, _mm256_set1_epi32(4)));
+            o1[r] = _mm256_cvtss_f32(_mm256_permutevar8x32_ps(sub.o, _mm256_set1_epi32(4)));
+        }
+        #pragma GCC unroll 8
+        for (int v = 0; v < QB_GROUPS; v++) {
+            const QbLanes *p = lb + (size_t)(g0 + v) * nb + b;
+            __m512i i0[QB_ROWS], i1[QB_ROWS];
+            #pragma GCC unroll 8
+            for (int r = 0; r < RB; r++)
+                i0[r] = i1[r] = _mm512_setzero_si512();
+            #pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                __m512i x = _mm512_loadu_si512((const void *)p->q[j]);
+                #pragma GCC unroll 8
+                for (int r = 0; r < RB; r++) {
+                    int32_t c;
+                    memcpy(&c, codes[r] + 4 * j, 4);
+                    if (halves && j >= 4)
+                        i1[r] = _mm512_dpbusd_epi32(i1[r], _mm512_set1_epi32(c), x);
+                    else
+                        i0[r] = _mm512_dpbusd_epi32(i0[r], _mm512_set1_epi32(c), x);
+                }
+            }
+            __m512 dx = _mm512_loadu_ps(p->dx);
+            #pragma GCC unroll 8
+            for (int r = 0; r < RB; r++) {
+                acc[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0[r]), _mm512_mul_ps(_mm512_set1_ps(s0[r]), dx), acc[r][v]);
+                if (halves) {
+                    acc[r][v] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1[r]), _mm512_mul_ps(_mm512_set1_ps(s1[r]), dx), acc[r][v]);
+                    acc[r][v] = _mm512_fmadd_ps(_mm512_set1_ps(o0[r]), _mm512_loadu_ps(p->h0), acc[r][v]);
+                    acc[r][v] = _mm512_fmadd_ps(_mm512_set1_ps(o1[r]), _mm512_loadu_ps(p->h1), acc[r][v]);
+                } else {
+                    acc[r][v] = _mm512_fmadd_ps(_mm512_set1_ps(o0[r]), _mm512_loadu_ps(p->hs), acc[r][v]);
+                }
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int r = 0; r < RB; r++)
+        #pragma GCC unroll 8
+        for (int v = 0; v < QB_GROUPS; v++) {
+            float t[QB_LANES];
+            _mm512_storeu_ps(t, acc[r][v]);
+            for (int l = 0; l < QB_LANES && (g0 + v) * QB_LANES + l < nc; l++)
+                out[(size_t)((g0 + v) * QB_LANES + l) * R + r0 + r] = t[l];
+        }
+}
+
+#define QB_GEMM(FMT, name)                                                                                 \
+    static void qb_gemm_##name(float *out, const Weight *w, const QbLanes *lb, int nc) {                  \
+        int R = w->rows, G = (nc + QB_LANES - 1) / QB_LANES, nrb = R / QB_ROWS;                          \
+        _Pragma("omp parallel for schedule(static) collapse(2)")                                           \
+        for (int i = 0; i < nrb + R % QB_ROWS; i++)                                                        \
+            for (int g0 = 0; g0 < G; g0 += QB_GROUPS) {                                                    \
+                if (i < nrb)                                                                               \
+                    qb_gemm_rows(out, w, lb, QB_ROWS * i, g0, nc, R, QB_ROWS, FMT);                        \
+                else                                                                                       \
+                    qb_gemm_rows(out, w, lb, QB_ROWS * nrb + (i - nrb), g0, nc, R, 1, FMT);                \
+            }                                                                                              \
+    }
+QB_GEMM(WF_Q8_0, q8_0)
+QB_GEMM(WF_Q4_1, q4_1)
+QB_GEMM(WF_Q5_0, q5_0)
+QB_GEMM(WF_Q5_1, q5_1)
+QB_GEMM(WF_Q4_K, q4_k)
+QB_GEMM(WF_Q5_K, q5_k)
+QB_GEMM(WF_Q6_K, q6_k)
+
+int qk_gemm_blocks(float *out, const float *inp, const Weight *w, int N, void *scratch) {
+    int K = w->cols;
+    QbLanes *lb = scratch;
+    for (int n0 = 0; n0 < N; n0 += QB_CHUNK) {
+        int nc = N - n0 < QB_CHUNK ? N - n0 : QB_CHUNK;
+        qb_lanes_fill(lb, inp + (size_t)n0 * K, K, nc);
+        float *o = out + (size_t)n0 * w->rows;
+        switch (w->fmt) {
+        case WF_Q8_0: qb_gemm_q8_0(o, w, lb, nc); break;
+        case WF_Q4_1: qb_gemm_q4_1(o, w, lb, nc); break;
+        case WF_Q5_0: qb_gemm_q5_0(o, w, lb, nc); break;
+        case WF_Q5_1: qb_gemm_q5_1(o, w, lb, nc); break;
+        case WF_Q4_K: qb_gemm_q4_k(o, w, lb, nc); break;
+        case WF_Q5_K: qb_gemm_q5_k(o, w, lb, nc); break;
+        case WF_Q6_K: qb_gemm_q6_k(o, w, lb, nc); break;
+        default: return WEIGHT_DECODE_DECLINED;
+        }
+    }
+    return ER_OK;
+}
+#endif
 
 QB_DECODE(WF_Q8_0, q8_0)
 QB_DECODE(WF_Q4_1, q4_1)
