@@ -43,7 +43,7 @@ static const ArgCommand commands[] = {
     {"sft", cmd_sft, "train a masked LoRA adapter on a frozen base (PEFT output)"},
     {"grpo", cmd_grpo, "GRPO with the budget reward on a masked LoRA adapter"},
     {"heads", cmd_heads, "train the switcher and verifier heads on a base model + reasoning adapter"},
-    {"quantize", cmd_quantize, "quantize a model dir (q8, q4, q4g, q4lut, q2lut, q2rtn, bf16; int8 embeddings; Fisher-weighted)"},
+    {"quantize", cmd_quantize, "quantize a model dir (q8, q4, q4g, q4lut, q2lut, q2rtn, the GGUF q8_0 ... q6_k, bf16; Fisher-weighted)"},
     {"outliers", cmd_outliers, "a float model with seeded outlier channels, same function (a quantization test model)"},
     {"qat", cmd_qat, "quantization-aware training: fine-tune with fake-quantized weights, write the quantized dir"},
     {"merge", cmd_merge, "merge a LoRA adapter into its fp32 base: a model dir (the adapter on at every position)"},

@@ -12,7 +12,6 @@ int cmd_quantize(int argc, char **argv) {
     c.calib_n = 16;
     c.seq_len = 512;
     c.transforms = "none";
-    c.q.embeddings = "int8";
     c.q.scale_search = "lp";
     c.q.p = 2.0;
     c.q.kmeans_iters = 25;
@@ -26,7 +25,7 @@ int cmd_quantize(int argc, char **argv) {
     quant_spec_list(list, sizeof list, " | ", " | ");
     snprintf(weights_help, sizeof weights_help, "format of the layer projections: %s | q2rtn (2-bit uniform RTN levels, "
              "stored as q2lut) | bf16 (the float model as bf16)", list);
-    snprintf(usage, sizeof usage, "ertrain quantize --model DIR --out DIR --weights %s|bf16 [--embeddings int8|fp] "
+    snprintf(usage, sizeof usage, "ertrain quantize --model DIR --out DIR --weights %s|bf16 [--embeddings int8|q8_0|fp] "
              "[--transforms none|rotate|fpt|fpt-trained [--fpt-steps N --fpt-local-steps N --fpt-lr X --save-every N "
              "--resume]] [--calib FILE.jsonl --calib-n N] [--sensitivity fisher|none] [--sparse S] "
              "[--scale-search lp|minmax] [--seed S]", quantize_weights_list(list, sizeof list, "|", "|"));
@@ -34,7 +33,8 @@ int cmd_quantize(int argc, char **argv) {
         {"model", ARG_STR, &c.model_dir, "float model dir (HF layout: config.json, *.safetensors, tokenizer)", 1, 0, 0},
         {"out", ARG_STR, &c.out_dir, "output model dir (absent or empty)", 1, 0, 0},
         {"weights", ARG_STR, &c.q.weights, weights_help, 1, 0, 0},
-        {"embeddings", ARG_STR, &c.q.embeddings, "embedding matrix: int8 | fp (a tied lm_head follows it)", 0, 0, 0},
+        {"embeddings", ARG_STR, &c.q.embeddings, "embedding matrix: int8 | q8_0 | fp (a tied lm_head follows it; "
+         "default int8, q8_0 with a GGUF block format in --weights)", 0, 0, 0},
         {"lm-head", ARG_STR, &c.q.lm_head,
          "lm_head: fp or a --weights format (default: as --weights, q4 for q2lut; a tied model follows "
          "--embeddings unless this is given, then it is untied)", 0, 0, 0},

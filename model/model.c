@@ -351,14 +351,14 @@ WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group
     if (!m->quant.enabled || !p->w)
         return WF_F32;
     int layer = p->w != &m->embed && p->w != &m->lm_head;
-    WeightFormat f = p->w == &m->embed     ? (m->quant.embed_int8 ? WF_Q8 : WF_F32)
+    WeightFormat f = p->w == &m->embed     ? m->quant.embed
                      : p->w == &m->lm_head ? m->quant.lm_head
                                            : m->quant.linear;
     if (weight_format_grouped(f))
         *group = m->quant.group;
     if (layer)
         *sparse = m->quant.sparse;
-    return f;
+    return quant_block_fallback(f, p->w->cols);
 }
 
 // Non-finite values are refused at load, naming the tensor and the first bad index: a NaN would reach

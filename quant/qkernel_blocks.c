@@ -16,11 +16,13 @@
 
 #if QK_AVX2
 
-// The N input rows, in element order: codes (N, K), the scale of each block of 32 (N, K / 32), and the fp32 sum of
-// each half of 16 over 4, in lanes 0-3 and 4-7 of 8 (N, K / 32, 8) (summed over the lanes it is the half's sum).
+// The N input rows, in element order: codes (N, K), the scale of each block of 32 (N, K / 32) and the same in 8
+// lanes (N, K / 32, 8), and the fp32 sum of each half of 16 over 4, in lanes 0-3 and 4-7 of 8 (N, K / 32, 8)
+// (summed over the lanes it is the half's sum). 120 KB: one per thread, not on its stack.
 typedef struct {
     int8_t q[QK_ACT_BYTES];
     float d[QK_ACT_BYTES / 32];
+    float dv[QK_ACT_BYTES / 4];
     float hs[QK_ACT_BYTES / 4];
 } QbActs;
 
@@ -41,6 +43,8 @@ static void qb_acts_fill(QbActs *a, const float *inp, int K, int N) {
                 a->hs[8 * i + l] = h0 * 0.25f;
                 a->hs[8 * i + 4 + l] = h1 * 0.25f;
             }
+            for (int l = 0; l < 8; l++)
+                a->dv[8 * i + l] = a->d[i];
         }
 }
 
@@ -195,16 +199,58 @@ static inline __attribute__((always_inline)) void qb_row(float *out, const Weigh
         out[(size_t)n * R + r] = qb_hsum(acc[n]);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// The same with AVX512-VNNI: two sub-blocks per register (q8_0 as unsigned codes q + 128, the offset -128 s on the
+// input sums, as in the prefill below), the last one alone where K / 32 is odd.
+static inline __attribute__((always_inline)) void qb_row512(float *out, const Weight *w, const QbActs *a, int r, int R,
+                                                            const int N, const WeightFormat fmt) {
+    int K = w->cols, E = qb_elems(fmt), nsub = K / 32;
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(fmt, K);
+    __m512 acc[QUANT_DECODE_MAX_N];
+#pragma GCC unroll 8
+    for (int n = 0; n < N; n++)
+        acc[n] = _mm512_setzero_ps();
+    for (int sb = 0; sb < nsub; sb += 2) {
+        int two = sb + 1 < nsub;
+        QbSub s0 = qb_sub(row + (size_t)(32 * sb / E) * qb_bytes(fmt), sb % (E / 32), fmt), s1 = s0;
+        if (two)
+            s1 = qb_sub(row + (size_t)(32 * (sb + 1) / E) * qb_bytes(fmt), (sb + 1) % (E / 32), fmt);
+        __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(s0.u), s1.u, 1);
+        __m512 sv = _mm512_insertf32x8(_mm512_castps256_ps512(s0.s), s1.s, 1);
+        __m512 ov = _mm512_insertf32x8(_mm512_castps256_ps512(s0.o), s1.o, 1);
+        if (fmt == WF_Q8_0) {
+            u = _mm512_xor_si512(u, _mm512_set1_epi8((char)0x80));
+            ov = _mm512_mul_ps(sv, _mm512_set1_ps(-128.0f));
+        }
+        __mmask16 m = two ? 0xffff : 0x00ff;
+#pragma GCC unroll 8
+        for (int n = 0; n < N; n++) {
+            size_t i = (size_t)n * nsub + sb;
+            __m512i x = _mm512_maskz_loadu_epi32(m, a->q + 32 * i);
+            __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x));
+            acc[n] = _mm512_fmadd_ps(dot, _mm512_mul_ps(sv, _mm512_maskz_loadu_ps(m, a->dv + 8 * i)), acc[n]);
+            acc[n] = _mm512_fmadd_ps(ov, _mm512_maskz_loadu_ps(m, a->hs + 8 * i), acc[n]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int n = 0; n < N; n++)
+        out[(size_t)n * R + r] = _mm512_reduce_add_ps(acc[n]);
+}
+#define QB_ROW qb_row512
+#else
+#define QB_ROW qb_row
+#endif
+
 #define QB_SWITCH_N(FMT)                                                                                   \
     switch (N) {                                                                                           \
-    case 1: qb_row(out, w, a, r, R, 1, FMT); break;                                                         \
-    case 2: qb_row(out, w, a, r, R, 2, FMT); break;                                                         \
-    case 3: qb_row(out, w, a, r, R, 3, FMT); break;                                                         \
-    case 4: qb_row(out, w, a, r, R, 4, FMT); break;                                                         \
-    case 5: qb_row(out, w, a, r, R, 5, FMT); break;                                                         \
-    case 6: qb_row(out, w, a, r, R, 6, FMT); break;                                                         \
-    case 7: qb_row(out, w, a, r, R, 7, FMT); break;                                                         \
-    default: qb_row(out, w, a, r, R, 8, FMT); break;                                                        \
+    case 1: QB_ROW(out, w, a, r, R, 1, FMT); break;                                                         \
+    case 2: QB_ROW(out, w, a, r, R, 2, FMT); break;                                                         \
+    case 3: QB_ROW(out, w, a, r, R, 3, FMT); break;                                                         \
+    case 4: QB_ROW(out, w, a, r, R, 4, FMT); break;                                                         \
+    case 5: QB_ROW(out, w, a, r, R, 5, FMT); break;                                                         \
+    case 6: QB_ROW(out, w, a, r, R, 6, FMT); break;                                                         \
+    case 7: QB_ROW(out, w, a, r, R, 7, FMT); break;                                                         \
+    default: QB_ROW(out, w, a, r, R, 8, FMT); break;                                                        \
     }
 
 // Rows in parallel; the inputs quantized once for all of them (on this thread, before the region).
@@ -213,7 +259,8 @@ static inline __attribute__((always_inline)) void qb_row(float *out, const Weigh
         int R = w->rows, K = w->cols;                                                                      \
         if ((size_t)N * (size_t)K > QK_ACT_BYTES)                                                          \
             return WEIGHT_DECODE_DECLINED;                                                                 \
-        QbActs acts, *a = &acts; /* on the stack, as qk_acts_fill's: ~86 KB */                            \
+        static _Thread_local QbActs acts; /* the caller's; the region's threads read it */                \
+        QbActs *a = &acts;                                                                                 \
         qb_acts_fill(a, inp, K, N);                                                                        \
         _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
         for (int r = 0; r < R; r++)                                                                        \

@@ -35,6 +35,18 @@ int quant_check_shape(WeightFormat f, int rows, int cols, int group, int sparse,
     return ER_OK;
 }
 
+int quant_parse_embeddings(const char *s, WeightFormat *f) {
+    *f = strcmp(s, "int8") == 0 ? WF_Q8 : strcmp(s, "q8_0") == 0 ? WF_Q8_0 : WF_F32;
+    return *f != WF_F32 || strcmp(s, "fp") == 0 ? ER_OK : ER_EINVAL;
+}
+
+WeightFormat quant_block_fallback(WeightFormat f, int cols) {
+    const WeightFormatInfo *fi = weight_format_info(f);
+    if (!fi || !fi->block || cols % fi->block == 0)
+        return f;
+    return f == WF_Q4_K ? WF_Q5_0 : f == WF_Q5_K ? WF_Q5_1 : f == WF_Q6_K ? WF_Q8_0 : f;
+}
+
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 int quant_weight_alloc(Weight *w, WeightFormat f, int rows, int cols, int group, int sparse) {
@@ -192,9 +204,9 @@ int quant_config_from_json(QuantConfig *q, const cJSON *j, const char *ctx) {
                         (long long)g, s);
     const char *e = "fp";
     ER_TRY(json_opt_string(j, "embeddings", &e, ctx));
-    if (strcmp(e, "int8") != 0 && strcmp(e, "fp") != 0)
-        return er_error(ER_EFORMAT, "%s: quantization_config.embeddings \"%s\" must be \"int8\" or \"fp\"", ctx, e);
-    q->embed_int8 = strcmp(e, "int8") == 0;
+    if (quant_parse_embeddings(e, &q->embed) < 0)
+        return er_error(ER_EFORMAT, "%s: quantization_config.embeddings \"%s\" must be \"int8\", \"q8_0\" or \"fp\"",
+                        ctx, e);
     const char *h = s;
     ER_TRY(json_opt_string(j, "lm_head", &h, ctx));
     int hg = 0;
@@ -241,7 +253,7 @@ cJSON *quant_config_to_json(const QuantConfig *q) {
     cJSON_AddStringToObject(j, "method", q->method);
     cJSON_AddStringToObject(j, "weights", quant_spec_name(q->linear, q->group, buf));
     cJSON_AddNumberToObject(j, "group_size", q->linear == WF_Q4G ? q->group : 0);
-    cJSON_AddStringToObject(j, "embeddings", q->embed_int8 ? "int8" : "fp");
+    cJSON_AddStringToObject(j, "embeddings", q->embed == WF_Q8 ? "int8" : q->embed == WF_Q8_0 ? "q8_0" : "fp");
     cJSON_AddStringToObject(j, "lm_head", quant_spec_name(q->lm_head, q->group, buf));
     cJSON_AddStringToObject(j, "transforms", q->transforms[0] ? q->transforms : "none");
     if (q->sparse)

@@ -13,13 +13,14 @@
 // and config.json holds
 //   "quantization_config": {"quant_method": "ertrain", "method": "rtn-lp" | "rtn-minmax" | "kmeans" |
 //       "kmeans-fisher" | "kmeans-fisher-gptq" | "kmeans-fisher-qat" | ..., "weights": "q8" | "q4" | "q4g32" | "q4g64" | "q4g128" | "q4lut" | "q2lut",
-//       "group_size": 0 | 32 | 64 | 128, "embeddings": "int8" | "fp", "lm_head": <weights spec> | "fp",
+//       "group_size": 0 | 32 | 64 | 128, "embeddings": "int8" | "q8_0" | "fp", "lm_head": <weights spec> | "fp",
 //       "transforms": "none" | "fpt" | "fpt-trained" | ..., "sparse_per_row": 0 | S, "bits_per_weight": 4.5}
 // A q2lut whose codebooks are 4 evenly spaced levels (ertrain quantize --weights q2rtn, the 2-bit RTN
 // baseline) is stored as "q2lut" with method "rtn-lp" / "rtn-minmax"; "-qat" ends the method of a model
 // written by ertrain qat (train/qat.h). Readers need only "weights" (and "sparse_per_row").
-// "weights" applies to the seven projections of every layer; "embeddings" int8 is q8 on the embedding
-// matrix (and on the lm_head of a tied model); "lm_head" applies to an untied lm_head (a tied model's
+// "weights" applies to the seven projections of every layer (a k-quant falls back on matrices whose rows are not
+// whole super-blocks, quant_block_fallback); "embeddings" int8 is q8 on the embedding matrix (and on the lm_head
+// of a tied model), q8_0 the GGUF block format; "lm_head" applies to an untied lm_head (a tied model's
 // config names the embedding's format there). bits_per_weight is that of the layer projections, scales
 // included. sparse_per_row (absent = 0) applies to the layer projections, with codebook "weights" only.
 // The packed codes are in the 8-byte block layout of quant/weight.h. Tensors are written
@@ -38,6 +39,12 @@
 // Checks the dimensions suit the format (Q4G: group >= 2, even, dividing cols; sparse corrections per
 // row: 0, or up to cols <= 65536 on a codebook format); ctx names the tensor.
 int quant_check_shape(WeightFormat f, int rows, int cols, int group, int sparse, const char *ctx);
+// The format a matrix of `cols` columns takes when a config names f: f, or for a k-quant whose super-blocks do not
+// divide the rows what llama.cpp's quantizer takes there (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0). Quantizers
+// and loaders both ask, so a config's one name gives every matrix its format.
+WeightFormat quant_block_fallback(WeightFormat f, int cols);
+// "int8" -> WF_Q8, "q8_0" -> WF_Q8_0, "fp" -> WF_F32 (the embeddings of a quantization_config); ER_EINVAL otherwise.
+int quant_parse_embeddings(const char *s, WeightFormat *f);
 // A new weight owning zeroed buffers for the format (free with weight_free).
 int quant_weight_alloc(Weight *w, WeightFormat f, int rows, int cols, int group, int sparse);
 
@@ -136,7 +143,7 @@ typedef struct {
     int enabled;            // config.json had a quantization_config
     WeightFormat linear;    // the seven projections of every layer
     int group;              // Q4G group size of `linear` (and lm_head when Q4G)
-    int embed_int8;         // embeddings: 1 int8 (WF_Q8), 0 fp (as stored)
+    WeightFormat embed;     // embeddings: WF_Q8 ("int8"), WF_Q8_0 ("q8_0", GGUF's int8), WF_F32 ("fp": as stored)
     WeightFormat lm_head;   // untied lm_head; WF_F32 means fp (as stored)
     int sparse;             // dense-and-sparse corrections per row of `linear` (codebook formats); 0 none
     char method[32];

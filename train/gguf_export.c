@@ -66,7 +66,7 @@ int gguf_export_model(const char *model, const char *out, const char *type, FILE
     ER_CHECK(gguf_write(&w, out));
     if (log)
         fprintf(log, "wrote %s: %s, %d layers, %d tensors, %s\n", out, model_gguf_arch(&m.cfg), m.cfg.L, w.n_tensors,
-                ggml_type_name(t));
+                t == MODEL_GGUF_NATIVE ? "each matrix in its own type" : ggml_type_name(t));
 done:
     gguf_writer_free(&w);
     tok_free(tok);

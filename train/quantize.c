@@ -61,13 +61,13 @@ int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) 
     quantize_weights_list(specs, sizeof specs, ", ", " or ");
     if (!o->weights || quantize_parse_weights(o->weights, &q->linear, &q->group, &plan->linear_uniform) < 0)
         return er_error(ER_EINVAL, "--weights \"%s\" is not one of %s", o->weights ? o->weights : "", specs);
-    const char *emb = o->embeddings ? o->embeddings : "int8";
-    if (strcmp(emb, "int8") != 0 && strcmp(emb, "fp") != 0)
-        return er_error(ER_EINVAL, "--embeddings \"%s\" must be int8 or fp", emb);
-    q->embed_int8 = strcmp(emb, "int8") == 0;
+    // int8 embeddings are q8_0 beside GGUF block weights, so that the model exports to GGUF as it is.
+    const char *emb = o->embeddings ? o->embeddings : weight_format_info(q->linear)->block ? "q8_0" : "int8";
+    if (quant_parse_embeddings(emb, &q->embed) < 0)
+        return er_error(ER_EINVAL, "--embeddings \"%s\" must be int8, q8_0 or fp", emb);
     // A tied lm_head is the embedding: the config then names the embedding's format for it.
     const char *head = o->lm_head                  ? o->lm_head
-                       : m->cfg.tied               ? (q->embed_int8 ? "q8" : "fp")
+                       : m->cfg.tied               ? (q->embed == WF_F32 ? "fp" : weight_format_name(q->embed))
                        : q->linear == WF_Q2LUT     ? "q4"
                                                    : o->weights;
     int hg = 0;
@@ -75,7 +75,7 @@ int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) 
         q->lm_head = WF_F32;
     else if (quantize_parse_weights(head, &q->lm_head, &hg, &plan->head_uniform) < 0)
         return er_error(ER_EINVAL, "--lm-head \"%s\" is not one of fp, %s", head, specs);
-    if (m->cfg.tied && o->lm_head && q->lm_head != (q->embed_int8 ? WF_Q8 : WF_F32))
+    if (m->cfg.tied && o->lm_head && q->lm_head != q->embed)
         return er_error(ER_EINVAL,
                         "--lm-head %s: the model ties its lm_head to the embedding (--embeddings %s); untie it first "
                         "(quantize_untie)",
@@ -96,9 +96,10 @@ int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) 
         const ParamTensor *p = &m->params[i];
         if (!p->w)
             continue;
-        WeightFormat f = p->w == &m->embed ? (q->embed_int8 ? WF_Q8 : WF_F32)
-                         : p->w == &m->lm_head ? q->lm_head
-                                               : q->linear;
+        WeightFormat f = quant_block_fallback(p->w == &m->embed     ? q->embed
+                                              : p->w == &m->lm_head ? q->lm_head
+                                                                    : q->linear,
+                                              p->w->cols);
         if (weight_is_quantized(f))
             ER_TRY(quant_check_shape(f, p->w->rows, p->w->cols, q->group,
                                      p->w == &m->embed || p->w == &m->lm_head ? 0 : q->sparse, p->name));
@@ -116,9 +117,10 @@ void quantize_plan_options(const Model *m, const QuantizePlan *plan, const Quant
                            QuantOptions *qo) {
     const QuantConfig *q = &plan->q;
     WeightFormat f = !p->w                 ? WF_F32
-                     : p->w == &m->embed   ? (q->embed_int8 ? WF_Q8 : WF_F32)
+                     : p->w == &m->embed   ? q->embed
                      : p->w == &m->lm_head ? q->lm_head
                                            : q->linear;
+    f = p->w ? quant_block_fallback(f, p->w->cols) : f;
     quant_options_default(qo, f, weight_format_grouped(f) ? q->group : 0);
     qo->search = plan->minmax ? QSEARCH_MINMAX : QSEARCH_LP;
     if (o->p > 0)

@@ -21,7 +21,7 @@
 typedef struct {
     const char *weights;      // a quantize_parse_weights spec (quantize_weights_list) for the seven projections;
                               // quantize_run also takes bf16 (the float model stored as bf16, nothing quantized)
-    const char *embeddings;   // int8 | fp (NULL = int8)
+    const char *embeddings;   // int8 | q8_0 | fp (NULL = q8_0 with GGUF block weights, else int8)
     const char *lm_head;      // a weights spec | fp (NULL = the weights' format; q4 for q2lut); for a tied model
                               // only its embedding format (quantize_run unties it for another)
     const char *scale_search; // lp | minmax (NULL = lp)

@@ -97,7 +97,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 // The dir whose layout the parsed config describes, so that most inputs get past the packing checks.
 static int pick_dir(const QuantConfig *q) {
     for (int k = 0; k < N_DIRS; k++)
-        if (dir_q[k].linear == q->linear && dir_q[k].group == q->group && dir_q[k].embed_int8 == q->embed_int8 &&
+        if (dir_q[k].linear == q->linear && dir_q[k].group == q->group && dir_q[k].embed == q->embed &&
             dir_q[k].lm_head == q->lm_head && dir_q[k].sparse == q->sparse)
             return k;
     for (int k = 0; k < N_DIRS; k++)
@@ -125,7 +125,7 @@ static int parse_and_round_trip(const uint8_t *data, size_t size, QuantConfig *q
     rc = quant_config_from_json(&r, out, "round trip");
     cJSON_Delete(out);
     FUZZ_CHECK(rc == ER_OK, "written quantization_config does not re-read: %s", er_last_error());
-    FUZZ_CHECK(r.linear == q->linear && r.group == q->group && r.embed_int8 == q->embed_int8 &&
+    FUZZ_CHECK(r.linear == q->linear && r.group == q->group && r.embed == q->embed &&
                    r.lm_head == q->lm_head && r.sparse == q->sparse && strcmp(r.method, q->method) == 0,
                "quantization_config changed in a round trip");
     return ER_OK;
