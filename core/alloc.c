@@ -1,5 +1,6 @@
 #include "core/alloc.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -64,6 +65,16 @@ char *er_strdup(const char *s) {
 size_t er_physical_memory(void) {
     long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
     return pages > 0 && size > 0 ? (size_t)pages * (size_t)size : 0;
+}
+
+size_t er_resident_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long size, resident;
+    int ok = f && fscanf(f, "%lu %lu", &size, &resident) == 2;
+    if (f)
+        fclose(f);
+    long ps = sysconf(_SC_PAGESIZE);
+    return ok && ps > 0 ? (size_t)resident * (size_t)ps : 0;
 }
 
 void er_release_pages(const void *p, size_t bytes) {

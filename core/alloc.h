@@ -13,6 +13,8 @@ void er_free(void *p);
 char *er_strdup(const char *s);
 // Physical memory of the machine in bytes (0 when unknown): the default limit for buffers sized up front.
 size_t er_physical_memory(void);
+// The process's resident set in bytes (Linux: /proc/self/statm), 0 where unknown: for reports.
+size_t er_resident_bytes(void);
 // Tells the OS that the whole pages inside [p, p + bytes) will not be read again: pages of a mapped file
 // leave the resident set (a later read maps them in again), anonymous ones read back as zeros. A hint: no
 // error, nothing where the OS lacks it.

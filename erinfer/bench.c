@@ -39,9 +39,10 @@ static void print_memory(const BenchConfig *c, const BenchResult *res) {
     const BenchRow *f = &res->rows[res->n_rows / 2 - 1], *q = &res->rows[res->n_rows - 1];
     const double MiB = 1048576.0;
     printf("memory at N = %d, %d + %d positions per sample: weights %.2f MiB mapped from the files + %.2f MiB "
-           "copied, KV %.2f MiB f32 / %.2f MiB int8, scratch %.2f MiB; total %.2f MiB with int8 KV; kernels %s\n",
+           "copied (resident after a step: %.2f MiB), KV %.2f MiB f32 / %.2f MiB int8, scratch %.2f MiB; total %.2f "
+           "MiB with int8 KV; kernels %s\n",
            q->n, c->prompt_tokens, c->new_tokens, res->mapped_bytes / MiB, res->copied_bytes / MiB,
-           f->kv_alloc_bytes / MiB, q->kv_alloc_bytes / MiB, q->scratch_bytes / MiB,
+           res->resident_weight_bytes / MiB, f->kv_alloc_bytes / MiB, q->kv_alloc_bytes / MiB, q->scratch_bytes / MiB,
            (res->mapped_bytes + res->copied_bytes + q->kv_alloc_bytes + q->scratch_bytes) / MiB, res->kernels);
 }
 
@@ -55,6 +56,7 @@ static int print_json(const BenchConfig *c, int threads, const BenchResult *res)
     cJSON_AddNumberToObject(root, "weight_bytes", (double)res->weight_bytes);
     cJSON_AddNumberToObject(root, "weights_mapped_bytes", (double)res->mapped_bytes);
     cJSON_AddNumberToObject(root, "weights_copied_bytes", (double)res->copied_bytes);
+    cJSON_AddNumberToObject(root, "weights_resident_bytes", (double)res->resident_weight_bytes);
     cJSON_AddStringToObject(root, "kernels", res->kernels);
     cJSON_AddNumberToObject(root, "prompt_tokens", c->prompt_tokens);
     cJSON_AddNumberToObject(root, "new_tokens", c->new_tokens);

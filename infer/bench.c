@@ -61,6 +61,10 @@ static size_t model_copied_bytes(const Model *m) {
             const char *p = w->data, *base = m->files[f].map;
             mapped |= p >= base && p < base + m->files[f].map_size;
         }
+        if (w && m->gguf) {
+            const char *p = w->data, *base = m->gguf->map;
+            mapped |= p >= base && p < base + m->gguf->map_size;
+        }
         n += !w ? m->params[i].numel * sizeof(float) : mapped ? 0 : weight_bytes(w);
     }
     return n;
@@ -131,6 +135,7 @@ int bench_run(const BenchConfig *c, BenchResult *res) {
     LoraAdapter ad = {0};
     int *prompt = NULL;
     size_t released = 0;
+    size_t rss0 = er_resident_bytes();
     ER_CHECK(model_load(&m, c->model, 0));
     ER_CHECK(model_tile_for_decode(&m, &released, NULL, NULL));
     m.cfg.eos_id = -1; // no EOS stop: every run decodes the same number of tokens
@@ -143,12 +148,16 @@ int bench_run(const BenchConfig *c, BenchResult *res) {
     // Warm-up: brings the mmapped weights into memory so the first row does not pay for it.
     BenchRow warm;
     ER_CHECK(bench_row(&m, adp, KV_F32, 1, prompt, P < 8 ? P : 8, 2, 0, &warm));
+    size_t rss1 = er_resident_bytes(), held = warm.kv_alloc_bytes + warm.scratch_bytes;
+    res->resident_weight_bytes = rss0 && rss1 > rss0 + held ? rss1 - rss0 - held : 0;
     res->L = m.cfg.L;
     res->C = m.cfg.C;
     res->V = m.cfg.V;
     res->weight_bytes = model_weight_bytes(&m);
     for (int i = 0; i < m.n_files; i++)
         res->mapped_bytes += m.files[i].map_size;
+    if (m.gguf)
+        res->mapped_bytes += m.gguf->map_size;
     res->mapped_bytes -= released < res->mapped_bytes ? released : res->mapped_bytes; // tiled: counted as copies
     res->copied_bytes = model_copied_bytes(&m);
     res->kernels = quant_simd_name();

@@ -33,6 +33,9 @@ typedef struct BenchResult {
     size_t mapped_bytes;     // the safetensors files mmapped (read-only, paged in as the weights are read), less
                              // the matrices tiled for the decode kernels (model_tile_for_decode: copies)
     size_t copied_bytes;     // weights held outside the mapping (fp32 vectors, matrices not usable in place)
+    // The process's resident set grown over loading the model and a warm-up step (er_resident_bytes; 0 where the
+    // OS does not say), less that step's KV cache and scratch: what the loaded weights hold in memory.
+    size_t resident_weight_bytes;
     const char *kernels;     // the decode kernels' instruction set (quant_simd_name)
     BenchRow rows[BENCH_ROWS];
     int n_rows;
