@@ -68,16 +68,18 @@ int qk_decode_neon_bf16(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_neon_f16(float *out, const float *inp, const Weight *w, int N);
 // "NEON", plus the dot-product extensions the CPU reports (getauxval), for quant_simd_name.
 const char *qk_neon_features(void);
+// The GGUF block formats (quant/qkernel_blocks.c).
+int qk_decode_neon_q8_0(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_neon_q4_1(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_neon_q5_0(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_neon_q5_1(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_neon_q4_k(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_neon_q5_k(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_neon_q6_k(float *out, const float *inp, const Weight *w, int N);
 #define QK_DECODE(name) qk_decode_neon_##name
 #else
 #define QK_SIMD 0
 #define QK_DECODE(name) NULL
-#endif
-
-#if QK_AVX2 // the block formats' kernels (quant/qkernel_blocks.c); on aarch64 they take the portable path
-#define QK_BLOCK_DECODE(name) qk_decode_simd_##name
-#else
-#define QK_BLOCK_DECODE(name) NULL
 #endif
 
 #ifndef QK_DECODE_F32 // elsewhere fp32 weights go to the portable path (nothing to unpack)

@@ -1,5 +1,6 @@
-// Decode kernels of the GGUF block formats (layouts in quant/blocks.h) on int8 inputs, x86 AVX2 (vpmaddubsw +
-// vpmaddwd) or AVX512-VNNI (vpdpbusd) where the compiler targets it. Every format is cut into sub-blocks of 32
+// Decode kernels of the GGUF block formats (layouts in quant/blocks.h) on int8 inputs: x86 AVX2 (vpmaddubsw +
+// vpmaddwd) or AVX512-VNNI (vpdpbusd) where the compiler targets it, aarch64 NEON (SDOT where the CPU has
+// dotprod, else SMULL + pairwise adds: the same integers). Every format is cut into sub-blocks of 32
 // elements whose codes unpack into one register of 32 unsigned bytes u (q8_0: the signed codes, their signs moved
 // onto the inputs), with a scale s and an offset o per half of 16 (q6_K's two sub-blocks; equal halves
 // elsewhere): W = s * u + o. Against input row n's codes xq (one scale dx per 32, qk_quant_block, as for q8):
@@ -14,11 +15,11 @@
 #include "quant/blocks.h"
 #include "quant/qkernel.h"
 
-#if QK_AVX2
-
-// The N input rows, in element order: codes (N, K), the scale of each block of 32 (N, K / 32) and the same in 8
-// lanes (N, K / 32, 8), and the fp32 sum of each half of 16 over 4, in lanes 0-3 and 4-7 of 8 (N, K / 32, 8)
-// (summed over the lanes it is the half's sum). 120 KB: one per thread, not on its stack.
+#if QK_AVX2 || defined(__aarch64__)
+// The N input rows, quantized once per product by the portable qk_quant_block (the codes of q8's kernels on both
+// CPUs), in element order: codes (N, K), the scale of each block of 32 (N, K / 32) and the same in 8 lanes
+// (N, K / 32, 8), and the fp32 sum of each half of 16 over 4, in lanes 0-3 and 4-7 of 8 (N, K / 32, 8) (summed
+// over the lanes it is the half's sum). 120 KB: one per thread, not on its stack.
 typedef struct {
     int8_t q[QK_ACT_BYTES];
     float d[QK_ACT_BYTES / 32];
@@ -28,7 +29,6 @@ typedef struct {
 
 static void qb_acts_fill(QbActs *a, const float *inp, int K, int N) {
     static const int at[4] = {0, 8, 16, 24};
-    #pragma GCC unroll 8
     for (int n = 0; n < N; n++)
         for (int b = 0; b < K / 32; b++) {
             const float *x = inp + (size_t)n * K + 32 * b;
@@ -48,16 +48,15 @@ static void qb_acts_fill(QbActs *a, const float *inp, int K, int N) {
         }
 }
 
-// One sub-block of 32: codes, and scale and offset per half (lanes 0-3, 4-7).
-typedef struct {
-    __m256i u;
-    __m256 s, o;
-} QbSub;
-
-static inline float qb_half(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
+// The 6-bit scale and min of sub-block j from the 12 scale bytes q (q4_K, q5_K).
+static inline void qb_k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
+        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
 }
 
 // Elements and bytes per block, as blocks_elems / blocks_bytes, where the compiler sees them.
@@ -72,6 +71,21 @@ static inline int qb_bytes(const WeightFormat fmt) {
     case WF_Q5_K: return 176;
     default: return 210;
     }
+}
+#endif
+
+#if QK_AVX2
+
+// One sub-block of 32: codes, and scale and offset per half (lanes 0-3, 4-7).
+typedef struct {
+    __m256i u;
+    __m256 s, o;
+} QbSub;
+
+static inline float qb_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
 }
 
 static inline __m256 qb_halves(float a, float b) { return _mm256_setr_ps(a, a, a, a, b, b, b, b); }
@@ -91,17 +105,6 @@ static inline __m256i qb_bit4(const uint8_t *qh) {
     const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
     __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), index), bit);
     return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
-}
-
-// The 6-bit scale and min of sub-block j from the 12 scale bytes q (q4_K, q5_K).
-static inline void qb_k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
-        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
-    }
 }
 
 // Sub-block j of the block at b (the row's sub-block j of 32 elements, counted from the block's start).
@@ -441,4 +444,200 @@ QB_DECODE(WF_Q4_K, q4_k)
 QB_DECODE(WF_Q5_K, q5_k)
 QB_DECODE(WF_Q6_K, q6_k)
 
+#endif
+
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#include <sys/auxv.h>
+
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+
+// One sub-block of 32 on NEON: codes of elements 0-15 and 16-31 as int8 (every code < 128, q8_0's signed as
+// they are, so SDOT takes them and q8_0 needs no offset), scale and offset per half.
+typedef struct {
+    int8x16_t lo, hi;
+    float s0, s1, o0, o1;
+} QbSubN;
+
+static inline float qbn_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return f16_to_f32(h);
+}
+
+// 16 in byte k where bit k of the 16 bits at bits is set.
+static inline uint8x16_t qbn_bit4(uint16_t bits) {
+    static const uint8_t mask[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    uint8x16_t v = vcombine_u8(vdup_n_u8((uint8_t)bits), vdup_n_u8((uint8_t)(bits >> 8)));
+    return vandq_u8(vtstq_u8(v, vld1q_u8(mask)), vdupq_n_u8(16));
+}
+
+static inline __attribute__((always_inline)) QbSubN qbn_sub(const uint8_t *b, int j, const WeightFormat fmt) {
+    QbSubN s;
+    const uint8x16_t m4 = vdupq_n_u8(15);
+    uint8x16_t lo, hi;
+    switch (fmt) {
+    case WF_Q8_0:
+        s.lo = vld1q_s8((const int8_t *)b + 2);
+        s.hi = vld1q_s8((const int8_t *)b + 18);
+        s.s0 = s.s1 = qbn_half(b);
+        s.o0 = s.o1 = 0.0f;
+        return s;
+    case WF_Q4_1:
+    case WF_Q5_0:
+    case WF_Q5_1: {
+        int at = fmt == WF_Q4_1 ? 4 : fmt == WF_Q5_0 ? 6 : 8;
+        uint8x16_t q = vld1q_u8(b + at);
+        lo = vandq_u8(q, m4);
+        hi = vshrq_n_u8(q, 4);
+        if (fmt != WF_Q4_1) {
+            uint32_t h;
+            memcpy(&h, b + (fmt == WF_Q5_0 ? 2 : 4), 4);
+            lo = vorrq_u8(lo, qbn_bit4((uint16_t)h));
+            hi = vorrq_u8(hi, qbn_bit4((uint16_t)(h >> 16)));
+        }
+        float d = qbn_half(b);
+        s.s0 = s.s1 = d;
+        s.o0 = s.o1 = fmt == WF_Q5_0 ? -16.0f * d : qbn_half(b + 2);
+        break;
+    }
+    case WF_Q4_K:
+    case WF_Q5_K: {
+        int five = fmt == WF_Q5_K, sc, m;
+        const uint8_t *q = b + (five ? 48 : 16) + 32 * (j / 2);
+        uint8x16_t q0 = vld1q_u8(q), q1 = vld1q_u8(q + 16);
+        lo = j % 2 ? vshrq_n_u8(q0, 4) : vandq_u8(q0, m4);
+        hi = j % 2 ? vshrq_n_u8(q1, 4) : vandq_u8(q1, m4);
+        if (five) {
+            int8x16_t sh = vdupq_n_s8((int8_t)-j);
+            uint8x16_t one = vdupq_n_u8(1);
+            lo = vorrq_u8(lo, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(b + 16), sh), one), 4));
+            hi = vorrq_u8(hi, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(b + 32), sh), one), 4));
+        }
+        qb_k_scale_min(j, b + 4, &sc, &m);
+        s.s0 = s.s1 = qbn_half(b) * (float)sc;
+        s.o0 = s.o1 = -(qbn_half(b + 2) * (float)m);
+        break;
+    }
+    default: { // q6_K: sub-block j is quarter t of chunk c
+        int c = j / 4, t = j % 4;
+        const uint8_t *ql = b + 64 * c + 32 * (t & 1), *qh = b + 128 + 32 * c;
+        uint8x16_t l0 = vld1q_u8(ql), l1 = vld1q_u8(ql + 16);
+        int8x16_t sh = vdupq_n_s8((int8_t)(-2 * t));
+        uint8x16_t three = vdupq_n_u8(3);
+        lo = vorrq_u8(t >= 2 ? vshrq_n_u8(l0, 4) : vandq_u8(l0, m4),
+                      vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh), sh), three), 4));
+        hi = vorrq_u8(t >= 2 ? vshrq_n_u8(l1, 4) : vandq_u8(l1, m4),
+                      vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(qh + 16), sh), three), 4));
+        const int8_t *sc = (const int8_t *)(b + 192) + 8 * c + 2 * t;
+        float d = qbn_half(b + 208);
+        s.s0 = d * (float)sc[0];
+        s.s1 = d * (float)sc[1];
+        s.o0 = -32.0f * s.s0;
+        s.o1 = -32.0f * s.s1;
+        break;
+    }
+    }
+    s.lo = vreinterpretq_s8_u8(lo);
+    s.hi = vreinterpretq_s8_u8(hi);
+    return s;
+}
+
+typedef int32x4_t (*QbDotFn)(int32x4_t acc, int8x16_t a, int8x16_t b);
+
+// acc lane j += a[4j..4j+3] · b[4j..4j+3] on ARMv8.0 (what SDOT computes).
+static inline int32x4_t qbn_dot_base(int32x4_t acc, int8x16_t a, int8x16_t b) {
+    int16x8_t lo = vmull_s8(vget_low_s8(a), vget_low_s8(b)), hi = vmull_high_s8(a, b);
+    return vaddq_s32(acc, vpaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)));
+}
+
+// Row r against the N inputs: out[n * R + r], as the x86 kernels' formula.
+static inline __attribute__((always_inline)) void qbn_row(float *out, const Weight *w, const QbActs *a, int r, int R,
+                                                          const int N, const WeightFormat fmt, QbDotFn dot) {
+    int K = w->cols, E = qb_elems(fmt), nsub = K / 32;
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(fmt, K);
+    float32x4_t acc[QUANT_DECODE_MAX_N];
+#pragma GCC unroll 8
+    for (int n = 0; n < N; n++)
+        acc[n] = vdupq_n_f32(0.0f);
+    for (int sb = 0; sb < nsub; sb++) {
+        QbSubN s = qbn_sub(row + (size_t)(32 * sb / E) * qb_bytes(fmt), sb % (E / 32), fmt);
+#pragma GCC unroll 8
+        for (int n = 0; n < N; n++) {
+            size_t i = (size_t)n * nsub + sb;
+            const int8_t *x = a->q + 32 * i;
+            int32x4_t i0 = dot(vdupq_n_s32(0), s.lo, vld1q_s8(x)), i1 = dot(vdupq_n_s32(0), s.hi, vld1q_s8(x + 16));
+            float d = a->d[i];
+            acc[n] = vfmaq_n_f32(acc[n], vcvtq_f32_s32(i0), s.s0 * d);
+            acc[n] = vfmaq_n_f32(acc[n], vcvtq_f32_s32(i1), s.s1 * d);
+            if (fmt != WF_Q8_0) {
+                acc[n] = vfmaq_n_f32(acc[n], vld1q_f32(a->hs + 8 * i), s.o0);
+                acc[n] = vfmaq_n_f32(acc[n], vld1q_f32(a->hs + 8 * i + 4), s.o1);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int n = 0; n < N; n++)
+        out[(size_t)n * R + r] = vaddvq_f32(acc[n]);
+}
+
+#define QBN_SWITCH_N(FMT, DOT)                                                                             \
+    switch (N) {                                                                                           \
+    case 1: qbn_row(out, w, a, r, R, 1, FMT, DOT); break;                                                   \
+    case 2: qbn_row(out, w, a, r, R, 2, FMT, DOT); break;                                                   \
+    case 3: qbn_row(out, w, a, r, R, 3, FMT, DOT); break;                                                   \
+    case 4: qbn_row(out, w, a, r, R, 4, FMT, DOT); break;                                                   \
+    case 5: qbn_row(out, w, a, r, R, 5, FMT, DOT); break;                                                   \
+    case 6: qbn_row(out, w, a, r, R, 6, FMT, DOT); break;                                                   \
+    case 7: qbn_row(out, w, a, r, R, 7, FMT, DOT); break;                                                   \
+    default: qbn_row(out, w, a, r, R, 8, FMT, DOT); break;                                                  \
+    }
+
+#define QBN_ROWS(FMT, name, DOT, suffix)                                                                   \
+    static void qbn_rows_##name##_##suffix(float *out, const Weight *w, const QbActs *a, int N) {         \
+        int R = w->rows, K = w->cols;                                                                      \
+        _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
+        for (int r = 0; r < R; r++)                                                                        \
+            QBN_SWITCH_N(FMT, DOT)                                                                         \
+    }
+
+#define QBN_ALL(DOT, suffix)                                                                               \
+    QBN_ROWS(WF_Q8_0, q8_0, DOT, suffix)                                                                   \
+    QBN_ROWS(WF_Q4_1, q4_1, DOT, suffix)                                                                   \
+    QBN_ROWS(WF_Q5_0, q5_0, DOT, suffix)                                                                   \
+    QBN_ROWS(WF_Q5_1, q5_1, DOT, suffix)                                                                   \
+    QBN_ROWS(WF_Q4_K, q4_k, DOT, suffix)                                                                   \
+    QBN_ROWS(WF_Q5_K, q5_k, DOT, suffix)                                                                   \
+    QBN_ROWS(WF_Q6_K, q6_k, DOT, suffix)
+
+QBN_ALL(qbn_dot_base, base)
+
+#pragma GCC push_options
+#pragma GCC target("arch=armv8.2-a+dotprod")
+static inline int32x4_t qbn_dot_dp(int32x4_t acc, int8x16_t a, int8x16_t b) { return vdotq_s32(acc, a, b); }
+QBN_ALL(qbn_dot_dp, dp)
+#pragma GCC pop_options
+
+#define QBN_DECODE(name)                                                                                   \
+    int qk_decode_neon_##name(float *out, const float *inp, const Weight *w, int N) {                     \
+        if ((size_t)N * (size_t)w->cols > QK_ACT_BYTES)                                                    \
+            return WEIGHT_DECODE_DECLINED;                                                                 \
+        static _Thread_local QbActs acts; /* the caller's; the region's threads read it */                \
+        qb_acts_fill(&acts, inp, w->cols, N);                                                              \
+        if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP)                                                           \
+            qbn_rows_##name##_dp(out, w, &acts, N);                                                        \
+        else                                                                                               \
+            qbn_rows_##name##_base(out, w, &acts, N);                                                      \
+        return ER_OK;                                                                                      \
+    }
+
+QBN_DECODE(q8_0)
+QBN_DECODE(q4_1)
+QBN_DECODE(q5_0)
+QBN_DECODE(q5_1)
+QBN_DECODE(q4_k)
+QBN_DECODE(q5_k)
+QBN_DECODE(q6_k)
 #endif

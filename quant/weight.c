@@ -133,7 +133,7 @@ static const WeightFormatInfo FORMATS[WF_COUNT] = {
                   {0}},
     [WF_Q2LUT] = {"q2lut", 2, 1, 4, DT_U8, 3, {CODEBOOK, SPARSE_COLS, SPARSE_VALUES}, row_q2lut, QK_DECODE(q2lut), 0,
                   {0}},
-#define BLOCK_FORMAT(name, elems, bytes) {#name, 0, 1, 0, DT_U8, 0, {{0}}, row_blocks, QK_BLOCK_DECODE(name), 0, {0}, elems, bytes}
+#define BLOCK_FORMAT(name, elems, bytes) {#name, 0, 1, 0, DT_U8, 0, {{0}}, row_blocks, QK_DECODE(name), 0, {0}, elems, bytes}
     [WF_Q8_0] = BLOCK_FORMAT(q8_0, 32, 34),
     [WF_Q4_1] = BLOCK_FORMAT(q4_1, 32, 20),
     [WF_Q5_0] = BLOCK_FORMAT(q5_0, 32, 22),
