@@ -2,7 +2,10 @@
 # erinfer beside llama.cpp on the same weights: a random Qwen2.5-0.5B-shaped model (24 layers, hidden 896,
 # 14/2 heads, ff 4864, vocab 151936, tied, the real Qwen tokenizer) written once under build/llbench,
 # quantized with ertrain quantize (q8, q4, q4g32) and exported with ertrain export gguf (f32, q8_0, q4_0: q4
-# and q4g32 both beside llama.cpp's Q4_0, written from their own dequantized weights).
+# and q4g32 both beside llama.cpp's Q4_0, written from their own dequantized weights), and quantized from the
+# f32 GGUF by llama.cpp's own quantizer (bench/llama_quantize: Q8_0, Q4_K_M, Q5_K_M), which both then load from
+# the same file. The 2-thread int8 multiply-add peak (bench/int8_peak) is measured in the same run; the prefill's
+# integer multiply-adds per second are given against it.
 # Per format: llama.cpp (node-llama-cpp, pinned, prebuilt CPU binaries, bench/llama_decode.mjs) and
 # erinfer bench, same threads, prompt and new tokens; one table with the ratios and the load average.
 # Then the deployed configuration at a long context: erinfer on the q4 weights with LONG (1024) prompt positions
@@ -18,7 +21,7 @@ BUILD=${BUILD:-build}
 THREADS=${THREADS:-2}
 PROMPT=${PROMPT:-256}
 NEW=${NEW:-64}
-FORMATS=${FORMATS:-f32 q8 q4 q4g32}
+FORMATS=${FORMATS:-f32 q8 q4 q4g32 q8_0 q4_k_m q5_k_m}
 LLAMA_NS=${LLAMA_NS:-1 8}
 LONG=${LONG:-1024}
 dir=$BUILD/llbench
@@ -32,7 +35,7 @@ if ! scripts/llama_cpp.sh --install; then
   echo "!!!!!! run_llama: node-llama-cpp is not installed: NO llama.cpp COMPARISON !!!!!!"
   exit 0
 fi
-for bin in "$BUILD/ertrain" "$BUILD/erinfer"; do
+for bin in "$BUILD/ertrain" "$BUILD/erinfer" "$BUILD/bench/llama_quantize" "$BUILD/bench/int8_peak"; do
   [ -x "$bin" ] || make "$bin" >/dev/null || { echo "run_llama: cannot build $bin" >&2; exit 1; }
 done
 [ -f "$tok/tokenizer.json" ] || { echo "run_llama: $tok/tokenizer.json is missing" >&2; exit 1; }
@@ -57,24 +60,30 @@ for q in q8 q4 q4g32; do
     mv "$dir/$q.tmp" "$dir/$q"
   fi
 done
-gguf_type() { case $1 in f32) echo f32 ;; q8) echo q8_0 ;; q4 | q4g32) echo q4_0 ;; esac; }
+gguf_type() { case $1 in f32) echo f32 ;; q8) echo q8_0 ;; q4 | q4g32) echo q4_0 ;; q8_0 | q4_k_m | q5_k_m) echo "$1" ;; esac; }
+# What erinfer loads: our model dir, or for llama.cpp's quantizations the same .gguf llama.cpp runs.
+er_model() { case $1 in q8_0 | q4_k_m | q5_k_m) echo "$dir/$1.gguf" ;; *) echo "$dir/$1" ;; esac; }
 for f in $FORMATS; do
   t=$(gguf_type "$f")
-  [ -n "$t" ] || { echo "run_llama: unknown format $f (f32, q8, q4, q4g32)" >&2; exit 1; }
-  if [ ! -f "$dir/$f.gguf" ]; then
+  [ -n "$t" ] || { echo "run_llama: unknown format $f (f32, q8, q4, q4g32, q8_0, q4_k_m, q5_k_m)" >&2; exit 1; }
+  if [ ! -f "$dir/$f.gguf" ] && [ "$(er_model "$f")" = "$dir/$f.gguf" ]; then
+    "$BUILD/bench/llama_quantize" "$dir/f32.gguf" "$dir/$f.gguf.tmp" "$f" --threads "$THREADS" >/dev/null 2>&1
+    mv "$dir/$f.gguf.tmp" "$dir/$f.gguf"
+  elif [ ! -f "$dir/$f.gguf" ]; then
     "$BUILD/ertrain" export gguf --model "$dir/$f" --out "$dir/$f.gguf.tmp" --type "$t"
     mv "$dir/$f.gguf.tmp" "$dir/$f.gguf"
   fi
 done
 
-# Measure: llama.cpp then erinfer per format, each on an otherwise idle process.
+# Measure: the int8 peak, then llama.cpp and erinfer per format, each on an otherwise idle process.
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+"$BUILD/bench/int8_peak" --threads "$THREADS" >"$dir/int8_peak.json"
 for f in $FORMATS; do
   echo "run_llama: $f: llama.cpp ($(gguf_type "$f")), then erinfer bench; load $(cut -d' ' -f1-3 /proc/loadavg)"
   # shellcheck disable=SC2086
   node bench/llama_decode.mjs "$dir/$f.gguf" "$THREADS" "$PROMPT" "$NEW" $LLAMA_NS >"$dir/$f.llama.json"
-  "$BUILD/erinfer" bench --model "$dir/$f" --prompt-tokens "$PROMPT" --new-tokens "$NEW" --threads "$THREADS" \
-    --json >"$dir/$f.erinfer.json"
+  "$BUILD/erinfer" bench --model "$(er_model "$f")" --prompt-tokens "$PROMPT" --new-tokens "$NEW" \
+    --threads "$THREADS" --json >"$dir/$f.erinfer.json"
 done
 if [ "$LONG" -gt 0 ]; then
   echo "run_llama: q4 at $LONG positions, erinfer bench (f32 then int8 KV); load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -85,16 +94,32 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # The table: decode tok/s per sequence and step time at each llama.cpp N, erinfer's f32-KV row at the same N,
 # then erinfer's int8-KV row (its speed against the f32-KV row, and its N/1 step ratio).
-node - "$dir" "$FORMATS" "$LONG" <<'EOF'
+node - "$dir" "$FORMATS" "$LONG" "$PROMPT" <<'EOF'
 const fs = require("fs");
-const [dir, formats, long] = process.argv.slice(2);
-const gguf = {f32: "F32", q8: "Q8_0", q4: "Q4_0", q4g32: "Q4_0"};
+const [dir, formats, long, prompt] = process.argv.slice(2);
+const gguf = {f32: "F32", q8: "Q8_0", q4: "Q4_0", q4g32: "Q4_0", q8_0: "Q8_0*", q4_k_m: "Q4_K_M*", q5_k_m: "Q5_K_M*"};
+const cfg = JSON.parse(fs.readFileSync(`${dir}/config.json`, "utf8"));
+const C = cfg.hidden_size, KV = cfg.num_key_value_heads * C / cfg.num_attention_heads;
+const macsPerToken = cfg.num_hidden_layers * (2 * C * C + 2 * C * KV + 3 * C * cfg.intermediate_size);
+const peak = JSON.parse(fs.readFileSync(`${dir}/int8_peak.json`, "utf8"));
+const prefill = [], memory = [];
 let release = "";
 const lines = [];
 for (const f of formats.split(/\s+/).filter(Boolean)) {
     const ll = JSON.parse(fs.readFileSync(`${dir}/${f}.llama.json`, "utf8"));
     const er = JSON.parse(fs.readFileSync(`${dir}/${f}.erinfer.json`, "utf8"));
     release = ll.llama_cpp;
+    const p1 = ll.rows.find(r => r.n === 1), e1 = er.rows.find(r => r.kv === "f32" && r.n === 1);
+    const gmacs = ms => prompt * macsPerToken / (ms / 1e3) / 1e9;
+    if (f !== "f32")
+        prefill.push(`${f}: erinfer ${(prompt / (e1.ttft_ms / 1e3)).toFixed(0)} prompt tokens/s ` +
+            `(${gmacs(e1.ttft_ms).toFixed(0)} G int8 MAC/s, ${(100 * gmacs(e1.ttft_ms) / peak.gmacs).toFixed(0)}% of the peak), ` +
+            `llama.cpp ${(prompt / (p1.ttft_ms / 1e3)).toFixed(0)} (${(100 * gmacs(p1.ttft_ms) / peak.gmacs).toFixed(0)}%): ` +
+            `${(p1.ttft_ms / e1.ttft_ms).toFixed(2)}x`);
+    if (gguf[f].endsWith("*"))
+        memory.push(`${f}: file ${(fs.statSync(`${dir}/${f}.gguf`).size / 1048576).toFixed(1)} MiB, erinfer's weights resident ` +
+            `${(er.weights_resident_bytes / 1048576).toFixed(1)} MiB ` +
+            `(${(er.weights_resident_bytes / fs.statSync(`${dir}/${f}.gguf`).size).toFixed(3)}x)`);
     const step1 = {ll: ll.rows.find(r => r.n === 1), er: er.rows.find(r => r.kv === "f32" && r.n === 1),
         e8: er.rows.find(r => r.kv === "int8" && r.n === 1)};
     for (const l of ll.rows) {
@@ -114,6 +139,13 @@ const head = ["format", "N", "TTFT_ll_ms", "TTFT_er_ms", "ll_tok/s/seq", "er_tok
 const w = head.map((h, i) => Math.max(h.length, ...lines.map(l => String(l[i]).length)));
 for (const l of [head, ...lines])
     console.log(l.map((x, i) => String(x).padStart(w[i])).join("  "));
+console.log("* quantized by llama.cpp's llama_model_quantize from the f32 GGUF; erinfer runs that same file");
+console.log(`prefill of ${prompt} tokens (${(macsPerToken / 1e6).toFixed(1)} M multiply-adds a token in the layers) against the ${peak.threads}-thread ` +
+    `int8 peak, ${peak.gmacs} G MAC/s (${peak.isa}):`);
+for (const l of prefill)
+    console.log("  " + l);
+for (const l of memory)
+    console.log("memory: " + l);
 if (Number(long) > 0) {
     const er = JSON.parse(fs.readFileSync(`${dir}/q4.long.json`, "utf8"));
     const row = (kv, n) => er.rows.find(r => r.kv === kv && r.n === n);
