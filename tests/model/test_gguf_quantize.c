@@ -1,0 +1,103 @@
+// llama.cpp's own quantizer (llama_model_quantize, tests/common/llama_quantize.h) on a GGUF file we write: a
+// random qwen2 model over the tiny tokenizer, written F16, quantized by llama.cpp to Q8_0 and to the mixes
+// common GGUF files hold, Q4_K_M and Q5_K_M. Its hidden size C = 384 is no multiple of the K-quants'
+// 256-element super-block, so where a mix picks a K-quant for a matrix whose rows are C wide (all but
+// ffn_down, whose rows are FF = 768 wide) llama.cpp falls back to a type of 32-element blocks (q4_K -> q5_0,
+// q5_K -> q5_1, q6_K -> q8_0): each mix holds both kinds. Two layers are enough for Q4_K_M's q6_K ffn_down
+// (llama.cpp's use_more_bits takes the last eighth of the layers: layer 1 of 2).
+// The tensor types of each file (printed) are what the mix should give.
+// Skips loudly without node / npm.
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/gguf.h"
+#include "data/tokenizer.h"
+#include "model/gguf_model.h"
+#include "model/model.h"
+#include "tests/common/gguf_helpers.h"
+#include "tests/common/llama_quantize.h"
+
+typedef struct {
+    const char *name; // of the file: NAME.gguf
+    int ftype;        // LLAMA_FTYPE_*
+} QuantCase;
+static const QuantCase Q8_0 = {"q8_0", LLAMA_FTYPE_MOSTLY_Q8_0}, Q4_K_M = {"q4_k_m", LLAMA_FTYPE_MOSTLY_Q4_K_M},
+                       Q5_K_M = {"q5_k_m", LLAMA_FTYPE_MOSTLY_Q5_K_M};
+
+// A random qwen2 model (C 384, FF 768, 2 layers, GQA 6/2, HS 64, V 512, tied, q/k/v biases) over the tiny
+// tokenizer, written F16 to tmp/in.gguf and quantized by llama.cpp to tmp/NAME.gguf, into path (512 bytes).
+static void quantized_file(const char *tmp, const QuantCase *q, char *path) {
+    char in[512];
+    ModelConfig c = helper_tiny_config(512, 256);
+    c.C = 384, c.FF = 768, c.NH = 6, c.NKV = 2, c.HS = 64;
+    Model m;
+    Tokenizer *tok;
+    GgufWriter w = {0};
+    cr_assert_eq(model_build_random(&m, &c, 0.05f, 6), ER_OK, "%s", er_last_error());
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), ER_OK, "%s", er_last_error());
+    cr_assert_eq(model_gguf_put(&m, GGML_F16, &w, NULL), ER_OK, "%s", er_last_error());
+    cr_assert_eq(tok_gguf_put(tok, c.V, &w), ER_OK, "%s", er_last_error());
+    snprintf(in, sizeof in, "%s/in.gguf", tmp);
+    cr_assert_eq(gguf_write(&w, in), ER_OK, "%s", er_last_error());
+    gguf_writer_free(&w);
+    tok_free(tok);
+    model_free(&m);
+    snprintf(path, 512, "%s/%s.gguf", tmp, q->name);
+    int st = llama_quantize_file(in, path, q->ftype, 2);
+    cr_assert_eq(st, 0, "llama.cpp could not quantize %s to %s (status %d)", in, q->name, st);
+}
+
+// ---- the mixes ----
+
+#define N_TYPES 64
+
+// The count of f's tensors per ggml type, printed on one line.
+static void count_types(const GgufFile *f, const char *name, int *n) {
+    char line[512];
+    int len = snprintf(line, sizeof line, "gguf_quantize %s, tensors per type:", name);
+    memset(n, 0, N_TYPES * sizeof(int));
+    for (int i = 0; i < f->n_tensors; i++) {
+        cr_assert_lt(f->tensors[i].type, N_TYPES, "%s: tensor type %u", f->path, f->tensors[i].type);
+        n[f->tensors[i].type]++;
+    }
+    for (uint32_t t = 0; t < N_TYPES; t++)
+        if (n[t] && len < (int)sizeof line)
+            len += snprintf(line + len, sizeof line - len, " %s %d", ggml_type_name(t), n[t]);
+    fprintf(stderr, "%s\n", line);
+}
+
+// ggml type numbers (ggml.h's enum ggml_type) beside core/gguf.h's
+enum { GGML_TYPE_Q4_1 = 3, GGML_TYPE_Q5_0 = 6, GGML_TYPE_Q5_1 = 7, GGML_TYPE_Q5_K = 13 };
+
+static void check_mix(const QuantCase *q) {
+    char *tmp = helper_tmpdir("er_gguf_q"), path[512];
+    quantized_file(tmp, q, path);
+    GgufFile f;
+    int n[N_TYPES];
+    cr_assert_eq(gguf_open(&f, path), ER_OK, "%s", er_last_error());
+    count_types(&f, q->name, n);
+    int n_2d = 0, blocks32 = n[GGML_TYPE_Q5_0] + n[GGML_TYPE_Q5_1] + n[GGML_TYPE_Q4_1] + n[GGML_Q8_0];
+    for (int i = 0; i < f.n_tensors; i++)
+        n_2d += f.tensors[i].ndim == 2;
+    if (q->ftype == LLAMA_FTYPE_MOSTLY_Q8_0)
+        cr_expect_eq(n[GGML_Q8_0], n_2d, "q8_0: %d of %d matrices are q8_0", n[GGML_Q8_0], n_2d);
+    if (q->ftype == LLAMA_FTYPE_MOSTLY_Q4_K_M) {
+        cr_expect_gt(n[GGML_Q4_K], 0, "q4_k_m: no q4_K tensor");
+        cr_expect_gt(n[GGML_Q6_K], 0, "q4_k_m: no q6_K tensor");
+        cr_expect_gt(blocks32, 0, "q4_k_m: no q5_0, q5_1, q4_1 or q8_0 tensor");
+    }
+    if (q->ftype == LLAMA_FTYPE_MOSTLY_Q5_K_M)
+        cr_expect_gt(n[GGML_TYPE_Q5_K], 0, "q5_k_m: no q5_K tensor");
+    gguf_close(&f);
+    helper_rmdir(tmp);
+    er_free(tmp);
+}
+
+TestSuite(gguf_quantize, .timeout = 600);
+
+Test(gguf_quantize, mix_q8_0) { check_mix(&Q8_0); }
+Test(gguf_quantize, mix_q4_k_m) { check_mix(&Q4_K_M); }
+Test(gguf_quantize, mix_q5_k_m) { check_mix(&Q5_K_M); }
