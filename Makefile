@@ -415,7 +415,7 @@ test:
 
 # Two test jobs at once, each with OpenMP threads: waiting threads sleep instead of spinning on the
 # cores the other job needs (spinning makes the suite several times slower on 2 cores).
-test-run: all $(BUILD)/test_all ref check-source check-symbols
+test-run: all $(BUILD)/test_all $(BUILD)/bench/llama_quantize ref check-source check-symbols
 	OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(BUILD)/test_all --jobs $(TEST_JOBS)
 	$(BESIDE_LLAMA)
 	bash tests/link/make_blas.sh

@@ -1,6 +1,7 @@
 // Shared by the GGUF tests (tests/model/test_gguf*.c): model dirs to export (a random Qwen2.5-shaped model
-// over the real Qwen tokenizer from the fixtures, the tiny base), and our greedy decode and per-token
-// probabilities through THE forward, to compare with llama.cpp's and across formats.
+// over the real Qwen tokenizer from the fixtures, the tiny base), our greedy decode and per-token
+// probabilities through THE forward, and the same from llama.cpp (a job run by scripts/llama_cpp.sh), to
+// compare across formats and with llama.cpp.
 #ifndef TESTS_COMMON_GGUF_HELPERS_H
 #define TESTS_COMMON_GGUF_HELPERS_H
 
@@ -9,10 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/fileio.h"
+#include "core/json.h"
+#include "data/tokenizer.h"
 #include "model/model.h"
 #include "tests/common/helpers.h"
 
@@ -131,6 +135,95 @@ static inline double gguf_max_rel(const double *a, const double *b, int n) {
         worst = d > worst ? d : worst;
     }
     return worst;
+}
+
+// ---- llama.cpp on the same files (node-llama-cpp's prebuilt CPU binaries, scripts/llama_cpp.sh) ----
+
+#define GGUF_N_NEW 32    // greedy tokens of a comparison
+#define GGUF_MAX_IDS 256 // tokens of a scored sequence
+
+// llama.cpp on a job (scripts/llama_cpp.mjs): the parsed output, or a loud skip when node / npm are missing.
+static inline cJSON *gguf_llama_run(const char *dir, cJSON *job) {
+    char *jp = path_join(dir, "job.json"), *op = path_join(dir, "out.json"), cmd[1024];
+    cr_assert_eq(json_write_file(jp, job), ER_OK, "%s", er_last_error());
+    snprintf(cmd, sizeof cmd, "bash scripts/llama_cpp.sh '%s' '%s' 2>&1", jp, op);
+    int st = system(cmd);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
+        cr_skip_test("!!!!!! node / npm or node-llama-cpp unavailable: the llama.cpp comparison is SKIPPED !!!!!!");
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "llama.cpp run failed (status %d)", st);
+    cJSON *out;
+    cr_assert_eq(json_parse_file(op, 256u << 20, &out), ER_OK, "%s", er_last_error());
+    er_free(jp);
+    er_free(op);
+    return out;
+}
+
+static inline cJSON *gguf_int_array(const int *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    return a;
+}
+
+static inline int gguf_read_numbers(const cJSON *a, double *out, int cap) {
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        cr_assert(n < cap && cJSON_IsNumber(e));
+        out[n++] = e->valuedouble;
+    }
+    return n;
+}
+
+// A job: greedy GGUF_N_NEW tokens after prompt, and the teacher-forced probabilities of seq.
+static inline cJSON *gguf_llama_job(const char *model, const char *lora, const int *prompt, int np, const int *seq,
+                                    int ns) {
+    cJSON *job = cJSON_CreateObject(), *gen = cJSON_AddArrayToObject(job, "generate"), *g = cJSON_CreateObject();
+    cJSON_AddStringToObject(job, "model", model);
+    if (lora)
+        cJSON_AddStringToObject(job, "lora", lora);
+    cJSON_AddItemToObject(g, "prompt", gguf_int_array(prompt, np));
+    cJSON_AddNumberToObject(g, "n", GGUF_N_NEW);
+    cJSON_AddItemToArray(gen, g);
+    cJSON *score = cJSON_AddArrayToObject(job, "score");
+    cJSON_AddItemToArray(score, gguf_int_array(seq, ns));
+    return job;
+}
+
+typedef struct {
+    int tokens[GGUF_N_NEW];
+    double probs[GGUF_N_NEW];
+    double score[GGUF_MAX_IDS];
+} GgufResult;
+
+// A job's output (gguf_llama_run) into r; ns: the scored sequence's length.
+static inline void gguf_llama_result(cJSON *out, GgufResult *r, int ns) {
+    const cJSON *g = cJSON_GetArrayItem(cJSON_GetObjectItem(out, "generate"), 0);
+    double t[GGUF_N_NEW];
+    cr_assert_eq(gguf_read_numbers(cJSON_GetObjectItem(g, "tokens"), t, GGUF_N_NEW), GGUF_N_NEW);
+    for (int i = 0; i < GGUF_N_NEW; i++)
+        r->tokens[i] = (int)t[i];
+    cr_assert_eq(gguf_read_numbers(cJSON_GetObjectItem(g, "probs"), r->probs, GGUF_N_NEW), GGUF_N_NEW);
+    const cJSON *score = cJSON_GetArrayItem(cJSON_GetObjectItem(out, "score"), 0);
+    cr_assert_eq(gguf_read_numbers(score, r->score, GGUF_MAX_IDS), ns - 1);
+}
+
+// The length of the common prefix of a and b (n each).
+static inline int gguf_agree(const int *a, const int *b, int n) {
+    int k = 0;
+    while (k < n && a[k] == b[k])
+        k++;
+    return k;
+}
+
+// Text tokenized by dir's tokenizer (free with er_free).
+static inline int *gguf_encode(const char *dir, const char *text, int *n) {
+    Tokenizer *tok;
+    int *ids;
+    cr_assert_eq(tok_load(&tok, dir), ER_OK, "%s", er_last_error());
+    cr_assert_eq(tok_encode(tok, text, strlen(text), &ids, n), ER_OK, "%s", er_last_error());
+    tok_free(tok);
+    return ids;
 }
 
 #endif

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <utf8proc.h>
 
 #include "core/alloc.h"
@@ -22,79 +21,6 @@
 #include "tests/common/gguf_helpers.h"
 #include "train/gguf_export.h"
 
-#define N_NEW 32
-#define MAX_IDS 256
-
-// llama.cpp on a job (scripts/llama_cpp.mjs): the parsed output, or a loud skip when node / npm are missing.
-static cJSON *llama_run(const char *dir, cJSON *job) {
-    char *jp = path_join(dir, "job.json"), *op = path_join(dir, "out.json"), cmd[1024];
-    cr_assert_eq(json_write_file(jp, job), ER_OK, "%s", er_last_error());
-    snprintf(cmd, sizeof cmd, "bash scripts/llama_cpp.sh '%s' '%s' 2>&1", jp, op);
-    int st = system(cmd);
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
-        cr_skip_test("!!!!!! node / npm or node-llama-cpp unavailable: the llama.cpp comparison is SKIPPED !!!!!!");
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "llama.cpp run failed (status %d)", st);
-    cJSON *out;
-    cr_assert_eq(json_parse_file(op, 256u << 20, &out), ER_OK, "%s", er_last_error());
-    er_free(jp);
-    er_free(op);
-    return out;
-}
-
-static cJSON *int_array(const int *v, int n) {
-    cJSON *a = cJSON_CreateArray();
-    for (int i = 0; i < n; i++)
-        cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
-    return a;
-}
-
-static int read_numbers(const cJSON *a, double *out, int cap) {
-    int n = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, a) {
-        cr_assert(n < cap && cJSON_IsNumber(e));
-        out[n++] = e->valuedouble;
-    }
-    return n;
-}
-
-// A job: greedy N_NEW tokens after prompt, and the teacher-forced probabilities of seq.
-static cJSON *job_new(const char *model, const char *lora, const int *prompt, int np, const int *seq, int ns) {
-    cJSON *job = cJSON_CreateObject(), *gen = cJSON_AddArrayToObject(job, "generate"), *g = cJSON_CreateObject();
-    cJSON_AddStringToObject(job, "model", model);
-    if (lora)
-        cJSON_AddStringToObject(job, "lora", lora);
-    cJSON_AddItemToObject(g, "prompt", int_array(prompt, np));
-    cJSON_AddNumberToObject(g, "n", N_NEW);
-    cJSON_AddItemToArray(gen, g);
-    cJSON *score = cJSON_AddArrayToObject(job, "score");
-    cJSON_AddItemToArray(score, int_array(seq, ns));
-    return job;
-}
-
-typedef struct {
-    int tokens[N_NEW];
-    double probs[N_NEW];
-    double score[MAX_IDS];
-} Result;
-
-static void llama_result(cJSON *out, Result *r, int ns) {
-    const cJSON *g = cJSON_GetArrayItem(cJSON_GetObjectItem(out, "generate"), 0);
-    double t[N_NEW];
-    cr_assert_eq(read_numbers(cJSON_GetObjectItem(g, "tokens"), t, N_NEW), N_NEW);
-    for (int i = 0; i < N_NEW; i++)
-        r->tokens[i] = (int)t[i];
-    cr_assert_eq(read_numbers(cJSON_GetObjectItem(g, "probs"), r->probs, N_NEW), N_NEW);
-    cr_assert_eq(read_numbers(cJSON_GetArrayItem(cJSON_GetObjectItem(out, "score"), 0), r->score, MAX_IDS), ns - 1);
-}
-
-static int agree(const int *a, const int *b, int n) {
-    int k = 0;
-    while (k < n && a[k] == b[k])
-        k++;
-    return k;
-}
-
 // Tolerances on probabilities, relative. f32: the 1e-3 (measured: 2.4e-5). f16: the weights are the
 // same bits in both, but llama.cpp rounds the activations of every f16 product to f16 (ggml's f16 vec_dot
 // type), we keep them fp32 (measured: up to 4e-3). q8_0 and q4_0: likewise llama.cpp rounds the activations
@@ -108,24 +34,14 @@ typedef struct {
 } TypeCase;
 static const TypeCase CASES[] = {{"f32", 1e-3, 1}, {"f16", 1e-2, 1}, {"q8_0", 0.2, 0}, {"q4_0", 0.2, 0}};
 
-// text tokenized by dir's tokenizer (free with er_free).
-static int *encode(const char *dir, const char *text, int *n) {
-    Tokenizer *tok;
-    int *ids;
-    cr_assert_eq(tok_load(&tok, dir), ER_OK, "%s", er_last_error());
-    cr_assert_eq(tok_encode(tok, text, strlen(text), &ids, n), ER_OK, "%s", er_last_error());
-    tok_free(tok);
-    return ids;
-}
-
 // One model dir: each GGUF type through llama.cpp and through us.
 static void check_model(const char *dir, const char *tmp, const char *prompt_text) {
-    int np, *prompt = encode(dir, prompt_text, &np);
+    int np, *prompt = gguf_encode(dir, prompt_text, &np);
     Model dm;
     cr_assert_eq(model_load(&dm, dir, 0), ER_OK, "%s", er_last_error());
-    Result own;
-    gguf_greedy(&dm, NULL, prompt, np, N_NEW, own.tokens, own.probs);
-    int seq[MAX_IDS], ns = np + N_NEW; // the held-out sequence: the prompt and our dir's greedy tokens
+    GgufResult own;
+    gguf_greedy(&dm, NULL, prompt, np, GGUF_N_NEW, own.tokens, own.probs);
+    int seq[GGUF_MAX_IDS], ns = np + GGUF_N_NEW; // the held-out sequence: the prompt and our dir's greedy tokens
     memcpy(seq, prompt, (size_t)np * sizeof(int));
     memcpy(seq + np, own.tokens, sizeof own.tokens);
     gguf_score(&dm, NULL, NULL, seq, ns, own.score);
@@ -135,21 +51,22 @@ static void check_model(const char *dir, const char *tmp, const char *prompt_tex
         snprintf(path, sizeof path, "%s/model-%s.gguf", tmp, CASES[c].type);
         cr_assert_eq(gguf_export_model(dir, path, CASES[c].type, NULL), ER_OK, "%s", er_last_error());
         Model gm;
-        Result ours, ll;
+        GgufResult ours, ll;
         cr_assert_eq(model_load(&gm, path, 0), ER_OK, "%s", er_last_error());
-        gguf_greedy(&gm, NULL, prompt, np, N_NEW, ours.tokens, ours.probs);
+        gguf_greedy(&gm, NULL, prompt, np, GGUF_N_NEW, ours.tokens, ours.probs);
         gguf_score(&gm, NULL, NULL, seq, ns, ours.score);
         model_free(&gm);
-        cJSON *job = job_new(path, NULL, prompt, np, seq, ns), *out = llama_run(tmp, job);
-        llama_result(out, &ll, ns);
-        int k = agree(ll.tokens, ours.tokens, N_NEW);
+        cJSON *job = gguf_llama_job(path, NULL, prompt, np, seq, ns), *out = gguf_llama_run(tmp, job);
+        gguf_llama_result(out, &ll, ns);
+        int k = gguf_agree(ll.tokens, ours.tokens, GGUF_N_NEW);
         double rg = gguf_max_rel(ours.probs, ll.probs, k), rs = gguf_max_rel(ours.score, ll.score, ns - 1);
         fprintf(stderr, "gguf vs llama.cpp %s %s: greedy %d/%d equal, greedy probs max rel %.2e, scored max rel %.2e\n",
-                dir, CASES[c].type, k, N_NEW, rg, rs);
+                dir, CASES[c].type, k, GGUF_N_NEW, rg, rs);
         if (CASES[c].greedy_equal)
-            cr_expect_eq(k, N_NEW, "%s %s: llama.cpp's greedy tokens part from ours at %d", dir, CASES[c].type, k);
+            cr_expect_eq(k, GGUF_N_NEW, "%s %s: llama.cpp's greedy tokens part from ours at %d", dir, CASES[c].type, k);
         if (!strcmp(CASES[c].type, "f32"))
-            cr_expect_eq(agree(ours.tokens, own.tokens, N_NEW), N_NEW, "%s: the f32 GGUF decodes unlike the dir", dir);
+            cr_expect_eq(gguf_agree(ours.tokens, own.tokens, GGUF_N_NEW), GGUF_N_NEW,
+                         "%s: the f32 GGUF decodes unlike the dir", dir);
         cr_expect_leq(rg, CASES[c].tol, "%s %s: greedy probabilities differ by %.2e", dir, CASES[c].type, rg);
         cr_expect_leq(rs, CASES[c].tol, "%s %s: scored probabilities differ by %.2e", dir, CASES[c].type, rs);
         cJSON_Delete(job);
@@ -168,7 +85,7 @@ TestSuite(gguf_llama, .timeout = 600);
 // how far erinfer's masked semantics (adapter off on the prompt) are from llama.cpp's: the mean absolute
 // log-probability difference over the response tokens.
 static void check_lora(const char *dir, const char *tmp, const char *prompt_text, float perturb) {
-    int np, *prompt = encode(dir, prompt_text, &np);
+    int np, *prompt = gguf_encode(dir, prompt_text, &np);
     Model m;
     LoraAdapter a, loaded;
     cr_assert_eq(model_load(&m, dir, 0), ER_OK, "%s", er_last_error());
@@ -182,40 +99,40 @@ static void check_lora(const char *dir, const char *tmp, const char *prompt_text
     snprintf(lora, sizeof lora, "%s/lora.gguf", tmp);
     cr_assert_eq(gguf_export_model(dir, base, "f32", NULL), ER_OK, "%s", er_last_error());
     cr_assert_eq(gguf_export_lora(dir, ad, lora, NULL), ER_OK, "%s", er_last_error());
-    Result ours, ll;
-    gguf_greedy(&m, &loaded, prompt, np, N_NEW, ours.tokens, ours.probs);
-    int seq[MAX_IDS], ns = np + N_NEW;
+    GgufResult ours, ll;
+    gguf_greedy(&m, &loaded, prompt, np, GGUF_N_NEW, ours.tokens, ours.probs);
+    int seq[GGUF_MAX_IDS], ns = np + GGUF_N_NEW;
     memcpy(seq, prompt, (size_t)np * sizeof(int));
     memcpy(seq + np, ours.tokens, sizeof ours.tokens);
     gguf_score(&m, &loaded, NULL, seq, ns, ours.score);
-    cJSON *job = job_new(base, lora, prompt, np, seq, ns), *out = llama_run(tmp, job);
-    llama_result(out, &ll, ns);
-    int k = agree(ll.tokens, ours.tokens, N_NEW);
+    cJSON *job = gguf_llama_job(base, lora, prompt, np, seq, ns), *out = gguf_llama_run(tmp, job);
+    gguf_llama_result(out, &ll, ns);
+    int k = gguf_agree(ll.tokens, ours.tokens, GGUF_N_NEW);
     double rg = gguf_max_rel(ours.probs, ll.probs, k), rs = gguf_max_rel(ours.score, ll.score, ns - 1);
     // Masked: the adapter on at input positions >= np (the response), as erinfer and training run it.
-    uint8_t mask[MAX_IDS];
-    double masked[MAX_IDS], base_p[MAX_IDS], dm = 0, db = 0;
+    uint8_t mask[GGUF_MAX_IDS];
+    double masked[GGUF_MAX_IDS], base_p[GGUF_MAX_IDS], dm = 0, db = 0;
     for (int i = 0; i < ns; i++)
         mask[i] = i >= np;
     gguf_score(&m, &loaded, mask, seq, ns, masked);
     gguf_score(&m, NULL, NULL, seq, ns, base_p);
     for (int i = np - 1; i < ns - 1; i++) { // predictions of the response tokens
-        dm += fabs(log(masked[i]) - log(ll.score[i])) / N_NEW;
-        db += fabs(log(base_p[i]) - log(ll.score[i])) / N_NEW;
+        dm += fabs(log(masked[i]) - log(ll.score[i])) / GGUF_N_NEW;
+        db += fabs(log(base_p[i]) - log(ll.score[i])) / GGUF_N_NEW;
     }
     fprintf(stderr,
             "gguf-lora vs llama.cpp %s: greedy %d/%d equal, greedy probs max rel %.2e, scored max rel %.2e; response "
             "mean |log p(masked, erinfer) - log p(unmasked, llama.cpp)| = %.4f (base without adapter: %.4f)\n",
-            dir, k, N_NEW, rg, rs, dm, db);
-    cr_expect_eq(k, N_NEW, "%s: llama.cpp's greedy tokens with the LoRA part from ours at %d", dir, k);
+            dir, k, GGUF_N_NEW, rg, rs, dm, db);
+    cr_expect_eq(k, GGUF_N_NEW, "%s: llama.cpp's greedy tokens with the LoRA part from ours at %d", dir, k);
     cr_expect_leq(rg, 1e-3, "%s: greedy probabilities with the LoRA differ by %.2e", dir, rg);
     cr_expect_leq(rs, 1e-3, "%s: scored probabilities with the LoRA differ by %.2e", dir, rs);
     cr_expect_gt(db, 10 * rs, "%s: the adapter changes nothing measurable", dir);
     // llama.cpp's per-request scale (llama-server's "lora": [{"id", "scale"}]) multiplies alpha / r.
     cJSON_AddNumberToObject(job, "lora_scale", 0.5);
     cJSON_Delete(out);
-    out = llama_run(tmp, job);
-    llama_result(out, &ll, ns);
+    out = gguf_llama_run(tmp, job);
+    gguf_llama_result(out, &ll, ns);
     loaded.scale *= 0.5f;
     gguf_score(&m, &loaded, NULL, seq, ns, ours.score);
     double rh = gguf_max_rel(ours.score, ll.score, ns - 1);
@@ -293,7 +210,7 @@ Test(gguf_llama, tokenize_corpus) {
         cJSON_AddItemToArray(texts, cJSON_CreateString(cJSON_GetObjectItem(rec, "text")->valuestring));
         cJSON_Delete(rec);
     }
-    cJSON *out = llama_run(tmp, job), *ll = cJSON_GetObjectItem(out, "tokenize");
+    cJSON *out = gguf_llama_run(tmp, job), *ll = cJSON_GetObjectItem(out, "tokenize");
     int n = cJSON_GetArraySize(texts), same = 0, nfc_changed = 0, bad = 0;
     cr_assert_eq(cJSON_GetArraySize(ll), n);
     for (int i = 0; i < n; i++) {
@@ -354,7 +271,7 @@ static void random_k_blocks(GgufWriteTensor *t, uint32_t type, ErRng *rng) {
 
 // The k-quants llama.cpp's common files hold (Q4_K_M: q4_K with q6_K for some tensors): a random qwen2 model
 // (C 256, the tiny tokenizer) whose layer 0 and embedding are q6_K and layer 1 q4_K, written here block by
-// block, imported (fp32 as ggml dequantizes) and compared with llama.cpp, which rounds activations to q8_K
+// block, imported in their types and compared with llama.cpp, which rounds activations to q8_K
 // blocks for these products (hence the q8_0 tolerance).
 Test(gguf_llama, k_quants_import) {
     char *tmp = helper_tmpdir("er_gguf_ll"), path[512];
@@ -376,21 +293,21 @@ Test(gguf_llama, k_quants_import) {
     cr_assert_eq(gguf_write(&w, path), ER_OK, "%s", er_last_error());
     gguf_writer_free(&w);
     model_free(&m);
-    int np, *prompt = encode("data/tiny_tokenizer", TINY_PROMPT, &np), seq[MAX_IDS], ns = np + N_NEW;
+    int np, *prompt = gguf_encode("data/tiny_tokenizer", TINY_PROMPT, &np), seq[GGUF_MAX_IDS], ns = np + GGUF_N_NEW;
     Model g;
-    Result ours, ll;
+    GgufResult ours, ll;
     cr_assert_eq(model_load(&g, path, 0), ER_OK, "%s", er_last_error());
     cr_expect_eq(g.layers[1].wup.fmt, WF_Q4_K);
     cr_expect_eq(g.layers[0].wup.fmt, WF_Q6_K);
-    gguf_greedy(&g, NULL, prompt, np, N_NEW, ours.tokens, ours.probs);
+    gguf_greedy(&g, NULL, prompt, np, GGUF_N_NEW, ours.tokens, ours.probs);
     memcpy(seq, prompt, (size_t)np * sizeof(int));
     memcpy(seq + np, ours.tokens, sizeof ours.tokens);
     gguf_score(&g, NULL, NULL, seq, ns, ours.score);
-    cJSON *job = job_new(path, NULL, prompt, np, seq, ns), *out = llama_run(tmp, job);
-    llama_result(out, &ll, ns);
-    int k = agree(ll.tokens, ours.tokens, N_NEW);
+    cJSON *job = gguf_llama_job(path, NULL, prompt, np, seq, ns), *out = gguf_llama_run(tmp, job);
+    gguf_llama_result(out, &ll, ns);
+    int k = gguf_agree(ll.tokens, ours.tokens, GGUF_N_NEW);
     double rs = gguf_max_rel(ours.score, ll.score, ns - 1);
-    fprintf(stderr, "gguf q4_K/q6_K import vs llama.cpp: greedy %d/%d equal, scored max rel %.2e\n", k, N_NEW, rs);
+    fprintf(stderr, "gguf q4_K/q6_K import vs llama.cpp: greedy %d/%d equal, scored max rel %.2e\n", k, GGUF_N_NEW, rs);
     cr_expect_leq(rs, 0.2, "q4_K / q6_K: scored probabilities differ by %.2e", rs);
     cJSON_Delete(job);
     cJSON_Delete(out);
