@@ -23,8 +23,9 @@ int cmd_quantize(int argc, char **argv) {
     // The formats come from quant/'s table; q2rtn and bf16 are quantize's policies (train/quantize.h).
     char list[256], weights_help[512], usage[768];
     quant_spec_list(list, sizeof list, " | ", " | ");
-    snprintf(weights_help, sizeof weights_help, "format of the layer projections: %s | q2rtn (2-bit uniform RTN levels, "
-             "stored as q2lut) | bf16 (the float model as bf16)", list);
+    snprintf(weights_help, sizeof weights_help, "format of the layer projections: %s | q4_k_m | q5_k_m (llama.cpp's "
+             "mixes: q6_k for some v and down projections and the lm_head) | q2rtn (2-bit uniform RTN levels, stored "
+             "as q2lut) | bf16 (the float model as bf16)", list);
     snprintf(usage, sizeof usage, "ertrain quantize --model DIR --out DIR --weights %s|bf16 [--embeddings int8|q8_0|fp] "
              "[--transforms none|rotate|fpt|fpt-trained [--fpt-steps N --fpt-local-steps N --fpt-lr X --save-every N "
              "--resume]] [--calib FILE.jsonl --calib-n N] [--sensitivity fisher|none] [--sparse S] "

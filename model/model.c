@@ -348,16 +348,21 @@ static const void *aligned_data(Model *m, const StTensor *t, size_t *owned_off) 
 
 WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group, int *sparse) {
     *group = *sparse = 0;
-    if (!m->quant.enabled || !p->w)
+    return m->quant.enabled ? model_quant_format_in(m, &m->quant, p, group, sparse) : WF_F32;
+}
+
+WeightFormat model_quant_format_in(const Model *m, const QuantConfig *q, const ParamTensor *p, int *group, int *sparse) {
+    *group = *sparse = 0;
+    if (!p->w)
         return WF_F32;
-    int layer = p->w != &m->embed && p->w != &m->lm_head;
-    WeightFormat f = p->w == &m->embed     ? m->quant.embed
-                     : p->w == &m->lm_head ? m->quant.lm_head
-                                           : m->quant.linear;
+    WeightFormat f = p->w == &m->embed ? q->embed : p->w == &m->lm_head ? q->lm_head : q->linear;
+    for (int l = 0; l < m->cfg.L && q->mix; l++)
+        if (p->w == &m->layers[l].wv || p->w == &m->layers[l].wdown)
+            f = quant_mix_format(q, l, m->cfg.L, 1);
     if (weight_format_grouped(f))
-        *group = m->quant.group;
-    if (layer)
-        *sparse = m->quant.sparse;
+        *group = q->group;
+    if (p->w != &m->embed && p->w != &m->lm_head)
+        *sparse = q->sparse;
     return quant_block_fallback(f, p->w->cols);
 }
 

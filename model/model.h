@@ -90,6 +90,9 @@ int model_set_weight(Model *m, ParamTensor *p, Weight *w);
 // The format m->quant gives parameter p (WF_F32 meaning "float, as stored"); its group size and sparse
 // corrections per row into *group and *sparse.
 WeightFormat model_quant_format(const Model *m, const ParamTensor *p, int *group, int *sparse);
+// The same for the config q (which need not be m's yet: ertrain quantize's plan): the embedding's, the lm_head's
+// or the layer projections' format (a mix's per layer, quant_mix_format), through quant_block_fallback.
+WeightFormat model_quant_format_in(const Model *m, const QuantConfig *q, const ParamTensor *p, int *group, int *sparse);
 // A tied model rebuilt untied: trainable fp32, lm_head a copy of the embedding, tie_word_embeddings
 // false, the logits unchanged. Every buffer of the Model is replaced (pointers into the old ones go
 // stale). The old gradients go first, so the peak is the old parameters plus one new trainable model;

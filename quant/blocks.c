@@ -182,7 +182,35 @@ static void q_32(uint8_t *s, const float *x, int bits, int sym) {
         memcpy(qh, &h, 4);
 }
 
-// q4_K (five 0) and q5_K: per sub-block of 32 the scale (max - min) / nmax and the min -min (min <= 0),
+// The squared error of n values x rounded to u in [0, nmax] under W = d * u - m.
+static double affine_sse(const float *x, int n, float d, float m, int nmax) {
+    double e = 0;
+    for (int l = 0; l < n; l++) {
+        int u = d != 0.0f ? clampi((int)lrintf((x[l] + m) / d), 0, nmax) : 0;
+        double r = (double)d * u - m - x[l];
+        e += r * r;
+    }
+    return e;
+}
+
+// Of the ranges [lo, c * hi] and [c * lo, hi] (c from 1 down to 0.7, lo <= 0), the scale and min whose codes
+// leave the least squared error: clipping the extremes pays where the rest of the sub-block is dense.
+static void affine_search(const float *x, int n, int nmax, float lo, float hi, float *scale, float *minv) {
+    double best = -1;
+    for (int i = 0; i <= 12; i++)
+        for (int side = 0; side < 2; side++) {
+            float c = 1.0f - 0.025f * (float)i, l = side ? c * lo : lo, h = side ? hi : c * hi;
+            float d = (h - l) / (float)nmax;
+            double e = affine_sse(x, n, d, -l, nmax);
+            if (best < 0 || e < best) {
+                best = e;
+                *scale = d;
+                *minv = -l;
+            }
+        }
+}
+
+// q4_K (five 0) and q5_K: per sub-block of 32 the scale and min (min <= 0) of a clipped range (affine_search),
 // both on a 6-bit grid of the super-block's d and dmin, then the codes nearest under the stored values.
 static void q_k45(uint8_t *s, const float *x, int five) {
     int nmax = five ? 31 : 15;
@@ -193,8 +221,7 @@ static void q_k45(uint8_t *s, const float *x, int five) {
             lo = fminf(lo, x[32 * j + l]);
             hi = fmaxf(hi, x[32 * j + l]);
         }
-        scale[j] = (hi - lo) / (float)nmax;
-        minv[j] = -lo;
+        affine_search(x + 32 * j, 32, nmax, lo, hi, &scale[j], &minv[j]);
         maxs = fmaxf(maxs, scale[j]);
         maxm = fmaxf(maxm, minv[j]);
     }
@@ -237,8 +264,8 @@ static void q_k45(uint8_t *s, const float *x, int five) {
         }
 }
 
-// q6_K: per sub-block of 16 the signed scale that maps its value of largest magnitude to -32, the sixteen
-// on an 8-bit grid of the super-block's d.
+// q6_K: per sub-block of 16 the signed scale that maps its value of largest magnitude to -32 times c (c from 1
+// down to 0.8, the least squared error), the sixteen on an 8-bit grid of the super-block's d.
 static void q_q6_k(uint8_t *s, const float *x) {
     float scale[16], maxs = 0, amaxs = 0;
     for (int j = 0; j < 16; j++) {
@@ -248,7 +275,15 @@ static void q_q6_k(uint8_t *s, const float *x) {
                 amax = fabsf(x[16 * j + l]);
                 max = x[16 * j + l];
             }
-        scale[j] = max / -32.0f;
+        double best = -1;
+        for (int i = 0; i <= 8; i++) {
+            float d = max / -32.0f * (1.0f - 0.025f * (float)i);
+            double e = affine_sse(x + 16 * j, 16, d, 32.0f * d, 63);
+            if (best < 0 || e < best) {
+                best = e;
+                scale[j] = d;
+            }
+        }
         if (fabsf(scale[j]) > amaxs) {
             amaxs = fabsf(scale[j]);
             maxs = scale[j];

@@ -35,6 +35,20 @@ int quant_check_shape(WeightFormat f, int rows, int cols, int group, int sparse,
     return ER_OK;
 }
 
+WeightFormat quant_mix_format(const QuantConfig *q, int layer, int L, int is_v_or_down) {
+    int more = layer < L / 8 || layer >= 7 * L / 8 || (layer - L / 8) % 3 == 2; // llama.cpp's use_more_bits
+    return q->mix == QUANT_MIX_K_M && is_v_or_down && more ? WF_Q6_K : q->linear;
+}
+
+// "q4_k_m" / "q5_k_m": a mix on q4_k / q5_k (1), or 0 for any other spec.
+static int parse_mix(const char *s, WeightFormat *f) {
+    if (s && (strcmp(s, "q4_k_m") == 0 || strcmp(s, "q5_k_m") == 0)) {
+        *f = s[1] == '4' ? WF_Q4_K : WF_Q5_K;
+        return 1;
+    }
+    return 0;
+}
+
 int quant_parse_embeddings(const char *s, WeightFormat *f) {
     *f = strcmp(s, "int8") == 0 ? WF_Q8 : strcmp(s, "q8_0") == 0 ? WF_Q8_0 : WF_F32;
     return *f != WF_F32 || strcmp(s, "fp") == 0 ? ER_OK : ER_EINVAL;
@@ -195,8 +209,11 @@ int quant_config_from_json(QuantConfig *q, const cJSON *j, const char *ctx) {
     ER_TRY(json_get_string(j, "weights", &s, ctx));
     char specs[256];
     quant_spec_list(specs, sizeof specs, ", ", " or ");
-    if (quant_parse_spec(s, &q->linear, &q->group) < 0)
-        return er_error(ER_EFORMAT, "%s: quantization_config.weights \"%s\" is not a known format (%s)", ctx, s, specs);
+    if (parse_mix(s, &q->linear))
+        q->mix = QUANT_MIX_K_M;
+    else if (quant_parse_spec(s, &q->linear, &q->group) < 0)
+        return er_error(ER_EFORMAT, "%s: quantization_config.weights \"%s\" is not a known format (%s, q4_k_m or "
+                        "q5_k_m)", ctx, s, specs);
     int64_t g = q->group;
     ER_TRY(json_opt_int(j, "group_size", &g, ctx));
     if (q->linear == WF_Q4G && g != q->group)
@@ -251,7 +268,8 @@ cJSON *quant_config_to_json(const QuantConfig *q) {
     char buf[16];
     cJSON_AddStringToObject(j, "quant_method", "ertrain");
     cJSON_AddStringToObject(j, "method", q->method);
-    cJSON_AddStringToObject(j, "weights", quant_spec_name(q->linear, q->group, buf));
+    cJSON_AddStringToObject(j, "weights", q->mix ? (q->linear == WF_Q4_K ? "q4_k_m" : "q5_k_m")
+                                                 : quant_spec_name(q->linear, q->group, buf));
     cJSON_AddNumberToObject(j, "group_size", q->linear == WF_Q4G ? q->group : 0);
     cJSON_AddStringToObject(j, "embeddings", q->embed == WF_Q8 ? "int8" : q->embed == WF_Q8_0 ? "q8_0" : "fp");
     cJSON_AddStringToObject(j, "lm_head", quant_spec_name(q->lm_head, q->group, buf));

@@ -145,11 +145,20 @@ typedef struct {
     int group;              // Q4G group size of `linear` (and lm_head when Q4G)
     WeightFormat embed;     // embeddings: WF_Q8 ("int8"), WF_Q8_0 ("q8_0", GGUF's int8), WF_F32 ("fp": as stored)
     WeightFormat lm_head;   // untied lm_head; WF_F32 means fp (as stored)
+    int mix;                // QUANT_MIX_*: "weights" names a mix of formats (quant_mix_format), linear its base
     int sparse;             // dense-and-sparse corrections per row of `linear` (codebook formats); 0 none
     char method[32];
     char transforms[32];
     double bits_per_weight; // whole model, informative
 } QuantConfig;
+
+// The mixes llama.cpp's quantizer makes and GGUF files hold, by the names of its file types: "q4_k_m" and "q5_k_m"
+// are q4_k / q5_k with q6_k for the v and down projections of the layers llama.cpp gives more bits (the first and
+// last eighth of the layers and every third between) and for an untied lm_head.
+enum { QUANT_MIX_NONE, QUANT_MIX_K_M };
+// The format of layer `layer` of L's projection when q is a mix: q6_k for v and down (is_v_or_down) in the layers above,
+// else q->linear (then quant_block_fallback, as for every format).
+WeightFormat quant_mix_format(const QuantConfig *q, int layer, int L, int is_v_or_down);
 
 // Reads and validates j (the quantization_config object); ctx names the file.
 int quant_config_from_json(QuantConfig *q, const cJSON *j, const char *ctx);

@@ -180,11 +180,15 @@ static int qat_check(const QatConfig *c) {
         return er_error(ER_EINVAL, "--transforms fpt-trained: train the transforms with ertrain quantize, then run "
                         "qat on a float model (qat takes none, rotate, fpt or a list)");
     WeightFormat f;
-    int g, u;
+    int g, mix, u;
     char specs[256];
-    if (!c->q.weights || quantize_parse_weights(c->q.weights, &f, &g, &u) < 0)
+    if (!c->q.weights || quantize_parse_weights(c->q.weights, &f, &g, &mix, &u) < 0)
         return er_error(ER_EINVAL, "--weights \"%s\" is not one of %s", c->q.weights ? c->q.weights : "",
                         quantize_weights_list(specs, sizeof specs, ", ", " or "));
+    if (weight_format_info(f)->block)
+        return er_error(ER_EINVAL, "--weights %s: the GGUF block formats have no fake quantizer to train against (qat "
+                        "takes q8, q4, q4g, q4lut, q2lut or q2rtn); quantize to them with ertrain quantize",
+                        c->q.weights);
     if (c->recluster_every < 1)
         return er_error(ER_EINVAL, "--recluster-every must be >= 1 (got %d)", c->recluster_every);
     if (tc->save_every > 0 && tc->save_every % c->recluster_every != 0)

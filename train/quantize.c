@@ -31,8 +31,14 @@ static size_t param_bytes(const ParamTensor *p, size_t float_size) {
     return p->numel * float_size;
 }
 
-int quantize_parse_weights(const char *spec, WeightFormat *f, int *group, int *uniform) {
-    *uniform = 0;
+int quantize_parse_weights(const char *spec, WeightFormat *f, int *group, int *mix, int *uniform) {
+    *uniform = *mix = 0;
+    if (spec && (strcmp(spec, "q4_k_m") == 0 || strcmp(spec, "q5_k_m") == 0)) {
+        *f = spec[1] == '4' ? WF_Q4_K : WF_Q5_K;
+        *group = 0;
+        *mix = QUANT_MIX_K_M;
+        return ER_OK;
+    }
     if (spec && strcmp(spec, "q2rtn") == 0) {
         *f = WF_Q2LUT;
         *group = 0;
@@ -45,8 +51,20 @@ int quantize_parse_weights(const char *spec, WeightFormat *f, int *group, int *u
 // q2rtn is not a format of the table (quant/weight.c) but this file's policy: q2lut with RTN codebooks.
 const char *quantize_weights_list(char *buf, size_t n, const char *sep, const char *last) {
     char specs[256];
-    snprintf(buf, n, "%s%sq2rtn", quant_spec_list(specs, sizeof specs, sep, sep), last);
+    snprintf(buf, n, "%s%sq4_k_m%sq5_k_m%sq2rtn", quant_spec_list(specs, sizeof specs, sep, sep), sep, sep, last);
     return buf;
+}
+
+// The embedding's format o asks for: --embeddings, by default int8 (q8), or q8_0 beside GGUF block weights so that
+// the model exports to GGUF as it is; WF_F32 for "fp" and for what does not parse (reported by the caller).
+static WeightFormat embed_format(const QuantizeOptions *o) {
+    WeightFormat lin = WF_F32, e = WF_F32;
+    int g, mix, u;
+    if (o->embeddings)
+        return quant_parse_embeddings(o->embeddings, &e) == ER_OK ? e : WF_F32;
+    if (o->weights)
+        quantize_parse_weights(o->weights, &lin, &g, &mix, &u);
+    return weight_is_quantized(lin) && weight_format_info(lin)->block ? WF_Q8_0 : WF_Q8;
 }
 
 #define SPARSE_FORMATS_ERROR                                                                                     \
@@ -59,27 +77,27 @@ int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) 
         return er_error(ER_EINVAL, "quantize: the model is already quantized (%s)", m->quant.method);
     char specs[256];
     quantize_weights_list(specs, sizeof specs, ", ", " or ");
-    if (!o->weights || quantize_parse_weights(o->weights, &q->linear, &q->group, &plan->linear_uniform) < 0)
+    if (!o->weights || quantize_parse_weights(o->weights, &q->linear, &q->group, &q->mix, &plan->linear_uniform) < 0)
         return er_error(ER_EINVAL, "--weights \"%s\" is not one of %s", o->weights ? o->weights : "", specs);
-    // int8 embeddings are q8_0 beside GGUF block weights, so that the model exports to GGUF as it is.
-    const char *emb = o->embeddings ? o->embeddings : weight_format_info(q->linear)->block ? "q8_0" : "int8";
-    if (quant_parse_embeddings(emb, &q->embed) < 0)
-        return er_error(ER_EINVAL, "--embeddings \"%s\" must be int8, q8_0 or fp", emb);
+    if (o->embeddings && quant_parse_embeddings(o->embeddings, &q->embed) < 0)
+        return er_error(ER_EINVAL, "--embeddings \"%s\" must be int8, q8_0 or fp", o->embeddings);
+    q->embed = embed_format(o);
     // A tied lm_head is the embedding: the config then names the embedding's format for it.
     const char *head = o->lm_head                  ? o->lm_head
                        : m->cfg.tied               ? (q->embed == WF_F32 ? "fp" : weight_format_name(q->embed))
                        : q->linear == WF_Q2LUT     ? "q4"
+                       : q->mix                    ? "q6_k"
                                                    : o->weights;
-    int hg = 0;
+    int hg = 0, head_mix = 0;
     if (strcmp(head, "fp") == 0)
         q->lm_head = WF_F32;
-    else if (quantize_parse_weights(head, &q->lm_head, &hg, &plan->head_uniform) < 0)
+    else if (quantize_parse_weights(head, &q->lm_head, &hg, &head_mix, &plan->head_uniform) < 0 || head_mix)
         return er_error(ER_EINVAL, "--lm-head \"%s\" is not one of fp, %s", head, specs);
     if (m->cfg.tied && o->lm_head && q->lm_head != q->embed)
         return er_error(ER_EINVAL,
                         "--lm-head %s: the model ties its lm_head to the embedding (--embeddings %s); untie it first "
                         "(quantize_untie)",
-                        head, emb);
+                        head, q->embed == WF_F32 ? "fp" : q->embed == WF_Q8 ? "int8" : "q8_0");
     if (weight_format_grouped(q->lm_head) && weight_format_grouped(q->linear) && hg != q->group)
         return er_error(ER_EINVAL, "--lm-head %s must use the group size of --weights %s", head, o->weights);
     if (weight_format_grouped(q->lm_head))
@@ -96,13 +114,10 @@ int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) 
         const ParamTensor *p = &m->params[i];
         if (!p->w)
             continue;
-        WeightFormat f = quant_block_fallback(p->w == &m->embed     ? q->embed
-                                              : p->w == &m->lm_head ? q->lm_head
-                                                                    : q->linear,
-                                              p->w->cols);
+        int group, sparse;
+        WeightFormat f = model_quant_format_in(m, q, p, &group, &sparse);
         if (weight_is_quantized(f))
-            ER_TRY(quant_check_shape(f, p->w->rows, p->w->cols, q->group,
-                                     p->w == &m->embed || p->w == &m->lm_head ? 0 : q->sparse, p->name));
+            ER_TRY(quant_check_shape(f, p->w->rows, p->w->cols, group, sparse, p->name));
     }
     // q2rtn is stored as q2lut (a codebook of 4 evenly spaced levels): the method says how it was made.
     int kmeans = weight_format_info(q->linear)->levels && !plan->linear_uniform; // codebook formats
@@ -116,12 +131,9 @@ int quantize_plan(const Model *m, const QuantizeOptions *o, QuantizePlan *plan) 
 void quantize_plan_options(const Model *m, const QuantizePlan *plan, const QuantizeOptions *o, const ParamTensor *p,
                            QuantOptions *qo) {
     const QuantConfig *q = &plan->q;
-    WeightFormat f = !p->w                 ? WF_F32
-                     : p->w == &m->embed   ? q->embed
-                     : p->w == &m->lm_head ? q->lm_head
-                                           : q->linear;
-    f = p->w ? quant_block_fallback(f, p->w->cols) : f;
-    quant_options_default(qo, f, weight_format_grouped(f) ? q->group : 0);
+    int group, sparse;
+    WeightFormat f = model_quant_format_in(m, q, p, &group, &sparse);
+    quant_options_default(qo, f, group);
     qo->search = plan->minmax ? QSEARCH_MINMAX : QSEARCH_LP;
     if (o->p > 0)
         qo->p = o->p;
@@ -464,11 +476,11 @@ static int parse_transforms(const char *tr, unsigned *flags) {
 
 // A tied model whose lm_head is asked for another format than the embedding's is untied first.
 static int untie_for_head(Model *m, const QuantizeOptions *o, FILE *log) {
-    WeightFormat hf, ef = !o->embeddings || strcmp(o->embeddings, "int8") == 0 ? WF_Q8 : WF_F32;
-    int hg, hu;
+    WeightFormat hf, ef = embed_format(o);
+    int hg, hm, hu;
     if (strcmp(o->lm_head, "fp") == 0)
         hf = WF_F32;
-    else if (quantize_parse_weights(o->lm_head, &hf, &hg, &hu) < 0) {
+    else if (quantize_parse_weights(o->lm_head, &hf, &hg, &hm, &hu) < 0 || hm) {
         char specs[256];
         return er_error(ER_EINVAL, "--lm-head \"%s\" is not one of fp, %s", o->lm_head,
                         quantize_weights_list(specs, sizeof specs, ", ", " or "));
@@ -605,9 +617,9 @@ static int quantize_check(const QuantizeConfig *c, int *to_bf16, const char **se
     if (c->seq_len < 2)
         return er_error(ER_EINVAL, "--seq-len must be >= 2 (got %d)", c->seq_len);
     WeightFormat f;
-    int g, u;
+    int g, mix, u;
     char specs[256];
-    if (!c->q.weights || (!*to_bf16 && quantize_parse_weights(c->q.weights, &f, &g, &u) < 0))
+    if (!c->q.weights || (!*to_bf16 && quantize_parse_weights(c->q.weights, &f, &g, &mix, &u) < 0))
         return er_error(ER_EINVAL, "--weights \"%s\" is not one of bf16, %s", c->q.weights ? c->q.weights : "",
                         quantize_weights_list(specs, sizeof specs, ", ", " or "));
     if (c->q.sparse && (*to_bf16 || !weight_format_info(f)->levels || u))
@@ -618,9 +630,9 @@ static int quantize_check(const QuantizeConfig *c, int *to_bf16, const char **se
 // --error-feedback: *gptq when the codebook formats' codes are assigned against the inputs' second moments.
 static int error_feedback_mode(const QuantizeConfig *c, int *gptq) {
     WeightFormat f = WF_F32;
-    int g, u = 0;
+    int g, mix, u = 0;
     if (c->q.weights && strcmp(c->q.weights, "bf16") != 0)
-        ER_TRY(quantize_parse_weights(c->q.weights, &f, &g, &u));
+        ER_TRY(quantize_parse_weights(c->q.weights, &f, &g, &mix, &u));
     int lut = weight_format_info(f)->levels && !u;
     const char *e = c->error_feedback ? c->error_feedback : lut && c->calib ? "gptq" : "none";
     if (strcmp(e, "gptq") != 0 && strcmp(e, "none") != 0)

@@ -46,9 +46,10 @@ typedef struct {
 
 // "q2rtn" is q2lut with a uniform codebook (4 evenly spaced levels, RTN with the Lp clipping search,
 // quant/quantizer.h): stored as weights "q2lut", method "rtn-lp" (or "rtn-minmax"), so the q2lut kernels
-// run it. Every other spec as quant_parse_spec; *uniform = 1 for q2rtn.
-int quantize_parse_weights(const char *spec, WeightFormat *f, int *group, int *uniform);
-// The specs quantize_parse_weights takes, for messages and help texts: quant_spec_list's, then q2rtn
+// run it; *uniform = 1 for it. "q4_k_m" and "q5_k_m" are the mixes of quant_mix_format (*f their base format,
+// *mix QUANT_MIX_K_M). Every other spec as quant_parse_spec.
+int quantize_parse_weights(const char *spec, WeightFormat *f, int *group, int *mix, int *uniform);
+// The specs quantize_parse_weights takes, for messages and help texts: quant_spec_list's, then the mixes and q2rtn
 // (joined by sep, the last by last: "q8, q4, ..., q2lut or q2rtn"); buf of n bytes, truncated.
 const char *quantize_weights_list(char *buf, size_t n, const char *sep, const char *last);
 
