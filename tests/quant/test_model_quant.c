@@ -21,10 +21,16 @@
 #include "tests/common/fd.h"
 #include "train/quantize.h"
 
+// Rows of 256 and 512 where set (wide = 1): whole super-blocks, so the k-quants are what the tests get, not their
+// 32-block fallbacks.
+static int wide;
+
 static ModelConfig tiny(int tied) {
     ModelConfig c = {.arch = ARCH_QWEN2, .C = 64, .FF = 128, .L = 2, .NH = 4, .NKV = 2, .HS = 16, .V = 40, .max_pos = 64,
                      .rope_theta = 10000.0f, .eps = 1e-6f, .tied = tied, .qkv_bias = 1, .dtype = DT_F32,
                      .bos_id = -1, .eos_id = 3};
+    if (wide)
+        c.C = 256, c.FF = 512, c.HS = 64;
     return c;
 }
 
@@ -90,7 +96,9 @@ static void roundtrip(int tied, const char *weights, const char *emb) {
     cr_assert_eq(b.embed.sparse + b.lm_head.sparse, 0, "%s: only the layer projections are sparse", weights);
     cr_assert_eq(b.layers[1].wup.owned, NULL, "packed matrices are used in place (mmapped)");
     cr_assert_eq(b.owned_mats, NULL, "every tensor is aligned in the file: nothing copied");
-    cr_assert_eq(b.embed.fmt, strcmp(emb, "int8") == 0 ? WF_Q8 : WF_F32);
+    WeightFormat ef;
+    cr_assert_eq(quant_parse_embeddings(emb, &ef), ER_OK);
+    cr_assert_eq(b.embed.fmt, ef);
     if (!tied)
         cr_assert_eq(b.lm_head.fmt, a.lm_head.fmt);
     cr_assert_eq(weight_bytes(&b.layers[0].wq), weight_bytes(&a.layers[0].wq));
@@ -118,6 +126,24 @@ Test(quant_model, roundtrip_every_format) {
     for (int i = 0; i < 8; i++)
         roundtrip(0, ws[i], "int8");
 }
+// The GGUF block formats and the q4_k_m mix, on rows of whole super-blocks: saved packed, loaded in place, the same
+// logits; q4_k_m gives q6_k to the v and down projections of both layers (of 2, llama.cpp's use_more_bits).
+Test(quant_model, roundtrip_block_formats) {
+    const char *ws[] = {"q8_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m"};
+    wide = 1;
+    for (int i = 0; i < 8; i++)
+        roundtrip(0, ws[i], "q8_0");
+    Model m;
+    quantized_model(&m, 0, "q4_k_m", "q8_0");
+    cr_expect(m.layers[0].wq.fmt == WF_Q4_K && m.layers[1].wv.fmt == WF_Q6_K && m.layers[1].wdown.fmt == WF_Q6_K &&
+                  m.lm_head.fmt == WF_Q6_K,
+              "q4_k_m: q %s, v %s, down %s, lm_head %s", weight_format_name(m.layers[0].wq.fmt),
+              weight_format_name(m.layers[1].wv.fmt), weight_format_name(m.layers[1].wdown.fmt),
+              weight_format_name(m.lm_head.fmt));
+    model_free(&m);
+    wide = 0;
+}
+
 Test(quant_model, roundtrip_tied_and_fp_embeddings) {
     roundtrip(1, "q4", "int8");
     roundtrip(1, "q4g32", "fp");
@@ -431,10 +457,12 @@ static double loss_of(Model *m, const ModelInput *in, Activations *a, const int 
 
 Test(quant_model, lora_gradients_through_quantized_base) {
     threads_set(1);
-    const char *ws[] = {"q4g32", "q2lut", "q4lut"};
-    for (int wi = 0; wi < 3; wi++) {
+    const char *ws[] = {"q4g32", "q2lut", "q4lut", "q4_k_m"}; // q4_k_m at rows of 256: q4_K and q6_K
+    for (int wi = 0; wi < 4; wi++) {
         Model m;
-        quantized_model(&m, 1, ws[wi], "int8");
+        wide = wi == 3;
+        quantized_model(&m, 1, ws[wi], wide ? "q8_0" : "int8");
+        wide = 0;
         ModelConfig c = m.cfg;
         LoraShape s = model_config_lora_shape(&c);
         LoraAdapter ad;
