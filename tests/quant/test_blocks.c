@@ -1,11 +1,16 @@
-// The GGUF block formats of quant/blocks.h (q8_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K) against ggml itself:
+// The GGUF block formats of quant/blocks.h (q8_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K) against ggml itself and
+// through the files that hold them:
 //   - blocks_dequant_row equals ggml's dequantize_row_* bit for bit on random blocks (every byte random, the fp16
 //     scales finite: zero, subnormal and negative ones among them). ggml is llama.cpp's libggml-base.so from npm's
 //     node-llama-cpp (scripts/llama_cpp.sh --install), dlopened; skipped loudly without node / npm or off x86-64 Linux;
 //   - blocks_quantize_row writes the bytes of ggml's reference quantizers where those take the block's extremes too
 //     (q8_0, q4_1, q5_0, q5_1), k-quant codes nearest under the stored scales, a round-trip error within a bound
-//     derived per format from the stored scales, and zeros for zeros.
+//     derived per format from the stored scales, and zeros for zeros;
+//   - a GGUF of mixed block types loads in place and exports back byte for byte (model_gguf_put with the model's
+//     default type, and gguf_export_model); through a model dir (model_save, model_load) the bytes stay too;
+//   - a NaN or infinite block scale is refused in a GGUF and in a model dir, naming the file and the tensor.
 #include <criterion/criterion.h>
+#include <ctype.h>
 #include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
@@ -19,7 +24,14 @@
 #include "core/fileio.h"
 #include "core/gguf.h"
 #include "core/rng.h"
+#include "core/safetensors.h"
+#include "data/tokenizer.h"
+#include "model/gguf_model.h"
+#include "model/model.h"
 #include "quant/blocks.h"
+#include "quant/quant.h"
+#include "tests/common/helpers.h"
+#include "train/gguf_export.h"
 
 TestSuite(quant_blocks, .timeout = 300);
 
@@ -34,6 +46,22 @@ static const struct {
     {WF_Q6_K, GGML_Q6_K, {208, -1}},
 };
 #define N_FMTS (int)(sizeof FMTS / sizeof FMTS[0])
+
+static int fmt_of_type(uint32_t type) {
+    for (int i = 0; i < N_FMTS; i++)
+        if (FMTS[i].type == type)
+            return i;
+    cr_assert_fail("ggml type %u is not a block format", type);
+    return -1;
+}
+
+static int fmt_of(WeightFormat f) {
+    for (int i = 0; i < N_FMTS; i++)
+        if (FMTS[i].f == f)
+            return i;
+    cr_assert_fail("format %d is not a block format", (int)f);
+    return -1;
+}
 
 static float half_at(const uint8_t *p) {
     uint16_t h;
@@ -400,4 +428,357 @@ Test(quant_blocks, find_nonfinite) {
             }
         er_free(b);
     }
+}
+
+// ---- files ----
+
+// The matrices' types in a test model: one config name (a k-quant falling back where rows are not whole
+// super-blocks, as quant_block_fallback), or mixed: layer 0 in k-quants, the others in the 32-element types,
+// token_embd q8_0 and output q6_K in both.
+typedef struct {
+    int mixed;
+    WeightFormat linear; // the config's weights (mixed = 0)
+} TypeRule;
+
+static const struct {
+    const char *suffix;
+    uint32_t k, small;
+} LAYER_TYPES[] = {
+    {"attn_q.weight", GGML_Q4_K, GGML_Q5_0},    {"attn_k.weight", GGML_Q5_K, GGML_Q8_0},
+    {"attn_v.weight", GGML_Q6_K, GGML_Q4_1},    {"attn_output.weight", GGML_Q4_K, GGML_Q5_1},
+    {"ffn_gate.weight", GGML_Q5_K, GGML_Q5_0},  {"ffn_up.weight", GGML_Q6_K, GGML_Q8_0},
+    {"ffn_down.weight", GGML_Q4_K, GGML_Q4_1},
+};
+
+static uint32_t matrix_type(const TypeRule *rule, const char *name, uint64_t cols) {
+    if (strcmp(name, "token_embd.weight") == 0)
+        return GGML_Q8_0;
+    if (strcmp(name, "output.weight") == 0)
+        return GGML_Q6_K;
+    if (!rule->mixed)
+        return FMTS[fmt_of(quant_block_fallback(rule->linear, (int)cols))].type;
+    for (size_t i = 0; i < sizeof LAYER_TYPES / sizeof LAYER_TYPES[0]; i++) {
+        const char *dot = strchr(name + 4, '.');
+        if (dot && strcmp(dot + 1, LAYER_TYPES[i].suffix) == 0) {
+            int k = strncmp(name, "blk.0.", 6) == 0;
+            cr_assert(!k || cols % GGML_QK_K == 0, "%s: rows of %llu", name, (unsigned long long)cols);
+            return k ? LAYER_TYPES[i].k : LAYER_TYPES[i].small;
+        }
+    }
+    cr_assert_fail("no type for %s", name);
+    return 0;
+}
+
+// A model of C 256 over the tiny tokenizer's 512 tokens, untied (an output tensor), FF as given.
+static ModelConfig block_config(int FF, ModelArch arch) {
+    ModelConfig c = helper_tiny_config(512, 256);
+    c.C = 256, c.FF = FF, c.HS = 64, c.tied = 0, c.arch = arch;
+    return c;
+}
+
+// One block scale set to a non-finite fp16: tensor, block, byte offset in it, value.
+typedef struct {
+    const char *tensor;
+    int block, at;
+    uint16_t h;
+} Spoil;
+
+// A random model of shape c with the tiny tokenizer written to path as GGUF, each matrix random valid blocks of the
+// type rule gives it (vectors f32); with spoil, one scale made non-finite.
+static void write_block_model(const char *path, const ModelConfig *c, const TypeRule *rule, uint64_t seed,
+                              const Spoil *spoil) {
+    Model m;
+    Tokenizer *tok;
+    GgufWriter w = {0};
+    ErRng r;
+    rng_seed(&r, seed);
+    cr_assert_eq(model_build_random(&m, c, 0.05f, seed), ER_OK, "%s", er_last_error());
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), ER_OK, "%s", er_last_error());
+    cr_assert_eq(model_gguf_put(&m, GGML_F32, &w, NULL), ER_OK, "%s", er_last_error());
+    cr_assert_eq(tok_gguf_put(tok, c->V, &w), ER_OK, "%s", er_last_error());
+    int spoiled = 0;
+    for (int i = 0; i < w.n_tensors; i++) {
+        GgufWriteTensor *t = &w.tensors[i];
+        if (t->ndim != 2)
+            continue;
+        int fi = fmt_of_type(matrix_type(rule, t->name, t->ne[0]));
+        size_t nb = (size_t)(t->ne[0] * t->ne[1]) / (size_t)blocks_elems(FMTS[fi].f);
+        uint8_t *b = random_blocks(fi, nb, &r, NULL);
+        if (spoil && strcmp(t->name, spoil->tensor) == 0) {
+            memcpy(b + (size_t)spoil->block * blocks_bytes(FMTS[fi].f) + spoil->at, &spoil->h, 2);
+            spoiled = 1;
+        }
+        er_free(t->owned);
+        t->type = FMTS[fi].type;
+        t->nbytes = nb * (size_t)blocks_bytes(FMTS[fi].f);
+        t->data = t->owned = b;
+    }
+    cr_assert(!spoil || spoiled, "no tensor %s", spoil ? spoil->tensor : "");
+    cr_assert_eq(gguf_write(&w, path), ER_OK, "%s", er_last_error());
+    gguf_writer_free(&w);
+    tok_free(tok);
+    model_free(&m);
+}
+
+// Every matrix of m (loaded from its GGUF) is in the format of its tensor's type, named alike (q4_K: "q4_k"), and
+// used in place: the tensor's bytes in the mapping, owned by nobody (llama's q/k rows, which go back into HF order,
+// are a copy of the weight's own). Returns the formats seen as a bit set.
+static unsigned expect_in_place(const Model *m) {
+    const GgufFile *f = m->gguf;
+    cr_assert(f, "the model keeps no GGUF mapping");
+    cr_assert_eq(f->n_tensors, m->n_params, "tensors and parameters differ in number");
+    unsigned seen = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const ParamTensor *p = &m->params[i];
+        const GgufTensor *t = &f->tensors[i]; // model_gguf_put writes the parameters in their order
+        if (!p->w)
+            continue;
+        cr_assert(t->ne[0] == (uint64_t)p->shape[1] && t->ne[1] == (uint64_t)p->shape[0], "%s is not %s", p->name,
+                  t->name);
+        char want[16];
+        snprintf(want, sizeof want, "%s", ggml_type_name(t->type));
+        for (char *s = want; *s; s++)
+            *s = (char)tolower((unsigned char)*s);
+        cr_expect_str_eq(weight_format_name(p->w->fmt), want, "%s (%s)", p->name, t->name);
+        int copied = m->cfg.arch == ARCH_LLAMA && (strstr(p->name, "q_proj") || strstr(p->name, "k_proj"));
+        if (copied)
+            cr_expect(p->w->owned && p->w->data == p->w->owned, "%s: llama's q/k rows are not a copy", p->name);
+        else
+            cr_expect(!p->w->owned && p->w->data == t->data, "%s (%s) is not used in place", p->name, t->name);
+        seen |= 1u << p->w->fmt;
+    }
+    return seen;
+}
+
+// Every tensor of GGUF b is a's: the same names, types, shapes and bytes.
+static void expect_same_tensors(const char *a, const char *b) {
+    GgufFile fa, fb;
+    cr_assert_eq(gguf_open(&fa, a), ER_OK, "%s", er_last_error());
+    cr_assert_eq(gguf_open(&fb, b), ER_OK, "%s", er_last_error());
+    cr_expect_eq(fa.n_tensors, fb.n_tensors, "%s has %d tensors, %s %d", a, fa.n_tensors, b, fb.n_tensors);
+    int differ = 0;
+    for (int i = 0; i < fa.n_tensors; i++) {
+        const GgufTensor *ta = &fa.tensors[i], *tb = gguf_find_tensor(&fb, ta->name);
+        int same = tb && tb->type == ta->type && tb->ndim == ta->ndim && !memcmp(tb->ne, ta->ne, sizeof ta->ne) &&
+                   tb->nbytes == ta->nbytes && !memcmp(tb->data, ta->data, ta->nbytes);
+        if (!same && differ++ < 4)
+            fprintf(stderr, "quant_blocks: %s: tensor %s (%s) %s\n", b, ta->name, ggml_type_name(ta->type),
+                    !tb ? "is missing" : tb->type != ta->type ? "has another type" : "has other bytes");
+    }
+    cr_expect_eq(differ, 0, "%s: %d tensors differ from %s's", b, differ, a);
+    gguf_close(&fa);
+    gguf_close(&fb);
+}
+
+// A GGUF of mixed block types (every one of the seven) loaded in place, then written back two ways: the model's
+// default type (MODEL_GGUF_NATIVE) through model_gguf_put, and gguf_export_model from the .gguf; both hold the
+// first file's tensors byte for byte.
+static void reexport_case(ModelArch arch) {
+    char *tmp = helper_tmpdir("er_blocks"), p1[512], p2[512], p3[512];
+    snprintf(p1, sizeof p1, "%s/mixed.gguf", tmp);
+    snprintf(p2, sizeof p2, "%s/put.gguf", tmp);
+    snprintf(p3, sizeof p3, "%s/export.gguf", tmp);
+    ModelConfig c = block_config(512, arch);
+    TypeRule rule = {.mixed = 1};
+    write_block_model(p1, &c, &rule, 5, NULL);
+    Model m;
+    Tokenizer *tok;
+    GgufWriter w = {0};
+    uint32_t type;
+    cr_assert_eq(model_load(&m, p1, 0), ER_OK, "%s", er_last_error());
+    unsigned seen = expect_in_place(&m);
+    for (int fi = 0; fi < N_FMTS; fi++)
+        cr_expect(seen & 1u << FMTS[fi].f, "no matrix is %s", ggml_type_name(FMTS[fi].type));
+    cr_assert_eq(model_gguf_default_type(&m, &type), ER_OK, "%s", er_last_error());
+    cr_expect_eq(type, MODEL_GGUF_NATIVE, "the default export type of a block model is %u", type);
+    cr_assert_eq(tok_load(&tok, p1), ER_OK, "%s", er_last_error());
+    cr_assert_eq(model_gguf_put(&m, type, &w, NULL), ER_OK, "%s", er_last_error());
+    cr_assert_eq(tok_gguf_put(tok, m.cfg.V, &w), ER_OK, "%s", er_last_error());
+    cr_assert_eq(gguf_write(&w, p2), ER_OK, "%s", er_last_error());
+    cr_assert_eq(gguf_export_model(p1, p3, NULL, NULL), ER_OK, "%s", er_last_error());
+    expect_same_tensors(p1, p2);
+    expect_same_tensors(p1, p3);
+    gguf_writer_free(&w);
+    tok_free(tok);
+    model_free(&m);
+    helper_rmdir(tmp);
+    er_free(tmp);
+}
+
+Test(quant_blocks, gguf_reexport_byte_identical) { reexport_case(ARCH_QWEN2); }
+Test(quant_blocks, gguf_reexport_byte_identical_llama) { reexport_case(ARCH_LLAMA); }
+
+// The weights of b are a's: formats, packed bytes, float values. The data tensor of each packed matrix in dir's
+// model.safetensors is U8 [rows, row bytes].
+static void expect_same_weights(const Model *a, const Model *b, const char *dir) {
+    char *st = path_join(dir, "model.safetensors");
+    StFile f;
+    cr_assert_eq(safetensors_open(&f, st), ER_OK, "%s", er_last_error());
+    cr_assert_eq(a->n_params, b->n_params);
+    for (int i = 0; i < a->n_params; i++) {
+        const ParamTensor *p = &a->params[i], *q = &b->params[i];
+        cr_assert_str_eq(p->name, q->name);
+        if (!p->w) {
+            cr_expect(!memcmp(p->data, q->data, p->numel * sizeof(float)), "%s differs", p->name);
+            continue;
+        }
+        size_t rb = weight_row_bytes(p->w->fmt, p->w->cols);
+        cr_expect_eq(q->w->fmt, p->w->fmt, "%s: %s, was %s", p->name, weight_format_name(q->w->fmt),
+                     weight_format_name(p->w->fmt));
+        cr_expect(!memcmp(q->w->data, p->w->data, (size_t)p->w->rows * rb), "%s: the bytes differ", p->name);
+        const StTensor *t = safetensors_find(&f, p->name);
+        cr_assert(t, "%s: no tensor %s", st, p->name);
+        cr_expect(t->dtype == DT_U8 && t->ndim == 2 && t->shape[0] == p->w->rows && t->shape[1] == (int64_t)rb,
+                  "%s: %s is %s [%lld, %lld], expected U8 [%d, %zu]", st, p->name, dtype_name(t->dtype),
+                  (long long)t->shape[0], (long long)t->shape[1], p->w->rows, rb);
+    }
+    safetensors_close(&f);
+    er_free(st);
+}
+
+// The model's formats as a quantization_config names them: the config's weights (with quant_block_fallback),
+// q8_0 embeddings and a q6_k lm_head.
+static QuantConfig block_quant_config(WeightFormat linear) {
+    QuantConfig q = {.enabled = 1, .linear = linear, .embed = WF_Q8_0, .lm_head = WF_Q6_K};
+    snprintf(q.transforms, sizeof q.transforms, "none");
+    return q;
+}
+
+// GGUF -> model dir -> GGUF, for configs whose k-quants fall back on ffn_down's rows of 288 (q4_k -> q5_0,
+// q5_k -> q5_1, q6_k -> q8_0) and for q4_1: model_save writes the blocks as they are (U8 [rows, row bytes]),
+// model_load reads them back the same, and the dir exports to the first GGUF's tensors byte for byte. A model loaded
+// from a GGUF has no quantization_config, and model_save refuses packed matrices that a config does not name: the
+// test gives it the config its formats follow (a mixed file like a Q4_K_M has none).
+Test(quant_blocks, model_dir_round_trip) {
+    static const WeightFormat LINEAR[] = {WF_Q4_K, WF_Q5_K, WF_Q6_K, WF_Q4_1};
+    char *tmp = helper_tmpdir("er_blocks");
+    for (size_t i = 0; i < sizeof LINEAR / sizeof LINEAR[0]; i++) {
+        char p1[512], p2[512], dir[512];
+        snprintf(p1, sizeof p1, "%s/%s.gguf", tmp, weight_format_name(LINEAR[i]));
+        snprintf(p2, sizeof p2, "%s/%s-again.gguf", tmp, weight_format_name(LINEAR[i]));
+        snprintf(dir, sizeof dir, "%s/%s-dir", tmp, weight_format_name(LINEAR[i]));
+        ModelConfig c = block_config(288, ARCH_QWEN2);
+        TypeRule rule = {.mixed = 0, .linear = LINEAR[i]};
+        write_block_model(p1, &c, &rule, 20 + i, NULL);
+        Model g, d;
+        Tokenizer *tok;
+        GgufWriter w = {0};
+        uint32_t type;
+        cr_assert_eq(model_load(&g, p1, 0), ER_OK, "%s", er_last_error());
+        g.quant = block_quant_config(LINEAR[i]);
+        cr_assert_eq(model_save(&g, dir, 0), ER_OK, "%s", er_last_error());
+        cr_assert_eq(model_load(&d, dir, 0), ER_OK, "%s", er_last_error());
+        expect_same_weights(&g, &d, dir);
+        cr_expect_eq(d.layers[0].wdown.fmt, quant_block_fallback(LINEAR[i], 288));
+        cr_assert_eq(model_gguf_default_type(&d, &type), ER_OK, "%s", er_last_error());
+        cr_assert_eq(tok_load(&tok, p1), ER_OK, "%s", er_last_error());
+        cr_assert_eq(model_gguf_put(&d, type, &w, NULL), ER_OK, "%s", er_last_error());
+        cr_assert_eq(tok_gguf_put(tok, d.cfg.V, &w), ER_OK, "%s", er_last_error());
+        cr_assert_eq(gguf_write(&w, p2), ER_OK, "%s", er_last_error());
+        expect_same_tensors(p1, p2);
+        gguf_writer_free(&w);
+        tok_free(tok);
+        model_free(&d);
+        model_free(&g);
+    }
+    helper_rmdir(tmp);
+    er_free(tmp);
+}
+
+// ---- bad blocks ----
+
+// The load of path refused, one line naming it, the tensor and what is wrong.
+static void expect_refused(const char *path, const char *file, const char *tensor, int block) {
+    Model m;
+    char want[160];
+    int rc = model_load(&m, path, 0);
+    cr_expect_eq(rc, ER_EFORMAT, "%s: loaded (%d) with a non-finite scale in %s", path, rc, tensor);
+    if (rc == ER_OK)
+        model_free(&m);
+    const char *msg = er_last_error();
+    snprintf(want, sizeof want, "tensor \"%s\" holds a NaN or infinite scale in block %d", tensor, block);
+    cr_expect(strstr(msg, file) && strstr(msg, want) && !strchr(msg, '\n'), "the error \"%s\" does not name %s and %s",
+              msg, file, want);
+}
+
+// A q4_K block whose d is NaN (0x7e00) is refused, and so is each other kind of bad scale: an infinite dmin (q5_K),
+// -inf d (q6_K, at byte 208), a NaN with a payload (q8_0 embeddings), an infinite m (q4_1).
+Test(quant_blocks, gguf_nonfinite_scale_refused) {
+    static const Spoil SPOILS[] = {
+        {"blk.0.attn_q.weight", 3, 0, 0x7e00},   {"blk.0.attn_k.weight", 0, 2, 0x7c00},
+        {"blk.0.attn_v.weight", 7, 208, 0xfc00}, {"token_embd.weight", 100, 0, 0x7d01},
+        {"blk.1.attn_v.weight", 5, 2, 0xfc00},
+    };
+    char *tmp = helper_tmpdir("er_blocks"), path[512];
+    ModelConfig c = block_config(512, ARCH_QWEN2);
+    TypeRule rule = {.mixed = 1};
+    for (size_t i = 0; i < sizeof SPOILS / sizeof SPOILS[0]; i++) {
+        snprintf(path, sizeof path, "%s/bad-%zu.gguf", tmp, i);
+        write_block_model(path, &c, &rule, 30 + i, &SPOILS[i]);
+        expect_refused(path, path, SPOILS[i].tensor, SPOILS[i].block);
+    }
+    helper_rmdir(tmp);
+    er_free(tmp);
+}
+
+// Two bytes of tensor `tensor` in a safetensors file, at offset `at` of its data, replaced by h (the old ones to *old).
+static void patch_safetensors(const char *file, const char *tensor, size_t at, uint16_t h, uint16_t *old) {
+    StFile f;
+    cr_assert_eq(safetensors_open(&f, file), ER_OK, "%s", er_last_error());
+    const StTensor *t = safetensors_find(&f, tensor);
+    cr_assert(t && at + 2 <= t->nbytes, "%s: no tensor %s of %zu bytes", file, tensor, at + 2);
+    long off = (long)((const char *)t->data - (const char *)f.map) + (long)at;
+    safetensors_close(&f);
+    FILE *fp = fopen(file, "r+b");
+    cr_assert(fp, "%s", file);
+    cr_assert(fseek(fp, off, SEEK_SET) == 0 && fread(old, 2, 1, fp) == 1);
+    cr_assert(fseek(fp, off, SEEK_SET) == 0 && fwrite(&h, 2, 1, fp) == 1);
+    cr_assert_eq(fclose(fp), 0);
+}
+
+// A model dir (q4_k weights: q5_0 on ffn_down's rows, q8_0 embeddings, q6_k lm_head) with one scale made infinite or
+// NaN in turn is refused by model_load, naming model.safetensors and the tensor (quant_packed_load's check); with the
+// bytes put back it loads.
+Test(quant_blocks, model_dir_nonfinite_scale_refused) {
+    static const struct {
+        const char *tensor;
+        int block;
+        size_t at;
+        uint16_t h;
+    } CASES[] = {
+        {"model.layers.0.self_attn.q_proj.weight", 2, 0, 0x7c00},  // q4_K d +inf
+        {"model.layers.1.self_attn.v_proj.weight", 4, 2, 0xfc00},  // q4_K dmin -inf
+        {"model.layers.0.mlp.down_proj.weight", 9, 0, 0x7e00},     // q5_0 d NaN
+        {"lm_head.weight", 1, 208, 0x7c00},                        // q6_K d +inf
+        {"model.embed_tokens.weight", 11, 0, 0xfc00},              // q8_0 d -inf
+    };
+    char *tmp = helper_tmpdir("er_blocks"), p1[512], dir[512];
+    snprintf(p1, sizeof p1, "%s/q4_k.gguf", tmp);
+    snprintf(dir, sizeof dir, "%s/dir", tmp);
+    ModelConfig c = block_config(288, ARCH_QWEN2);
+    TypeRule rule = {.mixed = 0, .linear = WF_Q4_K};
+    write_block_model(p1, &c, &rule, 40, NULL);
+    Model g;
+    cr_assert_eq(model_load(&g, p1, 0), ER_OK, "%s", er_last_error());
+    g.quant = block_quant_config(WF_Q4_K);
+    cr_assert_eq(model_save(&g, dir, 0), ER_OK, "%s", er_last_error());
+    char *st = path_join(dir, "model.safetensors");
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        const ParamTensor *p = NULL;
+        for (int k = 0; k < g.n_params && !p; k++)
+            p = strcmp(g.params[k].name, CASES[i].tensor) == 0 ? &g.params[k] : NULL;
+        cr_assert(p && p->w, "no matrix %s", CASES[i].tensor);
+        size_t at = (size_t)CASES[i].block * (size_t)blocks_bytes(p->w->fmt) + CASES[i].at;
+        uint16_t old;
+        patch_safetensors(st, CASES[i].tensor, at, CASES[i].h, &old);
+        expect_refused(dir, st, CASES[i].tensor, CASES[i].block);
+        patch_safetensors(st, CASES[i].tensor, at, old, &old);
+        Model d;
+        cr_assert_eq(model_load(&d, dir, 0), ER_OK, "%s", er_last_error());
+        model_free(&d);
+    }
+    model_free(&g);
+    er_free(st);
+    helper_rmdir(tmp);
+    er_free(tmp);
 }
