@@ -2,8 +2,12 @@
 // loaded from an exact-size buffer through er_model_load_from_buffer. When it opens, the promises of the reader are
 // checked (every key and tensor found again, tensor data inside the mapping and aligned, typed getters that either work
 // or refuse), then the file goes through the model loader and the tokenizer builder (model/gguf_model.h,
-// data/tokenizer.h), which must load it or refuse it with a message.
+// data/tokenizer.h), which must load it or refuse it with a message. A model it loads must decode every row of its
+// block-format matrices (q8_0 .. q6_K, quant/blocks.h) to finite values: the loader refuses NaN and infinite block
+// scales, and finite fp16 scales times codes stay finite in fp32.
 #include "tests/fuzz/fuzz_common.h"
+
+#include <math.h>
 
 #include "core/bytes.h"
 #include "core/error.h"
@@ -11,6 +15,7 @@
 #include "data/tokenizer.h"
 #include "infer/erinfer.h"
 #include "model/model.h"
+#include "quant/blocks.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
@@ -80,6 +85,24 @@ static void load_from_memory(const uint8_t *data, size_t size, int file_rc) {
     free(exact);
 }
 
+// Every row of each block-format matrix of m as fp32, each value finite.
+static void check_block_rows(const Model *m) {
+    for (int i = 0; i < m->n_params; i++) {
+        const Weight *w = m->params[i].w;
+        if (!w || !blocks_format(w->fmt))
+            continue;
+        float *row = malloc((size_t)w->cols * sizeof(float));
+        FUZZ_CHECK(row != NULL, "out of memory");
+        for (int r = 0; r < w->rows; r++) {
+            weight_row_f32(row, w, r);
+            for (int k = 0; k < w->cols; k++)
+                FUZZ_CHECK(isfinite(row[k]), "%s (%s) row %d decodes to %g at %d", m->params[i].name,
+                           weight_format_name(w->fmt), r, row[k], k);
+        }
+        free(row);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char path[FUZZ_PATH_MAX];
     fuzz_write("in.gguf", data, size);
@@ -92,10 +115,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check_open_file(&f);
     gguf_close(&f);
     Model m;
-    if (model_load(&m, path, 0) == ER_OK)
+    if (model_load(&m, path, 0) == ER_OK) {
+        check_block_rows(&m);
         model_free(&m);
-    else
+    } else {
         FUZZ_CHECK(er_last_error()[0] != 0, "the model loader refused without a message");
+    }
     Tokenizer *tok;
     if (tok_load(&tok, path) == ER_OK)
         tok_free(tok);

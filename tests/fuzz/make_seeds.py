@@ -10,6 +10,7 @@ tests/fuzz/fuzz_common.h). Plain Python (json + struct): no torch, nothing from 
 """
 import json
 import os
+import random
 import struct
 import sys
 
@@ -427,11 +428,30 @@ def gguf(kvs, tensors, version=3, align=32):
     return out + b"\0" * (-len(out) % align) + data
 
 
-def gguf_micro_model(mat_type=1):
-    """A one-layer qwen2 model (C 32, V 512) with the tiny tokenizer's arrays; zero weights."""
+# ggml type -> (elements, bytes) per block, and the byte offsets of a block's fp16 scales (ggml's layouts,
+# quant/blocks.h): q4_1 3, q5_0 6, q5_1 7, q8_0 8, q4_K 12, q5_K 13, q6_K 14.
+GG_BLOCK = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 12: (256, 144),
+            13: (256, 176), 14: (256, 210)}
+GG_SCALES = {3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
+
+
+def random_blocks(typ, n_blocks, rng):
+    """Random block bytes of a block type, every fp16 scale a finite value of +-0.001 .. 0.01."""
+    size = GG_BLOCK[typ][1]
+    out = bytearray(rng.getrandbits(8) for _ in range(n_blocks * size))
+    for b in range(n_blocks):
+        for at in GG_SCALES[typ]:
+            out[b * size + at:b * size + at + 2] = struct.pack("<e", rng.choice((-1, 1)) * rng.uniform(0.001, 0.01))
+    return bytes(out)
+
+
+def gguf_micro_model(mat_type=1, mat_types=None, FF=64, seed=0, spoil=None):
+    """A one-layer qwen2 model (C 32, V 512) with the tiny tokenizer's arrays; zero weights of mat_type, or with
+    mat_types (tensor name -> ggml block type, mat_type for the others) random blocks, spoil (name, byte, fp16 bits) one
+    scale replaced."""
     with open(os.path.join(TINY, "tokenizer.json"), encoding="utf-8") as f:
         tj = json.load(f)
-    V, C, FF = 512, 32, 64
+    V, C = 512, 32
     tokens, types = ["[PAD%d]" % i for i in range(V)], [5] * V
     for tok, i in tj["model"]["vocab"].items():
         tokens[i], types[i] = tok, 1
@@ -447,10 +467,15 @@ def gguf_micro_model(mat_type=1):
             gkv("tokenizer.ggml.tokens", GG_ARR, (GG_STR, tokens)),
             gkv("tokenizer.ggml.token_type", GG_ARR, (GG_I32, types)),
             gkv("tokenizer.ggml.merges", GG_ARR, (GG_STR, merges)), gkv("tokenizer.ggml.eos_token_id", GG_U32, 509)]
-    block = {0: (1, 4), 1: (1, 2), 2: (32, 18), 8: (32, 34)}[mat_type]
+    rng = random.Random(seed)
 
     def mat(name, rows, cols):
-        return (name, mat_type, [cols, rows], b"\0" * (rows * cols // block[0] * block[1]))
+        typ = (mat_types or {}).get(name, mat_type)
+        n = rows * cols // GG_BLOCK[typ][0]
+        data = random_blocks(typ, n, rng) if mat_types and typ in GG_SCALES else b"\0" * (n * GG_BLOCK[typ][1])
+        if spoil and spoil[0] == name:
+            data = data[:spoil[1]] + struct.pack("<H", spoil[2]) + data[spoil[1] + 2:]
+        return (name, typ, [cols, rows], data)
 
     def vec(name, n):
         return (name, 0, [n], f32([1.0] * n))
@@ -470,6 +495,15 @@ def seeds_gguf():
     put(t, "valid-model-f16", gguf_micro_model(1))
     put(t, "valid-model-q4_0", gguf_micro_model(2))
     put(t, "valid-model-q8_0", gguf_micro_model(8))
+    # The block types kept in their bytes: q8_0 embeddings, the 32-element types in attention and the MLP's gate and
+    # up, a k-quant on ffn_down (its rows of FF = 256 are one super-block), random codes and finite scales.
+    blocks = {"token_embd.weight": 8, "blk.0.attn_q.weight": 3, "blk.0.attn_k.weight": 6, "blk.0.attn_v.weight": 7,
+              "blk.0.attn_output.weight": 8, "blk.0.ffn_gate.weight": 6, "blk.0.ffn_up.weight": 7}
+    for i, k in enumerate((12, 13, 14)):
+        put(t, "valid-model-%s" % {12: "q4_K", 13: "q5_K", 14: "q6_K"}[k],
+            gguf_micro_model(1, dict(blocks, **{"blk.0.ffn_down.weight": k}), FF=256, seed=i + 1))
+    put(t, "bad-block-nan", gguf_micro_model(1, dict(blocks, **{"blk.0.ffn_down.weight": 12}), FF=256, seed=1,
+                                             spoil=("blk.0.ffn_down.weight", 144 * 5, 0x7e00)))
     put(t, "bad-version", gguf([], one, version=2))
     put(t, "bad-truncated", gguf([gkv("k", GG_STR, "value")], one)[:40])
     put(t, "bad-hugestring", b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1 << 60) + b"k" * 16)
