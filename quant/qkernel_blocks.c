@@ -167,44 +167,9 @@ static inline __attribute__((always_inline)) QbSub qb_sub(const uint8_t *b, int 
     return s;
 }
 
-static inline float qb_hsum(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
-}
-
-// Row r against the N inputs: out[n * R + r].
-static inline __attribute__((always_inline)) void qb_row(float *out, const Weight *w, const QbActs *a, int r, int R,
-                                                         const int N, const WeightFormat fmt) {
-    int K = w->cols, E = qb_elems(fmt), nsub = K / 32;
-    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(fmt, K);
-    __m256 acc[QUANT_DECODE_MAX_N];
-    #pragma GCC unroll 8
-    for (int n = 0; n < N; n++)
-        acc[n] = _mm256_setzero_ps();
-    for (int sb = 0; sb < nsub; sb++) {
-        QbSub s = qb_sub(row + (size_t)(32 * sb / E) * qb_bytes(fmt), sb % (E / 32), fmt);
-        __m256i u = fmt == WF_Q8_0 ? _mm256_abs_epi8(s.u) : s.u;
-        #pragma GCC unroll 8
-        for (int n = 0; n < N; n++) {
-            size_t i = (size_t)n * nsub + sb;
-            __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + 32 * i));
-            if (fmt == WF_Q8_0)
-                x = _mm256_sign_epi8(x, s.u);
-            __m256 dot = _mm256_cvtepi32_ps(qk_dot_u8(_mm256_setzero_si256(), u, x));
-            acc[n] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s.s, _mm256_set1_ps(a->d[i])), acc[n]);
-            if (fmt != WF_Q8_0)
-                acc[n] = _mm256_fmadd_ps(s.o, _mm256_loadu_ps(a->hs + 8 * i), acc[n]);
-        }
-    }
-    #pragma GCC unroll 8
-    for (int n = 0; n < N; n++)
-        out[(size_t)n * R + r] = qb_hsum(acc[n]);
-}
-
 #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-// The same with AVX512-VNNI: two sub-blocks per register (q8_0 as unsigned codes q + 128, the offset -128 s on the
-// input sums, as in the prefill below), the last one alone where K / 32 is odd.
+// Row r against the N inputs, out[n * R + r]: with AVX512-VNNI two sub-blocks per register (q8_0 as unsigned codes
+// q + 128, the offset -128 s on the input sums, as in the prefill below), the last one alone where K / 32 is odd.
 static inline __attribute__((always_inline)) void qb_row512(float *out, const Weight *w, const QbActs *a, int r, int R,
                                                             const int N, const WeightFormat fmt) {
     int K = w->cols, E = qb_elems(fmt), nsub = K / 32;
@@ -241,6 +206,40 @@ static inline __attribute__((always_inline)) void qb_row512(float *out, const We
 }
 #define QB_ROW qb_row512
 #else
+static inline float qb_hsum(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+}
+
+// Row r against the N inputs: out[n * R + r].
+static inline __attribute__((always_inline)) void qb_row(float *out, const Weight *w, const QbActs *a, int r, int R,
+                                                         const int N, const WeightFormat fmt) {
+    int K = w->cols, E = qb_elems(fmt), nsub = K / 32;
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(fmt, K);
+    __m256 acc[QUANT_DECODE_MAX_N];
+    #pragma GCC unroll 8
+    for (int n = 0; n < N; n++)
+        acc[n] = _mm256_setzero_ps();
+    for (int sb = 0; sb < nsub; sb++) {
+        QbSub s = qb_sub(row + (size_t)(32 * sb / E) * qb_bytes(fmt), sb % (E / 32), fmt);
+        __m256i u = fmt == WF_Q8_0 ? _mm256_abs_epi8(s.u) : s.u;
+        #pragma GCC unroll 8
+        for (int n = 0; n < N; n++) {
+            size_t i = (size_t)n * nsub + sb;
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + 32 * i));
+            if (fmt == WF_Q8_0)
+                x = _mm256_sign_epi8(x, s.u);
+            __m256 dot = _mm256_cvtepi32_ps(qk_dot_u8(_mm256_setzero_si256(), u, x));
+            acc[n] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s.s, _mm256_set1_ps(a->d[i])), acc[n]);
+            if (fmt != WF_Q8_0)
+                acc[n] = _mm256_fmadd_ps(s.o, _mm256_loadu_ps(a->hs + 8 * i), acc[n]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int n = 0; n < N; n++)
+        out[(size_t)n * R + r] = qb_hsum(acc[n]);
+}
 #define QB_ROW qb_row
 #endif
 

@@ -301,14 +301,10 @@ static float grid_value(const Grid *g, int u) {
 //       |m - m_h| <= 0.5 |d_h| + 2^-10 (nmax |d_h| + |m_h|): 0.51 .. 0.53 of a step, up to the |m| term;
 //   q5_0: the same with nmax 16 (codes -16 .. 15 of d), but the value of largest magnitude maps to -16 d, so values
 //       within half a step of +16 d are clamped to 15 d: a whole step at code 31;
-//   q4_K, q5_K (sub-block s: dl = d sc_s, ml = dmin m_s): inside [-ml, nmax dl - ml] the code is the nearest, 0.5 dl;
-//       the 6-bit grids of sc and m move the ends of that range from the sub-block's extremes by at most
-//       nmax (0.5 + 63 * 2^-11) d at the top and (0.5 + 63 * 2^-11) dmin at the bottom, so
-//       |x - y| <= 0.5 dl + 0.54 (nmax d + dmin): 0.62 (q4_K) or 0.75 (q5_K) of the largest sub-block step 63 d;
-//   q6_K (sub-block s: dl = d sc_s, codes -32 .. 31 of dl): the sub-block's value of largest magnitude maps to -32 dl'
-//       (dl' its unrounded scale, |dl - dl'| <= 1.0625 |d|: the 8-bit grid, 128 clamped to 127, fp16), and values
-//       up to +32 dl' are clamped to code 31: |x - y| <= |dl| + 34 |d|, 1.27 of the largest sub-block step 128 |d|.
-static float error_bound(WeightFormat f, const uint8_t *blk, int e, float y) {
+//   q4_K, q5_K, q6_K: each sub-block's range may be clipped (the scale search trades its extremes for a finer step),
+//       so the bound is that of the nearest code: 0.5 dl inside the grid's range [lowest, highest level], plus the
+//       distance of x beyond it outside.
+static float error_bound(WeightFormat f, const uint8_t *blk, int e, float x, float y) {
     const float ulp = 1.0f / 1024.0f;
     Grid g = elem_grid(f, blk, e);
     float step = fabsf(g.step), slop = 1e-3f * step;
@@ -320,9 +316,10 @@ static float error_bound(WeightFormat f, const uint8_t *blk, int e, float y) {
         int top = step > 0.0f && lrintf(y / g.step) == 15;
         return (top ? 1.0f : 0.5f) * step + ulp * 16.0f * step + slop;
     }
-    case WF_Q6_K: return step + 34.0f * fabsf(half_at(blk + 208)) + slop;
-    default:
-        return 0.5f * step + 0.54f * ((float)(g.n - 1) * fabsf(half_at(blk)) + fabsf(half_at(blk + 2))) + slop;
+    default: {
+        float a = grid_value(&g, 0), b = grid_value(&g, g.n - 1), lo = fminf(a, b), hi = fmaxf(a, b);
+        return 0.5f * step + (x < lo ? lo - x : x > hi ? x - hi : 0.0f) + slop;
+    }
     }
 }
 
@@ -339,7 +336,8 @@ static int nearest_code(WeightFormat f, const uint8_t *blk, int e, float x, floa
 // centered rows the step is about (range of 32 normals ~ 4.1 sigma) / nmax for q4_1 / q5_1 / q4_K / q5_K, (largest
 // magnitude ~ 2.2 sigma) / 127 for q8_0 and / 16 for q5_0, (of 16 normals ~ 1.9 sigma) / 32 for q6_K: 0.005, 0.079,
 // 0.040, 0.038, 0.08, 0.04, 0.017, less on the offset rows for the formats with a min. Measured on these seeded rows:
-// 0.0042, 0.054, 0.038, 0.022, 0.050, 0.025, 0.0165; the limits are those plus about a third.
+// 0.0042, 0.054, 0.038, 0.022, 0.047, 0.024, 0.0164 (the k-quants' with the clipping search; 0.050, 0.025, 0.0165
+// from the extremes alone); the limits are those plus about a third.
 static const double RMS_LIMIT[] = {0.0056, 0.072, 0.051, 0.03, 0.067, 0.034, 0.022};
 
 // One row of x quantized and dequantized; returns the elements over their bound, counts the k-quants' non-nearest
@@ -354,7 +352,7 @@ static int round_trip_row(int fi, const float *x, int cols, int *far, double *se
     blocks_dequant_row(f, y, q, cols);
     for (int k = 0; k < cols; k++) {
         const uint8_t *blk = q + (size_t)(k / E) * B;
-        float err = fabsf(x[k] - y[k]), bound = error_bound(f, blk, k % E, y[k]);
+        float err = fabsf(x[k] - y[k]), bound = error_bound(f, blk, k % E, x[k], y[k]);
         if (!(err <= bound) && over++ < 4)
             fprintf(stderr, "quant_blocks: %s element %d: x %.7g, round trip %.7g, error %.3g over the bound %.3g\n",
                     ggml_type_name(FMTS[fi].type), k, x[k], y[k], err, bound);
