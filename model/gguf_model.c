@@ -19,6 +19,7 @@ static const struct {
     {"q4_0", GGML_Q4_0, 2}, {"q4_1", GGML_Q4_1, 3}, {"q5_0", GGML_Q5_0, 8},  {"q5_1", GGML_Q5_1, 9},
     {"q4_K", GGML_Q4_K, 15}, {"q5_K", GGML_Q5_K, 17}, {"q6_K", GGML_Q6_K, 18},
 };
+#define N_EXPORT_TYPES (int)(sizeof EXPORT_TYPES / sizeof EXPORT_TYPES[0])
 #define EXPORT_TYPE_LIST "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K or q6_K"
 
 // The ggml block types and our formats that hold them byte for byte (quant/blocks.h).
@@ -36,7 +37,6 @@ static WeightFormat block_format(uint32_t t) {
             return BLOCK_TYPES[i].f;
     return WF_COUNT;
 }
-#define N_EXPORT_TYPES (int)(sizeof EXPORT_TYPES / sizeof EXPORT_TYPES[0])
 
 int model_gguf_parse_type(const char *s, uint32_t *type) {
     for (int i = 0; i < N_EXPORT_TYPES; i++)

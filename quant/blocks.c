@@ -7,26 +7,18 @@
 
 #include "core/dtype.h"
 
+// Where each block keeps its fp16 scales (byte offsets; -1: none).
 static const struct {
     WeightFormat f;
-    int elems, bytes;
-    int scale_at[2]; // byte offsets of the block's fp16 scales; -1: none
-} BLOCKS[] = {
-    {WF_Q8_0, 32, 34, {0, -1}},   {WF_Q4_1, 32, 20, {0, 2}},   {WF_Q5_0, 32, 22, {0, -1}}, {WF_Q5_1, 32, 24, {0, 2}},
-    {WF_Q4_K, 256, 144, {0, 2}}, {WF_Q5_K, 256, 176, {0, 2}}, {WF_Q6_K, 256, 210, {208, -1}},
+    int scale_at[2];
+} SCALES[] = {
+    {WF_Q8_0, {0, -1}}, {WF_Q4_1, {0, 2}}, {WF_Q5_0, {0, -1}}, {WF_Q5_1, {0, 2}},
+    {WF_Q4_K, {0, 2}},  {WF_Q5_K, {0, 2}}, {WF_Q6_K, {208, -1}},
 };
-#define N_BLOCKS (int)(sizeof BLOCKS / sizeof BLOCKS[0])
 
-static int block_index(WeightFormat f) {
-    for (int i = 0; i < N_BLOCKS; i++)
-        if (BLOCKS[i].f == f)
-            return i;
-    return -1;
-}
-
-int blocks_format(WeightFormat f) { return block_index(f) >= 0; }
-int blocks_elems(WeightFormat f) { return block_index(f) >= 0 ? BLOCKS[block_index(f)].elems : 0; }
-int blocks_bytes(WeightFormat f) { return block_index(f) >= 0 ? BLOCKS[block_index(f)].bytes : 0; }
+int blocks_elems(WeightFormat f) { return weight_format_info(f) ? weight_format_info(f)->block : 0; }
+int blocks_bytes(WeightFormat f) { return weight_format_info(f) ? weight_format_info(f)->block_bytes : 0; }
+int blocks_format(WeightFormat f) { return blocks_elems(f) > 0; }
 
 static float half_at(const uint8_t *p) {
     uint16_t h;
@@ -35,11 +27,12 @@ static float half_at(const uint8_t *p) {
 }
 
 size_t blocks_find_nonfinite(WeightFormat f, const uint8_t *data, size_t nblocks) {
-    int i = block_index(f);
-    for (size_t b = 0; i >= 0 && b < nblocks; b++)
-        for (int s = 0; s < 2; s++)
-            if (BLOCKS[i].scale_at[s] >= 0 && !isfinite(half_at(data + b * BLOCKS[i].bytes + BLOCKS[i].scale_at[s])))
-                return b;
+    for (size_t i = 0; i < sizeof SCALES / sizeof SCALES[0]; i++)
+        for (size_t b = 0; SCALES[i].f == f && b < nblocks; b++)
+            for (int s = 0; s < 2; s++)
+                if (SCALES[i].scale_at[s] >= 0 &&
+                    !isfinite(half_at(data + b * (size_t)blocks_bytes(f) + (size_t)SCALES[i].scale_at[s])))
+                    return b;
     return nblocks;
 }
 
@@ -68,26 +61,15 @@ static void dq_32(float *y, float d, float m, const uint8_t *qs, const uint8_t *
     }
 }
 
-// The 6-bit scale and min of sub-block j from the 12 scale bytes q (q4_K, q5_K).
-static void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
-        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
-    }
-}
-
 // q4_K (qh NULL) and q5_K.
 static void dq_k45(float *y, const uint8_t *s, int five) {
     float d = half_at(s), dmin = half_at(s + 2);
     const uint8_t *sc = s + 4, *qh = five ? s + 16 : NULL, *q = s + (five ? 48 : 16);
     for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
         int a, m;
-        k_scale_min(is, sc, &a, &m);
+        blocks_k_scale_min(is, sc, &a, &m);
         float d1 = d * (float)a, m1 = dmin * (float)m;
-        k_scale_min(is + 1, sc, &a, &m);
+        blocks_k_scale_min(is + 1, sc, &a, &m);
         float d2 = d * (float)a, m2 = dmin * (float)m;
         for (int l = 0; l < 32; l++) {
             int h1 = qh && (qh[l] >> is & 1) ? 16 : 0, h2 = qh && (qh[l] >> (is + 1) & 1) ? 16 : 0;
@@ -112,7 +94,7 @@ static void dq_q6_k(float *y, const uint8_t *s) {
 }
 
 void blocks_dequant_row(WeightFormat f, float *dst, const uint8_t *row, int cols) {
-    int bi = block_index(f), E = BLOCKS[bi].elems, B = BLOCKS[bi].bytes;
+    int E = blocks_elems(f), B = blocks_bytes(f);
     for (int b = 0; b < cols / E; b++, dst += E, row += B)
         switch (f) {
         case WF_Q8_0: dq_q8_0(dst, row); break;
@@ -244,7 +226,7 @@ static void q_k45(uint8_t *s, const float *x, int five) {
     float d = half_at(s), dmin = half_at(s + 2);
     for (int j = 0; j < 8; j++) {
         int a, m;
-        k_scale_min(j, sc, &a, &m);
+        blocks_k_scale_min(j, sc, &a, &m);
         float dl = d * (float)a, ml = dmin * (float)m;
         for (int l = 0; l < 32; l++)
             L[32 * j + l] = (uint8_t)(dl != 0.0f ? clampi((int)lrintf((x[32 * j + l] + ml) / dl), 0, nmax) : 0);
@@ -315,7 +297,7 @@ static void q_q6_k(uint8_t *s, const float *x) {
 }
 
 void blocks_quantize_row(WeightFormat f, uint8_t *dst, const float *x, int cols) {
-    int bi = block_index(f), E = BLOCKS[bi].elems, B = BLOCKS[bi].bytes;
+    int E = blocks_elems(f), B = blocks_bytes(f);
     for (int b = 0; b < cols / E; b++, dst += B, x += E)
         switch (f) {
         case WF_Q8_0: q_q8_0(dst, x); break;

@@ -23,9 +23,20 @@
 
 // 1 for the formats above.
 int blocks_format(WeightFormat f);
-// Elements and bytes per block (0 for the other formats).
+// Elements and bytes per block, the format table's (0 for the other formats).
 int blocks_elems(WeightFormat f);
 int blocks_bytes(WeightFormat f);
+
+// The 6-bit scale and min of sub-block j (0..7) from the 12 scale bytes q of a q4_K / q5_K block (ggml's layout).
+static inline void blocks_k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
+        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
+}
 
 // The row (cols elements, a multiple of blocks_elems) of packed blocks as fp32.
 void blocks_dequant_row(WeightFormat f, float *dst, const uint8_t *row, int cols);

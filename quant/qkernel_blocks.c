@@ -1,8 +1,8 @@
 // Decode kernels of the GGUF block formats (layouts in quant/blocks.h) on int8 inputs: x86 AVX2 (vpmaddubsw +
 // vpmaddwd) or AVX512-VNNI (vpdpbusd) where the compiler targets it, aarch64 NEON (SDOT where the CPU has
 // dotprod, else SMULL + pairwise adds: the same integers). Every format is cut into sub-blocks of 32
-// elements whose codes unpack into one register of 32 unsigned bytes u (q8_0: the signed codes, their signs moved
-// onto the inputs), with a scale s and an offset o per half of 16 (q6_K's two sub-blocks; equal halves
+// elements whose codes unpack into one register of 32 unsigned bytes u (q8_0: on AVX2 the signed codes, their signs
+// moved onto the inputs; with VNNI q + 128, the offset -128 s), with a scale s and an offset o per half of 16 (q6_K's two sub-blocks; equal halves
 // elsewhere): W = s * u + o. Against input row n's codes xq (one scale dx per 32, qk_quant_block, as for q8):
 //   Σ_k W_k x_k ≈ Σ_h dx * s_h * Σ_{k in h} u_k xq_k + o_h * Σ_{k in h} x_k
 // the integer sums in int32 lanes 0-3 (half 0) and 4-7 (half 1), one conversion and two FMAs per sub-block,
@@ -48,19 +48,12 @@ static void qb_acts_fill(QbActs *a, const float *inp, int K, int N) {
         }
 }
 
-// The 6-bit scale and min of sub-block j from the 12 scale bytes q (q4_K, q5_K).
-static inline void qb_k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
-        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
-    }
+// Elements and bytes per block: the format table's (blocks_elems / blocks_bytes), where the compiler sees them, so
+// that each kernel is specialised on its format's (one that disagreed would fail every product against the
+// portable path in tests/quant/test_kernels.c).
+static inline int qb_elems(const WeightFormat fmt) {
+    return fmt == WF_Q4_K || fmt == WF_Q5_K || fmt == WF_Q6_K ? 256 : 32;
 }
-
-// Elements and bytes per block, as blocks_elems / blocks_bytes, where the compiler sees them.
-static inline int qb_elems(const WeightFormat fmt) { return fmt == WF_Q4_K || fmt == WF_Q5_K || fmt == WF_Q6_K ? 256 : 32; }
 static inline int qb_bytes(const WeightFormat fmt) {
     switch (fmt) {
     case WF_Q8_0: return 34;
@@ -144,7 +137,7 @@ static inline __attribute__((always_inline)) QbSub qb_sub(const uint8_t *b, int 
             __m256i hb = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
             s.u = _mm256_or_si256(s.u, _mm256_slli_epi16(hb, 4));
         }
-        qb_k_scale_min(j, b + 4, &sc, &m);
+        blocks_k_scale_min(j, b + 4, &sc, &m);
         s.s = _mm256_set1_ps(qb_half(b) * (float)sc);
         s.o = _mm256_set1_ps(-(qb_half(b + 2) * (float)m));
         break;
@@ -515,7 +508,7 @@ static inline __attribute__((always_inline)) QbSubN qbn_sub(const uint8_t *b, in
             lo = vorrq_u8(lo, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(b + 16), sh), one), 4));
             hi = vorrq_u8(hi, vshlq_n_u8(vandq_u8(vshlq_u8(vld1q_u8(b + 32), sh), one), 4));
         }
-        qb_k_scale_min(j, b + 4, &sc, &m);
+        blocks_k_scale_min(j, b + 4, &sc, &m);
         s.s0 = s.s1 = qbn_half(b) * (float)sc;
         s.o0 = s.o1 = -(qbn_half(b + 2) * (float)m);
         break;
