@@ -40,8 +40,7 @@ WeightFormat quant_mix_format(const QuantConfig *q, int layer, int L, int is_v_o
     return q->mix == QUANT_MIX_K_M && is_v_or_down && more ? WF_Q6_K : q->linear;
 }
 
-// "q4_k_m" / "q5_k_m": a mix on q4_k / q5_k (1), or 0 for any other spec.
-static int parse_mix(const char *s, WeightFormat *f) {
+int quant_parse_mix(const char *s, WeightFormat *f) {
     if (s && (strcmp(s, "q4_k_m") == 0 || strcmp(s, "q5_k_m") == 0)) {
         *f = s[1] == '4' ? WF_Q4_K : WF_Q5_K;
         return 1;
@@ -209,7 +208,7 @@ int quant_config_from_json(QuantConfig *q, const cJSON *j, const char *ctx) {
     ER_TRY(json_get_string(j, "weights", &s, ctx));
     char specs[256];
     quant_spec_list(specs, sizeof specs, ", ", " or ");
-    if (parse_mix(s, &q->linear))
+    if (quant_parse_mix(s, &q->linear))
         q->mix = QUANT_MIX_K_M;
     else if (quant_parse_spec(s, &q->linear, &q->group) < 0)
         return er_error(ER_EFORMAT, "%s: quantization_config.weights \"%s\" is not a known format (%s, q4_k_m or "

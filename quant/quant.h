@@ -159,6 +159,8 @@ enum { QUANT_MIX_NONE, QUANT_MIX_K_M };
 // The format of layer `layer` of L's projection when q is a mix: q6_k for v and down (is_v_or_down) in the layers above,
 // else q->linear (then quant_block_fallback, as for every format).
 WeightFormat quant_mix_format(const QuantConfig *q, int layer, int L, int is_v_or_down);
+// 1 when s names a mix ("q4_k_m", "q5_k_m"), its base format (q4_k, q5_k) into *f; 0 otherwise.
+int quant_parse_mix(const char *s, WeightFormat *f);
 
 // Reads and validates j (the quantization_config object); ctx names the file.
 int quant_config_from_json(QuantConfig *q, const cJSON *j, const char *ctx);

@@ -33,8 +33,7 @@ static size_t param_bytes(const ParamTensor *p, size_t float_size) {
 
 int quantize_parse_weights(const char *spec, WeightFormat *f, int *group, int *mix, int *uniform) {
     *uniform = *mix = 0;
-    if (spec && (strcmp(spec, "q4_k_m") == 0 || strcmp(spec, "q5_k_m") == 0)) {
-        *f = spec[1] == '4' ? WF_Q4_K : WF_Q5_K;
+    if (quant_parse_mix(spec, f)) {
         *group = 0;
         *mix = QUANT_MIX_K_M;
         return ER_OK;
