@@ -74,6 +74,11 @@ int quant_packed_load(Weight *w, WeightFormat f, int group, int sparse, int rows
         return er_error(ER_EFORMAT,
                         "%.*s/config.json: quantization_config sparse_per_row %d does not suit \"%s\" (%s, %d columns)",
                         path_dir_len(dir), dir, sparse, name, fi->name, cols);
+    if (fi->block && cols % fi->block)
+        return er_error(ER_EFORMAT,
+                        "%.*s/config.json: quantization_config's %s holds rows in blocks of %d, which do not divide the "
+                        "%d columns of \"%s\"",
+                        path_dir_len(dir), dir, fi->name, fi->block, cols, name);
     const char *path;
     const StTensor *t = src->find(src->ctx, name, &path);
     if (!t)
