@@ -216,6 +216,25 @@ static inline int gguf_agree(const int *a, const int *b, int n) {
     return k;
 }
 
+// Our greedy tokens on g after prompt (np ids), then the prompt and those tokens scored by us and by llama.cpp on
+// the GGUF file path (its job files in tmp): the count of llama.cpp's greedy tokens equal to ours (*agree) and the
+// largest relative difference of the scored probabilities, returned.
+static inline double gguf_vs_llama(Model *g, const char *path, const char *tmp, const int *prompt, int np, int *agree) {
+    int seq[GGUF_MAX_IDS], ns = np + GGUF_N_NEW;
+    GgufResult ours, ll;
+    cr_assert_leq(ns, GGUF_MAX_IDS);
+    gguf_greedy(g, NULL, prompt, np, GGUF_N_NEW, ours.tokens, ours.probs);
+    memcpy(seq, prompt, (size_t)np * sizeof(int));
+    memcpy(seq + np, ours.tokens, sizeof ours.tokens);
+    gguf_score(g, NULL, NULL, seq, ns, ours.score);
+    cJSON *job = gguf_llama_job(path, NULL, prompt, np, seq, ns), *out = gguf_llama_run(tmp, job);
+    gguf_llama_result(out, &ll, ns);
+    *agree = gguf_agree(ll.tokens, ours.tokens, GGUF_N_NEW);
+    cJSON_Delete(job);
+    cJSON_Delete(out);
+    return gguf_max_rel(ours.score, ll.score, ns - 1);
+}
+
 // Text tokenized by dir's tokenizer (free with er_free).
 static inline int *gguf_encode(const char *dir, const char *text, int *n) {
     Tokenizer *tok;

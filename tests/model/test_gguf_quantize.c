@@ -164,22 +164,11 @@ static void check_import(const QuantCase *q) {
                  ours, file);
     // The same file in llama.cpp: as k_quants_import in test_gguf_llama.c (llama.cpp rounds the activations
     // of these products to 8-bit blocks, hence only probabilities are held to a tolerance).
-    int np, *prompt = gguf_encode("data/tiny_tokenizer", QUANT_PROMPT, &np), seq[GGUF_MAX_IDS];
-    int ns = np + GGUF_N_NEW;
-    GgufResult mine, ll;
-    gguf_greedy(&g, NULL, prompt, np, GGUF_N_NEW, mine.tokens, mine.probs);
-    memcpy(seq, prompt, (size_t)np * sizeof(int));
-    memcpy(seq + np, mine.tokens, sizeof mine.tokens);
-    gguf_score(&g, NULL, NULL, seq, ns, mine.score);
-    cJSON *job = gguf_llama_job(path, NULL, prompt, np, seq, ns), *out = gguf_llama_run(tmp, job);
-    gguf_llama_result(out, &ll, ns);
-    int k = gguf_agree(ll.tokens, mine.tokens, GGUF_N_NEW);
-    double rs = gguf_max_rel(mine.score, ll.score, ns - 1);
+    int np, k, *prompt = gguf_encode("data/tiny_tokenizer", QUANT_PROMPT, &np);
+    double rs = gguf_vs_llama(&g, path, tmp, prompt, np, &k);
     fprintf(stderr, "gguf_quantize %s vs llama.cpp: greedy %d/%d equal, scored max rel %.2e\n", q->name, k,
             GGUF_N_NEW, rs);
     cr_expect_leq(rs, 0.2, "%s: scored probabilities differ by %.2e", q->name, rs);
-    cJSON_Delete(job);
-    cJSON_Delete(out);
     model_free(&g);
     er_free(prompt);
     helper_rmdir(tmp);
