@@ -129,7 +129,7 @@ static int weight_is_q4_0(const Weight *w) {
 
 // Row r of a q4_0-shaped q4g32 weight as q4_0 blocks, bytes copied (no rounding anywhere).
 static void q4g_row_to_q4_0(uint8_t *dst, const Weight *w, int r) {
-    uint8_t buf[QUANT_TILE_MAX_COLS];
+    uint8_t buf[QUANT_PACKED_ROW_MAX];
     const uint8_t *row = weight_packed_row(w, r, buf);
     for (int b = 0; b < w->cols / 32; b++, dst += 18) {
         memcpy(dst, &w->gscale[weight_group_index(w, r, b)], 2);
@@ -187,6 +187,7 @@ static int param_bytes(const Model *m, const ParamTensor *p, uint32_t type, void
     }
     WeightFormat bf = block_format(type);
     int exact = p->w && exact_type(p->w) == (long)type;
+    uint8_t rowbuf[QUANT_PACKED_ROW_MAX];
     for (int r = 0; r < rows; r++) {
         uint8_t *dst = buf + (size_t)r * row_bytes;
         int src = hf_row(&m->cfg, p->name, r);
@@ -200,8 +201,8 @@ static int param_bytes(const Model *m, const ParamTensor *p, uint32_t type, void
             q4g_row_to_q4_0(dst, p->w, src);
             continue;
         }
-        if (exact && bf != WF_COUNT) {
-            memcpy(dst, (const uint8_t *)p->w->data + (size_t)src * row_bytes, row_bytes);
+        if (exact && bf != WF_COUNT) { // the blocks as loaded (gathered back where tiled for decode)
+            memcpy(dst, weight_packed_row(p->w, src, rowbuf), row_bytes);
             continue;
         }
         weight_row_f32(tmp, p->w, src);

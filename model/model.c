@@ -693,9 +693,33 @@ static int model_borrows(const Model *m, const void *p) {
     return m->gguf && bytes_borrows(&m->gguf->bytes, p);
 }
 
+// Once some file pages are released, the matrices left in the file's mapping are copied out and their pages released
+// too: reading them would map back whole page-cache folios (2 MiB on ext4) that hold the released neighbours, and the
+// process would hold both those and their tiled copies (Q4_K_M, whose k-quant matrices are not tiled: 1.17x the file).
+static int own_mapped_rest(Model *m, size_t *released) {
+    for (int i = 0; i < m->n_params; i++) {
+        Weight *w = m->params[i].w;
+        if (!w || w->owned || w->tiled || !w->data || model_borrows(m, w->data))
+            continue;
+        size_t bytes = (size_t)w->rows * weight_row_bytes(w->fmt, w->cols);
+        void *copy = er_alloc(bytes);
+        if (!copy)
+            return er_error(ER_ENOMEM, "model: copying \"%s\" out of its file (%zu bytes)", m->params[i].name, bytes);
+        memcpy(copy, w->data, bytes);
+        er_release_pages(w->data, bytes);
+        *released += bytes;
+        if (m->params[i].data == w->data)
+            m->params[i].data = copy;
+        w->data = w->owned = copy;
+    }
+    return ER_OK;
+}
+
 int model_tile_for_decode(Model *m, size_t *released, int (*step)(void *user, int done, int total), void *user) {
-    if (released)
-        *released = 0;
+    size_t freed = 0;
+    if (!released)
+        released = &freed;
+    *released = 0;
     if (m->be && m->be->kind != BACKEND_CPU)
         return ER_OK;
     int rc = ER_OK, total = 0, done = 0;
@@ -716,13 +740,14 @@ int model_tile_for_decode(Model *m, size_t *released, int (*step)(void *user, in
                     if (model_borrows(m, was[k])) // releasing a caller's anonymous pages would zero them
                         continue;
                     er_release_pages(was[k], bytes[k]);
-                    if (released)
-                        *released += bytes[k];
+                    *released += bytes[k];
                 }
             if (rc == ER_OK && step && step(user, ++done, total))
                 rc = er_error(ER_EABORTED, "model: laying out the weights for decode stopped by the caller after %d of "
                               "%d matrices", done, total);
         }
+    if (rc == ER_OK && *released)
+        rc = own_mapped_rest(m, released);
     if (m->cfg.tied) // the lm_head is a copy of the embedding's Weight
         m->lm_head = m->embed;
     return rc;

@@ -99,14 +99,15 @@ WeightFormat model_quant_format_in(const Model *m, const QuantConfig *q, const P
 // should that allocation fail, *m stays a valid model without gradients (trainable = 0). A no-op on
 // untied models.
 int model_untie(Model *m);
-// Lays the q4, q8 and q4g32 matrices of a CPU model out for the decode kernels (quant_tile; a no-op where the
-// build has no such kernel): products and rows read the same values, but the model can no longer be saved.
-// The tiled rows are copies in the process's memory (not shared with other processes mapping the same
-// file); the file pages they replace are released, and *released (may be NULL) gets their bytes. For models
-// that only decode (er_model_load, erinfer bench). Pages of a caller's buffer the model borrows
-// (core/bytes.h) are never released: only the caller may. On ER_ENOMEM some matrices may be tiled, each one
-// whole, and the model stays valid. step (NULL = none) is called after each matrix with the matrices done and
-// their total; a non-zero return stops there (ER_EABORTED, the model valid as above).
+// Lays the q4, q8, q4g32 and 32-block (q8_0, q4_1, q5_0, q5_1) matrices of a CPU model out for the decode kernels
+// (quant_tile; a no-op where the build has no such kernel): products and rows read the same values, but the model
+// can no longer be saved. The tiled rows are copies in the process's memory (not shared with other processes
+// mapping the same file); the file pages they replace are released, and *released (may be NULL) gets their bytes.
+// Once any are, the matrices left in a file's mapping are copied out and released as well (their page-cache folios
+// would otherwise map the released pages back). For models that only decode (er_model_load, erinfer bench). Pages
+// of a caller's buffer the model borrows (core/bytes.h) are never released: only the caller may. On ER_ENOMEM some
+// matrices may be tiled, each one whole, and the model stays valid. step (NULL = none) is called after each matrix
+// with the matrices done and their total; a non-zero return stops there (ER_EABORTED, the model valid as above).
 int model_tile_for_decode(Model *m, size_t *released, int (*step)(void *user, int done, int total), void *user);
 void model_free(Model *m);
 void model_zero_grad(Model *m);

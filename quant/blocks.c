@@ -93,6 +93,88 @@ static void dq_q6_k(float *y, const uint8_t *s) {
         }
 }
 
+// ---- tiled 32-blocks (blocks.h) ----
+
+int blocks_tiled_format(WeightFormat f) { return f == WF_Q8_0 || f == WF_Q4_1 || f == WF_Q5_0 || f == WF_Q5_1; }
+
+// Where a block's parts sit, in the file's block and in the tiled bytes: the fp16 d and m, the u32 qh (0: none), the
+// codes (qs, or q8_0's q) and their dwords.
+typedef struct {
+    int m, qh, qs, dwords;    // offsets in the file's block (m, qh: 0 when absent)
+    int tm, th, tq;           // offsets of the 16 rows' m, h and codes in the tiled bytes
+} BlockParts;
+
+static BlockParts block_parts(WeightFormat f) {
+    int has_m = f == WF_Q4_1 || f == WF_Q5_1, five = f == WF_Q5_0 || f == WF_Q5_1;
+    BlockParts p = {0};
+    p.m = has_m ? 2 : 0;
+    p.qh = five ? 2 + 2 * has_m : 0;
+    p.qs = 2 + 2 * has_m + 4 * five;
+    p.dwords = f == WF_Q8_0 ? 8 : 4;
+    p.tm = 32;
+    p.th = 32 + 32 * has_m;
+    p.tq = p.th + 64 * five;
+    return p;
+}
+
+// Bit 4t + b of a q5 block's qh to bit 8b + t (blocks.h), and back.
+static uint32_t qh_to_tiled(uint32_t h) {
+    uint32_t o = 0;
+    for (int t = 0; t < 8; t++)
+        for (int b = 0; b < 4; b++)
+            o |= ((h >> (4 * t + b)) & 1u) << (8 * b + t);
+    return o;
+}
+static uint32_t qh_from_tiled(uint32_t o) {
+    uint32_t h = 0;
+    for (int t = 0; t < 8; t++)
+        for (int b = 0; b < 4; b++)
+            h |= ((o >> (8 * b + t)) & 1u) << (4 * t + b);
+    return h;
+}
+
+void blocks_tile(uint8_t *tb, const uint8_t *const blk[16], WeightFormat f) {
+    BlockParts p = block_parts(f);
+    uint32_t flip = f == WF_Q8_0 ? 0x80808080u : 0;
+    for (int i = 0; i < 16; i++) {
+        memcpy(tb + 2 * i, blk[i], 2);
+        if (p.m)
+            memcpy(tb + p.tm + 2 * i, blk[i] + p.m, 2);
+        if (p.qh) {
+            uint32_t h;
+            memcpy(&h, blk[i] + p.qh, 4);
+            h = qh_to_tiled(h);
+            memcpy(tb + p.th + 4 * i, &h, 4);
+        }
+        for (int t = 0; t < p.dwords; t++) {
+            uint32_t v;
+            memcpy(&v, blk[i] + p.qs + 4 * t, 4);
+            v ^= flip;
+            memcpy(tb + p.tq + 64 * t + 4 * i, &v, 4);
+        }
+    }
+}
+
+void blocks_untile(uint8_t *blk, const uint8_t *tb, int i, WeightFormat f) {
+    BlockParts p = block_parts(f);
+    uint32_t flip = f == WF_Q8_0 ? 0x80808080u : 0;
+    memcpy(blk, tb + 2 * i, 2);
+    if (p.m)
+        memcpy(blk + p.m, tb + p.tm + 2 * i, 2);
+    if (p.qh) {
+        uint32_t h;
+        memcpy(&h, tb + p.th + 4 * i, 4);
+        h = qh_from_tiled(h);
+        memcpy(blk + p.qh, &h, 4);
+    }
+    for (int t = 0; t < p.dwords; t++) {
+        uint32_t v;
+        memcpy(&v, tb + p.tq + 64 * t + 4 * i, 4);
+        v ^= flip;
+        memcpy(blk + p.qs + 4 * t, &v, 4);
+    }
+}
+
 void blocks_dequant_row(WeightFormat f, float *dst, const uint8_t *row, int cols) {
     int E = blocks_elems(f), B = blocks_bytes(f);
     for (int b = 0; b < cols / E; b++, dst += E, row += B)

@@ -38,6 +38,20 @@ static inline void blocks_k_scale_min(int j, const uint8_t *q, int *sc, int *m) 
     }
 }
 
+// Tiled 32-blocks (q8_0, q4_1, q5_0, q5_1; quant_tile lays them out so for the AVX512-VNNI decode kernels): the
+// rows 16 at a time, and block g of those 16 rows side by side in 16 * blocks_bytes bytes:
+//   d[16] fp16; m[16] fp16 (q4_1, q5_1); h[16] u32 (q5_0, q5_1); the codes, dword t of row i at 64 t + 4 i:
+//   q8_0 8 dwords (elements 4t .. 4t + 3, each byte plus 128: unsigned, as vpdpbusd multiplies them), the 4-bit
+//   formats the 4 dwords of qs (elements 4t .. 4t + 3 in the low nibbles, 16 + 4t .. 19 + 4t in the high ones).
+//   Bit 8b + t of row i's h is the high bit of element 4t + b (t < 8, b < 4): shifted by 4 - t it lands on bit 4
+//   of byte b of the codes of elements 4t .. 4t + 3.
+// So one 64-byte load gives 4 codes of each of the 16 rows, one row per int32 lane.
+int blocks_tiled_format(WeightFormat f);
+// Block g of the 16 rows at blk[0..15] (each pointing at its row's block g) into the tiled bytes tb.
+void blocks_tile(uint8_t *tb, const uint8_t *const blk[16], WeightFormat f);
+// Row i's block back from the tiled bytes tb, byte for byte what blocks_tile read.
+void blocks_untile(uint8_t *blk, const uint8_t *tb, int i, WeightFormat f);
+
 // The row (cols elements, a multiple of blocks_elems) of packed blocks as fp32.
 void blocks_dequant_row(WeightFormat f, float *dst, const uint8_t *row, int cols);
 // The first of nblocks blocks whose fp16 scales hold a NaN or infinity; nblocks when none does.

@@ -727,25 +727,6 @@ QK_I8_PAIRS_FN(WF_Q4G, qk_i8_pairs_q4g)
 // 2, and no loads of the inputs but the broadcasts. The 16 rows stream from one contiguous run of bytes.
 // Each row's block sums are exact integers, scaled and added block by block: the pairs' products up to the
 // order of the fp32 sums (and bit for bit the same at every N for one input, which tests/quant checks).
-#ifdef ER_NO_TILES // make TILES=0: the kernels stay, quant_tile tiles nothing
-#define QK_TILES 0
-#else
-#define QK_TILES 1
-#endif
-
-// From N = 2 the tiles ask for their bytes QK_TILE_PREFETCH ahead (a thread's tiles are one contiguous run):
-// there the products run long enough per byte that the hardware prefetcher alone leaves the loads waiting.
-// 16 KiB ahead pays more than 1-4 KiB; at N = 1 prefetching does not pay.
-#define QK_TILE_PREFETCH 16384
-#define QK_TILE_PREFETCH_N 2
-
-// acc + Σ u * x per int32 lane, the 4 input codes at x broadcast to every lane from memory (GCC 12 loads a
-// _mm512_set1_epi32 into a register first: one more instruction per vpdpbusd).
-static inline __m512i dpbusd_bcst(__m512i acc, __m512i u, const int32_t *x) {
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*x));
-    return acc;
-}
-
 // Tile r0 / 16 against the N inputs (QK_ORDER_Q4_TILES): out[n * R + r0 + i] for the 16 rows i. q4g32 scales
 // each block's sums by the rows' group scales too and adds each group's zero times the block's input sum.
 static inline __attribute__((always_inline)) void qtile_i8_q4(float *out, int R, int r0, const Weight *w,
@@ -788,8 +769,8 @@ static inline __attribute__((always_inline)) void qtile_i8_q4(float *out, int R,
                 __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
                 for (int j = 0; j < 4; j++) {
-                    s0 = dpbusd_bcst(s0, lo[j], x + 16 * n + 4 * b + j);
-                    s1 = dpbusd_bcst(s1, hi[j], x + 16 * n + 8 + 4 * b + j);
+                    s0 = qk_dpbusd_bcst(s0, lo[j], x + 16 * n + 4 * b + j);
+                    s1 = qk_dpbusd_bcst(s1, hi[j], x + 16 * n + 8 + 4 * b + j);
                 }
                 __m512 dx = _mm512_set1_ps(d[8 * n + 4 * b]);
                 if (fmt == WF_Q4G) {
@@ -841,8 +822,8 @@ static inline __attribute__((always_inline)) void qtile_i8_q8(float *out, int R,
                 __m512i s0 = _mm512_set1_epi32(z[2 * n + b]), s1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
                 for (int j = 0; j < 8; j += 2) {
-                    s0 = dpbusd_bcst(s0, u[j], x + 16 * n + 8 * b + j);
-                    s1 = dpbusd_bcst(s1, u[j + 1], x + 16 * n + 8 * b + j + 1);
+                    s0 = qk_dpbusd_bcst(s0, u[j], x + 16 * n + 8 * b + j);
+                    s1 = qk_dpbusd_bcst(s1, u[j + 1], x + 16 * n + 8 * b + j + 1);
                 }
                 acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_set1_ps(d[8 * n + 4 * b]),
                                          acc[n]);
@@ -856,11 +837,6 @@ static inline __attribute__((always_inline)) void qtile_i8_q8(float *out, int R,
 
 // Every tiled weight takes the int8 inputs (qk_i8_takes) at every N.
 _Static_assert(QUANT_TILE_MAX_COLS * QUANT_DECODE_MAX_N <= QK_ACT_BYTES, "tiled rows wider than the int8 inputs");
-
-// Smaller tiled products run on one thread: handing half of one to a second thread (the region, and the inputs
-// crossing to the other core) costs more than the half saved below about 192 KiB of weights (896-column q4:
-// between 384 and 512 rows; the 0.5B shape's k and v projections are 128 rows, 57 KB).
-#define QK_TILES_PARALLEL_BYTES (192 << 10)
 
 static void qk_i8_tiles(float *out, const Weight *w, const QkActs *a, int N) {
     int R = w->rows, K = w->cols;
@@ -1150,7 +1126,7 @@ int qk_decode_simd_bf16(float *out, const float *inp, const Weight *w, int N) {
 // good part of the GEMM. 0 for a weight it does not take.
 int qk_dequant_row_simd(float *dst, const Weight *w, int r) {
     int K = w->cols, k = 0;
-    uint8_t buf[QUANT_TILE_MAX_COLS];
+    uint8_t buf[QUANT_PACKED_ROW_MAX];
     const uint8_t *row = weight_packed_row(w, r, buf);
     if (w->fmt == WF_Q8) {
         __m256 s = _mm256_set1_ps(w->scale[r]);
@@ -1289,10 +1265,40 @@ static void sparse_matmul(float *out, const float *inp, const Weight *w, int N) 
 #define QK_TILES 0
 #endif
 
+// The 32-block formats: block g of the 16 rows of tile r0 / 16 at 16 * blocks_bytes * g in it (quant/blocks.h).
+static int tile_blocks(Weight *w) {
+    int K = w->cols, R = w->rows;
+    size_t rb = weight_row_bytes(w->fmt, K), bb = (size_t)blocks_bytes(w->fmt), bytes = (size_t)R * rb;
+    uint8_t *t = er_alloc(bytes);
+    if (!t)
+        return er_error(ER_ENOMEM, "tiling a %d x %d %s weight: %zu bytes", R, K, weight_format_name(w->fmt), bytes);
+    er_hint_huge_pages(t, bytes);
+    const uint8_t *src = w->data;
+#pragma omp parallel for schedule(static)
+    for (int r0 = 0; r0 < R; r0 += QUANT_TILE)
+        for (size_t g = 0; g < (size_t)K / 32; g++) {
+            const uint8_t *blk[QUANT_TILE];
+            for (int i = 0; i < QUANT_TILE; i++)
+                blk[i] = src + (size_t)(r0 + i) * rb + bb * g;
+            blocks_tile(t + (size_t)r0 * rb + QUANT_TILE * bb * g, blk, w->fmt);
+        }
+    if (w->owned) {
+        memcpy((void *)w->data, t, bytes);
+        er_free(t);
+    } else {
+        w->data = w->owned = t;
+    }
+    w->tiled = 1;
+    return 1;
+}
+
 int quant_tile(Weight *w) {
     int K = w->cols, R = w->rows, grouped = w->fmt == WF_Q4G;
-    if (!QK_TILES || (w->fmt != WF_Q4 && w->fmt != WF_Q8 && !(grouped && w->group == 32)) || w->tiled || w->sparse ||
-        R % QUANT_TILE || K % 64 || K > QUANT_TILE_MAX_COLS)
+    if (!QK_TILES || w->tiled || w->sparse || R % QUANT_TILE || K % 64 || K > QUANT_TILE_MAX_COLS)
+        return 0;
+    if (blocks_tiled_format(w->fmt))
+        return tile_blocks(w);
+    if (w->fmt != WF_Q4 && w->fmt != WF_Q8 && !(grouped && w->group == 32))
         return 0;
     size_t rb = weight_row_bytes(w->fmt, K), cb = w->fmt == WF_Q8 ? 64 : 32, bytes = (size_t)R * rb;
     size_t ng = (size_t)K / 32, gbytes = grouped ? 2 * (size_t)R * ng : 0; // q4g: scales and zeros, fp16 each
@@ -1384,7 +1390,7 @@ int weight_matmul_forward(float *out, const float *inp, const Weight *w, const f
     if (N <= decode_max_n(w->fmt)) {
         ER_TRY(quant_matmul_decode(out, inp, w, N, scratch));
 #if QK_GEMM_BLOCKS
-    } else if ((flags & QUANT_INT8_PREFILL) && blocks_format(w->fmt) && scratch) {
+    } else if ((flags & QUANT_INT8_PREFILL) && blocks_format(w->fmt) && !w->tiled && scratch) {
         ER_TRY(qk_gemm_blocks(out, inp, w, N, scratch));
 #endif
     } else if ((flags & QUANT_INT8_PREFILL) && (nc = i8_rows(w)) > 0) { // nc input rows at a time

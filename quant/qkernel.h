@@ -47,6 +47,30 @@ static inline __m256i qk_dot_u8(__m256i acc, __m256i u, __m256i x) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
 #endif
 }
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// The tiled kernels (q4, q8, q4g32 in quant/qkernel.c, the 32-blocks in quant/qkernel_blocks.c), on weights
+// quant_tile laid out; make TILES=0 keeps the kernels and tiles nothing.
+#ifdef ER_NO_TILES
+#define QK_TILES 0
+#else
+#define QK_TILES 1
+#endif
+// From N = 2 the tiles ask for their bytes QK_TILE_PREFETCH ahead (a thread's tiles are one contiguous run):
+// there the products run long enough per byte that the hardware prefetcher alone leaves the loads waiting.
+// 16 KiB ahead pays more than 1-4 KiB; at N = 1 prefetching does not pay.
+#define QK_TILE_PREFETCH 16384
+#define QK_TILE_PREFETCH_N 2
+// Smaller tiled products run on one thread: handing half of one to a second thread (the region, and the inputs
+// crossing to the other core) costs more than the half saved below about 192 KiB of weights (896-column q4:
+// between 384 and 512 rows; the 0.5B shape's k and v projections are 128 rows, 57 KB).
+#define QK_TILES_PARALLEL_BYTES (192 << 10)
+// acc + Σ u * x per int32 lane, the 4 input codes at x broadcast to every lane from memory (GCC 12 loads a
+// _mm512_set1_epi32 into a register first: one more instruction per vpdpbusd).
+static inline __m512i qk_dpbusd_bcst(__m512i acc, __m512i u, const int32_t *x) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*x));
+    return acc;
+}
+#endif
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 // fp32 (and bf16) with AVX-512: two weight rows per 16-lane register, bit for bit the portable path.
 #define QK_AVX512 1

@@ -248,12 +248,127 @@ static inline __attribute__((always_inline)) void qb_row(float *out, const Weigh
     default: QB_ROW(out, w, a, r, R, 8, FMT); break;                                                        \
     }
 
+#if QK_TILES
+// ---- tiled 32-blocks (quant_tile; layout in quant/blocks.h) ----
+// As the tiled q8 and q4 kernels (quant/qkernel.c): one 64-byte load gives 4 codes of each of 16 rows, one row per
+// int32 lane, so a block of 32 inputs is 8 vpdpbusd against input codes broadcast from memory (QK_ORDER_Q8_TILES),
+// then per input row one conversion, one FMA with the rows' scales times the input's, and (the formats with an
+// offset) one FMA of the rows' offsets with the block's fp32 input sum: W = d * u + o, o = m or -16 d (q5_0), q8_0's
+// codes stored plus 128 with the block's sum starting from -128 times its input codes' sum (xl).
+static inline __attribute__((always_inline)) void qtile_blocks(float *out, int R, int r0, const Weight *w,
+                                                               const QkActs *a, const int32_t *xl, int K,
+                                                               const WeightFormat fmt, const int N) {
+    const int bb = qb_bytes(fmt), nb = K / 32, has_m = fmt == WF_Q4_1 || fmt == WF_Q5_1;
+    const int five = fmt == WF_Q5_0 || fmt == WF_Q5_1, tq = 32 + 32 * has_m + 64 * five; // the codes' offset
+    const uint8_t *tile = (const uint8_t *)w->data + (size_t)r0 * nb * bb;
+    __m512 acc[QUANT_DECODE_MAX_N];
+#pragma GCC unroll 8
+    for (int n = 0; n < N; n++)
+        acc[n] = _mm512_setzero_ps();
+    const __m512i m15 = _mm512_set1_epi8(15), m16 = _mm512_set1_epi8(16);
+    for (int g = 0; g < nb; g++) {
+        const uint8_t *p = tile + (size_t)QUANT_TILE * bb * g;
+        if (N >= QK_TILE_PREFETCH_N)
+#pragma GCC unroll 9
+            for (int i = 0; i < (QUANT_TILE * bb + 63) / 64; i++)
+                __builtin_prefetch(p + QK_TILE_PREFETCH + 64 * i, 0, 3);
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)), o = _mm512_setzero_ps();
+        if (has_m)
+            o = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        else if (fmt == WF_Q5_0)
+            o = _mm512_mul_ps(d, _mm512_set1_ps(-16.0f));
+        __m512i u[8]; // u[t]: elements 4t .. 4t + 3 of the 16 rows
+        if (fmt == WF_Q8_0) {
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++)
+                u[t] = _mm512_loadu_si512(p + tq + 64 * t);
+        } else {
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; t++) {
+                __m512i v = _mm512_loadu_si512(p + tq + 64 * t);
+                u[t] = _mm512_and_si512(v, m15);
+                u[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m15);
+            }
+        }
+        if (five) { // bit 8b + t of a row's h to bit 4 of byte b of u[t]
+            __m512i h = _mm512_loadu_si512(p + 32 + 32 * has_m);
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                __m512i hb = t < 4 ? _mm512_slli_epi32(h, 4 - t) : _mm512_srli_epi32(h, t - 4);
+                u[t] = _mm512_or_si512(u[t], _mm512_and_si512(hb, m16));
+            }
+        }
+        const int c = g / 2, b = g % 2;
+        const int32_t *x = (const int32_t *)(a->q + (size_t)64 * N * c) + 8 * b; // input n's block at x + 16 n
+#pragma GCC unroll 8
+        for (int n = 0; n < N; n++) {
+            __m512i s0 = fmt == WF_Q8_0 ? _mm512_set1_epi32(xl[2 * (c * N + n) + b]) : _mm512_setzero_si512();
+            __m512i s1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int t = 0; t < 8; t += 2) {
+                s0 = qk_dpbusd_bcst(s0, u[t], x + 16 * n + t);
+                s1 = qk_dpbusd_bcst(s1, u[t + 1], x + 16 * n + t + 1);
+            }
+            __m512 dx = _mm512_set1_ps(a->dv[8 * ((size_t)c * N + n) + 4 * b]);
+            acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(d, dx), acc[n]);
+            if (fmt != WF_Q8_0)
+                acc[n] = _mm512_fmadd_ps(o, _mm512_set1_ps(a->xs[(size_t)n * nb + g]), acc[n]);
+        }
+    }
+    for (int n = 0; n < N; n++)
+        _mm512_storeu_ps(out + (size_t)n * R + r0, acc[n]);
+}
+
+#define QB_TILE_SWITCH_N(FMT)                                                                              \
+    switch (N) {                                                                                           \
+    case 1: qtile_blocks(out, R, r0, w, &a, xl, K, FMT, 1); break;                                          \
+    case 2: qtile_blocks(out, R, r0, w, &a, xl, K, FMT, 2); break;                                          \
+    case 3: qtile_blocks(out, R, r0, w, &a, xl, K, FMT, 3); break;                                          \
+    case 4: qtile_blocks(out, R, r0, w, &a, xl, K, FMT, 4); break;                                          \
+    case 5: qtile_blocks(out, R, r0, w, &a, xl, K, FMT, 5); break;                                          \
+    case 6: qtile_blocks(out, R, r0, w, &a, xl, K, FMT, 6); break;                                          \
+    case 7: qtile_blocks(out, R, r0, w, &a, xl, K, FMT, 7); break;                                          \
+    default: qtile_blocks(out, R, r0, w, &a, xl, K, FMT, 8); break;                                         \
+    }
+
+// The tiles in parallel (past QK_TILES_PARALLEL_BYTES); the inputs quantized once, chunk-major in the rows' order.
+#define QB_TILES(FMT, name)                                                                                \
+    static void qb_tiles_##name(float *out, const float *inp, const Weight *w, int N) {                   \
+        int R = w->rows, K = w->cols;                                                                      \
+        QkActs a;                                                                                          \
+        int32_t xl[QK_ACT_BYTES / 32]; /* q8_0: -128 * the sum of each block's input codes, (K / 64, N, 2) */ \
+        qk_acts_fill(&a, inp, K, N, QK_ORDER_Q8_TILES);                                                    \
+        for (int i = 0; FMT == WF_Q8_0 && i < N * K / 32; i++) {                                          \
+            int32_t t = 0;                                                                                 \
+            for (int k = 0; k < 32; k++)                                                                   \
+                t += a.q[32 * (size_t)i + k];                                                              \
+            xl[i] = -128 * t;                                                                              \
+        }                                                                                                  \
+        size_t bytes = (size_t)R * weight_row_bytes(FMT, K);                                               \
+        _Pragma("omp parallel for schedule(static) if (bytes >= QK_TILES_PARALLEL_BYTES)")                  \
+        for (int r0 = 0; r0 < R; r0 += QUANT_TILE)                                                         \
+            QB_TILE_SWITCH_N(FMT)                                                                          \
+    }
+QB_TILES(WF_Q8_0, q8_0)
+QB_TILES(WF_Q4_1, q4_1)
+QB_TILES(WF_Q5_0, q5_0)
+QB_TILES(WF_Q5_1, q5_1)
+#define QB_TAKE_TILES(name)                                                                                \
+    if (w->tiled) {                                                                                        \
+        qb_tiles_##name(out, inp, w, N);                                                                   \
+        return ER_OK;                                                                                      \
+    }
+#else
+#define QB_TAKE_TILES(name)
+#endif
+
 // Rows in parallel; the inputs quantized once for all of them (on this thread, before the region).
-#define QB_DECODE(FMT, name)                                                                               \
+#define QB_DECODE(FMT, name, TAKE_TILES)                                                                   \
     int qk_decode_simd_##name(float *out, const float *inp, const Weight *w, int N) {                     \
         int R = w->rows, K = w->cols;                                                                      \
         if ((size_t)N * (size_t)K > QK_ACT_BYTES)                                                          \
             return WEIGHT_DECODE_DECLINED;                                                                 \
+        TAKE_TILES                                                                                         \
         static _Thread_local QbActs acts; /* the caller's; the region's threads read it */                \
         QbActs *a = &acts;                                                                                 \
         qb_acts_fill(a, inp, K, N);                                                                        \
@@ -428,13 +543,13 @@ int qk_gemm_blocks(float *out, const float *inp, const Weight *w, int N, void *s
 }
 #endif
 
-QB_DECODE(WF_Q8_0, q8_0)
-QB_DECODE(WF_Q4_1, q4_1)
-QB_DECODE(WF_Q5_0, q5_0)
-QB_DECODE(WF_Q5_1, q5_1)
-QB_DECODE(WF_Q4_K, q4_k)
-QB_DECODE(WF_Q5_K, q5_k)
-QB_DECODE(WF_Q6_K, q6_k)
+QB_DECODE(WF_Q8_0, q8_0, QB_TAKE_TILES(q8_0))
+QB_DECODE(WF_Q4_1, q4_1, QB_TAKE_TILES(q4_1))
+QB_DECODE(WF_Q5_0, q5_0, QB_TAKE_TILES(q5_0))
+QB_DECODE(WF_Q5_1, q5_1, QB_TAKE_TILES(q5_1))
+QB_DECODE(WF_Q4_K, q4_k, )
+QB_DECODE(WF_Q5_K, q5_k, )
+QB_DECODE(WF_Q6_K, q6_k, )
 
 #endif
 

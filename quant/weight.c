@@ -31,6 +31,13 @@ static const uint8_t *packed_row(const Weight *w, int r) {
 const uint8_t *weight_packed_row(const Weight *w, int r, uint8_t *buf) {
     if (!w->tiled)
         return packed_row(w, r);
+    if (blocks_format(w->fmt)) { // block g of the row from tile r / 16's block g (quant/blocks.h)
+        size_t bb = (size_t)blocks_bytes(w->fmt), nb = (size_t)w->cols / 32;
+        const uint8_t *tile = (const uint8_t *)w->data + (size_t)(r - r % QUANT_TILE) * nb * bb;
+        for (size_t g = 0; g < nb; g++)
+            blocks_untile(buf + bb * g, tile + QUANT_TILE * bb * g, r % QUANT_TILE, w->fmt);
+        return buf;
+    }
     size_t rb = weight_row_bytes(w->fmt, w->cols), cb = w->fmt == WF_Q8 ? 64 : 32; // bytes per chunk of 64 columns
     const uint8_t *tile = (const uint8_t *)w->data + (size_t)(r - r % QUANT_TILE) * rb;
     for (size_t c = 0; c < rb / cb; c++)
@@ -43,7 +50,7 @@ const uint8_t *weight_packed_row(const Weight *w, int r, uint8_t *buf) {
 }
 
 static void row_q8(float *dst, const Weight *w, int r) {
-    uint8_t buf[QUANT_TILE_MAX_COLS];
+    uint8_t buf[QUANT_PACKED_ROW_MAX];
     const int8_t *q = (const int8_t *)weight_packed_row(w, r, buf);
     float s = w->scale[r];
     for (int k = 0; k < w->cols; k++)
@@ -66,7 +73,7 @@ static void codes4_f32(float *dst, const uint8_t *row, int K) {
 
 static void row_q4(float *dst, const Weight *w, int r) {
     float s = w->scale[r];
-    uint8_t buf[QUANT_TILE_MAX_COLS];
+    uint8_t buf[QUANT_PACKED_ROW_MAX];
     codes4_f32(dst, weight_packed_row(w, r, buf), w->cols);
     for (int k = 0; k < w->cols; k++)
         dst[k] = (dst[k] - 8.0f) * s;
@@ -74,7 +81,7 @@ static void row_q4(float *dst, const Weight *w, int r) {
 
 static void row_q4g(float *dst, const Weight *w, int r) {
     int G = w->group, ng = w->cols / G;
-    uint8_t buf[QUANT_TILE_MAX_COLS];
+    uint8_t buf[QUANT_PACKED_ROW_MAX];
     codes4_f32(dst, weight_packed_row(w, r, buf), w->cols);
     for (int g = 0; g < ng; g++) {
         size_t at = weight_group_index(w, r, g);
@@ -110,7 +117,10 @@ static void row_q2lut(float *dst, const Weight *w, int r) {
         dst[k] = c[quant_code2(row, K, k)];
 }
 
-static void row_blocks(float *dst, const Weight *w, int r) { blocks_dequant_row(w->fmt, dst, packed_row(w, r), w->cols); }
+static void row_blocks(float *dst, const Weight *w, int r) {
+    uint8_t buf[QUANT_PACKED_ROW_MAX];
+    blocks_dequant_row(w->fmt, dst, weight_packed_row(w, r, buf), w->cols);
+}
 
 // ---- the table ----
 

@@ -169,6 +169,20 @@ static void check_import(const QuantCase *q) {
     fprintf(stderr, "gguf_quantize %s vs llama.cpp: greedy %d/%d equal, scored max rel %.2e\n", q->name, k,
             GGUF_N_NEW, rs);
     cr_expect_leq(rs, 0.2, "%s: scored probabilities differ by %.2e", q->name, rs);
+    // Tiled for decode as erinfer runs it (where this build has the tiled kernels): every matrix then in the
+    // process's own memory (none left in the file's mapping), and the same comparison on the tiled products.
+    size_t released;
+    cr_assert_eq(model_tile_for_decode(&g, &released, NULL, NULL), ER_OK, "%s", er_last_error());
+    int tiled = 0, mapped = 0;
+    for (int i = 0; i < g.n_params; i++) {
+        tiled += g.params[i].w && g.params[i].w->tiled;
+        mapped += g.params[i].w && !g.params[i].w->owned;
+    }
+    cr_expect(!released || mapped == 0, "%s: %d matrices left in the file's mapping after tiling", q->name, mapped);
+    rs = gguf_vs_llama(&g, path, tmp, prompt, np, &k);
+    fprintf(stderr, "gguf_quantize %s tiled (%d matrices, %s) vs llama.cpp: greedy %d/%d equal, scored max rel %.2e\n",
+            q->name, tiled, quant_simd_name(), k, GGUF_N_NEW, rs);
+    cr_expect_leq(rs, 0.2, "%s tiled: scored probabilities differ by %.2e", q->name, rs);
     model_free(&g);
     er_free(prompt);
     helper_rmdir(tmp);

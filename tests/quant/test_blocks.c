@@ -568,14 +568,16 @@ static void expect_same_tensors(const char *a, const char *b) {
     gguf_close(&fb);
 }
 
-// A GGUF of mixed block types (every one of the seven) loaded in place, then written back two ways: the model's
-// default type (MODEL_GGUF_NATIVE) through model_gguf_put, and gguf_export_model from the .gguf; both hold the
-// first file's tensors byte for byte.
+// A GGUF of mixed block types (every one of the seven) loaded in place, then written back three ways: the model's
+// default type (MODEL_GGUF_NATIVE) through model_gguf_put, the same once the model is tiled for decode (the rows
+// gathered back from the tiles), and gguf_export_model from the .gguf; all hold the first file's tensors byte for
+// byte.
 static void reexport_case(ModelArch arch) {
-    char *tmp = helper_tmpdir("er_blocks"), p1[512], p2[512], p3[512];
+    char *tmp = helper_tmpdir("er_blocks"), p1[512], p2[512], p3[512], p4[512];
     snprintf(p1, sizeof p1, "%s/mixed.gguf", tmp);
     snprintf(p2, sizeof p2, "%s/put.gguf", tmp);
     snprintf(p3, sizeof p3, "%s/export.gguf", tmp);
+    snprintf(p4, sizeof p4, "%s/tiled.gguf", tmp);
     ModelConfig c = block_config(512, arch);
     TypeRule rule = {.mixed = 1};
     write_block_model(p1, &c, &rule, 5, NULL);
@@ -596,6 +598,18 @@ static void reexport_case(ModelArch arch) {
     cr_assert_eq(gguf_export_model(p1, p3, NULL, NULL), ER_OK, "%s", er_last_error());
     expect_same_tensors(p1, p2);
     expect_same_tensors(p1, p3);
+    gguf_writer_free(&w);
+    size_t released;
+    cr_assert_eq(model_tile_for_decode(&m, &released, NULL, NULL), ER_OK, "%s", er_last_error());
+    int tiled = 0;
+    for (int i = 0; i < m.n_params; i++)
+        tiled += m.params[i].w && m.params[i].w->tiled;
+    fprintf(stderr, "quant_blocks: re-export of a model with %d tiled matrices (%s)\n", tiled, quant_simd_name());
+    memset(&w, 0, sizeof w);
+    cr_assert_eq(model_gguf_put(&m, type, &w, NULL), ER_OK, "%s", er_last_error());
+    cr_assert_eq(tok_gguf_put(tok, m.cfg.V, &w), ER_OK, "%s", er_last_error());
+    cr_assert_eq(gguf_write(&w, p4), ER_OK, "%s", er_last_error());
+    expect_same_tensors(p1, p4);
     gguf_writer_free(&w);
     tok_free(tok);
     model_free(&m);

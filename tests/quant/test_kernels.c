@@ -627,9 +627,9 @@ Test(quant_kernels, dequant_rows_equal_reference_rows) {
     }
 }
 
-// Tiled q4, q8 and q4g32 (quant_tile, the layout of the AVX512-VNNI decode kernels): the rows read back bit for bit,
-// the GEMM path's products (from those rows) bit for bit, the decode products within the int8 rounding bound
-// of double at N = 1..8 and each input's outputs at N = 2 the bits of the same input alone; a weight that
+// Tiled q4, q8, q4g32 and the 32-block formats (quant_tile, the layout of the AVX512-VNNI decode kernels): the packed
+// rows and the fp32 rows read back bit for bit, the GEMM path's products (from those rows) bit for bit, the decode
+// products within the int8 rounding bound of double (the block formats on their exact-grid inputs) at N = 1..8 and each input's outputs at N = 2 the bits of the same input alone; a weight that
 // owns its buffer is re-laid in it, one that does not gets its own. Shapes the kernels do not take stay
 // untiled everywhere.
 Test(quant_kernels, tiled_rows_and_products) {
@@ -637,8 +637,8 @@ Test(quant_kernels, tiled_rows_and_products) {
     static const int shapes[][2] = {{16, 64}, {32, 896}, {48, 192}, {16, 4864}, {16, 5120}};
     static const int refused[][2] = {{19, 896}, {16, 96}, {16, 5184}};
     int tiled = 0;
-    static const WeightFormat fmts[] = {WF_Q4, WF_Q8, WF_Q4G};
-    for (int fi = 0; fi < 3; fi++)
+    static const WeightFormat fmts[] = {WF_Q4, WF_Q8, WF_Q4G, WF_Q8_0, WF_Q4_1, WF_Q5_0, WF_Q5_1};
+    for (int fi = 0; fi < 7; fi++)
         for (int si = 0; si < 5; si++) {
             WeightFormat f = fmts[fi];
             int R = shapes[si][0], K = shapes[si][1], G = f == WF_Q4G ? 32 : 0;
@@ -657,9 +657,14 @@ Test(quant_kernels, tiled_rows_and_products) {
             Weight *q = si % 2 ? &borrowed : &t;
             cr_assert(q->tiled && (si % 2 ? q->owned && q->owned != t.owned : q->data == t.data), "R=%d K=%d", R, K);
             tiled++;
-            float *W = dequant_all(&w), *Wt = dequant_all(q), *inp = random_vec((size_t)33 * K, 910 + si);
+            float *W = dequant_all(&w), *Wt = dequant_all(q), *inp = input_vec(f, (size_t)33 * K, 910 + si);
             cr_assert(!memcmp(W, Wt, sizeof(float) * (size_t)R * K), "%s R=%d K=%d: tiled rows differ",
                       weight_format_name(f), R, K);
+            for (int r = 0; r < R; r++) { // the file's bytes (what an export writes)
+                uint8_t buf[QUANT_PACKED_ROW_MAX];
+                cr_assert(!memcmp(weight_packed_row(q, r, buf), weight_packed_row(&w, r, NULL), weight_row_bytes(f, K)),
+                          "%s R=%d K=%d: packed row %d differs", weight_format_name(f), R, K, r);
+            }
             float *rows = malloc(sizeof(float) * (size_t)R * K), *tile = malloc(sizeof(float) * quant_scratch_floats(K));
             quant_dequant_rows(rows, q, 0, R);
             cr_assert(!memcmp(W, rows, sizeof(float) * (size_t)R * K), "%s R=%d K=%d: quant_dequant_rows differ",
@@ -704,7 +709,8 @@ Test(quant_kernels, tiled_rows_and_products) {
         weight_free(&w);
     }
     if (tiled)
-        printf("quant_kernels: tiled q4, q8 and q4g32 products checked in %d (format, shape) cases (%s)\n", tiled,
+        printf("quant_kernels: tiled q4, q8, q4g32, q8_0, q4_1, q5_0 and q5_1 products checked in %d (format, shape) "
+               "cases (%s)\n", tiled,
                quant_simd_name());
     else
         printf("quant_kernels: NOTE: this build has no tiled kernels (%s): only the untiled shapes checked\n",
