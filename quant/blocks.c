@@ -93,28 +93,53 @@ static void dq_q6_k(float *y, const uint8_t *s) {
         }
 }
 
-// ---- tiled 32-blocks (blocks.h) ----
+// ---- tiled blocks (blocks.h) ----
 
-int blocks_tiled_format(WeightFormat f) { return f == WF_Q8_0 || f == WF_Q4_1 || f == WF_Q5_0 || f == WF_Q5_1; }
+// The parts of a block, in the file's order: where each starts and how many bytes it has, and how the 16 rows'
+// copies interleave in the tiled bytes (at 16 times its start).
+typedef enum {
+    PART_HALF,   // an fp16 scale: row r's at 2r
+    PART_BYTES,  // a byte array: byte s of row r at 16s + r
+    PART_DWORDS, // codes: dword t of row r at 64t + 4r
+    PART_Q8,     // q8_0's codes: as PART_DWORDS, each byte plus 128
+    PART_QH5,    // q5_0 / q5_1's u32 qh: row r's at 4r, bit 4t + b moved to 8b + t
+} PartKind;
 
-// Where a block's parts sit, in the file's block and in the tiled bytes: the fp16 d and m, the u32 qh (0: none), the
-// codes (qs, or q8_0's q) and their dwords.
 typedef struct {
-    int m, qh, qs, dwords;    // offsets in the file's block (m, qh: 0 when absent)
-    int tm, th, tq;           // offsets of the 16 rows' m, h and codes in the tiled bytes
-} BlockParts;
+    int at, bytes;
+    PartKind kind;
+} BlockPart;
 
-static BlockParts block_parts(WeightFormat f) {
-    int has_m = f == WF_Q4_1 || f == WF_Q5_1, five = f == WF_Q5_0 || f == WF_Q5_1;
-    BlockParts p = {0};
-    p.m = has_m ? 2 : 0;
-    p.qh = five ? 2 + 2 * has_m : 0;
-    p.qs = 2 + 2 * has_m + 4 * five;
-    p.dwords = f == WF_Q8_0 ? 8 : 4;
-    p.tm = 32;
-    p.th = 32 + 32 * has_m;
-    p.tq = p.th + 64 * five;
-    return p;
+#define MAX_PARTS 5
+
+// f's parts; their count.
+static int block_parts(WeightFormat f, BlockPart p[MAX_PARTS]) {
+    switch (f) {
+    case WF_Q8_0: p[0] = (BlockPart){0, 2, PART_HALF}, p[1] = (BlockPart){2, 32, PART_Q8}; return 2;
+    case WF_Q4_1:
+        p[0] = (BlockPart){0, 2, PART_HALF}, p[1] = (BlockPart){2, 2, PART_HALF}, p[2] = (BlockPart){4, 16, PART_DWORDS};
+        return 3;
+    case WF_Q5_0:
+        p[0] = (BlockPart){0, 2, PART_HALF}, p[1] = (BlockPart){2, 4, PART_QH5}, p[2] = (BlockPart){6, 16, PART_DWORDS};
+        return 3;
+    case WF_Q5_1:
+        p[0] = (BlockPart){0, 2, PART_HALF}, p[1] = (BlockPart){2, 2, PART_HALF}, p[2] = (BlockPart){4, 4, PART_QH5};
+        p[3] = (BlockPart){8, 16, PART_DWORDS};
+        return 4;
+    case WF_Q4_K:
+        p[0] = (BlockPart){0, 2, PART_HALF}, p[1] = (BlockPart){2, 2, PART_HALF}, p[2] = (BlockPart){4, 12, PART_BYTES};
+        p[3] = (BlockPart){16, 128, PART_DWORDS};
+        return 4;
+    case WF_Q5_K:
+        p[0] = (BlockPart){0, 2, PART_HALF}, p[1] = (BlockPart){2, 2, PART_HALF}, p[2] = (BlockPart){4, 12, PART_BYTES};
+        p[3] = (BlockPart){16, 32, PART_DWORDS}, p[4] = (BlockPart){48, 128, PART_DWORDS};
+        return 5;
+    case WF_Q6_K:
+        p[0] = (BlockPart){0, 128, PART_DWORDS}, p[1] = (BlockPart){128, 64, PART_DWORDS};
+        p[2] = (BlockPart){192, 16, PART_BYTES}, p[3] = (BlockPart){208, 2, PART_HALF};
+        return 4;
+    default: return 0;
+    }
 }
 
 // Bit 4t + b of a q5 block's qh to bit 8b + t (blocks.h), and back.
@@ -133,46 +158,69 @@ static uint32_t qh_from_tiled(uint32_t o) {
     return h;
 }
 
-void blocks_tile(uint8_t *tb, const uint8_t *const blk[16], WeightFormat f) {
-    BlockParts p = block_parts(f);
-    uint32_t flip = f == WF_Q8_0 ? 0x80808080u : 0;
-    for (int i = 0; i < 16; i++) {
-        memcpy(tb + 2 * i, blk[i], 2);
-        if (p.m)
-            memcpy(tb + p.tm + 2 * i, blk[i] + p.m, 2);
-        if (p.qh) {
-            uint32_t h;
-            memcpy(&h, blk[i] + p.qh, 4);
-            h = qh_to_tiled(h);
-            memcpy(tb + p.th + 4 * i, &h, 4);
-        }
-        for (int t = 0; t < p.dwords; t++) {
-            uint32_t v;
-            memcpy(&v, blk[i] + p.qs + 4 * t, 4);
+// Part p of row r's block into the tiled bytes tb.
+static void tile_part(uint8_t *tb, const uint8_t *blk, int r, const BlockPart *p) {
+    uint8_t *t = tb + 16 * p->at;
+    const uint8_t *b = blk + p->at;
+    uint32_t v, flip = p->kind == PART_Q8 ? 0x80808080u : 0;
+    switch (p->kind) {
+    case PART_HALF: memcpy(t + 2 * r, b, 2); break;
+    case PART_BYTES:
+        for (int s = 0; s < p->bytes; s++)
+            t[16 * s + r] = b[s];
+        break;
+    case PART_QH5:
+        memcpy(&v, b, 4);
+        v = qh_to_tiled(v);
+        memcpy(t + 4 * r, &v, 4);
+        break;
+    default: // PART_DWORDS, PART_Q8
+        for (int d = 0; d < p->bytes / 4; d++) {
+            memcpy(&v, b + 4 * d, 4);
             v ^= flip;
-            memcpy(tb + p.tq + 64 * t + 4 * i, &v, 4);
+            memcpy(t + 64 * d + 4 * r, &v, 4);
         }
     }
 }
 
-void blocks_untile(uint8_t *blk, const uint8_t *tb, int i, WeightFormat f) {
-    BlockParts p = block_parts(f);
-    uint32_t flip = f == WF_Q8_0 ? 0x80808080u : 0;
-    memcpy(blk, tb + 2 * i, 2);
-    if (p.m)
-        memcpy(blk + p.m, tb + p.tm + 2 * i, 2);
-    if (p.qh) {
-        uint32_t h;
-        memcpy(&h, tb + p.th + 4 * i, 4);
-        h = qh_from_tiled(h);
-        memcpy(blk + p.qh, &h, 4);
+// Part p of row r's block back from the tiled bytes tb.
+static void untile_part(uint8_t *blk, const uint8_t *tb, int r, const BlockPart *p) {
+    const uint8_t *t = tb + 16 * p->at;
+    uint8_t *b = blk + p->at;
+    uint32_t v, flip = p->kind == PART_Q8 ? 0x80808080u : 0;
+    switch (p->kind) {
+    case PART_HALF: memcpy(b, t + 2 * r, 2); break;
+    case PART_BYTES:
+        for (int s = 0; s < p->bytes; s++)
+            b[s] = t[16 * s + r];
+        break;
+    case PART_QH5:
+        memcpy(&v, t + 4 * r, 4);
+        v = qh_from_tiled(v);
+        memcpy(b, &v, 4);
+        break;
+    default:
+        for (int d = 0; d < p->bytes / 4; d++) {
+            memcpy(&v, t + 64 * d + 4 * r, 4);
+            v ^= flip;
+            memcpy(b + 4 * d, &v, 4);
+        }
     }
-    for (int t = 0; t < p.dwords; t++) {
-        uint32_t v;
-        memcpy(&v, tb + p.tq + 64 * t + 4 * i, 4);
-        v ^= flip;
-        memcpy(blk + p.qs + 4 * t, &v, 4);
-    }
+}
+
+void blocks_tile(uint8_t *tb, const uint8_t *const blk[16], WeightFormat f) {
+    BlockPart p[MAX_PARTS];
+    int np = block_parts(f, p);
+    for (int r = 0; r < 16; r++)
+        for (int i = 0; i < np; i++)
+            tile_part(tb, blk[r], r, &p[i]);
+}
+
+void blocks_untile(uint8_t *blk, const uint8_t *tb, int r, WeightFormat f) {
+    BlockPart p[MAX_PARTS];
+    int np = block_parts(f, p);
+    for (int i = 0; i < np; i++)
+        untile_part(blk, tb, r, &p[i]);
 }
 
 void blocks_dequant_row(WeightFormat f, float *dst, const uint8_t *row, int cols) {

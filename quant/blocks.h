@@ -38,15 +38,15 @@ static inline void blocks_k_scale_min(int j, const uint8_t *q, int *sc, int *m) 
     }
 }
 
-// Tiled 32-blocks (q8_0, q4_1, q5_0, q5_1; quant_tile lays them out so for the AVX512-VNNI decode kernels): the
-// rows 16 at a time, and block g of those 16 rows side by side in 16 * blocks_bytes bytes:
-//   d[16] fp16; m[16] fp16 (q4_1, q5_1); h[16] u32 (q5_0, q5_1); the codes, dword t of row i at 64 t + 4 i:
-//   q8_0 8 dwords (elements 4t .. 4t + 3, each byte plus 128: unsigned, as vpdpbusd multiplies them), the 4-bit
-//   formats the 4 dwords of qs (elements 4t .. 4t + 3 in the low nibbles, 16 + 4t .. 19 + 4t in the high ones).
-//   Bit 8b + t of row i's h is the high bit of element 4t + b (t < 8, b < 4): shifted by 4 - t it lands on bit 4
-//   of byte b of the codes of elements 4t .. 4t + 3.
-// So one 64-byte load gives 4 codes of each of the 16 rows, one row per int32 lane.
-int blocks_tiled_format(WeightFormat f);
+// Tiled blocks (quant_tile lays them out so for the AVX512-VNNI decode kernels): the rows 16 at a time, and block g of
+// those 16 rows side by side in 16 * blocks_bytes bytes. Each part of the block above (its fp16 scales, its scale
+// bytes, its codes) that starts at byte o of a block starts at byte 16 o there, the 16 rows' copies interleaved:
+//   fp16 d, m, dmin: row r's at 2r;  the k-quants' scale bytes: byte s of row r at 16s + r;
+//   codes (q, qs, ql, the k-quants' qh): dword t of row r at 64t + 4r, so one 64-byte load gives 4 bytes of each
+//   of the 16 rows, one row per int32 lane; q8_0's bytes plus 128 (unsigned, as vpdpbusd multiplies them);
+//   q5_0 / q5_1's u32 qh: row r's at 4r, bit 4t + b of the file's at 8b + t (t < 8, b < 4), so that shifted by
+//   4 - t the high bits of elements 4t .. 4t + 3 land on bit 4 of their code bytes.
+// The same bytes as the file's blocks, in another order.
 // Block g of the 16 rows at blk[0..15] (each pointing at its row's block g) into the tiled bytes tb.
 void blocks_tile(uint8_t *tb, const uint8_t *const blk[16], WeightFormat f);
 // Row i's block back from the tiled bytes tb, byte for byte what blocks_tile read.

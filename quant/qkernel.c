@@ -1265,10 +1265,11 @@ static void sparse_matmul(float *out, const float *inp, const Weight *w, int N) 
 #define QK_TILES 0
 #endif
 
-// The 32-block formats: block g of the 16 rows of tile r0 / 16 at 16 * blocks_bytes * g in it (quant/blocks.h).
+// The block formats: block g of the 16 rows of tile r0 / 16 at 16 * blocks_bytes * g in it (quant/blocks.h).
 static int tile_blocks(Weight *w) {
     int K = w->cols, R = w->rows;
     size_t rb = weight_row_bytes(w->fmt, K), bb = (size_t)blocks_bytes(w->fmt), bytes = (size_t)R * rb;
+    size_t nb = (size_t)K / (size_t)blocks_elems(w->fmt);
     uint8_t *t = er_alloc(bytes);
     if (!t)
         return er_error(ER_ENOMEM, "tiling a %d x %d %s weight: %zu bytes", R, K, weight_format_name(w->fmt), bytes);
@@ -1276,7 +1277,7 @@ static int tile_blocks(Weight *w) {
     const uint8_t *src = w->data;
 #pragma omp parallel for schedule(static)
     for (int r0 = 0; r0 < R; r0 += QUANT_TILE)
-        for (size_t g = 0; g < (size_t)K / 32; g++) {
+        for (size_t g = 0; g < nb; g++) {
             const uint8_t *blk[QUANT_TILE];
             for (int i = 0; i < QUANT_TILE; i++)
                 blk[i] = src + (size_t)(r0 + i) * rb + bb * g;
@@ -1296,7 +1297,7 @@ int quant_tile(Weight *w) {
     int K = w->cols, R = w->rows, grouped = w->fmt == WF_Q4G;
     if (!QK_TILES || w->tiled || w->sparse || R % QUANT_TILE || K % 64 || K > QUANT_TILE_MAX_COLS)
         return 0;
-    if (blocks_tiled_format(w->fmt))
+    if (blocks_format(w->fmt))
         return tile_blocks(w);
     if (w->fmt != WF_Q4 && w->fmt != WF_Q8 && !(grouped && w->group == 32))
         return 0;

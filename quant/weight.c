@@ -32,7 +32,7 @@ const uint8_t *weight_packed_row(const Weight *w, int r, uint8_t *buf) {
     if (!w->tiled)
         return packed_row(w, r);
     if (blocks_format(w->fmt)) { // block g of the row from tile r / 16's block g (quant/blocks.h)
-        size_t bb = (size_t)blocks_bytes(w->fmt), nb = (size_t)w->cols / 32;
+        size_t bb = (size_t)blocks_bytes(w->fmt), nb = (size_t)(w->cols / blocks_elems(w->fmt));
         const uint8_t *tile = (const uint8_t *)w->data + (size_t)(r - r % QUANT_TILE) * nb * bb;
         for (size_t g = 0; g < nb; g++)
             blocks_untile(buf + bb * g, tile + QUANT_TILE * bb * g, r % QUANT_TILE, w->fmt);

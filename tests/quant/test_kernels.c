@@ -627,7 +627,7 @@ Test(quant_kernels, dequant_rows_equal_reference_rows) {
     }
 }
 
-// Tiled q4, q8, q4g32 and the 32-block formats (quant_tile, the layout of the AVX512-VNNI decode kernels): the packed
+// Tiled q4, q8, q4g32 and the GGUF block formats (quant_tile, the layout of the AVX512-VNNI decode kernels): the packed
 // rows and the fp32 rows read back bit for bit, the GEMM path's products (from those rows) bit for bit, the decode
 // products within the int8 rounding bound of double (the block formats on their exact-grid inputs) at N = 1..8 and each input's outputs at N = 2 the bits of the same input alone; a weight that
 // owns its buffer is re-laid in it, one that does not gets its own. Shapes the kernels do not take stay
@@ -637,11 +637,12 @@ Test(quant_kernels, tiled_rows_and_products) {
     static const int shapes[][2] = {{16, 64}, {32, 896}, {48, 192}, {16, 4864}, {16, 5120}};
     static const int refused[][2] = {{19, 896}, {16, 96}, {16, 5184}};
     int tiled = 0;
-    static const WeightFormat fmts[] = {WF_Q4, WF_Q8, WF_Q4G, WF_Q8_0, WF_Q4_1, WF_Q5_0, WF_Q5_1};
-    for (int fi = 0; fi < 7; fi++)
+    static const int k_widths[5] = {256, 768, 512, 4864, 5120}; // the k-quants': multiples of 256
+    static const WeightFormat fmts[] = {WF_Q4, WF_Q8, WF_Q4G, WF_Q8_0, WF_Q4_1, WF_Q5_0, WF_Q5_1, WF_Q4_K, WF_Q5_K, WF_Q6_K};
+    for (int fi = 0; fi < 10; fi++)
         for (int si = 0; si < 5; si++) {
             WeightFormat f = fmts[fi];
-            int R = shapes[si][0], K = shapes[si][1], G = f == WF_Q4G ? 32 : 0;
+            int R = shapes[si][0], K = blocks_elems(f) == 256 ? k_widths[si] : shapes[si][1], G = f == WF_Q4G ? 32 : 0;
             Weight w, t;
             random_weight(&w, f, R, K, G, 0, 900 + si + 10 * fi);
             random_weight(&t, f, R, K, G, 0, 900 + si + 10 * fi);
@@ -709,7 +710,7 @@ Test(quant_kernels, tiled_rows_and_products) {
         weight_free(&w);
     }
     if (tiled)
-        printf("quant_kernels: tiled q4, q8, q4g32, q8_0, q4_1, q5_0 and q5_1 products checked in %d (format, shape) "
+        printf("quant_kernels: tiled q4, q8, q4g32 and the block formats' products checked in %d (format, shape) "
                "cases (%s)\n", tiled,
                quant_simd_name());
     else
