@@ -730,7 +730,7 @@ QK_I8_PAIRS_FN(WF_Q4G, qk_i8_pairs_q4g)
 // Tile r0 / 16 against the N inputs (QK_ORDER_Q4_TILES): out[n * R + r0 + i] for the 16 rows i. q4g32 scales
 // each block's sums by the rows' group scales too and adds each group's zero times the block's input sum.
 static inline __attribute__((always_inline)) void qtile_i8_q4(float *out, int R, int r0, const Weight *w,
-                                                              const QkActs *a, int K, const WeightFormat fmt,
+                                                              const QkIn *a, int K, const WeightFormat fmt,
                                                               const int N) {
     const uint8_t *tile = (const uint8_t *)w->data + (size_t)r0 * (K / 2);
     const int ng = K / 32;
@@ -794,10 +794,10 @@ static inline __attribute__((always_inline)) void qtile_i8_q4(float *out, int R,
 }
 
 // Tiled q8: the codes stored plus 128 (unsigned for vpdpbusd), so each block's int32 sum starts from -128 *
-// the sum of the input codes it meets (xl: (K / 64, N, 2), chunk-major); 8 vpdpbusd per block of 32 inputs
+// the sum of the input codes it meets (a->z: (K / 64, N, 2), chunk-major); 8 vpdpbusd per block of 32 inputs
 // in two chains (the dwords of a block alternate between them). Each block's integer sum is qrow_i8_q8's.
 static inline __attribute__((always_inline)) void qtile_i8_q8(float *out, int R, int r0, const Weight *w,
-                                                              const QkActs *a, const int32_t *xl, int K, const int N) {
+                                                              const QkIn *a, int K, const int N) {
     const uint8_t *tile = (const uint8_t *)w->data + (size_t)r0 * K;
     __m512 acc[QUANT_DECODE_MAX_N];
 #pragma GCC unroll 8
@@ -809,7 +809,7 @@ static inline __attribute__((always_inline)) void qtile_i8_q8(float *out, int R,
 #pragma GCC unroll 16
             for (int i = 0; i < 16; i++)
                 qk_prefetch((uintptr_t)p + QK_TILE_PREFETCH + 64 * i);
-        const int32_t *x = (const int32_t *)(a->q + (size_t)64 * N * c), *z = xl + (size_t)2 * N * c;
+        const int32_t *x = (const int32_t *)(a->q + (size_t)64 * N * c), *z = a->z + (size_t)2 * N * c;
         const float *d = a->dv + (size_t)8 * N * c;
 #pragma GCC unroll 2
         for (int b = 0; b < 2; b++) { // block 2c + b: dwords 8b .. 8b + 7 of each row's chunk
@@ -838,25 +838,95 @@ static inline __attribute__((always_inline)) void qtile_i8_q8(float *out, int R,
 // Every tiled weight takes the int8 inputs (qk_i8_takes) at every N.
 _Static_assert(QUANT_TILE_MAX_COLS * QUANT_DECODE_MAX_N <= QK_ACT_BYTES, "tiled rows wider than the int8 inputs");
 
-static void qk_i8_tiles(float *out, const Weight *w, const QkActs *a, int N) {
-    int R = w->rows, K = w->cols;
-    int32_t xl[QK_ACT_BYTES / 32]; // q8: -128 * the sum of each block's input codes, (K / 64, N, 2)
-    for (int i = 0; w->fmt == WF_Q8 && i < N * K / 32; i++) {
-        int32_t t = 0;
-        for (int k = 0; k < 32; k++)
-            t += a->q[32 * (size_t)i + k];
-        xl[i] = -128 * t;
+// Tile r0 / 16 of w (tiled) against the N <= 8 inputs of `in`: out[n * R + r0 + i].
+static void qk_tile(float *out, int R, int r0, const Weight *w, const QkIn *in, int N) {
+    int K = w->cols;
+    if (w->fmt == WF_Q8) {
+        QK_SWITCH_N(qtile_i8_q8, out, R, r0, w, in, K)
+    } else if (w->fmt == WF_Q4) {
+        QK_SWITCH_N(qtile_i8_q4, out, R, r0, w, in, K, WF_Q4)
+    } else if (w->fmt == WF_Q4G) {
+        QK_SWITCH_N(qtile_i8_q4, out, R, r0, w, in, K, WF_Q4G)
+    } else {
+        qk_tile_blocks(out, R, r0, w, in, N);
     }
+}
+
+// The N <= 8 input rows (N, K) quantized for w's tiles into q, dv, xs, xsum (QkActs's layout; q4 and q4g32 in
+// QK_ORDER_Q4_TILES, the others in the row's order) and z: q8 and q8_0 -128 times the sum of each 32 codes, q6_K -32
+// times each 16's, in q's order (their codes are stored offset, QkIn).
+static void qk_in_fill(int8_t *q, float *dv, float *xs, float *xsum, int32_t *z, const float *inp, int K, int N,
+                       WeightFormat fmt) {
+    qk_acts_fill_at(q, dv, xs, xsum, inp, K, N, fmt == WF_Q4 || fmt == WF_Q4G ? QK_ORDER_Q4_TILES : QK_ORDER_Q8_TILES);
+    if (fmt != WF_Q8 && fmt != WF_Q8_0 && fmt != WF_Q6_K)
+        return;
+    const int zn = fmt == WF_Q6_K ? 16 : 32, zm = fmt == WF_Q6_K ? -32 : -128;
+    for (int i = 0; i < N * K / zn; i++) {
+        int32_t t = 0;
+        for (int k = 0; k < zn; k++)
+            t += q[(size_t)zn * i + k];
+        z[i] = zm * t;
+    }
+}
+
+int qk_decode_tiles(float *out, const float *inp, const Weight *w, int N) {
+    int R = w->rows, K = w->cols;
+    QkActs a;
+    int32_t z[QK_ACT_BYTES / 16];
+    qk_in_fill(a.q, a.dv, a.xs, a.xsum, z, inp, K, N, w->fmt);
+    const QkIn in = {a.q, a.dv, a.xs, a.xsum, z};
 #pragma omp parallel for schedule(static) if ((size_t)R * weight_row_bytes(w->fmt, K) >= QK_TILES_PARALLEL_BYTES)
-    for (int r0 = 0; r0 < R; r0 += QUANT_TILE) {
-        if (w->fmt == WF_Q8) {
-            QK_SWITCH_N(qtile_i8_q8, out, R, r0, w, a, xl, K)
-        } else if (w->fmt == WF_Q4) {
-            QK_SWITCH_N(qtile_i8_q4, out, R, r0, w, a, K, WF_Q4)
-        } else {
-            QK_SWITCH_N(qtile_i8_q4, out, R, r0, w, a, K, WF_Q4G)
+    for (int r0 = 0; r0 < R; r0 += QUANT_TILE)
+        qk_tile(out, R, r0, w, &in, N);
+    return ER_OK;
+}
+
+// Prefill: the input rows quantized QK_PREFILL_ROWS at most at a time into the caller's scratch (about 1.9 bytes an
+// input, kept in L2), then each tile of 16 weight rows meets them all, 8 at a time, while it is in L1 / L2: the
+// decode kernels' order would pass over the whole matrix once per 8 input rows, more than the L3 feeds. The threads
+// split the inputs' quantization, then the tiles, in one region.
+#define QK_PREFILL_ACT_BYTES (768 << 10)
+#define QK_PREFILL_ROWS 256
+_Static_assert((size_t)QK_PREFILL_ROWS * (64 * 15 / 8 + 4) <= QUANT_TILE_ROWS * 64 * sizeof(float),
+               "the prefill's inputs outgrow quant_scratch_floats");
+
+static int qk_prefill_tiles(float *out, const float *inp, const Weight *w, int N, void *scratch) {
+    int R = w->rows, K = w->cols;
+    size_t row_bytes = (size_t)K * 15 / 8 + sizeof(float); // an input row's codes, scales, sums, xsum and z
+    int P = (int)(QK_PREFILL_ACT_BYTES / row_bytes) / 8 * 8;
+    P = P < 8 ? 8 : P > QK_PREFILL_ROWS ? QK_PREFILL_ROWS : P;
+    int8_t *q = scratch;
+    float *dv = (float *)(q + (size_t)P * K), *xs = dv + (size_t)P * K / 8, *xsum = xs + (size_t)P * K / 32;
+    int32_t *z = (int32_t *)(xsum + P);
+    for (int n0 = 0; n0 < N; n0 += P) {
+        int np = N - n0 < P ? N - n0 : P, groups = (np + 7) / 8;
+#pragma omp parallel if ((long)R * K * np >= THREADS_MIN_WORK)
+        {
+#pragma omp for schedule(static)
+            for (int gi = 0; gi < groups; gi++) {
+                size_t e = (size_t)8 * gi * K; // the group's first code
+                int ng = np - 8 * gi < 8 ? np - 8 * gi : 8;
+                qk_in_fill(q + e, dv + e / 8, xs + e / 32, xsum + 8 * gi, z + e / 16, inp + (size_t)(n0 + 8 * gi) * K,
+                           K, ng, w->fmt);
+            }
+            float acc[QK_PREFILL_ROWS * QUANT_TILE]; // the block formats' sums of a tile
+#pragma omp for schedule(static)
+            for (int r0 = 0; r0 < R; r0 += QUANT_TILE) {
+                if (blocks_format(w->fmt)) {
+                    const QkIn in = {q, dv, xs, xsum, z};
+                    qk_tile_blocks_rows(out + (size_t)n0 * R, R, r0, w, &in, np, acc);
+                    continue;
+                }
+                for (int gi = 0; gi < groups; gi++) {
+                    size_t e = (size_t)8 * gi * K;
+                    int ng = np - 8 * gi < 8 ? np - 8 * gi : 8;
+                    const QkIn in = {q + e, dv + e / 8, xs + e / 32, xsum + 8 * gi, z + e / 16};
+                    qk_tile(out + (size_t)(n0 + 8 * gi) * R, R, r0, w, &in, ng);
+                }
+            }
         }
     }
+    return ER_OK;
 }
 
 // q8 in pairs: vpdpbusd multiplies an unsigned operand, so the weights go in offset by 128 (w ^ 0x80 = w + 128)
@@ -936,11 +1006,8 @@ static void qk_i8_pairs_q8(float *out, const Weight *w, const QkActs *a, int N) 
         return ER_OK;                                                                                       \
     }
 #define QK_I8_TAKE_TILES(FMT)                                                                               \
-    if (w->tiled) {                                                                                        \
-        qk_acts_fill(&a, inp, K, N, FMT == WF_Q8 ? QK_ORDER_Q8_TILES : QK_ORDER_Q4_TILES);                 \
-        qk_i8_tiles(out, w, &a, N);                                                                        \
-        return ER_OK;                                                                                      \
-    }
+    if (w->tiled)                                                                                          \
+        return qk_decode_tiles(out, inp, w, N);
 #else
 #define QK_I8_TAKE_PAIRS(FMT)
 #define QK_I8_TAKE_TILES(FMT)
@@ -1219,13 +1286,18 @@ void qk_quant_block(int8_t *q, const int at[4], float *d, float *xs, const float
 }
 
 void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order) {
+    qk_acts_fill_at(a->q, a->dv, a->xs, a->xsum, inp, K, N, order);
+}
+
+void qk_acts_fill_at(int8_t *codes, float *scales, float *sums, float *xsum, const float *inp, int K, int N,
+                     QkOrder order) {
     int nb = K / 32, chunked = order == QK_ORDER_Q4_TILES || order == QK_ORDER_Q8_TILES;
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * K;
         // chunk c of input n at q + 64 * cs * c, its scales at dv + 8 * cs * c
         size_t first = chunked ? (size_t)n : (size_t)n * (K / 64), cs = chunked ? (size_t)N : 1;
-        int8_t *q = a->q + 64 * first;
-        float *xs = a->xs + (size_t)n * nb, *dv = a->dv + 8 * first, d;
+        int8_t *q = codes + 64 * first;
+        float *xs = sums + (size_t)n * nb, *dv = scales + 8 * first, d;
         double t = 0;
         for (int b = 0; b < nb; b++) {
             // Elements 8j .. 8j + 7 of block b go to bytes at[j] .. at[j] + 7 of its chunk (from c): element e
@@ -1239,7 +1311,7 @@ void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order) {
             for (int i = 0; i < 4; i++)
                 dv[8 * cs * (b / 2) + 4 * (b % 2) + i] = d;
         }
-        a->xsum[n] = (float)t;
+        xsum[n] = (float)t;
     }
 }
 #endif
@@ -1390,7 +1462,9 @@ int weight_matmul_forward(float *out, const float *inp, const Weight *w, const f
     int R = w->rows, K = w->cols, nc;
     if (N <= decode_max_n(w->fmt)) {
         ER_TRY(quant_matmul_decode(out, inp, w, N, scratch));
-#if QK_GEMM_BLOCKS
+#if QK_GEMM_BLOCKS // AVX512-VNNI: the tiled kernels' prefill, the block formats' untiled one
+    } else if ((flags & QUANT_INT8_PREFILL) && w->tiled && scratch) {
+        ER_TRY(qk_prefill_tiles(out, inp, w, N, scratch));
     } else if ((flags & QUANT_INT8_PREFILL) && blocks_format(w->fmt) && !w->tiled && scratch) {
         ER_TRY(qk_gemm_blocks(out, inp, w, N, scratch));
 #endif

@@ -64,6 +64,21 @@ static inline __m256i qk_dot_u8(__m256i acc, __m256i u, __m256i x) {
 // crossing to the other core) costs more than the half saved below about 192 KiB of weights (896-column q4:
 // between 384 and 512 rows; the 0.5B shape's k and v projections are 128 rows, 57 KB).
 #define QK_TILES_PARALLEL_BYTES (192 << 10)
+// N <= 8 input rows quantized for the tiled kernels: codes q, scales dv, fp32 block sums xs and row sums xsum laid out
+// as QkActs's fields (below), and the integer offset sums z of the formats whose codes are stored offset (q8, q8_0:
+// plus 128; q6_K: plus 32), quant/qkernel.c's qk_in_fill.
+typedef struct {
+    const int8_t *q;
+    const float *dv, *xs, *xsum;
+    const int32_t *z;
+} QkIn;
+// out (N, rows) = inp (N, cols) · Wᵀ on a tiled weight (any tiled format), 1 <= N <= QUANT_DECODE_MAX_N.
+int qk_decode_tiles(float *out, const float *inp, const Weight *w, int N);
+// Tile r0 / 16 of a tiled block-format weight against the N <= 8 inputs: out[n * R + r0 + i] (quant/qkernel_blocks.c).
+void qk_tile_blocks(float *out, int R, int r0, const Weight *w, const QkIn *in, int N);
+// The same against np input rows quantized in groups of 8 (group k at in->q + 8 k cols, in->dv + k cols, in->xs +
+// k cols / 4, in->z + k cols / 2), each sub-block of the tile unpacked once for all: the prefill's. acc: np * 16 floats.
+void qk_tile_blocks_rows(float *out, int R, int r0, const Weight *w, const QkIn *in, int np, float *acc);
 // acc + Σ u * x per int32 lane, the 4 input codes at x broadcast to every lane from memory (GCC 12 loads a
 // _mm512_set1_epi32 into a register first: one more instruction per vpdpbusd).
 static inline __m512i qk_dpbusd_bcst(__m512i acc, __m512i u, const int32_t *x) {
@@ -139,6 +154,9 @@ typedef struct {
 int qk_i8_takes(const Weight *w, int N);
 // The N input rows (N, K), K a multiple of 64, as codes and scales in the order given.
 void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order);
+// The same into arrays laid out as QkActs's fields: codes (N * K), scales (N * K / 8), sums (N * K / 32), xsum (N).
+void qk_acts_fill_at(int8_t *codes, float *scales, float *sums, float *xsum, const float *inp, int K, int N,
+                     QkOrder order);
 // 32 inputs x as int8 codes (elements 8j .. 8j + 7 at q + at[j]), their scale *d = max|x| / 127 and fp32 sum *xs
 // (the rounding qk_acts_fill applies to every block).
 void qk_quant_block(int8_t *q, const int at[4], float *d, float *xs, const float *x);

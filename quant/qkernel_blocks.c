@@ -248,7 +248,7 @@ static inline __attribute__((always_inline)) void qb_row(float *out, const Weigh
     default: QB_ROW(out, w, a, r, R, 8, FMT); break;                                                        \
     }
 
-#if QK_TILES
+#ifdef QK_TILES // AVX512-VNNI (make TILES=0 keeps the kernels and tiles nothing)
 // ---- tiled blocks (quant_tile; layout in quant/blocks.h) ----
 // As the tiled q8 and q4 kernels (quant/qkernel.c): one 64-byte load gives 4 codes of each of 16 rows, one row per
 // int32 lane, so a sub-block of 32 inputs is 8 vpdpbusd against input codes broadcast from memory
@@ -258,199 +258,247 @@ static inline __attribute__((always_inline)) void qb_row(float *out, const Weigh
 // sums start from -128 (-32) times the sum of the input codes they meet (z: per 32 inputs for q8_0, per 16 for
 // q6_K, whose two halves of a sub-block have scales of their own). The k-quants' sub-block scales and offsets of the
 // 16 rows are unpacked once per block of 256 into sv / ov.
-static inline __attribute__((always_inline)) void qtile_blocks(float *out, int R, int r0, const Weight *w,
-                                                               const QkActs *a, const int32_t *z, int K,
-                                                               const WeightFormat fmt, const int N) {
-    const int bb = qb_bytes(fmt), E = qb_elems(fmt), nsub = E / 32, ng = K / 32;
+// Sub-block g of the 16 rows of a tile, unpacked: u[t] holds elements 4t .. 4t + 3 of each row (one row per int32
+// lane), d the rows' scales (q6_K: of the first half, d1 of the second), o their offsets.
+typedef struct {
+    __m512i u[8];
+    __m512 d, d1, o;
+} QbTileSub;
+
+// The tile's sub-block g (tile: the tile's first byte); the k-quants' scales and offsets of the block's sub-blocks
+// are unpacked into sv / ov at its first sub-block (so g must go up from there).
+static inline __attribute__((always_inline)) QbTileSub qb_tile_sub(const uint8_t *tile, int g, float sv[16][16],
+                                                                   float ov[8][16], const WeightFormat fmt,
+                                                                   const int prefetch) {
+    const int bb = qb_bytes(fmt), nsub = qb_elems(fmt) / 32;
     const int has_m = fmt == WF_Q4_1 || fmt == WF_Q5_1, five = fmt == WF_Q5_0 || fmt == WF_Q5_1;
     const int kq = fmt == WF_Q4_K || fmt == WF_Q5_K;
-    const uint8_t *tile = (const uint8_t *)w->data + (size_t)r0 * (K / E) * bb;
+    const __m512i m15 = _mm512_set1_epi8(15), m16 = _mm512_set1_epi8(16), m48 = _mm512_set1_epi8(48);
+    const int j = g % nsub;                                         // the sub-block of 32 in its block
+    const uint8_t *p = tile + (size_t)QUANT_TILE * bb * (g / nsub); // the 16 rows' block
+    QbTileSub t;
+    if (prefetch && j == 0)
+        for (int i = 0; i < QUANT_TILE * bb / 64; i++)
+            __builtin_prefetch(p + QK_TILE_PREFETCH + 64 * i, 0, 3);
+    if (kq && j == 0) { // 16 * 4: the 12 scale bytes, byte s of the 16 rows at 64 + 16 s
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        __m128i q[12];
+        for (int b = 0; b < 12; b++)
+            q[b] = _mm_loadu_si128((const __m128i *)(p + 64 + 16 * b));
+        const __m128i m63 = _mm_set1_epi8(63), m15x = _mm_set1_epi8(15), m48x = _mm_set1_epi8(48);
+        for (int i = 0; i < 8; i++) { // blocks_k_scale_min on 16 rows
+            __m128i sc, mn;
+            if (i < 4) {
+                sc = _mm_and_si128(q[i], m63);
+                mn = _mm_and_si128(q[i + 4], m63);
+            } else {
+                sc = _mm_or_si128(_mm_and_si128(q[i + 4], m15x), _mm_and_si128(_mm_srli_epi16(q[i - 4], 2), m48x));
+                mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q[i + 4], 4), m15x),
+                                  _mm_and_si128(_mm_srli_epi16(q[i], 2), m48x));
+            }
+            _mm512_storeu_ps(sv[i], _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc))));
+            _mm512_storeu_ps(ov[i], _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), dmin),
+                                                  _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn))));
+        }
+    }
+    if (fmt == WF_Q6_K && j == 0) { // 16 * 208: d; 16 * 192: the 16 int8 scales, scale s of the 16 rows at 16 s
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 16 * 208)));
+        for (int i = 0; i < 16; i++) {
+            __m128i sc = _mm_loadu_si128((const __m128i *)(p + 16 * 192 + 16 * i));
+            _mm512_storeu_ps(sv[i], _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc))));
+        }
+    }
+    t.d = t.d1 = t.o = _mm512_setzero_ps();
+    if (kq) {
+        t.d = _mm512_loadu_ps(sv[j]);
+        t.o = _mm512_loadu_ps(ov[j]);
+    } else if (fmt == WF_Q6_K) {
+        t.d = _mm512_loadu_ps(sv[2 * j]);
+        t.d1 = _mm512_loadu_ps(sv[2 * j + 1]);
+    } else {
+        t.d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        if (has_m)
+            t.o = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        else if (fmt == WF_Q5_0)
+            t.o = _mm512_mul_ps(t.d, _mm512_set1_ps(-16.0f));
+    }
+    if (fmt == WF_Q8_0) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+            t.u[i] = _mm512_loadu_si512(p + 32 + 64 * i);
+    } else if (!kq && fmt != WF_Q6_K) { // qs: elements 4i .. in the low nibbles of dword i, 16 + 4i .. high
+        const uint8_t *qs = p + 16 * (2 + 2 * has_m + 4 * five);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            __m512i v = _mm512_loadu_si512(qs + 64 * i);
+            t.u[i] = _mm512_and_si512(v, m15);
+            t.u[i + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m15);
+        }
+        if (five) { // bit 8b + i of a row's h to bit 4 of byte b of u[i]
+            __m512i h = _mm512_loadu_si512(p + 32 + 32 * has_m);
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+                __m512i hb = i < 4 ? _mm512_slli_epi32(h, 4 - i) : _mm512_srli_epi32(h, i - 4);
+                t.u[i] = _mm512_or_si512(t.u[i], _mm512_and_si512(hb, m16));
+            }
+        }
+    } else if (kq) { // qs at 16 * 16 (q5_K: 16 * 48): sub-block j in the low (j even) or high nibbles of 64 .. of
+                     // dwords 8 (j / 2) + i; q5_K's high bit: bit j of the bytes of qh's dword i (16 * 16)
+        const uint8_t *qs = p + 16 * (fmt == WF_Q5_K ? 48 : 16) + 512 * (j / 2);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            __m512i v = _mm512_loadu_si512(qs + 64 * i);
+            t.u[i] = _mm512_and_si512(j % 2 ? _mm512_srli_epi16(v, 4) : v, m15);
+            if (fmt == WF_Q5_K) {
+                __m512i h = _mm512_loadu_si512(p + 16 * 16 + 64 * i);
+                __m512i hb = j < 4 ? _mm512_sll_epi32(h, _mm_cvtsi32_si128(4 - j))
+                                   : _mm512_srl_epi32(h, _mm_cvtsi32_si128(j - 4));
+                t.u[i] = _mm512_or_si512(t.u[i], _mm512_and_si512(hb, m16));
+            }
+        }
+    } else { // q6_K: sub-block j = quarter k of chunk c; 4 bits from ql's dwords 16c + 8 (k % 2) + i (k >= 2: the
+             // high nibbles), 2 from bits 2k, 2k + 1 of qh's (16 * 128) dwords 8c + i
+        const int c = j / 4, k = j % 4;
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            __m512i v = _mm512_loadu_si512(p + 64 * (16 * c + 8 * (k % 2) + i));
+            __m512i h = _mm512_loadu_si512(p + 16 * 128 + 64 * (8 * c + i));
+            __m512i hb = k < 2 ? _mm512_sll_epi32(h, _mm_cvtsi32_si128(4 - 2 * k))
+                               : _mm512_srl_epi32(h, _mm_cvtsi32_si128(2 * k - 4));
+            t.u[i] = _mm512_or_si512(_mm512_and_si512(k >= 2 ? _mm512_srli_epi16(v, 4) : v, m15),
+                                     _mm512_and_si512(hb, m48));
+        }
+    }
+    return t;
+}
+
+// acc + one input row's sub-block against the unpacked t: x its 8 dwords of codes, dx their scale, xs their fp32 sum,
+// z the offset sums (q8_0: z[0]; q6_K: z[0], z[1], per half).
+static inline __attribute__((always_inline)) __m512 qb_tile_dot(__m512 acc, const QbTileSub *t, const int32_t *x,
+                                                               float dx, float xs, const int32_t *z,
+                                                               const WeightFormat fmt) {
+    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    if (fmt == WF_Q8_0)
+        s0 = _mm512_set1_epi32(z[0]);
+    if (fmt == WF_Q6_K) { // the halves apart: elements 0-15, 16-31
+        s0 = _mm512_set1_epi32(z[0]);
+        s1 = _mm512_set1_epi32(z[1]);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            s0 = qk_dpbusd_bcst(s0, t->u[i], x + i);
+            s1 = qk_dpbusd_bcst(s1, t->u[i + 4], x + i + 4);
+        }
+        __m512 dxv = _mm512_set1_ps(dx);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(t->d, dxv), acc);
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(t->d1, dxv), acc);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 8; i += 2) {
+        s0 = qk_dpbusd_bcst(s0, t->u[i], x + i);
+        s1 = qk_dpbusd_bcst(s1, t->u[i + 1], x + i + 1);
+    }
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(t->d, _mm512_set1_ps(dx)), acc);
+    if (fmt != WF_Q8_0)
+        acc = _mm512_fmadd_ps(t->o, _mm512_set1_ps(xs), acc);
+    return acc;
+}
+
+// Tile r0 / 16 against the N <= 8 inputs of a (chunk-major, QkIn): out[n * R + r0 + i]; the decode kernel.
+static inline __attribute__((always_inline)) void qtile_blocks(float *out, int R, int r0, const Weight *w,
+                                                               const QkIn *a, int K, const WeightFormat fmt,
+                                                               const int N) {
+    const int ng = K / 32, zs = fmt == WF_Q6_K ? 2 : 1; // z per 32 inputs
+    const uint8_t *tile = (const uint8_t *)w->data + (size_t)r0 * (K / qb_elems(fmt)) * qb_bytes(fmt);
     __m512 acc[QUANT_DECODE_MAX_N];
 #pragma GCC unroll 8
     for (int n = 0; n < N; n++)
         acc[n] = _mm512_setzero_ps();
-    const __m512i m15 = _mm512_set1_epi8(15), m16 = _mm512_set1_epi8(16), m48 = _mm512_set1_epi8(48);
-    float sv[16][16], ov[8][16]; // k-quants: the 16 rows' scale (q6_K: per half) and offset of each sub-block
+    float sv[16][16], ov[8][16];
     for (int g = 0; g < ng; g++) {
-        const int j = g % nsub;                               // the sub-block of 32 in its block
-        const uint8_t *p = tile + (size_t)QUANT_TILE * bb * (g / nsub); // the 16 rows' block
-        if (N >= QK_TILE_PREFETCH_N && (j == 0 || nsub == 1))
-            for (int i = 0; i < QUANT_TILE * bb / 64; i++)
-                __builtin_prefetch(p + QK_TILE_PREFETCH + 64 * i, 0, 3);
-        if (kq && j == 0) { // 16 * 4: the 12 scale bytes, byte s of the 16 rows at 64 + 16 s
-            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-            __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
-            __m128i q[12];
-            for (int b = 0; b < 12; b++)
-                q[b] = _mm_loadu_si128((const __m128i *)(p + 64 + 16 * b));
-            const __m128i m63 = _mm_set1_epi8(63), m15x = _mm_set1_epi8(15), m48x = _mm_set1_epi8(48);
-            for (int i = 0; i < 8; i++) { // blocks_k_scale_min on 16 rows
-                __m128i sc, mn;
-                if (i < 4) {
-                    sc = _mm_and_si128(q[i], m63);
-                    mn = _mm_and_si128(q[i + 4], m63);
-                } else {
-                    sc = _mm_or_si128(_mm_and_si128(q[i + 4], m15x), _mm_and_si128(_mm_srli_epi16(q[i - 4], 2), m48x));
-                    mn = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q[i + 4], 4), m15x),
-                                      _mm_and_si128(_mm_srli_epi16(q[i], 2), m48x));
-                }
-                _mm512_storeu_ps(sv[i], _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc))));
-                _mm512_storeu_ps(ov[i], _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), dmin),
-                                                      _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn))));
-            }
-        }
-        if (fmt == WF_Q6_K && j == 0) { // 16 * 208: d; 16 * 192: the 16 int8 scales, scale s of the 16 rows at 16 s
-            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 16 * 208)));
-            for (int i = 0; i < 16; i++) {
-                __m128i sc = _mm_loadu_si128((const __m128i *)(p + 16 * 192 + 16 * i));
-                _mm512_storeu_ps(sv[i], _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc))));
-            }
-        }
-        __m512 d = _mm512_setzero_ps(), o = _mm512_setzero_ps();
-        if (kq) {
-            d = _mm512_loadu_ps(sv[j]);
-            o = _mm512_loadu_ps(ov[j]);
-        } else if (fmt != WF_Q6_K) {
-            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-            if (has_m)
-                o = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
-            else if (fmt == WF_Q5_0)
-                o = _mm512_mul_ps(d, _mm512_set1_ps(-16.0f));
-        }
-        __m512i u[8]; // u[t]: elements 4t .. 4t + 3 of sub-block g of the 16 rows
-        if (fmt == WF_Q8_0) {
-#pragma GCC unroll 8
-            for (int t = 0; t < 8; t++)
-                u[t] = _mm512_loadu_si512(p + 32 + 64 * t);
-        } else if (!kq && fmt != WF_Q6_K) { // qs: elements 4t .. in the low nibbles of dword t, 16 + 4t .. high
-            const uint8_t *qs = p + 16 * (2 + 2 * has_m + 4 * five);
-#pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) {
-                __m512i v = _mm512_loadu_si512(qs + 64 * t);
-                u[t] = _mm512_and_si512(v, m15);
-                u[t + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m15);
-            }
-            if (five) { // bit 8b + t of a row's h to bit 4 of byte b of u[t]
-                __m512i h = _mm512_loadu_si512(p + 32 + 32 * has_m);
-#pragma GCC unroll 8
-                for (int t = 0; t < 8; t++) {
-                    __m512i hb = t < 4 ? _mm512_slli_epi32(h, 4 - t) : _mm512_srli_epi32(h, t - 4);
-                    u[t] = _mm512_or_si512(u[t], _mm512_and_si512(hb, m16));
-                }
-            }
-        } else if (kq) { // qs at 16 * 16 (q5_K: 16 * 48): sub-block j in the low (j even) or high nibbles of 64 .. of
-                         // dwords 8 (j / 2) + t; q5_K's high bit: bit j of the bytes of qh's dword t (16 * 16)
-            const uint8_t *qs = p + 16 * (fmt == WF_Q5_K ? 48 : 16) + 512 * (j / 2);
-#pragma GCC unroll 8
-            for (int t = 0; t < 8; t++) {
-                __m512i v = _mm512_loadu_si512(qs + 64 * t);
-                u[t] = _mm512_and_si512(j % 2 ? _mm512_srli_epi16(v, 4) : v, m15);
-                if (fmt == WF_Q5_K) {
-                    __m512i h = _mm512_loadu_si512(p + 16 * 16 + 64 * t);
-                    __m512i hb = j < 4 ? _mm512_sll_epi32(h, _mm_cvtsi32_si128(4 - j))
-                                       : _mm512_srl_epi32(h, _mm_cvtsi32_si128(j - 4));
-                    u[t] = _mm512_or_si512(u[t], _mm512_and_si512(hb, m16));
-                }
-            }
-        } else { // q6_K: sub-block j = quarter k of chunk c; 4 bits from ql's dwords 16c + 8 (k % 2) + t (k >= 2: the
-                 // high nibbles), 2 from bits 2k, 2k + 1 of qh's (16 * 128) dwords 8c + t
-            const int c = j / 4, k = j % 4;
-#pragma GCC unroll 8
-            for (int t = 0; t < 8; t++) {
-                __m512i v = _mm512_loadu_si512(p + 64 * (16 * c + 8 * (k % 2) + t));
-                __m512i h = _mm512_loadu_si512(p + 16 * 128 + 64 * (8 * c + t));
-                __m512i hb = k < 2 ? _mm512_sll_epi32(h, _mm_cvtsi32_si128(4 - 2 * k))
-                                   : _mm512_srl_epi32(h, _mm_cvtsi32_si128(2 * k - 4));
-                u[t] = _mm512_or_si512(_mm512_and_si512(k >= 2 ? _mm512_srli_epi16(v, 4) : v, m15),
-                                       _mm512_and_si512(hb, m48));
-            }
-        }
+        QbTileSub t = qb_tile_sub(tile, g, sv, ov, fmt, N >= QK_TILE_PREFETCH_N);
         const int c = g / 2, b = g % 2;
-        const int32_t *x = (const int32_t *)(a->q + (size_t)64 * N * c) + 8 * b; // input n's sub-block at x + 16 n
 #pragma GCC unroll 8
         for (int n = 0; n < N; n++) {
-            size_t i = 2 * ((size_t)c * N + n) + b; // input n's block g among a->q's blocks of 32
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            if (fmt == WF_Q8_0)
-                s0 = _mm512_set1_epi32(z[i]);
-            if (fmt == WF_Q6_K) {
-                s0 = _mm512_set1_epi32(z[2 * i]);
-                s1 = _mm512_set1_epi32(z[2 * i + 1]);
-            }
-            if (fmt == WF_Q6_K) { // the halves apart: elements 0-15, 16-31
-#pragma GCC unroll 4
-                for (int t = 0; t < 4; t++) {
-                    s0 = qk_dpbusd_bcst(s0, u[t], x + 16 * n + t);
-                    s1 = qk_dpbusd_bcst(s1, u[t + 4], x + 16 * n + t + 4);
-                }
-            } else {
-#pragma GCC unroll 4
-                for (int t = 0; t < 8; t += 2) {
-                    s0 = qk_dpbusd_bcst(s0, u[t], x + 16 * n + t);
-                    s1 = qk_dpbusd_bcst(s1, u[t + 1], x + 16 * n + t + 1);
-                }
-            }
-            __m512 dx = _mm512_set1_ps(a->dv[8 * ((size_t)c * N + n) + 4 * b]);
-            if (fmt == WF_Q6_K) {
-                acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(_mm512_loadu_ps(sv[2 * j]), dx), acc[n]);
-                acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(_mm512_loadu_ps(sv[2 * j + 1]), dx), acc[n]);
-            } else {
-                acc[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(d, dx), acc[n]);
-                if (fmt != WF_Q8_0)
-                    acc[n] = _mm512_fmadd_ps(o, _mm512_set1_ps(a->xs[(size_t)n * ng + g]), acc[n]);
-            }
+            size_t i = 2 * ((size_t)c * N + n) + b; // input n's sub-block g among a->q's blocks of 32
+            acc[n] = qb_tile_dot(acc[n], &t, (const int32_t *)(a->q + 32 * i), a->dv[4 * i], a->xs[(size_t)n * ng + g],
+                                 a->z + zs * i, fmt);
         }
     }
     for (int n = 0; n < N; n++)
         _mm512_storeu_ps(out + (size_t)n * R + r0, acc[n]);
 }
 
+// The prefill's tile: tile r0 / 16 against np input rows, quantized in groups of 8 (group k's codes at q + 8 k K, its
+// scales, sums and offset sums at dv + k K, xs + k K / 4, z + k K / 2, chunk-major as QkIn within the group), each
+// sub-block unpacked once for all of them: the rows' sums in acc (np, 16) floats (L1) between sub-blocks.
+static inline __attribute__((always_inline)) void qtile_blocks_rows(float *out, int R, int r0, const Weight *w,
+                                                                    const QkIn *a, int np, float *acc,
+                                                                    const WeightFormat fmt) {
+    const int K = w->cols, ng = K / 32, zs = fmt == WF_Q6_K ? 2 : 1;
+    const uint8_t *tile = (const uint8_t *)w->data + (size_t)r0 * (K / qb_elems(fmt)) * qb_bytes(fmt);
+    memset(acc, 0, sizeof(float) * 16 * (size_t)np);
+    float sv[16][16], ov[8][16];
+    for (int g = 0; g < ng; g++) {
+        QbTileSub t = qb_tile_sub(tile, g, sv, ov, fmt, 0);
+        const int c = g / 2, b = g % 2;
+        for (int n0 = 0; n0 < np; n0 += 8) {
+            const int N = np - n0 < 8 ? np - n0 : 8; // the group's rows
+            const int8_t *q = a->q + (size_t)n0 * K;
+            const float *dv = a->dv + (size_t)n0 * K / 8, *xs = a->xs + (size_t)n0 * ng;
+            const int32_t *z = a->z + (size_t)n0 * K / 16;
+            for (int n = 0; n < N; n++) {
+                size_t i = 2 * ((size_t)c * N + n) + b;
+                float *o = acc + 16 * (size_t)(n0 + n);
+                _mm512_storeu_ps(o, qb_tile_dot(_mm512_loadu_ps(o), &t, (const int32_t *)(q + 32 * i), dv[4 * i],
+                                                 xs[(size_t)n * ng + g], z + zs * i, fmt));
+            }
+        }
+    }
+    for (int n = 0; n < np; n++)
+        _mm512_storeu_ps(out + (size_t)n * R + r0, _mm512_loadu_ps(acc + 16 * (size_t)n));
+}
+
 #define QB_TILE_SWITCH_N(FMT)                                                                              \
     switch (N) {                                                                                           \
-    case 1: qtile_blocks(out, R, r0, w, &a, z, K, FMT, 1); break;                                          \
-    case 2: qtile_blocks(out, R, r0, w, &a, z, K, FMT, 2); break;                                          \
-    case 3: qtile_blocks(out, R, r0, w, &a, z, K, FMT, 3); break;                                          \
-    case 4: qtile_blocks(out, R, r0, w, &a, z, K, FMT, 4); break;                                          \
-    case 5: qtile_blocks(out, R, r0, w, &a, z, K, FMT, 5); break;                                          \
-    case 6: qtile_blocks(out, R, r0, w, &a, z, K, FMT, 6); break;                                          \
-    case 7: qtile_blocks(out, R, r0, w, &a, z, K, FMT, 7); break;                                          \
-    default: qtile_blocks(out, R, r0, w, &a, z, K, FMT, 8); break;                                         \
+    case 1: qtile_blocks(out, R, r0, w, in, K, FMT, 1); break;                                              \
+    case 2: qtile_blocks(out, R, r0, w, in, K, FMT, 2); break;                                              \
+    case 3: qtile_blocks(out, R, r0, w, in, K, FMT, 3); break;                                              \
+    case 4: qtile_blocks(out, R, r0, w, in, K, FMT, 4); break;                                              \
+    case 5: qtile_blocks(out, R, r0, w, in, K, FMT, 5); break;                                              \
+    case 6: qtile_blocks(out, R, r0, w, in, K, FMT, 6); break;                                              \
+    case 7: qtile_blocks(out, R, r0, w, in, K, FMT, 7); break;                                              \
+    default: qtile_blocks(out, R, r0, w, in, K, FMT, 8); break;                                             \
     }
 
-// The tiles in parallel (past QK_TILES_PARALLEL_BYTES); the inputs quantized once, chunk-major in the rows' order.
-#define QB_TILES(FMT, name)                                                                                \
-    static void qb_tiles_##name(float *out, const float *inp, const Weight *w, int N) {                   \
-        int R = w->rows, K = w->cols;                                                                      \
-        QkActs a;                                                                                          \
-        /* q8_0: -128 times the sum of each 32 input codes, q6_K: -32 times each 16's, in a.q's order */    \
-        int32_t z[QK_ACT_BYTES / 16];                                                                      \
-        qk_acts_fill(&a, inp, K, N, QK_ORDER_Q8_TILES);                                                    \
-        const int zn = FMT == WF_Q8_0 ? 32 : 16, zm = FMT == WF_Q8_0 ? -128 : -32;                         \
-        for (int i = 0; (FMT == WF_Q8_0 || FMT == WF_Q6_K) && i < N * K / zn; i++) {                      \
-            int32_t t = 0;                                                                                 \
-            for (int k = 0; k < zn; k++)                                                                   \
-                t += a.q[(size_t)zn * i + k];                                                              \
-            z[i] = zm * t;                                                                                 \
-        }                                                                                                  \
-        size_t bytes = (size_t)R * weight_row_bytes(FMT, K);                                               \
-        _Pragma("omp parallel for schedule(static) if (bytes >= QK_TILES_PARALLEL_BYTES)")                  \
-        for (int r0 = 0; r0 < R; r0 += QUANT_TILE)                                                         \
-            QB_TILE_SWITCH_N(FMT)                                                                          \
+void qk_tile_blocks(float *out, int R, int r0, const Weight *w, const QkIn *in, int N) {
+    int K = w->cols;
+    switch (w->fmt) {
+    case WF_Q8_0: QB_TILE_SWITCH_N(WF_Q8_0) break;
+    case WF_Q4_1: QB_TILE_SWITCH_N(WF_Q4_1) break;
+    case WF_Q5_0: QB_TILE_SWITCH_N(WF_Q5_0) break;
+    case WF_Q5_1: QB_TILE_SWITCH_N(WF_Q5_1) break;
+    case WF_Q4_K: QB_TILE_SWITCH_N(WF_Q4_K) break;
+    case WF_Q5_K: QB_TILE_SWITCH_N(WF_Q5_K) break;
+    default: QB_TILE_SWITCH_N(WF_Q6_K) break;
     }
-QB_TILES(WF_Q8_0, q8_0)
-QB_TILES(WF_Q4_1, q4_1)
-QB_TILES(WF_Q5_0, q5_0)
-QB_TILES(WF_Q5_1, q5_1)
-QB_TILES(WF_Q4_K, q4_k)
-QB_TILES(WF_Q5_K, q5_k)
-QB_TILES(WF_Q6_K, q6_k)
-#define QB_TAKE_TILES(name)                                                                                \
-    if (w->tiled) {                                                                                        \
-        qb_tiles_##name(out, inp, w, N);                                                                   \
-        return ER_OK;                                                                                      \
+}
+void qk_tile_blocks_rows(float *out, int R, int r0, const Weight *w, const QkIn *in, int np, float *acc) {
+    switch (w->fmt) {
+    case WF_Q8_0: qtile_blocks_rows(out, R, r0, w, in, np, acc, WF_Q8_0); break;
+    case WF_Q4_1: qtile_blocks_rows(out, R, r0, w, in, np, acc, WF_Q4_1); break;
+    case WF_Q5_0: qtile_blocks_rows(out, R, r0, w, in, np, acc, WF_Q5_0); break;
+    case WF_Q5_1: qtile_blocks_rows(out, R, r0, w, in, np, acc, WF_Q5_1); break;
+    case WF_Q4_K: qtile_blocks_rows(out, R, r0, w, in, np, acc, WF_Q4_K); break;
+    case WF_Q5_K: qtile_blocks_rows(out, R, r0, w, in, np, acc, WF_Q5_K); break;
+    default: qtile_blocks_rows(out, R, r0, w, in, np, acc, WF_Q6_K); break;
     }
+}
+#define QB_TAKE_TILES                                                                                      \
+    if (w->tiled)                                                                                          \
+        return qk_decode_tiles(out, inp, w, N);
 #else
-#define QB_TAKE_TILES(name)
+#define QB_TAKE_TILES
 #endif
 
 // Rows in parallel; the inputs quantized once for all of them (on this thread, before the region).
@@ -634,13 +682,13 @@ int qk_gemm_blocks(float *out, const float *inp, const Weight *w, int N, void *s
 }
 #endif
 
-QB_DECODE(WF_Q8_0, q8_0, QB_TAKE_TILES(q8_0))
-QB_DECODE(WF_Q4_1, q4_1, QB_TAKE_TILES(q4_1))
-QB_DECODE(WF_Q5_0, q5_0, QB_TAKE_TILES(q5_0))
-QB_DECODE(WF_Q5_1, q5_1, QB_TAKE_TILES(q5_1))
-QB_DECODE(WF_Q4_K, q4_k, QB_TAKE_TILES(q4_k))
-QB_DECODE(WF_Q5_K, q5_k, QB_TAKE_TILES(q5_k))
-QB_DECODE(WF_Q6_K, q6_k, QB_TAKE_TILES(q6_k))
+QB_DECODE(WF_Q8_0, q8_0, QB_TAKE_TILES)
+QB_DECODE(WF_Q4_1, q4_1, QB_TAKE_TILES)
+QB_DECODE(WF_Q5_0, q5_0, QB_TAKE_TILES)
+QB_DECODE(WF_Q5_1, q5_1, QB_TAKE_TILES)
+QB_DECODE(WF_Q4_K, q4_k, QB_TAKE_TILES)
+QB_DECODE(WF_Q5_K, q5_k, QB_TAKE_TILES)
+QB_DECODE(WF_Q6_K, q6_k, QB_TAKE_TILES)
 
 #endif
 

@@ -677,6 +677,13 @@ Test(quant_kernels, tiled_rows_and_products) {
                       weight_format_name(f), R, K);
             cr_assert_eq(weight_matmul_forward(out, inp, q, NULL, 33, tile, QUANT_INT8_PREFILL), 0);
             check_forward(out, inp, W, NULL, 33, R, K, q, "tiled int8 prefill");
+            if (K >= 4864) { // more input rows than the block prefill quantizes at once (80 at these widths)
+                float *inp2 = input_vec(f, (size_t)100 * K, 920 + si), *out2 = malloc(sizeof(float) * (size_t)100 * R);
+                cr_assert_eq(weight_matmul_forward(out2, inp2, q, NULL, 100, tile, QUANT_INT8_PREFILL), 0);
+                check_forward(out2, inp2, W, NULL, 100, R, K, q, "tiled int8 prefill, 100 rows");
+                free(inp2);
+                free(out2);
+            }
             for (int N = 1; N <= 8; N++) {
                 char what[64];
                 snprintf(what, sizeof what, "tiled %s R=%d K=%d N=%d", weight_format_name(f), R, K, N);
