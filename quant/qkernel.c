@@ -743,10 +743,9 @@ static inline __attribute__((always_inline)) void qtile_i8_q4(float *out, int R,
     const __m512i m15 = _mm512_set1_epi8(15);
     for (int c = 0; c < K / 64; c++) {
         const uint8_t *p = tile + 512 * (size_t)c;
-        if (N >= QK_TILE_PREFETCH_N)
 #pragma GCC unroll 8
-            for (int i = 0; i < 8; i++)
-                qk_prefetch((uintptr_t)p + QK_TILE_PREFETCH + 64 * i);
+        for (int i = 0; i < 8; i++)
+            qk_prefetch((uintptr_t)p + QK_TILE_PREFETCH + 64 * i);
         const int32_t *x = (const int32_t *)(a->q + (size_t)64 * N * c); // chunk c of input n at x + 16 n
         const float *d = a->dv + (size_t)8 * N * c;
 #pragma GCC unroll 2
@@ -805,10 +804,9 @@ static inline __attribute__((always_inline)) void qtile_i8_q8(float *out, int R,
         acc[n] = _mm512_setzero_ps();
     for (int c = 0; c < K / 64; c++) {
         const uint8_t *p = tile + 1024 * (size_t)c;
-        if (N >= QK_TILE_PREFETCH_N)
 #pragma GCC unroll 16
-            for (int i = 0; i < 16; i++)
-                qk_prefetch((uintptr_t)p + QK_TILE_PREFETCH + 64 * i);
+        for (int i = 0; i < 16; i++)
+            qk_prefetch((uintptr_t)p + QK_TILE_PREFETCH + 64 * i);
         const int32_t *x = (const int32_t *)(a->q + (size_t)64 * N * c), *z = a->z + (size_t)2 * N * c;
         const float *d = a->dv + (size_t)8 * N * c;
 #pragma GCC unroll 2

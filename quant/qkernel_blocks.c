@@ -279,7 +279,7 @@ static inline __attribute__((always_inline)) QbTileSub qb_tile_sub(const uint8_t
     QbTileSub t;
     if (prefetch && j == 0)
         for (int i = 0; i < QUANT_TILE * bb / 64; i++)
-            __builtin_prefetch(p + QK_TILE_PREFETCH + 64 * i, 0, 3);
+            __builtin_prefetch((const void *)((uintptr_t)p + QK_TILE_PREFETCH + 64 * i), 0, 3); // may pass the end
     if (kq && j == 0) { // 16 * 4: the 12 scale bytes, byte s of the 16 rows at 64 + 16 s
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
@@ -416,7 +416,7 @@ static inline __attribute__((always_inline)) void qtile_blocks(float *out, int R
         acc[n] = _mm512_setzero_ps();
     float sv[16][16], ov[8][16];
     for (int g = 0; g < ng; g++) {
-        QbTileSub t = qb_tile_sub(tile, g, sv, ov, fmt, N >= QK_TILE_PREFETCH_N);
+        QbTileSub t = qb_tile_sub(tile, g, sv, ov, fmt, 1);
         const int c = g / 2, b = g % 2;
 #pragma GCC unroll 8
         for (int n = 0; n < N; n++) {
