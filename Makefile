@@ -14,7 +14,7 @@
 #   make ARCH=           portable build (default ARCH=-march=native)
 #   make BLAS=0          no OpenBLAS: the built-in GEMM (the runtime library must build this way); BLAS=1 finds
 #                        OpenBLAS through `pkg-config openblas`
-#   make TILES=0         without the tiled q4/q4g32/q8 decode kernels (quant_tile; objects in .../notiles/): the
+#   make TILES=0         without the tiled decode kernels (quant_tile; objects in .../notiles/): the
 #                        x86 reference of make test-aarch64's token comparison
 #   make CUDA=1          with the CUDA backend (model/cuda/: nvcc, cuBLAS from CUDA_HOME, default /usr/local/cuda)
 #                        in build/cuda/; make CUDA=1 cuda-check builds everything so (CI's compile and link check)
