@@ -207,7 +207,7 @@ static int param_bytes(const Model *m, const ParamTensor *p, uint32_t type, void
         }
         weight_row_f32(tmp, p->w, src);
         if (bf != WF_COUNT)
-            blocks_quantize_row(bf, dst, tmp, cols);
+            blocks_quantize_row(bf, dst, tmp, NULL, cols);
         else if (type == GGML_Q4_0)
             quant_q4_0(dst, tmp, cols);
         else

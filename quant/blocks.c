@@ -247,73 +247,110 @@ static void put_half(uint8_t *p, float v) {
 
 static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
-static void q_q8_0(uint8_t *s, const float *x) {
-    float amax = 0;
-    for (int j = 0; j < 32; j++)
-        amax = fmaxf(amax, fabsf(x[j]));
-    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    put_half(s, d);
-    for (int j = 0; j < 32; j++)
-        s[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
-}
-
-// q4_1 (bits 4), q5_0 (bits 5, symmetric), q5_1 (bits 5).
-static void q_32(uint8_t *s, const float *x, int bits, int sym) {
-    int nmax = (1 << bits) - 1;
-    uint8_t u[32];
-    if (sym) { // the value of largest magnitude maps to code 0: d = max / -16
-        float amax = 0, max = 0;
-        for (int j = 0; j < 32; j++)
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        float d = max / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        put_half(s, d);
-        for (int j = 0; j < 32; j++)
-            u[j] = (uint8_t)clampi((int)(int8_t)(x[j] * id + 16.5f), 0, 31);
-    } else {
-        float lo = x[0], hi = x[0];
-        for (int j = 1; j < 32; j++) {
-            lo = fminf(lo, x[j]);
-            hi = fmaxf(hi, x[j]);
-        }
-        float d = (hi - lo) / (float)nmax, id = d != 0.0f ? 1.0f / d : 0.0f;
-        put_half(s, d);
-        put_half(s + 2, lo);
-        for (int j = 0; j < 32; j++)
-            u[j] = (uint8_t)clampi((int)((x[j] - lo) * id + 0.5f), 0, nmax);
-    }
-    uint8_t *qs = s + (bits == 4 ? 4 : sym ? 6 : 8), *qh = s + (sym ? 2 : 4);
-    uint32_t h = 0;
-    for (int j = 0; j < 16; j++) {
-        qs[j] = (uint8_t)((u[j] & 15) | (u[j + 16] & 15) << 4);
-        h |= (uint32_t)(u[j] >> 4 & 1) << j | (uint32_t)(u[j + 16] >> 4 & 1) << (j + 16);
-    }
-    if (bits == 5)
-        memcpy(qh, &h, 4);
-}
-
-// The squared error of n values x rounded to u in [0, nmax] under W = d * u - m.
-static double affine_sse(const float *x, int n, float d, float m, int nmax) {
+// The importance-weighted squared error of n values x rounded to u in [0, nmax] under W = d * u - m (imp NULL: all 1).
+static double affine_sse(const float *x, const float *imp, int n, float d, float m, int nmax) {
     double e = 0;
     for (int l = 0; l < n; l++) {
         int u = d != 0.0f ? clampi((int)lrintf((x[l] + m) / d), 0, nmax) : 0;
         double r = (double)d * u - m - x[l];
-        e += r * r;
+        e += (imp ? imp[l] : 1.0) * r * r;
     }
     return e;
 }
 
+// With importances (imp != NULL) the 32-blocks try their scale (and min) shrunk by up to 10% (the range clipped at
+// either end by up to 30%) and keep the least weighted error under the stored fp16 values; the first candidate is
+// the one taken without importances, so a weighted block is never worse than it on the weighted error.
+#define Q32_TRIES 11
+
+// q8_0: d = max|x| / 127 (times the candidate), codes rounded to nearest.
+static void q_q8_0(uint8_t *s, const float *x, const float *imp) {
+    float amax = 0;
+    for (int j = 0; j < 32; j++)
+        amax = fmaxf(amax, fabsf(x[j]));
+    double best = -1;
+    uint8_t blk[34];
+    for (int i = 0; i < (imp ? Q32_TRIES : 1); i++) {
+        float d = amax / 127.0f * (1.0f - 0.01f * (float)i), id = d != 0.0f ? 1.0f / d : 0.0f;
+        put_half(blk, d);
+        double e = 0;
+        for (int j = 0; j < 32; j++) {
+            int q = clampi((int)roundf(x[j] * id), -127, 127);
+            blk[2 + j] = (uint8_t)(int8_t)q;
+            double r = (double)half_at(blk) * q - x[j];
+            e += (imp ? imp[j] : 1.0) * r * r;
+        }
+        if (best < 0 || e < best) {
+            best = e;
+            memcpy(s, blk, sizeof blk);
+        }
+    }
+}
+
+// q4_1 (bits 4), q5_0 (bits 5, symmetric), q5_1 (bits 5).
+static void q_32(uint8_t *s, const float *x, const float *imp, int bits, int sym) {
+    int nmax = (1 << bits) - 1, B = bits == 4 ? 20 : sym ? 22 : 24;
+    uint8_t u[32], blk[24];
+    float amax = 0, max = 0, lo = x[0], hi = x[0];
+    for (int j = 0; j < 32; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+        lo = fminf(lo, x[j]);
+        hi = fmaxf(hi, x[j]);
+    }
+    double best = -1;
+    for (int i = 0; i < (imp ? (sym ? Q32_TRIES : 2 * Q32_TRIES - 1) : 1); i++) {
+        float d, m = 0;
+        if (sym) { // the value of largest magnitude maps to code 0: d = max / -16
+            d = max / -16.0f * (1.0f - 0.01f * (float)i);
+            float id = d != 0.0f ? 1.0f / d : 0.0f;
+            put_half(blk, d);
+            for (int j = 0; j < 32; j++)
+                u[j] = (uint8_t)clampi((int)(int8_t)(x[j] * id + 16.5f), 0, 31);
+        } else { // [lo, hi], then [lo, c hi] and [c lo, hi] for c = 0.97, 0.94, ...
+            float c = 1.0f - 0.03f * (float)((i + 1) / 2), l = i % 2 ? lo : c * lo, h = i % 2 ? c * hi : hi;
+            d = (h - l) / (float)nmax;
+            m = l;
+            float id = d != 0.0f ? 1.0f / d : 0.0f;
+            put_half(blk, d);
+            put_half(blk + 2, m);
+            for (int j = 0; j < 32; j++)
+                u[j] = (uint8_t)clampi((int)((x[j] - m) * id + 0.5f), 0, nmax);
+        }
+        double e = 0;
+        float ds = half_at(blk), ms = sym ? -16.0f * ds : half_at(blk + 2);
+        for (int j = 0; imp && j < 32; j++) {
+            double r = (double)ds * u[j] + ms - x[j];
+            e += imp[j] * r * r;
+        }
+        if (best >= 0 && e >= best)
+            continue;
+        best = e;
+        uint8_t *qs = blk + (bits == 4 ? 4 : sym ? 6 : 8), *qh = blk + (sym ? 2 : 4);
+        uint32_t h = 0;
+        for (int j = 0; j < 16; j++) {
+            qs[j] = (uint8_t)((u[j] & 15) | (u[j + 16] & 15) << 4);
+            h |= (uint32_t)(u[j] >> 4 & 1) << j | (uint32_t)(u[j + 16] >> 4 & 1) << (j + 16);
+        }
+        if (bits == 5)
+            memcpy(qh, &h, 4);
+        memcpy(s, blk, (size_t)B);
+    }
+}
+
 // Of the ranges [lo, c * hi] and [c * lo, hi] (c from 1 down to 0.7, lo <= 0), the scale and min whose codes
-// leave the least squared error: clipping the extremes pays where the rest of the sub-block is dense.
-static void affine_search(const float *x, int n, int nmax, float lo, float hi, float *scale, float *minv) {
+// leave the least (importance-weighted) squared error: clipping the extremes pays where the rest of the sub-block is
+// dense.
+static void affine_search(const float *x, const float *imp, int n, int nmax, float lo, float hi, float *scale,
+                          float *minv) {
     double best = -1;
     for (int i = 0; i <= 12; i++)
         for (int side = 0; side < 2; side++) {
             float c = 1.0f - 0.025f * (float)i, l = side ? c * lo : lo, h = side ? hi : c * hi;
             float d = (h - l) / (float)nmax;
-            double e = affine_sse(x, n, d, -l, nmax);
+            double e = affine_sse(x, imp, n, d, -l, nmax);
             if (best < 0 || e < best) {
                 best = e;
                 *scale = d;
@@ -324,7 +361,7 @@ static void affine_search(const float *x, int n, int nmax, float lo, float hi, f
 
 // q4_K (five 0) and q5_K: per sub-block of 32 the scale and min (min <= 0) of a clipped range (affine_search),
 // both on a 6-bit grid of the super-block's d and dmin, then the codes nearest under the stored values.
-static void q_k45(uint8_t *s, const float *x, int five) {
+static void q_k45(uint8_t *s, const float *x, const float *imp, int five) {
     int nmax = five ? 31 : 15;
     float scale[8], minv[8], maxs = 0, maxm = 0;
     for (int j = 0; j < 8; j++) {
@@ -333,7 +370,7 @@ static void q_k45(uint8_t *s, const float *x, int five) {
             lo = fminf(lo, x[32 * j + l]);
             hi = fmaxf(hi, x[32 * j + l]);
         }
-        affine_search(x + 32 * j, 32, nmax, lo, hi, &scale[j], &minv[j]);
+        affine_search(x + 32 * j, imp ? imp + 32 * j : NULL, 32, nmax, lo, hi, &scale[j], &minv[j]);
         maxs = fmaxf(maxs, scale[j]);
         maxm = fmaxf(maxm, minv[j]);
     }
@@ -378,7 +415,7 @@ static void q_k45(uint8_t *s, const float *x, int five) {
 
 // q6_K: per sub-block of 16 the signed scale that maps its value of largest magnitude to -32 times c (c from 1
 // down to 0.8, the least squared error), the sixteen on an 8-bit grid of the super-block's d.
-static void q_q6_k(uint8_t *s, const float *x) {
+static void q_q6_k(uint8_t *s, const float *x, const float *imp) {
     float scale[16], maxs = 0, amaxs = 0;
     for (int j = 0; j < 16; j++) {
         float amax = 0, max = 0;
@@ -390,7 +427,7 @@ static void q_q6_k(uint8_t *s, const float *x) {
         double best = -1;
         for (int i = 0; i <= 8; i++) {
             float d = max / -32.0f * (1.0f - 0.025f * (float)i);
-            double e = affine_sse(x + 16 * j, 16, d, 32.0f * d, 63);
+            double e = affine_sse(x + 16 * j, imp ? imp + 16 * j : NULL, 16, d, 32.0f * d, 63);
             if (best < 0 || e < best) {
                 best = e;
                 scale[j] = d;
@@ -426,17 +463,17 @@ static void q_q6_k(uint8_t *s, const float *x) {
         }
 }
 
-void blocks_quantize_row(WeightFormat f, uint8_t *dst, const float *x, int cols) {
+void blocks_quantize_row(WeightFormat f, uint8_t *dst, const float *x, const float *imp, int cols) {
     int E = blocks_elems(f), B = blocks_bytes(f);
-    for (int b = 0; b < cols / E; b++, dst += B, x += E)
+    for (int b = 0; b < cols / E; b++, dst += B, x += E, imp = imp ? imp + E : NULL)
         switch (f) {
-        case WF_Q8_0: q_q8_0(dst, x); break;
-        case WF_Q4_1: q_32(dst, x, 4, 0); break;
-        case WF_Q5_0: q_32(dst, x, 5, 1); break;
-        case WF_Q5_1: q_32(dst, x, 5, 0); break;
-        case WF_Q4_K: q_k45(dst, x, 0); break;
-        case WF_Q5_K: q_k45(dst, x, 1); break;
-        case WF_Q6_K: q_q6_k(dst, x); break;
+        case WF_Q8_0: q_q8_0(dst, x, imp); break;
+        case WF_Q4_1: q_32(dst, x, imp, 4, 0); break;
+        case WF_Q5_0: q_32(dst, x, imp, 5, 1); break;
+        case WF_Q5_1: q_32(dst, x, imp, 5, 0); break;
+        case WF_Q4_K: q_k45(dst, x, imp, 0); break;
+        case WF_Q5_K: q_k45(dst, x, imp, 1); break;
+        case WF_Q6_K: q_q6_k(dst, x, imp); break;
         default: break;
         }
 }

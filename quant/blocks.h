@@ -58,7 +58,9 @@ void blocks_dequant_row(WeightFormat f, float *dst, const uint8_t *row, int cols
 size_t blocks_find_nonfinite(WeightFormat f, const uint8_t *data, size_t nblocks);
 // x (cols) rounded into packed blocks: per block (sub-block) scale and min from the values' extremes as
 // ggml's reference quantizers take them, the k-quants' sub-block scales rounded to their 6- or 8-bit grid
-// before the codes are chosen, so the codes are those nearest under the stored scales.
-void blocks_quantize_row(WeightFormat f, uint8_t *dst, const float *x, int cols);
+// before the codes are chosen, so the codes are those nearest under the stored scales. imp (cols, or NULL): the
+// inputs' importances (Fisher's, from calibration); with them each block's (sub-block's) scale search keeps the
+// least importance-weighted squared error (blocks.c), the 32-blocks trying shrunk scales and clipped ranges too.
+void blocks_quantize_row(WeightFormat f, uint8_t *dst, const float *x, const float *imp, int cols);
 
 #endif

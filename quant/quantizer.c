@@ -418,8 +418,8 @@ static void quantize_row(Weight *w, int r, const float *x, const float *imp, con
             quant_pack4(row, s->codes, K);
         break;
     }
-    default: // the GGUF block formats: round to nearest under each block's stored scales (no importance)
-        blocks_quantize_row(w->fmt, row, x, K);
+    default: // the GGUF block formats: round to nearest under each block's stored scales
+        blocks_quantize_row(w->fmt, row, x, imp, K);
         break;
     }
 }
