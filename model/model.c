@@ -693,9 +693,10 @@ static int model_borrows(const Model *m, const void *p) {
     return m->gguf && bytes_borrows(&m->gguf->bytes, p);
 }
 
-// Once some file pages are released, the matrices left in the file's mapping are copied out and their pages released
-// too: reading them would map back whole page-cache folios (2 MiB on ext4) that hold the released neighbours, and the
-// process would hold both those and their tiled copies (Q4_K_M, whose k-quant matrices are not tiled: 1.17x the file).
+// Once some file pages are released, the matrices left in the file's mapping (untiled: float, or too wide, as a 7B's
+// 18944-column down projection) are copied out and their pages released too: reading them would map back whole
+// page-cache folios (2 MiB on ext4) that hold the released neighbours, and the process would hold both those and
+// their tiled copies (a Q4_K_M file whose k-quant matrices were left untiled held 1.17x the file).
 static int own_mapped_rest(Model *m, size_t *released) {
     for (int i = 0; i < m->n_params; i++) {
         Weight *w = m->params[i].w;

@@ -1463,7 +1463,7 @@ int weight_matmul_forward(float *out, const float *inp, const Weight *w, const f
 #if QK_GEMM_BLOCKS // AVX512-VNNI: the tiled kernels' prefill, the block formats' untiled one
     } else if ((flags & QUANT_INT8_PREFILL) && w->tiled && scratch) {
         ER_TRY(qk_prefill_tiles(out, inp, w, N, scratch));
-    } else if ((flags & QUANT_INT8_PREFILL) && blocks_format(w->fmt) && !w->tiled && scratch) {
+    } else if ((flags & QUANT_INT8_PREFILL) && blocks_format(w->fmt) && scratch) {
         ER_TRY(qk_gemm_blocks(out, inp, w, N, scratch));
 #endif
     } else if ((flags & QUANT_INT8_PREFILL) && (nc = i8_rows(w)) > 0) { // nc input rows at a time

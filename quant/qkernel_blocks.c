@@ -6,7 +6,9 @@
 // elsewhere): W = s * u + o. Against input row n's codes xq (one scale dx per 32, qk_quant_block, as for q8):
 //   Σ_k W_k x_k ≈ Σ_h dx * s_h * Σ_{k in h} u_k xq_k + o_h * Σ_{k in h} x_k
 // the integer sums in int32 lanes 0-3 (half 0) and 4-7 (half 1), one conversion and two FMAs per sub-block,
-// the fp32 sums of the inputs exact. The error is the int8 rounding of the inputs, as for q8 / q4.
+// the fp32 sums of the inputs exact. The error is the int8 rounding of the inputs, as for q8 / q4. Those are the
+// kernels on the file's rows; with AVX512-VNNI the runtime tiles the rows at load (quant_tile) and the tiled kernels
+// below (qtile_blocks, for decode and, through quant/qkernel.c's qk_prefill_tiles, prefill) take them instead.
 #include <string.h>
 
 #include "core/dtype.h"
@@ -258,6 +260,7 @@ static inline __attribute__((always_inline)) void qb_row(float *out, const Weigh
 // sums start from -128 (-32) times the sum of the input codes they meet (z: per 32 inputs for q8_0, per 16 for
 // q6_K, whose two halves of a sub-block have scales of their own). The k-quants' sub-block scales and offsets of the
 // 16 rows are unpacked once per block of 256 into sv / ov.
+
 // Sub-block g of the 16 rows of a tile, unpacked: u[t] holds elements 4t .. 4t + 3 of each row (one row per int32
 // lane), d the rows' scales (q6_K: of the first half, d1 of the second), o their offsets.
 typedef struct {

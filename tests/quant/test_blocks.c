@@ -638,10 +638,16 @@ static void reexport_case(ModelArch arch) {
     gguf_writer_free(&w);
     size_t released;
     cr_assert_eq(model_tile_for_decode(&m, &released, NULL, NULL), ER_OK, "%s", er_last_error());
-    int tiled = 0;
-    for (int i = 0; i < m.n_params; i++)
+    int tiled = 0, mats = 0, mapped = 0;
+    for (int i = 0; i < m.n_params; i++) {
         tiled += m.params[i].w && m.params[i].w->tiled;
-    fprintf(stderr, "quant_blocks: re-export of a model with %d tiled matrices (%s)\n", tiled, quant_simd_name());
+        mats += m.params[i].w != NULL;
+        mapped += m.params[i].w && !m.params[i].w->owned;
+    }
+    fprintf(stderr, "quant_blocks: re-export of a model with %d of %d matrices tiled (%s)\n", tiled, mats,
+            quant_simd_name());
+    cr_expect(!released || mapped == 0, "%d matrices left in the file's mapping after tiling released %zu bytes",
+              mapped, released);
     memset(&w, 0, sizeof w);
     cr_assert_eq(model_gguf_put(&m, type, &w, NULL), ER_OK, "%s", er_last_error());
     cr_assert_eq(tok_gguf_put(tok, m.cfg.V, &w), ER_OK, "%s", er_last_error());

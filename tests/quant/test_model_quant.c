@@ -549,3 +549,39 @@ Test(quant_model, tiled_for_decode) {
     model_free(&b);
     model_free(&d);
 }
+
+// Once tiling releases file pages, a matrix it cannot tile (here the embedding: 40 rows, no whole 16-row tiles) is
+// copied out of the file's mapping too (model_tile_for_decode), and the logits stay the untiled model's.
+Test(quant_model, tiled_for_decode_copies_the_rest) {
+    threads_set(1);
+    ModelConfig c = tiny(1);
+    c.V = 40;
+    Model a, b, d;
+    cr_assert_eq(model_build_random(&a, &c, 0.3f, 12), 0);
+    QuantizeOptions o = {.weights = "q4", .embeddings = "int8"};
+    QuantizeReport rep;
+    cr_assert_eq(quantize_model(&a, &o, NULL, NULL, &rep), 0, "%s", er_last_error());
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/tiled-rest", tmp);
+    cr_assert_eq(model_save(&a, dir, 0), 0, "%s", er_last_error());
+    cr_assert_eq(model_load(&b, dir, 0), 0, "%s", er_last_error());
+    cr_assert_eq(model_load(&d, dir, 0), 0, "%s", er_last_error());
+    cr_assert(!d.embed.owned, "the embedding is read in place from the file");
+    size_t released = 0;
+    cr_assert_eq(model_tile_for_decode(&d, &released, NULL, NULL), 0, "%s", er_last_error());
+    if (!d.layers[0].wq.tiled) {
+        printf("quant_model: NOTE: this build has no tiled decode kernels (%s): nothing released, nothing copied\n",
+               quant_simd_name());
+        cr_assert(released == 0 && !d.embed.owned);
+    } else {
+        cr_assert(!d.embed.tiled && d.embed.owned, "the untiled embedding was left in the file's mapping");
+        cr_assert_geq(released, weight_row_bytes(d.embed.fmt, c.C) * (size_t)c.V, "%zu", released);
+        float *lb = logits_of(&b), *ld = logits_of(&d);
+        cr_assert_eq(memcmp(lb, ld, sizeof(float) * 10 * c.V), 0, "the copies changed the logits");
+        free(lb);
+        free(ld);
+    }
+    model_free(&a);
+    model_free(&b);
+    model_free(&d);
+}
