@@ -99,7 +99,7 @@ WeightFormat model_quant_format_in(const Model *m, const QuantConfig *q, const P
 // should that allocation fail, *m stays a valid model without gradients (trainable = 0). A no-op on
 // untied models.
 int model_untie(Model *m);
-// Lays the q4, q8, q4g32 and 32-block (q8_0, q4_1, q5_0, q5_1) matrices of a CPU model out for the decode kernels
+// Lays the q4, q8, q4g32 and GGUF block-format matrices of a CPU model out for the decode kernels
 // (quant_tile; a no-op where the build has no such kernel): products and rows read the same values, but the model
 // can no longer be saved. The tiled rows are copies in the process's memory (not shared with other processes
 // mapping the same file); the file pages they replace are released, and *released (may be NULL) gets their bytes.

@@ -142,20 +142,14 @@ static int block_parts(WeightFormat f, BlockPart p[MAX_PARTS]) {
     }
 }
 
-// Bit 4t + b of a q5 block's qh to bit 8b + t (blocks.h), and back.
-static uint32_t qh_to_tiled(uint32_t h) {
+// The 32 bits of h as a rows x cols bit matrix (bit cols * i + j), transposed (bit rows * j + i): (8, 4) takes a q5
+// block's qh bit 4t + b to 8b + t (blocks.h), (4, 8) back.
+static uint32_t transpose_bits(uint32_t h, int rows, int cols) {
     uint32_t o = 0;
-    for (int t = 0; t < 8; t++)
-        for (int b = 0; b < 4; b++)
-            o |= ((h >> (4 * t + b)) & 1u) << (8 * b + t);
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++)
+            o |= ((h >> (cols * i + j)) & 1u) << (rows * j + i);
     return o;
-}
-static uint32_t qh_from_tiled(uint32_t o) {
-    uint32_t h = 0;
-    for (int t = 0; t < 8; t++)
-        for (int b = 0; b < 4; b++)
-            h |= ((o >> (8 * b + t)) & 1u) << (4 * t + b);
-    return h;
 }
 
 // Part p of row r's block into the tiled bytes tb.
@@ -171,7 +165,7 @@ static void tile_part(uint8_t *tb, const uint8_t *blk, int r, const BlockPart *p
         break;
     case PART_QH5:
         memcpy(&v, b, 4);
-        v = qh_to_tiled(v);
+        v = transpose_bits(v, 8, 4);
         memcpy(t + 4 * r, &v, 4);
         break;
     default: // PART_DWORDS, PART_Q8
@@ -196,7 +190,7 @@ static void untile_part(uint8_t *blk, const uint8_t *tb, int r, const BlockPart 
         break;
     case PART_QH5:
         memcpy(&v, t + 4 * r, 4);
-        v = qh_from_tiled(v);
+        v = transpose_bits(v, 4, 8);
         memcpy(b, &v, 4);
         break;
     default:
@@ -263,35 +257,47 @@ static double affine_sse(const float *x, const float *imp, int n, float d, float
 // the one taken without importances, so a weighted block is never worse than it on the weighted error.
 #define Q32_TRIES 11
 
+// v as its stored fp16 reads back.
+static float half_round(float v) { return f16_to_f32(f32_to_f16(v)); }
+
 // q8_0: d = max|x| / 127 (times the candidate), codes rounded to nearest.
+static int q8_code(float x, float d) { return clampi((int)roundf(x * (d != 0.0f ? 1.0f / d : 0.0f)), -127, 127); }
+
 static void q_q8_0(uint8_t *s, const float *x, const float *imp) {
-    float amax = 0;
+    float amax = 0, bd = 0;
     for (int j = 0; j < 32; j++)
         amax = fmaxf(amax, fabsf(x[j]));
     double best = -1;
-    uint8_t blk[34];
     for (int i = 0; i < (imp ? Q32_TRIES : 1); i++) {
-        float d = amax / 127.0f * (1.0f - 0.01f * (float)i), id = d != 0.0f ? 1.0f / d : 0.0f;
-        put_half(blk, d);
+        float d = amax / 127.0f * (1.0f - 0.01f * (float)i), ds = half_round(d);
         double e = 0;
         for (int j = 0; j < 32; j++) {
-            int q = clampi((int)roundf(x[j] * id), -127, 127);
-            blk[2 + j] = (uint8_t)(int8_t)q;
-            double r = (double)half_at(blk) * q - x[j];
+            double r = (double)ds * q8_code(x[j], d) - x[j];
             e += (imp ? imp[j] : 1.0) * r * r;
         }
         if (best < 0 || e < best) {
             best = e;
-            memcpy(s, blk, sizeof blk);
+            bd = d;
         }
     }
+    put_half(s, bd);
+    for (int j = 0; j < 32; j++)
+        s[2 + j] = (uint8_t)(int8_t)q8_code(x[j], bd);
+}
+
+// The codes u of a 32-block under scale d and min m (sym: q5_0's W = d * (u - 16), m unused).
+static void q32_codes(uint8_t *u, const float *x, float d, float m, int nmax, int sym) {
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 32; j++)
+        u[j] = (uint8_t)(sym ? clampi((int)(int8_t)(x[j] * id + 16.5f), 0, 31)
+                             : clampi((int)((x[j] - m) * id + 0.5f), 0, nmax));
 }
 
 // q4_1 (bits 4), q5_0 (bits 5, symmetric), q5_1 (bits 5).
 static void q_32(uint8_t *s, const float *x, const float *imp, int bits, int sym) {
-    int nmax = (1 << bits) - 1, B = bits == 4 ? 20 : sym ? 22 : 24;
-    uint8_t u[32], blk[24];
-    float amax = 0, max = 0, lo = x[0], hi = x[0];
+    int nmax = (1 << bits) - 1;
+    uint8_t u[32];
+    float amax = 0, max = 0, lo = x[0], hi = x[0], bd = 0, bm = 0;
     for (int j = 0; j < 32; j++) {
         if (amax < fabsf(x[j])) {
             amax = fabsf(x[j]);
@@ -305,39 +311,38 @@ static void q_32(uint8_t *s, const float *x, const float *imp, int bits, int sym
         float d, m = 0;
         if (sym) { // the value of largest magnitude maps to code 0: d = max / -16
             d = max / -16.0f * (1.0f - 0.01f * (float)i);
-            float id = d != 0.0f ? 1.0f / d : 0.0f;
-            put_half(blk, d);
-            for (int j = 0; j < 32; j++)
-                u[j] = (uint8_t)clampi((int)(int8_t)(x[j] * id + 16.5f), 0, 31);
         } else { // [lo, hi], then [lo, c hi] and [c lo, hi] for c = 0.97, 0.94, ...
             float c = 1.0f - 0.03f * (float)((i + 1) / 2), l = i % 2 ? lo : c * lo, h = i % 2 ? c * hi : hi;
             d = (h - l) / (float)nmax;
             m = l;
-            float id = d != 0.0f ? 1.0f / d : 0.0f;
-            put_half(blk, d);
-            put_half(blk + 2, m);
-            for (int j = 0; j < 32; j++)
-                u[j] = (uint8_t)clampi((int)((x[j] - m) * id + 0.5f), 0, nmax);
         }
         double e = 0;
-        float ds = half_at(blk), ms = sym ? -16.0f * ds : half_at(blk + 2);
-        for (int j = 0; imp && j < 32; j++) {
-            double r = (double)ds * u[j] + ms - x[j];
-            e += imp[j] * r * r;
+        if (imp) {
+            float ds = half_round(d), ms = sym ? -16.0f * ds : half_round(m);
+            q32_codes(u, x, d, m, nmax, sym);
+            for (int j = 0; j < 32; j++) {
+                double r = (double)ds * u[j] + ms - x[j];
+                e += imp[j] * r * r;
+            }
         }
-        if (best >= 0 && e >= best)
-            continue;
-        best = e;
-        uint8_t *qs = blk + (bits == 4 ? 4 : sym ? 6 : 8), *qh = blk + (sym ? 2 : 4);
-        uint32_t h = 0;
-        for (int j = 0; j < 16; j++) {
-            qs[j] = (uint8_t)((u[j] & 15) | (u[j + 16] & 15) << 4);
-            h |= (uint32_t)(u[j] >> 4 & 1) << j | (uint32_t)(u[j + 16] >> 4 & 1) << (j + 16);
+        if (best < 0 || e < best) {
+            best = e;
+            bd = d;
+            bm = m;
         }
-        if (bits == 5)
-            memcpy(qh, &h, 4);
-        memcpy(s, blk, (size_t)B);
     }
+    put_half(s, bd);
+    if (!sym)
+        put_half(s + 2, bm);
+    q32_codes(u, x, bd, bm, nmax, sym);
+    uint8_t *qs = s + (bits == 4 ? 4 : sym ? 6 : 8), *qh = s + (sym ? 2 : 4);
+    uint32_t h = 0;
+    for (int j = 0; j < 16; j++) {
+        qs[j] = (uint8_t)((u[j] & 15) | (u[j + 16] & 15) << 4);
+        h |= (uint32_t)(u[j] >> 4 & 1) << j | (uint32_t)(u[j + 16] >> 4 & 1) << (j + 16);
+    }
+    if (bits == 5)
+        memcpy(qh, &h, 4);
 }
 
 // Of the ranges [lo, c * hi] and [c * lo, hi] (c from 1 down to 0.7, lo <= 0), the scale and min whose codes

@@ -202,11 +202,6 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-// Asks for the cache line at address a into all cache levels; a may lie past the end of the weight (the
-// last block's "next block"): a prefetch never faults, and an integer address is no out-of-bounds pointer.
-// (GCC 12 emitted nothing for _mm_prefetch through this function.)
-static inline void qk_prefetch(uintptr_t a) { __builtin_prefetch((const void *)a, 0, 3); }
-
 // Codes of weights k..k+7 of an int8 row as fp32.
 static inline __m256 codes8_i8(const int8_t *q, int k) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + k))));

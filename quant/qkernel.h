@@ -5,8 +5,15 @@
 #ifndef QUANT_QKERNEL_H
 #define QUANT_QKERNEL_H
 
+#include <stdint.h>
+
 #include "quant/quant.h"
 #include "quant/weight.h"
+
+// Asks for the cache line at address a into all cache levels; a may lie past the end of the weight (the
+// last block's "next block"): a prefetch never faults, and an integer address is no out-of-bounds pointer.
+// (GCC 12 emitted nothing for _mm_prefetch through this function.)
+static inline void qk_prefetch(uintptr_t a) { __builtin_prefetch((const void *)a, 0, 3); }
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QK_SIMD 1
@@ -48,7 +55,7 @@ static inline __m256i qk_dot_u8(__m256i acc, __m256i u, __m256i x) {
 #endif
 }
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-// The tiled kernels (q4, q8, q4g32 in quant/qkernel.c, the 32-blocks in quant/qkernel_blocks.c), on weights
+// The tiled kernels (q4, q8, q4g32 in quant/qkernel.c, the block formats in quant/qkernel_blocks.c), on weights
 // quant_tile laid out; make TILES=0 keeps the kernels and tiles nothing.
 #ifdef ER_NO_TILES
 #define QK_TILES 0

@@ -282,7 +282,7 @@ static inline __attribute__((always_inline)) QbTileSub qb_tile_sub(const uint8_t
     QbTileSub t;
     if (prefetch && j == 0)
         for (int i = 0; i < QUANT_TILE * bb / 64; i++)
-            __builtin_prefetch((const void *)((uintptr_t)p + QK_TILE_PREFETCH + 64 * i), 0, 3); // may pass the end
+            qk_prefetch((uintptr_t)p + QK_TILE_PREFETCH + 64 * i);
     if (kq && j == 0) { // 16 * 4: the 12 scale bytes, byte s of the 16 rows at 64 + 16 s
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));

@@ -90,8 +90,9 @@ int weight_matmul_backward_input(float *dinp, const float *dout, const Weight *w
 // this bound, and at these sizes the kernel outruns sgemm. Below the prompt chunk (128 rows), so prefill
 // keeps sgemm.
 #define QUANT_BATCH_MAX_N 64
-// Re-lays a q4, q8, q4g32, q8_0, q4_1, q5_0 or q5_1 weight's rows QUANT_TILE at a time (quant/weight.h) for the decode kernels that read
-// them so (AVX512-VNNI builds; rows a multiple of 16, cols a multiple of 64 up to QUANT_TILE_MAX_COLS):
+// Re-lays a q4, q8, q4g32 or GGUF block-format weight's rows QUANT_TILE at a time (quant/weight.h, quant/blocks.h)
+// for the kernels that read them so (AVX512-VNNI builds; rows a multiple of 16, cols a multiple of 64 up to
+// QUANT_TILE_MAX_COLS):
 // 1 when tiled, 0 when the build or the shape has no such kernel (the weight unchanged), ER_ENOMEM. An
 // owned weight is re-laid in its own buffer, another gets one (w->owned). Every product and weight_row_f32
 // read a tiled weight as before; model_save refuses one.

@@ -14,7 +14,7 @@
 // shifting gives 8 consecutive elements per shift. The last cols % 16 (4-bit) or cols % 32 (2-bit)
 // elements are packed in order after the blocks: element t of the tail at byte t/2 (low nibble for
 // even t) or t/4 (bits 2*(t%4)). quant_code4 / quant_code2 read one code.
-// The tiled 32-block formats (q8_0, q4_1, q5_0, q5_1) are laid out as quant/blocks.h says.
+// The tiled block formats (q8_0 ... q6_K) are laid out as quant/blocks.h says.
 // Tiled Q4 and Q8 (tiled = 1, made by quant_tile for the AVX512-VNNI decode kernels): the rows' bytes
 // interleaved QUANT_TILE rows at a time. Tile t (rows 16t .. 16t + 15) starts at byte 16t * row_bytes; its
 // chunk c (columns 64c .. 64c + 63 of each row: 32 bytes of a Q4 row, 64 of a Q8 row) at 16c * chunk bytes
@@ -62,7 +62,7 @@ typedef struct {
     const uint16_t *lut;      // Q2LUT: fp16 (rows, 4); Q4LUT: fp16 (rows, 16)
     int group;                // Q4G: inputs per group (divides cols)
     int sparse;               // codebook formats: corrections per row (0: none; see above)
-    int tiled;                // Q4, Q8, Q4G, 32-blocks: rows interleaved QUANT_TILE at a time (see above), else 0
+    int tiled;                // Q4, Q8, Q4G, blocks: rows interleaved QUANT_TILE at a time (see above), else 0
     const uint16_t *sp_cols;  // (rows, sparse) columns, each < cols
     const uint16_t *sp_vals;  // fp16 (rows, sparse) values added there
     void *owned;              // one er_alloc block holding the buffers above, when this Weight owns them
