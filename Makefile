@@ -11,7 +11,9 @@
 #   make bench           benchmarks (ratios against peers / physical limits)
 #   (test, bench, demo and fuzz first install missing Debian packages with scripts/deps.sh)
 #   make SAN=1 test      the same under ASan + UBSan (objects in build/san/)
-#   make ARCH=           portable build (default ARCH=-march=native)
+#   make ARCH=           portable build, objects in build/portable/ (default ARCH=-march=native); every x86 build
+#                        carries the AVX2 and AVX512-VNNI kernels of quant/ and picks one at run time
+#   make test-simd       those kernel sets each under the kernel, model and engine suites (ER_SIMD=...)
 #   make BLAS=0          no OpenBLAS: the built-in GEMM (the runtime library must build this way); BLAS=1 finds
 #                        OpenBLAS through `pkg-config openblas`
 #   make TILES=0         without the tiled decode kernels (quant_tile; objects in .../notiles/): the
@@ -57,6 +59,10 @@ BUILD := $(BUILD)/noblas
 endif
 ifeq ($(TILES),0)
 BUILD := $(BUILD)/notiles
+endif
+# Another x86 target than the default: build/portable for ARCH= (x86-64), else build/<ARCH's letters>.
+ifeq ($(CROSS)$(filter -march=native,$(ARCH)),)
+BUILD := $(BUILD)/$(if $(strip $(ARCH)),$(subst =,_,$(subst $(subst ,, ),,$(subst -,,$(ARCH)))),portable)
 endif
 
 CC ?= gcc
@@ -242,6 +248,19 @@ obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 RUNTIME_OBJ := $(call obj,$(RUNTIME_SRC))
 TRAIN_OBJ := $(call obj,$(TRAIN_SRC))
 
+# x86: the SIMD kernels of quant/ (quant/qkernel.c, quant/qkernel_blocks.c) compiled twice, for AVX2 + FMA + F16C
+# and for AVX512-VNNI, whatever ARCH says (QK_SUFFIX names each copy's symbols apart, quant/qkernel.h): quant/matmul.c
+# picks one at run time, so that a portable build (ARCH=) runs the best kernels of the x86 CPU it lands on.
+QK_X86_SRC := quant/qkernel.c quant/qkernel_blocks.c
+QK_FLAGS_avx2 := -mavx2 -mfma -mf16c -mno-avx512f -DQK_SUFFIX=avx2
+QK_FLAGS_avx512 := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512vnni -DQK_SUFFIX=avx512
+ifneq ($(findstring x86_64,$(shell $(CC) -dumpmachine)),)
+qk_x86 = $(filter-out $(QK_X86_SRC:%.c=$(1)/%.o),$(2)) $(foreach v,avx2 avx512,$(QK_X86_SRC:%.c=$(1)/%.$(v).o))
+else
+qk_x86 = $(2)
+endif
+RUNTIME_OBJ := $(call qk_x86,$(BUILD)/obj,$(RUNTIME_OBJ))
+
 # The libraries' files (docs/design.md, "Libraries and symbols"; docs/api.md, "Building an application"):
 #   liberinfer.a           SHIPPED (make install): the runtime's objects prelinked into one (ld -r) whose hidden
 #                          symbols are then made local (objcopy --localize-hidden), so the public API is its only
@@ -281,6 +300,14 @@ all: $(BUILD)/ertrain $(BUILD)/erinfer $(BUILD)/example $(SHARED_LIB) check-runt
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.avx2.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(QK_FLAGS_avx2) -c $< -o $@
+
+$(BUILD)/obj/%.avx512.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(QK_FLAGS_avx512) -c $< -o $@
 
 $(RUNTIME_INTERNAL): $(RUNTIME_OBJ)
 	@mkdir -p $(dir $@)
@@ -419,6 +446,21 @@ test-run: all $(BUILD)/test_all $(BUILD)/bench/llama_quantize ref check-source c
 	OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(BUILD)/test_all --jobs $(TEST_JOBS)
 	$(BESIDE_LLAMA)
 	bash tests/link/make_blas.sh
+# The x86 kernel sets every build carries (quant/matmul.c picks one at run time), each run on this CPU: a portable
+# build (ARCH=, objects in build/portable/) and its kernel, model, GGUF and engine suites under ER_SIMD=avx512, avx2
+# and portable. CI runs it after make test; quant_kernels checks that the set asked for is the one that ran, so on a
+# CPU without AVX512-VNNI the first run fails rather than testing another set.
+SIMD_SUITES := quant_kernels quant_blocks quant_formats quant_model gguf gguf_llama gguf_quantize reference kvcache \
+  engine api
+.PHONY: test-simd
+test-simd:
+	bash scripts/deps.sh
+	$(MAKE) --no-print-directory ARCH= all build/portable/test_all build/portable/bench/llama_quantize ref
+	for s in avx512 avx2 portable; do \
+	  ER_SIMD=$$s OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=build/portable build/portable/test_all \
+	    --jobs 2 --filter '@($(subst $(space),|,$(SIMD_SUITES)))/*' || exit 1; \
+	done
+
 # Under SAN=1 one test at a time: with two at once Criterion's own runner leaks 96 bytes now and then (allocated
 # inside libcriterion, in the runner process), which LeakSanitizer reports at its exit and fails the run.
 TEST_JOBS := $(if $(filter 1,$(SAN)),1,2)
@@ -496,8 +538,14 @@ fuzz-run: fuzz-build
 $(FUZZ_OUT)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+$(FUZZ_OUT)/obj/%.avx2.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(QK_FLAGS_avx2) -fsanitize=fuzzer-no-link -c $< -o $@
+$(FUZZ_OUT)/obj/%.avx512.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(QK_FLAGS_avx512) -fsanitize=fuzzer-no-link -c $< -o $@
 
-$(FUZZ_OUT)/liberinfer.a: $(patsubst %.c,$(FUZZ_OUT)/obj/%.o,$(FUZZ_LIB_SRC))
+$(FUZZ_OUT)/liberinfer.a: $(call qk_x86,$(FUZZ_OUT)/obj,$(patsubst %.c,$(FUZZ_OUT)/obj/%.o,$(FUZZ_LIB_SRC)))
 	rm -f $@ && ar rcs $@ $^
 
 $(FUZZ_OUT)/fuzz_%: $(FUZZ_OUT)/obj/tests/fuzz/fuzz_%.o $(FUZZ_OUT)/liberinfer.a

@@ -6,25 +6,20 @@
 // each output summed as for one row alone (past 8 rows the product is bound by the multiply-adds, which
 // this kernel does faster than sgemm here).
 //
-// Two paths:
-//   - portable (the reference): a row in a float format is used in place, other rows are widened to
-//     fp32 a tile at a time into the caller's scratch (the format's dequant_row), then dotted 8 columns
-//     at a time with GCC's generic vector type (AVX2 here, whatever the target offers elsewhere);
-//   - AVX2 + FMA + F16C (built with -march=native on such a machine): the packed row is expanded 8
-//     weights at a time straight into a register, never touching memory: bf16 shifted into the top
-//     half of an fp32 lane, f16 converted by F16C (half the bytes of fp32); int8 sign-extended; an
-//     8-byte block widened to 8 lanes, then a mask / shift gives 8 consecutive 4-bit codes (the
-//     layout in quant/weight.h is made for this) or the 2-bit codes index the row's codebook with
-//     vpermilps, which reads only the low 2 bits of each lane. 32 weights per step feed independent
-//     accumulator chains so that FMA latency does not set the pace at N = 1.
-//     q8, q4 and q4g32 (cols a multiple of 64) instead quantize the inputs to int8 once per product and
-//     use integer dot products (section "int8 activations" below): W8A8 / W4A8, like llama.cpp's CPU path.
-//     With AVX-512, fp32 and bf16 (from N = 2) and, with VNNI, q4, q4g32 and q8 (from N = 2) put two
-//     weight rows in one 16-lane register (qpairs_i8_q4, qpairs_i8_q8, section "fp32 and bf16 weights on
-//     AVX-512"), each half summing as the one-row kernel sums; and q4, q4g32 and q8 rows that the runtime
-//     re-laid 16 at a time at load (quant_tile) run with one row per int32 lane (qtile_i8_q4, qtile_i8_q8).
-// The SIMD kernels are the `decode` column of the format table (quant/weight.c); this file also holds
-// the products that choose between the decode and GEMM paths.
+// On x86 with AVX2 + FMA + F16C (quant/qkernel.h: this file is compiled once for that and once for AVX512-VNNI): the
+// packed row is expanded 8 weights at a time straight into a register, never touching memory: bf16 shifted into
+// the top half of an fp32 lane, f16 converted by F16C (half the bytes of fp32); int8 sign-extended; an 8-byte
+// block widened to 8 lanes, then a mask / shift gives 8 consecutive 4-bit codes (the layout in quant/weight.h is
+// made for this) or the 2-bit codes index the row's codebook with vpermilps, which reads only the low 2 bits of
+// each lane. 32 weights per step feed independent accumulator chains so that FMA latency does not set the pace at
+// N = 1. q8, q4 and q4g32 (cols a multiple of 64) instead quantize the inputs to int8 once per product and use
+// integer dot products (section "int8 activations" below): W8A8 / W4A8, like llama.cpp's CPU path. With AVX-512,
+// fp32 and bf16 (from N = 2) and, with VNNI, q4, q4g32 and q8 (from N = 2) put two weight rows in one 16-lane
+// register (qpairs_i8_q4, qpairs_i8_q8, section "fp32 and bf16 weights on AVX-512"), each half summing as the
+// one-row kernel sums; and q4, q4g32 and q8 rows that the runtime re-laid 16 at a time at load (quant_tile) run
+// with one row per int32 lane (qtile_i8_q4, qtile_i8_q8). The portable path they are tested against, and the
+// products that choose between the kernels and the GEMM, are quant/matmul.c's; qk_kernels, at the end, is what
+// this copy of the kernels offers it.
 #include <math.h>
 #include <string.h>
 
@@ -41,157 +36,8 @@
 #include <immintrin.h>
 #endif
 
-int quant_has_simd(void) { return QK_SIMD; }
-
-const char *quant_simd_name(void) {
-#if QK_AVX512
-    return "AVX2 + AVX-512";
-#elif QK_AVX2
-    return "AVX2";
-#elif QK_SIMD
-    return qk_neon_features();
-#else
-    return "portable";
-#endif
-}
-
-size_t quant_scratch_floats(int max_cols) { return (size_t)QUANT_TILE_ROWS * (size_t)(max_cols > 0 ? max_cols : 0); }
-
 typedef gemm_v8f v8f;
 #define LOAD8 GEMM_LOAD8
-
-
-// acc[n] += w[k] * x_n[k] over k0 <= k < k1 (a multiple of 8 apart) in 8 lanes, for n < N (N a compile-time
-// constant after inlining), one weight load serving the N rows (x_n at inp + n * K).
-static inline __attribute__((always_inline)) void dot_rows_part(v8f *acc_io, const float *w, const float *inp, int K,
-                                                                int k0, int k1, const int N) {
-    v8f acc[QUANT_DECODE_MAX_N];
-#pragma GCC unroll 8
-    for (int n = 0; n < N; n++)
-        acc[n] = acc_io[n];
-    for (int k = k0; k < k1; k += 8) {
-        v8f wv, xv;
-        LOAD8(wv, w + k);
-#pragma GCC unroll 8
-        for (int n = 0; n < N; n++) {
-            LOAD8(xv, inp + (size_t)n * K + k);
-            acc[n] += wv * xv;
-        }
-    }
-#pragma GCC unroll 8
-    for (int n = 0; n < N; n++)
-        acc_io[n] = acc[n];
-}
-
-// out[n * R + r] = the lanes of acc[n] plus the columns past the last multiple of 8: each dot summed exactly as
-// gemm_dot_f32 sums (core/gemm.h).
-static inline __attribute__((always_inline)) void dot_rows_end(float *out, int R, int r, const v8f *acc,
-                                                               const float *w, const float *inp, int K, const int N) {
-    float s[QUANT_DECODE_MAX_N];
-    int n = 0;
-    for (; n + 4 <= N; n += 4)
-        gemm_lanes_sum4(acc + n, s + n);
-    for (; n < N; n++)
-        s[n] = gemm_lanes_sum(&acc[n]);
-    for (n = 0; n < N; n++) {
-        for (int j = K & ~7; j < K; j++)
-            s[n] += w[j] * inp[(size_t)n * K + j];
-        out[(size_t)n * R + r] = s[n];
-    }
-}
-
-// Rows r0 .. r0 + nr - 1 (nr <= QK_TILE_ROWS; row r0 + i at W + i * K) of an fp32 weight against the N
-// inputs, `tile` columns of every row at a time (a multiple of 8, or the whole row). dot_f32 takes the inputs
-// (up to 8 per pass, the block's rows then read back from cache for the next 8) over whole rows when they all
-// fit in L1 beside the weight stream (one row per block), otherwise
-//   - K <= QK_SPLIT_COLS: the inputs in groups of 4 over the block, whose rows the second group reads back
-//     from L2 (8 rows of 896 inputs are 28 KiB, more than L1 keeps while the weights stream past);
-//   - wider (the 4864-wide down projection): QK_TILE_COLS columns of every row of the block at a time, the
-//     partial sums kept in memory between tiles.
-// The same sums in the same order either way.
-#define QK_L1_INPUTS 16384 // bytes of decode inputs that stay in L1 beside the weight stream
-#define QK_SPLIT_COLS 2048
-#define QK_TILE_ROWS 16
-#define QK_TILE_COLS 128
-static inline __attribute__((always_inline)) void dot_block(float *out, int R, int r0, int nr, const float *W,
-                                                            const float *inp, int K, int tile, const int N) {
-    v8f acc[QK_TILE_ROWS][QUANT_DECODE_MAX_N];
-    int K8 = K & ~7;
-    for (int i = 0; i < nr; i++)
-#pragma GCC unroll 8
-        for (int n = 0; n < N; n++)
-            acc[i][n] = (v8f){0};
-    for (int k0 = 0; k0 < K8; k0 += tile)
-        for (int i = 0; i < nr; i++)
-            dot_rows_part(acc[i], W + (size_t)i * K, inp, K, k0, k0 + tile < K8 ? k0 + tile : K8, N);
-    for (int i = 0; i < nr; i++)
-        dot_rows_end(out, R, r0 + i, acc[i], W + (size_t)i * K, inp, K, N);
-}
-
-static void dot_block_n(float *out, int R, int r0, int nr, const float *W, const float *inp, int K, int tile,
-                        int N) {
-    switch (N) {
-    case 1: dot_block(out, R, r0, nr, W, inp, K, tile, 1); break;
-    case 2: dot_block(out, R, r0, nr, W, inp, K, tile, 2); break;
-    case 3: dot_block(out, R, r0, nr, W, inp, K, tile, 3); break;
-    case 4: dot_block(out, R, r0, nr, W, inp, K, tile, 4); break;
-    case 5: dot_block(out, R, r0, nr, W, inp, K, tile, 5); break;
-    case 6: dot_block(out, R, r0, nr, W, inp, K, tile, 6); break;
-    case 7: dot_block(out, R, r0, nr, W, inp, K, tile, 7); break;
-    default: dot_block(out, R, r0, nr, W, inp, K, tile, 8); break;
-    }
-}
-
-// out (N, R) = inp (N, K) · Wᵀ for fp32 W: blocks of rows as dot_block says.
-static void dot_f32(float *out, const float *W, const float *inp, int R, int K, int N) {
-    int fits = (size_t)N * K * sizeof(float) <= QK_L1_INPUTS, split = !fits && K <= QK_SPLIT_COLS;
-    int G = split ? 4 : N < QUANT_DECODE_MAX_N ? N : QUANT_DECODE_MAX_N; // inputs per pass over a block
-    int tile = fits || split ? K & ~7 : QK_TILE_COLS;       // columns per pass
-    int RB = fits ? 1 : split ? (int)(2 * QK_L1_INPUTS / ((size_t)K * sizeof(float))) : QK_TILE_ROWS;
-    RB = RB < 1 ? 1 : RB > QK_TILE_ROWS ? QK_TILE_ROWS : RB;
-#pragma omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)
-    for (int r0 = 0; r0 < R; r0 += RB)
-        for (int n0 = 0; n0 < N; n0 += G)
-            dot_block_n(out + (size_t)n0 * R, R, r0, R - r0 < RB ? R - r0 : RB, W + (size_t)r0 * K,
-                        inp + (size_t)n0 * K, K, tile, N - n0 < G ? N - n0 : G);
-}
-
-// Row r (at w) alone, whole.
-static void dot_rows_n(float *out, int R, int r, const float *w, const float *inp, int K, int N) {
-    dot_block_n(out, R, r, 1, w, inp, K, K & ~7, N);
-}
-
-// The most rows the decode kernels take for a weight of this format.
-static int decode_max_n(WeightFormat fmt) { return fmt == WF_F32 ? QUANT_BATCH_MAX_N : QUANT_DECODE_MAX_N; }
-
-static int check_decode(const Weight *w, int N, const float *scratch) {
-    if (N < 1 || N > decode_max_n(w->fmt))
-        return er_error(ER_EINVAL, "quant_matmul_decode: N = %d outside 1..%d for a %s weight", N,
-                        decode_max_n(w->fmt), weight_format_name(w->fmt));
-    if (!scratch && w->fmt != WF_F32)
-        return er_error(ER_EINVAL, "quant_matmul_decode: a %s weight needs a scratch of quant_scratch_floats(%d) floats",
-                        weight_format_name(w->fmt), w->cols);
-    return ER_OK;
-}
-
-int quant_matmul_decode_portable(float *out, const float *inp, const Weight *w, int N, float *scratch) {
-    ER_TRY(check_decode(w, N, scratch));
-    int R = w->rows, K = w->cols;
-    if (w->fmt == WF_F32) {
-        dot_f32(out, (const float *)w->data, inp, R, K, N);
-        return ER_OK;
-    }
-    for (int r0 = 0; r0 < R; r0 += QUANT_TILE_ROWS) {
-        int nr = R - r0 < QUANT_TILE_ROWS ? R - r0 : QUANT_TILE_ROWS;
-#pragma omp parallel for schedule(static) if ((long)nr * K * N >= THREADS_MIN_WORK)
-        for (int i = 0; i < nr; i++) {
-            float *row = scratch + (size_t)i * K;
-            weight_row_f32(row, w, r0 + i);
-            dot_rows_n(out, R, r0 + i, row, inp, K, N);
-        }
-    }
-    return ER_OK;
-}
 
 #if QK_AVX2
 
@@ -1227,12 +1073,6 @@ int qk_dequant_row_simd(float *dst, const Weight *w, int r) {
 #if QK_SIMD
 // ---- int8 activations, shared by the AVX2 and the NEON kernels (portable C, one rounding) ----
 
-int qk_i8_takes(const Weight *w, int N) {
-    if ((size_t)N * (size_t)w->cols > QK_ACT_BYTES || w->cols % 64)
-        return 0;
-    return w->fmt == WF_Q8 || w->fmt == WF_Q4 || (w->fmt == WF_Q4G && w->group == 32);
-}
-
 // 32 inputs as int8 codes (elements 8j .. 8j + 7 at q + at[j]) with scale *d = max|x| / 127, and their fp32 sum *xs
 // added as 8 lanes of 4 (lane i: x[i] + x[8+i] + x[16+i] + x[24+i]), the lanes as ((0+4)+(2+6))+((1+5)+(3+7)): the
 // order the AVX2 kernels were measured with. Codes round to nearest even (x * (127 / max|x|) plus and minus 1.5 *
@@ -1309,189 +1149,29 @@ void qk_acts_fill_at(int8_t *codes, float *scales, float *sums, float *xsum, con
 }
 #endif
 
-// out (N, rows) += inp (N, cols) · Sᵀ, S the sparse corrections of a dense-and-sparse weight (the decode
-// kernels compute the dense product only).
-static void sparse_matmul(float *out, const float *inp, const Weight *w, int N) {
-    if (!w->sparse)
-        return;
-    int R = w->rows, K = w->cols;
-#pragma omp parallel for schedule(static) if ((long)R * w->sparse * N >= THREADS_MIN_WORK)
-    for (int r = 0; r < R; r++) {
-        const uint16_t *c = w->sp_cols + (size_t)r * w->sparse, *v = w->sp_vals + (size_t)r * w->sparse;
-        for (int j = 0; j < w->sparse; j++) {
-            float val = f16_to_f32(v[j]);
-            for (int n = 0; n < N; n++)
-                out[(size_t)n * R + r] += val * inp[(size_t)n * K + c[j]];
-        }
-    }
-}
-
-#ifndef QK_TILES // builds without the AVX512-VNNI tiled kernels
-#define QK_TILES 0
-#endif
-
-// The block formats: block g of the 16 rows of tile r0 / 16 at 16 * blocks_bytes * g in it (quant/blocks.h).
-static int tile_blocks(Weight *w) {
-    int K = w->cols, R = w->rows;
-    size_t rb = weight_row_bytes(w->fmt, K), bb = (size_t)blocks_bytes(w->fmt), bytes = (size_t)R * rb;
-    size_t nb = (size_t)K / (size_t)blocks_elems(w->fmt);
-    uint8_t *t = er_alloc(bytes);
-    if (!t)
-        return er_error(ER_ENOMEM, "tiling a %d x %d %s weight: %zu bytes", R, K, weight_format_name(w->fmt), bytes);
-    er_hint_huge_pages(t, bytes);
-    const uint8_t *src = w->data;
-#pragma omp parallel for schedule(static)
-    for (int r0 = 0; r0 < R; r0 += QUANT_TILE)
-        for (size_t g = 0; g < nb; g++) {
-            const uint8_t *blk[QUANT_TILE];
-            for (int i = 0; i < QUANT_TILE; i++)
-                blk[i] = src + (size_t)(r0 + i) * rb + bb * g;
-            blocks_tile(t + (size_t)r0 * rb + QUANT_TILE * bb * g, blk, w->fmt);
-        }
-    if (w->owned) {
-        memcpy((void *)w->data, t, bytes);
-        er_free(t);
-    } else {
-        w->data = w->owned = t;
-    }
-    w->tiled = 1;
-    return 1;
-}
-
-int quant_tile(Weight *w) {
-    int K = w->cols, R = w->rows, grouped = w->fmt == WF_Q4G;
-    if (!QK_TILES || w->tiled || w->sparse || R % QUANT_TILE || K % 64 || K > QUANT_TILE_MAX_COLS)
-        return 0;
-    if (blocks_format(w->fmt))
-        return tile_blocks(w);
-    if (w->fmt != WF_Q4 && w->fmt != WF_Q8 && !(grouped && w->group == 32))
-        return 0;
-    size_t rb = weight_row_bytes(w->fmt, K), cb = w->fmt == WF_Q8 ? 64 : 32, bytes = (size_t)R * rb;
-    size_t ng = (size_t)K / 32, gbytes = grouped ? 2 * (size_t)R * ng : 0; // q4g: scales and zeros, fp16 each
-    uint8_t *t = er_alloc(bytes + 2 * gbytes);
-    if (!t)
-        return er_error(ER_ENOMEM, "tiling a %d x %d %s weight: %zu bytes", R, K, weight_format_name(w->fmt),
-                        bytes + 2 * gbytes);
-    er_hint_huge_pages(t, bytes + 2 * gbytes);
-    const uint8_t *src = w->data;
-    uint32_t flip = w->fmt == WF_Q8 ? 0x80808080u : 0; // q8 stored plus 128
-    // Bytes 4j .. 4j + 3 of row r0 + i's chunk c to 16c * cb + 64j + 4i in tile r0 / 16, written in order.
-#pragma omp parallel for schedule(static)
-    for (int r0 = 0; r0 < R; r0 += QUANT_TILE) {
-        uint8_t *o = t + (size_t)r0 * rb;
-        for (size_t c = 0; c < rb / cb; c++)
-            for (size_t j = 0; j < cb / 4; j++)
-                for (int i = 0; i < QUANT_TILE; i++, o += 4) {
-                    uint32_t v;
-                    memcpy(&v, src + (size_t)(r0 + i) * rb + cb * c + 4 * j, 4);
-                    v ^= flip;
-                    memcpy(o, &v, 4);
-                }
-    }
-    uint16_t *gs = (uint16_t *)(t + bytes), *gz = (uint16_t *)(t + bytes + gbytes);
-    for (int r = 0; grouped && r < R; r++)
-        for (size_t g = 0; g < ng; g++) {
-            size_t to = ((size_t)(r / QUANT_TILE) * ng + g) * QUANT_TILE + (size_t)(r % QUANT_TILE);
-            gs[to] = w->gscale[(size_t)r * ng + g];
-            gz[to] = w->gzero[(size_t)r * ng + g];
-        }
-    if (w->owned) { // the bytes back in the weight's own block (which may hold its scales too)
-        memcpy((void *)w->data, t, bytes);
-        if (grouped) {
-            memcpy((void *)w->gscale, gs, gbytes);
-            memcpy((void *)w->gzero, gz, gbytes);
-        }
-        er_free(t);
-    } else {
-        w->data = w->owned = t;
-        if (grouped) {
-            w->gscale = gs;
-            w->gzero = gz;
-        }
-    }
-    w->tiled = 1;
-    return 1;
-}
-
-int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, float *scratch) {
-    ER_TRY(check_decode(w, N, scratch));
-    const WeightFormatInfo *fi = weight_format_info(w->fmt);
-    if (fi->decode) {
-        int rc = fi->decode(out, inp, w, N);
-        if (rc == ER_OK)
-            sparse_matmul(out, inp, w, N);
-        if (rc != WEIGHT_DECODE_DECLINED)
-            return rc;
-    }
-    return quant_matmul_decode_portable(out, inp, w, N, scratch);
-}
-
-// ---- the products ----
-
-static void add_bias(float *out, const float *bias, int N, int rows) {
-    if (!bias)
-        return;
-#pragma omp parallel for schedule(static) if ((long)N * rows >= THREADS_MIN_WORK)
-    for (int n = 0; n < N; n++)
-        for (int r = 0; r < rows; r++)
-            out[(size_t)n * rows + r] += bias[r];
-}
-
-// Input rows per product that w's int8-input decode kernels take at once (up to QUANT_DECODE_MAX_N, fewer for rows
-// wider than QK_ACT_BYTES / 8); 0 when w has none. Past the decode sizes these run the prompt too: integer dot
-// products on the packed rows outrun sgemm over rows widened to fp32 several times over (docs/performance.md).
-static int i8_rows(const Weight *w) {
 #if QK_SIMD
-    int n = QK_ACT_BYTES / w->cols;
-    n = n > QUANT_DECODE_MAX_N ? QUANT_DECODE_MAX_N : n;
-    if (n >= 1 && (qk_i8_takes(w, n) || (blocks_format(w->fmt) && weight_format_info(w->fmt)->decode)))
-        return n;
+#if QK_GEMM_BLOCKS
+static const char *qk_name(void) { return "AVX-512 VNNI"; }
+#elif QK_AVX2
+static const char *qk_name(void) { return "AVX2"; }
+#else
+#define qk_name qk_neon_features
 #endif
-    return 0;
-}
 
-int weight_matmul_forward(float *out, const float *inp, const Weight *w, const float *bias, int N, float *scratch,
-                          int flags) {
-    int R = w->rows, K = w->cols, nc;
-    if (N <= decode_max_n(w->fmt)) {
-        ER_TRY(quant_matmul_decode(out, inp, w, N, scratch));
-#if QK_GEMM_BLOCKS // AVX512-VNNI: the tiled kernels' prefill, the block formats' untiled one
-    } else if ((flags & QUANT_INT8_PREFILL) && w->tiled && scratch) {
-        ER_TRY(qk_prefill_tiles(out, inp, w, N, scratch));
-    } else if ((flags & QUANT_INT8_PREFILL) && blocks_format(w->fmt) && scratch) {
-        ER_TRY(qk_gemm_blocks(out, inp, w, N, scratch));
+const QkKernels qk_kernels = {
+    .name = qk_name,
+    .decode = {[WF_F32] = QK_DECODE_F32, [WF_BF16] = QK_DECODE(bf16), [WF_F16] = QK_DECODE(f16), [WF_Q8] = QK_DECODE(q8),
+               [WF_Q4] = QK_DECODE(q4), [WF_Q4G] = QK_DECODE(q4g), [WF_Q4LUT] = QK_DECODE(q4lut),
+               [WF_Q2LUT] = QK_DECODE(q2lut), [WF_Q8_0] = QK_DECODE(q8_0), [WF_Q4_1] = QK_DECODE(q4_1),
+               [WF_Q5_0] = QK_DECODE(q5_0), [WF_Q5_1] = QK_DECODE(q5_1), [WF_Q4_K] = QK_DECODE(q4_k),
+               [WF_Q5_K] = QK_DECODE(q5_k), [WF_Q6_K] = QK_DECODE(q6_k)},
+#if QK_GEMM_BLOCKS
+    .tiles = QK_TILES,
+    .prefill_tiles = qk_prefill_tiles,
+    .prefill_blocks = qk_gemm_blocks,
 #endif
-    } else if ((flags & QUANT_INT8_PREFILL) && (nc = i8_rows(w)) > 0) { // nc input rows at a time
-        for (int n0 = 0; n0 < N; n0 += nc)
-            ER_TRY(quant_matmul_decode(out + (size_t)n0 * R, inp + (size_t)n0 * K, w, N - n0 < nc ? N - n0 : nc,
-                                       scratch));
-    } else if (weight_format_info(w->fmt)->gemm_in_place) {
-        gemm_f32(0, 1, N, R, K, 1.0f, inp, K, (const float *)w->data, K, 0.0f, out, R);
-    } else {
-        if (!scratch)
-            return er_error(ER_EINVAL, "weight_matmul_forward: a %s weight needs a scratch", weight_format_name(w->fmt));
-        for (int r0 = 0; r0 < R; r0 += QUANT_TILE_ROWS) {
-            int nr = R - r0 < QUANT_TILE_ROWS ? R - r0 : QUANT_TILE_ROWS;
-            quant_dequant_rows(scratch, w, r0, nr);
-            gemm_f32(0, 1, N, nr, K, 1.0f, inp, K, scratch, K, 0.0f, out + r0, R);
-        }
-    }
-    add_bias(out, bias, N, R);
-    return ER_OK;
-}
-
-int weight_matmul_backward_input(float *dinp, const float *dout, const Weight *w, int N, float *scratch) {
-    int R = w->rows, K = w->cols;
-    if (weight_format_info(w->fmt)->gemm_in_place) {
-        gemm_f32(0, 0, N, K, R, 1.0f, dout, R, (const float *)w->data, K, 1.0f, dinp, K);
-        return ER_OK;
-    }
-    if (!scratch)
-        return er_error(ER_EINVAL, "weight_matmul_backward_input: a %s weight needs a scratch", weight_format_name(w->fmt));
-    for (int r0 = 0; r0 < R; r0 += QUANT_TILE_ROWS) {
-        int nr = R - r0 < QUANT_TILE_ROWS ? R - r0 : QUANT_TILE_ROWS;
-        quant_dequant_rows(scratch, w, r0, nr);
-        gemm_f32(0, 0, N, K, nr, 1.0f, dout + r0, R, scratch, K, 1.0f, dinp, K);
-    }
-    return ER_OK;
-}
+#if QK_AVX2
+    .dequant_row = qk_dequant_row_simd,
+#endif
+};
+#endif

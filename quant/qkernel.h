@@ -1,7 +1,10 @@
-// The SIMD decode kernels the format table (quant/weight.c) points at, one per format that has one,
-// built where the compiler targets AVX2 + FMA + F16C (quant/qkernel.c; fp32 too where it also targets
-// AVX-512) or aarch64 (NEON, quant/qkernel_neon.c); elsewhere the table holds NULL and the portable path
-// runs. Only quant/ includes this; everyone else goes through quant_matmul_decode.
+// The SIMD kernels of the quantized formats, reached through one table (QkKernels below) that quant/matmul.c picks
+// at the first product from what the CPU has. On x86 the Makefile compiles quant/qkernel.c and
+// quant/qkernel_blocks.c twice, for AVX2 + FMA + F16C and for AVX512-VNNI (QK_SUFFIX avx2 / avx512 names each
+// copy's symbols apart: qk_kernels_avx2, qk_kernels_avx512); on aarch64 once, with quant/qkernel_neon.c (NEON,
+// the dot-product extensions chosen inside: qk_kernels). Inside a kernel file the compiler's target macros say what
+// it builds (QK_AVX2, QK_AVX512, QK_TILES, QK_GEMM_BLOCKS below). Only quant/ includes this; everyone else goes
+// through quant_matmul_decode and weight_matmul_forward.
 #ifndef QUANT_QKERNEL_H
 #define QUANT_QKERNEL_H
 
@@ -10,10 +13,70 @@
 #include "quant/quant.h"
 #include "quant/weight.h"
 
+#ifdef QK_SUFFIX // one x86 copy of the kernel files: its external names end in _avx2 or _avx512
+#define QK_CAT2(a, b) a##_##b
+#define QK_CAT(a, b) QK_CAT2(a, b)
+#define qk_kernels QK_CAT(qk_kernels, QK_SUFFIX)
+#define qk_decode_simd_q8 QK_CAT(qk_decode_simd_q8, QK_SUFFIX)
+#define qk_decode_simd_q4 QK_CAT(qk_decode_simd_q4, QK_SUFFIX)
+#define qk_decode_simd_q4g QK_CAT(qk_decode_simd_q4g, QK_SUFFIX)
+#define qk_decode_simd_q2lut QK_CAT(qk_decode_simd_q2lut, QK_SUFFIX)
+#define qk_decode_simd_q4lut QK_CAT(qk_decode_simd_q4lut, QK_SUFFIX)
+#define qk_decode_simd_bf16 QK_CAT(qk_decode_simd_bf16, QK_SUFFIX)
+#define qk_decode_simd_f16 QK_CAT(qk_decode_simd_f16, QK_SUFFIX)
+#define qk_decode_simd_f32 QK_CAT(qk_decode_simd_f32, QK_SUFFIX)
+#define qk_decode_simd_q8_0 QK_CAT(qk_decode_simd_q8_0, QK_SUFFIX)
+#define qk_decode_simd_q4_1 QK_CAT(qk_decode_simd_q4_1, QK_SUFFIX)
+#define qk_decode_simd_q5_0 QK_CAT(qk_decode_simd_q5_0, QK_SUFFIX)
+#define qk_decode_simd_q5_1 QK_CAT(qk_decode_simd_q5_1, QK_SUFFIX)
+#define qk_decode_simd_q4_k QK_CAT(qk_decode_simd_q4_k, QK_SUFFIX)
+#define qk_decode_simd_q5_k QK_CAT(qk_decode_simd_q5_k, QK_SUFFIX)
+#define qk_decode_simd_q6_k QK_CAT(qk_decode_simd_q6_k, QK_SUFFIX)
+#define qk_decode_tiles QK_CAT(qk_decode_tiles, QK_SUFFIX)
+#define qk_tile_blocks QK_CAT(qk_tile_blocks, QK_SUFFIX)
+#define qk_tile_blocks_rows QK_CAT(qk_tile_blocks_rows, QK_SUFFIX)
+#define qk_gemm_blocks QK_CAT(qk_gemm_blocks, QK_SUFFIX)
+#define qk_gemm_blocks_scratch_bytes QK_CAT(qk_gemm_blocks_scratch_bytes, QK_SUFFIX)
+#define qk_dequant_row_simd QK_CAT(qk_dequant_row_simd, QK_SUFFIX)
+#define qk_quant_block QK_CAT(qk_quant_block, QK_SUFFIX)
+#define qk_acts_fill QK_CAT(qk_acts_fill, QK_SUFFIX)
+#define qk_acts_fill_at QK_CAT(qk_acts_fill_at, QK_SUFFIX)
+#endif
+
+// One instruction set's kernels.
+typedef struct {
+    const char *(*name)(void); // what quant_simd_name says: "AVX2", "AVX512-VNNI", "NEON + dotprod ..."
+    QuantDecodeFn decode[WF_COUNT]; // per format (the contract of quant_simd_decode); NULL: the portable path
+    int tiles; // quant_tile re-lays q4, q8, q4g32 and the block formats 16 rows at a time for these kernels
+    // out (N, rows) = inp (N, cols) · Wᵀ for any N on int8 inputs, scratch: quant_scratch_floats(cols) floats: a
+    // tiled weight (non-NULL where tiles is) and an untiled block-format one (NULL: none).
+    int (*prefill_tiles)(float *out, const float *inp, const Weight *w, int N, void *scratch);
+    int (*prefill_blocks)(float *out, const float *inp, const Weight *w, int N, void *scratch);
+    // Row r as fp32, bit for bit weight_row_f32's dense part, for the GEMM path's tiles; 0 (nothing written) for a
+    // weight it does not take. NULL: none.
+    int (*dequant_row)(float *dst, const Weight *w, int r);
+} QkKernels;
+
+#if defined(__x86_64__) && !defined(QK_SUFFIX)
+extern const QkKernels qk_kernels_avx2, qk_kernels_avx512;
+#else
+extern const QkKernels qk_kernels;
+#endif
+
 // Asks for the cache line at address a into all cache levels; a may lie past the end of the weight (the
 // last block's "next block"): a prefetch never faults, and an integer address is no out-of-bounds pointer.
 // (GCC 12 emitted nothing for _mm_prefetch through this function.)
 static inline void qk_prefetch(uintptr_t a) { __builtin_prefetch((const void *)a, 0, 3); }
+
+#define QK_L1_INPUTS 16384 // bytes of decode inputs that stay in L1 beside the weight stream
+#define QK_ACT_BYTES 40960 // N * cols codes on the caller's stack: cols up to 5120 at N = 8
+// 1 when the int8-activation kernels take w at N input rows: q8, q4 or q4g32, cols a multiple of 64 and
+// N * cols <= QK_ACT_BYTES.
+static inline int qk_i8_takes(const Weight *w, int N) {
+    if ((size_t)N * (size_t)w->cols > QK_ACT_BYTES || w->cols % 64)
+        return 0;
+    return w->fmt == WF_Q8 || w->fmt == WF_Q4 || (w->fmt == WF_Q4G && w->group == 32);
+}
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QK_SIMD 1
@@ -144,8 +207,6 @@ int qk_decode_neon_q6_k(float *out, const float *inp, const Weight *w, int N);
 //   - QK_ORDER_Q4_TILES, QK_ORDER_Q8_TILES: for the tiled kernels, chunk-major: chunk c of input n at
 //     q + 64 * (c * N + n), its scales at dv + 8 * (c * N + n); each chunk in QK_ORDER_Q4's order (q4) or in
 //     the row's (q8).
-#define QK_ACT_BYTES 40960 // N * cols codes on the caller's stack: cols up to 5120 at N = 8
-
 typedef enum { QK_ORDER_Q4, QK_ORDER_Q8, QK_ORDER_Q4_TILES, QK_ORDER_Q8_TILES } QkOrder;
 
 typedef struct {
@@ -155,9 +216,6 @@ typedef struct {
     float xsum[QUANT_DECODE_MAX_N]; // (N) the sum of each input row (q4's -8)
 } QkActs;
 
-// 1 when the int8-activation kernels take w at N input rows: q8, q4 or q4g32, cols a multiple of 64 and
-// N * cols <= QK_ACT_BYTES.
-int qk_i8_takes(const Weight *w, int N);
 // The N input rows (N, K), K a multiple of 64, as codes and scales in the order given.
 void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order);
 // The same into arrays laid out as QkActs's fields: codes (N * K), scales (N * K / 8), sums (N * K / 32), xsum (N).

@@ -1,6 +1,6 @@
-// NEON decode kernels (aarch64, ARMv8.0: every AArch64 core has Advanced SIMD): the `decode` column of
-// the format table on ARM, the same entries quant/qkernel.c fills with AVX2 on x86, tested against the
-// same portable reference. A weight row is read once and multiplied into all N <= 8 input rows, with
+// NEON decode kernels (aarch64, ARMv8.0: every AArch64 core has Advanced SIMD): the decode entries of
+// qk_kernels (quant/qkernel.h) on ARM, the same entries quant/qkernel.c fills with AVX2 / AVX512-VNNI on x86,
+// tested against the same portable reference. A weight row is read once and multiplied into all N <= 8 input rows, with
 // two q registers (8 lanes) per accumulator chain and input row; packed codes are widened in registers:
 //   - q8: int8 -> int16 -> int32 (SXTL) -> fp32 (SCVTF);
 //   - q4, q4g: a 16-byte load is two 16-element blocks (quant/weight.h); AND 15 / USHR 4 give 8

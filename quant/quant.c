@@ -9,7 +9,6 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/json.h"
-#include "quant/qkernel.h"
 #include "quant/transform.h"
 
 int quant_check_shape(WeightFormat f, int rows, int cols, int group, int sparse, const char *ctx) {
@@ -121,12 +120,10 @@ void quant_unpack2(uint8_t *codes, const uint8_t *src, int n) {
 void quant_dequant_rows(float *dst, const Weight *w, int r0, int nr) {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < nr; i++) {
-#if QK_AVX2
-        if (qk_dequant_row_simd(dst + (size_t)i * w->cols, w, r0 + i)) {
+        if (quant_dequant_row_simd(dst + (size_t)i * w->cols, w, r0 + i)) {
             weight_sparse_add_row(dst + (size_t)i * w->cols, w, r0 + i);
             continue;
         }
-#endif
         weight_row_f32(dst + (size_t)i * w->cols, w, r0 + i);
     }
 }

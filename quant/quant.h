@@ -99,10 +99,24 @@ int weight_matmul_backward_input(float *dinp, const float *dout, const Weight *w
 int quant_tile(Weight *w);
 int quant_matmul_decode(float *out, const float *inp, const Weight *w, int N, float *scratch);
 int quant_matmul_decode_portable(float *out, const float *inp, const Weight *w, int N, float *scratch);
-// 1 when this build has the SIMD decode kernels.
+// The SIMD kernels this process runs, chosen at the first product from what the CPU has: x86 AVX512-VNNI (with
+// AVX-512 F, BW, DQ, VL), else AVX2 + FMA + F16C, else none (the portable path); aarch64 NEON, with the dot-product
+// extensions the CPU reports. Any x86-64 build carries both x86 sets (quant/qkernel.h). The environment's
+// ER_SIMD=portable|avx2|avx512 (x86) or portable|neon (aarch64) asks for one: one the CPU lacks, or an unknown
+// name, gives the portable path.
+// 1 when SIMD kernels run.
 int quant_has_simd(void);
-// The decode kernels' instruction set: "AVX2", "NEON" (with the dot-product extensions the CPU reports), "portable".
+// Their name: "AVX-512 VNNI", "AVX2", "NEON ..." (the dot-product extensions in use), "portable" (and why, when
+// ER_SIMD asked for what the CPU lacks).
 const char *quant_simd_name(void);
+// The decode kernel of format f (1 <= N <= 8 input rows): out (N, rows) = inp (N, cols) · Wᵀ, the dense part
+// (quant_matmul_decode adds the sparse corrections). NULL, or a return of WEIGHT_DECODE_DECLINED for a weight it
+// does not take: the portable path (weight_row_f32 + dot).
+typedef int (*QuantDecodeFn)(float *out, const float *inp, const Weight *w, int N);
+QuantDecodeFn quant_simd_decode(WeightFormat f);
+// Row r of w as fp32, bit for bit weight_row_f32's dense part, from the SIMD kernels: 1, or 0 (nothing written)
+// where they do not take w.
+int quant_dequant_row_simd(float *dst, const Weight *w, int r);
 
 // ---- packed tensors in a model file (naming at the top of this file) ----
 

@@ -7,7 +7,6 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "quant/blocks.h"
-#include "quant/qkernel.h"
 
 // ---- the reference dequantizers (layouts in weight.h) ----
 
@@ -130,20 +129,20 @@ static void row_blocks(float *dst, const Weight *w, int r) {
 #define SPARSE_VALUES {"_sparse_values", "sparse values", DT_F16, WC_SPARSE, offsetof(Weight, sp_vals), 0}
 
 static const WeightFormatInfo FORMATS[WF_COUNT] = {
-    [WF_F32] = {"f32", 32, 0, 0, DT_F32, 0, {{0}}, row_f32, QK_DECODE_F32, 1, {0}, 0, 0},
-    [WF_BF16] = {"bf16", 16, 0, 0, DT_BF16, 0, {{0}}, row_bf16, QK_DECODE(bf16), 0, {0}, 0, 0},
-    [WF_F16] = {"f16", 16, 0, 0, DT_F16, 0, {{0}}, row_f16, QK_DECODE(f16), 0, {0}, 0, 0},
-    [WF_Q8] = {"q8", 8, 1, 0, DT_I8, 1, {ROW_SCALE}, row_q8, QK_DECODE(q8), 0, {0}, 0, 0},
-    [WF_Q4] = {"q4", 4, 1, 0, DT_U8, 1, {ROW_SCALE}, row_q4, QK_DECODE(q4), 0, {0}, 0, 0},
+    [WF_F32] = {"f32", 32, 0, 0, DT_F32, 0, {{0}}, row_f32, 1, {0}, 0, 0},
+    [WF_BF16] = {"bf16", 16, 0, 0, DT_BF16, 0, {{0}}, row_bf16, 0, {0}, 0, 0},
+    [WF_F16] = {"f16", 16, 0, 0, DT_F16, 0, {{0}}, row_f16, 0, {0}, 0, 0},
+    [WF_Q8] = {"q8", 8, 1, 0, DT_I8, 1, {ROW_SCALE}, row_q8, 0, {0}, 0, 0},
+    [WF_Q4] = {"q4", 4, 1, 0, DT_U8, 1, {ROW_SCALE}, row_q4, 0, {0}, 0, 0},
     [WF_Q4G] = {"q4g", 4, 1, 0, DT_U8, 2,
                 {{"_scale", "group scales", DT_F16, WC_GROUPS, offsetof(Weight, gscale), 1},
                  {"_zero", "group zeros", DT_F16, WC_GROUPS, offsetof(Weight, gzero), 0}},
-                row_q4g, QK_DECODE(q4g), 0, {32, 64, 128}, 0, 0},
-    [WF_Q4LUT] = {"q4lut", 4, 1, 16, DT_U8, 3, {CODEBOOK, SPARSE_COLS, SPARSE_VALUES}, row_q4lut, QK_DECODE(q4lut), 0,
+                row_q4g, 0, {32, 64, 128}, 0, 0},
+    [WF_Q4LUT] = {"q4lut", 4, 1, 16, DT_U8, 3, {CODEBOOK, SPARSE_COLS, SPARSE_VALUES}, row_q4lut, 0,
                   {0}, 0, 0},
-    [WF_Q2LUT] = {"q2lut", 2, 1, 4, DT_U8, 3, {CODEBOOK, SPARSE_COLS, SPARSE_VALUES}, row_q2lut, QK_DECODE(q2lut), 0,
+    [WF_Q2LUT] = {"q2lut", 2, 1, 4, DT_U8, 3, {CODEBOOK, SPARSE_COLS, SPARSE_VALUES}, row_q2lut, 0,
                   {0}, 0, 0},
-#define BLOCK_FORMAT(name, elems, bytes) {#name, 0, 1, 0, DT_U8, 0, {{0}}, row_blocks, QK_DECODE(name), 0, {0}, elems, bytes}
+#define BLOCK_FORMAT(name, elems, bytes) {#name, 0, 1, 0, DT_U8, 0, {{0}}, row_blocks, 0, {0}, elems, bytes}
     [WF_Q8_0] = BLOCK_FORMAT(q8_0, 32, 34),
     [WF_Q4_1] = BLOCK_FORMAT(q4_1, 32, 20),
     [WF_Q5_0] = BLOCK_FORMAT(q5_0, 32, 22),

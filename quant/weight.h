@@ -104,10 +104,6 @@ typedef struct {
     // Row r as fp32 (cols), single thread, the dense part only (weight_row_f32 adds the sparse corrections):
     // the reference every kernel is tested against.
     void (*dequant_row)(float *dst, const Weight *w, int r);
-    // Decode kernel (1 <= N <= 8 input rows, quant/qkernel.h): out (N, rows) = inp (N, cols) · Wᵀ, the dense
-    // part (quant_matmul_decode adds the sparse corrections). NULL, or a return of WEIGHT_DECODE_DECLINED for a
-    // weight it does not take: the portable path (weight_row_f32 + dot).
-    int (*decode)(float *out, const float *inp, const Weight *w, int N);
     // GEMM path for more rows: 1: sgemm reads `data` in place (fp32); 0: rows are widened to fp32 tile by
     // tile into the caller's scratch, then sgemm.
     int gemm_in_place;

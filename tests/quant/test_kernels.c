@@ -364,7 +364,26 @@ Test(quant_kernels, decode_rejects_bad_n) {
     free(outs);
 }
 
-// The table's SIMD kernel of every format (AVX2 on x86, NEON on aarch64), called directly, against the
+// The kernels ER_SIMD asks for are the ones that run (make test-simd runs the kernel suites under each x86 set: a
+// CPU without the one asked for must fail here, not pass on the portable path).
+Test(quant_kernels, simd_choice_follows_er_simd) {
+    const char *want = getenv("ER_SIMD"), *name = quant_simd_name();
+    printf("quant_kernels: ER_SIMD=%s: %s\n", want ? want : "(unset)", name);
+    if (!want || !want[0]) {
+        cr_assert_eq(quant_has_simd(), strcmp(name, "portable") != 0, "%s", name);
+        return;
+    }
+    static const char *const names[][2] = {{"avx512", "AVX-512 VNNI"}, {"avx2", "AVX2"}, {"neon", "NEON"},
+                                           {"portable", "portable"}};
+    int i = 0;
+    while (i < 4 && strcmp(want, names[i][0]))
+        i++;
+    cr_assert_lt(i, 4, "ER_SIMD=%s is none of avx512, avx2, neon, portable", want);
+    cr_assert(!strncmp(name, names[i][1], strlen(names[i][1])), "ER_SIMD=%s runs %s", want, name);
+    cr_assert_eq(quant_has_simd(), i < 3);
+}
+
+// The SIMD kernel of every format (quant_simd_decode: AVX-512 VNNI or AVX2 on x86, NEON on aarch64), called directly, against the
 // portable path on random weights and inputs: widths around the 8-, 16-, 32- and 64-element steps of the
 // kernels (every tail), q4g groups 16..128, N = 1..8. Where the build has SIMD kernels every format but
 // f32 must have one (so this cannot pass by finding none).
@@ -376,8 +395,9 @@ Test(quant_kernels, table_kernels_match_portable) {
     int checked = 0;
     for (int f = WF_BF16; f < WF_COUNT; f++) {
         const WeightFormatInfo *fi = weight_format_info((WeightFormat)f);
-        cr_assert(!quant_has_simd() || fi->decode, "%s has no SIMD kernel in a %s build", fi->name, quant_simd_name());
-        if (!fi->decode)
+        QuantDecodeFn decode = quant_simd_decode((WeightFormat)f);
+        cr_assert(!quant_has_simd() || decode, "%s has no SIMD kernel in %s", fi->name, quant_simd_name());
+        if (!decode)
             continue;
         for (int wi = 0; wi < (int)(sizeof widths / sizeof widths[0]); wi++)
             for (int gi = 0; gi < (f == WF_Q4G ? 4 : 1); gi++) {
@@ -395,7 +415,7 @@ Test(quant_kernels, table_kernels_match_portable) {
                 make_weight(&w, &c, R, 500 + 7 * wi + gi, &own);
                 float *inp = input_vec((WeightFormat)f, (size_t)8 * K, 900 + wi), out[8 * 13], ref[8 * 13];
                 for (int N = 1; N <= 8; N++) {
-                    cr_assert_eq(fi->decode(out, inp, &w, N), 0, "%s K=%d g=%d N=%d declined", fi->name, K, G, N);
+                    cr_assert_eq(decode(out, inp, &w, N), 0, "%s K=%d g=%d N=%d declined", fi->name, K, G, N);
                     cr_assert_eq(quant_matmul_decode_portable(ref, inp, &w, N, scratch), 0);
                     float *W = dequant_all(&w);
                     for (int i = 0; i < N * R; i++) {
