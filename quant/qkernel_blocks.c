@@ -264,10 +264,10 @@ static inline __attribute__((always_inline)) void qb_row(float *out, const Weigh
 // int32 lane, so a sub-block of 32 inputs is 8 vpdpbusd against input codes broadcast from memory
 // (QK_ORDER_Q8_TILES), then per input row one conversion and one FMA with the rows' scales times the input's, and
 // (the formats with an offset) one FMA of the rows' offsets with the sub-block's fp32 input sum: W = s * u + o, o = m,
-// -8 d (q4_0), -16 d (q5_0) or -dmin * m (k-quants). q8_0's codes are stored plus 128 and q6_K's are u = q + 32: their integer
-// sums start from -128 (-32) times the sum of the input codes they meet (z: per 32 inputs for q8_0, per 16 for
-// q6_K, whose two halves of a sub-block have scales of their own). The k-quants' sub-block scales and offsets of the
-// 16 rows are unpacked once per block of 256 into sv / ov.
+// -8 d (q4_0), -16 d (q5_0) or -dmin * m (k-quants). q8_0's codes are stored plus 128 and q6_K's are u = q + 32: their
+// integer sums start from -128 (-32) times the sum of the input codes they meet (z: per 32 inputs for q8_0, per 16 for
+// q6_K, whose two halves of a sub-block have scales of their own). The k-quants' sub-block scales and offsets of the 16
+// rows are unpacked once per block of 256 into sv / ov.
 
 // Sub-block g of the 16 rows of a tile, unpacked: u[t] holds elements 4t .. 4t + 3 of each row (one row per int32
 // lane), d the rows' scales (q6_K: of the first half, d1 of the second), o their offsets.

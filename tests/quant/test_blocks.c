@@ -273,7 +273,7 @@ static void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
 
 // What element e of block blk may decode to: code u's value, u in [0, n), in dequantization's order of operations.
 typedef struct {
-    float step, base; // value(u) = step * (u - off) + base  (q8_0 / q4_0 / q5_0 / q6_K: base 0; q4_1 ..: base m; k: -ml)
+    float step, base; // value(u) = step * (u - off) + base (q8_0 / q4_0 / q5_0 / q6_K: base 0; q4_1 ..: base m; k: -ml)
     int off, n;
 } Grid;
 
