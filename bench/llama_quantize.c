@@ -1,9 +1,9 @@
 // llama.cpp's own quantizer on a GGUF file: llama_model_quantize from the libllama that node-llama-cpp ships
 // prebuilt (scripts/llama_cpp.sh --install puts it in build/node_modules), loaded with dlopen, since no llama.cpp
-// header ships with it. Makes the Q8_0 / Q4_K_M / Q5_K_M files of bench/run_llama.sh and of the GGUF tests
+// header ships with it. Makes the Q8_0 / Q4_0 / Q4_K_M / Q5_K_M files of bench/run_llama.sh and of the GGUF tests
 // (tests/model/test_gguf_quantize.c), the files people download.
 //
-//   llama_quantize IN.gguf OUT.gguf q8_0|q4_k_m|q5_k_m [--threads N] [--lib PATH]
+//   llama_quantize IN.gguf OUT.gguf q8_0|q4_0|q4_k_m|q5_k_m [--threads N] [--lib PATH]
 //
 // llama.h's struct llama_model_quantize_params begins `int32_t nthread; enum llama_ftype ftype;` in every release
 // of 2025 (node-llama-cpp 3.22.1's llama_model_quantize_default_params writes 64 bytes, nthread and ftype at
@@ -28,11 +28,11 @@ int main(int argc, char **argv) {
     static const struct {
         const char *name;
         int ftype; // llama.h's LLAMA_FTYPE_MOSTLY_*
-    } types[] = {{"q8_0", 7}, {"q4_k_m", 15}, {"q5_k_m", 17}};
+    } types[] = {{"q8_0", 7}, {"q4_0", 2}, {"q4_k_m", 15}, {"q5_k_m", 17}};
     const char *lib = DEFAULT_LIB;
     int threads = 0, ftype = -1;
     if (argc < 4 || !strcmp(argv[1], "--help")) {
-        fprintf(stderr, "usage: llama_quantize IN.gguf OUT.gguf q8_0|q4_k_m|q5_k_m [--threads N] [--lib PATH]\n");
+        fprintf(stderr, "usage: llama_quantize IN.gguf OUT.gguf q8_0|q4_0|q4_k_m|q5_k_m [--threads N] [--lib PATH]\n");
         return argc >= 2 && !strcmp(argv[1], "--help") ? 0 : 1;
     }
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (ftype < 0 || (argc - 4) % 2) {
-        fprintf(stderr, "llama_quantize: type \"%s\" is not q8_0, q4_k_m or q5_k_m, or a flag lacks its value\n",
+        fprintf(stderr, "llama_quantize: type \"%s\" is not q8_0, q4_0, q4_k_m or q5_k_m, or a flag lacks its value\n",
                 argv[3]);
         return 1;
     }

@@ -3,14 +3,15 @@
 # 14/2 heads, ff 4864, vocab 151936, tied, the real Qwen tokenizer) written once under build/llbench,
 # quantized with ertrain quantize (q8, q4, q4g32) and exported with ertrain export gguf (f32, q8_0, q4_0: q4
 # and q4g32 both beside llama.cpp's Q4_0, written from their own dequantized weights), and quantized from the
-# f32 GGUF by llama.cpp's own quantizer (bench/llama_quantize: Q8_0, Q4_K_M, Q5_K_M), which both then load from
-# the same file. The 2-thread int8 multiply-add peak (bench/int8_peak) is measured in the same run; the prefill's
+# f32 GGUF by llama.cpp's own quantizer (bench/llama_quantize: Q8_0, Q4_0, Q4_K_M, Q5_K_M), which both then load
+# from the same file. The 2-thread int8 multiply-add peak (bench/int8_peak) is measured in the same run; the prefill's
 # integer multiply-adds per second are given against it.
 # Per format: llama.cpp (node-llama-cpp, pinned, prebuilt CPU binaries, bench/llama_decode.mjs) and
 # erinfer bench, same threads, prompt and new tokens; one table with the ratios and the load average.
 # Then the deployed configuration at a long context: erinfer on the q4 weights with LONG (1024) prompt positions
 # and 32 new tokens, int8 KV against f32 KV (decode N = 1 and 8, prefill).
-#   THREADS (2), PROMPT (256), NEW (64), FORMATS ("f32 q8 q4 q4g32"), LLAMA_NS (N values for llama.cpp, "1 8"),
+#   THREADS (2), PROMPT (256), NEW (64), FORMATS ("f32 q8 q4 q4g32 q8_0 q4_0 q4_k_m q5_k_m"), LLAMA_NS (N values for
+#   llama.cpp, "1 8"),
 #   LONG (1024; 0 skips the long-context row)
 # Needs ~2 GB of memory and ~5.5 GB of disk (models written once: later runs only measure).
 # Exits 0 with a loud line when node/npm or node-llama-cpp is missing: no comparison then.
@@ -21,7 +22,7 @@ BUILD=${BUILD:-build}
 THREADS=${THREADS:-2}
 PROMPT=${PROMPT:-256}
 NEW=${NEW:-64}
-FORMATS=${FORMATS:-f32 q8 q4 q4g32 q8_0 q4_k_m q5_k_m}
+FORMATS=${FORMATS:-f32 q8 q4 q4g32 q8_0 q4_0 q4_k_m q5_k_m}
 LLAMA_NS=${LLAMA_NS:-1 8}
 LONG=${LONG:-1024}
 dir=$BUILD/llbench
@@ -60,13 +61,19 @@ for q in q8 q4 q4g32; do
     mv "$dir/$q.tmp" "$dir/$q"
   fi
 done
-gguf_type() { case $1 in f32) echo f32 ;; q8) echo q8_0 ;; q4 | q4g32) echo q4_0 ;; q8_0 | q4_k_m | q5_k_m) echo "$1" ;; esac; }
+gguf_type() {
+  case $1 in f32) echo f32 ;; q8) echo q8_0 ;; q4 | q4g32) echo q4_0 ;; q8_0 | q4_0 | q4_k_m | q5_k_m) echo "$1" ;; esac
+}
 # What erinfer loads: our model dir, or for llama.cpp's quantizations the same .gguf llama.cpp runs.
-er_model() { case $1 in q8_0 | q4_k_m | q5_k_m) echo "$dir/$1.gguf" ;; *) echo "$dir/$1" ;; esac; }
+er_model() { case $1 in q8_0 | q4_0 | q4_k_m | q5_k_m) echo "$dir/$1.gguf" ;; *) echo "$dir/$1" ;; esac; }
 for f in $FORMATS; do
   t=$(gguf_type "$f")
-  [ -n "$t" ] || { echo "run_llama: unknown format $f (f32, q8, q4, q4g32, q8_0, q4_k_m, q5_k_m)" >&2; exit 1; }
+  [ -n "$t" ] || { echo "run_llama: unknown format $f (f32, q8, q4, q4g32, q8_0, q4_0, q4_k_m, q5_k_m)" >&2; exit 1; }
   if [ ! -f "$dir/$f.gguf" ] && [ "$(er_model "$f")" = "$dir/$f.gguf" ]; then
+    if [ ! -f "$dir/f32.gguf" ]; then # llama.cpp quantizes the f32 GGUF, made here where FORMATS leaves f32 out
+      "$BUILD/ertrain" export gguf --model "$dir/f32" --out "$dir/f32.gguf.tmp" --type f32
+      mv "$dir/f32.gguf.tmp" "$dir/f32.gguf"
+    fi
     "$BUILD/bench/llama_quantize" "$dir/f32.gguf" "$dir/$f.gguf.tmp" "$f" --threads "$THREADS" >/dev/null 2>&1
     mv "$dir/$f.gguf.tmp" "$dir/$f.gguf"
   elif [ ! -f "$dir/$f.gguf" ]; then
@@ -97,7 +104,8 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 node - "$dir" "$FORMATS" "$LONG" "$PROMPT" <<'EOF'
 const fs = require("fs");
 const [dir, formats, long, prompt] = process.argv.slice(2);
-const gguf = {f32: "F32", q8: "Q8_0", q4: "Q4_0", q4g32: "Q4_0", q8_0: "Q8_0*", q4_k_m: "Q4_K_M*", q5_k_m: "Q5_K_M*"};
+const gguf = {f32: "F32", q8: "Q8_0", q4: "Q4_0", q4g32: "Q4_0", q8_0: "Q8_0*", q4_0: "Q4_0*", q4_k_m: "Q4_K_M*",
+    q5_k_m: "Q5_K_M*"};
 const cfg = JSON.parse(fs.readFileSync(`${dir}/config.json`, "utf8"));
 const C = cfg.hidden_size, KV = cfg.num_key_value_heads * C / cfg.num_attention_heads;
 const macsPerToken = cfg.num_hidden_layers * (2 * C * C + 2 * C * KV + 3 * C * cfg.intermediate_size);

@@ -1,7 +1,6 @@
 // GGUF models for llama.cpp: export and import (layouts in model/gguf_model.h).
 #include "model/gguf_model.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -26,8 +25,8 @@ static const struct {
 static const struct {
     uint32_t type;
     WeightFormat f;
-} BLOCK_TYPES[] = {{GGML_Q8_0, WF_Q8_0}, {GGML_Q4_1, WF_Q4_1}, {GGML_Q5_0, WF_Q5_0}, {GGML_Q5_1, WF_Q5_1},
-                   {GGML_Q4_K, WF_Q4_K}, {GGML_Q5_K, WF_Q5_K}, {GGML_Q6_K, WF_Q6_K}};
+} BLOCK_TYPES[] = {{GGML_Q8_0, WF_Q8_0}, {GGML_Q4_0, WF_Q4_0}, {GGML_Q4_1, WF_Q4_1}, {GGML_Q5_0, WF_Q5_0},
+                   {GGML_Q5_1, WF_Q5_1}, {GGML_Q4_K, WF_Q4_K}, {GGML_Q5_K, WF_Q5_K}, {GGML_Q6_K, WF_Q6_K}};
 #define N_BLOCK_TYPES (int)(sizeof BLOCK_TYPES / sizeof BLOCK_TYPES[0])
 
 // Our format of ggml block type t; WF_COUNT when t is not one.
@@ -89,24 +88,6 @@ static int hf_row(const ModelConfig *c, const char *hf, int r) {
 
 // ---- export ----
 
-static void quant_q4_0(uint8_t *dst, const float *x, int n) {
-    for (int b = 0; b < n / GGML_QK; b++, x += GGML_QK, dst += 18) {
-        float amax = 0, max = 0;
-        for (int j = 0; j < GGML_QK; j++)
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint16_t h = f32_to_f16(d);
-        memcpy(dst, &h, 2);
-        for (int j = 0; j < GGML_QK / 2; j++) {
-            int lo = (int8_t)(x[j] * id + 8.5f), hi = (int8_t)(x[j + 16] * id + 8.5f);
-            dst[2 + j] = (uint8_t)((lo < 15 ? lo : 15) | (hi < 15 ? hi : 15) << 4);
-        }
-    }
-}
-
 // 1 when row r of a q4g32 weight is q4_0 blocks: each group's zero is exactly -8 x its scale (fp16).
 static int q4g_row_is_q4_0(const Weight *w, int r) {
     int g = w->cols / 32;
@@ -140,8 +121,8 @@ static void q4g_row_to_q4_0(uint8_t *dst, const Weight *w, int r) {
     }
 }
 
-// The ggml type that holds w byte for byte: its float type, q4_0 for a q4_0-shaped q4g32, its block type;
-// -1 for none.
+// The ggml type that holds w byte for byte: its float type, q4_0 for a q4_0-shaped q4g32, its block type (q4_0
+// for WF_Q4_0); -1 for none.
 static long exact_type(const Weight *w) {
     if (!weight_is_quantized(w->fmt))
         return w->fmt == WF_F16 ? GGML_F16 : w->fmt == WF_BF16 ? GGML_BF16 : GGML_F32;
@@ -154,7 +135,7 @@ static long exact_type(const Weight *w) {
 }
 
 int model_gguf_default_type(const Model *m, uint32_t *type) {
-    int q4_0 = 0, blocks = 0;
+    int q4g = 0, blocks = 0;
     for (int i = 0; i < m->n_params; i++) {
         const Weight *w = m->params[i].w;
         if (!w || !weight_is_quantized(w->fmt))
@@ -166,11 +147,11 @@ int model_gguf_default_type(const Model *m, uint32_t *type) {
                             ") to requantize from its dequantized values",
                             m->params[i].name, weight_format_name(w->fmt),
                             w->fmt == WF_Q4G ? " with groups other than 32 or zeros other than -8 x scale" : "");
-        q4_0 += t == GGML_Q4_0;
-        blocks += t != GGML_Q4_0;
+        q4g += w->fmt == WF_Q4G; // a q4_0-shaped q4g32
+        blocks += w->fmt != WF_Q4G;
     }
     WeightFormat f = m->embed.fmt;
-    *type = blocks ? MODEL_GGUF_NATIVE : q4_0 ? GGML_Q4_0 : f == WF_F16 ? GGML_F16 : f == WF_BF16 ? GGML_BF16 : GGML_F32;
+    *type = blocks ? MODEL_GGUF_NATIVE : q4g ? GGML_Q4_0 : f == WF_F16 ? GGML_F16 : f == WF_BF16 ? GGML_BF16 : GGML_F32;
     return ER_OK;
 }
 
@@ -197,7 +178,7 @@ static int param_bytes(const Model *m, const ParamTensor *p, uint32_t type, void
             dtype_from_f32(dst, DT_F32, tmp, (size_t)cols);
             continue;
         }
-        if (exact && type == GGML_Q4_0) {
+        if (exact && p->w->fmt == WF_Q4G) { // q4_0-shaped
             q4g_row_to_q4_0(dst, p->w, src);
             continue;
         }
@@ -208,8 +189,6 @@ static int param_bytes(const Model *m, const ParamTensor *p, uint32_t type, void
         weight_row_f32(tmp, p->w, src);
         if (bf != WF_COUNT)
             blocks_quantize_row(bf, dst, tmp, NULL, cols);
-        else if (type == GGML_Q4_0)
-            quant_q4_0(dst, tmp, cols);
         else
             dtype_from_f32(dst, type == GGML_F16 ? DT_F16 : type == GGML_BF16 ? DT_BF16 : DT_F32, tmp, (size_t)cols);
     }
@@ -360,50 +339,10 @@ static int check_layers(const GgufFile *f, const ModelConfig *c) {
 static void tensor_row_f32(float *dst, const GgufTensor *t, size_t r, int cols) {
     size_t row_bytes = (size_t)cols / ggml_type_block(t->type) * ggml_type_block_bytes(t->type);
     const uint8_t *s = (const uint8_t *)t->data + r * row_bytes;
-    if (t->type == GGML_F32 || t->type == GGML_F16 || t->type == GGML_BF16) {
-        dtype_to_f32(dst, s, t->type == GGML_F32 ? DT_F32 : t->type == GGML_F16 ? DT_F16 : DT_BF16, (size_t)cols);
-        return;
-    }
-    if (block_format(t->type) != WF_COUNT) {
+    if (block_format(t->type) != WF_COUNT)
         blocks_dequant_row(block_format(t->type), dst, s, cols);
-        return;
-    }
-    for (int b = 0; b < cols / GGML_QK; b++, dst += GGML_QK, s += 18) { // q4_0
-        uint16_t h;
-        memcpy(&h, s, 2);
-        float d = f16_to_f32(h);
-        for (int j = 0; j < 16; j++) {
-            dst[j] = (float)((s[2 + j] & 15) - 8) * d;
-            dst[j + 16] = (float)((s[2 + j] >> 4) - 8) * d;
-        }
-    }
-}
-
-// q4_0 rows into a q4g32 weight: scale d, zero -8d (exact in fp16), codes repacked; rows in HF order.
-static int q4_0_to_q4g(Weight *w, const GgufTensor *t, const ModelConfig *c, const char *hf, int rows, int cols) {
-    ER_TRY(quant_weight_alloc(w, WF_Q4G, rows, cols, 32, 0));
-    uint8_t codes[GGML_QK];
-    uint8_t *packed = er_alloc((size_t)cols);
-    if (!packed)
-        return ER_ENOMEM;
-    for (int r = 0; r < rows; r++) {
-        const uint8_t *s = (const uint8_t *)t->data + (size_t)r * (cols / 32) * 18;
-        int hr = hf_row(c, hf, r);
-        for (int b = 0; b < cols / 32; b++, s += 18) {
-            uint16_t d;
-            memcpy(&d, s, 2);
-            ((uint16_t *)w->gscale)[(size_t)hr * (cols / 32) + b] = d;
-            ((uint16_t *)w->gzero)[(size_t)hr * (cols / 32) + b] = f32_to_f16(-8.0f * f16_to_f32(d));
-            for (int j = 0; j < 16; j++) {
-                codes[j] = s[2 + j] & 15;
-                codes[j + 16] = s[2 + j] >> 4;
-            }
-            memcpy(packed + b * 32, codes, 32);
-        }
-        quant_pack4((uint8_t *)w->data + (size_t)hr * weight_row_bytes(WF_Q4G, cols), packed, cols);
-    }
-    er_free(packed);
-    return ER_OK;
+    else
+        dtype_to_f32(dst, s, t->type == GGML_F32 ? DT_F32 : t->type == GGML_F16 ? DT_F16 : DT_BF16, (size_t)cols);
 }
 
 // A float or block matrix kept in its type: in place, or a copy where (llama q/k) the rows go back in HF order
@@ -455,7 +394,7 @@ static int place_param(Model *m, const GgufFile *f, ParamTensor *p) {
         return er_error(ER_EFORMAT, "%s: tensor \"%s\" has shape {%llu, %llu}, expected {%d, %d} from the metadata",
                         f->path, name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], cols, rows);
     uint32_t ty = t->type;
-    int quantized = ty == GGML_Q4_0 || block_format(ty) != WF_COUNT;
+    int quantized = block_format(ty) != WF_COUNT;
     if (ty != GGML_F32 && ty != GGML_F16 && ty != GGML_BF16 && !quantized)
         return er_error(ER_EUNSUPPORTED, "%s: tensor \"%s\" has type %s (supported: " EXPORT_TYPE_LIST ")", f->path,
                         name, ggml_type_name(ty));
@@ -466,13 +405,11 @@ static int place_param(Model *m, const GgufFile *f, ParamTensor *p) {
                         f->path, name, ggml_type_name(ty));
     if (p->data)
         ER_TRY(tensor_f32(p->data, t, &m->cfg, p->name, rows, cols));
-    else if (ty == GGML_Q4_0)
-        ER_TRY(q4_0_to_q4g(p->w, t, &m->cfg, p->name, rows, cols));
     else
         ER_TRY(place_matrix(p->w, t, &m->cfg, p->name));
     if (p->w && p->w->fmt == WF_F32)
         p->data = (float *)p->w->data;
-    // Non-finite values are refused as in HF dirs (for q4_0 and the block formats: the block scales).
+    // Non-finite values are refused as in HF dirs (for the block formats: the block scales).
     WeightFormat wf = p->data ? WF_F32 : p->w->fmt;
     if (blocks_format(wf)) {
         size_t nb = (size_t)rows * (size_t)(cols / blocks_elems(wf)), bad = blocks_find_nonfinite(wf, p->w->data, nb);
@@ -481,10 +418,9 @@ static int place_param(Model *m, const GgufFile *f, ParamTensor *p) {
                             bad);
         return ER_OK;
     }
-    const void *vals = p->data ? (const void *)p->data : wf == WF_Q4G ? (const void *)p->w->gscale : p->w->data;
+    const void *vals = p->data ? (const void *)p->data : p->w->data;
     ErDType vt = wf == WF_F32 ? DT_F32 : wf == WF_BF16 ? DT_BF16 : DT_F16;
-    size_t nv = wf == WF_Q4G ? (size_t)rows * (cols / 32) : (size_t)rows * cols;
-    size_t bad = dtype_find_nonfinite(vals, vt, nv);
+    size_t nv = (size_t)rows * cols, bad = dtype_find_nonfinite(vals, vt, nv);
     if (bad < nv)
         return er_error(ER_EFORMAT, "%s: tensor \"%s\" holds a NaN or infinity (value %zu)", f->path, name, bad);
     return ER_OK;

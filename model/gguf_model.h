@@ -2,17 +2,13 @@
 // hyper-parameters under "<arch>.*", tensors in llama.cpp's names (token_embd, blk.N.attn_q, ...,
 // output_norm, output; no output when tied) and ggml's layouts:
 //   f32, f16, bf16   rows as in HF ([out, in] is ne {in, out}, the same bytes)
-//   q8_0             blocks of 32: fp16 d, 32 x int8 q;            W = q * d,       d = max|x| / 127
-//   q4_0             blocks of 32: fp16 d, 16 bytes; byte j holds element j (low nibble) and j + 16
-//                    (high nibble); W = (u - 8) * d,              d = (the x of largest |x|) / -8
-//   q4_1, q5_0, q5_1, q4_K, q5_K, q6_K   ggml's blocks (quant/blocks.h), written by blocks_quantize_row
+//   q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K   ggml's blocks (quant/blocks.h), written by blocks_quantize_row
 // Norms and biases are f32. llama's q_proj / k_proj rows are permuted into llama.cpp's interleaved
 // RoPE order (convert_hf_to_gguf.py's permute) and back on import; qwen2 needs no permutation.
-// Import: f32 / f16 / bf16 matrices and the block types (q8_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K: our
+// Import: f32 / f16 / bf16 matrices and the block types (q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K: our
 // formats of the same names, quant/blocks.h) stay in their type and bytes (mmapped; llama q/k rows are
-// copied back into HF order), so a Q4_K_M file loads at its size; q4_0 becomes our q4g32 exactly (scale d,
-// zero -8d, codes repacked); other types are refused by name. A model exported with its default type
-// writes each of these matrices back byte for byte.
+// copied back into HF order), so a Q4_0 or Q4_K_M file loads at its size; other types are refused by name.
+// A model exported with its default type writes each of these matrices back byte for byte.
 #ifndef MODEL_GGUF_MODEL_H
 #define MODEL_GGUF_MODEL_H
 
@@ -27,8 +23,8 @@ int model_gguf_parse_type(const char *s, uint32_t *type);
 // Export type: every matrix in the ggml type that holds it byte for byte (model_gguf_default_type).
 #define MODEL_GGUF_NATIVE 0xffffffffu
 // The ggml type a model exports to by default: its matrices' float type, q4_0 for q4g32 matrices that
-// are q4_0 blocks (zero = -8 x scale), MODEL_GGUF_NATIVE when some are in a block format (each then in its
-// own type); other quantized formats have none (ER_EUNSUPPORTED, naming it).
+// are q4_0 blocks (zero = -8 x scale), MODEL_GGUF_NATIVE when some are in a block format (q4_0 included;
+// each then in its own type); other quantized formats have none (ER_EUNSUPPORTED, naming it).
 int model_gguf_default_type(const Model *m, uint32_t *type);
 // general.architecture, the "<arch>.*" hyper-parameters, general.file_type and every tensor of m as
 // `type` into w (the tensor bytes are made now and owned by w). Matrices whose rows are not whole

@@ -12,8 +12,8 @@ static const struct {
     WeightFormat f;
     int scale_at[2];
 } SCALES[] = {
-    {WF_Q8_0, {0, -1}}, {WF_Q4_1, {0, 2}}, {WF_Q5_0, {0, -1}}, {WF_Q5_1, {0, 2}},
-    {WF_Q4_K, {0, 2}},  {WF_Q5_K, {0, 2}}, {WF_Q6_K, {208, -1}},
+    {WF_Q8_0, {0, -1}}, {WF_Q4_0, {0, -1}}, {WF_Q4_1, {0, 2}}, {WF_Q5_0, {0, -1}},
+    {WF_Q5_1, {0, 2}},  {WF_Q4_K, {0, 2}},  {WF_Q5_K, {0, 2}}, {WF_Q6_K, {208, -1}},
 };
 
 int blocks_elems(WeightFormat f) { return weight_format_info(f) ? weight_format_info(f)->block : 0; }
@@ -44,7 +44,7 @@ static void dq_q8_0(float *y, const uint8_t *s) {
         y[j] = (float)(int8_t)s[2 + j] * d;
 }
 
-// q4_1, q5_0, q5_1: qh NULL for q4_1; offset 16 for q5_0 (then m unused).
+// q4_0, q4_1, q5_0, q5_1: qh NULL for q4_0 and q4_1; offset 8 for q4_0, 16 for q5_0 (then m unused).
 static void dq_32(float *y, float d, float m, const uint8_t *qs, const uint8_t *qh, int offset) {
     uint32_t h = 0;
     if (qh)
@@ -116,6 +116,7 @@ typedef struct {
 static int block_parts(WeightFormat f, BlockPart p[MAX_PARTS]) {
     switch (f) {
     case WF_Q8_0: p[0] = (BlockPart){0, 2, PART_HALF}, p[1] = (BlockPart){2, 32, PART_Q8}; return 2;
+    case WF_Q4_0: p[0] = (BlockPart){0, 2, PART_HALF}, p[1] = (BlockPart){2, 16, PART_DWORDS}; return 2;
     case WF_Q4_1:
         p[0] = (BlockPart){0, 2, PART_HALF}, p[1] = (BlockPart){2, 2, PART_HALF}, p[2] = (BlockPart){4, 16, PART_DWORDS};
         return 3;
@@ -222,6 +223,7 @@ void blocks_dequant_row(WeightFormat f, float *dst, const uint8_t *row, int cols
     for (int b = 0; b < cols / E; b++, dst += E, row += B)
         switch (f) {
         case WF_Q8_0: dq_q8_0(dst, row); break;
+        case WF_Q4_0: dq_32(dst, half_at(row), 0.0f, row + 2, NULL, 8); break;
         case WF_Q4_1: dq_32(dst, half_at(row), half_at(row + 2), row + 4, NULL, 0); break;
         case WF_Q5_0: dq_32(dst, half_at(row), 0.0f, row + 6, row + 2, 16); break;
         case WF_Q5_1: dq_32(dst, half_at(row), half_at(row + 2), row + 8, row + 4, 0); break;
@@ -285,17 +287,17 @@ static void q_q8_0(uint8_t *s, const float *x, const float *imp) {
         s[2 + j] = (uint8_t)(int8_t)q8_code(x[j], bd);
 }
 
-// The codes u of a 32-block under scale d and min m (sym: q5_0's W = d * (u - 16), m unused).
+// The codes u of a 32-block under scale d and min m (sym: q4_0's W = d * (u - 8), q5_0's d * (u - 16), m unused).
 static void q32_codes(uint8_t *u, const float *x, float d, float m, int nmax, int sym) {
-    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f, half = (float)(nmax + 1) / 2.0f + 0.5f; // 8.5 (q4_0), 16.5 (q5_0)
     for (int j = 0; j < 32; j++)
-        u[j] = (uint8_t)(sym ? clampi((int)(int8_t)(x[j] * id + 16.5f), 0, 31)
+        u[j] = (uint8_t)(sym ? clampi((int)(int8_t)(x[j] * id + half), 0, nmax)
                              : clampi((int)((x[j] - m) * id + 0.5f), 0, nmax));
 }
 
-// q4_1 (bits 4), q5_0 (bits 5, symmetric), q5_1 (bits 5).
+// q4_0 (bits 4, symmetric), q4_1 (bits 4), q5_0 (bits 5, symmetric), q5_1 (bits 5).
 static void q_32(uint8_t *s, const float *x, const float *imp, int bits, int sym) {
-    int nmax = (1 << bits) - 1;
+    int nmax = (1 << bits) - 1, off = 1 << (bits - 1); // off: the symmetric formats' zero code
     uint8_t u[32];
     float amax = 0, max = 0, lo = x[0], hi = x[0], bd = 0, bm = 0;
     for (int j = 0; j < 32; j++) {
@@ -309,8 +311,8 @@ static void q_32(uint8_t *s, const float *x, const float *imp, int bits, int sym
     double best = -1;
     for (int i = 0; i < (imp ? (sym ? Q32_TRIES : 2 * Q32_TRIES - 1) : 1); i++) {
         float d, m = 0;
-        if (sym) { // the value of largest magnitude maps to code 0: d = max / -16
-            d = max / -16.0f * (1.0f - 0.01f * (float)i);
+        if (sym) { // the value of largest magnitude maps to code 0: d = max / -8 (q4_0), max / -16 (q5_0)
+            d = max / -(float)off * (1.0f - 0.01f * (float)i);
         } else { // [lo, hi], then [lo, c hi] and [c lo, hi] for c = 0.97, 0.94, ...
             float c = 1.0f - 0.03f * (float)((i + 1) / 2), l = i % 2 ? lo : c * lo, h = i % 2 ? c * hi : hi;
             d = (h - l) / (float)nmax;
@@ -318,7 +320,7 @@ static void q_32(uint8_t *s, const float *x, const float *imp, int bits, int sym
         }
         double e = 0;
         if (imp) {
-            float ds = half_round(d), ms = sym ? -16.0f * ds : half_round(m);
+            float ds = half_round(d), ms = sym ? -(float)off * ds : half_round(m);
             q32_codes(u, x, d, m, nmax, sym);
             for (int j = 0; j < 32; j++) {
                 double r = (double)ds * u[j] + ms - x[j];
@@ -335,7 +337,7 @@ static void q_32(uint8_t *s, const float *x, const float *imp, int bits, int sym
     if (!sym)
         put_half(s + 2, bm);
     q32_codes(u, x, bd, bm, nmax, sym);
-    uint8_t *qs = s + (bits == 4 ? 4 : sym ? 6 : 8), *qh = s + (sym ? 2 : 4);
+    uint8_t *qh = s + (sym ? 2 : 4), *qs = qh + (bits == 5 ? 4 : 0); // after d (and m), then qh (q5)
     uint32_t h = 0;
     for (int j = 0; j < 16; j++) {
         qs[j] = (uint8_t)((u[j] & 15) | (u[j + 16] & 15) << 4);
@@ -473,6 +475,7 @@ void blocks_quantize_row(WeightFormat f, uint8_t *dst, const float *x, const flo
     for (int b = 0; b < cols / E; b++, dst += B, x += E, imp = imp ? imp + E : NULL)
         switch (f) {
         case WF_Q8_0: q_q8_0(dst, x, imp); break;
+        case WF_Q4_0: q_32(dst, x, imp, 4, 1); break;
         case WF_Q4_1: q_32(dst, x, imp, 4, 0); break;
         case WF_Q5_0: q_32(dst, x, imp, 5, 1); break;
         case WF_Q5_1: q_32(dst, x, imp, 5, 0); break;

@@ -2,10 +2,12 @@
 // holds its own scales, so a weight in one of them has no companion tensors (its data tensor in a model dir is
 // U8 [rows, row bytes], the blocks as a GGUF file holds them). Per block (fp16 values little-endian):
 //   WF_Q8_0   34 B per 32:  fp16 d, int8 q[32]                       W[j] = d * q[j]
+//   WF_Q4_0   18 B per 32:  fp16 d, u8 qs[16]                        W[j] = d * (u[j] - 8)
 //   WF_Q4_1   20 B per 32:  fp16 d, fp16 m, u8 qs[16]                W[j] = d * u[j] + m
 //   WF_Q5_0   22 B per 32:  fp16 d, u32 qh, u8 qs[16]                W[j] = d * (u[j] - 16)
 //   WF_Q5_1   24 B per 32:  fp16 d, fp16 m, u32 qh, u8 qs[16]        W[j] = d * u[j] + m
-//     where u[j] = qs[j] & 15 and u[j + 16] = qs[j] >> 4 for j < 16, plus 16 when bit j (bit j + 16) of qh is set
+//     where u[j] = qs[j] & 15 and u[j + 16] = qs[j] >> 4 for j < 16, plus (q5_0, q5_1) 16 when bit j (bit j + 16)
+//     of qh is set
 //   WF_Q4_K  144 B per 256: fp16 d, fp16 dmin, 12 B of 6-bit scales and mins, u8 qs[128]
 //   WF_Q5_K  176 B per 256: the same, then u8 qh[32], u8 qs[128]
 //     eight sub-blocks of 32, sub-block s: W = (d * sc[s]) * u - dmin * m[s]; qs[32 i + l] holds u of elements

@@ -1160,11 +1160,25 @@ static const char *qk_name(void) { return "AVX2"; }
 
 const QkKernels qk_kernels = {
     .name = qk_name,
-    .decode = {[WF_F32] = QK_DECODE_F32, [WF_BF16] = QK_DECODE(bf16), [WF_F16] = QK_DECODE(f16), [WF_Q8] = QK_DECODE(q8),
-               [WF_Q4] = QK_DECODE(q4), [WF_Q4G] = QK_DECODE(q4g), [WF_Q4LUT] = QK_DECODE(q4lut),
-               [WF_Q2LUT] = QK_DECODE(q2lut), [WF_Q8_0] = QK_DECODE(q8_0), [WF_Q4_1] = QK_DECODE(q4_1),
-               [WF_Q5_0] = QK_DECODE(q5_0), [WF_Q5_1] = QK_DECODE(q5_1), [WF_Q4_K] = QK_DECODE(q4_k),
-               [WF_Q5_K] = QK_DECODE(q5_k), [WF_Q6_K] = QK_DECODE(q6_k)},
+    .decode =
+        {
+            [WF_F32] = QK_DECODE_F32,
+            [WF_BF16] = QK_DECODE(bf16),
+            [WF_F16] = QK_DECODE(f16),
+            [WF_Q8] = QK_DECODE(q8),
+            [WF_Q4] = QK_DECODE(q4),
+            [WF_Q4G] = QK_DECODE(q4g),
+            [WF_Q4LUT] = QK_DECODE(q4lut),
+            [WF_Q2LUT] = QK_DECODE(q2lut),
+            [WF_Q8_0] = QK_DECODE(q8_0),
+            [WF_Q4_0] = QK_DECODE(q4_0),
+            [WF_Q4_1] = QK_DECODE(q4_1),
+            [WF_Q5_0] = QK_DECODE(q5_0),
+            [WF_Q5_1] = QK_DECODE(q5_1),
+            [WF_Q4_K] = QK_DECODE(q4_k),
+            [WF_Q5_K] = QK_DECODE(q5_k),
+            [WF_Q6_K] = QK_DECODE(q6_k),
+        },
 #if QK_GEMM_BLOCKS
     .tiles = QK_TILES,
     .prefill_tiles = qk_prefill_tiles,

@@ -26,6 +26,7 @@
 #define qk_decode_simd_f16 QK_CAT(qk_decode_simd_f16, QK_SUFFIX)
 #define qk_decode_simd_f32 QK_CAT(qk_decode_simd_f32, QK_SUFFIX)
 #define qk_decode_simd_q8_0 QK_CAT(qk_decode_simd_q8_0, QK_SUFFIX)
+#define qk_decode_simd_q4_0 QK_CAT(qk_decode_simd_q4_0, QK_SUFFIX)
 #define qk_decode_simd_q4_1 QK_CAT(qk_decode_simd_q4_1, QK_SUFFIX)
 #define qk_decode_simd_q5_0 QK_CAT(qk_decode_simd_q5_0, QK_SUFFIX)
 #define qk_decode_simd_q5_1 QK_CAT(qk_decode_simd_q5_1, QK_SUFFIX)
@@ -92,6 +93,7 @@ int qk_decode_simd_bf16(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_f16(float *out, const float *inp, const Weight *w, int N);
 // The GGUF block formats (quant/qkernel_blocks.c): int8 inputs as for q8 above, cols up to QK_ACT_BYTES.
 int qk_decode_simd_q8_0(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_simd_q4_0(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_q4_1(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_q5_0(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_q5_1(float *out, const float *inp, const Weight *w, int N);
@@ -178,6 +180,7 @@ int qk_decode_neon_f16(float *out, const float *inp, const Weight *w, int N);
 const char *qk_neon_features(void);
 // The GGUF block formats (quant/qkernel_blocks.c).
 int qk_decode_neon_q8_0(float *out, const float *inp, const Weight *w, int N);
+int qk_decode_neon_q4_0(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_neon_q4_1(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_neon_q5_0(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_neon_q5_1(float *out, const float *inp, const Weight *w, int N);

@@ -59,6 +59,7 @@ static inline int qb_elems(const WeightFormat fmt) {
 static inline int qb_bytes(const WeightFormat fmt) {
     switch (fmt) {
     case WF_Q8_0: return 34;
+    case WF_Q4_0: return 18;
     case WF_Q4_1: return 20;
     case WF_Q5_0: return 22;
     case WF_Q5_1: return 24;
@@ -112,6 +113,13 @@ static inline __attribute__((always_inline)) QbSub qb_sub(const uint8_t *b, int 
         s.s = _mm256_set1_ps(qb_half(b));
         s.o = _mm256_setzero_ps();
         break;
+    case WF_Q4_0: {
+        float d = qb_half(b);
+        s.u = qb_nibbles(b + 2);
+        s.s = _mm256_set1_ps(d);
+        s.o = _mm256_set1_ps(-8.0f * d);
+        break;
+    }
     case WF_Q4_1:
         s.u = qb_nibbles(b + 4);
         s.s = _mm256_set1_ps(qb_half(b));
@@ -256,10 +264,10 @@ static inline __attribute__((always_inline)) void qb_row(float *out, const Weigh
 // int32 lane, so a sub-block of 32 inputs is 8 vpdpbusd against input codes broadcast from memory
 // (QK_ORDER_Q8_TILES), then per input row one conversion and one FMA with the rows' scales times the input's, and
 // (the formats with an offset) one FMA of the rows' offsets with the sub-block's fp32 input sum: W = s * u + o, o = m,
-// -16 d (q5_0) or -dmin * m (k-quants). q8_0's codes are stored plus 128 and q6_K's are u = q + 32: their integer
-// sums start from -128 (-32) times the sum of the input codes they meet (z: per 32 inputs for q8_0, per 16 for
-// q6_K, whose two halves of a sub-block have scales of their own). The k-quants' sub-block scales and offsets of the
-// 16 rows are unpacked once per block of 256 into sv / ov.
+// -8 d (q4_0), -16 d (q5_0) or -dmin * m (k-quants). q8_0's codes are stored plus 128 and q6_K's are u = q + 32: their
+// integer sums start from -128 (-32) times the sum of the input codes they meet (z: per 32 inputs for q8_0, per 16 for
+// q6_K, whose two halves of a sub-block have scales of their own). The k-quants' sub-block scales and offsets of the 16
+// rows are unpacked once per block of 256 into sv / ov.
 
 // Sub-block g of the 16 rows of a tile, unpacked: u[t] holds elements 4t .. 4t + 3 of each row (one row per int32
 // lane), d the rows' scales (q6_K: of the first half, d1 of the second), o their offsets.
@@ -325,6 +333,8 @@ static inline __attribute__((always_inline)) QbTileSub qb_tile_sub(const uint8_t
             t.o = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
         else if (fmt == WF_Q5_0)
             t.o = _mm512_mul_ps(t.d, _mm512_set1_ps(-16.0f));
+        else if (fmt == WF_Q4_0)
+            t.o = _mm512_mul_ps(t.d, _mm512_set1_ps(-8.0f));
     }
     if (fmt == WF_Q8_0) {
 #pragma GCC unroll 8
@@ -478,6 +488,7 @@ void qk_tile_blocks(float *out, int R, int r0, const Weight *w, const QkIn *in, 
     int K = w->cols;
     switch (w->fmt) {
     case WF_Q8_0: QB_TILE_SWITCH_N(WF_Q8_0) break;
+    case WF_Q4_0: QB_TILE_SWITCH_N(WF_Q4_0) break;
     case WF_Q4_1: QB_TILE_SWITCH_N(WF_Q4_1) break;
     case WF_Q5_0: QB_TILE_SWITCH_N(WF_Q5_0) break;
     case WF_Q5_1: QB_TILE_SWITCH_N(WF_Q5_1) break;
@@ -489,6 +500,7 @@ void qk_tile_blocks(float *out, int R, int r0, const Weight *w, const QkIn *in, 
 void qk_tile_blocks_rows(float *out, int R, int r0, const Weight *w, const QkIn *in, int np, float *acc) {
     switch (w->fmt) {
     case WF_Q8_0: qtile_blocks_rows(out, R, r0, w, in, np, acc, WF_Q8_0); break;
+    case WF_Q4_0: qtile_blocks_rows(out, R, r0, w, in, np, acc, WF_Q4_0); break;
     case WF_Q4_1: qtile_blocks_rows(out, R, r0, w, in, np, acc, WF_Q4_1); break;
     case WF_Q5_0: qtile_blocks_rows(out, R, r0, w, in, np, acc, WF_Q5_0); break;
     case WF_Q5_1: qtile_blocks_rows(out, R, r0, w, in, np, acc, WF_Q5_1); break;
@@ -656,6 +668,7 @@ static inline __attribute__((always_inline)) void qb_gemm_rows(float *out, const
             }                                                                                              \
     }
 QB_GEMM(WF_Q8_0, q8_0)
+QB_GEMM(WF_Q4_0, q4_0)
 QB_GEMM(WF_Q4_1, q4_1)
 QB_GEMM(WF_Q5_0, q5_0)
 QB_GEMM(WF_Q5_1, q5_1)
@@ -672,6 +685,7 @@ int qk_gemm_blocks(float *out, const float *inp, const Weight *w, int N, void *s
         float *o = out + (size_t)n0 * w->rows;
         switch (w->fmt) {
         case WF_Q8_0: qb_gemm_q8_0(o, w, lb, nc); break;
+        case WF_Q4_0: qb_gemm_q4_0(o, w, lb, nc); break;
         case WF_Q4_1: qb_gemm_q4_1(o, w, lb, nc); break;
         case WF_Q5_0: qb_gemm_q5_0(o, w, lb, nc); break;
         case WF_Q5_1: qb_gemm_q5_1(o, w, lb, nc); break;
@@ -686,6 +700,7 @@ int qk_gemm_blocks(float *out, const float *inp, const Weight *w, int N, void *s
 #endif
 
 QB_DECODE(WF_Q8_0, q8_0, QB_TAKE_TILES)
+QB_DECODE(WF_Q4_0, q4_0, QB_TAKE_TILES)
 QB_DECODE(WF_Q4_1, q4_1, QB_TAKE_TILES)
 QB_DECODE(WF_Q5_0, q5_0, QB_TAKE_TILES)
 QB_DECODE(WF_Q5_1, q5_1, QB_TAKE_TILES)
@@ -734,6 +749,14 @@ static inline __attribute__((always_inline)) QbSubN qbn_sub(const uint8_t *b, in
         s.s0 = s.s1 = qbn_half(b);
         s.o0 = s.o1 = 0.0f;
         return s;
+    case WF_Q4_0: {
+        uint8x16_t q = vld1q_u8(b + 2);
+        lo = vandq_u8(q, m4);
+        hi = vshrq_n_u8(q, 4);
+        s.s0 = s.s1 = qbn_half(b);
+        s.o0 = s.o1 = -8.0f * s.s0;
+        break;
+    }
     case WF_Q4_1:
     case WF_Q5_0:
     case WF_Q5_1: {
@@ -854,6 +877,7 @@ static inline __attribute__((always_inline)) void qbn_row(float *out, const Weig
 
 #define QBN_ALL(DOT, suffix)                                                                               \
     QBN_ROWS(WF_Q8_0, q8_0, DOT, suffix)                                                                   \
+    QBN_ROWS(WF_Q4_0, q4_0, DOT, suffix)                                                                   \
     QBN_ROWS(WF_Q4_1, q4_1, DOT, suffix)                                                                   \
     QBN_ROWS(WF_Q5_0, q5_0, DOT, suffix)                                                                   \
     QBN_ROWS(WF_Q5_1, q5_1, DOT, suffix)                                                                   \
@@ -883,6 +907,7 @@ QBN_ALL(qbn_dot_dp, dp)
     }
 
 QBN_DECODE(q8_0)
+QBN_DECODE(q4_0)
 QBN_DECODE(q4_1)
 QBN_DECODE(q5_0)
 QBN_DECODE(q5_1)

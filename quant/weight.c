@@ -144,6 +144,7 @@ static const WeightFormatInfo FORMATS[WF_COUNT] = {
                   {0}, 0, 0},
 #define BLOCK_FORMAT(name, elems, bytes) {#name, 0, 1, 0, DT_U8, 0, {{0}}, row_blocks, 0, {0}, elems, bytes}
     [WF_Q8_0] = BLOCK_FORMAT(q8_0, 32, 34),
+    [WF_Q4_0] = BLOCK_FORMAT(q4_0, 32, 18),
     [WF_Q4_1] = BLOCK_FORMAT(q4_1, 32, 20),
     [WF_Q5_0] = BLOCK_FORMAT(q5_0, 32, 22),
     [WF_Q5_1] = BLOCK_FORMAT(q5_1, 32, 24),

@@ -43,6 +43,7 @@ typedef enum {
     WF_Q4LUT, // 4-bit indices into a per-row 16-entry fp16 codebook (non-uniform, SqueezeLLM style)
     WF_Q2LUT, // 2-bit indices into a per-row 4-entry fp16 codebook
     WF_Q8_0,  // the block formats of GGUF files (quant/blocks.h): each block carries its scales
+    WF_Q4_0,
     WF_Q4_1,
     WF_Q5_0,
     WF_Q5_1,

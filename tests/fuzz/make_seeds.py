@@ -429,10 +429,10 @@ def gguf(kvs, tensors, version=3, align=32):
 
 
 # ggml type -> (elements, bytes) per block, and the byte offsets of a block's fp16 scales (ggml's layouts,
-# quant/blocks.h): q4_1 3, q5_0 6, q5_1 7, q8_0 8, q4_K 12, q5_K 13, q6_K 14.
+# quant/blocks.h): q4_0 2, q4_1 3, q5_0 6, q5_1 7, q8_0 8, q4_K 12, q5_K 13, q6_K 14.
 GG_BLOCK = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 12: (256, 144),
             13: (256, 176), 14: (256, 210)}
-GG_SCALES = {3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
+GG_SCALES = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
 
 
 def random_blocks(typ, n_blocks, rng):
@@ -504,6 +504,10 @@ def seeds_gguf():
             gguf_micro_model(1, dict(blocks, **{"blk.0.ffn_down.weight": k}), FF=256, seed=i + 1))
     put(t, "bad-block-nan", gguf_micro_model(1, dict(blocks, **{"blk.0.ffn_down.weight": 12}), FF=256, seed=1,
                                              spoil=("blk.0.ffn_down.weight", 144 * 5, 0x7e00)))
+    # A Q4_0 file as llama.cpp writes one: the layer matrices q4_0, the embedding q8_0; and one q4_0 scale infinite.
+    q4_0 = {"token_embd.weight": 8}
+    put(t, "valid-model-q4_0-blocks", gguf_micro_model(2, q4_0, seed=4))
+    put(t, "bad-block-inf-q4_0", gguf_micro_model(2, q4_0, seed=5, spoil=("blk.0.ffn_up.weight", 18 * 3, 0x7c00)))
     put(t, "bad-version", gguf([], one, version=2))
     put(t, "bad-truncated", gguf([gkv("k", GG_STR, "value")], one)[:40])
     put(t, "bad-hugestring", b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1 << 60) + b"k" * 16)

@@ -15,6 +15,7 @@
 #include "data/tokenizer.h"
 #include "lora/peft.h"
 #include "model/gguf_model.h"
+#include "quant/quant.h"
 #include "tests/common/gguf_helpers.h"
 #include "train/gguf_export.h"
 
@@ -139,7 +140,7 @@ Test(gguf, misaligned_bytes_give_aligned_weights) {
     }
 }
 
-// q4_0 imports as q4g32 whose rows are exactly the blocks' (u - 8) d; q8_0 as q8_0, in place, rows q d.
+// q4_0 and q8_0 import as themselves, in place, rows exactly the blocks' (u - 8) d and q d.
 Test(gguf, quantized_import_is_exact) {
     char *g4 = tmp_path("q4.gguf"), *g8 = tmp_path("q8.gguf");
     cr_assert_eq(gguf_export_model(GGUF_TINY_BASE, g4, "q4_0", NULL), ER_OK, "%s", er_last_error());
@@ -153,9 +154,8 @@ Test(gguf, quantized_import_is_exact) {
         const GgufTensor *t = gguf_find_tensor(&f, "blk.1.ffn_down.weight");
         const Weight *w = &m.layers[1].wdown;
         cr_assert(t);
-        cr_expect_eq(w->fmt, k == 0 ? WF_Q4G : WF_Q8_0);
-        if (k == 1)
-            cr_expect(!w->owned, "q8_0 rows were copied, not used in place from the file");
+        cr_expect_eq(w->fmt, k == 0 ? WF_Q4_0 : WF_Q8_0);
+        cr_expect(!w->owned, "%s: rows were copied, not used in place from the file", paths[k]);
         float row[384];
         size_t bad = 0;
         for (int r = 0; r < w->rows; r++) {
@@ -178,6 +178,89 @@ Test(gguf, quantized_import_is_exact) {
     }
     er_free(g4);
     er_free(g8);
+}
+
+// w (q4_0) as a q4g32 weight of the same values: scale d, zero -8 d (exact in fp16), the codes repacked.
+static void q4_0_as_q4g32(Weight *q, const Weight *w) {
+    int ng = w->cols / 32;
+    uint8_t *codes = malloc((size_t)w->cols);
+    cr_assert_eq(quant_weight_alloc(q, WF_Q4G, w->rows, w->cols, 32, 0), ER_OK, "%s", er_last_error());
+    for (int r = 0; r < w->rows; r++) {
+        const uint8_t *blk = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(WF_Q4_0, w->cols);
+        for (int b = 0; b < ng; b++, blk += 18) {
+            uint16_t d;
+            memcpy(&d, blk, 2);
+            ((uint16_t *)q->gscale)[(size_t)r * ng + b] = d;
+            ((uint16_t *)q->gzero)[(size_t)r * ng + b] = f32_to_f16(-8.0f * f16_to_f32(d));
+            for (int j = 0; j < 16; j++) {
+                codes[32 * b + j] = blk[2 + j] & 15;
+                codes[32 * b + j + 16] = blk[2 + j] >> 4;
+            }
+        }
+        quant_pack4((uint8_t *)q->data + (size_t)r * weight_row_bytes(WF_Q4G, w->cols), codes, w->cols);
+    }
+    free(codes);
+}
+
+// A model of ours in q4g32 whose zeros are all -8 x scale (q4_0's blocks) exports to q4_0 by default, each block
+// its scale and codes (a q4_0 file's matrices made q4g32 write that file's tensors again); loaded back as q4_0,
+// every row has the q4g32 row's values.
+Test(gguf, q4_0_shaped_q4g32_exports_as_q4_0) {
+    char *g = tmp_path("q4_0.gguf"), *g2 = tmp_path("q4g32.gguf");
+    cr_assert_eq(gguf_export_model(GGUF_TINY_BASE, g, "q4_0", NULL), ER_OK, "%s", er_last_error());
+    Model m, b;
+    cr_assert_eq(model_load(&m, g, 0), ER_OK, "%s", er_last_error());
+    int mats = 0;
+    for (int i = 0; i < m.n_params; i++) {
+        Weight *w = m.params[i].w, q;
+        if (!w)
+            continue;
+        cr_assert_eq(w->fmt, WF_Q4_0, "%s is %s", m.params[i].name, weight_format_name(w->fmt));
+        q4_0_as_q4g32(&q, w);
+        weight_free(w);
+        *w = q;
+        mats++;
+    }
+    uint32_t type;
+    cr_assert_eq(model_gguf_default_type(&m, &type), ER_OK, "%s", er_last_error());
+    cr_expect_eq(type, GGML_Q4_0, "the default export type of a q4_0-shaped q4g32 model is %u", type);
+    GgufWriter wr = {0};
+    cr_assert_eq(model_gguf_put(&m, type, &wr, NULL), ER_OK, "%s", er_last_error());
+    cr_assert_eq(gguf_write(&wr, g2), ER_OK, "%s", er_last_error());
+    gguf_writer_free(&wr);
+    GgufFile fa, fb;
+    cr_assert_eq(gguf_open(&fa, g), ER_OK, "%s", er_last_error());
+    cr_assert_eq(gguf_open(&fb, g2), ER_OK, "%s", er_last_error());
+    cr_expect_eq(fb.n_tensors, fa.n_tensors);
+    for (int i = 0; i < fa.n_tensors; i++) {
+        const GgufTensor *ta = &fa.tensors[i], *tb = gguf_find_tensor(&fb, ta->name);
+        cr_expect(tb && tb->type == ta->type && tb->nbytes == ta->nbytes && !memcmp(tb->data, ta->data, ta->nbytes),
+                  "%s: tensor %s is not the q4_0 file's", g2, ta->name);
+    }
+    gguf_close(&fa);
+    gguf_close(&fb);
+    cr_assert_eq(model_load(&b, g2, 0), ER_OK, "%s", er_last_error());
+    size_t bad = 0;
+    for (int i = 0; i < m.n_params; i++) {
+        const Weight *w = m.params[i].w, *v = b.params[i].w;
+        if (!w)
+            continue;
+        cr_assert(v && v->fmt == WF_Q4_0, "%s", b.params[i].name);
+        float *x = malloc(sizeof(float) * (size_t)w->cols), *y = malloc(sizeof(float) * (size_t)w->cols);
+        for (int r = 0; r < w->rows; r++) {
+            weight_row_f32(x, w, r);
+            weight_row_f32(y, v, r);
+            for (int k = 0; k < w->cols; k++)
+                bad += x[k] != y[k]; // by value: q4_0's 0 * d is -0 where d < 0, q4g32's 8 d - 8 d is +0
+        }
+        free(x);
+        free(y);
+    }
+    cr_expect_eq(bad, 0, "%zu values of the %d matrices differ from the q4g32 rows", bad, mats);
+    model_free(&b);
+    model_free(&m);
+    er_free(g);
+    er_free(g2);
 }
 
 // The tokenizer rebuilt from a GGUF's tokenizer.ggml.* arrays encodes the Qwen corpus (Hugging Face's ids)
@@ -247,7 +330,7 @@ Test(gguf, quantized_dirs_export_exactly_or_say_so) {
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_expect(strstr(r.out, "requantized to q8_0"), "no requantization note in: %s", r.out);
     helper_result_free(&r);
-    // A q4_0 GGUF imports as q4g32 with zero = -8 scale, which exports back as q4_0 by default (bytes kept).
+    // A q4_0 GGUF imports as q4_0, which exports back as q4_0 by default (bytes kept).
     r = helper_run(tmp, "(%s export gguf --model %s --out %s/a.gguf --type q4_0 && %s export gguf --model %s/a.gguf "
                    "--out %s/b.gguf)", prog, GGUF_TINY_BASE, tmp, prog, tmp, tmp);
     cr_assert_eq(r.status, 0, "%s", r.err);

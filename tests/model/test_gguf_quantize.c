@@ -1,10 +1,12 @@
 // llama.cpp's own quantizer (llama_model_quantize, through bench/llama_quantize) on a GGUF file we write: a
-// random qwen2 model over the tiny tokenizer, written F16, quantized by llama.cpp to Q8_0 and to the mixes
+// random qwen2 model over the tiny tokenizer, written F16, quantized by llama.cpp to Q8_0, Q4_0 and to the mixes
 // common GGUF files hold, Q4_K_M and Q5_K_M. Its hidden size C = 384 is no multiple of the K-quants'
 // 256-element super-block, so where a mix picks a K-quant for a matrix whose rows are C wide (all but
 // ffn_down, whose rows are FF = 768 wide) llama.cpp falls back to a type of 32-element blocks (q4_K -> q5_0,
 // q5_K -> q5_1, q6_K -> q8_0): each mix holds both kinds. Two layers are enough for Q4_K_M's q6_K ffn_down
-// (llama.cpp's use_more_bits takes the last eighth of the layers: layer 1 of 2).
+// (llama.cpp's use_more_bits takes the last eighth of the layers: layer 1 of 2). Q4_0 gives every layer matrix q4_0
+// and the token embedding (the model is tied: llama.cpp quantizes it as the output) the output's q6_K, which falls
+// back to q8_0 the same way.
 //   mix_*:    the tensor types of each file (printed) are what the mix should give;
 //   import_*: our loader uses every layer matrix and the embedding as llama.cpp stored them (in place, no
 //             fp32 copy), and our greedy tokens and probabilities on the file match llama.cpp's.
@@ -29,7 +31,7 @@
 typedef struct {
     const char *name; // of the file (NAME.gguf) and llama.cpp's file type (bench/llama_quantize's names)
 } QuantCase;
-static const QuantCase Q8_0 = {"q8_0"}, Q4_K_M = {"q4_k_m"}, Q5_K_M = {"q5_k_m"};
+static const QuantCase Q8_0 = {"q8_0"}, Q4_0 = {"q4_0"}, Q4_K_M = {"q4_k_m"}, Q5_K_M = {"q5_k_m"};
 
 // llama.cpp quantizes in to out as type `name` (bench/llama_quantize, 2 threads, its log in out.log): the exit
 // status. Installs node-llama-cpp first; skips the test loudly where that cannot be done.
@@ -103,6 +105,11 @@ static void check_mix(const QuantCase *q) {
         n_2d += f.tensors[i].ndim == 2;
     if (q == &Q8_0)
         cr_expect_eq(n[GGML_Q8_0], n_2d, "q8_0: %d of %d matrices are q8_0", n[GGML_Q8_0], n_2d);
+    if (q == &Q4_0) {
+        const GgufTensor *emb = gguf_find_tensor(&f, "token_embd.weight");
+        cr_expect(emb && emb->type == GGML_Q8_0, "q4_0: token_embd is not q8_0");
+        cr_expect_eq(n[GGML_Q4_0], n_2d - 1, "q4_0: %d of %d matrices are q4_0", n[GGML_Q4_0], n_2d);
+    }
     if (q == &Q4_K_M) {
         cr_expect_gt(n[GGML_Q4_K], 0, "q4_k_m: no q4_K tensor");
         cr_expect_gt(n[GGML_Q6_K], 0, "q4_k_m: no q6_K tensor");
@@ -118,6 +125,7 @@ static void check_mix(const QuantCase *q) {
 TestSuite(gguf_quantize, .timeout = 600);
 
 Test(gguf_quantize, mix_q8_0) { check_mix(&Q8_0); }
+Test(gguf_quantize, mix_q4_0) { check_mix(&Q4_0); }
 Test(gguf_quantize, mix_q4_k_m) { check_mix(&Q4_K_M); }
 Test(gguf_quantize, mix_q5_k_m) { check_mix(&Q5_K_M); }
 
@@ -190,5 +198,6 @@ static void check_import(const QuantCase *q) {
 }
 
 Test(gguf_quantize, import_q8_0) { check_import(&Q8_0); }
+Test(gguf_quantize, import_q4_0) { check_import(&Q4_0); }
 Test(gguf_quantize, import_q4_k_m) { check_import(&Q4_K_M); }
 Test(gguf_quantize, import_q5_k_m) { check_import(&Q5_K_M); }

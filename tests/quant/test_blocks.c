@@ -1,10 +1,10 @@
-// The GGUF block formats of quant/blocks.h (q8_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K) against ggml itself and
+// The GGUF block formats of quant/blocks.h (q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K) against ggml itself and
 // through the files that hold them:
 //   - blocks_dequant_row equals ggml's dequantize_row_* bit for bit on random blocks (every byte random, the fp16
 //     scales finite: zero, subnormal and negative ones among them). ggml is llama.cpp's libggml-base.so from npm's
 //     node-llama-cpp (scripts/llama_cpp.sh --install), dlopened; skipped loudly without node / npm or off x86-64 Linux;
 //   - blocks_quantize_row writes the bytes of ggml's reference quantizers where those take the block's extremes too
-//     (q8_0, q4_1, q5_0, q5_1), k-quant codes nearest under the stored scales, a round-trip error within a bound
+//     (q8_0, q4_0, q4_1, q5_0, q5_1), k-quant codes nearest under the stored scales, a round-trip error within a bound
 //     derived per format from the stored scales, and zeros for zeros; with importances, a lower weighted error;
 //   - a GGUF of mixed block types loads in place and exports back byte for byte (model_gguf_put with the model's
 //     default type, and gguf_export_model); through a model dir (model_save, model_load) the bytes stay too;
@@ -43,7 +43,7 @@ static const struct {
 } FMTS[] = {
     {WF_Q8_0, GGML_Q8_0, {0, -1}}, {WF_Q4_1, GGML_Q4_1, {0, 2}}, {WF_Q5_0, GGML_Q5_0, {0, -1}},
     {WF_Q5_1, GGML_Q5_1, {0, 2}},  {WF_Q4_K, GGML_Q4_K, {0, 2}}, {WF_Q5_K, GGML_Q5_K, {0, 2}},
-    {WF_Q6_K, GGML_Q6_K, {208, -1}},
+    {WF_Q6_K, GGML_Q6_K, {208, -1}}, {WF_Q4_0, GGML_Q4_0, {0, -1}}, // (q4_0 last: the others draw the rows they did)
 };
 #define N_FMTS (int)(sizeof FMTS / sizeof FMTS[0])
 
@@ -228,8 +228,10 @@ Test(quant_blocks, quantize_equals_ggml_reference) {
     rng_seed(&r, 2);
     float *x = malloc(cols * sizeof(float));
     cr_assert(x);
-    for (int fi = 0; fi < 4; fi++) { // q8_0, q4_1, q5_0, q5_1
+    for (int fi = 0; fi < N_FMTS; fi++) {
         WeightFormat f = FMTS[fi].f;
+        if (blocks_elems(f) != 32) // q8_0, q4_1, q5_0, q5_1, q4_0
+            continue;
         GgmlQuant q = (GgmlQuant)ggml_sym(h, "quantize_row_", FMTS[fi].type, "_ref");
         int B = blocks_bytes(f), nb = cols / blocks_elems(f), differ = 0;
         uint8_t *ours = malloc((size_t)nb * B), *theirs = malloc((size_t)nb * B);
@@ -271,13 +273,14 @@ static void k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
 
 // What element e of block blk may decode to: code u's value, u in [0, n), in dequantization's order of operations.
 typedef struct {
-    float step, base; // value(u) = step * (u - off) + base  (q8_0 / q5_0 / q6_K: base 0; q4_1 ..: base m; k: -ml)
+    float step, base; // value(u) = step * (u - off) + base (q8_0 / q4_0 / q5_0 / q6_K: base 0; q4_1 ..: base m; k: -ml)
     int off, n;
 } Grid;
 
 static Grid elem_grid(WeightFormat f, const uint8_t *blk, int e) {
     switch (f) {
     case WF_Q8_0: return (Grid){half_at(blk), 0.0f, 128, 256};
+    case WF_Q4_0: return (Grid){half_at(blk), 0.0f, 8, 16};
     case WF_Q4_1: return (Grid){half_at(blk), half_at(blk + 2), 0, 16};
     case WF_Q5_0: return (Grid){half_at(blk), 0.0f, 16, 32};
     case WF_Q5_1: return (Grid){half_at(blk), half_at(blk + 2), 0, 32};
@@ -299,8 +302,9 @@ static float grid_value(const Grid *g, int u) {
 // step, covered by 1e-3 of one).
 //   q8_0, q4_1, q5_1: the code rounds to the nearest step of the unrounded d, so |x - y| <= 0.5 d + nmax |d - d_h| +
 //       |m - m_h| <= 0.5 |d_h| + 2^-10 (nmax |d_h| + |m_h|): 0.51 .. 0.53 of a step, up to the |m| term;
-//   q5_0: the same with nmax 16 (codes -16 .. 15 of d), but the value of largest magnitude maps to -16 d, so values
-//       within half a step of +16 d are clamped to 15 d: a whole step at code 31;
+//   q4_0, q5_0: the same with nmax 8 (16): codes -8 .. 7 (-16 .. 15) of d, but the value of largest magnitude maps to
+//       -8 d (-16 d), so values within half a step of +8 d (+16 d) are clamped to 7 d (15 d): a whole step at the top
+//       code;
 //   q4_K, q5_K, q6_K: each sub-block's range may be clipped (the scale search trades its extremes for a finer step),
 //       so the bound is that of the nearest code: 0.5 dl inside the grid's range [lowest, highest level], plus the
 //       distance of x beyond it outside.
@@ -312,9 +316,10 @@ static float error_bound(WeightFormat f, const uint8_t *blk, int e, float x, flo
     case WF_Q8_0: return 0.5f * step + ulp * 127.0f * step + slop;
     case WF_Q4_1:
     case WF_Q5_1: return 0.5f * step + ulp * ((float)(g.n - 1) * step + fabsf(g.base)) + slop;
+    case WF_Q4_0:
     case WF_Q5_0: {
-        int top = step > 0.0f && lrintf(y / g.step) == 15;
-        return (top ? 1.0f : 0.5f) * step + ulp * 16.0f * step + slop;
+        int top = step > 0.0f && lrintf(y / g.step) == g.n - 1 - g.off;
+        return (top ? 1.0f : 0.5f) * step + ulp * (float)g.off * step + slop;
     }
     default: {
         float a = grid_value(&g, 0), b = grid_value(&g, g.n - 1), lo = fminf(a, b), hi = fmaxf(a, b);
@@ -334,11 +339,11 @@ static int nearest_code(WeightFormat f, const uint8_t *blk, int e, float x, floa
 
 // The round-trip tolerances on RMS(x - y) / RMS(x). A uniform rounding error of one step is step / sqrt(12); on
 // centered rows the step is about (range of 32 normals ~ 4.1 sigma) / nmax for q4_1 / q5_1 / q4_K / q5_K, (largest
-// magnitude ~ 2.2 sigma) / 127 for q8_0 and / 16 for q5_0, (of 16 normals ~ 1.9 sigma) / 32 for q6_K: 0.005, 0.079,
-// 0.040, 0.038, 0.08, 0.04, 0.017, less on the offset rows for the formats with a min. Measured on these seeded rows:
-// 0.0042, 0.054, 0.038, 0.022, 0.047, 0.024, 0.0164 (the k-quants' with the clipping search; 0.050, 0.025, 0.0165
-// from the extremes alone); the limits are those plus about a third.
-static const double RMS_LIMIT[] = {0.0056, 0.072, 0.051, 0.03, 0.067, 0.034, 0.022};
+// magnitude ~ 2.2 sigma) / 127 for q8_0, / 16 for q5_0 and / 8 for q4_0, (of 16 normals ~ 1.9 sigma) / 32 for q6_K:
+// 0.005, 0.079, 0.040, 0.038, 0.08, 0.04, 0.017, 0.079 (FMTS's order), less on the offset rows for the formats with a
+// min. Measured on these seeded rows: 0.0042, 0.054, 0.038, 0.022, 0.047, 0.024, 0.0164, 0.080 (the k-quants' with
+// the clipping search; 0.050, 0.025, 0.0165 from the extremes alone); the limits are those plus about a third.
+static const double RMS_LIMIT[] = {0.0056, 0.072, 0.051, 0.03, 0.067, 0.034, 0.022, 0.107};
 
 // One row of x quantized and dequantized; returns the elements over their bound, counts the k-quants' non-nearest
 // codes into *far and sums squares into *se / *sx.
@@ -481,7 +486,7 @@ static const struct {
 } LAYER_TYPES[] = {
     {"attn_q.weight", GGML_Q4_K, GGML_Q5_0},    {"attn_k.weight", GGML_Q5_K, GGML_Q8_0},
     {"attn_v.weight", GGML_Q6_K, GGML_Q4_1},    {"attn_output.weight", GGML_Q4_K, GGML_Q5_1},
-    {"ffn_gate.weight", GGML_Q5_K, GGML_Q5_0},  {"ffn_up.weight", GGML_Q6_K, GGML_Q8_0},
+    {"ffn_gate.weight", GGML_Q5_K, GGML_Q4_0},  {"ffn_up.weight", GGML_Q6_K, GGML_Q8_0},
     {"ffn_down.weight", GGML_Q4_K, GGML_Q4_1},
 };
 
@@ -605,7 +610,7 @@ static void expect_same_tensors(const char *a, const char *b) {
     gguf_close(&fb);
 }
 
-// A GGUF of mixed block types (every one of the seven) loaded in place, then written back three ways: the model's
+// A GGUF of mixed block types (every one of the eight) loaded in place, then written back three ways: the model's
 // default type (MODEL_GGUF_NATIVE) through model_gguf_put, the same once the model is tiled for decode (the rows
 // gathered back from the tiles), and gguf_export_model from the .gguf; all hold the first file's tensors byte for
 // byte.
@@ -700,12 +705,12 @@ static QuantConfig block_quant_config(WeightFormat linear) {
 }
 
 // GGUF -> model dir -> GGUF, for configs whose k-quants fall back on ffn_down's rows of 288 (q4_k -> q5_0,
-// q5_k -> q5_1, q6_k -> q8_0) and for q4_1: model_save writes the blocks as they are (U8 [rows, row bytes]),
+// q5_k -> q5_1, q6_k -> q8_0) and for q4_1 and q4_0: model_save writes the blocks as they are (U8 [rows, row bytes]),
 // model_load reads them back the same, and the dir exports to the first GGUF's tensors byte for byte. A model loaded
 // from a GGUF has no quantization_config, and model_save refuses packed matrices that a config does not name: the
 // test gives it the config its formats follow (a mixed file like a Q4_K_M has none).
 Test(quant_blocks, model_dir_round_trip) {
-    static const WeightFormat LINEAR[] = {WF_Q4_K, WF_Q5_K, WF_Q6_K, WF_Q4_1};
+    static const WeightFormat LINEAR[] = {WF_Q4_K, WF_Q5_K, WF_Q6_K, WF_Q4_1, WF_Q4_0};
     char *tmp = helper_tmpdir("er_blocks");
     for (size_t i = 0; i < sizeof LINEAR / sizeof LINEAR[0]; i++) {
         char p1[512], p2[512], dir[512];
@@ -757,12 +762,12 @@ static void expect_refused(const char *path, const char *file, const char *tenso
 }
 
 // A q4_K block whose d is NaN (0x7e00) is refused, and so is each other kind of bad scale: an infinite dmin (q5_K),
-// -inf d (q6_K, at byte 208), a NaN with a payload (q8_0 embeddings), an infinite m (q4_1).
+// -inf d (q6_K, at byte 208), a NaN with a payload (q8_0 embeddings), an infinite m (q4_1), an infinite d (q4_0).
 Test(quant_blocks, gguf_nonfinite_scale_refused) {
     static const Spoil SPOILS[] = {
         {"blk.0.attn_q.weight", 3, 0, 0x7e00},   {"blk.0.attn_k.weight", 0, 2, 0x7c00},
         {"blk.0.attn_v.weight", 7, 208, 0xfc00}, {"token_embd.weight", 100, 0, 0x7d01},
-        {"blk.1.attn_v.weight", 5, 2, 0xfc00},
+        {"blk.1.attn_v.weight", 5, 2, 0xfc00},   {"blk.1.ffn_gate.weight", 2, 0, 0x7c00},
     };
     char *tmp = helper_tmpdir("er_blocks"), path[512];
     ModelConfig c = block_config(512, ARCH_QWEN2);

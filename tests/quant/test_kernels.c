@@ -49,15 +49,15 @@ static void random_weight(Weight *w, WeightFormat f, int R, int K, int group, in
         static const struct {
             WeightFormat f;
             int at[2];
-        } scales[] = {{WF_Q8_0, {0, -1}}, {WF_Q4_1, {0, 2}}, {WF_Q5_0, {0, -1}}, {WF_Q5_1, {0, 2}},
-                      {WF_Q4_K, {0, 2}},  {WF_Q5_K, {0, 2}}, {WF_Q6_K, {208, -1}}};
+        } scales[] = {{WF_Q8_0, {0, -1}}, {WF_Q4_0, {0, -1}}, {WF_Q4_1, {0, 2}}, {WF_Q5_0, {0, -1}},
+                      {WF_Q5_1, {0, 2}},  {WF_Q4_K, {0, 2}},  {WF_Q5_K, {0, 2}}, {WF_Q6_K, {208, -1}}};
         size_t B = (size_t)blocks_bytes(f);
         for (size_t b = 0; b < nb / B; b++)
-            for (int i = 0; i < 7; i++)
+            for (int i = 0; i < (int)(sizeof scales / sizeof scales[0]); i++)
                 for (int j = 0; j < 2 && scales[i].f == f; j++)
                     if (scales[i].at[j] >= 0) { // d: 1e-3 .. 5e-3 (x 6-bit or 8-bit sub-scales), m: +-0.2
                         float v = j ? 0.4f * (rng_uniform(&r) - 0.5f) : 0.001f + 0.004f * rng_uniform(&r);
-                        if (f == WF_Q8_0 || f == WF_Q5_0)
+                        if (f == WF_Q8_0 || f == WF_Q4_0 || f == WF_Q5_0)
                             v *= 10.0f;
                         if (j && (f == WF_Q4_K || f == WF_Q5_K))
                             v = 0.003f * rng_uniform(&r);
@@ -179,7 +179,7 @@ static const Case cases[] = {
     {WF_Q4G, 2112, 32, 0}, {WF_Q8, 128, 0, 0}, {WF_Q8, 2112, 0, 0},
     {WF_Q2LUT, 40, 0, 3}, {WF_Q2LUT, 203, 0, 5}, {WF_Q4LUT, 37, 0, 2}, {WF_Q4LUT, 1, 0, 1}, // dense-and-sparse
     {WF_Q8_0, 64, 0, 0}, {WF_Q4_1, 96, 0, 0}, {WF_Q5_0, 32, 0, 0}, {WF_Q5_1, 160, 0, 0}, // GGUF blocks
-    {WF_Q4_K, 256, 0, 0}, {WF_Q5_K, 512, 0, 0}, {WF_Q6_K, 256, 0, 0}, {WF_Q6_K, 768, 0, 0},
+    {WF_Q4_0, 96, 0, 0}, {WF_Q4_K, 256, 0, 0}, {WF_Q5_K, 512, 0, 0}, {WF_Q6_K, 256, 0, 0}, {WF_Q6_K, 768, 0, 0},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
@@ -658,8 +658,9 @@ Test(quant_kernels, tiled_rows_and_products) {
     static const int refused[][2] = {{19, 896}, {16, 96}, {16, 5184}};
     int tiled = 0;
     static const int k_widths[5] = {256, 768, 512, 4864, 5120}; // the k-quants': multiples of 256
-    static const WeightFormat fmts[] = {WF_Q4, WF_Q8, WF_Q4G, WF_Q8_0, WF_Q4_1, WF_Q5_0, WF_Q5_1, WF_Q4_K, WF_Q5_K, WF_Q6_K};
-    for (int fi = 0; fi < 10; fi++)
+    static const WeightFormat fmts[] = {WF_Q4,   WF_Q8,   WF_Q4G,  WF_Q8_0, WF_Q4_0, WF_Q4_1,
+                                        WF_Q5_0, WF_Q5_1, WF_Q4_K, WF_Q5_K, WF_Q6_K};
+    for (int fi = 0; fi < (int)(sizeof fmts / sizeof fmts[0]); fi++)
         for (int si = 0; si < 5; si++) {
             WeightFormat f = fmts[fi];
             int R = shapes[si][0], K = blocks_elems(f) == 256 ? k_widths[si] : shapes[si][1], G = f == WF_Q4G ? 32 : 0;

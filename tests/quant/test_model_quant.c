@@ -129,9 +129,9 @@ Test(quant_model, roundtrip_every_format) {
 // The GGUF block formats and the q4_k_m mix, on rows of whole super-blocks: saved packed, loaded in place, the same
 // logits; q4_k_m gives q6_k to the v and down projections of both layers (of 2, llama.cpp's use_more_bits).
 Test(quant_model, roundtrip_block_formats) {
-    const char *ws[] = {"q8_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m"};
+    const char *ws[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m"};
     wide = 1;
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < (int)(sizeof ws / sizeof ws[0]); i++)
         roundtrip(0, ws[i], "q8_0");
     Model m;
     quantized_model(&m, 0, "q4_k_m", "q8_0");
