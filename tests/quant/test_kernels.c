@@ -366,8 +366,9 @@ Test(quant_kernels, decode_rejects_bad_n) {
 
 // The table's SIMD kernel of every format (AVX2 on x86, NEON on aarch64), called directly, against the
 // portable path on random weights and inputs: widths around the 8-, 16-, 32- and 64-element steps of the
-// kernels (every tail), q4g groups 16..128, N = 1..8. Where the build has SIMD kernels every format but
-// f32 must have one (so this cannot pass by finding none).
+// kernels (every tail), q4g groups 16..128, N = 1..8; the block formats at 13 and 14 rows by turns (their i8mm
+// kernel takes the rows two at a time, an odd count's last one alone). Where the build has SIMD kernels every
+// format but f32 must have one (so this cannot pass by finding none).
 Test(quant_kernels, table_kernels_match_portable) {
     threads_set(2);
     static const int widths[] = {1, 7, 8, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 96, 127, 128, 129, 200, 257};
@@ -388,12 +389,12 @@ Test(quant_kernels, table_kernels_match_portable) {
                     continue;
                 if (E)
                     K = block_widths[wi];
-                const int R = 13;
+                const int R = E ? 13 + wi % 2 : 13;
                 Case c = {(WeightFormat)f, K, G, 0};
                 Weight w;
                 void *own;
                 make_weight(&w, &c, R, 500 + 7 * wi + gi, &own);
-                float *inp = input_vec((WeightFormat)f, (size_t)8 * K, 900 + wi), out[8 * 13], ref[8 * 13];
+                float *inp = input_vec((WeightFormat)f, (size_t)8 * K, 900 + wi), out[8 * 14], ref[8 * 14];
                 for (int N = 1; N <= 8; N++) {
                     cr_assert_eq(fi->decode(out, inp, &w, N), 0, "%s K=%d g=%d N=%d declined", fi->name, K, G, N);
                     cr_assert_eq(quant_matmul_decode_portable(ref, inp, &w, N, scratch), 0);
