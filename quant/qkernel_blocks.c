@@ -1,7 +1,7 @@
 // Decode kernels of the GGUF block formats (layouts in quant/blocks.h) on int8 inputs: x86 AVX2 (vpmaddubsw +
 // vpmaddwd) or AVX512-VNNI (vpdpbusd) where the compiler targets it, aarch64 NEON (SDOT where the CPU has
-// dotprod, else SMULL + pairwise adds: the same integers; from N = 2 SMMLA where it also has i8mm, two weight
-// rows by two input rows per instruction: the same integers, two lanes' at a time). Every format is cut into
+// dotprod, else SMULL + pairwise adds: the same integers; SMMLA where it also has i8mm, two weight rows by two
+// input rows per instruction, at every N: the same integers, two lanes' at a time). Every format is cut into
 // sub-blocks of 32 elements whose codes unpack into one register of 32 unsigned bytes u (q8_0: on AVX2 the signed
 // codes, their signs moved onto the inputs; with VNNI q + 128, the offset -128 s), with a scale s and an offset o
 // per half of 16 (q6_K's two sub-blocks; equal halves elsewhere): W = s * u + o. Against input row n's codes xq (one
@@ -882,7 +882,11 @@ QBN_ALL(qbn_dot_dp, dp)
 // the exact sum of the SDOT kernel's lanes of the same half; per half (q6_K, whose halves have scales of their own)
 // or per sub-block (the others: one scale and offset for both halves, the halves' integers added), each lane then
 // takes the SDOT kernel's fp32 terms s * dx * Σ u x + o * Σ x: the products are the SDOT kernel's up to the order
-// of the fp32 sums. An odd N's last pair has a row of zeros; an odd R's last row is its own partner.
+// of the fp32 sums. An odd N's last pair has a row of zeros; an odd R's last row is its own partner. Each lane sums
+// its own input row and weight row in the same order whatever the other rows are, so an input row's outputs are
+// the same bits at every N, N = 1 included (its partner zeros), which batched decoding relies on (a request's tokens
+// the same decoded alone or beside others): N = 1 runs here too where the CPU has i8mm, not on the SDOT kernel,
+// whose fp32 sums of 4-lane products would differ from these in the last bits.
 
 // Sub-block b of input rows 2p and 2p + 1: q + 16c holds elements 8c .. 8c + 7 of row 2p, then of row 2p + 1
 // (SMMLA's left operand, c < 4); dx, h0, h1 and hs the rows' scale and fp32 sums of half 0, half 1 and the
@@ -892,10 +896,11 @@ typedef struct {
     float dx[4], h0[4], h1[4], hs[4];
 } QbPair;
 
-// P * K / 32 pairs for N >= 2 input rows of K, P = (N + 1) / 2 <= 2N / 3: at most N * K / 48 <= QK_ACT_BYTES / 48.
-#define QBM_PAIRS (QK_ACT_BYTES / 48)
+// P * K / 32 pairs for N input rows of K, P = (N + 1) / 2 <= N: at most N * K / 32 <= QK_ACT_BYTES / 32 (N = 1: one
+// pair per sub-block, half of it zeros).
+#define QBM_PAIRS (QK_ACT_BYTES / 32)
 
-// The N >= 2 input rows as (K / 32, P) QbPair (one sub-block's pairs side by side), the row after an odd N's last
+// The N input rows as (K / 32, P) QbPair (one sub-block's pairs side by side), the row after an odd N's last
 // zeros (qk_quant_block makes codes, scale and sums 0 of it): qb_acts_fill's codes, scales and sums.
 static void qbm_pairs_fill(QbPair *x, const float *inp, int K, int N) {
     static const float zeros[32];
@@ -982,13 +987,14 @@ static inline __attribute__((always_inline)) void qbm_rows(float *out, const Wei
     }
 }
 
-// All rows of one format, two at a time, N (2..8) a constant inside.
+// All rows of one format, two at a time, N (1..8) a constant inside.
 #define QBM_ROWS(FMT, name)                                                                                \
     static void qbm_rows_##name(float *out, const Weight *w, const QbPair *x, int N) {                     \
         int R = w->rows, K = w->cols;                                                                      \
         _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
         for (int r = 0; r < R; r += 2)                                                                     \
             switch (N) {                                                                                   \
+            case 1: qbm_rows(out, w, x, r, R, 1, FMT); break;                                              \
             case 2: qbm_rows(out, w, x, r, R, 2, FMT); break;                                              \
             case 3: qbm_rows(out, w, x, r, R, 3, FMT); break;                                              \
             case 4: qbm_rows(out, w, x, r, R, 4, FMT); break;                                              \
@@ -1008,9 +1014,9 @@ QBM_ROWS(WF_Q5_K, q5_k)
 QBM_ROWS(WF_Q6_K, q6_k)
 #pragma GCC pop_options
 
-// The inputs quantized once per product, on this thread: in pairs for SMMLA where the CPU has dotprod and i8mm and
-// N >= 2 (as quant/qkernel_neon.c's q8 and q4 choose it), else for SDOT where it has dotprod, else for the ARMv8.0
-// lanes.
+// The inputs quantized once per product, on this thread: in pairs for SMMLA where the CPU has dotprod and i8mm, at
+// every N (N = 1 too, so that an input's outputs are the same bits at every N: above), else for SDOT where it has
+// dotprod, else for the ARMv8.0 lanes.
 #define QBN_DECODE(name)                                                                                   \
     int qk_decode_neon_##name(float *out, const float *inp, const Weight *w, int N) {                     \
         if ((size_t)N * (size_t)w->cols > QK_ACT_BYTES)                                                    \
@@ -1020,7 +1026,7 @@ QBM_ROWS(WF_Q6_K, q6_k)
             QbPair pairs[QBM_PAIRS];                                                                       \
         } buf; /* the caller's, in the layout of the kernel that runs; the region's threads read it */     \
         int dp = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;                                               \
-        if (N >= 2 && dp && (getauxval(AT_HWCAP2) & HWCAP2_I8MM)) {                                        \
+        if (dp && (getauxval(AT_HWCAP2) & HWCAP2_I8MM)) {                                                  \
             qbm_pairs_fill(buf.pairs, inp, w->cols, N);                                                    \
             qbm_rows_##name(out, w, buf.pairs, N);                                                         \
             return ER_OK;                                                                                  \

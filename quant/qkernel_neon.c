@@ -23,8 +23,9 @@
 // load and every limb load serves two products, and the sums are the same exact integers SDOT makes:
 // SMMLA's outputs equal SDOT's bit for bit. The other q4 groups and the codebook formats have per-group or
 // per-code floats, and stay on fp32 FMLA. The GGUF block formats' kernels (quant/qkernel_blocks.c) take SDOT where
-// the CPU has dotprod and SMMLA where it also has i8mm and N >= 2, the same way. qk_neon_features says what the CPU
-// has and what runs.
+// the CPU has dotprod and SMMLA where it also has i8mm, at every N: their SMMLA sums the fp32 terms in another order
+// than their SDOT, so N = 1 takes it too and an input's outputs are the same bits at every N. qk_neon_features says
+// what the CPU has and what runs.
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #include <math.h>
