@@ -54,7 +54,7 @@ static int cpu_has_avx512_vnni(void) {
 #endif
 
 static const QkKernels *simd_kernels; // NULL: the portable path
-static char simd_name[96] = "portable";
+static char simd_name[160] = "portable";
 static pthread_once_t simd_once = PTHREAD_ONCE_INIT;
 
 // The best kernels this CPU runs, or those ER_SIMD names (portable, avx2, avx512 on x86; portable, neon on

@@ -1,9 +1,11 @@
 // Decode kernels of the GGUF block formats (layouts in quant/blocks.h) on int8 inputs: x86 AVX2 (vpmaddubsw +
 // vpmaddwd) or AVX512-VNNI (vpdpbusd) where the compiler targets it, aarch64 NEON (SDOT where the CPU has
-// dotprod, else SMULL + pairwise adds: the same integers). Every format is cut into sub-blocks of 32
-// elements whose codes unpack into one register of 32 unsigned bytes u (q8_0: on AVX2 the signed codes, their signs
-// moved onto the inputs; with VNNI q + 128, the offset -128 s), with a scale s and an offset o per half of 16 (q6_K's two sub-blocks; equal halves
-// elsewhere): W = s * u + o. Against input row n's codes xq (one scale dx per 32, qk_quant_block, as for q8):
+// dotprod, else SMULL + pairwise adds: the same integers; SMMLA where it also has i8mm, two weight rows by two
+// input rows per instruction, at every N: the same integers, two lanes' at a time). Every format is cut into
+// sub-blocks of 32 elements whose codes unpack into one register of 32 unsigned bytes u (q8_0: on AVX2 the signed
+// codes, their signs moved onto the inputs; with VNNI q + 128, the offset -128 s), with a scale s and an offset o
+// per half of 16 (q6_K's two sub-blocks; equal halves elsewhere): W = s * u + o. Against input row n's codes xq (one
+// scale dx per 32, qk_quant_block, as for q8):
 //   Σ_k W_k x_k ≈ Σ_h dx * s_h * Σ_{k in h} u_k xq_k + o_h * Σ_{k in h} x_k
 // the integer sums in int32 lanes 0-3 (half 0) and 4-7 (half 1), one conversion and two FMAs per sub-block,
 // the fp32 sums of the inputs exact. The error is the int8 rounding of the inputs, as for q8 / q4. Those are the
@@ -717,6 +719,9 @@ QB_DECODE(WF_Q6_K, q6_k, QB_TAKE_TILES)
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20)
 #endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
 
 // One sub-block of 32 on NEON: codes of elements 0-15 and 16-31 as int8 (every code < 128, q8_0's signed as
 // they are, so SDOT takes them and q8_0 needs no offset), scale and offset per half.
@@ -893,16 +898,169 @@ static inline int32x4_t qbn_dot_dp(int32x4_t acc, int8x16_t a, int8x16_t b) { re
 QBN_ALL(qbn_dot_dp, dp)
 #pragma GCC pop_options
 
+// ---- i8mm: two weight rows x two input rows per SMMLA ----
+// One SMMLA multiplies a 2x8 int8 tile (8 codes of input rows 2p and 2p + 1) by an 8x2 one (the same 8 elements of
+// weight rows r and r + 1) into a 2x2 int32 tile [x_2p · w_r, x_2p · w_r+1, x_2p+1 · w_r, x_2p+1 · w_r+1]: a
+// sub-block of 32 is 4 SMMLA for those 4 products, where the SDOT kernel above takes 8 SDOT. The weight codes are
+// qbn_sub's and the input codes qk_quant_block's, both signed int8 (the unsigned codes are < 128), so a lane holds
+// the exact sum of the SDOT kernel's lanes of the same half; per half (q6_K, whose halves have scales of their own)
+// or per sub-block (the others: one scale and offset for both halves, the halves' integers added), each lane then
+// takes the SDOT kernel's fp32 terms s * dx * Σ u x + o * Σ x: the products are the SDOT kernel's up to the order
+// of the fp32 sums. An odd N's last pair has a row of zeros; an odd R's last row is its own partner. Each lane sums
+// its own input row and weight row in the same order whatever the other rows are, so an input row's outputs are
+// the same bits at every N, N = 1 included (its partner zeros), which batched decoding relies on (a request's tokens
+// the same decoded alone or beside others): N = 1 runs here too where the CPU has i8mm, not on the SDOT kernel,
+// whose fp32 sums of 4-lane products would differ from these in the last bits.
+
+// Sub-block b of input rows 2p and 2p + 1: q + 16c holds elements 8c .. 8c + 7 of row 2p, then of row 2p + 1
+// (SMMLA's left operand, c < 4); dx, h0, h1 and hs the rows' scale and fp32 sums of half 0, half 1 and the
+// sub-block in the tile's lanes (row 2p in lanes 0-1, row 2p + 1 in lanes 2-3).
+typedef struct {
+    int8_t q[64];
+    float dx[4], h0[4], h1[4], hs[4];
+} QbPair;
+
+// P * K / 32 pairs for N input rows of K, P = (N + 1) / 2 <= N: at most N * K / 32 <= QK_ACT_BYTES / 32 (N = 1: one
+// pair per sub-block, half of it zeros).
+#define QBM_PAIRS (QK_ACT_BYTES / 32)
+
+// The N input rows as (K / 32, P) QbPair (one sub-block's pairs side by side), the row after an odd N's last
+// zeros (qk_quant_block makes codes, scale and sums 0 of it): qb_acts_fill's codes, scales and sums.
+static void qbm_pairs_fill(QbPair *x, const float *inp, int K, int N) {
+    static const float zeros[32];
+    static const int at[2][4] = {{0, 16, 32, 48}, {8, 24, 40, 56}}; // where row 2p (2p + 1) puts elements 8j ..
+    int P = (N + 1) / 2;
+    for (int n = 0; n < 2 * P; n++)
+        for (int b = 0; b < K / 32; b++) {
+            const float *v = n < N ? inp + (size_t)n * K + 32 * b : zeros;
+            QbPair *p = x + (size_t)b * P + n / 2;
+            float d, xs, h0 = 0, h1 = 0;
+            qk_quant_block(p->q, at[n % 2], &d, &xs, v);
+            for (int k = 0; k < 16; k++) {
+                h0 += v[k];
+                h1 += v[16 + k];
+            }
+            for (int l = 2 * (n % 2); l < 2 * (n % 2) + 2; l++) {
+                p->dx[l] = d;
+                p->h0[l] = h0;
+                p->h1[l] = h1;
+                p->hs[l] = h0 + h1;
+            }
+        }
+}
+
+#pragma GCC push_options
+#pragma GCC target("arch=armv8.2-a+dotprod+i8mm")
+
+// [a, b, a, b]: a value of weight rows r and r + 1 in the lanes of a tile.
+static inline float32x4_t qbm_rows2(float a, float b) {
+    float32x2_t t = vset_lane_f32(b, vdup_n_f32(a), 1);
+    return vcombine_f32(t, t);
+}
+
+// Rows r and r + 1 (where r + 1 == R, row r twice and the second column dropped) against the N input rows in pairs
+// x: out[n * R + r], out[n * R + r + 1].
+static inline __attribute__((always_inline)) void qbm_rows(float *out, const Weight *w, const QbPair *x, int r, int R,
+                                                           const int N, const WeightFormat fmt) {
+    int K = w->cols, E = qb_elems(fmt), nsub = K / 32;
+    const int P = (N + 1) / 2;
+    size_t rb = weight_row_bytes(fmt, K);
+    const uint8_t *row0 = (const uint8_t *)w->data + (size_t)r * rb, *row1 = r + 1 < R ? row0 + rb : row0;
+    float32x4_t acc[QUANT_DECODE_MAX_N / 2]; // pair p's tile of fp32 sums, lanes as SMMLA's
+#pragma GCC unroll 4
+    for (int p = 0; p < P; p++)
+        acc[p] = vdupq_n_f32(0.0f);
+    for (int sb = 0; sb < nsub; sb++) {
+        size_t at = (size_t)(32 * sb / E) * qb_bytes(fmt);
+        QbSubN a = qbn_sub(row0 + at, sb % (E / 32), fmt), b = qbn_sub(row1 + at, sb % (E / 32), fmt);
+        int64x2_t a0 = vreinterpretq_s64_s8(a.lo), a1 = vreinterpretq_s64_s8(a.hi);
+        int64x2_t b0 = vreinterpretq_s64_s8(b.lo), b1 = vreinterpretq_s64_s8(b.hi);
+        // wb[c]: elements 8c .. 8c + 7 of row r, then of row r + 1 (SMMLA's right operand, c < 4)
+        int8x16_t wb[4] = {vreinterpretq_s8_s64(vzip1q_s64(a0, b0)), vreinterpretq_s8_s64(vzip2q_s64(a0, b0)),
+                           vreinterpretq_s8_s64(vzip1q_s64(a1, b1)), vreinterpretq_s8_s64(vzip2q_s64(a1, b1))};
+        // the rows' scales and offsets of half 0 and half 1
+        float32x4_t s0 = qbm_rows2(a.s0, b.s0), s1 = qbm_rows2(a.s1, b.s1);
+        float32x4_t o0 = qbm_rows2(a.o0, b.o0), o1 = qbm_rows2(a.o1, b.o1);
+        const QbPair *xb = x + (size_t)sb * P;
+#pragma GCC unroll 4
+        for (int p = 0; p < P; p++) {
+            const int8_t *q = xb[p].q;
+            const int32x4_t z = vdupq_n_s32(0);
+            int32x4_t i0 = vmmlaq_s32(vmmlaq_s32(z, vld1q_s8(q), wb[0]), vld1q_s8(q + 16), wb[1]);      // half 0
+            int32x4_t i1 = vmmlaq_s32(vmmlaq_s32(z, vld1q_s8(q + 32), wb[2]), vld1q_s8(q + 48), wb[3]); // half 1
+            float32x4_t dx = vld1q_f32(xb[p].dx);
+            if (fmt == WF_Q6_K) {
+                acc[p] = vfmaq_f32(acc[p], vcvtq_f32_s32(i0), vmulq_f32(s0, dx));
+                acc[p] = vfmaq_f32(acc[p], vcvtq_f32_s32(i1), vmulq_f32(s1, dx));
+                acc[p] = vfmaq_f32(acc[p], o0, vld1q_f32(xb[p].h0));
+                acc[p] = vfmaq_f32(acc[p], o1, vld1q_f32(xb[p].h1));
+            } else {
+                acc[p] = vfmaq_f32(acc[p], vcvtq_f32_s32(vaddq_s32(i0, i1)), vmulq_f32(s0, dx));
+                if (fmt != WF_Q8_0)
+                    acc[p] = vfmaq_f32(acc[p], o0, vld1q_f32(xb[p].hs));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < P; p++) {
+        float t[4];
+        vst1q_f32(t, acc[p]);
+        for (int l = 0; l < 4; l++) // lane l: input row 2p + l / 2, weight row r + l % 2
+            if (2 * p + l / 2 < N && r + l % 2 < R)
+                out[(size_t)(2 * p + l / 2) * R + r + l % 2] = t[l];
+    }
+}
+
+// All rows of one format, two at a time, N (1..8) a constant inside.
+#define QBM_ROWS(FMT, name)                                                                                \
+    static void qbm_rows_##name(float *out, const Weight *w, const QbPair *x, int N) {                     \
+        int R = w->rows, K = w->cols;                                                                      \
+        _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
+        for (int r = 0; r < R; r += 2)                                                                     \
+            switch (N) {                                                                                   \
+            case 1: qbm_rows(out, w, x, r, R, 1, FMT); break;                                              \
+            case 2: qbm_rows(out, w, x, r, R, 2, FMT); break;                                              \
+            case 3: qbm_rows(out, w, x, r, R, 3, FMT); break;                                              \
+            case 4: qbm_rows(out, w, x, r, R, 4, FMT); break;                                              \
+            case 5: qbm_rows(out, w, x, r, R, 5, FMT); break;                                              \
+            case 6: qbm_rows(out, w, x, r, R, 6, FMT); break;                                              \
+            case 7: qbm_rows(out, w, x, r, R, 7, FMT); break;                                              \
+            default: qbm_rows(out, w, x, r, R, 8, FMT); break;                                             \
+            }                                                                                              \
+    }
+
+QBM_ROWS(WF_Q8_0, q8_0)
+QBM_ROWS(WF_Q4_0, q4_0)
+QBM_ROWS(WF_Q4_1, q4_1)
+QBM_ROWS(WF_Q5_0, q5_0)
+QBM_ROWS(WF_Q5_1, q5_1)
+QBM_ROWS(WF_Q4_K, q4_k)
+QBM_ROWS(WF_Q5_K, q5_k)
+QBM_ROWS(WF_Q6_K, q6_k)
+#pragma GCC pop_options
+
+// The inputs quantized once per product, on this thread: in pairs for SMMLA where the CPU has dotprod and i8mm, at
+// every N (N = 1 too, so that an input's outputs are the same bits at every N: above), else for SDOT where it has
+// dotprod, else for the ARMv8.0 lanes.
 #define QBN_DECODE(name)                                                                                   \
     int qk_decode_neon_##name(float *out, const float *inp, const Weight *w, int N) {                     \
         if ((size_t)N * (size_t)w->cols > QK_ACT_BYTES)                                                    \
             return WEIGHT_DECODE_DECLINED;                                                                 \
-        static _Thread_local QbActs acts; /* the caller's; the region's threads read it */                \
-        qb_acts_fill(&acts, inp, w->cols, N);                                                              \
-        if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP)                                                           \
-            qbn_rows_##name##_dp(out, w, &acts, N);                                                        \
+        static _Thread_local union {                                                                       \
+            QbActs acts;                                                                                   \
+            QbPair pairs[QBM_PAIRS];                                                                       \
+        } buf; /* the caller's, in the layout of the kernel that runs; the region's threads read it */     \
+        int dp = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;                                               \
+        if (dp && (getauxval(AT_HWCAP2) & HWCAP2_I8MM)) {                                                  \
+            qbm_pairs_fill(buf.pairs, inp, w->cols, N);                                                    \
+            qbm_rows_##name(out, w, buf.pairs, N);                                                         \
+            return ER_OK;                                                                                  \
+        }                                                                                                  \
+        qb_acts_fill(&buf.acts, inp, w->cols, N);                                                          \
+        if (dp)                                                                                            \
+            qbn_rows_##name##_dp(out, w, &buf.acts, N);                                                    \
         else                                                                                               \
-            qbn_rows_##name##_base(out, w, &acts, N);                                                      \
+            qbn_rows_##name##_base(out, w, &buf.acts, N);                                                  \
         return ER_OK;                                                                                      \
     }
 

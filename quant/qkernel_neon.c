@@ -22,7 +22,10 @@
 // input rows) by an 8x2 one (the same 8 elements of two weight rows) into a 2x2 int32 tile, so every weight
 // load and every limb load serves two products, and the sums are the same exact integers SDOT makes:
 // SMMLA's outputs equal SDOT's bit for bit. The other q4 groups and the codebook formats have per-group or
-// per-code floats, and stay on fp32 FMLA. qk_neon_features says what the CPU has and what runs.
+// per-code floats, and stay on fp32 FMLA. The GGUF block formats' kernels (quant/qkernel_blocks.c) take SDOT where
+// the CPU has dotprod and SMMLA where it also has i8mm, at every N: their SMMLA sums the fp32 terms in another order
+// than their SDOT, so N = 1 takes it too and an input's outputs are the same bits at every N. qk_neon_features says
+// what the CPU has and what runs.
 #if defined(__aarch64__)
 #include <arm_neon.h>
 #include <math.h>
@@ -48,8 +51,9 @@ static int has_i8mm(void) { return (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0; }
 
 const char *qk_neon_features(void) {
     int dp = has_dotprod(), mm = has_i8mm();
-    return dp && mm ? "NEON + dotprod for q8, q4, q4g32, i8mm for q8, q4 (CPU: dotprod, i8mm)"
-           : dp     ? "NEON + dotprod for q8, q4, q4g32 (CPU: dotprod)"
+    return dp && mm ? "NEON + dotprod for q8, q4, q4g32, the block formats, i8mm for q8, q4, the block formats "
+                      "(CPU: dotprod, i8mm)"
+           : dp     ? "NEON + dotprod for q8, q4, q4g32, the block formats (CPU: dotprod)"
            : mm     ? "NEON (CPU: i8mm without dotprod)"
                     : "NEON";
 }

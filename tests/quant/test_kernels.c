@@ -385,8 +385,9 @@ Test(quant_kernels, simd_choice_follows_er_simd) {
 
 // The SIMD kernel of every format (quant_simd_decode: AVX-512 VNNI or AVX2 on x86, NEON on aarch64), called directly, against the
 // portable path on random weights and inputs: widths around the 8-, 16-, 32- and 64-element steps of the
-// kernels (every tail), q4g groups 16..128, N = 1..8. Where the build has SIMD kernels every format but
-// f32 must have one (so this cannot pass by finding none).
+// kernels (every tail), q4g groups 16..128, N = 1..8; the block formats at 13 and 14 rows by turns (their i8mm
+// kernel takes the rows two at a time, an odd count's last one alone). Where the build has SIMD kernels every
+// format but f32 must have one (so this cannot pass by finding none).
 Test(quant_kernels, table_kernels_match_portable) {
     threads_set(2);
     static const int widths[] = {1, 7, 8, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 96, 127, 128, 129, 200, 257};
@@ -408,12 +409,12 @@ Test(quant_kernels, table_kernels_match_portable) {
                     continue;
                 if (E)
                     K = block_widths[wi];
-                const int R = 13;
+                const int R = E ? 13 + wi % 2 : 13;
                 Case c = {(WeightFormat)f, K, G, 0};
                 Weight w;
                 void *own;
                 make_weight(&w, &c, R, 500 + 7 * wi + gi, &own);
-                float *inp = input_vec((WeightFormat)f, (size_t)8 * K, 900 + wi), out[8 * 13], ref[8 * 13];
+                float *inp = input_vec((WeightFormat)f, (size_t)8 * K, 900 + wi), out[8 * 14], ref[8 * 14];
                 for (int N = 1; N <= 8; N++) {
                     cr_assert_eq(decode(out, inp, &w, N), 0, "%s K=%d g=%d N=%d declined", fi->name, K, G, N);
                     cr_assert_eq(quant_matmul_decode_portable(ref, inp, &w, N, scratch), 0);
@@ -588,6 +589,69 @@ Test(quant_kernels, int8_products_at_n2_bit_for_bit_each_input_alone) {
            "cases (%s)\n", checked, quant_simd_name());
 }
 
+// An input row's outputs are the same bits whatever rows share its product: at N = 1..8 input row n's outputs
+// equal those of row n alone (N = 1), which batched decoding relies on (a request gives the same tokens decoded
+// alone or beside others: tests/infer/test_api.c, docs/server.md). Held to every N: fp32, the GGUF block formats
+// (on aarch64 with i8mm they take SMMLA at N = 1 too, for this) and every tiled weight. The other formats' kernels
+// pick their accumulator chains by N (CHAINS and the int8 kernels' A in quant/qkernel.c, NCH and A in
+// quant/qkernel_neon.c: more chains at N <= 2 for the FMA latency), so they are held to N = 1 and 2 (bf16 with
+// AVX-512 to none: N = 1 runs a kernel of its own, the pairs from N = 2), and their differences from N = 3 on are
+// counted and printed. Random weights and inputs, widths with the kernels' tails (for the 32-element block
+// formats not multiples of 64 or 256), an odd row count and 16 rows, those tiled too where the build tiles them.
+Test(quant_kernels, decode_each_input_bit_for_bit_alone_at_every_n) {
+    threads_set(2);
+    static const int rows[] = {7, 16};
+    int bf16_own_n1 = strstr(quant_simd_name(), "AVX-512") != NULL, checked = 0, tiled = 0, chains = 0;
+    for (int f = 0; f < WF_COUNT; f++) {
+        int E = blocks_elems((WeightFormat)f), G = f == WF_Q4G ? 32 : 0;
+        int sparse = f == WF_Q2LUT || f == WF_Q4LUT ? 2 : 0;
+        const int *widths = E == 256 ? (const int[]){256, 768, 1536}
+                            : E      ? (const int[]){96, 320, 2080}
+                            : G      ? (const int[]){64, 288, 2112}
+                                     : (const int[]){37, 200, 2112};
+        for (int wi = 0; wi < 3; wi++)
+            for (int ri = 0; ri < 2; ri++)
+                for (int tile = 0; tile < 2; tile++) {
+                    int R = rows[ri], K = widths[wi];
+                    Case c = {(WeightFormat)f, K, G, sparse};
+                    Weight w;
+                    void *own;
+                    make_weight(&w, &c, R, 600 + 17 * f + 3 * wi + ri, &own);
+                    int rc = tile ? quant_tile(&w) : 0;
+                    cr_assert(rc >= 0, "%s", er_last_error());
+                    if (tile && !rc) { // the build or the shape has no tiled kernel
+                        free_weight(&w, own);
+                        continue;
+                    }
+                    tiled += tile;
+                    int held = f == WF_F32 || E || tile ? 8 : f == WF_BF16 && bf16_own_n1 ? 1 : 2;
+                    float *inp = random_vec((size_t)8 * K, 700 + wi), out[8 * 16], alone[8 * 16];
+                    float *scr = malloc(sizeof(float) * quant_scratch_floats(K));
+                    for (int n = 0; n < 8; n++)
+                        cr_assert_eq(quant_matmul_decode(alone + n * R, inp + (size_t)n * K, &w, 1, scr), 0, "%s",
+                                     er_last_error());
+                    for (int N = 1; N <= 8; N++) {
+                        cr_assert_eq(quant_matmul_decode(out, inp, &w, N, scr), 0, "%s", er_last_error());
+                        for (int n = 0; n < N; n++) {
+                            int same = !memcmp(out + n * R, alone + n * R, sizeof(float) * R);
+                            cr_assert(same || N > held,
+                                      "%s%s R=%d K=%d: input %d of N = %d differs from the same input alone (%s)",
+                                      tile ? "tiled " : "", weight_format_name((WeightFormat)f), R, K, n, N,
+                                      quant_simd_name());
+                            chains += !same;
+                        }
+                        checked++;
+                    }
+                    free(scr);
+                    free(inp);
+                    free_weight(&w, own);
+                }
+    }
+    printf("quant_kernels: each input's outputs against the input alone in %d (format, shape, N) cases, %d shapes "
+           "tiled; NOTE: %d input rows differ from it where the kernels' chains change with N (%s)\n",
+           checked, tiled, chains, quant_simd_name());
+}
+
 // The int8-input kernels of q8, q4 and q4g32 at the 0.5B model's widths (896, 4864) with inputs the way
 // activations are: a block of zeros (scale 0), an outlier 300x the rest (its block's codes are mostly 0)
 // and a tiny block (1e-30, scale near the bottom of fp32), N = 1..8, against double within the int8
@@ -649,9 +713,9 @@ Test(quant_kernels, dequant_rows_equal_reference_rows) {
 
 // Tiled q4, q8, q4g32 and the GGUF block formats (quant_tile, the layout of the AVX512-VNNI decode kernels): the packed
 // rows and the fp32 rows read back bit for bit, the GEMM path's products (from those rows) bit for bit, the decode
-// products within the int8 rounding bound of double (the block formats on their exact-grid inputs) at N = 1..8 and each input's outputs at N = 2 the bits of the same input alone; a weight that
-// owns its buffer is re-laid in it, one that does not gets its own. Shapes the kernels do not take stay
-// untiled everywhere.
+// products within the int8 rounding bound of double (the block formats on their exact-grid inputs) at N = 1..8 and
+// each input's outputs at N = 2 the bits of the same input alone; a weight that owns its buffer is re-laid in it,
+// one that does not gets its own. Shapes the kernels do not take stay untiled everywhere.
 Test(quant_kernels, tiled_rows_and_products) {
     threads_set(2);
     static const int shapes[][2] = {{16, 64}, {32, 896}, {48, 192}, {16, 4864}, {16, 5120}};
@@ -742,6 +806,6 @@ Test(quant_kernels, tiled_rows_and_products) {
                "cases (%s)\n", tiled,
                quant_simd_name());
     else
-        printf("quant_kernels: NOTE: this build has no tiled kernels (%s): only the untiled shapes checked\n",
+        printf("quant_kernels: NOTE: these kernels tile nothing (%s): only the untiled shapes checked\n",
                quant_simd_name());
 }
