@@ -21,11 +21,12 @@ static int cmd_export_gguf(int argc, char **argv) {
         {"model", ARG_STR, &model, "model dir (HF layout, float or quantized) or .gguf file", 1, 0, 0},
         {"out", ARG_STR, &out, "output .gguf file (written atomically), - for stdout (the report then goes to "
                                "stderr), or a fifo or character device (written in place)", 1, 0, 0},
-        {"type", ARG_STR, &type, "f32, f16, bf16, q8_0 or q4_0 (default: the model's own: its float type, "
-         "q4_0 for q4g32 matrices that are q4_0 blocks; other quantized formats need --type)", 0, 0, 0},
+        {"type", ARG_STR, &type, "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K or q6_K (default: the "
+         "model's own: its float type, each GGUF block-format matrix in its own type, q4_0 for q4g32 matrices that "
+         "are q4_0 blocks; q8, q4 and the other formats of ours need --type)", 0, 0, 0},
     };
     int rc = args_parse(argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                        "ertrain export gguf --model DIR|FILE.gguf --out FILE.gguf [--type f32|f16|bf16|q8_0|q4_0]");
+                        "ertrain export gguf --model DIR|FILE.gguf --out FILE.gguf [--type TYPE]");
     if (rc == ARGS_HELP)
         return 0;
     if (rc < 0 || export_check(out, model, NULL) < 0 ||

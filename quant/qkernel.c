@@ -12,11 +12,11 @@
 // block widened to 8 lanes, then a mask / shift gives 8 consecutive 4-bit codes (the layout in quant/weight.h is
 // made for this) or the 2-bit codes index the row's codebook with vpermilps, which reads only the low 2 bits of
 // each lane. 32 weights per step feed independent accumulator chains so that FMA latency does not set the pace at
-// N = 1. q8, q4 and q4g32 (cols a multiple of 64) instead quantize the inputs to int8 once per product and use
-// integer dot products (section "int8 activations" below): W8A8 / W4A8, like llama.cpp's CPU path. With AVX-512,
-// fp32 and bf16 (from N = 2) and, with VNNI, q4, q4g32 and q8 (from N = 2) put two weight rows in one 16-lane
-// register (qpairs_i8_q4, qpairs_i8_q8, section "fp32 and bf16 weights on AVX-512"), each half summing as the
-// one-row kernel sums; and q4, q4g32 and q8 rows that the runtime re-laid 16 at a time at load (quant_tile) run
+// N = 1. q8, q4 and q4g (groups of 32, 64, 128; cols a multiple of 64) instead quantize the inputs to int8 once per
+// product and use integer dot products (section "int8 activations" below): W8A8 / W4A8, like llama.cpp's CPU path.
+// With AVX-512, fp32 and bf16 (from N = 2) and, with VNNI, q4, q4g and q8 (from N = 2) put two weight rows in one
+// 16-lane register (qpairs_i8_q4, qpairs_i8_q8, section "fp32 and bf16 weights on AVX-512"), each half summing as
+// the one-row kernel sums; and q4, q4g32 and q8 rows that the runtime re-laid 16 at a time at load (quant_tile) run
 // with one row per int32 lane (qtile_i8_q4, qtile_i8_q8). The portable path they are tested against, and the
 // products that choose between the kernels and the GEMM, are quant/matmul.c's; qk_kernels, at the end, is what
 // this copy of the kernels offers it.
@@ -305,7 +305,7 @@ QK_ROWS(WF_Q4LUT, qk_decode_simd_q4lut)
 static QK_ROWS(WF_BF16, qk_float_bf16)
 QK_ROWS(WF_F16, qk_decode_simd_f16)
 
-// ---- int8 activations: q8, q4 and q4g32 with integer dot products ----
+// ---- int8 activations: q8, q4 and q4g with integer dot products ----
 // Weighed against the fp32 kernels above, which widen every weight to fp32 and spend one FMA per 8 weights
 // per input row (compute-bound at N = 8), these quantize the N input rows to int8 once per product (one
 // scale per 32 inputs, as llama.cpp's Q8_0 activations) and multiply 32 codes per instruction against
@@ -318,34 +318,40 @@ QK_ROWS(WF_F16, qk_decode_simd_f16)
 // Taken where qk_i8_takes says; elsewhere the fp32 kernels run. The inputs are quantized by qk_acts_fill
 // (portable C, below), which the NEON kernels share, so that both CPUs round every input to the same code.
 
-// Group scales of blocks 2c and 2c+1 (q4g32), four times each.
-static inline __m256 qk_gscale_pair(const uint16_t *gs) {
+// Group scales of blocks 2c and 2c+1 (q4g, groups of G a multiple of 32, a row's scales at gs), four times each.
+static inline __m256 qk_gscale_pair(const uint16_t *gs, int c, int G) {
+    if (G > 32) // both blocks in one group
+        return _mm256_set1_ps(_cvtsh_ss(gs[64 * c / G]));
     uint32_t two;
-    memcpy(&two, gs, 4);
+    memcpy(&two, gs + 2 * c, 4);
     __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)two));
     return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(f), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
 }
 
-// Output (r, n) of a q4 / q4g32 product from the scaled block sums in the lanes of sum: q4 subtracts
-// 8 * Σ x and applies the row scale; q4g32 adds Σ_g zero_g * Σ_{k in g} x_k, with the exact block sums.
+// Output (r, n) of a q4 / q4g product from the scaled block sums in the lanes of sum: q4 subtracts 8 * Σ x and
+// applies the row scale; q4g adds Σ_g zero_g * Σ_{k in g} x_k, with the exact block sums (groups of 32: 8 at a time).
 static inline float q4_finish(__m256 sum, const Weight *w, const QkActs *a, int r, int n, int K,
                               const WeightFormat fmt) {
     float y = hsum256(sum);
     if (fmt == WF_Q4)
         return (y - 8.0f * a->xsum[n]) * w->scale[r];
-    int ng = K / 32, g = 0;
+    int G = w->group, ng = K / G, g = 0;
     const uint16_t *gz = w->gzero + (size_t)r * ng;
-    const float *xs = a->xs + (size_t)n * ng;
+    const float *xs = a->xs + (size_t)n * (K / 32);
     __m256 z = _mm256_setzero_ps();
-    for (; g + 8 <= ng; g += 8)
+    for (; G == 32 && g + 8 <= ng; g += 8)
         z = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gz + g))), _mm256_loadu_ps(xs + g), z);
     y += hsum256(z);
-    for (; g < ng; g++)
-        y += half_to_f32(gz[g]) * xs[g];
+    for (; g < ng; g++) {
+        float t = 0.0f;
+        for (int b = g * (G / 32); b < (g + 1) * (G / 32); b++)
+            t += xs[b];
+        y += half_to_f32(gz[g]) * t;
+    }
     return y;
 }
 
-// Rows r .. r + RW - 1 (RW = 1 or 2) of a q4 / q4g32 weight against the N quantized inputs: two rows share
+// Rows r .. r + RW - 1 (RW = 1 or 2) of a q4 / q4g weight against the N quantized inputs: two rows share
 // each load of the inputs, which pays where they come from L2 (QK_I8_PAIR_COLS) and the registers hold
 // two rows' accumulators (AVX-512's 32).
 static inline __attribute__((always_inline)) void qrow_i8_q4(float *out, int R, int r, const Weight *w,
@@ -359,7 +365,7 @@ static inline __attribute__((always_inline)) void qrow_i8_q4(float *out, int R, 
         for (int i = 0; i < N * A; i++)
             acc[j][i] = _mm256_setzero_ps();
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * (K / 2);
-    const uint16_t *gs = fmt == WF_Q4G ? w->gscale + (size_t)r * (K / 32) : NULL;
+    const uint16_t *gs = fmt == WF_Q4G ? w->gscale + (size_t)r * (K / w->group) : NULL;
     const __m256i m15 = _mm256_set1_epi8(15);
     for (int c = 0; c < K / 64; c++) {
         __m256i lo[2], hi[2];
@@ -369,7 +375,7 @@ static inline __attribute__((always_inline)) void qrow_i8_q4(float *out, int R, 
             __m256i v = _mm256_loadu_si256((const __m256i *)(row + (size_t)j * (K / 2) + 32 * c));
             lo[j] = _mm256_and_si256(v, m15);
             hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m15);
-            sv[j] = fmt == WF_Q4G ? qk_gscale_pair(gs + (size_t)j * (K / 32) + 2 * c) : _mm256_set1_ps(1.0f);
+            sv[j] = fmt == WF_Q4G ? qk_gscale_pair(gs + (size_t)j * (K / w->group), c, w->group) : _mm256_set1_ps(1.0f);
         }
 #pragma GCC unroll 8
         for (int n = 0; n < N; n++) {
@@ -428,7 +434,7 @@ static inline __attribute__((always_inline)) void qrow_i8_q8(float *out, int R, 
     }
 }
 
-// Rows r .. r + RW - 1 (RW = 2 only for q4 / q4g32).
+// Rows r .. r + RW - 1 (RW = 2 only for q4 / q4g).
 static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int r, const Weight *w,
                                                           const QkActs *a, int K, const int N, const WeightFormat fmt,
                                                           const int RW) {
@@ -438,7 +444,7 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
         qrow_i8_q4(out, R, r, w, a, K, N, fmt, RW);
 }
 
-// The q4 / q4g32 rows go in pairs where the inputs (N * K codes and N * K / 2 bytes of scales) no longer
+// The q4 / q4g rows go in pairs where the inputs (N * K codes and N * K / 2 bytes of scales) no longer
 // fit in L1 and past QK_I8_PAIR_COLS columns: there (the 4864-wide down projection) pairs pay, on 896-wide
 // products they cost. Pairs need AVX-512's registers (16 accumulators at N = 8).
 #if defined(__AVX512VL__)
@@ -475,7 +481,7 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
         QK_PAIRS_N(BLOCK, 1, FMT, __VA_ARGS__);                                                            \
     }
 
-// With AVX512-VNNI, q4 and q4g32 (q8 below) take two weight rows per 16-lane register as the fp32 kernel
+// With AVX512-VNNI, q4 and q4g (q8 below) take two weight rows per 16-lane register as the fp32 kernel
 // does (row r in lanes 0-7, row r + 1 in 8-15, the inputs broadcast to both halves): one vpdpbusd, conversion
 // and FMA serve both rows, which halves the instructions per weight that bound these products at N = 8. Each half
 // computes what qrow_i8_q4 computes for its row, in the same order (the NEON kernels' order too).
@@ -501,7 +507,7 @@ static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R
     for (int i = 0; i < 2 * P; i++) { // the last row again where the block runs past R
         int r = r0 + i < R ? r0 + i : R - 1;
         row[i] = (const uint8_t *)w->data + (size_t)r * (K / 2);
-        gs[i] = fmt == WF_Q4G ? w->gscale + (size_t)r * (K / 32) : NULL;
+        gs[i] = fmt == WF_Q4G ? w->gscale + (size_t)r * (K / w->group) : NULL;
     }
     const int A = N <= 2 ? 2 : 1; // qrow_i8_q4's chains
     __m512 acc[QK_I8_PAIRS * QUANT_DECODE_MAX_N];
@@ -524,8 +530,8 @@ static inline __attribute__((always_inline)) void qpairs_i8_q4(float *out, int R
             __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(v0), v1, 1);
             lo[p] = _mm512_and_si512(v, m15);
             hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m15);
-            sv[p] = fmt == WF_Q4G ? _mm512_insertf32x8(_mm512_castps256_ps512(qk_gscale_pair(gs[2 * p] + 2 * c)),
-                                                       qk_gscale_pair(gs[2 * p + 1] + 2 * c), 1)
+            sv[p] = fmt == WF_Q4G ? _mm512_insertf32x8(_mm512_castps256_ps512(qk_gscale_pair(gs[2 * p], c, w->group)),
+                                                       qk_gscale_pair(gs[2 * p + 1], c, w->group), 1)
                                   : _mm512_set1_ps(1.0f);
         }
 #pragma GCC unroll 8

@@ -71,12 +71,12 @@ static inline void qk_prefetch(uintptr_t a) { __builtin_prefetch((const void *)a
 
 #define QK_L1_INPUTS 16384 // bytes of decode inputs that stay in L1 beside the weight stream
 #define QK_ACT_BYTES 40960 // N * cols codes on the caller's stack: cols up to 5120 at N = 8
-// 1 when the int8-activation kernels take w at N input rows: q8, q4 or q4g32, cols a multiple of 64 and
-// N * cols <= QK_ACT_BYTES.
+// 1 when the int8-activation kernels take w at N input rows: q8, q4 or q4g with groups of 32, 64 or 128 (a
+// multiple of 32), cols a multiple of 64 and N * cols <= QK_ACT_BYTES.
 static inline int qk_i8_takes(const Weight *w, int N) {
     if ((size_t)N * (size_t)w->cols > QK_ACT_BYTES || w->cols % 64)
         return 0;
-    return w->fmt == WF_Q8 || w->fmt == WF_Q4 || (w->fmt == WF_Q4G && w->group == 32);
+    return w->fmt == WF_Q8 || w->fmt == WF_Q4 || (w->fmt == WF_Q4G && w->group % 32 == 0);
 }
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)

@@ -9,8 +9,8 @@
 //     split into a table of low bytes and one of high bytes, one lookup each gives 16 halves' bytes,
 //     ZIP1/ZIP2 put them back together and FCVTL widens them to fp32; no code ever goes through memory;
 //   - bf16: a shift left by 16 (SHLL) is the fp32; f16: FCVTL.
-// q8, q4 and q4g32 with cols a multiple of 64 (qk_i8_takes) round their inputs to int8 and compute exactly
-// what the AVX2 kernels of quant/qkernel.c compute (section "int8 activations" below; SDOT where the CPU
+// q8, q4 and q4g (groups of 32, 64, 128) with cols a multiple of 64 (qk_i8_takes) round their inputs to int8 and
+// compute exactly what the AVX2 kernels of quant/qkernel.c compute (section "int8 activations" below; SDOT where the CPU
 // has dotprod), so that x86 and aarch64 decode the same tokens. For the other widths, where the CPU has
 // the dot-product extension (dotprod, SDOT; getauxval HWCAP_ASIMDDP), q8 and q4 run on SDOT against the
 // exact fp32 inputs: SDOT multiplies int8 by int8, so each input row is split exactly into four int8 limbs
@@ -51,9 +51,9 @@ static int has_i8mm(void) { return (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0; }
 
 const char *qk_neon_features(void) {
     int dp = has_dotprod(), mm = has_i8mm();
-    return dp && mm ? "NEON + dotprod for q8, q4, q4g32, the block formats, i8mm for q8, q4, the block formats "
+    return dp && mm ? "NEON + dotprod for q8, q4, q4g, the block formats, i8mm for q8, q4, the block formats "
                       "(CPU: dotprod, i8mm)"
-           : dp     ? "NEON + dotprod for q8, q4, q4g32, the block formats (CPU: dotprod)"
+           : dp     ? "NEON + dotprod for q8, q4, q4g, the block formats (CPU: dotprod)"
            : mm     ? "NEON (CPU: i8mm without dotprod)"
                     : "NEON";
 }
@@ -291,7 +291,7 @@ static inline __attribute__((always_inline)) void neon_row(float *out, int R, in
 
 typedef void (*NeonRowFn)(float *out, int R, int r, const Weight *w, const float *inp, const float *xsum);
 
-// ---- int8 activations: q8, q4 and q4g32 as the AVX2 kernels compute them (quant/qkernel.c) ----
+// ---- int8 activations: q8, q4 and q4g as the AVX2 kernels compute them (quant/qkernel.c) ----
 // Where qk_i8_takes says so, the inputs are quantized by the same portable qk_acts_fill as on x86 (same
 // codes, same scales, same order of each chunk of 64), and each chunk's integer products land in the same
 // eight int32 lanes (block 2c in lanes 0-3, 2c+1 in 4-7, each lane the sum of the same eight products), are
@@ -315,21 +315,26 @@ static inline float hsum8(float32x4_t lo, float32x4_t hi) {
     return vget_lane_f32(t, 0) + vget_lane_f32(t, 1);
 }
 
-// q4g32: y + Σ_g zero_g * (sum of group g's inputs), 8 groups per step, as the AVX2 kernel.
-static inline float i8_zeros(float y, const uint16_t *gz, const float *xs, int ng) {
+// q4g: y + Σ_g zero_g * (sum of group g's inputs) over the ng groups of G (a multiple of 32) from the block sums
+// xs, as the AVX2 kernel (groups of 32: 8 at a time).
+static inline float i8_zeros(float y, const uint16_t *gz, const float *xs, int ng, int G) {
     float32x4_t z0 = vdupq_n_f32(0.0f), z1 = vdupq_n_f32(0.0f);
     int g = 0;
-    for (; g + 8 <= ng; g += 8) {
+    for (; G == 32 && g + 8 <= ng; g += 8) {
         z0 = vfmaq_f32(z0, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(gz + g))), vld1q_f32(xs + g));
         z1 = vfmaq_f32(z1, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(gz + g + 4))), vld1q_f32(xs + g + 4));
     }
     y += hsum8(z0, z1);
-    for (; g < ng; g++)
-        y += f16_to_f32(gz[g]) * xs[g];
+    for (; g < ng; g++) {
+        float t = 0.0f;
+        for (int b = g * (G / 32); b < (g + 1) * (G / 32); b++)
+            t += xs[b];
+        y += f16_to_f32(gz[g]) * t;
+    }
     return y;
 }
 
-// Row r of a q8 / q4 / q4g32 weight against the N quantized inputs. A chunk's four 16-byte weight vectors
+// Row r of a q8 / q4 / q4g weight against the N quantized inputs. A chunk's four 16-byte weight vectors
 // wv[0..3] meet input bytes 0-15, 32-47 (lanes 0-3) and 16-31, 48-63 (lanes 4-7) of the chunk as stored:
 // q8: weights 0-15, 16-31, 32-47, 48-63 of the chunk (QK_ORDER_Q8); 4-bit: the low and high nibbles of
 // bytes 0-15, then of 16-31 (QK_ORDER_Q4), unsigned codes (q4 subtracts 8 * the row's input sum at the end).
@@ -341,7 +346,8 @@ static inline __attribute__((always_inline)) void i8_row(float *out, int R, int 
     for (int i = 0; i < N * A; i++)
         acc[i][0] = acc[i][1] = vdupq_n_f32(0.0f);
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * weight_row_bytes(fmt, K);
-    const uint16_t *gs = fmt == WF_Q4G ? w->gscale + (size_t)r * (K / 32) : NULL;
+    const int G = fmt == WF_Q4G ? w->group : 32;
+    const uint16_t *gs = fmt == WF_Q4G ? w->gscale + (size_t)r * (K / G) : NULL;
     for (int c = 0; c < K / 64; c++) {
         int8x16_t wv[4];
         if (fmt == WF_Q8) {
@@ -354,7 +360,7 @@ static inline __attribute__((always_inline)) void i8_row(float *out, int R, int 
         }
         float32x4_t s0 = vdupq_n_f32(1.0f), s1 = s0;
         if (fmt == WF_Q4G)
-            s0 = vdupq_n_f32(f16_to_f32(gs[2 * c])), s1 = vdupq_n_f32(f16_to_f32(gs[2 * c + 1]));
+            s0 = vdupq_n_f32(f16_to_f32(gs[64 * c / G])), s1 = vdupq_n_f32(f16_to_f32(gs[(64 * c + 32) / G]));
 #pragma GCC unroll 8
         for (int n = 0; n < N; n++) {
             const int8_t *xq = a->q + (size_t)n * K + 64 * c;
@@ -376,7 +382,7 @@ static inline __attribute__((always_inline)) void i8_row(float *out, int R, int 
             s0 = vaddq_f32(s0, acc[n * A + i][0]), s1 = vaddq_f32(s1, acc[n * A + i][1]);
         float y = hsum8(s0, s1);
         if (fmt == WF_Q4G)
-            y = i8_zeros(y, w->gzero + (size_t)r * (K / 32), a->xs + (size_t)n * (K / 32), K / 32);
+            y = i8_zeros(y, w->gzero + (size_t)r * (K / G), a->xs + (size_t)n * (K / 32), K / G, G);
         else if (fmt == WF_Q4)
             y = (y - 8.0f * a->xsum[n]) * w->scale[r];
         else
