@@ -228,9 +228,9 @@ void kv_store(KVCache *kv, int l, int slot, int pos, const float *k, const float
 // gemm_dot_f32 (core/gemm.h) sums a dot, which takes the last n % 4 positions.
 typedef float kv_v16f __attribute__((vector_size(64)));
 
-static inline kv_v16f kv_join8(gemm_v8f lo, gemm_v8f hi) {
-    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
+// lo in lanes 0-7, hi in 8-15 (a macro: a function returning a 64-byte vector changes the ABI without AVX-512, which
+// GCC warns about in a portable build).
+#define kv_join8(lo, hi) __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 
 static void scores_f32(float *sc, const float *q, const float *k, size_t row, int n, int HS, float scale) {
     int H8 = HS & ~7, j = 0;
