@@ -290,9 +290,11 @@ static inline __attribute__((always_inline)) QbTileSub qb_tile_sub(const uint8_t
     const int j = g % nsub;                                         // the sub-block of 32 in its block
     const uint8_t *p = tile + (size_t)QUANT_TILE * bb * (g / nsub); // the 16 rows' block
     QbTileSub t;
-    if (prefetch && j == 0)
-        for (int i = 0; i < QUANT_TILE * bb / 64; i++)
-            qk_prefetch((uintptr_t)p + QK_TILE_PREFETCH + 64 * i);
+    if (prefetch && j == 0) { // every line of the block QK_TILE_PREFETCH ahead: 16 blocks are rarely whole lines
+        uintptr_t a = ((uintptr_t)p + QK_TILE_PREFETCH) & ~(uintptr_t)63, end = (uintptr_t)p + QK_TILE_PREFETCH + 16 * bb;
+        for (; a < end; a += 64)
+            qk_prefetch(a);
+    }
     if (kq && j == 0) { // 16 * 4: the 12 scale bytes, byte s of the 16 rows at 64 + 16 s
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
