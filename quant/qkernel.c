@@ -329,25 +329,21 @@ static inline __m256 qk_gscale_pair(const uint16_t *gs, int c, int G) {
 }
 
 // Output (r, n) of a q4 / q4g product from the scaled block sums in the lanes of sum: q4 subtracts 8 * Σ x and
-// applies the row scale; q4g adds Σ_g zero_g * Σ_{k in g} x_k, with the exact block sums (groups of 32: 8 at a time).
+// applies the row scale; q4g adds Σ_g zero_g * Σ_{k in g} x_k, with the exact group sums (qk_group_sums).
 static inline float q4_finish(__m256 sum, const Weight *w, const QkActs *a, int r, int n, int K,
                               const WeightFormat fmt) {
     float y = hsum256(sum);
     if (fmt == WF_Q4)
         return (y - 8.0f * a->xsum[n]) * w->scale[r];
-    int G = w->group, ng = K / G, g = 0;
+    int ng = K / w->group, g = 0;
     const uint16_t *gz = w->gzero + (size_t)r * ng;
     const float *xs = a->xs + (size_t)n * (K / 32);
     __m256 z = _mm256_setzero_ps();
-    for (; G == 32 && g + 8 <= ng; g += 8)
+    for (; g + 8 <= ng; g += 8)
         z = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gz + g))), _mm256_loadu_ps(xs + g), z);
     y += hsum256(z);
-    for (; g < ng; g++) {
-        float t = 0.0f;
-        for (int b = g * (G / 32); b < (g + 1) * (G / 32); b++)
-            t += xs[b];
-        y += half_to_f32(gz[g]) * t;
-    }
+    for (; g < ng; g++)
+        y += half_to_f32(gz[g]) * xs[g];
     return y;
 }
 
@@ -879,6 +875,8 @@ static void qk_i8_pairs_q8(float *out, const Weight *w, const QkActs *a, int N) 
         QkActs a;                                                                                          \
         QK_I8_TAKE_TILES(FMT)                                                                              \
         qk_acts_fill(&a, inp, K, N, FMT == WF_Q8 ? QK_ORDER_Q8 : QK_ORDER_Q4);                             \
+        if (FMT == WF_Q4G)                                                                                 \
+            qk_group_sums(a.xs, K, N, w->group);                                                           \
         QK_I8_TAKE_PAIRS(FMT)                                                                              \
         int RW = FMT != WF_Q8 && K > QK_I8_PAIR_COLS && (size_t)N * K * 3 / 2 > QK_L1_INPUTS ? 2 : 1;     \
         _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \

@@ -219,6 +219,19 @@ typedef struct {
     float xsum[QUANT_DECODE_MAX_N]; // (N) the sum of each input row (q4's -8)
 } QkActs;
 
+// q4g with groups of G > 32: the N input rows' block sums xs (N, K / 32) folded in place into group sums, the first
+// K / G of each row's (what the groups' zeros multiply; groups of 32 are the blocks already).
+static inline void qk_group_sums(float *xs, int K, int N, int G) {
+    for (int n = 0; G > 32 && n < N; n++) {
+        float *x = xs + (size_t)n * (K / 32);
+        for (int g = 0; g < K / G; g++) { // reads blocks g * G / 32 on, past the sums written so far
+            float t = 0.0f;
+            for (int b = g * (G / 32); b < (g + 1) * (G / 32); b++)
+                t += x[b];
+            x[g] = t;
+        }
+    }
+}
 // The N input rows (N, K), K a multiple of 64, as codes and scales in the order given.
 void qk_acts_fill(QkActs *a, const float *inp, int K, int N, QkOrder order);
 // The same into arrays laid out as QkActs's fields: codes (N * K), scales (N * K / 8), sums (N * K / 32), xsum (N).

@@ -315,22 +315,17 @@ static inline float hsum8(float32x4_t lo, float32x4_t hi) {
     return vget_lane_f32(t, 0) + vget_lane_f32(t, 1);
 }
 
-// q4g: y + Σ_g zero_g * (sum of group g's inputs) over the ng groups of G (a multiple of 32) from the block sums
-// xs, as the AVX2 kernel (groups of 32: 8 at a time).
-static inline float i8_zeros(float y, const uint16_t *gz, const float *xs, int ng, int G) {
+// q4g: y + Σ_g zero_g * (sum of group g's inputs: xs, qk_group_sums), 8 groups per step, as the AVX2 kernel.
+static inline float i8_zeros(float y, const uint16_t *gz, const float *xs, int ng) {
     float32x4_t z0 = vdupq_n_f32(0.0f), z1 = vdupq_n_f32(0.0f);
     int g = 0;
-    for (; G == 32 && g + 8 <= ng; g += 8) {
+    for (; g + 8 <= ng; g += 8) {
         z0 = vfmaq_f32(z0, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(gz + g))), vld1q_f32(xs + g));
         z1 = vfmaq_f32(z1, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(gz + g + 4))), vld1q_f32(xs + g + 4));
     }
     y += hsum8(z0, z1);
-    for (; g < ng; g++) {
-        float t = 0.0f;
-        for (int b = g * (G / 32); b < (g + 1) * (G / 32); b++)
-            t += xs[b];
-        y += f16_to_f32(gz[g]) * t;
-    }
+    for (; g < ng; g++)
+        y += f16_to_f32(gz[g]) * xs[g];
     return y;
 }
 
@@ -382,7 +377,7 @@ static inline __attribute__((always_inline)) void i8_row(float *out, int R, int 
             s0 = vaddq_f32(s0, acc[n * A + i][0]), s1 = vaddq_f32(s1, acc[n * A + i][1]);
         float y = hsum8(s0, s1);
         if (fmt == WF_Q4G)
-            y = i8_zeros(y, w->gzero + (size_t)r * (K / G), a->xs + (size_t)n * (K / 32), K / G, G);
+            y = i8_zeros(y, w->gzero + (size_t)r * (K / G), a->xs + (size_t)n * (K / 32), K / G);
         else if (fmt == WF_Q4)
             y = (y - 8.0f * a->xsum[n]) * w->scale[r];
         else
@@ -676,6 +671,8 @@ static int mmla_decode(float *out, const float *inp, const Weight *w, int N, con
 static int i8_decode(float *out, const float *inp, const Weight *w, int N, const I8RowsFn fns[2]) {
     QkActs a;
     qk_acts_fill(&a, inp, w->cols, N, w->fmt == WF_Q8 ? QK_ORDER_Q8 : QK_ORDER_Q4);
+    if (w->fmt == WF_Q4G)
+        qk_group_sums(a.xs, w->cols, N, w->group);
     fns[has_dotprod()](out, w, &a, N);
     return ER_OK;
 }
