@@ -9,7 +9,7 @@
 #   make install         PREFIX=/usr/local DESTDIR= SHARED=1: liberinfer.a, liberinfer.so, erinfer.h, erinfer.pc;
 #                        make install-check builds the example against an installed copy (docs/api.md)
 #   make bench           benchmarks (ratios against peers / physical limits)
-#   (test, bench, demo and fuzz first install missing Debian packages with scripts/deps.sh)
+#   (test, test-simd, bench, demo and fuzz first install missing Debian packages with scripts/deps.sh)
 #   make SAN=1 test      the same under ASan + UBSan (objects in build/san/)
 #   make ARCH=           portable build, objects in build/portable/ (default ARCH=-march=native); every x86 build
 #                        carries the AVX2 and AVX512-VNNI kernels of quant/ and picks one at run time
@@ -77,7 +77,7 @@ endif
 # share our pool). An RPATH to each of its -L dirs keeps the programs on the library pkg-config named, whichever
 # libopenblas.so.0 the system's alternatives pick. The goals that install the dependencies first (scripts/deps.sh,
 # then make again) get the error from that second make, so a bare machine can still run `make test`.
-DEPS_GOALS := test bench demo paper fuzz test-mpi test-aarch64 clean
+DEPS_GOALS := test test-simd bench demo paper fuzz test-mpi test-aarch64 clean
 ifeq ($(BLAS),1)
 OPENBLAS_CFLAGS := $(strip $(shell pkg-config --cflags openblas 2>/dev/null))
 OPENBLAS_LIBS := $(strip $(shell pkg-config --libs openblas 2>/dev/null))
@@ -447,7 +447,7 @@ test-run: all $(BUILD)/test_all $(BUILD)/bench/llama_quantize ref check-source c
 	$(BESIDE_LLAMA)
 	bash tests/link/make_blas.sh
 # The x86 kernel sets every build carries (quant/matmul.c picks one at run time), each run on this CPU: a portable
-# build (ARCH=, objects in build/portable/) and its kernel, model, GGUF and engine suites under ER_SIMD=avx512, avx2
+# build (ARCH=, objects in build/portable/, or beside SAN=1's and BLAS=0's) and its kernel, model, GGUF and engine suites under ER_SIMD=avx512, avx2
 # and portable. CI runs it after make test; quant_kernels checks that the set asked for is the one that ran, so on a
 # CPU without AVX512-VNNI the first run fails rather than testing another set.
 SIMD_SUITES := quant_kernels quant_blocks quant_formats quant_model gguf gguf_llama gguf_quantize reference kvcache \
@@ -455,9 +455,9 @@ SIMD_SUITES := quant_kernels quant_blocks quant_formats quant_model gguf gguf_ll
 .PHONY: test-simd
 test-simd:
 	bash scripts/deps.sh
-	$(MAKE) --no-print-directory ARCH= all build/portable/test_all build/portable/bench/llama_quantize ref
+	$(MAKE) --no-print-directory ARCH= all $(BUILD)/portable/test_all $(BUILD)/portable/bench/llama_quantize ref
 	for s in avx512 avx2 portable; do \
-	  ER_SIMD=$$s OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=build/portable build/portable/test_all \
+	  ER_SIMD=$$s OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD)/portable $(BUILD)/portable/test_all \
 	    --jobs 2 --filter '@($(subst $(space),|,$(SIMD_SUITES)))/*' || exit 1; \
 	done
 

@@ -29,7 +29,6 @@ enum {
     GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8,
     GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_BF16 = 30
 };
-#define GGML_QK 32   // elements per Q4_0 / Q8_0 block
 #define GGML_QK_K 256 // elements per Q4_K / Q5_K / Q6_K super-block
 
 // 1 when path names a GGUF file (ends in ".gguf"): where a model dir is taken, such a path is a model file.

@@ -343,7 +343,7 @@ ER_API void er_model_source_init(ErModelSource *src);
 // returns when it fails. The library never writes them. No alignment is needed (a weight misaligned for its
 // type is copied). What is used in place is what er_model_load would use from a mapped file: float matrices,
 // and a safetensors file's packed ones or a GGUF's block-type ones (q4_0, q8_0, k-quants, ...) unless the decode
-// kernels re-lay them (AVX512-VNNI builds; a llama GGUF's q / k rows are copies either way).
+// kernels re-lay them (the AVX512-VNNI kernels, on a CPU that has them; a llama GGUF's q / k rows are copies either way).
 ER_API int er_model_load_from_buffer(ErModel **out, const void *data, size_t len, const ErModelSource *src);
 // The model file held in the file open as fd, `length` bytes from byte `offset` of the file (-1: to its end):
 // the fd, offset and length of AAsset_openFileDescriptor64, or 0 and -1 for a whole file. The offset counts

@@ -1,4 +1,4 @@
-// The int8 KV cache's attention inner loops as a kernel table (like quant/'s format table): the portable
+// The int8 KV cache's attention inner loops as a kernel table (like quant/'s QkKernels, but chosen at compile time): the portable
 // kernels are always there and are the reference; on aarch64 the table holds NEON ones (model/kv_neon.c), on
 // x86-64 built with AVX2 + FMA AVX2 ones (model/kv_avx2.c), and with AVX-512 too the same kernels 16 lanes wide.
 // Both run over n consecutive positions of one KV block, one KV head and the G query heads that share it

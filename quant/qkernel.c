@@ -318,7 +318,8 @@ QK_ROWS(WF_F16, qk_decode_simd_f16)
 // Taken where qk_i8_takes says; elsewhere the fp32 kernels run. The inputs are quantized by qk_acts_fill
 // (portable C, below), which the NEON kernels share, so that both CPUs round every input to the same code.
 
-// Group scales of blocks 2c and 2c+1 (q4g, groups of G a multiple of 32, a row's scales at gs), four times each.
+// Group scales of blocks 2c and 2c+1 (q4g, groups of G = 32 or a multiple of 64, a row's scales at gs), four times
+// each.
 static inline __m256 qk_gscale_pair(const uint16_t *gs, int c, int G) {
     if (G > 32) // both blocks in one group
         return _mm256_set1_ps(_cvtsh_ss(gs[64 * c / G]));

@@ -37,7 +37,6 @@
 #define qk_tile_blocks QK_CAT(qk_tile_blocks, QK_SUFFIX)
 #define qk_tile_blocks_rows QK_CAT(qk_tile_blocks_rows, QK_SUFFIX)
 #define qk_gemm_blocks QK_CAT(qk_gemm_blocks, QK_SUFFIX)
-#define qk_gemm_blocks_scratch_bytes QK_CAT(qk_gemm_blocks_scratch_bytes, QK_SUFFIX)
 #define qk_dequant_row_simd QK_CAT(qk_dequant_row_simd, QK_SUFFIX)
 #define qk_quant_block QK_CAT(qk_quant_block, QK_SUFFIX)
 #define qk_acts_fill QK_CAT(qk_acts_fill, QK_SUFFIX)
@@ -71,19 +70,19 @@ static inline void qk_prefetch(uintptr_t a) { __builtin_prefetch((const void *)a
 
 #define QK_L1_INPUTS 16384 // bytes of decode inputs that stay in L1 beside the weight stream
 #define QK_ACT_BYTES 40960 // N * cols codes on the caller's stack: cols up to 5120 at N = 8
-// 1 when the int8-activation kernels take w at N input rows: q8, q4 or q4g with groups of 32, 64 or 128 (a
-// multiple of 32), cols a multiple of 64 and N * cols <= QK_ACT_BYTES.
+// 1 when the int8-activation kernels take w at N input rows: q8, q4 or q4g with groups of 32 or a multiple of 64
+// (64, 128: a chunk of 64 inputs lies in one group), cols a multiple of 64 and N * cols <= QK_ACT_BYTES.
 static inline int qk_i8_takes(const Weight *w, int N) {
     if ((size_t)N * (size_t)w->cols > QK_ACT_BYTES || w->cols % 64)
         return 0;
-    return w->fmt == WF_Q8 || w->fmt == WF_Q4 || (w->fmt == WF_Q4G && w->group % 32 == 0);
+    return w->fmt == WF_Q8 || w->fmt == WF_Q4 || (w->fmt == WF_Q4G && (w->group == 32 || w->group % 64 == 0));
 }
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QK_SIMD 1
 // out (N, rows) = inp (N, cols) · Wᵀ for 1 <= N <= QUANT_DECODE_MAX_N, w in the kernel's format.
-// The q4g kernel declines (WEIGHT_DECODE_DECLINED) a group that is not a multiple of 16. q8, q4 and q4g32
-// with cols a multiple of 64 round the inputs to int8 (per 32, half a step of max|x| / 127 at most).
+// The q4g kernel declines (WEIGHT_DECODE_DECLINED) a group that is not a multiple of 16. q8, q4 and q4g (as
+// qk_i8_takes says) round the inputs to int8 (per 32, half a step of max|x| / 127 at most).
 int qk_decode_simd_q8(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_q4(float *out, const float *inp, const Weight *w, int N);
 int qk_decode_simd_q4g(float *out, const float *inp, const Weight *w, int N);
@@ -104,11 +103,9 @@ int qk_decode_simd_q6_k(float *out, const float *inp, const Weight *w, int N);
 #define QK_AVX2 1
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 // Prefill of the block formats (quant/qkernel_blocks.c): out (N, rows) = inp (N, cols) · Wᵀ for any N on int8
-// inputs, 16 input rows per register; scratch: qk_gemm_blocks_scratch_bytes(cols) bytes (within
-// quant_scratch_floats(cols) floats).
+// inputs, 16 input rows per register; scratch: quant_scratch_floats(cols) floats.
 #define QK_GEMM_BLOCKS 1
 int qk_gemm_blocks(float *out, const float *inp, const Weight *w, int N, void *scratch);
-size_t qk_gemm_blocks_scratch_bytes(int K);
 #endif
 #include <immintrin.h>
 // Σ u * x over 32 byte pairs, u unsigned (< 128), x signed, as 8 int32 lanes (each the sum of 4 pairs), added to acc.
@@ -198,7 +195,7 @@ int qk_decode_neon_q6_k(float *out, const float *inp, const Weight *w, int N);
 #endif
 
 #if QK_SIMD
-// int8 activations (the q8, q4 and q4g32 kernels of both CPUs, W8A8 / W4A8 like llama.cpp's CPU path):
+// int8 activations (the q8, q4 and q4g kernels of both CPUs, W8A8 / W4A8 like llama.cpp's CPU path):
 // the N input rows quantized once per product, one scale per 32 inputs (max|x| / 127, codes rounded to
 // nearest), by one portable routine, so that x86 and aarch64 get the same codes and, the integer dot
 // products being exact, the same products up to the order of the fp32 block sums. Each chunk of 64 inputs

@@ -520,6 +520,10 @@ void qk_tile_blocks_rows(float *out, int R, int r0, const Weight *w, const QkIn 
 #define QB_TAKE_TILES
 #endif
 
+// The caller's inputs, quantized, for whichever format it multiplies (one buffer a thread for all of them: static TLS
+// is set up for every thread the process starts); the region's threads read it.
+static _Thread_local QbActs qb_acts;
+
 // Rows in parallel; the inputs quantized once for all of them (on this thread, before the region).
 #define QB_DECODE(FMT, name, TAKE_TILES)                                                                   \
     int qk_decode_simd_##name(float *out, const float *inp, const Weight *w, int N) {                     \
@@ -527,8 +531,7 @@ void qk_tile_blocks_rows(float *out, int R, int r0, const Weight *w, const QkIn 
         if ((size_t)N * (size_t)K > QK_ACT_BYTES)                                                          \
             return WEIGHT_DECODE_DECLINED;                                                                 \
         TAKE_TILES                                                                                         \
-        static _Thread_local QbActs acts; /* the caller's; the region's threads read it */                \
-        QbActs *a = &acts;                                                                                 \
+        QbActs *a = &qb_acts;                                                                              \
         qb_acts_fill(a, inp, K, N);                                                                        \
         _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
         for (int r = 0; r < R; r++)                                                                        \
@@ -555,7 +558,9 @@ typedef struct {
     float dx[QB_LANES], h0[QB_LANES], h1[QB_LANES], hs[QB_LANES];
 } QbLanes;
 
-size_t qk_gemm_blocks_scratch_bytes(int K) { return (size_t)(QB_CHUNK / QB_LANES) * (size_t)(K / 32) * sizeof(QbLanes); }
+// The scratch: QB_CHUNK / QB_LANES QbLanes per block of 32 columns, within quant_scratch_floats(cols) floats.
+_Static_assert((QB_CHUNK / QB_LANES) * sizeof(QbLanes) <= 32 * QUANT_TILE_ROWS * sizeof(float),
+               "qk_gemm_blocks' inputs outgrow quant_scratch_floats");
 
 static void qb_lanes_fill(QbLanes *lb, const float *inp, int K, int nc) {
     static const int at[4] = {0, 8, 16, 24};
@@ -1041,6 +1046,13 @@ QBM_ROWS(WF_Q5_K, q5_k)
 QBM_ROWS(WF_Q6_K, q6_k)
 #pragma GCC pop_options
 
+// The caller's inputs, quantized in the layout of the kernel that runs, for whichever format it multiplies (one
+// buffer a thread for all of them); the region's threads read it.
+static _Thread_local union {
+    QbActs acts;
+    QbPair pairs[QBM_PAIRS];
+} qbn_buf;
+
 // The inputs quantized once per product, on this thread: in pairs for SMMLA where the CPU has dotprod and i8mm, at
 // every N (N = 1 too, so that an input's outputs are the same bits at every N: above), else for SDOT where it has
 // dotprod, else for the ARMv8.0 lanes.
@@ -1048,21 +1060,17 @@ QBM_ROWS(WF_Q6_K, q6_k)
     int qk_decode_neon_##name(float *out, const float *inp, const Weight *w, int N) {                     \
         if ((size_t)N * (size_t)w->cols > QK_ACT_BYTES)                                                    \
             return WEIGHT_DECODE_DECLINED;                                                                 \
-        static _Thread_local union {                                                                       \
-            QbActs acts;                                                                                   \
-            QbPair pairs[QBM_PAIRS];                                                                       \
-        } buf; /* the caller's, in the layout of the kernel that runs; the region's threads read it */     \
         int dp = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;                                               \
         if (dp && (getauxval(AT_HWCAP2) & HWCAP2_I8MM)) {                                                  \
-            qbm_pairs_fill(buf.pairs, inp, w->cols, N);                                                    \
-            qbm_rows_##name(out, w, buf.pairs, N);                                                         \
+            qbm_pairs_fill(qbn_buf.pairs, inp, w->cols, N);                                                \
+            qbm_rows_##name(out, w, qbn_buf.pairs, N);                                                     \
             return ER_OK;                                                                                  \
         }                                                                                                  \
-        qb_acts_fill(&buf.acts, inp, w->cols, N);                                                          \
+        qb_acts_fill(&qbn_buf.acts, inp, w->cols, N);                                                      \
         if (dp)                                                                                            \
-            qbn_rows_##name##_dp(out, w, &buf.acts, N);                                                    \
+            qbn_rows_##name##_dp(out, w, &qbn_buf.acts, N);                                                \
         else                                                                                               \
-            qbn_rows_##name##_base(out, w, &buf.acts, N);                                                  \
+            qbn_rows_##name##_base(out, w, &qbn_buf.acts, N);                                              \
         return ER_OK;                                                                                      \
     }
 

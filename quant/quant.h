@@ -67,7 +67,7 @@ size_t quant_scratch_floats(int max_cols);
 
 // out (N, rows) = inp (N, cols) · Wᵀ + bias (rows, may be NULL): the decode kernels for N <= 8 (fp32 weights:
 // N <= QUANT_BATCH_MAX_N), else, with QUANT_INT8_PREFILL in flags and a format whose decode kernels take int8
-// inputs (q8, q4, q4g32, the GGUF block formats), those kernels a few input rows at a time (integer dot products
+// inputs (q8, q4, q4g, the GGUF block formats), those kernels a few input rows at a time (integer dot products
 // on the packed rows: what inference's prefill runs), else the format's GEMM path on fp32 inputs (the exact
 // product, whose straight-through gradient training uses and whose log-probs scoring reports).
 #define QUANT_INT8_PREFILL 1
@@ -79,7 +79,7 @@ int weight_matmul_backward_input(float *dinp, const float *dout, const Weight *w
 
 // Decode-sized products: out (N, rows) = inp (N, cols) · Wᵀ for 1 <= N <= QUANT_DECODE_MAX_N, any
 // format, reading the packed weights once for all N rows; rows split across threads. Call outside
-// OpenMP regions. Uses the format's SIMD kernel where the build has one (quant/qkernel.h), else the
+// OpenMP regions. Uses the format's SIMD kernel where the CPU's kernel set has one (quant/qkernel.h), else the
 // portable path (dequantize rows, then plain dot products), which is the reference and which
 // quant_matmul_decode_portable runs always (tests compare the two).
 #define QUANT_DECODE_MAX_N 8
@@ -91,9 +91,9 @@ int weight_matmul_backward_input(float *dinp, const float *dout, const Weight *w
 // keeps sgemm.
 #define QUANT_BATCH_MAX_N 64
 // Re-lays a q4, q8, q4g32 or GGUF block-format weight's rows QUANT_TILE at a time (quant/weight.h, quant/blocks.h)
-// for the kernels that read them so (AVX512-VNNI builds; rows a multiple of 16, cols a multiple of 64 up to
-// QUANT_TILE_MAX_COLS):
-// 1 when tiled, 0 when the build or the shape has no such kernel (the weight unchanged), ER_ENOMEM. An
+// for the kernels that read them so (the AVX512-VNNI kernels, where the CPU has them; rows a multiple of 16, cols a
+// multiple of 64 up to QUANT_TILE_MAX_COLS):
+// 1 when tiled, 0 when the kernels or the shape have none such (the weight unchanged), ER_ENOMEM. An
 // owned weight is re-laid in its own buffer, another gets one (w->owned). Every product and weight_row_f32
 // read a tiled weight as before; model_save refuses one.
 int quant_tile(Weight *w);

@@ -29,12 +29,13 @@ prepare() {
   set -e
   # Portable to the GPU machine's processor (x86-64-v3: AVX2, FMA, F16C), which may lack this one's extensions;
   # from scratch, since make does not rebuild objects whose flags alone changed.
-  rm -rf build/noblas/cuda
-  make CUDA=1 BLAS=0 ARCH=-march=x86-64-v3 -j"$(nproc)" all build/noblas/cuda/test_all build/noblas/cuda/bench/train_step \
-    >/dev/null
+  # (the Makefile builds a non-native ARCH into a folder of its own)
+  local b=build/noblas/march_x8664v3/cuda
+  rm -rf "$b"
+  make CUDA=1 BLAS=0 ARCH=-march=x86-64-v3 -j"$(nproc)" all "$b/test_all" "$b/bench/train_step" >/dev/null
   mkdir -p "$GPU/debs" "$GPU/bin/bench"
-  cp build/noblas/cuda/ertrain build/noblas/cuda/erinfer build/noblas/cuda/test_all "$GPU/bin/"
-  cp build/noblas/cuda/bench/train_step "$GPU/bin/bench/"
+  cp "$b/ertrain" "$b/erinfer" "$b/test_all" "$GPU/bin/"
+  cp "$b/bench/train_step" "$GPU/bin/bench/"
   # The packages of every shared library the binaries load, but the C runtime and the CUDA libraries
   # (the GPU machine has its own), and the headers for building there.
   pkgs="libcjson-dev libpcre2-dev libutf8proc-dev libcriterion-dev libboxfort-dev"

@@ -204,7 +204,7 @@ Test(api_load, safetensors_with_json_buffers_generates_as_from_its_dir) {
 }
 
 // The copy is the model's own: the caller's buffer is scribbled over and freed before generating. A
-// borrowed buffer is never written, also where tiling for the decode kernels (AVX512-VNNI builds) copies
+// borrowed buffer is never written, also where tiling for the decode kernels (the AVX512-VNNI kernels) copies
 // the q4 matrices: the pages it leaves would be released, which for a caller's anonymous memory zeroes it.
 Test(api_load, copied_buffer_is_free_to_go_and_borrowed_one_is_never_written) {
     ErModel *m;
