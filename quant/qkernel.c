@@ -450,19 +450,6 @@ static inline __attribute__((always_inline)) void qrow_i8(float *out, int R, int
 #define QK_I8_PAIR_COLS (1 << 30)
 #endif
 
-// CALL(args..., N) with the caller's N switched into a constant 1..8.
-#define QK_SWITCH_N(CALL, ...)                                                                             \
-    switch (N) {                                                                                           \
-    case 1: CALL(__VA_ARGS__, 1); break;                                                                   \
-    case 2: CALL(__VA_ARGS__, 2); break;                                                                   \
-    case 3: CALL(__VA_ARGS__, 3); break;                                                                   \
-    case 4: CALL(__VA_ARGS__, 4); break;                                                                   \
-    case 5: CALL(__VA_ARGS__, 5); break;                                                                   \
-    case 6: CALL(__VA_ARGS__, 6); break;                                                                   \
-    case 7: CALL(__VA_ARGS__, 7); break;                                                                   \
-    default: CALL(__VA_ARGS__, 8); break;                                                                  \
-    }
-
 // The row loop of the two-rows-per-register kernels (qpairs_i8_q4 and qpairs_i8_q8 below, pairs_block in the
 // fp32 section): blocks of 2 * PAIRS rows on the threads, then the last R % (2 * PAIRS) rows a pair at a time,
 // each block as BLOCK(args..., P, FMT, N) with N switched into a constant. R, K and N are the caller's; args

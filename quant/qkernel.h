@@ -68,6 +68,19 @@ extern const QkKernels qk_kernels;
 // (GCC 12 emitted nothing for _mm_prefetch through this function.)
 static inline void qk_prefetch(uintptr_t a) { __builtin_prefetch((const void *)a, 0, 3); }
 
+// CALL(args..., N) with the caller's N switched into a constant 1..8.
+#define QK_SWITCH_N(CALL, ...)                                                                             \
+    switch (N) {                                                                                           \
+    case 1: CALL(__VA_ARGS__, 1); break;                                                                   \
+    case 2: CALL(__VA_ARGS__, 2); break;                                                                   \
+    case 3: CALL(__VA_ARGS__, 3); break;                                                                   \
+    case 4: CALL(__VA_ARGS__, 4); break;                                                                   \
+    case 5: CALL(__VA_ARGS__, 5); break;                                                                   \
+    case 6: CALL(__VA_ARGS__, 6); break;                                                                   \
+    case 7: CALL(__VA_ARGS__, 7); break;                                                                   \
+    default: CALL(__VA_ARGS__, 8); break;                                                                  \
+    }
+
 #define QK_L1_INPUTS 16384 // bytes of decode inputs that stay in L1 beside the weight stream
 #define QK_ACT_BYTES 40960 // N * cols codes on the caller's stack: cols up to 5120 at N = 8
 // 1 when the int8-activation kernels take w at N input rows: q8, q4 or q4g with groups of 32 or a multiple of 64

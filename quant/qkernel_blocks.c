@@ -968,7 +968,7 @@ static inline float32x4_t qbm_rows2(float a, float b) {
 // Rows r and r + 1 (where r + 1 == R, row r twice and the second column dropped) against the N input rows in pairs
 // x: out[n * R + r], out[n * R + r + 1].
 static inline __attribute__((always_inline)) void qbm_rows(float *out, const Weight *w, const QbPair *x, int r, int R,
-                                                           const int N, const WeightFormat fmt) {
+                                                           const WeightFormat fmt, const int N) {
     int K = w->cols, E = qb_elems(fmt), nsub = K / 32;
     const int P = (N + 1) / 2;
     size_t rb = weight_row_bytes(fmt, K);
@@ -1024,16 +1024,7 @@ static inline __attribute__((always_inline)) void qbm_rows(float *out, const Wei
         int R = w->rows, K = w->cols;                                                                      \
         _Pragma("omp parallel for schedule(static) if ((long)R * K * N >= THREADS_MIN_WORK)")               \
         for (int r = 0; r < R; r += 2)                                                                     \
-            switch (N) {                                                                                   \
-            case 1: qbm_rows(out, w, x, r, R, 1, FMT); break;                                              \
-            case 2: qbm_rows(out, w, x, r, R, 2, FMT); break;                                              \
-            case 3: qbm_rows(out, w, x, r, R, 3, FMT); break;                                              \
-            case 4: qbm_rows(out, w, x, r, R, 4, FMT); break;                                              \
-            case 5: qbm_rows(out, w, x, r, R, 5, FMT); break;                                              \
-            case 6: qbm_rows(out, w, x, r, R, 6, FMT); break;                                              \
-            case 7: qbm_rows(out, w, x, r, R, 7, FMT); break;                                              \
-            default: qbm_rows(out, w, x, r, R, 8, FMT); break;                                             \
-            }                                                                                              \
+            QK_SWITCH_N(qbm_rows, out, w, x, r, R, FMT)                                                    \
     }
 
 QBM_ROWS(WF_Q8_0, q8_0)
