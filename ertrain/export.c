@@ -55,7 +55,7 @@ static int cmd_export_gguf_lora(int argc, char **argv) {
 
 int cmd_export(int argc, char **argv) {
     static const ArgCommand cmds[] = {
-        {"gguf", cmd_export_gguf, "a model as a GGUF file for llama.cpp (qwen2 / llama)"},
+        {"gguf", cmd_export_gguf, "a model as a GGUF file for llama.cpp (qwen2 / qwen3 / llama)"},
         {"gguf-lora", cmd_export_gguf_lora, "a LoRA adapter as a llama.cpp LoRA GGUF (applied at every position)"},
     };
     return args_dispatch("ertrain export", cmds, 2, argc, argv);

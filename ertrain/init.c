@@ -35,7 +35,7 @@ int cmd_init(int argc, char **argv) {
     int seed = 0, bf16 = 0, threads = 0;
     double std = 0.02;
     ArgSpec specs[] = {
-        {"config", ARG_STR, &config, "Hugging Face config.json (qwen2 or llama)", 1, 0, 0},
+        {"config", ARG_STR, &config, "Hugging Face config.json (qwen2, qwen3 or llama)", 1, 0, 0},
         {"out", ARG_STR, &out, "output model dir", 1, 0, 0},
         {"tokenizer", ARG_STR, &tokenizer, "tokenizer.json or a dir holding it, copied into the model dir", 0, 0, 0},
         {"seed", ARG_INT, &seed, "initialisation seed", 0, 0, 2147483647},

@@ -7,7 +7,7 @@ int cmd_pretrain(int argc, char **argv) {
     TrainConfig c;
     train_config_default(&c, TRAIN_PRETRAIN);
     ArgSpec own[] = {
-        {"config", ARG_STR, &c.config_path, "model config.json (qwen2 or llama): a randomly initialised model", 0, 0, 0},
+        {"config", ARG_STR, &c.config_path, "model config.json (qwen2, qwen3 or llama): a randomly initialised model", 0, 0, 0},
         {"init", ARG_STR, &c.model_dir,
          "an fp32 model dir whose weights start the run instead (continued pretraining; not with --config)", 0, 0, 0},
         {"tokenizer", ARG_STR, &c.tokenizer_path, "tokenizer.json or a dir holding it (copied into --out)", 1, 0, 0},

@@ -327,7 +327,7 @@ static int model_open(ErModel *m, const char *dir) {
     ER_TRY(load_step(&ls, ls.total));
     api_log(m, NULL, ER_LOG_INFO, "loaded %s: %s, %d layers, hidden %d, %d heads (%d KV), vocabulary %d, %d positions, "
             "weights %s, chat template %s, %.1f MiB copied into the decode layout", dir,
-            c->arch == ARCH_LLAMA ? "llama" : "qwen2", c->L, c->C, c->NH, c->NKV, c->V, c->max_pos,
+            model_arch_name(c->arch), c->L, c->C, c->NH, c->NKV, c->V, c->max_pos,
             m->model.quant.enabled ? "quantized" : dtype_name(c->dtype), chat_style_name(m->style),
             tiled / 1048576.0);
     return ER_OK;

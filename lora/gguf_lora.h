@@ -15,7 +15,7 @@ int lora_gguf_llama_row(int r, int HS);
 // llama.cpp's tensor name of a target's projection: "attn_q", "attn_k", "attn_v", "attn_output",
 // "ffn_gate", "ffn_up", "ffn_down".
 const char *lora_gguf_target_name(LoraTarget t);
-// The adapter's metadata and tensors (fp32) into w; arch is the base's llama.cpp architecture ("qwen2", or
+// The adapter's metadata and tensors (fp32) into w; arch is the base's llama.cpp architecture ("qwen2", "qwen3" or
 // "llama", whose q/k lora_b rows are permuted like the base's rows, heads of HS). Tensors point into a, which
 // must outlive the write, or are copies w owns. An rsLoRA adapter (scale alpha / sqrt(r)) is written with the
 // alpha that gives llama.cpp's alpha / r the same scale.

@@ -24,10 +24,13 @@ int model_config_from_json(ModelConfig *c, const cJSON *j, const char *ctx) {
     ER_TRY(json_get_string(j, "model_type", &type, ctx));
     if (strcmp(type, "qwen2") == 0)
         c->arch = ARCH_QWEN2;
+    else if (strcmp(type, "qwen3") == 0)
+        c->arch = ARCH_QWEN3;
     else if (strcmp(type, "llama") == 0)
         c->arch = ARCH_LLAMA;
     else
-        return er_error(ER_EUNSUPPORTED, "%s: model_type \"%s\" is not supported (expected qwen2 or llama)", ctx, type);
+        return er_error(ER_EUNSUPPORTED, "%s: model_type \"%s\" is not supported (expected qwen2, qwen3 or llama)",
+                        ctx, type);
     ER_TRY(get_dim(j, "hidden_size", &c->C, ctx));
     ER_TRY(get_dim(j, "intermediate_size", &c->FF, ctx));
     ER_TRY(get_dim(j, "num_hidden_layers", &c->L, ctx));
@@ -72,7 +75,7 @@ int model_config_from_json(ModelConfig *c, const cJSON *j, const char *ctx) {
     c->tied = 0;
     ER_TRY(json_opt_bool(j, "tie_word_embeddings", &c->tied, ctx));
     c->qkv_bias = c->arch == ARCH_QWEN2;
-    if (c->arch == ARCH_LLAMA) {
+    if (c->arch != ARCH_QWEN2) { // Qwen3Attention and LlamaAttention: bias=config.attention_bias, the MLP mlp_bias
         ER_TRY(json_opt_bool(j, "attention_bias", &c->qkv_bias, ctx));
         int mlp_bias = 0;
         ER_TRY(json_opt_bool(j, "mlp_bias", &mlp_bias, ctx));
@@ -120,6 +123,8 @@ int model_config_validate(const ModelConfig *c, const char *ctx) {
     return ER_OK;
 }
 
+const char *model_arch_name(ModelArch a) { return a == ARCH_QWEN2 ? "qwen2" : a == ARCH_QWEN3 ? "qwen3" : "llama"; }
+
 int model_config_load(ModelConfig *c, const char *path) {
     cJSON *j;
     ER_TRY(json_parse_file(path, 1 << 20, &j));
@@ -132,9 +137,11 @@ cJSON *model_config_to_json(const ModelConfig *c) {
     cJSON *j = cJSON_CreateObject();
     if (!j)
         return NULL;
-    cJSON_AddStringToObject(j, "model_type", c->arch == ARCH_QWEN2 ? "qwen2" : "llama");
+    cJSON_AddStringToObject(j, "model_type", model_arch_name(c->arch));
     cJSON *archs = cJSON_AddArrayToObject(j, "architectures");
-    cJSON_AddItemToArray(archs, cJSON_CreateString(c->arch == ARCH_QWEN2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
+    cJSON_AddItemToArray(archs, cJSON_CreateString(c->arch == ARCH_QWEN2   ? "Qwen2ForCausalLM"
+                                                   : c->arch == ARCH_QWEN3 ? "Qwen3ForCausalLM"
+                                                                           : "LlamaForCausalLM"));
     cJSON_AddNumberToObject(j, "hidden_size", c->C);
     cJSON_AddNumberToObject(j, "intermediate_size", c->FF);
     cJSON_AddNumberToObject(j, "num_hidden_layers", c->L);
@@ -146,7 +153,7 @@ cJSON *model_config_to_json(const ModelConfig *c) {
     cJSON_AddNumberToObject(j, "rope_theta", c->rope_theta);
     cJSON_AddNumberToObject(j, "rms_norm_eps", c->eps);
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tied);
-    if (c->arch == ARCH_LLAMA)
+    if (c->arch != ARCH_QWEN2)
         cJSON_AddBoolToObject(j, "attention_bias", c->qkv_bias);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     cJSON_AddStringToObject(j, "torch_dtype", c->dtype == DT_BF16 ? "bfloat16" : c->dtype == DT_F16 ? "float16" : "float32");
@@ -159,6 +166,7 @@ cJSON *model_config_to_json(const ModelConfig *c) {
 
 size_t model_config_num_params(const ModelConfig *c) {
     size_t C = c->C, qd = (size_t)c->NH * c->HS, kvd = (size_t)c->NKV * c->HS, FF = c->FF;
-    size_t per_layer = 2 * C + C * qd + 2 * C * kvd + qd * C + 3 * C * FF + (c->qkv_bias ? qd + 2 * kvd : 0);
+    size_t per_layer = 2 * C + C * qd + 2 * C * kvd + qd * C + 3 * C * FF + (c->qkv_bias ? qd + 2 * kvd : 0) +
+                       (c->arch == ARCH_QWEN3 ? 2 * (size_t)c->HS : 0);
     return (size_t)c->V * C * (c->tied ? 1 : 2) + C + (size_t)c->L * per_layer;
 }

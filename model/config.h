@@ -1,4 +1,4 @@
-// Model hyperparameters from a Hugging Face config.json (Qwen2 and Llama families).
+// Model hyperparameters from a Hugging Face config.json (Qwen2, Qwen3 and Llama families).
 #ifndef MODEL_CONFIG_H
 #define MODEL_CONFIG_H
 
@@ -6,7 +6,9 @@
 
 #include "core/dtype.h"
 
-typedef enum { ARCH_QWEN2, ARCH_LLAMA } ModelArch;
+// ARCH_QWEN3 is Qwen2 with per-head RMSNorm on q and k before RoPE (q_norm, k_norm: weights (HS) each) and
+// q/k/v biases only with attention_bias.
+typedef enum { ARCH_QWEN2, ARCH_QWEN3, ARCH_LLAMA } ModelArch;
 
 typedef struct {
     ModelArch arch;
@@ -21,7 +23,7 @@ typedef struct {
     float rope_theta;
     float eps;      // rms_norm_eps
     int tied;       // tie_word_embeddings: lm_head is the embedding
-    int qkv_bias;   // q/k/v projections have biases (always for qwen2; llama: attention_bias)
+    int qkv_bias;   // q/k/v projections have biases (always for qwen2; qwen3 / llama: attention_bias)
     ErDType dtype;  // torch_dtype / dtype of the weights on disk
     int bos_id, eos_id; // -1 when absent
 } ModelConfig;
@@ -34,5 +36,7 @@ cJSON *model_config_to_json(const ModelConfig *c);
 // Checks the dimensions are consistent; used by the loader and by model_build_random.
 int model_config_validate(const ModelConfig *c, const char *ctx);
 size_t model_config_num_params(const ModelConfig *c);
+// config.json's model_type of a: "qwen2", "qwen3" or "llama".
+const char *model_arch_name(ModelArch a);
 
 #endif

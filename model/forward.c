@@ -42,14 +42,16 @@ static size_t logits_rows(const ModelConfig *c, int B, int T, ActsMode mode) {
 static ActsSize acts_size(const ModelConfig *c, int B, int T, ActsMode mode) {
     size_t N = (size_t)B * T, C = c->C, qd = (size_t)c->NH * c->HS, kvd = (size_t)c->NKV * c->HS, FF = c->FF;
     ActsSize s;
-    // res ln1 rstd1 q k v lse atty res2 ln2 rstd2 gate up hmlp
-    s.layer = N * C * 4 + N * 2 + N * qd * 2 + N * kvd * 2 + N * c->NH + N * FF * 3;
+    size_t qkn = c->arch == ARCH_QWEN3; // Qwen3's q/k norms
+    // res ln1 rstd1 q k v lse atty res2 ln2 rstd2 gate up hmlp, Qwen3: qr kr rstdq rstdk
+    s.layer = N * C * 4 + N * 2 + N * qd * 2 + N * kvd * 2 + N * c->NH + N * FF * 3 +
+              qkn * (N * qd + N * kvd + N * c->NH + N * c->NKV);
     // resf lnf rstdf logits tmp wscratch scores row_loss (N doubles); the pass's inputs on the backend:
     // tokens targets mask adapter-mask (N bytes, counted as floats) positions
     s.global = N * C * 3 + N + logits_rows(c, B, T, mode) * (size_t)c->V + quant_scratch_floats(max_in(c)) +
                (size_t)threads_get() * (c->NH / c->NKV) * attn_keys(c, T) + 2 * N + 5 * N;
-    // dres dln dq dk dv datty dgate dup dh dkh dvh
-    s.backward = N * C * 2 + N * qd * 4 + N * kvd * 2 + N * FF * 3;
+    // dres dln dq dk dv datty dgate dup dh dkh dvh, Qwen3: dqr dkr
+    s.backward = N * C * 2 + N * qd * 4 + N * kvd * 2 + N * FF * 3 + qkn * (N * qd + N * kvd);
     return s;
 }
 
@@ -91,6 +93,11 @@ static void take_layer(LayerActs *la, float **p, size_t N, const ModelConfig *cf
     la->gate = take(p, N * FF);
     la->up = take(p, N * FF);
     la->hmlp = take(p, N * FF);
+    size_t qkn = cfg->arch == ARCH_QWEN3;
+    la->qr = train ? take(p, qkn * N * qd) : la->q; // forward-only: q and k are normalised in place
+    la->kr = train ? take(p, qkn * N * kvd) : la->k;
+    la->rstdq = take(p, qkn * N * cfg->NH);
+    la->rstdk = take(p, qkn * N * cfg->NKV);
 }
 
 int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, int T, ActsMode mode,
@@ -105,7 +112,7 @@ int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, in
     int recompute = mode == ACTS_TRAIN_RECOMPUTE, train = mode == ACTS_TRAIN || recompute;
     int keep = train && !recompute;
     size_t bytes = acts_bytes(cfg, B, T, flags);
-    int nbuf = 14 * (keep ? cfg->L : 1) + 8 + 11 + 5 + 1;
+    int nbuf = 18 * (keep ? cfg->L : 1) + 8 + 13 + 5 + 1;
     bytes += (size_t)nbuf * 64;
     if (max_bytes && bytes > max_bytes)
         return er_error(ER_ENOMEM, "activations for %d x %d positions need %.1f MiB, more than the %.1f MiB allowed", B, T,
@@ -161,6 +168,9 @@ int acts_alloc_on(Activations *a, Backend *be, const ModelConfig *cfg, int B, in
         a->dh = take(&p, N * FF);
         a->dkh = take(&p, N * qd);
         a->dvh = take(&p, N * qd);
+        size_t qkn = cfg->arch == ARCH_QWEN3;
+        a->dqr = take(&p, qkn * N * qd);
+        a->dkr = take(&p, qkn * N * kvd);
     }
     a->tokens_buf = (int *)take(&p, N);
     a->targets_buf = (int *)take(&p, N);
@@ -428,9 +438,14 @@ static int layer_forward(const Model *m, const ModelInput *in, Activations *a, i
     const LayerWeights *w = &m->layers[l];
     LinCtx lc = {in, a, l, a->mode == ACTS_TRAIN && in->dropout_rng};
     ER_TRY(be->ops->rmsnorm_forward(be, la->ln1, la->rstd1, la->res, w->ln1, N, C, c->eps));
-    ER_TRY(linear_forward(&lc, LT_Q, la->q, la->ln1, &w->wq, w->bq, N));
-    ER_TRY(linear_forward(&lc, LT_K, la->k, la->ln1, &w->wk, w->bk, N));
+    int qkn = c->arch == ARCH_QWEN3; // q and k come out of their projections into qr, kr, then the norms
+    ER_TRY(linear_forward(&lc, LT_Q, qkn ? la->qr : la->q, la->ln1, &w->wq, w->bq, N));
+    ER_TRY(linear_forward(&lc, LT_K, qkn ? la->kr : la->k, la->ln1, &w->wk, w->bk, N));
     ER_TRY(linear_forward(&lc, LT_V, la->v, la->ln1, &w->wv, w->bv, N));
+    if (qkn) { // each head's RMSNorm: (N*NH, HS) and (N*NKV, HS) rows
+        ER_TRY(be->ops->rmsnorm_forward(be, la->q, la->rstdq, la->qr, w->q_norm, N * c->NH, c->HS, c->eps));
+        ER_TRY(be->ops->rmsnorm_forward(be, la->k, la->rstdk, la->kr, w->k_norm, N * c->NKV, c->HS, c->eps));
+    }
     ER_TRY(be->ops->rope_forward(be, la->q, a->pos_buf, a->cos_tab, a->sin_tab, N, c->NH, c->HS));
     ER_TRY(be->ops->rope_forward(be, la->k, a->pos_buf, a->cos_tab, a->sin_tab, N, c->NKV, c->HS));
     if (kv) {
@@ -671,9 +686,20 @@ int model_backward(Model *m, const ModelInput *in, Activations *a) {
                                       c->NH, c->NKV, c->HS, a->dkh, a->dvh));
         ER_TRY(op->rope_backward(be, a->dq, a->pos_buf, a->cos_tab, a->sin_tab, N, c->NH, c->HS));
         ER_TRY(op->rope_backward(be, a->dk, a->pos_buf, a->cos_tab, a->sin_tab, N, c->NKV, c->HS));
+        float *dq = a->dq, *dk = a->dk; // d(q, k as the projections give them)
+        if (c->arch == ARCH_QWEN3) {
+            dq = a->dqr;
+            dk = a->dkr;
+            ER_TRY(op->zero(be, dq, sizeof(float) * N * qd));
+            ER_TRY(op->zero(be, dk, sizeof(float) * N * c->NKV * c->HS));
+            ER_TRY(op->rmsnorm_backward(be, dq, g ? g->q_norm : NULL, a->dq, la->qr, w->q_norm, la->rstdq, N * c->NH,
+                                        c->HS));
+            ER_TRY(op->rmsnorm_backward(be, dk, g ? g->k_norm : NULL, a->dk, la->kr, w->k_norm, la->rstdk, N * c->NKV,
+                                        c->HS));
+        }
         ER_TRY(op->zero(be, a->dln, sizeof(float) * N * C));
-        ER_TRY(linear_backward(&lc, LT_Q, a->dln, g ? g->wq : NULL, g ? g->bq : NULL, a->dq, la->ln1, &w->wq, N));
-        ER_TRY(linear_backward(&lc, LT_K, a->dln, g ? g->wk : NULL, g ? g->bk : NULL, a->dk, la->ln1, &w->wk, N));
+        ER_TRY(linear_backward(&lc, LT_Q, a->dln, g ? g->wq : NULL, g ? g->bq : NULL, dq, la->ln1, &w->wq, N));
+        ER_TRY(linear_backward(&lc, LT_K, a->dln, g ? g->wk : NULL, g ? g->bk : NULL, dk, la->ln1, &w->wk, N));
         ER_TRY(linear_backward(&lc, LT_V, a->dln, g ? g->wv : NULL, g ? g->bv : NULL, a->dv, la->ln1, &w->wv, N));
         ER_TRY(op->rmsnorm_backward(be, a->dres, g ? g->ln1 : NULL, a->dln, la->res, w->ln1, la->rstd1, N, C));
     }

@@ -46,7 +46,7 @@ int model_gguf_parse_type(const char *s, uint32_t *type) {
     return er_error(ER_EINVAL, "unknown GGUF type \"%s\" (expected " EXPORT_TYPE_LIST ")", s);
 }
 
-const char *model_gguf_arch(const ModelConfig *c) { return c->arch == ARCH_LLAMA ? "llama" : "qwen2"; }
+const char *model_gguf_arch(const ModelConfig *c) { return model_arch_name(c->arch); }
 
 // llama.cpp's name of an HF parameter name into out (96 bytes).
 static int gguf_param_name(const char *hf, char *out) {
@@ -66,6 +66,10 @@ static int gguf_param_name(const char *hf, char *out) {
         return snprintf(out, 96, "blk.%d.attn_norm.weight", l), ER_OK;
     if (strcmp(rest, "post_attention_layernorm.weight") == 0)
         return snprintf(out, 96, "blk.%d.ffn_norm.weight", l), ER_OK;
+    if (strcmp(rest, "self_attn.q_norm.weight") == 0) // Qwen3
+        return snprintf(out, 96, "blk.%d.attn_q_norm.weight", l), ER_OK;
+    if (strcmp(rest, "self_attn.k_norm.weight") == 0)
+        return snprintf(out, 96, "blk.%d.attn_k_norm.weight", l), ER_OK;
     const char *proj = strchr(rest, '.'); // "self_attn.q_proj.weight" -> "q_proj.weight"
     for (int t = 0; proj && t < LT_COUNT; t++) {
         size_t n = strlen(lora_target_name((LoraTarget)t));
@@ -276,11 +280,16 @@ int model_gguf_put(const Model *m, uint32_t type, GgufWriter *w, FILE *log) {
 static int read_config(const GgufFile *f, ModelConfig *c) {
     const char *arch = NULL;
     ER_TRY(gguf_get_str(f, "general.architecture", 0, &arch));
-    if (strcmp(arch, "qwen2") != 0 && strcmp(arch, "llama") != 0)
-        return er_error(ER_EUNSUPPORTED, "%s: general.architecture is \"%s\" (supported: qwen2, llama)", f->path,
-                        arch);
     memset(c, 0, sizeof *c);
-    c->arch = strcmp(arch, "llama") == 0 ? ARCH_LLAMA : ARCH_QWEN2;
+    if (strcmp(arch, "qwen2") == 0)
+        c->arch = ARCH_QWEN2;
+    else if (strcmp(arch, "qwen3") == 0)
+        c->arch = ARCH_QWEN3;
+    else if (strcmp(arch, "llama") == 0)
+        c->arch = ARCH_LLAMA;
+    else
+        return er_error(ER_EUNSUPPORTED, "%s: general.architecture is \"%s\" (supported: qwen2, qwen3, llama)",
+                        f->path, arch);
     int64_t v[8] = {0};
     const char *keys[8] = {"embedding_length", "feed_forward_length", "block_count",  "attention.head_count",
                            "attention.head_count_kv", "attention.key_length", "context_length", NULL};

@@ -1,10 +1,10 @@
-// Models as GGUF files for llama.cpp: architecture "qwen2" (Qwen2 family) or "llama", the
+// Models as GGUF files for llama.cpp: architecture "qwen2" (Qwen2 family), "qwen3" or "llama", the
 // hyper-parameters under "<arch>.*", tensors in llama.cpp's names (token_embd, blk.N.attn_q, ...,
-// output_norm, output; no output when tied) and ggml's layouts:
+// blk.N.attn_q_norm / attn_k_norm for qwen3, output_norm, output; no output when tied) and ggml's layouts:
 //   f32, f16, bf16   rows as in HF ([out, in] is ne {in, out}, the same bytes)
 //   q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K   ggml's blocks (quant/blocks.h), written by blocks_quantize_row
 // Norms and biases are f32. llama's q_proj / k_proj rows are permuted into llama.cpp's interleaved
-// RoPE order (convert_hf_to_gguf.py's permute) and back on import; qwen2 needs no permutation.
+// RoPE order (convert_hf_to_gguf.py's permute) and back on import; qwen2 and qwen3 need no permutation.
 // Import: f32 / f16 / bf16 matrices and the block types (q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K: our
 // formats of the same names, quant/blocks.h) stay in their type and bytes (mmapped; llama q/k rows are
 // copied back into HF order), so a Q4_0 or Q4_K_M file loads at its size; other types are refused by name.
@@ -32,7 +32,7 @@ int model_gguf_default_type(const Model *m, uint32_t *type);
 // ours are requantized from their dequantized values only where `type` cannot take them exactly (each
 // such case is one line on log; NULL = silent).
 int model_gguf_put(const Model *m, uint32_t type, GgufWriter *w, FILE *log);
-// The architecture name of m ("qwen2" / "llama").
+// The architecture name of m ("qwen2" / "qwen3" / "llama").
 const char *model_gguf_arch(const ModelConfig *c);
 // Loads a GGUF model (flags as model_load; a quantized one is refused with MODEL_LOAD_TRAINABLE).
 int model_load_gguf(Model *m, const char *path, int flags);

@@ -41,7 +41,7 @@ static int add_slot(Slot *s, int *n, Weight *w, float **vec, float **grad, int64
     return 0;
 }
 
-// Fills `slots` (capacity 4 + 12 L) for the model's config; returns the count.
+// Fills `slots` (capacity 4 + 14 L) for the model's config; returns the count.
 static int list_slots(Model *m, Slot *slots) {
     const ModelConfig *c = &m->cfg;
     int n = 0, qd = c->NH * c->HS, kvd = c->NKV * c->HS;
@@ -60,6 +60,10 @@ static int list_slots(Model *m, Slot *slots) {
         if (c->qkv_bias)
             add_slot(slots, &n, NULL, &lw->bv, &lg->bv, kvd, 0, "model.layers.%d.self_attn.v_proj.bias", l);
         add_slot(slots, &n, &lw->wo, NULL, &lg->wo, c->C, qd, "model.layers.%d.self_attn.o_proj.weight", l);
+        if (c->arch == ARCH_QWEN3) {
+            add_slot(slots, &n, NULL, &lw->q_norm, &lg->q_norm, c->HS, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+            add_slot(slots, &n, NULL, &lw->k_norm, &lg->k_norm, c->HS, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+        }
         add_slot(slots, &n, NULL, &lw->ln2, &lg->ln2, c->C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
         add_slot(slots, &n, &lw->wgate, NULL, &lg->wgate, c->FF, c->C, "model.layers.%d.mlp.gate_proj.weight", l);
         add_slot(slots, &n, &lw->wup, NULL, &lg->wup, c->FF, c->C, "model.layers.%d.mlp.up_proj.weight", l);
@@ -94,7 +98,7 @@ int model_setup(Model *m, int trainable) {
     m->trainable = trainable;
     m->layers = er_calloc((size_t)c->L, sizeof(LayerWeights));
     m->grads = er_calloc((size_t)c->L, sizeof(LayerGrads));
-    Slot *slots = er_calloc(4 + 12 * (size_t)c->L, sizeof(Slot));
+    Slot *slots = er_calloc(4 + 14 * (size_t)c->L, sizeof(Slot));
     if (!m->layers || !m->grads || !slots)
         ER_CHECK(ER_ENOMEM);
     int n = list_slots(m, slots);

@@ -1,4 +1,4 @@
-// The transformer (Qwen2 family): weights from Hugging Face dirs, THE forward used by training and
+// The transformer (Qwen2, Qwen3 and Llama families): weights from Hugging Face dirs, THE forward used by training and
 // inference, the backward, and saving back to an HF dir.
 #ifndef MODEL_MODEL_H
 #define MODEL_MODEL_H
@@ -21,11 +21,12 @@ typedef struct {
     Weight wgate, wup, wdown;  // (FF, C), (FF, C), (C, FF)
     float *bq, *bk, *bv;       // (NH*HS), (NKV*HS), (NKV*HS); NULL without q/k/v biases
     float *ln1, *ln2;          // (C) input_layernorm, post_attention_layernorm
+    float *q_norm, *k_norm;    // (HS) each: Qwen3's per-head RMSNorm of q and k before RoPE; NULL otherwise
 } LayerWeights;
 
 // Gradient buffers of a trainable model, laid out like LayerWeights (fp32).
 typedef struct {
-    float *wq, *wk, *wv, *wo, *wgate, *wup, *wdown, *bq, *bk, *bv, *ln1, *ln2;
+    float *wq, *wk, *wv, *wo, *wgate, *wup, *wdown, *bq, *bk, *bv, *ln1, *ln2, *q_norm, *k_norm;
 } LayerGrads;
 
 // One named parameter tensor, in HF naming, for saving, optimizers and gradient checks.
@@ -164,8 +165,12 @@ typedef enum {
 #define ACTS_LOSS_CHUNK_FLOATS ((size_t)1 << 24)
 
 // Activations: the keeper of intermediates, sized once for up to B x T positions.
+// Qwen3 (per-head q/k norms): q and k are the normalised heads; qr, kr the projections before the norm
+// (training keeps them apart; a forward-only pass normalises in place, qr = q and kr = k), rstdq, rstdk each
+// head's 1/rms. Other architectures: the four are empty.
 typedef struct {
     float *res, *ln1, *rstd1, *q, *k, *v, *lse, *atty, *res2, *ln2, *rstd2, *gate, *up, *hmlp;
+    float *qr, *kr, *rstdq, *rstdk; // (N, NH*HS), (N, NKV*HS), (N*NH), (N*NKV)
 } LayerActs;
 
 typedef struct {
@@ -194,6 +199,7 @@ typedef struct {
     double *row_loss;      // (B*T) the loss's per-row terms, summed in row order
     // backward scratch
     float *dres, *dln, *dq, *dk, *dv, *datty, *dgate, *dup, *dh; // dres (B,T,C) ends as d(embedding output)
+    float *dqr, *dkr;      // (B*T, NH*HS), (B*T, NKV*HS) Qwen3: d(q, k before their norms); else empty
     float *dkh, *dvh;      // (B,NH,T,HS) each query head's dK / dV before a KV group's heads are summed
     float *lora_h;         // (L or 1, LT_COUNT, B*T, r) adapter activations x·Aᵀ, sized on first use
     float *lora_dh;        // (B*T, r) the adapter backward's d(x·Aᵀ)

@@ -43,6 +43,7 @@ int fpt_params_init(FptParams *p, const Model *m) {
     if (!ones)
         return er_error(ER_EINVAL, "fpt: the RMSNorm scales are not folded (apply the closed-form rotate first)");
     p->C = c->C, p->FF = c->FF, p->HS = c->HS, p->NKV = c->NKV, p->NH = c->NH, p->L = c->L;
+    p->keys = c->arch != ARCH_QWEN3;
     p->layer_n = (size_t)c->FF + (size_t)c->NKV * c->HS * c->HS + (size_t)c->NKV * c->HS;
     p->n = (size_t)c->C * c->C + (size_t)c->L * p->layer_n;
     if (!(p->theta = er_calloc(p->n, sizeof(float))))
@@ -202,7 +203,7 @@ static int apply_layer_inner(const FptParams *p, const Model *m, int l, const fl
             gemm_f32(0, 0, C, HS, HS, 1.0f, base + oo, qd, Minv, HS, 0.0f, x + oo, qd);
         }
     }
-    for (int h = 0; h < p->NKV; h++)
+    for (int h = 0; h < p->NKV * p->keys; h++)
         for (int i = 0; i < half; i++) {
             double a = exp(t.ka[h * half + i]), th = t.kt[h * half + i], cs = cos(th), sn = sin(th);
             int k0 = h * HS + i, k1 = k0 + half;
@@ -357,7 +358,7 @@ static int inner_grad(const FptParams *p, const Model *m, const float *x, const 
             ER_CHECK(value_inverse(t.M + (size_t)h * HS * HS, HS, Minv, work));
             value_grad(p, m, w, h, x, gx, Minv, work, dM + (size_t)h * HS * HS);
         }
-        for (int h = 0; h < p->NKV; h++)
+        for (int h = 0; h < p->NKV * p->keys; h++) // without T_k its α and θ keep a zero gradient (the identity)
             for (int i = 0; i < half; i++) {
                 int k0 = h * HS + i, k1 = k0 + half;
                 double da, dt, sa = 0, st = 0;

@@ -12,7 +12,9 @@
 //        <- M·v, the o columns of the head's query group <- o·M⁻¹.
 //   T_k  per layer, KV head and RoPE pair i a log-scale α and an angle θ: k pair rows (and bias) <-
 //        e^α R(θ)·k, the group's q pair rows <- e^-α R(θ)·q; R(θ) commutes with RoPE's rotation of the
-//        pair, so q·k is unchanged (the paper's pre-RoPE transform).
+//        pair, so q·k is unchanged (the paper's pre-RoPE transform). Not on Qwen3, whose per-head q/k
+//        RMSNorms sit between the projections and RoPE: no transform of the rows is exact there (α and θ
+//        stay at the identity).
 // W'(θ) = T_r ∘ (T_u, T_v, T_k)(W_fpt); the inner three act on the output side of q/k/v/up and the input
 // side of o/down, T_r on the residual side, so the two commute. fpt_train ends by writing W'(θ) into the
 // model (the merge): the merged float model computes the same logits (fp32 rounding aside), which it
@@ -59,6 +61,7 @@ typedef struct {
     size_t n;         // floats in theta
     float *theta;     // (n): P (C, C), then per layer: u (FF), M (NKV, HS, HS), α (NKV, HS/2), θ (NKV, HS/2)
     size_t layer_n;   // floats per layer
+    int keys;         // T_k trained (0 on Qwen3: α and θ stay 0)
 } FptParams;
 
 // θ at the identity for m's shapes (T_k needs an even head_dim). Free with fpt_params_free (safe zeroed).

@@ -472,6 +472,12 @@ int transform_model_apply(Model *m, unsigned flags, uint64_t seed) {
     if (flags & ~(unsigned)(TRANSFORM_ALL | TRANSFORM_TRAINED))
         return er_error(ER_EINVAL, "transform: unknown flags 0x%x", flags);
     flags &= TRANSFORM_ALL; // the closed-form transforms; training them is train/fpt.h's
+    if (m->cfg.arch == ARCH_QWEN3 && (flags & TRANSFORM_K)) { // q/k norms between the projections and RoPE
+        if ((flags & TRANSFORM_ALL) != TRANSFORM_ALL)
+            return er_error(ER_EUNSUPPORTED, "transform: T_k is not function-preserving on qwen3 (its q_norm / "
+                            "k_norm sit between q/k and RoPE); fpt applies the others there");
+        flags &= ~(unsigned)TRANSFORM_K;
+    }
     if (!flags)
         return ER_OK;
     ER_TRY(check_model(m, flags));

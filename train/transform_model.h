@@ -27,7 +27,9 @@
 //        q pair rows of the group's query heads <- A⁻ᵀ·q = (1/a)·R(θ)·q, so q·k is unchanged. θ makes
 //        the two key rows of the pair equal in energy (tan 2θ = (|k_i|² - |k_j|²) / (2 k_i·k_j)), which
 //        halves a lone outlier key channel across the pair; then a = sqrt(max|q pair| / max|k pair|)
-//        balances the ranges of q and k.
+//        balances the ranges of q and k. Not on Qwen3: its per-head RMSNorms of q and k (q_norm, k_norm) sit
+//        between the projections and RoPE, where no transform of the rows is exact; "fpt" there is T_r, T_u
+//        and T_v, and T_k asked for by name is refused.
 //
 // The model must be trainable fp32 (model_build_random, or model_load with MODEL_LOAD_TRAINABLE; an
 // inference load keeps read-only mmapped matrices and is refused). Transform before anything else

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qwen2_ref as R  # noqa: E402
-from make_ref import qwen2_config  # noqa: E402
+from make_ref import qwen2_config, qwen3_config  # noqa: E402
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
@@ -51,6 +51,10 @@ CASES = [
     dict(name="unmasked_all", seed=3303, masked=False, targets=ALL, r=2, alpha=4.0, rslora=False,
          store="F32", lengths=[12, 8, 5], prompts=[4, 3, 2], T=12,
          cfg=qwen2_config(V=96, C=32, FF=64, L=3, NH=4, NKV=1, theta=10000.0, tied=True)),
+    # Qwen3: per-head q/k norms between q_proj / k_proj (and their adapters) and RoPE
+    dict(name="qwen3_masked_all_targets", seed=4404, masked=True, targets=ALL, r=4, alpha=8.0, rslora=False,
+         store="F32", lengths=[12, 9, 6], prompts=[5, 3, 4], T=12,
+         cfg=qwen3_config(V=96, C=32, FF=64, L=2, NH=4, NKV=2, HS=16, theta=1000000.0, tied=True)),
 ]
 
 

@@ -91,6 +91,37 @@ def llama_config(V, C, FF, L, NH, NKV, HS, theta, tied, eps=1e-5):
     }
 
 
+def qwen3_config(V, C, FF, L, NH, NKV, HS, theta, tied, dtype="float32", eps=1e-6):
+    # Qwen3-0.6B's config.json, shrunk: head_dim set apart from hidden_size / heads, no q/k/v biases
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "head_dim": HS,
+        "hidden_act": "silu",
+        "hidden_size": C,
+        "initializer_range": 0.02,
+        "intermediate_size": FF,
+        "max_position_embeddings": 128,
+        "max_window_layers": L,
+        "num_attention_heads": NH,
+        "num_hidden_layers": L,
+        "num_key_value_heads": NKV,
+        "rms_norm_eps": eps,
+        "rope_scaling": None,
+        "rope_theta": theta,
+        "sliding_window": None,
+        "tie_word_embeddings": tied,
+        "torch_dtype": dtype,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": V,
+    }
+
+
 CASES = [
     dict(name="qwen2_tied_f32", seed=101, store="F32", shards=1, lengths=[12, 9, 5], T=12,
          cfg=qwen2_config(V=96, C=32, FF=64, L=2, NH=4, NKV=2, theta=10000.0, tied=True)),
@@ -103,6 +134,13 @@ CASES = [
          cfg=qwen2_config(V=96, C=48, FF=128, L=2, NH=6, NKV=2, theta=10000.0, tied=False)),
     dict(name="llama_headdim", seed=505, store="F32", shards=1, lengths=[12, 6, 9], T=12,
          cfg=llama_config(V=96, C=48, FF=112, L=2, NH=4, NKV=2, HS=16, theta=500000.0, tied=False)),
+    dict(name="qwen3_untied_f32", seed=606, store="F32", shards=1, lengths=[12, 8, 11], T=12,
+         cfg=qwen3_config(V=96, C=32, FF=96, L=2, NH=4, NKV=2, HS=16, theta=1000000.0, tied=False)),
+    dict(name="qwen3_bf16", seed=707, store="BF16", shards=1, lengths=[9, 10, 4], T=10,
+         cfg=qwen3_config(V=96, C=48, FF=96, L=2, NH=4, NKV=1, HS=8, theta=1000000.0, tied=True,
+                          dtype="bfloat16")),
+    dict(name="qwen3_sharded", seed=808, store="F32", shards=2, lengths=[6, 12, 10], T=12,
+         cfg=qwen3_config(V=96, C=32, FF=64, L=2, NH=4, NKV=2, HS=16, theta=10000.0, tied=False)),
 ]
 
 

@@ -1,17 +1,18 @@
-"""Independent plain-torch reference of Hugging Face transformers' Qwen2 / Llama causal LM.
+"""Independent plain-torch reference of Hugging Face transformers' Qwen2 / Qwen3 / Llama causal LM.
 
-Written from the transformers modelling code (Qwen2ForCausalLM, LlamaForCausalLM), without importing
+Written from the transformers modelling code (Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM), without importing
 `transformers`: the C transformer is tested against this file, so it must stay small enough to check by eye.
 
     x = embed_tokens[tokens]                                                   (B, T, C)
     per layer:
         h = rms_norm(x) * input_layernorm            (norm math in >= fp32, like HF)
         q, k, v = h @ Wq^T + bq, h @ Wk^T + bk, h @ Wv^T + bv                  (q/k/v bias: qwen2 always,
-                                                                               llama if attention_bias)
+                                                                               qwen3 / llama if attention_bias)
+        q, k = rms_norm(q) * q_norm, rms_norm(k) * k_norm   (qwen3 only: each head over its HS values)
         q, k = rope(q), rope(k)                       (NeoX rotate_half, [freqs, freqs] layout)
         a = softmax(q k^T / sqrt(HS) + causal) v      (GQA: query head h reads kv head h // (NH/NKV);
                                                        softmax in >= fp32)
-        x = x + a @ Wo^T                              (o bias only for llama with attention_bias)
+        x = x + a @ Wo^T                              (o bias only for qwen3 / llama with attention_bias)
         h = rms_norm(x) * post_attention_layernorm
         x = x + down(silu(gate(h)) * up(h))
     logits = rms_norm(x) * norm @ lm_head^T           (lm_head = embed_tokens when tied)
@@ -63,8 +64,8 @@ class Config:
     def __init__(self, d):
         self.raw = d
         self.model_type = d["model_type"]
-        if self.model_type not in ("qwen2", "llama"):
-            raise ValueError("model_type %r: expected qwen2 or llama" % self.model_type)
+        if self.model_type not in ("qwen2", "qwen3", "llama"):
+            raise ValueError("model_type %r: expected qwen2, qwen3 or llama" % self.model_type)
         self.V = int(d["vocab_size"])
         self.C = int(d["hidden_size"])
         self.FF = int(d["intermediate_size"])
@@ -82,9 +83,10 @@ class Config:
             # Qwen2Attention: q/k/v Linear(bias=True), o_proj bias=False, MLP without bias.
             self.qkv_bias, self.o_bias, self.mlp_bias = True, False, False
         else:
-            # LlamaAttention: every projection, o_proj included, takes bias=config.attention_bias.
+            # Qwen3Attention / LlamaAttention: every projection, o_proj included, takes bias=config.attention_bias.
             ab = bool(d.get("attention_bias", False))
             self.qkv_bias, self.o_bias, self.mlp_bias = ab, ab, bool(d.get("mlp_bias", False))
+        self.qk_norm = self.model_type == "qwen3"  # Qwen3Attention: q_norm, k_norm (RMSNorm over head_dim)
         if self.NH % self.NKV != 0:
             raise ValueError("num_attention_heads %d not a multiple of num_key_value_heads %d"
                              % (self.NH, self.NKV))
@@ -111,6 +113,9 @@ def param_shapes(cfg):
         out.append((p + "self_attn.o_proj.weight", (C, NH * HS)))
         if cfg.o_bias:
             out.append((p + "self_attn.o_proj.bias", (C,)))
+        if cfg.qk_norm:
+            out.append((p + "self_attn.q_norm.weight", (HS,)))
+            out.append((p + "self_attn.k_norm.weight", (HS,)))
         out.append((p + "post_attention_layernorm.weight", (C,)))
         out.append((p + "mlp.gate_proj.weight", (FF, C)))
         out.append((p + "mlp.up_proj.weight", (FF, C)))
@@ -192,15 +197,25 @@ def repeat_kv(x, n_rep):
     return x[:, :, None, :, :].expand(B, NKV, n_rep, T, HS).reshape(B, NKV * n_rep, T, HS)
 
 
+def split_heads(cfg, w, p, q, k, v):
+    """q (B, T, NH*HS), k, v (B, T, NKV*HS) -> (B, NH, T, HS), (B, NKV, T, HS) x 2; Qwen3 normalises each
+    q and k head first: q_norm(q_proj(h).view(..., HS)), the same for k."""
+    B, T, _ = q.shape
+    q = q.view(B, T, cfg.NH, cfg.HS)
+    k = k.view(B, T, cfg.NKV, cfg.HS)
+    if cfg.qk_norm:
+        q = rms_norm(q, w[p + "self_attn.q_norm.weight"], cfg.eps)
+        k = rms_norm(k, w[p + "self_attn.k_norm.weight"], cfg.eps)
+    return q.transpose(1, 2), k.transpose(1, 2), v.view(B, T, cfg.NKV, cfg.HS).transpose(1, 2)
+
+
 def attention(cfg, w, p, h, cos, sin):
     B, T, _ = h.shape
     NH, NKV, HS = cfg.NH, cfg.NKV, cfg.HS
     q = linear(h, w[p + "self_attn.q_proj.weight"], w.get(p + "self_attn.q_proj.bias"))
     k = linear(h, w[p + "self_attn.k_proj.weight"], w.get(p + "self_attn.k_proj.bias"))
     v = linear(h, w[p + "self_attn.v_proj.weight"], w.get(p + "self_attn.v_proj.bias"))
-    q = q.view(B, T, NH, HS).transpose(1, 2)    # (B, NH, T, HS)
-    k = k.view(B, T, NKV, HS).transpose(1, 2)   # (B, NKV, T, HS)
-    v = v.view(B, T, NKV, HS).transpose(1, 2)   # (B, NKV, T, HS)
+    q, k, v = split_heads(cfg, w, p, q, k, v)   # (B, NH, T, HS), (B, NKV, T, HS) x 2
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
     k = repeat_kv(k, NH // NKV)
@@ -447,9 +462,8 @@ def forward_lora(cfg, w, lora, scale, adapter_mask, tokens=None, inputs_embeds=N
     for l in range(cfg.L):
         p = "model.layers.%d." % l
         h = rms_norm(x, w[p + "input_layernorm.weight"], cfg.eps)
-        q = lin(h, l, "self_attn", "q_proj").view(B, T, NH, HS).transpose(1, 2)
-        k = lin(h, l, "self_attn", "k_proj").view(B, T, NKV, HS).transpose(1, 2)
-        v = lin(h, l, "self_attn", "v_proj").view(B, T, NKV, HS).transpose(1, 2)
+        q, k, v = split_heads(cfg, w, p, lin(h, l, "self_attn", "q_proj"), lin(h, l, "self_attn", "k_proj"),
+                              lin(h, l, "self_attn", "v_proj"))
         q = apply_rope(q, cos, sin)
         k = repeat_kv(apply_rope(k, cos, sin), NH // NKV)
         v = repeat_kv(v, NH // NKV)

@@ -121,6 +121,7 @@ static void check_train(const char *name, int masked, unsigned targets) {
 Test(lora_reference, masked_all_targets) { check_train("masked_all_targets", 1, LORA_ALL_TARGETS); }
 Test(lora_reference, masked_qv_rslora) { check_train("masked_qv_rslora", 1, QV); }
 Test(lora_reference, unmasked_all) { check_train("unmasked_all", 0, LORA_ALL_TARGETS); }
+Test(lora_reference, qwen3_masked_all_targets) { check_train("qwen3_masked_all_targets", 1, LORA_ALL_TARGETS); }
 
 // With the mask off everywhere the adapter changes no bit of the logits, in the training keeper and
 // the scoring keeper.
@@ -154,6 +155,7 @@ static void check_mask_off(const char *name) {
 Test(lora_reference, mask_off_is_base_masked_all_targets) { check_mask_off("masked_all_targets"); }
 Test(lora_reference, mask_off_is_base_qv_rslora) { check_mask_off("masked_qv_rslora"); }
 Test(lora_reference, mask_off_is_base_unmasked_all) { check_mask_off("unmasked_all"); }
+Test(lora_reference, mask_off_is_base_qwen3) { check_mask_off("qwen3_masked_all_targets"); }
 
 // model.h: "adapter_mask ... NULL = everywhere": an adapter without a mask applies at every position.
 Test(lora_reference, null_mask_means_everywhere) {
@@ -280,6 +282,7 @@ static void check_kv_sharing(const char *name) {
 
 Test(lora_reference, kv_sharing_masked_all_targets) { check_kv_sharing("masked_all_targets"); }
 Test(lora_reference, kv_sharing_masked_qv_rslora) { check_kv_sharing("masked_qv_rslora"); }
+Test(lora_reference, kv_sharing_qwen3) { check_kv_sharing("qwen3_masked_all_targets"); }
 
 // erinfer score --adapter on prompt/completion records: the adapter is on at completion positions
 // only, and each completion token's log-prob matches the PyTorch reference's masked logits.

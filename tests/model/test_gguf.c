@@ -584,7 +584,7 @@ static void spoil_eos(GgufWriter *w) { *(uint32_t *)writer_kv(w, "tokenizer.ggml
 Test(gguf, bad_models_are_refused_by_name) {
     expect_model_refused(spoil_type, "has type iq4_nl (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K "
                                      "or q6_K)", 0);
-    expect_model_refused(spoil_arch, "\"gpt2_\" (supported: qwen2, llama)", 0);
+    expect_model_refused(spoil_arch, "\"gpt2_\" (supported: qwen2, qwen3, llama)", 0);
     expect_model_refused(spoil_blocks, "block_count is 5 but the file holds 4 blocks", 0);
     expect_model_refused(spoil_heads, "blk.0.attn_q.weight", 0);
     expect_model_refused(spoil_nan, "NaN", 0);

@@ -14,9 +14,10 @@
 #include "tests/common/fd.h"
 #include "train/optim.h"
 
-static ModelConfig tiny_config(int tied) {
+// Qwen2 (q/k/v biases) or Qwen3 (per-head q/k norms, no biases).
+static ModelConfig tiny_config(int tied, ModelArch arch) {
     ModelConfig c = {0};
-    c.arch = ARCH_QWEN2;
+    c.arch = arch;
     c.C = 16;
     c.FF = 24;
     c.L = 2;
@@ -28,7 +29,7 @@ static ModelConfig tiny_config(int tied) {
     c.rope_theta = 10000.0f;
     c.eps = 1e-6f;
     c.tied = tied;
-    c.qkv_bias = 1;
+    c.qkv_bias = arch == ARCH_QWEN2;
     c.dtype = DT_F32;
     c.bos_id = c.eos_id = -1;
     return c;
@@ -42,9 +43,9 @@ typedef struct {
     float mask[2 * 6];
 } Fixture;
 
-static void fixture_init(Fixture *f, int tied, uint64_t seed) {
+static void fixture_init(Fixture *f, int tied, ModelArch arch, uint64_t seed) {
     threads_set(1);
-    ModelConfig c = tiny_config(tied);
+    ModelConfig c = tiny_config(tied, arch);
     cr_assert_eq(model_build_random(&f->m, &c, 0.3f, seed), 0);
     // Biases are zero at init; make them non-zero so their gradients are exercised.
     ErRng r;
@@ -74,9 +75,9 @@ static double loss_of(Fixture *f) {
 
 static double loss_cb(void *f) { return loss_of(f); }
 
-static void check_model_grads(int tied) {
+static void check_model_grads(int tied, ModelArch arch) {
     Fixture f;
-    fixture_init(&f, tied, 42 + tied);
+    fixture_init(&f, tied, arch, 42 + tied);
     model_zero_grad(&f.m);
     double L;
     cr_assert_eq(model_forward(&f.m, &f.in, &f.a), 0);
@@ -111,13 +112,14 @@ static void check_model_grads(int tied) {
     model_free(&f.m);
 }
 
-Test(model_grad, untied_with_biases) { check_model_grads(0); }
-Test(model_grad, tied_embeddings) { check_model_grads(1); }
+Test(model_grad, untied_with_biases) { check_model_grads(0, ARCH_QWEN2); }
+Test(model_grad, tied_embeddings) { check_model_grads(1, ARCH_QWEN2); }
+Test(model_grad, qwen3_qk_norms) { check_model_grads(0, ARCH_QWEN3); }
 
 // Gradients accumulate across backward calls (gradient accumulation relies on it).
 Test(model_grad, gradients_accumulate) {
     Fixture f;
-    fixture_init(&f, 0, 3);
+    fixture_init(&f, 0, ARCH_QWEN2, 3);
     double L;
     model_zero_grad(&f.m);
     model_forward(&f.m, &f.in, &f.a);
@@ -139,7 +141,7 @@ Test(model_grad, gradients_accumulate) {
 // AdamW with warmup + cosine drives the loss on one fixed batch near zero.
 Test(model_grad, overfits_one_batch) {
     Fixture f;
-    fixture_init(&f, 1, 11);
+    fixture_init(&f, 1, ARCH_QWEN2, 11);
     AdamW opt;
     cr_assert_eq(adamw_init(&opt, backend_cpu(), f.m.n_param_floats, 1e-2, 0.9, 0.95, 1e-8, 0.0), 0);
     double first = 0, L = 0;
@@ -194,8 +196,8 @@ static void grads_with(Model *m, LoraAdapter *ad, ActsMode mode, float **g, floa
 
 Test(model_grad, recompute_gives_the_same_gradients_bitwise) {
     threads_set(2);
-    for (int tied = 0; tied <= 1; tied++) {
-        ModelConfig c = tiny_config(tied);
+    for (int tied = 0; tied <= 2; tied++) { // 2: Qwen3, tied
+        ModelConfig c = tiny_config(tied > 0, tied == 2 ? ARCH_QWEN3 : ARCH_QWEN2);
         Model m;
         cr_assert_eq(model_build_random(&m, &c, 0.3f, 21), 0);
         LoraShape s = model_config_lora_shape(&c);

@@ -1,7 +1,8 @@
 // The forward, loss and gradients against the independent PyTorch reference (scripts/ref/), on random
 // tiny checkpoints it wrote in HF layout: tied/untied, GQA, biases, F32/BF16 files, shards, llama with
-// an explicit head_dim. `make test` generates them into $ER_REF_DIR first; without torch these tests
-// are skipped with a loud message.
+// an explicit head_dim, Qwen3 (per-head q/k norms, head_dim apart from hidden / heads: untied F32, tied
+// BF16, shards). `make test` generates them into $ER_REF_DIR first; without torch these tests are skipped
+// with a loud message.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -84,6 +85,9 @@ Test(reference, qwen2_untied_f32) { check_case("qwen2_untied_f32"); }
 Test(reference, qwen2_bf16) { check_case("qwen2_bf16"); }
 Test(reference, qwen2_sharded) { check_case("qwen2_sharded"); }
 Test(reference, llama_headdim) { check_case("llama_headdim"); }
+Test(reference, qwen3_untied_f32) { check_case("qwen3_untied_f32"); }
+Test(reference, qwen3_bf16) { check_case("qwen3_bf16"); }
+Test(reference, qwen3_sharded) { check_case("qwen3_sharded"); }
 
 // The score runner (erinfer score) on a checkpoint written by the reference: per-token log-probs match.
 // (tests/lora/test_lora_reference.c runs the erinfer score command itself, with an adapter.)
