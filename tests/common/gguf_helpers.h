@@ -29,20 +29,28 @@ static inline char *gguf_fixture_dir(void) {
     return dir;
 }
 
-// A random Qwen2.5-shaped model (two layers, C 64, GQA 4/2, untied, q/k/v biases, rope 1e6, the Qwen
-// vocabulary padded to 151936 like Qwen2.5's) with the real Qwen tokenizer, saved fp32 into dir (init std
-// 0.1: larger weights make peakier distributions but grow the activations, and with them every rounding
-// difference between two implementations, in the same proportion as the margins between top tokens).
-// Skips loudly when the fixtures are missing.
-static inline void gguf_make_qwen_dir(const char *dir) {
+// A random Qwen-shaped model with the real Qwen tokenizer, saved fp32 into dir (init std 0.1: larger weights
+// make peakier distributions but grow the activations, and with them every rounding difference between two
+// implementations, in the same proportion as the margins between top tokens). ARCH_QWEN2: Qwen2.5's shape (two
+// layers, C 64, GQA 4/2, untied, q/k/v biases, rope 1e6, the vocabulary padded to 151936); ARCH_QWEN3: Qwen3's
+// (no biases, head_dim 32 apart from C / heads, tied as Qwen3-0.6B, q/k norms away from one so a misplaced
+// norm shows). Skips loudly when the fixtures are missing.
+static inline void gguf_make_qwen_dir(const char *dir, ModelArch arch) {
     char *fx = gguf_fixture_dir(), *tj = path_join(fx, "tokenizer.json"), *tc = path_join(fx, "tokenizer_config.json");
     if (!path_exists(tj))
         cr_skip_test("!!!!!! %s is MISSING (set ER_FIXTURES): the Qwen-shaped GGUF tests are SKIPPED !!!!!!", tj);
     ModelConfig c = {.arch = ARCH_QWEN2, .C = 64, .FF = 128, .L = 2, .NH = 4, .NKV = 2, .HS = 16, .V = 151936,
                      .max_pos = 1024, .rope_theta = 1000000.0f, .eps = 1e-6f, .tied = 0, .qkv_bias = 1,
                      .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
+    if (arch == ARCH_QWEN3)
+        c.arch = ARCH_QWEN3, c.HS = 32, c.tied = 1, c.qkv_bias = 0;
     Model m;
     cr_assert_eq(model_build_random(&m, &c, 0.1f, 11), ER_OK, "%s", er_last_error());
+    for (int l = 0; l < c.L && arch == ARCH_QWEN3; l++)
+        for (int i = 0; i < c.HS; i++) {
+            m.layers[l].q_norm[i] = 0.6f + 0.05f * (float)((i * 7 + l) % 17);
+            m.layers[l].k_norm[i] = 1.4f - 0.04f * (float)((i * 5 + l) % 13);
+        }
     cr_assert_eq(model_save(&m, dir, 0), ER_OK, "%s", er_last_error());
     model_free(&m);
     helper_copy_file(tj, dir, "tokenizer.json");
@@ -56,11 +64,14 @@ static inline void gguf_make_qwen_dir(const char *dir) {
 // 0.1, as the Qwen-shaped dir: with C = 32 (one 32-value block per q8_0 / q4_0 row) llama.cpp 3.22.1 on an AVX-512 CPU
 // scored the quantized GGUFs up to 90x off the f32 dir (ours: q8_0 within 4% of it, q4_0 within 2x; measured);
 // on AVX2 CPUs it agreed. Rows of one block do not occur in real models.
-static inline void gguf_make_llama_dir(const char *dir) {
+// ARCH_QWEN3 instead: the same shape with Qwen3's q/k norms and head_dim 32, without biases.
+static inline void gguf_make_arch_dir(const char *dir, ModelArch arch) {
     ModelConfig c = helper_tiny_config(512, 256);
     c.C = 64, c.HS = 16, c.FF = 128;
-    c.arch = ARCH_LLAMA;
-    c.qkv_bias = 1; // attention_bias: the biases are permuted like the rows
+    c.arch = arch;
+    c.qkv_bias = arch == ARCH_LLAMA; // llama's attention_bias: the biases are permuted like the rows
+    if (arch == ARCH_QWEN3)
+        c.HS = 32;
     Model m;
     cr_assert_eq(model_build_random(&m, &c, 0.1f, 4), ER_OK, "%s", er_last_error());
     for (int i = 0; i < m.n_params; i++) // nonzero biases and norms, so a wrong permutation shows

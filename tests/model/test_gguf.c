@@ -43,13 +43,14 @@ static void expect_same_file(const char *a, const char *b) {
     er_free(y);
 }
 
-// Export -> import -> export gives the same bytes, for every type, qwen2 (tiny base) and llama.
+// Export -> import -> export gives the same bytes, for every type, qwen2 (tiny base), llama and qwen3.
 Test(gguf, round_trip_is_byte_identical) {
-    char *llama = tmp_path("llama");
-    gguf_make_llama_dir(llama);
-    const char *dirs[2] = {GGUF_TINY_BASE, llama};
+    char *llama = tmp_path("llama"), *qwen3 = tmp_path("qwen3");
+    gguf_make_arch_dir(llama, ARCH_LLAMA);
+    gguf_make_arch_dir(qwen3, ARCH_QWEN3);
+    const char *dirs[3] = {GGUF_TINY_BASE, llama, qwen3};
     const char *types[5] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
-    for (int d = 0; d < 2; d++)
+    for (int d = 0; d < 3; d++)
         for (int t = 0; t < 5; t++) {
             char a[512], b[512];
             snprintf(a, sizeof a, "%s/a-%d-%s.gguf", tmp, d, types[t]);
@@ -59,17 +60,19 @@ Test(gguf, round_trip_is_byte_identical) {
             expect_same_file(a, b);
         }
     er_free(llama);
+    er_free(qwen3);
 }
 
 // HF dir -> GGUF -> our forward: the same logits (f32: bit for bit), and the chat template travels.
 Test(gguf, dir_and_gguf_give_the_same_logits) {
-    char *llama = tmp_path("llama"), *g = tmp_path("m.gguf");
-    gguf_make_llama_dir(llama);
-    const char *dirs[2] = {GGUF_TINY_BASE, llama};
+    char *llama = tmp_path("llama"), *qwen3 = tmp_path("qwen3"), *g = tmp_path("m.gguf");
+    gguf_make_arch_dir(llama, ARCH_LLAMA);
+    gguf_make_arch_dir(qwen3, ARCH_QWEN3);
+    const char *dirs[3] = {GGUF_TINY_BASE, llama, qwen3};
     int ids[24];
     for (int i = 0; i < 24; i++)
         ids[i] = (i * 37 + 5) % 500;
-    for (int d = 0; d < 2; d++) {
+    for (int d = 0; d < 3; d++) {
         cr_assert_eq(gguf_export_model(dirs[d], g, NULL, NULL), ER_OK, "%s", er_last_error());
         Model a, b;
         cr_assert_eq(model_load(&a, dirs[d], 0), ER_OK, "%s", er_last_error());
@@ -89,6 +92,7 @@ Test(gguf, dir_and_gguf_give_the_same_logits) {
     cr_assert_eq(chat_style_from_config(g, &s2), ER_OK, "%s", er_last_error());
     cr_expect_eq(s1, s2);
     er_free(llama);
+    er_free(qwen3);
     er_free(g);
 }
 
@@ -268,7 +272,7 @@ Test(gguf, q4_0_shaped_q4g32_exports_as_q4_0) {
 // ertrain quantize / merge / sft put beside a model dir made from a GGUF base).
 Test(gguf, tokenizer_from_gguf_matches_tokenizer_json) {
     char *dir = tmp_path("qwen"), *g = tmp_path("q.gguf");
-    gguf_make_qwen_dir(dir);
+    gguf_make_qwen_dir(dir, ARCH_QWEN2);
     cr_assert_eq(gguf_export_model(dir, g, "q4_0", NULL), ER_OK, "%s", er_last_error());
     Tokenizer *a, *b, *c, *toks[2];
     char *out = tmp_path("json");

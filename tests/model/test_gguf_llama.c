@@ -1,6 +1,6 @@
 // GGUF files checked in real llama.cpp (node-llama-cpp's prebuilt CPU binaries, scripts/llama_cpp.sh): on a
-// random Qwen2.5-shaped model over the real Qwen tokenizer and on the tiny base, exported f32 / f16 / q8_0 /
-// q4_0, llama.cpp's greedy tokens and per-token probabilities against ours on the same GGUF and on our own
+// random Qwen2.5-shaped and a Qwen3-shaped model over the real Qwen tokenizer and on the tiny base, exported f32 /
+// f16 / q8_0 / q4_0, llama.cpp's greedy tokens and per-token probabilities against ours on the same GGUF and on our own
 // dir; the same with a LoRA GGUF; the tokenization of a corpus. Skips loudly without node / npm.
 #include <criterion/criterion.h>
 #include <math.h>
@@ -149,7 +149,8 @@ static void check_lora(const char *dir, const char *tmp, const char *prompt_text
 
 
 
-// The cases: a random Qwen2.5-shaped model over the real Qwen tokenizer ("qwen"), a random llama model over
+// The cases: a random Qwen2.5-shaped model over the real Qwen tokenizer ("qwen"), the same Qwen3-shaped
+// ("qwen3": q/k norms, llama.cpp's qwen3 architecture), a random llama model over
 // the tiny tokenizer ("llama": q/k rows permuted into llama.cpp's RoPE order, and back) and the tiny base; each
 // exported and compared as a base model, or with a random LoRA adapter (perturb > 0). The tiny base's prompt is a
 // problem as raw text, which it continues with a long trace: in the chat format it answers in a few tokens and
@@ -163,12 +164,12 @@ static void run_case(const char *kind, float perturb) {
         dir = er_strdup(GGUF_TINY_BASE);
     } else {
         dir = path_join(tmp, kind);
-        if (strcmp(kind, "qwen") == 0)
-            gguf_make_qwen_dir(dir);
+        if (strcmp(kind, "llama") == 0)
+            gguf_make_arch_dir(dir, ARCH_LLAMA);
         else
-            gguf_make_llama_dir(dir);
+            gguf_make_qwen_dir(dir, strcmp(kind, "qwen3") == 0 ? ARCH_QWEN3 : ARCH_QWEN2);
     }
-    const char *prompt = strcmp(kind, "qwen") == 0 ? QWEN_PROMPT : TINY_PROMPT;
+    const char *prompt = strncmp(kind, "qwen", 4) == 0 ? QWEN_PROMPT : TINY_PROMPT;
     if (perturb > 0)
         check_lora(dir, tmp, prompt, perturb);
     else
@@ -179,9 +180,11 @@ static void run_case(const char *kind, float perturb) {
 }
 
 Test(gguf_llama, qwen_shaped) { run_case("qwen", 0); }
+Test(gguf_llama, qwen3_shaped) { run_case("qwen3", 0); }
 Test(gguf_llama, tiny_base) { run_case("tiny", 0); }
 Test(gguf_llama, llama_arch) { run_case("llama", 0); }
 Test(gguf_llama, lora_qwen_shaped) { run_case("qwen", 0.05f); }
+Test(gguf_llama, lora_qwen3_shaped) { run_case("qwen3", 0.05f); }
 Test(gguf_llama, lora_llama_arch) { run_case("llama", 0.05f); }
 Test(gguf_llama, lora_tiny_base) { run_case("tiny", 0.05f); }
 
@@ -193,7 +196,7 @@ Test(gguf_llama, lora_tiny_base) { run_case("tiny", 0.05f); }
 Test(gguf_llama, tokenize_corpus) {
     char *tmp = helper_tmpdir("er_gguf_ll");
     char *dir = path_join(tmp, "qwen"), gguf[512];
-    gguf_make_qwen_dir(dir);
+    gguf_make_qwen_dir(dir, ARCH_QWEN2);
     snprintf(gguf, sizeof gguf, "%s/model.gguf", tmp);
     cr_assert_eq(gguf_export_model(dir, gguf, "f16", NULL), ER_OK, "%s", er_last_error());
     Tokenizer *hf;
