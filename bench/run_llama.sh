@@ -9,11 +9,13 @@
 # Per format: llama.cpp (node-llama-cpp, pinned, prebuilt CPU binaries, bench/llama_decode.mjs) and
 # erinfer bench, same threads, prompt and new tokens; one table with the ratios and the load average.
 # Then the deployed configuration at a long context: erinfer on the q4 weights with LONG (1024) prompt positions
-# and 32 new tokens, int8 KV against f32 KV (decode N = 1 and 8, prefill).
+# and 32 new tokens, int8 KV against f32 KV (decode N = 1 and 8, prefill). Then the Qwen3 shape: a random model of
+# Qwen3-0.6B's config (configs/qwen3-0.6b.json: 28 layers, hidden 1024, 16/8 heads of 128, q/k norms, tied),
+# quantized q4 and exported as Q4_0, erinfer against llama.cpp's qwen3 on that file.
 #   THREADS (2), PROMPT (256), NEW (64), FORMATS ("f32 q8 q4 q4g32 q8_0 q4_0 q4_k_m q5_k_m"), LLAMA_NS (N values for
 #   llama.cpp, "1 8"),
-#   LONG (1024; 0 skips the long-context row)
-# Needs ~2 GB of memory and ~5.5 GB of disk (models written once: later runs only measure).
+#   LONG (1024; 0 skips the long-context row), QWEN3 (1; 0 skips the Qwen3 row)
+# Needs ~3 GB of memory and ~9 GB of disk (models written once: later runs only measure).
 # Exits 0 with a loud line when node/npm or node-llama-cpp is missing: no comparison then.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,7 +27,9 @@ NEW=${NEW:-64}
 FORMATS=${FORMATS:-f32 q8 q4 q4g32 q8_0 q4_0 q4_k_m q5_k_m}
 LLAMA_NS=${LLAMA_NS:-1 8}
 LONG=${LONG:-1024}
+QWEN3=${QWEN3:-1}
 dir=$BUILD/llbench
+q3=$dir/qwen3-0.6b
 tok=../shared/fixtures/qwen-tokenizer
 
 if ! command -v node >/dev/null 2>&1; then
@@ -82,6 +86,24 @@ for f in $FORMATS; do
   fi
 done
 
+if [ "$QWEN3" = 1 ]; then
+  mkdir -p "$q3"
+  if [ ! -d "$q3/f32" ]; then
+    rm -rf "$q3/f32.tmp"
+    "$BUILD/ertrain" init --config configs/qwen3-0.6b.json --out "$q3/f32.tmp" --tokenizer "$tok" --threads "$THREADS"
+    mv "$q3/f32.tmp" "$q3/f32"
+  fi
+  if [ ! -d "$q3/q4" ]; then
+    rm -rf "$q3/q4.tmp"
+    "$BUILD/ertrain" quantize --model "$q3/f32" --out "$q3/q4.tmp" --weights q4
+    mv "$q3/q4.tmp" "$q3/q4"
+  fi
+  if [ ! -f "$q3/q4.gguf" ]; then
+    "$BUILD/ertrain" export gguf --model "$q3/q4" --out "$q3/q4.gguf.tmp" --type q4_0
+    mv "$q3/q4.gguf.tmp" "$q3/q4.gguf"
+  fi
+fi
+
 # Measure: the int8 peak, then llama.cpp and erinfer per format, each on an otherwise idle process.
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 "$BUILD/bench/int8_peak" --threads "$THREADS" >"$dir/int8_peak.json"
@@ -97,13 +119,20 @@ if [ "$LONG" -gt 0 ]; then
   "$BUILD/erinfer" bench --model "$dir/q4" --prompt-tokens "$LONG" --new-tokens 32 --threads "$THREADS" \
     --json >"$dir/q4.long.json"
 fi
+if [ "$QWEN3" = 1 ]; then
+  echo "run_llama: Qwen3-0.6B shape, q4 / Q4_0: llama.cpp, then erinfer bench; load $(cut -d' ' -f1-3 /proc/loadavg)"
+  # shellcheck disable=SC2086
+  node bench/llama_decode.mjs "$q3/q4.gguf" "$THREADS" "$PROMPT" "$NEW" $LLAMA_NS >"$q3/q4.llama.json"
+  "$BUILD/erinfer" bench --model "$q3/q4" --prompt-tokens "$PROMPT" --new-tokens "$NEW" --threads "$THREADS" \
+    --json >"$q3/q4.erinfer.json"
+fi
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # The table: decode tok/s per sequence and step time at each llama.cpp N, erinfer's f32-KV row at the same N,
 # then erinfer's int8-KV row (its speed against the f32-KV row, and its N/1 step ratio).
-node - "$dir" "$FORMATS" "$LONG" "$PROMPT" <<'EOF'
+node - "$dir" "$FORMATS" "$LONG" "$PROMPT" "$QWEN3" "$q3" <<'EOF'
 const fs = require("fs");
-const [dir, formats, long, prompt] = process.argv.slice(2);
+const [dir, formats, long, prompt, qwen3, q3] = process.argv.slice(2);
 const gguf = {f32: "F32", q8: "Q8_0", q4: "Q4_0", q4g32: "Q4_0", q8_0: "Q8_0*", q4_0: "Q4_0*", q4_k_m: "Q4_K_M*",
     q5_k_m: "Q5_K_M*"};
 const cfg = JSON.parse(fs.readFileSync(`${dir}/config.json`, "utf8"));
@@ -161,6 +190,19 @@ if (Number(long) > 0) {
     console.log(`q4 weights at ${long} prompt positions, int8 KV / f32 KV: decode N=1 ${speed(1)}, N=8 ${speed(8)}; ` +
         `prefill ${(row("f32", 1).ttft_ms / row("int8", 1).ttft_ms).toFixed(2)}x; ` +
         `KV at N=1 ${(row("int8", 1).kv_bytes / 1048576).toFixed(1)} vs ${(row("f32", 1).kv_bytes / 1048576).toFixed(1)} MiB`);
+}
+if (qwen3 === "1") {
+    const ll = JSON.parse(fs.readFileSync(`${q3}/q4.llama.json`, "utf8"));
+    const er = JSON.parse(fs.readFileSync(`${q3}/q4.erinfer.json`, "utf8"));
+    const l1 = ll.rows.find(r => r.n === 1), e1 = er.rows.find(r => r.kv === "f32" && r.n === 1);
+    const decode = ll.rows.map(l => {
+        const e = er.rows.find(r => r.kv === "f32" && r.n === l.n);
+        return `N=${l.n} ${e.tokens_per_s_seq.toFixed(1)} vs ${l.tokens_per_s_seq.toFixed(1)} tok/s/seq ` +
+            `(${(e.tokens_per_s_seq / l.tokens_per_s_seq).toFixed(2)}x)`;
+    });
+    console.log(`Qwen3-0.6B shape (28 layers, q/k norms), q4 / Q4_0 from it, erinfer vs llama.cpp (qwen3): prefill ` +
+        `${e1.ttft_ms.toFixed(0)} vs ${l1.ttft_ms.toFixed(0)} ms (${(l1.ttft_ms / e1.ttft_ms).toFixed(2)}x); decode ` +
+        decode.join(", "));
 }
 EOF
 echo "run_llama: $THREADS threads, prompt $PROMPT, $NEW new tokens; load average $load_before before, $load_after after"

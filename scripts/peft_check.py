@@ -3,9 +3,11 @@
 
 Needs torch, transformers and peft (the GPU machine has them; scripts/gpu_check.sh runs this there).
 
-1. A random Qwen2-shaped HF dir (`ertrain init` of configs/tiny.json) and an adapter trained on it by
+Both on a random Qwen2-shaped HF dir (`ertrain init` of configs/tiny.json) and on a Qwen3-shaped one
+(configs/qwen3-tiny.json: transformers' Qwen3, with its q/k norms):
+1. The dir and an adapter trained on it by
    `ertrain sft --no-mask` (standard LoRA: on at every position, which is what PEFT applies). PEFT loads
-   the adapter with `PeftModel.from_pretrained` over transformers' Qwen2 in fp32; its per-token
+   the adapter with `PeftModel.from_pretrained` over transformers' model in fp32; its per-token
    log-probs of random sequences are compared with `erinfer score`'s on the same dir and adapter.
 2. The other direction: an adapter PEFT initialises (`get_peft_model`, B then set to random values so
    it does something) and saves with `save_pretrained`, scored by `erinfer score --adapter`.
@@ -85,13 +87,23 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--tol", type=float, default=1e-4)
     args = ap.parse_args()
+    ok = True
+    for config in ("configs/tiny.json", "configs/qwen3-tiny.json"):
+        ok &= check_config(args, config)
+    sys.exit(0 if ok else 1)
+
+
+def check_config(args, config):
+    """Both directions on a random model of config; True when both agree within args.tol."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    os.makedirs(args.work, exist_ok=True)
+    name = os.path.splitext(os.path.basename(config))[0]
+    work = os.path.join(args.work, name)
+    os.makedirs(work, exist_ok=True)
     ertrain = os.path.join(args.build, "ertrain")
-    base, data = os.path.join(args.work, "base"), os.path.join(args.work, "chains.jsonl")
-    sft, peft_dir = os.path.join(args.work, "sft"), os.path.join(args.work, "peft_init")
-    run([ertrain, "init", "--config", "configs/tiny.json", "--out", base, "--tokenizer", "data/tiny_tokenizer",
+    base, data = os.path.join(work, "base"), os.path.join(work, "chains.jsonl")
+    sft, peft_dir = os.path.join(work, "sft"), os.path.join(work, "peft_init")
+    run([ertrain, "init", "--config", config, "--out", base, "--tokenizer", "data/tiny_tokenizer",
          "--seed", "3", "--std", "0.08"])
     run([ertrain, "synth", "chains", "--n", "64", "--out", data])
     run([ertrain, "sft", "--model", base, "--data", data, "--response-key", "concise", "--no-mask", "--rank", "8",
@@ -102,8 +114,9 @@ def main():
 
     # 1. our adapter in PEFT
     m = PeftModel.from_pretrained(load_base(base), sft).eval()
-    err = compare(ours(args.build, base, sft, seqs, args.work, "sft"), peft_logprobs(m, seqs))
-    print(json.dumps({"check": "ertrain sft adapter loaded by peft", "rel_err": err, "tol": args.tol}), flush=True)
+    err = compare(ours(args.build, base, sft, seqs, work, "sft"), peft_logprobs(m, seqs))
+    print(json.dumps({"check": "%s: ertrain sft adapter loaded by peft" % name, "rel_err": err, "tol": args.tol}),
+          flush=True)
     ok &= err <= args.tol
 
     # 2. PEFT's adapter in erinfer
@@ -111,15 +124,16 @@ def main():
     m = get_peft_model(load_base(base), cfg)
     g = torch.Generator().manual_seed(9)
     with torch.no_grad():
-        for name, p in m.named_parameters():
-            if "lora_B" in name:  # PEFT starts B at zero: give the adapter something to do
+        for pname, p in m.named_parameters():
+            if "lora_B" in pname:  # PEFT starts B at zero: give the adapter something to do
                 p.copy_(0.05 * torch.randn(p.shape, generator=g))
     m.save_pretrained(peft_dir)
     m.eval()
-    err = compare(ours(args.build, base, peft_dir, seqs, args.work, "peft"), peft_logprobs(m, seqs))
-    print(json.dumps({"check": "peft-saved adapter scored by erinfer", "rel_err": err, "tol": args.tol}), flush=True)
+    err = compare(ours(args.build, base, peft_dir, seqs, work, "peft"), peft_logprobs(m, seqs))
+    print(json.dumps({"check": "%s: peft-saved adapter scored by erinfer" % name, "rel_err": err, "tol": args.tol}),
+          flush=True)
     ok &= err <= args.tol
-    sys.exit(0 if ok else 1)
+    return ok
 
 
 if __name__ == "__main__":

@@ -635,6 +635,22 @@ Test(backend, tiny_model_full_training) {
     }
 }
 
+// Qwen3: the per-head q/k norms and their backward (rmsnorm over rows of head_dim) on the device.
+Test(backend, tiny_qwen3_full_training) {
+    setenv("ER_CUDA_ATTENTION", "simt", 1);
+    ModelConfig c = helper_tiny_config(96, 64);
+    c.arch = ARCH_QWEN3, c.qkv_bias = 0, c.HS = 2 * c.C / c.NH; // head_dim apart from hidden / heads
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 13), ER_OK, "%s", er_last_error());
+    for (int l = 0; l < c.L; l++) // norms away from one, so a norm that is skipped or misplaced shows
+        for (int i = 0; i < c.HS; i++)
+            m.layers[l].q_norm[i] = 0.5f + 0.1f * (float)(i % 9), m.layers[l].k_norm[i] = 1.5f - 0.1f * (float)(i % 7);
+    check_model(&m, NULL, 3, 17, 1e-4, ACTS_TRAIN);
+    check_model(&m, NULL, 3, 17, 1e-4, ACTS_TRAIN_RECOMPUTE);
+    check_model(&m, NULL, 3, 17, 1e-4, ACTS_SCORE);
+    model_free(&m);
+}
+
 Test(backend, tiny_model_full_training_tensor) {
     setenv("ER_CUDA_ATTENTION", "tensor", 1);
     ModelConfig c = helper_tiny_config(96, 64);
