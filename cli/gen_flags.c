@@ -42,6 +42,11 @@ int gen_flags_specs(GenFlags *f, ArgSpec *s) {
                                             "answer or to reasoning with the adapter", 0, 0, 0},
         {"verifier", ARG_STR, &f->verifier, "verifier head (ertrain heads): score each sample, weighted majority vote",
          0, 0, 0},
+        {"route", ARG_STR, &f->route, "the routed pipeline's route: auto (the switcher decides), direct (the base "
+         "answers) or reasoning; on a hybrid-thinking model (Qwen3) its thinking switch: direct = thinking off, "
+         "reasoning = on (the adapter's, else the base's own) [auto]", 0, 0, 0},
+        {"think", ARG_STR, &f->think, "on | off: the thinking switch (enable_thinking), --route reasoning | direct", 0,
+         0, 0},
     };
     memcpy(s, all, sizeof all);
     return (int)(sizeof all / sizeof all[0]);
@@ -69,6 +74,18 @@ int gen_flags_params(const GenFlags *f, ErGenParams *p, int *kv_int8) {
     p->response_prefix = f->prefix;
     p->stop = &f->stop; // one --stop string, alive as long as the flags
     p->n_stop = f->stop ? 1 : 0;
+    p->route = f->route;
+    if (f->route && strcmp(f->route, "auto") != 0 && strcmp(f->route, "direct") != 0 &&
+        strcmp(f->route, "reasoning") != 0)
+        return er_error(ER_EINVAL, "--route must be auto, direct or reasoning, got \"%s\"", f->route);
+    if (f->think) {
+        if (strcmp(f->think, "on") != 0 && strcmp(f->think, "off") != 0)
+            return er_error(ER_EINVAL, "--think must be on or off, got \"%s\"", f->think);
+        const char *r = strcmp(f->think, "on") == 0 ? "reasoning" : "direct";
+        if (f->route && strcmp(f->route, r) != 0)
+            return er_error(ER_EINVAL, "--think %s and --route %s disagree: give one", f->think, f->route);
+        p->route = r;
+    }
     if (strcmp(f->kv, "f32") == 0)
         *kv_int8 = 0;
     else if (strcmp(f->kv, "int8") == 0)

@@ -161,7 +161,7 @@ int chat_render(ChatStyle style, const ChatMessage *msgs, int n, int flags, char
         if (flags & CHAT_ADD_GENERATION_PROMPT) {
             strbuf_puts(&b, "<|im_start|>assistant\n");
             if (style == CHAT_QWEN3 && (flags & CHAT_NO_THINKING))
-                strbuf_puts(&b, "<think>\n\n</think>\n\n");
+                strbuf_puts(&b, CHAT_THINK_OFF);
         }
     }
     if (b.oom) {
@@ -173,6 +173,8 @@ int chat_render(ChatStyle style, const ChatMessage *msgs, int n, int flags, char
         *out_len = b.n;
     return ER_OK;
 }
+
+int chat_style_hybrid(ChatStyle style) { return style == CHAT_QWEN3; }
 
 ChatStyle chat_style_detect(const char *t) {
     if (!t)

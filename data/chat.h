@@ -43,6 +43,14 @@ enum {
 
 #define CHAT_QWEN25_DEFAULT_SYSTEM "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
+// A hybrid-thinking model (Qwen3: CHAT_QWEN3) thinks or not after the same prompt: thinking off is the
+// template's empty think block after the assistant header (enable_thinking=false), thinking on opens
+// the block. The routed pipeline's direct and reasoning routes force these at the response's start.
+#define CHAT_THINK_OFF "<think>\n\n</think>\n\n"
+#define CHAT_THINK_ON "<think>\n"
+// 1 when the style's model thinks natively, with thinking switchable (CHAT_QWEN3).
+int chat_style_hybrid(ChatStyle style);
+
 // The style a Jinja chat_template string implements: the Qwen2.5 default system text -> CHAT_QWEN25;
 // "</think>" handling -> CHAT_QWEN3; anything else -> CHAT_CHATML. NULL (no template) -> CHAT_CHATML.
 ChatStyle chat_style_detect(const char *jinja_template);

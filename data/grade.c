@@ -506,6 +506,10 @@ int grade_think_opens(const char *response_prefix) {
     return open && !strstr(open, GRADE_THINK_CLOSE);
 }
 
+int grade_think_closes(const char *response_prefix) {
+    return response_prefix && strstr(response_prefix, GRADE_THINK_CLOSE) && !grade_think_opens(response_prefix);
+}
+
 // The answer of response[start..] (start: where the think block closed, 0 without one); answer_at as in
 // grade_answer, used when it lies in that part.
 static int answer_from(const char *response, size_t start, long answer_at, char **out) {

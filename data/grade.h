@@ -41,6 +41,9 @@
 
 // 1 when the response prefix leaves a think block open: it holds "<think>" with no "</think>" after it.
 int grade_think_opens(const char *response_prefix);
+// 1 when the response prefix closes a think block and opens none after it (a hybrid model's thinking-off
+// prefix, "<think>\n\n</think>\n\n"): the response starts past the thinking, its think length is 0.
+int grade_think_closes(const char *response_prefix);
 
 // The final answer in text (no forced suffix) as a new string (free with er_free); *out = NULL when the
 // text has none. Returns ER_OK or ER_ENOMEM.

@@ -787,10 +787,10 @@ static int serve_open(Server *srv, const ServeFlags *f) {
     if (positions - extra < 2)
         return er_error(ER_ERANGE, "a context of %d positions leaves no room beside the %d the pipeline adds",
                         positions, extra);
-    srv->lim = (ServeLimits){f->max_n, f->max_tokens, positions - extra, SERVE_JSON_DEPTH, g->adapter != NULL,
-                             g->adapter || g->switcher || g->verifier};
-    srv->tok = runner_model_tokenizer(srv->model);
     ER_TRY(chat_style_from_config(f->g.model, &srv->style));
+    srv->lim = (ServeLimits){f->max_n, f->max_tokens, positions - extra, SERVE_JSON_DEPTH, g->adapter != NULL,
+                             g->adapter || g->switcher || g->verifier, chat_style_hybrid(srv->style)};
+    srv->tok = runner_model_tokenizer(srv->model);
     srv->batch_rows = srv->batch_free = f->parallel > f->max_n ? f->parallel : f->max_n;
     ErSessionParams sp;
     er_session_params_init(&sp);

@@ -21,6 +21,7 @@ typedef struct {
     int adapter;        // an adapter is loaded: a request may force a route ("direct", "reasoning")
     int routed;         // an adapter or heads are loaded: the route decides how an answer starts, so a
                         // tool_choice that would force it ("required", a named function) is refused
+    int hybrid;         // a hybrid-thinking model (Qwen3): a request may force a route, its thinking switch
 } ServeLimits;
 
 // A request that passed every check, ready for the batch.

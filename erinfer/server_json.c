@@ -242,9 +242,9 @@ static int opt_bool(const cJSON *o, const char *key, int *out, ServeError *e) {
 static int check_fields(const cJSON *root, int chat, ServeError *e) {
     static const char *const common[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
                                          "seed", "stream", "stream_options", "user", "reasoning_budget", "route",
-                                         "logprobs"};
+                                         "logprobs", "reasoning"};
     static const char *const chat_only[] = {"messages", "max_completion_tokens", "tools", "tool_choice",
-                                            "parallel_tool_calls", "top_logprobs"};
+                                            "parallel_tool_calls", "top_logprobs", "chat_template_kwargs"};
     const cJSON *f;
     cJSON_ArrayForEach(f, root) {
         int known = chat ? 0 : strcmp(f->string, "prompt") == 0;
@@ -300,7 +300,71 @@ static int parse_logprobs(const cJSON *root, ServeRequest *r, ServeError *e) {
     return 0;
 }
 
-// Sampling, lengths, n, seed, stream and the extensions (reasoning_budget, route).
+// A thinking switch: `obj` (the request's field `field`, NULL or null: absent) must be an object whose
+// only key is `key`, a boolean; *on = 1 / 0, or -1 when absent.
+static int opt_switch(const cJSON *root, const char *field, const char *key, int *on, ServeError *e) {
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, field), *k;
+    *on = -1;
+    if (!o || cJSON_IsNull(o))
+        return 0;
+    if (!cJSON_IsObject(o))
+        return BAD(field, "'%s' must be an object such as {\"%s\": true}", field, key);
+    cJSON_ArrayForEach(k, o) {
+        char name[136];
+        snprintf(name, sizeof name, "%s.%.64s", field, k->string);
+        if (strcmp(k->string, key) != 0)
+            return BAD(name, "unknown field '%s' (only '%s.%s' is read)", name, field, key);
+        if (!cJSON_IsBool(k))
+            return BAD(name, "'%s' must be a boolean", name);
+        *on = cJSON_IsTrue(k);
+    }
+    return 0;
+}
+
+// The route: "route" ("auto", "direct", "reasoning"), or the thinking switch as vLLM and llama-server take
+// it, "reasoning": {"enabled": B} and "chat_template_kwargs": {"enable_thinking": B} (true = "reasoning",
+// false = "direct"); fields that say different routes are refused. A forced route needs an adapter or a
+// hybrid-thinking model (Qwen3); on a server with neither, thinking false is what it does anyway and is
+// accepted as it is, thinking true is refused.
+static int parse_route(const cJSON *root, const ServeLimits *lim, ServeRequest *r, ServeError *e) {
+    const cJSON *rv = cJSON_GetObjectItemCaseSensitive(root, "route");
+    const char *route = NULL, *said = "route";
+    if (rv && !cJSON_IsNull(rv)) {
+        if (!cJSON_IsString(rv) || (strcmp(rv->valuestring, "auto") != 0 && strcmp(rv->valuestring, "direct") != 0 &&
+                                    strcmp(rv->valuestring, "reasoning") != 0))
+            return BAD("route", "'route' must be \"auto\", \"direct\" or \"reasoning\"");
+        route = rv->valuestring;
+    }
+    int on[2];
+    static const char *const fields[2][2] = {{"reasoning", "enabled"}, {"chat_template_kwargs", "enable_thinking"}};
+    for (int i = 0; i < 2; i++) {
+        if (opt_switch(root, fields[i][0], fields[i][1], &on[i], e) < 0)
+            return -1;
+        const char *want = on[i] < 0 ? NULL : on[i] ? "reasoning" : "direct";
+        if (want && route && strcmp(want, route) != 0)
+            return BAD(fields[i][0], "'%s.%s' (%s) conflicts with '%s' (\"%s\"): give one", fields[i][0],
+                       fields[i][1], on[i] ? "true" : "false", said, route);
+        if (want && !route) {
+            route = want;
+            said = i ? "chat_template_kwargs.enable_thinking" : "reasoning.enabled";
+        }
+    }
+    if (!route || strcmp(route, "auto") == 0)
+        return 0;
+    int thinking = strcmp(said, "route") != 0;
+    if (!lim->adapter && !lim->hybrid) { // refused now, not after queueing
+        if (thinking && strcmp(route, "direct") == 0)
+            return 0; // thinking off on a model that does not think: nothing to switch
+        return BAD(thinking ? said : "route", "'%s' %s needs a hybrid-thinking model (Qwen3) or a server started with "
+                   "--adapter", thinking ? said : "route", thinking ? "true" : route);
+    }
+    if (!(r->route = er_strdup(route)))
+        return serve_fail(e, 500, "server_error", NULL, "out of memory");
+    r->p.route = r->route;
+    return 0;
+}
+
+// Sampling, lengths, n, seed, stream and the extensions (reasoning_budget, route and the thinking switch).
 static int parse_params(const cJSON *root, const ServeLimits *lim, ServeRequest *r, ServeError *e) {
     ErGenParams *p = &r->p;
     double t = 1.0, top_p = 1.0, min_p = 0;
@@ -323,18 +387,8 @@ static int parse_params(const cJSON *root, const ServeLimits *lim, ServeRequest 
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && !cJSON_IsNull(so) && (!cJSON_IsObject(so) || opt_bool(so, "include_usage", &r->include_usage, e) < 0))
         return e->status ? -1 : BAD("stream_options", "'stream_options' must be an object");
-    const cJSON *route = cJSON_GetObjectItemCaseSensitive(root, "route");
-    if (route && !cJSON_IsNull(route)) {
-        if (!cJSON_IsString(route) || (strcmp(route->valuestring, "auto") != 0 &&
-                                       strcmp(route->valuestring, "direct") != 0 &&
-                                       strcmp(route->valuestring, "reasoning") != 0))
-            return BAD("route", "'route' must be \"auto\", \"direct\" or \"reasoning\"");
-        if (strcmp(route->valuestring, "auto") != 0 && !lim->adapter) // refused now, not after queueing
-            return BAD("route", "'route' \"%s\" needs a server started with --adapter", route->valuestring);
-        if (!(r->route = er_strdup(route->valuestring)))
-            return serve_fail(e, 500, "server_error", NULL, "out of memory");
-        p->route = r->route;
-    }
+    if (parse_route(root, lim, r, e) < 0)
+        return -1;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (model && !cJSON_IsString(model))
         return BAD("model", "'model' must be a string");
@@ -464,6 +518,9 @@ static int parse_tool_choice(const cJSON *tools, const cJSON *choice, const Serv
     if (lim->routed)
         return BAD("tool_choice", "'tool_choice' %s is enforced by forcing the start of the answer, which a server "
                                   "with an adapter or heads leaves to the route; use \"auto\"",
+                   named ? "naming a function" : "\"required\"");
+    if (r->p.route && strcmp(r->p.route, "auto") != 0) // the route forces the answer's start itself
+        return BAD("tool_choice", "'tool_choice' %s cannot be combined with a forced route or thinking switch",
                    named ? "naming a function" : "\"required\"");
     if (r->p.budget > 0) // its forced "</think> ... Final answer: " would land inside the call
         return BAD("tool_choice", "'tool_choice' %s cannot be combined with 'reasoning_budget'",

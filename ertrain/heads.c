@@ -112,8 +112,8 @@ static int parse_flags(int argc, char **argv, HeadsFlags *f) {
     ArgSpec specs[] = {
         {"model", ARG_STR, &h->model_dir, "base model dir (HF layout, with its tokenizer): the model the heads read", 1,
          0, 0},
-        {"adapter", ARG_STR, &h->adapter_dir, "reasoning adapter dir (PEFT): samples for the verifier, derived labels",
-         1, 0, 0},
+        {"adapter", ARG_STR, &h->adapter_dir, "reasoning adapter dir (PEFT): samples for the verifier, derived labels "
+         "(optional on a hybrid-thinking model, Qwen3: the base then reasons with its thinking on)", 0, 0, 0},
         {"data", ARG_STR, &h->data_path, "JSONL records with gold answers (and \"needs_reasoning\" unless "
                                          "--derive-labels)", 1, 0, 0},
         {"switcher-out", ARG_STR, &s->out, "write the switcher here (FILE.safetensors + FILE.json)", 0, 0, 0},
@@ -158,7 +158,7 @@ static int parse_flags(int argc, char **argv, HeadsFlags *f) {
         {"weight-decay", ARG_FLOAT, &f->weight_decay, "AdamW weight decay (weights only)", 0, 0, 10},
     };
     return args_parse(argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
-                      "ertrain heads --model DIR --adapter DIR --data FILE.jsonl [--switcher-out FILE] "
+                      "ertrain heads --model DIR [--adapter DIR] --data FILE.jsonl [--switcher-out FILE] "
                       "[--verifier-out FILE] [--derive-labels] [--target-recall R] [--samples 16] [...]");
 }
 

@@ -89,6 +89,8 @@ struct ErSession {
 static const LoraAdapter *model_adapter(const ErModel *m) { return m->adapter.mats ? &m->adapter : NULL; }
 static const TrainedHead *model_switcher(const ErModel *m) { return m->switcher.net.params ? &m->switcher : NULL; }
 static const TrainedHead *model_verifier(const ErModel *m) { return m->verifier.net.params ? &m->verifier : NULL; }
+// A hybrid-thinking model (Qwen3's template): its thinking switch is the pipeline's two routes.
+static int model_hybrid(const ErModel *m) { return chat_style_hybrid(m->style); }
 
 // Public functions check their pointers first: a NULL is an error status, never a crash.
 #define NEED(ptr, fn, what)                                                \
@@ -516,11 +518,17 @@ int er_model_extra_positions(const ErModel *m) {
     const LoraAdapter *ad = model_adapter(m);
     const TrainedHead *vf = model_verifier(m);
     int prefix = ad ? count_tokens(m->tok, ad->reasoning_prefix) : 0;
-    int verify = ad && vf ? count_tokens(m->tok, vf->verify_prompt) : 0;
+    int verify = (ad || model_hybrid(m)) && vf ? count_tokens(m->tok, vf->verify_prompt) : 0;
+    // A hybrid model's routes force its thinking switch: the longer of the two blocks.
+    int off = model_hybrid(m) ? count_tokens(m->tok, CHAT_THINK_OFF) : 0;
+    int on = model_hybrid(m) && !(ad && ad->reasoning_prefix) ? count_tokens(m->tok, CHAT_THINK_ON) : 0;
     model_use_end(mu);
     ER_TRY(prefix);
     ER_TRY(verify);
-    return prefix + verify;
+    ER_TRY(off);
+    ER_TRY(on);
+    prefix = prefix > on ? prefix : on;
+    return (prefix > off ? prefix : off) + verify;
 }
 
 // ---- tokens and the chat template ----
@@ -766,15 +774,18 @@ static int gen_config_from_params(const ErModel *m, const ErGenParams *p, GenCon
     return ER_OK;
 }
 
-// With a head loaded, or a route forced with an adapter, a generate call runs the routed pipeline.
+// With a head loaded, or a route forced with an adapter or on a hybrid model, a generate call runs the
+// routed pipeline.
 static int wants_pipeline(const ErModel *m, int force) {
-    return model_switcher(m) || model_verifier(m) || (force != PIPELINE_AUTO && model_adapter(m));
+    return model_switcher(m) || model_verifier(m) || (force != PIPELINE_AUTO && (model_adapter(m) || model_hybrid(m)));
 }
 
 static PipelineConfig pipeline_config(const ErModel *m, const GenConfig *g, int force) {
-    PipelineConfig pc = {model_switcher(m), model_verifier(m), *g, *g, force};
+    PipelineConfig pc = {model_switcher(m), model_verifier(m), *g, *g, force, model_hybrid(m)};
     pc.direct.sampler.temperature = 0; // the base's direct answer is greedy, without a budget
     pc.direct.budget = 0;
+    if (pc.hybrid && !pc.reasoning.response_prefix) // thinking on, forced as an adapter's prefix is
+        pc.reasoning.response_prefix = CHAT_THINK_ON;
     return pc;
 }
 
@@ -787,7 +798,7 @@ static void route_publish(const ErModel *m, const PipelineResult *pr, ErRoute *r
     *route = (ErRoute){pr->route, pr->switcher_score, sw ? sw->threshold : -1.0f, pr->verifier_scores,
                        (const char *const *)pr->answers, pr->n_votes, vote_answers, vote_weights, vote_counts,
                        pr->winner >= 0 ? pr->votes[pr->winner].answer : NULL, pr->prefill_s, pr->switcher_s,
-                       pr->generate_s, pr->verify_s};
+                       pr->generate_s, pr->verify_s, pr->response_prefix};
     for (int k = 0; k < pr->n_votes; k++) {
         vote_answers[k] = pr->votes[k].answer;
         vote_weights[k] = pr->votes[k].weight;
@@ -828,15 +839,16 @@ static int generate_routed(ErSession *s, const int *ids, int n, const GenConfig 
     return ER_OK;
 }
 
-// ErGenParams.route -> PIPELINE_*; "reasoning" needs an adapter.
+// ErGenParams.route -> PIPELINE_*; "reasoning" needs an adapter or a hybrid-thinking model.
 static int route_from_params(const ErModel *m, const ErGenParams *p, int *force) {
     const char *r = p->route;
     *force = !r || strcmp(r, "auto") == 0 ? PIPELINE_AUTO : strcmp(r, "direct") == 0 ? PIPELINE_DIRECT
            : strcmp(r, "reasoning") == 0 ? PIPELINE_REASONING : -1;
     if (*force < 0)
         return er_error(ER_EINVAL, "ErGenParams.route is \"%s\", expected auto, direct or reasoning", r);
-    if (*force == PIPELINE_REASONING && !model_adapter(m))
-        return er_error(ER_EINVAL, "ErGenParams.route \"reasoning\" needs an adapter (none is loaded)");
+    if (*force == PIPELINE_REASONING && !model_adapter(m) && !model_hybrid(m))
+        return er_error(ER_EINVAL, "ErGenParams.route \"reasoning\" needs an adapter (none is loaded) or a "
+                        "hybrid-thinking model (Qwen3's chat template; this one's is %s)", chat_style_name(m->style));
     return ER_OK;
 }
 

@@ -134,8 +134,8 @@ int decode_batch_add(DecodeBatch *b, const int *prompt, int n_prompt, const GenC
 // The rows asked for are the reasoning route's (the direct route takes one of them).
 int decode_batch_add_routed(DecodeBatch *b, const int *prompt, int n_prompt, const PipelineConfig *c,
                             PipelineResult *r, GenTokenFn cb, void *user, GenSample *out, EngineRequest **req) {
-    return batch_admit(b, prompt, n_prompt, c->reasoning.adapter ? &c->reasoning : &c->direct, c, r, cb, user, out,
-                       req);
+    return batch_admit(b, prompt, n_prompt, pipeline_can_reason(c) ? &c->reasoning : &c->direct, c, r, cb, user,
+                       out, req);
 }
 
 void decode_batch_step(DecodeBatch *b) {

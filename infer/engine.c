@@ -629,6 +629,7 @@ static int samples_start(Engine *e, const GenConfig *g, SampleState *st, GenSamp
         s->stopped_at_bytes = -1;
         s->answer_raw = -1;
         s->suffix_close = close;
+        s->think_closed = grade_think_closes(g->response_prefix); // thinking off: L stays 0, nothing forced
         rng_fork(&s->rng, &base, (uint64_t)i);
         ER_TRY(stop_init(&s->stop, g->stop, g->n_stop));
         ER_TRY(kv_seq_fork(&e->kv, e->prompt_slot, &s->slot));

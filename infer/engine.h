@@ -28,7 +28,8 @@ typedef struct {
                              // sample has not closed its think block, the suffix is forced when L so far plus
                              // the suffix's tokens through the one completing "</think>" would reach B (a
                              // suffix without "</think>": after B tokens); once the model closed the block
-                             // itself, nothing is forced. 0 = off; else at least those suffix tokens
+                             // itself, or the response prefix closed one (grade_think_closes: a hybrid model's
+                             // thinking off), nothing is forced. 0 = off; else at least those suffix tokens
     int answer_tokens;       // A: at most B + A tokens in all, the suffix included
     const char *budget_suffix; // forced-answer text (default "\n</think>\n\nFinal answer: ")
     const char *response_prefix; // forced at the start of every response (e.g. "<think>\n"); NULL = none
@@ -59,7 +60,8 @@ typedef struct {
                         // data/grade.h); -1 when none was forced or a stop string cut it
     int think_len;      // the think length L (data/grade.h): tokens from the first generated one through the
                         // one completing the first "</think>" of the output (forced suffix tokens count);
-                        // when no "</think>" came, all generated tokens but a final EOS
+                        // when no "</think>" came, all generated tokens but a final EOS; 0 when the
+                        // response prefix closed the think block (grade_think_closes)
 } GenSample;
 
 typedef struct {

@@ -140,10 +140,16 @@ typedef struct {
                                  // routed pipeline's direct route answers without it (the base, unprompted)
     const char *const *stop; // (n_stop) stop strings, cut from the text: non-empty, at most ER_STOP_MAX_LEN bytes
     int n_stop;             // 0..ER_STOP_MAX [0]
-    const char *route;      // the routed pipeline's route (with an adapter loaded): NULL or "auto" = the
-                            // switcher decides (reasoning without one), "direct" = the base answers (greedy,
-                            // one sample), "reasoning" = the adapter reasons; a forced route runs the
-                            // pipeline even without heads [NULL]
+    const char *route;      // the routed pipeline's route (with an adapter loaded, or on a hybrid-thinking
+                            // model): NULL or "auto" = the switcher decides (reasoning without one),
+                            // "direct" = the base answers (greedy, one sample), "reasoning" = the adapter
+                            // reasons; a forced route runs the pipeline even without heads. On a hybrid-
+                            // thinking model (Qwen3: its chat template handles </think>) the route is its
+                            // thinking switch, after the same cached prompt: "direct" = thinking off (the
+                            // template's empty "<think>\n\n</think>\n\n" forced, enable_thinking=false),
+                            // "reasoning" = thinking on ("<think>\n" forced unless response_prefix or the
+                            // adapter's prefix says otherwise), by the adapter when one is loaded, else by
+                            // the base itself; "auto" without heads leaves the choice to the model [NULL]
     int top_logprobs;       // 0..ER_TOP_LOGPROBS_MAX: the most probable tokens recorded at each step
                             // (ErSample.top_tokens); 0 = none, which costs nothing [0]
 } ErGenParams;
@@ -359,7 +365,8 @@ ER_API int er_model_load_from_fd(ErModel **out, int fd, int64_t offset, int64_t 
 // ---- the routed pipeline: switcher and verifier heads (written by `ertrain heads`) ----
 // With a switcher and/or a verifier loaded, er_generate runs the pipeline: the base prefills the
 // prompt and the switcher scores it; below its threshold the base answers directly (greedy, one
-// sample, no budget); otherwise the adapter's reasoning prefix is forced and n_samples samples
+// sample, no budget; on a hybrid-thinking model with its thinking off); otherwise the adapter's reasoning
+// prefix (a hybrid model: its thinking on, with or without an adapter) is forced and n_samples samples
 // decode with the adapter (ErGenParams as usual), sharing the prompt's KV cache; the verifier scores
 // each sample from its own cache, and the answer is the extracted final answer with the largest sum
 // of verifier scores (ties: the highest single score). No switcher: every query reasons (when an
@@ -371,7 +378,8 @@ ER_API int er_model_load_from_fd(ErModel **out, int fd, int64_t offset, int64_t 
 ER_API int er_model_load_switcher(ErModel *m, const char *path);
 ER_API int er_model_load_verifier(ErModel *m, const char *path);
 // Positions a generate call holds beyond its prompt and max_new_tokens with what is loaded now: the
-// adapter's reasoning prefix and the verifier's prompt (appended to each sample). Size a session's
+// adapter's reasoning prefix (a hybrid-thinking model: the longer of it and its think blocks) and the
+// verifier's prompt (appended to each sample). Size a session's
 // max_tokens as prompt + max_new_tokens + this (plus a response_prefix of your own). ER_EINVAL while a
 // load runs on the model.
 ER_API int er_model_extra_positions(const ErModel *m);
@@ -391,6 +399,9 @@ typedef struct {
     const int *vote_counts;          // (n_votes) samples voting for each
     const char *answer;            // the winner; NULL when no sample has an answer
     double prefill_s, switcher_s, generate_s, verify_s;
+    const char *response_prefix;   // what the route forced at the start of each response, before ErSample.text
+                                   // (not part of it): the reasoning prefix, or on a hybrid model the direct
+                                   // route's "<think>\n\n</think>\n\n"; NULL = none
 } ErRoute;
 
 // The pipeline's side of the last generate call, owned by the session; NULL when no pipeline ran (no

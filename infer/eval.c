@@ -150,7 +150,7 @@ static int eval_vote_prefix(const ErSession *s, const ErRoute *r, const char *go
 // direct answer, or one greedy reasoning sample: a second call, after the first call's results
 // have been used).
 static int eval_route(ErSession *s, const ErGenParams *p, const ErMessage *msgs, int n, const Example *ex,
-                      int think_open, cJSON *rec, EvalResult *res) {
+                      cJSON *rec, EvalResult *res) {
     const ErRoute *route = er_result_route(s);
     int ok = grade_answer_correct(route->answer, ex->answer), reasoning = route->route == ER_ROUTE_REASONING;
     res->routed += reasoning;
@@ -164,7 +164,8 @@ static int eval_route(ErSession *s, const ErGenParams *p, const ErMessage *msgs,
         cJSON_AddItemToObject(rec, "pipeline", rj);
         cJSON_AddBoolToObject(rec, "answer_correct", ok);
     }
-    ER_TRY(eval_grade(s, ex, reasoning ? think_open : 0, res, rec)); // the direct route forces no prefix
+    // The route's own prefix: none on the direct route, or a hybrid model's closed (empty) think block.
+    ER_TRY(eval_grade(s, ex, grade_think_opens(route->response_prefix), res, rec));
     int gok = ok;
     if (reasoning) {
         ErGenParams pg = *p;
@@ -204,8 +205,10 @@ static int eval_item(const EvalConfig *c, ErSession *s, const ErGenParams *p, co
         cJSON_AddStringToObject(rec, "prompt", ex->prompt);
         cJSON_AddStringToObject(rec, "gold", ex->answer);
     }
+    if (er_result_route(s)) // a route ran (heads, or a forced one): its own prefix, e.g. a hybrid model's think block
+        think_open = grade_think_opens(er_result_route(s)->response_prefix);
     if (res->pipeline && er_result_route(s))
-        ER_CHECK(eval_route(s, p, msgs, n, ex, think_open, rec, res));
+        ER_CHECK(eval_route(s, p, msgs, n, ex, rec, res));
     else
         ER_CHECK(eval_grade(s, ex, think_open, res, rec));
     if (rec)

@@ -5,6 +5,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/progress.h"
+#include "data/chat.h"
 #include "data/grade.h"
 
 void votes_free(Vote *v, int n) {
@@ -67,19 +68,23 @@ void pipeline_result_free(PipelineResult *r) {
     er_free(r->answers);
     er_free(r->verifier_scores);
     er_free(r->verify_tokens);
+    er_free(r->response_prefix);
     votes_free(r->votes, r->n_votes);
     memset(r, 0, sizeof *r);
 }
 
+int pipeline_can_reason(const PipelineConfig *c) { return c->reasoning.adapter || c->hybrid; }
+
 // The generation a route runs: the reasoning samples as configured, or the base's direct answer
-// (greedy, one sample, no adapter, no prefix). The verifier reads the reasoning samples' KV.
+// (greedy, one sample, no adapter, no prefix; a hybrid base's thinking off: its empty think block).
+// The verifier reads the reasoning samples' KV.
 static GenConfig route_generation(const PipelineConfig *c, int route) {
     GenConfig g = route == ROUTE_REASONING ? c->reasoning : c->direct;
     if (route == ROUTE_DIRECT) {
         g.n_samples = 1;
         g.sampler.temperature = 0;
         g.adapter = NULL;
-        g.response_prefix = NULL;
+        g.response_prefix = c->hybrid ? CHAT_THINK_OFF : NULL;
     }
     g.keep_kv = route == ROUTE_REASONING && c->verifier;
     return g;
@@ -96,9 +101,10 @@ int pipeline_begin(Engine *e, const int *prompt, int n_prompt, const PipelineCon
     r->switcher_score = -1;
     r->winner = -1;
     const LoraAdapter *ad = c->reasoning.adapter;
+    int reason = pipeline_can_reason(c);
     float *feat = NULL;
     int rc = ER_OK;
-    if (c->verifier && ad) {
+    if (c->verifier && reason) {
         if (!e->tok)
             ER_CHECK(er_error(ER_EINVAL, "pipeline: the verifier's prompt needs a tokenizer"));
         const char *vp = c->verifier->verify_prompt;
@@ -107,7 +113,7 @@ int pipeline_begin(Engine *e, const int *prompt, int n_prompt, const PipelineCon
             ER_CHECK(er_error(ER_EINVAL, "pipeline: the verification prompt encodes to no tokens"));
     }
     GenConfig reasoning = route_generation(c, ROUTE_REASONING), direct = route_generation(c, ROUTE_DIRECT);
-    if (ad)
+    if (reason)
         ER_CHECK(engine_check_generation(e, &reasoning, n_prompt, r->n_verify));
     ER_CHECK(engine_check_generation(e, &direct, n_prompt, 0));
     feat = er_alloc(sizeof(float) * (size_t)e->model->cfg.C);
@@ -121,12 +127,15 @@ int pipeline_begin(Engine *e, const int *prompt, int n_prompt, const PipelineCon
     r->prefill_s = t1 - t0;
     if (c->switcher)
         ER_CHECK(head_predict(&c->switcher->net, feat, 1, &r->switcher_score));
-    r->route = ad && (!c->switcher || r->switcher_score >= c->switcher->threshold) ? ROUTE_REASONING : ROUTE_DIRECT;
+    r->route = reason && (!c->switcher || r->switcher_score >= c->switcher->threshold) ? ROUTE_REASONING
+                                                                                       : ROUTE_DIRECT;
     if (c->force_route != PIPELINE_AUTO)
-        r->route = c->force_route == PIPELINE_REASONING && ad ? ROUTE_REASONING : ROUTE_DIRECT;
+        r->route = c->force_route == PIPELINE_REASONING && reason ? ROUTE_REASONING : ROUTE_DIRECT;
     r->switcher_s = time_now() - t1;
     // 2. The answer(s) the caller generates: the prompt's cache is reused whole by either route.
     *g = r->route == ROUTE_REASONING ? reasoning : direct;
+    if (g->response_prefix && !(r->response_prefix = er_strdup(g->response_prefix)))
+        ER_CHECK(ER_ENOMEM);
     r->n = g->n_samples;
     r->t_generate = time_now();
     r->forward_positions = e->forward_positions - fp0;

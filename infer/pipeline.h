@@ -4,6 +4,10 @@
 // prompt's KV cache, under the hard budget -> verifier score per sample from its KV cache ->
 // answer = argmax over extracted answers of the summed verifier scores (weighted majority vote;
 // ties go to the answer with the highest single score, then to the earliest sample).
+// On a hybrid-thinking model (Qwen3, chat_style_hybrid) the two routes are its thinking switch after
+// the same prompt: the direct route forces the empty think block (CHAT_THINK_OFF, thinking off) and
+// the reasoning route thinks (the reasoning prefix, CHAT_THINK_ON unless given), with the adapter when
+// there is one and the base itself without.
 #ifndef INFER_PIPELINE_H
 #define INFER_PIPELINE_H
 
@@ -20,8 +24,14 @@ typedef struct {
     GenConfig reasoning;         // the reasoning samples: adapter (NULL: no reasoning route), prefix,
                                  // n_samples, temperature, budget; keep_kv is set by the pipeline
     int force_route;             // PIPELINE_AUTO: the switcher decides; PIPELINE_DIRECT / PIPELINE_REASONING
-                                 // take that route (reasoning only with an adapter); the switcher still scores
+                                 // take that route (reasoning only with an adapter or hybrid); the switcher
+                                 // still scores
+    int hybrid;                  // the base thinks natively (chat_style_hybrid): the direct route forces
+                                 // CHAT_THINK_OFF, and the reasoning route runs without an adapter too
 } PipelineConfig;
+
+// Whether c has a reasoning route: an adapter, or a hybrid base.
+int pipeline_can_reason(const PipelineConfig *c);
 
 typedef struct {
     char *answer;  // the first voter's extracted answer (the group's representative)
@@ -45,6 +55,7 @@ typedef struct {
     int n_verify;
     double prefill_s, switcher_s, generate_s, verify_s, total_s;
     double t_generate;       // when the generation started (pipeline_begin's end)
+    char *response_prefix;   // the route's forced response start (a copy; NULL = none)
     GenStats gen;            // of the generation (set by the caller of pipeline_begin / pipeline_end)
     long forward_positions;  // all passes of this query
 } PipelineResult;

@@ -86,6 +86,8 @@ cJSON *runner_route_json(const ErRoute *r, const ErSample *const *samples, int n
     } else {
         cJSON_AddNullToObject(j, "switcher_score");
     }
+    if (r->response_prefix) // what each response starts with before its text (a think block, opened or closed)
+        cJSON_AddStringToObject(j, "response_prefix", r->response_prefix);
     cJSON *arr = cJSON_AddArrayToObject(j, "samples");
     for (int i = 0; arr && i < n; i++) {
         cJSON *o = cJSON_CreateObject();

@@ -344,6 +344,10 @@ static int load_inputs(Grpo *g) {
         if (g->eval.n == 0)
             return er_error(ER_EFORMAT, "%s: no records", c->eval_data);
     }
+    // A hybrid-thinking base (Qwen3) thinks after "<think>\n": an adapter without a prefix of its own gets that
+    // one, the reasoning route's (infer/pipeline.h), so rollouts, rewards and the saved adapter match the runtime.
+    if (!g->ad.reasoning_prefix && chat_style_hybrid(g->style) && !(g->ad.reasoning_prefix = er_strdup(CHAT_THINK_ON)))
+        return ER_ENOMEM;
     const char *pre = g->ad.reasoning_prefix ? g->ad.reasoning_prefix : "";
     g->think_open = grade_think_opens(pre);
     if (pre[0])

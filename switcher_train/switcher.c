@@ -4,6 +4,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "data/chat.h"
 #include "data/grade.h"
 #include "model/head.h"
 #include "train/dist.h"
@@ -33,15 +34,16 @@ static int route_correct(Engine *e, const int *prompt, int n_prompt, const GenCo
 }
 
 int switcher_derive_label(Engine *e, const int *prompt, int n_prompt, const GenConfig *direct,
-                          const GenConfig *reasoning, const char *gold, int *label, int *base_ok, int *adapter_ok,
-                          long *tokens) {
+                          const GenConfig *reasoning, int hybrid, const char *gold, int *label, int *base_ok,
+                          int *adapter_ok, long *tokens) {
     if (!gold)
         return er_error(ER_EINVAL, "switcher labels: the record has no gold answer");
-    if (!reasoning->adapter)
-        return er_error(ER_EINVAL, "switcher labels: deriving them needs the reasoning adapter");
+    if (!reasoning->adapter && !hybrid)
+        return er_error(ER_EINVAL, "switcher labels: deriving them needs the reasoning adapter (or a hybrid-thinking "
+                        "model)");
     GenConfig d = *direct;
     d.adapter = NULL;
-    d.response_prefix = NULL;
+    d.response_prefix = hybrid ? CHAT_THINK_OFF : NULL;
     int b, a;
     ER_TRY(route_correct(e, prompt, n_prompt, &d, gold, &b, tokens));
     ER_TRY(route_correct(e, prompt, n_prompt, reasoning, gold, &a, tokens));
@@ -104,11 +106,12 @@ static int collect(void *self, HeadsData *d, int i) {
     const Example *ex = &d->d.ex[i];
     HeadRows *r = d->split[i] == HEADS_TRAIN ? &s->tr : d->split[i] == HEADS_CALIBRATE ? &s->cal : &s->rep;
     ER_TRY(head_rows_reserve(r, 1));
-    ER_TRY(switcher_features(&d->e, d->ids[i], d->nids[i], &d->ad, &s->spec, r->x + (size_t)r->n * r->C));
+    ER_TRY(switcher_features(&d->e, d->ids[i], d->nids[i], d->reasoning.adapter, &s->spec,
+                             r->x + (size_t)r->n * r->C));
     int label = ex->needs_reasoning, b = 0, a = 0;
     if (s->c->derive_labels)
-        ER_TRY(switcher_derive_label(&d->e, d->ids[i], d->nids[i], &s->direct, &d->reasoning, ex->answer, &label, &b,
-                                     &a, &d->gen_tokens));
+        ER_TRY(switcher_derive_label(&d->e, d->ids[i], d->nids[i], &s->direct, &d->reasoning, d->hybrid, ex->answer,
+                                     &label, &b, &a, &d->gen_tokens));
     r->y[r->n++] = (float)label;
     s->base_right += b;
     s->adapter_right += a;

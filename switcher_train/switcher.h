@@ -20,9 +20,12 @@ int switcher_features(Engine *e, const int *prompt, int n_prompt, const LoraAdap
 // Runs the direct route (base, `direct`) and the reasoning route (`reasoning`: its adapter, prefix
 // and budget) on the prompt, one greedy sample each, and grades both against gold: *label =
 // !base_ok && adapter_ok. base_ok, adapter_ok may be NULL. Tokens generated go to *tokens (may be NULL).
+// hybrid: the base thinks natively (chat_style_hybrid), so the routes are its thinking switch, as the
+// runtime's pipeline runs them: the direct answer starts with the empty think block (CHAT_THINK_OFF),
+// and the reasoning route may run without an adapter (the base thinking, its prefix as given).
 int switcher_derive_label(Engine *e, const int *prompt, int n_prompt, const GenConfig *direct,
-                          const GenConfig *reasoning, const char *gold, int *label, int *base_ok, int *adapter_ok,
-                          long *tokens);
+                          const GenConfig *reasoning, int hybrid, const char *gold, int *label, int *base_ok,
+                          int *adapter_ok, long *tokens);
 
 typedef struct {
     const char *out;       // FILE.safetensors (+ FILE.json)
@@ -30,7 +33,8 @@ typedef struct {
     double alpha;          // EMA weight of each new chunk's mean
     int hidden;            // hidden units of the MLP
     double dropout;        // on the hidden units
-    int derive_labels;     // label = base direct answer wrong and adapter's right
+    int derive_labels;     // label = base direct answer wrong and the reasoning route's right (on a hybrid
+                           // model: thinking off wrong and thinking on right)
     int direct_max_new;    // tokens of the base's direct answer (derive_labels)
     double target_recall;  // threshold reaching this recall on the calibration records (0 = best accuracy)
     HeadFitConfig fit;     // epochs, batch, lr, weight_decay, noise (0.5); seed, label, metrics: the run's

@@ -160,16 +160,24 @@ static int heads_data_load(HeadsData *hd, HeadJob *jobs, int n_jobs) {
     ER_TRY(chat_style_from_config(c->model_dir, &style));
     const ModelConfig *mc = &hd->m.cfg;
     LoraShape s = model_config_lora_shape(mc);
-    ER_TRY(peft_load(&hd->ad, c->adapter_dir, &s, 0));
-    if (!hd->ad.masked && c->log)
+    hd->hybrid = chat_style_hybrid(style);
+    if (!c->adapter_dir && !hd->hybrid)
+        return er_error(ER_EINVAL, "heads: no reasoning adapter (--adapter): only a hybrid-thinking model (Qwen3's "
+                        "chat template) reasons without one, and %s's template is %s", c->model_dir,
+                        chat_style_name(style));
+    if (c->adapter_dir)
+        ER_TRY(peft_load(&hd->ad, c->adapter_dir, &s, 0));
+    if (c->adapter_dir && !hd->ad.masked && c->log)
         fprintf(c->log, "heads: warning: %s is a standard (unmasked) LoRA: the prompt's hidden states include it\n",
                 c->adapter_dir);
     int max_prompt;
     ER_TRY(render_prompts(hd, style, &max_prompt));
     gen_config_default(&hd->reasoning);
     hd->reasoning.max_new = c->max_new;
-    hd->reasoning.adapter = &hd->ad;
+    hd->reasoning.adapter = c->adapter_dir ? &hd->ad : NULL;
     hd->reasoning.response_prefix = c->prefix ? c->prefix : hd->ad.reasoning_prefix;
+    if (hd->hybrid && !hd->reasoning.response_prefix) // thinking on, as the runtime's pipeline forces it
+        hd->reasoning.response_prefix = CHAT_THINK_ON;
     hd->reasoning.budget = c->budget;
     hd->reasoning.answer_tokens = c->answer_tokens;
     int tail = 0;

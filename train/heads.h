@@ -24,7 +24,8 @@
 
 typedef struct {
     const char *model_dir;   // base model (HF layout, with its tokenizer): the model the heads read
-    const char *adapter_dir; // reasoning adapter (PEFT)
+    const char *adapter_dir; // reasoning adapter (PEFT); NULL on a hybrid-thinking model: the base reasons with
+                             // its thinking on
     const char *data_path;   // JSONL records with gold answers
     const char *out_dir;     // run.json and metrics.jsonl (made when missing)
     const char *system;      // system message in front of every prompt (NULL = none added)
@@ -63,7 +64,8 @@ typedef struct {
     int n_cal, n_report; // records held out to calibrate the thresholds and to report the metrics at them
     int n_file;          // records in the file (more than d.n with --limit)
     Engine e;
-    GenConfig reasoning; // the reasoning route: adapter, prefix, budget, max_new
+    GenConfig reasoning; // the reasoning route: adapter (NULL: none, a hybrid base), prefix, budget, max_new
+    int hybrid;          // the base thinks natively (chat_style_hybrid): the direct route is its thinking off
     long gen_tokens;     // tokens generated so far (the heads add theirs)
 } HeadsData;
 

@@ -187,6 +187,39 @@ static inline void helper_make_model(const char *dir) {
     helper_copy_file("data/tiny_tokenizer/tokenizer_config.json", dir, "tokenizer_config.json");
 }
 
+// A Qwen3-style chat template: its empty think block for enable_thinking=false is what chat_style_detect
+// takes for CHAT_QWEN3 (a hybrid-thinking model); the real one is in the fixtures' qwen-tokenizer.
+#define HELPER_QWEN3_TEMPLATE                                                                                      \
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}" \
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is "     \
+    "defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+
+// A tiny random hybrid-thinking model dir (the tiny tokenizer, with a Qwen3-style chat template). Its shape is
+// the one line below: a Qwen3-shaped config (q_norm / k_norm) goes there once model/ has one.
+static inline void helper_make_hybrid_model(const char *dir) {
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), 0, "%s", er_last_error());
+    ModelConfig c = helper_tiny_config(tok_vocab_size(tok), 4096);
+    tok_free(tok);
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.5f, 3), 0, "%s", er_last_error());
+    cr_assert_eq(model_save(&m, dir, 0), 0, "%s", er_last_error());
+    model_free(&m);
+    helper_copy_file("data/tiny_tokenizer/tokenizer.json", dir, "tokenizer.json");
+    char *text;
+    size_t n;
+    cr_assert_eq(file_read_all("data/tiny_tokenizer/tokenizer_config.json", 1 << 20, &text, &n), 0);
+    cJSON *cfg = cJSON_Parse(text);
+    er_free(text);
+    cr_assert(cfg);
+    cJSON_ReplaceItemInObject(cfg, "chat_template", cJSON_CreateString(HELPER_QWEN3_TEMPLATE));
+    char *out = cJSON_Print(cfg), path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    cr_assert_eq(file_write_atomic(path, out, strlen(out)), 0, "%s", er_last_error());
+    cJSON_free(out);
+    cJSON_Delete(cfg);
+}
+
 // The per-test fixture of the suites that run on a tiny model dir in /tmp: a fresh /tmp/<tag>XXXXXX, the
 // tiny random model in tmp/model and, when prog is not NULL, that built program's path (NULL when it was
 // not built: its tests call helper_need_program first).

@@ -23,7 +23,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 static void check_request(const char *body, size_t n, int chat, ChatStyle style) {
-    static const ServeLimits lim = {4, 64, 512, 64, 0, 0};
+    static const ServeLimits lim = {4, 64, 512, 64, 0, 0, 0};
     ServeRequest r;
     ServeError e;
     if (serve_parse_request(body, n, chat, style, tok, &lim, &r, &e) < 0) {

@@ -520,3 +520,35 @@ Test(cli, chat_commands) {
     cr_assert(strstr(r.out, "(new conversation)"), "/reset not acknowledged:\n%s", r.out);
     helper_result_free(&r);
 }
+
+// --think on|off is the hybrid model's thinking switch (--route reasoning|direct): the pipeline object says which
+// route ran and what it forced; bad or disagreeing values are one line; a plain model refuses thinking on.
+Test(cli, think_flag_is_the_thinking_switch) {
+    need_erinfer();
+    char hybrid[600];
+    snprintf(hybrid, sizeof hybrid, "%s/hybrid", fx.tmp);
+    helper_make_hybrid_model(hybrid);
+    static const char *const flags[2] = {"--think off", "--think on"};
+    for (int k = 0; k < 2; k++) {
+        CmdResult r = helper_run(fx.tmp, "'%s' generate --model '%s' --prompt '%s' --json --threads 1 --max-new 4 %s",
+                                 fx.prog, hybrid, PROMPT, flags[k]);
+        cr_assert_eq(r.status, 0, "%s: %s", flags[k], r.err);
+        cJSON *j = cJSON_Parse(r.out);
+        cr_assert(j, "%s", r.out);
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "pipeline");
+        cr_assert(p, "%s", r.out);
+        cr_expect_str_eq(cJSON_GetObjectItemCaseSensitive(p, "route")->valuestring, k ? "reasoning" : "direct");
+        cr_expect_str_eq(cJSON_GetObjectItemCaseSensitive(p, "response_prefix")->valuestring,
+                         k ? "<think>\n" : "<think>\n\n</think>\n\n");
+        cJSON_Delete(j);
+        helper_result_free(&r);
+    }
+    CmdResult r = helper_run(fx.tmp, "'%s' generate --model '%s' --prompt hi --think maybe", fx.prog, hybrid);
+    helper_expect_error(&r, "--think maybe", "--think must be on or off");
+    r = helper_run(fx.tmp, "'%s' generate --model '%s' --prompt hi --think on --route direct", fx.prog, hybrid);
+    helper_expect_error(&r, "--think on --route direct", "disagree");
+    r = helper_run(fx.tmp, "'%s' generate --model '%s' --prompt hi --route fast", fx.prog, hybrid);
+    helper_expect_error(&r, "--route fast", "--route must be");
+    r = helper_run(fx.tmp, "'%s' generate --model '%s' --prompt hi --think on", fx.prog, fx.model);
+    helper_expect_error(&r, "--think on, plain model", "hybrid-thinking");
+}

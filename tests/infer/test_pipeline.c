@@ -136,7 +136,7 @@ TestSuite(pipeline, .init = setup, .fini = teardown);
 static const char *PROMPT = "Start with 7. Add 5. Multiply by 3. Subtract 4. What is the result?";
 
 static PipelineConfig config(int n) {
-    PipelineConfig c = {&sw, &vf, {0}, {0}, PIPELINE_AUTO};
+    PipelineConfig c = {&sw, &vf, {0}, {0}, PIPELINE_AUTO, 0};
     gen_config_default(&c.direct);
     c.direct.max_new = 8;
     gen_config_default(&c.reasoning);

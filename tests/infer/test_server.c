@@ -100,7 +100,7 @@ static const char *tools_request(int with_system) {
                  "\"properties\": {\"city\": {\"type\": \"string\", \"enum\": [\"Paris\", \"Köln\"]}}}}}]}";
 }
 
-static const ServeLimits test_limits = {4, 64, 4096, 64, 0, 0}; // no adapter, no heads
+static const ServeLimits test_limits = {4, 64, 4096, 64, 0, 0, 0}; // no adapter, no heads, not hybrid
 
 // The server's prompt for the request against jinja2's rendering of the real template.
 static void check_tools_prompt(ChatStyle style, const char *template_name, int with_system) {
@@ -1744,3 +1744,135 @@ Test(server, a_nul_byte_in_the_output_is_escaped, .timeout = 120) {
     free(out);
     server_stop(&t);
 }
+
+// ---- the thinking switch: "reasoning": {"enabled"} and "chat_template_kwargs": {"enable_thinking"} ----
+
+// serve_parse_request's route (NULL: none) for body under lim, or the refused field (param) when it is refused.
+static void parse_route_case(const ServeLimits *lim, int chat, const char *body, const char *route,
+                             const char *param) {
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), ER_OK, "%s", er_last_error());
+    ServeRequest r;
+    ServeError e;
+    int rc = serve_parse_request(body, strlen(body), chat, lim->hybrid ? CHAT_QWEN3 : CHAT_CHATML, tok, lim, &r, &e);
+    if (param) {
+        cr_expect_eq(rc, -1, "accepted: %s", body);
+        cr_expect_eq(e.status, 400, "%s", body);
+        cr_expect_str_eq(e.param, param, "%s: %s", body, e.message);
+    } else {
+        cr_assert_eq(rc, 0, "%s: %s", body, e.message);
+        if (route)
+            cr_expect(r.p.route && strcmp(r.p.route, route) == 0, "%s: route %s", body, r.p.route);
+        else
+            cr_expect_null(r.p.route, "%s", body);
+        serve_request_free(&r);
+    }
+    tok_free(tok);
+}
+
+#define MSG "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+
+Test(server, thinking_fields_map_onto_the_route) {
+    ServeLimits hybrid = test_limits, adapter = test_limits;
+    hybrid.hybrid = 1;
+    adapter.adapter = adapter.routed = 1;
+    // A hybrid model: each field forces its route; fields that agree are fine, fields that disagree are not.
+    parse_route_case(&hybrid, 1, MSG "\"chat_template_kwargs\": {\"enable_thinking\": false}}", "direct", NULL);
+    parse_route_case(&hybrid, 1, MSG "\"chat_template_kwargs\": {\"enable_thinking\": true}}", "reasoning", NULL);
+    parse_route_case(&hybrid, 1, MSG "\"reasoning\": {\"enabled\": false}}", "direct", NULL);
+    parse_route_case(&hybrid, 0, "{\"prompt\": \"hi\", \"reasoning\": {\"enabled\": true}}", "reasoning", NULL);
+    parse_route_case(&hybrid, 1, MSG "\"route\": \"reasoning\"}", "reasoning", NULL); // no adapter needed
+    parse_route_case(&hybrid, 1, MSG "\"reasoning\": {\"enabled\": true}, \"chat_template_kwargs\": "
+                                     "{\"enable_thinking\": true}, \"route\": \"reasoning\"}", "reasoning", NULL);
+    parse_route_case(&hybrid, 1, MSG "\"reasoning\": null, \"chat_template_kwargs\": null}", NULL, NULL);
+    parse_route_case(&hybrid, 1, MSG "\"reasoning\": {\"enabled\": true}, \"chat_template_kwargs\": "
+                                     "{\"enable_thinking\": false}}", NULL, "chat_template_kwargs");
+    parse_route_case(&hybrid, 1, MSG "\"route\": \"direct\", \"reasoning\": {\"enabled\": true}}", NULL, "reasoning");
+    parse_route_case(&hybrid, 1, MSG "\"route\": \"auto\", \"chat_template_kwargs\": {\"enable_thinking\": true}}",
+                     NULL, "chat_template_kwargs");
+    // Malformed: the field named.
+    parse_route_case(&hybrid, 1, MSG "\"reasoning\": true}", NULL, "reasoning");
+    parse_route_case(&hybrid, 1, MSG "\"reasoning\": {\"enabled\": \"yes\"}}", NULL, "reasoning.enabled");
+    parse_route_case(&hybrid, 1, MSG "\"reasoning\": {\"effort\": \"high\"}}", NULL, "reasoning.effort");
+    parse_route_case(&hybrid, 1, MSG "\"chat_template_kwargs\": [1]}", NULL, "chat_template_kwargs");
+    parse_route_case(&hybrid, 1, MSG "\"chat_template_kwargs\": {\"enable_thinking\": 0}}", NULL,
+                     "chat_template_kwargs.enable_thinking");
+    parse_route_case(&hybrid, 1, MSG "\"chat_template_kwargs\": {\"tools_mode\": 1}}", NULL,
+                     "chat_template_kwargs.tools_mode");
+    parse_route_case(&hybrid, 0, "{\"prompt\": \"hi\", \"chat_template_kwargs\": {\"enable_thinking\": true}}", NULL,
+                     "chat_template_kwargs"); // a completion has no chat template
+    // A forced call start and a forced think block cannot both start the answer.
+    parse_route_case(&hybrid, 1, MSG "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], "
+                                     "\"tool_choice\": \"required\", \"chat_template_kwargs\": {\"enable_thinking\": "
+                                     "false}}", NULL, "tool_choice");
+    // Not hybrid, with an adapter: the switch is the adapter's route.
+    parse_route_case(&adapter, 1, MSG "\"chat_template_kwargs\": {\"enable_thinking\": true}}", "reasoning", NULL);
+    parse_route_case(&adapter, 1, MSG "\"reasoning\": {\"enabled\": false}}", "direct", NULL);
+    // Neither: thinking off is what the model does anyway (accepted, nothing forced); on is refused.
+    parse_route_case(&test_limits, 1, MSG "\"chat_template_kwargs\": {\"enable_thinking\": false}}", NULL, NULL);
+    parse_route_case(&test_limits, 1, MSG "\"chat_template_kwargs\": {\"enable_thinking\": true}}", NULL,
+                     "chat_template_kwargs.enable_thinking");
+    parse_route_case(&test_limits, 1, MSG "\"reasoning\": {\"enabled\": true}}", NULL, "reasoning.enabled");
+}
+
+// The erinfer extension of a non-streamed response, or of a stream's last chunk (a new object).
+static cJSON *reply_extension(const char *out, int stream) {
+    const char *at = out;
+    if (stream) {
+        at = NULL;
+        for (const char *p = strstr(out, "data: {"); p; p = strstr(p + 1, "data: {"))
+            at = p + 6;
+        cr_assert(at && strstr(out, "data: [DONE]"), "%s", out);
+    }
+    cJSON *j = cJSON_ParseWithOpts(at, NULL, 0);
+    cr_assert(j, "%s", out);
+    cJSON *x = cJSON_DetachItemFromObject(j, "erinfer");
+    cr_assert(x, "no erinfer extension: %s", out);
+    cJSON_Delete(j);
+    return x;
+}
+
+// A hybrid-thinking model served without adapter or heads: each way of asking for thinking on or off runs
+// that route, streamed and not, with its think block forced after the prompt; a conflict is a 400.
+Test(server, thinking_switch_on_a_hybrid_model, .timeout = 120) {
+    TestServer t;
+    helper_fixture_open(&t.fx, "er_serve_", "erinfer");
+    helper_need_program(t.fx.prog, "erinfer", "the erinfer serve pipeline tests");
+    char dir[600], args[1600];
+    snprintf(dir, sizeof dir, "%s/hybrid", t.fx.tmp);
+    helper_make_hybrid_model(dir);
+    snprintf(args, sizeof args, "--model '%s' --max-n 2 --max-tokens 16 --queue 0", dir);
+    server_launch(&t, args);
+    static const struct {
+        const char *field;
+        int on;
+    } asks[] = {
+        {"\"chat_template_kwargs\": {\"enable_thinking\": false}", 0},
+        {"\"chat_template_kwargs\": {\"enable_thinking\": true}", 1},
+        {"\"reasoning\": {\"enabled\": false}", 0},
+        {"\"reasoning\": {\"enabled\": true}", 1},
+        {"\"route\": \"direct\"", 0},
+        {"\"route\": \"reasoning\"", 1},
+    };
+    for (size_t i = 0; i < sizeof asks / sizeof *asks; i++)
+        for (int stream = 0; stream < 2; stream++) {
+            char body[512];
+            snprintf(body, sizeof body, MSG "\"max_tokens\": 6, \"stream\": %s, %s}", stream ? "true" : "false",
+                     asks[i].field);
+            char *out = server_post(&t, body);
+            cJSON *x = reply_extension(out, stream);
+            cr_expect_str_eq(field(x, "route")->valuestring, asks[i].on ? "reasoning" : "direct", "%s", body);
+            cr_expect_str_eq(field(x, "response_prefix")->valuestring, asks[i].on ? CHAT_THINK_ON : CHAT_THINK_OFF,
+                             "%s", body);
+            cJSON_Delete(x);
+            free(out);
+        }
+    char *out = server_post(&t, MSG "\"reasoning\": {\"enabled\": false}, \"route\": \"reasoning\"}");
+    cJSON *j = cJSON_Parse(out);
+    cr_assert(j, "%s", out);
+    cr_expect_str_eq(field(field(j, "error"), "param")->valuestring, "reasoning", "%s", out);
+    cJSON_Delete(j);
+    free(out);
+    server_stop(&t);
+}
+#undef MSG

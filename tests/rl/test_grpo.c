@@ -249,3 +249,23 @@ Test(grpo, reward_counts_L_not_the_answer) {
     cr_assert_eq(r.unformatted, 1);
     cr_assert_eq(r.reward, 0.0);
 }
+
+// Qwen3's native thinking: the model opens the block itself (nothing forced, think_open 0) and the
+// answer after its close is graded, the length L counting the whole block; an answer inside a block
+// that never closed is no answer either way.
+Test(grpo, reward_on_native_thinking) {
+    GrpoConfig c;
+    grpo_config_default(&c);
+    char text[] = "<think>\nadd 3 to 4 ... the answer: 9\n</think>\n\nFinal answer: 7";
+    GenSample s = {.text = text, .n_tokens = 30, .think_len = 19, .answer_at = -1, .finish = FINISH_EOS};
+    GrpoSampleReward r;
+    cr_assert_eq(grpo_sample_reward(&c, &s, 0, 24, "7", &r), ER_OK);
+    cr_assert_eq(r.correct, 1, "the answer after </think>, not the 9 inside it");
+    cr_assert_eq(r.length, 19);
+    cr_assert_float_eq(r.budget_term, 1.0, 1e-12);
+    char open_text[] = "<think>\nadd 3 to 4 so the answer: 7. Wait";
+    GenSample u = {.text = open_text, .n_tokens = 12, .think_len = 12, .answer_at = -1, .finish = FINISH_LENGTH};
+    cr_assert_eq(grpo_sample_reward(&c, &u, 0, 24, "7", &r), ER_OK);
+    cr_assert_eq(r.correct, 0);
+    cr_assert_eq(r.unformatted, 1);
+}

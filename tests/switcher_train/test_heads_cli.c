@@ -98,3 +98,24 @@ Test(heads_cli, heads_in_two_new_dirs) {
     helper_result_free(&r);
     er_free(data);
 }
+
+// No adapter: refused on a model that is not hybrid (it has no reasoning route); on a hybrid-thinking model
+// (Qwen3's template) the base reasons with its thinking on, and both heads are trained on it.
+Test(heads_cli, hybrid_model_without_adapter) {
+    need_ertrain();
+    char *data = heads_make_data(fx.tmp, "train.jsonl", 10, 3), hybrid[600], sw[600], vf[600];
+    CmdResult r = helper_run(fx.tmp, "'%s' heads --model '%s/model' --data '%s' --switcher-out '%s/sw'", fx.prog, fx.tmp,
+                             data, fx.tmp);
+    helper_expect_error(&r, "no --adapter, plain model", "hybrid-thinking");
+    snprintf(hybrid, sizeof hybrid, "%s/hybrid", fx.tmp);
+    helper_make_hybrid_model(hybrid);
+    r = helper_run(fx.tmp, "'%s' heads --model '%s' --data '%s' --switcher-out '%s/sw' --verifier-out '%s/vf' "
+                   "--samples 2 --max-new 8 --verifier-epochs 2 --switcher-epochs 2 --threads 1 --allow-one-class",
+                   fx.prog, hybrid, data, fx.tmp, fx.tmp);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    snprintf(sw, sizeof sw, "%s/sw.json", fx.tmp);
+    snprintf(vf, sizeof vf, "%s/vf.json", fx.tmp);
+    cr_assert(path_exists(sw) && path_exists(vf), "%s", r.err);
+    helper_result_free(&r);
+    er_free(data);
+}
