@@ -194,12 +194,13 @@ static inline void helper_make_model(const char *dir) {
     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is "     \
     "defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
 
-// A tiny random hybrid-thinking model dir (the tiny tokenizer, with a Qwen3-style chat template). Its shape is
-// the one line below: a Qwen3-shaped config (q_norm / k_norm) goes there once model/ has one.
+// A tiny random hybrid-thinking model dir: Qwen3-shaped (q_norm / k_norm, no biases, head_dim 16 beside hidden 32 /
+// 4 heads) over the tiny tokenizer, with a Qwen3-style chat template.
 static inline void helper_make_hybrid_model(const char *dir) {
     Tokenizer *tok;
     cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), 0, "%s", er_last_error());
     ModelConfig c = helper_tiny_config(tok_vocab_size(tok), 4096);
+    c.arch = ARCH_QWEN3, c.qkv_bias = 0, c.HS = 16;
     tok_free(tok);
     Model m;
     cr_assert_eq(model_build_random(&m, &c, 0.5f, 3), 0, "%s", er_last_error());
