@@ -203,7 +203,7 @@ static int apply_layer_inner(const FptParams *p, const Model *m, int l, const fl
             gemm_f32(0, 0, C, HS, HS, 1.0f, base + oo, qd, Minv, HS, 0.0f, x + oo, qd);
         }
     }
-    for (int h = 0; h < p->NKV * p->keys; h++)
+    for (int h = 0; h < p->NKV * p->keys; h++) // T_k (none on Qwen3)
         for (int i = 0; i < half; i++) {
             double a = exp(t.ka[h * half + i]), th = t.kt[h * half + i], cs = cos(th), sn = sin(th);
             int k0 = h * HS + i, k1 = k0 + half;

@@ -339,6 +339,19 @@ Test(quant_transform, refuses_what_it_cannot_transform) {
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
     model_free(&m);
+    // Qwen3: T_k by name is refused (its q/k norms sit between the projections and RoPE), before anything changes;
+    // fpt there is the other three (tests/train/test_fpt.c checks the logits).
+    ModelConfig c = tiny_config(48, 0);
+    c.arch = ARCH_QWEN3, c.qkv_bias = 0;
+    cr_assert_eq(model_build_random(&m, &c, 0.2f, 42), 0, "%s", er_last_error());
+    float *before = logits_of(&m);
+    cr_assert_eq(transform_model(&m, "r+k", 1), ER_EUNSUPPORTED);
+    cr_assert(strstr(er_last_error(), "qwen3"), "%s", er_last_error());
+    float *after = logits_of(&m);
+    cr_assert_eq(memcmp(before, after, sizeof(float) * TB * TT * m.cfg.V), 0, "a refused transform changed the model");
+    free(before);
+    free(after);
+    model_free(&m);
 }
 
 // ---- what the transforms are for ----
