@@ -292,3 +292,20 @@ Test(model_io, shape_message_of_a_vector) {
     free(path);
     free(other);
 }
+
+// The committed configs load; Qwen3-0.6B's has the published size (0.6B parameters, 0.44B without the tied
+// embedding) and head_dim 128 apart from hidden / heads (64).
+Test(model_io, committed_configs) {
+    const char *names[] = {"configs/tiny.json", "configs/small.json", "configs/qwen05b-2l.json",
+                           "configs/qwen3-tiny.json", "configs/qwen3-0.6b.json"};
+    ModelConfig c;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        cr_assert_eq(model_config_load(&c, names[i]), ER_OK, "%s", er_last_error());
+        cr_expect_eq(c.arch, strstr(names[i], "qwen3") ? ARCH_QWEN3 : ARCH_QWEN2, "%s", names[i]);
+    }
+    size_t n = model_config_num_params(&c), embed = (size_t)c.V * c.C;
+    cr_expect_eq(c.HS, 128);
+    cr_expect_eq(c.C / c.NH, 64);
+    cr_expect(n > 590000000 && n < 610000000 && n - embed > 435000000 && n - embed < 445000000,
+              "Qwen3-0.6B: %zu parameters, %zu without the embedding", n, n - embed);
+}
