@@ -103,6 +103,10 @@ struct Tokenizer {
     int qwen2_split;               // the one Split stage is Qwen2's regex (llama.cpp pre-tokenizer "qwen2")
     int *eos_ids;
     int n_eos;
+    // The special tokens tokenizer.json's TemplateProcessing post-processor puts around a single text
+    // (HF add_special_tokens=True): TOK_MAX_TEMPLATE ids before and after it.
+    int tmpl_pre[TOK_MAX_TEMPLATE], tmpl_post[TOK_MAX_TEMPLATE];
+    int n_tmpl_pre, n_tmpl_post;
     CacheSlot *cache;              // (CACHE_SLOTS)
 };
 
@@ -1047,6 +1051,52 @@ done:
     return rc;
 }
 
+// One TemplateProcessing's "single" template: the special tokens before and after the text ("Sequence" "A"),
+// each looked up in its "special_tokens" map. Other post-processors (ByteLevel's offsets, ...) change no id.
+static int load_template(Tokenizer *t, const cJSON *pp, const char *field) {
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(pp, "type");
+    if (cJSON_IsString(type) && strcmp(type->valuestring, "Sequence") == 0) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(pp, "processors"), *it;
+        char sub[96];
+        int i = 0;
+        cJSON_ArrayForEach(it, list) {
+            snprintf(sub, sizeof sub, "%s.processors[%d]", field, i++);
+            ER_TRY(load_template(t, it, sub));
+        }
+        return ER_OK;
+    }
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "TemplateProcessing") != 0)
+        return ER_OK;
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(pp, "single"), *specials, *piece;
+    specials = cJSON_GetObjectItemCaseSensitive(pp, "special_tokens");
+    if (!cJSON_IsArray(single))
+        return er_error(ER_EFORMAT, "%s: field \"%s.single\" must be an array", t->path, field);
+    int after = 0;
+    t->n_tmpl_pre = t->n_tmpl_post = 0;
+    cJSON_ArrayForEach(piece, single) {
+        const cJSON *seq = cJSON_GetObjectItemCaseSensitive(piece, "Sequence");
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(piece, "SpecialToken");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(sp, "id");
+        if (seq) {
+            after = 1;
+            continue;
+        }
+        const cJSON *entry = cJSON_IsString(name) ? cJSON_GetObjectItemCaseSensitive(specials, name->valuestring) : NULL;
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(entry, "ids"), *id;
+        if (!cJSON_IsArray(ids))
+            return er_error(ER_EFORMAT, "%s: field \"%s.single\": a SpecialToken without ids in \"special_tokens\"",
+                            t->path, field);
+        cJSON_ArrayForEach(id, ids) {
+            int *n = after ? &t->n_tmpl_post : &t->n_tmpl_pre;
+            if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= t->n_ids || *n == TOK_MAX_TEMPLATE)
+                return er_error(ER_EFORMAT, "%s: field \"%s.special_tokens\": an id out of range or more than %d of "
+                                "them", t->path, field, TOK_MAX_TEMPLATE);
+            (after ? t->tmpl_post : t->tmpl_pre)[(*n)++] = id->valueint;
+        }
+    }
+    return ER_OK;
+}
+
 // Everything taken from the document. Strings are copied: the document is freed right after.
 static int load_doc(Tokenizer *t, const cJSON *root) {
     int byte_level = 0;
@@ -1062,6 +1112,9 @@ static int load_doc(Tokenizer *t, const cJSON *root) {
         return er_error(ER_EUNSUPPORTED,
                         "%s: field \"pre_tokenizer\": no ByteLevel pre-tokenizer (only byte-level BPE is supported)",
                         t->path);
+    const cJSON *pp = cJSON_GetObjectItemCaseSensitive(root, "post_processor");
+    if (pp && !cJSON_IsNull(pp))
+        ER_TRY(load_template(t, pp, "post_processor"));
     return load_decoder(t->path, root);
 }
 
@@ -1837,6 +1890,13 @@ const char *tok_token_bytes(const Tokenizer *tok, int id, size_t *len) {
     if (len)
         *len = tok->dec_len[id];
     return tok->dec + tok->dec_off[id];
+}
+
+int tok_template(const Tokenizer *tok, const int **pre, int *n_pre, const int **post) {
+    *pre = tok->tmpl_pre;
+    *n_pre = tok->n_tmpl_pre;
+    *post = tok->tmpl_post;
+    return tok->n_tmpl_post;
 }
 
 int tok_vocab_size(const Tokenizer *tok) { return tok ? tok->n_ids : 0; }

@@ -60,6 +60,13 @@ size_t tok_utf8_complete(const char *bytes, size_t n);
 // id with no token. Useful for streaming output token by token.
 const char *tok_token_bytes(const Tokenizer *tok, int id, size_t *len);
 
+// The special tokens HF's add_special_tokens=True puts around one text: tokenizer.json's TemplateProcessing
+// post-processor ("single"), *n_pre ids before it and the returned count after it (ids owned by the tokenizer).
+// None for the Qwen language models; Qwen3-Embedding appends <|endoftext|>. Encoding never adds them: callers that
+// want them (embeddings) do.
+enum { TOK_MAX_TEMPLATE = 4 };
+int tok_template(const Tokenizer *tok, const int **pre, int *n_pre, const int **post);
+
 // Number of ids: the largest id of the vocabulary or the added tokens, plus one.
 int tok_vocab_size(const Tokenizer *tok);
 // Id of a vocabulary entry as written in tokenizer.json (byte-level form, e.g. "Ġthe") or
