@@ -13,5 +13,6 @@ int cmd_tokenize(int argc, char **argv);   // erinfer/tokenize.c
 int cmd_detokenize(int argc, char **argv); // erinfer/tokenize.c
 int cmd_eval(int argc, char **argv);       // cli/eval.c
 int cmd_bench(int argc, char **argv);      // erinfer/bench.c
+int cmd_embed(int argc, char **argv);      // erinfer/embed.c
 
 #endif

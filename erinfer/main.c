@@ -21,6 +21,7 @@ static const ArgCommand commands[] = {
     {"eval", cmd_eval, "accuracy, length and speed on a JSONL dataset with gold answers"},
     {"bench", cmd_bench, "TTFT and decode tokens/s at N = 1, 2, 4, 8 samples, fp32 vs int8 KV"},
     {"score", cmd_score, "log-probabilities of token sequences under a model (and adapter)"},
+    {"embed", cmd_embed, "text -> embedding vectors (mean or last-token pooling, as the model says)"},
     {"tokenize", cmd_tokenize, "text JSONL -> token ids JSONL with a tokenizer.json"},
     {"detokenize", cmd_detokenize, "token ids JSONL -> text JSONL"},
 #ifndef ER_NO_SERVE

@@ -18,6 +18,7 @@
 #include "data/tokenizer.h"
 #include "infer/api_struct.h"
 #include "infer/decode_batch.h"
+#include "infer/embed.h"
 #include "infer/engine.h"
 #include "infer/model_source.h"
 #include "infer/pipeline.h"
@@ -51,6 +52,7 @@ _Static_assert(sizeof(int32_t) == sizeof(int), "token ids cross the API as int32
 #define GEN_PARAMS_V1 (offsetof(ErGenParams, top_logprobs) + sizeof(int))
 #define SESSION_PARAMS_V1 (offsetof(ErSessionParams, callbacks) + sizeof(const ErCallbacks *))
 #define CALLBACKS_V1 (offsetof(ErCallbacks, abort) + sizeof(ErAbortCallback))
+#define EMBED_PARAMS_V1 (offsetof(ErEmbedParams, query) + sizeof(int))
 
 struct ErModel {
     atomic_int refs;    // the caller's (until er_model_free) and one per open session or batch: the last frees it
@@ -61,6 +63,7 @@ struct ErModel {
     ChatStyle style;
     LoraAdapter adapter;     // zeroed when none is loaded (mats NULL)
     TrainedHead switcher, verifier; // likewise (net.params NULL)
+    EmbedSpec embed;         // how er_embed pools and the query prompt, as the model dir or GGUF says
     unsigned heads_loaded;   // head loads so far: a session warns about a head's KV type once per load
     ErCallbacks cb;          // er_model_load_ex's (zeroed: none); its log serves sessions without their own
 };
@@ -206,6 +209,7 @@ static const ErGenParams gen_defaults = {.size = sizeof(ErGenParams), .max_new_t
 static const ErSessionParams session_defaults = {.size = sizeof(ErSessionParams), .max_samples = 1,
                                                  .max_tokens = 2048, .kv_type = ER_KV_F32};
 static const ErCallbacks callbacks_defaults = {.size = sizeof(ErCallbacks)};
+static const ErEmbedParams embed_defaults = {.size = sizeof(ErEmbedParams), .normalize = 1};
 
 int er_gen_params_init_size(ErGenParams *p, size_t size) {
     return api_struct_init(p, size, &gen_defaults, sizeof gen_defaults, GEN_PARAMS_V1, "er_gen_params_init_size");
@@ -214,6 +218,11 @@ int er_gen_params_init_size(ErGenParams *p, size_t size) {
 int er_session_params_init_size(ErSessionParams *p, size_t size) {
     return api_struct_init(p, size, &session_defaults, sizeof session_defaults, SESSION_PARAMS_V1,
                        "er_session_params_init_size");
+}
+
+int er_embed_params_init_size(ErEmbedParams *p, size_t size) {
+    return api_struct_init(p, size, &embed_defaults, sizeof embed_defaults, EMBED_PARAMS_V1,
+                           "er_embed_params_init_size");
 }
 
 int er_callbacks_init_size(ErCallbacks *c, size_t size) {
@@ -256,6 +265,7 @@ static void model_release(ErModel *m) {
     lora_free(&m->adapter);
     model_free(&m->model);
     tok_free(m->tok);
+    embed_spec_free(&m->embed);
     er_free(m);
 }
 
@@ -324,6 +334,7 @@ static int model_open(ErModel *m, const char *dir) {
     ER_TRY(rc);
     ER_TRY(tok_load(&m->tok, dir));
     ER_TRY(chat_style_from_config(dir, &m->style));
+    ER_TRY(embed_spec_load(&m->embed, m->model.gguf ? NULL : dir, m->model.gguf));
     ER_TRY(model_check_vocab(m, dir));
     const ModelConfig *c = &m->model.cfg;
     ER_TRY(load_step(&ls, ls.total));
@@ -403,6 +414,7 @@ static int load_source(ErModel **out, ByteRange *bytes, const ModelTexts *tx) {
     }
     int rc = ER_OK;
     ER_CHECK(model_source_load(&m->model, &m->tok, &m->style, bytes, tx));
+    ER_CHECK(embed_spec_load(&m->embed, NULL, m->model.gguf)); // no dir: a safetensors model pools by the mean
     ER_CHECK(model_check_vocab(m, name));
     ER_CHECK(model_tile_for_decode(&m->model, NULL, NULL, NULL));
     *out = m;
@@ -891,6 +903,103 @@ static int generate_text(ErSession *s, const char *text, const ErGenParams *p, E
     ER_TRY(tok_encode(s->m->tok, text, strlen(text), &ids, &n));
     int rc = generate_ids(s, ids, n, p, cb, user);
     er_free(ids);
+    return rc;
+}
+
+// ---- embeddings ----
+
+int er_model_embedding_size(const ErModel *m) {
+    NEED(m, "er_model_embedding_size", "the model");
+    return m->model.cfg.C;
+}
+
+// Text i's tokens as HF's tokenizer(text) makes them: the template's tokens around the encoded text (with the
+// query prompt first when asked).
+static int embed_tokens(const ErModel *m, const char *prompt, const char *text, int **ids, int *n) {
+    const int *pre, *post;
+    int n_pre, n_post = tok_template(m->tok, &pre, &n_pre, &post), nt, rc = ER_OK;
+    int *t = NULL;
+    size_t np = prompt ? strlen(prompt) : 0, nx = strlen(text);
+    char *joined = er_alloc(np + nx + 1);
+    if (!joined)
+        return ER_ENOMEM;
+    memcpy(joined, prompt ? prompt : "", np);
+    memcpy(joined + np, text, nx + 1);
+    ER_CHECK(tok_encode(m->tok, joined, np + nx, &t, &nt));
+    if (!(*ids = er_alloc(sizeof(int) * ((size_t)n_pre + nt + n_post + 1))))
+        ER_CHECK(ER_ENOMEM);
+    memcpy(*ids, pre, sizeof(int) * (size_t)n_pre);
+    if (nt)
+        memcpy(*ids + n_pre, t, sizeof(int) * (size_t)nt);
+    memcpy(*ids + n_pre + nt, post, sizeof(int) * (size_t)n_post);
+    *n = n_pre + nt + n_post;
+done:
+    er_free(t);
+    er_free(joined);
+    return rc;
+}
+
+static int embed_texts(ErSession *s, const char *const *texts, int n, const ErEmbedParams *p, float *out) {
+    const ErModel *m = s->m;
+    int C = m->model.cfg.C, dims = p->dimensions ? p->dimensions : C, pool = p->pooling, total = 0, rc = ER_OK;
+    if (pool == ER_POOL_MODEL && m->embed.pooling == EMBED_UNSUPPORTED)
+        return er_error(ER_EUNSUPPORTED, "er_embed: the model pools by %s; only mean and last-token pooling are "
+                        "built (ErEmbedParams.pooling can ask for one)", m->embed.mode);
+    int last = (pool == ER_POOL_MODEL ? (int)m->embed.pooling : pool) == ER_POOL_LAST;
+    const char *prompt = p->query ? m->embed.query_prompt : NULL;
+    if (p->query && !prompt)
+        return er_error(ER_EINVAL, "er_embed: ErEmbedParams.query is set but the model has no query prompt "
+                        "(config_sentence_transformers.json's prompts.query)");
+    float *h = er_alloc(sizeof(float) * (size_t)C);
+    if (!h)
+        return ER_ENOMEM;
+    for (int i = 0; i < n; i++) {
+        int *ids = NULL, nt = 0;
+        ER_CHECK(embed_tokens(m, prompt, texts[i], &ids, &nt));
+        if (nt < 1 || nt > s->engine.max_len) {
+            er_free(ids);
+            ER_CHECK(er_error(ER_ERANGE, "er_embed: text %d is %d tokens, the session holds 1..%d (max_tokens)", i, nt,
+                              s->engine.max_len));
+        }
+        rc = engine_embed(&s->engine, ids, nt, last, h);
+        er_free(ids);
+        ER_CHECK(rc);
+        embed_finish(out + (size_t)i * dims, h, dims, p->normalize);
+        total += nt;
+    }
+    rc = total;
+done:
+    er_free(h);
+    return rc;
+}
+
+int er_embed(ErSession *s, const char *const *texts, int n, const ErEmbedParams *p, float *out, size_t cap) {
+    NEED(s, "er_embed", "the session");
+    NEED(texts, "er_embed", "the texts");
+    NEED(p, "er_embed", "the parameters (er_embed_params_init fills the defaults)");
+    NEED(out, "er_embed", "the output");
+    ErEmbedParams q = embed_defaults;
+    ER_TRY(api_struct_read(&q, sizeof q, p, EMBED_PARAMS_V1, "er_embed", "ErEmbedParams"));
+    int C = s->m->model.cfg.C, dims = q.dimensions ? q.dimensions : C;
+    if (n < 0)
+        return er_error(ER_EINVAL, "er_embed: %d texts", n);
+    for (int i = 0; i < n; i++)
+        if (!texts[i])
+            return er_error(ER_EINVAL, "er_embed: text %d is NULL", i);
+    if (q.pooling < ER_POOL_MODEL || q.pooling > ER_POOL_LAST)
+        return er_error(ER_EINVAL, "er_embed: ErEmbedParams.pooling is %d (expected ER_POOL_MODEL, _MEAN or _LAST)",
+                        q.pooling);
+    if (q.dimensions < 0 || q.dimensions > C)
+        return er_error(ER_EINVAL, "er_embed: ErEmbedParams.dimensions is %d, the model's embeddings have 1..%d",
+                        q.dimensions, C);
+    if ((size_t)n * dims > cap)
+        return er_error(ER_EINVAL, "er_embed: %d texts of %d values need %zu floats, the output holds %zu", n, dims,
+                        (size_t)n * dims, cap);
+    ER_TRY(session_enter(s, "er_embed"));
+    int prev = threads_push(s->n_threads);
+    int rc = embed_texts(s, texts, n, &q, out);
+    threads_pop(prev);
+    session_leave(s);
     return rc;
 }
 

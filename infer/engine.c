@@ -316,6 +316,38 @@ done: // the sample's cache back to its own length, whether or not the forward r
     return rc < 0 ? rc : rc2;
 }
 
+int engine_embed(Engine *e, const int *tokens, int n, int last, float *out) {
+    const ModelConfig *c = &e->model->cfg;
+    int C = c->C, slot, rc = ER_OK;
+    if (n < 1 || n > e->max_len)
+        return er_error(ER_ERANGE, "embed: %d tokens, the engine holds 1..%d", n, e->max_len);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->V)
+            return er_error(ER_ERANGE, "embed: token %d is outside the vocabulary [0, %d)", tokens[i], c->V);
+    engine_release_samples(e);
+    ER_TRY(kv_seq_open(&e->kv, &slot));
+    memset(e->feat_sum, 0, sizeof(double) * (size_t)C);
+    Activations *a = &e->prefill;
+    for (int p = 0; p < n; p += e->chunk) {
+        int len = n - p < e->chunk ? n - p : e->chunk;
+        ER_CHECK(engine_poll_abort(e, "prefill", p, n));
+        ModelInput in = {.B = 1, .T = len, .tokens = tokens + p, .len = &len, .kv = &e->kv, .kv_slots = &slot};
+        ER_CHECK(model_forward(e->model, &in, a));
+        e->forward_positions += len;
+        // resf holds the last layer's output at every position of the chunk: the final norm gives each one's
+        // hidden state (the decode keeper normalised only the last).
+        rmsnorm_forward(a->lnf, a->rstdf, a->resf, e->model->norm, len, C, c->eps);
+        for (int t = 0; t < len && !last; t++)
+            for (int i = 0; i < C; i++)
+                e->feat_sum[i] += a->lnf[(size_t)t * C + i];
+    }
+    for (int i = 0; i < C; i++)
+        out[i] = last ? a->lnf[(size_t)((n - 1) % e->chunk) * C + i] : (float)(e->feat_sum[i] / n);
+done:
+    kv_seq_close(&e->kv, slot);
+    return rc;
+}
+
 int engine_verify_features_all(Engine *e, const int *tokens, int n, int adapter_on, float *out) {
     int N = e->n_kept, T = n + 1, C = e->model->cfg.C, rc = ER_OK;
     if (N < 1)

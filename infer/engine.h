@@ -161,6 +161,12 @@ int engine_verify_features(Engine *e, int sample, const int *tokens, int n, int 
 // The same for every kept sample at once, in one batched pass (one read of the weights for all):
 // out (n_kept, C), row i equal to engine_verify_features for sample i up to rounding.
 int engine_verify_features_all(Engine *e, const int *tokens, int n, int adapter_on, float *out);
+
+// An embedding's hidden state: the base model's final hidden states (after the final norm, HF's
+// last_hidden_state) of tokens (n, 1..max_len) in a KV sequence of their own, chunk by chunk, pooled into
+// out (C): their mean (last = 0) or the last position's (last = 1). The prompt sequence and its reuse are
+// left as they were; kept samples are released.
+int engine_embed(Engine *e, const int *tokens, int n, int last, float *out);
 // The checks engine_generate makes on g before any work (sizes, budget, sampler, the prefix and suffix
 // encode), for a prompt of n_prompt tokens and `extra` positions appended to each sample afterwards.
 int engine_check_generation(const Engine *e, const GenConfig *g, int n_prompt, int extra);

@@ -408,6 +408,34 @@ typedef struct {
 // heads loaded and no route forced).
 ER_API const ErRoute *er_result_route(const ErSession *s);
 
+// ---- embeddings: one vector per text, for search (retrieval) ----
+enum { ER_POOL_MODEL = 0, ER_POOL_MEAN = 1, ER_POOL_LAST = 2 };
+
+typedef struct {
+    size_t size;    // sizeof(ErEmbedParams), set by er_embed_params_init (see "Structs" above)
+    int pooling;    // ER_POOL_MODEL: as the model says (sentence-transformers' Pooling module config: the last token
+                    // for Qwen3-Embedding; a GGUF's pooling_type; mean when it says nothing), or ER_POOL_MEAN /
+                    // ER_POOL_LAST: the mean or the last of the final hidden states (after the final norm) [ER_POOL_MODEL]
+    int dimensions; // 0 = er_model_embedding_size; 1..that: the first this many values, normalised after the cut
+                    // (Matryoshka truncation, which Qwen3-Embedding is trained for) [0]
+    int normalize;  // L2-normalise: dot products are then cosine similarities [1]
+    int query;      // prepend the model's query prompt (config_sentence_transformers.json's prompts.query, Qwen3-
+                    // Embedding's "Instruct: ...\nQuery:") to each text: for search queries, not for the documents
+                    // searched; ER_EINVAL when the model has none [0]
+} ErEmbedParams;
+
+ER_API int er_embed_params_init_size(ErEmbedParams *p, size_t size);
+static inline void er_embed_params_init(ErEmbedParams *p) { er_embed_params_init_size(p, sizeof *p); }
+// The length of an embedding: the model's hidden size.
+ER_API int er_model_embedding_size(const ErModel *m);
+// Embeds n texts (UTF-8, tokenized as Hugging Face's tokenizer(text) does: special tokens in the text parsed, and
+// the tokenizer's template tokens added, Qwen3-Embedding's closing <|endoftext|>) with the base model (no adapter):
+// out gets n rows of p->dimensions (0: er_model_embedding_size) floats, cap floats at most. Each text is one prefill
+// of at most the session's max_tokens in a KV sequence of its own; the session's cached prompt stays for the next
+// generate. Returns the tokens embedded in all (an API's usage), or a negative status (ER_ERANGE naming a text that
+// is too long or empty).
+ER_API int er_embed(ErSession *s, const char *const *texts, int n, const ErEmbedParams *p, float *out, size_t cap);
+
 // ---- several requests decoded together ----
 // An ErBatch holds the samples of several generate calls ("requests") in one KV cache and decodes
 // them together: each er_batch_step runs one forward over the rows of every live request (one read

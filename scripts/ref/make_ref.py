@@ -12,7 +12,9 @@ For each case writes OUT/<case>/:
                             grad.<hf name> F32 for every parameter (tied: embed grad has both uses),
                             grad.inputs_embeds F32 [B,T,C] (d loss / d embedding-lookup output),
                             logprobs F32 [B,T-1] (log p(tokens[b,i+1] | tokens[b,:i+1]); 0 on padding),
-                            hidden F32 [B,T,C] (final-normed hidden states, the input of lm_head)
+                            hidden F32 [B,T,C] (final-normed hidden states, the input of lm_head),
+                            embed_mean, embed_last F32 [B,C] (each row's mean / last valid hidden state,
+                            L2-normalised: sentence-transformers' pooling of an embedding model)
     score_input.jsonl       one {"tokens": [...]} per batch row, valid tokens only
 
 Everything is computed in float64 from the weights as read back from the written files (so the bf16 case
@@ -263,6 +265,8 @@ def run_case(case, out_root):
         ("loss", R.encode_tensor(np.array([loss.item()]), "F32")),
         ("logprobs", R.encode_tensor(logprobs.numpy(), "F32")),
         ("hidden", R.encode_tensor(hidden.detach().numpy(), "F32")),
+        ("embed_mean", R.encode_tensor(R.pool_embeddings(hidden.detach(), lengths, False).numpy(), "F32")),
+        ("embed_last", R.encode_tensor(R.pool_embeddings(hidden.detach(), lengths, True).numpy(), "F32")),
         ("grad.inputs_embeds", R.encode_tensor(emb.grad.numpy(), "F32")),
     ]
     for n, _ in R.param_shapes(cfg):

@@ -256,6 +256,19 @@ def forward(cfg, w, tokens=None, inputs_embeds=None, return_hidden=False):
     return (logits, h) if return_hidden else logits
 
 
+def pool_embeddings(hidden, lengths, last):
+    """sentence-transformers' Pooling then Normalize on right-padded rows: each row's mean over its valid
+    positions (pooling_mode_mean_tokens) or its last valid position (pooling_mode_lasttoken), L2-normalised.
+    hidden (B, T, C) final-normed hidden states (HF's last_hidden_state) -> (B, C)."""
+    T = hidden.shape[1]
+    valid = (torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]).to(hidden.dtype)   # (B, T)
+    if last:
+        pooled = hidden[torch.arange(hidden.shape[0]), torch.as_tensor(lengths) - 1]
+    else:
+        pooled = (hidden * valid[..., None]).sum(1) / valid.sum(1, keepdim=True)
+    return torch.nn.functional.normalize(pooled, p=2, dim=-1)
+
+
 def masked_loss(logits, targets, loss_mask):
     """sum(mask * nll) / sum(mask); logits (B, T, V), targets (B, T) int64, loss_mask (B, T)."""
     logp = torch.log_softmax(logits, dim=-1)
