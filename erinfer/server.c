@@ -10,7 +10,8 @@
 // recently used one, so a new conversation does not evict one that is still going on. A full queue
 // answers 503. A streamed job's SSE bytes go from the token callback to the connection's content
 // reader; a client that goes away cancels its job (the token callback stops the samples, a queued job
-// is dropped).
+// is dropped). /v1/embeddings runs on its connection's thread, one request at a time, in a session of its own
+// beside the batch (er_embed: a KV sequence per text, the base model).
 #include "erinfer/server.h"
 
 #include <errno.h>
@@ -84,6 +85,8 @@ struct Server {
     int batch_rows, batch_started;
     int batch_free;       // rows neither decoding nor promised to a job the batch thread is admitting
     pthread_t batch_thread;
+    ErSession *embed;     // /v1/embeddings' session, used under embed_mu
+    pthread_mutex_t embed_mu;
     unsigned long counter;
     ErRng rng;            // the seeds of requests that give none
 };
@@ -550,6 +553,42 @@ static enum MHD_Result serve_generate(struct MHD_Connection *c, Server *srv, con
     return ok;
 }
 
+static enum MHD_Result serve_embeddings(struct MHD_Connection *c, Server *srv, const Conn *cn) {
+    ServeEmbedRequest req;
+    ServeError e;
+    int size = er_model_embedding_size(srv->model);
+    if (serve_parse_embeddings(cn->body.p ? cn->body.p : "", cn->body.n, &srv->lim, size, &req, &e) < 0)
+        return respond_error(c, &e);
+    int dims = req.dimensions ? req.dimensions : size;
+    float *v = er_alloc(sizeof(float) * (size_t)req.n * dims);
+    ErEmbedParams p;
+    er_embed_params_init(&p);
+    p.dimensions = req.dimensions;
+    int tokens = ER_ENOMEM;
+    if (v) {
+        pthread_mutex_lock(&srv->embed_mu);
+        tokens = er_embed(srv->embed, (const char *const *)req.texts, req.n, &p, v, (size_t)req.n * dims);
+        pthread_mutex_unlock(&srv->embed_mu);
+    }
+    enum MHD_Result ok;
+    if (tokens < 0) { // a text over the context, or empty, is the client's; anything else the server's
+        if (tokens == ER_ERANGE)
+            serve_fail(&e, 400, "invalid_request_error", "input", "%s", er_last_error());
+        else
+            serve_fail(&e, 500, "server_error", NULL, "%s", er_last_error());
+        ok = respond_error(c, &e);
+    } else {
+        StrBuf body = {0};
+        serve_embeddings_json(&body, &req, v, dims, srv->model_name, tokens);
+        ok = body.oom ? respond_fail(c, 500, "server_error", NULL, "out of memory")
+                      : respond(c, 200, "application/json", body.p);
+        er_free(body.p);
+    }
+    er_free(v);
+    serve_embed_request_free(&req);
+    return ok;
+}
+
 static enum MHD_Result serve_models(struct MHD_Connection *c, Server *srv) {
     cJSON *j = cJSON_CreateObject(), *d = cJSON_AddArrayToObject(j, "data"), *m = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "object", "list");
@@ -615,7 +654,8 @@ static void request_check(struct MHD_Connection *c, const Server *srv, const cha
     local_address(c, local, sizeof local);
     const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
     int get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
-    int gen = strcmp(url, "/v1/chat/completions") == 0 || strcmp(url, "/v1/completions") == 0;
+    int gen = strcmp(url, "/v1/chat/completions") == 0 || strcmp(url, "/v1/completions") == 0 ||
+              strcmp(url, "/v1/embeddings") == 0;
     int models = strcmp(url, "/v1/models") == 0, health = strcmp(url, "/health") == 0;
     const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
     size_t target = strlen(url);
@@ -653,6 +693,8 @@ static enum MHD_Result route_request(struct MHD_Connection *c, Server *srv, cons
         return serve_models(c, srv);
     if (cn->too_big)
         return respond_too_big(c);
+    if (strcmp(url, "/v1/embeddings") == 0)
+        return serve_embeddings(c, srv, cn);
     return serve_generate(c, srv, cn, strcmp(url, "/v1/chat/completions") == 0);
 }
 
@@ -797,10 +839,13 @@ static int serve_open(Server *srv, const ServeFlags *f) {
     sp.max_samples = srv->batch_rows;
     sp.max_tokens = positions;
     sp.kv_type = kv_int8 ? ER_KV_INT8 : ER_KV_F32;
-    return er_batch_open(&srv->batch, srv->model, &sp);
+    ER_TRY(er_batch_open(&srv->batch, srv->model, &sp));
+    sp.max_samples = 1; // /v1/embeddings: one text at a time, up to the context
+    return er_session_open(&srv->embed, srv->model, &sp);
 }
 
 static void serve_close(Server *srv) {
+    er_session_free(srv->embed);
     er_batch_free(srv->batch);
     er_model_free(srv->model);
 }
@@ -944,6 +989,7 @@ int cmd_serve(int argc, char **argv) {
     const char *slash = strrchr(f.g.model, '/');
     srv.model_name = slash && slash[1] ? slash + 1 : f.g.model;
     pthread_mutex_init(&srv.mu, NULL);
+    pthread_mutex_init(&srv.embed_mu, NULL);
     pthread_cond_init(&srv.work, NULL);
     // Every thread started from here on (the batch's, the HTTP library's) leaves these signals to sigwait.
     sigset_t set;
@@ -965,6 +1011,7 @@ int cmd_serve(int argc, char **argv) {
         serve_stop_batch(&srv);
     serve_close(&srv);
     pthread_cond_destroy(&srv.work);
+    pthread_mutex_destroy(&srv.embed_mu);
     pthread_mutex_destroy(&srv.mu);
     serve_hosts_free(&srv.hosts);
     er_free(key);

@@ -58,6 +58,25 @@ int serve_fail(ServeError *e, int status, const char *type, const char *param, c
 // {"error": {...}} as a new string (er_free).
 char *serve_error_json(const ServeError *e);
 
+// A /v1/embeddings request that passed every check: input as one text or an array of texts.
+enum { SERVE_EMBED_MAX_INPUTS = 2048 }; // OpenAI's limit on the inputs of one request
+typedef struct {
+    char **texts;   // (n)
+    int n;
+    int base64;     // encoding_format "base64": each vector as base64 of its little-endian float32 values
+    int dimensions; // 0 = the model's embedding size
+} ServeEmbedRequest;
+
+// Parses a /v1/embeddings body (model, input, encoding_format, dimensions, user); embed_size bounds dimensions.
+// Token-id inputs are refused (send text). Free with serve_embed_request_free (also after a failure).
+int serve_parse_embeddings(const char *body, size_t n, const ServeLimits *lim, int embed_size, ServeEmbedRequest *r,
+                           ServeError *e);
+void serve_embed_request_free(ServeEmbedRequest *r);
+// The response: {"object": "list", "data": [{"object": "embedding", "index": i, "embedding": ...}], "model",
+// "usage": {"prompt_tokens", "total_tokens"}} for v (n, dims) into out.
+void serve_embeddings_json(StrBuf *out, const ServeEmbedRequest *r, const float *v, int dims, const char *model,
+                           int tokens);
+
 // Whether a POST body's Content-Type is JSON: application/json, any case, with parameters (a charset
 // only when it is UTF-8). NULL (no header) is not.
 int serve_content_type_ok(const char *ct);

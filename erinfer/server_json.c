@@ -647,6 +647,160 @@ static int check_duplicates(const cJSON *o, const char *top, ServeError *e) {
     return rc;
 }
 
+// ---- /v1/embeddings ----
+
+void serve_embed_request_free(ServeEmbedRequest *r) {
+    for (int i = 0; i < r->n; i++)
+        er_free(r->texts[i]);
+    er_free(r->texts);
+    memset(r, 0, sizeof *r);
+}
+
+static int embed_input(const cJSON *in, ServeEmbedRequest *r, ServeError *e) {
+    if (cJSON_IsString(in)) {
+        r->texts = er_calloc(1, sizeof(char *));
+        if (!r->texts || !(r->texts[0] = er_strdup(in->valuestring)))
+            return serve_fail(e, 500, "server_error", NULL, "out of memory");
+        r->n = 1;
+        return 0;
+    }
+    if (!cJSON_IsArray(in) || cJSON_GetArraySize(in) == 0)
+        return BAD("input", "'input' must be a string or a non-empty array of strings");
+    int n = cJSON_GetArraySize(in), i = 0;
+    if (n > SERVE_EMBED_MAX_INPUTS)
+        return BAD("input", "'input' has %d entries, at most %d", n, SERVE_EMBED_MAX_INPUTS);
+    const cJSON *it;
+    if (!(r->texts = er_calloc((size_t)n, sizeof(char *))))
+        return serve_fail(e, 500, "server_error", NULL, "out of memory");
+    cJSON_ArrayForEach(it, in) {
+        if (cJSON_IsNumber(it) || cJSON_IsArray(it))
+            return BAD("input", "'input' as token ids is not supported: send the text");
+        if (!cJSON_IsString(it))
+            return BAD("input", "'input[%d]' must be a string", i);
+        if (!(r->texts[i] = er_strdup(it->valuestring)))
+            return serve_fail(e, 500, "server_error", NULL, "out of memory");
+        r->n = ++i;
+    }
+    return 0;
+}
+
+static int embed_fields(const cJSON *root, int embed_size, ServeEmbedRequest *r, ServeError *e) {
+    static const char *const known[] = {"model", "input", "encoding_format", "dimensions", "user"};
+    const cJSON *f;
+    cJSON_ArrayForEach(f, root) {
+        size_t k = 0;
+        while (k < sizeof known / sizeof *known && strcmp(f->string, known[k]) != 0)
+            k++;
+        if (k == sizeof known / sizeof *known)
+            return BAD(f->string, "unknown field '%.64s'", f->string);
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (model && !cJSON_IsString(model))
+        return BAD("model", "'model' must be a string");
+    const cJSON *user = cJSON_GetObjectItemCaseSensitive(root, "user");
+    if (user && !cJSON_IsNull(user) && !cJSON_IsString(user))
+        return BAD("user", "'user' must be a string");
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "encoding_format");
+    if (fmt && !cJSON_IsNull(fmt)) {
+        if (!cJSON_IsString(fmt) || (strcmp(fmt->valuestring, "float") != 0 && strcmp(fmt->valuestring, "base64") != 0))
+            return BAD("encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
+        r->base64 = strcmp(fmt->valuestring, "base64") == 0;
+    }
+    const cJSON *dims = cJSON_GetObjectItemCaseSensitive(root, "dimensions");
+    if (dims && !cJSON_IsNull(dims)) {
+        double d = dims->valuedouble;
+        if (!cJSON_IsNumber(dims) || d != (double)(int)d || d < 1 || d > embed_size)
+            return BAD("dimensions", "'dimensions' must be an integer in 1..%d (the model's embedding size)",
+                       embed_size);
+        r->dimensions = (int)d;
+    }
+    const cJSON *in = cJSON_GetObjectItemCaseSensitive(root, "input");
+    if (!in)
+        return BAD("input", "'input' is required");
+    return embed_input(in, r, e);
+}
+
+int serve_parse_embeddings(const char *body, size_t n, const ServeLimits *lim, int embed_size, ServeEmbedRequest *r,
+                           ServeError *e) {
+    memset(r, 0, sizeof *r);
+    memset(e, 0, sizeof *e);
+    if (serve_json_depth(body, n) > lim->json_depth)
+        return BAD(NULL, "the request nests deeper than %d levels", lim->json_depth);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, n, &end, 0);
+    int rc = 0;
+    if (!root || json_trailing_at(body, n, end) >= 0)
+        rc = BAD(NULL, "the request body is not valid JSON");
+    else if (!cJSON_IsObject(root))
+        rc = BAD(NULL, "the request body must be a JSON object");
+    if (rc == 0)
+        rc = check_duplicates(root, NULL, e);
+    if (rc == 0)
+        rc = embed_fields(root, embed_size, r, e);
+    cJSON_Delete(root);
+    if (rc < 0)
+        serve_embed_request_free(r);
+    return rc;
+}
+
+// n bytes as base64 (RFC 4648, with padding).
+static void put_base64(StrBuf *out, const unsigned char *p, size_t n) {
+    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)p[i] << 16 | (i + 1 < n ? (unsigned)p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+        char q[4] = {abc[v >> 18 & 63], abc[v >> 12 & 63], i + 1 < n ? abc[v >> 6 & 63] : '=', i + 2 < n ? abc[v & 63] : '='};
+        strbuf_put(out, q, 4);
+    }
+}
+
+void serve_embeddings_json(StrBuf *out, const ServeEmbedRequest *r, const float *v, int dims, const char *model,
+                           int tokens) {
+    char num[32];
+    strbuf_puts(out, "{\"object\":\"list\",\"data\":[");
+    for (int i = 0; i < r->n; i++) {
+        const float *x = v + (size_t)i * dims;
+        strbuf_puts(out, i ? ",{\"object\":\"embedding\",\"index\":" : "{\"object\":\"embedding\",\"index\":");
+        strbuf_int(out, i);
+        strbuf_puts(out, ",\"embedding\":");
+        if (r->base64) { // the float32 values' bytes, little-endian, as OpenAI's clients decode them
+            unsigned char *le = er_alloc((size_t)dims * 4);
+            if (!le) {
+                out->oom = 1;
+                return;
+            }
+            for (int k = 0; k < dims; k++) {
+                uint32_t u;
+                memcpy(&u, &x[k], 4);
+                for (int b = 0; b < 4; b++)
+                    le[4 * k + b] = (unsigned char)(u >> 8 * b);
+            }
+            strbuf_puts(out, "\"");
+            put_base64(out, le, (size_t)dims * 4);
+            strbuf_puts(out, "\"");
+            er_free(le);
+        } else {
+            strbuf_puts(out, "[");
+            for (int k = 0; k < dims; k++) {
+                snprintf(num, sizeof num, k ? ",%.9g" : "%.9g", x[k]);
+                strbuf_puts(out, num);
+            }
+            strbuf_puts(out, "]");
+        }
+        strbuf_puts(out, "}");
+    }
+    strbuf_puts(out, "],\"model\":");
+    cJSON *m = cJSON_CreateString(model ? model : "");
+    char *ms = m ? cJSON_PrintUnformatted(m) : NULL;
+    strbuf_puts(out, ms ? ms : "\"\"");
+    cJSON_free(ms);
+    cJSON_Delete(m);
+    strbuf_puts(out, ",\"usage\":{\"prompt_tokens\":");
+    strbuf_int(out, tokens);
+    strbuf_puts(out, ",\"total_tokens\":");
+    strbuf_int(out, tokens);
+    strbuf_puts(out, "}}");
+}
+
 int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, const Tokenizer *tok,
                         const ServeLimits *lim, ServeRequest *r, ServeError *e) {
     memset(r, 0, sizeof *r);

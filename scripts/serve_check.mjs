@@ -103,6 +103,20 @@ async function main() {
         `interleaved conversations keep their caches (cached ${a2.usage.prompt_tokens_details.cached_tokens} of ` +
         `${a1.usage.prompt_tokens}, ${b2.usage.prompt_tokens_details.cached_tokens} of ${b1.usage.prompt_tokens})`);
 
+  // Embeddings: the client asks for base64 by default and decodes it; the same vectors as floats, unit length.
+  const texts = ["Start with 4. Add 5.", "Multiply by 3."];
+  const emb = await client.embeddings.create({ model: "m", input: texts });
+  const embf = await client.embeddings.create({ model: "m", input: texts, encoding_format: "float" });
+  check(emb.object === "list" && emb.data.length === 2 && emb.data.every((d, i) => d.index === i &&
+    d.object === "embedding"), "embeddings: one per input, in order");
+  const norm = (v) => Math.sqrt(v.reduce((s, x) => s + x * x, 0));
+  check(emb.data.every((d, i) => d.embedding.length === embf.data[i].embedding.length &&
+    d.embedding.every((x, k) => x === Math.fround(embf.data[i].embedding[k]))),
+    "embeddings: base64 decodes to the float values (the float32 the decimals name)");
+  check(emb.data.every((d) => Math.abs(norm(d.embedding) - 1) < 1e-5), "embeddings are unit vectors");
+  check(emb.usage.prompt_tokens > 2 && emb.usage.total_tokens === emb.usage.prompt_tokens, "embeddings usage");
+  const short = await client.embeddings.create({ model: "m", input: texts[0], dimensions: 16 });
+  check(short.data.length === 1 && short.data[0].embedding.length === 16, "embeddings: dimensions");
   const cmpl = await client.completions.create({ model: "m", prompt: "Start with 4.", max_tokens: 8, temperature: 0 });
   check(cmpl.object === "text_completion" && typeof cmpl.choices[0].text === "string", "completions");
 

@@ -128,7 +128,8 @@ expect 200 -H "Authorization: bearer $key" "$base/v1/models"   # the scheme is c
 head -c 2000000 /dev/zero | tr '\0' 'a' >"$tmp/huge"
 expect 401 "$base/v1/chat/completions" "${json[@]}" --data-binary @"$tmp/huge"
 expect 200 "$base/health"
-expect 404 "${auth[@]}" "$base/v1/embeddings" "${json[@]}" -d '{}'
+expect 404 "${auth[@]}" "$base/v1/moderations" "${json[@]}" -d '{}'
+expect 400 "${auth[@]}" "$base/v1/embeddings" "${json[@]}" -d '{}'
 expect 405 "${auth[@]}" "$base/v1/chat/completions"
 expect 400 "${auth[@]}" "$base/v1/chat/completions" "${json[@]}" -d '{"messages":'
 expect 400 "${auth[@]}" "$base/v1/chat/completions" "${json[@]}" -d '[1,2]'

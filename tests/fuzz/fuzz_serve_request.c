@@ -1,6 +1,6 @@
 // fuzz_serve_request: the input is an HTTP request body for erinfer serve (erinfer/server_json.c), read as
-// /v1/chat/completions in each chat style and as /v1/completions with the tiny base's tokenizer, and as a
-// model's response for the tool-call parser (data/chat.h) and the stream's tool holdback. A refused body
+// /v1/chat/completions in each chat style, as /v1/completions with the tiny base's tokenizer, as /v1/embeddings,
+// and as a model's response for the tool-call parser (data/chat.h) and the stream's tool holdback. A refused body
 // names a status 400 or 500 and a message; an accepted one has a prompt and parameters within the limits
 // (a forced tool_choice: the call's start as the response prefix); parsed tool calls have a name and
 // object arguments; the holdback never releases a byte of a call.
@@ -44,6 +44,24 @@ static void check_request(const char *body, size_t n, int chat, ChatStyle style)
     serve_request_free(&r);
 }
 
+// As a /v1/embeddings body: refused with a status and a message, or 1..SERVE_EMBED_MAX_INPUTS texts and dimensions
+// within the model's 32.
+static void check_embeddings(const char *body, size_t n) {
+    static const ServeLimits lim = {4, 64, 512, 64, 0, 0, 0};
+    ServeEmbedRequest r;
+    ServeError e;
+    if (serve_parse_embeddings(body, n, &lim, 32, &r, &e) < 0) {
+        FUZZ_CHECK((e.status == 400 || e.status == 500) && e.message[0], "status %d", e.status);
+        FUZZ_CHECK(r.texts == NULL && r.n == 0, "a refused body left texts");
+        return;
+    }
+    FUZZ_CHECK(r.n >= 1 && r.n <= SERVE_EMBED_MAX_INPUTS, "%d inputs", r.n);
+    FUZZ_CHECK(r.dimensions >= 0 && r.dimensions <= 32, "dimensions %d", r.dimensions);
+    for (int i = 0; i < r.n; i++)
+        FUZZ_CHECK(r.texts[i], "input %d is NULL", i);
+    serve_embed_request_free(&r);
+}
+
 static void check_tool_calls(const char *text, size_t n) {
     ChatToolCall *c;
     int nc;
@@ -72,6 +90,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int s = 0; s < 4; s++)
         check_request(text, size, 1, (ChatStyle)s);
     check_request(text, size, 0, CHAT_CHATML);
+    check_embeddings(text, size);
     check_tool_calls(text, size);
     er_free(text);
     return 0;

@@ -874,13 +874,13 @@ static char *post_both(const TestServer *t, const char *rest) {
 }
 
 // POSTs body to /v1/chat/completions; the HTTP status, the error's param in *param (free with er_free).
-static int post_status(const TestServer *t, const char *body, char **param) {
+static int post_status_at(const TestServer *t, const char *url, const char *body, char **param) {
     char path[600], cmd[1024];
     snprintf(path, sizeof path, "%s/body.json", t->fx.tmp);
     cr_assert_eq(file_write_atomic(path, body, strlen(body)), ER_OK);
-    snprintf(cmd, sizeof cmd, "curl -s -w '\\n%%{http_code}' http://127.0.0.1:%d/v1/chat/completions "
+    snprintf(cmd, sizeof cmd, "curl -s -w '\\n%%{http_code}' http://127.0.0.1:%d%s "
              "-H 'Content-Type: application/json' -d @'%s'",
-             t->port, path);
+             t->port, url, path);
     int st;
     char *out = run_capture(cmd, &st);
     cr_assert_eq(st, 0, "curl failed: %s", out);
@@ -894,6 +894,10 @@ static int post_status(const TestServer *t, const char *body, char **param) {
     cJSON_Delete(j);
     free(out);
     return status;
+}
+
+static int post_status(const TestServer *t, const char *body, char **param) {
+    return post_status_at(t, "/v1/chat/completions", body, param);
 }
 
 static void expect_refused(const TestServer *t, const char *body) {
@@ -1876,3 +1880,96 @@ Test(server, thinking_switch_on_a_hybrid_model, .timeout = 120) {
     server_stop(&t);
 }
 #undef MSG
+
+// ---- /v1/embeddings ----
+
+// base64 (RFC 4648) -> bytes; the count, or -1 on a bad character.
+static int base64_decode(const char *s, unsigned char *out, int cap) {
+    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    int n = 0, bits = 0;
+    unsigned v = 0;
+    for (; *s && *s != '='; s++) {
+        const char *at = strchr(abc, *s);
+        if (!at)
+            return -1;
+        v = v << 6 | (unsigned)(at - abc);
+        if ((bits += 6) >= 8 && n < cap)
+            out[n++] = (unsigned char)(v >> (bits -= 8));
+    }
+    return n;
+}
+
+// The vectors er_embed gives in this process, as floats and as base64 (little-endian float32), truncated by
+// dimensions; one 400 naming the field for each bad request.
+Test(server, embeddings_over_http, .timeout = 120) {
+    TestServer t;
+    helper_fixture_open(&t.fx, "er_serve_emb_", "erinfer");
+    helper_need_program(t.fx.prog, "erinfer", "the erinfer serve embeddings tests");
+    char args[700];
+    snprintf(args, sizeof args, "--model '%s' --max-tokens 16", t.fx.model);
+    server_launch(&t, args);
+    const char *texts[2] = {"Start with 3. Add 4.", "a"};
+    ErModel *m;
+    ErSession *s;
+    ErSessionParams sp;
+    cr_assert_eq(er_model_load(&m, t.fx.model), 0, "%s", er_last_error());
+    er_session_params_init(&sp);
+    cr_assert_eq(er_session_open(&s, m, &sp), 0, "%s", er_last_error());
+    int C = er_model_embedding_size(m);
+    float *want = malloc(sizeof(float) * 2 * C), got[4096 / 4];
+    ErEmbedParams p;
+    er_embed_params_init(&p);
+    int tokens = er_embed(s, texts, 2, &p, want, (size_t)2 * C);
+    cr_assert_gt(tokens, 0, "%s", er_last_error());
+    for (int b64 = 0; b64 <= 1; b64++) {
+        char body[300];
+        snprintf(body, sizeof body, "{\"model\": \"x\", \"input\": [\"%s\", \"%s\"]%s}", texts[0], texts[1],
+                 b64 ? ", \"encoding_format\": \"base64\"" : "");
+        char *out = post_path(&t, "/v1/embeddings", body);
+        cJSON *j = cJSON_Parse(out);
+        cr_assert(j, "%s", out);
+        const cJSON *data = field(j, "data");
+        cr_assert_eq(cJSON_GetArraySize(data), 2, "%s", out);
+        cr_expect_eq(field(field(j, "usage"), "prompt_tokens")->valueint, tokens);
+        for (int i = 0; i < 2; i++) {
+            const cJSON *e = field(cJSON_GetArrayItem(data, i), "embedding");
+            if (b64) {
+                cr_assert(cJSON_IsString(e));
+                cr_assert_eq(base64_decode(e->valuestring, (unsigned char *)got, sizeof got), 4 * C);
+            } else {
+                cr_assert_eq(cJSON_GetArraySize(e), C);
+                for (int k = 0; k < C; k++)
+                    got[k] = (float)cJSON_GetArrayItem(e, k)->valuedouble;
+            }
+            for (int k = 0; k < C; k++)
+                cr_expect_float_eq(got[k], want[(size_t)i * C + k], 1e-6, "text %d value %d (base64 %d)", i, k, b64);
+        }
+        cJSON_Delete(j);
+        free(out);
+    }
+    char *out = post_path(&t, "/v1/embeddings", "{\"input\": \"a\", \"dimensions\": 8}");
+    cJSON *j = cJSON_Parse(out);
+    cr_expect_eq(cJSON_GetArraySize(field(cJSON_GetArrayItem(field(j, "data"), 0), "embedding")), 8, "%s", out);
+    cJSON_Delete(j);
+    free(out);
+    static const struct {
+        const char *body, *param;
+    } bad[] = {{"{\"input\": [1, 2]}", "input"},
+               {"{\"input\": []}", "input"},
+               {"{\"model\": \"x\"}", "input"},
+               {"{\"input\": \"a\", \"dimensions\": 0}", "dimensions"},
+               {"{\"input\": \"a\", \"dimensions\": 100000}", "dimensions"},
+               {"{\"input\": \"a\", \"encoding_format\": \"int8\"}", "encoding_format"},
+               {"{\"input\": \"a\", \"pooling\": \"mean\"}", "pooling"},
+               {"{\"input\": \"\"}", "input"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *param;
+        cr_expect_eq(post_status_at(&t, "/v1/embeddings", bad[i].body, &param), 400, "%s", bad[i].body);
+        cr_expect_str_eq(param, bad[i].param, "%s", bad[i].body);
+        er_free(param);
+    }
+    free(want);
+    er_session_free(s);
+    er_model_free(m);
+    server_stop(&t);
+}
