@@ -13,5 +13,6 @@ int cmd_tokenize(int argc, char **argv);   // erinfer/tokenize.c
 int cmd_detokenize(int argc, char **argv); // erinfer/tokenize.c
 int cmd_eval(int argc, char **argv);       // cli/eval.c
 int cmd_bench(int argc, char **argv);      // erinfer/bench.c
+int cmd_memory(int argc, char **argv);     // erinfer/memory_cmd.c (not in the aarch64 build: ER_NO_MEMORY)
 
 #endif
