@@ -431,9 +431,11 @@ $(BUILD)/test_all: $(call obj,$(TEST_SRC) $(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_IN
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(call obj,$(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_INTERNAL)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
-# erinfer memory's vector scan (bench/run_memory.sh) links the store, like the erinfer program.
-$(BUILD)/bench/memory_scan: $(call obj,$(MEMORY_STORE_SRC))
-$(BUILD)/bench/memory_scan: LDLIBS += -lsqlite3
+# erinfer memory's vector scan (bench/run_memory.sh) links the store, like the erinfer program (its objects before
+# the archive they call into).
+$(BUILD)/bench/memory_scan: $(BUILD)/obj/bench/memory_scan.o $(call obj,$(MEMORY_STORE_SRC) $(ARGS_SRC)) $(RUNTIME_INTERNAL)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lsqlite3 -o $@
 
 # Reference checkpoints and expected outputs from the PyTorch reference (scripts/ref/). Tests
 # that need them skip loudly when torch is missing.
