@@ -42,6 +42,7 @@ static void dot_f16_portable(const uint16_t *rows, int n, int dim, const float *
 }
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 // |r| * sign(q, r) = r * q in maddubs's unsigned x signed pairs (codes never -128, so |r| fits and the pair sums,
@@ -126,15 +127,23 @@ __attribute__((target("avx2,fma,f16c"))) static void dot_f16_avx2(const uint16_t
     }
 }
 
+// The CPU's features (CPUID leaves 1 and 7) whose registers the OS also saves (XGETBV), as quant/matmul.c reads
+// them: AVX2 with FMA and F16C; AVX-512 F, BW and VNNI.
 static int cpu_avx2(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    unsigned a, b, c, d, lo, hi;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_FMA) || !(c & bit_F16C))
+        return 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0x6) == 0x6 && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & bit_AVX2);
 }
 
 static int cpu_avx512_vnni(void) {
-    __builtin_cpu_init();
-    return cpu_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vnni");
+    unsigned a, b, c, d, lo, hi;
+    if (!cpu_avx2())
+        return 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xe6) == 0xe6 && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
+           (b & (bit_AVX512F | bit_AVX512BW)) == (bit_AVX512F | bit_AVX512BW) && (c & bit_AVX512VNNI);
 }
 #endif
 
@@ -170,7 +179,7 @@ MemDotF16Fn mem_scan_kernel_f16(const char *name, const char **picked) {
     MemDotF16Fn fn = NULL;
     const char *got = NULL;
 #if defined(__x86_64__)
-    if ((!want || strcmp(want, "portable")) && cpu_avx2() && __builtin_cpu_supports("f16c"))
+    if ((!want || strcmp(want, "portable")) && cpu_avx2())
         fn = dot_f16_avx2, got = "avx2";
 #endif
     if (!fn && (!want || !name || !strcmp(want, "portable")))
