@@ -230,17 +230,25 @@ CLI_SRC := $(wildcard cli/*.c)
 # The aarch64 build leaves it out (a static erinfer would need arm64 libmicrohttpd and GnuTLS): there
 # erinfer/main.c has no serve command. The tests link the JSON half (no HTTP library in it).
 SERVER_SRC := $(wildcard erinfer/server*.c)
-ERINFER_SRC := $(filter-out $(SERVER_SRC),$(wildcard erinfer/*.c)) $(CLI_SRC) $(ARGS_SRC)
+# erinfer memory (erinfer/memory*.c, on libsqlite3 with FTS5) likewise: the erinfer program and the tests link it,
+# liberinfer never; the aarch64 build leaves it out (-DER_NO_MEMORY) as it leaves out serve. The store without the
+# command (memory.c, memory_search.c, memory_scan.c) is what the tests and the fuzz target link.
+MEMORY_SRC := $(wildcard erinfer/memory*.c)
+MEMORY_STORE_SRC := $(filter-out erinfer/memory_cmd.c,$(MEMORY_SRC))
+ERINFER_SRC := $(filter-out $(SERVER_SRC) $(MEMORY_SRC),$(wildcard erinfer/*.c)) $(CLI_SRC) $(ARGS_SRC)
 ERTRAIN_SRC := $(wildcard ertrain/*.c) $(CLI_SRC) $(ARGS_SRC)
 # tests/link/: the build and link checks make test runs after the suites (erinfer beside llama.cpp, OpenBLAS through
 # pkg-config), not Criterion suites.
 TEST_SRC := $(filter-out tests/fuzz/% tests/link/%,$(wildcard tests/*/*.c))
 BENCH_SRC := $(wildcard bench/*.c)
 ifeq ($(CROSS),)
-ERINFER_SRC += $(SERVER_SRC)
-$(BUILD)/erinfer: LDLIBS += -lmicrohttpd -lpthread
+ERINFER_SRC += $(SERVER_SRC) $(MEMORY_SRC)
+$(BUILD)/erinfer: LDLIBS += -lmicrohttpd -lpthread -lsqlite3
+TEST_SRC += $(MEMORY_STORE_SRC)
+$(BUILD)/test_all: LDLIBS += -lsqlite3
 else
-$(BUILD)/obj/erinfer/main.o: CFLAGS += -DER_NO_SERVE
+$(BUILD)/obj/erinfer/main.o: CFLAGS += -DER_NO_SERVE -DER_NO_MEMORY
+TEST_SRC := $(filter-out tests/infer/test_memory.c,$(TEST_SRC))
 endif
 TEST_SRC += erinfer/server_json.c
 
@@ -423,6 +431,11 @@ $(BUILD)/test_all: $(call obj,$(TEST_SRC) $(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_IN
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(call obj,$(ARGS_SRC)) $(TRAIN_LIB) $(RUNTIME_INTERNAL)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+# erinfer memory's vector scan (bench/run_memory.sh) links the store, like the erinfer program (its objects before
+# the archive they call into).
+$(BUILD)/bench/memory_scan: $(BUILD)/obj/bench/memory_scan.o $(call obj,$(MEMORY_STORE_SRC) $(ARGS_SRC)) $(RUNTIME_INTERNAL)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lsqlite3 -o $@
 
 # Reference checkpoints and expected outputs from the PyTorch reference (scripts/ref/). Tests
 # that need them skip loudly when torch is missing.
@@ -553,6 +566,9 @@ $(FUZZ_OUT)/fuzz_%: $(FUZZ_OUT)/obj/tests/fuzz/fuzz_%.o $(FUZZ_OUT)/liberinfer.a
 # erinfer serve's request parser (erinfer/server_json.c, no HTTP library in it) is linked in for its target.
 $(FUZZ_OUT)/fuzz_serve_request: $(FUZZ_OUT)/obj/erinfer/server_json.o
 $(FUZZ_OUT)/fuzz_serve_request: FUZZ_LDLIBS := $(FUZZ_OUT)/liberinfer.a $(FUZZ_LDLIBS)
+# The memory store (erinfer/memory*.c without the command) and libsqlite3 for its import and filter target.
+$(FUZZ_OUT)/fuzz_memory: $(patsubst %.c,$(FUZZ_OUT)/obj/%.o,$(MEMORY_STORE_SRC))
+$(FUZZ_OUT)/fuzz_memory: FUZZ_LDLIBS := $(FUZZ_OUT)/liberinfer.a $(FUZZ_LDLIBS) -lsqlite3
 
 # ---------------------------------------------------------------------------------------------
 # CUDA (make CUDA=1, configured at the top): model/cuda/*.cu by nvcc and model/cuda/*.c by $(CC), into

@@ -14,5 +14,6 @@ int cmd_detokenize(int argc, char **argv); // erinfer/tokenize.c
 int cmd_eval(int argc, char **argv);       // cli/eval.c
 int cmd_bench(int argc, char **argv);      // erinfer/bench.c
 int cmd_embed(int argc, char **argv);      // erinfer/embed.c
+int cmd_memory(int argc, char **argv);     // erinfer/memory_cmd.c (not in the aarch64 build: ER_NO_MEMORY)
 
 #endif

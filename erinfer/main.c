@@ -24,6 +24,9 @@ static const ArgCommand commands[] = {
     {"embed", cmd_embed, "text -> embedding vectors (mean or last-token pooling, as the model says)"},
     {"tokenize", cmd_tokenize, "text JSONL -> token ids JSONL with a tokenizer.json"},
     {"detokenize", cmd_detokenize, "token ids JSONL -> text JSONL"},
+#ifndef ER_NO_MEMORY
+    {"memory", cmd_memory, "a local memory store (SQLite): add, search (BM25 + vectors), list, delete, import"},
+#endif
 #ifndef ER_NO_SERVE
     {"serve", cmd_serve, "OpenAI-compatible HTTP server (chat, completions, tools) over the routed pipeline"},
 #endif

@@ -913,6 +913,8 @@ int er_model_embedding_size(const ErModel *m) {
     return m->model.cfg.C;
 }
 
+const char *er_model_query_prompt(const ErModel *m) { return m ? m->embed.query_prompt : NULL; }
+
 // Text i's tokens as HF's tokenizer(text) makes them: the template's tokens around the encoded text (with the
 // query prompt first when asked).
 static int embed_tokens(const ErModel *m, const char *prompt, const char *text, int **ids, int *n) {

@@ -428,6 +428,8 @@ ER_API int er_embed_params_init_size(ErEmbedParams *p, size_t size);
 static inline void er_embed_params_init(ErEmbedParams *p) { er_embed_params_init_size(p, sizeof *p); }
 // The length of an embedding: the model's hidden size.
 ER_API int er_model_embedding_size(const ErModel *m);
+// The query prompt ErEmbedParams.query prepends (owned by the model); NULL when the model has none.
+ER_API const char *er_model_query_prompt(const ErModel *m);
 // Embeds n texts (UTF-8, tokenized as Hugging Face's tokenizer(text) does: special tokens in the text parsed, and
 // the tokenizer's template tokens added, Qwen3-Embedding's closing <|endoftext|>) with the base model (no adapter):
 // out gets n rows of p->dimensions (0: er_model_embedding_size) floats, cap floats at most. Each text is one prefill

@@ -15,6 +15,7 @@ PKGS=(
   python3-jinja2         # golden chat-template renderings (scripts/make_chat_golden.py)
   clang libclang-rt-14-dev libomp-14-dev   # fuzz targets (make fuzz: libFuzzer, ASan/UBSan runtimes, OpenMP)
   libmicrohttpd-dev      # erinfer serve's HTTP server (the erinfer program only, never liberinfer)
+  libsqlite3-dev         # erinfer memory's store, SQLite with FTS5 (the erinfer program only, never liberinfer)
 )
 # Data-parallel training (make MPI=1): OpenMPI's mpicc, mpirun and headers, on request.
 if [ "${MPI:-0}" = 1 ]; then

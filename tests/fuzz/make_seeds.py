@@ -516,6 +516,24 @@ def seeds_gguf():
     put(t, "bad-misaligned", gguf([], one)[:-128].replace(struct.pack("<IQ", 0, 0), struct.pack("<IQ", 0, 4), 1))
 
 
+# ---- erinfer memory: --where filters FUZZ_SEP an import JSONL ----
+
+def seeds_memory():
+    t = "fuzz_memory"
+    jl = b"\n".join(js(r) for r in [
+        {"text": "meeting notes about the budget", "metadata": {"tag": "work", "n": 3}, "created": 1000},
+        {"text": "grocery list: milk, eggs", "metadata": {"tag": "home", "ok": True, "none": None}},
+        {"text": "untagged thought", "metadata": None},
+    ]) + b"\n"
+    put(t, "valid", b'tag="work"\nn=3\nok=true\nnone=null\nbudget\n' + SEP + jl)
+    put(t, "valid-import-only", jl)
+    put(t, "filters-hostile", b'tag=work\n=1\na"b=1\nx=[1]\nAND OR NOT "\napple* NEAR(a b) col:x ^y\n' + SEP + jl)
+    put(t, "bad-line", jl + b'{"text": "x", "metadata": [1]}\n')
+    put(t, "bad-field", js({"txt": "typo"}) + b"\n")
+    put(t, "bad-created", js({"text": "t", "created": -1}) + b"\n")
+    put(t, "bad-empty-text", js({"text": "  "}) + b"\n")
+
+
 HAND_WRITTEN = {"fuzz_serve_request"}
 
 
@@ -527,7 +545,7 @@ def main():
             if not f.startswith("regress-") and os.path.basename(d) not in HAND_WRITTEN:
                 os.remove(os.path.join(d, f))
     for f in (seeds_safetensors, seeds_config, seeds_quant_config, seeds_tokenizer_load, seeds_tokenize, seeds_chat,
-              seeds_jsonl, seeds_adapter, seeds_head, seeds_gguf):
+              seeds_jsonl, seeds_adapter, seeds_head, seeds_gguf, seeds_memory):
         f()
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(OUT) for f in fs)
     print("wrote %s (%d bytes)" % (OUT, total), file=sys.stderr)
