@@ -77,6 +77,8 @@ endif
 # share our pool). An RPATH to each of its -L dirs keeps the programs on the library pkg-config named, whichever
 # libopenblas.so.0 the system's alternatives pick. The goals that install the dependencies first (scripts/deps.sh,
 # then make again) get the error from that second make, so a bare machine can still run `make test`.
+# The sub-makes of test, test-simd, test-aarch64, test-mpi, fuzz, bench, demo and paper build on every core.
+NPROC := $(shell nproc 2>/dev/null || echo 2)
 DEPS_GOALS := test test-simd bench demo paper fuzz test-mpi test-aarch64 clean
 ifeq ($(BLAS),1)
 OPENBLAS_CFLAGS := $(strip $(shell pkg-config --cflags openblas 2>/dev/null))
@@ -204,9 +206,9 @@ AARCH64_RUN = OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD) $(
 .PHONY: test-aarch64 test-aarch64-run
 test-aarch64:
 	ARM64=1 bash scripts/deps.sh
-	$(MAKE) --no-print-directory all
-	$(MAKE) --no-print-directory BLAS=0 TILES=0 build/noblas/notiles/erinfer build/noblas/notiles/ertrain
-	$(MAKE) --no-print-directory CROSS=aarch64-linux-gnu- test-aarch64-run
+	$(MAKE) -j$(NPROC) --no-print-directory all
+	$(MAKE) -j$(NPROC) --no-print-directory BLAS=0 TILES=0 build/noblas/notiles/erinfer build/noblas/notiles/ertrain
+	$(MAKE) -j$(NPROC) --no-print-directory CROSS=aarch64-linux-gnu- test-aarch64-run
 
 test-aarch64-run: all $(BUILD)/test_all ref check-symbols
 	QEMU_CPU=max $(AARCH64_RUN) --filter '@($(subst $(space),|,$(AARCH64_SUITES)))/*'
@@ -451,7 +453,7 @@ $(REF_DIR)/.done: scripts/ref/make_ref.py scripts/ref/make_lora_ref.py scripts/r
 # there), then build in a second make so that nothing compiles before the headers are installed.
 test:
 	bash scripts/deps.sh
-	$(MAKE) --no-print-directory test-run
+	$(MAKE) -j$(NPROC) --no-print-directory test-run
 
 # Two test jobs at once, each with OpenMP threads: waiting threads sleep instead of spinning on the
 # cores the other job needs (spinning makes the suite several times slower on 2 cores).
@@ -468,7 +470,7 @@ SIMD_SUITES := quant_kernels quant_blocks quant_formats quant_model gguf gguf_ll
 .PHONY: test-simd
 test-simd:
 	bash scripts/deps.sh
-	$(MAKE) --no-print-directory ARCH= all $(BUILD)/portable/test_all $(BUILD)/portable/bench/llama_quantize ref
+	$(MAKE) -j$(NPROC) --no-print-directory ARCH= all $(BUILD)/portable/test_all $(BUILD)/portable/bench/llama_quantize ref
 	for s in avx512 avx2 portable; do \
 	  ER_SIMD=$$s OMP_WAIT_POLICY=passive ER_REF_DIR=$(REF_DIR) ER_BUILD=$(BUILD)/portable $(BUILD)/portable/test_all \
 	    --jobs 2 --filter '@($(subst $(space),|,$(SIMD_SUITES)))/*' || exit 1; \
@@ -481,8 +483,8 @@ TEST_JOBS := $(if $(filter 1,$(SAN)),1,2)
 # OpenMPI and the MPI=1 build too: bench/run_mpi.sh compares 2 ranks against 1.
 bench:
 	MPI=1 bash scripts/deps.sh
-	$(MAKE) --no-print-directory MPI=1 all
-	$(MAKE) --no-print-directory bench-run
+	$(MAKE) -j$(NPROC) --no-print-directory MPI=1 all
+	$(MAKE) -j$(NPROC) --no-print-directory bench-run
 
 bench-run: all $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 	BUILD=$(BUILD) PY=$(PY) bash bench/run.sh
@@ -490,7 +492,6 @@ bench-run: all $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 # The paper's effects measured on fresh held-out problems, from the tiny base (models/tiny-base), each against its
 # target (scripts/paper.sh): make demo is the short run (9.5 minutes on 2 idle cores) into docs/results.md,
 # make paper the long one (about 35 minutes) into docs/paper.md; QUICK=1: the same wiring on tiny sizes (CI).
-NPROC := $(shell nproc 2>/dev/null || echo 2)
 demo:
 	bash scripts/deps.sh
 	$(MAKE) -j$(NPROC) all
@@ -512,7 +513,7 @@ clean:
 .PHONY: test-mpi test-mpi-run
 test-mpi:
 	MPI=1 bash scripts/deps.sh
-	$(MAKE) --no-print-directory MPI=1 test-mpi-run
+	$(MAKE) -j$(NPROC) --no-print-directory MPI=1 test-mpi-run
 
 test-mpi-run: all
 	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/train/lsan_openmpi.supp:fast_unwind_on_malloc=0 ER_BUILD=$(BUILD) \
@@ -542,7 +543,7 @@ fuzz-build: $(addprefix $(FUZZ_OUT)/,$(FUZZ_TARGETS))
 # As test and bench: clang and its runtimes are installed first when missing.
 fuzz:
 	bash scripts/deps.sh
-	$(MAKE) --no-print-directory fuzz-run
+	$(MAKE) -j$(NPROC) --no-print-directory fuzz-run
 
 fuzz-run: fuzz-build
 	bash tests/fuzz/run.sh $(FUZZ_OUT) $(FUZZ_TIME) $(FUZZ_TARGETS)
