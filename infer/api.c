@@ -44,6 +44,8 @@ ER_SAME_(ER_STOP_MAX_LEN, STOP_MAX_LEN, "infer/stop.h")
 ER_SAME_(ER_TOP_LOGPROBS_MAX, ENGINE_TOP_MAX, "infer/engine.h")
 ER_SAME_(ER_KV_F32, KV_F32, "model/kvcache.h")
 ER_SAME_(ER_KV_INT8, KV_INT8, "model/kvcache.h")
+ER_SAME_(ER_POOL_MEAN, EMBED_MEAN, "infer/embed.h")
+ER_SAME_(ER_POOL_LAST, EMBED_LAST, "infer/embed.h")
 #undef ER_SAME_
 _Static_assert(sizeof(int32_t) == sizeof(int), "token ids cross the API as int32_t and are ints inside");
 
