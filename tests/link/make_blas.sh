@@ -7,6 +7,8 @@
 #   tests/link/make_blas.sh
 set -u
 cd "$(dirname "$0")/../.."
+# A user's make, not a sub-make of the one running the tests (whose -j would print a jobserver warning first).
+unset MAKEFLAGS MFLAGS MAKELEVEL
 tmp=$(mktemp -d /tmp/er_make_blas_XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "make_blas: $*" >&2; exit 1; }
