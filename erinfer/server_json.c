@@ -647,6 +647,20 @@ static int check_duplicates(const cJSON *o, const char *top, ServeError *e) {
     return rc;
 }
 
+// A request body as a JSON object (*root; cJSON_Delete it, also after a refusal): nested at most lim->json_depth,
+// nothing after it, no key twice.
+static int parse_body(const char *body, size_t n, const ServeLimits *lim, cJSON **root, ServeError *e) {
+    if (serve_json_depth(body, n) > lim->json_depth)
+        return BAD(NULL, "the request nests deeper than %d levels", lim->json_depth);
+    const char *end = NULL;
+    *root = cJSON_ParseWithLengthOpts(body, n, &end, 0);
+    if (!*root || json_trailing_at(body, n, end) >= 0)
+        return BAD(NULL, "the request body is not valid JSON");
+    if (!cJSON_IsObject(*root))
+        return BAD(NULL, "the request body must be a JSON object");
+    return check_duplicates(*root, NULL, e);
+}
+
 // ---- /v1/embeddings ----
 
 void serve_embed_request_free(ServeEmbedRequest *r) {
@@ -724,17 +738,8 @@ int serve_parse_embeddings(const char *body, size_t n, const ServeLimits *lim, i
                            ServeError *e) {
     memset(r, 0, sizeof *r);
     memset(e, 0, sizeof *e);
-    if (serve_json_depth(body, n) > lim->json_depth)
-        return BAD(NULL, "the request nests deeper than %d levels", lim->json_depth);
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, n, &end, 0);
-    int rc = 0;
-    if (!root || json_trailing_at(body, n, end) >= 0)
-        rc = BAD(NULL, "the request body is not valid JSON");
-    else if (!cJSON_IsObject(root))
-        rc = BAD(NULL, "the request body must be a JSON object");
-    if (rc == 0)
-        rc = check_duplicates(root, NULL, e);
+    cJSON *root = NULL;
+    int rc = parse_body(body, n, lim, &root, e);
     if (rc == 0)
         rc = embed_fields(root, embed_size, r, e);
     cJSON_Delete(root);
@@ -807,17 +812,8 @@ int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, c
     memset(e, 0, sizeof *e);
     er_gen_params_init(&r->p);
     r->chat = chat;
-    if (serve_json_depth(body, n) > lim->json_depth)
-        return BAD(NULL, "the request nests deeper than %d levels", lim->json_depth);
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, n, &end, 0);
-    int rc = 0;
-    if (!root || json_trailing_at(body, n, end) >= 0)
-        rc = BAD(NULL, "the request body is not valid JSON");
-    else if (!cJSON_IsObject(root))
-        rc = BAD(NULL, "the request body must be a JSON object");
-    if (rc == 0)
-        rc = check_duplicates(root, NULL, e);
+    cJSON *root = NULL;
+    int rc = parse_body(body, n, lim, &root, e);
     if (rc == 0)
         rc = check_fields(root, chat, e);
     if (rc == 0)

@@ -94,34 +94,11 @@ def llama_config(V, C, FF, L, NH, NKV, HS, theta, tied, eps=1e-5):
 
 
 def qwen3_config(V, C, FF, L, NH, NKV, HS, theta, tied, dtype="float32", eps=1e-6):
-    # Qwen3-0.6B's config.json, shrunk: head_dim set apart from hidden_size / heads, no q/k/v biases
-    return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "head_dim": HS,
-        "hidden_act": "silu",
-        "hidden_size": C,
-        "initializer_range": 0.02,
-        "intermediate_size": FF,
-        "max_position_embeddings": 128,
-        "max_window_layers": L,
-        "num_attention_heads": NH,
-        "num_hidden_layers": L,
-        "num_key_value_heads": NKV,
-        "rms_norm_eps": eps,
-        "rope_scaling": None,
-        "rope_theta": theta,
-        "sliding_window": None,
-        "tie_word_embeddings": tied,
-        "torch_dtype": dtype,
-        "use_cache": True,
-        "use_sliding_window": False,
-        "vocab_size": V,
-    }
+    # Qwen3-0.6B's config.json, shrunk: Qwen2's fields, head_dim set apart from hidden_size / heads, no q/k/v biases
+    c = qwen2_config(V, C, FF, L, NH, NKV, theta, tied, dtype=dtype, eps=eps)
+    c.update({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False, "head_dim": HS,
+              "rope_scaling": None, "sliding_window": None})
+    return c
 
 
 CASES = [
