@@ -34,8 +34,9 @@
 #include "core/rng.h"
 #include "core/threads.h"
 #include "erinfer/cli.h"
-#include "infer/runner.h"
+#include "erinfer/memory_chat.h"
 #include "erinfer/server_conn.h"
+#include "infer/runner.h"
 
 // SERVE_MAX_URL: a longer target (path and query) is answered 414 here; one that does not fit
 // libmicrohttpd's 32 KiB connection buffer (MHD_OPTION_CONNECTION_MEMORY_LIMIT's default) gets the library's
@@ -64,6 +65,8 @@ struct Job {
     int fd;               // the client's socket, to notice a hang-up while waiting
     Server *srv;
     ErRequest *rq;        // the request in the batch
+    int rounds;           // rounds of memory tool calls run (erinfer serve --memory)
+    long generated_before; // the tokens those rounds generated (usage counts them)
     Job *next;
 };
 
@@ -85,8 +88,13 @@ struct Server {
     int batch_rows, batch_started;
     int batch_free;       // rows neither decoding nor promised to a job the batch thread is admitting
     pthread_t batch_thread;
-    ErSession *embed;     // /v1/embeddings' session, used under embed_mu
+    ErSession *embed;     // /v1/embeddings' session (and the memory's), used under embed_mu
     pthread_mutex_t embed_mu;
+    MemStore *mem;        // --memory: the store (NULL: none), used under mem_mu through mc
+    MemChat mc;
+    pthread_mutex_t mem_mu;
+    cJSON *mem_tools;     // the built-in memory tools (srv->lim.memory_tools)
+    int mem_tokens, mem_rounds;
     unsigned long counter;
     ErRng rng;            // the seeds of requests that give none
 };
@@ -283,18 +291,205 @@ enum { SERVE_MAX_N = 256 }; // --max-n's limit
 
 // ---- the batch: one thread, every live request in each forward ----
 
+// ---- the memory (--memory) ----
+
+// r's "memory" log (created on first use; NULL out of memory).
+static cJSON *memory_log(ServeRequest *r) {
+    if (!r->memory_log)
+        r->memory_log = cJSON_CreateObject();
+    return r->memory_log;
+}
+
+// Before a chat request is queued: the best entries for its last user message join its system message, as many
+// as fit --memory-tokens and the room its context leaves (the answer's max_tokens kept). -1: e says why.
+static int memory_recall(Server *srv, ServeRequest *r, ServeError *e) {
+    int room = srv->lim.context - r->prompt_tokens - (r->max_tokens ? r->max_tokens : 0) - 16; // 16: the heading's
+    int tokens = room < srv->mem_tokens ? room : srv->mem_tokens;                              // line breaks
+    int64_t ids[256];
+    int n = 0;
+    char *block = NULL;
+    if (mem_chat_recall(&srv->mc, serve_last_user(r), tokens, &block, ids, &n) < 0) {
+        fprintf(stderr, "erinfer serve: memory: %s\n", er_last_error());
+        return serve_fail(e, 500, "server_error", NULL, "the memory store failed (see the server's log)");
+    }
+    if (!block)
+        return 0;
+    r->memory_block = block;
+    cJSON *log = memory_log(r), *a = log ? cJSON_AddArrayToObject(log, "recalled") : NULL;
+    for (int i = 0; a && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)ids[i]));
+    return serve_render(r, srv->style, srv->tok, &srv->lim, e);
+}
+
+// The log of one round of memory tool calls: {"content", "tool_calls": [{"name", "arguments"}], "results"}.
+static void memory_log_round(ServeRequest *r, const char *content, size_t clen, const ChatToolCall *calls, int nc,
+                             char *const *results) {
+    cJSON *log = memory_log(r), *rounds = log ? cJSON_GetObjectItemCaseSensitive(log, "tool_rounds") : NULL;
+    if (log && !rounds)
+        rounds = cJSON_AddArrayToObject(log, "tool_rounds");
+    cJSON *o = cJSON_CreateObject(), *cs = cJSON_AddArrayToObject(o, "tool_calls");
+    cJSON *rs = cJSON_AddArrayToObject(o, "results");
+    char *c = er_alloc(clen + 1);
+    if (c) {
+        memcpy(c, content, clen);
+        c[clen] = 0;
+        cJSON_AddStringToObject(o, "content", c);
+        er_free(c);
+    }
+    for (int i = 0; i < nc; i++) {
+        cJSON *call = cJSON_CreateObject();
+        cJSON_AddStringToObject(call, "name", calls[i].name);
+        cJSON_AddStringToObject(call, "arguments", calls[i].arguments);
+        cJSON_AddItemToArray(cs, call);
+        cJSON_AddItemToArray(rs, cJSON_CreateString(results[i] ? results[i] : ""));
+    }
+    if (rounds)
+        cJSON_AddItemToArray(rounds, o);
+    else
+        cJSON_Delete(o);
+}
+
+// Runs the calls and adds them, with their results, to the conversation: the assistant's turn (its content and
+// the calls, as the template writes them) and one tool message per result. -1: e says why.
+static int memory_run_calls(Server *srv, ServeRequest *r, const char *text, size_t clen, const ChatToolCall *calls,
+                            int nc, ServeError *e) {
+    char **results = er_calloc((size_t)nc, sizeof *results), *turn = NULL, *content = er_alloc(clen + 1);
+    const char **names = er_calloc((size_t)nc, sizeof *names), **args = er_calloc((size_t)nc, sizeof *args);
+    int rc = results && content && names && args ? 0 : serve_fail(e, 500, "server_error", NULL, "out of memory");
+    for (int i = 0; rc == 0 && i < nc; i++) {
+        if (mem_chat_call(&srv->mc, &calls[i], &results[i]) < 0) {
+            fprintf(stderr, "erinfer serve: memory: %s\n", er_last_error());
+            rc = serve_fail(e, 500, "server_error", NULL, "the memory store failed (see the server's log)");
+        }
+        names[i] = calls[i].name, args[i] = calls[i].arguments;
+    }
+    if (rc == 0) {
+        memcpy(content, text, clen);
+        content[clen] = 0;
+        if (chat_tool_calls_text(content, names, args, nc, &turn) < 0)
+            rc = serve_fail(e, 500, "server_error", NULL, "out of memory");
+    }
+    if (rc == 0)
+        rc = serve_conv_push(r, "assistant", turn, e);
+    for (int i = 0; rc == 0 && i < nc; i++)
+        rc = serve_conv_push(r, "tool", results[i], e);
+    if (rc == 0)
+        memory_log_round(r, text, clen, calls, nc, results);
+    for (int i = 0; results && i < nc; i++)
+        er_free(results[i]);
+    er_free(results), er_free(turn), er_free(content), er_free(names), er_free(args);
+    return rc;
+}
+
+// Where a job's request was offered the memory tools and its sample wrote calls to them alone: they run, and the
+// request goes on with the calls and results in its conversation (returns 1). After --memory-rounds rounds the
+// tools are withdrawn from the prompt, so the model answers. 0: the round is the answer; -1: the job failed (its
+// error is its answer, and it is released).
+static int memory_round(Server *srv, Job *j) {
+    ServeRequest *r = &j->req;
+    if (!r->memory_tools || er_request_status(j->rq) != ER_OK || __atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
+        return 0;
+    const ErSample *x = er_request_sample(j->rq, 0);
+    ChatToolCall *calls = NULL;
+    int nc = 0, own = 0;
+    size_t clen = 0;
+    if (!x || chat_parse_tool_calls(x->text, x->text_len, &calls, &nc, &clen) < 0 || nc == 0)
+        return 0;
+    for (int i = 0; i < nc; i++)
+        own += !mem_chat_is_tool(calls[i].name);
+    if (own) { // the client's tools are the client's to run: the round is the answer, every call in it
+        chat_tool_calls_free(calls, nc);
+        return 0;
+    }
+    ServeError e = {0};
+    int rc = memory_run_calls(srv, r, x->text, clen, calls, nc, &e);
+    chat_tool_calls_free(calls, nc);
+    j->generated_before += er_request_stats(j->rq)->generated_tokens;
+    if (rc == 0) {
+        strbuf_put(&r->before, x->text, clen);
+        if (++j->rounds >= srv->mem_rounds) {
+            r->memory_tools = 0;
+            r->tools = r->tools_json != NULL;
+        }
+        rc = serve_render(r, srv->style, srv->tok, &srv->lim, &e);
+    }
+    // The next round streams on from what the earlier ones said: their content (the calls are never streamed).
+    if (rc == 0 && r->stream) {
+        pthread_mutex_lock(&srv->mu);
+        StrBuf *acc = &j->acc[0];
+        if (j->streamed[0] < r->before.n) { // content the round ended on, still held back
+            StrBuf chunk = {0};
+            serve_chunk_delta(&chunk, r, &j->ids, 0, r->before.p + j->streamed[0], r->before.n - j->streamed[0],
+                              !j->roled[0], NULL);
+            strbuf_put(&j->out, chunk.p ? chunk.p : "", chunk.n);
+            pthread_cond_signal(&j->cond);
+            er_free(chunk.p);
+            j->roled[0] = 1;
+        }
+        acc->n = 0;
+        strbuf_put(acc, r->before.p, r->before.n);
+        j->streamed[0] = r->before.n;
+        pthread_mutex_unlock(&srv->mu);
+    }
+    if (j->walk) {
+        serve_walk_free(&j->walk[0]);
+        j->lp_sent[0] = 0;
+    }
+    er_request_free(j->rq);
+    j->rq = NULL;
+    if (rc == 0 && er_batch_submit(srv->batch, r->prompt, &r->p, on_token, j, &j->rq) < 0) {
+        fprintf(stderr, "erinfer serve: %s: %s\n", j->ids.id, er_last_error());
+        rc = serve_fail(&e, 500, "server_error", NULL, "generation failed after a memory tool call");
+    }
+    pthread_mutex_lock(&srv->mu);
+    srv->batch_free = er_batch_free_rows(srv->batch);
+    if (rc < 0) {
+        job_fail(j, &e);
+        job_done(j);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return rc < 0 ? -1 : 1;
+}
+
+// --memory with a request's "memory": {"save": true}: the conversation and its answer (the first choice's) as
+// one entry; its id goes in the response's erinfer.memory.saved.
+static void memory_save(Server *srv, Job *j, const ServeResult *res) {
+    ServeRequest *r = &j->req;
+    StrBuf answer = {0};
+    strbuf_put(&answer, r->before.p ? r->before.p : "", r->before.n);
+    strbuf_put(&answer, res->samples[0]->text ? res->samples[0]->text : "", res->samples[0]->text_len);
+    char *text = NULL, meta[96];
+    int64_t id = 0;
+    int rc = answer.oom ? ER_ENOMEM : serve_conv_push(r, "assistant", answer.p, &(ServeError){0}) < 0 ? ER_ENOMEM : 0;
+    er_free(answer.p);
+    snprintf(meta, sizeof meta, "{\"source\": \"conversation\", \"response\": \"%s\"}", j->ids.id);
+    if (rc == 0 && (rc = mem_chat_transcript(r->conv, r->n_conv, &text)) == 0)
+        rc = mem_chat_save(&srv->mc, text, meta, &id);
+    er_free(text);
+    cJSON *log = memory_log(r);
+    if (rc < 0)
+        fprintf(stderr, "erinfer serve: %s: the conversation was not saved: %s\n", j->ids.id, er_last_error());
+    else if (log)
+        cJSON_AddNumberToObject(log, "saved", (double)id);
+}
+
 // A batched job's request finished (or failed to start: rc): answered and released.
 static void batch_answer(Server *srv, Job *j, int rc) {
     const ErSample *samples[SERVE_MAX_N];
     ServeResult res = {0, samples, NULL, NULL, srv->tok};
+    ErStats stats;
     if (j->rq) {
         rc = er_request_status(j->rq);
         res.n = er_request_count(j->rq);
-        res.stats = er_request_stats(j->rq);
+        stats = *er_request_stats(j->rq);
+        stats.generated_tokens += j->generated_before;
+        res.stats = &stats;
         res.route = er_request_route(j->rq);
         for (int i = 0; i < res.n; i++)
             samples[i] = er_request_sample(j->rq, i);
     }
+    if (rc == ER_OK && res.n > 0 && j->req.memory_save && !__atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
+        memory_save(srv, j, &res);
     job_respond(srv, j, rc, &res);
     er_request_free(j->rq);
     j->rq = NULL;
@@ -348,11 +543,14 @@ static void *batch_main(void *arg) {
         }
         pthread_mutex_unlock(&srv->mu);
         er_batch_step(srv->batch);
-        for (int k = n_live - 1; k >= 0; k--)
-            if (er_request_status(live[k]->rq) != 1) {
+        for (int k = n_live - 1; k >= 0; k--) {
+            int round = er_request_status(live[k]->rq) != 1 ? memory_round(srv, live[k]) : 1;
+            if (round == 1)
+                continue; // decoding, or on to its next round
+            if (round == 0)
                 batch_answer(srv, live[k], ER_OK);
-                live[k] = live[--n_live];
-            }
+            live[k] = live[--n_live];
+        }
         pthread_mutex_lock(&srv->mu);
     }
     pthread_mutex_unlock(&srv->mu);
@@ -533,6 +731,10 @@ static enum MHD_Result serve_generate(struct MHD_Connection *c, Server *srv, con
     if (serve_parse_request(cn->body.p ? cn->body.p : "", cn->body.n, chat, srv->style, srv->tok, &srv->lim, &req,
                             &e) < 0)
         return respond_error(c, &e);
+    if (req.memory_recall && memory_recall(srv, &req, &e) < 0) {
+        serve_request_free(&req);
+        return respond_error(c, &e);
+    }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     Job *j = job_submit(srv, &req, ci ? ci->connect_fd : -1, &e);
     serve_request_free(&req);
@@ -768,8 +970,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 typedef struct {
     GenFlags g;
-    const char *host, *api_key, *api_key_file, *allowed_hosts;
-    int port, parallel, queue, max_n, max_tokens;
+    const char *host, *api_key, *api_key_file, *allowed_hosts, *memory;
+    int port, parallel, queue, max_n, max_tokens, memory_k, memory_tokens, memory_rounds;
 } ServeFlags;
 
 static int serve_parse_flags(int argc, char **argv, ServeFlags *f) {
@@ -780,7 +982,10 @@ static int serve_parse_flags(int argc, char **argv, ServeFlags *f) {
     f->queue = 64;
     f->max_n = 4;
     f->max_tokens = 512;
-    ArgSpec specs[GEN_FLAGS_MAX + 8];
+    f->memory_k = MEM_CHAT_K;
+    f->memory_tokens = MEM_CHAT_TOKENS;
+    f->memory_rounds = MEM_CHAT_ROUNDS;
+    ArgSpec specs[GEN_FLAGS_MAX + 12];
     int ns = 0;
     // Of the generation flags, serve takes the model, its adapter and heads, the KV type, context and threads;
     // sampling comes with each request.
@@ -807,8 +1012,58 @@ static int serve_parse_flags(int argc, char **argv, ServeFlags *f) {
     specs[ns++] = (ArgSpec){"allowed-hosts", ARG_STR, &f->allowed_hosts, "Host names answered besides the server's "
                             "own addresses (comma-separated, no port; * = any; default: any when --host is 0.0.0.0)",
                             0, 0, 0};
+    specs[ns++] = (ArgSpec){"memory", ARG_STR, &f->memory, "a memory store (SQLite; created when missing): chat answers "
+                            "recall its best entries and may call memory_search / memory_add (docs/memory.md)", 0, 0, 0};
+    specs[ns++] = (ArgSpec){"memory-k", ARG_INT, &f->memory_k, "entries recalled into the system message (0: none)", 0,
+                            0, 256};
+    specs[ns++] = (ArgSpec){"memory-tokens", ARG_INT, &f->memory_tokens, "tokens the recalled entries may take", 0, 1,
+                            1 << 20};
+    specs[ns++] = (ArgSpec){"memory-rounds", ARG_INT, &f->memory_rounds, "rounds of memory tool calls in one answer "
+                            "(then the tools are withdrawn and the model answers; 0: no memory tools)", 0, 0, 64};
     return args_parse(argc, argv, specs, ns, "erinfer serve --model DIR [--adapter DIR --switcher FILE --verifier FILE] "
-                                             "[--host 127.0.0.1 --port 8080] [--parallel K] [flags]");
+                                             "[--host 127.0.0.1 --port 8080] [--parallel K] [--memory FILE] [flags]");
+}
+
+// MemChatEmbedFn on the server's embedding session (under embed_mu).
+static int memory_embed(void *ctx, const char *text, int query, float **vec, int *dim) {
+    Server *srv = ctx;
+    ErEmbedParams p;
+    er_embed_params_init(&p);
+    p.query = query && er_model_query_prompt(srv->model) != NULL;
+    *dim = er_model_embedding_size(srv->model);
+    if (!(*vec = er_alloc(sizeof(float) * (size_t)*dim)))
+        return ER_ENOMEM;
+    pthread_mutex_lock(&srv->embed_mu);
+    int rc = er_embed(srv->embed, &text, 1, &p, *vec, (size_t)*dim);
+    pthread_mutex_unlock(&srv->embed_mu);
+    if (rc < 0) {
+        er_free(*vec);
+        *vec = NULL;
+        return rc;
+    }
+    return ER_OK;
+}
+
+// --memory: the store (a new one when the file is missing or empty) searched with the model's embeddings where
+// its vectors are the model's, by BM25 alone where they are another's.
+static int memory_open(Server *srv, const ServeFlags *f) {
+    ER_TRY(mem_open(&srv->mem, f->memory, 1, 0, MEM_VEC_INT8));
+    if (!(srv->mem_tools = mem_chat_tools()))
+        return er_error(ER_ENOMEM, "no memory for the memory tools");
+    srv->mc = (MemChat){srv->mem, &srv->mem_mu, memory_embed, srv, srv->tok, f->memory_k};
+    const char *why;
+    if (!mem_chat_vectors_ok(&srv->mc, er_model_embedding_size(srv->model), &why)) {
+        fprintf(stderr, "erinfer serve: warning: %s: %s\n", f->memory, why);
+        srv->mc.embed = NULL;
+    }
+    srv->mem_tokens = f->memory_tokens;
+    srv->mem_rounds = f->memory_rounds;
+    srv->lim.memory_tools = f->memory_rounds > 0 ? srv->mem_tools : NULL;
+    int64_t n = 0;
+    ER_TRY(mem_count(srv->mem, &n));
+    fprintf(stderr, "erinfer serve: memory %s: %lld entries, searched by %s\n", f->memory, (long long)n,
+            srv->mc.embed ? "BM25 and vectors" : "BM25");
+    return ER_OK;
 }
 
 // The model, its adapter and heads, and the batch (--parallel rows, at least --max-n). A request's
@@ -831,7 +1086,7 @@ static int serve_open(Server *srv, const ServeFlags *f) {
                         positions, extra);
     ER_TRY(chat_style_from_config(f->g.model, &srv->style));
     srv->lim = (ServeLimits){f->max_n, f->max_tokens, positions - extra, SERVE_JSON_DEPTH, g->adapter != NULL,
-                             g->adapter || g->switcher || g->verifier, chat_style_hybrid(srv->style)};
+                             g->adapter || g->switcher || g->verifier, chat_style_hybrid(srv->style), NULL};
     srv->tok = runner_model_tokenizer(srv->model);
     srv->batch_rows = srv->batch_free = f->parallel > f->max_n ? f->parallel : f->max_n;
     ErSessionParams sp;
@@ -841,10 +1096,13 @@ static int serve_open(Server *srv, const ServeFlags *f) {
     sp.kv_type = kv_int8 ? ER_KV_INT8 : ER_KV_F32;
     ER_TRY(er_batch_open(&srv->batch, srv->model, &sp));
     sp.max_samples = 1; // /v1/embeddings: one text at a time, up to the context
-    return er_session_open(&srv->embed, srv->model, &sp);
+    ER_TRY(er_session_open(&srv->embed, srv->model, &sp));
+    return f->memory ? memory_open(srv, f) : ER_OK;
 }
 
 static void serve_close(Server *srv) {
+    mem_close(srv->mem);
+    cJSON_Delete(srv->mem_tools);
     er_session_free(srv->embed);
     er_batch_free(srv->batch);
     er_model_free(srv->model);
@@ -990,6 +1248,7 @@ int cmd_serve(int argc, char **argv) {
     srv.model_name = slash && slash[1] ? slash + 1 : f.g.model;
     pthread_mutex_init(&srv.mu, NULL);
     pthread_mutex_init(&srv.embed_mu, NULL);
+    pthread_mutex_init(&srv.mem_mu, NULL);
     pthread_cond_init(&srv.work, NULL);
     // Every thread started from here on (the batch's, the HTTP library's) leaves these signals to sigwait.
     sigset_t set;
@@ -1012,6 +1271,7 @@ int cmd_serve(int argc, char **argv) {
     serve_close(&srv);
     pthread_cond_destroy(&srv.work);
     pthread_mutex_destroy(&srv.embed_mu);
+    pthread_mutex_destroy(&srv.mem_mu);
     pthread_mutex_destroy(&srv.mu);
     serve_hosts_free(&srv.hosts);
     er_free(key);

@@ -22,6 +22,8 @@ typedef struct {
     int routed;         // an adapter or heads are loaded: the route decides how an answer starts, so a
                         // tool_choice that would force it ("required", a named function) is refused
     int hybrid;         // a hybrid-thinking model (Qwen3): a request may force a route, its thinking switch
+    const cJSON *memory_tools; // erinfer serve --memory: the built-in memory tools (an OpenAI tools array) a chat
+                               // request is offered beside its own; NULL: the server has no memory
 } ServeLimits;
 
 // A request that passed every check, ready for the batch.
@@ -38,6 +40,21 @@ typedef struct {
     char *tool_prefix;         // tool_choice "required" or a named function: the call's start, forced
                                // (p.response_prefix points here) and the start of each choice's text; NULL: none
     int prompt_tokens;
+    int max_tokens;            // max_tokens as asked (0: not given): each rendering fits it to the context again
+    // Chat: the conversation as the template gets it (an assistant's tool calls folded into its content), kept
+    // so that it can be rendered again with recalled memory and with each round of the memory tools.
+    ChatMessage *conv;         // (n_conv) roles static, contents owned
+    int n_conv, cap_conv;
+    cJSON *tools_json;         // the request's own tools, as the prompt announces them (NULL: none, or "none")
+    // erinfer serve --memory: the request's "memory" options and what the server adds for them.
+    int memory_recall;         // recall entries into the system message (default on)
+    int memory_tools;          // offer the memory tools (on by default for n = 1 with tool_choice "auto")
+    int memory_save;           // save the conversation with its answer as an entry (off by default)
+    char *memory_block;        // the recalled entries, after the system text (NULL: none)
+    StrBuf before;             // the content the model wrote in earlier rounds of memory tool calls (outside the
+                               // calls): the choice's text starts with it
+    cJSON *memory_log;         // what the server did with its memory, the response's erinfer.memory: "recalled"
+                               // (ids), "tool_rounds" (each round's calls and results), "saved" (id); NULL: nothing
 } ServeRequest;
 
 void serve_request_free(ServeRequest *r);
@@ -106,6 +123,15 @@ int serve_json_depth(const char *s, size_t n);
 // template is `style`; tok counts the prompt's tokens against the limits.
 int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, const Tokenizer *tok,
                         const ServeLimits *lim, ServeRequest *r, ServeError *e);
+// r->prompt from r's conversation (chat), the memory block and the tools offered (its own and, with
+// r->memory_tools, lim->memory_tools), counted against the context: max_new_tokens is fitted to what is left
+// when max_tokens was not given, and a prompt that leaves no room is refused (400). serve_parse_request runs it;
+// the server again after recalling memory and after each round of memory tool calls.
+int serve_render(ServeRequest *r, ChatStyle style, const Tokenizer *tok, const ServeLimits *lim, ServeError *e);
+// Appends a message to r's conversation (content copied). -1 out of memory (e says so).
+int serve_conv_push(ServeRequest *r, const char *role, const char *content, ServeError *e);
+// The content of r's last user message (NULL: none).
+const char *serve_last_user(const ServeRequest *r);
 
 // One response's identity, shared by its chunks.
 typedef struct {

@@ -194,6 +194,13 @@ done:
 
 void serve_request_free(ServeRequest *r) {
     er_free(r->prompt);
+    for (int i = 0; i < r->n_conv; i++)
+        er_free((char *)r->conv[i].content);
+    er_free(r->conv);
+    cJSON_Delete(r->tools_json);
+    er_free(r->memory_block);
+    er_free(r->before.p);
+    cJSON_Delete(r->memory_log);
     for (int i = 0; i < ER_STOP_MAX; i++)
         er_free(r->stop[i]);
     er_free(r->route);
@@ -242,7 +249,7 @@ static int opt_bool(const cJSON *o, const char *key, int *out, ServeError *e) {
 static int check_fields(const cJSON *root, int chat, ServeError *e) {
     static const char *const common[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
                                          "seed", "stream", "stream_options", "user", "reasoning_budget", "route",
-                                         "logprobs", "reasoning"};
+                                         "logprobs", "reasoning", "memory"};
     static const char *const chat_only[] = {"messages", "max_completion_tokens", "tools", "tool_choice",
                                             "parallel_tool_calls", "top_logprobs", "chat_template_kwargs"};
     const cJSON *f;
@@ -469,11 +476,6 @@ static int message_tool_calls(const cJSON *calls, int i, StrBuf *b, ServeError *
     return rc;
 }
 
-static int known_role(const char *r) {
-    return strcmp(r, "system") == 0 || strcmp(r, "user") == 0 || strcmp(r, "assistant") == 0 ||
-           strcmp(r, "tool") == 0;
-}
-
 // "tool_choice": "auto" (the default) leaves the call to the model; "none" leaves the tools out of the
 // prompt. "required" and {"type": "function", "function": {"name": N}} are enforced the way a server
 // without a grammar engine can: the answer's start is forced (ErGenParams.response_prefix; the engine
@@ -545,9 +547,80 @@ static int parse_tool_choice(const cJSON *tools, const cJSON *choice, const Serv
     return 0;
 }
 
-// The messages (and tools) rendered with the chat template into r->prompt.
-static int render_messages(const cJSON *root, ChatStyle style, const ServeLimits *lim, ServeRequest *r,
-                           ServeError *e) {
+static const char *const roles[] = {"system", "user", "assistant", "tool"};
+
+// The role's static name (NULL: not one of the four).
+static const char *known_role(const char *r) {
+    for (size_t i = 0; i < sizeof roles / sizeof *roles; i++)
+        if (strcmp(r, roles[i]) == 0)
+            return roles[i];
+    return NULL;
+}
+
+int serve_conv_push(ServeRequest *r, const char *role, const char *content, ServeError *e) {
+    if (r->n_conv == r->cap_conv) {
+        int cap = r->cap_conv ? 2 * r->cap_conv : 8;
+        ChatMessage *g = er_realloc_array(r->conv, (size_t)cap, sizeof *g);
+        if (!g)
+            return serve_fail(e, 500, "server_error", NULL, "out of memory");
+        r->conv = g;
+        r->cap_conv = cap;
+    }
+    char *copy = er_strdup(content ? content : "");
+    const char *name = known_role(role);
+    if (!copy || !name) {
+        er_free(copy);
+        return serve_fail(e, 500, "server_error", NULL, name ? "out of memory" : "a message of an unknown role");
+    }
+    r->conv[r->n_conv++] = (ChatMessage){name, copy};
+    return 0;
+}
+
+const char *serve_last_user(const ServeRequest *r) {
+    for (int i = r->n_conv - 1; i >= 0; i--)
+        if (strcmp(r->conv[i].role, "user") == 0)
+            return r->conv[i].content;
+    return NULL;
+}
+
+// Whether name is one of the server's memory tools (an OpenAI tools array).
+static int mem_tool_name(const cJSON *tools, const char *name) {
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *tn = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+        if (cJSON_IsString(tn) && strcmp(tn->valuestring, name) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+// "memory": {"recall": B, "tools": B, "save": B} (each optional) on a server with --memory; a request without it
+// gets recall and the tools, and no save.
+static int parse_memory(const cJSON *root, const ServeLimits *lim, ServeRequest *r, ServeError *e) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "memory"), *f;
+    r->memory_recall = r->memory_tools = lim->memory_tools != NULL;
+    if (!m || cJSON_IsNull(m))
+        return 0;
+    if (!lim->memory_tools)
+        return BAD("memory", "'memory' needs a server with a memory store (erinfer serve --memory FILE)");
+    if (!cJSON_IsObject(m))
+        return BAD("memory", "'memory' must be an object of booleans: recall, tools, save");
+    cJSON_ArrayForEach(f, m) {
+        if (strcmp(f->string, "recall") != 0 && strcmp(f->string, "tools") != 0 && strcmp(f->string, "save") != 0)
+            return BAD("memory", "unknown field 'memory.%.64s' (recall, tools, save)", f->string);
+        if (!cJSON_IsBool(f))
+            return BAD("memory", "'memory.%s' must be a boolean", f->string);
+    }
+    return opt_bool(m, "recall", &r->memory_recall, e) < 0 || opt_bool(m, "tools", &r->memory_tools, e) < 0 ||
+                   opt_bool(m, "save", &r->memory_save, e) < 0
+               ? -1
+               : 0;
+}
+
+// The messages into r->conv (tool calls folded into their assistant's content), the tools and tool_choice, and
+// which memory the request uses. The memory tools are offered with tool_choice "auto" to a request of one sample
+// (each round of calls continues that sample's answer), beside its own tools, which must not take their names.
+static int collect_messages(const cJSON *root, const ServeLimits *lim, ServeRequest *r, ServeError *e) {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages"), *m;
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
     const cJSON *choice = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
@@ -555,51 +628,79 @@ static int render_messages(const cJSON *root, ChatStyle style, const ServeLimits
         return BAD("messages", "'messages' must be a non-empty array");
     if (tools && !cJSON_IsNull(tools) && !cJSON_IsArray(tools))
         return BAD("tools", "'tools' must be an array");
-    if (parse_tool_choice(tools, choice, lim, r, e) < 0)
+    if (parse_tool_choice(tools, choice, lim, r, e) < 0 || parse_memory(root, lim, r, e) < 0)
         return -1;
-    int n = cJSON_GetArraySize(msgs), k = 0, rc = 0;
-    ChatMessage *cm = er_calloc((size_t)n, sizeof *cm);
-    StrBuf *text = er_calloc((size_t)n, sizeof *text);
-    if (!cm || !text)
-        rc = serve_fail(e, 500, "server_error", NULL, "out of memory");
+    const cJSON *t, *own = cJSON_IsArray(tools) && lim->memory_tools ? tools : NULL;
+    int choice_none = cJSON_IsString(choice) && strcmp(choice->valuestring, "none") == 0;
+    cJSON_ArrayForEach(t, own) {
+        const cJSON *tn = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+        if (cJSON_IsString(tn) && mem_tool_name(lim->memory_tools, tn->valuestring))
+            return BAD("tools", "the tool name '%s' is the server's own memory tool (erinfer serve --memory)",
+                       tn->valuestring);
+    }
+    r->memory_tools = r->memory_tools && r->p.n_samples == 1 && !choice_none && !r->tool_prefix;
+    if (r->tools && !(r->tools_json = cJSON_Duplicate(tools, 1)))
+        return serve_fail(e, 500, "server_error", NULL, "out of memory");
+    r->tools |= r->memory_tools; // the output's calls are parsed (and held back from a stream)
+    int k = 0;
     cJSON_ArrayForEach(m, msgs) {
-        if (rc < 0)
-            break;
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
-        if (!cJSON_IsObject(m) || !cJSON_IsString(role) || !known_role(role->valuestring)) {
-            rc = BAD("messages", "messages[%d] needs a role of system, user, assistant or tool", k);
-            break;
-        }
-        if ((rc = message_content(m, k, &text[k], e)) < 0)
-            break;
-        if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0 && (rc = message_tool_calls(calls, k, &text[k], e)) < 0)
-            break;
-        cm[k] = (ChatMessage){role->valuestring, text[k].p};
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role) || !known_role(role->valuestring))
+            return BAD("messages", "messages[%d] needs a role of system, user, assistant or tool", k);
+        StrBuf text = {0};
+        int rc = message_content(m, k, &text, e);
+        if (rc == 0 && cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0)
+            rc = message_tool_calls(calls, k, &text, e);
+        if (rc == 0 && text.oom)
+            rc = serve_fail(e, 500, "server_error", NULL, "out of memory");
+        if (rc == 0)
+            rc = serve_conv_push(r, role->valuestring, text.p, e);
+        er_free(text.p);
+        if (rc < 0)
+            return -1;
         k++;
     }
-    // Tools: the system turn announcing them replaces the conversation's own (which it includes).
-    char *sys = NULL;
-    ChatMessage *all = NULL;
-    const ChatMessage *use = cm;
-    int n_use = n;
-    if (rc == 0 && r->tools) {
-        int has_sys = strcmp(cm[0].role, "system") == 0;
-        if (chat_tools_system(style, has_sys ? cm[0].content : NULL, tools, &sys) < 0)
-            rc = BAD("tools", "this model's chat template has no tool format");
-        else if (!(all = er_calloc((size_t)n + 1, sizeof *all)))
-            rc = serve_fail(e, 500, "server_error", NULL, "out of memory");
-        else
-            n_use = chat_set_system(all, n + 1, cm, n, sys), use = all;
+    return 0;
+}
+
+// r->conv with the system text extended (the recalled memory after it) and replaced by the one announcing the
+// tools offered, rendered with the chat template into r->prompt.
+static int render_conv(ServeRequest *r, ChatStyle style, const ServeLimits *lim, ServeError *e) {
+    int n = r->n_conv, has_sys = n > 0 && strcmp(r->conv[0].role, "system") == 0, rc = 0;
+    const char *own = has_sys ? r->conv[0].content : NULL;
+    StrBuf sys = {0};
+    if (own)
+        strbuf_puts(&sys, own);
+    if (r->memory_block) {
+        strbuf_puts(&sys, own && own[0] ? "\n\n" : "");
+        strbuf_puts(&sys, r->memory_block);
     }
-    if (rc == 0 && chat_render(style, use, n_use, CHAT_ADD_GENERATION_PROMPT, &r->prompt, NULL) < 0)
+    cJSON *tools = NULL;
+    int offer = r->memory_tools && lim->memory_tools;
+    if (r->tools_json || offer) {
+        tools = r->tools_json ? cJSON_Duplicate(r->tools_json, 1) : cJSON_CreateArray();
+        const cJSON *t, *builtin = offer ? lim->memory_tools : NULL;
+        cJSON_ArrayForEach(t, builtin) cJSON_AddItemToArray(tools, cJSON_Duplicate(t, 1));
+    }
+    char *with_tools = NULL;
+    if (tools && chat_tools_system(style, sys.p, tools, &with_tools) < 0)
+        rc = BAD("tools", "this model's chat template has no tool format");
+    cJSON_Delete(tools);
+    const char *system = with_tools ? with_tools : sys.p;
+    ChatMessage *all = rc == 0 ? er_calloc((size_t)n + 1, sizeof *all) : NULL;
+    if (rc == 0 && (!all || sys.oom))
+        rc = serve_fail(e, 500, "server_error", NULL, "out of memory");
+    int n_use = rc == 0 ? (system ? chat_set_system(all, n + 1, r->conv, n, system) : n) : 0;
+    if (rc == 0 && !system)
+        memcpy(all, r->conv, sizeof *all * (size_t)n);
+    er_free(r->prompt);
+    r->prompt = NULL;
+    if (rc == 0 && chat_render(style, all, n_use, CHAT_ADD_GENERATION_PROMPT, &r->prompt, NULL) < 0)
         rc = BAD("messages", "the messages cannot be rendered with this model's chat template");
     er_free(all);
-    for (int i = 0; text && i < n; i++)
-        er_free(text[i].p);
-    er_free(text);
-    er_free(cm);
-    er_free(sys);
+    er_free(with_tools);
+    er_free(sys.p);
     return rc;
 }
 
@@ -806,6 +907,36 @@ void serve_embeddings_json(StrBuf *out, const ServeEmbedRequest *r, const float 
     strbuf_puts(out, "}}");
 }
 
+int serve_render(ServeRequest *r, ChatStyle style, const Tokenizer *tok, const ServeLimits *lim, ServeError *e) {
+    if (r->chat && render_conv(r, style, lim, e) < 0)
+        return -1;
+    int *ids = NULL, rc = 0;
+    if (tok_encode(tok, r->prompt, strlen(r->prompt), &ids, &r->prompt_tokens) < 0)
+        rc = BAD(r->chat ? "messages" : "prompt", "the prompt is not valid UTF-8 text");
+    er_free(ids);
+    ids = NULL;
+    // A forced tool call start takes positions too (the engine prefills it after the prompt). Its bytes
+    // are in the prompt (the tools' names), which encoded: only memory can fail here.
+    int forced = 0;
+    if (rc == 0 && r->tool_prefix && tok_encode(tok, r->tool_prefix, strlen(r->tool_prefix), &ids, &forced) < 0)
+        rc = serve_fail(e, 500, "server_error", NULL, "out of memory");
+    er_free(ids);
+    int used = r->prompt_tokens + forced;
+    // Without max_tokens the answer may take what the context leaves (up to the cap).
+    r->p.max_new_tokens = r->max_tokens ? r->max_tokens : lim->max_tokens;
+    if (rc == 0 && !r->max_tokens && used < lim->context && r->p.max_new_tokens > lim->context - used)
+        r->p.max_new_tokens = lim->context - used;
+    if (rc == 0 && r->p.budget > 0 && r->p.max_new_tokens < r->p.budget + r->p.answer_tokens)
+        rc = BAD("reasoning_budget", "'reasoning_budget' (%d) and the %d answer tokens after it do not fit the %d "
+                 "positions the prompt (%d tokens) leaves of the context", r->p.budget, r->p.answer_tokens,
+                 lim->context - used > 0 ? lim->context - used : 0, used);
+    if (rc == 0 && used + r->p.max_new_tokens > lim->context)
+        rc = BAD(r->chat ? "messages" : "prompt",
+                 "the prompt (%d tokens%s) and max_tokens (%d) exceed the context of %d positions", used,
+                 forced ? ", the forced tool call start included" : "", r->p.max_new_tokens, lim->context);
+    return rc;
+}
+
 int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, const Tokenizer *tok,
                         const ServeLimits *lim, ServeRequest *r, ServeError *e) {
     memset(r, 0, sizeof *r);
@@ -819,34 +950,14 @@ int serve_parse_request(const char *body, size_t n, int chat, ChatStyle style, c
     if (rc == 0)
         rc = parse_params(root, lim, r, e);
     if (rc == 0)
-        rc = chat ? render_messages(root, style, lim, r, e) : completion_prompt(root, r, e);
+        rc = chat ? collect_messages(root, lim, r, e) : completion_prompt(root, r, e);
     const cJSON *mt = rc == 0 ? cJSON_GetObjectItemCaseSensitive(root, "max_tokens") : NULL;
     const cJSON *mct = rc == 0 ? cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens") : NULL;
-    int length_given = (mt && !cJSON_IsNull(mt)) || (mct && !cJSON_IsNull(mct));
+    if ((mt && !cJSON_IsNull(mt)) || (mct && !cJSON_IsNull(mct)))
+        r->max_tokens = r->p.max_new_tokens;
     cJSON_Delete(root);
-    int *ids = NULL;
-    if (rc == 0 && tok_encode(tok, r->prompt, strlen(r->prompt), &ids, &r->prompt_tokens) < 0)
-        rc = BAD(chat ? "messages" : "prompt", "the prompt is not valid UTF-8 text");
-    er_free(ids);
-    ids = NULL;
-    // A forced tool call start takes positions too (the engine prefills it after the prompt). Its bytes
-    // are in the prompt (the tools' names), which encoded: only memory can fail here.
-    int forced = 0;
-    if (rc == 0 && r->tool_prefix && tok_encode(tok, r->tool_prefix, strlen(r->tool_prefix), &ids, &forced) < 0)
-        rc = serve_fail(e, 500, "server_error", NULL, "out of memory");
-    er_free(ids);
-    int used = r->prompt_tokens + forced;
-    // Without max_tokens the answer may take what the context leaves (up to the cap).
-    if (rc == 0 && !length_given && used < lim->context && r->p.max_new_tokens > lim->context - used)
-        r->p.max_new_tokens = lim->context - used;
-    if (rc == 0 && r->p.budget > 0 && r->p.max_new_tokens < r->p.budget + r->p.answer_tokens)
-        rc = BAD("reasoning_budget", "'reasoning_budget' (%d) and the %d answer tokens after it do not fit the %d "
-                 "positions the prompt (%d tokens) leaves of the context", r->p.budget, r->p.answer_tokens,
-                 lim->context - used > 0 ? lim->context - used : 0, used);
-    if (rc == 0 && used + r->p.max_new_tokens > lim->context)
-        rc = BAD(chat ? "messages" : "prompt",
-                 "the prompt (%d tokens%s) and max_tokens (%d) exceed the context of %d positions", used,
-                 forced ? ", the forced tool call start included" : "", r->p.max_new_tokens, lim->context);
+    if (rc == 0)
+        rc = serve_render(r, style, tok, lim, e);
     if (rc < 0)
         serve_request_free(r);
     return rc;
@@ -1121,10 +1232,12 @@ static void choice_order(const ServeResult *s, int *order) {
             order[k++] = i;
 }
 
-// Choice text of sample x into t: the forced start of a tool call (the engine prefilled it: it is not in
-// the sample's text) and the sample's text. 0, or -1 out of memory (t freed).
+// Choice text of sample x into t: the content of earlier rounds of memory tool calls, the forced start of a
+// tool call (the engine prefilled it: it is not in the sample's text) and the sample's text. 0, or -1 out of
+// memory (t freed).
 static int choice_text(const ServeRequest *r, const ErSample *x, StrBuf *t) {
     *t = (StrBuf){0};
+    strbuf_put(t, r->before.p ? r->before.p : "", r->before.n);
     strbuf_puts(t, r->tool_prefix ? r->tool_prefix : "");
     strbuf_put(t, x->text ? x->text : "", x->text_len);
     if (!t->oom)
@@ -1190,6 +1303,8 @@ static cJSON *extension_json(const ServeRequest *r, const ServeResult *s, const 
     char seed[24];
     snprintf(seed, sizeof seed, "%" PRId64, (int64_t)r->p.seed);
     cJSON_AddRawToObject(x, "seed", seed);
+    if (r->memory_log)
+        cJSON_AddItemToObject(x, "memory", cJSON_Duplicate(r->memory_log, 1));
     if (!s->route)
         return x;
     cJSON *a = cJSON_AddArrayToObject(x, "choice_samples");

@@ -100,7 +100,7 @@ static const char *tools_request(int with_system) {
                  "\"properties\": {\"city\": {\"type\": \"string\", \"enum\": [\"Paris\", \"Köln\"]}}}}}]}";
 }
 
-static const ServeLimits test_limits = {4, 64, 4096, 64, 0, 0, 0}; // no adapter, no heads, not hybrid
+static const ServeLimits test_limits = {4, 64, 4096, 64, 0, 0, 0, NULL}; // no adapter, no heads, not hybrid
 
 // The server's prompt for the request against jinja2's rendering of the real template.
 static void check_tools_prompt(ChatStyle style, const char *template_name, int with_system) {
@@ -599,7 +599,7 @@ static void make_chain_model(const char *dir, const char *const *pieces, int n_p
         to[k] = ids[0];
         er_free(ids);
     }
-    ModelConfig c = helper_tiny_config(tok_vocab_size(tok), 1024);
+    ModelConfig c = helper_tiny_config(tok_vocab_size(tok), 4096); // room for the tools' system text
     tok_free(tok);
     c.tied = 0;
     Model m;
@@ -1971,5 +1971,204 @@ Test(server, embeddings_over_http, .timeout = 120) {
     free(want);
     er_session_free(s);
     er_model_free(m);
+    server_stop(&t);
+}
+
+// ---- the memory (erinfer serve --memory) ----
+
+// The server's memory tools as ServeLimits.memory_tools holds them (names are what the parser checks).
+#define MEMORY_TOOLS "[{\"type\": \"function\", \"function\": {\"name\": \"memory_search\"}}, {\"type\": \"function\", " \
+                     "\"function\": {\"name\": \"memory_add\"}}]"
+
+#define MEM_MSG "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+
+static int parse_with(const ServeLimits *lim, const char *body, ServeRequest *r, char *param, size_t cap) {
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), ER_OK, "%s", er_last_error());
+    ServeError e;
+    int rc = serve_parse_request(body, strlen(body), 1, CHAT_QWEN25, tok, lim, r, &e);
+    snprintf(param, cap, "%s", rc < 0 ? e.param : "");
+    tok_free(tok);
+    return rc;
+}
+
+// "memory" is refused by a server without a store and checked field by field by one with it; the memory tools
+// are announced for one sample with tool_choice "auto" (not for n > 1, "none", or "memory": {"tools": false}),
+// a client's tool may not take their names, and the recalled block follows the system text.
+Test(server, memory_options_and_the_tools_offered) {
+    cJSON *tools = cJSON_Parse(MEMORY_TOOLS);
+    ServeLimits with = test_limits;
+    with.memory_tools = tools;
+    ServeRequest r;
+    char param[80];
+    static const struct {
+        const char *rest;
+        int memory; // the server has a store
+    } refused[] = {{"\"memory\": {\"save\": true}", 0},        {"\"memory\": {\"save\": 1}", 1},
+                   {"\"memory\": {\"forget\": true}", 1},      {"\"memory\": true", 1},
+                   {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"memory_add\"}}]", 1}};
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        char body[512];
+        snprintf(body, sizeof body, MEM_MSG "%s}", refused[i].rest);
+        cr_expect_lt(parse_with(refused[i].memory ? &with : &test_limits, body, &r, param, sizeof param), 0, "%s",
+                     body);
+        cr_expect(strcmp(param, "memory") == 0 || strcmp(param, "tools") == 0, "%s: param %s", body, param);
+    }
+    static const struct {
+        const char *rest;
+        int offered, recall, save;
+    } cases[] = {{"\"n\": 1", 1, 1, 0},
+                 {"\"n\": 2", 0, 1, 0},
+                 {"\"tool_choice\": \"none\", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", 0,
+                  1, 0},
+                 {"\"memory\": {\"tools\": false, \"save\": true}", 0, 1, 1},
+                 {"\"memory\": {\"recall\": false}", 1, 0, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char body[512];
+        snprintf(body, sizeof body, MEM_MSG "%s}", cases[i].rest);
+        cr_assert_eq(parse_with(&with, body, &r, param, sizeof param), 0, "%s: %s", body, param);
+        cr_expect_eq(r.memory_tools, cases[i].offered, "%s", body);
+        cr_expect_eq(strstr(r.prompt, "\"memory_search\"") != NULL, cases[i].offered, "%s: %s", body, r.prompt);
+        cr_expect_eq(r.tools, cases[i].offered, "%s", body);
+        cr_expect_eq(r.memory_recall, cases[i].recall, "%s", body);
+        cr_expect_eq(r.memory_save, cases[i].save, "%s", body);
+        serve_request_free(&r);
+    }
+    // Without a store nothing is offered.
+    cr_assert_eq(parse_with(&test_limits, MEM_MSG "\"n\": 1}", &r, param, sizeof param), 0);
+    cr_expect(!r.memory_tools && !r.memory_recall && !strstr(r.prompt, "memory_search"));
+    serve_request_free(&r);
+    // The recalled block goes after the request's system text, in the system turn that announces the tools.
+    const char *body = "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+                       "\"content\": \"hi\"}]}";
+    cr_assert_eq(parse_with(&with, body, &r, param, sizeof param), 0);
+    int before = r.prompt_tokens;
+    r.memory_block = er_strdup("# Memory\n[3] tea");
+    Tokenizer *tok;
+    cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), ER_OK);
+    ServeError e;
+    cr_assert_eq(serve_render(&r, CHAT_QWEN25, tok, &with, &e), 0, "%s", e.message);
+    cr_expect(strncmp(r.prompt, "<|im_start|>system\nBe brief.\n\n# Memory\n[3] tea\n\n# Tools", 53) == 0, "%s",
+              r.prompt);
+    cr_expect_gt(r.prompt_tokens, before);
+    tok_free(tok);
+    serve_request_free(&r);
+    cJSON_Delete(tools);
+}
+
+#define MEMORY_SEARCH_CALL "{\"name\": \"memory_search\", \"arguments\": {\"query\": \"glassblower\", \"k\": 2}}"
+#define MEMORY_ADD_CALL "{\"name\": \"memory_add\", \"arguments\": {\"text\": \"The user drinks green tea.\"}}"
+
+// Models whose every chat answer is one call of a memory tool (as make_tool_model's is of add).
+static void make_call_model(const char *dir, const char *call) {
+    const char *pieces[] = {"<tool_call>", call, "</tool_call>"};
+    const ChainEdge edges[] = {{"<|im_start|>assistant\n", "<tool_call>"}, {"<tool_call>", call},
+                               {call, "</tool_call>"}, {"</tool_call>", "<|im_end|>"}};
+    make_chain_model(dir, pieces, 3, edges, 4);
+}
+
+// A server on a model that always calls `call`, with a memory store of three notes (text only).
+static void memory_server(TestServer *t, const char *call, const char *flags, char *db, size_t cap) {
+    helper_fixture_open(&t->fx, "er_serve_mem_", "erinfer");
+    helper_need_program(t->fx.prog, "erinfer", "the erinfer serve memory tests");
+    need_serve(t->fx.prog);
+    char model[600], args[1600], cmd[1400];
+    snprintf(model, sizeof model, "%s/callmodel", t->fx.tmp);
+    make_call_model(model, call);
+    snprintf(db, cap, "%s/memory.db", t->fx.tmp);
+    const char *notes[] = {"Zorblat Quenn works as a glassblower in Veltrin.", "The wifi password is tangerine42.",
+                           "Mira keeps a glassblower pipe on the shelf."};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' memory add --db '%s' --text '%s' >/dev/null", t->fx.prog, db, notes[i]);
+        cr_assert_eq(system(cmd), 0, "%s", cmd);
+    }
+    snprintf(args, sizeof args, "--model '%s' --max-tokens 64 --context 4096 --memory '%s' %s", model, db, flags);
+    server_launch(t, args);
+}
+
+// The model calls memory_search each round: the server runs it (BM25 finds the two glassblower notes), feeds the
+// results back and, after --memory-rounds 2, withdraws the tools, so the third round's call is the answer's text.
+// The rounds are in erinfer.memory, the same streamed and not; usage counts every round's tokens.
+Test(server, memory_tools_run_by_the_server, .timeout = 120) {
+    TestServer t;
+    char db[600];
+    memory_server(&t, MEMORY_SEARCH_CALL, "--memory-rounds 2", db, sizeof db);
+    char *s = post_both(&t, "}");
+    cr_expect_str_eq(s, "stop\n<tool_call>" MEMORY_SEARCH_CALL "</tool_call>\n");
+    er_free(s);
+    for (int stream = 0; stream < 2; stream++) {
+        char *out = server_post(&t, stream ? CHOICE_USER ", \"max_tokens\": 24, \"stream\": true}"
+                                           : CHOICE_USER ", \"max_tokens\": 24}");
+        cJSON *x = reply_extension(out, stream);
+        const cJSON *rounds = field(field(x, "memory"), "tool_rounds"), *round;
+        cr_assert_eq(cJSON_GetArraySize(rounds), 2, "%s", out);
+        cJSON_ArrayForEach(round, rounds) {
+            const cJSON *call = cJSON_GetArrayItem(field(round, "tool_calls"), 0);
+            cr_expect_str_eq(field(call, "name")->valuestring, "memory_search");
+            cr_expect_str_eq(field(call, "arguments")->valuestring, "{\"query\":\"glassblower\",\"k\":2}");
+            cJSON *res = cJSON_Parse(cJSON_GetArrayItem(field(round, "results"), 0)->valuestring);
+            const cJSON *hits = field(res, "results");
+            cr_expect_eq(cJSON_GetArraySize(hits), 2, "%s", out);
+            cJSON *h;
+            cJSON_ArrayForEach(h, (cJSON *)hits) cr_expect(strstr(field(h, "text")->valuestring, "glassblower"));
+            cJSON_Delete(res);
+        }
+        cJSON_Delete(x);
+        if (!stream) {
+            cJSON *j = cJSON_Parse(out);
+            int done = (int)field(field(j, "usage"), "completion_tokens")->valuedouble;
+            cr_expect_eq(done, 3 * 4, "three rounds of <tool_call> call </tool_call> <|im_end|>: %s", out);
+            cJSON_Delete(j);
+        }
+        free(out);
+    }
+    // "memory": {"tools": false}: no round, the call is the answer's text at once.
+    char *out = server_post(&t, CHOICE_USER ", \"max_tokens\": 24, \"memory\": {\"tools\": false}}");
+    cJSON *x = reply_extension(out, 0);
+    cr_expect(!cJSON_GetObjectItemCaseSensitive(x, "memory"), "no round and nothing recalled for \"4 + 9?\": %s",
+              out);
+    cJSON_Delete(x);
+    free(out);
+    server_stop(&t);
+}
+
+// The number of entries erinfer memory list prints for db (one JSON line each), and whether one holds `text` (as
+// JSON escapes it).
+static int memory_entries(const TestServer *t, const char *db, const char *text, int *found) {
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "'%s' memory list --db '%s' --json", t->fx.prog, db);
+    int st, n = 0;
+    char *out = run_capture(cmd, &st);
+    cr_assert_eq(st, 0, "%s", out);
+    for (const char *p = out; *p; p++)
+        n += *p == '\n';
+    *found = strstr(out, text) != NULL;
+    free(out);
+    return n;
+}
+
+// memory_add stores the model's note; "memory": {"save": true} stores the conversation with its answer, the
+// recall puts the notes the user's message matches into the prompt, and both ids are in erinfer.memory.
+Test(server, memory_add_and_saving_a_conversation, .timeout = 120) {
+    TestServer t;
+    char db[600];
+    memory_server(&t, MEMORY_ADD_CALL, "--memory-rounds 1", db, sizeof db);
+    char *out = server_post(&t, "{\"messages\": [{\"role\": \"user\", \"content\": \"Which glassblower?\"}], "
+                                "\"max_tokens\": 24, \"memory\": {\"save\": true}}");
+    cJSON *x = reply_extension(out, 0);
+    const cJSON *mem = field(x, "memory");
+    cr_expect_eq(cJSON_GetArraySize(field(mem, "recalled")), 2, "the two glassblower notes: %s", out);
+    cr_expect_eq(cJSON_GetArraySize(field(mem, "tool_rounds")), 1, "%s", out);
+    cr_assert(cJSON_IsNumber(field(mem, "saved")), "%s", out);
+    int saved = (int)field(mem, "saved")->valuedouble;
+    cJSON_Delete(x);
+    free(out);
+    int found;
+    cr_expect_eq(memory_entries(&t, db, "The user drinks green tea.", &found), 5, "3 notes, the model's, the chat");
+    cr_expect(found, "the model's memory_add is not in the store");
+    char want[128];
+    snprintf(want, sizeof want, "{\"id\":%d,\"text\":\"user: Which glassblower?\\nassistant: <tool_call>", saved);
+    memory_entries(&t, db, want, &found);
+    cr_expect(found, "the saved conversation is not in the store");
     server_stop(&t);
 }
