@@ -763,9 +763,10 @@ Test(synth, memory_dir_reads_back) {
     size_t len;
     cr_assert_eq(file_read_all(fpath, 1 << 24, &text, &len), ER_OK, "%s", er_last_error());
     cJSON *facts[60] = {0};
-    char *line = text, *save = NULL;
-    for (int i = 0; (line = strtok_r(i ? NULL : text, "\n", &save)); i++) {
-        cr_assert_lt(i, n);
+    char *line, *save = NULL;
+    int lines = 0;
+    for (; (line = strtok_r(lines ? NULL : text, "\n", &save)); lines++) {
+        cr_assert_lt(lines, n);
         cJSON *o = cJSON_Parse(line), *m = cJSON_GetObjectItem(o, "metadata");
         cr_assert(cJSON_IsString(cJSON_GetObjectItem(o, "text")) && cJSON_IsObject(m), "%s", line);
         cr_assert(cJSON_IsString(cJSON_GetObjectItem(m, "entity")), "%s", line);
@@ -774,12 +775,12 @@ Test(synth, memory_dir_reads_back) {
         cr_assert(cJSON_IsNumber(id) && id->valueint >= 0 && id->valueint < n && !facts[id->valueint], "%s", line);
         facts[id->valueint] = o;
     }
-    cJSON *q = NULL;
+    cr_assert_eq(lines, n);
     char *qtext;
     cr_assert_eq(file_read_all(qpath, 1 << 24, &qtext, &len), ER_OK);
     save = NULL;
     for (int i = 0; (line = strtok_r(i ? NULL : qtext, "\n", &save)); i++) {
-        q = cJSON_Parse(line);
+        cJSON *q = cJSON_Parse(line);
         cJSON *id = cJSON_GetObjectItem(q, "fact");
         cr_assert(cJSON_IsNumber(id) && id->valueint >= 0 && id->valueint < n && facts[id->valueint],
                   "question %d names no fact: %s", i, line);
