@@ -503,6 +503,12 @@ paper:
 	$(MAKE) -j$(NPROC) all
 	QUICK=$(QUICK) bash scripts/paper.sh
 
+# erinfer memory's recall@5 on the synthetic memory task, BM25 / vectors / fused, with the tiny base's embeddings
+# (scripts/memory_recall.sh; N=, SEED=, MODEL= pass through; about 10 s on 2 cores; docs/memory.md).
+.PHONY: memory-recall
+memory-recall: $(BUILD)/ertrain $(BUILD)/erinfer
+	BUILD=$(BUILD) PY=$(PY) bash scripts/memory_recall.sh
+
 clean:
 	rm -rf build
 

@@ -580,3 +580,243 @@ int guess_write_jsonl(const GuessConfig *c, long n, uint64_t seed, const char *p
     ER_TRY(guess_config_check(c));
     return synth_write_jsonl(guess_generate_any, c, 1, n, seed, path, tok, stats);
 }
+
+// ---- the memory task: facts about made-up people and questions that paraphrase them ----
+
+// An attribute: its values (words, or a number in lo..hi when words is NULL), the fact sentences that tell it and the
+// questions that ask for it. Placeholders: {n} the person's name, {v} the value, {a} "a" or "an" before the value.
+// No word of four letters or more in a fact template is in any question template of the same attribute (the test
+// checks it on generated pairs), so the question matches its fact by the name alone, never by the attribute's words.
+typedef struct {
+    const char *name;
+    const char *const *words;
+    int lo, hi;
+    const char *facts[3];     // NULL-terminated
+    const char *questions[5]; // NULL-terminated
+} MemAttr;
+
+static const char *const mv_job[] = {"glassblower", "beekeeper", "carpenter", "cartographer", "locksmith", "tailor",
+                                     "potter", "baker", "surveyor", "blacksmith", "florist", "astronomer", NULL};
+static const char *const mv_city[] = {"Veltrin", "Oskaro", "Brindmere", "Calvask", "Duneth", "Farrowgate",
+                                      "Istremo", "Kolvane", "Marrowick", "Pellinor", "Quessary", "Thornvale", NULL};
+static const char *const mv_pet[] = {"ferret", "parrot", "tortoise", "hamster", "iguana", "goldfish",
+                                     "rabbit", "beagle", "canary", "hedgehog", "gecko", "poodle", NULL};
+static const char *const mv_colour[] = {"teal", "crimson", "amber", "violet", "indigo", "ochre",
+                                        "scarlet", "turquoise", "maroon", "lavender", "olive", "magenta", NULL};
+static const char *const mv_instrument[] = {"cello", "oboe", "harp", "banjo", "flute", "tuba", "violin",
+                                            "clarinet", "accordion", "trombone", "harmonica", "bagpipes", NULL};
+static const char *const mv_food[] = {"dumplings", "lasagna", "paella", "pancakes", "risotto", "curry",
+                                      "sushi", "goulash", "porridge", "tacos", "ramen", "falafel", NULL};
+static const char *const mv_sport[] = {"rowing", "fencing", "archery", "curling", "badminton", "judo",
+                                       "lacrosse", "cricket", "squash", "polo", "hockey", "karate", NULL};
+static const char *const mv_language[] = {"Norvish", "Keldari", "Ossetran", "Vaellic", "Durmish", "Pallanese",
+                                          "Tirrish", "Quenyari", "Ambrian", "Solvene", "Gharic", "Yennish", NULL};
+
+static const MemAttr mem_attrs[MEMORY_TASK_NATTRS] = {
+    {"job", mv_job, 0, 0, {"{n} works as {a} {v}.", "{n} is employed as {a} {v}."},
+     {"What is {n}'s job?", "What does {n} do for a living?", "What is {n}'s occupation?",
+      "Which profession does {n} have?"}},
+    {"city", mv_city, 0, 0, {"{n} lives in {v}.", "{n} has settled in {v}."},
+     {"Which town is {n}'s home?", "Where is {n} based?", "In which city does {n} reside?",
+      "What place does {n} call home?"}},
+    {"pet", mv_pet, 0, 0, {"{n} has a pet {v}.", "{n} owns {a} {v}."},
+     {"What animal does {n} keep?", "Which creature lives with {n}?", "What kind of animal is {n}'s companion?"}},
+    {"colour", mv_colour, 0, 0, {"{n}'s favourite colour is {v}.", "The colour {n} loves most is {v}."},
+     {"Which hue does {n} prefer?", "What shade does {n} like best?", "What is {n}'s preferred tint?"}},
+    {"age", NULL, 19, 88, {"{n} is {v} years old.", "{n} has lived for {v} years."},
+     {"What is {n}'s age?", "What age has {n} reached?", "Tell me the age of {n}."}},
+    {"lucky_number", NULL, 2, 99, {"{n}'s lucky number is {v}.", "For {n}, {v} is the luckiest number."},
+     {"What figure does {n} believe brings good fortune?", "Which integer does {n} think is fortunate?",
+      "What is the fortunate figure of {n}?"}},
+    {"instrument", mv_instrument, 0, 0, {"{n} plays the {v}.", "{n} practises the {v} every evening."},
+     {"Which musical instrument does {n} know?", "What instrument can {n} perform on?",
+      "What does {n} make music with?"}},
+    {"food", mv_food, 0, 0, {"{n}'s favourite dish is {v}.", "{n} could eat {v} every day."},
+     {"What meal does {n} enjoy most?", "Which food makes {n} happiest?", "What does {n} like to have for dinner?"}},
+    {"sport", mv_sport, 0, 0, {"{n} competes in {v}.", "{n} trains for {v} tournaments."},
+     {"Which sport does {n} play?", "What game is {n} good at?", "In what athletic pursuit does {n} take part?"}},
+    {"language", mv_language, 0, 0, {"{n} speaks {v} fluently.", "{n} grew up talking {v}."},
+     {"Which language does {n} know?", "What tongue does {n} converse in?", "In which language does {n} chat?"}},
+};
+
+// A name word is a syllable of each list: 20 x 20 = 400 words, and a name two of them (MEMORY_TASK_MAX_ENTITIES).
+static const char *const name_head[20] = {"zor", "quen", "vel", "mar", "tik", "bro", "sel", "dag", "fen", "lor",
+                                          "nim", "pra", "rud", "kas", "hol", "wex", "gim", "tor", "yal", "jun"};
+static const char *const name_tail[20] = {"vin", "bim", "dra", "vos", "mel", "tun", "rik", "sha", "gal", "pod",
+                                          "wen", "zim", "rax", "lun", "fer", "ost", "kel", "bix", "dor", "ath"};
+#define NAME_WORDS 400
+
+static int count_null_terminated(const char *const *p) {
+    int n = 0;
+    while (p[n])
+        n++;
+    return n;
+}
+
+void memory_task_config_default(MemoryTaskConfig *c) { c->facts_per_entity = 8; }
+
+int memory_task_config_check(const MemoryTaskConfig *c) {
+    if (c->facts_per_entity < 1 || c->facts_per_entity > MEMORY_TASK_NATTRS)
+        return er_error(ER_ERANGE, "memory: facts per person %d must be in 1..%d (the attributes there are)",
+                        c->facts_per_entity, MEMORY_TASK_NATTRS);
+    return ER_OK;
+}
+
+void memory_fact_free(MemoryFact *f) {
+    er_free(f->entity);
+    er_free(f->text);
+    er_free(f->question);
+    er_free(f->answer);
+    memset(f, 0, sizeof *f);
+}
+
+// Person e's name: e through a keyed permutation of the 400 x 400 name pairs (a four-round Feistel network on
+// Z_400 x Z_400, each round (l, r) -> (r, l + F(r) mod 400), a bijection whatever F is), so every person of a seed
+// has a name of their own while person e's name depends only on (seed, e).
+static void put_name(StrBuf *b, const ErRng *key, uint64_t e) {
+    uint32_t l = (uint32_t)(e / NAME_WORDS), r = (uint32_t)(e % NAME_WORDS);
+    for (uint64_t round = 0; round < 4; round++) {
+        ErRng f;
+        rng_fork(&f, key, round * NAME_WORDS + r);
+        uint32_t t = (l + rng_below(&f, NAME_WORDS)) % NAME_WORDS;
+        l = r, r = t;
+    }
+    uint32_t words[2] = {l, r};
+    for (int w = 0; w < 2; w++) {
+        char word[16];
+        snprintf(word, sizeof word, "%s%s", name_head[words[w] / 20], name_tail[words[w] % 20]);
+        word[0] = (char)(word[0] - 'a' + 'A');
+        if (w)
+            strbuf_puts(b, " ");
+        strbuf_puts(b, word);
+    }
+}
+
+static void put_template(StrBuf *b, const char *t, const char *name, const char *value) {
+    for (; *t; t++) {
+        if (t[0] == '{' && t[1] && t[2] == '}') {
+            const char *a = strchr("aeiouAEIOU", value[0]) ? "an" : "a";
+            strbuf_puts(b, t[1] == 'n' ? name : t[1] == 'v' ? value : a);
+            t += 2;
+        } else {
+            strbuf_put(b, t, 1);
+        }
+    }
+}
+
+int memory_task_generate(const MemoryTaskConfig *c, uint64_t seed, uint64_t index, MemoryFact *f) {
+    memset(f, 0, sizeof *f);
+    ER_TRY(memory_task_config_check(c));
+    uint64_t e = index / (uint64_t)c->facts_per_entity;
+    if (e >= MEMORY_TASK_MAX_ENTITIES)
+        return er_error(ER_ERANGE, "memory: fact %llu would be about person %llu, past the %d distinct names",
+                        (unsigned long long)index, (unsigned long long)e, MEMORY_TASK_MAX_ENTITIES);
+    // Three streams: the names' key, the people (their attributes and values), the facts (their phrasings).
+    ErRng base, names, people, facts, person, rng;
+    rng_seed(&base, seed);
+    rng_fork(&names, &base, 0);
+    rng_fork(&people, &base, 1);
+    rng_fork(&facts, &base, 2);
+    rng_fork(&person, &people, e);
+    rng_fork(&rng, &facts, index);
+
+    // The person's attributes in a random order (facts e * fpe .. are the first fpe of it), and a value for each.
+    int order[MEMORY_TASK_NATTRS], value[MEMORY_TASK_NATTRS];
+    for (int a = 0; a < MEMORY_TASK_NATTRS; a++)
+        order[a] = a;
+    for (int a = MEMORY_TASK_NATTRS - 1; a > 0; a--) {
+        int j = (int)rng_below(&person, (uint32_t)a + 1), t = order[a];
+        order[a] = order[j], order[j] = t;
+    }
+    for (int a = 0; a < MEMORY_TASK_NATTRS; a++) {
+        const MemAttr *at = &mem_attrs[a];
+        int n = at->words ? count_null_terminated(at->words) : at->hi - at->lo + 1;
+        value[a] = (at->words ? 0 : at->lo) + (int)rng_below(&person, (uint32_t)n);
+    }
+    int a = order[index % (uint64_t)c->facts_per_entity];
+    const MemAttr *at = &mem_attrs[a];
+    char num[16];
+    snprintf(num, sizeof num, "%d", value[a]);
+    const char *v = at->words ? at->words[value[a]] : num;
+
+    StrBuf name = {0}, text = {0}, question = {0}, answer = {0};
+    put_name(&name, &names, e);
+    const char *nm = name.p ? name.p : "";
+    put_template(&text, at->facts[rng_below(&rng, (uint32_t)count_null_terminated(at->facts))], nm, v);
+    put_template(&question, at->questions[rng_below(&rng, (uint32_t)count_null_terminated(at->questions))], nm, v);
+    strbuf_puts(&answer, v);
+    f->entity = name.p, f->text = text.p, f->question = question.p, f->answer = answer.p;
+    f->attribute = at->name;
+    if (name.oom || text.oom || question.oom || answer.oom) {
+        memory_fact_free(f);
+        return er_error(ER_ENOMEM, "memory: out of memory generating fact %llu", (unsigned long long)index);
+    }
+    return ER_OK;
+}
+
+// Fact i's two JSONL lines: its store entry and its question.
+static int memory_fact_lines(const MemoryFact *f, long i, char **fact_line, char **question_line) {
+    *fact_line = *question_line = NULL;
+    cJSON *o = cJSON_CreateObject(), *q = cJSON_CreateObject(), *m = cJSON_CreateObject();
+    int ok = o && q && m && cJSON_AddStringToObject(o, "text", f->text) &&
+             cJSON_AddStringToObject(m, "entity", f->entity) && cJSON_AddStringToObject(m, "attribute", f->attribute) &&
+             cJSON_AddNumberToObject(m, "fact", (double)i) && cJSON_AddItemToObject(o, "metadata", m);
+    if (ok)
+        m = NULL; // o owns it now
+    ok = ok && cJSON_AddStringToObject(q, "problem", f->question) && cJSON_AddStringToObject(q, "answer", f->answer) &&
+         cJSON_AddNumberToObject(q, "fact", (double)i) && cJSON_AddStringToObject(q, "attribute", f->attribute);
+    if (ok && (*fact_line = cJSON_PrintUnformatted(o)) && !(*question_line = cJSON_PrintUnformatted(q))) {
+        cJSON_free(*fact_line);
+        *fact_line = NULL;
+    }
+    cJSON_Delete(o), cJSON_Delete(q), cJSON_Delete(m);
+    return *fact_line ? ER_OK : er_error(ER_ENOMEM, "memory: out of memory formatting fact %ld", i);
+}
+
+static int put_line(AtomicFile *af, const char *line) {
+    if (fputs(line, af->fp) == EOF || fputc('\n', af->fp) == EOF)
+        return er_error(ER_EIO, "%s: write failed", af->path);
+    return ER_OK;
+}
+
+int memory_task_write_dir(const MemoryTaskConfig *c, long n, uint64_t seed, const char *dir) {
+    ER_TRY(memory_task_config_check(c));
+    if (n < 1)
+        return er_error(ER_ERANGE, "memory: number of facts must be >= 1 (got %ld)", n);
+    if ((n - 1) / c->facts_per_entity >= MEMORY_TASK_MAX_ENTITIES)
+        return er_error(ER_ERANGE, "memory: %ld facts at %d per person need more than the %d distinct names", n,
+                        c->facts_per_entity, MEMORY_TASK_MAX_ENTITIES);
+    // Both files are written into a staging dir beside dir and moved in together once whole.
+    char *stage = NULL, *fact_path = NULL, *question_path = NULL, *fl = NULL, *ql = NULL;
+    AtomicFile facts = {0}, questions = {0};
+    MemoryFact f = {0};
+    int rc = ER_OK;
+    ER_CHECK(dir_stage_open(dir, &stage));
+    fact_path = path_join(stage, "facts.jsonl");
+    question_path = path_join(stage, "questions.jsonl");
+    if (!fact_path || !question_path)
+        ER_CHECK(er_error(ER_ENOMEM, "out of memory"));
+    ER_CHECK(atomic_open(&facts, fact_path));
+    ER_CHECK(atomic_open(&questions, question_path));
+    for (long i = 0; i < n; i++) {
+        ER_CHECK(memory_task_generate(c, seed, (uint64_t)i, &f));
+        ER_CHECK(memory_fact_lines(&f, i, &fl, &ql));
+        ER_CHECK(put_line(&facts, fl));
+        ER_CHECK(put_line(&questions, ql));
+        cJSON_free(fl), cJSON_free(ql);
+        fl = ql = NULL;
+        memory_fact_free(&f);
+    }
+    ER_CHECK(atomic_commit(&facts)); // a committed (or never opened) AtomicFile is zeroed: its abort is a no-op
+    ER_CHECK(atomic_commit(&questions));
+    rc = dir_stage_move_into(stage, dir);
+    stage = NULL;
+done:
+    atomic_abort(&facts);
+    atomic_abort(&questions);
+    cJSON_free(fl), cJSON_free(ql);
+    memory_fact_free(&f);
+    dir_stage_abort(stage);
+    er_free(fact_path), er_free(question_path);
+    return rc;
+}

@@ -29,6 +29,19 @@
 // `steps` is the number of tries in the trace.
 //
 // Example i depends only on (seed, i, config), not on how many are generated.
+//
+// "memory" is a retrieval task, not a reasoning one: facts about made-up people for erinfer memory's store and one
+// question per fact that paraphrases it, to measure whether a search finds the fact (recall@k; scripts/
+// memory_recall.sh). A fact tells one attribute of one person:
+//     fact      "Zorvin Quenbim works as a glassblower."
+//     question  "What does Zorvin Quenbim do for a living?"   answer "glassblower"
+// The names are built from syllables (two words, each unique to its person: no knowledge of the world helps), and
+// each person has facts_per_entity of the ten attributes (job, city, pet, colour, age, lucky number, instrument,
+// food, sport, language), so the name alone leaves several candidates: with more than k facts per person a search
+// that matches only the name misses at k. A question names the person but says its attribute in other words than
+// the fact (no word of four letters or more of the fact but the name is in its question), in one of several
+// phrasings drawn from the seeded RNG. Answers are one word or number. Fact i is about person i / facts_per_entity
+// and depends only on (seed, i, config).
 #ifndef DATA_SYNTH_H
 #define DATA_SYNTH_H
 
@@ -78,6 +91,32 @@ int chains_generate(const ChainsConfig *c, uint64_t seed, uint64_t index, SynthE
 void guess_config_default(GuessConfig *c); // x 1..12, factor 2..5, offset 0..9, 3 tries
 int guess_config_check(const GuessConfig *c);
 int guess_generate(const GuessConfig *c, uint64_t seed, uint64_t index, SynthExample *ex);
+
+#define MEMORY_TASK_NATTRS 10
+#define MEMORY_TASK_MAX_ENTITIES 160000 // distinct names: 400 first words x 400 last words
+
+typedef struct {
+    int facts_per_entity; // distinct attributes told about each person, 1..MEMORY_TASK_NATTRS
+} MemoryTaskConfig;
+
+// One fact and its question. attribute is static ("job", "city", ...); the rest is owned: memory_fact_free.
+typedef struct {
+    char *entity;          // "Zorvin Quenbim"
+    const char *attribute;
+    char *text;            // the fact sentence
+    char *question;        // a paraphrase asking for the attribute
+    char *answer;          // one word or number, in text and not in question
+} MemoryFact;
+
+void memory_task_config_default(MemoryTaskConfig *c); // 8 facts per person
+int memory_task_config_check(const MemoryTaskConfig *c);
+int memory_task_generate(const MemoryTaskConfig *c, uint64_t seed, uint64_t index, MemoryFact *f);
+void memory_fact_free(MemoryFact *f);
+// Writes n facts into dir (made when missing; both files appear together, an older pair is replaced):
+//   facts.jsonl      {"text", "metadata": {"entity", "attribute", "fact"}}   erinfer memory import's records
+//   questions.jsonl  {"problem", "answer", "fact", "attribute"}              a dataset (data/dataset.h) for eval
+// with "fact" the fact's index i, 0-based, in both.
+int memory_task_write_dir(const MemoryTaskConfig *c, long n, uint64_t seed, const char *dir);
 
 void synth_example_free(SynthExample *ex);
 const char *synth_completion(const SynthExample *ex, SynthStyle style);

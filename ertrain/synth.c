@@ -1,6 +1,6 @@
 // ertrain synth: synthetic datasets (data/synth.h). `ertrain synth chains` writes the chained-arithmetic
 // benchmark, `ertrain synth guess` the guess-and-check one, as JSONL, and prints the mean completion lengths per
-// style.
+// style; `ertrain synth memory` writes the memory store's retrieval task (facts and questions) into a dir.
 #include <stdio.h>
 #include <string.h>
 
@@ -106,17 +106,50 @@ static int synth_guess(int argc, char **argv) {
     return 0;
 }
 
+// `ertrain synth memory`: facts and questions into a dir, not records into a file, so its own flags and report.
+static int synth_memory(int argc, char **argv) {
+    MemoryTaskConfig c;
+    memory_task_config_default(&c);
+    int n = 0, seed = 0;
+    const char *out = NULL;
+    const ArgSpec specs[] = {
+        {"n", ARG_INT, &n, "number of facts (and of questions, one per fact)", 1, 1, 100000000},
+        {"seed", ARG_INT, &seed, "RNG seed (fact i depends only on seed, i and --facts-per-entity)", 0, 0, 0},
+        {"out", ARG_STR, &out, "output dir (made when missing): facts.jsonl and questions.jsonl, written together", 1,
+         0, 0},
+        {"facts-per-entity", ARG_INT, &c.facts_per_entity,
+         "facts about each made-up person, each of another attribute (more than a search's k: the name alone does "
+         "not find the fact)", 0, 1, MEMORY_TASK_NATTRS},
+    };
+    int rc = args_parse(argc, argv, specs, (int)(sizeof specs / sizeof specs[0]),
+                        "ertrain synth memory --n N --out DIR [--seed S] [--facts-per-entity 8]\n"
+                        "  facts.jsonl: erinfer memory import's records; questions.jsonl: one paraphrasing question "
+                        "per fact,\n  {problem, answer, fact}, an eval dataset");
+    if (rc == ARGS_HELP)
+        return 0;
+    if (rc < 0 || memory_task_write_dir(&c, n, (uint64_t)(unsigned)seed, out) < 0)
+        return cli_fail("synth memory");
+    long people = (n + c.facts_per_entity - 1) / c.facts_per_entity;
+    int dl = path_dir_len(out);
+    printf("wrote %d facts about %ld made-up people (%d each) to %.*s/facts.jsonl and their questions to "
+           "%.*s/questions.jsonl\n", n, people, c.facts_per_entity, dl, out, dl, out);
+    return 0;
+}
+
 int cmd_synth(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "chains") == 0)
         return synth_chains(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "guess") == 0)
         return synth_guess(argc - 1, argv + 1);
+    if (argc >= 2 && strcmp(argv[1], "memory") == 0)
+        return synth_memory(argc - 1, argv + 1);
     if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         printf("usage: ertrain synth <task> [flags]   (ertrain synth <task> --help for its flags)\n\ntasks:\n"
                "  chains       chained integer arithmetic (direct / terse / concise / verbose completions)\n"
-               "  guess        guess and check: try candidates for x in x * a + b = c until one holds\n");
+               "  guess        guess and check: try candidates for x in x * a + b = c until one holds\n"
+               "  memory       facts about made-up people and questions that paraphrase them (retrieval recall)\n");
         return 0;
     }
-    er_error(ER_EINVAL, "expected a task (chains or guess), got \"%s\"", argc >= 2 ? argv[1] : "nothing");
+    er_error(ER_EINVAL, "expected a task (chains, guess or memory), got \"%s\"", argc >= 2 ? argv[1] : "nothing");
     return cli_fail("synth");
 }

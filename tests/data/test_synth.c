@@ -1,7 +1,8 @@
 // The "chains" benchmark: arithmetic recomputed from the problem text, ranges, determinism, the
 // four completion styles (they grade correct, terse lists the running values, verbose >= 2.5x concise in
 // characters and in tiny-tokenizer tokens), JSONL output read back by data/dataset, and the tiny tokenizer
-// itself.
+// itself. The "memory" task: facts and questions that paraphrase them, names unique, the dir read back, and
+// `ertrain synth memory`'s errors.
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <ctype.h>
@@ -19,6 +20,7 @@
 #include "data/grade.h"
 #include "data/synth.h"
 #include "data/tokenizer.h"
+#include "tests/common/helpers.h"
 
 #define TINY_TOKENIZER "data/tiny_tokenizer/tokenizer.json"
 
@@ -595,4 +597,245 @@ Test(synth, guess_jsonl_reads_back_as_reasoning_records) {
     }
     dataset_free(&d);
     unlink(path);
+}
+
+// ---- the memory task ----
+
+// 1 when word occurs in text as a whole word (not inside a longer run of letters and digits), case-insensitively.
+static int has_word(const char *text, const char *word) {
+    size_t n = strlen(word);
+    for (const char *p = text; *p; p++)
+        if (strncasecmp(p, word, n) == 0 && (p == text || !isalnum((unsigned char)p[-1])) && !isalnum((unsigned char)p[n]))
+            return 1;
+    return 0;
+}
+
+// The fact's words of four letters or more that are not the person's name, each in the question: none may be.
+static void check_paraphrase(const MemoryFact *f) {
+    for (const char *p = f->text; *p;) {
+        size_t n = 0;
+        while (isalnum((unsigned char)p[n]))
+            n++;
+        if (n >= 4) {
+            char w[64];
+            snprintf(w, sizeof w, "%.*s", (int)n, p);
+            cr_assert(has_word(f->entity, w) || !has_word(f->question, w),
+                      "the question \"%s\" shares \"%s\" with its fact \"%s\"", f->question, w, f->text);
+        }
+        p += n ? n : 1;
+    }
+}
+
+static void check_fact(const MemoryFact *f) {
+    cr_assert(f->entity && f->text && f->question && f->answer && f->attribute);
+    cr_assert(has_word(f->text, f->answer), "answer \"%s\" not in its fact \"%s\"", f->answer, f->text);
+    cr_assert(!has_word(f->question, f->answer), "the question \"%s\" gives away \"%s\"", f->question, f->answer);
+    cr_assert(strstr(f->text, f->entity) && strstr(f->question, f->entity), "%s / %s", f->text, f->question);
+    cr_assert(!strstr(f->question, f->text), "the question holds its fact verbatim: %s", f->question);
+    check_paraphrase(f);
+    // One word or number, which the grader reads back from an "Answer:" line.
+    for (const char *p = f->answer; *p; p++)
+        cr_assert(isalnum((unsigned char)*p), "answer \"%s\" is not one word", f->answer);
+    char resp[128];
+    snprintf(resp, sizeof resp, "Answer: %s", f->answer);
+    cr_assert_eq(grade_response(resp, -1, 0, f->answer, NULL), 1, "%s", f->answer);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// The phrasing t was drawn from: t with the person's name as {n} and the answer as {v}. Added to shapes (n of them)
+// when new.
+static void add_shape(char shapes[][128], int *n, int cap, const char *t, const MemoryFact *f) {
+    char shape[128] = "";
+    for (const char *p = t; *p;) {
+        size_t ne = strlen(f->entity), na = strlen(f->answer);
+        const char *put = strncmp(p, f->entity, ne) == 0 ? "{n}" : strncmp(p, f->answer, na) == 0 ? "{v}" : NULL;
+        snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%.*s", put ? 3 : 1, put ? put : p);
+        p += put ? (put[1] == 'n' ? ne : na) : 1;
+    }
+    for (int k = 0; k < *n; k++)
+        if (!strcmp(shapes[k], shape))
+            return;
+    cr_assert_lt(*n, cap, "more than %d phrasings: %s", cap, shape);
+    snprintf(shapes[(*n)++], 128, "%s", shape);
+}
+
+Test(synth, memory_questions_paraphrase_their_facts) {
+    MemoryTaskConfig c;
+    memory_task_config_default(&c);
+    int fpe = c.facts_per_entity, n = 200 * fpe, nq = 0, nf = 0;
+    static char qshapes[64][128], fshapes[64][128];
+    for (int i = 0; i < n; i += fpe) {
+        const char *attrs[MEMORY_TASK_NATTRS];
+        char entity[64] = "";
+        for (int j = 0; j < fpe; j++) {
+            MemoryFact f;
+            cr_assert_eq(memory_task_generate(&c, 5, (uint64_t)(i + j), &f), ER_OK, "%s", er_last_error());
+            check_fact(&f);
+            if (j == 0)
+                snprintf(entity, sizeof entity, "%s", f.entity);
+            cr_assert_str_eq(f.entity, entity, "fact %d is about another person than fact %d", i + j, i);
+            attrs[j] = f.attribute; // static strings
+            for (int k = 0; k < j; k++)
+                cr_assert_neq(strcmp(attrs[k], attrs[j]), 0, "person %d has two %s facts", i / fpe, attrs[j]);
+            add_shape(qshapes, &nq, 64, f.question, &f);
+            add_shape(fshapes, &nf, 64, f.text, &f);
+            memory_fact_free(&f);
+        }
+    }
+    // Several phrasings per attribute, drawn by the RNG: every attribute's questions and facts in more than one.
+    cr_assert_geq(nq, 3 * MEMORY_TASK_NATTRS, "only %d question phrasings in %d facts", nq, n);
+    cr_assert_geq(nf, 2 * MEMORY_TASK_NATTRS, "only %d fact phrasings in %d facts", nf, n);
+}
+
+// Every person of a seed has a name of their own (two capitalised words), even over many people.
+Test(synth, memory_names_unique) {
+    MemoryTaskConfig c = {1};
+    int n = 20000;
+    char **names = er_calloc((size_t)n, sizeof *names);
+    for (int i = 0; i < n; i++) {
+        MemoryFact f;
+        cr_assert_eq(memory_task_generate(&c, 11, (uint64_t)i, &f), ER_OK, "%s", er_last_error());
+        char first[32], last[32], rest;
+        cr_assert_eq(sscanf(f.entity, "%31s %31s %c", first, last, &rest), 2, "name \"%s\"", f.entity);
+        cr_assert(isupper((unsigned char)first[0]) && isupper((unsigned char)last[0]), "name \"%s\"", f.entity);
+        names[i] = f.entity;
+        f.entity = NULL;
+        memory_fact_free(&f);
+    }
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    for (int i = 1; i < n; i++)
+        cr_assert_neq(strcmp(names[i - 1], names[i]), 0, "two people named %s", names[i]);
+    for (int i = 0; i < n; i++)
+        er_free(names[i]);
+    er_free(names);
+}
+
+Test(synth, memory_deterministic_per_seed_and_index) {
+    MemoryTaskConfig c;
+    memory_task_config_default(&c);
+    int differ = 0;
+    for (int i = 0; i < 60; i++) {
+        MemoryFact a, b, o;
+        cr_assert_eq(memory_task_generate(&c, 3, (uint64_t)i, &a), ER_OK);
+        cr_assert_eq(memory_task_generate(&c, 3, (uint64_t)i, &b), ER_OK);
+        cr_assert_eq(memory_task_generate(&c, 4, (uint64_t)i, &o), ER_OK);
+        cr_assert_str_eq(a.text, b.text);
+        cr_assert_str_eq(a.question, b.question);
+        cr_assert_str_eq(a.answer, b.answer);
+        differ += strcmp(a.text, o.text) != 0;
+        memory_fact_free(&a), memory_fact_free(&b), memory_fact_free(&o);
+    }
+    cr_assert_gt(differ, 55, "another seed must give other facts");
+
+    // Fact i does not depend on how many are written: the shorter dir's files begin the longer's.
+    char *tmp = helper_tmpdir("er_test_memtask"), *d1 = path_join(tmp, "a"), *d2 = path_join(tmp, "b");
+    cr_assert_eq(memory_task_write_dir(&c, 20, 9, d1), ER_OK, "%s", er_last_error());
+    cr_assert_eq(memory_task_write_dir(&c, 45, 9, d2), ER_OK, "%s", er_last_error());
+    const char *files[] = {"facts.jsonl", "questions.jsonl"};
+    for (int k = 0; k < 2; k++) {
+        char *p1 = path_join(d1, files[k]), *p2 = path_join(d2, files[k]), *t1, *t2;
+        size_t n1, n2;
+        cr_assert_eq(file_read_all(p1, 1 << 24, &t1, &n1), ER_OK, "%s", er_last_error());
+        cr_assert_eq(file_read_all(p2, 1 << 24, &t2, &n2), ER_OK, "%s", er_last_error());
+        cr_assert_eq(helper_count_lines(t1), 20);
+        cr_assert_eq(helper_count_lines(t2), 45);
+        cr_assert(n2 > n1 && memcmp(t1, t2, n1) == 0, "%s: the first 20 records must be identical", files[k]);
+        er_free(t1), er_free(t2), er_free(p1), er_free(p2);
+    }
+    helper_rmdir(tmp);
+    er_free(d1), er_free(d2), er_free(tmp);
+}
+
+// questions.jsonl is a dataset (problem, answer) and every question's fact is in facts.jsonl, in the store's
+// import format, with the answer in its text.
+Test(synth, memory_dir_reads_back) {
+    MemoryTaskConfig c;
+    memory_task_config_default(&c);
+    int n = 60;
+    char *tmp = helper_tmpdir("er_test_memtask"), *dir = path_join(tmp, "task");
+    cr_assert_eq(memory_task_write_dir(&c, n, 2, dir), ER_OK, "%s", er_last_error());
+    char *qpath = path_join(dir, "questions.jsonl"), *fpath = path_join(dir, "facts.jsonl");
+    Dataset d;
+    cr_assert_eq(dataset_load(qpath, NULL, 0, &d), ER_OK, "%s", er_last_error());
+    cr_assert_eq(d.n, n);
+    char *text;
+    size_t len;
+    cr_assert_eq(file_read_all(fpath, 1 << 24, &text, &len), ER_OK, "%s", er_last_error());
+    cJSON *facts[60] = {0};
+    char *line, *save = NULL;
+    int lines = 0;
+    for (; (line = strtok_r(lines ? NULL : text, "\n", &save)); lines++) {
+        cr_assert_lt(lines, n);
+        cJSON *o = cJSON_Parse(line), *m = cJSON_GetObjectItem(o, "metadata");
+        cr_assert(cJSON_IsString(cJSON_GetObjectItem(o, "text")) && cJSON_IsObject(m), "%s", line);
+        cr_assert(cJSON_IsString(cJSON_GetObjectItem(m, "entity")), "%s", line);
+        cr_assert(cJSON_IsString(cJSON_GetObjectItem(m, "attribute")), "%s", line);
+        cJSON *id = cJSON_GetObjectItem(m, "fact");
+        cr_assert(cJSON_IsNumber(id) && id->valueint >= 0 && id->valueint < n && !facts[id->valueint], "%s", line);
+        facts[id->valueint] = o;
+    }
+    cr_assert_eq(lines, n);
+    char *qtext;
+    cr_assert_eq(file_read_all(qpath, 1 << 24, &qtext, &len), ER_OK);
+    save = NULL;
+    for (int i = 0; (line = strtok_r(i ? NULL : qtext, "\n", &save)); i++) {
+        cJSON *q = cJSON_Parse(line);
+        cJSON *id = cJSON_GetObjectItem(q, "fact");
+        cr_assert(cJSON_IsNumber(id) && id->valueint >= 0 && id->valueint < n && facts[id->valueint],
+                  "question %d names no fact: %s", i, line);
+        const cJSON *f = facts[id->valueint];
+        MemoryFact want;
+        cr_assert_eq(memory_task_generate(&c, 2, (uint64_t)id->valueint, &want), ER_OK);
+        cr_assert_str_eq(cJSON_GetObjectItem(f, "text")->valuestring, want.text);
+        cr_assert_str_eq(d.ex[i].prompt, want.question);
+        cr_assert_str_eq(d.ex[i].answer, want.answer);
+        cr_assert(has_word(cJSON_GetObjectItem(f, "text")->valuestring, d.ex[i].answer), "%s", line);
+        cr_assert_str_eq(cJSON_GetObjectItem(q, "attribute")->valuestring,
+                         cJSON_GetObjectItem(cJSON_GetObjectItem(f, "metadata"), "attribute")->valuestring);
+        memory_fact_free(&want);
+        cJSON_Delete(q);
+    }
+    for (int i = 0; i < n; i++)
+        cJSON_Delete(facts[i]);
+    dataset_free(&d);
+    er_free(text), er_free(qtext), er_free(qpath), er_free(fpath);
+    helper_rmdir(tmp);
+    er_free(dir), er_free(tmp);
+}
+
+Test(synth, memory_bad_configs_and_flags_refused) {
+    MemoryTaskConfig c = {0};
+    MemoryFact f;
+    cr_assert_eq(memory_task_generate(&c, 1, 0, &f), ER_ERANGE);
+    cr_assert_not_null(strstr(er_last_error(), "facts per person"), "%s", er_last_error());
+    c.facts_per_entity = MEMORY_TASK_NATTRS + 1;
+    cr_assert_eq(memory_task_config_check(&c), ER_ERANGE);
+    c.facts_per_entity = 1;
+    cr_assert_eq(memory_task_generate(&c, 1, MEMORY_TASK_MAX_ENTITIES, &f), ER_ERANGE);
+    cr_assert_eq(memory_task_write_dir(&c, 0, 1, "/tmp/never_written"), ER_ERANGE);
+    cr_assert_eq(memory_task_write_dir(&c, MEMORY_TASK_MAX_ENTITIES + 1L, 1, "/tmp/never_written"), ER_ERANGE);
+    cr_assert(!path_exists("/tmp/never_written"));
+
+    char *ertrain = helper_program("ertrain");
+    helper_need_program(ertrain, "ertrain", "the ertrain synth memory command tests are");
+    char *tmp = helper_tmpdir("er_test_memtask"), *file = path_join(tmp, "file");
+    cr_assert_eq(file_write_atomic(file, "x\n", 2), ER_OK);
+    CmdResult r = helper_run(tmp, "'%s' synth memory --n 0 --out '%s/o'", ertrain, tmp);
+    helper_expect_error(&r, "--n 0", "--n");
+    r = helper_run(tmp, "'%s' synth memory --n -3 --out '%s/o'", ertrain, tmp);
+    helper_expect_error(&r, "--n -3", "--n");
+    r = helper_run(tmp, "'%s' synth memory --n 5 --out '%s'", ertrain, file);
+    helper_expect_error(&r, "--out at a file", "not a directory");
+    r = helper_run(tmp, "'%s' synth memory --n 5 --out '%s/sub'", ertrain, file);
+    helper_expect_error(&r, "--out below a file", "file");
+    r = helper_run(tmp, "'%s' synth memory --n 5 --out '%s/o' --facts-per-entity 11", ertrain, tmp);
+    helper_expect_error(&r, "--facts-per-entity 11", "--facts-per-entity");
+    r = helper_run(tmp, "'%s' synth memory --n 12 --out '%s/o/' --seed 4", ertrain, tmp);
+    cr_assert_eq(r.status, 0, "%s", r.err);
+    cr_assert(strstr(r.out, "wrote 12 facts about 2 made-up people"), "%s", r.out);
+    cr_assert(strstr(r.out, "/o/facts.jsonl") && !strstr(r.out, "//"), "%s", r.out);
+    helper_result_free(&r);
+    helper_rmdir(tmp);
+    er_free(file), er_free(tmp), er_free(ertrain);
 }

@@ -172,9 +172,9 @@ Test(outputs_cli, every_help_fits_120_columns) {
         helper_result_free(&r);
         int n = 0;
         for (char *c = strtok_r(names, " ", &save); c; c = strtok_r(NULL, " ", &save), n++) {
-            const char *subs[] = {"", " chains", " gguf", " gguf-lora"};
-            for (int s = 0; s < 4; s++) {
-                if ((s == 1 && strcmp(c, "synth") != 0) || (s >= 2 && strcmp(c, "export") != 0))
+            const char *subs[] = {"", " chains", " memory", " gguf", " gguf-lora"};
+            for (int s = 0; s < 5; s++) {
+                if ((s >= 1 && s <= 2 && strcmp(c, "synth") != 0) || (s >= 3 && strcmp(c, "export") != 0))
                     continue;
                 char what[256];
                 snprintf(what, sizeof what, "%s %s%s --help", progs[k], c, subs[s]);
