@@ -249,7 +249,7 @@ $(BUILD)/erinfer: LDLIBS += -lmicrohttpd -lpthread -lsqlite3
 TEST_SRC += $(MEMORY_STORE_SRC)
 $(BUILD)/test_all: LDLIBS += -lsqlite3
 else
-$(BUILD)/obj/erinfer/main.o: CFLAGS += -DER_NO_SERVE -DER_NO_MEMORY
+$(BUILD)/obj/erinfer/main.o $(BUILD)/obj/erinfer/chat.o: CFLAGS += -DER_NO_SERVE -DER_NO_MEMORY
 TEST_SRC := $(filter-out tests/infer/test_memory.c,$(TEST_SRC))
 endif
 TEST_SRC += erinfer/server_json.c

@@ -8,7 +8,7 @@
 
 int cmd_score(int argc, char **argv);      // erinfer/score.c
 int cmd_generate(int argc, char **argv);   // erinfer/generate.c
-int cmd_chat(int argc, char **argv);       // erinfer/generate.c
+int cmd_chat(int argc, char **argv);       // erinfer/chat.c
 int cmd_tokenize(int argc, char **argv);   // erinfer/tokenize.c
 int cmd_detokenize(int argc, char **argv); // erinfer/tokenize.c
 int cmd_eval(int argc, char **argv);       // cli/eval.c

@@ -21,6 +21,27 @@ static void unlock(MemChat *m) {
         pthread_mutex_unlock(m->lock);
 }
 
+int mem_chat_embed(void *ctx, const char *text, int query, float **vec, int *dim) {
+    const MemChatEmbedder *e = ctx;
+    ErEmbedParams p;
+    er_embed_params_init(&p);
+    p.query = query && er_model_query_prompt(e->model) != NULL;
+    *dim = er_model_embedding_size(e->model);
+    if (!(*vec = er_alloc(sizeof(float) * (size_t)*dim)))
+        return ER_ENOMEM;
+    if (e->lock)
+        pthread_mutex_lock(e->lock);
+    int rc = er_embed(e->session, &text, 1, &p, *vec, (size_t)*dim);
+    if (e->lock)
+        pthread_mutex_unlock(e->lock);
+    if (rc < 0) {
+        er_free(*vec);
+        *vec = NULL;
+        return rc;
+    }
+    return ER_OK;
+}
+
 int mem_chat_vectors_ok(const MemChat *m, int dim, const char **why) {
     int have = mem_dim(m->store);
     *why = NULL;

@@ -12,6 +12,7 @@
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "erinfer/memory.h"
+#include "infer/erinfer.h"
 
 enum {
     MEM_CHAT_K = 4,          // entries recalled before an answer (--memory-k)
@@ -23,6 +24,15 @@ enum {
 // A text's embedding for the store: dim floats owned by the caller (er_free). query: a search query (the model's
 // query prompt first, where it has one), else a document.
 typedef int (*MemChatEmbedFn)(void *ctx, const char *text, int query, float **vec, int *dim);
+
+// The embedding of a session's base model (er_embed, pooled as the model says): mem_chat_embed is a MemChatEmbedFn
+// on a MemChatEmbedder, which takes lock (NULL: none) around er_embed.
+typedef struct {
+    ErModel *model;
+    ErSession *session;
+    pthread_mutex_t *lock;
+} MemChatEmbedder;
+int mem_chat_embed(void *ctx, const char *text, int query, float **vec, int *dim);
 
 typedef struct {
     MemStore *store;

@@ -92,6 +92,7 @@ struct Server {
     pthread_mutex_t embed_mu;
     MemStore *mem;        // --memory: the store (NULL: none), used under mem_mu through mc
     MemChat mc;
+    MemChatEmbedder mem_embed; // the memory's embeddings: the embed session under embed_mu
     pthread_mutex_t mem_mu;
     cJSON *mem_tools;     // the built-in memory tools (srv->lim.memory_tools)
     int mem_tokens, mem_rounds;
@@ -1024,33 +1025,14 @@ static int serve_parse_flags(int argc, char **argv, ServeFlags *f) {
                                              "[--host 127.0.0.1 --port 8080] [--parallel K] [--memory FILE] [flags]");
 }
 
-// MemChatEmbedFn on the server's embedding session (under embed_mu).
-static int memory_embed(void *ctx, const char *text, int query, float **vec, int *dim) {
-    Server *srv = ctx;
-    ErEmbedParams p;
-    er_embed_params_init(&p);
-    p.query = query && er_model_query_prompt(srv->model) != NULL;
-    *dim = er_model_embedding_size(srv->model);
-    if (!(*vec = er_alloc(sizeof(float) * (size_t)*dim)))
-        return ER_ENOMEM;
-    pthread_mutex_lock(&srv->embed_mu);
-    int rc = er_embed(srv->embed, &text, 1, &p, *vec, (size_t)*dim);
-    pthread_mutex_unlock(&srv->embed_mu);
-    if (rc < 0) {
-        er_free(*vec);
-        *vec = NULL;
-        return rc;
-    }
-    return ER_OK;
-}
-
 // --memory: the store (a new one when the file is missing or empty) searched with the model's embeddings where
 // its vectors are the model's, by BM25 alone where they are another's.
 static int memory_open(Server *srv, const ServeFlags *f) {
     ER_TRY(mem_open(&srv->mem, f->memory, 1, 0, MEM_VEC_INT8));
     if (!(srv->mem_tools = mem_chat_tools()))
         return er_error(ER_ENOMEM, "no memory for the memory tools");
-    srv->mc = (MemChat){srv->mem, &srv->mem_mu, memory_embed, srv, srv->tok, f->memory_k};
+    srv->mem_embed = (MemChatEmbedder){srv->model, srv->embed, &srv->embed_mu};
+    srv->mc = (MemChat){srv->mem, &srv->mem_mu, mem_chat_embed, &srv->mem_embed, srv->tok, f->memory_k};
     const char *why;
     if (!mem_chat_vectors_ok(&srv->mc, er_model_embedding_size(srv->model), &why)) {
         fprintf(stderr, "erinfer serve: warning: %s: %s\n", f->memory, why);

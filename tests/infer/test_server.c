@@ -2067,12 +2067,12 @@ static void make_call_model(const char *dir, const char *call) {
     make_chain_model(dir, pieces, 3, edges, 4);
 }
 
-// A server on a model that always calls `call`, with a memory store of three notes (text only).
-static void memory_server(TestServer *t, const char *call, const char *flags, char *db, size_t cap) {
+// A model that always calls `call` (the fixture's callmodel) and a memory store of three notes (text only).
+static void memory_fixture(TestServer *t, const char *call, char *db, size_t cap) {
     helper_fixture_open(&t->fx, "er_serve_mem_", "erinfer");
-    helper_need_program(t->fx.prog, "erinfer", "the erinfer serve memory tests");
-    need_serve(t->fx.prog);
-    char model[600], args[1600], cmd[1400];
+    helper_need_program(t->fx.prog, "erinfer", "the erinfer memory tests");
+    need_serve(t->fx.prog); // the aarch64 build has neither serve nor the memory store
+    char model[600], cmd[1400];
     snprintf(model, sizeof model, "%s/callmodel", t->fx.tmp);
     make_call_model(model, call);
     snprintf(db, cap, "%s/memory.db", t->fx.tmp);
@@ -2082,7 +2082,14 @@ static void memory_server(TestServer *t, const char *call, const char *flags, ch
         snprintf(cmd, sizeof cmd, "'%s' memory add --db '%s' --text '%s' >/dev/null", t->fx.prog, db, notes[i]);
         cr_assert_eq(system(cmd), 0, "%s", cmd);
     }
-    snprintf(args, sizeof args, "--model '%s' --max-tokens 64 --context 4096 --memory '%s' %s", model, db, flags);
+}
+
+// A server on memory_fixture's model and store.
+static void memory_server(TestServer *t, const char *call, const char *flags, char *db, size_t cap) {
+    memory_fixture(t, call, db, cap);
+    char args[1600];
+    snprintf(args, sizeof args, "--model '%s/callmodel' --max-tokens 64 --context 4096 --memory '%s' %s", t->fx.tmp,
+             db, flags);
     server_launch(t, args);
 }
 
@@ -2171,4 +2178,29 @@ Test(server, memory_add_and_saving_a_conversation, .timeout = 120) {
     memory_entries(&t, db, want, &found);
     cr_expect(found, "the saved conversation is not in the store");
     server_stop(&t);
+}
+
+// erinfer chat --memory: the turn recalls the glassblower notes, the model's memory_search runs (said on stderr)
+// and, its one round spent, the model answers; /save keeps the conversation (the final answer, not the rounds).
+Test(server, memory_in_erinfer_chat, .timeout = 120) {
+    TestServer t;
+    char db[600];
+    memory_fixture(&t, MEMORY_SEARCH_CALL, db, sizeof db);
+    char cmd[2400], in[700];
+    snprintf(in, sizeof in, "%s/chat.in", t.fx.tmp);
+    const char *lines = "Which glassblower?\n/save\n";
+    cr_assert_eq(file_write_atomic(in, lines, strlen(lines)), ER_OK);
+    snprintf(cmd, sizeof cmd, "'%s' chat --model '%s/callmodel' --memory '%s' --memory-rounds 1 --max-new 16 "
+             "--threads 1 <'%s' 2>&1", t.fx.prog, t.fx.tmp, db, in);
+    int st;
+    char *out = run_capture(cmd, &st);
+    cr_expect_eq(st, 0, "%s", out);
+    cr_expect(strstr(out, "[memory: recalled 1 3]") || strstr(out, "[memory: recalled 3 1]"), "%s", out);
+    cr_expect(strstr(out, "[memory_search {\"query\":\"glassblower\",\"k\":2} -> {\"results\":[{\"id\":"), "%s", out);
+    cr_expect(strstr(out, "(saved as memory entry 4)"), "%s", out);
+    free(out);
+    int found;
+    cr_expect_eq(memory_entries(&t, db, "\"user: Which glassblower?\\nassistant: <tool_call>", &found), 4);
+    cr_expect(found, "the saved chat is not in the store");
+    helper_fixture_close(&t.fx);
 }
