@@ -194,29 +194,29 @@ static int memory_recall(ChatMemory *mem, const char *text, char **block) {
     return ER_OK;
 }
 
-// This round's system message (*out NULL: the conversation's own): the --system text, the recalled block and, while
-// tools is set, the memory tools announced as the chat template does.
+// This round's system message (*out NULL: the conversation's own): the --system text, the memory tools announced
+// as the chat template does (while tools is set), then the recalled block.
 static int memory_system(const ChatMemory *mem, const char *system, const char *block, int tools, char **out) {
     *out = NULL;
     if (!mem->store)
         return ER_OK;
+    char *with_tools = NULL;
+    if (tools && mem->tools)
+        ER_TRY(chat_tools_system(mem->style, system, mem->tools, &with_tools));
+    const char *base = with_tools ? with_tools : system;
     StrBuf b = {0};
-    strbuf_puts(&b, system ? system : "");
+    strbuf_puts(&b, base ? base : "");
     if (block) {
-        strbuf_puts(&b, system && system[0] ? "\n\n" : "");
+        strbuf_puts(&b, base && base[0] ? "\n\n" : "");
         strbuf_puts(&b, block);
     }
+    er_free(with_tools);
     if (b.oom) {
         er_free(b.p);
         return ER_ENOMEM;
     }
-    if (!tools || !mem->tools) {
-        *out = b.p;
-        return ER_OK;
-    }
-    int rc = chat_tools_system(mem->style, b.n || system ? b.p : NULL, mem->tools, out);
-    er_free(b.p);
-    return rc;
+    *out = b.p;
+    return ER_OK;
 }
 
 // When the reply is calls of the memory tools alone (and rounds are left), runs them (said on stderr) and adds the

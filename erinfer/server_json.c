@@ -664,18 +664,12 @@ static int collect_messages(const cJSON *root, const ServeLimits *lim, ServeRequ
     return 0;
 }
 
-// r->conv with the system text extended (the recalled memory after it) and replaced by the one announcing the
-// tools offered, rendered with the chat template into r->prompt.
+// r->conv rendered with the chat template into r->prompt, its system text replaced by the one that announces the
+// tools offered and followed by the recalled memory. The memory goes last: requests with the same system text and
+// tools share the prompt's start, which the batch's prefix cache reuses, while each request recalls its own.
 static int render_conv(ServeRequest *r, ChatStyle style, const ServeLimits *lim, ServeError *e) {
     int n = r->n_conv, has_sys = n > 0 && strcmp(r->conv[0].role, "system") == 0, rc = 0;
     const char *own = has_sys ? r->conv[0].content : NULL;
-    StrBuf sys = {0};
-    if (own)
-        strbuf_puts(&sys, own);
-    if (r->memory_block) {
-        strbuf_puts(&sys, own && own[0] ? "\n\n" : "");
-        strbuf_puts(&sys, r->memory_block);
-    }
     cJSON *tools = NULL;
     int offer = r->memory_tools && lim->memory_tools;
     if (r->tools_json || offer) {
@@ -684,10 +678,17 @@ static int render_conv(ServeRequest *r, ChatStyle style, const ServeLimits *lim,
         cJSON_ArrayForEach(t, builtin) cJSON_AddItemToArray(tools, cJSON_Duplicate(t, 1));
     }
     char *with_tools = NULL;
-    if (tools && chat_tools_system(style, sys.p, tools, &with_tools) < 0)
+    if (tools && chat_tools_system(style, own, tools, &with_tools) < 0)
         rc = BAD("tools", "this model's chat template has no tool format");
     cJSON_Delete(tools);
-    const char *system = with_tools ? with_tools : sys.p;
+    StrBuf sys = {0};
+    const char *base = with_tools ? with_tools : own;
+    if (rc == 0 && r->memory_block) {
+        strbuf_puts(&sys, base ? base : "");
+        strbuf_puts(&sys, base && base[0] ? "\n\n" : "");
+        strbuf_puts(&sys, r->memory_block);
+    }
+    const char *system = sys.p ? sys.p : with_tools;
     ChatMessage *all = rc == 0 ? er_calloc((size_t)n + 1, sizeof *all) : NULL;
     if (rc == 0 && (!all || sys.oom))
         rc = serve_fail(e, 500, "server_error", NULL, "out of memory");

@@ -1,5 +1,5 @@
 // erinfer serve through the official OpenAI Node client (npm `openai`, pinned by scripts/serve_check.sh):
-//   node scripts/serve_check.mjs OPENAI_PREFIX BASE_URL API_KEY [TOOL_BASE_URL]
+//   node scripts/serve_check.mjs OPENAI_PREFIX BASE_URL API_KEY [TOOL_BASE_URL|none] [MEMORY_BASE_URL|none]
 // Chat completion, streaming (joined deltas equal the non-streamed text for the same seed), n > 1,
 // stop strings, seed reproducibility, /v1/completions, /v1/models, prefix reuse across a conversation's
 // turns (usage.prompt_tokens_details.cached_tokens), logprobs (chat, streamed and not; completions), a
@@ -7,11 +7,14 @@
 // "required" forced), the extensions (route, reasoning_budget) and errors for bad requests (the client's
 // typed errors with the right status). With TOOL_BASE_URL (a server on the
 // tool-calling test model of tests/infer/test_server.c): the model's call comes back as tool_calls, streamed
-// as a tool_calls delta, and the call with its result is sent back. Exits non-zero on any failure.
+// as a tool_calls delta, and the call with its result is sent back. With MEMORY_BASE_URL (a server with --memory on
+// the model of tests/infer/test_server.c that always calls memory_search): the server runs the call itself and the
+// response carries it with its results. Exits non-zero on any failure.
 import { createRequire } from "node:module";
 import path from "node:path";
 
-const [prefix, baseURL, apiKey, toolURL] = process.argv.slice(2);
+const [prefix, baseURL, apiKey, toolArg, memoryArg] = process.argv.slice(2);
+const toolURL = toolArg === "none" ? undefined : toolArg, memoryURL = memoryArg === "none" ? undefined : memoryArg;
 const require = createRequire(path.join(path.resolve(prefix), "package.json"));
 const { OpenAI } = require("openai");
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0 });
@@ -199,6 +202,7 @@ async function main() {
           "the error body names the parameter");
   }
   if (toolURL) await toolRoundTrip(tools);
+  if (memoryURL) await memorySearch();
   if (failed) process.exit(1);
   console.log("serve_check: openai client: all checks passed");
 }
@@ -231,6 +235,32 @@ async function toolRoundTrip(tools) {
   const r2 = await tc.chat.completions.create({ ...req, messages: back });
   check(r2.usage.prompt_tokens > r1.usage.prompt_tokens + 5, "the call and its result are fed back");
   console.log("serve_check: openai client: tool call round trip passed");
+}
+
+// The model calls memory_search("glassblower", 2): the server runs it on its store and, its one round spent
+// (--memory-rounds 1), withdraws the tools; the response's erinfer.memory holds the call and the two notes found,
+// streamed and not, and the user's message recalled them into the prompt beforehand.
+async function memorySearch() {
+  const mc = new OpenAI({ baseURL: memoryURL, apiKey: "none", maxRetries: 0 });
+  const req = { model: "m", messages: [{ role: "user", content: "Which glassblower?" }], max_tokens: 16 };
+  const r = await mc.chat.completions.create(req);
+  const mem = r.erinfer?.memory, round = mem?.tool_rounds?.[0];
+  check(mem && mem.recalled.length === 2, `the glassblower notes are recalled (${JSON.stringify(mem)})`);
+  check(round?.tool_calls?.[0]?.name === "memory_search" &&
+        JSON.parse(round.tool_calls[0].arguments).query === "glassblower", "the memory_search call is in the response");
+  const hits = round ? JSON.parse(round.results[0]).results : [];
+  check(hits.length === 2 && hits.every((h) => h.text.includes("glassblower")), "memory_search found both notes");
+  check(r.choices[0].finish_reason === "stop" && r.choices[0].message.content.includes("memory_search"),
+        "after its round the model answers (its call, now text)");
+  let last = null, content = "";
+  for await (const c of await mc.chat.completions.create({ ...req, stream: true })) {
+    content += c.choices[0]?.delta?.content ?? "";
+    if (c.erinfer) last = c.erinfer;
+  }
+  check(content === r.choices[0].message.content, "the streamed answer equals the non-streamed one");
+  check(JSON.stringify(last?.memory?.tool_rounds) === JSON.stringify(mem?.tool_rounds),
+        "the stream's final chunk carries the same tool rounds");
+  console.log("serve_check: openai client: memory_search run by the server passed");
 }
 
 main().catch((e) => {

@@ -9,7 +9,10 @@
 #   scripts/serve_check.sh --install  only install (CI: fails where the test would skip)
 # Env: ER_BUILD (dir of erinfer, default build; ertrain from there too when built, else from build),
 #      LOAD_CLIENTS (64), LOAD_ROUNDS (20), TOOL_MODEL (a model that always calls add(4, 9), made by
-#      tests/infer/test_server.c: the openai client's tool round trip runs against it).
+#      tests/infer/test_server.c: the openai client's tool round trip runs against it, on a server with a memory
+#      store: the client's tools work beside the memory tools), MEMORY_MODEL (a model that always calls
+#      memory_search, made there too: the openai client sees the server run it). The load test runs on a server
+#      with a memory store, every request saving its conversation: no saved entry may be missing afterwards.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -84,16 +87,33 @@ start main models/tiny-base --parallel 2 --max-n 4 --max-tokens 64 --api-key $ke
 base=http://127.0.0.1:$port
 auth=(-H "Authorization: Bearer $key")
 
-tool_url=
+# A memory store of three notes (text only; erinfer memory is absent where serve is).
+notes() {
+  for t in "Zorblat Quenn works as a glassblower in Veltrin." "The wifi password is tangerine42." \
+           "Mira keeps a glassblower pipe on the shelf."; do
+    "$B/erinfer" memory add --db "$1" --text "$t" >/dev/null || fail "erinfer memory add"
+  done
+}
+tool_url=none
+memory_url=none
 main_pid=$server_pid
 if [ -n "${TOOL_MODEL:-}" ]; then
-  start tools "$TOOL_MODEL"
+  start tools "$TOOL_MODEL" --memory "$tmp/tools.db"
   tool_url=http://127.0.0.1:$port/v1
+  tools_pid=$server_pid
 else
   echo "serve_check: no TOOL_MODEL: the tool call round trip with the openai client is left out" >&2
 fi
-node scripts/serve_check.mjs $prefix "$base/v1" $key $tool_url || fail "the openai client checks"
-[ -n "$tool_url" ] && stop tools
+if [ -n "${MEMORY_MODEL:-}" ]; then
+  notes "$tmp/memory.db"
+  start memory "$MEMORY_MODEL" --memory "$tmp/memory.db" --memory-rounds 1 --context 4096
+  memory_url=http://127.0.0.1:$port/v1
+else
+  echo "serve_check: no MEMORY_MODEL: the memory_search call with the openai client is left out" >&2
+fi
+node scripts/serve_check.mjs $prefix "$base/v1" $key $tool_url $memory_url || fail "the openai client checks"
+[ "$memory_url" != none ] && stop memory
+[ "$tool_url" != none ] && server_pid=$tools_pid && stop tools
 server_pid=$main_pid
 
 # Raw SSE: "data: {json}" events separated by blank lines, ending in "data: [DONE]".
@@ -145,12 +165,26 @@ python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["usage"]["compl
 expect 413 "${auth[@]}" "$base/v1/chat/completions" "${json[@]}" --data-binary @"$tmp/huge"
 grep -q "/tmp\|\.c:\|$tmp" "$tmp/body" && fail "an error message shows internals: $(cat "$tmp/body")"
 
+stop main
 LOAD_CLIENTS=${LOAD_CLIENTS:-64} LOAD_ROUNDS=${LOAD_ROUNDS:-20}
 # Under ASan the quarantine keeps freed memory resident: RSS says nothing there, LeakSanitizer at exit does.
 growth=8
 ldd "$B/erinfer" | grep -q libasan && growth=off
-node scripts/serve_load.mjs "$base" "$server_pid" "$LOAD_CLIENTS" "$LOAD_ROUNDS" $key $growth || fail "the load test"
-stop main
+# The load test with a memory store: recall and the memory tools in every prompt, every conversation saved.
+notes "$tmp/load.db"
+start load models/tiny-base --parallel 2 --max-n 4 --max-tokens 64 --api-key $key --memory "$tmp/load.db"
+SAVED_IDS=$tmp/saved node scripts/serve_load.mjs "http://127.0.0.1:$port" "$server_pid" "$LOAD_CLIENTS" \
+  "$LOAD_ROUNDS" $key $growth || fail "the load test"
+stop load
+"$B/erinfer" memory list --db "$tmp/load.db" --json >"$tmp/entries" || fail "erinfer memory list after the load test"
+python3 - "$tmp/saved" "$tmp/entries" <<'EOF' || fail "saved conversations missing from the store"
+import json, sys
+saved = [int(x) for x in open(sys.argv[1]).read().split()]
+entries = {e["id"]: e for e in map(json.loads, open(sys.argv[2]))}
+missing = [i for i in saved if i not in entries or not entries[i]["text"].startswith("user: ")]
+assert not missing and len(entries) == 3 + len(saved), (len(missing), len(entries), len(saved))
+print(f"serve_check: the {len(saved)} saved conversations are all in the store", file=sys.stderr)
+EOF
 # An empty --api-key is refused at start (it would let an empty Bearer through).
 timeout 20 "$B/erinfer" serve --model models/tiny-base --port 0 --api-key "" 2>"$tmp/empty.log" &&
   fail "--api-key \"\" was accepted"

@@ -6,7 +6,9 @@
 // stream must be complete (finish chunk, usage, [DONE]); the server's RSS is read after each round and
 // must not grow by more than RSS_GROWTH_MIB after the first rounds (no leak; "off" under ASan, whose
 // quarantine holds freed memory: there LeakSanitizer at the server's exit is the leak check). Prints p50/p99
-// latency, tokens/s and the RSS.
+// latency, tokens/s and the RSS. With SAVED_IDS=FILE (a server with --memory), every streamed request asks for its
+// conversation to be saved ("memory": {"save": true}); the entry ids the final chunks report must be distinct, and
+// are written to FILE, one per line, for the caller to find in the store.
 import http from "node:http";
 import fs from "node:fs";
 
@@ -44,6 +46,8 @@ function rss() {
   return m ? Number(m[1]) / 1024 : NaN;
 }
 
+const savedFile = process.env.SAVED_IDS;
+const saved = [];
 const latencies = [];
 let tokens = 0, failures = 0, bad4xx = 0;
 function fail(what) {
@@ -61,7 +65,7 @@ async function one(client, round) {
   const body = JSON.stringify({ messages: [{ role: "system", content: "You are terse." },
                                            { role: "user", content: `Client ${client} asks question ${round}.` }],
                                 max_tokens: 16, temperature: 0.8, seed: client * 1000 + round, stream: true,
-                                stream_options: { include_usage: true } });
+                                stream_options: { include_usage: true }, ...(savedFile && { memory: { save: true } }) });
   const t0 = performance.now();
   const r = await post("/v1/chat/completions", body);
   const events = r.text.split("\n\n").filter((e) => e.startsWith("data: ")).map((e) => e.slice(6));
@@ -70,6 +74,11 @@ async function one(client, round) {
   const usage = chunks.find((c) => c.usage)?.usage;
   if (!usage || !chunks.some((c) => c.choices.some((ch) => ch.finish_reason)))
     return fail(`stream ${client}/${round} is incomplete`);
+  if (savedFile) {
+    const id = chunks.find((c) => c.erinfer?.memory)?.erinfer.memory.saved;
+    if (!Number.isInteger(id)) return fail(`stream ${client}/${round}: no saved entry id`);
+    saved.push(id);
+  }
   latencies.push(performance.now() - t0);
   tokens += usage.completion_tokens;
 }
@@ -92,6 +101,11 @@ console.log(`serve_load: latency p50 ${q(0.5).toFixed(1)} ms, p99 ${q(0.99).toFi
 console.log(`serve_load: RSS MiB by round: ${rssAfter.map((x) => x.toFixed(1)).join(" ")}`);
 // Allocator arenas settle in the first rounds; after that, a leak would grow with every request.
 if (growthArg !== "off" && growth > Number(growthArg ?? 8)) fail(`RSS grew ${growth.toFixed(1)} MiB between round ${warm + 1} and round ${ROUNDS}`);
+if (savedFile) {
+  if (new Set(saved).size !== saved.length) fail(`${saved.length - new Set(saved).size} saved entry ids repeat`);
+  fs.writeFileSync(savedFile, saved.join("\n") + "\n");
+  console.log(`serve_load: ${saved.length} conversations saved to the memory store`);
+}
 const expectStreams = CLIENTS * (ROUNDS - Math.floor(ROUNDS / 5));
 if (latencies.length !== expectStreams) fail(`${latencies.length} of ${expectStreams} streams complete`);
 agent.destroy();

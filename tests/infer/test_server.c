@@ -686,17 +686,23 @@ Test(server, tool_calls_parsed_and_streamed, .timeout = 120) {
     server_stop(&t);
 }
 
+#define MEMORY_SEARCH_CALL "{\"name\": \"memory_search\", \"arguments\": {\"query\": \"glassblower\", \"k\": 2}}"
+static void make_call_model(const char *dir, const char *call);
+
 // The running server with real clients: scripts/serve_check.sh on $ER_BUILD's erinfer (ASan under make SAN=1).
 Test(server, openai_client_curl_and_load, .timeout = 600) {
     char *prog = helper_program("erinfer");
     helper_need_program(prog, "erinfer", "the erinfer serve client tests");
     need_serve(prog);
-    char *tmp = helper_tmpdir("er_serve_tools_"), *model = path_join(tmp, "model"), cmd[600];
+    char *tmp = helper_tmpdir("er_serve_tools_"), *model = path_join(tmp, "model"), *mem = path_join(tmp, "mem");
+    char cmd[1400];
     make_tool_model(model);
-    snprintf(cmd, sizeof cmd, "TOOL_MODEL='%s' bash scripts/serve_check.sh 1>&2", model);
+    make_call_model(mem, MEMORY_SEARCH_CALL);
+    snprintf(cmd, sizeof cmd, "TOOL_MODEL='%s' MEMORY_MODEL='%s' bash scripts/serve_check.sh 1>&2", model, mem);
     int st = system(cmd);
     helper_rmdir(tmp);
     er_free(model);
+    er_free(mem);
     er_free(tmp);
     if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
         cr_skip_test("!!!!!! node / npm / curl or the openai package unavailable: erinfer serve's client tests are "
@@ -1994,7 +2000,7 @@ static int parse_with(const ServeLimits *lim, const char *body, ServeRequest *r,
 
 // "memory" is refused by a server without a store and checked field by field by one with it; the memory tools
 // are announced for one sample with tool_choice "auto" (not for n > 1, "none", or "memory": {"tools": false}),
-// a client's tool may not take their names, and the recalled block follows the system text.
+// a client's tool may not take their names, and the recalled block ends the system message (after the tools).
 Test(server, memory_options_and_the_tools_offered) {
     cJSON *tools = cJSON_Parse(MEMORY_TOOLS);
     ServeLimits with = test_limits;
@@ -2048,7 +2054,9 @@ Test(server, memory_options_and_the_tools_offered) {
     cr_assert_eq(tok_load(&tok, "data/tiny_tokenizer"), ER_OK);
     ServeError e;
     cr_assert_eq(serve_render(&r, CHAT_QWEN25, tok, &with, &e), 0, "%s", e.message);
-    cr_expect(strncmp(r.prompt, "<|im_start|>system\nBe brief.\n\n# Memory\n[3] tea\n\n# Tools", 53) == 0, "%s",
+    cr_expect(strncmp(r.prompt, "<|im_start|>system\nBe brief.\n\n# Tools", 34) == 0, "%s", r.prompt);
+    cr_expect(strstr(r.prompt, "</tool_call><|im_end|>") == NULL, "%s", r.prompt);
+    cr_expect(strstr(r.prompt, "</tool_call>\n\n# Memory\n[3] tea<|im_end|>\n<|im_start|>user\nhi") != NULL, "%s",
               r.prompt);
     cr_expect_gt(r.prompt_tokens, before);
     tok_free(tok);
@@ -2056,7 +2064,6 @@ Test(server, memory_options_and_the_tools_offered) {
     cJSON_Delete(tools);
 }
 
-#define MEMORY_SEARCH_CALL "{\"name\": \"memory_search\", \"arguments\": {\"query\": \"glassblower\", \"k\": 2}}"
 #define MEMORY_ADD_CALL "{\"name\": \"memory_add\", \"arguments\": {\"text\": \"The user drinks green tea.\"}}"
 
 // Models whose every chat answer is one call of a memory tool (as make_tool_model's is of add).
