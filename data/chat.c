@@ -354,14 +354,16 @@ int chat_json_dumps(const cJSON *v, char **out) {
     return strbuf_finish(&b, out, "JSON");
 }
 
+const char *chat_default_system(ChatStyle style) { return style == CHAT_QWEN25 ? CHAT_QWEN25_DEFAULT_SYSTEM : NULL; }
+
 int chat_tools_system(ChatStyle style, const char *system, const cJSON *tools, char **out) {
     *out = NULL;
     if (style == CHAT_PLAIN)
         return er_error(ER_EUNSUPPORTED, "chat: the plain template has no tool format");
     if (!cJSON_IsArray(tools))
         return er_error(ER_EINVAL, "chat: tools must be a JSON array");
-    if (!system && style == CHAT_QWEN25)
-        system = CHAT_QWEN25_DEFAULT_SYSTEM;
+    if (!system)
+        system = chat_default_system(style);
     StrBuf b = {0};
     strbuf_puts(&b, "");
     if (system) {

@@ -87,6 +87,9 @@ int chat_json_dumps(const cJSON *v, char **out);
 // "\n\n# Tools ..." with one tool per line inside <tools></tools>, and the <tool_call> instruction,
 // as the template's `if tools` branch writes it. CHAT_PLAIN has no tool format: ER_EUNSUPPORTED.
 int chat_tools_system(ChatStyle style, const char *system, const cJSON *tools, char **out);
+// The system text the template writes where a conversation has none: Qwen2.5's default, NULL for the others (a
+// system message built for a conversation without one starts with it, so that the model still gets it).
+const char *chat_default_system(ChatStyle style);
 
 // An assistant turn's content with its tool calls, as the template renders message.tool_calls:
 // content (when not empty) and a newline, then per call "<tool_call>\n{\"name\": \"NAME\",

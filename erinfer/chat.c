@@ -203,7 +203,7 @@ static int memory_system(const ChatMemory *mem, const char *system, const char *
     char *with_tools = NULL;
     if (tools && mem->tools)
         ER_TRY(chat_tools_system(mem->style, system, mem->tools, &with_tools));
-    const char *base = with_tools ? with_tools : system;
+    const char *base = with_tools ? with_tools : system ? system : chat_default_system(mem->style);
     StrBuf b = {0};
     strbuf_puts(&b, base ? base : "");
     if (block) {

@@ -249,9 +249,9 @@ static int opt_bool(const cJSON *o, const char *key, int *out, ServeError *e) {
 static int check_fields(const cJSON *root, int chat, ServeError *e) {
     static const char *const common[] = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
                                          "seed", "stream", "stream_options", "user", "reasoning_budget", "route",
-                                         "logprobs", "reasoning", "memory"};
+                                         "logprobs", "reasoning"};
     static const char *const chat_only[] = {"messages", "max_completion_tokens", "tools", "tool_choice",
-                                            "parallel_tool_calls", "top_logprobs", "chat_template_kwargs"};
+                                            "parallel_tool_calls", "top_logprobs", "chat_template_kwargs", "memory"};
     const cJSON *f;
     cJSON_ArrayForEach(f, root) {
         int known = chat ? 0 : strcmp(f->string, "prompt") == 0;
@@ -682,7 +682,7 @@ static int render_conv(ServeRequest *r, ChatStyle style, const ServeLimits *lim,
         rc = BAD("tools", "this model's chat template has no tool format");
     cJSON_Delete(tools);
     StrBuf sys = {0};
-    const char *base = with_tools ? with_tools : own;
+    const char *base = with_tools ? with_tools : own ? own : chat_default_system(style);
     if (rc == 0 && r->memory_block) {
         strbuf_puts(&sys, base ? base : "");
         strbuf_puts(&sys, base && base[0] ? "\n\n" : "");

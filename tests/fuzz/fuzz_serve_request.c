@@ -1,5 +1,6 @@
 // fuzz_serve_request: the input is an HTTP request body for erinfer serve (erinfer/server_json.c), read as
-// /v1/chat/completions in each chat style, as /v1/completions with the tiny base's tokenizer, as /v1/embeddings,
+// /v1/chat/completions in each chat style (and on a server with a memory store: its "memory" options, its tools
+// offered, a recalled block rendered in), as /v1/completions with the tiny base's tokenizer, as /v1/embeddings,
 // and as a model's response for the tool-call parser (data/chat.h) and the stream's tool holdback. A refused body
 // names a status 400 or 500 and a message; an accepted one has a prompt and parameters within the limits
 // (a forced tool_choice: the call's start as the response prefix); parsed tool calls have a name and
@@ -12,6 +13,7 @@
 #include "erinfer/server.h"
 
 static Tokenizer *tok;
+static cJSON *memory_tools; // a server with --memory offers these (the names are what the parser checks)
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
@@ -19,11 +21,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         fprintf(stderr, "fuzz_serve_request: %s (run from the project root)\n", er_last_error());
         abort();
     }
-    return 0;
+    memory_tools = cJSON_Parse("[{\"type\": \"function\", \"function\": {\"name\": \"memory_search\"}}, "
+                               "{\"type\": \"function\", \"function\": {\"name\": \"memory_add\"}}]");
+    return memory_tools ? 0 : -1;
 }
 
-static void check_request(const char *body, size_t n, int chat, ChatStyle style) {
-    static const ServeLimits lim = {4, 64, 512, 64, 0, 0, 0, NULL};
+static void check_request(const char *body, size_t n, int chat, ChatStyle style, int memory) {
+    const ServeLimits lim = {4, 64, 512, 64, 0, 0, 0, memory ? memory_tools : NULL};
     ServeRequest r;
     ServeError e;
     if (serve_parse_request(body, n, chat, style, tok, &lim, &r, &e) < 0) {
@@ -41,6 +45,21 @@ static void check_request(const char *body, size_t n, int chat, ChatStyle style)
     // A forced tool_choice: the call's start, with tools offered, forced as the response prefix.
     FUZZ_CHECK(!r.tool_prefix || (r.tools && r.p.response_prefix == r.tool_prefix &&
                                   strncmp(r.tool_prefix, "<tool_call>\n", 12) == 0), "tool prefix");
+    // The memory tools: only on a server with a store, for one sample, never beside a forced call; a recalled
+    // block renders in (or the prompt no longer fits: a 400) and the conversation takes a round's messages.
+    FUZZ_CHECK(!r.memory_tools || (memory && r.tools && r.p.n_samples == 1 && !r.tool_prefix), "memory tools");
+    FUZZ_CHECK(memory || (!r.memory_tools && !r.memory_recall && !r.memory_save), "memory without a store");
+    if (memory && chat) {
+        r.memory_block = er_strdup("# Memory\n[1] a note");
+        int before = r.prompt_tokens;
+        if (r.memory_block && serve_render(&r, style, tok, &lim, &e) == 0)
+            FUZZ_CHECK(r.prompt_tokens > before && strstr(r.prompt, "[1] a note"), "the recalled block");
+        else
+            FUZZ_CHECK(e.status == 400 || e.status == 500 || !r.memory_block, "render status %d", e.status);
+        if (serve_conv_push(&r, "assistant", "<tool_call>{}</tool_call>", &e) == 0 &&
+            serve_conv_push(&r, "tool", "{\"results\": []}", &e) == 0 && serve_render(&r, style, tok, &lim, &e) == 0)
+            FUZZ_CHECK(strstr(r.prompt, "{\"results\": []}"), "the round's result is not in the prompt");
+    }
     serve_request_free(&r);
 }
 
@@ -88,8 +107,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(text, data, size);
     text[size] = 0;
     for (int s = 0; s < 4; s++)
-        check_request(text, size, 1, (ChatStyle)s);
-    check_request(text, size, 0, CHAT_CHATML);
+        check_request(text, size, 1, (ChatStyle)s, 0);
+    check_request(text, size, 1, CHAT_QWEN25, 1);
+    check_request(text, size, 0, CHAT_CHATML, 1);
     check_embeddings(text, size);
     check_tool_calls(text, size);
     er_free(text);
