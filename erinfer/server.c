@@ -452,8 +452,8 @@ static int memory_round(Server *srv, Job *j) {
     return rc < 0 ? -1 : 1;
 }
 
-// --memory with a request's "memory": {"save": true}: the conversation and its answer (the first choice's) as
-// one entry; its id goes in the response's erinfer.memory.saved.
+// --memory with a request's "memory": {"save": true}: the conversation and its answer (the first sample's, with
+// n > 1) as one entry; its id goes in the response's erinfer.memory.saved.
 static void memory_save(Server *srv, Job *j, const ServeResult *res) {
     ServeRequest *r = &j->req;
     StrBuf answer = {0};
@@ -1040,6 +1040,7 @@ static int memory_open(Server *srv, const ServeFlags *f) {
     }
     srv->mem_tokens = f->memory_tokens;
     srv->mem_rounds = f->memory_rounds;
+    srv->lim.memory = 1;
     srv->lim.memory_tools = f->memory_rounds > 0 ? srv->mem_tools : NULL;
     int64_t n = 0;
     ER_TRY(mem_count(srv->mem, &n));
@@ -1068,7 +1069,7 @@ static int serve_open(Server *srv, const ServeFlags *f) {
                         positions, extra);
     ER_TRY(chat_style_from_config(f->g.model, &srv->style));
     srv->lim = (ServeLimits){f->max_n, f->max_tokens, positions - extra, SERVE_JSON_DEPTH, g->adapter != NULL,
-                             g->adapter || g->switcher || g->verifier, chat_style_hybrid(srv->style), NULL};
+                             g->adapter || g->switcher || g->verifier, chat_style_hybrid(srv->style), 0, NULL};
     srv->tok = runner_model_tokenizer(srv->model);
     srv->batch_rows = srv->batch_free = f->parallel > f->max_n ? f->parallel : f->max_n;
     ErSessionParams sp;

@@ -22,8 +22,9 @@ typedef struct {
     int routed;         // an adapter or heads are loaded: the route decides how an answer starts, so a
                         // tool_choice that would force it ("required", a named function) is refused
     int hybrid;         // a hybrid-thinking model (Qwen3): a request may force a route, its thinking switch
-    const cJSON *memory_tools; // erinfer serve --memory: the built-in memory tools (an OpenAI tools array) a chat
-                               // request is offered beside its own; NULL: the server has no memory
+    int memory;                // erinfer serve --memory: a memory store (a chat request's "memory" options apply)
+    const cJSON *memory_tools; // the built-in memory tools (an OpenAI tools array) a chat request is offered beside
+                               // its own; NULL: none (no store, or --memory-rounds 0)
 } ServeLimits;
 
 // A request that passed every check, ready for the batch.

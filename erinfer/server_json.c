@@ -598,10 +598,11 @@ static int mem_tool_name(const cJSON *tools, const char *name) {
 // gets recall and the tools, and no save.
 static int parse_memory(const cJSON *root, const ServeLimits *lim, ServeRequest *r, ServeError *e) {
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "memory"), *f;
-    r->memory_recall = r->memory_tools = lim->memory_tools != NULL;
+    r->memory_recall = lim->memory;
+    r->memory_tools = lim->memory_tools != NULL;
     if (!m || cJSON_IsNull(m))
         return 0;
-    if (!lim->memory_tools)
+    if (!lim->memory)
         return BAD("memory", "'memory' needs a server with a memory store (erinfer serve --memory FILE)");
     if (!cJSON_IsObject(m))
         return BAD("memory", "'memory' must be an object of booleans: recall, tools, save");
@@ -630,7 +631,7 @@ static int collect_messages(const cJSON *root, const ServeLimits *lim, ServeRequ
         return BAD("tools", "'tools' must be an array");
     if (parse_tool_choice(tools, choice, lim, r, e) < 0 || parse_memory(root, lim, r, e) < 0)
         return -1;
-    const cJSON *t, *own = cJSON_IsArray(tools) && lim->memory_tools ? tools : NULL;
+    const cJSON *t, *own = cJSON_IsArray(tools) && lim->memory_tools ? tools : NULL; // their names are taken
     int choice_none = cJSON_IsString(choice) && strcmp(choice->valuestring, "none") == 0;
     cJSON_ArrayForEach(t, own) {
         const cJSON *tn = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");

@@ -27,7 +27,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 static void check_request(const char *body, size_t n, int chat, ChatStyle style, int memory) {
-    const ServeLimits lim = {4, 64, 512, 64, 0, 0, 0, memory ? memory_tools : NULL};
+    const ServeLimits lim = {4, 64, 512, 64, 0, 0, 0, memory, memory ? memory_tools : NULL};
     ServeRequest r;
     ServeError e;
     if (serve_parse_request(body, n, chat, style, tok, &lim, &r, &e) < 0) {
@@ -66,7 +66,7 @@ static void check_request(const char *body, size_t n, int chat, ChatStyle style,
 // As a /v1/embeddings body: refused with a status and a message, or 1..SERVE_EMBED_MAX_INPUTS texts and dimensions
 // within the model's 32.
 static void check_embeddings(const char *body, size_t n) {
-    static const ServeLimits lim = {4, 64, 512, 64, 0, 0, 0, NULL};
+    static const ServeLimits lim = {4, 64, 512, 64, 0, 0, 0, 0, NULL};
     ServeEmbedRequest r;
     ServeError e;
     if (serve_parse_embeddings(body, n, &lim, 32, &r, &e) < 0) {

@@ -100,7 +100,7 @@ static const char *tools_request(int with_system) {
                  "\"properties\": {\"city\": {\"type\": \"string\", \"enum\": [\"Paris\", \"Köln\"]}}}}}]}";
 }
 
-static const ServeLimits test_limits = {4, 64, 4096, 64, 0, 0, 0, NULL}; // no adapter, no heads, not hybrid
+static const ServeLimits test_limits = {4, 64, 4096, 64, 0, 0, 0, 0, NULL}; // no adapter, no heads, not hybrid
 
 // The server's prompt for the request against jinja2's rendering of the real template.
 static void check_tools_prompt(ChatStyle style, const char *template_name, int with_system) {
@@ -2003,7 +2003,8 @@ static int parse_with(const ServeLimits *lim, const char *body, ServeRequest *r,
 // a client's tool may not take their names, and the recalled block ends the system message (after the tools).
 Test(server, memory_options_and_the_tools_offered) {
     cJSON *tools = cJSON_Parse(MEMORY_TOOLS);
-    ServeLimits with = test_limits;
+    ServeLimits with = test_limits, rounds0 = test_limits;
+    with.memory = rounds0.memory = 1;
     with.memory_tools = tools;
     ServeRequest r;
     char param[80];
@@ -2040,6 +2041,11 @@ Test(server, memory_options_and_the_tools_offered) {
         cr_expect_eq(r.memory_save, cases[i].save, "%s", body);
         serve_request_free(&r);
     }
+    // --memory-rounds 0: a store without tools; the options still apply.
+    cr_assert_eq(parse_with(&rounds0, MEM_MSG "\"memory\": {\"recall\": false, \"save\": true}}", &r, param,
+                            sizeof param), 0, "%s", param);
+    cr_expect(!r.memory_tools && !r.memory_recall && r.memory_save && !strstr(r.prompt, "memory_search"));
+    serve_request_free(&r);
     // Without a store nothing is offered.
     cr_assert_eq(parse_with(&test_limits, MEM_MSG "\"n\": 1}", &r, param, sizeof param), 0);
     cr_expect(!r.memory_tools && !r.memory_recall && !strstr(r.prompt, "memory_search"));
