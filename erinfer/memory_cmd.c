@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "erinfer/cli.h"
 #include "erinfer/memory.h"
+#include "erinfer/memory_chat.h"
 
 // ---- embeddings ----
 // With --model, entries and queries are embedded by er_embed (the base model, pooled as the model dir says);
@@ -39,19 +40,7 @@ static int embedder_open(Embedder *e, const char *model_dir) {
 // MemEmbedFn: text's embedding (dim floats, owned by the caller: er_free).
 static int embed_text(void *ctx, const char *text, float **vec, int *dim) {
     const Embedder *e = ctx;
-    ErEmbedParams p;
-    er_embed_params_init(&p);
-    p.query = e->query && er_model_query_prompt(e->m) != NULL;
-    *dim = er_model_embedding_size(e->m);
-    if (!(*vec = er_alloc(sizeof(float) * (size_t)*dim)))
-        return ER_ENOMEM;
-    int rc = er_embed(e->s, &text, 1, &p, *vec, (size_t)*dim);
-    if (rc < 0) {
-        er_free(*vec);
-        *vec = NULL, *dim = 0;
-        return rc;
-    }
-    return ER_OK;
+    return mem_chat_embed(&(MemChatEmbedder){e->m, e->s, NULL}, text, e->query, vec, dim);
 }
 
 static void embedder_close(Embedder *e) {
