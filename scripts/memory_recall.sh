@@ -3,17 +3,19 @@
 # `ertrain synth memory` writes facts about made-up people and one paraphrasing question per fact, the facts go into
 # a fresh store with vectors (`erinfer memory import --model`), every question is searched, and the question's fact
 # counts as found by a method when it is among that method's best K: BM25 alone, the vectors alone, and their
-# reciprocal rank fusion (what `erinfer memory search --k K` returns). Prints a table (method, recall@K, n) and exits
-# non-zero when a step fails or a result does not add up.
+# reciprocal rank fusion (what `erinfer memory search --k K` returns). Prints a table (method, recall@K, n). Then
+# `erinfer serve --memory` on the store answers every question twice, with the recalled entries in its system message
+# and without, and a second table gives the answer accuracy of each (docs/memory.md#recall-on-a-synthetic-task).
+# Exits non-zero when a step fails or a result does not add up.
 #
 #   scripts/memory_recall.sh            (from anywhere; make memory-recall builds the programs first)
 # Env: BUILD (dir of ertrain and erinfer, default build), MODEL (the embedding model, default models/tiny-base),
-#      N (facts, default 200), SEED (1), FPE (facts per person, 8), K (5), PY (python3), KEEP=1 (keep the scratch
-#      dir and say where it is).
+#      N (facts, default 200), SEED (1, also the answers' sampling seed), FPE (facts per person, 8), K (5),
+#      PY (python3), KEEP=1 (keep the scratch dir and say where it is).
 #
 # One function per section; main runs them in order on one scratch dir ($work, removed on exit by the trap). Each
 # section writes what the next reads into $work: task/ (facts.jsonl, questions.jsonl), store.db, lists/ and top/
-# (the searches), recall.json.
+# (the searches), recall.json, entries.jsonl, answers.jsonl and accuracy.json (the answers and their grades), serve.log.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -40,6 +42,10 @@ setup() {
 }
 
 cleanup() {
+  if [ -n "${server_pid:-}" ]; then # a failure while the server runs
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
   if [ "${KEEP:-0}" = 1 ]; then
     echo "memory_recall: kept $work" >&2
   else
@@ -115,6 +121,124 @@ json.dump({"k": K, "n": N, "found": found}, open(os.path.join(work, "recall.json
 PYEOF
 }
 
+# Answer accuracy with and without memory. erinfer serve on $MODEL with the store and --memory-rounds 0 (the recalled
+# entries only, no memory tools) answers every question as a chat request twice: with the default recall (the best
+# --memory-k 4 entries for the question join the system message) and with "memory": {"recall": false}; greedy
+# (temperature 0, seed $SEED), at most 32 tokens, one request at a time. A reply is graded by the project's rule
+# (data/grade.h, ported in scripts/grade_ref.py: the answer after "Answer:" / "####" / \boxed{}, equal to the gold
+# answer after normalisation, case-sensitive), and more loosely by whether the gold answer appears in it as a word
+# (case-insensitive). "fact recalled": the question's own fact among the entries recalled for it
+# (erinfer.memory.recalled). The server must stop with status 0 on SIGTERM.
+answer_accuracy() {
+  local log=$work/serve.log port='' rc=0
+  "$BUILD/erinfer" memory list --db "$work/store.db" --limit "$N" --json >"$work/entries.jsonl" \
+    || fail "erinfer memory list"
+  "$BUILD/erinfer" serve --model "$MODEL" --memory "$work/store.db" --memory-rounds 0 --port 0 --threads 2 \
+    2>"$log" &
+  server_pid=$!
+  for _ in $(seq 300); do
+    port=$(sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\)\/v1.*/\1/p' "$log")
+    [ -n "$port" ] && break
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$port" ] || { cat "$log" >&2; fail "erinfer serve did not start"; }
+  grep -q "memory $work/store.db: $N entries, searched by BM25 and vectors" "$log" \
+    || { cat "$log" >&2; fail "erinfer serve does not search the $N entries by BM25 and vectors"; }
+  "$PY" - "$work" "http://127.0.0.1:$port/v1" "$SEED" "$N" "$root/scripts" <<'PYEOF' || fail "answer accuracy"
+import json, os, re, sys, urllib.error, urllib.request
+
+work, base, seed, N = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+sys.path.insert(0, sys.argv[5])
+import grade_ref  # noqa: E402  (scripts/grade_ref.py: data/grade.c's rule)
+
+MEMORY_K, MAX_TOKENS = 4, 32  # erinfer serve's default --memory-k; a short answer
+questions = [json.loads(line) for line in open(os.path.join(work, "task", "questions.jsonl"))]
+fact_of = {}  # entry id -> its fact
+for line in open(os.path.join(work, "entries.jsonl")):
+    e = json.loads(line)
+    fact_of[e["id"]] = e["metadata"]["fact"]
+assert len(questions) == N and len(fact_of) == N, "%d questions, %d entries" % (len(questions), len(fact_of))
+
+
+def ask(question, recall):
+    body = {"messages": [{"role": "user", "content": question}], "temperature": 0, "seed": seed,
+            "max_tokens": MAX_TOKENS}
+    if not recall:
+        body["memory"] = {"recall": False}
+    req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.load(r)
+    except urllib.error.HTTPError as err:
+        sys.exit("HTTP %d for %r: %s" % (err.code, question, err.read().decode(errors="replace")))
+
+
+def contains(reply, gold):
+    return re.search(r"(?<![0-9A-Za-z])%s(?![0-9A-Za-z])" % re.escape(gold), reply, re.I) is not None
+
+
+conditions = [("with memory (best 4 recalled)", True), ("without memory (\"recall\": false)", False)]
+stats = {name: {"strict": 0, "contains": 0, "answered": 0, "recalled": 0, "answers": {}} for name, _ in conditions}
+with open(os.path.join(work, "answers.jsonl"), "w") as out:
+    for q in questions:
+        prompt_tokens = {}
+        for name, recall in conditions:
+            r = ask(q["problem"], recall)
+            choice = r["choices"][0]
+            reply = choice["message"]["content"] or ""
+            assert choice["finish_reason"] in ("stop", "length"), choice
+            ids = r.get("erinfer", {}).get("memory", {}).get("recalled")
+            if recall:  # the best 4 of the search the first table's fusion column counts (all 4 fit the budget)
+                top = [json.loads(line)["id"] for line in open(os.path.join(work, "top", "%d.jsonl" % q["fact"]))]
+                assert ids == top[:MEMORY_K], (q, ids, top)
+            else:
+                assert ids is None, (q, r["erinfer"])
+            prompt_tokens[recall] = r["usage"]["prompt_tokens"]
+            ans = grade_ref.answer(reply)
+            strict, loose = grade_ref.answer_correct(ans, q["answer"]), contains(reply, q["answer"])
+            found = recall and q["fact"] in [fact_of[i] for i in ids]
+            s = stats[name]
+            s["strict"] += strict
+            s["contains"] += loose
+            s["answered"] += ans is not None
+            s["recalled"] += found
+            key = "(none)" if ans is None else ans.decode(errors="replace")
+            s["answers"][key] = s["answers"].get(key, 0) + 1
+            out.write(json.dumps({"fact": q["fact"], "memory": recall, "reply": reply, "answer": q["answer"],
+                                  "strict": strict, "contains": loose, "recalled": ids, "fact_recalled": found,
+                                  "prompt_tokens": r["usage"]["prompt_tokens"]}) + "\n")
+        assert prompt_tokens[True] > prompt_tokens[False], (q, prompt_tokens)  # the entries were in the prompt
+
+
+def rate(x):
+    return "%.3f (%d/%d)" % (x / N, x, N)
+
+
+print()
+print("| condition | accuracy (grade.h: Answer: X) | accuracy (gold word in the reply) | n | fact recalled@%d |"
+      % MEMORY_K)
+print("|---|---|---|---|---|")
+for name, recall in conditions:
+    s = stats[name]
+    print("| %s | %s | %s | %d | %s |" % (name, rate(s["strict"]), rate(s["contains"]), N,
+                                          rate(s["recalled"]) if recall else "- (none recalled)"))
+for name, _ in conditions:
+    s = stats[name]
+    common = sorted(s["answers"].items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+    print("%s: an answer read in %d/%d replies; most read: %s" % (
+        name.split(" (")[0], s["answered"], N, ", ".join("%s %d" % kv for kv in common)))
+json.dump({"n": N, "memory_k": MEMORY_K, "max_tokens": MAX_TOKENS, "seed": seed,
+           "conditions": {name: {k: v for k, v in stats[name].items() if k != "answers"} for name, _ in conditions}},
+          open(os.path.join(work, "accuracy.json"), "w"))
+PYEOF
+  kill -TERM "$server_pid"
+  wait "$server_pid" || rc=$?
+  server_pid=
+  [ "$rc" = 0 ] || { cat "$log" >&2; fail "erinfer serve exited with status $rc on SIGTERM"; }
+}
+
 main() {
   setup
   echo "memory_recall: $N facts (seed $SEED, $FPE per person), embeddings from $MODEL, recall@$K" >&2
@@ -122,6 +246,9 @@ main() {
   build_store
   search_questions
   recall_table
+  echo "memory_recall: answers by erinfer serve --memory $work/store.db --memory-rounds 0 on $MODEL, every question" \
+    "with and without the recall (greedy, at most 32 tokens)" >&2
+  answer_accuracy
 }
 
 main "$@"
