@@ -11,7 +11,9 @@
 #   scripts/memory_recall.sh            (from anywhere; make memory-recall builds the programs first)
 # Env: BUILD (dir of ertrain and erinfer, default build), MODEL (the embedding model, default models/tiny-base),
 #      N (facts, default 200), SEED (1, also the answers' sampling seed), FPE (facts per person, 8), K (5),
-#      PY (python3), KEEP=1 (keep the scratch dir and say where it is).
+#      PY (python3), KEEP=1 (keep the scratch dir and say where it is), SERVE_FLAGS (more erinfer serve flags for
+#      the answers: "--adapter DIR --switcher FILE --verifier FILE" answers through the routed pipeline),
+#      MAX_TOKENS (the answers' max_tokens, 32; a reasoning route needs more).
 #
 # One function per section; main runs them in order on one scratch dir ($work, removed on exit by the trap). Each
 # section writes what the next reads into $work: task/ (facts.jsonl, questions.jsonl), store.db, lists/ and top/
@@ -26,6 +28,8 @@ SEED=${SEED:-1}
 FPE=${FPE:-8}
 K=${K:-5}
 PY=${PY:-python3}
+SERVE_FLAGS=${SERVE_FLAGS:-}
+MAX_TOKENS=${MAX_TOKENS:-32}
 # Each of the 400 searches is a process whose OpenMP threads would spin at every barrier: on 2 busy cores (a build
 # beside it) that made a search 30 times slower (0.55 s instead of 0.016 s), the run minutes long. Waiting passively
 # changes no result.
@@ -137,8 +141,9 @@ answer_accuracy() {
   local log=$work/serve.log port='' rc=0
   "$BUILD/erinfer" memory list --db "$work/store.db" --limit "$N" --json >"$work/entries.jsonl" \
     || fail "erinfer memory list"
+  # shellcheck disable=SC2086 # SERVE_FLAGS: words
   "$BUILD/erinfer" serve --model "$MODEL" --memory "$work/store.db" --memory-rounds 0 --port 0 --threads 2 \
-    2>"$log" &
+    $SERVE_FLAGS 2>"$log" &
   server_pid=$!
   for _ in $(seq 300); do
     port=$(sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\)\/v1.*/\1/p' "$log")
@@ -149,14 +154,14 @@ answer_accuracy() {
   [ -n "$port" ] || { cat "$log" >&2; fail "erinfer serve did not start"; }
   grep -q "memory $work/store.db: $N entries, searched by BM25 and vectors" "$log" \
     || { cat "$log" >&2; fail "erinfer serve does not search the $N entries by BM25 and vectors"; }
-  "$PY" - "$work" "http://127.0.0.1:$port/v1" "$SEED" "$N" "$root/scripts" <<'PYEOF' || fail "answer accuracy"
+  "$PY" - "$work" "http://127.0.0.1:$port/v1" "$SEED" "$N" "$root/scripts" "$MAX_TOKENS" <<'PYEOF' || fail "answer accuracy"
 import json, os, re, sys, urllib.error, urllib.request
 
 work, base, seed, N = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 sys.path.insert(0, sys.argv[5])
 import grade_ref  # noqa: E402  (scripts/grade_ref.py: data/grade.c's rule)
 
-MEMORY_K, MAX_TOKENS = 4, 32  # erinfer serve's default --memory-k; a short answer
+MEMORY_K, MAX_TOKENS = 4, int(sys.argv[6])  # erinfer serve's default --memory-k; the answer's length
 questions = [json.loads(line) for line in open(os.path.join(work, "task", "questions.jsonl"))]
 fact_of = {}  # entry id -> its fact
 for line in open(os.path.join(work, "entries.jsonl")):
@@ -250,8 +255,8 @@ main() {
   build_store
   search_questions
   recall_table
-  echo "memory_recall: answers by erinfer serve --memory $work/store.db --memory-rounds 0 on $MODEL, every question" \
-    "with and without the recall (greedy, at most 32 tokens)" >&2
+  echo "memory_recall: answers by erinfer serve --memory $work/store.db --memory-rounds 0 on $MODEL $SERVE_FLAGS," \
+    "every question with and without the recall (greedy, at most $MAX_TOKENS tokens)" >&2
   answer_accuracy
 }
 
