@@ -255,7 +255,7 @@ main() {
   build_store
   search_questions
   recall_table
-  echo "memory_recall: answers by erinfer serve --memory $work/store.db --memory-rounds 0 on $MODEL $SERVE_FLAGS," \
+  echo "memory_recall: answers by erinfer serve --memory $work/store.db --memory-rounds 0 on $MODEL${SERVE_FLAGS:+ $SERVE_FLAGS}," \
     "every question with and without the recall (greedy, at most $MAX_TOKENS tokens)" >&2
   answer_accuracy
 }
