@@ -224,41 +224,17 @@ static int memory_system(const ChatMemory *mem, const char *system, const char *
 static int memory_round(ChatMemory *mem, ChatLog *c, const char *reply, int round) {
     if (!mem->store || !mem->tools || round >= mem->rounds)
         return 0;
-    ChatToolCall *calls = NULL;
-    int nc = 0, own = 0, rc = ER_OK;
-    size_t clen = 0;
-    if (chat_parse_tool_calls(reply, strlen(reply), &calls, &nc, &clen) < 0) {
-        er_clear_error(); // not a call: the reply is text
-        return 0;
-    }
-    for (int i = 0; i < nc; i++)
-        own += !mem_chat_is_tool(calls[i].name);
-    char **results = nc && !own ? er_calloc((size_t)nc, sizeof *results) : NULL, *turn = NULL;
-    const char **names = results ? er_calloc((size_t)nc, sizeof *names) : NULL;
-    const char **args = results ? er_calloc((size_t)nc, sizeof *args) : NULL;
-    char *content = results ? er_alloc(clen + 1) : NULL;
-    if (nc == 0 || own)
-        goto done;
-    if (!results || !names || !args || !content)
-        ER_CHECK(ER_ENOMEM);
-    for (int i = 0; i < nc; i++) {
-        ER_CHECK(mem_chat_call(&mem->mc, &calls[i], &results[i]));
-        fprintf(stderr, "[%s %s -> %s]\n", calls[i].name, calls[i].arguments, results[i]);
-        names[i] = calls[i].name, args[i] = calls[i].arguments;
-    }
-    memcpy(content, reply, clen);
-    content[clen] = 0;
-    ER_CHECK(chat_tool_calls_text(content, names, args, nc, &turn));
-    ER_CHECK(chat_log_push(c, "assistant", turn, 1));
-    for (int i = 0; i < nc; i++)
-        ER_CHECK(chat_log_push(c, "tool", results[i], 1));
-    rc = 1;
-done:
-    for (int i = 0; results && i < nc; i++)
-        er_free(results[i]);
-    er_free(results), er_free(names), er_free(args), er_free(content), er_free(turn);
-    chat_tool_calls_free(calls, nc);
-    return rc;
+    MemChatRound r;
+    int rc = mem_chat_round(&mem->mc, reply, strlen(reply), &r);
+    if (rc <= 0)
+        return rc;
+    for (int i = 0; i < r.n; i++)
+        fprintf(stderr, "[%s %s -> %s]\n", r.calls[i].name, r.calls[i].arguments, r.results[i]);
+    rc = chat_log_push(c, "assistant", r.turn, 1);
+    for (int i = 0; rc == ER_OK && i < r.n; i++)
+        rc = chat_log_push(c, "tool", r.results[i], 1);
+    mem_chat_round_free(&r);
+    return rc < 0 ? rc : 1;
 }
 
 // /save: the conversation so far as one entry.

@@ -224,6 +224,50 @@ int mem_chat_call(MemChat *m, const ChatToolCall *call, char **result) {
     return rc;
 }
 
+void mem_chat_round_free(MemChatRound *r) {
+    for (int i = 0; r->results && i < r->n; i++)
+        er_free(r->results[i]);
+    er_free(r->results);
+    er_free(r->turn);
+    chat_tool_calls_free(r->calls, r->n);
+    memset(r, 0, sizeof *r);
+}
+
+int mem_chat_round(MemChat *m, const char *reply, size_t len, MemChatRound *out) {
+    memset(out, 0, sizeof *out);
+    if (chat_parse_tool_calls(reply, len, &out->calls, &out->n, &out->content_len) < 0) {
+        er_clear_error(); // not a call: the reply is text
+        return 0;
+    }
+    int own = 0;
+    for (int i = 0; i < out->n; i++)
+        own += !mem_chat_is_tool(out->calls[i].name);
+    if (out->n == 0 || own) {
+        mem_chat_round_free(out);
+        return 0;
+    }
+    const char **names = er_calloc((size_t)out->n, sizeof *names), **args = er_calloc((size_t)out->n, sizeof *args);
+    char *content = er_alloc(out->content_len + 1);
+    int rc = (out->results = er_calloc((size_t)out->n, sizeof *out->results)) && names && args && content
+                 ? ER_OK
+                 : ER_ENOMEM;
+    for (int i = 0; rc == ER_OK && i < out->n; i++) {
+        rc = mem_chat_call(m, &out->calls[i], &out->results[i]);
+        names[i] = out->calls[i].name, args[i] = out->calls[i].arguments;
+    }
+    if (rc == ER_OK) {
+        memcpy(content, reply, out->content_len);
+        content[out->content_len] = 0;
+        rc = chat_tool_calls_text(content, names, args, out->n, &out->turn);
+    }
+    er_free(names), er_free(args), er_free(content);
+    if (rc < 0) {
+        mem_chat_round_free(out);
+        return rc;
+    }
+    return 1;
+}
+
 int mem_chat_save(MemChat *m, const char *text, const char *metadata, int64_t *id) {
     float *vec = NULL;
     int dim = 0;

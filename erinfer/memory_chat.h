@@ -64,6 +64,21 @@ int mem_chat_is_tool(const char *name); // memory_search or memory_add
 // wrong are a result too ({"error": "..."}), for the model to read; only the store's failures are errors.
 int mem_chat_call(MemChat *m, const ChatToolCall *call, char **result);
 
+// A reply that is calls of the memory tools alone, run: what the conversation gets next is the assistant's turn
+// (its content and the calls, as the chat template writes them) and one tool message per result.
+typedef struct {
+    ChatToolCall *calls;  // (n) as the model wrote them
+    int n;
+    size_t content_len;   // the reply's content before its calls (bytes)
+    char *turn;           // the assistant's turn
+    char **results;       // (n) each call's result (mem_chat_call)
+} MemChatRound;
+
+// Runs the reply's calls when it has some and all are memory tools' (1: *out filled, mem_chat_round_free it);
+// 0: the reply is the answer (no call, one that does not parse, or a call of another tool, the client's to run).
+int mem_chat_round(MemChat *m, const char *reply, size_t len, MemChatRound *out);
+void mem_chat_round_free(MemChatRound *r);
+
 // Adds text (a saved conversation, a note) as an entry with metadata (a JSON object or NULL), embedded as a
 // document where m embeds. *id (may be NULL) gets its id.
 int mem_chat_save(MemChat *m, const char *text, const char *metadata, int64_t *id);

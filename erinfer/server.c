@@ -323,63 +323,30 @@ static int memory_recall(Server *srv, ServeRequest *r, ServeError *e) {
 }
 
 // The log of one round of memory tool calls: {"content", "tool_calls": [{"name", "arguments"}], "results"}.
-static void memory_log_round(ServeRequest *r, const char *content, size_t clen, const ChatToolCall *calls, int nc,
-                             char *const *results) {
+static void memory_log_round(ServeRequest *r, const char *reply, const MemChatRound *round) {
     cJSON *log = memory_log(r), *rounds = log ? cJSON_GetObjectItemCaseSensitive(log, "tool_rounds") : NULL;
     if (log && !rounds)
         rounds = cJSON_AddArrayToObject(log, "tool_rounds");
     cJSON *o = cJSON_CreateObject(), *cs = cJSON_AddArrayToObject(o, "tool_calls");
     cJSON *rs = cJSON_AddArrayToObject(o, "results");
-    char *c = er_alloc(clen + 1);
+    char *c = er_alloc(round->content_len + 1);
     if (c) {
-        memcpy(c, content, clen);
-        c[clen] = 0;
+        memcpy(c, reply, round->content_len);
+        c[round->content_len] = 0;
         cJSON_AddStringToObject(o, "content", c);
         er_free(c);
     }
-    for (int i = 0; i < nc; i++) {
+    for (int i = 0; i < round->n; i++) {
         cJSON *call = cJSON_CreateObject();
-        cJSON_AddStringToObject(call, "name", calls[i].name);
-        cJSON_AddStringToObject(call, "arguments", calls[i].arguments);
+        cJSON_AddStringToObject(call, "name", round->calls[i].name);
+        cJSON_AddStringToObject(call, "arguments", round->calls[i].arguments);
         cJSON_AddItemToArray(cs, call);
-        cJSON_AddItemToArray(rs, cJSON_CreateString(results[i] ? results[i] : ""));
+        cJSON_AddItemToArray(rs, cJSON_CreateString(round->results[i]));
     }
     if (rounds)
         cJSON_AddItemToArray(rounds, o);
     else
         cJSON_Delete(o);
-}
-
-// Runs the calls and adds them, with their results, to the conversation: the assistant's turn (its content and
-// the calls, as the template writes them) and one tool message per result. -1: e says why.
-static int memory_run_calls(Server *srv, ServeRequest *r, const char *text, size_t clen, const ChatToolCall *calls,
-                            int nc, ServeError *e) {
-    char **results = er_calloc((size_t)nc, sizeof *results), *turn = NULL, *content = er_alloc(clen + 1);
-    const char **names = er_calloc((size_t)nc, sizeof *names), **args = er_calloc((size_t)nc, sizeof *args);
-    int rc = results && content && names && args ? 0 : serve_fail(e, 500, "server_error", NULL, "out of memory");
-    for (int i = 0; rc == 0 && i < nc; i++) {
-        if (mem_chat_call(&srv->mc, &calls[i], &results[i]) < 0) {
-            fprintf(stderr, "erinfer serve: memory: %s\n", er_last_error());
-            rc = serve_fail(e, 500, "server_error", NULL, "the memory store failed (see the server's log)");
-        }
-        names[i] = calls[i].name, args[i] = calls[i].arguments;
-    }
-    if (rc == 0) {
-        memcpy(content, text, clen);
-        content[clen] = 0;
-        if (chat_tool_calls_text(content, names, args, nc, &turn) < 0)
-            rc = serve_fail(e, 500, "server_error", NULL, "out of memory");
-    }
-    if (rc == 0)
-        rc = serve_conv_push(r, "assistant", turn, e);
-    for (int i = 0; rc == 0 && i < nc; i++)
-        rc = serve_conv_push(r, "tool", results[i], e);
-    if (rc == 0)
-        memory_log_round(r, text, clen, calls, nc, results);
-    for (int i = 0; results && i < nc; i++)
-        er_free(results[i]);
-    er_free(results), er_free(turn), er_free(content), er_free(names), er_free(args);
-    return rc;
 }
 
 // Where a job's request was offered the memory tools and its sample wrote calls to them alone: they run, and the
@@ -391,20 +358,23 @@ static int memory_round(Server *srv, Job *j) {
     if (!r->memory_tools || er_request_status(j->rq) != ER_OK || __atomic_load_n(&j->cancel, __ATOMIC_RELAXED))
         return 0;
     const ErSample *x = er_request_sample(j->rq, 0);
-    ChatToolCall *calls = NULL;
-    int nc = 0, own = 0;
-    size_t clen = 0;
-    if (!x || chat_parse_tool_calls(x->text, x->text_len, &calls, &nc, &clen) < 0 || nc == 0)
-        return 0;
-    for (int i = 0; i < nc; i++)
-        own += !mem_chat_is_tool(calls[i].name);
-    if (own) { // the client's tools are the client's to run: the round is the answer, every call in it
-        chat_tool_calls_free(calls, nc);
-        return 0;
-    }
+    MemChatRound round;
     ServeError e = {0};
-    int rc = memory_run_calls(srv, r, x->text, clen, calls, nc, &e);
-    chat_tool_calls_free(calls, nc);
+    int rc = x ? mem_chat_round(&srv->mc, x->text ? x->text : "", x->text_len, &round) : 0;
+    if (rc == 0)
+        return 0;
+    if (rc < 0) {
+        fprintf(stderr, "erinfer serve: memory: %s\n", er_last_error());
+        rc = serve_fail(&e, 500, "server_error", NULL, "the memory store failed (see the server's log)");
+    } else { // the assistant's turn and the tool results join the conversation
+        rc = serve_conv_push(r, "assistant", round.turn, &e);
+        for (int i = 0; rc == 0 && i < round.n; i++)
+            rc = serve_conv_push(r, "tool", round.results[i], &e);
+        if (rc == 0)
+            memory_log_round(r, x->text, &round);
+    }
+    size_t clen = round.content_len;
+    mem_chat_round_free(&round);
     j->generated_before += er_request_stats(j->rq)->generated_tokens;
     if (rc == 0) {
         strbuf_put(&r->before, x->text, clen);
