@@ -534,22 +534,30 @@ int mem_filter_add(MemFilter *f, const char *key, const char *json_value) {
     for (const char *p = key; *p; p++)
         if (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20)
             return er_error(ER_EINVAL, "metadata filter: key \"%s\" has a quote, backslash or control character", key);
+    // The value is kept as cJSON prints it: SQLite's JSON reader is stricter than cJSON's (cJSON takes any
+    // byte below 0x21 as white space and raw control characters in strings), so what SQLite reads is canonical.
     cJSON *v = json_value ? cJSON_ParseWithOpts(json_value, NULL, 1) : NULL;
     int scalar = v && !cJSON_IsArray(v) && !cJSON_IsObject(v);
+    char *canon = scalar ? cJSON_PrintUnformatted(v) : NULL;
     cJSON_Delete(v);
     if (!scalar)
         return er_error(ER_EINVAL, "metadata filter %s: the value %s is not a JSON scalar (quote a string: %s='\"%s\"')",
                         key, json_value ? json_value : "(none)", key, json_value ? json_value : "");
+    if (!canon)
+        return ER_ENOMEM;
     char **k = er_realloc_array(f->keys, (size_t)f->n + 1, sizeof *k);
-    if (!k)
+    char **vv = k ? er_realloc_array(f->values, (size_t)f->n + 1, sizeof *vv) : NULL;
+    if (k)
+        f->keys = k;
+    if (vv)
+        f->values = vv;
+    if (!vv) {
+        cJSON_free(canon);
         return ER_ENOMEM;
-    f->keys = k;
-    char **vv = er_realloc_array(f->values, (size_t)f->n + 1, sizeof *vv);
-    if (!vv)
-        return ER_ENOMEM;
-    f->values = vv;
+    }
     f->keys[f->n] = er_strdup(key);
-    f->values[f->n] = er_strdup(json_value);
+    f->values[f->n] = er_strdup(canon);
+    cJSON_free(canon);
     if (!f->keys[f->n] || !f->values[f->n]) {
         er_free(f->keys[f->n]);
         er_free(f->values[f->n]);
