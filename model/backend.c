@@ -91,6 +91,17 @@ static int cpu_attention_forward(Backend *be, float *out, float *lse, const floa
     return attention_forward(out, lse, q, k, v, NULL, B, T, T, NH, NKV, HS, scores, nthreads);
 }
 
+static int cpu_kv_store(Backend *be, KVCache *kv, int l, const float *k, const float *v, const int *dst, int N) {
+    kv_store_rows(kv, l, k, v, dst, N);
+    return ER_OK;
+}
+
+static int cpu_kv_attention_forward(Backend *be, float *out, const float *q, const KVCache *kv, int l,
+                                    const int *blocks, const int *pos0, const int *len, int B, int T, int NH,
+                                    float *scores, int nthreads, int keys) {
+    return kv_attention_forward(out, q, kv, l, blocks, pos0, len, B, T, NH, scores, nthreads, keys);
+}
+
 static int cpu_lora_forward(Backend *be, float *out, float *h, const float *x, const LoraMat *m, int r, float scale,
                             const uint8_t *mask, int N) {
     return lora_forward(out, h, x, m, r, scale, mask, N);
@@ -240,6 +251,8 @@ static const BackendOps cpu_ops = {
     .swiglu_forward = cpu_swiglu_forward,
     .residual_forward = cpu_residual_forward,
     .attention_forward = cpu_attention_forward,
+    .kv_store = cpu_kv_store,
+    .kv_attention_forward = cpu_kv_attention_forward,
     .lora_forward = cpu_lora_forward,
     .cross_entropy = cpu_cross_entropy,
     .logprob_forward = cpu_logprob_forward,
@@ -355,6 +368,12 @@ AFTER_OP(attention_forward,
        (Backend *be, float *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int NH,
         int NKV, int HS, float *scores, int nthreads),
        (be, out, lse, q, k, v, B, T, NH, NKV, HS, scores, nthreads))
+AFTER_OP(kv_store, (Backend *be, KVCache *kv, int l, const float *k, const float *v, const int *dst, int N),
+       (be, kv, l, k, v, dst, N))
+AFTER_OP(kv_attention_forward,
+       (Backend *be, float *out, const float *q, const KVCache *kv, int l, const int *blocks, const int *pos0,
+        const int *len, int B, int T, int NH, float *scores, int nthreads, int keys),
+       (be, out, q, kv, l, blocks, pos0, len, B, T, NH, scores, nthreads, keys))
 AFTER_OP(lora_forward,
        (Backend *be, float *out, float *h, const float *x, const LoraMat *m, int r, float scale, const uint8_t *mask,
         int N),
@@ -419,6 +438,8 @@ static const BackendOps after_ops = {
     .swiglu_forward = after_swiglu_forward,
     .residual_forward = after_residual_forward,
     .attention_forward = after_attention_forward,
+    .kv_store = after_kv_store,
+    .kv_attention_forward = after_kv_attention_forward,
     .lora_forward = after_lora_forward,
     .cross_entropy = after_cross_entropy,
     .logprob_forward = after_logprob_forward,

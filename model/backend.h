@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "lora/lora.h"
+#include "model/kvcache.h"
 #include "quant/weight.h"
 
 typedef enum { BACKEND_CPU, BACKEND_CUDA } BackendKind;
@@ -69,6 +70,16 @@ typedef struct {
                            float inv_temp);
     int (*logprob_backward)(Backend *be, float *dlogits, const float *logits, const int *targets, const float *coef,
                             int N, int V, float inv_temp);
+
+    // ---- the KV cache's (model/kvcache.h: kv's entries on this backend, its block tables on the host) ----
+    // Layer l's cache rows dst[n] (kv_row; < 0: skipped) := k, v (N, NKV*HS), quantised for an int8 cache;
+    // dst (N) on the backend.
+    int (*kv_store)(Backend *be, KVCache *kv, int l, const float *k, const float *v, const int *dst, int N);
+    // out (B, T, NH, HS) = kv_attention_forward's attention of q over the cache (kvcache.h); blocks
+    // (B, kv->max_blocks_per_seq), pos0 and len (B) on the backend. scores, nthreads, keys: as attention_forward's.
+    int (*kv_attention_forward)(Backend *be, float *out, const float *q, const KVCache *kv, int l, const int *blocks,
+                                const int *pos0, const int *len, int B, int T, int NH, float *scores, int nthreads,
+                                int keys);
 
     // ---- the backward's ops (accumulating where the CPU ops accumulate) ----
     // dinp (N, cols) += dout (N, rows) · W, any format the backend holds.

@@ -200,9 +200,11 @@ void acts_free(Activations *a) {
         be->ops->free(be, a->mem);
         be->ops->free(be, a->cos_tab);
         be->ops->free(be, a->sin_tab);
+        be->ops->free(be, a->kv_buf);
     }
     er_free(a->layer);
     er_free(a->pos);
+    er_free(a->kv_host);
     memset(a, 0, sizeof *a);
 }
 
@@ -394,8 +396,9 @@ static int check_input(const Model *m, const ModelInput *in, const Activations *
     if (mbe != a->be)
         return er_error(ER_EINVAL, "forward: the model is on %s, the activations on %s", mbe->name, a->be->name);
     if (in->kv) {
-        if (a->be->kind != BACKEND_CPU)
-            return er_error(ER_EUNSUPPORTED, "forward: the KV cache lives on the CPU backend only, not on %s", a->be->name);
+        if (in->kv->be != a->be)
+            return er_error(ER_EINVAL, "forward: the KV cache is on %s, the activations on %s",
+                            in->kv->be ? in->kv->be->name : "no backend", a->be->name);
         if (a->mode == ACTS_TRAIN)
             return er_error(ER_EINVAL, "forward: training keeps its own keys and values, not a KV cache");
         if (in->kv->L != c->L || in->kv->NKV != c->NKV || in->kv->HS != c->HS)
@@ -432,7 +435,7 @@ static LayerActs *layer_acts(Activations *a, int l) {
 // next (which may be la->res in a forward-only pass, or any scratch when recomputing).
 static int layer_forward(const Model *m, const ModelInput *in, Activations *a, int l, LayerActs *la, float *next) {
     const ModelConfig *c = &m->cfg;
-    int B = in->B, T = in->T, N = B * T, C = c->C, kvd = c->NKV * c->HS;
+    int B = in->B, T = in->T, N = B * T, C = c->C;
     KVCache *kv = in->kv;
     Backend *be = a->be;
     const LayerWeights *w = &m->layers[l];
@@ -448,14 +451,11 @@ static int layer_forward(const Model *m, const ModelInput *in, Activations *a, i
     }
     ER_TRY(be->ops->rope_forward(be, la->q, a->pos_buf, a->cos_tab, a->sin_tab, N, c->NH, c->HS));
     ER_TRY(be->ops->rope_forward(be, la->k, a->pos_buf, a->cos_tab, a->sin_tab, N, c->NKV, c->HS));
-    if (kv) {
-        for (int b = 0; b < B; b++)
-            for (int t = 0; t < (in->len ? in->len[b] : T); t++) {
-                size_t row = (size_t)b * T + t;
-                kv_store(kv, l, in->kv_slots[b], a->pos0[b] + t, la->k + row * kvd, la->v + row * kvd);
-            }
-        ER_TRY(kv_attention_forward(la->atty, la->q, kv, l, in->kv_slots, a->pos0, in->len ? in->len : NULL, B, T,
-                                    c->NH, a->scores, a->attn_threads, a->attn_keys));
+    if (kv) { // kv_pass_put's inputs: cache rows (N), pos0 (B), len (B), block tables
+        const int *dst = a->kv_buf, *pos0 = dst + N, *len = pos0 + B, *blocks = len + B;
+        ER_TRY(be->ops->kv_store(be, kv, l, la->k, la->v, dst, N));
+        ER_TRY(be->ops->kv_attention_forward(be, la->atty, la->q, kv, l, blocks, pos0, len, B, T, c->NH, a->scores,
+                                             a->attn_threads, a->attn_keys));
     } else {
         ER_TRY(be->ops->attention_forward(be, la->atty, la->lse, la->q, la->k, la->v, B, T, c->NH, c->NKV, c->HS,
                                           a->scores, a->attn_threads));
@@ -468,6 +468,33 @@ static int layer_forward(const Model *m, const ModelInput *in, Activations *a, i
     ER_TRY(be->ops->swiglu_forward(be, la->hmlp, la->gate, la->up, N, c->FF));
     ER_TRY(linear_forward(&lc, LT_DOWN, a->tmp, la->hmlp, &w->wdown, NULL, N));
     return be->ops->residual_forward(be, next, la->res2, a->tmp, (size_t)N * C);
+}
+
+// A KV pass's inputs for the backend's KV ops, placed in one upload (Activations.kv_buf's layout).
+static int kv_pass_put(Activations *a, const ModelInput *in) {
+    const KVCache *kv = in->kv;
+    Backend *be = a->be;
+    int B = in->B, T = in->T, N = B * T;
+    size_t n = (size_t)N + 2 * (size_t)B + (size_t)B * kv->max_blocks_per_seq;
+    if (n > a->kv_cap) {
+        be->ops->free(be, a->kv_buf);
+        er_free(a->kv_host);
+        a->kv_cap = 0;
+        a->kv_host = er_alloc(n * sizeof(int));
+        a->kv_buf = a->kv_host ? be->ops->alloc(be, n * sizeof(int)) : NULL;
+        if (!a->kv_buf)
+            return ER_ENOMEM;
+        a->kv_cap = n;
+    }
+    int *dst = a->kv_host, *pos0 = dst + N, *len = pos0 + B, *blocks = len + B;
+    for (int b = 0; b < B; b++) {
+        pos0[b] = a->pos0[b];
+        len[b] = in->len ? in->len[b] : T;
+        for (int t = 0; t < T; t++)
+            dst[b * T + t] = t < len[b] ? kv_row(kv, in->kv_slots[b], pos0[b] + t) : -1;
+    }
+    kv_block_table(kv, in->kv_slots, B, blocks);
+    return acts_put(a, a->kv_buf, a->kv_host, n * sizeof(int));
 }
 
 static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
@@ -490,9 +517,11 @@ static int forward_pass(Model *m, const ModelInput *in, Activations *a) {
     int train = a->mode == ACTS_TRAIN && in->dropout_rng;
     if (in->adapter)
         ER_TRY(ensure_lora_acts(a, in->adapter, train));
-    if (kv)
+    if (kv) {
         for (int b = 0; b < B; b++)
             ER_TRY(kv_seq_extend(kv, in->kv_slots[b], a->pos0[b] + (in->len ? in->len[b] : T)));
+        ER_TRY(kv_pass_put(a, in));
+    }
     ER_TRY(acts_put(a, a->tokens_buf, in->tokens, sizeof(int) * N));
     ER_TRY(acts_put(a, a->pos_buf, a->pos, sizeof(int) * N));
     a->amask = NULL;

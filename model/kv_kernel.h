@@ -75,7 +75,7 @@ const KvI8Kernels *kv_i8_kernels(void);
 
 // kv_attention_forward with the given int8 kernels (tests run it with both).
 int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float *q, const KVCache *kv, int l,
-                                 const int *slots, const int *pos0, const int *len, int B, int T, int NH,
+                                 const int *blocks, const int *pos0, const int *len, int B, int T, int NH,
                                  float *scores, int nthreads, int keys);
 
 #endif

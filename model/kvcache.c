@@ -10,6 +10,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/gemm.h"
+#include "model/backend.h"
 #include "model/kv_kernel.h"
 #include "model/ops.h"
 
@@ -34,6 +35,11 @@ size_t kv_cache_bytes(const ModelConfig *c, KvType type, int max_seqs, size_t ma
 
 int kv_cache_alloc(KVCache *kv, const ModelConfig *c, KvType type, int max_seqs, int max_seq_len, size_t max_positions,
                    size_t max_bytes) {
+    return kv_cache_alloc_on(kv, backend_cpu(), c, type, max_seqs, max_seq_len, max_positions, max_bytes);
+}
+
+int kv_cache_alloc_on(KVCache *kv, Backend *be, const ModelConfig *c, KvType type, int max_seqs, int max_seq_len,
+                      size_t max_positions, size_t max_bytes) {
     memset(kv, 0, sizeof *kv);
     if (max_seqs <= 0 || max_seq_len <= 0 || max_positions == 0)
         return er_error(ER_EINVAL, "KV cache: sizes must be positive");
@@ -42,6 +48,7 @@ int kv_cache_alloc(KVCache *kv, const ModelConfig *c, KvType type, int max_seqs,
     if (max_positions > (size_t)INT_MAX || n_blocks > (size_t)INT_MAX)
         return er_error(ER_ERANGE, "KV cache: %zu positions in %d sequences is more than this cache can address",
                         max_positions, max_seqs);
+    kv->be = be;
     kv->L = c->L;
     kv->NKV = c->NKV;
     kv->HS = c->HS;
@@ -55,12 +62,19 @@ int kv_cache_alloc(KVCache *kv, const ModelConfig *c, KvType type, int max_seqs,
         return er_error(ER_ENOMEM, "KV cache for %zu positions (%d sequences) needs %.1f MiB, more than the %.1f MiB "
                         "allowed", max_positions, max_seqs, kv->bytes / 1048576.0, max_bytes / 1048576.0);
     size_t entries = (size_t)c->L * kv->n_blocks * KV_BLOCK * c->NKV * c->HS;
-    kv->k = er_alloc(entries * entry_size(type));
-    kv->v = er_alloc(entries * entry_size(type));
-    if (type == KV_INT8) {
-        size_t scales = (size_t)c->L * kv->n_blocks * KV_BLOCK * c->NKV;
-        kv->ks = er_calloc(scales, sizeof(float));
-        kv->vs = er_calloc(scales, sizeof(float));
+    kv->k = be->ops->alloc(be, entries * entry_size(type));
+    kv->v = kv->k ? be->ops->alloc(be, entries * entry_size(type)) : NULL;
+    if (type == KV_INT8 && kv->v) { // zeroed: a copied block may carry a scale no store wrote
+        size_t scales = (size_t)c->L * kv->n_blocks * KV_BLOCK * c->NKV * sizeof(float);
+        kv->ks = be->ops->alloc(be, scales);
+        kv->vs = kv->ks ? be->ops->alloc(be, scales) : NULL;
+        int rc = kv->vs ? be->ops->zero(be, kv->ks, scales) : ER_OK;
+        if (rc == ER_OK && kv->vs)
+            rc = be->ops->zero(be, kv->vs, scales);
+        if (rc < 0) {
+            kv_cache_free(kv);
+            return rc;
+        }
     }
     kv->ref = er_calloc((size_t)kv->n_blocks, sizeof(int));
     kv->free_ids = er_calloc((size_t)kv->n_blocks, sizeof(int));
@@ -83,10 +97,12 @@ void kv_cache_free(KVCache *kv) {
         for (int s = 0; s < kv->max_seqs; s++)
             er_free(kv->seqs[s].blocks);
     er_free(kv->seqs);
-    er_free(kv->k);
-    er_free(kv->v);
-    er_free(kv->ks);
-    er_free(kv->vs);
+    if (kv->be) {
+        kv->be->ops->free(kv->be, kv->k);
+        kv->be->ops->free(kv->be, kv->v);
+        kv->be->ops->free(kv->be, kv->ks);
+        kv->be->ops->free(kv->be, kv->vs);
+    }
     er_free(kv->ref);
     er_free(kv->free_ids);
     memset(kv, 0, sizeof *kv);
@@ -145,18 +161,20 @@ static size_t block_offset(const KVCache *kv, int l, int block) {
     return ((size_t)l * kv->n_blocks + block) * KV_BLOCK;
 }
 
-static void copy_block(KVCache *kv, int dst, int src) {
+static int copy_block(KVCache *kv, int dst, int src) {
+    Backend *be = kv->be;
     size_t row = (size_t)kv->NKV * kv->HS, es = entry_size(kv->type);
     for (int l = 0; l < kv->L; l++) {
         size_t od = block_offset(kv, l, dst), os = block_offset(kv, l, src);
-        memcpy((char *)kv->k + od * row * es, (char *)kv->k + os * row * es, KV_BLOCK * row * es);
-        memcpy((char *)kv->v + od * row * es, (char *)kv->v + os * row * es, KV_BLOCK * row * es);
+        ER_TRY(be->ops->copy(be, (char *)kv->k + od * row * es, (char *)kv->k + os * row * es, KV_BLOCK * row * es));
+        ER_TRY(be->ops->copy(be, (char *)kv->v + od * row * es, (char *)kv->v + os * row * es, KV_BLOCK * row * es));
         if (kv->type == KV_INT8) {
-            memcpy(kv->ks + od * kv->NKV, kv->ks + os * kv->NKV, KV_BLOCK * kv->NKV * sizeof(float));
-            memcpy(kv->vs + od * kv->NKV, kv->vs + os * kv->NKV, KV_BLOCK * kv->NKV * sizeof(float));
+            ER_TRY(be->ops->copy(be, kv->ks + od * kv->NKV, kv->ks + os * kv->NKV, KV_BLOCK * kv->NKV * sizeof(float)));
+            ER_TRY(be->ops->copy(be, kv->vs + od * kv->NKV, kv->vs + os * kv->NKV, KV_BLOCK * kv->NKV * sizeof(float)));
         }
     }
     kv->copied_blocks++;
+    return ER_OK;
 }
 
 int kv_seq_extend(KVCache *kv, int slot, int new_len) {
@@ -172,9 +190,10 @@ int kv_seq_extend(KVCache *kv, int slot, int new_len) {
     if (first < s->n_blocks && kv->ref[s->blocks[first]] > 1) {
         if (kv->n_free == 0)
             return er_error(ER_ENOMEM, "KV cache is full (%d blocks of %d positions)", kv->n_blocks, KV_BLOCK);
-        int b = kv->free_ids[--kv->n_free];
+        int b = kv->free_ids[kv->n_free - 1];
+        ER_TRY(copy_block(kv, b, s->blocks[first]));
+        kv->n_free--;
         kv->ref[b] = 1;
-        copy_block(kv, b, s->blocks[first]);
         kv->ref[s->blocks[first]]--;
         s->blocks[first] = b;
     }
@@ -206,17 +225,37 @@ static void quantize_row(int8_t *q, float *scale, const float *x, int HS) {
     *scale = s;
 }
 
-void kv_store(KVCache *kv, int l, int slot, int pos, const float *k, const float *v) {
-    const KvSeq *s = &kv->seqs[slot];
-    size_t p = block_offset(kv, l, s->blocks[pos / KV_BLOCK]) + pos % KV_BLOCK, row = (size_t)kv->NKV * kv->HS;
-    if (kv->type == KV_F32) {
-        memcpy((float *)kv->k + p * row, k, row * sizeof(float));
-        memcpy((float *)kv->v + p * row, v, row * sizeof(float));
-        return;
+int kv_row(const KVCache *kv, int slot, int pos) {
+    return kv->seqs[slot].blocks[pos / KV_BLOCK] * KV_BLOCK + pos % KV_BLOCK;
+}
+
+void kv_block_table(const KVCache *kv, const int *slots, int B, int *table) {
+    for (int b = 0; b < B; b++) {
+        const KvSeq *s = &kv->seqs[slots[b]];
+        int *t = table + (size_t)b * kv->max_blocks_per_seq;
+        memcpy(t, s->blocks, sizeof(int) * (size_t)s->n_blocks);
+        for (int i = s->n_blocks; i < kv->max_blocks_per_seq; i++)
+            t[i] = -1;
     }
-    for (int h = 0; h < kv->NKV; h++) {
-        quantize_row((int8_t *)kv->k + p * row + (size_t)h * kv->HS, &kv->ks[p * kv->NKV + h], k + (size_t)h * kv->HS, kv->HS);
-        quantize_row((int8_t *)kv->v + p * row + (size_t)h * kv->HS, &kv->vs[p * kv->NKV + h], v + (size_t)h * kv->HS, kv->HS);
+}
+
+void kv_store_rows(KVCache *kv, int l, const float *k, const float *v, const int *dst, int N) {
+    size_t row = (size_t)kv->NKV * kv->HS;
+    for (int n = 0; n < N; n++) {
+        if (dst[n] < 0)
+            continue;
+        size_t p = block_offset(kv, l, 0) + (size_t)dst[n];
+        const float *kn = k + (size_t)n * row, *vn = v + (size_t)n * row;
+        if (kv->type == KV_F32) {
+            memcpy((float *)kv->k + p * row, kn, row * sizeof(float));
+            memcpy((float *)kv->v + p * row, vn, row * sizeof(float));
+            continue;
+        }
+        for (int h = 0; h < kv->NKV; h++) {
+            size_t o = (size_t)h * kv->HS;
+            quantize_row((int8_t *)kv->k + p * row + o, &kv->ks[p * kv->NKV + h], kn + o, kv->HS);
+            quantize_row((int8_t *)kv->v + p * row + o, &kv->vs[p * kv->NKV + h], vn + o, kv->HS);
+        }
     }
 }
 
@@ -364,13 +403,13 @@ static void softmax_sums(float *sum, const float *x, size_t ld, int G, int n) {
 // Both caches go a block of positions at a time: the int8 one through kk's kernels (model/kv_kernel.h),
 // the fp32 one through the two above.
 int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float *q, const KVCache *kv, int l,
-                                 const int *slots, const int *pos0, const int *len, int B, int T, int NH,
+                                 const int *blocks, const int *pos0, const int *len, int B, int T, int NH,
                                  float *scores, int nthreads, int keys) {
     int NKV = kv->NKV, HS = kv->HS, G = NH / NKV;
     for (int b = 0; b < B; b++)
-        if (pos0[b] + (len ? len[b] : T) > keys)
+        if (pos0[b] + len[b] > keys)
             return er_error(ER_EINVAL, "attention: row %d reaches position %d, the scratch holds %d keys", b,
-                            pos0[b] + (len ? len[b] : T), keys);
+                            pos0[b] + len[b], keys);
     if (!scores || nthreads < 1)
         return er_error(ER_EINVAL, "attention: no scratch for the scores (%d threads)", nthreads);
     size_t row = (size_t)NKV * HS;
@@ -388,15 +427,15 @@ int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float 
     for (int b = 0; b < B; b++)
         for (int u = 0; u < NKV * parts; u++)
             for (int t = 0; t < T; t++) {
-                if (t >= (len ? len[b] : T))
+                if (t >= len[b])
                     continue;
                 int kh = u / parts, g0 = u % parts * GP, gn = g0 + GP <= G ? GP : G - g0;
                 float *sc = scores + (size_t)omp_get_thread_num() * GP * keys;
-                const KvSeq *seq = &kv->seqs[slots[b]];
+                const int *seq = blocks + (size_t)b * kv->max_blocks_per_seq;
                 int last = pos0[b] + t;
                 const float *qv = q + (((size_t)b * T + t) * NH + (size_t)kh * G + g0) * HS;
                 for (int s = 0; s <= last; s += KV_BLOCK) {
-                    size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]) * row + (size_t)kh * HS;
+                    size_t p = block_offset(kv, l, seq[s / KV_BLOCK]) * row + (size_t)kh * HS;
                     int n = last + 1 - s < KV_BLOCK ? last + 1 - s : KV_BLOCK;
                     if (i8)
                         kk->scores(sc + s, keys, qv, gn, (const int8_t *)kv->k + p, kv->ks + p / HS, row, NKV, n, HS,
@@ -427,7 +466,7 @@ int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float 
                 for (size_t i = 0; i < (size_t)gn * HS; i++)
                     o[i] = 0.0f;
                 for (int s = 0; s <= last; s += KV_BLOCK) {
-                    size_t p = block_offset(kv, l, seq->blocks[s / KV_BLOCK]) * row + (size_t)kh * HS;
+                    size_t p = block_offset(kv, l, seq[s / KV_BLOCK]) * row + (size_t)kh * HS;
                     int n = last + 1 - s < KV_BLOCK ? last + 1 - s : KV_BLOCK;
                     if (i8)
                         kk->values(o, sc + s, keys, gn, (const int8_t *)kv->v + p, kv->vs + p / HS, row, NKV, n, HS);
@@ -440,8 +479,8 @@ int kv_attention_forward_kernels(const KvI8Kernels *kk, float *out, const float 
     return ER_OK;
 }
 
-int kv_attention_forward(float *out, const float *q, const KVCache *kv, int l, const int *slots, const int *pos0,
+int kv_attention_forward(float *out, const float *q, const KVCache *kv, int l, const int *blocks, const int *pos0,
                          const int *len, int B, int T, int NH, float *scores, int nthreads, int keys) {
-    return kv_attention_forward_kernels(kv_i8_kernels(), out, q, kv, l, slots, pos0, len, B, T, NH, scores, nthreads,
+    return kv_attention_forward_kernels(kv_i8_kernels(), out, q, kv, l, blocks, pos0, len, B, T, NH, scores, nthreads,
                                         keys);
 }

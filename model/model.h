@@ -211,6 +211,10 @@ typedef struct {
     int P;
     int *pos;              // (B*T) absolute positions of this pass (host)
     int *pos0;             // (B) position of each row's first new token (host)
+    // A KV pass's inputs, built in kv_host and placed in kv_buf (kv_cap ints each, grown on use): each
+    // position's cache row (B*T; -1 past a row's len), pos0 (B), len (B), the block tables (B, max blocks).
+    int *kv_host, *kv_buf;
+    size_t kv_cap;
     // this pass's inputs placed on the backend (B*T each)
     int *tokens_buf, *targets_buf, *pos_buf;
     float *mask_buf;

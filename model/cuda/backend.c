@@ -388,6 +388,24 @@ static int attention_check(int NH, int NKV, int HS) {
     return ER_OK;
 }
 
+// ---- the KV cache's ----
+
+static int op_kv_store(Backend *be, KVCache *kv, int l, const float *k, const float *v, const int *dst, int N) {
+    CUDA_TRY(cuda_kv_store(ctx_of(be)->stream, kv->k, kv->v, kv->ks, kv->vs, kv->type == KV_INT8, k, v, dst, N,
+                           (size_t)l * kv->n_blocks * KV_BLOCK, kv->NKV, kv->HS));
+    return ER_OK;
+}
+
+static int op_kv_attention_forward(Backend *be, float *out, const float *q, const KVCache *kv, int l,
+                                   const int *blocks, const int *pos0, const int *len, int B, int T, int NH,
+                                   float *scores, int nthreads, int keys) {
+    ER_TRY(attention_check(NH, kv->NKV, kv->HS));
+    CUDA_TRY(cuda_kv_attention_forward(ctx_of(be)->stream, out, q, kv->k, kv->v, kv->ks, kv->vs,
+                                       kv->type == KV_INT8, (size_t)l * kv->n_blocks * KV_BLOCK, blocks,
+                                       kv->max_blocks_per_seq, KV_BLOCK, pos0, len, B, T, NH, kv->NKV, kv->HS));
+    return ER_OK;
+}
+
 // ---- attention ----
 //
 // Two paths, picked once at open by ER_CUDA_ATTENTION. The default runs the products on the tensor cores
@@ -600,6 +618,8 @@ static const BackendOps cuda_ops = {
     .swiglu_forward = op_swiglu_forward,
     .residual_forward = op_residual_forward,
     .attention_forward = op_attention_forward,
+    .kv_store = op_kv_store,
+    .kv_attention_forward = op_kv_attention_forward,
     .lora_forward = op_lora_forward,
     .cross_entropy = op_cross_entropy,
     .logprob_forward = op_logprob_forward,

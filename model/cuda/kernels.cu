@@ -435,6 +435,119 @@ cudaError_t cuda_attention_backward(cudaStream_t s, float *dq, float *dk, float 
     return cudaGetLastError();
 }
 
+// ---- the KV cache (model/kvcache.h) ----
+//
+// Entries k, v (L, n_blocks * block rows, NKV, HS), fp32 or int8 with scales ks, vs (L, n_blocks * block
+// rows, NKV); layer l's rows start at row0 = l * n_blocks * block, and a cache row is a block id * block +
+// the position in its block. A sequence's blocks are a row of the block table (B, max_blocks).
+
+// warp_dot and lane_axpy with an int8 row p (its scale applied by the caller).
+static __device__ __forceinline__ float warp_dot_i8(const float *r, const int8_t *p, int lane, int HS) {
+    float d = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ATT_PER_LANE; j++)
+        if (lane + 32 * j < HS)
+            d += r[j] * (float)p[lane + 32 * j];
+    return warp_sum(d);
+}
+
+static __device__ __forceinline__ void lane_axpy_i8(float *r, float a, const int8_t *p, int lane, int HS) {
+#pragma unroll
+    for (int j = 0; j < ATT_PER_LANE; j++)
+        if (lane + 32 * j < HS)
+            r[j] += a * (float)p[lane + 32 * j];
+}
+
+// One KV head's HS values x as int8 (kvcache.c's quantize_row): scale = max|x| / 127, q = x / scale rounded
+// to nearest even (0 for a zero row). A warp, lanes striding over the values.
+static __device__ void kv_quantize_row(int8_t *q, float *scale, const float *x, int HS, int lane) {
+    float mx = 0.0f;
+    for (int i = lane; i < HS; i += 32)
+        mx = fmaxf(mx, fabsf(x[i]));
+    mx = warp_max(mx);
+    float sc = mx / 127.0f, inv = sc > 0 ? 1.0f / sc : 0.0f;
+    for (int i = lane; i < HS; i += 32)
+        q[i] = (int8_t)__float2int_rn(x[i] * inv);
+    if (lane == 0)
+        *scale = sc;
+}
+
+// grid (N, NKV), one warp: KV head h of position n (k, v (N, NKV, HS)) into cache row dst[n] (< 0: skipped).
+static __global__ void kv_store_kernel(void *kc, void *vc, float *ks, float *vs, int i8, const float *k,
+                                       const float *v, const int *dst, size_t row0, int NKV, int HS) {
+    int n = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    if (dst[n] < 0)
+        return;
+    size_t row = row0 + (size_t)dst[n], e = (row * NKV + h) * HS, x = ((size_t)n * NKV + h) * HS;
+    if (i8) {
+        kv_quantize_row((int8_t *)kc + e, ks + row * NKV + h, k + x, HS, lane);
+        kv_quantize_row((int8_t *)vc + e, vs + row * NKV + h, v + x, HS, lane);
+        return;
+    }
+    for (int i = lane; i < HS; i += 32) {
+        ((float *)kc)[e + i] = k[x + i];
+        ((float *)vc)[e + i] = v[x + i];
+    }
+}
+
+cudaError_t cuda_kv_store(cudaStream_t s, void *kc, void *vc, float *ks, float *vs, int i8, const float *k,
+                          const float *v, const int *dst, int N, size_t row0, int NKV, int HS) {
+    if (N > 0)
+        kv_store_kernel<<<dim3(N, NKV), 32, 0, s>>>(kc, vc, ks, vs, i8, k, v, dst, row0, NKV, HS);
+    return cudaGetLastError();
+}
+
+// grid (ceil(T / ATT_WARPS), NH, B): warp -> query t < len[b] of head h, row b, at position pos0[b] + t; the
+// cached positions 0..pos0[b] + t of row b's blocks in order, with attention_forward_kernel's online softmax
+// (an int8 entry is its value times its row's scale, applied to the score and to the value's weight).
+static __global__ void kv_attention_kernel(float *out, const float *q, const void *kc, const void *vc,
+                                           const float *ks, const float *vs, int i8, size_t row0,
+                                           const int *blocks, int max_blocks, int block, const int *pos0,
+                                           const int *len, int T, int NH, int NKV, int HS, float scale) {
+    int lane = threadIdx.x % 32, t = blockIdx.x * ATT_WARPS + threadIdx.x / 32, h = blockIdx.y, b = blockIdx.z;
+    if (t >= len[b]) // the whole warp leaves together
+        return;
+    int kh = h / (NH / NKV), last = pos0[b] + t;
+    const int *table = blocks + (size_t)b * max_blocks;
+    size_t qrow = ((size_t)b * T + t) * NH + h;
+    float qr[ATT_PER_LANE], o[ATT_PER_LANE] = {0.0f};
+    lane_load(qr, q + qrow * HS, lane, HS);
+    float m = -INFINITY, l = 0.0f;
+    for (int p = 0; p <= last; p++) {
+        size_t row = row0 + (size_t)table[p / block] * block + p % block, e = (row * NKV + kh) * HS;
+        float sc = i8 ? warp_dot_i8(qr, (const int8_t *)kc + e, lane, HS) * ks[row * NKV + kh] * scale
+                      : warp_dot(qr, (const float *)kc + e, lane, HS) * scale;
+        float mnew = fmaxf(m, sc);
+        float corr = expf(m - mnew), w = expf(sc - mnew); // corr = 0 at the first key (m = -inf)
+        l = l * corr + w;
+#pragma unroll
+        for (int j = 0; j < ATT_PER_LANE; j++)
+            o[j] *= corr;
+        if (i8)
+            lane_axpy_i8(o, w * vs[row * NKV + kh], (const int8_t *)vc + e, lane, HS);
+        else
+            lane_axpy(o, w, (const float *)vc + e, lane, HS);
+        m = mnew;
+    }
+#pragma unroll
+    for (int j = 0; j < ATT_PER_LANE; j++)
+        o[j] /= l;
+    lane_store(out + qrow * HS, o, lane, HS);
+}
+
+cudaError_t cuda_kv_attention_forward(cudaStream_t s, float *out, const float *q, const void *kc, const void *vc,
+                                      const float *ks, const float *vs, int i8, size_t row0, const int *blocks,
+                                      int max_blocks, int block, const int *pos0, const int *len, int B, int T,
+                                      int NH, int NKV, int HS) {
+    if (B > 0 && T > 0) {
+        dim3 grid((T + ATT_WARPS - 1) / ATT_WARPS, NH, B);
+        kv_attention_kernel<<<grid, 32 * ATT_WARPS, 0, s>>>(out, q, kc, vc, ks, vs, i8, row0, blocks, max_blocks,
+                                                            block, pos0, len, T, NH, NKV, HS,
+                                                            (float)(1.0 / sqrt((double)HS)));
+    }
+    return cudaGetLastError();
+}
+
 // ---- attention on tensor cores: the kernels around backend.c's cuBLAS products ----
 //
 // backend.c runs one batch row b at a time through head-major scratch: Qh, dOh (NH, T, HS) and Kh, Vh

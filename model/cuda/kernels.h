@@ -55,6 +55,16 @@ cudaError_t cuda_attention_forward(cudaStream_t s, float *out, float *lse, const
 cudaError_t cuda_attention_backward(cudaStream_t s, float *dq, float *dk, float *dv, const float *dout,
                                     const float *out, const float *lse, const float *q, const float *k, const float *v,
                                     int B, int T, int NH, int NKV, int HS, float *drow);
+// The KV cache's (model/kvcache.h; layouts in kernels.cu): cache rows dst[n] (< 0: skipped) of the layer whose
+// rows start at row0 := k, v (N, NKV, HS), quantised to int8 with one scale per row and KV head when i8.
+cudaError_t cuda_kv_store(cudaStream_t s, void *kc, void *vc, float *ks, float *vs, int i8, const float *k,
+                          const float *v, const int *dst, int N, size_t row0, int NKV, int HS);
+// out (B, T, NH, HS) rows t < len[b] = causal GQA of q over cached positions 0..pos0[b] + t, found through
+// blocks (B, max_blocks) of `block` positions each.
+cudaError_t cuda_kv_attention_forward(cudaStream_t s, float *out, const float *q, const void *kc, const void *vc,
+                                      const float *ks, const float *vs, int i8, size_t row0, const int *blocks,
+                                      int max_blocks, int block, const int *pos0, const int *len, int B, int T,
+                                      int NH, int NKV, int HS);
 // The tensor-core attention's kernels (backend.c runs the products; scratch layouts in kernels.cu):
 // dst (nh, T, HS) bf16 = src (T, nh, HS) fp32, and back to fp32 (T, nh, HS) overwritten.
 cudaError_t cuda_attention_to_heads(cudaStream_t s, uint16_t *dst, const float *src, int T, int nh, int HS);

@@ -296,6 +296,89 @@ Test(backend, attention_mode_refused) {
 #endif
 }
 
+// ---- the KV cache ----
+
+// The same stores into a cache on the CPU (kv[0]) and one on the device (kv[1]), whose host tables move
+// alike: rows (B, T, NKV*HS) of random keys and values for positions pos0[b] + t, t < len[b], every layer.
+static void kv_store_both(Backend *be, KVCache kv[2], const int *slots, const int *len, int B, int T, uint64_t seed) {
+    int row = kv[0].NKV * kv[0].HS, N = B * T, *dst = malloc(sizeof(int) * N);
+    for (int i = 0; i < 2; i++)
+        for (int b = 0; b < B; b++)
+            cr_assert_eq(kv_seq_extend(&kv[i], slots[b], kv[i].seqs[slots[b]].len + len[b]), ER_OK, "%s",
+                         er_last_error());
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            dst[b * T + t] = t < len[b] ? kv_row(&kv[0], slots[b], kv[0].seqs[slots[b]].len - len[b] + t) : -1;
+    int *d_dst = put(be, dst, sizeof(int) * N);
+    for (int l = 0; l < kv[0].L; l++) {
+        float *k = randn((size_t)N * row, 1.0f, seed + 2 * l), *v = randn((size_t)N * row, 2.0f, seed + 2 * l + 1);
+        float *d_k = putf(be, k, (size_t)N * row), *d_v = putf(be, v, (size_t)N * row);
+        cr_assert_eq(backend_cpu()->ops->kv_store(backend_cpu(), &kv[0], l, k, v, dst, N), ER_OK);
+        cr_assert_eq(be->ops->kv_store(be, &kv[1], l, d_k, d_v, d_dst, N), ER_OK, "%s", er_last_error());
+        release(be, d_k), release(be, d_v), free(k), free(v);
+    }
+    release(be, d_dst);
+    free(dst);
+}
+
+// The KV cache's ops on the device against the CPU's: a 45-position prompt and a 20-position one stored,
+// two samples forked from the first (the shared partly filled block copied on the device at their first
+// write), 3 more positions for three rows (one row's last two past its len), then the attention of those
+// rows' queries over every layer, fp32 or int8, NH query heads over NKV KV heads of size HS.
+static void check_kv_ops(KvType type, int NH, int NKV, int HS) {
+    Backend *be = dev_open(), *bes[2] = {backend_cpu(), be};
+    ModelConfig c = {.L = 2, .NH = NH, .NKV = NKV, .HS = HS};
+    KVCache kv[2];
+    int slots[4];
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(kv_cache_alloc_on(&kv[i], bes[i], &c, type, 4, 128, 256, 0), ER_OK, "%s", er_last_error());
+        cr_assert_eq(kv_seq_open(&kv[i], &slots[0]), ER_OK);
+        cr_assert_eq(kv_seq_open(&kv[i], &slots[1]), ER_OK);
+    }
+    int prompt[2] = {45, 20};
+    kv_store_both(be, kv, slots, prompt, 2, 45, 10);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(kv_seq_fork(&kv[i], slots[0], &slots[2]), ER_OK);
+        cr_assert_eq(kv_seq_fork(&kv[i], slots[0], &slots[3]), ER_OK);
+    }
+    enum { B = 3, T = 3 };
+    int rows[B] = {slots[2], slots[3], slots[1]}, len[B] = {3, 3, 1}, pos0[B];
+    kv_store_both(be, kv, rows, len, B, T, 20);
+    cr_assert_eq(kv[0].copied_blocks, 2);
+    cr_assert_eq(kv[1].copied_blocks, 2);
+    for (int b = 0; b < B; b++)
+        pos0[b] = kv[0].seqs[rows[b]].len - len[b];
+    int mb = kv[0].max_blocks_per_seq, *blocks = malloc(sizeof(int) * B * mb), keys = 128;
+    kv_block_table(&kv[0], rows, B, blocks);
+    int *d_blocks = put(be, blocks, sizeof(int) * B * mb), *d_pos0 = put(be, pos0, sizeof pos0);
+    int *d_len = put(be, len, sizeof len);
+    size_t nq = (size_t)B * T * NH * HS;
+    float *q = randn(nq, 1.0f, 30), *out = calloc(nq, sizeof(float)), *scores = malloc(sizeof(float) * NH * keys);
+    float *d_q = putf(be, q, nq), *d_out = putf(be, out, nq), *d_scores = putf(be, scores, (size_t)NH * keys);
+    for (int l = 0; l < c.L; l++) {
+        cr_assert_eq(kv_attention_forward(out, q, &kv[0], l, blocks, pos0, len, B, T, NH, scores, 1, keys), ER_OK);
+        cr_assert_eq(be->ops->kv_attention_forward(be, d_out, d_q, &kv[1], l, d_blocks, d_pos0, d_len, B, T, NH,
+                                                   d_scores, 1, keys),
+                     ER_OK, "%s", er_last_error());
+        // out's positions past a row's len are left as they were (zero on both)
+        expect_close(be, d_out, out, nq, TOL_F32, type == KV_F32 ? "fp32 KV attention" : "int8 KV attention");
+    }
+    void *dev[] = {d_blocks, d_pos0, d_len, d_q, d_out, d_scores};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        release(be, dev[i]);
+    free(blocks), free(q), free(out), free(scores);
+    kv_cache_free(&kv[0]);
+    kv_cache_free(&kv[1]);
+    backend_close(be);
+}
+
+Test(backend, kv_cache_f32) { check_kv_ops(KV_F32, 6, 2, 16); }
+Test(backend, kv_cache_int8) { check_kv_ops(KV_INT8, 6, 2, 16); }
+Test(backend, kv_cache_head_size_128) { // the 1.5B and 7B heads, odd head size
+    check_kv_ops(KV_F32, 28, 4, 128);
+    check_kv_ops(KV_INT8, 4, 4, 37);
+}
+
 // ---- masked LoRA ----
 
 Test(backend, lora_masked) {
@@ -659,6 +742,94 @@ Test(backend, tiny_model_full_training_tensor) {
     check_model(&m, NULL, 3, 17, TOL_TINY_TC, ACTS_TRAIN);
     check_model(&m, NULL, 3, 17, TOL_TINY_TC, ACTS_TRAIN_RECOMPUTE);
     model_free(&m);
+}
+
+// One pass of model m (on i's backend) through its KV cache kv: rows slots (B) append T tokens (len per row);
+// the logits of each row's last position (B, V) copied to the host.
+static float *kv_pass(Model *m, Activations *a, KVCache *kv, const int *slots, const int *tokens, const int *len, int B,
+                      int T) {
+    ModelInput in = {.B = B, .T = T, .tokens = tokens, .len = len, .kv = kv, .kv_slots = slots};
+    cr_assert_eq(model_forward(m, &in, a), ER_OK, "%s", er_last_error());
+    return getf(a->be, a->logits, (size_t)B * m->cfg.V);
+}
+
+// Decoding with the model and its KV cache on the device against the same on the CPU: two prompts' prefill
+// (37 and 21 tokens in one pass), two samples forked from the first, then six steps of one token for three
+// rows; every pass's logits compared. fp32 weights: the fp32 tolerance through the layers.
+static void check_kv_decode(KvType type) {
+    Backend *be = dev_open(), *bes[2] = {backend_cpu(), be};
+    ModelConfig c = helper_tiny_config(96, 64);
+    Model m, dm, *ms[2] = {&m, &dm};
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 14), ER_OK, "%s", er_last_error());
+    cr_assert_eq(model_to_backend(&dm, &m, be), ER_OK, "%s", er_last_error());
+    KVCache kv[2];
+    Activations a[2];
+    int slots[4], tok[2 * 37], plen[2] = {37, 21};
+    for (int i = 0; i < 2 * 37; i++)
+        tok[i] = (i * 31 + 7) % c.V;
+    double worst = 0;
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(kv_cache_alloc_on(&kv[i], bes[i], &c, type, 4, 96, 256, 0), ER_OK, "%s", er_last_error());
+        cr_assert_eq(acts_alloc_on(&a[i], bes[i], &c, 3, 37, ACTS_DECODE, 0), ER_OK, "%s", er_last_error());
+        cr_assert_eq(kv_seq_open(&kv[i], &slots[0]), ER_OK);
+        cr_assert_eq(kv_seq_open(&kv[i], &slots[1]), ER_OK);
+    }
+    float *ref = kv_pass(&m, &a[0], &kv[0], slots, tok, plen, 2, 37);
+    float *got = kv_pass(&dm, &a[1], &kv[1], slots, tok, plen, 2, 37);
+    worst = helper_rel_err(got, ref, 2 * (size_t)c.V);
+    free(ref), free(got);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(kv_seq_fork(&kv[i], slots[0], &slots[2]), ER_OK);
+        cr_assert_eq(kv_seq_fork(&kv[i], slots[0], &slots[3]), ER_OK);
+    }
+    int rows[3] = {slots[2], slots[3], slots[1]};
+    for (int step = 0; step < 6; step++) {
+        int next[3] = {(step * 7 + 1) % c.V, (step * 11 + 5) % c.V, (step * 13 + 9) % c.V};
+        float *lg[2];
+        for (int i = 0; i < 2; i++)
+            lg[i] = kv_pass(ms[i], &a[i], &kv[i], rows, next, NULL, 3, 1);
+        double e = helper_rel_err(lg[1], lg[0], 3 * (size_t)c.V);
+        worst = e > worst ? e : worst;
+        free(lg[0]), free(lg[1]);
+    }
+    cr_expect(worst <= 1e-4, "%s KV decode on %s: logits relative error %.3g", type == KV_F32 ? "fp32" : "int8",
+              be->name, worst);
+    cr_expect_eq(kv[1].copied_blocks, kv[0].copied_blocks);
+    fprintf(stderr, "backend %s vs cpu (%s KV decode): logits %.2e relative\n", be->name,
+            type == KV_F32 ? "fp32" : "int8", worst);
+    for (int i = 0; i < 2; i++) {
+        acts_free(&a[i]);
+        kv_cache_free(&kv[i]);
+    }
+    model_free(&dm);
+    model_free(&m);
+    backend_close(be);
+}
+
+Test(backend, tiny_model_kv_decode_f32) { check_kv_decode(KV_F32); }
+Test(backend, tiny_model_kv_decode_int8) { check_kv_decode(KV_INT8); }
+
+// A KV cache on another backend than the pass's activations is refused, named.
+Test(backend_place, kv_cache_on_another_backend_refused) {
+    Backend *be = dev_open();
+    if (be == backend_cpu())
+        cr_skip_test("the device is the CPU: there is no other backend to refuse");
+    ModelConfig c = helper_tiny_config(96, 64);
+    Model m;
+    cr_assert_eq(model_build_random(&m, &c, 0.3f, 14), ER_OK, "%s", er_last_error());
+    KVCache kv;
+    Activations a;
+    int slot, tok = 1;
+    cr_assert_eq(kv_cache_alloc_on(&kv, be, &c, KV_F32, 1, 64, 64, 0), ER_OK, "%s", er_last_error());
+    cr_assert_eq(acts_alloc(&a, &c, 1, 1, ACTS_DECODE, 0), ER_OK);
+    cr_assert_eq(kv_seq_open(&kv, &slot), ER_OK);
+    ModelInput in = {.B = 1, .T = 1, .tokens = &tok, .kv = &kv, .kv_slots = &slot};
+    cr_expect_eq(model_forward(&m, &in, &a), ER_EINVAL);
+    cr_expect(strstr(er_last_error(), "the KV cache is on"), "%s", er_last_error());
+    acts_free(&a);
+    kv_cache_free(&kv);
+    model_free(&m);
+    backend_close(be);
 }
 
 // A frozen base loaded as it is from a dir saved in bf16 or fp32 (the device stores both in bf16; the

@@ -320,11 +320,13 @@ static int check_cached_attention(KvType type, int NH) {
                 for (int l = 0; l < c.L; l++) {
                     for (size_t i = 0; i < row; i++)
                         kr[i] = rng_normal(&r), vr[i] = rng_normal(&r) * (1 + (float)(i % 3));
-                    kv_store(&kv, l, slots[b], p, kr, vr);
+                    kv_store_rows(&kv, l, kr, vr, &(int){kv_row(&kv, slots[b], p)}, 1);
                 }
             pos0[b] = lens[b] - len[b];
         }
         cr_assert_eq(kv.copied_blocks, 1, "the fork copies the shared partial block");
+        int mb = kv.max_blocks_per_seq, *blocks = malloc(sizeof(int) * B * mb);
+        kv_block_table(&kv, slots, B, blocks);
         size_t n = (size_t)B * T * NH * c.HS;
         float *q = malloc(sizeof(float) * n), *o = calloc(n, sizeof(float)), *op = calloc(n, sizeof(float));
         float *scores = malloc(sizeof(float) * 2 * (NH / c.NKV) * KEYS), *batched = malloc(sizeof(float) * NH * c.HS);
@@ -332,23 +334,23 @@ static int check_cached_attention(KvType type, int NH) {
         for (size_t i = 0; i < n; i++)
             q[i] = rng_normal(&r) * 2;
         for (int l = 0; l < c.L; l++) {
-            cr_assert_eq(kv_attention_forward(o, q, &kv, l, slots, pos0, len, B, T, NH, scores, 2, KEYS), 0);
+            cr_assert_eq(kv_attention_forward(o, q, &kv, l, blocks, pos0, len, B, T, NH, scores, 2, KEYS), 0);
             size_t last = (size_t)(B - 1) * T * NH * c.HS; // row B - 1 (one query) alone, written over NaN
             memcpy(batched, o + last, sizeof(float) * NH * c.HS);
             for (int i = 0; i < NH * c.HS; i++)
                 o[last + i] = NAN;
-            cr_assert_eq(kv_attention_forward(o + last, q + last, &kv, l, slots + B - 1, pos0 + B - 1, NULL, 1, 1, NH,
+            cr_assert_eq(kv_attention_forward(o + last, q + last, &kv, l, blocks + (B - 1) * mb, pos0 + B - 1, &(int){1}, 1, 1, NH,
                                               scores, 2, KEYS), 0);
             cr_assert(!memcmp(batched, o + last, sizeof(float) * NH * c.HS),
                       "%s HS=%d NH=%d layer %d: the query alone (its heads in parts) differs from it in the batch",
                       type == KV_F32 ? "fp32" : kk->name, c.HS, NH, l);
             if (type == KV_INT8)
-                cr_assert_eq(kv_attention_forward_kernels(&kv_i8_portable, op, q, &kv, l, slots, pos0, len, B, T, NH,
+                cr_assert_eq(kv_attention_forward_kernels(&kv_i8_portable, op, q, &kv, l, blocks, pos0, len, B, T, NH,
                                                           scores, 2, KEYS), 0);
 #if KV_I8_AVX512
             if (type == KV_INT8) { // the 16-lane kernels: the 8-lane ones' arithmetic, byte for byte
                 float *o8 = calloc(n, sizeof(float));
-                cr_assert_eq(kv_attention_forward_kernels(&kv_i8_avx2, o8, q, &kv, l, slots, pos0, len, B, T, NH,
+                cr_assert_eq(kv_attention_forward_kernels(&kv_i8_avx2, o8, q, &kv, l, blocks, pos0, len, B, T, NH,
                                                           scores, 2, KEYS), 0);
                 for (int b = 0; b < B; b++) {
                     size_t at = (size_t)b * T * NH * c.HS;
@@ -380,6 +382,7 @@ static int check_cached_attention(KvType type, int NH) {
         free(scores);
         free(batched);
         free(ref);
+        free(blocks);
         kv_cache_free(&kv);
     }
     return checked;

@@ -87,6 +87,9 @@ template <class T> static inline T cuda_emu_shfl(unsigned mask, T v, cuda_emu::S
 #define __shfl_up_sync(...) CUDA_EMU_SHFL(cuda_emu::SHFL_UP, __VA_ARGS__)
 #define __shfl_down_sync(...) CUDA_EMU_SHFL(cuda_emu::SHFL_DOWN, __VA_ARGS__)
 #define __shfl_xor_sync(...) CUDA_EMU_SHFL(cuda_emu::SHFL_XOR, __VA_ARGS__)
+
+// Conversions: round to nearest, ties to even (the host's default rounding mode, which lrintf follows).
+static inline int __float2int_rn(float x) { return (int)lrintf(x); }
 #endif
 
 #endif
