@@ -150,14 +150,17 @@ void decode_batch_step(DecodeBatch *b) {
     b->e.forward_positions += B;
     b->steps++;
     // The requests' rows lie in the order they were gathered, each request's together.
-    const float *logits = b->e.decode.logits;
+    const float *logits = NULL;
+    if (rc == ER_OK)
+        rc = engine_download(&b->e, b->e.decode.logits, (size_t)B * b->e.model->cfg.V, &logits);
     for (int k = 0; k < b->n_live; k++) {
         int n = engine_request_pending_rows(b->live[k]);
         if (rc < 0)
             engine_request_fail(b->live[k], rc);
-        else
+        else {
             engine_request_accept(&b->e, b->live[k], logits);
-        logits += (size_t)n * b->e.model->cfg.V;
+            logits += (size_t)n * b->e.model->cfg.V;
+        }
     }
 }
 

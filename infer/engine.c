@@ -60,9 +60,10 @@ int engine_init(Engine *e, Model *m, const Tokenizer *tok, KvType kv_type, int m
                         "the %.1f MiB available", max_samples, max_len, need / 1048576.0, kv_bytes / 1048576.0,
                         max_bytes / 1048576.0);
     int rc = ER_OK;
-    ER_CHECK(kv_cache_alloc(&e->kv, &m->cfg, kv_type, max_samples + 1, max_len, positions, 0));
-    ER_CHECK(acts_alloc(&e->prefill, &m->cfg, 1, chunk, ACTS_DECODE, 0));
-    ER_CHECK(acts_alloc(&e->decode, &m->cfg, max_samples, 1, ACTS_DECODE, 0));
+    e->be = m->be ? m->be : backend_cpu();
+    ER_CHECK(kv_cache_alloc_on(&e->kv, e->be, &m->cfg, kv_type, max_samples + 1, max_len, positions, 0));
+    ER_CHECK(acts_alloc_on(&e->prefill, e->be, &m->cfg, 1, chunk, ACTS_DECODE, 0));
+    ER_CHECK(acts_alloc_on(&e->decode, e->be, &m->cfg, max_samples, 1, ACTS_DECODE, 0));
     e->n_samplers = threads_get() < max_samples ? threads_get() : max_samples;
     e->samplers = er_calloc((size_t)e->n_samplers, sizeof(Sampler));
     if (!e->samplers) {
@@ -97,8 +98,35 @@ void engine_free(Engine *e) {
     er_free(e->feat_sum);
     er_free(e->kept_slot);
     er_free(e->kept_tail);
+    er_free(e->host);
     memset(e, 0, sizeof *e);
     e->prompt_slot = -1;
+}
+
+int engine_download(Engine *e, const float *p, size_t n, const float **host) {
+    if (e->be->kind == BACKEND_CPU) {
+        *host = p;
+        return ER_OK;
+    }
+    if (n > e->host_cap) {
+        er_free(e->host);
+        e->host_cap = 0;
+        if (!(e->host = er_alloc(n * sizeof(float))))
+            return ER_ENOMEM;
+        e->host_cap = n;
+    }
+    ER_TRY(e->be->ops->download(e->be, e->host, p, n * sizeof(float)));
+    *host = e->host;
+    return ER_OK;
+}
+
+// The final norm of a forward-only pass's `len` positions (the forward normalised only each row's last):
+// resf holds the last layer's output at every position, and lnf has room for all of them; its last row is
+// the forward's, recomputed identically. *host: lnf (len, C) on the host.
+static int final_hidden(Engine *e, Activations *a, int len, const float **host) {
+    const ModelConfig *c = &e->model->cfg;
+    ER_TRY(a->be->ops->rmsnorm_forward(a->be, a->lnf, a->rstdf, a->resf, e->model->norm, len, c->C, c->eps));
+    return engine_download(e, a->lnf, (size_t)len * c->C, host);
 }
 
 void gen_samples_free(GenSample *s, int n) {
@@ -134,22 +162,19 @@ static void feature_fold(Engine *e, FeatureAcc *f) {
     f->folds++;
 }
 
-// After a prefill pass of `len` positions: the decode keeper normalises only the last position for
-// the logits, but resf still holds the last layer's output at every position of the pass, so the
-// final norm (the same op as the forward's) gives every position's final hidden state; lnf has
-// room for them (B*T rows) and its last row is recomputed identically.
-static void feature_accumulate(Engine *e, FeatureAcc *f, int len) {
-    const ModelConfig *c = &e->model->cfg;
-    int C = c->C;
-    Activations *a = &e->prefill;
-    rmsnorm_forward(a->lnf, a->rstdf, a->resf, e->model->norm, len, C, c->eps);
+// After a prefill pass of `len` positions: every position's final hidden state into the features.
+static int feature_accumulate(Engine *e, FeatureAcc *f, int len) {
+    int C = e->model->cfg.C;
+    const float *lnf;
+    ER_TRY(final_hidden(e, &e->prefill, len, &lnf));
     for (int t = 0; t < len; t++) {
-        const float *row = a->lnf + (size_t)t * C;
+        const float *row = lnf + (size_t)t * C;
         for (int i = 0; i < C; i++)
             e->feat_sum[i] += row[i];
         if (++f->in_chunk == f->spec->chunk)
             feature_fold(e, f);
     }
+    return ER_OK;
 }
 
 // The abort hook's answer: ER_EABORTED (naming where: "prefill" or "decode") when it says stop.
@@ -182,13 +207,15 @@ static int prefill(Engine *e, const int *tokens, int n, int adapter_on, const Lo
         ER_TRY(model_forward(e->model, &in, &e->prefill));
         e->forward_positions += len;
         if (f)
-            feature_accumulate(e, f, len);
+            ER_TRY(feature_accumulate(e, f, len));
         if (pos) {
             *pos += len;
             engine_progress(e, *pos, total);
         }
     }
-    memcpy(e->prompt_logits, e->prefill.logits, sizeof(float) * (size_t)e->model->cfg.V);
+    const float *logits;
+    ER_TRY(engine_download(e, e->prefill.logits, (size_t)e->model->cfg.V, &logits));
+    memcpy(e->prompt_logits, logits, sizeof(float) * (size_t)e->model->cfg.V);
     return ER_OK;
 }
 
@@ -310,7 +337,9 @@ int engine_verify_features(Engine *e, int sample, const int *tokens, int n, int 
         ER_CHECK(model_forward(e->model, &in, &e->prefill));
         e->forward_positions += len;
     }
-    memcpy(out, e->prefill.lnf, sizeof(float) * (size_t)e->model->cfg.C);
+    const float *lnf;
+    ER_CHECK(engine_download(e, e->prefill.lnf, (size_t)e->model->cfg.C, &lnf));
+    memcpy(out, lnf, sizeof(float) * (size_t)e->model->cfg.C);
 done: // the sample's cache back to its own length, whether or not the forward ran
     rc2 = kv_seq_truncate(&e->kv, slot, len0);
     return rc < 0 ? rc : rc2;
@@ -327,22 +356,20 @@ int engine_embed(Engine *e, const int *tokens, int n, int last, float *out) {
     engine_release_samples(e);
     ER_TRY(kv_seq_open(&e->kv, &slot));
     memset(e->feat_sum, 0, sizeof(double) * (size_t)C);
-    Activations *a = &e->prefill;
+    const float *lnf = NULL;
     for (int p = 0; p < n; p += e->chunk) {
         int len = n - p < e->chunk ? n - p : e->chunk;
         ER_CHECK(engine_poll_abort(e, "prefill", p, n));
         ModelInput in = {.B = 1, .T = len, .tokens = tokens + p, .len = &len, .kv = &e->kv, .kv_slots = &slot};
-        ER_CHECK(model_forward(e->model, &in, a));
+        ER_CHECK(model_forward(e->model, &in, &e->prefill));
         e->forward_positions += len;
-        // resf holds the last layer's output at every position of the chunk: the final norm gives each one's
-        // hidden state (the decode keeper normalised only the last).
-        rmsnorm_forward(a->lnf, a->rstdf, a->resf, e->model->norm, len, C, c->eps);
+        ER_CHECK(final_hidden(e, &e->prefill, len, &lnf));
         for (int t = 0; t < len && !last; t++)
             for (int i = 0; i < C; i++)
-                e->feat_sum[i] += a->lnf[(size_t)t * C + i];
+                e->feat_sum[i] += lnf[(size_t)t * C + i];
     }
     for (int i = 0; i < C; i++)
-        out[i] = last ? a->lnf[(size_t)((n - 1) % e->chunk) * C + i] : (float)(e->feat_sum[i] / n);
+        out[i] = last ? lnf[(size_t)((n - 1) % e->chunk) * C + i] : (float)(e->feat_sum[i] / n);
 done:
     kv_seq_close(&e->kv, slot);
     return rc;
@@ -365,7 +392,7 @@ int engine_verify_features_all(Engine *e, const int *tokens, int n, int adapter_
     // Sized on first use (and when longer verification prompts come): (max_samples, n + 1).
     if (!e->verify.mem || e->verify.T < T) {
         acts_free(&e->verify);
-        ER_TRY(acts_alloc(&e->verify, &e->model->cfg, e->max_samples, T, ACTS_DECODE, 0));
+        ER_TRY(acts_alloc_on(&e->verify, e->be, &e->model->cfg, e->max_samples, T, ACTS_DECODE, 0));
     }
     int *buf = er_alloc(sizeof(int) * (size_t)N * T), *lens = er_alloc(sizeof(int) * (size_t)N);
     int *len0 = er_alloc(sizeof(int) * (size_t)N);
@@ -405,7 +432,9 @@ int engine_verify_features_all(Engine *e, const int *tokens, int n, int adapter_
     if (rc < 0)
         goto done;
     e->forward_positions += positions;
-    memcpy(out, e->verify.lnf, sizeof(float) * (size_t)N * C); // each row's last valid position
+    const float *lnf;
+    ER_CHECK(engine_download(e, e->verify.lnf, (size_t)N * C, &lnf));
+    memcpy(out, lnf, sizeof(float) * (size_t)N * C); // each row's last valid position
 done:
     er_free(buf);
     er_free(lens);
@@ -796,7 +825,9 @@ static int samples_decode(Engine *e, const GenConfig *g, GenBatch *b, GenSample 
         size_t used = kv_cache_bytes_in_use(&e->kv);
         if (used > stats->kv_bytes)
             stats->kv_bytes = used;
-        ER_TRY(next_tokens(e, g, b->st, out, b->rows_idx, B, e->decode.logits, suffix, n_suffix));
+        const float *logits;
+        ER_TRY(engine_download(e, e->decode.logits, (size_t)B * e->model->cfg.V, &logits));
+        ER_TRY(next_tokens(e, g, b->st, out, b->rows_idx, B, logits, suffix, n_suffix));
     }
 }
 

@@ -96,6 +96,9 @@ typedef struct {
     Model *model;
     const Tokenizer *tok;
     EngineHooks hooks;     // zeroed by engine_init; the owner sets them
+    Backend *be;           // the model's (model_to_backend), where the KV cache and activations live
+    float *host;           // (host_cap) engine_download's copies of a backend's buffers
+    size_t host_cap;
     KVCache kv;
     Activations prefill;   // (1, chunk), ACTS_DECODE
     Activations decode;    // (max_samples, 1), ACTS_DECODE
@@ -118,10 +121,15 @@ typedef struct {
 } Engine;
 
 // Room for max_samples samples of up to max_len positions each (prompt included), KV as `kv_type`;
-// prefill in chunks of `chunk` positions. Memory is checked against max_bytes (0 = no limit).
+// prefill in chunks of `chunk` positions. Memory is checked against max_bytes (0 = no limit). The KV cache
+// and the activations are placed where m is (m->be, the CPU when NULL); an adapter the engine is given must
+// be placed there too (lora_to_backend). Logits and hidden states come to the host each pass.
 int engine_init(Engine *e, Model *m, const Tokenizer *tok, KvType kv_type, int max_samples, int max_len, int chunk,
                 size_t max_bytes);
 void engine_free(Engine *e);
+// *host = n floats of the engine's backend at p, readable on the host until the next call: p itself on the
+// CPU, else a copy in the engine's scratch.
+int engine_download(Engine *e, const float *p, size_t n, const float **host);
 
 // Generates g->n_samples continuations of `prompt` (token ids). `out` holds g->n_samples entries,
 // released with gen_samples_free. Sample i draws from stream i of g->seed (rng_fork), and the rows

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/threads.h"
+#include "infer/engine.h"
 #include "model/backend.h"
 #include "model/model.h"
 #include "model/ops.h"
@@ -808,6 +809,72 @@ static void check_kv_decode(KvType type) {
 
 Test(backend, tiny_model_kv_decode_f32) { check_kv_decode(KV_F32); }
 Test(backend, tiny_model_kv_decode_int8) { check_kv_decode(KV_INT8); }
+
+// The generation engine on a placed model and adapter against the same on the CPU: the switcher's prompt
+// features (an EMA over the prefill's final hidden states), three greedy samples through the masked adapter
+// (the prompt's KV cache the base's, the samples forked from it), their tokens and log-probs, then the
+// verifier's features of every kept sample in one batched pass.
+Test(backend, tiny_engine_generate) {
+    Backend *be = dev_open();
+    Model m, dm;
+    Tokenizer *tok;
+    LoraAdapter ad, dad;
+    helper_tiny_setup(&m, &tok, &ad);
+    cr_assert_eq(model_to_backend(&dm, &m, be), ER_OK, "%s", er_last_error());
+    cr_assert_eq(lora_to_backend(&dad, &ad, be), ER_OK, "%s", er_last_error());
+    int *ids, n;
+    const char *prompt = "<|im_start|>user\nWhat is 12 + 30? Think it through.<|im_end|>\n<|im_start|>assistant\n";
+    cr_assert_eq(tok_encode(tok, prompt, strlen(prompt), &ids, &n), ER_OK, "%s", er_last_error());
+    Model *ms[2] = {&m, &dm};
+    LoraAdapter *ads[2] = {&ad, &dad};
+    int C = m.cfg.C;
+    float *feat[2], *vfeat[2];
+    GenSample out[2][3];
+    for (int i = 0; i < 2; i++) {
+        Engine e;
+        cr_assert_eq(engine_init(&e, ms[i], tok, KV_F32, 3, 256, 16, 0), ER_OK, "%s", er_last_error());
+        PromptFeatureSpec spec = {8, 0.5f};
+        feat[i] = malloc(sizeof(float) * C);
+        cr_assert_eq(engine_prefill(&e, ids, n, NULL, &spec, feat[i], NULL), ER_OK, "%s", er_last_error());
+        GenConfig g;
+        gen_config_default(&g);
+        g.n_samples = 3;
+        g.max_new = 24;
+        g.sampler.temperature = 0.0f;
+        g.adapter = ads[i];
+        g.keep_kv = 1;
+        GenStats st;
+        cr_assert_eq(engine_generate(&e, ids, n, &g, NULL, NULL, out[i], &st), ER_OK, "%s", er_last_error());
+        cr_expect_eq(st.prompt_reused, n, "the prefill's prompt reused whole");
+        vfeat[i] = malloc(sizeof(float) * 3 * C);
+        cr_assert_eq(engine_verify_features_all(&e, ids, 5, 1, vfeat[i]), ER_OK, "%s", er_last_error());
+        engine_free(&e);
+    }
+    double ef = helper_rel_err(feat[1], feat[0], C), ev = helper_rel_err(vfeat[1], vfeat[0], 3 * (size_t)C), elp = 0;
+    cr_expect(ef <= 1e-4, "switcher features on %s: relative error %.3g", be->name, ef);
+    cr_expect(ev <= 1e-4, "verifier features on %s: relative error %.3g", be->name, ev);
+    for (int s = 0; s < 3; s++) {
+        cr_assert_eq(out[1][s].n_tokens, out[0][s].n_tokens, "sample %d: %d tokens on %s, %d on the CPU", s,
+                     out[1][s].n_tokens, be->name, out[0][s].n_tokens);
+        for (int t = 0; t < out[0][s].n_tokens; t++) {
+            cr_assert_eq(out[1][s].tokens[t], out[0][s].tokens[t], "sample %d token %d", s, t);
+            double d = fabs(out[1][s].logprobs[t] - out[0][s].logprobs[t]);
+            elp = d > elp ? d : elp;
+        }
+    }
+    cr_expect(elp <= 1e-4, "log-probs on %s: %.3g apart", be->name, elp);
+    fprintf(stderr, "backend %s vs cpu (engine): %d greedy tokens equal; features %.2e, verifier %.2e, log-probs "
+                    "%.2e apart\n", be->name, out[0][0].n_tokens * 3, ef, ev, elp);
+    for (int i = 0; i < 2; i++) {
+        gen_samples_free(out[i], 3);
+        free(feat[i]), free(vfeat[i]);
+    }
+    er_free(ids);
+    lora_backend_free(&dad, be);
+    model_free(&dm);
+    helper_tiny_teardown(&m, tok, &ad);
+    backend_close(be);
+}
 
 // A KV cache on another backend than the pass's activations is refused, named.
 Test(backend_place, kv_cache_on_another_backend_refused) {
