@@ -1,5 +1,6 @@
 // ertrain grpo: GRPO with budget forcing on a masked-LoRA adapter (rl/grpo_train.h).
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/args.h"
@@ -80,8 +81,14 @@ int cmd_grpo(int argc, char **argv) {
         {"save-every", ARG_INT, &c.save_every, "steps between checkpoints (0 = at the end)", 0, 0, 1 << 24},
         {"seed", ARG_INT, &c.seed, "seed of prompt draws and rollouts", 0, 0, 2147483647},
         {"threads", ARG_INT, &c.threads, "threads (0 = all cores)", 0, 0, 4096},
+        {"device", ARG_STR, &c.device, "where the rollouts, passes and AdamW run: cpu, cuda or cuda:N (default: rank "
+                                       "r of a node on cuda:r when built with CUDA=1 and a GPU is there, else cpu)",
+         0, 0, 0},
         {"resume", ARG_FLAG, &c.resume, "continue the run in --out from its checkpoint", 0, 0, 0},
     };
+    // Test hook (tests/rl/test_grpo_run.c, tests/train/test_mpi.py): the device path on copies placed on the CPU.
+    const char *place = getenv("ER_TEST_PLACE_ON_CPU");
+    c.place_on_cpu = place && !strcmp(place, "1");
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0],
                         "ertrain grpo --model DIR --adapter DIR --data FILE.jsonl --out DIR [flags]");
     if (rc == ARGS_HELP)

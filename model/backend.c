@@ -119,6 +119,29 @@ static int cpu_logprob_forward(Backend *be, float *logp, const float *logits, co
     return ER_OK;
 }
 
+static int cpu_token_stats(Backend *be, float *logp, float *ent, const float *logits, const int *rows,
+                           const int *targets, int n, int V, float inv_temp) {
+    for (int i = 0; i < n; i++)
+        logprob_forward(&logp[i], logits + (size_t)rows[i] * V, &targets[i], 1, V, inv_temp);
+    if (!ent)
+        return ER_OK;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) { // in double: Σ e^x and Σ x e^x over the row, x the tempered logit less the max
+        const float *l = logits + (size_t)rows[i] * V;
+        float mx = l[0];
+        for (int v = 1; v < V; v++)
+            mx = l[v] > mx ? l[v] : mx;
+        double z = 0.0, zl = 0.0;
+        for (int v = 0; v < V; v++) {
+            double x = (double)(l[v] - mx) * inv_temp, e = exp(x);
+            z += e;
+            zl += e * x;
+        }
+        ent[i] = (float)(log(z) - zl / z);
+    }
+    return ER_OK;
+}
+
 static int cpu_logprob_backward(Backend *be, float *dlogits, const float *logits, const int *targets,
                                 const float *coef, int N, int V, float inv_temp) {
     logprob_backward(dlogits, logits, targets, coef, N, V, inv_temp);
@@ -256,6 +279,7 @@ static const BackendOps cpu_ops = {
     .lora_forward = cpu_lora_forward,
     .cross_entropy = cpu_cross_entropy,
     .logprob_forward = cpu_logprob_forward,
+    .token_stats = cpu_token_stats,
     .logprob_backward = cpu_logprob_backward,
     .matmul_backward_input = cpu_matmul_backward_input,
     .matmul_backward_weight = cpu_matmul_backward_weight,
@@ -385,6 +409,10 @@ AFTER_OP(cross_entropy,
 AFTER_OP(logprob_forward,
        (Backend *be, float *logp, const float *logits, const int *targets, int N, int V, float inv_temp),
        (be, logp, logits, targets, N, V, inv_temp))
+AFTER_OP(token_stats,
+       (Backend *be, float *logp, float *ent, const float *logits, const int *rows, const int *targets, int n, int V,
+        float inv_temp),
+       (be, logp, ent, logits, rows, targets, n, V, inv_temp))
 AFTER_OP(logprob_backward,
        (Backend *be, float *dlogits, const float *logits, const int *targets, const float *coef, int N, int V,
         float inv_temp),
@@ -443,6 +471,7 @@ static const BackendOps after_ops = {
     .lora_forward = after_lora_forward,
     .cross_entropy = after_cross_entropy,
     .logprob_forward = after_logprob_forward,
+    .token_stats = after_token_stats,
     .logprob_backward = after_logprob_backward,
     .matmul_backward_input = after_matmul_backward_input,
     .matmul_backward_weight = after_matmul_backward_weight,

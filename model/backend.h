@@ -70,6 +70,10 @@ typedef struct {
                            float inv_temp);
     int (*logprob_backward)(Backend *be, float *dlogits, const float *logits, const int *targets, const float *coef,
                             int N, int V, float inv_temp);
+    // For i < n: logp[i] = log softmax(l * inv_temp)[targets[i]] and ent[i] (ent NULL: none) the entropy (nats) of
+    // that distribution, l = row rows[i] of logits (_, V). rows, targets (n) on the backend.
+    int (*token_stats)(Backend *be, float *logp, float *ent, const float *logits, const int *rows, const int *targets,
+                       int n, int V, float inv_temp);
 
     // ---- the KV cache's (model/kvcache.h: kv's entries on this backend, its block tables on the host) ----
     // Layer l's cache rows dst[n] (kv_row; < 0: skipped) := k, v (N, NKV*HS), quantised for an int8 cache;

@@ -22,6 +22,7 @@
 #include "rl/reward_cmd.h"
 #include "rl/rollout.h"
 #include "train/checkpoint.h"
+#include "train/device.h"
 #include "train/dist.h"
 #include "train/optim.h"
 #include "train/run.h"
@@ -149,6 +150,11 @@ typedef struct {
     Model m;
     LoraAdapter ad;
     LoraAdapter ref;              // --kl-ref init: the adapter the run started from, frozen
+    // Where the rollouts, the passes and AdamW run (train/device.h): dev.model and dev.adapter are m and ad, or
+    // copies placed on a device, whose parameters come back to ad for checkpoints and saves (grpo_to_host).
+    TrainJob job;
+    TrainDevice dev;
+    LoraAdapter dev_ref;          // ref placed there (dev.placed and --kl-ref init)
     Tokenizer *tok;
     ChatStyle style;
     Dataset d, eval;
@@ -217,6 +223,10 @@ static void grpo_free(Grpo *g) {
     adamw_free(&g->opt);
     acts_free(&g->acts);
     decode_batch_free(&g->batch);
+    if (g->dev_ref.mats)
+        lora_backend_free(&g->dev_ref, g->dev.be);
+    if (g->dev.be)
+        train_device_close(&g->dev);
     dataset_free(&g->d);
     dataset_free(&g->eval);
     tok_free(g->tok);
@@ -417,9 +427,21 @@ static int grpo_setup(Grpo *g) {
     // Room for this rank's share of a round's groups (a round draws at most --prompts), and their prompts
     // cached (a prompt drawn again reuses its KV).
     int share = (c->prompts + dist_size() - 1) / dist_size();
-    ER_TRY(decode_batch_init(&g->batch, &g->m, g->tok, &g->ad, KV_F32, share * c->group, share, g->seq_len, 128, 0));
-    ER_TRY(acts_alloc(&g->acts, &g->m.cfg, c->group, g->seq_len, ACTS_TRAIN, er_physical_memory()));
-    ER_TRY(adamw_init(&g->opt, backend_cpu(), g->ad.n_params, c->lr, 0.9, 0.999, 1e-8, c->weight_decay));
+    g->job = (TrainJob){.label = "grpo", .model = &g->m, .adapter = &g->ad, .params = g->ad.params,
+                        .grads = g->ad.grads, .n = g->ad.n_params};
+    ER_TRY(train_device_open(&g->dev, &g->job, c->device, c->place_on_cpu));
+    Backend *be = g->dev.be;
+    if (g->dev.placed && g->ref.mats)
+        ER_TRY(lora_to_backend(&g->dev_ref, &g->ref, be));
+    ER_TRY(decode_batch_init(&g->batch, g->dev.model, g->tok, g->dev.adapter, KV_F32, share * c->group, share,
+                             g->seq_len, 128, 0));
+    size_t limit = 0;
+    ER_TRY(be->ops->mem_available(be, &limit));
+    ER_TRY(acts_alloc_on(&g->acts, be, &g->m.cfg, c->group, g->seq_len, ACTS_TRAIN, limit));
+    ER_TRY(adamw_init(&g->opt, be, g->ad.n_params, c->lr, 0.9, 0.999, 1e-8, c->weight_decay));
+    if (c->log && dist_rank() == 0)
+        fprintf(c->log, "grpo: running on %s (%s)%s%s\n", g->dev.where, be->device, g->dev.why_cpu ? ": " : "",
+                g->dev.why_cpu ? g->dev.why_cpu : "");
     return alloc_groups(g);
 }
 
@@ -455,7 +477,7 @@ static GenConfig rollout_config(const Grpo *g, int budget, double temperature, i
     gc.sampler.temperature = (float)temperature;
     gc.sampler.top_p = (float)g->c->top_p;
     gc.seed = seed;
-    gc.adapter = &g->ad;
+    gc.adapter = g->dev.adapter;
     gc.response_prefix = g->ad.reasoning_prefix;
     return gc;
 }
@@ -779,7 +801,10 @@ static int policy_update(Grpo *g, long step, int it, int used, const PolicyLossC
     int G = c->group;
     size_t cells = (size_t)G * g->seq_len;
     float inv_t = (float)(1.0 / c->temperature);
-    lora_zero_grad(&g->ad);
+    Backend *be = g->dev.be;
+    size_t n = g->ad.n_params;
+    const LoraAdapter *ref_ad = c->kl_ref != KL_REF_INIT ? NULL : g->dev.placed ? &g->dev_ref : &g->ref;
+    ER_TRY(be->ops->zero(be, g->dev.grads, sizeof(float) * n));
     double sums[7] = {0}; // loss, clipped, low, high, kl, entropy (token sums), positions
     for (int k = 0; k < used; k++) {
         Group *gr = &g->groups[g->sel[k]];
@@ -788,11 +813,11 @@ static int policy_update(Grpo *g, long step, int it, int used, const PolicyLossC
         RolloutBatch rb = group_batch(g, g->sel[k]);
         float *ref = g->ref_lp + cells * k, *old = g->old_lp + cells * k;
         if (it == 0 && c->beta > 0)
-            ER_TRY(policy_logprobs(&g->m, c->kl_ref == KL_REF_INIT ? &g->ref : NULL, &g->acts, &rb, inv_t, ref));
+            ER_TRY(policy_logprobs(g->dev.model, ref_ad, &g->acts, &rb, inv_t, ref));
         if (it == 0 && c->iterations > 1)
-            ER_TRY(policy_logprobs(&g->m, &g->ad, &g->acts, &rb, inv_t, old));
+            ER_TRY(policy_logprobs(g->dev.model, g->dev.adapter, &g->acts, &rb, inv_t, old));
         PolicyLossStats ps;
-        ER_TRY(policy_step(&g->m, &g->ad, &g->acts, &rb, inv_t, c->iterations > 1 ? old : NULL,
+        ER_TRY(policy_step(g->dev.model, g->dev.adapter, &g->acts, &rb, inv_t, c->iterations > 1 ? old : NULL,
                            c->beta > 0 ? ref : NULL, g->adv + (size_t)g->sel[k] * G, lc, 1, g->logp, &ps));
         double tk = (double)ps.tokens;
         double add[7] = {ps.loss, ps.clip_frac * tk, ps.clip_low * tk, ps.clip_high * tk, ps.kl * tk,
@@ -803,20 +828,18 @@ static int policy_update(Grpo *g, long step, int it, int used, const PolicyLossC
     // The ranks' groups together: the sums of the step, then the gradient.
     ER_TRY(dist_sum_doubles(sums, 7));
     *train_positions += (long)sums[6];
-    ER_TRY(dist_sum_floats(g->ad.grads, g->ad.n_params));
+    ER_TRY(train_device_sum_grads(&g->dev, &g->job));
     // grpo, bnpo and dr_grpo normalise within a group: average the groups. dapo used the global count.
     if (c->loss_type != LOSS_DAPO) {
-        float s = 1.0f / (float)used;
-        for (size_t i = 0; i < g->ad.n_params; i++)
-            g->ad.grads[i] *= s;
+        ER_TRY(be->ops->scale(be, g->dev.grads, n, 1.0f / (float)used));
         sums[0] /= used;
     }
-    ER_TRY(clip_grad_norm(g->opt.be, g->ad.grads, g->ad.n_params, c->clip, &sm->gnorm));
+    ER_TRY(clip_grad_norm(be, g->dev.grads, n, c->clip, &sm->gnorm));
     if (!isfinite(sm->gnorm))
         return er_error(ER_ERANGE, "grpo step %ld: the gradient is not finite", step + 1);
     long warm = c->warmup < 1 ? (long)(c->warmup * c->steps) : (long)c->warmup;
     sm->lr = lr_schedule(step, warm, c->steps, c->lr, 0.0);
-    ER_TRY(adamw_step(&g->opt, g->ad.params, g->ad.grads, NULL, sm->lr));
+    ER_TRY(adamw_step(&g->opt, g->dev.params, g->dev.grads, NULL, sm->lr));
     double per = tokens > 0 ? 1.0 / tokens : 0;
     sm->loss = sums[0];
     sm->clip = sums[1] * per, sm->clip_low = sums[2] * per, sm->clip_high = sums[3] * per;
@@ -1009,6 +1032,16 @@ done:
     return rc;
 }
 
+// The trained adapter's parameters into g->ad (from the device where it is placed); *opt: AdamW with its moments
+// on the host (NULL: not wanted).
+static int grpo_to_host(Grpo *g, AdamW **opt) {
+    AdamW *host;
+    ER_TRY(train_device_to_host(&g->dev, &g->job, &g->opt, &host));
+    if (opt)
+        *opt = host;
+    return ER_OK;
+}
+
 // The adapter of the best eval accuracy so far, in OUT/best (with best/eval.json: its step and accuracy);
 // each file replaced as a whole.
 static int save_best(Grpo *g, long step, double acc) {
@@ -1017,6 +1050,7 @@ static int save_best(Grpo *g, long step, double acc) {
     int rc = ER_OK;
     if (!dir || !j)
         ER_CHECK(ER_ENOMEM);
+    ER_CHECK(grpo_to_host(g, NULL));
     ER_CHECK(dir_stage_open(dir, &stage));
     g->ad.dropout = g->dropout; // saved as it came
     rc = peft_save(&g->ad, stage);
@@ -1116,7 +1150,9 @@ static int grpo_start(Grpo *g, const char *ckpt, long *start) {
     // run_dir_check said so already when --resume finds no checkpoint: the run starts from step 0.
     int resume = c->resume && checkpoint_exists(ckpt);
     if (resume) {
-        ER_TRY(checkpoint_load(ckpt, &g->st, g->ad.params, g->ad.n_params, &g->opt));
+        AdamW *host = g->dev.placed ? &g->dev.host_opt : &g->opt;
+        ER_TRY(checkpoint_load(ckpt, &g->st, g->ad.params, g->ad.n_params, host));
+        ER_TRY(train_device_from_host(&g->dev, &g->job, &g->opt, host));
         cJSON *now = config_json(g);
         if (!now)
             return ER_ENOMEM;
@@ -1159,9 +1195,11 @@ static int save_adapter(void *ctx, const char *dir) { return peft_save((const Lo
 
 // Rank 0 writes it, once every rank's adapter and optimizer state are seen to be the same.
 static int grpo_save_checkpoint(Grpo *g, const char *ckpt) {
+    AdamW *opt;
+    ER_TRY(grpo_to_host(g, &opt));
     ER_TRY(dist_check_same(g->ad.params, sizeof(float) * g->ad.n_params, "adapter parameters"));
-    ER_TRY(dist_check_same(g->opt.m, sizeof(float) * g->ad.n_params, "AdamW moments"));
-    return dist_rank() == 0 ? checkpoint_save(ckpt, &g->st, g->ad.params, g->ad.n_params, &g->opt) : ER_OK;
+    ER_TRY(dist_check_same(opt->m, sizeof(float) * g->ad.n_params, "AdamW moments"));
+    return dist_rank() == 0 ? checkpoint_save(ckpt, &g->st, g->ad.params, g->ad.n_params, opt) : ER_OK;
 }
 
 // After step s: the eval (every --eval-every steps and at the last), the best adapter, the logs.
@@ -1224,6 +1262,7 @@ int grpo_train(const GrpoConfig *c, GrpoResult *res) {
         progress_update(&prog, s + 1, extra);
     }
     progress_end(&prog, NULL);
+    ER_CHECK(grpo_to_host(&g, NULL));
     g.ad.dropout = g.dropout; // saved as it came
     if (g.st.step == c->steps && dist_rank() == 0)
         ER_CHECK(run_write_outputs(c->out_dir, save_adapter, &g.ad));

@@ -55,7 +55,10 @@ typedef struct {
     int eval_every, eval_n;       // every K steps (and the last), on the first N records (0 = all)
     int log_completions;          // every K steps a few completions with their rewards to completions.jsonl (0 = off)
     int seed, threads, save_every, resume;
-    FILE *log;                    // the progress bar (NULL = silent; ertrain grpo: stderr)
+    FILE *log;                    // the progress bar and where the run goes (NULL = silent; ertrain grpo: stderr)
+    const char *device;           // where the rollouts, passes and AdamW run: "cpu", "cuda", "cuda:N"; NULL = the
+                                  // GPU of this rank's place on its node when there is one (train/device.h)
+    int place_on_cpu;             // test hook (ertrain: ER_TEST_PLACE_ON_CPU=1): copies placed on the CPU backend
     int stop_after;               // test hook, no flag: stop after this step as if killed (resume tests); 0 = off
 } GrpoConfig;
 

@@ -5,7 +5,6 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
-#include "model/ops.h"
 
 int rollout_offsets(const RolloutBatch *rb, int *off) {
     int n = 0;
@@ -39,11 +38,56 @@ static int forward(Model *m, const LoraAdapter *ad, Activations *a, const Rollou
     return model_forward(m, &in, a);
 }
 
-// logp (n) = tempered log-probs of the gathered targets under a->logits.
-static void gathered_logprobs(const Activations *a, int V, const int *pos, const int *tgt, int n, float inv_temp,
-                              float *logp) {
-    for (int i = 0; i < n; i++)
-        logprob_forward(&logp[i], a->logits + (size_t)pos[i] * V, &tgt[i], 1, V, inv_temp);
+// Host arrays placed on a backend (a pass's scratch): one buffer, freed by staged_free.
+typedef struct {
+    Backend *be;
+    void *mem;
+} Staged;
+
+// *dst = a copy of n bytes of host (NULL: room only) in st's buffer at offset `at` (64-byte multiples).
+static void *staged_at(Staged *st, size_t at, const void *host, size_t n, int *rc) {
+    void *p = (char *)st->mem + at;
+    if (*rc == ER_OK && host)
+        *rc = st->be->ops->upload(st->be, p, host, n);
+    return p;
+}
+
+static int staged_alloc(Staged *st, Backend *be, size_t bytes) {
+    st->be = be;
+    st->mem = be->ops->alloc(be, bytes);
+    return st->mem ? ER_OK : ER_ENOMEM;
+}
+
+static void staged_free(Staged *st) {
+    if (st->be)
+        st->be->ops->free(st->be, st->mem);
+}
+
+static size_t round64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+// logp (n) = tempered log-probs of the gathered targets under a->logits, and with ent (n) the entropies of
+// those distributions: the backend's token_stats where the logits are, the results brought to the host.
+static int gathered_stats(const Activations *a, int V, const int *pos, const int *tgt, int n, float inv_temp,
+                          float *logp, float *ent) {
+    if (n == 0)
+        return ER_OK;
+    Backend *be = a->be;
+    size_t b = round64(sizeof(int) * (size_t)n);
+    Staged st = {0};
+    int rc = staged_alloc(&st, be, 4 * b);
+    if (rc == ER_OK) {
+        const int *d_pos = staged_at(&st, 0, pos, sizeof(int) * (size_t)n, &rc);
+        const int *d_tgt = staged_at(&st, b, tgt, sizeof(int) * (size_t)n, &rc);
+        float *d_logp = staged_at(&st, 2 * b, NULL, 0, &rc), *d_ent = ent ? staged_at(&st, 3 * b, NULL, 0, &rc) : NULL;
+        if (rc == ER_OK)
+            rc = be->ops->token_stats(be, d_logp, d_ent, a->logits, d_pos, d_tgt, n, V, inv_temp);
+        if (rc == ER_OK)
+            rc = be->ops->download(be, logp, d_logp, sizeof(float) * (size_t)n);
+        if (rc == ER_OK && ent)
+            rc = be->ops->download(be, ent, d_ent, sizeof(float) * (size_t)n);
+    }
+    staged_free(&st);
+    return rc;
 }
 
 int policy_logprobs(Model *m, const LoraAdapter *ad, Activations *a, const RolloutBatch *rb, float inv_temp,
@@ -56,33 +100,11 @@ int policy_logprobs(Model *m, const LoraAdapter *ad, Activations *a, const Rollo
     int n = gather(rb, pos, tgt);
     ER_CHECK(n);
     ER_CHECK(forward(m, ad, a, rb));
-    gathered_logprobs(a, m->cfg.V, pos, tgt, n, inv_temp, logp);
+    ER_CHECK(gathered_stats(a, m->cfg.V, pos, tgt, n, inv_temp, logp, NULL));
 done:
     er_free(pos);
     er_free(tgt);
     return rc;
-}
-
-// Mean entropy (nats) of the tempered distributions at the n gathered positions; ent (n) is scratch.
-static double mean_entropy(const Activations *a, int V, const int *pos, int n, float inv_temp, float *ent) {
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++) {
-        const float *l = a->logits + (size_t)pos[i] * V;
-        float mx = l[0];
-        for (int v = 1; v < V; v++)
-            mx = l[v] > mx ? l[v] : mx;
-        double z = 0.0, zl = 0.0;
-        for (int v = 0; v < V; v++) {
-            double x = (double)(l[v] - mx) * inv_temp, e = exp(x);
-            z += e;
-            zl += e * x;
-        }
-        ent[i] = (float)(log(z) - zl / z);
-    }
-    double sum = 0.0; // summed in order: the same on any thread count
-    for (int i = 0; i < n; i++)
-        sum += ent[i];
-    return sum / n;
 }
 
 // d loss / d logits from dlogp (n, at the gathered positions), then the backward into the adapter.
@@ -95,7 +117,18 @@ static int policy_backward(Model *m, LoraAdapter *ad, Activations *a, const Roll
         coef[pos[i]] = dlogp[i];
         all_tgt[pos[i]] = tgt[i];
     }
-    logprob_backward(a->logits, a->logits, all_tgt, coef, N, m->cfg.V, inv_temp);
+    Backend *be = a->be;
+    size_t b = round64(sizeof(float) * (size_t)N);
+    Staged st = {0};
+    int rc = staged_alloc(&st, be, 2 * b);
+    if (rc == ER_OK) {
+        const float *d_coef = staged_at(&st, 0, coef, sizeof(float) * (size_t)N, &rc);
+        const int *d_tgt = staged_at(&st, b, all_tgt, sizeof(int) * (size_t)N, &rc);
+        if (rc == ER_OK)
+            rc = be->ops->logprob_backward(be, a->logits, a->logits, d_tgt, d_coef, N, m->cfg.V, inv_temp);
+    }
+    staged_free(&st);
+    ER_TRY(rc);
     ModelInput in = {.B = rb->B, .T = rb->T, .tokens = rb->tokens, .adapter = ad, .adapter_mask = rb->adapter_mask};
     return model_backward(m, &in, a);
 }
@@ -115,11 +148,14 @@ int policy_step(Model *m, LoraAdapter *ad, Activations *a, const RolloutBatch *r
     int n = gather(rb, pos, tgt);
     ER_CHECK(n);
     ER_CHECK(forward(m, ad, a, rb));
-    gathered_logprobs(a, m->cfg.V, pos, tgt, n, inv_temp, logp);
+    ER_CHECK(gathered_stats(a, m->cfg.V, pos, tgt, n, inv_temp, logp, coef)); // coef as the entropies' room
     rollout_offsets(rb, off);
     ER_CHECK(grpo_policy_loss(logp, old, ref, adv, off, rb->comp_len, rb->B, c, dlogp, st));
-    if (n > 0) {
-        st->entropy = mean_entropy(a, m->cfg.V, pos, n, inv_temp, coef); // coef as scratch, zeroed again below
+    if (n > 0) { // the mean entropy, summed in order: the same on any thread count
+        double sum = 0.0;
+        for (int i = 0; i < n; i++)
+            sum += coef[i];
+        st->entropy = sum / n;
         memset(coef, 0, sizeof(float) * (size_t)N);
     }
     if (grad) {

@@ -575,6 +575,12 @@ static int op_logprob_forward(Backend *be, float *logp, const float *logits, con
     return ER_OK;
 }
 
+static int op_token_stats(Backend *be, float *logp, float *ent, const float *logits, const int *rows,
+                          const int *targets, int n, int V, float inv_temp) {
+    CUDA_TRY(cuda_token_stats(ctx_of(be)->stream, logp, ent, logits, rows, targets, n, V, inv_temp));
+    return ER_OK;
+}
+
 static int op_logprob_backward(Backend *be, float *dlogits, const float *logits, const int *targets, const float *coef,
                                int N, int V, float inv_temp) {
     CUDA_TRY(cuda_logprob_backward(ctx_of(be)->stream, dlogits, logits, targets, coef, N, V, inv_temp));
@@ -623,6 +629,7 @@ static const BackendOps cuda_ops = {
     .lora_forward = op_lora_forward,
     .cross_entropy = op_cross_entropy,
     .logprob_forward = op_logprob_forward,
+    .token_stats = op_token_stats,
     .logprob_backward = op_logprob_backward,
     .matmul_backward_input = op_matmul_backward_input,
     .matmul_backward_weight = op_matmul_backward_weight,

@@ -776,6 +776,38 @@ cudaError_t cuda_logprob_forward(cudaStream_t s, float *logp, const float *logit
     return cudaGetLastError();
 }
 
+// grid n: row rows[i] of logits: its tempered log-prob of targets[i], as logprob_forward_kernel, and with ent its
+// entropy log z - Σ e^x x / z (x the tempered logit less the max, e^x summed in double).
+static __global__ void token_stats_kernel(float *logp, float *ent, const float *logits, const int *rows,
+                                          const int *targets, int V, float inv_temp) {
+    const float *l = logits + (size_t)rows[blockIdx.x] * V;
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < V; i += blockDim.x)
+        mx = fmaxf(mx, l[i]);
+    mx = block_max(mx);
+    double z = 0.0, zl = 0.0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float x = (l[i] - mx) * inv_temp, e = expf(x);
+        z += e;
+        zl += (double)e * x;
+    }
+    z = block_sum_double(z);
+    if (ent)
+        zl = block_sum_double(zl);
+    if (threadIdx.x == 0) {
+        logp[blockIdx.x] = (float)((double)(l[targets[blockIdx.x]] - mx) * inv_temp - log(z));
+        if (ent)
+            ent[blockIdx.x] = (float)(log(z) - zl / z);
+    }
+}
+
+cudaError_t cuda_token_stats(cudaStream_t s, float *logp, float *ent, const float *logits, const int *rows,
+                             const int *targets, int n, int V, float inv_temp) {
+    if (n > 0)
+        token_stats_kernel<<<n, ROW_THREADS, 0, s>>>(logp, ent, logits, rows, targets, V, inv_temp);
+    return cudaGetLastError();
+}
+
 // grid N: d = coef * inv_temp * (onehot - softmax(l * inv_temp)), overwritten; d may alias l (each
 // thread rewrites only the entries it read, after block_max's barrier ends every read of the max pass).
 static __global__ void logprob_backward_kernel(float *dlogits, const float *logits, const int *targets,

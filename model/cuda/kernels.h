@@ -88,6 +88,9 @@ cudaError_t cuda_cross_entropy(cudaStream_t s, double *result, float *logits, co
                                int N, int V, int grad, double wsum, double *row_loss);
 cudaError_t cuda_logprob_forward(cudaStream_t s, float *logp, const float *logits, const int *targets, int N, int V,
                                  float inv_temp);
+// For i < n: the log-prob of targets[i] and (ent not NULL) the entropy of row rows[i] of logits, tempered.
+cudaError_t cuda_token_stats(cudaStream_t s, float *logp, float *ent, const float *logits, const int *rows,
+                             const int *targets, int n, int V, float inv_temp);
 // dlogits may alias logits.
 cudaError_t cuda_logprob_backward(cudaStream_t s, float *dlogits, const float *logits, const int *targets,
                                   const float *coef, int N, int V, float inv_temp);
