@@ -5,6 +5,7 @@
 // as its jobs; this file parses the flags, checks them and prints. run.json and metrics.jsonl go to
 // --out (default: the directory of the first head written).
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -68,7 +69,8 @@ static cJSON *flags_json(const HeadsFlags *f) {
     const VerifierConfig *v = &f->vf;
     const char *strs[][2] = {{"model", h->model_dir},    {"adapter", h->adapter_dir},  {"data", h->data_path},
                              {"switcher_out", s->out},   {"verifier_out", v->out},     {"system", h->system},
-                             {"kv", f->kv},              {"prefix", h->prefix},        {"verify_prompt", v->verify_prompt}};
+                             {"kv", f->kv},              {"prefix", h->prefix},        {"verify_prompt", v->verify_prompt},
+                             {"device", h->device}};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
         if (strs[i][1])
             cJSON_AddStringToObject(j, strs[i][0], strs[i][1]);
@@ -128,6 +130,8 @@ static int parse_flags(int argc, char **argv, HeadsFlags *f) {
                                                            "only (refused otherwise)", 0, 0, 0},
         {"seed", ARG_INT, &h->seed, "seed of the split, sampling, init, order, dropout and noise", 0, 0, 2147483647},
         {"threads", ARG_INT, &f->threads, "threads (0 = all cores)", 0, 0, 4096},
+        {"device", ARG_STR, &h->device, "where the passes run: cpu, cuda or cuda:N (default: rank r of a node on "
+                                        "cuda:r when built with CUDA=1 and a GPU is there, else cpu)", 0, 0, 0},
         {"kv", ARG_STR, &f->kv, "KV cache type the features are computed on: f32 or int8, the erinfer --kv the "
                                 "heads will run with (recorded in each head)", 0, 0, 0},
         {"chunk", ARG_INT, &s->chunk, "switcher: prompt positions per chunk of the EMA", 0, 1, 1 << 20},
@@ -260,6 +264,9 @@ int cmd_heads(int argc, char **argv) {
         return 0;
     if (rc < 0 || check_flags(&f) < 0)
         return cli_fail("heads");
+    // Test hook (tests/train/test_heads_run.c's CLI twin): the device path on copies placed on the CPU.
+    const char *place = getenv("ER_TEST_PLACE_ON_CPU");
+    f.h.place_on_cpu = place && !strcmp(place, "1");
     threads_set(f.threads);
     return run_heads(&f) < 0 ? cli_fail("heads") : 0;
 }

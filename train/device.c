@@ -19,6 +19,10 @@ static int device_place(TrainDevice *d, const TrainJob *job) {
         ER_TRY(lora_to_backend(&d->dev_adapter, job->adapter, be));
         d->adapter = &d->dev_adapter;
     }
+    if (!job->params) { // nothing trained on the device (heads: features from passes through the model)
+        d->params = d->grads = NULL;
+        return ER_OK;
+    }
     if (job->adapter && job->params == job->adapter->params) {
         d->params = d->dev_adapter.params;
         d->grads = d->dev_adapter.grads;

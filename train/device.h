@@ -47,7 +47,8 @@ int train_device_pick(const DeviceAsk *a, int *index, const char **why_cpu);
 
 // Opens `device` ("cpu", "cuda", "cuda:N"; NULL: the default, train_device_pick's rules, with the rank's
 // place on its node from train/dist.h and ER_SHARE_GPU from the environment) and places the job there (on
-// the CPU only with `place`: the trainer's device path without a device). Jobs that rewrite their weights
+// the CPU only with `place`: the trainer's device path without a device). A job without params (heads) only
+// runs passes: its model and adapter are placed, nothing else. Jobs that rewrite their weights
 // before each pass (QAT) and adapter dropout (its masks are drawn on the host) run on the CPU only: asked
 // for a device they are refused; with device NULL they stay on the CPU and why_cpu says why. A device
 // that was picked and fails to open is an error (with --device cpu as the way out).

@@ -144,7 +144,9 @@ static int engine_for_jobs(HeadsData *hd, const HeadJob *jobs, int n_jobs, int m
         gen_max = jobs[j].max_new > gen_max ? jobs[j].max_new : gen_max;
     }
     int max_len = max_prompt + n_pre + gen_max + tail + 2;
-    return engine_init(&hd->e, &hd->m, hd->tok, hd->c->kv, n_seqs, max_len, 128, er_physical_memory());
+    size_t limit = 0;
+    ER_TRY(hd->dev.be->ops->mem_available(hd->dev.be, &limit));
+    return engine_init(&hd->e, hd->dev.model, hd->tok, hd->c->kv, n_seqs, max_len, 128, limit);
 }
 
 static int heads_data_load(HeadsData *hd, HeadJob *jobs, int n_jobs) {
@@ -170,11 +172,14 @@ static int heads_data_load(HeadsData *hd, HeadJob *jobs, int n_jobs) {
     if (c->adapter_dir && !hd->ad.masked && c->log)
         fprintf(c->log, "heads: warning: %s is a standard (unmasked) LoRA: the prompt's hidden states include it\n",
                 c->adapter_dir);
+    hd->ad.dropout = 0; // passes only: no dropout
+    hd->job = (TrainJob){.label = "heads", .model = &hd->m, .adapter = c->adapter_dir ? &hd->ad : NULL};
+    ER_TRY(train_device_open(&hd->dev, &hd->job, c->device, c->place_on_cpu));
     int max_prompt;
     ER_TRY(render_prompts(hd, style, &max_prompt));
     gen_config_default(&hd->reasoning);
     hd->reasoning.max_new = c->max_new;
-    hd->reasoning.adapter = c->adapter_dir ? &hd->ad : NULL;
+    hd->reasoning.adapter = hd->dev.adapter;
     hd->reasoning.response_prefix = c->prefix ? c->prefix : hd->ad.reasoning_prefix;
     if (hd->hybrid && !hd->reasoning.response_prefix) // thinking on, as the runtime's pipeline forces it
         hd->reasoning.response_prefix = CHAT_THINK_ON;
@@ -192,6 +197,8 @@ static int heads_data_load(HeadsData *hd, HeadJob *jobs, int n_jobs) {
 
 static void heads_data_free(HeadsData *hd) {
     engine_free(&hd->e);
+    if (hd->dev.be)
+        train_device_close(&hd->dev);
     for (int i = 0; hd->ids && i < hd->d.n; i++)
         er_free(hd->ids[i]);
     er_free(hd->ids);
@@ -216,7 +223,8 @@ static void print_start(const HeadsData *hd, const HeadJob *jobs, int n_jobs, FI
             hd->n_cal, hd->n_report, hd->m.cfg.C);
     for (int j = 0; j < n_jobs; j++)
         fprintf(log, "%s%s", j ? " + " : "", jobs[j].what);
-    fputc('\n', log);
+    fprintf(log, "\nheads: running on %s (%s)%s%s\n", hd->dev.where, hd->dev.be->device, hd->dev.why_cpu ? ": " : "",
+            hd->dev.why_cpu ? hd->dev.why_cpu : "");
 }
 
 // Once the first records are done: the time per record so far and what the rest will take at that pace.

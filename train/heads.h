@@ -20,6 +20,7 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "infer/engine.h"
+#include "train/device.h"
 #include "train/run.h"
 
 typedef struct {
@@ -40,6 +41,9 @@ typedef struct {
     int max_new;             // tokens per reasoning response
     int budget;              // hard budget on reasoning responses (0 = off)
     int answer_tokens;       // tokens allowed after the budget, suffix included
+    const char *device;      // where the passes run: "cpu", "cuda", "cuda:N"; NULL = this rank's GPU when there is
+                             // one (train/device.h's rules)
+    int place_on_cpu;        // test hook (ertrain: ER_TEST_PLACE_ON_CPU=1): copies placed on the CPU backend
     const cJSON *settings;   // recorded as run.json's "config" (the caller's settings; NULL = none)
     FILE *out;               // the report: label counts, each head's result and file (NULL = silent)
     FILE *log;               // progress and notes (NULL = silent)
@@ -58,6 +62,8 @@ typedef struct {
     Model m;
     Tokenizer *tok;
     LoraAdapter ad;
+    TrainJob job;        // the model and adapter train/device.h places (nothing trained there)
+    TrainDevice dev;     // where the engine runs: dev.model and dev.adapter, m and ad or their placed copies
     int **ids, *nids;    // (d.n): each record's prompt tokens
     uint8_t *split;      // (d.n): HEADS_TRAIN, HEADS_CALIBRATE or HEADS_REPORT; a record's rows of every
                          // head go to its split

@@ -36,6 +36,7 @@ typedef struct {
     int derive, allow_one_class, limit;
     double target_recall;
     KvType kv;
+    int place; // the device path on copies placed on the CPU (HeadsConfig.place_on_cpu)
 } RunOpts;
 
 // One run on tmp/model and tmp/adapter, small and quick (samples 3, max_new 12, direct_max_new 6,
@@ -55,6 +56,7 @@ static int run(const char *data, const RunOpts *o, char **report, char **log) {
     c.allow_one_class = o->allow_one_class;
     c.limit = o->limit;
     c.kv = o->kv;
+    c.place_on_cpu = o->place;
     cJSON *settings = cJSON_CreateObject();
     cJSON_AddNumberToObject(settings, "seed", 3);
     c.settings = settings;
@@ -148,6 +150,41 @@ Test(heads_run, trains_both_heads_end_to_end) {
     model_free(&other);
     model_free(&m);
     free(report);
+    er_free(data);
+}
+
+// The device path (train/device.h, the engine over the backend seam) on copies placed on the CPU: both heads'
+// features come from the placed model and adapter, and the heads written equal the host run's, byte for byte
+// (derived labels: the base's direct answers and the adapter's sampled ones both count).
+Test(heads_run, placed_equals_host) {
+    char *data = heads_make_data(fx.tmp, "train.jsonl", 8, 2), *report[2];
+    const char *name[2] = {"a_host", "placed"};
+    for (int k = 0; k < 2; k++) {
+        char sw_p[512], vf_p[512], out[512];
+        snprintf(sw_p, sizeof sw_p, "%s/%s/switcher.safetensors", fx.tmp, name[k]);
+        snprintf(vf_p, sizeof vf_p, "%s/%s/verifier.safetensors", fx.tmp, name[k]);
+        snprintf(out, sizeof out, "%s/%s", fx.tmp, name[k]);
+        RunOpts o = {.sw_out = sw_p, .vf_out = vf_p, .out_dir = out, .allow_one_class = 1, .derive = 1,
+                     .target_recall = 0.9, .place = k};
+        cr_assert_eq(run(data, &o, &report[k], NULL), 0, "heads (%s) failed: %s", name[k], er_last_error());
+    }
+    for (char *at = report[1]; (at = strstr(at, "/placed/"));) // the paths it wrote, named alike
+        memcpy(at, "/a_host/", 8);
+    cr_assert_str_eq(report[1], report[0], "the placed run's report differs from the host run's");
+    const char *files[] = {"switcher.safetensors", "verifier.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        char pa[512], pb[512], *a, *b;
+        size_t na, nb;
+        snprintf(pa, sizeof pa, "%s/a_host/%s", fx.tmp, files[i]);
+        snprintf(pb, sizeof pb, "%s/placed/%s", fx.tmp, files[i]);
+        cr_assert_eq(file_read_all(pa, 1 << 24, &a, &na), 0);
+        cr_assert_eq(file_read_all(pb, 1 << 24, &b, &nb), 0);
+        cr_assert(na == nb && !memcmp(a, b, na), "%s: the placed run's differs from the host run's", files[i]);
+        er_free(a);
+        er_free(b);
+    }
+    free(report[0]);
+    free(report[1]);
     er_free(data);
 }
 
