@@ -24,7 +24,7 @@ int cli_fail(const char *cmd);
 
 // Generation flags shared by generate, chat and eval (cli/gen_flags.c).
 typedef struct {
-    const char *model, *adapter, *system, *kv, *stop, *prefix, *suffix, *switcher, *verifier;
+    const char *model, *adapter, *system, *kv, *stop, *prefix, *suffix, *switcher, *verifier, *device;
     const char *route, *think; // --route auto|direct|reasoning, --think on|off (a hybrid model's switch)
     int max_new, top_k, samples, budget, answer_tokens, seed, threads, context;
     int default_max_new; // --max-new 0: this, or budget + answer tokens when that is more

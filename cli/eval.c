@@ -135,7 +135,7 @@ int eval_command(int argc, char **argv, const EvalSplit *split) {
                      file_output_not_input(c.output, f.adapter, "--adapter") < 0))
         return cli_fail("eval");
     threads_set(f.threads);
-    c.session = (SessionSpec){f.model, f.adapter, f.switcher, f.verifier, c.session.kv_int8, f.context};
+    c.session = (SessionSpec){f.model, f.adapter, f.switcher, f.verifier, c.session.kv_int8, f.context, f.device};
     c.system = f.system;
     int quiet = split && split->shard != 0;
     c.log = quiet ? NULL : stderr;

@@ -38,6 +38,8 @@ int gen_flags_specs(GenFlags *f, ArgSpec *s) {
          "positions per sample, prompt included (0 = 4096 + --max-new, at most the model's max_position_embeddings)", 0,
          0, 1 << 22},
         {"threads", ARG_INT, &f->threads, "threads (0 = all cores)", 0, 0, 4096},
+        {"device", ARG_STR, &f->device, "where the passes run: cpu, or a GPU: cuda or cuda:N (a build with CUDA=1); "
+                                        "sampling, the heads and the vote stay on the host [cpu]", 0, 0, 0},
         {"switcher", ARG_STR, &f->switcher, "switcher head (ertrain heads): route each query to the base's direct "
                                             "answer or to reasoning with the adapter", 0, 0, 0},
         {"verifier", ARG_STR, &f->verifier, "verifier head (ertrain heads): score each sample, weighted majority vote",
@@ -99,7 +101,7 @@ int gen_flags_open(const GenFlags *f, int max_samples, ErModel **m, ErSession **
     *m = NULL;
     *s = NULL;
     ErGenParams unused;
-    SessionSpec spec = {f->model, f->adapter, f->switcher, f->verifier, 0, f->context};
+    SessionSpec spec = {f->model, f->adapter, f->switcher, f->verifier, 0, f->context, f->device};
     ER_TRY(gen_flags_params(f, &unused, &spec.kv_int8));
     ER_TRY(runner_open_session(&spec, max_samples, gen_flags_max_new(f), m, s));
     char note[1400];

@@ -962,7 +962,7 @@ static int serve_parse_flags(int argc, char **argv, ServeFlags *f) {
     // sampling comes with each request.
     ArgSpec all[GEN_FLAGS_MAX];
     int na = gen_flags_specs(&f->g, all);
-    static const char *const keep[] = {"model", "adapter", "switcher", "verifier", "kv", "context", "threads"};
+    static const char *const keep[] = {"model", "adapter", "switcher", "verifier", "kv", "context", "threads", "device"};
     for (int i = 0; i < na; i++)
         for (size_t k = 0; k < sizeof keep / sizeof *keep; k++)
             if (strcmp(all[i].name, keep[k]) == 0)
@@ -1024,7 +1024,7 @@ static int memory_open(Server *srv, const ServeFlags *f) {
 // the verifier's prompt).
 static int serve_open(Server *srv, const ServeFlags *f) {
     const GenFlags *g = &f->g;
-    SessionSpec spec = {g->model, g->adapter, g->switcher, g->verifier, 0, g->context};
+    SessionSpec spec = {g->model, g->adapter, g->switcher, g->verifier, 0, g->context, g->device};
     ER_TRY(runner_load_model(&spec, &srv->model));
     int kv_int8 = strcmp(g->kv, "int8") == 0, positions = runner_context(g->context, f->max_tokens,
                                                                          er_model_max_positions(srv->model));

@@ -64,6 +64,11 @@ struct ErModel {
     Tokenizer *tok;
     ChatStyle style;
     LoraAdapter adapter;     // zeroed when none is loaded (mats NULL)
+    // er_model_set_device: where the passes run (NULL: the CPU, on model and adapter), the model and the
+    // adapter (when one is loaded) placed there
+    Backend *be;
+    Model placed;
+    LoraAdapter placed_adapter;
     TrainedHead switcher, verifier; // likewise (net.params NULL)
     EmbedSpec embed;         // how er_embed pools and the query prompt, as the model dir or GGUF says
     unsigned heads_loaded;   // head loads so far: a session warns about a head's KV type once per load
@@ -92,6 +97,16 @@ struct ErSession {
 
 // What is loaded: an adapter or a head always has its buffers.
 static const LoraAdapter *model_adapter(const ErModel *m) { return m->adapter.mats ? &m->adapter : NULL; }
+// What the passes run: the model and adapter, or their copies where er_model_set_device placed them.
+static Model *pass_model(ErModel *m) { return m->be ? &m->placed : &m->model; }
+static const LoraAdapter *pass_adapter(const ErModel *m) {
+    return !m->adapter.mats ? NULL : m->be ? &m->placed_adapter : &m->adapter;
+}
+// The memory a session's engine may take: on the device the model is placed on, or the machine's.
+static size_t pass_memory(const ErModel *m) {
+    size_t bytes = 0;
+    return m->be && m->be->ops->mem_available(m->be, &bytes) == ER_OK ? bytes : er_physical_memory();
+}
 static const TrainedHead *model_switcher(const ErModel *m) { return m->switcher.net.params ? &m->switcher : NULL; }
 static const TrainedHead *model_verifier(const ErModel *m) { return m->verifier.net.params ? &m->verifier : NULL; }
 // A hybrid-thinking model (Qwen3's template): its thinking switch is the pipeline's two routes.
@@ -261,7 +276,21 @@ __attribute__((format(printf, 4, 5))) static void api_log(const ErModel *m, cons
     cb->log(cb->user, level, line);
 }
 
+// The placed copies freed and the device closed: the passes run on the CPU again.
+static void model_unplace(ErModel *m) {
+    if (!m->be)
+        return;
+    if (m->placed_adapter.mats)
+        lora_backend_free(&m->placed_adapter, m->be);
+    model_free(&m->placed);
+    backend_close(m->be);
+    m->be = NULL;
+    memset(&m->placed, 0, sizeof m->placed);
+    memset(&m->placed_adapter, 0, sizeof m->placed_adapter);
+}
+
 static void model_release(ErModel *m) {
+    model_unplace(m);
     trained_head_free(&m->switcher);
     trained_head_free(&m->verifier);
     lora_free(&m->adapter);
@@ -460,17 +489,64 @@ int er_model_load_adapter(ErModel *m, const char *dir) {
     NOT_FREED(m, "er_model_load_adapter");
     const ModelConfig *c = &m->model.cfg;
     LoraShape shape = model_config_lora_shape(c);
-    LoraAdapter a;
+    LoraAdapter a, placed = {0};
     ER_TRY(peft_load(&a, dir, &shape, 0));
-    int rc = model_change_begin(m, "er_model_load_adapter"); // the old one may be in use until now
+    int rc = m->be ? lora_to_backend(&placed, &a, m->be) : ER_OK;
+    if (rc == ER_OK)
+        rc = model_change_begin(m, "er_model_load_adapter"); // the old one may be in use until now
     if (rc < 0) {
+        if (placed.mats)
+            lora_backend_free(&placed, m->be);
         lora_free(&a);
         return rc;
     }
     lora_free(&m->adapter);
     m->adapter = a;
+    if (m->placed_adapter.mats)
+        lora_backend_free(&m->placed_adapter, m->be);
+    m->placed_adapter = placed;
     model_change_end(m);
     return ER_OK;
+}
+
+int er_model_set_device(ErModel *m, const char *device) {
+    const char *fn = "er_model_set_device";
+    NEED(m, fn, "the model");
+    NEED(device, fn, "the device");
+    NOT_FREED(m, fn);
+    int open = atomic_load(&m->refs) - 1;
+    if (open > 0)
+        return er_error(ER_EINVAL, "%s: %d sessions or batches are open on the model: set its device before opening "
+                        "them", fn, open);
+    Backend *be;
+    ER_TRY(backend_open(&be, device));
+    Model placed = {0};
+    LoraAdapter placed_adapter = {0};
+    int rc = ER_OK;
+    if (be->kind != BACKEND_CPU) {
+        ER_CHECK(model_to_backend(&placed, &m->model, be));
+        if (m->adapter.mats)
+            ER_CHECK(lora_to_backend(&placed_adapter, &m->adapter, be));
+    }
+    ER_CHECK(model_change_begin(m, fn));
+    model_unplace(m);
+    if (be->kind != BACKEND_CPU) {
+        m->be = be, m->placed = placed, m->placed_adapter = placed_adapter;
+        be = NULL;
+        memset(&placed, 0, sizeof placed);
+        memset(&placed_adapter, 0, sizeof placed_adapter);
+    }
+    model_change_end(m);
+    api_log(m, NULL, ER_LOG_INFO, "passes run on %s (%s)", m->be ? m->be->name : "cpu",
+            m->be ? m->be->device : backend_cpu()->device);
+done:
+    if (be && be->kind != BACKEND_CPU) {
+        if (placed_adapter.mats)
+            lora_backend_free(&placed_adapter, be);
+        model_free(&placed);
+        backend_close(be);
+    }
+    return rc;
 }
 
 static int load_head(ErModel *m, const char *path, HeadRole role) {
@@ -682,7 +758,7 @@ int er_session_open(ErSession **out, ErModel *m, const ErSessionParams *params) 
     // The KV cache and buffers are reserved now; a session that would not fit in memory is refused here. The
     // engine sizes its per-thread scratch with the thread count in force.
     int prev = threads_push(s->n_threads);
-    rc = engine_init(&s->engine, &m->model, m->tok, s->kv, sp.max_samples, sp.max_tokens, 128, er_physical_memory());
+    rc = engine_init(&s->engine, pass_model(m), m->tok, s->kv, sp.max_samples, sp.max_tokens, 128, pass_memory(m));
     threads_pop(prev);
     if (rc < 0)
         ER_CHECK(er_error_prefix(rc, "er_session_open"));
@@ -780,8 +856,10 @@ static int gen_config_from_params(const ErModel *m, const ErGenParams *p, GenCon
     g->answer_tokens = p->answer_tokens;
     if (p->budget_suffix)
         g->budget_suffix = p->budget_suffix;
-    g->adapter = model_adapter(m);
-    g->response_prefix = p->response_prefix ? p->response_prefix : g->adapter ? g->adapter->reasoning_prefix : NULL;
+    g->adapter = pass_adapter(m);
+    g->response_prefix = p->response_prefix ? p->response_prefix
+                         : g->adapter       ? model_adapter(m)->reasoning_prefix
+                                            : NULL;
     g->stop = p->stop;
     g->n_stop = p->n_stop;
     g->top_logprobs = p->top_logprobs;
@@ -1114,8 +1192,8 @@ int er_batch_open(ErBatch **out, ErModel *m, const ErSessionParams *params) {
     ER_CHECK(model_use_begin(m, "er_batch_open")); // reads which adapter is loaded
     held = 1;
     int prev = threads_push(b->n_threads); // the engine's scratch is sized for the batch's thread count
-    rc = decode_batch_init(&b->batch, &m->model, m->tok, model_adapter(m), b->kv, max_rows, max_rows, sp.max_tokens,
-                           128, er_physical_memory());
+    rc = decode_batch_init(&b->batch, pass_model(m), m->tok, pass_adapter(m), b->kv, max_rows, max_rows, sp.max_tokens,
+                           128, pass_memory(m));
     threads_pop(prev);
     if (rc < 0)
         ER_CHECK(er_error_prefix(rc, "er_batch_open"));

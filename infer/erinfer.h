@@ -244,6 +244,13 @@ ER_API int er_model_max_positions(const ErModel *m);
 // adapter whose scale (lora_alpha / r, / sqrt(r) with use_rslora) is above 1e4 is refused. Refused
 // (ER_EINVAL) while a generation runs on the model; the loaded one stays.
 ER_API int er_model_load_adapter(ErModel *m, const char *dir);
+// Where the model's passes run: "cpu" (where it loads) or a GPU, "cuda" or "cuda:N" (a library built with
+// CUDA): its weights are copied there (in bf16, a quantized model's dequantized) and so is its adapter, now and
+// at every later er_model_load_adapter; the sessions and batches opened afterwards keep their KV cache and
+// activations there, and bring each step's logits (and the heads' hidden states) to the host, where sampling,
+// the heads and the vote run. Refused while a session or batch is open on the model, and where the device
+// cannot be opened (the build has no CUDA, no GPU answers); "cpu" frees the copies.
+ER_API int er_model_set_device(ErModel *m, const char *device);
 ER_API void er_model_free(ErModel *m);
 // The loaded adapter's reasoning prefix (er_reasoning_prefix: what a response starts with unless
 // ErGenParams.response_prefix says otherwise); NULL without an adapter or prefix, or for NULL. Owned by the

@@ -17,6 +17,8 @@ int runner_load_model(const SessionSpec *spec, ErModel **m) {
         ER_CHECK(er_model_load_switcher(*m, spec->switcher));
     if (spec->verifier)
         ER_CHECK(er_model_load_verifier(*m, spec->verifier));
+    if (spec->device)
+        ER_CHECK(er_model_set_device(*m, spec->device));
 done:
     if (rc < 0) {
         er_model_free(*m);

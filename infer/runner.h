@@ -13,6 +13,7 @@ typedef struct {
     const char *model, *adapter, *switcher, *verifier;
     int kv_int8;
     int context; // positions per sample, prompt included; 0 = 4096 + max_new, at most max_position_embeddings
+    const char *device; // where the passes run (er_model_set_device); NULL = the CPU
 } SessionSpec;
 
 // The positions per sample: context when given, else 4096 + max_new, at most the model's max_pos.
