@@ -492,6 +492,35 @@ Test(backend, cross_entropy_and_logprob) {
 // The op given the whole batch's mask sum (wsum > 0) over a chunk of its rows: the chunk's gradient rows and
 // row losses are the whole call's, the same bits on the same backend, and its loss is its rows' sum / wsum
 // (the loss-only pass runs the head and the loss this way, a chunk of rows at a time).
+// The policy's token statistics: the tempered log-prob of a target and the entropy of rows picked out of the
+// logits (some twice, out of order), with and without the entropies.
+Test(backend, token_stats) {
+    Backend *be = dev_open(), *cpu = backend_cpu();
+    int N = 11, V = 517, n = 6, rows[6] = {3, 0, 10, 3, 7, 5}, tgt[6] = {5, 516, 0, 9, 200, 77};
+    float *logits = randn((size_t)N * V, 3.0f, 7), logp[6], ent[6], inv_t = 1.0f / 0.7f;
+    cr_assert_eq(cpu->ops->token_stats(cpu, logp, ent, logits, rows, tgt, n, V, inv_t), ER_OK);
+    float *d_logits = putf(be, logits, (size_t)N * V), *d_logp = putf(be, logp, n), *d_ent = putf(be, ent, n);
+    int *d_rows = put(be, rows, sizeof rows), *d_tgt = put(be, tgt, sizeof tgt);
+    cr_assert_eq(be->ops->token_stats(be, d_logp, d_ent, d_logits, d_rows, d_tgt, n, V, inv_t), ER_OK, "%s",
+                 er_last_error());
+    expect_close(be, d_logp, logp, n, TOL_F32, "token log-probs");
+    expect_close(be, d_ent, ent, n, TOL_F32, "token entropies");
+    for (int i = 0; i < n; i++) { // the entropy of a distribution over V tokens: in [0, log V]
+        cr_assert(ent[i] > 0 && ent[i] <= logf((float)V), "entropy %g", ent[i]);
+        float lp;
+        cr_assert_eq(cpu->ops->logprob_forward(cpu, &lp, logits + (size_t)rows[i] * V, &tgt[i], 1, V, inv_t), ER_OK);
+        cr_assert_eq(lp, logp[i], "row %d: not logprob_forward's bits", i);
+    }
+    cr_assert_eq(be->ops->token_stats(be, d_logp, NULL, d_logits, d_rows, d_tgt, n, V, inv_t), ER_OK, "%s",
+                 er_last_error());
+    expect_close(be, d_logp, logp, n, TOL_F32, "token log-probs without entropies");
+    void *dev[] = {d_logits, d_logp, d_ent, d_rows, d_tgt};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        release(be, dev[i]);
+    free(logits);
+    backend_close(be);
+}
+
 Test(backend, cross_entropy_chunk_with_batch_wsum) {
     Backend *be = dev_open();
     int N = 13, V = 517, cut = 5;
