@@ -22,7 +22,7 @@
 #                        in build/cuda/; make CUDA=1 cuda-check builds everything so (CI's compile and link check)
 #   make CUDA_EMU=1 test-cuda-emu   (test-only) the CUDA backend's kernels and cuBLAS calls emulated on the CPU
 #                        (tests/cuda_emu/, no GPU or CUDA library; ASan + UBSan) against the CPU backend, in
-#                        build/cuda_emu/
+#                        build/cuda_emu/; test-cuda-emu-programs: erinfer and ertrain on it against --device cpu
 #   make test-aarch64    the runtime cross-built for aarch64 and its suites under qemu (make CROSS=aarch64-linux-gnu-
 #                        builds it alone into build/aarch64/; section "aarch64" below)
 #   make fuzz            libFuzzer targets (tests/fuzz/, clang, ASan + UBSan), FUZZ_TIME s each (default 30)
@@ -664,4 +664,10 @@ test-cuda-emu: $(BUILD)/test_backend $(BUILD)/test_emu
 	ASAN_OPTIONS=detect_leaks=0 $(BUILD)/test_emu --jobs 2
 	ASAN_OPTIONS=detect_leaks=0 OMP_WAIT_POLICY=passive ER_TEST_DEVICE=cuda ER_TEST_SKIP_LARGE=1 ER_BUILD=$(BUILD) \
 	  $(BUILD)/test_backend --jobs 2
+
+# Whole programs through the emulation (scripts/cuda_emu_programs.sh): erinfer generate and eval, ertrain grpo and
+# heads, each with --device cpu and --device cuda from this build, compared.
+.PHONY: test-cuda-emu-programs
+test-cuda-emu-programs: $(BUILD)/ertrain $(BUILD)/erinfer
+	bash scripts/cuda_emu_programs.sh $(BUILD)
 endif
