@@ -78,31 +78,6 @@ static int cmp_double(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
-// The Qwen2.5 shapes (hidden, layers, heads, kv heads, intermediate; 0.5B ties its embedding).
-static int shape_config(const char *shape, ModelConfig *c) {
-    *c = (ModelConfig){.arch = ARCH_QWEN2, .V = 151936, .max_pos = 32768, .rope_theta = 1e6f, .eps = 1e-6f,
-                       .tied = 1, .qkv_bias = 1, .dtype = DT_F32, .bos_id = -1, .eos_id = -1};
-    static const struct {
-        const char *name;
-        int C, L, NH, NKV, FF, tied;
-    } shapes[] = {
-        {"small", 256, 4, 4, 2, 1024, 1}, {"0.5b", 896, 24, 14, 2, 4864, 1},
-        {"1.5b", 1536, 28, 12, 2, 8960, 1}, {"7b", 3584, 28, 28, 4, 18944, 0},
-    };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        if (strcmp(shape, shapes[i].name) == 0) {
-            c->C = shapes[i].C;
-            c->L = shapes[i].L;
-            c->NH = shapes[i].NH;
-            c->NKV = shapes[i].NKV;
-            c->FF = shapes[i].FF;
-            c->tied = shapes[i].tied;
-            c->HS = c->C / c->NH;
-            return ER_OK;
-        }
-    return er_error(ER_EINVAL, "--shape must be small, 0.5b, 1.5b or 7b, not '%s'", shape);
-}
-
 // What one benchmark run holds: the model and adapter (on the host, and placed on the device when one
 // is used), the activations and the batch.
 typedef struct {
@@ -216,7 +191,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     ModelConfig c;
-    if (shape_config(shape, &c) < 0 || (bf16 && rank == 0 && er_error(ER_EINVAL, "--bf16 needs --lora") < 0))
+    if (bench_shape_config(shape, &c) < 0 || (bf16 && rank == 0 && er_error(ER_EINVAL, "--bf16 needs --lora") < 0))
         return bench_fail("train_step");
     Bench b = {0};
     double *times = malloc(sizeof(double) * steps), loss = 0;

@@ -17,6 +17,11 @@
 #                                        3. peft      the PEFT cross-check both ways
 #                                        4. bench     the LoRA step at 0.5B/1.5B/7B, 2048 tokens, against
 #                                                     PyTorch + PEFT on the same GPU; 7B at 4096 recomputed
+#                                        5. grpo      20 GRPO steps on the GPU against the CPU (rollout
+#                                                     hashes, rewards, gradient norms)
+#                                        6. decode    bench/gpu_decode: N = 1, 8, 64 samples on the 0.5B and
+#                                                     7B shapes in bf16 against the weight-read bound
+#                                                     (DECODE_SHAPES="0.5b 7b")
 #                                      OUT gets two files: summary.txt (the table, printed last too) and
 #                                      logs.tar.gz (every stage's log, the machine, the build).
 #   STAGES="backend sft" scripts/gpu_check.sh OUT    runs only those stages.
@@ -32,10 +37,11 @@ prepare() {
   # (the Makefile builds a non-native ARCH into a folder of its own)
   local b=build/noblas/march_x8664v3/cuda
   rm -rf "$b"
-  make CUDA=1 BLAS=0 ARCH=-march=x86-64-v3 -j"$(nproc)" all "$b/test_all" "$b/bench/train_step" >/dev/null
+  make CUDA=1 BLAS=0 ARCH=-march=x86-64-v3 -j"$(nproc)" all "$b/test_all" "$b/bench/train_step" \
+    "$b/bench/gpu_decode" >/dev/null
   mkdir -p "$GPU/debs" "$GPU/bin/bench"
   cp "$b/ertrain" "$b/erinfer" "$b/test_all" "$GPU/bin/"
-  cp "$b/bench/train_step" "$GPU/bin/bench/"
+  cp "$b/bench/train_step" "$b/bench/gpu_decode" "$GPU/bin/bench/"
   # The packages of every shared library the binaries load, but the C runtime and the CUDA libraries
   # (the GPU machine has its own), and the headers for building there.
   pkgs="libcjson-dev libpcre2-dev libutf8proc-dev libcriterion-dev libboxfort-dev"
@@ -53,7 +59,7 @@ if [ "${1:-}" = --prepare ]; then
   exit $?
 fi
 OUT=${1:?usage: scripts/gpu_check.sh --prepare | [STAGES="..."] scripts/gpu_check.sh OUT}
-STAGES=${STAGES:-backend sft peft bench}
+STAGES=${STAGES:-backend sft peft bench grpo decode}
 mkdir -p "$OUT"
 export LOG=/tmp/er_gpu_logs ROWS=/tmp/er_gpu_logs/rows.txt
 rm -rf "$LOG" && mkdir -p "$LOG"
@@ -95,7 +101,7 @@ arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | he
 # ld finds the libraries our libraries need (Criterion's nanomsg, ...) through -rpath-link, not -L.
 if make CUDA=1 BLAS=0 CUDA_HOME="$CUDA_HOME" ${arch:+CUDA_ARCHS=$arch} \
   LDFLAGS="-fopenmp -Wl,-rpath-link,$libdir:$prefix/lib/x86_64-linux-gnu" \
-  -j"$(nproc)" all $bin/test_all $bin/bench/train_step >"$LOG/build.log" 2>&1; then
+  -j"$(nproc)" all $bin/test_all $bin/bench/train_step $bin/bench/gpu_decode >"$LOG/build.log" 2>&1; then
   row "build" "built here with $nvcc_path${arch:+ for sm_$arch} ($(( $(date +%s) - t_start )) s)"
 else
   bin=$GPU/bin
@@ -212,10 +218,54 @@ PY
 )"
 }
 
+# ---- 5. GRPO: 20 steps on the GPU and on the CPU from the same adapter and seed ----
+# Rollouts at temperature 1 draw the same tokens while the two logits agree past every draw's margin: the
+# rollout hashes match up to the first step where the GPU's bf16 base tipped a draw, and the rewards with them.
+stage_grpo() {
+  local w=/tmp/er_gpu_grpo
+  rm -rf "$w" && mkdir -p "$w"
+  er "$bin/ertrain" synth chains --n 200 --seed 2 --out "$w/chains.jsonl" --tokenizer models/tiny-base >/dev/null 2>&1
+  er "$bin/ertrain" sft --model models/tiny-base --data "$w/chains.jsonl" --response-key concise --steps 20 --batch 8 \
+    --lr 5e-3 --device cpu --out "$w/sft" >/dev/null 2>&1
+  local d
+  for d in cuda cpu; do
+    er "$bin/ertrain" grpo --model models/tiny-base --adapter "$w/sft" --data "$w/chains.jsonl" --out "$w/$d" \
+      --steps 20 --group 8 --prompts 4 --budgets 32,64 --temperature 1 --device $d
+  done
+  row "grpo 20 steps cuda vs cpu" "$(python3 - "$w" <<'PY' 2>&1
+import json, sys
+w = sys.argv[1]
+try:
+    g, c = ([json.loads(l) for l in open(f"{w}/{d}/metrics.jsonl")] for d in ("cuda", "cpu"))
+except OSError as e:
+    sys.exit(f"FAILED (grpo.log): {e}")
+same = 0
+while same < min(len(g), len(c)) and g[same]["rollout_hash"] == c[same]["rollout_hash"]:
+    same += 1
+dr = max(abs(a["reward"] - b["reward"]) for a, b in zip(g[:same], c[:same])) if same else float("nan")
+dg = max(abs(a["grad_norm"] - b["grad_norm"]) / max(abs(b["grad_norm"]), 1e-12) for a, b in zip(g[:same], c[:same])) \
+    if same else float("nan")
+tps = [r.get("rollout_tokens_per_s", 0) for r in (g[-1], c[-1])]
+print(f"rollouts identical for {same} of {len(c)} steps (rewards max |diff| {dr:.2g}, grad norm max rel diff {dg:.2g}); "
+      f"rollout tokens/s {tps[0]:.0f} cuda, {tps[1]:.0f} cpu")
+PY
+)"
+}
+
+# ---- 6. decode against the weight-read bound: N = 1, 8, 64 samples on the 0.5B and 7B shapes, bf16 ----
+stage_decode() {
+  local shape
+  for shape in ${DECODE_SHAPES:-0.5b 7b}; do
+    er "$bin/bench/gpu_decode" --device cuda --shape $shape --rows 1,8,64 --new-tokens 32 >>"$LOG/decode.jsonl"
+    row "decode $shape (bf16)" "$(tail -1 "$LOG/decode.jsonl" | grep '^gpu_decode' | sed 's/^gpu_decode //' ||
+      echo "FAILED (decode.log)")"
+  done
+}
+
 # Seconds each stage may take (the whole at most 5 minutes after the build); a stage past its limit is
 # killed with what it started, and its row says so.
-declare -A LIMIT=([backend]=90 [sft]=60 [peft]=60 [bench]=90)
-export -f er row stage_backend stage_sft stage_peft stage_bench
+declare -A LIMIT=([backend]=75 [sft]=45 [peft]=40 [bench]=60 [grpo]=30 [decode]=50)
+export -f er row stage_backend stage_sft stage_peft stage_bench stage_grpo stage_decode
 for s in $STAGES; do
   [ -n "${LIMIT[$s]:-}" ] || { row "$s" "unknown stage (stages: ${!LIMIT[*]})"; continue; }
   t0=$(date +%s)
@@ -227,7 +277,7 @@ for s in $STAGES; do
   row "$s stage" "exit $rc in $(( $(date +%s) - t0 )) s (of ${LIMIT[$s]})"
 done
 
-row "not built yet" "GRPO rollouts and decode on the GPU (the KV cache is on the CPU backend only)"
+row "not built yet" "sampling on the device (the logits come to the host each step); CUDA graphs for the decode step"
 row "wall time" "$(( $(date +%s) - t_start )) s"
 { echo "== gpu_check summary =="; cat "$ROWS"; } >"$OUT/summary.txt"
 tar -czf "$OUT/logs.tar.gz" -C "$LOG" --exclude rows.txt .
