@@ -79,6 +79,7 @@ int main(int argc, char **argv) {
     Model host = {0}, placed = {0}, *m = &host;
     Engine e = {0};
     GenSample *out = NULL;
+    int *prompt = NULL;
     ER_CHECK(parse_rows(rows_s, rows, 16, &n_rows));
     ER_CHECK(bench_shape_config(shape, &c));
     int max_rows = 1;
@@ -99,8 +100,7 @@ int main(int argc, char **argv) {
     double bw = device_bandwidth(be, (size_t)mib), wb = step_weight_bytes(&c), bound = bw * 1e9 / wb;
     char load[64];
     bench_load_average(load, sizeof load);
-    int *prompt = er_alloc(sizeof(int) * (size_t)prompt_tokens);
-    if (!prompt)
+    if (!(prompt = er_alloc(sizeof(int) * (size_t)prompt_tokens)))
         ER_CHECK(ER_ENOMEM);
     for (int i = 0; i < prompt_tokens; i++)
         prompt[i] = (int)((i * 2654435761u) % (unsigned)c.V);
@@ -134,8 +134,8 @@ int main(int argc, char **argv) {
            "%.1fx N=%d's tokens/s\n",
            shape, be->device, rows[0], 100 * tps1 / bound, bw, wb / 1e9, rows[n_rows - 1],
            tps1 > 0 ? tps_last / (tps1 * rows[0]) : 0, rows[0]);
-    er_free(prompt);
 done:
+    er_free(prompt);
     er_free(out);
     engine_free(&e);
     model_free(&placed);

@@ -130,8 +130,8 @@ static int parse_flags(int argc, char **argv, HeadsFlags *f) {
                                                            "only (refused otherwise)", 0, 0, 0},
         {"seed", ARG_INT, &h->seed, "seed of the split, sampling, init, order, dropout and noise", 0, 0, 2147483647},
         {"threads", ARG_INT, &f->threads, "threads (0 = all cores)", 0, 0, 4096},
-        {"device", ARG_STR, &h->device, "where the passes run: cpu, cuda or cuda:N (default: rank r of a node on "
-                                        "cuda:r when built with CUDA=1 and a GPU is there, else cpu)", 0, 0, 0},
+        {"device", ARG_STR, &h->device, "where the passes run: cpu, cuda or cuda:N; the heads then read the features "
+                                        "of that device's base (bf16 on a GPU), like erinfer --device [cpu]", 0, 0, 0},
         {"kv", ARG_STR, &f->kv, "KV cache type the features are computed on: f32 or int8, the erinfer --kv the "
                                 "heads will run with (recorded in each head)", 0, 0, 0},
         {"chunk", ARG_INT, &s->chunk, "switcher: prompt positions per chunk of the EMA", 0, 1, 1 << 20},

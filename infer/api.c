@@ -484,19 +484,20 @@ int er_model_load_from_fd(ErModel **out, int fd, int64_t offset, int64_t length,
 }
 
 int er_model_load_adapter(ErModel *m, const char *dir) {
-    NEED(m, "er_model_load_adapter", "the model");
-    NEED(dir, "er_model_load_adapter", "the adapter dir");
-    NOT_FREED(m, "er_model_load_adapter");
+    const char *fn = "er_model_load_adapter";
+    NEED(m, fn, "the model");
+    NEED(dir, fn, "the adapter dir");
+    NOT_FREED(m, fn);
     const ModelConfig *c = &m->model.cfg;
     LoraShape shape = model_config_lora_shape(c);
     LoraAdapter a, placed = {0};
     ER_TRY(peft_load(&a, dir, &shape, 0));
-    int rc = m->be ? lora_to_backend(&placed, &a, m->be) : ER_OK;
-    if (rc == ER_OK)
-        rc = model_change_begin(m, "er_model_load_adapter"); // the old one may be in use until now
+    int rc = model_change_begin(m, fn); // the old one may be in use until now; m->be holds while this does
+    if (rc == ER_OK && m->be && (rc = lora_to_backend(&placed, &a, m->be)) < 0) {
+        model_change_end(m);
+        rc = er_error_prefix(rc, "%s", fn);
+    }
     if (rc < 0) {
-        if (placed.mats)
-            lora_backend_free(&placed, m->be);
         lora_free(&a);
         return rc;
     }
@@ -514,21 +515,18 @@ int er_model_set_device(ErModel *m, const char *device) {
     NEED(m, fn, "the model");
     NEED(device, fn, "the device");
     NOT_FREED(m, fn);
-    int open = atomic_load(&m->refs) - 1;
-    if (open > 0)
-        return er_error(ER_EINVAL, "%s: %d sessions or batches are open on the model: set its device before opening "
-                        "them", fn, open);
-    Backend *be;
-    ER_TRY(backend_open(&be, device));
+    ER_TRY(model_change_begin(m, fn)); // no generation, session open or load meanwhile
+    Backend *be = NULL;
     Model placed = {0};
     LoraAdapter placed_adapter = {0};
-    int rc = ER_OK;
-    if (be->kind != BACKEND_CPU) {
-        ER_CHECK(model_to_backend(&placed, &m->model, be));
-        if (m->adapter.mats)
-            ER_CHECK(lora_to_backend(&placed_adapter, &m->adapter, be));
-    }
-    ER_CHECK(model_change_begin(m, fn));
+    int rc = ER_OK, open = atomic_load(&m->refs) - 1;
+    if (open > 0)
+        ER_CHECK(er_error(ER_EINVAL, "%s: %d sessions or batches are open on the model: set its device before opening "
+                          "them", fn, open));
+    if ((rc = backend_open(&be, device)) < 0 ||
+        (be->kind != BACKEND_CPU && (rc = model_to_backend(&placed, &m->model, be)) < 0) ||
+        (be->kind != BACKEND_CPU && m->adapter.mats && (rc = lora_to_backend(&placed_adapter, &m->adapter, be)) < 0))
+        ER_CHECK(er_error_prefix(rc, "%s", fn));
     model_unplace(m);
     if (be->kind != BACKEND_CPU) {
         m->be = be, m->placed = placed, m->placed_adapter = placed_adapter;
@@ -536,10 +534,10 @@ int er_model_set_device(ErModel *m, const char *device) {
         memset(&placed, 0, sizeof placed);
         memset(&placed_adapter, 0, sizeof placed_adapter);
     }
-    model_change_end(m);
     api_log(m, NULL, ER_LOG_INFO, "passes run on %s (%s)", m->be ? m->be->name : "cpu",
             m->be ? m->be->device : backend_cpu()->device);
 done:
+    model_change_end(m);
     if (be && be->kind != BACKEND_CPU) {
         if (placed_adapter.mats)
             lora_backend_free(&placed_adapter, be);
@@ -757,9 +755,11 @@ int er_session_open(ErSession **out, ErModel *m, const ErSessionParams *params) 
     s->cb = cb;
     // The KV cache and buffers are reserved now; a session that would not fit in memory is refused here. The
     // engine sizes its per-thread scratch with the thread count in force.
+    ER_CHECK(model_use_begin(m, "er_session_open")); // reads where the model is placed
     int prev = threads_push(s->n_threads);
     rc = engine_init(&s->engine, pass_model(m), m->tok, s->kv, sp.max_samples, sp.max_tokens, 128, pass_memory(m));
     threads_pop(prev);
+    model_use_end(m);
     if (rc < 0)
         ER_CHECK(er_error_prefix(rc, "er_session_open"));
     s->engine.hooks = (EngineHooks){hook_abort, hook_progress, &s->cb};

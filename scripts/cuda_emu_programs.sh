@@ -4,6 +4,7 @@
 # (models/tiny-base) with a masked adapter trained for a few steps here, and the two runs are compared:
 #   erinfer generate   greedy, 2 samples: the same tokens
 #   erinfer eval       greedy, 4 records: the same samples, answers and grades
+#   erinfer serve      one chat completion (greedy, n = 2) over HTTP: the same choices
 #   ertrain grpo       2 steps at temperature 1 with a reward program: the same rollouts (hashes) and rewards,
 #                      the loss, gradient norm and entropy within 5% (the base is bf16 on the device)
 #   ertrain heads      switcher and verifier: the same labels, the heads' training losses within 0.01
@@ -12,14 +13,36 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build/cuda_emu}
+command -v curl >/dev/null || { echo "cuda_emu_programs: curl is not installed" >&2; exit 2; }
 for p in ertrain erinfer; do
   [ -x "$B/$p" ] || { echo "cuda_emu_programs: $B/$p is not built (make CUDA_EMU=1 $B/$p)" >&2; exit 2; }
 done
 export ASAN_OPTIONS=detect_leaks=0 OMP_WAIT_POLICY=passive
 T=$(mktemp -d /tmp/er_cuda_emu_programs.XXXXXX)
-trap 'rm -rf "$T"' EXIT
+server=
+trap '[ -n "$server" ] && kill "$server" 2>/dev/null; rm -rf "$T"' EXIT
 BASE=models/tiny-base
 fail() { echo "cuda_emu_programs: FAILED: $*" >&2; exit 1; }
+
+# serve DEVICE: one greedy chat completion (n = 2) from `erinfer serve --device DEVICE` into $T/serve-DEVICE.json.
+serve() {
+  "$B/erinfer" serve --model "$BASE" --adapter "$T/sft" --port 0 --threads 2 --device "$1" 2>"$T/serve-$1.log" &
+  server=$!
+  local port=
+  for _ in $(seq 300); do
+    port=$(sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\)\/v1.*/\1/p' "$T/serve-$1.log")
+    [ -n "$port" ] && break
+    kill -0 "$server" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -n "$port" ] || fail "erinfer serve --device $1 did not start: $(tail -1 "$T/serve-$1.log")"
+  curl -s --max-time 300 "http://127.0.0.1:$port/v1/chat/completions" -H "Content-Type: application/json" \
+    -d '{"messages":[{"role":"user","content":"Start with 7. Add 5. Multiply by 2. What is the result?"}],
+         "temperature":0,"n":2,"max_tokens":48}' >"$T/serve-$1.json" || fail "the request to the $1 server"
+  kill -TERM "$server"
+  wait "$server" || fail "erinfer serve --device $1 exited with status $? ($(tail -1 "$T/serve-$1.log"))"
+  server=
+}
 
 "$B/ertrain" synth chains --n 24 --seed 1 --out "$T/chains.jsonl" --tokenizer "$BASE" >/dev/null
 head -4 "$T/chains.jsonl" >"$T/eval.jsonl"
@@ -34,6 +57,7 @@ for d in cpu cuda; do
   "$B/erinfer" eval --model "$BASE" --adapter "$T/sft" --data "$T/eval.jsonl" --temperature 0 --max-new 96 \
     --output "$T/eval-$d.jsonl" --device $d --threads 2 >/dev/null 2>"$T/eval-$d.err" ||
     fail "erinfer eval --device $d: $(tail -1 "$T/eval-$d.err")"
+  serve $d
   "$B/ertrain" grpo --model "$BASE" --adapter "$T/sft" --data "$T/chains.jsonl" --out "$T/grpo-$d" --steps 2 \
     --group 4 --prompts 2 --budgets 32 --temperature 1 --device $d --threads 2 \
     --reward-cmd "python3 -c 'import sys
@@ -44,7 +68,7 @@ for l in sys.stdin: print(len(l) % 2, flush=True)'" >/dev/null 2>"$T/grpo-$d.err
     --switcher-out "$T/heads-$d/sw.safetensors" --verifier-out "$T/heads-$d/vf.safetensors" \
     >"$T/heads-$d.out" 2>"$T/heads-$d.err" || fail "ertrain heads --device $d: $(tail -1 "$T/heads-$d.err")"
   grep -q "running on $d" "$T/grpo-$d.err" || fail "ertrain grpo --device $d did not say it runs there"
-  echo "cuda_emu_programs: --device $d: generate, eval, grpo, heads in $SECONDS s"
+  echo "cuda_emu_programs: --device $d: generate, eval, serve, grpo, heads in $SECONDS s"
 done
 
 python3 - "$T" <<'EOF'
@@ -63,6 +87,8 @@ check([s["tokens"] for s in g[0]] == [s["tokens"] for s in g[1]],
 e = [lines(f"{t}/eval-{d}.jsonl") for d in ("cpu", "cuda")]
 same = [(a["samples"][0]["text"], a["correct"]) == (b["samples"][0]["text"], b["correct"]) for a, b in zip(*e)]
 check(len(e[0]) == 4 and all(same), f"erinfer eval: {sum(same)} of {len(e[0])} records the same text and grade")
+c = [[x["message"]["content"] for x in json.load(open(f"{t}/serve-{d}.json"))["choices"]] for d in ("cpu", "cuda")]
+check(len(c[0]) == 2 and c[0] == c[1], f"erinfer serve: 2 greedy choices, the same on cuda ({c[0][0][:40]!r}...)")
 m = [lines(f"{t}/grpo-{d}/metrics.jsonl") for d in ("cpu", "cuda")]
 for a, b in zip(*m):
     s = a["step"]

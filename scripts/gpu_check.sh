@@ -256,9 +256,10 @@ PY
 stage_decode() {
   local shape
   for shape in ${DECODE_SHAPES:-0.5b 7b}; do
+    local summary
     er "$bin/bench/gpu_decode" --device cuda --shape $shape --rows 1,8,64 --new-tokens 32 >>"$LOG/decode.jsonl"
-    row "decode $shape (bf16)" "$(tail -1 "$LOG/decode.jsonl" | grep '^gpu_decode' | sed 's/^gpu_decode //' ||
-      echo "FAILED (decode.log)")"
+    summary=$(tail -1 "$LOG/decode.jsonl" | sed -n 's/^gpu_decode //p')
+    row "decode $shape (bf16)" "${summary:-FAILED (decode.log)}"
   done
 }
 

@@ -174,7 +174,7 @@ static int heads_data_load(HeadsData *hd, HeadJob *jobs, int n_jobs) {
                 c->adapter_dir);
     hd->ad.dropout = 0; // passes only: no dropout
     hd->job = (TrainJob){.label = "heads", .model = &hd->m, .adapter = c->adapter_dir ? &hd->ad : NULL};
-    ER_TRY(train_device_open(&hd->dev, &hd->job, c->device, c->place_on_cpu));
+    ER_TRY(train_device_open(&hd->dev, &hd->job, c->device ? c->device : "cpu", c->place_on_cpu));
     int max_prompt;
     ER_TRY(render_prompts(hd, style, &max_prompt));
     gen_config_default(&hd->reasoning);

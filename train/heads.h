@@ -41,8 +41,8 @@ typedef struct {
     int max_new;             // tokens per reasoning response
     int budget;              // hard budget on reasoning responses (0 = off)
     int answer_tokens;       // tokens allowed after the budget, suffix included
-    const char *device;      // where the passes run: "cpu", "cuda", "cuda:N"; NULL = this rank's GPU when there is
-                             // one (train/device.h's rules)
+    const char *device;      // where the passes run: "cpu", "cuda", "cuda:N" (train/device.h); NULL = the CPU, as
+                             // erinfer runs by default: the features on a GPU's bf16 base differ a little
     int place_on_cpu;        // test hook (ertrain: ER_TEST_PLACE_ON_CPU=1): copies placed on the CPU backend
     const cJSON *settings;   // recorded as run.json's "config" (the caller's settings; NULL = none)
     FILE *out;               // the report: label counts, each head's result and file (NULL = silent)
