@@ -597,7 +597,7 @@ $(BUILD)/obj/%.o: %.cu $(CUDA_ARCHS_FILE)
 # of the first (a GPU none of them covers would fail with "no kernel image is available"), and with
 # MPI=1 NCCL=1 the gradient sum calls NCCL.
 .PHONY: cuda-check
-cuda-check: all $(BUILD)/test_all
+cuda-check: all $(BUILD)/test_all $(BUILD)/bench/train_step $(BUILD)/bench/gpu_decode $(BUILD)/bench/gpu_grpo_step
 	$(PY) scripts/check_cuda_archs.py "$(CUDA_ARCHS)" \
 	  $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard model/cuda/*.cu))
 ifeq ($(MPI)$(NCCL),11)

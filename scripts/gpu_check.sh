@@ -22,6 +22,8 @@
 #                                        6. decode    bench/gpu_decode: N = 1, 8, 64 samples on the 0.5B and
 #                                                     7B shapes in bf16 against the weight-read bound
 #                                                     (DECODE_SHAPES="0.5b 7b")
+#                                        7. grpostep  one GRPO step on the 1.5B shape, P = 8, G = 8, budgets
+#                                                     256 to 1024: rollout and update times
 #                                      OUT gets two files: summary.txt (the table, printed last too) and
 #                                      logs.tar.gz (every stage's log, the machine, the build).
 #   STAGES="backend sft" scripts/gpu_check.sh OUT    runs only those stages.
@@ -38,10 +40,10 @@ prepare() {
   local b=build/noblas/march_x8664v3/cuda
   rm -rf "$b"
   make CUDA=1 BLAS=0 ARCH=-march=x86-64-v3 -j"$(nproc)" all "$b/test_all" "$b/bench/train_step" \
-    "$b/bench/gpu_decode" >/dev/null
+    "$b/bench/gpu_decode" "$b/bench/gpu_grpo_step" >/dev/null
   mkdir -p "$GPU/debs" "$GPU/bin/bench"
   cp "$b/ertrain" "$b/erinfer" "$b/test_all" "$GPU/bin/"
-  cp "$b/bench/train_step" "$b/bench/gpu_decode" "$GPU/bin/bench/"
+  cp "$b/bench/train_step" "$b/bench/gpu_decode" "$b/bench/gpu_grpo_step" "$GPU/bin/bench/"
   # The packages of every shared library the binaries load, but the C runtime and the CUDA libraries
   # (the GPU machine has its own), and the headers for building there.
   pkgs="libcjson-dev libpcre2-dev libutf8proc-dev libcriterion-dev libboxfort-dev"
@@ -59,7 +61,7 @@ if [ "${1:-}" = --prepare ]; then
   exit $?
 fi
 OUT=${1:?usage: scripts/gpu_check.sh --prepare | [STAGES="..."] scripts/gpu_check.sh OUT}
-STAGES=${STAGES:-backend sft peft bench grpo decode}
+STAGES=${STAGES:-backend sft peft bench grpo decode grpostep}
 mkdir -p "$OUT"
 export LOG=/tmp/er_gpu_logs ROWS=/tmp/er_gpu_logs/rows.txt
 rm -rf "$LOG" && mkdir -p "$LOG"
@@ -101,7 +103,8 @@ arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | he
 # ld finds the libraries our libraries need (Criterion's nanomsg, ...) through -rpath-link, not -L.
 if make CUDA=1 BLAS=0 CUDA_HOME="$CUDA_HOME" ${arch:+CUDA_ARCHS=$arch} \
   LDFLAGS="-fopenmp -Wl,-rpath-link,$libdir:$prefix/lib/x86_64-linux-gnu" \
-  -j"$(nproc)" all $bin/test_all $bin/bench/train_step $bin/bench/gpu_decode >"$LOG/build.log" 2>&1; then
+  -j"$(nproc)" all $bin/test_all $bin/bench/train_step $bin/bench/gpu_decode $bin/bench/gpu_grpo_step \
+  >"$LOG/build.log" 2>&1; then
   row "build" "built here with $nvcc_path${arch:+ for sm_$arch} ($(( $(date +%s) - t_start )) s)"
 else
   bin=$GPU/bin
@@ -263,10 +266,28 @@ stage_decode() {
   done
 }
 
+# ---- 7. one GRPO step on the 1.5B shape (P = 8, G = 8, budgets 256 to 1024), the rollout and the update timed ----
+stage_grpostep() {
+  local out
+  out=$(er "$bin/bench/gpu_grpo_step" --device cuda --shape 1.5b --prompts 8 --group 8 --budgets 256,512,768,1024 \
+    --steps 1 --no-warmup)
+  echo "$out" >>"$LOG/grpostep.jsonl"
+  row "grpo step 1.5b (P 8, G 8)" "$(python3 - "$out" <<'PY'
+import json, sys
+try:
+    o = json.loads(sys.argv[1])
+    print("rollout %.1f s (%d tokens, %.0f tok/s), update %.1f s: rollouts %.0f%% of the step (first step, cold)"
+          % (o["rollout_s"], o["rollout_tokens"], o["rollout_tokens_per_s"], o["update_s"], 100 * o["rollout_share"]))
+except Exception as e:
+    print("FAILED (grpostep.log):", e)
+PY
+)"
+}
+
 # Seconds each stage may take (the whole at most 5 minutes after the build); a stage past its limit is
 # killed with what it started, and its row says so.
-declare -A LIMIT=([backend]=75 [sft]=45 [peft]=40 [bench]=60 [grpo]=30 [decode]=50)
-export -f er row stage_backend stage_sft stage_peft stage_bench stage_grpo stage_decode
+declare -A LIMIT=([backend]=70 [sft]=40 [peft]=35 [bench]=55 [grpo]=30 [decode]=40 [grpostep]=30)
+export -f er row stage_backend stage_sft stage_peft stage_bench stage_grpo stage_decode stage_grpostep
 for s in $STAGES; do
   [ -n "${LIMIT[$s]:-}" ] || { row "$s" "unknown stage (stages: ${!LIMIT[*]})"; continue; }
   t0=$(date +%s)
