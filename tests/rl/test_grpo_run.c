@@ -94,6 +94,10 @@ static char *metrics_without_timing(const char *dir) {
     return text;
 }
 
+// A reward program gives the groups a spread (the tiny model earns no reward of its own), so the adapter and
+// AdamW's moments move every step and the resume has state to carry.
+#define PARITY_REWARD "python3 -c 'import sys\nfor l in sys.stdin: print(len(l) % 2, flush=True)'"
+
 Test(grpo_run, resume_equals_uninterrupted, .init = make_inputs, .fini = remove_root, .timeout = 120) {
     threads_set(2);
     char out_a[256], out_b[256];
@@ -101,11 +105,12 @@ Test(grpo_run, resume_equals_uninterrupted, .init = make_inputs, .fini = remove_
     GrpoResult res;
     config(&c, out_a, sizeof out_a, "a");
     c.eval_data = data, c.eval_every = 3, c.eval_n = 2, c.log_completions = 1; // resumed with the run
+    c.reward_cmd = PARITY_REWARD;
     cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
     cr_assert_eq(res.steps, 4);
 
     config(&c, out_b, sizeof out_b, "b");
-    c.eval_data = data, c.eval_every = 3, c.eval_n = 2, c.log_completions = 1;
+    c.eval_data = data, c.eval_every = 3, c.eval_n = 2, c.log_completions = 1, c.reward_cmd = PARITY_REWARD;
     c.stop_after = 2;
     c.save_every = 1;
     cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
@@ -122,6 +127,7 @@ Test(grpo_run, resume_equals_uninterrupted, .init = make_inputs, .fini = remove_
     char *ma = metrics_without_timing(out_a), *mb = metrics_without_timing(out_b);
     cr_assert_str_eq(mb, ma, "resumed metrics differ from the uninterrupted run");
     cr_assert(strstr(ma, "\"step\":4"), "four steps logged");
+    cr_assert(!strstr(ma, "\"grad_norm\":0,"), "a step without a gradient checks nothing:\n%s", ma);
     free(ma);
     free(mb);
     char pa[300], pb[300], *ca, *cb;
@@ -150,19 +156,17 @@ Test(grpo_run, resume_equals_uninterrupted, .init = make_inputs, .fini = remove_
 // and adapter, the reference's and the update's passes, the gradient's scale and clip and AdamW on the backend,
 // the parameters and moments back on the host for the checkpoints, a resume placing them again. Everything
 // equals the host run's: metrics (rewards, rollout hashes, losses, norms), completions, the eval's best adapter
-// and the final adapter, bit for bit. A reward program gives the groups a spread (the tiny model earns no
-// reward of its own), so the adapter moves every step.
+// and the final adapter, bit for bit (with the reward program above).
 Test(grpo_run, placed_equals_host_through_resume, .init = make_inputs, .fini = remove_root, .timeout = 120) {
     threads_set(2);
     char out_a[256], out_b[256];
     GrpoConfig c;
     GrpoResult res;
-    const char *parity = "python3 -c 'import sys\nfor l in sys.stdin: print(len(l) % 2, flush=True)'";
     config(&c, out_a, sizeof out_a, "host");
-    c.eval_data = data, c.eval_every = 2, c.eval_n = 2, c.log_completions = 1, c.reward_cmd = parity;
+    c.eval_data = data, c.eval_every = 2, c.eval_n = 2, c.log_completions = 1, c.reward_cmd = PARITY_REWARD;
     cr_assert_eq(grpo_train(&c, &res), 0, "%s", er_last_error());
     config(&c, out_b, sizeof out_b, "placed");
-    c.eval_data = data, c.eval_every = 2, c.eval_n = 2, c.log_completions = 1, c.reward_cmd = parity;
+    c.eval_data = data, c.eval_every = 2, c.eval_n = 2, c.log_completions = 1, c.reward_cmd = PARITY_REWARD;
     c.place_on_cpu = 1;
     c.stop_after = 3;
     c.save_every = 1;
