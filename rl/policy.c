@@ -44,7 +44,8 @@ typedef struct {
     void *mem;
 } Staged;
 
-// *dst = a copy of n bytes of host (NULL: room only) in st's buffer at offset `at` (64-byte multiples).
+// The address `at` bytes into st's buffer (64-byte multiples); with host, n bytes of it copied there (*rc keeps
+// the first failure).
 static void *staged_at(Staged *st, size_t at, const void *host, size_t n, int *rc) {
     void *p = (char *)st->mem + at;
     if (*rc == ER_OK && host)
