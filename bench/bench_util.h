@@ -5,6 +5,7 @@
 #define BENCH_BENCH_UTIL_H
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -37,6 +38,21 @@ static inline int bench_shape_config(const char *shape, ModelConfig *c) {
             return ER_OK;
         }
     return er_error(ER_EINVAL, "--shape must be small, 0.5b, 1.5b or 7b, not '%s'", shape);
+}
+
+// A comma-separated list of counts ("1,8,64") given as --flag into out (at most cap of them, each lo..hi).
+static inline int bench_parse_counts(const char *flag, const char *s, int lo, int hi, int *out, int cap, int *count) {
+    *count = 0;
+    for (const char *p = s; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < lo || v > hi || *count == cap || (*end && *end != ','))
+            return er_error(ER_EINVAL, "--%s: expected up to %d counts of %d..%d separated by commas, got \"%s\"", flag,
+                            cap, lo, hi, s);
+        out[(*count)++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    return *count ? ER_OK : er_error(ER_EINVAL, "--%s is empty", flag);
 }
 
 // Prints "<prog>: <er_last_error()>" on stderr and returns the exit status 1.

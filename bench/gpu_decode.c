@@ -7,7 +7,6 @@
 // the share of the bound at N = 1 and the tokens/s of the largest N over N = 1's.
 //   gpu_decode --shape 0.5b|1.5b|7b|small [--device cuda] [--rows 1,8,64] [--prompt-tokens 128] [--new-tokens 32]
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "bench/bench_util.h"
@@ -43,21 +42,6 @@ static double device_bandwidth(Backend *be, size_t mib) {
     return best;
 }
 
-// rows "1,8,64" into n (at most cap), each 1..1024.
-static int parse_rows(const char *s, int *n, int cap, int *count) {
-    *count = 0;
-    for (const char *p = s; *p;) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > 1024 || *count == cap || (*end && *end != ','))
-            return er_error(ER_EINVAL, "--rows: expected up to %d counts of 1..1024 separated by commas, got \"%s\"", cap,
-                            s);
-        n[(*count)++] = (int)v;
-        p = *end ? end + 1 : end;
-    }
-    return *count ? ER_OK : er_error(ER_EINVAL, "--rows is empty");
-}
-
 int main(int argc, char **argv) {
     const char *shape = "small", *device = "cuda", *rows_s = "1,8,64";
     int prompt_tokens = 128, new_tokens = 32, threads = 0, mib = 1024;
@@ -80,7 +64,7 @@ int main(int argc, char **argv) {
     Engine e = {0};
     GenSample *out = NULL;
     int *prompt = NULL;
-    ER_CHECK(parse_rows(rows_s, rows, 16, &n_rows));
+    ER_CHECK(bench_parse_counts("rows", rows_s, 1, 1024, rows, 16, &n_rows));
     ER_CHECK(bench_shape_config(shape, &c));
     int max_rows = 1;
     for (int i = 0; i < n_rows; i++)

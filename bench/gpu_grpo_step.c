@@ -7,7 +7,6 @@
 // as JSON.
 //   gpu_grpo_step --shape 1.5b [--device cuda] [--prompts 8] [--group 8] [--budgets 256,512,768,1024]
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "bench/bench_util.h"
@@ -34,21 +33,6 @@ typedef struct {
     uint8_t *mask;
     float *adv, *lp, *ref;
 } Step;
-
-static int parse_budgets(const char *s, Step *st) {
-    st->n_budgets = st->max_new = 0;
-    for (const char *p = s; *p;) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > 32768 || st->n_budgets == 16 || (*end && *end != ','))
-            return er_error(ER_EINVAL, "--budgets: expected up to 16 token counts of 1..32768 separated by commas, "
-                            "got \"%s\"", s);
-        st->budgets[st->n_budgets++] = (int)v;
-        st->max_new = v > st->max_new ? (int)v : st->max_new;
-        p = *end ? end + 1 : end;
-    }
-    return st->n_budgets ? ER_OK : er_error(ER_EINVAL, "--budgets is empty");
-}
 
 static int step_setup(Step *st, const ModelConfig *c, const char *device) {
     int rows = st->P * st->G, Tt = st->Np + st->max_new;
@@ -175,7 +159,9 @@ int main(int argc, char **argv) {
         return exit_status;
     ModelConfig c;
     int rc = ER_OK;
-    ER_CHECK(parse_budgets(budgets, &st));
+    ER_CHECK(bench_parse_counts("budgets", budgets, 1, 32768, st.budgets, 16, &st.n_budgets));
+    for (int i = 0; i < st.n_budgets; i++)
+        st.max_new = st.budgets[i] > st.max_new ? st.budgets[i] : st.max_new;
     ER_CHECK(bench_shape_config(shape, &c));
     ER_CHECK(step_setup(&st, &c, device));
     double best_roll = 0, best_update = 0;

@@ -28,6 +28,9 @@ int cmd_plot(int argc, char **argv);     // ertrain/plot.c
 #define TRAIN_FLAGS_MAX 20
 #define TRAIN_OWN_FLAGS_MAX 24
 int train_flags_parse(TrainConfig *c, const ArgSpec *own, int n_own, int argc, char **argv, const char *usage);
+// The test hook ER_TEST_PLACE_ON_CPU=1 (tests/train/test_mpi.py): the device path of sft, pretrain, qat, grpo
+// and heads, the gradient sum of a placed backend included, on copies placed on the CPU backend.
+int train_flags_place_on_cpu(void);
 
 // cli_fail (cli/cli.h) is ertrain/main.c's: "ertrain <cmd>: <er_last_error()>", naming the rank under mpirun.
 

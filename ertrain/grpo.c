@@ -1,6 +1,5 @@
 // ertrain grpo: GRPO with budget forcing on a masked-LoRA adapter (rl/grpo_train.h).
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "core/args.h"
@@ -86,9 +85,7 @@ int cmd_grpo(int argc, char **argv) {
          0, 0, 0},
         {"resume", ARG_FLAG, &c.resume, "continue the run in --out from its checkpoint", 0, 0, 0},
     };
-    // Test hook (tests/rl/test_grpo_run.c, tests/train/test_mpi.py): the device path on copies placed on the CPU.
-    const char *place = getenv("ER_TEST_PLACE_ON_CPU");
-    c.place_on_cpu = place && !strcmp(place, "1");
+    c.place_on_cpu = train_flags_place_on_cpu();
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof specs[0],
                         "ertrain grpo --model DIR --adapter DIR --data FILE.jsonl --out DIR [flags]");
     if (rc == ARGS_HELP)

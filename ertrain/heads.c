@@ -5,7 +5,6 @@
 // as its jobs; this file parses the flags, checks them and prints. run.json and metrics.jsonl go to
 // --out (default: the directory of the first head written).
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -264,9 +263,7 @@ int cmd_heads(int argc, char **argv) {
         return 0;
     if (rc < 0 || check_flags(&f) < 0)
         return cli_fail("heads");
-    // Test hook (tests/train/test_heads_run.c's CLI twin): the device path on copies placed on the CPU.
-    const char *place = getenv("ER_TEST_PLACE_ON_CPU");
-    f.h.place_on_cpu = place && !strcmp(place, "1");
+    f.h.place_on_cpu = train_flags_place_on_cpu();
     threads_set(f.threads);
     return run_heads(&f) < 0 ? cli_fail("heads") : 0;
 }

@@ -47,9 +47,11 @@ int train_flags_parse(TrainConfig *c, const ArgSpec *own, int n_own, int argc, c
     c->out = dist_rank() == 0 ? stdout : NULL; // the plan and the summary
     c->log = dist_rank() == 0 ? stderr : NULL; // the progress bar
     c->device = NULL; // not given: the GPU when there is one and the job can run there
-    // Test hook (tests/train/test_mpi.py): the trainer's device path, the gradient sum of a placed
-    // backend included, on copies placed on the CPU backend.
-    const char *place = getenv("ER_TEST_PLACE_ON_CPU");
-    c->place_on_cpu = place && !strcmp(place, "1");
+    c->place_on_cpu = train_flags_place_on_cpu();
     return args_parse(argc, argv, specs, ns + n_own, usage);
+}
+
+int train_flags_place_on_cpu(void) {
+    const char *place = getenv("ER_TEST_PLACE_ON_CPU");
+    return place && !strcmp(place, "1");
 }

@@ -23,19 +23,15 @@ server=
 trap '[ -n "$server" ] && kill "$server" 2>/dev/null; rm -rf "$T"' EXIT
 BASE=models/tiny-base
 fail() { echo "cuda_emu_programs: FAILED: $*" >&2; exit 1; }
+. scripts/serve_port.sh
 
 # serve DEVICE: one greedy chat completion (n = 2) from `erinfer serve --device DEVICE` into $T/serve-DEVICE.json.
 serve() {
   "$B/erinfer" serve --model "$BASE" --adapter "$T/sft" --port 0 --threads 2 --device "$1" 2>"$T/serve-$1.log" &
   server=$!
-  local port=
-  for _ in $(seq 300); do
-    port=$(sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\)\/v1.*/\1/p' "$T/serve-$1.log")
-    [ -n "$port" ] && break
-    kill -0 "$server" 2>/dev/null || break
-    sleep 0.1
-  done
-  [ -n "$port" ] || fail "erinfer serve --device $1 did not start: $(tail -1 "$T/serve-$1.log")"
+  local port
+  port=$(serve_port "$T/serve-$1.log" "$server") ||
+    fail "erinfer serve --device $1 did not start: $(tail -1 "$T/serve-$1.log")"
   curl -s --max-time 300 "http://127.0.0.1:$port/v1/chat/completions" -H "Content-Type: application/json" \
     -d '{"messages":[{"role":"user","content":"Start with 7. Add 5. Multiply by 2. What is the result?"}],
          "temperature":0,"n":2,"max_tokens":48}' >"$T/serve-$1.json" || fail "the request to the $1 server"

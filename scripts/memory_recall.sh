@@ -21,6 +21,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+. scripts/serve_port.sh
 BUILD=${BUILD:-build}
 MODEL=${MODEL:-models/tiny-base}
 N=${N:-200}
@@ -145,13 +146,7 @@ answer_accuracy() {
   "$BUILD/erinfer" serve --model "$MODEL" --memory "$work/store.db" --memory-rounds 0 --port 0 --threads 2 \
     $SERVE_FLAGS 2>"$log" &
   server_pid=$!
-  for _ in $(seq 300); do
-    port=$(sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\)\/v1.*/\1/p' "$log")
-    [ -n "$port" ] && break
-    kill -0 "$server_pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  [ -n "$port" ] || { cat "$log" >&2; fail "erinfer serve did not start"; }
+  port=$(serve_port "$log" "$server_pid") || { cat "$log" >&2; fail "erinfer serve did not start"; }
   grep -q "memory $work/store.db: $N entries, searched by BM25 and vectors" "$log" \
     || { cat "$log" >&2; fail "erinfer serve does not search the $N entries by BM25 and vectors"; }
   "$PY" - "$work" "http://127.0.0.1:$port/v1" "$SEED" "$N" "$root/scripts" "$MAX_TOKENS" <<'PYEOF' || fail "answer accuracy"

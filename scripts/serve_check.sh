@@ -16,6 +16,7 @@
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+. scripts/serve_port.sh
 B=${ER_BUILD:-build}
 pkg=openai@5.23.2
 prefix=build/npm-openai
@@ -66,12 +67,7 @@ start() {
   "$B/erinfer" serve --model "$model" --port 0 --threads 1 "$@" 2>"$tmp/$name.log" &
   server_pid=$!
   pids+=("$server_pid")
-  for _ in $(seq 100); do
-    port=$(sed -n 's/.*http:\/\/127.0.0.1:\([0-9]*\)\/v1.*/\1/p' "$tmp/$name.log")
-    [ -n "$port" ] && return 0
-    kill -0 "$server_pid" 2>/dev/null || break
-    sleep 0.1
-  done
+  port=$(serve_port "$tmp/$name.log" "$server_pid") && return 0
   cat "$tmp/$name.log" >&2
   fail "the $name server did not start"
 }

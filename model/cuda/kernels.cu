@@ -320,6 +320,19 @@ static __device__ __forceinline__ void lane_axpy(float *r, float a, const float 
             r[j] += a * p[lane + 32 * j];
 }
 
+// One key of the online softmax: score sc joins the running max m and sum l of exp(score - m), the lane's
+// output o is rescaled to the new max; returns the key's weight exp(sc - m), which the caller adds its value by.
+static __device__ __forceinline__ float online_softmax_step(float sc, float *m, float *l, float *o) {
+    float mnew = fmaxf(*m, sc);
+    float corr = expf(*m - mnew), p = expf(sc - mnew); // corr = 0 at the first key (m = -inf)
+    *l = *l * corr + p;
+#pragma unroll
+    for (int j = 0; j < ATT_PER_LANE; j++)
+        o[j] *= corr;
+    *m = mnew;
+    return p;
+}
+
 // grid (ceil(T / ATT_WARPS), NH, B): warp -> query t of head h, row b. Keys s = 0..t in order, with a
 // running max m and sum l of exp(score - m); out = Σ p_s v_s / l, lse = m + log l (kept for the backward).
 static __global__ void attention_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
@@ -335,14 +348,8 @@ static __global__ void attention_forward_kernel(float *out, float *lse, const fl
     float m = -INFINITY, l = 0.0f;
     for (int s = 0; s <= t; s++) {
         float sc = warp_dot(qr, kb + (size_t)s * NKV * HS, lane, HS) * scale;
-        float mnew = fmaxf(m, sc);
-        float corr = expf(m - mnew), p = expf(sc - mnew); // corr = 0 at the first key (m = -inf)
-        l = l * corr + p;
-#pragma unroll
-        for (int j = 0; j < ATT_PER_LANE; j++)
-            o[j] *= corr;
+        float p = online_softmax_step(sc, &m, &l, o);
         lane_axpy(o, p, vb + (size_t)s * NKV * HS, lane, HS);
-        m = mnew;
     }
 #pragma unroll
     for (int j = 0; j < ATT_PER_LANE; j++)
@@ -498,8 +505,8 @@ cudaError_t cuda_kv_store(cudaStream_t s, void *kc, void *vc, float *ks, float *
 }
 
 // grid (ceil(T / ATT_WARPS), NH, B): warp -> query t < len[b] of head h, row b, at position pos0[b] + t; the
-// cached positions 0..pos0[b] + t of row b's blocks in order, with attention_forward_kernel's online softmax
-// (an int8 entry is its value times its row's scale, applied to the score and to the value's weight).
+// cached positions 0..pos0[b] + t of row b's blocks in order, with the online softmax (an int8 entry is its
+// value times its row's scale, applied to the score and to the value's weight).
 static __global__ void kv_attention_kernel(float *out, const float *q, const void *kc, const void *vc,
                                            const float *ks, const float *vs, int i8, size_t row0,
                                            const int *blocks, int max_blocks, int block, const int *pos0,
@@ -517,17 +524,11 @@ static __global__ void kv_attention_kernel(float *out, const float *q, const voi
         size_t row = row0 + (size_t)table[p / block] * block + p % block, e = (row * NKV + kh) * HS;
         float sc = i8 ? warp_dot_i8(qr, (const int8_t *)kc + e, lane, HS) * ks[row * NKV + kh] * scale
                       : warp_dot(qr, (const float *)kc + e, lane, HS) * scale;
-        float mnew = fmaxf(m, sc);
-        float corr = expf(m - mnew), w = expf(sc - mnew); // corr = 0 at the first key (m = -inf)
-        l = l * corr + w;
-#pragma unroll
-        for (int j = 0; j < ATT_PER_LANE; j++)
-            o[j] *= corr;
+        float w = online_softmax_step(sc, &m, &l, o);
         if (i8)
             lane_axpy_i8(o, w * vs[row * NKV + kh], (const int8_t *)vc + e, lane, HS);
         else
             lane_axpy(o, w, (const float *)vc + e, lane, HS);
-        m = mnew;
     }
 #pragma unroll
     for (int j = 0; j < ATT_PER_LANE; j++)
